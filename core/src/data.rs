@@ -1,0 +1,350 @@
+//! [`Data`]: flm's tensor type.
+//!
+//! A `Data` has a dtype, a shape, row-major strides and its bytes, which are either owned (a
+//! 64-byte aligned heap buffer, for activations and converted weights) or borrowed from a
+//! memory-mapped file (zero-copy weights). Moving data between devices is always explicit.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+use crate::{DataType, Error, Result};
+
+/// One 64-byte aligned chunk of an owned buffer: the alignment lets SIMD kernels use aligned
+/// loads and keeps rows on cache-line boundaries.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Chunk([u8; 64]);
+
+/// Where the bytes of a [`Data`] live.
+#[derive(Clone)]
+enum Storage {
+    /// Heap memory owned by the tensor; its capacity may exceed the current shape.
+    Owned(Vec<Chunk>),
+    /// A read-only range of a memory-mapped file.
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    },
+}
+
+/// A tensor: dtype, shape, strides (in elements) and storage.
+///
+/// All tensors created by flm are contiguous and row-major; the typed accessors
+/// ([`Data::as_f32`] and friends) return the elements in that order.
+#[derive(Clone)]
+pub struct Data {
+    dtype: DataType,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    storage: Storage,
+}
+
+fn numel(shape: &[usize]) -> Result<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        acc.checked_mul(d).ok_or_else(|| Error::Shape {
+            op: "Data",
+            msg: format!("shape {shape:?} overflows"),
+        })
+    })
+}
+
+fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+fn byte_len(dtype: DataType, shape: &[usize]) -> Result<usize> {
+    numel(shape)?
+        .checked_mul(dtype.size_of())
+        .ok_or_else(|| Error::Shape {
+            op: "Data",
+            msg: format!("shape {shape:?} overflows"),
+        })
+}
+
+impl Data {
+    /// A zero-filled owned tensor of `shape`.
+    ///
+    /// Errors: [`Error::Shape`] if the byte size overflows `usize`.
+    pub fn zeros(dtype: DataType, shape: &[usize]) -> Result<Data> {
+        let len = byte_len(dtype, shape)?;
+        Ok(Data {
+            dtype,
+            shape: shape.to_vec(),
+            strides: row_major_strides(shape),
+            storage: Storage::Owned(vec![Chunk([0; 64]); len.div_ceil(64)]),
+        })
+    }
+
+    /// Copies `bytes` (little-endian elements of `dtype`) into a new owned tensor.
+    ///
+    /// Errors: [`Error::Shape`] if `bytes.len()` is not the size of `shape`.
+    pub fn from_bytes(dtype: DataType, shape: &[usize], bytes: &[u8]) -> Result<Data> {
+        let mut data = Data::zeros(dtype, shape)?;
+        if bytes.len() != data.size_bytes() {
+            return Err(Error::Shape {
+                op: "Data::from_bytes",
+                msg: format!(
+                    "{} bytes given for {dtype} shape {shape:?} ({} bytes)",
+                    bytes.len(),
+                    data.size_bytes()
+                ),
+            });
+        }
+        data.bytes_mut()?.copy_from_slice(bytes);
+        Ok(data)
+    }
+
+    /// A new owned f32 tensor holding `values`.
+    ///
+    /// Errors: [`Error::Shape`] if `values.len()` is not the element count of `shape`.
+    pub fn from_f32(shape: &[usize], values: &[f32]) -> Result<Data> {
+        Data::from_bytes(DataType::F32, shape, bytemuck::cast_slice(values))
+    }
+
+    /// A zero-copy view of `map[offset..]` as a tensor of `dtype` and `shape`.
+    ///
+    /// If the bytes are not aligned to the element size (possible in files whose tensors are
+    /// packed back to back), they are copied into an owned, aligned buffer instead.
+    ///
+    /// Errors: [`Error::OutOfBounds`] if the tensor does not fit inside the mapping.
+    pub fn from_mmap(
+        map: &Arc<Mmap>,
+        offset: usize,
+        dtype: DataType,
+        shape: &[usize],
+    ) -> Result<Data> {
+        let len = byte_len(dtype, shape)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= map.len())
+            .ok_or_else(|| {
+                Error::OutOfBounds(format!(
+                    "tensor of {len} bytes at offset {offset} exceeds the file size {}",
+                    map.len()
+                ))
+            })?;
+        let bytes = &map[offset..end];
+        if (bytes.as_ptr() as usize) % dtype.size_of() != 0 {
+            return Data::from_bytes(dtype, shape, bytes);
+        }
+        Ok(Data {
+            dtype,
+            shape: shape.to_vec(),
+            strides: row_major_strides(shape),
+            storage: Storage::Mapped {
+                map: Arc::clone(map),
+                offset,
+                len,
+            },
+        })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    /// The shape, outermost dimension first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Row-major strides in elements, one per dimension.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Size of the elements in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.numel() * self.dtype.size_of()
+    }
+
+    /// Length of the last dimension (1 for a scalar).
+    pub fn cols(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// Product of all dimensions but the last: the number of rows of the tensor seen as a
+    /// matrix `[rows, cols]`.
+    pub fn rows(&self) -> usize {
+        self.shape[..self.shape.len().saturating_sub(1)]
+            .iter()
+            .product()
+    }
+
+    /// Whether the bytes are borrowed from a memory-mapped file.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.storage, Storage::Mapped { .. })
+    }
+
+    /// Changes the shape without moving data, as long as the new shape fits in the storage
+    /// (an owned tensor keeps its capacity, so activations allocated for the longest prefill
+    /// chunk can be reshaped for shorter ones).
+    ///
+    /// Errors: [`Error::Shape`] if the new shape needs more bytes than the storage holds.
+    pub fn set_shape(&mut self, shape: &[usize]) -> Result<()> {
+        let len = byte_len(self.dtype, shape)?;
+        let capacity = match &self.storage {
+            Storage::Owned(chunks) => chunks.len() * 64,
+            Storage::Mapped { len, .. } => *len,
+        };
+        if len > capacity {
+            return Err(Error::Shape {
+                op: "Data::set_shape",
+                msg: format!("shape {shape:?} needs {len} bytes, storage holds {capacity}"),
+            });
+        }
+        if let Storage::Mapped { len: mapped, .. } = &mut self.storage {
+            *mapped = len;
+        }
+        self.shape = shape.to_vec();
+        self.strides = row_major_strides(shape);
+        Ok(())
+    }
+
+    /// The elements as little-endian bytes.
+    pub fn bytes(&self) -> &[u8] {
+        let len = self.size_bytes();
+        match &self.storage {
+            Storage::Owned(chunks) => &bytemuck::cast_slice(chunks)[..len],
+            Storage::Mapped { map, offset, .. } => &map[*offset..*offset + len],
+        }
+    }
+
+    /// The elements as mutable bytes.
+    ///
+    /// Errors: [`Error::ReadOnly`] for a tensor borrowed from a mapped file.
+    pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
+        let len = self.size_bytes();
+        match &mut self.storage {
+            Storage::Owned(chunks) => Ok(&mut bytemuck::cast_slice_mut(chunks)[..len]),
+            Storage::Mapped { .. } => Err(Error::ReadOnly),
+        }
+    }
+
+    fn expect(&self, dtype: DataType, op: &'static str) -> Result<()> {
+        if self.dtype == dtype {
+            Ok(())
+        } else {
+            Err(Error::DType {
+                op,
+                msg: format!("expected {dtype}, found {}", self.dtype),
+            })
+        }
+    }
+
+    /// The elements as `f32`. Errors: [`Error::DType`] unless the dtype is F32.
+    pub fn as_f32(&self) -> Result<&[f32]> {
+        self.expect(DataType::F32, "Data::as_f32")?;
+        Ok(bytemuck::cast_slice(self.bytes()))
+    }
+
+    /// The elements as mutable `f32`.
+    ///
+    /// Errors: [`Error::DType`] unless the dtype is F32; [`Error::ReadOnly`] if mapped.
+    pub fn as_f32_mut(&mut self) -> Result<&mut [f32]> {
+        self.expect(DataType::F32, "Data::as_f32_mut")?;
+        Ok(bytemuck::cast_slice_mut(self.bytes_mut()?))
+    }
+
+    /// The elements as `f16`. Errors: [`Error::DType`] unless the dtype is F16.
+    pub fn as_f16(&self) -> Result<&[f16]> {
+        self.expect(DataType::F16, "Data::as_f16")?;
+        Ok(bytemuck::cast_slice(self.bytes()))
+    }
+
+    /// The elements as `bf16`. Errors: [`Error::DType`] unless the dtype is BF16.
+    pub fn as_bf16(&self) -> Result<&[bf16]> {
+        self.expect(DataType::BF16, "Data::as_bf16")?;
+        Ok(bytemuck::cast_slice(self.bytes()))
+    }
+
+    /// Copies the elements into a `Vec<f32>`, converting from f16/bf16 (exact widening).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self.dtype {
+            DataType::F32 => bytemuck::cast_slice(self.bytes()).to_vec(),
+            DataType::F16 => bytemuck::cast_slice::<u8, f16>(self.bytes())
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+            DataType::BF16 => bytemuck::cast_slice::<u8, bf16>(self.bytes())
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+        }
+    }
+
+    /// A new owned tensor with the same shape and values converted to `dtype`
+    /// (round-to-nearest-even when narrowing, as `half` does).
+    pub fn to_dtype(&self, dtype: DataType) -> Result<Data> {
+        let values = self.to_f32_vec();
+        let mut out = Data::zeros(dtype, &self.shape)?;
+        match dtype {
+            DataType::F32 => out.as_f32_mut()?.copy_from_slice(&values),
+            DataType::F16 => {
+                let dst: &mut [f16] = bytemuck::cast_slice_mut(out.bytes_mut()?);
+                for (d, v) in dst.iter_mut().zip(&values) {
+                    *d = f16::from_f32(*v);
+                }
+            }
+            DataType::BF16 => {
+                let dst: &mut [bf16] = bytemuck::cast_slice_mut(out.bytes_mut()?);
+                for (d, v) in dst.iter_mut().zip(&values) {
+                    *d = bf16::from_f32(*v);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Data")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("mapped", &self.is_mapped())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeros_are_aligned_and_reshapable() {
+        let mut d = Data::zeros(DataType::F32, &[4, 3]).unwrap();
+        assert_eq!(d.as_f32().unwrap().len(), 12);
+        assert_eq!(d.bytes().as_ptr() as usize % 64, 0);
+        d.set_shape(&[2, 3]).unwrap();
+        assert_eq!((d.rows(), d.cols()), (2, 3));
+        assert!(d.set_shape(&[100, 3]).is_err());
+    }
+
+    #[test]
+    fn dtype_conversion_round_trips_representable_values() {
+        let d = Data::from_f32(&[4], &[1.0, -2.5, 0.125, 3.0]).unwrap();
+        for dt in [DataType::F16, DataType::BF16] {
+            assert_eq!(d.to_dtype(dt).unwrap().to_f32_vec(), d.to_f32_vec());
+        }
+        assert!(d.as_f16().is_err());
+    }
+
+    #[test]
+    fn from_bytes_checks_length() {
+        assert!(Data::from_bytes(DataType::F32, &[2], &[0u8; 7]).is_err());
+    }
+}

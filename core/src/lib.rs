@@ -1,0 +1,30 @@
+//! flm-core: the types every other crate of flm is built on.
+//!
+//! - [`Data`]: a tensor (dtype, shape, strides, storage owned or borrowed from an mmap).
+//! - [`Op`]: the typed operations a model graph is made of.
+//! - [`BaseDevice`] and [`Executor`]: devices in priority order; the first that supports an op
+//!   runs it; a per-op profiler printed at exit when `FLM_PROFILE=1`.
+//! - [`KvCache`], [`RopeTable`] and [`Sampler`]: the run state shared by all model graphs.
+//!
+//! The shape follows FastLLM's Data / Executor / BaseDevice design, with ops as a typed enum
+//! rather than string-keyed dispatch (see ARCHITECTURE.md).
+
+mod data;
+mod device;
+mod dtype;
+mod error;
+mod executor;
+mod kv_cache;
+mod op;
+mod rope;
+mod sampling;
+
+pub use data::Data;
+pub use device::BaseDevice;
+pub use dtype::DataType;
+pub use error::{Error, Result};
+pub use executor::Executor;
+pub use kv_cache::KvCache;
+pub use op::{Op, OpKind};
+pub use rope::{RopeStyle, RopeTable};
+pub use sampling::{argmax, Sampler, SamplerConfig};

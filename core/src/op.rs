@@ -1,0 +1,194 @@
+//! The typed operations that model graphs are built from.
+//!
+//! Activations are f32 tensors seen as matrices `[rows, cols]` (rows = tokens); weights may
+//! be f32, f16 or bf16. Each variant documents its shapes and the math it computes; devices
+//! check shapes and return [`crate::Error::Shape`] on a mismatch.
+
+use crate::{Data, RopeTable};
+
+/// One operation, borrowing its inputs and its output.
+#[derive(Debug)]
+pub enum Op<'a> {
+    /// `output[i, :] = table[tokens[i], :]`.
+    ///
+    /// `table`: `[vocab, dim]` (any float dtype); `output`: f32 `[tokens.len(), dim]`.
+    /// Errors on a token id `>= vocab`.
+    Embedding {
+        /// Embedding table `[vocab, dim]`.
+        table: &'a Data,
+        /// Token ids.
+        tokens: &'a [u32],
+        /// f32 `[tokens.len(), dim]`.
+        output: &'a mut Data,
+    },
+    /// RMSNorm (Zhang & Sennrich 2019), per row:
+    /// `output = input / sqrt(mean(input²) + eps) * weight`.
+    ///
+    /// `input`, `output`: f32 `[n, dim]`; `weight`: `[dim]`.
+    RmsNorm {
+        /// f32 `[n, dim]`.
+        input: &'a Data,
+        /// Gain `[dim]`.
+        weight: &'a Data,
+        /// Added to the mean square (1e-5 in Llama 2, 1e-6 in many HF configs).
+        eps: f32,
+        /// f32 `[n, dim]`.
+        output: &'a mut Data,
+    },
+    /// Linear layer as `torch.nn.Linear`: `output[n, out] = input[n, in] · weight[out, in]ᵀ
+    /// (+ bias[out])`. With `n == 1` this is the decode matrix × vector product, with
+    /// `n > 1` the prefill matrix × matrix product.
+    Linear {
+        /// f32 `[n, in]`.
+        input: &'a Data,
+        /// `[out, in]`, f32, f16 or bf16.
+        weight: &'a Data,
+        /// Optional `[out]`.
+        bias: Option<&'a Data>,
+        /// f32 `[n, out]`.
+        output: &'a mut Data,
+    },
+    /// Rotary position embedding (Su et al. 2021, RoFormer) applied in place to each head of
+    /// each row; row `i` is at position `start_pos + i`. The table fixes the style (adjacent
+    /// pairs or rotate-half), the rotated dimensions and the frequencies.
+    Rope {
+        /// f32 `[n, n_heads * head_dim]`, rotated in place.
+        x: &'a mut Data,
+        /// Precomputed cos/sin values.
+        table: &'a RopeTable,
+        /// Number of heads in a row.
+        n_heads: usize,
+        /// Position of row 0.
+        start_pos: usize,
+    },
+    /// Copies rows: `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`. Used to
+    /// store keys and values in the KV cache and to pick the last row of a prefill.
+    CopyRows {
+        /// f32 `[_, cols]`.
+        src: &'a Data,
+        /// First row read.
+        src_row: usize,
+        /// Rows copied.
+        n_rows: usize,
+        /// f32 `[_, cols]`.
+        dst: &'a mut Data,
+        /// First row written.
+        dst_row: usize,
+    },
+    /// Causal scaled dot-product attention (Vaswani et al. 2017) with grouped-query
+    /// attention (Ainslie et al. 2023): query head `h` reads KV head
+    /// `h / (n_heads / n_kv_heads)`. Row `i` of `q` is at position `p = start_pos + i` and
+    /// attends to cache rows `0..=p`:
+    /// `output = softmax(q·Kᵀ · scale) · V`.
+    Attention {
+        /// f32 `[n, n_heads * head_dim]`.
+        q: &'a Data,
+        /// f32 `[max_seq, n_kv_heads * head_dim]`, rows `0..start_pos + n` filled.
+        cache_k: &'a Data,
+        /// f32 `[max_seq, n_kv_heads * head_dim]`.
+        cache_v: &'a Data,
+        /// Position of row 0 of `q`.
+        start_pos: usize,
+        /// Query heads.
+        n_heads: usize,
+        /// Key/value heads; divides `n_heads`.
+        n_kv_heads: usize,
+        /// Multiplies the scores, usually `1 / sqrt(head_dim)`.
+        scale: f32,
+        /// f32 `[n, n_heads * head_dim]`.
+        output: &'a mut Data,
+    },
+    /// SwiGLU gate (Shazeer 2020): `output = silu(gate) * up`, `silu(x) = x / (1 + e^-x)`.
+    SiluMul {
+        /// f32 `[n, hidden]`.
+        gate: &'a Data,
+        /// f32 `[n, hidden]`.
+        up: &'a Data,
+        /// f32 `[n, hidden]`.
+        output: &'a mut Data,
+    },
+    /// Residual add in place: `x += y`; both f32 of the same shape.
+    Add {
+        /// Accumulator.
+        x: &'a mut Data,
+        /// Added values.
+        y: &'a Data,
+    },
+    /// Index of the largest value of each row (the first one on ties).
+    Argmax {
+        /// f32 `[n, cols]`.
+        input: &'a Data,
+        /// `n` indices.
+        output: &'a mut [u32],
+    },
+}
+
+/// The kind of an [`Op`], without its operands: used by the profiler and in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// [`Op::Embedding`]
+    Embedding,
+    /// [`Op::RmsNorm`]
+    RmsNorm,
+    /// [`Op::Linear`]
+    Linear,
+    /// [`Op::Rope`]
+    Rope,
+    /// [`Op::CopyRows`]
+    CopyRows,
+    /// [`Op::Attention`]
+    Attention,
+    /// [`Op::SiluMul`]
+    SiluMul,
+    /// [`Op::Add`]
+    Add,
+    /// [`Op::Argmax`]
+    Argmax,
+}
+
+impl OpKind {
+    /// Every kind, in declaration order (`ALL[k as usize] == k`).
+    pub const ALL: [OpKind; 9] = [
+        OpKind::Embedding,
+        OpKind::RmsNorm,
+        OpKind::Linear,
+        OpKind::Rope,
+        OpKind::CopyRows,
+        OpKind::Attention,
+        OpKind::SiluMul,
+        OpKind::Add,
+        OpKind::Argmax,
+    ];
+
+    /// The op's name as printed by the profiler.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Embedding => "Embedding",
+            OpKind::RmsNorm => "RmsNorm",
+            OpKind::Linear => "Linear",
+            OpKind::Rope => "Rope",
+            OpKind::CopyRows => "CopyRows",
+            OpKind::Attention => "Attention",
+            OpKind::SiluMul => "SiluMul",
+            OpKind::Add => "Add",
+            OpKind::Argmax => "Argmax",
+        }
+    }
+}
+
+impl Op<'_> {
+    /// The kind of this op.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Embedding { .. } => OpKind::Embedding,
+            Op::RmsNorm { .. } => OpKind::RmsNorm,
+            Op::Linear { .. } => OpKind::Linear,
+            Op::Rope { .. } => OpKind::Rope,
+            Op::CopyRows { .. } => OpKind::CopyRows,
+            Op::Attention { .. } => OpKind::Attention,
+            Op::SiluMul { .. } => OpKind::SiluMul,
+            Op::Add { .. } => OpKind::Add,
+            Op::Argmax { .. } => OpKind::Argmax,
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The CPU device.
+//!
+//! Activations are f32; weights (embedding tables, linear weights, norm gains) may be f32,
+//! f16 or bf16 and are widened to f32 row by row as they are used. Large ops are split over
+//! the rayon thread pool; ops smaller than [`PARALLEL_MIN_WORK`] multiply-adds run on the
+//! calling thread, so tiny models do not pay for waking threads.
+
+mod activation;
+mod attention;
+mod elementwise;
+mod embedding;
+mod linear;
+mod norm;
+mod rope;
+mod weights;
+
+use flm_core::{BaseDevice, DataType, Error, Op, Result};
+
+/// Ops with fewer multiply-adds than this run on one thread.
+pub const PARALLEL_MIN_WORK: usize = 1 << 17;
+
+/// The CPU device: supports every op whose activations are f32.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuDevice;
+
+impl CpuDevice {
+    /// A CPU device using the global rayon thread pool.
+    pub fn new() -> CpuDevice {
+        CpuDevice
+    }
+}
+
+pub(crate) fn shape_err(op: &'static str, msg: String) -> Error {
+    Error::Shape { op, msg }
+}
+
+impl BaseDevice for CpuDevice {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn supports(&self, op: &Op<'_>) -> bool {
+        let f32 = |d: &flm_core::Data| d.dtype() == DataType::F32;
+        match op {
+            Op::Embedding { output, .. } => f32(output),
+            Op::RmsNorm { input, output, .. } => f32(input) && f32(output),
+            Op::Linear { input, output, .. } => f32(input) && f32(output),
+            Op::Rope { x, .. } => f32(x),
+            Op::CopyRows { src, dst, .. } => f32(src) && f32(dst),
+            Op::Attention {
+                q,
+                cache_k,
+                cache_v,
+                output,
+                ..
+            } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
+            Op::SiluMul { gate, up, output } => f32(gate) && f32(up) && f32(output),
+            Op::Add { x, y } => f32(x) && f32(y),
+            Op::Argmax { input, .. } => f32(input),
+        }
+    }
+
+    fn run(&self, op: Op<'_>) -> Result<()> {
+        match op {
+            Op::Embedding {
+                table,
+                tokens,
+                output,
+            } => embedding::embedding(table, tokens, output),
+            Op::RmsNorm {
+                input,
+                weight,
+                eps,
+                output,
+            } => norm::rms_norm(input, weight, eps, output),
+            Op::Linear {
+                input,
+                weight,
+                bias,
+                output,
+            } => linear::linear(input, weight, bias, output),
+            Op::Rope {
+                x,
+                table,
+                n_heads,
+                start_pos,
+            } => rope::rope(x, table, n_heads, start_pos),
+            Op::CopyRows {
+                src,
+                src_row,
+                n_rows,
+                dst,
+                dst_row,
+            } => elementwise::copy_rows(src, src_row, n_rows, dst, dst_row),
+            Op::Attention {
+                q,
+                cache_k,
+                cache_v,
+                start_pos,
+                n_heads,
+                n_kv_heads,
+                scale,
+                output,
+            } => attention::attention(
+                q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, scale, output,
+            ),
+            Op::SiluMul { gate, up, output } => activation::silu_mul(gate, up, output),
+            Op::Add { x, y } => elementwise::add(x, y),
+            Op::Argmax { input, output } => elementwise::argmax_rows(input, output),
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Row access to float weights of any dtype, and the f32 dot product.
+
+use flm_core::{Data, DataType, Result};
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+/// A weight matrix `[rows, cols]` of f32, f16 or bf16, read row by row as f32.
+pub(crate) enum Rows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+impl<'a> Rows<'a> {
+    pub(crate) fn new(data: &'a Data) -> Result<Rows<'a>> {
+        Ok(match data.dtype() {
+            DataType::F32 => Rows::F32(data.as_f32()?),
+            DataType::F16 => Rows::F16(data.as_f16()?),
+            DataType::BF16 => Rows::BF16(data.as_bf16()?),
+        })
+    }
+
+    /// Row `r` (of length `cols`) as f32: borrowed for f32 weights, widened into `buf`
+    /// (exactly: f16 and bf16 are subsets of f32) otherwise.
+    pub(crate) fn row<'b>(&'b self, r: usize, cols: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+        let range = r * cols..(r + 1) * cols;
+        match self {
+            Rows::F32(w) => &w[range],
+            Rows::F16(w) => {
+                buf.resize(cols, 0.0);
+                w[range].convert_to_f32_slice(buf);
+                buf
+            }
+            Rows::BF16(w) => {
+                buf.resize(cols, 0.0);
+                w[range].convert_to_f32_slice(buf);
+                buf
+            }
+        }
+    }
+}
+
+/// `Σ a[i]·b[i]` over `min(a.len(), b.len())` elements, with eight independent partial
+/// sums so that LLVM vectorises the loop.
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let chunks_a = a.chunks_exact(8);
+    let chunks_b = b.chunks_exact(8);
+    let tail: f32 = chunks_a
+        .remainder()
+        .iter()
+        .zip(chunks_b.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in chunks_a.zip(chunks_b) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}

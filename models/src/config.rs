@@ -1,0 +1,104 @@
+//! Model hyper-parameters.
+
+use flm_core::RopeStyle;
+
+use crate::{Error, Result};
+
+/// Hyper-parameters of a Llama-family decoder (names as in llama2.c's `Config` and Hugging
+/// Face's `LlamaConfig`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Hidden size (`hidden_size`, llama2.c `dim`).
+    pub dim: usize,
+    /// Feed-forward inner size (`intermediate_size`, llama2.c `hidden_dim`).
+    pub hidden_dim: usize,
+    /// Number of transformer layers.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (GQA); divides `n_heads`.
+    pub n_kv_heads: usize,
+    /// Dimensions per head (usually `dim / n_heads`).
+    pub head_dim: usize,
+    /// Vocabulary size: rows of the embedding table and of the classifier.
+    pub vocab_size: usize,
+    /// Context length: positions the KV cache and RoPE table hold.
+    pub max_seq_len: usize,
+    /// RMSNorm epsilon.
+    pub norm_eps: f32,
+    /// RoPE base θ (10000 for Llama 2).
+    pub rope_theta: f32,
+    /// RoPE pairing convention of the checkpoint's q/k weights.
+    pub rope_style: RopeStyle,
+    /// Whether the classifier reuses the embedding table.
+    pub tie_embeddings: bool,
+    /// Begin-of-sequence token, if the model has one.
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// `n_kv_heads * head_dim`: the width of a key or value row.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// `n_heads * head_dim`: the width of a query row.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Checks that the numbers describe a runnable model.
+    ///
+    /// Errors: [`Error::Config`] naming the first problem.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("dim", self.dim),
+            ("hidden_dim", self.hidden_dim),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(Error::Config(format!("{name} must be positive")));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(Error::Config(format!(
+                "n_heads ({}) is not a multiple of n_kv_heads ({})",
+                self.n_heads, self.n_kv_heads
+            )));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(Error::Config(format!(
+                "head_dim ({}) must be even for RoPE",
+                self.head_dim
+            )));
+        }
+        if !(self.norm_eps >= 0.0 && self.norm_eps.is_finite()) {
+            return Err(Error::Config(format!("invalid norm eps {}", self.norm_eps)));
+        }
+        if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
+            return Err(Error::Config(format!(
+                "invalid rope theta {}",
+                self.rope_theta
+            )));
+        }
+        let too_large = [
+            ("bos_token_id", self.bos_token_id),
+            ("eos_token_id", self.eos_token_ids.iter().copied().max()),
+        ];
+        for (name, id) in too_large {
+            if let Some(id) = id.filter(|&id| id as usize >= self.vocab_size) {
+                return Err(Error::Config(format!(
+                    "{name} {id} is outside the vocabulary of {}",
+                    self.vocab_size
+                )));
+            }
+        }
+        Ok(())
+    }
+}

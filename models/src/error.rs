@@ -1,0 +1,49 @@
+//! The one error type of flm-models.
+
+use std::path::PathBuf;
+
+/// Errors raised while importing or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An error from a tensor op or the run state.
+    #[error(transparent)]
+    Core(#[from] flm_core::Error),
+    /// A file could not be opened, mapped or read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A checkpoint is malformed (truncated, corrupted, inconsistent) or of an unknown kind.
+    #[error("{}: {msg}", path.display())]
+    Format {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A configuration is invalid (a missing or inconsistent hyper-parameter).
+    #[error("invalid model configuration: {0}")]
+    Config(String),
+}
+
+/// Result type of flm-models.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn format(path: impl Into<PathBuf>, msg: impl Into<String>) -> Error {
+        Error::Format {
+            path: path.into(),
+            msg: msg.into(),
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
