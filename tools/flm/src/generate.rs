@@ -1,0 +1,144 @@
+//! The generation loop of `flm run`: prefill the prompt in one pass, then sample and feed
+//! one token per decode step, streaming the text (or ids) to stdout.
+
+use std::fmt;
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use flm_core::{Executor, Sampler, SamplerConfig};
+use flm_devices::CpuDevice;
+use flm_models::llama::{Llama, Logits};
+use flm_tokenizer::Tokenizer;
+
+/// What to generate and how to print it.
+pub struct Options {
+    /// Stop after this many generated tokens.
+    pub max_tokens: usize,
+    /// Do not stop at end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Print ids instead of text.
+    pub print_ids: bool,
+}
+
+/// Counts and timings of one generation.
+pub struct Stats {
+    prompt_tokens: usize,
+    generated: usize,
+    /// From the start of the prefill to the first sampled token.
+    time_to_first_token: Duration,
+    prefill: Duration,
+    /// The decode steps after the first token.
+    decode: Duration,
+}
+
+fn per_second(tokens: usize, time: Duration) -> String {
+    if tokens == 0 || time.is_zero() {
+        "n/a".to_string()
+    } else {
+        format!("{:.1}", tokens as f64 / time.as_secs_f64())
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "prompt tokens: {} | generated tokens: {} | time to first token: {:.2} ms | \
+             prefill: {} tokens/s | decode: {} tokens/s",
+            self.prompt_tokens,
+            self.generated,
+            self.time_to_first_token.as_secs_f64() * 1e3,
+            per_second(self.prompt_tokens, self.prefill),
+            per_second(self.generated.saturating_sub(1), self.decode),
+        )
+    }
+}
+
+/// A seed from the clock, for runs without `--seed`.
+pub fn clock_seed() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Generates a continuation of `prompt` and streams it to stdout.
+///
+/// Errors: a prompt that does not fit in the context (it must leave room for one token),
+/// invalid sampling parameters, model errors, a closed stdout.
+pub fn generate(
+    model: &mut Llama,
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    sampler: SamplerConfig,
+    options: &Options,
+) -> Result<Stats> {
+    let exec = Executor::new(vec![Box::new(CpuDevice::new())]);
+    let mut sampler = Sampler::new(sampler)?;
+    let mut tokens = tokenizer
+        .encode(prompt, true)
+        .context("cannot encode the prompt")?;
+    if tokens.is_empty() {
+        bail!("the prompt is empty and the tokenizer has no begin-of-sequence token");
+    }
+    let context = model.config().max_seq_len;
+    if tokens.len() >= context {
+        bail!(
+            "the prompt is {} tokens long but the model's context holds {context} tokens \
+             (including at least one to generate): shorten the prompt",
+            tokens.len()
+        );
+    }
+    let mut eos = model.config().eos_token_ids.clone();
+    eos.extend(tokenizer.eos_id());
+    let prompt_tokens = tokens.len();
+    let only_bos = prompt_tokens == 1 && tokenizer.bos_id() == Some(tokens[0]);
+    let mut decoder = tokenizer.stream_decoder(only_bos);
+    let mut out = std::io::stdout().lock();
+
+    let start = Instant::now();
+    let mut logits = model.forward(&exec, &tokens, 0, Logits::Last)?;
+    let prefill = start.elapsed();
+    let mut time_to_first_token = prefill;
+    let mut decode = Duration::ZERO;
+    let mut generated = 0;
+    while generated < options.max_tokens {
+        let next = sampler.sample(&logits, &tokens)?;
+        if generated == 0 {
+            time_to_first_token = start.elapsed();
+        }
+        if !options.ignore_eos && eos.contains(&next) {
+            break;
+        }
+        generated += 1;
+        tokens.push(next);
+        if options.print_ids {
+            let sep = if generated == 1 { "" } else { " " };
+            write!(out, "{sep}{next}")?;
+        } else {
+            out.write_all(decoder.push(next)?.as_bytes())?;
+        }
+        out.flush()?;
+        if generated == options.max_tokens {
+            break;
+        }
+        if tokens.len() >= context {
+            eprintln!("note: the context of {context} tokens is full");
+            break;
+        }
+        let step = Instant::now();
+        logits = model.forward(&exec, &[next], tokens.len() - 1, Logits::Last)?;
+        decode += step.elapsed();
+    }
+    if !options.print_ids {
+        out.write_all(decoder.finish().as_bytes())?;
+    }
+    writeln!(out)?;
+    Ok(Stats {
+        prompt_tokens,
+        generated,
+        time_to_first_token,
+        prefill,
+        decode,
+    })
+}

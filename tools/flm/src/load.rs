@@ -1,0 +1,64 @@
+//! Loading a model and finding its tokenizer.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use flm_models::import::{self, Checkpoint};
+use flm_models::llama::Llama;
+use flm_tokenizer::Tokenizer;
+
+use crate::ModelArgs;
+
+/// Reads a tokenizer file of any supported kind.
+pub fn tokenizer_file(path: &Path) -> Result<Tokenizer> {
+    Tokenizer::from_file(path)
+        .with_context(|| format!("cannot load the tokenizer {}", path.display()))
+}
+
+/// The first tokenizer file that exists beside the checkpoint.
+fn find_tokenizer(model: &Path, ckpt: &Checkpoint) -> Result<Tokenizer> {
+    match ckpt.tokenizer_candidates.iter().find(|p| p.is_file()) {
+        Some(path) => tokenizer_file(path),
+        None => {
+            let looked: Vec<String> = ckpt
+                .tokenizer_candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            bail!(
+                "no tokenizer found beside {} (looked for {}); pass --tokenizer",
+                model.display(),
+                looked.join(", ")
+            )
+        }
+    }
+}
+
+fn checkpoint(path: &Path) -> Result<Checkpoint> {
+    import::load(path).with_context(|| format!("cannot load the model {}", path.display()))
+}
+
+/// The tokenizer that belongs to the checkpoint at `model`.
+pub fn tokenizer_beside(model: &Path) -> Result<Tokenizer> {
+    find_tokenizer(model, &checkpoint(model)?)
+}
+
+/// Loads the model and its tokenizer and checks that they agree.
+pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Llama, Tokenizer)> {
+    let ckpt = checkpoint(&args.model)?;
+    let tokenizer = match &args.tokenizer {
+        Some(path) => tokenizer_file(path)?,
+        None => find_tokenizer(&args.model, &ckpt)?,
+    };
+    if tokenizer.vocab_size() > ckpt.config.vocab_size {
+        bail!(
+            "the tokenizer has {} tokens but the model's vocabulary has {}: they do not belong \
+             together",
+            tokenizer.vocab_size(),
+            ckpt.config.vocab_size
+        );
+    }
+    let model = Llama::new(ckpt.config, ckpt.weights)
+        .with_context(|| format!("cannot build the model {}", args.model.display()))?;
+    Ok((model, tokenizer))
+}

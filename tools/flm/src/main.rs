@@ -1,0 +1,158 @@
+//! `flm`: run, inspect and tokenize models from the command line.
+//!
+//! Every error is reported on stderr as one `error: …` line with its causes, and the
+//! process exits with status 1; nothing the user passes makes it panic.
+
+mod generate;
+mod load;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use flm_core::SamplerConfig;
+
+/// flm: a portable LLM inference runtime.
+#[derive(Parser)]
+#[command(name = "flm", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation of a prompt, streamed to stdout.
+    Run(RunArgs),
+    /// Print the token ids of a text.
+    Tokenize(TokenizeArgs),
+}
+
+/// Where the model and its tokenizer are.
+#[derive(Args)]
+struct ModelArgs {
+    /// Checkpoint: a llama2.c .bin, a Hugging Face directory or a .safetensors file beside
+    /// its config.json (the format is detected from the bytes).
+    #[arg(long)]
+    model: PathBuf,
+    /// Tokenizer file (SentencePiece .model, HF tokenizer.json or llama2.c tokenizer.bin);
+    /// by default the one beside the model.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt; the continuation, not the prompt, is printed.
+    #[arg(long)]
+    prompt: String,
+    /// Stop after this many generated tokens.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Softmax temperature; 0 is greedy (argmax).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample from the K most likely tokens only (0 disables).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sample from the smallest set of tokens whose probability reaches P (1 disables).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Repetition penalty over the prompt and the generated tokens (1 disables).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Random seed; the same seed gives the same sampled text (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep generating after an end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print the generated token ids, space-separated, instead of text.
+    #[arg(long)]
+    ids: bool,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "tokenizer"])))]
+struct TokenizeArgs {
+    /// A checkpoint whose tokenizer is used (see `flm run --model`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// A tokenizer file.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// The text to encode.
+    #[arg(long)]
+    text: String,
+    /// Do not prepend the begin-of-sequence token.
+    #[arg(long)]
+    no_bos: bool,
+}
+
+fn set_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        anyhow::ensure!(n > 0, "--threads must be at least 1");
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("cannot start the thread pool")?;
+    }
+    Ok(())
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    set_threads(args.model.threads)?;
+    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let sampler = SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repeat_penalty: args.repeat_penalty,
+        seed: args.seed.unwrap_or_else(generate::clock_seed),
+    };
+    let options = generate::Options {
+        max_tokens: args.max_tokens,
+        ignore_eos: args.ignore_eos,
+        print_ids: args.ids,
+    };
+    let stats = generate::generate(&mut model, &tokenizer, &args.prompt, sampler, &options)?;
+    eprintln!("{stats}");
+    Ok(())
+}
+
+fn tokenize(args: TokenizeArgs) -> Result<()> {
+    let tokenizer = match (&args.tokenizer, &args.model) {
+        (Some(path), _) => load::tokenizer_file(path)?,
+        (None, Some(model)) => load::tokenizer_beside(model)?,
+        (None, None) => anyhow::bail!("pass --model or --tokenizer"),
+    };
+    let ids = tokenizer
+        .encode(&args.text, !args.no_bos)
+        .context("cannot encode the text")?;
+    let line: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", line.join(" "))?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Tokenize(args) => tokenize(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The `flm` binary end to end on the shipped stories260K, against references from
+//! independent implementations (llama2.c `run.c`, HF transformers; tests/data/SOURCES.md),
+//! and its behaviour on bad input: a clear message and exit status 1, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(rel)
+}
+
+fn flm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flm"))
+        .args(args)
+        .output()
+        .expect("flm runs")
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "flm failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).expect("utf-8 output")
+}
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(data("stories260K/stories260K_reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn id_list(v: &Value) -> String {
+    let ids: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    ids.join(" ")
+}
+
+fn bin_model() -> String {
+    data("stories260K/stories260K.bin").display().to_string()
+}
+
+#[test]
+fn greedy_from_bos_prints_llama2c_text_byte_for_byte() {
+    let out = flm(&[
+        "run",
+        "--model",
+        &bin_model(),
+        "--prompt",
+        "",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "200",
+    ]);
+    let expected = reference()["greedy_from_bos"]["output_text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(stdout(&out), expected + "\n");
+    let summary = String::from_utf8_lossy(&out.stderr);
+    for field in [
+        "prompt tokens: 1",
+        "generated tokens: 200",
+        "time to first token",
+        "prefill",
+        "decode",
+    ] {
+        assert!(
+            summary.contains(field),
+            "summary line lacks {field}: {summary}"
+        );
+    }
+}
+
+#[test]
+fn greedy_ids_from_prompt_match_transformers_for_both_formats() {
+    let case = &reference()["greedy_prompt"];
+    let hf = data("hf-stories260K").display().to_string();
+    for model in [bin_model(), hf] {
+        let out = flm(&[
+            "run",
+            "--model",
+            &model,
+            "--prompt",
+            "Once upon a time",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "32",
+            "--ids",
+        ]);
+        assert_eq!(
+            stdout(&out).trim_end(),
+            id_list(&case["output_ids"]),
+            "{model}"
+        );
+    }
+}
+
+#[test]
+fn prompt_text_is_not_echoed_and_continuation_matches_reference() {
+    let case = &reference()["greedy_prompt"];
+    let out = flm(&[
+        "run",
+        "--model",
+        &bin_model(),
+        "--prompt",
+        "Once upon a time",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "32",
+    ]);
+    let full = case["output_text"].as_str().unwrap();
+    let continuation = full.strip_prefix("Once upon a time").unwrap();
+    assert_eq!(stdout(&out), format!("{continuation}\n"));
+}
+
+#[test]
+fn tokenize_prints_reference_ids() {
+    let case = &reference()["greedy_prompt"];
+    let out = flm(&[
+        "tokenize",
+        "--model",
+        &bin_model(),
+        "--text",
+        "Once upon a time",
+    ]);
+    assert_eq!(stdout(&out).trim_end(), id_list(&case["input_ids"]));
+    let llama2 = data("tokenizer/tokenizer.model").display().to_string();
+    let out = flm(&[
+        "tokenize",
+        "--tokenizer",
+        &llama2,
+        "--text",
+        "I believe the meaning of life is",
+        "--no-bos",
+    ]);
+    // llama2.c test.c, without the BOS.
+    assert_eq!(stdout(&out).trim_end(), "306 4658 278 6593 310 2834 338");
+}
+
+#[test]
+fn a_seed_makes_sampling_reproducible() {
+    let run = |seed: &str| {
+        stdout(&flm(&[
+            "run",
+            "--model",
+            &bin_model(),
+            "--prompt",
+            "Once upon a time",
+            "--temperature",
+            "1.0",
+            "--top-k",
+            "0",
+            "--top-p",
+            "0.9",
+            "--seed",
+            seed,
+            "--max-tokens",
+            "40",
+        ]))
+    };
+    assert_eq!(run("7"), run("7"));
+}
+
+/// Runs flm expecting failure with a message that contains `needle`.
+fn expect_error(args: &[&str], needle: &str) {
+    let out = flm(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert!(err.starts_with("error: "), "{args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected {needle:?} in {err}"
+    );
+}
+
+fn run_args<'a>(model: &'a str, tokenizer: Option<&'a str>) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        "--model",
+        model,
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "4",
+    ];
+    if let Some(t) = tokenizer {
+        args.extend(["--tokenizer", t]);
+    }
+    args
+}
+
+#[test]
+fn truncated_and_corrupted_checkpoints_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(data("stories260K/stories260K.bin")).unwrap();
+    let tok = data("stories260K/tok512.bin").display().to_string();
+
+    let truncated = dir.path().join("truncated.bin");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    expect_error(
+        &run_args(truncated.to_str().unwrap(), Some(&tok)),
+        "truncated",
+    );
+
+    let mut corrupted = bytes.clone();
+    corrupted[12..16].copy_from_slice(&3i32.to_le_bytes()); // n_heads = 3 does not divide 64
+    let path = dir.path().join("corrupted.bin");
+    std::fs::write(&path, &corrupted).unwrap();
+    expect_error(
+        &run_args(path.to_str().unwrap(), Some(&tok)),
+        "not a valid llama2.c checkpoint",
+    );
+
+    let tiny = dir.path().join("tiny.bin");
+    std::fs::write(&tiny, b"abc").unwrap();
+    expect_error(&run_args(tiny.to_str().unwrap(), Some(&tok)), "too short");
+
+    let missing = dir.path().join("missing.bin");
+    expect_error(
+        &run_args(missing.to_str().unwrap(), Some(&tok)),
+        "missing.bin",
+    );
+
+    // A safetensors file cut in the middle of its data.
+    let hf = copy_hf_dir(dir.path());
+    let st = hf.join("model.safetensors");
+    let weights = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &weights[..weights.len() - 1000]).unwrap();
+    expect_error(&run_args(hf.to_str().unwrap(), None), "invalid safetensors");
+}
+
+fn copy_hf_dir(to: &Path) -> PathBuf {
+    let dst = to.join("hf");
+    std::fs::create_dir_all(&dst).unwrap();
+    for entry in std::fs::read_dir(data("hf-stories260K")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
+    }
+    dst
+}
+
+#[test]
+fn config_with_a_missing_field_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = copy_hf_dir(dir.path());
+    let config = hf.join("config.json");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    json.as_object_mut().unwrap().remove("hidden_size");
+    std::fs::write(&config, json.to_string()).unwrap();
+    expect_error(
+        &run_args(hf.to_str().unwrap(), None),
+        "missing field `hidden_size`",
+    );
+
+    std::fs::write(&config, "{ not json").unwrap();
+    expect_error(&run_args(hf.to_str().unwrap(), None), "invalid config.json");
+}
+
+#[test]
+fn a_file_that_is_not_a_tokenizer_is_rejected() {
+    let not_tokenizer = data("hf-stories260K/config.json").display().to_string();
+    expect_error(&run_args(&bin_model(), Some(&not_tokenizer)), "tokenizer");
+    let weights = data("stories260K/stories260K.bin").display().to_string();
+    expect_error(
+        &["tokenize", "--tokenizer", &weights, "--text", "hi"],
+        "cannot load the tokenizer",
+    );
+    // A tokenizer with more tokens than the model's vocabulary.
+    let llama2 = data("tokenizer/tokenizer.model").display().to_string();
+    expect_error(
+        &run_args(&bin_model(), Some(&llama2)),
+        "do not belong together",
+    );
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_rejected() {
+    let prompt = "Once upon a time there was a cat. ".repeat(100);
+    expect_error(
+        &["run", "--model", &bin_model(), "--prompt", &prompt],
+        "context holds 512 tokens",
+    );
+}
+
+#[test]
+fn invalid_sampling_parameters_are_rejected() {
+    expect_error(
+        &[
+            "run",
+            "--model",
+            &bin_model(),
+            "--prompt",
+            "Hi",
+            "--top-p",
+            "1.5",
+        ],
+        "top-p",
+    );
+    expect_error(
+        &[
+            "run",
+            "--model",
+            &bin_model(),
+            "--prompt",
+            "Hi",
+            "--temperature=-1",
+        ],
+        "temperature",
+    );
+}
