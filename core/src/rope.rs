@@ -45,7 +45,7 @@ impl RopeTable {
                  dimension {head_dim}"
             )));
         }
-        if !(theta > 0.0) {
+        if theta.is_nan() || theta <= 0.0 {
             return Err(Error::InvalidArgument(format!(
                 "RoPE theta must be positive, got {theta}"
             )));

@@ -53,9 +53,10 @@ pub(crate) fn attention(
             ),
         ));
     }
-    if start_pos + n > cache_k.rows() {
+    // Saturating: an absurd `start_pos` is a context overflow, not an arithmetic panic.
+    if start_pos.saturating_add(n) > cache_k.rows() {
         return Err(Error::ContextOverflow {
-            needed: start_pos + n,
+            needed: start_pos.saturating_add(n),
             max: cache_k.rows(),
         });
     }

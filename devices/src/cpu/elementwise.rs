@@ -34,12 +34,15 @@ pub(crate) fn copy_rows(
             format!("src {:?}, dst {:?}", src.shape(), dst.shape()),
         ));
     }
-    if src_row + n_rows > src.rows() || dst_row + n_rows > dst.rows() {
+    // Saturating: absurd row indices are out of bounds, not an arithmetic panic.
+    let (src_end, dst_end) = (
+        src_row.saturating_add(n_rows),
+        dst_row.saturating_add(n_rows),
+    );
+    if src_end > src.rows() || dst_end > dst.rows() {
         return Err(Error::OutOfBounds(format!(
-            "copying rows {src_row}..{} of {:?} to rows {dst_row}..{} of {:?}",
-            src_row + n_rows,
+            "copying rows {src_row}..{src_end} of {:?} to rows {dst_row}..{dst_end} of {:?}",
             src.shape(),
-            dst_row + n_rows,
             dst.shape()
         )));
     }

@@ -41,6 +41,10 @@ pub(crate) fn linear(
             ),
         ));
     }
+    if n == 0 {
+        // Nothing to compute (and `chunks_exact(n)` below needs `n > 0`).
+        return Ok(());
+    }
     let x = input.as_f32()?;
     let w = Rows::new(weight)?;
     let bias: Option<Cow<'_, [f32]>> = bias.map(|b| match b.as_f32() {

@@ -23,9 +23,10 @@ pub(crate) fn rope(
             format!("x {:?} for {n_heads} heads of {head_dim}", x.shape()),
         ));
     }
-    if start_pos + n > table.max_pos() {
+    // Saturating: an absurd `start_pos` is a context overflow, not an arithmetic panic.
+    if start_pos.saturating_add(n) > table.max_pos() {
         return Err(Error::ContextOverflow {
-            needed: start_pos + n,
+            needed: start_pos.saturating_add(n),
             max: table.max_pos(),
         });
     }

@@ -1,0 +1,118 @@
+//! Helpers shared by the CPU op tests: the executor, seeded random tensors, weight dtype
+//! conversion and a tolerance check that reports the worst element.
+//!
+//! Every test compares the [`flm_devices::CpuDevice`] (run through [`flm_core::Executor`], as
+//! the models run it) against a naive formula written in the test, evaluated in f64 on the
+//! exact f32 inputs (and on the rounded weights for f16/bf16, since widening them is exact).
+
+#![allow(dead_code, unused_macros)]
+
+use flm_core::{Data, DataType, Executor, Op, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Relative error allowed on an f32 dot product, measured against `Σ |a_i·b_i|`: its
+/// rounding error is about `u·√k·rms(a_i·b_i)` for random data (`u = 2^-24`), far below
+/// `1e-6·Σ|a_i·b_i| = 1e-6·k·mean|a_i·b_i|` at every size tested, while a dropped or wrong
+/// term of ordinary size is far above it.
+pub const DOT_REL: f64 = 1e-6;
+
+/// f32 machine epsilon (2^-23 = two units of rounding) in f64.
+pub const EPS: f64 = f32::EPSILON as f64;
+
+/// An executor holding only the CPU device, profiling off.
+pub fn executor() -> Executor {
+    Executor::with_profiling(vec![Box::new(flm_devices::CpuDevice::new())], false)
+}
+
+/// Runs one op on a fresh CPU executor.
+pub fn run(op: Op<'_>) -> Result<()> {
+    executor().run(op)
+}
+
+/// A seeded generator, so that every failure reproduces.
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+/// `len` values uniform in `[-scale, scale)` (zeros for `scale == 0`).
+pub fn uniform(rng: &mut StdRng, len: usize, scale: f32) -> Vec<f32> {
+    if scale == 0.0 {
+        return vec![0.0; len];
+    }
+    (0..len).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// An owned f32 tensor.
+pub fn f32_data(shape: &[usize], values: &[f32]) -> Data {
+    Data::from_f32(shape, values).expect("shape matches values")
+}
+
+/// A random f32 activation tensor and its values.
+pub fn random_f32(rng: &mut StdRng, shape: &[usize], scale: f32) -> (Data, Vec<f32>) {
+    let values = uniform(rng, shape.iter().product(), scale);
+    (f32_data(shape, &values), values)
+}
+
+/// A random weight tensor in `dtype` and its values after rounding to that dtype, which is
+/// what the reference formula must use.
+pub fn random_weight(rng: &mut StdRng, shape: &[usize], dtype: DataType) -> (Data, Vec<f32>) {
+    let (w, _) = random_f32(rng, shape, 1.0);
+    let w = w.to_dtype(dtype).expect("conversion");
+    let values = w.to_f32_vec();
+    (w, values)
+}
+
+/// An f32 output tensor filled with NaN, so an element the kernel forgets to write fails.
+pub fn nan_output(shape: &[usize]) -> Data {
+    f32_data(shape, &vec![f32::NAN; shape.iter().product()])
+}
+
+/// Asserts `|got[i] - want[i]| <= tol(i)` for every `i`, reporting the worst violation.
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: impl Fn(usize) -> f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs();
+        let excess = err / tol(i).max(f64::MIN_POSITIVE);
+        // Written so that a NaN result fails.
+        let within = err <= tol(i);
+        let worse = match worst {
+            None => true,
+            Some((_, e)) => excess > e || excess.is_nan(),
+        };
+        if !within && worse {
+            worst = Some((i, excess));
+        }
+    }
+    if let Some((i, _)) = worst {
+        panic!(
+            "{what}: element {i}: got {}, want {}, |diff| {:e} > tol {:e}",
+            got[i],
+            want[i],
+            (got[i] as f64 - want[i]).abs(),
+            tol(i)
+        );
+    }
+}
+
+/// Generates one `#[test]` per weight dtype (f32, f16, bf16) calling `check(dtype)`, in a
+/// module named after the check: `linear_matches_formula::bf16`, ...
+macro_rules! weight_dtype_tests {
+    ($($check:ident),* $(,)?) => {$(
+        mod $check {
+            #[test]
+            fn f32() {
+                super::$check(flm_core::DataType::F32)
+            }
+            #[test]
+            fn f16() {
+                super::$check(flm_core::DataType::F16)
+            }
+            #[test]
+            fn bf16() {
+                super::$check(flm_core::DataType::BF16)
+            }
+        }
+    )*};
+}
