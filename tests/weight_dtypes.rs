@@ -162,7 +162,10 @@ fn llama2c_v1_and_v2_exports_load() {
     let dir = tempfile::tempdir().unwrap();
 
     let mut v1 = v_header(1, &legacy.params, None);
-    for x in [rms_att, rms_ffn, rms_final, emb].into_iter().chain(matrices) {
+    for x in [rms_att, rms_ffn, rms_final, emb]
+        .into_iter()
+        .chain(matrices)
+    {
         v1.extend(f32_bytes(x));
     }
     let path = dir.path().join("v1.bin");
@@ -194,7 +197,10 @@ fn llama2c_v1_and_v2_exports_load() {
     let mut model = Llama::new(ckpt.config, ckpt.weights).unwrap();
     let (err, flips) = logits_error(&mut model);
     // Q8_0 rounds each weight by at most scale/2 = absmax/254 per group (measured 0.29).
-    assert!(err < 0.5 && flips == 0, "v2: max abs logit error {err}, {flips} argmax flips");
+    assert!(
+        err < 0.5 && flips == 0,
+        "v2: max abs logit error {err}, {flips} argmax flips"
+    );
 
     // The same file cut short is refused.
     std::fs::write(&path, &v2[..v2.len() - 10]).unwrap();

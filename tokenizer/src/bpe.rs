@@ -1,0 +1,231 @@
+//! SentencePiece BPE encoding, as `bpe::Model::SampleEncode` (bpe_model.cc, without
+//! dropout) followed by the unknown-piece handling of
+//! `SentencePieceProcessor::EncodeOptimized` (sentencepiece_processor.cc), both as of
+//! sentencepiece 0.2.3, the release the test data was checked against.
+//!
+//! The normalised text is split into characters (user-defined symbols stay whole and are
+//! frozen). Every adjacent pair whose concatenation is a piece goes into a priority queue
+//! ordered by that piece's score, highest first, ties to the leftmost pair. The best pair
+//! is merged, its stale neighbours are skipped when they surface, and the two new pairs
+//! are queued. Each merge costs O(log n), so a text of n characters costs O(n log n).
+//! UNUSED pieces are split back into the pairs that formed them; one that cannot be
+//! split, like any symbol that is not a NORMAL/USER_DEFINED/UNUSED piece, is unknown.
+//! Finally, unknown symbols become byte pieces `<0xHH>` (byte fallback) or one `<unk>`
+//! per run.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::sentencepiece::SpModel;
+use crate::vocab::{Piece, PieceKind};
+
+/// No neighbour.
+const NONE: usize = usize::MAX;
+
+/// sentencepiece's `kMaxBpeResegmentDepth`: deeper UNUSED pieces are emitted as they are.
+const MAX_RESEGMENT_DEPTH: u32 = 100;
+
+/// A symbol of the text: `text[start..start + len]`, linked to its live neighbours.
+/// A symbol merged into its left neighbour has `len == 0`.
+#[derive(Clone, Copy)]
+struct Symbol {
+    prev: usize,
+    next: usize,
+    start: usize,
+    len: usize,
+    freeze: bool,
+}
+
+/// A queued merge of symbols `left` and `right` (`SymbolPair`). `size` is the merged
+/// length, used to recognise entries made stale by other merges.
+struct Candidate {
+    score: f32,
+    left: usize,
+    right: usize,
+    size: usize,
+}
+
+impl Candidate {
+    /// The score with -0.0 folded into 0.0, so the order is C++'s `<` on floats.
+    fn key(&self) -> f32 {
+        if self.score == 0.0 {
+            0.0
+        } else {
+            self.score
+        }
+    }
+}
+
+impl Ord for Candidate {
+    /// Higher score first; on a tie, the leftmost pair (`SymbolPairComparator`).
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.key()
+            .total_cmp(&other.key())
+            .then_with(|| other.left.cmp(&self.left))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Candidate {}
+
+/// The merge state of one encode call.
+struct Merger<'a> {
+    model: &'a SpModel,
+    pieces: &'a [Piece],
+    text: &'a [u8],
+    symbols: Vec<Symbol>,
+    agenda: BinaryHeap<Candidate>,
+    /// `rev_merge`: for an UNUSED piece id, the last (start, left length, total length)
+    /// pair that produced it.
+    rev_merge: HashMap<u32, (usize, usize, usize)>,
+}
+
+impl Merger<'_> {
+    /// `MaybeAddNewSymbolPair`.
+    fn maybe_add(&mut self, left: usize, right: usize) {
+        if left == NONE || right == NONE {
+            return;
+        }
+        let (l, r) = (self.symbols[left], self.symbols[right]);
+        if l.freeze || r.freeze {
+            return;
+        }
+        let size = l.len + r.len;
+        let Some(id) = self.model.normal.get(&self.text[l.start..l.start + size]) else {
+            return;
+        };
+        let piece = &self.pieces[id as usize];
+        self.agenda.push(Candidate {
+            score: piece.score,
+            left,
+            right,
+            size,
+        });
+        if piece.kind == PieceKind::Unused {
+            self.rev_merge.insert(id, (l.start, l.len, size));
+        }
+    }
+
+    /// The main loop: merge the best pair until no pair is a piece.
+    fn merge_all(&mut self) {
+        for i in 1..self.symbols.len() {
+            self.maybe_add(i - 1, i);
+        }
+        while let Some(top) = self.agenda.pop() {
+            let (l, r) = (self.symbols[top.left], self.symbols[top.right]);
+            if l.len == 0 || r.len == 0 || l.len + r.len != top.size {
+                continue;
+            }
+            self.symbols[top.left].len = top.size;
+            self.symbols[top.left].next = r.next;
+            if r.next != NONE {
+                self.symbols[r.next].prev = top.left;
+            }
+            self.symbols[top.right].len = 0;
+            self.maybe_add(l.prev, top.left);
+            self.maybe_add(top.left, r.next);
+        }
+    }
+}
+
+impl SpModel {
+    /// Encodes an already normalised text (see [`SpModel::normalize`]), appending ids.
+    pub(crate) fn encode_normalized(&self, pieces: &[Piece], text: &[u8], out: &mut Vec<u32>) {
+        if text.is_empty() {
+            return;
+        }
+        let mut symbols = Vec::with_capacity(text.len());
+        let mut pos = 0;
+        while pos < text.len() {
+            let (len, freeze) = self.prefix_match(&text[pos..]);
+            let index = symbols.len();
+            symbols.push(Symbol {
+                prev: if index == 0 { NONE } else { index - 1 },
+                next: if pos + len == text.len() {
+                    NONE
+                } else {
+                    index + 1
+                },
+                start: pos,
+                len,
+                freeze,
+            });
+            pos += len;
+        }
+        let mut merger = Merger {
+            model: self,
+            pieces,
+            text,
+            symbols,
+            agenda: BinaryHeap::new(),
+            rev_merge: HashMap::new(),
+        };
+        merger.merge_all();
+
+        let mut emitter = Emitter {
+            model: self,
+            out,
+            prev_unk: false,
+        };
+        let mut stack = Vec::new();
+        let mut index = 0;
+        while index != NONE {
+            let s = merger.symbols[index];
+            // `resegment`, with an explicit stack (right part pushed first). A symbol
+            // that is not a NORMAL/USER_DEFINED/UNUSED piece is unknown.
+            stack.push((s.start, s.len, 0));
+            while let Some((start, len, depth)) = stack.pop() {
+                let w = &text[start..start + len];
+                let id = self.normal.get(w);
+                match id {
+                    Some(id)
+                        if depth <= MAX_RESEGMENT_DEPTH
+                            && pieces[id as usize].kind == PieceKind::Unused =>
+                    {
+                        match merger.rev_merge.get(&id) {
+                            Some(&(s, l, total)) => {
+                                stack.push((s + l, total - l, depth + 1));
+                                stack.push((s, l, depth + 1));
+                            }
+                            None => emitter.emit(w, None),
+                        }
+                    }
+                    _ => emitter.emit(w, id),
+                }
+            }
+            index = s.next;
+        }
+    }
+}
+
+/// The id output of `PopulateSentencePieceText`.
+struct Emitter<'a> {
+    model: &'a SpModel,
+    out: &'a mut Vec<u32>,
+    prev_unk: bool,
+}
+
+impl Emitter<'_> {
+    /// Emits a symbol; `None` is unknown. Unknown symbols become byte pieces with byte
+    /// fallback; without it, a run of them becomes a single `<unk>`.
+    fn emit(&mut self, piece: &[u8], id: Option<u32>) {
+        match (id, &self.model.byte_ids) {
+            (Some(id), _) => self.out.push(id),
+            (None, Some(bytes)) => self.out.extend(piece.iter().map(|&b| bytes[b as usize])),
+            (None, None) if self.prev_unk => {}
+            (None, None) => self.out.extend(self.model.unk_id),
+        }
+        self.prev_unk = id.is_none();
+    }
+}

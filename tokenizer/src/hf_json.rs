@@ -1,0 +1,360 @@
+//! Hugging Face `tokenizer.json` of the SentencePiece-BPE kind (what `transformers`
+//! writes for Llama, Mistral, TinyLlama...): `model.type` "BPE" with `byte_fallback`, a
+//! `vocab`, `merges` (as "a b" strings or ["a", "b"] pairs), a `Prepend("▁")` +
+//! `Replace(" ", "▁")` normaliser or a `Metaspace` pre-tokenizer, and `added_tokens`.
+//! Field names and defaults follow `tokenizers`' serde code (models/bpe/serialization.rs,
+//! pre_tokenizers/metaspace.rs, tokenizer/added_vocabulary.rs).
+//!
+//! Anything else (byte-level BPE, WordPiece, Unigram, regex normalisers, BPE dropout...)
+//! is rejected with [`Error::Unsupported`] instead of being tokenised wrongly. Encoding is
+//! in `hf_bpe.rs`.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use crate::decode::DecodeOptions;
+use crate::hf_bpe::{normalize, AddedToken, AddedTokens, HfModel, Metaspace, NormOp, Prepend};
+use crate::trie::TrieBuilder;
+use crate::vocab::{parse_byte_piece, Piece, PieceKind};
+use crate::{Encoder, Error, Result, Tokenizer};
+
+fn invalid(what: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("tokenizer.json: {what}"))
+}
+
+fn unsupported(what: impl std::fmt::Display) -> Error {
+    Error::Unsupported(format!("tokenizer.json: {what}"))
+}
+
+fn type_of(v: &Value) -> &str {
+    v.get("type").and_then(Value::as_str).unwrap_or("")
+}
+
+fn flag(o: &Map<String, Value>, key: &str, default: bool) -> bool {
+    o.get(key).and_then(Value::as_bool).unwrap_or(default)
+}
+
+/// Whether a component tree names a `ByteLevel` step anywhere.
+fn mentions_byte_level(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => type_of(v) == "ByteLevel" || o.values().any(mentions_byte_level),
+        Value::Array(a) => a.iter().any(mentions_byte_level),
+        _ => false,
+    }
+}
+
+/// Reads a `tokenizer.json`.
+pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
+    let root: Value = serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_eof() {
+            Error::Truncated(format!("tokenizer.json: {e}"))
+        } else {
+            Error::NotATokenizer(format!("invalid JSON: {e}"))
+        }
+    })?;
+    let Some(model) = root.get("model").and_then(Value::as_object) else {
+        return Err(Error::NotATokenizer(
+            "a JSON file without a \"model\" object".into(),
+        ));
+    };
+    match model.get("type").and_then(Value::as_str) {
+        Some("BPE") => {}
+        None if model.contains_key("merges") => {}
+        t => {
+            return Err(unsupported(format!(
+                "model type {}; only SentencePiece-style BPE is supported",
+                t.unwrap_or("(none)")
+            )))
+        }
+    }
+    for key in ["normalizer", "pre_tokenizer", "decoder"] {
+        if root.get(key).is_some_and(mentions_byte_level) {
+            return Err(unsupported(
+                "byte-level BPE (ByteLevel component); only SentencePiece-style BPE is supported",
+            ));
+        }
+    }
+    if model.get("dropout").and_then(Value::as_f64).unwrap_or(0.0) != 0.0 {
+        return Err(unsupported("BPE dropout"));
+    }
+    for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
+        if model
+            .get(key)
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+        {
+            return Err(unsupported(format!("BPE {key}")));
+        }
+    }
+    let mut ops = Vec::new();
+    parse_normalizer(root.get("normalizer").unwrap_or(&Value::Null), &mut ops)?;
+    let metaspace = parse_pre_tokenizer(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
+    let byte_fallback = flag(model, "byte_fallback", false);
+
+    // The vocabulary, then the added tokens, into one dense id space.
+    let vocab = model
+        .get("vocab")
+        .and_then(Value::as_object)
+        .ok_or_else(|| invalid("BPE model without a vocab object"))?;
+    let added = root.get("added_tokens").and_then(Value::as_array);
+    let added = added.map(Vec::as_slice).unwrap_or_default();
+    let capacity = vocab.len() + added.len();
+    let id_of = |v: &Value| {
+        v.as_u64()
+            .filter(|&id| id < capacity as u64)
+            .map(|id| id as u32)
+    };
+    let mut slots: Vec<Option<Piece>> = vec![None; capacity];
+    let mut trie = TrieBuilder::new();
+    for (token, id) in vocab {
+        let id = id_of(id).ok_or_else(|| invalid(format!("bad id for {token:?}: {id}")))?;
+        if slots[id as usize].is_some() {
+            return Err(invalid(format!("id {id} is given to two tokens")));
+        }
+        let kind = match parse_byte_piece(token.as_bytes()) {
+            Some(b) if byte_fallback => PieceKind::Byte(b),
+            _ => PieceKind::Normal,
+        };
+        trie.insert(token.as_bytes(), id);
+        slots[id as usize] = Some(Piece {
+            bytes: token.as_bytes().into(),
+            score: 0.0,
+            kind,
+        });
+    }
+    let vocab_trie = trie.build();
+    let mut raw = (TrieBuilder::new(), Vec::new());
+    let mut normalized = (TrieBuilder::new(), Vec::new());
+    let (mut bos, mut eos) = (None, None);
+    for t in added {
+        let o = t
+            .as_object()
+            .ok_or_else(|| invalid("added token is not an object"))?;
+        let content = o.get("content").and_then(Value::as_str).unwrap_or("");
+        let id = o.get("id").and_then(id_of);
+        let id = id.ok_or_else(|| invalid(format!("bad id for added token {content:?}")))?;
+        if content.is_empty() {
+            continue;
+        }
+        // A token of the model vocabulary keeps its id there (`AddedVocabulary::add_tokens`).
+        let id = vocab_trie.get(content.as_bytes()).unwrap_or(id);
+        if flag(o, "single_word", false) {
+            return Err(unsupported(format!("single_word added token {content:?}")));
+        }
+        let special = flag(o, "special", false);
+        let slot = &mut slots[id as usize];
+        match slot {
+            Some(p) if *p.bytes != *content.as_bytes() => {
+                return Err(invalid(format!(
+                    "added token {content:?} has the id of another token"
+                )));
+            }
+            Some(p) if special => p.kind = PieceKind::Control,
+            Some(_) => {}
+            None => {
+                *slot = Some(Piece {
+                    bytes: content.as_bytes().into(),
+                    score: 0.0,
+                    kind: if special {
+                        PieceKind::Control
+                    } else {
+                        PieceKind::UserDefined
+                    },
+                })
+            }
+        }
+        let token = AddedToken {
+            id,
+            lstrip: flag(o, "lstrip", false),
+            rstrip: flag(o, "rstrip", false),
+        };
+        let (set, pattern) = if flag(o, "normalized", !special) {
+            (&mut normalized, normalize(&ops, content))
+        } else {
+            (&mut raw, content.to_owned())
+        };
+        if set
+            .0
+            .insert(pattern.as_bytes(), set.1.len() as u32)
+            .is_none()
+        {
+            set.1.push(token);
+        }
+        match content {
+            "<s>" => bos = Some(id),
+            "</s>" => eos = Some(id),
+            _ => {}
+        }
+    }
+    let size = slots.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
+    let pieces: Vec<Piece> = slots
+        .into_iter()
+        .take(size)
+        .enumerate()
+        .map(|(i, p)| p.ok_or_else(|| invalid(format!("no token has id {i}"))))
+        .collect::<Result<_>>()?;
+
+    let merges = parse_merges(model, &vocab_trie, &pieces)?;
+    let unk = match model.get("unk_token").and_then(Value::as_str) {
+        None => None,
+        Some(u) => Some(
+            vocab_trie
+                .get(u.as_bytes())
+                .ok_or_else(|| invalid(format!("unk_token {u:?} is not in the vocabulary")))?,
+        ),
+    };
+    let byte_ids = byte_fallback.then(|| {
+        Box::new(std::array::from_fn(|b| {
+            vocab_trie.get(crate::vocab::byte_piece(b as u8).as_bytes())
+        }))
+    });
+    let strip_bos_space = ops
+        .iter()
+        .any(|op| matches!(op, NormOp::Prepend(p) if p == "\u{2581}"))
+        || metaspace
+            .as_ref()
+            .is_some_and(|m| m.prepend != Prepend::Never);
+    let model = HfModel {
+        vocab: vocab_trie,
+        merges,
+        unk,
+        fuse_unk: flag(model, "fuse_unk", false),
+        byte_ids,
+        ignore_merges: flag(model, "ignore_merges", false),
+        added_raw: AddedTokens {
+            trie: raw.0.build(),
+            tokens: raw.1,
+        },
+        added_normalized: AddedTokens {
+            trie: normalized.0.build(),
+            tokens: normalized.1,
+        },
+        normalizer: ops,
+        metaspace,
+    };
+    Ok(Tokenizer {
+        pieces,
+        bos,
+        eos,
+        encoder: Encoder::HuggingFace(model),
+        decoding: DecodeOptions {
+            strip_bos_space,
+            strip_all_leading_spaces: false,
+            unk_surface: " \u{2047} ".as_bytes().into(),
+        },
+    })
+}
+
+/// `merges`, in rank order: (left id, right id) -> (rank, merged id). A pair listed twice
+/// keeps its last rank, as `tokenizers` collecting into a map does.
+fn parse_merges(
+    model: &Map<String, Value>,
+    vocab: &crate::trie::Trie,
+    pieces: &[Piece],
+) -> Result<HashMap<(u32, u32), (u32, u32)>> {
+    let list = model
+        .get("merges")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid("BPE model without a merges list"))?;
+    let mut merges = HashMap::with_capacity(list.len());
+    let mut rank = 0u32;
+    for m in list {
+        let (a, b) = match m {
+            Value::String(s) if s.starts_with("#version") => continue,
+            Value::String(s) => match s.split(' ').collect::<Vec<_>>()[..] {
+                [a, b] => (a, b),
+                _ => return Err(invalid(format!("merge {s:?} is not two tokens"))),
+            },
+            Value::Array(p) => match (
+                p.len(),
+                p.first().and_then(Value::as_str),
+                p.get(1).and_then(Value::as_str),
+            ) {
+                (2, Some(a), Some(b)) => (a, b),
+                _ => return Err(invalid(format!("merge {m} is not a pair of strings"))),
+            },
+            _ => return Err(invalid(format!("merge {m} is not a string or a pair"))),
+        };
+        let id = |t: &str| {
+            vocab
+                .get(t.as_bytes())
+                .filter(|&id| (id as usize) < pieces.len())
+                .ok_or_else(|| {
+                    invalid(format!("merge {a:?} {b:?}: {t:?} is not in the vocabulary"))
+                })
+        };
+        merges.insert((id(a)?, id(b)?), (rank, id(&format!("{a}{b}"))?));
+        rank += 1;
+    }
+    Ok(merges)
+}
+
+/// `Prepend`, string `Replace` and `Sequence`s of them.
+fn parse_normalizer(v: &Value, ops: &mut Vec<NormOp>) -> Result<()> {
+    if v.is_null() {
+        return Ok(());
+    }
+    match type_of(v) {
+        "Sequence" => {
+            let list = v.get("normalizers").and_then(Value::as_array);
+            for n in list.ok_or_else(|| invalid("Sequence normalizer without a list"))? {
+                parse_normalizer(n, ops)?;
+            }
+        }
+        "Prepend" => {
+            let p = v.get("prepend").and_then(Value::as_str);
+            ops.push(NormOp::Prepend(
+                p.ok_or_else(|| invalid("Prepend without a string"))?.into(),
+            ));
+        }
+        "Replace" => {
+            let pattern = v.pointer("/pattern/String").and_then(Value::as_str);
+            let content = v.get("content").and_then(Value::as_str);
+            match (pattern, content) {
+                (Some(p), Some(c)) if !p.is_empty() => {
+                    ops.push(NormOp::Replace(p.into(), c.into()))
+                }
+                _ => return Err(unsupported(format!("Replace normalizer {v}"))),
+            }
+        }
+        t => return Err(unsupported(format!("normalizer {t:?}"))),
+    }
+    Ok(())
+}
+
+/// `Metaspace` (alone or as the only member of a `Sequence`) or none.
+fn parse_pre_tokenizer(v: &Value) -> Result<Option<Metaspace>> {
+    match type_of(v) {
+        _ if v.is_null() => Ok(None),
+        "Sequence" => match v
+            .get("pretokenizers")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+        {
+            Some([one]) => parse_pre_tokenizer(one),
+            _ => Err(unsupported(format!("pre-tokenizer {v}"))),
+        },
+        "Metaspace" => {
+            let replacement = v.get("replacement").and_then(Value::as_str);
+            if replacement != Some("\u{2581}") {
+                return Err(unsupported(format!(
+                    "Metaspace replacement {replacement:?}"
+                )));
+            }
+            let scheme = v.get("prepend_scheme").and_then(Value::as_str);
+            let prepend = match (v.get("add_prefix_space").and_then(Value::as_bool), scheme) {
+                (Some(false), _) | (_, Some("never")) => Prepend::Never,
+                (_, Some("first")) => Prepend::First,
+                (_, Some("always") | None) => Prepend::Always,
+                (_, Some(s)) => return Err(invalid(format!("Metaspace prepend_scheme {s:?}"))),
+            };
+            Ok(Some(Metaspace {
+                replacement: '\u{2581}',
+                prepend,
+                split: v.get("split").and_then(Value::as_bool).unwrap_or(true),
+            }))
+        }
+        t => Err(unsupported(format!("pre-tokenizer {t:?}"))),
+    }
+}

@@ -1,0 +1,184 @@
+//! flm's tokenizer: SentencePiece BPE, bit-exact with the `sentencepiece` library, read
+//! from any of the three files a Llama-family checkpoint ships with:
+//!
+//! - a SentencePiece `tokenizer.model` (`ModelProto` protobuf; `sp_proto.rs`),
+//! - a llama2.c `tokenizer.bin` (`llama2c.rs`),
+//! - a Hugging Face `tokenizer.json` of the SentencePiece-BPE kind (`hf_json.rs`,
+//!   encoded as `tokenizers` does in `hf_bpe.rs`).
+//!
+//! The format is recognised from the bytes, never from the file name. Vocabulary
+//! lookups go through a byte trie (`trie.rs`). SentencePiece models are normalised
+//! (`sentencepiece.rs`) and merged (`bpe.rs`) exactly as sentencepiece's
+//! normalizer.cc and bpe_model.cc do; decoding, whole or streamed token by token, follows
+//! sentencepiece_processor.cc (`decode.rs`).
+//!
+//! What is not implemented is refused with [`Error::Unsupported`] rather than tokenised
+//! differently from the reference: Unigram models, precompiled normalisation rules
+//! (NFKC), byte-level BPE (GPT-2, Llama 3), WordPiece.
+//!
+//! ```no_run
+//! # fn main() -> flm_tokenizer::Result<()> {
+//! let tok = flm_tokenizer::Tokenizer::from_file("tokenizer.model".as_ref())?;
+//! let ids = tok.encode("Hello world", true)?;
+//! assert_eq!(tok.decode(&ids[1..])?, "Hello world");
+//! # Ok(()) }
+//! ```
+
+mod bpe;
+mod decode;
+mod error;
+mod hf_bpe;
+mod hf_json;
+mod llama2c;
+mod sentencepiece;
+mod sp_proto;
+mod trie;
+mod vocab;
+
+use std::path::Path;
+
+pub use decode::StreamDecoder;
+pub use error::{Error, Result};
+
+use decode::DecodeOptions;
+use hf_bpe::HfModel;
+use sentencepiece::SpModel;
+use vocab::Piece;
+
+/// A loaded tokenizer: vocabulary, encoder and decoder settings.
+#[derive(Debug)]
+pub struct Tokenizer {
+    /// Indexed by id.
+    pieces: Vec<Piece>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    encoder: Encoder,
+    decoding: DecodeOptions,
+}
+
+/// The encoding algorithm of the file the tokenizer came from.
+#[derive(Debug)]
+enum Encoder {
+    /// sentencepiece's normaliser + bpe_model.cc (`.model` and llama2.c `.bin`).
+    SentencePiece(SpModel),
+    /// Hugging Face `tokenizers` BPE (`tokenizer.json`).
+    HuggingFace(HfModel),
+}
+
+impl Tokenizer {
+    /// Reads a tokenizer file; see [`Tokenizer::from_bytes`] for the formats.
+    pub fn from_file(path: &Path) -> Result<Tokenizer> {
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Tokenizer::from_bytes(&bytes).map_err(|e| match e {
+            Error::NotATokenizer(why) => Error::NotATokenizer(format!("{}: {why}", path.display())),
+            Error::Truncated(what) => Error::Truncated(format!("{what} ({})", path.display())),
+            e => e,
+        })
+    }
+
+    /// Detects the format from the bytes (not the file name):
+    ///
+    /// - a llama2.c `tokenizer.bin`: u32 `max_token_length`, then per token an f32 score,
+    ///   an i32 length and the bytes, parsed to the end of the data (the vocabulary size is
+    ///   the number of entries);
+    /// - a JSON object with a `"model"` object: Hugging Face `tokenizer.json`;
+    /// - a protobuf starting with field 1 (the pieces): SentencePiece `ModelProto`.
+    ///
+    /// Any other bytes give [`Error::NotATokenizer`]; a file cut short gives
+    /// [`Error::Truncated`]. Never panics, whatever the bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Tokenizer> {
+        // llama2.c first: its check is strict (lengths within max_token_length, exactly
+        // to the end), and its first byte may be anything, '{' included.
+        let llama2c = match llama2c::parse(bytes) {
+            Ok(entries) => return llama2c::build(&entries),
+            Err(reject) => reject,
+        };
+        let text = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+        if text.trim_ascii_start().starts_with(b"{") {
+            return hf_json::load(text);
+        }
+        // A serialised ModelProto starts with its first piece: field 1, length-delimited.
+        if bytes.first() == Some(&0x0a) {
+            return sp_proto::load(bytes);
+        }
+        match llama2c {
+            llama2c::Reject::Truncated(n) => Err(Error::Truncated(format!(
+                "llama2.c tokenizer.bin: the data ends inside entry {n}"
+            ))),
+            llama2c::Reject::NotLlama2c(why) if bytes.is_empty() => {
+                Err(Error::NotATokenizer(format!("empty file ({why})")))
+            }
+            llama2c::Reject::NotLlama2c(why) => Err(Error::NotATokenizer(format!(
+                "neither a SentencePiece model, a tokenizer.json nor a llama2.c \
+                 tokenizer.bin ({why})"
+            ))),
+        }
+    }
+
+    /// Encodes `text`, with the BOS token first if `add_bos`.
+    ///
+    /// SentencePiece files (`.model`, llama2.c `.bin`) give the ids of
+    /// `SentencePieceProcessor::Encode` (normalizer.cc + bpe_model.cc); `tokenizer.json`
+    /// gives those of `tokenizers`' `encode(text, add_special_tokens=False)`, so special
+    /// tokens written in the text (`<s>`) are recognised there, as in `tokenizers`.
+    /// Fails only if `add_bos` is asked of a tokenizer without BOS.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
+        let mut ids = Vec::with_capacity(text.len() / 3 + 2);
+        if add_bos {
+            ids.push(self.bos.ok_or(Error::NoBos)?);
+        }
+        match &self.encoder {
+            Encoder::SentencePiece(m) => {
+                let normalized = m.normalize(text);
+                m.encode_normalized(&self.pieces, &normalized, &mut ids);
+            }
+            Encoder::HuggingFace(m) => m.encode(text, &mut ids),
+        }
+        Ok(ids)
+    }
+
+    /// Decodes ids to text as `SentencePieceProcessor::Decode` does: pieces joined, "▁"
+    /// as a space, byte pieces as raw bytes (invalid UTF-8 as U+FFFD), control tokens
+    /// (BOS, EOS) as nothing, and the leading space of the first piece dropped when the
+    /// tokenizer adds a dummy prefix. Errors on an id outside the vocabulary.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let mut stream = self.stream_decoder(true);
+        let mut text = String::new();
+        for &id in ids {
+            text.push_str(&stream.push(id)?);
+        }
+        text.push_str(&stream.finish());
+        Ok(text)
+    }
+
+    /// The number of tokens (ids are `0..vocab_size`).
+    pub fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// The beginning-of-sequence token (`<s>`), if the vocabulary has one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// The end-of-sequence token (`</s>`), if the vocabulary has one.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// The raw bytes of a piece in SentencePiece form ("▁" for a space, `<0x0A>` for a
+    /// byte piece, `<s>` for BOS, also for llama2.c files, which store `" "` and `"\n<s>\n"`).
+    pub fn piece(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.get(id as usize).map(|p| &*p.bytes)
+    }
+
+    /// A decoder for ids that arrive one at a time. `at_start`: nothing but BOS came
+    /// before, so the dummy-prefix space of the first piece is dropped (as SentencePiece
+    /// decode and llama2.c run.c do).
+    pub fn stream_decoder(&self, at_start: bool) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, at_start)
+    }
+}
