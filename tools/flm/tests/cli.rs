@@ -44,23 +44,30 @@ fn id_list(v: &Value) -> String {
     ids.join(" ")
 }
 
+/// `flm run` greedy on `model` with `prompt`, for `max_tokens`, plus `extra` arguments.
+fn greedy(model: &str, prompt: &str, max_tokens: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        "--model",
+        model,
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        max_tokens,
+    ];
+    args.extend_from_slice(extra);
+    flm(&args)
+}
+
 fn bin_model() -> String {
     data("stories260K/stories260K.bin").display().to_string()
 }
 
 #[test]
 fn greedy_from_bos_prints_llama2c_text_byte_for_byte() {
-    let out = flm(&[
-        "run",
-        "--model",
-        &bin_model(),
-        "--prompt",
-        "",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "200",
-    ]);
+    let out = greedy(&bin_model(), "", "200", &[]);
     let expected = reference()["greedy_from_bos"]["output_text"]
         .as_str()
         .unwrap()
@@ -86,18 +93,7 @@ fn greedy_ids_from_prompt_match_transformers_for_both_formats() {
     let case = &reference()["greedy_prompt"];
     let hf = data("hf-stories260K").display().to_string();
     for model in [bin_model(), hf] {
-        let out = flm(&[
-            "run",
-            "--model",
-            &model,
-            "--prompt",
-            "Once upon a time",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "32",
-            "--ids",
-        ]);
+        let out = greedy(&model, "Once upon a time", "32", &["--ids"]);
         assert_eq!(
             stdout(&out).trim_end(),
             id_list(&case["output_ids"]),
@@ -109,17 +105,7 @@ fn greedy_ids_from_prompt_match_transformers_for_both_formats() {
 #[test]
 fn prompt_text_is_not_echoed_and_continuation_matches_reference() {
     let case = &reference()["greedy_prompt"];
-    let out = flm(&[
-        "run",
-        "--model",
-        &bin_model(),
-        "--prompt",
-        "Once upon a time",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "32",
-    ]);
+    let out = greedy(&bin_model(), "Once upon a time", "32", &[]);
     let full = case["output_text"].as_str().unwrap();
     let continuation = full.strip_prefix("Once upon a time").unwrap();
     assert_eq!(stdout(&out), format!("{continuation}\n"));
@@ -297,55 +283,11 @@ fn a_prompt_longer_than_the_context_is_rejected() {
 
 #[test]
 fn invalid_sampling_parameters_are_rejected() {
-    expect_error(
-        &[
-            "run",
-            "--model",
-            &bin_model(),
-            "--prompt",
-            "Hi",
-            "--top-p",
-            "1.5",
-        ],
-        "top-p",
-    );
-    expect_error(
-        &[
-            "run",
-            "--model",
-            &bin_model(),
-            "--prompt",
-            "Hi",
-            "--temperature=-1",
-        ],
-        "temperature",
-    );
-}
-
-#[test]
-fn flm_profile_prints_the_per_op_table_at_exit() {
-    let out = Command::new(env!("CARGO_BIN_EXE_flm"))
-        .args([
-            "run",
-            "--model",
-            &bin_model(),
-            "--prompt",
-            "Hi",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "3",
-        ])
-        .env("FLM_PROFILE", "1")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(err.contains("flm profile"), "{err}");
-    // 5 layers x 7 linear layers + the classifier, for the prefill and 2 decode steps.
-    let linear = err
-        .lines()
-        .find(|l| l.starts_with("Linear"))
-        .expect("Linear row");
-    assert_eq!(linear.split_whitespace().nth(1), Some("108"), "{linear}");
+    let model = bin_model();
+    for (flag, needle) in [
+        ("--top-p=1.5", "top-p"),
+        ("--temperature=-1", "temperature"),
+    ] {
+        expect_error(&["run", "--model", &model, "--prompt", "Hi", flag], needle);
+    }
 }
