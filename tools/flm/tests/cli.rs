@@ -291,3 +291,31 @@ fn invalid_sampling_parameters_are_rejected() {
         expect_error(&["run", "--model", &model, "--prompt", "Hi", flag], needle);
     }
 }
+
+#[test]
+fn flm_profile_prints_the_per_op_table_at_exit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flm"))
+        .args([
+            "run",
+            "--model",
+            &bin_model(),
+            "--prompt",
+            "Hi",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "3",
+        ])
+        .env("FLM_PROFILE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("flm profile"), "{err}");
+    // 5 layers x 7 linear layers + the classifier, for the prefill and 2 decode steps.
+    let linear = err
+        .lines()
+        .find(|l| l.starts_with("Linear"))
+        .expect("Linear row");
+    assert_eq!(linear.split_whitespace().nth(1), Some("108"), "{linear}");
+}
