@@ -7,7 +7,7 @@ use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference};
 
 fn load(rel: &str) -> Llama {
     let ckpt = import::load(&data(rel)).expect("checkpoint loads");
-    Llama::new(ckpt.config, ckpt.weights).expect("model builds")
+    Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).expect("model builds")
 }
 
 /// Prefills `prompt`, then decodes `steps` greedy tokens one at a time.
@@ -39,7 +39,7 @@ fn formats_are_detected_from_bytes() {
     assert_eq!(hf.format, Format::HuggingFace);
     assert_eq!(bin.config.n_kv_heads, 4);
     assert!(
-        bin.weights.embedding.is_mapped(),
+        bin.weights().unwrap().embedding.is_mapped(),
         "weights are views of the mmap"
     );
     let single = import::load(&data("hf-stories260K/model.safetensors")).unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use memmap2::Mmap;
 
-use crate::{DataType, Error, Result};
+use crate::{quant, DataType, Error, Result};
 
 /// One 64-byte aligned chunk of an owned buffer: the alignment lets SIMD kernels use aligned
 /// loads and keeps rows on cache-line boundaries.
@@ -42,15 +42,6 @@ pub struct Data {
     storage: Storage,
 }
 
-fn numel(shape: &[usize]) -> Result<usize> {
-    shape.iter().try_fold(1usize, |acc, &d| {
-        acc.checked_mul(d).ok_or_else(|| Error::Shape {
-            op: "Data",
-            msg: format!("shape {shape:?} overflows"),
-        })
-    })
-}
-
 fn row_major_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -60,12 +51,10 @@ fn row_major_strides(shape: &[usize]) -> Vec<usize> {
 }
 
 fn byte_len(dtype: DataType, shape: &[usize]) -> Result<usize> {
-    numel(shape)?
-        .checked_mul(dtype.size_of())
-        .ok_or_else(|| Error::Shape {
-            op: "Data",
-            msg: format!("shape {shape:?} overflows"),
-        })
+    dtype.byte_len(shape).ok_or_else(|| Error::Shape {
+        op: "Data",
+        msg: format!("{dtype} shape {shape:?} overflows"),
+    })
 }
 
 impl Data {
@@ -131,7 +120,7 @@ impl Data {
                 ))
             })?;
         let bytes = &map[offset..end];
-        if (bytes.as_ptr() as usize) % dtype.size_of() != 0 {
+        if (bytes.as_ptr() as usize) % dtype.size_of().max(1) != 0 {
             return Data::from_bytes(dtype, shape, bytes);
         }
         Ok(Data {
@@ -166,9 +155,9 @@ impl Data {
         self.shape.iter().product()
     }
 
-    /// Size of the elements in bytes.
+    /// Size of the elements (or quantised blocks) in bytes.
     pub fn size_bytes(&self) -> usize {
-        self.numel() * self.dtype.size_of()
+        self.dtype.byte_len(&self.shape).unwrap_or(0)
     }
 
     /// Length of the last dimension (1 for a scalar).
@@ -271,7 +260,8 @@ impl Data {
         Ok(bytemuck::cast_slice(self.bytes()))
     }
 
-    /// Copies the elements into a `Vec<f32>`, converting from f16/bf16 (exact widening).
+    /// Copies the elements into a `Vec<f32>`: exact widening from f16/bf16, dequantisation
+    /// (see [`crate::quant`]) from int8/int4.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self.dtype {
             DataType::F32 => bytemuck::cast_slice(self.bytes()).to_vec(),
@@ -283,11 +273,26 @@ impl Data {
                 .iter()
                 .map(|v| v.to_f32())
                 .collect(),
+            dtype => {
+                let cols = self.cols();
+                let mut out = vec![0.0; self.numel()];
+                if let Some(row_bytes) = quant::row_bytes(dtype, cols).filter(|&b| b > 0) {
+                    for (src, dst) in self
+                        .bytes()
+                        .chunks_exact(row_bytes)
+                        .zip(out.chunks_mut(cols))
+                    {
+                        quant::dequantize_row(dtype, src, dst);
+                    }
+                }
+                out
+            }
         }
     }
 
-    /// A new owned tensor with the same shape and values converted to `dtype`
-    /// (round-to-nearest-even when narrowing, as `half` does).
+    /// A new owned tensor with the same shape and values converted to `dtype`:
+    /// round-to-nearest-even when narrowing floats (as `half` does), quantisation per
+    /// [`crate::quant`] for int8/int4 (rows are the last dimension).
     pub fn to_dtype(&self, dtype: DataType) -> Result<Data> {
         let values = self.to_f32_vec();
         let mut out = Data::zeros(dtype, &self.shape)?;
@@ -295,14 +300,23 @@ impl Data {
             DataType::F32 => out.as_f32_mut()?.copy_from_slice(&values),
             DataType::F16 => {
                 let dst: &mut [f16] = bytemuck::cast_slice_mut(out.bytes_mut()?);
-                for (d, v) in dst.iter_mut().zip(&values) {
-                    *d = f16::from_f32(*v);
-                }
+                dst.iter_mut()
+                    .zip(&values)
+                    .for_each(|(d, v)| *d = f16::from_f32(*v));
             }
             DataType::BF16 => {
                 let dst: &mut [bf16] = bytemuck::cast_slice_mut(out.bytes_mut()?);
-                for (d, v) in dst.iter_mut().zip(&values) {
-                    *d = bf16::from_f32(*v);
+                dst.iter_mut()
+                    .zip(&values)
+                    .for_each(|(d, v)| *d = bf16::from_f32(*v));
+            }
+            dtype => {
+                let cols = self.cols();
+                if let Some(row_bytes) = quant::row_bytes(dtype, cols).filter(|&b| b > 0) {
+                    let rows = out.bytes_mut()?.chunks_exact_mut(row_bytes);
+                    for (dst, src) in rows.zip(values.chunks(cols)) {
+                        quant::quantize_row(dtype, src, dst);
+                    }
                 }
             }
         }

@@ -2,8 +2,13 @@
 
 /// The element type of a [`crate::Data`].
 ///
-/// Append-only (as ggml's `ggml_type`): the discriminants are written into files, so a
-/// variant is never renumbered or removed, and new ones take the next number.
+/// Append-only (as ggml's `ggml_type`): the discriminants are written into .flm files, so
+/// a variant is never renumbered or removed, and new ones take the next number.
+///
+/// Float types store one element each. Quantised types store a matrix `[rows, cols]`
+/// (rows = the product of all dimensions but the last) in blocks along each row; rows are
+/// padded with zeros to a whole number of blocks. Their layouts and math are in
+/// [`crate::quant`].
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DataType {
@@ -13,15 +18,69 @@ pub enum DataType {
     F16 = 1,
     /// bfloat16: the upper 16 bits of a binary32.
     BF16 = 2,
+    /// int8, symmetric, one f32 scale per row (per output channel).
+    I8 = 3,
+    /// int4, asymmetric, an f16 scale and minimum per group of 32 values of a row.
+    I4G32 = 4,
+    /// As [`DataType::I4G32`] with groups of 64.
+    I4G64 = 5,
+    /// As [`DataType::I4G32`] with groups of 128.
+    I4G128 = 6,
 }
 
 impl DataType {
-    /// Size of one element in bytes.
+    /// Every dtype, in discriminant order.
+    pub const ALL: [DataType; 7] = [
+        DataType::F32,
+        DataType::F16,
+        DataType::BF16,
+        DataType::I8,
+        DataType::I4G32,
+        DataType::I4G64,
+        DataType::I4G128,
+    ];
+
+    /// The dtype with discriminant `id`, if any (for readers of files).
+    pub fn from_id(id: u32) -> Option<DataType> {
+        DataType::ALL.get(id as usize).copied()
+    }
+
+    /// Whether this is a quantised (block) type.
+    pub const fn is_quantized(self) -> bool {
+        matches!(
+            self,
+            DataType::I8 | DataType::I4G32 | DataType::I4G64 | DataType::I4G128
+        )
+    }
+
+    /// Size of one element of a float type in bytes (0 for quantised types).
     pub const fn size_of(self) -> usize {
         match self {
             DataType::F32 => 4,
             DataType::F16 | DataType::BF16 => 2,
+            _ => 0,
         }
+    }
+
+    /// Group size of an int4 type.
+    pub const fn group_size(self) -> Option<usize> {
+        match self {
+            DataType::I4G32 => Some(32),
+            DataType::I4G64 => Some(64),
+            DataType::I4G128 => Some(128),
+            _ => None,
+        }
+    }
+
+    /// Bytes a tensor of `shape` takes, or `None` on overflow.
+    pub fn byte_len(self, shape: &[usize]) -> Option<usize> {
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        if !self.is_quantized() {
+            return numel.checked_mul(self.size_of());
+        }
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows = if cols == 0 { 0 } else { numel / cols };
+        rows.checked_mul(crate::quant::row_bytes(self, cols)?)
     }
 
     /// Lower-case name, as used on the command line and in error messages.
@@ -30,6 +89,10 @@ impl DataType {
             DataType::F32 => "f32",
             DataType::F16 => "f16",
             DataType::BF16 => "bf16",
+            DataType::I8 => "int8",
+            DataType::I4G32 => "int4-g32",
+            DataType::I4G64 => "int4-g64",
+            DataType::I4G128 => "int4-g128",
         }
     }
 }

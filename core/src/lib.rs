@@ -16,6 +16,7 @@ mod error;
 mod executor;
 mod kv_cache;
 mod op;
+pub mod quant;
 mod rope;
 mod sampling;
 

@@ -55,6 +55,97 @@ pub struct LlamaWeights {
     pub classifier: Option<Data>,
 }
 
+/// The parts of a layer, in canonical order, as named in [`LlamaWeights::canonical_shapes`].
+pub const LAYER_PARTS: [&str; 9] = [
+    "attn_norm",
+    "wq",
+    "wk",
+    "wv",
+    "wo",
+    "ffn_norm",
+    "w_gate",
+    "w_down",
+    "w_up",
+];
+
+impl LlamaWeights {
+    /// flm's canonical tensor names and their shapes for `config`: `embedding`,
+    /// `layers.{l}.{part}` for each of [`LAYER_PARTS`], `final_norm`, then `classifier`
+    /// unless the embeddings are tied. Every importer maps its checkpoint onto these names,
+    /// and .flm files store them.
+    pub fn canonical_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
+        let mut out = vec![("embedding".to_string(), vec![c.vocab_size, dim])];
+        for l in 0..c.n_layers {
+            let shapes = [
+                vec![dim],
+                vec![q_dim, dim],
+                vec![kv_dim, dim],
+                vec![kv_dim, dim],
+                vec![dim, q_dim],
+                vec![dim],
+                vec![hd, dim],
+                vec![dim, hd],
+                vec![hd, dim],
+            ];
+            for (part, shape) in LAYER_PARTS.iter().zip(shapes) {
+                out.push((format!("layers.{l}.{part}"), shape));
+            }
+        }
+        out.push(("final_norm".to_string(), vec![dim]));
+        if !c.tie_embeddings {
+            out.push(("classifier".to_string(), vec![c.vocab_size, dim]));
+        }
+        out
+    }
+
+    /// Assembles the weights from `load(name, shape)`, called for each canonical tensor.
+    ///
+    /// Errors: whatever `load` returns (a missing tensor, a shape mismatch).
+    pub fn from_tensors(
+        c: &ModelConfig,
+        mut load: impl FnMut(&str, &[usize]) -> Result<Data>,
+    ) -> Result<LlamaWeights> {
+        let mut tensors = LlamaWeights::canonical_shapes(c)
+            .into_iter()
+            .map(|(name, shape)| load(&name, &shape))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter();
+        let mut next = || {
+            tensors
+                .next()
+                .ok_or_else(|| Error::Config("fewer tensors than the configuration needs".into()))
+        };
+        let embedding = next()?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for _ in 0..c.n_layers {
+            layers.push(LlamaLayer {
+                attn_norm: next()?,
+                wq: next()?,
+                wk: next()?,
+                wv: next()?,
+                wo: next()?,
+                ffn_norm: next()?,
+                w_gate: next()?,
+                w_down: next()?,
+                w_up: next()?,
+            });
+        }
+        let final_norm = next()?;
+        let classifier = if c.tie_embeddings {
+            None
+        } else {
+            Some(next()?)
+        };
+        Ok(LlamaWeights {
+            embedding,
+            layers,
+            final_norm,
+            classifier,
+        })
+    }
+}
+
 /// Which logits a forward pass computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {

@@ -3,14 +3,67 @@
 //! Decode (`n == 1`) is a matrix × vector product bound by reading the weights once; prefill
 //! (`n > 1`) reuses each widened weight row for all `n` input rows while it sits in L1.
 //! Work is split over blocks of weight rows (output features).
+//!
+//! Quantised weights (int8, int4) are dotted against the input rows quantised to int8
+//! blocks once per call, with integer inner products (`quant_dot.rs`).
 
 use std::borrow::Cow;
 
-use flm_core::{Data, Result};
+use flm_core::quant::{self, ActBlock, BLOCK};
+use flm_core::{Data, DataType, Result};
 use rayon::prelude::*;
 
+use super::quant_dot::{dot_i4, dot_i8};
 use super::weights::{dot, Rows};
 use super::{shape_err, PARALLEL_MIN_WORK};
+
+/// How one output value is computed from a weight row and an input row.
+enum RowDot<'a> {
+    /// Float weights, widened to f32.
+    Float(Rows<'a>),
+    /// Quantised rows of `row_bytes` against `acts`: `blocks` activation blocks per input
+    /// row.
+    Quant {
+        dtype: DataType,
+        bytes: &'a [u8],
+        row_bytes: usize,
+        acts: Vec<ActBlock>,
+        blocks: usize,
+    },
+}
+
+impl<'a> RowDot<'a> {
+    fn new(weight: &'a Data, x: &[f32], n: usize, k: usize) -> Result<RowDot<'a>> {
+        let (dtype, bytes, row_bytes) = match Rows::new(weight)? {
+            Rows::Quant {
+                dtype,
+                bytes,
+                row_bytes,
+            } => (dtype, bytes, row_bytes),
+            rows => return Ok(RowDot::Float(rows)),
+        };
+        let blocks = quant::padded_cols(dtype, k) / BLOCK;
+        let zero = ActBlock {
+            d: 0.0,
+            sum: 0,
+            qs: [0; BLOCK],
+        };
+        let mut acts = Vec::with_capacity(n * blocks);
+        let mut row = Vec::new();
+        for xi in x.chunks_exact(k) {
+            quant::quantize_activations(xi, &mut row);
+            row.resize(blocks, zero);
+            acts.extend_from_slice(&row);
+        }
+        Ok(RowDot::Quant {
+            dtype,
+            bytes,
+            row_bytes,
+            acts,
+            blocks,
+        })
+    }
+}
 
 /// Output features per parallel task.
 const ROWS_PER_TASK: usize = 16;
@@ -46,7 +99,7 @@ pub(crate) fn linear(
         return Ok(());
     }
     let x = input.as_f32()?;
-    let w = Rows::new(weight)?;
+    let w = RowDot::new(weight, x, n, k)?;
     let bias: Option<Cow<'_, [f32]>> = bias.map(|b| match b.as_f32() {
         Ok(v) => Cow::Borrowed(v),
         Err(_) => Cow::Owned(b.to_f32_vec()),
@@ -59,10 +112,30 @@ pub(crate) fn linear(
         let mut buf = Vec::new();
         for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
             let j = j0 + dj;
-            let row = w.row(j, k, &mut buf);
             let b = bias.map_or(0.0, |b| b[j]);
-            for (i, y) in ys.iter_mut().enumerate() {
-                *y = dot(&x[i * k..(i + 1) * k], row) + b;
+            match &w {
+                RowDot::Float(rows) => {
+                    let row = rows.row(j, k, &mut buf);
+                    for (i, y) in ys.iter_mut().enumerate() {
+                        *y = dot(&x[i * k..(i + 1) * k], row) + b;
+                    }
+                }
+                RowDot::Quant {
+                    dtype,
+                    bytes,
+                    row_bytes,
+                    acts,
+                    blocks,
+                } => {
+                    let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
+                    for (i, y) in ys.iter_mut().enumerate() {
+                        let a = &acts[i * blocks..(i + 1) * blocks];
+                        *y = b + match dtype.group_size() {
+                            Some(g) => dot_i4(g, row, a),
+                            None => dot_i8(row, a),
+                        };
+                    }
+                }
             }
         }
     };

@@ -11,6 +11,7 @@ mod elementwise;
 mod embedding;
 mod linear;
 mod norm;
+mod quant_dot;
 mod rope;
 mod weights;
 

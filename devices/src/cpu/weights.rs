@@ -1,14 +1,20 @@
-//! Row access to float weights of any dtype, and the f32 dot product.
+//! Row access to weights of any dtype, and the f32 dot product.
 
-use flm_core::{Data, DataType, Result};
+use flm_core::{quant, Data, DataType, Error, Result};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-/// A weight matrix `[rows, cols]` of f32, f16 or bf16, read row by row as f32.
+/// A weight matrix `[rows, cols]` of any dtype, read row by row as f32.
 pub(crate) enum Rows<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
+    /// Quantised rows of `row_bytes` bytes each.
+    Quant {
+        dtype: DataType,
+        bytes: &'a [u8],
+        row_bytes: usize,
+    },
 }
 
 impl<'a> Rows<'a> {
@@ -17,6 +23,14 @@ impl<'a> Rows<'a> {
             DataType::F32 => Rows::F32(data.as_f32()?),
             DataType::F16 => Rows::F16(data.as_f16()?),
             DataType::BF16 => Rows::BF16(data.as_bf16()?),
+            dtype => Rows::Quant {
+                dtype,
+                bytes: data.bytes(),
+                row_bytes: quant::row_bytes(dtype, data.cols()).ok_or_else(|| Error::Shape {
+                    op: "weights",
+                    msg: format!("{dtype} shape {:?} overflows", data.shape()),
+                })?,
+            },
         })
     }
 
@@ -34,6 +48,15 @@ impl<'a> Rows<'a> {
             Rows::BF16(w) => {
                 buf.resize(cols, 0.0);
                 w[range].convert_to_f32_slice(buf);
+                buf
+            }
+            Rows::Quant {
+                dtype,
+                bytes,
+                row_bytes,
+            } => {
+                buf.resize(cols, 0.0);
+                quant::dequantize_row(*dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], buf);
                 buf
             }
         }

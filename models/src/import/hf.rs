@@ -4,15 +4,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use flm_core::{Data, DataType, RopeStyle};
-use memmap2::Mmap;
+use flm_core::{DataType, RopeStyle};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
-use super::{map_file, Checkpoint, Format};
-use crate::llama::{LlamaLayer, LlamaWeights};
+use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
+use crate::llama::LlamaWeights;
 use crate::{Error, ModelConfig, Result};
 
 /// A token id or a list of them (`eos_token_id` is either in HF configs).
@@ -141,83 +139,66 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-struct TensorRef {
-    map: Arc<Mmap>,
-    file: PathBuf,
-    offset: usize,
-    dtype: DataType,
-    shape: Vec<usize>,
+/// The Hugging Face name of a canonical tensor (transformers' `LlamaForCausalLM`).
+fn hf_name(canonical: &str) -> String {
+    match canonical {
+        "embedding" => "model.embed_tokens.weight".into(),
+        "final_norm" => "model.norm.weight".into(),
+        "classifier" => "lm_head.weight".into(),
+        _ => {
+            let (layer, part) = canonical
+                .strip_prefix("layers.")
+                .and_then(|rest| rest.split_once('.'))
+                .unwrap_or(("", canonical));
+            let hf = match part {
+                "attn_norm" => "input_layernorm",
+                "wq" => "self_attn.q_proj",
+                "wk" => "self_attn.k_proj",
+                "wv" => "self_attn.v_proj",
+                "wo" => "self_attn.o_proj",
+                "ffn_norm" => "post_attention_layernorm",
+                "w_gate" => "mlp.gate_proj",
+                "w_down" => "mlp.down_proj",
+                _ => "mlp.up_proj",
+            };
+            format!("model.layers.{layer}.{hf}.weight")
+        }
+    }
 }
 
-/// Every tensor of the given safetensors files, by name.
-struct Tensors {
-    by_name: HashMap<String, TensorRef>,
-    dir: PathBuf,
-}
-
-impl Tensors {
-    fn open(dir: &Path, files: &[PathBuf]) -> Result<Tensors> {
-        let mut by_name = HashMap::new();
-        for file in files {
-            let map = map_file(file)?;
-            let (header_len, metadata) = SafeTensors::read_metadata(&map)
-                .map_err(|e| Error::format(file, format!("invalid safetensors file: {e}")))?;
-            for (name, info) in metadata.tensors() {
-                let dtype = match info.dtype {
-                    Dtype::F32 => Some(DataType::F32),
-                    Dtype::F16 => Some(DataType::F16),
-                    Dtype::BF16 => Some(DataType::BF16),
-                    _ => None,
-                };
-                let dtype = dtype.ok_or_else(|| {
-                    Error::format(
+/// Every tensor of the given safetensors files, by Hugging Face name.
+fn read_tensors(files: &[PathBuf]) -> Result<HashMap<String, SourceTensor>> {
+    let mut by_name = HashMap::new();
+    for file in files {
+        let map = map_file(file)?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&map)
+            .map_err(|e| Error::format(file, format!("invalid safetensors file: {e}")))?;
+        for (name, info) in metadata.tensors() {
+            let dtype =
+                match info.dtype {
+                    Dtype::F32 => DataType::F32,
+                    Dtype::F16 => DataType::F16,
+                    Dtype::BF16 => DataType::BF16,
+                    other => return Err(Error::format(
                         file,
                         format!(
-                            "tensor {name} has dtype {:?}; f32, f16 and bf16 are supported",
-                            info.dtype
+                            "tensor {name} has dtype {other:?}; f32, f16 and bf16 are supported"
                         ),
-                    )
-                })?;
-                let offset = 8 + header_len + info.data_offsets.0;
-                by_name.insert(
-                    name,
-                    TensorRef {
-                        map: Arc::clone(&map),
-                        file: file.clone(),
-                        offset,
-                        dtype,
-                        shape: info.shape.clone(),
-                    },
-                );
-            }
+                    )),
+                };
+            let offset = 8 + header_len + info.data_offsets.0;
+            let t = SourceTensor::new(
+                name.clone(),
+                info.shape.clone(),
+                Encoding::Native(dtype),
+                &map,
+                offset,
+                file,
+            )?;
+            by_name.insert(name, t);
         }
-        Ok(Tensors {
-            by_name,
-            dir: dir.to_path_buf(),
-        })
     }
-
-    fn has(&self, name: &str) -> bool {
-        self.by_name.contains_key(name)
-    }
-
-    /// The tensor `name`, which must have `shape`.
-    fn get(&self, name: &str, shape: &[usize]) -> Result<Data> {
-        let t = self
-            .by_name
-            .get(name)
-            .ok_or_else(|| Error::format(&self.dir, format!("missing tensor {name}")))?;
-        if t.shape != shape {
-            return Err(Error::format(
-                &t.file,
-                format!(
-                    "tensor {name} has shape {:?}, config.json implies {shape:?}",
-                    t.shape
-                ),
-            ));
-        }
-        Ok(Data::from_mmap(&t.map, t.offset, t.dtype, shape)?)
-    }
+    Ok(by_name)
 }
 
 /// Loads the Hugging Face checkpoint in `dir`; `file` restricts the weights to one
@@ -231,49 +212,33 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
              or a safetensors file beside its config.json)",
         ));
     }
-    let c = parse_config(&config_path)?;
+    let config = parse_config(&config_path)?;
     let files = match file {
         Some(f) => vec![f.to_path_buf()],
         None => weight_files(dir)?,
     };
-    let t = Tensors::open(dir, &files)?;
-    let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-    let layers = (0..c.n_layers)
-        .map(|l| {
-            let p = format!("model.layers.{l}");
-            Ok(LlamaLayer {
-                attn_norm: t.get(&format!("{p}.input_layernorm.weight"), &[dim])?,
-                wq: t.get(&format!("{p}.self_attn.q_proj.weight"), &[q_dim, dim])?,
-                wk: t.get(&format!("{p}.self_attn.k_proj.weight"), &[kv_dim, dim])?,
-                wv: t.get(&format!("{p}.self_attn.v_proj.weight"), &[kv_dim, dim])?,
-                wo: t.get(&format!("{p}.self_attn.o_proj.weight"), &[dim, q_dim])?,
-                ffn_norm: t.get(&format!("{p}.post_attention_layernorm.weight"), &[dim])?,
-                w_gate: t.get(&format!("{p}.mlp.gate_proj.weight"), &[hd, dim])?,
-                w_down: t.get(&format!("{p}.mlp.down_proj.weight"), &[dim, hd])?,
-                w_up: t.get(&format!("{p}.mlp.up_proj.weight"), &[hd, dim])?,
-            })
+    let mut by_name = read_tensors(&files)?;
+    let tensors = LlamaWeights::canonical_shapes(&config)
+        .into_iter()
+        .map(|(canonical, _)| {
+            let hf = hf_name(&canonical);
+            let mut t = by_name.remove(&hf).ok_or_else(|| {
+                let hint = if canonical == "classifier" {
+                    " (and tie_word_embeddings is false)"
+                } else {
+                    ""
+                };
+                Error::format(dir, format!("missing tensor {hf}{hint}"))
+            })?;
+            t.name = canonical;
+            Ok(t)
         })
         .collect::<Result<Vec<_>>>()?;
-    let classifier = if t.has("lm_head.weight") {
-        Some(t.get("lm_head.weight", &[c.vocab_size, dim])?)
-    } else if c.tie_embeddings {
-        None
-    } else {
-        return Err(Error::format(
-            dir,
-            "missing tensor lm_head.weight (and tie_word_embeddings is false)",
-        ));
-    };
-    let weights = LlamaWeights {
-        embedding: t.get("model.embed_tokens.weight", &[c.vocab_size, dim])?,
-        layers,
-        final_norm: t.get("model.norm.weight", &[dim])?,
-        classifier,
-    };
     Ok(Checkpoint {
         format: Format::HuggingFace,
-        config: c,
-        weights,
+        config,
+        tensors,
+        tokenizer: None,
         tokenizer_candidates: vec![dir.join("tokenizer.model"), dir.join("tokenizer.json")],
     })
 }

@@ -16,11 +16,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use byteorder::{ByteOrder, LittleEndian};
-use flm_core::{Data, DataType, RopeStyle};
+use flm_core::{DataType, RopeStyle};
 use memmap2::Mmap;
 
-use super::{map_file, Checkpoint, Format};
-use crate::llama::{LlamaLayer, LlamaWeights};
+use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
 use crate::{Error, ModelConfig, Result};
 
 /// `"ak42"` read as a little-endian u32.
@@ -82,163 +81,118 @@ fn parse_params(path: &Path, p: &[i32], shared: Option<bool>) -> Result<ModelCon
     Ok(config)
 }
 
-/// Reads tensors one after another from a mapped file.
-struct Cursor<'a> {
-    path: &'a Path,
-    map: &'a Arc<Mmap>,
-    offset: usize,
+/// One item of a llama2.c file, in file order.
+enum Item {
+    Tensor(String, Vec<usize>, Encoding),
+    /// Bytes that are skipped (the legacy RoPE tables).
+    Skip(usize),
 }
 
-impl Cursor<'_> {
-    fn truncated(&self, need: usize) -> Error {
+/// The canonical names and shapes of `part` in every layer.
+fn per_layer(c: &ModelConfig, part: &str, shape: &[usize], enc: Encoding) -> Vec<Item> {
+    (0..c.n_layers)
+        .map(|l| Item::Tensor(format!("layers.{l}.{part}"), shape.to_vec(), enc))
+        .collect()
+}
+
+/// The matrices in the order export.py writes them (embedding first, classifier last).
+fn matrices(c: &ModelConfig, enc: Encoding) -> Vec<Item> {
+    let (dim, hd, kv) = (c.dim, c.hidden_dim, c.kv_dim());
+    let mut items = vec![Item::Tensor(
+        "embedding".into(),
+        vec![c.vocab_size, dim],
+        enc,
+    )];
+    for (part, shape) in [
+        ("wq", [dim, dim]),
+        ("wk", [kv, dim]),
+        ("wv", [kv, dim]),
+        ("wo", [dim, dim]),
+        ("w_gate", [hd, dim]),
+        ("w_down", [dim, hd]),
+        ("w_up", [hd, dim]),
+    ] {
+        items.extend(per_layer(c, part, &shape, enc));
+    }
+    if !c.tie_embeddings {
+        items.push(Item::Tensor(
+            "classifier".into(),
+            vec![c.vocab_size, dim],
+            enc,
+        ));
+    }
+    items
+}
+
+/// The v1/v2 layout: fp32 norms, then the matrices in `enc`.
+fn layout_v1_v2(c: &ModelConfig, enc: Encoding) -> Vec<Item> {
+    let f32 = Encoding::Native(DataType::F32);
+    let mut items = per_layer(c, "attn_norm", &[c.dim], f32);
+    items.extend(per_layer(c, "ffn_norm", &[c.dim], f32));
+    items.push(Item::Tensor("final_norm".into(), vec![c.dim], f32));
+    items.extend(matrices(c, enc));
+    items
+}
+
+/// The legacy layout (run.c `memory_map_weights`).
+fn layout_legacy(c: &ModelConfig) -> Vec<Item> {
+    let f32 = Encoding::Native(DataType::F32);
+    let mut m = matrices(c, f32).into_iter();
+    let mut items: Vec<Item> = m.by_ref().take(1).collect();
+    items.extend(per_layer(c, "attn_norm", &[c.dim], f32));
+    items.extend(m.by_ref().take(4 * c.n_layers));
+    items.extend(per_layer(c, "ffn_norm", &[c.dim], f32));
+    items.extend(m.by_ref().take(3 * c.n_layers));
+    items.push(Item::Tensor("final_norm".into(), vec![c.dim], f32));
+    items.push(Item::Skip(c.max_seq_len * c.head_dim * 4));
+    items.extend(m);
+    items
+}
+
+/// Places the items one after another from `start`; the file must end exactly after them.
+fn place(
+    path: &Path,
+    map: &Arc<Mmap>,
+    start: usize,
+    items: Vec<Item>,
+) -> Result<Vec<SourceTensor>> {
+    let mut offset = start;
+    let mut tensors = Vec::with_capacity(items.len());
+    let truncated = |needed: Option<usize>| {
         Error::format(
-            self.path,
+            path,
             format!(
-                "truncated llama2.c checkpoint: needs at least {} bytes, the file has {}",
-                self.offset.saturating_add(need),
-                self.map.len()
+                "truncated llama2.c checkpoint: the header implies at least {} bytes, the file \
+                 has {}",
+                needed.map_or("2^64".to_string(), |n| n.to_string()),
+                map.len()
             ),
         )
-    }
-
-    /// Fails unless `count` tensors of `size` bytes each fit in the rest of the file.
-    fn ensure(&self, count: usize, size: Option<usize>) -> Result<usize> {
-        let total = size.and_then(|s| s.checked_mul(count));
-        match total.and_then(|t| self.offset.checked_add(t)) {
-            Some(end) if end <= self.map.len() => Ok(size.unwrap_or(0)),
-            _ => Err(self.truncated(total.unwrap_or(usize::MAX))),
+    };
+    for item in items {
+        let len = match &item {
+            Item::Tensor(_, shape, enc) => enc.byte_len(shape),
+            Item::Skip(n) => Some(*n),
+        };
+        let end = len.and_then(|l| offset.checked_add(l));
+        if end.is_none_or(|e| e > map.len()) {
+            return Err(truncated(end));
         }
-    }
-
-    /// `count` consecutive f32 tensors of `shape`.
-    fn f32s(&mut self, count: usize, shape: &[usize]) -> Result<Vec<Data>> {
-        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        let size = self.ensure(count, numel.and_then(|n| n.checked_mul(4)))?;
-        (0..count)
-            .map(|_| {
-                let d = Data::from_mmap(self.map, self.offset, DataType::F32, shape)?;
-                self.offset += size;
-                Ok(d)
-            })
-            .collect()
-    }
-
-    fn f32(&mut self, shape: &[usize]) -> Result<Data> {
-        Ok(self.f32s(1, shape)?.remove(0))
-    }
-
-    /// `count` Q8_0 tensors of `shape`: int8 values, then one f32 scale per group.
-    fn q8s(&mut self, count: usize, shape: &[usize], group: usize) -> Result<Vec<Data>> {
-        let numel = shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| self.truncated(usize::MAX))?;
-        if numel % group != 0 {
-            return Err(Error::format(
-                self.path,
-                format!("tensor of {numel} values is not a multiple of the group size {group}"),
-            ));
+        if let Item::Tensor(name, shape, enc) = item {
+            tensors.push(SourceTensor::new(name, shape, enc, map, offset, path)?);
         }
-        let size = self.ensure(count, numel.checked_add(numel / group * 4))?;
-        (0..count)
-            .map(|_| {
-                let q = &self.map[self.offset..self.offset + numel];
-                let scales = &self.map[self.offset + numel..self.offset + size];
-                let mut values = Vec::with_capacity(numel);
-                for (g, qs) in q.chunks_exact(group).enumerate() {
-                    let s = LittleEndian::read_f32(&scales[g * 4..]);
-                    values.extend(qs.iter().map(|&b| b as i8 as f32 * s));
-                }
-                self.offset += size;
-                Ok(Data::from_f32(shape, &values)?)
-            })
-            .collect()
+        offset = end.unwrap_or(offset);
     }
-}
-
-struct Matrices {
-    embedding: Data,
-    wq: Vec<Data>,
-    wk: Vec<Data>,
-    wv: Vec<Data>,
-    wo: Vec<Data>,
-    w1: Vec<Data>,
-    w2: Vec<Data>,
-    w3: Vec<Data>,
-}
-
-/// Groups the per-layer tensors (each vector holds one tensor per layer) into layers.
-fn assemble(
-    path: &Path,
-    m: Matrices,
-    rms_att: Vec<Data>,
-    rms_ffn: Vec<Data>,
-    final_norm: Data,
-    classifier: Option<Data>,
-) -> Result<LlamaWeights> {
-    let n_layers = rms_att.len();
-    let mut att = rms_att.into_iter();
-    let mut ffn = rms_ffn.into_iter();
-    let (mut wq, mut wk, mut wv, mut wo) = (
-        m.wq.into_iter(),
-        m.wk.into_iter(),
-        m.wv.into_iter(),
-        m.wo.into_iter(),
-    );
-    let (mut w1, mut w2, mut w3) = (m.w1.into_iter(), m.w2.into_iter(), m.w3.into_iter());
-    let layers = (0..n_layers)
-        .map(|_| {
-            Some(LlamaLayer {
-                attn_norm: att.next()?,
-                wq: wq.next()?,
-                wk: wk.next()?,
-                wv: wv.next()?,
-                wo: wo.next()?,
-                ffn_norm: ffn.next()?,
-                w_gate: w1.next()?,
-                w_down: w2.next()?,
-                w_up: w3.next()?,
-            })
-        })
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| Error::format(path, "a layer is missing tensors"))?;
-    Ok(LlamaWeights {
-        embedding: m.embedding,
-        layers,
-        final_norm,
-        classifier,
-    })
-}
-
-fn finish(
-    path: &Path,
-    cur: &Cursor<'_>,
-    format: Format,
-    config: ModelConfig,
-    weights: LlamaWeights,
-) -> Result<Checkpoint> {
-    if cur.offset != cur.map.len() {
+    if offset != map.len() {
         return Err(Error::format(
             path,
             format!(
-                "corrupted llama2.c checkpoint: the header implies {} bytes, the file has {}",
-                cur.offset,
-                cur.map.len()
+                "corrupted llama2.c checkpoint: the header implies {offset} bytes, the file has {}",
+                map.len()
             ),
         ));
     }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tokenizer_candidates = vec![
-        dir.join(format!("tok{}.bin", config.vocab_size)),
-        dir.join("tokenizer.bin"),
-        dir.join("tokenizer.model"),
-    ];
-    Ok(Checkpoint {
-        format,
-        config,
-        weights,
-        tokenizer_candidates,
-    })
+    Ok(tensors)
 }
 
 /// Loads a llama2.c checkpoint (legacy, v1 or v2).
@@ -254,123 +208,49 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
             "not a checkpoint: the file is too short for a llama2.c header",
         )
     };
-    let magic = map.get(..4).map(LittleEndian::read_u32);
-    if magic == Some(MAGIC) {
-        let head = ints(4, 8).ok_or_else(too_short)?;
-        let version = head[0];
-        let shared = map.get(36).ok_or_else(too_short)? != &0;
-        let config = parse_params(path, &head[1..8], Some(shared))?;
-        let group = match version {
-            1 => None,
-            2 => Some(ints(37, 1).ok_or_else(too_short)?[0]),
-            v => {
-                return Err(Error::format(
-                    path,
-                    format!("llama2.c checkpoint version {v} is not supported (1 and 2 are)"),
-                ))
-            }
+    let (format, config, start, items) =
+        if map.get(..4).map(LittleEndian::read_u32) == Some(MAGIC) {
+            let head = ints(4, 8).ok_or_else(too_short)?;
+            let shared = *map.get(36).ok_or_else(too_short)? != 0;
+            let config = parse_params(path, &head[1..8], Some(shared))?;
+            let (format, enc) = match head[0] {
+                1 => (Format::Llama2cV1, Encoding::Native(DataType::F32)),
+                2 => {
+                    let g = ints(37, 1).ok_or_else(too_short)?[0];
+                    let group = usize::try_from(g).ok().filter(|&g| g > 0).ok_or_else(|| {
+                        Error::format(path, format!("invalid Q8_0 group size {g}"))
+                    })?;
+                    (Format::Llama2cV2, Encoding::Llama2cQ8 { group })
+                }
+                v => {
+                    return Err(Error::format(
+                        path,
+                        format!("llama2.c checkpoint version {v} is not supported (1 and 2 are)"),
+                    ))
+                }
+            };
+            let items = layout_v1_v2(&config, enc);
+            (format, config, HEADER_V1, items)
+        } else {
+            let config = parse_params(path, &ints(0, 7).ok_or_else(too_short)?, None)?;
+            let items = layout_legacy(&config);
+            (Format::Llama2cLegacy, config, HEADER_LEGACY, items)
         };
-        return load_v1_v2(path, &map, config, group);
+    if map.len() < start {
+        return Err(too_short());
     }
-    let params = ints(0, 7).ok_or_else(too_short)?;
-    let config = parse_params(path, &params, None)?;
-    let c = &config;
-    let (l, dim, hd, kv) = (c.n_layers, c.dim, c.hidden_dim, c.kv_dim());
-    let mut cur = Cursor {
-        path,
-        map: &map,
-        offset: HEADER_LEGACY,
-    };
-    let embedding = cur.f32(&[c.vocab_size, dim])?;
-    let rms_att = cur.f32s(l, &[dim])?;
-    let wq = cur.f32s(l, &[dim, dim])?;
-    let wk = cur.f32s(l, &[kv, dim])?;
-    let wv = cur.f32s(l, &[kv, dim])?;
-    let wo = cur.f32s(l, &[dim, dim])?;
-    let rms_ffn = cur.f32s(l, &[dim])?;
-    let w1 = cur.f32s(l, &[hd, dim])?;
-    let w2 = cur.f32s(l, &[dim, hd])?;
-    let w3 = cur.f32s(l, &[hd, dim])?;
-    let final_norm = cur.f32(&[dim])?;
-    cur.f32s(2, &[c.max_seq_len, c.head_dim / 2])?;
-    let classifier = if c.tie_embeddings {
-        None
-    } else {
-        Some(cur.f32(&[c.vocab_size, dim])?)
-    };
-    let m = Matrices {
-        embedding,
-        wq,
-        wk,
-        wv,
-        wo,
-        w1,
-        w2,
-        w3,
-    };
-    let weights = assemble(path, m, rms_att, rms_ffn, final_norm, classifier)?;
-    finish(path, &cur, Format::Llama2cLegacy, config, weights)
-}
-
-fn load_v1_v2(
-    path: &Path,
-    map: &Arc<Mmap>,
-    config: ModelConfig,
-    group: Option<i32>,
-) -> Result<Checkpoint> {
-    let c = &config;
-    let (l, dim, hd, kv) = (c.n_layers, c.dim, c.hidden_dim, c.kv_dim());
-    let mut cur = Cursor {
-        path,
-        map,
-        offset: HEADER_V1,
-    };
-    if map.len() < HEADER_V1 {
-        return Err(cur.truncated(0));
-    }
-    let rms_att = cur.f32s(l, &[dim])?;
-    let rms_ffn = cur.f32s(l, &[dim])?;
-    let final_norm = cur.f32(&[dim])?;
-    let (m, classifier, format) = match group {
-        None => {
-            let m = Matrices {
-                embedding: cur.f32(&[c.vocab_size, dim])?,
-                wq: cur.f32s(l, &[dim, dim])?,
-                wk: cur.f32s(l, &[kv, dim])?,
-                wv: cur.f32s(l, &[kv, dim])?,
-                wo: cur.f32s(l, &[dim, dim])?,
-                w1: cur.f32s(l, &[hd, dim])?,
-                w2: cur.f32s(l, &[dim, hd])?,
-                w3: cur.f32s(l, &[hd, dim])?,
-            };
-            let cls = (!c.tie_embeddings)
-                .then(|| cur.f32(&[c.vocab_size, dim]))
-                .transpose()?;
-            (m, cls, Format::Llama2cV1)
-        }
-        Some(g) => {
-            let g = usize::try_from(g)
-                .ok()
-                .filter(|&g| g > 0)
-                .ok_or_else(|| Error::format(path, format!("invalid Q8_0 group size {g}")))?;
-            let m = Matrices {
-                embedding: cur.q8s(1, &[c.vocab_size, dim], g)?.remove(0),
-                wq: cur.q8s(l, &[dim, dim], g)?,
-                wk: cur.q8s(l, &[kv, dim], g)?,
-                wv: cur.q8s(l, &[kv, dim], g)?,
-                wo: cur.q8s(l, &[dim, dim], g)?,
-                w1: cur.q8s(l, &[hd, dim], g)?,
-                w2: cur.q8s(l, &[dim, hd], g)?,
-                w3: cur.q8s(l, &[hd, dim], g)?,
-            };
-            let cls = if c.tie_embeddings {
-                None
-            } else {
-                Some(cur.q8s(1, &[c.vocab_size, dim], g)?.remove(0))
-            };
-            (m, cls, Format::Llama2cV2)
-        }
-    };
-    let weights = assemble(path, m, rms_att, rms_ffn, final_norm, classifier)?;
-    finish(path, &cur, format, config, weights)
+    let tensors = place(path, &map, start, items)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tokenizer_candidates = vec![
+        dir.join(format!("tok{}.bin", config.vocab_size)),
+        dir.join("tokenizer.bin"),
+        dir.join("tokenizer.model"),
+    ];
+    Ok(Checkpoint {
+        format,
+        config,
+        tensors,
+        tokenizer: None,
+        tokenizer_candidates,
+    })
 }

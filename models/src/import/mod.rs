@@ -9,11 +9,15 @@
 //! | a file starting with magic `0x616b3432` ("ak42") | llama2.c v1 (fp32) or v2 (Q8_0) |
 //! | a file whose 28-byte header predicts its exact size | llama2.c legacy (v0) |
 //!
-//! Weights are zero-copy views of the mapped files where their dtype is f32, f16 or bf16
-//! and their bytes are aligned; llama2.c v2 weights are dequantised to f32.
+//! Importers list the tensors under flm's canonical names as lazily read
+//! [`SourceTensor`]s: weights are zero-copy views of the mapped files where their dtype is
+//! f32, f16 or bf16, and are dequantised to f32 when loaded otherwise (llama2.c v2).
 
 mod hf;
 mod llama2c;
+mod source;
+
+pub use source::{Encoding, SourceTensor};
 
 use std::fs::File;
 use std::io::Read;
@@ -21,6 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memmap2::Mmap;
+
+use flm_tokenizer::Tokenizer;
 
 use crate::llama::LlamaWeights;
 use crate::{Error, ModelConfig, Result};
@@ -45,10 +51,41 @@ pub struct Checkpoint {
     pub format: Format,
     /// Hyper-parameters.
     pub config: ModelConfig,
-    /// The weights.
-    pub weights: LlamaWeights,
-    /// Tokenizer files found beside the checkpoint, most likely first.
+    /// Every tensor, under its canonical name, not yet read.
+    pub tensors: Vec<SourceTensor>,
+    /// The tokenizer stored inside the checkpoint, if its format carries one.
+    pub tokenizer: Option<Tokenizer>,
+    /// Tokenizer files that may sit beside the checkpoint, most likely first.
     pub tokenizer_candidates: Vec<PathBuf>,
+}
+
+impl Checkpoint {
+    /// The tensor with canonical name `name`.
+    pub fn tensor(&self, name: &str) -> Option<&SourceTensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Loads every weight (zero-copy where the encoding allows).
+    ///
+    /// Errors: [`Error::Format`] for a missing tensor or one whose shape disagrees with
+    /// the configuration.
+    pub fn weights(&self) -> Result<LlamaWeights> {
+        LlamaWeights::from_tensors(&self.config, |name, shape| {
+            let t = self
+                .tensor(name)
+                .ok_or_else(|| Error::Config(format!("the checkpoint has no tensor {name}")))?;
+            if t.shape != shape {
+                return Err(Error::format(
+                    t.file(),
+                    format!(
+                        "tensor {name} has shape {:?}, the configuration implies {shape:?}",
+                        t.shape
+                    ),
+                ));
+            }
+            t.load()
+        })
+    }
 }
 
 /// Memory-maps `path` read-only.

@@ -15,8 +15,11 @@ pub fn tokenizer_file(path: &Path) -> Result<Tokenizer> {
         .with_context(|| format!("cannot load the tokenizer {}", path.display()))
 }
 
-/// The first tokenizer file that exists beside the checkpoint.
-fn find_tokenizer(model: &Path, ckpt: &Checkpoint) -> Result<Tokenizer> {
+/// The tokenizer inside the checkpoint, else the first tokenizer file beside it.
+fn find_tokenizer(model: &Path, ckpt: &mut Checkpoint) -> Result<Tokenizer> {
+    if let Some(tokenizer) = ckpt.tokenizer.take() {
+        return Ok(tokenizer);
+    }
     match ckpt.tokenizer_candidates.iter().find(|p| p.is_file()) {
         Some(path) => tokenizer_file(path),
         None => {
@@ -40,15 +43,15 @@ fn checkpoint(path: &Path) -> Result<Checkpoint> {
 
 /// The tokenizer that belongs to the checkpoint at `model`.
 pub fn tokenizer_beside(model: &Path) -> Result<Tokenizer> {
-    find_tokenizer(model, &checkpoint(model)?)
+    find_tokenizer(model, &mut checkpoint(model)?)
 }
 
 /// Loads the model and its tokenizer and checks that they agree.
 pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Llama, Tokenizer)> {
-    let ckpt = checkpoint(&args.model)?;
+    let mut ckpt = checkpoint(&args.model)?;
     let tokenizer = match &args.tokenizer {
         Some(path) => tokenizer_file(path)?,
-        None => find_tokenizer(&args.model, &ckpt)?,
+        None => find_tokenizer(&args.model, &mut ckpt)?,
     };
     if tokenizer.vocab_size() > ckpt.config.vocab_size {
         bail!(
@@ -58,7 +61,8 @@ pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Llama, Tokenizer)> {
             ckpt.config.vocab_size
         );
     }
-    let model = Llama::new(ckpt.config, ckpt.weights)
-        .with_context(|| format!("cannot build the model {}", args.model.display()))?;
+    let context = || format!("cannot build the model {}", args.model.display());
+    let weights = ckpt.weights().with_context(context)?;
+    let model = Llama::new(ckpt.config, weights).with_context(context)?;
     Ok((model, tokenizer))
 }

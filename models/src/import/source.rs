@@ -1,0 +1,154 @@
+//! Tensors as their checkpoint stores them, read lazily.
+//!
+//! Every importer lists the tensors of a checkpoint under flm's canonical names (see
+//! [`crate::llama::LlamaWeights::canonical_shapes`]) as [`SourceTensor`]s: a byte range of
+//! a mapped file plus its encoding. Loading one is zero-copy when the encoding is a flm
+//! dtype, and a dequantisation into f32 otherwise, so a converter that loads, converts and
+//! writes one tensor at a time never holds more than one tensor in memory.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use flm_core::{Data, DataType};
+use half::f16;
+use memmap2::Mmap;
+
+use crate::{Error, Result};
+
+/// How a tensor's values are encoded in its source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Elements of a flm dtype, little-endian, row-major: used in place.
+    Native(DataType),
+    /// llama2.c v2 "Q8_0": all int8 values of the tensor, then one f32 scale per
+    /// `group` consecutive values; `w = q · scale` (llama2.c `export.py` `quantize_q80`).
+    Llama2cQ8 {
+        /// Values per scale.
+        group: usize,
+    },
+    /// ggml `Q8_0`: blocks of 32 values, each an f16 scale `d` and 32 int8; `w = q · d`.
+    GgmlQ8_0,
+    /// ggml `Q4_0`: blocks of 32 values, each an f16 scale `d` and 16 bytes; byte `i` holds
+    /// value `i` in its low nibble and value `i + 16` in its high nibble; `w = (q − 8) · d`.
+    GgmlQ4_0,
+}
+
+impl Encoding {
+    /// Bytes that `numel` values take, or `None` if `numel` does not fit the encoding's
+    /// block size or the size overflows.
+    pub fn byte_len(self, shape: &[usize]) -> Option<usize> {
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        match self {
+            Encoding::Native(dtype) => dtype.byte_len(shape),
+            Encoding::Llama2cQ8 { group } => (group > 0 && numel % group == 0)
+                .then(|| numel.checked_add(numel / group * 4))
+                .flatten(),
+            Encoding::GgmlQ8_0 => (numel % 32 == 0).then(|| numel / 32 * 34),
+            Encoding::GgmlQ4_0 => (numel % 32 == 0).then(|| numel / 32 * 18),
+        }
+    }
+}
+
+/// One tensor of a checkpoint, not yet read.
+#[derive(Debug, Clone)]
+pub struct SourceTensor {
+    /// flm's canonical name (`embedding`, `layers.3.wq`, ...).
+    pub name: String,
+    /// Logical shape, outermost first (`[out, in]` for matrices).
+    pub shape: Vec<usize>,
+    /// How the bytes encode the values.
+    pub encoding: Encoding,
+    map: Arc<Mmap>,
+    offset: usize,
+    file: PathBuf,
+}
+
+impl SourceTensor {
+    /// A tensor at `map[offset..]`.
+    ///
+    /// Errors: [`Error::Format`] if the encoding cannot hold `shape` or the bytes do not fit
+    /// in the file.
+    pub fn new(
+        name: impl Into<String>,
+        shape: Vec<usize>,
+        encoding: Encoding,
+        map: &Arc<Mmap>,
+        offset: usize,
+        file: &Path,
+    ) -> Result<SourceTensor> {
+        let name = name.into();
+        let len = encoding.byte_len(&shape).ok_or_else(|| {
+            Error::format(
+                file,
+                format!("tensor {name}: shape {shape:?} does not fit {encoding:?}"),
+            )
+        })?;
+        if offset.checked_add(len).is_none_or(|end| end > map.len()) {
+            return Err(Error::format(
+                file,
+                format!(
+                    "tensor {name}: {len} bytes at offset {offset} run past the end of the file ({} bytes)",
+                    map.len()
+                ),
+            ));
+        }
+        Ok(SourceTensor {
+            name,
+            shape,
+            encoding,
+            map: Arc::clone(map),
+            offset,
+            file: file.to_path_buf(),
+        })
+    }
+
+    /// The file the tensor is read from.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// The encoded bytes.
+    pub fn bytes(&self) -> &[u8] {
+        let len = self.encoding.byte_len(&self.shape).unwrap_or(0);
+        &self.map[self.offset..self.offset + len]
+    }
+
+    /// The tensor as [`Data`]: a view of the mapped file for [`Encoding::Native`], values
+    /// dequantised into an owned f32 tensor otherwise.
+    pub fn load(&self) -> Result<Data> {
+        let bytes = self.bytes();
+        let values: Vec<f32> = match self.encoding {
+            Encoding::Native(dtype) => {
+                return Ok(Data::from_mmap(&self.map, self.offset, dtype, &self.shape)?)
+            }
+            Encoding::Llama2cQ8 { group } => {
+                let (q, scales) = bytes.split_at(self.shape.iter().product());
+                q.chunks(group)
+                    .zip(scales.chunks_exact(4))
+                    .flat_map(|(qs, s)| {
+                        let s = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                        qs.iter().map(move |&b| b as i8 as f32 * s)
+                    })
+                    .collect()
+            }
+            Encoding::GgmlQ8_0 => bytes
+                .chunks_exact(34)
+                .flat_map(|b| {
+                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    b[2..].iter().map(move |&q| q as i8 as f32 * d)
+                })
+                .collect(),
+            Encoding::GgmlQ4_0 => bytes
+                .chunks_exact(18)
+                .flat_map(|b| {
+                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    let qs = &b[2..];
+                    let low = qs.iter().map(move |&q| ((q & 0x0f) as f32 - 8.0) * d);
+                    let high = qs.iter().map(move |&q| ((q >> 4) as f32 - 8.0) * d);
+                    low.chain(high).collect::<Vec<_>>()
+                })
+                .collect(),
+        };
+        Ok(Data::from_f32(&self.shape, &values)?)
+    }
+}
