@@ -79,7 +79,7 @@ impl DataType {
             return numel.checked_mul(self.size_of());
         }
         let cols = shape.last().copied().unwrap_or(1);
-        let rows = if cols == 0 { 0 } else { numel / cols };
+        let rows = numel.checked_div(cols).unwrap_or(0);
         rows.checked_mul(crate::quant::row_bytes(self, cols)?)
     }
 
