@@ -260,64 +260,87 @@ impl Data {
         Ok(bytemuck::cast_slice(self.bytes()))
     }
 
-    /// Copies the elements into a `Vec<f32>`: exact widening from f16/bf16, dequantisation
-    /// (see [`crate::quant`]) from int8/int4.
-    pub fn to_f32_vec(&self) -> Vec<f32> {
+    /// Writes row `r` of the tensor seen as `[rows, cols]` into `out` (`cols` values) as
+    /// f32: a copy for f32, exact widening from f16/bf16, dequantisation (see
+    /// [`crate::quant`]) from int8/int4.
+    ///
+    /// Errors: [`Error::OutOfBounds`] if `r >= rows` or `out.len() != cols`.
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        let cols = self.cols();
+        if r >= self.rows() || out.len() != cols {
+            return Err(Error::OutOfBounds(format!(
+                "row {r} of {} values from {:?}",
+                out.len(),
+                self.shape
+            )));
+        }
+        let bytes = self.bytes();
         match self.dtype {
-            DataType::F32 => bytemuck::cast_slice(self.bytes()).to_vec(),
-            DataType::F16 => bytemuck::cast_slice::<u8, f16>(self.bytes())
-                .iter()
-                .map(|v| v.to_f32())
-                .collect(),
-            DataType::BF16 => bytemuck::cast_slice::<u8, bf16>(self.bytes())
-                .iter()
-                .map(|v| v.to_f32())
-                .collect(),
+            DataType::F32 => out.copy_from_slice(&bytemuck::cast_slice(bytes)[r * cols..][..cols]),
+            DataType::F16 => {
+                let src: &[f16] = bytemuck::cast_slice(bytes);
+                out.iter_mut()
+                    .zip(&src[r * cols..][..cols])
+                    .for_each(|(o, v)| *o = v.to_f32());
+            }
+            DataType::BF16 => {
+                let src: &[bf16] = bytemuck::cast_slice(bytes);
+                out.iter_mut()
+                    .zip(&src[r * cols..][..cols])
+                    .for_each(|(o, v)| *o = v.to_f32());
+            }
             dtype => {
-                let cols = self.cols();
-                let mut out = vec![0.0; self.numel()];
-                if let Some(row_bytes) = quant::row_bytes(dtype, cols).filter(|&b| b > 0) {
-                    for (src, dst) in self
-                        .bytes()
-                        .chunks_exact(row_bytes)
-                        .zip(out.chunks_mut(cols))
-                    {
-                        quant::dequantize_row(dtype, src, dst);
-                    }
-                }
-                out
+                let row_bytes = quant::row_bytes(dtype, cols).unwrap_or(0);
+                quant::dequantize_row(dtype, &bytes[r * row_bytes..][..row_bytes], out);
             }
         }
+        Ok(())
     }
 
-    /// A new owned tensor with the same shape and values converted to `dtype`:
+    /// Copies the elements into a `Vec<f32>` (see [`Data::row_to_f32`]).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let cols = self.cols();
+        let mut out = vec![0.0; self.numel()];
+        if cols > 0 {
+            for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+                // Rows and lengths come from our own shape, so this cannot fail.
+                let _ = self.row_to_f32(r, row);
+            }
+        }
+        out
+    }
+
+    /// A new owned tensor with the same shape and values converted to `dtype`, one row at
+    /// a time (so converting a mapped tensor needs one row of f32 scratch):
     /// round-to-nearest-even when narrowing floats (as `half` does), quantisation per
     /// [`crate::quant`] for int8/int4 (rows are the last dimension).
     pub fn to_dtype(&self, dtype: DataType) -> Result<Data> {
-        let values = self.to_f32_vec();
         let mut out = Data::zeros(dtype, &self.shape)?;
-        match dtype {
-            DataType::F32 => out.as_f32_mut()?.copy_from_slice(&values),
-            DataType::F16 => {
-                let dst: &mut [f16] = bytemuck::cast_slice_mut(out.bytes_mut()?);
-                dst.iter_mut()
-                    .zip(&values)
-                    .for_each(|(d, v)| *d = f16::from_f32(*v));
-            }
-            DataType::BF16 => {
-                let dst: &mut [bf16] = bytemuck::cast_slice_mut(out.bytes_mut()?);
-                dst.iter_mut()
-                    .zip(&values)
-                    .for_each(|(d, v)| *d = bf16::from_f32(*v));
-            }
-            dtype => {
-                let cols = self.cols();
-                if let Some(row_bytes) = quant::row_bytes(dtype, cols).filter(|&b| b > 0) {
-                    let rows = out.bytes_mut()?.chunks_exact_mut(row_bytes);
-                    for (dst, src) in rows.zip(values.chunks(cols)) {
-                        quant::quantize_row(dtype, src, dst);
-                    }
+        let (rows, cols) = (self.rows(), self.cols());
+        if cols == 0 {
+            return Ok(out);
+        }
+        let out_row = dtype.byte_len(&[cols]).unwrap_or(0);
+        let mut row = vec![0.0f32; cols];
+        let dst = out.bytes_mut()?;
+        for r in 0..rows {
+            self.row_to_f32(r, &mut row)?;
+            let dst = &mut dst[r * out_row..(r + 1) * out_row];
+            match dtype {
+                DataType::F32 => dst.copy_from_slice(bytemuck::cast_slice(&row)),
+                DataType::F16 => {
+                    let dst: &mut [f16] = bytemuck::cast_slice_mut(dst);
+                    dst.iter_mut()
+                        .zip(&row)
+                        .for_each(|(d, v)| *d = f16::from_f32(*v));
                 }
+                DataType::BF16 => {
+                    let dst: &mut [bf16] = bytemuck::cast_slice_mut(dst);
+                    dst.iter_mut()
+                        .zip(&row)
+                        .for_each(|(d, v)| *d = bf16::from_f32(*v));
+                }
+                dtype => quant::quantize_row(dtype, &row, dst),
             }
         }
         Ok(out)

@@ -44,6 +44,22 @@ pub enum Error {
     /// A tensor stored in a read-only mapping was written to.
     #[error("tensor is read-only (borrowed from a mapped file)")]
     ReadOnly,
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file is malformed (truncated, corrupted, of a newer version).
+    #[error("{}: {msg}", path.display())]
+    Format {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
     /// An invalid argument (sampling parameters, sizes).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -14,6 +14,7 @@ mod device;
 mod dtype;
 mod error;
 mod executor;
+pub mod flm_file;
 mod kv_cache;
 mod op;
 pub mod quant;

@@ -3,7 +3,8 @@
 use crate::{Error, Result};
 
 /// Which dimensions of a head are rotated together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RopeStyle {
     /// Pairs `(2j, 2j + 1)`: Meta's original checkpoints, llama2.c `run.c`, GPT-J.
     AdjacentPairs,

@@ -5,8 +5,9 @@ use flm_core::RopeStyle;
 use crate::{Error, Result};
 
 /// Hyper-parameters of a Llama-family decoder (names as in llama2.c's `Config` and Hugging
-/// Face's `LlamaConfig`).
-#[derive(Debug, Clone, PartialEq)]
+/// Face's `LlamaConfig`). Serialised as JSON into .flm files; new fields get a serde default
+/// so older files stay readable.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelConfig {
     /// Hidden size (`hidden_size`, llama2.c `dim`).
     pub dim: usize,

@@ -8,7 +8,9 @@
 //!   mapped files where the layout allows.
 
 mod config;
+pub mod convert;
 mod error;
+pub mod eval;
 pub mod import;
 pub mod llama;
 

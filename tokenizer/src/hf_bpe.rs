@@ -15,7 +15,10 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
+use crate::decode::DecodeOptions;
 use crate::trie::Trie;
+use crate::vocab::Piece;
+use crate::{Encoder, Tokenizer};
 
 /// A normaliser step (`normalizers::Prepend`, `normalizers::Replace` with a string).
 #[derive(Debug)]
@@ -131,6 +134,37 @@ impl AddedTokens {
 }
 
 impl HfModel {
+    /// The tokenizer around this model. Its decoder drops the first piece's "▁" when the
+    /// normaliser or pre-tokenizer prepends one (the `Metaspace`/`Strip` decoders).
+    pub(crate) fn into_tokenizer(
+        self,
+        pieces: Vec<Piece>,
+        bos: Option<u32>,
+        eos: Option<u32>,
+    ) -> Tokenizer {
+        let strip_bos_space = self
+            .normalizer
+            .iter()
+            .any(|op| matches!(op, NormOp::Prepend(p) if p == "\u{2581}"))
+            || self
+                .metaspace
+                .as_ref()
+                .is_some_and(|m| m.prepend != Prepend::Never);
+        Tokenizer {
+            pieces,
+            bos,
+            eos,
+            encoder: Encoder::HuggingFace(self),
+            decoding: DecodeOptions {
+                strip_bos_space,
+                strip_all_leading_spaces: false,
+                unk_surface: crate::spec::default_unk_surface().into(),
+            },
+            add_bos: true,
+            chat_template: None,
+        }
+    }
+
     /// Encodes `text`, appending ids.
     pub(crate) fn encode(&self, text: &str, out: &mut Vec<u32>) {
         let mut splits = Vec::new();

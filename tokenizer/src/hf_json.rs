@@ -13,11 +13,10 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use crate::decode::DecodeOptions;
 use crate::hf_bpe::{normalize, AddedToken, AddedTokens, HfModel, Metaspace, NormOp, Prepend};
 use crate::trie::TrieBuilder;
 use crate::vocab::{parse_byte_piece, Piece, PieceKind};
-use crate::{Encoder, Error, Result, Tokenizer};
+use crate::{Error, Result, Tokenizer};
 
 fn invalid(what: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("tokenizer.json: {what}"))
@@ -209,12 +208,6 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
             vocab_trie.get(crate::vocab::byte_piece(b as u8).as_bytes())
         }))
     });
-    let strip_bos_space = ops
-        .iter()
-        .any(|op| matches!(op, NormOp::Prepend(p) if p == "\u{2581}"))
-        || metaspace
-            .as_ref()
-            .is_some_and(|m| m.prepend != Prepend::Never);
     let model = HfModel {
         vocab: vocab_trie,
         merges,
@@ -233,17 +226,7 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
         normalizer: ops,
         metaspace,
     };
-    Ok(Tokenizer {
-        pieces,
-        bos,
-        eos,
-        encoder: Encoder::HuggingFace(model),
-        decoding: DecodeOptions {
-            strip_bos_space,
-            strip_all_leading_spaces: false,
-            unk_surface: " \u{2047} ".as_bytes().into(),
-        },
-    })
+    Ok(model.into_tokenizer(pieces, bos, eos))
 }
 
 /// `merges`, in rank order: (left id, right id) -> (rank, merged id). A pair listed twice

@@ -12,6 +12,11 @@
 //! normalizer.cc and bpe_model.cc do; decoding, whole or streamed token by token, follows
 //! sentencepiece_processor.cc (`decode.rs`).
 //!
+//! A tokenizer can also be described as a [`TokenizerSpec`] ([`Tokenizer::spec`]), a
+//! serde-serialisable value from which [`Tokenizer::from_spec`] rebuilds an identical
+//! tokenizer (`spec.rs`, `spec_build.rs`): .flm files store it, and the GGUF importer of
+//! flm-models builds one from a GGUF file's `tokenizer.ggml.*` metadata.
+//!
 //! What is not implemented is refused with [`Error::Unsupported`] rather than tokenised
 //! differently from the reference: Unigram models, precompiled normalisation rules
 //! (NFKC), byte-level BPE (GPT-2, Llama 3), WordPiece.
@@ -32,6 +37,8 @@ mod hf_json;
 mod llama2c;
 mod sentencepiece;
 mod sp_proto;
+mod spec;
+mod spec_build;
 mod trie;
 mod vocab;
 
@@ -39,6 +46,10 @@ use std::path::Path;
 
 pub use decode::StreamDecoder;
 pub use error::{Error, Result};
+pub use spec::{
+    AddedTokenSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType, PrependScheme,
+    SentencePieceSpec, TokenizerKind, TokenizerSpec,
+};
 
 use decode::DecodeOptions;
 use hf_bpe::HfModel;
@@ -54,6 +65,10 @@ pub struct Tokenizer {
     eos: Option<u32>,
     encoder: Encoder,
     decoding: DecodeOptions,
+    /// Whether prompts should start with BOS (informational; see [`Tokenizer::add_bos`]).
+    add_bos: bool,
+    /// The model's chat template, kept for later use.
+    chat_template: Option<String>,
 }
 
 /// The encoding algorithm of the file the tokenizer came from.
@@ -167,6 +182,19 @@ impl Tokenizer {
     /// The end-of-sequence token (`</s>`), if the vocabulary has one.
     pub fn eos_id(&self) -> Option<u32> {
         self.eos
+    }
+
+    /// Whether the model expects prompts to start with BOS: GGUF's
+    /// `tokenizer.ggml.add_bos_token`, true for the other formats (Llama-family files all
+    /// prepend `<s>`). [`Tokenizer::encode`] takes the flag from its caller.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The model's chat template (a Jinja string), if its file carries one (GGUF
+    /// `tokenizer.chat_template`). Kept, not interpreted yet.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
     }
 
     /// The raw bytes of a piece in SentencePiece form ("▁" for a space, `<0x0A>` for a

@@ -200,24 +200,39 @@ pub(crate) fn build_tokenizer(
     special: (&[u8], &[u8]),
     unk_surface: Option<Vec<u8>>,
 ) -> Result<Tokenizer> {
-    let model = SpModel::new(&pieces, byte_fallback, normalizer)?;
     let control = |name: &[u8]| {
         let id = pieces.iter().position(|p| *p.bytes == *name)?;
         (pieces[id].kind == PieceKind::Control).then_some(id as u32)
     };
     let (bos, eos) = (control(special.0), control(special.1));
+    let unk_surface = unk_surface.unwrap_or_else(crate::spec::default_unk_surface);
+    let model = SpModel::new(&pieces, byte_fallback, normalizer)?;
+    Ok(sp_tokenizer(pieces, model, (bos, eos), unk_surface))
+}
+
+/// Assembles a SentencePiece tokenizer; the decoder's space handling follows from the
+/// normaliser (sentencepiece_processor.cc `Decode`).
+pub(crate) fn sp_tokenizer(
+    pieces: Vec<Piece>,
+    model: SpModel,
+    (bos, eos): (Option<u32>, Option<u32>),
+    unk_surface: Vec<u8>,
+) -> Tokenizer {
+    let normalizer = model.normalizer;
     let decoding = DecodeOptions {
         strip_bos_space: normalizer.add_dummy_prefix || normalizer.remove_extra_whitespaces,
         strip_all_leading_spaces: normalizer.remove_extra_whitespaces,
-        unk_surface: unk_surface.unwrap_or_else(|| " \u{2047} ".into()).into(),
+        unk_surface: unk_surface.into(),
     };
-    Ok(Tokenizer {
+    Tokenizer {
         pieces,
         bos,
         eos,
         encoder: Encoder::SentencePiece(model),
         decoding,
-    })
+        add_bos: true,
+        chat_template: None,
+    }
 }
 
 #[cfg(test)]

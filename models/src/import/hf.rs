@@ -9,7 +9,7 @@ use flm_core::{DataType, RopeStyle};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
-use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
+use super::{map_file, pytorch, Checkpoint, Encoding, Format, SourceTensor};
 use crate::llama::LlamaWeights;
 use crate::{Error, ModelConfig, Result};
 
@@ -110,15 +110,41 @@ struct ShardIndex {
     weight_map: HashMap<String, String>,
 }
 
-/// The safetensors files holding the weights of the checkpoint in `dir`.
+/// The files holding the weights of the checkpoint in `dir`, in transformers' order of
+/// preference: safetensors (`model.safetensors.index.json`, `model.safetensors`, any
+/// `*.safetensors`), then PyTorch `torch.save` files (`pytorch_model.bin.index.json`,
+/// `pytorch_model.bin`).
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
+    let sharded = |index: &str| -> Result<Option<Vec<PathBuf>>> {
+        let index = dir.join(index);
+        if !index.is_file() {
+            return Ok(None);
+        }
         let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
         let parsed: ShardIndex = serde_json::from_str(&text)
             .map_err(|e| Error::format(&index, format!("invalid shard index: {e}")))?;
         let files: BTreeSet<&String> = parsed.weight_map.values().collect();
-        return Ok(files.into_iter().map(|f| dir.join(f)).collect());
+        files
+            .into_iter()
+            .map(|f| {
+                // Shards are files of `dir`: no absolute paths, no `..`.
+                let relative = Path::new(f)
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+                if relative {
+                    Ok(dir.join(f))
+                } else {
+                    Err(Error::format(
+                        &index,
+                        format!("shard {f:?} is not a file name"),
+                    ))
+                }
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    };
+    if let Some(files) = sharded("model.safetensors.index.json")? {
+        return Ok(files);
     }
     let single = dir.join("model.safetensors");
     if single.is_file() {
@@ -130,13 +156,21 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
-    if files.is_empty() {
-        return Err(Error::format(
-            dir,
-            "no *.safetensors weights found (PyTorch .bin checkpoints are not supported yet)",
-        ));
+    if !files.is_empty() {
+        return Ok(files);
     }
-    Ok(files)
+    if let Some(files) = sharded("pytorch_model.bin.index.json")? {
+        return Ok(files);
+    }
+    let bin = dir.join("pytorch_model.bin");
+    if bin.is_file() {
+        return Ok(vec![bin]);
+    }
+    Err(Error::format(
+        dir,
+        "no weights found (looked for model.safetensors, model.safetensors.index.json, \
+         *.safetensors, pytorch_model.bin and pytorch_model.bin.index.json)",
+    ))
 }
 
 /// The Hugging Face name of a canonical tensor (transformers' `LlamaForCausalLM`).
@@ -166,26 +200,32 @@ fn hf_name(canonical: &str) -> String {
     }
 }
 
-/// Every tensor of the given safetensors files, by Hugging Face name.
+/// Every tensor of the given safetensors or PyTorch `torch.save` files (told apart by
+/// their first bytes), by Hugging Face name.
 fn read_tensors(files: &[PathBuf]) -> Result<HashMap<String, SourceTensor>> {
     let mut by_name = HashMap::new();
     for file in files {
         let map = map_file(file)?;
+        if pytorch::is_torch_save(&map) {
+            by_name.extend(pytorch::read_tensors(file, &map)?);
+            continue;
+        }
         let (header_len, metadata) = SafeTensors::read_metadata(&map)
             .map_err(|e| Error::format(file, format!("invalid safetensors file: {e}")))?;
         for (name, info) in metadata.tensors() {
-            let dtype =
-                match info.dtype {
-                    Dtype::F32 => DataType::F32,
-                    Dtype::F16 => DataType::F16,
-                    Dtype::BF16 => DataType::BF16,
-                    other => return Err(Error::format(
+            let dtype = match info.dtype {
+                Dtype::F32 => DataType::F32,
+                Dtype::F16 => DataType::F16,
+                Dtype::BF16 => DataType::BF16,
+                other => {
+                    return Err(Error::format(
                         file,
                         format!(
                             "tensor {name} has dtype {other:?}; f32, f16 and bf16 are supported"
                         ),
-                    )),
-                };
+                    ))
+                }
+            };
             let offset = 8 + header_len + info.data_offsets.0;
             let t = SourceTensor::new(
                 name.clone(),
@@ -240,5 +280,25 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         tensors,
         tokenizer: None,
         tokenizer_candidates: vec![dir.join("tokenizer.model"), dir.join("tokenizer.json")],
+    })
+}
+
+/// A checkpoint of random weights at the shapes of the Hugging Face `config.json` at
+/// `config_path` (for benchmarks and load tests: speed does not depend on the values).
+pub(super) fn random(config_path: &Path, seed: u64) -> Result<Checkpoint> {
+    let config = parse_config(config_path)?;
+    let tensors = LlamaWeights::canonical_shapes(&config)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, shape))| {
+            SourceTensor::random(name, shape, seed.wrapping_add(i as u64), config_path)
+        })
+        .collect();
+    Ok(Checkpoint {
+        format: Format::HuggingFace,
+        config,
+        tensors,
+        tokenizer: None,
+        tokenizer_candidates: Vec::new(),
     })
 }

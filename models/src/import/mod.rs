@@ -6,6 +6,8 @@
 //! |---|---|
 //! | a directory with `config.json` | Hugging Face (safetensors, one file or sharded) |
 //! | a file starting with a safetensors header | Hugging Face; `config.json` is read beside it |
+//! | a file starting with `\x89FLM\r\n\x1a\n` | flm's own .flm file |
+//! | a file starting with `GGUF` | GGUF v2/v3 (llama.cpp) |
 //! | a file starting with magic `0x616b3432` ("ak42") | llama2.c v1 (fp32) or v2 (Q8_0) |
 //! | a file whose 28-byte header predicts its exact size | llama2.c legacy (v0) |
 //!
@@ -13,10 +15,15 @@
 //! [`SourceTensor`]s: weights are zero-copy views of the mapped files where their dtype is
 //! f32, f16 or bf16, and are dequantised to f32 when loaded otherwise (llama2.c v2).
 
+mod flm;
+mod gguf;
 mod hf;
 mod llama2c;
+mod pickle;
+mod pytorch;
 mod source;
 
+pub use gguf::load_tokenizer as load_gguf_tokenizer;
 pub use source::{Encoding, SourceTensor};
 
 use std::fs::File;
@@ -42,6 +49,10 @@ pub enum Format {
     Llama2cV2,
     /// Hugging Face directory: `config.json` plus safetensors weights.
     HuggingFace,
+    /// flm's own file (`flm convert`).
+    Flm,
+    /// GGUF v2/v3 (llama.cpp), architecture `llama`.
+    Gguf,
 }
 
 /// A loaded checkpoint.
@@ -53,7 +64,8 @@ pub struct Checkpoint {
     pub config: ModelConfig,
     /// Every tensor, under its canonical name, not yet read.
     pub tensors: Vec<SourceTensor>,
-    /// The tokenizer stored inside the checkpoint, if its format carries one.
+    /// The tokenizer stored inside the checkpoint, if its format carries one (GGUF: only
+    /// SentencePiece vocabularies; `None` for the byte-level BPE of `gpt2`-kind files).
     pub tokenizer: Option<Tokenizer>,
     /// Tokenizer files that may sit beside the checkpoint, most likely first.
     pub tokenizer_candidates: Vec<PathBuf>,
@@ -63,6 +75,33 @@ impl Checkpoint {
     /// The tensor with canonical name `name`.
     pub fn tensor(&self, name: &str) -> Option<&SourceTensor> {
         self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The tokenizer of the checkpoint: the one stored inside it, else the first candidate
+    /// file beside it that exists (moved out of the checkpoint).
+    ///
+    /// Errors: [`Error::Format`] if there is none, naming the files looked for, or if the
+    /// file found is not a valid tokenizer.
+    pub fn take_tokenizer(&mut self, model: &Path) -> Result<Tokenizer> {
+        if let Some(tokenizer) = self.tokenizer.take() {
+            return Ok(tokenizer);
+        }
+        let Some(path) = self.tokenizer_candidates.iter().find(|p| p.is_file()) else {
+            let looked: Vec<String> = self
+                .tokenizer_candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            return Err(Error::format(
+                model,
+                format!(
+                    "no tokenizer found beside the model (looked for {}); pass --tokenizer",
+                    looked.join(", ")
+                ),
+            ));
+        };
+        Tokenizer::from_file(path)
+            .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))
     }
 
     /// Loads every weight (zero-copy where the encoding allows).
@@ -100,6 +139,14 @@ pub(crate) fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     Ok(Arc::new(map))
 }
 
+/// Random weights at the shapes of the Hugging Face `config.json` at `config`,
+/// reproducible from `seed` (see [`SourceTensor::random`]); no tokenizer.
+///
+/// Errors: as for a Hugging Face directory's `config.json`.
+pub fn random(config: &Path, seed: u64) -> Result<Checkpoint> {
+    hf::random(config, seed)
+}
+
 /// Loads the checkpoint at `path` (a file or a directory), detecting its format.
 ///
 /// Errors: [`Error::Io`] if it cannot be read; [`Error::Format`] if it is truncated,
@@ -113,15 +160,14 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
         .and_then(|mut f| f.read(&mut magic))
         .map_err(|e| Error::io(path, e))?;
     let magic = &magic[..n];
+    if flm_core::flm_file::is_flm(magic) {
+        return flm::load(path);
+    }
     if magic.starts_with(&llama2c::MAGIC.to_le_bytes()) {
         return llama2c::load(path);
     }
     if magic.starts_with(b"GGUF") {
-        return Err(Error::format(
-            path,
-            "GGUF checkpoints are not supported yet; use a Hugging Face directory or a \
-             llama2.c .bin",
-        ));
+        return gguf::load(path);
     }
     if magic.len() == 9 && magic[8] == b'{' {
         let dir = path.parent().unwrap_or(Path::new("."));

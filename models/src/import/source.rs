@@ -49,6 +49,15 @@ impl Encoding {
     }
 }
 
+/// Where a tensor's values come from.
+#[derive(Debug, Clone)]
+enum Backing {
+    /// `map[offset..]`, in the tensor's encoding.
+    Mapped { map: Arc<Mmap>, offset: usize },
+    /// Synthesised from a seed (benchmarks at real shapes without real weights).
+    Random { seed: u64 },
+}
+
 /// One tensor of a checkpoint, not yet read.
 #[derive(Debug, Clone)]
 pub struct SourceTensor {
@@ -58,8 +67,7 @@ pub struct SourceTensor {
     pub shape: Vec<usize>,
     /// How the bytes encode the values.
     pub encoding: Encoding,
-    map: Arc<Mmap>,
-    offset: usize,
+    backing: Backing,
     file: PathBuf,
 }
 
@@ -96,10 +104,26 @@ impl SourceTensor {
             name,
             shape,
             encoding,
-            map: Arc::clone(map),
-            offset,
+            backing: Backing::Mapped {
+                map: Arc::clone(map),
+                offset,
+            },
             file: file.to_path_buf(),
         })
+    }
+
+    /// A tensor of random f32 values, reproducible from `seed`: vectors (norm gains) are
+    /// 1, matrices uniform in `±1/sqrt(cols)` (the scale of PyTorch's default `nn.Linear`
+    /// initialisation), so activations stay finite through any number of layers.
+    /// `origin` names where the shapes came from, for messages.
+    pub fn random(name: impl Into<String>, shape: Vec<usize>, seed: u64, origin: &Path) -> Self {
+        SourceTensor {
+            name: name.into(),
+            shape,
+            encoding: Encoding::Native(DataType::F32),
+            backing: Backing::Random { seed },
+            file: origin.to_path_buf(),
+        }
     }
 
     /// The file the tensor is read from.
@@ -107,19 +131,26 @@ impl SourceTensor {
         &self.file
     }
 
-    /// The encoded bytes.
-    pub fn bytes(&self) -> &[u8] {
+    /// The encoded bytes in the mapped file (`None` for a random tensor).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        let Backing::Mapped { map, offset } = &self.backing else {
+            return None;
+        };
         let len = self.encoding.byte_len(&self.shape).unwrap_or(0);
-        &self.map[self.offset..self.offset + len]
+        map.get(*offset..offset + len)
     }
 
     /// The tensor as [`Data`]: a view of the mapped file for [`Encoding::Native`], values
-    /// dequantised into an owned f32 tensor otherwise.
+    /// dequantised into an owned f32 tensor otherwise, generated for random tensors.
     pub fn load(&self) -> Result<Data> {
-        let bytes = self.bytes();
+        let (map, offset) = match &self.backing {
+            Backing::Mapped { map, offset } => (map, *offset),
+            Backing::Random { seed } => return Ok(random_data(&self.shape, *seed)?),
+        };
+        let bytes = self.bytes().unwrap_or_default();
         let values: Vec<f32> = match self.encoding {
             Encoding::Native(dtype) => {
-                return Ok(Data::from_mmap(&self.map, self.offset, dtype, &self.shape)?)
+                return Ok(Data::from_mmap(map, offset, dtype, &self.shape)?)
             }
             Encoding::Llama2cQ8 { group } => {
                 let (q, scales) = bytes.split_at(self.shape.iter().product());
@@ -151,4 +182,28 @@ impl SourceTensor {
         };
         Ok(Data::from_f32(&self.shape, &values)?)
     }
+}
+
+/// Random values for [`SourceTensor::random`], from a SplitMix64 stream (Steele et al.
+/// 2014): fast, and identical on every platform.
+fn random_data(shape: &[usize], seed: u64) -> flm_core::Result<Data> {
+    let mut data = Data::zeros(DataType::F32, shape)?;
+    let cols = data.cols().max(1);
+    let values = data.as_f32_mut()?;
+    if shape.len() < 2 {
+        values.fill(1.0);
+        return Ok(data);
+    }
+    let scale = 1.0 / (cols as f32).sqrt();
+    let mut state = seed;
+    for v in values.iter_mut() {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        // 24 random bits to [-1, 1).
+        *v = ((z >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale;
+    }
+    Ok(data)
 }

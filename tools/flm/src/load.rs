@@ -15,35 +15,13 @@ pub fn tokenizer_file(path: &Path) -> Result<Tokenizer> {
         .with_context(|| format!("cannot load the tokenizer {}", path.display()))
 }
 
-/// The tokenizer inside the checkpoint, else the first tokenizer file beside it.
-fn find_tokenizer(model: &Path, ckpt: &mut Checkpoint) -> Result<Tokenizer> {
-    if let Some(tokenizer) = ckpt.tokenizer.take() {
-        return Ok(tokenizer);
-    }
-    match ckpt.tokenizer_candidates.iter().find(|p| p.is_file()) {
-        Some(path) => tokenizer_file(path),
-        None => {
-            let looked: Vec<String> = ckpt
-                .tokenizer_candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            bail!(
-                "no tokenizer found beside {} (looked for {}); pass --tokenizer",
-                model.display(),
-                looked.join(", ")
-            )
-        }
-    }
-}
-
 fn checkpoint(path: &Path) -> Result<Checkpoint> {
     import::load(path).with_context(|| format!("cannot load the model {}", path.display()))
 }
 
 /// The tokenizer that belongs to the checkpoint at `model`.
 pub fn tokenizer_beside(model: &Path) -> Result<Tokenizer> {
-    find_tokenizer(model, &mut checkpoint(model)?)
+    Ok(checkpoint(model)?.take_tokenizer(model)?)
 }
 
 /// Loads the model and its tokenizer and checks that they agree.
@@ -51,7 +29,7 @@ pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Llama, Tokenizer)> {
     let mut ckpt = checkpoint(&args.model)?;
     let tokenizer = match &args.tokenizer {
         Some(path) => tokenizer_file(path)?,
-        None => find_tokenizer(&args.model, &mut ckpt)?,
+        None => ckpt.take_tokenizer(&args.model)?,
     };
     if tokenizer.vocab_size() > ckpt.config.vocab_size {
         bail!(

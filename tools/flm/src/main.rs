@@ -3,6 +3,7 @@
 //! Every error is reported on stderr as one `error: …` line with its causes, and the
 //! process exits with status 1; nothing the user passes makes it panic.
 
+mod convert;
 mod generate;
 mod load;
 
@@ -28,6 +29,22 @@ enum Command {
     Run(RunArgs),
     /// Print the token ids of a text.
     Tokenize(TokenizeArgs),
+    /// Convert a checkpoint (with its tokenizer) into one .flm file, optionally quantised.
+    Convert(convert::ConvertArgs),
+    /// Perplexity of a text file under the model.
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args)]
+struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text file.
+    #[arg(long)]
+    file: PathBuf,
+    /// Tokens per evaluation window (default: the model's context, at most 512).
+    #[arg(long)]
+    ctx: Option<usize>,
 }
 
 /// Where the model and its tokenizer are.
@@ -142,11 +159,37 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
     Ok(())
 }
 
+fn perplexity(args: PerplexityArgs) -> Result<()> {
+    set_threads(args.model.threads)?;
+    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let tokens = tokenizer
+        .encode(&text, true)
+        .context("cannot encode the text")?;
+    let ctx = args
+        .ctx
+        .unwrap_or_else(|| model.config().max_seq_len.min(512));
+    let exec = flm_core::Executor::new(vec![Box::new(flm_devices::CpuDevice::new())]);
+    let start = std::time::Instant::now();
+    let result = flm_models::eval::teacher_forced(&mut model, &exec, &tokens, ctx)?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "perplexity: {:.4} ({} tokens scored, windows of {ctx}, {:.1} tokens/s)",
+        result.perplexity(),
+        result.scored,
+        tokens.len() as f64 / secs
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Tokenize(args) => tokenize(args),
+        Command::Convert(args) => convert::run(args),
+        Command::Perplexity(args) => perplexity(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

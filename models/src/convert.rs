@@ -1,0 +1,138 @@
+//! Conversion of any checkpoint [`import`](crate::import) reads into one .flm file.
+//!
+//! Matrices (every tensor of two or more dimensions: embedding, projections, classifier)
+//! take the requested dtype; vectors (norm gains) stay f32, as FastLLM and llama.cpp keep
+//! them. For int4, the [`Recipe::Mixed`] default keeps the tensors that 4 bits hurt most in
+//! int8, as llama.cpp's Q4_K_M does with more bits (its `use_more_bits` for `attn_v` and
+//! `ffn_down`, and Q6_K for the output layer): the classifier (the embedding table when
+//! tied), the key and value projections, and the feed-forward down projection. With
+//! grouped-query attention the K/V projections are small, so the cost is mostly the down
+//! projection: about a third of a Llama's matrix weights. [`Recipe::Pure`] puts every
+//! matrix in int4. Tensors are loaded, converted and written one at a time, so the memory held is
+//! one converted tensor plus one row of scratch, whatever the model's size. The file is
+//! written to a temporary name and renamed when complete (see
+//! [`flm_core::flm_file::FlmWriter`]).
+
+use std::path::Path;
+
+use flm_core::flm_file::FlmWriter;
+use flm_core::DataType;
+use flm_tokenizer::Tokenizer;
+
+use crate::import::Checkpoint;
+use crate::llama::LlamaWeights;
+use crate::{Error, Result};
+
+/// How far a conversion has come, reported after each tensor.
+#[derive(Debug, Clone)]
+pub struct Progress<'a> {
+    /// The tensor just written.
+    pub name: &'a str,
+    /// Tensors written so far.
+    pub tensors_done: usize,
+    /// Tensors in all.
+    pub tensors_total: usize,
+    /// Output bytes written so far.
+    pub bytes_done: u64,
+    /// Output bytes in all.
+    pub bytes_total: u64,
+}
+
+/// Which matrices of an int4 conversion stay int8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipe {
+    /// Classifier (or tied embedding), K/V projections and FFN down projection in int8.
+    Mixed,
+    /// Every matrix in the requested dtype.
+    Pure,
+}
+
+/// The dtype tensor `name` of `shape` takes when the model is converted to `dtype`.
+pub fn target_dtype(
+    dtype: DataType,
+    recipe: Recipe,
+    tied: bool,
+    name: &str,
+    shape: &[usize],
+) -> DataType {
+    if shape.len() < 2 {
+        return DataType::F32;
+    }
+    let sensitive = name == "classifier"
+        || (tied && name == "embedding")
+        || [".wk", ".wv", ".w_down"].iter().any(|s| name.ends_with(s));
+    if dtype.group_size().is_some() && recipe == Recipe::Mixed && sensitive {
+        DataType::I8
+    } else {
+        dtype
+    }
+}
+
+/// Writes `ckpt` with its `tokenizer` to `output` as a .flm file, matrices in `dtype`
+/// (int4 following `recipe`). `progress` is called after each tensor.
+///
+/// Errors: a tensor missing from the checkpoint or of the wrong shape, a read or write
+/// error (the destination is then untouched).
+pub fn convert(
+    ckpt: &Checkpoint,
+    tokenizer: &Tokenizer,
+    output: &Path,
+    dtype: DataType,
+    recipe: Recipe,
+    mut progress: impl FnMut(&Progress<'_>),
+) -> Result<()> {
+    let plan: Vec<(String, DataType, Vec<usize>)> = LlamaWeights::canonical_shapes(&ckpt.config)
+        .into_iter()
+        .map(|(name, shape)| {
+            let tied = ckpt.config.tie_embeddings;
+            let dt = target_dtype(dtype, recipe, tied, &name, &shape);
+            (name, dt, shape)
+        })
+        .collect();
+    let sources = plan
+        .iter()
+        .map(|(name, _, shape)| {
+            let t = ckpt
+                .tensor(name)
+                .ok_or_else(|| Error::Config(format!("the checkpoint has no tensor {name}")))?;
+            if &t.shape != shape {
+                return Err(Error::format(
+                    t.file(),
+                    format!(
+                        "tensor {name} has shape {:?}, the configuration implies {shape:?}",
+                        t.shape
+                    ),
+                ));
+            }
+            Ok(t)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let config = serde_json::to_value(&ckpt.config)
+        .map_err(|e| Error::Config(format!("configuration does not serialise: {e}")))?;
+    let spec = serde_json::to_value(tokenizer.spec())
+        .map_err(|e| Error::Config(format!("tokenizer does not serialise: {e}")))?;
+    let mut writer = FlmWriter::create(output, config, Some(spec), &plan)?;
+    let bytes_total: u64 = plan
+        .iter()
+        .map(|(_, dt, shape)| dt.byte_len(shape).unwrap_or(0) as u64)
+        .sum();
+    let mut bytes_done = 0;
+    for (i, ((name, dt, shape), source)) in plan.iter().zip(sources).enumerate() {
+        let data = source.load()?;
+        if data.dtype() == *dt {
+            writer.write_tensor(&data)?;
+        } else {
+            writer.write_tensor(&data.to_dtype(*dt)?)?;
+        }
+        bytes_done += dt.byte_len(shape).unwrap_or(0) as u64;
+        progress(&Progress {
+            name,
+            tensors_done: i + 1,
+            tensors_total: plan.len(),
+            bytes_done,
+            bytes_total,
+        });
+    }
+    writer.finish()?;
+    Ok(())
+}

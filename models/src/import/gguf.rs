@@ -1,0 +1,324 @@
+//! GGUF v2/v3 files (llama.cpp; format in ggml `docs/gguf.md`), little-endian:
+//!
+//! ```text
+//! "GGUF"  u32 version  u64 tensor_count  u64 kv_count
+//! kv_count × (string key, u32 value type, value)        string = u64 length + bytes
+//! tensor_count × (string name, u32 n_dims, n_dims × u64 ne, u32 ggml type, u64 offset)
+//! padding to general.alignment (default 32), then the tensor data; offsets are relative
+//! to its start and multiples of the alignment.
+//! ```
+//!
+//! Value types: 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string,
+//! 9 array (u32 element type, u64 count, elements; arrays may nest), 10 u64, 11 i64, 12 f64.
+//! Dimensions are in ggml order: `ne[0]` is the innermost (row) length, so a `[out, in]`
+//! matrix is stored as `ne = [in, out]` and flm's shape is `ne` reversed.
+//!
+//! Every count, length and offset is untrusted: arithmetic is checked, each is bounded by
+//! the bytes left in the file before anything is allocated for it, nesting is limited, and
+//! a bad file gives [`Error::Format`], never a panic.
+//!
+//! `general.architecture = "llama"` maps onto [`ModelConfig`] (llama.cpp's converter
+//! stores q/k in Meta's layout: [`RopeStyle::AdjacentPairs`]); tensors F32, F16, BF16
+//! (zero-copy), Q8_0 and Q4_0 (dequantised to f32 on load) are read. A SentencePiece
+//! vocabulary (`tokenizer.ggml.model = "llama"`) becomes the checkpoint's tokenizer;
+//! other tokenizer kinds (`gpt2` byte-level BPE...) leave [`Checkpoint::tokenizer`] `None`.
+
+mod file;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use flm_core::{DataType, RopeStyle};
+use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
+
+use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
+use crate::llama::LlamaWeights;
+use crate::{Error, ModelConfig, Result};
+use file::{parse, Gguf, Meta, TensorInfo, Value};
+
+/// The `llama` hyper-parameters (llama.cpp `llm_load_hparams` keys).
+fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
+    let unsupported = |what: String| Error::format(m.path, format!("unsupported model: {what}"));
+    match m.str("general.architecture")? {
+        Some(a) if a == "llama" => {}
+        Some(a) => return Err(unsupported(format!("architecture \"{a}\" (only llama)"))),
+        None => {
+            return Err(Error::format(
+                m.path,
+                "missing metadata general.architecture",
+            ))
+        }
+    }
+    if m.usize("llama.expert_count")?.unwrap_or(0) > 0 {
+        return Err(unsupported("mixture of experts".into()));
+    }
+    if let Some(t) = m.str("llama.rope.scaling.type")?.filter(|t| t != "none") {
+        return Err(unsupported(format!("RoPE scaling \"{t}\"")));
+    }
+    if g.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
+        return Err(unsupported(
+            "RoPE frequency factors (rope_freqs.weight)".into(),
+        ));
+    }
+    let dim = m.required("llama.embedding_length")?;
+    let n_heads = m.required("llama.attention.head_count")?;
+    if n_heads == 0 {
+        return Err(Error::format(m.path, "llama.attention.head_count is 0"));
+    }
+    let head_dim = m
+        .usize("llama.attention.key_length")?
+        .unwrap_or(dim / n_heads);
+    for key in ["llama.attention.value_length", "llama.rope.dimension_count"] {
+        if let Some(v) = m.usize(key)?.filter(|&v| v != head_dim) {
+            return Err(unsupported(format!(
+                "{key} {v} differs from head_dim {head_dim}"
+            )));
+        }
+    }
+    let vocab_size = match m.array("tokenizer.ggml.tokens")? {
+        Some(tokens) => tokens.len(),
+        None => m.required("llama.vocab_size")?,
+    };
+    let eos = [
+        m.id("tokenizer.ggml.eos_token_id")?,
+        m.id("tokenizer.ggml.eot_token_id")?,
+    ];
+    let mut eos_token_ids: Vec<u32> = eos.into_iter().flatten().collect();
+    eos_token_ids.dedup();
+    let config = ModelConfig {
+        dim,
+        hidden_dim: m.required("llama.feed_forward_length")?,
+        n_layers: m.required("llama.block_count")?,
+        n_heads,
+        n_kv_heads: m.usize("llama.attention.head_count_kv")?.unwrap_or(n_heads),
+        head_dim,
+        vocab_size,
+        max_seq_len: m.required("llama.context_length")?,
+        norm_eps: m
+            .f32("llama.attention.layer_norm_rms_epsilon")?
+            .unwrap_or(1e-5),
+        rope_theta: m.f32("llama.rope.freq_base")?.unwrap_or(10000.0),
+        rope_style: RopeStyle::AdjacentPairs,
+        tie_embeddings: !g.tensors.iter().any(|t| t.name == "output.weight"),
+        bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
+        eos_token_ids,
+    };
+    config
+        .validate()
+        .map_err(|e| Error::format(m.path, e.to_string()))?;
+    Ok(config)
+}
+
+/// The GGUF name of a canonical tensor (llama.cpp `LLM_TENSOR_NAMES` for llama).
+fn gguf_name(canonical: &str) -> String {
+    match canonical {
+        "embedding" => "token_embd.weight".into(),
+        "final_norm" => "output_norm.weight".into(),
+        "classifier" => "output.weight".into(),
+        _ => {
+            let (layer, part) = canonical
+                .strip_prefix("layers.")
+                .and_then(|rest| rest.split_once('.'))
+                .unwrap_or(("", canonical));
+            let g = match part {
+                "attn_norm" => "attn_norm",
+                "wq" => "attn_q",
+                "wk" => "attn_k",
+                "wv" => "attn_v",
+                "wo" => "attn_output",
+                "ffn_norm" => "ffn_norm",
+                "w_gate" => "ffn_gate",
+                "w_down" => "ffn_down",
+                _ => "ffn_up",
+            };
+            format!("blk.{layer}.{g}.weight")
+        }
+    }
+}
+
+/// The encoding of a ggml tensor type, and its block length along `ne[0]`.
+fn encoding(ggml_type: u32) -> std::result::Result<(Encoding, usize), String> {
+    Ok(match ggml_type {
+        0 => (Encoding::Native(DataType::F32), 1),
+        1 => (Encoding::Native(DataType::F16), 1),
+        30 => (Encoding::Native(DataType::BF16), 1),
+        8 => (Encoding::GgmlQ8_0, 32),
+        2 => (Encoding::GgmlQ4_0, 32),
+        t => {
+            const NAMES: &str = "F32 F16 Q4_0 Q4_1 Q4_2 Q4_3 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K \
+                Q5_K Q6_K Q8_K IQ2_XXS IQ2_XS IQ3_XXS IQ1_S IQ4_NL IQ3_S IQ2_S IQ4_XS I8 I16 I32 \
+                I64 F64 IQ1_M BF16 Q4_0_4_4 Q4_0_4_8 Q4_0_8_8 TQ1_0 TQ2_0 IQ4_NL_4_4 IQ4_NL_4_8 \
+                IQ4_NL_8_8 MXFP4";
+            let name = NAMES
+                .split_whitespace()
+                .nth(t as usize)
+                .unwrap_or("unknown");
+            return Err(format!(
+                "ggml type {name} ({t}); F32, F16, BF16, Q8_0 and Q4_0 are supported"
+            ));
+        }
+    })
+}
+
+/// The SentencePiece tokenizer of the metadata (llama.cpp's `llama` vocabulary):
+/// `tokenizer.ggml.tokens` with `.scores` (default 0) and `.token_type` (SentencePiece's
+/// numbers; 0, "undefined", counts as normal), BOS/EOS from `.bos_token_id`/
+/// `.eos_token_id`, the unknown piece being the one of type 2 (as in SentencePiece;
+/// `.unknown_token_id` is not consulted), byte fallback when byte pieces (type 6) exist,
+/// `.add_space_prefix` (default true), `.remove_extra_whitespaces` (default false),
+/// `.add_bos_token` (default true) and `tokenizer.chat_template`.
+///
+/// `Ok(Err(why))` when the file has no tokenizer flm can build (none, or a kind it does not
+/// implement); `Err` when the `llama` vocabulary is malformed.
+fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, String>> {
+    match m.str("tokenizer.ggml.model")?.as_deref() {
+        Some("llama") => {}
+        None => {
+            return Ok(Err(
+                "the file has no tokenizer (tokenizer.ggml.model)".into()
+            ))
+        }
+        Some(k) => {
+            return Ok(Err(format!(
+                "tokenizer.ggml.model \"{k}\" is not supported yet"
+            )))
+        }
+    }
+    if m.array("tokenizer.ggml.precompiled_charsmap")?
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Ok(Err(
+            "precompiled normalisation rules are not supported".into()
+        ));
+    }
+    let bad = |msg: String| Error::format(m.path, format!("invalid tokenizer metadata: {msg}"));
+    let tokens = m
+        .array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| bad("no tokens".into()))?;
+    let n = tokens.len();
+    let list = |key: &str| -> Result<Option<&[Value]>> {
+        match m.array(key)? {
+            Some(a) if a.len() != n => {
+                Err(bad(format!("{key} has {} entries, {n} tokens", a.len())))
+            }
+            a => Ok(a),
+        }
+    };
+    let (scores, types) = (
+        list("tokenizer.ggml.scores")?,
+        list("tokenizer.ggml.token_type")?,
+    );
+    let mut spec = TokenizerSpec {
+        kind: TokenizerKind::SentencePieceBpe(SentencePieceSpec {
+            add_dummy_prefix: m.bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true),
+            remove_extra_whitespaces: m
+                .bool("tokenizer.ggml.remove_extra_whitespaces")?
+                .unwrap_or(false),
+            escape_whitespaces: true,
+            unk_surface: " \u{2047} ".into(),
+        }),
+        pieces: Vec::with_capacity(n),
+        scores: Vec::with_capacity(n),
+        types: Vec::with_capacity(n),
+        byte_fallback: false,
+        unk_id: None,
+        bos_id: m.id("tokenizer.ggml.bos_token_id")?,
+        eos_id: m.id("tokenizer.ggml.eos_token_id")?,
+        add_bos: m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
+        chat_template: m.str("tokenizer.chat_template")?,
+    };
+    for i in 0..n {
+        let Value::Str(piece) = &tokens[i] else {
+            return Err(bad(format!("token {i} is not a string")));
+        };
+        let score = match scores.map(|s| &s[i]) {
+            None => 0.0,
+            Some(Value::Float(f)) => *f as f32,
+            Some(v) => return Err(bad(format!("score {i} is {}", v.describe()))),
+        };
+        let ty = match types.map(|t| &t[i]) {
+            None | Some(Value::Int(0 | 1)) => PieceType::Normal,
+            Some(Value::Int(t @ 2..=6)) => PieceType::try_from(*t as u8).map_err(bad)?,
+            Some(v) => {
+                let v = v.describe();
+                return Err(bad(format!("token type {i} is {v}, not 0 to 6")));
+            }
+        };
+        if ty == PieceType::Unknown && spec.unk_id.is_none() {
+            spec.unk_id = Some(i as u32);
+        }
+        spec.byte_fallback |= ty == PieceType::Byte;
+        spec.pieces.push(piece.clone());
+        spec.scores.push(score);
+        spec.types.push(ty);
+    }
+    Tokenizer::from_spec(spec)
+        .map(Ok)
+        .map_err(|e| Error::format(m.path, e.to_string()))
+}
+
+/// Reads only the tokenizer of a GGUF file (it may have no tensors: llama.cpp's
+/// vocabulary-only files).
+///
+/// Errors: [`Error::Io`] if the file cannot be read; [`Error::Format`] if it is not a valid
+/// GGUF file, its tokenizer metadata is malformed, or it has no tokenizer flm implements
+/// (only `tokenizer.ggml.model = "llama"`, SentencePiece BPE, is).
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let map = map_file(path)?;
+    let g = parse(&map, path)?;
+    let m = Meta { kv: &g.meta, path };
+    tokenizer(&m)?.map_err(|why| Error::format(path, why))
+}
+
+/// Loads a GGUF checkpoint (architecture `llama`).
+pub(super) fn load(path: &Path) -> Result<Checkpoint> {
+    let map = map_file(path)?;
+    let g = parse(&map, path)?;
+    let m = Meta { kv: &g.meta, path };
+    let config = config(&m, &g)?;
+    if g.tensors.is_empty() {
+        return Err(Error::format(
+            path,
+            "a vocabulary-only GGUF file (no tensors) is not a model",
+        ));
+    }
+    // Bound the layer count by the tensors present before listing the tensors it implies.
+    let needed = config.n_layers.saturating_mul(9).saturating_add(2);
+    if needed > g.tensors.len() {
+        let msg = format!(
+            "llama.block_count {} implies at least {needed} tensors, the file has {}",
+            config.n_layers,
+            g.tensors.len()
+        );
+        return Err(Error::format(path, msg));
+    }
+    let by_name: HashMap<&str, &TensorInfo> =
+        g.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let tensors = LlamaWeights::canonical_shapes(&config)
+        .into_iter()
+        .map(|(canonical, _)| {
+            let name = gguf_name(&canonical);
+            let t = by_name
+                .get(name.as_str())
+                .ok_or_else(|| Error::format(path, format!("missing tensor {name}")))?;
+            let (enc, block) = encoding(t.ggml_type)
+                .map_err(|e| Error::format(path, format!("tensor {name}: {e}")))?;
+            if t.ne.first().is_some_and(|&row| row % block != 0) {
+                let msg = format!(
+                    "tensor {name}: rows of {} values do not fill {block}-value blocks",
+                    t.ne[0]
+                );
+                return Err(Error::format(path, msg));
+            }
+            let shape = t.ne.iter().rev().copied().collect();
+            SourceTensor::new(canonical, shape, enc, &map, t.offset, path)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Checkpoint {
+        format: Format::Gguf,
+        config,
+        tensors,
+        tokenizer: tokenizer(&m)?.ok(),
+        tokenizer_candidates: Vec::new(),
+    })
+}

@@ -1,0 +1,257 @@
+//! Damaged and unsupported GGUF files: truncations, bad headers, absurd counts and lengths,
+//! offsets past the end, unsupported types and architectures, random corruption. Each is
+//! refused with a clear message, never a panic (the fixtures are edited in memory).
+
+use flm_models::import::{self, Checkpoint};
+use flm_models::Error;
+
+use super::{data, F32, Q8_0, VOCAB};
+
+fn read(rel: &str) -> Vec<u8> {
+    std::fs::read(data(rel)).unwrap()
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len()).position(|w| w == needle).unwrap()
+}
+
+/// The offset just past the GGUF string `s` (its bytes, after the u64 length).
+fn after(bytes: &[u8], s: &str) -> usize {
+    let mut key = (s.len() as u64).to_le_bytes().to_vec();
+    key.extend_from_slice(s.as_bytes());
+    find(bytes, &key) + key.len()
+}
+
+/// Replaces the string value of metadata `key` (the file grows or shrinks).
+fn set_str(bytes: &mut Vec<u8>, key: &str, value: &str) {
+    let at = after(bytes, key) + 4;
+    let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+    let mut new = (value.len() as u64).to_le_bytes().to_vec();
+    new.extend_from_slice(value.as_bytes());
+    bytes.splice(at..at + 8 + len, new);
+}
+
+/// Loads `bytes` as a file: the checkpoint, or the error message.
+fn try_load(bytes: &[u8]) -> Result<Checkpoint, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    match import::load(&path) {
+        Ok(c) => c.weights().map(|_| c).map_err(|e| e.to_string()),
+        Err(e @ (Error::Format { .. } | Error::Config(_) | Error::Core(_))) => Err(e.to_string()),
+        Err(e) => panic!("unexpected error kind: {e}"),
+    }
+}
+
+/// Asserts that `bytes` do not load, with an error that mentions `needle`.
+fn refused(bytes: &[u8], needle: &str) {
+    let e = try_load(bytes).expect_err("a damaged file must not load");
+    assert!(e.contains(needle), "expected {needle:?} in: {e}");
+}
+
+/// The error of `import::load_gguf_tokenizer` on `bytes`.
+fn tokenizer_error(bytes: &[u8]) -> String {
+    let path = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(path.path(), bytes).unwrap();
+    let result = import::load_gguf_tokenizer(path.path());
+    result.expect_err("must not load").to_string()
+}
+
+/// Where the tensor data starts in the Q8_0 fixture: after the last tensor info (1-D:
+/// u32 n_dims, u64 ne, u32 type, u64 offset), aligned to 32.
+fn data_start(bytes: &[u8]) -> usize {
+    (after(bytes, "output_norm.weight") + 24).div_ceil(32) * 32
+}
+
+#[test]
+fn truncated_files_are_refused() {
+    let bytes = read(Q8_0);
+    let start = data_start(&bytes);
+    for len in [4, 10, 23, 40, 1000, start - 40] {
+        let e = try_load(&bytes[..len]).err().unwrap();
+        let clear = e.contains("truncated: ") || e.contains("(truncated or corrupted file)");
+        assert!(clear && e.contains("invalid GGUF file: "), "{len}: {e}");
+    }
+    for len in [start + 10, bytes.len() / 2, bytes.len() - 1] {
+        refused(&bytes[..len], "past the end of the file");
+    }
+}
+
+#[test]
+fn bad_headers_are_refused() {
+    let bytes = read(Q8_0);
+    let edit = |at: usize, new: &[u8]| {
+        let mut b = bytes.clone();
+        b[at..at + new.len()].copy_from_slice(new);
+        b
+    };
+    assert!(tokenizer_error(&edit(0, b"GGUX")).contains("magic \"GGUF\""));
+    assert!(try_load(&edit(0, b"GGUX")).is_err(), "not read as GGUF");
+    refused(
+        &edit(4, &1u32.to_le_bytes()),
+        "version 1 is not supported (2 and 3 are)",
+    );
+    refused(
+        &edit(4, &3u32.to_be_bytes()),
+        "big-endian GGUF files are not supported",
+    );
+    let huge = (1u64 << 60).to_le_bytes();
+    refused(&edit(16, &huge), "kv_count 1152921504606846976 cannot fit");
+    refused(
+        &edit(8, &huge),
+        "tensor_count 1152921504606846976 cannot fit",
+    );
+    let e = (1u64 << 40).to_le_bytes();
+    refused(
+        &edit(24, &e),
+        "metadata key length 1099511627776 cannot fit",
+    );
+}
+
+/// A GGUF v3 file of no tensors and one metadata key "k": value type `ty`, then `value`.
+fn one_kv(ty: u32, value: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(
+        3u32.to_le_bytes()
+            .iter()
+            .chain(&0u64.to_le_bytes())
+            .chain(&1u64.to_le_bytes()),
+    );
+    b.extend(
+        1u64.to_le_bytes()
+            .iter()
+            .chain(b"k")
+            .chain(&ty.to_le_bytes())
+            .chain(value),
+    );
+    b
+}
+
+#[test]
+fn metadata_bombs_are_refused() {
+    // 5M one-byte values: more than the 4M metadata values allowed.
+    let mut array = 0u32.to_le_bytes().to_vec();
+    array.extend(
+        5_000_000u64
+            .to_le_bytes()
+            .iter()
+            .chain(&vec![0u8; 5_000_000]),
+    );
+    let e = tokenizer_error(&one_kv(9, &array));
+    assert!(
+        e.contains("metadata k: more than 4194304 metadata values"),
+        "{e}"
+    );
+    // Arrays nested 20 deep.
+    let nested: Vec<u8> = (0..20)
+        .flat_map(|_| [9, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0])
+        .collect();
+    let e = tokenizer_error(&one_kv(9, &nested));
+    assert!(e.contains("arrays nested deeper than 8"), "{e}");
+    assert!(tokenizer_error(&one_kv(7, &[2])).contains("bool value 2"));
+    assert!(tokenizer_error(&one_kv(13, &[])).contains("unknown metadata value type 13"));
+}
+
+#[test]
+fn bad_metadata_and_tensor_infos_are_refused() {
+    let bytes = read(Q8_0);
+    let edit = |at: usize, new: &[u8]| {
+        let mut b = bytes.clone();
+        b[at..at + new.len()].copy_from_slice(new);
+        b
+    };
+    // The token list: after the key, u32 array type, u32 element type, u64 length, then
+    // the first token's u64 length.
+    let tokens = after(&bytes, "tokenizer.ggml.tokens");
+    let e = (1u64 << 50).to_le_bytes();
+    refused(
+        &edit(tokens + 8, &e),
+        "metadata tokenizer.ggml.tokens: array length",
+    );
+    let e = (bytes.len() as u64).to_le_bytes();
+    refused(&edit(tokens + 16, &e), "string length");
+    // token_embd.weight's info: u32 n_dims, 2 × u64 ne, u32 type, u64 offset.
+    let info = after(&bytes, "token_embd.weight");
+    let e = (1u64 << 40).to_le_bytes();
+    refused(
+        &edit(info + 24, &e),
+        "data offset 1099511627776 is past the end",
+    );
+    let past = (bytes.len().div_ceil(32) * 32 - data_start(&bytes)) as u64;
+    refused(
+        &edit(info + 24, &past.to_le_bytes()),
+        "past the end of the file",
+    );
+    refused(
+        &edit(info + 24, &7u64.to_le_bytes()),
+        "not a multiple of the alignment 32",
+    );
+    refused(&edit(info, &99u32.to_le_bytes()), "99 dimensions");
+    let e = 12u32.to_le_bytes();
+    refused(
+        &edit(info + 20, &e),
+        "token_embd.weight: ggml type Q4_K (12)",
+    );
+    // Architecture "mamba" (same length, so the file stays consistent).
+    let at = after(&bytes, "general.architecture") + 12;
+    refused(
+        &edit(at, b"mamba"),
+        "unsupported model: architecture \"mamba\"",
+    );
+    let at = after(&bytes, "llama.block_count") + 4;
+    let e = 1_000_000u32.to_le_bytes();
+    refused(
+        &edit(at, &e),
+        "block_count 1000000 implies at least 9000002 tensors",
+    );
+}
+
+#[test]
+fn other_tokenizer_kinds_leave_no_tokenizer() {
+    // "llama" -> "gpt2" and one byte more in the name: the data section does not move.
+    let mut b = read(F32);
+    set_str(&mut b, "tokenizer.ggml.model", "gpt2");
+    set_str(&mut b, "general.name", "stories260K!");
+    assert!(try_load(&b).unwrap().tokenizer.is_none());
+    let e = tokenizer_error(&b);
+    assert!(
+        e.contains("tokenizer.ggml.model \"gpt2\" is not supported yet"),
+        "{e}"
+    );
+}
+
+/// Random damage never panics: every outcome is a checkpoint or an error.
+#[test]
+fn corrupted_files_never_panic() {
+    let original = read(Q8_0);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    // The header and directory are where parsing can go wrong.
+    let start = data_start(&original);
+    for _ in 0..300 {
+        let mut b = original.clone();
+        for _ in 0..1 + next(4) {
+            let i = next(start);
+            b[i] = next(256) as u8;
+        }
+        let _ = try_load(&b);
+        let _ = try_load(&b[..next(b.len())]);
+    }
+    // The vocabulary: a tokenizer (usable) or an error.
+    let vocab = read(VOCAB);
+    for _ in 0..60 {
+        let mut b = vocab.clone();
+        b[next(vocab.len())] = next(256) as u8;
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), &b[..vocab.len() - next(2) * next(vocab.len())]).unwrap();
+        if let Ok(tok) = import::load_gguf_tokenizer(path.path()) {
+            let ids = tok.encode("Once upon a time, 🦙", true).unwrap();
+            tok.decode(&ids).unwrap();
+        }
+    }
+}

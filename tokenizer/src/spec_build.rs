@@ -1,0 +1,314 @@
+//! [`Tokenizer::spec`] and [`Tokenizer::from_spec`]: a tokenizer to its description and
+//! back. Rebuilding runs the same checks as the file readers (`SpModel::new` for
+//! SentencePiece, the vocabulary and merge checks of `hf_json.rs`) plus the consistency
+//! checks a hand-made description needs (lengths, ids in range), so any description, valid
+//! or not, gives a tokenizer or an [`Error::Invalid`], never a panic.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::hf_bpe::{normalize, AddedToken, AddedTokens, HfModel, Metaspace, NormOp, Prepend};
+use crate::sentencepiece::{sp_tokenizer, NormalizerOptions, SpModel};
+use crate::spec::{
+    AddedTokenSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType, PrependScheme,
+    SentencePieceSpec, TokenizerKind, TokenizerSpec,
+};
+use crate::trie::TrieBuilder;
+use crate::vocab::{byte_piece, parse_byte_piece, Piece, PieceKind};
+use crate::{Encoder, Error, Result, Tokenizer};
+
+fn invalid(what: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("tokenizer spec: {what}"))
+}
+
+impl Tokenizer {
+    /// A description from which [`Tokenizer::from_spec`] rebuilds this tokenizer exactly
+    /// (same ids for every text, same text for every ids). Serialise it with serde (the
+    /// .flm format stores it as JSON).
+    pub fn spec(&self) -> TokenizerSpec {
+        let kind = match &self.encoder {
+            Encoder::SentencePiece(m) => TokenizerKind::SentencePieceBpe(SentencePieceSpec {
+                add_dummy_prefix: m.normalizer.add_dummy_prefix,
+                remove_extra_whitespaces: m.normalizer.remove_extra_whitespaces,
+                escape_whitespaces: m.normalizer.escape_whitespaces,
+                unk_surface: self.decoding.unk_surface.to_vec(),
+            }),
+            Encoder::HuggingFace(m) => TokenizerKind::HfBpe(hf_spec(m, &self.pieces)),
+        };
+        let (unk_id, byte_fallback) = match &self.encoder {
+            Encoder::SentencePiece(m) => (m.unk_id, m.byte_ids.is_some()),
+            Encoder::HuggingFace(m) => (m.unk, m.byte_ids.is_some()),
+        };
+        TokenizerSpec {
+            kind,
+            pieces: self.pieces.iter().map(|p| p.bytes.to_vec()).collect(),
+            scores: self.pieces.iter().map(|p| p.score).collect(),
+            types: self.pieces.iter().map(|p| piece_type(p.kind)).collect(),
+            byte_fallback,
+            unk_id,
+            bos_id: self.bos,
+            eos_id: self.eos,
+            add_bos: self.add_bos,
+            chat_template: self.chat_template.clone(),
+        }
+    }
+
+    /// Rebuilds a tokenizer from its description.
+    ///
+    /// Errors: [`Error::Invalid`] naming the first problem: `pieces`, `scores` and `types`
+    /// of different lengths, an id out of range, a byte piece not spelled `<0xHH>`, a
+    /// merge whose result is not in the vocabulary, and every check of the file readers
+    /// (duplicate or empty pieces, a missing unknown piece, missing byte pieces...).
+    pub fn from_spec(spec: TokenizerSpec) -> Result<Tokenizer> {
+        let n = spec.pieces.len();
+        if n == 0 {
+            return Err(invalid("no pieces"));
+        }
+        if n >= u32::MAX as usize {
+            return Err(invalid(format!("{n} pieces")));
+        }
+        if spec.scores.len() != n || spec.types.len() != n {
+            return Err(invalid(format!(
+                "{n} pieces but {} scores and {} types",
+                spec.scores.len(),
+                spec.types.len()
+            )));
+        }
+        let in_range = |name: &str, id: Option<u32>| match id {
+            Some(id) if id as usize >= n => Err(invalid(format!(
+                "{name} {id} is outside the vocabulary of {n}"
+            ))),
+            _ => Ok(()),
+        };
+        in_range("bos_id", spec.bos_id)?;
+        in_range("eos_id", spec.eos_id)?;
+        in_range("unk_id", spec.unk_id)?;
+        let mut pieces = Vec::with_capacity(n);
+        for (id, ((bytes, score), ty)) in spec
+            .pieces
+            .into_iter()
+            .zip(spec.scores)
+            .zip(spec.types)
+            .enumerate()
+        {
+            let kind = piece_kind(ty, &bytes).ok_or_else(|| {
+                invalid(format!(
+                    "piece {id} has type byte but is {:?}, not <0xHH>",
+                    String::from_utf8_lossy(&bytes)
+                ))
+            })?;
+            pieces.push(Piece {
+                bytes: bytes.into(),
+                score,
+                kind,
+            });
+        }
+        let special = (spec.bos_id, spec.eos_id);
+        let mut tok = match spec.kind {
+            TokenizerKind::SentencePieceBpe(sp) => {
+                let normalizer = NormalizerOptions {
+                    add_dummy_prefix: sp.add_dummy_prefix,
+                    remove_extra_whitespaces: sp.remove_extra_whitespaces,
+                    escape_whitespaces: sp.escape_whitespaces,
+                };
+                let model = SpModel::new(&pieces, spec.byte_fallback, normalizer)?;
+                if model.unk_id != spec.unk_id {
+                    return Err(invalid(format!(
+                        "unk_id {:?} is not the unknown piece {:?}",
+                        spec.unk_id, model.unk_id
+                    )));
+                }
+                sp_tokenizer(pieces, model, special, sp.unk_surface)
+            }
+            TokenizerKind::HfBpe(hf) => {
+                let model = hf_model(hf, &pieces, spec.unk_id, spec.byte_fallback)?;
+                model.into_tokenizer(pieces, special.0, special.1)
+            }
+        };
+        tok.add_bos = spec.add_bos;
+        tok.chat_template = spec.chat_template;
+        Ok(tok)
+    }
+}
+
+fn piece_type(kind: PieceKind) -> PieceType {
+    match kind {
+        PieceKind::Normal => PieceType::Normal,
+        PieceKind::Unknown => PieceType::Unknown,
+        PieceKind::Control => PieceType::Control,
+        PieceKind::UserDefined => PieceType::UserDefined,
+        PieceKind::Unused => PieceType::Unused,
+        PieceKind::Byte(_) => PieceType::Byte,
+    }
+}
+
+/// The kind of a piece of type `ty`; `None` for a byte piece not spelled `<0xHH>`.
+fn piece_kind(ty: PieceType, bytes: &[u8]) -> Option<PieceKind> {
+    Some(match ty {
+        PieceType::Normal => PieceKind::Normal,
+        PieceType::Unknown => PieceKind::Unknown,
+        PieceType::Control => PieceKind::Control,
+        PieceType::UserDefined => PieceKind::UserDefined,
+        PieceType::Unused => PieceKind::Unused,
+        PieceType::Byte => PieceKind::Byte(parse_byte_piece(bytes)?),
+    })
+}
+
+/// The description of a Hugging Face BPE model.
+fn hf_spec(m: &HfModel, pieces: &[Piece]) -> HfBpeSpec {
+    let mut merges: Vec<(u32, [u32; 2])> = m
+        .merges
+        .iter()
+        .map(|(&(l, r), &(rank, _))| (rank, [l, r]))
+        .collect();
+    merges.sort_unstable();
+    let added = |set: &AddedTokens, normalized: bool| {
+        set.tokens
+            .iter()
+            .map(|t| AddedTokenSpec {
+                id: t.id,
+                lstrip: t.lstrip,
+                rstrip: t.rstrip,
+                normalized,
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut added_tokens = added(&m.added_raw, false);
+    added_tokens.extend(added(&m.added_normalized, true));
+    HfBpeSpec {
+        merges: merges.into_iter().map(|(_, pair)| pair).collect(),
+        normalizer: m
+            .normalizer
+            .iter()
+            .map(|op| match op {
+                NormOp::Prepend(p) => NormalizerStep::Prepend { prepend: p.clone() },
+                NormOp::Replace(a, b) => NormalizerStep::Replace {
+                    pattern: a.clone(),
+                    content: b.clone(),
+                },
+            })
+            .collect(),
+        metaspace: m.metaspace.as_ref().map(|ms| MetaspaceSpec {
+            prepend_scheme: match ms.prepend {
+                Prepend::Always => PrependScheme::Always,
+                Prepend::First => PrependScheme::First,
+                Prepend::Never => PrependScheme::Never,
+            },
+            split: ms.split,
+        }),
+        fuse_unk: m.fuse_unk,
+        ignore_merges: m.ignore_merges,
+        added_tokens,
+        added_only: (0..pieces.len() as u32)
+            .filter(|&id| m.vocab.get(&pieces[id as usize].bytes) != Some(id))
+            .collect(),
+    }
+}
+
+/// Rebuilds a Hugging Face BPE model with the checks of `hf_json.rs`.
+fn hf_model(
+    hf: HfBpeSpec,
+    pieces: &[Piece],
+    unk: Option<u32>,
+    byte_fallback: bool,
+) -> Result<HfModel> {
+    let n = pieces.len();
+    let mut added_only = HashSet::with_capacity(hf.added_only.len());
+    for &id in &hf.added_only {
+        if id as usize >= n {
+            return Err(invalid(format!("added-only token {id} is out of range")));
+        }
+        added_only.insert(id);
+    }
+    let mut vocab = TrieBuilder::new();
+    for (id, p) in (0u32..).zip(pieces) {
+        if !added_only.contains(&id) && vocab.insert(&p.bytes, id).is_some() {
+            return Err(invalid(format!(
+                "piece {:?} is in the vocabulary twice",
+                String::from_utf8_lossy(&p.bytes)
+            )));
+        }
+    }
+    let vocab = vocab.build();
+    let in_vocab = |id: u32| (id as usize) < n && !added_only.contains(&id);
+    let mut merges = HashMap::with_capacity(hf.merges.len());
+    for (rank, &[l, r]) in (0u32..).zip(&hf.merges) {
+        if !in_vocab(l) || !in_vocab(r) {
+            return Err(invalid(format!(
+                "merge {l} {r} names a token outside the vocabulary"
+            )));
+        }
+        let joined = [&pieces[l as usize].bytes[..], &pieces[r as usize].bytes[..]].concat();
+        let merged = vocab.get(&joined).ok_or_else(|| {
+            invalid(format!(
+                "merge {l} {r}: {:?} is not in the vocabulary",
+                String::from_utf8_lossy(&joined)
+            ))
+        })?;
+        merges.insert((l, r), (rank, merged));
+    }
+    let mut normalizer = Vec::with_capacity(hf.normalizer.len());
+    for step in hf.normalizer {
+        normalizer.push(match step {
+            NormalizerStep::Prepend { prepend } => NormOp::Prepend(prepend),
+            NormalizerStep::Replace { pattern, .. } if pattern.is_empty() => {
+                return Err(invalid("a Replace normaliser step with an empty pattern"))
+            }
+            NormalizerStep::Replace { pattern, content } => NormOp::Replace(pattern, content),
+        });
+    }
+    let mut raw = (TrieBuilder::new(), Vec::new());
+    let mut normalized = (TrieBuilder::new(), Vec::new());
+    for t in &hf.added_tokens {
+        let content = pieces
+            .get(t.id as usize)
+            .and_then(|p| std::str::from_utf8(&p.bytes).ok())
+            .ok_or_else(|| invalid(format!("added token {} is not a UTF-8 piece", t.id)))?;
+        let (set, pattern) = if t.normalized {
+            (&mut normalized, normalize(&normalizer, content))
+        } else {
+            (&mut raw, content.to_owned())
+        };
+        if set
+            .0
+            .insert(pattern.as_bytes(), set.1.len() as u32)
+            .is_none()
+        {
+            set.1.push(AddedToken {
+                id: t.id,
+                lstrip: t.lstrip,
+                rstrip: t.rstrip,
+            });
+        }
+    }
+    let byte_ids = byte_fallback.then(|| {
+        Box::new(std::array::from_fn(|b| {
+            vocab.get(byte_piece(b as u8).as_bytes())
+        }))
+    });
+    Ok(HfModel {
+        vocab,
+        merges,
+        unk,
+        fuse_unk: hf.fuse_unk,
+        byte_ids,
+        ignore_merges: hf.ignore_merges,
+        added_raw: AddedTokens {
+            trie: raw.0.build(),
+            tokens: raw.1,
+        },
+        added_normalized: AddedTokens {
+            trie: normalized.0.build(),
+            tokens: normalized.1,
+        },
+        normalizer,
+        metaspace: hf.metaspace.map(|m| Metaspace {
+            replacement: '\u{2581}',
+            prepend: match m.prepend_scheme {
+                PrependScheme::Always => Prepend::Always,
+                PrependScheme::First => Prepend::First,
+                PrependScheme::Never => Prepend::Never,
+            },
+            split: m.split,
+        }),
+    })
+}

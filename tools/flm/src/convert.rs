@@ -1,0 +1,117 @@
+//! `flm convert`: any supported checkpoint into one .flm file, with a progress bar.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use flm_core::DataType;
+use flm_models::convert::{convert, Recipe};
+use flm_models::import;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::load;
+
+/// Weight types `flm convert` writes.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DtypeArg {
+    /// 32-bit float.
+    F32,
+    /// 16-bit IEEE float.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// int8, one scale per output channel.
+    Int8,
+    /// int4, an f16 scale and minimum per group (see --group-size).
+    Int4,
+}
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// The checkpoint to convert (any format `flm run` reads); with --random, a Hugging
+    /// Face config.json.
+    #[arg(long)]
+    input: PathBuf,
+    /// Synthesise random weights at the shapes of the config.json given as --input (for
+    /// benchmarks and load tests); needs --tokenizer.
+    #[arg(long)]
+    random: bool,
+    /// The .flm file to write (atomically: a temporary file renamed when complete).
+    #[arg(long)]
+    output: PathBuf,
+    /// Weight type of the matrices; norms stay f32.
+    #[arg(long, value_enum)]
+    dtype: DtypeArg,
+    /// Values per int4 group: 32, 64 or 128.
+    #[arg(long)]
+    group_size: Option<usize>,
+    /// int4: put every matrix in int4 (by default the classifier, the K/V projections and
+    /// the FFN down projection stay int8, as llama.cpp's Q4_K_M keeps them at more bits).
+    #[arg(long)]
+    pure: bool,
+    /// Tokenizer file to embed (default: the one inside or beside the input).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+}
+
+fn dtype(args: &ConvertArgs) -> Result<DataType> {
+    Ok(match (args.dtype, args.group_size) {
+        (DtypeArg::Int4, None | Some(32)) => DataType::I4G32,
+        (DtypeArg::Int4, Some(64)) => DataType::I4G64,
+        (DtypeArg::Int4, Some(128)) => DataType::I4G128,
+        (DtypeArg::Int4, Some(g)) => bail!("--group-size must be 32, 64 or 128, got {g}"),
+        (_, Some(_)) => bail!("--group-size applies to --dtype int4 only"),
+        (DtypeArg::F32, None) => DataType::F32,
+        (DtypeArg::F16, None) => DataType::F16,
+        (DtypeArg::Bf16, None) => DataType::BF16,
+        (DtypeArg::Int8, None) => DataType::I8,
+    })
+}
+
+/// Runs `flm convert`.
+pub fn run(args: ConvertArgs) -> Result<()> {
+    let dtype = dtype(&args)?;
+    let mut ckpt = if args.random {
+        import::random(&args.input, 0)
+    } else {
+        import::load(&args.input)
+    }
+    .with_context(|| format!("cannot load the model {}", args.input.display()))?;
+    let tokenizer = match &args.tokenizer {
+        Some(path) => load::tokenizer_file(path)?,
+        None => ckpt.take_tokenizer(&args.input)?,
+    };
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} tensors {msg} [{elapsed_precise}, eta {eta}]",
+        )
+        .context("progress bar template")?,
+    );
+    let recipe = if args.pure {
+        Recipe::Pure
+    } else {
+        Recipe::Mixed
+    };
+    convert(&ckpt, &tokenizer, &args.output, dtype, recipe, |p| {
+        bar.set_length(p.tensors_total as u64);
+        bar.set_position(p.tensors_done as u64);
+        bar.set_message(format!(
+            "{} / {} ({})",
+            indicatif::HumanBytes(p.bytes_done),
+            indicatif::HumanBytes(p.bytes_total),
+            p.name
+        ));
+    })
+    .with_context(|| format!("cannot convert {}", args.input.display()))?;
+    bar.finish();
+    let size = std::fs::metadata(&args.output)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    eprintln!(
+        "wrote {} ({}, {})",
+        args.output.display(),
+        dtype,
+        indicatif::HumanBytes(size)
+    );
+    Ok(())
+}
