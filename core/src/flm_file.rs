@@ -375,6 +375,13 @@ impl FlmWriter {
             source,
         };
         let tmp = self.out.into_inner().map_err(|e| io(e.into_error()))?;
+        // Temporary files are created private (0600); a model file is not a secret.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let perms = std::fs::Permissions::from_mode(0o644);
+            tmp.as_file().set_permissions(perms).map_err(io)?;
+        }
         tmp.as_file().sync_all().map_err(io)?;
         tmp.persist(&dest).map_err(|e| io(e.error))?;
         Ok(())

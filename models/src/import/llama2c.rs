@@ -30,7 +30,15 @@ const HEADER_LEGACY: usize = 28;
 /// The config from the seven header params; `shared` is the v1/v2 flag, `None` for legacy
 /// files, whose classifier is shared when `vocab_size > 0`.
 fn parse_params(path: &Path, p: &[i32], shared: Option<bool>) -> Result<ModelConfig> {
-    let bad = |msg: String| Error::format(path, format!("not a valid llama2.c checkpoint: {msg}"));
+    let bad = |msg: String| {
+        let what = if shared.is_some() {
+            "not a valid llama2.c checkpoint"
+        } else {
+            "not a recognised checkpoint (no .flm, GGUF, safetensors or llama2.c v1/v2 \
+             header) nor a valid legacy llama2.c checkpoint"
+        };
+        Error::format(path, format!("{what}: {msg}"))
+    };
     let names = [
         "dim",
         "hidden_dim",

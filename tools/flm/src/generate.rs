@@ -21,6 +21,14 @@ pub struct Options {
     pub print_ids: bool,
 }
 
+/// Resident memory of this process in MiB (Linux `/proc/self/status` VmRSS), if known.
+pub fn resident_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 /// Counts and timings of one generation.
 pub struct Stats {
     prompt_tokens: usize,
@@ -51,7 +59,11 @@ impl fmt::Display for Stats {
             self.time_to_first_token.as_secs_f64() * 1e3,
             per_second(self.prompt_tokens, self.prefill),
             per_second(self.generated.saturating_sub(1), self.decode),
-        )
+        )?;
+        if let Some(rss) = resident_mib() {
+            write!(f, " | resident memory: {rss:.0} MiB")?;
+        }
+        Ok(())
     }
 }
 

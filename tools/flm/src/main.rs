@@ -126,7 +126,15 @@ fn set_threads(threads: Option<usize>) -> Result<()> {
 
 fn run(args: RunArgs) -> Result<()> {
     set_threads(args.model.threads)?;
+    let start = std::time::Instant::now();
     let (mut model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let rss =
+        generate::resident_mib().map_or(String::new(), |m| format!(", resident memory {m:.0} MiB"));
+    eprintln!(
+        "loaded {} in {:.1} ms{rss}",
+        args.model.model.display(),
+        start.elapsed().as_secs_f64() * 1e3
+    );
     let sampler = SamplerConfig {
         temperature: args.temperature,
         top_k: args.top_k,
