@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use memmap2::Mmap;
+use rayon::prelude::*;
 
 use crate::{quant, DataType, Error, Result};
 
@@ -310,39 +311,43 @@ impl Data {
         out
     }
 
-    /// A new owned tensor with the same shape and values converted to `dtype`, one row at
-    /// a time (so converting a mapped tensor needs one row of f32 scratch):
-    /// round-to-nearest-even when narrowing floats (as `half` does), quantisation per
-    /// [`crate::quant`] for int8/int4 (rows are the last dimension).
+    /// A new owned tensor with the same shape and values converted to `dtype`, row by row
+    /// on the rayon pool (so converting a mapped tensor needs one row of f32 scratch per
+    /// thread): round-to-nearest-even when narrowing floats (as `half` does), quantisation
+    /// per [`crate::quant`] for int8/int4 (rows are the last dimension).
     pub fn to_dtype(&self, dtype: DataType) -> Result<Data> {
         let mut out = Data::zeros(dtype, &self.shape)?;
-        let (rows, cols) = (self.rows(), self.cols());
-        if cols == 0 {
+        let cols = self.cols();
+        let out_row = dtype.byte_len(&[cols]).unwrap_or(0);
+        if cols == 0 || out_row == 0 {
             return Ok(out);
         }
-        let out_row = dtype.byte_len(&[cols]).unwrap_or(0);
-        let mut row = vec![0.0f32; cols];
-        let dst = out.bytes_mut()?;
-        for r in 0..rows {
-            self.row_to_f32(r, &mut row)?;
-            let dst = &mut dst[r * out_row..(r + 1) * out_row];
-            match dtype {
-                DataType::F32 => dst.copy_from_slice(bytemuck::cast_slice(&row)),
-                DataType::F16 => {
-                    let dst: &mut [f16] = bytemuck::cast_slice_mut(dst);
-                    dst.iter_mut()
-                        .zip(&row)
-                        .for_each(|(d, v)| *d = f16::from_f32(*v));
-                }
-                DataType::BF16 => {
-                    let dst: &mut [bf16] = bytemuck::cast_slice_mut(dst);
-                    dst.iter_mut()
-                        .zip(&row)
-                        .for_each(|(d, v)| *d = bf16::from_f32(*v));
-                }
-                dtype => quant::quantize_row(dtype, &row, dst),
-            }
-        }
+        out.bytes_mut()?
+            .par_chunks_mut(out_row)
+            .enumerate()
+            .try_for_each_init(
+                || vec![0.0f32; cols],
+                |row, (r, dst)| {
+                    self.row_to_f32(r, row)?;
+                    match dtype {
+                        DataType::F32 => dst.copy_from_slice(bytemuck::cast_slice(row)),
+                        DataType::F16 => {
+                            let dst: &mut [f16] = bytemuck::cast_slice_mut(dst);
+                            dst.iter_mut()
+                                .zip(row.iter())
+                                .for_each(|(d, v)| *d = f16::from_f32(*v));
+                        }
+                        DataType::BF16 => {
+                            let dst: &mut [bf16] = bytemuck::cast_slice_mut(dst);
+                            dst.iter_mut()
+                                .zip(row.iter())
+                                .for_each(|(d, v)| *d = bf16::from_f32(*v));
+                        }
+                        dtype => quant::quantize_row(dtype, row, dst),
+                    }
+                    Ok(())
+                },
+            )?;
         Ok(out)
     }
 }

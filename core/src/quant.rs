@@ -89,30 +89,36 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
                 block[2..4].copy_from_slice(&m.to_le_bytes());
                 let codes = &mut block[4..];
                 codes.fill(0);
+                let inv = inverse(d.to_f32());
                 for (i, &w) in values.iter().enumerate() {
                     let (byte, shift) = nibble(i);
-                    codes[byte] |= code(w, d.to_f32(), m.to_f32()) << shift;
+                    codes[byte] |= code(w, inv, m.to_f32()) << shift;
                 }
             }
         }
     }
 }
 
-/// The 4-bit code of `w` for scale `d` and minimum `m`.
-fn code(w: f32, d: f32, m: f32) -> u8 {
+/// The 4-bit code of `w` for inverse scale `inv_d` (0 when the scale is 0) and minimum `m`.
+fn code(w: f32, inv_d: f32, m: f32) -> u8 {
+    ((w - m) * inv_d).round().clamp(0.0, 15.0) as u8
+}
+
+fn inverse(d: f32) -> f32 {
     if d > 0.0 {
-        ((w - m) / d).round().clamp(0.0, 15.0) as u8
+        1.0 / d
     } else {
-        0
+        0.0
     }
 }
 
 /// Squared error of a group coded with `(d, m)`.
 fn int4_error(values: &[f32], d: f32, m: f32) -> f32 {
+    let inv = inverse(d);
     values
         .iter()
         .map(|&w| {
-            let e = d * code(w, d, m) as f32 + m - w;
+            let e = d * code(w, inv, m) as f32 + m - w;
             e * e
         })
         .sum()
@@ -124,6 +130,9 @@ fn int4_error(values: &[f32], d: f32, m: f32) -> f32 {
 /// llama.cpp's `make_qkx2_quants`, without its weights). Both are rounded to f16 before
 /// they are scored, since that is what is stored.
 fn fit_int4(values: &[f32]) -> (f16, f16) {
+    const SEARCH_STEPS: i32 = 3;
+    const SEARCH_DELTA: f32 = 0.3;
+    const LLOYD_ROUNDS: usize = 2;
     let min = values.iter().copied().fold(f32::INFINITY, f32::min);
     let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if values.is_empty() || max <= min {
@@ -137,8 +146,9 @@ fn fit_int4(values: &[f32]) -> (f16, f16) {
     // Least-squares (d, m) for the codes that scale `d0` and minimum `m0` give.
     let refit = |d0: f32, m0: f32| -> Option<(f32, f32)> {
         let (mut sq, mut sqq, mut sw, mut sqw) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
+        let inv = inverse(d0);
         for &w in values {
-            let q = code(w, d0, m0) as f32;
+            let q = code(w, inv, m0) as f32;
             sq += q;
             sqq += q * q;
             sw += w;
@@ -161,11 +171,11 @@ fn fit_int4(values: &[f32]) -> (f16, f16) {
             false
         }
     };
-    for step in -10..=10 {
-        let d0 = (max - min) / (15.0 + step as f32 * 0.1);
+    for step in -SEARCH_STEPS..=SEARCH_STEPS {
+        let d0 = (max - min) / (15.0 + step as f32 * SEARCH_DELTA);
         let mut fit = refit(d0, min);
         // Alternate codes and least-squares fits while the error drops (Lloyd-Max style).
-        for _ in 0..4 {
+        for _ in 0..LLOYD_ROUNDS {
             let Some((d, m)) = fit else { break };
             if !consider(d, m) {
                 break;

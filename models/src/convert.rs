@@ -124,6 +124,8 @@ pub fn convert(
         } else {
             writer.write_tensor(&data.to_dtype(*dt)?)?;
         }
+        drop(data);
+        source.release();
         bytes_done += dt.byte_len(shape).unwrap_or(0) as u64;
         progress(&Progress {
             name,

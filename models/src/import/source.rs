@@ -131,6 +131,27 @@ impl SourceTensor {
         &self.file
     }
 
+    /// Tells the kernel that this tensor's pages of the mapped file are not needed any more
+    /// (`MADV_DONTNEED`), so a converter streaming a large checkpoint does not keep every
+    /// page it has read resident. The bytes stay valid: a later access reads them again
+    /// from the file. A no-op for random tensors and on non-Unix systems.
+    pub fn release(&self) {
+        #[cfg(unix)]
+        if let (Backing::Mapped { map, offset }, Some(len)) =
+            (&self.backing, self.encoding.byte_len(&self.shape))
+        {
+            // SAFETY: `map_file` maps the file read-only and shared (MAP_SHARED). Dropping
+            // the pages of a shared file mapping only discards this process's copies; any
+            // later read of the range (through this or another view of the Arc'd map)
+            // faults the unchanged bytes back in from the file, so no reference ever sees
+            // different contents. The range lies inside the map (checked in `new`). The
+            // advice is best effort, so its result is ignored.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, len)
+            };
+        }
+    }
+
     /// The encoded bytes in the mapped file (`None` for a random tensor).
     pub fn bytes(&self) -> Option<&[u8]> {
         let Backing::Mapped { map, offset } = &self.backing else {
