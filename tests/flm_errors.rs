@@ -9,6 +9,8 @@ use flm_core::DataType;
 use flm_models::convert::{convert, Recipe};
 use flm_models::import;
 use flm_tests::data;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 fn small_flm(dir: &Path) -> (PathBuf, Vec<u8>) {
@@ -122,15 +124,9 @@ fn random_mutations_never_panic() {
     let dir = tempfile::tempdir().unwrap();
     let (_, bytes) = small_flm(dir.path());
     let meta_end = 32 + u64::from_le_bytes(bytes[16..24].try_into().unwrap()) as usize;
-    // SplitMix64, seeded: the same mutations every run.
-    let mut state = 0x5eed_u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) as usize
-    };
+    // Seeded: the same mutations every run.
+    let mut rng = StdRng::seed_from_u64(0x5eed);
+    let mut next = move || rng.random::<u64>() as usize;
     let mut refused = 0;
     for round in 0..300 {
         let mut m = bytes.clone();

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use flm_core::{Data, DataType};
 use half::f16;
 use memmap2::Mmap;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use crate::{Error, Result};
 
@@ -205,8 +207,8 @@ impl SourceTensor {
     }
 }
 
-/// Random values for [`SourceTensor::random`], from a SplitMix64 stream (Steele et al.
-/// 2014): fast, and identical on every platform.
+/// Random values for [`SourceTensor::random`], from a ChaCha8 stream: identical on every
+/// platform.
 fn random_data(shape: &[usize], seed: u64) -> flm_core::Result<Data> {
     let mut data = Data::zeros(DataType::F32, shape)?;
     let cols = data.cols().max(1);
@@ -216,15 +218,9 @@ fn random_data(shape: &[usize], seed: u64) -> flm_core::Result<Data> {
         return Ok(data);
     }
     let scale = 1.0 / (cols as f32).sqrt();
-    let mut state = seed;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     for v in values.iter_mut() {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        // 24 random bits to [-1, 1).
-        *v = ((z >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale;
+        *v = rng.random_range(-scale..scale);
     }
     Ok(data)
 }
