@@ -6,15 +6,18 @@
 //! pre_tokenizers/metaspace.rs, tokenizer/added_vocabulary.rs).
 //!
 //! Anything else (byte-level BPE, WordPiece, Unigram, regex normalisers, BPE dropout...)
-//! is rejected with [`Error::Unsupported`] instead of being tokenised wrongly. Encoding is
-//! in `hf_bpe.rs`.
-
-use std::collections::HashMap;
+//! is rejected with [`Error::Unsupported`] instead of being tokenised wrongly.
+//!
+//! This file only reads: it checks the file and resolves token texts to ids into the
+//! pieces and [`HfBpeSpec`] of a [`crate::TokenizerSpec`], and the model (vocabulary trie,
+//! merge table, added-token tries) is assembled by `spec_build::build`, the builder of
+//! [`Tokenizer::from_spec`]. Encoding is in `hf_bpe.rs`.
 
 use serde_json::{Map, Value};
 
-use crate::hf_bpe::{normalize, AddedToken, AddedTokens, HfModel, Metaspace, NormOp, Prepend};
-use crate::trie::TrieBuilder;
+use crate::spec::{
+    AddedTokenSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PrependScheme, TokenizerKind,
+};
 use crate::vocab::{parse_byte_piece, Piece, PieceKind};
 use crate::{Error, Result, Tokenizer};
 
@@ -86,8 +89,11 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
             return Err(unsupported(format!("BPE {key}")));
         }
     }
-    let mut ops = Vec::new();
-    parse_normalizer(root.get("normalizer").unwrap_or(&Value::Null), &mut ops)?;
+    let mut normalizer = Vec::new();
+    parse_normalizer(
+        root.get("normalizer").unwrap_or(&Value::Null),
+        &mut normalizer,
+    )?;
     let metaspace = parse_pre_tokenizer(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
     let byte_fallback = flag(model, "byte_fallback", false);
 
@@ -105,7 +111,6 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
             .map(|id| id as u32)
     };
     let mut slots: Vec<Option<Piece>> = vec![None; capacity];
-    let mut trie = TrieBuilder::new();
     for (token, id) in vocab {
         let id = id_of(id).ok_or_else(|| invalid(format!("bad id for {token:?}: {id}")))?;
         if slots[id as usize].is_some() {
@@ -115,16 +120,16 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
             Some(b) if byte_fallback => PieceKind::Byte(b),
             _ => PieceKind::Normal,
         };
-        trie.insert(token.as_bytes(), id);
         slots[id as usize] = Some(Piece {
             bytes: token.as_bytes().into(),
             score: 0.0,
             kind,
         });
     }
-    let vocab_trie = trie.build();
-    let mut raw = (TrieBuilder::new(), Vec::new());
-    let mut normalized = (TrieBuilder::new(), Vec::new());
+    // The id of a token of the model vocabulary (all checked above).
+    let vocab_id = |token: &str| vocab.get(token).and_then(id_of);
+    let mut added_tokens = Vec::with_capacity(added.len());
+    let mut added_only = Vec::new();
     let (mut bos, mut eos) = (None, None);
     for t in added {
         let o = t
@@ -137,7 +142,7 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
             continue;
         }
         // A token of the model vocabulary keeps its id there (`AddedVocabulary::add_tokens`).
-        let id = vocab_trie.get(content.as_bytes()).unwrap_or(id);
+        let id = vocab_id(content).unwrap_or(id);
         if flag(o, "single_word", false) {
             return Err(unsupported(format!("single_word added token {content:?}")));
         }
@@ -152,6 +157,7 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
             Some(p) if special => p.kind = PieceKind::Control,
             Some(_) => {}
             None => {
+                added_only.push(id);
                 *slot = Some(Piece {
                     bytes: content.as_bytes().into(),
                     score: 0.0,
@@ -163,23 +169,13 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
                 })
             }
         }
-        let token = AddedToken {
+        // Matching order and deduplication of the patterns are the builder's.
+        added_tokens.push(AddedTokenSpec {
             id,
             lstrip: flag(o, "lstrip", false),
             rstrip: flag(o, "rstrip", false),
-        };
-        let (set, pattern) = if flag(o, "normalized", !special) {
-            (&mut normalized, normalize(&ops, content))
-        } else {
-            (&mut raw, content.to_owned())
-        };
-        if set
-            .0
-            .insert(pattern.as_bytes(), set.1.len() as u32)
-            .is_none()
-        {
-            set.1.push(token);
-        }
+            normalized: flag(o, "normalized", !special),
+        });
         match content {
             "<s>" => bos = Some(id),
             "</s>" => eos = Some(id),
@@ -194,54 +190,39 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
         .map(|(i, p)| p.ok_or_else(|| invalid(format!("no token has id {i}"))))
         .collect::<Result<_>>()?;
 
-    let merges = parse_merges(model, &vocab_trie, &pieces)?;
+    let merges = parse_merges(model, &vocab_id, pieces.len())?;
     let unk = match model.get("unk_token").and_then(Value::as_str) {
         None => None,
         Some(u) => Some(
-            vocab_trie
-                .get(u.as_bytes())
+            vocab_id(u)
                 .ok_or_else(|| invalid(format!("unk_token {u:?} is not in the vocabulary")))?,
         ),
     };
-    let byte_ids = byte_fallback.then(|| {
-        Box::new(std::array::from_fn(|b| {
-            vocab_trie.get(crate::vocab::byte_piece(b as u8).as_bytes())
-        }))
-    });
-    let model = HfModel {
-        vocab: vocab_trie,
+    let kind = TokenizerKind::HfBpe(HfBpeSpec {
         merges,
-        unk,
-        fuse_unk: flag(model, "fuse_unk", false),
-        byte_ids,
-        ignore_merges: flag(model, "ignore_merges", false),
-        added_raw: AddedTokens {
-            trie: raw.0.build(),
-            tokens: raw.1,
-        },
-        added_normalized: AddedTokens {
-            trie: normalized.0.build(),
-            tokens: normalized.1,
-        },
-        normalizer: ops,
+        normalizer,
         metaspace,
-    };
-    Ok(model.into_tokenizer(pieces, bos, eos))
+        fuse_unk: flag(model, "fuse_unk", false),
+        ignore_merges: flag(model, "ignore_merges", false),
+        added_tokens,
+        added_only,
+    });
+    crate::spec_build::build(pieces, kind, byte_fallback, unk, (bos, eos))
 }
 
-/// `merges`, in rank order: (left id, right id) -> (rank, merged id). A pair listed twice
-/// keeps its last rank, as `tokenizers` collecting into a map does.
+/// `merges`, in rank order, as (left id, right id) pairs; `vocab_id` finds a token of the
+/// model vocabulary. A pair listed twice is kept twice: the builder gives it its last
+/// rank, as `tokenizers` collecting into a map does.
 fn parse_merges(
     model: &Map<String, Value>,
-    vocab: &crate::trie::Trie,
-    pieces: &[Piece],
-) -> Result<HashMap<(u32, u32), (u32, u32)>> {
+    vocab_id: &dyn Fn(&str) -> Option<u32>,
+    size: usize,
+) -> Result<Vec<[u32; 2]>> {
     let list = model
         .get("merges")
         .and_then(Value::as_array)
         .ok_or_else(|| invalid("BPE model without a merges list"))?;
-    let mut merges = HashMap::with_capacity(list.len());
-    let mut rank = 0u32;
+    let mut merges = Vec::with_capacity(list.len());
     for m in list {
         let (a, b) = match m {
             Value::String(s) if s.starts_with("#version") => continue,
@@ -260,21 +241,22 @@ fn parse_merges(
             _ => return Err(invalid(format!("merge {m} is not a string or a pair"))),
         };
         let id = |t: &str| {
-            vocab
-                .get(t.as_bytes())
-                .filter(|&id| (id as usize) < pieces.len())
+            vocab_id(t)
+                .filter(|&id| (id as usize) < size)
                 .ok_or_else(|| {
                     invalid(format!("merge {a:?} {b:?}: {t:?} is not in the vocabulary"))
                 })
         };
-        merges.insert((id(a)?, id(b)?), (rank, id(&format!("{a}{b}"))?));
-        rank += 1;
+        // The merged token must exist too (checked here to name it by its text).
+        let pair = [id(a)?, id(b)?];
+        id(&format!("{a}{b}"))?;
+        merges.push(pair);
     }
     Ok(merges)
 }
 
 /// `Prepend`, string `Replace` and `Sequence`s of them.
-fn parse_normalizer(v: &Value, ops: &mut Vec<NormOp>) -> Result<()> {
+fn parse_normalizer(v: &Value, ops: &mut Vec<NormalizerStep>) -> Result<()> {
     if v.is_null() {
         return Ok(());
     }
@@ -287,17 +269,17 @@ fn parse_normalizer(v: &Value, ops: &mut Vec<NormOp>) -> Result<()> {
         }
         "Prepend" => {
             let p = v.get("prepend").and_then(Value::as_str);
-            ops.push(NormOp::Prepend(
-                p.ok_or_else(|| invalid("Prepend without a string"))?.into(),
-            ));
+            let p = p.ok_or_else(|| invalid("Prepend without a string"))?;
+            ops.push(NormalizerStep::Prepend { prepend: p.into() });
         }
         "Replace" => {
             let pattern = v.pointer("/pattern/String").and_then(Value::as_str);
             let content = v.get("content").and_then(Value::as_str);
             match (pattern, content) {
-                (Some(p), Some(c)) if !p.is_empty() => {
-                    ops.push(NormOp::Replace(p.into(), c.into()))
-                }
+                (Some(p), Some(c)) if !p.is_empty() => ops.push(NormalizerStep::Replace {
+                    pattern: p.into(),
+                    content: c.into(),
+                }),
                 _ => return Err(unsupported(format!("Replace normalizer {v}"))),
             }
         }
@@ -307,7 +289,7 @@ fn parse_normalizer(v: &Value, ops: &mut Vec<NormOp>) -> Result<()> {
 }
 
 /// `Metaspace` (alone or as the only member of a `Sequence`) or none.
-fn parse_pre_tokenizer(v: &Value) -> Result<Option<Metaspace>> {
+fn parse_pre_tokenizer(v: &Value) -> Result<Option<MetaspaceSpec>> {
     match type_of(v) {
         _ if v.is_null() => Ok(None),
         "Sequence" => match v
@@ -327,14 +309,13 @@ fn parse_pre_tokenizer(v: &Value) -> Result<Option<Metaspace>> {
             }
             let scheme = v.get("prepend_scheme").and_then(Value::as_str);
             let prepend = match (v.get("add_prefix_space").and_then(Value::as_bool), scheme) {
-                (Some(false), _) | (_, Some("never")) => Prepend::Never,
-                (_, Some("first")) => Prepend::First,
-                (_, Some("always") | None) => Prepend::Always,
+                (Some(false), _) | (_, Some("never")) => PrependScheme::Never,
+                (_, Some("first")) => PrependScheme::First,
+                (_, Some("always") | None) => PrependScheme::Always,
                 (_, Some(s)) => return Err(invalid(format!("Metaspace prepend_scheme {s:?}"))),
             };
-            Ok(Some(Metaspace {
-                replacement: '\u{2581}',
-                prepend,
+            Ok(Some(MetaspaceSpec {
+                prepend_scheme: prepend,
                 split: v.get("split").and_then(Value::as_bool).unwrap_or(true),
             }))
         }

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use crate::decode::DecodeOptions;
+use crate::spec::{SentencePieceSpec, TokenizerKind};
 use crate::trie::{Trie, TrieBuilder};
 use crate::vocab::{Piece, PieceKind};
 use crate::{Encoder, Error, Result, Tokenizer};
@@ -191,8 +192,9 @@ impl SpModel {
 }
 
 /// Builds a SentencePiece-style tokenizer from its pieces (shared by `.model` and
-/// llama2.c `.bin`). BOS/EOS are the CONTROL pieces named `bos_piece`/`eos_piece`, as
-/// `SentencePieceProcessor::bos_id` finds them.
+/// llama2.c `.bin`) with the builder of [`crate::Tokenizer::from_spec`]. BOS/EOS are the
+/// CONTROL pieces named `bos_piece`/`eos_piece`, as `SentencePieceProcessor::bos_id`
+/// finds them.
 pub(crate) fn build_tokenizer(
     pieces: Vec<Piece>,
     byte_fallback: bool,
@@ -205,9 +207,16 @@ pub(crate) fn build_tokenizer(
         (pieces[id].kind == PieceKind::Control).then_some(id as u32)
     };
     let (bos, eos) = (control(special.0), control(special.1));
-    let unk_surface = unk_surface.unwrap_or_else(crate::spec::default_unk_surface);
-    let model = SpModel::new(&pieces, byte_fallback, normalizer)?;
-    Ok(sp_tokenizer(pieces, model, (bos, eos), unk_surface))
+    // `SpModel::new` rejects a second unknown piece before this is compared with its own.
+    let unk_id = pieces.iter().position(|p| p.kind == PieceKind::Unknown);
+    let kind = TokenizerKind::SentencePieceBpe(SentencePieceSpec {
+        add_dummy_prefix: normalizer.add_dummy_prefix,
+        remove_extra_whitespaces: normalizer.remove_extra_whitespaces,
+        escape_whitespaces: normalizer.escape_whitespaces,
+        unk_surface: unk_surface.unwrap_or_else(crate::spec::default_unk_surface),
+    });
+    let unk_id = unk_id.map(|id| id as u32);
+    crate::spec_build::build(pieces, kind, byte_fallback, unk_id, (bos, eos))
 }
 
 /// Assembles a SentencePiece tokenizer; the decoder's space handling follows from the

@@ -1,8 +1,9 @@
 //! [`Tokenizer::spec`] and [`Tokenizer::from_spec`]: a tokenizer to its description and
-//! back. Rebuilding runs the same checks as the file readers (`SpModel::new` for
-//! SentencePiece, the vocabulary and merge checks of `hf_json.rs`) plus the consistency
-//! checks a hand-made description needs (lengths, ids in range), so any description, valid
-//! or not, gives a tokenizer or an [`Error::Invalid`], never a panic.
+//! back. Rebuilding goes through [`build`], the builder the file readers use too (so it
+//! runs their checks: `SpModel::new` for SentencePiece, the vocabulary and merge checks of
+//! `hf_model` for Hugging Face BPE), after the consistency checks a hand-made description
+//! needs (lengths, ids in range), so any description, valid or not, gives a tokenizer or
+//! an [`Error::Invalid`], never a panic.
 
 use std::collections::{HashMap, HashSet};
 
@@ -103,31 +104,45 @@ impl Tokenizer {
             });
         }
         let special = (spec.bos_id, spec.eos_id);
-        let mut tok = match spec.kind {
-            TokenizerKind::SentencePieceBpe(sp) => {
-                let normalizer = NormalizerOptions {
-                    add_dummy_prefix: sp.add_dummy_prefix,
-                    remove_extra_whitespaces: sp.remove_extra_whitespaces,
-                    escape_whitespaces: sp.escape_whitespaces,
-                };
-                let model = SpModel::new(&pieces, spec.byte_fallback, normalizer)?;
-                if model.unk_id != spec.unk_id {
-                    return Err(invalid(format!(
-                        "unk_id {:?} is not the unknown piece {:?}",
-                        spec.unk_id, model.unk_id
-                    )));
-                }
-                sp_tokenizer(pieces, model, special, sp.unk_surface)
-            }
-            TokenizerKind::HfBpe(hf) => {
-                let model = hf_model(hf, &pieces, spec.unk_id, spec.byte_fallback)?;
-                model.into_tokenizer(pieces, special.0, special.1)
-            }
-        };
+        let mut tok = build(pieces, spec.kind, spec.byte_fallback, spec.unk_id, special)?;
         tok.add_bos = spec.add_bos;
         tok.chat_template = spec.chat_template;
         Ok(tok)
     }
+}
+
+/// Assembles a tokenizer from its pieces and the settings of its kind: the one builder
+/// behind [`Tokenizer::from_spec`] and every file reader (`sp_proto.rs` and `llama2c.rs`
+/// through `sentencepiece::build_tokenizer`, `hf_json.rs`), so all of them make the same
+/// lookups and run the same checks. `special` is (BOS, EOS); ids must be in range.
+pub(crate) fn build(
+    pieces: Vec<Piece>,
+    kind: TokenizerKind,
+    byte_fallback: bool,
+    unk_id: Option<u32>,
+    special: (Option<u32>, Option<u32>),
+) -> Result<Tokenizer> {
+    Ok(match kind {
+        TokenizerKind::SentencePieceBpe(sp) => {
+            let normalizer = NormalizerOptions {
+                add_dummy_prefix: sp.add_dummy_prefix,
+                remove_extra_whitespaces: sp.remove_extra_whitespaces,
+                escape_whitespaces: sp.escape_whitespaces,
+            };
+            let model = SpModel::new(&pieces, byte_fallback, normalizer)?;
+            if model.unk_id != unk_id {
+                return Err(invalid(format!(
+                    "unk_id {unk_id:?} is not the unknown piece {:?}",
+                    model.unk_id
+                )));
+            }
+            sp_tokenizer(pieces, model, special, sp.unk_surface)
+        }
+        TokenizerKind::HfBpe(hf) => {
+            let model = hf_model(hf, &pieces, unk_id, byte_fallback)?;
+            model.into_tokenizer(pieces, special.0, special.1)
+        }
+    })
 }
 
 fn piece_type(kind: PieceKind) -> PieceType {
@@ -204,7 +219,9 @@ fn hf_spec(m: &HfModel, pieces: &[Piece]) -> HfBpeSpec {
     }
 }
 
-/// Rebuilds a Hugging Face BPE model with the checks of `hf_json.rs`.
+/// Builds a Hugging Face BPE model: the vocabulary (every piece not in `added_only`), the
+/// merges by rank, and the added-token tries, with the checks a hand-made description
+/// needs (`hf_json.rs` has already run them, by token text, on a `tokenizer.json`).
 fn hf_model(
     hf: HfBpeSpec,
     pieces: &[Piece],
