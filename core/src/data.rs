@@ -61,14 +61,23 @@ fn byte_len(dtype: DataType, shape: &[usize]) -> Result<usize> {
 impl Data {
     /// A zero-filled owned tensor of `shape`.
     ///
-    /// Errors: [`Error::Shape`] if the byte size overflows `usize`.
+    /// The memory comes zeroed from the allocator (calloc), so pages that are never
+    /// written, such as the unused tail of a KV cache, cost no resident memory.
+    ///
+    /// Errors: [`Error::Shape`] if the byte size overflows `usize`;
+    /// [`Error::InvalidArgument`] if the memory cannot be allocated.
     pub fn zeros(dtype: DataType, shape: &[usize]) -> Result<Data> {
         let len = byte_len(dtype, shape)?;
+        let chunks = bytemuck::allocation::try_zeroed_vec(len.div_ceil(64)).map_err(|()| {
+            Error::InvalidArgument(format!(
+                "cannot allocate {len} bytes for a {dtype} tensor of shape {shape:?}"
+            ))
+        })?;
         Ok(Data {
             dtype,
             shape: shape.to_vec(),
             strides: row_major_strides(shape),
-            storage: Storage::Owned(vec![Chunk([0; 64]); len.div_ceil(64)]),
+            storage: Storage::Owned(chunks),
         })
     }
 
@@ -121,7 +130,7 @@ impl Data {
                 ))
             })?;
         let bytes = &map[offset..end];
-        if (bytes.as_ptr() as usize) % dtype.size_of().max(1) != 0 {
+        if !(bytes.as_ptr() as usize).is_multiple_of(dtype.size_of().max(1)) {
             return Data::from_bytes(dtype, shape, bytes);
         }
         Ok(Data {

@@ -2,8 +2,9 @@
 
 /// The element type of a [`crate::Data`].
 ///
-/// Append-only (as ggml's `ggml_type`): the discriminants are written into .flm files, so
-/// a variant is never renumbered or removed, and new ones take the next number.
+/// Append-only (as ggml's `ggml_type`): .flm files name dtypes by [`DataType::name`] and
+/// docs/flm-format.md lists the discriminants, so a variant is never renamed, renumbered or
+/// removed, and new ones take the next number.
 ///
 /// Float types store one element each. Quantised types store a matrix `[rows, cols]`
 /// (rows = the product of all dimensions but the last) in blocks along each row; rows are
@@ -39,11 +40,6 @@ impl DataType {
         DataType::I4G64,
         DataType::I4G128,
     ];
-
-    /// The dtype with discriminant `id`, if any (for readers of files).
-    pub fn from_id(id: u32) -> Option<DataType> {
-        DataType::ALL.get(id as usize).copied()
-    }
 
     /// Whether this is a quantised (block) type.
     pub const fn is_quantized(self) -> bool {

@@ -45,16 +45,18 @@ pub struct ActBlock {
     pub qs: [i8; BLOCK],
 }
 
-/// `cols` rounded up to the padding unit of `dtype`.
+/// `cols` rounded up to the padding unit of `dtype` (saturating at `usize::MAX`, which no
+/// allocation or file can reach).
 pub fn padded_cols(dtype: DataType, cols: usize) -> usize {
     let unit = dtype.group_size().unwrap_or(BLOCK);
-    cols.div_ceil(unit) * unit
+    cols.div_ceil(unit).saturating_mul(unit)
 }
 
 /// Bytes of one row of `cols` values of a quantised `dtype`; `None` for float types or on
 /// overflow.
 pub fn row_bytes(dtype: DataType, cols: usize) -> Option<usize> {
-    let padded = padded_cols(dtype, cols);
+    let unit = dtype.group_size().unwrap_or(BLOCK);
+    let padded = cols.div_ceil(unit).checked_mul(unit)?;
     match dtype {
         DataType::I8 => padded.checked_add(4),
         _ => {

@@ -40,7 +40,7 @@ impl RopeTable {
         theta: f32,
         max_pos: usize,
     ) -> Result<RopeTable> {
-        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(Error::InvalidArgument(format!(
                 "rotary dimension {rotary_dim} must be even, non-zero and at most the head \
                  dimension {head_dim}"
@@ -55,8 +55,12 @@ impl RopeTable {
         let inv_freq: Vec<f32> = (0..half)
             .map(|j| 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32))
             .collect();
-        let mut cos = Vec::with_capacity(max_pos * half);
-        let mut sin = Vec::with_capacity(max_pos * half);
+        let too_large =
+            || Error::InvalidArgument(format!("a RoPE table of {max_pos} positions is too large"));
+        let len = max_pos.checked_mul(half).ok_or_else(too_large)?;
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        cos.try_reserve_exact(len).map_err(|_| too_large())?;
+        sin.try_reserve_exact(len).map_err(|_| too_large())?;
         for p in 0..max_pos {
             for f in &inv_freq {
                 let angle = p as f32 * f;

@@ -15,7 +15,8 @@ use crate::{Error, Result};
 /// Sampling parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerConfig {
-    /// Softmax temperature; 0 means greedy. Must be finite and `>= 0`.
+    /// Softmax temperature; 0 (or anything below 1e-6) means greedy. Must be finite and
+    /// `>= 0`.
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens; 0 disables.
     pub top_k: usize,
@@ -128,7 +129,8 @@ impl Sampler {
                 }
             }
         }
-        if self.config.temperature == 0.0 {
+        // Below this, 1/T overflows the logits' range: the distribution is one-hot anyway.
+        if self.config.temperature < 1e-6 {
             return Ok(argmax(&self.logits));
         }
         self.sample_distribution()

@@ -39,6 +39,11 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// Largest accepted dimension, head count, vocabulary or context length (2^24).
+pub const MAX_SIZE: usize = 1 << 24;
+/// Largest accepted number of layers.
+pub const MAX_LAYERS: usize = 1 << 16;
+
 impl ModelConfig {
     /// `n_kv_heads * head_dim`: the width of a key or value row.
     pub fn kv_dim(&self) -> usize {
@@ -67,13 +72,24 @@ impl ModelConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(Error::Config(format!("{name} must be positive")));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        // Bounds far above any real model, so that sizes computed from them cannot
+        // overflow and a corrupted header is refused before anything is allocated.
+        if let Some((name, v)) = positive.iter().find(|(_, v)| *v > MAX_SIZE) {
+            return Err(Error::Config(format!("{name} = {v} exceeds {MAX_SIZE}")));
+        }
+        if self.n_layers > MAX_LAYERS {
+            return Err(Error::Config(format!(
+                "n_layers = {} exceeds {MAX_LAYERS}",
+                self.n_layers
+            )));
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(Error::Config(format!(
                 "n_heads ({}) is not a multiple of n_kv_heads ({})",
                 self.n_heads, self.n_kv_heads
             )));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::Config(format!(
                 "head_dim ({}) must be even for RoPE",
                 self.head_dim

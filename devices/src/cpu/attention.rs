@@ -26,7 +26,11 @@ pub(crate) fn attention(
     output: &mut Data,
 ) -> Result<()> {
     let n = q.rows();
-    if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols() % n_heads != 0 {
+    if n_heads == 0
+        || n_kv_heads == 0
+        || !n_heads.is_multiple_of(n_kv_heads)
+        || !q.cols().is_multiple_of(n_heads)
+    {
         return Err(shape_err(
             "Attention",
             format!(

@@ -86,6 +86,12 @@ impl Checkpoint {
         if let Some(tokenizer) = self.tokenizer.take() {
             return Ok(tokenizer);
         }
+        if self.tokenizer_candidates.is_empty() {
+            return Err(Error::format(
+                model,
+                "the checkpoint carries no tokenizer this build can use; pass --tokenizer",
+            ));
+        }
         let Some(path) = self.tokenizer_candidates.iter().find(|p| p.is_file()) else {
             let looked: Vec<String> = self
                 .tokenizer_candidates
@@ -133,8 +139,8 @@ impl Checkpoint {
 /// file, the same contract every mmap-based loader (llama.cpp, safetensors) relies on.
 pub(crate) fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    // SAFETY: read-only private mapping of a regular file; see the function doc for the
-    // external-modification caveat.
+    // SAFETY: read-only shared mapping (memmap2's `Mmap::map` uses MAP_SHARED) of a
+    // regular file; see the function doc for the external-modification caveat.
     let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
     Ok(Arc::new(map))
 }

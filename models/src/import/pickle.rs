@@ -22,6 +22,8 @@ use super::pytorch::{Global, Storage, Tensor};
 /// The most opcodes a pickle may run. Each makes at most one object, stack slot or memo
 /// entry, so this bounds the memory a hostile pickle can claim (to a few hundred MB); a
 /// state dict takes about 35 opcodes per tensor, so a file may hold 120,000 tensors.
+/// Most dimensions a tensor may have (torch checkpoints of LLMs use at most 4).
+const MAX_RANK: usize = 8;
 const MAX_OPCODES: usize = 1 << 22;
 
 /// An object's index in the arena.
@@ -197,7 +199,7 @@ impl Machine<'_> {
     fn extend(&mut self, items: Vec<Id>, dict: bool) -> Result<(), String> {
         let target = self.top()?;
         match (&mut self.objects[target], dict) {
-            (Object::Dict(entries), true) if items.len() % 2 == 0 => {
+            (Object::Dict(entries), true) if items.len().is_multiple_of(2) => {
                 entries.extend(items.chunks_exact(2).map(|kv| (kv[0], kv[1])));
             }
             (Object::List(list), false) => list.extend(items),
@@ -215,6 +217,10 @@ impl Machine<'_> {
 
     fn ints(&self, id: Id, what: &str) -> Result<Vec<usize>, String> {
         match &self.objects[id] {
+            Object::Tuple(items) if items.len() > MAX_RANK => Err(format!(
+                "{what} has {} dimensions; tensors of more than {MAX_RANK} are refused",
+                items.len()
+            )),
             Object::Tuple(items) => items.iter().map(|&i| self.int(i, what)).collect(),
             other => Err(format!("{what} is a {}, not a tuple", other.kind())),
         }
@@ -242,7 +248,8 @@ impl Machine<'_> {
         }
     }
 
-    /// `REDUCE`: calls one of the allow-listed functions.
+    /// `REDUCE`: calls one of the allow-listed functions. Sizes and strides are bounded to
+    /// [`MAX_RANK`] entries, so memoised tuples reused by many calls cost little.
     fn call(&self, func: Id, args: Id) -> Result<Object, String> {
         let Object::Tuple(args) = &self.objects[args] else {
             return Err("REDUCE arguments are not a tuple".into());

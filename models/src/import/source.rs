@@ -43,10 +43,14 @@ impl Encoding {
         match self {
             Encoding::Native(dtype) => dtype.byte_len(shape),
             Encoding::Llama2cQ8 { group } => (group > 0 && numel % group == 0)
-                .then(|| numel.checked_add(numel / group * 4))
+                .then(|| numel.checked_add((numel / group).checked_mul(4)?))
                 .flatten(),
-            Encoding::GgmlQ8_0 => (numel % 32 == 0).then(|| numel / 32 * 34),
-            Encoding::GgmlQ4_0 => (numel % 32 == 0).then(|| numel / 32 * 18),
+            Encoding::GgmlQ8_0 => (numel % 32 == 0)
+                .then(|| (numel / 32).checked_mul(34))
+                .flatten(),
+            Encoding::GgmlQ4_0 => (numel % 32 == 0)
+                .then(|| (numel / 32).checked_mul(18))
+                .flatten(),
         }
     }
 }
@@ -142,11 +146,16 @@ impl SourceTensor {
         if let (Backing::Mapped { map, offset }, Some(len)) =
             (&self.backing, self.encoding.byte_len(&self.shape))
         {
+            // `shape` and `encoding` are public, so the range checked in `new` may have
+            // changed since: check it again.
+            if offset.checked_add(len).is_none_or(|end| end > map.len()) {
+                return;
+            }
             // SAFETY: `map_file` maps the file read-only and shared (MAP_SHARED). Dropping
             // the pages of a shared file mapping only discards this process's copies; any
             // later read of the range (through this or another view of the Arc'd map)
             // faults the unchanged bytes back in from the file, so no reference ever sees
-            // different contents. The range lies inside the map (checked in `new`). The
+            // different contents. The range lies inside the map (checked just above). The
             // advice is best effort, so its result is ignored.
             let _ = unsafe {
                 map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, len)

@@ -38,6 +38,8 @@ pub struct Stats {
     prefill: Duration,
     /// The decode steps after the first token.
     decode: Duration,
+    /// Number of those steps.
+    decode_steps: usize,
 }
 
 fn per_second(tokens: usize, time: Duration) -> String {
@@ -58,7 +60,7 @@ impl fmt::Display for Stats {
             self.generated,
             self.time_to_first_token.as_secs_f64() * 1e3,
             per_second(self.prompt_tokens, self.prefill),
-            per_second(self.generated.saturating_sub(1), self.decode),
+            per_second(self.decode_steps, self.decode),
         )?;
         if let Some(rss) = resident_mib() {
             write!(f, " | resident memory: {rss:.0} MiB")?;
@@ -113,6 +115,7 @@ pub fn generate(
     let prefill = start.elapsed();
     let mut time_to_first_token = prefill;
     let mut decode = Duration::ZERO;
+    let mut decode_steps = 0;
     let mut generated = 0;
     while generated < options.max_tokens {
         let next = sampler.sample(&logits, &tokens)?;
@@ -141,6 +144,7 @@ pub fn generate(
         let step = Instant::now();
         logits = model.forward(&exec, &[next], tokens.len() - 1, Logits::Last)?;
         decode += step.elapsed();
+        decode_steps += 1;
     }
     if !options.print_ids {
         out.write_all(decoder.finish().as_bytes())?;
@@ -152,5 +156,6 @@ pub fn generate(
         time_to_first_token,
         prefill,
         decode,
+        decode_steps,
     })
 }

@@ -9,6 +9,10 @@ use flm_tokenizer::Tokenizer;
 
 use crate::ModelArgs;
 
+/// Default context length when `--context` is not given: enough for chat and long
+/// prompts, without allocating the KV cache of a 128k-context model.
+const DEFAULT_CONTEXT: usize = 4096;
+
 /// Reads a tokenizer file of any supported kind.
 pub fn tokenizer_file(path: &Path) -> Result<Tokenizer> {
     Tokenizer::from_file(path)
@@ -24,6 +28,18 @@ pub fn tokenizer_beside(model: &Path) -> Result<Tokenizer> {
     Ok(checkpoint(model)?.take_tokenizer(model)?)
 }
 
+/// Fails unless every token id of `tokenizer` is inside the model's vocabulary.
+pub fn check_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Result<()> {
+    if tokenizer.vocab_size() > model_vocab {
+        bail!(
+            "the tokenizer has {} tokens but the model's vocabulary has {model_vocab}: they do \
+             not belong together",
+            tokenizer.vocab_size(),
+        );
+    }
+    Ok(())
+}
+
 /// Loads the model and its tokenizer and checks that they agree.
 pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Llama, Tokenizer)> {
     let mut ckpt = checkpoint(&args.model)?;
@@ -31,14 +47,12 @@ pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Llama, Tokenizer)> {
         Some(path) => tokenizer_file(path)?,
         None => ckpt.take_tokenizer(&args.model)?,
     };
-    if tokenizer.vocab_size() > ckpt.config.vocab_size {
-        bail!(
-            "the tokenizer has {} tokens but the model's vocabulary has {}: they do not belong \
-             together",
-            tokenizer.vocab_size(),
-            ckpt.config.vocab_size
-        );
+    check_vocab(&tokenizer, ckpt.config.vocab_size)?;
+    let positions = args.context.unwrap_or(DEFAULT_CONTEXT);
+    if positions == 0 {
+        bail!("--context must be at least 1");
     }
+    ckpt.config.max_seq_len = ckpt.config.max_seq_len.min(positions);
     let context = || format!("cannot build the model {}", args.model.display());
     let weights = ckpt.weights().with_context(context)?;
     let model = Llama::new(ckpt.config, weights).with_context(context)?;

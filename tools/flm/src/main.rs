@@ -61,6 +61,10 @@ struct ModelArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Context length: positions the KV cache holds (default: the model's, at most 4096;
+    /// never more than the model's).
+    #[arg(long)]
+    context: Option<usize>,
 }
 
 #[derive(Args)]

@@ -213,6 +213,16 @@ fn truncated_and_corrupted_checkpoints_are_rejected() {
         "nor a valid legacy llama2.c checkpoint",
     );
 
+    // A 28-byte header claiming 2^24 layers is refused before anything is allocated.
+    let mut header = bytes[..28].to_vec();
+    header[8..12].copy_from_slice(&(1i32 << 24).to_le_bytes());
+    let huge = dir.path().join("huge.bin");
+    std::fs::write(&huge, &header).unwrap();
+    expect_error(
+        &run_args(huge.to_str().unwrap(), Some(&tok)),
+        "exceeds 65536",
+    );
+
     let tiny = dir.path().join("tiny.bin");
     std::fs::write(&tiny, b"abc").unwrap();
     expect_error(&run_args(tiny.to_str().unwrap(), Some(&tok)), "too short");
@@ -253,6 +263,21 @@ fn config_with_a_missing_field_is_rejected() {
         &run_args(hf.to_str().unwrap(), None),
         "missing field `hidden_size`",
     );
+
+    for (field, value, needle) in [
+        (
+            "num_hidden_layers",
+            1_000_000_000u64,
+            "n_layers = 1000000000 exceeds",
+        ),
+        ("max_position_embeddings", 1 << 40, "exceeds 16777216"),
+    ] {
+        let mut bad = json.clone();
+        bad["hidden_size"] = 64.into();
+        bad[field] = value.into();
+        std::fs::write(&config, bad.to_string()).unwrap();
+        expect_error(&run_args(hf.to_str().unwrap(), None), needle);
+    }
 
     std::fs::write(&config, "{ not json").unwrap();
     expect_error(&run_args(hf.to_str().unwrap(), None), "invalid config.json");
