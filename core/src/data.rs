@@ -61,8 +61,8 @@ fn byte_len(dtype: DataType, shape: &[usize]) -> Result<usize> {
 impl Data {
     /// A zero-filled owned tensor of `shape`.
     ///
-    /// The memory comes zeroed from the allocator (calloc), so pages that are never
-    /// written, such as the unused tail of a KV cache, cost no resident memory.
+    /// The memory comes zeroed from the allocator; the allocation fails with an error
+    /// rather than aborting the process.
     ///
     /// Errors: [`Error::Shape`] if the byte size overflows `usize`;
     /// [`Error::InvalidArgument`] if the memory cannot be allocated.
