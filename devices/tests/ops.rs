@@ -44,6 +44,12 @@ fn embedding_copies_rows(dtype: DataType) {
 }
 
 weight_dtype_tests!(embedding_copies_rows);
+quant_dtype_tests!(embedding_copies_rows_q);
+
+/// Quantised tables: the rows come back exactly as `Data::to_f32_vec` dequantises them.
+fn embedding_copies_rows_q(dtype: DataType) {
+    embedding_copies_rows(dtype)
+}
 
 #[test]
 fn embedding_token_out_of_range() {

@@ -15,30 +15,6 @@ use flm_core::quant::{padded_cols, BLOCK};
 use flm_core::{Data, DataType, Op};
 use flm_devices::cpu::PARALLEL_MIN_WORK;
 
-/// Generates one `#[test]` per quantised dtype calling `check(dtype)`.
-macro_rules! quant_dtype_tests {
-    ($($check:ident),* $(,)?) => {$(
-        mod $check {
-            #[test]
-            fn i8() {
-                super::$check(flm_core::DataType::I8)
-            }
-            #[test]
-            fn i4g32() {
-                super::$check(flm_core::DataType::I4G32)
-            }
-            #[test]
-            fn i4g64() {
-                super::$check(flm_core::DataType::I4G64)
-            }
-            #[test]
-            fn i4g128() {
-                super::$check(flm_core::DataType::I4G128)
-            }
-        }
-    )*};
-}
-
 /// The input rows `[n, k]` quantised as the doc says: per block of 32 (zero-padded to
 /// `padded_cols`), `a = max|x| / 127`, `q = round(x / a)`, `x̂ = a·q`. Returns `x̂` without
 /// the padding (whose values are 0) and each value's block scale `a`.
@@ -275,34 +251,10 @@ fn constant_rows_are_reproduced(dtype: DataType) {
     }
 }
 
-/// `Op::Embedding` on a quantised table returns the dequantised rows exactly.
-fn embedding_dequantises_rows(dtype: DataType) {
-    let mut rng = rng(0xa1);
-    for (vocab, dim) in [(1, 1), (37, 33), (301, 1000)] {
-        let (table, values) = random_weight(&mut rng, &[vocab, dim], dtype);
-        let last = vocab as u32 - 1;
-        let tokens = [0, last, last / 2, last / 2, 0];
-        let mut out = nan_output(&[tokens.len(), dim]);
-        run(Op::Embedding {
-            table: &table,
-            tokens: &tokens,
-            output: &mut out,
-        })
-        .unwrap();
-        let want: Vec<f32> = tokens
-            .iter()
-            .flat_map(|&t| &values[t as usize * dim..][..dim])
-            .copied()
-            .collect();
-        assert_eq!(out.as_f32().unwrap(), &want[..], "{dtype} {vocab}x{dim}");
-    }
-}
-
 quant_dtype_tests!(
     linear_matches_quantised_scheme,
     linear_parallel_matches_quantised_scheme,
     linear_within_quantisation_bounds,
     zeros_give_exact_bias,
     constant_rows_are_reproduced,
-    embedding_dequantises_rows,
 );

@@ -96,23 +96,33 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: impl Fn(usize) -
     }
 }
 
-/// Generates one `#[test]` per weight dtype (f32, f16, bf16) calling `check(dtype)`, in a
-/// module named after the check: `linear_matches_formula::bf16`, ...
-macro_rules! weight_dtype_tests {
-    ($($check:ident),* $(,)?) => {$(
+/// Generates a module named after `check` with one `#[test]` per listed dtype calling
+/// `check(dtype)`: `dtype_tests!([f32: F32, f16: F16] linear_matches_formula)` gives
+/// `linear_matches_formula::f32` and `linear_matches_formula::f16`.
+macro_rules! dtype_tests {
+    ([$($test:ident: $dtype:ident),* $(,)?] $check:ident) => {
         mod $check {
-            #[test]
-            fn f32() {
-                super::$check(flm_core::DataType::F32)
-            }
-            #[test]
-            fn f16() {
-                super::$check(flm_core::DataType::F16)
-            }
-            #[test]
-            fn bf16() {
-                super::$check(flm_core::DataType::BF16)
-            }
+            $(
+                #[test]
+                fn $test() {
+                    super::$check(flm_core::DataType::$dtype)
+                }
+            )*
         }
-    )*};
+    };
+}
+
+/// [`dtype_tests!`] over the float weight dtypes, for each check.
+macro_rules! weight_dtype_tests {
+    ($($check:ident),* $(,)?) => {
+        $(dtype_tests!([f32: F32, f16: F16, bf16: BF16] $check);)*
+    };
+}
+
+/// [`dtype_tests!`] over the quantised weight dtypes, for each check.
+#[allow(unused_macros)]
+macro_rules! quant_dtype_tests {
+    ($($check:ident),* $(,)?) => {
+        $(dtype_tests!([i8: I8, i4g32: I4G32, i4g64: I4G64, i4g128: I4G128] $check);)*
+    };
 }
