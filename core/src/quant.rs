@@ -9,21 +9,23 @@
 //! `cols_padded` int8 values `q`. `s = max|w| / 127`, `q = round(w / s)` in `[-127, 127]`,
 //! `ŵ = s · q`. Error bound: `|w − ŵ| ≤ s / 2 = max|w| / 254` per row.
 //!
-//! **int4, group-wise, asymmetric** ([`DataType::I4G32`], `I4G64`, `I4G128`). Row: one block
-//! per group of `G` values: an f16 scale `d`, an f16 minimum `m`, then `G / 2` bytes of
-//! 4-bit codes `q = round((w − m) / d)` clamped to `[0, 15]`; `ŵ = d · q + m`. `(d, m)`
-//! start from the min/max fit `((max − min) / 15, min)` and are refined by a least-squares
-//! search ([`quantize_row`]) that only ever lowers the group's squared error. Within each
-//! run of 32 values of a block, byte `i` holds value `i` in its low nibble and value
+//! **int4, group-wise, asymmetric** ([`DataType::I4G32`], `I4G64`, `I4G128`). Groups of `G`
+//! values, each with an f16 scale `d` and an f16 minimum `m`; codes
+//! `q = round((w − m) / d)` clamped to `[0, 15]`; `ŵ = d · q + m`. `(d, m)` start from the
+//! min/max fit `((max − min) / 15, min)` and are refined by a least-squares search
+//! ([`quantize_row`]) that only ever lowers the group's squared error. A row of `P` padded
+//! values with `n = P / G` groups is laid out for SIMD kernels (structure of arrays): first
+//! the `P / 2` bytes of codes, then the `n` scales `d`, then the `n` minimums `m`. Within each
+//! run of 32 values, byte `i` of the run holds value `i` in its low nibble and value
 //! `i + 16` in its high nibble (ggml's order, which SIMD kernels unpack with one mask and
-//! one shift). Error bound of the min/max fit: `|w − ŵ| ≤ d / 2 + ε`, where
+//! one shift; see [`nibble`]). Error bound of the min/max fit: `|w − ŵ| ≤ d / 2 + ε`, where
 //! `ε ≤ 2⁻¹¹ (|m| + 15 d)` covers the f16 rounding of `d` and `m`, about
 //! `(max − min) / 30` per group; the refined fit has a lower or equal squared error (its
 //! worst single value may exceed that bound slightly where clamping trades it for a lower
 //! total).
 //!
-//! **Activations** ([`ActBlock`]): blocks of 32 values, `a = max|x| / 127`,
-//! `q = round(x / a)`, plus `Σq` for the int4 minimum term, so that
+//! The CPU kernels dot these rows against activations quantised to int8 in blocks of
+//! [`BLOCK`] values (scale `a`, codes `q_x`), so that
 //! `Σ ŵ·x ≈ Σ_blocks a · (d · Σ q_w q_x + m · Σ q_x)` (int4) or `s · Σ_blocks a · Σ q_w q_x`
 //! (int8), with every inner sum an exact integer.
 
@@ -31,19 +33,8 @@ use half::f16;
 
 use crate::DataType;
 
-/// Values per activation block, and the unit rows are padded to.
+/// Values per activation block, and the unit int8 rows are padded to.
 pub const BLOCK: usize = 32;
-
-/// One block of 32 activations quantised to int8.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ActBlock {
-    /// Scale: `x ≈ d · q`.
-    pub d: f32,
-    /// `Σ q`, for the zero-point term of asymmetric weights.
-    pub sum: i32,
-    /// The codes.
-    pub qs: [i8; BLOCK],
-}
 
 /// `cols` rounded up to the padding unit of `dtype` (saturating at `usize::MAX`, which no
 /// allocation or file can reach).
@@ -85,15 +76,17 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
             pad.fill(0);
         }
         Some(g) => {
-            for (block, values) in dst.chunks_exact_mut(4 + g / 2).zip(chunks_padded(src, g)) {
+            let padded = dst.len() / (4 + g / 2) * g;
+            let (codes, scales) = dst.split_at_mut(padded / 2);
+            let (ds, ms) = scales.split_at_mut(scales.len() / 2);
+            codes.fill(0);
+            for (gi, values) in chunks_padded(src, g).enumerate() {
                 let (d, m) = fit_int4(values);
-                block[..2].copy_from_slice(&d.to_le_bytes());
-                block[2..4].copy_from_slice(&m.to_le_bytes());
-                let codes = &mut block[4..];
-                codes.fill(0);
+                ds[2 * gi..2 * gi + 2].copy_from_slice(&d.to_le_bytes());
+                ms[2 * gi..2 * gi + 2].copy_from_slice(&m.to_le_bytes());
                 let inv = inverse(d.to_f32());
                 for (i, &w) in values.iter().enumerate() {
-                    let (byte, shift) = nibble(i);
+                    let (byte, shift) = nibble(gi * g + i);
                     codes[byte] |= code(w, inv, m.to_f32()) << shift;
                 }
             }
@@ -194,7 +187,7 @@ fn chunks_padded(src: &[f32], g: usize) -> impl Iterator<Item = &[f32]> {
     (0..n).map(move |i| &src[(i * g).min(src.len())..((i + 1) * g).min(src.len())])
 }
 
-/// Byte and bit shift of value `i` of an int4 block.
+/// Byte and bit shift of value `i` in the codes of an int4 row.
 #[inline]
 pub fn nibble(i: usize) -> (usize, u32) {
     let (run, j) = (i / BLOCK, i % BLOCK);
@@ -211,32 +204,26 @@ pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
             }
         }
         Some(g) => {
-            for (block, out) in src.chunks_exact(4 + g / 2).zip(dst.chunks_mut(g)) {
-                let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-                let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
+            let (codes, ds, ms) = split_int4_row(g, src);
+            for (gi, out) in dst.chunks_mut(g).enumerate() {
+                let d = f16::from_le_bytes([ds[2 * gi], ds[2 * gi + 1]]).to_f32();
+                let m = f16::from_le_bytes([ms[2 * gi], ms[2 * gi + 1]]).to_f32();
                 for (i, o) in out.iter_mut().enumerate() {
-                    let (byte, shift) = nibble(i);
-                    *o = d * ((block[4 + byte] >> shift) & 0x0f) as f32 + m;
+                    let (byte, shift) = nibble(gi * g + i);
+                    *o = d * ((codes[byte] >> shift) & 0x0f) as f32 + m;
                 }
             }
         }
     }
 }
 
-/// Quantises activations `x` into blocks of 32 (the last padded with zeros), replacing the
-/// contents of `out`.
-pub fn quantize_activations(x: &[f32], out: &mut Vec<ActBlock>) {
-    out.clear();
-    out.extend(x.chunks(BLOCK).map(|chunk| {
-        let d = absmax(chunk) / 127.0;
-        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let mut qs = [0i8; BLOCK];
-        for (q, &v) in qs.iter_mut().zip(chunk) {
-            *q = (v * inv).round() as i8;
-        }
-        let sum = qs.iter().map(|&q| q as i32).sum();
-        ActBlock { d, sum, qs }
-    }));
+/// Splits an int4 row with groups of `g` into its codes, its f16 scales and its f16
+/// minimums (as little-endian bytes).
+pub fn split_int4_row(g: usize, row: &[u8]) -> (&[u8], &[u8], &[u8]) {
+    let groups = row.len() / (4 + g / 2);
+    let (codes, scales) = row.split_at(groups * g / 2);
+    let (ds, ms) = scales.split_at(2 * groups);
+    (codes, ds, ms)
 }
 
 #[cfg(test)]
@@ -311,20 +298,5 @@ mod tests {
         assert_eq!(nibble(16), (0, 4));
         assert_eq!(nibble(33), (17, 0));
         assert_eq!(nibble(63), (31, 4));
-    }
-
-    #[test]
-    fn activations_quantise_per_block_with_sums() {
-        let x = values(40, 3);
-        let mut blocks = Vec::new();
-        quantize_activations(&x, &mut blocks);
-        assert_eq!(blocks.len(), 2);
-        for (b, chunk) in blocks.iter().zip(x.chunks(32)) {
-            assert_eq!(b.sum, b.qs.iter().map(|&q| q as i32).sum::<i32>());
-            for (q, v) in b.qs.iter().zip(chunk) {
-                assert!((*q as f32 * b.d - v).abs() <= b.d / 2.0 * 1.0001);
-            }
-        }
-        assert!(blocks[1].qs[8..].iter().all(|&q| q == 0));
     }
 }

@@ -7,4 +7,4 @@
 
 pub mod cpu;
 
-pub use cpu::CpuDevice;
+pub use cpu::{CpuDevice, Isa};

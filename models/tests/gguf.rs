@@ -43,7 +43,12 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn exec() -> Executor {
-    Executor::with_profiling(vec![Box::new(CpuDevice::new())], false)
+    Executor::with_profiling(
+        vec![Box::new(
+            CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has"),
+        )],
+        false,
+    )
 }
 
 #[test]

@@ -21,7 +21,12 @@ fn data(rel: &str) -> PathBuf {
 
 /// Prefills `prompt`, then decodes `steps` greedy tokens one at a time.
 fn greedy(ckpt: &Checkpoint, prompt: &[u32], steps: usize) -> Vec<u32> {
-    let exec = Executor::with_profiling(vec![Box::new(CpuDevice::new())], false);
+    let exec = Executor::with_profiling(
+        vec![Box::new(
+            CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has"),
+        )],
+        false,
+    );
     let mut model = Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
     let mut logits = model.forward(&exec, prompt, 0, Logits::Last).unwrap();
     let mut out = Vec::new();

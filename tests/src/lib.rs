@@ -19,7 +19,12 @@ pub fn data(rel: &str) -> PathBuf {
 
 /// An executor with the CPU device, profiling off.
 pub fn cpu_executor() -> Executor {
-    Executor::with_profiling(vec![Box::new(CpuDevice::new())], false)
+    Executor::with_profiling(
+        vec![Box::new(
+            CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has"),
+        )],
+        false,
+    )
 }
 
 /// `stories260K_reference.json` (generated with HF transformers, see SOURCES.md).

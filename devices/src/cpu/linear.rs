@@ -4,72 +4,23 @@
 //! (`n > 1`) reuses each widened weight row for all `n` input rows while it sits in L1.
 //! Work is split over blocks of weight rows (output features).
 //!
-//! Quantised weights (int8, int4) are dotted against the input rows quantised to int8
-//! blocks once per call, with integer inner products (`quant_dot.rs`).
+//! Quantised weights (int8, int4) go to the integer kernels of `qlinear`.
 
 use std::borrow::Cow;
 
-use flm_core::quant::{self, ActBlock, BLOCK};
-use flm_core::{Data, DataType, Result};
+use flm_core::{quant, Data, Result};
 use rayon::prelude::*;
 
-use super::quant_dot::{dot_i4, dot_i8};
+use super::qlinear::{self, QuantWeight};
 use super::weights::{dot, Rows};
-use super::{shape_err, PARALLEL_MIN_WORK};
-
-/// How one output value is computed from a weight row and an input row.
-enum RowDot<'a> {
-    /// Float weights, widened to f32.
-    Float(Rows<'a>),
-    /// Quantised rows of `row_bytes` against `acts`: `blocks` activation blocks per input
-    /// row.
-    Quant {
-        dtype: DataType,
-        bytes: &'a [u8],
-        row_bytes: usize,
-        acts: Vec<ActBlock>,
-        blocks: usize,
-    },
-}
-
-impl<'a> RowDot<'a> {
-    fn new(weight: &'a Data, x: &[f32], n: usize, k: usize) -> Result<RowDot<'a>> {
-        let (dtype, bytes, row_bytes) = match Rows::new(weight)? {
-            Rows::Quant {
-                dtype,
-                bytes,
-                row_bytes,
-            } => (dtype, bytes, row_bytes),
-            rows => return Ok(RowDot::Float(rows)),
-        };
-        let blocks = quant::padded_cols(dtype, k) / BLOCK;
-        let zero = ActBlock {
-            d: 0.0,
-            sum: 0,
-            qs: [0; BLOCK],
-        };
-        let mut acts = Vec::with_capacity(n * blocks);
-        let mut row = Vec::new();
-        for xi in x.chunks_exact(k) {
-            quant::quantize_activations(xi, &mut row);
-            row.resize(blocks, zero);
-            acts.extend_from_slice(&row);
-        }
-        Ok(RowDot::Quant {
-            dtype,
-            bytes,
-            row_bytes,
-            acts,
-            blocks,
-        })
-    }
-}
+use super::{shape_err, Isa, PARALLEL_MIN_WORK};
 
 /// Output features per parallel task.
 const ROWS_PER_TASK: usize = 16;
 
 /// `output[n, m] = input[n, k] · weight[m, k]ᵀ + bias[m]` (see [`flm_core::Op::Linear`]).
 pub(crate) fn linear(
+    isa: Isa,
     input: &Data,
     weight: &Data,
     bias: Option<&Data>,
@@ -99,13 +50,28 @@ pub(crate) fn linear(
         return Ok(());
     }
     let x = input.as_f32()?;
-    let w = RowDot::new(weight, x, n, k)?;
     let bias: Option<Cow<'_, [f32]>> = bias.map(|b| match b.as_f32() {
         Ok(v) => Cow::Borrowed(v),
         Err(_) => Cow::Owned(b.to_f32_vec()),
     });
     let bias = bias.as_deref();
     let out = output.as_f32_mut()?;
+    let rows = match Rows::new(weight)? {
+        Rows::Quant {
+            dtype,
+            bytes,
+            row_bytes,
+        } => {
+            let w = QuantWeight {
+                dtype,
+                bytes,
+                row_bytes,
+                kp: quant::padded_cols(dtype, k),
+            };
+            return qlinear::linear(isa, &w, x, n, k, bias, out);
+        }
+        rows => rows,
+    };
 
     // Each task fills `yt[j, i]` (the transposed output) for its block of rows j.
     let block = |j0: usize, yt: &mut [f32]| {
@@ -113,29 +79,9 @@ pub(crate) fn linear(
         for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
             let j = j0 + dj;
             let b = bias.map_or(0.0, |b| b[j]);
-            match &w {
-                RowDot::Float(rows) => {
-                    let row = rows.row(j, k, &mut buf);
-                    for (i, y) in ys.iter_mut().enumerate() {
-                        *y = dot(&x[i * k..(i + 1) * k], row) + b;
-                    }
-                }
-                RowDot::Quant {
-                    dtype,
-                    bytes,
-                    row_bytes,
-                    acts,
-                    blocks,
-                } => {
-                    let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
-                    for (i, y) in ys.iter_mut().enumerate() {
-                        let a = &acts[i * blocks..(i + 1) * blocks];
-                        *y = b + match dtype.group_size() {
-                            Some(g) => dot_i4(g, row, a),
-                            None => dot_i8(row, a),
-                        };
-                    }
-                }
+            let row = rows.row(j, k, &mut buf);
+            for (i, y) in ys.iter_mut().enumerate() {
+                *y = dot(&x[i * k..(i + 1) * k], row) + b;
             }
         }
     };

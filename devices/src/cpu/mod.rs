@@ -9,25 +9,51 @@ mod activation;
 mod attention;
 mod elementwise;
 mod embedding;
+mod isa;
 mod linear;
 mod norm;
-mod quant_dot;
+mod qlinear;
 mod rope;
 mod weights;
 
 use flm_core::{BaseDevice, DataType, Error, Op, Result};
 
+pub use isa::Isa;
+
 /// Ops with fewer multiply-adds than this run on one thread.
 pub const PARALLEL_MIN_WORK: usize = 1 << 17;
 
-/// The CPU device: supports every op whose activations are f32.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuDevice;
+/// The CPU device: supports every op whose activations are f32. Its kernels use one
+/// instruction-set level ([`Isa`]), chosen when it is created.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuDevice {
+    isa: Isa,
+}
 
 impl CpuDevice {
-    /// A CPU device using the global rayon thread pool.
-    pub fn new() -> CpuDevice {
-        CpuDevice
+    /// A CPU device using the global rayon thread pool and the level `FLM_CPU_ISA` names,
+    /// or the best this CPU has.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `FLM_CPU_ISA` names an unknown level or one
+    /// this CPU lacks.
+    pub fn new() -> Result<CpuDevice> {
+        CpuDevice::with_isa(Isa::from_env()?)
+    }
+
+    /// A CPU device whose kernels use `isa`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when this CPU lacks `isa`.
+    pub fn with_isa(isa: Isa) -> Result<CpuDevice> {
+        if isa.is_supported() {
+            Ok(CpuDevice { isa })
+        } else {
+            Err(Error::InvalidArgument(format!("this CPU lacks {isa}")))
+        }
+    }
+
+    /// The instruction-set level of the kernels.
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 }
 
@@ -79,7 +105,7 @@ impl BaseDevice for CpuDevice {
                 weight,
                 bias,
                 output,
-            } => linear::linear(input, weight, bias, output),
+            } => linear::linear(self.isa, input, weight, bias, output),
             Op::Rope {
                 x,
                 table,

@@ -22,7 +22,12 @@ pub const EPS: f64 = f32::EPSILON as f64;
 
 /// An executor holding only the CPU device, profiling off.
 pub fn executor() -> Executor {
-    Executor::with_profiling(vec![Box::new(flm_devices::CpuDevice::new())], false)
+    Executor::with_profiling(
+        vec![Box::new(
+            flm_devices::CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has"),
+        )],
+        false,
+    )
 }
 
 /// Runs one op on a fresh CPU executor.

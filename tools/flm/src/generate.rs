@@ -87,7 +87,7 @@ pub fn generate(
     sampler: SamplerConfig,
     options: &Options,
 ) -> Result<Stats> {
-    let exec = Executor::new(vec![Box::new(CpuDevice::new())]);
+    let exec = Executor::new(vec![Box::new(CpuDevice::new()?)]);
     let mut sampler = Sampler::new(sampler)?;
     let mut tokens = tokenizer
         .encode(prompt, true)

@@ -182,7 +182,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let ctx = args
         .ctx
         .unwrap_or_else(|| model.config().max_seq_len.min(512));
-    let exec = flm_core::Executor::new(vec![Box::new(flm_devices::CpuDevice::new())]);
+    let exec = flm_core::Executor::new(vec![Box::new(flm_devices::CpuDevice::new()?)]);
     let start = std::time::Instant::now();
     let result = flm_models::eval::teacher_forced(&mut model, &exec, &tokens, ctx)?;
     let secs = start.elapsed().as_secs_f64();

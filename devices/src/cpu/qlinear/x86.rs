@@ -1,0 +1,405 @@
+//! x86-64 int8 and int4 micro-kernels.
+//!
+//! Each kernel computes a tile of `R` weight rows × `T` input rows, loading (and for int4
+//! unpacking) each weight vector once for the `T` inputs. Per chunk of the row it forms
+//! exact int32 dot products of 4 adjacent byte pairs per lane, converts them to f32 and
+//! accumulates them scaled by the block scales of the lane:
+//! - int4: the codes `0..15` are the unsigned operand of `vpdpbusd` / `vpmaddubsw`
+//!   (`15·127·2` fits the i16 of `vpmaddubsw`), the activations the signed one;
+//! - int8 with VNNI: the codes are made unsigned by flipping their sign bit
+//!   (`q + 128`), and `128 · Σ_b a_b Σ q_x` is subtracted at the end (the codes' offset
+//!   times the input's block sums, which [`Acts`] holds);
+//! - int8 with AVX2: `vpmaddubsw(|q_w|, sign(q_x, q_w))`, as ggml's `mul_sum_i8_pairs`.
+
+// Tiles index several register arrays by row and input in one loop body.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use flm_core::DataType;
+
+use super::{Acts, QuantWeight};
+use crate::cpu::Isa;
+
+/// Weight rows per full tile.
+const TILE_ROWS: usize = 4;
+
+/// See [`super::rows`]. The caller guarantees that the CPU supports `isa`.
+pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    let n = acts.n;
+    let m = yt.len() / n;
+    let max_t = if isa == Isa::Avx512 { 4 } else { 2 };
+    let mut j = 0;
+    while j < m {
+        let r = if m - j >= TILE_ROWS { TILE_ROWS } else { 1 };
+        let mut i = 0;
+        while i < n {
+            let t = (n - i).min(max_t);
+            let mut out = [[0.0f32; 4]; TILE_ROWS];
+            let tile = Tile {
+                w,
+                j: j0 + j,
+                acts,
+                i,
+            };
+            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+            unsafe { tile.run(isa, r, t, &mut out) };
+            for (dr, row) in out.iter().take(r).enumerate() {
+                yt[(j + dr) * n + i..][..t].copy_from_slice(&row[..t]);
+            }
+            i += t;
+        }
+        j += r;
+    }
+}
+
+/// One tile: weight rows from `j`, input rows from `i`.
+struct Tile<'a> {
+    w: &'a QuantWeight<'a>,
+    j: usize,
+    acts: &'a Acts,
+    i: usize,
+}
+
+macro_rules! by_tile {
+    ($self:ident, $kernel:ident, $r:expr, $t:expr, $out:ident) => {
+        match ($r, $t) {
+            (1, 1) => $self.$kernel::<1, 1>($out),
+            (1, 2) => $self.$kernel::<1, 2>($out),
+            (1, 3) => $self.$kernel::<1, 3>($out),
+            (1, _) => $self.$kernel::<1, 4>($out),
+            (_, 1) => $self.$kernel::<4, 1>($out),
+            (_, 2) => $self.$kernel::<4, 2>($out),
+            (_, 3) => $self.$kernel::<4, 3>($out),
+            (_, _) => $self.$kernel::<4, 4>($out),
+        }
+    };
+}
+
+macro_rules! by_tile_avx2 {
+    ($self:ident, $kernel:ident, $vnni:literal, $r:expr, $t:expr, $out:ident) => {
+        match ($r, $t) {
+            (1, 1) => $self.$kernel::<1, 1, $vnni>($out),
+            (1, _) => $self.$kernel::<1, 2, $vnni>($out),
+            (_, 1) => $self.$kernel::<4, 1, $vnni>($out),
+            (_, _) => $self.$kernel::<4, 2, $vnni>($out),
+        }
+    };
+}
+
+/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values.
+#[inline(always)]
+unsafe fn dot_f16_f32_avx2(m: *const u8, g: &[f32]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let full = g.len() / 8;
+    for c in 0..full {
+        let mv = _mm256_cvtph_ps(_mm_loadu_si128(m.add(16 * c) as *const __m128i));
+        acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(g.as_ptr().add(8 * c)), acc);
+    }
+    let rest = g.len() - 8 * full;
+    if rest > 0 {
+        let mut mb = [0u16; 8];
+        let mut gb = [0f32; 8];
+        std::ptr::copy_nonoverlapping(m.add(16 * full), mb.as_mut_ptr() as *mut u8, 2 * rest);
+        gb[..rest].copy_from_slice(&g[8 * full..]);
+        let mv = _mm256_cvtph_ps(_mm_loadu_si128(mb.as_ptr() as *const __m128i));
+        acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(gb.as_ptr()), acc);
+    }
+    hsum256(acc)
+}
+
+#[inline(always)]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Loads `count` (1 to 4) f16 values at `p` as the low lanes of an f32 vector (the other
+/// lanes zero).
+#[inline(always)]
+unsafe fn load_f16x4(p: *const u8, count: usize) -> __m128 {
+    let v = match count {
+        4 => _mm_loadl_epi64(p as *const __m128i),
+        2 => _mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)),
+        1 => _mm_cvtsi32_si128(i32::from(std::ptr::read_unaligned(p as *const u16))),
+        _ => {
+            let mut b = [0u16; 8];
+            std::ptr::copy_nonoverlapping(p, b.as_mut_ptr() as *mut u8, 2 * count);
+            _mm_loadu_si128(b.as_ptr() as *const __m128i)
+        }
+    };
+    _mm_cvtph_ps(v)
+}
+
+/// `vpdpbusd` on 256 bits, or its AVX2 equivalent (`vpmaddubsw` then `vpmaddwd` with ones),
+/// valid while `u · s` pair sums fit in i16.
+#[inline(always)]
+unsafe fn dot_u8_i8<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    } else {
+        let ones = _mm256_set1_epi16(1);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones))
+    }
+}
+
+impl Tile<'_> {
+    /// Runs the tile of `r` (1 or 4) weight rows × `t` input rows, writing `out[..r][..t]`.
+    ///
+    /// # Safety
+    /// The CPU must support `isa`, one of the x86 levels.
+    unsafe fn run(&self, isa: Isa, r: usize, t: usize, out: &mut [[f32; 4]; TILE_ROWS]) {
+        let int8 = self.w.dtype == DataType::I8;
+        match (isa, int8) {
+            (Isa::Avx512, true) => by_tile!(self, i8_avx512, r, t, out),
+            (Isa::Avx512, false) => by_tile!(self, i4_avx512, r, t, out),
+            (Isa::AvxVnni, true) => by_tile_avx2!(self, i8_avxvnni, true, r, t, out),
+            (Isa::AvxVnni, false) => by_tile_avx2!(self, i4_avxvnni, true, r, t, out),
+            (_, true) => by_tile_avx2!(self, i8_avx2, false, r, t, out),
+            (_, false) => by_tile_avx2!(self, i4_avx2, false, r, t, out),
+        }
+    }
+
+    fn rows<const R: usize>(&self) -> [&[u8]; R] {
+        std::array::from_fn(|r| self.w.row(self.j + r))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn i8_avx512<const R: usize, const T: usize>(&self, out: &mut [[f32; 4]; TILE_ROWS]) {
+        let kp = self.w.kp;
+        let rows = self.rows::<R>();
+        let flip = _mm512_set1_epi8(-128);
+        let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        for c in 0..kp.div_ceil(64) {
+            let mask: __mmask64 = if kp - 64 * c >= 64 { !0 } else { (1 << 32) - 1 };
+            let wv: [__m512i; R] = std::array::from_fn(|r| {
+                let p = rows[r].as_ptr().add(4 + 64 * c) as *const i8;
+                _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, p), flip)
+            });
+            for t in 0..T {
+                let i = self.i + t;
+                let a = _mm512_loadu_si512(self.acts.row_qs(i).as_ptr().add(64 * c) as *const _);
+                let d = self.acts.row_d(i).as_ptr().add(2 * c);
+                let dv = _mm512_permutexvar_ps(
+                    idx,
+                    _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(d as *const f64))),
+                );
+                for r in 0..R {
+                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], a);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dv, acc[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            let s = f32::from_le_bytes([rows[r][0], rows[r][1], rows[r][2], rows[r][3]]);
+            for t in 0..T {
+                let offset = 128.0 * self.acts.row_gsum(self.i + t)[0];
+                out[r][t] = s * (_mm512_reduce_add_ps(acc[r][t]) - offset);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn i4_avx512<const R: usize, const T: usize>(&self, out: &mut [[f32; 4]; TILE_ROWS]) {
+        let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(32));
+        let groups = kp / g;
+        let rows = self.rows::<R>();
+        let low = _mm512_set1_epi8(0x0f);
+        let idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        let gidx = match g {
+            32 => idx4,
+            64 => _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+            _ => _mm512_setzero_si512(),
+        };
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        for c in 0..kp.div_ceil(128) {
+            let rest = (kp - 128 * c).min(128);
+            let mask: __mmask64 = if rest == 128 {
+                !0
+            } else {
+                (1 << (rest / 2)) - 1
+            };
+            let (g0, gn) = (128 * c / g, rest.div_ceil(g));
+            let mut lo = [_mm512_setzero_si512(); R];
+            let mut hi = [_mm512_setzero_si512(); R];
+            let mut dw = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                let p = rows[r].as_ptr().add(64 * c) as *const i8;
+                let v = _mm512_maskz_loadu_epi8(mask, p);
+                lo[r] = _mm512_and_si512(v, low);
+                hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                let ds = load_f16x4(rows[r].as_ptr().add(kp / 2 + 2 * g0), gn);
+                dw[r] = _mm512_permutexvar_ps(gidx, _mm512_castps128_ps512(ds));
+            }
+            for t in 0..T {
+                let i = self.i + t;
+                let a = self.acts.row_qs(i).as_ptr().add(128 * c);
+                let alo = _mm512_loadu_si512(a as *const _);
+                let ahi = _mm512_loadu_si512(a.add(64) as *const _);
+                let d = _mm_loadu_ps(self.acts.row_d(i).as_ptr().add(4 * c));
+                let da = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(d));
+                for r in 0..R {
+                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], alo);
+                    let p = _mm512_dpbusd_epi32(p, hi[r], ahi);
+                    let s = _mm512_mul_ps(dw[r], da);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            let ms = rows[r].as_ptr().add(kp / 2 + 2 * groups);
+            for t in 0..T {
+                let gsum = self.acts.row_gsum(self.i + t);
+                out[r][t] = _mm512_reduce_add_ps(acc[r][t]) + dot_f16_f32_avx2(ms, gsum);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn i8_avx2<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        self.i8_avx2_body::<R, T, VNNI>(out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn i8_avxvnni<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        self.i8_avx2_body::<R, T, VNNI>(out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn i4_avx2<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        self.i4_avx2_body::<R, T, VNNI>(out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn i4_avxvnni<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        self.i4_avx2_body::<R, T, VNNI>(out)
+    }
+
+    /// int8 on 256 bits: one block per step.
+    #[inline(always)]
+    unsafe fn i8_avx2_body<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        let kp = self.w.kp;
+        let rows = self.rows::<R>();
+        let flip = _mm256_set1_epi8(-128);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for b in 0..kp / 32 {
+            let wv: [__m256i; R] = std::array::from_fn(|r| {
+                _mm256_loadu_si256(rows[r].as_ptr().add(4 + 32 * b) as *const __m256i)
+            });
+            for t in 0..T {
+                let i = self.i + t;
+                let a = _mm256_loadu_si256(self.acts.row_qs(i).as_ptr().add(32 * b) as *const _);
+                let dv = _mm256_set1_ps(self.acts.row_d(i)[b]);
+                for r in 0..R {
+                    let zero = _mm256_setzero_si256();
+                    let p = if VNNI {
+                        dot_u8_i8::<true>(zero, _mm256_xor_si256(wv[r], flip), a)
+                    } else {
+                        let sa = _mm256_sign_epi8(a, wv[r]);
+                        dot_u8_i8::<false>(zero, _mm256_abs_epi8(wv[r]), sa)
+                    };
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dv, acc[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            let s = f32::from_le_bytes([rows[r][0], rows[r][1], rows[r][2], rows[r][3]]);
+            for t in 0..T {
+                let offset = if VNNI {
+                    128.0 * self.acts.row_gsum(self.i + t)[0]
+                } else {
+                    0.0
+                };
+                out[r][t] = s * (hsum256(acc[r][t]) - offset);
+            }
+        }
+    }
+
+    /// int4 on 256 bits: 64 values (two blocks) per step.
+    #[inline(always)]
+    unsafe fn i4_avx2_body<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(32));
+        let groups = kp / g;
+        let rows = self.rows::<R>();
+        let low = _mm256_set1_epi8(0x0f);
+        let idx2 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+        let gidx = if g == 32 {
+            idx2
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for c in 0..kp.div_ceil(64) {
+            let rest = (kp - 64 * c).min(64);
+            let (g0, gn) = (64 * c / g, rest.div_ceil(g));
+            let mut lo = [_mm256_setzero_si256(); R];
+            let mut hi = [_mm256_setzero_si256(); R];
+            let mut dw = [_mm256_setzero_ps(); R];
+            for r in 0..R {
+                let p = rows[r].as_ptr().add(32 * c);
+                let v = if rest == 64 {
+                    _mm256_loadu_si256(p as *const __m256i)
+                } else {
+                    _mm256_zextsi128_si256(_mm_loadu_si128(p as *const __m128i))
+                };
+                lo[r] = _mm256_and_si256(v, low);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                let ds = load_f16x4(rows[r].as_ptr().add(kp / 2 + 2 * g0), gn);
+                dw[r] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(ds), gidx);
+            }
+            for t in 0..T {
+                let i = self.i + t;
+                let a = self.acts.row_qs(i).as_ptr().add(64 * c);
+                let alo = _mm256_loadu_si256(a as *const __m256i);
+                let ahi = _mm256_loadu_si256(a.add(32) as *const __m256i);
+                let d = self.acts.row_d(i).as_ptr().add(2 * c);
+                let d = _mm_castpd_ps(_mm_load_sd(d as *const f64));
+                let da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), idx2);
+                for r in 0..R {
+                    let zero = _mm256_setzero_si256();
+                    let p = if VNNI {
+                        dot_u8_i8::<true>(dot_u8_i8::<true>(zero, lo[r], alo), hi[r], ahi)
+                    } else {
+                        // Both products fit in i16 (|15·127·2| ≤ 3810), so add them first.
+                        let ones = _mm256_set1_epi16(1);
+                        let s = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo[r], alo),
+                            _mm256_maddubs_epi16(hi[r], ahi),
+                        );
+                        _mm256_madd_epi16(s, ones)
+                    };
+                    let s = _mm256_mul_ps(dw[r], da);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            let ms = rows[r].as_ptr().add(kp / 2 + 2 * groups);
+            for t in 0..T {
+                let gsum = self.acts.row_gsum(self.i + t);
+                out[r][t] = hsum256(acc[r][t]) + dot_f16_f32_avx2(ms, gsum);
+            }
+        }
+    }
+}
