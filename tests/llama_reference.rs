@@ -82,12 +82,20 @@ fn teacher_forced_logits_match_within_1e_4() {
     for rel in MODELS {
         // Prefill of all 8 tokens in one pass.
         let mut model = load(rel);
-        let all = model.forward(&exec, &input, 0, Logits::All).unwrap();
+        let all = model
+            .forward(&exec, &input, 0, Logits::All)
+            .unwrap()
+            .to_vec();
         // The same positions one token at a time through the KV cache.
         let mut stepped = Vec::new();
         let mut model = load(rel);
         for (pos, &tok) in input.iter().enumerate() {
-            stepped.extend(model.forward(&exec, &[tok], pos, Logits::Last).unwrap());
+            stepped.extend(
+                model
+                    .forward(&exec, &[tok], pos, Logits::Last)
+                    .unwrap()
+                    .iter(),
+            );
         }
         for got in [&all, &stepped] {
             assert_eq!(got.len(), expected.len());

@@ -178,6 +178,8 @@ pub struct Llama {
     rope: RopeTable,
     kv: KvCache,
     state: RunState,
+    /// Logits of every row of a multi-chunk [`Logits::All`] call.
+    all_logits: Vec<f32>,
 }
 
 fn check_shape(name: &str, data: &Data, shape: &[usize]) -> Result<()> {
@@ -258,6 +260,7 @@ impl Llama {
             rope,
             kv,
             state,
+            all_logits: Vec::new(),
         })
     }
 
@@ -274,7 +277,8 @@ impl Llama {
     /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()`, reading keys and
     /// values of positions `< start_pos` from the KV cache (written by earlier calls) and
     /// storing the new ones. Returns the logits: `[vocab_size]` for [`Logits::Last`],
-    /// `[tokens.len() · vocab_size]` (row-major) for [`Logits::All`].
+    /// `[tokens.len() · vocab_size]` (row-major) for [`Logits::All`], borrowed from buffers the
+    /// model reuses, so that decoding allocates nothing per token.
     ///
     /// Errors: a token id outside the vocabulary, no tokens, or `start_pos + tokens.len()`
     /// beyond the context length (nothing is computed in those cases); device errors.
@@ -284,7 +288,7 @@ impl Llama {
         tokens: &[u32],
         start_pos: usize,
         logits: Logits,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<&[f32]> {
         let vocab_size = self.config.vocab_size;
         if tokens.is_empty() {
             return Err(Error::Config("forward needs at least one token".into()));
@@ -301,27 +305,31 @@ impl Llama {
             .into());
         }
         let chunk = PREFILL_CHUNK.min(self.config.max_seq_len);
-        let mut out = Vec::new();
-        for (c, part) in tokens.chunks(chunk).enumerate() {
-            let is_last = (c + 1) * chunk >= tokens.len();
-            if logits == Logits::All || is_last {
-                let rows = self.forward_chunk(exec, part, start_pos + c * chunk, logits)?;
-                out.extend_from_slice(rows);
-            } else {
+        let parts = tokens.len().div_ceil(chunk);
+        if logits == Logits::Last || parts == 1 {
+            for (c, part) in tokens.chunks(chunk).enumerate().take(parts - 1) {
                 self.forward_chunk(exec, part, start_pos + c * chunk, Logits::Last)?;
             }
+            let last = (parts - 1) * chunk;
+            self.forward_chunk(exec, &tokens[last..], start_pos + last, logits)?;
+            return Ok(self.state.logits.as_f32()?);
         }
-        Ok(out)
+        self.all_logits.clear();
+        for (c, part) in tokens.chunks(chunk).enumerate() {
+            self.forward_chunk(exec, part, start_pos + c * chunk, Logits::All)?;
+            self.all_logits
+                .extend_from_slice(self.state.logits.as_f32()?);
+        }
+        Ok(&self.all_logits)
     }
 
-    /// One pass over at most [`PREFILL_CHUNK`] tokens.
     fn forward_chunk(
         &mut self,
         exec: &Executor,
         tokens: &[u32],
         pos: usize,
         logits: Logits,
-    ) -> Result<&[f32]> {
+    ) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
         let s = &mut self.state;
@@ -442,7 +450,6 @@ impl Llama {
             output: &mut s.xb,
         })?;
         s.logits.set_shape(&[rows, c.vocab_size])?;
-        linear(&s.xb, classifier, &mut s.logits)?;
-        Ok(s.logits.as_f32()?)
+        linear(&s.xb, classifier, &mut s.logits).map_err(Error::from)
     }
 }

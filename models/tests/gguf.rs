@@ -114,7 +114,8 @@ fn logits_error(model_rel: &str, expected: &str) -> (f32, bool) {
     let expected = logits_file(expected);
     let got = model(model_rel)
         .forward(&exec(), &input, 0, Logits::All)
-        .unwrap();
+        .unwrap()
+        .to_vec();
     assert_eq!(got.len(), expected.len());
     let err = got.iter().zip(&expected).map(|(a, b)| (a - b).abs());
     let same = got
