@@ -2,7 +2,8 @@
 //! quantised to int8 on the fly, as FastLLM and ggml compute them.
 //!
 //! Each input row is quantised once per call, in blocks of [`BLOCK`] values with scale
-//! `a = max|x| / 127` and codes `q_x = round(x / a)` (ggml's `quantize_row_q8_0`), into an
+//! `a = max|x| / 127` and codes `q_x = x · (1/a)` rounded to nearest (ggml's
+//! `quantize_row_q8_0`, with ties to even), into an
 //! [`Acts`] laid out for the kernel family that will read it. An output is then
 //! `s · Σ_b a_b Σ q_w q_x` (int8, per-channel scale `s`) or
 //! `Σ_b d_g a_b Σ q_w q_x + Σ_g m_g Σ_{b ∈ g} a_b Σ q_x` (int4, group scale `d_g`, minimum
@@ -51,11 +52,20 @@ pub(crate) struct Acts {
 
 impl Acts {
     /// Quantises `x` (`n` rows of `k`) for weights with `kp` padded columns and groups of
-    /// `group` columns, in `layout`.
-    fn quantize(&mut self, x: &[f32], n: usize, k: usize, kp: usize, group: usize, layout: Layout) {
-        let Layout { split, pad_blocks } = layout;
-        let chunk_blocks = 2 * split / BLOCK;
-        let blocks = (kp / BLOCK).div_ceil(pad_blocks) * pad_blocks;
+    /// `group` columns, in `layout`, with code compiled for `isa` (the same arithmetic at
+    /// every level, so the result does not depend on it).
+    #[allow(clippy::too_many_arguments)]
+    fn quantize(
+        &mut self,
+        isa: Isa,
+        x: &[f32],
+        n: usize,
+        k: usize,
+        kp: usize,
+        group: usize,
+        layout: Layout,
+    ) {
+        let blocks = (kp / BLOCK).div_ceil(layout.pad_blocks) * layout.pad_blocks;
         let groups = kp / group;
         self.n = n;
         self.blocks = blocks;
@@ -66,32 +76,19 @@ impl Acts {
         self.d.resize(n * blocks, 0.0);
         self.gsum.clear();
         self.gsum.resize(n * groups, 0.0);
-        let per_group = group / BLOCK;
-        for i in 0..n {
-            let xr = &x[i * k..(i + 1) * k];
-            let qs = &mut self.qs[i * blocks * BLOCK..(i + 1) * blocks * BLOCK];
-            let ds = &mut self.d[i * blocks..(i + 1) * blocks];
-            let gs = &mut self.gsum[i * groups..(i + 1) * groups];
-            for (b, values) in xr.chunks(BLOCK).enumerate() {
-                let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let d = amax / 127.0;
-                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                let (c, j) = (b / chunk_blocks, b % chunk_blocks);
-                let base = c * 2 * split + j * 16;
-                let mut sum = 0i32;
-                for (t, &v) in values.iter().enumerate() {
-                    let q = (v * inv).round() as i8;
-                    sum += i32::from(q);
-                    let at = if t < 16 {
-                        base + t
-                    } else {
-                        base + split + t - 16
-                    };
-                    qs[at] = q;
-                }
-                ds[b] = d;
-                gs[b / per_group] += d * sum as f32;
-            }
+        let rows = QuantRows {
+            x,
+            k,
+            per_group: group / BLOCK,
+            split: layout.split,
+        };
+        match isa {
+            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { rows.run_avx512(self) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::AvxVnni => unsafe { rows.run_avx2(self) },
+            _ => rows.run(self),
         }
     }
 
@@ -108,6 +105,108 @@ impl Acts {
     /// Group sums of row `i`.
     pub fn row_gsum(&self, i: usize) -> &[f32] {
         &self.gsum[i * self.groups..(i + 1) * self.groups]
+    }
+}
+
+/// The input of [`Acts::quantize`].
+struct QuantRows<'a> {
+    x: &'a [f32],
+    k: usize,
+    per_group: usize,
+    split: usize,
+}
+
+/// `x` rounded to the nearest integer (ties to even), for `|x| < 2²²`: adding `1.5·2²³`
+/// leaves the integer in the low mantissa bits. Bit operations only, so it vectorises
+/// where `round` and a saturating `as i32` would not.
+#[inline(always)]
+fn round_to_i32(x: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
+}
+
+/// Quantises up to 32 values into the 16 low and 16 high codes of a block (zeros past
+/// `values.len()`); returns the scale `a = max|x| / 127` and `Σ q`. The SIMD versions in
+/// `x86` compute the same bits (`cvtps2dq` also rounds to nearest, ties to even).
+#[inline(always)]
+fn quantize_block(values: &[f32], lo: &mut [i8], hi: &mut [i8]) -> (f32, i32) {
+    let mut v = [0.0f32; BLOCK];
+    v[..values.len()].copy_from_slice(values);
+    let mut lanes = [0.0f32; 8];
+    for c in v.chunks_exact(8) {
+        for (m, x) in lanes.iter_mut().zip(c) {
+            let a = x.abs();
+            *m = if a > *m { a } else { *m };
+        }
+    }
+    let amax = lanes.iter().fold(0.0f32, |m, &x| if x > m { x } else { m });
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0i32; BLOCK];
+    for (q, x) in q.iter_mut().zip(&v) {
+        *q = round_to_i32(x * inv);
+    }
+    for (o, q) in lo.iter_mut().zip(&q[..16]) {
+        *o = *q as i8;
+    }
+    for (o, q) in hi.iter_mut().zip(&q[16..]) {
+        *o = *q as i8;
+    }
+    (d, q.iter().sum())
+}
+
+impl QuantRows<'_> {
+    /// Fills `acts` with `block` quantising each block of 32 values.
+    #[inline(always)]
+    fn run_with(
+        &self,
+        acts: &mut Acts,
+        block: impl Fn(&[f32], &mut [i8], &mut [i8]) -> (f32, i32),
+    ) {
+        let (blocks, groups, split) = (acts.blocks, acts.groups, self.split);
+        // Chunk and int4 group sizes are powers of two; int8 has one group per row.
+        let chunk_shift = (2 * split / BLOCK).trailing_zeros();
+        let group_shift = if groups == 1 {
+            usize::BITS - 1
+        } else {
+            self.per_group.trailing_zeros()
+        };
+        for i in 0..acts.n {
+            let xr = &self.x[i * self.k..(i + 1) * self.k];
+            let qs = &mut acts.qs[i * blocks * BLOCK..(i + 1) * blocks * BLOCK];
+            let ds = &mut acts.d[i * blocks..(i + 1) * blocks];
+            let gs = &mut acts.gsum[i * groups..(i + 1) * groups];
+            for (b, values) in xr.chunks(BLOCK).enumerate() {
+                let within = b & ((1 << chunk_shift) - 1);
+                let base = (b >> chunk_shift) * 2 * split + within * 16;
+                let (head, tail) = qs.split_at_mut(base + split);
+                let (d, sum) = block(values, &mut head[base..base + 16], &mut tail[..16]);
+                ds[b] = d;
+                gs[b >> group_shift] += d * sum as f32;
+            }
+        }
+    }
+
+    fn run(&self, acts: &mut Acts) {
+        self.run_with(acts, quantize_block)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, acts: &mut Acts) {
+        // SAFETY: the caller guarantees AVX2.
+        self.run_with(acts, |v, lo, hi| unsafe {
+            x86::quantize_block_avx2(v, lo, hi)
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    unsafe fn run_avx512(&self, acts: &mut Acts) {
+        // SAFETY: the caller guarantees AVX-512.
+        self.run_with(acts, |v, lo, hi| unsafe {
+            x86::quantize_block_avx512(v, lo, hi)
+        })
     }
 }
 
@@ -192,7 +291,7 @@ pub(crate) fn linear(
         ));
     }
     SCRATCH.with_borrow_mut(|(acts, yt)| {
-        acts.quantize(x, n, k, w.kp, group, Layout::of(isa, w.dtype));
+        acts.quantize(isa, x, n, k, w.kp, group, Layout::of(isa, w.dtype));
         let acts = &*acts;
         let parallel = n * m * k >= PARALLEL_MIN_WORK;
         let target: &mut [f32] = if n == 1 {
@@ -237,9 +336,9 @@ mod tests {
         let x: Vec<f32> = (0..128).map(|i| i as f32 - 60.0).collect();
         let mut natural = Acts::default();
         let layout = |split, pad_blocks| Layout { split, pad_blocks };
-        natural.quantize(&x, 1, 128, 128, 128, layout(16, 1));
+        natural.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(16, 1));
         let mut split = Acts::default();
-        split.quantize(&x, 1, 128, 128, 128, layout(64, 4));
+        split.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(64, 4));
         for b in 0..4 {
             for t in 0..16 {
                 assert_eq!(split.qs[b * 16 + t], natural.qs[b * 32 + t]);
@@ -248,5 +347,46 @@ mod tests {
         }
         assert_eq!(split.d, natural.d);
         assert_eq!(split.gsum, natural.gsum);
+    }
+
+    #[test]
+    fn every_level_quantises_blocks_to_the_same_bits() {
+        let mut seed = 1u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        };
+        for len in [1, 5, 15, 16, 17, 31, 32] {
+            for scale in [0.0, 1e-3, 1.0, 300.0] {
+                let v: Vec<f32> = (0..len).map(|_| next() * scale).collect();
+                let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
+                let want = (quantize_block(&v, &mut lo, &mut hi), lo, hi);
+                #[cfg(target_arch = "x86_64")]
+                for isa in [Isa::Avx2, Isa::Avx512] {
+                    if !isa.is_supported() {
+                        continue;
+                    }
+                    let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
+                    // SAFETY: the level is supported.
+                    let got = unsafe {
+                        match isa {
+                            Isa::Avx512 => x86::quantize_block_avx512(&v, &mut lo, &mut hi),
+                            _ => x86::quantize_block_avx2(&v, &mut lo, &mut hi),
+                        }
+                    };
+                    assert_eq!((got, lo, hi), want, "{isa} len {len} scale {scale}");
+                }
+                let (d, sum) = want.0;
+                for (i, &x) in v.iter().enumerate() {
+                    let q = if i < 16 { want.1[i] } else { want.2[i - 16] };
+                    assert!(
+                        (q as f32 * d - x).abs() <= d / 2.0 * 1.0001,
+                        "{x} vs {q}·{d}"
+                    );
+                }
+                let codes = want.1.iter().chain(&want.2).map(|&q| i32::from(q));
+                assert_eq!(sum, codes.sum::<i32>());
+            }
+        }
     }
 }

@@ -21,6 +21,9 @@ use flm_core::DataType;
 use super::{Acts, QuantWeight};
 use crate::cpu::Isa;
 
+/// How many weight rows ahead of each row's loads to prefetch.
+const PREFETCH_ROWS: usize = 4;
+
 /// Weight rows per full tile.
 const TILE_ROWS: usize = 4;
 
@@ -85,6 +88,78 @@ macro_rules! by_tile_avx2 {
             (_, _) => $self.$kernel::<4, 2, $vnni>($out),
         }
     };
+}
+
+/// [`super::quantize_block`] with AVX-512: the same bits.
+#[inline(always)]
+pub(super) unsafe fn quantize_block_avx512(
+    values: &[f32],
+    lo: &mut [i8],
+    hi: &mut [i8],
+) -> (f32, i32) {
+    let n = values.len().min(32);
+    let m0: __mmask16 = if n >= 16 { 0xffff } else { (1 << n) - 1 };
+    let m1: __mmask16 = if n >= 32 {
+        0xffff
+    } else {
+        (1u32 << n.saturating_sub(16)) as u16 - 1
+    };
+    // Masked-off lanes are neither read nor faulted on.
+    let v0 = _mm512_maskz_loadu_ps(m0, values.as_ptr());
+    let v1 = _mm512_maskz_loadu_ps(m1, values.as_ptr().wrapping_add(16));
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    let d = amax / 127.0;
+    let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+    let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));
+    let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+    _mm_storeu_si128(lo.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(hi.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(q1));
+    (d, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)))
+}
+
+/// [`super::quantize_block`] with AVX2: the same bits.
+#[inline(always)]
+pub(super) unsafe fn quantize_block_avx2(
+    values: &[f32],
+    lo: &mut [i8],
+    hi: &mut [i8],
+) -> (f32, i32) {
+    let mut padded = [0.0f32; 32];
+    let p = if values.len() >= 32 {
+        values.as_ptr()
+    } else {
+        padded[..values.len()].copy_from_slice(values);
+        padded.as_ptr()
+    };
+    let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+    let sign = _mm256_set1_ps(-0.0);
+    let a = |x: __m256| _mm256_andnot_ps(sign, x);
+    let m = _mm256_max_ps(
+        _mm256_max_ps(a(v[0]), a(v[1])),
+        _mm256_max_ps(a(v[2]), a(v[3])),
+    );
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    let d = _mm_cvtss_f32(m) / 127.0;
+    let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+    let q: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
+    // Pack to bytes (lane-wise), then restore the order as ggml's quantize_row_q8_0 does.
+    let w = _mm256_packs_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
+    let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm_storeu_si128(lo.as_mut_ptr() as *mut __m128i, _mm256_castsi256_si128(w));
+    _mm_storeu_si128(
+        hi.as_mut_ptr() as *mut __m128i,
+        _mm256_extracti128_si256(w, 1),
+    );
+    let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    (d, _mm_cvtsi128_si32(s))
 }
 
 /// `Σ_i f16(m[i]) · g[i]` over `g.len()` values.
@@ -171,12 +246,14 @@ impl Tile<'_> {
         let kp = self.w.kp;
         let rows = self.rows::<R>();
         let flip = _mm512_set1_epi8(-128);
+        let ahead = PREFETCH_ROWS * self.w.row_bytes;
         let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for c in 0..kp.div_ceil(64) {
             let mask: __mmask64 = if kp - 64 * c >= 64 { !0 } else { (1 << 32) - 1 };
             let wv: [__m512i; R] = std::array::from_fn(|r| {
                 let p = rows[r].as_ptr().add(4 + 64 * c) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead));
                 _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, p), flip)
             });
             for t in 0..T {
@@ -208,6 +285,7 @@ impl Tile<'_> {
         let groups = kp / g;
         let rows = self.rows::<R>();
         let low = _mm512_set1_epi8(0x0f);
+        let ahead = PREFETCH_ROWS * self.w.row_bytes;
         let idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
         let gidx = match g {
             32 => idx4,
@@ -228,6 +306,7 @@ impl Tile<'_> {
             let mut dw = [_mm512_setzero_ps(); R];
             for r in 0..R {
                 let p = rows[r].as_ptr().add(64 * c) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead));
                 let v = _mm512_maskz_loadu_epi8(mask, p);
                 lo[r] = _mm512_and_si512(v, low);
                 hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
@@ -299,10 +378,13 @@ impl Tile<'_> {
         let kp = self.w.kp;
         let rows = self.rows::<R>();
         let flip = _mm256_set1_epi8(-128);
+        let ahead = PREFETCH_ROWS * self.w.row_bytes;
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         for b in 0..kp / 32 {
             let wv: [__m256i; R] = std::array::from_fn(|r| {
-                _mm256_loadu_si256(rows[r].as_ptr().add(4 + 32 * b) as *const __m256i)
+                let p = rows[r].as_ptr().add(4 + 32 * b);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                _mm256_loadu_si256(p as *const __m256i)
             });
             for t in 0..T {
                 let i = self.i + t;
@@ -349,6 +431,7 @@ impl Tile<'_> {
         } else {
             _mm256_setzero_si256()
         };
+        let ahead = PREFETCH_ROWS * self.w.row_bytes;
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         for c in 0..kp.div_ceil(64) {
             let rest = (kp - 64 * c).min(64);
@@ -358,6 +441,7 @@ impl Tile<'_> {
             let mut dw = [_mm256_setzero_ps(); R];
             for r in 0..R {
                 let p = rows[r].as_ptr().add(32 * c);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                 let v = if rest == 64 {
                     _mm256_loadu_si256(p as *const __m256i)
                 } else {
