@@ -15,6 +15,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 
 use flm_core::DataType;
 
@@ -27,33 +28,50 @@ const PREFETCH_ROWS: usize = 4;
 /// Weight rows per full tile.
 const TILE_ROWS: usize = 4;
 
+thread_local! {
+    /// Unpacked int4 weight rows of the current tile (see [`unpack_i4_avx512`]).
+    static UNPACKED: RefCell<Vec<__m512i>> = const { RefCell::new(Vec::new()) };
+}
+
 /// See [`super::rows`]. The caller guarantees that the CPU supports `isa`.
+///
+/// With AVX-512, int4 weights and more input rows than one tile (prefill), each tile of
+/// weight rows is first unpacked into L1-resident vectors, so that the unpacking is paid
+/// once per weight row instead of once per 4 input rows.
 pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
     let m = yt.len() / n;
     let max_t = if isa == Isa::Avx512 { 4 } else { 2 };
-    let mut j = 0;
-    while j < m {
-        let r = if m - j >= TILE_ROWS { TILE_ROWS } else { 1 };
-        let mut i = 0;
-        while i < n {
-            let t = (n - i).min(max_t);
-            let mut out = [[0.0f32; 4]; TILE_ROWS];
-            let tile = Tile {
-                w,
-                j: j0 + j,
-                acts,
-                i,
-            };
-            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-            unsafe { tile.run(isa, r, t, &mut out) };
-            for (dr, row) in out.iter().take(r).enumerate() {
-                yt[(j + dr) * n + i..][..t].copy_from_slice(&row[..t]);
+    let unpack = isa == Isa::Avx512 && w.dtype != DataType::I8 && n > max_t;
+    UNPACKED.with_borrow_mut(|unpacked| {
+        let mut j = 0;
+        while j < m {
+            let r = if m - j >= TILE_ROWS { TILE_ROWS } else { 1 };
+            if unpack {
+                // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+                unsafe { unpack_i4_avx512(w, j0 + j, r, unpacked) };
             }
-            i += t;
+            let mut i = 0;
+            while i < n {
+                let t = (n - i).min(max_t);
+                let mut out = [[0.0f32; 4]; TILE_ROWS];
+                let tile = Tile {
+                    w,
+                    j: j0 + j,
+                    acts,
+                    i,
+                    unpacked: if unpack { unpacked } else { &[] },
+                };
+                // SAFETY: as above.
+                unsafe { tile.run(isa, r, t, &mut out) };
+                for (dr, row) in out.iter().take(r).enumerate() {
+                    yt[(j + dr) * n + i..][..t].copy_from_slice(&row[..t]);
+                }
+                i += t;
+            }
+            j += r;
         }
-        j += r;
-    }
+    });
 }
 
 /// One tile: weight rows from `j`, input rows from `i`.
@@ -62,6 +80,56 @@ struct Tile<'a> {
     j: usize,
     acts: &'a Acts,
     i: usize,
+    /// The tile's weight rows unpacked by [`unpack_i4_avx512`], or empty.
+    unpacked: &'a [__m512i],
+}
+
+/// Unpacks int4 rows `j..j + r` for [`Tile::i4_avx512_unpacked`]: per chunk of 128 values
+/// and row, the low codes, the high codes and the 16 lane scales `d_g` (as f32 bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn unpack_i4_avx512(w: &QuantWeight<'_>, j: usize, r: usize, out: &mut Vec<__m512i>) {
+    let (kp, g) = (w.kp, w.dtype.group_size().unwrap_or(32));
+    let chunks = kp.div_ceil(128);
+    out.clear();
+    out.reserve(3 * r * chunks);
+    for c in 0..chunks {
+        for row in (j..j + r).map(|jj| w.row(jj)) {
+            let (lo, hi, dw) = unpack_chunk_avx512(row, kp, g, c);
+            out.extend_from_slice(&[lo, hi, _mm512_castps_si512(dw)]);
+        }
+    }
+}
+
+/// Chunk `c` (128 values) of an int4 row: low codes, high codes and lane scales.
+#[inline(always)]
+unsafe fn unpack_chunk_avx512(
+    row: &[u8],
+    kp: usize,
+    g: usize,
+    c: usize,
+) -> (__m512i, __m512i, __m512) {
+    let low = _mm512_set1_epi8(0x0f);
+    let gidx = match g {
+        32 => _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+        64 => _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+        _ => _mm512_setzero_si512(),
+    };
+    let rest = (kp - 128 * c).min(128);
+    let mask: __mmask64 = if rest == 128 {
+        !0
+    } else {
+        (1 << (rest / 2)) - 1
+    };
+    let (g0, gn) = (128 * c / g, rest.div_ceil(g));
+    let v = _mm512_maskz_loadu_epi8(mask, row.as_ptr().add(64 * c) as *const i8);
+    let lo = _mm512_and_si512(v, low);
+    let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    let ds = load_f16x4(row.as_ptr().add(kp / 2 + 2 * g0), gn);
+    (
+        lo,
+        hi,
+        _mm512_permutexvar_ps(gidx, _mm512_castps128_ps512(ds)),
+    )
 }
 
 macro_rules! by_tile {
@@ -229,7 +297,10 @@ impl Tile<'_> {
         let int8 = self.w.dtype == DataType::I8;
         match (isa, int8) {
             (Isa::Avx512, true) => by_tile!(self, i8_avx512, r, t, out),
-            (Isa::Avx512, false) => by_tile!(self, i4_avx512, r, t, out),
+            (Isa::Avx512, false) if self.unpacked.is_empty() => {
+                by_tile!(self, i4_avx512, r, t, out)
+            }
+            (Isa::Avx512, false) => by_tile!(self, i4_avx512_unpacked, r, t, out),
             (Isa::AvxVnni, true) => by_tile_avx2!(self, i8_avxvnni, true, r, t, out),
             (Isa::AvxVnni, false) => by_tile_avx2!(self, i4_avxvnni, true, r, t, out),
             (_, true) => by_tile_avx2!(self, i8_avx2, false, r, t, out),
@@ -282,36 +353,18 @@ impl Tile<'_> {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn i4_avx512<const R: usize, const T: usize>(&self, out: &mut [[f32; 4]; TILE_ROWS]) {
         let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(32));
-        let groups = kp / g;
         let rows = self.rows::<R>();
-        let low = _mm512_set1_epi8(0x0f);
         let ahead = PREFETCH_ROWS * self.w.row_bytes;
         let idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-        let gidx = match g {
-            32 => idx4,
-            64 => _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-            _ => _mm512_setzero_si512(),
-        };
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for c in 0..kp.div_ceil(128) {
-            let rest = (kp - 128 * c).min(128);
-            let mask: __mmask64 = if rest == 128 {
-                !0
-            } else {
-                (1 << (rest / 2)) - 1
-            };
-            let (g0, gn) = (128 * c / g, rest.div_ceil(g));
             let mut lo = [_mm512_setzero_si512(); R];
             let mut hi = [_mm512_setzero_si512(); R];
             let mut dw = [_mm512_setzero_ps(); R];
             for r in 0..R {
                 let p = rows[r].as_ptr().add(64 * c) as *const i8;
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead));
-                let v = _mm512_maskz_loadu_epi8(mask, p);
-                lo[r] = _mm512_and_si512(v, low);
-                hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                let ds = load_f16x4(rows[r].as_ptr().add(kp / 2 + 2 * g0), gn);
-                dw[r] = _mm512_permutexvar_ps(gidx, _mm512_castps128_ps512(ds));
+                (lo[r], hi[r], dw[r]) = unpack_chunk_avx512(rows[r], kp, g, c);
             }
             for t in 0..T {
                 let i = self.i + t;
@@ -328,6 +381,55 @@ impl Tile<'_> {
                 }
             }
         }
+        self.finish_i4_avx512(&rows, &acc, out);
+    }
+
+    /// The int4 tile over rows unpacked by [`unpack_i4_avx512`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn i4_avx512_unpacked<const R: usize, const T: usize>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        let kp = self.w.kp;
+        let rows = self.rows::<R>();
+        let idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        for c in 0..kp.div_ceil(128) {
+            let mut alo = [_mm512_setzero_si512(); T];
+            let mut ahi = [_mm512_setzero_si512(); T];
+            let mut da = [_mm512_setzero_ps(); T];
+            for t in 0..T {
+                let i = self.i + t;
+                let a = self.acts.row_qs(i).as_ptr().add(128 * c);
+                alo[t] = _mm512_loadu_si512(a as *const _);
+                ahi[t] = _mm512_loadu_si512(a.add(64) as *const _);
+                let d = _mm_loadu_ps(self.acts.row_d(i).as_ptr().add(4 * c));
+                da[t] = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(d));
+            }
+            for r in 0..R {
+                let u = &self.unpacked[3 * (c * R + r)..][..3];
+                let dw = _mm512_castsi512_ps(u[2]);
+                for t in 0..T {
+                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], alo[t]);
+                    let p = _mm512_dpbusd_epi32(p, u[1], ahi[t]);
+                    let s = _mm512_mul_ps(dw, da[t]);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                }
+            }
+        }
+        self.finish_i4_avx512(&rows, &acc, out);
+    }
+
+    /// Reduces int4 accumulators and adds the minimum terms `Σ_g m_g · gsum_g`.
+    #[inline(always)]
+    unsafe fn finish_i4_avx512<const R: usize, const T: usize>(
+        &self,
+        rows: &[&[u8]; R],
+        acc: &[[__m512; T]; R],
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(32));
+        let groups = kp / g;
         for r in 0..R {
             let ms = rows[r].as_ptr().add(kp / 2 + 2 * groups);
             for t in 0..T {
