@@ -36,7 +36,7 @@ fn greedy(model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<u32> {
     let mut out = Vec::new();
     let mut logits = model.forward(&exec, prompt, 0, Logits::Last).unwrap();
     for step in 0..steps {
-        let next = flm_core::argmax(&logits);
+        let next = flm_core::argmax(logits);
         out.push(next);
         logits = model
             .forward(&exec, &[next], prompt.len() + step, Logits::Last)

@@ -3,7 +3,7 @@
 
 use flm_models::import::{self, Format};
 use flm_models::llama::{Llama, Logits};
-use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference};
+use flm_tests::{cpu_executor, data, greedy_on, ids, stories_logits, stories_reference};
 
 fn load(rel: &str) -> Llama {
     let ckpt = import::load(&data(rel)).expect("checkpoint loads");
@@ -12,21 +12,7 @@ fn load(rel: &str) -> Llama {
 
 /// Prefills `prompt`, then decodes `steps` greedy tokens one at a time.
 fn greedy(model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<u32> {
-    let exec = cpu_executor();
-    let mut logits = model
-        .forward(&exec, prompt, 0, Logits::Last)
-        .expect("prefill");
-    let mut out = Vec::new();
-    for step in 0..steps {
-        let next = flm_core::argmax(&logits);
-        out.push(next);
-        if step + 1 < steps {
-            logits = model
-                .forward(&exec, &[next], prompt.len() + step, Logits::Last)
-                .expect("decode");
-        }
-    }
-    out
+    greedy_on(&cpu_executor(), model, prompt, steps)
 }
 
 const MODELS: [&str; 2] = ["stories260K/stories260K.bin", "hf-stories260K"];

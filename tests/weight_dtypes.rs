@@ -4,33 +4,10 @@
 //! llama2.c's `export.py` writes them, load and reproduce the reference.
 
 use byteorder::{LittleEndian, WriteBytesExt};
-use flm_core::{Data, DataType};
+use flm_core::DataType;
 use flm_models::import::{self, Format};
-use flm_models::llama::{Llama, LlamaWeights, Logits};
-use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference};
-
-fn convert(w: &LlamaWeights, dtype: DataType) -> LlamaWeights {
-    let c = |d: &Data| d.to_dtype(dtype).unwrap();
-    let mut out = w.clone();
-    out.embedding = c(&w.embedding);
-    for (dst, src) in out.layers.iter_mut().zip(&w.layers) {
-        for (d, s) in [
-            (&mut dst.wq, &src.wq),
-            (&mut dst.wk, &src.wk),
-            (&mut dst.wv, &src.wv),
-            (&mut dst.wo, &src.wo),
-            (&mut dst.w_gate, &src.w_gate),
-            (&mut dst.w_down, &src.w_down),
-            (&mut dst.w_up, &src.w_up),
-            (&mut dst.attn_norm, &src.attn_norm),
-            (&mut dst.ffn_norm, &src.ffn_norm),
-        ] {
-            *d = c(s);
-        }
-    }
-    out.final_norm = c(&w.final_norm);
-    out
-}
+use flm_models::llama::{Llama, Logits};
+use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference, weights_in};
 
 /// Max abs error of the teacher-forced logits against the reference, and the number of
 /// positions whose argmax differs.
@@ -62,7 +39,7 @@ fn half_precision_weights_stay_close_to_fp32() {
     // partly cancel over each dot product; the bounds leave 2-4x headroom over what was
     // measured (f16 0.017, bf16 0.078).
     for (dtype, tol) in [(DataType::F16, 0.05), (DataType::BF16, 0.3)] {
-        let weights = convert(&ckpt.weights().unwrap(), dtype);
+        let weights = weights_in(&ckpt.weights().unwrap(), |_, _| dtype);
         assert_eq!(weights.layers[0].wq.dtype(), dtype);
         let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
         let (err, flips) = logits_error(&mut model);

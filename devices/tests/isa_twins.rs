@@ -47,6 +47,8 @@ fn linear_matches_scalar(dtype: DataType) {
         (9, 300, 6),
         (1, 2048, 67),
         (6, 1000, 45),
+        (37, 64, 512),
+        (37, 172, 64),
     ];
     for (n, k, m) in sizes {
         let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);

@@ -92,7 +92,7 @@ fn f32_greedy_from_prompt_matches_transformers() {
     let mut logits = m.forward(&exec, &prompt, 0, Logits::Last).unwrap();
     let mut out = Vec::new();
     for step in 0..expected.len() {
-        out.push(argmax(&logits));
+        out.push(argmax(logits));
         let pos = prompt.len() + step;
         logits = m.forward(&exec, &out[step..], pos, Logits::Last).unwrap();
     }

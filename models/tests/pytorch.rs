@@ -31,7 +31,7 @@ fn greedy(ckpt: &Checkpoint, prompt: &[u32], steps: usize) -> Vec<u32> {
     let mut logits = model.forward(&exec, prompt, 0, Logits::Last).unwrap();
     let mut out = Vec::new();
     for step in 0..steps {
-        let next = flm_core::argmax(&logits);
+        let next = flm_core::argmax(logits);
         out.push(next);
         if step + 1 < steps {
             let pos = prompt.len() + step;

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
-use flm_core::Executor;
+use flm_core::{Data, DataType, Executor};
 use flm_devices::CpuDevice;
+use flm_models::llama::{Llama, LlamaWeights, Logits};
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -50,4 +51,50 @@ pub fn stories_logits() -> Vec<f32> {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
+}
+
+/// Prefills `prompt` on `exec`, then decodes `steps` greedy tokens one at a time.
+pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let mut logits = model
+        .forward(exec, prompt, 0, Logits::Last)
+        .expect("prefill");
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let next = flm_core::argmax(logits);
+        out.push(next);
+        if step + 1 < steps {
+            logits = model
+                .forward(exec, &[next], prompt.len() + step, Logits::Last)
+                .expect("decode");
+        }
+    }
+    out
+}
+
+/// `w` with each tensor converted by [`Data::to_dtype`] to the dtype `dtype_of` gives its
+/// canonical name (`embedding`, `layers.3.wq`, `final_norm`, ...) and shape.
+pub fn weights_in(w: &LlamaWeights, dtype_of: impl Fn(&str, &[usize]) -> DataType) -> LlamaWeights {
+    let c = |name: &str, d: &Data| d.to_dtype(dtype_of(name, d.shape())).expect("conversion");
+    let mut out = w.clone();
+    out.embedding = c("embedding", &w.embedding);
+    for (l, (dst, src)) in out.layers.iter_mut().zip(&w.layers).enumerate() {
+        for (part, d, s) in [
+            ("wq", &mut dst.wq, &src.wq),
+            ("wk", &mut dst.wk, &src.wk),
+            ("wv", &mut dst.wv, &src.wv),
+            ("wo", &mut dst.wo, &src.wo),
+            ("w_gate", &mut dst.w_gate, &src.w_gate),
+            ("w_down", &mut dst.w_down, &src.w_down),
+            ("w_up", &mut dst.w_up, &src.w_up),
+            ("attn_norm", &mut dst.attn_norm, &src.attn_norm),
+            ("ffn_norm", &mut dst.ffn_norm, &src.ffn_norm),
+        ] {
+            *d = c(&format!("layers.{l}.{part}"), s);
+        }
+    }
+    out.final_norm = c("final_norm", &w.final_norm);
+    if let (Some(dst), Some(src)) = (out.classifier.as_mut(), w.classifier.as_ref()) {
+        *dst = c("classifier", src);
+    }
+    out
 }

@@ -118,7 +118,7 @@ pub fn generate(
     let mut decode_steps = 0;
     let mut generated = 0;
     while generated < options.max_tokens {
-        let next = sampler.sample(&logits, &tokens)?;
+        let next = sampler.sample(logits, &tokens)?;
         if generated == 0 {
             time_to_first_token = start.elapsed();
         }
