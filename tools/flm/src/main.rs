@@ -3,6 +3,7 @@
 //! Every error is reported on stderr as one `error: …` line with its causes, and the
 //! process exits with status 1; nothing the user passes makes it panic.
 
+mod bench;
 mod convert;
 mod generate;
 mod load;
@@ -33,6 +34,8 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Perplexity of a text file under the model.
     Perplexity(PerplexityArgs),
+    /// Measures prefill and decode tokens/s (and decode bandwidth), like llama-bench.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -202,6 +205,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize(args),
         Command::Convert(args) => convert::run(args),
         Command::Perplexity(args) => perplexity(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

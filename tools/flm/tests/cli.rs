@@ -481,3 +481,121 @@ fn bad_conversions_are_refused_and_leave_no_file() {
         "nothing written"
     );
 }
+
+/// Bytes of one quantised or float row of `cols` values, from docs/flm-format.md.
+fn row_bytes(dtype: &str, cols: usize) -> usize {
+    let pad = |n: usize| cols.div_ceil(n) * n;
+    match dtype {
+        "f32" => 4 * cols,
+        "int8" => 4 + pad(32),
+        "int4-g32" => pad(32) / 32 * 20,
+        other => panic!("no size for {other}"),
+    }
+}
+
+#[test]
+fn bench_reports_json_for_random_weights() {
+    let config = data("hf-stories260K/config.json");
+    // stories260K: dim 64, hidden 172, 5 layers, 8 heads of 8, 4 KV heads, vocab 512, tied.
+    let (dim, hidden, layers, kv_dim, vocab) = (64, 172, 5, 32, 512);
+    for dtype in ["f32", "int8", "int4"] {
+        let out = flm(&[
+            "bench",
+            "--random",
+            config.to_str().unwrap(),
+            "--dtype",
+            dtype,
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "4",
+            "--reps",
+            "2",
+            "--threads",
+            "1",
+            "--stream-mib",
+            "16",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        let stored = line["dtype"].as_str().unwrap();
+        assert_eq!(stored, if dtype == "int4" { "int4-g32" } else { dtype });
+        for key in [
+            "prefill_tok_s",
+            "decode_tok_s",
+            "decode_gb_s",
+            "stream_gb_s",
+            "prefill_tok_s_sd",
+            "decode_tok_s_sd",
+        ] {
+            let v = line[key].as_f64().unwrap();
+            assert!(v.is_finite() && v >= 0.0, "{key} = {v}");
+        }
+        assert!(line["decode_tok_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(line["threads"], 1);
+        assert_eq!(line["prompt_tokens"], 8);
+        assert_eq!(line["gen_tokens"], 4);
+        // Per layer: two f32 norms and the seven matrices; then the final norm, the tied
+        // embedding as classifier and one embedding row.
+        let m = |rows: usize, cols: usize| rows * row_bytes(stored, cols);
+        let layer = 2 * 4 * dim
+            + m(dim, dim)
+            + 2 * m(kv_dim, dim)
+            + m(dim, dim)
+            + 2 * m(hidden, dim)
+            + m(dim, hidden);
+        let want = layers * layer + 4 * dim + m(vocab, dim) + m(1, dim);
+        assert_eq!(line["weight_bytes_per_token"], want, "{dtype}");
+        let gb = want as f64 * line["decode_tok_s"].as_f64().unwrap() / 1e9;
+        assert!((line["decode_gb_s"].as_f64().unwrap() - gb).abs() <= 1e-9 * gb.max(1.0));
+    }
+}
+
+#[test]
+fn bench_rejects_bad_requests() {
+    let config = data("hf-stories260K/config.json");
+    let config = config.to_str().unwrap();
+    // Usage errors come from the argument parser (exit status 2, no panic).
+    for (args, needle) in [
+        (vec!["bench", "--random", config], "--dtype"),
+        (vec!["bench", "--dtype", "int8"], "--model"),
+    ] {
+        let out = flm(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
+    }
+    expect_error(
+        &["bench", "--random", config, "--dtype", "int5"],
+        "unknown --dtype int5",
+    );
+    expect_error(
+        &[
+            "bench",
+            "--random",
+            config,
+            "--dtype",
+            "int8",
+            "--prompt-tokens",
+            "600",
+        ],
+        "exceeds the model's context of 512",
+    );
+    expect_error(
+        &[
+            "bench",
+            "--random",
+            config,
+            "--dtype",
+            "int8",
+            "--gen-tokens",
+            "0",
+        ],
+        "--gen-tokens must be at least 1",
+    );
+}

@@ -1,0 +1,63 @@
+//! Criterion benchmarks of the int8 and int4 Linear kernels at TinyLlama shapes, at every
+//! instruction-set level this CPU has: matrix × vector (decode) at 2048×2048 and 5632×2048,
+//! reported in weight bytes/s, and the prefill matrix × matrix 128×2048×2048, reported in
+//! multiply-adds/s.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use flm_core::{Data, DataType, Executor, Op};
+use flm_devices::{CpuDevice, Isa};
+
+fn weight(m: usize, k: usize, dtype: DataType) -> Data {
+    let values: Vec<f32> = (0..m * k)
+        .map(|i| ((i as u64 * 2_654_435_761) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    Data::from_f32(&[m, k], &values)
+        .and_then(|w| w.to_dtype(dtype))
+        .expect("weight")
+}
+
+fn linear(c: &mut Criterion) {
+    let shapes = [(1, 2048, 2048), (1, 5632, 2048), (128, 2048, 2048)];
+    for dtype in [DataType::I8, DataType::I4G32] {
+        for (n, m, k) in shapes {
+            let w = weight(m, k, dtype);
+            let x = Data::from_f32(
+                &[n, k],
+                &(0..n * k)
+                    .map(|i| (i % 17) as f32 - 8.0)
+                    .collect::<Vec<_>>(),
+            )
+            .expect("input");
+            let mut out = Data::zeros(DataType::F32, &[n, m]).expect("output");
+            let mut group = c.benchmark_group(format!("linear_{dtype}_{n}x{m}x{k}"));
+            group.sample_size(10);
+            group.measurement_time(std::time::Duration::from_secs(2));
+            group.throughput(if n == 1 {
+                Throughput::Bytes(w.size_bytes() as u64)
+            } else {
+                Throughput::Elements((n * m * k) as u64)
+            });
+            for isa in Isa::supported() {
+                let exec = Executor::with_profiling(
+                    vec![Box::new(CpuDevice::with_isa(isa).expect("supported"))],
+                    false,
+                );
+                group.bench_function(BenchmarkId::from_parameter(isa), |b| {
+                    b.iter(|| {
+                        exec.run(Op::Linear {
+                            input: &x,
+                            weight: &w,
+                            bias: None,
+                            output: &mut out,
+                        })
+                        .expect("linear")
+                    })
+                });
+            }
+            group.finish();
+        }
+    }
+}
+
+criterion_group!(benches, linear);
+criterion_main!(benches);

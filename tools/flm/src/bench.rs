@@ -1,0 +1,323 @@
+//! `flm bench`: prefill and decode tokens/s over repetitions, like llama-bench, with the
+//! weight bytes read per decoded token, the bandwidth that achieves and the machine's
+//! streaming read bandwidth measured on the spot.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Args;
+use flm_core::{quant, Data, DataType, Executor};
+use flm_devices::CpuDevice;
+use flm_models::import;
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::ModelConfig;
+use half::f16;
+use rayon::prelude::*;
+
+/// `flm bench` options.
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "random"])))]
+pub struct BenchArgs {
+    /// A model file or directory flm loads.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// A Hugging Face config.json: random weights at its shapes, built in memory.
+    #[arg(long, requires = "dtype")]
+    random: Option<PathBuf>,
+    /// Weight dtype of --random: f32, f16, bf16, int8 or int4.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// int4 group size of --random: 32, 64 or 128.
+    #[arg(long, default_value_t = 32)]
+    group_size: usize,
+    /// Prompt tokens prefilled in one call.
+    #[arg(long, default_value_t = 128)]
+    prompt_tokens: usize,
+    /// Tokens decoded one at a time after the prompt.
+    #[arg(long, default_value_t = 64)]
+    gen_tokens: usize,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Measured repetitions (after one warm-up run).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Buffer size of the streaming bandwidth measurement, MiB.
+    #[arg(long, default_value_t = 1024)]
+    stream_mib: usize,
+    /// One JSON object per line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The dtype called `name` (int4 with `group` values per group).
+fn parse_dtype(name: &str, group: usize) -> Result<DataType> {
+    Ok(match (name, group) {
+        ("f32", _) => DataType::F32,
+        ("f16", _) => DataType::F16,
+        ("bf16", _) => DataType::BF16,
+        ("int8", _) => DataType::I8,
+        ("int4", 32) => DataType::I4G32,
+        ("int4", 64) => DataType::I4G64,
+        ("int4", 128) => DataType::I4G128,
+        ("int4", g) => bail!("--group-size must be 32, 64 or 128, not {g}"),
+        (d, _) => bail!("unknown --dtype {d} (f32, f16, bf16, int8 or int4)"),
+    })
+}
+
+/// A small xorshift generator: benchmark weights need speed, not statistical quality.
+fn fill_random(bytes: &mut [u8], seed: u64) {
+    bytes
+        .par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut s = seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            for b in chunk.chunks_mut(8) {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                b.copy_from_slice(&s.to_le_bytes()[..b.len()]);
+            }
+        });
+}
+
+/// A random tensor of `dtype`: codes and values from [`fill_random`] with small finite
+/// scales (speed does not depend on the values). Vectors are f32 ones (norm gains).
+fn random_tensor(dtype: DataType, shape: &[usize], seed: u64) -> Result<Data> {
+    if shape.len() < 2 {
+        return Ok(Data::from_f32(shape, &vec![1.0; shape.iter().product()])?);
+    }
+    let mut data = Data::zeros(dtype, shape)?;
+    let cols = data.cols();
+    let bytes = data.bytes_mut()?;
+    fill_random(bytes, seed);
+    match dtype {
+        DataType::F32 => bytes.par_chunks_mut(4).for_each(|b| {
+            let v = (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) >> 8) as f32 / 8.4e8 - 0.01;
+            b.copy_from_slice(&v.to_le_bytes());
+        }),
+        DataType::F16 | DataType::BF16 => bytes.par_chunks_mut(2).for_each(|b| {
+            let v = f32::from(b[0]) / 12800.0 - 0.01;
+            let bits = if dtype == DataType::F16 {
+                f16::from_f32(v).to_bits()
+            } else {
+                half::bf16::from_f32(v).to_bits()
+            };
+            b.copy_from_slice(&bits.to_le_bytes());
+        }),
+        DataType::I8 => {
+            let rb = quant::row_bytes(dtype, cols).context("row size")?;
+            bytes.par_chunks_mut(rb).for_each(|row| {
+                row[..4].copy_from_slice(&(0.02f32 / 127.0).to_le_bytes());
+            });
+        }
+        _ => {
+            let g = dtype.group_size().unwrap_or(32);
+            let rb = quant::row_bytes(dtype, cols).context("row size")?;
+            let (d, m) = (f16::from_f32(0.002).to_le_bytes(), f16::from_f32(-0.016));
+            bytes.par_chunks_mut(rb).for_each(|row| {
+                let groups = row.len() / (4 + g / 2);
+                let scales = &mut row[groups * g / 2..];
+                for (i, s) in scales.chunks_exact_mut(2).enumerate() {
+                    s.copy_from_slice(&if i < groups { d } else { m.to_le_bytes() });
+                }
+            });
+        }
+    }
+    Ok(data)
+}
+
+/// The model to measure, a name for it and its weight dtype.
+fn build(args: &BenchArgs, positions: usize) -> Result<(Llama, String, String)> {
+    let (mut config, weights, name, dtype): (ModelConfig, _, _, _) =
+        match (&args.model, &args.random) {
+            (Some(path), _) => {
+                let ckpt = import::load(path)
+                    .with_context(|| format!("cannot load the model {}", path.display()))?;
+                let weights = ckpt.weights()?;
+                let dtype = weights
+                    .layers
+                    .first()
+                    .map_or(DataType::F32, |l| l.wq.dtype());
+                (ckpt.config, weights, path.display().to_string(), dtype)
+            }
+            (None, Some(config)) => {
+                let dtype = parse_dtype(args.dtype.as_deref().unwrap_or(""), args.group_size)?;
+                let ckpt = import::random(config, 0)
+                    .with_context(|| format!("cannot read {}", config.display()))?;
+                let mut seed = 0u64;
+                let weights = LlamaWeights::from_tensors(&ckpt.config, |_, shape| {
+                    seed += 1;
+                    random_tensor(dtype, shape, seed).map_err(|e| {
+                        flm_models::Error::Config(format!("cannot build random weights: {e:#}"))
+                    })
+                })?;
+                (ckpt.config, weights, config.display().to_string(), dtype)
+            }
+            (None, None) => bail!("pass --model or --random"),
+        };
+    ensure!(
+        positions <= config.max_seq_len,
+        "--prompt-tokens + --gen-tokens = {positions} exceeds the model's context of {}",
+        config.max_seq_len
+    );
+    config.max_seq_len = positions;
+    let model = Llama::new(config, weights).context("cannot build the model")?;
+    Ok((model, name, dtype.name().to_string()))
+}
+
+/// Bytes of weights one decode step reads: every layer tensor, the final norm, the
+/// classifier (the embedding table when tied) and one embedding row.
+fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
+    let layers: usize = w
+        .layers
+        .iter()
+        .map(|l| {
+            [
+                &l.attn_norm,
+                &l.wq,
+                &l.wk,
+                &l.wv,
+                &l.wo,
+                &l.ffn_norm,
+                &l.w_gate,
+                &l.w_down,
+                &l.w_up,
+            ]
+            .iter()
+            .map(|d| d.size_bytes())
+            .sum::<usize>()
+        })
+        .sum();
+    let classifier = w.classifier.as_ref().unwrap_or(&w.embedding).size_bytes();
+    layers + w.final_norm.size_bytes() + classifier + w.embedding.size_bytes() / vocab.max(1)
+}
+
+/// Streaming read bandwidth in GB/s: the best of 3 passes summing a `mib` MiB buffer on
+/// the current thread pool.
+fn stream_read_gb_s(mib: usize) -> f64 {
+    let mut buf = vec![0u64; (mib << 20) / 8];
+    fill_random(bytemuck_bytes(&mut buf), 7);
+    let per_task = buf.len().div_ceil(rayon::current_num_threads() * 16).max(1);
+    (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            let sum = buf
+                .par_chunks(per_task)
+                .map(|c| {
+                    let mut acc = [0u64; 8];
+                    for v in c.chunks_exact(8) {
+                        for (a, x) in acc.iter_mut().zip(v) {
+                            *a = a.wrapping_add(*x);
+                        }
+                    }
+                    acc.iter().fold(0u64, |s, &a| s.wrapping_add(a))
+                })
+                .reduce(|| 0, u64::wrapping_add);
+            std::hint::black_box(sum);
+            (buf.len() * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+fn bytemuck_bytes(v: &mut [u64]) -> &mut [u8] {
+    let len = v.len() * 8;
+    // SAFETY: u64 has no padding and any byte pattern is a valid u64.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, len) }
+}
+
+/// Mean and sample standard deviation.
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, var.sqrt())
+}
+
+/// Runs `flm bench`.
+pub fn run(args: BenchArgs) -> Result<()> {
+    ensure!(args.prompt_tokens > 0, "--prompt-tokens must be at least 1");
+    ensure!(args.gen_tokens > 0, "--gen-tokens must be at least 1");
+    ensure!(args.reps > 0, "--reps must be at least 1");
+    let threads = args.threads.unwrap_or_else(rayon::current_num_threads);
+    ensure!(threads > 0, "--threads must be at least 1");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("cannot start the thread pool")?;
+    let positions = args.prompt_tokens + args.gen_tokens;
+    let device = CpuDevice::new()?;
+    let exec = Executor::new(vec![Box::new(device)]);
+    pool.install(|| -> Result<()> {
+        let (mut model, name, dtype) = build(&args, positions)?;
+        let vocab = model.config().vocab_size;
+        let bytes = weight_bytes_per_token(model.weights(), vocab);
+        let prompt: Vec<u32> = (0..args.prompt_tokens)
+            .map(|i| ((i as u64 * 2_654_435_761) % vocab as u64) as u32)
+            .collect();
+        let once = |model: &mut Llama| -> Result<(f64, f64)> {
+            let start = Instant::now();
+            let mut next = flm_core::argmax(model.forward(&exec, &prompt, 0, Logits::Last)?);
+            let prefill = start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            for g in 0..args.gen_tokens {
+                let pos = args.prompt_tokens + g;
+                next = flm_core::argmax(model.forward(&exec, &[next], pos, Logits::Last)?);
+            }
+            let decode = start.elapsed().as_secs_f64();
+            Ok((
+                args.prompt_tokens as f64 / prefill,
+                args.gen_tokens as f64 / decode,
+            ))
+        };
+        once(&mut model)?;
+        let runs = (0..args.reps)
+            .map(|_| once(&mut model))
+            .collect::<Result<Vec<_>>>()?;
+        let (pp, pp_sd) = mean_sd(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
+        let (tg, tg_sd) = mean_sd(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
+        drop(model);
+        let stream = stream_read_gb_s(args.stream_mib.max(1));
+        let decode_gb_s = bytes as f64 * tg / 1e9;
+        if args.json {
+            let line = serde_json::json!({
+                "model": name,
+                "dtype": dtype,
+                "isa": device.isa().name(),
+                "threads": threads,
+                "prompt_tokens": args.prompt_tokens,
+                "gen_tokens": args.gen_tokens,
+                "reps": args.reps,
+                "prefill_tok_s": pp,
+                "prefill_tok_s_sd": pp_sd,
+                "decode_tok_s": tg,
+                "decode_tok_s_sd": tg_sd,
+                "weight_bytes_per_token": bytes,
+                "decode_gb_s": decode_gb_s,
+                "stream_gb_s": stream,
+                "bandwidth_fraction": decode_gb_s / stream,
+            });
+            println!("{line}");
+        } else {
+            println!(
+                "model {name} ({dtype}), {} kernels, {threads} threads, {} repetitions",
+                device.isa(),
+                args.reps
+            );
+            println!(
+                "| test | tokens/s |\n|---|---|\n| pp{} | {pp:.2} ± {pp_sd:.2} |\n| tg{} | {tg:.2} ± {tg_sd:.2} |",
+                args.prompt_tokens, args.gen_tokens
+            );
+            println!(
+                "weights read per decoded token: {:.3} GB; decode moves {decode_gb_s:.2} GB/s; \
+                 streaming read bandwidth {stream:.2} GB/s, so decode runs at {:.0}% of the \
+                 bandwidth bound ({:.2} tokens/s)",
+                bytes as f64 / 1e9,
+                100.0 * decode_gb_s / stream,
+                stream * 1e9 / bytes as f64
+            );
+        }
+        Ok(())
+    })
+}
