@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Executor, Op};
+use flm_core::{Data, DataType, Executor, Op, RopeStyle, RopeTable};
 use flm_devices::{CpuDevice, Isa};
 
 /// An executor holding only the CPU device at `isa`.
@@ -73,3 +73,405 @@ fn linear_matches_scalar(dtype: DataType) {
 }
 
 dtype_tests!([int8: I8, int4_g32: I4G32, int4_g64: I4G64, int4_g128: I4G128] linear_matches_scalar);
+
+/// Every SIMD level this CPU has, without the portable one they are compared with.
+fn simd_levels() -> Vec<Isa> {
+    Isa::supported()
+        .into_iter()
+        .filter(|&i| i != Isa::Scalar)
+        .collect()
+}
+
+/// Vector lengths below, at and just past the 8 lanes of AVX2 and the 16 of AVX-512 and
+/// their multiples, so that every kernel runs its full vectors and its masked tails.
+const LENS: [usize; 13] = [1, 7, 8, 9, 15, 16, 17, 33, 63, 64, 65, 100, 257];
+
+/// Runs `op` on the CPU device at `isa`.
+fn run_at(isa: Isa, op: Op<'_>) {
+    executor_at(isa).run(op).expect("op");
+}
+
+/// Float-weight Linear at each level against the scalar one, for decode and prefill rows,
+/// every length of [`LENS`] as `k`, rows longer than one 512-column panel, and shapes
+/// above `PARALLEL_MIN_WORK` (decode split over rows of the weight, prefill over blocks of
+/// rows with the transposed output).
+///
+/// Each result is within `DOT_REL·Σ|x·w|` of the exact dot product plus a rounding of the
+/// bias add (as in `ops_linear_norm.rs`), so two of them are within twice that.
+fn float_linear_matches_scalar(dtype: DataType) {
+    let mut rng = rng(0x15b);
+    let mut shapes = Vec::new();
+    for k in LENS {
+        for (n, m) in [(1, 9), (1, 24), (2, 17), (5, 8), (7, 3)] {
+            shapes.push((n, k, m));
+        }
+    }
+    // Prefill over several 512-column panels, with partial last panels and row blocks.
+    shapes.extend([(3, 1100, 5), (6, 600, 37)]);
+    shapes.extend([
+        (1, 2048, 67),
+        (1, 257, 600),
+        (4, 2048, 40),
+        (9, 300, 65),
+        (37, 172, 64),
+    ]);
+    for (n, k, m) in shapes {
+        let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);
+        let (w, wv) = random_weight(&mut rng, &[m, k], dtype);
+        let (b, bv) = random_f32(&mut rng, &[m], 1.0);
+        let got_scalar = linear_at(Isa::Scalar, &x, &w, Some(&b));
+        let want: Vec<f64> = got_scalar.iter().map(|&v| v as f64).collect();
+        let tol: Vec<f64> = (0..n * m)
+            .map(|e| {
+                let (i, j) = (e / m, e % m);
+                let mag: f64 = (0..k)
+                    .map(|c| (wv[j * k + c] as f64 * xv[i * k + c] as f64).abs())
+                    .sum();
+                2.0 * (DOT_REL * mag + EPS * (want[e].abs() + (bv[j] as f64).abs()))
+            })
+            .collect();
+        for isa in simd_levels() {
+            let got = linear_at(isa, &x, &w, Some(&b));
+            let what = format!("float Linear {dtype} at {isa}, n={n} k={k} m={m}");
+            assert_close(&what, &got, &want, |e| tol[e]);
+        }
+    }
+}
+
+dtype_tests!([f32: F32, f16: F16, bf16: BF16] float_linear_matches_scalar);
+
+/// RMSNorm at each level against the scalar one. The formula test allows a relative
+/// `1e-6·√dim + 4·EPS` for each (the mean square is a dot product, then a square root, a
+/// division and two products); two results are within twice that of each other.
+fn rms_norm_matches_scalar(dtype: DataType) {
+    let mut rng = rng(0x16c);
+    for dim in LENS.into_iter().chain([4096]) {
+        for n in [1, 3] {
+            let (x, _) = random_f32(&mut rng, &[n, dim], 1.0);
+            let (g, _) = random_weight(&mut rng, &[dim], dtype);
+            let norm = |isa| {
+                let mut out = nan_output(&[n, dim]);
+                run_at(
+                    isa,
+                    Op::RmsNorm {
+                        input: &x,
+                        weight: &g,
+                        eps: 1e-5,
+                        output: &mut out,
+                    },
+                );
+                out.to_f32_vec()
+            };
+            let want: Vec<f64> = norm(Isa::Scalar).iter().map(|&v| v as f64).collect();
+            let rel = 2.0 * (1e-6 * (dim as f64).sqrt() + 4.0 * EPS);
+            for isa in simd_levels() {
+                let what = format!("RmsNorm {dtype} at {isa}, n={n} dim={dim}");
+                assert_close(&what, &norm(isa), &want, |i| rel * want[i].abs());
+            }
+        }
+    }
+}
+
+dtype_tests!([f32: F32, f16: F16, bf16: BF16] rms_norm_matches_scalar);
+
+/// Embedding rows of f32, f16 and bf16 tables: widening is exact, so the levels agree bit
+/// for bit.
+fn embedding_matches_scalar(dtype: DataType) {
+    let mut rng = rng(0x17d);
+    for dim in LENS {
+        let (table, _) = random_weight(&mut rng, &[11, dim], dtype);
+        let tokens = [3, 0, 10, 3, 7];
+        let embed = |isa| {
+            let mut out = nan_output(&[tokens.len(), dim]);
+            run_at(
+                isa,
+                Op::Embedding {
+                    table: &table,
+                    tokens: &tokens,
+                    output: &mut out,
+                },
+            );
+            out.to_f32_vec()
+        };
+        let want = embed(Isa::Scalar);
+        for isa in simd_levels() {
+            assert_eq!(embed(isa), want, "Embedding {dtype} at {isa}, dim={dim}");
+        }
+    }
+}
+
+dtype_tests!([f32: F32, f16: F16, bf16: BF16] embedding_matches_scalar);
+
+/// RoPE at each level against the scalar one: both styles, head sizes of 8, 16, 64 and 128
+/// lanes and odd ones (tails), partial rotary dimensions, decode and prefill rows.
+///
+/// Both rotate a pair `(a, b)` with the same table values: `a·c − b·s` and `a·s + b·c` each
+/// take two or three roundings of terms at most `|(a, b)|·√2`, so each is within about
+/// `2·EPS·|(a, b)|` of the exact rotation and the two within `4·EPS·|(a, b)|`; dimensions
+/// past `rotary_dim` must be unchanged, bit for bit.
+#[test]
+fn rope_matches_scalar() {
+    let mut seed = 0x18e;
+    let dims = [
+        (2, 2),
+        (8, 8),
+        (10, 6),
+        (16, 16),
+        (34, 34),
+        (40, 40),
+        (64, 32),
+        (64, 64),
+        (128, 128),
+    ];
+    for style in [RopeStyle::AdjacentPairs, RopeStyle::RotateHalf] {
+        for (head_dim, rotary_dim) in dims {
+            let table = RopeTable::new(style, head_dim, rotary_dim, 10000.0, 512).unwrap();
+            for (n, start_pos, n_heads) in [(1, 0, 1), (1, 37, 8), (5, 100, 3), (3, 509, 2)] {
+                seed += 1;
+                let (x, xv) = random_f32(&mut rng(seed), &[n, n_heads * head_dim], 1.0);
+                let rotate = |isa| {
+                    let mut y = x.clone();
+                    run_at(
+                        isa,
+                        Op::Rope {
+                            x: &mut y,
+                            table: &table,
+                            n_heads,
+                            start_pos,
+                        },
+                    );
+                    y.to_f32_vec()
+                };
+                let want: Vec<f64> = rotate(Isa::Scalar).iter().map(|&v| v as f64).collect();
+                let mut tol = vec![0.0; xv.len()];
+                let half = rotary_dim / 2;
+                for head in 0..n * n_heads {
+                    for j in 0..half {
+                        let (a, b) = match style {
+                            RopeStyle::AdjacentPairs => (2 * j, 2 * j + 1),
+                            RopeStyle::RotateHalf => (j, j + half),
+                        };
+                        let (ia, ib) = (head * head_dim + a, head * head_dim + b);
+                        let r = (xv[ia] as f64).hypot(xv[ib] as f64);
+                        (tol[ia], tol[ib]) = (4.0 * EPS * r, 4.0 * EPS * r);
+                    }
+                }
+                for isa in simd_levels() {
+                    let what = format!(
+                        "Rope {style:?} at {isa}, head_dim={head_dim} rotary={rotary_dim} \
+                         n={n} start={start_pos} heads={n_heads}"
+                    );
+                    assert_close(&what, &rotate(isa), &want, |i| tol[i]);
+                }
+            }
+        }
+    }
+}
+
+/// One attention shape: `n` query rows from `start_pos`, `(n_heads, n_kv_heads)`.
+struct AttnCase {
+    n: usize,
+    start_pos: usize,
+    heads: (usize, usize),
+    head_dim: usize,
+}
+
+/// Attention at each level against the scalar one: head sizes of 8, 16, 64 and 128 and odd
+/// ones, multi-head, grouped-query and multi-query heads, decode and prefill rows, and
+/// shapes above `PARALLEL_MIN_WORK`.
+///
+/// Tolerance per (row, head), from `ops_attention.rs`: each f32 score is within
+/// `DOT_REL·scale·Σ|q·k|` plus a few roundings of the exact one, which moves an output by at
+/// most twice that times `max|v|`, and the weighted sum of `len` values adds about
+/// `EPS·√len·max|v|`; two results are within twice that bound of each other.
+#[test]
+fn attention_matches_scalar() {
+    let case = |n, start_pos, heads, head_dim| AttnCase {
+        n,
+        start_pos,
+        heads,
+        head_dim,
+    };
+    let mut cases = Vec::new();
+    for head_dim in [8, 16, 64, 128, 1, 5, 33, 65] {
+        cases.extend([
+            case(1, 0, (4, 4), head_dim),
+            case(1, 37, (8, 4), head_dim),
+            case(1, 100, (4, 1), head_dim),
+            case(5, 0, (6, 3), head_dim),
+            case(7, 13, (2, 2), head_dim),
+        ]);
+    }
+    cases.extend([
+        case(1, 300, (8, 2), 64),
+        case(1, 1000, (8, 4), 8),
+        case(17, 40, (4, 2), 32),
+        case(2, 70, (32, 8), 65),
+        case(9, 100, (32, 4), 128),
+    ]);
+    let mut seed = 0x19f;
+    for c in cases {
+        seed += 1;
+        let (n_heads, n_kv_heads) = c.heads;
+        let hd = c.head_dim;
+        let kv_dim = n_kv_heads * hd;
+        let rows = c.start_pos + c.n;
+        let mut rng = rng(seed);
+        let (k, kv) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
+        let (v, vv) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
+        let (q, qv) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let attend = |isa| {
+            let mut out = nan_output(&[c.n, n_heads * hd]);
+            run_at(
+                isa,
+                Op::Attention {
+                    q: &q,
+                    cache_k: &k,
+                    cache_v: &v,
+                    start_pos: c.start_pos,
+                    n_heads,
+                    n_kv_heads,
+                    scale,
+                    output: &mut out,
+                },
+            );
+            out.to_f32_vec()
+        };
+        let want: Vec<f64> = attend(Isa::Scalar).iter().map(|&x| x as f64).collect();
+        let group = n_heads / n_kv_heads;
+        let mut tol = vec![0.0; want.len()];
+        for i in 0..c.n {
+            let len = c.start_pos + i + 1;
+            for h in 0..n_heads {
+                let qh = &qv[(i * n_heads + h) * hd..][..hd];
+                let off = (h / group) * hd;
+                let (mut max_mag, mut vmax) = (0.0f64, 0.0f64);
+                for t in 0..len {
+                    let kt = &kv[t * kv_dim + off..][..hd];
+                    let mag: f64 = qh.iter().zip(kt).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                    max_mag = max_mag.max(mag * scale as f64);
+                    let vt = &vv[t * kv_dim + off..][..hd];
+                    vmax = vv_max(vmax, vt);
+                }
+                let t = vmax * (2.0 * (DOT_REL * max_mag + 4.0 * EPS) + EPS * (len as f64).sqrt());
+                tol[(i * n_heads + h) * hd..][..hd].fill(2.0 * t);
+            }
+        }
+        for isa in simd_levels() {
+            let what = format!(
+                "Attention at {isa}, n={} start={} heads={:?} head_dim={hd}",
+                c.n, c.start_pos, c.heads
+            );
+            assert_close(&what, &attend(isa), &want, |i| tol[i]);
+        }
+    }
+}
+
+/// `max(m, max |v|)`.
+fn vv_max(m: f64, v: &[f32]) -> f64 {
+    v.iter().fold(m, |m, &x| m.max(x.abs() as f64))
+}
+
+/// SiLU·up at each level against the scalar one, including the overflow and underflow edges
+/// of `exp`. Both compute the same steps (the polynomial `exp` within `2·EPS`, then four
+/// roundings), so each is within `4·EPS` relative of the exact value and the two within
+/// `8·EPS`; below about `1e-36` either may flush to 0.
+#[test]
+fn silu_mul_matches_scalar() {
+    let mut rng = rng(0x1a0);
+    let edges = [
+        0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 87.0, -87.0, 88.0, -88.0, -89.0, -100.0, 100.0,
+        -1e30, 1e30, -87.3, -87.4,
+    ];
+    let mut inputs: Vec<(Vec<f32>, Vec<f32>)> = LENS
+        .into_iter()
+        .chain([1 << 17 | 3])
+        .map(|len| (uniform(&mut rng, len, 8.0), uniform(&mut rng, len, 2.0)))
+        .collect();
+    inputs.push((edges.to_vec(), vec![1.5; edges.len()]));
+    for (g, u) in inputs {
+        let len = g.len();
+        let (gate, up) = (f32_data(&[1, len], &g), f32_data(&[1, len], &u));
+        let silu = |isa| {
+            let mut out = nan_output(&[1, len]);
+            run_at(
+                isa,
+                Op::SiluMul {
+                    gate: &gate,
+                    up: &up,
+                    output: &mut out,
+                },
+            );
+            out.to_f32_vec()
+        };
+        let want: Vec<f64> = silu(Isa::Scalar).iter().map(|&v| v as f64).collect();
+        for isa in simd_levels() {
+            let what = format!("SiluMul at {isa}, len={len}");
+            assert_close(&what, &silu(isa), &want, |i| {
+                8.0 * EPS * want[i].abs() + 1e-36
+            });
+        }
+    }
+}
+
+/// `x += y` at each level: one correctly rounded addition per element, so bit for bit.
+#[test]
+fn add_matches_scalar() {
+    let mut rng = rng(0x1b1);
+    for len in LENS.into_iter().chain([1 << 17 | 5]) {
+        let (x, _) = random_f32(&mut rng, &[1, len], 4.0);
+        let (y, _) = random_f32(&mut rng, &[1, len], 4.0);
+        let add = |isa| {
+            let mut z = x.clone();
+            run_at(isa, Op::Add { x: &mut z, y: &y });
+            z.to_f32_vec()
+        };
+        let want = add(Isa::Scalar);
+        for isa in simd_levels() {
+            assert_eq!(add(isa), want, "Add at {isa}, len={len}");
+        }
+    }
+}
+
+/// Argmax at each level: the same index, ties, NaN, infinities and maxima in the tail
+/// included.
+#[test]
+fn argmax_matches_scalar() {
+    let mut rng = rng(0x1c2);
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let mut rows: Vec<Vec<f32>> = LENS
+        .into_iter()
+        .chain([32000, 32003])
+        .map(|len| uniform(&mut rng, len, 10.0))
+        .collect();
+    let mut tail = vec![0.5f32; 33];
+    tail[32] = 1.0;
+    rows.extend([
+        vec![1.0, 3.0, 3.0, 2.0, 3.0],
+        vec![-inf; 17],
+        vec![nan; 9],
+        vec![nan, -inf, 2.0, nan, 2.0, 7.0, nan, 7.0, 1.0],
+        vec![-5.0, -2.0, -2.0, -7.0, -3.0, -2.0, -9.0, -1e30, -inf],
+        vec![inf, 1.0, inf, 2.0, 3.0],
+        tail,
+    ]);
+    for row in rows {
+        let input = f32_data(&[1, row.len()], &row);
+        let argmax = |isa| {
+            let mut out = [u32::MAX];
+            run_at(
+                isa,
+                Op::Argmax {
+                    input: &input,
+                    output: &mut out,
+                },
+            );
+            out[0]
+        };
+        let want = argmax(Isa::Scalar);
+        for isa in simd_levels() {
+            assert_eq!(argmax(isa), want, "Argmax at {isa}, row {row:?}");
+        }
+    }
+}

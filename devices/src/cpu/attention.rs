@@ -1,21 +1,50 @@
 //! Causal multi-head attention with grouped-query heads over the KV cache.
+//!
+//! For each query row and head: scores `q·k_t·scale` for the `len` cached positions it
+//! sees, softmax with the maximum subtracted, then `Σ_t p_t·v_t`, all in f32 (llama2.c
+//! `forward`).
+//!
+//! The SIMD kernel takes the query heads of one KV head together (a GQA group, or part of
+//! one when a parallel decode would otherwise have fewer tasks than threads), so that each
+//! key and value row is read from memory once for all of them:
+//! 1. scores for blocks of 8 positions, one accumulator per position, reduced together by
+//!    [`Simd::store_sums8`]; the block's key rows stay in L1 while each head reads them;
+//! 2. per head, the maximum and the exponentials with the polynomial [`simd::exp_simd`],
+//!    over whole vectors of scores (padded with −∞);
+//! 3. the weighted sum over blocks of value rows that stay in L1 (16 KiB) for every head,
+//!    with several accumulators per output vector so that the additions overlap; the
+//!    division by the sum comes last.
+//!
+//! Scores live in a thread-local buffer, so a warm call allocates nothing. The portable
+//! twin does the same steps one head and one value at a time.
+
+// The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
+// to come): elsewhere only the portable twins are called.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use std::cell::RefCell;
 
 use flm_core::{Data, Error, Result};
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::simd::x86;
+use super::simd::{self, Kernel, Simd};
 use super::weights::dot;
-use super::{shape_err, PARALLEL_MIN_WORK};
+use super::{shape_err, Isa, PARALLEL_MIN_WORK};
 
 thread_local! {
+    /// The scores (then probabilities) of the current head.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `output = softmax(q·Kᵀ·scale)·V` per head, causal, GQA (see [`flm_core::Op::Attention`]),
-/// as llama2.c `forward`: scores and softmax in f32 with the maximum subtracted.
+/// `output = softmax(q·Kᵀ·scale)·V` per head, causal, GQA (see [`flm_core::Op::Attention`]):
+/// `q`, `output` `[n, n_heads·head_dim]`, caches `[max_pos, n_kv_heads·head_dim]`, all f32;
+/// query head `h` reads KV head `h / (n_heads / n_kv_heads)`, and row `i` (position
+/// `start_pos + i`) the cache rows `0..=start_pos + i`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
+    isa: Isa,
     q: &Data,
     cache_k: &Data,
     cache_v: &Data,
@@ -64,47 +93,344 @@ pub(crate) fn attention(
             max: cache_k.rows(),
         });
     }
-    let group = n_heads / n_kv_heads;
-    let (q, keys, values) = (q.as_f32()?, cache_k.as_f32()?, cache_v.as_f32()?);
-    // One task per (row, head): writes `head_dim` outputs.
-    let head = |task: usize, out: &mut [f32]| {
-        let (i, h) = (task / n_heads, task % n_heads);
-        let len = start_pos + i + 1;
-        let qh = &q[(i * n_heads + h) * head_dim..][..head_dim];
-        let kv_off = (h / group) * head_dim;
-        SCORES.with_borrow_mut(|scores| {
-            scores.clear();
-            scores.extend(
-                (0..len).map(|t| dot(qh, &keys[t * kv_dim + kv_off..][..head_dim]) * scale),
-            );
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            out.fill(0.0);
-            for (t, s) in scores.iter().enumerate() {
-                let p = s / sum;
-                for (o, v) in out
-                    .iter_mut()
-                    .zip(&values[t * kv_dim + kv_off..][..head_dim])
-                {
-                    *o += p * v;
-                }
-            }
-        });
+    let a = Attn {
+        q: q.as_f32()?,
+        keys: cache_k.as_f32()?,
+        values: cache_v.as_f32()?,
+        start_pos,
+        n_heads,
+        group: n_heads / n_kv_heads,
+        task_heads: n_heads / n_kv_heads,
+        head_dim,
+        kv_dim,
+        scale,
     };
     let out = output.as_f32_mut()?;
     let work = n * n_heads * (start_pos + n) * head_dim * 2;
     if work >= PARALLEL_MIN_WORK {
-        out.par_chunks_mut(head_dim)
-            .enumerate()
-            .for_each(|(t, o)| head(t, o));
-    } else {
-        for (t, o) in out.chunks_mut(head_dim).enumerate() {
-            head(t, o);
+        // One task per (row, KV head): the query heads of a group share its K/V reads. With
+        // fewer tasks than twice the threads (decode with few KV heads), groups are split.
+        let mut a = a;
+        let threads = rayon::current_num_threads();
+        while a.task_heads.is_multiple_of(2) && n * n_heads / a.task_heads < 2 * threads {
+            a.task_heads /= 2;
         }
+        let task_heads = a.task_heads;
+        out.par_chunks_mut(task_heads * head_dim)
+            .enumerate()
+            .for_each(|(t, o)| heads(isa, &a, t * task_heads, o));
+    } else {
+        heads(isa, &a, 0, out);
     }
     Ok(())
+}
+
+/// The operands of one call.
+struct Attn<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    start_pos: usize,
+    n_heads: usize,
+    group: usize,
+    /// Query heads per SIMD task: the group or a divisor of it.
+    task_heads: usize,
+    head_dim: usize,
+    kv_dim: usize,
+    scale: f32,
+}
+
+/// Query heads `first..` (head `h` of row `i` is `i·n_heads + h`), one per `head_dim` outputs
+/// of `out`; `first` and the number of heads are multiples of `a.task_heads`.
+fn heads(isa: Isa, a: &Attn<'_>, first: usize, out: &mut [f32]) {
+    SCORES.with_borrow_mut(|scores| {
+        let k = Heads {
+            a,
+            first,
+            out,
+            scores,
+        };
+        match isa {
+            // 16-lane vectors only when a head fills one.
+            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if a.head_dim >= 16 => unsafe { x86::avx512(k) },
+            // SAFETY: as above (AVX-512 includes AVX2).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+            _ => k.portable(),
+        }
+    })
+}
+
+/// The SIMD kernel (and the portable twin) over a run of query heads, see [`heads`].
+struct Heads<'a, 'b> {
+    a: &'b Attn<'a>,
+    first: usize,
+    out: &'b mut [f32],
+    scores: &'b mut Vec<f32>,
+}
+
+impl Heads<'_, '_> {
+    /// The portable twin of the SIMD kernel: the same steps, one value at a time.
+    fn portable(self) {
+        let a = self.a;
+        let hd = a.head_dim;
+        for (dt, out) in self.out.chunks_exact_mut(hd).enumerate() {
+            let task = self.first + dt;
+            let (i, h) = (task / a.n_heads, task % a.n_heads);
+            let len = a.start_pos + i + 1;
+            let qh = &a.q[task * hd..][..hd];
+            let kv_off = (h / a.group) * hd;
+            let scores = &mut *self.scores;
+            scores.clear();
+            scores.extend(
+                (0..len).map(|t| dot(qh, &a.keys[t * a.kv_dim + kv_off..][..hd]) * a.scale),
+            );
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            for s in scores.iter_mut() {
+                *s = simd::exp(*s - max);
+                sum += *s;
+            }
+            out.fill(0.0);
+            for (t, &p) in scores.iter().enumerate() {
+                for (o, v) in out.iter_mut().zip(&a.values[t * a.kv_dim + kv_off..][..hd]) {
+                    *o += p * v;
+                }
+            }
+            let inv = 1.0 / sum;
+            for o in out.iter_mut() {
+                *o *= inv;
+            }
+        }
+    }
+}
+
+impl Kernel for Heads<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let a = self.a;
+        let width = a.task_heads * a.head_dim;
+        for (dt, out) in self.out.chunks_exact_mut(width).enumerate() {
+            group(s, a, self.first + dt * a.task_heads, self.scores, out);
+        }
+    }
+}
+
+/// The query heads `first..first + task_heads` of one row (of one KV head) with the vectors
+/// of `s`:
+/// all their scores first, each block of 8 key rows read from memory once and from L1 for
+/// the other heads, then per head the softmax and the weighted sum of the value rows.
+#[inline(always)]
+fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let (hd, kv_dim, l, heads) = (a.head_dim, a.kv_dim, S::LANES, a.task_heads);
+    let i = first / a.n_heads;
+    let len = a.start_pos + i + 1;
+    let qs = &a.q[first * hd..][..heads * hd];
+    let kv_off = (first % a.n_heads / a.group) * hd;
+    let keys = &a.keys[kv_off..];
+    let values = &a.values[kv_off..];
+
+    // Scores of head `h` at `h·padded`, padded with −∞ (probability 0) to whole vectors.
+    let padded = len.div_ceil(l) * l;
+    scores.clear();
+    scores.resize(heads * padded + heads, f32::NEG_INFINITY);
+    let mut t = 0;
+    while t + 8 <= len {
+        let mut rows: [&[f32]; 8] = [&[]; 8];
+        for (j, row) in rows.iter_mut().enumerate() {
+            *row = &keys[(t + j) * kv_dim..][..hd];
+        }
+        for (h, qh) in qs.chunks_exact(hd).enumerate() {
+            let mut acc = [s.zero(); 8];
+            let mut c = 0;
+            while c + l <= hd {
+                let qv = s.load(&qh[c..]);
+                for (acc, row) in acc.iter_mut().zip(&rows) {
+                    *acc = s.fma(qv, s.load(&row[c..]), *acc);
+                }
+                c += l;
+            }
+            if c < hd {
+                let qv = s.load_part(&qh[c..]);
+                for (acc, row) in acc.iter_mut().zip(&rows) {
+                    *acc = s.fma(qv, s.load_part(&row[c..]), *acc);
+                }
+            }
+            s.store_sums8(acc, a.scale, &mut scores[h * padded + t..]);
+        }
+        t += 8;
+    }
+    while t < len {
+        let row = &keys[t * kv_dim..][..hd];
+        for (h, qh) in qs.chunks_exact(hd).enumerate() {
+            scores[h * padded + t] = s.sum(dot_lanes(s, qh, row)) * a.scale;
+        }
+        t += 1;
+    }
+
+    // Softmax numerators; the inverse sums go after the scores.
+    let (scores, invs) = scores.split_at_mut(heads * padded);
+    for (scores, inv) in scores.chunks_exact_mut(padded).zip(invs.iter_mut()) {
+        *inv = softmax(s, scores);
+    }
+
+    // `out_h = inv_h · Σ_t p_h[t]·v_t`, over blocks of value rows that stay in L1 (16 KiB)
+    // while every head of the group reads them.
+    out.fill(0.0);
+    let block = (256 / hd.div_ceil(16)).max(8);
+    for t0 in (0..len).step_by(block) {
+        let t1 = (t0 + block).min(len);
+        let rows = &values[t0 * kv_dim..];
+        for (p, out) in scores.chunks_exact(padded).zip(out.chunks_exact_mut(hd)) {
+            weighted(s, &p[t0..t1], rows, kv_dim, out);
+        }
+    }
+    for (out, &inv) in out.chunks_exact_mut(hd).zip(invs.iter()) {
+        scale(s, out, inv);
+    }
+}
+
+/// `out *= k`.
+#[inline(always)]
+fn scale<S: Simd>(s: S, out: &mut [f32], k: f32) {
+    let (k, mut chunks) = (s.splat(k), out.chunks_exact_mut(S::LANES));
+    for v in &mut chunks {
+        s.store(v, s.mul(s.load(v), k));
+    }
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        s.store_part(rest, s.mul(s.load_part(rest), k));
+    }
+}
+
+/// `scores[t] = e^(scores[t] − max)` in place (`scores.len()` a multiple of `LANES`); returns
+/// `1 / Σ scores`. Two maximum accumulators halve the dependency chain.
+#[inline(always)]
+fn softmax<S: Simd>(s: S, scores: &mut [f32]) -> f32 {
+    let l = S::LANES;
+    let (mut m0, mut m1) = (s.splat(f32::NEG_INFINITY), s.splat(f32::NEG_INFINITY));
+    let mut pairs = scores.chunks_exact(2 * l);
+    for v in &mut pairs {
+        m0 = s.max(s.load(v), m0);
+        m1 = s.max(s.load(&v[l..]), m1);
+    }
+    if !pairs.remainder().is_empty() {
+        m0 = s.max(s.load(pairs.remainder()), m0);
+    }
+    let max = s.splat(s.max_lane(s.max(m0, m1)));
+    let mut sum = s.zero();
+    for v in scores.chunks_exact_mut(l) {
+        let e = simd::exp_simd(s, s.sub(s.load(v), max));
+        s.store(v, e);
+        sum = s.add(sum, e);
+    }
+    1.0 / s.sum(sum)
+}
+
+/// `out += Σ_t p[t]·values[t·kv_dim..][..out.len()]`, in blocks of output vectors.
+#[inline(always)]
+fn weighted<S: Simd>(s: S, p: &[f32], values: &[f32], kv_dim: usize, out: &mut [f32]) {
+    let (l, hd) = (S::LANES, out.len());
+    let full = hd.is_multiple_of(l);
+    match (hd.div_ceil(l), full) {
+        (1, true) => weighted_sum::<S, 1, 4, true>(s, p, values, kv_dim, hd, 0, out),
+        (1, false) => weighted_sum::<S, 1, 4, false>(s, p, values, kv_dim, hd, 0, out),
+        (2, true) => weighted_sum::<S, 2, 4, true>(s, p, values, kv_dim, hd, 0, out),
+        (2, false) => weighted_sum::<S, 2, 4, false>(s, p, values, kv_dim, hd, 0, out),
+        (_, _) => {
+            for c0 in (0..hd).step_by(4 * l) {
+                if c0 + 4 * l <= hd {
+                    weighted_sum::<S, 4, 2, true>(s, p, values, kv_dim, hd, c0, out);
+                } else {
+                    weighted_sum::<S, 4, 2, false>(s, p, values, kv_dim, hd, c0, out);
+                }
+            }
+        }
+    }
+}
+
+/// The lane-wise products `a[c]·b[c]` summed over the vectors of `a` (`a.len() == b.len()`).
+#[inline(always)]
+fn dot_lanes<S: Simd>(s: S, a: &[f32], b: &[f32]) -> S::V {
+    let (n, l) = (a.len(), S::LANES);
+    let b = &b[..n];
+    let mut acc = s.zero();
+    let mut c = 0;
+    while c + l <= n {
+        acc = s.fma(s.load(&a[c..]), s.load(&b[c..]), acc);
+        c += l;
+    }
+    if c < n {
+        acc = s.fma(s.load_part(&a[c..]), s.load_part(&b[c..]), acc);
+    }
+    acc
+}
+
+/// `out[c0..c0 + B·LANES] += Σ_t p[t]·values[t·kv_dim + c0..]` (clipped to `hd`), with
+/// `U` sets of `B` accumulators taking consecutive positions in turn. `FULL`: the `B`
+/// vectors lie within `hd`, so no lane needs masking.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn weighted_sum<S: Simd, const B: usize, const U: usize, const FULL: bool>(
+    s: S,
+    p: &[f32],
+    values: &[f32],
+    kv_dim: usize,
+    hd: usize,
+    c0: usize,
+    out: &mut [f32],
+) {
+    let l = S::LANES;
+    // The block's columns: exactly `B` vectors when `FULL`, so that no load is checked.
+    let (c1, w) = (c0, if FULL { B * l } else { hd - c0 });
+    let mut acc = [[s.zero(); B]; U];
+    let len = p.len();
+    let mut t = 0;
+    while t + U <= len {
+        let pu = &p[t..t + U];
+        for (u, acc) in acc.iter_mut().enumerate() {
+            axpy::<S, B, FULL>(s, acc, pu[u], &values[(t + u) * kv_dim + c1..][..w]);
+        }
+        t += U;
+    }
+    while t < len {
+        axpy::<S, B, FULL>(s, &mut acc[0], p[t], &values[t * kv_dim + c1..][..w]);
+        t += 1;
+    }
+    for b in 0..B {
+        let c = c0 + b * l;
+        if c >= hd {
+            break;
+        }
+        let mut v = acc[0][b];
+        for acc in &acc[1..] {
+            v = s.add(v, acc[b]);
+        }
+        if c + l <= hd {
+            let sum = s.add(s.load(&out[c..]), v);
+            s.store(&mut out[c..], sum);
+        } else {
+            let o = &mut out[c..hd];
+            let sum = s.add(s.load_part(o), v);
+            s.store_part(o, sum);
+        }
+    }
+}
+
+/// `acc[b] += p · row[b·LANES..]` (clipped to `row.len()`).
+#[inline(always)]
+fn axpy<S: Simd, const B: usize, const FULL: bool>(s: S, acc: &mut [S::V; B], p: f32, row: &[f32]) {
+    let (l, pv) = (S::LANES, s.splat(p));
+    for (b, acc) in acc.iter_mut().enumerate() {
+        let c = b * l;
+        if FULL || c + l <= row.len() {
+            *acc = s.fma(pv, s.load(&row[c..]), *acc);
+        } else if c < row.len() {
+            *acc = s.fma(pv, s.load_part(&row[c..]), *acc);
+        }
+    }
 }

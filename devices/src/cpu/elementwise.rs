@@ -1,25 +1,71 @@
 //! Element-wise and copy ops: residual add, row copies, argmax.
 
+// The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
+// to come): elsewhere only the portable twins are called.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
 use flm_core::{argmax, Data, Error, Result};
 
-use super::shape_err;
+#[cfg(target_arch = "x86_64")]
+use super::simd::x86;
+use super::simd::{Kernel, Simd};
+use super::{shape_err, Isa};
 
-/// `x += y` element-wise.
-pub(crate) fn add(x: &mut Data, y: &Data) -> Result<()> {
+/// `x += y` element-wise, over f32 tensors of one shape.
+pub(crate) fn add(isa: Isa, x: &mut Data, y: &Data) -> Result<()> {
     if x.shape() != y.shape() {
         return Err(shape_err(
             "Add",
             format!("x {:?}, y {:?}", x.shape(), y.shape()),
         ));
     }
-    let y = y.as_f32()?;
-    for (a, b) in x.as_f32_mut()?.iter_mut().zip(y) {
-        *a += b;
+    let k = Add {
+        y: y.as_f32()?,
+        x: x.as_f32_mut()?,
+    };
+    match isa {
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::avx512(k) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        _ => {
+            for (a, b) in k.x.iter_mut().zip(k.y) {
+                *a += b;
+            }
+        }
     }
     Ok(())
 }
 
-/// `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`.
+/// The operands of [`add`], as f32 slices of one length.
+struct Add<'a> {
+    x: &'a mut [f32],
+    y: &'a [f32],
+}
+
+impl Kernel for Add<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let (n, l) = (self.x.len(), S::LANES);
+        let (x, y) = (self.x, &self.y[..n]);
+        let mut c = 0;
+        while c + l <= n {
+            let v = s.add(s.load(&x[c..]), s.load(&y[c..]));
+            s.store(&mut x[c..], v);
+            c += l;
+        }
+        if c < n {
+            let v = s.add(s.load_part(&x[c..]), s.load_part(&y[c..]));
+            s.store_part(&mut x[c..], v);
+        }
+    }
+}
+
+/// `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`: one `memcpy`.
 pub(crate) fn copy_rows(
     src: &Data,
     src_row: usize,
@@ -51,8 +97,9 @@ pub(crate) fn copy_rows(
     Ok(())
 }
 
-/// `output[i] = argmax(input[i, :])`.
-pub(crate) fn argmax_rows(input: &Data, output: &mut [u32]) -> Result<()> {
+/// `output[i] = argmax(input[i, :])` as [`flm_core::argmax`]: the first index of the
+/// largest value, NaN never chosen, 0 when no value exceeds −∞.
+pub(crate) fn argmax_rows(isa: Isa, input: &Data, output: &mut [u32]) -> Result<()> {
     if output.len() != input.rows() || input.cols() == 0 {
         return Err(shape_err(
             "Argmax",
@@ -61,7 +108,55 @@ pub(crate) fn argmax_rows(input: &Data, output: &mut [u32]) -> Result<()> {
     }
     let cols = input.cols();
     for (o, row) in output.iter_mut().zip(input.as_f32()?.chunks_exact(cols)) {
-        *o = argmax(row);
+        *o = match isa {
+            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { x86::avx512(Argmax(row)) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(Argmax(row)) },
+            _ => argmax(row),
+        };
     }
     Ok(())
+}
+
+/// Two passes over the row: the maximum (NaN ignored), then the first lane equal to it.
+struct Argmax<'a>(&'a [f32]);
+
+impl Kernel for Argmax<'_> {
+    type Output = u32;
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) -> u32 {
+        let (row, l) = (self.0, S::LANES);
+        let full = row.len() / l * l;
+        // `max(v, acc)` keeps `acc` where `v` is NaN.
+        let mut acc = s.splat(f32::NEG_INFINITY);
+        let mut c = 0;
+        while c < full {
+            acc = s.max(s.load(&row[c..]), acc);
+            c += l;
+        }
+        let mut best = s.max_lane(acc);
+        for &v in &row[full..] {
+            if v > best {
+                best = v;
+            }
+        }
+        if best == f32::NEG_INFINITY {
+            return 0;
+        }
+        let mut c = 0;
+        while c < full {
+            if let Some(i) = s.first_eq(s.load(&row[c..]), best) {
+                return (c + i) as u32;
+            }
+            c += l;
+        }
+        row[full..]
+            .iter()
+            .position(|&v| v == best)
+            .map_or(0, |i| (full + i) as u32)
+    }
 }

@@ -14,6 +14,7 @@ mod linear;
 mod norm;
 mod qlinear;
 mod rope;
+mod simd;
 mod weights;
 
 use flm_core::{BaseDevice, DataType, Error, Op, Result};
@@ -93,13 +94,13 @@ impl BaseDevice for CpuDevice {
                 table,
                 tokens,
                 output,
-            } => embedding::embedding(table, tokens, output),
+            } => embedding::embedding(self.isa, table, tokens, output),
             Op::RmsNorm {
                 input,
                 weight,
                 eps,
                 output,
-            } => norm::rms_norm(input, weight, eps, output),
+            } => norm::rms_norm(self.isa, input, weight, eps, output),
             Op::Linear {
                 input,
                 weight,
@@ -111,7 +112,7 @@ impl BaseDevice for CpuDevice {
                 table,
                 n_heads,
                 start_pos,
-            } => rope::rope(x, table, n_heads, start_pos),
+            } => rope::rope(self.isa, x, table, n_heads, start_pos),
             Op::CopyRows {
                 src,
                 src_row,
@@ -129,11 +130,11 @@ impl BaseDevice for CpuDevice {
                 scale,
                 output,
             } => attention::attention(
-                q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, scale, output,
+                self.isa, q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, scale, output,
             ),
-            Op::SiluMul { gate, up, output } => activation::silu_mul(gate, up, output),
-            Op::Add { x, y } => elementwise::add(x, y),
-            Op::Argmax { input, output } => elementwise::argmax_rows(input, output),
+            Op::SiluMul { gate, up, output } => activation::silu_mul(self.isa, gate, up, output),
+            Op::Add { x, y } => elementwise::add(self.isa, x, y),
+            Op::Argmax { input, output } => elementwise::argmax_rows(self.isa, input, output),
         }
     }
 }

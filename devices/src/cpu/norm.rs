@@ -2,12 +2,22 @@
 
 use flm_core::{Data, Result};
 
-use super::shape_err;
+#[cfg(target_arch = "x86_64")]
+use super::simd::x86;
+use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::{dot, Rows};
+use super::{shape_err, Isa};
 
 /// RMSNorm (Zhang & Sennrich 2019) as in llama2.c `rmsnorm` and HF `LlamaRMSNorm`:
-/// `out = x / sqrt(mean(x²) + eps) * weight`, per row, accumulated in f32.
-pub(crate) fn rms_norm(input: &Data, weight: &Data, eps: f32, output: &mut Data) -> Result<()> {
+/// `out = x / sqrt(mean(x²) + eps) * weight`, per row of `input` `[n, dim]`, accumulated in
+/// f32; `weight` `[dim]` is f32, f16, bf16 (or quantised, dequantised first).
+pub(crate) fn rms_norm(
+    isa: Isa,
+    input: &Data,
+    weight: &Data,
+    eps: f32,
+    output: &mut Data,
+) -> Result<()> {
     let dim = input.cols();
     if dim == 0 || weight.numel() != dim || output.shape() != input.shape() {
         return Err(shape_err(
@@ -20,16 +30,80 @@ pub(crate) fn rms_norm(input: &Data, weight: &Data, eps: f32, output: &mut Data)
             ),
         ));
     }
-    let mut buf = Vec::new();
-    let rows = Rows::new(weight)?;
-    let w = rows.row(0, dim, &mut buf);
     let x = input.as_f32()?;
     let out = output.as_f32_mut()?;
-    for (src, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let scale = 1.0 / (dot(src, src) / dim as f32 + eps).sqrt();
-        for ((d, s), g) in dst.iter_mut().zip(src).zip(w) {
-            *d = s * scale * g;
+    match Rows::new(weight)? {
+        Rows::F32(w) => rms_norm_rows(isa, x, w, eps, out),
+        Rows::F16(w) => rms_norm_rows(isa, x, w, eps, out),
+        Rows::BF16(w) => rms_norm_rows(isa, x, w, eps, out),
+        rows @ Rows::Quant { .. } => {
+            // Quantised gains are not produced by any converter; dequantise them (once).
+            let mut buf = Vec::new();
+            let w = rows.row(0, dim, &mut buf).to_vec();
+            rms_norm_rows(isa, x, &w, eps, out)
         }
     }
     Ok(())
+}
+
+/// The rows of `x` `[n, w.len()]` normalised into `out`.
+struct RmsNormRows<'a, E> {
+    x: &'a [f32],
+    w: &'a [E],
+    eps: f32,
+    out: &'a mut [f32],
+}
+
+/// [`rms_norm`] of `x` `[n, w.len()]` with gains `w`, at `isa`.
+fn rms_norm_rows<E: Elem>(isa: Isa, x: &[f32], w: &[E], eps: f32, out: &mut [f32]) {
+    let k = RmsNormRows { x, w, eps, out };
+    match isa {
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if w.len() >= 16 => unsafe { x86::avx512(k) },
+        // SAFETY: as above (AVX-512 includes AVX2).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        _ => k.portable(),
+    }
+}
+
+impl<E: Elem> RmsNormRows<'_, E> {
+    /// The portable twin of the SIMD kernel below.
+    fn portable(self) {
+        let dim = self.w.len();
+        for (src, dst) in self.x.chunks_exact(dim).zip(self.out.chunks_exact_mut(dim)) {
+            let scale = 1.0 / (dot(src, src) / dim as f32 + self.eps).sqrt();
+            for ((d, s), g) in dst.iter_mut().zip(src).zip(self.w) {
+                *d = s * scale * g.to_f32();
+            }
+        }
+    }
+}
+
+impl<E: Elem> Kernel for RmsNormRows<'_, E> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let (dim, l) = (self.w.len(), S::LANES);
+        let w = self.w;
+        for (src, dst) in self.x.chunks_exact(dim).zip(self.out.chunks_exact_mut(dim)) {
+            let scale = 1.0 / (simd::dot(s, src, src) / dim as f32 + self.eps).sqrt();
+            let scale = s.splat(scale);
+            let mut c = 0;
+            while c + l <= dim {
+                let v = s.mul(s.mul(s.load(&src[c..]), scale), E::load(s, &w[c..]));
+                s.store(&mut dst[c..], v);
+                c += l;
+            }
+            if c < dim {
+                let v = s.mul(
+                    s.mul(s.load_part(&src[c..]), scale),
+                    E::load_part(s, &w[c..]),
+                );
+                s.store_part(&mut dst[c..], v);
+            }
+        }
+    }
 }

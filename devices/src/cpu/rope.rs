@@ -2,14 +2,18 @@
 
 use flm_core::{Data, Error, Result, RopeStyle, RopeTable};
 
-use super::shape_err;
+#[cfg(target_arch = "x86_64")]
+use super::simd::x86;
+use super::simd::{Kernel, Simd};
+use super::{shape_err, Isa};
 
 /// Rotates the first `table.rotary_dim()` dimensions of each head of each row of `x`
-/// `[n, n_heads * head_dim]`; row `i` is at position `start_pos + i`. For a pair `(a, b)` and
-/// angle θ: `a' = a·cosθ − b·sinθ`, `b' = a·sinθ + b·cosθ` (RoFormer eq. 34). Pairs are
-/// `(2j, 2j+1)` for [`RopeStyle::AdjacentPairs`] and `(j, j + rotary_dim/2)` for
-/// [`RopeStyle::RotateHalf`].
+/// `[n, n_heads * head_dim]` (f32); row `i` is at position `start_pos + i`. For a pair
+/// `(a, b)` and angle θ: `a' = a·cosθ − b·sinθ`, `b' = a·sinθ + b·cosθ` (RoFormer eq. 34).
+/// Pairs are `(2j, 2j+1)` for [`RopeStyle::AdjacentPairs`] (llama2.c `run.c`) and
+/// `(j, j + rotary_dim/2)` for [`RopeStyle::RotateHalf`] (HF `apply_rotary_pos_emb`).
 pub(crate) fn rope(
+    isa: Isa,
     x: &mut Data,
     table: &RopeTable,
     n_heads: usize,
@@ -30,24 +34,113 @@ pub(crate) fn rope(
             max: table.max_pos(),
         });
     }
-    let half = table.rotary_dim() / 2;
-    let style = table.style();
     let cols = x.cols();
-    for (i, row) in x.as_f32_mut()?.chunks_exact_mut(cols).enumerate() {
-        let Some((cos, sin)) = table.at(start_pos + i) else {
-            continue;
-        };
-        for head in row.chunks_exact_mut(head_dim) {
-            for j in 0..half {
-                let (a, b) = match style {
-                    RopeStyle::AdjacentPairs => (2 * j, 2 * j + 1),
-                    RopeStyle::RotateHalf => (j, j + half),
-                };
-                let (va, vb) = (head[a], head[b]);
-                head[a] = va * cos[j] - vb * sin[j];
-                head[b] = va * sin[j] + vb * cos[j];
+    let k = Rope {
+        x: x.as_f32_mut()?,
+        cols,
+        table,
+        start_pos,
+    };
+    match isa {
+        // 16-lane vectors only when a head fills at least one (16 pairs or 16 values).
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if table.rotary_dim() >= 32 => unsafe { x86::avx512(k) },
+        // SAFETY: as above (AVX-512 includes AVX2).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        _ => k.portable(),
+    }
+    Ok(())
+}
+
+/// The operands of [`rope`]: `x` `[n, cols]` rotated in place.
+struct Rope<'a> {
+    x: &'a mut [f32],
+    cols: usize,
+    table: &'a RopeTable,
+    start_pos: usize,
+}
+
+impl Rope<'_> {
+    /// The portable twin of the SIMD kernel below.
+    fn portable(self) {
+        let (head_dim, half) = (self.table.head_dim(), self.table.rotary_dim() / 2);
+        let style = self.table.style();
+        for (i, row) in self.x.chunks_exact_mut(self.cols).enumerate() {
+            let Some((cos, sin)) = self.table.at(self.start_pos + i) else {
+                continue;
+            };
+            for head in row.chunks_exact_mut(head_dim) {
+                for j in 0..half {
+                    let (a, b) = match style {
+                        RopeStyle::AdjacentPairs => (2 * j, 2 * j + 1),
+                        RopeStyle::RotateHalf => (j, j + half),
+                    };
+                    let (va, vb) = (head[a], head[b]);
+                    head[a] = va * cos[j] - vb * sin[j];
+                    head[b] = va * sin[j] + vb * cos[j];
+                }
             }
         }
     }
-    Ok(())
+}
+
+impl Kernel for Rope<'_> {
+    type Output = ();
+
+    /// Rotate-half: `a`, `b`, cos and sin are four contiguous runs. Adjacent pairs: with
+    /// `c`/`s` the cos/sin of each pair repeated twice, `v' = v·c ∓ swap(v)·s` (`fmaddsub`).
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let (head_dim, rot) = (self.table.head_dim(), self.table.rotary_dim());
+        let (half, l) = (rot / 2, S::LANES);
+        let style = self.table.style();
+        for (i, row) in self.x.chunks_exact_mut(self.cols).enumerate() {
+            let Some((cos, sin)) = self.table.at(self.start_pos + i) else {
+                continue;
+            };
+            for head in row.chunks_exact_mut(head_dim) {
+                match style {
+                    RopeStyle::RotateHalf => {
+                        let (a, b) = head[..rot].split_at_mut(half);
+                        let mut j = 0;
+                        while j + l <= half {
+                            let (va, vb) = (s.load(&a[j..]), s.load(&b[j..]));
+                            let (c, sn) = (s.load(&cos[j..]), s.load(&sin[j..]));
+                            s.store(&mut a[j..], s.fnma(vb, sn, s.mul(va, c)));
+                            s.store(&mut b[j..], s.fma(va, sn, s.mul(vb, c)));
+                            j += l;
+                        }
+                        if j < half {
+                            let (va, vb) = (s.load_part(&a[j..]), s.load_part(&b[j..]));
+                            let (c, sn) = (s.load_part(&cos[j..]), s.load_part(&sin[j..]));
+                            s.store_part(&mut a[j..], s.fnma(vb, sn, s.mul(va, c)));
+                            s.store_part(&mut b[j..], s.fma(va, sn, s.mul(vb, c)));
+                        }
+                    }
+                    RopeStyle::AdjacentPairs => {
+                        let head = &mut head[..rot];
+                        let mut c = 0;
+                        while c + l <= rot {
+                            let v = s.load(&head[c..]);
+                            let (cd, sd) = (s.load_dup(&cos[c / 2..]), s.load_dup(&sin[c / 2..]));
+                            s.store(
+                                &mut head[c..],
+                                s.fmaddsub(v, cd, s.mul(s.swap_pairs(v), sd)),
+                            );
+                            c += l;
+                        }
+                        if c < rot {
+                            let v = s.load_part(&head[c..]);
+                            let cd = s.load_dup_part(&cos[c / 2..]);
+                            let sd = s.load_dup_part(&sin[c / 2..]);
+                            let r = s.fmaddsub(v, cd, s.mul(s.swap_pairs(v), sd));
+                            s.store_part(&mut head[c..], r);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,8 +1,13 @@
-//! Row access to weights of any dtype, and the f32 dot product.
+//! Row access to weights of any dtype, the f32 dot product and f16/bf16 widening.
 
 use flm_core::{quant, Data, DataType, Error, Result};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+
+#[cfg(target_arch = "x86_64")]
+use super::simd::x86;
+use super::simd::{self, Elem, Kernel, Simd};
+use super::Isa;
 
 /// A weight matrix `[rows, cols]` of any dtype, read row by row as f32.
 pub(crate) enum Rows<'a> {
@@ -64,7 +69,7 @@ impl<'a> Rows<'a> {
 }
 
 /// `Σ a[i]·b[i]` over `min(a.len(), b.len())` elements, with eight independent partial
-/// sums so that LLVM vectorises the loop.
+/// sums so that LLVM vectorises the loop: the portable twin of [`simd::dot`].
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
@@ -83,4 +88,31 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `dst[i] = src[i]` as f32 for `i < dst.len()` (`src.len() >= dst.len()`): exact, since
+/// f16 and bf16 are subsets of f32. F16C / AVX-512 `vcvtph2ps` for f16, a shift by 16 for
+/// bf16.
+pub(crate) fn widen<E: Elem>(isa: Isa, src: &[E], dst: &mut [f32]) {
+    struct Widen<'a, E> {
+        src: &'a [E],
+        dst: &'a mut [f32],
+    }
+    impl<E: Elem> Kernel for Widen<'_, E> {
+        type Output = ();
+        #[inline(always)]
+        fn run<S: Simd>(self, s: S) {
+            simd::widen(s, self.src, self.dst)
+        }
+    }
+    let k = Widen { src, dst };
+    match isa {
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::avx512(k) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        _ => E::widen_portable(k.src, k.dst),
+    }
 }

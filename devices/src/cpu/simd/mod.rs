@@ -1,0 +1,310 @@
+//! The vector layer of the CPU kernels: f32 vectors behind one trait, so that each SIMD
+//! kernel is written once and compiled for every instruction set.
+//!
+//! A [`Simd`] value is a zero-sized token for one level (`x86::Avx2`, `x86::Avx512`; NEON
+//! later); it exists only inside a `#[target_feature]` runner (`x86::avx2`, `x86::avx512`)
+//! that the caller enters after checking the level, and its methods are safe. A kernel is a
+//! [`Kernel`] whose `run` is `#[inline(always)]`, so that the runner compiles it, and
+//! every helper it calls, with the level's features. Each op picks its level with a
+//! `match isa`, falling back to its portable twin.
+//!
+//! Kernels must not call closures that could stay out of line (rayon tasks, boxed
+//! functions): closures do not inherit the runner's target features. Parallel ops split the
+//! work first and enter a runner per task.
+
+// The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
+// to come): elsewhere only the portable twins are called.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+/// One SIMD level's f32 vectors. Every method is `#[inline(always)]` in the implementations.
+///
+/// Slices passed to `load`/`store` must hold at least [`Simd::LANES`] values (checked);
+/// the `_part` forms read or write `min(len, LANES)` values and zero the other lanes.
+pub(crate) trait Simd: Copy {
+    /// f32 lanes per vector.
+    const LANES: usize;
+    /// Vector registers of the level (16 for AVX2, 32 for AVX-512): tile shapes follow it.
+    const REGS: usize;
+    /// A vector of [`Simd::LANES`] f32.
+    type V: Copy;
+
+    /// All lanes 0.
+    fn zero(self) -> Self::V;
+    /// All lanes `x`.
+    fn splat(self, x: f32) -> Self::V;
+    /// `s[..LANES]`.
+    fn load(self, s: &[f32]) -> Self::V;
+    /// `s[..min(len, LANES)]`, zeros after.
+    fn load_part(self, s: &[f32]) -> Self::V;
+    /// `d[..LANES] = v`.
+    fn store(self, d: &mut [f32], v: Self::V);
+    /// `d[..min(len, LANES)] = v[..]`; nothing else is written.
+    fn store_part(self, d: &mut [f32], v: Self::V);
+    /// `s[..LANES]` widened (exactly) to f32: `vcvtph2ps`.
+    fn load_f16(self, s: &[f16]) -> Self::V;
+    /// [`Simd::load_f16`] of `min(len, LANES)` values, zeros after.
+    fn load_f16_part(self, s: &[f16]) -> Self::V;
+    /// `s[..LANES]` widened (exactly: a shift by 16) to f32.
+    fn load_bf16(self, s: &[bf16]) -> Self::V;
+    /// [`Simd::load_bf16`] of `min(len, LANES)` values, zeros after.
+    fn load_bf16_part(self, s: &[bf16]) -> Self::V;
+
+    /// `a + b`.
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a − b`.
+    fn sub(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b`.
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`, correctly rounded.
+    fn div(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a·b + c`, rounded once.
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `c − a·b`, rounded once.
+    fn fnma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// Lane-wise maximum; a NaN in `b` is kept, one in `a` alone is not.
+    fn max(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `|a|`.
+    fn abs(self, a: Self::V) -> Self::V;
+    /// Lanes whose sign bit is set take `a`, the others `b`.
+    fn select_neg(self, x: Self::V, a: Self::V, b: Self::V) -> Self::V;
+    /// `v` where `x` is not below `lim` (NaN included), 0 elsewhere.
+    fn zero_below(self, x: Self::V, lim: f32, v: Self::V) -> Self::V;
+    /// Rounds to the nearest integer, ties to even.
+    fn round(self, a: Self::V) -> Self::V;
+    /// `2ⁿ` for integral `n` in `[-126, 127]`.
+    fn exp2i(self, n: Self::V) -> Self::V;
+
+    /// Sum of the lanes.
+    fn sum(self, v: Self::V) -> f32;
+    /// Maximum of the lanes (of a vector without NaN).
+    fn max_lane(self, v: Self::V) -> f32;
+    /// The lane sums of four vectors.
+    fn sums4(self, v: [Self::V; 4]) -> [f32; 4];
+    /// The lane sums of eight vectors.
+    fn sums8(self, v: [Self::V; 8]) -> [f32; 8];
+    /// `d[j] = scale · Σ lanes(v[j])` for `j < 8` (`d.len() >= 8`).
+    fn store_sums8(self, v: [Self::V; 8], scale: f32, d: &mut [f32]);
+    /// The first lane equal to `x`, if any.
+    fn first_eq(self, v: Self::V, x: f32) -> Option<usize>;
+
+    /// `LANES / 2` values of `s`, each repeated twice: `[s0, s0, s1, s1, ..]`.
+    fn load_dup(self, s: &[f32]) -> Self::V;
+    /// [`Simd::load_dup`] of `min(len, LANES / 2)` values, zeros after.
+    fn load_dup_part(self, s: &[f32]) -> Self::V;
+    /// Swaps adjacent lanes: `[v1, v0, v3, v2, ..]`.
+    fn swap_pairs(self, v: Self::V) -> Self::V;
+    /// `a·b − c` in even lanes and `a·b + c` in odd lanes, rounded once.
+    fn fmaddsub(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+}
+
+/// A kernel body, compiled once per level: see the module docs.
+pub(crate) trait Kernel {
+    /// What the kernel returns.
+    type Output;
+    /// Runs the kernel with the vectors of `s`. Implementations are `#[inline(always)]`.
+    fn run<S: Simd>(self, s: S) -> Self::Output;
+}
+
+/// A float weight element (f32, f16, bf16): read as f32, one value or a vector at a time.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+    /// `dst[i] = src[i]` as f32 for `i < dst.len()`, portable.
+    fn widen_portable(src: &[Self], dst: &mut [f32]);
+    /// `s` itself when the elements are f32.
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// `src[..LANES]` as f32 ([`Simd::load`], [`Simd::load_f16`], [`Simd::load_bf16`]).
+    fn load<S: Simd>(s: S, src: &[Self]) -> S::V;
+    /// `src[..min(len, LANES)]` as f32, zeros after.
+    fn load_part<S: Simd>(s: S, src: &[Self]) -> S::V;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn widen_portable(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(&src[..dst.len()]);
+    }
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    #[inline(always)]
+    fn load<S: Simd>(s: S, src: &[f32]) -> S::V {
+        s.load(src)
+    }
+    #[inline(always)]
+    fn load_part<S: Simd>(s: S, src: &[f32]) -> S::V {
+        s.load_part(src)
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn widen_portable(src: &[f16], dst: &mut [f32]) {
+        src[..dst.len()].convert_to_f32_slice(dst);
+    }
+    fn as_f32(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+    #[inline(always)]
+    fn load<S: Simd>(s: S, src: &[f16]) -> S::V {
+        s.load_f16(src)
+    }
+    #[inline(always)]
+    fn load_part<S: Simd>(s: S, src: &[f16]) -> S::V {
+        s.load_f16_part(src)
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn widen_portable(src: &[bf16], dst: &mut [f32]) {
+        src[..dst.len()].convert_to_f32_slice(dst);
+    }
+    fn as_f32(_: &[bf16]) -> Option<&[f32]> {
+        None
+    }
+    #[inline(always)]
+    fn load<S: Simd>(s: S, src: &[bf16]) -> S::V {
+        s.load_bf16(src)
+    }
+    #[inline(always)]
+    fn load_part<S: Simd>(s: S, src: &[bf16]) -> S::V {
+        s.load_bf16_part(src)
+    }
+}
+
+/// `Σ a[i]·b[i]` over `min(a.len(), b.len())` elements, with four vector accumulators.
+#[inline(always)]
+pub(crate) fn dot<S: Simd, E: Elem>(s: S, a: &[f32], b: &[E]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b, l) = (&a[..n], &b[..n], S::LANES);
+    let mut acc = [s.zero(); 4];
+    let mut c = 0;
+    while c + 4 * l <= n {
+        for (u, acc) in acc.iter_mut().enumerate() {
+            let o = c + u * l;
+            *acc = s.fma(s.load(&a[o..]), E::load(s, &b[o..]), *acc);
+        }
+        c += 4 * l;
+    }
+    while c + l <= n {
+        acc[0] = s.fma(s.load(&a[c..]), E::load(s, &b[c..]), acc[0]);
+        c += l;
+    }
+    if c < n {
+        acc[1] = s.fma(s.load_part(&a[c..]), E::load_part(s, &b[c..]), acc[1]);
+    }
+    s.sum(s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3])))
+}
+
+/// `dst[i] = src[i]` as f32, for `i < dst.len()` (`src.len() >= dst.len()`).
+#[inline(always)]
+pub(crate) fn widen<S: Simd, E: Elem>(s: S, src: &[E], dst: &mut [f32]) {
+    let (n, l) = (dst.len(), S::LANES);
+    let src = &src[..n];
+    let mut c = 0;
+    while c + l <= n {
+        s.store(&mut dst[c..], E::load(s, &src[c..]));
+        c += l;
+    }
+    if c < n {
+        s.store_part(&mut dst[c..], E::load_part(s, &src[c..]));
+    }
+}
+
+/// Below this, `e^x` is flushed to 0: `ln 2⁻¹²⁶`, the smallest normal f32's logarithm.
+pub(crate) const EXP_MIN: f32 = -87.336_55;
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// `ln 2` split in two so that `n·EXP_C1` is exact for `|n| <= 2⁸` (Cephes `expf`).
+const EXP_C1: f32 = 0.693_359_4;
+const EXP_C2: f32 = -2.121_944_4e-4;
+/// Cephes `expf` minimax polynomial for `(e^r − 1 − r) / r²` on `|r| <= ln2 / 2`.
+const EXP_P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    0.166_666_65,
+    0.5,
+];
+
+/// `e^x` for `x <= 88` (Cephes `expf`: `x = n·ln2 + r`, `e^r` by a degree-7 polynomial,
+/// relative error below `2⁻²³`), 0 below [`EXP_MIN`], NaN for NaN. The portable twin of
+/// [`exp_simd`]: the same steps, with separate multiplies and adds where that one fuses them.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    /// `1.5·2²³`: adding it rounds `|v| < 2²²` to an integer, ties to even.
+    const MAGIC: f32 = 12_582_912.0;
+    let xc = if x < EXP_MIN { EXP_MIN } else { x };
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let r = xc - n * EXP_C1 - n * EXP_C2;
+    let mut p = EXP_P[0];
+    for c in &EXP_P[1..] {
+        p = p * r + c;
+    }
+    let y = p * (r * r) + r + 1.0;
+    let pow2 = f32::from_bits(((t.to_bits() as i32 - MAGIC.to_bits() as i32 + 127) as u32) << 23);
+    if x < EXP_MIN {
+        0.0
+    } else {
+        y * pow2
+    }
+}
+
+/// [`exp`] on a vector.
+#[inline(always)]
+pub(crate) fn exp_simd<S: Simd>(s: S, x: S::V) -> S::V {
+    let xc = s.max(s.splat(EXP_MIN), x);
+    let n = s.round(s.mul(xc, s.splat(LOG2E)));
+    let r = s.fnma(n, s.splat(EXP_C1), xc);
+    let r = s.fnma(n, s.splat(EXP_C2), r);
+    let mut p = s.splat(EXP_P[0]);
+    for &c in &EXP_P[1..] {
+        p = s.fma(p, r, s.splat(c));
+    }
+    let y = s.add(s.fma(p, s.mul(r, r), r), s.splat(1.0));
+    s.zero_below(x, EXP_MIN, s.mul(y, s.exp2i(n)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The polynomial `exp` is within two units of rounding of the true value over its
+    /// range, and flushes, saturates and propagates NaN as documented.
+    #[test]
+    fn exp_is_accurate() {
+        let mut worst = 0.0f64;
+        let mut x = EXP_MIN;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            worst = worst.max((got - want).abs() / want);
+            x += 0.000_731;
+        }
+        assert!(
+            worst < 2.0 * f32::EPSILON as f64,
+            "relative error {worst:e}"
+        );
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-88.0), 0.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+    }
+}
