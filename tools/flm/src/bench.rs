@@ -198,7 +198,7 @@ fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
 /// the current thread pool.
 fn stream_read_gb_s(mib: usize) -> f64 {
     let mut buf = vec![0u64; (mib << 20) / 8];
-    fill_random(bytemuck_bytes(&mut buf), 7);
+    fill_random(bytemuck::cast_slice_mut(&mut buf), 7);
     let per_task = buf.len().div_ceil(rayon::current_num_threads() * 16).max(1);
     (0..3)
         .map(|_| {
@@ -219,12 +219,6 @@ fn stream_read_gb_s(mib: usize) -> f64 {
             (buf.len() * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
         })
         .fold(0.0, f64::max)
-}
-
-fn bytemuck_bytes(v: &mut [u64]) -> &mut [u8] {
-    let len = v.len() * 8;
-    // SAFETY: u64 has no padding and any byte pattern is a valid u64.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, len) }
 }
 
 /// Mean and sample standard deviation.

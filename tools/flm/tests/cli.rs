@@ -570,32 +570,19 @@ fn bench_rejects_bad_requests() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
     }
-    expect_error(
-        &["bench", "--random", config, "--dtype", "int5"],
-        "unknown --dtype int5",
-    );
-    expect_error(
-        &[
-            "bench",
-            "--random",
-            config,
-            "--dtype",
-            "int8",
-            "--prompt-tokens",
-            "600",
-        ],
-        "exceeds the model's context of 512",
-    );
-    expect_error(
-        &[
-            "bench",
-            "--random",
-            config,
-            "--dtype",
-            "int8",
-            "--gen-tokens",
-            "0",
-        ],
-        "--gen-tokens must be at least 1",
-    );
+    for (extra, needle) in [
+        (["--dtype", "int5"], "unknown --dtype int5"),
+        (
+            ["--prompt-tokens", "600"],
+            "exceeds the model's context of 512",
+        ),
+        (["--gen-tokens", "0"], "--gen-tokens must be at least 1"),
+    ] {
+        let mut args = vec!["bench", "--random", config];
+        if extra[0] != "--dtype" {
+            args.extend(["--dtype", "int8"]);
+        }
+        args.extend(extra);
+        expect_error(&args, needle);
+    }
 }
