@@ -49,6 +49,9 @@ fn linear_matches_scalar(dtype: DataType) {
         (6, 1000, 45),
         (37, 64, 512),
         (37, 172, 64),
+        (8, 33, 17),
+        (16, 96, 16),
+        (17, 2048, 35),
     ];
     for (n, k, m) in sizes {
         let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);

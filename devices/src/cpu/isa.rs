@@ -19,11 +19,14 @@ pub enum Isa {
     AvxVnni,
     /// AVX-512 F/BW/VL with VNNI (Ice Lake, Sapphire Rapids, Zen 4): 512-bit `vpdpbusd`.
     Avx512,
+    /// AVX-512 plus AMX-TILE and AMX-INT8 (Sapphire Rapids and later): int8 and int4
+    /// prefill as 16 × 16 tile multiplies; every other kernel is the AVX-512 one.
+    Amx,
 }
 
 impl Isa {
     /// Every level, lowest first.
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512];
+    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx];
 
     /// The name `FLM_CPU_ISA` takes.
     pub const fn name(self) -> &'static str {
@@ -32,6 +35,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -55,8 +59,19 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512.is_supported() && super::qlinear::amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
+        }
+    }
+
+    /// The level of the vector kernels: [`Isa::Amx`] adds tile kernels for the quantised
+    /// Linear only, and uses the AVX-512 ones for everything else.
+    pub const fn vector(self) -> Isa {
+        match self {
+            Isa::Amx => Isa::Avx512,
+            isa => isa,
         }
     }
 

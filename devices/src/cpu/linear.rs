@@ -36,7 +36,7 @@ use super::qlinear::{self, QuantWeight};
 use super::simd::x86;
 use super::simd::{Elem, Kernel, Simd};
 use super::weights::{dot, Rows};
-use super::{shape_err, Isa, PARALLEL_MIN_WORK};
+use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
 /// Output features per parallel task in decode.
 const DECODE_ROWS: usize = 16;
@@ -49,9 +49,6 @@ const PREFILL_ROWS: usize = 64;
 const PANEL_COLS: usize = 512;
 /// See [`PANEL_COLS`].
 const PANEL_ROWS: usize = 16;
-
-/// Output rows per task of the final transposition.
-const TRANSPOSE_ROWS: usize = 16;
 
 thread_local! {
     /// The transposed output `[m, n]` of a parallel prefill (on the calling thread).
@@ -112,9 +109,9 @@ pub(crate) fn linear(
             };
             return qlinear::linear(isa, &w, x, n, k, bias, out);
         }
-        Rows::F32(w) => float_linear(isa, &Float { x, w, bias, n, k }, out),
-        Rows::F16(w) => float_linear(isa, &Float { x, w, bias, n, k }, out),
-        Rows::BF16(w) => float_linear(isa, &Float { x, w, bias, n, k }, out),
+        Rows::F32(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        Rows::F16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        Rows::BF16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
     }
     Ok(())
 }
@@ -148,17 +145,7 @@ fn float_linear<E: Elem>(isa: Isa, f: &Float<'_, E>, out: &mut [f32]) {
         yt.par_chunks_mut(PREFILL_ROWS * n)
             .enumerate()
             .for_each(|(t, yt)| block(isa, f, t * PREFILL_ROWS, yt.len() / n, yt, n, 1));
-        let yt = &yt[..];
-        out.par_chunks_mut(TRANSPOSE_ROWS * m)
-            .enumerate()
-            .for_each(|(b, o)| {
-                for (di, row) in o.chunks_exact_mut(m).enumerate() {
-                    let i = b * TRANSPOSE_ROWS + di;
-                    for (j, y) in row.iter_mut().enumerate() {
-                        *y = yt[j * n + i];
-                    }
-                }
-            });
+        transpose(yt, n, out);
     });
 }
 

@@ -18,6 +18,7 @@ mod simd;
 mod weights;
 
 use flm_core::{BaseDevice, DataType, Error, Op, Result};
+use rayon::prelude::*;
 
 pub use isa::Isa;
 
@@ -58,6 +59,31 @@ impl CpuDevice {
     }
 }
 
+/// `out[i·m + j] = yt[j·n + i]`: the `[m, n]` output of a prefill kernel (one row per
+/// output feature) transposed into `[n, m]`, in 16 × 16 tiles so that neither side is walked
+/// with a stride of a whole row per element, and split over threads by rows of `out`.
+pub(crate) fn transpose(yt: &[f32], n: usize, out: &mut [f32]) {
+    const TILE: usize = 16;
+    let m = out.len() / n;
+    let rows = |i0: usize, o: &mut [f32]| {
+        for j0 in (0..m).step_by(TILE) {
+            let cols = (m - j0).min(TILE);
+            for (di, row) in o.chunks_exact_mut(m).enumerate() {
+                for (dj, y) in row[j0..j0 + cols].iter_mut().enumerate() {
+                    *y = yt[(j0 + dj) * n + i0 + di];
+                }
+            }
+        }
+    };
+    if n * m >= PARALLEL_MIN_WORK / 16 {
+        out.par_chunks_mut(TILE * m)
+            .enumerate()
+            .for_each(|(b, o)| rows(b * TILE, o));
+    } else {
+        rows(0, out);
+    }
+}
+
 pub(crate) fn shape_err(op: &'static str, msg: String) -> Error {
     Error::Shape { op, msg }
 }
@@ -94,13 +120,13 @@ impl BaseDevice for CpuDevice {
                 table,
                 tokens,
                 output,
-            } => embedding::embedding(self.isa, table, tokens, output),
+            } => embedding::embedding(self.isa.vector(), table, tokens, output),
             Op::RmsNorm {
                 input,
                 weight,
                 eps,
                 output,
-            } => norm::rms_norm(self.isa, input, weight, eps, output),
+            } => norm::rms_norm(self.isa.vector(), input, weight, eps, output),
             Op::Linear {
                 input,
                 weight,
@@ -112,7 +138,7 @@ impl BaseDevice for CpuDevice {
                 table,
                 n_heads,
                 start_pos,
-            } => rope::rope(self.isa, x, table, n_heads, start_pos),
+            } => rope::rope(self.isa.vector(), x, table, n_heads, start_pos),
             Op::CopyRows {
                 src,
                 src_row,
@@ -130,11 +156,23 @@ impl BaseDevice for CpuDevice {
                 scale,
                 output,
             } => attention::attention(
-                self.isa, q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, scale, output,
+                self.isa.vector(),
+                q,
+                cache_k,
+                cache_v,
+                start_pos,
+                n_heads,
+                n_kv_heads,
+                scale,
+                output,
             ),
-            Op::SiluMul { gate, up, output } => activation::silu_mul(self.isa, gate, up, output),
-            Op::Add { x, y } => elementwise::add(self.isa, x, y),
-            Op::Argmax { input, output } => elementwise::argmax_rows(self.isa, input, output),
+            Op::SiluMul { gate, up, output } => {
+                activation::silu_mul(self.isa.vector(), gate, up, output)
+            }
+            Op::Add { x, y } => elementwise::add(self.isa.vector(), x, y),
+            Op::Argmax { input, output } => {
+                elementwise::argmax_rows(self.isa.vector(), input, output)
+            }
         }
     }
 }

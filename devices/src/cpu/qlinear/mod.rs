@@ -13,8 +13,12 @@
 //! - [`scalar`]: portable loops, the twin every other kernel is tested against;
 //! - `x86`: AVX2 (`vpmaddubsw`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`) micro-kernels that
 //!   compute a tile of up to 4 weight rows × 4 input rows, so that prefill reuses each
-//!   loaded weight vector for 4 tokens.
+//!   loaded weight vector for 4 tokens;
+//! - `amx`: Intel AMX tile multiplies of 16 weight rows × 16 input rows per block, for
+//!   prefill of at least [`AMX_MIN_ROWS`] input rows (fewer use the AVX-512 kernels).
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -25,7 +29,7 @@ use flm_core::quant::{self, BLOCK};
 use flm_core::{DataType, Result};
 use rayon::prelude::*;
 
-use super::{shape_err, Isa, PARALLEL_MIN_WORK};
+use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
 /// Input rows quantised to int8 blocks, in the order a kernel family reads them.
 ///
@@ -48,6 +52,9 @@ pub(crate) struct Acts {
     /// `n × groups`: `Σ_{b ∈ g} a_b Σ q_x`, the factor of the int4 minimum `m_g` and of the
     /// offset of unsigned int8 codes.
     pub gsum: Vec<f32>,
+    /// The same inputs as AMX tiles ([`Isa::Amx`] only).
+    #[cfg(target_arch = "x86_64")]
+    pub tiles: amx::TileActs,
 }
 
 impl Acts {
@@ -85,10 +92,16 @@ impl Acts {
         match isa {
             // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { rows.run_avx512(self) },
+            Isa::Avx512 | Isa::Amx => unsafe { rows.run_avx512(self) },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::AvxVnni => unsafe { rows.run_avx2(self) },
             _ => rows.run(self),
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Amx {
+            let mut tiles = std::mem::take(&mut self.tiles);
+            tiles.pack(self);
+            self.tiles = tiles;
         }
     }
 
@@ -233,8 +246,12 @@ thread_local! {
     static SCRATCH: RefCell<(Acts, Vec<f32>)> = RefCell::new((Acts::default(), Vec::new()));
 }
 
-/// Output features per parallel task.
+/// Output features per parallel task (one AMX panel).
 const ROWS_PER_TASK: usize = 16;
+
+/// [`Isa::Amx`] multiplies tiles of 16 input rows; with fewer than this many the AVX-512
+/// kernels are faster.
+pub(crate) const AMX_MIN_ROWS: usize = 8;
 
 /// The order and padding of the [`Acts`] a kernel family reads.
 #[derive(Clone, Copy)]
@@ -248,7 +265,7 @@ struct Layout {
 impl Layout {
     fn of(isa: Isa, dtype: DataType) -> Layout {
         let (split, pad_blocks) = match (isa, dtype) {
-            (Isa::Scalar, _) => (16, 1),
+            (Isa::Scalar | Isa::Amx, _) => (16, 1),
             (Isa::Avx2 | Isa::AvxVnni, DataType::I8) => (16, 1),
             (Isa::Avx2 | Isa::AvxVnni, _) => (32, 2),
             (Isa::Avx512, DataType::I8) => (16, 2),
@@ -263,6 +280,8 @@ fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 => x86::rows(isa, w, acts, j0, yt),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx => amx::rows(w, acts, &acts.tiles, j0, yt),
         _ => scalar::rows(w, acts, j0, yt),
     }
 }
@@ -279,6 +298,11 @@ pub(crate) fn linear(
     out: &mut [f32],
 ) -> Result<()> {
     let m = out.len() / n;
+    let isa = if isa == Isa::Amx && n < AMX_MIN_ROWS {
+        Isa::Avx512
+    } else {
+        isa
+    };
     let group = w.dtype.group_size().unwrap_or(w.kp);
     if w.kp != quant::padded_cols(w.dtype, k) || w.bytes.len() < m * w.row_bytes {
         return Err(shape_err(
@@ -310,11 +334,7 @@ pub(crate) fn linear(
             rows(isa, w, acts, 0, target);
         }
         if n > 1 {
-            for (j, ys) in yt.chunks_exact(n).enumerate() {
-                for (i, y) in ys.iter().enumerate() {
-                    out[i * m + j] = *y;
-                }
-            }
+            transpose(yt, n, out);
         }
         if let Some(b) = bias {
             for row in out.chunks_exact_mut(m) {

@@ -1,0 +1,397 @@
+//! Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) int8 tile kernels for
+//! prefill.
+//!
+//! One tile multiply computes a 16 × 16 block of int32 dot products over one block of 32
+//! values (Intel SDM vol. 1 ch. 18, "Intel AMX"):
+//! - A (`tmm0`/`tmm3`): up to 16 weight rows × 32 codes, read straight from the int8 rows
+//!   (int4 rows are first unpacked to one code per byte, once per call and panel);
+//! - B (`tmm1`/`tmm4`): 16 input rows (tokens) of the same block, repacked once per call into
+//!   the VNNI tile layout `B[q][4·t + i] = q_x[t][4q + i]` by [`TileActs::pack`];
+//! - C (`tmm2`/`tmm5`): `C[j][t] = Σ_k q_w[j][k] q_x[t][k]`, exact, with `tdpbssd` (int8:
+//!   signed × signed) or `tdpbusd` (int4: unsigned codes `0..15` × signed activations).
+//!
+//! Each block's C is then scaled by the block scales of its 16 tokens (one vector, as the
+//! lanes of a row of C are tokens) and accumulated in f32 — the formula of the portable
+//! twin ([`super::scalar`]), block by block. Two blocks are in flight at once (two sets of
+//! tile registers), so the tile unit multiplies one block while the vector unit scales the
+//! previous one.
+//!
+//! Tile registers are not known to the compiler: every `asm!` block below names the ones it
+//! uses, and nothing else in the program touches them (we use no AMX intrinsics).
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use flm_core::quant::{split_int4_row, BLOCK};
+use flm_core::DataType;
+use half::f16;
+
+use super::{Acts, QuantWeight};
+
+/// Input rows (tokens) per tile: the columns of B and C.
+const TOKENS: usize = 16;
+
+/// Weight rows per tile: the rows of A and C.
+const ROWS: usize = 16;
+
+/// Bytes of one B tile: 8 rows of 16 tokens × 4 codes.
+const B_BYTES: usize = BLOCK * TOKENS;
+
+/// Whether this CPU has AMX-TILE and AMX-INT8 and the kernel lets this process use them.
+///
+/// Linux (5.16 and later) hands out the 8 KiB tile-data register state only on request
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); the request is made once, for
+/// the whole process.
+pub(crate) fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(detect)
+}
+
+#[cfg(target_os = "linux")]
+fn detect() -> bool {
+    const AMX_TILE_AND_INT8: u32 = 3 << 24;
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    let leaf7 = __cpuid_count(7, 0);
+    if leaf7.edx & AMX_TILE_AND_INT8 != AMX_TILE_AND_INT8 {
+        return false;
+    }
+    // SAFETY: this request only widens the extended register state the kernel saves for
+    // this process; it touches no memory of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn detect() -> bool {
+    false
+}
+
+/// The inputs of one call, repacked into B tiles.
+#[derive(Default)]
+pub(crate) struct TileActs {
+    tiles: usize,
+    blocks: usize,
+    groups: usize,
+    /// `tiles × blocks` B tiles of [`B_BYTES`] (padding tokens are zero).
+    b: Vec<i8>,
+    /// `tiles × blocks × 16` block scales of the tile's tokens.
+    d: Vec<f32>,
+    /// `tiles × groups × 16` group sums of the tile's tokens (see [`Acts::gsum`]).
+    gsum: Vec<f32>,
+}
+
+impl TileActs {
+    /// Repacks `acts`, quantised in natural order.
+    pub(super) fn pack(&mut self, acts: &Acts) {
+        let (blocks, groups) = (acts.blocks, acts.groups);
+        let tiles = acts.n.div_ceil(TOKENS);
+        self.tiles = tiles;
+        self.blocks = blocks;
+        self.groups = groups;
+        for (v, len) in [
+            (&mut self.d, tiles * blocks * TOKENS),
+            (&mut self.gsum, tiles * groups * TOKENS),
+        ] {
+            v.clear();
+            v.resize(len, 0.0);
+        }
+        self.b.clear();
+        self.b.resize(tiles * blocks * B_BYTES, 0);
+        for i in 0..acts.n {
+            let (tile, t) = (i / TOKENS, i % TOKENS);
+            let qs = acts.row_qs(i);
+            for b in 0..blocks {
+                let dst = &mut self.b[(tile * blocks + b) * B_BYTES..][..B_BYTES];
+                for (q, src) in qs[b * BLOCK..][..BLOCK].chunks_exact(4).enumerate() {
+                    dst[q * 4 * TOKENS + 4 * t..][..4].copy_from_slice(src);
+                }
+                self.d[(tile * blocks + b) * TOKENS + t] = acts.row_d(i)[b];
+            }
+            for (g, &s) in acts.row_gsum(i).iter().enumerate() {
+                self.gsum[(tile * groups + g) * TOKENS + t] = s;
+            }
+        }
+    }
+}
+
+/// The 64-byte operand of `ldtilecfg` (palette 1).
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl TileConfig {
+    /// Two sets of A, B, C tiles (`tmm0..2`, `tmm3..5`) for `m ≤ 16` weight rows.
+    fn new(m: usize) -> TileConfig {
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for set in [0, 3] {
+            (c.rows[set], c.colsb[set]) = (m as u8, BLOCK as u16);
+            (c.rows[set + 1], c.colsb[set + 1]) = ((BLOCK / 4) as u8, (4 * TOKENS) as u16);
+            (c.rows[set + 2], c.colsb[set + 2]) = (m as u8, (4 * TOKENS) as u16);
+        }
+        c
+    }
+}
+
+/// Per-thread buffers of the kernel.
+#[derive(Default)]
+struct Scratch {
+    /// Int4 rows of the panel, one code per byte: `16 × kp`.
+    codes: Vec<u8>,
+    /// Int4 group scales and minimums of the panel as f32: `16 × groups` each.
+    dg: Vec<f32>,
+    mg: Vec<f32>,
+}
+
+/// Two C tiles stored as int32, 64-byte aligned for vector loads.
+#[repr(C, align(64))]
+struct CBuf([[i32; TOKENS * ROWS]; 2]);
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows `j0..j0 + yt.len() / n` of `w`,
+/// `n = acts.n`, from `tiles`, the packing of `acts`.
+///
+/// The caller guarantees that [`available`] returned true and that the CPU has AVX-512
+/// (F, BW, VL) and F16C.
+pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize, yt: &mut [f32]) {
+    let n = acts.n;
+    SCRATCH.with_borrow_mut(|scratch| {
+        for (p, out) in yt.chunks_mut(ROWS * n).enumerate() {
+            // SAFETY: the caller guarantees AMX and AVX-512.
+            unsafe { panel(w, tiles, j0 + p * ROWS, out.len() / n, n, out, scratch) };
+        }
+    });
+}
+
+/// One panel: weight rows `j..j + r` (`r ≤ 16`) × every input row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn panel(
+    w: &QuantWeight<'_>,
+    tiles: &TileActs,
+    j: usize,
+    r: usize,
+    n: usize,
+    yt: &mut [f32],
+    scratch: &mut Scratch,
+) {
+    let int8 = w.dtype == DataType::I8;
+    let (a, a_stride) = if int8 {
+        (w.row(j)[4..].as_ptr(), w.row_bytes)
+    } else {
+        unpack_i4(w, j, r, tiles.groups, scratch);
+        (scratch.codes.as_ptr(), w.kp)
+    };
+    let config = TileConfig::new(r);
+    // SAFETY: the configuration is a valid palette-1 layout (rows ≤ 16, colsb ≤ 64), and
+    // `available` obtained the permission to use tile data.
+    asm!("ldtilecfg [{}]", in(reg) &config as *const TileConfig, options(nostack, readonly));
+    let mut c = CBuf([[0; TOKENS * ROWS]; 2]);
+    for tile in 0..tiles.tiles {
+        let acc = if int8 {
+            tile_rows::<true>(tiles, tile, a, a_stride, &[], &mut c)
+        } else {
+            let acc = tile_rows::<false>(tiles, tile, a, a_stride, &scratch.dg, &mut c);
+            add_minimums(tiles, tile, &scratch.mg, acc)
+        };
+        let valid = (n - tile * TOKENS).min(TOKENS);
+        let mask: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
+        for (dr, v) in acc.iter().enumerate().take(r) {
+            let v = if int8 {
+                let row = w.row(j + dr);
+                _mm512_mul_ps(
+                    *v,
+                    _mm512_set1_ps(f32::from_le_bytes([row[0], row[1], row[2], row[3]])),
+                )
+            } else {
+                *v
+            };
+            _mm512_mask_storeu_ps(yt.as_mut_ptr().add(dr * n + tile * TOKENS), mask, v);
+        }
+    }
+    // SAFETY: returns the tile registers to their initial state; no tile is live.
+    asm!("tilerelease", options(nostack, nomem));
+}
+
+/// The f32 sums `Σ_b a_b [d_g] C_b` of one token tile for the 16 rows of the panel at `a`
+/// (int8: `d_g` is 1 and the per-channel scale comes later; int4: `dg` holds `d_g`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn tile_rows<const INT8: bool>(
+    tiles: &TileActs,
+    tile: usize,
+    a: *const u8,
+    a_stride: usize,
+    dg: &[f32],
+    c: &mut CBuf,
+) -> [__m512; ROWS] {
+    let blocks = tiles.blocks;
+    let per_group = (tiles.blocks / tiles.groups).max(1);
+    let b_tiles = tiles.b.as_ptr().add(tile * blocks * B_BYTES);
+    let scales = tiles.d.as_ptr().add(tile * blocks * TOKENS);
+    let mut acc = [_mm512_setzero_ps(); ROWS];
+    let mut b = 0;
+    while b < blocks {
+        let pair = b + 1 < blocks;
+        multiply::<INT8, 0>(
+            a.add(b * BLOCK),
+            a_stride,
+            b_tiles.add(b * B_BYTES),
+            &mut c.0[0],
+        );
+        if pair {
+            let (a1, b1) = (a.add((b + 1) * BLOCK), b_tiles.add((b + 1) * B_BYTES));
+            multiply::<INT8, 1>(a1, a_stride, b1, &mut c.0[1]);
+        }
+        for (h, cb) in c.0.iter().enumerate().take(1 + pair as usize) {
+            let block = b + h;
+            let da = _mm512_loadu_ps(scales.add(block * TOKENS));
+            for (dr, acc) in acc.iter_mut().enumerate() {
+                let s = if INT8 {
+                    da
+                } else {
+                    let g = block / per_group;
+                    _mm512_mul_ps(da, _mm512_set1_ps(*dg.get_unchecked(dr * tiles.groups + g)))
+                };
+                let p =
+                    _mm512_cvtepi32_ps(_mm512_load_si512(cb.as_ptr().add(dr * TOKENS) as *const _));
+                *acc = _mm512_fmadd_ps(p, s, *acc);
+            }
+        }
+        b += 2;
+    }
+    acc
+}
+
+/// Adds the int4 minimum terms `Σ_g m_g · gsum_g` of one token tile.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn add_minimums(
+    tiles: &TileActs,
+    tile: usize,
+    mg: &[f32],
+    mut acc: [__m512; ROWS],
+) -> [__m512; ROWS] {
+    let groups = tiles.groups;
+    let sums = tiles.gsum.as_ptr().add(tile * groups * TOKENS);
+    for g in 0..groups {
+        let s = _mm512_loadu_ps(sums.add(g * TOKENS));
+        for (dr, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm512_fmadd_ps(_mm512_set1_ps(*mg.get_unchecked(dr * groups + g)), s, *acc);
+        }
+    }
+    acc
+}
+
+/// `C = A·B` for one block into tile set `SET` (0: `tmm0..2`, 1: `tmm3..5`), stored to `c`.
+///
+/// # Safety
+/// The tile configuration of [`panel`] is loaded; `a` points at `rows` rows of 32 codes
+/// `a_stride` bytes apart, `b` at one B tile.
+#[inline(always)]
+unsafe fn multiply<const INT8: bool, const SET: usize>(
+    a: *const u8,
+    a_stride: usize,
+    b: *const i8,
+    c: &mut [i32; TOKENS * ROWS],
+) {
+    let b_stride = 4 * TOKENS;
+    let c_ptr = c.as_mut_ptr();
+    macro_rules! tiles {
+        ($dp:literal, $a:literal, $b:literal, $c:literal) => {
+            asm!(
+                concat!("tilezero ", $c),
+                concat!("tileloadd ", $a, ", [{a} + {sa}*1]"),
+                concat!("tileloadd ", $b, ", [{b} + {sb}*1]"),
+                concat!($dp, " ", $c, ", ", $a, ", ", $b),
+                concat!("tilestored [{c} + {sb}*1], ", $c),
+                a = in(reg) a,
+                sa = in(reg) a_stride,
+                b = in(reg) b,
+                sb = in(reg) b_stride,
+                c = in(reg) c_ptr,
+                options(nostack),
+            )
+        };
+    }
+    match (INT8, SET) {
+        (true, 0) => tiles!("tdpbssd", "tmm0", "tmm1", "tmm2"),
+        (true, _) => tiles!("tdpbssd", "tmm3", "tmm4", "tmm5"),
+        (false, 0) => tiles!("tdpbusd", "tmm0", "tmm1", "tmm2"),
+        (false, _) => tiles!("tdpbusd", "tmm3", "tmm4", "tmm5"),
+    }
+}
+
+/// Unpacks int4 rows `j..j + r` into one code per byte (natural order) and their group
+/// scales and minimums into f32, for rows `r..16` zeros.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
+    let (kp, g) = (w.kp, w.dtype.group_size().unwrap_or(BLOCK));
+    s.codes.resize(ROWS * kp, 0);
+    for v in [&mut s.dg, &mut s.mg] {
+        v.clear();
+        v.resize(ROWS * groups, 0.0);
+    }
+    let low = _mm512_set1_epi8(0x0f);
+    // 16-byte halves: the low codes of 4 blocks, then their high codes, interleaved per block.
+    let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    let second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    for dr in 0..r {
+        let (codes, ds, ms) = split_int4_row(g, w.row(j + dr));
+        let out = s.codes[dr * kp..][..kp].as_mut_ptr();
+        for (c, chunk) in codes.chunks(64).enumerate() {
+            let mask: __mmask64 = if chunk.len() == 64 {
+                !0
+            } else {
+                (1 << chunk.len()) - 1
+            };
+            let v = _mm512_maskz_loadu_epi8(mask, chunk.as_ptr() as *const i8);
+            let lo = _mm512_and_si512(v, low);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+            let o = out.add(128 * c) as *mut i8;
+            let mask2: __mmask64 = if chunk.len() >= 32 {
+                !0
+            } else {
+                (1 << (2 * chunk.len())) - 1
+            };
+            _mm512_mask_storeu_epi8(o, mask2, _mm512_permutex2var_epi64(lo, first, hi));
+            if chunk.len() > 32 {
+                let rest = 2 * chunk.len() - 64;
+                let mask3: __mmask64 = if rest == 64 { !0 } else { (1 << rest) - 1 };
+                _mm512_mask_storeu_epi8(
+                    o.add(64),
+                    mask3,
+                    _mm512_permutex2var_epi64(lo, second, hi),
+                );
+            }
+        }
+        for (src, dst) in [(ds, &mut s.dg), (ms, &mut s.mg)] {
+            for (x, b) in dst[dr * groups..][..groups]
+                .iter_mut()
+                .zip(src.chunks_exact(2))
+            {
+                *x = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+    }
+}
