@@ -26,7 +26,6 @@ use std::sync::OnceLock;
 
 use flm_core::quant::{split_int4_row, BLOCK};
 use flm_core::DataType;
-use half::f16;
 
 use super::{Acts, QuantWeight};
 
@@ -386,11 +385,11 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
             }
         }
         for (src, dst) in [(ds, &mut s.dg), (ms, &mut s.mg)] {
-            for (x, b) in dst[dr * groups..][..groups]
-                .iter_mut()
-                .zip(src.chunks_exact(2))
-            {
-                *x = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            let dst = dst[dr * groups..][..groups].as_mut_ptr();
+            for (c, halves) in src.chunks(32).enumerate() {
+                let mask: __mmask16 = ((1u32 << (halves.len() / 2)) - 1) as __mmask16;
+                let h = _mm256_maskz_loadu_epi16(mask, halves.as_ptr() as *const i16);
+                _mm512_mask_storeu_ps(dst.add(16 * c), mask, _mm512_cvtph_ps(h));
             }
         }
     }
