@@ -7,6 +7,7 @@
 //!   the format from the bytes, into a config and weights that are zero-copy views of the
 //!   mapped files where the layout allows.
 
+pub mod chatglm;
 mod config;
 pub mod convert;
 mod error;
@@ -14,5 +15,5 @@ pub mod eval;
 pub mod import;
 pub mod llama;
 
-pub use config::ModelConfig;
+pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};

@@ -93,3 +93,20 @@ fn silu_mul_v<S: Simd>(s: S, g: S::V, u: S::V) -> S::V {
     let sig = s.div(s.select_neg(g, e, one), s.add(one, e));
     s.mul(s.mul(g, sig), u)
 }
+
+/// GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. in section 2), in place:
+/// `x = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`, as THUDM ChatGLM-6B's `gelu_impl`.
+///
+/// `tanh(u)` is computed as `sign(u)·(1 − e)/(1 + e)` with `e = e^(−2|u|) <= 1`, which never
+/// overflows. Portable code only: one pass over the FFN's `n·hidden` values, beside the
+/// `2·n·hidden·dim` multiply-adds of its projections.
+pub(crate) fn gelu(x: &mut Data) -> Result<()> {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for v in x.as_f32_mut()? {
+        let u = SQRT_2_OVER_PI * (*v + 0.044715 * *v * *v * *v);
+        let e = simd::exp(-2.0 * u.abs());
+        let tanh = ((1.0 - e) / (1.0 + e)).copysign(u);
+        *v = 0.5 * *v * (1.0 + tanh);
+    }
+    Ok(())
+}

@@ -85,6 +85,8 @@ impl BaseDevice for CpuDevice {
             Op::SiluMul { gate, up, output } => f32(gate) && f32(up) && f32(output),
             Op::Add { x, y } => f32(x) && f32(y),
             Op::Argmax { input, .. } => f32(input),
+            Op::LayerNorm { input, output, .. } => f32(input) && f32(output),
+            Op::Gelu { x } | Op::Scale { x, .. } | Op::Rope2d { x, .. } => f32(x),
         }
     }
 
@@ -128,13 +130,43 @@ impl BaseDevice for CpuDevice {
                 n_heads,
                 n_kv_heads,
                 scale,
+                alibi,
+                bidirectional,
                 output,
             } => attention::attention(
-                self.isa, q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, scale, output,
+                self.isa,
+                q,
+                cache_k,
+                cache_v,
+                start_pos,
+                n_heads,
+                n_kv_heads,
+                scale,
+                attention::Mask {
+                    alibi,
+                    bidirectional,
+                },
+                output,
             ),
             Op::SiluMul { gate, up, output } => activation::silu_mul(self.isa, gate, up, output),
             Op::Add { x, y } => elementwise::add(self.isa, x, y),
             Op::Argmax { input, output } => elementwise::argmax_rows(self.isa, input, output),
+            Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                eps,
+                output,
+            } => norm::layer_norm(input, weight, bias, eps, output),
+            Op::Gelu { x } => activation::gelu(x),
+            Op::Scale { x, alpha } => elementwise::scale(x, alpha),
+            Op::Rope2d {
+                x,
+                table,
+                n_heads,
+                positions,
+                block_positions,
+            } => rope::rope_2d(x, table, n_heads, positions, block_positions),
         }
     }
 }

@@ -107,3 +107,48 @@ impl<E: Elem> Kernel for RmsNormRows<'_, E> {
         }
     }
 }
+
+/// LayerNorm (Ba et al. 2016) as `torch.nn.LayerNorm`: per row of `input` `[n, dim]`,
+/// `out = (x − mean) / sqrt(var + eps) * weight + bias` with the biased variance,
+/// accumulated in f32 in two passes (mean, then the squared deviations), so that a large
+/// mean does not cancel the variance. `weight` and `bias` `[dim]` are any dtype.
+///
+/// Portable code only: one pass over `n·dim` values, beside the `n·dim²` multiply-adds of
+/// the projections around it.
+pub(crate) fn layer_norm(
+    input: &Data,
+    weight: &Data,
+    bias: &Data,
+    eps: f32,
+    output: &mut Data,
+) -> Result<()> {
+    let dim = input.cols();
+    if dim == 0
+        || weight.numel() != dim
+        || bias.numel() != dim
+        || output.shape() != input.shape()
+    {
+        return Err(shape_err(
+            "LayerNorm",
+            format!(
+                "input {:?}, weight {:?}, bias {:?}, output {:?}",
+                input.shape(),
+                weight.shape(),
+                bias.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    let (w, b) = (weight.to_f32_vec(), bias.to_f32_vec());
+    let x = input.as_f32()?;
+    let out = output.as_f32_mut()?;
+    for (src, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let mean = src.iter().sum::<f32>() / dim as f32;
+        let var = src.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / dim as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for (((d, s), g), b) in dst.iter_mut().zip(src).zip(&w).zip(&b) {
+            *d = (s - mean) * inv * g + b;
+        }
+    }
+    Ok(())
+}

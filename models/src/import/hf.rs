@@ -98,6 +98,12 @@ fn parse_config(path: &Path) -> Result<ModelConfig> {
         tie_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         bos_token_id: hf.bos_token_id.and_then(|b| b.into_vec().first().copied()),
         eos_token_ids: hf.eos_token_id.map(Ids::into_vec).unwrap_or_default(),
+        arch: crate::Arch::Llama,
+        rotary_dim: None,
+        alibi: false,
+        qkv_bias: false,
+        o_bias: false,
+        pre_seq_len: 0,
     };
     config
         .validate()

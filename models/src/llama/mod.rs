@@ -1,0 +1,389 @@
+//! The Llama graph (Touvron et al. 2023), as llama2.c `run.c` computes it.
+//!
+//! Per layer, for the rows `x` of the tokens being processed:
+//!
+//! ```text
+//! h   = x + Wo · Attention(RoPE(Wq · RMSNorm(x)), RoPE(Wk · RMSNorm(x)), Wv · RMSNorm(x))
+//! out = h + W2 · (silu(W1 · RMSNorm(h)) ⊙ (W3 · RMSNorm(h)))
+//! ```
+//!
+//! then a final RMSNorm and the classifier (the embedding table when tied). Attention is
+//! causal, grouped-query (`n_kv_heads` ≤ `n_heads`), over a KV cache allocated once for the
+//! whole context. A prompt is prefilled in chunks of up to [`PREFILL_CHUNK`] tokens, each
+//! one pass of matrix × matrix products; decoding feeds one token per step.
+//!
+//! The same graph runs, by configuration ([`ModelConfig`]), the Llama-like families:
+//! - ChatGLM2/3 and GLM-4 (THUDM): q/k/v biases, multi-query attention with KV groups,
+//!   RoPE in adjacent pairs on the first half of each head (`rotary_dim = head_dim / 2`),
+//!   SwiGLU (see [`crate::chatglm`] for the mapping of their fused tensors);
+//! - Baichuan: W_pack split into q/k/v; Baichuan-13B replaces RoPE with ALiBi
+//!   (Press et al. 2022);
+//! - InternLM: q/k/v and output-projection biases;
+//! - P-tuning v2 prefixes (Liu et al. 2022): `pre_seq_len` keys and values per layer sit in
+//!   the KV cache before the sequence and are always attended; the tokens keep positions
+//!   from 0, so cache row = `pre_seq_len` + position.
+
+use flm_core::{Data, DataType, Error as CoreError, Executor, KvCache, Op, RopeTable};
+
+use crate::{Error, ModelConfig, Result};
+
+mod weights;
+
+pub(crate) use weights::check_all_shapes;
+pub use weights::{LlamaLayer, LlamaWeights, LAYER_PARTS};
+
+/// Tokens processed per forward pass during prefill; bounds the activation memory.
+pub const PREFILL_CHUNK: usize = 128;
+
+/// Which logits a forward pass computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (teacher forcing, perplexity).
+    All,
+}
+
+/// What a forward pass returns: logits, or the hidden states after the final norm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// Logits through the classifier.
+    Logits(Logits),
+    /// Every token's final-normed hidden state (`last_hidden_state` of transformers).
+    Hidden,
+}
+
+/// Activations, allocated once for [`PREFILL_CHUNK`] rows.
+struct RunState {
+    x: Data,
+    xb: Data,
+    xb2: Data,
+    q: Data,
+    k: Data,
+    v: Data,
+    att: Data,
+    gate: Data,
+    up: Data,
+    hidden: Data,
+    last: Data,
+    logits: Data,
+}
+
+/// A Llama model ready to run: weights, RoPE table, KV cache and activations.
+pub struct Llama {
+    config: ModelConfig,
+    weights: LlamaWeights,
+    rope: RopeTable,
+    kv: KvCache,
+    state: RunState,
+    /// Rows of every chunk of a multi-chunk [`Logits::All`] or hidden-state call.
+    all_rows: Vec<f32>,
+}
+
+/// Checks the arguments of a forward pass before anything is computed.
+///
+/// Errors: no tokens, a token id outside the vocabulary, or `start_pos + tokens.len()`
+/// beyond the context length.
+pub(crate) fn check_forward(
+    config: &ModelConfig,
+    tokens: &[u32],
+    start_pos: usize,
+) -> Result<()> {
+    let vocab_size = config.vocab_size;
+    if tokens.is_empty() {
+        return Err(Error::Config("forward needs at least one token".into()));
+    }
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(CoreError::TokenOutOfRange { id, vocab_size }.into());
+    }
+    let needed = start_pos.saturating_add(tokens.len());
+    if needed > config.max_seq_len {
+        return Err(CoreError::ContextOverflow {
+            needed,
+            max: config.max_seq_len,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+impl Llama {
+    /// Builds the model, allocating the KV cache for `config.max_seq_len` positions (plus
+    /// the p-tuning prefix, which is copied into it).
+    ///
+    /// Errors: [`Error::Config`] if the configuration is invalid or a weight's shape
+    /// disagrees with it.
+    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<Llama> {
+        config.validate()?;
+        weights.check_shapes(&config)?;
+        let c = &config;
+        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
+        let rope = RopeTable::new(
+            c.rope_style,
+            c.head_dim,
+            c.rotary_dim(),
+            c.rope_theta,
+            c.max_seq_len,
+        )?;
+        let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, kv_dim)?;
+        if let Some(prefix) = &weights.prefix_kv {
+            load_prefix(&mut kv, prefix, c)?;
+        }
+        let rows = PREFILL_CHUNK.min(c.max_seq_len);
+        let z = |cols: usize| Data::zeros(DataType::F32, &[rows, cols]);
+        let state = RunState {
+            x: z(dim)?,
+            xb: z(dim)?,
+            xb2: z(dim)?,
+            q: z(q_dim)?,
+            k: z(kv_dim)?,
+            v: z(kv_dim)?,
+            att: z(q_dim)?,
+            gate: z(hd)?,
+            up: z(hd)?,
+            hidden: z(hd)?,
+            last: Data::zeros(DataType::F32, &[1, dim])?,
+            logits: z(c.vocab_size.max(dim))?,
+        };
+        Ok(Llama {
+            config,
+            weights,
+            rope,
+            kv,
+            state,
+            all_rows: Vec::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &LlamaWeights {
+        &self.weights
+    }
+
+    /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()`, reading keys and
+    /// values of positions `< start_pos` from the KV cache (written by earlier calls) and
+    /// storing the new ones. Returns the logits: `[vocab_size]` for [`Logits::Last`],
+    /// `[tokens.len() · vocab_size]` (row-major) for [`Logits::All`], borrowed from buffers the
+    /// model reuses, so that decoding allocates nothing per token.
+    ///
+    /// Errors: a token id outside the vocabulary, no tokens, or `start_pos + tokens.len()`
+    /// beyond the context length (nothing is computed in those cases); device errors.
+    pub fn forward(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+        logits: Logits,
+    ) -> Result<&[f32]> {
+        self.run(exec, tokens, start_pos, Head::Logits(logits))
+    }
+
+    /// As [`Llama::forward`], but returns the hidden states after the final norm (before
+    /// the classifier) of every token: `[tokens.len() · dim]`, row-major (transformers'
+    /// `last_hidden_state`).
+    ///
+    /// Errors: as [`Llama::forward`].
+    pub fn hidden_states(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<&[f32]> {
+        self.run(exec, tokens, start_pos, Head::Hidden)
+    }
+
+    fn run(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+        head: Head,
+    ) -> Result<&[f32]> {
+        check_forward(&self.config, tokens, start_pos)?;
+        let chunk = PREFILL_CHUNK.min(self.config.max_seq_len);
+        let parts = tokens.len().div_ceil(chunk);
+        if head == Head::Logits(Logits::Last) || parts == 1 {
+            for (c, part) in tokens.chunks(chunk).enumerate().take(parts - 1) {
+                let last = Head::Logits(Logits::Last);
+                self.forward_chunk(exec, part, start_pos + c * chunk, last)?;
+            }
+            let last = (parts - 1) * chunk;
+            self.forward_chunk(exec, &tokens[last..], start_pos + last, head)?;
+            return Ok(self.state.logits.as_f32()?);
+        }
+        self.all_rows.clear();
+        for (c, part) in tokens.chunks(chunk).enumerate() {
+            self.forward_chunk(exec, part, start_pos + c * chunk, head)?;
+            self.all_rows.extend_from_slice(self.state.logits.as_f32()?);
+        }
+        Ok(&self.all_rows)
+    }
+
+    fn forward_chunk(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        pos: usize,
+        head: Head,
+    ) -> Result<()> {
+        let c = &self.config;
+        let w = &self.weights;
+        let s = &mut self.state;
+        let n = tokens.len();
+        for (data, cols) in [
+            (&mut s.x, c.dim),
+            (&mut s.xb, c.dim),
+            (&mut s.xb2, c.dim),
+            (&mut s.q, c.q_dim()),
+            (&mut s.k, c.kv_dim()),
+            (&mut s.v, c.kv_dim()),
+            (&mut s.att, c.q_dim()),
+            (&mut s.gate, c.hidden_dim),
+            (&mut s.up, c.hidden_dim),
+            (&mut s.hidden, c.hidden_dim),
+        ] {
+            data.set_shape(&[n, cols])?;
+        }
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        // The p-tuning prefix fills the cache rows before position 0.
+        let row = c.pre_seq_len + pos;
+        let linear = |input: &Data, weight: &Data, bias: Option<&Data>, output: &mut Data| {
+            exec.run(Op::Linear {
+                input,
+                weight,
+                bias,
+                output,
+            })
+        };
+
+        exec.run(Op::Embedding {
+            table: &w.embedding,
+            tokens,
+            output: &mut s.x,
+        })?;
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Attention block.
+            exec.run(Op::RmsNorm {
+                input: &s.x,
+                weight: &lw.attn_norm,
+                eps: c.norm_eps,
+                output: &mut s.xb,
+            })?;
+            let [bq, bk, bv] = match &lw.qkv_bias {
+                Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+                None => [None; 3],
+            };
+            linear(&s.xb, &lw.wq, bq, &mut s.q)?;
+            linear(&s.xb, &lw.wk, bk, &mut s.k)?;
+            linear(&s.xb, &lw.wv, bv, &mut s.v)?;
+            if !c.alibi {
+                for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
+                    exec.run(Op::Rope {
+                        x,
+                        table: &self.rope,
+                        n_heads,
+                        start_pos: pos,
+                    })?;
+                }
+            }
+            let (cache_k, cache_v) = self.kv.layer_mut(l);
+            for (src, dst) in [(&s.k, &mut *cache_k), (&s.v, &mut *cache_v)] {
+                exec.run(Op::CopyRows {
+                    src,
+                    src_row: 0,
+                    n_rows: n,
+                    dst,
+                    dst_row: row,
+                })?;
+            }
+            exec.run(Op::Attention {
+                q: &s.q,
+                cache_k,
+                cache_v,
+                start_pos: row,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                scale,
+                alibi: c.alibi,
+                bidirectional: 0,
+                output: &mut s.att,
+            })?;
+            linear(&s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
+            exec.run(Op::Add {
+                x: &mut s.x,
+                y: &s.xb2,
+            })?;
+            // Feed-forward block.
+            exec.run(Op::RmsNorm {
+                input: &s.x,
+                weight: &lw.ffn_norm,
+                eps: c.norm_eps,
+                output: &mut s.xb,
+            })?;
+            linear(&s.xb, &lw.w_gate, None, &mut s.gate)?;
+            linear(&s.xb, &lw.w_up, None, &mut s.up)?;
+            exec.run(Op::SiluMul {
+                gate: &s.gate,
+                up: &s.up,
+                output: &mut s.hidden,
+            })?;
+            linear(&s.hidden, &lw.w_down, None, &mut s.xb2)?;
+            exec.run(Op::Add {
+                x: &mut s.x,
+                y: &s.xb2,
+            })?;
+        }
+        let classifier = w.classifier.as_ref().unwrap_or(&w.embedding);
+        let final_input = match head {
+            Head::Logits(Logits::All) | Head::Hidden => &s.x,
+            Head::Logits(Logits::Last) => {
+                exec.run(Op::CopyRows {
+                    src: &s.x,
+                    src_row: n - 1,
+                    n_rows: 1,
+                    dst: &mut s.last,
+                    dst_row: 0,
+                })?;
+                &s.last
+            }
+        };
+        let rows = final_input.rows();
+        let normed = if head == Head::Hidden {
+            &mut s.logits
+        } else {
+            &mut s.xb
+        };
+        normed.set_shape(&[rows, c.dim])?;
+        exec.run(Op::RmsNorm {
+            input: final_input,
+            weight: &w.final_norm,
+            eps: c.norm_eps,
+            output: normed,
+        })?;
+        if head == Head::Hidden {
+            return Ok(());
+        }
+        s.logits.set_shape(&[rows, c.vocab_size])?;
+        linear(&s.xb, classifier, None, &mut s.logits).map_err(Error::from)
+    }
+}
+
+/// Copies the p-tuning prefix `[pre_seq_len, n_layers·2·kv_dim]` into cache rows
+/// `0..pre_seq_len` of every layer.
+pub(crate) fn load_prefix(kv: &mut KvCache, prefix: &Data, c: &ModelConfig) -> Result<()> {
+    let kv_dim = c.kv_dim();
+    let values = prefix.to_f32_vec();
+    for (p, row) in values.chunks_exact(c.n_layers * 2 * kv_dim).enumerate() {
+        for (l, pair) in row.chunks_exact(2 * kv_dim).enumerate() {
+            let (k, v) = kv.layer_mut(l);
+            k.as_f32_mut()?[p * kv_dim..][..kv_dim].copy_from_slice(&pair[..kv_dim]);
+            v.as_f32_mut()?[p * kv_dim..][..kv_dim].copy_from_slice(&pair[kv_dim..]);
+        }
+    }
+    Ok(())
+}
