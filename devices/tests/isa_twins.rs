@@ -358,16 +358,15 @@ fn attention_matches_scalar() {
                     let (mut max_mag, mut vmax) = (0.0f64, 0.0f64);
                     for t in 0..len {
                         let kt = &kv[t * kv_dim + off..][..hd];
-                        let mag: f64 =
-                            qh.iter().zip(kt).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                        let mag: f64 = qh.iter().zip(kt).map(|(&a, &b)| (a * b).abs() as f64).sum();
                         // The ALiBi term is one rounded product and one add per score.
                         let bias = (slopes[h] * t as f32) as f64;
                         max_mag = max_mag.max(mag * scale as f64 + bias);
                         let vt = &vv[t * kv_dim + off..][..hd];
                         vmax = vv_max(vmax, vt);
                     }
-                    let t = vmax
-                        * (2.0 * (DOT_REL * max_mag + 4.0 * EPS) + EPS * (len as f64).sqrt());
+                    let t =
+                        vmax * (2.0 * (DOT_REL * max_mag + 4.0 * EPS) + EPS * (len as f64).sqrt());
                     tol[(i * n_heads + h) * hd..][..hd].fill(2.0 * t);
                 }
             }

@@ -123,11 +123,7 @@ pub(crate) fn layer_norm(
     output: &mut Data,
 ) -> Result<()> {
     let dim = input.cols();
-    if dim == 0
-        || weight.numel() != dim
-        || bias.numel() != dim
-        || output.shape() != input.shape()
-    {
+    if dim == 0 || weight.numel() != dim || bias.numel() != dim || output.shape() != input.shape() {
         return Err(shape_err(
             "LayerNorm",
             format!(

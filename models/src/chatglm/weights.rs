@@ -169,7 +169,9 @@ impl ChatGlmWeights {
             layers,
             final_norm: take("final_norm")?,
             final_norm_bias: take("final_norm_bias")?,
-            classifier: (!c.tie_embeddings).then(|| take("classifier")).transpose()?,
+            classifier: (!c.tie_embeddings)
+                .then(|| take("classifier"))
+                .transpose()?,
             prefix_kv,
         })
     }

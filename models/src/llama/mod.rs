@@ -84,11 +84,7 @@ pub struct Llama {
 ///
 /// Errors: no tokens, a token id outside the vocabulary, or `start_pos + tokens.len()`
 /// beyond the context length.
-pub(crate) fn check_forward(
-    config: &ModelConfig,
-    tokens: &[u32],
-    start_pos: usize,
-) -> Result<()> {
+pub(crate) fn check_forward(config: &ModelConfig, tokens: &[u32], start_pos: usize) -> Result<()> {
     let vocab_size = config.vocab_size;
     if tokens.is_empty() {
         return Err(Error::Config("forward needs at least one token".into()));

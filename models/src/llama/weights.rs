@@ -151,7 +151,9 @@ impl LlamaWeights {
             });
         }
         let final_norm = take("final_norm")?;
-        let classifier = (!c.tie_embeddings).then(|| take("classifier")).transpose()?;
+        let classifier = (!c.tie_embeddings)
+            .then(|| take("classifier"))
+            .transpose()?;
         Ok(LlamaWeights {
             embedding,
             layers,
