@@ -20,4 +20,4 @@ mod model;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
-pub use model::{canonical_shapes, Model};
+pub use model::{canonical_shapes, CausalLm, Model};
