@@ -175,6 +175,16 @@ pub(crate) fn rope_2d(
             ),
         ));
     }
+    if let Some(&p) = positions
+        .iter()
+        .chain(block_positions)
+        .find(|&&p| p as usize >= table.max_pos())
+    {
+        return Err(Error::ContextOverflow {
+            needed: p as usize + 1,
+            max: table.max_pos(),
+        });
+    }
     let cols = x.cols();
     for ((row, &p), &b) in x
         .as_f32_mut()?
@@ -183,20 +193,14 @@ pub(crate) fn rope_2d(
         .zip(block_positions)
     {
         for (h, part) in row.chunks_exact_mut(half).enumerate() {
-            let pos = if h % 2 == 0 { p } else { b } as usize;
-            let k = Rope {
+            let pos = if h % 2 == 0 { p } else { b };
+            Rope {
                 x: part,
                 cols: half,
                 table,
-                start_pos: pos,
-            };
-            if pos >= table.max_pos() {
-                return Err(Error::ContextOverflow {
-                    needed: pos + 1,
-                    max: table.max_pos(),
-                });
+                start_pos: pos as usize,
             }
-            k.portable();
+            .portable();
         }
     }
     Ok(())
