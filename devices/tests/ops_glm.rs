@@ -66,7 +66,11 @@ fn rope_2d_matches_formula() {
     let mut tol = vec![0.0; x.len()];
     for i in 0..n {
         for part in 0..2 * n_heads {
-            let pos = if part % 2 == 0 { positions[i] } else { block_positions[i] } as f64;
+            let pos = if part % 2 == 0 {
+                positions[i]
+            } else {
+                block_positions[i]
+            } as f64;
             let base = (i * 2 * n_heads + part) * half;
             for j in 0..half / 2 {
                 let angle = pos * 10000f64.powf(-2.0 * j as f64 / half as f64);
@@ -97,7 +101,10 @@ fn rope_2d_errors() {
         .unwrap_err()
     };
     assert!(matches!(rope(&[0], &[0, 1]), Error::Shape { .. }));
-    assert!(matches!(rope(&[0, 1], &[0, 8]), Error::ContextOverflow { .. }));
+    assert!(matches!(
+        rope(&[0, 1], &[0, 8]),
+        Error::ContextOverflow { .. }
+    ));
 }
 
 /// LayerNorm per row with the biased variance, from the mean and variance in f64; the
@@ -127,9 +134,9 @@ fn layer_norm_matches_formula() {
             for (c, o) in ws.iter_mut().enumerate() {
                 let normed = (xs[c] as f64 - mean) * inv;
                 *o = normed * w[c] as f64 + b[c] as f64;
-                tol[row * dim + c] = 4.0 * EPS * (dim as f64).sqrt() * (normed.abs() + 1.0)
-                    * (w[c] as f64).abs()
-                    + EPS * (b[c] as f64).abs();
+                tol[row * dim + c] =
+                    4.0 * EPS * (dim as f64).sqrt() * (normed.abs() + 1.0) * (w[c] as f64).abs()
+                        + EPS * (b[c] as f64).abs();
             }
         }
         assert_close("LayerNorm", out.as_f32().unwrap(), &want, |i| tol[i]);
