@@ -152,6 +152,8 @@ pub(super) fn parse_config(path: &Path, text: &str) -> Result<ModelConfig> {
 /// its tensors `by_name` (THUDM names).
 ///
 /// Errors: [`Error::Format`] for a missing tensor or one of an unexpected shape.
+// `vec![a..b]` is a list of row ranges holding one range, not the rows `a..b` collected.
+#[allow(clippy::single_range_in_vec_init)]
 pub(super) fn tensors(
     dir: &Path,
     c: &ModelConfig,
