@@ -313,7 +313,12 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         None => weight_files(dir)?,
     };
     let mut by_name = read_tensors(&files)?;
-    let candidates = vec![dir.join("tokenizer.model"), dir.join("tokenizer.json")];
+    // ChatGLM-6B names its SentencePiece model `ice_text.model`.
+    let candidates: Vec<PathBuf> = ["tokenizer.model", "ice_text.model", "tokenizer.json"]
+        .iter()
+        .filter(|&&f| f != "ice_text.model" || family == Family::Thudm)
+        .map(|f| dir.join(f))
+        .collect();
     let checkpoint = |tensors| Checkpoint {
         format: Format::HuggingFace,
         config: config.clone(),

@@ -11,6 +11,13 @@
 //!   its values;
 //! - ChatGLM2+ `query_key_value` is q `[n_heads·hd]`, then k and v `[groups·hd]` each;
 //!   `dense_h_to_4h` is the gate rows, then the up rows.
+//!
+//! The tokenizer beside the weights (`tokenizer.model`, ChatGLM-6B's `ice_text.model`) is
+//! loaded as a plain SentencePiece model. The special tokens ChatGLM appends after that
+//! vocabulary (`[gMASK]`, `sop`, the ChatGLM3 role tokens) and each generation's prompt
+//! construction belong to flm-tokenizer's ChatGLM support, which builds on this checkpoint:
+//! ChatGLM-6B's graph takes its positions from the `[gMASK]` and `sop` ids of the
+//! configuration (`gmask_token_id`, `bos_token_id`).
 
 use std::collections::HashMap;
 use std::ops::Range;
