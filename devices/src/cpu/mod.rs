@@ -157,8 +157,8 @@ impl BaseDevice for CpuDevice {
                 bias,
                 eps,
                 output,
-            } => norm::layer_norm(input, weight, bias, eps, output),
-            Op::Gelu { x } => activation::gelu(x),
+            } => norm::layer_norm(self.isa, input, weight, bias, eps, output),
+            Op::Gelu { x } => activation::gelu(self.isa, x),
             Op::Scale { x, alpha } => elementwise::scale(x, alpha),
             Op::Rope2d {
                 x,
