@@ -184,3 +184,33 @@ impl ModelConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration written before the ChatGLM fields existed reads as a plain Llama, and
+    /// a ChatGLM-6B one round-trips through JSON as .flm files store it.
+    #[test]
+    fn older_configs_read_as_llama_and_chatglm_round_trips() {
+        let old = r#"{"dim": 64, "hidden_dim": 172, "n_layers": 5, "n_heads": 8,
+            "n_kv_heads": 4, "head_dim": 8, "vocab_size": 512, "max_seq_len": 512,
+            "norm_eps": 1e-5, "rope_theta": 10000.0, "rope_style": "rotate_half",
+            "tie_embeddings": true, "bos_token_id": 1, "eos_token_ids": [2]}"#;
+        let mut c: ModelConfig = serde_json::from_str(old).unwrap();
+        assert_eq!(c.arch, Arch::Llama);
+        assert_eq!(c.rotary_dim(), 8);
+        assert!(!c.alibi && !c.qkv_bias && !c.o_bias && c.pre_seq_len == 0);
+        c.validate().unwrap();
+        c.arch = Arch::ChatGlm {
+            residual_alpha: 7.483_315,
+            mask_token_id: 3,
+            gmask_token_id: 4,
+        };
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["arch"]["kind"], "chat_glm");
+        assert_eq!(serde_json::from_value::<ModelConfig>(json).unwrap(), c);
+        c.rotary_dim = Some(3);
+        assert!(c.validate().is_err());
+    }
+}
