@@ -147,3 +147,25 @@ fn missing_tensors_are_named() {
         "{err}"
     );
 }
+
+/// Absurd sizes in a ChatGLM-6B config are refused before anything is allocated.
+#[test]
+fn absurd_sizes_are_refused() {
+    for (key, value) in [
+        ("hidden_size", serde_json::json!(1u64 << 62)),
+        ("num_attention_heads", serde_json::json!(0)),
+        ("inner_hidden_size", serde_json::Value::Null),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_hf_dir("glm_model.data", Family::Glm, false, dir.path());
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        config[key] = value;
+        if key == "inner_hidden_size" {
+            config["hidden_size"] = serde_json::json!(1u64 << 62);
+        }
+        std::fs::write(&path, config.to_string()).unwrap();
+        assert!(import::load(dir.path()).is_err(), "{key}");
+    }
+}

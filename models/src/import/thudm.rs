@@ -91,7 +91,9 @@ pub(super) fn parse_config(path: &Path, text: &str) -> Result<ModelConfig> {
     let config = if g.position_encoding_2d == Some(true) {
         ModelConfig {
             dim: g.hidden_size,
-            hidden_dim: g.inner_hidden_size.unwrap_or(4 * g.hidden_size),
+            hidden_dim: g
+                .inner_hidden_size
+                .unwrap_or(g.hidden_size.saturating_mul(4)),
             n_layers: g.num_layers,
             n_heads: g.num_attention_heads,
             n_kv_heads: g.num_attention_heads,
