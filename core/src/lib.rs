@@ -9,6 +9,7 @@
 //! The shape follows FastLLM's Data / Executor / BaseDevice design, with ops as a typed enum
 //! rather than string-keyed dispatch (see ARCHITECTURE.md).
 
+mod alibi;
 mod data;
 mod device;
 mod dtype;
@@ -21,6 +22,7 @@ pub mod quant;
 mod rope;
 mod sampling;
 
+pub use alibi::alibi_slopes;
 pub use data::Data;
 pub use device::BaseDevice;
 pub use dtype::DataType;

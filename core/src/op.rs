@@ -78,8 +78,11 @@ pub enum Op<'a> {
     /// Causal scaled dot-product attention (Vaswani et al. 2017) with grouped-query
     /// attention (Ainslie et al. 2023): query head `h` reads KV head
     /// `h / (n_heads / n_kv_heads)`. Row `i` of `q` is at position `p = start_pos + i` and
-    /// attends to cache rows `0..=p`:
-    /// `output = softmax(q·Kᵀ · scale) · V`.
+    /// attends to cache rows `0..max(p + 1, bidirectional)`:
+    /// `output = softmax(q·Kᵀ · scale + bias) · V`, where `bias` is 0, or with `alibi` the
+    /// ALiBi term `m_h · t` for cache row `t` (Press et al. 2022; slopes from
+    /// [`crate::alibi_slopes`]; the `−m_h · p` part of `m_h · (t − p)` is the same for the
+    /// whole row and cancels in the softmax).
     Attention {
         /// f32 `[n, n_heads * head_dim]`.
         q: &'a Data,
@@ -95,8 +98,59 @@ pub enum Op<'a> {
         n_kv_heads: usize,
         /// Multiplies the scores, usually `1 / sqrt(head_dim)`.
         scale: f32,
+        /// Adds the ALiBi bias (Baichuan-13B) to the scores.
+        alibi: bool,
+        /// Cache rows `0..bidirectional` are seen by every row: the prefix-LM mask of GLM
+        /// (Du et al. 2022; ChatGLM-6B's prompt up to `sop`). 0 for a purely causal mask;
+        /// at most `start_pos + n`.
+        bidirectional: usize,
         /// f32 `[n, n_heads * head_dim]`.
         output: &'a mut Data,
+    },
+    /// LayerNorm (Ba et al. 2016), per row:
+    /// `output = (input − mean) / sqrt(var + eps) * weight + bias`, `var` the biased variance.
+    ///
+    /// `input`, `output`: f32 `[n, dim]`; `weight`, `bias`: `[dim]`.
+    LayerNorm {
+        /// f32 `[n, dim]`.
+        input: &'a Data,
+        /// Gain `[dim]`.
+        weight: &'a Data,
+        /// Shift `[dim]`.
+        bias: &'a Data,
+        /// Added to the variance (1e-5 in ChatGLM-6B).
+        eps: f32,
+        /// f32 `[n, dim]`.
+        output: &'a mut Data,
+    },
+    /// GELU with the tanh approximation (Hendrycks & Gimpel 2016), in place:
+    /// `x = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`, as ChatGLM-6B's `gelu_impl`.
+    Gelu {
+        /// f32, any shape.
+        x: &'a mut Data,
+    },
+    /// `x *= alpha` in place (ChatGLM-6B's scaled residual).
+    Scale {
+        /// f32, any shape.
+        x: &'a mut Data,
+        /// The factor.
+        alpha: f32,
+    },
+    /// ChatGLM-6B's two-dimensional RoPE (Du et al. 2022, GLM; THUDM `modeling_chatglm.py`),
+    /// in place: each head of `x` is two halves of `table.head_dim()` dimensions, rotated
+    /// (in `table`'s style) at `positions[i]` for the first half and `block_positions[i]`
+    /// for the second, for row `i`.
+    Rope2d {
+        /// f32 `[n, n_heads * 2 * table.head_dim()]`.
+        x: &'a mut Data,
+        /// cos/sin of one half (`rotary_dim == head_dim`).
+        table: &'a RopeTable,
+        /// Number of heads in a row.
+        n_heads: usize,
+        /// `n` positions of the first halves.
+        positions: &'a [u32],
+        /// `n` positions of the second halves.
+        block_positions: &'a [u32],
     },
     /// SwiGLU gate (Shazeer 2020): `output = silu(gate) * up`, `silu(x) = x / (1 + e^-x)`.
     SiluMul {
@@ -144,11 +198,19 @@ pub enum OpKind {
     Add,
     /// [`Op::Argmax`]
     Argmax,
+    /// [`Op::LayerNorm`]
+    LayerNorm,
+    /// [`Op::Gelu`]
+    Gelu,
+    /// [`Op::Scale`]
+    Scale,
+    /// [`Op::Rope2d`]
+    Rope2d,
 }
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 9] = [
+    pub const ALL: [OpKind; 13] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
@@ -158,6 +220,10 @@ impl OpKind {
         OpKind::SiluMul,
         OpKind::Add,
         OpKind::Argmax,
+        OpKind::LayerNorm,
+        OpKind::Gelu,
+        OpKind::Scale,
+        OpKind::Rope2d,
     ];
 
     /// The op's name as printed by the profiler.
@@ -172,6 +238,10 @@ impl OpKind {
             OpKind::SiluMul => "SiluMul",
             OpKind::Add => "Add",
             OpKind::Argmax => "Argmax",
+            OpKind::LayerNorm => "LayerNorm",
+            OpKind::Gelu => "Gelu",
+            OpKind::Scale => "Scale",
+            OpKind::Rope2d => "Rope2d",
         }
     }
 }
@@ -189,6 +259,10 @@ impl Op<'_> {
             Op::SiluMul { .. } => OpKind::SiluMul,
             Op::Add { .. } => OpKind::Add,
             Op::Argmax { .. } => OpKind::Argmax,
+            Op::LayerNorm { .. } => OpKind::LayerNorm,
+            Op::Gelu { .. } => OpKind::Gelu,
+            Op::Scale { .. } => OpKind::Scale,
+            Op::Rope2d { .. } => OpKind::Rope2d,
         }
     }
 }

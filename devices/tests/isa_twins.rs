@@ -324,49 +324,63 @@ fn attention_matches_scalar() {
         let (v, vv) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
         let (q, qv) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
         let scale = 1.0 / (hd as f32).sqrt();
-        let attend = |isa| {
-            let mut out = nan_output(&[c.n, n_heads * hd]);
-            run_at(
-                isa,
-                Op::Attention {
-                    q: &q,
-                    cache_k: &k,
-                    cache_v: &v,
-                    start_pos: c.start_pos,
-                    n_heads,
-                    n_kv_heads,
-                    scale,
-                    output: &mut out,
-                },
-            );
-            out.to_f32_vec()
-        };
-        let want: Vec<f64> = attend(Isa::Scalar).iter().map(|&x| x as f64).collect();
-        let group = n_heads / n_kv_heads;
-        let mut tol = vec![0.0; want.len()];
-        for i in 0..c.n {
-            let len = c.start_pos + i + 1;
-            for h in 0..n_heads {
-                let qh = &qv[(i * n_heads + h) * hd..][..hd];
-                let off = (h / group) * hd;
-                let (mut max_mag, mut vmax) = (0.0f64, 0.0f64);
-                for t in 0..len {
-                    let kt = &kv[t * kv_dim + off..][..hd];
-                    let mag: f64 = qh.iter().zip(kt).map(|(&a, &b)| (a * b).abs() as f64).sum();
-                    max_mag = max_mag.max(mag * scale as f64);
-                    let vt = &vv[t * kv_dim + off..][..hd];
-                    vmax = vv_max(vmax, vt);
+        // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest).
+        for (alibi, bidirectional) in [(false, 0), (true, rows)] {
+            let attend = |isa| {
+                let mut out = nan_output(&[c.n, n_heads * hd]);
+                run_at(
+                    isa,
+                    Op::Attention {
+                        q: &q,
+                        cache_k: &k,
+                        cache_v: &v,
+                        start_pos: c.start_pos,
+                        n_heads,
+                        n_kv_heads,
+                        scale,
+                        alibi,
+                        bidirectional,
+                        output: &mut out,
+                    },
+                );
+                out.to_f32_vec()
+            };
+            let slopes = if alibi {
+                flm_core::alibi_slopes(n_heads)
+            } else {
+                vec![0.0; n_heads]
+            };
+            let want: Vec<f64> = attend(Isa::Scalar).iter().map(|&x| x as f64).collect();
+            let group = n_heads / n_kv_heads;
+            let mut tol = vec![0.0; want.len()];
+            for i in 0..c.n {
+                let len = (c.start_pos + i + 1).max(bidirectional);
+                for h in 0..n_heads {
+                    let qh = &qv[(i * n_heads + h) * hd..][..hd];
+                    let off = (h / group) * hd;
+                    let (mut max_mag, mut vmax) = (0.0f64, 0.0f64);
+                    for t in 0..len {
+                        let kt = &kv[t * kv_dim + off..][..hd];
+                        let mag: f64 = qh.iter().zip(kt).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                        // The ALiBi term is one rounded product and one add per score.
+                        let bias = (slopes[h] * t as f32) as f64;
+                        max_mag = max_mag.max(mag * scale as f64 + bias);
+                        let vt = &vv[t * kv_dim + off..][..hd];
+                        vmax = vv_max(vmax, vt);
+                    }
+                    let t =
+                        vmax * (2.0 * (DOT_REL * max_mag + 4.0 * EPS) + EPS * (len as f64).sqrt());
+                    tol[(i * n_heads + h) * hd..][..hd].fill(2.0 * t);
                 }
-                let t = vmax * (2.0 * (DOT_REL * max_mag + 4.0 * EPS) + EPS * (len as f64).sqrt());
-                tol[(i * n_heads + h) * hd..][..hd].fill(2.0 * t);
             }
-        }
-        for isa in simd_levels() {
-            let what = format!(
-                "Attention at {isa}, n={} start={} heads={:?} head_dim={hd}",
-                c.n, c.start_pos, c.heads
-            );
-            assert_close(&what, &attend(isa), &want, |i| tol[i]);
+            for isa in simd_levels() {
+                let what = format!(
+                    "Attention at {isa}, n={} start={} heads={:?} head_dim={hd} alibi={alibi} \
+                     bidirectional={bidirectional}",
+                    c.n, c.start_pos, c.heads
+                );
+                assert_close(&what, &attend(isa), &want, |i| tol[i]);
+            }
         }
     }
 }

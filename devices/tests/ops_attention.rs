@@ -98,6 +98,8 @@ fn check(c: Case, seed: u64) {
         n_heads: c.n_heads,
         n_kv_heads: c.n_kv_heads,
         scale,
+        alibi: false,
+        bidirectional: 0,
         output: &mut out,
     })
     .unwrap();
@@ -184,6 +186,8 @@ fn attention_err(s: Shapes) -> Error {
         n_heads: s.heads.0,
         n_kv_heads: s.heads.1,
         scale: 0.25,
+        alibi: false,
+        bidirectional: 0,
         output: &mut z(s.out),
     })
     .unwrap_err()

@@ -37,6 +37,46 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Tokens that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// The graph that runs the model. Fields from here on are absent from files written
+    /// before ChatGLM support and take the values of a plain Llama.
+    #[serde(default)]
+    pub arch: Arch,
+    /// Rotated dimensions per head; `None`: all of them (ChatGLM2/3 and GLM-4 rotate half).
+    #[serde(default)]
+    pub rotary_dim: Option<usize>,
+    /// ALiBi (Press et al. 2022) instead of RoPE (Baichuan-13B).
+    #[serde(default)]
+    pub alibi: bool,
+    /// Biases on the query, key and value projections (ChatGLM2/3, GLM-4, InternLM).
+    #[serde(default)]
+    pub qkv_bias: bool,
+    /// Bias on the attention output projection (InternLM).
+    #[serde(default)]
+    pub o_bias: bool,
+    /// Length of the P-tuning v2 prefix (Liu et al. 2022) held before the sequence in the
+    /// KV cache; 0 without one.
+    #[serde(default)]
+    pub pre_seq_len: usize,
+}
+
+/// Which graph runs a model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Arch {
+    /// [`crate::llama::Llama`]: Llama, and by configuration ChatGLM2/3, GLM-4, Baichuan and
+    /// InternLM.
+    #[default]
+    Llama,
+    /// [`crate::chatglm::ChatGlm`]: ChatGLM-6B (GLM with LayerNorm, GELU, 2D RoPE and the
+    /// prefix-LM mask).
+    ChatGlm {
+        /// The residual scale `alpha = sqrt(2 · num_layers)` (THUDM `GLMBlock`).
+        residual_alpha: f32,
+        /// `[MASK]`: the position the answer fills (used when `[gMASK]` is absent).
+        mask_token_id: u32,
+        /// `[gMASK]`: the generation mask.
+        gmask_token_id: u32,
+    },
 }
 
 /// Largest accepted dimension, head count, vocabulary or context length (2^24).
@@ -48,6 +88,11 @@ impl ModelConfig {
     /// `n_kv_heads * head_dim`: the width of a key or value row.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// Rotated dimensions per head (`rotary_dim`, else `head_dim`).
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim.unwrap_or(self.head_dim)
     }
 
     /// `n_heads * head_dim`: the width of a query row.
@@ -95,6 +140,26 @@ impl ModelConfig {
                 self.head_dim
             )));
         }
+        let rot = self.rotary_dim();
+        if rot == 0 || !rot.is_multiple_of(2) || rot > self.head_dim {
+            return Err(Error::Config(format!(
+                "rotary_dim ({rot}) must be even, positive and at most head_dim ({})",
+                self.head_dim
+            )));
+        }
+        if self.pre_seq_len > MAX_SIZE {
+            return Err(Error::Config(format!(
+                "pre_seq_len = {} exceeds {MAX_SIZE}",
+                self.pre_seq_len
+            )));
+        }
+        if let Arch::ChatGlm { residual_alpha, .. } = self.arch {
+            if !(residual_alpha > 0.0 && residual_alpha.is_finite()) {
+                return Err(Error::Config(format!(
+                    "invalid residual alpha {residual_alpha}"
+                )));
+            }
+        }
         if !(self.norm_eps >= 0.0 && self.norm_eps.is_finite()) {
             return Err(Error::Config(format!("invalid norm eps {}", self.norm_eps)));
         }
@@ -117,5 +182,35 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration written before the ChatGLM fields existed reads as a plain Llama, and
+    /// a ChatGLM-6B one round-trips through JSON as .flm files store it.
+    #[test]
+    fn older_configs_read_as_llama_and_chatglm_round_trips() {
+        let old = r#"{"dim": 64, "hidden_dim": 172, "n_layers": 5, "n_heads": 8,
+            "n_kv_heads": 4, "head_dim": 8, "vocab_size": 512, "max_seq_len": 512,
+            "norm_eps": 1e-5, "rope_theta": 10000.0, "rope_style": "rotate_half",
+            "tie_embeddings": true, "bos_token_id": 1, "eos_token_ids": [2]}"#;
+        let mut c: ModelConfig = serde_json::from_str(old).unwrap();
+        assert_eq!(c.arch, Arch::Llama);
+        assert_eq!(c.rotary_dim(), 8);
+        assert!(!c.alibi && !c.qkv_bias && !c.o_bias && c.pre_seq_len == 0);
+        c.validate().unwrap();
+        c.arch = Arch::ChatGlm {
+            residual_alpha: 7.483_315,
+            mask_token_id: 3,
+            gmask_token_id: 4,
+        };
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["arch"]["kind"], "chat_glm");
+        assert_eq!(serde_json::from_value::<ModelConfig>(json).unwrap(), c);
+        c.rotary_dim = Some(3);
+        assert!(c.validate().is_err());
     }
 }

@@ -20,7 +20,6 @@ use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
 use crate::import::Checkpoint;
-use crate::llama::LlamaWeights;
 use crate::{Error, Result};
 
 /// How far a conversion has come, reported after each tensor.
@@ -55,7 +54,8 @@ pub fn target_dtype(
     name: &str,
     shape: &[usize],
 ) -> DataType {
-    if shape.len() < 2 {
+    // The p-tuning prefix is keys and values, not a matrix that multiplies activations.
+    if shape.len() < 2 || name == "prefix_kv" {
         return DataType::F32;
     }
     let sensitive = name == "classifier"
@@ -81,7 +81,7 @@ pub fn convert(
     recipe: Recipe,
     mut progress: impl FnMut(&Progress<'_>),
 ) -> Result<()> {
-    let plan: Vec<(String, DataType, Vec<usize>)> = LlamaWeights::canonical_shapes(&ckpt.config)
+    let plan: Vec<(String, DataType, Vec<usize>)> = crate::canonical_shapes(&ckpt.config)
         .into_iter()
         .map(|(name, shape)| {
             let tied = ckpt.config.tie_embeddings;

@@ -8,7 +8,8 @@
 
 use flm_core::{argmax, Executor};
 
-use crate::llama::{Llama, Logits};
+use crate::llama::Logits;
+use crate::CausalLm;
 use crate::{Error, Result};
 
 /// The result of [`teacher_forced`].
@@ -35,7 +36,7 @@ impl TeacherForced {
 ///
 /// Errors: `ctx < 2` or beyond the model's context, fewer than 2 tokens, model errors.
 pub fn teacher_forced(
-    model: &mut Llama,
+    model: &mut impl CausalLm,
     exec: &Executor,
     tokens: &[u32],
     ctx: usize,

@@ -2,17 +2,22 @@
 //!
 //! - [`ModelConfig`]: the hyper-parameters of a decoder-only transformer.
 //! - [`llama::Llama`]: the Llama graph (RMSNorm, RoPE, GQA, SwiGLU), run through an
-//!   [`flm_core::Executor`].
+//!   [`flm_core::Executor`]; by configuration also ChatGLM2/3, GLM-4, Baichuan, InternLM.
+//! - [`chatglm::ChatGlm`]: the ChatGLM-6B graph (LayerNorm, GELU, 2D RoPE, prefix-LM mask).
+//! - [`Model`]: either graph, chosen by the configuration's [`Arch`]; what tools load.
 //! - [`import`]: reads llama2.c `.bin` checkpoints and Hugging Face directories, detecting
 //!   the format from the bytes, into a config and weights that are zero-copy views of the
 //!   mapped files where the layout allows.
 
+pub mod chatglm;
 mod config;
 pub mod convert;
 mod error;
 pub mod eval;
 pub mod import;
 pub mod llama;
+mod model;
 
-pub use config::ModelConfig;
+pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
+pub use model::{canonical_shapes, CausalLm, Model};

@@ -11,140 +11,29 @@
 //! causal, grouped-query (`n_kv_heads` ≤ `n_heads`), over a KV cache allocated once for the
 //! whole context. A prompt is prefilled in chunks of up to [`PREFILL_CHUNK`] tokens, each
 //! one pass of matrix × matrix products; decoding feeds one token per step.
+//!
+//! The same graph runs, by configuration ([`ModelConfig`]), the Llama-like families:
+//! - ChatGLM2/3 and GLM-4 (THUDM): q/k/v biases, multi-query attention with KV groups,
+//!   RoPE in adjacent pairs on the first half of each head (`rotary_dim = head_dim / 2`),
+//!   SwiGLU (see [`crate::chatglm`] for the mapping of their fused tensors);
+//! - Baichuan: W_pack split into q/k/v; Baichuan-13B replaces RoPE with ALiBi
+//!   (Press et al. 2022);
+//! - InternLM: q/k/v and output-projection biases;
+//! - P-tuning v2 prefixes (Liu et al. 2022): `pre_seq_len` keys and values per layer sit in
+//!   the KV cache before the sequence and are always attended; the tokens keep positions
+//!   from 0, so cache row = `pre_seq_len` + position.
 
 use flm_core::{Data, DataType, Error as CoreError, Executor, KvCache, Op, RopeTable};
 
 use crate::{Error, ModelConfig, Result};
 
+mod weights;
+
+pub(crate) use weights::check_all_shapes;
+pub use weights::{LlamaLayer, LlamaWeights, LAYER_PARTS};
+
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
-
-/// The weights of one transformer layer; matrices are `[out, in]` as `torch.nn.Linear`.
-#[derive(Debug, Clone)]
-pub struct LlamaLayer {
-    /// Attention RMSNorm gain `[dim]`.
-    pub attn_norm: Data,
-    /// Query projection `[n_heads·head_dim, dim]`.
-    pub wq: Data,
-    /// Key projection `[n_kv_heads·head_dim, dim]`.
-    pub wk: Data,
-    /// Value projection `[n_kv_heads·head_dim, dim]`.
-    pub wv: Data,
-    /// Output projection `[dim, n_heads·head_dim]`.
-    pub wo: Data,
-    /// Feed-forward RMSNorm gain `[dim]`.
-    pub ffn_norm: Data,
-    /// Gate projection W1 `[hidden_dim, dim]`.
-    pub w_gate: Data,
-    /// Down projection W2 `[dim, hidden_dim]`.
-    pub w_down: Data,
-    /// Up projection W3 `[hidden_dim, dim]`.
-    pub w_up: Data,
-}
-
-/// All weights of a Llama model.
-#[derive(Debug, Clone)]
-pub struct LlamaWeights {
-    /// Token embedding table `[vocab_size, dim]`.
-    pub embedding: Data,
-    /// The layers, first to last.
-    pub layers: Vec<LlamaLayer>,
-    /// Final RMSNorm gain `[dim]`.
-    pub final_norm: Data,
-    /// Classifier `[vocab_size, dim]`; `None` when tied to the embedding table.
-    pub classifier: Option<Data>,
-}
-
-/// The parts of a layer, in canonical order, as named in [`LlamaWeights::canonical_shapes`].
-pub const LAYER_PARTS: [&str; 9] = [
-    "attn_norm",
-    "wq",
-    "wk",
-    "wv",
-    "wo",
-    "ffn_norm",
-    "w_gate",
-    "w_down",
-    "w_up",
-];
-
-impl LlamaWeights {
-    /// flm's canonical tensor names and their shapes for `config`: `embedding`,
-    /// `layers.{l}.{part}` for each of [`LAYER_PARTS`], `final_norm`, then `classifier`
-    /// unless the embeddings are tied. Every importer maps its checkpoint onto these names,
-    /// and .flm files store them.
-    pub fn canonical_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-        let mut out = vec![("embedding".to_string(), vec![c.vocab_size, dim])];
-        for l in 0..c.n_layers {
-            let shapes = [
-                vec![dim],
-                vec![q_dim, dim],
-                vec![kv_dim, dim],
-                vec![kv_dim, dim],
-                vec![dim, q_dim],
-                vec![dim],
-                vec![hd, dim],
-                vec![dim, hd],
-                vec![hd, dim],
-            ];
-            for (part, shape) in LAYER_PARTS.iter().zip(shapes) {
-                out.push((format!("layers.{l}.{part}"), shape));
-            }
-        }
-        out.push(("final_norm".to_string(), vec![dim]));
-        if !c.tie_embeddings {
-            out.push(("classifier".to_string(), vec![c.vocab_size, dim]));
-        }
-        out
-    }
-
-    /// Assembles the weights from `load(name, shape)`, called for each canonical tensor.
-    ///
-    /// Errors: whatever `load` returns (a missing tensor, a shape mismatch).
-    pub fn from_tensors(
-        c: &ModelConfig,
-        mut load: impl FnMut(&str, &[usize]) -> Result<Data>,
-    ) -> Result<LlamaWeights> {
-        let mut tensors = LlamaWeights::canonical_shapes(c)
-            .into_iter()
-            .map(|(name, shape)| load(&name, &shape))
-            .collect::<Result<Vec<_>>>()?
-            .into_iter();
-        let mut next = || {
-            tensors
-                .next()
-                .ok_or_else(|| Error::Config("fewer tensors than the configuration needs".into()))
-        };
-        let embedding = next()?;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for _ in 0..c.n_layers {
-            layers.push(LlamaLayer {
-                attn_norm: next()?,
-                wq: next()?,
-                wk: next()?,
-                wv: next()?,
-                wo: next()?,
-                ffn_norm: next()?,
-                w_gate: next()?,
-                w_down: next()?,
-                w_up: next()?,
-            });
-        }
-        let final_norm = next()?;
-        let classifier = if c.tie_embeddings {
-            None
-        } else {
-            Some(next()?)
-        };
-        Ok(LlamaWeights {
-            embedding,
-            layers,
-            final_norm,
-            classifier,
-        })
-    }
-}
 
 /// Which logits a forward pass computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +42,15 @@ pub enum Logits {
     Last,
     /// Every token's (teacher forcing, perplexity).
     All,
+}
+
+/// What a forward pass returns: logits, or the hidden states after the final norm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// Logits through the classifier.
+    Logits(Logits),
+    /// Every token's final-normed hidden state (`last_hidden_state` of transformers).
+    Hidden,
 }
 
 /// Activations, allocated once for [`PREFILL_CHUNK`] rows.
@@ -178,66 +76,55 @@ pub struct Llama {
     rope: RopeTable,
     kv: KvCache,
     state: RunState,
-    /// Logits of every row of a multi-chunk [`Logits::All`] call.
-    all_logits: Vec<f32>,
+    /// Rows of every chunk of a multi-chunk [`Logits::All`] or hidden-state call.
+    all_rows: Vec<f32>,
 }
 
-fn check_shape(name: &str, data: &Data, shape: &[usize]) -> Result<()> {
-    if data.shape() == shape {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "tensor {name} has shape {:?}, the configuration implies {shape:?}",
-            data.shape()
-        )))
+/// Checks the arguments of a forward pass before anything is computed.
+///
+/// Errors: no tokens, a token id outside the vocabulary, or `start_pos + tokens.len()`
+/// beyond the context length.
+pub(crate) fn check_forward(config: &ModelConfig, tokens: &[u32], start_pos: usize) -> Result<()> {
+    let vocab_size = config.vocab_size;
+    if tokens.is_empty() {
+        return Err(Error::Config("forward needs at least one token".into()));
     }
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(CoreError::TokenOutOfRange { id, vocab_size }.into());
+    }
+    let needed = start_pos.saturating_add(tokens.len());
+    if needed > config.max_seq_len {
+        return Err(CoreError::ContextOverflow {
+            needed,
+            max: config.max_seq_len,
+        }
+        .into());
+    }
+    Ok(())
 }
 
 impl Llama {
-    /// Builds the model, allocating the KV cache for `config.max_seq_len` positions.
+    /// Builds the model, allocating the KV cache for `config.max_seq_len` positions (plus
+    /// the p-tuning prefix, which is copied into it).
     ///
     /// Errors: [`Error::Config`] if the configuration is invalid or a weight's shape
     /// disagrees with it.
     pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<Llama> {
         config.validate()?;
+        weights.check_shapes(&config)?;
         let c = &config;
         let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-        check_shape("embedding", &weights.embedding, &[c.vocab_size, dim])?;
-        check_shape("final_norm", &weights.final_norm, &[dim])?;
-        if let Some(cls) = &weights.classifier {
-            check_shape("classifier", cls, &[c.vocab_size, dim])?;
-        }
-        if weights.layers.len() != c.n_layers {
-            return Err(Error::Config(format!(
-                "{} layers of weights for n_layers = {}",
-                weights.layers.len(),
-                c.n_layers
-            )));
-        }
-        for (l, w) in weights.layers.iter().enumerate() {
-            let expected: [(&str, &Data, &[usize]); 9] = [
-                ("attn_norm", &w.attn_norm, &[dim]),
-                ("wq", &w.wq, &[q_dim, dim]),
-                ("wk", &w.wk, &[kv_dim, dim]),
-                ("wv", &w.wv, &[kv_dim, dim]),
-                ("wo", &w.wo, &[dim, q_dim]),
-                ("ffn_norm", &w.ffn_norm, &[dim]),
-                ("w_gate", &w.w_gate, &[hd, dim]),
-                ("w_down", &w.w_down, &[dim, hd]),
-                ("w_up", &w.w_up, &[hd, dim]),
-            ];
-            for (name, data, shape) in expected {
-                check_shape(&format!("layers.{l}.{name}"), data, shape)?;
-            }
-        }
         let rope = RopeTable::new(
             c.rope_style,
             c.head_dim,
-            c.head_dim,
+            c.rotary_dim(),
             c.rope_theta,
             c.max_seq_len,
         )?;
-        let kv = KvCache::new(c.n_layers, c.max_seq_len, kv_dim)?;
+        let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, kv_dim)?;
+        if let Some(prefix) = &weights.prefix_kv {
+            load_prefix(&mut kv, prefix, c)?;
+        }
         let rows = PREFILL_CHUNK.min(c.max_seq_len);
         let z = |cols: usize| Data::zeros(DataType::F32, &[rows, cols]);
         let state = RunState {
@@ -252,7 +139,7 @@ impl Llama {
             up: z(hd)?,
             hidden: z(hd)?,
             last: Data::zeros(DataType::F32, &[1, dim])?,
-            logits: z(c.vocab_size)?,
+            logits: z(c.vocab_size.max(dim))?,
         };
         Ok(Llama {
             config,
@@ -260,7 +147,7 @@ impl Llama {
             rope,
             kv,
             state,
-            all_logits: Vec::new(),
+            all_rows: Vec::new(),
         })
     }
 
@@ -289,38 +176,48 @@ impl Llama {
         start_pos: usize,
         logits: Logits,
     ) -> Result<&[f32]> {
-        let vocab_size = self.config.vocab_size;
-        if tokens.is_empty() {
-            return Err(Error::Config("forward needs at least one token".into()));
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(CoreError::TokenOutOfRange { id, vocab_size }.into());
-        }
-        let needed = start_pos.saturating_add(tokens.len());
-        if needed > self.config.max_seq_len {
-            return Err(CoreError::ContextOverflow {
-                needed,
-                max: self.config.max_seq_len,
-            }
-            .into());
-        }
+        self.run(exec, tokens, start_pos, Head::Logits(logits))
+    }
+
+    /// As [`Llama::forward`], but returns the hidden states after the final norm (before
+    /// the classifier) of every token: `[tokens.len() · dim]`, row-major (transformers'
+    /// `last_hidden_state`).
+    ///
+    /// Errors: as [`Llama::forward`].
+    pub fn hidden_states(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<&[f32]> {
+        self.run(exec, tokens, start_pos, Head::Hidden)
+    }
+
+    fn run(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+        head: Head,
+    ) -> Result<&[f32]> {
+        check_forward(&self.config, tokens, start_pos)?;
         let chunk = PREFILL_CHUNK.min(self.config.max_seq_len);
         let parts = tokens.len().div_ceil(chunk);
-        if logits == Logits::Last || parts == 1 {
+        if head == Head::Logits(Logits::Last) || parts == 1 {
             for (c, part) in tokens.chunks(chunk).enumerate().take(parts - 1) {
-                self.forward_chunk(exec, part, start_pos + c * chunk, Logits::Last)?;
+                let last = Head::Logits(Logits::Last);
+                self.forward_chunk(exec, part, start_pos + c * chunk, last)?;
             }
             let last = (parts - 1) * chunk;
-            self.forward_chunk(exec, &tokens[last..], start_pos + last, logits)?;
+            self.forward_chunk(exec, &tokens[last..], start_pos + last, head)?;
             return Ok(self.state.logits.as_f32()?);
         }
-        self.all_logits.clear();
+        self.all_rows.clear();
         for (c, part) in tokens.chunks(chunk).enumerate() {
-            self.forward_chunk(exec, part, start_pos + c * chunk, Logits::All)?;
-            self.all_logits
-                .extend_from_slice(self.state.logits.as_f32()?);
+            self.forward_chunk(exec, part, start_pos + c * chunk, head)?;
+            self.all_rows.extend_from_slice(self.state.logits.as_f32()?);
         }
-        Ok(&self.all_logits)
+        Ok(&self.all_rows)
     }
 
     fn forward_chunk(
@@ -328,7 +225,7 @@ impl Llama {
         exec: &Executor,
         tokens: &[u32],
         pos: usize,
-        logits: Logits,
+        head: Head,
     ) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
@@ -349,11 +246,13 @@ impl Llama {
             data.set_shape(&[n, cols])?;
         }
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let linear = |input: &Data, weight: &Data, output: &mut Data| {
+        // The p-tuning prefix fills the cache rows before position 0.
+        let row = c.pre_seq_len + pos;
+        let linear = |input: &Data, weight: &Data, bias: Option<&Data>, output: &mut Data| {
             exec.run(Op::Linear {
                 input,
                 weight,
-                bias: None,
+                bias,
                 output,
             })
         };
@@ -371,16 +270,22 @@ impl Llama {
                 eps: c.norm_eps,
                 output: &mut s.xb,
             })?;
-            linear(&s.xb, &lw.wq, &mut s.q)?;
-            linear(&s.xb, &lw.wk, &mut s.k)?;
-            linear(&s.xb, &lw.wv, &mut s.v)?;
-            for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
-                exec.run(Op::Rope {
-                    x,
-                    table: &self.rope,
-                    n_heads,
-                    start_pos: pos,
-                })?;
+            let [bq, bk, bv] = match &lw.qkv_bias {
+                Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+                None => [None; 3],
+            };
+            linear(&s.xb, &lw.wq, bq, &mut s.q)?;
+            linear(&s.xb, &lw.wk, bk, &mut s.k)?;
+            linear(&s.xb, &lw.wv, bv, &mut s.v)?;
+            if !c.alibi {
+                for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
+                    exec.run(Op::Rope {
+                        x,
+                        table: &self.rope,
+                        n_heads,
+                        start_pos: pos,
+                    })?;
+                }
             }
             let (cache_k, cache_v) = self.kv.layer_mut(l);
             for (src, dst) in [(&s.k, &mut *cache_k), (&s.v, &mut *cache_v)] {
@@ -389,20 +294,22 @@ impl Llama {
                     src_row: 0,
                     n_rows: n,
                     dst,
-                    dst_row: pos,
+                    dst_row: row,
                 })?;
             }
             exec.run(Op::Attention {
                 q: &s.q,
                 cache_k,
                 cache_v,
-                start_pos: pos,
+                start_pos: row,
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,
                 scale,
+                alibi: c.alibi,
+                bidirectional: 0,
                 output: &mut s.att,
             })?;
-            linear(&s.att, &lw.wo, &mut s.xb2)?;
+            linear(&s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
             exec.run(Op::Add {
                 x: &mut s.x,
                 y: &s.xb2,
@@ -414,23 +321,23 @@ impl Llama {
                 eps: c.norm_eps,
                 output: &mut s.xb,
             })?;
-            linear(&s.xb, &lw.w_gate, &mut s.gate)?;
-            linear(&s.xb, &lw.w_up, &mut s.up)?;
+            linear(&s.xb, &lw.w_gate, None, &mut s.gate)?;
+            linear(&s.xb, &lw.w_up, None, &mut s.up)?;
             exec.run(Op::SiluMul {
                 gate: &s.gate,
                 up: &s.up,
                 output: &mut s.hidden,
             })?;
-            linear(&s.hidden, &lw.w_down, &mut s.xb2)?;
+            linear(&s.hidden, &lw.w_down, None, &mut s.xb2)?;
             exec.run(Op::Add {
                 x: &mut s.x,
                 y: &s.xb2,
             })?;
         }
         let classifier = w.classifier.as_ref().unwrap_or(&w.embedding);
-        let final_input = match logits {
-            Logits::All => &s.x,
-            Logits::Last => {
+        let final_input = match head {
+            Head::Logits(Logits::All) | Head::Hidden => &s.x,
+            Head::Logits(Logits::Last) => {
                 exec.run(Op::CopyRows {
                     src: &s.x,
                     src_row: n - 1,
@@ -442,14 +349,37 @@ impl Llama {
             }
         };
         let rows = final_input.rows();
-        s.xb.set_shape(&[rows, c.dim])?;
+        let normed = if head == Head::Hidden {
+            &mut s.logits
+        } else {
+            &mut s.xb
+        };
+        normed.set_shape(&[rows, c.dim])?;
         exec.run(Op::RmsNorm {
             input: final_input,
             weight: &w.final_norm,
             eps: c.norm_eps,
-            output: &mut s.xb,
+            output: normed,
         })?;
+        if head == Head::Hidden {
+            return Ok(());
+        }
         s.logits.set_shape(&[rows, c.vocab_size])?;
-        linear(&s.xb, classifier, &mut s.logits).map_err(Error::from)
+        linear(&s.xb, classifier, None, &mut s.logits).map_err(Error::from)
     }
+}
+
+/// Copies the p-tuning prefix `[pre_seq_len, n_layers·2·kv_dim]` into cache rows
+/// `0..pre_seq_len` of every layer.
+pub(crate) fn load_prefix(kv: &mut KvCache, prefix: &Data, c: &ModelConfig) -> Result<()> {
+    let kv_dim = c.kv_dim();
+    let values = prefix.to_f32_vec();
+    for (p, row) in values.chunks_exact(c.n_layers * 2 * kv_dim).enumerate() {
+        for (l, pair) in row.chunks_exact(2 * kv_dim).enumerate() {
+            let (k, v) = kv.layer_mut(l);
+            k.as_f32_mut()?[p * kv_dim..][..kv_dim].copy_from_slice(&pair[..kv_dim]);
+            v.as_f32_mut()?[p * kv_dim..][..kv_dim].copy_from_slice(&pair[kv_dim..]);
+        }
+    }
+    Ok(())
 }

@@ -93,3 +93,75 @@ fn silu_mul_v<S: Simd>(s: S, g: S::V, u: S::V) -> S::V {
     let sig = s.div(s.select_neg(g, e, one), s.add(one, e));
     s.mul(s.mul(g, sig), u)
 }
+
+/// `sqrt(2/π)`.
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The cubic coefficient of the tanh approximation.
+const GELU_CUBIC: f32 = 0.044_715;
+
+/// GELU, tanh approximation (Hendrycks & Gimpel 2016, section 2), in place:
+/// `x = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`, as THUDM ChatGLM-6B's `gelu_impl`.
+///
+/// `tanh(u)` is computed as `sign(u)·(1 − e)/(1 + e)` with `e = e^(−2|u|) <= 1` from the
+/// polynomial [`simd::exp`], which never overflows.
+pub(crate) fn gelu(isa: Isa, x: &mut Data) -> Result<()> {
+    let k = Gelu(x.as_f32_mut()?);
+    match isa {
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::avx512(k) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        _ => k.portable(),
+    }
+    Ok(())
+}
+
+/// The values [`gelu`] rewrites.
+struct Gelu<'a>(&'a mut [f32]);
+
+impl Gelu<'_> {
+    /// The portable twin of the SIMD kernel below: the same steps.
+    fn portable(self) {
+        for v in self.0 {
+            let x = *v;
+            let u = SQRT_2_OVER_PI * ((GELU_CUBIC * (x * x)) * x + x);
+            let e = simd::exp(-2.0 * u.abs());
+            let t = (1.0 - e) / (1.0 + e);
+            let tanh = if u.is_sign_negative() { -t } else { t };
+            *v = 0.5 * x * (1.0 + tanh);
+        }
+    }
+}
+
+impl Kernel for Gelu<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let (n, l) = (self.0.len(), S::LANES);
+        let mut c = 0;
+        while c + l <= n {
+            let v = gelu_v(s, s.load(&self.0[c..]));
+            s.store(&mut self.0[c..], v);
+            c += l;
+        }
+        if c < n {
+            let v = gelu_v(s, s.load_part(&self.0[c..]));
+            s.store_part(&mut self.0[c..], v);
+        }
+    }
+}
+
+/// GELU of a vector, as [`Gelu::portable`].
+#[inline(always)]
+fn gelu_v<S: Simd>(s: S, x: S::V) -> S::V {
+    let one = s.splat(1.0);
+    let cubic = s.mul(s.splat(GELU_CUBIC), s.mul(x, x));
+    let u = s.mul(s.splat(SQRT_2_OVER_PI), s.fma(cubic, x, x));
+    let e = simd::exp_simd(s, s.mul(s.splat(-2.0), s.abs(u)));
+    let t = s.div(s.sub(one, e), s.add(one, e));
+    let tanh = s.select_neg(u, s.sub(s.zero(), t), t);
+    s.mul(s.mul(s.splat(0.5), x), s.add(one, tanh))
+}

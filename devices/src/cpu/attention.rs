@@ -38,10 +38,19 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `output = softmax(q·Kᵀ·scale)·V` per head, causal, GQA (see [`flm_core::Op::Attention`]):
+/// How the scores are masked and biased (see [`flm_core::Op::Attention`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mask {
+    /// Add the ALiBi bias `m_h · t`.
+    pub alibi: bool,
+    /// Cache rows every query row sees (the prefix-LM mask).
+    pub bidirectional: usize,
+}
+
+/// `output = softmax(q·Kᵀ·scale + bias)·V` per head, GQA (see [`flm_core::Op::Attention`]):
 /// `q`, `output` `[n, n_heads·head_dim]`, caches `[max_pos, n_kv_heads·head_dim]`, all f32;
 /// query head `h` reads KV head `h / (n_heads / n_kv_heads)`, and row `i` (position
-/// `start_pos + i`) the cache rows `0..=start_pos + i`.
+/// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, mask.bidirectional)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     isa: Isa,
@@ -52,6 +61,7 @@ pub(crate) fn attention(
     n_heads: usize,
     n_kv_heads: usize,
     scale: f32,
+    mask: Mask,
     output: &mut Data,
 ) -> Result<()> {
     let n = q.rows();
@@ -93,6 +103,21 @@ pub(crate) fn attention(
             max: cache_k.rows(),
         });
     }
+    if mask.bidirectional > start_pos + n {
+        return Err(shape_err(
+            "Attention",
+            format!(
+                "a bidirectional prefix of {} rows, but only {} cache rows are filled",
+                mask.bidirectional,
+                start_pos + n
+            ),
+        ));
+    }
+    let slopes = if mask.alibi {
+        flm_core::alibi_slopes(n_heads)
+    } else {
+        Vec::new()
+    };
     let a = Attn {
         q: q.as_f32()?,
         keys: cache_k.as_f32()?,
@@ -104,6 +129,8 @@ pub(crate) fn attention(
         head_dim,
         kv_dim,
         scale,
+        slopes: &slopes,
+        bidirectional: mask.bidirectional,
     };
     let out = output.as_f32_mut()?;
     let work = n * n_heads * (start_pos + n) * head_dim * 2;
@@ -138,6 +165,27 @@ struct Attn<'a> {
     head_dim: usize,
     kv_dim: usize,
     scale: f32,
+    /// ALiBi slope of each query head; empty without ALiBi.
+    slopes: &'a [f32],
+    /// Cache rows every query row sees.
+    bidirectional: usize,
+}
+
+impl Attn<'_> {
+    /// The cache rows row `i` of `q` attends to.
+    fn len(&self, i: usize) -> usize {
+        (self.start_pos + i + 1).max(self.bidirectional)
+    }
+
+    /// Adds the ALiBi bias `m_h · t` to the scores `s` of query head `h` (a scalar pass:
+    /// one add per score, next to a `head_dim`-long dot product for each).
+    fn add_alibi(&self, h: usize, s: &mut [f32]) {
+        if let Some(&m) = self.slopes.get(h) {
+            for (t, s) in s.iter_mut().enumerate() {
+                *s += m * t as f32;
+            }
+        }
+    }
 }
 
 /// Query heads `first..` (head `h` of row `i` is `i·n_heads + h`), one per `head_dim` outputs
@@ -179,7 +227,7 @@ impl Heads<'_, '_> {
         for (dt, out) in self.out.chunks_exact_mut(hd).enumerate() {
             let task = self.first + dt;
             let (i, h) = (task / a.n_heads, task % a.n_heads);
-            let len = a.start_pos + i + 1;
+            let len = a.len(i);
             let qh = &a.q[task * hd..][..hd];
             let kv_off = (h / a.group) * hd;
             let scores = &mut *self.scores;
@@ -187,6 +235,7 @@ impl Heads<'_, '_> {
             scores.extend(
                 (0..len).map(|t| dot(qh, &a.keys[t * a.kv_dim + kv_off..][..hd]) * a.scale),
             );
+            a.add_alibi(h, scores);
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0;
             for s in scores.iter_mut() {
@@ -228,7 +277,7 @@ impl Kernel for Heads<'_, '_> {
 fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
     let (hd, kv_dim, l, heads) = (a.head_dim, a.kv_dim, S::LANES, a.task_heads);
     let i = first / a.n_heads;
-    let len = a.start_pos + i + 1;
+    let len = a.len(i);
     let qs = &a.q[first * hd..][..heads * hd];
     let kv_off = (first % a.n_heads / a.group) * hd;
     let keys = &a.keys[kv_off..];
@@ -270,6 +319,10 @@ fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: 
             scores[h * padded + t] = s.sum(dot_lanes(s, qh, row)) * a.scale;
         }
         t += 1;
+    }
+
+    for h in 0..heads {
+        a.add_alibi(first % a.n_heads + h, &mut scores[h * padded..][..len]);
     }
 
     // Softmax numerators; the inverse sums go after the scores.

@@ -160,3 +160,12 @@ impl Kernel for Argmax<'_> {
             .map_or(0, |i| (full + i) as u32)
     }
 }
+
+/// `x *= alpha` element-wise, over an f32 tensor. Portable code only: one pass over a
+/// residual row (ChatGLM-6B's scaled residual), beside the projections.
+pub(crate) fn scale(x: &mut Data, alpha: f32) -> Result<()> {
+    for v in x.as_f32_mut()? {
+        *v *= alpha;
+    }
+    Ok(())
+}

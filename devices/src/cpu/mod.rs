@@ -111,6 +111,8 @@ impl BaseDevice for CpuDevice {
             Op::SiluMul { gate, up, output } => f32(gate) && f32(up) && f32(output),
             Op::Add { x, y } => f32(x) && f32(y),
             Op::Argmax { input, .. } => f32(input),
+            Op::LayerNorm { input, output, .. } => f32(input) && f32(output),
+            Op::Gelu { x } | Op::Scale { x, .. } | Op::Rope2d { x, .. } => f32(x),
         }
     }
 
@@ -154,6 +156,8 @@ impl BaseDevice for CpuDevice {
                 n_heads,
                 n_kv_heads,
                 scale,
+                alibi,
+                bidirectional,
                 output,
             } => attention::attention(
                 self.isa.vector(),
@@ -164,6 +168,10 @@ impl BaseDevice for CpuDevice {
                 n_heads,
                 n_kv_heads,
                 scale,
+                attention::Mask {
+                    alibi,
+                    bidirectional,
+                },
                 output,
             ),
             Op::SiluMul { gate, up, output } => {
@@ -173,6 +181,22 @@ impl BaseDevice for CpuDevice {
             Op::Argmax { input, output } => {
                 elementwise::argmax_rows(self.isa.vector(), input, output)
             }
+            Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                eps,
+                output,
+            } => norm::layer_norm(self.isa.vector(), input, weight, bias, eps, output),
+            Op::Gelu { x } => activation::gelu(self.isa.vector(), x),
+            Op::Scale { x, alpha } => elementwise::scale(x, alpha),
+            Op::Rope2d {
+                x,
+                table,
+                n_heads,
+                positions,
+                block_positions,
+            } => rope::rope_2d(x, table, n_heads, positions, block_positions),
         }
     }
 }

@@ -107,3 +107,120 @@ impl<E: Elem> Kernel for RmsNormRows<'_, E> {
         }
     }
 }
+
+/// LayerNorm (Ba et al. 2016) as `torch.nn.LayerNorm`: per row of `input` `[n, dim]`,
+/// `out = (x − mean) / sqrt(var + eps) * weight + bias` with the biased variance,
+/// accumulated in f32 in two passes (mean, then the squared deviations), so that a large
+/// mean does not cancel the variance. `weight` and `bias` `[dim]` are any dtype (widened to
+/// f32 once per call).
+pub(crate) fn layer_norm(
+    isa: Isa,
+    input: &Data,
+    weight: &Data,
+    bias: &Data,
+    eps: f32,
+    output: &mut Data,
+) -> Result<()> {
+    let dim = input.cols();
+    if dim == 0 || weight.numel() != dim || bias.numel() != dim || output.shape() != input.shape() {
+        return Err(shape_err(
+            "LayerNorm",
+            format!(
+                "input {:?}, weight {:?}, bias {:?}, output {:?}",
+                input.shape(),
+                weight.shape(),
+                bias.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    let (w, b) = (weight.to_f32_vec(), bias.to_f32_vec());
+    let k = LayerNormRows {
+        x: input.as_f32()?,
+        w: &w,
+        b: &b,
+        eps,
+        out: output.as_f32_mut()?,
+    };
+    match isa {
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if dim >= 16 => unsafe { x86::avx512(k) },
+        // SAFETY: as above (AVX-512 includes AVX2).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        _ => k.portable(),
+    }
+    Ok(())
+}
+
+/// The rows of `x` `[n, w.len()]` layer-normalised into `out`.
+struct LayerNormRows<'a> {
+    x: &'a [f32],
+    w: &'a [f32],
+    b: &'a [f32],
+    eps: f32,
+    out: &'a mut [f32],
+}
+
+impl LayerNormRows<'_> {
+    /// The portable twin of the SIMD kernel below.
+    fn portable(self) {
+        let dim = self.w.len();
+        for (src, dst) in self.x.chunks_exact(dim).zip(self.out.chunks_exact_mut(dim)) {
+            let mean = src.iter().sum::<f32>() / dim as f32;
+            let var = src.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / dim as f32;
+            let inv = 1.0 / (var + self.eps).sqrt();
+            for (((d, s), g), b) in dst.iter_mut().zip(src).zip(self.w).zip(self.b) {
+                *d = (s - mean) * inv * g + b;
+            }
+        }
+    }
+}
+
+impl Kernel for LayerNormRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let (dim, l) = (self.w.len(), S::LANES);
+        let full = dim / l * l;
+        for (src, dst) in self.x.chunks_exact(dim).zip(self.out.chunks_exact_mut(dim)) {
+            let mut acc = s.zero();
+            let mut c = 0;
+            while c < full {
+                acc = s.add(acc, s.load(&src[c..]));
+                c += l;
+            }
+            if c < dim {
+                acc = s.add(acc, s.load_part(&src[c..]));
+            }
+            let m = s.sum(acc) / dim as f32;
+            let mean = s.splat(m);
+            // Squared deviations: whole vectors, then the tail one value at a time (zero
+            // padding would add `mean²` per padded lane).
+            let mut acc = s.zero();
+            c = 0;
+            while c < full {
+                let d = s.sub(s.load(&src[c..]), mean);
+                acc = s.fma(d, d, acc);
+                c += l;
+            }
+            let tail: f32 = src[full..].iter().map(|v| (v - m) * (v - m)).sum();
+            let var = (s.sum(acc) + tail) / dim as f32;
+            let inv = s.splat(1.0 / (var + self.eps).sqrt());
+            c = 0;
+            while c < full {
+                let d = s.mul(s.sub(s.load(&src[c..]), mean), inv);
+                let v = s.fma(d, s.load(&self.w[c..]), s.load(&self.b[c..]));
+                s.store(&mut dst[c..], v);
+                c += l;
+            }
+            if c < dim {
+                let d = s.mul(s.sub(s.load_part(&src[c..]), mean), inv);
+                let v = s.fma(d, s.load_part(&self.w[c..]), s.load_part(&self.b[c..]));
+                s.store_part(&mut dst[c..], v);
+            }
+        }
+    }
+}

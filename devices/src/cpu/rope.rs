@@ -144,3 +144,64 @@ impl Kernel for Rope<'_> {
         }
     }
 }
+
+/// ChatGLM-6B's two-dimensional RoPE (see [`flm_core::Op::Rope2d`]): each head of `x`
+/// `[n, n_heads · 2·half]` (f32), `half = table.head_dim()`, is two halves rotated as one
+/// [`rope`] head each, the first at `positions[i]` and the second at `block_positions[i]`
+/// for row `i` (THUDM `modeling_chatglm.py`, `RotaryEmbedding` applied to
+/// `q1, q2 = q.chunk(2)`). Portable code only: ChatGLM-6B's `n·dim` rotations sit beside
+/// its `n·dim²` projections.
+pub(crate) fn rope_2d(
+    x: &mut Data,
+    table: &RopeTable,
+    n_heads: usize,
+    positions: &[u32],
+    block_positions: &[u32],
+) -> Result<()> {
+    let half = table.head_dim();
+    let n = x.rows();
+    if half == 0
+        || x.cols() != n_heads * 2 * half
+        || positions.len() != n
+        || block_positions.len() != n
+    {
+        return Err(shape_err(
+            "Rope2d",
+            format!(
+                "x {:?} for {n_heads} heads of 2 × {half}, {} positions, {} block positions",
+                x.shape(),
+                positions.len(),
+                block_positions.len()
+            ),
+        ));
+    }
+    if let Some(&p) = positions
+        .iter()
+        .chain(block_positions)
+        .find(|&&p| p as usize >= table.max_pos())
+    {
+        return Err(Error::ContextOverflow {
+            needed: p as usize + 1,
+            max: table.max_pos(),
+        });
+    }
+    let cols = x.cols();
+    for ((row, &p), &b) in x
+        .as_f32_mut()?
+        .chunks_exact_mut(cols)
+        .zip(positions)
+        .zip(block_positions)
+    {
+        for (h, part) in row.chunks_exact_mut(half).enumerate() {
+            let pos = if h % 2 == 0 { p } else { b };
+            Rope {
+                x: part,
+                cols: half,
+                table,
+                start_pos: pos as usize,
+            }
+            .portable();
+        }
+    }
+    Ok(())
+}

@@ -102,6 +102,12 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         tie_embeddings: !g.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
+        arch: crate::Arch::Llama,
+        rotary_dim: None,
+        alibi: false,
+        qkv_bias: false,
+        o_bias: false,
+        pre_seq_len: 0,
     };
     config
         .validate()

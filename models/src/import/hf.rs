@@ -1,6 +1,12 @@
 //! Hugging Face checkpoints: `config.json` plus safetensors weights (one file, or shards
 //! listed by `model.safetensors.index.json`), with the tensor names of transformers'
 //! `LlamaForCausalLM`. Their q/k projections use the rotate-half RoPE layout.
+//!
+//! The same names serve, through the Llama graph, `model_type` `internlm` (q/k/v/o biases,
+//! `bias` in the config) and `baichuan` (the fused `W_pack` is split into q, k and v rows;
+//! a config without `max_position_embeddings` is a 13B model, which uses ALiBi: its
+//! modeling code sizes the ALiBi table from `model_max_length`, the 7B one its RoPE cache
+//! from `max_position_embeddings`). `model_type` `chatglm` goes to [`super::thudm`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -9,20 +15,20 @@ use flm_core::{DataType, RopeStyle};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
-use super::{map_file, pytorch, Checkpoint, Encoding, Format, SourceTensor};
+use super::{map_file, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
 use crate::llama::LlamaWeights;
 use crate::{Error, ModelConfig, Result};
 
 /// A token id or a list of them (`eos_token_id` is either in HF configs).
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Ids {
+pub(super) enum Ids {
     One(u32),
     Many(Vec<u32>),
 }
 
 impl Ids {
-    fn into_vec(self) -> Vec<u32> {
+    pub(super) fn into_vec(self) -> Vec<u32> {
         match self {
             Ids::One(id) => vec![id],
             Ids::Many(ids) => ids,
@@ -52,15 +58,41 @@ struct HfConfig {
     hidden_act: Option<String>,
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
+    /// InternLM: biases on q, k, v and o.
+    bias: Option<bool>,
+    /// Baichuan-13B: the context length (it has no `max_position_embeddings`).
+    model_max_length: Option<usize>,
 }
 
-fn parse_config(path: &Path) -> Result<ModelConfig> {
+/// The checkpoint families read from Hugging Face directories, which name their tensors
+/// differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// transformers' Llama names (also InternLM).
+    Llama,
+    /// Llama names with a fused `W_pack`.
+    Baichuan,
+    /// THUDM ChatGLM names.
+    Thudm,
+}
+
+fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    #[derive(Deserialize)]
+    struct ModelType {
+        model_type: Option<String>,
+    }
+    let kind: ModelType = serde_json::from_str(&text)
+        .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
+    if kind.model_type.as_deref() == Some("chatglm") {
+        return Ok((thudm::parse_config(path, &text)?, Family::Thudm));
+    }
     let hf: HfConfig = serde_json::from_str(&text)
         .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
     let unsupported = |what: String| Error::format(path, format!("unsupported model: {what}"));
-    match hf.model_type.as_deref() {
-        Some("llama") => {}
+    let family = match hf.model_type.as_deref() {
+        Some("llama" | "internlm") => Family::Llama,
+        Some("baichuan") => Family::Baichuan,
         Some(other) => return Err(unsupported(format!("model_type \"{other}\""))),
         None => {
             return Err(Error::format(
@@ -68,6 +100,11 @@ fn parse_config(path: &Path) -> Result<ModelConfig> {
                 "invalid config.json: missing field `model_type`",
             ))
         }
+    };
+    // Baichuan2's NormHead normalises the classifier rows at run time; its vocabulary of
+    // 125696 tells it from Baichuan 1.
+    if family == Family::Baichuan && hf.vocab_size == 125696 {
+        return Err(unsupported("Baichuan2's normalised classifier head".into()));
     }
     if hf.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(unsupported("rope_scaling is not supported yet".into()));
@@ -75,9 +112,14 @@ fn parse_config(path: &Path) -> Result<ModelConfig> {
     if let Some(act) = hf.hidden_act.as_deref().filter(|&a| a != "silu") {
         return Err(unsupported(format!("hidden_act \"{act}\" (only silu)")));
     }
-    if hf.attention_bias == Some(true) || hf.mlp_bias == Some(true) {
-        return Err(unsupported("attention or MLP biases".into()));
+    if hf.mlp_bias == Some(true) {
+        return Err(unsupported("MLP biases".into()));
     }
+    let attention_bias = match hf.model_type.as_deref() {
+        Some("internlm") => hf.bias.unwrap_or(true),
+        _ => hf.attention_bias.unwrap_or(false),
+    };
+    let alibi = family == Family::Baichuan && hf.max_position_embeddings.is_none();
     if hf.num_attention_heads == 0 {
         return Err(Error::Config("num_attention_heads must be positive".into()));
     }
@@ -91,18 +133,27 @@ fn parse_config(path: &Path) -> Result<ModelConfig> {
             .head_dim
             .unwrap_or(hf.hidden_size / hf.num_attention_heads),
         vocab_size: hf.vocab_size,
-        max_seq_len: hf.max_position_embeddings.unwrap_or(2048),
+        max_seq_len: hf
+            .max_position_embeddings
+            .or(hf.model_max_length)
+            .unwrap_or(2048),
         norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
         rope_theta: hf.rope_theta.unwrap_or(10000.0),
         rope_style: RopeStyle::RotateHalf,
         tie_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         bos_token_id: hf.bos_token_id.and_then(|b| b.into_vec().first().copied()),
         eos_token_ids: hf.eos_token_id.map(Ids::into_vec).unwrap_or_default(),
+        arch: crate::Arch::Llama,
+        rotary_dim: None,
+        alibi,
+        qkv_bias: attention_bias,
+        o_bias: attention_bias,
+        pre_seq_len: 0,
     };
     config
         .validate()
         .map_err(|e| Error::format(path, e.to_string()))?;
-    Ok(config)
+    Ok((config, family))
 }
 
 #[derive(Deserialize)]
@@ -185,17 +236,21 @@ fn hf_name(canonical: &str) -> String {
                 .and_then(|rest| rest.split_once('.'))
                 .unwrap_or(("", canonical));
             let hf = match part {
-                "attn_norm" => "input_layernorm",
-                "wq" => "self_attn.q_proj",
-                "wk" => "self_attn.k_proj",
-                "wv" => "self_attn.v_proj",
-                "wo" => "self_attn.o_proj",
-                "ffn_norm" => "post_attention_layernorm",
-                "w_gate" => "mlp.gate_proj",
-                "w_down" => "mlp.down_proj",
-                _ => "mlp.up_proj",
+                "attn_norm" => "input_layernorm.weight",
+                "wq" => "self_attn.q_proj.weight",
+                "wk" => "self_attn.k_proj.weight",
+                "wv" => "self_attn.v_proj.weight",
+                "wo" => "self_attn.o_proj.weight",
+                "bq" => "self_attn.q_proj.bias",
+                "bk" => "self_attn.k_proj.bias",
+                "bv" => "self_attn.v_proj.bias",
+                "bo" => "self_attn.o_proj.bias",
+                "ffn_norm" => "post_attention_layernorm.weight",
+                "w_gate" => "mlp.gate_proj.weight",
+                "w_down" => "mlp.down_proj.weight",
+                _ => "mlp.up_proj.weight",
             };
-            format!("model.layers.{layer}.{hf}.weight")
+            format!("model.layers.{layer}.{hf}")
         }
     }
 }
@@ -252,12 +307,30 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
              or a safetensors file beside its config.json)",
         ));
     }
-    let config = parse_config(&config_path)?;
+    let (config, family) = parse_config(&config_path)?;
     let files = match file {
         Some(f) => vec![f.to_path_buf()],
         None => weight_files(dir)?,
     };
     let mut by_name = read_tensors(&files)?;
+    // ChatGLM-6B names its SentencePiece model `ice_text.model`.
+    let candidates: Vec<PathBuf> = ["tokenizer.model", "ice_text.model", "tokenizer.json"]
+        .iter()
+        .filter(|&&f| f != "ice_text.model" || family == Family::Thudm)
+        .map(|f| dir.join(f))
+        .collect();
+    let checkpoint = |tensors| Checkpoint {
+        format: Format::HuggingFace,
+        config: config.clone(),
+        tensors,
+        tokenizer: None,
+        tokenizer_candidates: candidates.clone(),
+    };
+    match family {
+        Family::Thudm => return Ok(checkpoint(thudm::tensors(dir, &config, by_name)?)),
+        Family::Baichuan => split_w_pack(&config, &mut by_name)?,
+        Family::Llama => {}
+    }
     let tensors = LlamaWeights::canonical_shapes(&config)
         .into_iter()
         .map(|(canonical, _)| {
@@ -274,20 +347,31 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
             Ok(t)
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(Checkpoint {
-        format: Format::HuggingFace,
-        config,
-        tensors,
-        tokenizer: None,
-        tokenizer_candidates: vec![dir.join("tokenizer.model"), dir.join("tokenizer.json")],
-    })
+    Ok(checkpoint(tensors))
+}
+
+/// Replaces each layer's Baichuan `self_attn.W_pack.weight` `[3·dim, dim]` (q, k, v rows)
+/// by the `q_proj`, `k_proj` and `v_proj` tensors of the Llama names.
+fn split_w_pack(c: &ModelConfig, by_name: &mut HashMap<String, SourceTensor>) -> Result<()> {
+    let (q, kv) = (c.q_dim(), c.kv_dim());
+    for l in 0..c.n_layers {
+        let p = format!("model.layers.{l}.self_attn");
+        let Some(pack) = by_name.remove(&format!("{p}.W_pack.weight")) else {
+            continue;
+        };
+        for (name, rows) in [("q", 0..q), ("k", q..q + kv), ("v", q + kv..q + 2 * kv)] {
+            let name = format!("{p}.{name}_proj.weight");
+            by_name.insert(name.clone(), pack.rows(name, vec![rows])?);
+        }
+    }
+    Ok(())
 }
 
 /// A checkpoint of random weights at the shapes of the Hugging Face `config.json` at
 /// `config_path` (for benchmarks and load tests: speed does not depend on the values).
 pub(super) fn random(config_path: &Path, seed: u64) -> Result<Checkpoint> {
-    let config = parse_config(config_path)?;
-    let tensors = LlamaWeights::canonical_shapes(&config)
+    let (config, _) = parse_config(config_path)?;
+    let tensors = crate::canonical_shapes(&config)
         .into_iter()
         .enumerate()
         .map(|(i, (name, shape))| {

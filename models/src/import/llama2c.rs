@@ -84,6 +84,12 @@ fn parse_params(path: &Path, p: &[i32], shared: Option<bool>) -> Result<ModelCon
         // run.c stops when it samples BOS (TinyStories separates stories with it); Meta's
         // Llama 2 exports end with EOS.
         eos_token_ids: vec![2, 1],
+        arch: crate::Arch::Llama,
+        rotary_dim: None,
+        alibi: false,
+        qkv_bias: false,
+        o_bias: false,
+        pre_seq_len: 0,
     };
     config.validate().map_err(|e| bad(e.to_string()))?;
     Ok(config)

@@ -22,6 +22,7 @@ mod llama2c;
 mod pickle;
 mod pytorch;
 mod source;
+mod thudm;
 
 pub use gguf::load_tokenizer as load_gguf_tokenizer;
 pub use source::{Encoding, SourceTensor};
@@ -35,7 +36,9 @@ use memmap2::Mmap;
 
 use flm_tokenizer::Tokenizer;
 
+use crate::chatglm::ChatGlmWeights;
 use crate::llama::LlamaWeights;
+use crate::model::Model;
 use crate::{Error, ModelConfig, Result};
 
 /// The checkpoint formats [`load`] understands.
@@ -115,21 +118,38 @@ impl Checkpoint {
     /// Errors: [`Error::Format`] for a missing tensor or one whose shape disagrees with
     /// the configuration.
     pub fn weights(&self) -> Result<LlamaWeights> {
-        LlamaWeights::from_tensors(&self.config, |name, shape| {
-            let t = self
-                .tensor(name)
-                .ok_or_else(|| Error::Config(format!("the checkpoint has no tensor {name}")))?;
-            if t.shape != shape {
-                return Err(Error::format(
-                    t.file(),
-                    format!(
-                        "tensor {name} has shape {:?}, the configuration implies {shape:?}",
-                        t.shape
-                    ),
-                ));
-            }
-            t.load()
-        })
+        LlamaWeights::from_tensors(&self.config, |name, shape| self.load_tensor(name, shape))
+    }
+
+    /// Loads the ChatGLM-6B weights (for a configuration of [`crate::Arch::ChatGlm`]).
+    ///
+    /// Errors: as [`Checkpoint::weights`].
+    pub fn chatglm_weights(&self) -> Result<ChatGlmWeights> {
+        ChatGlmWeights::from_tensors(&self.config, |name, shape| self.load_tensor(name, shape))
+    }
+
+    /// Builds the model of the checkpoint's architecture with its weights.
+    ///
+    /// Errors: as [`Checkpoint::weights`], and the model's own errors.
+    pub fn model(&self) -> Result<Model> {
+        Model::new(self)
+    }
+
+    /// Loads canonical tensor `name`, checking its `shape`.
+    fn load_tensor(&self, name: &str, shape: &[usize]) -> Result<flm_core::Data> {
+        let t = self
+            .tensor(name)
+            .ok_or_else(|| Error::Config(format!("the checkpoint has no tensor {name}")))?;
+        if t.shape != shape {
+            return Err(Error::format(
+                t.file(),
+                format!(
+                    "tensor {name} has shape {:?}, the configuration implies {shape:?}",
+                    t.shape
+                ),
+            ));
+        }
+        t.load()
     }
 }
 

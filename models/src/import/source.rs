@@ -6,6 +6,7 @@
 //! dtype, and a dequantisation into f32 otherwise, so a converter that loads, converts and
 //! writes one tensor at a time never holds more than one tensor in memory.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -62,6 +63,12 @@ enum Backing {
     Mapped { map: Arc<Mmap>, offset: usize },
     /// Synthesised from a seed (benchmarks at real shapes without real weights).
     Random { seed: u64 },
+    /// Rows of another tensor, gathered on load (fused checkpoint tensors split into flm's
+    /// canonical ones, such as ChatGLM-6B's per-head interleaved `query_key_value`).
+    Rows {
+        parent: Box<SourceTensor>,
+        ranges: Vec<Range<usize>>,
+    },
 }
 
 /// One tensor of a checkpoint, not yet read.
@@ -132,6 +139,55 @@ impl SourceTensor {
         }
     }
 
+    /// The rows `ranges` of this tensor (its first dimension), in order, as a tensor named
+    /// `name`: a view of the same bytes when they are one range of a natively encoded
+    /// tensor, rows gathered into an owned tensor on load otherwise.
+    ///
+    /// Errors: [`Error::Format`] if a range is empty or past the tensor's rows, or the
+    /// tensor is not at least one-dimensional.
+    pub fn rows(&self, name: impl Into<String>, ranges: Vec<Range<usize>>) -> Result<SourceTensor> {
+        let name = name.into();
+        let n_rows = self.shape.first().copied().unwrap_or(0);
+        if ranges.is_empty() || ranges.iter().any(|r| r.is_empty() || r.end > n_rows) {
+            return Err(Error::format(
+                &self.file,
+                format!(
+                    "tensor {}: rows {ranges:?} of shape {:?} for {name}",
+                    self.name, self.shape
+                ),
+            ));
+        }
+        let mut shape = self.shape.clone();
+        shape[0] = ranges.iter().map(|r| r.len()).sum();
+        if let ([range], Encoding::Native(dtype), Backing::Mapped { map, offset }) =
+            (ranges.as_slice(), self.encoding, &self.backing)
+        {
+            let row_bytes = dtype.byte_len(&self.shape[1..]).unwrap_or(0);
+            return SourceTensor::new(
+                name,
+                shape,
+                self.encoding,
+                map,
+                offset + range.start * row_bytes,
+                &self.file,
+            );
+        }
+        let encoding = match self.encoding {
+            Encoding::Native(dtype) => Encoding::Native(dtype),
+            _ => Encoding::Native(DataType::F32),
+        };
+        Ok(SourceTensor {
+            name,
+            shape,
+            encoding,
+            backing: Backing::Rows {
+                parent: Box::new(self.clone()),
+                ranges,
+            },
+            file: self.file.clone(),
+        })
+    }
+
     /// The file the tensor is read from.
     pub fn file(&self) -> &Path {
         &self.file
@@ -142,6 +198,9 @@ impl SourceTensor {
     /// page it has read resident. The bytes stay valid: a later access reads them again
     /// from the file. A no-op for random tensors and on non-Unix systems.
     pub fn release(&self) {
+        if let Backing::Rows { parent, .. } = &self.backing {
+            parent.release();
+        }
         #[cfg(unix)]
         if let (Backing::Mapped { map, offset }, Some(len)) =
             (&self.backing, self.encoding.byte_len(&self.shape))
@@ -178,6 +237,7 @@ impl SourceTensor {
         let (map, offset) = match &self.backing {
             Backing::Mapped { map, offset } => (map, *offset),
             Backing::Random { seed } => return Ok(random_data(&self.shape, *seed)?),
+            Backing::Rows { parent, ranges } => return gather_rows(parent, ranges, &self.shape),
         };
         let bytes = self.bytes().unwrap_or_default();
         let values: Vec<f32> = match self.encoding {
@@ -214,6 +274,17 @@ impl SourceTensor {
         };
         Ok(Data::from_f32(&self.shape, &values)?)
     }
+}
+
+/// The rows `ranges` of `parent`, in its dtype (f32 when it is dequantised on load).
+fn gather_rows(parent: &SourceTensor, ranges: &[Range<usize>], shape: &[usize]) -> Result<Data> {
+    let data = parent.load()?;
+    let row_bytes = data.size_bytes() / data.shape()[0].max(1);
+    let mut bytes = Vec::with_capacity(shape[0] * row_bytes);
+    for r in ranges {
+        bytes.extend_from_slice(&data.bytes()[r.start * row_bytes..r.end * row_bytes]);
+    }
+    Ok(Data::from_bytes(data.dtype(), shape, &bytes)?)
 }
 
 /// Random values for [`SourceTensor::random`], from a ChaCha8 stream: identical on every

@@ -128,6 +128,16 @@ fn random_tensor(dtype: DataType, shape: &[usize], seed: u64) -> Result<Data> {
     Ok(data)
 }
 
+/// Fails unless `config` runs on the Llama graph, the one `flm bench` measures.
+fn llama_graph(config: &ModelConfig) -> Result<()> {
+    ensure!(
+        config.arch == flm_models::Arch::Llama,
+        "flm bench measures the Llama graph (Llama, ChatGLM2/3, GLM-4, Baichuan, InternLM); \
+         ChatGLM-6B is not supported yet"
+    );
+    Ok(())
+}
+
 /// The model to measure, a name for it and its weight dtype.
 fn build(args: &BenchArgs, positions: usize) -> Result<(Llama, String, String)> {
     let (mut config, weights, name, dtype): (ModelConfig, _, _, _) =
@@ -135,6 +145,7 @@ fn build(args: &BenchArgs, positions: usize) -> Result<(Llama, String, String)> 
             (Some(path), _) => {
                 let ckpt = import::load(path)
                     .with_context(|| format!("cannot load the model {}", path.display()))?;
+                llama_graph(&ckpt.config)?;
                 let weights = ckpt.weights()?;
                 let dtype = weights
                     .layers
@@ -146,6 +157,7 @@ fn build(args: &BenchArgs, positions: usize) -> Result<(Llama, String, String)> 
                 let dtype = parse_dtype(args.dtype.as_deref().unwrap_or(""), args.group_size)?;
                 let ckpt = import::random(config, 0)
                     .with_context(|| format!("cannot read {}", config.display()))?;
+                llama_graph(&ckpt.config)?;
                 let mut seed = 0u64;
                 let weights = LlamaWeights::from_tensors(&ckpt.config, |_, shape| {
                     seed += 1;

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use flm_core::{Executor, Sampler, SamplerConfig};
 use flm_devices::CpuDevice;
-use flm_models::llama::{Llama, Logits};
+use flm_models::llama::Logits;
+use flm_models::Model;
 use flm_tokenizer::Tokenizer;
 
 /// What to generate and how to print it.
@@ -81,7 +82,7 @@ pub fn clock_seed() -> u64 {
 /// Errors: a prompt that does not fit in the context (it must leave room for one token),
 /// invalid sampling parameters, model errors, a closed stdout.
 pub fn generate(
-    model: &mut Llama,
+    model: &mut Model,
     tokenizer: &Tokenizer,
     prompt: &str,
     sampler: SamplerConfig,

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use flm_models::import::{self, Checkpoint};
-use flm_models::llama::Llama;
+use flm_models::Model;
 use flm_tokenizer::Tokenizer;
 
 use crate::ModelArgs;
@@ -41,7 +41,7 @@ pub fn check_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Result<()> {
 }
 
 /// Loads the model and its tokenizer and checks that they agree.
-pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Llama, Tokenizer)> {
+pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
     let mut ckpt = checkpoint(&args.model)?;
     let tokenizer = match &args.tokenizer {
         Some(path) => tokenizer_file(path)?,
@@ -54,7 +54,6 @@ pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Llama, Tokenizer)> {
     }
     ckpt.config.max_seq_len = ckpt.config.max_seq_len.min(positions);
     let context = || format!("cannot build the model {}", args.model.display());
-    let weights = ckpt.weights().with_context(context)?;
-    let model = Llama::new(ckpt.config, weights).with_context(context)?;
+    let model = ckpt.model().with_context(context)?;
     Ok((model, tokenizer))
 }
