@@ -1,0 +1,184 @@
+//! Byte-level BPE in the style of OpenAI's `tiktoken` (`CoreBPE` in its `src/lib.rs`), as
+//! GLM-4 uses it: the text is cut into pre-tokens by a regex (fancy-regex, which has the
+//! lookahead `\s+(?!\S)` these patterns need), and each pre-token's UTF-8 bytes are merged
+//! pairwise, always the adjacent pair whose concatenation has the lowest rank, until no
+//! concatenation is in the vocabulary. A token's rank is its id.
+//!
+//! The vocabulary file is tiktoken's `.tiktoken` format (GLM-4's `tokenizer.model`): one
+//! line per token, `BASE64 RANK`, read as `tiktoken.load.load_tiktoken_bpe` reads it.
+
+use std::collections::HashMap;
+
+use base64::Engine;
+use fancy_regex::Regex;
+
+use crate::vocab::{Piece, PieceKind};
+use crate::{Error, Result};
+
+/// A byte-level BPE model ready to encode.
+#[derive(Debug)]
+pub(crate) struct ByteBpe {
+    /// Token bytes to rank (= id), the NORMAL pieces only.
+    ranks: HashMap<Box<[u8]>, u32>,
+    /// The pre-tokeniser.
+    regex: Regex,
+    /// Its source, for [`crate::Tokenizer::spec`].
+    pub(crate) pattern: String,
+}
+
+impl ByteBpe {
+    /// Builds the rank table from the NORMAL pieces (rank = id) and compiles `pattern`.
+    ///
+    /// Errors: [`Error::Invalid`] for a pattern that does not compile, a piece of another
+    /// kind than NORMAL or CONTROL, a token listed twice, or a missing single byte (every
+    /// byte must be a token, so that any text encodes).
+    pub(crate) fn new(pieces: &[Piece], pattern: &str) -> Result<ByteBpe> {
+        let regex = Regex::new(pattern)
+            .map_err(|e| Error::Invalid(format!("byte-level BPE pattern {pattern:?}: {e}")))?;
+        let mut ranks = HashMap::with_capacity(pieces.len());
+        for (id, p) in (0u32..).zip(pieces) {
+            match p.kind {
+                PieceKind::Normal => {
+                    if ranks.insert(p.bytes.clone(), id).is_some() {
+                        return Err(Error::Invalid(format!(
+                            "byte-level BPE token {:?} is listed twice",
+                            String::from_utf8_lossy(&p.bytes)
+                        )));
+                    }
+                }
+                PieceKind::Control => {}
+                other => {
+                    return Err(Error::Invalid(format!(
+                        "byte-level BPE piece {id} is of kind {other:?} (only normal tokens \
+                         and special tokens exist there)"
+                    )))
+                }
+            }
+        }
+        if let Some(b) = (0..=255u8).find(|b| !ranks.contains_key(&[*b][..])) {
+            return Err(Error::Invalid(format!(
+                "byte-level BPE vocabulary lacks the single byte 0x{b:02X}"
+            )));
+        }
+        Ok(ByteBpe {
+            ranks,
+            regex,
+            pattern: pattern.to_owned(),
+        })
+    }
+
+    /// Appends the ids of `text` (tiktoken's `encode_ordinary`: special tokens written in
+    /// the text are ordinary text). Errors only if the regex engine gives up (fancy-regex's
+    /// backtracking limit).
+    pub(crate) fn encode(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
+        for m in self.regex.find_iter(text) {
+            let m = m.map_err(|e| Error::Invalid(format!("pre-tokenising the text: {e}")))?;
+            let piece = m.as_str().as_bytes();
+            match self.ranks.get(piece) {
+                Some(&id) => ids.push(id),
+                None => self.merge(piece, ids),
+            }
+        }
+        Ok(())
+    }
+
+    fn rank(&self, bytes: &[u8]) -> Option<u32> {
+        self.ranks.get(bytes).copied()
+    }
+
+    /// tiktoken's `byte_pair_merge`: `bounds` are the starts of the current parts (plus the
+    /// end); merge the lowest-ranked adjacent pair (the leftmost on ties) until none is a
+    /// token, then emit each part's id.
+    fn merge(&self, piece: &[u8], ids: &mut Vec<u32>) {
+        let mut bounds: Vec<usize> = (0..=piece.len()).collect();
+        loop {
+            let best = (0..bounds.len().saturating_sub(2))
+                .filter_map(|i| Some((self.rank(&piece[bounds[i]..bounds[i + 2]])?, i)))
+                .min();
+            let Some((_, i)) = best else { break };
+            bounds.remove(i + 1);
+        }
+        for w in bounds.windows(2) {
+            // Every single byte is a token (checked in `new`), and merged parts are
+            // tokens by construction.
+            ids.extend(self.rank(&piece[w[0]..w[1]]));
+        }
+    }
+}
+
+/// Parses a `.tiktoken` ranks file into pieces indexed by rank.
+///
+/// Errors: [`Error::NotATokenizer`] for a line that is not `BASE64 RANK`, and
+/// [`Error::Invalid`] when the ranks are not exactly `0..n` (each once), which flm needs
+/// because ranks are ids.
+pub(crate) fn parse_ranks(text: &[u8]) -> Result<Vec<Piece>> {
+    let mut by_rank: Vec<Option<Box<[u8]>>> = Vec::new();
+    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = || {
+            Error::NotATokenizer(format!(
+                "tiktoken ranks: line {} is not `BASE64 RANK`",
+                n + 1
+            ))
+        };
+        let mut fields = line
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|f| !f.is_empty());
+        let (Some(token), Some(rank), None) = (fields.next(), fields.next(), fields.next()) else {
+            return Err(bad());
+        };
+        let token = base64::engine::general_purpose::STANDARD
+            .decode(token)
+            .map_err(|_| bad())?;
+        let rank: usize = std::str::from_utf8(rank)
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(bad)?;
+        if rank >= u32::MAX as usize / 2 {
+            return Err(Error::Invalid(format!("tiktoken rank {rank} is too large")));
+        }
+        if by_rank.len() <= rank {
+            by_rank.resize(rank + 1, None);
+        }
+        if by_rank[rank].replace(token.into()).is_some() {
+            return Err(Error::Invalid(format!(
+                "tiktoken rank {rank} is given twice"
+            )));
+        }
+    }
+    if by_rank.is_empty() {
+        return Err(Error::NotATokenizer("tiktoken ranks: no tokens".into()));
+    }
+    by_rank
+        .into_iter()
+        .enumerate()
+        .map(|(rank, bytes)| {
+            Ok(Piece {
+                bytes: bytes
+                    .ok_or_else(|| Error::Invalid(format!("tiktoken ranks skip rank {rank}")))?,
+                score: 0.0,
+                kind: PieceKind::Normal,
+            })
+        })
+        .collect()
+}
+
+/// Whether `bytes` start like a `.tiktoken` ranks file: a first line of base64 characters,
+/// one space and digits.
+pub(crate) fn looks_like_ranks(bytes: &[u8]) -> bool {
+    let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Some(space) = line.iter().position(|&b| b == b' ') else {
+        return false;
+    };
+    let (token, rank) = (&line[..space], &line[space + 1..]);
+    !token.is_empty()
+        && token
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+        && !rank.is_empty()
+        && rank.iter().all(u8::is_ascii_digit)
+}
