@@ -55,3 +55,119 @@ pub(crate) fn render(
         .render(ctx)
         .map_err(failed)
 }
+
+/// The chat template of a Hugging Face `tokenizer_config.json`: its `chat_template`, a
+/// string or (newer transformers) a list of `{"name", "template"}` of which the one named
+/// `default` is used, as transformers does. `Ok(None)` when the file has none.
+///
+/// Errors: [`Error::Invalid`] for bytes that are not a JSON object, or a `chat_template`
+/// of another shape (or a list without `default`).
+pub fn chat_template_from_hf_config(json: &[u8]) -> Result<Option<String>> {
+    let bad = |why: String| Error::Invalid(format!("tokenizer_config.json: {why}"));
+    let config: serde_json::Value = serde_json::from_slice(json).map_err(|e| bad(e.to_string()))?;
+    let config = config
+        .as_object()
+        .ok_or_else(|| bad("not a JSON object".into()))?;
+    match config.get("chat_template") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(t)) => Ok(Some(t.clone())),
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .find(|t| t["name"] == "default")
+            .and_then(|t| t["template"].as_str())
+            .map(|t| Some(t.to_owned()))
+            .ok_or_else(|| bad("chat_template is a list without a \"default\" template".into())),
+        Some(other) => Err(bad(format!("chat_template is {other}, not a string"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tok(template: &str) -> Tokenizer {
+        let pieces = ["<unk>", "<s>", "</s>", "\u{2581}a"];
+        let mut spec = crate::TokenizerSpec {
+            kind: crate::TokenizerKind::SentencePieceBpe(crate::SentencePieceSpec {
+                add_dummy_prefix: true,
+                remove_extra_whitespaces: false,
+                escape_whitespaces: true,
+                unk_surface: b" ? ".to_vec(),
+            }),
+            pieces: pieces.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            scores: vec![0.0; 4],
+            types: [2, 3, 3, 1]
+                .map(|t| crate::PieceType::try_from(t).unwrap())
+                .to_vec(),
+            byte_fallback: false,
+            unk_id: Some(0),
+            bos_id: Some(1),
+            eos_id: Some(2),
+            add_bos: true,
+            chat_template: None,
+            prefix: None,
+            chat_format: None,
+        };
+        spec.chat_template = Some(template.into());
+        Tokenizer::from_spec(spec).unwrap()
+    }
+
+    fn render_one(template: &str, messages: &[Message], gen: bool) -> Result<String> {
+        let t = tok(template);
+        render(&t, t.chat_template().unwrap(), messages, gen)
+    }
+
+    /// Expected strings: what Python's jinja2 3.1.6 renders for the same template and
+    /// variables in transformers' environment (`trim_blocks`, `lstrip_blocks`).
+    #[test]
+    fn hf_semantics() {
+        let msgs = [Message::new("system", " sys "), Message::new("user", "hi")];
+        let t = "{{ bos_token }}{% for m in messages %}\n    {% if m.role == 'user' %}\n\
+                 [U]{{ m['content'] }}{{ eos_token }}\n    {% else %}\n[{{ m.role|upper }}]\
+                 {{ m.content.strip() }}\n    {% endif %}\n{% endfor %}\
+                 {% if add_generation_prompt %}[A]{% endif %}";
+        assert_eq!(
+            render_one(t, &msgs, true).unwrap(),
+            "<s>[SYSTEM]sys\n[U]hi</s>\n[A]"
+        );
+        assert_eq!(
+            render_one(t, &msgs, false).unwrap(),
+            "<s>[SYSTEM]sys\n[U]hi</s>\n"
+        );
+    }
+
+    #[test]
+    fn raise_exception_and_syntax_errors_are_errors() {
+        let t = "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must \
+                 start with the user') }}{% endif %}ok";
+        let msgs = [Message::new("assistant", "x")];
+        let err = render_one(t, &msgs, true).unwrap_err().to_string();
+        assert!(
+            err.contains("Conversation must start with the user"),
+            "{err}"
+        );
+        assert_eq!(
+            render_one(t, &[Message::new("user", "x")], true).unwrap(),
+            "ok"
+        );
+        assert!(render_one("{% for %}", &msgs, true).is_err());
+        assert!(render_one("{{ undefined_function() }}", &msgs, true).is_err());
+    }
+
+    #[test]
+    fn hf_config_templates() {
+        let get = |s: &str| chat_template_from_hf_config(s.as_bytes());
+        assert_eq!(
+            get(r#"{"chat_template": "x"}"#).unwrap().as_deref(),
+            Some("x")
+        );
+        assert_eq!(get(r#"{"bos_token": "<s>"}"#).unwrap(), None);
+        let list = r#"{"chat_template": [{"name": "tool_use", "template": "t"},
+                      {"name": "default", "template": "d"}]}"#;
+        assert_eq!(get(list).unwrap().as_deref(), Some("d"));
+        assert!(get(r#"{"chat_template": [{"name": "rag", "template": "r"}]}"#).is_err());
+        assert!(get(r#"{"chat_template": 3}"#).is_err());
+        assert!(get("[1]").is_err());
+        assert!(get("{").is_err());
+    }
+}

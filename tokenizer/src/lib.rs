@@ -57,6 +57,7 @@ use std::path::Path;
 pub use chat::{ChatFormat, ChatPrompt, Message};
 pub use decode::StreamDecoder;
 pub use error::{Error, Result};
+pub use jinja::chat_template_from_hf_config;
 pub use spec::{
     AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
     PrependScheme, SentencePieceSpec, TokenizerKind, TokenizerSpec,

@@ -78,10 +78,11 @@ impl Checkpoint {
     }
 
     /// The tokenizer of the checkpoint: the one stored inside it, else the first candidate
-    /// file beside it that exists (moved out of the checkpoint).
+    /// file beside it that exists (moved out of the checkpoint), with the Jinja
+    /// `chat_template` of a `tokenizer_config.json` beside that file.
     ///
     /// Errors: [`Error::Format`] if there is none, naming the files looked for, or if the
-    /// file found is not a valid tokenizer.
+    /// file found is not a valid tokenizer or the `tokenizer_config.json` is malformed.
     pub fn take_tokenizer(&mut self, model: &Path) -> Result<Tokenizer> {
         if let Some(tokenizer) = self.tokenizer.take() {
             return Ok(tokenizer);
@@ -106,8 +107,18 @@ impl Checkpoint {
                 ),
             ));
         };
-        Tokenizer::from_file(path)
-            .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))
+        let mut tokenizer = Tokenizer::from_file(path)
+            .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))?;
+        let config = path.with_file_name("tokenizer_config.json");
+        if config.is_file() {
+            let bytes = std::fs::read(&config).map_err(|e| Error::io(&config, e))?;
+            let template = flm_tokenizer::chat_template_from_hf_config(&bytes)
+                .map_err(|e| Error::format(&config, e.to_string()))?;
+            if template.is_some() {
+                tokenizer.set_chat_template(template);
+            }
+        }
+        Ok(tokenizer)
     }
 
     /// Loads every weight (zero-copy where the encoding allows).
