@@ -112,7 +112,7 @@ impl ByteBpe {
 /// [`Error::Invalid`] when the ranks are not exactly `0..n` (each once), which flm needs
 /// because ranks are ids.
 pub(crate) fn parse_ranks(text: &[u8]) -> Result<Vec<Piece>> {
-    let mut by_rank: Vec<Option<Box<[u8]>>> = Vec::new();
+    let mut ranked: Vec<(usize, Vec<u8>)> = Vec::new();
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
         let line = line.trim_ascii();
         if line.is_empty() {
@@ -137,33 +137,30 @@ pub(crate) fn parse_ranks(text: &[u8]) -> Result<Vec<Piece>> {
             .ok()
             .and_then(|r| r.parse().ok())
             .ok_or_else(bad)?;
-        if rank >= u32::MAX as usize / 2 {
-            return Err(Error::Invalid(format!("tiktoken rank {rank} is too large")));
-        }
-        if by_rank.len() <= rank {
-            by_rank.resize(rank + 1, None);
-        }
-        if by_rank[rank].replace(token.into()).is_some() {
-            return Err(Error::Invalid(format!(
-                "tiktoken rank {rank} is given twice"
-            )));
-        }
+        ranked.push((rank, token));
     }
-    if by_rank.is_empty() {
+    if ranked.is_empty() {
         return Err(Error::NotATokenizer("tiktoken ranks: no tokens".into()));
     }
-    by_rank
-        .into_iter()
-        .enumerate()
-        .map(|(rank, bytes)| {
-            Ok(Piece {
-                bytes: bytes
-                    .ok_or_else(|| Error::Invalid(format!("tiktoken ranks skip rank {rank}")))?,
-                score: 0.0,
-                kind: PieceKind::Normal,
-            })
-        })
-        .collect()
+    // Ranks are ids: they must be 0..n, each once (checked without allocating by rank,
+    // so a huge rank in a damaged file costs nothing).
+    ranked.sort_unstable_by_key(|(rank, _)| *rank);
+    let mut pieces = Vec::with_capacity(ranked.len());
+    for (expected, (rank, token)) in ranked.into_iter().enumerate() {
+        if rank != expected {
+            return Err(Error::Invalid(if rank < expected {
+                format!("tiktoken rank {rank} is given twice")
+            } else {
+                format!("tiktoken ranks skip rank {expected}")
+            }));
+        }
+        pieces.push(Piece {
+            bytes: token.into(),
+            score: 0.0,
+            kind: PieceKind::Normal,
+        });
+    }
+    Ok(pieces)
 }
 
 /// Whether `bytes` start like a `.tiktoken` ranks file: a first line of base64 characters,

@@ -70,11 +70,6 @@ impl Tokenizer {
         self.chat_format.is_some() || self.chat_template.is_some()
     }
 
-    /// Sets (or clears) the Jinja chat template, e.g. from `tokenizer_config.json`.
-    pub fn set_chat_template(&mut self, template: Option<String>) {
-        self.chat_template = template;
-    }
-
     /// The prompt for `messages`; with `add_generation_prompt`, it ends where the
     /// assistant's reply starts.
     ///

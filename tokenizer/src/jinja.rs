@@ -56,31 +56,6 @@ pub(crate) fn render(
         .map_err(failed)
 }
 
-/// The chat template of a Hugging Face `tokenizer_config.json`: its `chat_template`, a
-/// string or (newer transformers) a list of `{"name", "template"}` of which the one named
-/// `default` is used, as transformers does. `Ok(None)` when the file has none.
-///
-/// Errors: [`Error::Invalid`] for bytes that are not a JSON object, or a `chat_template`
-/// of another shape (or a list without `default`).
-pub fn chat_template_from_hf_config(json: &[u8]) -> Result<Option<String>> {
-    let bad = |why: String| Error::Invalid(format!("tokenizer_config.json: {why}"));
-    let config: serde_json::Value = serde_json::from_slice(json).map_err(|e| bad(e.to_string()))?;
-    let config = config
-        .as_object()
-        .ok_or_else(|| bad("not a JSON object".into()))?;
-    match config.get("chat_template") {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::String(t)) => Ok(Some(t.clone())),
-        Some(serde_json::Value::Array(list)) => list
-            .iter()
-            .find(|t| t["name"] == "default")
-            .and_then(|t| t["template"].as_str())
-            .map(|t| Some(t.to_owned()))
-            .ok_or_else(|| bad("chat_template is a list without a \"default\" template".into())),
-        Some(other) => Err(bad(format!("chat_template is {other}, not a string"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,22 +127,5 @@ mod tests {
         );
         assert!(render_one("{% for %}", &msgs, true).is_err());
         assert!(render_one("{{ undefined_function() }}", &msgs, true).is_err());
-    }
-
-    #[test]
-    fn hf_config_templates() {
-        let get = |s: &str| chat_template_from_hf_config(s.as_bytes());
-        assert_eq!(
-            get(r#"{"chat_template": "x"}"#).unwrap().as_deref(),
-            Some("x")
-        );
-        assert_eq!(get(r#"{"bos_token": "<s>"}"#).unwrap(), None);
-        let list = r#"{"chat_template": [{"name": "tool_use", "template": "t"},
-                      {"name": "default", "template": "d"}]}"#;
-        assert_eq!(get(list).unwrap().as_deref(), Some("d"));
-        assert!(get(r#"{"chat_template": [{"name": "rag", "template": "r"}]}"#).is_err());
-        assert!(get(r#"{"chat_template": 3}"#).is_err());
-        assert!(get("[1]").is_err());
-        assert!(get("{").is_err());
     }
 }

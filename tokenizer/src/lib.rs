@@ -42,6 +42,7 @@ mod chatglm;
 mod decode;
 mod error;
 mod hf_bpe;
+mod hf_config;
 mod hf_json;
 mod jinja;
 mod llama2c;
@@ -57,7 +58,7 @@ use std::path::Path;
 pub use chat::{ChatFormat, ChatPrompt, Message};
 pub use decode::StreamDecoder;
 pub use error::{Error, Result};
-pub use jinja::chat_template_from_hf_config;
+pub use hf_config::chat_template_from_hf_config;
 pub use spec::{
     AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
     PrependScheme, SentencePieceSpec, TokenizerKind, TokenizerSpec,

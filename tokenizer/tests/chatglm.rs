@@ -210,6 +210,36 @@ fn glm4_rejects_bad_rank_files() {
     assert!(bad("IQ== 0\nIg== 1\n").contains("single byte"));
     let path = data("chatglm/tokenizers/glm4_small.tiktoken");
     let mut text = std::fs::read_to_string(path).unwrap();
-    text.push_str("YWJj 9999999999999\n");
-    assert!(Tokenizer::from_bytes(text.as_bytes()).is_err());
+    // A huge rank is refused without allocating a table up to it.
+    text.push_str("YWJj 99999999999999999\n");
+    let err = Tokenizer::from_bytes(text.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("skip rank 283"), "{err}");
+}
+
+#[test]
+fn tokenizer_config_json_makes_the_chatglm_tokenizer() {
+    let cases = json(CASES);
+    let config = br#"{"tokenizer_class": "ChatGLMTokenizer", "remove_space": false}"#;
+    // ChatGLM3's tokenization_chatglm.py names its role tokens; ChatGLM2's does not.
+    let glm3_py = b"role_special_tokens = [\"<|system|>\", \"<|user|>\", \"<|assistant|>\", \
+                    \"<|observation|>\"]";
+    let glm3 = load(MODEL).with_hf_config(config, Some(glm3_py)).unwrap();
+    assert_eq!(glm3.chat_format(), Some(ChatFormat::ChatGlm3));
+    let case = &cases["chatglm3_chat_template"]["cases"][0];
+    let prompt = glm3
+        .encode_chat(&messages(&case["messages"]), true)
+        .unwrap();
+    assert_eq!(prompt.ids, ids(&case["ids"]));
+    let glm2 = load(MODEL).with_hf_config(config, None).unwrap();
+    assert_eq!(glm2.chat_format(), Some(ChatFormat::ChatGlm2));
+    assert_eq!(glm2.vocab_size(), 64789 + 5);
+    // Other tokenizers only take the template.
+    let llama = br#"{"tokenizer_class": "LlamaTokenizer", "chat_template": "{{ bos_token }}"}"#;
+    let tok = load("stories260K/tok512.model")
+        .with_hf_config(llama, None)
+        .unwrap();
+    assert_eq!(tok.chat_format(), None);
+    let prompt = tok.encode_chat(&[Message::new("user", "x")], true).unwrap();
+    assert_eq!((prompt.text.as_str(), prompt.ids), ("<s>", vec![1]));
+    assert!(load(MODEL).with_hf_config(b"[]", None).is_err());
 }

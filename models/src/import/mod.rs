@@ -78,8 +78,9 @@ impl Checkpoint {
     }
 
     /// The tokenizer of the checkpoint: the one stored inside it, else the first candidate
-    /// file beside it that exists (moved out of the checkpoint), with the Jinja
-    /// `chat_template` of a `tokenizer_config.json` beside that file.
+    /// file beside it that exists (moved out of the checkpoint), with what a
+    /// `tokenizer_config.json` beside that file says ([`Tokenizer::with_hf_config`]: the
+    /// Jinja chat template; ChatGLM2/3's special tokens and format).
     ///
     /// Errors: [`Error::Format`] if there is none, naming the files looked for, or if the
     /// file found is not a valid tokenizer or the `tokenizer_config.json` is malformed.
@@ -112,11 +113,10 @@ impl Checkpoint {
         let config = path.with_file_name("tokenizer_config.json");
         if config.is_file() {
             let bytes = std::fs::read(&config).map_err(|e| Error::io(&config, e))?;
-            let template = flm_tokenizer::chat_template_from_hf_config(&bytes)
+            let code = std::fs::read(path.with_file_name("tokenization_chatglm.py")).ok();
+            tokenizer = tokenizer
+                .with_hf_config(&bytes, code.as_deref())
                 .map_err(|e| Error::format(&config, e.to_string()))?;
-            if template.is_some() {
-                tokenizer.set_chat_template(template);
-            }
         }
         Ok(tokenizer)
     }
