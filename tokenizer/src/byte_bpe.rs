@@ -7,7 +7,8 @@
 //! The vocabulary file is tiktoken's `.tiktoken` format (GLM-4's `tokenizer.model`): one
 //! line per token, `BASE64 RANK`, read as `tiktoken.load.load_tiktoken_bpe` reads it.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use base64::Engine;
 use fancy_regex::Regex;
@@ -86,22 +87,53 @@ impl ByteBpe {
         self.ranks.get(bytes).copied()
     }
 
-    /// tiktoken's `byte_pair_merge`: `bounds` are the starts of the current parts (plus the
-    /// end); merge the lowest-ranked adjacent pair (the leftmost on ties) until none is a
-    /// token, then emit each part's id.
+    /// tiktoken's `byte_pair_merge`: of the current parts (single bytes at first), merge
+    /// the adjacent pair whose concatenation has the lowest rank, the leftmost on ties,
+    /// until no concatenation is a token; then emit each part's id.
+    ///
+    /// tiktoken rescans every pair after each merge (quadratic in the pre-token's
+    /// length); this keeps the candidate pairs in a min-heap ordered by (rank, position)
+    /// and drops entries made stale by a merge when they surface, which picks the same
+    /// pair at every step in O(n log n) (compared with the rescan on random inputs in the
+    /// tests below).
     fn merge(&self, piece: &[u8], ids: &mut Vec<u32>) {
-        let mut bounds: Vec<usize> = (0..=piece.len()).collect();
-        loop {
-            let best = (0..bounds.len().saturating_sub(2))
-                .filter_map(|i| Some((self.rank(&piece[bounds[i]..bounds[i + 2]])?, i)))
-                .min();
-            let Some((_, i)) = best else { break };
-            bounds.remove(i + 1);
+        let n = piece.len();
+        // Parts are linked by their start offsets: next[i] is where the part at i ends.
+        let mut next: Vec<usize> = (1..=n).collect();
+        // prev[i] is where the part before the one at i starts (unused for i = 0).
+        let mut prev: Vec<usize> = (0..n).map(|i| i.saturating_sub(1)).collect();
+        let mut alive = vec![true; n];
+        let mut heap = BinaryHeap::new();
+        // A candidate: the part at `i` with its right neighbour, ending at `end`.
+        let push = |heap: &mut BinaryHeap<Reverse<(u32, usize, usize)>>, i: usize, end: usize| {
+            if let Some(rank) = self.rank(&piece[i..end]) {
+                heap.push(Reverse((rank, i, end)));
+            }
+        };
+        for i in 0..n.saturating_sub(1) {
+            push(&mut heap, i, i + 2);
         }
-        for w in bounds.windows(2) {
+        while let Some(Reverse((_, i, end))) = heap.pop() {
+            let j = next[i];
+            if !alive[i] || j >= n || next[j] != end {
+                continue;
+            }
+            alive[j] = false;
+            next[i] = end;
+            if end < n {
+                prev[end] = i;
+                push(&mut heap, i, next[end]);
+            }
+            if i > 0 {
+                push(&mut heap, prev[i], end);
+            }
+        }
+        let mut i = 0;
+        while i < n {
             // Every single byte is a token (checked in `new`), and merged parts are
             // tokens by construction.
-            ids.extend(self.rank(&piece[w[0]..w[1]]));
+            ids.extend(self.rank(&piece[i..next[i]]));
+            i = next[i];
         }
     }
 }
@@ -178,4 +210,78 @@ pub(crate) fn looks_like_ranks(bytes: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
         && !rank.is_empty()
         && rank.iter().all(u8::is_ascii_digit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// tiktoken's `byte_pair_merge` as written there: rescan every pair after each merge.
+    fn rescan(bpe: &ByteBpe, piece: &[u8]) -> Vec<u32> {
+        let mut bounds: Vec<usize> = (0..=piece.len()).collect();
+        while let Some((_, i)) = (0..bounds.len().saturating_sub(2))
+            .filter_map(|i| Some((bpe.rank(&piece[bounds[i]..bounds[i + 2]])?, i)))
+            .min()
+        {
+            bounds.remove(i + 1);
+        }
+        bounds
+            .windows(2)
+            .map(|w| bpe.rank(&piece[w[0]..w[1]]).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn heap_merge_equals_the_rescan_on_random_pieces() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        // The 256 bytes, then random merges over a 4-letter alphabet (overlapping,
+        // repeated letters and ranks out of length order included).
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        while tokens.len() < 256 + 60 {
+            let len = rng.random_range(2..6);
+            let t: Vec<u8> = (0..len).map(|_| b"abcd"[rng.random_range(0..4)]).collect();
+            if !tokens.contains(&t) {
+                tokens.push(t);
+            }
+        }
+        let pieces: Vec<Piece> = tokens
+            .into_iter()
+            .map(|t| Piece {
+                bytes: t.into(),
+                score: 0.0,
+                kind: PieceKind::Normal,
+            })
+            .collect();
+        let bpe = ByteBpe::new(&pieces, ".+").unwrap();
+        for _ in 0..2000 {
+            let len = rng.random_range(0..40);
+            let piece: Vec<u8> = (0..len).map(|_| b"abcd"[rng.random_range(0..4)]).collect();
+            let mut ids = Vec::new();
+            bpe.merge(&piece, &mut ids);
+            assert_eq!(
+                ids,
+                rescan(&bpe, &piece),
+                "{:?}",
+                String::from_utf8_lossy(&piece)
+            );
+        }
+    }
+
+    #[test]
+    fn long_pre_tokens_are_not_quadratic() {
+        let pieces: Vec<Piece> = (0..=255u8)
+            .map(|b| Piece {
+                bytes: vec![b].into(),
+                score: 0.0,
+                kind: PieceKind::Normal,
+            })
+            .collect();
+        let bpe = ByteBpe::new(&pieces, crate::chatglm::GLM4_PATTERN).unwrap();
+        for text in ["x".repeat(200_000), format!("a{}b", " ".repeat(200_000))] {
+            let mut ids = Vec::new();
+            bpe.encode(&text, &mut ids).unwrap();
+            assert_eq!(ids.len(), text.len());
+        }
+    }
 }
