@@ -115,6 +115,25 @@ impl Tokenizer {
         stop
     }
 
+    /// The content of an assistant reply as the history keeps it, from the decoded text of
+    /// the generated ids. ChatGLM3 and GLM-4 answer `<|assistant|>` with a metadata line
+    /// (a tool name, empty for a plain answer) and the content; like THUDM's
+    /// `process_response`, a blank metadata line is dropped and the content trimmed, so
+    /// that the next prompt re-encodes the reply as it was generated. Other formats keep
+    /// the text as it is.
+    pub fn chat_reply_content<'a>(&self, reply: &'a str) -> &'a str {
+        if !matches!(
+            self.chat_format,
+            Some(ChatFormat::ChatGlm3 | ChatFormat::Glm4)
+        ) {
+            return reply;
+        }
+        match reply.split_once('\n') {
+            Some((metadata, content)) if metadata.trim().is_empty() => content.trim(),
+            _ => reply,
+        }
+    }
+
     /// The prefix tokens and their text.
     fn prefix_prompt(&self) -> Result<ChatPrompt> {
         let ids = self.encode("", true)?;

@@ -110,6 +110,25 @@ fn chatglm3_chat_template_cases() {
     }
 }
 
+#[test]
+fn chatglm3_replies_are_kept_as_generated() {
+    // The ids between the first <|assistant|> and the next <|user|> of the two-round case
+    // are the reply as the model generates it: metadata line, then content.
+    let cases = json(CASES);
+    let case = &cases["chatglm3_chat_template"]["cases"][1];
+    let ids = ids(&case["ids"]);
+    let tok = chatglm(ChatFormat::ChatGlm3);
+    let start = ids.iter().position(|&id| id == 64796).unwrap() + 1;
+    let end = start + ids[start..].iter().position(|&id| id == 64795).unwrap();
+    let text = tok.decode(&ids[start..end]).unwrap();
+    let content = case["messages"][1]["content"].as_str().unwrap();
+    assert_eq!(text, format!("\n {content}"));
+    assert_eq!(tok.chat_reply_content(&text), content);
+    assert_eq!(tok.chat_reply_content("tool_name\n{}"), "tool_name\n{}");
+    let glm2 = chatglm(ChatFormat::ChatGlm2);
+    assert_eq!(glm2.chat_reply_content(&text), text);
+}
+
 /// The same ids through a Jinja template of the shape of chatglm3-6b's
 /// `tokenizer_config.json` one (the role tokens written as text and recognised as special
 /// tokens, " " standing for SentencePiece's dummy prefix).

@@ -144,7 +144,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
         let text = tokenizer
             .decode(&reply.generated)
             .context("cannot decode the reply")?;
-        messages.push(Message::new("assistant", text));
+        messages.push(Message::new(
+            "assistant",
+            tokenizer.chat_reply_content(&text),
+        ));
     }
     Ok(())
 }
