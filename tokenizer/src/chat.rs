@@ -173,13 +173,16 @@ impl Tokenizer {
     /// `ChatGLM4Tokenizer::apply_chat_template`.
     fn role_tokens(&self, messages: &[Message], add_generation_prompt: bool) -> Result<ChatPrompt> {
         let role_token = |role: &str| {
-            let name = format!("<|{role}|>");
-            match role {
-                "system" | "user" | "assistant" | "observation" => self.special_id(&name),
-                _ => None,
+            if !matches!(role, "system" | "user" | "assistant" | "observation") {
+                return Err(Error::Template(format!("unknown chat role {role:?}")));
             }
-            .map(|id| (id, name))
-            .ok_or_else(|| Error::Template(format!("unknown chat role {role:?}")))
+            let name = format!("<|{role}|>");
+            match self.special_id(&name) {
+                Some(id) => Ok((id, name)),
+                None => Err(Error::Template(format!(
+                    "the tokenizer has no {name} token for its chat format"
+                ))),
+            }
         };
         let mut prompt = self.prefix_prompt()?;
         for m in messages {

@@ -16,7 +16,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The bytes are none of the formats this crate reads (SentencePiece `.model`,
-    /// llama2.c `tokenizer.bin`, Hugging Face `tokenizer.json`).
+    /// llama2.c `tokenizer.bin`, Hugging Face `tokenizer.json`, tiktoken ranks).
     #[error("not a tokenizer file: {0}")]
     NotATokenizer(String),
     /// The bytes start like a tokenizer file of a known format but end too early.

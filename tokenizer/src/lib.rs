@@ -119,6 +119,8 @@ impl Tokenizer {
     ///   an i32 length and the bytes, parsed to the end of the data (the vocabulary size is
     ///   the number of entries);
     /// - a JSON object with a `"model"` object: Hugging Face `tokenizer.json`;
+    /// - a first line `BASE64 RANK`: a tiktoken ranks file, read as GLM-4's tokenizer
+    ///   (its pre-tokenisation regex and special tokens; see `chatglm.rs`);
     /// - a protobuf starting with field 1 (the pieces): SentencePiece `ModelProto`.
     ///
     /// Any other bytes give [`Error::NotATokenizer`]; a file cut short gives
@@ -149,8 +151,8 @@ impl Tokenizer {
                 Err(Error::NotATokenizer(format!("empty file ({why})")))
             }
             llama2c::Reject::NotLlama2c(why) => Err(Error::NotATokenizer(format!(
-                "neither a SentencePiece model, a tokenizer.json nor a llama2.c \
-                 tokenizer.bin ({why})"
+                "neither a SentencePiece model, a tokenizer.json, a tiktoken ranks file \
+                 nor a llama2.c tokenizer.bin ({why})"
             ))),
         }
     }
