@@ -108,6 +108,14 @@ fn chatglm3_chat_template_cases() {
             .unwrap_err();
         assert!(err.to_string().contains("robot"), "{err}");
     }
+    // A description claiming ChatGLM3's format without its role tokens.
+    let mut spec = chatglm(ChatFormat::ChatGlm2).spec();
+    spec.chat_format = Some(ChatFormat::ChatGlm3);
+    let tok = Tokenizer::from_spec(spec).unwrap();
+    let err = tok
+        .encode_chat(&[Message::new("user", "x")], true)
+        .unwrap_err();
+    assert!(err.to_string().contains("no <|user|> token"), "{err}");
 }
 
 #[test]
