@@ -100,9 +100,9 @@ impl Tokenizer {
         }
     }
 
-    /// The tokens that end an assistant turn besides EOS: ChatGLM3 and GLM-4 stop when the
-    /// model starts a `<|user|>` or `<|observation|>` turn (their `generation_config.json`
-    /// `eos_token_id`).
+    /// The tokens that end an assistant turn: EOS, and for ChatGLM3 and GLM-4 also
+    /// `<|user|>` and `<|observation|>`, with which the model starts the next turn (their
+    /// `generation_config.json` `eos_token_id`).
     pub fn chat_stop_ids(&self) -> Vec<u32> {
         let mut stop: Vec<u32> = self.eos.into_iter().collect();
         if matches!(

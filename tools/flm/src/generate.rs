@@ -54,6 +54,8 @@ pub fn resident_mib() -> Option<f64> {
 
 /// Counts and timings of one generation.
 pub struct Stats {
+    /// Prompt tokens prefilled (those of a chat's previous turns that were still in the
+    /// KV cache are not counted).
     prompt_tokens: usize,
     generated: usize,
     /// From the start of the prefill to the first sampled token.
