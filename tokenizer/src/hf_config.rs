@@ -4,9 +4,31 @@
 //! `tokenization_chatglm.py`; ChatGLM3's is told from ChatGLM2's by its role tokens, as
 //! chatglm.cpp's converter does).
 
+use std::path::Path;
+
 use crate::{ChatFormat, Encoder, Error, Result, Tokenizer};
 
 impl Tokenizer {
+    /// [`Tokenizer::from_file`], then [`Tokenizer::with_hf_config`] with the
+    /// `tokenizer_config.json` (and `tokenization_chatglm.py`) beside the file, if there is
+    /// one: how a tokenizer file of a Hugging Face directory is read.
+    ///
+    /// Errors: those of both, and [`Error::Io`] if the config exists but cannot be read.
+    pub fn from_file_with_hf_config(path: &Path) -> Result<Tokenizer> {
+        let tok = Tokenizer::from_file(path)?;
+        let config = path.with_file_name("tokenizer_config.json");
+        if !config.is_file() {
+            return Ok(tok);
+        }
+        let bytes = std::fs::read(&config).map_err(|source| Error::Io {
+            path: config.clone(),
+            source,
+        })?;
+        let code = std::fs::read(path.with_file_name("tokenization_chatglm.py")).ok();
+        tok.with_hf_config(&bytes, code.as_deref())
+            .map_err(|e| Error::Invalid(format!("{}: {e}", config.display())))
+    }
+
     /// Applies a `tokenizer_config.json` (`config`) to this tokenizer, read from the same
     /// directory: its chat template ([`chat_template_from_hf_config`]), and, when
     /// `tokenizer_class` is `ChatGLMTokenizer` and this is a SentencePiece model, the

@@ -79,8 +79,8 @@ impl Checkpoint {
 
     /// The tokenizer of the checkpoint: the one stored inside it, else the first candidate
     /// file beside it that exists (moved out of the checkpoint), with what a
-    /// `tokenizer_config.json` beside that file says ([`Tokenizer::with_hf_config`]: the
-    /// Jinja chat template; ChatGLM2/3's special tokens and format).
+    /// `tokenizer_config.json` beside that file says (the Jinja chat template; ChatGLM2/3's
+    /// special tokens and format: [`Tokenizer::from_file_with_hf_config`]).
     ///
     /// Errors: [`Error::Format`] if there is none, naming the files looked for, or if the
     /// file found is not a valid tokenizer or the `tokenizer_config.json` is malformed.
@@ -108,17 +108,8 @@ impl Checkpoint {
                 ),
             ));
         };
-        let mut tokenizer = Tokenizer::from_file(path)
-            .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))?;
-        let config = path.with_file_name("tokenizer_config.json");
-        if config.is_file() {
-            let bytes = std::fs::read(&config).map_err(|e| Error::io(&config, e))?;
-            let code = std::fs::read(path.with_file_name("tokenization_chatglm.py")).ok();
-            tokenizer = tokenizer
-                .with_hf_config(&bytes, code.as_deref())
-                .map_err(|e| Error::format(&config, e.to_string()))?;
-        }
-        Ok(tokenizer)
+        Tokenizer::from_file_with_hf_config(path)
+            .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))
     }
 
     /// Loads every weight (zero-copy where the encoding allows).

@@ -192,3 +192,33 @@ fn models_without_a_template_and_failing_templates() {
     assert_eq!(prompts(&stderr), ["<s>User: Once upon a time\nBot:"]);
     assert_eq!(stdout.lines().count(), 1);
 }
+
+/// A ChatGLM2 `tokenizer.model` with the `tokenizer_config.json` of THUDM's checkpoints
+/// beside it is the ChatGLM tokenizer: `[gMASK] sop` first, then SentencePiece's ids
+/// (chatglm.cpp's `Pipeline.ChatGLM2` case).
+#[test]
+fn tokenize_with_a_chatglm_tokenizer_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tokenizer.model");
+    std::fs::copy(data("chatglm/tokenizers/chatglm2_tokenizer.model"), &model).unwrap();
+    let config = r#"{"tokenizer_class": "ChatGLMTokenizer", "remove_space": false}"#;
+    std::fs::write(dir.path().join("tokenizer_config.json"), config).unwrap();
+    let args = [
+        "tokenize",
+        "--tokenizer",
+        model.to_str().unwrap(),
+        "--text",
+        "你好",
+    ];
+    let out = flm(&args, "");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "64790 64792 36474 54591\n"
+    );
+    std::fs::write(dir.path().join("tokenizer_config.json"), "{").unwrap();
+    let out = flm(&args, "");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("tokenizer_config.json"), "{stderr}");
+}
