@@ -15,7 +15,7 @@
 
 use crate::spec::{ByteLevelBpeSpec, PieceType, TokenizerKind, TokenizerSpec};
 use crate::vocab::{Piece, PieceKind};
-use crate::{ChatFormat, Error, Result, Tokenizer};
+use crate::{ChatFormat, Encoder, Error, Result, Tokenizer};
 
 /// ChatGLM2's special tokens, appended after the SentencePiece vocabulary.
 const GLM2_SPECIALS: [&str; 5] = ["[MASK]", "[gMASK]", "[sMASK]", "sop", "eop"];
@@ -52,7 +52,7 @@ impl Tokenizer {
     ///
     /// Errors: [`Error::Invalid`] if `format` is not ChatGLM2/3, if `self` is not a
     /// SentencePiece tokenizer, or if it already has a piece of a special token's name.
-    pub fn into_chatglm(self, format: ChatFormat) -> Result<Tokenizer> {
+    pub fn into_chatglm(mut self, format: ChatFormat) -> Result<Tokenizer> {
         let names: Vec<&str> = match format {
             ChatFormat::ChatGlm2 => GLM2_SPECIALS.to_vec(),
             ChatFormat::ChatGlm3 => [&GLM2_SPECIALS[..], &GLM3_ROLES[..]].concat(),
@@ -62,27 +62,30 @@ impl Tokenizer {
                 ))
             }
         };
-        let mut spec = self.spec();
-        if !matches!(spec.kind, TokenizerKind::SentencePieceBpe(_)) {
+        if !matches!(self.encoder, Encoder::SentencePiece(_)) {
             return Err(Error::Invalid(
                 "ChatGLM2/3 special tokens go after a SentencePiece model's pieces".into(),
             ));
         }
-        let first = spec.pieces.len() as u32;
+        // CONTROL pieces are neither merge targets nor matched in text, so the model's
+        // lookups stay as they are (what `Tokenizer::from_spec` would rebuild).
+        let first = self.pieces.len() as u32;
         for name in &names {
-            if spec.pieces.iter().any(|p| p == name.as_bytes()) {
+            if self.pieces.iter().any(|p| *p.bytes == *name.as_bytes()) {
                 return Err(Error::Invalid(format!(
                     "the SentencePiece model already has a piece {name:?}"
                 )));
             }
-            spec.pieces.push(name.as_bytes().to_vec());
-            spec.scores.push(0.0);
-            spec.types.push(PieceType::Control);
+            self.pieces.push(Piece {
+                bytes: name.as_bytes().into(),
+                score: 0.0,
+                kind: PieceKind::Control,
+            });
         }
         // [gMASK] and sop are the 2nd and 4th special tokens.
-        spec.prefix = Some(vec![first + 1, first + 3]);
-        spec.chat_format = Some(format);
-        Tokenizer::from_spec(spec)
+        self.prefix = Some(vec![first + 1, first + 3]);
+        self.chat_format = Some(format);
+        Ok(self)
     }
 
     /// The id of special (CONTROL) token `name`, e.g. `"<|user|>"`.

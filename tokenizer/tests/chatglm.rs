@@ -42,6 +42,8 @@ fn special_ids_follow_the_vocabulary() {
         // Special tokens decode to nothing, as control pieces do.
         assert_eq!(glm3.decode(&[id]).unwrap(), "");
     }
+    // The appended tokenizer is what its description rebuilds.
+    assert_eq!(round_trip(&glm3).spec(), glm3.spec());
     assert_eq!(glm2.prefix(), [64790, 64792]);
     assert_eq!((glm3.bos_id(), glm3.eos_id()), (Some(1), Some(2)));
     assert_eq!(glm3.chat_stop_ids(), [2, 64795, 64797]);
