@@ -6,7 +6,7 @@
 mod common;
 
 use common::{data, ids, json, load};
-use flm_tokenizer::{ChatFormat, Message, Tokenizer, TokenizerSpec};
+use flm_tokenizer::{ChatFormat, Message, PieceType, Tokenizer, TokenizerKind, TokenizerSpec};
 
 const CASES: &str = "chatglm/tokenizers/chatglm2_chatglm3_tokenizer_cases.json";
 const MODEL: &str = "chatglm/tokenizers/chatglm2_tokenizer.model";
@@ -271,4 +271,31 @@ fn tokenizer_config_json_makes_the_chatglm_tokenizer() {
     let prompt = tok.encode_chat(&[Message::new("user", "x")], true).unwrap();
     assert_eq!((prompt.text.as_str(), prompt.ids), ("<s>", vec![1]));
     assert!(load(MODEL).with_hf_config(b"[]", None).is_err());
+}
+
+#[test]
+fn bad_descriptions_are_refused() {
+    let mut spec = glm4().spec();
+    spec.prefix = Some(vec![u32::MAX]);
+    let err = Tokenizer::from_spec(spec).unwrap_err().to_string();
+    assert!(err.contains("prefix token"), "{err}");
+    let mut spec = glm4().spec();
+    if let TokenizerKind::ByteLevelBpe(b) = &mut spec.kind {
+        b.pattern = "(unclosed".into();
+    }
+    let err = Tokenizer::from_spec(spec).unwrap_err().to_string();
+    assert!(err.contains("pattern"), "{err}");
+    let mut spec = glm4().spec();
+    spec.types[260] = PieceType::UserDefined;
+    assert!(Tokenizer::from_spec(spec).is_err());
+    let mut spec = glm4().spec();
+    spec.unk_id = Some(0);
+    assert!(Tokenizer::from_spec(spec).is_err());
+    // A second [gMASK] cannot be appended.
+    let twice = chatglm(ChatFormat::ChatGlm2).into_chatglm(ChatFormat::ChatGlm2);
+    assert!(twice
+        .unwrap_err()
+        .to_string()
+        .contains("already has a piece"));
+    assert!(glm4().into_chatglm(ChatFormat::ChatGlm3).is_err());
 }
