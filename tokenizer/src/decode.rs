@@ -28,6 +28,9 @@ pub(crate) struct DecodeOptions {
     pub(crate) strip_all_leading_spaces: bool,
     /// What the unknown piece decodes to.
     pub(crate) unk_surface: Box<[u8]>,
+    /// Pieces are raw bytes, possibly parts of a character (byte-level BPE): every
+    /// normal piece goes through the pending bytes, and "▁" means nothing special.
+    pub(crate) byte_level: bool,
 }
 
 /// Incremental decoder returned by [`Tokenizer::stream_decoder`].
@@ -75,6 +78,11 @@ impl<'a> StreamDecoder<'a> {
         if let PieceKind::Byte(b) = piece.kind {
             self.pending.push(b);
             self.drain(false, &mut out);
+        } else if self.tok.decoding.byte_level {
+            if piece.kind != PieceKind::Control {
+                self.pending.extend_from_slice(&piece.bytes);
+                self.drain(false, &mut out);
+            }
         } else {
             self.drain(true, &mut out);
             if self.bos_ws_seen || self.has_text || !out.is_empty() {

@@ -16,7 +16,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The bytes are none of the formats this crate reads (SentencePiece `.model`,
-    /// llama2.c `tokenizer.bin`, Hugging Face `tokenizer.json`).
+    /// llama2.c `tokenizer.bin`, Hugging Face `tokenizer.json`, tiktoken ranks).
     #[error("not a tokenizer file: {0}")]
     NotATokenizer(String),
     /// The bytes start like a tokenizer file of a known format but end too early.
@@ -38,6 +38,10 @@ pub enum Error {
         /// The number of tokens in the vocabulary.
         vocab_size: usize,
     },
+    /// A chat prompt cannot be built: no template, a role the format does not know, or a
+    /// Jinja template that fails to render (or calls `raise_exception`).
+    #[error("{0}")]
+    Template(String),
     /// `encode(.., add_bos = true)` on a tokenizer that has no BOS token.
     #[error("the tokenizer has no BOS token, but one was requested")]
     NoBos,

@@ -159,9 +159,12 @@ impl HfModel {
                 strip_bos_space,
                 strip_all_leading_spaces: false,
                 unk_surface: crate::spec::default_unk_surface().into(),
+                byte_level: false,
             },
             add_bos: true,
             chat_template: None,
+            prefix: None,
+            chat_format: None,
         }
     }
 

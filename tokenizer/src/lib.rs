@@ -17,9 +17,15 @@
 //! tokenizer (`spec.rs`, `spec_build.rs`): .flm files store it, and the GGUF importer of
 //! flm-models builds one from a GGUF file's `tokenizer.ggml.*` metadata.
 //!
+//! A tiktoken ranks file (GLM-4's `tokenizer.model`, lines of `BASE64 RANK`) is read as
+//! GLM-4's byte-level BPE (`byte_bpe.rs`, `chatglm.rs`); [`Tokenizer::into_chatglm`] turns
+//! a ChatGLM2/3 SentencePiece model into the ChatGLM tokenizer. Chat prompts, built-in
+//! (ChatGLM) or from a Jinja template, are built by [`Tokenizer::encode_chat`] (`chat.rs`,
+//! `jinja.rs`).
+//!
 //! What is not implemented is refused with [`Error::Unsupported`] rather than tokenised
 //! differently from the reference: Unigram models, precompiled normalisation rules
-//! (NFKC), byte-level BPE (GPT-2, Llama 3), WordPiece.
+//! (NFKC), byte-level BPE of the GPT-2 / Llama 3 kind (tokenizer.json), WordPiece.
 //!
 //! ```no_run
 //! # fn main() -> flm_tokenizer::Result<()> {
@@ -30,10 +36,15 @@
 //! ```
 
 mod bpe;
+mod byte_bpe;
+mod chat;
+mod chatglm;
 mod decode;
 mod error;
 mod hf_bpe;
+mod hf_config;
 mod hf_json;
+mod jinja;
 mod llama2c;
 mod sentencepiece;
 mod sp_proto;
@@ -44,11 +55,13 @@ mod vocab;
 
 use std::path::Path;
 
+pub use chat::{ChatFormat, ChatPrompt, Message};
 pub use decode::StreamDecoder;
 pub use error::{Error, Result};
+pub use hf_config::chat_template_from_hf_config;
 pub use spec::{
-    AddedTokenSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType, PrependScheme,
-    SentencePieceSpec, TokenizerKind, TokenizerSpec,
+    AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
+    PrependScheme, SentencePieceSpec, TokenizerKind, TokenizerSpec,
 };
 
 use decode::DecodeOptions;
@@ -67,8 +80,12 @@ pub struct Tokenizer {
     decoding: DecodeOptions,
     /// Whether prompts should start with BOS (informational; see [`Tokenizer::add_bos`]).
     add_bos: bool,
-    /// The model's chat template, kept for later use.
+    /// The model's Jinja chat template.
     chat_template: Option<String>,
+    /// What `encode(.., true)` puts first; `None`: BOS.
+    prefix: Option<Vec<u32>>,
+    /// The built-in prompt format.
+    chat_format: Option<ChatFormat>,
 }
 
 /// The encoding algorithm of the file the tokenizer came from.
@@ -78,6 +95,8 @@ enum Encoder {
     SentencePiece(SpModel),
     /// Hugging Face `tokenizers` BPE (`tokenizer.json`).
     HuggingFace(HfModel),
+    /// tiktoken-style byte-level BPE (GLM-4).
+    ByteLevel(byte_bpe::ByteBpe),
 }
 
 impl Tokenizer {
@@ -100,6 +119,8 @@ impl Tokenizer {
     ///   an i32 length and the bytes, parsed to the end of the data (the vocabulary size is
     ///   the number of entries);
     /// - a JSON object with a `"model"` object: Hugging Face `tokenizer.json`;
+    /// - a first line `BASE64 RANK`: a tiktoken ranks file, read as GLM-4's tokenizer
+    ///   (its pre-tokenisation regex and special tokens; see `chatglm.rs`);
     /// - a protobuf starting with field 1 (the pieces): SentencePiece `ModelProto`.
     ///
     /// Any other bytes give [`Error::NotATokenizer`]; a file cut short gives
@@ -115,6 +136,9 @@ impl Tokenizer {
         if text.trim_ascii_start().starts_with(b"{") {
             return hf_json::load(text);
         }
+        if byte_bpe::looks_like_ranks(bytes) {
+            return chatglm::glm4(byte_bpe::parse_ranks(bytes)?);
+        }
         // A serialised ModelProto starts with its first piece: field 1, length-delimited.
         if bytes.first() == Some(&0x0a) {
             return sp_proto::load(bytes);
@@ -127,23 +151,29 @@ impl Tokenizer {
                 Err(Error::NotATokenizer(format!("empty file ({why})")))
             }
             llama2c::Reject::NotLlama2c(why) => Err(Error::NotATokenizer(format!(
-                "neither a SentencePiece model, a tokenizer.json nor a llama2.c \
-                 tokenizer.bin ({why})"
+                "neither a SentencePiece model, a tokenizer.json, a tiktoken ranks file \
+                 nor a llama2.c tokenizer.bin ({why})"
             ))),
         }
     }
 
-    /// Encodes `text`, with the BOS token first if `add_bos`.
+    /// Encodes `text`, with the prefix tokens first if `add_bos`: BOS, or ChatGLM's
+    /// `[gMASK] sop` ([`Tokenizer::prefix`]).
     ///
     /// SentencePiece files (`.model`, llama2.c `.bin`) give the ids of
     /// `SentencePieceProcessor::Encode` (normalizer.cc + bpe_model.cc); `tokenizer.json`
     /// gives those of `tokenizers`' `encode(text, add_special_tokens=False)`, so special
-    /// tokens written in the text (`<s>`) are recognised there, as in `tokenizers`.
-    /// Fails only if `add_bos` is asked of a tokenizer without BOS.
+    /// tokens written in the text (`<s>`) are recognised there, as in `tokenizers`;
+    /// GLM-4's byte-level BPE gives tiktoken's `encode_ordinary`.
+    /// Fails if `add_bos` is asked of a tokenizer without BOS or prefix, or if the
+    /// byte-level pre-tokeniser's regex engine gives up.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
         let mut ids = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
-            ids.push(self.bos.ok_or(Error::NoBos)?);
+            match &self.prefix {
+                Some(prefix) => ids.extend_from_slice(prefix),
+                None => ids.push(self.bos.ok_or(Error::NoBos)?),
+            }
         }
         match &self.encoder {
             Encoder::SentencePiece(m) => {
@@ -151,6 +181,7 @@ impl Tokenizer {
                 m.encode_normalized(&self.pieces, &normalized, &mut ids);
             }
             Encoder::HuggingFace(m) => m.encode(text, &mut ids),
+            Encoder::ByteLevel(m) => m.encode(text, &mut ids)?,
         }
         Ok(ids)
     }
@@ -191,10 +222,19 @@ impl Tokenizer {
         self.add_bos
     }
 
-    /// The model's chat template (a Jinja string), if its file carries one (GGUF
-    /// `tokenizer.chat_template`). Kept, not interpreted yet.
+    /// The model's chat template (a Jinja string), if its files carry one (GGUF
+    /// `tokenizer.chat_template`, HF `tokenizer_config.json`).
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// The tokens `encode(.., true)` starts with: `[BOS]`, ChatGLM's `[gMASK] sop`, or
+    /// nothing when the tokenizer has neither.
+    pub fn prefix(&self) -> &[u32] {
+        match &self.prefix {
+            Some(p) => p,
+            None => self.bos.as_slice(),
+        }
     }
 
     /// The raw bytes of a piece in SentencePiece form ("▁" for a space, `<0x0A>` for a

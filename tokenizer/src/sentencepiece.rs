@@ -232,6 +232,7 @@ pub(crate) fn sp_tokenizer(
         strip_bos_space: normalizer.add_dummy_prefix || normalizer.remove_extra_whitespaces,
         strip_all_leading_spaces: normalizer.remove_extra_whitespaces,
         unk_surface: unk_surface.into(),
+        byte_level: false,
     };
     Tokenizer {
         pieces,
@@ -241,6 +242,8 @@ pub(crate) fn sp_tokenizer(
         decoding,
         add_bos: true,
         chat_template: None,
+        prefix: None,
+        chat_format: None,
     }
 }
 

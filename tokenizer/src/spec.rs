@@ -47,10 +47,18 @@ pub struct TokenizerSpec {
     /// the flag. Default true.
     #[serde(default = "yes")]
     pub add_bos: bool,
-    /// The model's chat template (a Jinja string, GGUF `tokenizer.chat_template`), kept
-    /// but not interpreted yet.
+    /// The model's chat template: a Jinja string (GGUF `tokenizer.chat_template`, HF
+    /// `tokenizer_config.json` `chat_template`), rendered by
+    /// [`crate::Tokenizer::encode_chat`] unless `chat_format` is set.
     #[serde(default)]
     pub chat_template: Option<String>,
+    /// The tokens `encode(.., true)` puts first; `None` means `[bos_id]`. ChatGLM2/3 and
+    /// GLM-4 use `[gMASK] sop` here (THUDM's `get_prefix_tokens`).
+    #[serde(default)]
+    pub prefix: Option<Vec<u32>>,
+    /// A built-in prompt format (ChatGLM2/3, GLM-4), preferred to `chat_template`.
+    #[serde(default)]
+    pub chat_format: Option<crate::ChatFormat>,
 }
 
 fn yes() -> bool {
@@ -67,6 +75,18 @@ pub enum TokenizerKind {
     /// Hugging Face `tokenizers` BPE of the SentencePiece kind (`tokenizer.json`): merges
     /// by rank, normaliser steps, a `Metaspace` pre-tokenizer and added tokens.
     HfBpe(HfBpeSpec),
+    /// Byte-level BPE in the style of OpenAI's `tiktoken` (GLM-4): a regex pre-tokeniser,
+    /// then merges by rank, where a piece's rank is its id. `pieces` are raw bytes; the
+    /// [`PieceType::Normal`] ones are the mergeable ranks (all 256 single bytes among
+    /// them), [`PieceType::Control`] ones are special tokens.
+    ByteLevelBpe(ByteLevelBpeSpec),
+}
+
+/// The settings of a tiktoken-style byte-level BPE.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByteLevelBpeSpec {
+    /// The pre-tokenisation regex (fancy-regex syntax, as tiktoken's `pat_str`).
+    pub pattern: String,
 }
 
 /// The settings of a SentencePiece BPE model (`NormalizerSpec` and `TrainerSpec` fields).

@@ -7,11 +7,13 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::byte_bpe::ByteBpe;
+use crate::decode::DecodeOptions;
 use crate::hf_bpe::{normalize, AddedToken, AddedTokens, HfModel, Metaspace, NormOp, Prepend};
 use crate::sentencepiece::{sp_tokenizer, NormalizerOptions, SpModel};
 use crate::spec::{
-    AddedTokenSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType, PrependScheme,
-    SentencePieceSpec, TokenizerKind, TokenizerSpec,
+    AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
+    PrependScheme, SentencePieceSpec, TokenizerKind, TokenizerSpec,
 };
 use crate::trie::TrieBuilder;
 use crate::vocab::{byte_piece, parse_byte_piece, Piece, PieceKind};
@@ -34,10 +36,14 @@ impl Tokenizer {
                 unk_surface: self.decoding.unk_surface.to_vec(),
             }),
             Encoder::HuggingFace(m) => TokenizerKind::HfBpe(hf_spec(m, &self.pieces)),
+            Encoder::ByteLevel(m) => TokenizerKind::ByteLevelBpe(ByteLevelBpeSpec {
+                pattern: m.pattern.clone(),
+            }),
         };
         let (unk_id, byte_fallback) = match &self.encoder {
             Encoder::SentencePiece(m) => (m.unk_id, m.byte_ids.is_some()),
             Encoder::HuggingFace(m) => (m.unk, m.byte_ids.is_some()),
+            Encoder::ByteLevel(_) => (None, false),
         };
         TokenizerSpec {
             kind,
@@ -50,6 +56,8 @@ impl Tokenizer {
             eos_id: self.eos,
             add_bos: self.add_bos,
             chat_template: self.chat_template.clone(),
+            prefix: self.prefix.clone(),
+            chat_format: self.chat_format,
         }
     }
 
@@ -83,6 +91,9 @@ impl Tokenizer {
         in_range("bos_id", spec.bos_id)?;
         in_range("eos_id", spec.eos_id)?;
         in_range("unk_id", spec.unk_id)?;
+        for &id in spec.prefix.iter().flatten() {
+            in_range("prefix token", Some(id))?;
+        }
         let mut pieces = Vec::with_capacity(n);
         for (id, ((bytes, score), ty)) in spec
             .pieces
@@ -107,6 +118,8 @@ impl Tokenizer {
         let mut tok = build(pieces, spec.kind, spec.byte_fallback, spec.unk_id, special)?;
         tok.add_bos = spec.add_bos;
         tok.chat_template = spec.chat_template;
+        tok.prefix = spec.prefix;
+        tok.chat_format = spec.chat_format;
         Ok(tok)
     }
 }
@@ -141,6 +154,30 @@ pub(crate) fn build(
         TokenizerKind::HfBpe(hf) => {
             let model = hf_model(hf, &pieces, unk_id, byte_fallback)?;
             model.into_tokenizer(pieces, special.0, special.1)
+        }
+        TokenizerKind::ByteLevelBpe(b) => {
+            if byte_fallback || unk_id.is_some() {
+                return Err(invalid(
+                    "a byte-level BPE has neither byte fallback nor an unknown piece",
+                ));
+            }
+            let model = ByteBpe::new(&pieces, &b.pattern)?;
+            Tokenizer {
+                pieces,
+                bos: special.0,
+                eos: special.1,
+                encoder: Encoder::ByteLevel(model),
+                decoding: DecodeOptions {
+                    strip_bos_space: false,
+                    strip_all_leading_spaces: false,
+                    unk_surface: Box::default(),
+                    byte_level: true,
+                },
+                add_bos: true,
+                chat_template: None,
+                prefix: None,
+                chat_format: None,
+            }
         }
     })
 }

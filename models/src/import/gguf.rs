@@ -232,6 +232,8 @@ fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, String>> {
         eos_id: m.id("tokenizer.ggml.eos_token_id")?,
         add_bos: m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
         chat_template: m.str("tokenizer.chat_template")?,
+        prefix: None,
+        chat_format: None,
     };
     for i in 0..n {
         let Value::Str(piece) = &tokens[i] else {

@@ -81,10 +81,12 @@ impl Checkpoint {
     }
 
     /// The tokenizer of the checkpoint: the one stored inside it, else the first candidate
-    /// file beside it that exists (moved out of the checkpoint).
+    /// file beside it that exists (moved out of the checkpoint), with what a
+    /// `tokenizer_config.json` beside that file says (the Jinja chat template; ChatGLM2/3's
+    /// special tokens and format: [`Tokenizer::from_file_with_hf_config`]).
     ///
     /// Errors: [`Error::Format`] if there is none, naming the files looked for, or if the
-    /// file found is not a valid tokenizer.
+    /// file found is not a valid tokenizer or the `tokenizer_config.json` is malformed.
     pub fn take_tokenizer(&mut self, model: &Path) -> Result<Tokenizer> {
         if let Some(tokenizer) = self.tokenizer.take() {
             return Ok(tokenizer);
@@ -109,7 +111,7 @@ impl Checkpoint {
                 ),
             ));
         };
-        Tokenizer::from_file(path)
+        Tokenizer::from_file_with_hf_config(path)
             .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))
     }
 

@@ -1,5 +1,5 @@
-//! The generation loop of `flm run`: prefill the prompt in one pass, then sample and feed
-//! one token per decode step, streaming the text (or ids) to stdout.
+//! The generation loop of `flm run` and `flm chat`: prefill the prompt in one pass, then
+//! sample and feed one token per decode step, streaming the text (or ids) to stdout.
 
 use std::fmt;
 use std::io::Write;
@@ -20,6 +20,29 @@ pub struct Options {
     pub ignore_eos: bool,
     /// Print ids instead of text.
     pub print_ids: bool,
+    /// Tokens that end the generation besides the model's EOS (a chat format's).
+    pub stop: Vec<u32>,
+}
+
+/// Token ids to continue.
+pub struct Prompt {
+    /// The whole sequence, from position 0.
+    pub tokens: Vec<u32>,
+    /// How many leading tokens already have their K/V in the model's cache (from the
+    /// previous turn of a chat); only the rest is prefilled. Must be below `tokens.len()`.
+    pub cached: usize,
+    /// Decode the output as the start of a text (drop its dummy-prefix space).
+    pub at_start: bool,
+}
+
+/// What a generation produced.
+pub struct Generation {
+    /// Counts and timings.
+    pub stats: Stats,
+    /// The generated ids (without a final stop token).
+    pub generated: Vec<u32>,
+    /// The ids whose K/V are in the model's cache now, from position 0.
+    pub cached: Vec<u32>,
 }
 
 /// Resident memory of this process in MiB (Linux `/proc/self/status` VmRSS), if known.
@@ -32,6 +55,8 @@ pub fn resident_mib() -> Option<f64> {
 
 /// Counts and timings of one generation.
 pub struct Stats {
+    /// Prompt tokens prefilled (those of a chat's previous turns that were still in the
+    /// KV cache are not counted).
     prompt_tokens: usize,
     generated: usize,
     /// From the start of the prefill to the first sampled token.
@@ -88,13 +113,43 @@ pub fn generate(
     sampler: SamplerConfig,
     options: &Options,
 ) -> Result<Stats> {
-    let exec = Executor::new(vec![Box::new(CpuDevice::new()?)]);
-    let mut sampler = Sampler::new(sampler)?;
-    let mut tokens = tokenizer
+    let tokens = tokenizer
         .encode(prompt, true)
         .context("cannot encode the prompt")?;
     if tokens.is_empty() {
         bail!("the prompt is empty and the tokenizer has no begin-of-sequence token");
+    }
+    let at_start = tokens == tokenizer.prefix();
+    let prompt = Prompt {
+        tokens,
+        cached: 0,
+        at_start,
+    };
+    Ok(generate_ids(model, tokenizer, prompt, sampler, options)?.stats)
+}
+
+/// Continues `prompt` (ids), streaming the generated text (or ids) to stdout.
+///
+/// Errors: as [`generate`].
+pub fn generate_ids(
+    model: &mut Llama,
+    tokenizer: &Tokenizer,
+    prompt: Prompt,
+    sampler: SamplerConfig,
+    options: &Options,
+) -> Result<Generation> {
+    let exec = Executor::new(vec![Box::new(CpuDevice::new()?)]);
+    let mut sampler = Sampler::new(sampler)?;
+    let Prompt {
+        mut tokens,
+        cached,
+        at_start,
+    } = prompt;
+    if cached >= tokens.len() {
+        bail!(
+            "nothing to prefill: {cached} of {} tokens are cached",
+            tokens.len()
+        );
     }
     let context = model.config().max_seq_len;
     if tokens.len() >= context {
@@ -106,13 +161,14 @@ pub fn generate(
     }
     let mut eos = model.config().eos_token_ids.clone();
     eos.extend(tokenizer.eos_id());
+    eos.extend(&options.stop);
     let prompt_tokens = tokens.len();
-    let only_bos = prompt_tokens == 1 && tokenizer.bos_id() == Some(tokens[0]);
-    let mut decoder = tokenizer.stream_decoder(only_bos);
+    let mut decoder = tokenizer.stream_decoder(at_start);
     let mut out = std::io::stdout().lock();
 
     let start = Instant::now();
-    let mut logits = model.forward(&exec, &tokens, 0, Logits::Last)?;
+    let mut logits = model.forward(&exec, &tokens[cached..], cached, Logits::Last)?;
+    let mut in_cache = tokens.len();
     let prefill = start.elapsed();
     let mut time_to_first_token = prefill;
     let mut decode = Duration::ZERO;
@@ -144,6 +200,7 @@ pub fn generate(
         }
         let step = Instant::now();
         logits = model.forward(&exec, &[next], tokens.len() - 1, Logits::Last)?;
+        in_cache = tokens.len();
         decode += step.elapsed();
         decode_steps += 1;
     }
@@ -151,12 +208,19 @@ pub fn generate(
         out.write_all(decoder.finish().as_bytes())?;
     }
     writeln!(out)?;
-    Ok(Stats {
-        prompt_tokens,
+    let stats = Stats {
+        prompt_tokens: prompt_tokens - cached,
         generated,
         time_to_first_token,
         prefill,
         decode,
         decode_steps,
+    };
+    let generated = tokens[prompt_tokens..].to_vec();
+    tokens.truncate(in_cache);
+    Ok(Generation {
+        stats,
+        generated,
+        cached: tokens,
     })
 }

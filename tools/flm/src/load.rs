@@ -13,9 +13,10 @@ use crate::ModelArgs;
 /// prompts, without allocating the KV cache of a 128k-context model.
 const DEFAULT_CONTEXT: usize = 4096;
 
-/// Reads a tokenizer file of any supported kind.
+/// Reads a tokenizer file of any supported kind (with the `tokenizer_config.json` beside
+/// it, if any).
 pub fn tokenizer_file(path: &Path) -> Result<Tokenizer> {
-    Tokenizer::from_file(path)
+    Tokenizer::from_file_with_hf_config(path)
         .with_context(|| format!("cannot load the tokenizer {}", path.display()))
 }
 

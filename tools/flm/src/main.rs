@@ -4,6 +4,7 @@
 //! process exits with status 1; nothing the user passes makes it panic.
 
 mod bench;
+mod chat;
 mod convert;
 mod generate;
 mod load;
@@ -28,6 +29,8 @@ struct Cli {
 enum Command {
     /// Generate a continuation of a prompt, streamed to stdout.
     Run(RunArgs),
+    /// Interactive multi-turn chat in the terminal, with the model's chat template.
+    Chat(chat::ChatArgs),
     /// Print the token ids of a text.
     Tokenize(TokenizeArgs),
     /// Convert a checkpoint (with its tokenizer) into one .flm file, optionally quantised.
@@ -77,6 +80,16 @@ struct RunArgs {
     /// The prompt; the continuation, not the prompt, is printed.
     #[arg(long)]
     prompt: String,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Print the generated token ids, space-separated, instead of text.
+    #[arg(long)]
+    ids: bool,
+}
+
+/// How tokens are chosen, and when generation stops.
+#[derive(Args)]
+struct SamplingArgs {
     /// Stop after this many generated tokens.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
@@ -98,9 +111,19 @@ struct RunArgs {
     /// Keep generating after an end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
-    /// Print the generated token ids, space-separated, instead of text.
-    #[arg(long)]
-    ids: bool,
+}
+
+impl SamplingArgs {
+    /// The sampler settings, with the seed from the clock unless `--seed`.
+    fn config(&self) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed.unwrap_or_else(generate::clock_seed),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -142,18 +165,13 @@ fn run(args: RunArgs) -> Result<()> {
         args.model.model.display(),
         start.elapsed().as_secs_f64() * 1e3
     );
-    let sampler = SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        repeat_penalty: args.repeat_penalty,
-        seed: args.seed.unwrap_or_else(generate::clock_seed),
-    };
     let options = generate::Options {
-        max_tokens: args.max_tokens,
-        ignore_eos: args.ignore_eos,
+        max_tokens: args.sampling.max_tokens,
+        ignore_eos: args.sampling.ignore_eos,
         print_ids: args.ids,
+        stop: Vec::new(),
     };
+    let sampler = args.sampling.config();
     let stats = generate::generate(&mut model, &tokenizer, &args.prompt, sampler, &options)?;
     eprintln!("{stats}");
     Ok(())
@@ -202,6 +220,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Tokenize(args) => tokenize(args),
         Command::Convert(args) => convert::run(args),
         Command::Perplexity(args) => perplexity(args),

@@ -1,0 +1,131 @@
+//! Jinja chat templates rendered with minijinja under the semantics of transformers'
+//! `PreTrainedTokenizerBase.apply_chat_template` (`utils/chat_template_utils.py`): the
+//! environment has `trim_blocks` and `lstrip_blocks` on, the template sees `messages`,
+//! `add_generation_prompt`, `bos_token` and `eos_token`, and may call
+//! `raise_exception(message)`; Python string methods (`.strip()`, `.startswith()`...)
+//! work through minijinja-contrib's `pycompat`.
+
+use minijinja::{context, Environment, ErrorKind};
+
+use crate::chat::Message;
+use crate::{Error, Result, Tokenizer};
+
+/// Renders `template` for `messages`.
+///
+/// Errors: [`Error::Template`] with minijinja's message for a syntax error, an undefined
+/// function, or a `raise_exception` call (the template's message).
+pub(crate) fn render(
+    tok: &Tokenizer,
+    template: &str,
+    messages: &[Message],
+    add_generation_prompt: bool,
+) -> Result<String> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |message: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+        },
+    );
+    let token = |id: Option<u32>| {
+        id.and_then(|id| tok.piece(id))
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .unwrap_or_default()
+    };
+    let ctx = context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => token(tok.bos_id()),
+        eos_token => token(tok.eos_id()),
+    };
+    let failed = |e: minijinja::Error| {
+        let mut why = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            why += &format!(": {s}");
+            source = s.source();
+        }
+        Error::Template(format!("chat template: {why}"))
+    };
+    env.template_from_str(template)
+        .map_err(failed)?
+        .render(ctx)
+        .map_err(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tok(template: &str) -> Tokenizer {
+        let pieces = ["<unk>", "<s>", "</s>", "\u{2581}a"];
+        let mut spec = crate::TokenizerSpec {
+            kind: crate::TokenizerKind::SentencePieceBpe(crate::SentencePieceSpec {
+                add_dummy_prefix: true,
+                remove_extra_whitespaces: false,
+                escape_whitespaces: true,
+                unk_surface: b" ? ".to_vec(),
+            }),
+            pieces: pieces.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            scores: vec![0.0; 4],
+            types: [2, 3, 3, 1]
+                .map(|t| crate::PieceType::try_from(t).unwrap())
+                .to_vec(),
+            byte_fallback: false,
+            unk_id: Some(0),
+            bos_id: Some(1),
+            eos_id: Some(2),
+            add_bos: true,
+            chat_template: None,
+            prefix: None,
+            chat_format: None,
+        };
+        spec.chat_template = Some(template.into());
+        Tokenizer::from_spec(spec).unwrap()
+    }
+
+    fn render_one(template: &str, messages: &[Message], gen: bool) -> Result<String> {
+        let t = tok(template);
+        render(&t, t.chat_template().unwrap(), messages, gen)
+    }
+
+    /// Expected strings: what Python's jinja2 3.1.6 renders for the same template and
+    /// variables in transformers' environment (`trim_blocks`, `lstrip_blocks`).
+    #[test]
+    fn hf_semantics() {
+        let msgs = [Message::new("system", " sys "), Message::new("user", "hi")];
+        let t = "{{ bos_token }}{% for m in messages %}\n    {% if m.role == 'user' %}\n\
+                 [U]{{ m['content'] }}{{ eos_token }}\n    {% else %}\n[{{ m.role|upper }}]\
+                 {{ m.content.strip() }}\n    {% endif %}\n{% endfor %}\
+                 {% if add_generation_prompt %}[A]{% endif %}";
+        assert_eq!(
+            render_one(t, &msgs, true).unwrap(),
+            "<s>[SYSTEM]sys\n[U]hi</s>\n[A]"
+        );
+        assert_eq!(
+            render_one(t, &msgs, false).unwrap(),
+            "<s>[SYSTEM]sys\n[U]hi</s>\n"
+        );
+    }
+
+    #[test]
+    fn raise_exception_and_syntax_errors_are_errors() {
+        let t = "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must \
+                 start with the user') }}{% endif %}ok";
+        let msgs = [Message::new("assistant", "x")];
+        let err = render_one(t, &msgs, true).unwrap_err().to_string();
+        assert!(
+            err.contains("Conversation must start with the user"),
+            "{err}"
+        );
+        assert_eq!(
+            render_one(t, &[Message::new("user", "x")], true).unwrap(),
+            "ok"
+        );
+        assert!(render_one("{% for %}", &msgs, true).is_err());
+        assert!(render_one("{{ undefined_function() }}", &msgs, true).is_err());
+    }
+}

@@ -1,0 +1,180 @@
+//! `flm chat`: an interactive multi-turn chat in the terminal.
+//!
+//! Each line read from stdin is a user turn. The whole conversation (an optional system
+//! message, then every user and assistant turn so far) is rendered with the model's own
+//! prompt format ([`Tokenizer::encode_chat`]: ChatGLM's built-in formats, or the Jinja
+//! `chat_template` of `tokenizer_config.json` / GGUF / .flm), and the reply is generated
+//! by the loop of `flm run` (`generate.rs`), streamed to stdout, and kept in the history.
+//! The KV cache is kept between turns: only the tokens after the longest common prefix
+//! of the new prompt and the cached sequence are prefilled.
+//!
+//! Commands: `/reset` forgets the conversation, `/exit` or `/quit` (or end of input)
+//! ends the session. A model without any chat template is refused with an error that
+//! points to `flm run`.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use flm_tokenizer::{Message, Tokenizer};
+
+use crate::generate::{self, Prompt};
+use crate::{load, set_threads, ModelArgs, SamplingArgs};
+
+/// `flm chat` arguments.
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// A system prompt: the first message of every conversation.
+    #[arg(long)]
+    system: Option<String>,
+    /// Print each rendered prompt and the timings of each reply to stderr.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// What a line of input asks for.
+enum Input<'a> {
+    Exit,
+    Reset,
+    Skip,
+    User(&'a str),
+}
+
+fn parse(line: &str) -> Input<'_> {
+    let text = line.trim_end_matches(['\n', '\r']);
+    match text.trim() {
+        "" => Input::Skip,
+        "/exit" | "/quit" => Input::Exit,
+        "/reset" => Input::Reset,
+        _ => Input::User(text),
+    }
+}
+
+/// Runs the chat until `/exit` or the end of stdin.
+///
+/// Errors: a model or tokenizer that cannot be loaded, a model without a chat template,
+/// invalid sampling settings, and I/O errors. A turn that cannot be rendered (a template
+/// that raises an error) or no longer fits in the context is reported and dropped, and
+/// the chat goes on.
+pub fn run(args: ChatArgs) -> Result<()> {
+    set_threads(args.model.threads)?;
+    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    if !tokenizer.can_chat() {
+        bail!(
+            "{} has no chat template (no chat_template in tokenizer_config.json or in the \
+             file, and no built-in format): use `flm run --prompt` for plain completion",
+            args.model.model.display()
+        );
+    }
+    let context = model.config().max_seq_len;
+    let options = generate::Options {
+        max_tokens: args.sampling.max_tokens,
+        ignore_eos: args.sampling.ignore_eos,
+        print_ids: false,
+        stop: tokenizer.chat_stop_ids(),
+    };
+    let sampler = args.sampling.config();
+    let start: Vec<Message> = args
+        .system
+        .iter()
+        .map(|s| Message::new("system", s.as_str()))
+        .collect();
+    let mut messages = start.clone();
+    let mut cached: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let interactive = stdin.is_terminal();
+    let mut line = String::new();
+    for turn in 0u64.. {
+        if interactive {
+            eprint!("> ");
+            std::io::stderr().flush()?;
+        }
+        line.clear();
+        if stdin
+            .lock()
+            .read_line(&mut line)
+            .context("cannot read stdin")?
+            == 0
+        {
+            break;
+        }
+        let text = match parse(&line) {
+            Input::Exit => break,
+            Input::Skip => continue,
+            Input::Reset => {
+                messages = start.clone();
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            Input::User(text) => text,
+        };
+        messages.push(Message::new("user", text));
+        let prompt = match prompt_for(&tokenizer, &messages, context) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                messages.pop();
+                continue;
+            }
+        };
+        if args.verbose {
+            eprintln!(
+                "--- prompt ({} tokens)\n{}\n---",
+                prompt.ids.len(),
+                prompt.text
+            );
+        }
+        let reuse = common_prefix(&cached, &prompt.ids).min(prompt.ids.len() - 1);
+        let mut sampler = sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(turn);
+        let prompt = Prompt {
+            tokens: prompt.ids,
+            cached: reuse,
+            at_start: true,
+        };
+        let reply = generate::generate_ids(&mut model, &tokenizer, prompt, sampler, &options)?;
+        if args.verbose {
+            eprintln!("{}", reply.stats);
+        }
+        cached = reply.cached;
+        let text = tokenizer
+            .decode(&reply.generated)
+            .context("cannot decode the reply")?;
+        messages.push(Message::new(
+            "assistant",
+            tokenizer.chat_reply_content(&text),
+        ));
+    }
+    Ok(())
+}
+
+/// The prompt for `messages`, if it leaves room for a reply in the context.
+fn prompt_for(
+    tokenizer: &Tokenizer,
+    messages: &[Message],
+    context: usize,
+) -> Result<flm_tokenizer::ChatPrompt> {
+    let prompt = tokenizer
+        .encode_chat(messages, true)
+        .context("cannot build the chat prompt")?;
+    if prompt.ids.len() >= context {
+        bail!(
+            "the conversation is {} tokens long but the context holds {context}: /reset to \
+             start over (or raise --context)",
+            prompt.ids.len()
+        );
+    }
+    if prompt.ids.is_empty() {
+        bail!("the chat template rendered an empty prompt");
+    }
+    Ok(prompt)
+}
+
+/// The length of the longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}

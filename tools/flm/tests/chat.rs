@@ -1,0 +1,224 @@
+//! `flm chat` driven through stdin on stories260K in a Hugging Face directory whose
+//! `tokenizer_config.json` is given a Jinja `chat_template`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}\
+User: {{ m.content }}\n{% elif m.role == 'system' %}{{ m.content }}\n{% else %}\
+Bot: {{ m.content }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}Bot:{% endif %}";
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(rel)
+}
+
+/// A copy of tests/data/hf-stories260K whose tokenizer_config.json has `template`.
+fn chat_model(dir: &Path, template: &str) -> String {
+    let to = dir.join("model");
+    std::fs::create_dir(&to).unwrap();
+    for entry in std::fs::read_dir(data("hf-stories260K")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+    let config = to.join("tokenizer_config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    json["chat_template"] = template.into();
+    std::fs::write(&config, json.to_string()).unwrap();
+    to.to_str().unwrap().to_owned()
+}
+
+fn flm(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flm"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("flm starts");
+    // flm may exit (on an error) before reading its input.
+    match child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        other => other.unwrap(),
+    }
+    child.wait_with_output().expect("flm runs")
+}
+
+fn chat(model: &str, stdin: &str) -> (String, String) {
+    let args = [
+        "chat",
+        "--model",
+        model,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--verbose",
+    ];
+    let out = flm(&args, stdin);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "flm chat failed: {stderr}");
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+/// The prompts `--verbose` printed, in order.
+fn prompts(stderr: &str) -> Vec<String> {
+    stderr
+        .split("--- prompt (")
+        .skip(1)
+        .map(|p| {
+            let body = p.split_once(")\n").unwrap().1;
+            body.split_once("\n---\n").unwrap().0.to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn two_turns_keep_the_history_and_match_a_fresh_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), TEMPLATE);
+    let (stdout, stderr) = chat(&model, "Once upon a time\n\nThe end\n");
+    let prompts = prompts(&stderr);
+    assert_eq!(prompts.len(), 2, "{stderr}");
+    assert_eq!(prompts[0], "<s>User: Once upon a time\nBot:");
+    // The second prompt is the first turn, the reply as generated (printed on stdout
+    // first), and the new turn.
+    let first = prompts[1]
+        .strip_prefix("<s>User: Once upon a time\nBot: ")
+        .and_then(|p| p.strip_suffix("\nUser: The end\nBot:"))
+        .unwrap_or_else(|| panic!("{:?}", prompts[1]));
+    assert!(!first.trim().is_empty());
+    let reply = stdout
+        .strip_prefix(&format!("{first}\n"))
+        .unwrap_or_else(|| panic!("{stdout:?} starts with {first:?}"));
+    let second = &prompts[1];
+    // The second reply reused the first turn's KV cache (it prefilled fewer tokens than
+    // its prompt has); a fresh `flm run` on the same text gives the same continuation.
+    let count = |after: &str| -> Vec<usize> {
+        stderr
+            .split(after)
+            .skip(1)
+            .map(|s| s.split([' ', ')']).next().unwrap().parse().unwrap())
+            .collect()
+    };
+    let (lengths, prefilled) = (count("--- prompt ("), count("prompt tokens: "));
+    assert_eq!(prefilled[0], lengths[0]);
+    assert!(prefilled[1] < lengths[1] - lengths[0], "{stderr}");
+    let run = flm(
+        &[
+            "run",
+            "--model",
+            &model,
+            "--prompt",
+            &second["<s>".len()..],
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+        ],
+        "",
+    );
+    assert!(run.status.success());
+    assert_eq!(String::from_utf8(run.stdout).unwrap().trim_start(), reply);
+}
+
+#[test]
+fn reset_exit_and_a_system_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), TEMPLATE);
+    let out = flm(
+        &[
+            "chat",
+            "--model",
+            &model,
+            "--system",
+            "Be kind.",
+            "--max-tokens",
+            "4",
+            "--seed",
+            "1",
+            "--verbose",
+        ],
+        "Hi\n/reset\nHello\n/exit\nnever read\n",
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let prompts = prompts(&stderr);
+    assert_eq!(
+        prompts,
+        [
+            "<s>Be kind.\nUser: Hi\nBot:",
+            "<s>Be kind.\nUser: Hello\nBot:"
+        ]
+    );
+    assert!(stderr.contains("(conversation cleared)"));
+}
+
+#[test]
+fn the_template_travels_in_the_flm_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), TEMPLATE);
+    let flm_file = dir.path().join("m.flm");
+    let flm_file = flm_file.to_str().unwrap();
+    let args = [
+        "convert", "--input", &model, "--output", flm_file, "--dtype", "f32",
+    ];
+    assert!(flm(&args, "").status.success());
+    let (from_dir, _) = chat(&model, "Once upon a time\n");
+    let (from_flm, stderr) = chat(flm_file, "Once upon a time\n");
+    assert_eq!(prompts(&stderr), ["<s>User: Once upon a time\nBot:"]);
+    assert_eq!(from_flm, from_dir);
+}
+
+#[test]
+fn models_without_a_template_and_failing_templates() {
+    let model = data("hf-stories260K");
+    let out = flm(&["chat", "--model", model.to_str().unwrap()], "Hi\n");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("has no chat template"), "{stderr}");
+    assert!(!stderr.contains("panicked"));
+
+    // A template that refuses the turn: the error is reported and the chat goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let template = "{% if messages[-1].content == 'bad' %}\
+                    {{ raise_exception('no bad words') }}{% endif %}{{ TEMPLATE }}";
+    let model = chat_model(dir.path(), &template.replace("{{ TEMPLATE }}", TEMPLATE));
+    let (stdout, stderr) = chat(&model, "bad\nOnce upon a time\n");
+    assert!(stderr.contains("no bad words"), "{stderr}");
+    assert_eq!(prompts(&stderr), ["<s>User: Once upon a time\nBot:"]);
+    assert_eq!(stdout.lines().count(), 1);
+}
+
+/// A ChatGLM2 `tokenizer.model` with the `tokenizer_config.json` of THUDM's checkpoints
+/// beside it is the ChatGLM tokenizer: `[gMASK] sop` first, then SentencePiece's ids
+/// (chatglm.cpp's `Pipeline.ChatGLM2` case).
+#[test]
+fn tokenize_with_a_chatglm_tokenizer_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tokenizer.model");
+    std::fs::copy(data("chatglm/tokenizers/chatglm2_tokenizer.model"), &model).unwrap();
+    let config = r#"{"tokenizer_class": "ChatGLMTokenizer", "remove_space": false}"#;
+    std::fs::write(dir.path().join("tokenizer_config.json"), config).unwrap();
+    let args = [
+        "tokenize",
+        "--tokenizer",
+        model.to_str().unwrap(),
+        "--text",
+        "你好",
+    ];
+    let out = flm(&args, "");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "64790 64792 36474 54591\n"
+    );
+    std::fs::write(dir.path().join("tokenizer_config.json"), "{").unwrap();
+    let out = flm(&args, "");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("tokenizer_config.json"), "{stderr}");
+}
