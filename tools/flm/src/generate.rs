@@ -132,7 +132,7 @@ pub fn generate(
 ///
 /// Errors: as [`generate`].
 pub fn generate_ids(
-    model: &mut Llama,
+    model: &mut Model,
     tokenizer: &Tokenizer,
     prompt: Prompt,
     sampler: SamplerConfig,
