@@ -31,10 +31,7 @@ fn flm_command() -> Command {
 }
 
 fn flm(args: &[&str]) -> Output {
-    flm_command()
-        .args(args)
-        .output()
-        .expect("flm runs")
+    flm_command().args(args).output().expect("flm runs")
 }
 
 fn stdout(out: &Output) -> String {

@@ -266,7 +266,8 @@ impl Tile<'_> {
         unsafe {
             let mut acc = [[vdupq_n_f32(0.0); T]; R];
             for b in 0..self.w.kp / BLOCK {
-                let wv: [[int8x16_t; 2]; R] = std::array::from_fn(|r| load32_bytes(&rows[r][4 + 32 * b..]));
+                let wv: [[int8x16_t; 2]; R] =
+                    std::array::from_fn(|r| load32_bytes(&rows[r][4 + 32 * b..]));
                 for t in 0..T {
                     let a = load32(&qs[t][32 * b..]);
                     let d = ds[t][b];

@@ -216,7 +216,10 @@ impl Simd for Neon {
     fn store_sums8(self, v: [float32x4_t; 8], scale: f32, d: &mut [f32]) {
         let s = self.splat(scale);
         self.store(d, self.mul(sums4_vec([v[0], v[1], v[2], v[3]]), s));
-        self.store(&mut d[4..], self.mul(sums4_vec([v[4], v[5], v[6], v[7]]), s));
+        self.store(
+            &mut d[4..],
+            self.mul(sums4_vec([v[4], v[5], v[6], v[7]]), s),
+        );
     }
     #[inline(always)]
     fn first_eq(self, v: float32x4_t, x: f32) -> Option<usize> {
