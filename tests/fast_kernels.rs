@@ -1,6 +1,8 @@
 //! The SIMD kernels do not change what stories260K generates: greedy decoding with int8
 //! and int4 weights gives the same tokens at every instruction-set level this CPU has as
 //! with the portable kernels ([`Isa::Scalar`]), and the same teacher-forced predictions.
+//! On x86-64 the levels are AVX2, AVX-VNNI and AVX-512; on aarch64 NEON and NEON with
+//! dotprod (`.ci/run` runs this under `qemu-aarch64 -cpu max` and `-cpu cortex-a72`).
 
 use flm_core::{DataType, Executor};
 use flm_devices::{CpuDevice, Isa};

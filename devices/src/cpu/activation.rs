@@ -6,6 +6,8 @@
 
 use flm_core::{Data, Result};
 
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+use super::simd::neon;
 #[cfg(target_arch = "x86_64")]
 use super::simd::x86;
 use super::simd::{self, Kernel, Simd};
@@ -42,6 +44,8 @@ pub(crate) fn silu_mul(isa: Isa, gate: &Data, up: &Data, output: &mut Data) -> R
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => neon::neon(k),
         _ => k.portable(),
     }
     Ok(())

@@ -27,6 +27,8 @@ use std::cell::RefCell;
 use flm_core::{Data, Error, Result};
 use rayon::prelude::*;
 
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+use super::simd::neon;
 #[cfg(target_arch = "x86_64")]
 use super::simd::x86;
 use super::simd::{self, Kernel, Simd};
@@ -206,6 +208,8 @@ fn heads(isa: Isa, a: &Attn<'_>, first: usize, out: &mut [f32]) {
             // SAFETY: as above (AVX-512 includes AVX2).
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+            Isa::Neon | Isa::NeonDot => neon::neon(k),
             _ => k.portable(),
         }
     })

@@ -6,6 +6,8 @@
 
 use flm_core::{argmax, Data, Error, Result};
 
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+use super::simd::neon;
 #[cfg(target_arch = "x86_64")]
 use super::simd::x86;
 use super::simd::{Kernel, Simd};
@@ -30,6 +32,8 @@ pub(crate) fn add(isa: Isa, x: &mut Data, y: &Data) -> Result<()> {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => neon::neon(k),
         _ => {
             for (a, b) in k.x.iter_mut().zip(k.y) {
                 *a += b;
@@ -115,6 +119,8 @@ pub(crate) fn argmax_rows(isa: Isa, input: &Data, output: &mut [u32]) -> Result<
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(Argmax(row)) },
+            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+            Isa::Neon | Isa::NeonDot => neon::neon(Argmax(row)),
             _ => argmax(row),
         };
     }

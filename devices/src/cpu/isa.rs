@@ -2,7 +2,12 @@
 //!
 //! Every SIMD kernel has a portable twin ([`Isa::Scalar`]) that computes the same math; tests
 //! run each level the machine supports against it. `FLM_CPU_ISA` forces a level (for
-//! example `FLM_CPU_ISA=avx2` on an AVX-512 machine, to exercise the AVX2 kernels).
+//! example `FLM_CPU_ISA=avx2` on an AVX-512 machine, to exercise the AVX2 kernels, or
+//! `FLM_CPU_ISA=neon` on an ARM board with dotprod, to exercise the plain NEON kernels).
+//!
+//! The levels of one binary are those of its architecture: x86-64 builds know
+//! [`Isa::Avx2`], [`Isa::AvxVnni`] and [`Isa::Avx512`], aarch64 builds [`Isa::Neon`] and
+//! [`Isa::NeonDot`]; the others are never supported.
 
 use std::fmt;
 
@@ -22,11 +27,25 @@ pub enum Isa {
     /// AVX-512 plus AMX-TILE and AMX-INT8 (Sapphire Rapids and later): int8 and int4
     /// prefill as 16 × 16 tile multiplies; every other kernel is the AVX-512 one.
     Amx,
+    /// aarch64 Advanced SIMD (NEON, every ARMv8-A core: Raspberry Pi 4's Cortex-A72):
+    /// 128-bit vectors, int8 dot products with `smull`/`smlal` and `sadalp`.
+    Neon,
+    /// NEON plus the dot-product extension (FEAT_DotProd, ARMv8.2-A: Cortex-A55/A76,
+    /// Raspberry Pi 5, RK3588): int8 dot products with `sdot`.
+    NeonDot,
 }
 
 impl Isa {
     /// Every level, lowest first.
-    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx];
+    pub const ALL: [Isa; 7] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::AvxVnni,
+        Isa::Avx512,
+        Isa::Amx,
+        Isa::Neon,
+        Isa::NeonDot,
+    ];
 
     /// The name `FLM_CPU_ISA` takes.
     pub const fn name(self) -> &'static str {
@@ -36,6 +55,8 @@ impl Isa {
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
             Isa::Amx => "amx",
+            Isa::Neon => "neon",
+            Isa::NeonDot => "dotprod",
         }
     }
 
@@ -61,7 +82,13 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Amx => Isa::Avx512.is_supported() && super::qlinear::amx::available(),
-            #[cfg(not(target_arch = "x86_64"))]
+            // NEON is part of every aarch64 target Rust builds for std.
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDot => {
+                Isa::Neon.is_supported() && std::arch::is_aarch64_feature_detected!("dotprod")
+            }
             _ => false,
         }
     }
@@ -142,5 +169,21 @@ mod tests {
         assert!(Isa::supported().contains(&Isa::best()));
         let err = Isa::parse("sse9").unwrap_err().to_string();
         assert!(err.contains("not a known level"), "{err}");
+    }
+
+    /// `.ci/run` sets `FLM_EXPECT_BEST_ISA` to the level the (emulated) CPU must get: under
+    /// `qemu-aarch64 -cpu cortex-a72` that is `neon`, so the dotprod kernels are neither
+    /// chosen nor accepted there (and any `sdot` executed would end the run with SIGILL).
+    #[test]
+    fn best_level_is_the_one_expected() {
+        let Ok(want) = std::env::var("FLM_EXPECT_BEST_ISA") else {
+            return;
+        };
+        assert_eq!(Isa::best().name(), want);
+        for isa in Isa::ALL.into_iter().filter(|&i| i > Isa::best()) {
+            assert!(!isa.is_supported(), "{isa} above the best level");
+            let err = Isa::parse(isa.name()).unwrap_err().to_string();
+            assert!(err.contains("this CPU lacks it"), "{err}");
+        }
     }
 }

@@ -32,6 +32,8 @@ use flm_core::{quant, Data, Result};
 use rayon::prelude::*;
 
 use super::qlinear::{self, QuantWeight};
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+use super::simd::neon;
 #[cfg(target_arch = "x86_64")]
 use super::simd::x86;
 use super::simd::{Elem, Kernel, Simd};
@@ -178,6 +180,8 @@ fn block<E: Elem>(
         // SAFETY: as above (AVX-512 includes AVX2).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(b) },
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => neon::neon(b),
         _ => SCRATCH.with_borrow_mut(|buf| b.portable(buf)),
     }
 }

@@ -2,6 +2,8 @@
 
 use flm_core::{Data, Result};
 
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+use super::simd::neon;
 #[cfg(target_arch = "x86_64")]
 use super::simd::x86;
 use super::simd::{self, Elem, Kernel, Simd};
@@ -64,6 +66,8 @@ fn rms_norm_rows<E: Elem>(isa: Isa, x: &[f32], w: &[E], eps: f32, out: &mut [f32
         // SAFETY: as above (AVX-512 includes AVX2).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => neon::neon(k),
         _ => k.portable(),
     }
 }

@@ -2,6 +2,8 @@
 
 use flm_core::{Data, Error, Result, RopeStyle, RopeTable};
 
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+use super::simd::neon;
 #[cfg(target_arch = "x86_64")]
 use super::simd::x86;
 use super::simd::{Kernel, Simd};
@@ -49,6 +51,8 @@ pub(crate) fn rope(
         // SAFETY: as above (AVX-512 includes AVX2).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => neon::neon(k),
         _ => k.portable(),
     }
     Ok(())

@@ -4,6 +4,8 @@ use flm_core::{quant, Data, DataType, Error, Result};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+use super::simd::neon;
 #[cfg(target_arch = "x86_64")]
 use super::simd::x86;
 use super::simd::{self, Elem, Kernel, Simd};
@@ -113,6 +115,8 @@ pub(crate) fn widen<E: Elem>(isa: Isa, src: &[E], dst: &mut [f32]) {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => neon::neon(k),
         _ => E::widen_portable(k.src, k.dst),
     }
 }

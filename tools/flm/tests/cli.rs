@@ -13,11 +13,25 @@ fn data(rel: &str) -> PathBuf {
         .join(rel)
 }
 
+/// The `flm` binary as a command, started through `FLM_TEST_RUNNER` when that is set: the
+/// emulator of a cross-built binary (`.ci/run` sets `qemu-aarch64 -cpu cortex-a72`, say, as
+/// it sets cargo's runner for the test executables themselves).
+fn flm_command() -> Command {
+    let bin = env!("CARGO_BIN_EXE_flm");
+    let runner = std::env::var("FLM_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut cmd = Command::new(program);
+            cmd.args(words).arg(bin);
+            cmd
+        }
+        None => Command::new(bin),
+    }
+}
+
 fn flm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flm"))
-        .args(args)
-        .output()
-        .expect("flm runs")
+    flm_command().args(args).output().expect("flm runs")
 }
 
 fn stdout(out: &Output) -> String {
@@ -322,7 +336,7 @@ fn invalid_sampling_parameters_are_rejected() {
 
 #[test]
 fn flm_profile_prints_the_per_op_table_at_exit() {
-    let out = Command::new(env!("CARGO_BIN_EXE_flm"))
+    let out = flm_command()
         .args([
             "run",
             "--model",

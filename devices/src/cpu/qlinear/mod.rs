@@ -16,9 +16,13 @@
 //!   loaded weight vector for 4 tokens;
 //! - `amx`: Intel AMX tile multiplies of 16 weight rows × 16 input rows per block, for
 //!   prefill of at least [`AMX_MIN_ROWS`] input rows (fewer use the AVX-512 kernels).
+//! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
+//!   the CPU has the dot-product extension and `smull`/`sadalp` where it has not.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+mod neon;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -95,6 +99,8 @@ impl Acts {
             Isa::Avx512 | Isa::Amx => unsafe { rows.run_avx512(self) },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::AvxVnni => unsafe { rows.run_avx2(self) },
+            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+            Isa::Neon | Isa::NeonDot => rows.run_with(self, neon::quantize_block),
             _ => rows.run(self),
         }
         #[cfg(target_arch = "x86_64")]
@@ -270,6 +276,8 @@ impl Layout {
             (Isa::Avx2 | Isa::AvxVnni, _) => (32, 2),
             (Isa::Avx512, DataType::I8) => (16, 2),
             (Isa::Avx512, _) => (64, 4),
+            (Isa::Neon | Isa::NeonDot, DataType::I8) => (16, 1),
+            (Isa::Neon | Isa::NeonDot, _) => (16, 4),
         };
         Layout { split, pad_blocks }
     }
@@ -282,6 +290,8 @@ fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
         Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 => x86::rows(isa, w, acts, j0, yt),
         #[cfg(target_arch = "x86_64")]
         Isa::Amx => amx::rows(w, acts, &acts.tiles, j0, yt),
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => neon::rows(isa, w, acts, j0, yt),
         _ => scalar::rows(w, acts, j0, yt),
     }
 }
@@ -395,6 +405,12 @@ mod tests {
                         }
                     };
                     assert_eq!((got, lo, hi), want, "{isa} len {len} scale {scale}");
+                }
+                #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+                {
+                    let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
+                    let got = neon::quantize_block(&v, &mut lo, &mut hi);
+                    assert_eq!((got, lo, hi), want, "neon len {len} scale {scale}");
                 }
                 let (d, sum) = want.0;
                 for (i, &x) in v.iter().enumerate() {

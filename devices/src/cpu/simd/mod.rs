@@ -1,9 +1,10 @@
 //! The vector layer of the CPU kernels: f32 vectors behind one trait, so that each SIMD
 //! kernel is written once and compiled for every instruction set.
 //!
-//! A [`Simd`] value is a zero-sized token for one level (`x86::Avx2`, `x86::Avx512`; NEON
-//! later); it exists only inside a `#[target_feature]` runner (`x86::avx2`, `x86::avx512`)
-//! that the caller enters after checking the level, and its methods are safe. A kernel is a
+//! A [`Simd`] value is a zero-sized token for one level (`x86::Avx2`, `x86::Avx512`,
+//! `neon::Neon`); it exists only inside a runner (`x86::avx2`, `x86::avx512` with
+//! `#[target_feature]`, entered after checking the level; `neon::neon`, whose features every
+//! aarch64 target has), and its methods are safe. A kernel is a
 //! [`Kernel`] whose `run` is `#[inline(always)]`, so that the runner compiles it, and
 //! every helper it calls, with the level's features. Each op picks its level with a
 //! `match isa`, falling back to its portable twin.
@@ -12,10 +13,15 @@
 //! functions): closures do not inherit the runner's target features. Parallel ops split the
 //! work first and enter a runner per task.
 
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
-// to come): elsewhere only the portable twins are called.
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
+// elsewhere only the portable twins are called.
+#![cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+pub(crate) mod neon;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
@@ -29,7 +35,8 @@ use half::{bf16, f16};
 pub(crate) trait Simd: Copy {
     /// f32 lanes per vector.
     const LANES: usize;
-    /// Vector registers of the level (16 for AVX2, 32 for AVX-512): tile shapes follow it.
+    /// Vector registers of the level (16 for AVX2, 32 for AVX-512 and NEON): tile shapes
+    /// follow it.
     const REGS: usize;
     /// A vector of [`Simd::LANES`] f32.
     type V: Copy;

@@ -1,0 +1,373 @@
+//! aarch64 int8 and int4 micro-kernels, with and without the dot-product extension.
+//!
+//! Each kernel computes a tile of `R` weight rows × `T` input rows over [`Acts`] in natural
+//! order, loading (and for int4 unpacking) each weight vector once for the `T` inputs. Per
+//! block of 32 values it forms the exact int32 dot product of the codes in 4 lanes,
+//! converts it to f32 and accumulates it scaled by the block's scales (lane sums at the
+//! end), as the x86 kernels do:
+//! - with FEAT_DotProd ([`Isa::NeonDot`]): `sdot`, 4 signed byte products per lane, for
+//!   int8 codes and for the int4 codes `0..15` alike (ggml's `ggml_vec_dot_q4_0_q8_0` on
+//!   ARMv8.2);
+//! - without it ([`Isa::Neon`], Cortex-A72): `smull`/`smull2` to 16-bit products and
+//!   `sadalp` pairwise into 32-bit lanes. Every int8 product fits in i16
+//!   (`|−128·−128| = 2¹⁴`); four int4 products summed in i16 lanes before widening fit as
+//!   well (`4·15·128 < 2¹⁵`).
+//!
+//! `sdot` is written as inline assembly (the `vdotq_s32` intrinsic is not stable Rust yet)
+//! inside `#[target_feature(enable = "dotprod")]` functions that are entered only at
+//! [`Isa::NeonDot`]: a CPU without the extension never executes it.
+
+// Tiles index several register arrays by row and input in one loop body.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use flm_core::quant::BLOCK;
+use flm_core::DataType;
+
+use super::{Acts, QuantWeight};
+use crate::cpu::simd::neon::f16x4_to_f32;
+use crate::cpu::Isa;
+
+/// Weight rows per full tile.
+const TILE_ROWS: usize = 4;
+/// Input rows per full tile.
+const TILE_INPUTS: usize = 2;
+/// Blocks per int4 step: one vector of 4 scales `d_g · a_b`.
+const CHUNK_BLOCKS: usize = 4;
+
+/// See [`super::rows`]. `isa` is [`Isa::Neon`] or [`Isa::NeonDot`], and the caller
+/// guarantees that the CPU supports it.
+pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    let n = acts.n;
+    let m = yt.len() / n;
+    let mut j = 0;
+    while j < m {
+        let r = if m - j >= TILE_ROWS { TILE_ROWS } else { 1 };
+        let mut i = 0;
+        while i < n {
+            let t = (n - i).min(TILE_INPUTS);
+            let mut out = [[0.0f32; TILE_INPUTS]; TILE_ROWS];
+            let tile = Tile {
+                w,
+                j: j0 + j,
+                acts,
+                i,
+            };
+            tile.run(isa, r, t, &mut out);
+            for (dr, row) in out.iter().take(r).enumerate() {
+                yt[(j + dr) * n + i..][..t].copy_from_slice(&row[..t]);
+            }
+            i += t;
+        }
+        j += r;
+    }
+}
+
+/// [`super::quantize_block`] with NEON: the same bits (`fcvtns` rounds to nearest, ties to
+/// even, like the portable magic-number rounding; `fmaxnm` ignores NaN as its `>` does).
+#[inline(always)]
+pub(super) fn quantize_block(values: &[f32], lo: &mut [i8], hi: &mut [i8]) -> (f32, i32) {
+    let mut v = [0.0f32; BLOCK];
+    let n = values.len().min(BLOCK);
+    v[..n].copy_from_slice(&values[..n]);
+    assert!(lo.len() >= 16 && hi.len() >= 16);
+    // SAFETY: NEON, which every aarch64 target has; loads 32 values from the local array and
+    // stores 16 codes into each of `lo` and `hi` (asserted).
+    unsafe {
+        let x: [float32x4_t; 8] = std::array::from_fn(|c| vld1q_f32(v.as_ptr().add(4 * c)));
+        let mut m = vabsq_f32(x[0]);
+        for x in &x[1..] {
+            m = vmaxnmq_f32(m, vabsq_f32(*x));
+        }
+        let d = vmaxnmvq_f32(m) / 127.0;
+        let inv = vdupq_n_f32(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let q: [int32x4_t; 8] = std::array::from_fn(|c| vcvtnq_s32_f32(vmulq_f32(x[c], inv)));
+        let narrow = |a: usize| {
+            let h0 = vcombine_s16(vmovn_s32(q[a]), vmovn_s32(q[a + 1]));
+            let h1 = vcombine_s16(vmovn_s32(q[a + 2]), vmovn_s32(q[a + 3]));
+            vcombine_s8(vmovn_s16(h0), vmovn_s16(h1))
+        };
+        vst1q_s8(lo.as_mut_ptr(), narrow(0));
+        vst1q_s8(hi.as_mut_ptr(), narrow(4));
+        let s = q[1..].iter().fold(q[0], |s, q| vaddq_s32(s, *q));
+        (d, vaddvq_s32(s))
+    }
+}
+
+/// `acc + Σ` of the 4 byte products of each lane: `sdot`.
+///
+/// # Safety
+/// The CPU must have FEAT_DotProd.
+#[target_feature(enable = "dotprod")]
+#[inline]
+unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: the caller guarantees dotprod; registers only.
+    unsafe {
+        asm!(
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    acc
+}
+
+/// The exact int32 dot product of the 32 codes `w` and `a` (two vectors each), in 4 lanes.
+/// int8 codes at every level; `DOT` selects `sdot`.
+#[inline(always)]
+fn dot_i8<const DOT: bool>(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t {
+    // SAFETY: NEON (every aarch64 target); `sdot` only when `DOT`, which only the
+    // `#[target_feature(enable = "dotprod")]` kernels entered at `Isa::NeonDot` pass.
+    unsafe {
+        if DOT {
+            sdot(sdot(vdupq_n_s32(0), w[0], a[0]), w[1], a[1])
+        } else {
+            let mut p = vpaddlq_s16(vmull_s8(vget_low_s8(w[0]), vget_low_s8(a[0])));
+            p = vpadalq_s16(p, vmull_high_s8(w[0], a[0]));
+            p = vpadalq_s16(p, vmull_s8(vget_low_s8(w[1]), vget_low_s8(a[1])));
+            vpadalq_s16(p, vmull_high_s8(w[1], a[1]))
+        }
+    }
+}
+
+/// [`dot_i8`] for int4 codes `0..15` (low nibbles against `a[0]`, high against `a[1]`):
+/// without `sdot`, the four 16-bit products of a lane are summed before widening.
+#[inline(always)]
+fn dot_u4<const DOT: bool>(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t {
+    if DOT {
+        return dot_i8::<true>(w, a);
+    }
+    // SAFETY: NEON (every aarch64 target); registers only.
+    unsafe {
+        let p = vmull_s8(vget_low_s8(w[0]), vget_low_s8(a[0]));
+        let p = vmlal_high_s8(p, w[0], a[0]);
+        let p = vmlal_s8(p, vget_low_s8(w[1]), vget_low_s8(a[1]));
+        vpaddlq_s16(vmlal_high_s8(p, w[1], a[1]))
+    }
+}
+
+/// Two vectors of 16 codes from `s[..32]`.
+#[inline(always)]
+fn load32(s: &[i8]) -> [int8x16_t; 2] {
+    let s = &s[..32];
+    // SAFETY: NEON; `s` holds 32 bytes (sliced above).
+    unsafe { [vld1q_s8(s.as_ptr()), vld1q_s8(s.as_ptr().add(16))] }
+}
+
+/// [`load32`] of the bytes of a weight row, as signed codes.
+#[inline(always)]
+fn load32_bytes(s: &[u8]) -> [int8x16_t; 2] {
+    let s = &s[..32];
+    // SAFETY: NEON; `s` holds 32 bytes (sliced above).
+    unsafe {
+        let p = s.as_ptr();
+        [
+            vreinterpretq_s8_u8(vld1q_u8(p)),
+            vreinterpretq_s8_u8(vld1q_u8(p.add(16))),
+        ]
+    }
+}
+
+/// The f16 number `i` of the little-endian array `bytes`, as bits.
+#[inline(always)]
+fn f16_bits(bytes: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])
+}
+
+/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values (`m` holds at least `2·g.len()` bytes).
+#[inline(always)]
+fn dot_f16_f32(m: &[u8], g: &[f32]) -> f32 {
+    // SAFETY: NEON; loads 4 values from local arrays of 4.
+    unsafe {
+        let mut acc = vdupq_n_f32(0.0);
+        for (c, g) in g.chunks(4).enumerate() {
+            let (mut bits, mut vals) = ([0u16; 4], [0.0f32; 4]);
+            for (e, &x) in g.iter().enumerate() {
+                bits[e] = f16_bits(m, 4 * c + e);
+                vals[e] = x;
+            }
+            let mv = f16x4_to_f32(vld1_u16(bits.as_ptr()));
+            acc = vfmaq_f32(acc, mv, vld1q_f32(vals.as_ptr()));
+        }
+        vaddvq_f32(acc)
+    }
+}
+
+/// One tile: weight rows from `j`, input rows from `i`.
+struct Tile<'a> {
+    w: &'a QuantWeight<'a>,
+    j: usize,
+    acts: &'a Acts,
+    i: usize,
+}
+
+macro_rules! by_tile {
+    ($self:ident, $kernel:ident, $r:expr, $t:expr, $out:ident) => {
+        match ($r, $t) {
+            (1, 1) => $self.$kernel::<1, 1>($out),
+            (1, _) => $self.$kernel::<1, 2>($out),
+            (_, 1) => $self.$kernel::<4, 1>($out),
+            (_, _) => $self.$kernel::<4, 2>($out),
+        }
+    };
+}
+
+type Out = [[f32; TILE_INPUTS]; TILE_ROWS];
+
+impl Tile<'_> {
+    /// Runs the tile of `r` (1 or 4) weight rows × `t` (1 or 2) input rows, writing
+    /// `out[..r][..t]`. The caller guarantees that the CPU supports `isa`.
+    fn run(&self, isa: Isa, r: usize, t: usize, out: &mut Out) {
+        let int8 = self.w.dtype == DataType::I8;
+        match (isa, int8) {
+            // SAFETY: `Isa::NeonDot` is only accepted on CPUs with dotprod.
+            (Isa::NeonDot, true) => unsafe { by_tile!(self, i8_dot, r, t, out) },
+            // SAFETY: as above.
+            (Isa::NeonDot, false) => unsafe { by_tile!(self, i4_dot, r, t, out) },
+            (_, true) => by_tile!(self, i8_plain, r, t, out),
+            (_, false) => by_tile!(self, i4_plain, r, t, out),
+        }
+    }
+
+    fn rows<const R: usize>(&self) -> [&[u8]; R] {
+        std::array::from_fn(|r| self.w.row(self.j + r))
+    }
+
+    #[target_feature(enable = "dotprod")]
+    unsafe fn i8_dot<const R: usize, const T: usize>(&self, out: &mut Out) {
+        self.i8_body::<R, T, true>(out)
+    }
+
+    fn i8_plain<const R: usize, const T: usize>(&self, out: &mut Out) {
+        self.i8_body::<R, T, false>(out)
+    }
+
+    #[target_feature(enable = "dotprod")]
+    unsafe fn i4_dot<const R: usize, const T: usize>(&self, out: &mut Out) {
+        self.i4_body::<R, T, true>(out)
+    }
+
+    fn i4_plain<const R: usize, const T: usize>(&self, out: &mut Out) {
+        self.i4_body::<R, T, false>(out)
+    }
+
+    /// int8: one block per step, `s_j · Σ_b a_b · dot_b` (f32 scale, then the codes).
+    #[inline(always)]
+    fn i8_body<const R: usize, const T: usize, const DOT: bool>(&self, out: &mut Out) {
+        let rows = self.rows::<R>();
+        let qs: [&[i8]; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t));
+        let ds: [&[f32]; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t));
+        // SAFETY: NEON (every aarch64 target); registers only.
+        unsafe {
+            let mut acc = [[vdupq_n_f32(0.0); T]; R];
+            for b in 0..self.w.kp / BLOCK {
+                let wv: [[int8x16_t; 2]; R] =
+                    std::array::from_fn(|r| load32_bytes(&rows[r][4 + 32 * b..]));
+                for t in 0..T {
+                    let a = load32(&qs[t][32 * b..]);
+                    let d = ds[t][b];
+                    for r in 0..R {
+                        let p = vcvtq_f32_s32(dot_i8::<DOT>(wv[r], a));
+                        acc[r][t] = vfmaq_n_f32(acc[r][t], p, d);
+                    }
+                }
+            }
+            for r in 0..R {
+                let s = f32::from_le_bytes([rows[r][0], rows[r][1], rows[r][2], rows[r][3]]);
+                for t in 0..T {
+                    out[r][t] = s * vaddvq_f32(acc[r][t]);
+                }
+            }
+        }
+    }
+
+    /// int4: [`CHUNK_BLOCKS`] blocks per step, `Σ_b d_g a_b · dot_b + Σ_g m_g gsum_g`. The
+    /// last, partial chunk reads its codes from a zero-padded copy ([`Acts`] is padded to
+    /// whole chunks with zero codes and scales).
+    #[inline(always)]
+    fn i4_body<const R: usize, const T: usize, const DOT: bool>(&self, out: &mut Out) {
+        let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(BLOCK));
+        let (nb, groups) = (kp / BLOCK, kp / g);
+        let rows = self.rows::<R>();
+        let qs: [&[i8]; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t));
+        let ds: [&[f32]; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t));
+        let chunk_bytes = CHUNK_BLOCKS * BLOCK / 2;
+        let mut tail = [[0u8; CHUNK_BLOCKS * BLOCK / 2]; R];
+        // SAFETY: NEON (every aarch64 target); loads from slices of the sizes read.
+        unsafe {
+            let low = vdupq_n_u8(0x0f);
+            let mut acc = [[vdupq_n_f32(0.0); T]; R];
+            for c in 0..nb.div_ceil(CHUNK_BLOCKS) {
+                let b0 = CHUNK_BLOCKS * c;
+                let full = b0 + CHUNK_BLOCKS <= nb;
+                if !full {
+                    for r in 0..R {
+                        let codes = &rows[r][b0 * BLOCK / 2..kp / 2];
+                        tail[r][..codes.len()].copy_from_slice(codes);
+                    }
+                }
+                let wc: [&[u8]; R] = std::array::from_fn(|r| {
+                    if full {
+                        &rows[r][b0 * BLOCK / 2..][..chunk_bytes]
+                    } else {
+                        &tail[r][..]
+                    }
+                });
+                let mut dw = [vdupq_n_f32(0.0); R];
+                for r in 0..R {
+                    let scales = &rows[r][kp / 2..];
+                    let bits: [u16; CHUNK_BLOCKS] = std::array::from_fn(|e| {
+                        let b = b0 + e;
+                        if b < nb {
+                            f16_bits(scales, b * BLOCK / g)
+                        } else {
+                            0
+                        }
+                    });
+                    dw[r] = f16x4_to_f32(vld1_u16(bits.as_ptr()));
+                }
+                let mut sc = [[vdupq_n_f32(0.0); T]; R];
+                for t in 0..T {
+                    let da = vld1q_f32(ds[t][b0..b0 + CHUNK_BLOCKS].as_ptr());
+                    for r in 0..R {
+                        sc[r][t] = vmulq_f32(dw[r], da);
+                    }
+                }
+                macro_rules! block {
+                    ($e:literal) => {{
+                        let w: [[int8x16_t; 2]; R] = std::array::from_fn(|r| {
+                            let v = vld1q_u8(wc[r][16 * $e..][..16].as_ptr());
+                            [
+                                vreinterpretq_s8_u8(vandq_u8(v, low)),
+                                vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)),
+                            ]
+                        });
+                        for t in 0..T {
+                            let a = load32(&qs[t][BLOCK * (b0 + $e)..]);
+                            for r in 0..R {
+                                let p = vcvtq_f32_s32(dot_u4::<DOT>(w[r], a));
+                                acc[r][t] = vfmaq_laneq_f32::<$e>(acc[r][t], p, sc[r][t]);
+                            }
+                        }
+                    }};
+                }
+                block!(0);
+                block!(1);
+                block!(2);
+                block!(3);
+            }
+            for r in 0..R {
+                let ms = &rows[r][kp / 2 + 2 * groups..];
+                for t in 0..T {
+                    let gsum = self.acts.row_gsum(self.i + t);
+                    out[r][t] = vaddvq_f32(acc[r][t]) + dot_f16_f32(ms, gsum);
+                }
+            }
+        }
+    }
+}
