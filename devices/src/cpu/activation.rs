@@ -6,10 +6,6 @@
 
 use flm_core::{Data, Result};
 
-#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-use super::simd::neon;
-#[cfg(target_arch = "x86_64")]
-use super::simd::x86;
 use super::simd::{self, Kernel, Simd};
 use super::{shape_err, Isa};
 
@@ -37,17 +33,7 @@ pub(crate) fn silu_mul(isa: Isa, gate: &Data, up: &Data, output: &mut Data) -> R
         u: up.as_f32()?,
         out: output.as_f32_mut()?,
     };
-    match isa {
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::avx512(k) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => neon::neon(k),
-        _ => k.portable(),
-    }
+    simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
     Ok(())
 }
 
@@ -110,15 +96,7 @@ const GELU_CUBIC: f32 = 0.044_715;
 /// polynomial [`simd::exp`], which never overflows.
 pub(crate) fn gelu(isa: Isa, x: &mut Data) -> Result<()> {
     let k = Gelu(x.as_f32_mut()?);
-    match isa {
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::avx512(k) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
-        _ => k.portable(),
-    }
+    simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
     Ok(())
 }
 

@@ -27,10 +27,6 @@ use std::cell::RefCell;
 use flm_core::{Data, Error, Result};
 use rayon::prelude::*;
 
-#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-use super::simd::neon;
-#[cfg(target_arch = "x86_64")]
-use super::simd::x86;
 use super::simd::{self, Kernel, Simd};
 use super::weights::dot;
 use super::{shape_err, Isa, PARALLEL_MIN_WORK};
@@ -200,18 +196,8 @@ fn heads(isa: Isa, a: &Attn<'_>, first: usize, out: &mut [f32]) {
             out,
             scores,
         };
-        match isa {
-            // 16-lane vectors only when a head fills one.
-            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 if a.head_dim >= 16 => unsafe { x86::avx512(k) },
-            // SAFETY: as above (AVX-512 includes AVX2).
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
-            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-            Isa::Neon | Isa::NeonDot => neon::neon(k),
-            _ => k.portable(),
-        }
+        // 16-lane vectors only when a head fills one.
+        simd::run(isa, a.head_dim >= 16, k).unwrap_or_else(|k| k.portable())
     })
 }
 

@@ -6,11 +6,7 @@
 
 use flm_core::{argmax, Data, Error, Result};
 
-#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-use super::simd::neon;
-#[cfg(target_arch = "x86_64")]
-use super::simd::x86;
-use super::simd::{Kernel, Simd};
+use super::simd::{self, Kernel, Simd};
 use super::{shape_err, Isa};
 
 /// `x += y` element-wise, over f32 tensors of one shape.
@@ -25,19 +21,9 @@ pub(crate) fn add(isa: Isa, x: &mut Data, y: &Data) -> Result<()> {
         y: y.as_f32()?,
         x: x.as_f32_mut()?,
     };
-    match isa {
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::avx512(k) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => neon::neon(k),
-        _ => {
-            for (a, b) in k.x.iter_mut().zip(k.y) {
-                *a += b;
-            }
+    if let Err(k) = simd::run(isa, true, k) {
+        for (a, b) in k.x.iter_mut().zip(k.y) {
+            *a += b;
         }
     }
     Ok(())
@@ -112,17 +98,7 @@ pub(crate) fn argmax_rows(isa: Isa, input: &Data, output: &mut [u32]) -> Result<
     }
     let cols = input.cols();
     for (o, row) in output.iter_mut().zip(input.as_f32()?.chunks_exact(cols)) {
-        *o = match isa {
-            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { x86::avx512(Argmax(row)) },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(Argmax(row)) },
-            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-            Isa::Neon | Isa::NeonDot => neon::neon(Argmax(row)),
-            _ => argmax(row),
-        };
+        *o = simd::run(isa, true, Argmax(row)).unwrap_or_else(|k| argmax(k.0));
     }
     Ok(())
 }

@@ -32,11 +32,7 @@ use flm_core::{quant, Data, Result};
 use rayon::prelude::*;
 
 use super::qlinear::{self, QuantWeight};
-#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-use super::simd::neon;
-#[cfg(target_arch = "x86_64")]
-use super::simd::x86;
-use super::simd::{Elem, Kernel, Simd};
+use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::{dot, Rows};
 use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
@@ -172,18 +168,8 @@ fn block<E: Elem>(
         js,
         is,
     };
-    match isa {
-        // 16-lane vectors only when a row fills one.
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if k >= 16 => unsafe { x86::avx512(b) },
-        // SAFETY: as above (AVX-512 includes AVX2).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(b) },
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => neon::neon(b),
-        _ => SCRATCH.with_borrow_mut(|buf| b.portable(buf)),
-    }
+    // 16-lane vectors only when a row fills one.
+    simd::run(isa, k >= 16, b).unwrap_or_else(|b| SCRATCH.with_borrow_mut(|buf| b.portable(buf)))
 }
 
 /// A block of weight rows `w` `[rows, k]` (and their biases) against `x` `[n, k]`.

@@ -2,10 +2,6 @@
 
 use flm_core::{Data, Result};
 
-#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-use super::simd::neon;
-#[cfg(target_arch = "x86_64")]
-use super::simd::x86;
 use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::{dot, Rows};
 use super::{shape_err, Isa};
@@ -59,17 +55,7 @@ struct RmsNormRows<'a, E> {
 /// [`rms_norm`] of `x` `[n, w.len()]` with gains `w`, at `isa`.
 fn rms_norm_rows<E: Elem>(isa: Isa, x: &[f32], w: &[E], eps: f32, out: &mut [f32]) {
     let k = RmsNormRows { x, w, eps, out };
-    match isa {
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if w.len() >= 16 => unsafe { x86::avx512(k) },
-        // SAFETY: as above (AVX-512 includes AVX2).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => neon::neon(k),
-        _ => k.portable(),
-    }
+    simd::run(isa, w.len() >= 16, k).unwrap_or_else(|k| k.portable())
 }
 
 impl<E: Elem> RmsNormRows<'_, E> {
@@ -146,15 +132,7 @@ pub(crate) fn layer_norm(
         eps,
         out: output.as_f32_mut()?,
     };
-    match isa {
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if dim >= 16 => unsafe { x86::avx512(k) },
-        // SAFETY: as above (AVX-512 includes AVX2).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
-        _ => k.portable(),
-    }
+    simd::run(isa, dim >= 16, k).unwrap_or_else(|k| k.portable());
     Ok(())
 }
 

@@ -2,11 +2,7 @@
 
 use flm_core::{Data, Error, Result, RopeStyle, RopeTable};
 
-#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-use super::simd::neon;
-#[cfg(target_arch = "x86_64")]
-use super::simd::x86;
-use super::simd::{Kernel, Simd};
+use super::simd::{self, Kernel, Simd};
 use super::{shape_err, Isa};
 
 /// Rotates the first `table.rotary_dim()` dimensions of each head of each row of `x`
@@ -43,18 +39,8 @@ pub(crate) fn rope(
         table,
         start_pos,
     };
-    match isa {
-        // 16-lane vectors only when a head fills at least one (16 pairs or 16 values).
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if table.rotary_dim() >= 32 => unsafe { x86::avx512(k) },
-        // SAFETY: as above (AVX-512 includes AVX2).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => neon::neon(k),
-        _ => k.portable(),
-    }
+    // 16-lane vectors only when a head fills at least one (16 pairs or 16 values).
+    simd::run(isa, table.rotary_dim() >= 32, k).unwrap_or_else(|k| k.portable());
     Ok(())
 }
 

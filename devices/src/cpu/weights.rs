@@ -4,10 +4,6 @@ use flm_core::{quant, Data, DataType, Error, Result};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-use super::simd::neon;
-#[cfg(target_arch = "x86_64")]
-use super::simd::x86;
 use super::simd::{self, Elem, Kernel, Simd};
 use super::Isa;
 
@@ -108,15 +104,5 @@ pub(crate) fn widen<E: Elem>(isa: Isa, src: &[E], dst: &mut [f32]) {
         }
     }
     let k = Widen { src, dst };
-    match isa {
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::avx512(k) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => neon::neon(k),
-        _ => E::widen_portable(k.src, k.dst),
-    }
+    simd::run(isa, true, k).unwrap_or_else(|k| E::widen_portable(k.src, k.dst))
 }

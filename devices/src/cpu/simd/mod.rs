@@ -26,6 +26,8 @@ pub(crate) mod neon;
 pub(crate) mod x86;
 
 use half::slice::HalfFloatSliceExt;
+
+use super::Isa;
 use half::{bf16, f16};
 
 /// One SIMD level's f32 vectors. Every method is `#[inline(always)]` in the implementations.
@@ -108,6 +110,26 @@ pub(crate) trait Simd: Copy {
     fn swap_pairs(self, v: Self::V) -> Self::V;
     /// `a·b − c` in even lanes and `a·b + c` in odd lanes, rounded once.
     fn fmaddsub(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+}
+
+/// Runs `k` with the vectors of `isa`, or gives it back at the portable level, where the
+/// caller runs its portable twin. `wide`: whether the data fills 16-lane vectors; when it
+/// does not, AVX-512 runs the 8-lane AVX2 code. [`Isa::Amx`] runs the AVX-512 code.
+///
+/// `isa` must be a level this CPU supports, as every [`crate::CpuDevice`]'s is.
+#[inline(always)]
+pub(crate) fn run<K: Kernel>(isa: Isa, wide: bool, k: K) -> std::result::Result<K::Output, K> {
+    match isa.vector() {
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if wide => Ok(unsafe { x86::avx512(k) }),
+        // SAFETY: as above (AVX-512 includes AVX2).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => Ok(unsafe { x86::avx2(k) }),
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => Ok(neon::neon(k)),
+        _ => Err(k),
+    }
 }
 
 /// A kernel body, compiled once per level: see the module docs.
