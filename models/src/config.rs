@@ -1,6 +1,6 @@
 //! Model hyper-parameters.
 
-use flm_core::RopeStyle;
+use flm_core::{RopeScaling, RopeStyle};
 
 use crate::{Error, Result};
 
@@ -57,6 +57,13 @@ pub struct ModelConfig {
     /// KV cache; 0 without one.
     #[serde(default)]
     pub pre_seq_len: usize,
+    /// Rescaled RoPE frequencies (Llama 3.1's `rope_scaling`); `None`: plain RoPE.
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Sliding-window attention (Mistral): each token attends to at most this many
+    /// positions, its own included; `None`: the whole causal prefix.
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
 }
 
 /// Which graph runs a model.
@@ -159,6 +166,28 @@ impl ModelConfig {
                     "invalid residual alpha {residual_alpha}"
                 )));
             }
+            if self.rope_scaling.is_some() || self.sliding_window.is_some() {
+                return Err(Error::Config(
+                    "the ChatGLM-6B graph has no RoPE scaling or sliding window".into(),
+                ));
+            }
+        }
+        if let Some(scaling) = &self.rope_scaling {
+            scaling
+                .validate()
+                .map_err(|e| Error::Config(e.to_string()))?;
+            if self.alibi {
+                return Err(Error::Config("RoPE scaling on an ALiBi model".into()));
+            }
+        }
+        match self.sliding_window {
+            Some(0) => return Err(Error::Config("sliding_window must be positive".into())),
+            Some(_) if self.pre_seq_len > 0 => {
+                return Err(Error::Config(
+                    "a sliding window with a p-tuning prefix is not supported".into(),
+                ))
+            }
+            _ => {}
         }
         if !(self.norm_eps >= 0.0 && self.norm_eps.is_finite()) {
             return Err(Error::Config(format!("invalid norm eps {}", self.norm_eps)));
