@@ -242,4 +242,52 @@ mod tests {
         c.rotary_dim = Some(3);
         assert!(c.validate().is_err());
     }
+
+    /// The family fields round-trip as .flm files store them, and the combinations the
+    /// graphs cannot run are refused.
+    #[test]
+    fn family_fields_round_trip_and_bad_combinations_are_refused() {
+        let text = r#"{"dim": 64, "hidden_dim": 128, "n_layers": 2, "n_heads": 4,
+            "n_kv_heads": 2, "head_dim": 16, "vocab_size": 256, "max_seq_len": 128,
+            "norm_eps": 1e-5, "rope_theta": 500000.0, "rope_style": "rotate_half",
+            "tie_embeddings": false, "bos_token_id": 1, "eos_token_ids": [2],
+            "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            "sliding_window": 8}"#;
+        let c: ModelConfig = serde_json::from_str(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.sliding_window, Some(8));
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(serde_json::from_value::<ModelConfig>(json).unwrap(), c);
+        let refused = |edit: fn(&mut ModelConfig), needle: &str| {
+            let mut bad = c.clone();
+            edit(&mut bad);
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        };
+        refused(|c| c.sliding_window = Some(0), "sliding_window");
+        refused(|c| c.pre_seq_len = 4, "p-tuning");
+        refused(|c| c.alibi = true, "ALiBi");
+        refused(
+            |c| {
+                c.arch = Arch::ChatGlm {
+                    residual_alpha: 2.0,
+                    mask_token_id: 3,
+                    gmask_token_id: 4,
+                }
+            },
+            "ChatGLM-6B",
+        );
+        refused(
+            |c| {
+                c.rope_scaling = Some(RopeScaling::Llama3 {
+                    factor: 0.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 64,
+                })
+            },
+            "factor",
+        );
+    }
 }
