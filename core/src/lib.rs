@@ -30,5 +30,5 @@ pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::KvCache;
 pub use op::{Op, OpKind};
-pub use rope::{RopeStyle, RopeTable};
+pub use rope::{RopeScaling, RopeStyle, RopeTable};
 pub use sampling::{argmax, Sampler, SamplerConfig};

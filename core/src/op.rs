@@ -78,7 +78,9 @@ pub enum Op<'a> {
     /// Causal scaled dot-product attention (Vaswani et al. 2017) with grouped-query
     /// attention (Ainslie et al. 2023): query head `h` reads KV head
     /// `h / (n_heads / n_kv_heads)`. Row `i` of `q` is at position `p = start_pos + i` and
-    /// attends to cache rows `0..max(p + 1, bidirectional)`:
+    /// attends to cache rows `0..max(p + 1, bidirectional)`, or with a `sliding_window` of
+    /// `w` to the last `w` of them, `p + 1 − w..p + 1` (Mistral; transformers'
+    /// `sliding_window_overlay`: key `t` is seen when `t > p − w`):
     /// `output = softmax(q·Kᵀ · scale + bias) · V`, where `bias` is 0, or with `alibi` the
     /// ALiBi term `m_h · t` for cache row `t` (Press et al. 2022; slopes from
     /// [`crate::alibi_slopes`]; the `−m_h · p` part of `m_h · (t − p)` is the same for the
@@ -104,6 +106,10 @@ pub enum Op<'a> {
         /// (Du et al. 2022; ChatGLM-6B's prompt up to `sop`). 0 for a purely causal mask;
         /// at most `start_pos + n`.
         bidirectional: usize,
+        /// Sliding-window attention (Beltagy et al. 2020; Mistral, Jiang et al. 2023): each
+        /// row sees at most this many positions, its own included. `None`: unlimited. Must
+        /// be positive, and is refused together with a `bidirectional` prefix.
+        sliding_window: Option<usize>,
         /// f32 `[n, n_heads * head_dim]`.
         output: &'a mut Data,
     },

@@ -12,8 +12,98 @@ pub enum RopeStyle {
     RotateHalf,
 }
 
+/// A rescaling of the RoPE frequencies for contexts longer than the pre-training one.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    /// Llama 3.1's (Meta's `apply_scaling`; transformers `_compute_llama3_parameters`): with
+    /// the wavelength `λ_j = 2π / f_j` and the pre-training context `L`, frequencies of
+    /// `λ_j < L / high_freq_factor` stay, those of `λ_j > L / low_freq_factor` are divided by
+    /// `factor`, and in between `f_j ← (1 − s)·f_j / factor + s·f_j` with
+    /// `s = (L / λ_j − low_freq_factor) / (high_freq_factor − low_freq_factor)`.
+    Llama3 {
+        /// Division of the low frequencies (8 for Llama 3.1).
+        factor: f32,
+        /// Sets the low-frequency wavelength threshold `L / low_freq_factor` (1).
+        low_freq_factor: f32,
+        /// Sets the high-frequency wavelength threshold `L / high_freq_factor` (4).
+        high_freq_factor: f32,
+        /// `L`: the pre-training context length (8192).
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// Checks the parameters: positive finite factors, `high_freq_factor > low_freq_factor`
+    /// (the smoothing divides by their difference), `L > 0`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming the parameter.
+    pub fn validate(&self) -> Result<()> {
+        match *self {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let positive = [
+                    ("factor", factor),
+                    ("low_freq_factor", low_freq_factor),
+                    ("high_freq_factor", high_freq_factor),
+                ];
+                if let Some((name, v)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0))
+                {
+                    return Err(Error::InvalidArgument(format!(
+                        "llama3 RoPE scaling: {name} must be positive, got {v}"
+                    )));
+                }
+                if high_freq_factor <= low_freq_factor {
+                    return Err(Error::InvalidArgument(format!(
+                        "llama3 RoPE scaling: high_freq_factor ({high_freq_factor}) must exceed \
+                         low_freq_factor ({low_freq_factor})"
+                    )));
+                }
+                if original_max_position_embeddings == 0 {
+                    return Err(Error::InvalidArgument(
+                        "llama3 RoPE scaling: original_max_position_embeddings must be positive"
+                            .into(),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The scaled frequency of the unscaled `f`, in f32 and in the order of operations of
+    /// transformers' `_compute_llama3_parameters`.
+    fn apply(&self, f: f32) -> f32 {
+        match *self {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let old = original_max_position_embeddings as f32;
+                // torch evaluates `scalar / tensor` as `tensor.reciprocal() * scalar`.
+                let wavelen = f.recip() * (2.0 * std::f32::consts::PI);
+                if wavelen < old / high_freq_factor {
+                    f
+                } else if wavelen > old / low_freq_factor {
+                    f / factor
+                } else {
+                    let s = (wavelen.recip() * old - low_freq_factor)
+                        / (high_freq_factor - low_freq_factor);
+                    (1.0 - s) * f / factor + s * f
+                }
+            }
+        }
+    }
+}
+
 /// Precomputed `cos(p · f_j)` and `sin(p · f_j)` for positions `p < max_pos` and frequencies
-/// `f_j = theta^(-2j / rotary_dim)`, `j < rotary_dim / 2`.
+/// `f_j = theta^(-2j / rotary_dim)`, `j < rotary_dim / 2`, optionally rescaled by a
+/// [`RopeScaling`].
 ///
 /// Computed in f32 as llama2.c `run.c` and Hugging Face `LlamaRotaryEmbedding` do, so the
 /// rotated values match those references bit for bit in the angle.
@@ -40,6 +130,21 @@ impl RopeTable {
         theta: f32,
         max_pos: usize,
     ) -> Result<RopeTable> {
+        RopeTable::scaled(style, head_dim, rotary_dim, theta, None, max_pos)
+    }
+
+    /// As [`RopeTable::new`], with the frequencies rescaled by `scaling`.
+    ///
+    /// Errors: as [`RopeTable::new`], and invalid scaling parameters
+    /// ([`RopeScaling::validate`]).
+    pub fn scaled(
+        style: RopeStyle,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+        scaling: Option<&RopeScaling>,
+        max_pos: usize,
+    ) -> Result<RopeTable> {
         if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(Error::InvalidArgument(format!(
                 "rotary dimension {rotary_dim} must be even, non-zero and at most the head \
@@ -51,9 +156,13 @@ impl RopeTable {
                 "RoPE theta must be positive, got {theta}"
             )));
         }
+        if let Some(scaling) = scaling {
+            scaling.validate()?;
+        }
         let half = rotary_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
             .map(|j| 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32))
+            .map(|f| scaling.map_or(f, |s| s.apply(f)))
             .collect();
         let too_large =
             || Error::InvalidArgument(format!("a RoPE table of {max_pos} positions is too large"));
@@ -121,5 +230,45 @@ mod tests {
         }
         assert!(t.at(4).is_none());
         assert!(RopeTable::new(RopeStyle::RotateHalf, 8, 7, 1e4, 4).is_err());
+    }
+
+    /// Llama 3.1's scaling (θ = 500000, 128-dim heads, factor 8, thresholds 8192 and 2048
+    /// positions): the highest frequency (λ ≈ 6.3) stays, the lowest (λ ≈ 3·10⁶) is divided
+    /// by 8, and one in between follows the smoothing formula, evaluated here in f64.
+    #[test]
+    fn llama3_scaling_keeps_high_divides_low_and_smooths_between() {
+        let scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let t = RopeTable::scaled(RopeStyle::RotateHalf, 128, 128, 5e5, Some(&scaling), 2);
+        let table = t.unwrap();
+        // At position 1 the angle is the frequency itself; sin keeps it to f32 precision.
+        let (_, sin) = table.at(1).unwrap();
+        let f = |j: usize| 5e5f64.powf(-(2.0 * j as f64) / 128.0);
+        let close = |j: usize, want: f64| {
+            let got = sin[j] as f64;
+            assert!(
+                (got - want.sin()).abs() <= 1e-5 * want.sin(),
+                "{j}: {got} vs {want}"
+            );
+        };
+        close(0, f(0));
+        close(63, f(63) / 8.0);
+        // j = 32: λ ≈ 4400 lies between 2048 and 8192.
+        let wavelen = 2.0 * std::f64::consts::PI / f(32);
+        assert!(wavelen > 2048.0 && wavelen < 8192.0);
+        let s = (8192.0 / wavelen - 1.0) / 3.0;
+        close(32, (1.0 - s) * f(32) / 8.0 + s * f(32));
+        let bad = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 4.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let err = RopeTable::scaled(RopeStyle::RotateHalf, 8, 8, 1e4, Some(&bad), 2).unwrap_err();
+        assert!(err.to_string().contains("high_freq_factor"), "{err}");
     }
 }

@@ -324,8 +324,11 @@ fn attention_matches_scalar() {
         let (v, vv) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
         let (q, qv) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
         let scale = 1.0 / (hd as f32).sqrt();
-        // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest).
-        for (alibi, bidirectional) in [(false, 0), (true, rows)] {
+        // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest),
+        // then ALiBi in a sliding window of 7 positions (ALiBi's `t` stays the cache row).
+        for (alibi, bidirectional, window) in
+            [(false, 0, None), (true, rows, None), (true, 0, Some(7))]
+        {
             let attend = |isa| {
                 let mut out = nan_output(&[c.n, n_heads * hd]);
                 run_at(
@@ -340,6 +343,7 @@ fn attention_matches_scalar() {
                         scale,
                         alibi,
                         bidirectional,
+                        sliding_window: window,
                         output: &mut out,
                     },
                 );
@@ -355,11 +359,12 @@ fn attention_matches_scalar() {
             let mut tol = vec![0.0; want.len()];
             for i in 0..c.n {
                 let len = (c.start_pos + i + 1).max(bidirectional);
+                let first = window.map_or(0, |w: usize| len.saturating_sub(w));
                 for h in 0..n_heads {
                     let qh = &qv[(i * n_heads + h) * hd..][..hd];
                     let off = (h / group) * hd;
                     let (mut max_mag, mut vmax) = (0.0f64, 0.0f64);
-                    for t in 0..len {
+                    for t in first..len {
                         let kt = &kv[t * kv_dim + off..][..hd];
                         let mag: f64 = qh.iter().zip(kt).map(|(&a, &b)| (a * b).abs() as f64).sum();
                         // The ALiBi term is one rounded product and one add per score.
@@ -376,7 +381,7 @@ fn attention_matches_scalar() {
             for isa in simd_levels() {
                 let what = format!(
                     "Attention at {isa}, n={} start={} heads={:?} head_dim={hd} alibi={alibi} \
-                     bidirectional={bidirectional}",
+                     bidirectional={bidirectional} window={window:?}",
                     c.n, c.start_pos, c.heads
                 );
                 assert_close(&what, &attend(isa), &want, |i| tol[i]);

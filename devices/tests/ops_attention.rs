@@ -17,6 +17,8 @@ struct Case {
     head_dim: usize,
     /// Multiplies the random queries: large values make the softmax peaked.
     q_scale: f32,
+    /// Sliding window: positions each row sees at most.
+    window: Option<usize>,
 }
 
 impl Case {
@@ -26,7 +28,8 @@ impl Case {
 }
 
 /// Query head `h` reads KV head `h / (n_heads / n_kv_heads)`; row `i` (position
-/// `start_pos + i`) attends to cache rows `0..=start_pos + i`:
+/// `p = start_pos + i`) attends to cache rows `0..=p`, or with a window `w` to the rows
+/// `t > p − w` of them:
 /// `out = Σ_t softmax_t(scale·q·k_t)·v_t`, in f64.
 ///
 /// Tolerance per element: each f32 score is off by about `DOT_REL·scale·Σ|q·k|` (see
@@ -39,11 +42,12 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f64) -> (Vec<f64>
     let mut tol = vec![0.0; want.len()];
     for i in 0..c.n {
         let len = c.start_pos + i + 1;
+        let first = c.window.map_or(0, |w| len.saturating_sub(w));
         for h in 0..c.n_heads {
             let qh = &q[(i * c.n_heads + h) * hd..][..hd];
             let kv_off = (h / group) * hd;
             let (mut scores, mut max_mag) = (Vec::with_capacity(len), 0.0f64);
-            for t in 0..len {
+            for t in first..len {
                 let kt = &k[t * kv_dim + kv_off..][..hd];
                 let dot: f64 = qh.iter().zip(kt).map(|(&a, &b)| a as f64 * b as f64).sum();
                 let mag: f64 = qh
@@ -59,7 +63,7 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f64) -> (Vec<f64>
             let total: f64 = weights.iter().sum();
             let mut vmax = 0.0f64;
             let out = &mut want[(i * c.n_heads + h) * hd..][..hd];
-            for (t, w) in weights.iter().enumerate() {
+            for (t, w) in (first..).zip(&weights) {
                 let vt = &v[t * kv_dim + kv_off..][..hd];
                 for (o, &x) in out.iter_mut().zip(vt) {
                     *o += w / total * x as f64;
@@ -77,12 +81,15 @@ fn check(c: Case, seed: u64) {
     assert_eq!(c.n_heads % c.n_kv_heads, 0);
     let mut rng = rng(seed);
     let kv_dim = c.n_kv_heads * c.head_dim;
-    // Three spare rows past `start_pos + n` hold NaN: they must never be read.
+    // Three spare rows past `start_pos + n`, and the rows before the first row's window,
+    // hold NaN: they must never be read.
     let max_seq = c.start_pos + c.n + 3;
     let filled = (c.start_pos + c.n) * kv_dim;
+    let unseen = c.window.map_or(0, |w| (c.start_pos + 1).saturating_sub(w)) * kv_dim;
     let cache = |rng: &mut rand::rngs::StdRng| {
         let mut values = uniform(rng, max_seq * kv_dim, 1.0);
         values[filled..].fill(f32::NAN);
+        values[..unseen].fill(f32::NAN);
         (f32_data(&[max_seq, kv_dim], &values), values)
     };
     let (k_data, k) = cache(&mut rng);
@@ -100,6 +107,7 @@ fn check(c: Case, seed: u64) {
         scale,
         alibi: false,
         bidirectional: 0,
+        sliding_window: c.window,
         output: &mut out,
     })
     .unwrap();
@@ -120,6 +128,7 @@ const fn case(n: usize, start_pos: usize, heads: (usize, usize), head_dim: usize
         n_kv_heads: heads.1,
         head_dim,
         q_scale: 1.0,
+        window: None,
     }
 }
 
@@ -155,6 +164,30 @@ fn attention_parallel_matches_formula() {
     }
 }
 
+/// Sliding windows (Mistral) shorter than, equal to and longer than the causal prefix, in
+/// decode and in prefill chunks, window 1 (each row sees itself only), on one thread and in
+/// parallel.
+#[test]
+fn attention_sliding_window_matches_formula() {
+    let windowed = |c: Case, w| Case {
+        window: Some(w),
+        ..c
+    };
+    let cases = [
+        windowed(case(1, 37, (8, 2), 16), 8),
+        windowed(case(1, 7, (8, 2), 16), 8),
+        windowed(case(1, 3, (4, 4), 8), 8),
+        windowed(case(9, 20, (3, 1), 33), 4),
+        windowed(case(24, 0, (4, 2), 16), 8),
+        windowed(case(5, 2, (4, 2), 7), 1),
+        windowed(case(1, 300, (8, 2), 64), 100),
+        windowed(case(17, 40, (4, 2), 32), 20),
+    ];
+    for (s, c) in cases.into_iter().enumerate() {
+        check(c, 0x70 + s as u64);
+    }
+}
+
 /// Scores in the hundreds: exp overflows unless the row maximum is subtracted first.
 #[test]
 fn attention_large_scores_stay_finite() {
@@ -174,6 +207,8 @@ struct Shapes {
     out: [usize; 2],
     heads: (usize, usize),
     start_pos: usize,
+    bidirectional: usize,
+    window: Option<usize>,
 }
 
 fn attention_err(s: Shapes) -> Error {
@@ -187,7 +222,8 @@ fn attention_err(s: Shapes) -> Error {
         n_kv_heads: s.heads.1,
         scale: 0.25,
         alibi: false,
-        bidirectional: 0,
+        bidirectional: s.bidirectional,
+        sliding_window: s.window,
         output: &mut z(s.out),
     })
     .unwrap_err()
@@ -201,6 +237,8 @@ const OK: Shapes = Shapes {
     out: [2, 32],
     heads: (4, 2),
     start_pos: 3,
+    bidirectional: 0,
+    window: None,
 };
 
 #[test]
@@ -233,6 +271,15 @@ fn attention_shape_errors() {
         }, // V cache differs from K cache
         Shapes { out: [2, 16], ..OK }, // output width
         Shapes { out: [1, 32], ..OK }, // output rows
+        Shapes {
+            window: Some(0),
+            ..OK
+        }, // an empty sliding window
+        Shapes {
+            window: Some(4),
+            bidirectional: 2,
+            ..OK
+        }, // a sliding window with a prefix-LM mask
     ];
     for (i, s) in cases.into_iter().enumerate() {
         let err = attention_err(s);

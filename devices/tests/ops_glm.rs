@@ -198,6 +198,7 @@ fn attention_bidirectional_past_the_filled_rows_is_an_error() {
         scale: 0.5,
         alibi: false,
         bidirectional: 6,
+        sliding_window: None,
         output: &mut z(&[2, 8]),
     })
     .unwrap_err();

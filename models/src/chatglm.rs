@@ -324,6 +324,7 @@ impl ChatGlm {
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
                 alibi: false,
                 bidirectional,
+                sliding_window: None,
                 output: &mut s.att,
             })?;
             linear(&s.att, &lw.wo, &lw.bo, &mut s.xb2)?;

@@ -1,6 +1,6 @@
 //! Model hyper-parameters.
 
-use flm_core::RopeStyle;
+use flm_core::{RopeScaling, RopeStyle};
 
 use crate::{Error, Result};
 
@@ -57,6 +57,13 @@ pub struct ModelConfig {
     /// KV cache; 0 without one.
     #[serde(default)]
     pub pre_seq_len: usize,
+    /// Rescaled RoPE frequencies (Llama 3.1's `rope_scaling`); `None`: plain RoPE.
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Sliding-window attention (Mistral): each token attends to at most this many
+    /// positions, its own included; `None`: the whole causal prefix.
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
 }
 
 /// Which graph runs a model.
@@ -159,6 +166,28 @@ impl ModelConfig {
                     "invalid residual alpha {residual_alpha}"
                 )));
             }
+            if self.rope_scaling.is_some() || self.sliding_window.is_some() {
+                return Err(Error::Config(
+                    "the ChatGLM-6B graph has no RoPE scaling or sliding window".into(),
+                ));
+            }
+        }
+        if let Some(scaling) = &self.rope_scaling {
+            scaling
+                .validate()
+                .map_err(|e| Error::Config(e.to_string()))?;
+            if self.alibi {
+                return Err(Error::Config("RoPE scaling on an ALiBi model".into()));
+            }
+        }
+        match self.sliding_window {
+            Some(0) => return Err(Error::Config("sliding_window must be positive".into())),
+            Some(_) if self.pre_seq_len > 0 => {
+                return Err(Error::Config(
+                    "a sliding window with a p-tuning prefix is not supported".into(),
+                ))
+            }
+            _ => {}
         }
         if !(self.norm_eps >= 0.0 && self.norm_eps.is_finite()) {
             return Err(Error::Config(format!("invalid norm eps {}", self.norm_eps)));
@@ -212,5 +241,53 @@ mod tests {
         assert_eq!(serde_json::from_value::<ModelConfig>(json).unwrap(), c);
         c.rotary_dim = Some(3);
         assert!(c.validate().is_err());
+    }
+
+    /// The family fields round-trip as .flm files store them, and the combinations the
+    /// graphs cannot run are refused.
+    #[test]
+    fn family_fields_round_trip_and_bad_combinations_are_refused() {
+        let text = r#"{"dim": 64, "hidden_dim": 128, "n_layers": 2, "n_heads": 4,
+            "n_kv_heads": 2, "head_dim": 16, "vocab_size": 256, "max_seq_len": 128,
+            "norm_eps": 1e-5, "rope_theta": 500000.0, "rope_style": "rotate_half",
+            "tie_embeddings": false, "bos_token_id": 1, "eos_token_ids": [2],
+            "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            "sliding_window": 8}"#;
+        let c: ModelConfig = serde_json::from_str(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.sliding_window, Some(8));
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(serde_json::from_value::<ModelConfig>(json).unwrap(), c);
+        let refused = |edit: fn(&mut ModelConfig), needle: &str| {
+            let mut bad = c.clone();
+            edit(&mut bad);
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        };
+        refused(|c| c.sliding_window = Some(0), "sliding_window");
+        refused(|c| c.pre_seq_len = 4, "p-tuning");
+        refused(|c| c.alibi = true, "ALiBi");
+        refused(
+            |c| {
+                c.arch = Arch::ChatGlm {
+                    residual_alpha: 2.0,
+                    mask_token_id: 3,
+                    gmask_token_id: 4,
+                }
+            },
+            "ChatGLM-6B",
+        );
+        refused(
+            |c| {
+                c.rope_scaling = Some(RopeScaling::Llama3 {
+                    factor: 0.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 64,
+                })
+            },
+            "factor",
+        );
     }
 }

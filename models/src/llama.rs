@@ -19,6 +19,11 @@
 //! - Baichuan: W_pack split into q/k/v; Baichuan-13B replaces RoPE with ALiBi
 //!   (Press et al. 2022);
 //! - InternLM: q/k/v and output-projection biases;
+//! - Llama 3 / 3.1: RoPE θ = 500000 and the llama3 frequency scaling
+//!   ([`flm_core::RopeScaling`]);
+//! - Mistral: sliding-window attention (each token sees the last `sliding_window`
+//!   positions; the KV cache keeps them all);
+//! - Qwen2: q/k/v biases, no output-projection bias;
 //! - P-tuning v2 prefixes (Liu et al. 2022): `pre_seq_len` keys and values per layer sit in
 //!   the KV cache before the sequence and are always attended; the tokens keep positions
 //!   from 0, so cache row = `pre_seq_len` + position.
@@ -114,11 +119,12 @@ impl Llama {
         weights.check_shapes(&config)?;
         let c = &config;
         let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-        let rope = RopeTable::new(
+        let rope = RopeTable::scaled(
             c.rope_style,
             c.head_dim,
             c.rotary_dim(),
             c.rope_theta,
+            c.rope_scaling.as_ref(),
             c.max_seq_len,
         )?;
         let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, kv_dim)?;
@@ -307,6 +313,7 @@ impl Llama {
                 scale,
                 alibi: c.alibi,
                 bidirectional: 0,
+                sliding_window: c.sliding_window,
                 output: &mut s.att,
             })?;
             linear(&s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;

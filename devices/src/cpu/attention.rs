@@ -1,7 +1,7 @@
 //! Causal multi-head attention with grouped-query heads over the KV cache.
 //!
-//! For each query row and head: scores `q·k_t·scale` for the `len` cached positions it
-//! sees, softmax with the maximum subtracted, then `Σ_t p_t·v_t`, all in f32 (llama2.c
+//! For each query row and head: scores `q·k_t·scale` for the cached positions it sees (the
+//! causal prefix, or its last `sliding_window` rows), softmax with the maximum subtracted, then `Σ_t p_t·v_t`, all in f32 (llama2.c
 //! `forward`).
 //!
 //! The SIMD kernel takes the query heads of one KV head together (a GQA group, or part of
@@ -43,12 +43,15 @@ pub(crate) struct Mask {
     pub alibi: bool,
     /// Cache rows every query row sees (the prefix-LM mask).
     pub bidirectional: usize,
+    /// Positions each row sees at most, its own included (Mistral).
+    pub sliding_window: Option<usize>,
 }
 
 /// `output = softmax(q·Kᵀ·scale + bias)·V` per head, GQA (see [`flm_core::Op::Attention`]):
 /// `q`, `output` `[n, n_heads·head_dim]`, caches `[max_pos, n_kv_heads·head_dim]`, all f32;
 /// query head `h` reads KV head `h / (n_heads / n_kv_heads)`, and row `i` (position
-/// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, mask.bidirectional)`.
+/// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, mask.bidirectional)`, or with a
+/// sliding window `w` the rows `start_pos + i + 1 − w..start_pos + i + 1`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     isa: Isa,
@@ -111,6 +114,19 @@ pub(crate) fn attention(
             ),
         ));
     }
+    let window = match (mask.sliding_window, mask.bidirectional) {
+        (None, _) => usize::MAX,
+        (Some(w), 0) if w > 0 => w,
+        (Some(w), b) => {
+            return Err(shape_err(
+                "Attention",
+                format!(
+                    "a sliding window of {w} positions (must be positive, and without a \
+                     bidirectional prefix; got {b} rows)"
+                ),
+            ))
+        }
+    };
     let slopes = if mask.alibi {
         flm_core::alibi_slopes(n_heads)
     } else {
@@ -129,6 +145,7 @@ pub(crate) fn attention(
         scale,
         slopes: &slopes,
         bidirectional: mask.bidirectional,
+        window,
     };
     let out = output.as_f32_mut()?;
     let work = n * n_heads * (start_pos + n) * head_dim * 2;
@@ -167,19 +184,23 @@ struct Attn<'a> {
     slopes: &'a [f32],
     /// Cache rows every query row sees.
     bidirectional: usize,
+    /// Positions each row sees at most; `usize::MAX` without a sliding window.
+    window: usize,
 }
 
 impl Attn<'_> {
-    /// The cache rows row `i` of `q` attends to.
-    fn len(&self, i: usize) -> usize {
-        (self.start_pos + i + 1).max(self.bidirectional)
+    /// The cache rows row `i` of `q` attends to, `first..end`.
+    fn rows(&self, i: usize) -> (usize, usize) {
+        let end = (self.start_pos + i + 1).max(self.bidirectional);
+        (end.saturating_sub(self.window), end)
     }
 
-    /// Adds the ALiBi bias `m_h · t` to the scores `s` of query head `h` (a scalar pass:
-    /// one add per score, next to a `head_dim`-long dot product for each).
-    fn add_alibi(&self, h: usize, s: &mut [f32]) {
+    /// Adds the ALiBi bias `m_h · t` to the scores `s` of query head `h`, `s[k]` being cache
+    /// row `t = first + k` (a scalar pass: one add per score, next to a `head_dim`-long dot
+    /// product for each).
+    fn add_alibi(&self, h: usize, first: usize, s: &mut [f32]) {
         if let Some(&m) = self.slopes.get(h) {
-            for (t, s) in s.iter_mut().enumerate() {
+            for (t, s) in (first..).zip(s.iter_mut()) {
                 *s += m * t as f32;
             }
         }
@@ -217,15 +238,15 @@ impl Heads<'_, '_> {
         for (dt, out) in self.out.chunks_exact_mut(hd).enumerate() {
             let task = self.first + dt;
             let (i, h) = (task / a.n_heads, task % a.n_heads);
-            let len = a.len(i);
+            let (first, end) = a.rows(i);
             let qh = &a.q[task * hd..][..hd];
             let kv_off = (h / a.group) * hd;
             let scores = &mut *self.scores;
             scores.clear();
             scores.extend(
-                (0..len).map(|t| dot(qh, &a.keys[t * a.kv_dim + kv_off..][..hd]) * a.scale),
+                (first..end).map(|t| dot(qh, &a.keys[t * a.kv_dim + kv_off..][..hd]) * a.scale),
             );
-            a.add_alibi(h, scores);
+            a.add_alibi(h, first, scores);
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0;
             for s in scores.iter_mut() {
@@ -233,7 +254,7 @@ impl Heads<'_, '_> {
                 sum += *s;
             }
             out.fill(0.0);
-            for (t, &p) in scores.iter().enumerate() {
+            for (t, &p) in (first..).zip(scores.iter()) {
                 for (o, v) in out.iter_mut().zip(&a.values[t * a.kv_dim + kv_off..][..hd]) {
                     *o += p * v;
                 }
@@ -260,16 +281,16 @@ impl Kernel for Heads<'_, '_> {
 }
 
 /// The query heads `first..first + task_heads` of one row (of one KV head) with the vectors
-/// of `s`:
+/// of `s`, over the `len` cache rows it sees from row `start` on:
 /// all their scores first, each block of 8 key rows read from memory once and from L1 for
 /// the other heads, then per head the softmax and the weighted sum of the value rows.
 #[inline(always)]
 fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
     let (hd, kv_dim, l, heads) = (a.head_dim, a.kv_dim, S::LANES, a.task_heads);
-    let i = first / a.n_heads;
-    let len = a.len(i);
+    let (start, end) = a.rows(first / a.n_heads);
+    let len = end - start;
     let qs = &a.q[first * hd..][..heads * hd];
-    let kv_off = (first % a.n_heads / a.group) * hd;
+    let kv_off = start * kv_dim + (first % a.n_heads / a.group) * hd;
     let keys = &a.keys[kv_off..];
     let values = &a.values[kv_off..];
 
@@ -312,7 +333,11 @@ fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: 
     }
 
     for h in 0..heads {
-        a.add_alibi(first % a.n_heads + h, &mut scores[h * padded..][..len]);
+        a.add_alibi(
+            first % a.n_heads + h,
+            start,
+            &mut scores[h * padded..][..len],
+        );
     }
 
     // Softmax numerators; the inverse sums go after the scores.

@@ -158,6 +158,7 @@ impl BaseDevice for CpuDevice {
                 scale,
                 alibi,
                 bidirectional,
+                sliding_window,
                 output,
             } => attention::attention(
                 self.isa.vector(),
@@ -171,6 +172,7 @@ impl BaseDevice for CpuDevice {
                 attention::Mask {
                     alibi,
                     bidirectional,
+                    sliding_window,
                 },
                 output,
             ),

@@ -108,6 +108,8 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         qkv_bias: false,
         o_bias: false,
         pre_seq_len: 0,
+        rope_scaling: None,
+        sliding_window: None,
     };
     config
         .validate()

@@ -6,7 +6,8 @@
 //! `bias` in the config) and `baichuan` (the fused `W_pack` is split into q, k and v rows;
 //! a config without `max_position_embeddings` is a 13B model, which uses ALiBi: its
 //! modeling code sizes the ALiBi table from `model_max_length`, the 7B one its RoPE cache
-//! from `max_position_embeddings`). `model_type` `chatglm` goes to [`super::thudm`].
+//! from `max_position_embeddings`). `model_type` `chatglm` goes to [`super::thudm`]; what
+//! `llama` (Llama 3), `mistral` and `qwen2` configure is read by [`super::hf_families`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use flm_core::{DataType, RopeStyle};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
+use super::hf_families::{self, RopeFields, WindowFields};
 use super::{map_file, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
 use crate::llama::LlamaWeights;
 use crate::{Error, ModelConfig, Result};
@@ -50,8 +52,10 @@ struct HfConfig {
     vocab_size: usize,
     max_position_embeddings: Option<usize>,
     rms_norm_eps: Option<f32>,
-    rope_theta: Option<f32>,
-    rope_scaling: Option<serde_json::Value>,
+    #[serde(flatten)]
+    rope: RopeFields,
+    #[serde(flatten)]
+    window: WindowFields,
     tie_word_embeddings: Option<bool>,
     bos_token_id: Option<Ids>,
     eos_token_id: Option<Ids>,
@@ -68,7 +72,7 @@ struct HfConfig {
 /// differently.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Family {
-    /// transformers' Llama names (also InternLM).
+    /// transformers' Llama names (also InternLM, Mistral and Qwen2).
     Llama,
     /// Llama names with a fused `W_pack`.
     Baichuan,
@@ -91,7 +95,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
     let unsupported = |what: String| Error::format(path, format!("unsupported model: {what}"));
     let family = match hf.model_type.as_deref() {
-        Some("llama" | "internlm") => Family::Llama,
+        Some("llama" | "internlm" | "mistral" | "qwen2") => Family::Llama,
         Some("baichuan") => Family::Baichuan,
         Some(other) => return Err(unsupported(format!("model_type \"{other}\""))),
         None => {
@@ -106,18 +110,23 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     if family == Family::Baichuan && hf.vocab_size == 125696 {
         return Err(unsupported("Baichuan2's normalised classifier head".into()));
     }
-    if hf.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(unsupported("rope_scaling is not supported yet".into()));
-    }
+    let model_type = hf.model_type.as_deref().unwrap_or_default();
+    let (rope_theta, rope_scaling) = hf_families::rope(&hf.rope).map_err(unsupported)?;
+    let sliding_window =
+        hf_families::sliding_window(model_type, &hf.window).map_err(unsupported)?;
     if let Some(act) = hf.hidden_act.as_deref().filter(|&a| a != "silu") {
         return Err(unsupported(format!("hidden_act \"{act}\" (only silu)")));
     }
     if hf.mlp_bias == Some(true) {
         return Err(unsupported("MLP biases".into()));
     }
-    let attention_bias = match hf.model_type.as_deref() {
-        Some("internlm") => hf.bias.unwrap_or(true),
-        _ => hf.attention_bias.unwrap_or(false),
+    let (qkv_bias, o_bias) = match model_type {
+        "internlm" => (hf.bias.unwrap_or(true), hf.bias.unwrap_or(true)),
+        "qwen2" => (true, false),
+        _ => (
+            hf.attention_bias.unwrap_or(false),
+            hf.attention_bias.unwrap_or(false),
+        ),
     };
     let alibi = family == Family::Baichuan && hf.max_position_embeddings.is_none();
     if hf.num_attention_heads == 0 {
@@ -138,7 +147,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
             .or(hf.model_max_length)
             .unwrap_or(2048),
         norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
-        rope_theta: hf.rope_theta.unwrap_or(10000.0),
+        rope_theta,
         rope_style: RopeStyle::RotateHalf,
         tie_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         bos_token_id: hf.bos_token_id.and_then(|b| b.into_vec().first().copied()),
@@ -146,9 +155,11 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         arch: crate::Arch::Llama,
         rotary_dim: None,
         alibi,
-        qkv_bias: attention_bias,
-        o_bias: attention_bias,
+        qkv_bias,
+        o_bias,
         pre_seq_len: 0,
+        rope_scaling,
+        sliding_window,
     };
     config
         .validate()

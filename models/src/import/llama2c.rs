@@ -90,6 +90,8 @@ fn parse_params(path: &Path, p: &[i32], shared: Option<bool>) -> Result<ModelCon
         qkv_bias: false,
         o_bias: false,
         pre_seq_len: 0,
+        rope_scaling: None,
+        sliding_window: None,
     };
     config.validate().map_err(|e| bad(e.to_string()))?;
     Ok(config)

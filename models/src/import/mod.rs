@@ -18,6 +18,7 @@
 mod flm;
 mod gguf;
 mod hf;
+mod hf_families;
 mod llama2c;
 mod pickle;
 mod pytorch;

@@ -116,6 +116,8 @@ pub(super) fn parse_config(path: &Path, text: &str) -> Result<ModelConfig> {
             qkv_bias: true,
             o_bias: true,
             pre_seq_len: g.pre_seq_len.unwrap_or(0),
+            rope_scaling: None,
+            sliding_window: None,
         }
     } else {
         if g.rmsnorm == Some(false) || g.add_bias_linear == Some(true) {
@@ -149,6 +151,8 @@ pub(super) fn parse_config(path: &Path, text: &str) -> Result<ModelConfig> {
             qkv_bias: g.add_qkv_bias.unwrap_or(true),
             o_bias: false,
             pre_seq_len: g.pre_seq_len.unwrap_or(0),
+            rope_scaling: None,
+            sliding_window: None,
         }
     };
     config

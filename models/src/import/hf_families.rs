@@ -1,0 +1,160 @@
+//! The configuration fields by which Llama 3, Mistral and Qwen2 differ from Llama 2 in a
+//! Hugging Face `config.json`, read into [`ModelConfig`] fields of the Llama graph:
+//!
+//! | `model_type` | what differs | read from |
+//! |---|---|---|
+//! | `llama` (Llama 3 / 3.1) | RoPE θ 500000, llama3 frequency scaling | `rope_theta`, `rope_scaling` |
+//! | `mistral` | sliding-window attention | `sliding_window` (`null`: none) |
+//! | `qwen2` | q/k/v biases, no output bias; windows only with `use_sliding_window` | always biased |
+//!
+//! transformers 5 writes the RoPE settings as one `rope_parameters` object
+//! (`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": ..}`), transformers 4 as
+//! `rope_theta` and `rope_scaling` (`{"rope_type" or "type": "llama3", "factor": ..}`);
+//! both are read. RoPE scalings other than llama3 (linear, dynamic NTK, YaRN, LongRoPE) and
+//! Qwen2's per-layer windows are refused with an error naming them.
+
+use flm_core::RopeScaling;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The RoPE fields of a `config.json`.
+#[derive(Deserialize, Default)]
+pub(super) struct RopeFields {
+    rope_theta: Option<f32>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+}
+
+/// The sliding-window fields of a `config.json`.
+#[derive(Deserialize, Default)]
+pub(super) struct WindowFields {
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+}
+
+/// The parameters of transformers' llama3 RoPE type.
+#[derive(Deserialize)]
+struct Llama3 {
+    factor: f32,
+    low_freq_factor: f32,
+    high_freq_factor: f32,
+    original_max_position_embeddings: usize,
+}
+
+/// RoPE θ (default 10000, as transformers' `LlamaConfig`) and the frequency scaling.
+///
+/// Errors: a message for an unknown or malformed scaling (the caller adds the file).
+pub(super) fn rope(fields: &RopeFields) -> Result<(f32, Option<RopeScaling>), String> {
+    let parameters = fields.rope_parameters.as_ref().filter(|v| !v.is_null());
+    let scaling = parameters.or(fields.rope_scaling.as_ref().filter(|v| !v.is_null()));
+    let theta = parameters
+        .and_then(|p| p.get("rope_theta"))
+        .and_then(Value::as_f64)
+        .map(|t| t as f32)
+        .or(fields.rope_theta)
+        .unwrap_or(10000.0);
+    let Some(scaling) = scaling else {
+        return Ok((theta, None));
+    };
+    let kind = ["rope_type", "type"]
+        .iter()
+        .find_map(|k| scaling.get(k))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    match kind {
+        "default" => Ok((theta, None)),
+        "llama3" => {
+            let p = Llama3::deserialize(scaling)
+                .map_err(|e| format!("invalid llama3 rope scaling: {e}"))?;
+            Ok((
+                theta,
+                Some(RopeScaling::Llama3 {
+                    factor: p.factor,
+                    low_freq_factor: p.low_freq_factor,
+                    high_freq_factor: p.high_freq_factor,
+                    original_max_position_embeddings: p.original_max_position_embeddings,
+                }),
+            ))
+        }
+        other => Err(format!(
+            "rope scaling of type \"{other}\" (only \"llama3\" is supported)"
+        )),
+    }
+}
+
+/// The sliding window of a `model_type`: Mistral's `sliding_window`; Qwen2's is refused when
+/// `use_sliding_window` turns it on (Qwen2 applies it only to the layers from
+/// `max_window_layers` on); other types have none.
+///
+/// Errors: a message for a window of 0 or Qwen2's per-layer windows.
+pub(super) fn sliding_window(
+    model_type: &str,
+    fields: &WindowFields,
+) -> Result<Option<usize>, String> {
+    match model_type {
+        "mistral" => match fields.sliding_window {
+            Some(0) => Err("sliding_window must be positive".into()),
+            window => Ok(window),
+        },
+        "qwen2" if fields.use_sliding_window == Some(true) => Err(
+            "Qwen2's use_sliding_window (windows on the layers from max_window_layers on)".into(),
+        ),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rope_of(json: &str) -> Result<(f32, Option<RopeScaling>), String> {
+        rope(&serde_json::from_str(json).unwrap())
+    }
+
+    /// Llama 3.1's published `config.json` fields (transformers 4 form) and the same in
+    /// transformers 5's `rope_parameters` give one scaling; other types are named in errors.
+    #[test]
+    fn llama3_scaling_in_both_forms_and_other_types_refused() {
+        let want = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let v4 = r#"{"rope_theta": 500000.0, "rope_scaling": {"factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3"}}"#;
+        assert_eq!(rope_of(v4).unwrap(), (500000.0, Some(want)));
+        let v5 = r#"{"rope_parameters": {"factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+            "rope_theta": 500000.0, "rope_type": "llama3"}}"#;
+        assert_eq!(rope_of(v5).unwrap(), (500000.0, Some(want)));
+        let plain = r#"{"rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}"#;
+        assert_eq!(rope_of(plain).unwrap(), (1e6, None));
+        assert_eq!(rope_of("{}").unwrap(), (10000.0, None));
+        let yarn = r#"{"rope_scaling": {"type": "yarn", "factor": 4.0}}"#;
+        assert!(rope_of(yarn).unwrap_err().contains("\"yarn\""));
+        let partial = r#"{"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}"#;
+        assert!(rope_of(partial).unwrap_err().contains("low_freq_factor"));
+    }
+
+    #[test]
+    fn windows_per_model_type() {
+        let w = |window, use_sliding| WindowFields {
+            sliding_window: window,
+            use_sliding_window: use_sliding,
+        };
+        assert_eq!(
+            sliding_window("mistral", &w(Some(4096), None)),
+            Ok(Some(4096))
+        );
+        assert_eq!(sliding_window("mistral", &w(None, None)), Ok(None));
+        assert!(sliding_window("mistral", &w(Some(0), None)).is_err());
+        assert_eq!(
+            sliding_window("qwen2", &w(Some(32768), Some(false))),
+            Ok(None)
+        );
+        assert!(sliding_window("qwen2", &w(Some(32768), Some(true))).is_err());
+        assert_eq!(sliding_window("llama", &w(Some(8), None)), Ok(None));
+    }
+}

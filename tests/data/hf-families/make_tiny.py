@@ -1,0 +1,155 @@
+"""Tiny random-weight Llama 3, Mistral and Qwen2 checkpoints and their logits, from
+Hugging Face transformers, for flm's tests/hf_families.rs.
+
+Run from this folder: `python make_tiny.py`. Writes, per family, `<family>/config.json`,
+`<family>/model.safetensors` (float32) and `<family>/logits_f32le.bin` (the logits
+`[len(INPUT_IDS), vocab_size]` of one prefill of INPUT_IDS, f32 little-endian, row-major),
+and `reference.json` describing them (versions, seeds, shapes, checks).
+
+The weights are redrawn with scales that give O(1) activations (transformers' default
+`initializer_range` of 0.02 would make every logit nearly 0, so any graph would match).
+Each family has what makes it differ from Llama 2 exercised by the test positions:
+- llama3: rope_theta 500000 and `rope_scaling` of type llama3 with an
+  original_max_position_embeddings of 64, so that the wavelengths of most frequency pairs
+  exceed the low/high-frequency thresholds (scaled and smoothed pairs at positions < 24);
+- mistral: a sliding window of 8 tokens, shorter than the 24-token sequence;
+- qwen2: q/k/v biases (no output bias), tied embeddings, rope_theta 1000000.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import safetensors
+import torch
+import transformers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+HERE = Path(__file__).resolve().parent
+VOCAB = 256
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
+    torch_dtype="float32",
+)
+FAMILIES = {
+    "llama3": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+            tie_word_embeddings=False,
+        ),
+        1001,
+    ),
+    "mistral": (
+        MistralConfig,
+        MistralForCausalLM,
+        dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False),
+        1002,
+    ),
+    "qwen2": (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        dict(
+            rope_theta=1000000.0,
+            use_sliding_window=False,
+            sliding_window=None,
+            tie_word_embeddings=True,
+        ),
+        1003,
+    ),
+}
+TOKEN_SEED = 1000
+SEQ_LEN = 24
+
+
+def redraw(model, seed):
+    """Weights with O(1) activations: N(0, 1/fan_in) matrices and embeddings (so that tied
+    logits stay O(1) too), 1 + N(0, 0.1) norm gains, N(0, 0.1) biases."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+
+
+def main():
+    input_ids = torch.randint(
+        3, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(TOKEN_SEED)
+    ).tolist()
+    described = dict(
+        generator="make_tiny.py",
+        transformers=transformers.__version__,
+        torch=torch.__version__,
+        safetensors=safetensors.__version__,
+        token_seed=TOKEN_SEED,
+        input_ids=input_ids,
+        logits_file="logits_f32le.bin",
+        families={},
+    )
+    for family, (config_cls, model_cls, extra, seed) in FAMILIES.items():
+        torch.manual_seed(seed)
+        config = config_cls(**COMMON, **extra)
+        config._attn_implementation = "eager"
+        model = model_cls(config).eval()
+        redraw(model, seed)
+        out_dir = HERE / family
+        model.save_pretrained(out_dir, safe_serialization=True)
+        (out_dir / "generation_config.json").unlink(missing_ok=True)
+        with torch.no_grad():
+            logits = model(torch.tensor([input_ids])).logits[0].float()
+        (out_dir / "logits_f32le.bin").write_bytes(logits.numpy().astype("<f4").tobytes())
+        # How much the family's feature matters here: the logits of the same weights
+        # without it (a check that the test has teeth, not a reference).
+        plain = dict(extra)
+        plain.pop("rope_scaling", None)
+        if family == "mistral":
+            plain["sliding_window"] = None
+        plain_model = model_cls(config_cls(**COMMON, **plain)).eval()
+        plain_model.load_state_dict(model.state_dict())
+        if family == "qwen2":
+            with torch.no_grad():
+                for name, p in plain_model.named_parameters():
+                    if name.endswith(".bias"):
+                        p.zero_()
+        with torch.no_grad():
+            plain_logits = plain_model(torch.tensor([input_ids])).logits[0].float()
+        described["families"][family] = dict(
+            model_class=model_cls.__name__,
+            weight_seed=seed,
+            logits_shape=list(logits.shape),
+            max_abs_logit=float(logits.abs().max()),
+            max_diff_without_feature=float((logits - plain_logits).abs().max()),
+        )
+    (HERE / "reference.json").write_text(json.dumps(described, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+//! Llama 3 (llama3 RoPE scaling), Mistral (sliding-window attention) and Qwen2 (q/k/v
+//! biases) through the Llama graph, against the logits of Hugging Face transformers for
+//! tiny random-weight checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see
+//! its SOURCES.md).
+
+use std::path::Path;
+
+use flm_core::{DataType, RopeScaling};
+use flm_models::convert::{convert, Recipe};
+use flm_models::import;
+use flm_models::llama::{Llama, Logits};
+use flm_models::ModelConfig;
+use flm_tests::{cpu_executor, data, ids};
+use flm_tokenizer::Tokenizer;
+use serde_json::Value;
+
+const FAMILIES: [&str; 3] = ["llama3", "mistral", "qwen2"];
+/// The bound on the difference to transformers' logits.
+const TOLERANCE: f32 = 1e-4;
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn input_ids() -> Vec<u32> {
+    ids(&reference()["input_ids"])
+}
+
+/// transformers' logits `[24, vocab]` of one prefill of the input ids.
+fn expected(family: &str) -> Vec<f32> {
+    let bytes = std::fs::read(data(&format!("hf-families/{family}/logits_f32le.bin"))).unwrap();
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn load(path: &Path) -> Llama {
+    let ckpt = import::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The logits of every position: one prefill, two chunks (the second one starting at
+/// position 10, past Mistral's window), and one token at a time through the KV cache.
+fn logits_three_ways(path: &Path) -> [Vec<f32>; 3] {
+    let exec = cpu_executor();
+    let input = input_ids();
+    let prefill = load(path)
+        .forward(&exec, &input, 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    let mut model = load(path);
+    let mut chunked = model
+        .forward(&exec, &input[..10], 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    chunked.extend(model.forward(&exec, &input[10..], 10, Logits::All).unwrap());
+    let mut model = load(path);
+    let mut stepped = Vec::new();
+    for (pos, &token) in input.iter().enumerate() {
+        stepped.extend(model.forward(&exec, &[token], pos, Logits::Last).unwrap());
+    }
+    [prefill, chunked, stepped]
+}
+
+#[test]
+fn configurations_are_read_per_family() {
+    let config = |family: &str| -> ModelConfig {
+        import::load(&data(&format!("hf-families/{family}")))
+            .unwrap()
+            .config
+    };
+    let llama3 = config("llama3");
+    assert_eq!(llama3.rope_theta, 500000.0);
+    assert_eq!(
+        llama3.rope_scaling,
+        Some(RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        })
+    );
+    assert_eq!(llama3.sliding_window, None);
+    let mistral = config("mistral");
+    assert_eq!((mistral.sliding_window, mistral.qkv_bias), (Some(8), false));
+    let qwen2 = config("qwen2");
+    assert_eq!(qwen2.rope_theta, 1e6);
+    assert!(qwen2.qkv_bias && !qwen2.o_bias && qwen2.tie_embeddings);
+    assert_eq!((qwen2.sliding_window, qwen2.rope_scaling), (None, None));
+}
+
+#[test]
+fn logits_match_transformers_within_1e_4() {
+    for family in FAMILIES {
+        let want = expected(family);
+        let path = data(&format!("hf-families/{family}"));
+        for (how, got) in ["prefill", "two chunks", "decode"]
+            .iter()
+            .zip(logits_three_ways(&path))
+        {
+            let diff = max_diff(&got, &want);
+            assert!(diff <= TOLERANCE, "{family} {how}: max |Δ| = {diff}");
+        }
+    }
+}
+
+/// The features matter at these positions: without them the logits are far off.
+#[test]
+fn without_the_family_feature_the_logits_differ() {
+    let exec = cpu_executor();
+    let input = input_ids();
+    for (family, strip) in [
+        (
+            "llama3",
+            (|c: &mut ModelConfig| c.rope_scaling = None) as fn(&mut ModelConfig),
+        ),
+        ("mistral", |c: &mut ModelConfig| c.sliding_window = None),
+    ] {
+        let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
+        let mut config = ckpt.config.clone();
+        strip(&mut config);
+        let mut model = Llama::new(config, ckpt.weights().unwrap()).unwrap();
+        let got = model.forward(&exec, &input, 0, Logits::All).unwrap();
+        let diff = max_diff(got, &expected(family));
+        assert!(diff > 0.1, "{family}: only {diff} without its feature");
+    }
+}
+
+/// Each checkpoint converted to an f32 .flm file keeps its configuration and its logits.
+#[test]
+fn f32_flm_files_run_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    // The tiny checkpoints have no tokenizer; any one rides along in the file.
+    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
+    for family in FAMILIES {
+        let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
+        let out = dir.path().join(format!("{family}.flm"));
+        convert(
+            &ckpt,
+            &tokenizer,
+            &out,
+            DataType::F32,
+            Recipe::Mixed,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(import::load(&out).unwrap().config, ckpt.config, "{family}");
+        let [prefill, _, stepped] = logits_three_ways(&out);
+        let want = expected(family);
+        for (how, got) in [("prefill", prefill), ("decode", stepped)] {
+            let diff = max_diff(&got, &want);
+            assert!(diff <= TOLERANCE, "{family}.flm {how}: max |Δ| = {diff}");
+        }
+    }
+}
+
+/// A copy of a tiny checkpoint whose `config.json` is edited by `edit`.
+fn edited_copy(family: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
+    let src = data(&format!("hf-families/{family}"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// The transformers 4 form of the Llama 3.1 fields (`rope_theta` and `rope_scaling`, as on
+/// the Hub) gives the same model as transformers 5's `rope_parameters`.
+#[test]
+fn llama3_scaling_in_the_transformers_4_form() {
+    let dir = edited_copy("llama3", |c| {
+        let mut scaling = c["rope_parameters"].take();
+        let theta = scaling
+            .as_object_mut()
+            .unwrap()
+            .remove("rope_theta")
+            .unwrap();
+        let c = c.as_object_mut().unwrap();
+        c.remove("rope_parameters");
+        c.insert("rope_theta".into(), theta);
+        c.insert("rope_scaling".into(), scaling);
+    });
+    let exec = cpu_executor();
+    let got = load(dir.path())
+        .forward(&exec, &input_ids(), 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    let diff = max_diff(&got, &expected("llama3"));
+    assert!(diff <= TOLERANCE, "max |Δ| = {diff}");
+}
+
+/// What the graph cannot run is refused with an error naming it.
+#[test]
+fn unsupported_family_settings_are_clear_errors() {
+    type Edit = fn(&mut Value);
+    let cases: [(&str, Edit, &str); 4] = [
+        (
+            "llama3",
+            |c| c["rope_parameters"]["rope_type"] = "yarn".into(),
+            "\"yarn\"",
+        ),
+        (
+            "llama3",
+            |c| c["rope_parameters"]["high_freq_factor"] = 0.5.into(),
+            "high_freq_factor",
+        ),
+        (
+            "qwen2",
+            |c| c["use_sliding_window"] = true.into(),
+            "use_sliding_window",
+        ),
+        (
+            "mistral",
+            |c| c["sliding_window"] = 0.into(),
+            "sliding_window",
+        ),
+    ];
+    for (family, edit, needle) in cases {
+        let dir = edited_copy(family, edit);
+        let Err(err) = import::load(dir.path()) else {
+            panic!("{family}: {needle} accepted");
+        };
+        let err = err.to_string();
+        assert!(err.contains(needle), "{family}: {err}");
+    }
+}
