@@ -118,7 +118,12 @@ pub(crate) trait Simd: Copy {
 ///
 /// `isa` must be a level this CPU supports, as every [`crate::CpuDevice`]'s is.
 #[inline(always)]
-pub(crate) fn run<K: Kernel>(isa: Isa, wide: bool, k: K) -> std::result::Result<K::Output, K> {
+pub(crate) fn run<K: Kernel>(
+    isa: Isa,
+    // Only AVX-512 has vectors of two widths.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] wide: bool,
+    k: K,
+) -> std::result::Result<K::Output, K> {
     match isa.vector() {
         // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
         #[cfg(target_arch = "x86_64")]
