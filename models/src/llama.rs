@@ -11,6 +11,14 @@
 //! causal, grouped-query (`n_kv_heads` ≤ `n_heads`), over a KV cache allocated once for the
 //! whole context. A prompt is prefilled in chunks of up to [`PREFILL_CHUNK`] tokens, each
 //! one pass of matrix × matrix products; decoding feeds one token per step.
+//!
+//! The model is split in two: [`LlamaModel`] holds what never changes (configuration,
+//! weights, RoPE table) and is shared through an [`Arc`]; [`Llama`] adds what a sequence
+//! being generated mutates (KV cache, activations). Several [`Llama`] instances over one
+//! `Arc<LlamaModel>` generate independently, on different threads, with one copy of the
+//! weights.
+
+use std::sync::Arc;
 
 use flm_core::{Data, DataType, Error as CoreError, Executor, KvCache, Op, RopeTable};
 
@@ -171,11 +179,18 @@ struct RunState {
     logits: Data,
 }
 
-/// A Llama model ready to run: weights, RoPE table, KV cache and activations.
-pub struct Llama {
+/// The immutable part of a Llama model: configuration, weights and RoPE table. It is
+/// `Send + Sync`; share it with an [`Arc`] between [`Llama`] instances.
+pub struct LlamaModel {
     config: ModelConfig,
     weights: LlamaWeights,
     rope: RopeTable,
+}
+
+/// A Llama model ready to run: the shared [`LlamaModel`] plus its own KV cache (for
+/// `config.max_seq_len` positions) and activations.
+pub struct Llama {
+    model: Arc<LlamaModel>,
     kv: KvCache,
     state: RunState,
     /// Logits of every row of a multi-chunk [`Logits::All`] call.
@@ -193,12 +208,12 @@ fn check_shape(name: &str, data: &Data, shape: &[usize]) -> Result<()> {
     }
 }
 
-impl Llama {
-    /// Builds the model, allocating the KV cache for `config.max_seq_len` positions.
+impl LlamaModel {
+    /// Checks the weights against the configuration and builds the RoPE table.
     ///
     /// Errors: [`Error::Config`] if the configuration is invalid or a weight's shape
     /// disagrees with it.
-    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<Llama> {
+    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<LlamaModel> {
         config.validate()?;
         let c = &config;
         let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
@@ -237,6 +252,39 @@ impl Llama {
             c.rope_theta,
             c.max_seq_len,
         )?;
+        Ok(LlamaModel {
+            config,
+            weights,
+            rope,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &LlamaWeights {
+        &self.weights
+    }
+}
+
+impl Llama {
+    /// Builds the model (see [`LlamaModel::new`]) and one instance of it.
+    ///
+    /// Errors: those of [`LlamaModel::new`] and [`Llama::with_model`].
+    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<Llama> {
+        Llama::with_model(Arc::new(LlamaModel::new(config, weights)?))
+    }
+
+    /// A new instance of a shared model, with its own zeroed KV cache for
+    /// `config.max_seq_len` positions and its own activations (for [`PREFILL_CHUNK`] rows).
+    ///
+    /// Errors: [`flm_core::Error::Shape`] (wrapped) if a buffer's size overflows.
+    pub fn with_model(model: Arc<LlamaModel>) -> Result<Llama> {
+        let c = &model.config;
+        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
         let kv = KvCache::new(c.n_layers, c.max_seq_len, kv_dim)?;
         let rows = PREFILL_CHUNK.min(c.max_seq_len);
         let z = |cols: usize| Data::zeros(DataType::F32, &[rows, cols]);
@@ -255,23 +303,26 @@ impl Llama {
             logits: z(c.vocab_size)?,
         };
         Ok(Llama {
-            config,
-            weights,
-            rope,
+            model,
             kv,
             state,
             all_logits: Vec::new(),
         })
     }
 
+    /// The shared model this instance runs.
+    pub fn model(&self) -> &Arc<LlamaModel> {
+        &self.model
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
-        &self.config
+        &self.model.config
     }
 
     /// The weights.
     pub fn weights(&self) -> &LlamaWeights {
-        &self.weights
+        &self.model.weights
     }
 
     /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()`, reading keys and
@@ -289,7 +340,8 @@ impl Llama {
         start_pos: usize,
         logits: Logits,
     ) -> Result<&[f32]> {
-        let vocab_size = self.config.vocab_size;
+        let max_seq_len = self.config().max_seq_len;
+        let vocab_size = self.config().vocab_size;
         if tokens.is_empty() {
             return Err(Error::Config("forward needs at least one token".into()));
         }
@@ -297,14 +349,14 @@ impl Llama {
             return Err(CoreError::TokenOutOfRange { id, vocab_size }.into());
         }
         let needed = start_pos.saturating_add(tokens.len());
-        if needed > self.config.max_seq_len {
+        if needed > max_seq_len {
             return Err(CoreError::ContextOverflow {
                 needed,
-                max: self.config.max_seq_len,
+                max: max_seq_len,
             }
             .into());
         }
-        let chunk = PREFILL_CHUNK.min(self.config.max_seq_len);
+        let chunk = PREFILL_CHUNK.min(max_seq_len);
         let parts = tokens.len().div_ceil(chunk);
         if logits == Logits::Last || parts == 1 {
             for (c, part) in tokens.chunks(chunk).enumerate().take(parts - 1) {
@@ -330,8 +382,8 @@ impl Llama {
         pos: usize,
         logits: Logits,
     ) -> Result<()> {
-        let c = &self.config;
-        let w = &self.weights;
+        let c = &self.model.config;
+        let w = &self.model.weights;
         let s = &mut self.state;
         let n = tokens.len();
         for (data, cols) in [
@@ -377,7 +429,7 @@ impl Llama {
             for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                 exec.run(Op::Rope {
                     x,
-                    table: &self.rope,
+                    table: &self.model.rope,
                     n_heads,
                     start_pos: pos,
                 })?;

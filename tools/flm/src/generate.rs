@@ -1,25 +1,15 @@
-//! The generation loop of `flm run`: prefill the prompt in one pass, then sample and feed
-//! one token per decode step, streaming the text (or ids) to stdout.
+//! `flm run`'s output: the generation loop of [`Session`] streaming text (or ids) to
+//! stdout, and the summary line.
 
 use std::fmt;
 use std::io::Write;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::ops::ControlFlow;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
-use flm_core::{Executor, Sampler, SamplerConfig};
+use anyhow::Result;
+use flm_core::Executor;
 use flm_devices::CpuDevice;
-use flm_models::llama::{Llama, Logits};
-use flm_tokenizer::Tokenizer;
-
-/// What to generate and how to print it.
-pub struct Options {
-    /// Stop after this many generated tokens.
-    pub max_tokens: usize,
-    /// Do not stop at end-of-sequence tokens.
-    pub ignore_eos: bool,
-    /// Print ids instead of text.
-    pub print_ids: bool,
-}
+use flm_models::session::{GenerateParams, Generation, Session, StopReason};
 
 /// Resident memory of this process in MiB (Linux `/proc/self/status` VmRSS), if known.
 pub fn resident_mib() -> Option<f64> {
@@ -29,18 +19,8 @@ pub fn resident_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// Counts and timings of one generation.
-pub struct Stats {
-    prompt_tokens: usize,
-    generated: usize,
-    /// From the start of the prefill to the first sampled token.
-    time_to_first_token: Duration,
-    prefill: Duration,
-    /// The decode steps after the first token.
-    decode: Duration,
-    /// Number of those steps.
-    decode_steps: usize,
-}
+/// The summary line of a generation, for stderr.
+pub struct Summary(pub Generation);
 
 fn per_second(tokens: usize, time: Duration) -> String {
     if tokens == 0 || time.is_zero() {
@@ -50,17 +30,18 @@ fn per_second(tokens: usize, time: Duration) -> String {
     }
 }
 
-impl fmt::Display for Stats {
+impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let g = &self.0;
         write!(
             f,
             "prompt tokens: {} | generated tokens: {} | time to first token: {:.2} ms | \
              prefill: {} tokens/s | decode: {} tokens/s",
-            self.prompt_tokens,
-            self.generated,
-            self.time_to_first_token.as_secs_f64() * 1e3,
-            per_second(self.prompt_tokens, self.prefill),
-            per_second(self.decode_steps, self.decode),
+            g.prompt_tokens,
+            g.generated,
+            g.time_to_first_token.as_secs_f64() * 1e3,
+            per_second(g.prompt_tokens, g.prefill),
+            per_second(g.decode_steps, g.decode),
         )?;
         if let Some(rss) = resident_mib() {
             write!(f, " | resident memory: {rss:.0} MiB")?;
@@ -76,86 +57,39 @@ pub fn clock_seed() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Generates a continuation of `prompt` and streams it to stdout.
+/// Generates a continuation of `prompt` with `session` and streams it to stdout: the text,
+/// or with `print_ids` the token ids, space-separated; then a newline.
 ///
-/// Errors: a prompt that does not fit in the context (it must leave room for one token),
-/// invalid sampling parameters, model errors, a closed stdout.
+/// Errors: those of [`Session::generate`], a closed stdout.
 pub fn generate(
-    model: &mut Llama,
-    tokenizer: &Tokenizer,
+    session: &mut Session,
     prompt: &str,
-    sampler: SamplerConfig,
-    options: &Options,
-) -> Result<Stats> {
+    params: &GenerateParams,
+    print_ids: bool,
+) -> Result<Generation> {
     let exec = Executor::new(vec![Box::new(CpuDevice::new()?)]);
-    let mut sampler = Sampler::new(sampler)?;
-    let mut tokens = tokenizer
-        .encode(prompt, true)
-        .context("cannot encode the prompt")?;
-    if tokens.is_empty() {
-        bail!("the prompt is empty and the tokenizer has no begin-of-sequence token");
-    }
-    let context = model.config().max_seq_len;
-    if tokens.len() >= context {
-        bail!(
-            "the prompt is {} tokens long but the model's context holds {context} tokens \
-             (including at least one to generate): shorten the prompt",
-            tokens.len()
-        );
-    }
-    let mut eos = model.config().eos_token_ids.clone();
-    eos.extend(tokenizer.eos_id());
-    let prompt_tokens = tokens.len();
-    let only_bos = prompt_tokens == 1 && tokenizer.bos_id() == Some(tokens[0]);
-    let mut decoder = tokenizer.stream_decoder(only_bos);
     let mut out = std::io::stdout().lock();
-
-    let start = Instant::now();
-    let mut logits = model.forward(&exec, &tokens, 0, Logits::Last)?;
-    let prefill = start.elapsed();
-    let mut time_to_first_token = prefill;
-    let mut decode = Duration::ZERO;
-    let mut decode_steps = 0;
-    let mut generated = 0;
-    while generated < options.max_tokens {
-        let next = sampler.sample(logits, &tokens)?;
-        if generated == 0 {
-            time_to_first_token = start.elapsed();
-        }
-        if !options.ignore_eos && eos.contains(&next) {
-            break;
-        }
-        generated += 1;
-        tokens.push(next);
-        if options.print_ids {
-            let sep = if generated == 1 { "" } else { " " };
-            write!(out, "{sep}{next}")?;
+    let mut written = Ok(());
+    let mut first = true;
+    let generation = session.generate(&exec, prompt, params, |piece| {
+        let result = match (print_ids, piece.id) {
+            (true, Some(id)) => write!(out, "{}{id}", if first { "" } else { " " }),
+            (true, None) => Ok(()),
+            (false, _) => out.write_all(piece.text.as_bytes()),
+        };
+        first = false;
+        written = result.and_then(|()| out.flush());
+        if written.is_ok() {
+            ControlFlow::Continue(())
         } else {
-            out.write_all(decoder.push(next)?.as_bytes())?;
+            ControlFlow::Break(())
         }
-        out.flush()?;
-        if generated == options.max_tokens {
-            break;
-        }
-        if tokens.len() >= context {
-            eprintln!("note: the context of {context} tokens is full");
-            break;
-        }
-        let step = Instant::now();
-        logits = model.forward(&exec, &[next], tokens.len() - 1, Logits::Last)?;
-        decode += step.elapsed();
-        decode_steps += 1;
-    }
-    if !options.print_ids {
-        out.write_all(decoder.finish().as_bytes())?;
-    }
+    })?;
+    written?;
     writeln!(out)?;
-    Ok(Stats {
-        prompt_tokens,
-        generated,
-        time_to_first_token,
-        prefill,
-        decode,
-        decode_steps,
-    })
+    if generation.stop == StopReason::ContextFull {
+        let context = session.model().config().max_seq_len;
+        eprintln!("note: the context of {context} tokens is full");
+    }
+    Ok(generation)
 }

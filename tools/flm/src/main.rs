@@ -11,10 +11,12 @@ mod load;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use flm_core::SamplerConfig;
+use flm_models::session::{GenerateParams, Session};
 
 /// flm: a portable LLM inference runtime.
 #[derive(Parser)]
@@ -134,7 +136,7 @@ fn set_threads(threads: Option<usize>) -> Result<()> {
 fn run(args: RunArgs) -> Result<()> {
     set_threads(args.model.threads)?;
     let start = std::time::Instant::now();
-    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let (model, tokenizer) = load::model_and_tokenizer(&args.model)?;
     let rss =
         generate::resident_mib().map_or(String::new(), |m| format!(", resident memory {m:.0} MiB"));
     eprintln!(
@@ -142,20 +144,20 @@ fn run(args: RunArgs) -> Result<()> {
         args.model.model.display(),
         start.elapsed().as_secs_f64() * 1e3
     );
-    let sampler = SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        repeat_penalty: args.repeat_penalty,
-        seed: args.seed.unwrap_or_else(generate::clock_seed),
-    };
-    let options = generate::Options {
+    let params = GenerateParams {
+        sampler: SamplerConfig {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            repeat_penalty: args.repeat_penalty,
+            seed: args.seed.unwrap_or_else(generate::clock_seed),
+        },
         max_tokens: args.max_tokens,
         ignore_eos: args.ignore_eos,
-        print_ids: args.ids,
     };
-    let stats = generate::generate(&mut model, &tokenizer, &args.prompt, sampler, &options)?;
-    eprintln!("{stats}");
+    let mut session = Session::new(model, Arc::new(tokenizer))?;
+    let generation = generate::generate(&mut session, &args.prompt, &params, args.ids)?;
+    eprintln!("{}", generate::Summary(generation));
     Ok(())
 }
 
