@@ -7,8 +7,8 @@
  * Conventions:
  * - Every call that can fail returns an FlmStatus; FLM_STATUS_OK (0) is success, and
  *   flm_last_error() gives the message of the last failure on the calling thread.
- * - Strings passed in are UTF-8 with an explicit length in bytes (no terminating NUL
- *   needed), except file paths, which are NUL-terminated.
+ * - Text passed in is UTF-8 with an explicit length in bytes (no terminating NUL
+ *   needed); only the model path and the device name are NUL-terminated strings.
  * - Handles (FlmModel, FlmSession) are opaque; they are created by flm_*_new/_load and
  *   owned by the caller until passed to the matching _free function.
  * - The library borrows every pointer argument only for the duration of the call, unless
@@ -98,7 +98,7 @@ typedef struct FlmSession FlmSession;
 typedef struct FlmModelOptions {
   /*
    Worker threads of the model's thread pool, shared by all its sessions; 0: one per
-   CPU core.
+   CPU core; at most 4096.
    */
   size_t threads;
   /*
@@ -219,9 +219,9 @@ enum FlmStatus flm_tokenize(const struct FlmModel *model,
                             size_t *n_ids);
 
 /*
- Decodes `n_ids` token ids (as SentencePiece `Decode` does: control tokens as nothing,
- the leading space of the first piece dropped) into
- UTF-8 text, not NUL-terminated. `*text_len` receives the length in bytes; the text is
+ Decodes `n_ids` token ids into UTF-8 text, not NUL-terminated, as SentencePiece
+ `Decode` does (control tokens as nothing, the leading space of the first piece
+ dropped). `*text_len` receives the length in bytes; the text is
  written to `text` (capacity `text_capacity` bytes, owned by the caller) when it fits,
  else FLM_STATUS_BUFFER_TOO_SMALL is returned and nothing is written. Pass
  `text = NULL, text_capacity = 0` to ask for the size.

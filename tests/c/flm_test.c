@@ -207,6 +207,9 @@ static void bad_calls(const char *path, FlmModel *model) {
     FlmModelOptions options = {0};
     options.device = "gpu9";
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT, "gpu9");
+    options.device = NULL;
+    options.threads = (size_t)-1;
+    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT, "threads");
     FlmSampling sampling = flm_sampling_default();
     sampling.top_p = 1.5f;
     EXPECT_ERROR(flm_generate(session, "a", 1, &sampling, 4, NULL, NULL, NULL),

@@ -20,7 +20,7 @@ use crate::status::{arg_c_str, arg_ref, arg_slice, arg_str, guard, write_out, Fa
 #[derive(Debug, Clone, Copy)]
 pub struct FlmModelOptions {
     /// Worker threads of the model's thread pool, shared by all its sessions; 0: one per
-    /// CPU core.
+    /// CPU core; at most 4096.
     pub threads: usize,
     /// NUL-terminated device name: "cpu", or "auto" (the best device present; today the
     /// CPU). NULL means "auto". Borrowed for the call only.
@@ -47,6 +47,10 @@ struct WorkersExited {
     threads: usize,
     count: Arc<(Mutex<usize>, Condvar)>,
 }
+
+/// Bound on `FlmModelOptions.threads`, far above any core count, so that a garbage value
+/// is refused instead of exhausting the process's threads.
+const MAX_THREADS: usize = 4096;
 
 /// Bound on the wait for workers to exit; they exit within microseconds once idle, so
 /// this is only reached if one is stuck, which must not hang the host's free call.
@@ -97,6 +101,15 @@ fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
         return Err(Failure::new(
             FlmStatus::InvalidArgument,
             format!("unknown device {device:?}: this build has \"cpu\" (or \"auto\")"),
+        ));
+    }
+    if options.threads > MAX_THREADS {
+        return Err(Failure::new(
+            FlmStatus::InvalidArgument,
+            format!(
+                "options->threads is {}, at most {MAX_THREADS} are allowed",
+                options.threads
+            ),
         ));
     }
     let count = Arc::new((Mutex::new(0), Condvar::new()));

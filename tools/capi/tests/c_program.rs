@@ -28,6 +28,25 @@ fn target_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
+/// Builds libflm and the flm binary into [`target_dir`], once: `cargo test` builds the
+/// libraries of this crate only under `deps/` with hashed names, and not the binary.
+fn build() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = target_dir();
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .args(["build", "--quiet", "-p", "flm-capi", "-p", "flm-cli"])
+            .arg("--target-dir")
+            .arg(dir.parent().unwrap());
+        if dir.ends_with("release") {
+            cargo.arg("--release");
+        }
+        run(&mut cargo);
+        dir
+    })
+}
+
 fn run(cmd: &mut Command) -> Output {
     let out = cmd
         .output()
@@ -46,7 +65,7 @@ fn run(cmd: &mut Command) -> Output {
 fn programs() -> &'static [PathBuf; 2] {
     static PROGRAMS: OnceLock<[PathBuf; 2]> = OnceLock::new();
     PROGRAMS.get_or_init(|| {
-        let lib = target_dir();
+        let lib = build();
         let out = lib.join("c-test");
         std::fs::create_dir_all(&out).unwrap();
         let gcc = |exe: &Path, link: &[&str]| {
@@ -73,25 +92,9 @@ fn programs() -> &'static [PathBuf; 2] {
 }
 
 /// What `flm run --temperature 0` prints for `prompt`, from the flm binary of this
-/// workspace (built here if needed).
+/// workspace.
 fn flm_run(prompt: &str, max_tokens: &str) -> String {
-    let mut build = Command::new(env!("CARGO"));
-    build
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "flm-cli",
-            "--bin",
-            "flm",
-            "--target-dir",
-        ])
-        .arg(target_dir().parent().unwrap());
-    if target_dir().ends_with("release") {
-        build.arg("--release");
-    }
-    run(&mut build);
-    let out = run(Command::new(target_dir().join("flm")).args([
+    let out = run(Command::new(build().join("flm")).args([
         "run",
         "--model",
         &model(),
