@@ -3,8 +3,8 @@
 use std::ffi::c_char;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use flm_core::{BaseDevice, Executor, Op};
 use flm_devices::CpuDevice;
@@ -33,36 +33,31 @@ pub struct FlmModelOptions {
 /// The CPU device with its parallel loops on the model's own thread pool instead of
 /// rayon's global one: each op is run inside `pool.install`, so the generation loop (and
 /// the caller's callback) stays on the caller's thread while the ops use `threads`
-/// workers. Dropping it (when the model and all its sessions are freed) returns once the
-/// workers have exited, so a host that frees everything leaves no flm thread behind.
+/// workers. Dropping it (when the model and all its sessions are freed) joins the
+/// workers, so a host that frees everything leaves no flm thread behind.
 struct PooledCpu {
     pool: rayon::ThreadPool,
     cpu: CpuDevice,
-    /// Dropped after `pool` (fields drop in declaration order): waits for the workers.
-    _exited: WorkersExited,
+    /// Dropped after `pool` (fields drop in declaration order), which tells the workers to
+    /// exit.
+    _workers: Workers,
 }
 
-/// How many of a pool's `threads` workers have exited (rayon's exit handler counts them).
-struct WorkersExited {
-    threads: usize,
-    count: Arc<(Mutex<usize>, Condvar)>,
+/// The worker threads of a pool, joined on drop.
+struct Workers(Vec<JoinHandle<()>>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for worker in self.0.drain(..) {
+            // A worker that panicked has nothing left to clean up.
+            let _ = worker.join();
+        }
+    }
 }
 
 /// Bound on `FlmModelOptions.threads`, far above any core count, so that a garbage value
 /// is refused instead of exhausting the process's threads.
 const MAX_THREADS: usize = 4096;
-
-/// Bound on the wait for workers to exit; they exit within microseconds once idle, so
-/// this is only reached if one is stuck, which must not hang the host's free call.
-const EXIT_WAIT: Duration = Duration::from_secs(10);
-
-impl Drop for WorkersExited {
-    fn drop(&mut self) {
-        let (count, exited) = &*self.count;
-        let Ok(guard) = count.lock() else { return };
-        let _ = exited.wait_timeout_while(guard, EXIT_WAIT, |n| *n < self.threads);
-    }
-}
 
 impl BaseDevice for PooledCpu {
     fn name(&self) -> &'static str {
@@ -112,17 +107,17 @@ fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
             ),
         ));
     }
-    let count = Arc::new((Mutex::new(0), Condvar::new()));
-    let on_exit = Arc::clone(&count);
+    let cpu = CpuDevice::new()?;
+    let mut workers = Vec::new();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads)
-        .thread_name(|i| format!("flm-worker-{i}"))
-        .exit_handler(move |_| {
-            let (n, exited) = &*on_exit;
-            if let Ok(mut n) = n.lock() {
-                *n += 1;
-            }
-            exited.notify_all();
+        .spawn_handler(|thread| {
+            let name = format!("flm-worker-{}", thread.index());
+            let handle = std::thread::Builder::new()
+                .name(name)
+                .spawn(|| thread.run())?;
+            workers.push(handle);
+            Ok(())
         })
         .build()
         .map_err(|e| {
@@ -131,12 +126,10 @@ fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
                 format!("cannot start {} threads: {e}", options.threads),
             )
         })?;
-    let cpu = CpuDevice::new()?;
-    let threads = pool.current_num_threads();
     let device = PooledCpu {
         pool,
         cpu,
-        _exited: WorkersExited { threads, count },
+        _workers: Workers(workers),
     };
     Ok(Executor::new(vec![Box::new(device)]))
 }

@@ -50,6 +50,14 @@ pub struct FlmSession {
     exec: Arc<Executor>,
 }
 
+// A session may move between host threads and a model is used from several at once.
+const _: fn() = || {
+    fn movable<T: Send>() {}
+    fn shared<T: Send + Sync>() {}
+    movable::<FlmSession>();
+    shared::<FlmModel>();
+};
+
 /// Called by flm_generate() with each new piece of text: `len` bytes of UTF-8 at `piece`
 /// (not NUL-terminated, never empty, whole characters), borrowed for the call only, and
 /// the caller's `user_data`. Returning non-zero stops generation.
