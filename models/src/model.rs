@@ -61,6 +61,9 @@ impl SharedModel {
 }
 
 /// A model of any supported architecture, ready to run: one instance, with its KV cache.
+// The variants differ by a few hundred bytes of buffer handles; a `Model` is made once per
+// session and never moved in a loop, so boxing one would only add an indirection.
+#[allow(clippy::large_enum_variant)]
 pub enum Model {
     /// The Llama graph (Llama, ChatGLM2/3, GLM-4, Baichuan, InternLM).
     Llama(Llama),
