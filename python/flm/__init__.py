@@ -128,7 +128,9 @@ class Session:
         """Generates a continuation of `prompt` (the prompt is not repeated), yielding the
         text piece by piece as `flm run` prints it. Stops at end-of-sequence, after
         `max_tokens`, when the context is full, or when the iterator is closed (leaving a
-        `for` loop early). temperature 0 is greedy. Raises FlmError (INVALID_ARGUMENT for
+        `for` loop early). temperature 0 is greedy. The session keeps its KV cache between
+        calls: only the part of `prompt` after what it shares with the previous prompt and
+        reply is prefilled (multi-turn chat). Raises FlmError (INVALID_ARGUMENT for
         bad sampling parameters, CONTEXT_OVERFLOW for a prompt that fills the context).
         """
         if self._handle is None:

@@ -68,6 +68,17 @@ def test_generate_streams_pieces_and_stops_when_the_loop_breaks(model: flm.Model
     assert list(session.generate("Lily", max_tokens=40, temperature=0)) == full
 
 
+def test_a_second_turn_reuses_the_kv_cache_and_equals_a_fresh_session(model: flm.Model) -> None:
+    # The second prompt extends the first prompt and its reply, so the session prefills
+    # only the new part; its continuation must equal a fresh session's and llama2.c's.
+    session = model.session()
+    prompt = "Once upon a time"
+    first = greedy(session, prompt, 8)
+    second = greedy(session, prompt + first, 12)
+    assert second == greedy(model.session(), prompt + first, 12)
+    assert (prompt + first + second).startswith(reference("greedy_prompt")[: len(prompt) + 20])
+
+
 def test_two_sessions_on_two_threads_equal_their_solo_runs(model: flm.Model) -> None:
     jobs = [("Once upon a time", 0.0, 0), ("Tom had a dog", 0.8, 7)]
 
