@@ -26,8 +26,14 @@
 //!   the up rows. GLM-4 differs in its eps and tokenizer only.
 //!
 //! P-tuning v2 prefixes sit in the KV cache before the sequence, as in [`crate::llama`].
+//!
+//! As [`crate::llama`], the model is split in two: [`ChatGlmModel`] (configuration,
+//! weights, RoPE table) is shared through an [`Arc`] by any number of [`ChatGlm`]
+//! instances, each with its own KV cache, activations and sequence layout.
 
 mod weights;
+
+use std::sync::Arc;
 
 pub use weights::{ChatGlmLayer, ChatGlmWeights};
 
@@ -84,12 +90,19 @@ struct Layout {
     mask_pos: usize,
 }
 
-/// A ChatGLM-6B model ready to run (see the module docs).
-pub struct ChatGlm {
+/// The immutable part of a ChatGLM-6B model: configuration, special tokens, weights and
+/// RoPE table. It is `Send + Sync`; share it with an [`Arc`] between [`ChatGlm`] instances.
+pub struct ChatGlmModel {
     config: ModelConfig,
     marks: Marks,
     weights: ChatGlmWeights,
     rope: RopeTable,
+}
+
+/// A ChatGLM-6B model ready to run (see the module docs): the shared [`ChatGlmModel`] plus
+/// its own KV cache, activations and the layout of the sequence in its cache.
+pub struct ChatGlm {
+    model: Arc<ChatGlmModel>,
     kv: KvCache,
     state: RunState,
     layout: Option<Layout>,
@@ -97,13 +110,12 @@ pub struct ChatGlm {
     block_positions: Vec<u32>,
 }
 
-impl ChatGlm {
-    /// Builds the model, allocating the KV cache for `config.max_seq_len` positions (plus the
-    /// p-tuning prefix, copied into it).
+impl ChatGlmModel {
+    /// Checks the configuration and the weights and builds the RoPE table.
     ///
     /// Errors: [`Error::Config`] if the configuration is not a valid ChatGLM-6B one or a
     /// weight's shape disagrees with it.
-    pub fn new(config: ModelConfig, weights: ChatGlmWeights) -> Result<ChatGlm> {
+    pub fn new(config: ModelConfig, weights: ChatGlmWeights) -> Result<ChatGlmModel> {
         config.validate()?;
         let Arch::ChatGlm {
             residual_alpha,
@@ -129,16 +141,7 @@ impl ChatGlm {
             config.rope_theta,
             config.max_seq_len,
         )?;
-        let mut kv = KvCache::new(
-            config.n_layers,
-            config.pre_seq_len + config.max_seq_len,
-            config.kv_dim(),
-        )?;
-        if let Some(prefix) = &weights.prefix_kv {
-            load_prefix(&mut kv, prefix, &config)?;
-        }
-        let state = RunState::new(&config, 1)?;
-        Ok(ChatGlm {
+        Ok(ChatGlmModel {
             marks: Marks {
                 residual_alpha,
                 mask: mask_token_id,
@@ -147,11 +150,6 @@ impl ChatGlm {
             config,
             weights,
             rope,
-            kv,
-            state,
-            layout: None,
-            positions: Vec::new(),
-            block_positions: Vec::new(),
         })
     }
 
@@ -163,6 +161,51 @@ impl ChatGlm {
     /// The weights.
     pub fn weights(&self) -> &ChatGlmWeights {
         &self.weights
+    }
+}
+
+impl ChatGlm {
+    /// Builds the model (see [`ChatGlmModel::new`]) and one instance of it.
+    ///
+    /// Errors: those of [`ChatGlmModel::new`] and [`ChatGlm::with_model`].
+    pub fn new(config: ModelConfig, weights: ChatGlmWeights) -> Result<ChatGlm> {
+        ChatGlm::with_model(Arc::new(ChatGlmModel::new(config, weights)?))
+    }
+
+    /// A new instance of a shared model, with its own KV cache for `config.max_seq_len`
+    /// positions (plus the p-tuning prefix, copied into it) and activations grown on demand.
+    ///
+    /// Errors: [`flm_core::Error::Shape`] (wrapped) if a buffer's size overflows.
+    pub fn with_model(model: Arc<ChatGlmModel>) -> Result<ChatGlm> {
+        let c = &model.config;
+        let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim())?;
+        if let Some(prefix) = &model.weights.prefix_kv {
+            load_prefix(&mut kv, prefix, c)?;
+        }
+        let state = RunState::new(c, 1)?;
+        Ok(ChatGlm {
+            model,
+            kv,
+            state,
+            layout: None,
+            positions: Vec::new(),
+            block_positions: Vec::new(),
+        })
+    }
+
+    /// The shared model this instance runs.
+    pub fn model(&self) -> &Arc<ChatGlmModel> {
+        &self.model
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &ChatGlmWeights {
+        &self.model.weights
     }
 
     /// Runs `tokens` at positions `start_pos..`, as [`crate::llama::Llama::forward`]. The
@@ -199,8 +242,8 @@ impl ChatGlm {
     fn place(&mut self, tokens: &[u32], start_pos: usize) -> Result<usize> {
         if start_pos == 0 {
             let find = |id: u32| tokens.iter().position(|&t| t == id);
-            let sop = self.config.bos_token_id.and_then(find);
-            let mask = find(self.marks.gmask).or_else(|| find(self.marks.mask));
+            let sop = self.model.config.bos_token_id.and_then(find);
+            let mask = find(self.model.marks.gmask).or_else(|| find(self.model.marks.mask));
             let (Some(context_len), Some(mask_pos)) = (sop, mask) else {
                 return Err(Error::Config(
                     "a ChatGLM-6B sequence starts with its prompt, which holds [gMASK] (or \
@@ -230,7 +273,7 @@ impl ChatGlm {
             self.block_positions.push(block as u32);
         }
         Ok(if start_pos == 0 {
-            self.config.pre_seq_len + layout.context_len
+            self.model.config.pre_seq_len + layout.context_len
         } else {
             0
         })
@@ -243,14 +286,14 @@ impl ChatGlm {
         start_pos: usize,
         head: Head,
     ) -> Result<&[f32]> {
-        check_forward(&self.config, tokens, start_pos)?;
+        check_forward(self.config(), tokens, start_pos)?;
         let bidirectional = self.place(tokens, start_pos)?;
         let n = tokens.len();
         if n > self.state.rows {
-            self.state = RunState::new(&self.config, n)?;
+            self.state = RunState::new(&self.model.config, n)?;
         }
-        let c = &self.config;
-        let w = &self.weights;
+        let c = &self.model.config;
+        let w = &self.model.weights;
         let s = &mut self.state;
         for (data, cols) in [
             (&mut s.x, c.dim),
@@ -265,7 +308,7 @@ impl ChatGlm {
             data.set_shape(&[n, cols])?;
         }
         let row = c.pre_seq_len + start_pos;
-        let alpha = self.marks.residual_alpha;
+        let alpha = self.model.marks.residual_alpha;
         let linear = |input: &Data, weight: &Data, bias: &Data, output: &mut Data| {
             exec.run(Op::Linear {
                 input,
@@ -298,7 +341,7 @@ impl ChatGlm {
             for x in [&mut s.q, &mut s.k] {
                 exec.run(Op::Rope2d {
                     x,
-                    table: &self.rope,
+                    table: &self.model.rope,
                     n_heads: c.n_heads,
                     positions: &self.positions,
                     block_positions: &self.block_positions,

@@ -27,6 +27,23 @@ pub enum Error {
     /// A configuration is invalid (a missing or inconsistent hyper-parameter).
     #[error("invalid model configuration: {0}")]
     Config(String),
+    /// A tokenizer error (a token id outside the vocabulary, an unsupported feature).
+    #[error(transparent)]
+    Tokenizer(#[from] flm_tokenizer::Error),
+    /// A prompt that leaves no position of the context to generate into.
+    #[error(
+        "the prompt is {tokens} tokens long but the model's context holds {context} tokens \
+         (including at least one to generate): shorten the prompt"
+    )]
+    PromptTooLong {
+        /// Tokens of the prompt, BOS included.
+        tokens: usize,
+        /// Positions of the context.
+        context: usize,
+    },
+    /// A request is invalid (an empty encoded prompt, a context of 0).
+    #[error("{0}")]
+    InvalidInput(String),
 }
 
 /// Result type of flm-models.

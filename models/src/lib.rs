@@ -4,10 +4,13 @@
 //! - [`llama::Llama`]: the Llama graph (RMSNorm, RoPE, GQA, SwiGLU), run through an
 //!   [`flm_core::Executor`]; by configuration also ChatGLM2/3, GLM-4, Baichuan, InternLM.
 //! - [`chatglm::ChatGlm`]: the ChatGLM-6B graph (LayerNorm, GELU, 2D RoPE, prefix-LM mask).
-//! - [`Model`]: either graph, chosen by the configuration's [`Arch`]; what tools load.
+//! - [`Model`]: either graph, chosen by the configuration's [`Arch`]; what tools load;
+//!   [`SharedModel`] its weights, shared between instances (sessions).
 //! - [`import`]: reads llama2.c `.bin` checkpoints and Hugging Face directories, detecting
 //!   the format from the bytes, into a config and weights that are zero-copy views of the
 //!   mapped files where the layout allows.
+//! - [`session`]: loading a model for generation, and [`session::Session`], the
+//!   generation loop (prefill, sampling, decode, stop conditions, streamed text).
 
 pub mod chatglm;
 mod config;
@@ -17,7 +20,8 @@ pub mod eval;
 pub mod import;
 pub mod llama;
 mod model;
+pub mod session;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
-pub use model::{canonical_shapes, CausalLm, Model};
+pub use model::{canonical_shapes, CausalLm, Model, SharedModel};

@@ -27,6 +27,15 @@
 //! - P-tuning v2 prefixes (Liu et al. 2022): `pre_seq_len` keys and values per layer sit in
 //!   the KV cache before the sequence and are always attended; the tokens keep positions
 //!   from 0, so cache row = `pre_seq_len` + position.
+//!
+//! The model is split in two: [`LlamaModel`] holds what never changes (configuration,
+//! weights, RoPE table) and is shared through an [`Arc`]; [`Llama`] adds what a sequence
+//! being generated mutates (KV cache, with the p-tuning prefix
+//! copied in, and activations). Several [`Llama`] instances over one
+//! `Arc<LlamaModel>` generate independently, on different threads, with one copy of the
+//! weights.
+
+use std::sync::Arc;
 
 use flm_core::{Data, DataType, Error as CoreError, Executor, KvCache, Op, RopeTable};
 
@@ -74,11 +83,18 @@ struct RunState {
     logits: Data,
 }
 
-/// A Llama model ready to run: weights, RoPE table, KV cache and activations.
-pub struct Llama {
+/// The immutable part of a Llama model: configuration, weights and RoPE table. It is
+/// `Send + Sync`; share it with an [`Arc`] between [`Llama`] instances.
+pub struct LlamaModel {
     config: ModelConfig,
     weights: LlamaWeights,
     rope: RopeTable,
+}
+
+/// A Llama model ready to run: the shared [`LlamaModel`] plus its own KV cache (for
+/// `config.max_seq_len` positions) and activations.
+pub struct Llama {
+    model: Arc<LlamaModel>,
     kv: KvCache,
     state: RunState,
     /// Rows of every chunk of a multi-chunk [`Logits::All`] or hidden-state call.
@@ -108,17 +124,15 @@ pub(crate) fn check_forward(config: &ModelConfig, tokens: &[u32], start_pos: usi
     Ok(())
 }
 
-impl Llama {
-    /// Builds the model, allocating the KV cache for `config.max_seq_len` positions (plus
-    /// the p-tuning prefix, which is copied into it).
+impl LlamaModel {
+    /// Checks the weights against the configuration and builds the RoPE table.
     ///
     /// Errors: [`Error::Config`] if the configuration is invalid or a weight's shape
     /// disagrees with it.
-    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<Llama> {
+    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<LlamaModel> {
         config.validate()?;
         weights.check_shapes(&config)?;
         let c = &config;
-        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
         let rope = RopeTable::scaled(
             c.rope_style,
             c.head_dim,
@@ -127,8 +141,42 @@ impl Llama {
             c.rope_scaling.as_ref(),
             c.max_seq_len,
         )?;
+        Ok(LlamaModel {
+            config,
+            weights,
+            rope,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &LlamaWeights {
+        &self.weights
+    }
+}
+
+impl Llama {
+    /// Builds the model (see [`LlamaModel::new`]) and one instance of it.
+    ///
+    /// Errors: those of [`LlamaModel::new`] and [`Llama::with_model`].
+    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<Llama> {
+        Llama::with_model(Arc::new(LlamaModel::new(config, weights)?))
+    }
+
+    /// A new instance of a shared model, with its own KV cache for `config.max_seq_len`
+    /// positions (plus the p-tuning prefix, which is copied into it; the rest zeroed) and its
+    /// own activations (for [`PREFILL_CHUNK`] rows).
+    ///
+    /// Errors: [`flm_core::Error::Shape`] (wrapped) if a buffer's size overflows.
+    pub fn with_model(model: Arc<LlamaModel>) -> Result<Llama> {
+        let c = &model.config;
+        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
         let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, kv_dim)?;
-        if let Some(prefix) = &weights.prefix_kv {
+        if let Some(prefix) = &model.weights.prefix_kv {
             load_prefix(&mut kv, prefix, c)?;
         }
         let rows = PREFILL_CHUNK.min(c.max_seq_len);
@@ -148,23 +196,26 @@ impl Llama {
             logits: z(c.vocab_size.max(dim))?,
         };
         Ok(Llama {
-            config,
-            weights,
-            rope,
+            model,
             kv,
             state,
             all_rows: Vec::new(),
         })
     }
 
+    /// The shared model this instance runs.
+    pub fn model(&self) -> &Arc<LlamaModel> {
+        &self.model
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
-        &self.config
+        &self.model.config
     }
 
     /// The weights.
     pub fn weights(&self) -> &LlamaWeights {
-        &self.weights
+        &self.model.weights
     }
 
     /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()`, reading keys and
@@ -206,8 +257,8 @@ impl Llama {
         start_pos: usize,
         head: Head,
     ) -> Result<&[f32]> {
-        check_forward(&self.config, tokens, start_pos)?;
-        let chunk = PREFILL_CHUNK.min(self.config.max_seq_len);
+        check_forward(self.config(), tokens, start_pos)?;
+        let chunk = PREFILL_CHUNK.min(self.config().max_seq_len);
         let parts = tokens.len().div_ceil(chunk);
         if head == Head::Logits(Logits::Last) || parts == 1 {
             for (c, part) in tokens.chunks(chunk).enumerate().take(parts - 1) {
@@ -233,8 +284,8 @@ impl Llama {
         pos: usize,
         head: Head,
     ) -> Result<()> {
-        let c = &self.config;
-        let w = &self.weights;
+        let c = &self.model.config;
+        let w = &self.model.weights;
         let s = &mut self.state;
         let n = tokens.len();
         for (data, cols) in [
@@ -287,7 +338,7 @@ impl Llama {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                     exec.run(Op::Rope {
                         x,
-                        table: &self.rope,
+                        table: &self.model.rope,
                         n_heads,
                         start_pos: pos,
                     })?;

@@ -1,14 +1,69 @@
 //! One entry point for every graph: [`Model`] is what the CLI (and the C ABI and server)
 //! load and run, whatever the architecture recorded in the configuration.
+//!
+//! Each graph is split into a shared, immutable part (configuration, weights, RoPE table)
+//! and a per-instance part (KV cache, activations). [`SharedModel`] is the former, behind an
+//! `Arc`; [`SharedModel::instance`] makes a [`Model`] with a fresh KV cache, so that any
+//! number of instances (one per session, on any thread) run with one copy of the weights.
+
+use std::sync::Arc;
 
 use flm_core::Executor;
 
-use crate::chatglm::{ChatGlm, ChatGlmWeights};
+use crate::chatglm::{ChatGlm, ChatGlmModel, ChatGlmWeights};
 use crate::import::Checkpoint;
-use crate::llama::{Llama, LlamaWeights, Logits};
+use crate::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use crate::{Arch, ModelConfig, Result};
 
-/// A model of any supported architecture, ready to run.
+/// The shared part of a model of any supported architecture: cheap to clone (an `Arc`),
+/// `Send + Sync`.
+#[derive(Clone)]
+pub enum SharedModel {
+    /// The Llama graph (Llama, ChatGLM2/3, GLM-4, Baichuan, InternLM).
+    Llama(Arc<LlamaModel>),
+    /// The ChatGLM-6B graph.
+    ChatGlm(Arc<ChatGlmModel>),
+}
+
+impl SharedModel {
+    /// Builds the shared model of `ckpt`'s architecture from its weights.
+    ///
+    /// Errors: a missing tensor or a shape mismatch, an invalid configuration.
+    pub fn new(ckpt: &Checkpoint) -> Result<SharedModel> {
+        let config = ckpt.config.clone();
+        Ok(match ckpt.config.arch {
+            Arch::Llama => SharedModel::Llama(Arc::new(LlamaModel::new(config, ckpt.weights()?)?)),
+            Arch::ChatGlm { .. } => SharedModel::ChatGlm(Arc::new(ChatGlmModel::new(
+                config,
+                ckpt.chatglm_weights()?,
+            )?)),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            SharedModel::Llama(m) => m.config(),
+            SharedModel::ChatGlm(m) => m.config(),
+        }
+    }
+
+    /// A new instance, with its own KV cache (empty but for the p-tuning prefix) and
+    /// activations, sharing the weights (see [`Llama::with_model`], [`ChatGlm::with_model`]).
+    ///
+    /// Errors: a buffer whose size overflows.
+    pub fn instance(&self) -> Result<Model> {
+        Ok(match self {
+            SharedModel::Llama(m) => Model::Llama(Llama::with_model(Arc::clone(m))?),
+            SharedModel::ChatGlm(m) => Model::ChatGlm(ChatGlm::with_model(Arc::clone(m))?),
+        })
+    }
+}
+
+/// A model of any supported architecture, ready to run: one instance, with its KV cache.
+// The variants differ by a few hundred bytes of buffer handles; a `Model` is made once per
+// session and never moved in a loop, so boxing one would only add an indirection.
+#[allow(clippy::large_enum_variant)]
 pub enum Model {
     /// The Llama graph (Llama, ChatGLM2/3, GLM-4, Baichuan, InternLM).
     Llama(Llama),
@@ -72,12 +127,22 @@ impl Model {
     ///
     /// Errors: a missing tensor or a shape mismatch, an invalid configuration.
     pub fn new(ckpt: &Checkpoint) -> Result<Model> {
-        Ok(match ckpt.config.arch {
-            Arch::Llama => Model::Llama(Llama::new(ckpt.config.clone(), ckpt.weights()?)?),
-            Arch::ChatGlm { .. } => {
-                Model::ChatGlm(ChatGlm::new(ckpt.config.clone(), ckpt.chatglm_weights()?)?)
-            }
-        })
+        SharedModel::new(ckpt)?.instance()
+    }
+
+    /// The shared part of this instance, to make more instances of it.
+    pub fn shared(&self) -> SharedModel {
+        match self {
+            Model::Llama(m) => SharedModel::Llama(Arc::clone(m.model())),
+            Model::ChatGlm(m) => SharedModel::ChatGlm(Arc::clone(m.model())),
+        }
+    }
+
+    /// Whether a sequence in the KV cache can be continued by a later call at a position
+    /// after 0 with new tokens (a cached prefix reused for a new prompt). False for
+    /// ChatGLM-6B, whose bidirectional context must be run in one pass from position 0.
+    pub fn continues_prefix(&self) -> bool {
+        matches!(self, Model::Llama(_))
     }
 
     /// The configuration.

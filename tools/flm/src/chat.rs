@@ -4,18 +4,21 @@
 //! message, then every user and assistant turn so far) is rendered with the model's own
 //! prompt format ([`Tokenizer::encode_chat`]: ChatGLM's built-in formats, or the Jinja
 //! `chat_template` of `tokenizer_config.json` / GGUF / .flm), and the reply is generated
-//! by the loop of `flm run` (`generate.rs`), streamed to stdout, and kept in the history.
-//! The KV cache is kept between turns: only the tokens after the longest common prefix
-//! of the new prompt and the cached sequence are prefilled.
+//! by one [`Session`] (the loop of `flm run`), streamed to stdout, and kept in the history.
+//! The session keeps its KV cache between turns: only the tokens after the longest common
+//! prefix of the new prompt and the cached sequence are prefilled (ChatGLM-6B excepted,
+//! see [`flm_models::session`]).
 //!
 //! Commands: `/reset` forgets the conversation, `/exit` or `/quit` (or end of input)
 //! ends the session. A model without any chat template is refused with an error that
 //! points to `flm run`.
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use flm_models::session::Session;
 use flm_tokenizer::{Message, Tokenizer};
 
 use crate::generate::{self, Prompt};
@@ -62,7 +65,7 @@ fn parse(line: &str) -> Input<'_> {
 /// the chat goes on.
 pub fn run(args: ChatArgs) -> Result<()> {
     set_threads(args.model.threads)?;
-    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let (model, tokenizer) = load::model_and_tokenizer(&args.model)?;
     if !tokenizer.can_chat() {
         bail!(
             "{} has no chat template (no chat_template in tokenizer_config.json or in the \
@@ -71,20 +74,16 @@ pub fn run(args: ChatArgs) -> Result<()> {
         );
     }
     let context = model.config().max_seq_len;
-    let options = generate::Options {
-        max_tokens: args.sampling.max_tokens,
-        ignore_eos: args.sampling.ignore_eos,
-        print_ids: false,
-        stop: tokenizer.chat_stop_ids(),
-    };
-    let sampler = args.sampling.config();
+    let params = args.sampling.params(tokenizer.chat_stop_ids());
+    let mut session = Session::new(model, Arc::new(tokenizer))?;
+    let tokenizer = Arc::clone(session.tokenizer());
+    let exec = generate::executor()?;
     let start: Vec<Message> = args
         .system
         .iter()
         .map(|s| Message::new("system", s.as_str()))
         .collect();
     let mut messages = start.clone();
-    let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut line = String::new();
@@ -128,21 +127,18 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 prompt.text
             );
         }
-        let reuse = common_prefix(&cached, &prompt.ids).min(prompt.ids.len() - 1);
-        let mut sampler = sampler.clone();
-        sampler.seed = sampler.seed.wrapping_add(turn);
-        let prompt = Prompt {
-            tokens: prompt.ids,
-            cached: reuse,
+        let mut params = params.clone();
+        params.sampler.seed = params.sampler.seed.wrapping_add(turn);
+        let prompt = Prompt::Tokens {
+            ids: prompt.ids,
             at_start: true,
         };
-        let reply = generate::generate_ids(&mut model, &tokenizer, prompt, sampler, &options)?;
+        let (generation, reply) = generate::generate(&mut session, &exec, prompt, &params, false)?;
         if args.verbose {
-            eprintln!("{}", reply.stats);
+            eprintln!("{}", generate::Summary(generation));
         }
-        cached = reply.cached;
         let text = tokenizer
-            .decode(&reply.generated)
+            .decode(&reply)
             .context("cannot decode the reply")?;
         messages.push(Message::new(
             "assistant",
@@ -172,9 +168,4 @@ fn prompt_for(
         bail!("the chat template rendered an empty prompt");
     }
     Ok(prompt)
-}
-
-/// The length of the longest common prefix of `a` and `b`.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

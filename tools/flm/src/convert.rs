@@ -81,7 +81,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         Some(path) => load::tokenizer_file(path)?,
         None => ckpt.take_tokenizer(&args.input)?,
     };
-    load::check_vocab(&tokenizer, ckpt.config.vocab_size)?;
+    flm_models::session::check_vocab(&tokenizer, ckpt.config.vocab_size)?;
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template(
             "{bar:40} {pos}/{len} tensors {msg} [{elapsed_precise}, eta {eta}]",

@@ -2,16 +2,11 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use flm_models::import::{self, Checkpoint};
-use flm_models::Model;
+use anyhow::{Context, Result};
+use flm_models::{import, session, Model};
 use flm_tokenizer::Tokenizer;
 
 use crate::ModelArgs;
-
-/// Default context length when `--context` is not given: enough for chat and long
-/// prompts, without allocating the KV cache of a 128k-context model.
-const DEFAULT_CONTEXT: usize = 4096;
 
 /// Reads a tokenizer file of any supported kind (with the `tokenizer_config.json` beside
 /// it, if any).
@@ -20,41 +15,18 @@ pub fn tokenizer_file(path: &Path) -> Result<Tokenizer> {
         .with_context(|| format!("cannot load the tokenizer {}", path.display()))
 }
 
-fn checkpoint(path: &Path) -> Result<Checkpoint> {
-    import::load(path).with_context(|| format!("cannot load the model {}", path.display()))
-}
-
 /// The tokenizer that belongs to the checkpoint at `model`.
 pub fn tokenizer_beside(model: &Path) -> Result<Tokenizer> {
-    Ok(checkpoint(model)?.take_tokenizer(model)?)
+    let mut ckpt = import::load(model)
+        .with_context(|| format!("cannot load the model {}", model.display()))?;
+    Ok(ckpt.take_tokenizer(model)?)
 }
 
-/// Fails unless every token id of `tokenizer` is inside the model's vocabulary.
-pub fn check_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Result<()> {
-    if tokenizer.vocab_size() > model_vocab {
-        bail!(
-            "the tokenizer has {} tokens but the model's vocabulary has {model_vocab}: they do \
-             not belong together",
-            tokenizer.vocab_size(),
-        );
-    }
-    Ok(())
-}
-
-/// Loads the model and its tokenizer and checks that they agree.
+/// Loads the model (one instance, with its KV cache) and its tokenizer, checking that they
+/// agree ([`session::load_model`]).
 pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
-    let mut ckpt = checkpoint(&args.model)?;
-    let tokenizer = match &args.tokenizer {
-        Some(path) => tokenizer_file(path)?,
-        None => ckpt.take_tokenizer(&args.model)?,
-    };
-    check_vocab(&tokenizer, ckpt.config.vocab_size)?;
-    let positions = args.context.unwrap_or(DEFAULT_CONTEXT);
-    if positions == 0 {
-        bail!("--context must be at least 1");
-    }
-    ckpt.config.max_seq_len = ckpt.config.max_seq_len.min(positions);
-    let context = || format!("cannot build the model {}", args.model.display());
-    let model = ckpt.model().with_context(context)?;
-    Ok((model, tokenizer))
+    let (model, tokenizer) =
+        session::load_model(&args.model, args.tokenizer.as_deref(), args.context)
+            .with_context(|| format!("cannot load the model {}", args.model.display()))?;
+    Ok((model.instance()?, tokenizer))
 }

@@ -12,10 +12,12 @@ mod load;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use flm_core::SamplerConfig;
+use flm_models::session::{GenerateParams, Session};
 
 /// flm: a portable LLM inference runtime.
 #[derive(Parser)]
@@ -114,14 +116,20 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// The sampler settings, with the seed from the clock unless `--seed`.
-    fn config(&self) -> SamplerConfig {
-        SamplerConfig {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            repeat_penalty: self.repeat_penalty,
-            seed: self.seed.unwrap_or_else(generate::clock_seed),
+    /// The generation parameters, with the seed from the clock unless `--seed`, stopping
+    /// also at the tokens `stop`.
+    fn params(&self, stop: Vec<u32>) -> GenerateParams {
+        GenerateParams {
+            sampler: SamplerConfig {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                repeat_penalty: self.repeat_penalty,
+                seed: self.seed.unwrap_or_else(generate::clock_seed),
+            },
+            max_tokens: self.max_tokens,
+            ignore_eos: self.ignore_eos,
+            stop,
         }
     }
 }
@@ -157,7 +165,7 @@ fn set_threads(threads: Option<usize>) -> Result<()> {
 fn run(args: RunArgs) -> Result<()> {
     set_threads(args.model.threads)?;
     let start = std::time::Instant::now();
-    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let (model, tokenizer) = load::model_and_tokenizer(&args.model)?;
     let rss =
         generate::resident_mib().map_or(String::new(), |m| format!(", resident memory {m:.0} MiB"));
     eprintln!(
@@ -165,15 +173,12 @@ fn run(args: RunArgs) -> Result<()> {
         args.model.model.display(),
         start.elapsed().as_secs_f64() * 1e3
     );
-    let options = generate::Options {
-        max_tokens: args.sampling.max_tokens,
-        ignore_eos: args.sampling.ignore_eos,
-        print_ids: args.ids,
-        stop: Vec::new(),
-    };
-    let sampler = args.sampling.config();
-    let stats = generate::generate(&mut model, &tokenizer, &args.prompt, sampler, &options)?;
-    eprintln!("{stats}");
+    let params = args.sampling.params(Vec::new());
+    let mut session = Session::new(model, Arc::new(tokenizer))?;
+    let exec = generate::executor()?;
+    let prompt = generate::Prompt::Text(&args.prompt);
+    let (generation, _) = generate::generate(&mut session, &exec, prompt, &params, args.ids)?;
+    eprintln!("{}", generate::Summary(generation));
     Ok(())
 }
 

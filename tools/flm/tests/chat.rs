@@ -104,9 +104,19 @@ fn two_turns_keep_the_history_and_match_a_fresh_run() {
             .map(|s| s.split([' ', ')']).next().unwrap().parse().unwrap())
             .collect()
     };
-    let (lengths, prefilled) = (count("--- prompt ("), count("prompt tokens: "));
-    assert_eq!(prefilled[0], lengths[0]);
-    assert!(prefilled[1] < lengths[1] - lengths[0], "{stderr}");
+    let (lengths, totals) = (count("--- prompt ("), count("prompt tokens: "));
+    // "prompt tokens: N (R reused from the KV cache)" when R > 0.
+    let reused: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("prompt tokens: "))
+        .map(|l| match l.split_once(" (") {
+            Some((_, r)) if r.contains("reused") => r.split(' ').next().unwrap().parse().unwrap(),
+            _ => 0,
+        })
+        .collect();
+    assert_eq!(totals, lengths);
+    assert_eq!(reused[0], 0);
+    assert!(totals[1] - reused[1] < lengths[1] - lengths[0], "{stderr}");
     let run = flm(
         &[
             "run",

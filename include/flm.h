@@ -1,0 +1,307 @@
+/*
+ * flm.h: the C ABI of flm, a portable LLM inference runtime.
+ *
+ * Generated from tools/capi/src by cbindgen (tools/capi/cbindgen.toml); do not edit.
+ * Regenerate with: FLM_UPDATE_HEADER=1 cargo test -p flm-capi --test header
+ *
+ * Conventions:
+ * - Every call that can fail returns an FlmStatus; FLM_STATUS_OK (0) is success, and
+ *   flm_last_error() gives the message of the last failure on the calling thread.
+ * - Text passed in is UTF-8 with an explicit length in bytes (no terminating NUL
+ *   needed); only the model path and the device name are NUL-terminated strings.
+ * - Handles (FlmModel, FlmSession) are opaque; they are created by flm_*_new/_load and
+ *   owned by the caller until passed to the matching _free function.
+ * - The library borrows every pointer argument only for the duration of the call, unless
+ *   the function's documentation says otherwise.
+ * - No Rust panic crosses this boundary: an internal error returns
+ *   FLM_STATUS_INTERNAL.
+ */
+
+#ifndef FLM_H
+#define FLM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ The result of every fallible call. `FLM_STATUS_OK` is 0; every other value but
+ `FLM_STATUS_STOPPED` is an error whose message `flm_last_error()` returns.
+ */
+typedef enum FlmStatus {
+  /*
+   Success.
+   */
+  FLM_STATUS_OK = 0,
+  /*
+   flm_generate(): the callback returned non-zero and generation stopped early; not an
+   error (the text handed out so far is valid, flm_last_error() is not changed).
+   */
+  FLM_STATUS_STOPPED = 1,
+  /*
+   A pointer argument that must not be NULL was NULL.
+   */
+  FLM_STATUS_NULL_POINTER = 2,
+  /*
+   A text argument is not valid UTF-8.
+   */
+  FLM_STATUS_INVALID_UTF8 = 3,
+  /*
+   An argument is out of its documented range (sampling parameters, threads, device
+   name, context of 0, ...).
+   */
+  FLM_STATUS_INVALID_ARGUMENT = 4,
+  /*
+   A token id is not in the model's vocabulary.
+   */
+  FLM_STATUS_TOKEN_OUT_OF_RANGE = 5,
+  /*
+   The caller's buffer is too small; the needed size was stored in the length output.
+   */
+  FLM_STATUS_BUFFER_TOO_SMALL = 6,
+  /*
+   A file could not be opened or read (a missing file, no permission).
+   */
+  FLM_STATUS_IO = 7,
+  /*
+   A model or tokenizer file is malformed, inconsistent or of an unsupported kind.
+   */
+  FLM_STATUS_FORMAT = 8,
+  /*
+   The prompt does not fit in the session's context (it must leave room for one
+   generated token).
+   */
+  FLM_STATUS_CONTEXT_OVERFLOW = 9,
+  /*
+   An internal error (a bug of flm, caught at the boundary instead of unwinding).
+   */
+  FLM_STATUS_INTERNAL = 10,
+} FlmStatus;
+
+/*
+ A loaded model (opaque): weights, tokenizer and executor (devices, thread pool),
+ shared by its sessions.
+ */
+typedef struct FlmModel FlmModel;
+
+/*
+ A generation session (opaque): its own KV cache over a model's shared weights. Use
+ one session from one thread at a time; different sessions may run on different
+ threads at the same time.
+ */
+typedef struct FlmSession FlmSession;
+
+/*
+ Options of flm_model_load(). A zero-initialised struct (`FlmModelOptions o = {0};`)
+ asks for the defaults.
+ */
+typedef struct FlmModelOptions {
+  /*
+   Worker threads of the model's thread pool, shared by all its sessions; 0: one per
+   CPU core; at most 4096.
+   */
+  size_t threads;
+  /*
+   NUL-terminated device name: "cpu", or "auto" (the best device present; today the
+   CPU). NULL means "auto". Borrowed for the call only.
+   */
+  const char *device;
+  /*
+   Positions of each session's KV cache (the context length), capped at the model's;
+   0: the model's context, at most 4096.
+   */
+  size_t context;
+} FlmModelOptions;
+
+/*
+ Sampling parameters of flm_generate(); flm_sampling_default() gives a filled struct.
+ The order of application is repetition penalty, temperature, top-k, top-p (as
+ llama.cpp and Hugging Face `generate`).
+ */
+typedef struct FlmSampling {
+  /*
+   Softmax temperature, finite and >= 0; 0 is greedy (argmax).
+   */
+  float temperature;
+  /*
+   Sample among the `top_k` most likely tokens only; 0 disables.
+   */
+  size_t top_k;
+  /*
+   Nucleus sampling threshold in (0, 1]; 1 disables.
+   */
+  float top_p;
+  /*
+   CTRL repetition penalty (> 0) over the prompt and generated tokens; 1 disables.
+   */
+  float repeat_penalty;
+  /*
+   Seed of the random stream (ChaCha8): the same seed gives the same text.
+   */
+  uint64_t seed;
+} FlmSampling;
+
+/*
+ Called by flm_generate() with each new piece of text: `len` bytes of UTF-8 at `piece`
+ (not NUL-terminated, never empty, whole characters), borrowed for the call only, and
+ the caller's `user_data`. Returning non-zero stops generation.
+ */
+typedef int (*FlmPieceCallback)(const char *piece, size_t len, void *user_data);
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/*
+ The library version ("MAJOR.MINOR.PATCH"), a NUL-terminated static string owned by the
+ library (never freed).
+ */
+const char *flm_version(void);
+
+/*
+ The message of the last call on the calling thread that returned an error (a status
+ other than FLM_STATUS_OK and FLM_STATUS_STOPPED), or "" if there was none: a
+ NUL-terminated UTF-8 string owned by the library, valid until the next failing call on
+ this thread. Successful calls leave it unchanged.
+ */
+const char *flm_last_error(void);
+
+/*
+ Loads the model at `path` (NUL-terminated; a llama2.c `.bin`, a `.flm` file, a GGUF
+ file or a Hugging Face directory, detected from the bytes) with the tokenizer inside
+ or beside it.
+
+ `options` may be NULL (the defaults). On success `*out_model` receives a new handle
+ that the caller owns and frees with flm_model_free(); on failure it is set to NULL.
+
+ Errors: FLM_STATUS_NULL_POINTER (`path` or `out_model`), FLM_STATUS_IO (a missing or
+ unreadable file), FLM_STATUS_FORMAT (a malformed model or tokenizer),
+ FLM_STATUS_INVALID_ARGUMENT / FLM_STATUS_INVALID_UTF8 (options).
+
+ # Safety
+ `path` must be NULL or a NUL-terminated string; `options` NULL or a valid struct;
+ `out_model` NULL or valid for a write.
+ */
+enum FlmStatus flm_model_load(const char *path,
+                              const struct FlmModelOptions *options,
+                              struct FlmModel **out_model);
+
+/*
+ Frees a model handle. Sessions created from it stay usable (they keep what they need
+ alive). NULL is ignored.
+
+ # Safety
+ `model` must be NULL or a handle from flm_model_load() not freed before, and no other
+ thread may be using it.
+ */
+void flm_model_free(struct FlmModel *model);
+
+/*
+ Encodes `text_len` bytes of UTF-8 `text` into token ids, with the begin-of-sequence
+ token first if `add_bos`. `*n_ids` receives the number of ids the text encodes to;
+ they are written to `ids` (capacity `ids_capacity` elements, owned by the caller) when
+ they fit, else FLM_STATUS_BUFFER_TOO_SMALL is returned and nothing is written. Pass
+ `ids = NULL, ids_capacity = 0` to ask for the size.
+
+ Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INVALID_UTF8, FLM_STATUS_BUFFER_TOO_SMALL,
+ FLM_STATUS_INVALID_ARGUMENT (`add_bos` with a tokenizer that has no BOS token).
+
+ # Safety
+ `model` must be NULL or a live handle; `text` NULL or `text_len` readable bytes; `ids`
+ NULL or `ids_capacity` writable elements; `n_ids` NULL or valid for a write.
+ */
+enum FlmStatus flm_tokenize(const struct FlmModel *model,
+                            const char *text,
+                            size_t text_len,
+                            bool add_bos,
+                            uint32_t *ids,
+                            size_t ids_capacity,
+                            size_t *n_ids);
+
+/*
+ Decodes `n_ids` token ids into UTF-8 text, not NUL-terminated, as SentencePiece
+ `Decode` does (control tokens as nothing, the leading space of the first piece
+ dropped). `*text_len` receives the length in bytes; the text is
+ written to `text` (capacity `text_capacity` bytes, owned by the caller) when it fits,
+ else FLM_STATUS_BUFFER_TOO_SMALL is returned and nothing is written. Pass
+ `text = NULL, text_capacity = 0` to ask for the size.
+
+ Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_TOKEN_OUT_OF_RANGE (an id outside the
+ vocabulary), FLM_STATUS_BUFFER_TOO_SMALL.
+
+ # Safety
+ `model` must be NULL or a live handle; `ids` NULL or `n_ids` readable elements; `text`
+ NULL or `text_capacity` writable bytes; `text_len` NULL or valid for a write.
+ */
+enum FlmStatus flm_detokenize(const struct FlmModel *model,
+                              const uint32_t *ids,
+                              size_t n_ids,
+                              char *text,
+                              size_t text_capacity,
+                              size_t *text_len);
+
+/*
+ The sampling defaults of `flm run`: temperature 0.8, top-k 40, top-p 0.95, no
+ repetition penalty, seed 0.
+ */
+struct FlmSampling flm_sampling_default(void);
+
+/*
+ Creates a session over `model`, with a KV cache for the model's context (see
+ FlmModelOptions.context). On success `*out_session` receives a new handle that the
+ caller owns and frees with flm_session_free(); on failure it is set to NULL. The
+ session keeps the model's weights alive: flm_model_free() may come first.
+
+ Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INTERNAL (allocation size overflow).
+
+ # Safety
+ `model` must be NULL or a live handle; `out_session` NULL or valid for a write.
+ */
+enum FlmStatus flm_session_new(const struct FlmModel *model, struct FlmSession **out_session);
+
+/*
+ Frees a session handle. NULL is ignored.
+
+ # Safety
+ `session` must be NULL or a handle from flm_session_new() not freed before, and no
+ other thread may be using it.
+ */
+void flm_session_free(struct FlmSession *session);
+
+/*
+ Generates a continuation of the UTF-8 `prompt` (`prompt_len` bytes; the
+ begin-of-sequence token is added, the prompt itself is not handed out) with the
+ session's KV cache: prefill (only after the longest common prefix of the prompt's
+ tokens and the sequence the cache holds from the previous call, so a multi-turn chat
+ whose prompt repeats the conversation costs only the new turn; ChatGLM-6B always
+ restarts), then one token per decode step, until an end-of-sequence token (the
+ model's, or a stop token of the tokenizer's chat format), `max_tokens` tokens, a full
+ context, or `callback` returning non-zero. The text is handed to `callback` (may be NULL) piece by piece;
+ `flm run` prints the same pieces. `sampling` may be NULL for greedy decoding.
+ `n_generated` (may be NULL) receives the number of tokens generated.
+
+ Returns FLM_STATUS_OK, or FLM_STATUS_STOPPED when the callback stopped generation.
+ Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INVALID_UTF8 (`prompt`),
+ FLM_STATUS_INVALID_ARGUMENT (sampling parameters), FLM_STATUS_CONTEXT_OVERFLOW (the
+ prompt fills the context).
+
+ # Safety
+ `session` must be NULL or a live handle not used by another thread during the call;
+ `prompt` NULL or `prompt_len` readable bytes; `sampling` NULL or a valid struct;
+ `n_generated` NULL or valid for a write; `callback` must be safe to call with
+ `user_data`, and must not unwind (C++ exceptions, longjmp) through this function.
+ */
+enum FlmStatus flm_generate(struct FlmSession *session,
+                            const char *prompt,
+                            size_t prompt_len,
+                            const struct FlmSampling *sampling,
+                            size_t max_tokens,
+                            FlmPieceCallback callback,
+                            void *user_data,
+                            size_t *n_generated);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* FLM_H */

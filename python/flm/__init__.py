@@ -1,0 +1,190 @@
+"""flm: Python bindings of libflm, the C ABI of the flm LLM inference runtime.
+
+>>> import flm
+>>> with flm.Model("tests/data/stories260K/stories260K.bin") as model:  # doctest: +SKIP
+...     text = "".join(model.session().generate("Once upon a time", temperature=0))
+
+A `Model` holds the weights, the tokenizer and a thread pool; each `Session` has its own
+KV cache, so several sessions of one model can generate at the same time on different
+threads. `Session.generate` is an iterator of text pieces. Every failure raises
+`FlmError` carrying the library's status and message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import threading
+from typing import Iterator, Sequence
+
+from ._lib import PIECE_CALLBACK, FlmError, ModelOptions, Sampling, Status, check, lib
+
+__all__ = ["FlmError", "Model", "Session", "Status", "version"]
+
+
+def version() -> str:
+    """The version of the loaded libflm."""
+    return lib().flm_version().decode()
+
+
+class Model:
+    """A model loaded by flm_model_load(): a llama2.c .bin, .flm, GGUF file or Hugging Face
+    directory, with the tokenizer inside or beside it.
+
+    threads: worker threads of the model's pool (0: one per core); device: "cpu" or
+    "auto"; context: KV cache positions of each session (0: the model's, at most 4096).
+    Raises FlmError (status IO for a missing file, FORMAT for a malformed one...).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        threads: int = 0,
+        device: str = "auto",
+        context: int = 0,
+    ) -> None:
+        self._handle: ctypes.c_void_p | None = None
+        options = ModelOptions(threads, device.encode(), context)
+        handle = ctypes.c_void_p()
+        check(lib().flm_model_load(os.fsencode(path), ctypes.byref(options), ctypes.byref(handle)))
+        self._handle = handle
+
+    def _live(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("the model is closed")
+        return self._handle
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        """The token ids of `text`, with the begin-of-sequence id first if `add_bos`."""
+        data = text.encode()
+        needed = ctypes.c_size_t()
+        status = lib().flm_tokenize(self._live(), data, len(data), add_bos, None, 0,
+                                    ctypes.byref(needed))
+        if status != Status.BUFFER_TOO_SMALL:
+            check(status)
+        ids = (ctypes.c_uint32 * needed.value)()
+        check(lib().flm_tokenize(self._live(), data, len(data), add_bos, ids, len(ids),
+                                 ctypes.byref(needed)))
+        return list(ids)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of `ids` (SentencePiece decoding). Raises FlmError with status
+        TOKEN_OUT_OF_RANGE for an id outside the vocabulary."""
+        array = (ctypes.c_uint32 * len(ids))(*ids)
+        needed = ctypes.c_size_t()
+        status = lib().flm_detokenize(self._live(), array, len(ids), None, 0,
+                                      ctypes.byref(needed))
+        if status != Status.BUFFER_TOO_SMALL:
+            check(status)
+        buffer = ctypes.create_string_buffer(needed.value)
+        check(lib().flm_detokenize(self._live(), array, len(ids), buffer, needed.value,
+                                   ctypes.byref(needed)))
+        return buffer.raw[: needed.value].decode()
+
+    def session(self) -> Session:
+        """A new session of this model, with its own KV cache."""
+        return Session(self)
+
+    def close(self) -> None:
+        """Frees the model; its sessions stay usable."""
+        if self._handle is not None:
+            lib().flm_model_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Session:
+    """A generation session (flm_session_new): its own KV cache over a model's weights.
+    Use one session from one thread at a time."""
+
+    def __init__(self, model: Model) -> None:
+        self._handle: ctypes.c_void_p | None = None
+        handle = ctypes.c_void_p()
+        check(lib().flm_session_new(model._live(), ctypes.byref(handle)))
+        self._handle = handle
+        self._busy = threading.Lock()
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        repeat_penalty: float = 1.0,
+        seed: int = 0,
+    ) -> Iterator[str]:
+        """Generates a continuation of `prompt` (the prompt is not repeated), yielding the
+        text piece by piece as `flm run` prints it. Stops at end-of-sequence, after
+        `max_tokens`, when the context is full, or when the iterator is closed (leaving a
+        `for` loop early). temperature 0 is greedy. The session keeps its KV cache between
+        calls: only the part of `prompt` after what it shares with the previous prompt and
+        reply is prefilled (multi-turn chat). Raises FlmError (INVALID_ARGUMENT for
+        bad sampling parameters, CONTEXT_OVERFLOW for a prompt that fills the context).
+        """
+        if self._handle is None:
+            raise ValueError("the session is closed")
+        sampling = Sampling(temperature, top_k, top_p, repeat_penalty, seed)
+        data = prompt.encode()
+        pieces: queue.Queue[tuple[str, object]] = queue.Queue()
+        stop = threading.Event()
+        handle = self._handle
+
+        def on_piece(piece: ctypes.Array[ctypes.c_char], length: int, _: object) -> int:
+            pieces.put(("piece", ctypes.string_at(piece, length).decode()))
+            return 1 if stop.is_set() else 0
+
+        callback = PIECE_CALLBACK(on_piece)
+
+        def run() -> None:
+            try:
+                status = lib().flm_generate(handle, data, len(data), ctypes.byref(sampling),
+                                            max_tokens, callback, None, None)
+                check(status)
+                pieces.put(("done", None))
+            except BaseException as error:  # handed to the consuming thread
+                pieces.put(("error", error))
+
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("the session is already generating; use another session")
+        worker = threading.Thread(target=run, name="flm-generate", daemon=True)
+        worker.start()
+        try:
+            while True:
+                kind, value = pieces.get()
+                if kind == "piece":
+                    yield str(value)
+                elif kind == "error":
+                    raise value  # type: ignore[misc]
+                else:
+                    return
+        finally:
+            stop.set()
+            worker.join()
+            self._busy.release()
+
+    def close(self) -> None:
+        """Frees the session."""
+        if self._handle is not None:
+            lib().flm_session_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,133 @@
+"""pytest tests of the flm Python package over libflm, on the shipped stories260K.
+
+The greedy text is checked against llama2.c's reference (the text `flm run` is checked
+against in tools/flm/tests/cli.rs) and, when FLM_BIN names the flm binary, against what
+`flm run --temperature 0` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+import flm
+
+DATA = Path(__file__).resolve().parents[2] / "tests" / "data" / "stories260K"
+MODEL = DATA / "stories260K.bin"
+
+
+def reference(case: str) -> str:
+    with open(DATA / "stories260K_reference.json", encoding="utf-8") as f:
+        return json.load(f)[case]["output_text"]
+
+
+@pytest.fixture(scope="module")
+def model() -> flm.Model:
+    with flm.Model(MODEL, threads=2) as m:
+        yield m
+
+
+def greedy(session: flm.Session, prompt: str, max_tokens: int) -> str:
+    return "".join(session.generate(prompt, max_tokens=max_tokens, temperature=0))
+
+
+@pytest.mark.parametrize(
+    "prompt, max_tokens, case",
+    [("", 200, "greedy_from_bos"), ("Once upon a time", 32, "greedy_prompt")],
+)
+def test_greedy_text_equals_flm_run(model: flm.Model, prompt: str, max_tokens: int, case: str) -> None:
+    text = greedy(model.session(), prompt, max_tokens)
+    expected = reference(case)[len(prompt):]
+    assert text == expected
+    flm_bin = os.environ.get("FLM_BIN")
+    if flm_bin:
+        out = subprocess.run(
+            [flm_bin, "run", "--model", str(MODEL), "--prompt", prompt,
+             "--temperature", "0", "--max-tokens", str(max_tokens)],
+            check=True, capture_output=True,
+        )
+        assert out.stdout.decode() == text + "\n"
+
+
+def test_generate_streams_pieces_and_stops_when_the_loop_breaks(model: flm.Model) -> None:
+    session = model.session()
+    full = list(session.generate("Lily", max_tokens=40, temperature=0))
+    assert len(full) > 5
+    taken = []
+    for piece in session.generate("Lily", max_tokens=40, temperature=0):
+        taken.append(piece)
+        if len(taken) == 3:
+            break
+    assert taken == full[:3]
+    # The session is usable again after an early stop.
+    assert list(session.generate("Lily", max_tokens=40, temperature=0)) == full
+
+
+def test_a_second_turn_reuses_the_kv_cache_and_equals_a_fresh_session(model: flm.Model) -> None:
+    # The second prompt extends the first prompt and its reply, so the session prefills
+    # only the new part; its continuation must equal a fresh session's and llama2.c's.
+    session = model.session()
+    prompt = "Once upon a time"
+    first = greedy(session, prompt, 8)
+    second = greedy(session, prompt + first, 12)
+    assert second == greedy(model.session(), prompt + first, 12)
+    assert (prompt + first + second).startswith(reference("greedy_prompt")[: len(prompt) + 20])
+
+
+def test_two_sessions_on_two_threads_equal_their_solo_runs(model: flm.Model) -> None:
+    jobs = [("Once upon a time", 0.0, 0), ("Tom had a dog", 0.8, 7)]
+
+    def run(prompt: str, temperature: float, seed: int) -> str:
+        session = model.session()
+        return "".join(session.generate(prompt, max_tokens=100, temperature=temperature, seed=seed))
+
+    solo = [run(*job) for job in jobs]
+    together: list[str] = ["", ""]
+
+    def worker(i: int) -> None:
+        together[i] = run(*jobs[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == solo
+
+
+def test_tokenize_round_trip(model: flm.Model) -> None:
+    ids = model.tokenize("Once upon a time")
+    assert ids[0] == 1
+    assert model.detokenize(ids) == "Once upon a time"
+
+
+def test_errors_carry_the_library_message(model: flm.Model, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model.bin"
+    with pytest.raises(flm.FlmError) as err:
+        flm.Model(missing)
+    assert err.value.status == flm.Status.IO
+    assert str(missing) in err.value.message
+
+    with pytest.raises(flm.FlmError) as err:
+        model.detokenize([1, 100000])
+    assert err.value.status == flm.Status.TOKEN_OUT_OF_RANGE
+    assert "100000" in err.value.message
+
+    with pytest.raises(flm.FlmError) as err:
+        list(model.session().generate("Hi", top_p=1.5))
+    assert err.value.status == flm.Status.INVALID_ARGUMENT
+    assert "top-p" in err.value.message
+
+    with pytest.raises(flm.FlmError) as err:
+        flm.Model(MODEL, device="tpu")
+    assert err.value.status == flm.Status.INVALID_ARGUMENT
+    assert "tpu" in err.value.message
+
+
+def test_version() -> None:
+    assert flm.version().count(".") == 2

@@ -1,0 +1,281 @@
+/*
+ * A host application of libflm, built by gcc against libflm.so and libflm.a
+ * (tools/capi/tests/c_program.rs drives it, also under valgrind).
+ *
+ *   flm_test generate MODEL PROMPT MAX_TOKENS
+ *       Greedy generation, printed as `flm run --temperature 0` prints it: the
+ *       continuation, then a newline.
+ *   flm_test check MODEL
+ *       Two sessions on two threads at once against their solo outputs, the documented
+ *       status of each kind of bad call, tokenize/detokenize, a callback that stops.
+ *       Prints "ok" and exits 0, or prints each failure and exits 1.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flm.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                             \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n",       \
+                    __FILE__, __LINE__, #cond, flm_last_error());               \
+            failures++;                                                         \
+        }                                                                       \
+    } while (0)
+
+/* Checks that `call` returns `status` and that the error message contains `needle`. */
+#define EXPECT_ERROR(call, status, needle)                                      \
+    do {                                                                        \
+        FlmStatus got_ = (call);                                                \
+        if (got_ != (status) || strstr(flm_last_error(), (needle)) == NULL) {   \
+            fprintf(stderr, "%s:%d: %s returned %d (want %d), message \"%s\" "  \
+                    "(want \"%s\" in it)\n", __FILE__, __LINE__, #call,         \
+                    (int)got_, (int)(status), flm_last_error(), (needle));      \
+            failures++;                                                         \
+        }                                                                       \
+    } while (0)
+
+/* A growing byte buffer that collects the generated pieces. */
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+    size_t pieces;
+    size_t stop_after; /* return non-zero after this many pieces; 0: never */
+} Text;
+
+static int collect(const char *piece, size_t len, void *user_data) {
+    Text *t = user_data;
+    if (t->len + len + 1 > t->cap) {
+        size_t cap = (t->len + len + 1) * 2;
+        char *data = realloc(t->data, cap);
+        if (data == NULL) {
+            return 1;
+        }
+        t->data = data;
+        t->cap = cap;
+    }
+    memcpy(t->data + t->len, piece, len);
+    t->len += len;
+    t->data[t->len] = '\0';
+    t->pieces++;
+    return t->stop_after != 0 && t->pieces >= t->stop_after;
+}
+
+static int print_piece(const char *piece, size_t len, void *user_data) {
+    (void)user_data;
+    fwrite(piece, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+static FlmModel *load(const char *path) {
+    FlmModel *model = NULL;
+    FlmStatus status = flm_model_load(path, NULL, &model);
+    if (status != FLM_STATUS_OK) {
+        fprintf(stderr, "cannot load %s: %s\n", path, flm_last_error());
+        exit(1);
+    }
+    return model;
+}
+
+/* One generation job: a prompt and its sampling, on a session of its own. */
+typedef struct {
+    const FlmModel *model;
+    const char *prompt;
+    FlmSampling sampling;
+    size_t max_tokens;
+    pthread_barrier_t *start; /* NULL when run alone */
+    Text out;
+    FlmStatus status;
+} Job;
+
+static void *run_job(void *arg) {
+    Job *job = arg;
+    FlmSession *session = NULL;
+    job->status = flm_session_new(job->model, &session);
+    if (job->start != NULL) {
+        pthread_barrier_wait(job->start);
+    }
+    if (job->status == FLM_STATUS_OK) {
+        job->status = flm_generate(session, job->prompt, strlen(job->prompt), &job->sampling,
+                                   job->max_tokens, collect, &job->out, NULL);
+    }
+    flm_session_free(session);
+    return NULL;
+}
+
+static void two_threads_equal_solo(const FlmModel *model) {
+    FlmSampling greedy = flm_sampling_default();
+    greedy.temperature = 0.0f;
+    FlmSampling sampled = flm_sampling_default();
+    sampled.seed = 7;
+    Job solo[2] = {
+        {model, "Once upon a time", greedy, 120, NULL, {0}, FLM_STATUS_OK},
+        {model, "Lily and Ben", sampled, 120, NULL, {0}, FLM_STATUS_OK},
+    };
+    Job both[2];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, 2);
+    pthread_t threads[2];
+    for (int i = 0; i < 2; i++) {
+        run_job(&solo[i]);
+        CHECK(solo[i].status == FLM_STATUS_OK && solo[i].out.len > 0);
+        both[i] = solo[i];
+        both[i].start = &start;
+        memset(&both[i].out, 0, sizeof both[i].out);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK(pthread_create(&threads[i], NULL, run_job, &both[i]) == 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(threads[i], NULL);
+        CHECK(both[i].status == FLM_STATUS_OK);
+        CHECK(both[i].out.len == solo[i].out.len &&
+              memcmp(both[i].out.data, solo[i].out.data, solo[i].out.len) == 0);
+        free(solo[i].out.data);
+        free(both[i].out.data);
+    }
+    pthread_barrier_destroy(&start);
+}
+
+static void tokenize_round_trip(const FlmModel *model) {
+    const char *text = "Once upon a time, there was a little girl.";
+    size_t n = 0;
+    EXPECT_ERROR(flm_tokenize(model, text, strlen(text), true, NULL, 0, &n),
+                 FLM_STATUS_BUFFER_TOO_SMALL, "needed");
+    CHECK(n > 1);
+    uint32_t *ids = malloc(n * sizeof *ids);
+    size_t n2 = 0;
+    CHECK(flm_tokenize(model, text, strlen(text), true, ids, n, &n2) == FLM_STATUS_OK);
+    CHECK(n2 == n && ids[0] == 1);
+    size_t len = 0;
+    char small[4];
+    EXPECT_ERROR(flm_detokenize(model, ids, n, small, sizeof small, &len),
+                 FLM_STATUS_BUFFER_TOO_SMALL, "needed");
+    CHECK(len == strlen(text));
+    char back[128];
+    CHECK(flm_detokenize(model, ids, n, back, sizeof back, &len) == FLM_STATUS_OK);
+    CHECK(len == strlen(text) && memcmp(back, text, len) == 0);
+    free(ids);
+}
+
+static void bad_calls(const char *path, FlmModel *model) {
+    FlmModel *none = (FlmModel *)&failures; /* a non-NULL value the calls must reset */
+    FlmSession *session = NULL;
+    size_t n = 0;
+    char text[16];
+
+    /* Null pointers. */
+    EXPECT_ERROR(flm_model_load(NULL, NULL, &none), FLM_STATUS_NULL_POINTER, "path");
+    CHECK(none == NULL);
+    EXPECT_ERROR(flm_model_load(path, NULL, NULL), FLM_STATUS_NULL_POINTER, "out_model");
+    EXPECT_ERROR(flm_session_new(NULL, &session), FLM_STATUS_NULL_POINTER, "model");
+    EXPECT_ERROR(flm_tokenize(model, NULL, 3, true, NULL, 0, &n), FLM_STATUS_NULL_POINTER,
+                 "text");
+    EXPECT_ERROR(flm_tokenize(model, "abc", 3, true, NULL, 0, NULL), FLM_STATUS_NULL_POINTER,
+                 "n_ids");
+    EXPECT_ERROR(flm_generate(NULL, "a", 1, NULL, 4, NULL, NULL, NULL),
+                 FLM_STATUS_NULL_POINTER, "session");
+    flm_model_free(NULL);
+    flm_session_free(NULL);
+
+    /* Invalid UTF-8. */
+    const char bad[] = {'a', (char)0xff, (char)0xfe, 'b'};
+    EXPECT_ERROR(flm_tokenize(model, bad, sizeof bad, true, NULL, 0, &n),
+                 FLM_STATUS_INVALID_UTF8, "UTF-8");
+    CHECK(flm_session_new(model, &session) == FLM_STATUS_OK);
+    EXPECT_ERROR(flm_generate(session, bad, sizeof bad, NULL, 4, NULL, NULL, NULL),
+                 FLM_STATUS_INVALID_UTF8, "prompt");
+
+    /* Out-of-range token ids. */
+    const uint32_t ids[] = {1, 100000};
+    EXPECT_ERROR(flm_detokenize(model, ids, 2, text, sizeof text, &n),
+                 FLM_STATUS_TOKEN_OUT_OF_RANGE, "100000");
+
+    /* Missing file. */
+    EXPECT_ERROR(flm_model_load("/nonexistent/flm-model.bin", NULL, &none), FLM_STATUS_IO,
+                 "/nonexistent/flm-model.bin");
+    CHECK(none == NULL);
+
+    /* Bad options and sampling parameters; a prompt longer than the context. */
+    FlmModelOptions options = {0};
+    options.device = "gpu9";
+    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT, "gpu9");
+    options.device = NULL;
+    options.threads = (size_t)-1;
+    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT, "threads");
+    FlmSampling sampling = flm_sampling_default();
+    sampling.top_p = 1.5f;
+    EXPECT_ERROR(flm_generate(session, "a", 1, &sampling, 4, NULL, NULL, NULL),
+                 FLM_STATUS_INVALID_ARGUMENT, "top-p");
+    options.device = "cpu";
+    options.context = 4;
+    options.threads = 1;
+    FlmModel *small = NULL;
+    CHECK(flm_model_load(path, &options, &small) == FLM_STATUS_OK);
+    FlmSession *cramped = NULL;
+    CHECK(flm_session_new(small, &cramped) == FLM_STATUS_OK);
+    flm_model_free(small); /* the session keeps the weights alive */
+    const char *prompt = "Once upon a time there was";
+    EXPECT_ERROR(flm_generate(cramped, prompt, strlen(prompt), NULL, 4, NULL, NULL, NULL),
+                 FLM_STATUS_CONTEXT_OVERFLOW, "context holds 4 tokens");
+    size_t generated = 0;
+    CHECK(flm_generate(cramped, "", 0, NULL, 100, NULL, NULL, &generated) == FLM_STATUS_OK);
+    CHECK(generated == 3); /* BOS + 3 tokens fill the 4 positions */
+    flm_session_free(cramped);
+
+    /* A callback that stops: its pieces so far are the start of the full text. */
+    Text full = {0}, part = {0};
+    part.stop_after = 3;
+    CHECK(flm_generate(session, "Lily", 4, NULL, 50, collect, &full, NULL) == FLM_STATUS_OK);
+    const char *before = flm_last_error();
+    CHECK(flm_generate(session, "Lily", 4, NULL, 50, collect, &part, &generated) ==
+          FLM_STATUS_STOPPED);
+    CHECK(flm_last_error() == before);
+    CHECK(part.pieces == 3 && generated >= 3 && part.len > 0 && part.len < full.len &&
+          memcmp(part.data, full.data, part.len) == 0);
+    free(full.data);
+    free(part.data);
+    flm_session_free(session);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "generate") == 0) {
+        FlmModel *model = load(argv[2]);
+        FlmSession *session = NULL;
+        FlmStatus status = flm_session_new(model, &session);
+        if (status == FLM_STATUS_OK) {
+            status = flm_generate(session, argv[3], strlen(argv[3]), NULL,
+                                  strtoul(argv[4], NULL, 10), print_piece, NULL, NULL);
+        }
+        if (status != FLM_STATUS_OK) {
+            fprintf(stderr, "error %d: %s\n", (int)status, flm_last_error());
+        }
+        printf("\n");
+        flm_session_free(session);
+        flm_model_free(model);
+        return status == FLM_STATUS_OK ? 0 : 1;
+    }
+    if (argc == 3 && strcmp(argv[1], "check") == 0) {
+        CHECK(strlen(flm_version()) > 0 && strcmp(flm_last_error(), "") == 0);
+        FlmModel *model = load(argv[2]);
+        two_threads_equal_solo(model);
+        tokenize_round_trip(model);
+        bad_calls(argv[2], model);
+        flm_model_free(model);
+        if (failures > 0) {
+            fprintf(stderr, "%d checks failed\n", failures);
+            return 1;
+        }
+        printf("ok\n");
+        return 0;
+    }
+    fprintf(stderr, "usage: flm_test generate MODEL PROMPT MAX_TOKENS | check MODEL\n");
+    return 2;
+}

@@ -1,0 +1,181 @@
+//! The C host program tests/c/flm_test.c, built by gcc against libflm.so and libflm.a:
+//! greedy text byte for byte as `flm run --temperature 0` prints it (and as llama2.c's
+//! reference, tests/data/stories260K/stories260K_reference.json), concurrent sessions,
+//! the documented status of bad calls, and no leak or invalid access under valgrind.
+//!
+//! Needs gcc. The valgrind test is skipped when valgrind is not installed, unless
+//! `FLM_REQUIRE_VALGRIND=1` (CI sets it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> String {
+    repo()
+        .join("tests/data/stories260K/stories260K.bin")
+        .display()
+        .to_string()
+}
+
+/// The directory cargo builds libflm.{so,a} and the flm binary into (this test runs from
+/// its `deps/` subdirectory).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// Builds libflm and the flm binary into [`target_dir`], once: `cargo test` builds the
+/// libraries of this crate only under `deps/` with hashed names, and not the binary.
+fn build() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = target_dir();
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .args(["build", "--quiet", "-p", "flm-capi", "-p", "flm-cli"])
+            .arg("--target-dir")
+            .arg(dir.parent().unwrap());
+        if dir.ends_with("release") {
+            cargo.arg("--release");
+        }
+        run(&mut cargo);
+        dir
+    })
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The C program linked against the shared library, then against the static one.
+fn programs() -> &'static [PathBuf; 2] {
+    static PROGRAMS: OnceLock<[PathBuf; 2]> = OnceLock::new();
+    PROGRAMS.get_or_init(|| {
+        let lib = build();
+        let out = lib.join("c-test");
+        std::fs::create_dir_all(&out).unwrap();
+        let gcc = |exe: &Path, link: &[&str]| {
+            let mut cmd = Command::new("gcc");
+            cmd.args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-g", "-O1"])
+                .args(["-Wall", "-Wextra", "-Werror", "-pthread"])
+                .arg("-I")
+                .arg(repo().join("include"))
+                .arg(repo().join("tests/c/flm_test.c"))
+                .arg("-o")
+                .arg(exe)
+                .args(link);
+            run(&mut cmd);
+        };
+        let shared = out.join("flm_test_shared");
+        let rpath = format!("-Wl,-rpath,{}", lib.display());
+        let libdir = format!("-L{}", lib.display());
+        gcc(&shared, &[&libdir, "-lflm", &rpath]);
+        let fixed = out.join("flm_test_static");
+        let archive = lib.join("libflm.a").display().to_string();
+        gcc(&fixed, &[&archive, "-lpthread", "-ldl", "-lm"]);
+        [shared, fixed]
+    })
+}
+
+/// What `flm run --temperature 0` prints for `prompt`, from the flm binary of this
+/// workspace.
+fn flm_run(prompt: &str, max_tokens: &str) -> String {
+    let out = run(Command::new(build().join("flm")).args([
+        "run",
+        "--model",
+        &model(),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        max_tokens,
+    ]));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn reference(case: &str) -> String {
+    let path = repo().join("tests/data/stories260K/stories260K_reference.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    json[case]["output_text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn greedy_text_equals_flm_run_and_llama2c() {
+    let cases = [
+        ("", "200", reference("greedy_from_bos")),
+        (
+            "Once upon a time",
+            "32",
+            reference("greedy_prompt")
+                .strip_prefix("Once upon a time")
+                .unwrap()
+                .to_string(),
+        ),
+    ];
+    for (prompt, max_tokens, expected) in cases {
+        let cli = flm_run(prompt, max_tokens);
+        assert_eq!(cli, format!("{expected}\n"), "flm run, prompt {prompt:?}");
+        for program in programs() {
+            let out = run(Command::new(program).args(["generate", &model(), prompt, max_tokens]));
+            assert_eq!(
+                String::from_utf8(out.stdout).unwrap(),
+                cli,
+                "{}, prompt {prompt:?}",
+                program.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn concurrent_sessions_and_error_codes() {
+    for program in programs() {
+        let out = run(Command::new(program).args(["check", &model()]));
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), "ok\n");
+    }
+}
+
+fn valgrind_present() -> bool {
+    Command::new("valgrind").arg("--version").output().is_ok()
+}
+
+#[test]
+fn valgrind_finds_no_leak_or_invalid_access() {
+    if !valgrind_present() {
+        assert!(
+            std::env::var_os("FLM_REQUIRE_VALGRIND").is_none(),
+            "FLM_REQUIRE_VALGRIND is set but valgrind is not installed"
+        );
+        eprintln!("valgrind is not installed: skipped");
+        return;
+    }
+    let suppressions = repo().join("tests/c/valgrind.supp");
+    for args in [
+        vec!["generate", &model(), "Once upon a time", "32"],
+        vec!["check", &model()],
+    ] {
+        run(Command::new("valgrind")
+            .args(["--leak-check=full", "--show-leak-kinds=all"])
+            .args(["--errors-for-leak-kinds=definite,indirect,possible"])
+            .arg(format!("--suppressions={}", suppressions.display()))
+            .args(["--error-exitcode=1", "--quiet"])
+            .arg(&programs()[0])
+            .args(&args));
+    }
+}
