@@ -41,7 +41,9 @@ mod chat;
 mod chatglm;
 mod decode;
 mod error;
+mod gpt2;
 mod hf_bpe;
+mod hf_byte_level;
 mod hf_config;
 mod hf_json;
 mod jinja;
@@ -50,6 +52,7 @@ mod sentencepiece;
 mod sp_proto;
 mod spec;
 mod spec_build;
+mod tiktoken;
 mod trie;
 mod vocab;
 
@@ -58,6 +61,7 @@ use std::path::Path;
 pub use chat::{ChatFormat, ChatPrompt, Message};
 pub use decode::StreamDecoder;
 pub use error::{Error, Result};
+pub use gpt2::gguf_gpt2_spec;
 pub use hf_config::chat_template_from_hf_config;
 pub use spec::{
     AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
@@ -136,8 +140,8 @@ impl Tokenizer {
         if text.trim_ascii_start().starts_with(b"{") {
             return hf_json::load(text);
         }
-        if byte_bpe::looks_like_ranks(bytes) {
-            return chatglm::glm4(byte_bpe::parse_ranks(bytes)?);
+        if tiktoken::looks_like_ranks(bytes) {
+            return chatglm::glm4(tiktoken::parse_ranks(bytes)?);
         }
         // A serialised ModelProto starts with its first piece: field 1, length-delimited.
         if bytes.first() == Some(&0x0a) {
