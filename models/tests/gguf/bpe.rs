@@ -31,7 +31,7 @@ fn gpt2_vocab_file_encodes_all_46_cases() {
 #[test]
 fn gpt2_special_token_in_text_and_decoding() {
     let tok = gpt2();
-    // `tokenizers` recognises added tokens in the text (GPT2TokenizerFast gives
+    // `tokenizers` recognises added tokens in the text (gpt2_cases.json, case 46:
     // [15496, 50256, 995]); the special token decodes to nothing, as flm's control tokens do.
     let ids = tok.encode("Hello<|endoftext|> world", false).unwrap();
     assert_eq!(ids, [15496, 50256, 995]);
@@ -57,5 +57,46 @@ fn gpt2_round_trips_through_the_flm_spec() {
     for (text, expected) in llama_cpp_cases("gpt-2") {
         assert_eq!(back.encode(&text, false).unwrap(), expected, "{text:?}");
         assert_eq!(back.decode(&expected).unwrap(), text);
+    }
+}
+
+/// The GGUF file with `tokenizer.ggml.pre` set to `pre`.
+fn with_pre(pre: &str) -> Tokenizer {
+    let mut bytes = std::fs::read(data(GPT2)).unwrap();
+    // The key, the value type (string, 8), then the value "gpt-2".
+    let key = b"tokenizer.ggml.pre";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    let old = [&5u64.to_le_bytes()[..], b"gpt-2"].concat();
+    assert_eq!(bytes[at..at + old.len()], old);
+    let new = [&(pre.len() as u64).to_le_bytes()[..], pre.as_bytes()].concat();
+    bytes.splice(at..at + old.len(), new);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &bytes).unwrap();
+    import::load_gguf_tokenizer(file.path()).unwrap_or_else(|e| panic!("{pre}: {e}"))
+}
+
+#[test]
+fn gguf_pre_tokenizer_names_select_each_familys_regex() {
+    // The ids `tokenizers` gives with each family's Split regex on this vocabulary
+    // (tests/data/tokenizer/gpt2/make_gpt2_cases.py); the 46 llama.cpp strings have no
+    // added tokens, so they read the same from the GGUF file.
+    let text = std::fs::read_to_string(data("tokenizer/gpt2/gpt2_cases.json")).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (pre, variant) in [
+        ("llama-bpe", "llama3"),
+        ("qwen2", "qwen2"),
+        ("tekken", "tekken"),
+    ] {
+        let tok = with_pre(pre);
+        for i in 0..46 {
+            let text = cases["texts"][i].as_str().unwrap();
+            let want: Vec<u32> =
+                serde_json::from_value(cases["variants"][variant]["ids"][i].clone()).unwrap();
+            assert_eq!(
+                tok.encode(text, false).unwrap(),
+                want,
+                "{pre} case {i}: {text:?}"
+            );
+        }
     }
 }
