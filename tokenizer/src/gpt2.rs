@@ -157,7 +157,8 @@ pub(crate) fn build_spec<'a>(
 /// The description of a GGUF `gpt2` tokenizer from its metadata: `tokens`
 /// (`tokenizer.ggml.tokens`) and `types` (`.token_type`: 1 normal, 3 control, 4
 /// user-defined, 5 unused, read as control), `merges` (`.merges`, "left right" in rank
-/// order) and the pre-tokeniser `pre` (`.pre`, see [`gguf_pre_tokenizer`]). CONTROL and
+/// order) and the pre-tokeniser `pre` (`.pre`: `gpt-2`; `llama-bpe`, `llama3` or `llama-v3`
+/// for Llama 3; `qwen2`; `chatglm-bpe`; `tekken`, mapped as llama.cpp does). CONTROL and
 /// USER_DEFINED tokens written in the text are recognised, as `tokenizers` does with the
 /// added tokens of the `tokenizer.json` llama.cpp converted. BOS, EOS and `add_bos` are
 /// left for the caller to set.
