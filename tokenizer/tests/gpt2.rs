@@ -89,3 +89,20 @@ fn added_tokens_round_trip_through_the_flm_spec() {
         assert_eq!(back.decode(&expected).unwrap(), decoded);
     }
 }
+
+#[test]
+fn invalid_utf8_decodes_as_tokenizers_does() {
+    // `tokenizers`' ByteLevel decoder: one U+FFFD per maximal invalid subsequence; the
+    // stream holds back incomplete characters and ends with the same text.
+    let (tok, _) = variant("gpt2");
+    let cases = json("tokenizer/gpt2/gpt2_cases.json");
+    for case in cases["decode_cases"].as_array().unwrap() {
+        let (ids, text) = (ids(&case["ids"]), case["text"].as_str().unwrap());
+        assert_eq!(tok.decode(&ids).unwrap(), text, "{ids:?}");
+        assert_eq!(
+            common::stream(&tok, &ids, true).concat(),
+            text,
+            "{ids:?} streamed"
+        );
+    }
+}

@@ -80,7 +80,25 @@ def variant(name):
     return Tokenizer.from_str(json.dumps(j)), pre
 
 
-out = {"texts": texts, "variants": {}}
+# Byte sequences that are not valid UTF-8, as ids of the single-byte tokens
+# (GPT-2's bytes_to_unicode spelling, as in encoder.py).
+printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+extra = iter(range(256, 512))
+spelling = {b: chr(b) if b in printable else chr(next(extra)) for b in range(256)}
+byte_id = {b: vocab[spelling[b]] for b in range(256)}
+invalid = [
+    b"\xe2\x96a",
+    b"\xf0\x9f\xa6",
+    b"x\xf0\x9f\xa6\x99y",
+    b"\xffa\xc3",
+    b"\xed\xa0\x80z",
+    b"\xc0\xaf\xe0\x80\xbf\xf4\x90\x80\x80",
+]
+decode_cases = [
+    {"ids": ids, "text": tok.decode(ids)} for ids in ([byte_id[b] for b in seq] for seq in invalid)
+]
+
+out = {"texts": texts, "variants": {}, "decode_cases": decode_cases}
 for name in IGNORE_MERGES:
     t, pre = variant(name)
     ids = [t.encode(x, add_special_tokens=False).ids for x in texts]
