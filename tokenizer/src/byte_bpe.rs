@@ -8,16 +8,18 @@
 //!   of adjacent tokens listed first in `merges` merges first.
 //!
 //! The text is first cut at the added tokens (`tokenizers`' `AddedVocabulary`, shared with
-//! `hf_bpe.rs`), then into pre-tokens by a regex (fancy-regex, which has the lookahead
+//! `hf_bpe.rs`) and optionally NFC-normalised (Qwen2), then cut into pre-tokens by a regex (fancy-regex, which has the lookahead
 //! `\s+(?!\S)` these patterns need); the text between two matches is a pre-token too, as
 //! `tokenizers`' `Split` with `Isolated` behaviour (and llama.cpp's `unicode_regex_split`)
 //! keep it. Each pre-token's UTF-8 bytes are merged. GPT-2's byte-to-unicode spelling of
 //! the vocabulary is undone when the files are read (`gpt2.rs`), so pieces are raw bytes.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use fancy_regex::Regex;
+use unicode_normalization::UnicodeNormalization;
 
 use crate::hf_bpe::{AddedToken, AddedTokens};
 use crate::spec::ByteLevelBpeSpec;
@@ -34,10 +36,21 @@ pub(crate) struct ByteBpe {
     merges: Option<HashMap<(u32, u32), u32>>,
     /// The pre-tokeniser.
     regex: Regex,
-    /// The added tokens matched in the text.
-    added: AddedTokens,
+    /// The added tokens matched in the raw text, then (`normalized`) in the normalised text.
+    added_raw: AddedTokens,
+    added_normalized: AddedTokens,
     /// The description this was built from, for [`crate::Tokenizer::spec`].
     pub(crate) spec: ByteLevelBpeSpec,
+}
+
+/// `text` in Unicode normalisation form C if `nfc` (`tokenizers`' `NFC` normalizer, by
+/// the unicode-normalization crate), else as it is.
+fn normalize(nfc: bool, text: &str) -> Cow<'_, str> {
+    if nfc {
+        Cow::Owned(text.nfc().collect())
+    } else {
+        Cow::Borrowed(text)
+    }
 }
 
 impl ByteBpe {
@@ -104,8 +117,8 @@ impl ByteBpe {
                 Some(map)
             }
         };
-        let mut trie = TrieBuilder::new();
-        let mut tokens = Vec::with_capacity(spec.added_tokens.len());
+        let mut raw = (TrieBuilder::new(), Vec::new());
+        let mut normalized = (TrieBuilder::new(), Vec::new());
         for t in &spec.added_tokens {
             let p = pieces.get(t.id as usize).ok_or_else(|| {
                 Error::Invalid(format!(
@@ -113,37 +126,60 @@ impl ByteBpe {
                     t.id
                 ))
             })?;
-            if p.bytes.is_empty() {
-                return Err(Error::Invalid(format!("added token {} is empty", t.id)));
-            }
-            if trie.insert(&p.bytes, tokens.len() as u32).is_none() {
-                tokens.push(AddedToken {
+            let content = std::str::from_utf8(&p.bytes)
+                .ok()
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| {
+                    Error::Invalid(format!("added token {} is not non-empty UTF-8", t.id))
+                })?;
+            let (set, pattern) = if t.normalized {
+                (&mut normalized, normalize(spec.nfc, content))
+            } else {
+                (&mut raw, Cow::Borrowed(content))
+            };
+            if set
+                .0
+                .insert(pattern.as_bytes(), set.1.len() as u32)
+                .is_none()
+            {
+                set.1.push(AddedToken {
                     id: t.id,
                     lstrip: t.lstrip,
                     rstrip: t.rstrip,
                 });
             }
         }
+        let set = |(trie, tokens): (TrieBuilder, Vec<AddedToken>)| AddedTokens {
+            trie: trie.build(),
+            tokens,
+        };
         Ok(ByteBpe {
             ids,
             merges,
             regex,
-            added: AddedTokens {
-                trie: trie.build(),
-                tokens,
-            },
+            added_raw: set(raw),
+            added_normalized: set(normalized),
             spec,
         })
     }
 
-    /// Appends the ids of `text`: added tokens written in the text are recognised, the
-    /// rest is pre-tokenised and merged. Errors only if the regex engine gives up
-    /// (fancy-regex's backtracking limit).
+    /// Appends the ids of `text`, as `tokenizers`' `AddedVocabulary::extract_and_normalize`
+    /// and BPE do: added tokens that are not `normalized` are cut out of the raw text, the
+    /// other pieces are normalised (NFC if the spec says so), `normalized` added tokens are
+    /// cut out of them, and the rest is pre-tokenised and merged. Errors only if the regex
+    /// engine gives up (fancy-regex's backtracking limit).
     pub(crate) fn encode(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
-        for (added, a, b) in self.added.find_matches(text) {
-            match added {
-                Some(id) => ids.push(id),
-                None => self.encode_ordinary(&text[a..b], ids)?,
+        for (added, a, b) in self.added_raw.find_matches(text) {
+            if let Some(id) = added {
+                ids.push(id);
+                continue;
+            }
+            let part = normalize(self.spec.nfc, &text[a..b]);
+            for (added, c, d) in self.added_normalized.find_matches(&part) {
+                match added {
+                    Some(id) => ids.push(id),
+                    None => self.encode_ordinary(&part[c..d], ids)?,
+                }
             }
         }
         Ok(())
@@ -286,6 +322,7 @@ mod tests {
             pattern: pattern.into(),
             merges,
             ignore_merges: false,
+            nfc: false,
             added_tokens: Vec::new(),
         }
     }

@@ -111,6 +111,7 @@ pub(crate) fn glm4(mut pieces: Vec<Piece>) -> Result<Tokenizer> {
             pattern: GLM4_PATTERN.into(),
             merges: None,
             ignore_merges: false,
+            nfc: false,
             added_tokens: Vec::new(),
         }),
         scores: vec![0.0; pieces.len()],

@@ -85,17 +85,16 @@ pub(crate) struct Token<'a> {
 }
 
 /// The description of a GPT-2-style tokenizer: pieces as raw bytes, merges resolved to
-/// ids (by their text, among the NORMAL tokens), and `added` cut out of the text. BOS,
-/// EOS and `add_bos` are left for the caller to set (`None`, `None`, false).
+/// ids (by their text, among the NORMAL tokens) into `settings.merges`, the other
+/// settings as given. BOS, EOS and `add_bos` are left for the caller to set (`None`,
+/// `None`, false).
 ///
 /// Errors: [`Error::Invalid`] for a NORMAL token not in GPT-2's spelling, a token kind
 /// other than NORMAL, CONTROL and USER_DEFINED, or a merge naming a missing token.
 pub(crate) fn build_spec<'a>(
     tokens: &[Token<'a>],
     merges: impl Iterator<Item = Result<(&'a str, &'a str)>>,
-    added: Vec<AddedTokenSpec>,
-    pattern: &str,
-    ignore_merges: bool,
+    mut settings: ByteLevelBpeSpec,
 ) -> Result<TokenizerSpec> {
     let unspell = Unspell::new();
     let mut pieces = Vec::with_capacity(tokens.len());
@@ -132,14 +131,10 @@ pub(crate) fn build_spec<'a>(
         id(&format!("{a}{b}"))?;
         pairs.push([id(a)?, id(b)?]);
     }
+    settings.merges = Some(pairs);
     let n = pieces.len();
     Ok(TokenizerSpec {
-        kind: TokenizerKind::ByteLevelBpe(ByteLevelBpeSpec {
-            pattern: pattern.into(),
-            merges: Some(pairs),
-            ignore_merges,
-            added_tokens: added,
-        }),
+        kind: TokenizerKind::ByteLevelBpe(settings),
         pieces,
         scores: vec![0.0; n],
         types: tokens.iter().map(|t| t.kind).collect(),
@@ -206,7 +201,14 @@ pub fn gguf_gpt2_spec(
             [a, b] => Ok((a, b)),
             _ => Err(Error::Invalid(format!("merge {m:?} is not two tokens"))),
         });
-    build_spec(&tokens, merges, added, pattern, ignore_merges)
+    let settings = ByteLevelBpeSpec {
+        pattern: pattern.into(),
+        merges: None,
+        ignore_merges,
+        nfc: false,
+        added_tokens: added,
+    };
+    build_spec(&tokens, merges, settings)
 }
 
 #[cfg(test)]

@@ -5,14 +5,14 @@
 //! plain text. Field names follow `tokenizers`' serde code (pre_tokenizers/byte_level.rs,
 //! pre_tokenizers/split.rs, tokenizer/added_vocabulary.rs).
 //!
-//! Refused with [`Error::Unsupported`] rather than tokenised differently: a normaliser
-//! (Qwen2's NFC among them), `add_prefix_space`, other pre-tokenizers, `single_word` added
+//! The normaliser may be none or `NFC` (Qwen2). Refused with [`Error::Unsupported`] rather
+//! than tokenised differently: other normalisers, `add_prefix_space`, other pre-tokenizers, `single_word` added
 //! tokens, BPE dropout and subword prefixes/suffixes.
 
 use serde_json::{Map, Value};
 
 use crate::gpt2::{build_spec, Token, GPT2_PATTERN};
-use crate::spec::{AddedTokenSpec, PieceType};
+use crate::spec::{AddedTokenSpec, ByteLevelBpeSpec, PieceType};
 use crate::{Error, Result, Tokenizer};
 
 fn invalid(what: impl std::fmt::Display) -> Error {
@@ -69,9 +69,11 @@ fn pattern(v: &Value) -> Result<String> {
 /// are the added tokens named `<|begin_of_text|>` / `<s>` and `<|end_of_text|>` /
 /// `<|endoftext|>` / `</s>`; prompts start with BOS when the `post_processor` inserts it.
 pub(crate) fn load(root: &Value, model: &Map<String, Value>) -> Result<Tokenizer> {
-    if !root.get("normalizer").unwrap_or(&Value::Null).is_null() {
-        return Err(unsupported("a normalizer"));
-    }
+    let nfc = match root.get("normalizer").unwrap_or(&Value::Null) {
+        Value::Null => false,
+        n if n.get("type").and_then(Value::as_str) == Some("NFC") => true,
+        n => return Err(unsupported(format!("normalizer {n}"))),
+    };
     if model.get("dropout").and_then(Value::as_f64).unwrap_or(0.0) != 0.0 {
         return Err(unsupported("BPE dropout"));
     }
@@ -181,7 +183,14 @@ pub(crate) fn load(root: &Value, model: &Map<String, Value>) -> Result<Tokenizer
         .get("ignore_merges")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let mut spec = build_spec(&tokens, merges, added_tokens, &pattern, ignore_merges)?;
+    let settings = ByteLevelBpeSpec {
+        pattern,
+        merges: None,
+        ignore_merges,
+        nfc,
+        added_tokens,
+    };
+    let mut spec = build_spec(&tokens, merges, settings)?;
     let inserts_bos = |bos: u32| {
         let name = &tokens[bos as usize].text;
         root.get("post_processor")

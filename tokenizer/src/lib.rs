@@ -28,8 +28,8 @@
 //!
 //! What is not implemented is refused with [`Error::Unsupported`] rather than tokenised
 //! differently from the reference: Unigram models, precompiled normalisation rules
-//! (NFKC), `tokenizer.json` normalisers other than `Prepend`/`Replace` (NFC...), llama.cpp's
-//! multi-regex pre-tokenisers, WordPiece.
+//! (NFKC), other `tokenizer.json` normalisers than `Prepend`/`Replace` (SentencePiece kind)
+//! and `NFC` (byte-level kind), llama.cpp's multi-regex pre-tokenisers, WordPiece.
 //!
 //! ```no_run
 //! # fn main() -> flm_tokenizer::Result<()> {

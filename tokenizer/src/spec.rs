@@ -100,9 +100,14 @@ pub struct ByteLevelBpeSpec {
     /// Llama 3). Always so for the tiktoken style, as `tiktoken` does.
     #[serde(default)]
     pub ignore_merges: bool,
+    /// The text is put in Unicode normalisation form C before pre-tokenisation
+    /// (`tokenizers`' `NFC` normalizer, Qwen2), after the added tokens that are not
+    /// `normalized` are cut out.
+    #[serde(default)]
+    pub nfc: bool,
     /// Tokens cut out of the text before pre-tokenisation, leftmost-longest, as
-    /// `tokenizers` matches its added tokens (`normalized` is unused: byte-level
-    /// tokenizers here have no normaliser).
+    /// `tokenizers` matches its added tokens: those not `normalized` in the raw text first,
+    /// the others in the normalised rest.
     #[serde(default)]
     pub added_tokens: Vec<AddedTokenSpec>,
 }

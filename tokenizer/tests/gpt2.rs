@@ -1,8 +1,8 @@
 //! Byte-level BPE from a Hugging Face `tokenizer.json`: GPT-2's vocabulary and merges (from
 //! llama.cpp's `ggml-vocab-gpt-2.gguf`) built into a tokenizer by the `tokenizers` package,
 //! with added tokens, against the ids `tokenizers` gives for llama.cpp's 46 test strings and
-//! ten more, with GPT-2's pre-tokenizer and with the `Split` regexes of Llama 3, Qwen2 and
-//! Mistral-Nemo swapped in (`tests/data/tokenizer/gpt2/make_gpt2_cases.py`).
+//! eleven more, with GPT-2's pre-tokenizer and with the `Split` regexes of Llama 3, Qwen2
+//! (with its NFC normalizer) and Mistral-Nemo swapped in (`tests/data/tokenizer/gpt2/make_gpt2_cases.py`).
 
 mod common;
 
@@ -17,6 +17,7 @@ fn variant(name: &str) -> (Tokenizer, Vec<(String, Vec<u32>, String)>) {
     let mut file: Value = json("tokenizer/gpt2/tokenizer.json");
     if !v["pre_tokenizer"].is_null() {
         file["pre_tokenizer"] = v["pre_tokenizer"].clone();
+        file["normalizer"] = v["normalizer"].clone();
         file["model"]["ignore_merges"] = v["ignore_merges"].clone();
     }
     let tok = Tokenizer::from_bytes(&serde_json::to_vec(&file).unwrap())
@@ -36,7 +37,7 @@ fn variant(name: &str) -> (Tokenizer, Vec<(String, Vec<u32>, String)>) {
 
 fn check(name: &str) {
     let (tok, cases) = variant(name);
-    assert_eq!(cases.len(), 56);
+    assert_eq!(cases.len(), 57);
     for (i, (text, expected, decoded)) in cases.iter().enumerate() {
         assert_eq!(
             &tok.encode(text, false).unwrap(),
@@ -69,7 +70,7 @@ fn llama3_regex_matches_tokenizers() {
 }
 
 #[test]
-fn qwen2_regex_matches_tokenizers() {
+fn qwen2_regex_and_nfc_match_tokenizers() {
     check("qwen2");
 }
 

@@ -1,7 +1,7 @@
 """Builds GPT-2's tokenizer.json with Hugging Face `tokenizers` from the vocabulary and
 merges of llama.cpp's ggml-vocab-gpt-2.gguf, and records the ids `tokenizers` gives for
-test texts, with GPT-2's pre-tokenizer and with the Split regexes of Llama 3, Qwen2 and
-Mistral-Nemo (tekken) on the same vocabulary.
+test texts, with GPT-2's pre-tokenizer and with the Split regexes of Llama 3, Qwen2 (and
+its NFC normalizer) and Mistral-Nemo (tekken) on the same vocabulary.
 
     python3 -m venv /tmp/bpevenv
     /tmp/bpevenv/bin/pip install tokenizers==0.20.3 gguf==0.19.0
@@ -53,6 +53,7 @@ texts += [
     "héllo wörld — 你好 🦙🦙",
     "HelloWorld ALLCaps camelCase path/to/file\n\n",
     "ǅungla ǈ ÀBc",
+    "cafe\u0301 A\u030angstro\u0308m [NEW]e\u0301 \u1100\u1161\u11a8",
 ]
 
 REGEX = {
@@ -60,6 +61,8 @@ REGEX = {
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "tekken": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 }
+# Qwen2's tokenizer.json has an NFC normalizer.
+NORMALIZER = {"qwen2": {"type": "NFC"}}
 # Llama 3 and tekken's tokenizer.json set ignore_merges.
 IGNORE_MERGES = {"gpt2": False, "llama3": True, "qwen2": False, "tekken": True}
 
@@ -77,6 +80,7 @@ def variant(name):
     j = json.loads(tok.to_str())
     j["pre_tokenizer"] = pre
     j["model"]["ignore_merges"] = IGNORE_MERGES[name]
+    j["normalizer"] = NORMALIZER.get(name)
     return Tokenizer.from_str(json.dumps(j)), pre
 
 
@@ -104,6 +108,7 @@ for name in IGNORE_MERGES:
     ids = [t.encode(x, add_special_tokens=False).ids for x in texts]
     out["variants"][name] = {
         "pre_tokenizer": pre,
+        "normalizer": NORMALIZER.get(name),
         "ignore_merges": IGNORE_MERGES[name],
         "ids": ids,
         "decoded": [t.decode(i, skip_special_tokens=True) for i in ids],
