@@ -107,3 +107,26 @@ fn invalid_utf8_decodes_as_tokenizers_does() {
         );
     }
 }
+
+#[test]
+fn tokenizer_config_names_bos_and_eos() {
+    // Qwen2-style: no BOS, EOS a special token; Llama 3-style objects with "content".
+    let (tok, _) = variant("gpt2");
+    let config = br#"{"bos_token": null, "eos_token": "<|im_start|>", "add_bos_token": false}"#;
+    let tok = tok.with_hf_config(config, None).unwrap();
+    assert_eq!(
+        (tok.bos_id(), tok.eos_id(), tok.add_bos()),
+        (None, Some(50257), false)
+    );
+    let config = br#"{"bos_token": {"content": "<|endoftext|>"}, "add_bos_token": true}"#;
+    let tok = tok.with_hf_config(config, None).unwrap();
+    assert_eq!(
+        (tok.bos_id(), tok.eos_id(), tok.add_bos()),
+        (Some(50256), Some(50257), true)
+    );
+    assert_eq!(tok.encode("Hello", true).unwrap(), [50256, 15496]);
+    let err = tok
+        .with_hf_config(br#"{"eos_token": "Hello"}"#, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("is not a special token"), "{err}");
+}
