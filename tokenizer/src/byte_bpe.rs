@@ -8,11 +8,12 @@
 //!   of adjacent tokens listed first in `merges` merges first.
 //!
 //! The text is first cut at the added tokens (`tokenizers`' `AddedVocabulary`, shared with
-//! `hf_bpe.rs`) and optionally NFC-normalised (Qwen2), then cut into pre-tokens by a regex (fancy-regex, which has the lookahead
-//! `\s+(?!\S)` these patterns need); the text between two matches is a pre-token too, as
-//! `tokenizers`' `Split` with `Isolated` behaviour (and llama.cpp's `unicode_regex_split`)
-//! keep it. Each pre-token's UTF-8 bytes are merged. GPT-2's byte-to-unicode spelling of
-//! the vocabulary is undone when the files are read (`gpt2.rs`), so pieces are raw bytes.
+//! `hf_bpe.rs`) and optionally NFC-normalised (Qwen2), then cut into pre-tokens by a regex
+//! (fancy-regex, which has the lookahead `\s+(?!\S)` these patterns need); the text
+//! between two matches is a pre-token too, as `tokenizers`' `Split` with `Isolated`
+//! behaviour (and llama.cpp's `unicode_regex_split`) keep it. Each pre-token's UTF-8
+//! bytes are merged. GPT-2's byte-to-unicode spelling of the vocabulary is undone when the
+//! files are read (`gpt2.rs`), so pieces are raw bytes.
 
 use std::borrow::Cow;
 use std::cmp::Reverse;

@@ -6,8 +6,8 @@
 //! pre_tokenizers/split.rs, tokenizer/added_vocabulary.rs).
 //!
 //! The normaliser may be none or `NFC` (Qwen2). Refused with [`Error::Unsupported`] rather
-//! than tokenised differently: other normalisers, `add_prefix_space`, other pre-tokenizers, `single_word` added
-//! tokens, BPE dropout and subword prefixes/suffixes.
+//! than tokenised differently: other normalisers, `add_prefix_space`, other
+//! pre-tokenizers, `single_word` added tokens, BPE dropout and subword prefixes/suffixes.
 
 use serde_json::{Map, Value};
 

@@ -21,10 +21,10 @@
 //! flm-models builds one from a GGUF file's `tokenizer.ggml.*` metadata.
 //!
 //! A tiktoken ranks file (GLM-4's `tokenizer.model`, lines of `BASE64 RANK`; `tiktoken.rs`)
-//! is read as GLM-4's byte-level BPE (`byte_bpe.rs`, `chatglm.rs`); [`Tokenizer::into_chatglm`] turns
-//! a ChatGLM2/3 SentencePiece model into the ChatGLM tokenizer. Chat prompts, built-in
-//! (ChatGLM) or from a Jinja template, are built by [`Tokenizer::encode_chat`] (`chat.rs`,
-//! `jinja.rs`).
+//! is read as GLM-4's byte-level BPE (`byte_bpe.rs`, `chatglm.rs`);
+//! [`Tokenizer::into_chatglm`] turns a ChatGLM2/3 SentencePiece model into the ChatGLM
+//! tokenizer. Chat prompts, built-in (ChatGLM) or from a Jinja template, are built by
+//! [`Tokenizer::encode_chat`] (`chat.rs`, `jinja.rs`).
 //!
 //! What is not implemented is refused with [`Error::Unsupported`] rather than tokenised
 //! differently from the reference: Unigram models, precompiled normalisation rules

@@ -2,7 +2,8 @@
 //! llama.cpp's `ggml-vocab-gpt-2.gguf`) built into a tokenizer by the `tokenizers` package,
 //! with added tokens, against the ids `tokenizers` gives for llama.cpp's 46 test strings and
 //! eleven more, with GPT-2's pre-tokenizer and with the `Split` regexes of Llama 3, Qwen2
-//! (with its NFC normalizer) and Mistral-Nemo swapped in (`tests/data/tokenizer/gpt2/make_gpt2_cases.py`).
+//! (with its NFC normalizer) and Mistral-Nemo swapped in
+//! (`tests/data/tokenizer/gpt2/make_gpt2_cases.py`).
 
 mod common;
 
