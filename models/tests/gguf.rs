@@ -1,8 +1,11 @@
 //! The GGUF importer against files written by llama.cpp's own tooling: the vocabulary-only
-//! `ggml-vocab-llama-spm.gguf` from llama.cpp, and stories260K written with the `gguf`
+//! `ggml-vocab-llama-spm.gguf` from llama.cpp (byte-level BPE's `ggml-vocab-gpt-2.gguf`:
+//! `gguf/bpe.rs`), and stories260K written with the `gguf`
 //! Python package (`tests/data/gguf/make_stories260k_gguf.py`, SOURCES.md), checked
 //! against the transformers references of stories260K. Damaged files: `gguf/damaged.rs`.
 
+#[path = "gguf/bpe.rs"]
+mod bpe;
 #[path = "gguf/damaged.rs"]
 mod damaged;
 
@@ -22,6 +25,7 @@ const F32: &str = "gguf/stories260K-f32.gguf";
 const Q8_0: &str = "gguf/stories260K-q8_0.gguf";
 const Q4_0: &str = "gguf/stories260K-q4_0.gguf";
 const VOCAB: &str = "gguf/ggml-vocab-llama-spm.gguf";
+const GPT2: &str = "gguf/ggml-vocab-gpt-2.gguf";
 
 fn load(rel: &str) -> Checkpoint {
     import::load(&data(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
@@ -202,13 +206,15 @@ fn embedded_tokenizer() {
     }
 }
 
-/// The 46 llama.cpp cases (SOURCES.md section 4): (text, ids without BOS).
-fn llama_cpp_cases() -> Vec<(String, Vec<u32>)> {
-    let inp = std::fs::read(data("llama.cpp/ggml-vocab-llama-spm.gguf.inp")).unwrap();
+/// The 46 llama.cpp cases of `ggml-vocab-{vocab}.gguf` (tests/data/SOURCES.md): (text,
+/// ids without BOS).
+fn llama_cpp_cases(vocab: &str) -> Vec<(String, Vec<u32>)> {
+    let inp = std::fs::read(data(&format!("llama.cpp/ggml-vocab-{vocab}.gguf.inp"))).unwrap();
     let inp = String::from_utf8(inp).unwrap();
     let mut texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
     assert_eq!(texts.pop(), Some(""));
-    let out = std::fs::read_to_string(data("llama.cpp/ggml-vocab-llama-spm.gguf.out")).unwrap();
+    let out = data(&format!("llama.cpp/ggml-vocab-{vocab}.gguf.out"));
+    let out = std::fs::read_to_string(out).unwrap();
     let parse = |l: &str| l.split_whitespace().map(|x| x.parse().unwrap()).collect();
     let cases: Vec<_> = texts
         .iter()
@@ -224,7 +230,7 @@ fn llama_cpp_vocab_file_encodes_all_46_cases() {
     let tok = import::load_gguf_tokenizer(&data(VOCAB)).unwrap();
     let special = (tok.vocab_size(), tok.bos_id(), tok.eos_id());
     assert_eq!(special, (32000, Some(1), Some(2)));
-    for (i, (text, expected)) in llama_cpp_cases().into_iter().enumerate() {
+    for (i, (text, expected)) in llama_cpp_cases("llama-spm").into_iter().enumerate() {
         let got = tok.encode(&text, false).unwrap();
         assert_eq!(got, expected, "case {i}: {text:?}");
         assert_eq!(tok.decode(&got).unwrap(), text, "case {i} decodes back");

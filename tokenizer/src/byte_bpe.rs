@@ -1,95 +1,235 @@
-//! Byte-level BPE in the style of OpenAI's `tiktoken` (`CoreBPE` in its `src/lib.rs`), as
-//! GLM-4 uses it: the text is cut into pre-tokens by a regex (fancy-regex, which has the
-//! lookahead `\s+(?!\S)` these patterns need), and each pre-token's UTF-8 bytes are merged
-//! pairwise, always the adjacent pair whose concatenation has the lowest rank, until no
-//! concatenation is in the vocabulary. A token's rank is its id.
+//! Byte-level BPE, in two styles that share one merge loop:
 //!
-//! The vocabulary file is tiktoken's `.tiktoken` format (GLM-4's `tokenizer.model`): one
-//! line per token, `BASE64 RANK`, read as `tiktoken.load.load_tiktoken_bpe` reads it.
+//! - OpenAI's `tiktoken` (`CoreBPE` in its `src/lib.rs`), as GLM-4 uses it: of the
+//!   adjacent parts, the pair whose concatenation has the lowest rank merges first, until no
+//!   concatenation is in the vocabulary; a token's rank is its id.
+//! - GPT-2's (Radford et al. 2019, `encoder.py` of openai/gpt-2; `tokenizers`'
+//!   `models/bpe`), as Llama 3, Qwen2, GLM-4's HF files and Mistral-Nemo use it: the pair
+//!   of adjacent tokens listed first in `merges` merges first.
+//!
+//! The text is first cut at the added tokens (`tokenizers`' `AddedVocabulary`, shared with
+//! `hf_bpe.rs`) and optionally NFC-normalised (Qwen2), then cut into pre-tokens by a regex
+//! (fancy-regex, which has the lookahead `\s+(?!\S)` these patterns need); the text
+//! between two matches is a pre-token too, as `tokenizers`' `Split` with `Isolated`
+//! behaviour (and llama.cpp's `unicode_regex_split`) keep it. Each pre-token's UTF-8
+//! bytes are merged. GPT-2's byte-to-unicode spelling of the vocabulary is undone when the
+//! files are read (`gpt2.rs`), so pieces are raw bytes.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use base64::Engine;
 use fancy_regex::Regex;
+use unicode_normalization::UnicodeNormalization;
 
+use crate::hf_bpe::{AddedToken, AddedTokens};
+use crate::spec::ByteLevelBpeSpec;
+use crate::trie::TrieBuilder;
 use crate::vocab::{Piece, PieceKind};
 use crate::{Error, Result};
 
 /// A byte-level BPE model ready to encode.
 #[derive(Debug)]
 pub(crate) struct ByteBpe {
-    /// Token bytes to rank (= id), the NORMAL pieces only.
-    ranks: HashMap<Box<[u8]>, u32>,
+    /// Token bytes to id, the NORMAL pieces only.
+    ids: HashMap<Box<[u8]>, u32>,
+    /// GPT-2 style: (left id, right id) to merge rank. `None`: tiktoken style.
+    merges: Option<HashMap<(u32, u32), u32>>,
     /// The pre-tokeniser.
     regex: Regex,
-    /// Its source, for [`crate::Tokenizer::spec`].
-    pub(crate) pattern: String,
+    /// The added tokens matched in the raw text, then (`normalized`) in the normalised text.
+    added_raw: AddedTokens,
+    added_normalized: AddedTokens,
+    /// The description this was built from, for [`crate::Tokenizer::spec`].
+    pub(crate) spec: ByteLevelBpeSpec,
+}
+
+/// `text` in Unicode normalisation form C if `nfc` (`tokenizers`' `NFC` normalizer, by
+/// the unicode-normalization crate), else as it is.
+fn normalize(nfc: bool, text: &str) -> Cow<'_, str> {
+    if nfc {
+        Cow::Owned(text.nfc().collect())
+    } else {
+        Cow::Borrowed(text)
+    }
 }
 
 impl ByteBpe {
-    /// Builds the rank table from the NORMAL pieces (rank = id) and compiles `pattern`.
+    /// Builds the lookups of `spec` over `pieces` (indexed by id) and compiles its pattern.
     ///
     /// Errors: [`Error::Invalid`] for a pattern that does not compile, a piece of another
-    /// kind than NORMAL or CONTROL, a token listed twice, or a missing single byte (every
-    /// byte must be a token, so that any text encodes).
-    pub(crate) fn new(pieces: &[Piece], pattern: &str) -> Result<ByteBpe> {
+    /// kind than NORMAL, CONTROL or USER_DEFINED, a NORMAL token listed twice, a missing
+    /// single byte (every byte must be a token, so that any text encodes), a merge of
+    /// non-NORMAL ids or whose concatenation is not a token, or an added token out of range.
+    pub(crate) fn new(pieces: &[Piece], spec: ByteLevelBpeSpec) -> Result<ByteBpe> {
+        let pattern = &spec.pattern;
         let regex = Regex::new(pattern)
             .map_err(|e| Error::Invalid(format!("byte-level BPE pattern {pattern:?}: {e}")))?;
-        let mut ranks = HashMap::with_capacity(pieces.len());
+        let mut ids = HashMap::with_capacity(pieces.len());
         for (id, p) in (0u32..).zip(pieces) {
             match p.kind {
                 PieceKind::Normal => {
-                    if ranks.insert(p.bytes.clone(), id).is_some() {
+                    if ids.insert(p.bytes.clone(), id).is_some() {
                         return Err(Error::Invalid(format!(
                             "byte-level BPE token {:?} is listed twice",
                             String::from_utf8_lossy(&p.bytes)
                         )));
                     }
                 }
-                PieceKind::Control => {}
+                PieceKind::Control | PieceKind::UserDefined => {}
                 other => {
                     return Err(Error::Invalid(format!(
-                        "byte-level BPE piece {id} is of kind {other:?} (only normal tokens \
-                         and special tokens exist there)"
+                        "byte-level BPE piece {id} is of kind {other:?} (only normal, special \
+                         and added tokens exist there)"
                     )))
                 }
             }
         }
-        if let Some(b) = (0..=255u8).find(|b| !ranks.contains_key(&[*b][..])) {
+        if let Some(b) = (0..=255u8).find(|b| !ids.contains_key(&[*b][..])) {
             return Err(Error::Invalid(format!(
                 "byte-level BPE vocabulary lacks the single byte 0x{b:02X}"
             )));
         }
+        let normal = |id: u32| {
+            pieces
+                .get(id as usize)
+                .filter(|p| p.kind == PieceKind::Normal)
+                .map(|p| &p.bytes[..])
+        };
+        let merges = match &spec.merges {
+            None => None,
+            Some(list) => {
+                let mut map = HashMap::with_capacity(list.len());
+                for (rank, &[l, r]) in (0u32..).zip(list) {
+                    let (Some(a), Some(b)) = (normal(l), normal(r)) else {
+                        return Err(Error::Invalid(format!(
+                            "byte-level BPE merge {l} {r} names a token outside the vocabulary"
+                        )));
+                    };
+                    if !ids.contains_key(&[a, b].concat()[..]) {
+                        return Err(Error::Invalid(format!(
+                            "byte-level BPE merge {l} {r}: {:?} is not a token",
+                            String::from_utf8_lossy(&[a, b].concat())
+                        )));
+                    }
+                    // A pair listed twice keeps its last rank, as `tokenizers` does.
+                    map.insert((l, r), rank);
+                }
+                Some(map)
+            }
+        };
+        let mut raw = (TrieBuilder::new(), Vec::new());
+        let mut normalized = (TrieBuilder::new(), Vec::new());
+        for t in &spec.added_tokens {
+            let p = pieces.get(t.id as usize).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "byte-level BPE added token {} is out of range",
+                    t.id
+                ))
+            })?;
+            let content = std::str::from_utf8(&p.bytes)
+                .ok()
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| {
+                    Error::Invalid(format!("added token {} is not non-empty UTF-8", t.id))
+                })?;
+            let (set, pattern) = if t.normalized {
+                (&mut normalized, normalize(spec.nfc, content))
+            } else {
+                (&mut raw, Cow::Borrowed(content))
+            };
+            if set
+                .0
+                .insert(pattern.as_bytes(), set.1.len() as u32)
+                .is_none()
+            {
+                set.1.push(AddedToken {
+                    id: t.id,
+                    lstrip: t.lstrip,
+                    rstrip: t.rstrip,
+                });
+            }
+        }
+        let set = |(trie, tokens): (TrieBuilder, Vec<AddedToken>)| AddedTokens {
+            trie: trie.build(),
+            tokens,
+        };
         Ok(ByteBpe {
-            ranks,
+            ids,
+            merges,
             regex,
-            pattern: pattern.to_owned(),
+            added_raw: set(raw),
+            added_normalized: set(normalized),
+            spec,
         })
     }
 
-    /// Appends the ids of `text` (tiktoken's `encode_ordinary`: special tokens written in
-    /// the text are ordinary text). Errors only if the regex engine gives up (fancy-regex's
-    /// backtracking limit).
+    /// Appends the ids of `text`, as `tokenizers`' `AddedVocabulary::extract_and_normalize`
+    /// and BPE do: added tokens that are not `normalized` are cut out of the raw text, the
+    /// other pieces are normalised (NFC if the spec says so), `normalized` added tokens are
+    /// cut out of them, and the rest is pre-tokenised and merged. Errors only if the regex
+    /// engine gives up (fancy-regex's backtracking limit).
     pub(crate) fn encode(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
-        for m in self.regex.find_iter(text) {
-            let m = m.map_err(|e| Error::Invalid(format!("pre-tokenising the text: {e}")))?;
-            let piece = m.as_str().as_bytes();
-            match self.ranks.get(piece) {
-                Some(&id) => ids.push(id),
-                None => self.merge(piece, ids),
+        for (added, a, b) in self.added_raw.find_matches(text) {
+            if let Some(id) = added {
+                ids.push(id);
+                continue;
+            }
+            let part = normalize(self.spec.nfc, &text[a..b]);
+            for (added, c, d) in self.added_normalized.find_matches(&part) {
+                match added {
+                    Some(id) => ids.push(id),
+                    None => self.encode_ordinary(&part[c..d], ids)?,
+                }
             }
         }
         Ok(())
     }
 
-    fn rank(&self, bytes: &[u8]) -> Option<u32> {
-        self.ranks.get(bytes).copied()
+    /// Pre-tokenises `text` (matches and the text between them) and merges each piece.
+    fn encode_ordinary(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
+        let mut last = 0;
+        for m in self.regex.find_iter(text) {
+            let m = m.map_err(|e| Error::Invalid(format!("pre-tokenising the text: {e}")))?;
+            self.word(&text.as_bytes()[last..m.start()], ids);
+            self.word(m.as_str().as_bytes(), ids);
+            last = m.end();
+        }
+        self.word(&text.as_bytes()[last..], ids);
+        Ok(())
     }
 
-    /// tiktoken's `byte_pair_merge`: of the current parts (single bytes at first), merge
-    /// the adjacent pair whose concatenation has the lowest rank, the leftmost on ties,
-    /// until no concatenation is a token; then emit each part's id.
+    /// One pre-token: whole if it is a token and merges are ignored (tiktoken,
+    /// `ignore_merges`), else merged.
+    fn word(&self, piece: &[u8], ids: &mut Vec<u32>) {
+        if piece.is_empty() {
+            return;
+        }
+        match self.ids.get(piece) {
+            Some(&id) if self.merges.is_none() || self.spec.ignore_merges => ids.push(id),
+            _ => self.merge(piece, ids),
+        }
+    }
+
+    fn id(&self, bytes: &[u8]) -> Option<u32> {
+        self.ids.get(bytes).copied()
+    }
+
+    /// The rank of merging the adjacent parts `piece[i..j]` and `piece[j..end]`, if they
+    /// merge: tiktoken, the id of their concatenation; GPT-2, the rank of the pair.
+    fn pair_rank(&self, piece: &[u8], i: usize, j: usize, end: usize) -> Option<u32> {
+        match &self.merges {
+            None => self.id(&piece[i..end]),
+            Some(m) => {
+                let pair = (self.id(&piece[i..j])?, self.id(&piece[j..end])?);
+                m.get(&pair).copied()
+            }
+        }
+    }
+
+    /// Of the current parts (single bytes at first), merge the adjacent pair of lowest
+    /// rank, the leftmost on ties, until no pair merges; then emit each part's id
+    /// (tiktoken's `byte_pair_merge`, `tokenizers`' `Word::merge_all`).
     ///
     /// tiktoken rescans every pair after each merge (quadratic in the pre-token's
     /// length); this keeps the candidate pairs in a min-heap ordered by (rank, position)
@@ -104,14 +244,19 @@ impl ByteBpe {
         let mut prev: Vec<usize> = (0..n).map(|i| i.saturating_sub(1)).collect();
         let mut alive = vec![true; n];
         let mut heap = BinaryHeap::new();
-        // A candidate: the part at `i` with its right neighbour, ending at `end`.
-        let push = |heap: &mut BinaryHeap<Reverse<(u32, usize, usize)>>, i: usize, end: usize| {
-            if let Some(rank) = self.rank(&piece[i..end]) {
+        // A candidate: the part at `i`, ending at `j`, with its right neighbour ending at
+        // `end`. A part only grows, so (i, end) with the same `j` still between them
+        // identifies the same pair when it surfaces.
+        let push = |heap: &mut BinaryHeap<Reverse<(u32, usize, usize)>>,
+                    i: usize,
+                    j: usize,
+                    end: usize| {
+            if let Some(rank) = self.pair_rank(piece, i, j, end) {
                 heap.push(Reverse((rank, i, end)));
             }
         };
         for i in 0..n.saturating_sub(1) {
-            push(&mut heap, i, i + 2);
+            push(&mut heap, i, i + 1, i + 2);
         }
         while let Some(Reverse((_, i, end))) = heap.pop() {
             let j = next[i];
@@ -122,120 +267,82 @@ impl ByteBpe {
             next[i] = end;
             if end < n {
                 prev[end] = i;
-                push(&mut heap, i, next[end]);
+                push(&mut heap, i, end, next[end]);
             }
             if i > 0 {
-                push(&mut heap, prev[i], end);
+                push(&mut heap, prev[i], i, end);
             }
         }
         let mut i = 0;
         while i < n {
             // Every single byte is a token (checked in `new`), and merged parts are
             // tokens by construction.
-            ids.extend(self.rank(&piece[i..next[i]]));
+            ids.extend(self.id(&piece[i..next[i]]));
             i = next[i];
         }
     }
 }
 
-/// Parses a `.tiktoken` ranks file into pieces indexed by rank.
-///
-/// Errors: [`Error::NotATokenizer`] for a line that is not `BASE64 RANK`, and
-/// [`Error::Invalid`] when the ranks are not exactly `0..n` (each once), which flm needs
-/// because ranks are ids.
-pub(crate) fn parse_ranks(text: &[u8]) -> Result<Vec<Piece>> {
-    let mut ranked: Vec<(usize, Vec<u8>)> = Vec::new();
-    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
-        let line = line.trim_ascii();
-        if line.is_empty() {
-            continue;
-        }
-        let bad = || {
-            Error::NotATokenizer(format!(
-                "tiktoken ranks: line {} is not `BASE64 RANK`",
-                n + 1
-            ))
-        };
-        let mut fields = line
-            .split(|b| b.is_ascii_whitespace())
-            .filter(|f| !f.is_empty());
-        let (Some(token), Some(rank), None) = (fields.next(), fields.next(), fields.next()) else {
-            return Err(bad());
-        };
-        let token = base64::engine::general_purpose::STANDARD
-            .decode(token)
-            .map_err(|_| bad())?;
-        let rank: usize = std::str::from_utf8(rank)
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .ok_or_else(bad)?;
-        ranked.push((rank, token));
-    }
-    if ranked.is_empty() {
-        return Err(Error::NotATokenizer("tiktoken ranks: no tokens".into()));
-    }
-    // Ranks are ids: they must be 0..n, each once (checked without allocating by rank,
-    // so a huge rank in a damaged file costs nothing).
-    ranked.sort_unstable_by_key(|(rank, _)| *rank);
-    let mut pieces = Vec::with_capacity(ranked.len());
-    for (expected, (rank, token)) in ranked.into_iter().enumerate() {
-        if rank != expected {
-            return Err(Error::Invalid(if rank < expected {
-                format!("tiktoken rank {rank} is given twice")
-            } else {
-                format!("tiktoken ranks skip rank {expected}")
-            }));
-        }
-        pieces.push(Piece {
-            bytes: token.into(),
-            score: 0.0,
-            kind: PieceKind::Normal,
-        });
-    }
-    Ok(pieces)
-}
-
-/// Whether `bytes` start like a `.tiktoken` ranks file: a first line of base64 characters,
-/// one space and digits.
-pub(crate) fn looks_like_ranks(bytes: &[u8]) -> bool {
-    let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let Some(space) = line.iter().position(|&b| b == b' ') else {
-        return false;
-    };
-    let (token, rank) = (&line[..space], &line[space + 1..]);
-    !token.is_empty()
-        && token
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
-        && !rank.is_empty()
-        && rank.iter().all(u8::is_ascii_digit)
-}
-
 #[cfg(test)]
 mod tests {
+    use rand::{Rng, SeedableRng};
+
     use super::*;
 
     /// tiktoken's `byte_pair_merge` as written there: rescan every pair after each merge.
     fn rescan(bpe: &ByteBpe, piece: &[u8]) -> Vec<u32> {
         let mut bounds: Vec<usize> = (0..=piece.len()).collect();
         while let Some((_, i)) = (0..bounds.len().saturating_sub(2))
-            .filter_map(|i| Some((bpe.rank(&piece[bounds[i]..bounds[i + 2]])?, i)))
+            .filter_map(|i| {
+                let rank = bpe.pair_rank(piece, bounds[i], bounds[i + 1], bounds[i + 2])?;
+                Some((rank, i))
+            })
             .min()
         {
             bounds.remove(i + 1);
         }
         bounds
             .windows(2)
-            .map(|w| bpe.rank(&piece[w[0]..w[1]]).unwrap())
+            .map(|w| bpe.id(&piece[w[0]..w[1]]).unwrap())
             .collect()
+    }
+
+    fn normal(tokens: Vec<Vec<u8>>) -> Vec<Piece> {
+        tokens
+            .into_iter()
+            .map(|t| Piece {
+                bytes: t.into(),
+                score: 0.0,
+                kind: PieceKind::Normal,
+            })
+            .collect()
+    }
+
+    fn spec(pattern: &str, merges: Option<Vec<[u32; 2]>>) -> ByteLevelBpeSpec {
+        ByteLevelBpeSpec {
+            pattern: pattern.into(),
+            merges,
+            ignore_merges: false,
+            nfc: false,
+            added_tokens: Vec::new(),
+        }
+    }
+
+    fn check_against_rescan(bpe: &ByteBpe, rng: &mut rand::rngs::StdRng) {
+        for _ in 0..2000 {
+            let len = rng.random_range(0..40);
+            let piece: Vec<u8> = (0..len).map(|_| b"abcd"[rng.random_range(0..4)]).collect();
+            let mut ids = Vec::new();
+            bpe.merge(&piece, &mut ids);
+            let text = String::from_utf8_lossy(&piece);
+            assert_eq!(ids, rescan(bpe, &piece), "{text:?}");
+        }
     }
 
     #[test]
     fn heap_merge_equals_the_rescan_on_random_pieces() {
-        use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        // The 256 bytes, then random merges over a 4-letter alphabet (overlapping,
+        // The 256 bytes, then random tokens over a 4-letter alphabet (overlapping,
         // repeated letters and ranks out of length order included).
         let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
         while tokens.len() < 256 + 60 {
@@ -245,43 +352,56 @@ mod tests {
                 tokens.push(t);
             }
         }
-        let pieces: Vec<Piece> = tokens
-            .into_iter()
-            .map(|t| Piece {
-                bytes: t.into(),
-                score: 0.0,
-                kind: PieceKind::Normal,
-            })
-            .collect();
-        let bpe = ByteBpe::new(&pieces, ".+").unwrap();
-        for _ in 0..2000 {
-            let len = rng.random_range(0..40);
-            let piece: Vec<u8> = (0..len).map(|_| b"abcd"[rng.random_range(0..4)]).collect();
-            let mut ids = Vec::new();
-            bpe.merge(&piece, &mut ids);
-            assert_eq!(
-                ids,
-                rescan(&bpe, &piece),
-                "{:?}",
-                String::from_utf8_lossy(&piece)
-            );
+        let bpe = ByteBpe::new(&normal(tokens), spec(".+", None)).unwrap();
+        check_against_rescan(&bpe, &mut rng);
+    }
+
+    #[test]
+    fn heap_merge_by_pair_rank_equals_the_rescan() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        // GPT-2 style: each merge joins two existing tokens; ranks are then shuffled, so
+        // a token may also be the concatenation of a pair that is not a merge.
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        let letters: Vec<u32> = b"abcd".iter().map(|&b| b as u32).collect();
+        let mut usable = letters.clone();
+        let mut merges = Vec::new();
+        while merges.len() < 80 {
+            let l = usable[rng.random_range(0..usable.len())];
+            let r = usable[rng.random_range(0..usable.len())];
+            let joined = [&tokens[l as usize][..], &tokens[r as usize][..]].concat();
+            if joined.len() > 6 || merges.contains(&[l, r]) {
+                continue;
+            }
+            if !tokens.contains(&joined) {
+                tokens.push(joined);
+                usable.push(tokens.len() as u32 - 1);
+            }
+            merges.push([l, r]);
         }
+        for i in (1..merges.len()).rev() {
+            merges.swap(i, rng.random_range(0..=i));
+        }
+        let bpe = ByteBpe::new(&normal(tokens), spec(".+", Some(merges))).unwrap();
+        check_against_rescan(&bpe, &mut rng);
     }
 
     #[test]
     fn long_pre_tokens_are_not_quadratic() {
-        let pieces: Vec<Piece> = (0..=255u8)
-            .map(|b| Piece {
-                bytes: vec![b].into(),
-                score: 0.0,
-                kind: PieceKind::Normal,
-            })
-            .collect();
-        let bpe = ByteBpe::new(&pieces, crate::chatglm::GLM4_PATTERN).unwrap();
+        let pieces = normal((0..=255u8).map(|b| vec![b]).collect());
+        let bpe = ByteBpe::new(&pieces, spec(crate::gpt2::LLAMA3_PATTERN, None)).unwrap();
         for text in ["x".repeat(200_000), format!("a{}b", " ".repeat(200_000))] {
             let mut ids = Vec::new();
             bpe.encode(&text, &mut ids).unwrap();
             assert_eq!(ids.len(), text.len());
         }
+    }
+
+    #[test]
+    fn text_between_matches_is_a_pre_token() {
+        let pieces = normal((0..=255u8).map(|b| vec![b]).collect());
+        let bpe = ByteBpe::new(&pieces, spec("b", None)).unwrap();
+        let mut ids = Vec::new();
+        bpe.encode("abc", &mut ids).unwrap();
+        assert_eq!(ids, [b'a' as u32, b'b' as u32, b'c' as u32]);
     }
 }

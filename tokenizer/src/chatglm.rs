@@ -43,7 +43,7 @@ const GLM4_SPECIALS: [&str; 14] = [
 
 /// GLM-4's pre-tokenisation regex (`pat_str` of its `tokenization_chatglm.py`, the same as
 /// tiktoken's `cl100k_base`).
-pub(crate) const GLM4_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(crate) const GLM4_PATTERN: &str = crate::gpt2::LLAMA3_PATTERN;
 
 impl Tokenizer {
     /// The ChatGLM2 or ChatGLM3 tokenizer made from its SentencePiece model (`self`, read
@@ -109,6 +109,10 @@ pub(crate) fn glm4(mut pieces: Vec<Piece>) -> Result<Tokenizer> {
     let spec = TokenizerSpec {
         kind: TokenizerKind::ByteLevelBpe(ByteLevelBpeSpec {
             pattern: GLM4_PATTERN.into(),
+            merges: None,
+            ignore_merges: false,
+            nfc: false,
+            added_tokens: Vec::new(),
         }),
         scores: vec![0.0; pieces.len()],
         types: pieces

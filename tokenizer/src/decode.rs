@@ -7,7 +7,9 @@
 //!   dummy prefix (all of them while nothing has been output, if the model also removes
 //!   extra whitespace);
 //! - a run of byte pieces `<0xHH>` is decoded as UTF-8 with SentencePiece's rule: each
-//!   byte that does not start a valid character becomes one U+FFFD.
+//!   byte that does not start a valid character becomes one U+FFFD;
+//! - byte-level BPE pieces are raw bytes, decoded as UTF-8 with the rule of
+//!   `from_utf8_lossy`: each maximal invalid subsequence becomes one U+FFFD.
 //!
 //! [`Tokenizer::decode`] is a [`StreamDecoder`] fed every id, so the streamed text
 //! concatenates to exactly the decoded text. The stream holds back the bytes of a
@@ -121,7 +123,11 @@ impl<'a> StreamDecoder<'a> {
 
     /// Decodes the pending bytes that form complete (or hopeless) characters.
     fn drain(&mut self, at_end: bool, out: &mut String) {
-        let used = decode_utf8(&self.pending, at_end, out);
+        let used = if self.tok.decoding.byte_level {
+            decode_utf8_lossy(&self.pending, at_end, out)
+        } else {
+            decode_utf8(&self.pending, at_end, out)
+        };
         self.pending.drain(..used);
     }
 }
@@ -172,6 +178,29 @@ pub(crate) fn decode_utf8(bytes: &[u8], at_end: bool, out: &mut String) -> usize
         i += 1;
     }
     i
+}
+
+/// Decodes UTF-8 as byte-level tokenizers do (`tokenizers`' `ByteLevel` decoder with
+/// `String::from_utf8_lossy`, tiktoken with Python's `errors="replace"`): each maximal
+/// invalid subsequence (Unicode 3.9, "U+FFFD substitution of maximal subparts") becomes one
+/// U+FFFD. Unless `at_end`, an incomplete character that may still become valid is left
+/// undecoded. Returns the number of bytes consumed.
+fn decode_utf8_lossy(bytes: &[u8], at_end: bool, out: &mut String) -> usize {
+    let mut used = 0;
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        used += chunk.valid().len();
+        let bad = chunk.invalid();
+        if bad.is_empty() {
+            continue;
+        }
+        if !at_end && used + bad.len() == bytes.len() && may_become_valid(bad) {
+            break;
+        }
+        out.push(char::REPLACEMENT_CHARACTER);
+        used += bad.len();
+    }
+    used
 }
 
 /// Whether `p`, shorter than the character its first byte announces, is the start of a

@@ -99,7 +99,7 @@ enum Split {
 
 impl AddedTokens {
     /// `AddedVocabulary::find_matches`: (token id or None, byte range) covering `s`.
-    fn find_matches(&self, s: &str) -> Vec<(Option<u32>, usize, usize)> {
+    pub(crate) fn find_matches(&self, s: &str) -> Vec<(Option<u32>, usize, usize)> {
         let b = s.as_bytes();
         let mut splits = Vec::new();
         let mut start_offset = 0;

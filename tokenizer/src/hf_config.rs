@@ -2,10 +2,11 @@
 //! `chat_template`, and for THUDM's `ChatGLMTokenizer` the ChatGLM2/3 special tokens and
 //! prompt format (the tokenizer itself is Python code in the checkpoint,
 //! `tokenization_chatglm.py`; ChatGLM3's is told from ChatGLM2's by its role tokens, as
-//! chatglm.cpp's converter does).
+//! chatglm.cpp's converter does), and for byte-level BPE the BOS and EOS tokens.
 
 use std::path::Path;
 
+use crate::vocab::PieceKind;
 use crate::{ChatFormat, Encoder, Error, Result, Tokenizer};
 
 impl Tokenizer {
@@ -34,9 +35,11 @@ impl Tokenizer {
     /// `tokenizer_class` is `ChatGLMTokenizer` and this is a SentencePiece model, the
     /// ChatGLM special tokens and format ([`Tokenizer::into_chatglm`]): ChatGLM3 if
     /// `tokenization_py` (the directory's `tokenization_chatglm.py`) defines the
-    /// `<|observation|>` role token, ChatGLM2 otherwise.
+    /// `<|observation|>` role token, ChatGLM2 otherwise. For a byte-level BPE, its
+    /// `bos_token`, `eos_token` and `add_bos_token`.
     ///
-    /// Errors: those of [`chat_template_from_hf_config`] and [`Tokenizer::into_chatglm`].
+    /// Errors: those of [`chat_template_from_hf_config`] and [`Tokenizer::into_chatglm`],
+    /// and a byte-level `bos_token`/`eos_token` that names no special token.
     pub fn with_hf_config(
         self,
         config: &[u8],
@@ -62,7 +65,52 @@ impl Tokenizer {
         if template.is_some() {
             tok.chat_template = template;
         }
+        if matches!(tok.encoder, Encoder::ByteLevel(_)) {
+            tok.apply_special_tokens(&value)?;
+        }
         Ok(tok)
+    }
+
+    /// For byte-level BPE, whose `tokenizer.json` does not say which tokens are BOS and
+    /// EOS: `bos_token` and `eos_token` of the config (a string or `{"content": ..}`; null
+    /// means none), as transformers' `PreTrainedTokenizerFast` takes them, and
+    /// `add_bos_token` when present. Keys that are absent leave the guess of
+    /// `hf_byte_level.rs` in place. Errors: [`Error::Invalid`] for a name that is not a
+    /// special or added token.
+    fn apply_special_tokens(&mut self, config: &serde_json::Value) -> Result<()> {
+        let id = |key: &str| -> Result<Option<Option<u32>>> {
+            let name = match config.get(key) {
+                None => return Ok(None),
+                Some(serde_json::Value::Null) => return Ok(Some(None)),
+                Some(v) => v.as_str().or_else(|| v["content"].as_str()),
+            };
+            let name = name.ok_or_else(|| {
+                Error::Invalid(format!("tokenizer_config.json: {key} is not a token name"))
+            })?;
+            let found = self.pieces.iter().rposition(|p| {
+                matches!(p.kind, PieceKind::Control | PieceKind::UserDefined)
+                    && *p.bytes == *name.as_bytes()
+            });
+            let found = found.ok_or_else(|| {
+                Error::Invalid(format!(
+                    "tokenizer_config.json: {key} {name:?} is not a special token"
+                ))
+            })?;
+            Ok(Some(Some(found as u32)))
+        };
+        if let Some(bos) = id("bos_token")? {
+            self.bos = bos;
+        }
+        if let Some(eos) = id("eos_token")? {
+            self.eos = eos;
+        }
+        if let Some(add) = config
+            .get("add_bos_token")
+            .and_then(serde_json::Value::as_bool)
+        {
+            self.add_bos = add;
+        }
+        Ok(())
     }
 }
 

@@ -5,7 +5,8 @@
 //! Field names and defaults follow `tokenizers`' serde code (models/bpe/serialization.rs,
 //! pre_tokenizers/metaspace.rs, tokenizer/added_vocabulary.rs).
 //!
-//! Anything else (byte-level BPE, WordPiece, Unigram, regex normalisers, BPE dropout...)
+//! A file with a `ByteLevel` component is read as byte-level BPE (`hf_byte_level.rs`).
+//! Anything else (WordPiece, Unigram, regex normalisers, BPE dropout...)
 //! is rejected with [`Error::Unsupported`] instead of being tokenised wrongly.
 //!
 //! This file only reads: it checks the file and resolves token texts to ids into the
@@ -70,12 +71,11 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
             )))
         }
     }
-    for key in ["normalizer", "pre_tokenizer", "decoder"] {
-        if root.get(key).is_some_and(mentions_byte_level) {
-            return Err(unsupported(
-                "byte-level BPE (ByteLevel component); only SentencePiece-style BPE is supported",
-            ));
-        }
+    if ["normalizer", "pre_tokenizer", "decoder"]
+        .iter()
+        .any(|key| root.get(key).is_some_and(mentions_byte_level))
+    {
+        return crate::hf_byte_level::load(&root, model);
     }
     if model.get("dropout").and_then(Value::as_f64).unwrap_or(0.0) != 0.0 {
         return Err(unsupported("BPE dropout"));

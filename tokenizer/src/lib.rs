@@ -4,7 +4,10 @@
 //! - a SentencePiece `tokenizer.model` (`ModelProto` protobuf; `sp_proto.rs`),
 //! - a llama2.c `tokenizer.bin` (`llama2c.rs`),
 //! - a Hugging Face `tokenizer.json` of the SentencePiece-BPE kind (`hf_json.rs`,
-//!   encoded as `tokenizers` does in `hf_bpe.rs`).
+//!   encoded as `tokenizers` does in `hf_bpe.rs`), or of GPT-2's byte-level BPE kind
+//!   (`hf_byte_level.rs`, with GPT-2's byte spelling and the families' regexes in
+//!   `gpt2.rs`; encoded by `byte_bpe.rs`). GGUF's `gpt2` tokenizer metadata becomes the same
+//!   tokenizer through [`gguf_gpt2_spec`].
 //!
 //! The format is recognised from the bytes, never from the file name. Vocabulary
 //! lookups go through a byte trie (`trie.rs`). SentencePiece models are normalised
@@ -17,15 +20,16 @@
 //! tokenizer (`spec.rs`, `spec_build.rs`): .flm files store it, and the GGUF importer of
 //! flm-models builds one from a GGUF file's `tokenizer.ggml.*` metadata.
 //!
-//! A tiktoken ranks file (GLM-4's `tokenizer.model`, lines of `BASE64 RANK`) is read as
-//! GLM-4's byte-level BPE (`byte_bpe.rs`, `chatglm.rs`); [`Tokenizer::into_chatglm`] turns
-//! a ChatGLM2/3 SentencePiece model into the ChatGLM tokenizer. Chat prompts, built-in
-//! (ChatGLM) or from a Jinja template, are built by [`Tokenizer::encode_chat`] (`chat.rs`,
-//! `jinja.rs`).
+//! A tiktoken ranks file (GLM-4's `tokenizer.model`, lines of `BASE64 RANK`; `tiktoken.rs`)
+//! is read as GLM-4's byte-level BPE (`byte_bpe.rs`, `chatglm.rs`);
+//! [`Tokenizer::into_chatglm`] turns a ChatGLM2/3 SentencePiece model into the ChatGLM
+//! tokenizer. Chat prompts, built-in (ChatGLM) or from a Jinja template, are built by
+//! [`Tokenizer::encode_chat`] (`chat.rs`, `jinja.rs`).
 //!
 //! What is not implemented is refused with [`Error::Unsupported`] rather than tokenised
 //! differently from the reference: Unigram models, precompiled normalisation rules
-//! (NFKC), byte-level BPE of the GPT-2 / Llama 3 kind (tokenizer.json), WordPiece.
+//! (NFKC), other `tokenizer.json` normalisers than `Prepend`/`Replace` (SentencePiece kind)
+//! and `NFC` (byte-level kind), llama.cpp's multi-regex pre-tokenisers, WordPiece.
 //!
 //! ```no_run
 //! # fn main() -> flm_tokenizer::Result<()> {
@@ -41,7 +45,9 @@ mod chat;
 mod chatglm;
 mod decode;
 mod error;
+mod gpt2;
 mod hf_bpe;
+mod hf_byte_level;
 mod hf_config;
 mod hf_json;
 mod jinja;
@@ -50,6 +56,7 @@ mod sentencepiece;
 mod sp_proto;
 mod spec;
 mod spec_build;
+mod tiktoken;
 mod trie;
 mod vocab;
 
@@ -58,6 +65,7 @@ use std::path::Path;
 pub use chat::{ChatFormat, ChatPrompt, Message};
 pub use decode::StreamDecoder;
 pub use error::{Error, Result};
+pub use gpt2::gguf_gpt2_spec;
 pub use hf_config::chat_template_from_hf_config;
 pub use spec::{
     AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
@@ -95,7 +103,8 @@ enum Encoder {
     SentencePiece(SpModel),
     /// Hugging Face `tokenizers` BPE (`tokenizer.json`).
     HuggingFace(HfModel),
-    /// tiktoken-style byte-level BPE (GLM-4).
+    /// Byte-level BPE: GPT-2 style (`tokenizer.json`, GGUF `gpt2`) or tiktoken style
+    /// (GLM-4).
     ByteLevel(byte_bpe::ByteBpe),
 }
 
@@ -136,8 +145,8 @@ impl Tokenizer {
         if text.trim_ascii_start().starts_with(b"{") {
             return hf_json::load(text);
         }
-        if byte_bpe::looks_like_ranks(bytes) {
-            return chatglm::glm4(byte_bpe::parse_ranks(bytes)?);
+        if tiktoken::looks_like_ranks(bytes) {
+            return chatglm::glm4(tiktoken::parse_ranks(bytes)?);
         }
         // A serialised ModelProto starts with its first piece: field 1, length-delimited.
         if bytes.first() == Some(&0x0a) {
@@ -163,8 +172,9 @@ impl Tokenizer {
     /// SentencePiece files (`.model`, llama2.c `.bin`) give the ids of
     /// `SentencePieceProcessor::Encode` (normalizer.cc + bpe_model.cc); `tokenizer.json`
     /// gives those of `tokenizers`' `encode(text, add_special_tokens=False)`, so special
-    /// tokens written in the text (`<s>`) are recognised there, as in `tokenizers`;
-    /// GLM-4's byte-level BPE gives tiktoken's `encode_ordinary`.
+    /// tokens written in the text (`<s>`, `<|endoftext|>`) are recognised there, as in
+    /// `tokenizers` (also for GGUF `gpt2` vocabularies, whose control and user-defined
+    /// tokens are matched likewise); GLM-4's ranks file gives tiktoken's `encode_ordinary`.
     /// Fails if `add_bos` is asked of a tokenizer without BOS or prefix, or if the
     /// byte-level pre-tokeniser's regex engine gives up.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {

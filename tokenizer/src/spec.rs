@@ -75,18 +75,41 @@ pub enum TokenizerKind {
     /// Hugging Face `tokenizers` BPE of the SentencePiece kind (`tokenizer.json`): merges
     /// by rank, normaliser steps, a `Metaspace` pre-tokenizer and added tokens.
     HfBpe(HfBpeSpec),
-    /// Byte-level BPE in the style of OpenAI's `tiktoken` (GLM-4): a regex pre-tokeniser,
-    /// then merges by rank, where a piece's rank is its id. `pieces` are raw bytes; the
-    /// [`PieceType::Normal`] ones are the mergeable ranks (all 256 single bytes among
-    /// them), [`PieceType::Control`] ones are special tokens.
+    /// Byte-level BPE: a regex pre-tokeniser, then merges of each pre-token's UTF-8 bytes,
+    /// either by token rank (OpenAI's `tiktoken`, GLM-4: a piece's rank is its id) or by
+    /// merge rank (GPT-2, Llama 3, Qwen2, Mistral-Nemo: `merges`). `pieces` are raw bytes
+    /// (not GPT-2's byte-to-unicode spelling); the [`PieceType::Normal`] ones are the
+    /// vocabulary (all 256 single bytes among them), [`PieceType::Control`] ones are
+    /// special tokens and [`PieceType::UserDefined`] ones added tokens.
     ByteLevelBpe(ByteLevelBpeSpec),
 }
 
-/// The settings of a tiktoken-style byte-level BPE.
+/// The settings of a byte-level BPE.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ByteLevelBpeSpec {
-    /// The pre-tokenisation regex (fancy-regex syntax, as tiktoken's `pat_str`).
+    /// The pre-tokenisation regex (fancy-regex syntax, as tiktoken's `pat_str` or
+    /// `tokenizers`' `Split` pattern). Text between matches is a pre-token too
+    /// (`tokenizers`' `Isolated` split behaviour).
     pub pattern: String,
+    /// The merges, best (lowest rank) first, as (left, right) token ids, GPT-2 style: the
+    /// merged token is the piece spelled as their concatenation. `None`: tiktoken style,
+    /// the pair whose concatenation has the lowest id merges first.
+    #[serde(default)]
+    pub merges: Option<Vec<[u32; 2]>>,
+    /// A pre-token that is a whole token is not merged (`tokenizers`' `ignore_merges`,
+    /// Llama 3). Always so for the tiktoken style, as `tiktoken` does.
+    #[serde(default)]
+    pub ignore_merges: bool,
+    /// The text is put in Unicode normalisation form C before pre-tokenisation
+    /// (`tokenizers`' `NFC` normalizer, Qwen2), after the added tokens that are not
+    /// `normalized` are cut out.
+    #[serde(default)]
+    pub nfc: bool,
+    /// Tokens cut out of the text before pre-tokenisation, leftmost-longest, as
+    /// `tokenizers` matches its added tokens: those not `normalized` in the raw text first,
+    /// the others in the normalised rest.
+    #[serde(default)]
+    pub added_tokens: Vec<AddedTokenSpec>,
 }
 
 /// The settings of a SentencePiece BPE model (`NormalizerSpec` and `TrainerSpec` fields).

@@ -12,8 +12,8 @@ use crate::decode::DecodeOptions;
 use crate::hf_bpe::{normalize, AddedToken, AddedTokens, HfModel, Metaspace, NormOp, Prepend};
 use crate::sentencepiece::{sp_tokenizer, NormalizerOptions, SpModel};
 use crate::spec::{
-    AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
-    PrependScheme, SentencePieceSpec, TokenizerKind, TokenizerSpec,
+    AddedTokenSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType, PrependScheme,
+    SentencePieceSpec, TokenizerKind, TokenizerSpec,
 };
 use crate::trie::TrieBuilder;
 use crate::vocab::{byte_piece, parse_byte_piece, Piece, PieceKind};
@@ -36,9 +36,7 @@ impl Tokenizer {
                 unk_surface: self.decoding.unk_surface.to_vec(),
             }),
             Encoder::HuggingFace(m) => TokenizerKind::HfBpe(hf_spec(m, &self.pieces)),
-            Encoder::ByteLevel(m) => TokenizerKind::ByteLevelBpe(ByteLevelBpeSpec {
-                pattern: m.pattern.clone(),
-            }),
+            Encoder::ByteLevel(m) => TokenizerKind::ByteLevelBpe(m.spec.clone()),
         };
         let (unk_id, byte_fallback) = match &self.encoder {
             Encoder::SentencePiece(m) => (m.unk_id, m.byte_ids.is_some()),
@@ -161,7 +159,7 @@ pub(crate) fn build(
                     "a byte-level BPE has neither byte fallback nor an unknown piece",
                 ));
             }
-            let model = ByteBpe::new(&pieces, &b.pattern)?;
+            let model = ByteBpe::new(&pieces, b)?;
             Tokenizer {
                 pieces,
                 bos: special.0,

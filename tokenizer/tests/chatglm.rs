@@ -286,7 +286,7 @@ fn bad_descriptions_are_refused() {
     let err = Tokenizer::from_spec(spec).unwrap_err().to_string();
     assert!(err.contains("pattern"), "{err}");
     let mut spec = glm4().spec();
-    spec.types[260] = PieceType::UserDefined;
+    spec.types[260] = PieceType::Unused;
     assert!(Tokenizer::from_spec(spec).is_err());
     let mut spec = glm4().spec();
     spec.unk_id = Some(0);

@@ -115,9 +115,12 @@ fn unsupported_tokenizer_json() {
     let msg = unsupported(&|v| v["model"]["type"] = "WordPiece".into());
     assert!(msg.contains("WordPiece"), "{msg}");
     let msg = unsupported(&|v| {
-        v["pre_tokenizer"] = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false})
+        v["pre_tokenizer"] = serde_json::json!({"type": "ByteLevel", "add_prefix_space": true})
     });
-    assert!(msg.contains("byte-level"), "{msg}");
+    assert!(
+        msg.contains("byte-level") && msg.contains("add_prefix_space"),
+        "{msg}"
+    );
     let msg = unsupported(&|v| v["normalizer"] = serde_json::json!({"type": "NFKC"}));
     assert!(msg.contains("NFKC"), "{msg}");
 }

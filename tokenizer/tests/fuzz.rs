@@ -1,5 +1,6 @@
 //! Robustness: truncated and corrupted files of every format load or fail, never panic;
-//! random text and random ids never panic; the Llama 2 tokenizer round-trips random text.
+//! random text and random ids never panic; the Llama 2 and GPT-2 tokenizers round-trip
+//! random text.
 
 mod common;
 
@@ -125,11 +126,11 @@ fn corruptions_never_panic() {
 #[test]
 fn random_text_and_ids() {
     let mut rng = Rng::new(3);
-    for rel in FILES {
+    for rel in FILES.into_iter().chain(["tokenizer/gpt2/tokenizer.json"]) {
         let tok = common::load(rel);
         // Files without whitespace collapsing give back exactly what they were given
         // (tok512.model trims spaces; tokenizer.json's Metaspace does not double a
-        // leading "▁").
+        // leading "▁"); byte-level BPE loses nothing.
         let round_trips = rel.starts_with("tokenizer/") || rel.ends_with(".bin");
         for _ in 0..500 {
             let text = random_text(&mut rng);

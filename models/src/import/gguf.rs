@@ -20,9 +20,11 @@
 //! `general.architecture = "llama"` maps onto [`ModelConfig`] (llama.cpp's converter
 //! stores q/k in Meta's layout: [`RopeStyle::AdjacentPairs`]); tensors F32, F16, BF16
 //! (zero-copy), Q8_0 and Q4_0 (dequantised to f32 on load) are read. A SentencePiece
-//! vocabulary (`tokenizer.ggml.model = "llama"`) becomes the checkpoint's tokenizer;
-//! other tokenizer kinds (`gpt2` byte-level BPE...) leave [`Checkpoint::tokenizer`] `None`.
+//! vocabulary (`tokenizer.ggml.model = "llama"`) or a byte-level BPE one (`"gpt2"`,
+//! `gguf/bpe.rs`) becomes the checkpoint's tokenizer; other tokenizer kinds leave
+//! [`Checkpoint::tokenizer`] `None`.
 
+mod bpe;
 mod file;
 
 use std::collections::HashMap;
@@ -168,7 +170,8 @@ fn encoding(ggml_type: u32) -> std::result::Result<(Encoding, usize), String> {
     })
 }
 
-/// The SentencePiece tokenizer of the metadata (llama.cpp's `llama` vocabulary):
+/// The tokenizer of the metadata: byte-level BPE for `tokenizer.ggml.model = "gpt2"`
+/// (`gguf/bpe.rs`), else SentencePiece (llama.cpp's `llama` vocabulary):
 /// `tokenizer.ggml.tokens` with `.scores` (default 0) and `.token_type` (SentencePiece's
 /// numbers; 0, "undefined", counts as normal), BOS/EOS from `.bos_token_id`/
 /// `.eos_token_id`, the unknown piece being the one of type 2 (as in SentencePiece;
@@ -181,6 +184,7 @@ fn encoding(ggml_type: u32) -> std::result::Result<(Encoding, usize), String> {
 fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, String>> {
     match m.str("tokenizer.ggml.model")?.as_deref() {
         Some("llama") => {}
+        Some("gpt2") => return bpe::tokenizer(m),
         None => {
             return Ok(Err(
                 "the file has no tokenizer (tokenizer.ggml.model)".into()
@@ -272,7 +276,8 @@ fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, String>> {
 ///
 /// Errors: [`Error::Io`] if the file cannot be read; [`Error::Format`] if it is not a valid
 /// GGUF file, its tokenizer metadata is malformed, or it has no tokenizer flm implements
-/// (only `tokenizer.ggml.model = "llama"`, SentencePiece BPE, is).
+/// (`tokenizer.ggml.model` `"llama"`, SentencePiece BPE, and `"gpt2"`, byte-level BPE
+/// with the pre-tokenisers of `flm_tokenizer::gguf_gpt2_spec`).
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     let map = map_file(path)?;
     let g = parse(&map, path)?;

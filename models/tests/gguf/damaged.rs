@@ -5,7 +5,7 @@
 use flm_models::import::{self, Checkpoint};
 use flm_models::Error;
 
-use super::{data, F32, Q8_0, VOCAB};
+use super::{data, F32, GPT2, Q8_0, VOCAB};
 
 fn read(rel: &str) -> Vec<u8> {
     std::fs::read(data(rel)).unwrap()
@@ -210,16 +210,46 @@ fn bad_metadata_and_tensor_infos_are_refused() {
 
 #[test]
 fn other_tokenizer_kinds_leave_no_tokenizer() {
-    // "llama" -> "gpt2" and one byte more in the name: the data section does not move.
+    // "llama" -> "bert" and one byte more in the name: the data section does not move.
     let mut b = read(F32);
-    set_str(&mut b, "tokenizer.ggml.model", "gpt2");
+    set_str(&mut b, "tokenizer.ggml.model", "bert");
     set_str(&mut b, "general.name", "stories260K!");
     assert!(try_load(&b).unwrap().tokenizer.is_none());
     let e = tokenizer_error(&b);
     assert!(
-        e.contains("tokenizer.ggml.model \"gpt2\" is not supported yet"),
+        e.contains("tokenizer.ggml.model \"bert\" is not supported yet"),
         "{e}"
     );
+    // A byte-level BPE pre-tokeniser flm does not implement: no tokenizer either.
+    let mut b = read(GPT2);
+    set_str(&mut b, "tokenizer.ggml.pre", "deepseek-llm");
+    let e = tokenizer_error(&b);
+    assert!(
+        e.contains("byte-level pre-tokenizer \"deepseek-llm\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn malformed_byte_level_vocabularies_are_clear_errors() {
+    // A "gpt2" tokenizer without merges (stories260K's SentencePiece pieces).
+    let mut b = read(F32);
+    set_str(&mut b, "tokenizer.ggml.model", "gpt2");
+    set_str(&mut b, "general.name", "stories260K!");
+    refused(&b, "invalid tokenizer metadata: no tokenizer.ggml.merges");
+    // A merge naming a missing token ("Ġ t" -> "Ġ q", same length).
+    let mut b = read(GPT2);
+    let at = find(&b, "\u{120} t".as_bytes());
+    b[at + 3] = b'\x01';
+    let e = tokenizer_error(&b);
+    assert!(e.contains("is not a token"), "{e}");
+    // A normal token outside GPT-2's byte spelling: token 0, "!", made a plain space
+    // (spelled "Ġ" there).
+    let mut b = read(GPT2);
+    let at = after(&b, "tokenizer.ggml.tokens") + 4 + 4 + 8 + 8;
+    b[at] = b' ';
+    let e = tokenizer_error(&b);
+    assert!(e.contains("not spelled in GPT-2's byte characters"), "{e}");
 }
 
 /// Random damage never panics: every outcome is a checkpoint or an error.

@@ -32,11 +32,17 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 /// The 46 llama.cpp `ggml-vocab-llama-spm` cases: (text, ids without BOS). Format in
 /// SOURCES.md section 4.
 pub fn llama_cpp_cases() -> Vec<(String, Vec<u32>)> {
-    let inp = std::fs::read(data("llama.cpp/ggml-vocab-llama-spm.gguf.inp")).unwrap();
+    llama_cpp_cases_of("llama-spm")
+}
+
+/// The 46 cases of llama.cpp's `ggml-vocab-{vocab}.gguf.inp` / `.out`.
+pub fn llama_cpp_cases_of(vocab: &str) -> Vec<(String, Vec<u32>)> {
+    let inp = std::fs::read(data(&format!("llama.cpp/ggml-vocab-{vocab}.gguf.inp"))).unwrap();
     let inp = String::from_utf8(inp).unwrap();
     let mut texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
     assert_eq!(texts.pop(), Some(""), "separator after the last case");
-    let out = std::fs::read_to_string(data("llama.cpp/ggml-vocab-llama-spm.gguf.out")).unwrap();
+    let out = data(&format!("llama.cpp/ggml-vocab-{vocab}.gguf.out"));
+    let out = std::fs::read_to_string(out).unwrap();
     let lines: Vec<&str> = out.split('\n').collect();
     assert!(lines.len() >= texts.len());
     let cases: Vec<(String, Vec<u32>)> = texts

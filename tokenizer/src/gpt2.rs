@@ -1,0 +1,233 @@
+//! GPT-2-style byte-level BPE vocabularies (Radford et al. 2019, openai/gpt-2
+//! `encoder.py`), as Hugging Face `tokenizer.json` (`ByteLevel` pre-tokenizer) and GGUF
+//! (`tokenizer.ggml.model = "gpt2"`) store them: every byte is spelled as one printable
+//! character (`bytes_to_unicode`: the printable Latin-1 bytes as themselves, the others as
+//! U+0100 upwards in byte order, so a space is "Ġ"), tokens and "left right" merges are
+//! written in that spelling, and special/added tokens as plain text.
+//!
+//! The spelling is undone here, so the [`TokenizerSpec`] (and `byte_bpe.rs`) see raw bytes.
+//! The pre-tokenisation regex of each family is the one its `tokenizer.json` names (GGUF
+//! names the family in `tokenizer.ggml.pre`; see [`gguf_pre_tokenizer`]).
+
+use std::collections::HashMap;
+
+use crate::spec::{AddedTokenSpec, ByteLevelBpeSpec, PieceType, TokenizerKind, TokenizerSpec};
+use crate::{Error, Result};
+
+/// GPT-2's pre-tokenisation regex (`encoder.py`; `tokenizers`' `ByteLevel` with
+/// `use_regex`).
+pub(crate) const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// Llama 3's regex (its `tokenizer.json` `Split` pattern), also tiktoken's `cl100k_base`
+/// and GLM-4's `pat_str`.
+pub(crate) const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen2's regex: Llama 3's with single digits.
+pub(crate) const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Mistral-Nemo's "tekken" regex (its `tokenizer.json`).
+pub(crate) const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenisation regex and `ignore_merges` of a GGUF `tokenizer.ggml.pre` name, as
+/// llama.cpp's `llama_vocab::load` maps them: `gpt-2`; `llama-bpe` / `llama3` / `llama-v3`
+/// (Llama 3, merges ignored for whole tokens); `qwen2`; `chatglm-bpe` (GLM-4); `tekken`
+/// (Mistral-Nemo, merges ignored). `None` for other names (llama.cpp's multi-regex
+/// pre-tokenisers are not implemented).
+pub(crate) fn gguf_pre_tokenizer(name: &str) -> Option<(&'static str, bool)> {
+    Some(match name {
+        "gpt-2" => (GPT2_PATTERN, false),
+        "llama-bpe" | "llama3" | "llama-v3" => (LLAMA3_PATTERN, true),
+        "qwen2" => (QWEN2_PATTERN, false),
+        "chatglm-bpe" => (LLAMA3_PATTERN, false),
+        "tekken" => (TEKKEN_PATTERN, true),
+        _ => return None,
+    })
+}
+
+/// GPT-2's `bytes_to_unicode`: the character that spells each byte.
+pub(crate) fn byte_chars() -> [char; 256] {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 256u32;
+    std::array::from_fn(|b| {
+        let b = b as u8;
+        if printable(b) {
+            char::from(b)
+        } else {
+            // U+0100..U+0143: all valid scalar values.
+            let c = char::from_u32(next).unwrap_or(char::REPLACEMENT_CHARACTER);
+            next += 1;
+            c
+        }
+    })
+}
+
+/// The inverse of [`byte_chars`].
+pub(crate) struct Unspell(HashMap<char, u8>);
+
+impl Unspell {
+    pub(crate) fn new() -> Unspell {
+        Unspell((0u8..=255).zip(byte_chars()).map(|(b, c)| (c, b)).collect())
+    }
+
+    /// The bytes a token spelled in GPT-2's characters stands for; `None` if a character
+    /// is not one of the 256.
+    pub(crate) fn bytes(&self, token: &str) -> Option<Vec<u8>> {
+        token.chars().map(|c| self.0.get(&c).copied()).collect()
+    }
+}
+
+/// A token of a GPT-2-style vocabulary before its spelling is undone.
+pub(crate) struct Token<'a> {
+    /// NORMAL tokens in GPT-2's spelling; CONTROL and USER_DEFINED ones as plain text.
+    pub(crate) text: &'a str,
+    pub(crate) kind: PieceType,
+}
+
+/// The description of a GPT-2-style tokenizer: pieces as raw bytes, merges resolved to
+/// ids (by their text, among the NORMAL tokens) into `settings.merges`, the other
+/// settings as given. BOS, EOS and `add_bos` are left for the caller to set (`None`,
+/// `None`, false).
+///
+/// Errors: [`Error::Invalid`] for a NORMAL token not in GPT-2's spelling, a token kind
+/// other than NORMAL, CONTROL and USER_DEFINED, or a merge naming a missing token.
+pub(crate) fn build_spec<'a>(
+    tokens: &[Token<'a>],
+    merges: impl Iterator<Item = Result<(&'a str, &'a str)>>,
+    mut settings: ByteLevelBpeSpec,
+) -> Result<TokenizerSpec> {
+    let unspell = Unspell::new();
+    let mut pieces = Vec::with_capacity(tokens.len());
+    let mut index = HashMap::with_capacity(tokens.len());
+    for (id, t) in (0u32..).zip(tokens) {
+        pieces.push(match t.kind {
+            PieceType::Normal => {
+                index.insert(t.text, id);
+                unspell.bytes(t.text).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "byte-level token {id} {:?} is not spelled in GPT-2's byte characters",
+                        t.text
+                    ))
+                })?
+            }
+            PieceType::Control | PieceType::UserDefined => t.text.as_bytes().to_vec(),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "byte-level token {id} {:?} is of type {other:?}",
+                    t.text
+                )))
+            }
+        });
+    }
+    let mut pairs = Vec::new();
+    for m in merges {
+        let (a, b) = m?;
+        let id = |t: &str| {
+            index
+                .get(t)
+                .copied()
+                .ok_or_else(|| Error::Invalid(format!("merge {a:?} {b:?}: {t:?} is not a token")))
+        };
+        id(&format!("{a}{b}"))?;
+        pairs.push([id(a)?, id(b)?]);
+    }
+    settings.merges = Some(pairs);
+    let n = pieces.len();
+    Ok(TokenizerSpec {
+        kind: TokenizerKind::ByteLevelBpe(settings),
+        pieces,
+        scores: vec![0.0; n],
+        types: tokens.iter().map(|t| t.kind).collect(),
+        byte_fallback: false,
+        unk_id: None,
+        bos_id: None,
+        eos_id: None,
+        add_bos: false,
+        chat_template: None,
+        prefix: None,
+        chat_format: None,
+    })
+}
+
+/// The description of a GGUF `gpt2` tokenizer from its metadata: `tokens`
+/// (`tokenizer.ggml.tokens`) and `types` (`.token_type`: 1 normal, 3 control, 4
+/// user-defined, 5 unused, read as control), `merges` (`.merges`, "left right" in rank
+/// order) and the pre-tokeniser `pre` (`.pre`: `gpt-2`; `llama-bpe`, `llama3` or `llama-v3`
+/// for Llama 3; `qwen2`; `chatglm-bpe`; `tekken`, mapped as llama.cpp does). CONTROL and
+/// USER_DEFINED tokens written in the text are recognised, as `tokenizers` does with the
+/// added tokens of the `tokenizer.json` llama.cpp converted. BOS, EOS and `add_bos` are
+/// left for the caller to set.
+///
+/// Errors: [`Error::Unsupported`] for an unknown `pre`; [`Error::Invalid`] for `types` of
+/// another length than `tokens`, a merge that is not two tokens, and the checks of
+/// [`crate::Tokenizer::from_spec`] that can be made here (spelling, merges).
+pub fn gguf_gpt2_spec(
+    tokens: &[String],
+    types: &[PieceType],
+    merges: &[String],
+    pre: &str,
+) -> Result<TokenizerSpec> {
+    let (pattern, ignore_merges) = gguf_pre_tokenizer(pre)
+        .ok_or_else(|| Error::Unsupported(format!("byte-level pre-tokenizer {pre:?}")))?;
+    if types.len() != tokens.len() {
+        return Err(Error::Invalid(format!(
+            "{} tokens but {} token types",
+            tokens.len(),
+            types.len()
+        )));
+    }
+    let mut added = Vec::new();
+    let tokens: Vec<Token> = (0u32..)
+        .zip(tokens.iter().zip(types))
+        .map(|(id, (text, &ty))| {
+            let kind = match ty {
+                PieceType::Unused => PieceType::Control,
+                t => t,
+            };
+            if kind != PieceType::Normal {
+                added.push(AddedTokenSpec {
+                    id,
+                    lstrip: false,
+                    rstrip: false,
+                    normalized: false,
+                });
+            }
+            Token { text, kind }
+        })
+        .collect();
+    let merges = merges
+        .iter()
+        .map(|m| match m.split(' ').collect::<Vec<_>>()[..] {
+            [a, b] => Ok((a, b)),
+            _ => Err(Error::Invalid(format!("merge {m:?} is not two tokens"))),
+        });
+    let settings = ByteLevelBpeSpec {
+        pattern: pattern.into(),
+        merges: None,
+        ignore_merges,
+        nfc: false,
+        added_tokens: added,
+    };
+    build_spec(&tokens, merges, settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_characters_are_gpt2s() {
+        let chars = byte_chars();
+        // encoder.py: printable bytes map to themselves, the space to "Ġ" (U+0120, the
+        // 33rd non-printable byte), newline to "Ċ" (U+010A), 0xAD to U+0143, the last.
+        assert_eq!(chars[b'a' as usize], 'a');
+        assert_eq!(chars[b' ' as usize], '\u{120}');
+        assert_eq!(chars[b'\n' as usize], '\u{10A}');
+        assert_eq!(chars[0xAD], '\u{143}');
+        assert_eq!(chars[0xE9], '\u{E9}');
+        let unspell = Unspell::new();
+        let all: String = chars.iter().collect();
+        assert_eq!(unspell.bytes(&all), Some((0..=255).collect()));
+        assert_eq!(unspell.bytes("\u{144}"), None);
+    }
+}

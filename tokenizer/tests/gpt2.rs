@@ -1,0 +1,133 @@
+//! Byte-level BPE from a Hugging Face `tokenizer.json`: GPT-2's vocabulary and merges (from
+//! llama.cpp's `ggml-vocab-gpt-2.gguf`) built into a tokenizer by the `tokenizers` package,
+//! with added tokens, against the ids `tokenizers` gives for llama.cpp's 46 test strings and
+//! eleven more, with GPT-2's pre-tokenizer and with the `Split` regexes of Llama 3, Qwen2
+//! (with its NFC normalizer) and Mistral-Nemo swapped in
+//! (`tests/data/tokenizer/gpt2/make_gpt2_cases.py`).
+
+mod common;
+
+use common::{ids, json};
+use flm_tokenizer::Tokenizer;
+use serde_json::Value;
+
+/// The `tokenizer.json` of `variant` and its cases: (texts, ids, decoded texts).
+fn variant(name: &str) -> (Tokenizer, Vec<(String, Vec<u32>, String)>) {
+    let cases = json("tokenizer/gpt2/gpt2_cases.json");
+    let v = &cases["variants"][name];
+    let mut file: Value = json("tokenizer/gpt2/tokenizer.json");
+    if !v["pre_tokenizer"].is_null() {
+        file["pre_tokenizer"] = v["pre_tokenizer"].clone();
+        file["normalizer"] = v["normalizer"].clone();
+        file["model"]["ignore_merges"] = v["ignore_merges"].clone();
+    }
+    let tok = Tokenizer::from_bytes(&serde_json::to_vec(&file).unwrap())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let texts = cases["texts"].as_array().unwrap();
+    let cases = (0..texts.len())
+        .map(|i| {
+            (
+                texts[i].as_str().unwrap().to_owned(),
+                ids(&v["ids"][i]),
+                v["decoded"][i].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    (tok, cases)
+}
+
+fn check(name: &str) {
+    let (tok, cases) = variant(name);
+    assert_eq!(cases.len(), 57);
+    for (i, (text, expected, decoded)) in cases.iter().enumerate() {
+        assert_eq!(
+            &tok.encode(text, false).unwrap(),
+            expected,
+            "{name} case {i}: {text:?}"
+        );
+        assert_eq!(
+            &tok.decode(expected).unwrap(),
+            decoded,
+            "{name} case {i} decodes"
+        );
+    }
+}
+
+#[test]
+fn gpt2_tokenizer_json_matches_tokenizers() {
+    check("gpt2");
+    // The first 46 are llama.cpp's cases, whose ids llama.cpp recorded independently.
+    let (tok, _) = variant("gpt2");
+    for (text, expected) in common::llama_cpp_cases_of("gpt-2") {
+        assert_eq!(tok.encode(&text, false).unwrap(), expected, "{text:?}");
+    }
+    assert_eq!((tok.bos_id(), tok.eos_id()), (None, Some(50256)));
+    assert_eq!(tok.vocab_size(), 50260);
+}
+
+#[test]
+fn llama3_regex_matches_tokenizers() {
+    check("llama3");
+}
+
+#[test]
+fn qwen2_regex_and_nfc_match_tokenizers() {
+    check("qwen2");
+}
+
+#[test]
+fn tekken_regex_matches_tokenizers() {
+    check("tekken");
+}
+
+#[test]
+fn added_tokens_round_trip_through_the_flm_spec() {
+    let (tok, cases) = variant("llama3");
+    let json = serde_json::to_string(&tok.spec()).unwrap();
+    let back = Tokenizer::from_spec(serde_json::from_str(&json).unwrap()).unwrap();
+    assert_eq!(back.spec(), tok.spec());
+    for (text, expected, decoded) in cases {
+        assert_eq!(back.encode(&text, false).unwrap(), expected, "{text:?}");
+        assert_eq!(back.decode(&expected).unwrap(), decoded);
+    }
+}
+
+#[test]
+fn invalid_utf8_decodes_as_tokenizers_does() {
+    // `tokenizers`' ByteLevel decoder: one U+FFFD per maximal invalid subsequence; the
+    // stream holds back incomplete characters and ends with the same text.
+    let (tok, _) = variant("gpt2");
+    let cases = json("tokenizer/gpt2/gpt2_cases.json");
+    for case in cases["decode_cases"].as_array().unwrap() {
+        let (ids, text) = (ids(&case["ids"]), case["text"].as_str().unwrap());
+        assert_eq!(tok.decode(&ids).unwrap(), text, "{ids:?}");
+        assert_eq!(
+            common::stream(&tok, &ids, true).concat(),
+            text,
+            "{ids:?} streamed"
+        );
+    }
+}
+
+#[test]
+fn tokenizer_config_names_bos_and_eos() {
+    // Qwen2-style: no BOS, EOS a special token; Llama 3-style objects with "content".
+    let (tok, _) = variant("gpt2");
+    let config = br#"{"bos_token": null, "eos_token": "<|im_start|>", "add_bos_token": false}"#;
+    let tok = tok.with_hf_config(config, None).unwrap();
+    assert_eq!(
+        (tok.bos_id(), tok.eos_id(), tok.add_bos()),
+        (None, Some(50257), false)
+    );
+    let config = br#"{"bos_token": {"content": "<|endoftext|>"}, "add_bos_token": true}"#;
+    let tok = tok.with_hf_config(config, None).unwrap();
+    assert_eq!(
+        (tok.bos_id(), tok.eos_id(), tok.add_bos()),
+        (Some(50256), Some(50257), true)
+    );
+    assert_eq!(tok.encode("Hello", true).unwrap(), [50256, 15496]);
+    let err = tok
+        .with_hf_config(br#"{"eos_token": "Hello"}"#, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("is not a special token"), "{err}");
+}
