@@ -44,6 +44,7 @@ use crate::{Error, ModelConfig, Result};
 mod weights;
 
 pub(crate) use weights::check_all_shapes;
+pub(crate) use weights::Tensors;
 pub use weights::{LlamaLayer, LlamaWeights, LAYER_PARTS};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.

@@ -1,9 +1,8 @@
 //! The weights of the ChatGLM-6B graph under flm's canonical tensor names.
 
-use std::collections::HashMap;
-
 use flm_core::Data;
 
+use crate::llama::Tensors;
 use crate::{Error, ModelConfig, Result};
 
 /// The weights of one ChatGLM-6B layer; matrices are `[out, in]` as `torch.nn.Linear`.
@@ -129,17 +128,10 @@ impl ChatGlmWeights {
     /// Errors: whatever `load` returns.
     pub fn from_tensors(
         c: &ModelConfig,
-        mut load: impl FnMut(&str, &[usize]) -> Result<Data>,
+        load: impl FnMut(&str, &[usize]) -> Result<Data>,
     ) -> Result<ChatGlmWeights> {
-        let mut tensors = ChatGlmWeights::canonical_shapes(c)
-            .into_iter()
-            .map(|(name, shape)| Ok((name.clone(), load(&name, &shape)?)))
-            .collect::<Result<HashMap<_, _>>>()?;
-        let mut take = |name: &str| {
-            tensors
-                .remove(name)
-                .ok_or_else(|| Error::Config(format!("no tensor {name}")))
-        };
+        let mut tensors = Tensors::load(ChatGlmWeights::canonical_shapes(c), load)?;
+        let mut take = |name: &str| tensors.take(name);
         let prefix_kv = (c.pre_seq_len > 0).then(|| take("prefix_kv")).transpose()?;
         let embedding = take("embedding")?;
         let mut layers = Vec::with_capacity(c.n_layers);

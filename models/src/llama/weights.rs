@@ -6,6 +6,35 @@ use flm_core::Data;
 
 use crate::{Error, ModelConfig, Result};
 
+/// The canonical tensors of a model, loaded by name and taken out one at a time by the
+/// graph's weight builder.
+pub(crate) struct Tensors(HashMap<String, Data>);
+
+impl Tensors {
+    /// Loads every `(name, shape)` of `shapes` with `load`.
+    ///
+    /// Errors: whatever `load` returns (a missing tensor, a shape mismatch).
+    pub(crate) fn load(
+        shapes: Vec<(String, Vec<usize>)>,
+        mut load: impl FnMut(&str, &[usize]) -> Result<Data>,
+    ) -> Result<Tensors> {
+        let tensors = shapes
+            .into_iter()
+            .map(|(name, shape)| Ok((name.clone(), load(&name, &shape)?)))
+            .collect::<Result<_>>()?;
+        Ok(Tensors(tensors))
+    }
+
+    /// Takes tensor `name` out.
+    ///
+    /// Errors: [`Error::Config`] when it was not loaded (or was taken already).
+    pub(crate) fn take(&mut self, name: &str) -> Result<Data> {
+        self.0
+            .remove(name)
+            .ok_or_else(|| Error::Config(format!("no tensor {name}")))
+    }
+}
+
 /// The weights of one transformer layer; matrices are `[out, in]` as `torch.nn.Linear`.
 #[derive(Debug, Clone)]
 pub struct LlamaLayer {
@@ -116,17 +145,10 @@ impl LlamaWeights {
     /// Errors: whatever `load` returns (a missing tensor, a shape mismatch).
     pub fn from_tensors(
         c: &ModelConfig,
-        mut load: impl FnMut(&str, &[usize]) -> Result<Data>,
+        load: impl FnMut(&str, &[usize]) -> Result<Data>,
     ) -> Result<LlamaWeights> {
-        let mut tensors = LlamaWeights::canonical_shapes(c)
-            .into_iter()
-            .map(|(name, shape)| Ok((name.clone(), load(&name, &shape)?)))
-            .collect::<Result<HashMap<_, _>>>()?;
-        let mut take = |name: &str| {
-            tensors
-                .remove(name)
-                .ok_or_else(|| Error::Config(format!("no tensor {name}")))
-        };
+        let mut tensors = Tensors::load(LlamaWeights::canonical_shapes(c), load)?;
+        let mut take = |name: &str| tensors.take(name);
         let prefix_kv = (c.pre_seq_len > 0).then(|| take("prefix_kv")).transpose()?;
         let embedding = take("embedding")?;
         let mut layers = Vec::with_capacity(c.n_layers);
