@@ -1,9 +1,13 @@
 //! `flm chat` driven through stdin on stories260K in a Hugging Face directory whose
 //! `tokenizer_config.json` is given a Jinja `chat_template`.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
+
+use common::flm_command;
 
 const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}\
 User: {{ m.content }}\n{% elif m.role == 'system' %}{{ m.content }}\n{% else %}\
@@ -32,7 +36,7 @@ fn chat_model(dir: &Path, template: &str) -> String {
 }
 
 fn flm(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flm"))
+    let mut child = flm_command()
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -2,32 +2,19 @@
 //! independent implementations (llama2.c `run.c`, HF transformers; tests/data/SOURCES.md),
 //! and its behaviour on bad input: a clear message and exit status 1, never a panic.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
+
+use common::flm_command;
 
 fn data(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data")
         .join(rel)
-}
-
-/// The `flm` binary as a command, started through `FLM_TEST_RUNNER` when that is set: the
-/// emulator of a cross-built binary (`.ci/run` sets `qemu-aarch64 -cpu cortex-a72`, say, as
-/// it sets cargo's runner for the test executables themselves).
-fn flm_command() -> Command {
-    let bin = env!("CARGO_BIN_EXE_flm");
-    let runner = std::env::var("FLM_TEST_RUNNER").unwrap_or_default();
-    let mut words = runner.split_whitespace();
-    match words.next() {
-        Some(program) => {
-            let mut cmd = Command::new(program);
-            cmd.args(words).arg(bin);
-            cmd
-        }
-        None => Command::new(bin),
-    }
 }
 
 fn flm(args: &[&str]) -> Output {

@@ -2,9 +2,13 @@
 //! small THUDM `config.json` (the real weights are gigabytes; the graphs themselves are
 //! checked against chatglm.cpp in `tests/chatglm_reference.rs`).
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
+
+use common::flm_command;
 
 fn tok512() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -14,10 +18,7 @@ fn tok512() -> String {
 }
 
 fn flm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flm"))
-        .args(args)
-        .output()
-        .expect("flm runs")
+    flm_command().args(args).output().expect("flm runs")
 }
 
 /// Writes `config` to `dir/config.json` and converts random weights of its shapes to
@@ -146,7 +147,7 @@ fn chatglm_6b_chat_restarts_every_turn_and_matches_fresh_runs() {
     let model = convert_random_with(dir.path(), config, "f32", tokenizer.to_str().unwrap());
     let model = model.to_str().unwrap();
     let sampling = ["--temperature", "0", "--max-tokens", "6", "--ignore-eos"];
-    let mut chat = Command::new(env!("CARGO_BIN_EXE_flm"))
+    let mut chat = flm_command()
         .args(["chat", "--model", model, "--verbose"])
         .args(sampling)
         .stdin(Stdio::piped())
@@ -185,7 +186,7 @@ fn chatglm_6b_chat_restarts_every_turn_and_matches_fresh_runs() {
     let replies: Vec<&str> = stdout.lines().collect();
     assert_eq!((prompts.len(), replies.len()), (2, 2), "{stdout}\n{stderr}");
     for (prompt, reply) in prompts.iter().zip(&replies) {
-        let run = Command::new(env!("CARGO_BIN_EXE_flm"))
+        let run = flm_command()
             .args(["run", "--model", model, "--prompt", &prompt["<s>".len()..]])
             .args(sampling)
             .output()
