@@ -9,6 +9,7 @@ use flm_models::convert::{convert, Recipe};
 use flm_models::eval::{teacher_forced, TeacherForced};
 use flm_models::import::{self, Format};
 use flm_models::llama::{Llama, Logits};
+use flm_models::Model;
 use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference};
 use flm_tokenizer::Tokenizer;
 
@@ -99,7 +100,8 @@ fn half_precision_files_stay_within_their_rounding() {
 }
 
 fn evaluate(path: &Path) -> TeacherForced {
-    let (mut model, tokenizer) = model_and_tokenizer(path);
+    let (model, tokenizer) = model_and_tokenizer(path);
+    let mut model = Model::Llama(model);
     let text = std::fs::read_to_string(data("text/tinystories_style.txt")).unwrap();
     let tokens = tokenizer.encode(&text, true).unwrap();
     assert!(tokens.len() > 4000, "{} tokens", tokens.len());

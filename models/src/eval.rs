@@ -9,7 +9,7 @@
 use flm_core::{argmax, Executor};
 
 use crate::llama::Logits;
-use crate::CausalLm;
+use crate::Model;
 use crate::{Error, Result};
 
 /// The result of [`teacher_forced`].
@@ -36,7 +36,7 @@ impl TeacherForced {
 ///
 /// Errors: `ctx < 2` or beyond the model's context, fewer than 2 tokens, model errors.
 pub fn teacher_forced(
-    model: &mut impl CausalLm,
+    model: &mut Model,
     exec: &Executor,
     tokens: &[u32],
     ctx: usize,

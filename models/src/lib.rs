@@ -24,4 +24,4 @@ pub mod session;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
-pub use model::{canonical_shapes, CausalLm, Model, SharedModel};
+pub use model::{canonical_shapes, Model, SharedModel};

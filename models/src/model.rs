@@ -71,48 +71,6 @@ pub enum Model {
     ChatGlm(ChatGlm),
 }
 
-/// What every graph offers the code that drives it (generation, evaluation): its
-/// configuration and a forward pass returning logits.
-pub trait CausalLm {
-    /// The configuration.
-    fn config(&self) -> &ModelConfig;
-
-    /// Runs `tokens` at positions `start_pos..` and returns logits, `[vocab_size]` for
-    /// [`Logits::Last`] and `[tokens.len() · vocab_size]` for [`Logits::All`] (see
-    /// [`Llama::forward`]).
-    ///
-    /// Errors: as the graph's `forward`.
-    fn forward(
-        &mut self,
-        exec: &Executor,
-        tokens: &[u32],
-        start_pos: usize,
-        logits: Logits,
-    ) -> Result<&[f32]>;
-}
-
-macro_rules! causal_lm {
-    ($($ty:ty),*) => {$(
-        impl CausalLm for $ty {
-            fn config(&self) -> &ModelConfig {
-                <$ty>::config(self)
-            }
-
-            fn forward(
-                &mut self,
-                exec: &Executor,
-                tokens: &[u32],
-                start_pos: usize,
-                logits: Logits,
-            ) -> Result<&[f32]> {
-                <$ty>::forward(self, exec, tokens, start_pos, logits)
-            }
-        }
-    )*};
-}
-
-causal_lm!(Llama, ChatGlm, Model);
-
 /// flm's canonical tensor names and shapes for `c`'s architecture (see
 /// [`LlamaWeights::canonical_shapes`] and [`ChatGlmWeights::canonical_shapes`]).
 pub fn canonical_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
