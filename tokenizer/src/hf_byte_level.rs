@@ -12,7 +12,8 @@
 use serde_json::{Map, Value};
 
 use crate::gpt2::{build_spec, Token, GPT2_PATTERN};
-use crate::spec::{AddedTokenSpec, ByteLevelBpeSpec, PieceType};
+use crate::hf_vocab::{flag, Vocabulary};
+use crate::spec::{ByteLevelBpeSpec, PieceType};
 use crate::{Error, Result, Tokenizer};
 
 fn invalid(what: impl std::fmt::Display) -> Error {
@@ -21,10 +22,6 @@ fn invalid(what: impl std::fmt::Display) -> Error {
 
 fn unsupported(what: impl std::fmt::Display) -> Error {
     Error::Unsupported(format!("tokenizer.json (byte-level BPE): {what}"))
-}
-
-fn flag(o: &Value, key: &str, default: bool) -> bool {
-    o.get(key).and_then(Value::as_bool).unwrap_or(default)
 }
 
 /// The pre-tokenisation regex of the `pre_tokenizer`.
@@ -87,82 +84,19 @@ pub(crate) fn load(root: &Value, model: &Map<String, Value>) -> Result<Tokenizer
         }
     }
     let pattern = pattern(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
-    let vocab = model
-        .get("vocab")
-        .and_then(Value::as_object)
-        .ok_or_else(|| invalid("BPE model without a vocab object"))?;
-    let added = root.get("added_tokens").and_then(Value::as_array);
-    let added = added.map(Vec::as_slice).unwrap_or_default();
-    let capacity = vocab.len() + added.len();
-    let id_of = |v: &Value| {
-        v.as_u64()
-            .filter(|&id| id < capacity as u64)
-            .map(|id| id as usize)
-    };
-    let mut slots: Vec<Option<Token>> = (0..capacity).map(|_| None).collect();
-    for (text, id) in vocab {
-        let id = id_of(id).ok_or_else(|| invalid(format!("bad id for {text:?}: {id}")))?;
-        if slots[id]
-            .replace(Token {
-                text,
-                kind: PieceType::Normal,
-            })
-            .is_some()
-        {
-            return Err(invalid(format!("id {id} is given to two tokens")));
-        }
-    }
-    let mut added_tokens = Vec::with_capacity(added.len());
-    let (mut bos, mut eos) = (None, None);
-    for t in added {
-        let content = t.get("content").and_then(Value::as_str).unwrap_or("");
-        let id = t.get("id").and_then(id_of);
-        let id = id.ok_or_else(|| invalid(format!("bad id for added token {content:?}")))?;
-        if content.is_empty() {
-            continue;
-        }
-        if flag(t, "single_word", false) {
-            return Err(unsupported(format!("single_word added token {content:?}")));
-        }
-        let kind = if flag(t, "special", false) {
-            PieceType::Control
-        } else {
-            PieceType::UserDefined
-        };
-        // A token of the vocabulary keeps its id there, now as an added token.
-        let id = vocab.get(content).and_then(id_of).unwrap_or(id);
-        match &slots[id] {
-            Some(p) if p.kind != PieceType::Normal || p.text != content => {
-                return Err(invalid(format!(
-                    "added token {content:?} has the id of another token"
-                )))
-            }
-            _ => {
-                slots[id] = Some(Token {
-                    text: content,
-                    kind,
-                })
-            }
-        }
-        added_tokens.push(AddedTokenSpec {
-            id: id as u32,
-            lstrip: flag(t, "lstrip", false),
-            rstrip: flag(t, "rstrip", false),
-            normalized: flag(t, "normalized", kind != PieceType::Control),
-        });
-        match content {
-            "<|begin_of_text|>" | "<s>" => bos = Some(id as u32),
-            "<|end_of_text|>" | "<|endoftext|>" | "</s>" => eos = Some(id as u32),
-            _ => {}
-        }
-    }
-    let size = slots.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
-    let tokens: Vec<Token> = slots
-        .into_iter()
-        .take(size)
-        .enumerate()
-        .map(|(i, t)| t.ok_or_else(|| invalid(format!("no token has id {i}"))))
-        .collect::<Result<_>>()?;
+    let table = Vocabulary::read(root, model)?;
+    let tokens: Vec<Token> = (table.entries.iter())
+        .map(|e| Token {
+            text: e.text,
+            kind: match e.added {
+                None => PieceType::Normal,
+                Some(true) => PieceType::Control,
+                Some(false) => PieceType::UserDefined,
+            },
+        })
+        .collect();
+    let bos = table.added_id(&["<|begin_of_text|>", "<s>"]);
+    let eos = table.added_id(&["<|end_of_text|>", "<|endoftext|>", "</s>"]);
     let merges = model
         .get("merges")
         .and_then(Value::as_array)
@@ -188,7 +122,7 @@ pub(crate) fn load(root: &Value, model: &Map<String, Value>) -> Result<Tokenizer
         merges: None,
         ignore_merges,
         nfc,
-        added_tokens,
+        added_tokens: table.added_specs(),
     };
     let mut spec = build_spec(&tokens, merges, settings)?;
     let inserts_bos = |bos: u32| {

@@ -16,9 +16,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::spec::{
-    AddedTokenSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PrependScheme, TokenizerKind,
-};
+use crate::hf_vocab::{flag, Vocabulary};
+use crate::spec::{HfBpeSpec, MetaspaceSpec, NormalizerStep, PrependScheme, TokenizerKind};
 use crate::vocab::{parse_byte_piece, Piece, PieceKind};
 use crate::{Error, Result, Tokenizer};
 
@@ -32,10 +31,6 @@ fn unsupported(what: impl std::fmt::Display) -> Error {
 
 fn type_of(v: &Value) -> &str {
     v.get("type").and_then(Value::as_str).unwrap_or("")
-}
-
-fn flag(o: &Map<String, Value>, key: &str, default: bool) -> bool {
-    o.get(key).and_then(Value::as_bool).unwrap_or(default)
 }
 
 /// Whether a component tree names a `ByteLevel` step anywhere.
@@ -95,100 +90,34 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
         &mut normalizer,
     )?;
     let metaspace = parse_pre_tokenizer(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
-    let byte_fallback = flag(model, "byte_fallback", false);
+    let byte_fallback = flag(&root["model"], "byte_fallback", false);
 
     // The vocabulary, then the added tokens, into one dense id space.
-    let vocab = model
-        .get("vocab")
-        .and_then(Value::as_object)
-        .ok_or_else(|| invalid("BPE model without a vocab object"))?;
-    let added = root.get("added_tokens").and_then(Value::as_array);
-    let added = added.map(Vec::as_slice).unwrap_or_default();
-    let capacity = vocab.len() + added.len();
-    let id_of = |v: &Value| {
-        v.as_u64()
-            .filter(|&id| id < capacity as u64)
-            .map(|id| id as u32)
-    };
-    let mut slots: Vec<Option<Piece>> = vec![None; capacity];
-    for (token, id) in vocab {
-        let id = id_of(id).ok_or_else(|| invalid(format!("bad id for {token:?}: {id}")))?;
-        if slots[id as usize].is_some() {
-            return Err(invalid(format!("id {id} is given to two tokens")));
-        }
-        let kind = match parse_byte_piece(token.as_bytes()) {
-            Some(b) if byte_fallback => PieceKind::Byte(b),
-            _ => PieceKind::Normal,
-        };
-        slots[id as usize] = Some(Piece {
-            bytes: token.as_bytes().into(),
+    let table = Vocabulary::read(&root, model)?;
+    let pieces: Vec<Piece> = (table.entries.iter())
+        .map(|e| Piece {
+            bytes: e.text.as_bytes().into(),
             score: 0.0,
-            kind,
-        });
-    }
-    // The id of a token of the model vocabulary (all checked above).
-    let vocab_id = |token: &str| vocab.get(token).and_then(id_of);
-    let mut added_tokens = Vec::with_capacity(added.len());
-    let mut added_only = Vec::new();
-    let (mut bos, mut eos) = (None, None);
-    for t in added {
-        let o = t
-            .as_object()
-            .ok_or_else(|| invalid("added token is not an object"))?;
-        let content = o.get("content").and_then(Value::as_str).unwrap_or("");
-        let id = o.get("id").and_then(id_of);
-        let id = id.ok_or_else(|| invalid(format!("bad id for added token {content:?}")))?;
-        if content.is_empty() {
-            continue;
-        }
-        // A token of the model vocabulary keeps its id there (`AddedVocabulary::add_tokens`).
-        let id = vocab_id(content).unwrap_or(id);
-        if flag(o, "single_word", false) {
-            return Err(unsupported(format!("single_word added token {content:?}")));
-        }
-        let special = flag(o, "special", false);
-        let slot = &mut slots[id as usize];
-        match slot {
-            Some(p) if *p.bytes != *content.as_bytes() => {
-                return Err(invalid(format!(
-                    "added token {content:?} has the id of another token"
-                )));
-            }
-            Some(p) if special => p.kind = PieceKind::Control,
-            Some(_) => {}
-            None => {
-                added_only.push(id);
-                *slot = Some(Piece {
-                    bytes: content.as_bytes().into(),
-                    score: 0.0,
-                    kind: if special {
-                        PieceKind::Control
-                    } else {
-                        PieceKind::UserDefined
-                    },
-                })
-            }
-        }
-        // Matching order and deduplication of the patterns are the builder's.
-        added_tokens.push(AddedTokenSpec {
-            id,
-            lstrip: flag(o, "lstrip", false),
-            rstrip: flag(o, "rstrip", false),
-            normalized: flag(o, "normalized", !special),
-        });
-        match content {
-            "<s>" => bos = Some(id),
-            "</s>" => eos = Some(id),
-            _ => {}
+            kind: match (e.added, e.in_vocab) {
+                (Some(true), _) => PieceKind::Control,
+                (Some(false), false) => PieceKind::UserDefined,
+                _ => match parse_byte_piece(e.text.as_bytes()) {
+                    Some(b) if byte_fallback => PieceKind::Byte(b),
+                    _ => PieceKind::Normal,
+                },
+            },
+        })
+        .collect();
+    // Added tokens outside the model vocabulary (each id once, in file order).
+    let mut added_only: Vec<u32> = Vec::new();
+    for a in &table.added {
+        let id = a.spec.id;
+        if !table.entries[id as usize].in_vocab && !added_only.contains(&id) {
+            added_only.push(id);
         }
     }
-    let size = slots.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
-    let pieces: Vec<Piece> = slots
-        .into_iter()
-        .take(size)
-        .enumerate()
-        .map(|(i, p)| p.ok_or_else(|| invalid(format!("no token has id {i}"))))
-        .collect::<Result<_>>()?;
+    let vocab_id = |token: &str| table.vocab_id(token);
+    let (bos, eos) = (table.added_id(&["<s>"]), table.added_id(&["</s>"]));
 
     let merges = parse_merges(model, &vocab_id, pieces.len())?;
     let unk = match model.get("unk_token").and_then(Value::as_str) {
@@ -202,9 +131,9 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
         merges,
         normalizer,
         metaspace,
-        fuse_unk: flag(model, "fuse_unk", false),
-        ignore_merges: flag(model, "ignore_merges", false),
-        added_tokens,
+        fuse_unk: flag(&root["model"], "fuse_unk", false),
+        ignore_merges: flag(&root["model"], "ignore_merges", false),
+        added_tokens: table.added_specs(),
         added_only,
     });
     crate::spec_build::build(pieces, kind, byte_fallback, unk, (bos, eos))

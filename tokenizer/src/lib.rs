@@ -50,6 +50,7 @@ mod hf_bpe;
 mod hf_byte_level;
 mod hf_config;
 mod hf_json;
+mod hf_vocab;
 mod jinja;
 mod llama2c;
 mod sentencepiece;
