@@ -66,6 +66,39 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
 }
 
+impl Default for ModelConfig {
+    /// A plain Llama 2 decoder of no size (llama2.c's defaults: ε = 1e-5, RoPE θ = 10000 on
+    /// adjacent pairs, untied classifier, no biases), which [`ModelConfig::validate`]
+    /// refuses: importers set the dimensions, the vocabulary, the context and what their
+    /// family changes, and take the rest from here.
+    fn default() -> Self {
+        ModelConfig {
+            dim: 0,
+            hidden_dim: 0,
+            n_layers: 0,
+            n_heads: 0,
+            n_kv_heads: 0,
+            head_dim: 0,
+            vocab_size: 0,
+            max_seq_len: 0,
+            norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_style: RopeStyle::AdjacentPairs,
+            tie_embeddings: false,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+            arch: Arch::Llama,
+            rotary_dim: None,
+            alibi: false,
+            qkv_bias: false,
+            o_bias: false,
+            pre_seq_len: 0,
+            rope_scaling: None,
+            sliding_window: None,
+        }
+    }
+}
+
 /// Which graph runs a model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

@@ -30,7 +30,7 @@ mod file;
 use std::collections::HashMap;
 use std::path::Path;
 
-use flm_core::{DataType, RopeStyle};
+use flm_core::DataType;
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
@@ -100,18 +100,10 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
             .f32("llama.attention.layer_norm_rms_epsilon")?
             .unwrap_or(1e-5),
         rope_theta: m.f32("llama.rope.freq_base")?.unwrap_or(10000.0),
-        rope_style: RopeStyle::AdjacentPairs,
         tie_embeddings: !g.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
-        arch: crate::Arch::Llama,
-        rotary_dim: None,
-        alibi: false,
-        qkv_bias: false,
-        o_bias: false,
-        pre_seq_len: 0,
-        rope_scaling: None,
-        sliding_window: None,
+        ..ModelConfig::default()
     };
     config
         .validate()

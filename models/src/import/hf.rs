@@ -152,14 +152,12 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         tie_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         bos_token_id: hf.bos_token_id.and_then(|b| b.into_vec().first().copied()),
         eos_token_ids: hf.eos_token_id.map(Ids::into_vec).unwrap_or_default(),
-        arch: crate::Arch::Llama,
-        rotary_dim: None,
         alibi,
         qkv_bias,
         o_bias,
-        pre_seq_len: 0,
         rope_scaling,
         sliding_window,
+        ..ModelConfig::default()
     };
     config
         .validate()

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use byteorder::{ByteOrder, LittleEndian};
-use flm_core::{DataType, RopeStyle};
+use flm_core::DataType;
 use memmap2::Mmap;
 
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
@@ -76,22 +76,12 @@ fn parse_params(path: &Path, p: &[i32], shared: Option<bool>) -> Result<ModelCon
         head_dim: dim / n_heads,
         vocab_size,
         max_seq_len: seq_len,
-        norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_style: RopeStyle::AdjacentPairs,
         tie_embeddings: shared_classifier,
         bos_token_id: Some(1),
         // run.c stops when it samples BOS (TinyStories separates stories with it); Meta's
         // Llama 2 exports end with EOS.
         eos_token_ids: vec![2, 1],
-        arch: crate::Arch::Llama,
-        rotary_dim: None,
-        alibi: false,
-        qkv_bias: false,
-        o_bias: false,
-        pre_seq_len: 0,
-        rope_scaling: None,
-        sliding_window: None,
+        ..ModelConfig::default()
     };
     config.validate().map_err(|e| bad(e.to_string()))?;
     Ok(config)

@@ -101,7 +101,6 @@ pub(super) fn parse_config(path: &Path, text: &str) -> Result<ModelConfig> {
             vocab_size: g.vocab_size.unwrap_or(0),
             max_seq_len: g.max_sequence_length.unwrap_or(2048),
             norm_eps: g.layernorm_epsilon.unwrap_or(1e-5),
-            rope_theta: 10000.0,
             rope_style: RopeStyle::RotateHalf,
             tie_embeddings: g.tie_word_embeddings.unwrap_or(false),
             bos_token_id: g.bos_token_id,
@@ -111,13 +110,10 @@ pub(super) fn parse_config(path: &Path, text: &str) -> Result<ModelConfig> {
                 mask_token_id: g.mask_token_id.unwrap_or(130000),
                 gmask_token_id: g.gmask_token_id.unwrap_or(130001),
             },
-            rotary_dim: None,
-            alibi: false,
             qkv_bias: true,
             o_bias: true,
             pre_seq_len: g.pre_seq_len.unwrap_or(0),
-            rope_scaling: None,
-            sliding_window: None,
+            ..ModelConfig::default()
         }
     } else {
         if g.rmsnorm == Some(false) || g.add_bias_linear == Some(true) {
@@ -141,18 +137,12 @@ pub(super) fn parse_config(path: &Path, text: &str) -> Result<ModelConfig> {
             max_seq_len: g.seq_length.unwrap_or(2048),
             norm_eps: g.layernorm_epsilon.unwrap_or(1e-5),
             rope_theta: 10000.0 * g.rope_ratio.unwrap_or(1.0),
-            rope_style: RopeStyle::AdjacentPairs,
             tie_embeddings: g.tie_word_embeddings.unwrap_or(false),
-            bos_token_id: None,
             eos_token_ids,
-            arch: Arch::Llama,
             rotary_dim: Some(head_dim / 2),
-            alibi: false,
             qkv_bias: g.add_qkv_bias.unwrap_or(true),
-            o_bias: false,
             pre_seq_len: g.pre_seq_len.unwrap_or(0),
-            rope_scaling: None,
-            sliding_window: None,
+            ..ModelConfig::default()
         }
     };
     config
