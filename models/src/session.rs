@@ -142,8 +142,8 @@ pub struct Generation {
     pub prefill: Duration,
     /// The decode steps after the first token.
     pub decode: Duration,
-    /// Tokens those steps sampled (an end-of-sequence token included; tokens a
-    /// speculative round produced beyond a stop are not): one per step without a draft.
+    /// Tokens those steps sampled: one per step without a draft, those of each round with
+    /// one (an end-of-sequence token and the tokens a round drew after it included).
     pub decode_steps: usize,
     /// Why it ended.
     pub stop: StopReason,
