@@ -18,11 +18,13 @@
 //! Each round therefore yields between 1 and `K + 1` tokens for one target pass. For
 //! greedy decoding (temperature 0) every distribution is one-hot at its argmax, and the rule
 //! reduces to: accept while the target's argmax equals the draft token, then take the
-//! target's token — the output of plain greedy decoding, provided the target's logits for a
-//! row do not depend on how many rows the pass has. The CPU kernels quantise activations
-//! per row and reduce each row alone, so in practice they do not; bit-identical logits for
-//! any batch size are the work of the batch-invariant kernels (branch `binv`), on which the
-//! exactness of greedy speculative decoding rests in general.
+//! target's token — the output of plain greedy decoding, provided the target gives a row
+//! the same logits in the `K + 1`-row verification pass as in a one-row decode step. Where a
+//! kernel reduces a multi-row product in another order, a near-tie between the two best
+//! tokens could break differently; the tests find the same tokens as plain greedy decoding
+//! with the stories260K f32 target, and the batch-invariant kernels (issue 10, branch
+//! `binv`) make the logits bit-identical for any number of rows, on which the exactness of
+//! greedy speculative decoding rests in general.
 //!
 //! The verification pass overwrites KV-cache positions: the cache is positional, so the
 //! keys and values of rejected tokens are simply overwritten by later passes. The draft's
