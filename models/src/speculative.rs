@@ -242,10 +242,9 @@ impl Draft {
             .min(target_room)
             .min(draft_room);
         self.propose(exec, tokens, k)?;
-        let mut window = Vec::with_capacity(k + 1);
-        window.push(tokens[len - 1]);
-        window.extend_from_slice(&self.sequence[len..]);
-        let rows = target.forward(exec, &window, len - 1, Logits::All)?;
+        // The last token of the sequence and the drafts: `k + 1` rows of logits.
+        let window = &self.sequence[len - 1..];
+        let rows = target.forward(exec, window, len - 1, Logits::All)?;
         let vocab = rows.len() / window.len();
         self.out.clear();
         for (i, row) in rows.chunks_exact(vocab).enumerate() {
