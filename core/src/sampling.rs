@@ -109,6 +109,68 @@ impl Sampler {
     ///
     /// Errors: [`Error::InvalidArgument`] for empty logits.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
+        self.penalise(logits, history)?;
+        // Below this, 1/T overflows the logits' range: the distribution is one-hot anyway.
+        if self.config.temperature < 1e-6 {
+            return Ok(argmax(&self.logits));
+        }
+        self.nucleus()?;
+        let total: f32 = self.candidates.iter().map(|c| c.1).sum();
+        let r = self.rng.random::<f32>() * total;
+        Ok(pick(r, self.candidates.iter().copied()))
+    }
+
+    /// The distribution [`Sampler::sample`] draws from for the same `logits` and `history`
+    /// (penalties, temperature, top-k, top-p), written densely into `probs`: one probability
+    /// per vocabulary entry (`logits.len()`), 0 outside the kept tokens, summing to 1 up to
+    /// rounding; one-hot at the argmax for greedy sampling. Draws nothing from the random
+    /// stream. Speculative decoding (Leviathan et al. 2023) needs it for the target and the
+    /// draft model alike.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for empty or all-NaN logits.
+    pub fn probabilities(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        probs: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.penalise(logits, history)?;
+        probs.clear();
+        probs.resize(logits.len(), 0.0);
+        if self.config.temperature < 1e-6 {
+            probs[argmax(&self.logits) as usize] = 1.0;
+            return Ok(());
+        }
+        self.nucleus()?;
+        let total: f32 = self.candidates.iter().map(|c| c.1).sum();
+        for &(id, p) in &self.candidates {
+            probs[id as usize] = p / total;
+        }
+        Ok(())
+    }
+
+    /// Draws an index with probability proportional to `weights` (non-negative; NaN and
+    /// negative entries count as 0) from this sampler's random stream.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when no weight is positive.
+    pub fn draw(&mut self, weights: &[f32]) -> Result<u32> {
+        let total: f32 = weights.iter().filter(|w| **w > 0.0).sum();
+        if !(total > 0.0 && total.is_finite()) {
+            return Err(Error::InvalidArgument(
+                "no positive finite weight to draw from".into(),
+            ));
+        }
+        let r = self.rng.random::<f32>() * total;
+        Ok(pick(r, (0u32..).zip(weights.iter().copied())))
+    }
+
+    /// A uniform draw from `[0, 1)` of this sampler's random stream.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random::<f32>()
+    }
+
+    /// Copies `logits` into `self.logits` with the repetition penalty over `history` applied.
+    fn penalise(&mut self, logits: &[f32], history: &[u32]) -> Result<()> {
         if logits.is_empty() {
             return Err(Error::InvalidArgument("no logits to sample from".into()));
         }
@@ -129,14 +191,13 @@ impl Sampler {
                 }
             }
         }
-        // Below this, 1/T overflows the logits' range: the distribution is one-hot anyway.
-        if self.config.temperature < 1e-6 {
-            return Ok(argmax(&self.logits));
-        }
-        self.sample_distribution()
+        Ok(())
     }
 
-    fn sample_distribution(&mut self) -> Result<u32> {
+    /// Fills `self.candidates` with the kept tokens of `self.logits` and their softmax
+    /// probabilities after temperature and top-k, cut by top-p (not renormalised), most
+    /// likely first.
+    fn nucleus(&mut self) -> Result<()> {
         let inv_t = 1.0 / self.config.temperature;
         self.candidates.clear();
         self.candidates.extend(
@@ -173,17 +234,25 @@ impl Sampler {
             }
         }
         self.candidates.truncate(keep);
-        let total: f32 = self.candidates.iter().map(|c| c.1).sum();
-        let r = self.rng.random::<f32>() * total;
-        let mut acc = 0.0f32;
-        for &(id, p) in &self.candidates {
-            acc += p;
+        Ok(())
+    }
+}
+
+/// The first id whose cumulative weight exceeds `r` (drawn from `[0, Σ weights)`); when
+/// rounding leaves `r` past the end, the last id of positive weight (0 if there is none).
+fn pick(r: f32, weighted: impl Iterator<Item = (u32, f32)>) -> u32 {
+    let mut acc = 0.0f32;
+    let mut last = 0;
+    for (id, w) in weighted {
+        if w > 0.0 {
+            acc += w;
+            last = id;
             if r < acc {
-                return Ok(id);
+                return id;
             }
         }
-        Ok(self.candidates[self.candidates.len() - 1].0)
     }
+    last
 }
 
 #[cfg(test)]
@@ -253,6 +322,52 @@ mod tests {
             .map(|_| again.sample(&logits, &[]).unwrap())
             .collect();
         assert_eq!(draws, replay);
+    }
+
+    #[test]
+    fn probabilities_are_the_distribution_sample_draws_from() {
+        let logits = [0.0f32, (2.0f32).ln(), (5.0f32).ln(), -30.0];
+        let mut probs = Vec::new();
+        sampler(1.0, 0, 1.0, 1.0, 0)
+            .probabilities(&logits, &[], &mut probs)
+            .unwrap();
+        let softmax_sum = 8.0 + (-30.0f32).exp();
+        let expected = [1.0 / softmax_sum, 2.0 / softmax_sum, 5.0 / softmax_sum, 0.0];
+        for (p, e) in probs.iter().zip(expected) {
+            assert!((p - e).abs() < 1e-6, "{probs:?}");
+        }
+        // top-k 2 keeps ids 2 and 1, renormalised: 5/7 and 2/7.
+        sampler(1.0, 2, 1.0, 1.0, 0)
+            .probabilities(&logits, &[], &mut probs)
+            .unwrap();
+        let expected = [0.0, 2.0 / 7.0, 5.0 / 7.0, 0.0];
+        for (p, e) in probs.iter().zip(expected) {
+            assert!((p - e).abs() < 1e-6, "{probs:?}");
+        }
+        // Greedy with a penalty: 3.0 / 1.5 = 2.0 < 2.9, one-hot at id 2.
+        sampler(0.0, 0, 1.0, 1.5, 0)
+            .probabilities(&[1.0, 3.0, 2.9, -1.0], &[1], &mut probs)
+            .unwrap();
+        assert_eq!(probs, [0.0, 0.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn draw_follows_the_weights_and_refuses_no_mass() {
+        let mut s = sampler(1.0, 0, 1.0, 1.0, 7);
+        let weights = [0.0f32, 3.0, f32::NAN, 1.0, -2.0];
+        let mut counts = [0usize; 5];
+        for _ in 0..8000 {
+            counts[s.draw(&weights).unwrap() as usize] += 1;
+        }
+        assert_eq!((counts[0], counts[2], counts[4]), (0, 0, 0), "{counts:?}");
+        assert!(
+            (counts[1] as f64 / 8000.0 - 0.75).abs() < 0.02,
+            "{counts:?}"
+        );
+        assert!(s.draw(&[0.0, -1.0]).is_err());
+        assert!(s.draw(&[]).is_err());
+        let u = s.uniform();
+        assert!((0.0..1.0).contains(&u));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //!   mapped files where the layout allows.
 //! - [`session`]: loading a model for generation, and [`session::Session`], the
 //!   generation loop (prefill, sampling, decode, stop conditions, streamed text).
+//! - [`speculative`]: speculative decoding with a draft model (Leviathan et al. 2023).
 
 pub mod chatglm;
 mod config;
@@ -21,6 +22,7 @@ pub mod import;
 pub mod llama;
 mod model;
 pub mod session;
+pub mod speculative;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};

@@ -18,6 +18,10 @@
 //! bidirectional context must be complete in one pass, so every prompt restarts at
 //! position 0.
 //!
+//! With a draft model ([`Session::set_draft`]), each decode step is a round of speculative
+//! decoding ([`crate::speculative`]) that yields one or more tokens; they pass through the
+//! same stop conditions, one by one, as the tokens of plain decoding.
+//!
 //! Sessions over one [`SharedModel`] are independent: create one per thread.
 //! [`load_model`] reads a checkpoint and its tokenizer for them.
 
@@ -30,6 +34,7 @@ use flm_core::{Executor, Sampler, SamplerConfig};
 use flm_tokenizer::Tokenizer;
 
 use crate::llama::Logits;
+use crate::speculative::{check_same_vocabulary, common_prefix, Draft, DraftStats};
 use crate::{import, Model, SharedModel};
 use crate::{Error, Result};
 
@@ -137,10 +142,13 @@ pub struct Generation {
     pub prefill: Duration,
     /// The decode steps after the first token.
     pub decode: Duration,
-    /// Number of those steps.
+    /// Tokens those steps sampled: one per step without a draft, those of each round with
+    /// one (an end-of-sequence token and the tokens a round drew after it included).
     pub decode_steps: usize,
     /// Why it ended.
     pub stop: StopReason,
+    /// With a draft model, its proposed and accepted tokens.
+    pub draft: Option<DraftStats>,
 }
 
 /// A model instance with its own KV cache, the tokenizer, and the tokens whose keys and
@@ -150,11 +158,7 @@ pub struct Session {
     tokenizer: Arc<Tokenizer>,
     /// The tokens at positions `0..cached.len()` of the KV cache.
     cached: Vec<u32>,
-}
-
-/// The length of the longest common prefix of `a` and `b`.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    draft: Option<Draft>,
 }
 
 impl Session {
@@ -168,7 +172,28 @@ impl Session {
             model,
             tokenizer,
             cached: Vec::new(),
+            draft: None,
         })
+    }
+
+    /// Decodes speculatively from now on, with `draft` proposing tokens that this session's
+    /// model verifies ([`crate::speculative`]); `draft_tokenizer` is the draft model's
+    /// tokenizer.
+    ///
+    /// Errors: [`Error::Config`] when the draft does not share the target's vocabulary and
+    /// tokenizer ([`check_same_vocabulary`]), or when the target is ChatGLM-6B (its passes
+    /// cannot continue a cached sequence).
+    pub fn set_draft(&mut self, draft: Draft, draft_tokenizer: &Tokenizer) -> Result<()> {
+        if !self.model.continues_prefix() {
+            return Err(Error::Config(
+                "speculative decoding cannot verify drafts with a ChatGLM-6B target: it \
+                 cannot continue a cached sequence"
+                    .into(),
+            ));
+        }
+        check_same_vocabulary(&self.model, &self.tokenizer, draft.model(), draft_tokenizer)?;
+        self.draft = Some(draft);
+        Ok(())
     }
 
     /// The tokenizer.
@@ -221,6 +246,9 @@ impl Session {
         mut on_piece: impl FnMut(Piece<'_>) -> ControlFlow<()>,
     ) -> Result<Generation> {
         let mut sampler = Sampler::new(params.sampler.clone())?;
+        if let Some(draft) = &mut self.draft {
+            draft.start(&params.sampler)?;
+        }
         let mut tokens = prompt;
         if tokens.is_empty() {
             return Err(Error::InvalidInput(
@@ -249,7 +277,7 @@ impl Session {
         self.cached.clear();
 
         let start = Instant::now();
-        let mut logits = self
+        let logits = self
             .model
             .forward(exec, &tokens[reused..], reused, Logits::Last)?;
         let mut in_cache = prompt_tokens;
@@ -258,42 +286,60 @@ impl Session {
         let mut decode = Duration::ZERO;
         let mut decode_steps = 0;
         let mut generated = 0;
-        let stop = loop {
-            if generated == params.max_tokens {
+        // Tokens sampled and not yet handed out: one per step, or a speculative round's.
+        let mut batch = Vec::new();
+        if params.max_tokens > 0 {
+            batch.push(sampler.sample(logits, &tokens)?);
+            time_to_first_token = start.elapsed();
+        }
+        let stop = 'decode: loop {
+            for &next in &batch {
+                if !params.ignore_eos && eos.contains(&next) {
+                    break 'decode StopReason::EndOfSequence;
+                }
+                generated += 1;
+                tokens.push(next);
+                let text = decoder.push(next)?;
+                let piece = Piece {
+                    id: Some(next),
+                    text: &text,
+                };
+                if on_piece(piece).is_break() {
+                    break 'decode StopReason::Stopped;
+                }
+                if generated >= params.max_tokens {
+                    break 'decode StopReason::MaxTokens;
+                }
+                if tokens.len() >= context {
+                    break 'decode StopReason::ContextFull;
+                }
+            }
+            if generated >= params.max_tokens {
                 break StopReason::MaxTokens;
-            }
-            let next = sampler.sample(logits, &tokens)?;
-            if generated == 0 {
-                time_to_first_token = start.elapsed();
-            }
-            if !params.ignore_eos && eos.contains(&next) {
-                break StopReason::EndOfSequence;
-            }
-            generated += 1;
-            tokens.push(next);
-            let text = decoder.push(next)?;
-            let piece = Piece {
-                id: Some(next),
-                text: &text,
-            };
-            if on_piece(piece).is_break() {
-                break StopReason::Stopped;
-            }
-            if generated == params.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            if tokens.len() >= context {
-                break StopReason::ContextFull;
             }
             let step = Instant::now();
-            logits = self
-                .model
-                .forward(exec, &[next], tokens.len() - 1, Logits::Last)?;
-            in_cache = tokens.len();
+            batch.clear();
+            match &mut self.draft {
+                None => {
+                    let last = tokens[tokens.len() - 1];
+                    let logits =
+                        self.model
+                            .forward(exec, &[last], tokens.len() - 1, Logits::Last)?;
+                    batch.push(sampler.sample(logits, &tokens)?);
+                }
+                Some(draft) => {
+                    let max_new = params.max_tokens - generated;
+                    let round =
+                        draft.round(exec, &mut self.model, &tokens, &mut sampler, max_new)?;
+                    batch.extend_from_slice(round);
+                }
+            }
+            // The target's cache holds the sequence and every new token but the last.
+            in_cache = tokens.len() + batch.len() - 1;
             decode += step.elapsed();
-            decode_steps += 1;
+            decode_steps += batch.len();
         };
-        tokens.truncate(in_cache);
+        tokens.truncate(in_cache.min(tokens.len()));
         self.cached = tokens;
         let rest = decoder.finish();
         let _ = on_piece(Piece {
@@ -309,6 +355,7 @@ impl Session {
             decode,
             decode_steps,
             stop,
+            draft: self.draft.as_ref().map(Draft::stats),
         })
     }
 }

@@ -47,6 +47,18 @@ impl fmt::Display for Summary {
             per_second(prefilled, g.prefill),
             per_second(g.decode_steps, g.decode),
         )?;
+        if let Some(draft) = &g.draft {
+            write!(
+                f,
+                " | draft acceptance: {} ({} of {} proposed, {} rounds)",
+                draft
+                    .acceptance_rate()
+                    .map_or("n/a".to_string(), |r| format!("{:.1}%", r * 100.0)),
+                draft.accepted,
+                draft.proposed,
+                draft.rounds,
+            )?;
+        }
         if let Some(rss) = resident_mib() {
             write!(f, " | resident memory: {rss:.0} MiB")?;
         }

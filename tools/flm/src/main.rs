@@ -18,6 +18,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use flm_core::SamplerConfig;
 use flm_models::session::{GenerateParams, Session};
+use flm_models::speculative::Draft;
 
 /// flm: a portable LLM inference runtime.
 #[derive(Parser)]
@@ -56,7 +57,7 @@ struct PerplexityArgs {
 }
 
 /// Where the model and its tokenizer are.
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct ModelArgs {
     /// Checkpoint: a llama2.c .bin, a Hugging Face directory or a .safetensors file beside
     /// its config.json (the format is detected from the bytes).
@@ -87,6 +88,15 @@ struct RunArgs {
     /// Print the generated token ids, space-separated, instead of text.
     #[arg(long)]
     ids: bool,
+    /// Speculative decoding: a smaller model with the same tokenizer (a quantised copy of
+    /// the model, say) drafts tokens that the model verifies in one pass; the output is
+    /// distributed as without it (greedy: the same tokens).
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// Tokens the draft model proposes per verification pass.
+    #[arg(long, default_value_t = flm_models::speculative::DEFAULT_DRAFT_TOKENS,
+          requires = "draft_model")]
+    draft_tokens: usize,
 }
 
 /// How tokens are chosen, and when generation stops.
@@ -175,6 +185,22 @@ fn run(args: RunArgs) -> Result<()> {
     );
     let params = args.sampling.params(Vec::new());
     let mut session = Session::new(model, Arc::new(tokenizer))?;
+    if let Some(path) = &args.draft_model {
+        let draft_args = ModelArgs {
+            model: path.clone(),
+            ..args.model.clone()
+        };
+        let (draft, draft_tokenizer) = load::model_and_tokenizer(&draft_args)?;
+        let draft = Draft::new(draft, args.draft_tokens)?;
+        session
+            .set_draft(draft, &draft_tokenizer)
+            .with_context(|| format!("cannot use {} as the draft model", path.display()))?;
+        eprintln!(
+            "draft model {}, {} tokens per round",
+            path.display(),
+            args.draft_tokens
+        );
+    }
     let exec = generate::executor()?;
     let prompt = generate::Prompt::Text(&args.prompt);
     let (generation, _) = generate::generate(&mut session, &exec, prompt, &params, args.ids)?;
