@@ -1,5 +1,4 @@
-//! Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) int8 tile kernels for
-//! prefill.
+//! Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) int8 tile kernels.
 //!
 //! One tile multiply computes a 16 × 16 block of int32 dot products over one block of 32
 //! values (Intel SDM vol. 1 ch. 18, "Intel AMX"):
@@ -15,6 +14,14 @@
 //! twin ([`super::scalar`]), block by block. Two blocks are in flight at once (two sets of
 //! tile registers), so the tile unit multiplies one block while the vector unit scales the
 //! previous one.
+//!
+//! Fewer than [`super::AMX_MIN_ROWS`] input rows (decode, short speculative batches) are
+//! multiplied one at a time ([`panel_narrow`]): B is one token's block as quantised (no
+//! repacking), C one int32 per weight row, and the vector lanes run over the 16 weight rows
+//! instead of the tokens. Every output gets the same operations in the same order either
+//! way, so the two give the same bits (batch invariance: a row's output does not depend on
+//! the other rows of the call; the AVX-512 VNNI kernels, which sum in another order, are
+//! not used at this level).
 //!
 //! Tile registers are not known to the compiler: every `asm!` block below names the ones it
 //! uses, and nothing else in the program touches them (we use no AMX intrinsics).
@@ -132,8 +139,9 @@ struct TileConfig {
 }
 
 impl TileConfig {
-    /// Two sets of A, B, C tiles (`tmm0..2`, `tmm3..5`) for `m ≤ 16` weight rows.
-    fn new(m: usize) -> TileConfig {
+    /// Two sets of A, B, C tiles (`tmm0..2`, `tmm3..5`) for `m ≤ 16` weight rows and
+    /// `tokens ≤ 16` input rows.
+    fn new(m: usize, tokens: usize) -> TileConfig {
         let mut c = TileConfig {
             palette: 1,
             start_row: 0,
@@ -143,8 +151,8 @@ impl TileConfig {
         };
         for set in [0, 3] {
             (c.rows[set], c.colsb[set]) = (m as u8, BLOCK as u16);
-            (c.rows[set + 1], c.colsb[set + 1]) = ((BLOCK / 4) as u8, (4 * TOKENS) as u16);
-            (c.rows[set + 2], c.colsb[set + 2]) = (m as u8, (4 * TOKENS) as u16);
+            (c.rows[set + 1], c.colsb[set + 1]) = ((BLOCK / 4) as u8, (4 * tokens) as u16);
+            (c.rows[set + 2], c.colsb[set + 2]) = (m as u8, (4 * tokens) as u16);
         }
         c
     }
@@ -155,7 +163,8 @@ impl TileConfig {
 struct Scratch {
     /// Int4 rows of the panel, one code per byte: `16 × kp`.
     codes: Vec<u8>,
-    /// Int4 group scales and minimums of the panel as f32: `16 × groups` each.
+    /// Int4 group scales and minimums of the panel as f32: `groups × 16` each (group `g` of
+    /// row `dr` at `g·16 + dr`, so that a vector holds one group of the 16 rows).
     dg: Vec<f32>,
     mg: Vec<f32>,
 }
@@ -177,8 +186,17 @@ pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize
     let n = acts.n;
     SCRATCH.with_borrow_mut(|scratch| {
         for (p, out) in yt.chunks_mut(ROWS * n).enumerate() {
+            let (j, r) = (j0 + p * ROWS, out.len() / n);
             // SAFETY: the caller guarantees AMX and AVX-512.
-            unsafe { panel(w, tiles, j0 + p * ROWS, out.len() / n, n, out, scratch) };
+            unsafe {
+                if n < super::AMX_MIN_ROWS && w.dtype == DataType::I8 {
+                    panel_narrow::<true>(w, acts, j, r, out, scratch)
+                } else if n < super::AMX_MIN_ROWS {
+                    panel_narrow::<false>(w, acts, j, r, out, scratch)
+                } else {
+                    panel(w, tiles, j, r, n, out, scratch)
+                }
+            };
         }
     });
 }
@@ -201,7 +219,7 @@ unsafe fn panel(
         unpack_i4(w, j, r, tiles.groups, scratch);
         (scratch.codes.as_ptr(), w.kp)
     };
-    let config = TileConfig::new(r);
+    let config = TileConfig::new(r, TOKENS);
     // SAFETY: the configuration is a valid palette-1 layout (rows ≤ 16, colsb ≤ 64), and
     // `available` obtained the permission to use tile data.
     asm!("ldtilecfg [{}]", in(reg) &config as *const TileConfig, options(nostack, readonly));
@@ -232,6 +250,88 @@ unsafe fn panel(
     asm!("tilerelease", options(nostack, nomem));
 }
 
+/// One panel for fewer than [`super::AMX_MIN_ROWS`] input rows (decode): weight rows
+/// `j..j + r` × each input row in turn, B being the row's block as it lies in `acts` (one
+/// token, 4 bytes per tile row) and C one int32 per weight row, so that a vector holds a
+/// block's sums for the 16 rows. Each output gets the operations [`panel`] gives it (per
+/// block `acc = fma(C_b, a_b·[d_g], acc)` in order, then the int4 minimums in order, then
+/// the int8 scale), with lanes over weight rows instead of tokens: the same bits.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn panel_narrow<const INT8: bool>(
+    w: &QuantWeight<'_>,
+    acts: &Acts,
+    j: usize,
+    r: usize,
+    yt: &mut [f32],
+    scratch: &mut Scratch,
+) {
+    let (n, blocks, groups) = (acts.n, acts.blocks, acts.groups);
+    let per_group = (blocks / groups).max(1);
+    let (a, a_stride) = if INT8 {
+        (w.row(j)[4..].as_ptr(), w.row_bytes)
+    } else {
+        unpack_i4(w, j, r, groups, scratch);
+        (scratch.codes.as_ptr(), w.kp)
+    };
+    let mut scale = [0.0f32; ROWS];
+    if INT8 {
+        for (dr, s) in scale.iter_mut().enumerate().take(r) {
+            let row = w.row(j + dr);
+            *s = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
+        }
+    }
+    let config = TileConfig::new(r, 1);
+    // SAFETY: as in `panel`.
+    asm!("ldtilecfg [{}]", in(reg) &config as *const TileConfig, options(nostack, readonly));
+    let mut c = CBuf([[0; TOKENS * ROWS]; 2]);
+    let (dg, mg) = (scratch.dg.as_ptr(), scratch.mg.as_ptr());
+    for i in 0..n {
+        let (qs, d) = (acts.row_qs(i).as_ptr(), acts.row_d(i));
+        let mut acc = _mm512_setzero_ps();
+        let mut b = 0;
+        while b < blocks {
+            let pair = b + 1 < blocks;
+            multiply::<INT8, 0>(
+                a.add(b * BLOCK),
+                a_stride,
+                qs.add(b * BLOCK),
+                1,
+                &mut c.0[0],
+            );
+            if pair {
+                let (a1, b1) = (a.add((b + 1) * BLOCK), qs.add((b + 1) * BLOCK));
+                multiply::<INT8, 1>(a1, a_stride, b1, 1, &mut c.0[1]);
+            }
+            for (h, cb) in c.0.iter().enumerate().take(1 + pair as usize) {
+                let block = b + h;
+                let da = _mm512_set1_ps(*d.get_unchecked(block));
+                let s = if INT8 {
+                    da
+                } else {
+                    _mm512_mul_ps(da, _mm512_loadu_ps(dg.add(block / per_group * ROWS)))
+                };
+                let p = _mm512_cvtepi32_ps(_mm512_load_si512(cb.as_ptr() as *const _));
+                acc = _mm512_fmadd_ps(p, s, acc);
+            }
+            b += 2;
+        }
+        if INT8 {
+            acc = _mm512_mul_ps(acc, _mm512_loadu_ps(scale.as_ptr()));
+        } else {
+            for (g, &s) in acts.row_gsum(i).iter().enumerate() {
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(mg.add(g * ROWS)), _mm512_set1_ps(s), acc);
+            }
+        }
+        let mut y = [0.0f32; ROWS];
+        _mm512_storeu_ps(y.as_mut_ptr(), acc);
+        for (dr, y) in y.iter().enumerate().take(r) {
+            yt[dr * n + i] = *y;
+        }
+    }
+    // SAFETY: as in `panel`.
+    asm!("tilerelease", options(nostack, nomem));
+}
+
 /// The f32 sums `Σ_b a_b [d_g] C_b` of one token tile for the 16 rows of the panel at `a`
 /// (int8: `d_g` is 1 and the per-channel scale comes later; int4: `dg` holds `d_g`).
 #[inline]
@@ -256,11 +356,12 @@ unsafe fn tile_rows<const INT8: bool>(
             a.add(b * BLOCK),
             a_stride,
             b_tiles.add(b * B_BYTES),
+            TOKENS,
             &mut c.0[0],
         );
         if pair {
             let (a1, b1) = (a.add((b + 1) * BLOCK), b_tiles.add((b + 1) * B_BYTES));
-            multiply::<INT8, 1>(a1, a_stride, b1, &mut c.0[1]);
+            multiply::<INT8, 1>(a1, a_stride, b1, TOKENS, &mut c.0[1]);
         }
         for (h, cb) in c.0.iter().enumerate().take(1 + pair as usize) {
             let block = b + h;
@@ -270,7 +371,7 @@ unsafe fn tile_rows<const INT8: bool>(
                     da
                 } else {
                     let g = block / per_group;
-                    _mm512_mul_ps(da, _mm512_set1_ps(*dg.get_unchecked(dr * tiles.groups + g)))
+                    _mm512_mul_ps(da, _mm512_set1_ps(*dg.get_unchecked(g * ROWS + dr)))
                 };
                 let p =
                     _mm512_cvtepi32_ps(_mm512_load_si512(cb.as_ptr().add(dr * TOKENS) as *const _));
@@ -296,25 +397,27 @@ unsafe fn add_minimums(
     for g in 0..groups {
         let s = _mm512_loadu_ps(sums.add(g * TOKENS));
         for (dr, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm512_fmadd_ps(_mm512_set1_ps(*mg.get_unchecked(dr * groups + g)), s, *acc);
+            *acc = _mm512_fmadd_ps(_mm512_set1_ps(*mg.get_unchecked(g * ROWS + dr)), s, *acc);
         }
     }
     acc
 }
 
-/// `C = A·B` for one block into tile set `SET` (0: `tmm0..2`, 1: `tmm3..5`), stored to `c`.
+/// `C = A·B` for one block into tile set `SET` (0: `tmm0..2`, 1: `tmm3..5`), stored to `c`
+/// with rows `4·tokens` bytes apart.
 ///
 /// # Safety
-/// The tile configuration of [`panel`] is loaded; `a` points at `rows` rows of 32 codes
-/// `a_stride` bytes apart, `b` at one B tile.
+/// A tile configuration for `tokens` is loaded ([`TileConfig::new`]); `a` points at `rows`
+/// rows of 32 codes `a_stride` bytes apart, `b` at one B tile of 8 rows of `4·tokens` bytes.
 #[inline(always)]
 unsafe fn multiply<const INT8: bool, const SET: usize>(
     a: *const u8,
     a_stride: usize,
     b: *const i8,
+    tokens: usize,
     c: &mut [i32; TOKENS * ROWS],
 ) {
-    let b_stride = 4 * TOKENS;
+    let b_stride = 4 * tokens;
     let c_ptr = c.as_mut_ptr();
     macro_rules! tiles {
         ($dp:literal, $a:literal, $b:literal, $c:literal) => {
@@ -385,11 +488,15 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
             }
         }
         for (src, dst) in [(ds, &mut s.dg), (ms, &mut s.mg)] {
-            let dst = dst[dr * groups..][..groups].as_mut_ptr();
             for (c, halves) in src.chunks(32).enumerate() {
-                let mask: __mmask16 = ((1u32 << (halves.len() / 2)) - 1) as __mmask16;
+                let count = halves.len() / 2;
+                let mask: __mmask16 = ((1u32 << count) - 1) as __mmask16;
                 let h = _mm256_maskz_loadu_epi16(mask, halves.as_ptr() as *const i16);
-                _mm512_mask_storeu_ps(dst.add(16 * c), mask, _mm512_cvtph_ps(h));
+                let mut f = [0.0f32; 16];
+                _mm512_storeu_ps(f.as_mut_ptr(), _mm512_cvtph_ps(h));
+                for (q, &v) in f.iter().enumerate().take(count) {
+                    dst[(16 * c + q) * ROWS + dr] = v;
+                }
             }
         }
     }

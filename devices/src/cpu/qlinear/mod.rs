@@ -15,9 +15,20 @@
 //!   compute a tile of up to 4 weight rows × 4 input rows, so that prefill reuses each
 //!   loaded weight vector for 4 tokens;
 //! - `amx`: Intel AMX tile multiplies of 16 weight rows × 16 input rows per block, for
-//!   prefill of at least [`AMX_MIN_ROWS`] input rows (fewer use the AVX-512 kernels).
+//!   prefill of at least [`AMX_MIN_ROWS`] input rows, and of 16 weight rows × 1 input row
+//!   below that (decode), in the same order;
 //! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
 //!   the CPU has the dot-product extension and `smull`/`sadalp` where it has not.
+//!
+//! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
+//! 2025): at one instruction-set level, an output `y[i, j]` has the same bits whatever the
+//! other input rows of the call, the position of row `i` among them, the tile that computes
+//! it and the thread split. Each input row is quantised on its own; the integer sums are
+//! exact; and every kernel family of a level accumulates the scaled sums of one output in an
+//! order fixed by `k`: the x86 and NEON micro-kernels in one vector accumulator per tile
+//! entry over the row's chunks, reduced at the end, whatever the tile shape; the AMX
+//! kernels block by block for every number of input rows. Levels differ from each other by
+//! rounding. `devices/tests/batch_invariance.rs` checks it.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
@@ -104,7 +115,7 @@ impl Acts {
             _ => rows.run(self),
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Amx {
+        if isa == Isa::Amx && n >= AMX_MIN_ROWS {
             let mut tiles = std::mem::take(&mut self.tiles);
             tiles.pack(self);
             self.tiles = tiles;
@@ -255,8 +266,8 @@ thread_local! {
 /// Output features per parallel task (one AMX panel).
 const ROWS_PER_TASK: usize = 16;
 
-/// [`Isa::Amx`] multiplies tiles of 16 input rows; with fewer than this many the AVX-512
-/// kernels are faster.
+/// [`Isa::Amx`] multiplies tiles of 16 input rows from this many on; fewer are multiplied
+/// one at a time (see `amx`).
 pub(crate) const AMX_MIN_ROWS: usize = 8;
 
 /// The order and padding of the [`Acts`] a kernel family reads.
@@ -308,11 +319,6 @@ pub(crate) fn linear(
     out: &mut [f32],
 ) -> Result<()> {
     let m = out.len() / n;
-    let isa = if isa == Isa::Amx && n < AMX_MIN_ROWS {
-        Isa::Avx512
-    } else {
-        isa
-    };
     let group = w.dtype.group_size().unwrap_or(w.kp);
     if w.kp != quant::padded_cols(w.dtype, k) || w.bytes.len() < m * w.row_bytes {
         return Err(shape_err(
