@@ -190,7 +190,7 @@ pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize
             // SAFETY: the caller guarantees AMX and AVX-512.
             unsafe {
                 if n < super::AMX_MIN_ROWS && w.dtype == DataType::I8 {
-                    panel_narrow::<true>(w, acts, j, r, out, scratch)
+                    super::amx_decode::panel(w, acts, j, r, out)
                 } else if n < super::AMX_MIN_ROWS {
                     panel_narrow::<false>(w, acts, j, r, out, scratch)
                 } else {

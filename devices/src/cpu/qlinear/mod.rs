@@ -32,6 +32,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
+mod amx_decode;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon;
 mod scalar;
@@ -67,6 +69,8 @@ pub(crate) struct Acts {
     /// `n × groups`: `Σ_{b ∈ g} a_b Σ q_x`, the factor of the int4 minimum `m_g` and of the
     /// offset of unsigned int8 codes.
     pub gsum: Vec<f32>,
+    /// `n × blocks`: `Σ q_x` of each block (0 for padding), exact.
+    pub bsum: Vec<i32>,
     /// The same inputs as AMX tiles ([`Isa::Amx`] only).
     #[cfg(target_arch = "x86_64")]
     pub tiles: amx::TileActs,
@@ -98,6 +102,8 @@ impl Acts {
         self.d.resize(n * blocks, 0.0);
         self.gsum.clear();
         self.gsum.resize(n * groups, 0.0);
+        self.bsum.clear();
+        self.bsum.resize(n * blocks, 0);
         let rows = QuantRows {
             x,
             k,
@@ -135,6 +141,11 @@ impl Acts {
     /// Group sums of row `i`.
     pub fn row_gsum(&self, i: usize) -> &[f32] {
         &self.gsum[i * self.groups..(i + 1) * self.groups]
+    }
+
+    /// Block sums of row `i`.
+    pub fn row_bsum(&self, i: usize) -> &[i32] {
+        &self.bsum[i * self.blocks..(i + 1) * self.blocks]
     }
 }
 
@@ -206,12 +217,14 @@ impl QuantRows<'_> {
             let qs = &mut acts.qs[i * blocks * BLOCK..(i + 1) * blocks * BLOCK];
             let ds = &mut acts.d[i * blocks..(i + 1) * blocks];
             let gs = &mut acts.gsum[i * groups..(i + 1) * groups];
+            let bs = &mut acts.bsum[i * blocks..(i + 1) * blocks];
             for (b, values) in xr.chunks(BLOCK).enumerate() {
                 let within = b & ((1 << chunk_shift) - 1);
                 let base = (b >> chunk_shift) * 2 * split + within * 16;
                 let (head, tail) = qs.split_at_mut(base + split);
                 let (d, sum) = block(values, &mut head[base..base + 16], &mut tail[..16]);
                 ds[b] = d;
+                bs[b] = sum;
                 gs[b >> group_shift] += d * sum as f32;
             }
         }
