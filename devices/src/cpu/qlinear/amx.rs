@@ -34,7 +34,7 @@ use std::sync::OnceLock;
 use flm_core::quant::{split_int4_row, BLOCK};
 use flm_core::DataType;
 
-use super::{Acts, QuantWeight};
+use super::{amx_decode, Acts, QuantWeight};
 
 /// Input rows (tokens) per tile: the columns of B and C.
 const TOKENS: usize = 16;
@@ -139,9 +139,8 @@ struct TileConfig {
 }
 
 impl TileConfig {
-    /// Two sets of A, B, C tiles (`tmm0..2`, `tmm3..5`) for `m ≤ 16` weight rows and
-    /// `tokens ≤ 16` input rows.
-    fn new(m: usize, tokens: usize) -> TileConfig {
+    /// Two sets of A, B, C tiles (`tmm0..2`, `tmm3..5`) for `m ≤ 16` weight rows.
+    fn new(m: usize) -> TileConfig {
         let mut c = TileConfig {
             palette: 1,
             start_row: 0,
@@ -151,8 +150,8 @@ impl TileConfig {
         };
         for set in [0, 3] {
             (c.rows[set], c.colsb[set]) = (m as u8, BLOCK as u16);
-            (c.rows[set + 1], c.colsb[set + 1]) = ((BLOCK / 4) as u8, (4 * tokens) as u16);
-            (c.rows[set + 2], c.colsb[set + 2]) = (m as u8, (4 * tokens) as u16);
+            (c.rows[set + 1], c.colsb[set + 1]) = ((BLOCK / 4) as u8, (4 * TOKENS) as u16);
+            (c.rows[set + 2], c.colsb[set + 2]) = (m as u8, (4 * TOKENS) as u16);
         }
         c
     }
@@ -189,12 +188,13 @@ pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize
             let (j, r) = (j0 + p * ROWS, out.len() / n);
             // SAFETY: the caller guarantees AMX and AVX-512.
             unsafe {
-                if n < super::AMX_MIN_ROWS && w.dtype == DataType::I8 {
-                    super::amx_decode::panel(w, acts, j, r, out)
-                } else if n < super::AMX_MIN_ROWS {
-                    panel_narrow::<false>(w, acts, j, r, out, scratch)
-                } else {
+                if n >= super::AMX_MIN_ROWS {
                     panel(w, tiles, j, r, n, out, scratch)
+                } else if w.dtype == DataType::I8 {
+                    amx_decode::panel_i8(w, acts, j, r, out)
+                } else {
+                    group_scales(w, j, r, acts.groups, scratch);
+                    amx_decode::panel_i4(w, acts, j, r, out, &scratch.dg, &scratch.mg)
                 }
             };
         }
@@ -219,7 +219,7 @@ unsafe fn panel(
         unpack_i4(w, j, r, tiles.groups, scratch);
         (scratch.codes.as_ptr(), w.kp)
     };
-    let config = TileConfig::new(r, TOKENS);
+    let config = TileConfig::new(r);
     // SAFETY: the configuration is a valid palette-1 layout (rows ≤ 16, colsb ≤ 64), and
     // `available` obtained the permission to use tile data.
     asm!("ldtilecfg [{}]", in(reg) &config as *const TileConfig, options(nostack, readonly));
@@ -250,88 +250,6 @@ unsafe fn panel(
     asm!("tilerelease", options(nostack, nomem));
 }
 
-/// One panel for fewer than [`super::AMX_MIN_ROWS`] input rows (decode): weight rows
-/// `j..j + r` × each input row in turn, B being the row's block as it lies in `acts` (one
-/// token, 4 bytes per tile row) and C one int32 per weight row, so that a vector holds a
-/// block's sums for the 16 rows. Each output gets the operations [`panel`] gives it (per
-/// block `acc = fma(C_b, a_b·[d_g], acc)` in order, then the int4 minimums in order, then
-/// the int8 scale), with lanes over weight rows instead of tokens: the same bits.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn panel_narrow<const INT8: bool>(
-    w: &QuantWeight<'_>,
-    acts: &Acts,
-    j: usize,
-    r: usize,
-    yt: &mut [f32],
-    scratch: &mut Scratch,
-) {
-    let (n, blocks, groups) = (acts.n, acts.blocks, acts.groups);
-    let per_group = (blocks / groups).max(1);
-    let (a, a_stride) = if INT8 {
-        (w.row(j)[4..].as_ptr(), w.row_bytes)
-    } else {
-        unpack_i4(w, j, r, groups, scratch);
-        (scratch.codes.as_ptr(), w.kp)
-    };
-    let mut scale = [0.0f32; ROWS];
-    if INT8 {
-        for (dr, s) in scale.iter_mut().enumerate().take(r) {
-            let row = w.row(j + dr);
-            *s = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
-        }
-    }
-    let config = TileConfig::new(r, 1);
-    // SAFETY: as in `panel`.
-    asm!("ldtilecfg [{}]", in(reg) &config as *const TileConfig, options(nostack, readonly));
-    let mut c = CBuf([[0; TOKENS * ROWS]; 2]);
-    let (dg, mg) = (scratch.dg.as_ptr(), scratch.mg.as_ptr());
-    for i in 0..n {
-        let (qs, d) = (acts.row_qs(i).as_ptr(), acts.row_d(i));
-        let mut acc = _mm512_setzero_ps();
-        let mut b = 0;
-        while b < blocks {
-            let pair = b + 1 < blocks;
-            multiply::<INT8, 0>(
-                a.add(b * BLOCK),
-                a_stride,
-                qs.add(b * BLOCK),
-                1,
-                &mut c.0[0],
-            );
-            if pair {
-                let (a1, b1) = (a.add((b + 1) * BLOCK), qs.add((b + 1) * BLOCK));
-                multiply::<INT8, 1>(a1, a_stride, b1, 1, &mut c.0[1]);
-            }
-            for (h, cb) in c.0.iter().enumerate().take(1 + pair as usize) {
-                let block = b + h;
-                let da = _mm512_set1_ps(*d.get_unchecked(block));
-                let s = if INT8 {
-                    da
-                } else {
-                    _mm512_mul_ps(da, _mm512_loadu_ps(dg.add(block / per_group * ROWS)))
-                };
-                let p = _mm512_cvtepi32_ps(_mm512_load_si512(cb.as_ptr() as *const _));
-                acc = _mm512_fmadd_ps(p, s, acc);
-            }
-            b += 2;
-        }
-        if INT8 {
-            acc = _mm512_mul_ps(acc, _mm512_loadu_ps(scale.as_ptr()));
-        } else {
-            for (g, &s) in acts.row_gsum(i).iter().enumerate() {
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(mg.add(g * ROWS)), _mm512_set1_ps(s), acc);
-            }
-        }
-        let mut y = [0.0f32; ROWS];
-        _mm512_storeu_ps(y.as_mut_ptr(), acc);
-        for (dr, y) in y.iter().enumerate().take(r) {
-            yt[dr * n + i] = *y;
-        }
-    }
-    // SAFETY: as in `panel`.
-    asm!("tilerelease", options(nostack, nomem));
-}
-
 /// The f32 sums `Σ_b a_b [d_g] C_b` of one token tile for the 16 rows of the panel at `a`
 /// (int8: `d_g` is 1 and the per-channel scale comes later; int4: `dg` holds `d_g`).
 #[inline]
@@ -356,12 +274,11 @@ unsafe fn tile_rows<const INT8: bool>(
             a.add(b * BLOCK),
             a_stride,
             b_tiles.add(b * B_BYTES),
-            TOKENS,
             &mut c.0[0],
         );
         if pair {
             let (a1, b1) = (a.add((b + 1) * BLOCK), b_tiles.add((b + 1) * B_BYTES));
-            multiply::<INT8, 1>(a1, a_stride, b1, TOKENS, &mut c.0[1]);
+            multiply::<INT8, 1>(a1, a_stride, b1, &mut c.0[1]);
         }
         for (h, cb) in c.0.iter().enumerate().take(1 + pair as usize) {
             let block = b + h;
@@ -403,21 +320,19 @@ unsafe fn add_minimums(
     acc
 }
 
-/// `C = A·B` for one block into tile set `SET` (0: `tmm0..2`, 1: `tmm3..5`), stored to `c`
-/// with rows `4·tokens` bytes apart.
+/// `C = A·B` for one block into tile set `SET` (0: `tmm0..2`, 1: `tmm3..5`), stored to `c`.
 ///
 /// # Safety
-/// A tile configuration for `tokens` is loaded ([`TileConfig::new`]); `a` points at `rows`
-/// rows of 32 codes `a_stride` bytes apart, `b` at one B tile of 8 rows of `4·tokens` bytes.
+/// The tile configuration of [`panel`] is loaded; `a` points at `rows` rows of 32 codes
+/// `a_stride` bytes apart, `b` at one B tile.
 #[inline(always)]
 unsafe fn multiply<const INT8: bool, const SET: usize>(
     a: *const u8,
     a_stride: usize,
     b: *const i8,
-    tokens: usize,
     c: &mut [i32; TOKENS * ROWS],
 ) {
-    let b_stride = 4 * tokens;
+    let b_stride = 4 * TOKENS;
     let c_ptr = c.as_mut_ptr();
     macro_rules! tiles {
         ($dp:literal, $a:literal, $b:literal, $c:literal) => {
@@ -450,16 +365,13 @@ unsafe fn multiply<const INT8: bool, const SET: usize>(
 unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
     let (kp, g) = (w.kp, w.dtype.group_size().unwrap_or(BLOCK));
     s.codes.resize(ROWS * kp, 0);
-    for v in [&mut s.dg, &mut s.mg] {
-        v.clear();
-        v.resize(ROWS * groups, 0.0);
-    }
+    group_scales(w, j, r, groups, s);
     let low = _mm512_set1_epi8(0x0f);
     // 16-byte halves: the low codes of 4 blocks, then their high codes, interleaved per block.
     let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     let second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
     for dr in 0..r {
-        let (codes, ds, ms) = split_int4_row(g, w.row(j + dr));
+        let (codes, _, _) = split_int4_row(g, w.row(j + dr));
         let out = s.codes[dr * kp..][..kp].as_mut_ptr();
         for (c, chunk) in codes.chunks(64).enumerate() {
             let mask: __mmask64 = if chunk.len() == 64 {
@@ -487,6 +399,20 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
                 );
             }
         }
+    }
+}
+
+/// The group scales and minimums of int4 rows `j..j + r` into `s.dg` and `s.mg` as f32,
+/// group-major (zeros for rows `r..16`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
+    let g = w.dtype.group_size().unwrap_or(BLOCK);
+    for v in [&mut s.dg, &mut s.mg] {
+        v.clear();
+        v.resize(ROWS * groups, 0.0);
+    }
+    for dr in 0..r {
+        let (_, ds, ms) = split_int4_row(g, w.row(j + dr));
         for (src, dst) in [(ds, &mut s.dg), (ms, &mut s.mg)] {
             for (c, halves) in src.chunks(32).enumerate() {
                 let count = halves.len() / 2;

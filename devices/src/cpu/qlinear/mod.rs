@@ -293,8 +293,12 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(isa: Isa, dtype: DataType) -> Layout {
+    /// The layout the kernels of `isa` read for `n` input rows and `dtype` weights.
+    fn of(isa: Isa, dtype: DataType, n: usize) -> Layout {
         let (split, pad_blocks) = match (isa, dtype) {
+            // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
+            (Isa::Amx, DataType::I8) => (16, 1),
+            (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
             (Isa::Scalar | Isa::Amx, _) => (16, 1),
             (Isa::Avx2 | Isa::AvxVnni, DataType::I8) => (16, 1),
             (Isa::Avx2 | Isa::AvxVnni, _) => (32, 2),
@@ -344,7 +348,7 @@ pub(crate) fn linear(
         ));
     }
     SCRATCH.with_borrow_mut(|(acts, yt)| {
-        acts.quantize(isa, x, n, k, w.kp, group, Layout::of(isa, w.dtype));
+        acts.quantize(isa, x, n, k, w.kp, group, Layout::of(isa, w.dtype, n));
         let acts = &*acts;
         let parallel = n * m * k >= PARALLEL_MIN_WORK;
         let target: &mut [f32] = if n == 1 {
