@@ -403,27 +403,74 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
 }
 
 /// The group scales and minimums of int4 rows `j..j + r` into `s.dg` and `s.mg` as f32,
-/// group-major (zeros for rows `r..16`).
+/// group-major (zeros for rows `r..16` and past the last group): 16 groups of the 16 rows
+/// widened as 16 vectors, then transposed.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
     let g = w.dtype.group_size().unwrap_or(BLOCK);
-    for v in [&mut s.dg, &mut s.mg] {
-        v.clear();
-        v.resize(ROWS * groups, 0.0);
-    }
-    for dr in 0..r {
-        let (_, ds, ms) = split_int4_row(g, w.row(j + dr));
-        for (src, dst) in [(ds, &mut s.dg), (ms, &mut s.mg)] {
-            for (c, halves) in src.chunks(32).enumerate() {
-                let count = halves.len() / 2;
-                let mask: __mmask16 = ((1u32 << count) - 1) as __mmask16;
-                let h = _mm256_maskz_loadu_epi16(mask, halves.as_ptr() as *const i16);
-                let mut f = [0.0f32; 16];
-                _mm512_storeu_ps(f.as_mut_ptr(), _mm512_cvtph_ps(h));
-                for (q, &v) in f.iter().enumerate().take(count) {
-                    dst[(16 * c + q) * ROWS + dr] = v;
-                }
+    let chunks = groups.div_ceil(16);
+    let halves: [(&[u8], &[u8]); ROWS] = std::array::from_fn(|dr| {
+        if dr < r {
+            let (_, ds, ms) = split_int4_row(g, w.row(j + dr));
+            (ds, ms)
+        } else {
+            (&[][..], &[][..])
+        }
+    });
+    for (mins, dst) in [(false, &mut s.dg), (true, &mut s.mg)] {
+        dst.clear();
+        dst.resize(ROWS * 16 * chunks, 0.0);
+        for c in 0..chunks {
+            let v: [__m512; ROWS] = std::array::from_fn(|dr| {
+                let src = if mins { halves[dr].1 } else { halves[dr].0 };
+                let src = src.get(32 * c..).unwrap_or(&[]);
+                let mask = ((1u32 << (src.len() / 2).min(16)) - 1) as __mmask16;
+                // Masked-off lanes are neither read nor faulted on.
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src.as_ptr() as *const i16))
+            });
+            for (q, t) in transpose16(v).iter().enumerate() {
+                _mm512_storeu_ps(dst.as_mut_ptr().add((16 * c + q) * ROWS), *t);
             }
         }
     }
+}
+
+/// The transpose of a 16 × 16 f32 matrix held as 16 row vectors: 4 × 4 blocks within the
+/// 128-bit lanes, then the lanes themselves.
+#[inline(always)]
+unsafe fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
+    let a: [__m512; 16] = std::array::from_fn(|i| {
+        let (x, y) = (v[i & !1], v[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(x, y)
+        } else {
+            _mm512_unpackhi_ps(x, y)
+        }
+    });
+    // Lane `L` of `b[4i + k]`: column `4L + k` of rows `4i..4i + 4`.
+    let b: [__m512; 16] = std::array::from_fn(|i| {
+        let (base, k) = (i & !3, i % 4);
+        let (x, y) = (a[base + k / 2], a[base + 2 + k / 2]);
+        if k % 2 == 0 {
+            _mm512_shuffle_ps::<0x44>(x, y)
+        } else {
+            _mm512_shuffle_ps::<0xee>(x, y)
+        }
+    });
+    let mut t = [_mm512_setzero_ps(); 16];
+    for k in 0..4 {
+        let (c_lo, c_hi) = (
+            _mm512_shuffle_f32x4::<0x88>(b[k], b[4 + k]),
+            _mm512_shuffle_f32x4::<0xdd>(b[k], b[4 + k]),
+        );
+        let (d_lo, d_hi) = (
+            _mm512_shuffle_f32x4::<0x88>(b[8 + k], b[12 + k]),
+            _mm512_shuffle_f32x4::<0xdd>(b[8 + k], b[12 + k]),
+        );
+        t[k] = _mm512_shuffle_f32x4::<0x88>(c_lo, d_lo);
+        t[8 + k] = _mm512_shuffle_f32x4::<0xdd>(c_lo, d_lo);
+        t[4 + k] = _mm512_shuffle_f32x4::<0x88>(c_hi, d_hi);
+        t[12 + k] = _mm512_shuffle_f32x4::<0xdd>(c_hi, d_hi);
+    }
+    t
 }
