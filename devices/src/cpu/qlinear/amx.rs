@@ -15,13 +15,11 @@
 //! tile registers), so the tile unit multiplies one block while the vector unit scales the
 //! previous one.
 //!
-//! Fewer than [`super::AMX_MIN_ROWS`] input rows (decode, short speculative batches) are
-//! multiplied one at a time ([`panel_narrow`]): B is one token's block as quantised (no
-//! repacking), C one int32 per weight row, and the vector lanes run over the 16 weight rows
-//! instead of the tokens. Every output gets the same operations in the same order either
-//! way, so the two give the same bits (batch invariance: a row's output does not depend on
-//! the other rows of the call; the AVX-512 VNNI kernels, which sum in another order, are
-//! not used at this level).
+//! Fewer than [`super::AMX_MIN_ROWS`] input rows (decode, short speculative batches) go to
+//! the AVX-512 VNNI kernels of `amx_decode`, which sum each output in the order of these
+//! tile kernels: the same bits for a row alone as in a prefill (batch invariance). One-row
+//! tile multiplies were slower there (1.5× for int8, 4× for int4): every block's C goes
+//! through memory, and decode has nothing to amortise it over.
 //!
 //! Tile registers are not known to the compiler: every `asm!` block below names the ones it
 //! uses, and nothing else in the program touches them (we use no AMX intrinsics).
@@ -180,13 +178,14 @@ thread_local! {
 /// `n = acts.n`, from `tiles`, the packing of `acts`.
 ///
 /// The caller guarantees that [`available`] returned true and that the CPU has AVX-512
-/// (F, BW, VL) and F16C.
+/// (F, BW, VL, VNNI) and F16C.
 pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
     SCRATCH.with_borrow_mut(|scratch| {
         for (p, out) in yt.chunks_mut(ROWS * n).enumerate() {
             let (j, r) = (j0 + p * ROWS, out.len() / n);
-            // SAFETY: the caller guarantees AMX and AVX-512.
+            // SAFETY: the caller guarantees AMX and AVX-512 (F, BW, VL, VNNI: `Isa::Amx`
+            // includes `Isa::Avx512`); `acts` is laid out for this level and `n`.
             unsafe {
                 if n >= super::AMX_MIN_ROWS {
                     panel(w, tiles, j, r, n, out, scratch)

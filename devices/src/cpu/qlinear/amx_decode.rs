@@ -29,8 +29,10 @@ use super::{Acts, QuantWeight};
 const ROWS: usize = 16;
 
 /// `vpermt2d` indices of the even lanes of two vectors, then of the odd lanes.
+// SAFETY (both): `__m512i` is 64 bytes of plain integers, as is `[i32; 16]`.
 const EVEN: __m512i =
     unsafe { std::mem::transmute([0i32, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]) };
+/// See [`EVEN`].
 const ODD: __m512i =
     unsafe { std::mem::transmute([1i32, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31]) };
 
@@ -60,7 +62,7 @@ pub(super) unsafe fn panel_i8(
         for c in 0..blocks.div_ceil(2) {
             let pair = 2 * c + 1 < blocks;
             let mask: __mmask64 = if pair { !0 } else { (1 << BLOCK) - 1 };
-            let a = _mm512_maskz_loadu_epi8(mask, qs.as_ptr().add(64 * c) as *const i8);
+            let a = _mm512_maskz_loadu_epi8(mask, qs.as_ptr().add(64 * c));
             let sums: [__m512i; ROWS] = std::array::from_fn(|dr| {
                 let p = rows[dr].as_ptr().add(4 + 64 * c) as *const i8;
                 // The same chunk of the next panel's row: 16 streams defeat the hardware

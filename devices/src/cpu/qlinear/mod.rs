@@ -143,7 +143,8 @@ impl Acts {
         &self.gsum[i * self.groups..(i + 1) * self.groups]
     }
 
-    /// Block sums of row `i`.
+    /// Block sums of row `i` (read by the AMX level's int8 decode kernel).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn row_bsum(&self, i: usize) -> &[i32] {
         &self.bsum[i * self.blocks..(i + 1) * self.blocks]
     }
