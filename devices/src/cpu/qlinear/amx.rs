@@ -417,7 +417,7 @@ unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s
         }
     });
     for (mins, dst) in [(false, &mut s.dg), (true, &mut s.mg)] {
-        dst.clear();
+        // Every value is written below.
         dst.resize(ROWS * 16 * chunks, 0.0);
         for c in 0..chunks {
             let v: [__m512; ROWS] = std::array::from_fn(|dr| {
