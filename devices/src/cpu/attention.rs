@@ -17,6 +17,15 @@
 //!
 //! Scores live in a thread-local buffer, so a warm call allocates nothing. The portable
 //! twin does the same steps one head and one value at a time.
+//!
+//! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
+//! 2025): at one instruction-set level, the output of a query row has the same bits
+//! whatever `n`, its place among the rows of the call and the split over threads. Each
+//! (row, head) is computed on its own, over the cache rows its position sees: the blocks of
+//! 8 keys count from its first visible row, and the softmax and the blocks of value rows
+//! run over its own scores only, so every sum has an order fixed by the position, the
+//! mask and `head_dim`. Splitting a GQA group over tasks only changes which heads share
+//! their key reads. `devices/tests/batch_invariance.rs` checks it.
 
 // The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
 // to come): elsewhere only the portable twins are called.
