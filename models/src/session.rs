@@ -262,7 +262,7 @@ impl Session {
             if generated == params.max_tokens {
                 break StopReason::MaxTokens;
             }
-            let next = sampler.sample(logits, &tokens)?;
+            let next = sampler.sample_with_output(logits, &tokens, &tokens[prompt_tokens..])?;
             if generated == 0 {
                 time_to_first_token = start.elapsed();
             }

@@ -126,6 +126,7 @@ impl SamplingArgs {
                 top_p: self.top_p,
                 repeat_penalty: self.repeat_penalty,
                 seed: self.seed.unwrap_or_else(generate::clock_seed),
+                ..SamplerConfig::default()
             },
             max_tokens: self.max_tokens,
             ignore_eos: self.ignore_eos,
