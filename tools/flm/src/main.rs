@@ -8,6 +8,7 @@ mod chat;
 mod convert;
 mod generate;
 mod load;
+mod serve;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -41,6 +42,8 @@ enum Command {
     Perplexity(PerplexityArgs),
     /// Measures prefill and decode tokens/s (and decode bandwidth), like llama-bench.
     Bench(bench::BenchArgs),
+    /// Serve the model over HTTP: OpenAI-compatible API and a chat page.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Args)]
@@ -231,6 +234,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Perplexity(args) => perplexity(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
