@@ -17,8 +17,8 @@ use super::openai::{ChatMessage, Content, Prompt};
 pub struct Ids {
     /// From position 0.
     pub ids: Vec<u32>,
-    /// Only the prefix tokens come before the reply: its first piece's dummy-prefix space
-    /// is dropped when decoding.
+    /// The reply is decoded as the start of a text: its first piece's dummy-prefix space
+    /// is dropped (a chat reply, or a completion of nothing but the prefix tokens).
     pub at_start: bool,
 }
 
@@ -49,7 +49,8 @@ fn text_of(message: &ChatMessage) -> Result<String, ApiError> {
 }
 
 /// The prompt of a chat request: the conversation rendered with the model's template,
-/// ending where the assistant's reply starts.
+/// ending where the assistant's reply starts. The reply is decoded as the start of a text
+/// (a SentencePiece dummy-prefix space before its first word dropped), as `flm chat` does.
 ///
 /// Errors (400): no messages, a non-text content part, a model without a chat template, a
 /// role or conversation the template refuses.
@@ -74,7 +75,11 @@ pub fn chat(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Ids, ApiE
     let prompt = tokenizer
         .encode_chat(&messages, true)
         .map_err(|e| ApiError::invalid(Some("messages"), format!("cannot render the chat: {e}")))?;
-    Ok(Ids::new(tokenizer, prompt.ids))
+    // The reply is a text of its own, decoded as `flm chat` shows it.
+    Ok(Ids {
+        ids: prompt.ids,
+        at_start: true,
+    })
 }
 
 /// The prompt of a completion request.

@@ -35,12 +35,18 @@ def chat_model(directory: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory):
+def chat_model_dir(tmp_path_factory):
+    """stories260K with a chat template."""
+    return chat_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="session")
+def server(chat_model_dir):
     """The base URL of a running `flm serve`; the process is stopped at the end."""
     binary = os.environ.get("FLM_BIN")
     if not binary:
         pytest.fail("set FLM_BIN to the flm binary (cargo build -p flm-cli)")
-    model = chat_model(tmp_path_factory.mktemp("model"))
+    model = chat_model_dir
     process = subprocess.Popen(
         [binary, "serve", "--model", str(model), "--port", "0"],
         stdout=subprocess.PIPE,

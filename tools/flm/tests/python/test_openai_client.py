@@ -6,6 +6,8 @@ the whole one.
 """
 
 import json
+import os
+import subprocess
 
 import openai
 import pytest
@@ -56,7 +58,7 @@ def test_streamed_completion_equals_whole(client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
-def test_chat_whole_and_streamed(client):
+def test_chat_whole_and_streamed(client, chat_model_dir):
     messages = [
         {"role": "system", "content": "A story."},
         {"role": "user", "content": "Tell me about Lily."},
@@ -67,6 +69,13 @@ def test_chat_whole_and_streamed(client):
     choice = whole.choices[0]
     assert choice.message.role == "assistant"
     assert choice.message.content
+    # `flm chat` (one sequence, its own KV cache, no engine) gives the same greedy reply.
+    chat = subprocess.run(
+        [os.environ["FLM_BIN"], "chat", "--model", str(chat_model_dir), "--system",
+         "A story.", "--temperature", "0", "--max-tokens", "40"],
+        input="Tell me about Lily.\n", capture_output=True, text=True, check=True,
+    )
+    assert chat.stdout == choice.message.content + "\n"
     assert choice.finish_reason in ("stop", "length")
     assert 0 < whole.usage.completion_tokens <= 40
     assert whole.object == "chat.completion"
