@@ -55,9 +55,12 @@ pub enum Outcome {
     Failed(ApiError),
 }
 
-/// A submitted job: the engine's events for it.
+/// A submitted job: the engine's events for it, and what reading them needs.
 pub struct Submitted {
-    job: Job,
+    prompt_tokens: usize,
+    at_start: bool,
+    stop: Vec<String>,
+    arrived: Instant,
     events: UnboundedReceiver<Event>,
 }
 
@@ -67,11 +70,12 @@ pub struct Submitted {
 /// queue is full.
 pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
     let (tx, events) = unbounded_channel();
+    let prompt_tokens = job.prompt.len();
     let request = Request {
-        prompt: job.prompt.clone(),
-        sampler: job.params.sampler.clone(),
+        prompt: job.prompt,
+        sampler: job.params.sampler,
         max_tokens: job.max_tokens,
-        stop_tokens: job.stop_tokens.clone(),
+        stop_tokens: job.stop_tokens,
     };
     let on_event = Box::new(move |event| match tx.send(event) {
         Ok(()) => ControlFlow::Continue(()),
@@ -81,8 +85,14 @@ pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
         .engine
         .submit(request, on_event)
         .map_err(super::engine_error)?;
-    state.metrics.prompt(job.prompt.len());
-    Ok(Submitted { job, events })
+    state.metrics.prompt(prompt_tokens);
+    Ok(Submitted {
+        prompt_tokens,
+        at_start: job.at_start,
+        stop: job.params.stop,
+        arrived: job.arrived,
+        events,
+    })
 }
 
 /// Counts a request as cancelled in the metrics if it is dropped before it is done: its
@@ -120,15 +130,21 @@ async fn events(
     submitted: Submitted,
     mut emit: impl FnMut(String) -> bool,
 ) -> Outcome {
-    let Submitted { job, mut events } = submitted;
-    let mut text = Detokenizer::new(&state.tokenizer, job.at_start, job.params.stop.clone());
-    let mut last = job.arrived;
+    let Submitted {
+        prompt_tokens,
+        at_start,
+        stop,
+        arrived,
+        mut events,
+    } = submitted;
+    let mut text = Detokenizer::new(&state.tokenizer, at_start, stop);
+    let mut last = arrived;
     let mut generated = 0;
     let mut deliver = |piece: String| piece.is_empty() || emit(piece);
     let done = |finish_reason, generated| {
         Outcome::Done(Done {
             finish_reason,
-            usage: Usage::new(job.prompt.len(), generated),
+            usage: Usage::new(prompt_tokens, generated),
         })
     };
     while let Some(event) = events.recv().await {
