@@ -172,7 +172,9 @@ fn paged_attention_equals_contiguous_attention_bit_for_bit_at_every_level() {
             let got = paged(&exec, c, &b);
             let want = contiguous(&exec, c, &b);
             assert!(
-                got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{isa:?} {c:?}"
             );
         }

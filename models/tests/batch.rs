@@ -105,7 +105,9 @@ fn batched_forward_equals_single_sequence_forward() {
             let got = &got[row * c.vocab_size..][..c.vocab_size];
             // Every kernel is batch invariant: a row's bits do not depend on its batch.
             assert!(
-                got.iter().zip(want).all(|(g, w)| g.to_bits() == w.to_bits()),
+                got.iter()
+                    .zip(want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
                 "step {step}, sequence {i}: the batched logits differ from the single ones"
             );
             done[i] += seq.tokens.len();
@@ -132,15 +134,21 @@ fn batched_forward_rejects_bad_batches() {
     };
     assert!(batch.forward(&exec, &mut kv, &[]).is_err());
     assert!(batch.forward(&exec, &mut kv, &[seq(&[], 0, &[0])]).is_err());
-    assert!(batch.forward(&exec, &mut kv, &[seq(&[100_000], 0, &[0])]).is_err());
+    assert!(batch
+        .forward(&exec, &mut kv, &[seq(&[100_000], 0, &[0])])
+        .is_err());
     // Position 16 needs a second block.
-    assert!(batch.forward(&exec, &mut kv, &[seq(&[1], 16, &[0])]).is_err());
+    assert!(batch
+        .forward(&exec, &mut kv, &[seq(&[1], 16, &[0])])
+        .is_err());
     // Beyond the context of 64.
     assert!(batch
         .forward(&exec, &mut kv, &[seq(&[1], 64, &[0, 1, 2, 3])])
         .is_err());
     // A block outside the pool.
-    assert!(batch.forward(&exec, &mut kv, &[seq(&[1], 0, &[9])]).is_err());
+    assert!(batch
+        .forward(&exec, &mut kv, &[seq(&[1], 0, &[9])])
+        .is_err());
     batch
         .forward(
             &exec,
