@@ -1,5 +1,5 @@
-//! Criterion benchmarks of the int8 and int4 Linear kernels at TinyLlama shapes, at every
-//! instruction-set level this CPU has: matrix × vector (decode) at 2048×2048 and 5632×2048,
+//! Criterion benchmarks of the Linear kernels (f32, f16, bf16, int8 and int4 weights) at
+//! TinyLlama shapes, at every instruction-set level this CPU has: matrix × vector (decode) at 2048×2048 and 5632×2048,
 //! reported in weight bytes/s, and the prefill matrix × matrix 128×2048×2048, reported in
 //! multiply-adds/s.
 
@@ -18,7 +18,13 @@ fn weight(m: usize, k: usize, dtype: DataType) -> Data {
 
 fn linear(c: &mut Criterion) {
     let shapes = [(1, 2048, 2048), (1, 5632, 2048), (128, 2048, 2048)];
-    for dtype in [DataType::I8, DataType::I4G32] {
+    for dtype in [
+        DataType::F32,
+        DataType::F16,
+        DataType::BF16,
+        DataType::I8,
+        DataType::I4G32,
+    ] {
         for (n, m, k) in shapes {
             let w = weight(m, k, dtype);
             let x = Data::from_f32(

@@ -59,6 +59,7 @@ pub(crate) struct Mask {
 /// query head `h` reads KV head `h / (n_heads / n_kv_heads)`, and row `i` (position
 /// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, mask.bidirectional)`, or with a
 /// sliding window `w` the rows `start_pos + i + 1 − w..start_pos + i + 1`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     isa: Isa,
     q: &Data,

@@ -2,23 +2,34 @@
 //!
 //! Float weights (f32, f16, bf16): the SIMD kernels compute tiles of `R` weight rows × `T`
 //! input rows, loading (and widening) each weight vector once for the `T` inputs and each
-//! input vector once for the `R` rows, with one accumulator per output, reduced eight at a
-//! time at the end of the row ([`Simd::sums8`]). Decode (`n == 1`) is a matrix × vector
-//! product bound by reading the weights once: tiles of 8 rows keep 8 independent
-//! accumulators in flight. Prefill uses 4 × 4 tiles with AVX-512 (16 accumulators of 32
-//! registers) and 4 × 2 with AVX2 (8 of 16), over panels of 512 columns × 16 weight rows
-//! that every tile of input rows passes over while the panel is in L1; a task holds a
-//! block of weight rows in L2. (Packing the panels contiguously, widened once, measured
-//! slower here: the packing pass costs more than the cache conflicts it avoids.) The
-//! portable twin takes one weight row at a time, widened once, and dots it with each input
-//! row.
+//! input vector once for the `R` rows, with one accumulator per output and panel of 512
+//! columns, reduced eight (or four) at a time at the end of the panel ([`Simd::sums8`]).
+//! Decode (`n == 1`) is a matrix × vector product bound by reading the weights once: tiles
+//! of 8 rows keep 8 independent accumulators in flight. Prefill uses 4 × 4 tiles with
+//! AVX-512 (16 accumulators of 32 registers) and 4 × 2 with AVX2 (8 of 16), over panels of
+//! 512 columns × 16 weight rows that every tile of input rows passes over while the panel
+//! is in L1; a task holds a block of weight rows in L2. (Packing the panels contiguously,
+//! widened once, measured slower here: the packing pass costs more than the cache
+//! conflicts it avoids.) The portable twin takes one weight row at a time, widened once,
+//! and dots it with each input row.
+//!
+//! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
+//! 2025): at one instruction-set level, output `y[i, j]` has the same bits whatever the
+//! other input rows of the call, the position of row `i` among them, the tile that
+//! computes it and the thread split. Its summation order depends on `k` only: per panel of
+//! 512 columns, one vector accumulator over the columns in order, its lanes summed by one
+//! tree ([`Simd::sums4`] and [`Simd::sums8`] add alike), then bias plus the panel sums in
+//! order; decode walks the same panels as prefill. Continuous batching and speculative
+//! decoding rely on it (`devices/tests/batch_invariance.rs`). Levels differ from each other
+//! by rounding.
 //!
 //! Work is split over blocks of weight rows (output features) when it exceeds
 //! [`PARALLEL_MIN_WORK`]; a parallel prefill writes the transposed output into a
 //! thread-local buffer and transposes it into place. Smaller calls run on the calling thread
 //! straight into the output, without allocating.
 //!
-//! Quantised weights (int8, int4) go to the integer kernels of `qlinear`.
+//! Quantised weights (int8, int4) go to the integer kernels of `qlinear`, which give the
+//! same guarantee.
 
 // The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
 // to come): elsewhere only the portable twins are called.
@@ -250,9 +261,11 @@ impl<E: Elem> Block<'_, E> {
 impl<E: Elem> Kernel for Block<'_, E> {
     type Output = ();
 
-    /// Decode: tiles of 8 rows over whole rows. Prefill: panels of [`PANEL_COLS`] columns ×
-    /// [`PANEL_ROWS`] weight rows (32 KiB of f32, kept in L1) against every tile of input
-    /// rows in turn, so that both operands of the inner loop come from L1.
+    /// Decode: tiles of 8 rows, each walking its rows panel by panel. Prefill: panels of
+    /// [`PANEL_COLS`] columns × [`PANEL_ROWS`] weight rows (32 KiB of f32, kept in L1)
+    /// against every tile of input rows in turn, so that both operands of the inner loop
+    /// come from L1. Both sum each panel in one accumulator, reduce it with the same tree
+    /// and add the panels in order: the bits of an output do not depend on the tile.
     #[inline(always)]
     fn run<S: Simd>(mut self, s: S) {
         let (n, k) = (self.n, self.k);
@@ -260,13 +273,17 @@ impl<E: Elem> Kernel for Block<'_, E> {
         if n == 1 {
             let mut j = 0;
             while j + 8 <= rows {
-                self.tile::<S, 8, 1>(s, j, 0, 0..k);
+                for cols in panels(k) {
+                    self.tile::<S, 8, 1>(s, j, 0, cols);
+                }
                 j += 8;
             }
-            return self.rows::<S, 4, 1>(s, j, rows, 0, 0..k);
+            for cols in panels(k) {
+                self.rows::<S, 4, 1>(s, j, rows, 0, cols);
+            }
+            return;
         }
-        for k0 in (0..k).step_by(PANEL_COLS) {
-            let cols = k0..(k0 + PANEL_COLS).min(k);
+        for cols in panels(k) {
             for j0 in (0..rows).step_by(PANEL_ROWS) {
                 let j1 = (j0 + PANEL_ROWS).min(rows);
                 let mut i = 0;
@@ -286,6 +303,15 @@ impl<E: Elem> Kernel for Block<'_, E> {
             }
         }
     }
+}
+
+/// The column ranges of the panels of a row of `k`: [`PANEL_COLS`] columns each, the last
+/// one shorter.
+#[inline(always)]
+fn panels(k: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..k)
+        .step_by(PANEL_COLS)
+        .map(move |k0| k0..(k0 + PANEL_COLS).min(k))
 }
 
 /// `y[r][t] = Σ_{c ∈ cols} w[j + r, c]·x[i + t, c]` for `r < R`, `t < T` (rows of `k`).

@@ -14,6 +14,7 @@ use super::{shape_err, Isa};
 /// not add up to `q`'s, the pool is not whole blocks or the window is 0;
 /// [`Error::ContextOverflow`] when a block table is too short for its sequence's positions;
 /// [`Error::OutOfBounds`] for a block id outside the pool.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn paged_attention(
     isa: Isa,
     q: &Data,

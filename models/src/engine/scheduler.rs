@@ -62,6 +62,9 @@ pub(super) struct Scheduler {
     /// In order of admission.
     running: Vec<Seq>,
     counters: EngineStats,
+    /// Requests that ended this step, told after the counters are published (so that a
+    /// caller who sees `Finished` sees the blocks freed in [`super::Engine::stats`]).
+    ended: Vec<(OnEvent, Finish)>,
 }
 
 impl Scheduler {
@@ -88,6 +91,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters,
+            ended: Vec::new(),
         }
     }
 
@@ -143,16 +147,22 @@ impl Scheduler {
         self.waiting.push_back(seq);
     }
 
-    /// Publishes the counters for [`super::Engine::stats`].
+    /// Publishes the counters for [`super::Engine::stats`], then tells the requests that
+    /// ended.
     fn publish(&mut self) {
         self.counters.waiting = self.waiting.len();
         self.counters.running = self.running.len();
         self.counters.free_blocks = self.kv.allocator().free();
-        let mut stats = match self.stats.lock() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        *stats = self.counters.clone();
+        {
+            let mut stats = match self.stats.lock() {
+                Ok(s) => s,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            *stats = self.counters.clone();
+        }
+        for (mut on_event, finish) in self.ended.drain(..) {
+            let _ = on_event(Event::Finished(finish));
+        }
     }
 
     /// Gives `seq`'s blocks back.
@@ -164,7 +174,7 @@ impl Scheduler {
         seq.cached = 0;
     }
 
-    /// Frees `seq` and tells its callback how it ended.
+    /// Frees `seq`; its callback is told how it ended at the next [`Scheduler::publish`].
     fn finish(&mut self, mut seq: Seq, reason: FinishReason) {
         self.free_blocks(&mut seq);
         self.counters.finished_requests += 1;
@@ -173,7 +183,7 @@ impl Scheduler {
             prompt_tokens: seq.prompt_len,
             completion_tokens: seq.generated(),
         };
-        let _ = (seq.on_event)(Event::Finished(finish));
+        self.ended.push((seq.on_event, finish));
     }
 
     /// Makes sure running sequence `i` has blocks up to cache position `end` (exclusive),

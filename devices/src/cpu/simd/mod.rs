@@ -93,7 +93,9 @@ pub(crate) trait Simd: Copy {
     fn sum(self, v: Self::V) -> f32;
     /// Maximum of the lanes (of a vector without NaN).
     fn max_lane(self, v: Self::V) -> f32;
-    /// The lane sums of four vectors.
+    /// The lane sums of four vectors, each added with the same tree as by
+    /// [`Simd::sums8`], so that a sum has the same bits whichever of the two computes it
+    /// (batch invariance of the tiled kernels, see `linear`).
     fn sums4(self, v: [Self::V; 4]) -> [f32; 4];
     /// The lane sums of eight vectors.
     fn sums8(self, v: [Self::V; 8]) -> [f32; 8];

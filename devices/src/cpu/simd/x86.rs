@@ -511,14 +511,11 @@ impl Simd for Avx512 {
         // SAFETY: the level's features (module docs); no memory access.
         unsafe { _mm512_reduce_max_ps(v) }
     }
+    /// The first half of [`Simd::sums8`] of the four vectors twice: the same tree.
     #[inline(always)]
     fn sums4(self, v: [__m512; 4]) -> [f32; 4] {
-        sums4_256([
-            fold_512(v[0]),
-            fold_512(v[1]),
-            fold_512(v[2]),
-            fold_512(v[3]),
-        ])
+        let s = to_array8(sums8_512([v[0], v[1], v[2], v[3], v[0], v[1], v[2], v[3]]));
+        [s[0], s[1], s[2], s[3]]
     }
     #[inline(always)]
     fn sums8(self, v: [__m512; 8]) -> [f32; 8] {
