@@ -87,7 +87,7 @@ fn load(server: &Server, clients: usize, requests: usize) -> (f64, u64) {
 fn load_test_loses_no_request() {
     let server = Server::start(&[]);
     let (clients, requests, alone) = if emulated() {
-        (64, 128, 8)
+        (64, 64, 4)
     } else {
         (64, 384, 32)
     };
