@@ -22,6 +22,15 @@
 //! `t` of a contiguous cache, or the pool rows a block table maps positions to in a paged
 //! one ([`super::paged_attention`]). The arithmetic is the same either way, so a paged
 //! call gives bit for bit the result of a contiguous call over the same keys and values.
+//!
+//! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
+//! 2025): at one instruction-set level, the output of a query row has the same bits
+//! whatever `n`, its place among the rows of the call and the split over threads. Each
+//! (row, head) is computed on its own, over the cache rows its position sees: the blocks of
+//! 8 keys count from its first visible row, and the softmax and the blocks of value rows
+//! run over its own scores only, so every sum has an order fixed by the position, the
+//! mask and `head_dim`. Splitting a GQA group over tasks only changes which heads share
+//! their key reads. `devices/tests/batch_invariance.rs` checks it.
 
 // The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
 // to come): elsewhere only the portable twins are called.
