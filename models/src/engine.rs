@@ -20,6 +20,10 @@
 //!    ends (a stop token, `max_tokens`, the context full, or cancelled by its callback)
 //!    gives its blocks back at once.
 //!
+//! A prompt whose leading full blocks equal those of a running sequence (a shared system
+//! prompt) takes their KV blocks, reference-counted, and computes only the rest (vLLM's
+//! automatic prefix caching, among running sequences; see `prefix.rs`).
+//!
 //! When the pool is full, requests wait; nothing fails for lack of memory. Token ids only:
 //! tokenizing and detokenizing are the caller's. Greedy requests produce, token for token,
 //! what [`crate::session::Session`] produces for them alone, since every row of a batch is
@@ -41,6 +45,7 @@ use flm_core::{Error as CoreError, Executor, PagedKvCache, Sampler, SamplerConfi
 use crate::llama::LlamaBatch;
 use crate::{Error, ModelConfig, Result, SharedModel};
 
+mod prefix;
 mod scheduler;
 
 use scheduler::{Pending, Scheduler};
@@ -143,6 +148,9 @@ pub struct EngineStats {
     pub finished_requests: u64,
     /// Sequences preempted for lack of KV blocks (and recomputed later).
     pub preemptions: u64,
+    /// Prompt tokens whose keys and values were taken from the blocks of another running
+    /// sequence with the same prefix instead of being computed.
+    pub prefix_cached_tokens: u64,
 }
 
 /// The callback of a request: called on the scheduler thread for every token and once with

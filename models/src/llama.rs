@@ -34,6 +34,10 @@
 //! copied in, and activations). Several [`Llama`] instances over one
 //! `Arc<LlamaModel>` generate independently, on different threads, with one copy of the
 //! weights.
+//!
+//! [`LlamaBatch`] runs the same layers over the rows of many sequences at once, each with
+//! its own positions and block table in a paged KV cache (the serving engine's step); the
+//! layer loop and the final head are shared with [`Llama::forward`].
 
 use std::sync::Arc;
 

@@ -31,8 +31,8 @@ fn load() -> (SharedModel, Arc<Tokenizer>) {
     (model, Arc::new(tokenizer))
 }
 
-/// 32 different prompts: story openings with a name and a thing.
-fn prompts(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
+/// 32 different prompts: story openings with a name and a thing, after `preamble`.
+fn prompts(tokenizer: &Tokenizer, preamble: &str) -> Vec<Vec<u32>> {
     let names = ["Lily", "Tom", "Sue", "Ben", "Max", "Anna", "Sam", "Mia"];
     let things = ["a ball", "a cat", "a big tree", "a red car"];
     let mut out = Vec::new();
@@ -43,7 +43,11 @@ fn prompts(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
             } else {
                 format!("{name} saw {thing}. It was")
             };
-            out.push(tokenizer.encode(&text, true).unwrap());
+            out.push(
+                tokenizer
+                    .encode(&format!("{preamble}{text}"), true)
+                    .unwrap(),
+            );
         }
     }
     out
@@ -124,9 +128,10 @@ fn all_equal_their_solo_runs(
     config: EngineConfig,
     samplers: &[SamplerConfig],
     max_tokens: usize,
+    preamble: &str,
 ) -> flm_models::engine::EngineStats {
     let (model, tokenizer) = load();
-    let prompts = prompts(&tokenizer);
+    let prompts = prompts(&tokenizer, preamble);
     let engine = Engine::new(model.clone(), exec(), config).unwrap();
     let pending: Vec<_> = prompts
         .iter()
@@ -158,7 +163,8 @@ fn all_equal_their_solo_runs(
 
 #[test]
 fn thirty_two_concurrent_greedy_requests_equal_their_solo_runs() {
-    let stats = all_equal_their_solo_runs(EngineConfig::default(), &[SamplerConfig::default()], 60);
+    let stats =
+        all_equal_their_solo_runs(EngineConfig::default(), &[SamplerConfig::default()], 60, "");
     assert_eq!(stats.preemptions, 0);
 }
 
@@ -181,7 +187,7 @@ fn seeded_sampling_with_penalties_equals_the_solo_runs() {
             ..SamplerConfig::default()
         },
     ];
-    all_equal_their_solo_runs(EngineConfig::default(), &samplers, 40);
+    all_equal_their_solo_runs(EngineConfig::default(), &samplers, 40, "");
 }
 
 /// A pool of 16 blocks of 8 positions (128 in all) for 32 requests of up to about 75
@@ -195,9 +201,24 @@ fn a_small_pool_makes_requests_wait_and_preempts_yet_all_finish_exactly() {
         max_batch_prefill_tokens: 12,
         max_waiting: 64,
     };
-    let stats = all_equal_their_solo_runs(config, &[SamplerConfig::default()], 60);
+    let stats = all_equal_their_solo_runs(config, &[SamplerConfig::default()], 60, "");
     assert!(stats.preemptions > 0, "{stats:?}");
     assert_eq!(stats.total_blocks, 16);
+}
+
+/// Prompts that share a long preamble, admitted a few per step: the later ones take the
+/// preamble's blocks from the running ones and still produce exactly their solo tokens.
+#[test]
+fn a_shared_prompt_prefix_is_computed_once_and_changes_nothing() {
+    let config = EngineConfig {
+        block_size: 4,
+        max_batch_total_tokens: 8192,
+        max_batch_prefill_tokens: 48,
+        max_waiting: 64,
+    };
+    let preamble = "The sun was shining and the birds were singing in the big green park. ";
+    let stats = all_equal_their_solo_runs(config, &[SamplerConfig::default()], 30, preamble);
+    assert!(stats.prefix_cached_tokens >= 100, "{stats:?}");
 }
 
 #[test]

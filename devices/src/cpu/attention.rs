@@ -22,6 +22,15 @@
 //! `t` of a contiguous cache, or the pool rows a block table maps positions to in a paged
 //! one ([`super::paged_attention`]). The arithmetic is the same either way, so a paged
 //! call gives bit for bit the result of a contiguous call over the same keys and values.
+//!
+//! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
+//! 2025): at one instruction-set level, the output of a query row has the same bits
+//! whatever `n`, its place among the rows of the call and the split over threads. Each
+//! (row, head) is computed on its own, over the cache rows its position sees: the blocks of
+//! 8 keys count from its first visible row, and the softmax and the blocks of value rows
+//! run over its own scores only, so every sum has an order fixed by the position, the
+//! mask and `head_dim`. Splitting a GQA group over tasks only changes which heads share
+//! their key reads. `devices/tests/batch_invariance.rs` checks it.
 
 // The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
 // to come): elsewhere only the portable twins are called.
@@ -90,12 +99,8 @@ pub(crate) fn attention(
         ));
     }
     let window = window("Attention", mask)?;
-    let rows: Vec<Row<'_>> = (start_pos..start_pos + n)
-        .map(|pos| Row { pos, blocks: None })
-        .collect();
-    run(
-        isa, q, cache_k, cache_v, &rows, 0, heads, mask, window, output,
-    )
+    let rows = Rows::Contiguous { start_pos };
+    run(isa, q, cache_k, cache_v, rows, heads, mask, window, output)
 }
 
 /// Checks the head counts and the shapes of `q`, the caches and `output`.
@@ -170,16 +175,15 @@ pub(crate) struct Heads {
     pub scale: f32,
 }
 
-/// Runs the kernels over the rows of `q` (checked by the caller: shapes, `rows.len() ==
-/// q.rows()`, every row's cache rows inside the caches, a valid `window`).
+/// Runs the kernels over the rows of `q` (checked by the caller: shapes, one entry of
+/// `rows` per row of `q`, every row's cache rows inside the caches, a valid `window`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     isa: Isa,
     q: &Data,
     cache_k: &Data,
     cache_v: &Data,
-    rows: &[Row<'_>],
-    block_size: usize,
+    rows: Rows<'_>,
     heads: Heads,
     mask: Mask,
     window: usize,
@@ -201,7 +205,6 @@ pub(crate) fn run(
         keys: cache_k.as_f32()?,
         values: cache_v.as_f32()?,
         rows,
-        block_size,
         n_heads,
         group: n_heads / n_kv_heads,
         task_heads: n_heads / n_kv_heads,
@@ -212,7 +215,7 @@ pub(crate) fn run(
         bidirectional: mask.bidirectional,
         window,
     };
-    let n = rows.len();
+    let n = q.rows();
     let out = output.as_f32_mut()?;
     let seen: usize = (0..n).map(|i| a.rows(i).1 - a.rows(i).0).sum();
     let work = n_heads * seen * head_dim * 2;
@@ -234,12 +237,24 @@ pub(crate) fn run(
     Ok(())
 }
 
-/// Where one query row sits: its cache position, and the block table of its sequence in a
-/// paged cache (`None`: position `t` is cache row `t`).
+/// Where the query rows sit in the cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Rows<'a> {
+    /// Row `i` at position `start_pos + i`; position `t` is cache row `t`.
+    Contiguous { start_pos: usize },
+    /// A paged cache of blocks of `block_size` positions, one [`Row`] per query row.
+    Paged {
+        rows: &'a [Row<'a>],
+        block_size: usize,
+    },
+}
+
+/// Where one query row of a paged cache sits: its position, and the block table of its
+/// sequence (position `t` is pool row `blocks[t / block_size]·block_size + t % block_size`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Row<'a> {
     pub pos: usize,
-    pub blocks: Option<&'a [u32]>,
+    pub blocks: &'a [u32],
 }
 
 /// The operands of one call.
@@ -247,10 +262,7 @@ struct Attn<'a> {
     q: &'a [f32],
     keys: &'a [f32],
     values: &'a [f32],
-    /// One per row of `q`.
-    rows: &'a [Row<'a>],
-    /// Positions per block of a paged cache.
-    block_size: usize,
+    rows: Rows<'a>,
     n_heads: usize,
     group: usize,
     /// Query heads per SIMD task: the group or a divisor of it.
@@ -269,7 +281,11 @@ struct Attn<'a> {
 impl Attn<'_> {
     /// The cache positions row `i` of `q` attends to, `first..end`.
     fn rows(&self, i: usize) -> (usize, usize) {
-        let end = (self.rows[i].pos + 1).max(self.bidirectional);
+        let pos = match self.rows {
+            Rows::Contiguous { start_pos, .. } => start_pos + i,
+            Rows::Paged { rows, .. } => rows[i].pos,
+        };
+        let end = (pos + 1).max(self.bidirectional);
         (end.saturating_sub(self.window), end)
     }
 
@@ -279,10 +295,12 @@ impl Attn<'_> {
         let (first, end) = self.rows(i);
         let head = kv_head * self.head_dim;
         offsets.clear();
-        match self.rows[i].blocks {
-            None => offsets.extend((first..end).map(|t| t * self.kv_dim + head)),
-            Some(blocks) => {
-                let bs = self.block_size;
+        match self.rows {
+            Rows::Contiguous { .. } => {
+                offsets.extend((first..end).map(|t| t * self.kv_dim + head));
+            }
+            Rows::Paged { rows, block_size } => {
+                let (blocks, bs) = (rows[i].blocks, block_size);
                 offsets.extend(
                     (first..end)
                         .map(|t| (blocks[t / bs] as usize * bs + t % bs) * self.kv_dim + head),

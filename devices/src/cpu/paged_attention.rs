@@ -4,7 +4,7 @@
 
 use flm_core::{Data, Error, PagedSeq, Result};
 
-use super::attention::{self, Heads, Mask, Row};
+use super::attention::{self, Heads, Mask, Row, Rows};
 use super::{shape_err, Isa};
 
 /// See [`flm_core::Op::PagedAttention`]: `q`, `output` f32 `[Σ n_rows, n_heads·head_dim]`,
@@ -59,11 +59,13 @@ pub(crate) fn paged_attention(
         }
         rows.extend((s.start_pos..end).map(|pos| Row {
             pos,
-            blocks: Some(s.blocks),
+            blocks: s.blocks,
         }));
     }
     let window = attention::window(OP, mask)?;
-    attention::run(
-        isa, q, cache_k, cache_v, &rows, block_size, heads, mask, window, output,
-    )
+    let rows = Rows::Paged {
+        rows: &rows,
+        block_size,
+    };
+    attention::run(isa, q, cache_k, cache_v, rows, heads, mask, window, output)
 }

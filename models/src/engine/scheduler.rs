@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use flm_core::{Executor, PagedKvCache, Sampler};
 
+use super::prefix::PrefixCache;
 use super::{EngineStats, Event, Finish, FinishReason, OnEvent};
 use crate::llama::{BatchSeq, LlamaBatch};
 
@@ -62,6 +63,9 @@ pub(super) struct Scheduler {
     /// In order of admission.
     running: Vec<Seq>,
     counters: EngineStats,
+    /// The shared prompt prefixes; `None` with a p-tuning prefix, which shifts every
+    /// token's cache position.
+    prefixes: Option<PrefixCache>,
     /// Requests that ended this step, told after the counters are published (so that a
     /// caller who sees `Finished` sees the blocks freed in [`super::Engine::stats`]).
     ended: Vec<(OnEvent, Finish)>,
@@ -76,6 +80,7 @@ impl Scheduler {
         stats: Arc<Mutex<EngineStats>>,
         queued: Arc<AtomicUsize>,
     ) -> Scheduler {
+        let (batch_pre, block_size) = (batch.config().pre_seq_len, kv.block_size());
         let counters = EngineStats {
             total_blocks: kv.allocator().total(),
             block_size: kv.block_size(),
@@ -91,6 +96,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters,
+            prefixes: (batch_pre == 0).then(|| PrefixCache::new(block_size)),
             ended: Vec::new(),
         }
     }
@@ -170,6 +176,11 @@ impl Scheduler {
         for b in seq.blocks.drain(..) {
             // Every block of a table was allocated to it: releasing cannot fail.
             let _ = self.kv.allocator_mut().release(b);
+            if self.kv.allocator().ref_count(b) == 0 {
+                if let Some(p) = &mut self.prefixes {
+                    p.forget(b);
+                }
+            }
         }
         seq.cached = 0;
     }
@@ -240,14 +251,20 @@ impl Scheduler {
     }
 
     /// Admits waiting sequences in order while the budget and the free blocks allow their
-    /// whole prompt (plus the p-tuning prefix).
+    /// whole prompt (plus the p-tuning prefix), taking the blocks of a prefix shared with a
+    /// running sequence instead of computing it again.
     fn admit(&mut self, budget: &mut usize) {
         let pre = self.batch.config().pre_seq_len;
+        let bs = self.kv.block_size();
         while *budget > 0 {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
-            let need = self.kv.blocks_for(pre + seq.tokens.len());
+            // At least the last token is computed, for its logits.
+            let shared = self.prefixes.as_ref().map_or_else(Vec::new, |p| {
+                p.lookup(&seq.tokens, (seq.tokens.len() - 1) / bs)
+            });
+            let need = self.kv.blocks_for(pre + seq.tokens.len()) - shared.len();
             if need > self.kv.allocator().free() {
                 break;
             }
@@ -255,6 +272,13 @@ impl Scheduler {
                 break;
             };
             self.queued.fetch_sub(1, Ordering::SeqCst);
+            for &b in &shared {
+                // A registered block is owned by a running sequence: retaining cannot fail.
+                let _ = self.kv.allocator_mut().retain(b);
+            }
+            seq.cached = shared.len() * bs;
+            self.counters.prefix_cached_tokens += seq.cached as u64;
+            seq.blocks = shared;
             for _ in 0..need {
                 if let Some(b) = self.kv.allocator_mut().alloc() {
                     seq.blocks.push(b);
@@ -270,7 +294,7 @@ impl Scheduler {
                 self.finish(seq, FinishReason::Error(e.to_string()));
                 continue;
             }
-            seq.chunk = seq.tokens.len().min(*budget);
+            seq.chunk = (seq.tokens.len() - seq.cached).min(*budget);
             *budget -= seq.chunk;
             self.running.push(seq);
         }
@@ -310,6 +334,9 @@ impl Scheduler {
             }
             seq.cached += seq.chunk;
             seq.chunk = 0;
+            if let Some(p) = &mut self.prefixes {
+                p.register(&seq.blocks, &seq.tokens, seq.cached);
+            }
             let logits = &logits[row * vocab..][..vocab];
             row += 1;
             if seq.cached < seq.tokens.len() {

@@ -4,6 +4,7 @@
 //! process exits with status 1; nothing the user passes makes it panic.
 
 mod bench;
+mod bench_batch;
 mod chat;
 mod convert;
 mod generate;

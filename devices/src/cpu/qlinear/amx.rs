@@ -1,5 +1,4 @@
-//! Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) int8 tile kernels for
-//! prefill.
+//! Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) int8 tile kernels.
 //!
 //! One tile multiply computes a 16 × 16 block of int32 dot products over one block of 32
 //! values (Intel SDM vol. 1 ch. 18, "Intel AMX"):
@@ -16,6 +15,12 @@
 //! tile registers), so the tile unit multiplies one block while the vector unit scales the
 //! previous one.
 //!
+//! Fewer than [`super::AMX_MIN_ROWS`] input rows (decode, short speculative batches) go to
+//! the AVX-512 VNNI kernels of `amx_decode`, which sum each output in the order of these
+//! tile kernels: the same bits for a row alone as in a prefill (batch invariance). One-row
+//! tile multiplies were slower there (1.5× for int8, 4× for int4): every block's C goes
+//! through memory, and decode has nothing to amortise it over.
+//!
 //! Tile registers are not known to the compiler: every `asm!` block below names the ones it
 //! uses, and nothing else in the program touches them (we use no AMX intrinsics).
 
@@ -27,7 +32,7 @@ use std::sync::OnceLock;
 use flm_core::quant::{split_int4_row, BLOCK};
 use flm_core::DataType;
 
-use super::{Acts, QuantWeight};
+use super::{amx_decode, Acts, QuantWeight};
 
 /// Input rows (tokens) per tile: the columns of B and C.
 const TOKENS: usize = 16;
@@ -155,7 +160,8 @@ impl TileConfig {
 struct Scratch {
     /// Int4 rows of the panel, one code per byte: `16 × kp`.
     codes: Vec<u8>,
-    /// Int4 group scales and minimums of the panel as f32: `16 × groups` each.
+    /// Int4 group scales and minimums of the panel as f32: `groups × 16` each (group `g` of
+    /// row `dr` at `g·16 + dr`, so that a vector holds one group of the 16 rows).
     dg: Vec<f32>,
     mg: Vec<f32>,
 }
@@ -172,13 +178,24 @@ thread_local! {
 /// `n = acts.n`, from `tiles`, the packing of `acts`.
 ///
 /// The caller guarantees that [`available`] returned true and that the CPU has AVX-512
-/// (F, BW, VL) and F16C.
+/// (F, BW, VL, VNNI) and F16C.
 pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
     SCRATCH.with_borrow_mut(|scratch| {
         for (p, out) in yt.chunks_mut(ROWS * n).enumerate() {
-            // SAFETY: the caller guarantees AMX and AVX-512.
-            unsafe { panel(w, tiles, j0 + p * ROWS, out.len() / n, n, out, scratch) };
+            let (j, r) = (j0 + p * ROWS, out.len() / n);
+            // SAFETY: the caller guarantees AMX and AVX-512 (F, BW, VL, VNNI: `Isa::Amx`
+            // includes `Isa::Avx512`); `acts` is laid out for this level and `n`.
+            unsafe {
+                if n >= super::AMX_MIN_ROWS {
+                    panel(w, tiles, j, r, n, out, scratch)
+                } else if w.dtype == DataType::I8 {
+                    amx_decode::panel_i8(w, acts, j, r, out)
+                } else {
+                    group_scales(w, j, r, acts.groups, scratch);
+                    amx_decode::panel_i4(w, acts, j, r, out, &scratch.dg, &scratch.mg)
+                }
+            };
         }
     });
 }
@@ -270,7 +287,7 @@ unsafe fn tile_rows<const INT8: bool>(
                     da
                 } else {
                     let g = block / per_group;
-                    _mm512_mul_ps(da, _mm512_set1_ps(*dg.get_unchecked(dr * tiles.groups + g)))
+                    _mm512_mul_ps(da, _mm512_set1_ps(*dg.get_unchecked(g * ROWS + dr)))
                 };
                 let p =
                     _mm512_cvtepi32_ps(_mm512_load_si512(cb.as_ptr().add(dr * TOKENS) as *const _));
@@ -296,7 +313,7 @@ unsafe fn add_minimums(
     for g in 0..groups {
         let s = _mm512_loadu_ps(sums.add(g * TOKENS));
         for (dr, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm512_fmadd_ps(_mm512_set1_ps(*mg.get_unchecked(dr * groups + g)), s, *acc);
+            *acc = _mm512_fmadd_ps(_mm512_set1_ps(*mg.get_unchecked(g * ROWS + dr)), s, *acc);
         }
     }
     acc
@@ -347,16 +364,13 @@ unsafe fn multiply<const INT8: bool, const SET: usize>(
 unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
     let (kp, g) = (w.kp, w.dtype.group_size().unwrap_or(BLOCK));
     s.codes.resize(ROWS * kp, 0);
-    for v in [&mut s.dg, &mut s.mg] {
-        v.clear();
-        v.resize(ROWS * groups, 0.0);
-    }
+    group_scales(w, j, r, groups, s);
     let low = _mm512_set1_epi8(0x0f);
     // 16-byte halves: the low codes of 4 blocks, then their high codes, interleaved per block.
     let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     let second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
     for dr in 0..r {
-        let (codes, ds, ms) = split_int4_row(g, w.row(j + dr));
+        let (codes, _, _) = split_int4_row(g, w.row(j + dr));
         let out = s.codes[dr * kp..][..kp].as_mut_ptr();
         for (c, chunk) in codes.chunks(64).enumerate() {
             let mask: __mmask64 = if chunk.len() == 64 {
@@ -384,13 +398,78 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
                 );
             }
         }
-        for (src, dst) in [(ds, &mut s.dg), (ms, &mut s.mg)] {
-            let dst = dst[dr * groups..][..groups].as_mut_ptr();
-            for (c, halves) in src.chunks(32).enumerate() {
-                let mask: __mmask16 = ((1u32 << (halves.len() / 2)) - 1) as __mmask16;
-                let h = _mm256_maskz_loadu_epi16(mask, halves.as_ptr() as *const i16);
-                _mm512_mask_storeu_ps(dst.add(16 * c), mask, _mm512_cvtph_ps(h));
+    }
+}
+
+/// The group scales and minimums of int4 rows `j..j + r` into `s.dg` and `s.mg` as f32,
+/// group-major (zeros for rows `r..16` and past the last group): 16 groups of the 16 rows
+/// widened as 16 vectors, then transposed.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
+    let g = w.dtype.group_size().unwrap_or(BLOCK);
+    let chunks = groups.div_ceil(16);
+    let halves: [(&[u8], &[u8]); ROWS] = std::array::from_fn(|dr| {
+        if dr < r {
+            let (_, ds, ms) = split_int4_row(g, w.row(j + dr));
+            (ds, ms)
+        } else {
+            (&[][..], &[][..])
+        }
+    });
+    for (mins, dst) in [(false, &mut s.dg), (true, &mut s.mg)] {
+        // Every value is written below.
+        dst.resize(ROWS * 16 * chunks, 0.0);
+        for c in 0..chunks {
+            let v: [__m512; ROWS] = std::array::from_fn(|dr| {
+                let src = if mins { halves[dr].1 } else { halves[dr].0 };
+                let src = src.get(32 * c..).unwrap_or(&[]);
+                let mask = ((1u32 << (src.len() / 2).min(16)) - 1) as __mmask16;
+                // Masked-off lanes are neither read nor faulted on.
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src.as_ptr() as *const i16))
+            });
+            for (q, t) in transpose16(v).iter().enumerate() {
+                _mm512_storeu_ps(dst.as_mut_ptr().add((16 * c + q) * ROWS), *t);
             }
         }
     }
+}
+
+/// The transpose of a 16 × 16 f32 matrix held as 16 row vectors: 4 × 4 blocks within the
+/// 128-bit lanes, then the lanes themselves.
+#[inline(always)]
+unsafe fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
+    let a: [__m512; 16] = std::array::from_fn(|i| {
+        let (x, y) = (v[i & !1], v[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(x, y)
+        } else {
+            _mm512_unpackhi_ps(x, y)
+        }
+    });
+    // Lane `L` of `b[4i + k]`: column `4L + k` of rows `4i..4i + 4`.
+    let b: [__m512; 16] = std::array::from_fn(|i| {
+        let (base, k) = (i & !3, i % 4);
+        let (x, y) = (a[base + k / 2], a[base + 2 + k / 2]);
+        if k % 2 == 0 {
+            _mm512_shuffle_ps::<0x44>(x, y)
+        } else {
+            _mm512_shuffle_ps::<0xee>(x, y)
+        }
+    });
+    let mut t = [_mm512_setzero_ps(); 16];
+    for k in 0..4 {
+        let (c_lo, c_hi) = (
+            _mm512_shuffle_f32x4::<0x88>(b[k], b[4 + k]),
+            _mm512_shuffle_f32x4::<0xdd>(b[k], b[4 + k]),
+        );
+        let (d_lo, d_hi) = (
+            _mm512_shuffle_f32x4::<0x88>(b[8 + k], b[12 + k]),
+            _mm512_shuffle_f32x4::<0xdd>(b[8 + k], b[12 + k]),
+        );
+        t[k] = _mm512_shuffle_f32x4::<0x88>(c_lo, d_lo);
+        t[8 + k] = _mm512_shuffle_f32x4::<0xdd>(c_lo, d_lo);
+        t[4 + k] = _mm512_shuffle_f32x4::<0x88>(c_hi, d_hi);
+        t[12 + k] = _mm512_shuffle_f32x4::<0xdd>(c_hi, d_hi);
+    }
+    t
 }

@@ -15,12 +15,25 @@
 //!   compute a tile of up to 4 weight rows × 4 input rows, so that prefill reuses each
 //!   loaded weight vector for 4 tokens;
 //! - `amx`: Intel AMX tile multiplies of 16 weight rows × 16 input rows per block, for
-//!   prefill of at least [`AMX_MIN_ROWS`] input rows (fewer use the AVX-512 kernels).
+//!   prefill of at least [`AMX_MIN_ROWS`] input rows; below that (decode), `amx_decode`'s
+//!   AVX-512 VNNI kernels, which sum in the same order;
 //! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
 //!   the CPU has the dot-product extension and `smull`/`sadalp` where it has not.
+//!
+//! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
+//! 2025): at one instruction-set level, an output `y[i, j]` has the same bits whatever the
+//! other input rows of the call, the position of row `i` among them, the tile that computes
+//! it and the thread split. Each input row is quantised on its own; the integer sums are
+//! exact; and every kernel family of a level accumulates the scaled sums of one output in an
+//! order fixed by `k`: the x86 and NEON micro-kernels in one vector accumulator per tile
+//! entry over the row's chunks, reduced at the end, whatever the tile shape; the AMX
+//! level block by block, in its tile kernels and in its decode kernels alike. Levels differ from each other by
+//! rounding. `devices/tests/batch_invariance.rs` checks it.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
+mod amx_decode;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon;
 mod scalar;
@@ -56,6 +69,8 @@ pub(crate) struct Acts {
     /// `n × groups`: `Σ_{b ∈ g} a_b Σ q_x`, the factor of the int4 minimum `m_g` and of the
     /// offset of unsigned int8 codes.
     pub gsum: Vec<f32>,
+    /// `n × blocks`: `Σ q_x` of each block (0 for padding), exact.
+    pub bsum: Vec<i32>,
     /// The same inputs as AMX tiles ([`Isa::Amx`] only).
     #[cfg(target_arch = "x86_64")]
     pub tiles: amx::TileActs,
@@ -87,6 +102,8 @@ impl Acts {
         self.d.resize(n * blocks, 0.0);
         self.gsum.clear();
         self.gsum.resize(n * groups, 0.0);
+        self.bsum.clear();
+        self.bsum.resize(n * blocks, 0);
         let rows = QuantRows {
             x,
             k,
@@ -104,7 +121,7 @@ impl Acts {
             _ => rows.run(self),
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Amx {
+        if isa == Isa::Amx && n >= AMX_MIN_ROWS {
             let mut tiles = std::mem::take(&mut self.tiles);
             tiles.pack(self);
             self.tiles = tiles;
@@ -124,6 +141,12 @@ impl Acts {
     /// Group sums of row `i`.
     pub fn row_gsum(&self, i: usize) -> &[f32] {
         &self.gsum[i * self.groups..(i + 1) * self.groups]
+    }
+
+    /// Block sums of row `i` (read by the AMX level's int8 decode kernel).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub fn row_bsum(&self, i: usize) -> &[i32] {
+        &self.bsum[i * self.blocks..(i + 1) * self.blocks]
     }
 }
 
@@ -195,12 +218,14 @@ impl QuantRows<'_> {
             let qs = &mut acts.qs[i * blocks * BLOCK..(i + 1) * blocks * BLOCK];
             let ds = &mut acts.d[i * blocks..(i + 1) * blocks];
             let gs = &mut acts.gsum[i * groups..(i + 1) * groups];
+            let bs = &mut acts.bsum[i * blocks..(i + 1) * blocks];
             for (b, values) in xr.chunks(BLOCK).enumerate() {
                 let within = b & ((1 << chunk_shift) - 1);
                 let base = (b >> chunk_shift) * 2 * split + within * 16;
                 let (head, tail) = qs.split_at_mut(base + split);
                 let (d, sum) = block(values, &mut head[base..base + 16], &mut tail[..16]);
                 ds[b] = d;
+                bs[b] = sum;
                 gs[b >> group_shift] += d * sum as f32;
             }
         }
@@ -255,8 +280,8 @@ thread_local! {
 /// Output features per parallel task (one AMX panel).
 const ROWS_PER_TASK: usize = 16;
 
-/// [`Isa::Amx`] multiplies tiles of 16 input rows; with fewer than this many the AVX-512
-/// kernels are faster.
+/// [`Isa::Amx`] multiplies tiles of 16 input rows from this many on; fewer are multiplied
+/// one at a time (see `amx`).
 pub(crate) const AMX_MIN_ROWS: usize = 8;
 
 /// The order and padding of the [`Acts`] a kernel family reads.
@@ -269,8 +294,12 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(isa: Isa, dtype: DataType) -> Layout {
+    /// The layout the kernels of `isa` read for `n` input rows and `dtype` weights.
+    fn of(isa: Isa, dtype: DataType, n: usize) -> Layout {
         let (split, pad_blocks) = match (isa, dtype) {
+            // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
+            (Isa::Amx, DataType::I8) => (16, 1),
+            (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
             (Isa::Scalar | Isa::Amx, _) => (16, 1),
             (Isa::Avx2 | Isa::AvxVnni, DataType::I8) => (16, 1),
             (Isa::Avx2 | Isa::AvxVnni, _) => (32, 2),
@@ -308,11 +337,6 @@ pub(crate) fn linear(
     out: &mut [f32],
 ) -> Result<()> {
     let m = out.len() / n;
-    let isa = if isa == Isa::Amx && n < AMX_MIN_ROWS {
-        Isa::Avx512
-    } else {
-        isa
-    };
     let group = w.dtype.group_size().unwrap_or(w.kp);
     if w.kp != quant::padded_cols(w.dtype, k) || w.bytes.len() < m * w.row_bytes {
         return Err(shape_err(
@@ -325,7 +349,7 @@ pub(crate) fn linear(
         ));
     }
     SCRATCH.with_borrow_mut(|(acts, yt)| {
-        acts.quantize(isa, x, n, k, w.kp, group, Layout::of(isa, w.dtype));
+        acts.quantize(isa, x, n, k, w.kp, group, Layout::of(isa, w.dtype, n));
         let acts = &*acts;
         let parallel = n * m * k >= PARALLEL_MIN_WORK;
         let target: &mut [f32] = if n == 1 {

@@ -322,6 +322,46 @@ pub(crate) fn exp_simd<S: Simd>(s: S, x: S::V) -> S::V {
 mod tests {
     use super::*;
 
+    /// The sums of eight vectors by [`Simd::sums8`] and by two [`Simd::sums4`].
+    struct Sums<'a>(&'a [f32]);
+
+    impl Kernel for Sums<'_> {
+        type Output = (Vec<f32>, Vec<f32>);
+
+        #[inline(always)]
+        fn run<S: Simd>(self, s: S) -> Self::Output {
+            let v: [S::V; 8] = std::array::from_fn(|i| s.load(&self.0[i * S::LANES..]));
+            let halves = [
+                s.sums4([v[0], v[1], v[2], v[3]]),
+                s.sums4([v[4], v[5], v[6], v[7]]),
+            ];
+            (s.sums8(v).to_vec(), halves.concat())
+        }
+    }
+
+    /// `sums4` adds each vector with the tree of `sums8` at every level, on values of mixed
+    /// signs and magnitudes whose sum depends on the order: the float Linear reduces tiles of
+    /// 4 and of 8 outputs, and an output must not depend on which (batch invariance).
+    #[test]
+    fn sums4_adds_like_sums8() {
+        let mut seed = 7u32;
+        let values: Vec<f32> = (0..8 * 16)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let m = (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                m * [1e-3, 1.0, 1e3, 3e6][(seed & 3) as usize]
+            })
+            .collect();
+        for isa in Isa::supported() {
+            for wide in [false, true] {
+                if let Ok((eight, four)) = run(isa, wide, Sums(&values)) {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&eight), bits(&four), "{isa} wide {wide}");
+                }
+            }
+        }
+    }
+
     /// The polynomial `exp` is within two units of rounding of the true value over its
     /// range, and flushes, saturates and propagates NaN as documented.
     #[test]
