@@ -4,7 +4,8 @@
 //! - [`Op`]: the typed operations a model graph is made of.
 //! - [`BaseDevice`] and [`Executor`]: devices in priority order; the first that supports an op
 //!   runs it; a per-op profiler printed at exit when `FLM_PROFILE=1`.
-//! - [`KvCache`], [`RopeTable`] and [`Sampler`]: the run state shared by all model graphs.
+//! - [`KvCache`], [`RopeTable`] and [`Sampler`]: the run state shared by all model graphs;
+//!   [`PagedKvCache`]: the block pool of batched serving.
 //!
 //! The shape follows FastLLM's Data / Executor / BaseDevice design, with ops as a typed enum
 //! rather than string-keyed dispatch (see ARCHITECTURE.md).
@@ -18,6 +19,7 @@ mod executor;
 pub mod flm_file;
 mod kv_cache;
 mod op;
+mod paged_kv;
 pub mod quant;
 mod rope;
 mod sampling;
@@ -29,6 +31,7 @@ pub use dtype::DataType;
 pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::KvCache;
-pub use op::{Op, OpKind};
+pub use op::{Op, OpKind, PagedSeq};
+pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
 pub use sampling::{argmax, Sampler, SamplerConfig};

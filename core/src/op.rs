@@ -113,6 +113,61 @@ pub enum Op<'a> {
         /// f32 `[n, n_heads * head_dim]`.
         output: &'a mut Data,
     },
+    /// [`Op::Attention`] over a paged KV cache ([`crate::PagedKvCache`]; Kwon et al. 2023,
+    /// vLLM's PagedAttention) for a batch of sequences at once. The rows of `q` are the
+    /// sequences' rows one after the other, `seqs[s].n_rows` each; row `i` of sequence `s` is
+    /// at cache position `p = seqs[s].start_pos + i` and attends to its positions
+    /// `0..p + 1` (the last `sliding_window` of them with a window), position `t` being pool
+    /// row `blocks[t / block_size] · block_size + t % block_size`. Masking, GQA, scale and
+    /// ALiBi are those of [`Op::Attention`] (which has no bidirectional prefix here); each
+    /// row's result is computed exactly as [`Op::Attention`] computes it over a contiguous
+    /// cache holding the same values.
+    PagedAttention {
+        /// f32 `[Σ n_rows, n_heads * head_dim]`.
+        q: &'a Data,
+        /// f32 `[n_blocks * block_size, n_kv_heads * head_dim]`: the key pool of the layer.
+        cache_k: &'a Data,
+        /// f32, the shape of `cache_k`: the value pool.
+        cache_v: &'a Data,
+        /// Positions per block.
+        block_size: usize,
+        /// The sequences, in the order of their rows in `q`.
+        seqs: &'a [PagedSeq<'a>],
+        /// Query heads.
+        n_heads: usize,
+        /// Key/value heads; divides `n_heads`.
+        n_kv_heads: usize,
+        /// Multiplies the scores, usually `1 / sqrt(head_dim)`.
+        scale: f32,
+        /// Adds the ALiBi bias `m_h · t` (Baichuan-13B).
+        alibi: bool,
+        /// Positions each row sees at most, its own included; `None`: unlimited.
+        sliding_window: Option<usize>,
+        /// f32 `[Σ n_rows, n_heads * head_dim]`.
+        output: &'a mut Data,
+    },
+    /// Scatters rows: `dst[rows[r], :] = src[r, :]` for every row `r` of `src` (vLLM's
+    /// `reshape_and_cache`: new keys and values into their slots of a paged KV pool).
+    ScatterRows {
+        /// f32 `[rows.len(), cols]`.
+        src: &'a Data,
+        /// The destination row of each source row.
+        rows: &'a [u32],
+        /// f32 `[_, cols]`.
+        dst: &'a mut Data,
+    },
+    /// [`Op::Rope`] with a position per row: row `i` is rotated at `positions[i]` (the rows
+    /// of a batch of sequences, each at its own positions).
+    RopeRows {
+        /// f32 `[positions.len(), n_heads * head_dim]`, rotated in place.
+        x: &'a mut Data,
+        /// Precomputed cos/sin values.
+        table: &'a RopeTable,
+        /// Number of heads in a row.
+        n_heads: usize,
+        /// The position of each row.
+        positions: &'a [u32],
+    },
     /// LayerNorm (Ba et al. 2016), per row:
     /// `output = (input − mean) / sqrt(var + eps) * weight + bias`, `var` the biased variance.
     ///
@@ -183,6 +238,18 @@ pub enum Op<'a> {
     },
 }
 
+/// One sequence of an [`Op::PagedAttention`] batch.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedSeq<'a> {
+    /// Rows of `q` belonging to this sequence (1 when decoding, a chunk when prefilling).
+    pub n_rows: usize,
+    /// Cache position of its first row; positions `0..start_pos + n_rows` are filled.
+    pub start_pos: usize,
+    /// Its block table: the pool block of positions `k · block_size..(k + 1) · block_size`
+    /// is `blocks[k]`.
+    pub blocks: &'a [u32],
+}
+
 /// The kind of an [`Op`], without its operands: used by the profiler and in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpKind {
@@ -212,11 +279,17 @@ pub enum OpKind {
     Scale,
     /// [`Op::Rope2d`]
     Rope2d,
+    /// [`Op::PagedAttention`]
+    PagedAttention,
+    /// [`Op::ScatterRows`]
+    ScatterRows,
+    /// [`Op::RopeRows`]
+    RopeRows,
 }
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 13] = [
+    pub const ALL: [OpKind; 16] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
@@ -230,6 +303,9 @@ impl OpKind {
         OpKind::Gelu,
         OpKind::Scale,
         OpKind::Rope2d,
+        OpKind::PagedAttention,
+        OpKind::ScatterRows,
+        OpKind::RopeRows,
     ];
 
     /// The op's name as printed by the profiler.
@@ -248,6 +324,9 @@ impl OpKind {
             OpKind::Gelu => "Gelu",
             OpKind::Scale => "Scale",
             OpKind::Rope2d => "Rope2d",
+            OpKind::PagedAttention => "PagedAttn",
+            OpKind::ScatterRows => "ScatterRows",
+            OpKind::RopeRows => "RopeRows",
         }
     }
 }
@@ -269,6 +348,9 @@ impl Op<'_> {
             Op::Gelu { .. } => OpKind::Gelu,
             Op::Scale { .. } => OpKind::Scale,
             Op::Rope2d { .. } => OpKind::Rope2d,
+            Op::PagedAttention { .. } => OpKind::PagedAttention,
+            Op::ScatterRows { .. } => OpKind::ScatterRows,
+            Op::RopeRows { .. } => OpKind::RopeRows,
         }
     }
 }

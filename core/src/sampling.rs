@@ -1,8 +1,10 @@
-//! Token sampling: greedy, temperature, top-k, top-p (nucleus) and repetition penalty.
+//! Token sampling: greedy, temperature, top-k, top-p (nucleus), repetition, presence and
+//! frequency penalties.
 //!
 //! The order follows llama.cpp and Hugging Face `generate`: repetition penalty on the raw
 //! logits (Keskar et al. 2019, CTRL: divide positive logits by the penalty, multiply
-//! negative ones), then temperature, then top-k, then top-p (Holtzman et al. 2019), then a
+//! negative ones), then OpenAI's presence and frequency penalties (as vLLM applies them,
+//! before the temperature), then temperature, then top-k, then top-p (Holtzman et al. 2019), then a
 //! draw from the renormalised distribution. Temperature 0 is greedy (argmax). The random
 //! stream is ChaCha8 seeded by [`SamplerConfig::seed`], so a seeded run is reproducible on
 //! every platform.
@@ -28,6 +30,13 @@ pub struct SamplerConfig {
     pub repeat_penalty: f32,
     /// Seed of the random stream.
     pub seed: u64,
+    /// OpenAI's presence penalty: subtracted once from the logit of every token that occurs
+    /// in the generated output given to [`Sampler::sample_with_output`]; in `[-2, 2]`,
+    /// 0 disables.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted from a token's logit as many times as it occurs
+    /// in the generated output; in `[-2, 2]`, 0 disables.
+    pub frequency_penalty: f32,
 }
 
 impl Default for SamplerConfig {
@@ -38,6 +47,8 @@ impl Default for SamplerConfig {
             top_p: 1.0,
             repeat_penalty: 1.0,
             seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 }
@@ -49,6 +60,7 @@ pub struct Sampler {
     logits: Vec<f32>,
     candidates: Vec<(u32, f32)>,
     seen: Vec<u32>,
+    counts: Vec<u32>,
 }
 
 /// Index of the largest value of `values` (the first on ties; NaN never wins; 0 for an
@@ -69,7 +81,8 @@ impl Sampler {
     /// A sampler with `config`.
     ///
     /// Errors: [`Error::InvalidArgument`] for a negative or non-finite temperature, a
-    /// `top_p` outside `(0, 1]` or a non-positive repetition penalty.
+    /// `top_p` outside `(0, 1]`, a non-positive repetition penalty, or a presence or
+    /// frequency penalty outside `[-2, 2]`.
     pub fn new(config: SamplerConfig) -> Result<Sampler> {
         if !(config.temperature >= 0.0 && config.temperature.is_finite()) {
             return Err(Error::InvalidArgument(format!(
@@ -89,12 +102,23 @@ impl Sampler {
                 config.repeat_penalty
             )));
         }
+        for (name, p) in [
+            ("presence", config.presence_penalty),
+            ("frequency", config.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&p) {
+                return Err(Error::InvalidArgument(format!(
+                    "the {name} penalty must be in [-2, 2], got {p}"
+                )));
+            }
+        }
         Ok(Sampler {
             rng: ChaCha8Rng::seed_from_u64(config.seed),
             config,
             logits: Vec::new(),
             candidates: Vec::new(),
             seen: Vec::new(),
+            counts: Vec::new(),
         })
     }
 
@@ -105,11 +129,27 @@ impl Sampler {
 
     /// Picks a token id from `logits` (one per vocabulary entry). `history` holds the ids
     /// the repetition penalty applies to (each distinct id once); ids outside the
-    /// vocabulary are ignored.
+    /// vocabulary are ignored. The presence and frequency penalties need the generated
+    /// output: see [`Sampler::sample_with_output`]; here they see none.
     ///
     /// Errors: [`Error::InvalidArgument`] for empty logits.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
-        self.penalise(logits, history)?;
+        self.sample_with_output(logits, history, &[])
+    }
+
+    /// As [`Sampler::sample`], with OpenAI's presence and frequency penalties over the
+    /// tokens generated so far, `output` (OpenAI API reference, "Parameter details":
+    /// `mu[j] -= c[j] · frequency_penalty + (c[j] > 0) · presence_penalty`, `c[j]` the
+    /// count of token `j` in `output`); ids outside the vocabulary are ignored.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for empty logits.
+    pub fn sample_with_output(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        output: &[u32],
+    ) -> Result<u32> {
+        self.penalise(logits, history, output)?;
         // Below this, 1/T overflows the logits' range: the distribution is one-hot anyway.
         if self.config.temperature < 1e-6 {
             return Ok(argmax(&self.logits));
@@ -120,21 +160,22 @@ impl Sampler {
         Ok(pick(r, self.candidates.iter().copied()))
     }
 
-    /// The distribution [`Sampler::sample`] draws from for the same `logits` and `history`
-    /// (penalties, temperature, top-k, top-p), written densely into `probs`: one probability
-    /// per vocabulary entry (`logits.len()`), 0 outside the kept tokens, summing to 1 up to
-    /// rounding; one-hot at the argmax for greedy sampling. Draws nothing from the random
-    /// stream. Speculative decoding (Leviathan et al. 2023) needs it for the target and the
-    /// draft model alike.
+    /// The distribution [`Sampler::sample_with_output`] draws from for the same `logits`,
+    /// `history` and `output` (penalties, temperature, top-k, top-p), written densely into
+    /// `probs`: one probability per vocabulary entry (`logits.len()`), 0 outside the kept
+    /// tokens, summing to 1 up to rounding; one-hot at the argmax for greedy sampling. Draws
+    /// nothing from the random stream. Speculative decoding (Leviathan et al. 2023) needs it
+    /// for the target and the draft model alike.
     ///
     /// Errors: [`Error::InvalidArgument`] for empty or all-NaN logits.
     pub fn probabilities(
         &mut self,
         logits: &[f32],
         history: &[u32],
+        output: &[u32],
         probs: &mut Vec<f32>,
     ) -> Result<()> {
-        self.penalise(logits, history)?;
+        self.penalise(logits, history, output)?;
         probs.clear();
         probs.resize(logits.len(), 0.0);
         if self.config.temperature < 1e-6 {
@@ -169,8 +210,9 @@ impl Sampler {
         self.rng.random::<f32>()
     }
 
-    /// Copies `logits` into `self.logits` with the repetition penalty over `history` applied.
-    fn penalise(&mut self, logits: &[f32], history: &[u32]) -> Result<()> {
+    /// Copies `logits` into `self.logits` with the repetition penalty over `history` and
+    /// the presence and frequency penalties over `output` applied.
+    fn penalise(&mut self, logits: &[f32], history: &[u32], output: &[u32]) -> Result<()> {
         if logits.is_empty() {
             return Err(Error::InvalidArgument("no logits to sample from".into()));
         }
@@ -188,6 +230,21 @@ impl Sampler {
                     } else {
                         *l * self.config.repeat_penalty
                     };
+                }
+            }
+        }
+        let (presence, frequency) = (self.config.presence_penalty, self.config.frequency_penalty);
+        if presence != 0.0 || frequency != 0.0 {
+            self.counts.clear();
+            self.counts.resize(self.logits.len(), 0);
+            for &id in output {
+                if let Some(c) = self.counts.get_mut(id as usize) {
+                    *c += 1;
+                }
+            }
+            for (l, &c) in self.logits.iter_mut().zip(&self.counts) {
+                if c > 0 {
+                    *l -= c as f32 * frequency + presence;
                 }
             }
         }
@@ -266,8 +323,66 @@ mod tests {
             top_p,
             repeat_penalty: penalty,
             seed,
+            ..SamplerConfig::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_follow_openai() {
+        // Logits 3.0, 2.5, 2.0; token 0 generated twice, token 1 once.
+        let logits = [3.0, 2.5, 2.0];
+        let with = |presence: f32, frequency: f32| {
+            Sampler::new(SamplerConfig {
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                ..SamplerConfig::default()
+            })
+            .unwrap()
+        };
+        // No output, no penalty.
+        assert_eq!(with(2.0, 2.0).sample(&logits, &[]).unwrap(), 0);
+        // Frequency 0.4: 3.0 − 0.8 = 2.2 beats 2.5 − 0.4 = 2.1 and 2.0.
+        assert_eq!(
+            with(0.0, 0.4)
+                .sample_with_output(&logits, &[], &[0, 1, 0])
+                .unwrap(),
+            0
+        );
+        // Frequency 0.6: 3.0 − 1.2 = 1.8, 2.5 − 0.6 = 1.9, 2.0 untouched: token 2.
+        assert_eq!(
+            with(0.0, 0.6)
+                .sample_with_output(&logits, &[], &[0, 1, 0])
+                .unwrap(),
+            2
+        );
+        // Presence 0.6 counts each token once: 2.4, 1.9, 2.0: token 0 still.
+        assert_eq!(
+            with(0.6, 0.0)
+                .sample_with_output(&logits, &[], &[0, 1, 0])
+                .unwrap(),
+            0
+        );
+        // A negative presence penalty favours what was generated; ids beyond the
+        // vocabulary are ignored.
+        assert_eq!(
+            with(-1.5, 0.0)
+                .sample_with_output(&logits, &[], &[2, 9])
+                .unwrap(),
+            2
+        );
+        for bad in [2.5, -2.1, f32::NAN] {
+            assert!(Sampler::new(SamplerConfig {
+                presence_penalty: bad,
+                ..SamplerConfig::default()
+            })
+            .is_err());
+            assert!(Sampler::new(SamplerConfig {
+                frequency_penalty: bad,
+                ..SamplerConfig::default()
+            })
+            .is_err());
+        }
     }
 
     #[test]
@@ -329,7 +444,7 @@ mod tests {
         let logits = [0.0f32, (2.0f32).ln(), (5.0f32).ln(), -30.0];
         let mut probs = Vec::new();
         sampler(1.0, 0, 1.0, 1.0, 0)
-            .probabilities(&logits, &[], &mut probs)
+            .probabilities(&logits, &[], &[], &mut probs)
             .unwrap();
         let softmax_sum = 8.0 + (-30.0f32).exp();
         let expected = [1.0 / softmax_sum, 2.0 / softmax_sum, 5.0 / softmax_sum, 0.0];
@@ -338,7 +453,7 @@ mod tests {
         }
         // top-k 2 keeps ids 2 and 1, renormalised: 5/7 and 2/7.
         sampler(1.0, 2, 1.0, 1.0, 0)
-            .probabilities(&logits, &[], &mut probs)
+            .probabilities(&logits, &[], &[], &mut probs)
             .unwrap();
         let expected = [0.0, 2.0 / 7.0, 5.0 / 7.0, 0.0];
         for (p, e) in probs.iter().zip(expected) {
@@ -346,7 +461,7 @@ mod tests {
         }
         // Greedy with a penalty: 3.0 / 1.5 = 2.0 < 2.9, one-hot at id 2.
         sampler(0.0, 0, 1.0, 1.5, 0)
-            .probabilities(&[1.0, 3.0, 2.9, -1.0], &[1], &mut probs)
+            .probabilities(&[1.0, 3.0, 2.9, -1.0], &[1], &[], &mut probs)
             .unwrap();
         assert_eq!(probs, [0.0, 0.0, 1.0, 0.0]);
     }

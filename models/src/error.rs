@@ -44,6 +44,15 @@ pub enum Error {
     /// A request is invalid (an empty encoded prompt, a context of 0).
     #[error("{0}")]
     InvalidInput(String),
+    /// The serving engine's queue is full: try again later.
+    #[error("the engine's queue is full ({waiting} requests waiting): try again later")]
+    QueueFull {
+        /// Requests waiting.
+        waiting: usize,
+    },
+    /// The serving engine's scheduler thread has stopped.
+    #[error("the engine has stopped")]
+    EngineStopped,
 }
 
 /// Result type of flm-models.

@@ -6,6 +6,8 @@
 //! - [`chatglm::ChatGlm`]: the ChatGLM-6B graph (LayerNorm, GELU, 2D RoPE, prefix-LM mask).
 //! - [`Model`]: either graph, chosen by the configuration's [`Arch`]; what tools load;
 //!   [`SharedModel`] its weights, shared between instances (sessions).
+//! - [`engine::Engine`]: continuous batching of many requests over a paged KV cache, for
+//!   servers.
 //! - [`import`]: reads llama2.c `.bin` checkpoints and Hugging Face directories, detecting
 //!   the format from the bytes, into a config and weights that are zero-copy views of the
 //!   mapped files where the layout allows.
@@ -16,6 +18,7 @@
 pub mod chatglm;
 mod config;
 pub mod convert;
+pub mod engine;
 mod error;
 pub mod eval;
 pub mod import;

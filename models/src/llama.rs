@@ -34,6 +34,10 @@
 //! copied in, and activations). Several [`Llama`] instances over one
 //! `Arc<LlamaModel>` generate independently, on different threads, with one copy of the
 //! weights.
+//!
+//! [`LlamaBatch`] runs the same layers over the rows of many sequences at once, each with
+//! its own positions and block table in a paged KV cache (the serving engine's step); the
+//! layer loop and the final head are shared with [`Llama::forward`].
 
 use std::sync::Arc;
 
@@ -41,7 +45,10 @@ use flm_core::{Data, DataType, Error as CoreError, Executor, KvCache, Op, RopeTa
 
 use crate::{Error, ModelConfig, Result};
 
+mod batch;
 mod weights;
+
+pub use batch::{BatchSeq, LlamaBatch};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::Tensors;
@@ -68,7 +75,7 @@ pub(crate) enum Head {
     Hidden,
 }
 
-/// Activations, allocated once for [`PREFILL_CHUNK`] rows.
+/// Activations for up to a fixed number of rows (tokens), allocated once.
 struct RunState {
     x: Data,
     xb: Data,
@@ -82,6 +89,47 @@ struct RunState {
     hidden: Data,
     last: Data,
     logits: Data,
+}
+
+impl RunState {
+    /// Zeroed activations of `c`'s widths for `rows` rows.
+    fn new(c: &ModelConfig, rows: usize) -> Result<RunState> {
+        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
+        let z = |cols: usize| Data::zeros(DataType::F32, &[rows, cols]);
+        Ok(RunState {
+            x: z(dim)?,
+            xb: z(dim)?,
+            xb2: z(dim)?,
+            q: z(q_dim)?,
+            k: z(kv_dim)?,
+            v: z(kv_dim)?,
+            att: z(q_dim)?,
+            gate: z(hd)?,
+            up: z(hd)?,
+            hidden: z(hd)?,
+            last: z(dim)?,
+            logits: z(c.vocab_size.max(dim))?,
+        })
+    }
+
+    /// Shapes the per-token activations for `n` rows (at most the rows allocated).
+    fn set_rows(&mut self, c: &ModelConfig, n: usize) -> Result<()> {
+        for (data, cols) in [
+            (&mut self.x, c.dim),
+            (&mut self.xb, c.dim),
+            (&mut self.xb2, c.dim),
+            (&mut self.q, c.q_dim()),
+            (&mut self.k, c.kv_dim()),
+            (&mut self.v, c.kv_dim()),
+            (&mut self.att, c.q_dim()),
+            (&mut self.gate, c.hidden_dim),
+            (&mut self.up, c.hidden_dim),
+            (&mut self.hidden, c.hidden_dim),
+        ] {
+            data.set_shape(&[n, cols])?;
+        }
+        Ok(())
+    }
 }
 
 /// The immutable part of a Llama model: configuration, weights and RoPE table. It is
@@ -175,27 +223,11 @@ impl Llama {
     /// Errors: [`flm_core::Error::Shape`] (wrapped) if a buffer's size overflows.
     pub fn with_model(model: Arc<LlamaModel>) -> Result<Llama> {
         let c = &model.config;
-        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-        let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, kv_dim)?;
+        let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim())?;
         if let Some(prefix) = &model.weights.prefix_kv {
             load_prefix(&mut kv, prefix, c)?;
         }
-        let rows = PREFILL_CHUNK.min(c.max_seq_len);
-        let z = |cols: usize| Data::zeros(DataType::F32, &[rows, cols]);
-        let state = RunState {
-            x: z(dim)?,
-            xb: z(dim)?,
-            xb2: z(dim)?,
-            q: z(q_dim)?,
-            k: z(kv_dim)?,
-            v: z(kv_dim)?,
-            att: z(q_dim)?,
-            gate: z(hd)?,
-            up: z(hd)?,
-            hidden: z(hd)?,
-            last: Data::zeros(DataType::F32, &[1, dim])?,
-            logits: z(c.vocab_size.max(dim))?,
-        };
+        let state = RunState::new(c, PREFILL_CHUNK.min(c.max_seq_len))?;
         Ok(Llama {
             model,
             kv,
@@ -285,67 +317,26 @@ impl Llama {
         pos: usize,
         head: Head,
     ) -> Result<()> {
-        let c = &self.model.config;
-        let w = &self.model.weights;
+        let model = &*self.model;
+        let c = &model.config;
         let s = &mut self.state;
         let n = tokens.len();
-        for (data, cols) in [
-            (&mut s.x, c.dim),
-            (&mut s.xb, c.dim),
-            (&mut s.xb2, c.dim),
-            (&mut s.q, c.q_dim()),
-            (&mut s.k, c.kv_dim()),
-            (&mut s.v, c.kv_dim()),
-            (&mut s.att, c.q_dim()),
-            (&mut s.gate, c.hidden_dim),
-            (&mut s.up, c.hidden_dim),
-            (&mut s.hidden, c.hidden_dim),
-        ] {
-            data.set_shape(&[n, cols])?;
-        }
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        s.set_rows(c, n)?;
         // The p-tuning prefix fills the cache rows before position 0.
         let row = c.pre_seq_len + pos;
-        let linear = |input: &Data, weight: &Data, bias: Option<&Data>, output: &mut Data| {
-            exec.run(Op::Linear {
-                input,
-                weight,
-                bias,
-                output,
-            })
-        };
-
-        exec.run(Op::Embedding {
-            table: &w.embedding,
-            tokens,
-            output: &mut s.x,
-        })?;
-        for (l, lw) in w.layers.iter().enumerate() {
-            // Attention block.
-            exec.run(Op::RmsNorm {
-                input: &s.x,
-                weight: &lw.attn_norm,
-                eps: c.norm_eps,
-                output: &mut s.xb,
-            })?;
-            let [bq, bk, bv] = match &lw.qkv_bias {
-                Some([q, k, v]) => [Some(q), Some(k), Some(v)],
-                None => [None; 3],
-            };
-            linear(&s.xb, &lw.wq, bq, &mut s.q)?;
-            linear(&s.xb, &lw.wk, bk, &mut s.k)?;
-            linear(&s.xb, &lw.wv, bv, &mut s.v)?;
+        let kv = &mut self.kv;
+        run_layers(exec, model, tokens, s, |l, s| {
             if !c.alibi {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                     exec.run(Op::Rope {
                         x,
-                        table: &self.model.rope,
+                        table: &model.rope,
                         n_heads,
                         start_pos: pos,
                     })?;
                 }
             }
-            let (cache_k, cache_v) = self.kv.layer_mut(l);
+            let (cache_k, cache_v) = kv.layer_mut(l);
             for (src, dst) in [(&s.k, &mut *cache_k), (&s.v, &mut *cache_v)] {
                 exec.run(Op::CopyRows {
                     src,
@@ -362,70 +353,147 @@ impl Llama {
                 start_pos: row,
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,
-                scale,
+                scale: attention_scale(c),
                 alibi: c.alibi,
                 bidirectional: 0,
                 sliding_window: c.sliding_window,
                 output: &mut s.att,
-            })?;
-            linear(&s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
-            exec.run(Op::Add {
-                x: &mut s.x,
-                y: &s.xb2,
-            })?;
-            // Feed-forward block.
-            exec.run(Op::RmsNorm {
-                input: &s.x,
-                weight: &lw.ffn_norm,
-                eps: c.norm_eps,
-                output: &mut s.xb,
-            })?;
-            linear(&s.xb, &lw.w_gate, None, &mut s.gate)?;
-            linear(&s.xb, &lw.w_up, None, &mut s.up)?;
-            exec.run(Op::SiluMul {
-                gate: &s.gate,
-                up: &s.up,
-                output: &mut s.hidden,
-            })?;
-            linear(&s.hidden, &lw.w_down, None, &mut s.xb2)?;
-            exec.run(Op::Add {
-                x: &mut s.x,
-                y: &s.xb2,
-            })?;
-        }
-        let classifier = w.classifier.as_ref().unwrap_or(&w.embedding);
-        let final_input = match head {
-            Head::Logits(Logits::All) | Head::Hidden => &s.x,
-            Head::Logits(Logits::Last) => {
+            })
+        })?;
+        finish(exec, model, s, head, &[n - 1])
+    }
+}
+
+/// `1 / sqrt(head_dim)`, the scale of the attention scores.
+fn attention_scale(c: &ModelConfig) -> f32 {
+    1.0 / (c.head_dim as f32).sqrt()
+}
+
+/// Runs `linear` as [`Op::Linear`].
+fn linear(
+    exec: &Executor,
+    input: &Data,
+    weight: &Data,
+    bias: Option<&Data>,
+    output: &mut Data,
+) -> flm_core::Result<()> {
+    exec.run(Op::Linear {
+        input,
+        weight,
+        bias,
+        output,
+    })
+}
+
+/// The embedding and every transformer block over the rows of `tokens` (`s` shaped for
+/// them): per layer the projections of the whole batch of rows, then `attend(layer, s)`,
+/// which applies RoPE to `s.q`/`s.k`, stores `s.k`/`s.v` in the KV cache and writes
+/// `s.att` from `s.q`, then the output projection, the residuals and the SwiGLU
+/// feed-forward. Leaves the last layer's output in `s.x`.
+fn run_layers(
+    exec: &Executor,
+    model: &LlamaModel,
+    tokens: &[u32],
+    s: &mut RunState,
+    mut attend: impl FnMut(usize, &mut RunState) -> flm_core::Result<()>,
+) -> Result<()> {
+    let (c, w) = (&model.config, &model.weights);
+    exec.run(Op::Embedding {
+        table: &w.embedding,
+        tokens,
+        output: &mut s.x,
+    })?;
+    for (l, lw) in w.layers.iter().enumerate() {
+        // Attention block.
+        exec.run(Op::RmsNorm {
+            input: &s.x,
+            weight: &lw.attn_norm,
+            eps: c.norm_eps,
+            output: &mut s.xb,
+        })?;
+        let [bq, bk, bv] = match &lw.qkv_bias {
+            Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+            None => [None; 3],
+        };
+        linear(exec, &s.xb, &lw.wq, bq, &mut s.q)?;
+        linear(exec, &s.xb, &lw.wk, bk, &mut s.k)?;
+        linear(exec, &s.xb, &lw.wv, bv, &mut s.v)?;
+        attend(l, s)?;
+        linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
+        exec.run(Op::Add {
+            x: &mut s.x,
+            y: &s.xb2,
+        })?;
+        // Feed-forward block.
+        exec.run(Op::RmsNorm {
+            input: &s.x,
+            weight: &lw.ffn_norm,
+            eps: c.norm_eps,
+            output: &mut s.xb,
+        })?;
+        linear(exec, &s.xb, &lw.w_gate, None, &mut s.gate)?;
+        linear(exec, &s.xb, &lw.w_up, None, &mut s.up)?;
+        exec.run(Op::SiluMul {
+            gate: &s.gate,
+            up: &s.up,
+            output: &mut s.hidden,
+        })?;
+        linear(exec, &s.hidden, &lw.w_down, None, &mut s.xb2)?;
+        exec.run(Op::Add {
+            x: &mut s.x,
+            y: &s.xb2,
+        })?;
+    }
+    Ok(())
+}
+
+/// The final norm and the classifier (the embedding table when tied) into `s.logits`:
+/// over every row of `s.x` for [`Logits::All`] (`s.logits` then holds the normed hidden
+/// states for [`Head::Hidden`]), or over the rows `last_rows` of `s.x`, in that order, for
+/// [`Logits::Last`].
+fn finish(
+    exec: &Executor,
+    model: &LlamaModel,
+    s: &mut RunState,
+    head: Head,
+    last_rows: &[usize],
+) -> Result<()> {
+    let (c, w) = (&model.config, &model.weights);
+    let classifier = w.classifier.as_ref().unwrap_or(&w.embedding);
+    let final_input = match head {
+        Head::Logits(Logits::All) | Head::Hidden => &s.x,
+        Head::Logits(Logits::Last) => {
+            s.last.set_shape(&[last_rows.len(), c.dim])?;
+            for (dst_row, &src_row) in last_rows.iter().enumerate() {
                 exec.run(Op::CopyRows {
                     src: &s.x,
-                    src_row: n - 1,
+                    src_row,
                     n_rows: 1,
                     dst: &mut s.last,
-                    dst_row: 0,
+                    dst_row,
                 })?;
-                &s.last
             }
-        };
-        let rows = final_input.rows();
-        let normed = if head == Head::Hidden {
-            &mut s.logits
-        } else {
-            &mut s.xb
-        };
-        normed.set_shape(&[rows, c.dim])?;
-        exec.run(Op::RmsNorm {
-            input: final_input,
-            weight: &w.final_norm,
-            eps: c.norm_eps,
-            output: normed,
-        })?;
-        if head == Head::Hidden {
-            return Ok(());
+            &s.last
         }
-        s.logits.set_shape(&[rows, c.vocab_size])?;
-        linear(&s.xb, classifier, None, &mut s.logits).map_err(Error::from)
+    };
+    let rows = final_input.rows();
+    let normed = if head == Head::Hidden {
+        &mut s.logits
+    } else {
+        &mut s.xb
+    };
+    normed.set_shape(&[rows, c.dim])?;
+    exec.run(Op::RmsNorm {
+        input: final_input,
+        weight: &w.final_norm,
+        eps: c.norm_eps,
+        output: normed,
+    })?;
+    if head == Head::Hidden {
+        return Ok(());
     }
+    s.logits.set_shape(&[rows, c.vocab_size])?;
+    linear(exec, &s.xb, classifier, None, &mut s.logits).map_err(Error::from)
 }
 
 /// Copies the p-tuning prefix `[pre_seq_len, n_layers·2·kv_dim]` into cache rows

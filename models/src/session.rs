@@ -289,7 +289,7 @@ impl Session {
         // Tokens sampled and not yet handed out: one per step, or a speculative round's.
         let mut batch = Vec::new();
         if params.max_tokens > 0 {
-            batch.push(sampler.sample(logits, &tokens)?);
+            batch.push(sampler.sample_with_output(logits, &tokens, &[])?);
             time_to_first_token = start.elapsed();
         }
         let stop = 'decode: loop {
@@ -325,12 +325,19 @@ impl Session {
                     let logits =
                         self.model
                             .forward(exec, &[last], tokens.len() - 1, Logits::Last)?;
-                    batch.push(sampler.sample(logits, &tokens)?);
+                    let output = &tokens[prompt_tokens..];
+                    batch.push(sampler.sample_with_output(logits, &tokens, output)?);
                 }
                 Some(draft) => {
                     let max_new = params.max_tokens - generated;
-                    let round =
-                        draft.round(exec, &mut self.model, &tokens, &mut sampler, max_new)?;
+                    let round = draft.round(
+                        exec,
+                        &mut self.model,
+                        &tokens,
+                        prompt_tokens,
+                        &mut sampler,
+                        max_new,
+                    )?;
                     batch.extend_from_slice(round);
                 }
             }

@@ -207,7 +207,9 @@ impl Draft {
         self.stats
     }
 
-    /// One round of speculative decoding after `tokens` (the whole sequence, `L` tokens):
+    /// One round of speculative decoding after `tokens` (the whole sequence, `L` tokens, of
+    /// which the first `prompt_len` are the prompt; the presence and frequency penalties
+    /// count the others):
     /// the draft proposes `k` tokens, the target runs `[tokens[L-1], x_1..x_k]` at position
     /// `L - 1` in one pass with every row's logits, and the acceptance rule (see the module
     /// docs) with `sampler` (the target's) picks the tokens returned: the accepted drafts
@@ -225,11 +227,12 @@ impl Draft {
         exec: &Executor,
         target: &mut Model,
         tokens: &[u32],
+        prompt_len: usize,
         sampler: &mut Sampler,
         max_new: usize,
     ) -> Result<&[u32]> {
         let len = tokens.len();
-        if len == 0 || max_new == 0 {
+        if len == 0 || max_new == 0 || prompt_len > len {
             return Err(Error::InvalidInput(
                 "a speculative round needs a sequence and room for a token".into(),
             ));
@@ -241,14 +244,16 @@ impl Draft {
             .min(max_new - 1)
             .min(target_room)
             .min(draft_room);
-        self.propose(exec, tokens, k)?;
+        self.propose(exec, tokens, prompt_len, k)?;
         // The last token of the sequence and the drafts: `k + 1` rows of logits.
         let window = &self.sequence[len - 1..];
         let rows = target.forward(exec, window, len - 1, Logits::All)?;
         let vocab = rows.len() / window.len();
         self.out.clear();
         for (i, row) in rows.chunks_exact(vocab).enumerate() {
-            sampler.probabilities(row, &self.sequence[..len + i], &mut self.p)?;
+            let history = &self.sequence[..len + i];
+            let output = &history[prompt_len..];
+            sampler.probabilities(row, history, output, &mut self.p)?;
             let Some(&x) = self.sequence.get(len + i) else {
                 self.out.push(sampler.draw(&self.p)?);
                 break;
@@ -270,7 +275,13 @@ impl Draft {
     /// Runs the draft over the tokens of `tokens` not in its cache and `k - 1` of its own
     /// proposals, drawing `x_1..x_k` into `self.sequence[L..]` and their distributions into
     /// `self.q`.
-    fn propose(&mut self, exec: &Executor, tokens: &[u32], k: usize) -> Result<()> {
+    fn propose(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        prompt_len: usize,
+        k: usize,
+    ) -> Result<()> {
         let len = tokens.len();
         self.sequence.clear();
         self.sequence.extend_from_slice(tokens);
@@ -286,7 +297,9 @@ impl Draft {
             .forward(exec, &tokens[reused..], reused, Logits::Last)?;
         for i in 0..k {
             let q = &mut self.q[i];
-            self.sampler.probabilities(logits, &self.sequence, q)?;
+            let output = &self.sequence[prompt_len..];
+            self.sampler
+                .probabilities(logits, &self.sequence, output, q)?;
             let x = self.sampler.draw(q)?;
             self.sequence.push(x);
             if i + 1 < k {

@@ -197,7 +197,7 @@ fn round_tokens_follow_the_target_distribution() {
     let logits = target.forward(&exec, &tokens, 0, Logits::Last).unwrap();
     Sampler::new(config.clone())
         .unwrap()
-        .probabilities(logits, &tokens, &mut p)
+        .probabilities(logits, &tokens, &[], &mut p)
         .unwrap();
     // The first token of a round is the accepted draft or the residual's draw, whatever K:
     // K = 1 (at most 2 tokens per round) keeps the test short under emulation.
@@ -213,7 +213,7 @@ fn round_tokens_follow_the_target_distribution() {
         draft.start(&config).unwrap();
         let mut sampler = Sampler::new(config).unwrap();
         let out = draft
-            .round(&exec, &mut target, &tokens, &mut sampler, 2)
+            .round(&exec, &mut target, &tokens, tokens.len(), &mut sampler, 2)
             .unwrap();
         counts[out[0] as usize] += 1;
         proposed += draft.stats().proposed;
@@ -252,6 +252,8 @@ fn sampled_run_is_reproducible_and_leaves_a_consistent_kv_cache() {
         top_k: 40,
         top_p: 0.95,
         repeat_penalty: 1.1,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
         seed: 7,
     };
     let p = params(150, sampled, Vec::new());

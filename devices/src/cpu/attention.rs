@@ -18,6 +18,11 @@
 //! Scores live in a thread-local buffer, so a warm call allocates nothing. The portable
 //! twin does the same steps one head and one value at a time.
 //!
+//! Both read the cache through a list of row offsets built per (row, KV head): the rows
+//! `t` of a contiguous cache, or the pool rows a block table maps positions to in a paged
+//! one ([`super::paged_attention`]). The arithmetic is the same either way, so a paged
+//! call gives bit for bit the result of a contiguous call over the same keys and values.
+//!
 //! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
 //! 2025): at one instruction-set level, the output of a query row has the same bits
 //! whatever `n`, its place among the rows of the call and the split over threads. Each
@@ -43,6 +48,8 @@ use super::{shape_err, Isa, PARALLEL_MIN_WORK};
 thread_local! {
     /// The scores (then probabilities) of the current head.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The offsets in the cache of the key/value rows the current row attends to.
+    static OFFSETS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// How the scores are masked and biased (see [`flm_core::Op::Attention`]).
@@ -68,44 +75,12 @@ pub(crate) fn attention(
     cache_k: &Data,
     cache_v: &Data,
     start_pos: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    scale: f32,
+    heads: Heads,
     mask: Mask,
     output: &mut Data,
 ) -> Result<()> {
     let n = q.rows();
-    if n_heads == 0
-        || n_kv_heads == 0
-        || !n_heads.is_multiple_of(n_kv_heads)
-        || !q.cols().is_multiple_of(n_heads)
-    {
-        return Err(shape_err(
-            "Attention",
-            format!(
-                "{n_heads} query heads, {n_kv_heads} KV heads, q {:?}",
-                q.shape()
-            ),
-        ));
-    }
-    let head_dim = q.cols() / n_heads;
-    let kv_dim = n_kv_heads * head_dim;
-    if head_dim == 0
-        || cache_k.cols() != kv_dim
-        || cache_v.shape() != cache_k.shape()
-        || output.shape() != q.shape()
-    {
-        return Err(shape_err(
-            "Attention",
-            format!(
-                "q {:?}, caches {:?} and {:?}, output {:?}, {n_heads} heads, {n_kv_heads} KV heads",
-                q.shape(),
-                cache_k.shape(),
-                cache_v.shape(),
-                output.shape()
-            ),
-        ));
-    }
+    check_shapes("Attention", q, cache_k, cache_v, heads, output)?;
     // Saturating: an absurd `start_pos` is a context overflow, not an arithmetic panic.
     if start_pos.saturating_add(n) > cache_k.rows() {
         return Err(Error::ContextOverflow {
@@ -123,19 +98,103 @@ pub(crate) fn attention(
             ),
         ));
     }
-    let window = match (mask.sliding_window, mask.bidirectional) {
-        (None, _) => usize::MAX,
-        (Some(w), 0) if w > 0 => w,
-        (Some(w), b) => {
-            return Err(shape_err(
-                "Attention",
-                format!(
-                    "a sliding window of {w} positions (must be positive, and without a \
-                     bidirectional prefix; got {b} rows)"
-                ),
-            ))
-        }
-    };
+    let window = window("Attention", mask)?;
+    let rows = Rows::Contiguous { start_pos };
+    run(isa, q, cache_k, cache_v, rows, heads, mask, window, output)
+}
+
+/// Checks the head counts and the shapes of `q`, the caches and `output`.
+pub(crate) fn check_shapes(
+    op: &'static str,
+    q: &Data,
+    cache_k: &Data,
+    cache_v: &Data,
+    heads: Heads,
+    output: &Data,
+) -> Result<()> {
+    let Heads {
+        n_heads,
+        n_kv_heads,
+        ..
+    } = heads;
+    if n_heads == 0
+        || n_kv_heads == 0
+        || !n_heads.is_multiple_of(n_kv_heads)
+        || !q.cols().is_multiple_of(n_heads)
+    {
+        return Err(shape_err(
+            op,
+            format!(
+                "{n_heads} query heads, {n_kv_heads} KV heads, q {:?}",
+                q.shape()
+            ),
+        ));
+    }
+    let head_dim = q.cols() / n_heads;
+    if head_dim == 0
+        || cache_k.cols() != n_kv_heads * head_dim
+        || cache_v.shape() != cache_k.shape()
+        || output.shape() != q.shape()
+    {
+        return Err(shape_err(
+            op,
+            format!(
+                "q {:?}, caches {:?} and {:?}, output {:?}, {n_heads} heads, {n_kv_heads} KV heads",
+                q.shape(),
+                cache_k.shape(),
+                cache_v.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The positions a row sees at most (`usize::MAX` without a sliding window).
+///
+/// Errors: a window of 0, or one together with a bidirectional prefix.
+pub(crate) fn window(op: &'static str, mask: Mask) -> Result<usize> {
+    match (mask.sliding_window, mask.bidirectional) {
+        (None, _) => Ok(usize::MAX),
+        (Some(w), 0) if w > 0 => Ok(w),
+        (Some(w), b) => Err(shape_err(
+            op,
+            format!(
+                "a sliding window of {w} positions (must be positive, and without a \
+                 bidirectional prefix; got {b} rows)"
+            ),
+        )),
+    }
+}
+
+/// The head counts and scale of a call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heads {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub scale: f32,
+}
+
+/// Runs the kernels over the rows of `q` (checked by the caller: shapes, one entry of
+/// `rows` per row of `q`, every row's cache rows inside the caches, a valid `window`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    isa: Isa,
+    q: &Data,
+    cache_k: &Data,
+    cache_v: &Data,
+    rows: Rows<'_>,
+    heads: Heads,
+    mask: Mask,
+    window: usize,
+    output: &mut Data,
+) -> Result<()> {
+    let Heads {
+        n_heads,
+        n_kv_heads,
+        scale,
+    } = heads;
+    let head_dim = q.cols() / n_heads;
     let slopes = if mask.alibi {
         flm_core::alibi_slopes(n_heads)
     } else {
@@ -145,19 +204,21 @@ pub(crate) fn attention(
         q: q.as_f32()?,
         keys: cache_k.as_f32()?,
         values: cache_v.as_f32()?,
-        start_pos,
+        rows,
         n_heads,
         group: n_heads / n_kv_heads,
         task_heads: n_heads / n_kv_heads,
         head_dim,
-        kv_dim,
+        kv_dim: n_kv_heads * head_dim,
         scale,
         slopes: &slopes,
         bidirectional: mask.bidirectional,
         window,
     };
+    let n = q.rows();
     let out = output.as_f32_mut()?;
-    let work = n * n_heads * (start_pos + n) * head_dim * 2;
+    let seen: usize = (0..n).map(|i| a.rows(i).1 - a.rows(i).0).sum();
+    let work = n_heads * seen * head_dim * 2;
     if work >= PARALLEL_MIN_WORK {
         // One task per (row, KV head): the query heads of a group share its K/V reads. With
         // fewer tasks than twice the threads (decode with few KV heads), groups are split.
@@ -169,11 +230,31 @@ pub(crate) fn attention(
         let task_heads = a.task_heads;
         out.par_chunks_mut(task_heads * head_dim)
             .enumerate()
-            .for_each(|(t, o)| heads(isa, &a, t * task_heads, o));
+            .for_each(|(t, o)| run_heads(isa, &a, t * task_heads, o));
     } else {
-        heads(isa, &a, 0, out);
+        run_heads(isa, &a, 0, out);
     }
     Ok(())
+}
+
+/// Where the query rows sit in the cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Rows<'a> {
+    /// Row `i` at position `start_pos + i`; position `t` is cache row `t`.
+    Contiguous { start_pos: usize },
+    /// A paged cache of blocks of `block_size` positions, one [`Row`] per query row.
+    Paged {
+        rows: &'a [Row<'a>],
+        block_size: usize,
+    },
+}
+
+/// Where one query row of a paged cache sits: its position, and the block table of its
+/// sequence (position `t` is pool row `blocks[t / block_size]·block_size + t % block_size`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Row<'a> {
+    pub pos: usize,
+    pub blocks: &'a [u32],
 }
 
 /// The operands of one call.
@@ -181,7 +262,7 @@ struct Attn<'a> {
     q: &'a [f32],
     keys: &'a [f32],
     values: &'a [f32],
-    start_pos: usize,
+    rows: Rows<'a>,
     n_heads: usize,
     group: usize,
     /// Query heads per SIMD task: the group or a divisor of it.
@@ -198,10 +279,35 @@ struct Attn<'a> {
 }
 
 impl Attn<'_> {
-    /// The cache rows row `i` of `q` attends to, `first..end`.
+    /// The cache positions row `i` of `q` attends to, `first..end`.
     fn rows(&self, i: usize) -> (usize, usize) {
-        let end = (self.start_pos + i + 1).max(self.bidirectional);
+        let pos = match self.rows {
+            Rows::Contiguous { start_pos, .. } => start_pos + i,
+            Rows::Paged { rows, .. } => rows[i].pos,
+        };
+        let end = (pos + 1).max(self.bidirectional);
         (end.saturating_sub(self.window), end)
+    }
+
+    /// Fills `offsets` with the offset in the caches of KV head `kv_head`'s part of each
+    /// position row `i` attends to, and returns the first of those positions.
+    fn offsets(&self, i: usize, kv_head: usize, offsets: &mut Vec<usize>) -> usize {
+        let (first, end) = self.rows(i);
+        let head = kv_head * self.head_dim;
+        offsets.clear();
+        match self.rows {
+            Rows::Contiguous { .. } => {
+                offsets.extend((first..end).map(|t| t * self.kv_dim + head));
+            }
+            Rows::Paged { rows, block_size } => {
+                let (blocks, bs) = (rows[i].blocks, block_size);
+                offsets.extend(
+                    (first..end)
+                        .map(|t| (blocks[t / bs] as usize * bs + t % bs) * self.kv_dim + head),
+                );
+            }
+        }
+        first
     }
 
     /// Adds the ALiBi bias `m_h · t` to the scores `s` of query head `h`, `s[k]` being cache
@@ -218,28 +324,32 @@ impl Attn<'_> {
 
 /// Query heads `first..` (head `h` of row `i` is `i·n_heads + h`), one per `head_dim` outputs
 /// of `out`; `first` and the number of heads are multiples of `a.task_heads`.
-fn heads(isa: Isa, a: &Attn<'_>, first: usize, out: &mut [f32]) {
+fn run_heads(isa: Isa, a: &Attn<'_>, first: usize, out: &mut [f32]) {
     SCORES.with_borrow_mut(|scores| {
-        let k = Heads {
-            a,
-            first,
-            out,
-            scores,
-        };
-        // 16-lane vectors only when a head fills one.
-        simd::run(isa, a.head_dim >= 16, k).unwrap_or_else(|k| k.portable())
+        OFFSETS.with_borrow_mut(|offsets| {
+            let k = HeadRun {
+                a,
+                first,
+                out,
+                scores,
+                offsets,
+            };
+            // 16-lane vectors only when a head fills one.
+            simd::run(isa, a.head_dim >= 16, k).unwrap_or_else(|k| k.portable())
+        })
     })
 }
 
-/// The SIMD kernel (and the portable twin) over a run of query heads, see [`heads`].
-struct Heads<'a, 'b> {
+/// The SIMD kernel (and the portable twin) over a run of query heads, see [`run_heads`].
+struct HeadRun<'a, 'b> {
     a: &'b Attn<'a>,
     first: usize,
     out: &'b mut [f32],
     scores: &'b mut Vec<f32>,
+    offsets: &'b mut Vec<usize>,
 }
 
-impl Heads<'_, '_> {
+impl HeadRun<'_, '_> {
     /// The portable twin of the SIMD kernel: the same steps, one value at a time.
     fn portable(self) {
         let a = self.a;
@@ -247,13 +357,15 @@ impl Heads<'_, '_> {
         for (dt, out) in self.out.chunks_exact_mut(hd).enumerate() {
             let task = self.first + dt;
             let (i, h) = (task / a.n_heads, task % a.n_heads);
-            let (first, end) = a.rows(i);
+            let offsets = &mut *self.offsets;
+            let first = a.offsets(i, h / a.group, offsets);
             let qh = &a.q[task * hd..][..hd];
-            let kv_off = (h / a.group) * hd;
             let scores = &mut *self.scores;
             scores.clear();
             scores.extend(
-                (first..end).map(|t| dot(qh, &a.keys[t * a.kv_dim + kv_off..][..hd]) * a.scale),
+                offsets
+                    .iter()
+                    .map(|&o| dot(qh, &a.keys[o..][..hd]) * a.scale),
             );
             a.add_alibi(h, first, scores);
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -263,8 +375,8 @@ impl Heads<'_, '_> {
                 sum += *s;
             }
             out.fill(0.0);
-            for (t, &p) in (first..).zip(scores.iter()) {
-                for (o, v) in out.iter_mut().zip(&a.values[t * a.kv_dim + kv_off..][..hd]) {
+            for (&off, &p) in offsets.iter().zip(scores.iter()) {
+                for (o, v) in out.iter_mut().zip(&a.values[off..][..hd]) {
                     *o += p * v;
                 }
             }
@@ -276,7 +388,7 @@ impl Heads<'_, '_> {
     }
 }
 
-impl Kernel for Heads<'_, '_> {
+impl Kernel for HeadRun<'_, '_> {
     type Output = ();
 
     #[inline(always)]
@@ -284,24 +396,30 @@ impl Kernel for Heads<'_, '_> {
         let a = self.a;
         let width = a.task_heads * a.head_dim;
         for (dt, out) in self.out.chunks_exact_mut(width).enumerate() {
-            group(s, a, self.first + dt * a.task_heads, self.scores, out);
+            let first = self.first + dt * a.task_heads;
+            group(s, a, first, self.scores, self.offsets, out);
         }
     }
 }
 
 /// The query heads `first..first + task_heads` of one row (of one KV head) with the vectors
-/// of `s`, over the `len` cache rows it sees from row `start` on:
+/// of `s`, over the `len` cache positions it sees from `start` on:
 /// all their scores first, each block of 8 key rows read from memory once and from L1 for
 /// the other heads, then per head the softmax and the weighted sum of the value rows.
 #[inline(always)]
-fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let (hd, kv_dim, l, heads) = (a.head_dim, a.kv_dim, S::LANES, a.task_heads);
-    let (start, end) = a.rows(first / a.n_heads);
-    let len = end - start;
+fn group<S: Simd>(
+    s: S,
+    a: &Attn<'_>,
+    first: usize,
+    scores: &mut Vec<f32>,
+    offsets: &mut Vec<usize>,
+    out: &mut [f32],
+) {
+    let (hd, l, heads) = (a.head_dim, S::LANES, a.task_heads);
+    let start = a.offsets(first / a.n_heads, first % a.n_heads / a.group, offsets);
+    let len = offsets.len();
     let qs = &a.q[first * hd..][..heads * hd];
-    let kv_off = start * kv_dim + (first % a.n_heads / a.group) * hd;
-    let keys = &a.keys[kv_off..];
-    let values = &a.values[kv_off..];
+    let (keys, values) = (a.keys, a.values);
 
     // Scores of head `h` at `h·padded`, padded with −∞ (probability 0) to whole vectors.
     let padded = len.div_ceil(l) * l;
@@ -311,7 +429,7 @@ fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: 
     while t + 8 <= len {
         let mut rows: [&[f32]; 8] = [&[]; 8];
         for (j, row) in rows.iter_mut().enumerate() {
-            *row = &keys[(t + j) * kv_dim..][..hd];
+            *row = &keys[offsets[t + j]..][..hd];
         }
         for (h, qh) in qs.chunks_exact(hd).enumerate() {
             let mut acc = [s.zero(); 8];
@@ -334,7 +452,7 @@ fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: 
         t += 8;
     }
     while t < len {
-        let row = &keys[t * kv_dim..][..hd];
+        let row = &keys[offsets[t]..][..hd];
         for (h, qh) in qs.chunks_exact(hd).enumerate() {
             scores[h * padded + t] = s.sum(dot_lanes(s, qh, row)) * a.scale;
         }
@@ -361,9 +479,9 @@ fn group<S: Simd>(s: S, a: &Attn<'_>, first: usize, scores: &mut Vec<f32>, out: 
     let block = (256 / hd.div_ceil(16)).max(8);
     for t0 in (0..len).step_by(block) {
         let t1 = (t0 + block).min(len);
-        let rows = &values[t0 * kv_dim..];
+        let rows = &offsets[t0..t1];
         for (p, out) in scores.chunks_exact(padded).zip(out.chunks_exact_mut(hd)) {
-            weighted(s, &p[t0..t1], rows, kv_dim, out);
+            weighted(s, &p[t0..t1], values, rows, out);
         }
     }
     for (out, &inv) in out.chunks_exact_mut(hd).zip(invs.iter()) {
@@ -408,22 +526,22 @@ fn softmax<S: Simd>(s: S, scores: &mut [f32]) -> f32 {
     1.0 / s.sum(sum)
 }
 
-/// `out += Σ_t p[t]·values[t·kv_dim..][..out.len()]`, in blocks of output vectors.
+/// `out += Σ_t p[t]·values[rows[t]..][..out.len()]`, in blocks of output vectors.
 #[inline(always)]
-fn weighted<S: Simd>(s: S, p: &[f32], values: &[f32], kv_dim: usize, out: &mut [f32]) {
+fn weighted<S: Simd>(s: S, p: &[f32], values: &[f32], rows: &[usize], out: &mut [f32]) {
     let (l, hd) = (S::LANES, out.len());
     let full = hd.is_multiple_of(l);
     match (hd.div_ceil(l), full) {
-        (1, true) => weighted_sum::<S, 1, 4, true>(s, p, values, kv_dim, hd, 0, out),
-        (1, false) => weighted_sum::<S, 1, 4, false>(s, p, values, kv_dim, hd, 0, out),
-        (2, true) => weighted_sum::<S, 2, 4, true>(s, p, values, kv_dim, hd, 0, out),
-        (2, false) => weighted_sum::<S, 2, 4, false>(s, p, values, kv_dim, hd, 0, out),
+        (1, true) => weighted_sum::<S, 1, 4, true>(s, p, values, rows, hd, 0, out),
+        (1, false) => weighted_sum::<S, 1, 4, false>(s, p, values, rows, hd, 0, out),
+        (2, true) => weighted_sum::<S, 2, 4, true>(s, p, values, rows, hd, 0, out),
+        (2, false) => weighted_sum::<S, 2, 4, false>(s, p, values, rows, hd, 0, out),
         (_, _) => {
             for c0 in (0..hd).step_by(4 * l) {
                 if c0 + 4 * l <= hd {
-                    weighted_sum::<S, 4, 2, true>(s, p, values, kv_dim, hd, c0, out);
+                    weighted_sum::<S, 4, 2, true>(s, p, values, rows, hd, c0, out);
                 } else {
-                    weighted_sum::<S, 4, 2, false>(s, p, values, kv_dim, hd, c0, out);
+                    weighted_sum::<S, 4, 2, false>(s, p, values, rows, hd, c0, out);
                 }
             }
         }
@@ -447,7 +565,7 @@ fn dot_lanes<S: Simd>(s: S, a: &[f32], b: &[f32]) -> S::V {
     acc
 }
 
-/// `out[c0..c0 + B·LANES] += Σ_t p[t]·values[t·kv_dim + c0..]` (clipped to `hd`), with
+/// `out[c0..c0 + B·LANES] += Σ_t p[t]·values[rows[t] + c0..]` (clipped to `hd`), with
 /// `U` sets of `B` accumulators taking consecutive positions in turn. `FULL`: the `B`
 /// vectors lie within `hd`, so no lane needs masking.
 #[allow(clippy::too_many_arguments)]
@@ -456,7 +574,7 @@ fn weighted_sum<S: Simd, const B: usize, const U: usize, const FULL: bool>(
     s: S,
     p: &[f32],
     values: &[f32],
-    kv_dim: usize,
+    rows: &[usize],
     hd: usize,
     c0: usize,
     out: &mut [f32],
@@ -470,12 +588,12 @@ fn weighted_sum<S: Simd, const B: usize, const U: usize, const FULL: bool>(
     while t + U <= len {
         let pu = &p[t..t + U];
         for (u, acc) in acc.iter_mut().enumerate() {
-            axpy::<S, B, FULL>(s, acc, pu[u], &values[(t + u) * kv_dim + c1..][..w]);
+            axpy::<S, B, FULL>(s, acc, pu[u], &values[rows[t + u] + c1..][..w]);
         }
         t += U;
     }
     while t < len {
-        axpy::<S, B, FULL>(s, &mut acc[0], p[t], &values[t * kv_dim + c1..][..w]);
+        axpy::<S, B, FULL>(s, &mut acc[0], p[t], &values[rows[t] + c1..][..w]);
         t += 1;
     }
     for b in 0..B {

@@ -55,6 +55,37 @@ impl Kernel for Add<'_> {
     }
 }
 
+/// `dst[rows[r], :] = src[r, :]` (see [`flm_core::Op::ScatterRows`]).
+///
+/// Errors: [`Error::Shape`] when the column counts or the number of rows disagree,
+/// [`Error::OutOfBounds`] for a destination row outside `dst` (nothing is written then).
+pub(crate) fn scatter_rows(src: &Data, rows: &[u32], dst: &mut Data) -> Result<()> {
+    let cols = src.cols();
+    if dst.cols() != cols || src.rows() != rows.len() {
+        return Err(shape_err(
+            "ScatterRows",
+            format!(
+                "src {:?}, {} rows, dst {:?}",
+                src.shape(),
+                rows.len(),
+                dst.shape()
+            ),
+        ));
+    }
+    let n = dst.rows();
+    if let Some(&r) = rows.iter().find(|&&r| r as usize >= n) {
+        return Err(Error::OutOfBounds(format!(
+            "scattering to row {r} of {:?}",
+            dst.shape()
+        )));
+    }
+    let dst = dst.as_f32_mut()?;
+    for (row, &r) in src.as_f32()?.chunks_exact(cols).zip(rows) {
+        dst[r as usize * cols..][..cols].copy_from_slice(row);
+    }
+    Ok(())
+}
+
 /// `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`: one `memcpy`.
 pub(crate) fn copy_rows(
     src: &Data,

@@ -12,6 +12,7 @@ mod embedding;
 mod isa;
 mod linear;
 mod norm;
+mod paged_attention;
 mod qlinear;
 mod rope;
 mod simd;
@@ -113,6 +114,15 @@ impl BaseDevice for CpuDevice {
             Op::Argmax { input, .. } => f32(input),
             Op::LayerNorm { input, output, .. } => f32(input) && f32(output),
             Op::Gelu { x } | Op::Scale { x, .. } | Op::Rope2d { x, .. } => f32(x),
+            Op::PagedAttention {
+                q,
+                cache_k,
+                cache_v,
+                output,
+                ..
+            } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
+            Op::ScatterRows { src, dst, .. } => f32(src) && f32(dst),
+            Op::RopeRows { x, .. } => f32(x),
         }
     }
 
@@ -166,9 +176,11 @@ impl BaseDevice for CpuDevice {
                 cache_k,
                 cache_v,
                 start_pos,
-                n_heads,
-                n_kv_heads,
-                scale,
+                attention::Heads {
+                    n_heads,
+                    n_kv_heads,
+                    scale,
+                },
                 attention::Mask {
                     alibi,
                     bidirectional,
@@ -176,6 +188,43 @@ impl BaseDevice for CpuDevice {
                 },
                 output,
             ),
+            Op::PagedAttention {
+                q,
+                cache_k,
+                cache_v,
+                block_size,
+                seqs,
+                n_heads,
+                n_kv_heads,
+                scale,
+                alibi,
+                sliding_window,
+                output,
+            } => paged_attention::paged_attention(
+                self.isa.vector(),
+                q,
+                (cache_k, cache_v),
+                block_size,
+                seqs,
+                attention::Heads {
+                    n_heads,
+                    n_kv_heads,
+                    scale,
+                },
+                attention::Mask {
+                    alibi,
+                    bidirectional: 0,
+                    sliding_window,
+                },
+                output,
+            ),
+            Op::ScatterRows { src, rows, dst } => elementwise::scatter_rows(src, rows, dst),
+            Op::RopeRows {
+                x,
+                table,
+                n_heads,
+                positions,
+            } => rope::rope_rows(self.isa.vector(), x, table, n_heads, positions),
             Op::SiluMul { gate, up, output } => {
                 activation::silu_mul(self.isa.vector(), gate, up, output)
             }

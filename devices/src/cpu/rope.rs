@@ -38,8 +38,49 @@ pub(crate) fn rope(
         cols,
         table,
         start_pos,
+        positions: None,
     };
     // 16-lane vectors only when a head fills at least one (16 pairs or 16 values).
+    simd::run(isa, table.rotary_dim() >= 32, k).unwrap_or_else(|k| k.portable());
+    Ok(())
+}
+
+/// As [`rope`], with row `i` at `positions[i]` (see [`flm_core::Op::RopeRows`]).
+///
+/// Errors: [`Error::Shape`] when `x` is not `[positions.len(), n_heads · head_dim]`,
+/// [`Error::ContextOverflow`] for a position beyond the table.
+pub(crate) fn rope_rows(
+    isa: Isa,
+    x: &mut Data,
+    table: &RopeTable,
+    n_heads: usize,
+    positions: &[u32],
+) -> Result<()> {
+    let head_dim = table.head_dim();
+    if x.cols() != n_heads * head_dim || head_dim == 0 || x.rows() != positions.len() {
+        return Err(shape_err(
+            "RopeRows",
+            format!(
+                "x {:?} for {n_heads} heads of {head_dim} and {} positions",
+                x.shape(),
+                positions.len()
+            ),
+        ));
+    }
+    if let Some(&p) = positions.iter().find(|&&p| p as usize >= table.max_pos()) {
+        return Err(Error::ContextOverflow {
+            needed: p as usize + 1,
+            max: table.max_pos(),
+        });
+    }
+    let cols = x.cols();
+    let k = Rope {
+        x: x.as_f32_mut()?,
+        cols,
+        table,
+        start_pos: 0,
+        positions: Some(positions),
+    };
     simd::run(isa, table.rotary_dim() >= 32, k).unwrap_or_else(|k| k.portable());
     Ok(())
 }
@@ -50,6 +91,13 @@ struct Rope<'a> {
     cols: usize,
     table: &'a RopeTable,
     start_pos: usize,
+    /// The position of each row, instead of `start_pos + i`.
+    positions: Option<&'a [u32]>,
+}
+
+/// The position of row `i`: `positions[i]`, or `start_pos + i` without a list.
+fn position(start_pos: usize, positions: Option<&[u32]>, i: usize) -> usize {
+    positions.map_or(start_pos + i, |p| p[i] as usize)
 }
 
 impl Rope<'_> {
@@ -58,7 +106,8 @@ impl Rope<'_> {
         let (head_dim, half) = (self.table.head_dim(), self.table.rotary_dim() / 2);
         let style = self.table.style();
         for (i, row) in self.x.chunks_exact_mut(self.cols).enumerate() {
-            let Some((cos, sin)) = self.table.at(self.start_pos + i) else {
+            let Some((cos, sin)) = self.table.at(position(self.start_pos, self.positions, i))
+            else {
                 continue;
             };
             for head in row.chunks_exact_mut(head_dim) {
@@ -87,7 +136,8 @@ impl Kernel for Rope<'_> {
         let (half, l) = (rot / 2, S::LANES);
         let style = self.table.style();
         for (i, row) in self.x.chunks_exact_mut(self.cols).enumerate() {
-            let Some((cos, sin)) = self.table.at(self.start_pos + i) else {
+            let Some((cos, sin)) = self.table.at(position(self.start_pos, self.positions, i))
+            else {
                 continue;
             };
             for head in row.chunks_exact_mut(head_dim) {
@@ -189,6 +239,7 @@ pub(crate) fn rope_2d(
                 cols: half,
                 table,
                 start_pos: pos as usize,
+                positions: None,
             }
             .portable();
         }

@@ -154,6 +154,7 @@ pub unsafe extern "C" fn flm_generate(
             top_p: s.top_p,
             repeat_penalty: s.repeat_penalty,
             seed: s.seed,
+            ..SamplerConfig::default()
         });
         let params = GenerateParams {
             sampler,

@@ -84,6 +84,8 @@ impl From<ModelError> for Failure {
             ModelError::Tokenizer(t) => tokenizer_status(t),
             ModelError::PromptTooLong { .. } => FlmStatus::ContextOverflow,
             ModelError::InvalidInput(_) => FlmStatus::InvalidArgument,
+            // The C ABI does not run the serving engine.
+            ModelError::QueueFull { .. } | ModelError::EngineStopped => FlmStatus::Internal,
         };
         Failure::new(status, e.to_string())
     }

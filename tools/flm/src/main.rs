@@ -4,10 +4,12 @@
 //! process exits with status 1; nothing the user passes makes it panic.
 
 mod bench;
+mod bench_batch;
 mod chat;
 mod convert;
 mod generate;
 mod load;
+mod serve;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -42,6 +44,8 @@ enum Command {
     Perplexity(PerplexityArgs),
     /// Measures prefill and decode tokens/s (and decode bandwidth), like llama-bench.
     Bench(bench::BenchArgs),
+    /// Serve the model over HTTP: OpenAI-compatible API and a chat page.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Args)]
@@ -136,6 +140,7 @@ impl SamplingArgs {
                 top_p: self.top_p,
                 repeat_penalty: self.repeat_penalty,
                 seed: self.seed.unwrap_or_else(generate::clock_seed),
+                ..SamplerConfig::default()
             },
             max_tokens: self.max_tokens,
             ignore_eos: self.ignore_eos,
@@ -256,6 +261,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Perplexity(args) => perplexity(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

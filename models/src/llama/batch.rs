@@ -1,0 +1,218 @@
+//! The batched forward pass over a paged KV cache: several sequences in one pass, as
+//! continuous batching needs (Yu et al. 2022, Orca's iteration-level scheduling; vLLM).
+//!
+//! Each sequence brings its own tokens (one when decoding, a chunk of its prompt when
+//! prefilling), its position and its block table in a [`PagedKvCache`]. Their rows are
+//! stacked into one `[Σ tokens, dim]` matrix, so that the embedding, the norms, every
+//! [`Op::Linear`] (each weight read once per step for the whole batch), SwiGLU and the
+//! residuals run once over all of them; RoPE takes each row's own position
+//! ([`Op::RopeRows`]), keys and values are scattered into each sequence's blocks
+//! ([`Op::ScatterRows`]), and attention reads each row's keys and values through its
+//! sequence's block table ([`Op::PagedAttention`]). Each row is computed as
+//! [`super::Llama::forward`] computes it: with batch-invariant kernels the logits are the
+//! same bits.
+
+use std::sync::Arc;
+
+use flm_core::{Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
+
+use super::{attention_scale, finish, run_layers, Head, LlamaModel, Logits, RunState};
+use crate::{Error, ModelConfig, Result};
+
+/// One sequence of a batched forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSeq<'a> {
+    /// Its tokens of this step, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`: keys and values of positions `< start_pos` are in its
+    /// blocks already.
+    pub start_pos: usize,
+    /// Its block table: the pool block of cache positions `k·block_size..(k+1)·block_size`
+    /// (the p-tuning prefix, if any, first: cache position = `pre_seq_len` + position).
+    pub blocks: &'a [u32],
+}
+
+/// Runs batches of sequences through a shared [`LlamaModel`] (see the module docs). Its
+/// activations grow to the largest batch seen.
+pub struct LlamaBatch {
+    model: Arc<LlamaModel>,
+    state: RunState,
+    rows: usize,
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    slots: Vec<u32>,
+    last_rows: Vec<usize>,
+    /// The p-tuning prefix of each layer: keys and values `[pre_seq_len, kv_dim]`.
+    prefix: Vec<(Data, Data)>,
+}
+
+impl LlamaBatch {
+    /// A batch runner of `model`, with activations for `rows` rows to start with.
+    ///
+    /// Errors: a buffer whose size overflows.
+    pub fn new(model: Arc<LlamaModel>, rows: usize) -> Result<LlamaBatch> {
+        let c = &model.config;
+        let rows = rows.max(1);
+        let state = RunState::new(c, rows)?;
+        let mut prefix = Vec::new();
+        if let Some(p) = &model.weights.prefix_kv {
+            let kv_dim = c.kv_dim();
+            let values = p.to_f32_vec();
+            for l in 0..c.n_layers {
+                let (mut k, mut v) = (Vec::new(), Vec::new());
+                for row in values.chunks_exact(c.n_layers * 2 * kv_dim) {
+                    let pair = &row[l * 2 * kv_dim..][..2 * kv_dim];
+                    k.extend_from_slice(&pair[..kv_dim]);
+                    v.extend_from_slice(&pair[kv_dim..]);
+                }
+                let shape = [c.pre_seq_len, kv_dim];
+                prefix.push((Data::from_f32(&shape, &k)?, Data::from_f32(&shape, &v)?));
+            }
+        }
+        Ok(LlamaBatch {
+            model,
+            state,
+            rows,
+            tokens: Vec::new(),
+            positions: Vec::new(),
+            slots: Vec::new(),
+            last_rows: Vec::new(),
+            prefix,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    /// Writes the p-tuning prefix (`pre_seq_len` positions of every layer) into the first
+    /// cache positions of the sequence with block table `blocks`; nothing without a prefix.
+    ///
+    /// Errors: a block table too short for the prefix, a block outside the pool.
+    pub fn write_prefix(
+        &mut self,
+        exec: &Executor,
+        kv: &mut PagedKvCache,
+        blocks: &[u32],
+    ) -> Result<()> {
+        let pre = self.model.config.pre_seq_len;
+        if self.prefix.is_empty() || pre == 0 {
+            return Ok(());
+        }
+        self.slots.clear();
+        for p in 0..pre {
+            self.slots
+                .push(kv.slot(blocks, p).ok_or(CoreError::ContextOverflow {
+                    needed: pre,
+                    max: blocks.len() * kv.block_size(),
+                })?);
+        }
+        for (l, (k, v)) in self.prefix.iter().enumerate() {
+            let (pool_k, pool_v) = kv.layer_mut(l);
+            exec.run(Op::ScatterRows {
+                src: k,
+                rows: &self.slots,
+                dst: pool_k,
+            })?;
+            exec.run(Op::ScatterRows {
+                src: v,
+                rows: &self.slots,
+                dst: pool_v,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Runs one step of every sequence of `seqs`: stores the keys and values of their
+    /// tokens in their blocks of `kv` and returns the logits of each sequence's last token,
+    /// `[seqs.len() · vocab_size]` row-major, borrowed from a buffer reused by the next call.
+    ///
+    /// Errors (nothing is computed): no sequences, a sequence without tokens, a token id
+    /// outside the vocabulary, positions beyond the context length, a block table too short
+    /// for a sequence's positions or a block outside the pool; device errors.
+    pub fn forward(
+        &mut self,
+        exec: &Executor,
+        kv: &mut PagedKvCache,
+        seqs: &[BatchSeq<'_>],
+    ) -> Result<&[f32]> {
+        let model = Arc::clone(&self.model);
+        let c = &model.config;
+        if seqs.is_empty() {
+            return Err(Error::Config("a batch needs at least one sequence".into()));
+        }
+        self.tokens.clear();
+        self.positions.clear();
+        self.slots.clear();
+        self.last_rows.clear();
+        for seq in seqs {
+            super::check_forward(c, seq.tokens, seq.start_pos)?;
+            self.tokens.extend_from_slice(seq.tokens);
+            for pos in seq.start_pos..seq.start_pos + seq.tokens.len() {
+                let row = c.pre_seq_len + pos;
+                let slot = kv.slot(seq.blocks, row).ok_or(CoreError::ContextOverflow {
+                    needed: row + 1,
+                    max: seq.blocks.len() * kv.block_size(),
+                })?;
+                self.positions.push(pos as u32);
+                self.slots.push(slot);
+            }
+            self.last_rows.push(self.tokens.len() - 1);
+        }
+        let n = self.tokens.len();
+        if n > self.rows {
+            self.state = RunState::new(c, n)?;
+            self.rows = n;
+        }
+        let paged: Vec<PagedSeq<'_>> = seqs
+            .iter()
+            .map(|seq| PagedSeq {
+                n_rows: seq.tokens.len(),
+                start_pos: c.pre_seq_len + seq.start_pos,
+                blocks: seq.blocks,
+            })
+            .collect();
+        let s = &mut self.state;
+        s.set_rows(c, n)?;
+        let (positions, slots, block_size) = (&self.positions, &self.slots, kv.block_size());
+        run_layers(exec, &model, &self.tokens, s, |l, s| {
+            if !c.alibi {
+                for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
+                    exec.run(Op::RopeRows {
+                        x,
+                        table: &model.rope,
+                        n_heads,
+                        positions,
+                    })?;
+                }
+            }
+            let (cache_k, cache_v) = kv.layer_mut(l);
+            exec.run(Op::ScatterRows {
+                src: &s.k,
+                rows: slots,
+                dst: cache_k,
+            })?;
+            exec.run(Op::ScatterRows {
+                src: &s.v,
+                rows: slots,
+                dst: cache_v,
+            })?;
+            exec.run(Op::PagedAttention {
+                q: &s.q,
+                cache_k,
+                cache_v,
+                block_size,
+                seqs: &paged,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                scale: attention_scale(c),
+                alibi: c.alibi,
+                sliding_window: c.sliding_window,
+                output: &mut s.att,
+            })
+        })?;
+        finish(exec, &model, s, Head::Logits(Logits::Last), &self.last_rows)?;
+        Ok(self.state.logits.as_f32()?)
+    }
+}

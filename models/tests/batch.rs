@@ -1,0 +1,163 @@
+//! The batched forward pass over a paged KV cache (`LlamaBatch`) against the single-sequence
+//! `Llama::forward` on the shipped stories260K, bit for bit: sequences at different positions, mixing
+//! prefill chunks and decode rows in one batch, block tables scattered over the pool.
+
+use std::path::{Path, PathBuf};
+
+use flm_core::{Executor, PagedKvCache};
+use flm_devices::CpuDevice;
+use flm_models::llama::{BatchSeq, LlamaBatch, Logits};
+use flm_models::{session, Model, SharedModel};
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/data")
+        .join(rel)
+}
+
+fn exec() -> Executor {
+    Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false)
+}
+
+/// A sequence of the test: its tokens and the chunks it runs in, step by step (`0`: it sits
+/// this step out).
+struct Script {
+    tokens: Vec<u32>,
+    chunks: Vec<usize>,
+}
+
+#[test]
+fn batched_forward_equals_single_sequence_forward() {
+    let (model, tokenizer) =
+        session::load_model(&data("stories260K/stories260K.bin"), None, Some(256)).unwrap();
+    let SharedModel::Llama(llama) = &model else {
+        panic!("stories260K runs on the Llama graph");
+    };
+    let c = model.config().clone();
+    let exec = exec();
+    let encode = |s: &str| tokenizer.encode(s, true).unwrap();
+    let mut a = encode("Once upon a time, there was a little girl named Lily.");
+    a.truncate(13);
+    let b = encode("Tom had a big red ball");
+    let mut long = encode(
+        "The sun was shining and the birds were singing. The little dog ran to the park \
+         to play with his friends, and they had so much fun together all day long.",
+    );
+    long.truncate(40);
+    let scripts = [
+        // A prefill in two chunks, then decode rows.
+        Script {
+            tokens: a.clone(),
+            chunks: vec![7, 4, 1, 1],
+        },
+        // Joins late, one chunk, then decodes.
+        Script {
+            tokens: b.clone(),
+            chunks: vec![0, b.len() - 2, 1, 1],
+        },
+        // Decodes from its first token on, beside the prefills.
+        Script {
+            tokens: vec![1, 403, 407, 261],
+            chunks: vec![1, 1, 1, 1],
+        },
+        // A long prefill in chunks of odd sizes.
+        Script {
+            tokens: long.clone(),
+            chunks: vec![19, 0, 17, 4],
+        },
+    ];
+    let block_size = 5;
+    let mut kv = PagedKvCache::new(c.n_layers, 40, block_size, c.kv_dim()).unwrap();
+    // Block tables taken in an interleaved order, so that no sequence's blocks are adjacent.
+    let tables: Vec<Vec<u32>> = scripts
+        .iter()
+        .map(|s| {
+            let blocks = kv.blocks_for(s.tokens.len());
+            (0..blocks)
+                .map(|_| kv.allocator_mut().alloc().unwrap())
+                .collect()
+        })
+        .collect();
+    let mut batch = LlamaBatch::new(llama.clone(), 4).unwrap();
+    let mut singles: Vec<Model> = scripts.iter().map(|_| model.instance().unwrap()).collect();
+    let mut done = vec![0; scripts.len()];
+    for step in 0..4 {
+        let mut seqs = Vec::new();
+        let mut who = Vec::new();
+        for (i, s) in scripts.iter().enumerate() {
+            let n = s.chunks[step];
+            if n == 0 {
+                continue;
+            }
+            seqs.push(BatchSeq {
+                tokens: &s.tokens[done[i]..done[i] + n],
+                start_pos: done[i],
+                blocks: &tables[i],
+            });
+            who.push(i);
+        }
+        let got = batch.forward(&exec, &mut kv, &seqs).unwrap().to_vec();
+        assert_eq!(got.len(), seqs.len() * c.vocab_size);
+        for (row, (&i, seq)) in who.iter().zip(&seqs).enumerate() {
+            let want = singles[i]
+                .forward(&exec, seq.tokens, seq.start_pos, Logits::Last)
+                .unwrap();
+            let got = &got[row * c.vocab_size..][..c.vocab_size];
+            // Every kernel is batch invariant: a row's bits do not depend on its batch.
+            assert!(
+                got.iter()
+                    .zip(want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "step {step}, sequence {i}: the batched logits differ from the single ones"
+            );
+            done[i] += seq.tokens.len();
+        }
+    }
+}
+
+#[test]
+fn batched_forward_rejects_bad_batches() {
+    let (model, _) =
+        session::load_model(&data("stories260K/stories260K.bin"), None, Some(64)).unwrap();
+    let SharedModel::Llama(llama) = &model else {
+        panic!("stories260K runs on the Llama graph");
+    };
+    let c = model.config().clone();
+    let exec = exec();
+    let mut kv = PagedKvCache::new(c.n_layers, 4, 16, c.kv_dim()).unwrap();
+    let mut batch = LlamaBatch::new(llama.clone(), 1).unwrap();
+    let blocks = [0u32];
+    let seq = |tokens: &'static [u32], start_pos: usize, blocks: &'static [u32]| BatchSeq {
+        tokens,
+        start_pos,
+        blocks,
+    };
+    assert!(batch.forward(&exec, &mut kv, &[]).is_err());
+    assert!(batch.forward(&exec, &mut kv, &[seq(&[], 0, &[0])]).is_err());
+    assert!(batch
+        .forward(&exec, &mut kv, &[seq(&[100_000], 0, &[0])])
+        .is_err());
+    // Position 16 needs a second block.
+    assert!(batch
+        .forward(&exec, &mut kv, &[seq(&[1], 16, &[0])])
+        .is_err());
+    // Beyond the context of 64.
+    assert!(batch
+        .forward(&exec, &mut kv, &[seq(&[1], 64, &[0, 1, 2, 3])])
+        .is_err());
+    // A block outside the pool.
+    assert!(batch
+        .forward(&exec, &mut kv, &[seq(&[1], 0, &[9])])
+        .is_err());
+    batch
+        .forward(
+            &exec,
+            &mut kv,
+            &[BatchSeq {
+                tokens: &[1, 2],
+                start_pos: 0,
+                blocks: &blocks,
+            }],
+        )
+        .unwrap();
+}

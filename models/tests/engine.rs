@@ -1,0 +1,346 @@
+//! The continuous-batching engine on the shipped stories260K: concurrent greedy and seeded
+//! requests produce exactly what a lone `Session` produces for each; a KV pool too small for
+//! all of them makes them wait (and preempts) yet every one finishes; cancellation frees the
+//! blocks at once; bad requests are refused synchronously.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
+
+use flm_core::{Executor, SamplerConfig};
+use flm_devices::CpuDevice;
+use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
+use flm_models::session::{self, GenerateParams, Session};
+use flm_models::{Error, SharedModel};
+use flm_tokenizer::Tokenizer;
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/data")
+        .join(rel)
+}
+
+fn exec() -> Executor {
+    Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false)
+}
+
+fn load() -> (SharedModel, Arc<Tokenizer>) {
+    let (model, tokenizer) =
+        session::load_model(&data("stories260K/stories260K.bin"), None, Some(256)).unwrap();
+    (model, Arc::new(tokenizer))
+}
+
+/// 32 different prompts: story openings with a name and a thing, after `preamble`.
+fn prompts(tokenizer: &Tokenizer, preamble: &str) -> Vec<Vec<u32>> {
+    let names = ["Lily", "Tom", "Sue", "Ben", "Max", "Anna", "Sam", "Mia"];
+    let things = ["a ball", "a cat", "a big tree", "a red car"];
+    let mut out = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        for (j, thing) in things.iter().enumerate() {
+            let text = if (i + j) % 2 == 0 {
+                format!("Once upon a time, {name} had {thing}")
+            } else {
+                format!("{name} saw {thing}. It was")
+            };
+            out.push(
+                tokenizer
+                    .encode(&format!("{preamble}{text}"), true)
+                    .unwrap(),
+            );
+        }
+    }
+    out
+}
+
+/// What a lone session generates for `prompt`.
+fn solo(
+    model: &SharedModel,
+    tokenizer: &Arc<Tokenizer>,
+    prompt: &[u32],
+    sampler: &SamplerConfig,
+    max_tokens: usize,
+) -> Vec<u32> {
+    let mut session = Session::new(model.instance().unwrap(), Arc::clone(tokenizer)).unwrap();
+    let params = GenerateParams {
+        sampler: sampler.clone(),
+        max_tokens,
+        ignore_eos: false,
+        stop: Vec::new(),
+    };
+    let mut ids = Vec::new();
+    session
+        .generate_tokens(&exec(), prompt.to_vec(), false, &params, |p| {
+            ids.extend(p.id);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    ids
+}
+
+fn request(
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    sampler: &SamplerConfig,
+    max_tokens: usize,
+) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        sampler: sampler.clone(),
+        max_tokens,
+        stop_tokens: tokenizer.eos_id().into_iter().collect(),
+    }
+}
+
+/// Submits `request` and returns the channel its events arrive on.
+fn submit(engine: &Engine, request: Request) -> Receiver<Event> {
+    let (tx, rx) = mpsc::channel();
+    engine
+        .submit(
+            request,
+            Box::new(move |e| {
+                let _ = tx.send(e);
+                ControlFlow::Continue(())
+            }),
+        )
+        .unwrap();
+    rx
+}
+
+/// The tokens of a finished request, and how it finished.
+fn collect(rx: Receiver<Event>) -> (Vec<u32>, FinishReason, usize) {
+    let mut ids = Vec::new();
+    for event in rx {
+        match event {
+            Event::Token(t) => ids.push(t),
+            Event::Finished(f) => {
+                assert_eq!(f.completion_tokens, ids.len());
+                return (ids, f.reason, f.prompt_tokens);
+            }
+        }
+    }
+    panic!("the request ended without Finished");
+}
+
+/// Runs every prompt at once through an engine with `config` and checks each against its
+/// lone run; returns the engine's stats at the end.
+fn all_equal_their_solo_runs(
+    config: EngineConfig,
+    samplers: &[SamplerConfig],
+    max_tokens: usize,
+    preamble: &str,
+) -> flm_models::engine::EngineStats {
+    let (model, tokenizer) = load();
+    let prompts = prompts(&tokenizer, preamble);
+    let engine = Engine::new(model.clone(), exec(), config).unwrap();
+    let pending: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let sampler = &samplers[i % samplers.len()];
+            submit(&engine, request(&tokenizer, p, sampler, max_tokens))
+        })
+        .collect();
+    for (i, (rx, prompt)) in pending.into_iter().zip(&prompts).enumerate() {
+        let (got, reason, prompt_tokens) = collect(rx);
+        let sampler = &samplers[i % samplers.len()];
+        let want = solo(&model, &tokenizer, prompt, sampler, max_tokens);
+        assert_eq!(got, want, "request {i}");
+        assert_eq!(prompt_tokens, prompt.len());
+        let expected = if got.len() == max_tokens {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
+        assert_eq!(reason, expected, "request {i}");
+    }
+    let stats = engine.stats();
+    assert_eq!(stats.free_blocks, stats.total_blocks);
+    assert_eq!((stats.running, stats.waiting), (0, 0));
+    assert_eq!(stats.finished_requests, prompts.len() as u64);
+    stats
+}
+
+#[test]
+fn thirty_two_concurrent_greedy_requests_equal_their_solo_runs() {
+    let stats =
+        all_equal_their_solo_runs(EngineConfig::default(), &[SamplerConfig::default()], 60, "");
+    assert_eq!(stats.preemptions, 0);
+}
+
+#[test]
+fn seeded_sampling_with_penalties_equals_the_solo_runs() {
+    let samplers = [
+        SamplerConfig {
+            temperature: 0.9,
+            top_p: 0.9,
+            seed: 11,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.3,
+            ..SamplerConfig::default()
+        },
+        SamplerConfig {
+            temperature: 1.0,
+            top_k: 20,
+            seed: 5,
+            repeat_penalty: 1.2,
+            ..SamplerConfig::default()
+        },
+    ];
+    all_equal_their_solo_runs(EngineConfig::default(), &samplers, 40, "");
+}
+
+/// A pool of 16 blocks of 8 positions (128 in all) for 32 requests of up to about 75
+/// positions each: they wait, sequences are preempted and recomputed, and every request
+/// still gets exactly its solo tokens.
+#[test]
+fn a_small_pool_makes_requests_wait_and_preempts_yet_all_finish_exactly() {
+    let config = EngineConfig {
+        block_size: 8,
+        max_batch_total_tokens: 128,
+        max_batch_prefill_tokens: 12,
+        max_waiting: 64,
+    };
+    let stats = all_equal_their_solo_runs(config, &[SamplerConfig::default()], 60, "");
+    assert!(stats.preemptions > 0, "{stats:?}");
+    assert_eq!(stats.total_blocks, 16);
+}
+
+/// Prompts that share a long preamble, admitted a few per step: the later ones take the
+/// preamble's blocks from the running ones and still produce exactly their solo tokens.
+#[test]
+fn a_shared_prompt_prefix_is_computed_once_and_changes_nothing() {
+    let config = EngineConfig {
+        block_size: 4,
+        max_batch_total_tokens: 8192,
+        max_batch_prefill_tokens: 48,
+        max_waiting: 64,
+    };
+    let preamble = "The sun was shining and the birds were singing in the big green park. ";
+    let stats = all_equal_their_solo_runs(config, &[SamplerConfig::default()], 30, preamble);
+    assert!(stats.prefix_cached_tokens >= 100, "{stats:?}");
+}
+
+#[test]
+fn a_callback_that_breaks_cancels_and_frees_the_blocks() {
+    let (model, tokenizer) = load();
+    let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
+    let prompt = tokenizer.encode("Once upon a time", true).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let mut seen = 0;
+    engine
+        .submit(
+            request(&tokenizer, &prompt, &SamplerConfig::default(), 200),
+            Box::new(move |e| {
+                seen += 1;
+                let _ = tx.send(e);
+                if seen == 3 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            }),
+        )
+        .unwrap();
+    let events: Vec<Event> = rx.iter().collect();
+    assert_eq!(events.len(), 3, "no event after the break: {events:?}");
+    assert!(events.iter().all(|e| matches!(e, Event::Token(_))));
+    // The sender went with the request; its blocks went before the next step, so a new
+    // request runs to its end in a pool with all blocks back.
+    let rx = submit(
+        &engine,
+        request(&tokenizer, &prompt, &SamplerConfig::default(), 5),
+    );
+    collect(rx);
+    let stats = engine.stats();
+    assert_eq!(stats.free_blocks, stats.total_blocks);
+    assert_eq!(stats.finished_requests, 2);
+}
+
+#[test]
+fn dropping_the_engine_cancels_what_is_left() {
+    let (model, tokenizer) = load();
+    let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
+    let prompt = tokenizer.encode("Once upon a time", true).unwrap();
+    let rxs: Vec<_> = (0..4)
+        .map(|_| {
+            let sampler = SamplerConfig::default();
+            submit(&engine, request(&tokenizer, &prompt, &sampler, 100_000))
+        })
+        .collect();
+    drop(engine);
+    for rx in rxs {
+        let (_, reason, _) = collect(rx);
+        // A request may have filled the context (Length) before the engine stopped.
+        assert!(matches!(
+            reason,
+            FinishReason::Cancelled | FinishReason::Length
+        ));
+    }
+}
+
+#[test]
+fn bad_requests_and_configs_are_refused() {
+    let (model, tokenizer) = load();
+    let prompt = tokenizer.encode("Once upon a time", true).unwrap();
+    for config in [
+        EngineConfig {
+            block_size: 0,
+            ..EngineConfig::default()
+        },
+        EngineConfig {
+            max_batch_total_tokens: 15,
+            ..EngineConfig::default()
+        },
+        EngineConfig {
+            max_batch_prefill_tokens: 0,
+            ..EngineConfig::default()
+        },
+    ] {
+        let err = Engine::new(model.clone(), exec(), config).err().unwrap();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+    }
+    let small = EngineConfig {
+        max_batch_total_tokens: 32,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(model.clone(), exec(), small).unwrap();
+    let greedy = SamplerConfig::default();
+    let try_submit = |r: Request| engine.submit(r, Box::new(|_| ControlFlow::Continue(())));
+    let err = try_submit(request(&tokenizer, &[], &greedy, 4)).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    let err = try_submit(request(&tokenizer, &[1, 100_000], &greedy, 4)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Core(flm_core::Error::TokenOutOfRange { id: 100_000, .. })
+        ),
+        "{err}"
+    );
+    let err = try_submit(request(&tokenizer, &vec![1; 256], &greedy, 4)).unwrap_err();
+    assert!(matches!(err, Error::PromptTooLong { .. }), "{err}");
+    // 32 positions in the pool: a prompt of 32 leaves none to generate into.
+    let err = try_submit(request(&tokenizer, &[1; 32], &greedy, 4)).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    let hot = SamplerConfig {
+        temperature: -1.0,
+        ..SamplerConfig::default()
+    };
+    let err = try_submit(request(&tokenizer, &prompt, &hot, 4)).unwrap_err();
+    assert!(matches!(err, Error::Core(_)), "{err}");
+    let (_, reason, _) = collect(submit(&engine, request(&tokenizer, &prompt, &greedy, 0)));
+    assert_eq!(reason, FinishReason::Length);
+
+    let closed = EngineConfig {
+        max_waiting: 0,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(model, exec(), closed).unwrap();
+    let err = engine
+        .submit(
+            request(&tokenizer, &prompt, &greedy, 4),
+            Box::new(|_| ControlFlow::Continue(())),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::QueueFull { .. }), "{err}");
+}

@@ -1,0 +1,131 @@
+//! The batched forward pass over a paged KV cache (`LlamaBatch`, what the serving engine
+//! runs) against `Model::forward` of each sequence alone, bit for bit, for every family on
+//! the Llama graph: ChatGLM2/3 and GLM-4 (chatglm.cpp's test models, with and without a
+//! p-tuning v2 prefix), Baichuan-7B and Baichuan-13B (ALiBi), InternLM, Llama 3, Mistral
+//! (sliding window) and Qwen2 (transformers' tiny checkpoints). ChatGLM-6B is refused by the
+//! engine.
+
+use std::path::Path;
+
+use flm_core::PagedKvCache;
+use flm_models::engine::{Engine, EngineConfig};
+use flm_models::import;
+use flm_models::llama::{BatchSeq, LlamaBatch, Logits};
+use flm_models::{Error, SharedModel};
+use flm_tests::glm_data::{write_hf_dir, Family};
+use flm_tests::{cpu_executor, data, ids};
+
+/// Runs two sequences through one batch in steps of the given chunk sizes (0: the sequence
+/// sits the step out), and each alone through `Model::forward`; the logits must be equal.
+fn batched_equals_single(model: &SharedModel, seqs: [(&[u32], &[usize]); 2], what: &str) {
+    let SharedModel::Llama(llama) = model else {
+        panic!("{what}: not on the Llama graph");
+    };
+    let c = model.config();
+    let exec = cpu_executor();
+    let block_size = 3;
+    let positions: usize = seqs.iter().map(|s| c.pre_seq_len + s.0.len()).sum();
+    let mut kv = PagedKvCache::new(c.n_layers, positions, block_size, c.kv_dim()).unwrap();
+    let mut batch = LlamaBatch::new(llama.clone(), 1).unwrap();
+    let mut tables = Vec::new();
+    for (tokens, _) in &seqs {
+        let n = kv.blocks_for(c.pre_seq_len + tokens.len());
+        let table: Vec<u32> = (0..n)
+            .map(|_| kv.allocator_mut().alloc().unwrap())
+            .collect();
+        batch.write_prefix(&exec, &mut kv, &table).unwrap();
+        tables.push(table);
+    }
+    let mut singles = [model.instance().unwrap(), model.instance().unwrap()];
+    let mut done = [0, 0];
+    let steps = seqs[0].1.len();
+    for step in 0..steps {
+        let mut batch_seqs = Vec::new();
+        let mut who = Vec::new();
+        for (i, (tokens, chunks)) in seqs.iter().enumerate() {
+            let n = chunks[step];
+            if n > 0 {
+                batch_seqs.push(BatchSeq {
+                    tokens: &tokens[done[i]..done[i] + n],
+                    start_pos: done[i],
+                    blocks: &tables[i],
+                });
+                who.push(i);
+            }
+        }
+        let got = batch.forward(&exec, &mut kv, &batch_seqs).unwrap().to_vec();
+        for (row, (&i, seq)) in who.iter().zip(&batch_seqs).enumerate() {
+            let want = singles[i]
+                .forward(&exec, seq.tokens, seq.start_pos, Logits::Last)
+                .unwrap();
+            let got = &got[row * c.vocab_size..][..c.vocab_size];
+            assert!(
+                got.iter()
+                    .zip(want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "{what}: step {step}, sequence {i}"
+            );
+            done[i] += seq.tokens.len();
+        }
+    }
+}
+
+#[test]
+fn chatglm_cpp_families_batch_exactly() {
+    let models = [
+        ("glm2_model.data", Family::Glm2, false),
+        ("glm3_model.data", Family::Glm2, false),
+        ("glm3_ptuning_v2_model.data", Family::Glm2, true),
+        ("glm4_model.data", Family::Glm4, false),
+        (
+            "baichuan7b_model.data",
+            Family::Baichuan { alibi: false },
+            false,
+        ),
+        (
+            "baichuan13b_model.data",
+            Family::Baichuan { alibi: true },
+            false,
+        ),
+        ("internlm_model.data", Family::InternLm, false),
+    ];
+    for (file, family, prefix) in models {
+        let dir = tempfile::tempdir().unwrap();
+        let steps = write_hf_dir(file, family, prefix, dir.path());
+        let tokens: Vec<u32> = steps.iter().flat_map(|s| s.0.clone()).collect();
+        let other: Vec<u32> = tokens.iter().rev().copied().collect();
+        let ckpt = import::load(dir.path()).unwrap();
+        let model = SharedModel::new(&ckpt).unwrap();
+        // A: chatglm.cpp's steps (3 tokens, then one at a time); B: joins at the second
+        // step with a chunk of 4, then decodes.
+        batched_equals_single(&model, [(&tokens, &[3, 1, 1]), (&other, &[0, 4, 1])], file);
+    }
+}
+
+#[test]
+fn hf_families_batch_exactly() {
+    let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
+    let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
+    let other: Vec<u32> = input.iter().rev().copied().collect();
+    for family in ["llama3", "mistral", "qwen2"] {
+        let path = data(&format!("hf-families/{family}"));
+        let ckpt = import::load(Path::new(&path)).unwrap();
+        let model = SharedModel::new(&ckpt).unwrap();
+        // Past Mistral's window of 8 in chunks, beside decode rows.
+        let a: [usize; 5] = [10, 7, 5, 1, 1];
+        let b: [usize; 5] = [1, 1, 13, 0, 9];
+        batched_equals_single(&model, [(&input[..24], &a), (&other[..24], &b)], family);
+    }
+}
+
+#[test]
+fn chatglm_6b_is_refused_by_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf_dir("glm_model.data", Family::Glm, false, dir.path());
+    let ckpt = import::load(dir.path()).unwrap();
+    let model = SharedModel::new(&ckpt).unwrap();
+    let err = Engine::new(model, cpu_executor(), EngineConfig::default())
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+}

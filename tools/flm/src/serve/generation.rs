@@ -1,0 +1,189 @@
+//! One request's trip through the engine: submitting it, and turning the engine's token
+//! events into text for the client.
+//!
+//! The engine calls a request's event callback on its scheduler thread; the callback
+//! forwards each event into a channel read by the request's handler. When the handler is
+//! gone (the client disconnected, or a stop sequence ended the reply) the channel is
+//! closed, the callback's send fails and it returns [`ControlFlow::Break`], which cancels
+//! the sequence in the engine at once and frees its KV blocks.
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use flm_models::engine::{Event, FinishReason, Request};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::error::ApiError;
+use super::openai::Usage;
+use super::params::Params;
+use super::text::Detokenizer;
+use super::State;
+
+/// A checked request, ready for the engine.
+pub struct Job {
+    /// The prompt ids from position 0 (prefix tokens included).
+    pub prompt: Vec<u32>,
+    /// Only the prefix tokens precede the reply (see `Tokenizer::stream_decoder`).
+    pub at_start: bool,
+    /// Sampling and stop settings.
+    pub params: Params,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Token ids that end the reply (EOS, chat stop tokens).
+    pub stop_tokens: Vec<u32>,
+    /// When the request arrived (for the time to first token).
+    pub arrived: Instant,
+}
+
+/// How a reply ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Done {
+    /// OpenAI's `finish_reason`: `stop` (an end token or a stop sequence) or `length`.
+    pub finish_reason: &'static str,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// The end of [`drive`]: the reply is complete, the client left first, or it failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The reply ended.
+    Done(Done),
+    /// `emit` refused text: nobody is listening any more.
+    ClientGone,
+    /// The engine failed, or shut down first.
+    Failed(ApiError),
+}
+
+/// A submitted job: the engine's events for it, and what reading them needs.
+pub struct Submitted {
+    prompt_tokens: usize,
+    at_start: bool,
+    stop: Vec<String>,
+    arrived: Instant,
+    events: UnboundedReceiver<Event>,
+}
+
+/// Hands `job` to the engine.
+///
+/// Errors: 400 for a request the engine refuses (a bad prompt or parameter), 503 when its
+/// queue is full.
+pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
+    let (tx, events) = unbounded_channel();
+    let prompt_tokens = job.prompt.len();
+    let request = Request {
+        prompt: job.prompt,
+        sampler: job.params.sampler,
+        max_tokens: job.max_tokens,
+        stop_tokens: job.stop_tokens,
+    };
+    let on_event = Box::new(move |event| match tx.send(event) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(_) => ControlFlow::Break(()),
+    });
+    state
+        .engine
+        .submit(request, on_event)
+        .map_err(super::engine_error)?;
+    state.metrics.prompt(prompt_tokens);
+    Ok(Submitted {
+        prompt_tokens,
+        at_start: job.at_start,
+        stop: job.params.stop,
+        arrived: job.arrived,
+        events,
+    })
+}
+
+/// Counts a request as cancelled in the metrics if it is dropped before it is done: its
+/// client went away (a stream that cannot be written, or a whole response whose connection
+/// closed, which drops the handler's future).
+struct Unfinished<'a>(Option<&'a super::metrics::Metrics>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.0 {
+            metrics.cancelled();
+        }
+    }
+}
+
+/// Reads the events of `submitted` until the reply ends, calling `emit` with each piece of
+/// visible text (never empty); `emit` returns false when the text can no longer be
+/// delivered, which ends the request (the engine cancels it when its next event finds the
+/// channel closed; so does dropping this future). Records the latency metrics.
+pub async fn drive(
+    state: &State,
+    submitted: Submitted,
+    emit: impl FnMut(String) -> bool,
+) -> Outcome {
+    let mut unfinished = Unfinished(Some(&state.metrics));
+    let outcome = events(state, submitted, emit).await;
+    if outcome != Outcome::ClientGone {
+        unfinished.0 = None;
+    }
+    outcome
+}
+
+async fn events(
+    state: &State,
+    submitted: Submitted,
+    mut emit: impl FnMut(String) -> bool,
+) -> Outcome {
+    let Submitted {
+        prompt_tokens,
+        at_start,
+        stop,
+        arrived,
+        mut events,
+    } = submitted;
+    let mut text = Detokenizer::new(&state.tokenizer, at_start, stop);
+    let mut last = arrived;
+    let mut generated = 0;
+    let mut deliver = |piece: String| piece.is_empty() || emit(piece);
+    let done = |finish_reason, generated| {
+        Outcome::Done(Done {
+            finish_reason,
+            usage: Usage::new(prompt_tokens, generated),
+        })
+    };
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Token(id) => {
+                let now = Instant::now();
+                state.metrics.token(generated == 0, now - last);
+                last = now;
+                generated += 1;
+                let (piece, stopped) = match text.push(id) {
+                    Ok(step) => step,
+                    Err(e) => return Outcome::Failed(ApiError::internal(e.to_string())),
+                };
+                if !deliver(piece) {
+                    return Outcome::ClientGone;
+                }
+                if stopped {
+                    return done("stop", generated);
+                }
+            }
+            Event::Finished(finish) => {
+                let reason = match finish.reason {
+                    FinishReason::Stop => "stop",
+                    FinishReason::Length => "length",
+                    FinishReason::Cancelled => {
+                        return Outcome::Failed(ApiError::unavailable(
+                            "the engine shut down before the reply ended",
+                        ))
+                    }
+                    FinishReason::Error(e) => return Outcome::Failed(ApiError::internal(e)),
+                };
+                if !deliver(text.finish()) {
+                    return Outcome::ClientGone;
+                }
+                return done(reason, finish.completion_tokens);
+            }
+        }
+    }
+    Outcome::Failed(ApiError::internal(
+        "the engine dropped the request without finishing it",
+    ))
+}

@@ -1,0 +1,237 @@
+//! The JSON bodies of OpenAI's API that `flm serve` speaks (the subset a local model can
+//! honour), as serde types.
+//!
+//! Source: the OpenAI API reference (`POST /v1/chat/completions`, `POST /v1/completions`,
+//! `GET /v1/models`) and the `openai` Python client's models of these objects. Unknown
+//! request fields are ignored, as OpenAI-compatible servers (vLLM, llama.cpp) do; known
+//! fields with values `flm` cannot honour (`n` > 1, `logprobs`, `echo`) are refused by
+//! [`super::params`].
+
+use serde::{Deserialize, Serialize};
+
+/// A `stop` field: one string or a list of strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop sequence.
+    One(String),
+    /// Up to four stop sequences.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and no choices) before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling fields shared by chat and completion requests.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Sampling {
+    /// The model name; optional here, and if given it must be the served model's.
+    pub model: Option<String>,
+    /// Softmax temperature in `[0, 2]`; 0 is greedy. Default 1.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass in `(0, 1]`. Default 1.
+    pub top_p: Option<f32>,
+    /// Extension (vLLM, llama.cpp): keep only the K most likely tokens; 0 disables.
+    pub top_k: Option<usize>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<usize>,
+    /// The newer name of `max_tokens` in chat requests.
+    pub max_completion_tokens: Option<usize>,
+    /// Text that ends the reply (not included in it).
+    pub stop: Option<Stop>,
+    /// Seed of the sampler: the same seed and request give the same text.
+    pub seed: Option<i64>,
+    /// Subtracted once from the logit of every token already generated, in `[-2, 2]`.
+    pub presence_penalty: Option<f32>,
+    /// Subtracted from each logit times the token's count so far, in `[-2, 2]`.
+    pub frequency_penalty: Option<f32>,
+    /// Number of choices; only 1 is supported.
+    pub n: Option<usize>,
+    /// Stream server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Options of the stream.
+    pub stream_options: Option<StreamOptions>,
+    /// Log-probabilities are not supported: must be absent, false or null.
+    pub logprobs: Option<serde_json::Value>,
+}
+
+/// One message of a chat request.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` (or a role the model's template knows).
+    pub role: String,
+    /// A string, or a list of `{"type": "text", "text": ...}` parts.
+    pub content: Content,
+}
+
+/// The `content` of a message.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts; only `text` parts are supported.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// The part's type: only `text` is supported.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation, rendered with the model's chat template.
+    pub messages: Vec<ChatMessage>,
+    /// Sampling and streaming.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// The `prompt` of a completion request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// A text, encoded with BOS.
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+    /// A batch of texts; only a batch of one is supported.
+    Texts(Vec<String>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// What to continue.
+    pub prompt: Prompt,
+    /// Echoing the prompt is not supported: must be absent or false.
+    #[serde(default)]
+    pub echo: bool,
+    /// Sampling and streaming.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    /// Tokens of the prompt (as rendered and encoded).
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    /// The usage of `prompt` and `completion` tokens.
+    pub fn new(prompt: usize, completion: usize) -> Usage {
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+        }
+    }
+}
+
+/// The assistant's message in a chat response (and a chat chunk's `delta`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Delta {
+    /// `assistant` in the first chunk and in a whole response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// The text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One choice of a chat response or chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    /// Always 0 (`n` is 1).
+    pub index: usize,
+    /// `message` in a response, `delta` in a chunk.
+    #[serde(flatten)]
+    pub body: ChatBody,
+    /// Always null.
+    pub logprobs: Option<()>,
+    /// `stop` or `length`; null in every chunk but the last.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The message of a chat choice.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatBody {
+    /// A whole response.
+    Message(Delta),
+    /// A chunk.
+    Delta(Delta),
+}
+
+/// One choice of a completion response or chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct TextChoice {
+    /// Always 0.
+    pub index: usize,
+    /// The text (of this chunk, when streamed).
+    pub text: String,
+    /// Always null.
+    pub logprobs: Option<()>,
+    /// `stop` or `length`; null in every chunk but the last.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A response or a streamed chunk: `chat.completion`, `chat.completion.chunk` or
+/// `text_completion`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion<C> {
+    /// `chatcmpl-…` or `cmpl-…`, the same in every chunk of a stream.
+    pub id: String,
+    /// The object type.
+    pub object: &'static str,
+    /// Unix time in seconds of the request.
+    pub created: u64,
+    /// The served model's name.
+    pub model: String,
+    /// The choices (none in a stream's usage chunk).
+    pub choices: Vec<C>,
+    /// Token counts: in a whole response, and in a stream's usage chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// One model of `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    /// The name requests use.
+    pub id: String,
+    /// `model`.
+    pub object: &'static str,
+    /// Unix time in seconds when the server started.
+    pub created: u64,
+    /// `flm`.
+    pub owned_by: &'static str,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    /// `list`.
+    pub object: &'static str,
+    /// The served model.
+    pub data: Vec<ModelCard>,
+}

@@ -1,0 +1,117 @@
+//! The prompt of a request as token ids.
+//!
+//! Chat `messages` are rendered as `flm chat` renders a conversation: with the model's own
+//! format ([`Tokenizer::encode_chat`]: ChatGLM's built-in formats or the Jinja
+//! `chat_template` of the model's files) and the generation prompt appended. A model with
+//! no template at all (stories260K's llama2.c files) is refused with a 400, as `flm chat`
+//! refuses it; `/v1/completions` works for every model. A completion `prompt` text is
+//! encoded after the prefix tokens (BOS) if the tokenizer has any, as `flm run` does; a list of ids is used as given.
+
+use flm_tokenizer::{Message, Tokenizer};
+
+use super::error::ApiError;
+use super::openai::{ChatMessage, Content, Prompt};
+
+/// A prompt ready for the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ids {
+    /// From position 0.
+    pub ids: Vec<u32>,
+    /// The reply is decoded as the start of a text: its first piece's dummy-prefix space
+    /// is dropped (a chat reply, or a completion of nothing but the prefix tokens).
+    pub at_start: bool,
+}
+
+impl Ids {
+    fn new(tokenizer: &Tokenizer, ids: Vec<u32>) -> Ids {
+        let at_start = ids == tokenizer.prefix();
+        Ids { ids, at_start }
+    }
+}
+
+fn text_of(message: &ChatMessage) -> Result<String, ApiError> {
+    match &message.content {
+        Content::Text(text) => Ok(text.clone()),
+        Content::Parts(parts) => parts
+            .iter()
+            .map(|part| match (part.kind.as_str(), &part.text) {
+                ("text", Some(text)) => Ok(text.as_str()),
+                _ => Err(ApiError::invalid(
+                    Some("messages"),
+                    format!(
+                        "only text content parts are supported, got a `{}` part",
+                        part.kind
+                    ),
+                )),
+            })
+            .collect(),
+    }
+}
+
+/// The prompt of a chat request: the conversation rendered with the model's template,
+/// ending where the assistant's reply starts. The reply is decoded as the start of a text
+/// (a SentencePiece dummy-prefix space before its first word dropped), as `flm chat` does.
+///
+/// Errors (400): no messages, a non-text content part, a model without a chat template, a
+/// role or conversation the template refuses.
+pub fn chat(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Ids, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "messages must hold at least one message",
+        ));
+    }
+    if !tokenizer.can_chat() {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "the model has no chat template (none in its files and no built-in format): use \
+             /v1/completions",
+        ));
+    }
+    let messages = messages
+        .iter()
+        .map(|m| Ok(Message::new(m.role.as_str(), text_of(m)?)))
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let prompt = tokenizer
+        .encode_chat(&messages, true)
+        .map_err(|e| ApiError::invalid(Some("messages"), format!("cannot render the chat: {e}")))?;
+    // The reply is a text of its own, decoded as `flm chat` shows it.
+    Ok(Ids {
+        ids: prompt.ids,
+        at_start: true,
+    })
+}
+
+/// The prompt of a completion request.
+///
+/// Errors (400): a batch of more than one prompt, an empty list of ids, an id outside the
+/// vocabulary, a text the tokenizer cannot encode.
+pub fn completion(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Ids, ApiError> {
+    let invalid = |message: String| ApiError::invalid(Some("prompt"), message);
+    let text = match prompt {
+        Prompt::Text(text) => text,
+        Prompt::Texts(texts) if texts.len() == 1 => &texts[0],
+        Prompt::Texts(texts) => {
+            return Err(invalid(format!(
+                "one prompt per request is supported, got {}",
+                texts.len()
+            )))
+        }
+        Prompt::Tokens(ids) => {
+            let vocab = tokenizer.vocab_size();
+            if ids.is_empty() {
+                return Err(invalid("the prompt holds no tokens".into()));
+            }
+            if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(invalid(format!(
+                    "token id {id} is outside the vocabulary of {vocab} tokens"
+                )));
+            }
+            return Ok(Ids::new(tokenizer, ids.clone()));
+        }
+    };
+    let ids = tokenizer
+        .encode(text, !tokenizer.prefix().is_empty())
+        .map_err(|e| invalid(format!("cannot encode the prompt: {e}")))?;
+    Ok(Ids::new(tokenizer, ids))
+}

@@ -1,0 +1,185 @@
+//! The HTTP routes of `flm serve`.
+//!
+//! | route                       | answer                                                |
+//! |-----------------------------|-------------------------------------------------------|
+//! | `GET /`                     | the chat page ([`super::page`])                       |
+//! | `GET /health`               | `{"status": "ok"}` once the model is loaded           |
+//! | `GET /v1/models`            | the served model                                      |
+//! | `GET /metrics`              | Prometheus text ([`super::metrics`])                  |
+//! | `POST /v1/chat/completions` | a chat reply, whole or streamed                       |
+//! | `POST /v1/completions`      | a text continuation, whole or streamed                |
+//!
+//! Every other path answers 404 and every bad request 400, both with an OpenAI-style JSON
+//! error.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State as Shared;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+use super::error::ApiError;
+use super::generation::{submit, Job};
+use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
+use super::respond::{self, Api, Header};
+use super::{page, params, prompt, State};
+
+/// The router of every route, sharing `state`.
+pub fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/", get(|| async { Html(page::HTML) }))
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(|| async {
+            let mut e = ApiError::invalid(None, "no such route");
+            e.status = StatusCode::NOT_FOUND;
+            e
+        })
+        .with_state(state)
+}
+
+/// Unix time in seconds.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn models(Shared(state): Shared<Arc<State>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: state.model_name.clone(),
+            object: "model",
+            created: state.started,
+            owned_by: "flm",
+        }],
+    })
+}
+
+async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
+    let text = state.metrics.render(&state.engine.stats());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn chat(
+    Shared(state): Shared<Arc<State>>,
+    body: Result<Json<ChatRequest>, JsonRejection>,
+) -> Response {
+    let arrived = Instant::now();
+    let result = match body {
+        Ok(Json(request)) => {
+            prompt::chat(&state.tokenizer, &request.messages).map(|ids| (ids, request.sampling))
+        }
+        Err(rejection) => Err(rejection.into()),
+    };
+    answer(state, Api::Chat, arrived, result).await
+}
+
+async fn completions(
+    Shared(state): Shared<Arc<State>>,
+    body: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Response {
+    let arrived = Instant::now();
+    let result = match body {
+        Ok(Json(request)) if request.echo => Err(ApiError::invalid(
+            Some("echo"),
+            "echoing the prompt is not supported",
+        )),
+        Ok(Json(request)) => {
+            prompt::completion(&state.tokenizer, &request.prompt).map(|ids| (ids, request.sampling))
+        }
+        Err(rejection) => Err(rejection.into()),
+    };
+    answer(state, Api::Text, arrived, result).await
+}
+
+/// Generates the reply to a parsed request, and counts it in the metrics.
+async fn answer(
+    state: Arc<State>,
+    api: Api,
+    arrived: Instant,
+    request: Result<(prompt::Ids, Sampling), ApiError>,
+) -> Response {
+    let response = match request {
+        Ok((ids, sampling)) => generate(Arc::clone(&state), api, arrived, ids, &sampling).await,
+        Err(e) => Err(e),
+    };
+    let response = response.unwrap_or_else(IntoResponse::into_response);
+    state
+        .metrics
+        .request(api.label(), response.status().as_u16());
+    response
+}
+
+async fn generate(
+    state: Arc<State>,
+    api: Api,
+    arrived: Instant,
+    ids: prompt::Ids,
+    sampling: &Sampling,
+) -> Result<Response, ApiError> {
+    let params = params::check(sampling, &state.model_name, crate::generate::clock_seed())?;
+    let (param, default_max, stop_tokens) = match api {
+        // OpenAI: a chat reply may fill the context, a completion stops after 16 tokens.
+        Api::Chat => ("messages", None, state.tokenizer.chat_stop_ids()),
+        Api::Text => (
+            "prompt",
+            Some(16),
+            state.tokenizer.eos_id().into_iter().collect(),
+        ),
+    };
+    let max_tokens = params::budget(
+        param,
+        params.max_tokens,
+        default_max,
+        ids.ids.len(),
+        state.context,
+    )?;
+    let (stream, include_usage) = (params.stream, params.include_usage);
+    let submitted = submit(
+        &state,
+        Job {
+            prompt: ids.ids,
+            at_start: ids.at_start,
+            params,
+            max_tokens,
+            stop_tokens,
+            arrived,
+        },
+    )?;
+    let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let header = Header {
+        api,
+        id: match api {
+            Api::Chat => format!("chatcmpl-{}-{serial}", state.started),
+            Api::Text => format!("cmpl-{}-{serial}", state.started),
+        },
+        created: unix_now(),
+        model: state.model_name.clone(),
+    };
+    if stream {
+        Ok(respond::stream(state, header, submitted, include_usage))
+    } else {
+        respond::whole(&state, header, submitted).await
+    }
+}

@@ -1,0 +1,189 @@
+//! The routes, the OpenAI objects and the 400 errors.
+
+use serde_json::{json, Value};
+
+use crate::server::{reference, Server};
+
+/// Checks an OpenAI-style error: status, type and the field at fault.
+fn assert_error(answer: (u16, Value), status: u16, param: Option<&str>) {
+    let (got, body) = answer;
+    assert_eq!(got, status, "{body}");
+    let error = &body["error"];
+    assert!(!error["message"].as_str().unwrap().is_empty(), "{body}");
+    assert!(error["type"].is_string(), "{body}");
+    assert!(error.get("code").is_some(), "{body}");
+    assert_eq!(error["param"].as_str(), param, "{body}");
+}
+
+#[test]
+fn health_models_metrics_and_page() {
+    let server = Server::start(&["--model-name", "tiny"]);
+    assert_eq!(server.get("/health"), (200, r#"{"status":"ok"}"#.into()));
+    let (status, models) = server.get("/v1/models");
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(models["data"][0]["object"], "model");
+    let (status, page) = server.get("/");
+    assert_eq!(status, 200);
+    assert!(page.contains("/v1/chat/completions") && page.contains("tokens/s"));
+    let (status, metrics) = server.get("/metrics");
+    assert_eq!(status, 200);
+    for name in [
+        "flm_queue_length 0",
+        "flm_running_sequences 0",
+        "flm_kv_blocks_free ",
+        "flm_kv_blocks_total ",
+        "flm_generated_tokens_total 0",
+        "flm_time_to_first_token_seconds_count 0",
+        "flm_inter_token_latency_seconds_count 0",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from\n{metrics}");
+    }
+    assert!(server.metric("flm_kv_blocks_total") > 0.0);
+    assert_eq!(
+        server.metric("flm_kv_blocks_free"),
+        server.metric("flm_kv_blocks_total")
+    );
+    let (status, _) = server.get("/v2/nothing");
+    assert_eq!(status, 404);
+}
+
+/// Greedy from BOS is llama2.c's `run -t 0 -n 200` output, whole and streamed.
+#[test]
+fn greedy_completion_matches_llama2c() {
+    let server = Server::start(&[]);
+    let expected = reference();
+    let request = json!({"prompt": "", "temperature": 0, "max_tokens": 200});
+    let (status, body) = server.post("/v1/completions", &request);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["choices"][0]["text"], expected.text.as_str());
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 1, "completion_tokens": 200, "total_tokens": 201})
+    );
+    let mut streamed = request.clone();
+    streamed["stream"] = true.into();
+    streamed["stream_options"] = json!({"include_usage": true});
+    let chunks = server.stream("/v1/completions", &streamed);
+    let (usage, chunks) = chunks.split_last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 200);
+    let text: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, expected.text);
+    let (last, pieces) = chunks.split_last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert!(pieces
+        .iter()
+        .all(|c| c["choices"][0]["finish_reason"].is_null()));
+    assert!(chunks.iter().all(|c| c["id"] == chunks[0]["id"]));
+    assert!(server.metric("flm_time_to_first_token_seconds_count") >= 2.0);
+    assert!(server.metric("flm_generated_tokens_total") >= 400.0);
+}
+
+/// A stop string ends the text before it, also when it spans several tokens; the ids of
+/// a token prompt are used as they are.
+#[test]
+fn stop_strings_and_token_prompts() {
+    let server = Server::start(&[]);
+    let expected = reference();
+    let stop = "little girl";
+    let before = &expected.text[..expected.text.find(stop).unwrap()];
+    let request = json!({"prompt": [1], "temperature": 0, "max_tokens": 100,
+        "stop": ["nowhere in the text", stop]});
+    let (status, body) = server.post("/v1/completions", &request);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], before);
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let mut streamed = request.clone();
+    streamed["stream"] = true.into();
+    let chunks = server.stream("/v1/completions", &streamed);
+    let text: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, before);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+}
+
+#[test]
+fn bad_requests_get_openai_errors() {
+    let server = Server::start(&["--model-name", "tiny"]);
+    let completions = "/v1/completions";
+    assert_error(server.post_raw(completions, "{not json"), 400, None);
+    assert_error(server.post_raw("/v1/chat/completions", "[]"), 400, None);
+    assert_error(
+        server.post(completions, &json!({"max_tokens": 3})),
+        400,
+        None,
+    );
+    assert_error(
+        server.post("/v1/chat/completions", &json!({"prompt": "x"})),
+        400,
+        None,
+    );
+    for (field, value) in [
+        ("temperature", json!(3)),
+        ("temperature", json!(-0.5)),
+        ("top_p", json!(0)),
+        ("top_p", json!(1.5)),
+        ("max_tokens", json!(0)),
+        ("presence_penalty", json!(2.5)),
+        ("frequency_penalty", json!(-9)),
+        ("n", json!(3)),
+        ("stop", json!(["a", "b", "c", "d", "e"])),
+        ("stop", json!("")),
+        ("echo", json!(true)),
+    ] {
+        let mut request = json!({"prompt": "Once upon a time"});
+        request[field] = value;
+        assert_error(server.post(completions, &request), 400, Some(field));
+    }
+    // A wrong type is a deserialisation error.
+    assert_error(
+        server.post(completions, &json!({"prompt": "x", "temperature": "hot"})),
+        400,
+        None,
+    );
+    assert_error(
+        server.post(completions, &json!({"prompt": [1, 99999]})),
+        400,
+        Some("prompt"),
+    );
+    assert_error(
+        server.post(completions, &json!({"prompt": "x", "model": "other"})),
+        404,
+        Some("model"),
+    );
+    // stories260K's llama2.c files have no chat template.
+    assert_error(
+        server.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        400,
+        Some("messages"),
+    );
+    // Over-long prompts: longer than the context (512), or with max_tokens past it.
+    let long = "Once upon a time ".repeat(200);
+    let (status, body) = server.post(completions, &json!({"prompt": long}));
+    assert_error((status, body.clone()), 400, Some("prompt"));
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
+    let (status, body) = server.post(completions, &json!({"prompt": "x", "max_tokens": 600}));
+    assert_error((status, body.clone()), 400, Some("prompt"));
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
+    // The server is still serving.
+    let (status, body) = server.post(completions, &json!({"prompt": "x", "max_tokens": 2}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 2);
+    assert!(server.metric("flm_requests_total{endpoint=\"completions\",status=\"400\"}") >= 10.0);
+}

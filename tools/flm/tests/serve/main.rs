@@ -1,0 +1,12 @@
+//! `flm serve` on stories260K, through HTTP: the routes and errors (`api`), continuous
+//! batching (`batching`) and cancellation by a disconnecting client (`disconnect`).
+//! The OpenAI Python client and the chat page in a browser are tested by
+//! `tools/flm/tests/python` (run by `.ci/run`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod api;
+mod batching;
+mod disconnect;
+mod server;

@@ -1,0 +1,154 @@
+//! A `flm serve` process on 127.0.0.1 (any free port) and a small blocking client for it.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::flm_command;
+
+/// A file of the repository's test data.
+pub fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(rel)
+}
+
+/// The llama2.c reference of stories260K: greedy from BOS, 200 steps (llama2.c
+/// `test_all.py` and HF transformers; see tests/data/SOURCES.md).
+pub struct Reference {
+    /// The 200 generated ids.
+    pub ids: Vec<u32>,
+    /// Their text.
+    pub text: String,
+}
+
+/// Reads the reference.
+pub fn reference() -> Reference {
+    let file = std::fs::read(data("stories260K/stories260K_reference.json")).unwrap();
+    let json: Value = serde_json::from_slice(&file).unwrap();
+    let greedy = &json["greedy_from_bos"];
+    Reference {
+        ids: serde_json::from_value(greedy["output_ids"].clone()).unwrap(),
+        text: greedy["output_text"].as_str().unwrap().to_owned(),
+    }
+}
+
+/// Whether the `flm` binary runs under an emulator (FLM_TEST_RUNNER), where it is slow.
+pub fn emulated() -> bool {
+    std::env::var("FLM_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty())
+}
+
+/// A running server, killed when dropped.
+pub struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    agent: ureq::Agent,
+}
+
+impl Server {
+    /// Starts `flm serve` on stories260K with `extra` arguments and waits until it listens.
+    pub fn start(extra: &[&str]) -> Server {
+        let model = data("stories260K/stories260K.bin");
+        let mut child = flm_command()
+            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("flm serve starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("flm serve exited before listening")
+                .unwrap();
+            if let Some(address) = line.strip_prefix("flm serve: listening on ") {
+                break address.to_owned();
+            }
+        };
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(600)))
+            .build()
+            .into();
+        Server { child, url, agent }
+    }
+
+    /// GET `path`: the status and the body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let mut response = self
+            .agent
+            .get(format!("{}{path}", self.url))
+            .call()
+            .unwrap();
+        let body = response.body_mut().read_to_string().unwrap();
+        (response.status().as_u16(), body)
+    }
+
+    /// POST `body` (raw bytes, as JSON) to `path`: the status and the body as JSON.
+    pub fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
+        let mut response = self
+            .agent
+            .post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .send(body)
+            .unwrap();
+        let json = response.body_mut().read_json().unwrap();
+        (response.status().as_u16(), json)
+    }
+
+    /// POST the JSON `body` to `path`.
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, &body.to_string())
+    }
+
+    /// POST a streamed request: the JSON of every `data:` event before `data: [DONE]`,
+    /// which must end the stream.
+    pub fn stream(&self, path: &str, body: &Value) -> Vec<Value> {
+        let response = self
+            .agent
+            .post(format!("{}{path}", self.url))
+            .send_json(body)
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let content_type = response.headers()["content-type"].to_str().unwrap();
+        assert_eq!(content_type, "text/event-stream");
+        let mut text = String::new();
+        response
+            .into_body()
+            .into_reader()
+            .read_to_string(&mut text)
+            .unwrap();
+        let events: Vec<&str> = text
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| e.strip_prefix("data: ").expect("only data events"))
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
+        events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect()
+    }
+
+    /// The value of the metric sample `name` (with its labels, if any) in `/metrics`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (status, text) = self.get("/metrics");
+        assert_eq!(status, 200);
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
