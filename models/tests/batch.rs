@@ -2,22 +2,13 @@
 //! `Llama::forward` on the shipped stories260K, bit for bit: sequences at different positions, mixing
 //! prefill chunks and decode rows in one batch, block tables scattered over the pool.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use flm_core::{Executor, PagedKvCache};
-use flm_devices::CpuDevice;
+use flm_core::PagedKvCache;
 use flm_models::llama::{BatchSeq, LlamaBatch, Logits};
-use flm_models::{session, Model, SharedModel};
+use flm_models::{Model, SharedModel};
 
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
-
-fn exec() -> Executor {
-    Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false)
-}
+use common::{exec, stories260k};
 
 /// A sequence of the test: its tokens and the chunks it runs in, step by step (`0`: it sits
 /// this step out).
@@ -28,8 +19,7 @@ struct Script {
 
 #[test]
 fn batched_forward_equals_single_sequence_forward() {
-    let (model, tokenizer) =
-        session::load_model(&data("stories260K/stories260K.bin"), None, Some(256)).unwrap();
+    let (model, tokenizer) = stories260k(Some(256));
     let SharedModel::Llama(llama) = &model else {
         panic!("stories260K runs on the Llama graph");
     };
@@ -117,8 +107,7 @@ fn batched_forward_equals_single_sequence_forward() {
 
 #[test]
 fn batched_forward_rejects_bad_batches() {
-    let (model, _) =
-        session::load_model(&data("stories260K/stories260K.bin"), None, Some(64)).unwrap();
+    let (model, _) = stories260k(Some(64));
     let SharedModel::Llama(llama) = &model else {
         panic!("stories260K runs on the Llama graph");
     };

@@ -3,33 +3,19 @@
 //! all of them makes them wait (and preempts) yet every one finishes; cancellation frees the
 //! blocks at once; bad requests are refused synchronously.
 
+mod common;
+
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 
-use flm_core::{Executor, SamplerConfig};
-use flm_devices::CpuDevice;
+use flm_core::SamplerConfig;
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
-use flm_models::session::{self, GenerateParams, Session};
+use flm_models::session::{GenerateParams, Session};
 use flm_models::{Error, SharedModel};
 use flm_tokenizer::Tokenizer;
 
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
-
-fn exec() -> Executor {
-    Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false)
-}
-
-fn load() -> (SharedModel, Arc<Tokenizer>) {
-    let (model, tokenizer) =
-        session::load_model(&data("stories260K/stories260K.bin"), None, Some(256)).unwrap();
-    (model, Arc::new(tokenizer))
-}
+use common::{exec, stories260k};
 
 /// 32 different prompts: story openings with a name and a thing, after `preamble`.
 fn prompts(tokenizer: &Tokenizer, preamble: &str) -> Vec<Vec<u32>> {
@@ -130,7 +116,7 @@ fn all_equal_their_solo_runs(
     max_tokens: usize,
     preamble: &str,
 ) -> flm_models::engine::EngineStats {
-    let (model, tokenizer) = load();
+    let (model, tokenizer) = stories260k(Some(256));
     let prompts = prompts(&tokenizer, preamble);
     let engine = Engine::new(model.clone(), exec(), config).unwrap();
     let pending: Vec<_> = prompts
@@ -223,7 +209,7 @@ fn a_shared_prompt_prefix_is_computed_once_and_changes_nothing() {
 
 #[test]
 fn a_callback_that_breaks_cancels_and_frees_the_blocks() {
-    let (model, tokenizer) = load();
+    let (model, tokenizer) = stories260k(Some(256));
     let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
     let prompt = tokenizer.encode("Once upon a time", true).unwrap();
     let (tx, rx) = mpsc::channel();
@@ -259,7 +245,7 @@ fn a_callback_that_breaks_cancels_and_frees_the_blocks() {
 
 #[test]
 fn dropping_the_engine_cancels_what_is_left() {
-    let (model, tokenizer) = load();
+    let (model, tokenizer) = stories260k(Some(256));
     let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
     let prompt = tokenizer.encode("Once upon a time", true).unwrap();
     let rxs: Vec<_> = (0..4)
@@ -281,7 +267,7 @@ fn dropping_the_engine_cancels_what_is_left() {
 
 #[test]
 fn bad_requests_and_configs_are_refused() {
-    let (model, tokenizer) = load();
+    let (model, tokenizer) = stories260k(Some(256));
     let prompt = tokenizer.encode("Once upon a time", true).unwrap();
     for config in [
         EngineConfig {

@@ -3,36 +3,22 @@
 //! stop reason (stop tokens included), KV-cache reuse across calls, and two instances over
 //! one shared model on two threads.
 
+mod common;
+
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use flm_core::{Executor, SamplerConfig};
-use flm_devices::CpuDevice;
-use flm_models::session::{self, GenerateParams, Generation, Session, StopReason};
+use flm_core::SamplerConfig;
+use flm_models::session::{GenerateParams, Generation, Session, StopReason};
 use flm_models::{Error, SharedModel};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
+use common::{data, exec, stories260k};
 
 fn reference() -> Value {
     let text = std::fs::read_to_string(data("stories260K/stories260K_reference.json")).unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn exec() -> Executor {
-    Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false)
-}
-
-fn load(context: Option<usize>) -> (SharedModel, Arc<Tokenizer>) {
-    let path = data("stories260K/stories260K.bin");
-    let (model, tokenizer) = session::load_model(&path, None, context).unwrap();
-    (model, Arc::new(tokenizer))
 }
 
 fn new_session(model: &SharedModel, tokenizer: &Arc<Tokenizer>) -> Session {
@@ -80,7 +66,7 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn greedy_ids_and_text_match_llama2c() {
-    let (model, tokenizer) = load(None);
+    let (model, tokenizer) = stories260k(None);
     let mut session = new_session(&model, &tokenizer);
     let case = &reference()["greedy_prompt"];
     let max = case["max_new_tokens"].as_u64().unwrap() as usize;
@@ -101,7 +87,7 @@ fn greedy_ids_and_text_match_llama2c() {
 
 #[test]
 fn stop_reasons() {
-    let (model, tokenizer) = load(Some(6));
+    let (model, tokenizer) = stories260k(Some(6));
     let mut session = new_session(&model, &tokenizer);
     let greedy = params(100, SamplerConfig::default());
     // BOS and 5 generated tokens fill the 6 positions.
@@ -120,7 +106,7 @@ fn stop_reasons() {
         "{err}"
     );
     // A sampled story that ends before the context does (seed 2: after 298 tokens).
-    let (model, tokenizer) = load(None);
+    let (model, tokenizer) = stories260k(None);
     let mut session = new_session(&model, &tokenizer);
     let sampled = params(
         512,
@@ -137,7 +123,7 @@ fn stop_reasons() {
 
 #[test]
 fn two_instances_of_one_model_on_two_threads_equal_their_solo_runs() {
-    let (model, tokenizer) = load(None);
+    let (model, tokenizer) = stories260k(None);
     let jobs = [
         ("Once upon a time", SamplerConfig::default()),
         (
@@ -181,7 +167,7 @@ fn run_tokens(
 
 #[test]
 fn a_prompt_extending_the_cached_sequence_prefills_only_its_new_tokens() {
-    let (model, tokenizer) = load(None);
+    let (model, tokenizer) = stories260k(None);
     let mut session = new_session(&model, &tokenizer);
     let case = &reference()["greedy_prompt"];
     let input = ids(&case["input_ids"]);
@@ -209,7 +195,7 @@ fn a_prompt_extending_the_cached_sequence_prefills_only_its_new_tokens() {
 
 #[test]
 fn a_stop_token_ends_generation_before_it_is_handed_out() {
-    let (model, tokenizer) = load(None);
+    let (model, tokenizer) = stories260k(None);
     let mut session = new_session(&model, &tokenizer);
     let case = &reference()["greedy_prompt"];
     let input = ids(&case["input_ids"]);

@@ -4,12 +4,13 @@
 //! in plain generation, the tokens of a round distributed as the target's (chi-square), a
 //! sampled run that is reproducible and leaves a consistent KV cache, and the refusals.
 
+mod common;
+
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use flm_core::{DataType, Executor, Sampler, SamplerConfig};
-use flm_devices::CpuDevice;
+use flm_core::{DataType, Sampler, SamplerConfig};
 use flm_models::convert::{convert, Recipe};
 use flm_models::session::{self, GenerateParams, Generation, Session, StopReason};
 use flm_models::speculative::{check_same_vocabulary, Draft};
@@ -17,21 +18,7 @@ use flm_models::{import, llama::Logits, Model, SharedModel};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
-
-fn exec() -> Executor {
-    Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false)
-}
-
-fn target(context: Option<usize>) -> (SharedModel, Arc<Tokenizer>) {
-    let path = data("stories260K/stories260K.bin");
-    let (model, tokenizer) = session::load_model(&path, None, context).unwrap();
-    (model, Arc::new(tokenizer))
-}
+use common::{data, exec, stories260k};
 
 /// stories260K converted to `dtype` by `flm convert`'s code into `dir`, loaded back.
 fn converted(dtype: DataType, dir: &Path, context: Option<usize>) -> (SharedModel, Tokenizer) {
@@ -85,7 +72,7 @@ fn run(s: &mut Session, prompt: &str, params: &GenerateParams) -> (Vec<u32>, Str
 #[test]
 fn greedy_output_is_plain_greedy_output() {
     let dir = tempfile::tempdir().unwrap();
-    let (model, tokenizer) = target(None);
+    let (model, tokenizer) = stories260k(None);
     let reference: Value = serde_json::from_str(
         &std::fs::read_to_string(data("stories260K/stories260K_reference.json")).unwrap(),
     )
@@ -131,7 +118,7 @@ fn greedy_output_is_plain_greedy_output() {
 fn stop_conditions_are_those_of_plain_generation() {
     let dir = tempfile::tempdir().unwrap();
     let (draft, draft_tokenizer) = converted(DataType::I4G32, dir.path(), None);
-    let (model, tokenizer) = target(None);
+    let (model, tokenizer) = stories260k(None);
     let draft = Some((&draft, &draft_tokenizer, 5));
     let prompt = "Once upon a time";
     let (plain, _, _) = run(
@@ -155,7 +142,7 @@ fn stop_conditions_are_those_of_plain_generation() {
         assert_eq!(g.stop, StopReason::EndOfSequence);
     }
     // A context of 24 positions (target and draft): the rounds shrink near the end.
-    let (small, small_tokenizer) = target(Some(24));
+    let (small, small_tokenizer) = stories260k(Some(24));
     let (small_draft, small_draft_tokenizer) = converted(DataType::I4G32, dir.path(), Some(24));
     let p = params(100, greedy(), Vec::new());
     let (plain_small, _, g) = run(&mut session(&small, &small_tokenizer, None), prompt, &p);
@@ -181,7 +168,7 @@ fn chi_square_critical(df: usize) -> f64 {
 fn round_tokens_follow_the_target_distribution() {
     let dir = tempfile::tempdir().unwrap();
     let (draft_model, _) = converted(DataType::I4G32, dir.path(), None);
-    let (model, tokenizer) = target(None);
+    let (model, tokenizer) = stories260k(None);
     let exec = exec();
     let tokens = tokenizer
         .encode("Once upon a time, there was a", true)
@@ -246,7 +233,7 @@ fn round_tokens_follow_the_target_distribution() {
 fn sampled_run_is_reproducible_and_leaves_a_consistent_kv_cache() {
     let dir = tempfile::tempdir().unwrap();
     let (draft, draft_tokenizer) = converted(DataType::I4G32, dir.path(), None);
-    let (model, tokenizer) = target(None);
+    let (model, tokenizer) = stories260k(None);
     let sampled = SamplerConfig {
         temperature: 0.8,
         top_k: 40,
@@ -289,7 +276,7 @@ fn sampled_run_is_reproducible_and_leaves_a_consistent_kv_cache() {
 
 #[test]
 fn drafts_of_another_vocabulary_are_refused() {
-    let (model, tokenizer) = target(None);
+    let (model, tokenizer) = stories260k(None);
     let other = import::load(&data("hf-families/llama3")).unwrap();
     let other: Model = other.model().unwrap();
     let target = model.instance().unwrap();
