@@ -23,6 +23,7 @@ fn batched_equals_single(model: &SharedModel, seqs: [(&[u32], &[usize]); 2], wha
     };
     let c = model.config();
     let exec = cpu_executor();
+    exec.require_batch_invariance();
     let block_size = 3;
     let positions: usize = seqs.iter().map(|s| c.pre_seq_len + s.0.len()).sum();
     let mut kv = PagedKvCache::new(c.n_layers, positions, block_size, c.kv_dim()).unwrap();

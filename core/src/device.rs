@@ -15,4 +15,11 @@ pub trait BaseDevice: Send + Sync {
     fn supports(&self, op: &Op<'_>) -> bool;
     /// Runs `op`, writing its output operand.
     fn run(&self, op: Op<'_>) -> Result<()>;
+    /// Makes every later op batch-invariant: a row of an op's output gets the same bits
+    /// whatever the other rows run with it, its position among them and the thread split
+    /// (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference", 2025). The
+    /// continuous-batching engine and speculative decoding need this so that a sequence's
+    /// tokens do not depend on the batch. A device whose kernels are always invariant does
+    /// nothing; one that gives up speed for it (the CPU's AMX decode) switches for good.
+    fn require_batch_invariance(&self);
 }

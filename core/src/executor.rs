@@ -41,6 +41,14 @@ impl Executor {
         self.devices.iter().map(|d| d.name()).collect()
     }
 
+    /// Makes every device batch-invariant from now on (see
+    /// [`BaseDevice::require_batch_invariance`]).
+    pub fn require_batch_invariance(&self) {
+        for device in &self.devices {
+            device.require_batch_invariance();
+        }
+    }
+
     /// Runs `op` on the first device that supports it.
     ///
     /// Errors: [`Error::Unsupported`] if no device does; otherwise the device's error.
@@ -120,6 +128,7 @@ mod tests {
         fn supports(&self, op: &Op<'_>) -> bool {
             matches!(op, Op::Add { .. })
         }
+        fn require_batch_invariance(&self) {}
         fn run(&self, op: Op<'_>) -> Result<()> {
             if let Op::Add { x, y } = op {
                 let y = y.as_f32()?.to_vec();

@@ -59,6 +59,7 @@ fn check(what: &str, batch: impl Fn(&Executor, usize, usize) -> Vec<f32> + Sync)
             )],
             false,
         );
+        exec.require_batch_invariance();
         let mut alone: Vec<Vec<f32>> = Vec::new();
         for threads in [1, 2] {
             let pool = rayon::ThreadPoolBuilder::new()

@@ -18,17 +18,21 @@ fn executor_at(isa: Isa) -> Executor {
     Executor::with_profiling(vec![Box::new(device)], false)
 }
 
-/// Runs `Op::Linear` at `isa`.
-fn linear_at(isa: Isa, x: &Data, weight: &Data, bias: Option<&Data>) -> Vec<f32> {
+/// Runs `Op::Linear` at `isa`, on a batch-invariant device if `invariant` (at the AMX
+/// level, int8/int4 decode then runs other kernels).
+fn linear_at(isa: Isa, invariant: bool, x: &Data, weight: &Data, bias: Option<&Data>) -> Vec<f32> {
     let mut out = nan_output(&[x.rows(), weight.rows()]);
-    executor_at(isa)
-        .run(Op::Linear {
-            input: x,
-            weight,
-            bias,
-            output: &mut out,
-        })
-        .expect("linear");
+    let exec = executor_at(isa);
+    if invariant {
+        exec.require_batch_invariance();
+    }
+    exec.run(Op::Linear {
+        input: x,
+        weight,
+        bias,
+        output: &mut out,
+    })
+    .expect("linear");
     out.as_f32().expect("f32").to_vec()
 }
 
@@ -57,7 +61,7 @@ fn linear_matches_scalar(dtype: DataType) {
         let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);
         let (w, wv) = random_weight(&mut rng, &[m, k], dtype);
         let (b, _) = random_f32(&mut rng, &[m], 1.0);
-        let want = linear_at(Isa::Scalar, &x, &w, Some(&b));
+        let want = linear_at(Isa::Scalar, false, &x, &w, Some(&b));
         let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
         let mag: Vec<f64> = (0..n * m)
             .map(|e| {
@@ -68,9 +72,12 @@ fn linear_matches_scalar(dtype: DataType) {
             })
             .collect();
         for isa in Isa::supported().into_iter().filter(|&i| i != Isa::Scalar) {
-            let got = linear_at(isa, &x, &w, Some(&b));
-            let what = format!("Linear {dtype} at {isa}, n={n} k={k} m={m}");
-            assert_close(&what, &got, &want, |e| 1e-5 * mag[e] + 1e-6);
+            for invariant in [false, true] {
+                let got = linear_at(isa, invariant, &x, &w, Some(&b));
+                let what =
+                    format!("Linear {dtype} at {isa} (invariant: {invariant}), n={n} k={k} m={m}");
+                assert_close(&what, &got, &want, |e| 1e-5 * mag[e] + 1e-6);
+            }
         }
     }
 }
@@ -122,7 +129,7 @@ fn float_linear_matches_scalar(dtype: DataType) {
         let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);
         let (w, wv) = random_weight(&mut rng, &[m, k], dtype);
         let (b, bv) = random_f32(&mut rng, &[m], 1.0);
-        let got_scalar = linear_at(Isa::Scalar, &x, &w, Some(&b));
+        let got_scalar = linear_at(Isa::Scalar, false, &x, &w, Some(&b));
         let want: Vec<f64> = got_scalar.iter().map(|&v| v as f64).collect();
         let tol: Vec<f64> = (0..n * m)
             .map(|e| {
@@ -134,7 +141,7 @@ fn float_linear_matches_scalar(dtype: DataType) {
             })
             .collect();
         for isa in simd_levels() {
-            let got = linear_at(isa, &x, &w, Some(&b));
+            let got = linear_at(isa, false, &x, &w, Some(&b));
             let what = format!("float Linear {dtype} at {isa}, n={n} k={k} m={m}");
             assert_close(&what, &got, &want, |e| tol[e]);
         }

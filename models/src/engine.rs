@@ -191,6 +191,8 @@ impl Engine {
                 config.block_size, config.max_batch_total_tokens, config.max_batch_prefill_tokens
             )));
         }
+        // A request's tokens must not depend on the requests batched with it.
+        exec.require_batch_invariance();
         let c = llama.config().clone();
         let kv = PagedKvCache::new(c.n_layers, n_blocks, config.block_size, c.kv_dim())?;
         let batch = LlamaBatch::new(llama, config.max_batch_prefill_tokens.min(256))?;

@@ -248,6 +248,9 @@ impl Session {
         let mut sampler = Sampler::new(params.sampler.clone())?;
         if let Some(draft) = &mut self.draft {
             draft.start(&params.sampler)?;
+            // The target scores K + 1 draft tokens in one pass; greedy output equals plain
+            // greedy decoding only if each row gets the bits it would get alone.
+            exec.require_batch_invariance();
         }
         let mut tokens = prompt;
         if tokens.is_empty() {

@@ -18,6 +18,8 @@ mod rope;
 mod simd;
 mod weights;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use flm_core::{BaseDevice, DataType, Error, Op, Result};
 use rayon::prelude::*;
 
@@ -28,9 +30,16 @@ pub const PARALLEL_MIN_WORK: usize = 1 << 17;
 
 /// The CPU device: supports every op whose activations are f32. Its kernels use one
 /// instruction-set level ([`Isa`]), chosen when it is created.
-#[derive(Debug, Clone, Copy)]
+///
+/// Its ops are batch-invariant at every level but one: at [`Isa::Amx`], an int8/int4
+/// Linear over fewer than 8 input rows (decode) runs the AVX-512 VNNI kernels, which sum
+/// in another order than the AMX tiles of prefill, until
+/// [`BaseDevice::require_batch_invariance`] switches it to kernels that sum in the tiles'
+/// order (about 30% slower for int4 decode).
+#[derive(Debug)]
 pub struct CpuDevice {
     isa: Isa,
+    batch_invariant: AtomicBool,
 }
 
 impl CpuDevice {
@@ -48,7 +57,10 @@ impl CpuDevice {
     /// Errors: [`Error::InvalidArgument`] when this CPU lacks `isa`.
     pub fn with_isa(isa: Isa) -> Result<CpuDevice> {
         if isa.is_supported() {
-            Ok(CpuDevice { isa })
+            Ok(CpuDevice {
+                isa,
+                batch_invariant: AtomicBool::new(false),
+            })
         } else {
             Err(Error::InvalidArgument(format!("this CPU lacks {isa}")))
         }
@@ -57,6 +69,19 @@ impl CpuDevice {
     /// The instruction-set level of the kernels.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The level of a Linear over `n` input rows: AMX decode takes the AVX-512 kernels
+    /// unless batch invariance was asked for (see [`CpuDevice`]).
+    fn linear_isa(&self, n: usize) -> Isa {
+        if self.isa == Isa::Amx
+            && n < qlinear::AMX_MIN_ROWS
+            && !self.batch_invariant.load(Ordering::Relaxed)
+        {
+            Isa::Avx512
+        } else {
+            self.isa
+        }
     }
 }
 
@@ -126,6 +151,10 @@ impl BaseDevice for CpuDevice {
         }
     }
 
+    fn require_batch_invariance(&self) {
+        self.batch_invariant.store(true, Ordering::Relaxed);
+    }
+
     fn run(&self, op: Op<'_>) -> Result<()> {
         match op {
             Op::Embedding {
@@ -144,7 +173,7 @@ impl BaseDevice for CpuDevice {
                 weight,
                 bias,
                 output,
-            } => linear::linear(self.isa, input, weight, bias, output),
+            } => linear::linear(self.linear_isa(input.rows()), input, weight, bias, output),
             Op::Rope {
                 x,
                 table,

@@ -16,9 +16,13 @@ pub fn data(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-/// An executor on the CPU at its best level (or the one `FLM_CPU_ISA` names).
+/// A batch-invariant executor on the CPU at its best level (or the one `FLM_CPU_ISA`
+/// names), as the engine and speculative decoding make theirs, so that a sequence run alone
+/// is comparable bit for bit with the same sequence batched.
 pub fn exec() -> Executor {
-    Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false)
+    let exec = Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false);
+    exec.require_batch_invariance();
+    exec
 }
 
 /// stories260K (llama2.c's file) with its tokenizer, its context cut to `context`.

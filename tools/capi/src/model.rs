@@ -75,6 +75,10 @@ impl BaseDevice for PooledCpu {
     fn run(&self, op: Op<'_>) -> flm_core::Result<()> {
         self.pool.install(|| self.cpu.run(op))
     }
+
+    fn require_batch_invariance(&self) {
+        self.cpu.require_batch_invariance()
+    }
 }
 
 /// A loaded model (opaque): weights, tokenizer and executor (devices, thread pool),

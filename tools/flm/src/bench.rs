@@ -259,7 +259,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .context("cannot start the thread pool")?;
     let positions = args.prompt_tokens + args.gen_tokens;
     let device = CpuDevice::new()?;
+    let isa = device.isa();
     let exec = Executor::new(vec![Box::new(device)]);
+    if args.batch.is_some() {
+        // As the serving engine runs it.
+        exec.require_batch_invariance();
+    }
     pool.install(|| -> Result<()> {
         let (mut model, name, dtype) = build(&args, positions)?;
         let vocab = model.config().vocab_size;
@@ -300,7 +305,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let line = serde_json::json!({
                 "model": name,
                 "dtype": dtype,
-                "isa": device.isa().name(),
+                "isa": isa.name(),
                 "threads": threads,
                 "prompt_tokens": args.prompt_tokens,
                 "gen_tokens": args.gen_tokens,
@@ -320,7 +325,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             println!(
                 "model {name} ({dtype}), {} kernels, {threads} threads, {} repetitions, \
                  {batch} sequence(s) at once (aggregate tokens/s)",
-                device.isa(),
+                isa,
                 args.reps
             );
             println!(
