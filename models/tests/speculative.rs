@@ -69,6 +69,12 @@ fn run(s: &mut Session, prompt: &str, params: &GenerateParams) -> (Vec<u32>, Str
     (ids, text, g)
 }
 
+/// Whether the tests run under an emulator (`FLM_TEST_RUNNER`, set by `.ci/run`'s aarch64
+/// section), where a step costs ~50 times a native one.
+fn emulated() -> bool {
+    std::env::var("FLM_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty())
+}
+
 #[test]
 fn greedy_output_is_plain_greedy_output() {
     let dir = tempfile::tempdir().unwrap();
@@ -86,7 +92,14 @@ fn greedy_output_is_plain_greedy_output() {
         ("int4", converted(DataType::I4G32, dir.path(), None)),
         ("llama.cpp Q4_0", gguf),
     ];
-    for prompt in ["", "Once upon a time", "Lily and Ben went to the park"] {
+    let prompts = ["", "Once upon a time", "Lily and Ben went to the park"];
+    // Under emulation, the prompt with llama2.c's reference: every draft and K still run.
+    let prompts = if emulated() {
+        &prompts[..1]
+    } else {
+        &prompts[..]
+    };
+    for &prompt in prompts {
         let p = params(200, greedy(), Vec::new());
         let (plain, plain_text, _) = run(&mut session(&model, &tokenizer, None), prompt, &p);
         if prompt.is_empty() {

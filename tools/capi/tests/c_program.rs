@@ -30,16 +30,25 @@ fn target_dir() -> PathBuf {
 
 /// Builds libflm and the flm binary into [`target_dir`], once: `cargo test` builds the
 /// libraries of this crate only under `deps/` with hashed names, and not the binary. The
-/// whole workspace is built, with the feature set `cargo test --workspace` resolved, so
-/// that the crates it compiled are reused; `-p flm-capi -p flm-cli` would resolve other
-/// features of shared dependencies and compile flm-core and everything above it again.
+/// whole workspace's libraries, binaries and tests are named, so that cargo resolves the
+/// feature set `cargo test --workspace` resolved (dev-dependencies included: they enable
+/// features of serde and syn) and finds every crate already compiled; a plain
+/// `cargo build`, or `-p flm-capi -p flm-cli`, would resolve other features of shared
+/// dependencies and compile them and everything above them again.
 fn build() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let dir = target_dir();
         let mut cargo = Command::new(env!("CARGO"));
         cargo
-            .args(["build", "--quiet", "--workspace"])
+            .args([
+                "build",
+                "--quiet",
+                "--workspace",
+                "--lib",
+                "--bins",
+                "--tests",
+            ])
             .arg("--target-dir")
             .arg(dir.parent().unwrap());
         if dir.ends_with("release") {
