@@ -1,7 +1,9 @@
 //! Every CUDA kernel module compiles with NVRTC for the GPU generations flm targets, and
 //! the PTX defines every kernel the device looks up. NVRTC needs no GPU, only `libnvrtc`
 //! (for example the `nvidia-cuda-nvrtc` wheel's `nvidia/cu13/lib` on `LD_LIBRARY_PATH`);
-//! without it the test says so and passes.
+//! without it the test says so and passes. With `FLM_PTXAS` naming a `ptxas` binary (the
+//! `nvidia-cuda-nvcc` wheel has one), each PTX is also assembled for its `sm_` target,
+//! which checks what NVRTC passes through unchecked (inline PTX, register limits).
 #![cfg(feature = "cuda")]
 
 use flm_devices::cuda::kernels::MODULES;
@@ -20,6 +22,9 @@ fn every_module_compiles_and_defines_its_kernels() {
     for arch in ARCHS {
         for module in MODULES {
             let ptx = nvrtc::compile(module, arch).unwrap_or_else(|e| panic!("{e}"));
+            if let Some(ptxas) = std::env::var_os("FLM_PTXAS") {
+                assemble(&ptxas, &ptx, &arch.replace("compute_", "sm_"), module.name);
+            }
             for kernel in module.kernels {
                 assert!(
                     ptx.contains(&format!(".entry {kernel}(")),
@@ -29,6 +34,25 @@ fn every_module_compiles_and_defines_its_kernels() {
             }
         }
     }
+}
+
+/// Runs `ptxas` on `ptx` for `sm`, failing the test with its messages.
+fn assemble(ptxas: &std::ffi::OsStr, ptx: &str, sm: &str, name: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join(format!("{name}.ptx"));
+    std::fs::write(&src, ptx).unwrap();
+    let out = std::process::Command::new(ptxas)
+        .arg(format!("-arch={sm}"))
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.path().join(format!("{name}.cubin")))
+        .output()
+        .expect("FLM_PTXAS runs");
+    assert!(
+        out.status.success(),
+        "ptxas {name}.ptx for {sm}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
