@@ -57,7 +57,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "qgemv",
         source: include_str!("kernels/qgemv.cu"),
-        kernels: &["qgemv_i8", "qgemv_i4", "add_bias"],
+        kernels: &["qgemv_i8", "qgemv_i4", "gemv_f16", "gemv_bf16", "add_bias"],
     },
     Module {
         name: "rope",

@@ -1,9 +1,12 @@
 //! [`flm_core::Op::Linear`] on [`super::CudaDevice`]: `output[n, out] = input[n, in] ·
 //! weight[out, in]ᵀ (+ bias)`.
 //!
-//! - f32, f16 and bf16 weights: one cuBLAS `cublasGemmEx` (f16/bf16 operands after the
-//!   activations are rounded to the weight's type, as transformers' f16 models round them;
-//!   f32 accumulation and output, `CUBLAS_COMPUTE_32F`, so no TF32). The prefill product.
+//! - f16 and bf16 weights with at most [`GEMV_MAX_ROWS`] input rows (decode): the
+//!   `gemv_f16`/`gemv_bf16` kernels, f32 activations as on the CPU.
+//! - f32 weights, and f16/bf16 ones with more rows (prefill): one cuBLAS `cublasGemmEx`
+//!   (f16/bf16 operands after the activations are rounded to the weight's type, as
+//!   transformers' f16 models round them; f32 accumulation and output,
+//!   `CUBLAS_COMPUTE_32F`, so no TF32).
 //! - int8 and int4 weights: the dequantise-GEMV kernels of `kernels/qgemv.cu`, reading the
 //!   weights quantised, in the .flm row layout. The decode product (prefill re-reads the
 //!   weights once per row).
@@ -16,6 +19,9 @@ use flm_core::{quant, Data, DataType, Error, Result};
 
 use super::device::{dev_err, grid, int, CudaDevice};
 use super::kernels::QGEMV_ROWS;
+
+/// Input rows up to which f16/bf16 weights go through the GEMV kernels rather than cuBLAS.
+pub const GEMV_MAX_ROWS: usize = 8;
 
 /// [`flm_core::Op::Linear`].
 ///
@@ -54,6 +60,18 @@ pub(super) fn linear(
     let mut y = dev.zeros::<f32>(n * m)?;
     match weight.dtype() {
         DataType::F32 => gemm(dev, &x, &w, cudaDataType::CUDA_R_32F, &mut y, (n, k, m))?,
+        DataType::F16 | DataType::BF16 if n <= GEMV_MAX_ROWS => {
+            return gemv_half(
+                dev,
+                &x,
+                &w,
+                weight.dtype(),
+                bias_d.as_deref(),
+                &mut y,
+                (n, k, m),
+            )
+            .and_then(|()| dev.download(&y, output.as_f32_mut()?));
+        }
         DataType::F16 => {
             let xh = convert(dev, &x, "f32_to_f16_rows")?;
             gemm(dev, &xh, &w, cudaDataType::CUDA_R_16F, &mut y, (n, k, m))?;
@@ -151,6 +169,42 @@ fn gemm<T>(
         )
     }
     .map_err(|e| Error::Device(format!("cublasGemmEx: {e}")))
+}
+
+/// The f16/bf16 GEMV kernels: one warp per output row, [`QGEMV_ROWS`] rows per block, one
+/// grid row per input row.
+fn gemv_half(
+    dev: &CudaDevice,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<u8>,
+    dtype: DataType,
+    bias: Option<&CudaSlice<u8>>,
+    y: &mut CudaSlice<f32>,
+    (n, k, m): (usize, usize, usize),
+) -> Result<()> {
+    let null = dev.null::<u8>()?;
+    let bias = bias.unwrap_or(&null);
+    let (k_i, m_i) = (int(k)?, int(m)?);
+    let name = if dtype == DataType::F16 {
+        "gemv_f16"
+    } else {
+        "gemv_bf16"
+    };
+    let f = dev.function(name)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(w).arg(x).arg(bias).arg(y).arg(&k_i).arg(&m_i);
+    // SAFETY: w holds m × k 16-bit values (a row is 16-byte aligned when k % 8 == 0, the
+    // only case the kernel loads 8 at a time), x n × k floats, y n × m floats, the bias m
+    // floats or null, as `gemv_f16`/`gemv_bf16` use them.
+    unsafe {
+        b.launch(grid(
+            (m.div_ceil(QGEMV_ROWS), n, 1),
+            32 * QGEMV_ROWS as u32,
+            0,
+        )?)
+    }
+    .map_err(dev_err)?;
+    Ok(())
 }
 
 /// The dequantise-GEMV kernels: one warp per output row, [`QGEMV_ROWS`] rows per block,
