@@ -5,7 +5,7 @@
 use cudarc::driver::PushKernelArg;
 use flm_core::{alibi_slopes, Data, Error, Result};
 
-use super::device::{dev_err, grid, int, CudaDevice};
+use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::kernels::ATTN_CHUNK;
 
 /// Threads of an `attn_partial` block (4 warps, one key per warp at a time).
@@ -85,10 +85,10 @@ pub(super) fn attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Res
     let v = dev.upload(&a.cache_v.as_f32()?[..rows * kv_cols])?;
     let start = dev.upload(&[u32::try_from(a.start_pos)
         .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?])?;
-    let slopes = match a.alibi {
-        true => dev.upload(&alibi_slopes(a.n_heads))?,
-        false => dev.null::<f32>()?,
-    };
+    let slopes = a
+        .alibi
+        .then(|| dev.upload(&alibi_slopes(a.n_heads)))
+        .transpose()?;
     let chunks = rows.div_ceil(ATTN_CHUNK);
     let parts = n * a.n_heads * chunks;
     let mut part_m = dev.zeros::<f32>(parts)?;
@@ -108,7 +108,8 @@ pub(super) fn attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Res
         .arg(&nkv)
         .arg(&hd)
         .arg(&a.scale);
-    b.arg(&slopes).arg(&bidir).arg(&window);
+    arg_or_null(&mut b, slopes.as_ref());
+    b.arg(&bidir).arg(&window);
     b.arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);
     // SAFETY: arguments as `attn_partial`; q holds n × n_heads × head_dim floats, k and v
     // `rows` cache rows of n_kv_heads × head_dim (every position a row sees is below

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 use flm_core::{BaseDevice, Data, DataType, Error, Op, Result};
 
@@ -32,6 +33,18 @@ pub struct CudaDevice {
     info: GpuInfo,
     functions: HashMap<&'static str, CudaFunction>,
     weights: Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>,
+}
+
+/// A null device pointer, passed by value for an absent optional operand (a bias, the
+/// ALiBi slopes): the kernels test the pointer before reading through it.
+const NULL: u64 = 0;
+
+/// Pushes the kernel argument `v`, or a null pointer when it is absent.
+pub(super) fn arg_or_null<'a, T>(b: &mut LaunchArgs<'a>, v: Option<&'a CudaSlice<T>>) {
+    match v {
+        Some(v) => b.arg(v),
+        None => b.arg(&NULL),
+    };
 }
 
 /// A driver, cuBLAS or NVRTC error as an flm error.
@@ -121,11 +134,6 @@ impl CudaDevice {
     /// `n` zeroed values in GPU memory.
     pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
         self.stream.alloc_zeros(n.max(1)).map_err(dev_err)
-    }
-
-    /// A null pointer argument (an absent bias or ALiBi slope table).
-    pub(super) fn null<T>(&self) -> Result<CudaSlice<T>> {
-        self.stream.null().map_err(dev_err)
     }
 
     /// Copies `src` back into the host slice `dst` and waits for the stream.

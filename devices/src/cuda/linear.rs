@@ -17,7 +17,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use flm_core::{quant, Data, DataType, Error, Result};
 
-use super::device::{dev_err, grid, int, CudaDevice};
+use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::kernels::QGEMV_ROWS;
 
 /// Input rows up to which f16/bf16 weights go through the GEMV kernels rather than cuBLAS.
@@ -182,8 +182,6 @@ fn gemv_half(
     y: &mut CudaSlice<f32>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
-    let null = dev.null::<u8>()?;
-    let bias = bias.unwrap_or(&null);
     let (k_i, m_i) = (int(k)?, int(m)?);
     let name = if dtype == DataType::F16 {
         "gemv_f16"
@@ -192,7 +190,9 @@ fn gemv_half(
     };
     let f = dev.function(name)?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(w).arg(x).arg(bias).arg(y).arg(&k_i).arg(&m_i);
+    b.arg(w).arg(x);
+    arg_or_null(&mut b, bias);
+    b.arg(y).arg(&k_i).arg(&m_i);
     // SAFETY: w holds m × k 16-bit values (a row is 16-byte aligned when k % 8 == 0, the
     // only case the kernel loads 8 at a time), x n × k floats, y n × m floats, the bias m
     // floats or null, as `gemv_f16`/`gemv_bf16` use them.
@@ -218,21 +218,15 @@ fn qgemv(
     y: &mut CudaSlice<f32>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
-    let null = dev.null::<u8>()?;
-    let bias = bias.unwrap_or(&null);
     let (k_i, m_i, padded) = (int(k)?, int(m)?, int(quant::padded_cols(dtype, k))?);
     let cfg = grid((m.div_ceil(QGEMV_ROWS), n, 1), 32 * QGEMV_ROWS as u32, 0)?;
     match dtype.group_size() {
         None => {
             let f = dev.function("qgemv_i8")?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(w)
-                .arg(x)
-                .arg(bias)
-                .arg(y)
-                .arg(&k_i)
-                .arg(&m_i)
-                .arg(&padded);
+            b.arg(w).arg(x);
+            arg_or_null(&mut b, bias);
+            b.arg(y).arg(&k_i).arg(&m_i).arg(&padded);
             // SAFETY: w is m rows of 4 + padded bytes (the .flm int8 layout), x n × k
             // floats, y n × m floats, the bias m floats or null, as `qgemv_i8` reads them.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
@@ -241,14 +235,9 @@ fn qgemv(
             let group_i = int(group)?;
             let f = dev.function("qgemv_i4")?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(w)
-                .arg(x)
-                .arg(bias)
-                .arg(y)
-                .arg(&k_i)
-                .arg(&m_i)
-                .arg(&padded)
-                .arg(&group_i);
+            b.arg(w).arg(x);
+            arg_or_null(&mut b, bias);
+            b.arg(y).arg(&k_i).arg(&m_i).arg(&padded).arg(&group_i);
             // SAFETY: w is m rows of padded / group groups of 4 + group / 2 bytes (the
             // .flm int4 layout), x n × k floats, y n × m floats, the bias m floats or null.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
