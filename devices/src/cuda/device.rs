@@ -269,7 +269,7 @@ impl BaseDevice for CudaDevice {
                 start_pos,
             } => {
                 let positions: Vec<u32> = (0..x.rows())
-                    .map(|i| u32::try_from(start_pos + i).unwrap_or(u32::MAX))
+                    .map(|i| u32::try_from(start_pos.saturating_add(i)).unwrap_or(u32::MAX))
                     .collect();
                 super::rope::rope(self, x, table, n_heads, &[(&positions, 0)])
             }

@@ -78,5 +78,9 @@ pub(super) fn rope(
         // gathered tables n × rotary_dim / 2 each, and every row index is < n.
         unsafe { b.launch(grid((n, 1, 1), 128, 0)?) }.map_err(dev_err)?;
     }
+    // The host checked every position; the flag guards the kernel's own reads.
+    dev.check_flag(&bad, || {
+        Error::Device("the rope kernel met a position past its table".into())
+    })?;
     dev.download(&xd, x.as_f32_mut()?)
 }
