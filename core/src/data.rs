@@ -4,6 +4,7 @@
 //! 64-byte aligned heap buffer, for activations and converted weights) or borrowed from a
 //! memory-mapped file (zero-copy weights). Moving data between devices is always explicit.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use half::{bf16, f16};
@@ -35,12 +36,33 @@ enum Storage {
 ///
 /// All tensors created by flm are contiguous and row-major; the typed accessors
 /// ([`Data::as_f32`] and friends) return the elements in that order.
-#[derive(Clone)]
 pub struct Data {
     dtype: DataType,
     shape: Vec<usize>,
     strides: Vec<usize>,
     storage: Storage,
+    id: u64,
+}
+
+/// The source of [`Data::id`]s.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Clone for Data {
+    /// A copy with its own [`Data::id`] (an owned copy can be changed apart from the
+    /// original).
+    fn clone(&self) -> Data {
+        Data {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            storage: self.storage.clone(),
+            id: next_id(),
+        }
+    }
 }
 
 fn row_major_strides(shape: &[usize]) -> Vec<usize> {
@@ -78,6 +100,7 @@ impl Data {
             shape: shape.to_vec(),
             strides: row_major_strides(shape),
             storage: Storage::Owned(chunks),
+            id: next_id(),
         })
     }
 
@@ -142,6 +165,7 @@ impl Data {
                 offset,
                 len,
             },
+            id: next_id(),
         })
     }
 
@@ -183,6 +207,15 @@ impl Data {
             .product()
     }
 
+    /// A process-unique identity of the tensor's current contents: new for every tensor
+    /// made or cloned, and renewed by every mutable access ([`Data::bytes_mut`] and the
+    /// typed `_mut` accessors) and reshape. Two reads that see the same id see the same
+    /// bytes, so a device can upload an immutable weight once and reuse its copy for as long
+    /// as the id stays the same.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Whether the bytes are borrowed from a memory-mapped file.
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped { .. })
@@ -210,6 +243,7 @@ impl Data {
         }
         self.shape = shape.to_vec();
         self.strides = row_major_strides(shape);
+        self.id = next_id();
         Ok(())
     }
 
@@ -227,6 +261,7 @@ impl Data {
     /// Errors: [`Error::ReadOnly`] for a tensor borrowed from a mapped file.
     pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
         let len = self.size_bytes();
+        self.id = next_id();
         match &mut self.storage {
             Storage::Owned(chunks) => Ok(&mut bytemuck::cast_slice_mut(chunks)[..len]),
             Storage::Mapped { .. } => Err(Error::ReadOnly),
@@ -392,6 +427,17 @@ mod tests {
             assert_eq!(d.to_dtype(dt).unwrap().to_f32_vec(), d.to_f32_vec());
         }
         assert!(d.as_f16().is_err());
+    }
+
+    #[test]
+    fn id_is_renewed_by_clones_and_writes_only() {
+        let mut d = Data::from_f32(&[2], &[1.0, 2.0]).unwrap();
+        let id = d.id();
+        assert_eq!(d.as_f32().unwrap(), &[1.0, 2.0]);
+        assert_eq!(d.id(), id);
+        assert_ne!(d.clone().id(), id);
+        d.as_f32_mut().unwrap()[0] = 3.0;
+        assert_ne!(d.id(), id);
     }
 
     #[test]

@@ -63,6 +63,10 @@ pub enum Error {
     /// An invalid argument (sampling parameters, sizes).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A device failed: a driver, runtime or compiler call of an accelerator (CUDA) returned
+    /// an error, or a kernel reported bad input it was given.
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 /// Result type of flm-core.

@@ -3,7 +3,14 @@
 //! - [`cpu::CpuDevice`]: every op, f32 activations with f32/f16/bf16/int8/int4 weights,
 //!   threaded with rayon. One module per op family; each op has SIMD kernels (AVX2,
 //!   AVX-512, chosen at run time by [`Isa`]) and a portable twin they are tested against.
+//! - `cuda::CudaDevice` (cargo feature `cuda`): NVIDIA GPUs through cudarc, with the CUDA
+//!   libraries loaded at run time.
+//! - [`select`]: the devices for `--device cpu|cuda|auto`, falling back to the CPU.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod select;
 
 pub use cpu::{CpuDevice, Isa};
+pub use select::{select, DeviceChoice, Selection};

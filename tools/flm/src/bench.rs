@@ -1,6 +1,8 @@
 //! `flm bench`: prefill and decode tokens/s over repetitions, like llama-bench, with the
-//! weight bytes read per decoded token, the bandwidth that achieves and the machine's
-//! streaming read bandwidth measured on the spot.
+//! weight bytes read per decoded token, the bandwidth that achieves and the bandwidth
+//! bound it is compared with: on the CPU the machine's streaming read bandwidth measured
+//! on the spot, on a GPU its peak memory bandwidth from the device attributes (memory
+//! clock × bus width × 2).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,6 +11,8 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use flm_core::{quant, Data, DataType, Executor};
 use flm_devices::CpuDevice;
+
+use crate::device::DeviceArgs;
 use flm_models::import;
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::ModelConfig;
@@ -53,6 +57,8 @@ pub struct BenchArgs {
     /// forward of N rows per step over a paged KV cache); tokens/s are their aggregate.
     #[arg(long)]
     batch: Option<usize>,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// The dtype called `name` (int4 with `group` values per group).
@@ -258,9 +264,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .build()
         .context("cannot start the thread pool")?;
     let positions = args.prompt_tokens + args.gen_tokens;
-    let device = CpuDevice::new()?;
-    let isa = device.isa();
-    let exec = Executor::new(vec![Box::new(device)]);
+    let isa = CpuDevice::new()?.isa();
+    let chosen = args.device.executor()?;
+    let exec: &Executor = &chosen.exec;
     if args.batch.is_some() {
         // As the serving engine runs it.
         exec.require_batch_invariance();
@@ -274,15 +280,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect();
         let once = |model: &mut Llama| -> Result<(f64, f64)> {
             if let Some(n) = args.batch {
-                return crate::bench_batch::once(&exec, model, &prompt, n, args.gen_tokens);
+                return crate::bench_batch::once(exec, model, &prompt, n, args.gen_tokens);
             }
             let start = Instant::now();
-            let mut next = flm_core::argmax(model.forward(&exec, &prompt, 0, Logits::Last)?);
+            let mut next = flm_core::argmax(model.forward(exec, &prompt, 0, Logits::Last)?);
             let prefill = start.elapsed().as_secs_f64();
             let start = Instant::now();
             for g in 0..args.gen_tokens {
                 let pos = args.prompt_tokens + g;
-                next = flm_core::argmax(model.forward(&exec, &[next], pos, Logits::Last)?);
+                next = flm_core::argmax(model.forward(exec, &[next], pos, Logits::Last)?);
             }
             let decode = start.elapsed().as_secs_f64();
             Ok((
@@ -297,7 +303,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let (pp, pp_sd) = mean_sd(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
         let (tg, tg_sd) = mean_sd(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
         drop(model);
-        let stream = stream_read_gb_s(args.stream_mib.max(1));
+        // The bound decode is compared with: the GPU's peak, or the CPU's measured stream.
+        let (stream, bound) = match chosen.gpu_peak_bandwidth {
+            Some(peak) => (peak / 1e9, "GPU peak memory bandwidth"),
+            None => (
+                stream_read_gb_s(args.stream_mib.max(1)),
+                "streaming read bandwidth",
+            ),
+        };
         // A batched step reads the weights once for all its sequences.
         let batch = args.batch.unwrap_or(1);
         let decode_gb_s = bytes as f64 * tg / batch as f64 / 1e9;
@@ -305,6 +318,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let line = serde_json::json!({
                 "model": name,
                 "dtype": dtype,
+                "device": chosen.first,
                 "isa": isa.name(),
                 "threads": threads,
                 "prompt_tokens": args.prompt_tokens,
@@ -317,14 +331,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "decode_tok_s_sd": tg_sd,
                 "weight_bytes_per_token": bytes,
                 "decode_gb_s": decode_gb_s,
+                // The CPU's measured stream, or the GPU's peak: the bound named by "bound".
                 "stream_gb_s": stream,
+                "bound": bound,
                 "bandwidth_fraction": decode_gb_s / stream,
             });
             println!("{line}");
         } else {
             println!(
-                "model {name} ({dtype}), {} kernels, {threads} threads, {} repetitions, \
+                "model {name} ({dtype}) on {}, {} CPU kernels, {threads} threads, {} repetitions, \
                  {batch} sequence(s) at once (aggregate tokens/s)",
+                chosen.first,
                 isa,
                 args.reps
             );
@@ -334,7 +351,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             );
             println!(
                 "weights read per decoded token: {:.3} GB; decode moves {decode_gb_s:.2} GB/s; \
-                 streaming read bandwidth {stream:.2} GB/s, so decode runs at {:.0}% of the \
+                 {bound} {stream:.2} GB/s, so decode runs at {:.0}% of the \
                  bandwidth bound ({:.2} tokens/s)",
                 bytes as f64 / 1e9,
                 100.0 * decode_gb_s / stream,

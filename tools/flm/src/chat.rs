@@ -77,7 +77,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let params = args.sampling.params(tokenizer.chat_stop_ids());
     let mut session = Session::new(model, Arc::new(tokenizer))?;
     let tokenizer = Arc::clone(session.tokenizer());
-    let exec = generate::executor()?;
+    let exec = args.model.device.executor()?.exec;
     let start: Vec<Message> = args
         .system
         .iter()

@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use flm_core::Executor;
-use flm_devices::CpuDevice;
 use flm_models::session::{GenerateParams, Generation, Piece, Session, StopReason};
 
 /// Resident memory of this process in MiB (Linux `/proc/self/status` VmRSS), if known.
@@ -131,11 +130,4 @@ pub fn generate(
         eprintln!("note: the context of {context} tokens is full");
     }
     Ok((generation, ids))
-}
-
-/// The executor of `flm run` and `flm chat`: the CPU device.
-///
-/// Errors: a CPU device that cannot start (its thread pool).
-pub fn executor() -> Result<Executor> {
-    Ok(Executor::new(vec![Box::new(CpuDevice::new()?)]))
 }

@@ -7,6 +7,7 @@ mod bench;
 mod bench_batch;
 mod chat;
 mod convert;
+mod device;
 mod generate;
 mod load;
 mod serve;
@@ -78,6 +79,8 @@ struct ModelArgs {
     /// never more than the model's).
     #[arg(long)]
     context: Option<usize>,
+    #[command(flatten)]
+    device: device::DeviceArgs,
 }
 
 #[derive(Args)]
@@ -206,7 +209,7 @@ fn run(args: RunArgs) -> Result<()> {
             args.draft_tokens
         );
     }
-    let exec = generate::executor()?;
+    let exec = args.model.device.executor()?.exec;
     let prompt = generate::Prompt::Text(&args.prompt);
     let (generation, _) = generate::generate(&mut session, &exec, prompt, &params, args.ids)?;
     eprintln!("{}", generate::Summary(generation));
@@ -239,7 +242,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let ctx = args
         .ctx
         .unwrap_or_else(|| model.config().max_seq_len.min(512));
-    let exec = flm_core::Executor::new(vec![Box::new(flm_devices::CpuDevice::new()?)]);
+    let exec = args.model.device.executor()?.exec;
     let start = std::time::Instant::now();
     let result = flm_models::eval::teacher_forced(&mut model, &exec, &tokens, ctx)?;
     let secs = start.elapsed().as_secs_f64();

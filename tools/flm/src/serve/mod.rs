@@ -32,7 +32,7 @@ use flm_models::engine::{Engine, EngineConfig};
 use flm_models::session;
 use flm_tokenizer::Tokenizer;
 
-use crate::{generate, set_threads, ModelArgs};
+use crate::{set_threads, ModelArgs};
 use error::ApiError;
 use metrics::Metrics;
 
@@ -114,8 +114,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(n) = args.max_batch_prefill_tokens {
         config.max_batch_prefill_tokens = n;
     }
-    let engine =
-        Engine::new(model, generate::executor()?, config).context("cannot start the engine")?;
+    let engine = Engine::new(model, args.model.device.executor()?.exec, config)
+        .context("cannot start the engine")?;
     let context = engine.config().max_seq_len;
     let state = Arc::new(State {
         engine,

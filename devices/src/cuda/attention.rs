@@ -1,0 +1,135 @@
+//! [`flm_core::Op::Attention`] on [`super::CudaDevice`]: the flash-decoding kernels of
+//! `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
+//! then an exact combine).
+
+use cudarc::driver::PushKernelArg;
+use flm_core::{alibi_slopes, Data, Error, Result};
+
+use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
+use super::kernels::ATTN_CHUNK;
+
+/// Threads of an `attn_partial` block (4 warps, one key per warp at a time).
+const THREADS: u32 = 128;
+
+/// The operands of [`flm_core::Op::Attention`] but the output.
+pub(super) struct Args<'a> {
+    pub q: &'a Data,
+    pub cache_k: &'a Data,
+    pub cache_v: &'a Data,
+    pub start_pos: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub scale: f32,
+    pub alibi: bool,
+    pub bidirectional: usize,
+    pub sliding_window: Option<usize>,
+}
+
+fn shape(msg: String) -> Error {
+    Error::Shape {
+        op: "Attention",
+        msg,
+    }
+}
+
+/// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU,
+/// the partial and combine kernels run, and the output comes back.
+///
+/// Errors: [`Error::Shape`] / [`Error::InvalidArgument`] for operands the CPU device also
+/// refuses; [`Error::ContextOverflow`] when the rows reach past the cache.
+pub(super) fn attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Result<()> {
+    let n = a.q.rows();
+    if a.n_heads == 0 || a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
+        return Err(shape(format!(
+            "{} heads over {} KV heads",
+            a.n_heads, a.n_kv_heads
+        )));
+    }
+    let head_dim = a.q.cols() / a.n_heads;
+    let kv_cols = a.n_kv_heads * head_dim;
+    if head_dim == 0
+        || a.q.cols() != a.n_heads * head_dim
+        || a.cache_k.cols() != kv_cols
+        || a.cache_v.shape() != a.cache_k.shape()
+        || output.shape() != a.q.shape()
+    {
+        return Err(shape(format!(
+            "q {:?}, cache {:?} / {:?}, output {:?} for {} heads, {} KV heads",
+            a.q.shape(),
+            a.cache_k.shape(),
+            a.cache_v.shape(),
+            output.shape(),
+            a.n_heads,
+            a.n_kv_heads
+        )));
+    }
+    if a.sliding_window == Some(0) || (a.sliding_window.is_some() && a.bidirectional > 0) {
+        return Err(Error::InvalidArgument(
+            "a sliding window must be positive and cannot combine with a bidirectional prefix"
+                .into(),
+        ));
+    }
+    let filled = a.start_pos.saturating_add(n);
+    if filled > a.cache_k.rows() || a.bidirectional > filled {
+        return Err(Error::ContextOverflow {
+            needed: filled.max(a.bidirectional),
+            max: a.cache_k.rows(),
+        });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let rows = filled.max(a.bidirectional);
+    let q = dev.upload(a.q.as_f32()?)?;
+    let k = dev.upload(&a.cache_k.as_f32()?[..rows * kv_cols])?;
+    let v = dev.upload(&a.cache_v.as_f32()?[..rows * kv_cols])?;
+    let start = dev.upload(&[u32::try_from(a.start_pos)
+        .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?])?;
+    let slopes = a
+        .alibi
+        .then(|| dev.upload(&alibi_slopes(a.n_heads)))
+        .transpose()?;
+    let chunks = rows.div_ceil(ATTN_CHUNK);
+    let parts = n * a.n_heads * chunks;
+    let mut part_m = dev.zeros::<f32>(parts)?;
+    let mut part_l = dev.zeros::<f32>(parts)?;
+    let mut part_o = dev.zeros::<f32>(parts * head_dim)?;
+    let (nh, nkv, hd) = (int(a.n_heads)?, int(a.n_kv_heads)?, int(head_dim)?);
+    let (bidir, window) = (int(a.bidirectional)?, int(a.sliding_window.unwrap_or(0))?);
+    let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
+        .map_err(|_| shape(format!("head_dim {head_dim}")))?;
+    let f = dev.function("attn_partial")?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(&q)
+        .arg(&k)
+        .arg(&v)
+        .arg(&start)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&hd)
+        .arg(&a.scale);
+    arg_or_null(&mut b, slopes.as_ref());
+    b.arg(&bidir).arg(&window);
+    b.arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);
+    // SAFETY: arguments as `attn_partial`; q holds n × n_heads × head_dim floats, k and v
+    // `rows` cache rows of n_kv_heads × head_dim (every position a row sees is below
+    // `rows`), the slopes n_heads floats or null, the partial buffers one entry (and
+    // head_dim values) per (row, head, chunk), and the dynamic shared memory is the
+    // chunk's scores, the query and 32 floats of scratch.
+    unsafe { b.launch(grid((a.n_heads, n, chunks), THREADS, smem)?) }.map_err(dev_err)?;
+    let mut out = dev.zeros::<f32>(output.numel())?;
+    let chunks_i = int(chunks)?;
+    let f = dev.function("attn_combine")?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(&part_m)
+        .arg(&part_l)
+        .arg(&part_o)
+        .arg(&nh)
+        .arg(&hd)
+        .arg(&chunks_i)
+        .arg(&mut out);
+    // SAFETY: the partial buffers as written above and out n × n_heads × head_dim floats,
+    // as `attn_combine` reads and writes them.
+    unsafe { b.launch(grid((a.n_heads, n, 1), THREADS, 0)?) }.map_err(dev_err)?;
+    dev.download(&out, output.as_f32_mut()?)
+}

@@ -1,0 +1,359 @@
+//! [`CudaDevice`]: runs ops on one NVIDIA GPU with the kernels of [`super::kernels`] and
+//! cuBLAS.
+//!
+//! This first version takes its operands where the graph keeps them, in host memory:
+//! weights (linear weights, embedding tables, norm gains, biases) are uploaded once, the
+//! first time an op reads them, and kept in GPU memory for as long as their
+//! [`Data::id`] stays the same (int8/int4 weights stay in the .flm row layout, quantised);
+//! activations, token ids and positions are copied to the GPU for each op and the output
+//! copied back. The KV cache rows an attention op reads are copied too, so this version
+//! pays a transfer per op; keeping activations and the KV cache resident and capturing
+//! the decode step in a CUDA graph are the next steps (the kernels already read positions
+//! and lengths from device memory for that).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
+};
+use flm_core::{BaseDevice, Data, DataType, Error, Op, Result};
+
+use super::kernels::MODULES;
+use super::nvrtc;
+use super::ptx_cache::PtxCache;
+use super::GpuInfo;
+
+/// The CUDA device: one GPU, one stream, the compiled kernels and the uploaded weights.
+///
+/// Batch invariance ([`BaseDevice::require_batch_invariance`]): every kernel computes an
+/// input row on its own (one grid row per input row) except cuBLAS, whose algorithm
+/// depends on the batch; once asked, f16/bf16 Linears take the GEMV kernels whatever the
+/// row count, and Linears with f32 weights are left to the next device (the CPU).
+pub struct CudaDevice {
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) blas: CudaBlas,
+    info: GpuInfo,
+    functions: HashMap<&'static str, CudaFunction>,
+    weights: Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>,
+    batch_invariant: AtomicBool,
+}
+
+/// A null device pointer, passed by value for an absent optional operand (a bias, the
+/// ALiBi slopes): the kernels test the pointer before reading through it.
+const NULL: u64 = 0;
+
+/// Pushes the kernel argument `v`, or a null pointer when it is absent.
+pub(super) fn arg_or_null<'a, T>(b: &mut LaunchArgs<'a>, v: Option<&'a CudaSlice<T>>) {
+    match v {
+        Some(v) => b.arg(v),
+        None => b.arg(&NULL),
+    };
+}
+
+/// A driver, cuBLAS or NVRTC error as an flm error.
+pub(super) fn dev_err(e: impl std::fmt::Display) -> Error {
+    Error::Device(e.to_string())
+}
+
+/// A launch of `grid` blocks of `block` threads with `smem` bytes of dynamic shared memory.
+pub(super) fn grid(grid: (usize, usize, usize), block: u32, smem: u32) -> Result<LaunchConfig> {
+    let dim = |v: usize| {
+        u32::try_from(v.max(1))
+            .map_err(|_| Error::InvalidArgument(format!("grid dimension {v} too large")))
+    };
+    Ok(LaunchConfig {
+        grid_dim: (dim(grid.0)?, dim(grid.1)?, dim(grid.2)?),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem,
+    })
+}
+
+/// `v` as a kernel's `int` argument.
+pub(super) fn int(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::InvalidArgument(format!("{v} exceeds a kernel int")))
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`, compiles (or loads from the disk cache) every kernel module for
+    /// its compute capability and starts cuBLAS on the device's stream.
+    ///
+    /// Errors: a one-line reason (no driver library, no device, no libnvrtc or libcublas,
+    /// a module that does not compile or load).
+    pub fn new(ordinal: usize) -> std::result::Result<CudaDevice, String> {
+        let (ctx, info) = super::probe(ordinal)?;
+        if !nvrtc::available() {
+            return Err("libnvrtc not found".into());
+        }
+        // SAFETY: only asks the dynamic loader whether libcublas opens.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err("libcublas not found".into());
+        }
+        let cache = PtxCache::default_location();
+        let functions =
+            load_functions(&ctx, &info.arch(), cache.as_ref()).map_err(|e| e.to_string())?;
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| format!("cuBLAS: {e}"))?;
+        Ok(CudaDevice {
+            stream,
+            blas,
+            info,
+            functions,
+            weights: Mutex::new(HashMap::new()),
+            batch_invariant: AtomicBool::new(false),
+        })
+    }
+
+    /// The GPU's properties.
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    /// Whether batch invariance was asked for (see [`CudaDevice`]).
+    pub(super) fn batch_invariant(&self) -> bool {
+        self.batch_invariant.load(Ordering::Relaxed)
+    }
+
+    /// The kernel `name` (one of [`super::kernels::Module::kernels`]).
+    pub(super) fn function(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions
+            .get(name)
+            .ok_or_else(|| Error::Device(format!("kernel {name} is not loaded")))
+    }
+
+    /// The weight `w` in GPU memory: its bytes as they are on the host, uploaded the first
+    /// time and reused while `w.id()` is unchanged.
+    pub(super) fn weight(&self, w: &Data) -> Result<Arc<CudaSlice<u8>>> {
+        let mut cache = self
+            .weights
+            .lock()
+            .map_err(|_| Error::Device("weight cache poisoned".into()))?;
+        if let Some(buf) = cache.get(&w.id()) {
+            return Ok(Arc::clone(buf));
+        }
+        let buf = Arc::new(self.stream.clone_htod(w.bytes()).map_err(dev_err)?);
+        cache.insert(w.id(), Arc::clone(&buf));
+        Ok(buf)
+    }
+
+    /// A copy of `values` in GPU memory.
+    pub(super) fn upload<T: DeviceRepr>(&self, values: &[T]) -> Result<CudaSlice<T>> {
+        self.stream.clone_htod(values).map_err(dev_err)
+    }
+
+    /// `n` zeroed values in GPU memory.
+    pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros(n.max(1)).map_err(dev_err)
+    }
+
+    /// Copies `src` back into the host slice `dst` and waits for the stream.
+    pub(super) fn download<T: DeviceRepr>(&self, src: &CudaSlice<T>, dst: &mut [T]) -> Result<()> {
+        self.stream.memcpy_dtoh(src, dst).map_err(dev_err)?;
+        self.stream.synchronize().map_err(dev_err)
+    }
+
+    /// Checks the flag a kernel sets on bad input (a token id or a position out of range).
+    pub(super) fn check_flag(
+        &self,
+        flag: &CudaSlice<i32>,
+        what: impl FnOnce() -> Error,
+    ) -> Result<()> {
+        let mut v = [0i32];
+        self.download(flag, &mut v)?;
+        if v[0] == 0 {
+            Ok(())
+        } else {
+            Err(what())
+        }
+    }
+}
+
+fn load_functions(
+    ctx: &Arc<CudaContext>,
+    arch: &str,
+    cache: Option<&PtxCache>,
+) -> Result<HashMap<&'static str, CudaFunction>> {
+    let mut functions = HashMap::new();
+    for module in MODULES {
+        let ptx = nvrtc::compile_cached(module, arch, cache)?;
+        let loaded = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(|e| Error::Device(format!("loading module {}: {e}", module.name)))?;
+        for &name in module.kernels {
+            let f = loaded
+                .load_function(name)
+                .map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
+            functions.insert(name, f);
+        }
+    }
+    Ok(functions)
+}
+
+/// Float weight dtypes the kernels read directly (`W` in `prelude.cuh`).
+pub(super) fn float_suffix(dtype: DataType) -> Option<&'static str> {
+    match dtype {
+        DataType::F32 => Some("f32"),
+        DataType::F16 => Some("f16"),
+        DataType::BF16 => Some("bf16"),
+        _ => None,
+    }
+}
+
+impl BaseDevice for CudaDevice {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn supports(&self, op: &Op<'_>) -> bool {
+        let f32 = |d: &Data| d.dtype() == DataType::F32;
+        let float_w = |d: &Data| float_suffix(d.dtype()).is_some();
+        let any_w = |d: &Data| float_w(d) || d.dtype().is_quantized();
+        match op {
+            Op::Embedding { table, output, .. } => any_w(table) && f32(output),
+            Op::RmsNorm {
+                input,
+                weight,
+                output,
+                ..
+            } => f32(input) && float_w(weight) && f32(output),
+            Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                output,
+                ..
+            } => f32(input) && float_w(weight) && bias.dtype() == weight.dtype() && f32(output),
+            Op::Linear {
+                input,
+                weight,
+                bias,
+                output,
+            } => {
+                f32(input)
+                    && any_w(weight)
+                    && bias.is_none_or(f32)
+                    && f32(output)
+                    && !(weight.dtype() == DataType::F32 && self.batch_invariant())
+            }
+            Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f32(x),
+            Op::Attention {
+                q,
+                cache_k,
+                cache_v,
+                output,
+                ..
+            } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
+            Op::SiluMul { gate, up, output } => f32(gate) && f32(up) && f32(output),
+            Op::Add { x, y } => f32(x) && f32(y),
+            Op::Gelu { x } | Op::Scale { x, .. } => f32(x),
+            Op::Argmax { input, .. } => f32(input),
+            // Row copies and the paged-cache ops stay on the CPU in this version.
+            Op::CopyRows { .. } | Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
+        }
+    }
+
+    fn require_batch_invariance(&self) {
+        self.batch_invariant.store(true, Ordering::Relaxed);
+    }
+
+    fn run(&self, op: Op<'_>) -> Result<()> {
+        match op {
+            Op::Embedding {
+                table,
+                tokens,
+                output,
+            } => super::ops::embedding(self, table, tokens, output),
+            Op::RmsNorm {
+                input,
+                weight,
+                eps,
+                output,
+            } => super::ops::norm(self, input, weight, None, eps, output),
+            Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                eps,
+                output,
+            } => super::ops::norm(self, input, weight, Some(bias), eps, output),
+            Op::Linear {
+                input,
+                weight,
+                bias,
+                output,
+            } => super::linear::linear(self, input, weight, bias, output),
+            Op::Rope {
+                x,
+                table,
+                n_heads,
+                start_pos,
+            } => {
+                let positions: Vec<u32> = (0..x.rows())
+                    .map(|i| u32::try_from(start_pos.saturating_add(i)).unwrap_or(u32::MAX))
+                    .collect();
+                super::rope::rope(self, x, table, n_heads, &[(&positions, 0)])
+            }
+            Op::RopeRows {
+                x,
+                table,
+                n_heads,
+                positions,
+            } => super::rope::rope(self, x, table, n_heads, &[(positions, 0)]),
+            Op::Rope2d {
+                x,
+                table,
+                n_heads,
+                positions,
+                block_positions,
+            } => {
+                let half = table.head_dim();
+                super::rope::rope(
+                    self,
+                    x,
+                    table,
+                    n_heads,
+                    &[(positions, 0), (block_positions, half)],
+                )
+            }
+            Op::Attention {
+                q,
+                cache_k,
+                cache_v,
+                start_pos,
+                n_heads,
+                n_kv_heads,
+                scale,
+                alibi,
+                bidirectional,
+                sliding_window,
+                output,
+            } => super::attention::attention(
+                self,
+                super::attention::Args {
+                    q,
+                    cache_k,
+                    cache_v,
+                    start_pos,
+                    n_heads,
+                    n_kv_heads,
+                    scale,
+                    alibi,
+                    bidirectional,
+                    sliding_window,
+                },
+                output,
+            ),
+            Op::SiluMul { gate, up, output } => super::ops::silu_mul(self, gate, up, output),
+            Op::Add { x, y } => super::ops::add(self, x, y),
+            Op::Gelu { x } => super::ops::unary(self, x, super::ops::Unary::Gelu),
+            Op::Scale { x, alpha } => super::ops::unary(self, x, super::ops::Unary::Scale(alpha)),
+            Op::Argmax { input, output } => super::ops::argmax(self, input, output),
+            op @ (Op::CopyRows { .. } | Op::PagedAttention { .. } | Op::ScatterRows { .. }) => {
+                Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
+            }
+        }
+    }
+}

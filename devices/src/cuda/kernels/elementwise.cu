@@ -1,0 +1,49 @@
+// Element-wise ops on f32 activations (flm_core::Op::SiluMul, Gelu, Add, Scale), one
+// thread per element, and the f32 -> f16 / bf16 conversions of activations before a cuBLAS
+// GEMM on f16 / bf16 weights.
+
+// SwiGLU gate (Shazeer 2020): out = silu(gate) * up, silu(x) = x / (1 + e^-x).
+extern "C" __global__ void silu_mul(const float* gate, const float* up, float* out, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// GELU, tanh approximation (Hendrycks & Gimpel 2016), in place.
+extern "C" __global__ void gelu(float* x, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    }
+}
+
+// x += y.
+extern "C" __global__ void add(float* x, const float* y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// x *= alpha.
+extern "C" __global__ void scale(float* x, float alpha, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= alpha;
+}
+
+// out = f16(x), round to nearest even.
+extern "C" __global__ void f32_to_f16_rows(const float* x, f16_bits* out, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f32_to_f16(x[i]);
+}
+
+// out = bf16(x), round to nearest even (as the `half` crate rounds); NaN stays a quiet NaN.
+extern "C" __global__ void f32_to_bf16_rows(const float* x, bf16_bits* out, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        unsigned int u = __float_as_uint(x[i]);
+        if ((u & 0x7fffffffu) > 0x7f800000u) out[i] = (bf16_bits)((u >> 16) | 0x40u);
+        else out[i] = (bf16_bits)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}

@@ -1,0 +1,44 @@
+// Embedding lookup (flm_core::Op::Embedding): out[r, :] = table[tokens[r], :] as f32, one
+// block per row. The token ids are in device memory, so a captured CUDA graph reads the
+// ids of each step; an id >= vocab writes zeros and sets *bad (checked by the host).
+
+template <int W>
+__device__ void embedding_float(const void* table, const unsigned int* tokens, float* out,
+                                int dim, unsigned int vocab, int* bad) {
+    unsigned int t = tokens[blockIdx.x];
+    float* o = out + (long)blockIdx.x * dim;
+    if (t >= vocab) {
+        if (threadIdx.x == 0) *bad = 1;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = 0.0f;
+        return;
+    }
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_w<W>(table, (long)t * dim + i);
+}
+
+#define EMBED(SUFFIX, W)                                                                    \
+    extern "C" __global__ void embedding_##SUFFIX(const void* table,                        \
+                                                  const unsigned int* tokens, float* out,   \
+                                                  int dim, unsigned int vocab, int* bad) {  \
+        embedding_float<W>(table, tokens, out, dim, vocab, bad);                            \
+    }
+
+EMBED(f32, 0)
+EMBED(f16, 1)
+EMBED(bf16, 2)
+
+// Quantised tables: `row_bytes` per row, `group` 0 for int8, else the int4 group size.
+extern "C" __global__ void embedding_quant(const unsigned char* table,
+                                           const unsigned int* tokens, float* out, int dim,
+                                           unsigned int vocab, long row_bytes, int padded,
+                                           int group, int* bad) {
+    unsigned int t = tokens[blockIdx.x];
+    float* o = out + (long)blockIdx.x * dim;
+    if (t >= vocab) {
+        if (threadIdx.x == 0) *bad = 1;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = 0.0f;
+        return;
+    }
+    const unsigned char* row = table + (long)t * row_bytes;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        o[i] = group == 0 ? dequant_i8(row, i) : dequant_i4(row, i, padded, group);
+}

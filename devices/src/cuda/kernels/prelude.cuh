@@ -1,0 +1,85 @@
+// Prepended to every kernel source of devices/src/cuda/kernels (see kernels.rs): the
+// conversions and reductions the kernels share. No headers, so NVRTC needs no include path.
+
+// math.h is not included, so its INFINITY is defined here (the f32 +inf bit pattern).
+#define INFINITY __int_as_float(0x7f800000)
+
+typedef unsigned short f16_bits;
+typedef unsigned short bf16_bits;
+
+// IEEE half to float, exact (the PTX conversion the hardware provides).
+__device__ __forceinline__ float f16_to_f32(f16_bits h) {
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// float to IEEE half, round to nearest even (as the `half` crate rounds).
+__device__ __forceinline__ f16_bits f32_to_f16(float f) {
+    f16_bits h;
+    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// bfloat16 to float: the upper half of the f32 bits, exact.
+__device__ __forceinline__ float bf16_to_f32(bf16_bits h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+// `scratch` holds 32 floats of shared memory.
+__device__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// Maximum over the block, as block_sum.
+__device__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+// Element `i` of a float weight vector of dtype `W` (0: f32, 1: f16, 2: bf16).
+template <int W>
+__device__ __forceinline__ float load_w(const void* w, long i) {
+    if (W == 0) return ((const float*)w)[i];
+    if (W == 1) return f16_to_f32(((const f16_bits*)w)[i]);
+    return bf16_to_f32(((const bf16_bits*)w)[i]);
+}
+
+// The .flm quantised row layouts (flm_core::quant). int8: an f32 scale, then `padded`
+// int8 codes. int4 with groups of G: `padded / 2` bytes of codes (in each run of 32
+// values, byte i holds value i in its low nibble and value i + 16 in its high nibble),
+// then `padded / G` f16 scales d, then as many f16 minimums m; value = d * q + m.
+__device__ __forceinline__ float dequant_i8(const unsigned char* row, int i) {
+    return *(const float*)row * (float)(signed char)row[4 + i];
+}
+
+__device__ __forceinline__ float dequant_i4(const unsigned char* row, int i, int padded, int g) {
+    int run = i >> 5, j = i & 31;
+    unsigned char byte = row[run * 16 + (j & 15)];
+    int q = j < 16 ? (byte & 15) : (byte >> 4);
+    const f16_bits* d = (const f16_bits*)(row + padded / 2);
+    const f16_bits* m = d + padded / g;
+    return f16_to_f32(d[i / g]) * (float)q + f16_to_f32(m[i / g]);
+}

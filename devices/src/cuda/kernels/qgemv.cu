@@ -1,0 +1,125 @@
+// Dequantise-GEMV for int8 and int4 weights kept in the .flm row layout (flm_core::quant):
+// out[n, o] = sum_i x[n, i] * w_hat[o, i] (+ bias[o]), the decode product of
+// flm_core::Op::Linear. One warp per output row, QGEMV_ROWS rows per block; grid.y walks
+// the input rows (so a prefill chunk re-reads the weights once per row: correct, not fast;
+// prefill with float weights goes through cuBLAS instead).
+//
+// Unlike the CPU kernels, the activations stay f32 (no int8 activation blocks): each
+// weight is dequantised and multiplied in f32, which is at least as accurate.
+
+#define QGEMV_ROWS 4
+
+// int8, per output channel: row = f32 scale s, then `padded` codes; w_hat = s * q.
+extern "C" __global__ void qgemv_i8(const unsigned char* w, const float* x, const float* bias,
+                                    float* out, int in, int out_features, int padded) {
+    int lane = threadIdx.x & 31;
+    int o = blockIdx.x * QGEMV_ROWS + (threadIdx.x >> 5);
+    if (o >= out_features) return;
+    long row_bytes = (long)padded + 4;
+    const unsigned char* row = w + (long)o * row_bytes;
+    const signed char* q = (const signed char*)(row + 4);
+    const float* xr = x + (long)blockIdx.y * in;
+    float acc = 0.0f;
+    // Four codes per 32-bit load: the codes start 4 bytes into a row of 4 + 32k bytes.
+    for (int i = lane * 4; i < in; i += 128) {
+        int packed = *(const int*)(q + i);
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (i + k < in) acc += (float)(signed char)(packed >> (8 * k)) * xr[i + k];
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        float s = *(const float*)row;
+        out[(long)blockIdx.y * out_features + o] = acc * s + (bias ? bias[o] : 0.0f);
+    }
+}
+
+// int4, group-wise asymmetric (groups of `group` values, a multiple of 32): per group,
+// sum_i (d q_i + m) x_i = d * sum_i q_i x_i + m * sum_i x_i. Lane l takes the runs of 32
+// values l, l + 32, ...: 16 bytes of codes each (four 32-bit loads; runs sit at 16-byte
+// offsets from a 4-byte aligned row start).
+extern "C" __global__ void qgemv_i4(const unsigned char* w, const float* x, const float* bias,
+                                    float* out, int in, int out_features, int padded,
+                                    int group) {
+    int lane = threadIdx.x & 31;
+    int o = blockIdx.x * QGEMV_ROWS + (threadIdx.x >> 5);
+    if (o >= out_features) return;
+    int groups = padded / group;
+    long row_bytes = (long)groups * (4 + group / 2);
+    const unsigned char* row = w + (long)o * row_bytes;
+    const f16_bits* d = (const f16_bits*)(row + padded / 2);
+    const f16_bits* m = d + groups;
+    const float* xr = x + (long)blockIdx.y * in;
+    float acc = 0.0f;
+    for (int run = lane; run * 32 < in; run += 32) {
+        const unsigned int* codes = (const unsigned int*)(row + run * 16);
+        float qx = 0.0f, sx = 0.0f;
+        #pragma unroll
+        for (int word = 0; word < 4; word++) {
+            unsigned int c = codes[word];
+            #pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int j = word * 4 + k;
+                unsigned int byte = (c >> (8 * k)) & 255u;
+                int lo = run * 32 + j, hi = lo + 16;
+                if (lo < in) {
+                    qx += (float)(byte & 15u) * xr[lo];
+                    sx += xr[lo];
+                }
+                if (hi < in) {
+                    qx += (float)(byte >> 4) * xr[hi];
+                    sx += xr[hi];
+                }
+            }
+        }
+        int gi = run * 32 / group;
+        acc += f16_to_f32(d[gi]) * qx + f16_to_f32(m[gi]) * sx;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[(long)blockIdx.y * out_features + o] = acc + (bias ? bias[o] : 0.0f);
+}
+
+// out[r, o] += bias[o]: the bias of a cuBLAS product.
+extern "C" __global__ void add_bias(float* out, const float* bias, int out_features, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] += bias[i % out_features];
+}
+
+// f16 / bf16 weights `[out, in]` against f32 activations, for decode and short prefill
+// chunks (the activations stay f32, as on the CPU; longer prefills go through cuBLAS): one
+// warp per output row, 8 weights (16 bytes) per lane load when `in` is a multiple of 8 (so
+// every row starts 16-byte aligned), one at a time otherwise.
+template <int W>
+__device__ void gemv_half(const unsigned short* w, const float* x, const float* bias, float* out,
+                          int in, int out_features) {
+    int lane = threadIdx.x & 31;
+    int o = blockIdx.x * QGEMV_ROWS + (threadIdx.x >> 5);
+    if (o >= out_features) return;
+    const unsigned short* row = w + (long)o * in;
+    const float* xr = x + (long)blockIdx.y * in;
+    float acc = 0.0f;
+    int vec_end = (in % 8 == 0) ? in : 0;
+    for (int i = lane * 8; i < vec_end; i += 256) {
+        uint4 packed = *(const uint4*)(row + i);
+        unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            acc += load_w<W>(&words[k], 0) * xr[i + 2 * k];
+            acc += load_w<W>(&words[k], 1) * xr[i + 2 * k + 1];
+        }
+    }
+    for (int i = vec_end + lane; i < in; i += 32) acc += load_w<W>(row, i) * xr[i];
+    acc = warp_sum(acc);
+    if (lane == 0) out[(long)blockIdx.y * out_features + o] = acc + (bias ? bias[o] : 0.0f);
+}
+
+extern "C" __global__ void gemv_f16(const unsigned short* w, const float* x, const float* bias,
+                                    float* out, int in, int out_features) {
+    gemv_half<1>(w, x, bias, out, in, out_features);
+}
+
+extern "C" __global__ void gemv_bf16(const unsigned short* w, const float* x,
+                                     const float* bias, float* out, int in, int out_features) {
+    gemv_half<2>(w, x, bias, out, in, out_features);
+}

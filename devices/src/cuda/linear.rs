@@ -1,0 +1,248 @@
+//! [`flm_core::Op::Linear`] on [`super::CudaDevice`]: `output[n, out] = input[n, in] ·
+//! weight[out, in]ᵀ (+ bias)`.
+//!
+//! - f16 and bf16 weights with at most [`GEMV_MAX_ROWS`] input rows (decode), or any
+//!   number once batch invariance was asked for: the `gemv_f16`/`gemv_bf16` kernels, f32
+//!   activations as on the CPU.
+//! - f32 weights, and f16/bf16 ones with more rows (prefill): one cuBLAS `cublasGemmEx`
+//!   (f16/bf16 operands after the activations are rounded to the weight's type, as
+//!   transformers' f16 models round them; f32 accumulation and output,
+//!   `CUBLAS_COMPUTE_32F`, so no TF32).
+//! - int8 and int4 weights: the dequantise-GEMV kernels of `kernels/qgemv.cu`, reading the
+//!   weights quantised, in the .flm row layout. The decode product (prefill re-reads the
+//!   weights once per row).
+
+use std::ffi::c_void;
+
+use cudarc::cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use flm_core::{quant, Data, DataType, Error, Result};
+
+use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
+use super::kernels::QGEMV_ROWS;
+
+/// Input rows up to which f16/bf16 weights go through the GEMV kernels rather than cuBLAS.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// [`flm_core::Op::Linear`].
+///
+/// Errors: [`Error::Shape`] when the operands disagree; [`Error::DType`] for a weight
+/// dtype without a kernel; [`Error::Device`] when a launch or cuBLAS fails.
+pub(super) fn linear(
+    dev: &CudaDevice,
+    input: &Data,
+    weight: &Data,
+    bias: Option<&Data>,
+    output: &mut Data,
+) -> Result<()> {
+    let (n, k, m) = (input.rows(), input.cols(), weight.rows());
+    if weight.cols() != k
+        || output.rows() != n
+        || output.cols() != m
+        || bias.is_some_and(|b| b.numel() != m)
+    {
+        return Err(Error::Shape {
+            op: "Linear",
+            msg: format!(
+                "input {:?}, weight {:?}, bias {:?}, output {:?}",
+                input.shape(),
+                weight.shape(),
+                bias.map(|b| b.shape().to_vec()),
+                output.shape()
+            ),
+        });
+    }
+    if n == 0 || m == 0 {
+        return Ok(());
+    }
+    let x = dev.upload(input.as_f32()?)?;
+    let w = dev.weight(weight)?;
+    let bias_d = bias.map(|b| dev.weight(b)).transpose()?;
+    let mut y = dev.zeros::<f32>(n * m)?;
+    match weight.dtype() {
+        DataType::F32 => gemm(dev, &x, &w, cudaDataType::CUDA_R_32F, &mut y, (n, k, m))?,
+        DataType::F16 | DataType::BF16 if n <= GEMV_MAX_ROWS || dev.batch_invariant() => {
+            return gemv_half(
+                dev,
+                &x,
+                &w,
+                weight.dtype(),
+                bias_d.as_deref(),
+                &mut y,
+                (n, k, m),
+            )
+            .and_then(|()| dev.download(&y, output.as_f32_mut()?));
+        }
+        DataType::F16 => {
+            let xh = convert(dev, &x, "f32_to_f16_rows")?;
+            gemm(dev, &xh, &w, cudaDataType::CUDA_R_16F, &mut y, (n, k, m))?;
+        }
+        DataType::BF16 => {
+            let xh = convert(dev, &x, "f32_to_bf16_rows")?;
+            gemm(dev, &xh, &w, cudaDataType::CUDA_R_16BF, &mut y, (n, k, m))?;
+        }
+        dtype if dtype.is_quantized() => {
+            return qgemv(
+                dev,
+                &x,
+                &w,
+                weight.dtype(),
+                bias_d.as_deref(),
+                &mut y,
+                (n, k, m),
+            )
+            .and_then(|()| dev.download(&y, output.as_f32_mut()?));
+        }
+        dtype => {
+            return Err(Error::DType {
+                op: "Linear",
+                msg: format!("{dtype} weights on cuda"),
+            })
+        }
+    }
+    if let Some(bias) = &bias_d {
+        let total = (n * m) as i64;
+        let m_i = int(m)?;
+        let f = dev.function("add_bias")?;
+        let mut b = dev.stream.launch_builder(f);
+        b.arg(&mut y).arg(&**bias).arg(&m_i).arg(&total);
+        // SAFETY: y holds n × m floats and the bias m floats, as `add_bias(float*, const
+        // float*, int, long)` uses them.
+        unsafe { b.launch(grid(((n * m).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
+    }
+    dev.download(&y, output.as_f32_mut()?)
+}
+
+/// The activations rounded to f16 or bf16 by the conversion kernel `name`.
+fn convert(dev: &CudaDevice, x: &CudaSlice<f32>, name: &str) -> Result<CudaSlice<u16>> {
+    let mut out = dev.zeros::<u16>(x.len())?;
+    let n = x.len() as i64;
+    let f = dev.function(name)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(x).arg(&mut out).arg(&n);
+    // SAFETY: x holds n floats and out n 16-bit values, as the conversion kernels use them.
+    unsafe { b.launch(grid((x.len().div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
+    Ok(out)
+}
+
+/// `y[n, m] = x[n, k] · w[m, k]ᵀ` with cuBLAS, `x` and `w` of `dtype`, `y` f32. cuBLAS is
+/// column-major: the row-major `w` is a `k × m` column-major matrix (transposed in the
+/// call) and the row-major `x` and `y` are `k × n` and `m × n`.
+fn gemm<T>(
+    dev: &CudaDevice,
+    x: &CudaSlice<T>,
+    w: &CudaSlice<u8>,
+    dtype: cudaDataType,
+    y: &mut CudaSlice<f32>,
+    (n, k, m): (usize, usize, usize),
+) -> Result<()> {
+    let (n_i, k_i, m_i) = (int(n)?, int(k)?, int(m)?);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let (a, _a) = w.device_ptr(&dev.stream);
+    let (b, _b) = x.device_ptr(&dev.stream);
+    let (c, _c) = y.device_ptr_mut(&dev.stream);
+    // SAFETY: a, b and c are live device buffers of m × k and n × k values of `dtype` and
+    // n × m floats (the shapes were checked by `linear`), the leading dimensions are those
+    // of the row-major matrices, alpha and beta are host f32 values as
+    // CUBLAS_COMPUTE_32F expects, and the handle runs on the device's stream, after the
+    // uploads that wrote a and b.
+    unsafe {
+        cudarc::cublas::result::gemm_ex(
+            *dev.blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            m_i,
+            n_i,
+            k_i,
+            (&alpha as *const f32).cast::<c_void>(),
+            a as *const c_void,
+            dtype,
+            k_i,
+            b as *const c_void,
+            dtype,
+            k_i,
+            (&beta as *const f32).cast::<c_void>(),
+            c as *mut c_void,
+            cudaDataType::CUDA_R_32F,
+            m_i,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cudarc::cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| Error::Device(format!("cublasGemmEx: {e}")))
+}
+
+/// The f16/bf16 GEMV kernels: one warp per output row, [`QGEMV_ROWS`] rows per block, one
+/// grid row per input row.
+fn gemv_half(
+    dev: &CudaDevice,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<u8>,
+    dtype: DataType,
+    bias: Option<&CudaSlice<u8>>,
+    y: &mut CudaSlice<f32>,
+    (n, k, m): (usize, usize, usize),
+) -> Result<()> {
+    let (k_i, m_i) = (int(k)?, int(m)?);
+    let name = if dtype == DataType::F16 {
+        "gemv_f16"
+    } else {
+        "gemv_bf16"
+    };
+    let f = dev.function(name)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(w).arg(x);
+    arg_or_null(&mut b, bias);
+    b.arg(y).arg(&k_i).arg(&m_i);
+    // SAFETY: w holds m × k 16-bit values (a row is 16-byte aligned when k % 8 == 0, the
+    // only case the kernel loads 8 at a time), x n × k floats, y n × m floats, the bias m
+    // floats or null, as `gemv_f16`/`gemv_bf16` use them.
+    unsafe {
+        b.launch(grid(
+            (m.div_ceil(QGEMV_ROWS), n, 1),
+            32 * QGEMV_ROWS as u32,
+            0,
+        )?)
+    }
+    .map_err(dev_err)?;
+    Ok(())
+}
+
+/// The dequantise-GEMV kernels: one warp per output row, [`QGEMV_ROWS`] rows per block,
+/// one grid row per input row.
+fn qgemv(
+    dev: &CudaDevice,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<u8>,
+    dtype: DataType,
+    bias: Option<&CudaSlice<u8>>,
+    y: &mut CudaSlice<f32>,
+    (n, k, m): (usize, usize, usize),
+) -> Result<()> {
+    let (k_i, m_i, padded) = (int(k)?, int(m)?, int(quant::padded_cols(dtype, k))?);
+    let cfg = grid((m.div_ceil(QGEMV_ROWS), n, 1), 32 * QGEMV_ROWS as u32, 0)?;
+    match dtype.group_size() {
+        None => {
+            let f = dev.function("qgemv_i8")?;
+            let mut b = dev.stream.launch_builder(f);
+            b.arg(w).arg(x);
+            arg_or_null(&mut b, bias);
+            b.arg(y).arg(&k_i).arg(&m_i).arg(&padded);
+            // SAFETY: w is m rows of 4 + padded bytes (the .flm int8 layout), x n × k
+            // floats, y n × m floats, the bias m floats or null, as `qgemv_i8` reads them.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        Some(group) => {
+            let group_i = int(group)?;
+            let f = dev.function("qgemv_i4")?;
+            let mut b = dev.stream.launch_builder(f);
+            b.arg(w).arg(x);
+            arg_or_null(&mut b, bias);
+            b.arg(y).arg(&k_i).arg(&m_i).arg(&padded).arg(&group_i);
+            // SAFETY: w is m rows of padded / group groups of 4 + group / 2 bytes (the
+            // .flm int4 layout), x n × k floats, y n × m floats, the bias m floats or null.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+    }
+    Ok(())
+}

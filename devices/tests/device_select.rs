@@ -1,0 +1,29 @@
+//! `--device` on this machine: with no usable GPU (or a build without the `cuda`
+//! feature), `auto` runs on the CPU and says why in one line, and `cuda` is an error. On a
+//! machine with a GPU and the feature, `auto` puts the CUDA device first.
+
+use flm_devices::{select, DeviceChoice};
+
+#[test]
+fn auto_and_cuda_follow_what_this_machine_has() {
+    let auto = select(DeviceChoice::Auto).unwrap();
+    let names: Vec<_> = auto.devices.iter().map(|d| d.name()).collect();
+    if names == ["cuda", "cpu"] {
+        eprintln!("a CUDA GPU is present: the fallback path is not exercised here");
+        assert!(auto.notice.is_none());
+        assert!(select(DeviceChoice::Cuda).is_ok());
+        return;
+    }
+    assert_eq!(names, ["cpu"]);
+    let notice = auto.notice.expect("a fallback says why");
+    assert!(
+        notice.starts_with("flm: no CUDA GPU (") && notice.ends_with("); using the CPU"),
+        "{notice}"
+    );
+    assert!(!notice.contains('\n'));
+    let why = &notice["flm: no CUDA GPU (".len()..notice.len() - "); using the CPU".len()];
+    let err = select(DeviceChoice::Cuda)
+        .err()
+        .expect("--device cuda without a GPU fails");
+    assert!(err.to_string().contains(why), "{err} / {why}");
+}
