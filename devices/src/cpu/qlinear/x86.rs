@@ -88,43 +88,65 @@ struct Tile<'a> {
 /// and row, the low codes, the high codes and the 16 lane scales `d_g` (as f32 bits).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn unpack_i4_avx512(w: &QuantWeight<'_>, j: usize, r: usize, out: &mut Vec<__m512i>) {
-    let (kp, g) = (w.kp, w.dtype.group_size().unwrap_or(32));
+    match w.dtype.group_size() {
+        Some(32) => unpack_rows_avx512::<32>(w, j, r, out),
+        Some(64) => unpack_rows_avx512::<64>(w, j, r, out),
+        _ => unpack_rows_avx512::<128>(w, j, r, out),
+    }
+}
+
+/// [`unpack_i4_avx512`] for groups of `G` values.
+#[inline(always)]
+unsafe fn unpack_rows_avx512<const G: usize>(
+    w: &QuantWeight<'_>,
+    j: usize,
+    r: usize,
+    out: &mut Vec<__m512i>,
+) {
+    let kp = w.kp;
     let chunks = kp.div_ceil(128);
     out.clear();
     out.reserve(3 * r * chunks);
     for c in 0..chunks {
         for row in (j..j + r).map(|jj| w.row(jj)) {
-            let (lo, hi, dw) = unpack_chunk_avx512(row, kp, g, c);
+            let (lo, hi, dw) = unpack_chunk_avx512::<G>(row.as_ptr(), kp, c);
             out.extend_from_slice(&[lo, hi, _mm512_castps_si512(dw)]);
         }
     }
 }
 
-/// Chunk `c` (128 values) of an int4 row: low codes, high codes and lane scales.
+/// Chunk `c` (128 values) of the int4 row at `row` (`kp` padded columns, groups of `G`
+/// values): low codes, high codes and lane scales. `G` is a constant so that the group
+/// arithmetic folds to shifts and a whole chunk, all chunks but a row's last, loads its
+/// codes and its `128 / G` scales without masks or branches.
 #[inline(always)]
-unsafe fn unpack_chunk_avx512(
-    row: &[u8],
+unsafe fn unpack_chunk_avx512<const G: usize>(
+    row: *const u8,
     kp: usize,
-    g: usize,
     c: usize,
 ) -> (__m512i, __m512i, __m512) {
     let low = _mm512_set1_epi8(0x0f);
-    let gidx = match g {
+    let gidx = match G {
         32 => _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
         64 => _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
         _ => _mm512_setzero_si512(),
     };
-    let rest = (kp - 128 * c).min(128);
-    let mask: __mmask64 = if rest == 128 {
-        !0
+    let scales = row.add(kp / 2 + 2 * (128 * c / G));
+    let rest = kp - 128 * c;
+    let (v, ds) = if rest >= 128 {
+        (
+            _mm512_loadu_si512(row.add(64 * c) as *const _),
+            load_f16x4(scales, 128 / G),
+        )
     } else {
-        (1 << (rest / 2)) - 1
+        let mask: __mmask64 = (1 << (rest / 2)) - 1;
+        (
+            _mm512_maskz_loadu_epi8(mask, row.add(64 * c) as *const i8),
+            load_f16x4(scales, rest.div_ceil(G)),
+        )
     };
-    let (g0, gn) = (128 * c / g, rest.div_ceil(g));
-    let v = _mm512_maskz_loadu_epi8(mask, row.as_ptr().add(64 * c) as *const i8);
     let lo = _mm512_and_si512(v, low);
     let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-    let ds = load_f16x4(row.as_ptr().add(kp / 2 + 2 * g0), gn);
     (
         lo,
         hi,
@@ -352,10 +374,26 @@ impl Tile<'_> {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn i4_avx512<const R: usize, const T: usize>(&self, out: &mut [[f32; 4]; TILE_ROWS]) {
-        let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(32));
+        match self.w.dtype.group_size() {
+            Some(32) => self.i4_avx512_groups::<R, T, 32>(out),
+            Some(64) => self.i4_avx512_groups::<R, T, 64>(out),
+            _ => self.i4_avx512_groups::<R, T, 128>(out),
+        }
+    }
+
+    /// [`Tile::i4_avx512`] for groups of `G` values.
+    #[inline(always)]
+    unsafe fn i4_avx512_groups<const R: usize, const T: usize, const G: usize>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        let kp = self.w.kp;
         let rows = self.rows::<R>();
         let ahead = PREFETCH_ROWS * self.w.row_bytes;
         let idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        // The rows' codes and block scales, each padded to whole chunks (see `Acts`).
+        let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
+        let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for c in 0..kp.div_ceil(128) {
             let mut lo = [_mm512_setzero_si512(); R];
@@ -364,14 +402,13 @@ impl Tile<'_> {
             for r in 0..R {
                 let p = rows[r].as_ptr().add(64 * c) as *const i8;
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead));
-                (lo[r], hi[r], dw[r]) = unpack_chunk_avx512(rows[r], kp, g, c);
+                (lo[r], hi[r], dw[r]) = unpack_chunk_avx512::<G>(rows[r].as_ptr(), kp, c);
             }
             for t in 0..T {
-                let i = self.i + t;
-                let a = self.acts.row_qs(i).as_ptr().add(128 * c);
+                let a = qs[t].add(128 * c);
                 let alo = _mm512_loadu_si512(a as *const _);
                 let ahi = _mm512_loadu_si512(a.add(64) as *const _);
-                let d = _mm_loadu_ps(self.acts.row_d(i).as_ptr().add(4 * c));
+                let d = _mm_loadu_ps(ds[t].add(4 * c));
                 let da = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(d));
                 for r in 0..R {
                     let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], alo);
