@@ -21,8 +21,8 @@ fn complete(server: &Server, prompt: &[u32], max_tokens: usize) -> (String, u64)
 
 /// 32 prompts of 1 to 32 tokens, each a prefix of the greedy sequence from BOS, each asked
 /// to continue to step 200 of it. Sent at once they decode together in one batch (of
-/// different lengths); each text equals the one the same request gets alone, and is the
-/// rest of llama2.c's greedy text.
+/// different lengths); each text is the rest of llama2.c's greedy text, and equals the one
+/// the same request gets alone.
 #[test]
 fn concurrent_greedy_requests_equal_each_alone() {
     let server = Server::start(&[]);
@@ -38,11 +38,20 @@ fn concurrent_greedy_requests_equal_each_alone() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    // Under emulation, where a step costs ~50 times a native one, one prompt in 8 (and the
+    // longest) is also sent alone; every batched text is still checked against llama2.c's.
+    let alone_every = if emulated() { 8 } else { 1 };
     for (k, prompt) in prompts.iter().enumerate() {
-        let alone = complete(&server, prompt, max_tokens(prompt));
-        assert_eq!(together[k], alone, "prompt of {} tokens", prompt.len());
-        assert_eq!(alone.1, max_tokens(prompt) as u64);
-        assert!(reference.text.ends_with(&alone.0), "{}", alone.0);
+        assert_eq!(together[k].1, max_tokens(prompt) as u64);
+        assert!(
+            reference.text.ends_with(&together[k].0),
+            "{}",
+            together[k].0
+        );
+        if k % alone_every == 0 || k == prompts.len() - 1 {
+            let alone = complete(&server, prompt, max_tokens(prompt));
+            assert_eq!(together[k], alone, "prompt of {} tokens", prompt.len());
+        }
     }
     assert_eq!(together[0].0, reference.text);
 }
