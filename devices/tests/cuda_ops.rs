@@ -111,16 +111,6 @@ macro_rules! gpu_tests {
     )*};
 }
 
-const WEIGHT_DTYPES: [DataType; 7] = [
-    DataType::F32,
-    DataType::F16,
-    DataType::BF16,
-    DataType::I8,
-    DataType::I4G32,
-    DataType::I4G64,
-    DataType::I4G128,
-];
-
 /// Tolerance of a Linear relative to `Σ|x·w|` (see the module docs).
 fn linear_tol(dtype: DataType) -> f32 {
     match dtype {
@@ -134,7 +124,7 @@ fn linear_tol(dtype: DataType) -> f32 {
 gpu_tests! {
     linear_every_dtype_decode_and_prefill(gpu) {
         let mut r = rng(1);
-        for dtype in WEIGHT_DTYPES {
+        for dtype in DataType::ALL {
             for (n, k, m) in [(1, 4096, 300), (1, 333, 77), (5, 1000, 129), (17, 64, 3)] {
                 let x = random(&mut r, &[n, k], 1.0);
                 let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
@@ -172,7 +162,7 @@ gpu_tests! {
     embedding_every_dtype(gpu) {
         let mut r = rng(3);
         let tokens = [0u32, 17, 99, 17, 5];
-        for dtype in WEIGHT_DTYPES {
+        for dtype in DataType::ALL {
             let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
             compare!(&format!("Embedding {dtype}"), &gpu, &nan(&[5, 333]), 1e-6, None, |o| {
                 Op::Embedding { table: &table, tokens: &tokens, output: o }
