@@ -218,6 +218,12 @@ fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
 
 /// Streaming read bandwidth in GB/s: the best of 3 passes summing a `mib` MiB buffer on
 /// the current thread pool.
+///
+/// Each task reads [`STREAMS`] parts of its chunk in lockstep, a cache line of each per
+/// step, prefetching ahead on x86-64, as the decode kernels read several weight rows at
+/// once: one core reaches far more of the memory bandwidth with several misses in flight
+/// than a single sequential stream, which the hardware prefetcher alone keeps fed
+/// (measured on the 2-core CI VM: 8 GB/s with one stream, 12.5–13.5 GB/s with 8).
 fn stream_read_gb_s(mib: usize) -> f64 {
     let mut buf = vec![0u64; (mib << 20) / 8];
     fill_random(bytemuck::cast_slice_mut(&mut buf), 7);
@@ -227,20 +233,40 @@ fn stream_read_gb_s(mib: usize) -> f64 {
             let start = Instant::now();
             let sum = buf
                 .par_chunks(per_task)
-                .map(|c| {
-                    let mut acc = [0u64; 8];
-                    for v in c.chunks_exact(8) {
-                        for (a, x) in acc.iter_mut().zip(v) {
-                            *a = a.wrapping_add(*x);
-                        }
-                    }
-                    acc.iter().fold(0u64, |s, &a| s.wrapping_add(a))
-                })
+                .map(sum_streams)
                 .reduce(|| 0, u64::wrapping_add);
             std::hint::black_box(sum);
             (buf.len() * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
         })
         .fold(0.0, f64::max)
+}
+
+/// Concurrent read streams per task of [`stream_read_gb_s`].
+const STREAMS: usize = 8;
+
+/// The wrapping sum of `chunk`, read as [`STREAMS`] parts in lockstep, one cache line
+/// (8 `u64`) of each per step.
+fn sum_streams(chunk: &[u64]) -> u64 {
+    let part = chunk.len() / STREAMS / 8 * 8;
+    let mut acc = [[0u64; 8]; STREAMS];
+    for i in (0..part).step_by(8) {
+        for (s, acc) in acc.iter_mut().enumerate() {
+            let line = &chunk[s * part + i..][..8];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: prefetching has no side effects, whatever the address.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().wrapping_add(128) as *const i8);
+            }
+            for (a, x) in acc.iter_mut().zip(line) {
+                *a = a.wrapping_add(*x);
+            }
+        }
+    }
+    let rest = chunk[STREAMS * part..]
+        .iter()
+        .fold(0u64, |s, &x| s.wrapping_add(x));
+    acc.iter().flatten().fold(rest, |s, &a| s.wrapping_add(a))
 }
 
 /// Mean and sample standard deviation.
@@ -360,4 +386,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_sum_reads_every_value_once() {
+        for len in [0, 1, 7, 63, 64, 65, 1000, 4096, 5003] {
+            let v: Vec<u64> = (0..len as u64)
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .collect();
+            let want = v.iter().fold(0u64, |s, &x| s.wrapping_add(x));
+            assert_eq!(sum_streams(&v), want, "length {len}");
+        }
+    }
 }

@@ -280,8 +280,23 @@ thread_local! {
     static SCRATCH: RefCell<(Acts, Vec<f32>)> = RefCell::new((Acts::default(), Vec::new()));
 }
 
-/// Output features per parallel task (one AMX panel).
+/// Output features per parallel task in prefill (one AMX panel); tasks are whole
+/// multiples of it.
 const ROWS_PER_TASK: usize = 16;
+
+/// Parallel tasks per thread in decode: enough that a thread slowed down (by another
+/// process) leaves work to steal, few enough that each task's rows form long streams
+/// (see `x86::rows`).
+const DECODE_TASKS_PER_THREAD: usize = 4;
+
+/// Output features per parallel task for `n` input rows and `m` outputs.
+fn rows_per_task(n: usize, m: usize) -> usize {
+    if n >= AMX_MIN_ROWS {
+        return ROWS_PER_TASK;
+    }
+    let tasks = rayon::current_num_threads() * DECODE_TASKS_PER_THREAD;
+    m.div_ceil(tasks).next_multiple_of(ROWS_PER_TASK)
+}
 
 /// [`Isa::Amx`] multiplies tiles of 16 input rows from this many on; fewer are multiplied
 /// one at a time (see `amx`).
@@ -363,10 +378,11 @@ pub(crate) fn linear(
             yt
         };
         if parallel {
+            let per_task = rows_per_task(n, m);
             target
-                .par_chunks_mut(ROWS_PER_TASK * n)
+                .par_chunks_mut(per_task * n)
                 .enumerate()
-                .for_each(|(t, part)| rows(isa, w, acts, t * ROWS_PER_TASK, part));
+                .for_each(|(t, part)| rows(isa, w, acts, t * per_task, part));
         } else {
             rows(isa, w, acts, 0, target);
         }

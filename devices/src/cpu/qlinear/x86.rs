@@ -22,9 +22,6 @@ use flm_core::DataType;
 use super::{Acts, QuantWeight};
 use crate::cpu::Isa;
 
-/// How many weight rows ahead of each row's loads to prefetch.
-const PREFETCH_ROWS: usize = 4;
-
 /// Weight rows per full tile.
 const TILE_ROWS: usize = 4;
 
@@ -36,17 +33,31 @@ thread_local! {
 /// See [`super::rows`]. The caller guarantees that the CPU supports `isa`.
 ///
 /// With AVX-512, int4 weights and more input rows than one tile (prefill), each tile of
-/// weight rows is first unpacked into L1-resident vectors, so that the unpacking is paid
-/// once per weight row instead of once per 4 input rows.
+/// 4 adjacent weight rows is first unpacked into L1-resident vectors, so that the
+/// unpacking is paid once per weight row instead of once per 4 input rows.
+///
+/// Otherwise (decode) the rows are split into 4 equal runs and a tile takes one row of
+/// each, so that the kernel reads 4 long sequential streams, each prefetched one row
+/// ahead. A tile of 4 adjacent rows instead jumps to 4 new streams every 4 rows, which
+/// the hardware prefetchers follow poorly: reading a 1 GiB matrix in one pattern and the
+/// other on the 2-core CI VM moved 10–12 against 15–17 GB/s on one core and 22 against
+/// 26–31 GB/s on two.
 pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
     let m = yt.len() / n;
     let max_t = if isa == Isa::Avx512 { 4 } else { 2 };
     let unpack = isa == Isa::Avx512 && w.dtype != DataType::I8 && n > max_t;
+    let stride = if unpack { 1 } else { (m / TILE_ROWS).max(1) };
+    let ahead = if stride == 1 { TILE_ROWS } else { 1 } * w.row_bytes;
     UNPACKED.with_borrow_mut(|unpacked| {
         let mut j = 0;
         while j < m {
-            let r = if m - j >= TILE_ROWS { TILE_ROWS } else { 1 };
+            let tiled = if stride == 1 {
+                m - j >= TILE_ROWS
+            } else {
+                j < stride
+            };
+            let r = if tiled { TILE_ROWS } else { 1 };
             if unpack {
                 // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
                 unsafe { unpack_i4_avx512(w, j0 + j, r, unpacked) };
@@ -58,6 +69,8 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
                 let tile = Tile {
                     w,
                     j: j0 + j,
+                    stride,
+                    ahead,
                     acts,
                     i,
                     unpacked: if unpack { unpacked } else { &[] },
@@ -65,19 +78,28 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
                 // SAFETY: as above.
                 unsafe { tile.run(isa, r, t, &mut out) };
                 for (dr, row) in out.iter().take(r).enumerate() {
-                    yt[(j + dr) * n + i..][..t].copy_from_slice(&row[..t]);
+                    yt[(j + dr * stride) * n + i..][..t].copy_from_slice(&row[..t]);
                 }
                 i += t;
             }
-            j += r;
+            j = match (tiled, stride) {
+                (true, 1) => j + TILE_ROWS,
+                (true, _) if j + 1 == stride => TILE_ROWS * stride,
+                _ => j + 1,
+            };
         }
     });
 }
 
-/// One tile: weight rows from `j`, input rows from `i`.
+/// One tile: weight rows `j + r · stride` for `r < R`, input rows from `i`.
 struct Tile<'a> {
     w: &'a QuantWeight<'a>,
     j: usize,
+    /// Weight rows between the rows of the tile.
+    stride: usize,
+    /// Bytes ahead of each weight load to prefetch: the same place in the row the next
+    /// tile reads.
+    ahead: usize,
     acts: &'a Acts,
     i: usize,
     /// The tile's weight rows unpacked by [`unpack_i4_avx512`], or empty.
@@ -331,7 +353,7 @@ impl Tile<'_> {
     }
 
     fn rows<const R: usize>(&self) -> [&[u8]; R] {
-        std::array::from_fn(|r| self.w.row(self.j + r))
+        std::array::from_fn(|r| self.w.row(self.j + r * self.stride))
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -339,7 +361,7 @@ impl Tile<'_> {
         let kp = self.w.kp;
         let rows = self.rows::<R>();
         let flip = _mm512_set1_epi8(-128);
-        let ahead = PREFETCH_ROWS * self.w.row_bytes;
+        let ahead = self.ahead;
         let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for c in 0..kp.div_ceil(64) {
@@ -389,7 +411,7 @@ impl Tile<'_> {
     ) {
         let kp = self.w.kp;
         let rows = self.rows::<R>();
-        let ahead = PREFETCH_ROWS * self.w.row_bytes;
+        let ahead = self.ahead;
         let idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
         // The rows' codes and block scales, each padded to whole chunks (see `Acts`).
         let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
@@ -517,7 +539,7 @@ impl Tile<'_> {
         let kp = self.w.kp;
         let rows = self.rows::<R>();
         let flip = _mm256_set1_epi8(-128);
-        let ahead = PREFETCH_ROWS * self.w.row_bytes;
+        let ahead = self.ahead;
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         for b in 0..kp / 32 {
             let wv: [__m256i; R] = std::array::from_fn(|r| {
@@ -570,7 +592,7 @@ impl Tile<'_> {
         } else {
             _mm256_setzero_si256()
         };
-        let ahead = PREFETCH_ROWS * self.w.row_bytes;
+        let ahead = self.ahead;
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         for c in 0..kp.div_ceil(64) {
             let rest = (kp - 64 * c).min(64);
