@@ -147,7 +147,6 @@ unsafe fn unpack_chunk_avx512<const G: usize>(
     kp: usize,
     c: usize,
 ) -> (__m512i, __m512i, __m512) {
-    let low = _mm512_set1_epi8(0x0f);
     let gidx = match G {
         32 => _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
         64 => _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
@@ -167,13 +166,47 @@ unsafe fn unpack_chunk_avx512<const G: usize>(
             load_f16x4(scales, rest.div_ceil(G)),
         )
     };
-    let lo = _mm512_and_si512(v, low);
-    let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    let (lo, hi) = nibbles_avx512(v);
     (
         lo,
         hi,
         _mm512_permutexvar_ps(gidx, _mm512_castps128_ps512(ds)),
     )
+}
+
+/// The low and the high nibbles of the 64 bytes `v`, as bytes `0..15`.
+#[inline(always)]
+unsafe fn nibbles_avx512(v: __m512i) -> (__m512i, __m512i) {
+    let low = _mm512_set1_epi8(0x0f);
+    (
+        _mm512_and_si512(v, low),
+        _mm512_and_si512(_mm512_srli_epi16(v, 4), low),
+    )
+}
+
+/// The scales `d_g` (f16 at `p`) of 16 blocks of 32 values, a quad of 4 chunks, one per
+/// lane: lane `b` holds the scale of the group of block `b`.
+#[inline(always)]
+unsafe fn block_scales_avx512<const G: usize>(p: *const u8) -> __m512 {
+    match G {
+        32 => _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+        64 => _mm512_permutexvar_ps(
+            _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+            _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))),
+        ),
+        _ => _mm512_permutexvar_ps(
+            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+            _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))),
+        ),
+    }
+}
+
+/// `Σ q_w · q_x` of each lane (4 values of the low and 4 of the high half of a chunk), as
+/// f32 (exact: `|Σ| ≤ 8 · 15 · 127`).
+#[inline(always)]
+unsafe fn dot_i4_avx512((lo, hi): (__m512i, __m512i), alo: __m512i, ahi: __m512i) -> __m512 {
+    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo);
+    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(p, hi, ahi))
 }
 
 macro_rules! by_tile {
@@ -417,14 +450,43 @@ impl Tile<'_> {
         let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
         let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for c in 0..kp.div_ceil(128) {
-            let mut lo = [_mm512_setzero_si512(); R];
-            let mut hi = [_mm512_setzero_si512(); R];
+        // Whole quads of 4 chunks (512 values, 16 blocks): the scales of a quad are loaded
+        // once per row, and multiplied by the inputs' block scales 16 blocks at a time.
+        let quads = kp / 512;
+        for quad in 0..quads {
+            let dab: [__m512; T] = std::array::from_fn(|t| _mm512_loadu_ps(ds[t].add(16 * quad)));
+            let s16: [[__m512; T]; R] = std::array::from_fn(|r| {
+                let dwb = block_scales_avx512::<G>(rows[r].as_ptr().add(kp / 2 + 1024 * quad / G));
+                std::array::from_fn(|t| _mm512_mul_ps(dwb, dab[t]))
+            });
+            for q in 0..4 {
+                let c = 4 * quad + q;
+                let idx = _mm512_add_epi32(idx4, _mm512_set1_epi32(4 * q as i32));
+                let codes: [(__m512i, __m512i); R] = std::array::from_fn(|r| {
+                    let p = rows[r].as_ptr().add(64 * c);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                    nibbles_avx512(_mm512_loadu_si512(p as *const _))
+                });
+                for t in 0..T {
+                    let a = qs[t].add(128 * c);
+                    let alo = _mm512_loadu_si512(a as *const _);
+                    let ahi = _mm512_loadu_si512(a.add(64) as *const _);
+                    for r in 0..R {
+                        let p = dot_i4_avx512(codes[r], alo, ahi);
+                        let s = _mm512_permutexvar_ps(idx, s16[r][t]);
+                        acc[r][t] = _mm512_fmadd_ps(p, s, acc[r][t]);
+                    }
+                }
+            }
+        }
+        for c in 4 * quads..kp.div_ceil(128) {
+            let mut codes = [(_mm512_setzero_si512(), _mm512_setzero_si512()); R];
             let mut dw = [_mm512_setzero_ps(); R];
             for r in 0..R {
                 let p = rows[r].as_ptr().add(64 * c) as *const i8;
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead));
-                (lo[r], hi[r], dw[r]) = unpack_chunk_avx512::<G>(rows[r].as_ptr(), kp, c);
+                let (lo, hi, d) = unpack_chunk_avx512::<G>(rows[r].as_ptr(), kp, c);
+                (codes[r], dw[r]) = ((lo, hi), d);
             }
             for t in 0..T {
                 let a = qs[t].add(128 * c);
@@ -433,10 +495,9 @@ impl Tile<'_> {
                 let d = _mm_loadu_ps(ds[t].add(4 * c));
                 let da = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(d));
                 for r in 0..R {
-                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], alo);
-                    let p = _mm512_dpbusd_epi32(p, hi[r], ahi);
+                    let p = dot_i4_avx512(codes[r], alo, ahi);
                     let s = _mm512_mul_ps(dw[r], da);
-                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                    acc[r][t] = _mm512_fmadd_ps(p, s, acc[r][t]);
                 }
             }
         }
@@ -469,10 +530,9 @@ impl Tile<'_> {
                 let u = &self.unpacked[3 * (c * R + r)..][..3];
                 let dw = _mm512_castsi512_ps(u[2]);
                 for t in 0..T {
-                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], alo[t]);
-                    let p = _mm512_dpbusd_epi32(p, u[1], ahi[t]);
+                    let p = dot_i4_avx512((u[0], u[1]), alo[t], ahi[t]);
                     let s = _mm512_mul_ps(dw, da[t]);
-                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                    acc[r][t] = _mm512_fmadd_ps(p, s, acc[r][t]);
                 }
             }
         }
