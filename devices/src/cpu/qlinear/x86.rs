@@ -456,7 +456,14 @@ impl Tile<'_> {
         for quad in 0..quads {
             let dab: [__m512; T] = std::array::from_fn(|t| _mm512_loadu_ps(ds[t].add(16 * quad)));
             let s16: [[__m512; T]; R] = std::array::from_fn(|r| {
-                let dwb = block_scales_avx512::<G>(rows[r].as_ptr().add(kp / 2 + 1024 * quad / G));
+                let scales = rows[r].as_ptr().add(kp / 2);
+                // The scales and minimums of the row the next tile reads: 4·kp/G bytes, one
+                // line of them per quad for G = 32, fewer lines than quads for larger G.
+                if 64 * quad < 4 * kp / G {
+                    let line = scales.wrapping_add(64 * quad + ahead);
+                    _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+                }
+                let dwb = block_scales_avx512::<G>(scales.add(1024 * quad / G));
                 std::array::from_fn(|t| _mm512_mul_ps(dwb, dab[t]))
             });
             for q in 0..4 {
