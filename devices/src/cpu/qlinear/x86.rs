@@ -353,6 +353,55 @@ unsafe fn load_f16x4(p: *const u8, count: usize) -> __m128 {
     _mm_cvtph_ps(v)
 }
 
+/// The low and the high nibbles of the 32 bytes `v`, as bytes `0..15`.
+#[inline(always)]
+unsafe fn nibbles_avx2(v: __m256i) -> (__m256i, __m256i) {
+    let low = _mm256_set1_epi8(0x0f);
+    (
+        _mm256_and_si256(v, low),
+        _mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+    )
+}
+
+/// The scales `d_g` (f16 at `p`) of 8 blocks of 32 values, a quad of 4 AVX2 steps, one per
+/// lane: lane `b` holds the scale of the group of block `b`.
+#[inline(always)]
+unsafe fn block_scales_avx2<const G: usize>(p: *const u8) -> __m256 {
+    match G {
+        32 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        64 => _mm256_permutevar8x32_ps(
+            _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))),
+            _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
+        ),
+        _ => _mm256_permutevar8x32_ps(
+            _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+                p as *const i32,
+            )))),
+            _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        ),
+    }
+}
+
+/// `Σ q_w · q_x` of each lane (4 values of the low and 4 of the high half of a step), as
+/// f32 (exact: `|Σ| ≤ 8 · 15 · 127`).
+#[inline(always)]
+unsafe fn dot_i4_avx2<const VNNI: bool>(
+    (lo, hi): (__m256i, __m256i),
+    alo: __m256i,
+    ahi: __m256i,
+) -> __m256 {
+    let zero = _mm256_setzero_si256();
+    let p = if VNNI {
+        dot_u8_i8::<true>(dot_u8_i8::<true>(zero, lo, alo), hi, ahi)
+    } else {
+        // Both products fit in i16 (|15·127·2| ≤ 3810), so add them first.
+        let ones = _mm256_set1_epi16(1);
+        let s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
+        _mm256_madd_epi16(s, ones)
+    };
+    _mm256_cvtepi32_ps(p)
+}
+
 /// `vpdpbusd` on 256 bits, or its AVX2 equivalent (`vpmaddubsw` then `vpmaddwd` with ones),
 /// valid while `u · s` pair sums fit in i16.
 #[inline(always)]
@@ -399,11 +448,12 @@ impl Tile<'_> {
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for c in 0..kp.div_ceil(64) {
             let mask: __mmask64 = if kp - 64 * c >= 64 { !0 } else { (1 << 32) - 1 };
-            let wv: [__m512i; R] = std::array::from_fn(|r| {
+            let mut wv = [_mm512_setzero_si512(); R];
+            for r in 0..R {
                 let p = rows[r].as_ptr().add(4 + 64 * c) as *const i8;
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead));
-                _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, p), flip)
-            });
+                wv[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, p), flip);
+            }
             for t in 0..T {
                 let i = self.i + t;
                 let a = _mm512_loadu_si512(self.acts.row_qs(i).as_ptr().add(64 * c) as *const _);
@@ -454,8 +504,12 @@ impl Tile<'_> {
         // once per row, and multiplied by the inputs' block scales 16 blocks at a time.
         let quads = kp / 512;
         for quad in 0..quads {
-            let dab: [__m512; T] = std::array::from_fn(|t| _mm512_loadu_ps(ds[t].add(16 * quad)));
-            let s16: [[__m512; T]; R] = std::array::from_fn(|r| {
+            let mut dab = [_mm512_setzero_ps(); T];
+            for t in 0..T {
+                dab[t] = _mm512_loadu_ps(ds[t].add(16 * quad));
+            }
+            let mut s16 = [[_mm512_setzero_ps(); T]; R];
+            for r in 0..R {
                 let scales = rows[r].as_ptr().add(kp / 2);
                 // The scales and minimums of the row the next tile reads: 4·kp/G bytes, one
                 // line of them per quad for G = 32, fewer lines than quads for larger G.
@@ -464,16 +518,19 @@ impl Tile<'_> {
                     _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
                 }
                 let dwb = block_scales_avx512::<G>(scales.add(1024 * quad / G));
-                std::array::from_fn(|t| _mm512_mul_ps(dwb, dab[t]))
-            });
+                for t in 0..T {
+                    s16[r][t] = _mm512_mul_ps(dwb, dab[t]);
+                }
+            }
             for q in 0..4 {
                 let c = 4 * quad + q;
                 let idx = _mm512_add_epi32(idx4, _mm512_set1_epi32(4 * q as i32));
-                let codes: [(__m512i, __m512i); R] = std::array::from_fn(|r| {
+                let mut codes = [(_mm512_setzero_si512(), _mm512_setzero_si512()); R];
+                for r in 0..R {
                     let p = rows[r].as_ptr().add(64 * c);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                    nibbles_avx512(_mm512_loadu_si512(p as *const _))
-                });
+                    codes[r] = nibbles_avx512(_mm512_loadu_si512(p as *const _));
+                }
                 for t in 0..T {
                     let a = qs[t].add(128 * c);
                     let alo = _mm512_loadu_si512(a as *const _);
@@ -586,7 +643,11 @@ impl Tile<'_> {
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
-        self.i4_avx2_body::<R, T, VNNI>(out)
+        match self.w.dtype.group_size() {
+            Some(32) => self.i4_avx2_body::<R, T, VNNI, 32>(out),
+            Some(64) => self.i4_avx2_body::<R, T, VNNI, 64>(out),
+            _ => self.i4_avx2_body::<R, T, VNNI, 128>(out),
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
@@ -594,7 +655,11 @@ impl Tile<'_> {
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
-        self.i4_avx2_body::<R, T, VNNI>(out)
+        match self.w.dtype.group_size() {
+            Some(32) => self.i4_avx2_body::<R, T, VNNI, 32>(out),
+            Some(64) => self.i4_avx2_body::<R, T, VNNI, 64>(out),
+            _ => self.i4_avx2_body::<R, T, VNNI, 128>(out),
+        }
     }
 
     /// int8 on 256 bits: one block per step.
@@ -609,11 +674,12 @@ impl Tile<'_> {
         let ahead = self.ahead;
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         for b in 0..kp / 32 {
-            let wv: [__m256i; R] = std::array::from_fn(|r| {
+            let mut wv = [_mm256_setzero_si256(); R];
+            for r in 0..R {
                 let p = rows[r].as_ptr().add(4 + 32 * b);
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                _mm256_loadu_si256(p as *const __m256i)
-            });
+                wv[r] = _mm256_loadu_si256(p as *const __m256i);
+            }
             for t in 0..T {
                 let i = self.i + t;
                 let a = _mm256_loadu_si256(self.acts.row_qs(i).as_ptr().add(32 * b) as *const _);
@@ -643,29 +709,89 @@ impl Tile<'_> {
         }
     }
 
-    /// int4 on 256 bits: 64 values (two blocks) per step.
+    /// One step of [`Tile::i4_avx2_body`]: chunk `c` of the rows' `codes` against the
+    /// inputs, with the scales `s[r][t]` of its lanes.
     #[inline(always)]
-    unsafe fn i4_avx2_body<const R: usize, const T: usize, const VNNI: bool>(
+    unsafe fn step_i4_avx2<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        acc: &mut [[__m256; T]; R],
+        c: usize,
+        codes: &[(__m256i, __m256i); R],
+        s: &[[__m256; T]; R],
+    ) {
+        for t in 0..T {
+            let a = self.acts.row_qs(self.i + t).as_ptr().add(64 * c);
+            let alo = _mm256_loadu_si256(a as *const __m256i);
+            let ahi = _mm256_loadu_si256(a.add(32) as *const __m256i);
+            for r in 0..R {
+                let p = dot_i4_avx2::<VNNI>(codes[r], alo, ahi);
+                acc[r][t] = _mm256_fmadd_ps(p, s[r][t], acc[r][t]);
+            }
+        }
+    }
+
+    /// int4 on 256 bits: 64 values (two blocks) per step, groups of `G` values. Whole
+    /// quads of 4 steps (256 values, 8 blocks) load their scales once per row and multiply
+    /// them by the inputs' 8 block scales in one vector; a step then permutes its lanes out
+    /// of it. The products and the accumulation order are those of the single steps, so a
+    /// row's output does not depend on the tile.
+    #[inline(always)]
+    unsafe fn i4_avx2_body<const R: usize, const T: usize, const VNNI: bool, const G: usize>(
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
-        let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(32));
-        let groups = kp / g;
+        let kp = self.w.kp;
         let rows = self.rows::<R>();
-        let low = _mm256_set1_epi8(0x0f);
         let idx2 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-        let gidx = if g == 32 {
-            idx2
-        } else {
-            _mm256_setzero_si256()
-        };
         let ahead = self.ahead;
+        let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
         let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for c in 0..kp.div_ceil(64) {
+        let quads = kp / 256;
+        for quad in 0..quads {
+            let mut dab = [_mm256_setzero_ps(); T];
+            for t in 0..T {
+                dab[t] = _mm256_loadu_ps(ds[t].add(8 * quad));
+            }
+            let mut s8 = [[_mm256_setzero_ps(); T]; R];
+            for r in 0..R {
+                let scales = rows[r].as_ptr().add(kp / 2);
+                // The next row's scales and minimums, as in `i4_avx512_groups`.
+                if 64 * quad < 4 * kp / G {
+                    let line = scales.wrapping_add(64 * quad + ahead);
+                    _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+                }
+                let dwb = block_scales_avx2::<G>(scales.add(512 * quad / G));
+                for t in 0..T {
+                    s8[r][t] = _mm256_mul_ps(dwb, dab[t]);
+                }
+            }
+            for q in 0..4 {
+                let c = 4 * quad + q;
+                let idx = _mm256_add_epi32(idx2, _mm256_set1_epi32(2 * q as i32));
+                let mut codes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                for r in 0..R {
+                    let p = rows[r].as_ptr().add(32 * c);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                    codes[r] = nibbles_avx2(_mm256_loadu_si256(p as *const __m256i));
+                }
+                let mut s = [[_mm256_setzero_ps(); T]; R];
+                for r in 0..R {
+                    for t in 0..T {
+                        s[r][t] = _mm256_permutevar8x32_ps(s8[r][t], idx);
+                    }
+                }
+                self.step_i4_avx2::<R, T, VNNI>(&mut acc, c, &codes, &s);
+            }
+        }
+        for c in 4 * quads..kp.div_ceil(64) {
             let rest = (kp - 64 * c).min(64);
-            let (g0, gn) = (64 * c / g, rest.div_ceil(g));
-            let mut lo = [_mm256_setzero_si256(); R];
-            let mut hi = [_mm256_setzero_si256(); R];
+            let (g0, gn) = (64 * c / G, rest.div_ceil(G));
+            let gidx = if G == 32 {
+                idx2
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut codes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
             let mut dw = [_mm256_setzero_ps(); R];
             for r in 0..R {
                 let p = rows[r].as_ptr().add(32 * c);
@@ -675,37 +801,24 @@ impl Tile<'_> {
                 } else {
                     _mm256_zextsi128_si256(_mm_loadu_si128(p as *const __m128i))
                 };
-                lo[r] = _mm256_and_si256(v, low);
-                hi[r] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                codes[r] = nibbles_avx2(v);
                 let ds = load_f16x4(rows[r].as_ptr().add(kp / 2 + 2 * g0), gn);
                 dw[r] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(ds), gidx);
             }
+            let mut da = [_mm256_setzero_ps(); T];
             for t in 0..T {
-                let i = self.i + t;
-                let a = self.acts.row_qs(i).as_ptr().add(64 * c);
-                let alo = _mm256_loadu_si256(a as *const __m256i);
-                let ahi = _mm256_loadu_si256(a.add(32) as *const __m256i);
-                let d = self.acts.row_d(i).as_ptr().add(2 * c);
-                let d = _mm_castpd_ps(_mm_load_sd(d as *const f64));
-                let da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), idx2);
-                for r in 0..R {
-                    let zero = _mm256_setzero_si256();
-                    let p = if VNNI {
-                        dot_u8_i8::<true>(dot_u8_i8::<true>(zero, lo[r], alo), hi[r], ahi)
-                    } else {
-                        // Both products fit in i16 (|15·127·2| ≤ 3810), so add them first.
-                        let ones = _mm256_set1_epi16(1);
-                        let s = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(lo[r], alo),
-                            _mm256_maddubs_epi16(hi[r], ahi),
-                        );
-                        _mm256_madd_epi16(s, ones)
-                    };
-                    let s = _mm256_mul_ps(dw[r], da);
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r][t]);
+                let d = _mm_castpd_ps(_mm_load_sd(ds[t].add(2 * c) as *const f64));
+                da[t] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), idx2);
+            }
+            let mut s = [[_mm256_setzero_ps(); T]; R];
+            for r in 0..R {
+                for t in 0..T {
+                    s[r][t] = _mm256_mul_ps(dw[r], da[t]);
                 }
             }
+            self.step_i4_avx2::<R, T, VNNI>(&mut acc, c, &codes, &s);
         }
+        let groups = kp / G;
         for r in 0..R {
             let ms = rows[r].as_ptr().add(kp / 2 + 2 * groups);
             for t in 0..T {
