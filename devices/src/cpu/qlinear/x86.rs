@@ -328,6 +328,26 @@ unsafe fn dot_f16_f32_avx2(m: *const u8, g: &[f32]) -> f32 {
     hsum256(acc)
 }
 
+/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values, 16 at a time.
+#[inline(always)]
+unsafe fn dot_f16_f32_avx512(m: *const u8, g: &[f32]) -> f32 {
+    let mut acc = _mm512_setzero_ps();
+    let full = g.len() / 16;
+    for c in 0..full {
+        let mv = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(32 * c) as *const __m256i));
+        acc = _mm512_fmadd_ps(mv, _mm512_loadu_ps(g.as_ptr().add(16 * c)), acc);
+    }
+    let rest = g.len() - 16 * full;
+    if rest > 0 {
+        // Masked-off lanes are neither read nor faulted on.
+        let mask: __mmask16 = (1 << rest) - 1;
+        let mv = _mm256_maskz_loadu_epi16(mask, m.add(32 * full) as *const i16);
+        let gv = _mm512_maskz_loadu_ps(mask, g.as_ptr().add(16 * full));
+        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(mv), gv, acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
 #[inline(always)]
 unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -617,7 +637,7 @@ impl Tile<'_> {
             let ms = rows[r].as_ptr().add(kp / 2 + 2 * groups);
             for t in 0..T {
                 let gsum = self.acts.row_gsum(self.i + t);
-                out[r][t] = _mm512_reduce_add_ps(acc[r][t]) + dot_f16_f32_avx2(ms, gsum);
+                out[r][t] = _mm512_reduce_add_ps(acc[r][t]) + dot_f16_f32_avx512(ms, gsum);
             }
         }
     }
