@@ -174,6 +174,16 @@ unsafe fn unpack_chunk_avx512<const G: usize>(
     )
 }
 
+/// Prefetches line `line` of the `bytes` bytes of int4 scales and minimums at
+/// `scales + ahead` (those of the row the next tile reads), if there is such a line: the
+/// quad loops call it once per quad, which covers them all for groups of 32.
+#[inline(always)]
+unsafe fn prefetch_scales(scales: *const u8, line: usize, bytes: usize, ahead: usize) {
+    if 64 * line < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(64 * line + ahead) as *const i8);
+    }
+}
+
 /// The low and the high nibbles of the 64 bytes `v`, as bytes `0..15`.
 #[inline(always)]
 unsafe fn nibbles_avx512(v: __m512i) -> (__m512i, __m512i) {
@@ -531,12 +541,7 @@ impl Tile<'_> {
             let mut s16 = [[_mm512_setzero_ps(); T]; R];
             for r in 0..R {
                 let scales = rows[r].as_ptr().add(kp / 2);
-                // The scales and minimums of the row the next tile reads: 4·kp/G bytes, one
-                // line of them per quad for G = 32, fewer lines than quads for larger G.
-                if 64 * quad < 4 * kp / G {
-                    let line = scales.wrapping_add(64 * quad + ahead);
-                    _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
-                }
+                prefetch_scales(scales, quad, 4 * kp / G, ahead);
                 let dwb = block_scales_avx512::<G>(scales.add(1024 * quad / G));
                 for t in 0..T {
                     s16[r][t] = _mm512_mul_ps(dwb, dab[t]);
@@ -663,11 +668,7 @@ impl Tile<'_> {
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
-        match self.w.dtype.group_size() {
-            Some(32) => self.i4_avx2_body::<R, T, VNNI, 32>(out),
-            Some(64) => self.i4_avx2_body::<R, T, VNNI, 64>(out),
-            _ => self.i4_avx2_body::<R, T, VNNI, 128>(out),
-        }
+        self.i4_avx2_groups::<R, T, VNNI>(out)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
@@ -675,11 +676,7 @@ impl Tile<'_> {
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
-        match self.w.dtype.group_size() {
-            Some(32) => self.i4_avx2_body::<R, T, VNNI, 32>(out),
-            Some(64) => self.i4_avx2_body::<R, T, VNNI, 64>(out),
-            _ => self.i4_avx2_body::<R, T, VNNI, 128>(out),
-        }
+        self.i4_avx2_groups::<R, T, VNNI>(out)
     }
 
     /// int8 on 256 bits: one block per step.
@@ -729,6 +726,19 @@ impl Tile<'_> {
         }
     }
 
+    /// [`Tile::i4_avx2_body`] for the weights' group size.
+    #[inline(always)]
+    unsafe fn i4_avx2_groups<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
+        match self.w.dtype.group_size() {
+            Some(32) => self.i4_avx2_body::<R, T, VNNI, 32>(out),
+            Some(64) => self.i4_avx2_body::<R, T, VNNI, 64>(out),
+            _ => self.i4_avx2_body::<R, T, VNNI, 128>(out),
+        }
+    }
+
     /// One step of [`Tile::i4_avx2_body`]: chunk `c` of the rows' `codes` against the
     /// inputs, with the scales `s[r][t]` of its lanes.
     #[inline(always)]
@@ -775,11 +785,7 @@ impl Tile<'_> {
             let mut s8 = [[_mm256_setzero_ps(); T]; R];
             for r in 0..R {
                 let scales = rows[r].as_ptr().add(kp / 2);
-                // The next row's scales and minimums, as in `i4_avx512_groups`.
-                if 64 * quad < 4 * kp / G {
-                    let line = scales.wrapping_add(64 * quad + ahead);
-                    _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
-                }
+                prefetch_scales(scales, quad, 4 * kp / G, ahead);
                 let dwb = block_scales_avx2::<G>(scales.add(512 * quad / G));
                 for t in 0..T {
                     s8[r][t] = _mm256_mul_ps(dwb, dab[t]);
