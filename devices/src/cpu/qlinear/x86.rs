@@ -42,6 +42,12 @@ thread_local! {
 /// the hardware prefetchers follow poorly: reading a 1 GiB matrix in one pattern and the
 /// other on the 2-core CI VM moved 10–12 against 15–17 GB/s on one core and 22 against
 /// 26–31 GB/s on two.
+///
+/// When the input rows fit one tile (decode), a kernel call runs all the strided tiles of
+/// the task, and a second one the rows left over, so that the dispatch, the set-up of a
+/// tile and the stores of its results cost a few instructions per tile instead of a call
+/// each: with the kernels' arithmetic removed, a TinyLlama decode step spent half of its
+/// remaining time in that per-tile overhead.
 pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
     let m = yt.len() / n;
@@ -49,6 +55,38 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
     let unpack = isa == Isa::Avx512 && w.dtype != DataType::I8 && n > max_t;
     let stride = if unpack { 1 } else { (m / TILE_ROWS).max(1) };
     let ahead = if stride == 1 { TILE_ROWS } else { 1 } * w.row_bytes;
+    let tile = Tile {
+        w,
+        j: j0,
+        loc: 0,
+        tiles: 1,
+        stride,
+        ahead,
+        acts,
+        i: 0,
+        unpacked: &[],
+    };
+    if n <= max_t && !unpack {
+        let full = if m >= TILE_ROWS { m / TILE_ROWS } else { 0 };
+        let strided = Tile {
+            tiles: full,
+            stride: full,
+            ahead: w.row_bytes,
+            ..tile
+        };
+        let rest = Tile {
+            j: j0 + TILE_ROWS * full,
+            loc: TILE_ROWS * full,
+            tiles: m - TILE_ROWS * full,
+            ..strided
+        };
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+        unsafe {
+            strided.run(isa, TILE_ROWS, n, yt);
+            rest.run(isa, 1, n, yt);
+        }
+        return;
+    }
     UNPACKED.with_borrow_mut(|unpacked| {
         let mut j = 0;
         while j < m {
@@ -65,21 +103,15 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
             let mut i = 0;
             while i < n {
                 let t = (n - i).min(max_t);
-                let mut out = [[0.0f32; 4]; TILE_ROWS];
                 let tile = Tile {
-                    w,
                     j: j0 + j,
-                    stride,
-                    ahead,
-                    acts,
+                    loc: j,
                     i,
                     unpacked: if unpack { unpacked } else { &[] },
+                    ..tile
                 };
                 // SAFETY: as above.
-                unsafe { tile.run(isa, r, t, &mut out) };
-                for (dr, row) in out.iter().take(r).enumerate() {
-                    yt[(j + dr * stride) * n + i..][..t].copy_from_slice(&row[..t]);
-                }
+                unsafe { tile.run(isa, r, t, yt) };
                 i += t;
             }
             j = match (tiled, stride) {
@@ -91,10 +123,15 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
     });
 }
 
-/// One tile: weight rows `j + r · stride` for `r < R`, input rows from `i`.
+/// `tiles` tiles of `R` weight rows × `T` input rows: tile `s` takes the weight rows
+/// `j + s + r · stride` for `r < R` and the input rows `i..i + T`.
+#[derive(Clone, Copy)]
 struct Tile<'a> {
     w: &'a QuantWeight<'a>,
     j: usize,
+    /// Row `j`'s index in the task's output.
+    loc: usize,
+    tiles: usize,
     /// Weight rows between the rows of the tile.
     stride: usize,
     /// Bytes ahead of each weight load to prefetch: the same place in the row the next
@@ -220,27 +257,50 @@ unsafe fn dot_i4_avx512((lo, hi): (__m512i, __m512i), alo: __m512i, ahi: __m512i
 }
 
 macro_rules! by_tile {
-    ($self:ident, $kernel:ident, $r:expr, $t:expr, $out:ident) => {
+    ($self:ident, $kernel:ident, $r:expr, $t:expr, $yt:ident) => {
         match ($r, $t) {
-            (1, 1) => $self.$kernel::<1, 1>($out),
-            (1, 2) => $self.$kernel::<1, 2>($out),
-            (1, 3) => $self.$kernel::<1, 3>($out),
-            (1, _) => $self.$kernel::<1, 4>($out),
-            (_, 1) => $self.$kernel::<4, 1>($out),
-            (_, 2) => $self.$kernel::<4, 2>($out),
-            (_, 3) => $self.$kernel::<4, 3>($out),
-            (_, _) => $self.$kernel::<4, 4>($out),
+            (1, 1) => $self.$kernel::<1, 1>($yt),
+            (1, 2) => $self.$kernel::<1, 2>($yt),
+            (1, 3) => $self.$kernel::<1, 3>($yt),
+            (1, _) => $self.$kernel::<1, 4>($yt),
+            (_, 1) => $self.$kernel::<4, 1>($yt),
+            (_, 2) => $self.$kernel::<4, 2>($yt),
+            (_, 3) => $self.$kernel::<4, 3>($yt),
+            (_, _) => $self.$kernel::<4, 4>($yt),
         }
     };
 }
 
+/// Runs `$call` (a kernel computing `$out` for the tile `$tile`) on each tile of `$self`
+/// and stores the results in `$yt`, all in the calling function, whose target features
+/// the kernel then inherits.
+macro_rules! each_tile {
+    ($self:ident, $yt:ident, $r:expr, $t:expr, |$tile:ident, $out:ident| $call:expr) => {{
+        let n = $self.acts.n;
+        for s in 0..$self.tiles {
+            let $tile = Tile {
+                j: $self.j + s,
+                ..*$self
+            };
+            let mut $out = [[0.0f32; 4]; TILE_ROWS];
+            $call;
+            for r in 0..$r {
+                let y = &mut $yt[($self.loc + s + r * $self.stride) * n + $self.i..][..$t];
+                for t in 0..$t {
+                    y[t] = $out[r][t];
+                }
+            }
+        }
+    }};
+}
+
 macro_rules! by_tile_avx2 {
-    ($self:ident, $kernel:ident, $vnni:literal, $r:expr, $t:expr, $out:ident) => {
+    ($self:ident, $kernel:ident, $vnni:literal, $r:expr, $t:expr, $yt:ident) => {
         match ($r, $t) {
-            (1, 1) => $self.$kernel::<1, 1, $vnni>($out),
-            (1, _) => $self.$kernel::<1, 2, $vnni>($out),
-            (_, 1) => $self.$kernel::<4, 1, $vnni>($out),
-            (_, _) => $self.$kernel::<4, 2, $vnni>($out),
+            (1, 1) => $self.$kernel::<1, 1, $vnni>($yt),
+            (1, _) => $self.$kernel::<1, 2, $vnni>($yt),
+            (_, 1) => $self.$kernel::<4, 1, $vnni>($yt),
+            (_, _) => $self.$kernel::<4, 2, $vnni>($yt),
         }
     };
 }
@@ -445,31 +505,48 @@ unsafe fn dot_u8_i8<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> _
 }
 
 impl Tile<'_> {
-    /// Runs the tile of `r` (1 or 4) weight rows × `t` input rows, writing `out[..r][..t]`.
+    /// Runs the tiles of `r` (1 or 4) weight rows × `t` input rows, writing their outputs
+    /// into the task's `yt`.
     ///
     /// # Safety
     /// The CPU must support `isa`, one of the x86 levels.
-    unsafe fn run(&self, isa: Isa, r: usize, t: usize, out: &mut [[f32; 4]; TILE_ROWS]) {
+    unsafe fn run(&self, isa: Isa, r: usize, t: usize, yt: &mut [f32]) {
         let int8 = self.w.dtype == DataType::I8;
         match (isa, int8) {
-            (Isa::Avx512, true) => by_tile!(self, i8_avx512, r, t, out),
+            (Isa::Avx512, true) => by_tile!(self, i8_avx512, r, t, yt),
             (Isa::Avx512, false) if self.unpacked.is_empty() => {
-                by_tile!(self, i4_avx512, r, t, out)
+                by_tile!(self, i4_avx512, r, t, yt)
             }
-            (Isa::Avx512, false) => by_tile!(self, i4_avx512_unpacked, r, t, out),
-            (Isa::AvxVnni, true) => by_tile_avx2!(self, i8_avxvnni, true, r, t, out),
-            (Isa::AvxVnni, false) => by_tile_avx2!(self, i4_avxvnni, true, r, t, out),
-            (_, true) => by_tile_avx2!(self, i8_avx2, false, r, t, out),
-            (_, false) => by_tile_avx2!(self, i4_avx2, false, r, t, out),
+            (Isa::Avx512, false) => by_tile!(self, i4_avx512_unpacked, r, t, yt),
+            (Isa::AvxVnni, true) => by_tile_avx2!(self, i8_avxvnni, true, r, t, yt),
+            (Isa::AvxVnni, false) => by_tile_avx2!(self, i4_avxvnni, true, r, t, yt),
+            (_, true) => by_tile_avx2!(self, i8_avx2, false, r, t, yt),
+            (_, false) => by_tile_avx2!(self, i4_avx2, false, r, t, yt),
         }
     }
 
+    /// The weight rows of the first tile.
+    #[inline(always)]
     fn rows<const R: usize>(&self) -> [&[u8]; R] {
-        std::array::from_fn(|r| self.w.row(self.j + r * self.stride))
+        let mut rows = [&[][..]; R];
+        for (r, row) in rows.iter_mut().enumerate() {
+            *row = self.w.row(self.j + r * self.stride);
+        }
+        rows
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn i8_avx512<const R: usize, const T: usize>(&self, out: &mut [[f32; 4]; TILE_ROWS]) {
+    unsafe fn i8_avx512<const R: usize, const T: usize>(&self, yt: &mut [f32]) {
+        each_tile!(self, yt, R, T, |tile, out| tile
+            .i8_avx512_tile::<R, T>(&mut out))
+    }
+
+    /// [`Tile::i8_avx512`] on the first tile.
+    #[inline(always)]
+    unsafe fn i8_avx512_tile<const R: usize, const T: usize>(
+        &self,
+        out: &mut [[f32; 4]; TILE_ROWS],
+    ) {
         let kp = self.w.kp;
         let rows = self.rows::<R>();
         let flip = _mm512_set1_epi8(-128);
@@ -508,15 +585,18 @@ impl Tile<'_> {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn i4_avx512<const R: usize, const T: usize>(&self, out: &mut [[f32; 4]; TILE_ROWS]) {
+    unsafe fn i4_avx512<const R: usize, const T: usize>(&self, yt: &mut [f32]) {
         match self.w.dtype.group_size() {
-            Some(32) => self.i4_avx512_groups::<R, T, 32>(out),
-            Some(64) => self.i4_avx512_groups::<R, T, 64>(out),
-            _ => self.i4_avx512_groups::<R, T, 128>(out),
+            Some(32) => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx512_groups::<R, T, 32>(&mut out)),
+            Some(64) => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx512_groups::<R, T, 64>(&mut out)),
+            _ => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx512_groups::<R, T, 128>(&mut out)),
         }
     }
 
-    /// [`Tile::i4_avx512`] for groups of `G` values.
+    /// [`Tile::i4_avx512`] on the first tile, for groups of `G` values.
     #[inline(always)]
     unsafe fn i4_avx512_groups<const R: usize, const T: usize, const G: usize>(
         &self,
@@ -593,9 +673,16 @@ impl Tile<'_> {
         self.finish_i4_avx512(&rows, &acc, out);
     }
 
-    /// The int4 tile over rows unpacked by [`unpack_i4_avx512`].
+    /// The int4 tiles over rows unpacked by [`unpack_i4_avx512`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn i4_avx512_unpacked<const R: usize, const T: usize>(
+    unsafe fn i4_avx512_unpacked<const R: usize, const T: usize>(&self, yt: &mut [f32]) {
+        each_tile!(self, yt, R, T, |tile, out| tile
+            .i4_avx512_unpacked_tile::<R, T>(&mut out))
+    }
+
+    /// [`Tile::i4_avx512_unpacked`] on the first tile.
+    #[inline(always)]
+    unsafe fn i4_avx512_unpacked_tile<const R: usize, const T: usize>(
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
@@ -648,40 +735,38 @@ impl Tile<'_> {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn i8_avx2<const R: usize, const T: usize, const VNNI: bool>(
-        &self,
-        out: &mut [[f32; 4]; TILE_ROWS],
-    ) {
-        self.i8_avx2_body::<R, T, VNNI>(out)
+    unsafe fn i8_avx2<const R: usize, const T: usize, const VNNI: bool>(&self, yt: &mut [f32]) {
+        self.i8_avx2_body::<R, T, VNNI>(yt)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn i8_avxvnni<const R: usize, const T: usize, const VNNI: bool>(
-        &self,
-        out: &mut [[f32; 4]; TILE_ROWS],
-    ) {
-        self.i8_avx2_body::<R, T, VNNI>(out)
+    unsafe fn i8_avxvnni<const R: usize, const T: usize, const VNNI: bool>(&self, yt: &mut [f32]) {
+        self.i8_avx2_body::<R, T, VNNI>(yt)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn i4_avx2<const R: usize, const T: usize, const VNNI: bool>(
-        &self,
-        out: &mut [[f32; 4]; TILE_ROWS],
-    ) {
-        self.i4_avx2_groups::<R, T, VNNI>(out)
+    unsafe fn i4_avx2<const R: usize, const T: usize, const VNNI: bool>(&self, yt: &mut [f32]) {
+        self.i4_avx2_groups::<R, T, VNNI>(yt)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn i4_avxvnni<const R: usize, const T: usize, const VNNI: bool>(
-        &self,
-        out: &mut [[f32; 4]; TILE_ROWS],
-    ) {
-        self.i4_avx2_groups::<R, T, VNNI>(out)
+    unsafe fn i4_avxvnni<const R: usize, const T: usize, const VNNI: bool>(&self, yt: &mut [f32]) {
+        self.i4_avx2_groups::<R, T, VNNI>(yt)
     }
 
-    /// int8 on 256 bits: one block per step.
+    /// int8 on 256 bits.
     #[inline(always)]
     unsafe fn i8_avx2_body<const R: usize, const T: usize, const VNNI: bool>(
+        &self,
+        yt: &mut [f32],
+    ) {
+        each_tile!(self, yt, R, T, |tile, out| tile
+            .i8_avx2_tile::<R, T, VNNI>(&mut out))
+    }
+
+    /// [`Tile::i8_avx2_body`] on the first tile: one block per step.
+    #[inline(always)]
+    unsafe fn i8_avx2_tile<const R: usize, const T: usize, const VNNI: bool>(
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
@@ -730,12 +815,15 @@ impl Tile<'_> {
     #[inline(always)]
     unsafe fn i4_avx2_groups<const R: usize, const T: usize, const VNNI: bool>(
         &self,
-        out: &mut [[f32; 4]; TILE_ROWS],
+        yt: &mut [f32],
     ) {
         match self.w.dtype.group_size() {
-            Some(32) => self.i4_avx2_body::<R, T, VNNI, 32>(out),
-            Some(64) => self.i4_avx2_body::<R, T, VNNI, 64>(out),
-            _ => self.i4_avx2_body::<R, T, VNNI, 128>(out),
+            Some(32) => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx2_body::<R, T, VNNI, 32>(&mut out)),
+            Some(64) => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx2_body::<R, T, VNNI, 64>(&mut out)),
+            _ => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx2_body::<R, T, VNNI, 128>(&mut out)),
         }
     }
 
