@@ -31,7 +31,7 @@ pub use dtype::DataType;
 pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::KvCache;
-pub use op::{Op, OpKind, PagedSeq};
+pub use op::{LinearPart, Op, OpKind, PagedSeq};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
 pub use sampling::{argmax, Sampler, SamplerConfig};

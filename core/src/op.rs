@@ -48,6 +48,19 @@ pub enum Op<'a> {
         /// f32 `[n, out]`.
         output: &'a mut Data,
     },
+    /// Several Linear layers over the same input, such as the Q, K and V projections or
+    /// the gate and up projections of a SwiGLU feed-forward: for each part `p`,
+    /// `parts[p].output = input · parts[p].weight ᵀ (+ parts[p].bias)`, each with the
+    /// shapes and the bits of [`Op::Linear`]. A device may quantise the input once and
+    /// split the rows of every part over its threads at once, so that decode pays for one
+    /// fork and join instead of one per part.
+    Linears {
+        /// f32 `[n, in]`.
+        input: &'a Data,
+        /// The layers: weights `[out_p, in]`, optional biases `[out_p]`, f32 outputs
+        /// `[n, out_p]`.
+        parts: &'a mut [LinearPart<'a>],
+    },
     /// Rotary position embedding (Su et al. 2021, RoFormer) applied in place to each head of
     /// each row; row `i` is at position `start_pos + i`. The table fixes the style (adjacent
     /// pairs or rotate-half), the rotated dimensions and the frequencies.
@@ -250,6 +263,17 @@ pub struct PagedSeq<'a> {
     pub blocks: &'a [u32],
 }
 
+/// One layer of [`Op::Linears`]: the operands of an [`Op::Linear`] but its input.
+#[derive(Debug)]
+pub struct LinearPart<'a> {
+    /// `[out, in]`, any weight dtype of [`Op::Linear`].
+    pub weight: &'a Data,
+    /// Optional `[out]`.
+    pub bias: Option<&'a Data>,
+    /// f32 `[n, out]`.
+    pub output: &'a mut Data,
+}
+
 /// The kind of an [`Op`], without its operands: used by the profiler and in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpKind {
@@ -259,6 +283,8 @@ pub enum OpKind {
     RmsNorm,
     /// [`Op::Linear`]
     Linear,
+    /// [`Op::Linears`]
+    Linears,
     /// [`Op::Rope`]
     Rope,
     /// [`Op::CopyRows`]
@@ -289,10 +315,11 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 16] = [
+    pub const ALL: [OpKind; 17] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
+        OpKind::Linears,
         OpKind::Rope,
         OpKind::CopyRows,
         OpKind::Attention,
@@ -314,6 +341,7 @@ impl OpKind {
             OpKind::Embedding => "Embedding",
             OpKind::RmsNorm => "RmsNorm",
             OpKind::Linear => "Linear",
+            OpKind::Linears => "Linears",
             OpKind::Rope => "Rope",
             OpKind::CopyRows => "CopyRows",
             OpKind::Attention => "Attention",
@@ -338,6 +366,7 @@ impl Op<'_> {
             Op::Embedding { .. } => OpKind::Embedding,
             Op::RmsNorm { .. } => OpKind::RmsNorm,
             Op::Linear { .. } => OpKind::Linear,
+            Op::Linears { .. } => OpKind::Linears,
             Op::Rope { .. } => OpKind::Rope,
             Op::CopyRows { .. } => OpKind::CopyRows,
             Op::Attention { .. } => OpKind::Attention,

@@ -504,3 +504,121 @@ fn argmax_matches_scalar() {
         }
     }
 }
+
+/// `Op::Linears` gives each part the bits `Op::Linear` gives it alone, at every level (in
+/// both modes of the AMX level's decode), on 1 and 2 threads. Parts of one quantised dtype
+/// run together (one quantisation of the input, the rows of all parts split over the
+/// threads at once); a run of float parts, or of another dtype, runs on its own. Sizes
+/// include decode and prefill rows, parts shorter than a parallel chunk, and parts above
+/// `PARALLEL_MIN_WORK` with rows that do not divide into tiles.
+#[test]
+fn linears_match_each_linear() {
+    use flm_core::LinearPart;
+    use DataType::*;
+    let mut rng = rng(0x11ea);
+    let dtypes = [
+        [I4G32; 3],
+        [I8; 3],
+        [F16; 3],
+        [I8, I8, F32],
+        [I4G32, I4G128, I4G32],
+    ];
+    let sizes = [
+        (1, 96, [40, 8, 8]),
+        (3, 256, [64, 16, 24]),
+        (9, 96, [40, 8, 8]),
+        (1, 2048, [515, 64, 67]),
+        (2, 1000, [300, 45, 67]),
+    ];
+    for dtypes in dtypes {
+        for (n, k, ms) in sizes {
+            let (x, _) = random_f32(&mut rng, &[n, k], 1.0);
+            let weights: Vec<Data> = ms
+                .iter()
+                .zip(dtypes)
+                .map(|(&m, dtype)| random_weight(&mut rng, &[m, k], dtype).0)
+                .collect();
+            let biases = [Some(random_f32(&mut rng, &[ms[0]], 1.0).0), None, None];
+            for isa in Isa::supported() {
+                for invariant in [false, true] {
+                    let want: Vec<Vec<f32>> = weights
+                        .iter()
+                        .zip(&biases)
+                        .map(|(w, b)| linear_at(isa, invariant, &x, w, b.as_ref()))
+                        .collect();
+                    let exec = executor_at(isa);
+                    if invariant {
+                        exec.require_batch_invariance();
+                    }
+                    for threads in [1, 2] {
+                        let pool = rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .expect("thread pool");
+                        let mut outs: Vec<Data> = ms.iter().map(|&m| nan_output(&[n, m])).collect();
+                        {
+                            let mut parts: Vec<LinearPart<'_>> = weights
+                                .iter()
+                                .zip(&biases)
+                                .zip(outs.iter_mut())
+                                .map(|((weight, bias), output)| LinearPart {
+                                    weight,
+                                    bias: bias.as_ref(),
+                                    output,
+                                })
+                                .collect();
+                            let op = Op::Linears {
+                                input: &x,
+                                parts: &mut parts,
+                            };
+                            pool.install(|| exec.run(op)).expect("linears");
+                        }
+                        for (p, (got, want)) in outs.iter().zip(&want).enumerate() {
+                            let got = got.as_f32().expect("f32");
+                            let what = format!(
+                                "part {p} of {dtypes:?} at {isa} (invariant: {invariant}), \
+                                 {threads} threads, n={n} k={k} ms={ms:?}"
+                            );
+                            assert_eq!(got.len(), want.len(), "{what}");
+                            let same = got
+                                .iter()
+                                .zip(want)
+                                .all(|(g, w)| g.to_bits() == w.to_bits());
+                            assert!(same, "{what}: {got:?} against {want:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A part with a wrong shape fails the whole `Op::Linears` before any output is written.
+#[test]
+fn linears_check_every_part_first() {
+    use flm_core::LinearPart;
+    let mut rng = rng(0x11eb);
+    let (x, _) = random_f32(&mut rng, &[1, 64], 1.0);
+    let (w, _) = random_weight(&mut rng, &[16, 64], DataType::I8);
+    let (bad, _) = random_weight(&mut rng, &[16, 32], DataType::I8);
+    let mut good_out = nan_output(&[1, 16]);
+    let mut bad_out = nan_output(&[1, 16]);
+    let result = executor_at(Isa::Scalar).run(Op::Linears {
+        input: &x,
+        parts: &mut [
+            LinearPart {
+                weight: &w,
+                bias: None,
+                output: &mut good_out,
+            },
+            LinearPart {
+                weight: &bad,
+                bias: None,
+                output: &mut bad_out,
+            },
+        ],
+    });
+    let err = result.expect_err("a [16, 32] weight for a [1, 64] input");
+    assert!(err.to_string().contains("weight [16, 32]"), "{err}");
+    assert!(good_out.as_f32().expect("f32").iter().all(|v| v.is_nan()));
+}

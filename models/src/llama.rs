@@ -41,7 +41,7 @@
 
 use std::sync::Arc;
 
-use flm_core::{Data, DataType, Error as CoreError, Executor, KvCache, Op, RopeTable};
+use flm_core::{Data, DataType, Error as CoreError, Executor, KvCache, LinearPart, Op, RopeTable};
 
 use crate::{Error, ModelConfig, Result};
 
@@ -415,9 +415,27 @@ fn run_layers(
             Some([q, k, v]) => [Some(q), Some(k), Some(v)],
             None => [None; 3],
         };
-        linear(exec, &s.xb, &lw.wq, bq, &mut s.q)?;
-        linear(exec, &s.xb, &lw.wk, bk, &mut s.k)?;
-        linear(exec, &s.xb, &lw.wv, bv, &mut s.v)?;
+        // Q, K and V (and below gate and up) as one op: one fork and join in decode.
+        exec.run(Op::Linears {
+            input: &s.xb,
+            parts: &mut [
+                LinearPart {
+                    weight: &lw.wq,
+                    bias: bq,
+                    output: &mut s.q,
+                },
+                LinearPart {
+                    weight: &lw.wk,
+                    bias: bk,
+                    output: &mut s.k,
+                },
+                LinearPart {
+                    weight: &lw.wv,
+                    bias: bv,
+                    output: &mut s.v,
+                },
+            ],
+        })?;
         attend(l, s)?;
         linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
         exec.run(Op::Add {
@@ -431,8 +449,21 @@ fn run_layers(
             eps: c.norm_eps,
             output: &mut s.xb,
         })?;
-        linear(exec, &s.xb, &lw.w_gate, None, &mut s.gate)?;
-        linear(exec, &s.xb, &lw.w_up, None, &mut s.up)?;
+        exec.run(Op::Linears {
+            input: &s.xb,
+            parts: &mut [
+                LinearPart {
+                    weight: &lw.w_gate,
+                    bias: None,
+                    output: &mut s.gate,
+                },
+                LinearPart {
+                    weight: &lw.w_up,
+                    bias: None,
+                    output: &mut s.up,
+                },
+            ],
+        })?;
         exec.run(Op::SiluMul {
             gate: &s.gate,
             up: &s.up,

@@ -39,7 +39,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use flm_core::{quant, Data, Result};
+use flm_core::{quant, Data, LinearPart, Result};
 use rayon::prelude::*;
 
 use super::qlinear::{self, QuantWeight};
@@ -75,7 +75,48 @@ pub(crate) fn linear(
     bias: Option<&Data>,
     output: &mut Data,
 ) -> Result<()> {
+    linears(
+        isa,
+        input,
+        &mut [LinearPart {
+            weight,
+            bias,
+            output,
+        }],
+    )
+}
+
+/// Each part's Linear over `input` (see [`flm_core::Op::Linears`]). Consecutive parts with
+/// quantised weights of one dtype go to `qlinear` together, which quantises the input
+/// once and splits all their rows over the threads at once; others run one at a time.
+pub(crate) fn linears(isa: Isa, input: &Data, parts: &mut [LinearPart<'_>]) -> Result<()> {
+    for part in parts.iter() {
+        check(input, part)?;
+    }
     let (n, k) = (input.rows(), input.cols());
+    if n == 0 {
+        return Ok(());
+    }
+    let x = input.as_f32()?;
+    let same = |a: &LinearPart<'_>, b: &LinearPart<'_>| a.weight.dtype() == b.weight.dtype();
+    for run in parts.chunk_by_mut(same) {
+        for group in run.chunks_mut(qlinear::MAX_PARTS) {
+            if group[0].weight.dtype().is_quantized() {
+                quant_group(isa, x, n, k, group)?;
+            } else {
+                for part in group {
+                    float_part(isa, x, n, k, part)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the shapes of `part` for `input` (see [`flm_core::Op::Linear`]).
+fn check(input: &Data, part: &LinearPart<'_>) -> Result<()> {
+    let (n, k) = (input.rows(), input.cols());
+    let (weight, bias, output) = (part.weight, part.bias, &*part.output);
     let m = weight.rows();
     if weight.cols() != k
         || output.rows() != n
@@ -94,33 +135,76 @@ pub(crate) fn linear(
             ),
         ));
     }
-    if n == 0 {
-        return Ok(());
-    }
-    let x = input.as_f32()?;
-    let bias: Option<Cow<'_, [f32]>> = bias.map(|b| match b.as_f32() {
+    Ok(())
+}
+
+/// A bias as f32 values.
+fn bias_f32(bias: Option<&Data>) -> Option<Cow<'_, [f32]>> {
+    bias.map(|b| match b.as_f32() {
         Ok(v) => Cow::Borrowed(v),
         Err(_) => Cow::Owned(b.to_f32_vec()),
-    });
-    let bias = bias.as_deref();
-    let out = output.as_f32_mut()?;
-    match Rows::new(weight)? {
-        Rows::Quant {
+    })
+}
+
+/// Up to [`qlinear::MAX_PARTS`] parts with quantised weights of one dtype, in one call of
+/// [`qlinear::linear`].
+fn quant_group(
+    isa: Isa,
+    x: &[f32],
+    n: usize,
+    k: usize,
+    group: &mut [LinearPart<'_>],
+) -> Result<()> {
+    const P: usize = qlinear::MAX_PARTS;
+    let mut ws = [QuantWeight::EMPTY; P];
+    let mut owned: [Option<Cow<'_, [f32]>>; P] = Default::default();
+    for ((w, b), part) in ws.iter_mut().zip(&mut owned).zip(group.iter()) {
+        let Rows::Quant {
             dtype,
             bytes,
             row_bytes,
-        } => {
-            let w = QuantWeight {
-                dtype,
-                bytes,
-                row_bytes,
-                kp: quant::padded_cols(dtype, k),
-            };
-            return qlinear::linear(isa, &w, x, n, k, bias, out);
-        }
+        } = Rows::new(part.weight)?
+        else {
+            return Err(shape_err(
+                "Linear",
+                format!("{} weight among quantised ones", part.weight.dtype()),
+            ));
+        };
+        *w = QuantWeight {
+            dtype,
+            bytes,
+            row_bytes,
+            kp: quant::padded_cols(dtype, k),
+        };
+        *b = bias_f32(part.bias);
+    }
+    let mut biases: [Option<&[f32]>; P] = Default::default();
+    for (b, o) in biases.iter_mut().zip(&owned) {
+        *b = o.as_deref();
+    }
+    let p = group.len();
+    let mut outs: [&mut [f32]; P] = Default::default();
+    for (o, part) in outs.iter_mut().zip(group.iter_mut()) {
+        *o = part.output.as_f32_mut()?;
+    }
+    qlinear::linear(isa, x, n, k, &ws[..p], &biases[..p], &mut outs[..p])
+}
+
+/// One part with float weights.
+fn float_part(isa: Isa, x: &[f32], n: usize, k: usize, part: &mut LinearPart<'_>) -> Result<()> {
+    let bias = bias_f32(part.bias);
+    let bias = bias.as_deref();
+    let out = part.output.as_f32_mut()?;
+    match Rows::new(part.weight)? {
         Rows::F32(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
         Rows::F16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
         Rows::BF16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        Rows::Quant { dtype, .. } => {
+            return Err(shape_err(
+                "Linear",
+                format!("{dtype} weight among float ones"),
+            ))
+        }
     }
     Ok(())
 }

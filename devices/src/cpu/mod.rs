@@ -125,6 +125,7 @@ impl BaseDevice for CpuDevice {
             Op::Embedding { output, .. } => f32(output),
             Op::RmsNorm { input, output, .. } => f32(input) && f32(output),
             Op::Linear { input, output, .. } => f32(input) && f32(output),
+            Op::Linears { input, parts } => f32(input) && parts.iter().all(|p| f32(p.output)),
             Op::Rope { x, .. } => f32(x),
             Op::CopyRows { src, dst, .. } => f32(src) && f32(dst),
             Op::Attention {
@@ -174,6 +175,9 @@ impl BaseDevice for CpuDevice {
                 bias,
                 output,
             } => linear::linear(self.linear_isa(input.rows()), input, weight, bias, output),
+            Op::Linears { input, parts } => {
+                linear::linears(self.linear_isa(input.rows()), input, parts)
+            }
             Op::Rope {
                 x,
                 table,

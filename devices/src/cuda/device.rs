@@ -117,6 +117,18 @@ impl CudaDevice {
         self.batch_invariant.load(Ordering::Relaxed)
     }
 
+    /// Whether this device runs [`Op::Linear`] with these operands (f32 input): any float
+    /// or quantised weight, but f32 weights when batch invariance was asked for (cuBLAS
+    /// does not promise it).
+    fn supports_linear(&self, weight: &Data, bias: Option<&Data>, output: &Data) -> bool {
+        let f32 = |d: &Data| d.dtype() == DataType::F32;
+        let w = weight.dtype();
+        (float_suffix(w).is_some() || w.is_quantized())
+            && bias.is_none_or(f32)
+            && f32(output)
+            && !(w == DataType::F32 && self.batch_invariant())
+    }
+
     /// The kernel `name` (one of [`super::kernels::Module::kernels`]).
     pub(super) fn function(&self, name: &str) -> Result<&CudaFunction> {
         self.functions
@@ -231,12 +243,12 @@ impl BaseDevice for CudaDevice {
                 weight,
                 bias,
                 output,
-            } => {
+            } => f32(input) && self.supports_linear(weight, *bias, output),
+            Op::Linears { input, parts } => {
                 f32(input)
-                    && any_w(weight)
-                    && bias.is_none_or(f32)
-                    && f32(output)
-                    && !(weight.dtype() == DataType::F32 && self.batch_invariant())
+                    && parts
+                        .iter()
+                        .all(|p| self.supports_linear(p.weight, p.bias, p.output))
             }
             Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f32(x),
             Op::Attention {
@@ -285,6 +297,9 @@ impl BaseDevice for CudaDevice {
                 bias,
                 output,
             } => super::linear::linear(self, input, weight, bias, output),
+            Op::Linears { input, parts } => parts
+                .iter_mut()
+                .try_for_each(|p| super::linear::linear(self, input, p.weight, p.bias, p.output)),
             Op::Rope {
                 x,
                 table,

@@ -341,12 +341,17 @@ fn flm_profile_prints_the_per_op_table_at_exit() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("flm profile"), "{err}");
-    // 5 layers x 7 linear layers + the classifier, for the prefill and 2 decode steps.
-    let linear = err
-        .lines()
-        .find(|l| l.starts_with("Linear"))
-        .expect("Linear row");
-    assert_eq!(linear.split_whitespace().nth(1), Some("108"), "{linear}");
+    // For the prefill and 2 decode steps, per layer (5) the output and down projections
+    // (plus the classifier) as Linear, Q/K/V and gate/up as Linears.
+    let calls = |kind: &str| {
+        let row = err
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(kind))
+            .unwrap_or_else(|| panic!("no {kind} row: {err}"));
+        row.split_whitespace().nth(1).map(str::to_string)
+    };
+    assert_eq!(calls("Linear").as_deref(), Some("33"), "{err}");
+    assert_eq!(calls("Linears").as_deref(), Some("30"), "{err}");
 }
 
 /// `flm convert` with `args`; returns the output path.

@@ -269,6 +269,14 @@ pub(crate) struct QuantWeight<'a> {
 }
 
 impl<'a> QuantWeight<'a> {
+    /// No weight: fills arrays of weights past their last one.
+    pub const EMPTY: QuantWeight<'static> = QuantWeight {
+        dtype: DataType::I8,
+        bytes: &[],
+        row_bytes: 0,
+        kp: 0,
+    };
+
     /// Row `j`.
     pub fn row(&self, j: usize) -> &'a [u8] {
         &self.bytes[j * self.row_bytes..(j + 1) * self.row_bytes]
@@ -285,53 +293,70 @@ thread_local! {
 /// multiples of it.
 const ROWS_PER_TASK: usize = 16;
 
-/// Runs `f(j0, part)` over the `m` rows of `out` (`n` values each; `part` is rows
-/// `j0..`) on every thread of the pool, by guided self-scheduling (Polychronopoulos &
-/// Kuck, "Guided Self-Scheduling", IEEE Trans. Computers 1987): each thread claims chunks
-/// of `1 / (2 · threads)` of the rows left, in whole multiples of [`ROWS_PER_TASK`], until
-/// none is left.
+/// Most parts one call of [`linear`] multiplies at once.
+pub(crate) const MAX_PARTS: usize = 4;
+
+/// Runs `f(p, j0, rows)` over the rows of every `outs[p]` (`n` values each; `rows` is
+/// rows `j0..` of `outs[p]`) on every thread of the pool, by guided self-scheduling
+/// (Polychronopoulos & Kuck, "Guided Self-Scheduling", IEEE Trans. Computers 1987): each
+/// thread claims chunks of `1 / (2 · threads)` of the rows left in all parts, in whole
+/// multiples of [`ROWS_PER_TASK`] and within one part, until none is left.
 ///
 /// Decode chunks start long, so that a chunk's rows form long streams (see `x86::rows`),
 /// and end short, so that the threads finish together: with 4 equal tasks per thread, the
 /// threads of a TinyLlama decode step were busy for only 91–93% of the Linears' time.
 /// A thread that starts late, or is slowed down by another process, claims fewer chunks.
 /// Nothing is allocated.
-fn guided(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    /// `out`'s rows, claimed by the threads.
-    struct Rows(*mut f32);
+fn guided(outs: &mut [&mut [f32]], n: usize, f: impl Fn(usize, usize, &mut [f32]) + Sync) {
+    /// The parts' rows, claimed by the threads.
+    struct Rows([(*mut f32, usize); MAX_PARTS]);
     // SAFETY: the threads write disjoint rows (see below).
     unsafe impl Sync for Rows {}
     impl Rows {
+        /// Rows `j0..j1` of part `p`.
+        ///
         /// # Safety
-        /// `start..start + len` must lie within `out` and be claimed by the caller alone.
+        /// They must lie within the part and be claimed by the caller alone.
         #[allow(clippy::mut_from_ref)]
-        unsafe fn part(&self, start: usize, len: usize) -> &mut [f32] {
-            std::slice::from_raw_parts_mut(self.0.add(start), len)
+        unsafe fn part(&self, p: usize, j0: usize, j1: usize, n: usize) -> &mut [f32] {
+            std::slice::from_raw_parts_mut(self.0[p].0.add(j0 * n), (j1 - j0) * n)
         }
     }
-    let m = out.len() / n;
     let threads = rayon::current_num_threads();
     if threads == 1 {
-        return f(0, out);
+        for (p, out) in outs.iter_mut().enumerate() {
+            f(p, 0, out);
+        }
+        return;
     }
-    let (rows, next) = (Rows(out.as_mut_ptr()), AtomicUsize::new(0));
+    let mut rows = Rows([(std::ptr::null_mut(), 0); MAX_PARTS]);
+    for (r, out) in rows.0.iter_mut().zip(outs.iter_mut()) {
+        *r = (out.as_mut_ptr(), out.len() / n);
+    }
+    let total: usize = outs.iter().map(|o| o.len() / n).sum();
+    // Rows claimed so far, counting the parts one after another.
+    let next = AtomicUsize::new(0);
     let claim = || loop {
-        let j0 = next.load(Ordering::Relaxed);
-        if j0 >= m {
+        let g0 = next.load(Ordering::Relaxed);
+        if g0 >= total {
             return;
         }
-        let size = (m - j0)
+        let (mut p, mut j0) = (0, g0);
+        while j0 >= rows.0[p].1 {
+            j0 -= rows.0[p].1;
+            p += 1;
+        }
+        let size = (total - g0)
             .div_ceil(2 * threads)
             .next_multiple_of(ROWS_PER_TASK);
-        let j1 = (j0 + size).min(m);
+        let j1 = (j0 + size).min(rows.0[p].1);
         if next
-            .compare_exchange_weak(j0, j1, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange_weak(g0, g0 + j1 - j0, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {
-            // SAFETY: the exchange hands rows `j0..j1` to this thread alone, and they lie
-            // within `out`, which outlives the threads' work.
-            let part = unsafe { rows.part(j0 * n, (j1 - j0) * n) };
-            f(j0, part);
+            // SAFETY: the exchange hands rows `j0..j1` of part `p` to this thread alone,
+            // and they lie within `outs[p]`, which outlives the threads' work.
+            f(p, j0, unsafe { rows.part(p, j0, j1, n) });
         }
     };
     (0..threads).into_par_iter().for_each(|_| claim());
@@ -382,57 +407,91 @@ fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     }
 }
 
-/// `out[n, m] = x[n, k] · ŵ[m, k]ᵀ + bias[m]` for quantised `w` (see
-/// [`flm_core::Op::Linear`]).
+/// `outs[p][n, m_p] = x[n, k] · ŵ_p[m_p, k]ᵀ + biases[p][m_p]` for the quantised weights
+/// `ws[p]`, all of one dtype (see [`flm_core::Op::Linear`] and [`flm_core::Op::Linears`]).
+/// The input is quantised once; in decode the rows of all parts are split over the
+/// threads at once. `ws`, `biases` and `outs` have one entry per part, 1 to
+/// [`MAX_PARTS`] parts.
 pub(crate) fn linear(
     isa: Isa,
-    w: &QuantWeight<'_>,
     x: &[f32],
     n: usize,
     k: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
+    ws: &[QuantWeight<'_>],
+    biases: &[Option<&[f32]>],
+    outs: &mut [&mut [f32]],
 ) -> Result<()> {
-    let m = out.len() / n;
-    let group = w.dtype.group_size().unwrap_or(w.kp);
-    if w.kp != quant::padded_cols(w.dtype, k) || w.bytes.len() < m * w.row_bytes {
+    let Some(first) = ws.first().filter(|_| ws.len() <= MAX_PARTS) else {
         return Err(shape_err(
             "Linear",
-            format!(
-                "{} weight of {} bytes for [{m}, {k}]",
-                w.dtype,
-                w.bytes.len()
-            ),
+            format!("{} parts in one call", ws.len()),
         ));
+    };
+    let (dtype, kp) = (first.dtype, first.kp);
+    let group = dtype.group_size().unwrap_or(kp);
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        let m = out.len() / n;
+        if w.dtype != dtype
+            || w.kp != quant::padded_cols(w.dtype, k)
+            || w.bytes.len() < m * w.row_bytes
+        {
+            return Err(shape_err(
+                "Linear",
+                format!(
+                    "{} weight of {} bytes for [{m}, {k}] among {dtype} weights",
+                    w.dtype,
+                    w.bytes.len()
+                ),
+            ));
+        }
     }
+    let total: usize = outs.iter().map(|o| o.len() / n).sum();
+    let parallel = n * total * k >= PARALLEL_MIN_WORK;
     SCRATCH.with_borrow_mut(|(acts, yt)| {
-        acts.quantize(isa, x, n, k, w.kp, group, Layout::of(isa, w.dtype, n));
+        acts.quantize(isa, x, n, k, kp, group, Layout::of(isa, dtype, n));
         let acts = &*acts;
-        let parallel = n * m * k >= PARALLEL_MIN_WORK;
-        let target: &mut [f32] = if n == 1 {
-            out
+        let run = |targets: &mut [&mut [f32]]| {
+            if parallel && n < AMX_MIN_ROWS {
+                guided(targets, n, |p, j0, part| rows(isa, &ws[p], acts, j0, part));
+                return;
+            }
+            for (w, target) in ws.iter().zip(targets.iter_mut()) {
+                if parallel {
+                    target
+                        .par_chunks_mut(ROWS_PER_TASK * n)
+                        .enumerate()
+                        .for_each(|(t, part)| rows(isa, w, acts, t * ROWS_PER_TASK, part));
+                } else {
+                    rows(isa, w, acts, 0, target);
+                }
+            }
+        };
+        // Decode writes into the outputs; more input rows into `yt`, one part after the
+        // other, transposed below.
+        if n == 1 {
+            run(outs);
         } else {
             yt.clear();
-            yt.resize(m * n, 0.0);
-            yt
-        };
-        if parallel && n < AMX_MIN_ROWS {
-            guided(target, n, |j0, part| rows(isa, w, acts, j0, part));
-        } else if parallel {
-            target
-                .par_chunks_mut(ROWS_PER_TASK * n)
-                .enumerate()
-                .for_each(|(t, part)| rows(isa, w, acts, t * ROWS_PER_TASK, part));
-        } else {
-            rows(isa, w, acts, 0, target);
+            yt.resize(total * n, 0.0);
+            let mut parts: [&mut [f32]; MAX_PARTS] = Default::default();
+            let mut rest = &mut yt[..];
+            for (part, out) in parts.iter_mut().zip(outs.iter()) {
+                (*part, rest) = std::mem::take(&mut rest).split_at_mut(out.len());
+            }
+            run(&mut parts[..ws.len()]);
         }
-        if n > 1 {
-            transpose(yt, n, out);
-        }
-        if let Some(b) = bias {
-            for row in out.chunks_exact_mut(m) {
-                for (y, b) in row.iter_mut().zip(b) {
-                    *y += b;
+        let mut from = 0;
+        for (out, bias) in outs.iter_mut().zip(biases) {
+            let m = out.len() / n;
+            if n > 1 {
+                transpose(&yt[from..from + m * n], n, out);
+                from += m * n;
+            }
+            if let Some(b) = bias {
+                for row in out.chunks_exact_mut(m) {
+                    for (y, b) in row.iter_mut().zip(b.iter()) {
+                        *y += b;
+                    }
                 }
             }
         }
