@@ -274,6 +274,17 @@ pub struct LinearPart<'a> {
     pub output: &'a mut Data,
 }
 
+impl<'a> LinearPart<'a> {
+    /// The part `output = input · weightᵀ (+ bias)`.
+    pub fn new(weight: &'a Data, bias: Option<&'a Data>, output: &'a mut Data) -> Self {
+        LinearPart {
+            weight,
+            bias,
+            output,
+        }
+    }
+}
+
 /// The kind of an [`Op`], without its operands: used by the profiler and in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpKind {

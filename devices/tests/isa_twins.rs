@@ -561,11 +561,7 @@ fn linears_match_each_linear() {
                                 .iter()
                                 .zip(&biases)
                                 .zip(outs.iter_mut())
-                                .map(|((weight, bias), output)| LinearPart {
-                                    weight,
-                                    bias: bias.as_ref(),
-                                    output,
-                                })
+                                .map(|((w, b), output)| LinearPart::new(w, b.as_ref(), output))
                                 .collect();
                             let op = Op::Linears {
                                 input: &x,
@@ -606,16 +602,8 @@ fn linears_check_every_part_first() {
     let result = executor_at(Isa::Scalar).run(Op::Linears {
         input: &x,
         parts: &mut [
-            LinearPart {
-                weight: &w,
-                bias: None,
-                output: &mut good_out,
-            },
-            LinearPart {
-                weight: &bad,
-                bias: None,
-                output: &mut bad_out,
-            },
+            LinearPart::new(&w, None, &mut good_out),
+            LinearPart::new(&bad, None, &mut bad_out),
         ],
     });
     let err = result.expect_err("a [16, 32] weight for a [1, 64] input");

@@ -419,21 +419,9 @@ fn run_layers(
         exec.run(Op::Linears {
             input: &s.xb,
             parts: &mut [
-                LinearPart {
-                    weight: &lw.wq,
-                    bias: bq,
-                    output: &mut s.q,
-                },
-                LinearPart {
-                    weight: &lw.wk,
-                    bias: bk,
-                    output: &mut s.k,
-                },
-                LinearPart {
-                    weight: &lw.wv,
-                    bias: bv,
-                    output: &mut s.v,
-                },
+                LinearPart::new(&lw.wq, bq, &mut s.q),
+                LinearPart::new(&lw.wk, bk, &mut s.k),
+                LinearPart::new(&lw.wv, bv, &mut s.v),
             ],
         })?;
         attend(l, s)?;
@@ -452,16 +440,8 @@ fn run_layers(
         exec.run(Op::Linears {
             input: &s.xb,
             parts: &mut [
-                LinearPart {
-                    weight: &lw.w_gate,
-                    bias: None,
-                    output: &mut s.gate,
-                },
-                LinearPart {
-                    weight: &lw.w_up,
-                    bias: None,
-                    output: &mut s.up,
-                },
+                LinearPart::new(&lw.w_gate, None, &mut s.gate),
+                LinearPart::new(&lw.w_up, None, &mut s.up),
             ],
         })?;
         exec.run(Op::SiluMul {

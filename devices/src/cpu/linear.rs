@@ -75,15 +75,7 @@ pub(crate) fn linear(
     bias: Option<&Data>,
     output: &mut Data,
 ) -> Result<()> {
-    linears(
-        isa,
-        input,
-        &mut [LinearPart {
-            weight,
-            bias,
-            output,
-        }],
-    )
+    linears(isa, input, &mut [LinearPart::new(weight, bias, output)])
 }
 
 /// Each part's Linear over `input` (see [`flm_core::Op::Linears`]). Consecutive parts with
