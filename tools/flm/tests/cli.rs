@@ -352,6 +352,14 @@ fn flm_profile_prints_the_per_op_table_at_exit() {
     };
     assert_eq!(calls("Linear").as_deref(), Some("33"), "{err}");
     assert_eq!(calls("Linears").as_deref(), Some("30"), "{err}");
+    // Per weight: the classifier `[vocab 512, dim 64]` multiplies one row at each step,
+    // the last prompt token's and the 2 decoded ones.
+    let classifier = err
+        .lines()
+        .find(|l| l.ends_with("  f32 512x64"))
+        .unwrap_or_else(|| panic!("no classifier row: {err}"));
+    let fields: Vec<_> = classifier.split_whitespace().collect();
+    assert_eq!(fields[..3], ["Linear", "matvec", "3"], "{err}");
 }
 
 /// `flm convert` with `args`; returns the output path.
