@@ -56,6 +56,13 @@ fn linear_matches_scalar(dtype: DataType) {
         (8, 33, 17),
         (16, 96, 16),
         (17, 2048, 35),
+        // Rows longer than one segment of an int4 decode tile's integer sums (16 chunks
+        // of 128 columns for 4 input rows, 20 for 3, 32 for 2, 64 for 1), ending in a
+        // partial quad of chunks and a partial chunk.
+        (4, 4100, 9),
+        (3, 2600, 6),
+        (2, 4200, 5),
+        (1, 8300, 5),
     ];
     for (n, k, m) in sizes {
         let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);

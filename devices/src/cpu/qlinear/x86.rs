@@ -25,6 +25,11 @@ use crate::cpu::Isa;
 /// Weight rows per full tile.
 const TILE_ROWS: usize = 4;
 
+/// Bytes of integer dot-product vectors an int4 decode tile keeps before scaling them:
+/// segments of 8192 columns for a decode tile of 4 weight rows × 1 input row, of 2048 for
+/// 4 × 4.
+const SUMS_BYTES: usize = 16384;
+
 thread_local! {
     /// Unpacked int4 weight rows of the current tile (see [`unpack_i4_avx512`]).
     static UNPACKED: RefCell<Vec<__m512i>> = const { RefCell::new(Vec::new()) };
@@ -175,15 +180,37 @@ unsafe fn unpack_rows_avx512<const G: usize>(
 }
 
 /// Chunk `c` (128 values) of the int4 row at `row` (`kp` padded columns, groups of `G`
-/// values): low codes, high codes and lane scales. `G` is a constant so that the group
-/// arithmetic folds to shifts and a whole chunk, all chunks but a row's last, loads its
-/// codes and its `128 / G` scales without masks or branches.
+/// values): low codes, high codes and lane scales.
 #[inline(always)]
 unsafe fn unpack_chunk_avx512<const G: usize>(
     row: *const u8,
     kp: usize,
     c: usize,
 ) -> (__m512i, __m512i, __m512) {
+    let (lo, hi) = chunk_codes_avx512(row, kp, c);
+    (lo, hi, chunk_scales_avx512::<G>(row, kp, c))
+}
+
+/// The low and the high codes of chunk `c` (128 values) of the int4 row at `row` (`kp`
+/// padded columns). All chunks but a row's last load without a mask; the last reads no
+/// byte past the row's codes.
+#[inline(always)]
+unsafe fn chunk_codes_avx512(row: *const u8, kp: usize, c: usize) -> (__m512i, __m512i) {
+    let rest = kp - 128 * c;
+    let mask: __mmask64 = if rest >= 128 {
+        !0
+    } else {
+        (1 << (rest / 2)) - 1
+    };
+    nibbles_avx512(_mm512_maskz_loadu_epi8(mask, row.add(64 * c) as *const i8))
+}
+
+/// The lane scales of chunk `c` (128 values) of the int4 row at `row` (`kp` padded
+/// columns, groups of `G` values): lane `l` holds the scale `d_g` of block `4c + l / 4`.
+/// `G` is a constant so that the group arithmetic folds to shifts and a whole chunk loads
+/// its `128 / G` scales without a branch.
+#[inline(always)]
+unsafe fn chunk_scales_avx512<const G: usize>(row: *const u8, kp: usize, c: usize) -> __m512 {
     let gidx = match G {
         32 => _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
         64 => _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
@@ -191,24 +218,12 @@ unsafe fn unpack_chunk_avx512<const G: usize>(
     };
     let scales = row.add(kp / 2 + 2 * (128 * c / G));
     let rest = kp - 128 * c;
-    let (v, ds) = if rest >= 128 {
-        (
-            _mm512_loadu_si512(row.add(64 * c) as *const _),
-            load_f16x4(scales, 128 / G),
-        )
+    let ds = if rest >= 128 {
+        load_f16x4(scales, 128 / G)
     } else {
-        let mask: __mmask64 = (1 << (rest / 2)) - 1;
-        (
-            _mm512_maskz_loadu_epi8(mask, row.add(64 * c) as *const i8),
-            load_f16x4(scales, rest.div_ceil(G)),
-        )
+        load_f16x4(scales, rest.div_ceil(G))
     };
-    let (lo, hi) = nibbles_avx512(v);
-    (
-        lo,
-        hi,
-        _mm512_permutexvar_ps(gidx, _mm512_castps128_ps512(ds)),
-    )
+    _mm512_permutexvar_ps(gidx, _mm512_castps128_ps512(ds))
 }
 
 /// Prefetches line `line` of the `bytes` bytes of int4 scales and minimums at
@@ -248,12 +263,12 @@ unsafe fn block_scales_avx512<const G: usize>(p: *const u8) -> __m512 {
     }
 }
 
-/// `Σ q_w · q_x` of each lane (4 values of the low and 4 of the high half of a chunk), as
-/// f32 (exact: `|Σ| ≤ 8 · 15 · 127`).
+/// `Σ q_w · q_x` of each lane (4 values of the low and 4 of the high half of a chunk),
+/// exact: `|Σ| ≤ 8 · 15 · 127`.
 #[inline(always)]
-unsafe fn dot_i4_avx512((lo, hi): (__m512i, __m512i), alo: __m512i, ahi: __m512i) -> __m512 {
+unsafe fn dot_i4_avx512((lo, hi): (__m512i, __m512i), alo: __m512i, ahi: __m512i) -> __m512i {
     let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo);
-    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(p, hi, ahi))
+    _mm512_dpbusd_epi32(p, hi, ahi)
 }
 
 macro_rules! by_tile {
@@ -453,7 +468,7 @@ unsafe fn nibbles_avx2(v: __m256i) -> (__m256i, __m256i) {
     )
 }
 
-/// The scales `d_g` (f16 at `p`) of 8 blocks of 32 values, a quad of 4 AVX2 steps, one per
+/// The scales `d_g` (f16 at `p`) of 8 blocks of 32 values, a quad of 4 AVX2 chunks, one per
 /// lane: lane `b` holds the scale of the group of block `b`.
 #[inline(always)]
 unsafe fn block_scales_avx2<const G: usize>(p: *const u8) -> __m256 {
@@ -472,24 +487,23 @@ unsafe fn block_scales_avx2<const G: usize>(p: *const u8) -> __m256 {
     }
 }
 
-/// `Σ q_w · q_x` of each lane (4 values of the low and 4 of the high half of a step), as
-/// f32 (exact: `|Σ| ≤ 8 · 15 · 127`).
+/// `Σ q_w · q_x` of each lane (4 values of the low and 4 of the high half of a chunk),
+/// exact: `|Σ| ≤ 8 · 15 · 127`.
 #[inline(always)]
 unsafe fn dot_i4_avx2<const VNNI: bool>(
     (lo, hi): (__m256i, __m256i),
     alo: __m256i,
     ahi: __m256i,
-) -> __m256 {
+) -> __m256i {
     let zero = _mm256_setzero_si256();
-    let p = if VNNI {
+    if VNNI {
         dot_u8_i8::<true>(dot_u8_i8::<true>(zero, lo, alo), hi, ahi)
     } else {
         // Both products fit in i16 (|15·127·2| ≤ 3810), so add them first.
         let ones = _mm256_set1_epi16(1);
         let s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
         _mm256_madd_epi16(s, ones)
-    };
-    _mm256_cvtepi32_ps(p)
+    }
 }
 
 /// `vpdpbusd` on 256 bits, or its AVX2 equivalent (`vpmaddubsw` then `vpmaddwd` with ones),
@@ -597,6 +611,16 @@ impl Tile<'_> {
     }
 
     /// [`Tile::i4_avx512`] on the first tile, for groups of `G` values.
+    ///
+    /// Each row is read in its memory order: the codes of a segment of chunks first, their
+    /// exact integer dot products kept in `sums`, then the segment's scale lines, which
+    /// scale them in chunk order (the order, and so the bits, of scaling each chunk as it
+    /// arrives), then the minimums. Scaling each chunk as its codes arrive reads the scale
+    /// lines, which follow all of a row's codes, interleaved with them, and long rows then
+    /// stream slower: on the 2-core CI VM, one thread read TinyLlama's down projection
+    /// (2048×5632, 2816 bytes of codes per row) 8–12% slower than a 2048×2048 matrix that
+    /// way, and 0–3% slower in memory order; in 2-thread decode its GB/s went from 84–86%
+    /// to 90–93% of the gate and up projections'.
     #[inline(always)]
     unsafe fn i4_avx512_groups<const R: usize, const T: usize, const G: usize>(
         &self,
@@ -609,64 +633,70 @@ impl Tile<'_> {
         // The rows' codes and block scales, each padded to whole chunks (see `Acts`).
         let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
         let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
+        let chunks = kp.div_ceil(128);
+        // Whole quads of 4 chunks (512 values, 16 blocks) load the scales of 16 blocks at
+        // once; the chunks past them load theirs one chunk at a time.
+        let quad_chunks = 4 * (kp / 512);
+        let scale_bytes = 4 * kp / G;
+        // Chunks per segment: whole quads whose dot products fit `sums`.
+        const N: usize = SUMS_BYTES / 64;
+        let segment = N / (R * T) / 4 * 4;
+        let mut sums = [std::mem::MaybeUninit::<__m512i>::uninit(); N];
+        let sum = |c: usize, r: usize, t: usize| (c % segment * R + r) * T + t;
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        // Whole quads of 4 chunks (512 values, 16 blocks): the scales of a quad are loaded
-        // once per row, and multiplied by the inputs' block scales 16 blocks at a time.
-        let quads = kp / 512;
-        for quad in 0..quads {
-            let mut dab = [_mm512_setzero_ps(); T];
-            for t in 0..T {
-                dab[t] = _mm512_loadu_ps(ds[t].add(16 * quad));
-            }
-            let mut s16 = [[_mm512_setzero_ps(); T]; R];
-            for r in 0..R {
-                let scales = rows[r].as_ptr().add(kp / 2);
-                prefetch_scales(scales, quad, 4 * kp / G, ahead);
-                let dwb = block_scales_avx512::<G>(scales.add(1024 * quad / G));
-                for t in 0..T {
-                    s16[r][t] = _mm512_mul_ps(dwb, dab[t]);
-                }
-            }
-            for q in 0..4 {
-                let c = 4 * quad + q;
-                let idx = _mm512_add_epi32(idx4, _mm512_set1_epi32(4 * q as i32));
+        for c0 in (0..chunks).step_by(segment) {
+            let c1 = (c0 + segment).min(chunks);
+            for c in c0..c1 {
                 let mut codes = [(_mm512_setzero_si512(), _mm512_setzero_si512()); R];
                 for r in 0..R {
                     let p = rows[r].as_ptr().add(64 * c);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                    codes[r] = nibbles_avx512(_mm512_loadu_si512(p as *const _));
+                    codes[r] = chunk_codes_avx512(rows[r].as_ptr(), kp, c);
                 }
                 for t in 0..T {
                     let a = qs[t].add(128 * c);
                     let alo = _mm512_loadu_si512(a as *const _);
                     let ahi = _mm512_loadu_si512(a.add(64) as *const _);
                     for r in 0..R {
-                        let p = dot_i4_avx512(codes[r], alo, ahi);
-                        let s = _mm512_permutexvar_ps(idx, s16[r][t]);
-                        acc[r][t] = _mm512_fmadd_ps(p, s, acc[r][t]);
+                        sums[sum(c, r, t)].write(dot_i4_avx512(codes[r], alo, ahi));
                     }
                 }
             }
-        }
-        for c in 4 * quads..kp.div_ceil(128) {
-            let mut codes = [(_mm512_setzero_si512(), _mm512_setzero_si512()); R];
-            let mut dw = [_mm512_setzero_ps(); R];
-            for r in 0..R {
-                let p = rows[r].as_ptr().add(64 * c) as *const i8;
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead));
-                let (lo, hi, d) = unpack_chunk_avx512::<G>(rows[r].as_ptr(), kp, c);
-                (codes[r], dw[r]) = ((lo, hi), d);
-            }
-            for t in 0..T {
-                let a = qs[t].add(128 * c);
-                let alo = _mm512_loadu_si512(a as *const _);
-                let ahi = _mm512_loadu_si512(a.add(64) as *const _);
-                let d = _mm_loadu_ps(ds[t].add(4 * c));
-                let da = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(d));
+            for quad in c0 / 4..c1.min(quad_chunks) / 4 {
+                let mut dab = [_mm512_setzero_ps(); T];
+                for t in 0..T {
+                    dab[t] = _mm512_loadu_ps(ds[t].add(16 * quad));
+                }
                 for r in 0..R {
-                    let p = dot_i4_avx512(codes[r], alo, ahi);
-                    let s = _mm512_mul_ps(dw[r], da);
-                    acc[r][t] = _mm512_fmadd_ps(p, s, acc[r][t]);
+                    let scales = rows[r].as_ptr().add(kp / 2);
+                    prefetch_scales(scales, quad, scale_bytes, ahead);
+                    let dwb = block_scales_avx512::<G>(scales.add(1024 * quad / G));
+                    for t in 0..T {
+                        let s16 = _mm512_mul_ps(dwb, dab[t]);
+                        for q in 0..4 {
+                            let idx = _mm512_add_epi32(idx4, _mm512_set1_epi32(4 * q as i32));
+                            let p = sums[sum(4 * quad + q, r, t)].assume_init();
+                            let s = _mm512_permutexvar_ps(idx, s16);
+                            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                        }
+                    }
+                }
+            }
+            for c in quad_chunks..c1 {
+                let mut das = [_mm512_setzero_ps(); T];
+                for t in 0..T {
+                    let d = _mm_loadu_ps(ds[t].add(4 * c));
+                    das[t] = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(d));
+                }
+                for r in 0..R {
+                    let scales = rows[r].as_ptr().add(kp / 2);
+                    prefetch_scales(scales, c - quad_chunks + kp / 512, scale_bytes, ahead);
+                    let dw = chunk_scales_avx512::<G>(rows[r].as_ptr(), kp, c);
+                    for t in 0..T {
+                        let p = sums[sum(c, r, t)].assume_init();
+                        let s = _mm512_mul_ps(dw, das[t]);
+                        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                    }
                 }
             }
         }
@@ -706,7 +736,7 @@ impl Tile<'_> {
                 let u = &self.unpacked[3 * (c * R + r)..][..3];
                 let dw = _mm512_castsi512_ps(u[2]);
                 for t in 0..T {
-                    let p = dot_i4_avx512((u[0], u[1]), alo[t], ahi[t]);
+                    let p = _mm512_cvtepi32_ps(dot_i4_avx512((u[0], u[1]), alo[t], ahi[t]));
                     let s = _mm512_mul_ps(dw, da[t]);
                     acc[r][t] = _mm512_fmadd_ps(p, s, acc[r][t]);
                 }
@@ -827,110 +857,99 @@ impl Tile<'_> {
         }
     }
 
-    /// One step of [`Tile::i4_avx2_body`]: chunk `c` of the rows' `codes` against the
-    /// inputs, with the scales `s[r][t]` of its lanes.
-    #[inline(always)]
-    unsafe fn step_i4_avx2<const R: usize, const T: usize, const VNNI: bool>(
-        &self,
-        acc: &mut [[__m256; T]; R],
-        c: usize,
-        codes: &[(__m256i, __m256i); R],
-        s: &[[__m256; T]; R],
-    ) {
-        for t in 0..T {
-            let a = self.acts.row_qs(self.i + t).as_ptr().add(64 * c);
-            let alo = _mm256_loadu_si256(a as *const __m256i);
-            let ahi = _mm256_loadu_si256(a.add(32) as *const __m256i);
-            for r in 0..R {
-                let p = dot_i4_avx2::<VNNI>(codes[r], alo, ahi);
-                acc[r][t] = _mm256_fmadd_ps(p, s[r][t], acc[r][t]);
-            }
-        }
-    }
-
-    /// int4 on 256 bits: 64 values (two blocks) per step, groups of `G` values. Whole
-    /// quads of 4 steps (256 values, 8 blocks) load their scales once per row and multiply
-    /// them by the inputs' 8 block scales in one vector; a step then permutes its lanes out
-    /// of it. The products and the accumulation order are those of the single steps, so a
-    /// row's output does not depend on the tile.
+    /// int4 on 256 bits: 64 values (two blocks) per chunk, groups of `G` values, in the
+    /// order of [`Tile::i4_avx512_groups`]: each row's codes, a segment of chunks at a
+    /// time, then the segment's scales. Whole quads of 4 chunks (256 values, 8 blocks) load
+    /// their scales once per row and multiply them by the inputs' 8 block scales in one
+    /// vector; a chunk then permutes its lanes out of it. The products and the accumulation
+    /// order are those of single chunks, so a row's output does not depend on the tile.
     #[inline(always)]
     unsafe fn i4_avx2_body<const R: usize, const T: usize, const VNNI: bool, const G: usize>(
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
+        const N: usize = SUMS_BYTES / 32;
         let kp = self.w.kp;
         let rows = self.rows::<R>();
         let idx2 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
         let ahead = self.ahead;
+        let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
         let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
+        let chunks = kp.div_ceil(64);
+        let quad_chunks = 4 * (kp / 256);
+        let scale_bytes = 4 * kp / G;
+        let segment = N / (R * T) / 4 * 4;
+        let mut sums = [std::mem::MaybeUninit::<__m256i>::uninit(); N];
+        let sum = |c: usize, r: usize, t: usize| (c % segment * R + r) * T + t;
         let mut acc = [[_mm256_setzero_ps(); T]; R];
-        let quads = kp / 256;
-        for quad in 0..quads {
-            let mut dab = [_mm256_setzero_ps(); T];
-            for t in 0..T {
-                dab[t] = _mm256_loadu_ps(ds[t].add(8 * quad));
-            }
-            let mut s8 = [[_mm256_setzero_ps(); T]; R];
-            for r in 0..R {
-                let scales = rows[r].as_ptr().add(kp / 2);
-                prefetch_scales(scales, quad, 4 * kp / G, ahead);
-                let dwb = block_scales_avx2::<G>(scales.add(512 * quad / G));
-                for t in 0..T {
-                    s8[r][t] = _mm256_mul_ps(dwb, dab[t]);
-                }
-            }
-            for q in 0..4 {
-                let c = 4 * quad + q;
-                let idx = _mm256_add_epi32(idx2, _mm256_set1_epi32(2 * q as i32));
+        for c0 in (0..chunks).step_by(segment) {
+            let c1 = (c0 + segment).min(chunks);
+            for c in c0..c1 {
                 let mut codes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
                 for r in 0..R {
                     let p = rows[r].as_ptr().add(32 * c);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                    codes[r] = nibbles_avx2(_mm256_loadu_si256(p as *const __m256i));
+                    // A row's last chunk may hold 32 values: 16 bytes of codes.
+                    let v = if kp - 64 * c >= 64 {
+                        _mm256_loadu_si256(p as *const __m256i)
+                    } else {
+                        _mm256_zextsi128_si256(_mm_loadu_si128(p as *const __m128i))
+                    };
+                    codes[r] = nibbles_avx2(v);
                 }
-                let mut s = [[_mm256_setzero_ps(); T]; R];
-                for r in 0..R {
-                    for t in 0..T {
-                        s[r][t] = _mm256_permutevar8x32_ps(s8[r][t], idx);
+                for t in 0..T {
+                    let a = qs[t].add(64 * c);
+                    let alo = _mm256_loadu_si256(a as *const __m256i);
+                    let ahi = _mm256_loadu_si256(a.add(32) as *const __m256i);
+                    for r in 0..R {
+                        sums[sum(c, r, t)].write(dot_i4_avx2::<VNNI>(codes[r], alo, ahi));
                     }
                 }
-                self.step_i4_avx2::<R, T, VNNI>(&mut acc, c, &codes, &s);
             }
-        }
-        for c in 4 * quads..kp.div_ceil(64) {
-            let rest = (kp - 64 * c).min(64);
-            let (g0, gn) = (64 * c / G, rest.div_ceil(G));
-            let gidx = if G == 32 {
-                idx2
-            } else {
-                _mm256_setzero_si256()
-            };
-            let mut codes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
-            let mut dw = [_mm256_setzero_ps(); R];
-            for r in 0..R {
-                let p = rows[r].as_ptr().add(32 * c);
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                let v = if rest == 64 {
-                    _mm256_loadu_si256(p as *const __m256i)
-                } else {
-                    _mm256_zextsi128_si256(_mm_loadu_si128(p as *const __m128i))
-                };
-                codes[r] = nibbles_avx2(v);
-                let ds = load_f16x4(rows[r].as_ptr().add(kp / 2 + 2 * g0), gn);
-                dw[r] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(ds), gidx);
-            }
-            let mut da = [_mm256_setzero_ps(); T];
-            for t in 0..T {
-                let d = _mm_castpd_ps(_mm_load_sd(ds[t].add(2 * c) as *const f64));
-                da[t] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), idx2);
-            }
-            let mut s = [[_mm256_setzero_ps(); T]; R];
-            for r in 0..R {
+            for quad in c0 / 4..c1.min(quad_chunks) / 4 {
+                let mut dab = [_mm256_setzero_ps(); T];
                 for t in 0..T {
-                    s[r][t] = _mm256_mul_ps(dw[r], da[t]);
+                    dab[t] = _mm256_loadu_ps(ds[t].add(8 * quad));
+                }
+                for r in 0..R {
+                    let scales = rows[r].as_ptr().add(kp / 2);
+                    prefetch_scales(scales, quad, scale_bytes, ahead);
+                    let dwb = block_scales_avx2::<G>(scales.add(512 * quad / G));
+                    for t in 0..T {
+                        let s8 = _mm256_mul_ps(dwb, dab[t]);
+                        for q in 0..4 {
+                            let idx = _mm256_add_epi32(idx2, _mm256_set1_epi32(2 * q as i32));
+                            let p = sums[sum(4 * quad + q, r, t)].assume_init();
+                            let s = _mm256_permutevar8x32_ps(s8, idx);
+                            acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r][t]);
+                        }
+                    }
                 }
             }
-            self.step_i4_avx2::<R, T, VNNI>(&mut acc, c, &codes, &s);
+            for c in quad_chunks..c1 {
+                let (g0, gn) = (64 * c / G, (kp - 64 * c).min(64).div_ceil(G));
+                let gidx = if G == 32 {
+                    idx2
+                } else {
+                    _mm256_setzero_si256()
+                };
+                let mut da = [_mm256_setzero_ps(); T];
+                for t in 0..T {
+                    let d = _mm_castpd_ps(_mm_load_sd(ds[t].add(2 * c) as *const f64));
+                    da[t] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), idx2);
+                }
+                for r in 0..R {
+                    let scales = rows[r].as_ptr().add(kp / 2);
+                    prefetch_scales(scales, c - quad_chunks + kp / 256, scale_bytes, ahead);
+                    let d = load_f16x4(scales.add(2 * g0), gn);
+                    let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), gidx);
+                    for t in 0..T {
+                        let p = sums[sum(c, r, t)].assume_init();
+                        let s = _mm256_mul_ps(dw, da[t]);
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r][t]);
+                    }
+                }
+            }
         }
         let groups = kp / G;
         for r in 0..R {
