@@ -641,6 +641,7 @@ impl Tile<'_> {
         // Chunks per segment: whole quads whose dot products fit `sums`.
         const N: usize = SUMS_BYTES / 64;
         let segment = N / (R * T) / 4 * 4;
+        // Each segment writes the sums of all its chunks before its scales read them.
         let mut sums = [std::mem::MaybeUninit::<__m512i>::uninit(); N];
         let sum = |c: usize, r: usize, t: usize| (c % segment * R + r) * T + t;
         let mut acc = [[_mm512_setzero_ps(); T]; R];
@@ -879,6 +880,7 @@ impl Tile<'_> {
         let quad_chunks = 4 * (kp / 256);
         let scale_bytes = 4 * kp / G;
         let segment = N / (R * T) / 4 * 4;
+        // Each segment writes the sums of all its chunks before its scales read them.
         let mut sums = [std::mem::MaybeUninit::<__m256i>::uninit(); N];
         let sum = |c: usize, r: usize, t: usize| (c % segment * R + r) * T + t;
         let mut acc = [[_mm256_setzero_ps(); T]; R];
