@@ -217,38 +217,38 @@ fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
 }
 
 /// Streaming read bandwidth in GB/s: the best of 3 passes summing a `mib` MiB buffer on
-/// the current thread pool.
+/// the current thread pool, in each of two patterns.
 ///
-/// Each task reads [`STREAMS`] parts of its chunk in lockstep, a cache line of each per
-/// step, prefetching ahead on x86-64, as the decode kernels read several weight rows at
-/// once: one core reaches far more of the memory bandwidth with several misses in flight
-/// than a single sequential stream, which the hardware prefetcher alone keeps fed
-/// (measured on the 2-core CI VM: 8 GB/s with one stream, 12.5–13.5 GB/s with 8).
+/// Each task reads its chunk either as one sequential stream or as 8 parts in lockstep, a
+/// cache line of each per step, prefetching ahead on x86-64, as the decode kernels read
+/// several weight rows at once. Which pattern reads faster depends on the machine: on the
+/// 2-core Sapphire Rapids VM one core reached far more of the memory bandwidth with
+/// several misses in flight (8 GB/s with one stream, 12.5–13.5 GB/s with 8), while on the
+/// 2-core Zen 5 VM two threads read 35–42 GB/s in one stream each and 29–36 GB/s in 8.
+/// The bound is what the machine allows, so it is the faster of the two.
 fn stream_read_gb_s(mib: usize) -> f64 {
     let mut buf = vec![0u64; (mib << 20) / 8];
     fill_random(bytemuck::cast_slice_mut(&mut buf), 7);
     let per_task = buf.len().div_ceil(rayon::current_num_threads() * 16).max(1);
+    let pass = |sum: fn(&[u64]) -> u64| {
+        let start = Instant::now();
+        let total = buf
+            .par_chunks(per_task)
+            .map(sum)
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(total);
+        (buf.len() * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
+    };
     (0..3)
-        .map(|_| {
-            let start = Instant::now();
-            let sum = buf
-                .par_chunks(per_task)
-                .map(sum_streams)
-                .reduce(|| 0, u64::wrapping_add);
-            std::hint::black_box(sum);
-            (buf.len() * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
-        })
+        .flat_map(|_| [pass(sum_streams::<1>), pass(sum_streams::<8>)])
         .fold(0.0, f64::max)
 }
 
-/// Concurrent read streams per task of [`stream_read_gb_s`].
-const STREAMS: usize = 8;
-
-/// The wrapping sum of `chunk`, read as [`STREAMS`] parts in lockstep, one cache line
-/// (8 `u64`) of each per step.
-fn sum_streams(chunk: &[u64]) -> u64 {
-    let part = chunk.len() / STREAMS / 8 * 8;
-    let mut acc = [[0u64; 8]; STREAMS];
+/// The wrapping sum of `chunk`, read as `S` parts in lockstep, one cache line (8 `u64`)
+/// of each per step.
+fn sum_streams<const S: usize>(chunk: &[u64]) -> u64 {
+    let part = chunk.len() / S / 8 * 8;
+    let mut acc = [[0u64; 8]; S];
     for i in (0..part).step_by(8) {
         for (s, acc) in acc.iter_mut().enumerate() {
             let line = &chunk[s * part + i..][..8];
@@ -263,7 +263,7 @@ fn sum_streams(chunk: &[u64]) -> u64 {
             }
         }
     }
-    let rest = chunk[STREAMS * part..]
+    let rest = chunk[S * part..]
         .iter()
         .fold(0u64, |s, &x| s.wrapping_add(x));
     acc.iter().flatten().fold(rest, |s, &a| s.wrapping_add(a))
@@ -399,7 +399,8 @@ mod tests {
                 .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
                 .collect();
             let want = v.iter().fold(0u64, |s, &x| s.wrapping_add(x));
-            assert_eq!(sum_streams(&v), want, "length {len}");
+            assert_eq!(sum_streams::<1>(&v), want, "length {len}");
+            assert_eq!(sum_streams::<8>(&v), want, "length {len}");
         }
     }
 }
