@@ -39,6 +39,7 @@ fn greedy_tokens_are_the_same_at_every_level() {
         DataType::I8,
         DataType::I4G32,
         DataType::I4G128,
+        DataType::I4SymG32,
     ] {
         // As `flm convert --dtype` writes them (int4 with its default mixed recipe).
         let w = weights_in(&weights, |name, shape| {

@@ -114,13 +114,17 @@ fn int8_and_int4_agree_with_f32_on_a_long_text() {
     let base = evaluate(&convert_to(dir.path(), "hf-stories260K", DataType::F32));
     // Targets from the issue: int8 >= 97% top-1 agreement and perplexity within 2%;
     // int4 group 32 >= 90% and within 10%. Pure int4 (every matrix in 4 bits) is reported
-    // and held to what it measured (85.0%, +8.0% at group 32) with a small margin.
+    // and held to what it measured (85.0%, +8.0% at group 32) with a small margin, as is
+    // int4-sym group 32 (89.9%, +3.9% mixed; 81.8%, +11.7% pure: Q4_0's 4.5 bits per weight
+    // against int4's 5).
     for (dtype, recipe, agreement_min, ppl_tol) in [
         (DataType::I8, Recipe::Mixed, 0.97, 0.02),
         (DataType::I4G32, Recipe::Mixed, 0.90, 0.10),
         (DataType::I4G64, Recipe::Mixed, 0.87, 0.10),
         (DataType::I4G128, Recipe::Mixed, 0.87, 0.10),
         (DataType::I4G32, Recipe::Pure, 0.84, 0.10),
+        (DataType::I4SymG32, Recipe::Mixed, 0.88, 0.06),
+        (DataType::I4SymG32, Recipe::Pure, 0.80, 0.14),
     ] {
         let q = evaluate(&convert_with(dir.path(), "hf-stories260K", dtype, recipe));
         let same = q

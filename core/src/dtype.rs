@@ -27,11 +27,18 @@ pub enum DataType {
     I4G64 = 5,
     /// As [`DataType::I4G32`] with groups of 128.
     I4G128 = 6,
+    /// int4, symmetric, an f16 scale per group of 32 values of a row (no minimum: 4.5 bits
+    /// per weight, the bytes of ggml's Q4_0).
+    I4SymG32 = 7,
+    /// As [`DataType::I4SymG32`] with groups of 64.
+    I4SymG64 = 8,
+    /// As [`DataType::I4SymG32`] with groups of 128.
+    I4SymG128 = 9,
 }
 
 impl DataType {
     /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 7] = [
+    pub const ALL: [DataType; 10] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -39,14 +46,14 @@ impl DataType {
         DataType::I4G32,
         DataType::I4G64,
         DataType::I4G128,
+        DataType::I4SymG32,
+        DataType::I4SymG64,
+        DataType::I4SymG128,
     ];
 
     /// Whether this is a quantised (block) type.
     pub const fn is_quantized(self) -> bool {
-        matches!(
-            self,
-            DataType::I8 | DataType::I4G32 | DataType::I4G64 | DataType::I4G128
-        )
+        matches!(self, DataType::I8) || self.group_size().is_some()
     }
 
     /// Size of one element of a float type in bytes (0 for quantised types).
@@ -61,11 +68,33 @@ impl DataType {
     /// Group size of an int4 type.
     pub const fn group_size(self) -> Option<usize> {
         match self {
-            DataType::I4G32 => Some(32),
-            DataType::I4G64 => Some(64),
-            DataType::I4G128 => Some(128),
+            DataType::I4G32 | DataType::I4SymG32 => Some(32),
+            DataType::I4G64 | DataType::I4SymG64 => Some(64),
+            DataType::I4G128 | DataType::I4SymG128 => Some(128),
             _ => None,
         }
+    }
+
+    /// Whether this is a symmetric int4 type (a scale per group, no minimum).
+    pub const fn is_int4_symmetric(self) -> bool {
+        matches!(
+            self,
+            DataType::I4SymG32 | DataType::I4SymG64 | DataType::I4SymG128
+        )
+    }
+
+    /// The int4 type with groups of `group` values (32, 64 or 128), symmetric or
+    /// asymmetric; `None` for other group sizes.
+    pub const fn int4(group: usize, symmetric: bool) -> Option<DataType> {
+        Some(match (group, symmetric) {
+            (32, false) => DataType::I4G32,
+            (64, false) => DataType::I4G64,
+            (128, false) => DataType::I4G128,
+            (32, true) => DataType::I4SymG32,
+            (64, true) => DataType::I4SymG64,
+            (128, true) => DataType::I4SymG128,
+            _ => return None,
+        })
     }
 
     /// Bytes a tensor of `shape` takes, or `None` on overflow.
@@ -89,6 +118,9 @@ impl DataType {
             DataType::I4G32 => "int4-g32",
             DataType::I4G64 => "int4-g64",
             DataType::I4G128 => "int4-g128",
+            DataType::I4SymG32 => "int4-sym-g32",
+            DataType::I4SymG64 => "int4-sym-g64",
+            DataType::I4SymG128 => "int4-sym-g128",
         }
     }
 }

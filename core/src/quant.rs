@@ -24,6 +24,17 @@
 //! worst single value may exceed that bound slightly where clamping trades it for a lower
 //! total).
 //!
+//! **int4, group-wise, symmetric** ([`DataType::I4SymG32`], `I4SymG64`, `I4SymG128`; ggml's
+//! Q4_0 at groups of 32). Groups of `G` values, each with one f16 scale `d`, which may be
+//! negative; codes `q = round(w / d) + 8` clamped to `[0, 15]`; `ŵ = d · (q − 8)`. `d`
+//! starts from ggml's `quantize_row_q4_0` fit, `w* / −8` for the value `w*` of largest
+//! magnitude (so that it gets code 0 and the other side of the group the 7 steps left), and
+//! is refined by a least-squares search ([`quantize_row`]) that only lowers the group's
+//! squared error. A row: the `P / 2` bytes of codes, in the order above, then the `n`
+//! scales. This is the asymmetric form with the minimum `m = −8 d` implied, which is how
+//! every kernel reads it ([`Int4Row::min_factor`]). Error bound of the initial fit:
+//! `|w − ŵ| ≤ |d| / 2 + 2⁻¹¹ · 8 |d|`, about `max|w| / 16` per group.
+//!
 //! The CPU kernels dot these rows against activations quantised to int8 in blocks of
 //! [`BLOCK`] values (scale `a`, codes `q_x`), so that
 //! `Σ ŵ·x ≈ Σ_blocks a · (d · Σ q_w q_x + m · Σ q_x)` (int4) or `s · Σ_blocks a · Σ q_w q_x`
@@ -50,11 +61,14 @@ pub fn row_bytes(dtype: DataType, cols: usize) -> Option<usize> {
     let padded = cols.div_ceil(unit).checked_mul(unit)?;
     match dtype {
         DataType::I8 => padded.checked_add(4),
-        _ => {
-            let g = dtype.group_size()?;
-            (padded / g).checked_mul(4 + g / 2)
-        }
+        _ => (padded / dtype.group_size()?).checked_mul(group_bytes(dtype)?),
     }
+}
+
+/// Bytes of one int4 group: its codes and its f16 scale (and minimum, if asymmetric).
+fn group_bytes(dtype: DataType) -> Option<usize> {
+    let g = dtype.group_size()?;
+    Some(g / 2 + if dtype.is_int4_symmetric() { 2 } else { 4 })
 }
 
 fn absmax(x: &[f32]) -> f32 {
@@ -76,18 +90,26 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
             pad.fill(0);
         }
         Some(g) => {
-            let padded = dst.len() / (4 + g / 2) * g;
-            let (codes, scales) = dst.split_at_mut(padded / 2);
-            let (ds, ms) = scales.split_at_mut(scales.len() / 2);
+            let Int4RowMut {
+                codes,
+                scales: ds,
+                mins: ms,
+            } = Int4RowMut::split(dtype, dst);
             codes.fill(0);
             for (gi, values) in chunks_padded(src, g).enumerate() {
-                let (d, m) = fit_int4(values);
+                let (d, m) = if ms.is_empty() {
+                    let d = fit_int4_symmetric(values);
+                    (d, -8.0 * d.to_f32())
+                } else {
+                    let (d, m) = fit_int4(values);
+                    ms[2 * gi..2 * gi + 2].copy_from_slice(&m.to_le_bytes());
+                    (d, m.to_f32())
+                };
                 ds[2 * gi..2 * gi + 2].copy_from_slice(&d.to_le_bytes());
-                ms[2 * gi..2 * gi + 2].copy_from_slice(&m.to_le_bytes());
                 let inv = inverse(d.to_f32());
                 for (i, &w) in values.iter().enumerate() {
                     let (byte, shift) = nibble(gi * g + i);
-                    codes[byte] |= code(w, inv, m.to_f32()) << shift;
+                    codes[byte] |= code(w, inv, m) << shift;
                 }
             }
         }
@@ -99,8 +121,9 @@ fn code(w: f32, inv_d: f32, m: f32) -> u8 {
     ((w - m) * inv_d).round().clamp(0.0, 15.0) as u8
 }
 
+/// `1 / d`, or 0 for a zero (or non-finite) scale.
 fn inverse(d: f32) -> f32 {
-    if d > 0.0 {
+    if d != 0.0 && d.is_finite() {
         1.0 / d
     } else {
         0.0
@@ -181,6 +204,50 @@ fn fit_int4(values: &[f32]) -> (f16, f16) {
     best
 }
 
+/// Squared error of a symmetric group coded with scale `d` (`ŵ = d · (q − 8)`).
+fn int4_symmetric_error(values: &[f32], d: f32) -> f32 {
+    int4_error(values, d, -8.0 * d)
+}
+
+/// Scale of a symmetric int4 group, chosen to minimise the squared error: ggml's
+/// `quantize_row_q4_0` fit `w* / −8` (`w*` the value of largest magnitude), then for each of
+/// a few candidate scales around it the codes are fixed and `d` refitted by least squares,
+/// `d = Σ (q − 8) w / Σ (q − 8)²`, keeping the best (the search of llama.cpp's
+/// `make_qx_quants`, without its weights). Scales are rounded to f16 before they are
+/// scored, since that is what is stored.
+fn fit_int4_symmetric(values: &[f32]) -> f16 {
+    const SEARCH_STEPS: i32 = 4;
+    const SEARCH_DELTA: f32 = 0.1;
+    let extreme = values
+        .iter()
+        .copied()
+        .fold(0.0f32, |e, w| if w.abs() > e.abs() { w } else { e });
+    if extreme == 0.0 {
+        return f16::ZERO;
+    }
+    let mut best = f16::from_f32(extreme / -8.0);
+    let mut best_err = int4_symmetric_error(values, best.to_f32());
+    for step in -SEARCH_STEPS..=SEARCH_STEPS {
+        let d0 = extreme / (-8.0 + step as f32 * SEARCH_DELTA);
+        let inv = inverse(d0);
+        let (mut sqq, mut sqw) = (0.0f32, 0.0f32);
+        for &w in values {
+            let q = code(w, inv, -8.0 * d0) as f32 - 8.0;
+            sqq += q * q;
+            sqw += q * w;
+        }
+        if sqq > 0.0 {
+            let candidate = f16::from_f32(sqw / sqq);
+            let err = int4_symmetric_error(values, candidate.to_f32());
+            if err < best_err {
+                best = candidate;
+                best_err = err;
+            }
+        }
+    }
+    best
+}
+
 /// Splits `src` into chunks of `g` (the last may be shorter); one chunk for an empty row.
 fn chunks_padded(src: &[f32], g: usize) -> impl Iterator<Item = &[f32]> {
     let n = src.len().div_ceil(g).max(1);
@@ -204,26 +271,110 @@ pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
             }
         }
         Some(g) => {
-            let (codes, ds, ms) = split_int4_row(g, src);
+            let row = Int4Row::split(dtype, src);
             for (gi, out) in dst.chunks_mut(g).enumerate() {
-                let d = f16::from_le_bytes([ds[2 * gi], ds[2 * gi + 1]]).to_f32();
-                let m = f16::from_le_bytes([ms[2 * gi], ms[2 * gi + 1]]).to_f32();
+                let (d, m) = (row.scale(gi), row.min(gi));
                 for (i, o) in out.iter_mut().enumerate() {
                     let (byte, shift) = nibble(gi * g + i);
-                    *o = d * ((codes[byte] >> shift) & 0x0f) as f32 + m;
+                    *o = d * ((row.codes[byte] >> shift) & 0x0f) as f32 + m;
                 }
             }
         }
     }
 }
 
-/// Splits an int4 row with groups of `g` into its codes, its f16 scales and its f16
-/// minimums (as little-endian bytes).
-pub fn split_int4_row(g: usize, row: &[u8]) -> (&[u8], &[u8], &[u8]) {
-    let groups = row.len() / (4 + g / 2);
-    let (codes, scales) = row.split_at(groups * g / 2);
-    let (ds, ms) = scales.split_at(2 * groups);
-    (codes, ds, ms)
+/// The parts of an int4 row (see the module docs): codes, f16 scales `d_g` and f16
+/// minimums, as little-endian bytes. The minimum of group `g` is
+/// `m_g = min_factor · f16(mins[2g..2g + 2])`: the stored minimum (factor 1) in an
+/// asymmetric row, `−8 d_g` (the scales, factor −8) in a symmetric one. Multiplying by −8
+/// is exact in f32, so kernels that read minimums this way compute the same bits as if
+/// `−8 d_g` were stored.
+#[derive(Clone, Copy)]
+pub struct Int4Row<'a> {
+    /// `P / 2` bytes of codes.
+    pub codes: &'a [u8],
+    /// `P / G` f16 scales.
+    pub scales: &'a [u8],
+    /// `P / G` f16 values that, times `min_factor`, are the minimums.
+    pub mins: &'a [u8],
+    /// 1 (asymmetric) or −8 (symmetric).
+    pub min_factor: f32,
+}
+
+impl<'a> Int4Row<'a> {
+    /// Splits the row `row` of the int4 `dtype`.
+    ///
+    /// # Panics
+    /// If `dtype` is not an int4 type.
+    pub fn split(dtype: DataType, row: &'a [u8]) -> Int4Row<'a> {
+        let (g, groups) = int4_groups(dtype, row.len());
+        let (codes, scales) = row.split_at(groups * g / 2);
+        let (scales, mins) = scales.split_at(2 * groups);
+        if dtype.is_int4_symmetric() {
+            Int4Row {
+                codes,
+                scales,
+                mins: scales,
+                min_factor: -8.0,
+            }
+        } else {
+            Int4Row {
+                codes,
+                scales,
+                mins,
+                min_factor: 1.0,
+            }
+        }
+    }
+
+    /// `d_g` of group `g`.
+    pub fn scale(&self, g: usize) -> f32 {
+        f16::from_le_bytes([self.scales[2 * g], self.scales[2 * g + 1]]).to_f32()
+    }
+
+    /// `m_g` of group `g`.
+    pub fn min(&self, g: usize) -> f32 {
+        self.min_factor * f16::from_le_bytes([self.mins[2 * g], self.mins[2 * g + 1]]).to_f32()
+    }
+}
+
+/// The byte offset of the f16 values of the int4 minimums in a row of `dtype` with `kp`
+/// padded columns, and the factor that turns them into minimums (see [`Int4Row`]).
+pub fn int4_mins(dtype: DataType, kp: usize) -> (usize, f32) {
+    let g = dtype.group_size().unwrap_or(BLOCK);
+    if dtype.is_int4_symmetric() {
+        (kp / 2, -8.0)
+    } else {
+        (kp / 2 + 2 * (kp / g), 1.0)
+    }
+}
+
+/// Group size and groups of an int4 row of `len` bytes.
+fn int4_groups(dtype: DataType, len: usize) -> (usize, usize) {
+    match (dtype.group_size(), group_bytes(dtype)) {
+        (Some(g), Some(bytes)) => (g, len / bytes),
+        _ => panic!("{dtype} is not an int4 type"),
+    }
+}
+
+/// An int4 row being written: codes, scales and (asymmetric only, else empty) minimums.
+struct Int4RowMut<'a> {
+    codes: &'a mut [u8],
+    scales: &'a mut [u8],
+    mins: &'a mut [u8],
+}
+
+impl<'a> Int4RowMut<'a> {
+    fn split(dtype: DataType, row: &'a mut [u8]) -> Int4RowMut<'a> {
+        let (g, groups) = int4_groups(dtype, row.len());
+        let (codes, scales) = row.split_at_mut(groups * g / 2);
+        let (scales, mins) = scales.split_at_mut(2 * groups);
+        Int4RowMut {
+            codes,
+            scales,
+            mins,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -289,6 +440,57 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn int4_symmetric_fit_beats_the_q4_0_fit() {
+        for cols in [1, 31, 32, 33, 100, 172, 256] {
+            for seed in [3, 11] {
+                let w = values(cols, seed);
+                for dtype in [DataType::I4SymG32, DataType::I4SymG64, DataType::I4SymG128] {
+                    let g = dtype.group_size().unwrap();
+                    let back = round_trip(dtype, &w);
+                    for (group, got) in w.chunks(g).zip(back.chunks(g)) {
+                        // ggml's quantize_row_q4_0_ref, from its definition: d = max / -8 for
+                        // the value of largest magnitude, q = min(15, (i8)(x / d + 8.5)).
+                        let max = group
+                            .iter()
+                            .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+                        let d = f16::from_f32(max / -8.0).to_f32();
+                        let id = if max != 0.0 { -8.0 / max } else { 0.0 };
+                        let q4_0_err: f32 = group
+                            .iter()
+                            .map(|&x| {
+                                let q = ((x * id + 8.5) as i8).min(15);
+                                (d * (q - 8) as f32 - x).powi(2)
+                            })
+                            .sum();
+                        let err: f32 = group.iter().zip(got).map(|(a, b)| (a - b).powi(2)).sum();
+                        assert!(
+                            err <= q4_0_err * 1.0001 + 1e-12,
+                            "{dtype}: {err} > {q4_0_err}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn int4_symmetric_rows_are_q4_0_sized_and_reproduce_f16_grids() {
+        assert_eq!(row_bytes(DataType::I4SymG32, 2048), Some(2048 / 32 * 18));
+        assert_eq!(row_bytes(DataType::I4SymG128, 100), Some(66));
+        // Values d·(q − 8) on an f16 grid whose extreme has code 0 come back exactly.
+        let d = -0.0625f32;
+        let w: Vec<f32> = (0..64).map(|i| d * ((i * 7 % 16) as f32 - 8.0)).collect();
+        assert_eq!(round_trip(DataType::I4SymG32, &w), w);
+        let row = {
+            let mut bytes = vec![0u8; row_bytes(DataType::I4SymG32, 64).unwrap()];
+            quantize_row(DataType::I4SymG32, &w, &mut bytes);
+            bytes
+        };
+        let parts = Int4Row::split(DataType::I4SymG32, &row);
+        assert_eq!((parts.scale(0), parts.min(1)), (d, -8.0 * d));
     }
 
     #[test]

@@ -89,7 +89,15 @@ fn linear_matches_scalar(dtype: DataType) {
     }
 }
 
-dtype_tests!([int8: I8, int4_g32: I4G32, int4_g64: I4G64, int4_g128: I4G128] linear_matches_scalar);
+dtype_tests!([
+    int8: I8,
+    int4_g32: I4G32,
+    int4_g64: I4G64,
+    int4_g128: I4G128,
+    int4_sym_g32: I4SymG32,
+    int4_sym_g64: I4SymG64,
+    int4_sym_g128: I4SymG128
+] linear_matches_scalar);
 
 /// Every SIMD level this CPU has, without the portable one they are compared with.
 fn simd_levels() -> Vec<Isa> {
@@ -529,6 +537,7 @@ fn linears_match_each_linear() {
         [F16; 3],
         [I8, I8, F32],
         [I4G32, I4G128, I4G32],
+        [I4SymG32, I4SymG32, I4SymG128],
     ];
     let sizes = [
         (1, 96, [40, 8, 8]),

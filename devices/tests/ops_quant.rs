@@ -1,5 +1,5 @@
 //! `Op::Linear` and `Op::Embedding` on the CPU device with quantised weights (int8 per row,
-//! int4 in groups of 32, 64 and 128; layouts in `flm_core::quant`), where Linear dots the
+//! int4 and int4-sym in groups of 32, 64 and 128; layouts in `flm_core::quant`), where Linear dots the
 //! integer weight codes against the input rows quantised to int8 blocks of 32.
 //!
 //! Two references: the same scheme written here from the doc (dequantised weights, inputs
@@ -107,12 +107,15 @@ fn linear_parallel_matches_quantised_scheme(dtype: DataType) {
 
 /// The documented per-value weight error bound of each group of a row: int8, one group of
 /// the whole row with `|w − ŵ| ≤ max|w| / 254`; int4, groups of `G` where the min/max fit
-/// has `|w − ŵ| ≤ d/2 + ε`, `d = (max − min)/15`, `ε = 2⁻¹¹(|min| + 15d)`.
+/// has `|w − ŵ| ≤ d/2 + ε`, `d = (max − min)/15`, `ε = 2⁻¹¹(|min| + 15d)`; int4-sym, where
+/// the `max|w| / 8` fit has `|w − ŵ| ≤ |d| (1 + 2⁻⁸)`, `|d| = max|w| / 8` (a step where
+/// values beyond `7|d|` on the other side of the extreme are clamped, half a step elsewhere).
 fn weight_bound(dtype: DataType, group: &[f32]) -> f64 {
     let lo = group.iter().copied().fold(f32::INFINITY, f32::min) as f64;
     let hi = group.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     match dtype.group_size() {
         None => lo.abs().max(hi.abs()) / 254.0,
+        Some(_) if dtype.is_int4_symmetric() => lo.abs().max(hi.abs()) / 8.0 * (1.0 + 1.0 / 256.0),
         Some(_) => {
             let d = (hi - lo) / 15.0;
             d / 2.0 + (lo.abs() + 15.0 * d) / 2048.0
@@ -123,7 +126,7 @@ fn weight_bound(dtype: DataType, group: &[f32]) -> f64 {
 /// The whole scheme against `Σ w·x` on the unquantised f32 values. With `ŵx̂ − wx =
 /// w·Δx + Δw·x̂` and `|Δx| ≤ a/2`: the activation term is bounded by `Σ|w|·a/2`. The weight
 /// term is bounded per group: for int8 by `β·Σ|x̂|` (`β` the per-value bound); for int4 the
-/// refined fit only promises a squared error at most the min/max fit's, so by
+/// refined fits only promise a squared error at most the first fit's, so by
 /// Cauchy–Schwarz by `√(len·β²)·‖x̂‖₂`, with `|x̂| ≤ |x| + a/2`.
 fn linear_within_quantisation_bounds(dtype: DataType) {
     let mut rng = rng(0x71);
@@ -211,7 +214,8 @@ fn zeros_give_exact_bias(dtype: DataType) {
     }
 }
 
-/// A constant row (int4: `max == min`, so `d = 0`) and a row with one constant group are
+/// A constant row (int4: `max == min`, so `d = 0`; int4-sym: `d = −c/8`, exact) and a row
+/// with one constant group are
 /// dequantised exactly when the constant is an f16, and Linear computes `Σ c·x̂`.
 fn constant_rows_are_reproduced(dtype: DataType) {
     let mut rng = rng(0x91);

@@ -238,9 +238,16 @@ fn qgemv(
             let mut b = dev.stream.launch_builder(f);
             b.arg(w).arg(x);
             arg_or_null(&mut b, bias);
-            b.arg(y).arg(&k_i).arg(&m_i).arg(&padded).arg(&group_i);
-            // SAFETY: w is m rows of padded / group groups of 4 + group / 2 bytes (the
-            // .flm int4 layout), x n × k floats, y n × m floats, the bias m floats or null.
+            let sym = i32::from(dtype.is_int4_symmetric());
+            b.arg(y)
+                .arg(&k_i)
+                .arg(&m_i)
+                .arg(&padded)
+                .arg(&group_i)
+                .arg(&sym);
+            // SAFETY: w is m rows of padded / group groups of group / 2 + 4 bytes (2 if
+            // `sym`; the .flm int4 layouts), x n × k floats, y n × m floats, the bias m
+            // floats or null.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
     }

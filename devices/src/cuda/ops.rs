@@ -73,7 +73,12 @@ pub(super) fn embedding(
             let f = dev.function("embedding_quant")?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(&*w).arg(&ids).arg(&mut out).arg(&dim_i).arg(&vocab_u);
-            b.arg(&row_bytes).arg(&padded).arg(&group).arg(&bad);
+            let sym = i32::from(table.dtype().is_int4_symmetric());
+            b.arg(&row_bytes)
+                .arg(&padded)
+                .arg(&group)
+                .arg(&sym)
+                .arg(&bad);
             // SAFETY: arguments as `embedding_quant`; the table is vocab rows of
             // `row_bytes` in the .flm layout of its dtype, and ids >= vocab are not read.
             unsafe { b.launch(cfg) }

@@ -128,6 +128,14 @@ macro_rules! weight_dtype_tests {
 #[allow(unused_macros)]
 macro_rules! quant_dtype_tests {
     ($($check:ident),* $(,)?) => {
-        $(dtype_tests!([i8: I8, i4g32: I4G32, i4g64: I4G64, i4g128: I4G128] $check);)*
+        $(dtype_tests!([
+            i8: I8,
+            i4g32: I4G32,
+            i4g64: I4G64,
+            i4g128: I4G128,
+            i4sg32: I4SymG32,
+            i4sg64: I4SymG64,
+            i4sg128: I4SymG128
+        ] $check);)*
     };
 }

@@ -29,10 +29,10 @@ pub struct BenchArgs {
     /// A Hugging Face config.json: random weights at its shapes, built in memory.
     #[arg(long, requires = "dtype")]
     random: Option<PathBuf>,
-    /// Weight dtype of --random: f32, f16, bf16, int8 or int4.
+    /// Weight dtype of --random: f32, f16, bf16, int8, int4 or int4-sym.
     #[arg(long)]
     dtype: Option<String>,
-    /// int4 group size of --random: 32, 64 or 128.
+    /// int4 and int4-sym group size of --random: 32, 64 or 128.
     #[arg(long, default_value_t = 32)]
     group_size: usize,
     /// Prompt tokens prefilled in one call.
@@ -61,18 +61,16 @@ pub struct BenchArgs {
     device: DeviceArgs,
 }
 
-/// The dtype called `name` (int4 with `group` values per group).
+/// The dtype called `name` (int4 and int4-sym with `group` values per group).
 fn parse_dtype(name: &str, group: usize) -> Result<DataType> {
-    Ok(match (name, group) {
-        ("f32", _) => DataType::F32,
-        ("f16", _) => DataType::F16,
-        ("bf16", _) => DataType::BF16,
-        ("int8", _) => DataType::I8,
-        ("int4", 32) => DataType::I4G32,
-        ("int4", 64) => DataType::I4G64,
-        ("int4", 128) => DataType::I4G128,
-        ("int4", g) => bail!("--group-size must be 32, 64 or 128, not {g}"),
-        (d, _) => bail!("unknown --dtype {d} (f32, f16, bf16, int8 or int4)"),
+    Ok(match name {
+        "f32" => DataType::F32,
+        "f16" => DataType::F16,
+        "bf16" => DataType::BF16,
+        "int8" => DataType::I8,
+        "int4" | "int4-sym" => DataType::int4(group, name == "int4-sym")
+            .with_context(|| format!("--group-size must be 32, 64 or 128, not {group}"))?,
+        d => bail!("unknown --dtype {d} (f32, f16, bf16, int8, int4 or int4-sym)"),
     })
 }
 
@@ -125,12 +123,16 @@ fn random_tensor(dtype: DataType, shape: &[usize], seed: u64) -> Result<Data> {
         _ => {
             let g = dtype.group_size().unwrap_or(32);
             let rb = quant::row_bytes(dtype, cols).context("row size")?;
+            let kp = quant::padded_cols(dtype, cols);
             let (d, m) = (f16::from_f32(0.002).to_le_bytes(), f16::from_f32(-0.016));
+            // The scales; then, in asymmetric rows only, the minimums.
             bytes.par_chunks_mut(rb).for_each(|row| {
-                let groups = row.len() / (4 + g / 2);
-                let scales = &mut row[groups * g / 2..];
-                for (i, s) in scales.chunks_exact_mut(2).enumerate() {
-                    s.copy_from_slice(&if i < groups { d } else { m.to_le_bytes() });
+                let (scales, minimums) = row[kp / 2..].split_at_mut(2 * (kp / g));
+                for s in scales.chunks_exact_mut(2) {
+                    s.copy_from_slice(&d);
+                }
+                for s in minimums.chunks_exact_mut(2) {
+                    s.copy_from_slice(&m.to_le_bytes());
                 }
             });
         }

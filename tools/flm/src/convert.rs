@@ -24,6 +24,8 @@ pub enum DtypeArg {
     Int8,
     /// int4, an f16 scale and minimum per group (see --group-size).
     Int4,
+    /// int4, symmetric: an f16 scale per group and no minimum (ggml's Q4_0 at groups of 32).
+    Int4Sym,
 }
 
 #[derive(Args)]
@@ -56,11 +58,12 @@ pub struct ConvertArgs {
 
 fn dtype(args: &ConvertArgs) -> Result<DataType> {
     Ok(match (args.dtype, args.group_size) {
-        (DtypeArg::Int4, None | Some(32)) => DataType::I4G32,
-        (DtypeArg::Int4, Some(64)) => DataType::I4G64,
-        (DtypeArg::Int4, Some(128)) => DataType::I4G128,
-        (DtypeArg::Int4, Some(g)) => bail!("--group-size must be 32, 64 or 128, got {g}"),
-        (_, Some(_)) => bail!("--group-size applies to --dtype int4 only"),
+        (DtypeArg::Int4 | DtypeArg::Int4Sym, g) => {
+            let g = g.unwrap_or(32);
+            DataType::int4(g, matches!(args.dtype, DtypeArg::Int4Sym))
+                .with_context(|| format!("--group-size must be 32, 64 or 128, got {g}"))?
+        }
+        (_, Some(_)) => bail!("--group-size applies to --dtype int4 and int4-sym only"),
         (DtypeArg::F32, None) => DataType::F32,
         (DtypeArg::F16, None) => DataType::F16,
         (DtypeArg::Bf16, None) => DataType::BF16,

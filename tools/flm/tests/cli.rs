@@ -462,7 +462,7 @@ fn bad_conversions_are_refused_and_leave_no_file() {
         ),
         (
             vec!["--dtype", "int8", "--group-size", "32"],
-            "applies to --dtype int4 only",
+            "applies to --dtype int4 and int4-sym only",
         ),
     ] {
         let mut args = vec!["convert", "--input", &model, "--output", &out];
@@ -503,6 +503,7 @@ fn row_bytes(dtype: &str, cols: usize) -> usize {
         "f32" => 4 * cols,
         "int8" => 4 + pad(32),
         "int4-g32" => pad(32) / 32 * 20,
+        "int4-sym-g32" => pad(32) / 32 * 18,
         other => panic!("no size for {other}"),
     }
 }
@@ -512,7 +513,7 @@ fn bench_reports_json_for_random_weights() {
     let config = data("hf-stories260K/config.json");
     // stories260K: dim 64, hidden 172, 5 layers, 8 heads of 8, 4 KV heads, vocab 512, tied.
     let (dim, hidden, layers, kv_dim, vocab) = (64, 172, 5, 32, 512);
-    for dtype in ["f32", "int8", "int4"] {
+    for dtype in ["f32", "int8", "int4", "int4-sym"] {
         let out = flm(&[
             "bench",
             "--random",
@@ -538,7 +539,12 @@ fn bench_reports_json_for_random_weights() {
         );
         let line: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
         let stored = line["dtype"].as_str().unwrap();
-        assert_eq!(stored, if dtype == "int4" { "int4-g32" } else { dtype });
+        let named = match dtype {
+            "int4" => "int4-g32",
+            "int4-sym" => "int4-sym-g32",
+            d => d,
+        };
+        assert_eq!(stored, named);
         for key in [
             "prefill_tok_s",
             "decode_tok_s",

@@ -29,7 +29,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use flm_core::quant::{split_int4_row, BLOCK};
+use flm_core::quant::{Int4Row, BLOCK};
 use flm_core::DataType;
 
 use super::{amx_decode, Acts, QuantWeight};
@@ -362,7 +362,7 @@ unsafe fn multiply<const INT8: bool, const SET: usize>(
 /// scales and minimums into f32, for rows `r..16` zeros.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
-    let (kp, g) = (w.kp, w.dtype.group_size().unwrap_or(BLOCK));
+    let kp = w.kp;
     s.codes.resize(ROWS * kp, 0);
     group_scales(w, j, r, groups, s);
     let low = _mm512_set1_epi8(0x0f);
@@ -370,7 +370,7 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
     let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     let second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
     for dr in 0..r {
-        let (codes, _, _) = split_int4_row(g, w.row(j + dr));
+        let codes = Int4Row::split(w.dtype, w.row(j + dr)).codes;
         let out = s.codes[dr * kp..][..kp].as_mut_ptr();
         for (c, chunk) in codes.chunks(64).enumerate() {
             let mask: __mmask64 = if chunk.len() == 64 {
@@ -406,29 +406,29 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
 /// widened as 16 vectors, then transposed.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
-    let g = w.dtype.group_size().unwrap_or(BLOCK);
     let chunks = groups.div_ceil(16);
-    let halves: [(&[u8], &[u8]); ROWS] = std::array::from_fn(|dr| {
-        if dr < r {
-            let (_, ds, ms) = split_int4_row(g, w.row(j + dr));
-            (ds, ms)
-        } else {
-            (&[][..], &[][..])
-        }
-    });
+    let parts: [Option<Int4Row<'_>>; ROWS] =
+        std::array::from_fn(|dr| (dr < r).then(|| Int4Row::split(w.dtype, w.row(j + dr))));
+    let factor = parts[0].map_or(1.0, |p| p.min_factor);
     for (mins, dst) in [(false, &mut s.dg), (true, &mut s.mg)] {
         // Every value is written below.
         dst.resize(ROWS * 16 * chunks, 0.0);
         for c in 0..chunks {
             let v: [__m512; ROWS] = std::array::from_fn(|dr| {
-                let src = if mins { halves[dr].1 } else { halves[dr].0 };
+                let src = parts[dr].map_or(&[][..], |p| if mins { p.mins } else { p.scales });
                 let src = src.get(32 * c..).unwrap_or(&[]);
                 let mask = ((1u32 << (src.len() / 2).min(16)) - 1) as __mmask16;
                 // Masked-off lanes are neither read nor faulted on.
                 _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src.as_ptr() as *const i16))
             });
             for (q, t) in transpose16(v).iter().enumerate() {
-                _mm512_storeu_ps(dst.as_mut_ptr().add((16 * c + q) * ROWS), *t);
+                // `m_g = min_factor · mins[g]` (see `Int4Row`); the scales as they are.
+                let t = if mins {
+                    _mm512_mul_ps(_mm512_set1_ps(factor), *t)
+                } else {
+                    *t
+                };
+                _mm512_storeu_ps(dst.as_mut_ptr().add((16 * c + q) * ROWS), t);
             }
         }
     }

@@ -23,7 +23,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use flm_core::quant::BLOCK;
+use flm_core::quant::{int4_mins, BLOCK};
 use flm_core::DataType;
 
 use super::{Acts, QuantWeight};
@@ -292,7 +292,7 @@ impl Tile<'_> {
     #[inline(always)]
     fn i4_body<const R: usize, const T: usize, const DOT: bool>(&self, out: &mut Out) {
         let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(BLOCK));
-        let (nb, groups) = (kp / BLOCK, kp / g);
+        let nb = kp / BLOCK;
         let rows = self.rows::<R>();
         let qs: [&[i8]; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t));
         let ds: [&[f32]; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t));
@@ -361,11 +361,12 @@ impl Tile<'_> {
                 block!(2);
                 block!(3);
             }
+            let (offset, factor) = int4_mins(self.w.dtype, kp);
             for r in 0..R {
-                let ms = &rows[r][kp / 2 + 2 * groups..];
+                let ms = &rows[r][offset..];
                 for t in 0..T {
                     let gsum = self.acts.row_gsum(self.i + t);
-                    out[r][t] = vaddvq_f32(acc[r][t]) + dot_f16_f32(ms, gsum);
+                    out[r][t] = vaddvq_f32(acc[r][t]) + factor * dot_f16_f32(ms, gsum);
                 }
             }
         }

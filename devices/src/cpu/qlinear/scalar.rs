@@ -1,16 +1,10 @@
 //! Portable int8 and int4 kernels: plain integer loops over [`Acts`] in natural order, the
 //! twins the SIMD kernels are tested against.
 
-use flm_core::quant::{split_int4_row, BLOCK};
+use flm_core::quant::{Int4Row, BLOCK};
 use flm_core::DataType;
-use half::f16;
 
 use super::{Acts, QuantWeight};
-
-/// Reads f16 number `i` of the little-endian array `bytes`.
-fn f16_at(bytes: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32()
-}
 
 /// `s · Σ_b a_b Σ q_w q_x` for an int8 row (f32 scale, then the codes).
 fn dot_i8(row: &[u8], qs: &[i8], d: &[f32]) -> f32 {
@@ -31,11 +25,13 @@ fn dot_i8(row: &[u8], qs: &[i8], d: &[f32]) -> f32 {
     acc * scale
 }
 
-/// `Σ_b d_g a_b Σ q_w q_x + Σ_g m_g gsum_g` for an int4 row with groups of `g`.
-fn dot_i4(g: usize, row: &[u8], qs: &[i8], d: &[f32], gsum: &[f32]) -> f32 {
-    let (codes, ds, ms) = split_int4_row(g, row);
+/// `Σ_b d_g a_b Σ q_w q_x + Σ_g m_g gsum_g` for a row of the int4 `dtype`.
+fn dot_i4(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], gsum: &[f32]) -> f32 {
+    let g = dtype.group_size().unwrap_or(BLOCK);
+    let row = Int4Row::split(dtype, row);
     let mut acc = 0.0f32;
-    for (b, (c, x)) in codes
+    for (b, (c, x)) in row
+        .codes
         .chunks_exact(BLOCK / 2)
         .zip(qs.chunks_exact(BLOCK))
         .enumerate()
@@ -45,10 +41,10 @@ fn dot_i4(g: usize, row: &[u8], qs: &[i8], d: &[f32], gsum: &[f32]) -> f32 {
             s += i32::from(byte & 0x0f) * i32::from(x[i])
                 + i32::from(byte >> 4) * i32::from(x[i + BLOCK / 2]);
         }
-        acc += f16_at(ds, b * BLOCK / g) * d[b] * s as f32;
+        acc += row.scale(b * BLOCK / g) * d[b] * s as f32;
     }
     for (gi, &gs) in gsum.iter().enumerate() {
-        acc += f16_at(ms, gi) * gs;
+        acc += row.min(gi) * gs;
     }
     acc
 }
@@ -62,10 +58,7 @@ pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) 
             let (qs, d) = (acts.row_qs(i), acts.row_d(i));
             *y = match w.dtype {
                 DataType::I8 => dot_i8(row, qs, d),
-                dtype => {
-                    let g = dtype.group_size().unwrap_or(BLOCK);
-                    dot_i4(g, row, qs, d, acts.row_gsum(i))
-                }
+                dtype => dot_i4(dtype, row, qs, d, acts.row_gsum(i)),
             };
         }
     }

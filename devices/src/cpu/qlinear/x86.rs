@@ -17,6 +17,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use flm_core::quant::int4_mins;
 use flm_core::DataType;
 
 use super::{Acts, QuantWeight};
@@ -637,7 +638,7 @@ impl Tile<'_> {
         // Whole quads of 4 chunks (512 values, 16 blocks) load the scales of 16 blocks at
         // once; the chunks past them load theirs one chunk at a time.
         let quad_chunks = 4 * (kp / 512);
-        let scale_bytes = 4 * kp / G;
+        let scale_bytes = self.w.row_bytes - kp / 2;
         // Chunks per segment: whole quads whose dot products fit `sums`.
         const N: usize = SUMS_BYTES / 64;
         let segment = N / (R * T) / 4 * 4;
@@ -754,13 +755,12 @@ impl Tile<'_> {
         acc: &[[__m512; T]; R],
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
-        let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(32));
-        let groups = kp / g;
+        let (offset, factor) = int4_mins(self.w.dtype, self.w.kp);
         for r in 0..R {
-            let ms = rows[r].as_ptr().add(kp / 2 + 2 * groups);
+            let ms = rows[r].as_ptr().add(offset);
             for t in 0..T {
                 let gsum = self.acts.row_gsum(self.i + t);
-                out[r][t] = _mm512_reduce_add_ps(acc[r][t]) + dot_f16_f32_avx512(ms, gsum);
+                out[r][t] = _mm512_reduce_add_ps(acc[r][t]) + factor * dot_f16_f32_avx512(ms, gsum);
             }
         }
     }
@@ -878,7 +878,7 @@ impl Tile<'_> {
         let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
         let chunks = kp.div_ceil(64);
         let quad_chunks = 4 * (kp / 256);
-        let scale_bytes = 4 * kp / G;
+        let scale_bytes = self.w.row_bytes - kp / 2;
         let segment = N / (R * T) / 4 * 4;
         // Each segment writes the sums of all its chunks before its scales read them.
         let mut sums = [std::mem::MaybeUninit::<__m256i>::uninit(); N];
@@ -953,12 +953,12 @@ impl Tile<'_> {
                 }
             }
         }
-        let groups = kp / G;
+        let (offset, factor) = int4_mins(self.w.dtype, kp);
         for r in 0..R {
-            let ms = rows[r].as_ptr().add(kp / 2 + 2 * groups);
+            let ms = rows[r].as_ptr().add(offset);
             for t in 0..T {
                 let gsum = self.acts.row_gsum(self.i + t);
-                out[r][t] = hsum256(acc[r][t]) + dot_f16_f32_avx2(ms, gsum);
+                out[r][t] = hsum256(acc[r][t]) + factor * dot_f16_f32_avx2(ms, gsum);
             }
         }
     }

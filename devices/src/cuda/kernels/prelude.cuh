@@ -70,16 +70,19 @@ __device__ __forceinline__ float load_w(const void* w, long i) {
 // The .flm quantised row layouts (flm_core::quant). int8: an f32 scale, then `padded`
 // int8 codes. int4 with groups of G: `padded / 2` bytes of codes (in each run of 32
 // values, byte i holds value i in its low nibble and value i + 16 in its high nibble),
-// then `padded / G` f16 scales d, then as many f16 minimums m; value = d * q + m.
+// then `padded / G` f16 scales d, then (asymmetric, `sym` 0) as many f16 minimums m;
+// value = d * q + m, where a symmetric row (`sym` 1) has m = -8 d.
 __device__ __forceinline__ float dequant_i8(const unsigned char* row, int i) {
     return *(const float*)row * (float)(signed char)row[4 + i];
 }
 
-__device__ __forceinline__ float dequant_i4(const unsigned char* row, int i, int padded, int g) {
+__device__ __forceinline__ float dequant_i4(const unsigned char* row, int i, int padded, int g,
+                                           int sym) {
     int run = i >> 5, j = i & 31;
     unsigned char byte = row[run * 16 + (j & 15)];
     int q = j < 16 ? (byte & 15) : (byte >> 4);
     const f16_bits* d = (const f16_bits*)(row + padded / 2);
-    const f16_bits* m = d + padded / g;
-    return f16_to_f32(d[i / g]) * (float)q + f16_to_f32(m[i / g]);
+    float scale = f16_to_f32(d[i / g]);
+    float m = sym ? -8.0f * scale : f16_to_f32(d[padded / g + i / g]);
+    return scale * (float)q + m;
 }

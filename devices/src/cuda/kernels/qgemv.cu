@@ -35,29 +35,35 @@ extern "C" __global__ void qgemv_i8(const unsigned char* w, const float* x, cons
     }
 }
 
-// int4, group-wise asymmetric (groups of `group` values, a multiple of 32): per group,
+// int4, group-wise (groups of `group` values, a multiple of 32), asymmetric (`sym` 0) or
+// symmetric (`sym` 1, m = -8 d): per group,
 // sum_i (d q_i + m) x_i = d * sum_i q_i x_i + m * sum_i x_i. Lane l takes the runs of 32
-// values l, l + 32, ...: 16 bytes of codes each (four 32-bit loads; runs sit at 16-byte
-// offsets from a 4-byte aligned row start).
+// values l, l + 32, ...: 16 bytes of codes each, as four 32-bit words (runs sit at 16-byte
+// offsets from the row start, which is 4-byte aligned in asymmetric rows and 2-byte aligned
+// in symmetric ones: those whose row size is not a multiple of 4 read 16-bit halves).
 extern "C" __global__ void qgemv_i4(const unsigned char* w, const float* x, const float* bias,
                                     float* out, int in, int out_features, int padded,
-                                    int group) {
+                                    int group, int sym) {
     int lane = threadIdx.x & 31;
     int o = blockIdx.x * QGEMV_ROWS + (threadIdx.x >> 5);
     if (o >= out_features) return;
     int groups = padded / group;
-    long row_bytes = (long)groups * (4 + group / 2);
+    long row_bytes = (long)groups * ((sym ? 2 : 4) + group / 2);
     const unsigned char* row = w + (long)o * row_bytes;
     const f16_bits* d = (const f16_bits*)(row + padded / 2);
     const f16_bits* m = d + groups;
     const float* xr = x + (long)blockIdx.y * in;
     float acc = 0.0f;
+    bool aligned = (row_bytes & 3) == 0;
     for (int run = lane; run * 32 < in; run += 32) {
         const unsigned int* codes = (const unsigned int*)(row + run * 16);
+        const unsigned short* halves = (const unsigned short*)(row + run * 16);
         float qx = 0.0f, sx = 0.0f;
         #pragma unroll
         for (int word = 0; word < 4; word++) {
-            unsigned int c = codes[word];
+            unsigned int c = aligned ? codes[word]
+                                     : (unsigned int)halves[2 * word] |
+                                           ((unsigned int)halves[2 * word + 1] << 16);
             #pragma unroll
             for (int k = 0; k < 4; k++) {
                 int j = word * 4 + k;
@@ -74,7 +80,8 @@ extern "C" __global__ void qgemv_i4(const unsigned char* w, const float* x, cons
             }
         }
         int gi = run * 32 / group;
-        acc += f16_to_f32(d[gi]) * qx + f16_to_f32(m[gi]) * sx;
+        float scale = f16_to_f32(d[gi]);
+        acc += scale * qx + (sym ? -8.0f * scale : f16_to_f32(m[gi])) * sx;
     }
     acc = warp_sum(acc);
     if (lane == 0) out[(long)blockIdx.y * out_features + o] = acc + (bias ? bias[o] : 0.0f);
