@@ -24,6 +24,7 @@ fn linear(c: &mut Criterion) {
         DataType::BF16,
         DataType::I8,
         DataType::I4G32,
+        DataType::I4SymG32,
     ] {
         for (n, m, k) in shapes {
             let w = weight(m, k, dtype);

@@ -187,6 +187,33 @@ fn quantised_blocks_decode_to_the_original_weights() {
     }
 }
 
+/// int4-sym group 32 is Q4_0's scheme (`w = d·(q − 8)`, an f16 `d` per 32 values), and its
+/// first fit is `quantize_row_q4_0_ref`'s, so re-quantising the values of a Q4_0 tensor (as
+/// `flm convert --dtype int4-sym` does a Q4_0 GGUF) gives them back bit for bit: each block's
+/// value of largest magnitude is `−8·d` exactly, which yields the same `d` and codes, and
+/// the refinement only takes a lower error than zero, which does not exist.
+#[test]
+fn q4_0_tensors_convert_to_int4_sym_without_loss() {
+    let q4_0 = load(Q4_0);
+    let mut names = vec!["embedding".to_string()];
+    for l in 0..q4_0.config.n_layers {
+        // ffn_down (rows of 172 values) is F16 in the file; see its SOURCES.md.
+        for part in ["wq", "wk", "wv", "wo", "w_gate", "w_up"] {
+            names.push(format!("layers.{l}.{part}"));
+        }
+    }
+    for name in names {
+        let values = q4_0.tensor(&name).unwrap().load().unwrap();
+        let back = values.to_dtype(flm_core::DataType::I4SymG32).unwrap();
+        let (want, got) = (values.to_f32_vec(), back.to_f32_vec());
+        // Equal as numbers: a zero code may come back as 0 where ggml's `d·0` gives −0.
+        assert!(
+            want.iter().zip(&got).all(|(w, g)| w == g),
+            "{name}: int4-sym-g32 changed a Q4_0 value"
+        );
+    }
+}
+
 #[test]
 fn embedded_tokenizer() {
     let tok512 = flm_tokenizer::Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
