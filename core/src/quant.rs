@@ -310,20 +310,16 @@ impl<'a> Int4Row<'a> {
         let (g, groups) = int4_groups(dtype, row.len());
         let (codes, scales) = row.split_at(groups * g / 2);
         let (scales, mins) = scales.split_at(2 * groups);
-        if dtype.is_int4_symmetric() {
-            Int4Row {
-                codes,
-                scales,
-                mins: scales,
-                min_factor: -8.0,
-            }
+        let (mins, min_factor) = if dtype.is_int4_symmetric() {
+            (scales, -8.0)
         } else {
-            Int4Row {
-                codes,
-                scales,
-                mins,
-                min_factor: 1.0,
-            }
+            (mins, 1.0)
+        };
+        Int4Row {
+            codes,
+            scales,
+            mins,
+            min_factor,
         }
     }
 

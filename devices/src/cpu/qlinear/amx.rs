@@ -29,7 +29,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use flm_core::quant::{Int4Row, BLOCK};
+use flm_core::quant::{int4_mins, Int4Row, BLOCK};
 use flm_core::DataType;
 
 use super::{amx_decode, Acts, QuantWeight};
@@ -409,7 +409,7 @@ unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s
     let chunks = groups.div_ceil(16);
     let parts: [Option<Int4Row<'_>>; ROWS] =
         std::array::from_fn(|dr| (dr < r).then(|| Int4Row::split(w.dtype, w.row(j + dr))));
-    let factor = parts[0].map_or(1.0, |p| p.min_factor);
+    let factor = int4_mins(w.dtype, w.kp).1;
     for (mins, dst) in [(false, &mut s.dg), (true, &mut s.mg)] {
         // Every value is written below.
         dst.resize(ROWS * 16 * chunks, 0.0);
