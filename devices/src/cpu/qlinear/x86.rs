@@ -26,6 +26,18 @@ use crate::cpu::Isa;
 /// Weight rows per full tile.
 const TILE_ROWS: usize = 4;
 
+/// Most bytes a decode stream is prefetched ahead of its loads.
+///
+/// One row ahead is far enough for rows of 2048 columns; a row of TinyLlama's down projection
+/// (5632 columns) is 5636 bytes in int8, and prefetching that far, 4 streams at once, read 16
+/// copies of it (from memory, not cache) at 22.9 GiB/s on one core of the 2-core Zen 5 VM,
+/// against 30.1 GiB/s at 2048 bytes, the gate projection's speed. Interleaved token-by-token A/B
+/// over whole TinyLlama decode steps on that VM: int8 +2.5 to +5.4% (1 thread) and +0.7 to +4.6%
+/// (2 threads); int4 +0.4 to +4.2% and int4-sym −1.2 to +2.1% (2 threads). Each stream's rows
+/// are contiguous, so a distance shorter than a row still prefetches every line once: the codes
+/// and scales of the rest of the row, then of the next.
+const MAX_AHEAD: usize = 2048;
+
 /// Bytes of integer dot-product vectors an int4 decode tile keeps before scaling them:
 /// segments of 8192 columns for a decode tile of 4 weight rows × 1 input row, of 2048 for
 /// 4 × 4.
@@ -42,12 +54,12 @@ thread_local! {
 /// 4 adjacent weight rows is first unpacked into L1-resident vectors, so that the
 /// unpacking is paid once per weight row instead of once per 4 input rows.
 ///
-/// Otherwise (decode) the rows are split into 4 equal runs and a tile takes one row of
-/// each, so that the kernel reads 4 long sequential streams, each prefetched one row
-/// ahead. A tile of 4 adjacent rows instead jumps to 4 new streams every 4 rows, which
-/// the hardware prefetchers follow poorly: reading a 1 GiB matrix in one pattern and the
-/// other on the 2-core CI VM moved 10–12 against 15–17 GB/s on one core and 22 against
-/// 26–31 GB/s on two.
+/// Otherwise (decode) the rows are split into 4 equal runs and a tile takes one row of each, so
+/// that the kernel reads 4 long sequential streams, each prefetched one row ahead, or
+/// [`MAX_AHEAD`] bytes where rows are longer. A tile of 4 adjacent rows instead jumps to 4 new
+/// streams every 4 rows, which the hardware prefetchers follow poorly: reading a 1 GiB matrix in
+/// one pattern and the other on the 2-core CI VM moved 10–12 against 15–17 GB/s on one core and
+/// 22 against 26–31 GB/s on two.
 ///
 /// When the input rows fit one tile (decode), a kernel call runs all the strided tiles of
 /// the task, and a second one the rows left over, so that the dispatch, the set-up of a
@@ -77,7 +89,7 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         let strided = Tile {
             tiles: full,
             stride: full,
-            ahead: w.row_bytes,
+            ahead: w.row_bytes.min(MAX_AHEAD),
             ..tile
         };
         let rest = Tile {
@@ -141,7 +153,7 @@ struct Tile<'a> {
     /// Weight rows between the rows of the tile.
     stride: usize,
     /// Bytes ahead of each weight load to prefetch: the same place in the row the next
-    /// tile reads.
+    /// tile reads, or in decode at most [`MAX_AHEAD`] bytes further in the stream.
     ahead: usize,
     acts: &'a Acts,
     i: usize,
@@ -227,9 +239,9 @@ unsafe fn chunk_scales_avx512<const G: usize>(row: *const u8, kp: usize, c: usiz
     _mm512_permutexvar_ps(gidx, _mm512_castps128_ps512(ds))
 }
 
-/// Prefetches line `line` of the `bytes` bytes of int4 scales and minimums at
-/// `scales + ahead` (those of the row the next tile reads), if there is such a line: the
-/// quad loops call it once per quad, which covers them all for groups of 32.
+/// Prefetches line `line` of the `bytes` bytes of int4 scales and minimums at `scales + ahead`
+/// (those of the row the next tile reads, or the bytes `ahead` of them in the stream), if there
+/// is such a line: the quad loops call it once per quad, which covers them all for groups of 32.
 #[inline(always)]
 unsafe fn prefetch_scales(scales: *const u8, line: usize, bytes: usize, ahead: usize) {
     if 64 * line < bytes {
