@@ -404,72 +404,71 @@ mod tests {
         }
     }
 
-    #[test]
-    fn int4_fit_beats_the_min_max_fit() {
+    /// Asserts that every group of `dtypes`' round trip has a squared error no larger than
+    /// `reference_err` gives for it, over the test sizes and `seeds`.
+    fn assert_fit_beats(
+        dtypes: [DataType; 3],
+        seeds: &[u32],
+        reference_err: impl Fn(&[f32]) -> f32,
+    ) {
         for cols in [1, 31, 32, 33, 100, 172, 256] {
-            let w = values(cols, 11);
-            for dtype in [DataType::I4G32, DataType::I4G64, DataType::I4G128] {
-                let g = dtype.group_size().unwrap();
-                let back = round_trip(dtype, &w);
-                for (group, got) in w.chunks(g).zip(back.chunks(g)) {
-                    // The min/max fit, computed here from its definition.
-                    let lo = group.iter().copied().fold(f32::INFINITY, f32::min);
-                    let hi = group.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let d = f16::from_f32((hi - lo) / 15.0).to_f32();
-                    let m = f16::from_f32(lo).to_f32();
-                    let min_max_err: f32 = group
-                        .iter()
-                        .map(|&x| {
-                            let q = if d > 0.0 {
-                                ((x - m) / d).round().clamp(0.0, 15.0)
-                            } else {
-                                0.0
-                            };
-                            (d * q + m - x).powi(2)
-                        })
-                        .sum();
-                    let err: f32 = group.iter().zip(got).map(|(a, b)| (a - b).powi(2)).sum();
-                    assert!(
-                        err <= min_max_err * 1.0001 + 1e-12,
-                        "{dtype}: {err} > {min_max_err}"
-                    );
+            for &seed in seeds {
+                let w = values(cols, seed);
+                for dtype in dtypes {
+                    let g = dtype.group_size().unwrap();
+                    let back = round_trip(dtype, &w);
+                    for (group, got) in w.chunks(g).zip(back.chunks(g)) {
+                        let want = reference_err(group);
+                        let err: f32 = group.iter().zip(got).map(|(a, b)| (a - b).powi(2)).sum();
+                        assert!(err <= want * 1.0001 + 1e-12, "{dtype}: {err} > {want}");
+                    }
                 }
             }
         }
     }
 
     #[test]
+    fn int4_fit_beats_the_min_max_fit() {
+        let dtypes = [DataType::I4G32, DataType::I4G64, DataType::I4G128];
+        assert_fit_beats(dtypes, &[11], |group| {
+            // The min/max fit, computed here from its definition.
+            let lo = group.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = group.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let d = f16::from_f32((hi - lo) / 15.0).to_f32();
+            let m = f16::from_f32(lo).to_f32();
+            group
+                .iter()
+                .map(|&x| {
+                    let q = if d > 0.0 {
+                        ((x - m) / d).round().clamp(0.0, 15.0)
+                    } else {
+                        0.0
+                    };
+                    (d * q + m - x).powi(2)
+                })
+                .sum()
+        });
+    }
+
+    #[test]
     fn int4_symmetric_fit_beats_the_q4_0_fit() {
-        for cols in [1, 31, 32, 33, 100, 172, 256] {
-            for seed in [3, 11] {
-                let w = values(cols, seed);
-                for dtype in [DataType::I4SymG32, DataType::I4SymG64, DataType::I4SymG128] {
-                    let g = dtype.group_size().unwrap();
-                    let back = round_trip(dtype, &w);
-                    for (group, got) in w.chunks(g).zip(back.chunks(g)) {
-                        // ggml's quantize_row_q4_0_ref, from its definition: d = max / -8 for
-                        // the value of largest magnitude, q = min(15, (i8)(x / d + 8.5)).
-                        let max = group
-                            .iter()
-                            .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
-                        let d = f16::from_f32(max / -8.0).to_f32();
-                        let id = if max != 0.0 { -8.0 / max } else { 0.0 };
-                        let q4_0_err: f32 = group
-                            .iter()
-                            .map(|&x| {
-                                let q = ((x * id + 8.5) as i8).min(15);
-                                (d * (q - 8) as f32 - x).powi(2)
-                            })
-                            .sum();
-                        let err: f32 = group.iter().zip(got).map(|(a, b)| (a - b).powi(2)).sum();
-                        assert!(
-                            err <= q4_0_err * 1.0001 + 1e-12,
-                            "{dtype}: {err} > {q4_0_err}"
-                        );
-                    }
-                }
-            }
-        }
+        let dtypes = [DataType::I4SymG32, DataType::I4SymG64, DataType::I4SymG128];
+        assert_fit_beats(dtypes, &[3, 11], |group| {
+            // ggml's quantize_row_q4_0_ref, from its definition: d = max / -8 for the value
+            // of largest magnitude, q = min(15, (i8)(x / d + 8.5)).
+            let max = group
+                .iter()
+                .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+            let d = f16::from_f32(max / -8.0).to_f32();
+            let id = if max != 0.0 { -8.0 / max } else { 0.0 };
+            group
+                .iter()
+                .map(|&x| {
+                    let q = ((x * id + 8.5) as i8).min(15);
+                    (d * (q - 8) as f32 - x).powi(2)
+                })
+                .sum()
+        });
     }
 
     #[test]
