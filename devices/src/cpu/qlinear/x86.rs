@@ -26,6 +26,16 @@ use crate::cpu::Isa;
 /// Weight rows per full tile.
 const TILE_ROWS: usize = 4;
 
+/// Input rows per tile of the AVX-512 int4 prefill kernel over unpacked weight rows.
+///
+/// A 4 × 4 tile keeps 16 accumulators and the 4 inputs' low codes, high codes and scales
+/// (12 vectors) live, more than the 32 vector registers with the weight vectors, and the
+/// compiler spilled accumulators to the stack in the inner loop; 4 × 3 keeps 12 and 9. On one
+/// core of the 2-core Zen 5 VM, criterion's int4-sym 128×2048×2048 went from 107 to 130 G
+/// multiply-adds/s (and 4 × 4 reached 127 against 155 for 4 × 3 with the cheaper
+/// [`Tile::finish_i4_avx512`]). Each output's arithmetic is the same whatever the tile.
+const UNPACKED_TILE_INPUTS: usize = 3;
+
 /// Most bytes a decode stream is prefetched ahead of its loads.
 ///
 /// One row ahead is far enough for rows of 2048 columns; a row of TinyLlama's down projection
@@ -52,7 +62,8 @@ thread_local! {
 ///
 /// With AVX-512, int4 weights and more input rows than one tile (prefill), each tile of
 /// 4 adjacent weight rows is first unpacked into L1-resident vectors, so that the
-/// unpacking is paid once per weight row instead of once per 4 input rows.
+/// unpacking is paid once per weight row instead of once per [`UNPACKED_TILE_INPUTS`] input
+/// rows.
 ///
 /// Otherwise (decode) the rows are split into 4 equal runs and a tile takes one row of each, so
 /// that the kernel reads 4 long sequential streams, each prefetched one row ahead, or
@@ -120,7 +131,7 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
             }
             let mut i = 0;
             while i < n {
-                let t = (n - i).min(max_t);
+                let t = (n - i).min(if unpack { UNPACKED_TILE_INPUTS } else { max_t });
                 let tile = Tile {
                     j: j0 + j,
                     loc: j,
@@ -424,26 +435,6 @@ unsafe fn dot_f16_f32_avx2(m: *const u8, g: &[f32]) -> f32 {
         acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(gb.as_ptr()), acc);
     }
     hsum256(acc)
-}
-
-/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values, 16 at a time.
-#[inline(always)]
-unsafe fn dot_f16_f32_avx512(m: *const u8, g: &[f32]) -> f32 {
-    let mut acc = _mm512_setzero_ps();
-    let full = g.len() / 16;
-    for c in 0..full {
-        let mv = _mm512_cvtph_ps(_mm256_loadu_si256(m.add(32 * c) as *const __m256i));
-        acc = _mm512_fmadd_ps(mv, _mm512_loadu_ps(g.as_ptr().add(16 * c)), acc);
-    }
-    let rest = g.len() - 16 * full;
-    if rest > 0 {
-        // Masked-off lanes are neither read nor faulted on.
-        let mask: __mmask16 = (1 << rest) - 1;
-        let mv = _mm256_maskz_loadu_epi16(mask, m.add(32 * full) as *const i16);
-        let gv = _mm512_maskz_loadu_ps(mask, g.as_ptr().add(16 * full));
-        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(mv), gv, acc);
-    }
-    _mm512_reduce_add_ps(acc)
 }
 
 #[inline(always)]
@@ -759,7 +750,13 @@ impl Tile<'_> {
         self.finish_i4_avx512(&rows, &acc, out);
     }
 
-    /// Reduces int4 accumulators and adds the minimum terms `Σ_g m_g · gsum_g`.
+    /// Adds the minimum terms `factor · Σ_g m_g · gsum_g` to the int4 accumulators, lane by
+    /// lane, and reduces each to its output. Each row's f16 factors `m_g` are widened once
+    /// for all the tile's inputs, and each output takes one horizontal reduction. When every
+    /// output reduced its products and its minimum terms apart and widened the factors
+    /// again, this took about a quarter of a 4 × 3 prefill tile's instructions over 2048
+    /// columns; criterion's int4-sym 128×2048×2048 on one core of the Zen 5 VM went from
+    /// 130 to 155 G multiply-adds/s.
     #[inline(always)]
     unsafe fn finish_i4_avx512<const R: usize, const T: usize>(
         &self,
@@ -768,11 +765,28 @@ impl Tile<'_> {
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
         let (offset, factor) = int4_mins(self.w.dtype, self.w.kp);
+        let gsums: [&[f32]; T] = std::array::from_fn(|t| self.acts.row_gsum(self.i + t));
+        let groups = gsums[0].len();
         for r in 0..R {
             let ms = rows[r].as_ptr().add(offset);
+            let mut mins = [_mm512_setzero_ps(); T];
+            for g0 in (0..groups).step_by(16) {
+                // Masked-off lanes are neither read nor faulted on.
+                let mask: __mmask16 = if groups - g0 >= 16 {
+                    !0
+                } else {
+                    (1 << (groups - g0)) - 1
+                };
+                let mv =
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ms.add(2 * g0) as *const i16));
+                for t in 0..T {
+                    let gv = _mm512_maskz_loadu_ps(mask, gsums[t].as_ptr().add(g0));
+                    mins[t] = _mm512_fmadd_ps(mv, gv, mins[t]);
+                }
+            }
             for t in 0..T {
-                let gsum = self.acts.row_gsum(self.i + t);
-                out[r][t] = _mm512_reduce_add_ps(acc[r][t]) + factor * dot_f16_f32_avx512(ms, gsum);
+                let sum = _mm512_fmadd_ps(mins[t], _mm512_set1_ps(factor), acc[r][t]);
+                out[r][t] = _mm512_reduce_add_ps(sum);
             }
         }
     }
