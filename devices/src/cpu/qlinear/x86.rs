@@ -71,6 +71,11 @@ thread_local! {
 /// streams every 4 rows, which the hardware prefetchers follow poorly: reading a 1 GiB matrix in
 /// one pattern and the other on the 2-core CI VM moved 10–12 against 15–17 GB/s on one core and
 /// 22 against 26–31 GB/s on two.
+/// Storing a tile's 4 rows interleaved line by line, so that a thread reads one stream, was
+/// slower on the 2-core Zen 5 VM, whose hardware prefetchers do little (int4-sym 2048×2048,
+/// 16 copies from memory, 2 threads, interleaved A/B): 35.5 GB/s for the 4 streams, 29.1 for
+/// one stream prefetched 4 rows ahead and 10.8 for one stream without software prefetches.
+/// Tiles of 8 strided rows (8 streams) were slower too: 37.1 against 40.4 GB/s.
 ///
 /// When the input rows fit one tile (decode), a kernel call runs all the strided tiles of
 /// the task, and a second one the rows left over, so that the dispatch, the set-up of a
