@@ -95,9 +95,10 @@ fn check(what: &str, batch: impl Fn(&Executor, usize, usize) -> Vec<f32> + Sync)
 }
 
 /// Linear with every weight dtype, a bias, and shapes with partial tiles, a row shorter than
-/// one AVX-512 vector, several 512-column panels, and serial and parallel calls.
+/// one AVX-512 vector, several 512-column panels, rows longer than the 2048 columns of
+/// TinyLlama's attention (4500, ending in a partial chunk), and serial and parallel calls.
 fn linear_is_batch_invariant(dtype: DataType) {
-    for (k, m) in [(13, 19), (300, 67), (1100, 150)] {
+    for (k, m) in [(13, 19), (300, 67), (1100, 150), (4500, 21)] {
         let mut rng = rng(k as u64 * 1000 + m as u64);
         let (_, x) = random_f32(&mut rng, &[POOL, k], 1.0);
         let (w, _) = random_weight(&mut rng, &[m, k], dtype);

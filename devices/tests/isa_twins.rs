@@ -63,6 +63,9 @@ fn linear_matches_scalar(dtype: DataType) {
         (3, 2600, 6),
         (2, 4200, 5),
         (1, 8300, 5),
+        // Prefill (AVX-512 int4: unpacked tiles) over rows of more than 2048 columns, the
+        // last chunk partial.
+        (7, 4500, 9),
     ];
     for (n, k, m) in sizes {
         let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);
