@@ -308,13 +308,10 @@ impl<'a> Int4Row<'a> {
     /// If `dtype` is not an int4 type.
     pub fn split(dtype: DataType, row: &'a [u8]) -> Int4Row<'a> {
         let (g, groups) = int4_groups(dtype, row.len());
-        let (codes, scales) = row.split_at(groups * g / 2);
-        let (scales, mins) = scales.split_at(2 * groups);
-        let (mins, min_factor) = if dtype.is_int4_symmetric() {
-            (scales, -8.0)
-        } else {
-            (mins, 1.0)
-        };
+        let (codes, rest) = row.split_at(groups * g / 2);
+        let (offset, min_factor) = int4_mins(dtype, groups * g);
+        let scales = &rest[..2 * groups];
+        let mins = &row[offset..offset + 2 * groups];
         Int4Row {
             codes,
             scales,

@@ -87,6 +87,7 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
     let m = yt.len() / n;
     let max_t = if isa == Isa::Avx512 { 4 } else { 2 };
     let unpack = isa == Isa::Avx512 && w.dtype != DataType::I8 && n > max_t;
+    let tile_inputs = if unpack { UNPACKED_TILE_INPUTS } else { max_t };
     let stride = if unpack { 1 } else { (m / TILE_ROWS).max(1) };
     let ahead = if stride == 1 { TILE_ROWS } else { 1 } * w.row_bytes;
     let tile = Tile {
@@ -145,19 +146,17 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
             } else {
                 &[]
             };
-            let per_tile = next
-                .len()
-                .div_ceil(64)
-                .div_ceil(n.div_ceil(UNPACKED_TILE_INPUTS));
+            let lines = next.len().div_ceil(64);
+            let per_tile = lines.div_ceil(n.div_ceil(tile_inputs));
             let mut line = 0;
             let mut i = 0;
             while i < n {
-                for l in line..(line + per_tile).min(next.len().div_ceil(64)) {
+                for l in line..(line + per_tile).min(lines) {
                     // SAFETY: prefetching has no side effects; the address lies in `next`.
                     unsafe { _mm_prefetch::<_MM_HINT_T1>(next.as_ptr().add(64 * l) as *const i8) };
                 }
                 line += per_tile;
-                let t = (n - i).min(if unpack { UNPACKED_TILE_INPUTS } else { max_t });
+                let t = (n - i).min(tile_inputs);
                 let tile = Tile {
                     j: j0 + j,
                     loc: j,
