@@ -4,8 +4,11 @@
 //! input rows, loading (and widening) each weight vector once for the `T` inputs and each
 //! input vector once for the `R` rows, with one accumulator per output and panel of 512
 //! columns, reduced eight (or four) at a time at the end of the panel ([`Simd::sums8`]).
-//! Decode (`n == 1`) is a matrix × vector product bound by reading the weights once: tiles
-//! of 8 rows keep 8 independent accumulators in flight. Prefill uses 4 × 4 tiles with
+//! Decode (`n == 1`) is a matrix × vector product bound by reading the weights once: the
+//! threads claim long runs of rows by guided self-scheduling, and a tile of 4 rows takes one
+//! row of each quarter of its run, so that each thread reads 4 long sequential streams,
+//! each prefetched [`DECODE_AHEAD`] bytes ahead (the layout of the int kernels' decode, see
+//! `qlinear`). Prefill uses 4 × 4 tiles with
 //! AVX-512 (16 accumulators of 32 registers) and 4 × 2 with AVX2 (8 of 16), over panels of
 //! 512 columns × 16 weight rows that every tile of input rows passes over while the panel
 //! is in L1; a task holds a block of weight rows in L2. (Packing the panels contiguously,
@@ -47,8 +50,21 @@ use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::{dot, Rows};
 use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
-/// Output features per parallel task in decode.
-const DECODE_ROWS: usize = 16;
+/// Weight rows a decode tile reads at once, each from its own stream (see [`Block::run`]).
+const DECODE_STREAMS: usize = 4;
+
+/// Bytes a decode stream is prefetched ahead of its loads.
+///
+/// A thread's tiles formerly took 8 adjacent rows of 16-row rayon tasks, without prefetches:
+/// 8 short streams per tile, which the hardware prefetchers of the 2-core Zen 5 VM barely
+/// follow. Reading copies of a matrix from memory on 2 threads (interleaved A/B in one
+/// process, GB/s old → new), f16 2048×2048 29.6–33.4 → 43.3–57.4, f16 5632×2048 29.4–31.5
+/// → 44.1–52.2, f16 2048×5632 33.7–38.7 → 43.3–58.4; on one thread f16 18.1–21.4 → 31.4–36.2;
+/// f32 and bf16 alike. Other layouts, in the same runs as 4 streams without prefetches
+/// (39.7–52.0): 8 strided streams 37.5–44.1, 16 streams 31.2–37.5, adjacent rows claimed by
+/// the same scheduler 29.9–39.9; 2 streams were as fast over rows of 2048 columns but fell
+/// to 32.5–39.4 over rows of 5632. Prefetching 1024 or 2048 bytes ahead added 4–10%.
+const DECODE_AHEAD: usize = 2048;
 
 /// Output features per parallel task in prefill: 64 f32 rows of 2048 are 512 KiB.
 const PREFILL_ROWS: usize = 64;
@@ -219,9 +235,9 @@ fn float_linear<E: Elem>(isa: Isa, f: &Float<'_, E>, out: &mut [f32]) {
         return block(isa, f, 0, m, out, 1, m);
     }
     if n == 1 {
-        out.par_chunks_mut(DECODE_ROWS)
-            .enumerate()
-            .for_each(|(t, o)| block(isa, f, t * DECODE_ROWS, o.len(), o, 1, 0));
+        qlinear::guided(&mut [out], 1, |_, j0, o| {
+            block(isa, f, j0, o.len(), o, 1, 0)
+        });
         return;
     }
     YT.with_borrow_mut(|yt| {
@@ -292,22 +308,29 @@ impl<E: Elem> Block<'_, E> {
         }
     }
 
-    /// Writes the tile of rows `j..j + R` × inputs `i..i + T` over the columns `cols`: the
-    /// first block of columns stores its sums plus the bias, later ones add theirs.
+    /// Writes the tile of rows `j + r · stride` (`r < R`) × inputs `i..i + T` over the
+    /// columns `cols`: the first block of columns stores its sums plus the bias, later ones
+    /// add theirs. Decode tiles prefetch their streams [`DECODE_AHEAD`] bytes ahead.
     #[inline(always)]
     fn tile<S: Simd, const R: usize, const T: usize>(
         &mut self,
         s: S,
         j: usize,
+        stride: usize,
         i: usize,
         cols: Range<usize>,
     ) {
         let first = cols.start == 0;
-        let y = tile::<S, E, R, T>(s, self.x, self.w, self.k, j, i, cols);
+        let (k, k0, kn) = (self.k, cols.start, cols.len());
+        let xs = std::array::from_fn(|t| &self.x[(i + t) * k + k0..][..kn]);
+        let ws = std::array::from_fn(|r| &self.w[(j + r * stride) * k + k0..][..kn]);
+        let ahead = if self.n == 1 { DECODE_AHEAD } else { 0 };
+        let y = tile::<S, E, R, T>(s, xs, ws, ahead);
         for (r, y) in y.iter().enumerate() {
-            let b = self.bias.map_or(0.0, |b| b[j + r]);
+            let jr = j + r * stride;
+            let b = self.bias.map_or(0.0, |b| b[jr]);
             for (t, y) in y.iter().enumerate() {
-                let o = &mut self.out[(j + r) * self.js + (i + t) * self.is];
+                let o = &mut self.out[jr * self.js + (i + t) * self.is];
                 *o = if first { y + b } else { *o + y };
             }
         }
@@ -324,11 +347,11 @@ impl<E: Elem> Block<'_, E> {
         cols: Range<usize>,
     ) {
         while j + R <= j_end {
-            self.tile::<S, R, T>(s, j, i, cols.clone());
+            self.tile::<S, R, T>(s, j, 1, i, cols.clone());
             j += R;
         }
         while j < j_end {
-            self.tile::<S, 1, T>(s, j, i, cols.clone());
+            self.tile::<S, 1, T>(s, j, 1, i, cols.clone());
             j += 1;
         }
     }
@@ -337,7 +360,9 @@ impl<E: Elem> Block<'_, E> {
 impl<E: Elem> Kernel for Block<'_, E> {
     type Output = ();
 
-    /// Decode: tiles of 8 rows, each walking its rows panel by panel. Prefill: panels of
+    /// Decode: tiles of [`DECODE_STREAMS`] rows `j, j + s, j + 2s, …` (`s`: the block's
+    /// rows / 4), so that the tiles `j = 0, 1, …` read 4 sequential streams, each tile walking
+    /// its rows panel by panel; the rows left over one at a time. Prefill: panels of
     /// [`PANEL_COLS`] columns × [`PANEL_ROWS`] weight rows (32 KiB of f32, kept in L1)
     /// against every tile of input rows in turn, so that both operands of the inner loop
     /// come from L1. Both sum each panel in one accumulator, reduce it with the same tree
@@ -347,15 +372,14 @@ impl<E: Elem> Kernel for Block<'_, E> {
         let (n, k) = (self.n, self.k);
         let rows = self.w.len() / k;
         if n == 1 {
-            let mut j = 0;
-            while j + 8 <= rows {
+            let stride = rows / DECODE_STREAMS;
+            for j in 0..stride {
                 for cols in panels(k) {
-                    self.tile::<S, 8, 1>(s, j, 0, cols);
+                    self.tile::<S, DECODE_STREAMS, 1>(s, j, stride, 0, cols);
                 }
-                j += 8;
             }
             for cols in panels(k) {
-                self.rows::<S, 4, 1>(s, j, rows, 0, cols);
+                self.rows::<S, 1, 1>(s, DECODE_STREAMS * stride, rows, 0, cols);
             }
             return;
         }
@@ -390,33 +414,25 @@ fn panels(k: usize) -> impl Iterator<Item = Range<usize>> {
         .map(move |k0| k0..(k0 + PANEL_COLS).min(k))
 }
 
-/// `y[r][t] = Σ_{c ∈ cols} w[j + r, c]·x[i + t, c]` for `r < R`, `t < T` (rows of `k`).
+/// `y[r][t] = Σ_c ws[r][c]·xs[t][c]` for `r < R`, `t < T` (slices of equal length). With
+/// `ahead > 0`, each weight load prefetches the line `ahead` bytes past it.
 #[inline(always)]
 fn tile<S: Simd, E: Elem, const R: usize, const T: usize>(
     s: S,
-    x: &[f32],
-    w: &[E],
-    k: usize,
-    j: usize,
-    i: usize,
-    cols: Range<usize>,
+    xs: [&[f32]; T],
+    ws: [&[E]; R],
+    ahead: usize,
 ) -> [[f32; T]; R] {
     let l = S::LANES;
-    let (k0, kn) = (cols.start, cols.len());
-    let mut xs: [&[f32]; T] = [&[]; T];
-    for (t, xs) in xs.iter_mut().enumerate() {
-        *xs = &x[(i + t) * k + k0..][..kn];
-    }
-    let mut ws: [&[E]; R] = [&[]; R];
-    for (r, ws) in ws.iter_mut().enumerate() {
-        *ws = &w[(j + r) * k + k0..][..kn];
-    }
-    let k = kn;
+    let k = xs[0].len();
     let mut acc = [[s.zero(); T]; R];
     let mut c = 0;
     while c + l <= k {
         let mut wv = [s.zero(); R];
         for (wv, ws) in wv.iter_mut().zip(&ws) {
+            if ahead > 0 {
+                simd::prefetch(ws[c..].as_ptr().cast::<u8>().wrapping_add(ahead));
+            }
             *wv = E::load(s, &ws[c..]);
         }
         for (t, xs) in xs.iter().enumerate() {

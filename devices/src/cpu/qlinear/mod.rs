@@ -306,8 +306,13 @@ pub(crate) const MAX_PARTS: usize = 4;
 /// and end short, so that the threads finish together: with 4 equal tasks per thread, the
 /// threads of a TinyLlama decode step were busy for only 91–93% of the Linears' time.
 /// A thread that starts late, or is slowed down by another process, claims fewer chunks.
+/// The float decode kernels of `linear` split their rows the same way, for the same streams.
 /// Nothing is allocated.
-fn guided(outs: &mut [&mut [f32]], n: usize, f: impl Fn(usize, usize, &mut [f32]) + Sync) {
+pub(super) fn guided(
+    outs: &mut [&mut [f32]],
+    n: usize,
+    f: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
     /// The parts' rows, claimed by the threads.
     struct Rows([(*mut f32, usize); MAX_PARTS]);
     // SAFETY: the threads write disjoint rows (see below).
