@@ -299,13 +299,18 @@ pub(crate) const MAX_PARTS: usize = 4;
 /// Runs `f(p, j0, rows)` over the rows of every `outs[p]` (`n` values each; `rows` is
 /// rows `j0..` of `outs[p]`) on every thread of the pool, by guided self-scheduling
 /// (Polychronopoulos & Kuck, "Guided Self-Scheduling", IEEE Trans. Computers 1987): each
-/// thread claims chunks of `1 / (2 · threads)` of the rows left in all parts, in whole
+/// thread claims chunks of `1 / threads` of the rows left in all parts, in whole
 /// multiples of [`ROWS_PER_TASK`] and within one part, until none is left.
 ///
 /// Decode chunks start long, so that a chunk's rows form long streams (see `x86::rows`),
 /// and end short, so that the threads finish together: with 4 equal tasks per thread, the
 /// threads of a TinyLlama decode step were busy for only 91–93% of the Linears' time.
 /// A thread that starts late, or is slowed down by another process, claims fewer chunks.
+/// Each chunk starts its streams anew, and on the 2-core CI VM a thread lost 2–3 µs to
+/// that per chunk: chunks of `1 / (2 · threads)` of the rows left, twice as many, decoded
+/// TinyLlama int4-sym on two threads 1.7% slower (median of 40 rounds, alternated token
+/// by token; 3–6% in quiet phases), and the threads were busy for 98% of the Linears'
+/// time either way.
 /// The float decode kernels of `linear` split their rows the same way, for the same streams.
 /// Nothing is allocated.
 pub(super) fn guided(
@@ -352,7 +357,7 @@ pub(super) fn guided(
             p += 1;
         }
         let size = (total - g0)
-            .div_ceil(2 * threads)
+            .div_ceil(threads)
             .next_multiple_of(ROWS_PER_TASK);
         let j1 = (j0 + size).min(rows.0[p].1);
         if next
