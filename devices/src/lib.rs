@@ -5,7 +5,7 @@
 //!   AVX-512, chosen at run time by [`Isa`]) and a portable twin they are tested against.
 //! - `cuda::CudaDevice` (cargo feature `cuda`): NVIDIA GPUs through cudarc, with the CUDA
 //!   libraries loaded at run time.
-//! - [`select`]: the devices for `--device cpu|cuda|auto`, falling back to the CPU.
+//! - [`mod@select`]: the devices for `--device cpu|cuda|auto`, falling back to the CPU.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -18,7 +18,7 @@
 //! a bad file gives [`Error::Format`], never a panic.
 //!
 //! `general.architecture = "llama"` maps onto [`ModelConfig`] (llama.cpp's converter
-//! stores q/k in Meta's layout: [`RopeStyle::AdjacentPairs`]); tensors F32, F16, BF16
+//! stores q/k in Meta's layout: [`flm_core::RopeStyle::AdjacentPairs`]); tensors F32, F16, BF16
 //! (zero-copy), Q8_0 and Q4_0 (dequantised to f32 on load) are read. A SentencePiece
 //! vocabulary (`tokenizer.ggml.model = "llama"`) or a byte-level BPE one (`"gpt2"`,
 //! `gguf/bpe.rs`) becomes the checkpoint's tokenizer; other tokenizer kinds leave

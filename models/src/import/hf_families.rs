@@ -1,5 +1,5 @@
 //! The configuration fields by which Llama 3, Mistral and Qwen2 differ from Llama 2 in a
-//! Hugging Face `config.json`, read into [`ModelConfig`] fields of the Llama graph:
+//! Hugging Face `config.json`, read into [`crate::ModelConfig`] fields of the Llama graph:
 //!
 //! | `model_type` | what differs | read from |
 //! |---|---|---|
