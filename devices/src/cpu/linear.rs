@@ -46,6 +46,7 @@ use flm_core::{quant, Data, LinearPart, Result};
 use rayon::prelude::*;
 
 use super::qlinear::{self, QuantWeight};
+use super::schedule;
 use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::{dot, Rows};
 use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
@@ -65,6 +66,10 @@ const DECODE_STREAMS: usize = 4;
 /// the same scheduler 29.9–39.9; 2 streams were as fast over rows of 2048 columns but fell
 /// to 32.5–39.4 over rows of 5632. Prefetching 1024 or 2048 bytes ahead added 4–10%.
 const DECODE_AHEAD: usize = 2048;
+
+/// Decode chunks are whole multiples of this many rows (4 tiles of [`DECODE_STREAMS`] rows),
+/// as long as the int kernels' (one AMX panel).
+const DECODE_CHUNK_ROWS: usize = 4 * DECODE_STREAMS;
 
 /// Output features per parallel task in prefill: 64 f32 rows of 2048 are 512 KiB.
 const PREFILL_ROWS: usize = 64;
@@ -108,7 +113,7 @@ pub(crate) fn linears(isa: Isa, input: &Data, parts: &mut [LinearPart<'_>]) -> R
     let x = input.as_f32()?;
     let same = |a: &LinearPart<'_>, b: &LinearPart<'_>| a.weight.dtype() == b.weight.dtype();
     for run in parts.chunk_by_mut(same) {
-        for group in run.chunks_mut(qlinear::MAX_PARTS) {
+        for group in run.chunks_mut(schedule::MAX_PARTS) {
             if group[0].weight.dtype().is_quantized() {
                 quant_group(isa, x, n, k, group)?;
             } else {
@@ -154,7 +159,7 @@ fn bias_f32(bias: Option<&Data>) -> Option<Cow<'_, [f32]>> {
     })
 }
 
-/// Up to [`qlinear::MAX_PARTS`] parts with quantised weights of one dtype, in one call of
+/// Up to [`schedule::MAX_PARTS`] parts with quantised weights of one dtype, in one call of
 /// [`qlinear::linear`].
 fn quant_group(
     isa: Isa,
@@ -163,7 +168,7 @@ fn quant_group(
     k: usize,
     group: &mut [LinearPart<'_>],
 ) -> Result<()> {
-    const P: usize = qlinear::MAX_PARTS;
+    const P: usize = schedule::MAX_PARTS;
     let mut ws = [QuantWeight::EMPTY; P];
     let mut owned: [Option<Cow<'_, [f32]>>; P] = Default::default();
     for ((w, b), part) in ws.iter_mut().zip(&mut owned).zip(group.iter()) {
@@ -235,7 +240,7 @@ fn float_linear<E: Elem>(isa: Isa, f: &Float<'_, E>, out: &mut [f32]) {
         return block(isa, f, 0, m, out, 1, m);
     }
     if n == 1 {
-        qlinear::guided(&mut [out], 1, |_, j0, o| {
+        schedule::guided(&mut [out], 1, DECODE_CHUNK_ROWS, |_, j0, o| {
             block(isa, f, j0, o.len(), o, 1, 0)
         });
         return;

@@ -15,6 +15,7 @@ mod norm;
 mod paged_attention;
 mod qlinear;
 mod rope;
+mod schedule;
 mod simd;
 mod weights;
 

@@ -44,12 +44,12 @@ mod scalar;
 mod x86;
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use flm_core::quant::{self, BLOCK};
 use flm_core::{DataType, Result};
 use rayon::prelude::*;
 
+use super::schedule::{guided, MAX_PARTS};
 use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
 /// Input rows quantised to int8 blocks, in the order a kernel family reads them.
@@ -293,85 +293,6 @@ thread_local! {
 /// multiples of it.
 const ROWS_PER_TASK: usize = 16;
 
-/// Most parts one call of [`linear`] multiplies at once.
-pub(crate) const MAX_PARTS: usize = 4;
-
-/// Runs `f(p, j0, rows)` over the rows of every `outs[p]` (`n` values each; `rows` is
-/// rows `j0..` of `outs[p]`) on every thread of the pool, by guided self-scheduling
-/// (Polychronopoulos & Kuck, "Guided Self-Scheduling", IEEE Trans. Computers 1987): each
-/// thread claims chunks of `1 / threads` of the rows left in all parts, in whole
-/// multiples of [`ROWS_PER_TASK`] and within one part, until none is left.
-///
-/// Decode chunks start long, so that a chunk's rows form long streams (see `x86::rows`),
-/// and end short, so that the threads finish together: with 4 equal tasks per thread, the
-/// threads of a TinyLlama decode step were busy for only 91–93% of the Linears' time.
-/// A thread that starts late, or is slowed down by another process, claims fewer chunks.
-/// Each chunk starts its streams anew, and on the 2-core CI VM a thread lost 2–3 µs to
-/// that per chunk: chunks of `1 / (2 · threads)` of the rows left, twice as many, decoded
-/// TinyLlama int4-sym on two threads 1.7% slower (median of 40 rounds, alternated token
-/// by token; 3–6% in quiet phases), and the threads were busy for 98% of the Linears'
-/// time either way.
-/// The float decode kernels of `linear` split their rows the same way, for the same streams.
-/// Nothing is allocated.
-pub(super) fn guided(
-    outs: &mut [&mut [f32]],
-    n: usize,
-    f: impl Fn(usize, usize, &mut [f32]) + Sync,
-) {
-    /// The parts' rows, claimed by the threads.
-    struct Rows([(*mut f32, usize); MAX_PARTS]);
-    // SAFETY: the threads write disjoint rows (see below).
-    unsafe impl Sync for Rows {}
-    impl Rows {
-        /// Rows `j0..j1` of part `p`.
-        ///
-        /// # Safety
-        /// They must lie within the part and be claimed by the caller alone.
-        #[allow(clippy::mut_from_ref)]
-        unsafe fn part(&self, p: usize, j0: usize, j1: usize, n: usize) -> &mut [f32] {
-            std::slice::from_raw_parts_mut(self.0[p].0.add(j0 * n), (j1 - j0) * n)
-        }
-    }
-    let threads = rayon::current_num_threads();
-    if threads == 1 {
-        for (p, out) in outs.iter_mut().enumerate() {
-            f(p, 0, out);
-        }
-        return;
-    }
-    let mut rows = Rows([(std::ptr::null_mut(), 0); MAX_PARTS]);
-    for (r, out) in rows.0.iter_mut().zip(outs.iter_mut()) {
-        *r = (out.as_mut_ptr(), out.len() / n);
-    }
-    let total: usize = outs.iter().map(|o| o.len() / n).sum();
-    // Rows claimed so far, counting the parts one after another.
-    let next = AtomicUsize::new(0);
-    let claim = || loop {
-        let g0 = next.load(Ordering::Relaxed);
-        if g0 >= total {
-            return;
-        }
-        let (mut p, mut j0) = (0, g0);
-        while j0 >= rows.0[p].1 {
-            j0 -= rows.0[p].1;
-            p += 1;
-        }
-        let size = (total - g0)
-            .div_ceil(threads)
-            .next_multiple_of(ROWS_PER_TASK);
-        let j1 = (j0 + size).min(rows.0[p].1);
-        if next
-            .compare_exchange_weak(g0, g0 + j1 - j0, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            // SAFETY: the exchange hands rows `j0..j1` of part `p` to this thread alone,
-            // and they lie within `outs[p]`, which outlives the threads' work.
-            f(p, j0, unsafe { rows.part(p, j0, j1, n) });
-        }
-    };
-    (0..threads).into_par_iter().for_each(|_| claim());
-}
-
 /// [`Isa::Amx`] multiplies tiles of 16 input rows from this many on; fewer are multiplied
 /// one at a time (see `amx`).
 pub(crate) const AMX_MIN_ROWS: usize = 8;
@@ -462,7 +383,9 @@ pub(crate) fn linear(
         let acts = &*acts;
         let run = |targets: &mut [&mut [f32]]| {
             if parallel && n < AMX_MIN_ROWS {
-                guided(targets, n, |p, j0, part| rows(isa, &ws[p], acts, j0, part));
+                guided(targets, n, ROWS_PER_TASK, |p, j0, part| {
+                    rows(isa, &ws[p], acts, j0, part)
+                });
                 return;
             }
             for (w, target) in ws.iter().zip(targets.iter_mut()) {
