@@ -47,6 +47,7 @@ pub(super) fn guided(
             std::slice::from_raw_parts_mut(self.0[p].0.add(j0 * n), (j1 - j0) * n)
         }
     }
+    debug_assert!(outs.len() <= MAX_PARTS, "{} parts", outs.len());
     let threads = rayon::current_num_threads();
     if threads == 1 {
         for (p, out) in outs.iter_mut().enumerate() {
