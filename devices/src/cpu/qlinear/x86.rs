@@ -46,6 +46,11 @@ const UNPACKED_TILE_INPUTS: usize = 3;
 /// (2 threads); int4 +0.4 to +4.2% and int4-sym −1.2 to +2.1% (2 threads). Each stream's rows
 /// are contiguous, so a distance shorter than a row still prefetches every line once: the codes
 /// and scales of the rest of the row, then of the next.
+/// A second prefetch per weight line into L2 (`_MM_HINT_T1`) further down the stream, to keep
+/// more misses in flight when other VMs load the memory, was slower the further it reached:
+/// TinyLlama decode on two threads of the Zen 5 VM in a busy phase, 2, 4 and 8 KiB ahead,
+/// medians of 9 token-by-token A/B pairs: int4-sym −2.1%, −2.6% and −6.5%, int8 −1.5%, −2.1%
+/// and −3.3%.
 const MAX_AHEAD: usize = 2048;
 
 /// Bytes of integer dot-product vectors an int4 decode tile keeps before scaling them:
