@@ -219,15 +219,17 @@ fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
 }
 
 /// Streaming read bandwidth in GB/s: the best of 3 passes summing a `mib` MiB buffer on
-/// the current thread pool, in each of two patterns.
+/// the current thread pool, in each of three patterns.
 ///
 /// Each task reads its chunk either as one sequential stream or as 8 parts in lockstep, a
-/// cache line of each per step, prefetching ahead on x86-64, as the decode kernels read
-/// several weight rows at once. Which pattern reads faster depends on the machine: on the
-/// 2-core Sapphire Rapids VM one core reached far more of the memory bandwidth with
-/// several misses in flight (8 GB/s with one stream, 12.5–13.5 GB/s with 8), while on the
-/// 2-core Zen 5 VM two threads read 35–42 GB/s in one stream each and 29–36 GB/s in 8.
-/// The bound is what the machine allows, so it is the faster of the two.
+/// cache line of each per step, prefetching 1024 bytes ahead on x86-64, as the decode
+/// kernels read several weight rows at once, or as one stream prefetched 8192 bytes ahead,
+/// as the AVX-512 int8 decode kernel reads its rows. Which pattern reads faster depends on
+/// the machine: on the 2-core Sapphire Rapids VM one core reached far more of the memory
+/// bandwidth with several misses in flight (8 GB/s with one stream, 12.5–13.5 GB/s with
+/// 8), while on the 2-core Zen 5 VM two threads read 35–42 GB/s in one stream each and
+/// 29–36 GB/s in 8, and one thread decoded int8 faster than the first two patterns read.
+/// The bound is what the machine allows, so it is the fastest of the three.
 fn stream_read_gb_s(mib: usize) -> f64 {
     let mut buf = vec![0u64; (mib << 20) / 8];
     fill_random(bytemuck::cast_slice_mut(&mut buf), 7);
@@ -242,13 +244,19 @@ fn stream_read_gb_s(mib: usize) -> f64 {
         (buf.len() * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
     };
     (0..3)
-        .flat_map(|_| [pass(sum_streams::<1>), pass(sum_streams::<8>)])
+        .flat_map(|_| {
+            [
+                pass(sum_streams::<1, 1024>),
+                pass(sum_streams::<1, 8192>),
+                pass(sum_streams::<8, 1024>),
+            ]
+        })
         .fold(0.0, f64::max)
 }
 
 /// The wrapping sum of `chunk`, read as `S` parts in lockstep, one cache line (8 `u64`)
-/// of each per step.
-fn sum_streams<const S: usize>(chunk: &[u64]) -> u64 {
+/// of each per step, each line prefetched `AHEAD` bytes ahead on x86-64.
+fn sum_streams<const S: usize, const AHEAD: usize>(chunk: &[u64]) -> u64 {
     let part = chunk.len() / S / 8 * 8;
     let mut acc = [[0u64; 8]; S];
     for i in (0..part).step_by(8) {
@@ -258,7 +266,7 @@ fn sum_streams<const S: usize>(chunk: &[u64]) -> u64 {
             // SAFETY: prefetching has no side effects, whatever the address.
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().wrapping_add(128) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().wrapping_byte_add(AHEAD) as *const i8);
             }
             for (a, x) in acc.iter_mut().zip(line) {
                 *a = a.wrapping_add(*x);
@@ -401,8 +409,9 @@ mod tests {
                 .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
                 .collect();
             let want = v.iter().fold(0u64, |s, &x| s.wrapping_add(x));
-            assert_eq!(sum_streams::<1>(&v), want, "length {len}");
-            assert_eq!(sum_streams::<8>(&v), want, "length {len}");
+            assert_eq!(sum_streams::<1, 1024>(&v), want, "length {len}");
+            assert_eq!(sum_streams::<1, 8192>(&v), want, "length {len}");
+            assert_eq!(sum_streams::<8, 1024>(&v), want, "length {len}");
         }
     }
 }
