@@ -97,7 +97,7 @@ thread_local! {
 /// medians of 7–11 pairs). The int4 kernels and the AVX2 int8 kernel do more work per weight
 /// byte, and one row per tile did not help them: AVX-512 int4-sym decoded 20–24% slower on
 /// one thread and from 3% faster to 22% slower on two in different runs (one stream 8192
-/// bytes ahead; 28–31% slower prefetched into L2 instead), and 11–15% slower in 4-row tiles
+/// bytes ahead; 28–32% slower prefetched into L2 instead), and 11–15% slower in 4-row tiles
 /// of adjacent rows whose integer sums take the codes in memory order; AVX2 int8 was
 /// unchanged (−0.4%).
 ///
