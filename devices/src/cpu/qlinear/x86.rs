@@ -125,18 +125,18 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         i: 0,
         unpacked: &[],
     };
-    if n <= max_t && !unpack && isa == Isa::Avx512 && w.dtype == DataType::I8 {
-        let one = Tile {
-            tiles: m,
-            stride: 1,
-            ahead: ONE_STREAM_AHEAD,
-            ..tile
-        };
-        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-        unsafe { one.run(isa, 1, n, yt) };
-        return;
-    }
     if n <= max_t && !unpack {
+        if isa == Isa::Avx512 && w.dtype == DataType::I8 {
+            let one = Tile {
+                tiles: m,
+                stride: 1,
+                ahead: ONE_STREAM_AHEAD,
+                ..tile
+            };
+            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
+            unsafe { one.run(isa, 1, n, yt) };
+            return;
+        }
         let full = if m >= TILE_ROWS { m / TILE_ROWS } else { 0 };
         let strided = Tile {
             tiles: full,
