@@ -37,7 +37,8 @@ const TILE_ROWS: usize = 4;
 const UNPACKED_TILE_INPUTS: usize = 3;
 
 /// Most bytes a decode stream is prefetched ahead of its loads, where a thread reads 4 strided
-/// streams (int8 with AVX-512 reads one, see [`ONE_STREAM_AHEAD`]).
+/// streams: the AVX2 and AVX-VNNI kernels (with AVX-512 a thread reads one, see
+/// [`ONE_STREAM_AHEAD`]).
 ///
 /// One row ahead is far enough for rows of 2048 columns; a row of TinyLlama's down projection
 /// (5632 columns) is 5636 bytes in int8, and prefetching that far, 4 streams at once, read 16
@@ -54,17 +55,17 @@ const UNPACKED_TILE_INPUTS: usize = 3;
 /// and −3.3%.
 const MAX_AHEAD: usize = 2048;
 
-/// Bytes an int8 decode stream is prefetched ahead of its loads with AVX-512, where each
-/// thread reads its rows one after another as one stream (see [`rows`]).
+/// Bytes a decode stream is prefetched ahead of its loads with AVX-512, where each thread
+/// reads its rows one after another as one stream (see [`rows`]).
 ///
-/// Interleaved token-by-token A/B over whole TinyLlama int8 decode steps on the 2-core Zen 5
-/// VM, against 4 strided streams 2048 bytes ahead: one stream 2048 bytes ahead −2.7%,
-/// 4096 +3.7%, 8192 +3.0 to +7.8%, 16384 +2.4%, 32768 −0.1% (2 threads, medians of 7 pairs).
+/// Interleaved token-by-token A/B over whole TinyLlama decode steps on the 2-core Zen 5 VM,
+/// 2 threads, against 4 strided streams 2048 bytes ahead: int8 one stream 2048 bytes ahead
+/// −2.7%, 4096 +3.7%, 8192 +3.0 to +7.8%, 16384 +2.4%, 32768 −0.1% (medians of 7 pairs);
+/// int4-sym 4096 +8.4%, 8192 +9.9%, 16384 +9.0% (medians of 8 pairs, one run).
 const ONE_STREAM_AHEAD: usize = 8192;
 
-/// Bytes of integer dot-product vectors an int4 decode tile keeps before scaling them:
-/// segments of 8192 columns for a decode tile of 4 weight rows × 1 input row, of 2048 for
-/// 4 × 4.
+/// Bytes of integer dot-product vectors an AVX2 int4 tile keeps before scaling them:
+/// segments of 8192 columns for a tile of 4 weight rows × 1 input row, of 4096 for 4 × 2.
 const SUMS_BYTES: usize = 16384;
 
 thread_local! {
@@ -91,15 +92,18 @@ thread_local! {
 /// one stream prefetched 4 rows ahead and 10.8 for one stream without software prefetches.
 /// Tiles of 8 strided rows (8 streams) were slower too: 37.1 against 40.4 GB/s.
 ///
-/// int8 decode with AVX-512 instead reads its rows in memory order, one row per tile, as one
-/// stream prefetched [`ONE_STREAM_AHEAD`] bytes ahead: on the Zen 5 VM that decoded TinyLlama
-/// 3–7% faster than the 4 strided streams on two threads and 4% on one (token-by-token A/B,
-/// medians of 7–11 pairs). The int4 kernels and the AVX2 int8 kernel do more work per weight
-/// byte, and one row per tile did not help them: AVX-512 int4-sym decoded 20–24% slower on
-/// one thread and from 3% faster to 22% slower on two in different runs (one stream 8192
-/// bytes ahead; 28–32% slower prefetched into L2 instead), and 11–15% slower in 4-row tiles
-/// of adjacent rows whose integer sums take the codes in memory order; AVX2 int8 was
-/// unchanged (−0.4%).
+/// Decode with AVX-512 instead reads each thread's rows in memory order, as one stream
+/// prefetched [`ONE_STREAM_AHEAD`] bytes ahead: int8 one row per tile, int4 tiles of 4
+/// adjacent rows, which [`Tile::i4_avx512_groups`] reads one row after the other, scaling each
+/// chunk as it arrives, so that the minimum terms and the horizontal sums are paid once per
+/// tile. Against the 4 strided streams, token-by-token A/B over whole TinyLlama decode steps on
+/// the Zen 5 VM: int8 3–7% faster on two threads and 4% on one (medians of 7–11 pairs);
+/// int4-sym 5.7% and 9.9% faster on two threads (medians of 12 and 8 pairs, in two runs) and
+/// 21% on one (8 pairs); int4 5.3% faster on two threads (8 pairs); 4 sequences decoded at
+/// once (int4-sym, two threads) 3–8% faster. One row per int4 tile, with the dot products of a
+/// row kept until its scale lines had been read (the order that suits 4 strided streams), was
+/// 20–24% slower on one thread: the per-row work of that order, not the memory, bound it. AVX2
+/// int8 was unchanged by one stream (−0.4%).
 ///
 /// When the input rows fit one tile (decode), a kernel call runs all the strided tiles of
 /// the task, and a second one the rows left over, so that the dispatch, the set-up of a
@@ -126,15 +130,30 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         unpacked: &[],
     };
     if n <= max_t && !unpack {
-        if isa == Isa::Avx512 && w.dtype == DataType::I8 {
-            let one = Tile {
-                tiles: m,
+        if isa == Isa::Avx512 {
+            let r = if w.dtype == DataType::I8 {
+                1
+            } else {
+                TILE_ROWS
+            };
+            let full = m / r;
+            let adjacent = Tile {
+                tiles: full,
                 stride: 1,
                 ahead: ONE_STREAM_AHEAD,
                 ..tile
             };
+            let rest = Tile {
+                j: j0 + r * full,
+                loc: r * full,
+                tiles: m - r * full,
+                ..adjacent
+            };
             // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-            unsafe { one.run(isa, 1, n, yt) };
+            unsafe {
+                adjacent.run(isa, r, n, yt);
+                rest.run(isa, 1, n, yt);
+            }
             return;
         }
         let full = if m >= TILE_ROWS { m / TILE_ROWS } else { 0 };
@@ -213,7 +232,9 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
 }
 
 /// `tiles` tiles of `R` weight rows × `T` input rows: tile `s` takes the weight rows
-/// `j + s + r · stride` for `r < R` and the input rows `i..i + T`.
+/// `j + s · step + r · stride` for `r < R` and the input rows `i..i + T`, where `step` is `R`
+/// if `stride` is 1 (tiles of adjacent rows, one after another) and 1 otherwise (strided
+/// tiles, interleaved).
 #[derive(Clone, Copy)]
 struct Tile<'a> {
     w: &'a QuantWeight<'a>,
@@ -224,7 +245,8 @@ struct Tile<'a> {
     /// Weight rows between the rows of the tile.
     stride: usize,
     /// Bytes ahead of each weight load to prefetch: the same place in the row the next
-    /// tile reads, or in decode at most [`MAX_AHEAD`] bytes further in the stream.
+    /// tile reads, or in decode [`ONE_STREAM_AHEAD`] or at most [`MAX_AHEAD`] bytes further
+    /// in the stream.
     ahead: usize,
     acts: &'a Acts,
     i: usize,
@@ -376,15 +398,16 @@ macro_rules! by_tile {
 macro_rules! each_tile {
     ($self:ident, $yt:ident, $r:expr, $t:expr, |$tile:ident, $out:ident| $call:expr) => {{
         let n = $self.acts.n;
+        let step = if $self.stride == 1 { $r } else { 1 };
         for s in 0..$self.tiles {
             let $tile = Tile {
-                j: $self.j + s,
+                j: $self.j + s * step,
                 ..*$self
             };
             let mut $out = [[0.0f32; 4]; TILE_ROWS];
             $call;
             for r in 0..$r {
-                let y = &mut $yt[($self.loc + s + r * $self.stride) * n + $self.i..][..$t];
+                let y = &mut $yt[($self.loc + s * step + r * $self.stride) * n + $self.i..][..$t];
                 for t in 0..$t {
                     y[t] = $out[r][t];
                 }
@@ -676,15 +699,14 @@ impl Tile<'_> {
 
     /// [`Tile::i4_avx512`] on the first tile, for groups of `G` values.
     ///
-    /// Each row is read in its memory order: the codes of a segment of chunks first, their
-    /// exact integer dot products kept in `sums`, then the segment's scale lines, which
-    /// scale them in chunk order (the order, and so the bits, of scaling each chunk as it
-    /// arrives), then the minimums. Scaling each chunk as its codes arrive reads the scale
-    /// lines, which follow all of a row's codes, interleaved with them, and long rows then
-    /// stream slower: on the 2-core CI VM, one thread read TinyLlama's down projection
-    /// (2048×5632, 2816 bytes of codes per row) 8–12% slower than a 2048×2048 matrix that
-    /// way, and 0–3% slower in memory order; in 2-thread decode its GB/s went from 84–86%
-    /// to 90–93% of the gate and up projections'.
+    /// Reads the tile's rows one after another, each in memory order (its codes, then its
+    /// scale lines), as one stream when the rows are adjacent, and scales each chunk's exact
+    /// integer dot products as they are formed: a quad of 4 chunks (16 blocks) converts the
+    /// scales of its 16 blocks at once, the chunks past the whole quads theirs one chunk at a
+    /// time. Each output's accumulator takes its chunks in order, so the bits are those of
+    /// any other tile shape. The minimum terms and the horizontal sums of the tile's rows are
+    /// then formed together in [`Tile::finish_i4_avx512`], a cost paid once per tile of
+    /// `R` rows rather than once per row.
     #[inline(always)]
     unsafe fn i4_avx512_groups<const R: usize, const T: usize, const G: usize>(
         &self,
@@ -694,75 +716,56 @@ impl Tile<'_> {
         let rows = self.rows::<R>();
         let ahead = self.ahead;
         let idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        // Lane `l` of chunk `q` of a quad takes the scale of the quad's block `4q + l / 4`.
+        let idxq: [__m512i; 4] =
+            std::array::from_fn(|q| _mm512_add_epi32(idx4, _mm512_set1_epi32(4 * q as i32)));
         // The rows' codes and block scales, each padded to whole chunks (see `Acts`).
         let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
         let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
         let chunks = kp.div_ceil(128);
-        // Whole quads of 4 chunks (512 values, 16 blocks) load the scales of 16 blocks at
-        // once; the chunks past them load theirs one chunk at a time.
         let quad_chunks = 4 * (kp / 512);
-        let scale_bytes = self.w.row_bytes - kp / 2;
-        // Chunks per segment: whole quads whose dot products fit `sums`.
-        const N: usize = SUMS_BYTES / 64;
-        let segment = N / (R * T) / 4 * 4;
-        // Each segment writes the sums of all its chunks before its scales read them.
-        let mut sums = [std::mem::MaybeUninit::<__m512i>::uninit(); N];
-        let sum = |c: usize, r: usize, t: usize| (c % segment * R + r) * T + t;
+        let scale_lines = (self.w.row_bytes - kp / 2).div_ceil(64);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for c0 in (0..chunks).step_by(segment) {
-            let c1 = (c0 + segment).min(chunks);
-            for c in c0..c1 {
-                let mut codes = [(_mm512_setzero_si512(), _mm512_setzero_si512()); R];
-                for r in 0..R {
-                    let p = rows[r].as_ptr().add(64 * c);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                    codes[r] = chunk_codes_avx512(rows[r].as_ptr(), kp, c);
+        for r in 0..R {
+            let row = rows[r].as_ptr();
+            let scales = row.add(kp / 2);
+            for quad in 0..quad_chunks / 4 {
+                let dwb = block_scales_avx512::<G>(scales.add(1024 * quad / G));
+                let mut s16 = [_mm512_setzero_ps(); T];
+                for t in 0..T {
+                    s16[t] = _mm512_mul_ps(dwb, _mm512_loadu_ps(ds[t].add(16 * quad)));
                 }
+                for q in 0..4 {
+                    let c = 4 * quad + q;
+                    let p = row.add(64 * c);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                    let codes = nibbles_avx512(_mm512_loadu_si512(p as *const _));
+                    for t in 0..T {
+                        let a = qs[t].add(128 * c);
+                        let alo = _mm512_loadu_si512(a as *const _);
+                        let ahi = _mm512_loadu_si512(a.add(64) as *const _);
+                        let p = _mm512_cvtepi32_ps(dot_i4_avx512(codes, alo, ahi));
+                        let s = _mm512_permutexvar_ps(idxq[q], s16[t]);
+                        acc[r][t] = _mm512_fmadd_ps(p, s, acc[r][t]);
+                    }
+                }
+            }
+            for c in quad_chunks..chunks {
+                _mm_prefetch::<_MM_HINT_T0>(row.add(64 * c).wrapping_add(ahead) as *const i8);
+                let codes = chunk_codes_avx512(row, kp, c);
+                let dw = chunk_scales_avx512::<G>(row, kp, c);
                 for t in 0..T {
                     let a = qs[t].add(128 * c);
                     let alo = _mm512_loadu_si512(a as *const _);
                     let ahi = _mm512_loadu_si512(a.add(64) as *const _);
-                    for r in 0..R {
-                        sums[sum(c, r, t)].write(dot_i4_avx512(codes[r], alo, ahi));
-                    }
-                }
-            }
-            for quad in c0 / 4..c1.min(quad_chunks) / 4 {
-                let mut dab = [_mm512_setzero_ps(); T];
-                for t in 0..T {
-                    dab[t] = _mm512_loadu_ps(ds[t].add(16 * quad));
-                }
-                for r in 0..R {
-                    let scales = rows[r].as_ptr().add(kp / 2);
-                    prefetch_scales(scales, quad, scale_bytes, ahead);
-                    let dwb = block_scales_avx512::<G>(scales.add(1024 * quad / G));
-                    for t in 0..T {
-                        let s16 = _mm512_mul_ps(dwb, dab[t]);
-                        for q in 0..4 {
-                            let idx = _mm512_add_epi32(idx4, _mm512_set1_epi32(4 * q as i32));
-                            let p = sums[sum(4 * quad + q, r, t)].assume_init();
-                            let s = _mm512_permutexvar_ps(idx, s16);
-                            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
-                        }
-                    }
-                }
-            }
-            for c in quad_chunks..c1 {
-                let mut das = [_mm512_setzero_ps(); T];
-                for t in 0..T {
                     let d = _mm_loadu_ps(ds[t].add(4 * c));
-                    das[t] = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(d));
+                    let das = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(d));
+                    let p = _mm512_cvtepi32_ps(dot_i4_avx512(codes, alo, ahi));
+                    acc[r][t] = _mm512_fmadd_ps(p, _mm512_mul_ps(dw, das), acc[r][t]);
                 }
-                for r in 0..R {
-                    let scales = rows[r].as_ptr().add(kp / 2);
-                    prefetch_scales(scales, c - quad_chunks + kp / 512, scale_bytes, ahead);
-                    let dw = chunk_scales_avx512::<G>(rows[r].as_ptr(), kp, c);
-                    for t in 0..T {
-                        let p = sums[sum(c, r, t)].assume_init();
-                        let s = _mm512_mul_ps(dw, das[t]);
-                        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
-                    }
-                }
+            }
+            for l in 0..scale_lines {
+                _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(64 * l + ahead) as *const i8);
             }
         }
         self.finish_i4_avx512(&rows, &acc, out);
@@ -944,9 +947,10 @@ impl Tile<'_> {
         }
     }
 
-    /// int4 on 256 bits: 64 values (two blocks) per chunk, groups of `G` values, in the
-    /// order of [`Tile::i4_avx512_groups`]: each row's codes, a segment of chunks at a
-    /// time, then the segment's scales. Whole quads of 4 chunks (256 values, 8 blocks) load
+    /// int4 on 256 bits: 64 values (two blocks) per chunk, groups of `G` values, for the 4
+    /// strided streams of AVX2 decode: each row's codes, a segment of chunks at a time (see
+    /// [`SUMS_BYTES`]), then the segment's scales, so that a stream does not read its scale
+    /// lines interleaved with its codes. Whole quads of 4 chunks (256 values, 8 blocks) load
     /// their scales once per row and multiply them by the inputs' 8 block scales in one
     /// vector; a chunk then permutes its lanes out of it. The products and the accumulation
     /// order are those of single chunks, so a row's output does not depend on the tile.
