@@ -37,8 +37,8 @@ const TILE_ROWS: usize = 4;
 const UNPACKED_TILE_INPUTS: usize = 3;
 
 /// Most bytes a decode stream is prefetched ahead of its loads, where a thread reads 4 strided
-/// streams: the AVX2 and AVX-VNNI kernels (with AVX-512 a thread reads one, see
-/// [`ONE_STREAM_AHEAD`]).
+/// streams: the AVX2 and AVX-VNNI int8 kernels (the others read one, see [`ONE_STREAM_AHEAD`];
+/// the int4 figures below are from when the int4 kernels read 4 streams too).
 ///
 /// One row ahead is far enough for rows of 2048 columns; a row of TinyLlama's down projection
 /// (5632 columns) is 5636 bytes in int8, and prefetching that far, 4 streams at once, read 16
@@ -55,18 +55,14 @@ const UNPACKED_TILE_INPUTS: usize = 3;
 /// and −3.3%.
 const MAX_AHEAD: usize = 2048;
 
-/// Bytes a decode stream is prefetched ahead of its loads with AVX-512, where each thread
-/// reads its rows one after another as one stream (see [`rows`]).
+/// Bytes a decode stream is prefetched ahead of its loads where each thread reads its rows
+/// one after another as one stream (see [`rows`]).
 ///
 /// Interleaved token-by-token A/B over whole TinyLlama decode steps on the 2-core Zen 5 VM,
 /// 2 threads, against 4 strided streams 2048 bytes ahead: int8 one stream 2048 bytes ahead
 /// −2.7%, 4096 +3.7%, 8192 +3.0 to +7.8%, 16384 +2.4%, 32768 −0.1% (medians of 7 pairs);
 /// int4-sym 4096 +8.4%, 8192 +9.9%, 16384 +9.0% (medians of 8 pairs, one run).
 const ONE_STREAM_AHEAD: usize = 8192;
-
-/// Bytes of integer dot-product vectors an AVX2 int4 tile keeps before scaling them:
-/// segments of 8192 columns for a tile of 4 weight rows × 1 input row, of 4096 for 4 × 2.
-const SUMS_BYTES: usize = 16384;
 
 thread_local! {
     /// Unpacked int4 weight rows of the current tile (see [`unpack_i4_avx512`]).
@@ -80,33 +76,35 @@ thread_local! {
 /// unpacking is paid once per weight row instead of once per [`UNPACKED_TILE_INPUTS`] input
 /// rows.
 ///
-/// Otherwise (decode) the rows are split into 4 equal runs and a tile takes one row of each, so
-/// that the kernel reads 4 long sequential streams, each prefetched one row ahead, or
-/// [`MAX_AHEAD`] bytes where rows are longer. A tile of 4 adjacent rows instead jumps to 4 new
-/// streams every 4 rows, which the hardware prefetchers follow poorly: reading a 1 GiB matrix in
-/// one pattern and the other on the 2-core CI VM moved 10–12 against 15–17 GB/s on one core and
-/// 22 against 26–31 GB/s on two.
-/// Storing a tile's 4 rows interleaved line by line, so that a thread reads one stream, was
-/// slower on the 2-core Zen 5 VM, whose hardware prefetchers do little (int4-sym 2048×2048,
-/// 16 copies from memory, 2 threads, interleaved A/B): 35.5 GB/s for the 4 streams, 29.1 for
-/// one stream prefetched 4 rows ahead and 10.8 for one stream without software prefetches.
-/// Tiles of 8 strided rows (8 streams) were slower too: 37.1 against 40.4 GB/s.
+/// Otherwise (decode) each thread reads its rows in memory order, as one stream prefetched
+/// [`ONE_STREAM_AHEAD`] bytes ahead: int8 one row per tile, int4 tiles of 4 adjacent rows, which
+/// [`Tile::i4_avx512_groups`] and [`Tile::i4_avx2_body`] read one row after the other, scaling
+/// each chunk as it arrives, so that the minimum terms and the horizontal sums are paid once per
+/// tile. Against the 4 strided streams below, token-by-token A/B over whole TinyLlama decode
+/// steps on the 2-core Zen 5 VM: with AVX-512, int8 3–7% faster on two threads and 4% on one
+/// (medians of 7–11 pairs); int4-sym 5.7% and 9.9% faster on two threads (medians of 12 and
+/// 8 pairs, in two runs) and 21% on one (8 pairs); int4 5.3% faster on two threads (8 pairs);
+/// 4 sequences decoded at once (int4-sym, two threads) 3–8% faster. With AVX2 (forced on that
+/// VM), int4-sym 13% faster on one thread (8 pairs) and unchanged on two (median −0.5% over
+/// 20 pairs: −1.3% in the phases where two threads decoded hardly faster than one, +9.5% in
+/// the others). One row per int4 tile, with the dot products of a row kept until its scale
+/// lines had been read (the order that suits 4 strided streams), was 20–24% slower on one
+/// thread with AVX-512: the per-row work of that order, not the memory, bound it.
 ///
-/// Decode with AVX-512 instead reads each thread's rows in memory order, as one stream
-/// prefetched [`ONE_STREAM_AHEAD`] bytes ahead: int8 one row per tile, int4 tiles of 4
-/// adjacent rows, which [`Tile::i4_avx512_groups`] reads one row after the other, scaling each
-/// chunk as it arrives, so that the minimum terms and the horizontal sums are paid once per
-/// tile. Against the 4 strided streams, token-by-token A/B over whole TinyLlama decode steps on
-/// the Zen 5 VM: int8 3–7% faster on two threads and 4% on one (medians of 7–11 pairs);
-/// int4-sym 5.7% and 9.9% faster on two threads (medians of 12 and 8 pairs, in two runs) and
-/// 21% on one (8 pairs); int4 5.3% faster on two threads (8 pairs); 4 sequences decoded at
-/// once (int4-sym, two threads) 3–8% faster. One row per int4 tile, with the dot products of a
-/// row kept until its scale lines had been read (the order that suits 4 strided streams), was
-/// 20–24% slower on one thread: the per-row work of that order, not the memory, bound it. AVX2
-/// int8 was unchanged by one stream (−0.4%).
+/// AVX2 and AVX-VNNI int8 decode, whose one-stream version was no faster (−0.4%), splits the
+/// rows into 4 equal runs instead, and a tile takes one row of each, so that the kernel reads 4
+/// long sequential streams, each prefetched one row ahead, or [`MAX_AHEAD`] bytes where rows are
+/// longer. A tile of 4 adjacent rows read chunk by chunk jumps to 4 new streams every 4 rows,
+/// which the hardware prefetchers follow poorly: reading a 1 GiB matrix in one pattern and the
+/// other on the 2-core CI VM moved 10–12 against 15–17 GB/s on one core and 22 against
+/// 26–31 GB/s on two. Storing a tile's 4 rows interleaved line by line, so that a thread reads
+/// one stream, was slower on the 2-core Zen 5 VM (int4-sym 2048×2048, 16 copies from memory,
+/// 2 threads, interleaved A/B): 35.5 GB/s for the 4 streams, 29.1 for one stream prefetched 4
+/// rows ahead and 10.8 for one stream without software prefetches. Tiles of 8 strided rows (8
+/// streams) were slower too: 37.1 against 40.4 GB/s.
 ///
-/// When the input rows fit one tile (decode), a kernel call runs all the strided tiles of
-/// the task, and a second one the rows left over, so that the dispatch, the set-up of a
+/// When the input rows fit one tile (decode), a kernel call runs all the full tiles of the
+/// task, and a second one the rows left over, so that the dispatch, the set-up of a
 /// tile and the stores of its results cost a few instructions per tile instead of a call
 /// each: with the kernels' arithmetic removed, a TinyLlama decode step spent half of its
 /// remaining time in that per-tile overhead.
@@ -130,7 +128,7 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         unpacked: &[],
     };
     if n <= max_t && !unpack {
-        if isa == Isa::Avx512 {
+        if isa == Isa::Avx512 || w.dtype != DataType::I8 {
             let r = if w.dtype == DataType::I8 {
                 1
             } else {
@@ -330,16 +328,6 @@ unsafe fn chunk_scales_avx512<const G: usize>(row: *const u8, kp: usize, c: usiz
         load_f16x4(scales, rest.div_ceil(G))
     };
     _mm512_permutexvar_ps(gidx, _mm512_castps128_ps512(ds))
-}
-
-/// Prefetches line `line` of the `bytes` bytes of int4 scales and minimums at `scales + ahead`
-/// (those of the row the next tile reads, or the bytes `ahead` of them in the stream), if there
-/// is such a line: the quad loops call it once per quad, which covers them all for groups of 32.
-#[inline(always)]
-unsafe fn prefetch_scales(scales: *const u8, line: usize, bytes: usize, ahead: usize) {
-    if 64 * line < bytes {
-        _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(64 * line + ahead) as *const i8);
-    }
 }
 
 /// The low and the high nibbles of the 64 bytes `v`, as bytes `0..15`.
@@ -947,100 +935,87 @@ impl Tile<'_> {
         }
     }
 
-    /// int4 on 256 bits: 64 values (two blocks) per chunk, groups of `G` values, for the 4
-    /// strided streams of AVX2 decode: each row's codes, a segment of chunks at a time (see
-    /// [`SUMS_BYTES`]), then the segment's scales, so that a stream does not read its scale
-    /// lines interleaved with its codes. Whole quads of 4 chunks (256 values, 8 blocks) load
-    /// their scales once per row and multiply them by the inputs' 8 block scales in one
-    /// vector; a chunk then permutes its lanes out of it. The products and the accumulation
-    /// order are those of single chunks, so a row's output does not depend on the tile.
+    /// int4 on 256 bits: 64 values (two blocks) per chunk, groups of `G` values, in the
+    /// order of [`Tile::i4_avx512_groups`]: the tile's rows one after another, each in memory
+    /// order, each chunk scaled as it arrives. Whole quads of 4 chunks (256 values, 8 blocks)
+    /// load their scales once and multiply them by the inputs' 8 block scales in one vector;
+    /// a chunk then permutes its lanes out of it. The products and the accumulation order are
+    /// those of single chunks, so a row's output does not depend on the tile.
     #[inline(always)]
     unsafe fn i4_avx2_body<const R: usize, const T: usize, const VNNI: bool, const G: usize>(
         &self,
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
-        const N: usize = SUMS_BYTES / 32;
         let kp = self.w.kp;
         let rows = self.rows::<R>();
         let idx2 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+        // Lane `l` of chunk `q` of a quad takes the scale of the quad's block `2q + l / 4`.
+        let idxq: [__m256i; 4] =
+            std::array::from_fn(|q| _mm256_add_epi32(idx2, _mm256_set1_epi32(2 * q as i32)));
         let ahead = self.ahead;
         let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
         let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
         let chunks = kp.div_ceil(64);
         let quad_chunks = 4 * (kp / 256);
-        let scale_bytes = self.w.row_bytes - kp / 2;
-        let segment = N / (R * T) / 4 * 4;
-        // Each segment writes the sums of all its chunks before its scales read them.
-        let mut sums = [std::mem::MaybeUninit::<__m256i>::uninit(); N];
-        let sum = |c: usize, r: usize, t: usize| (c % segment * R + r) * T + t;
+        let scale_lines = (self.w.row_bytes - kp / 2).div_ceil(64);
         let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for c0 in (0..chunks).step_by(segment) {
-            let c1 = (c0 + segment).min(chunks);
-            for c in c0..c1 {
-                let mut codes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
-                for r in 0..R {
-                    let p = rows[r].as_ptr().add(32 * c);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                    // A row's last chunk may hold 32 values: 16 bytes of codes.
-                    let v = if kp - 64 * c >= 64 {
-                        _mm256_loadu_si256(p as *const __m256i)
-                    } else {
-                        _mm256_zextsi128_si256(_mm_loadu_si128(p as *const __m128i))
-                    };
-                    codes[r] = nibbles_avx2(v);
-                }
+        for r in 0..R {
+            let row = rows[r].as_ptr();
+            let scales = row.add(kp / 2);
+            for quad in 0..quad_chunks / 4 {
+                let dwb = block_scales_avx2::<G>(scales.add(512 * quad / G));
+                let mut s8 = [_mm256_setzero_ps(); T];
                 for t in 0..T {
-                    let a = qs[t].add(64 * c);
-                    let alo = _mm256_loadu_si256(a as *const __m256i);
-                    let ahi = _mm256_loadu_si256(a.add(32) as *const __m256i);
-                    for r in 0..R {
-                        sums[sum(c, r, t)].write(dot_i4_avx2::<VNNI>(codes[r], alo, ahi));
+                    s8[t] = _mm256_mul_ps(dwb, _mm256_loadu_ps(ds[t].add(8 * quad)));
+                }
+                for q in 0..4 {
+                    let c = 4 * quad + q;
+                    let p = row.add(32 * c);
+                    // One prefetch per 64 bytes of codes.
+                    if q % 2 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                     }
-                }
-            }
-            for quad in c0 / 4..c1.min(quad_chunks) / 4 {
-                let mut dab = [_mm256_setzero_ps(); T];
-                for t in 0..T {
-                    dab[t] = _mm256_loadu_ps(ds[t].add(8 * quad));
-                }
-                for r in 0..R {
-                    let scales = rows[r].as_ptr().add(kp / 2);
-                    prefetch_scales(scales, quad, scale_bytes, ahead);
-                    let dwb = block_scales_avx2::<G>(scales.add(512 * quad / G));
+                    let codes = nibbles_avx2(_mm256_loadu_si256(p as *const __m256i));
                     for t in 0..T {
-                        let s8 = _mm256_mul_ps(dwb, dab[t]);
-                        for q in 0..4 {
-                            let idx = _mm256_add_epi32(idx2, _mm256_set1_epi32(2 * q as i32));
-                            let p = sums[sum(4 * quad + q, r, t)].assume_init();
-                            let s = _mm256_permutevar8x32_ps(s8, idx);
-                            acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r][t]);
-                        }
+                        let a = qs[t].add(64 * c);
+                        let alo = _mm256_loadu_si256(a as *const __m256i);
+                        let ahi = _mm256_loadu_si256(a.add(32) as *const __m256i);
+                        let p = _mm256_cvtepi32_ps(dot_i4_avx2::<VNNI>(codes, alo, ahi));
+                        let s = _mm256_permutevar8x32_ps(s8[t], idxq[q]);
+                        acc[r][t] = _mm256_fmadd_ps(p, s, acc[r][t]);
                     }
                 }
             }
-            for c in quad_chunks..c1 {
+            for c in quad_chunks..chunks {
+                let p = row.add(32 * c);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                // A row's last chunk may hold 32 values: 16 bytes of codes.
+                let v = if kp - 64 * c >= 64 {
+                    _mm256_loadu_si256(p as *const __m256i)
+                } else {
+                    _mm256_zextsi128_si256(_mm_loadu_si128(p as *const __m128i))
+                };
+                let codes = nibbles_avx2(v);
                 let (g0, gn) = (64 * c / G, (kp - 64 * c).min(64).div_ceil(G));
                 let gidx = if G == 32 {
                     idx2
                 } else {
                     _mm256_setzero_si256()
                 };
-                let mut da = [_mm256_setzero_ps(); T];
+                let d = load_f16x4(scales.add(2 * g0), gn);
+                let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), gidx);
                 for t in 0..T {
+                    let a = qs[t].add(64 * c);
+                    let alo = _mm256_loadu_si256(a as *const __m256i);
+                    let ahi = _mm256_loadu_si256(a.add(32) as *const __m256i);
                     let d = _mm_castpd_ps(_mm_load_sd(ds[t].add(2 * c) as *const f64));
-                    da[t] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), idx2);
+                    let da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), idx2);
+                    let p = _mm256_cvtepi32_ps(dot_i4_avx2::<VNNI>(codes, alo, ahi));
+                    acc[r][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, da), acc[r][t]);
                 }
-                for r in 0..R {
-                    let scales = rows[r].as_ptr().add(kp / 2);
-                    prefetch_scales(scales, c - quad_chunks + kp / 256, scale_bytes, ahead);
-                    let d = load_f16x4(scales.add(2 * g0), gn);
-                    let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), gidx);
-                    for t in 0..T {
-                        let p = sums[sum(c, r, t)].assume_init();
-                        let s = _mm256_mul_ps(dw, da[t]);
-                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r][t]);
-                    }
-                }
+            }
+            for l in 0..scale_lines {
+                _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(64 * l + ahead) as *const i8);
             }
         }
         let (offset, factor) = int4_mins(self.w.dtype, kp);
