@@ -128,48 +128,37 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         unpacked: &[],
     };
     if n <= max_t && !unpack {
-        if isa == Isa::Avx512 || w.dtype != DataType::I8 {
-            let r = if w.dtype == DataType::I8 {
-                1
-            } else {
-                TILE_ROWS
-            };
-            let full = m / r;
-            let adjacent = Tile {
+        let one_stream = isa == Isa::Avx512 || w.dtype != DataType::I8;
+        let r = if one_stream && w.dtype == DataType::I8 {
+            1
+        } else {
+            TILE_ROWS
+        };
+        let full = m / r;
+        let tiles = if one_stream {
+            Tile {
                 tiles: full,
                 stride: 1,
                 ahead: ONE_STREAM_AHEAD,
                 ..tile
-            };
-            let rest = Tile {
-                j: j0 + r * full,
-                loc: r * full,
-                tiles: m - r * full,
-                ..adjacent
-            };
-            // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
-            unsafe {
-                adjacent.run(isa, r, n, yt);
-                rest.run(isa, 1, n, yt);
             }
-            return;
-        }
-        let full = if m >= TILE_ROWS { m / TILE_ROWS } else { 0 };
-        let strided = Tile {
-            tiles: full,
-            stride: full,
-            ahead: w.row_bytes.min(MAX_AHEAD),
-            ..tile
+        } else {
+            Tile {
+                tiles: full,
+                stride: full,
+                ahead: w.row_bytes.min(MAX_AHEAD),
+                ..tile
+            }
         };
         let rest = Tile {
-            j: j0 + TILE_ROWS * full,
-            loc: TILE_ROWS * full,
-            tiles: m - TILE_ROWS * full,
-            ..strided
+            j: j0 + r * full,
+            loc: r * full,
+            tiles: m - r * full,
+            ..tiles
         };
         // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
         unsafe {
-            strided.run(isa, TILE_ROWS, n, yt);
+            tiles.run(isa, r, n, yt);
             rest.run(isa, 1, n, yt);
         }
         return;
