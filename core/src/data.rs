@@ -1,8 +1,9 @@
 //! [`Data`]: flm's tensor type.
 //!
 //! A `Data` has a dtype, a shape, row-major strides and its bytes, which are either owned (a
-//! 64-byte aligned heap buffer, for activations and converted weights) or borrowed from a
-//! memory-mapped file (zero-copy weights). Moving data between devices is always explicit.
+//! 64-byte aligned heap buffer, for activations and converted weights; from 2 MiB up, an
+//! anonymous mapping backed by transparent huge pages where the OS has them) or borrowed from
+//! a memory-mapped file (zero-copy weights). Moving data between devices is always explicit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,6 +12,8 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use rayon::prelude::*;
 
+#[cfg(unix)]
+use crate::pages::{HugeBuffer, HUGE_PAGE_BYTES};
 use crate::{quant, DataType, Error, Result};
 
 /// One 64-byte aligned chunk of an owned buffer: the alignment lets SIMD kernels use aligned
@@ -24,12 +27,32 @@ struct Chunk([u8; 64]);
 enum Storage {
     /// Heap memory owned by the tensor; its capacity may exceed the current shape.
     Owned(Vec<Chunk>),
+    /// A buffer of [`HUGE_PAGE_BYTES`] or more, owned by the tensor, on huge pages where the
+    /// OS gives them (weights, KV caches); its capacity may exceed the current shape.
+    #[cfg(unix)]
+    Huge(HugeBuffer),
     /// A read-only range of a memory-mapped file.
     Mapped {
         map: Arc<Mmap>,
         offset: usize,
         len: usize,
     },
+}
+
+impl Storage {
+    /// `len` zero bytes: a [`Storage::Huge`] buffer from [`HUGE_PAGE_BYTES`] up (on the heap
+    /// if the OS refuses the mapping), else a heap buffer. `None` if memory is exhausted.
+    fn zeroed(len: usize) -> Option<Storage> {
+        #[cfg(unix)]
+        if len >= HUGE_PAGE_BYTES {
+            if let Some(buffer) = HugeBuffer::zeroed(len) {
+                return Some(Storage::Huge(buffer));
+            }
+        }
+        bytemuck::allocation::try_zeroed_vec(len.div_ceil(64))
+            .ok()
+            .map(Storage::Owned)
+    }
 }
 
 /// A tensor: dtype, shape, strides (in elements) and storage.
@@ -90,7 +113,7 @@ impl Data {
     /// [`Error::InvalidArgument`] if the memory cannot be allocated.
     pub fn zeros(dtype: DataType, shape: &[usize]) -> Result<Data> {
         let len = byte_len(dtype, shape)?;
-        let chunks = bytemuck::allocation::try_zeroed_vec(len.div_ceil(64)).map_err(|()| {
+        let storage = Storage::zeroed(len).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "cannot allocate {len} bytes for a {dtype} tensor of shape {shape:?}"
             ))
@@ -99,7 +122,7 @@ impl Data {
             dtype,
             shape: shape.to_vec(),
             strides: row_major_strides(shape),
-            storage: Storage::Owned(chunks),
+            storage,
             id: next_id(),
         })
     }
@@ -230,6 +253,8 @@ impl Data {
         let len = byte_len(self.dtype, shape)?;
         let capacity = match &self.storage {
             Storage::Owned(chunks) => chunks.len() * 64,
+            #[cfg(unix)]
+            Storage::Huge(buffer) => buffer.len(),
             Storage::Mapped { len, .. } => *len,
         };
         if len > capacity {
@@ -252,6 +277,8 @@ impl Data {
         let len = self.size_bytes();
         match &self.storage {
             Storage::Owned(chunks) => &bytemuck::cast_slice(chunks)[..len],
+            #[cfg(unix)]
+            Storage::Huge(buffer) => &buffer[..len],
             Storage::Mapped { map, offset, .. } => &map[*offset..*offset + len],
         }
     }
@@ -264,6 +291,8 @@ impl Data {
         self.id = next_id();
         match &mut self.storage {
             Storage::Owned(chunks) => Ok(&mut bytemuck::cast_slice_mut(chunks)[..len]),
+            #[cfg(unix)]
+            Storage::Huge(buffer) => Ok(&mut buffer[..len]),
             Storage::Mapped { .. } => Err(Error::ReadOnly),
         }
     }

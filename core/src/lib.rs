@@ -20,6 +20,8 @@ pub mod flm_file;
 mod kv_cache;
 mod op;
 mod paged_kv;
+#[cfg(unix)]
+mod pages;
 pub mod quant;
 mod rope;
 mod sampling;

@@ -221,6 +221,8 @@ fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
 /// Streaming read bandwidth in GB/s: the best of 3 passes summing a `mib` MiB buffer on
 /// the current thread pool, in each of three patterns.
 ///
+/// Errors: the buffer cannot be allocated.
+///
 /// Each task reads its chunk either as one sequential stream or as 8 parts in lockstep, a
 /// cache line of each per step, prefetching 1024 bytes ahead on x86-64, as the float and
 /// AVX2 int8 decode kernels read several weight rows at once, or as one stream prefetched
@@ -230,9 +232,11 @@ fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
 /// stream, 12.5–13.5 GB/s with 8), while on the 2-core Zen 5 VM two threads read 35–42 GB/s in one stream each and
 /// 29–36 GB/s in 8, and one thread decoded int8 faster than the first two patterns read.
 /// The bound is what the machine allows, so it is the fastest of the three.
-fn stream_read_gb_s(mib: usize) -> f64 {
-    let mut buf = vec![0u64; (mib << 20) / 8];
-    fill_random(bytemuck::cast_slice_mut(&mut buf), 7);
+fn stream_read_gb_s(mib: usize) -> Result<f64> {
+    // Allocated as weights are, so that it reads through the same kind of pages.
+    let mut data = Data::zeros(DataType::F32, &[mib << 18])?;
+    fill_random(data.bytes_mut()?, 7);
+    let buf: &[u64] = bytemuck::cast_slice(data.bytes());
     let per_task = buf.len().div_ceil(rayon::current_num_threads() * 16).max(1);
     let pass = |sum: fn(&[u64]) -> u64| {
         let start = Instant::now();
@@ -243,7 +247,7 @@ fn stream_read_gb_s(mib: usize) -> f64 {
         std::hint::black_box(total);
         (buf.len() * 8) as f64 / start.elapsed().as_secs_f64() / 1e9
     };
-    (0..3)
+    Ok((0..3)
         .flat_map(|_| {
             [
                 pass(sum_streams::<1, 1024>),
@@ -251,7 +255,7 @@ fn stream_read_gb_s(mib: usize) -> f64 {
                 pass(sum_streams::<8, 1024>),
             ]
         })
-        .fold(0.0, f64::max)
+        .fold(0.0, f64::max))
 }
 
 /// The wrapping sum of `chunk`, read as `S` parts in lockstep, one cache line (8 `u64`)
@@ -343,7 +347,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let (stream, bound) = match chosen.gpu_peak_bandwidth {
             Some(peak) => (peak / 1e9, "GPU peak memory bandwidth"),
             None => (
-                stream_read_gb_s(args.stream_mib.max(1)),
+                stream_read_gb_s(args.stream_mib.max(1))?,
                 "streaming read bandwidth",
             ),
         };
