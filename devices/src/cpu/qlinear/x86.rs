@@ -589,6 +589,16 @@ unsafe fn dot_u8_i8<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> _
 }
 
 impl Tile<'_> {
+    /// The codes and the block scales of the tile's `T` input rows, each padded to whole
+    /// chunks (see `Acts`).
+    #[inline(always)]
+    fn input_rows<const T: usize>(&self) -> ([*const i8; T], [*const f32; T]) {
+        (
+            std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr()),
+            std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr()),
+        )
+    }
+
     /// Prefetches the line [`Tile::ahead`] bytes past the weight byte at `p`.
     ///
     /// In decode (`once`) the hint is non-temporal: the weights stream through once per
@@ -720,9 +730,7 @@ impl Tile<'_> {
         // Lane `l` of chunk `q` of a quad takes the scale of the quad's block `4q + l / 4`.
         let idxq: [__m512i; 4] =
             std::array::from_fn(|q| _mm512_add_epi32(idx4, _mm512_set1_epi32(4 * q as i32)));
-        // The rows' codes and block scales, each padded to whole chunks (see `Acts`).
-        let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
-        let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
+        let (qs, ds) = self.input_rows::<T>();
         let chunks = kp.div_ceil(128);
         let quad_chunks = 4 * (kp / 512);
         let scale_lines = (self.w.row_bytes - kp / 2).div_ceil(64);
@@ -964,8 +972,7 @@ impl Tile<'_> {
         // Lane `l` of chunk `q` of a quad takes the scale of the quad's block `2q + l / 4`.
         let idxq: [__m256i; 4] =
             std::array::from_fn(|q| _mm256_add_epi32(idx2, _mm256_set1_epi32(2 * q as i32)));
-        let qs: [*const i8; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t).as_ptr());
-        let ds: [*const f32; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t).as_ptr());
+        let (qs, ds) = self.input_rows::<T>();
         let chunks = kp.div_ceil(64);
         let quad_chunks = 4 * (kp / 256);
         let scale_lines = (self.w.row_bytes - kp / 2).div_ceil(64);
