@@ -68,20 +68,11 @@ struct Line([u8; 64]);
 /// codes and activations took 4.2 cycles per 64 bytes of weight codes on the lines and 4.4 off
 /// them with one accumulator per output, as the kernels have (bound by the `vfmadd` chain),
 /// and 2.2 against 3.5 with four.
+#[derive(Default)]
 struct Lines<T> {
     lines: Vec<Line>,
     len: usize,
     _values: std::marker::PhantomData<T>,
-}
-
-impl<T> Default for Lines<T> {
-    fn default() -> Self {
-        Lines {
-            lines: Vec::new(),
-            len: 0,
-            _values: std::marker::PhantomData,
-        }
-    }
 }
 
 impl<T: bytemuck::Pod> Lines<T> {
