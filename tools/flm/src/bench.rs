@@ -35,12 +35,17 @@ pub struct BenchArgs {
     /// int4 and int4-sym group size of --random: 32, 64 or 128.
     #[arg(long, default_value_t = 32)]
     group_size: usize,
-    /// Prompt tokens prefilled in one call.
+    /// Prompt tokens prefilled in one call: the prefill test (llama-bench's ppN).
     #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
-    /// Tokens decoded one at a time after the prompt.
+    /// Tokens decoded one at a time: the decode test (llama-bench's tgN), which starts
+    /// after the `--depth` tokens, not after the prompt.
     #[arg(long, default_value_t = 64)]
     gen_tokens: usize,
+    /// Tokens already in the KV cache when each test starts (llama-bench's -d): 0, the
+    /// default, runs both tests from an empty context, as llama-bench -p and -n do.
+    #[arg(long, default_value_t = 0, conflicts_with = "batch")]
+    depth: usize,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -54,7 +59,8 @@ pub struct BenchArgs {
     #[arg(long)]
     json: bool,
     /// Decode this many sequences together, as the serving engine batches them (one
-    /// forward of N rows per step over a paged KV cache); tokens/s are their aggregate.
+    /// forward of N rows per step over a paged KV cache, each sequence decoding after its
+    /// prompt); tokens/s are their aggregate.
     #[arg(long)]
     batch: Option<usize>,
     #[command(flatten)]
@@ -183,7 +189,9 @@ fn build(args: &BenchArgs, positions: usize) -> Result<(Llama, String, String)> 
         };
     ensure!(
         positions <= config.max_seq_len,
-        "--prompt-tokens + --gen-tokens = {positions} exceeds the model's context of {}",
+        "the bench needs {positions} positions (--depth plus the longer of --prompt-tokens and \
+         --gen-tokens; with --batch, --prompt-tokens plus --gen-tokens), which exceeds the \
+         model's context of {}",
         config.max_seq_len
     );
     config.max_seq_len = positions;
@@ -304,7 +312,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .num_threads(threads)
         .build()
         .context("cannot start the thread pool")?;
-    let positions = args.prompt_tokens + args.gen_tokens;
+    let positions = match args.batch {
+        Some(_) => args.prompt_tokens + args.gen_tokens,
+        None => args.depth + args.prompt_tokens.max(args.gen_tokens),
+    };
     let isa = CpuDevice::new()?.isa();
     let chosen = args.device.executor()?;
     let exec: &Executor = &chosen.exec;
@@ -316,20 +327,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let (mut model, name, dtype) = build(&args, positions)?;
         let vocab = model.config().vocab_size;
         let bytes = weight_bytes_per_token(model.weights(), vocab);
-        let prompt: Vec<u32> = (0..args.prompt_tokens)
-            .map(|i| ((i as u64 * 2_654_435_761) % vocab as u64) as u32)
-            .collect();
+        let tokens = |n: usize, salt: u64| -> Vec<u32> {
+            (0..n as u64)
+                .map(|i| ((i * 2_654_435_761 + salt) % vocab as u64) as u32)
+                .collect()
+        };
+        let prompt = tokens(args.prompt_tokens, 0);
+        // The context both tests start after: it stays in the KV cache, and the tests
+        // overwrite only the positions after it.
+        let (depth, context) = (args.depth, tokens(args.depth, 1));
+        if depth > 0 {
+            model.forward(exec, &context, 0, Logits::Last)?;
+        }
         let once = |model: &mut Llama| -> Result<(f64, f64)> {
             if let Some(n) = args.batch {
                 return crate::bench_batch::once(exec, model, &prompt, n, args.gen_tokens);
             }
             let start = Instant::now();
-            let mut next = flm_core::argmax(model.forward(exec, &prompt, 0, Logits::Last)?);
+            model.forward(exec, &prompt, depth, Logits::Last)?;
             let prefill = start.elapsed().as_secs_f64();
+            // As llama-bench's tgN: one token at a time from `depth` on, each the argmax
+            // of the step before.
             let start = Instant::now();
+            let mut next = prompt[0];
             for g in 0..args.gen_tokens {
-                let pos = args.prompt_tokens + g;
-                next = flm_core::argmax(model.forward(exec, &[next], pos, Logits::Last)?);
+                next = flm_core::argmax(model.forward(exec, &[next], depth + g, Logits::Last)?);
             }
             let decode = start.elapsed().as_secs_f64();
             Ok((
@@ -364,6 +386,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "threads": threads,
                 "prompt_tokens": args.prompt_tokens,
                 "gen_tokens": args.gen_tokens,
+                "depth": args.depth,
                 "batch": batch,
                 "reps": args.reps,
                 "prefill_tok_s": pp,
@@ -386,8 +409,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 isa,
                 args.reps
             );
+            let at = match args.depth {
+                0 => String::new(),
+                d => format!(" @ d{d}"),
+            };
             println!(
-                "| test | tokens/s |\n|---|---|\n| pp{} | {pp:.2} ± {pp_sd:.2} |\n| tg{} | {tg:.2} ± {tg_sd:.2} |",
+                "| test | tokens/s |\n|---|---|\n| pp{}{at} | {pp:.2} ± {pp_sd:.2} |\n| tg{}{at} | {tg:.2} ± {tg_sd:.2} |",
                 args.prompt_tokens, args.gen_tokens
             );
             println!(

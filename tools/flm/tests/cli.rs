@@ -513,9 +513,17 @@ fn bench_reports_json_for_random_weights() {
     let config = data("hf-stories260K/config.json");
     // stories260K: dim 64, hidden 172, 5 layers, 8 heads of 8, 4 KV heads, vocab 512, tied.
     let (dim, hidden, layers, kv_dim, vocab) = (64, 172, 5, 32, 512);
-    for dtype in ["f32", "int8", "int4", "int4-sym"] {
+    // Context already in the KV cache when the tests start (0: an empty one).
+    for (dtype, depth) in [
+        ("f32", "0"),
+        ("int8", "5"),
+        ("int4", "0"),
+        ("int4-sym", "300"),
+    ] {
         let out = flm(&[
             "bench",
+            "--depth",
+            depth,
             "--random",
             config.to_str().unwrap(),
             "--dtype",
@@ -560,6 +568,7 @@ fn bench_reports_json_for_random_weights() {
         assert_eq!(line["threads"], 1);
         assert_eq!(line["prompt_tokens"], 8);
         assert_eq!(line["gen_tokens"], 4);
+        assert_eq!(line["depth"], depth.parse::<u64>().unwrap());
         // Per layer: two f32 norms and the seven matrices; then the final norm, the tied
         // embedding as classifier and one embedding row.
         let m = |rows: usize, cols: usize| rows * row_bytes(stored, cols);
@@ -584,6 +593,12 @@ fn bench_rejects_bad_requests() {
     for (args, needle) in [
         (vec!["bench", "--random", config], "--dtype"),
         (vec!["bench", "--dtype", "int8"], "--model"),
+        (
+            vec![
+                "bench", "--random", config, "--dtype", "int8", "--batch", "2", "--depth", "4",
+            ],
+            "--depth",
+        ),
     ] {
         let out = flm(&args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -597,6 +612,7 @@ fn bench_rejects_bad_requests() {
             "exceeds the model's context of 512",
         ),
         (["--gen-tokens", "0"], "--gen-tokens must be at least 1"),
+        (["--depth", "400"], "exceeds the model's context of 512"),
     ] {
         let mut args = vec!["bench", "--random", config];
         if extra[0] != "--dtype" {
