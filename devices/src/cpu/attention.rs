@@ -402,6 +402,12 @@ impl Kernel for HeadRun<'_, '_> {
     }
 }
 
+/// Cache positions the score pass of [`group`] prefetches the key and value rows of ahead
+/// of its reads. TinyLlama int4-sym on two threads decoded 1.5–2.2% faster with these
+/// prefetches at 512 positions of context and 0.7–1.0% at 128 (token by token in one
+/// process, both orders); 48 positions ahead measured the same as 16.
+const PREFETCH_ROWS: usize = 16;
+
 /// The query heads `first..first + task_heads` of one row (of one KV head) with the vectors
 /// of `s`, over the `len` cache positions it sees from `start` on:
 /// all their scores first, each block of 8 key rows read from memory once and from L1 for
@@ -420,6 +426,18 @@ fn group<S: Simd>(
     let len = offsets.len();
     let qs = &a.q[first * hd..][..heads * hd];
     let (keys, values) = (a.keys, a.values);
+    // The key and value rows of positions `t0..t1` (clipped to `len`), prefetched ahead of
+    // the score pass: in decode they were written one step earlier, and the weights read
+    // since have pushed them out to memory.
+    let prefetch_rows = |t0: usize, t1: usize| {
+        for &o in &offsets[t0.min(len)..t1.min(len)] {
+            for c in (0..hd).step_by(16) {
+                simd::prefetch(keys.as_ptr().wrapping_add(o + c));
+                simd::prefetch(values.as_ptr().wrapping_add(o + c));
+            }
+        }
+    };
+    prefetch_rows(0, PREFETCH_ROWS);
 
     // Scores of head `h` at `h·padded`, padded with −∞ (probability 0) to whole vectors.
     let padded = len.div_ceil(l) * l;
@@ -427,6 +445,7 @@ fn group<S: Simd>(
     scores.resize(heads * padded + heads, f32::NEG_INFINITY);
     let mut t = 0;
     while t + 8 <= len {
+        prefetch_rows(t + PREFETCH_ROWS, t + PREFETCH_ROWS + 8);
         let mut rows: [&[f32]; 8] = [&[]; 8];
         for (j, row) in rows.iter_mut().enumerate() {
             *row = &keys[offsets[t + j]..][..hd];
