@@ -335,9 +335,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let prompt = tokens(args.prompt_tokens, 0);
         // The context both tests start after: it stays in the KV cache, and the tests
         // overwrite only the positions after it.
-        let (depth, context) = (args.depth, tokens(args.depth, 1));
+        let depth = args.depth;
         if depth > 0 {
-            model.forward(exec, &context, 0, Logits::Last)?;
+            model.forward(exec, &tokens(depth, 1), 0, Logits::Last)?;
         }
         let once = |model: &mut Llama| -> Result<(f64, f64)> {
             if let Some(n) = args.batch {
