@@ -106,20 +106,22 @@ impl Executor {
         }
     }
 
-    /// Runs `op` on the first device that supports it.
+    /// Checks `op` ([`Op::validate`]) and runs it on the first device that supports it.
     ///
-    /// Errors: [`Error::Unsupported`] if no device does; otherwise the device's error.
+    /// Errors: those of [`Op::validate`]; [`Error::Unsupported`] if no device supports the
+    /// op; otherwise the device's error.
     pub fn run(&self, op: Op<'_>) -> Result<()> {
-        let kind = op.kind();
+        let op = op.validate()?;
+        let kind = op.op().kind();
         let device = self
             .devices
             .iter()
-            .find(|d| d.supports(&op))
-            .ok_or_else(|| Error::Unsupported(format!("{op:?}")))?;
+            .find(|d| d.supports(op.op()))
+            .ok_or_else(|| Error::Unsupported(format!("{:?}", op.op())))?;
         match &self.profile {
             None => device.run(op),
             Some(profile) => {
-                let weights = WeightKey::of(&op);
+                let weights = WeightKey::of(op.op());
                 let start = Instant::now();
                 let result = device.run(op);
                 let elapsed = start.elapsed();
@@ -220,7 +222,7 @@ impl Drop for Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::LinearPart;
+    use crate::{CheckedOp, LinearPart};
 
     struct OnlyAdd;
     impl BaseDevice for OnlyAdd {
@@ -231,8 +233,8 @@ mod tests {
             matches!(op, Op::Add { .. })
         }
         fn require_batch_invariance(&self) {}
-        fn run(&self, op: Op<'_>) -> Result<()> {
-            if let Op::Add { x, y } = op {
+        fn run(&self, op: CheckedOp<'_>) -> Result<()> {
+            if let Op::Add { x, y } = op.into_op() {
                 let y = y.as_f32()?.to_vec();
                 for (a, b) in x.as_f32_mut()?.iter_mut().zip(y) {
                     *a += b;
@@ -252,7 +254,7 @@ mod tests {
             matches!(op, Op::Linear { .. } | Op::Linears { .. })
         }
         fn require_batch_invariance(&self) {}
-        fn run(&self, _: Op<'_>) -> Result<()> {
+        fn run(&self, _: CheckedOp<'_>) -> Result<()> {
             std::thread::sleep(Duration::from_millis(1));
             Ok(())
         }

@@ -1,7 +1,8 @@
 //! flm-core: the types every other crate of flm is built on.
 //!
 //! - [`Data`]: a tensor (dtype, shape, strides, storage owned or borrowed from an mmap).
-//! - [`Op`]: the typed operations a model graph is made of.
+//! - [`Op`]: the typed operations a model graph is made of, and their contract
+//!   ([`Op::validate`], written once for every device).
 //! - [`BaseDevice`] and [`Executor`]: devices in priority order; the first that supports an op
 //!   runs it; a per-op profiler printed at exit when `FLM_PROFILE=1`.
 //! - [`KvCache`], [`RopeTable`] and [`Sampler`]: the run state shared by all model graphs;
@@ -11,6 +12,7 @@
 //! rather than string-keyed dispatch (see ARCHITECTURE.md).
 
 mod alibi;
+mod contract;
 mod data;
 mod device;
 mod dtype;
@@ -27,6 +29,7 @@ mod rope;
 mod sampling;
 
 pub use alibi::alibi_slopes;
+pub use contract::CheckedOp;
 pub use data::Data;
 pub use device::BaseDevice;
 pub use dtype::DataType;

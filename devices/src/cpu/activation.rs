@@ -7,7 +7,7 @@
 use flm_core::{Data, Result};
 
 use super::simd::{self, Kernel, Simd};
-use super::{shape_err, Isa};
+use super::Isa;
 
 /// SwiGLU gate: `out = silu(gate) * up`, `silu(x) = x / (1 + e^-x)` (llama2.c `forward`),
 /// element-wise over f32 tensors of one shape.
@@ -17,17 +17,6 @@ use super::{shape_err, Isa};
 /// each step is within a rounding or two, so the result is within a few units of rounding
 /// of the true value (and 0 where it is below about `1e-36`).
 pub(crate) fn silu_mul(isa: Isa, gate: &Data, up: &Data, output: &mut Data) -> Result<()> {
-    if gate.shape() != up.shape() || gate.shape() != output.shape() {
-        return Err(shape_err(
-            "SiluMul",
-            format!(
-                "gate {:?}, up {:?}, output {:?}",
-                gate.shape(),
-                up.shape(),
-                output.shape()
-            ),
-        ));
-    }
     let k = SiluMul {
         g: gate.as_f32()?,
         u: up.as_f32()?,

@@ -38,12 +38,12 @@
 
 use std::cell::RefCell;
 
-use flm_core::{Data, Error, Result};
+use flm_core::{Data, Result};
 use rayon::prelude::*;
 
 use super::simd::{self, Kernel, Simd};
 use super::weights::dot;
-use super::{shape_err, Isa, PARALLEL_MIN_WORK};
+use super::{Isa, PARALLEL_MIN_WORK};
 
 thread_local! {
     /// The scores (then probabilities) of the current head.
@@ -79,92 +79,9 @@ pub(crate) fn attention(
     mask: Mask,
     output: &mut Data,
 ) -> Result<()> {
-    let n = q.rows();
-    check_shapes("Attention", q, cache_k, cache_v, heads, output)?;
-    // Saturating: an absurd `start_pos` is a context overflow, not an arithmetic panic.
-    if start_pos.saturating_add(n) > cache_k.rows() {
-        return Err(Error::ContextOverflow {
-            needed: start_pos.saturating_add(n),
-            max: cache_k.rows(),
-        });
-    }
-    if mask.bidirectional > start_pos + n {
-        return Err(shape_err(
-            "Attention",
-            format!(
-                "a bidirectional prefix of {} rows, but only {} cache rows are filled",
-                mask.bidirectional,
-                start_pos + n
-            ),
-        ));
-    }
-    let window = window("Attention", mask)?;
     let rows = Rows::Contiguous { start_pos };
+    let window = mask.sliding_window.unwrap_or(usize::MAX);
     run(isa, q, cache_k, cache_v, rows, heads, mask, window, output)
-}
-
-/// Checks the head counts and the shapes of `q`, the caches and `output`.
-pub(crate) fn check_shapes(
-    op: &'static str,
-    q: &Data,
-    cache_k: &Data,
-    cache_v: &Data,
-    heads: Heads,
-    output: &Data,
-) -> Result<()> {
-    let Heads {
-        n_heads,
-        n_kv_heads,
-        ..
-    } = heads;
-    if n_heads == 0
-        || n_kv_heads == 0
-        || !n_heads.is_multiple_of(n_kv_heads)
-        || !q.cols().is_multiple_of(n_heads)
-    {
-        return Err(shape_err(
-            op,
-            format!(
-                "{n_heads} query heads, {n_kv_heads} KV heads, q {:?}",
-                q.shape()
-            ),
-        ));
-    }
-    let head_dim = q.cols() / n_heads;
-    if head_dim == 0
-        || cache_k.cols() != n_kv_heads * head_dim
-        || cache_v.shape() != cache_k.shape()
-        || output.shape() != q.shape()
-    {
-        return Err(shape_err(
-            op,
-            format!(
-                "q {:?}, caches {:?} and {:?}, output {:?}, {n_heads} heads, {n_kv_heads} KV heads",
-                q.shape(),
-                cache_k.shape(),
-                cache_v.shape(),
-                output.shape()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The positions a row sees at most (`usize::MAX` without a sliding window).
-///
-/// Errors: a window of 0, or one together with a bidirectional prefix.
-pub(crate) fn window(op: &'static str, mask: Mask) -> Result<usize> {
-    match (mask.sliding_window, mask.bidirectional) {
-        (None, _) => Ok(usize::MAX),
-        (Some(w), 0) if w > 0 => Ok(w),
-        (Some(w), b) => Err(shape_err(
-            op,
-            format!(
-                "a sliding window of {w} positions (must be positive, and without a \
-                 bidirectional prefix; got {b} rows)"
-            ),
-        )),
-    }
 }
 
 /// The head counts and scale of a call.

@@ -4,19 +4,13 @@
 // to come): elsewhere only the portable twins are called.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-use flm_core::{argmax, Data, Error, Result};
+use flm_core::{argmax, Data, Result};
 
 use super::simd::{self, Kernel, Simd};
-use super::{shape_err, Isa};
+use super::Isa;
 
 /// `x += y` element-wise, over f32 tensors of one shape.
 pub(crate) fn add(isa: Isa, x: &mut Data, y: &Data) -> Result<()> {
-    if x.shape() != y.shape() {
-        return Err(shape_err(
-            "Add",
-            format!("x {:?}, y {:?}", x.shape(), y.shape()),
-        ));
-    }
     let k = Add {
         y: y.as_f32()?,
         x: x.as_f32_mut()?,
@@ -56,29 +50,8 @@ impl Kernel for Add<'_> {
 }
 
 /// `dst[rows[r], :] = src[r, :]` (see [`flm_core::Op::ScatterRows`]).
-///
-/// Errors: [`Error::Shape`] when the column counts or the number of rows disagree,
-/// [`Error::OutOfBounds`] for a destination row outside `dst` (nothing is written then).
 pub(crate) fn scatter_rows(src: &Data, rows: &[u32], dst: &mut Data) -> Result<()> {
     let cols = src.cols();
-    if dst.cols() != cols || src.rows() != rows.len() {
-        return Err(shape_err(
-            "ScatterRows",
-            format!(
-                "src {:?}, {} rows, dst {:?}",
-                src.shape(),
-                rows.len(),
-                dst.shape()
-            ),
-        ));
-    }
-    let n = dst.rows();
-    if let Some(&r) = rows.iter().find(|&&r| r as usize >= n) {
-        return Err(Error::OutOfBounds(format!(
-            "scattering to row {r} of {:?}",
-            dst.shape()
-        )));
-    }
     let dst = dst.as_f32_mut()?;
     for (row, &r) in src.as_f32()?.chunks_exact(cols).zip(rows) {
         dst[r as usize * cols..][..cols].copy_from_slice(row);
@@ -95,24 +68,6 @@ pub(crate) fn copy_rows(
     dst_row: usize,
 ) -> Result<()> {
     let cols = src.cols();
-    if dst.cols() != cols {
-        return Err(shape_err(
-            "CopyRows",
-            format!("src {:?}, dst {:?}", src.shape(), dst.shape()),
-        ));
-    }
-    // Saturating: absurd row indices are out of bounds, not an arithmetic panic.
-    let (src_end, dst_end) = (
-        src_row.saturating_add(n_rows),
-        dst_row.saturating_add(n_rows),
-    );
-    if src_end > src.rows() || dst_end > dst.rows() {
-        return Err(Error::OutOfBounds(format!(
-            "copying rows {src_row}..{src_end} of {:?} to rows {dst_row}..{dst_end} of {:?}",
-            src.shape(),
-            dst.shape()
-        )));
-    }
     let src = &src.as_f32()?[src_row * cols..(src_row + n_rows) * cols];
     dst.as_f32_mut()?[dst_row * cols..(dst_row + n_rows) * cols].copy_from_slice(src);
     Ok(())
@@ -121,12 +76,6 @@ pub(crate) fn copy_rows(
 /// `output[i] = argmax(input[i, :])` as [`flm_core::argmax`]: the first index of the
 /// largest value, NaN never chosen, 0 when no value exceeds −∞.
 pub(crate) fn argmax_rows(isa: Isa, input: &Data, output: &mut [u32]) -> Result<()> {
-    if output.len() != input.rows() || input.cols() == 0 {
-        return Err(shape_err(
-            "Argmax",
-            format!("input {:?}, {} outputs", input.shape(), output.len()),
-        ));
-    }
     let cols = input.cols();
     for (o, row) in output.iter_mut().zip(input.as_f32()?.chunks_exact(cols)) {
         *o = simd::run(isa, true, Argmax(row)).unwrap_or_else(|k| argmax(k.0));

@@ -21,7 +21,7 @@ mod weights;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use flm_core::{BaseDevice, DataType, Error, Op, Result};
+use flm_core::{BaseDevice, CheckedOp, Error, Op, Result};
 use rayon::prelude::*;
 
 pub use isa::Isa;
@@ -120,45 +120,18 @@ impl BaseDevice for CpuDevice {
         "cpu"
     }
 
-    fn supports(&self, op: &Op<'_>) -> bool {
-        let f32 = |d: &flm_core::Data| d.dtype() == DataType::F32;
-        match op {
-            Op::Embedding { output, .. } => f32(output),
-            Op::RmsNorm { input, output, .. } => f32(input) && f32(output),
-            Op::Linear { input, output, .. } => f32(input) && f32(output),
-            Op::Linears { input, parts } => f32(input) && parts.iter().all(|p| f32(p.output)),
-            Op::Rope { x, .. } => f32(x),
-            Op::CopyRows { src, dst, .. } => f32(src) && f32(dst),
-            Op::Attention {
-                q,
-                cache_k,
-                cache_v,
-                output,
-                ..
-            } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
-            Op::SiluMul { gate, up, output } => f32(gate) && f32(up) && f32(output),
-            Op::Add { x, y } => f32(x) && f32(y),
-            Op::Argmax { input, .. } => f32(input),
-            Op::LayerNorm { input, output, .. } => f32(input) && f32(output),
-            Op::Gelu { x } | Op::Scale { x, .. } | Op::Rope2d { x, .. } => f32(x),
-            Op::PagedAttention {
-                q,
-                cache_k,
-                cache_v,
-                output,
-                ..
-            } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
-            Op::ScatterRows { src, dst, .. } => f32(src) && f32(dst),
-            Op::RopeRows { x, .. } => f32(x),
-        }
+    /// Every op: the contract ([`Op::validate`]) already asks for f32 activations, and the
+    /// CPU kernels take every weight dtype.
+    fn supports(&self, _: &Op<'_>) -> bool {
+        true
     }
 
     fn require_batch_invariance(&self) {
         self.batch_invariant.store(true, Ordering::Relaxed);
     }
 
-    fn run(&self, op: Op<'_>) -> Result<()> {
-        match op {
+    fn run(&self, op: CheckedOp<'_>) -> Result<()> {
+        match op.into_op() {
             Op::Embedding {
                 table,
                 tokens,
@@ -182,9 +155,9 @@ impl BaseDevice for CpuDevice {
             Op::Rope {
                 x,
                 table,
-                n_heads,
                 start_pos,
-            } => rope::rope(self.isa.vector(), x, table, n_heads, start_pos),
+                ..
+            } => rope::rope(self.isa.vector(), x, table, start_pos),
             Op::CopyRows {
                 src,
                 src_row,
@@ -256,9 +229,9 @@ impl BaseDevice for CpuDevice {
             Op::RopeRows {
                 x,
                 table,
-                n_heads,
                 positions,
-            } => rope::rope_rows(self.isa.vector(), x, table, n_heads, positions),
+                ..
+            } => rope::rope_rows(self.isa.vector(), x, table, positions),
             Op::SiluMul { gate, up, output } => {
                 activation::silu_mul(self.isa.vector(), gate, up, output)
             }
@@ -278,10 +251,10 @@ impl BaseDevice for CpuDevice {
             Op::Rope2d {
                 x,
                 table,
-                n_heads,
                 positions,
                 block_positions,
-            } => rope::rope_2d(x, table, n_heads, positions, block_positions),
+                ..
+            } => rope::rope_2d(x, table, positions, block_positions),
         }
     }
 }

@@ -4,7 +4,7 @@ use flm_core::{Data, Result};
 
 use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::{dot, Rows};
-use super::{shape_err, Isa};
+use super::Isa;
 
 /// RMSNorm (Zhang & Sennrich 2019) as in llama2.c `rmsnorm` and HF `LlamaRMSNorm`:
 /// `out = x / sqrt(mean(x²) + eps) * weight`, per row of `input` `[n, dim]`, accumulated in
@@ -17,17 +17,6 @@ pub(crate) fn rms_norm(
     output: &mut Data,
 ) -> Result<()> {
     let dim = input.cols();
-    if dim == 0 || weight.numel() != dim || output.shape() != input.shape() {
-        return Err(shape_err(
-            "RmsNorm",
-            format!(
-                "input {:?}, weight {:?}, output {:?}",
-                input.shape(),
-                weight.shape(),
-                output.shape()
-            ),
-        ));
-    }
     let x = input.as_f32()?;
     let out = output.as_f32_mut()?;
     match Rows::new(weight)? {
@@ -112,18 +101,6 @@ pub(crate) fn layer_norm(
     output: &mut Data,
 ) -> Result<()> {
     let dim = input.cols();
-    if dim == 0 || weight.numel() != dim || bias.numel() != dim || output.shape() != input.shape() {
-        return Err(shape_err(
-            "LayerNorm",
-            format!(
-                "input {:?}, weight {:?}, bias {:?}, output {:?}",
-                input.shape(),
-                weight.shape(),
-                bias.shape(),
-                output.shape()
-            ),
-        ));
-    }
     let (w, b) = (weight.to_f32_vec(), bias.to_f32_vec());
     let k = LayerNormRows {
         x: input.as_f32()?,

@@ -1,37 +1,17 @@
 //! Rotary position embedding, applied in place.
 
-use flm_core::{Data, Error, Result, RopeStyle, RopeTable};
+use flm_core::{Data, Result, RopeStyle, RopeTable};
 
 use super::simd::{self, Kernel, Simd};
-use super::{shape_err, Isa};
+use super::Isa;
 
 /// Rotates the first `table.rotary_dim()` dimensions of each head of each row of `x`
-/// `[n, n_heads * head_dim]` (f32); row `i` is at position `start_pos + i`. For a pair
+/// `[n, n_heads * head_dim]` (f32, checked by [`flm_core::Op::validate`]); row `i` is at
+/// position `start_pos + i`. For a pair
 /// `(a, b)` and angle θ: `a' = a·cosθ − b·sinθ`, `b' = a·sinθ + b·cosθ` (RoFormer eq. 34).
 /// Pairs are `(2j, 2j+1)` for [`RopeStyle::AdjacentPairs`] (llama2.c `run.c`) and
 /// `(j, j + rotary_dim/2)` for [`RopeStyle::RotateHalf`] (HF `apply_rotary_pos_emb`).
-pub(crate) fn rope(
-    isa: Isa,
-    x: &mut Data,
-    table: &RopeTable,
-    n_heads: usize,
-    start_pos: usize,
-) -> Result<()> {
-    let head_dim = table.head_dim();
-    let n = x.rows();
-    if x.cols() != n_heads * head_dim || head_dim == 0 {
-        return Err(shape_err(
-            "Rope",
-            format!("x {:?} for {n_heads} heads of {head_dim}", x.shape()),
-        ));
-    }
-    // Saturating: an absurd `start_pos` is a context overflow, not an arithmetic panic.
-    if start_pos.saturating_add(n) > table.max_pos() {
-        return Err(Error::ContextOverflow {
-            needed: start_pos.saturating_add(n),
-            max: table.max_pos(),
-        });
-    }
+pub(crate) fn rope(isa: Isa, x: &mut Data, table: &RopeTable, start_pos: usize) -> Result<()> {
     let cols = x.cols();
     let k = Rope {
         x: x.as_f32_mut()?,
@@ -46,33 +26,12 @@ pub(crate) fn rope(
 }
 
 /// As [`rope`], with row `i` at `positions[i]` (see [`flm_core::Op::RopeRows`]).
-///
-/// Errors: [`Error::Shape`] when `x` is not `[positions.len(), n_heads · head_dim]`,
-/// [`Error::ContextOverflow`] for a position beyond the table.
 pub(crate) fn rope_rows(
     isa: Isa,
     x: &mut Data,
     table: &RopeTable,
-    n_heads: usize,
     positions: &[u32],
 ) -> Result<()> {
-    let head_dim = table.head_dim();
-    if x.cols() != n_heads * head_dim || head_dim == 0 || x.rows() != positions.len() {
-        return Err(shape_err(
-            "RopeRows",
-            format!(
-                "x {:?} for {n_heads} heads of {head_dim} and {} positions",
-                x.shape(),
-                positions.len()
-            ),
-        ));
-    }
-    if let Some(&p) = positions.iter().find(|&&p| p as usize >= table.max_pos()) {
-        return Err(Error::ContextOverflow {
-            needed: p as usize + 1,
-            max: table.max_pos(),
-        });
-    }
     let cols = x.cols();
     let k = Rope {
         x: x.as_f32_mut()?,
@@ -194,37 +153,10 @@ impl Kernel for Rope<'_> {
 pub(crate) fn rope_2d(
     x: &mut Data,
     table: &RopeTable,
-    n_heads: usize,
     positions: &[u32],
     block_positions: &[u32],
 ) -> Result<()> {
     let half = table.head_dim();
-    let n = x.rows();
-    if half == 0
-        || x.cols() != n_heads * 2 * half
-        || positions.len() != n
-        || block_positions.len() != n
-    {
-        return Err(shape_err(
-            "Rope2d",
-            format!(
-                "x {:?} for {n_heads} heads of 2 × {half}, {} positions, {} block positions",
-                x.shape(),
-                positions.len(),
-                block_positions.len()
-            ),
-        ));
-    }
-    if let Some(&p) = positions
-        .iter()
-        .chain(block_positions)
-        .find(|&&p| p as usize >= table.max_pos())
-    {
-        return Err(Error::ContextOverflow {
-            needed: p as usize + 1,
-            max: table.max_pos(),
-        });
-    }
     let cols = x.cols();
     for ((row, &p), &b) in x
         .as_f32_mut()?

@@ -20,7 +20,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
-use flm_core::{BaseDevice, Data, DataType, Error, Op, Result};
+use flm_core::{BaseDevice, CheckedOp, Data, DataType, Error, Op, Result};
 
 use super::kernels::MODULES;
 use super::nvrtc;
@@ -271,8 +271,8 @@ impl BaseDevice for CudaDevice {
         self.batch_invariant.store(true, Ordering::Relaxed);
     }
 
-    fn run(&self, op: Op<'_>) -> Result<()> {
-        match op {
+    fn run(&self, op: CheckedOp<'_>) -> Result<()> {
+        match op.into_op() {
             Op::Embedding {
                 table,
                 tokens,

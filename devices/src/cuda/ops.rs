@@ -1,15 +1,11 @@
 //! The row-wise and element-wise ops of [`super::CudaDevice`]: embedding, RMSNorm and
-//! LayerNorm, SwiGLU, GELU, residual add, scale and argmax. Shapes are checked as the CPU
-//! device checks them, before anything is launched.
+//! LayerNorm, SwiGLU, GELU, residual add, scale and argmax, over operands that passed
+//! [`flm_core::Op::validate`].
 
 use cudarc::driver::PushKernelArg;
 use flm_core::{quant, Data, Error, Result};
 
 use super::device::{dev_err, float_suffix, grid, int, CudaDevice};
-
-fn shape(op: &'static str, msg: String) -> Error {
-    Error::Shape { op, msg }
-}
 
 /// Threads of the one-block-per-row kernels.
 const ROW_THREADS: u32 = 256;
@@ -28,16 +24,6 @@ pub(super) fn embedding(
     output: &mut Data,
 ) -> Result<()> {
     let (vocab, dim) = (table.rows(), table.cols());
-    if output.shape() != [tokens.len(), dim] {
-        return Err(shape(
-            "Embedding",
-            format!(
-                "output {:?} for {} tokens of {dim}",
-                output.shape(),
-                tokens.len()
-            ),
-        ));
-    }
     if tokens.is_empty() {
         return Ok(());
     }
@@ -63,8 +49,10 @@ pub(super) fn embedding(
             unsafe { b.launch(cfg) }
         }
         None => {
-            let row_bytes = quant::row_bytes(table.dtype(), dim)
-                .ok_or_else(|| shape("Embedding", format!("{} table", table.dtype())))?;
+            let row_bytes = quant::row_bytes(table.dtype(), dim).ok_or_else(|| Error::DType {
+                op: "Embedding",
+                msg: format!("{} table", table.dtype()),
+            })?;
             let (row_bytes, padded) = (
                 row_bytes as i64,
                 int(quant::padded_cols(table.dtype(), dim))?,
@@ -114,20 +102,6 @@ pub(super) fn norm(
         "RmsNorm"
     };
     let dim = input.cols();
-    if output.shape() != input.shape()
-        || weight.numel() != dim
-        || bias.is_some_and(|b| b.numel() != dim)
-    {
-        return Err(shape(
-            name,
-            format!(
-                "input {:?}, weight {:?}, output {:?}",
-                input.shape(),
-                weight.shape(),
-                output.shape()
-            ),
-        ));
-    }
     if input.numel() == 0 {
         return Ok(());
     }
@@ -168,17 +142,6 @@ pub(super) fn norm(
 
 /// [`flm_core::Op::SiluMul`].
 pub(super) fn silu_mul(dev: &CudaDevice, gate: &Data, up: &Data, output: &mut Data) -> Result<()> {
-    if gate.shape() != up.shape() || output.shape() != gate.shape() {
-        return Err(shape(
-            "SiluMul",
-            format!(
-                "gate {:?}, up {:?}, output {:?}",
-                gate.shape(),
-                up.shape(),
-                output.shape()
-            ),
-        ));
-    }
     let n = gate.numel();
     if n == 0 {
         return Ok(());
@@ -197,12 +160,6 @@ pub(super) fn silu_mul(dev: &CudaDevice, gate: &Data, up: &Data, output: &mut Da
 
 /// [`flm_core::Op::Add`].
 pub(super) fn add(dev: &CudaDevice, x: &mut Data, y: &Data) -> Result<()> {
-    if x.shape() != y.shape() {
-        return Err(shape(
-            "Add",
-            format!("x {:?}, y {:?}", x.shape(), y.shape()),
-        ));
-    }
     let n = x.numel();
     if n == 0 {
         return Ok(());
@@ -254,12 +211,6 @@ pub(super) fn unary(dev: &CudaDevice, x: &mut Data, op: Unary) -> Result<()> {
 
 /// [`flm_core::Op::Argmax`]: only the ids come back to the host.
 pub(super) fn argmax(dev: &CudaDevice, input: &Data, output: &mut [u32]) -> Result<()> {
-    if output.len() != input.rows() || input.cols() == 0 {
-        return Err(shape(
-            "Argmax",
-            format!("input {:?} for {} ids", input.shape(), output.len()),
-        ));
-    }
     if output.is_empty() {
         return Ok(());
     }

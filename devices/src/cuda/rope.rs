@@ -12,8 +12,8 @@ use super::device::{dev_err, grid, int, CudaDevice};
 /// from the table (so the angles are the CPU's bit for bit) and the kernel reads them as a
 /// table of `n` positions.
 ///
-/// Errors: [`Error::Shape`] when `x` does not have that shape; [`Error::ContextOverflow`]
-/// for a position past the table.
+/// The shapes and positions passed [`flm_core::Op::validate`]; the table look-up still
+/// fails with [`Error::ContextOverflow`] rather than panic.
 pub(super) fn rope(
     dev: &CudaDevice,
     x: &mut Data,
@@ -24,15 +24,6 @@ pub(super) fn rope(
     let head_dim = table.head_dim();
     let span = head_dim * parts.len();
     let n = x.rows();
-    if x.cols() != n_heads * span || head_dim == 0 || parts.iter().any(|(p, _)| p.len() != n) {
-        return Err(Error::Shape {
-            op: "Rope",
-            msg: format!(
-                "x {:?} for {n_heads} heads of {span} and {n} positions",
-                x.shape()
-            ),
-        });
-    }
     if n == 0 {
         return Ok(());
     }

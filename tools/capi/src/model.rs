@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use flm_core::{BaseDevice, Executor, Op};
+use flm_core::{BaseDevice, CheckedOp, Executor, Op};
 use flm_devices::CpuDevice;
 use flm_models::{session, SharedModel};
 use flm_tokenizer::Tokenizer;
@@ -72,7 +72,7 @@ impl BaseDevice for PooledCpu {
         self.cpu.supports(op)
     }
 
-    fn run(&self, op: Op<'_>) -> flm_core::Result<()> {
+    fn run(&self, op: CheckedOp<'_>) -> flm_core::Result<()> {
         self.pool.install(|| self.cpu.run(op))
     }
 

@@ -1,0 +1,651 @@
+//! The op contract: every [`Op`]'s shape, dtype and range rules, written once.
+//!
+//! [`Op::validate`] checks an op against the rules its variant documents and returns a
+//! [`CheckedOp`], the only form a [`crate::BaseDevice`] runs, so that no device repeats
+//! these checks and none can be handed an op that skipped them. Devices keep only what is
+//! theirs to refuse (a dtype without a kernel, in [`crate::BaseDevice::supports`]).
+
+use crate::{Data, DataType, Error, Op, PagedSeq, Result, RopeTable};
+
+/// An [`Op`] whose operands passed [`Op::validate`].
+#[derive(Debug)]
+pub struct CheckedOp<'a>(Op<'a>);
+
+impl<'a> CheckedOp<'a> {
+    /// The op, to read its operands.
+    pub fn op(&self) -> &Op<'a> {
+        &self.0
+    }
+
+    /// The op, to take its operands apart.
+    pub fn into_op(self) -> Op<'a> {
+        self.0
+    }
+}
+
+fn shape(op: &'static str, msg: String) -> Error {
+    Error::Shape { op, msg }
+}
+
+/// `Ok` when every tensor of `tensors` is f32.
+fn all_f32(op: &'static str, tensors: &[(&str, &Data)]) -> Result<()> {
+    match tensors.iter().find(|(_, d)| d.dtype() != DataType::F32) {
+        None => Ok(()),
+        Some((name, d)) => Err(Error::DType {
+            op,
+            msg: format!("{name} must be f32, found {}", d.dtype()),
+        }),
+    }
+}
+
+/// `Ok` when every position of `positions` is inside `table`.
+fn positions_fit(table: &RopeTable, positions: &[u32]) -> Result<()> {
+    match positions.iter().find(|&&p| p as usize >= table.max_pos()) {
+        None => Ok(()),
+        Some(&p) => Err(Error::ContextOverflow {
+            needed: p as usize + 1,
+            max: table.max_pos(),
+        }),
+    }
+}
+
+/// The rules of one [`crate::LinearPart`] (or [`Op::Linear`]) over `input`.
+fn linear_part(input: &Data, weight: &Data, bias: Option<&Data>, output: &Data) -> Result<()> {
+    all_f32("Linear", &[("input", input), ("output", output)])?;
+    let (n, k, m) = (input.rows(), input.cols(), weight.rows());
+    if weight.cols() != k
+        || output.rows() != n
+        || output.cols() != m
+        || bias.is_some_and(|b| b.numel() != m)
+        || k == 0
+    {
+        return Err(shape(
+            "Linear",
+            format!(
+                "input {:?}, weight {:?}, bias {:?}, output {:?}",
+                input.shape(),
+                weight.shape(),
+                bias.map(|b| b.shape().to_vec()),
+                output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The head counts and masks of [`Op::Attention`] and [`Op::PagedAttention`].
+struct Heads<'a> {
+    op: &'static str,
+    q: &'a Data,
+    cache_k: &'a Data,
+    cache_v: &'a Data,
+    output: &'a Data,
+    n_heads: usize,
+    n_kv_heads: usize,
+    bidirectional: usize,
+    sliding_window: Option<usize>,
+}
+
+impl Heads<'_> {
+    fn check(&self) -> Result<()> {
+        let Heads {
+            op,
+            q,
+            cache_k,
+            cache_v,
+            output,
+            n_heads,
+            n_kv_heads,
+            ..
+        } = *self;
+        all_f32(
+            op,
+            &[
+                ("q", q),
+                ("cache_k", cache_k),
+                ("cache_v", cache_v),
+                ("output", output),
+            ],
+        )?;
+        if n_heads == 0
+            || n_kv_heads == 0
+            || !n_heads.is_multiple_of(n_kv_heads)
+            || !q.cols().is_multiple_of(n_heads)
+        {
+            return Err(shape(
+                op,
+                format!(
+                    "{n_heads} query heads, {n_kv_heads} KV heads, q {:?}",
+                    q.shape()
+                ),
+            ));
+        }
+        let head_dim = q.cols() / n_heads;
+        if head_dim == 0
+            || cache_k.cols() != n_kv_heads * head_dim
+            || cache_v.shape() != cache_k.shape()
+            || output.shape() != q.shape()
+        {
+            return Err(shape(
+                op,
+                format!(
+                    "q {:?}, caches {:?} and {:?}, output {:?}, {n_heads} heads, {n_kv_heads} KV heads",
+                    q.shape(),
+                    cache_k.shape(),
+                    cache_v.shape(),
+                    output.shape()
+                ),
+            ));
+        }
+        match (self.sliding_window, self.bidirectional) {
+            (None, _) => Ok(()),
+            (Some(w), 0) if w > 0 => Ok(()),
+            (Some(w), b) => Err(shape(
+                op,
+                format!(
+                    "a sliding window of {w} positions (must be positive, and without a \
+                     bidirectional prefix; got {b} rows)"
+                ),
+            )),
+        }
+    }
+}
+
+/// The rules of [`Op::PagedAttention`] beyond the heads': whole blocks, the sequences'
+/// rows adding up to `q`'s, block tables long enough and inside the pool.
+fn paged_seqs(q: &Data, pool_rows: usize, block_size: usize, seqs: &[PagedSeq<'_>]) -> Result<()> {
+    const OP: &str = "PagedAttention";
+    if block_size == 0 || !pool_rows.is_multiple_of(block_size) {
+        return Err(shape(
+            OP,
+            format!("a pool of {pool_rows} rows in blocks of {block_size}"),
+        ));
+    }
+    let n_blocks = pool_rows / block_size;
+    let total = seqs
+        .iter()
+        .fold(0usize, |sum, s| sum.saturating_add(s.n_rows));
+    if total != q.rows() {
+        return Err(shape(
+            OP,
+            format!("the sequences have {total} rows, q {:?}", q.shape()),
+        ));
+    }
+    for s in seqs {
+        let end = s.start_pos.saturating_add(s.n_rows);
+        let capacity = s.blocks.len().saturating_mul(block_size);
+        if end > capacity {
+            return Err(Error::ContextOverflow {
+                needed: end,
+                max: capacity,
+            });
+        }
+        if let Some(&b) = s.blocks.iter().find(|&&b| b as usize >= n_blocks) {
+            return Err(Error::OutOfBounds(format!(
+                "KV block {b} of a pool of {n_blocks} blocks"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl<'a> Op<'a> {
+    /// Checks the op against the rules its variant documents and returns it as a
+    /// [`CheckedOp`] for a device to run. The [`crate::Executor`] calls it before choosing
+    /// a device; a device's own tests call it before `run`.
+    ///
+    /// Errors: [`Error::Shape`] when operands disagree; [`Error::DType`] for an activation
+    /// that is not f32; [`Error::TokenOutOfRange`] for an embedding id `>= vocab`;
+    /// [`Error::ContextOverflow`] for a position beyond a RoPE table or a KV cache (or a
+    /// block table); [`Error::OutOfBounds`] for a row or block index outside its tensor.
+    pub fn validate(self) -> Result<CheckedOp<'a>> {
+        self.check()?;
+        Ok(CheckedOp(self))
+    }
+
+    fn check(&self) -> Result<()> {
+        match self {
+            Op::Embedding {
+                table,
+                tokens,
+                output,
+            } => {
+                all_f32("Embedding", &[("output", output)])?;
+                let (vocab_size, dim) = (table.rows(), table.cols());
+                if output.rows() != tokens.len() || output.cols() != dim || dim == 0 {
+                    return Err(shape(
+                        "Embedding",
+                        format!(
+                            "output {:?} for {} tokens of dim {dim}",
+                            output.shape(),
+                            tokens.len()
+                        ),
+                    ));
+                }
+                match tokens.iter().find(|&&t| t as usize >= vocab_size) {
+                    Some(&id) => Err(Error::TokenOutOfRange { id, vocab_size }),
+                    None => Ok(()),
+                }
+            }
+            Op::RmsNorm {
+                input,
+                weight,
+                output,
+                ..
+            } => {
+                all_f32("RmsNorm", &[("input", input), ("output", output)])?;
+                let dim = input.cols();
+                if dim == 0 || weight.numel() != dim || output.shape() != input.shape() {
+                    return Err(shape(
+                        "RmsNorm",
+                        format!(
+                            "input {:?}, weight {:?}, output {:?}",
+                            input.shape(),
+                            weight.shape(),
+                            output.shape()
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                output,
+                ..
+            } => {
+                all_f32("LayerNorm", &[("input", input), ("output", output)])?;
+                let dim = input.cols();
+                if dim == 0
+                    || weight.numel() != dim
+                    || bias.numel() != dim
+                    || output.shape() != input.shape()
+                {
+                    return Err(shape(
+                        "LayerNorm",
+                        format!(
+                            "input {:?}, weight {:?}, bias {:?}, output {:?}",
+                            input.shape(),
+                            weight.shape(),
+                            bias.shape(),
+                            output.shape()
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Op::Linear {
+                input,
+                weight,
+                bias,
+                output,
+            } => linear_part(input, weight, *bias, output),
+            Op::Linears { input, parts } => {
+                if parts.is_empty() {
+                    return Err(shape("Linears", "no parts".into()));
+                }
+                parts
+                    .iter()
+                    .try_for_each(|p| linear_part(input, p.weight, p.bias, p.output))
+            }
+            Op::Rope {
+                x,
+                table,
+                n_heads,
+                start_pos,
+            } => {
+                all_f32("Rope", &[("x", x)])?;
+                let head_dim = table.head_dim();
+                if x.cols() != n_heads * head_dim || head_dim == 0 {
+                    return Err(shape(
+                        "Rope",
+                        format!("x {:?} for {n_heads} heads of {head_dim}", x.shape()),
+                    ));
+                }
+                // Saturating: an absurd `start_pos` is a context overflow, not a panic.
+                let needed = start_pos.saturating_add(x.rows());
+                if needed > table.max_pos() {
+                    return Err(Error::ContextOverflow {
+                        needed,
+                        max: table.max_pos(),
+                    });
+                }
+                Ok(())
+            }
+            Op::RopeRows {
+                x,
+                table,
+                n_heads,
+                positions,
+            } => {
+                all_f32("RopeRows", &[("x", x)])?;
+                let head_dim = table.head_dim();
+                if x.cols() != n_heads * head_dim || head_dim == 0 || x.rows() != positions.len() {
+                    return Err(shape(
+                        "RopeRows",
+                        format!(
+                            "x {:?} for {n_heads} heads of {head_dim} and {} positions",
+                            x.shape(),
+                            positions.len()
+                        ),
+                    ));
+                }
+                positions_fit(table, positions)
+            }
+            Op::Rope2d {
+                x,
+                table,
+                n_heads,
+                positions,
+                block_positions,
+            } => {
+                all_f32("Rope2d", &[("x", x)])?;
+                let (half, n) = (table.head_dim(), x.rows());
+                if half == 0
+                    || x.cols() != n_heads * 2 * half
+                    || positions.len() != n
+                    || block_positions.len() != n
+                {
+                    return Err(shape(
+                        "Rope2d",
+                        format!(
+                            "x {:?} for {n_heads} heads of 2 × {half}, {} positions, {} block positions",
+                            x.shape(),
+                            positions.len(),
+                            block_positions.len()
+                        ),
+                    ));
+                }
+                positions_fit(table, positions)?;
+                positions_fit(table, block_positions)
+            }
+            Op::CopyRows {
+                src,
+                src_row,
+                n_rows,
+                dst,
+                dst_row,
+            } => {
+                all_f32("CopyRows", &[("src", src), ("dst", dst)])?;
+                if dst.cols() != src.cols() {
+                    return Err(shape(
+                        "CopyRows",
+                        format!("src {:?}, dst {:?}", src.shape(), dst.shape()),
+                    ));
+                }
+                // Saturating: absurd row indices are out of bounds, not an arithmetic panic.
+                let (src_end, dst_end) = (
+                    src_row.saturating_add(*n_rows),
+                    dst_row.saturating_add(*n_rows),
+                );
+                if src_end > src.rows() || dst_end > dst.rows() {
+                    return Err(Error::OutOfBounds(format!(
+                        "copying rows {src_row}..{src_end} of {:?} to rows {dst_row}..{dst_end} of {:?}",
+                        src.shape(),
+                        dst.shape()
+                    )));
+                }
+                Ok(())
+            }
+            Op::ScatterRows { src, rows, dst } => {
+                all_f32("ScatterRows", &[("src", src), ("dst", dst)])?;
+                if dst.cols() != src.cols() || src.rows() != rows.len() {
+                    return Err(shape(
+                        "ScatterRows",
+                        format!(
+                            "src {:?}, {} rows, dst {:?}",
+                            src.shape(),
+                            rows.len(),
+                            dst.shape()
+                        ),
+                    ));
+                }
+                match rows.iter().find(|&&r| r as usize >= dst.rows()) {
+                    Some(&r) => Err(Error::OutOfBounds(format!(
+                        "scattering to row {r} of {:?}",
+                        dst.shape()
+                    ))),
+                    None => Ok(()),
+                }
+            }
+            Op::Attention {
+                q,
+                cache_k,
+                cache_v,
+                start_pos,
+                n_heads,
+                n_kv_heads,
+                bidirectional,
+                sliding_window,
+                output,
+                ..
+            } => {
+                Heads {
+                    op: "Attention",
+                    q,
+                    cache_k,
+                    cache_v,
+                    output,
+                    n_heads: *n_heads,
+                    n_kv_heads: *n_kv_heads,
+                    bidirectional: *bidirectional,
+                    sliding_window: *sliding_window,
+                }
+                .check()?;
+                // Saturating: an absurd `start_pos` is a context overflow, not a panic.
+                let filled = start_pos.saturating_add(q.rows());
+                if filled > cache_k.rows() {
+                    return Err(Error::ContextOverflow {
+                        needed: filled,
+                        max: cache_k.rows(),
+                    });
+                }
+                if *bidirectional > filled {
+                    return Err(shape(
+                        "Attention",
+                        format!(
+                            "a bidirectional prefix of {bidirectional} rows, but only {filled} cache rows are filled"
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Op::PagedAttention {
+                q,
+                cache_k,
+                cache_v,
+                block_size,
+                seqs,
+                n_heads,
+                n_kv_heads,
+                sliding_window,
+                output,
+                ..
+            } => {
+                Heads {
+                    op: "PagedAttention",
+                    q,
+                    cache_k,
+                    cache_v,
+                    output,
+                    n_heads: *n_heads,
+                    n_kv_heads: *n_kv_heads,
+                    bidirectional: 0,
+                    sliding_window: *sliding_window,
+                }
+                .check()?;
+                paged_seqs(q, cache_k.rows(), *block_size, seqs)
+            }
+            Op::SiluMul { gate, up, output } => {
+                all_f32("SiluMul", &[("gate", gate), ("up", up), ("output", output)])?;
+                if gate.shape() != up.shape() || gate.shape() != output.shape() {
+                    return Err(shape(
+                        "SiluMul",
+                        format!(
+                            "gate {:?}, up {:?}, output {:?}",
+                            gate.shape(),
+                            up.shape(),
+                            output.shape()
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Op::Add { x, y } => {
+                all_f32("Add", &[("x", x), ("y", y)])?;
+                if x.shape() != y.shape() {
+                    return Err(shape(
+                        "Add",
+                        format!("x {:?}, y {:?}", x.shape(), y.shape()),
+                    ));
+                }
+                Ok(())
+            }
+            Op::Gelu { x } => all_f32("Gelu", &[("x", x)]),
+            Op::Scale { x, .. } => all_f32("Scale", &[("x", x)]),
+            Op::Argmax { input, output } => {
+                all_f32("Argmax", &[("input", input)])?;
+                if output.len() != input.rows() || input.cols() == 0 {
+                    return Err(shape(
+                        "Argmax",
+                        format!("input {:?}, {} outputs", input.shape(), output.len()),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LinearPart, RopeStyle};
+
+    fn zeros(shape: &[usize]) -> Data {
+        Data::zeros(DataType::F32, shape).unwrap()
+    }
+
+    #[test]
+    fn each_kind_of_breach_gets_its_error() {
+        let table = zeros(&[10, 4]);
+        let err = Op::Embedding {
+            table: &table,
+            tokens: &[3, 10],
+            output: &mut zeros(&[2, 4]),
+        }
+        .validate()
+        .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::TokenOutOfRange {
+                id: 10,
+                vocab_size: 10
+            }
+        ));
+
+        let (w, x) = (zeros(&[3, 4]), zeros(&[2, 4]));
+        let err = Op::Linears {
+            input: &x,
+            parts: &mut [
+                LinearPart::new(&w, None, &mut zeros(&[2, 3])),
+                LinearPart::new(&w, None, &mut zeros(&[2, 4])),
+            ],
+        }
+        .validate()
+        .unwrap_err();
+        assert!(matches!(err, Error::Shape { op: "Linear", .. }), "{err}");
+
+        let half = Data::zeros(DataType::F16, &[2, 4]).unwrap();
+        let err = Op::Add {
+            x: &mut zeros(&[2, 4]),
+            y: &half,
+        }
+        .validate()
+        .unwrap_err();
+        assert!(matches!(err, Error::DType { op: "Add", .. }), "{err}");
+
+        let table = RopeTable::new(RopeStyle::RotateHalf, 4, 4, 10000.0, 8).unwrap();
+        let err = Op::Rope {
+            x: &mut zeros(&[2, 8]),
+            table: &table,
+            n_heads: 2,
+            start_pos: 7,
+        }
+        .validate()
+        .unwrap_err();
+        assert!(matches!(err, Error::ContextOverflow { needed: 9, max: 8 }));
+
+        let err = Op::CopyRows {
+            src: &zeros(&[2, 4]),
+            src_row: 1,
+            n_rows: 2,
+            dst: &mut zeros(&[8, 4]),
+            dst_row: 0,
+        }
+        .validate()
+        .unwrap_err();
+        assert!(matches!(err, Error::OutOfBounds(_)), "{err}");
+    }
+
+    #[test]
+    fn attention_masks_and_block_tables_are_checked() {
+        let (q, cache) = (zeros(&[1, 8]), zeros(&[4, 4]));
+        let attention = |start_pos, bidirectional, sliding_window| {
+            Op::Attention {
+                q: &q,
+                cache_k: &cache,
+                cache_v: &cache,
+                start_pos,
+                n_heads: 2,
+                n_kv_heads: 1,
+                scale: 1.0,
+                alibi: false,
+                bidirectional,
+                sliding_window,
+                output: &mut zeros(&[1, 8]),
+            }
+            .validate()
+            .map(|_| ())
+        };
+        assert!(attention(3, 0, None).is_ok());
+        assert!(matches!(
+            attention(4, 0, None),
+            Err(Error::ContextOverflow { needed: 5, max: 4 })
+        ));
+        assert!(matches!(attention(1, 3, None), Err(Error::Shape { .. })));
+        assert!(matches!(attention(1, 0, Some(0)), Err(Error::Shape { .. })));
+        assert!(matches!(attention(1, 1, Some(2)), Err(Error::Shape { .. })));
+
+        let pool = zeros(&[8, 4]);
+        let paged = |blocks: &[u32], n_rows, start_pos| {
+            Op::PagedAttention {
+                q: &q,
+                cache_k: &pool,
+                cache_v: &pool,
+                block_size: 4,
+                seqs: &[PagedSeq {
+                    n_rows,
+                    start_pos,
+                    blocks,
+                }],
+                n_heads: 2,
+                n_kv_heads: 1,
+                scale: 1.0,
+                alibi: false,
+                sliding_window: None,
+                output: &mut zeros(&[1, 8]),
+            }
+            .validate()
+            .map(|_| ())
+        };
+        assert!(paged(&[1], 1, 3).is_ok());
+        assert!(matches!(
+            paged(&[1], 1, 4),
+            Err(Error::ContextOverflow { needed: 5, max: 4 })
+        ));
+        assert!(matches!(paged(&[2], 1, 0), Err(Error::OutOfBounds(_))));
+        assert!(matches!(paged(&[0], 2, 0), Err(Error::Shape { .. })));
+    }
+}
