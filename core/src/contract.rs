@@ -5,21 +5,29 @@
 //! these checks and none can be handed an op that skipped them. Devices keep only what is
 //! theirs to refuse (a dtype without a kernel, in [`crate::BaseDevice::supports`]).
 
-use crate::{Data, DataType, Error, Op, PagedSeq, Result, RopeTable};
+use crate::{Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable};
 
 /// An [`Op`] whose operands passed [`Op::validate`].
 #[derive(Debug)]
-pub struct CheckedOp<'a>(Op<'a>);
+pub struct CheckedOp<'a> {
+    op: Op<'a>,
+    location: Location,
+}
 
 impl<'a> CheckedOp<'a> {
     /// The op, to read its operands.
     pub fn op(&self) -> &Op<'a> {
-        &self.0
+        &self.op
     }
 
     /// The op, to take its operands apart.
     pub fn into_op(self) -> Op<'a> {
-        self.0
+        self.op
+    }
+
+    /// Where all its tensor operands are.
+    pub fn location(&self) -> Location {
+        self.location
     }
 }
 
@@ -198,9 +206,129 @@ impl<'a> Op<'a> {
     /// that is not f32; [`Error::TokenOutOfRange`] for an embedding id `>= vocab`;
     /// [`Error::ContextOverflow`] for a position beyond a RoPE table or a KV cache (or a
     /// block table); [`Error::OutOfBounds`] for a row or block index outside its tensor.
+    /// [`Error::Placement`] when its tensors are not all in one memory (host, or one
+    /// device's).
     pub fn validate(self) -> Result<CheckedOp<'a>> {
+        let location = self.location()?;
         self.check()?;
-        Ok(CheckedOp(self))
+        Ok(CheckedOp { op: self, location })
+    }
+
+    /// Where the tensor operands are (host memory for an op without any).
+    ///
+    /// Errors: [`Error::Placement`], naming two operands, when they are not all in one
+    /// memory.
+    pub fn location(&self) -> Result<Location> {
+        let mut first: Option<(&str, Location)> = None;
+        let mut conflict = None;
+        self.for_each_tensor(&mut |name, data| {
+            let here = data.location();
+            match first {
+                None => first = Some((name, here)),
+                Some((first_name, there)) if there != here && conflict.is_none() => {
+                    conflict = Some(format!(
+                        "{:?}: {first_name} is in {there} memory, {name} in {here} memory",
+                        self.kind()
+                    ));
+                }
+                Some(_) => {}
+            }
+        });
+        match (conflict, first) {
+            (Some(msg), _) => Err(Error::Placement(msg)),
+            (None, Some((_, location))) => Ok(location),
+            (None, None) => Ok(Location::Host),
+        }
+    }
+
+    /// Calls `f` with the name and tensor of each tensor operand, inputs and outputs.
+    pub fn for_each_tensor<'s>(&'s self, f: &mut dyn FnMut(&'static str, &'s Data)) {
+        match self {
+            Op::Embedding { table, output, .. } => {
+                f("table", table);
+                f("output", output);
+            }
+            Op::RmsNorm {
+                input,
+                weight,
+                output,
+                ..
+            } => {
+                f("input", input);
+                f("weight", weight);
+                f("output", output);
+            }
+            Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                output,
+                ..
+            } => {
+                f("input", input);
+                f("weight", weight);
+                f("bias", bias);
+                f("output", output);
+            }
+            Op::Linear {
+                input,
+                weight,
+                bias,
+                output,
+            } => {
+                f("input", input);
+                f("weight", weight);
+                if let Some(b) = bias {
+                    f("bias", b);
+                }
+                f("output", output);
+            }
+            Op::Linears { input, parts } => {
+                f("input", input);
+                for p in parts.iter() {
+                    f("weight", p.weight);
+                    if let Some(b) = p.bias {
+                        f("bias", b);
+                    }
+                    f("output", p.output);
+                }
+            }
+            Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f("x", x),
+            Op::Gelu { x } | Op::Scale { x, .. } => f("x", x),
+            Op::CopyRows { src, dst, .. } | Op::ScatterRows { src, dst, .. } => {
+                f("src", src);
+                f("dst", dst);
+            }
+            Op::Attention {
+                q,
+                cache_k,
+                cache_v,
+                output,
+                ..
+            }
+            | Op::PagedAttention {
+                q,
+                cache_k,
+                cache_v,
+                output,
+                ..
+            } => {
+                f("q", q);
+                f("cache_k", cache_k);
+                f("cache_v", cache_v);
+                f("output", output);
+            }
+            Op::SiluMul { gate, up, output } => {
+                f("gate", gate);
+                f("up", up);
+                f("output", output);
+            }
+            Op::Add { x, y } => {
+                f("x", x);
+                f("y", y);
+            }
+            Op::Argmax { input, .. } => f("input", input),
+        }
     }
 
     fn check(&self) -> Result<()> {

@@ -2,8 +2,10 @@
 //!
 //! A `Data` has a dtype, a shape, row-major strides and its bytes, which are either owned (a
 //! 64-byte aligned heap buffer, for activations and converted weights; from 2 MiB up, an
-//! anonymous mapping backed by transparent huge pages where the OS has them) or borrowed from
-//! a memory-mapped file (zero-copy weights). Moving data between devices is always explicit.
+//! anonymous mapping backed by transparent huge pages where the OS has them), borrowed from
+//! a memory-mapped file (zero-copy weights), or in a buffer of device memory
+//! ([`DeviceBuffer`]). The host reads only host bytes: moving data between devices is
+//! always explicit ([`crate::Executor::to_device`], [`crate::Executor::to_host`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use rayon::prelude::*;
 
 #[cfg(unix)]
 use crate::pages::{HugeBuffer, HUGE_PAGE_BYTES};
-use crate::{quant, DataType, Error, Result};
+use crate::{quant, DataType, DeviceBuffer, Error, Location, Result};
 
 /// One 64-byte aligned chunk of an owned buffer: the alignment lets SIMD kernels use aligned
 /// loads and keeps rows on cache-line boundaries.
@@ -37,6 +39,9 @@ enum Storage {
         offset: usize,
         len: usize,
     },
+    /// Memory owned by a device. Clones share the buffer, and a shared buffer is
+    /// read-only ([`Data::device_buffer_mut`]).
+    Device(Arc<dyn DeviceBuffer>),
 }
 
 impl Storage {
@@ -244,6 +249,79 @@ impl Data {
         matches!(self.storage, Storage::Mapped { .. })
     }
 
+    /// A tensor of `dtype` and `shape` whose bytes are the first of `buffer`, device memory
+    /// allocated by [`crate::BaseDevice::alloc`] (its contents as they are).
+    ///
+    /// Errors: [`Error::Shape`] if the tensor needs more bytes than the buffer holds.
+    pub fn from_device(
+        dtype: DataType,
+        shape: &[usize],
+        buffer: Box<dyn DeviceBuffer>,
+    ) -> Result<Data> {
+        let len = byte_len(dtype, shape)?;
+        if len > buffer.len() {
+            return Err(Error::Shape {
+                op: "Data::from_device",
+                msg: format!(
+                    "{dtype} shape {shape:?} needs {len} bytes, the buffer holds {}",
+                    buffer.len()
+                ),
+            });
+        }
+        Ok(Data {
+            dtype,
+            shape: shape.to_vec(),
+            strides: row_major_strides(shape),
+            storage: Storage::Device(Arc::from(buffer)),
+            id: next_id(),
+        })
+    }
+
+    /// Where the bytes are: host memory, or the memory of the device that owns them.
+    pub fn location(&self) -> Location {
+        match &self.storage {
+            Storage::Device(buffer) => buffer.location(),
+            _ => Location::Host,
+        }
+    }
+
+    /// The device buffer holding the bytes; `None` for a tensor in host memory.
+    pub fn device_buffer(&self) -> Option<&dyn DeviceBuffer> {
+        match &self.storage {
+            Storage::Device(buffer) => Some(&**buffer),
+            _ => None,
+        }
+    }
+
+    /// The device buffer holding the bytes, for the device to write them (a new
+    /// [`Data::id`]).
+    ///
+    /// Errors: [`Error::Placement`] for a tensor in host memory; [`Error::ReadOnly`] when
+    /// a clone shares the buffer.
+    pub fn device_buffer_mut(&mut self) -> Result<&mut dyn DeviceBuffer> {
+        self.id = next_id();
+        match &mut self.storage {
+            Storage::Device(buffer) => match Arc::get_mut(buffer) {
+                Some(buffer) => Ok(buffer),
+                None => Err(Error::ReadOnly),
+            },
+            _ => Err(Error::Placement(format!(
+                "{} tensor {:?} is in host memory, not a device's",
+                self.dtype, self.shape
+            ))),
+        }
+    }
+
+    /// The error of a host access to device memory.
+    fn not_on_host(&self) -> Error {
+        Error::Placement(format!(
+            "{} tensor {:?} is in {} memory; copy it to the host first (Executor::to_host)",
+            self.dtype,
+            self.shape,
+            self.location()
+        ))
+    }
+
     /// Changes the shape without moving data, as long as the new shape fits in the storage
     /// (an owned tensor keeps its capacity, so activations allocated for the longest prefill
     /// chunk can be reshaped for shorter ones).
@@ -256,6 +334,7 @@ impl Data {
             #[cfg(unix)]
             Storage::Huge(buffer) => buffer.len(),
             Storage::Mapped { len, .. } => *len,
+            Storage::Device(buffer) => buffer.len(),
         };
         if len > capacity {
             return Err(Error::Shape {
@@ -273,27 +352,46 @@ impl Data {
     }
 
     /// The elements as little-endian bytes.
-    pub fn bytes(&self) -> &[u8] {
+    ///
+    /// Errors: [`Error::Placement`] for a tensor in device memory the host cannot address
+    /// ([`DeviceBuffer::host_view`]).
+    pub fn bytes(&self) -> Result<&[u8]> {
         let len = self.size_bytes();
         match &self.storage {
-            Storage::Owned(chunks) => &bytemuck::cast_slice(chunks)[..len],
+            Storage::Owned(chunks) => Ok(&bytemuck::cast_slice(chunks)[..len]),
             #[cfg(unix)]
-            Storage::Huge(buffer) => &buffer[..len],
-            Storage::Mapped { map, offset, .. } => &map[*offset..*offset + len],
+            Storage::Huge(buffer) => Ok(&buffer[..len]),
+            Storage::Mapped { map, offset, .. } => Ok(&map[*offset..*offset + len]),
+            Storage::Device(buffer) => match buffer.host_view() {
+                Some(bytes) => Ok(&bytes[..len]),
+                None => Err(self.not_on_host()),
+            },
         }
     }
 
     /// The elements as mutable bytes.
     ///
-    /// Errors: [`Error::ReadOnly`] for a tensor borrowed from a mapped file.
+    /// Errors: [`Error::ReadOnly`] for a tensor borrowed from a mapped file or a device
+    /// buffer shared with a clone; [`Error::Placement`] for one in device memory the host
+    /// cannot address.
     pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
         let len = self.size_bytes();
+        if self
+            .device_buffer()
+            .is_some_and(|b| b.host_view().is_none())
+        {
+            return Err(self.not_on_host());
+        }
         self.id = next_id();
         match &mut self.storage {
             Storage::Owned(chunks) => Ok(&mut bytemuck::cast_slice_mut(chunks)[..len]),
             #[cfg(unix)]
             Storage::Huge(buffer) => Ok(&mut buffer[..len]),
             Storage::Mapped { .. } => Err(Error::ReadOnly),
+            Storage::Device(buffer) => Arc::get_mut(buffer)
+                .and_then(|b| b.host_view_mut())
+                .map(|bytes| &mut bytes[..len])
+                .ok_or(Error::ReadOnly),
         }
     }
 
@@ -311,7 +409,7 @@ impl Data {
     /// The elements as `f32`. Errors: [`Error::DType`] unless the dtype is F32.
     pub fn as_f32(&self) -> Result<&[f32]> {
         self.expect(DataType::F32, "Data::as_f32")?;
-        Ok(bytemuck::cast_slice(self.bytes()))
+        Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
     /// The elements as mutable `f32`.
@@ -325,13 +423,13 @@ impl Data {
     /// The elements as `f16`. Errors: [`Error::DType`] unless the dtype is F16.
     pub fn as_f16(&self) -> Result<&[f16]> {
         self.expect(DataType::F16, "Data::as_f16")?;
-        Ok(bytemuck::cast_slice(self.bytes()))
+        Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
     /// The elements as `bf16`. Errors: [`Error::DType`] unless the dtype is BF16.
     pub fn as_bf16(&self) -> Result<&[bf16]> {
         self.expect(DataType::BF16, "Data::as_bf16")?;
-        Ok(bytemuck::cast_slice(self.bytes()))
+        Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
     /// Writes row `r` of the tensor seen as `[rows, cols]` into `out` (`cols` values) as
@@ -348,7 +446,7 @@ impl Data {
                 self.shape
             )));
         }
-        let bytes = self.bytes();
+        let bytes = self.bytes()?;
         match self.dtype {
             DataType::F32 => out.copy_from_slice(&bytemuck::cast_slice(bytes)[r * cols..][..cols]),
             DataType::F16 => {
@@ -372,16 +470,17 @@ impl Data {
     }
 
     /// Copies the elements into a `Vec<f32>` (see [`Data::row_to_f32`]).
-    pub fn to_f32_vec(&self) -> Vec<f32> {
+    ///
+    /// Errors: [`Error::Placement`] for a tensor in device memory.
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
         let cols = self.cols();
         let mut out = vec![0.0; self.numel()];
         if cols > 0 {
             for (r, row) in out.chunks_exact_mut(cols).enumerate() {
-                // Rows and lengths come from our own shape, so this cannot fail.
-                let _ = self.row_to_f32(r, row);
+                self.row_to_f32(r, row)?;
             }
         }
-        out
+        Ok(out)
     }
 
     /// A new owned tensor with the same shape and values converted to `dtype`, row by row
@@ -431,6 +530,7 @@ impl std::fmt::Debug for Data {
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
             .field("mapped", &self.is_mapped())
+            .field("location", &self.location())
             .finish()
     }
 }
@@ -443,7 +543,7 @@ mod tests {
     fn zeros_are_aligned_and_reshapable() {
         let mut d = Data::zeros(DataType::F32, &[4, 3]).unwrap();
         assert_eq!(d.as_f32().unwrap().len(), 12);
-        assert_eq!(d.bytes().as_ptr() as usize % 64, 0);
+        assert_eq!(d.bytes().unwrap().as_ptr() as usize % 64, 0);
         d.set_shape(&[2, 3]).unwrap();
         assert_eq!((d.rows(), d.cols()), (2, 3));
         assert!(d.set_shape(&[100, 3]).is_err());
@@ -453,7 +553,10 @@ mod tests {
     fn dtype_conversion_round_trips_representable_values() {
         let d = Data::from_f32(&[4], &[1.0, -2.5, 0.125, 3.0]).unwrap();
         for dt in [DataType::F16, DataType::BF16] {
-            assert_eq!(d.to_dtype(dt).unwrap().to_f32_vec(), d.to_f32_vec());
+            assert_eq!(
+                d.to_dtype(dt).unwrap().to_f32_vec().unwrap(),
+                d.to_f32_vec().unwrap()
+            );
         }
         assert!(d.as_f16().is_err());
     }

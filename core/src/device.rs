@@ -1,8 +1,9 @@
 //! The device interface.
 
-use crate::{CheckedOp, Op, Result};
+use crate::{CheckedOp, DeviceBuffer, Error, Location, Op, Result};
 
-/// A compute device (FastLLM's `BaseDevice`): it says which ops it can run and runs them.
+/// A compute device (FastLLM's `BaseDevice`): it says which ops it can run and runs them,
+/// and manages the buffers of its own memory, if it has any (allocate, upload, download).
 ///
 /// Devices are held by the [`crate::Executor`] in priority order. `supports` must be cheap
 /// (it is asked once per op per step) and must only return true when `run` can handle the
@@ -22,4 +23,47 @@ pub trait BaseDevice: Send + Sync {
     /// tokens do not depend on the batch. A device whose kernels are always invariant does
     /// nothing; one that gives up speed for it (the CPU's AMX decode) switches for good.
     fn require_batch_invariance(&self);
+
+    /// The memory its kernels read and write: [`Location::Host`] for the CPU, its own
+    /// memory for an accelerator. The [`crate::Executor`] runs an op only on a device of
+    /// the op's operands' location.
+    fn location(&self) -> Location {
+        Location::Host
+    }
+
+    /// Whether it also runs ops whose operands are in host memory, copying them in and
+    /// out for each op. Only the CUDA device's per-op offload does, until its ops read
+    /// buffers of its own memory; such copies are not in the executor's transfer record.
+    fn runs_host_operands(&self) -> bool {
+        false
+    }
+
+    /// A zeroed buffer of `bytes` bytes in this device's memory.
+    ///
+    /// Errors: [`Error::Unsupported`] for a device without memory of its own (the
+    /// default); [`Error::Device`] when the device is out of memory.
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
+        Err(Error::Unsupported(format!(
+            "{} has no memory of its own to allocate {bytes} bytes in",
+            self.name()
+        )))
+    }
+
+    /// Copies `src` into the first `src.len()` bytes of `dst`, a buffer of this device.
+    ///
+    /// Errors: [`Error::Placement`] when `dst` is not this device's, [`Error::Shape`] when
+    /// it is too short; [`Error::Unsupported`] by default.
+    fn upload(&self, src: &[u8], dst: &mut dyn DeviceBuffer) -> Result<()> {
+        let _ = (src, dst);
+        Err(Error::Unsupported(format!("upload to {}", self.name())))
+    }
+
+    /// Copies the first `dst.len()` bytes of `src`, a buffer of this device, into `dst`.
+    ///
+    /// Errors: [`Error::Placement`] when `src` is not this device's, [`Error::Shape`] when
+    /// it is too short; [`Error::Unsupported`] by default.
+    fn download(&self, src: &dyn DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+        let _ = (src, dst);
+        Err(Error::Unsupported(format!("download from {}", self.name())))
+    }
 }

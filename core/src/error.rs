@@ -41,9 +41,16 @@ pub enum Error {
     /// No device of the executor supports this op with these dtypes.
     #[error("no device supports op {0}")]
     Unsupported(String),
-    /// A tensor stored in a read-only mapping was written to.
-    #[error("tensor is read-only (borrowed from a mapped file)")]
+    /// A read-only tensor was written to: one borrowed from a mapped file, or a device
+    /// buffer shared with a clone.
+    #[error(
+        "tensor is read-only (borrowed from a mapped file, or a device buffer shared with a clone)"
+    )]
     ReadOnly,
+    /// A tensor is not where it is needed: an op's operands in the memory of two devices,
+    /// or the host reading device memory. Copies between devices are never made silently.
+    #[error("placement error: {0}")]
+    Placement(String),
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

@@ -1,9 +1,12 @@
-//! The [`Executor`]: runs each op on the first device that supports it, and profiles.
+//! The [`Executor`]: runs each op on the first device that supports it where its operands
+//! live, makes and records every copy between host and device memory, and profiles.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::{BaseDevice, Data, DataType, Error, Op, OpKind, Result};
+use crate::{
+    BaseDevice, Data, DataType, Error, Location, Op, OpKind, Result, Route, TransferRecord,
+};
 
 #[derive(Clone, Copy, Default)]
 struct OpStat {
@@ -63,14 +66,21 @@ struct Profile {
 
 /// Runs ops on devices held in priority order (for example CUDA, then CPU).
 ///
+/// An op runs on the first device that supports it among those whose memory holds its
+/// operands ([`BaseDevice::location`]); operands in two memories are an error
+/// ([`Op::validate`]). Copies between memories are made only by [`Executor::to_device`],
+/// [`Executor::to_host`] and [`Executor::copy_into`], each recorded with the reason its
+/// caller gives ([`Executor::transfers`]).
+///
 /// With `FLM_PROFILE=1` in the environment when it is created, it counts each op kind's
 /// calls and wall time, and those of each weight matrix (or set of matrices) of the Linear
 /// and Linears ops, with the bytes of weights they read per second, and prints the tables
-/// to stderr when dropped (at exit). Without it the per-op cost is a branch and a short
-/// loop over the devices.
+/// to stderr when dropped (at exit), with the transfer record. Without it the per-op cost
+/// is a branch and a short loop over the devices.
 pub struct Executor {
     devices: Vec<Box<dyn BaseDevice>>,
     profile: Option<Mutex<Profile>>,
+    transfers: Mutex<TransferRecord>,
 }
 
 impl Executor {
@@ -90,12 +100,119 @@ impl Executor {
                     weights: Vec::new(),
                 })
             }),
+            transfers: Mutex::new(TransferRecord::default()),
         }
     }
 
-    /// Names of the devices, in priority order.
-    pub fn device_names(&self) -> Vec<&'static str> {
-        self.devices.iter().map(|d| d.name()).collect()
+    /// The device whose memory is `location`.
+    fn device_at(&self, location: Location) -> Result<&dyn BaseDevice> {
+        self.devices
+            .iter()
+            .find(|d| d.location() == location)
+            .map(|d| &**d)
+            .ok_or_else(|| Error::Placement(format!("no device of this executor is {location}")))
+    }
+
+    /// Counts a copy in the transfer record.
+    fn record(&self, reason: &'static str, from: Location, to: Location, bytes: usize) {
+        let mut record = match self.transfers.lock() {
+            Ok(r) => r,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        record.add(reason, Route { from, to }, bytes);
+    }
+
+    /// Every copy between memories made so far, by reason and route.
+    pub fn transfers(&self) -> TransferRecord {
+        match self.transfers.lock() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// A copy of `data` in the memory of `location`, made by the device there and
+    /// recorded under `reason` (nothing is copied, or recorded, when it is there already:
+    /// the result then shares host bytes as [`Data::clone`] does, or the device buffer).
+    ///
+    /// Errors: [`Error::Placement`] when no device of this executor is at `location`; the
+    /// devices' allocation and copy errors.
+    pub fn to_device(&self, data: &Data, location: Location, reason: &'static str) -> Result<Data> {
+        if data.location() == location {
+            return Ok(data.clone());
+        }
+        let mut out = self.zeros(data.dtype(), data.shape(), location)?;
+        self.copy_into(data, &mut out, reason)?;
+        Ok(out)
+    }
+
+    /// A zero-filled tensor of `dtype` and `shape` in the memory of `location` (nothing is
+    /// copied: device memory comes zeroed from [`BaseDevice::alloc`]).
+    ///
+    /// Errors: [`Error::Placement`] when no device of this executor is at `location`; the
+    /// allocation's errors.
+    pub fn zeros(&self, dtype: DataType, shape: &[usize], location: Location) -> Result<Data> {
+        match location {
+            Location::Host => Data::zeros(dtype, shape),
+            device => {
+                let bytes = dtype.byte_len(shape).ok_or_else(|| Error::Shape {
+                    op: "Executor::zeros",
+                    msg: format!("{dtype} shape {shape:?} overflows"),
+                })?;
+                Data::from_device(dtype, shape, self.device_at(device)?.alloc(bytes)?)
+            }
+        }
+    }
+
+    /// A copy of `data` in host memory (see [`Executor::to_device`]).
+    pub fn to_host(&self, data: &Data, reason: &'static str) -> Result<Data> {
+        self.to_device(data, Location::Host, reason)
+    }
+
+    /// Copies the bytes of `src` into `dst`, of the same dtype and shape, wherever each
+    /// lives: a host copy, an upload, a download, or a download then an upload between two
+    /// devices. Copies between memories are recorded under `reason`.
+    ///
+    /// Errors: [`Error::Shape`] when the dtypes or shapes differ; [`Error::Placement`] for
+    /// a device not in this executor; the devices' copy errors; [`Error::ReadOnly`] for a
+    /// mapped or shared `dst`.
+    pub fn copy_into(&self, src: &Data, dst: &mut Data, reason: &'static str) -> Result<()> {
+        if src.dtype() != dst.dtype() || src.shape() != dst.shape() {
+            return Err(Error::Shape {
+                op: "Executor::copy_into",
+                msg: format!(
+                    "{} {:?} into {} {:?}",
+                    src.dtype(),
+                    src.shape(),
+                    dst.dtype(),
+                    dst.shape()
+                ),
+            });
+        }
+        let (from, to) = (src.location(), dst.location());
+        match (from, to) {
+            (Location::Host, Location::Host) => {
+                dst.bytes_mut()?.copy_from_slice(src.bytes()?);
+                return Ok(());
+            }
+            (Location::Host, device) => {
+                let device = self.device_at(device)?;
+                device.upload(src.bytes()?, dst.device_buffer_mut()?)?;
+            }
+            (device, Location::Host) => {
+                let device = self.device_at(device)?;
+                let buffer = src.device_buffer().ok_or(Error::ReadOnly)?;
+                device.download(buffer, dst.bytes_mut()?)?;
+            }
+            (a, b) => {
+                let mut staged = vec![0u8; src.size_bytes()];
+                let buffer = src.device_buffer().ok_or(Error::ReadOnly)?;
+                self.device_at(a)?.download(buffer, &mut staged)?;
+                self.device_at(b)?
+                    .upload(&staged, dst.device_buffer_mut()?)?;
+            }
+        }
+        self.record(reason, from, to, src.size_bytes());
+        Ok(())
     }
 
     /// Makes every device batch-invariant from now on (see
@@ -106,18 +223,24 @@ impl Executor {
         }
     }
 
-    /// Checks `op` ([`Op::validate`]) and runs it on the first device that supports it.
+    /// Checks `op` ([`Op::validate`]) and runs it on the first device that supports it
+    /// among those whose memory holds its operands (and, for host operands, those that
+    /// offload them: [`BaseDevice::runs_host_operands`]).
     ///
-    /// Errors: those of [`Op::validate`]; [`Error::Unsupported`] if no device supports the
-    /// op; otherwise the device's error.
+    /// Errors: those of [`Op::validate`]; [`Error::Unsupported`] if no such device
+    /// supports the op; otherwise the device's error.
     pub fn run(&self, op: Op<'_>) -> Result<()> {
         let op = op.validate()?;
         let kind = op.op().kind();
+        let location = op.location();
         let device = self
             .devices
             .iter()
+            .filter(|d| {
+                d.location() == location || (location == Location::Host && d.runs_host_operands())
+            })
             .find(|d| d.supports(op.op()))
-            .ok_or_else(|| Error::Unsupported(format!("{:?}", op.op())))?;
+            .ok_or_else(|| Error::Unsupported(format!("{:?} in {location} memory", op.op())))?;
         match &self.profile {
             None => device.run(op),
             Some(profile) => {
@@ -215,6 +338,10 @@ impl Drop for Executor {
     fn drop(&mut self) {
         if self.profile.is_some() {
             eprint!("flm profile (per op kind):\n{}", self.profile_report());
+            let transfers = self.transfers().report();
+            if !transfers.is_empty() {
+                eprint!("\nflm transfers between memories:\n{transfers}");
+            }
         }
     }
 }
@@ -258,6 +385,153 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
             Ok(())
         }
+    }
+
+    /// A device with memory of its own (host bytes tagged as `mock:0`) that runs Add on
+    /// operands there: the executor's placement and transfer rules without a GPU.
+    struct MockAccelerator;
+
+    #[derive(Debug)]
+    struct MockBuffer(Vec<u8>);
+
+    const MOCK: Location = Location::Device {
+        name: "mock",
+        ordinal: 0,
+    };
+
+    impl crate::DeviceBuffer for MockBuffer {
+        fn location(&self) -> Location {
+            MOCK
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
+    }
+
+    fn mock(buffer: &dyn crate::DeviceBuffer) -> &MockBuffer {
+        buffer.as_any().downcast_ref().expect("a mock buffer")
+    }
+
+    impl BaseDevice for MockAccelerator {
+        fn name(&self) -> &'static str {
+            "mock"
+        }
+        fn supports(&self, op: &Op<'_>) -> bool {
+            matches!(op, Op::Add { .. })
+        }
+        fn require_batch_invariance(&self) {}
+        fn location(&self) -> Location {
+            MOCK
+        }
+        fn alloc(&self, bytes: usize) -> Result<Box<dyn crate::DeviceBuffer>> {
+            Ok(Box::new(MockBuffer(vec![0; bytes])))
+        }
+        fn upload(&self, src: &[u8], dst: &mut dyn crate::DeviceBuffer) -> Result<()> {
+            let dst: &mut MockBuffer = dst.as_any_mut().downcast_mut().expect("a mock buffer");
+            dst.0[..src.len()].copy_from_slice(src);
+            Ok(())
+        }
+        fn download(&self, src: &dyn crate::DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+            dst.copy_from_slice(&mock(src).0[..dst.len()]);
+            Ok(())
+        }
+        fn run(&self, op: CheckedOp<'_>) -> Result<()> {
+            if let Op::Add { x, y } = op.into_op() {
+                let y: Vec<f32> =
+                    bytemuck::cast_slice(&mock(y.device_buffer().unwrap()).0).to_vec();
+                let x: &mut MockBuffer = x
+                    .device_buffer_mut()?
+                    .as_any_mut()
+                    .downcast_mut()
+                    .expect("a mock buffer");
+                for (a, b) in bytemuck::cast_slice_mut::<u8, f32>(&mut x.0)
+                    .iter_mut()
+                    .zip(y)
+                {
+                    *a += b;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn ops_run_where_their_operands_live_and_every_copy_is_recorded() {
+        let exec =
+            Executor::with_profiling(vec![Box::new(MockAccelerator), Box::new(OnlyAdd)], false);
+        let x = Data::from_f32(&[2], &[1.0, 2.0]).unwrap();
+        let y = Data::from_f32(&[2], &[0.5, 0.5]).unwrap();
+        let mut xd = exec.to_device(&x, MOCK, "test: x").unwrap();
+        let yd = exec.to_device(&y, MOCK, "test: y").unwrap();
+        assert_eq!(xd.location(), MOCK);
+        assert!(matches!(xd.as_f32(), Err(Error::Placement(_))));
+        exec.run(Op::Add { x: &mut xd, y: &yd }).unwrap();
+        exec.run(Op::Add { x: &mut xd, y: &yd }).unwrap();
+        let back = exec.to_host(&xd, "test: result").unwrap();
+        assert_eq!(back.as_f32().unwrap(), &[2.0, 3.0]);
+        // Host operands run on the host device, untouched by the accelerator.
+        let mut xh = x.clone();
+        exec.run(Op::Add { x: &mut xh, y: &y }).unwrap();
+        assert_eq!(xh.as_f32().unwrap(), &[1.5, 2.5]);
+
+        let record = exec.transfers();
+        let up = Route {
+            from: Location::Host,
+            to: MOCK,
+        };
+        let down = Route {
+            from: MOCK,
+            to: Location::Host,
+        };
+        let got: Vec<_> = record
+            .entries
+            .iter()
+            .map(|e| (e.reason, e.route, e.count, e.bytes))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("test: x", up, 1, 8),
+                ("test: y", up, 1, 8),
+                ("test: result", down, 1, 8),
+            ]
+        );
+        assert_eq!(record.totals(), (3, 24));
+        assert!(
+            record.report().contains("mock:0 -> host"),
+            "{}",
+            record.report()
+        );
+    }
+
+    #[test]
+    fn operands_in_two_memories_are_an_error_never_a_copy() {
+        let exec =
+            Executor::with_profiling(vec![Box::new(MockAccelerator), Box::new(OnlyAdd)], false);
+        let mut x = exec
+            .to_device(&Data::from_f32(&[2], &[1.0, 2.0]).unwrap(), MOCK, "test")
+            .unwrap();
+        let y = Data::from_f32(&[2], &[0.5, 0.5]).unwrap();
+        let err = exec.run(Op::Add { x: &mut x, y: &y }).unwrap_err();
+        assert!(matches!(err, Error::Placement(_)), "{err}");
+        assert!(err.to_string().contains("mock:0"), "{err}");
+        assert_eq!(exec.transfers().totals(), (1, 8));
+        // No device runs an op in a memory it does not have.
+        let host_only = Executor::with_profiling(vec![Box::new(OnlyAdd)], false);
+        let mut x = exec.to_device(&y, MOCK, "test").unwrap();
+        let yd = exec.to_device(&y, MOCK, "test").unwrap();
+        let err = host_only.run(Op::Add { x: &mut x, y: &yd }).unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)), "{err}");
+        assert!(matches!(
+            host_only.to_device(&y, MOCK, "test"),
+            Err(Error::Placement(_))
+        ));
     }
 
     #[test]

@@ -345,12 +345,13 @@ impl FlmWriter {
                 data.shape()
             )));
         }
+        let bytes = data.bytes()?;
         let pad = info.offset - self.position;
         let size = info.size;
         let result = self
             .out
             .write_all(&vec![0u8; pad as usize])
-            .and_then(|()| self.out.write_all(data.bytes()));
+            .and_then(|()| self.out.write_all(bytes));
         result.map_err(|e| self.io(e))?;
         self.position = info.offset + size;
         self.next += 1;
@@ -415,7 +416,7 @@ mod tests {
         let back = f.tensor("a").unwrap();
         assert!(back.is_mapped());
         assert_eq!(back.as_f32().unwrap(), a.as_f32().unwrap());
-        assert_eq!(f.tensor("b").unwrap().bytes(), b.bytes());
+        assert_eq!(f.tensor("b").unwrap().bytes().unwrap(), b.bytes().unwrap());
         assert_eq!(f.tensors()[1].offset % ALIGN, 0);
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temporary file left");

@@ -1,6 +1,6 @@
 //! The preallocated key/value cache.
 
-use crate::{Data, DataType, Result};
+use crate::{Data, DataType, Executor, Location, Result};
 
 /// Keys and values of every layer for positions `0..max_seq`, allocated once (llama2.c's
 /// `key_cache` / `value_cache`): f32 `[max_seq, kv_dim]` per layer and per K/V, where
@@ -24,6 +24,66 @@ impl KvCache {
             })
             .collect::<Result<_>>()?;
         Ok(KvCache { layers, max_seq })
+    }
+
+    /// As [`KvCache::new`], with layer `l`'s pair allocated by `exec` in the memory of
+    /// `locations[l]` (one layer per location).
+    ///
+    /// Errors: [`crate::Error::Shape`] if the size overflows; the allocation's errors.
+    pub fn placed(
+        exec: &Executor,
+        locations: &[Location],
+        max_seq: usize,
+        kv_dim: usize,
+    ) -> Result<KvCache> {
+        let layers = locations
+            .iter()
+            .map(|&at| {
+                Ok((
+                    exec.zeros(DataType::F32, &[max_seq, kv_dim], at)?,
+                    exec.zeros(DataType::F32, &[max_seq, kv_dim], at)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers, max_seq })
+    }
+
+    /// Moves every layer's pair to the memory of `locations[l]` with `exec`, recorded
+    /// under `reason` (a layer already there stays as it is).
+    ///
+    /// Errors: [`crate::Error::Shape`] unless there is one location per layer; those of
+    /// [`Executor::to_device`].
+    pub fn place(
+        self,
+        exec: &Executor,
+        locations: &[Location],
+        reason: &'static str,
+    ) -> Result<KvCache> {
+        if locations.len() != self.layers.len() {
+            return Err(crate::Error::Shape {
+                op: "KvCache::place",
+                msg: format!(
+                    "{} locations for {} layers",
+                    locations.len(),
+                    self.layers.len()
+                ),
+            });
+        }
+        let layers = self
+            .layers
+            .into_iter()
+            .zip(locations)
+            .map(|((k, v), &at)| {
+                Ok((
+                    exec.to_device(&k, at, reason)?,
+                    exec.to_device(&v, at, reason)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache {
+            layers,
+            max_seq: self.max_seq,
+        })
     }
 
     /// Positions the cache holds (the context length).

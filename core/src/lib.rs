@@ -20,6 +20,7 @@ mod error;
 mod executor;
 pub mod flm_file;
 mod kv_cache;
+mod memory;
 mod op;
 mod paged_kv;
 #[cfg(unix)]
@@ -36,6 +37,7 @@ pub use dtype::DataType;
 pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::KvCache;
+pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{LinearPart, Op, OpKind, PagedSeq};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};

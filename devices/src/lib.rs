@@ -6,11 +6,15 @@
 //! - `cuda::CudaDevice` (cargo feature `cuda`): NVIDIA GPUs through cudarc, with the CUDA
 //!   libraries loaded at run time.
 //! - [`mod@select`]: the devices for `--device cpu|cuda|auto`, falling back to the CPU.
+//! - [`SimDevice`]: the CPU kernels over a memory of their own, so that placement across
+//!   devices is tested on machines without an accelerator.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod select;
+pub mod sim;
 
 pub use cpu::{CpuDevice, Isa};
 pub use select::{select, DeviceChoice, Selection};
+pub use sim::SimDevice;

@@ -112,7 +112,7 @@ fn linear_is_batch_invariant(dtype: DataType) {
                 output: &mut out,
             })
             .expect("linear");
-            out.to_f32_vec()
+            out.to_f32_vec().expect("a host tensor")
         });
     }
 }
@@ -142,7 +142,7 @@ fn row_ops_are_batch_invariant() {
                 output: &mut out,
             })
             .unwrap();
-            out.to_f32_vec()
+            out.to_f32_vec().expect("a host tensor")
         });
         check(&format!("LayerNorm dim={dim}"), |exec, first, n| {
             let mut out = nan_output(&[n, dim]);
@@ -155,7 +155,7 @@ fn row_ops_are_batch_invariant() {
                 output: &mut out,
             })
             .unwrap();
-            out.to_f32_vec()
+            out.to_f32_vec().expect("a host tensor")
         });
         check(&format!("SiluMul dim={dim}"), |exec, first, n| {
             let mut out = nan_output(&[n, dim]);
@@ -166,7 +166,7 @@ fn row_ops_are_batch_invariant() {
                 output: &mut out,
             })
             .unwrap();
-            out.to_f32_vec()
+            out.to_f32_vec().expect("a host tensor")
         });
         check(&format!("Gelu, Add, Scale dim={dim}"), |exec, first, n| {
             let mut v = rows(&x, first, n);
@@ -181,7 +181,7 @@ fn row_ops_are_batch_invariant() {
                 alpha: 0.7,
             })
             .unwrap();
-            v.to_f32_vec()
+            v.to_f32_vec().unwrap()
         });
         check(&format!("Argmax dim={dim}"), |exec, first, n| {
             let mut out = vec![u32::MAX; n];
@@ -211,7 +211,7 @@ fn embedding_is_batch_invariant() {
                 output: &mut out,
             })
             .unwrap();
-            out.to_f32_vec()
+            out.to_f32_vec().expect("a host tensor")
         });
     }
 }
@@ -235,7 +235,7 @@ fn rope_is_batch_invariant() {
                 start_pos: first,
             };
             exec.run(op).unwrap();
-            v.to_f32_vec()
+            v.to_f32_vec().unwrap()
         });
         let table = RopeTable::new(style, 20, 20, 10000.0, POOL).unwrap();
         let positions: Vec<u32> = (0..POOL as u32).map(|i| (i * 13) % 149).collect();
@@ -250,7 +250,7 @@ fn rope_is_batch_invariant() {
                 block_positions: &blocks[first..first + n],
             })
             .unwrap();
-            v.to_f32_vec()
+            v.to_f32_vec().unwrap()
         });
     }
 }
@@ -291,7 +291,7 @@ fn attention_is_batch_invariant() {
                 output: &mut out,
             })
             .unwrap();
-            out.to_f32_vec()
+            out.to_f32_vec().expect("a host tensor")
         });
     }
 }

@@ -10,7 +10,7 @@
 //! GPU keeps them f32), which the looser tolerances of those cases cover.
 #![cfg(feature = "cuda")]
 
-use flm_core::{BaseDevice, Data, DataType, Op, RopeStyle, RopeTable};
+use flm_core::{BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use rand::rngs::StdRng;
@@ -60,7 +60,7 @@ macro_rules! compare {
                 dev.run(op.validate().unwrap())
                     .unwrap_or_else(|e| panic!("{} on {}: {e}", $what, dev.name()));
             }
-            results.push(out.to_f32_vec());
+            results.push(out.to_f32_vec().unwrap());
         }
         check(&$what, &results[0], &results[1], $tol, $scale);
     }};
@@ -90,7 +90,7 @@ fn check(what: &str, g: &[f32], c: &[f32], tol: f32, scale: Option<&[f32]>) {
 
 /// `Σ_i |x[r, i]| · |w[o, i]|` per output element: the scale of a Linear's rounding.
 fn abs_dot_scale(x: &Data, w: &Data) -> Vec<f32> {
-    let (xv, wv) = (x.to_f32_vec(), w.to_f32_vec());
+    let (xv, wv) = (x.to_f32_vec().unwrap(), w.to_f32_vec().unwrap());
     let k = x.cols();
     let mut s = Vec::new();
     for xr in xv.chunks(k) {
@@ -223,7 +223,7 @@ gpu_tests! {
         assert_eq!(g[0], 10);
         let k = 40;
         let (ids, values) = gpu.top_k(&x, k).unwrap();
-        let all = x.to_f32_vec();
+        let all = x.to_f32_vec().unwrap();
         for (row, vals) in all.chunks(32001).enumerate() {
             let mut order: Vec<u32> = (0..32001).collect();
             order.sort_by(|&a, &b| vals[b as usize].total_cmp(&vals[a as usize]).then(a.cmp(&b)));
@@ -258,5 +258,25 @@ gpu_tests! {
                 bidirectional: bidir, sliding_window: window, output: o,
             });
         }
+    }
+
+    buffers_round_trip_and_every_copy_is_recorded(gpu) {
+        let location = gpu.location();
+        assert_eq!(location, Location::Device { name: "cuda", ordinal: 0 });
+        let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
+        let x = random(&mut rng(8), &[37, 129], 1.0);
+        let on_gpu = exec.to_device(&x, location, "test: upload").unwrap();
+        assert_eq!(on_gpu.location(), location);
+        assert!(matches!(on_gpu.as_f32(), Err(flm_core::Error::Placement(_))));
+        let back = exec.to_host(&on_gpu, "test: download").unwrap();
+        assert_eq!(back.bytes().unwrap(), x.bytes().unwrap());
+        let mut y = Data::zeros(DataType::F32, &[37, 129]).unwrap();
+        let mut y_gpu = exec.to_device(&y, location, "test: upload").unwrap();
+        exec.copy_into(&x, &mut y_gpu, "test: upload").unwrap();
+        exec.copy_into(&y_gpu, &mut y, "test: download").unwrap();
+        assert_eq!(y.bytes().unwrap(), x.bytes().unwrap());
+        let bytes = x.size_bytes() as u64;
+        let got: Vec<_> = exec.transfers().entries.iter().map(|e| (e.reason, e.count, e.bytes)).collect();
+        assert_eq!(got, [("test: upload", 3, 3 * bytes), ("test: download", 2, 2 * bytes)]);
     }
 }

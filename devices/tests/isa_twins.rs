@@ -188,7 +188,7 @@ fn rms_norm_matches_scalar(dtype: DataType) {
                         output: &mut out,
                     },
                 );
-                out.to_f32_vec()
+                out.to_f32_vec().unwrap()
             };
             let want: Vec<f64> = norm(Isa::Scalar).iter().map(|&v| v as f64).collect();
             let rel = 2.0 * (1e-6 * (dim as f64).sqrt() + 4.0 * EPS);
@@ -219,7 +219,7 @@ fn embedding_matches_scalar(dtype: DataType) {
                     output: &mut out,
                 },
             );
-            out.to_f32_vec()
+            out.to_f32_vec().unwrap()
         };
         let want = embed(Isa::Scalar);
         for isa in simd_levels() {
@@ -268,7 +268,7 @@ fn rope_matches_scalar() {
                             start_pos,
                         },
                     );
-                    y.to_f32_vec()
+                    y.to_f32_vec().unwrap()
                 };
                 let want: Vec<f64> = rotate(Isa::Scalar).iter().map(|&v| v as f64).collect();
                 let mut tol = vec![0.0; xv.len()];
@@ -372,7 +372,7 @@ fn attention_matches_scalar() {
                         output: &mut out,
                     },
                 );
-                out.to_f32_vec()
+                out.to_f32_vec().unwrap()
             };
             let slopes = if alibi {
                 flm_core::alibi_slopes(n_heads)
@@ -450,7 +450,7 @@ fn silu_mul_matches_scalar() {
                     output: &mut out,
                 },
             );
-            out.to_f32_vec()
+            out.to_f32_vec().unwrap()
         };
         let want: Vec<f64> = silu(Isa::Scalar).iter().map(|&v| v as f64).collect();
         for isa in simd_levels() {
@@ -472,7 +472,7 @@ fn add_matches_scalar() {
         let add = |isa| {
             let mut z = x.clone();
             run_at(isa, Op::Add { x: &mut z, y: &y });
-            z.to_f32_vec()
+            z.to_f32_vec().unwrap()
         };
         let want = add(Isa::Scalar);
         for isa in simd_levels() {

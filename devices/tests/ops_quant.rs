@@ -226,7 +226,7 @@ fn constant_rows_are_reproduced(dtype: DataType) {
             let g = dtype.group_size().unwrap_or(k).min(k);
             w[k + g..].copy_from_slice(&uniform(&mut rng, k - g, 1.0));
             let w_data = f32_data(&[2, k], &w).to_dtype(dtype).unwrap();
-            let w_hat = w_data.to_f32_vec();
+            let w_hat = w_data.to_f32_vec().unwrap();
             let what = format!("{dtype} k={k} c={c}");
             if dtype == DataType::I8 {
                 // `s·127` with `s = |c|/127`: within one f32 rounding each way.

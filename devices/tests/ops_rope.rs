@@ -107,7 +107,7 @@ fn rope_styles_differ() {
             start_pos: 3,
         })
         .unwrap();
-        y.to_f32_vec()
+        y.to_f32_vec().unwrap()
     };
     assert_ne!(out(RopeStyle::AdjacentPairs), out(RopeStyle::RotateHalf));
 }

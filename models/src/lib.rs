@@ -24,9 +24,11 @@ pub mod eval;
 pub mod import;
 pub mod llama;
 mod model;
+mod placement;
 pub mod session;
 pub mod speculative;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub use model::{canonical_shapes, Model, SharedModel};
+pub use placement::Placement;

@@ -41,9 +41,11 @@
 
 use std::sync::Arc;
 
-use flm_core::{Data, DataType, Error as CoreError, Executor, KvCache, LinearPart, Op, RopeTable};
+use flm_core::{
+    Data, DataType, Error as CoreError, Executor, KvCache, LinearPart, Location, Op, RopeTable,
+};
 
-use crate::{Error, ModelConfig, Result};
+use crate::{Error, ModelConfig, Placement, Result};
 
 mod batch;
 mod weights;
@@ -92,10 +94,24 @@ struct RunState {
 }
 
 impl RunState {
-    /// Zeroed activations of `c`'s widths for `rows` rows.
+    /// Zeroed activations of `c`'s widths for `rows` rows in host memory.
     fn new(c: &ModelConfig, rows: usize) -> Result<RunState> {
+        RunState::alloc(c, rows, &|shape| Data::zeros(DataType::F32, shape))
+    }
+
+    /// As [`RunState::new`], in the memory of `at`, allocated by `exec`.
+    fn on(exec: &Executor, at: Location, c: &ModelConfig, rows: usize) -> Result<RunState> {
+        RunState::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))
+    }
+
+    /// The activations, each made by `zeros` from its shape.
+    fn alloc(
+        c: &ModelConfig,
+        rows: usize,
+        zeros: &dyn Fn(&[usize]) -> flm_core::Result<Data>,
+    ) -> Result<RunState> {
         let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-        let z = |cols: usize| Data::zeros(DataType::F32, &[rows, cols]);
+        let z = |cols: usize| zeros(&[rows, cols]);
         Ok(RunState {
             x: z(dim)?,
             xb: z(dim)?,
@@ -132,20 +148,29 @@ impl RunState {
     }
 }
 
-/// The immutable part of a Llama model: configuration, weights and RoPE table. It is
-/// `Send + Sync`; share it with an [`Arc`] between [`Llama`] instances.
+/// The immutable part of a Llama model: configuration, weights, RoPE table and where each
+/// layer runs ([`Placement`]). It is `Send + Sync`; share it with an [`Arc`] between
+/// [`Llama`] instances.
 pub struct LlamaModel {
     config: ModelConfig,
     weights: LlamaWeights,
     rope: RopeTable,
+    placement: Placement,
 }
 
 /// A Llama model ready to run: the shared [`LlamaModel`] plus its own KV cache (for
-/// `config.max_seq_len` positions) and activations.
+/// `config.max_seq_len` positions) and activations, in the memories of the model's
+/// [`Placement`].
 pub struct Llama {
     model: Arc<LlamaModel>,
-    kv: KvCache,
-    state: RunState,
+    /// `None` until the first forward pass of a model placed on a device, which allocates
+    /// it there.
+    kv: Option<KvCache>,
+    /// The activations of each memory of [`Placement::locations`], in that order.
+    states: Vec<RunState>,
+    /// The logits (or hidden states) copied to the host, when the last layer is on a
+    /// device.
+    host_out: Option<Data>,
     /// Rows of every chunk of a multi-chunk [`Logits::All`] or hidden-state call.
     all_rows: Vec<f32>,
 }
@@ -190,11 +215,63 @@ impl LlamaModel {
             c.rope_scaling.as_ref(),
             c.max_seq_len,
         )?;
+        let placement = Placement::host(config.n_layers);
         Ok(LlamaModel {
             config,
             weights,
             rope,
+            placement,
         })
+    }
+
+    /// The model with its weights moved by `exec` to the memories of `placement` (recorded
+    /// as `"load: weights"`): each layer's to its layer's, the embedding table to the first
+    /// layer's, the final norm and the classifier to the last layer's (a tied classifier
+    /// gets a copy of the table there when the two differ).
+    ///
+    /// Errors: [`Error::Config`] for a placement of another number of layers, or a
+    /// p-tuning prefix on a device; the allocation and copy errors.
+    pub fn place(self, exec: &Executor, placement: Placement) -> Result<LlamaModel> {
+        placement.check(self.config.n_layers)?;
+        let move_to = |d: Data, at: Location| -> Result<Data> {
+            if d.location() == at {
+                Ok(d)
+            } else {
+                Ok(exec.to_device(&d, at, "load: weights")?)
+            }
+        };
+        let w = self.weights;
+        let (input, output) = (placement.input(), placement.output());
+        let classifier = match w.classifier {
+            Some(c) => Some(move_to(c, output)?),
+            None if input != output => {
+                Some(exec.to_device(&w.embedding, output, "load: weights")?)
+            }
+            None => None,
+        };
+        let layers = w
+            .layers
+            .into_iter()
+            .enumerate()
+            .map(|(l, lw)| lw.try_map(|d| move_to(d, placement.layer(l))))
+            .collect::<Result<_>>()?;
+        let weights = LlamaWeights {
+            embedding: move_to(w.embedding, input)?,
+            layers,
+            final_norm: move_to(w.final_norm, output)?,
+            classifier,
+            prefix_kv: w.prefix_kv,
+        };
+        Ok(LlamaModel {
+            weights,
+            placement,
+            ..self
+        })
+    }
+
+    /// Where each layer runs.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
     /// The configuration.
@@ -221,19 +298,46 @@ impl Llama {
     /// own activations (for [`PREFILL_CHUNK`] rows).
     ///
     /// Errors: [`flm_core::Error::Shape`] (wrapped) if a buffer's size overflows.
+    /// For a model placed on a device ([`LlamaModel::place`]) the KV cache and
+    /// activations are allocated by the executor of the first forward pass.
     pub fn with_model(model: Arc<LlamaModel>) -> Result<Llama> {
-        let c = &model.config;
-        let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim())?;
-        if let Some(prefix) = &model.weights.prefix_kv {
-            load_prefix(&mut kv, prefix, c)?;
+        let (mut kv, mut states) = (None, Vec::new());
+        if model.placement.is_host() {
+            kv = Some(host_kv(&model)?);
+            let c = &model.config;
+            states.push(RunState::new(c, PREFILL_CHUNK.min(c.max_seq_len))?);
         }
-        let state = RunState::new(c, PREFILL_CHUNK.min(c.max_seq_len))?;
         Ok(Llama {
             model,
             kv,
-            state,
+            states,
+            host_out: None,
             all_rows: Vec::new(),
         })
+    }
+
+    /// Allocates the KV cache and activations of a placed model in their memories, once.
+    fn allocate(&mut self, exec: &Executor) -> Result<()> {
+        if self.kv.is_some() {
+            return Ok(());
+        }
+        let model = &*self.model;
+        let (c, p) = (&model.config, &model.placement);
+        let layers: Vec<Location> = (0..c.n_layers).map(|l| p.layer(l)).collect();
+        let max_seq = c.pre_seq_len + c.max_seq_len;
+        let kv = if model.weights.prefix_kv.is_some() {
+            host_kv(model)?.place(exec, &layers, "load: p-tuning prefix")?
+        } else {
+            KvCache::placed(exec, &layers, max_seq, c.kv_dim())?
+        };
+        let rows = PREFILL_CHUNK.min(c.max_seq_len);
+        self.states = p
+            .locations()
+            .into_iter()
+            .map(|at| RunState::on(exec, at, c, rows))
+            .collect::<Result<_>>()?;
+        self.kv = Some(kv);
+        Ok(())
     }
 
     /// The shared model this instance runs.
@@ -291,6 +395,7 @@ impl Llama {
         head: Head,
     ) -> Result<&[f32]> {
         check_forward(self.config(), tokens, start_pos)?;
+        self.allocate(exec)?;
         let chunk = PREFILL_CHUNK.min(self.config().max_seq_len);
         let parts = tokens.len().div_ceil(chunk);
         if head == Head::Logits(Logits::Last) || parts == 1 {
@@ -300,14 +405,37 @@ impl Llama {
             }
             let last = (parts - 1) * chunk;
             self.forward_chunk(exec, &tokens[last..], start_pos + last, head)?;
-            return Ok(self.state.logits.as_f32()?);
+            return self.output(exec);
         }
         self.all_rows.clear();
         for (c, part) in tokens.chunks(chunk).enumerate() {
             self.forward_chunk(exec, part, start_pos + c * chunk, head)?;
-            self.all_rows.extend_from_slice(self.state.logits.as_f32()?);
+            let rows = self.output(exec)?.to_vec();
+            self.all_rows.extend_from_slice(&rows);
         }
         Ok(&self.all_rows)
+    }
+
+    /// The last chunk's logits (or hidden states) in host memory: those of the last
+    /// layer's activations, copied to the host first when they are on a device.
+    fn output(&mut self, exec: &Executor) -> Result<&[f32]> {
+        let Some(out) = self.states.last().map(|s| &s.logits) else {
+            return Err(Error::Config("no forward pass has run".into()));
+        };
+        if out.location() == Location::Host {
+            return Ok(out.as_f32()?);
+        }
+        let mut host = match self.host_out.take() {
+            Some(h) => h,
+            None => Data::zeros(DataType::F32, out.shape())?,
+        };
+        // The buffer keeps its capacity: it grows only for a chunk longer than any before.
+        if host.set_shape(out.shape()).is_err() {
+            host = Data::zeros(DataType::F32, out.shape())?;
+        }
+        let host = self.host_out.insert(host);
+        exec.copy_into(out, host, "logits to host")?;
+        Ok(host.as_f32()?)
     }
 
     fn forward_chunk(
@@ -319,13 +447,17 @@ impl Llama {
     ) -> Result<()> {
         let model = &*self.model;
         let c = &model.config;
-        let s = &mut self.state;
         let n = tokens.len();
-        s.set_rows(c, n)?;
+        for s in &mut self.states {
+            s.set_rows(c, n)?;
+        }
         // The p-tuning prefix fills the cache rows before position 0.
         let row = c.pre_seq_len + pos;
-        let kv = &mut self.kv;
-        run_layers(exec, model, tokens, s, |l, s| {
+        let kv = self
+            .kv
+            .as_mut()
+            .ok_or_else(|| Error::Config("the KV cache is not allocated".into()))?;
+        let s = run_layers(exec, model, tokens, &mut self.states, |l, s| {
             if !c.alibi {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                     exec.run(Op::Rope {
@@ -385,25 +517,45 @@ fn linear(
     })
 }
 
-/// The embedding and every transformer block over the rows of `tokens` (`s` shaped for
-/// them): per layer the projections of the whole batch of rows, then `attend(layer, s)`,
-/// which applies RoPE to `s.q`/`s.k`, stores `s.k`/`s.v` in the KV cache and writes
-/// `s.att` from `s.q`, then the output projection, the residuals and the SwiGLU
-/// feed-forward. Leaves the last layer's output in `s.x`.
-fn run_layers(
+/// The embedding and every transformer block over the rows of `tokens` (`states` shaped
+/// for them, one per memory of the model's [`Placement::locations`]): per layer, in the
+/// state `s` of its memory, the projections of the whole batch of rows, then
+/// `attend(layer, s)`, which applies RoPE to `s.q`/`s.k`, stores `s.k`/`s.v` in the KV
+/// cache and writes `s.att` from `s.q`, then the output projection, the residuals and the
+/// SwiGLU feed-forward. At a boundary between two memories the residual stream `x` is
+/// copied across. Returns the last layer's state, whose `x` holds its output.
+fn run_layers<'s>(
     exec: &Executor,
     model: &LlamaModel,
     tokens: &[u32],
-    s: &mut RunState,
+    states: &'s mut [RunState],
     mut attend: impl FnMut(usize, &mut RunState) -> flm_core::Result<()>,
-) -> Result<()> {
+) -> Result<&'s mut RunState> {
     let (c, w) = (&model.config, &model.weights);
+    let locations = model.placement.locations();
+    if states.len() != locations.len() {
+        return Err(Error::Config(format!(
+            "{} activation sets for {} memories",
+            states.len(),
+            locations.len()
+        )));
+    }
+    let memory = |l: usize| {
+        let at = model.placement.layer(l);
+        locations.iter().position(|&m| m == at).unwrap_or(0)
+    };
     exec.run(Op::Embedding {
         table: &w.embedding,
         tokens,
-        output: &mut s.x,
+        output: &mut states[memory(0)].x,
     })?;
     for (l, lw) in w.layers.iter().enumerate() {
+        let (before, here) = (memory(l.saturating_sub(1)), memory(l));
+        if before != here {
+            let (from, to) = pair_mut(states, before, here);
+            exec.copy_into(&from.x, &mut to.x, "layer boundary: activations")?;
+        }
+        let s = &mut states[here];
         // Attention block.
         exec.run(Op::RmsNorm {
             input: &s.x,
@@ -455,7 +607,29 @@ fn run_layers(
             y: &s.xb2,
         })?;
     }
-    Ok(())
+    let last = memory(c.n_layers.saturating_sub(1));
+    Ok(&mut states[last])
+}
+
+/// `(&items[a], &mut items[b])` for `a != b`.
+fn pair_mut<T>(items: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
+    if a < b {
+        let (lo, hi) = items.split_at_mut(b);
+        (&lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = items.split_at_mut(a);
+        (&hi[0], &mut lo[b])
+    }
+}
+
+/// A host KV cache for `model`, with its p-tuning prefix copied in.
+fn host_kv(model: &LlamaModel) -> Result<KvCache> {
+    let c = &model.config;
+    let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim())?;
+    if let Some(prefix) = &model.weights.prefix_kv {
+        load_prefix(&mut kv, prefix, c)?;
+    }
+    Ok(kv)
 }
 
 /// The final norm and the classifier (the embedding table when tied) into `s.logits`:
@@ -511,7 +685,7 @@ fn finish(
 /// `0..pre_seq_len` of every layer.
 pub(crate) fn load_prefix(kv: &mut KvCache, prefix: &Data, c: &ModelConfig) -> Result<()> {
     let kv_dim = c.kv_dim();
-    let values = prefix.to_f32_vec();
+    let values = prefix.to_f32_vec()?;
     for (p, row) in values.chunks_exact(c.n_layers * 2 * kv_dim).enumerate() {
         for (l, pair) in row.chunks_exact(2 * kv_dim).enumerate() {
             let (k, v) = kv.layer_mut(l);

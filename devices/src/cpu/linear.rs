@@ -124,11 +124,12 @@ pub(crate) fn linears(isa: Isa, input: &Data, parts: &mut [LinearPart<'_>]) -> R
 }
 
 /// A bias as f32 values.
-fn bias_f32(bias: Option<&Data>) -> Option<Cow<'_, [f32]>> {
+fn bias_f32(bias: Option<&Data>) -> Result<Option<Cow<'_, [f32]>>> {
     bias.map(|b| match b.as_f32() {
-        Ok(v) => Cow::Borrowed(v),
-        Err(_) => Cow::Owned(b.to_f32_vec()),
+        Ok(v) => Ok(Cow::Borrowed(v)),
+        Err(_) => b.to_f32_vec().map(Cow::Owned),
     })
+    .transpose()
 }
 
 /// Up to [`schedule::MAX_PARTS`] parts with quantised weights of one dtype, in one call of
@@ -161,7 +162,7 @@ fn quant_group(
             row_bytes,
             kp: quant::padded_cols(dtype, k),
         };
-        *b = bias_f32(part.bias);
+        *b = bias_f32(part.bias)?;
     }
     let mut biases: [Option<&[f32]>; P] = Default::default();
     for (b, o) in biases.iter_mut().zip(&owned) {
@@ -177,7 +178,7 @@ fn quant_group(
 
 /// One part with float weights.
 fn float_part(isa: Isa, x: &[f32], n: usize, k: usize, part: &mut LinearPart<'_>) -> Result<()> {
-    let bias = bias_f32(part.bias);
+    let bias = bias_f32(part.bias)?;
     let bias = bias.as_deref();
     let out = part.output.as_f32_mut()?;
     match Rows::new(part.weight)? {

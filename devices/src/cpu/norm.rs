@@ -101,7 +101,7 @@ pub(crate) fn layer_norm(
     output: &mut Data,
 ) -> Result<()> {
     let dim = input.cols();
-    let (w, b) = (weight.to_f32_vec(), bias.to_f32_vec());
+    let (w, b) = (weight.to_f32_vec()?, bias.to_f32_vec()?);
     let k = LayerNormRows {
         x: input.as_f32()?,
         w: &w,

@@ -28,7 +28,7 @@ impl<'a> Rows<'a> {
             DataType::BF16 => Rows::BF16(data.as_bf16()?),
             dtype => Rows::Quant {
                 dtype,
-                bytes: data.bytes(),
+                bytes: data.bytes()?,
                 row_bytes: quant::row_bytes(dtype, data.cols()).ok_or_else(|| Error::Shape {
                     op: "weights",
                     msg: format!("{dtype} shape {:?} overflows", data.shape()),

@@ -20,7 +20,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
-use flm_core::{BaseDevice, CheckedOp, Data, DataType, Error, Op, Result};
+use flm_core::{BaseDevice, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result};
 
 use super::kernels::MODULES;
 use super::nvrtc;
@@ -37,6 +37,7 @@ pub struct CudaDevice {
     pub(super) stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
     info: GpuInfo,
+    ordinal: u32,
     functions: HashMap<&'static str, CudaFunction>,
     weights: Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>,
     batch_invariant: AtomicBool,
@@ -101,6 +102,7 @@ impl CudaDevice {
             stream,
             blas,
             info,
+            ordinal: u32::try_from(ordinal).map_err(|_| format!("GPU ordinal {ordinal}"))?,
             functions,
             weights: Mutex::new(HashMap::new()),
             batch_invariant: AtomicBool::new(false),
@@ -146,7 +148,7 @@ impl CudaDevice {
         if let Some(buf) = cache.get(&w.id()) {
             return Ok(Arc::clone(buf));
         }
-        let buf = Arc::new(self.stream.clone_htod(w.bytes()).map_err(dev_err)?);
+        let buf = Arc::new(self.stream.clone_htod(w.bytes()?).map_err(dev_err)?);
         cache.insert(w.id(), Arc::clone(&buf));
         Ok(buf)
     }
@@ -219,7 +221,12 @@ impl BaseDevice for CudaDevice {
         "cuda"
     }
 
+    /// Ops whose operands are in host memory ([`BaseDevice::runs_host_operands`]): the
+    /// kernels do not read operands in this GPU's own buffers yet.
     fn supports(&self, op: &Op<'_>) -> bool {
+        if op.location().ok() != Some(Location::Host) {
+            return false;
+        }
         let f32 = |d: &Data| d.dtype() == DataType::F32;
         let float_w = |d: &Data| float_suffix(d.dtype()).is_some();
         let any_w = |d: &Data| float_w(d) || d.dtype().is_quantized();
@@ -269,6 +276,30 @@ impl BaseDevice for CudaDevice {
 
     fn require_batch_invariance(&self) {
         self.batch_invariant.store(true, Ordering::Relaxed);
+    }
+
+    fn location(&self) -> Location {
+        Location::Device {
+            name: "cuda",
+            ordinal: self.ordinal,
+        }
+    }
+
+    /// The per-op offload: activations are copied in and out for each op, weights once.
+    fn runs_host_operands(&self) -> bool {
+        true
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
+        self.alloc_buffer(bytes)
+    }
+
+    fn upload(&self, src: &[u8], dst: &mut dyn DeviceBuffer) -> Result<()> {
+        self.upload_bytes(src, dst)
+    }
+
+    fn download(&self, src: &dyn DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+        self.download_bytes(src, dst)
     }
 
     fn run(&self, op: CheckedOp<'_>) -> Result<()> {

@@ -8,6 +8,7 @@
 //!
 //! - [`CudaDevice`]: the [`flm_core::BaseDevice`] (which ops it runs and how its
 //!   operands move is in its module docs).
+//! - [`CudaBuffer`]: GPU memory as a tensor's storage ([`flm_core::DeviceBuffer`]).
 //! - [`kernels`]: our CUDA C sources (`kernels/*.cu`), embedded in the binary.
 //! - [`nvrtc`]: compiles them with NVRTC for the GPU's compute capability at start-up.
 //! - [`ptx_cache`]: keeps the PTX on disk, keyed by a hash of source, options and
@@ -17,12 +18,14 @@ mod attention;
 mod device;
 pub mod kernels;
 mod linear;
+mod memory;
 pub mod nvrtc;
 mod ops;
 pub mod ptx_cache;
 mod rope;
 
 pub use device::CudaDevice;
+pub use memory::CudaBuffer;
 
 use std::sync::Arc;
 

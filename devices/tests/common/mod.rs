@@ -64,7 +64,7 @@ pub fn random_f32(rng: &mut StdRng, shape: &[usize], scale: f32) -> (Data, Vec<f
 pub fn random_weight(rng: &mut StdRng, shape: &[usize], dtype: DataType) -> (Data, Vec<f32>) {
     let (w, _) = random_f32(rng, shape, 1.0);
     let w = w.to_dtype(dtype).expect("conversion");
-    let values = w.to_f32_vec();
+    let values = w.to_f32_vec().expect("a host tensor");
     (w, values)
 }
 

@@ -367,12 +367,12 @@ mod tests {
             let data = t[name].load().unwrap();
             assert_eq!((data.dtype(), data.shape()), (dtype, &[4, 6][..]), "{name}");
             assert!(data.is_mapped(), "{name} is a view of the file");
-            assert_eq!(data.to_f32_vec(), base, "{name}");
+            assert_eq!(data.to_f32_vec().unwrap(), base, "{name}");
         }
-        assert_eq!(t["param"].load().unwrap().to_f32_vec(), base[..12]);
+        assert_eq!(t["param"].load().unwrap().to_f32_vec().unwrap(), base[..12]);
         let view = t["offset_view"].load().unwrap();
         assert_eq!(
-            (view.shape(), view.to_f32_vec()),
+            (view.shape(), view.to_f32_vec().unwrap()),
             (&[2, 6][..], base[6..18].to_vec())
         );
         assert_eq!(
@@ -384,7 +384,10 @@ mod tests {
             t["f32"].bytes().unwrap().as_ptr()
         );
         let scalar = t["scalar"].load().unwrap();
-        assert_eq!((scalar.shape(), scalar.to_f32_vec()), (&[][..], vec![2.5]));
+        assert_eq!(
+            (scalar.shape(), scalar.to_f32_vec().unwrap()),
+            (&[][..], vec![2.5])
+        );
         assert_eq!(t["empty"].shape, [0, 3]);
     }
 

@@ -282,7 +282,7 @@ fn gather_rows(parent: &SourceTensor, ranges: &[Range<usize>], shape: &[usize]) 
     let row_bytes = data.size_bytes() / data.shape()[0].max(1);
     let mut bytes = Vec::with_capacity(shape[0] * row_bytes);
     for r in ranges {
-        bytes.extend_from_slice(&data.bytes()[r.start * row_bytes..r.end * row_bytes]);
+        bytes.extend_from_slice(&data.bytes()?[r.start * row_bytes..r.end * row_bytes]);
     }
     Ok(Data::from_bytes(data.dtype(), shape, &bytes)?)
 }

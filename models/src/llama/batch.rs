@@ -49,15 +49,21 @@ pub struct LlamaBatch {
 impl LlamaBatch {
     /// A batch runner of `model`, with activations for `rows` rows to start with.
     ///
-    /// Errors: a buffer whose size overflows.
+    /// Errors: a buffer whose size overflows; [`Error::Config`] for a model placed on a
+    /// device ([`LlamaModel::place`]), which the batched path does not run yet.
     pub fn new(model: Arc<LlamaModel>, rows: usize) -> Result<LlamaBatch> {
+        if !model.placement.is_host() {
+            return Err(Error::Config(
+                "batched serving runs models placed in host memory only, for now".into(),
+            ));
+        }
         let c = &model.config;
         let rows = rows.max(1);
         let state = RunState::new(c, rows)?;
         let mut prefix = Vec::new();
         if let Some(p) = &model.weights.prefix_kv {
             let kv_dim = c.kv_dim();
-            let values = p.to_f32_vec();
+            let values = p.to_f32_vec()?;
             for l in 0..c.n_layers {
                 let (mut k, mut v) = (Vec::new(), Vec::new());
                 for row in values.chunks_exact(c.n_layers * 2 * kv_dim) {
@@ -173,10 +179,10 @@ impl LlamaBatch {
                 blocks: seq.blocks,
             })
             .collect();
-        let s = &mut self.state;
-        s.set_rows(c, n)?;
+        self.state.set_rows(c, n)?;
         let (positions, slots, block_size) = (&self.positions, &self.slots, kv.block_size());
-        run_layers(exec, &model, &self.tokens, s, |l, s| {
+        let states = std::slice::from_mut(&mut self.state);
+        let s = run_layers(exec, &model, &self.tokens, states, |l, s| {
             if !c.alibi {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                     exec.run(Op::RopeRows {

@@ -62,6 +62,30 @@ pub struct LlamaLayer {
     pub w_up: Data,
 }
 
+impl LlamaLayer {
+    /// The layer with `f` applied to each of its tensors (moving them to a device).
+    ///
+    /// Errors: the first error of `f`.
+    pub fn try_map(self, mut f: impl FnMut(Data) -> Result<Data>) -> Result<LlamaLayer> {
+        Ok(LlamaLayer {
+            attn_norm: f(self.attn_norm)?,
+            wq: f(self.wq)?,
+            wk: f(self.wk)?,
+            wv: f(self.wv)?,
+            wo: f(self.wo)?,
+            qkv_bias: match self.qkv_bias {
+                Some([q, k, v]) => Some([f(q)?, f(k)?, f(v)?]),
+                None => None,
+            },
+            bo: self.bo.map(&mut f).transpose()?,
+            ffn_norm: f(self.ffn_norm)?,
+            w_gate: f(self.w_gate)?,
+            w_down: f(self.w_down)?,
+            w_up: f(self.w_up)?,
+        })
+    }
+}
+
 /// All weights of a Llama model.
 #[derive(Debug, Clone)]
 pub struct LlamaWeights {

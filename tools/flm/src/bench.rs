@@ -245,7 +245,7 @@ fn stream_read_gb_s(mib: usize) -> Result<f64> {
     // Allocated as weights are, so that it reads through the same kind of pages.
     let mut data = Data::zeros(DataType::F32, &[mib << 18])?;
     fill_random(data.bytes_mut()?, 7);
-    let buf: &[u64] = bytemuck::cast_slice(data.bytes());
+    let buf: &[u64] = bytemuck::cast_slice(data.bytes()?);
     let per_task = buf.len().div_ceil(rayon::current_num_threads() * 16).max(1);
     let pass = |sum: fn(&[u64]) -> u64| {
         let start = Instant::now();

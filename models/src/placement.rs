@@ -1,0 +1,124 @@
+//! [`Placement`]: which memory each layer of a model runs in.
+//!
+//! A layer's weights, its KV cache and the activations it computes live in one memory (the
+//! host's, or a device's such as `cuda:0`), and its ops run on the device there. The token
+//! embedding goes with the first layer, the final norm and the classifier with the last.
+//! Where two consecutive layers are in different memories, the residual stream is copied
+//! once per step at that boundary ([`flm_core::Executor::copy_into`], recorded as
+//! `"layer boundary: activations"`); nothing else crosses. This is llama.cpp's
+//! `--n-gpu-layers` and FastLLM's device map.
+
+use flm_core::Location;
+
+use crate::{Error, Result};
+
+/// The memory of each layer of a model, first to last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    layers: Vec<Location>,
+}
+
+impl Placement {
+    /// Every one of `n_layers` layers in host memory (the CPU).
+    pub fn host(n_layers: usize) -> Placement {
+        Placement {
+            layers: vec![Location::Host; n_layers],
+        }
+    }
+
+    /// The first `on_device` of `n_layers` layers on `device` and the rest in host memory
+    /// (`--gpu-layers N`). `on_device` beyond `n_layers` places them all on the device.
+    pub fn first_layers(n_layers: usize, device: Location, on_device: usize) -> Placement {
+        let on_device = on_device.min(n_layers);
+        let mut layers = vec![device; on_device];
+        layers.resize(n_layers, Location::Host);
+        Placement { layers }
+    }
+
+    /// Layers placed.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The memory of layer `l` (the host's past the last layer).
+    pub fn layer(&self, l: usize) -> Location {
+        self.layers.get(l).copied().unwrap_or(Location::Host)
+    }
+
+    /// The memory of the token embedding: the first layer's.
+    pub fn input(&self) -> Location {
+        self.layer(0)
+    }
+
+    /// The memory of the final norm, the classifier and the logits: the last layer's.
+    pub fn output(&self) -> Location {
+        self.layers.last().copied().unwrap_or(Location::Host)
+    }
+
+    /// The distinct memories, in the order of the layers.
+    pub fn locations(&self) -> Vec<Location> {
+        let mut out: Vec<Location> = Vec::new();
+        for &l in &self.layers {
+            if !out.contains(&l) {
+                out.push(l);
+            }
+        }
+        if out.is_empty() {
+            out.push(Location::Host);
+        }
+        out
+    }
+
+    /// Whether every layer is in host memory.
+    pub fn is_host(&self) -> bool {
+        self.layers.iter().all(|&l| l == Location::Host)
+    }
+
+    /// Boundaries between consecutive layers in different memories.
+    pub fn boundaries(&self) -> usize {
+        self.layers.windows(2).filter(|w| w[0] != w[1]).count()
+    }
+
+    /// `Ok` when this placement is for a model of `n_layers` layers.
+    ///
+    /// Errors: [`Error::Config`] otherwise.
+    pub(crate) fn check(&self, n_layers: usize) -> Result<()> {
+        if self.layers.len() == n_layers {
+            Ok(())
+        } else {
+            Err(Error::Config(format!(
+                "a placement of {} layers for a model of {n_layers}",
+                self.layers.len()
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GPU: Location = Location::Device {
+        name: "cuda",
+        ordinal: 0,
+    };
+
+    #[test]
+    fn first_layers_split_the_model_once() {
+        let p = Placement::first_layers(5, GPU, 2);
+        assert_eq!(
+            (0..5).map(|l| p.layer(l)).collect::<Vec<_>>(),
+            [GPU, GPU, Location::Host, Location::Host, Location::Host]
+        );
+        assert_eq!((p.input(), p.output()), (GPU, Location::Host));
+        assert_eq!(p.locations(), [GPU, Location::Host]);
+        assert_eq!(p.boundaries(), 1);
+        let all = Placement::first_layers(5, GPU, 99);
+        assert_eq!(
+            (all.output(), all.boundaries(), all.locations()),
+            (GPU, 0, vec![GPU])
+        );
+        assert!(Placement::first_layers(5, GPU, 0).is_host());
+        assert!(Placement::host(3).check(4).is_err());
+    }
+}

@@ -1,0 +1,103 @@
+//! A model split between two memories: stories260K (5 layers) with its first layers on a
+//! device and the rest on the host, as `--gpu-layers` places them, writes llama2.c's
+//! greedy tokens, and the executor's transfer record holds exactly the copies the
+//! placement implies. The device is [`SimDevice`] (the CPU kernels over a memory of their
+//! own), so this runs on every machine.
+
+use std::sync::Arc;
+
+use flm_core::{Executor, Location, Route};
+use flm_devices::{CpuDevice, SimDevice};
+use flm_models::import;
+use flm_models::llama::{Llama, LlamaModel};
+use flm_models::Placement;
+use flm_tests::{data, greedy_on, ids, stories_reference};
+
+const SIM: Location = Location::Device {
+    name: "sim",
+    ordinal: 0,
+};
+
+/// The device first, then the CPU, as `--device cuda` orders them.
+fn executor() -> Executor {
+    Executor::with_profiling(
+        vec![
+            Box::new(SimDevice::new(0).unwrap()),
+            Box::new(CpuDevice::new().unwrap()),
+        ],
+        false,
+    )
+}
+
+/// stories260K with its first `on_device` layers on the device.
+fn placed(exec: &Executor, on_device: usize) -> Llama {
+    let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let placement = Placement::first_layers(model.config().n_layers, SIM, on_device);
+    let model = model.place(exec, placement).unwrap();
+    Llama::with_model(Arc::new(model)).unwrap()
+}
+
+/// Each `(reason, route)`'s copies in the record.
+fn copies(exec: &Executor, reason: &str, from: Location, to: Location) -> u64 {
+    exec.transfers()
+        .entries
+        .iter()
+        .filter(|e| e.reason == reason && e.route == Route { from, to })
+        .map(|e| e.count)
+        .sum()
+}
+
+#[test]
+fn two_layers_on_a_device_write_llama2c_tokens_with_one_copy_per_step() {
+    let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
+    let exec = executor();
+    let mut model = placed(&exec, 2);
+    assert_eq!(model.config().n_layers, 5);
+    assert_eq!(greedy_on(&exec, &mut model, &[1], expected.len()), expected);
+    let steps = expected.len() as u64;
+    // The embedding table and 9 tensors in each of the 2 layers; the tied classifier stays
+    // on the host with the last layer.
+    assert_eq!(copies(&exec, "load: weights", Location::Host, SIM), 19);
+    // One forward pass per token, one copy of the residual stream at its one boundary.
+    let boundary = "layer boundary: activations";
+    assert_eq!(copies(&exec, boundary, SIM, Location::Host), steps);
+    assert_eq!(copies(&exec, "logits to host", SIM, Location::Host), 0);
+    let (count, _) = exec.transfers().totals();
+    assert_eq!(count, 19 + steps, "{}", exec.transfers().report());
+}
+
+#[test]
+fn every_layer_on_a_device_brings_back_only_the_logits() {
+    let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
+    let exec = executor();
+    let mut model = placed(&exec, 99);
+    assert_eq!(greedy_on(&exec, &mut model, &[1], expected.len()), expected);
+    let steps = expected.len() as u64;
+    assert_eq!(copies(&exec, "logits to host", SIM, Location::Host), steps);
+    assert_eq!(
+        copies(&exec, "layer boundary: activations", SIM, Location::Host),
+        0
+    );
+    // The weights, and nothing else, went the other way.
+    let up: u64 = exec
+        .transfers()
+        .entries
+        .iter()
+        .filter(|e| e.route.to == SIM)
+        .map(|e| e.count)
+        .sum();
+    assert_eq!(up, copies(&exec, "load: weights", Location::Host, SIM));
+}
+
+#[test]
+fn a_placement_of_the_wrong_length_is_refused() {
+    let exec = executor();
+    let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let err = model
+        .place(&exec, Placement::first_layers(4, SIM, 2))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("4 layers"), "{err}");
+}
