@@ -1,14 +1,19 @@
 //! stories260K on the CUDA device against the CPU device (issue 7's acceptance checks):
 //! greedy decoding gives the same tokens with f32 and f16 weights, and with int8 and int4
 //! weights the teacher-forced top-1 token agrees with the CPU's at >= 99% of positions.
-//! Skipped with a message where no CUDA GPU is usable.
+//! With layers placed on the GPU (`--gpu-layers`), greedy decoding writes llama2.c's tokens
+//! and the executor records only the copies the placement implies. Skipped with a message
+//! where no CUDA GPU is usable.
 #![cfg(feature = "cuda")]
 
-use flm_core::{DataType, Executor};
+use std::sync::Arc;
+
+use flm_core::{DataType, Executor, Location};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::import;
-use flm_models::llama::{Llama, Logits};
+use flm_models::llama::{Llama, LlamaModel, Logits};
+use flm_models::Placement;
 use flm_tests::{cpu_executor, data, greedy_on, ids, stories_reference, weights_in};
 
 /// The CUDA device first, the CPU for the ops it leaves (as `--device cuda` runs).
@@ -78,4 +83,56 @@ fn int8_and_int4_top1_agree_with_the_cpu_on_99_percent_of_positions() {
             "{dtype}: top-1 agrees on {same} of {positions} positions"
         );
     }
+}
+
+/// stories260K (5 layers, f32) with its first `on_gpu` layers' weights, KV cache and
+/// activations on the GPU, and the greedy tokens of 200 steps from BOS.
+fn placed_greedy(gpu: &Executor, on_gpu: usize) -> Vec<u32> {
+    let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let n_layers = model.config().n_layers;
+    let placement = Placement::first_layers(n_layers, CUDA0, on_gpu);
+    let model = model.place(gpu, placement).unwrap();
+    let mut llama = Llama::with_model(Arc::new(model)).unwrap();
+    greedy_on(gpu, &mut llama, &[1], 200)
+}
+
+const CUDA0: Location = Location::Device {
+    name: "cuda",
+    ordinal: 0,
+};
+
+#[test]
+fn gpu_layers_2_of_5_write_llama2c_tokens() {
+    let Some(gpu) = gpu_executor() else { return };
+    let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
+    assert_eq!(placed_greedy(&gpu, 2), expected);
+    let boundary = gpu
+        .transfers()
+        .entries
+        .iter()
+        .filter(|e| e.reason == "layer boundary: activations")
+        .map(|e| e.count)
+        .sum::<u64>();
+    assert_eq!(boundary, 200, "{}", gpu.transfers().report());
+}
+
+#[test]
+fn every_layer_on_the_gpu_brings_back_only_the_logits_per_step() {
+    let Some(gpu) = gpu_executor() else { return };
+    let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
+    assert_eq!(placed_greedy(&gpu, 5), expected);
+    let per_step: Vec<_> = gpu
+        .transfers()
+        .entries
+        .iter()
+        .filter(|e| !e.reason.starts_with("load: "))
+        .map(|e| (e.reason, e.count))
+        .collect();
+    assert_eq!(
+        per_step,
+        [("logits to host", 200)],
+        "{}",
+        gpu.transfers().report()
+    );
 }

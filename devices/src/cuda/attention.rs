@@ -7,6 +7,7 @@ use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::kernels::ATTN_CHUNK;
+use super::operand::Input;
 
 /// Threads of an `attn_partial` block (4 warps, one key per warp at a time).
 const THREADS: u32 = 128;
@@ -36,7 +37,7 @@ fn shape(msg: String) -> Error {
 /// the partial and combine kernels run, and the output comes back.
 ///
 /// Errors: [`Error::Device`] when a launch fails.
-pub(super) fn attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Result<()> {
+pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
     let n = a.q.rows();
     let head_dim = a.q.cols() / a.n_heads;
     let kv_cols = a.n_kv_heads * head_dim;
@@ -45,9 +46,18 @@ pub(super) fn attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Res
         return Ok(());
     }
     let rows = filled.max(a.bidirectional);
-    let q = dev.upload(a.q.as_f32()?)?;
-    let k = dev.upload(&a.cache_k.as_f32()?[..rows * kv_cols])?;
-    let v = dev.upload(&a.cache_v.as_f32()?[..rows * kv_cols])?;
+    let q = dev.input(a.q)?;
+    // A host cache is copied up to the rows the op reads; one on this GPU is read in place.
+    let cache = |c: &'a Data| -> Result<Input<'a>> {
+        if c.device_buffer().is_some() {
+            dev.input(c)
+        } else {
+            Ok(Input::Staged(
+                dev.upload(&c.bytes()?[..rows * kv_cols * 4])?,
+            ))
+        }
+    };
+    let (k, v) = (cache(a.cache_k)?, cache(a.cache_v)?);
     let start = dev.upload(&[u32::try_from(a.start_pos)
         .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?])?;
     let slopes = a
@@ -65,9 +75,9 @@ pub(super) fn attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Res
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
     let f = dev.function("attn_partial")?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(&q)
-        .arg(&k)
-        .arg(&v)
+    b.arg(q.slice())
+        .arg(k.slice())
+        .arg(v.slice())
         .arg(&start)
         .arg(&nh)
         .arg(&nkv)
@@ -82,7 +92,7 @@ pub(super) fn attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Res
     // head_dim values) per (row, head, chunk), and the dynamic shared memory is the
     // chunk's scores, the query and 32 floats of scratch.
     unsafe { b.launch(grid((a.n_heads, n, chunks), THREADS, smem)?) }.map_err(dev_err)?;
-    let mut out = dev.zeros::<f32>(output.numel())?;
+    let mut out = dev.output(output)?;
     let chunks_i = int(chunks)?;
     let f = dev.function("attn_combine")?;
     let mut b = dev.stream.launch_builder(f);
@@ -92,9 +102,9 @@ pub(super) fn attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Res
         .arg(&nh)
         .arg(&hd)
         .arg(&chunks_i)
-        .arg(&mut out);
+        .arg(out.slice());
     // SAFETY: the partial buffers as written above and out n × n_heads × head_dim floats,
     // as `attn_combine` reads and writes them.
     unsafe { b.launch(grid((a.n_heads, n, 1), THREADS, 0)?) }.map_err(dev_err)?;
-    dev.download(&out, output.as_f32_mut()?)
+    out.finish(dev)
 }

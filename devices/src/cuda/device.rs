@@ -138,9 +138,9 @@ impl CudaDevice {
             .ok_or_else(|| Error::Device(format!("kernel {name} is not loaded")))
     }
 
-    /// The weight `w` in GPU memory: its bytes as they are on the host, uploaded the first
-    /// time and reused while `w.id()` is unchanged.
-    pub(super) fn weight(&self, w: &Data) -> Result<Arc<CudaSlice<u8>>> {
+    /// The host weight `w` in GPU memory: its bytes as they are on the host, uploaded the
+    /// first time and reused while `w.id()` is unchanged.
+    pub(super) fn cached_weight(&self, w: &Data) -> Result<Arc<CudaSlice<u8>>> {
         let mut cache = self
             .weights
             .lock()
@@ -221,12 +221,14 @@ impl BaseDevice for CudaDevice {
         "cuda"
     }
 
-    /// Ops whose operands are in host memory ([`BaseDevice::runs_host_operands`]): the
-    /// kernels do not read operands in this GPU's own buffers yet.
+    /// Ops whose operands are all on this GPU or all in host memory (the per-op offload,
+    /// [`BaseDevice::runs_host_operands`]); row copies only on this GPU.
     fn supports(&self, op: &Op<'_>) -> bool {
-        if op.location().ok() != Some(Location::Host) {
-            return false;
-        }
+        let resident = match op.location() {
+            Ok(Location::Host) => false,
+            Ok(at) if at == self.location() => true,
+            _ => return false,
+        };
         let f32 = |d: &Data| d.dtype() == DataType::F32;
         let float_w = |d: &Data| float_suffix(d.dtype()).is_some();
         let any_w = |d: &Data| float_w(d) || d.dtype().is_quantized();
@@ -269,8 +271,9 @@ impl BaseDevice for CudaDevice {
             Op::Add { x, y } => f32(x) && f32(y),
             Op::Gelu { x } | Op::Scale { x, .. } => f32(x),
             Op::Argmax { input, .. } => f32(input),
-            // Row copies and the paged-cache ops stay on the CPU in this version.
-            Op::CopyRows { .. } | Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
+            // Host row copies are the CPU's; the paged-cache ops stay there in this version.
+            Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
+            Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
         }
     }
 
@@ -397,7 +400,14 @@ impl BaseDevice for CudaDevice {
             Op::Gelu { x } => super::ops::unary(self, x, super::ops::Unary::Gelu),
             Op::Scale { x, alpha } => super::ops::unary(self, x, super::ops::Unary::Scale(alpha)),
             Op::Argmax { input, output } => super::ops::argmax(self, input, output),
-            op @ (Op::CopyRows { .. } | Op::PagedAttention { .. } | Op::ScatterRows { .. }) => {
+            Op::CopyRows {
+                src,
+                src_row,
+                n_rows,
+                dst,
+                dst_row,
+            } => super::ops::copy_rows(self, src, (src_row, n_rows), dst, dst_row),
+            op @ (Op::PagedAttention { .. } | Op::ScatterRows { .. }) => {
                 Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
             }
         }

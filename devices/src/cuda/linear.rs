@@ -38,43 +38,29 @@ pub(super) fn linear(
     if n == 0 || m == 0 {
         return Ok(());
     }
-    let x = dev.upload(input.as_f32()?)?;
+    let x = dev.input(input)?;
     let w = dev.weight(weight)?;
     let bias_d = bias.map(|b| dev.weight(b)).transpose()?;
-    let mut y = dev.zeros::<f32>(n * m)?;
+    let bias_s = bias_d.as_ref().map(|b| b.slice());
+    let mut out = dev.output(output)?;
+    let (x, w, y) = (x.slice(), w.slice(), out.slice());
     match weight.dtype() {
-        DataType::F32 => gemm(dev, &x, &w, cudaDataType::CUDA_R_32F, &mut y, (n, k, m))?,
+        DataType::F32 => gemm(dev, x, w, cudaDataType::CUDA_R_32F, y, (n, k, m))?,
         DataType::F16 | DataType::BF16 if n <= GEMV_MAX_ROWS || dev.batch_invariant() => {
-            return gemv_half(
-                dev,
-                &x,
-                &w,
-                weight.dtype(),
-                bias_d.as_deref(),
-                &mut y,
-                (n, k, m),
-            )
-            .and_then(|()| dev.download(&y, output.as_f32_mut()?));
+            gemv_half(dev, x, w, weight.dtype(), bias_s, y, (n, k, m))?;
+            return out.finish(dev);
         }
         DataType::F16 => {
-            let xh = convert(dev, &x, "f32_to_f16_rows")?;
-            gemm(dev, &xh, &w, cudaDataType::CUDA_R_16F, &mut y, (n, k, m))?;
+            let xh = convert(dev, x, n * k, "f32_to_f16_rows")?;
+            gemm(dev, &xh, w, cudaDataType::CUDA_R_16F, y, (n, k, m))?;
         }
         DataType::BF16 => {
-            let xh = convert(dev, &x, "f32_to_bf16_rows")?;
-            gemm(dev, &xh, &w, cudaDataType::CUDA_R_16BF, &mut y, (n, k, m))?;
+            let xh = convert(dev, x, n * k, "f32_to_bf16_rows")?;
+            gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m))?;
         }
         dtype if dtype.is_quantized() => {
-            return qgemv(
-                dev,
-                &x,
-                &w,
-                weight.dtype(),
-                bias_d.as_deref(),
-                &mut y,
-                (n, k, m),
-            )
-            .and_then(|()| dev.download(&y, output.as_f32_mut()?));
+            qgemv(dev, x, w, weight.dtype(), bias_s, y, (n, k, m))?;
+            return out.finish(dev);
         }
         dtype => {
             return Err(Error::DType {
@@ -83,28 +69,29 @@ pub(super) fn linear(
             })
         }
     }
-    if let Some(bias) = &bias_d {
+    if let Some(bias) = bias_s {
         let total = (n * m) as i64;
         let m_i = int(m)?;
         let f = dev.function("add_bias")?;
         let mut b = dev.stream.launch_builder(f);
-        b.arg(&mut y).arg(&**bias).arg(&m_i).arg(&total);
+        b.arg(&mut *y).arg(bias).arg(&m_i).arg(&total);
         // SAFETY: y holds n × m floats and the bias m floats, as `add_bias(float*, const
         // float*, int, long)` uses them.
         unsafe { b.launch(grid(((n * m).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
     }
-    dev.download(&y, output.as_f32_mut()?)
+    out.finish(dev)
 }
 
-/// The activations rounded to f16 or bf16 by the conversion kernel `name`.
-fn convert(dev: &CudaDevice, x: &CudaSlice<f32>, name: &str) -> Result<CudaSlice<u16>> {
-    let mut out = dev.zeros::<u16>(x.len())?;
-    let n = x.len() as i64;
+/// The `len` f32 activations of `x` rounded to f16 or bf16 by the conversion kernel
+/// `name`.
+fn convert(dev: &CudaDevice, x: &CudaSlice<u8>, len: usize, name: &str) -> Result<CudaSlice<u16>> {
+    let mut out = dev.zeros::<u16>(len)?;
+    let n = len as i64;
     let f = dev.function(name)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(x).arg(&mut out).arg(&n);
     // SAFETY: x holds n floats and out n 16-bit values, as the conversion kernels use them.
-    unsafe { b.launch(grid((x.len().div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
+    unsafe { b.launch(grid((len.div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
     Ok(out)
 }
 
@@ -116,7 +103,7 @@ fn gemm<T>(
     x: &CudaSlice<T>,
     w: &CudaSlice<u8>,
     dtype: cudaDataType,
-    y: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
     let (n_i, k_i, m_i) = (int(n)?, int(k)?, int(m)?);
@@ -159,11 +146,11 @@ fn gemm<T>(
 /// grid row per input row.
 fn gemv_half(
     dev: &CudaDevice,
-    x: &CudaSlice<f32>,
+    x: &CudaSlice<u8>,
     w: &CudaSlice<u8>,
     dtype: DataType,
     bias: Option<&CudaSlice<u8>>,
-    y: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
     let (k_i, m_i) = (int(k)?, int(m)?);
@@ -195,11 +182,11 @@ fn gemv_half(
 /// one grid row per input row.
 fn qgemv(
     dev: &CudaDevice,
-    x: &CudaSlice<f32>,
+    x: &CudaSlice<u8>,
     w: &CudaSlice<u8>,
     dtype: DataType,
     bias: Option<&CudaSlice<u8>>,
-    y: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
     let (k_i, m_i, padded) = (int(k)?, int(m)?, int(quant::padded_cols(dtype, k))?);

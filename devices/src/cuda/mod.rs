@@ -20,6 +20,7 @@ pub mod kernels;
 mod linear;
 mod memory;
 pub mod nvrtc;
+mod operand;
 mod ops;
 pub mod ptx_cache;
 mod rope;

@@ -29,7 +29,7 @@ pub(super) fn embedding(
     }
     let w = dev.weight(table)?;
     let ids = dev.upload(tokens)?;
-    let mut out = dev.zeros::<f32>(output.numel())?;
+    let mut out = dev.output(output)?;
     let bad = dev.zeros::<i32>(1)?;
     let (dim_i, vocab_u) = (int(dim)?, u32::try_from(vocab).unwrap_or(u32::MAX));
     let cfg = grid((tokens.len(), 1, 1), ROW_THREADS, 0)?;
@@ -37,9 +37,9 @@ pub(super) fn embedding(
         Some(suffix) => {
             let f = dev.function(&format!("embedding_{suffix}"))?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(&*w)
+            b.arg(w.slice())
                 .arg(&ids)
-                .arg(&mut out)
+                .arg(out.slice())
                 .arg(&dim_i)
                 .arg(&vocab_u)
                 .arg(&bad);
@@ -60,7 +60,11 @@ pub(super) fn embedding(
             let group = int(table.dtype().group_size().unwrap_or(0))?;
             let f = dev.function("embedding_quant")?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(&*w).arg(&ids).arg(&mut out).arg(&dim_i).arg(&vocab_u);
+            b.arg(w.slice())
+                .arg(&ids)
+                .arg(out.slice())
+                .arg(&dim_i)
+                .arg(&vocab_u);
             let sym = i32::from(table.dtype().is_int4_symmetric());
             b.arg(&row_bytes)
                 .arg(&padded)
@@ -84,7 +88,7 @@ pub(super) fn embedding(
             vocab_size: vocab,
         }
     })?;
-    dev.download(&out, output.as_f32_mut()?)
+    out.finish(dev)
 }
 
 /// [`flm_core::Op::RmsNorm`] (`bias` `None`) or [`flm_core::Op::LayerNorm`].
@@ -109,16 +113,20 @@ pub(super) fn norm(
         op: name,
         msg: format!("{} gain", weight.dtype()),
     })?;
-    let x = dev.upload(input.as_f32()?)?;
+    let x = dev.input(input)?;
     let w = dev.weight(weight)?;
-    let mut y = dev.zeros::<f32>(input.numel())?;
+    let mut y = dev.output(output)?;
     let dim_i = int(dim)?;
     let cfg = grid((input.rows(), 1, 1), ROW_THREADS, 0)?;
     match bias {
         None => {
             let f = dev.function(&format!("rms_norm_{suffix}"))?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(&x).arg(&*w).arg(&mut y).arg(&dim_i).arg(&eps);
+            b.arg(x.slice())
+                .arg(w.slice())
+                .arg(y.slice())
+                .arg(&dim_i)
+                .arg(&eps);
             // SAFETY: arguments as `rms_norm_<W>(const float*, const void*, float*, int,
             // float)`; x and y hold rows × dim floats, w dim values of W.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
@@ -127,17 +135,17 @@ pub(super) fn norm(
             let bias = dev.weight(bias)?;
             let f = dev.function(&format!("layer_norm_{suffix}"))?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(&x)
-                .arg(&*w)
-                .arg(&*bias)
-                .arg(&mut y)
+            b.arg(x.slice())
+                .arg(w.slice())
+                .arg(bias.slice())
+                .arg(y.slice())
                 .arg(&dim_i)
                 .arg(&eps);
             // SAFETY: as above, plus the shift: dim values of the gain's dtype.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
     }
-    dev.download(&y, output.as_f32_mut()?)
+    y.finish(dev)
 }
 
 /// [`flm_core::Op::SiluMul`].
@@ -146,16 +154,16 @@ pub(super) fn silu_mul(dev: &CudaDevice, gate: &Data, up: &Data, output: &mut Da
     if n == 0 {
         return Ok(());
     }
-    let (g, u) = (dev.upload(gate.as_f32()?)?, dev.upload(up.as_f32()?)?);
-    let mut y = dev.zeros::<f32>(n)?;
+    let (g, u) = (dev.input(gate)?, dev.input(up)?);
+    let mut y = dev.output(output)?;
     let n_i = n as i64;
     let f = dev.function("silu_mul")?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(&g).arg(&u).arg(&mut y).arg(&n_i);
+    b.arg(g.slice()).arg(u.slice()).arg(y.slice()).arg(&n_i);
     // SAFETY: three buffers of n floats, as `silu_mul(const float*, const float*, float*,
     // long)` reads and writes them.
     unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
-    dev.download(&y, output.as_f32_mut()?)
+    y.finish(dev)
 }
 
 /// [`flm_core::Op::Add`].
@@ -164,14 +172,39 @@ pub(super) fn add(dev: &CudaDevice, x: &mut Data, y: &Data) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let (mut xd, yd) = (dev.upload(x.as_f32()?)?, dev.upload(y.as_f32()?)?);
+    let yd = dev.input(y)?;
+    let mut xd = dev.in_out(x)?;
     let n_i = n as i64;
     let f = dev.function("add")?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(&mut xd).arg(&yd).arg(&n_i);
+    b.arg(xd.slice()).arg(yd.slice()).arg(&n_i);
     // SAFETY: two buffers of n floats, as `add(float*, const float*, long)` uses them.
     unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
-    dev.download(&xd, x.as_f32_mut()?)
+    xd.finish(dev)
+}
+
+/// [`flm_core::Op::CopyRows`] between tensors on this GPU (keys and values into a KV
+/// cache that lives here): one device-to-device copy of `n_rows` f32 rows.
+pub(super) fn copy_rows(
+    dev: &CudaDevice,
+    src: &Data,
+    (src_row, n_rows): (usize, usize),
+    dst: &mut Data,
+    dst_row: usize,
+) -> Result<()> {
+    let row_bytes = src.cols() * 4;
+    if n_rows == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    let (from, len, to) = (src_row * row_bytes, n_rows * row_bytes, dst_row * row_bytes);
+    let s = dev.input(src)?;
+    let mut d = dev.in_out(dst)?;
+    let view = s.slice().slice(from..from + len);
+    let mut target = d.slice().slice_mut(to..to + len);
+    dev.stream
+        .memcpy_dtod(&view, &mut target)
+        .map_err(dev_err)?;
+    d.finish(dev)
 }
 
 /// The in-place element-wise ops.
@@ -188,38 +221,38 @@ pub(super) fn unary(dev: &CudaDevice, x: &mut Data, op: Unary) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let mut xd = dev.upload(x.as_f32()?)?;
+    let mut xd = dev.in_out(x)?;
     let n_i = n as i64;
     match op {
         Unary::Gelu => {
             let f = dev.function("gelu")?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(&mut xd).arg(&n_i);
+            b.arg(xd.slice()).arg(&n_i);
             // SAFETY: n floats, as `gelu(float*, long)` uses them.
             unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
         }
         Unary::Scale(alpha) => {
             let f = dev.function("scale")?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(&mut xd).arg(&alpha).arg(&n_i);
+            b.arg(xd.slice()).arg(&alpha).arg(&n_i);
             // SAFETY: n floats, as `scale(float*, float, long)` uses them.
             unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
         }
     }
-    dev.download(&xd, x.as_f32_mut()?)
+    xd.finish(dev)
 }
 
-/// [`flm_core::Op::Argmax`]: only the ids come back to the host.
+/// [`flm_core::Op::Argmax`]: only the ids come back to the host (the sampled id out).
 pub(super) fn argmax(dev: &CudaDevice, input: &Data, output: &mut [u32]) -> Result<()> {
     if output.is_empty() {
         return Ok(());
     }
-    let x = dev.upload(input.as_f32()?)?;
+    let x = dev.input(input)?;
     let mut ids = dev.zeros::<u32>(output.len())?;
     let cols = int(input.cols())?;
     let f = dev.function("argmax_rows")?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(&x).arg(&cols).arg(&mut ids);
+    b.arg(x.slice()).arg(&cols).arg(&mut ids);
     // SAFETY: x holds rows × cols floats and ids one value per row, as
     // `argmax_rows(const float*, int, unsigned*)` uses them.
     unsafe { b.launch(grid((output.len(), 1, 1), ROW_THREADS, 0)?) }.map_err(dev_err)?;
@@ -246,12 +279,18 @@ impl CudaDevice {
         if n == 0 {
             return Ok((ids, values));
         }
-        let x = self.upload(logits.as_f32()?)?;
+        if logits.dtype() != flm_core::DataType::F32 {
+            return Err(Error::DType {
+                op: "top_k",
+                msg: format!("{} logits", logits.dtype()),
+            });
+        }
+        let x = self.input(logits)?;
         let (mut ids_d, mut values_d) = (self.zeros::<u32>(n * k)?, self.zeros::<f32>(n * k)?);
         let (cols_i, k_i) = (int(cols)?, int(k)?);
         let f = self.function("top_k_rows")?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(&x)
+        b.arg(x.slice())
             .arg(&cols_i)
             .arg(&k_i)
             .arg(&mut ids_d)

@@ -28,7 +28,7 @@ pub(super) fn rope(
         return Ok(());
     }
     let half = table.rotary_dim() / 2;
-    let mut xd = dev.upload(x.as_f32()?)?;
+    let mut xd = dev.in_out(x)?;
     let style = int(match table.style() {
         RopeStyle::AdjacentPairs => 0,
         RopeStyle::RotateHalf => 1,
@@ -57,7 +57,7 @@ pub(super) fn rope(
         let offset_i = int(offset)?;
         let f = dev.function("rope")?;
         let mut b = dev.stream.launch_builder(f);
-        b.arg(&mut xd)
+        b.arg(xd.slice())
             .arg(&cos_d)
             .arg(&sin_d)
             .arg(&rows_d)
@@ -73,5 +73,5 @@ pub(super) fn rope(
     dev.check_flag(&bad, || {
         Error::Device("the rope kernel met a position past its table".into())
     })?;
-    dev.download(&xd, x.as_f32_mut()?)
+    xd.finish(dev)
 }
