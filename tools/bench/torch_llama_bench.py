@@ -65,7 +65,13 @@ def main():
     # each position's value.
     decode_step = step
     if args.compile:
-        decode_step = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+        compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+
+        def decode_step(ids, positions):
+            # Each call replays the CUDA graph into the same output buffer: mark a new step
+            # and clone the token, or the next replay overwrites the one it reads.
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(ids, positions).clone()
 
     g = torch.Generator(device="cuda").manual_seed(1)
     for n in args.prompt_tokens:
