@@ -38,6 +38,12 @@ pub trait BaseDevice: Send + Sync {
         false
     }
 
+    /// Free bytes of this device's own memory, where it has any and can tell (for
+    /// `--gpu-layers auto`); `None` by default.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
+
     /// A zeroed buffer of `bytes` bytes in this device's memory.
     ///
     /// Errors: [`Error::Unsupported`] for a device without memory of its own (the

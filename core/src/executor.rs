@@ -113,6 +113,12 @@ impl Executor {
             .ok_or_else(|| Error::Placement(format!("no device of this executor is {location}")))
     }
 
+    /// Free bytes of the memory at `location`, where its device tells
+    /// ([`BaseDevice::free_memory`]).
+    pub fn free_memory(&self, location: Location) -> Option<u64> {
+        self.device_at(location).ok()?.free_memory()
+    }
+
     /// Counts a copy in the transfer record.
     fn record(&self, reason: &'static str, from: Location, to: Location, bytes: usize) {
         let mut record = match self.transfers.lock() {

@@ -274,6 +274,34 @@ impl LlamaModel {
         &self.placement
     }
 
+    /// The bytes each part of the model needs in the memory it is placed in, for
+    /// [`Placement::fit`]: each layer's weights and KV cache (f32, the whole context), the
+    /// input side (the embedding table, and one set of activations for [`PREFILL_CHUNK`]
+    /// rows), and the head (the final norm and an untied classifier).
+    pub fn memory_bytes(&self) -> (Vec<u64>, u64, u64) {
+        let (c, w) = (&self.config, &self.weights);
+        let f32_bytes = |n: usize| (n as u64).saturating_mul(4);
+        let kv = 2 * f32_bytes((c.pre_seq_len + c.max_seq_len).saturating_mul(c.kv_dim()));
+        let layers = w
+            .layers
+            .iter()
+            .map(|lw| {
+                kv + lw
+                    .tensors()
+                    .iter()
+                    .map(|d| d.size_bytes() as u64)
+                    .sum::<u64>()
+            })
+            .collect();
+        let rows = PREFILL_CHUNK.min(c.max_seq_len);
+        let widths = 5 * c.dim + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.hidden_dim;
+        let activations = f32_bytes(rows * (widths + c.vocab_size.max(c.dim)));
+        let input = w.embedding.size_bytes() as u64 + activations;
+        let head =
+            (w.final_norm.size_bytes() + w.classifier.as_ref().map_or(0, Data::size_bytes)) as u64;
+        (layers, input, head)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config

@@ -13,7 +13,7 @@ use flm_core::Executor;
 use crate::chatglm::{ChatGlm, ChatGlmModel, ChatGlmWeights};
 use crate::import::Checkpoint;
 use crate::llama::{Llama, LlamaModel, LlamaWeights, Logits};
-use crate::{Arch, ModelConfig, Result};
+use crate::{Arch, Error, ModelConfig, Placement, Result};
 
 /// The shared part of a model of any supported architecture: cheap to clone (an `Arc`),
 /// `Send + Sync`.
@@ -46,6 +46,30 @@ impl SharedModel {
             SharedModel::Llama(m) => m.config(),
             SharedModel::ChatGlm(m) => m.config(),
         }
+    }
+
+    /// The model with its layers in the memories of the placement `plan` makes from the
+    /// model's [`LlamaModel::memory_bytes`] (see [`LlamaModel::place`]), before any
+    /// instance is made.
+    ///
+    /// Errors: [`Error::Config`] for ChatGLM-6B's graph, whose layers run in host memory
+    /// only, or when instances of the model exist; those of `plan` and of
+    /// [`LlamaModel::place`].
+    pub fn place(
+        self,
+        exec: &Executor,
+        plan: impl FnOnce(&LlamaModel) -> Result<Placement>,
+    ) -> Result<SharedModel> {
+        let SharedModel::Llama(model) = self else {
+            return Err(Error::Config(
+                "ChatGLM-6B's graph runs in host memory only; leave out --gpu-layers".into(),
+            ));
+        };
+        let model = Arc::try_unwrap(model).map_err(|_| {
+            Error::Config("a model is placed before any instance of it is made".into())
+        })?;
+        let placement = plan(&model)?;
+        Ok(SharedModel::Llama(Arc::new(model.place(exec, placement)?)))
     }
 
     /// A new instance, with its own KV cache (empty but for the p-tuning prefix) and

@@ -35,6 +35,32 @@ impl Placement {
         Placement { layers }
     }
 
+    /// The most of the first layers that fit in `free` bytes of `device` memory (`--gpu-layers
+    /// auto`): layer `l` needs `layer_bytes[l]` (its weights and KV cache), and whatever is
+    /// on the device needs `input_bytes` more (the embedding table and the activations); the
+    /// last layer brings the head there too, `output_bytes` (final norm, classifier,
+    /// logits), so it is placed only when that fits as well.
+    pub fn fit(
+        device: Location,
+        free: u64,
+        layer_bytes: &[u64],
+        input_bytes: u64,
+        output_bytes: u64,
+    ) -> Placement {
+        let n_layers = layer_bytes.len();
+        let mut used = input_bytes;
+        let mut fits = 0;
+        for (l, &bytes) in layer_bytes.iter().enumerate() {
+            let head = if l + 1 == n_layers { output_bytes } else { 0 };
+            used = used.saturating_add(bytes);
+            if used.saturating_add(head) > free {
+                break;
+            }
+            fits = l + 1;
+        }
+        Placement::first_layers(n_layers, device, fits)
+    }
+
     /// Layers placed.
     pub fn n_layers(&self) -> usize {
         self.layers.len()
@@ -120,5 +146,18 @@ mod tests {
         );
         assert!(Placement::first_layers(5, GPU, 0).is_host());
         assert!(Placement::host(3).check(4).is_err());
+    }
+
+    #[test]
+    fn auto_fits_whole_layers_after_the_input_and_the_head_last() {
+        let layers = [100, 100, 100];
+        let fit = |free| Placement::fit(GPU, free, &layers, 50, 30).boundaries();
+        assert!(Placement::fit(GPU, 149, &layers, 50, 30).is_host());
+        let two = Placement::fit(GPU, 250, &layers, 50, 30);
+        assert_eq!((two.layer(1), two.layer(2)), (GPU, Location::Host));
+        // The third layer fits (350) but not with the head (380).
+        assert_eq!(fit(379), 1);
+        let all = Placement::fit(GPU, 380, &layers, 50, 30);
+        assert_eq!((all.output(), all.boundaries()), (GPU, 0));
     }
 }

@@ -293,6 +293,11 @@ impl BaseDevice for CudaDevice {
         true
     }
 
+    fn free_memory(&self) -> Option<u64> {
+        let (free, _total) = self.stream.context().mem_get_info().ok()?;
+        Some(free as u64)
+    }
+
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
         self.alloc_buffer(bytes)
     }

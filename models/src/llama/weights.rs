@@ -63,6 +63,24 @@ pub struct LlamaLayer {
 }
 
 impl LlamaLayer {
+    /// Every tensor of the layer.
+    pub fn tensors(&self) -> Vec<&Data> {
+        let mut out = vec![
+            &self.attn_norm,
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.ffn_norm,
+            &self.w_gate,
+            &self.w_down,
+            &self.w_up,
+        ];
+        out.extend(self.qkv_bias.iter().flatten());
+        out.extend(self.bo.as_ref());
+        out
+    }
+
     /// The layer with `f` applied to each of its tensors (moving them to a device).
     ///
     /// Errors: the first error of `f`.

@@ -5,6 +5,7 @@
 //! clock × bus width × 2).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -12,10 +13,10 @@ use clap::Args;
 use flm_core::{quant, Data, DataType, Executor};
 use flm_devices::CpuDevice;
 
-use crate::device::DeviceArgs;
+use crate::device::{Chosen, DeviceArgs};
 use flm_models::import;
-use flm_models::llama::{Llama, LlamaWeights, Logits};
-use flm_models::ModelConfig;
+use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::{ModelConfig, SharedModel};
 use half::f16;
 use rayon::prelude::*;
 
@@ -157,7 +158,7 @@ fn llama_graph(config: &ModelConfig) -> Result<()> {
 }
 
 /// The model to measure, a name for it and its weight dtype.
-fn build(args: &BenchArgs, positions: usize) -> Result<(Llama, String, String)> {
+fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, String, String)> {
     let (mut config, weights, name, dtype): (ModelConfig, _, _, _) =
         match (&args.model, &args.random) {
             (Some(path), _) => {
@@ -195,7 +196,11 @@ fn build(args: &BenchArgs, positions: usize) -> Result<(Llama, String, String)> 
         config.max_seq_len
     );
     config.max_seq_len = positions;
-    let model = Llama::new(config, weights).context("cannot build the model")?;
+    let model = LlamaModel::new(config, weights).context("cannot build the model")?;
+    let SharedModel::Llama(model) = chosen.place(SharedModel::Llama(Arc::new(model)))? else {
+        bail!("the bench runs the Llama graph");
+    };
+    let model = Llama::with_model(model).context("cannot build the model")?;
     Ok((model, name, dtype.name().to_string()))
 }
 
@@ -324,7 +329,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         exec.require_batch_invariance();
     }
     pool.install(|| -> Result<()> {
-        let (mut model, name, dtype) = build(&args, positions)?;
+        let (mut model, name, dtype) = build(&args, positions, &chosen)?;
         let vocab = model.config().vocab_size;
         let bytes = weight_bytes_per_token(model.weights(), vocab);
         let tokens = |n: usize, salt: u64| -> Vec<u32> {

@@ -65,7 +65,8 @@ fn parse(line: &str) -> Input<'_> {
 /// the chat goes on.
 pub fn run(args: ChatArgs) -> Result<()> {
     set_threads(args.model.threads)?;
-    let (model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let chosen = args.model.device.executor()?;
+    let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
     if !tokenizer.can_chat() {
         bail!(
             "{} has no chat template (no chat_template in tokenizer_config.json or in the \
@@ -77,7 +78,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let params = args.sampling.params(tokenizer.chat_stop_ids());
     let mut session = Session::new(model, Arc::new(tokenizer))?;
     let tokenizer = Arc::clone(session.tokenizer());
-    let exec = args.model.device.executor()?.exec;
+    let exec = chosen.exec;
     let start: Vec<Message> = args
         .system
         .iter()

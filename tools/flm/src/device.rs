@@ -1,9 +1,45 @@
 //! `--device` and `--gpu-layers`, shared by every command that computes.
 
-use anyhow::{ensure, Result};
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use flm_core::Executor;
+use flm_core::{Executor, Location};
 use flm_devices::DeviceChoice;
+use flm_models::{Placement, SharedModel};
+
+/// `--gpu-layers`: how many of the model's first layers live on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuLayers {
+    /// As many as the GPU's free memory holds ([`Placement::fit`]).
+    Auto,
+    /// This many (all of them when it is the layer count or more).
+    Count(usize),
+}
+
+impl FromStr for GpuLayers {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<GpuLayers, String> {
+        match s {
+            "auto" => Ok(GpuLayers::Auto),
+            n => n
+                .parse()
+                .map(GpuLayers::Count)
+                .map_err(|_| format!("{n:?} is neither a layer count nor auto")),
+        }
+    }
+}
+
+impl fmt::Display for GpuLayers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuLayers::Auto => f.write_str("auto"),
+            GpuLayers::Count(n) => write!(f, "{n}"),
+        }
+    }
+}
 
 /// Where the model runs.
 #[derive(Args, Clone, Copy, Default)]
@@ -13,10 +49,12 @@ pub struct DeviceArgs {
     /// is an error.
     #[arg(long, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
-    /// Layers to place on the GPU when the model does not fit (the rest on the CPU). Not
-    /// implemented yet: with a GPU every op it supports runs there.
+    /// N or auto: the first N layers' weights, KV cache and activations live on the GPU and
+    /// the rest on the CPU (auto: as many as its free memory holds). Without it, a GPU runs
+    /// the model's ops from host memory, one op at a time. Llama-graph models, one sequence
+    /// at a time (run, chat, perplexity, bench).
     #[arg(long)]
-    pub gpu_layers: Option<usize>,
+    pub gpu_layers: Option<GpuLayers>,
 }
 
 /// The executor, and the GPU's peak memory bandwidth in bytes/s when one runs the model.
@@ -27,28 +65,73 @@ pub struct Chosen {
     pub gpu_peak_bandwidth: Option<f64>,
     /// "cuda" or "cpu": the device the model's ops go to first.
     pub first: &'static str,
+    /// The GPU's memory, when one was chosen.
+    gpu: Option<Location>,
+    /// `--gpu-layers`.
+    gpu_layers: Option<GpuLayers>,
 }
 
 impl DeviceArgs {
     /// Builds the executor; a fallback to the CPU prints its one line on stderr.
     ///
-    /// Errors: `--device cuda` without a usable GPU; `--gpu-layers` with a GPU (not
-    /// implemented); the CPU device's errors.
+    /// Errors: `--device cuda` without a usable GPU; `--gpu-layers` without one; the CPU
+    /// device's errors.
     pub fn executor(&self) -> Result<Chosen> {
         let selection = flm_devices::select(self.device)?;
         if let Some(notice) = &selection.notice {
             eprintln!("{notice}");
         }
-        let first = selection.devices[0].name();
-        ensure!(
-            self.gpu_layers.is_none() || first != "cuda",
-            "--gpu-layers: splitting the layers between the GPU and the CPU is not \
-             implemented yet; leave it out to run every op the GPU supports there"
-        );
+        let first = &selection.devices[0];
+        let gpu = Some(first.location()).filter(|&l| l != Location::Host);
+        if self.gpu_layers.is_some() && gpu.is_none() {
+            bail!("--gpu-layers places layers on a GPU, and this flm has none to use");
+        }
         Ok(Chosen {
-            exec: Executor::new(selection.devices),
+            first: first.name(),
+            gpu,
             gpu_peak_bandwidth: selection.gpu_peak_bandwidth,
-            first,
+            exec: Executor::new(selection.devices),
+            gpu_layers: self.gpu_layers,
         })
+    }
+}
+
+impl Chosen {
+    /// `model` with its layers where `--gpu-layers` puts them (as it is without the flag),
+    /// saying in one line on stderr how many went to the GPU.
+    ///
+    /// Errors: a graph that cannot be placed, the GPU's free memory unknown for `auto`,
+    /// and the allocation and copy errors of placing the weights.
+    pub fn place(&self, model: SharedModel) -> Result<SharedModel> {
+        let (Some(layers), Some(gpu)) = (self.gpu_layers, self.gpu) else {
+            return Ok(model);
+        };
+        let exec = &self.exec;
+        let model = model
+            .place(exec, |m| {
+                let n_layers = m.config().n_layers;
+                Ok(match layers {
+                    GpuLayers::Count(n) => Placement::first_layers(n_layers, gpu, n),
+                    GpuLayers::Auto => {
+                        let free = exec.free_memory(gpu).ok_or_else(|| {
+                            flm_models::Error::Config(format!(
+                                "--gpu-layers auto: {gpu} does not tell its free memory"
+                            ))
+                        })?;
+                        let (layers, input, head) = m.memory_bytes();
+                        Placement::fit(gpu, free, &layers, input, head)
+                    }
+                })
+            })
+            .context("cannot place the model's layers")?;
+        if let SharedModel::Llama(m) = &model {
+            let p = m.placement();
+            let on_gpu = (0..p.n_layers()).filter(|&l| p.layer(l) == gpu).count();
+            eprintln!(
+                "--gpu-layers {layers}: {on_gpu} of {} layers on {gpu}",
+                p.n_layers()
+            );
+        }
+        Ok(model)
     }
 }

@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use flm_models::{import, session, Model};
 use flm_tokenizer::Tokenizer;
 
+use crate::device::Chosen;
 use crate::ModelArgs;
 
 /// Reads a tokenizer file of any supported kind (with the `tokenizer_config.json` beside
@@ -23,10 +24,10 @@ pub fn tokenizer_beside(model: &Path) -> Result<Tokenizer> {
 }
 
 /// Loads the model (one instance, with its KV cache) and its tokenizer, checking that they
-/// agree ([`session::load_model`]).
-pub fn model_and_tokenizer(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
+/// agree ([`session::load_model`]), with its layers where `--gpu-layers` puts them.
+pub fn model_and_tokenizer(args: &ModelArgs, chosen: &Chosen) -> Result<(Model, Tokenizer)> {
     let (model, tokenizer) =
         session::load_model(&args.model, args.tokenizer.as_deref(), args.context)
             .with_context(|| format!("cannot load the model {}", args.model.display()))?;
-    Ok((model.instance()?, tokenizer))
+    Ok((chosen.place(model)?.instance()?, tokenizer))
 }

@@ -182,8 +182,9 @@ fn set_threads(threads: Option<usize>) -> Result<()> {
 
 fn run(args: RunArgs) -> Result<()> {
     set_threads(args.model.threads)?;
+    let chosen = args.model.device.executor()?;
     let start = std::time::Instant::now();
-    let (model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
     let rss =
         generate::resident_mib().map_or(String::new(), |m| format!(", resident memory {m:.0} MiB"));
     eprintln!(
@@ -198,7 +199,7 @@ fn run(args: RunArgs) -> Result<()> {
             model: path.clone(),
             ..args.model.clone()
         };
-        let (draft, draft_tokenizer) = load::model_and_tokenizer(&draft_args)?;
+        let (draft, draft_tokenizer) = load::model_and_tokenizer(&draft_args, &chosen)?;
         let draft = Draft::new(draft, args.draft_tokens)?;
         session
             .set_draft(draft, &draft_tokenizer)
@@ -209,7 +210,7 @@ fn run(args: RunArgs) -> Result<()> {
             args.draft_tokens
         );
     }
-    let exec = args.model.device.executor()?.exec;
+    let exec = chosen.exec;
     let prompt = generate::Prompt::Text(&args.prompt);
     let (generation, _) = generate::generate(&mut session, &exec, prompt, &params, args.ids)?;
     eprintln!("{}", generate::Summary(generation));
@@ -233,7 +234,8 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
 
 fn perplexity(args: PerplexityArgs) -> Result<()> {
     set_threads(args.model.threads)?;
-    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model)?;
+    let chosen = args.model.device.executor()?;
+    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = tokenizer
@@ -242,7 +244,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let ctx = args
         .ctx
         .unwrap_or_else(|| model.config().max_seq_len.min(512));
-    let exec = args.model.device.executor()?.exec;
+    let exec = chosen.exec;
     let start = std::time::Instant::now();
     let result = flm_models::eval::teacher_forced(&mut model, &exec, &tokens, ctx)?;
     let secs = start.elapsed().as_secs_f64();

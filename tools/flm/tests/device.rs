@@ -2,6 +2,8 @@
 //! build without the `cuda` feature) `auto` generates on the CPU after one line on stderr
 //! saying why, the same tokens as `--device cpu`; `--device cuda` fails with that reason.
 //! On a machine with a GPU (and the feature) the fallback cases are skipped with a message.
+//! `--gpu-layers` splits stories260K between the GPU and the CPU with the CPU's tokens, and
+//! is refused where there is no GPU to place layers on.
 
 mod common;
 
@@ -13,12 +15,17 @@ fn model() -> PathBuf {
 }
 
 fn run(device: &str) -> Output {
+    run_with(device, &[])
+}
+
+fn run_with(device: &str, extra: &[&str]) -> Output {
     common::flm_command()
         .arg("run")
         .arg("--model")
         .arg(model())
         .args(["--prompt", "Once upon a time", "--max-tokens", "12"])
         .args(["--temperature", "0", "--ids", "--device", device])
+        .args(extra)
         .output()
         .unwrap()
 }
@@ -63,4 +70,37 @@ fn an_unknown_device_is_refused_by_name() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cpu, cuda or auto"), "{err}");
+}
+
+#[test]
+fn gpu_layers_write_the_cpu_tokens_or_are_refused_without_a_gpu() {
+    let cpu = run("cpu");
+    assert!(cpu.status.success());
+    let split = run_with("auto", &["--gpu-layers", "2"]);
+    let err = String::from_utf8_lossy(&split.stderr);
+    if err.contains(NOTICE) {
+        assert!(!split.status.success());
+        assert!(
+            err.contains("--gpu-layers places layers on a GPU, and this flm has none to use"),
+            "{err}"
+        );
+        return;
+    }
+    assert!(split.status.success(), "{err}");
+    assert!(
+        err.contains("--gpu-layers 2: 2 of 5 layers on cuda:0"),
+        "{err}"
+    );
+    assert_eq!(
+        split.stdout, cpu.stdout,
+        "2 of 5 layers on the GPU: the CPU's tokens"
+    );
+}
+
+#[test]
+fn a_gpu_layer_count_that_is_not_one_is_refused() {
+    let out = run_with("cpu", &["--gpu-layers", "most"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("neither a layer count nor auto"), "{err}");
 }

@@ -104,9 +104,11 @@ fn default_name(model: &Path) -> String {
 pub fn run(args: ServeArgs) -> Result<()> {
     set_threads(args.model.threads)?;
     let path = &args.model.model;
+    let chosen = args.model.device.executor()?;
     let (model, tokenizer) =
         session::load_model(path, args.model.tokenizer.as_deref(), args.model.context)
             .with_context(|| format!("cannot load the model {}", path.display()))?;
+    let model = chosen.place(model)?;
     let mut config = EngineConfig::default();
     if let Some(n) = args.max_batch_total_tokens {
         config.max_batch_total_tokens = n;
@@ -114,8 +116,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(n) = args.max_batch_prefill_tokens {
         config.max_batch_prefill_tokens = n;
     }
-    let engine = Engine::new(model, args.model.device.executor()?.exec, config)
-        .context("cannot start the engine")?;
+    let engine = Engine::new(model, chosen.exec, config).context("cannot start the engine")?;
     let context = engine.config().max_seq_len;
     let state = Arc::new(State {
         engine,
