@@ -55,19 +55,18 @@ fn fits(what: &'static str, len: usize, have: usize) -> Result<()> {
 }
 
 impl CudaDevice {
+    /// The error of a buffer of `at` handed to this GPU.
+    fn foreign(&self, at: Location) -> Error {
+        Error::Placement(format!("a buffer of {at} used on {}", self.location()))
+    }
+
     /// `buffer` as one of this GPU's buffers.
     fn own<'b>(&self, buffer: &'b dyn DeviceBuffer) -> Result<&'b CudaBuffer> {
         buffer
             .as_any()
             .downcast_ref::<CudaBuffer>()
             .filter(|b| b.location == self.location())
-            .ok_or_else(|| {
-                Error::Placement(format!(
-                    "a buffer of {} used on {}",
-                    buffer.location(),
-                    self.location()
-                ))
-            })
+            .ok_or_else(|| self.foreign(buffer.location()))
     }
 
     /// [`flm_core::BaseDevice::alloc`]: `bytes` zeroed bytes on this GPU.
@@ -85,12 +84,7 @@ impl CudaDevice {
             .as_any_mut()
             .downcast_mut::<CudaBuffer>()
             .filter(|b| b.location == self.location())
-            .ok_or_else(|| {
-                Error::Placement(format!(
-                    "a buffer of {location} used on {}",
-                    self.location()
-                ))
-            })?;
+            .ok_or_else(|| self.foreign(location))?;
         fits("upload", src.len(), dst.bytes.len())?;
         if src.is_empty() {
             return Ok(());
