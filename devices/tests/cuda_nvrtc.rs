@@ -26,6 +26,7 @@ fn every_module_compiles_and_defines_its_kernels() {
                 assemble(&ptxas, &ptx, &arch.replace("compute_", "sm_"), module.name);
             }
             for kernel in module.kernels {
+                let kernel = kernel.name();
                 assert!(
                     ptx.contains(&format!(".entry {kernel}(")),
                     "{}.cu for {arch} has no kernel {kernel}",

@@ -6,7 +6,7 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
-use super::kernels::ATTN_CHUNK;
+use super::kernels::{Kernel, ATTN_CHUNK};
 use super::operand::Input;
 
 /// Threads of an `attn_partial` block (4 warps, one key per warp at a time).
@@ -73,7 +73,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     let (bidir, window) = (int(a.bidirectional)?, int(a.sliding_window.unwrap_or(0))?);
     let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
-    let f = dev.function("attn_partial")?;
+    let f = dev.function(Kernel::AttnPartial)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(q.slice())
         .arg(k.slice())
@@ -94,7 +94,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     unsafe { b.launch(grid((a.n_heads, n, chunks), THREADS, smem)?) }.map_err(dev_err)?;
     let mut out = dev.output(output)?;
     let chunks_i = int(chunks)?;
-    let f = dev.function("attn_combine")?;
+    let f = dev.function(Kernel::AttnCombine)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(&part_m)
         .arg(&part_l)

@@ -22,7 +22,7 @@ use cudarc::driver::{
 };
 use flm_core::{BaseDevice, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result};
 
-use super::kernels::MODULES;
+use super::kernels::{FloatWeight, Kernel, MODULES};
 use super::nvrtc;
 use super::ptx_cache::PtxCache;
 use super::GpuInfo;
@@ -38,7 +38,7 @@ pub struct CudaDevice {
     pub(super) blas: CudaBlas,
     info: GpuInfo,
     ordinal: u32,
-    functions: HashMap<&'static str, CudaFunction>,
+    functions: HashMap<Kernel, CudaFunction>,
     weights: Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>,
     batch_invariant: AtomicBool,
 }
@@ -125,17 +125,17 @@ impl CudaDevice {
     fn supports_linear(&self, weight: &Data, bias: Option<&Data>, output: &Data) -> bool {
         let f32 = |d: &Data| d.dtype() == DataType::F32;
         let w = weight.dtype();
-        (float_suffix(w).is_some() || w.is_quantized())
+        (FloatWeight::of(w).is_some() || w.is_quantized())
             && bias.is_none_or(f32)
             && f32(output)
             && !(w == DataType::F32 && self.batch_invariant())
     }
 
-    /// The kernel `name` (one of [`super::kernels::Module::kernels`]).
-    pub(super) fn function(&self, name: &str) -> Result<&CudaFunction> {
+    /// The loaded kernel `kernel`.
+    pub(super) fn function(&self, kernel: Kernel) -> Result<&CudaFunction> {
         self.functions
-            .get(name)
-            .ok_or_else(|| Error::Device(format!("kernel {name} is not loaded")))
+            .get(&kernel)
+            .ok_or_else(|| Error::Device(format!("kernel {} is not loaded", kernel.name())))
     }
 
     /// The host weight `w` in GPU memory: its bytes as they are on the host, uploaded the
@@ -189,31 +189,22 @@ fn load_functions(
     ctx: &Arc<CudaContext>,
     arch: &str,
     cache: Option<&PtxCache>,
-) -> Result<HashMap<&'static str, CudaFunction>> {
+) -> Result<HashMap<Kernel, CudaFunction>> {
     let mut functions = HashMap::new();
     for module in MODULES {
         let ptx = nvrtc::compile_cached(module, arch, cache)?;
         let loaded = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(|e| Error::Device(format!("loading module {}: {e}", module.name)))?;
-        for &name in module.kernels {
+        for &kernel in module.kernels {
+            let name = kernel.name();
             let f = loaded
                 .load_function(name)
                 .map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
-            functions.insert(name, f);
+            functions.insert(kernel, f);
         }
     }
     Ok(functions)
-}
-
-/// Float weight dtypes the kernels read directly (`W` in `prelude.cuh`).
-pub(super) fn float_suffix(dtype: DataType) -> Option<&'static str> {
-    match dtype {
-        DataType::F32 => Some("f32"),
-        DataType::F16 => Some("f16"),
-        DataType::BF16 => Some("bf16"),
-        _ => None,
-    }
 }
 
 impl BaseDevice for CudaDevice {
@@ -230,7 +221,7 @@ impl BaseDevice for CudaDevice {
             _ => return false,
         };
         let f32 = |d: &Data| d.dtype() == DataType::F32;
-        let float_w = |d: &Data| float_suffix(d.dtype()).is_some();
+        let float_w = |d: &Data| FloatWeight::of(d.dtype()).is_some();
         let any_w = |d: &Data| float_w(d) || d.dtype().is_quantized();
         match op {
             Op::Embedding { table, output, .. } => any_w(table) && f32(output),

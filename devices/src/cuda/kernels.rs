@@ -1,7 +1,9 @@
 //! The CUDA C kernels of the device, embedded in the binary and compiled by NVRTC at run
 //! time ([`super::nvrtc`]). Each module is `prelude.cuh` (shared conversions and
 //! reductions) followed by one source file; every kernel is `extern "C"`, so its name in
-//! the PTX is the name in [`Module::kernels`].
+//! the PTX is [`Kernel::name`] of the handles in [`Module::kernels`].
+
+use flm_core::DataType;
 
 /// One compilation unit and the kernels the device loads from it.
 #[derive(Debug, Clone, Copy)]
@@ -10,8 +12,112 @@ pub struct Module {
     pub name: &'static str,
     /// The source file's text (without the prelude).
     pub source: &'static str,
-    /// The `extern "C"` kernels the device looks up in it.
-    pub kernels: &'static [&'static str],
+    /// The `extern "C"` kernels the device loads from it.
+    pub kernels: &'static [Kernel],
+}
+
+/// A float weight dtype the kernels read directly (`W` in `prelude.cuh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FloatWeight {
+    /// f32.
+    F32,
+    /// f16.
+    F16,
+    /// bf16.
+    Bf16,
+}
+
+impl FloatWeight {
+    /// The kernels' variant for weights of `dtype`; `None` for quantised ones.
+    pub fn of(dtype: DataType) -> Option<FloatWeight> {
+        match dtype {
+            DataType::F32 => Some(FloatWeight::F32),
+            DataType::F16 => Some(FloatWeight::F16),
+            DataType::BF16 => Some(FloatWeight::Bf16),
+            _ => None,
+        }
+    }
+}
+
+/// Every kernel of the device, the typed handle an op launches; [`Kernel::name`] is its
+/// `extern "C"` name in the PTX.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `rms_norm_<W>` (norm.cu).
+    RmsNorm(FloatWeight),
+    /// `layer_norm_<W>` (norm.cu).
+    LayerNorm(FloatWeight),
+    /// `silu_mul` (elementwise.cu).
+    SiluMul,
+    /// `gelu` (elementwise.cu).
+    Gelu,
+    /// `add` (elementwise.cu).
+    Add,
+    /// `scale` (elementwise.cu).
+    Scale,
+    /// `f32_to_f16_rows` (elementwise.cu).
+    F32ToF16Rows,
+    /// `f32_to_bf16_rows` (elementwise.cu).
+    F32ToBf16Rows,
+    /// `embedding_<W>` (embedding.cu).
+    Embedding(FloatWeight),
+    /// `embedding_quant` (embedding.cu).
+    EmbeddingQuant,
+    /// `qgemv_i8` (qgemv.cu).
+    QgemvI8,
+    /// `qgemv_i4` (qgemv.cu).
+    QgemvI4,
+    /// `gemv_f16` (qgemv.cu).
+    GemvF16,
+    /// `gemv_bf16` (qgemv.cu).
+    GemvBf16,
+    /// `add_bias` (qgemv.cu).
+    AddBias,
+    /// `rope` (rope.cu).
+    Rope,
+    /// `attn_partial` (attention.cu).
+    AttnPartial,
+    /// `attn_combine` (attention.cu).
+    AttnCombine,
+    /// `argmax_rows` (sample.cu).
+    ArgmaxRows,
+    /// `top_k_rows` (sample.cu).
+    TopKRows,
+}
+
+impl Kernel {
+    /// The kernel's name in the PTX.
+    pub fn name(self) -> &'static str {
+        use FloatWeight as W;
+        match self {
+            Kernel::RmsNorm(W::F32) => "rms_norm_f32",
+            Kernel::RmsNorm(W::F16) => "rms_norm_f16",
+            Kernel::RmsNorm(W::Bf16) => "rms_norm_bf16",
+            Kernel::LayerNorm(W::F32) => "layer_norm_f32",
+            Kernel::LayerNorm(W::F16) => "layer_norm_f16",
+            Kernel::LayerNorm(W::Bf16) => "layer_norm_bf16",
+            Kernel::SiluMul => "silu_mul",
+            Kernel::Gelu => "gelu",
+            Kernel::Add => "add",
+            Kernel::Scale => "scale",
+            Kernel::F32ToF16Rows => "f32_to_f16_rows",
+            Kernel::F32ToBf16Rows => "f32_to_bf16_rows",
+            Kernel::Embedding(W::F32) => "embedding_f32",
+            Kernel::Embedding(W::F16) => "embedding_f16",
+            Kernel::Embedding(W::Bf16) => "embedding_bf16",
+            Kernel::EmbeddingQuant => "embedding_quant",
+            Kernel::QgemvI8 => "qgemv_i8",
+            Kernel::QgemvI4 => "qgemv_i4",
+            Kernel::GemvF16 => "gemv_f16",
+            Kernel::GemvBf16 => "gemv_bf16",
+            Kernel::AddBias => "add_bias",
+            Kernel::Rope => "rope",
+            Kernel::AttnPartial => "attn_partial",
+            Kernel::AttnCombine => "attn_combine",
+            Kernel::ArgmaxRows => "argmax_rows",
+            Kernel::TopKRows => "top_k_rows",
+        }
+    }
 }
 
 /// Shared by every module: f16/bf16 conversions, warp and block reductions, the .flm
@@ -24,55 +130,61 @@ pub const MODULES: &[Module] = &[
         name: "norm",
         source: include_str!("kernels/norm.cu"),
         kernels: &[
-            "rms_norm_f32",
-            "rms_norm_f16",
-            "rms_norm_bf16",
-            "layer_norm_f32",
-            "layer_norm_f16",
-            "layer_norm_bf16",
+            Kernel::RmsNorm(FloatWeight::F32),
+            Kernel::RmsNorm(FloatWeight::F16),
+            Kernel::RmsNorm(FloatWeight::Bf16),
+            Kernel::LayerNorm(FloatWeight::F32),
+            Kernel::LayerNorm(FloatWeight::F16),
+            Kernel::LayerNorm(FloatWeight::Bf16),
         ],
     },
     Module {
         name: "elementwise",
         source: include_str!("kernels/elementwise.cu"),
         kernels: &[
-            "silu_mul",
-            "gelu",
-            "add",
-            "scale",
-            "f32_to_f16_rows",
-            "f32_to_bf16_rows",
+            Kernel::SiluMul,
+            Kernel::Gelu,
+            Kernel::Add,
+            Kernel::Scale,
+            Kernel::F32ToF16Rows,
+            Kernel::F32ToBf16Rows,
         ],
     },
     Module {
         name: "embedding",
         source: include_str!("kernels/embedding.cu"),
         kernels: &[
-            "embedding_f32",
-            "embedding_f16",
-            "embedding_bf16",
-            "embedding_quant",
+            Kernel::Embedding(FloatWeight::F32),
+            Kernel::Embedding(FloatWeight::F16),
+            Kernel::Embedding(FloatWeight::Bf16),
+            Kernel::EmbeddingQuant,
         ],
     },
     Module {
         name: "qgemv",
         source: include_str!("kernels/qgemv.cu"),
-        kernels: &["qgemv_i8", "qgemv_i4", "gemv_f16", "gemv_bf16", "add_bias"],
+        kernels: &[
+            Kernel::QgemvI8,
+            Kernel::QgemvI4,
+            Kernel::GemvF16,
+            Kernel::GemvBf16,
+            Kernel::AddBias,
+        ],
     },
     Module {
         name: "rope",
         source: include_str!("kernels/rope.cu"),
-        kernels: &["rope"],
+        kernels: &[Kernel::Rope],
     },
     Module {
         name: "attention",
         source: include_str!("kernels/attention.cu"),
-        kernels: &["attn_partial", "attn_combine"],
+        kernels: &[Kernel::AttnPartial, Kernel::AttnCombine],
     },
     Module {
         name: "sample",
         source: include_str!("kernels/sample.cu"),
-        kernels: &["argmax_rows", "top_k_rows"],
+        kernels: &[Kernel::ArgmaxRows, Kernel::TopKRows],
     },
 ];
 

@@ -19,7 +19,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use flm_core::{quant, Data, DataType, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
-use super::kernels::QGEMV_ROWS;
+use super::kernels::{Kernel, QGEMV_ROWS};
 
 /// Input rows up to which f16/bf16 weights go through the GEMV kernels rather than cuBLAS.
 pub const GEMV_MAX_ROWS: usize = 8;
@@ -51,11 +51,11 @@ pub(super) fn linear(
             return out.finish(dev);
         }
         DataType::F16 => {
-            let xh = convert(dev, x, n * k, "f32_to_f16_rows")?;
+            let xh = convert(dev, x, n * k, Kernel::F32ToF16Rows)?;
             gemm(dev, &xh, w, cudaDataType::CUDA_R_16F, y, (n, k, m))?;
         }
         DataType::BF16 => {
-            let xh = convert(dev, x, n * k, "f32_to_bf16_rows")?;
+            let xh = convert(dev, x, n * k, Kernel::F32ToBf16Rows)?;
             gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m))?;
         }
         dtype if dtype.is_quantized() => {
@@ -72,7 +72,7 @@ pub(super) fn linear(
     if let Some(bias) = bias_s {
         let total = (n * m) as i64;
         let m_i = int(m)?;
-        let f = dev.function("add_bias")?;
+        let f = dev.function(Kernel::AddBias)?;
         let mut b = dev.stream.launch_builder(f);
         b.arg(&mut *y).arg(bias).arg(&m_i).arg(&total);
         // SAFETY: y holds n × m floats and the bias m floats, as `add_bias(float*, const
@@ -83,11 +83,16 @@ pub(super) fn linear(
 }
 
 /// The `len` f32 activations of `x` rounded to f16 or bf16 by the conversion kernel
-/// `name`.
-fn convert(dev: &CudaDevice, x: &CudaSlice<u8>, len: usize, name: &str) -> Result<CudaSlice<u16>> {
+/// `kernel`.
+fn convert(
+    dev: &CudaDevice,
+    x: &CudaSlice<u8>,
+    len: usize,
+    kernel: Kernel,
+) -> Result<CudaSlice<u16>> {
     let mut out = dev.zeros::<u16>(len)?;
     let n = len as i64;
-    let f = dev.function(name)?;
+    let f = dev.function(kernel)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(x).arg(&mut out).arg(&n);
     // SAFETY: x holds n floats and out n 16-bit values, as the conversion kernels use them.
@@ -154,12 +159,12 @@ fn gemv_half(
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
     let (k_i, m_i) = (int(k)?, int(m)?);
-    let name = if dtype == DataType::F16 {
-        "gemv_f16"
+    let kernel = if dtype == DataType::F16 {
+        Kernel::GemvF16
     } else {
-        "gemv_bf16"
+        Kernel::GemvBf16
     };
-    let f = dev.function(name)?;
+    let f = dev.function(kernel)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(w).arg(x);
     arg_or_null(&mut b, bias);
@@ -193,7 +198,7 @@ fn qgemv(
     let cfg = grid((m.div_ceil(QGEMV_ROWS), n, 1), 32 * QGEMV_ROWS as u32, 0)?;
     match dtype.group_size() {
         None => {
-            let f = dev.function("qgemv_i8")?;
+            let f = dev.function(Kernel::QgemvI8)?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w).arg(x);
             arg_or_null(&mut b, bias);
@@ -204,7 +209,7 @@ fn qgemv(
         }
         Some(group) => {
             let group_i = int(group)?;
-            let f = dev.function("qgemv_i4")?;
+            let f = dev.function(Kernel::QgemvI4)?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w).arg(x);
             arg_or_null(&mut b, bias);

@@ -5,7 +5,8 @@
 use cudarc::driver::PushKernelArg;
 use flm_core::{quant, Data, Error, Result};
 
-use super::device::{dev_err, float_suffix, grid, int, CudaDevice};
+use super::device::{dev_err, grid, int, CudaDevice};
+use super::kernels::{FloatWeight, Kernel};
 
 /// Threads of the one-block-per-row kernels.
 const ROW_THREADS: u32 = 256;
@@ -33,9 +34,9 @@ pub(super) fn embedding(
     let bad = dev.zeros::<i32>(1)?;
     let (dim_i, vocab_u) = (int(dim)?, u32::try_from(vocab).unwrap_or(u32::MAX));
     let cfg = grid((tokens.len(), 1, 1), ROW_THREADS, 0)?;
-    let launched = match float_suffix(table.dtype()) {
-        Some(suffix) => {
-            let f = dev.function(&format!("embedding_{suffix}"))?;
+    let launched = match FloatWeight::of(table.dtype()) {
+        Some(kind) => {
+            let f = dev.function(Kernel::Embedding(kind))?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w.slice())
                 .arg(&ids)
@@ -58,7 +59,7 @@ pub(super) fn embedding(
                 int(quant::padded_cols(table.dtype(), dim))?,
             );
             let group = int(table.dtype().group_size().unwrap_or(0))?;
-            let f = dev.function("embedding_quant")?;
+            let f = dev.function(Kernel::EmbeddingQuant)?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w.slice())
                 .arg(&ids)
@@ -109,7 +110,7 @@ pub(super) fn norm(
     if input.numel() == 0 {
         return Ok(());
     }
-    let suffix = float_suffix(weight.dtype()).ok_or_else(|| Error::DType {
+    let gain = FloatWeight::of(weight.dtype()).ok_or_else(|| Error::DType {
         op: name,
         msg: format!("{} gain", weight.dtype()),
     })?;
@@ -120,7 +121,7 @@ pub(super) fn norm(
     let cfg = grid((input.rows(), 1, 1), ROW_THREADS, 0)?;
     match bias {
         None => {
-            let f = dev.function(&format!("rms_norm_{suffix}"))?;
+            let f = dev.function(Kernel::RmsNorm(gain))?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(x.slice())
                 .arg(w.slice())
@@ -133,7 +134,7 @@ pub(super) fn norm(
         }
         Some(bias) => {
             let bias = dev.weight(bias)?;
-            let f = dev.function(&format!("layer_norm_{suffix}"))?;
+            let f = dev.function(Kernel::LayerNorm(gain))?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(x.slice())
                 .arg(w.slice())
@@ -157,7 +158,7 @@ pub(super) fn silu_mul(dev: &CudaDevice, gate: &Data, up: &Data, output: &mut Da
     let (g, u) = (dev.input(gate)?, dev.input(up)?);
     let mut y = dev.output(output)?;
     let n_i = n as i64;
-    let f = dev.function("silu_mul")?;
+    let f = dev.function(Kernel::SiluMul)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(g.slice()).arg(u.slice()).arg(y.slice()).arg(&n_i);
     // SAFETY: three buffers of n floats, as `silu_mul(const float*, const float*, float*,
@@ -175,7 +176,7 @@ pub(super) fn add(dev: &CudaDevice, x: &mut Data, y: &Data) -> Result<()> {
     let yd = dev.input(y)?;
     let mut xd = dev.in_out(x)?;
     let n_i = n as i64;
-    let f = dev.function("add")?;
+    let f = dev.function(Kernel::Add)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(xd.slice()).arg(yd.slice()).arg(&n_i);
     // SAFETY: two buffers of n floats, as `add(float*, const float*, long)` uses them.
@@ -225,14 +226,14 @@ pub(super) fn unary(dev: &CudaDevice, x: &mut Data, op: Unary) -> Result<()> {
     let n_i = n as i64;
     match op {
         Unary::Gelu => {
-            let f = dev.function("gelu")?;
+            let f = dev.function(Kernel::Gelu)?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(xd.slice()).arg(&n_i);
             // SAFETY: n floats, as `gelu(float*, long)` uses them.
             unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
         }
         Unary::Scale(alpha) => {
-            let f = dev.function("scale")?;
+            let f = dev.function(Kernel::Scale)?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(xd.slice()).arg(&alpha).arg(&n_i);
             // SAFETY: n floats, as `scale(float*, float, long)` uses them.
@@ -250,7 +251,7 @@ pub(super) fn argmax(dev: &CudaDevice, input: &Data, output: &mut [u32]) -> Resu
     let x = dev.input(input)?;
     let mut ids = dev.zeros::<u32>(output.len())?;
     let cols = int(input.cols())?;
-    let f = dev.function("argmax_rows")?;
+    let f = dev.function(Kernel::ArgmaxRows)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(x.slice()).arg(&cols).arg(&mut ids);
     // SAFETY: x holds rows × cols floats and ids one value per row, as
@@ -288,7 +289,7 @@ impl CudaDevice {
         let x = self.input(logits)?;
         let (mut ids_d, mut values_d) = (self.zeros::<u32>(n * k)?, self.zeros::<f32>(n * k)?);
         let (cols_i, k_i) = (int(cols)?, int(k)?);
-        let f = self.function("top_k_rows")?;
+        let f = self.function(Kernel::TopKRows)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(x.slice())
             .arg(&cols_i)

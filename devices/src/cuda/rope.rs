@@ -5,6 +5,7 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{Data, Error, Result, RopeStyle, RopeTable};
 
 use super::device::{dev_err, grid, int, CudaDevice};
+use super::kernels::Kernel;
 
 /// Rotates `x` `[n, n_heads · span]`, `span = table.head_dim() · parts.len()`: part `k`
 /// `(positions, offset)` is the `table.head_dim()` values at `offset` in each head, row `i`
@@ -55,7 +56,7 @@ pub(super) fn rope(
         }
         let (cos_d, sin_d) = (dev.upload(&cos)?, dev.upload(&sin)?);
         let offset_i = int(offset)?;
-        let f = dev.function("rope")?;
+        let f = dev.function(Kernel::Rope)?;
         let mut b = dev.stream.launch_builder(f);
         b.arg(xd.slice())
             .arg(&cos_d)
