@@ -1,15 +1,14 @@
-//! [`CudaDevice`]: runs ops on one NVIDIA GPU with the kernels of [`super::kernels`] and
-//! cuBLAS.
+//! [`CudaDevice`]: one NVIDIA GPU, its stream, cuBLAS, the compiled kernels of
+//! [`super::kernels`] and the cache of uploaded host weights.
 //!
-//! This first version takes its operands where the graph keeps them, in host memory:
-//! weights (linear weights, embedding tables, norm gains, biases) are uploaded once, the
-//! first time an op reads them, and kept in GPU memory for as long as their
-//! [`Data::id`] stays the same (int8/int4 weights stay in the .flm row layout, quantised);
-//! activations, token ids and positions are copied to the GPU for each op and the output
-//! copied back. The KV cache rows an attention op reads are copied too, so this version
-//! pays a transfer per op; keeping activations and the KV cache resident and capturing
-//! the decode step in a CUDA graph are the next steps (the kernels already read positions
-//! and lengths from device memory for that).
+//! Its ops (see [`super::dispatch`]) read and write tensors that live in its memory
+//! ([`super::CudaBuffer`], placed there by the executor: `--gpu-layers`) in place. Tensors
+//! in host memory are the per-op offload: host weights are uploaded once, the first time
+//! an op reads them, and kept for as long as their [`Data::id`] stays the same (int8/int4
+//! weights stay in the .flm row layout, quantised); host activations, token ids and the KV
+//! cache rows an attention op reads are copied in for each op and its output copied back.
+//! Capturing the decode step in a CUDA graph is the next step (the kernels already read
+//! positions and lengths from device memory for that).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +19,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
-use flm_core::{BaseDevice, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result};
+use flm_core::{Data, DataType, Error, Result};
 
 use super::kernels::{FloatWeight, Kernel, MODULES};
 use super::nvrtc;
@@ -37,10 +36,10 @@ pub struct CudaDevice {
     pub(super) stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
     info: GpuInfo,
-    ordinal: u32,
+    pub(super) ordinal: u32,
     functions: HashMap<Kernel, CudaFunction>,
     weights: Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>,
-    batch_invariant: AtomicBool,
+    pub(super) batch_invariant: AtomicBool,
 }
 
 /// A null device pointer, passed by value for an absent optional operand (a bias, the
@@ -122,7 +121,12 @@ impl CudaDevice {
     /// Whether this device runs [`Op::Linear`] with these operands (f32 input): any float
     /// or quantised weight, but f32 weights when batch invariance was asked for (cuBLAS
     /// does not promise it).
-    fn supports_linear(&self, weight: &Data, bias: Option<&Data>, output: &Data) -> bool {
+    pub(super) fn supports_linear(
+        &self,
+        weight: &Data,
+        bias: Option<&Data>,
+        output: &Data,
+    ) -> bool {
         let f32 = |d: &Data| d.dtype() == DataType::F32;
         let w = weight.dtype();
         (FloatWeight::of(w).is_some() || w.is_quantized())
@@ -205,207 +209,4 @@ fn load_functions(
         }
     }
     Ok(functions)
-}
-
-impl BaseDevice for CudaDevice {
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
-
-    /// Ops whose operands are all on this GPU or all in host memory (the per-op offload,
-    /// [`BaseDevice::runs_host_operands`]); row copies only on this GPU.
-    fn supports(&self, op: &Op<'_>) -> bool {
-        let resident = match op.location() {
-            Ok(Location::Host) => false,
-            Ok(at) if at == self.location() => true,
-            _ => return false,
-        };
-        let f32 = |d: &Data| d.dtype() == DataType::F32;
-        let float_w = |d: &Data| FloatWeight::of(d.dtype()).is_some();
-        let any_w = |d: &Data| float_w(d) || d.dtype().is_quantized();
-        match op {
-            Op::Embedding { table, output, .. } => any_w(table) && f32(output),
-            Op::RmsNorm {
-                input,
-                weight,
-                output,
-                ..
-            } => f32(input) && float_w(weight) && f32(output),
-            Op::LayerNorm {
-                input,
-                weight,
-                bias,
-                output,
-                ..
-            } => f32(input) && float_w(weight) && bias.dtype() == weight.dtype() && f32(output),
-            Op::Linear {
-                input,
-                weight,
-                bias,
-                output,
-            } => f32(input) && self.supports_linear(weight, *bias, output),
-            Op::Linears { input, parts } => {
-                f32(input)
-                    && parts
-                        .iter()
-                        .all(|p| self.supports_linear(p.weight, p.bias, p.output))
-            }
-            Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f32(x),
-            Op::Attention {
-                q,
-                cache_k,
-                cache_v,
-                output,
-                ..
-            } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
-            Op::SiluMul { gate, up, output } => f32(gate) && f32(up) && f32(output),
-            Op::Add { x, y } => f32(x) && f32(y),
-            Op::Gelu { x } | Op::Scale { x, .. } => f32(x),
-            Op::Argmax { input, .. } => f32(input),
-            // Host row copies are the CPU's; the paged-cache ops stay there in this version.
-            Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
-            Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
-        }
-    }
-
-    fn require_batch_invariance(&self) {
-        self.batch_invariant.store(true, Ordering::Relaxed);
-    }
-
-    fn location(&self) -> Location {
-        Location::Device {
-            name: "cuda",
-            ordinal: self.ordinal,
-        }
-    }
-
-    /// The per-op offload: activations are copied in and out for each op, weights once.
-    fn runs_host_operands(&self) -> bool {
-        true
-    }
-
-    fn free_memory(&self) -> Option<u64> {
-        let (free, _total) = self.stream.context().mem_get_info().ok()?;
-        Some(free as u64)
-    }
-
-    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
-        self.alloc_buffer(bytes)
-    }
-
-    fn upload(&self, src: &[u8], dst: &mut dyn DeviceBuffer) -> Result<()> {
-        self.upload_bytes(src, dst)
-    }
-
-    fn download(&self, src: &dyn DeviceBuffer, dst: &mut [u8]) -> Result<()> {
-        self.download_bytes(src, dst)
-    }
-
-    fn run(&self, op: CheckedOp<'_>) -> Result<()> {
-        match op.into_op() {
-            Op::Embedding {
-                table,
-                tokens,
-                output,
-            } => super::ops::embedding(self, table, tokens, output),
-            Op::RmsNorm {
-                input,
-                weight,
-                eps,
-                output,
-            } => super::ops::norm(self, input, weight, None, eps, output),
-            Op::LayerNorm {
-                input,
-                weight,
-                bias,
-                eps,
-                output,
-            } => super::ops::norm(self, input, weight, Some(bias), eps, output),
-            Op::Linear {
-                input,
-                weight,
-                bias,
-                output,
-            } => super::linear::linear(self, input, weight, bias, output),
-            Op::Linears { input, parts } => parts
-                .iter_mut()
-                .try_for_each(|p| super::linear::linear(self, input, p.weight, p.bias, p.output)),
-            Op::Rope {
-                x,
-                table,
-                n_heads,
-                start_pos,
-            } => {
-                let positions: Vec<u32> = (0..x.rows())
-                    .map(|i| u32::try_from(start_pos.saturating_add(i)).unwrap_or(u32::MAX))
-                    .collect();
-                super::rope::rope(self, x, table, n_heads, &[(&positions, 0)])
-            }
-            Op::RopeRows {
-                x,
-                table,
-                n_heads,
-                positions,
-            } => super::rope::rope(self, x, table, n_heads, &[(positions, 0)]),
-            Op::Rope2d {
-                x,
-                table,
-                n_heads,
-                positions,
-                block_positions,
-            } => {
-                let half = table.head_dim();
-                super::rope::rope(
-                    self,
-                    x,
-                    table,
-                    n_heads,
-                    &[(positions, 0), (block_positions, half)],
-                )
-            }
-            Op::Attention {
-                q,
-                cache_k,
-                cache_v,
-                start_pos,
-                n_heads,
-                n_kv_heads,
-                scale,
-                alibi,
-                bidirectional,
-                sliding_window,
-                output,
-            } => super::attention::attention(
-                self,
-                super::attention::Args {
-                    q,
-                    cache_k,
-                    cache_v,
-                    start_pos,
-                    n_heads,
-                    n_kv_heads,
-                    scale,
-                    alibi,
-                    bidirectional,
-                    sliding_window,
-                },
-                output,
-            ),
-            Op::SiluMul { gate, up, output } => super::ops::silu_mul(self, gate, up, output),
-            Op::Add { x, y } => super::ops::add(self, x, y),
-            Op::Gelu { x } => super::ops::unary(self, x, super::ops::Unary::Gelu),
-            Op::Scale { x, alpha } => super::ops::unary(self, x, super::ops::Unary::Scale(alpha)),
-            Op::Argmax { input, output } => super::ops::argmax(self, input, output),
-            Op::CopyRows {
-                src,
-                src_row,
-                n_rows,
-                dst,
-                dst_row,
-            } => super::ops::copy_rows(self, src, (src_row, n_rows), dst, dst_row),
-            op @ (Op::PagedAttention { .. } | Op::ScatterRows { .. }) => {
-                Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
-            }
-        }
-    }
 }

@@ -16,14 +16,18 @@
 
 mod attention;
 mod device;
+mod dispatch;
+mod elementwise;
+mod embedding;
 pub mod kernels;
 mod linear;
 mod memory;
+mod norm;
 pub mod nvrtc;
 mod operand;
-mod ops;
 pub mod ptx_cache;
 mod rope;
+mod sample;
 
 pub use device::CudaDevice;
 pub use memory::CudaBuffer;
@@ -32,6 +36,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::CudaContext;
+
+/// Threads of the one-block-per-row kernels (norms, embedding rows, argmax and top-k).
+const ROW_THREADS: u32 = 256;
 
 /// What the driver says about a GPU.
 #[derive(Debug, Clone)]

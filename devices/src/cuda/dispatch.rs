@@ -1,0 +1,213 @@
+//! [`CudaDevice`] as a [`BaseDevice`]: which ops it runs, on which operands, and the one
+//! place each op is handed to its module (one per kernel file: `norm`, `elementwise`,
+//! `embedding`, `linear`, `rope`, `attention`, `sample`).
+
+use std::sync::atomic::Ordering;
+
+use flm_core::{BaseDevice, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result};
+
+use super::kernels::FloatWeight;
+use super::{attention, elementwise, embedding, linear, norm, rope, sample, CudaDevice};
+
+impl BaseDevice for CudaDevice {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    /// Ops whose operands are all on this GPU or all in host memory (the per-op offload,
+    /// [`BaseDevice::runs_host_operands`]); row copies only on this GPU.
+    fn supports(&self, op: &Op<'_>) -> bool {
+        let resident = match op.location() {
+            Ok(Location::Host) => false,
+            Ok(at) if at == self.location() => true,
+            _ => return false,
+        };
+        let f32 = |d: &Data| d.dtype() == DataType::F32;
+        let float_w = |d: &Data| FloatWeight::of(d.dtype()).is_some();
+        let any_w = |d: &Data| float_w(d) || d.dtype().is_quantized();
+        match op {
+            Op::Embedding { table, output, .. } => any_w(table) && f32(output),
+            Op::RmsNorm {
+                input,
+                weight,
+                output,
+                ..
+            } => f32(input) && float_w(weight) && f32(output),
+            Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                output,
+                ..
+            } => f32(input) && float_w(weight) && bias.dtype() == weight.dtype() && f32(output),
+            Op::Linear {
+                input,
+                weight,
+                bias,
+                output,
+            } => f32(input) && self.supports_linear(weight, *bias, output),
+            Op::Linears { input, parts } => {
+                f32(input)
+                    && parts
+                        .iter()
+                        .all(|p| self.supports_linear(p.weight, p.bias, p.output))
+            }
+            Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f32(x),
+            Op::Attention {
+                q,
+                cache_k,
+                cache_v,
+                output,
+                ..
+            } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
+            Op::SiluMul { gate, up, output } => f32(gate) && f32(up) && f32(output),
+            Op::Add { x, y } => f32(x) && f32(y),
+            Op::Gelu { x } | Op::Scale { x, .. } => f32(x),
+            Op::Argmax { input, .. } => f32(input),
+            // Host row copies are the CPU's; the paged-cache ops stay there in this version.
+            Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
+            Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
+        }
+    }
+
+    fn require_batch_invariance(&self) {
+        self.batch_invariant.store(true, Ordering::Relaxed);
+    }
+
+    fn location(&self) -> Location {
+        Location::Device {
+            name: "cuda",
+            ordinal: self.ordinal,
+        }
+    }
+
+    /// The per-op offload: activations are copied in and out for each op, weights once.
+    fn runs_host_operands(&self) -> bool {
+        true
+    }
+
+    fn free_memory(&self) -> Option<u64> {
+        let (free, _total) = self.stream.context().mem_get_info().ok()?;
+        Some(free as u64)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
+        self.alloc_buffer(bytes)
+    }
+
+    fn upload(&self, src: &[u8], dst: &mut dyn DeviceBuffer) -> Result<()> {
+        self.upload_bytes(src, dst)
+    }
+
+    fn download(&self, src: &dyn DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+        self.download_bytes(src, dst)
+    }
+
+    fn run(&self, op: CheckedOp<'_>) -> Result<()> {
+        match op.into_op() {
+            Op::Embedding {
+                table,
+                tokens,
+                output,
+            } => embedding::embedding(self, table, tokens, output),
+            Op::RmsNorm {
+                input,
+                weight,
+                eps,
+                output,
+            } => norm::norm(self, input, weight, None, eps, output),
+            Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                eps,
+                output,
+            } => norm::norm(self, input, weight, Some(bias), eps, output),
+            Op::Linear {
+                input,
+                weight,
+                bias,
+                output,
+            } => linear::linear(self, input, weight, bias, output),
+            Op::Linears { input, parts } => parts
+                .iter_mut()
+                .try_for_each(|p| linear::linear(self, input, p.weight, p.bias, p.output)),
+            Op::Rope {
+                x,
+                table,
+                n_heads,
+                start_pos,
+            } => {
+                let positions: Vec<u32> = (0..x.rows())
+                    .map(|i| u32::try_from(start_pos.saturating_add(i)).unwrap_or(u32::MAX))
+                    .collect();
+                rope::rope(self, x, table, n_heads, &[(&positions, 0)])
+            }
+            Op::RopeRows {
+                x,
+                table,
+                n_heads,
+                positions,
+            } => rope::rope(self, x, table, n_heads, &[(positions, 0)]),
+            Op::Rope2d {
+                x,
+                table,
+                n_heads,
+                positions,
+                block_positions,
+            } => {
+                let half = table.head_dim();
+                rope::rope(
+                    self,
+                    x,
+                    table,
+                    n_heads,
+                    &[(positions, 0), (block_positions, half)],
+                )
+            }
+            Op::Attention {
+                q,
+                cache_k,
+                cache_v,
+                start_pos,
+                n_heads,
+                n_kv_heads,
+                scale,
+                alibi,
+                bidirectional,
+                sliding_window,
+                output,
+            } => attention::attention(
+                self,
+                attention::Args {
+                    q,
+                    cache_k,
+                    cache_v,
+                    start_pos,
+                    n_heads,
+                    n_kv_heads,
+                    scale,
+                    alibi,
+                    bidirectional,
+                    sliding_window,
+                },
+                output,
+            ),
+            Op::SiluMul { gate, up, output } => elementwise::silu_mul(self, gate, up, output),
+            Op::Add { x, y } => elementwise::add(self, x, y),
+            Op::Gelu { x } => elementwise::unary(self, x, elementwise::Unary::Gelu),
+            Op::Scale { x, alpha } => elementwise::unary(self, x, elementwise::Unary::Scale(alpha)),
+            Op::Argmax { input, output } => sample::argmax(self, input, output),
+            Op::CopyRows {
+                src,
+                src_row,
+                n_rows,
+                dst,
+                dst_row,
+            } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, dst_row),
+            op @ (Op::PagedAttention { .. } | Op::ScatterRows { .. }) => {
+                Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The element-wise ops of [`super::CudaDevice`] (`kernels/elementwise.cu`): SwiGLU,
+//! residual add, GELU and scale, and row copies between tensors on the GPU.
+
+use cudarc::driver::PushKernelArg;
+use flm_core::{Data, Result};
+
+use super::device::{dev_err, grid, CudaDevice};
+use super::kernels::Kernel;
+
+/// Threads of the one-thread-per-element kernels.
+const ELEM_THREADS: u32 = 256;
+
+fn elem_grid(n: usize) -> Result<cudarc::driver::LaunchConfig> {
+    grid((n.div_ceil(ELEM_THREADS as usize), 1, 1), ELEM_THREADS, 0)
+}
+
+/// [`flm_core::Op::SiluMul`].
+pub(super) fn silu_mul(dev: &CudaDevice, gate: &Data, up: &Data, output: &mut Data) -> Result<()> {
+    let n = gate.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let (g, u) = (dev.input(gate)?, dev.input(up)?);
+    let mut y = dev.output(output)?;
+    let n_i = n as i64;
+    let f = dev.function(Kernel::SiluMul)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(g.slice()).arg(u.slice()).arg(y.slice()).arg(&n_i);
+    // SAFETY: three buffers of n floats, as `silu_mul(const float*, const float*, float*,
+    // long)` reads and writes them.
+    unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
+    y.finish(dev)
+}
+
+/// [`flm_core::Op::Add`].
+pub(super) fn add(dev: &CudaDevice, x: &mut Data, y: &Data) -> Result<()> {
+    let n = x.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let yd = dev.input(y)?;
+    let mut xd = dev.in_out(x)?;
+    let n_i = n as i64;
+    let f = dev.function(Kernel::Add)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(xd.slice()).arg(yd.slice()).arg(&n_i);
+    // SAFETY: two buffers of n floats, as `add(float*, const float*, long)` uses them.
+    unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
+    xd.finish(dev)
+}
+
+/// [`flm_core::Op::CopyRows`] between tensors on this GPU (keys and values into a KV
+/// cache that lives here): one device-to-device copy of `n_rows` f32 rows.
+pub(super) fn copy_rows(
+    dev: &CudaDevice,
+    src: &Data,
+    (src_row, n_rows): (usize, usize),
+    dst: &mut Data,
+    dst_row: usize,
+) -> Result<()> {
+    let row_bytes = src.cols() * 4;
+    if n_rows == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    let (from, len, to) = (src_row * row_bytes, n_rows * row_bytes, dst_row * row_bytes);
+    let s = dev.input(src)?;
+    let mut d = dev.in_out(dst)?;
+    let view = s.slice().slice(from..from + len);
+    let mut target = d.slice().slice_mut(to..to + len);
+    dev.stream
+        .memcpy_dtod(&view, &mut target)
+        .map_err(dev_err)?;
+    d.finish(dev)
+}
+
+/// The in-place element-wise ops.
+pub(super) enum Unary {
+    /// [`flm_core::Op::Gelu`].
+    Gelu,
+    /// [`flm_core::Op::Scale`].
+    Scale(f32),
+}
+
+/// [`flm_core::Op::Gelu`] or [`flm_core::Op::Scale`], in place.
+pub(super) fn unary(dev: &CudaDevice, x: &mut Data, op: Unary) -> Result<()> {
+    let n = x.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let mut xd = dev.in_out(x)?;
+    let n_i = n as i64;
+    match op {
+        Unary::Gelu => {
+            let f = dev.function(Kernel::Gelu)?;
+            let mut b = dev.stream.launch_builder(f);
+            b.arg(xd.slice()).arg(&n_i);
+            // SAFETY: n floats, as `gelu(float*, long)` uses them.
+            unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
+        }
+        Unary::Scale(alpha) => {
+            let f = dev.function(Kernel::Scale)?;
+            let mut b = dev.stream.launch_builder(f);
+            b.arg(xd.slice()).arg(&alpha).arg(&n_i);
+            // SAFETY: n floats, as `scale(float*, float, long)` uses them.
+            unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
+        }
+    }
+    xd.finish(dev)
+}
