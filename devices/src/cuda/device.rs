@@ -28,7 +28,7 @@ use super::GpuInfo;
 
 /// The CUDA device: one GPU, one stream, the compiled kernels and the uploaded weights.
 ///
-/// Batch invariance ([`BaseDevice::require_batch_invariance`]): every kernel computes an
+/// Batch invariance ([`flm_core::BaseDevice::require_batch_invariance`]): every kernel computes an
 /// input row on its own (one grid row per input row) except cuBLAS, whose algorithm
 /// depends on the batch; once asked, f16/bf16 Linears take the GEMV kernels whatever the
 /// row count, and Linears with f32 weights are left to the next device (the CPU).
@@ -118,7 +118,7 @@ impl CudaDevice {
         self.batch_invariant.load(Ordering::Relaxed)
     }
 
-    /// Whether this device runs [`Op::Linear`] with these operands (f32 input): any float
+    /// Whether this device runs [`flm_core::Op::Linear`] with these operands (f32 input): any float
     /// or quantised weight, but f32 weights when batch invariance was asked for (cuBLAS
     /// does not promise it).
     pub(super) fn supports_linear(

@@ -4,7 +4,7 @@
 //! feature), so a binary built with this feature starts on machines without them; cudarc
 //! panics when a library it calls into is absent, so [`probe`] checks that the driver
 //! library loads and that device 0 answers before anything else touches CUDA, and
-//! [`crate::select`] falls back to the CPU with one line saying why.
+//! [`mod@crate::select`] falls back to the CPU with one line saying why.
 //!
 //! - [`CudaDevice`]: the [`flm_core::BaseDevice`] (which ops it runs and how its
 //!   operands move is in its module docs).
