@@ -1,5 +1,5 @@
-//! Llama 3 (llama3 RoPE scaling), Mistral (sliding-window attention) and Qwen2 (q/k/v
-//! biases) through the Llama graph, against the logits of Hugging Face transformers for
+//! Llama 3 (llama3 RoPE scaling), Mistral (sliding-window attention), Qwen2 (q/k/v
+//! biases) and Qwen3 (an RMSNorm over each query and key head) through the Llama graph, against the logits of Hugging Face transformers for
 //! tiny random-weight checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see
 //! its SOURCES.md).
 
@@ -14,7 +14,7 @@ use flm_tests::{cpu_executor, data, ids};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
-const FAMILIES: [&str; 3] = ["llama3", "mistral", "qwen2"];
+const FAMILIES: [&str; 4] = ["llama3", "mistral", "qwen2", "qwen3"];
 /// The bound on the difference to transformers' logits.
 const TOLERANCE: f32 = 1e-4;
 
@@ -97,6 +97,11 @@ fn configurations_are_read_per_family() {
     assert_eq!(qwen2.rope_theta, 1e6);
     assert!(qwen2.qkv_bias && !qwen2.o_bias && qwen2.tie_embeddings);
     assert_eq!((qwen2.sliding_window, qwen2.rope_scaling), (None, None));
+    assert!(!qwen2.qk_norm);
+    let qwen3 = config("qwen3");
+    assert!(qwen3.qk_norm && !qwen3.qkv_bias && qwen3.tie_embeddings);
+    // Heads of 32: queries 128 wide over a hidden size of 64.
+    assert_eq!((qwen3.head_dim, qwen3.q_dim(), qwen3.dim), (32, 128, 64));
 }
 
 #[test]
@@ -125,11 +130,18 @@ fn without_the_family_feature_the_logits_differ() {
             (|c: &mut ModelConfig| c.rope_scaling = None) as fn(&mut ModelConfig),
         ),
         ("mistral", |c: &mut ModelConfig| c.sliding_window = None),
+        ("qwen3", |c: &mut ModelConfig| c.qk_norm = false),
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let mut config = ckpt.config.clone();
+        let mut weights = ckpt.weights().unwrap();
         strip(&mut config);
-        let mut model = Llama::new(config, ckpt.weights().unwrap()).unwrap();
+        if !config.qk_norm {
+            for layer in &mut weights.layers {
+                layer.qk_norm = None;
+            }
+        }
+        let mut model = Llama::new(config, weights).unwrap();
         let got = model.forward(&exec, &input, 0, Logits::All).unwrap();
         let diff = max_diff(got, &expected(family));
         assert!(diff > 0.1, "{family}: only {diff} without its feature");
@@ -209,7 +221,7 @@ fn llama3_scaling_in_the_transformers_4_form() {
 #[test]
 fn unsupported_family_settings_are_clear_errors() {
     type Edit = fn(&mut Value);
-    let cases: [(&str, Edit, &str); 4] = [
+    let cases: [(&str, Edit, &str); 5] = [
         (
             "llama3",
             |c| c["rope_parameters"]["rope_type"] = "yarn".into(),
@@ -226,6 +238,11 @@ fn unsupported_family_settings_are_clear_errors() {
             "use_sliding_window",
         ),
         (
+            "qwen3",
+            |c| c["use_sliding_window"] = true.into(),
+            "qwen3's use_sliding_window",
+        ),
+        (
             "mistral",
             |c| c["sliding_window"] = 0.into(),
             "sliding_window",
@@ -238,5 +255,38 @@ fn unsupported_family_settings_are_clear_errors() {
         };
         let err = err.to_string();
         assert!(err.contains(needle), "{family}: {err}");
+    }
+}
+
+/// The greedy id at every position of the input (teacher-forced, so that one disagreement
+/// cannot hide the rest) is transformers' argmax, wherever that argmax is clear of the
+/// runner-up by more than twice the tolerance.
+#[test]
+fn greedy_ids_equal_transformers() {
+    let exec = cpu_executor();
+    let input = input_ids();
+    for family in FAMILIES {
+        let want = expected(family);
+        let mut model = load(&data(&format!("hf-families/{family}")));
+        let vocab = model.config().vocab_size;
+        let got = model
+            .forward(&exec, &input, 0, Logits::All)
+            .unwrap()
+            .to_vec();
+        let mut compared = 0;
+        for (pos, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+            let best = flm_core::argmax(w);
+            let runner_up = w
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != best as usize)
+                .map(|(_, &v)| v)
+                .fold(f32::NEG_INFINITY, f32::max);
+            if w[best as usize] - runner_up > 2.0 * TOLERANCE {
+                assert_eq!(flm_core::argmax(g), best, "{family} at position {pos}");
+                compared += 1;
+            }
+        }
+        assert!(compared >= 20, "{family}: only {compared} clear positions");
     }
 }

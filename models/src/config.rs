@@ -64,6 +64,10 @@ pub struct ModelConfig {
     /// positions, its own included; `None`: the whole causal prefix.
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// RMSNorm over each query head and each key head, after the projections and before
+    /// RoPE, with gains of `head_dim` (Qwen3's `q_norm` / `k_norm`).
+    #[serde(default)]
+    pub qk_norm: bool,
 }
 
 impl Default for ModelConfig {
@@ -95,6 +99,7 @@ impl Default for ModelConfig {
             pre_seq_len: 0,
             rope_scaling: None,
             sliding_window: None,
+            qk_norm: false,
         }
     }
 }
@@ -199,9 +204,9 @@ impl ModelConfig {
                     "invalid residual alpha {residual_alpha}"
                 )));
             }
-            if self.rope_scaling.is_some() || self.sliding_window.is_some() {
+            if self.rope_scaling.is_some() || self.sliding_window.is_some() || self.qk_norm {
                 return Err(Error::Config(
-                    "the ChatGLM-6B graph has no RoPE scaling or sliding window".into(),
+                    "the ChatGLM-6B graph has no RoPE scaling, sliding window or q/k norm".into(),
                 ));
             }
         }

@@ -86,6 +86,8 @@ struct RunState {
     k: Data,
     v: Data,
     att: Data,
+    /// The per-head norms' output (Qwen3), `[n · heads, head_dim]` of up to `q_dim` per row.
+    heads: Data,
     gate: Data,
     up: Data,
     hidden: Data,
@@ -120,6 +122,7 @@ impl RunState {
             k: z(kv_dim)?,
             v: z(kv_dim)?,
             att: z(q_dim)?,
+            heads: z(q_dim)?,
             gate: z(hd)?,
             up: z(hd)?,
             hidden: z(hd)?,
@@ -294,7 +297,7 @@ impl LlamaModel {
             })
             .collect();
         let rows = PREFILL_CHUNK.min(c.max_seq_len);
-        let widths = 5 * c.dim + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.hidden_dim;
+        let widths = 5 * c.dim + 3 * c.q_dim() + 2 * c.kv_dim() + 3 * c.hidden_dim;
         let activations = f32_bytes(rows * (widths + c.vocab_size.max(c.dim)));
         let input = w.embedding.size_bytes() as u64 + activations;
         let head =
@@ -604,6 +607,10 @@ fn run_layers<'s>(
                 LinearPart::new(&lw.wv, bv, &mut s.v),
             ],
         })?;
+        if let Some([q_norm, k_norm]) = &lw.qk_norm {
+            head_norm(exec, &mut s.q, q_norm, c, &mut s.heads)?;
+            head_norm(exec, &mut s.k, k_norm, c, &mut s.heads)?;
+        }
         attend(l, s)?;
         linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
         exec.run(Op::Add {
@@ -637,6 +644,36 @@ fn run_layers<'s>(
     }
     let last = memory(c.n_layers.saturating_sub(1));
     Ok(&mut states[last])
+}
+
+/// RMSNorm over each head of `x` `[n, heads · head_dim]`, in place through `scratch`
+/// (Qwen3's `q_norm` / `k_norm`, transformers' `Qwen3Attention`: normed per head, then
+/// rotated).
+fn head_norm(
+    exec: &Executor,
+    x: &mut Data,
+    weight: &Data,
+    c: &ModelConfig,
+    scratch: &mut Data,
+) -> flm_core::Result<()> {
+    let (n, cols) = (x.rows(), x.cols());
+    let heads = n * cols / c.head_dim;
+    x.set_shape(&[heads, c.head_dim])?;
+    scratch.set_shape(&[heads, c.head_dim])?;
+    exec.run(Op::RmsNorm {
+        input: x,
+        weight,
+        eps: c.norm_eps,
+        output: scratch,
+    })?;
+    exec.run(Op::CopyRows {
+        src: scratch,
+        src_row: 0,
+        n_rows: heads,
+        dst: x,
+        dst_row: 0,
+    })?;
+    x.set_shape(&[n, cols])
 }
 
 /// `(&items[a], &mut items[b])` for `a != b`.

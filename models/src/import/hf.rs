@@ -7,7 +7,9 @@
 //! a config without `max_position_embeddings` is a 13B model, which uses ALiBi: its
 //! modeling code sizes the ALiBi table from `model_max_length`, the 7B one its RoPE cache
 //! from `max_position_embeddings`). `model_type` `chatglm` goes to [`super::thudm`]; what
-//! `llama` (Llama 3), `mistral` and `qwen2` configure is read by [`super::hf_families`].
+//! `llama` (Llama 3), `mistral`, `qwen2` and `qwen3` configure is read by
+//! [`super::hf_families`]; Qwen3 adds an RMSNorm over each query and key head
+//! ([`ModelConfig::qk_norm`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -95,7 +97,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
     let unsupported = |what: String| Error::format(path, format!("unsupported model: {what}"));
     let family = match hf.model_type.as_deref() {
-        Some("llama" | "internlm" | "mistral" | "qwen2") => Family::Llama,
+        Some("llama" | "internlm" | "mistral" | "qwen2" | "qwen3") => Family::Llama,
         Some("baichuan") => Family::Baichuan,
         Some(other) => return Err(unsupported(format!("model_type \"{other}\""))),
         None => {
@@ -157,6 +159,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         o_bias,
         rope_scaling,
         sliding_window,
+        qk_norm: model_type == "qwen3",
         ..ModelConfig::default()
     };
     config
@@ -254,10 +257,14 @@ fn hf_name(canonical: &str) -> String {
                 "bk" => "self_attn.k_proj.bias",
                 "bv" => "self_attn.v_proj.bias",
                 "bo" => "self_attn.o_proj.bias",
+                "q_norm" => "self_attn.q_norm.weight",
+                "k_norm" => "self_attn.k_norm.weight",
                 "ffn_norm" => "post_attention_layernorm.weight",
                 "w_gate" => "mlp.gate_proj.weight",
                 "w_down" => "mlp.down_proj.weight",
-                _ => "mlp.up_proj.weight",
+                "w_up" => "mlp.up_proj.weight",
+                // Not a canonical part: looked up as it is, so it is reported missing.
+                other => other,
             };
             format!("model.layers.{layer}.{hf}")
         }

@@ -96,9 +96,9 @@ pub(super) fn sliding_window(
             Some(0) => Err("sliding_window must be positive".into()),
             window => Ok(window),
         },
-        "qwen2" if fields.use_sliding_window == Some(true) => Err(
-            "Qwen2's use_sliding_window (windows on the layers from max_window_layers on)".into(),
-        ),
+        "qwen2" | "qwen3" if fields.use_sliding_window == Some(true) => Err(format!(
+            "{model_type}'s use_sliding_window (windows on the layers from max_window_layers on)"
+        )),
         _ => Ok(None),
     }
 }

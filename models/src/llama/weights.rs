@@ -50,6 +50,9 @@ pub struct LlamaLayer {
     pub wo: Data,
     /// Query, key and value biases (`ModelConfig::qkv_bias`: ChatGLM2/3, GLM-4, InternLM).
     pub qkv_bias: Option<[Data; 3]>,
+    /// RMSNorm gains `[head_dim]` applied to each query head and each key head before RoPE
+    /// (`ModelConfig::qk_norm`: Qwen3).
+    pub qk_norm: Option<[Data; 2]>,
     /// Output projection bias `[dim]` (`ModelConfig::o_bias`: InternLM).
     pub bo: Option<Data>,
     /// Feed-forward RMSNorm gain `[dim]`.
@@ -63,21 +66,14 @@ pub struct LlamaLayer {
 }
 
 impl LlamaLayer {
-    /// Every tensor of the layer.
+    /// Every tensor of the layer, in the order of [`LAYER_PARTS`].
     pub fn tensors(&self) -> Vec<&Data> {
-        let mut out = vec![
-            &self.attn_norm,
-            &self.wq,
-            &self.wk,
-            &self.wv,
-            &self.wo,
-            &self.ffn_norm,
-            &self.w_gate,
-            &self.w_down,
-            &self.w_up,
-        ];
+        let mut out = vec![&self.attn_norm, &self.wq, &self.wk, &self.wv];
         out.extend(self.qkv_bias.iter().flatten());
-        out.extend(self.bo.as_ref());
+        out.extend(self.qk_norm.iter().flatten());
+        out.push(&self.wo);
+        out.extend(&self.bo);
+        out.extend([&self.ffn_norm, &self.w_gate, &self.w_down, &self.w_up]);
         out
     }
 
@@ -93,6 +89,10 @@ impl LlamaLayer {
             wo: f(self.wo)?,
             qkv_bias: match self.qkv_bias {
                 Some([q, k, v]) => Some([f(q)?, f(k)?, f(v)?]),
+                None => None,
+            },
+            qk_norm: match self.qk_norm {
+                Some([q, k]) => Some([f(q)?, f(k)?]),
                 None => None,
             },
             bo: self.bo.map(&mut f).transpose()?,
@@ -123,8 +123,8 @@ pub struct LlamaWeights {
 }
 
 /// The parts of a layer, in canonical order, as named in [`LlamaWeights::canonical_shapes`]:
-/// the biases appear only when the configuration has them.
-pub const LAYER_PARTS: [&str; 13] = [
+/// the biases and the q/k norms appear only when the configuration has them.
+pub const LAYER_PARTS: [&str; 15] = [
     "attn_norm",
     "wq",
     "wk",
@@ -132,6 +132,8 @@ pub const LAYER_PARTS: [&str; 13] = [
     "bq",
     "bk",
     "bv",
+    "q_norm",
+    "k_norm",
     "wo",
     "bo",
     "ffn_norm",
@@ -162,6 +164,8 @@ impl LlamaWeights {
                 c.qkv_bias.then(|| vec![q_dim]),
                 c.qkv_bias.then(|| vec![kv_dim]),
                 c.qkv_bias.then(|| vec![kv_dim]),
+                c.qk_norm.then(|| vec![c.head_dim]),
+                c.qk_norm.then(|| vec![c.head_dim]),
                 Some(vec![dim, q_dim]),
                 c.o_bias.then(|| vec![dim]),
                 Some(vec![dim]),
@@ -206,6 +210,11 @@ impl LlamaWeights {
                 } else {
                     None
                 },
+                qk_norm: if c.qk_norm {
+                    Some([part("q_norm")?, part("k_norm")?])
+                } else {
+                    None
+                },
                 wo: part("wo")?,
                 bo: c.o_bias.then(|| part("bo")).transpose()?,
                 ffn_norm: part("ffn_norm")?,
@@ -242,11 +251,7 @@ impl LlamaWeights {
             )));
         }
         for w in &self.layers {
-            present.extend([&w.attn_norm, &w.wq, &w.wk, &w.wv]);
-            present.extend(w.qkv_bias.iter().flatten());
-            present.push(&w.wo);
-            present.extend(&w.bo);
-            present.extend([&w.ffn_norm, &w.w_gate, &w.w_down, &w.w_up]);
+            present.extend(w.tensors());
         }
         present.push(&self.final_norm);
         present.extend(&self.classifier);

@@ -1,10 +1,12 @@
-"""Tiny random-weight Llama 3, Mistral and Qwen2 checkpoints and their logits, from
+"""Tiny random-weight Llama 3, Mistral, Qwen2 and Qwen3 checkpoints and their logits, from
 Hugging Face transformers, for flm's tests/hf_families.rs.
 
-Run from this folder: `python make_tiny.py`. Writes, per family, `<family>/config.json`,
+Run from this folder: `python make_tiny.py [FAMILY ...]` (default: every family). Writes,
+per family, `<family>/config.json`,
 `<family>/model.safetensors` (float32) and `<family>/logits_f32le.bin` (the logits
 `[len(INPUT_IDS), vocab_size]` of one prefill of INPUT_IDS, f32 little-endian, row-major),
-and `reference.json` describing them (versions, seeds, shapes, checks).
+and its entry in `reference.json` describing them (versions, seeds, shapes, checks); the
+entries of families not run are kept.
 
 The weights are redrawn with scales that give O(1) activations (transformers' default
 `initializer_range` of 0.02 would make every logit nearly 0, so any graph would match).
@@ -13,11 +15,14 @@ Each family has what makes it differ from Llama 2 exercised by the test position
   original_max_position_embeddings of 64, so that the wavelengths of most frequency pairs
   exceed the low/high-frequency thresholds (scaled and smoothed pairs at positions < 24);
 - mistral: a sliding window of 8 tokens, shorter than the 24-token sequence;
-- qwen2: q/k/v biases (no output bias), tied embeddings, rope_theta 1000000.
+- qwen2: q/k/v biases (no output bias), tied embeddings, rope_theta 1000000;
+- qwen3: an RMSNorm over each query and key head before RoPE, heads of 32 (so that the
+  query width, 128, exceeds the hidden size, 64, as in Qwen3-0.6B), tied embeddings.
 """
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import safetensors
@@ -30,6 +35,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -81,6 +88,19 @@ FAMILIES = {
         ),
         1003,
     ),
+    "qwen3": (
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        dict(
+            head_dim=32,
+            rope_theta=1000000.0,
+            attention_bias=False,
+            use_sliding_window=False,
+            sliding_window=None,
+            tie_word_embeddings=True,
+        ),
+        1004,
+    ),
 }
 TOKEN_SEED = 1000
 SEQ_LEN = 24
@@ -104,17 +124,22 @@ def main():
     input_ids = torch.randint(
         3, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(TOKEN_SEED)
     ).tolist()
+    reference = HERE / "reference.json"
+    kept = json.loads(reference.read_text()) if reference.exists() else dict(families={})
+    for entry in kept["families"].values():
+        # Entries of files written when the versions were recorded once for all.
+        for tool in ("transformers", "torch", "safetensors"):
+            entry.setdefault(tool, kept.get(tool))
     described = dict(
         generator="make_tiny.py",
-        transformers=transformers.__version__,
-        torch=torch.__version__,
-        safetensors=safetensors.__version__,
         token_seed=TOKEN_SEED,
         input_ids=input_ids,
         logits_file="logits_f32le.bin",
-        families={},
+        families=kept["families"],
     )
-    for family, (config_cls, model_cls, extra, seed) in FAMILIES.items():
+    chosen = sys.argv[1:] or list(FAMILIES)
+    for family in chosen:
+        config_cls, model_cls, extra, seed = FAMILIES[family]
         torch.manual_seed(seed)
         config = config_cls(**COMMON, **extra)
         config._attn_implementation = "eager"
@@ -132,8 +157,16 @@ def main():
         plain.pop("rope_scaling", None)
         if family == "mistral":
             plain["sliding_window"] = None
-        plain_model = model_cls(config_cls(**COMMON, **plain)).eval()
-        plain_model.load_state_dict(model.state_dict())
+        if family == "qwen3":
+            # The same weights without the per-head norms: Llama's graph with heads of 32.
+            plain_model = LlamaForCausalLM(
+                LlamaConfig(**COMMON, head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True)
+            ).eval()
+            state = {k: v for k, v in model.state_dict().items() if "_norm." not in k or "layernorm" in k}
+            plain_model.load_state_dict(state)
+        else:
+            plain_model = model_cls(config_cls(**COMMON, **plain)).eval()
+            plain_model.load_state_dict(model.state_dict())
         if family == "qwen2":
             with torch.no_grad():
                 for name, p in plain_model.named_parameters():
@@ -142,13 +175,16 @@ def main():
         with torch.no_grad():
             plain_logits = plain_model(torch.tensor([input_ids])).logits[0].float()
         described["families"][family] = dict(
+            transformers=transformers.__version__,
+            torch=torch.__version__,
+            safetensors=safetensors.__version__,
             model_class=model_cls.__name__,
             weight_seed=seed,
             logits_shape=list(logits.shape),
             max_abs_logit=float(logits.abs().max()),
             max_diff_without_feature=float((logits - plain_logits).abs().max()),
         )
-    (HERE / "reference.json").write_text(json.dumps(described, indent=1) + "\n")
+    reference.write_text(json.dumps(described, indent=1) + "\n")
 
 
 if __name__ == "__main__":
