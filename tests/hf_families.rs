@@ -1,5 +1,6 @@
 //! Llama 3 (llama3 RoPE scaling), Mistral (sliding-window attention), Qwen2 (q/k/v
-//! biases) and Qwen3 (an RMSNorm over each query and key head) through the Llama graph, against the logits of Hugging Face transformers for
+//! biases), Qwen3 (an RMSNorm over each query and key head) and Phi-3 (fused projections,
+//! LongRoPE on part of each head) through the Llama graph, against the logits of Hugging Face transformers for
 //! tiny random-weight checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see
 //! its SOURCES.md).
 
@@ -14,7 +15,7 @@ use flm_tests::{cpu_executor, data, ids};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
-const FAMILIES: [&str; 4] = ["llama3", "mistral", "qwen2", "qwen3"];
+const FAMILIES: [&str; 5] = ["llama3", "mistral", "qwen2", "qwen3", "phi3"];
 /// The bound on the difference to transformers' logits.
 const TOLERANCE: f32 = 1e-4;
 
@@ -102,6 +103,20 @@ fn configurations_are_read_per_family() {
     assert!(qwen3.qk_norm && !qwen3.qkv_bias && qwen3.tie_embeddings);
     // Heads of 32: queries 128 wide over a hidden size of 64.
     assert_eq!((qwen3.head_dim, qwen3.q_dim(), qwen3.dim), (32, 128, 64));
+    let phi3 = config("phi3");
+    assert_eq!((phi3.head_dim, phi3.rotary_dim()), (16, 12));
+    let Some(RopeScaling::LongRope {
+        long_factor,
+        original_max_position_embeddings: 16,
+        attention_factor,
+        ..
+    }) = phi3.rope_scaling
+    else {
+        panic!("{:?}", phi3.rope_scaling);
+    };
+    assert_eq!(long_factor, [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]);
+    // sqrt(1 + ln(128 / 16) / ln(16)), transformers' default.
+    assert!((attention_factor - 1.75f32.sqrt()).abs() < 1e-6);
 }
 
 #[test]
@@ -131,6 +146,7 @@ fn without_the_family_feature_the_logits_differ() {
         ),
         ("mistral", |c: &mut ModelConfig| c.sliding_window = None),
         ("qwen3", |c: &mut ModelConfig| c.qk_norm = false),
+        ("phi3", |c: &mut ModelConfig| c.rope_scaling = None),
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let mut config = ckpt.config.clone();

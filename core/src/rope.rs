@@ -13,7 +13,7 @@ pub enum RopeStyle {
 }
 
 /// A rescaling of the RoPE frequencies for contexts longer than the pre-training one.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RopeScaling {
     /// Llama 3.1's (Meta's `apply_scaling`; transformers `_compute_llama3_parameters`): with
@@ -31,6 +31,24 @@ pub enum RopeScaling {
         /// `L`: the pre-training context length (8192).
         original_max_position_embeddings: usize,
     },
+    /// LongRoPE (Ding et al. 2024; Phi-3, Phi-4-mini; transformers
+    /// `_compute_longrope_parameters`): frequency `j` is `1 / (e_j · θ^(2j / rotary_dim))`,
+    /// with `e` the long factors when the context exceeds the pre-training one and the short
+    /// factors otherwise (chosen once from the context length, as llama.cpp does;
+    /// transformers switches on the current sequence length), and cos and sin are
+    /// multiplied by `attention_factor`.
+    LongRope {
+        /// Per-frequency divisors for contexts up to the pre-training length.
+        short_factor: Vec<f32>,
+        /// Per-frequency divisors beyond it.
+        long_factor: Vec<f32>,
+        /// The pre-training context length.
+        original_max_position_embeddings: usize,
+        /// Multiplies cos and sin (transformers' `attention_scaling`):
+        /// `sqrt(1 + ln(s) / ln(original_max_position_embeddings))` for the context
+        /// extension `s > 1` when the checkpoint does not give it.
+        attention_factor: f32,
+    },
 }
 
 impl RopeScaling {
@@ -40,6 +58,31 @@ impl RopeScaling {
     /// Errors: [`Error::InvalidArgument`] naming the parameter.
     pub fn validate(&self) -> Result<()> {
         match *self {
+            RopeScaling::LongRope {
+                ref short_factor,
+                ref long_factor,
+                original_max_position_embeddings,
+                attention_factor,
+            } => {
+                let positive = |v: f32| v.is_finite() && v > 0.0;
+                if !short_factor.iter().chain(long_factor).all(|&v| positive(v))
+                    || short_factor.len() != long_factor.len()
+                {
+                    return Err(Error::InvalidArgument(
+                        "longrope RoPE scaling: the short and long factors must be positive \
+                         and as many"
+                            .into(),
+                    ));
+                }
+                if original_max_position_embeddings == 0 || !positive(attention_factor) {
+                    return Err(Error::InvalidArgument(format!(
+                        "longrope RoPE scaling: original_max_position_embeddings \
+                         ({original_max_position_embeddings}) and attention_factor \
+                         ({attention_factor}) must be positive"
+                    )));
+                }
+                Ok(())
+            }
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -74,9 +117,10 @@ impl RopeScaling {
         }
     }
 
-    /// The scaled frequency of the unscaled `f`, in f32 and in the order of operations of
-    /// transformers' `_compute_llama3_parameters`.
-    fn apply(&self, f: f32) -> f32 {
+    /// The frequency of pair `j` of `half` for `theta`, in a table of `max_pos` positions,
+    /// in f32 and in the order of operations of transformers' `_compute_*_parameters`.
+    fn frequency(&self, j: usize, half: usize, theta: f32, max_pos: usize) -> f32 {
+        let power = theta.powf((2 * j) as f32 / (2 * half) as f32);
         match *self {
             RopeScaling::Llama3 {
                 factor,
@@ -84,7 +128,7 @@ impl RopeScaling {
                 high_freq_factor,
                 original_max_position_embeddings,
             } => {
-                let old = original_max_position_embeddings as f32;
+                let (f, old) = (1.0 / power, original_max_position_embeddings as f32);
                 // torch evaluates `scalar / tensor` as `tensor.reciprocal() * scalar`.
                 let wavelen = f.recip() * (2.0 * std::f32::consts::PI);
                 if wavelen < old / high_freq_factor {
@@ -97,6 +141,29 @@ impl RopeScaling {
                     (1.0 - s) * f / factor + s * f
                 }
             }
+            RopeScaling::LongRope {
+                ref short_factor,
+                ref long_factor,
+                original_max_position_embeddings,
+                ..
+            } => {
+                let factors = if max_pos > original_max_position_embeddings {
+                    long_factor
+                } else {
+                    short_factor
+                };
+                1.0 / (factors[j] * power)
+            }
+        }
+    }
+
+    /// What cos and sin are multiplied by: LongRoPE's attention factor, else 1.
+    fn magnitude(&self) -> f32 {
+        match self {
+            RopeScaling::LongRope {
+                attention_factor, ..
+            } => *attention_factor,
+            RopeScaling::Llama3 { .. } => 1.0,
         }
     }
 }
@@ -156,14 +223,25 @@ impl RopeTable {
                 "RoPE theta must be positive, got {theta}"
             )));
         }
+        let half = rotary_dim / 2;
         if let Some(scaling) = scaling {
             scaling.validate()?;
+            if let RopeScaling::LongRope { short_factor, .. } = scaling {
+                if short_factor.len() != half {
+                    return Err(Error::InvalidArgument(format!(
+                        "longrope RoPE scaling: {} factors for {half} frequencies",
+                        short_factor.len()
+                    )));
+                }
+            }
         }
-        let half = rotary_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
-            .map(|j| 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32))
-            .map(|f| scaling.map_or(f, |s| s.apply(f)))
+            .map(|j| match scaling {
+                None => 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32),
+                Some(s) => s.frequency(j, half, theta, max_pos),
+            })
             .collect();
+        let magnitude = scaling.map_or(1.0, RopeScaling::magnitude);
         let too_large =
             || Error::InvalidArgument(format!("a RoPE table of {max_pos} positions is too large"));
         let len = max_pos.checked_mul(half).ok_or_else(too_large)?;
@@ -173,8 +251,8 @@ impl RopeTable {
         for p in 0..max_pos {
             for f in &inv_freq {
                 let angle = p as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+                cos.push(angle.cos() * magnitude);
+                sin.push(angle.sin() * magnitude);
             }
         }
         Ok(RopeTable {

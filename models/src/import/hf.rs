@@ -7,9 +7,10 @@
 //! a config without `max_position_embeddings` is a 13B model, which uses ALiBi: its
 //! modeling code sizes the ALiBi table from `model_max_length`, the 7B one its RoPE cache
 //! from `max_position_embeddings`). `model_type` `chatglm` goes to [`super::thudm`]; what
-//! `llama` (Llama 3), `mistral`, `qwen2` and `qwen3` configure is read by
+//! `llama` (Llama 3), `mistral`, `qwen2`, `qwen3` and `phi3` configure is read by
 //! [`super::hf_families`]; Qwen3 adds an RMSNorm over each query and key head
-//! ([`ModelConfig::qk_norm`]).
+//! ([`ModelConfig::qk_norm`]); Phi-3 fuses q/k/v and gate/up, which are split like
+//! Baichuan's `W_pack`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -78,6 +79,8 @@ enum Family {
     Llama,
     /// Llama names with a fused `W_pack`.
     Baichuan,
+    /// Llama names with fused `qkv_proj` and `gate_up_proj` (Phi-3, Phi-4-mini).
+    Phi3,
     /// THUDM ChatGLM names.
     Thudm,
 }
@@ -99,6 +102,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     let family = match hf.model_type.as_deref() {
         Some("llama" | "internlm" | "mistral" | "qwen2" | "qwen3") => Family::Llama,
         Some("baichuan") => Family::Baichuan,
+        Some("phi3") => Family::Phi3,
         Some(other) => return Err(unsupported(format!("model_type \"{other}\""))),
         None => {
             return Err(Error::format(
@@ -113,7 +117,8 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         return Err(unsupported("Baichuan2's normalised classifier head".into()));
     }
     let model_type = hf.model_type.as_deref().unwrap_or_default();
-    let (rope_theta, rope_scaling) = hf_families::rope(&hf.rope).map_err(unsupported)?;
+    let (rope_theta, rope_scaling) =
+        hf_families::rope(&hf.rope, hf.max_position_embeddings).map_err(unsupported)?;
     let sliding_window =
         hf_families::sliding_window(model_type, &hf.window).map_err(unsupported)?;
     if let Some(act) = hf.hidden_act.as_deref().filter(|&a| a != "silu") {
@@ -134,15 +139,20 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     if hf.num_attention_heads == 0 {
         return Err(Error::Config("num_attention_heads must be positive".into()));
     }
+    let head_dim = hf
+        .head_dim
+        .unwrap_or(hf.hidden_size / hf.num_attention_heads);
+    // transformers' `int(head_dim * partial_rotary_factor)`.
+    let partial = hf_families::partial_rotary_factor(&hf.rope);
+    let rotary_dim = (partial < 1.0).then_some((head_dim as f32 * partial) as usize);
     let config = ModelConfig {
         dim: hf.hidden_size,
         hidden_dim: hf.intermediate_size,
         n_layers: hf.num_hidden_layers,
         n_heads: hf.num_attention_heads,
         n_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-        head_dim: hf
-            .head_dim
-            .unwrap_or(hf.hidden_size / hf.num_attention_heads),
+        head_dim,
+        rotary_dim,
         vocab_size: hf.vocab_size,
         max_seq_len: hf
             .max_position_embeddings
@@ -345,6 +355,7 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
     match family {
         Family::Thudm => return Ok(checkpoint(thudm::tensors(dir, &config, by_name)?)),
         Family::Baichuan => split_w_pack(&config, &mut by_name)?,
+        Family::Phi3 => split_phi3(&config, &mut by_name)?,
         Family::Llama => {}
     }
     let tensors = LlamaWeights::canonical_shapes(&config)
@@ -378,6 +389,41 @@ fn split_w_pack(c: &ModelConfig, by_name: &mut HashMap<String, SourceTensor>) ->
         for (name, rows) in [("q", 0..q), ("k", q..q + kv), ("v", q + kv..q + 2 * kv)] {
             let name = format!("{p}.{name}_proj.weight");
             by_name.insert(name.clone(), pack.rows(name, vec![rows])?);
+        }
+    }
+    Ok(())
+}
+
+/// Replaces each layer's Phi-3 `self_attn.qkv_proj.weight` (q, k, v rows) and
+/// `mlp.gate_up_proj.weight` (gate, then up rows: transformers' `chunk(2)`) by the Llama
+/// names.
+fn split_phi3(c: &ModelConfig, by_name: &mut HashMap<String, SourceTensor>) -> Result<()> {
+    let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.hidden_dim);
+    for l in 0..c.n_layers {
+        let p = format!("model.layers.{l}");
+        let fused = [
+            (
+                "self_attn.qkv_proj",
+                [
+                    ("self_attn.q_proj", 0..q),
+                    ("self_attn.k_proj", q..q + kv),
+                    ("self_attn.v_proj", q + kv..q + 2 * kv),
+                ]
+                .to_vec(),
+            ),
+            (
+                "mlp.gate_up_proj",
+                [("mlp.gate_proj", 0..hd), ("mlp.up_proj", hd..2 * hd)].to_vec(),
+            ),
+        ];
+        for (name, parts) in fused {
+            let Some(t) = by_name.remove(&format!("{p}.{name}.weight")) else {
+                continue;
+            };
+            for (part, rows) in parts {
+                let part = format!("{p}.{part}.weight");
+                by_name.insert(part.clone(), t.rows(part, vec![rows])?);
+            }
         }
     }
     Ok(())

@@ -6,12 +6,14 @@
 //! | `llama` (Llama 3 / 3.1) | RoPE θ 500000, llama3 frequency scaling | `rope_theta`, `rope_scaling` |
 //! | `mistral` | sliding-window attention | `sliding_window` (`null`: none) |
 //! | `qwen2` | q/k/v biases, no output bias; windows only with `use_sliding_window` | always biased |
+//! | `qwen3` | RMSNorm over each query and key head | always |
+//! | `phi3` (Phi-3, Phi-4-mini) | fused qkv and gate/up weights, LongRoPE, partial rotary | `rope_scaling`, `partial_rotary_factor` |
 //!
 //! transformers 5 writes the RoPE settings as one `rope_parameters` object
 //! (`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": ..}`), transformers 4 as
 //! `rope_theta` and `rope_scaling` (`{"rope_type" or "type": "llama3", "factor": ..}`);
-//! both are read. RoPE scalings other than llama3 (linear, dynamic NTK, YaRN, LongRoPE) and
-//! Qwen2's per-layer windows are refused with an error naming them.
+//! both are read. RoPE scalings other than llama3 and longrope (linear, dynamic NTK, YaRN)
+//! and Qwen2's per-layer windows are refused with an error naming them.
 
 use flm_core::RopeScaling;
 use serde::Deserialize;
@@ -23,6 +25,33 @@ pub(super) struct RopeFields {
     rope_theta: Option<f32>,
     rope_scaling: Option<Value>,
     rope_parameters: Option<Value>,
+    /// LongRoPE's pre-training context (Phi-3 keeps it beside `rope_scaling`).
+    original_max_position_embeddings: Option<usize>,
+    /// The rotated fraction of each head (Phi-4-mini: 0.75).
+    partial_rotary_factor: Option<f32>,
+}
+
+/// The parameters of transformers' longrope RoPE type.
+#[derive(Deserialize)]
+struct LongRope {
+    short_factor: Vec<f32>,
+    long_factor: Vec<f32>,
+    factor: Option<f32>,
+    attention_factor: Option<f32>,
+    original_max_position_embeddings: Option<usize>,
+}
+
+/// The rotated fraction of each head: `partial_rotary_factor` where the config (or, in
+/// transformers 5, its `rope_parameters`) gives one, else 1.
+pub(super) fn partial_rotary_factor(fields: &RopeFields) -> f32 {
+    fields
+        .rope_parameters
+        .as_ref()
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+        .map(|f| f as f32)
+        .or(fields.partial_rotary_factor)
+        .unwrap_or(1.0)
 }
 
 /// The sliding-window fields of a `config.json`.
@@ -44,7 +73,10 @@ struct Llama3 {
 /// RoPE θ (default 10000, as transformers' `LlamaConfig`) and the frequency scaling.
 ///
 /// Errors: a message for an unknown or malformed scaling (the caller adds the file).
-pub(super) fn rope(fields: &RopeFields) -> Result<(f32, Option<RopeScaling>), String> {
+pub(super) fn rope(
+    fields: &RopeFields,
+    max_position_embeddings: Option<usize>,
+) -> Result<(f32, Option<RopeScaling>), String> {
     let parameters = fields.rope_parameters.as_ref().filter(|v| !v.is_null());
     let scaling = parameters.or(fields.rope_scaling.as_ref().filter(|v| !v.is_null()));
     let theta = parameters
@@ -76,8 +108,39 @@ pub(super) fn rope(fields: &RopeFields) -> Result<(f32, Option<RopeScaling>), St
                 }),
             ))
         }
+        "longrope" => {
+            let p = LongRope::deserialize(scaling)
+                .map_err(|e| format!("invalid longrope rope scaling: {e}"))?;
+            let original = p
+                .original_max_position_embeddings
+                .or(fields.original_max_position_embeddings)
+                .filter(|&o| o > 0)
+                .ok_or("longrope rope scaling without original_max_position_embeddings")?;
+            // transformers' default: the extension of the context over the pre-training
+            // one, and the attention factor the LongRoPE paper suggests for it.
+            let factor = p.factor.unwrap_or_else(|| {
+                max_position_embeddings.unwrap_or(original) as f32 / original as f32
+            });
+            let attention_factor = p.attention_factor.unwrap_or_else(|| {
+                if factor <= 1.0 {
+                    1.0
+                } else {
+                    let ln = |v: f64| v.ln();
+                    (1.0 + ln(factor as f64) / ln(original as f64)).sqrt() as f32
+                }
+            });
+            Ok((
+                theta,
+                Some(RopeScaling::LongRope {
+                    short_factor: p.short_factor,
+                    long_factor: p.long_factor,
+                    original_max_position_embeddings: original,
+                    attention_factor,
+                }),
+            ))
+        }
         other => Err(format!(
-            "rope scaling of type \"{other}\" (only \"llama3\" is supported)"
+            "rope scaling of type \"{other}\" (only \"llama3\" and \"longrope\" are supported)"
         )),
     }
 }
@@ -92,7 +155,7 @@ pub(super) fn sliding_window(
     fields: &WindowFields,
 ) -> Result<Option<usize>, String> {
     match model_type {
-        "mistral" => match fields.sliding_window {
+        "mistral" | "phi3" => match fields.sliding_window {
             Some(0) => Err("sliding_window must be positive".into()),
             window => Ok(window),
         },
@@ -108,7 +171,7 @@ mod tests {
     use super::*;
 
     fn rope_of(json: &str) -> Result<(f32, Option<RopeScaling>), String> {
-        rope(&serde_json::from_str(json).unwrap())
+        rope(&serde_json::from_str(json).unwrap(), Some(131072))
     }
 
     /// Llama 3.1's published `config.json` fields (transformers 4 form) and the same in
@@ -124,7 +187,7 @@ mod tests {
         let v4 = r#"{"rope_theta": 500000.0, "rope_scaling": {"factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192, "rope_type": "llama3"}}"#;
-        assert_eq!(rope_of(v4).unwrap(), (500000.0, Some(want)));
+        assert_eq!(rope_of(v4).unwrap(), (500000.0, Some(want.clone())));
         let v5 = r#"{"rope_parameters": {"factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
             "rope_theta": 500000.0, "rope_type": "llama3"}}"#;
@@ -136,6 +199,38 @@ mod tests {
         assert!(rope_of(yarn).unwrap_err().contains("\"yarn\""));
         let partial = r#"{"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}"#;
         assert!(rope_of(partial).unwrap_err().contains("low_freq_factor"));
+    }
+
+    /// Phi-3's transformers 4 form: the pre-training context beside `rope_scaling`, no
+    /// attention factor, which is then `sqrt(1 + ln(131072 / 4096) / ln(4096))`.
+    #[test]
+    fn longrope_reads_its_factors_and_derives_the_attention_factor() {
+        let v4 = r#"{"rope_theta": 10000.0, "original_max_position_embeddings": 4096,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5],
+            "long_factor": [2.0, 4.0]}}"#;
+        let Ok((
+            10000.0,
+            Some(RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings: 4096,
+                attention_factor,
+            }),
+        )) = rope_of(v4)
+        else {
+            panic!("{:?}", rope_of(v4));
+        };
+        assert_eq!(
+            (short_factor, long_factor),
+            (vec![1.0, 1.5], vec![2.0, 4.0])
+        );
+        let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt() as f32;
+        assert_eq!(attention_factor, want);
+        let missing = r#"{"rope_scaling": {"type": "longrope", "short_factor": [1.0],
+            "long_factor": [1.0]}}"#;
+        assert!(rope_of(missing)
+            .unwrap_err()
+            .contains("original_max_position_embeddings"));
     }
 
     #[test]

@@ -17,7 +17,10 @@ Each family has what makes it differ from Llama 2 exercised by the test position
 - mistral: a sliding window of 8 tokens, shorter than the 24-token sequence;
 - qwen2: q/k/v biases (no output bias), tied embeddings, rope_theta 1000000;
 - qwen3: an RMSNorm over each query and key head before RoPE, heads of 32 (so that the
-  query width, 128, exceeds the hidden size, 64, as in Qwen3-0.6B), tied embeddings.
+  query width, 128, exceeds the hidden size, 64, as in Qwen3-0.6B), tied embeddings;
+- phi3: fused qkv and gate/up projections, LongRoPE over the first 12 of 16 dimensions
+  (partial_rotary_factor 0.75, as Phi-4-mini) with a pre-training context of 16, so that
+  the 24-token input runs on the long factors and the attention factor.
 """
 
 import json
@@ -35,6 +38,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -100,6 +105,23 @@ FAMILIES = {
             tie_word_embeddings=True,
         ),
         1004,
+    ),
+    "phi3": (
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(
+            partial_rotary_factor=0.75,
+            original_max_position_embeddings=16,
+            rope_scaling=dict(
+                rope_type="longrope",
+                short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0],
+            ),
+            sliding_window=None,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+        ),
+        1005,
     ),
 }
 TOKEN_SEED = 1000
