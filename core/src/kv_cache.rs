@@ -74,10 +74,14 @@ impl KvCache {
             .into_iter()
             .zip(locations)
             .map(|((k, v), &at)| {
-                Ok((
-                    exec.to_device(&k, at, reason)?,
-                    exec.to_device(&v, at, reason)?,
-                ))
+                let moved = |d: Data| -> Result<Data> {
+                    if d.location() == at {
+                        Ok(d)
+                    } else {
+                        exec.to_device(&d, at, reason)
+                    }
+                };
+                Ok((moved(k)?, moved(v)?))
             })
             .collect::<Result<_>>()?;
         Ok(KvCache {
