@@ -137,8 +137,9 @@ impl Executor {
     }
 
     /// A copy of `data` in the memory of `location`, made by the device there and
-    /// recorded under `reason` (nothing is copied, or recorded, when it is there already:
-    /// the result then shares host bytes as [`Data::clone`] does, or the device buffer).
+    /// recorded under `reason`. When it is there already, nothing is recorded and the
+    /// result is a [`Data::clone`] (host bytes copied, a mapping or a device buffer shared,
+    /// the latter read-only).
     ///
     /// Errors: [`Error::Placement`] when no device of this executor is at `location`; the
     /// devices' allocation and copy errors.
