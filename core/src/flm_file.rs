@@ -20,6 +20,7 @@
 //! meaning of `config` and `tokenizer` belongs to the model and tokenizer crates; this
 //! module stores them as JSON values.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -103,12 +104,13 @@ pub struct FlmFile {
 }
 
 impl FlmFile {
-    /// Maps and validates `path`: magic, version, metadata, and every tensor's dtype, size,
-    /// alignment and bounds.
+    /// Maps and validates `path` against every rule of docs/flm-format.md: magic, version,
+    /// reserved field, metadata, zero padding, and every tensor's dtype, size, alignment
+    /// and bounds, each name once, the tensors in file order without overlap.
     ///
     /// Errors: [`Error::Io`] if it cannot be read; [`Error::Format`] naming the first
     /// problem (truncated, wrong magic, newer major version, bad metadata, a tensor out of
-    /// bounds).
+    /// bounds, overlapping another or listed twice, non-zero padding).
     pub fn open(path: &Path) -> Result<FlmFile> {
         let io = |source| Error::Io {
             path: path.to_path_buf(),
@@ -152,16 +154,40 @@ impl FlmFile {
                 "data offset {data_offset} is not {ALIGN}-byte aligned"
             )));
         }
-        let meta = &map[HEADER_LEN as usize..(HEADER_LEN + meta_len) as usize];
+        let reserved = u32::from_le_bytes([map[12], map[13], map[14], map[15]]);
+        if reserved != 0 {
+            return Err(bad(format!("reserved header field is {reserved}, not 0")));
+        }
+        let meta_end = (HEADER_LEN + meta_len) as usize;
+        let meta = &map[HEADER_LEN as usize..meta_end];
         let meta: Metadata =
             serde_json::from_slice(meta).map_err(|e| bad(format!("invalid metadata: {e}")))?;
+        if map[meta_end..data_offset as usize].iter().any(|&b| b != 0) {
+            return Err(bad(
+                "the padding between the metadata and the data is not zero".into(),
+            ));
+        }
+        let mut names = HashSet::with_capacity(meta.tensors.len());
+        // End of the previous tensor, relative to the data section.
+        let mut previous_end = 0u64;
         for t in &meta.tensors {
-            let expected = t.dtype.byte_len(&t.shape).map(|n| n as u64);
-            if expected != Some(t.size) {
-                return Err(bad(format!(
-                    "tensor {}: {} bytes stored, a {} tensor of shape {:?} needs {:?}",
-                    t.name, t.size, t.dtype, t.shape, expected
-                )));
+            if !names.insert(t.name.as_str()) {
+                return Err(bad(format!("tensor {} is listed twice", t.name)));
+            }
+            match t.dtype.byte_len(&t.shape) {
+                Some(n) if n as u64 == t.size => {}
+                Some(n) => {
+                    return Err(bad(format!(
+                        "tensor {}: {} bytes stored, a {} tensor of shape {:?} needs {n}",
+                        t.name, t.size, t.dtype, t.shape
+                    )))
+                }
+                None => {
+                    return Err(bad(format!(
+                        "tensor {}: the byte size of a {} tensor of shape {:?} overflows",
+                        t.name, t.dtype, t.shape
+                    )))
+                }
             }
             let end = data_offset
                 .checked_add(t.offset)
@@ -173,6 +199,21 @@ impl FlmFile {
                     t.name, t.offset, t.size
                 )));
             }
+            if t.offset < previous_end {
+                return Err(bad(format!(
+                    "tensor {} at offset {} overlaps the tensor before it, or is out of file \
+                     order (that one ends at {previous_end})",
+                    t.name, t.offset
+                )));
+            }
+            let gap = (data_offset + previous_end) as usize..(data_offset + t.offset) as usize;
+            if map[gap].iter().any(|&b| b != 0) {
+                return Err(bad(format!(
+                    "the padding before tensor {} is not zero",
+                    t.name
+                )));
+            }
+            previous_end = t.offset + t.size;
         }
         Ok(FlmFile {
             path: path.to_path_buf(),
@@ -429,5 +470,29 @@ mod tests {
         let w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
         drop(w);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn padding_between_tensors_must_be_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.flm");
+        let plan = vec![
+            ("a".to_string(), DataType::F32, vec![3]),
+            ("b".to_string(), DataType::F32, vec![2]),
+        ];
+        let mut w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
+        w.write_tensor(&Data::from_f32(&[3], &[1.0, 2.0, 3.0]).unwrap())
+            .unwrap();
+        w.write_tensor(&Data::from_f32(&[2], &[4.0, 5.0]).unwrap())
+            .unwrap();
+        w.finish().unwrap();
+        let f = FlmFile::open(&path).unwrap();
+        let (_, a) = f.tensor_bytes(&f.tensors()[0]);
+        drop(f);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[a + 12] = 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = FlmFile::open(&path).err().unwrap().to_string();
+        assert!(err.contains("padding before tensor b"), "{err}");
     }
 }
