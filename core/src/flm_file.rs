@@ -30,6 +30,7 @@ use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::partial_file::PartialFile;
 use crate::{Data, DataType, Error, Result};
 
 /// The first 8 bytes of every .flm file.
@@ -275,13 +276,15 @@ impl FlmFile {
 
 /// Writes a .flm file tensor by tensor, atomically.
 ///
-/// The output goes to a temporary file in the destination's directory and is renamed
-/// over the destination by [`FlmWriter::finish`], so an interrupted conversion never
-/// leaves a partial .flm behind (the temporary file is removed when the writer is
-/// dropped unfinished).
+/// The output gets its name only when [`FlmWriter::finish`] completes it, so an interrupted
+/// conversion never leaves a partial .flm behind: on Linux it is written unnamed
+/// (`O_TMPFILE`) and linked into place, elsewhere it is a temporary file of the
+/// destination's directory renamed over the destination (removed when the writer is
+/// dropped unfinished). Creating a writer removes the partial files that killed
+/// conversions left in that directory. See `partial_file` for the details.
 pub struct FlmWriter {
     dest: PathBuf,
-    out: BufWriter<tempfile::NamedTempFile>,
+    out: BufWriter<PartialFile>,
     tensors: Vec<TensorInfo>,
     next: usize,
     position: u64,
@@ -326,15 +329,8 @@ impl FlmWriter {
         })
         .map_err(|e| Error::InvalidArgument(format!("metadata does not serialise: {e}")))?;
         let data_offset = align(HEADER_LEN + meta.len() as u64);
-        let dir = match dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let tmp = tempfile::Builder::new()
-            .prefix(".flm-partial-")
-            .tempfile_in(dir)
-            .map_err(io)?;
-        let mut out = BufWriter::with_capacity(1 << 20, tmp);
+        let partial = PartialFile::create(dest).map_err(io)?;
+        let mut out = BufWriter::with_capacity(1 << 20, partial);
         let mut header = Vec::with_capacity(HEADER_LEN as usize);
         header.extend_from_slice(&MAGIC);
         header.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
@@ -398,10 +394,10 @@ impl FlmWriter {
         Ok(())
     }
 
-    /// Flushes, syncs and renames the file into place.
+    /// Flushes and syncs the file, then gives it its name.
     ///
     /// Errors: [`Error::InvalidArgument`] if planned tensors were not written;
-    /// [`Error::Io`] if flushing or renaming fails (the destination is then untouched).
+    /// [`Error::Io`] if flushing or naming fails (the destination is then untouched).
     pub fn finish(self) -> Result<()> {
         if self.next != self.tensors.len() {
             return Err(Error::InvalidArgument(format!(
@@ -415,17 +411,8 @@ impl FlmWriter {
             path: dest.clone(),
             source,
         };
-        let tmp = self.out.into_inner().map_err(|e| io(e.into_error()))?;
-        // Temporary files are created private (0600); a model file is not a secret.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let perms = std::fs::Permissions::from_mode(0o644);
-            tmp.as_file().set_permissions(perms).map_err(io)?;
-        }
-        tmp.as_file().sync_all().map_err(io)?;
-        tmp.persist(&dest).map_err(|e| io(e.error))?;
-        Ok(())
+        let partial = self.out.into_inner().map_err(|e| io(e.into_error()))?;
+        partial.persist().map_err(io)
     }
 }
 
@@ -470,6 +457,41 @@ mod tests {
         let w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
         drop(w);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_writer_replaces_a_file_and_removes_stale_partial_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.flm");
+        std::fs::write(&path, b"old").unwrap();
+        let stale = dir.path().join(".flm-partial-AbC123");
+        std::fs::write(&stale, b"left by a killed conversion").unwrap();
+        let plan = vec![("a".to_string(), DataType::F32, vec![1])];
+        let mut w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
+        assert_eq!(names_in(dir.path()), ["m.flm"], "the stale file is removed");
+        // A second writer in the same directory leaves the live one's file alone.
+        let other = dir.path().join("n.flm");
+        drop(FlmWriter::create(&other, Value::Null, None, &plan).unwrap());
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"old",
+            "untouched until finished"
+        );
+        w.write_tensor(&Data::from_f32(&[1], &[7.0]).unwrap())
+            .unwrap();
+        w.finish().unwrap();
+        let f = FlmFile::open(&path).unwrap();
+        assert_eq!(f.tensor("a").unwrap().as_f32().unwrap(), [7.0]);
+        assert_eq!(names_in(dir.path()), ["m.flm"]);
     }
 
     #[test]
