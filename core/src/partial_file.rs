@@ -13,7 +13,8 @@
 //!   name behind is between those two calls).
 //! - Elsewhere, and on Linux file systems that refuse `O_TMPFILE`, the file is a named
 //!   temporary file in the destination's directory, removed when the writer is dropped
-//!   unfinished (an error, a panic that unwinds); a process killed by a signal leaves it.
+//!   unfinished (an error, a panic that unwinds) and, on Unix, by a handler of SIGINT and
+//!   SIGTERM ([`on_signal`]); a process killed by SIGKILL leaves it.
 //!
 //! Every temporary name starts with [`PARTIAL_PREFIX`], and the writer holds an exclusive
 //! `flock` on its file while it lives. [`PartialFile::create`] first removes every file of
@@ -42,8 +43,8 @@ enum Name {
     /// None (`O_TMPFILE`).
     #[cfg(target_os = "linux")]
     Unnamed,
-    /// A temporary name, removed on drop.
-    Temporary(tempfile::TempPath),
+    /// A temporary name, removed on drop, and on SIGINT and SIGTERM while registered.
+    Temporary(tempfile::TempPath, on_signal::Registration),
 }
 
 /// The directory `dest` will be created in.
@@ -68,28 +69,19 @@ impl PartialFile {
                 name: Name::Unnamed,
             });
         }
-        let named = tempfile::Builder::new()
-            .prefix(PARTIAL_PREFIX)
-            .tempfile_in(dir)?;
-        let (file, temp) = named.into_parts();
-        file.lock()?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        }
-        Ok(PartialFile {
-            file,
-            dest: dest.to_path_buf(),
-            name: Name::Temporary(temp),
-        })
+        named(dest)
     }
 
     /// Syncs the file to disk and gives it its name, replacing any file of that name.
     pub(crate) fn persist(self) -> io::Result<()> {
         self.file.sync_all()?;
         match self.name {
-            Name::Temporary(temp) => temp.persist(&self.dest).map_err(|e| e.error),
+            Name::Temporary(temp, registration) => {
+                let renamed = temp.persist(&self.dest).map_err(|e| e.error);
+                // Only now: a signal before the rename must still remove the file.
+                drop(registration);
+                renamed
+            }
             #[cfg(target_os = "linux")]
             Name::Unnamed => link_unnamed(&self.file, &self.dest),
         }
@@ -104,6 +96,27 @@ impl Write for PartialFile {
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
     }
+}
+
+/// A named temporary file in `dest`'s directory, locked, registered for removal on
+/// SIGINT and SIGTERM.
+fn named(dest: &Path) -> io::Result<PartialFile> {
+    let named = tempfile::Builder::new()
+        .prefix(PARTIAL_PREFIX)
+        .tempfile_in(parent_dir(dest))?;
+    let (file, temp) = named.into_parts();
+    file.lock()?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
+    let registration = on_signal::register(&temp);
+    Ok(PartialFile {
+        file,
+        dest: dest.to_path_buf(),
+        name: Name::Temporary(temp, registration),
+    })
 }
 
 /// Removes every file of `dir` named with [`PARTIAL_PREFIX`] that no live writer holds
@@ -230,5 +243,159 @@ fn link(file: &File, path: &Path) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Removal of the named partial files on SIGINT and SIGTERM (Unix).
+///
+/// The paths of the live named files sit in a fixed table of atomic pointers, which a
+/// signal handler can read: it unlinks each (`unlink` is async-signal-safe), restores the
+/// default action and raises the signal again, so that the process ends by it as it would
+/// have without the handler. The handlers are installed when the first named file is
+/// registered, and only for a signal whose action is still the default: a host
+/// application's own handler is left alone (its files are then removed by the next
+/// conversion into the same directory, as those of SIGKILL are).
+#[cfg(unix)]
+mod on_signal {
+    use std::ffi::{c_char, c_int, CString};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::ptr;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    use std::sync::Once;
+
+    /// Named files registered at once at most; more are not removed on a signal.
+    const SLOTS: usize = 64;
+
+    /// The registered paths: C strings from [`CString::into_raw`], or null.
+    static PENDING: [AtomicPtr<c_char>; SLOTS] = [const { AtomicPtr::new(ptr::null_mut()) }; SLOTS];
+
+    /// A path in [`PENDING`], removed from it on drop.
+    pub(crate) struct Registration(Option<usize>);
+
+    /// Registers `path` for removal on SIGINT and SIGTERM.
+    pub(crate) fn register(path: &Path) -> Registration {
+        install();
+        let Ok(path) = CString::new(path.as_os_str().as_bytes()) else {
+            return Registration(None);
+        };
+        let raw = path.into_raw();
+        for (i, slot) in PENDING.iter().enumerate() {
+            let free =
+                slot.compare_exchange(ptr::null_mut(), raw, Ordering::AcqRel, Ordering::Acquire);
+            if free.is_ok() {
+                return Registration(Some(i));
+            }
+        }
+        // SAFETY: `raw` comes from `into_raw` above and was stored nowhere.
+        drop(unsafe { CString::from_raw(raw) });
+        Registration(None)
+    }
+
+    impl Drop for Registration {
+        fn drop(&mut self) {
+            let Some(i) = self.0 else { return };
+            let raw = PENDING[i].swap(ptr::null_mut(), Ordering::AcqRel);
+            if !raw.is_null() {
+                // SAFETY: the slot held a pointer from `into_raw` (`register`), and this
+                // swap took it out alone (the handler takes what it removes likewise).
+                drop(unsafe { CString::from_raw(raw) });
+            }
+        }
+    }
+
+    /// The handler: removes every registered file, then ends the process by `signal`.
+    extern "C" fn remove_and_reraise(signal: c_int) {
+        for slot in &PENDING {
+            let raw = slot.swap(ptr::null_mut(), Ordering::AcqRel);
+            if !raw.is_null() {
+                // SAFETY: a NUL-terminated path from `register`, taken out of its slot by
+                // this swap alone; unlink is async-signal-safe. The string is not freed
+                // (free is not async-signal-safe, and the process is ending).
+                unsafe { libc::unlink(raw) };
+            }
+        }
+        // SAFETY: signal and raise are async-signal-safe; with the default action back,
+        // raise ends the process by `signal`.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+            libc::raise(signal);
+        }
+    }
+
+    /// Installs the handler for SIGINT and SIGTERM where their action is the default, once.
+    fn install() {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            for signal in [libc::SIGINT, libc::SIGTERM] {
+                // SAFETY: `sigaction` with a null new action only reads the current one
+                // into `old`, a zeroed (valid) struct; the new action is a zeroed struct
+                // with an empty mask and the handler, an `extern "C" fn(c_int)` that
+                // only makes async-signal-safe calls.
+                unsafe {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    if libc::sigaction(signal, ptr::null(), &mut old) != 0
+                        || old.sa_sigaction != libc::SIG_DFL
+                    {
+                        continue;
+                    }
+                    let mut new: libc::sigaction = std::mem::zeroed();
+                    new.sa_sigaction = remove_and_reraise as extern "C" fn(c_int) as usize;
+                    libc::sigemptyset(&mut new.sa_mask);
+                    libc::sigaction(signal, &new, ptr::null_mut());
+                }
+            }
+        });
+    }
+}
+
+/// No signal handling where there are no Unix signals.
+#[cfg(not(unix))]
+mod on_signal {
+    use std::path::Path;
+
+    /// Nothing registered.
+    pub(crate) struct Registration;
+
+    /// Registers nothing.
+    pub(crate) fn register(_: &Path) -> Registration {
+        Registration
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn a_named_partial_file_is_removed_on_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let partial = named(&dir.path().join("m.flm")).unwrap();
+        let path = match &partial.name {
+            Name::Temporary(temp, _) => temp.to_path_buf(),
+            #[cfg(target_os = "linux")]
+            Name::Unnamed => unreachable!("named() gives a named file"),
+        };
+        assert!(path.exists());
+        // SAFETY: the child (a copy of this multi-threaded process) only makes
+        // async-signal-safe calls: raise, and _exit should the signal not end it.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe {
+                libc::raise(libc::SIGTERM);
+                libc::_exit(0);
+            }
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: waits for the child just forked; `status` is valid for a write.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGTERM,
+            "the child ended by status {status:#x}"
+        );
+        assert!(!path.exists(), "the handler left {}", path.display());
     }
 }
