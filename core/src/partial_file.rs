@@ -1,11 +1,11 @@
 //! An output file that has a name only once it is complete.
 //!
 //! [`PartialFile::create`] opens the file to write; [`PartialFile::persist`] gives it its
-//! name. A process killed in between (SIGKILL, SIGTERM, Ctrl-C, a power cut) leaves nothing
-//! to clean up:
+//! name. What a process ended in between leaves:
 //!
-//! - On Linux the file is created unnamed (`O_TMPFILE` in the destination's directory): it
-//!   is an inode without a directory entry, freed by the kernel when the process dies, and
+//! - Nothing on Linux, whatever ended it (SIGKILL, SIGTERM, Ctrl-C, a power cut). The file
+//!   is created unnamed (`O_TMPFILE` in the destination's directory): it is an inode
+//!   without a directory entry, freed by the kernel when the process dies, and
 //!   `persist` links it into place (`linkat` through `/proc/self/fd`, or `AT_EMPTY_PATH`
 //!   where `/proc` is not mounted). When the destination does not exist yet, the link
 //!   creates it directly; when it does, the file is linked to a temporary name and renamed
