@@ -93,8 +93,8 @@ mod tests {
     /// Also a check of the raw-pointer splitting under Miri, which passes it with Tree
     /// Borrows (`MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-permissive-provenance
     /// -Zmiri-ignore-leaks" cargo +nightly miri test -p flm-devices --lib schedule`; the
-    /// leaks are the pool's threads, still alive at exit, and Stacked Borrows stops inside
-    /// crossbeam-epoch, rayon's dependency, before reaching flm's code).
+    /// leaks are the pool's threads, still alive at exit; under Stacked Borrows, Miri
+    /// reports undefined behaviour inside crossbeam-epoch, rayon's dependency, not here).
     #[test]
     fn every_row_of_every_part_is_claimed_once() {
         let n = 3;
