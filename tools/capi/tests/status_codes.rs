@@ -26,9 +26,12 @@ fn data(rel: &str) -> PathBuf {
         .join(rel)
 }
 
+/// The message of `flm_model_load` with a NULL path.
+const NULL_PATH: &str = "path is NULL";
+
 /// `flm_model_load(path)` with a 1-thread pool: the status and the message of the last
-/// error (cleared by a first failing call with a known message, so that a status without
-/// a message of its own shows).
+/// error (set first by a failing call with a known message, [`NULL_PATH`], so that a
+/// status without a message of its own shows).
 fn load(path: &Path) -> (FlmStatus, String) {
     let path = CString::new(path.as_os_str().as_bytes()).unwrap();
     let options = FlmModelOptions {
@@ -41,6 +44,12 @@ fn load(path: &Path) -> (FlmStatus, String) {
     // output pointer is valid for a write.
     let status = unsafe { flm_model_load(std::ptr::null(), &options, &mut model) };
     assert_eq!(status, FlmStatus::NullPointer);
+    // SAFETY: flm_last_error returns a NUL-terminated string valid until the next failing
+    // call on this thread.
+    assert_eq!(
+        unsafe { CStr::from_ptr(flm_last_error()) }.to_str(),
+        Ok(NULL_PATH)
+    );
     // SAFETY: a NUL-terminated path, valid options and output pointer.
     let status = unsafe { flm_model_load(path.as_ptr(), &options, &mut model) };
     if status == FlmStatus::Ok {
@@ -61,7 +70,7 @@ fn expect(path: &Path, status: FlmStatus, what: &str) {
     let (got, message) = load(path);
     assert_eq!(got, status, "{what}: {message}");
     assert!(
-        !message.contains("NULL") && !message.is_empty(),
+        message != NULL_PATH && !message.is_empty(),
         "{what}: the message is not the call's own: {message:?}"
     );
     assert!(!message.contains("None"), "{what}: {message}");
