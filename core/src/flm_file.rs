@@ -20,6 +20,7 @@
 //! meaning of `config` and `tokenizer` belongs to the model and tokenizer crates; this
 //! module stores them as JSON values.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::partial_file::PartialFile;
 use crate::{Data, DataType, Error, Result};
 
 /// The first 8 bytes of every .flm file.
@@ -103,12 +105,13 @@ pub struct FlmFile {
 }
 
 impl FlmFile {
-    /// Maps and validates `path`: magic, version, metadata, and every tensor's dtype, size,
-    /// alignment and bounds.
+    /// Maps and validates `path` against every rule of docs/flm-format.md: magic, version,
+    /// reserved field, metadata, zero padding, and every tensor's dtype, size, alignment
+    /// and bounds, each name once, the tensors in file order without overlap.
     ///
     /// Errors: [`Error::Io`] if it cannot be read; [`Error::Format`] naming the first
     /// problem (truncated, wrong magic, newer major version, bad metadata, a tensor out of
-    /// bounds).
+    /// bounds, overlapping another or listed twice, non-zero padding).
     pub fn open(path: &Path) -> Result<FlmFile> {
         let io = |source| Error::Io {
             path: path.to_path_buf(),
@@ -152,16 +155,40 @@ impl FlmFile {
                 "data offset {data_offset} is not {ALIGN}-byte aligned"
             )));
         }
-        let meta = &map[HEADER_LEN as usize..(HEADER_LEN + meta_len) as usize];
+        let reserved = u32::from_le_bytes([map[12], map[13], map[14], map[15]]);
+        if reserved != 0 {
+            return Err(bad(format!("reserved header field is {reserved}, not 0")));
+        }
+        let meta_end = (HEADER_LEN + meta_len) as usize;
+        let meta = &map[HEADER_LEN as usize..meta_end];
         let meta: Metadata =
             serde_json::from_slice(meta).map_err(|e| bad(format!("invalid metadata: {e}")))?;
+        if map[meta_end..data_offset as usize].iter().any(|&b| b != 0) {
+            return Err(bad(
+                "the padding between the metadata and the data is not zero".into(),
+            ));
+        }
+        let mut names = HashSet::with_capacity(meta.tensors.len());
+        // End of the previous tensor, relative to the data section.
+        let mut previous_end = 0u64;
         for t in &meta.tensors {
-            let expected = t.dtype.byte_len(&t.shape).map(|n| n as u64);
-            if expected != Some(t.size) {
-                return Err(bad(format!(
-                    "tensor {}: {} bytes stored, a {} tensor of shape {:?} needs {:?}",
-                    t.name, t.size, t.dtype, t.shape, expected
-                )));
+            if !names.insert(t.name.as_str()) {
+                return Err(bad(format!("tensor {} is listed twice", t.name)));
+            }
+            match t.dtype.byte_len(&t.shape) {
+                Some(n) if n as u64 == t.size => {}
+                Some(n) => {
+                    return Err(bad(format!(
+                        "tensor {}: {} bytes stored, a {} tensor of shape {:?} needs {n}",
+                        t.name, t.size, t.dtype, t.shape
+                    )))
+                }
+                None => {
+                    return Err(bad(format!(
+                        "tensor {}: the byte size of a {} tensor of shape {:?} overflows",
+                        t.name, t.dtype, t.shape
+                    )))
+                }
             }
             let end = data_offset
                 .checked_add(t.offset)
@@ -173,6 +200,21 @@ impl FlmFile {
                     t.name, t.offset, t.size
                 )));
             }
+            if t.offset < previous_end {
+                return Err(bad(format!(
+                    "tensor {} at offset {} overlaps the tensor before it, or is out of file \
+                     order (that one ends at {previous_end})",
+                    t.name, t.offset
+                )));
+            }
+            let gap = (data_offset + previous_end) as usize..(data_offset + t.offset) as usize;
+            if map[gap].iter().any(|&b| b != 0) {
+                return Err(bad(format!(
+                    "the padding before tensor {} is not zero",
+                    t.name
+                )));
+            }
+            previous_end = t.offset + t.size;
         }
         Ok(FlmFile {
             path: path.to_path_buf(),
@@ -234,13 +276,15 @@ impl FlmFile {
 
 /// Writes a .flm file tensor by tensor, atomically.
 ///
-/// The output goes to a temporary file in the destination's directory and is renamed
-/// over the destination by [`FlmWriter::finish`], so an interrupted conversion never
-/// leaves a partial .flm behind (the temporary file is removed when the writer is
-/// dropped unfinished).
+/// The output gets its name only when [`FlmWriter::finish`] completes it, so an interrupted
+/// conversion never leaves a partial .flm behind: on Linux it is written unnamed
+/// (`O_TMPFILE`) and linked into place, elsewhere it is a temporary file of the
+/// destination's directory renamed over the destination (removed when the writer is
+/// dropped unfinished). Creating a writer removes the partial files that killed
+/// conversions left in that directory. See `partial_file` for the details.
 pub struct FlmWriter {
     dest: PathBuf,
-    out: BufWriter<tempfile::NamedTempFile>,
+    out: BufWriter<PartialFile>,
     tensors: Vec<TensorInfo>,
     next: usize,
     position: u64,
@@ -285,15 +329,8 @@ impl FlmWriter {
         })
         .map_err(|e| Error::InvalidArgument(format!("metadata does not serialise: {e}")))?;
         let data_offset = align(HEADER_LEN + meta.len() as u64);
-        let dir = match dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let tmp = tempfile::Builder::new()
-            .prefix(".flm-partial-")
-            .tempfile_in(dir)
-            .map_err(io)?;
-        let mut out = BufWriter::with_capacity(1 << 20, tmp);
+        let partial = PartialFile::create(dest).map_err(io)?;
+        let mut out = BufWriter::with_capacity(1 << 20, partial);
         let mut header = Vec::with_capacity(HEADER_LEN as usize);
         header.extend_from_slice(&MAGIC);
         header.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
@@ -358,10 +395,10 @@ impl FlmWriter {
         Ok(())
     }
 
-    /// Flushes, syncs and renames the file into place.
+    /// Flushes and syncs the file, then gives it its name.
     ///
     /// Errors: [`Error::InvalidArgument`] if planned tensors were not written;
-    /// [`Error::Io`] if flushing or renaming fails (the destination is then untouched).
+    /// [`Error::Io`] if flushing or naming fails (the destination is then untouched).
     pub fn finish(self) -> Result<()> {
         if self.next != self.tensors.len() {
             return Err(Error::InvalidArgument(format!(
@@ -375,17 +412,8 @@ impl FlmWriter {
             path: dest.clone(),
             source,
         };
-        let tmp = self.out.into_inner().map_err(|e| io(e.into_error()))?;
-        // Temporary files are created private (0600); a model file is not a secret.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let perms = std::fs::Permissions::from_mode(0o644);
-            tmp.as_file().set_permissions(perms).map_err(io)?;
-        }
-        tmp.as_file().sync_all().map_err(io)?;
-        tmp.persist(&dest).map_err(|e| io(e.error))?;
-        Ok(())
+        let partial = self.out.into_inner().map_err(|e| io(e.into_error()))?;
+        partial.persist().map_err(io)
     }
 }
 
@@ -430,5 +458,64 @@ mod tests {
         let w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
         drop(w);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_writer_replaces_a_file_and_removes_stale_partial_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.flm");
+        std::fs::write(&path, b"old").unwrap();
+        let stale = dir.path().join(".flm-partial-AbC123");
+        std::fs::write(&stale, b"left by a killed conversion").unwrap();
+        let plan = vec![("a".to_string(), DataType::F32, vec![1])];
+        let mut w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
+        assert_eq!(names_in(dir.path()), ["m.flm"], "the stale file is removed");
+        // A second writer in the same directory leaves the live one's file alone.
+        let other = dir.path().join("n.flm");
+        drop(FlmWriter::create(&other, Value::Null, None, &plan).unwrap());
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"old",
+            "untouched until finished"
+        );
+        w.write_tensor(&Data::from_f32(&[1], &[7.0]).unwrap())
+            .unwrap();
+        w.finish().unwrap();
+        let f = FlmFile::open(&path).unwrap();
+        assert_eq!(f.tensor("a").unwrap().as_f32().unwrap(), [7.0]);
+        assert_eq!(names_in(dir.path()), ["m.flm"]);
+    }
+
+    #[test]
+    fn padding_between_tensors_must_be_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.flm");
+        let plan = vec![
+            ("a".to_string(), DataType::F32, vec![3]),
+            ("b".to_string(), DataType::F32, vec![2]),
+        ];
+        let mut w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
+        w.write_tensor(&Data::from_f32(&[3], &[1.0, 2.0, 3.0]).unwrap())
+            .unwrap();
+        w.write_tensor(&Data::from_f32(&[2], &[4.0, 5.0]).unwrap())
+            .unwrap();
+        w.finish().unwrap();
+        let f = FlmFile::open(&path).unwrap();
+        let (_, a) = f.tensor_bytes(&f.tensors()[0]);
+        drop(f);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[a + 12] = 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = FlmFile::open(&path).err().unwrap().to_string();
+        assert!(err.contains("padding before tensor b"), "{err}");
     }
 }

@@ -25,6 +25,7 @@ mod op;
 mod paged_kv;
 #[cfg(unix)]
 mod pages;
+mod partial_file;
 pub mod quant;
 mod rope;
 mod sampling;

@@ -9,8 +9,8 @@
 //! grouped-query attention the K/V projections are small, so the cost is mostly the down
 //! projection: about a third of a Llama's matrix weights. [`Recipe::Pure`] puts every
 //! matrix in int4. Tensors are loaded, converted and written one at a time, so the memory held is
-//! one converted tensor plus one row of scratch, whatever the model's size. The file is
-//! written to a temporary name and renamed when complete (see
+//! one converted tensor plus one row of scratch, whatever the model's size. The file gets
+//! its name only when complete, so an interrupted conversion leaves nothing behind (see
 //! [`flm_core::flm_file::FlmWriter`]).
 
 use std::path::Path;

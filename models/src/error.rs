@@ -1,6 +1,6 @@
 //! The one error type of flm-models.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Errors raised while importing or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +63,19 @@ impl Error {
         Error::Format {
             path: path.into(),
             msg: msg.into(),
+        }
+    }
+
+    /// This error, raised while reading the checkpoint at `path`, as the file's fault: an
+    /// error of flm-core there (a tensor whose shape or dtype does not fit the model, a
+    /// byte range past the end) means the file is malformed ([`Error::Format`]), and
+    /// flm-core's I/O and format errors become this crate's.
+    pub(crate) fn in_file(self, path: &Path) -> Error {
+        match self {
+            Error::Core(flm_core::Error::Io { path, source }) => Error::Io { path, source },
+            Error::Core(flm_core::Error::Format { path, msg }) => Error::Format { path, msg },
+            Error::Core(e) => Error::format(path, e.to_string()),
+            e => e,
         }
     }
 

@@ -63,7 +63,8 @@ pub fn check_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Result<()> {
 /// bounds the KV cache of each session.
 ///
 /// Errors: [`Error::Io`] for a file that cannot be read (a missing file included),
-/// [`Error::Format`] for a malformed checkpoint or tokenizer, [`Error::Config`] for an
+/// [`Error::Format`] for a malformed checkpoint (whatever part of flm finds the problem)
+/// or tokenizer, [`Error::Config`] for an
 /// invalid configuration or a tokenizer that does not belong to the model,
 /// [`Error::InvalidInput`] for a context of 0.
 pub fn load_model(
@@ -77,7 +78,7 @@ pub fn load_model(
             "the context must hold at least 1 position".into(),
         ));
     }
-    let mut ckpt = import::load(path)?;
+    let mut ckpt = import::load(path).map_err(|e| e.in_file(path))?;
     let tokenizer = match tokenizer {
         Some(file) => Tokenizer::from_file_with_hf_config(file)
             .map_err(|e| Error::format(file, format!("cannot load the tokenizer: {e}")))?,
@@ -85,7 +86,8 @@ pub fn load_model(
     };
     check_vocab(&tokenizer, ckpt.config.vocab_size)?;
     ckpt.config.max_seq_len = ckpt.config.max_seq_len.min(positions);
-    Ok((SharedModel::new(&ckpt)?, tokenizer))
+    let model = SharedModel::new(&ckpt).map_err(|e| e.in_file(path))?;
+    Ok((model, tokenizer))
 }
 
 /// What to generate.

@@ -9,6 +9,11 @@
  *       Two sessions on two threads at once against their solo outputs, the documented
  *       status of each kind of bad call, tokenize/detokenize, a callback that stops.
  *       Prints "ok" and exits 0, or prints each failure and exits 1.
+ *   flm_test stress MODEL POOL_THREADS HOST_THREADS GENERATIONS
+ *       HOST_THREADS threads, each with a session of its own over one model whose pool
+ *       has POOL_THREADS workers, generate GENERATIONS greedy texts each (the prompts in
+ *       turn); every call must succeed and every text must equal the text of its prompt
+ *       generated alone. Prints "ok" and exits 0, or prints each failure and exits 1.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -245,6 +250,110 @@ static void bad_calls(const char *path, FlmModel *model) {
     flm_session_free(session);
 }
 
+/* The prompts of `stress`: the longer ones make the prefill's Linears of stories260K large
+ * enough to be split over the pool. */
+static const char *const STRESS_PROMPTS[] = {
+    "Once upon a time, there was a little girl named Lily. She loved to play",
+    "The big brown dog ran to the park with his friend Tom, and they",
+    "Sam had a red ball. One day he went outside and",
+    "",
+};
+#define STRESS_N_PROMPTS (sizeof STRESS_PROMPTS / sizeof STRESS_PROMPTS[0])
+#define STRESS_MAX_TOKENS 32
+
+/* One host thread of `stress`. */
+typedef struct {
+    const FlmModel *model;
+    const Text *lone; /* the lone text of each prompt */
+    size_t index;
+    size_t generations;
+    pthread_barrier_t *start;
+    int failures;
+} StressJob;
+
+/* Greedy generation of `prompt` in `session` into `out`; the status. */
+static FlmStatus greedy_text(FlmSession *session, const char *prompt, Text *out) {
+    FlmSampling greedy = flm_sampling_default();
+    greedy.temperature = 0.0f;
+    return flm_generate(session, prompt, strlen(prompt), &greedy, STRESS_MAX_TOKENS, collect,
+                        out, NULL);
+}
+
+static void *stress_job(void *arg) {
+    StressJob *job = arg;
+    FlmSession *session = NULL;
+    FlmStatus status = flm_session_new(job->model, &session);
+    pthread_barrier_wait(job->start);
+    if (status != FLM_STATUS_OK) {
+        fprintf(stderr, "thread %zu: flm_session_new: %d: %s\n", job->index, (int)status,
+                flm_last_error());
+        job->failures++;
+        return NULL;
+    }
+    for (size_t g = 0; g < job->generations; g++) {
+        size_t p = (job->index + g) % STRESS_N_PROMPTS;
+        Text out = {0};
+        status = greedy_text(session, STRESS_PROMPTS[p], &out);
+        const Text *lone = &job->lone[p];
+        if (status != FLM_STATUS_OK) {
+            fprintf(stderr, "thread %zu, generation %zu: status %d: \"%s\"\n", job->index, g,
+                    (int)status, flm_last_error());
+            job->failures++;
+        } else if (out.len != lone->len || memcmp(out.data, lone->data, lone->len) != 0) {
+            fprintf(stderr, "thread %zu, generation %zu: \"%s\" instead of \"%s\"\n",
+                    job->index, g, out.data != NULL ? out.data : "", lone->data);
+            job->failures++;
+        }
+        free(out.data);
+    }
+    flm_session_free(session);
+    return NULL;
+}
+
+/* See `stress` in the usage at the top. */
+static int stress(const char *path, size_t pool_threads, size_t host_threads,
+                  size_t generations) {
+    FlmModelOptions options = {0};
+    options.threads = pool_threads;
+    FlmModel *model = NULL;
+    FlmStatus status = flm_model_load(path, &options, &model);
+    if (status != FLM_STATUS_OK) {
+        fprintf(stderr, "cannot load %s: %s\n", path, flm_last_error());
+        return 1;
+    }
+    Text lone[STRESS_N_PROMPTS] = {{0}};
+    for (size_t p = 0; p < STRESS_N_PROMPTS; p++) {
+        FlmSession *session = NULL;
+        CHECK(flm_session_new(model, &session) == FLM_STATUS_OK);
+        CHECK(greedy_text(session, STRESS_PROMPTS[p], &lone[p]) == FLM_STATUS_OK);
+        CHECK(lone[p].len > 0);
+        flm_session_free(session);
+    }
+    StressJob *jobs = calloc(host_threads, sizeof *jobs);
+    pthread_t *threads = calloc(host_threads, sizeof *threads);
+    pthread_barrier_t start;
+    CHECK(jobs != NULL && threads != NULL && host_threads > 0);
+    if (failures == 0) {
+        pthread_barrier_init(&start, NULL, (unsigned)host_threads);
+        for (size_t t = 0; t < host_threads; t++) {
+            jobs[t] = (StressJob){model, lone, t, generations, &start, 0};
+            CHECK(pthread_create(&threads[t], NULL, stress_job, &jobs[t]) == 0);
+        }
+        for (size_t t = 0; t < host_threads; t++) {
+            pthread_join(threads[t], NULL);
+            failures += jobs[t].failures;
+        }
+        pthread_barrier_destroy(&start);
+    }
+    for (size_t p = 0; p < STRESS_N_PROMPTS; p++) {
+        free(lone[p].data);
+    }
+    free(jobs);
+    free(threads);
+    flm_model_free(model);
+    return failures;
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "generate") == 0) {
         FlmModel *model = load(argv[2]);
@@ -276,6 +385,17 @@ int main(int argc, char **argv) {
         printf("ok\n");
         return 0;
     }
-    fprintf(stderr, "usage: flm_test generate MODEL PROMPT MAX_TOKENS | check MODEL\n");
+    if (argc == 6 && strcmp(argv[1], "stress") == 0) {
+        int failed = stress(argv[2], strtoul(argv[3], NULL, 10), strtoul(argv[4], NULL, 10),
+                            strtoul(argv[5], NULL, 10));
+        if (failed > 0) {
+            fprintf(stderr, "%d checks failed\n", failed);
+            return 1;
+        }
+        printf("ok\n");
+        return 0;
+    }
+    fprintf(stderr, "usage: flm_test generate MODEL PROMPT MAX_TOKENS | check MODEL | "
+                    "stress MODEL POOL_THREADS HOST_THREADS GENERATIONS\n");
     return 2;
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the workspace integration tests: where the test data lives and how
 //! to read the reference files (their provenance is in `tests/data/SOURCES.md`).
 
+pub mod fuzz;
 pub mod glm_data;
 
 use std::path::PathBuf;

@@ -230,11 +230,10 @@ fn parse_pre_tokenizer(v: &Value) -> Result<Option<MetaspaceSpec>> {
             _ => Err(unsupported(format!("pre-tokenizer {v}"))),
         },
         "Metaspace" => {
-            let replacement = v.get("replacement").and_then(Value::as_str);
-            if replacement != Some("\u{2581}") {
-                return Err(unsupported(format!(
-                    "Metaspace replacement {replacement:?}"
-                )));
+            match v.get("replacement").and_then(Value::as_str) {
+                Some("\u{2581}") => {}
+                Some(other) => return Err(unsupported(format!("Metaspace replacement {other:?}"))),
+                None => return Err(unsupported("Metaspace without a replacement")),
             }
             let scheme = v.get("prepend_scheme").and_then(Value::as_str);
             let prepend = match (v.get("add_prefix_space").and_then(Value::as_bool), scheme) {

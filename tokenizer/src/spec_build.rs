@@ -142,9 +142,11 @@ pub(crate) fn build(
             };
             let model = SpModel::new(&pieces, byte_fallback, normalizer)?;
             if model.unk_id != unk_id {
+                let id = |id: Option<u32>| id.map_or_else(|| "none".to_string(), |i| i.to_string());
                 return Err(invalid(format!(
-                    "unk_id {unk_id:?} is not the unknown piece {:?}",
-                    model.unk_id
+                    "unk_id {} is not the unknown piece ({})",
+                    id(unk_id),
+                    id(model.unk_id)
                 )));
             }
             sp_tokenizer(pieces, model, special, sp.unk_surface)

@@ -36,20 +36,21 @@
 // to come): elsewhere only the portable twins are called.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use flm_core::{Data, Result};
 use rayon::prelude::*;
 
+use super::scratch;
 use super::simd::{self, Kernel, Simd};
 use super::weights::dot;
 use super::{Isa, PARALLEL_MIN_WORK};
 
 thread_local! {
     /// The scores (then probabilities) of the current head.
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// The offsets in the cache of the key/value rows the current row attends to.
-    static OFFSETS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    static OFFSETS: Cell<Vec<usize>> = const { Cell::new(Vec::new()) };
 }
 
 /// How the scores are masked and biased (see [`flm_core::Op::Attention`]).
@@ -242,8 +243,8 @@ impl Attn<'_> {
 /// Query heads `first..` (head `h` of row `i` is `i·n_heads + h`), one per `head_dim` outputs
 /// of `out`; `first` and the number of heads are multiples of `a.task_heads`.
 fn run_heads(isa: Isa, a: &Attn<'_>, first: usize, out: &mut [f32]) {
-    SCORES.with_borrow_mut(|scores| {
-        OFFSETS.with_borrow_mut(|offsets| {
+    scratch::with(&SCORES, |scores| {
+        scratch::with(&OFFSETS, |offsets| {
             let k = HeadRun {
                 a,
                 first,

@@ -28,7 +28,7 @@
 //!
 //! Work is split over blocks of weight rows (output features) when it exceeds
 //! [`PARALLEL_MIN_WORK`]; a parallel prefill writes the transposed output into a
-//! thread-local buffer and transposes it into place. Smaller calls run on the calling thread
+//! thread-local buffer (see `scratch`) and transposes it into place. Smaller calls run on the calling thread
 //! straight into the output, without allocating.
 //!
 //! Quantised weights (int8, int4) go to the integer kernels of `qlinear`, which give the
@@ -39,16 +39,16 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::ops::Range;
 
 use flm_core::{quant, Data, LinearPart, Result};
 use rayon::prelude::*;
 
 use super::qlinear::{self, QuantWeight};
-use super::schedule;
 use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::{dot, Rows};
+use super::{schedule, scratch};
 use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
 /// Weight rows a decode tile reads at once, each from its own stream (see [`Block::run`]).
@@ -82,9 +82,9 @@ const PANEL_ROWS: usize = 16;
 
 thread_local! {
     /// The transposed output `[m, n]` of a parallel prefill (on the calling thread).
-    static YT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static YT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// A widened f16/bf16 weight row of the portable kernel.
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// `output[n, m] = input[n, k] · weight[m, k]ᵀ + bias[m]` (see [`flm_core::Op::Linear`]);
@@ -218,7 +218,7 @@ fn float_linear<E: Elem>(isa: Isa, f: &Float<'_, E>, out: &mut [f32]) {
         });
         return;
     }
-    YT.with_borrow_mut(|yt| {
+    scratch::with(&YT, |yt| {
         yt.clear();
         yt.resize(m * n, 0.0);
         yt.par_chunks_mut(PREFILL_ROWS * n)
@@ -250,7 +250,7 @@ fn block<E: Elem>(
         is,
     };
     // 16-lane vectors only when a row fills one.
-    simd::run(isa, k >= 16, b).unwrap_or_else(|b| SCRATCH.with_borrow_mut(|buf| b.portable(buf)))
+    simd::run(isa, k >= 16, b).unwrap_or_else(|b| scratch::with(&SCRATCH, |buf| b.portable(buf)))
 }
 
 /// A block of weight rows `w` `[rows, k]` (and their biases) against `x` `[n, k]`.

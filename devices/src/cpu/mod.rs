@@ -16,6 +16,7 @@ mod paged_attention;
 mod qlinear;
 mod rope;
 mod schedule;
+mod scratch;
 mod simd;
 mod weights;
 

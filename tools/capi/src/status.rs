@@ -57,21 +57,41 @@ impl Failure {
     }
 }
 
+/// The status of a tokenizer error: every kind named, so that a new one must be given its
+/// status here.
 fn tokenizer_status(e: &TokenizerError) -> FlmStatus {
     match e {
         TokenizerError::IdOutOfRange { .. } => FlmStatus::TokenOutOfRange,
         TokenizerError::Io { .. } => FlmStatus::Io,
         TokenizerError::NoBos => FlmStatus::InvalidArgument,
-        _ => FlmStatus::Format,
+        TokenizerError::NotATokenizer(_)
+        | TokenizerError::Truncated(_)
+        | TokenizerError::Invalid(_)
+        | TokenizerError::Unsupported(_)
+        | TokenizerError::Template(_) => FlmStatus::Format,
     }
 }
 
+/// The status of an error of flm-core, every kind named (as in [`tokenizer_status`]). The
+/// kinds with no status of their own (a shape or dtype mismatch between an op's tensors, a
+/// read-only tensor written to, an op no device supports, operands in two memories, a
+/// device failure) are never caused by a caller's arguments or files: a file
+/// whose tensors do not fit its model is reported as a [`ModelError::Format`] by the
+/// loader.
 fn core_status(e: &CoreError) -> FlmStatus {
     match e {
         CoreError::TokenOutOfRange { .. } => FlmStatus::TokenOutOfRange,
         CoreError::ContextOverflow { .. } => FlmStatus::ContextOverflow,
         CoreError::InvalidArgument(_) => FlmStatus::InvalidArgument,
-        _ => FlmStatus::Internal,
+        CoreError::Io { .. } => FlmStatus::Io,
+        CoreError::Format { .. } => FlmStatus::Format,
+        CoreError::Shape { .. }
+        | CoreError::DType { .. }
+        | CoreError::OutOfBounds(_)
+        | CoreError::Unsupported(_)
+        | CoreError::ReadOnly
+        | CoreError::Placement(_)
+        | CoreError::Device(_) => FlmStatus::Internal,
     }
 }
 
@@ -109,12 +129,16 @@ thread_local! {
 
 fn set_last_error(message: &str) {
     let message = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|last| *last.borrow_mut() = message);
+    // `try_with`: a call made while this thread's locals are being destroyed (from a
+    // destructor of another thread-local) must not panic outside the guard.
+    let _ = LAST_ERROR.try_with(|last| *last.borrow_mut() = message);
 }
 
 /// The message of the last call on this thread that returned an error, or "" if none.
 pub(crate) fn last_error() -> *const c_char {
-    LAST_ERROR.with(|last| last.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|last| last.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// Runs the body of an entry point: its error becomes a status and the thread's last error,
@@ -129,7 +153,7 @@ pub(crate) fn guard(body: impl FnOnce() -> Result<FlmStatus, Failure>) -> FlmSta
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown".into());
+                .unwrap_or_else(|| "a panic without a message".into());
             Failure::new(FlmStatus::Internal, format!("internal error: {what}"))
         }
     };

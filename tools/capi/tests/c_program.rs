@@ -1,7 +1,10 @@
 //! The C host program tests/c/flm_test.c, built by gcc against libflm.so and libflm.a:
 //! greedy text byte for byte as `flm run --temperature 0` prints it (and as llama2.c's
 //! reference, tests/data/stories260K/stories260K_reference.json), concurrent sessions,
-//! the documented status of bad calls, and no leak or invalid access under valgrind.
+//! the documented status of bad calls, no leak or invalid access under valgrind, and
+//! 8 host threads × 8 generations in sessions of one model of every weight dtype, with
+//! pools of 1, 2 and 4 workers (the `stress` mode; tests/concurrent_sessions.rs of
+//! flm-tests is its Rust twin).
 //!
 //! Needs gcc. The valgrind test is skipped when valgrind is not installed, unless
 //! `FLM_REQUIRE_VALGRIND=1` (CI sets it).
@@ -160,6 +163,54 @@ fn concurrent_sessions_and_error_codes() {
     for program in programs() {
         let out = run(Command::new(program).args(["check", &model()]));
         assert_eq!(String::from_utf8(out.stdout).unwrap(), "ok\n");
+    }
+}
+
+/// stories260K converted by `flm convert` into every weight dtype (every matrix in it),
+/// with the llama2.c file itself (f32).
+fn every_dtype() -> Vec<String> {
+    let dir = build().join("c-test/stress-models");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dtypes = [
+        ("f32", None),
+        ("f16", None),
+        ("bf16", None),
+        ("int8", None),
+        ("int4", Some("32")),
+        ("int4", Some("64")),
+        ("int4", Some("128")),
+        ("int4-sym", Some("32")),
+        ("int4-sym", Some("64")),
+        ("int4-sym", Some("128")),
+    ];
+    let mut models = vec![model()];
+    for (dtype, group) in dtypes {
+        let out = dir.join(format!("{dtype}-{}.flm", group.unwrap_or("all")));
+        let mut cmd = Command::new(build().join("flm"));
+        cmd.args(["convert", "--input", &model(), "--dtype", dtype, "--pure"])
+            .arg("--output")
+            .arg(&out);
+        if let Some(g) = group {
+            cmd.args(["--group-size", g]);
+        }
+        run(&mut cmd);
+        models.push(out.display().to_string());
+    }
+    models
+}
+
+#[test]
+fn eight_threads_of_sessions_over_one_model_generate_their_lone_text() {
+    let program = &programs()[0];
+    for model in every_dtype() {
+        for pool in ["1", "2", "4"] {
+            let out = run(Command::new(program).args(["stress", &model, pool, "8", "8"]));
+            assert_eq!(
+                String::from_utf8(out.stdout).unwrap(),
+                "ok\n",
+                "{model}, pool of {pool}"
+            );
+        }
     }
 }
 

@@ -38,7 +38,7 @@ pub struct ConvertArgs {
     /// benchmarks and load tests); needs --tokenizer.
     #[arg(long)]
     random: bool,
-    /// The .flm file to write (atomically: a temporary file renamed when complete).
+    /// The .flm file to write (atomically: it gets its name only when complete).
     #[arg(long)]
     output: PathBuf,
     /// Weight type of the matrices; norms stay f32.

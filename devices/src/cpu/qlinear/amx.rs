@@ -26,13 +26,14 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use flm_core::quant::{int4_mins, Int4Row, BLOCK};
 use flm_core::DataType;
 
 use super::{amx_decode, Acts, QuantWeight};
+use crate::cpu::scratch;
 
 /// Input rows (tokens) per tile: the columns of B and C.
 const TOKENS: usize = 16;
@@ -171,7 +172,7 @@ struct Scratch {
 struct CBuf([[i32; TOKENS * ROWS]; 2]);
 
 thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
 }
 
 /// Computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows `j0..j0 + yt.len() / n` of `w`,
@@ -181,7 +182,7 @@ thread_local! {
 /// (F, BW, VL, VNNI) and F16C.
 pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
-    SCRATCH.with_borrow_mut(|scratch| {
+    scratch::with(&SCRATCH, |scratch| {
         for (p, out) in yt.chunks_mut(ROWS * n).enumerate() {
             let (j, r) = (j0 + p * ROWS, out.len() / n);
             // SAFETY: the caller guarantees AMX and AVX-512 (F, BW, VL, VNNI: `Isa::Amx`

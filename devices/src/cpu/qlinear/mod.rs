@@ -43,14 +43,14 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use flm_core::quant::{self, BLOCK};
 use flm_core::{DataType, Result};
 use rayon::prelude::*;
 
 use super::schedule::{guided, MAX_PARTS};
-use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
+use super::{scratch, shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
 /// One 64-byte cache line of a [`Lines`] buffer.
 #[repr(C, align(64))]
@@ -322,8 +322,8 @@ impl<'a> QuantWeight<'a> {
 
 thread_local! {
     /// Quantised inputs and the transposed prefill output, reused across calls so that
-    /// decode allocates nothing once warm.
-    static SCRATCH: RefCell<(Acts, Vec<f32>)> = RefCell::new((Acts::default(), Vec::new()));
+    /// decode allocates nothing once warm (see `scratch`).
+    static SCRATCH: Cell<(Acts, Vec<f32>)> = Cell::new((Acts::default(), Vec::new()));
 }
 
 /// Output features per parallel task in prefill (one AMX panel); decode chunks are whole
@@ -415,7 +415,7 @@ pub(crate) fn linear(
     }
     let total: usize = outs.iter().map(|o| o.len() / n).sum();
     let parallel = n * total * k >= PARALLEL_MIN_WORK;
-    SCRATCH.with_borrow_mut(|(acts, yt)| {
+    scratch::with(&SCRATCH, |(acts, yt)| {
         acts.quantize(isa, x, n, k, kp, group, Layout::of(isa, dtype, n));
         let acts = &*acts;
         let run = |targets: &mut [&mut [f32]]| {

@@ -15,13 +15,13 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use flm_core::quant::int4_mins;
 use flm_core::DataType;
 
 use super::{Acts, QuantWeight};
-use crate::cpu::Isa;
+use crate::cpu::{scratch, Isa};
 
 /// Weight rows per full tile.
 const TILE_ROWS: usize = 4;
@@ -66,7 +66,7 @@ const ONE_STREAM_AHEAD: usize = 8192;
 
 thread_local! {
     /// Unpacked int4 weight rows of the current tile (see [`unpack_i4_avx512`]).
-    static UNPACKED: RefCell<Vec<__m512i>> = const { RefCell::new(Vec::new()) };
+    static UNPACKED: Cell<Vec<__m512i>> = const { Cell::new(Vec::new()) };
 }
 
 /// See [`super::rows`]. The caller guarantees that the CPU supports `isa`.
@@ -166,7 +166,7 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         }
         return;
     }
-    UNPACKED.with_borrow_mut(|unpacked| {
+    scratch::with(&UNPACKED, |unpacked| {
         let mut j = 0;
         while j < m {
             let tiled = if stride == 1 {

@@ -10,8 +10,8 @@ use serde::Serialize;
 /// An error answered to a client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
-    /// 400 for a bad request, 404 for an unknown model or route, 503 when the queue is
-    /// full, 500 when generation fails.
+    /// 400 for a bad request, 404 for an unknown model or route, 413 for a body over the
+    /// limit, 503 when the queue is full, 500 when generation fails.
     pub status: StatusCode,
     /// What is wrong, for a person.
     pub message: String,
@@ -102,11 +102,16 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A body that is not JSON, or JSON that does not fit the request type (a missing field,
-/// a value of the wrong type): 400 with serde's message. axum would answer 415/422 in
-/// plain text.
+/// A body over axum's limit (2 MiB): 413. A body that is not JSON, or JSON that does not fit
+/// the request type (a missing field, a value of the wrong type): 400 with serde's message.
+/// axum would answer in plain text, and 415/422 for the latter.
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> ApiError {
-        ApiError::invalid(None, rejection.body_text())
+        let mut error = ApiError::invalid(None, rejection.body_text());
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            error.status = StatusCode::PAYLOAD_TOO_LARGE;
+            error.code = Some("request_too_large");
+        }
+        error
     }
 }

@@ -10,6 +10,8 @@
 //! asks for port 0) can find it.
 
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod generation;
 mod metrics;
 mod openai;

@@ -4,7 +4,8 @@
 //! Source: the OpenAI API reference (`POST /v1/chat/completions`, `POST /v1/completions`,
 //! `GET /v1/models`) and the `openai` Python client's models of these objects. Unknown
 //! request fields are ignored, as OpenAI-compatible servers (vLLM, llama.cpp) do; known
-//! fields with values `flm` cannot honour (`n` > 1, `logprobs`, `echo`) are refused by
+//! fields with values `flm` cannot honour (`n` > 1, `logprobs`, a `logit_bias`, `echo`,
+//! `best_of` > 1, a `suffix`) and a `user` that is not a string are refused by
 //! [`super::params`].
 
 use serde::{Deserialize, Serialize};
@@ -59,6 +60,10 @@ pub struct Sampling {
     pub stream_options: Option<StreamOptions>,
     /// Log-probabilities are not supported: must be absent, false or null.
     pub logprobs: Option<serde_json::Value>,
+    /// Token biases are not supported: must be absent, null or `{}`.
+    pub logit_bias: Option<serde_json::Value>,
+    /// An identifier of the end user, unused; a string if given.
+    pub user: Option<serde_json::Value>,
 }
 
 /// One message of a chat request.
@@ -120,6 +125,10 @@ pub struct CompletionRequest {
     /// Echoing the prompt is not supported: must be absent or false.
     #[serde(default)]
     pub echo: bool,
+    /// Text after the completion (insertion) is not supported: must be absent, null or "".
+    pub suffix: Option<serde_json::Value>,
+    /// Candidates to choose the best one from; only 1 is supported (absent or null too).
+    pub best_of: Option<serde_json::Value>,
     /// Sampling and streaming.
     #[serde(flatten)]
     pub sampling: Sampling,

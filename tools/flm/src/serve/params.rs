@@ -8,9 +8,10 @@
 //! `context_length_exceeded`, as OpenAI and vLLM do, rather than cut short.
 
 use flm_core::SamplerConfig;
+use serde_json::Value;
 
 use super::error::ApiError;
-use super::openai::{Sampling, Stop};
+use super::openai::{CompletionRequest, Sampling, Stop};
 
 /// Most stop sequences a request may give (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
@@ -28,6 +29,35 @@ pub struct Params {
     pub stream: bool,
     /// Send a usage chunk at the end of a stream.
     pub include_usage: bool,
+}
+
+/// Checks the fields of a completion request besides its sampling ([`check`]).
+///
+/// Errors: 400 for `echo`, a non-empty `suffix` or `best_of` other than 1.
+pub fn check_completion(request: &CompletionRequest) -> Result<(), ApiError> {
+    if request.echo {
+        return Err(ApiError::invalid(
+            Some("echo"),
+            "echoing the prompt is not supported",
+        ));
+    }
+    if !matches!(&request.suffix, None | Some(Value::Null))
+        && request.suffix.as_ref().and_then(Value::as_str) != Some("")
+    {
+        return Err(ApiError::invalid(
+            Some("suffix"),
+            "suffix (insertion) is not supported",
+        ));
+    }
+    if !matches!(&request.best_of, None | Some(Value::Null))
+        && request.best_of.as_ref().and_then(Value::as_u64) != Some(1)
+    {
+        return Err(ApiError::invalid(
+            Some("best_of"),
+            "only best_of = 1 is supported",
+        ));
+    }
+    Ok(())
 }
 
 fn in_range(
@@ -53,7 +83,8 @@ fn in_range(
 /// Checks `s` for a server of the model `served`; `seed` is used when the request has none.
 ///
 /// Errors: 404 for a `model` other than `served`; 400 for a value out of range, `n` other
-/// than 1, `logprobs` asked for, `max_tokens` of 0, an empty or fifth stop sequence.
+/// than 1, `logprobs` asked for, a non-empty `logit_bias`, a `user` that is not a string,
+/// `max_tokens` of 0, an empty or fifth stop sequence.
 pub fn check(s: &Sampling, served: &str, seed: u64) -> Result<Params, ApiError> {
     if let Some(model) = &s.model {
         if model != served {
@@ -71,6 +102,20 @@ pub fn check(s: &Sampling, served: &str, seed: u64) -> Result<Params, ApiError> 
             Some("logprobs"),
             "log-probabilities are not supported",
         ));
+    }
+    if !matches!(&s.logit_bias, None | Some(Value::Null))
+        && s.logit_bias
+            .as_ref()
+            .and_then(Value::as_object)
+            .is_none_or(|m| !m.is_empty())
+    {
+        return Err(ApiError::invalid(
+            Some("logit_bias"),
+            "logit_bias is not supported",
+        ));
+    }
+    if !matches!(&s.user, None | Some(Value::Null | Value::String(_))) {
+        return Err(ApiError::invalid(Some("user"), "user must be a string"));
     }
     let top_p = match s.top_p {
         Some(p) if !(p > 0.0 && p <= 1.0) => {

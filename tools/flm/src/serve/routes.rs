@@ -9,8 +9,8 @@
 //! | `POST /v1/chat/completions` | a chat reply, whole or streamed                       |
 //! | `POST /v1/completions`      | a text continuation, whole or streamed                |
 //!
-//! Every other path answers 404 and every bad request 400, both with an OpenAI-style JSON
-//! error.
+//! Every other path answers 404, every bad request 400 and a body over the limit 413, all
+//! with an OpenAI-style JSON error.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -101,13 +101,9 @@ async fn completions(
 ) -> Response {
     let arrived = Instant::now();
     let result = match body {
-        Ok(Json(request)) if request.echo => Err(ApiError::invalid(
-            Some("echo"),
-            "echoing the prompt is not supported",
-        )),
-        Ok(Json(request)) => {
-            prompt::completion(&state.tokenizer, &request.prompt).map(|ids| (ids, request.sampling))
-        }
+        Ok(Json(request)) => params::check_completion(&request)
+            .and_then(|()| prompt::completion(&state.tokenizer, &request.prompt))
+            .map(|ids| (ids, request.sampling)),
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Text, arrived, result).await

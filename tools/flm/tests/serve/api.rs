@@ -143,11 +143,26 @@ fn bad_requests_get_openai_errors() {
         ("stop", json!(["a", "b", "c", "d", "e"])),
         ("stop", json!("")),
         ("echo", json!(true)),
+        ("logit_bias", json!({"50256": -100})),
+        ("user", json!(42)),
+        ("suffix", json!(" the end")),
+        ("best_of", json!(2)),
     ] {
         let mut request = json!({"prompt": "Once upon a time"});
         request[field] = value;
         assert_error(server.post(completions, &request), 400, Some(field));
     }
+    // Their neutral values are accepted.
+    let (status, body) = server.post(
+        completions,
+        &json!({"prompt": "x", "max_tokens": 1, "logit_bias": {}, "user": "u", "suffix": "",
+                "best_of": 1}),
+    );
+    assert_eq!(status, 200, "{body}");
+    // A body over the limit (2 MiB): 413.
+    let (status, body) = server.post_declared(completions, 50 << 20);
+    assert_error((status, body.clone()), 413, None);
+    assert_eq!(body["error"]["code"], "request_too_large");
     // A wrong type is a deserialisation error.
     assert_error(
         server.post(completions, &json!({"prompt": "x", "temperature": "hot"})),

@@ -1,6 +1,6 @@
 //! A `flm serve` process on 127.0.0.1 (any free port) and a small blocking client for it.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
@@ -98,6 +98,58 @@ impl Server {
             .unwrap();
         let json = response.body_mut().read_json().unwrap();
         (response.status().as_u16(), json)
+    }
+
+    /// POST to `path` a JSON body that declares `len` bytes (`Content-Length`) and sends
+    /// its first 4 MiB at most (from a thread of its own, which stops at the first write
+    /// error), over a connection of its own: the status and the body of the answer, which
+    /// must come without the rest.
+    pub fn post_declared(&self, path: &str, len: usize) -> (u16, Value) {
+        let address = self.url.strip_prefix("http://").unwrap();
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+             Content-Length: {len}\r\n\r\n{{\"prompt\": \""
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        let mut writer = stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let chunk = vec![b'a'; 64 << 10];
+            for _ in 0..(len.min(4 << 20) / chunk.len()) {
+                if writer.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        let (status, body) = loop {
+            let n = stream.read(&mut buf).unwrap();
+            assert!(n > 0, "the connection closed without a whole answer");
+            answer.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&answer).into_owned();
+            let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                continue;
+            };
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_owned)
+                })
+                .expect("a Content-Length header")
+                .parse::<usize>()
+                .unwrap();
+            if body.len() >= length {
+                let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+                break (status, body[..length].to_owned());
+            }
+        };
+        (status, serde_json::from_str(&body).unwrap())
     }
 
     /// POST the JSON `body` to `path`.
