@@ -17,6 +17,7 @@ mod dtype;
 mod error;
 mod executor;
 pub mod flm_file;
+pub mod ggml;
 mod kv_cache;
 mod op;
 mod paged_kv;

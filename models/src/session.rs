@@ -60,7 +60,8 @@ pub fn check_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Result<()> {
 /// the file `tokenizer` if given (with the `tokenizer_config.json` beside it, if any,
 /// [`Tokenizer::from_file_with_hf_config`]), else the one inside or beside the checkpoint. The
 /// model's context is capped at `context` positions (default [`DEFAULT_CONTEXT`]), which
-/// bounds the KV cache of each session.
+/// bounds the KV cache of each session. Each line of [`import::Checkpoint::load_notes`]
+/// (a GGUF weight type converted at load, and its cost) is printed on stderr.
 ///
 /// Errors: [`Error::Io`] for a file that cannot be read (a missing file included),
 /// [`Error::Format`] for a malformed checkpoint or tokenizer, [`Error::Config`] for an
@@ -84,6 +85,9 @@ pub fn load_model(
         None => ckpt.take_tokenizer(path)?,
     };
     check_vocab(&tokenizer, ckpt.config.vocab_size)?;
+    for note in ckpt.load_notes() {
+        eprintln!("note: {note}");
+    }
     ckpt.config.max_seq_len = ckpt.config.max_seq_len.min(positions);
     Ok((SharedModel::new(&ckpt)?, tokenizer))
 }

@@ -13,7 +13,8 @@
 //!
 //! Importers list the tensors under flm's canonical names as lazily read
 //! [`SourceTensor`]s: weights are zero-copy views of the mapped files where their dtype is
-//! f32, f16 or bf16, and are dequantised to f32 when loaded otherwise (llama2.c v2).
+//! f32, f16 or bf16, and are decoded when loaded otherwise (llama2.c v2, GGUF's block
+//! types: [`Encoding::load_dtype`]).
 
 mod flm;
 mod gguf;
@@ -35,6 +36,8 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use flm_core::ggml::GgmlType;
+use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
 use crate::chatglm::ChatGlmWeights;
@@ -114,6 +117,44 @@ impl Checkpoint {
         };
         Tokenizer::from_file_with_hf_config(path)
             .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))
+    }
+
+    /// One line per ggml weight type of the checkpoint that loading converts into another
+    /// kind of dtype (not Q4_0/Q4_1, which are repacked without loss): what it becomes, and
+    /// what that costs in memory and accuracy. Empty for other formats.
+    pub fn load_notes(&self) -> Vec<String> {
+        let mut by_type: Vec<(GgmlType, usize, usize)> = Vec::new();
+        for t in &self.tensors {
+            let Encoding::Ggml(ty) = t.encoding else {
+                continue;
+            };
+            if ty.lossless_dtype().is_some() {
+                continue;
+            }
+            let numel: usize = t.shape.iter().product();
+            match by_type.iter_mut().find(|(u, ..)| *u == ty) {
+                Some((_, n, values)) => (*n, *values) = (*n + 1, *values + numel),
+                None => by_type.push((ty, 1, numel)),
+            }
+        }
+        by_type
+            .into_iter()
+            .map(|(ty, n, values)| {
+                let dtype = Encoding::Ggml(ty).load_dtype();
+                let bits = if dtype == DataType::F32 { 32.0 } else { 8.0 };
+                let extra = values as f64 * (bits - ty.bits_per_weight() as f64) / 8.0;
+                let how = match dtype {
+                    DataType::F32 => "dequantised to f32 (exact)",
+                    _ => "dequantised and requantised to int8 per row (adds int8 rounding, at most max|w|/254 per row)",
+                };
+                format!(
+                    "{n} {} tensors ({:.2} bits/weight) are {how}: {bits} bits/weight, {:.1} MiB more memory",
+                    ty.name(),
+                    ty.bits_per_weight(),
+                    extra / (1024.0 * 1024.0)
+                )
+            })
+            .collect()
     }
 
     /// Loads every weight (zero-copy where the encoding allows).
