@@ -57,8 +57,8 @@ pub fn check_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Result<()> {
 }
 
 /// Loads the checkpoint at `path` (any format [`import::load`] reads) and its tokenizer:
-/// the file `tokenizer` if given (with the `tokenizer_config.json` beside it, if any,
-/// [`Tokenizer::from_file_with_hf_config`]), else the one inside or beside the checkpoint. The
+/// the file `tokenizer` if given ([`import::load_tokenizer_file`]: a tokenizer file, with
+/// the `tokenizer_config.json` beside it if any, or a GGUF file), else the one inside or beside the checkpoint. The
 /// model's context is capped at `context` positions (default [`DEFAULT_CONTEXT`]), which
 /// bounds the KV cache of each session. Each line of [`import::Checkpoint::load_notes`]
 /// (a GGUF weight type converted at load, and its cost) is printed on stderr.
@@ -80,8 +80,7 @@ pub fn load_model(
     }
     let mut ckpt = import::load(path)?;
     let tokenizer = match tokenizer {
-        Some(file) => Tokenizer::from_file_with_hf_config(file)
-            .map_err(|e| Error::format(file, format!("cannot load the tokenizer: {e}")))?,
+        Some(file) => import::load_tokenizer_file(file)?,
         None => ckpt.take_tokenizer(path)?,
     };
     check_vocab(&tokenizer, ckpt.config.vocab_size)?;

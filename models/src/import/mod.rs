@@ -217,6 +217,25 @@ pub fn random(config: &Path, seed: u64) -> Result<Checkpoint> {
     hf::random(config, seed)
 }
 
+/// Reads a tokenizer file of any kind flm-tokenizer reads
+/// ([`Tokenizer::from_file_with_hf_config`]: SentencePiece `.model`, `tokenizer.json`,
+/// llama2.c `tokenizer.bin`, ...) or a GGUF file's tokenizer metadata
+/// ([`load_gguf_tokenizer`]), told apart by the GGUF magic.
+///
+/// Errors: [`Error::Io`] if it cannot be read; [`Error::Format`] if it is not a tokenizer
+/// flm implements or is malformed.
+pub fn load_tokenizer_file(path: &Path) -> Result<Tokenizer> {
+    let mut magic = [0u8; 4];
+    let n = File::open(path)
+        .and_then(|mut f| f.read(&mut magic))
+        .map_err(|e| Error::io(path, e))?;
+    if magic[..n] == *b"GGUF" {
+        return gguf::load_tokenizer(path);
+    }
+    Tokenizer::from_file_with_hf_config(path)
+        .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))
+}
+
 /// Loads the checkpoint at `path` (a file or a directory), detecting its format.
 ///
 /// Errors: [`Error::Io`] if it cannot be read; [`Error::Format`] if it is truncated,

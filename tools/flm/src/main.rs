@@ -64,12 +64,12 @@ struct PerplexityArgs {
 /// Where the model and its tokenizer are.
 #[derive(Args, Clone)]
 struct ModelArgs {
-    /// Checkpoint: a llama2.c .bin, a Hugging Face directory or a .safetensors file beside
-    /// its config.json (the format is detected from the bytes).
+    /// Checkpoint: a llama2.c .bin, a Hugging Face directory, a .safetensors file beside
+    /// its config.json, a GGUF or a .flm file (the format is detected from the bytes).
     #[arg(long)]
     model: PathBuf,
-    /// Tokenizer file (SentencePiece .model, HF tokenizer.json or llama2.c tokenizer.bin);
-    /// by default the one beside the model.
+    /// Tokenizer file (SentencePiece .model, HF tokenizer.json, llama2.c tokenizer.bin or
+    /// a GGUF file's metadata); by default the one inside or beside the model.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Worker threads (default: one per core).
