@@ -240,6 +240,38 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
     assert!(notes[0].starts_with("31 Q8_0 tensors (8.50 bits/weight) are dequantised to f32"));
 }
 
+/// `flm convert` without a dtype ([`Recipe::Keep`]) writes each tensor of the Q4_0 file in
+/// the dtype it loads as, so the .flm model computes the GGUF model's logits bit for bit.
+#[test]
+fn q4_0_converts_to_flm_keeping_each_tensors_type() {
+    use flm_core::DataType;
+    use flm_models::convert::{convert, Recipe};
+    let mut ckpt = load(Q4_0);
+    let tok = ckpt.take_tokenizer(&data(Q4_0)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("q4_0.flm");
+    convert(&ckpt, &tok, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+    let flm = import::load(&out).unwrap();
+    for (name, dtype) in [
+        ("embedding", DataType::I4SymG32),
+        ("layers.0.wq", DataType::I4SymG32),
+        ("layers.0.w_down", DataType::F16),
+        ("layers.0.attn_norm", DataType::F32),
+    ] {
+        assert_eq!(
+            flm.tensor(name).unwrap().load().unwrap().dtype(),
+            dtype,
+            "{name}"
+        );
+    }
+    let input = ids(&reference()["logits_file"]["input_ids"]);
+    let run = |c: &Checkpoint| {
+        let mut m = Llama::new(c.config.clone(), c.weights().unwrap()).unwrap();
+        m.forward(&exec(), &input, 0, Logits::All).unwrap().to_vec()
+    };
+    assert_eq!(run(&flm), run(&ckpt));
+}
+
 #[test]
 fn embedded_tokenizer() {
     let tok512 = flm_tokenizer::Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
