@@ -209,7 +209,8 @@ impl Session {
         &self.model
     }
 
-    /// Generates a continuation of `prompt`, encoded with BOS (the tokenizer's prefix);
+    /// Generates a continuation of `prompt`, encoded with BOS (the tokenizer's prefix)
+    /// where the tokenizer asks for it ([`Tokenizer::add_bos`]: not SmolLM2's GGUF);
     /// see [`Session::generate_tokens`]. The output is decoded as the start of a text (its
     /// dummy-prefix space dropped) when the prompt encodes to the prefix alone.
     ///
@@ -222,7 +223,7 @@ impl Session {
         params: &GenerateParams,
         on_piece: impl FnMut(Piece<'_>) -> ControlFlow<()>,
     ) -> Result<Generation> {
-        let tokens = self.tokenizer.encode(prompt, true)?;
+        let tokens = self.tokenizer.encode(prompt, self.tokenizer.add_bos())?;
         let at_start = tokens == self.tokenizer.prefix();
         self.generate_tokens(exec, tokens, at_start, params, on_piece)
     }

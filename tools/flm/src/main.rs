@@ -164,7 +164,9 @@ struct TokenizeArgs {
     /// The text to encode.
     #[arg(long)]
     text: String,
-    /// Do not prepend the begin-of-sequence token.
+    /// Do not prepend the begin-of-sequence token (by default it is prepended where the
+    /// tokenizer asks for it: all but GGUF files whose `add_bos_token` is false and
+    /// byte-level tokenizer.json files without it in their post-processor).
     #[arg(long)]
     no_bos: bool,
 }
@@ -223,7 +225,7 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
         (None, None) => anyhow::bail!("pass --model or --tokenizer"),
     };
     let ids = tokenizer
-        .encode(&args.text, !args.no_bos)
+        .encode(&args.text, !args.no_bos && tokenizer.add_bos())
         .context("cannot encode the text")?;
     let line: Vec<String> = ids.iter().map(u32::to_string).collect();
     let mut out = std::io::stdout().lock();
@@ -237,7 +239,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = tokenizer
-        .encode(&text, true)
+        .encode(&text, tokenizer.add_bos())
         .context("cannot encode the text")?;
     let ctx = args
         .ctx
