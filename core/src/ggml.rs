@@ -162,7 +162,7 @@ impl GgmlType {
 
     /// Bytes of `n` values (`None` if `n` is not a whole number of blocks or on overflow).
     pub fn byte_len(self, n: usize) -> Option<usize> {
-        (n % self.block_len() == 0)
+        n.is_multiple_of(self.block_len())
             .then(|| (n / self.block_len()).checked_mul(self.block_bytes()))
             .flatten()
     }

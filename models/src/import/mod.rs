@@ -71,8 +71,9 @@ pub struct Checkpoint {
     pub config: ModelConfig,
     /// Every tensor, under its canonical name, not yet read.
     pub tensors: Vec<SourceTensor>,
-    /// The tokenizer stored inside the checkpoint, if its format carries one (GGUF: only
-    /// SentencePiece vocabularies; `None` for the byte-level BPE of `gpt2`-kind files).
+    /// The tokenizer stored inside the checkpoint, if its format carries one (.flm; GGUF:
+    /// SentencePiece and byte-level BPE vocabularies, `None` for other kinds or a
+    /// pre-tokenizer flm does not implement).
     pub tokenizer: Option<Tokenizer>,
     /// Tokenizer files that may sit beside the checkpoint, most likely first.
     pub tokenizer_candidates: Vec<PathBuf>,

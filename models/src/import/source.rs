@@ -37,8 +37,8 @@ pub enum Encoding {
 }
 
 impl Encoding {
-    /// Bytes that `numel` values take, or `None` if `numel` does not fit the encoding's
-    /// block size or the size overflows.
+    /// Bytes that a tensor of `shape` takes, or `None` if it does not fit the encoding's
+    /// blocks (ggml types: each row a whole number of blocks) or the size overflows.
     pub fn byte_len(self, shape: &[usize]) -> Option<usize> {
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
         match self {
@@ -46,7 +46,10 @@ impl Encoding {
             Encoding::Llama2cQ8 { group } => (group > 0 && numel % group == 0)
                 .then(|| numel.checked_add((numel / group).checked_mul(4)?))
                 .flatten(),
-            Encoding::Ggml(ty) => ty.byte_len(numel),
+            // Whole blocks in every row, which decoding row by row relies on.
+            Encoding::Ggml(ty) => ty
+                .byte_len(shape.last().copied().unwrap_or(1))
+                .and_then(|_| ty.byte_len(numel)),
         }
     }
 
