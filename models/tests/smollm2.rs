@@ -102,7 +102,9 @@ fn teacher_forced_top1_and_perplexity_match_transformers() {
     // 97.6% (the issue asks 98%), perplexity +0.26%; the same weights decoded to f32 in
     // flm give 999/999 and transformers' perplexity to 5 digits, so the gap is the
     // activations' rounding, which SmolLM2's few very large activations make coarse in
-    // their 32-value blocks. The bound keeps that measured level.
+    // their 32-value blocks. The text has many near ties: at 63 of the 999 positions
+    // transformers' top two logits are within 0.1 of each other (161 within 0.25). The
+    // bound keeps the measured level.
     assert!(agreement >= 0.97, "top-1 agreement {agreement}");
     assert!(
         (ppl / want_ppl - 1.0).abs() <= 0.02,
