@@ -19,6 +19,7 @@ mod dtype;
 mod error;
 mod executor;
 pub mod flm_file;
+pub mod ggml;
 mod kv_cache;
 mod memory;
 mod op;

@@ -8,9 +8,11 @@
 //! tied), the key and value projections, and the feed-forward down projection. With
 //! grouped-query attention the K/V projections are small, so the cost is mostly the down
 //! projection: about a third of a Llama's matrix weights. [`Recipe::Pure`] puts every
-//! matrix in int4. Tensors are loaded, converted and written one at a time, so the memory held is
-//! one converted tensor plus one row of scratch, whatever the model's size. The file gets
-//! its name only when complete, so an interrupted conversion leaves nothing behind (see
+//! matrix in int4, and [`Recipe::Keep`] leaves each in the dtype it loads as (a GGUF's
+//! Q4_0/Q4_1 in the int4 dtypes they are repacked to). Tensors are loaded, converted and
+//! written one at a time, so the memory held is one converted tensor plus one row of
+//! scratch, whatever the model's size. The file gets its name only when complete, so an
+//! interrupted conversion leaves nothing behind (see
 //! [`flm_core::flm_file::FlmWriter`]).
 
 use std::path::Path;
@@ -44,6 +46,10 @@ pub enum Recipe {
     Mixed,
     /// Every matrix in the requested dtype.
     Pure,
+    /// Every matrix in the dtype it loads as ([`crate::import::Encoding::load_dtype`]),
+    /// whatever dtype is requested: f32, f16 and bf16 as stored, a GGUF's Q4_0 and Q4_1 as
+    /// the int4 dtypes they are repacked to, its other ggml types as decoded at load.
+    Keep,
 }
 
 /// The dtype tensor `name` of `shape` takes when the model is converted to `dtype`.
@@ -69,7 +75,7 @@ pub fn target_dtype(
 }
 
 /// Writes `ckpt` with its `tokenizer` to `output` as a .flm file, matrices in `dtype`
-/// (int4 following `recipe`). `progress` is called after each tensor.
+/// (int4 following `recipe`; with [`Recipe::Keep`], each in the dtype it loads as). `progress` is called after each tensor.
 ///
 /// Errors: a tensor missing from the checkpoint or of the wrong shape, a read or write
 /// error (the destination is then untouched).
@@ -85,7 +91,12 @@ pub fn convert(
         .into_iter()
         .map(|(name, shape)| {
             let tied = ckpt.config.tie_embeddings;
-            let dt = target_dtype(dtype, recipe, tied, &name, &shape);
+            let dt = match (recipe, ckpt.tensor(&name)) {
+                (Recipe::Keep, Some(t)) => {
+                    target_dtype(t.encoding.load_dtype(), Recipe::Pure, tied, &name, &shape)
+                }
+                _ => target_dtype(dtype, recipe, tied, &name, &shape),
+            };
             (name, dt, shape)
         })
         .collect();

@@ -57,10 +57,11 @@ pub fn check_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Result<()> {
 }
 
 /// Loads the checkpoint at `path` (any format [`import::load`] reads) and its tokenizer:
-/// the file `tokenizer` if given (with the `tokenizer_config.json` beside it, if any,
-/// [`Tokenizer::from_file_with_hf_config`]), else the one inside or beside the checkpoint. The
+/// the file `tokenizer` if given ([`import::load_tokenizer_file`]: a tokenizer file, with
+/// the `tokenizer_config.json` beside it if any, or a GGUF file), else the one inside or beside the checkpoint. The
 /// model's context is capped at `context` positions (default [`DEFAULT_CONTEXT`]), which
-/// bounds the KV cache of each session.
+/// bounds the KV cache of each session. Each line of [`import::Checkpoint::load_notes`]
+/// (a GGUF weight type converted at load, and its cost) is printed on stderr.
 ///
 /// Errors: [`Error::Io`] for a file that cannot be read (a missing file included),
 /// [`Error::Format`] for a malformed checkpoint (whatever part of flm finds the problem)
@@ -80,11 +81,13 @@ pub fn load_model(
     }
     let mut ckpt = import::load(path).map_err(|e| e.in_file(path))?;
     let tokenizer = match tokenizer {
-        Some(file) => Tokenizer::from_file_with_hf_config(file)
-            .map_err(|e| Error::format(file, format!("cannot load the tokenizer: {e}")))?,
+        Some(file) => import::load_tokenizer_file(file)?,
         None => ckpt.take_tokenizer(path)?,
     };
     check_vocab(&tokenizer, ckpt.config.vocab_size)?;
+    for note in ckpt.load_notes() {
+        eprintln!("note: {note}");
+    }
     ckpt.config.max_seq_len = ckpt.config.max_seq_len.min(positions);
     let model = SharedModel::new(&ckpt).map_err(|e| e.in_file(path))?;
     Ok((model, tokenizer))
@@ -208,7 +211,8 @@ impl Session {
         &self.model
     }
 
-    /// Generates a continuation of `prompt`, encoded with BOS (the tokenizer's prefix);
+    /// Generates a continuation of `prompt`, encoded with BOS (the tokenizer's prefix)
+    /// where the tokenizer asks for it ([`Tokenizer::add_bos`]: not SmolLM2's GGUF);
     /// see [`Session::generate_tokens`]. The output is decoded as the start of a text (its
     /// dummy-prefix space dropped) when the prompt encodes to the prefix alone.
     ///
@@ -221,7 +225,7 @@ impl Session {
         params: &GenerateParams,
         on_piece: impl FnMut(Piece<'_>) -> ControlFlow<()>,
     ) -> Result<Generation> {
-        let tokens = self.tokenizer.encode(prompt, true)?;
+        let tokens = self.tokenizer.encode(prompt, self.tokenizer.add_bos())?;
         let at_start = tokens == self.tokenizer.prefix();
         self.generate_tokens(exec, tokens, at_start, params, on_piece)
     }

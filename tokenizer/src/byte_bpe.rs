@@ -35,8 +35,8 @@ pub(crate) struct ByteBpe {
     ids: HashMap<Box<[u8]>, u32>,
     /// GPT-2 style: (left id, right id) to merge rank. `None`: tiktoken style.
     merges: Option<HashMap<(u32, u32), u32>>,
-    /// The pre-tokeniser.
-    regex: Regex,
+    /// The pre-tokeniser: [`ByteLevelBpeSpec::pre_split`]'s regexes, then its `pattern`.
+    regexes: Vec<Regex>,
     /// The added tokens matched in the raw text, then (`normalized`) in the normalised text.
     added_raw: AddedTokens,
     added_normalized: AddedTokens,
@@ -59,12 +59,18 @@ impl ByteBpe {
     ///
     /// Errors: [`Error::Invalid`] for a pattern that does not compile, a piece of another
     /// kind than NORMAL, CONTROL or USER_DEFINED, a NORMAL token listed twice, a missing
-    /// single byte (every byte must be a token, so that any text encodes), a merge of
-    /// non-NORMAL ids or whose concatenation is not a token, or an added token out of range.
+    /// single byte in the tiktoken style (there every byte must be a token, so that any
+    /// text encodes; GPT-2-style vocabularies may lack some, as SmolLM's lacks 21, six
+    /// control bytes and the bytes no UTF-8 text has, and such a byte is dropped from the
+    /// text as `tokenizers`' BPE without an unknown token and llama.cpp drop it), a merge of non-NORMAL ids or whose
+    /// concatenation is not a token, or an added token out of range.
     pub(crate) fn new(pieces: &[Piece], spec: ByteLevelBpeSpec) -> Result<ByteBpe> {
-        let pattern = &spec.pattern;
-        let regex = Regex::new(pattern)
-            .map_err(|e| Error::Invalid(format!("byte-level BPE pattern {pattern:?}: {e}")))?;
+        let regexes = (spec.pre_split.iter().chain([&spec.pattern]))
+            .map(|pattern| {
+                Regex::new(pattern)
+                    .map_err(|e| Error::Invalid(format!("byte-level BPE pattern {pattern:?}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut ids = HashMap::with_capacity(pieces.len());
         for (id, p) in (0u32..).zip(pieces) {
             match p.kind {
@@ -85,7 +91,8 @@ impl ByteBpe {
                 }
             }
         }
-        if let Some(b) = (0..=255u8).find(|b| !ids.contains_key(&[*b][..])) {
+        let missing = (0..=255u8).find(|b| !ids.contains_key(&[*b][..]));
+        if let (Some(b), None) = (missing, &spec.merges) {
             return Err(Error::Invalid(format!(
                 "byte-level BPE vocabulary lacks the single byte 0x{b:02X}"
             )));
@@ -157,7 +164,7 @@ impl ByteBpe {
         Ok(ByteBpe {
             ids,
             merges,
-            regex,
+            regexes,
             added_raw: set(raw),
             added_normalized: set(normalized),
             spec,
@@ -186,16 +193,33 @@ impl ByteBpe {
         Ok(())
     }
 
-    /// Pre-tokenises `text` (matches and the text between them) and merges each piece.
+    /// Pre-tokenises `text` (matches and the text between them, regex after regex) and
+    /// merges each piece.
     fn encode_ordinary(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
+        self.split(&self.regexes, text, ids)
+    }
+
+    /// Cuts `text` with the first of `regexes` and each piece with the rest; merges the
+    /// pieces the last one leaves.
+    fn split(&self, regexes: &[Regex], text: &str, ids: &mut Vec<u32>) -> Result<()> {
+        let Some((regex, rest)) = regexes.split_first() else {
+            self.word(text.as_bytes(), ids);
+            return Ok(());
+        };
         let mut last = 0;
-        for m in self.regex.find_iter(text) {
+        for m in regex.find_iter(text) {
             let m = m.map_err(|e| Error::Invalid(format!("pre-tokenising the text: {e}")))?;
-            self.word(&text.as_bytes()[last..m.start()], ids);
-            self.word(m.as_str().as_bytes(), ids);
+            if m.start() > last {
+                self.split(rest, &text[last..m.start()], ids)?;
+            }
+            if m.end() > m.start() {
+                self.split(rest, m.as_str(), ids)?;
+            }
             last = m.end();
         }
-        self.word(&text.as_bytes()[last..], ids);
+        if last < text.len() {
+            self.split(rest, &text[last..], ids)?;
+        }
         Ok(())
     }
 
@@ -275,8 +299,8 @@ impl ByteBpe {
         }
         let mut i = 0;
         while i < n {
-            // Every single byte is a token (checked in `new`), and merged parts are
-            // tokens by construction.
+            // Merged parts are tokens by construction; a single byte that is not a token
+            // (GPT-2 style only, see `new`) is dropped.
             ids.extend(self.id(&piece[i..next[i]]));
             i = next[i];
         }
@@ -321,6 +345,7 @@ mod tests {
     fn spec(pattern: &str, merges: Option<Vec<[u32; 2]>>) -> ByteLevelBpeSpec {
         ByteLevelBpeSpec {
             pattern: pattern.into(),
+            pre_split: Vec::new(),
             merges,
             ignore_merges: false,
             nfc: false,

@@ -109,6 +109,7 @@ pub(crate) fn glm4(mut pieces: Vec<Piece>) -> Result<Tokenizer> {
     let spec = TokenizerSpec {
         kind: TokenizerKind::ByteLevelBpe(ByteLevelBpeSpec {
             pattern: GLM4_PATTERN.into(),
+            pre_split: Vec::new(),
             merges: None,
             ignore_merges: false,
             nfc: false,

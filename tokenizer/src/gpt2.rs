@@ -29,19 +29,106 @@ pub(crate) const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L
 /// Mistral-Nemo's "tekken" regex (its `tokenizer.json`).
 pub(crate) const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// The pre-tokenisation regex and `ignore_merges` of a GGUF `tokenizer.ggml.pre` name, as
-/// llama.cpp's `llama_vocab::load` maps them: `gpt-2`; `llama-bpe` / `llama3` / `llama-v3`
-/// (Llama 3, merges ignored for whole tokens); `qwen2`; `chatglm-bpe` (GLM-4); `tekken`
-/// (Mistral-Nemo, merges ignored). `None` for other names (llama.cpp's multi-regex
-/// pre-tokenisers are not implemented).
-pub(crate) fn gguf_pre_tokenizer(name: &str) -> Option<(&'static str, bool)> {
-    Some(match name {
-        "gpt-2" => (GPT2_PATTERN, false),
-        "llama-bpe" | "llama3" | "llama-v3" => (LLAMA3_PATTERN, true),
-        "qwen2" => (QWEN2_PATTERN, false),
-        "chatglm-bpe" => (LLAMA3_PATTERN, false),
-        "tekken" => (TEKKEN_PATTERN, true),
+/// A GGUF pre-tokeniser: the regexes that cut the text in turn (the last is
+/// [`ByteLevelBpeSpec::pattern`], the others [`ByteLevelBpeSpec::pre_split`]) and whether
+/// a pre-token that is a whole token skips the merges.
+pub(crate) struct PreTokenizer {
+    pub(crate) regexes: &'static [&'static str],
+    pub(crate) ignore_merges: bool,
+}
+
+/// GPT-2's regex as llama.cpp writes it (without the final `\s+`, which the text left
+/// between matches makes redundant), for the families that cut digits first.
+const GPT2_NO_TAIL: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+
+/// GPT-4o's regex (its `tokenizer.json`), also Llama 4's and MiniMax-M2's.
+const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokeniser of a GGUF `tokenizer.ggml.pre` name, as llama.cpp's
+/// `llama_vocab::load` maps the name to a pre-tokeniser type and `llm_tokenizer_bpe` the
+/// type to its regexes (where llama.cpp rewrote a family's `tokenizer.json` regex for its
+/// own regex engine, the original is used: fancy-regex runs it as `tokenizers` does).
+/// `None` for a name llama.cpp does not list, and for the few it tokenises with
+/// hand-written code or regexes flm does not carry (`deepseek-llm`, `superbpe`,
+/// `kimi-k2`, `afmoe`).
+pub(crate) fn gguf_pre_tokenizer(name: &str) -> Option<PreTokenizer> {
+    let (regexes, ignore_merges): (&'static [&'static str], bool) = match name {
+        "default" => (
+            &[
+                r"[\p{P}\$\+<=>\^~\|]+",
+                GPT2_NO_TAIL,
+                r"\p{N}+",
+                r"[0-9][0-9][0-9]",
+            ],
+            false,
+        ),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" => (&[LLAMA3_PATTERN], true),
+        "dbrx" | "smaug-bpe" | "glm4" | "chatglm-bpe" => (&[LLAMA3_PATTERN], false),
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
+        | "a.x-4.0" | "mellum" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo"
+        | "jais" | "exaone4" | "trillion" | "granite-docling" => (&[GPT2_PATTERN], false),
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => {
+            (&[r"\p{N}", GPT2_NO_TAIL], false)
+        }
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "stablelm2" | "hunyuan" | "megrez" | "grok-2" => {
+            (&[QWEN2_PATTERN], false)
+        }
+        "tekken" => (&[TEKKEN_PATTERN], true),
+        "gpt-4o" | "llama4" | "minimax-m2" => (&[GPT4O_PATTERN], false),
+        "deepseek-coder" => (
+            &[
+                r"[\r\n]",
+                r"\s?\p{L}+",
+                r"\s?\p{P}+",
+                r"[一-龥ࠀ-一가-퟿]+",
+                r"\p{N}",
+            ],
+            false,
+        ),
+        "deepseek-v3" | "hunyuan-dense" => (
+            &[
+                r"\p{N}{1,3}",
+                r"[一-龥぀-ゟ゠-ヿ]+",
+                r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+            ],
+            false,
+        ),
+        "falcon" => (
+            &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2_NO_TAIL, r"[0-9][0-9][0-9]"],
+            false,
+        ),
+        "poro-chat" | "bloom" | "gpt3-finnish" => (&[r" ?[^(\s|.,!?…。，、।۔،)]+"], false),
+        "viking" => (&[r" ?[^(\s|.,!?…。，、।۔،)]+", r"\p{N}"], false),
+        "chameleon" => (
+            &[
+                r"<sentinel:[0-9]+>",
+                r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+                r"([\t\n]|    |  )",
+                r"\p{N}",
+                r"[\p{P}!-/:-@\[-`{-~]",
+                GPT2_NO_TAIL,
+            ],
+            false,
+        ),
+        "bailingmoe" | "bailingmoe2" | "llada-moe" => (
+            &[
+                r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
+            ],
+            false,
+        ),
+        "seed-coder" => (
+            &[
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ],
+            false,
+        ),
         _ => return None,
+    };
+    Some(PreTokenizer {
+        regexes,
+        ignore_merges,
     })
 }
 
@@ -152,13 +239,14 @@ pub(crate) fn build_spec<'a>(
 /// The description of a GGUF `gpt2` tokenizer from its metadata: `tokens`
 /// (`tokenizer.ggml.tokens`) and `types` (`.token_type`: 1 normal, 3 control, 4
 /// user-defined, 5 unused, read as control), `merges` (`.merges`, "left right" in rank
-/// order) and the pre-tokeniser `pre` (`.pre`: `gpt-2`; `llama-bpe`, `llama3` or `llama-v3`
-/// for Llama 3; `qwen2`; `chatglm-bpe`; `tekken`, mapped as llama.cpp does). CONTROL and
-/// USER_DEFINED tokens written in the text are recognised, as `tokenizers` does with the
-/// added tokens of the `tokenizer.json` llama.cpp converted. BOS, EOS and `add_bos` are
-/// left for the caller to set.
+/// order) and the pre-tokeniser `pre` (`.pre`), mapped as llama.cpp maps its names to
+/// regexes: every name of its list but `deepseek-llm`, `superbpe`, `kimi-k2` and `afmoe`
+/// (`gpt-2`, `llama-bpe`, `qwen2`, `smollm`, `tekken`, `gpt-4o`, `default`, ...; see the
+/// table in `gpt2.rs`). CONTROL and USER_DEFINED tokens written in the text are
+/// recognised, as `tokenizers` does with the added tokens of the `tokenizer.json` llama.cpp
+/// converted. BOS, EOS and `add_bos` are left for the caller to set.
 ///
-/// Errors: [`Error::Unsupported`] for an unknown `pre`; [`Error::Invalid`] for `types` of
+/// Errors: [`Error::Unsupported`] naming an unknown `pre`; [`Error::Invalid`] for `types` of
 /// another length than `tokens`, a merge that is not two tokens, and the checks of
 /// [`crate::Tokenizer::from_spec`] that can be made here (spelling, merges).
 pub fn gguf_gpt2_spec(
@@ -167,8 +255,16 @@ pub fn gguf_gpt2_spec(
     merges: &[String],
     pre: &str,
 ) -> Result<TokenizerSpec> {
-    let (pattern, ignore_merges) = gguf_pre_tokenizer(pre)
-        .ok_or_else(|| Error::Unsupported(format!("byte-level pre-tokenizer {pre:?}")))?;
+    let pre_tokenizer = gguf_pre_tokenizer(pre).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "tokenizer.ggml.pre {pre:?}: not a pre-tokenizer flm implements (llama.cpp's \
+             names that map to regexes, see flm_tokenizer::gguf_gpt2_spec)"
+        ))
+    })?;
+    let (pattern, pre_split) = match pre_tokenizer.regexes.split_last() {
+        Some((last, first)) => (*last, first.iter().map(|r| r.to_string()).collect()),
+        None => (GPT2_PATTERN, Vec::new()),
+    };
     if types.len() != tokens.len() {
         return Err(Error::Invalid(format!(
             "{} tokens but {} token types",
@@ -203,8 +299,9 @@ pub fn gguf_gpt2_spec(
         });
     let settings = ByteLevelBpeSpec {
         pattern: pattern.into(),
+        pre_split,
         merges: None,
-        ignore_merges,
+        ignore_merges: pre_tokenizer.ignore_merges,
         nfc: false,
         added_tokens: added,
     };
@@ -214,6 +311,32 @@ pub fn gguf_gpt2_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_gguf_pre_tokenizer_regex_compiles() {
+        let names = "default llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 \
+            dbrx smaug-bpe glm4 chatglm-bpe gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es \
+            jina-v2-de a.x-4.0 mellum jina-v1-en jina-v2-code roberta-bpe mpt olmo jais exaone4 \
+            trillion granite-docling starcoder refact command-r smollm codeshell exaone \
+            minerva-7b qwen2 deepseek-r1-qwen kormo stablelm2 hunyuan megrez grok-2 tekken \
+            gpt-4o llama4 minimax-m2 deepseek-coder deepseek-v3 hunyuan-dense falcon poro-chat \
+            bloom gpt3-finnish viking chameleon bailingmoe bailingmoe2 llada-moe seed-coder";
+        for name in names.split_whitespace() {
+            let pre = gguf_pre_tokenizer(name).unwrap_or_else(|| panic!("{name}"));
+            for r in pre.regexes {
+                fancy_regex::Regex::new(r).unwrap_or_else(|e| panic!("{name}: {r:?}: {e}"));
+            }
+        }
+        for name in [
+            "deepseek-llm",
+            "superbpe",
+            "kimi-k2",
+            "afmoe",
+            "no-such-name",
+        ] {
+            assert!(gguf_pre_tokenizer(name).is_none(), "{name}");
+        }
+    }
 
     #[test]
     fn byte_characters_are_gpt2s() {

@@ -119,6 +119,7 @@ pub(crate) fn load(root: &Value, model: &Map<String, Value>) -> Result<Tokenizer
         .unwrap_or(false);
     let settings = ByteLevelBpeSpec {
         pattern,
+        pre_split: Vec::new(),
         merges: None,
         ignore_merges,
         nfc,

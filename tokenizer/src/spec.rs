@@ -79,7 +79,8 @@ pub enum TokenizerKind {
     /// either by token rank (OpenAI's `tiktoken`, GLM-4: a piece's rank is its id) or by
     /// merge rank (GPT-2, Llama 3, Qwen2, Mistral-Nemo: `merges`). `pieces` are raw bytes
     /// (not GPT-2's byte-to-unicode spelling); the [`PieceType::Normal`] ones are the
-    /// vocabulary (all 256 single bytes among them), [`PieceType::Control`] ones are
+    /// vocabulary (all 256 single bytes among them in the tiktoken style; a GPT-2-style one
+    /// may lack some, which are then dropped from the text), [`PieceType::Control`] ones are
     /// special tokens and [`PieceType::UserDefined`] ones added tokens.
     ByteLevelBpe(ByteLevelBpeSpec),
 }
@@ -91,6 +92,12 @@ pub struct ByteLevelBpeSpec {
     /// `tokenizers`' `Split` pattern). Text between matches is a pre-token too
     /// (`tokenizers`' `Isolated` split behaviour).
     pub pattern: String,
+    /// Regexes that cut the text before `pattern` does, in order: each cuts every piece
+    /// the previous one left (matches and the text between them), and `pattern` cuts
+    /// the pieces of the last (llama.cpp's `unicode_regex_split` with several regexes;
+    /// `tokenizers`' `Sequence` of `Split`s). Empty for a single regex.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_split: Vec<String>,
     /// The merges, best (lowest rank) first, as (left, right) token ids, GPT-2 style: the
     /// merged token is the piece spelled as their concatenation. `None`: tiktoken style,
     /// the pair whose concatenation has the lowest id merges first.

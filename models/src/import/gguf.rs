@@ -19,7 +19,8 @@
 //!
 //! `general.architecture = "llama"` maps onto [`ModelConfig`] (llama.cpp's converter
 //! stores q/k in Meta's layout: [`flm_core::RopeStyle::AdjacentPairs`]); tensors F32, F16, BF16
-//! (zero-copy), Q8_0 and Q4_0 (dequantised to f32 on load) are read. A SentencePiece
+//! (zero-copy) and the ggml block types of [`GgmlType`] are read, each into the dtype
+//! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss). A SentencePiece
 //! vocabulary (`tokenizer.ggml.model = "llama"`) or a byte-level BPE one (`"gpt2"`,
 //! `gguf/bpe.rs`) becomes the checkpoint's tokenizer; other tokenizer kinds leave
 //! [`Checkpoint::tokenizer`] `None`.
@@ -30,6 +31,7 @@ mod file;
 use std::collections::HashMap;
 use std::path::Path;
 
+use flm_core::ggml::GgmlType;
 use flm_core::DataType;
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
@@ -144,21 +146,24 @@ fn encoding(ggml_type: u32) -> std::result::Result<(Encoding, usize), String> {
         0 => (Encoding::Native(DataType::F32), 1),
         1 => (Encoding::Native(DataType::F16), 1),
         30 => (Encoding::Native(DataType::BF16), 1),
-        8 => (Encoding::GgmlQ8_0, 32),
-        2 => (Encoding::GgmlQ4_0, 32),
-        t => {
-            const NAMES: &str = "F32 F16 Q4_0 Q4_1 Q4_2 Q4_3 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K \
-                Q5_K Q6_K Q8_K IQ2_XXS IQ2_XS IQ3_XXS IQ1_S IQ4_NL IQ3_S IQ2_S IQ4_XS I8 I16 I32 \
-                I64 F64 IQ1_M BF16 Q4_0_4_4 Q4_0_4_8 Q4_0_8_8 TQ1_0 TQ2_0 IQ4_NL_4_4 IQ4_NL_4_8 \
-                IQ4_NL_8_8 MXFP4";
-            let name = NAMES
-                .split_whitespace()
-                .nth(t as usize)
-                .unwrap_or("unknown");
-            return Err(format!(
-                "ggml type {name} ({t}); F32, F16, BF16, Q8_0 and Q4_0 are supported"
-            ));
-        }
+        t => match GgmlType::from_id(t) {
+            Some(ty) => (Encoding::Ggml(ty), ty.block_len()),
+            None => {
+                const NAMES: &str = "F32 F16 Q4_0 Q4_1 Q4_2 Q4_3 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K \
+                    Q4_K Q5_K Q6_K Q8_K IQ2_XXS IQ2_XS IQ3_XXS IQ1_S IQ4_NL IQ3_S IQ2_S IQ4_XS \
+                    I8 I16 I32 I64 F64 IQ1_M BF16 Q4_0_4_4 Q4_0_4_8 Q4_0_8_8 TQ1_0 TQ2_0 \
+                    IQ4_NL_4_4 IQ4_NL_4_8 IQ4_NL_8_8 MXFP4";
+                let name = NAMES
+                    .split_whitespace()
+                    .nth(t as usize)
+                    .unwrap_or("unknown");
+                let known: Vec<&str> = GgmlType::ALL.iter().map(|t| t.name()).collect();
+                return Err(format!(
+                    "ggml type {name} ({t}); F32, F16, BF16, {} are supported",
+                    known.join(", ")
+                ));
+            }
+        },
     })
 }
 

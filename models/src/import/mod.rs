@@ -13,7 +13,8 @@
 //!
 //! Importers list the tensors under flm's canonical names as lazily read
 //! [`SourceTensor`]s: weights are zero-copy views of the mapped files where their dtype is
-//! f32, f16 or bf16, and are dequantised to f32 when loaded otherwise (llama2.c v2).
+//! f32, f16 or bf16, and are decoded when loaded otherwise (llama2.c v2, GGUF's block
+//! types: [`Encoding::load_dtype`]).
 
 mod flm;
 mod gguf;
@@ -35,6 +36,8 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use flm_core::ggml::GgmlType;
+use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
 use crate::chatglm::ChatGlmWeights;
@@ -68,8 +71,9 @@ pub struct Checkpoint {
     pub config: ModelConfig,
     /// Every tensor, under its canonical name, not yet read.
     pub tensors: Vec<SourceTensor>,
-    /// The tokenizer stored inside the checkpoint, if its format carries one (GGUF: only
-    /// SentencePiece vocabularies; `None` for the byte-level BPE of `gpt2`-kind files).
+    /// The tokenizer stored inside the checkpoint, if its format carries one (.flm; GGUF:
+    /// SentencePiece and byte-level BPE vocabularies, `None` for other kinds or a
+    /// pre-tokenizer flm does not implement).
     pub tokenizer: Option<Tokenizer>,
     /// Tokenizer files that may sit beside the checkpoint, most likely first.
     pub tokenizer_candidates: Vec<PathBuf>,
@@ -114,6 +118,44 @@ impl Checkpoint {
         };
         Tokenizer::from_file_with_hf_config(path)
             .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))
+    }
+
+    /// One line per ggml weight type of the checkpoint that loading converts into another
+    /// kind of dtype (not Q4_0/Q4_1, which are repacked without loss): what it becomes, and
+    /// what that costs in memory and accuracy. Empty for other formats.
+    pub fn load_notes(&self) -> Vec<String> {
+        let mut by_type: Vec<(GgmlType, usize, usize)> = Vec::new();
+        for t in &self.tensors {
+            let Encoding::Ggml(ty) = t.encoding else {
+                continue;
+            };
+            if ty.lossless_dtype().is_some() {
+                continue;
+            }
+            let numel: usize = t.shape.iter().product();
+            match by_type.iter_mut().find(|(u, ..)| *u == ty) {
+                Some((_, n, values)) => (*n, *values) = (*n + 1, *values + numel),
+                None => by_type.push((ty, 1, numel)),
+            }
+        }
+        by_type
+            .into_iter()
+            .map(|(ty, n, values)| {
+                let dtype = Encoding::Ggml(ty).load_dtype();
+                let bits = if dtype == DataType::F32 { 32.0 } else { 8.0 };
+                let extra = values as f64 * (bits - ty.bits_per_weight() as f64) / 8.0;
+                let how = match dtype {
+                    DataType::F32 => "dequantised to f32 (exact)",
+                    _ => "dequantised and requantised to int8 per row (adds int8 rounding, at most max|w|/254 per row)",
+                };
+                format!(
+                    "{n} {} tensors ({:.2} bits/weight) are {how}: {bits} bits/weight, {:.1} MiB more memory",
+                    ty.name(),
+                    ty.bits_per_weight(),
+                    extra / (1024.0 * 1024.0)
+                )
+            })
+            .collect()
     }
 
     /// Loads every weight (zero-copy where the encoding allows).
@@ -174,6 +216,25 @@ pub(crate) fn map_file(path: &Path) -> Result<Arc<Mmap>> {
 /// Errors: as for a Hugging Face directory's `config.json`.
 pub fn random(config: &Path, seed: u64) -> Result<Checkpoint> {
     hf::random(config, seed)
+}
+
+/// Reads a tokenizer file of any kind flm-tokenizer reads
+/// ([`Tokenizer::from_file_with_hf_config`]: SentencePiece `.model`, `tokenizer.json`,
+/// llama2.c `tokenizer.bin`, ...) or a GGUF file's tokenizer metadata
+/// ([`load_gguf_tokenizer`]), told apart by the GGUF magic.
+///
+/// Errors: [`Error::Io`] if it cannot be read; [`Error::Format`] if it is not a tokenizer
+/// flm implements or is malformed.
+pub fn load_tokenizer_file(path: &Path) -> Result<Tokenizer> {
+    let mut magic = [0u8; 4];
+    let n = File::open(path)
+        .and_then(|mut f| f.read(&mut magic))
+        .map_err(|e| Error::io(path, e))?;
+    if magic[..n] == *b"GGUF" {
+        return gguf::load_tokenizer(path);
+    }
+    Tokenizer::from_file_with_hf_config(path)
+        .map_err(|e| Error::format(path, format!("cannot load the tokenizer: {e}")))
 }
 
 /// Loads the checkpoint at `path` (a file or a directory), detecting its format.

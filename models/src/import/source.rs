@@ -10,8 +10,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use flm_core::ggml::{self, GgmlType};
 use flm_core::{Data, DataType};
-use half::f16;
 use memmap2::Mmap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -29,16 +29,16 @@ pub enum Encoding {
         /// Values per scale.
         group: usize,
     },
-    /// ggml `Q8_0`: blocks of 32 values, each an f16 scale `d` and 32 int8; `w = q · d`.
-    GgmlQ8_0,
-    /// ggml `Q4_0`: blocks of 32 values, each an f16 scale `d` and 16 bytes; byte `i` holds
-    /// value `i` in its low nibble and value `i + 16` in its high nibble; `w = (q − 8) · d`.
-    GgmlQ4_0,
+    /// A ggml block type (GGUF), decoded as [`flm_core::ggml`] describes: repacked into
+    /// its [`GgmlType::lossless_dtype`] on load where it has one (Q4_0, Q4_1), dequantised
+    /// to f32 for Q8_0, and dequantised then requantised to int8 per row otherwise (see
+    /// [`Encoding::load_dtype`]).
+    Ggml(GgmlType),
 }
 
 impl Encoding {
-    /// Bytes that `numel` values take, or `None` if `numel` does not fit the encoding's
-    /// block size or the size overflows.
+    /// Bytes that a tensor of `shape` takes, or `None` if it does not fit the encoding's
+    /// blocks (ggml types: each row a whole number of blocks) or the size overflows.
     pub fn byte_len(self, shape: &[usize]) -> Option<usize> {
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
         match self {
@@ -46,12 +46,26 @@ impl Encoding {
             Encoding::Llama2cQ8 { group } => (group > 0 && numel % group == 0)
                 .then(|| numel.checked_add((numel / group).checked_mul(4)?))
                 .flatten(),
-            Encoding::GgmlQ8_0 => (numel % 32 == 0)
-                .then(|| (numel / 32).checked_mul(34))
-                .flatten(),
-            Encoding::GgmlQ4_0 => (numel % 32 == 0)
-                .then(|| (numel / 32).checked_mul(18))
-                .flatten(),
+            // Whole blocks in every row, which decoding row by row relies on.
+            Encoding::Ggml(ty) => ty
+                .byte_len(shape.last().copied().unwrap_or(1))
+                .and_then(|_| ty.byte_len(numel)),
+        }
+    }
+
+    /// The dtype a tensor of this encoding has once loaded: its own for
+    /// [`Encoding::Native`]; for ggml types the lossless repacking (Q4_0 as int4-sym-g32,
+    /// Q4_1 as int4-g32), f32 for Q8_0 (exact; flm's int8 has one scale per row, not per 32
+    /// values), and int8 per row for the types no flm dtype holds (Q5_0, Q5_1, the
+    /// K-quants, IQ4_NL, IQ4_XS): fast integer kernels at 8.1 bits per weight, at the cost
+    /// of the int8 rounding (at most `max|w| / 254` per row, [`flm_core::quant`]) on top of
+    /// the file's own; f32 for everything else.
+    pub fn load_dtype(self) -> DataType {
+        match self {
+            Encoding::Native(dtype) => dtype,
+            Encoding::Ggml(GgmlType::Q8_0) => DataType::F32,
+            Encoding::Ggml(ty) => ty.lossless_dtype().unwrap_or(DataType::I8),
+            Encoding::Llama2cQ8 { .. } => DataType::F32,
         }
     }
 }
@@ -172,10 +186,7 @@ impl SourceTensor {
                 &self.file,
             );
         }
-        let encoding = match self.encoding {
-            Encoding::Native(dtype) => Encoding::Native(dtype),
-            _ => Encoding::Native(DataType::F32),
-        };
+        let encoding = Encoding::Native(self.encoding.load_dtype());
         Ok(SourceTensor {
             name,
             shape,
@@ -231,8 +242,9 @@ impl SourceTensor {
         map.get(*offset..offset + len)
     }
 
-    /// The tensor as [`Data`]: a view of the mapped file for [`Encoding::Native`], values
-    /// dequantised into an owned f32 tensor otherwise, generated for random tensors.
+    /// The tensor as [`Data`] of its [`Encoding::load_dtype`]: a view of the mapped file
+    /// for [`Encoding::Native`], an owned tensor decoded from the file otherwise, generated
+    /// for random tensors.
     pub fn load(&self) -> Result<Data> {
         let (map, offset) = match &self.backing {
             Backing::Mapped { map, offset } => (map, *offset),
@@ -254,29 +266,44 @@ impl SourceTensor {
                     })
                     .collect()
             }
-            Encoding::GgmlQ8_0 => bytes
-                .chunks_exact(34)
-                .flat_map(|b| {
-                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                    b[2..].iter().map(move |&q| q as i8 as f32 * d)
-                })
-                .collect(),
-            Encoding::GgmlQ4_0 => bytes
-                .chunks_exact(18)
-                .flat_map(|b| {
-                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                    let qs = &b[2..];
-                    let low = qs.iter().map(move |&q| ((q & 0x0f) as f32 - 8.0) * d);
-                    let high = qs.iter().map(move |&q| ((q >> 4) as f32 - 8.0) * d);
-                    low.chain(high).collect::<Vec<_>>()
-                })
-                .collect(),
+            Encoding::Ggml(ty) => return ggml_data(ty, bytes, &self.shape),
         };
         Ok(Data::from_f32(&self.shape, &values)?)
     }
 }
 
-/// The rows `ranges` of `parent`, in its dtype (f32 when it is dequantised on load).
+/// A tensor of ggml type `ty` (`bytes`, whole rows of `shape`'s last dimension) as
+/// [`Encoding::load_dtype`] says, one row at a time.
+fn ggml_data(ty: GgmlType, bytes: &[u8], shape: &[usize]) -> Result<Data> {
+    let dtype = Encoding::Ggml(ty).load_dtype();
+    let mut data = Data::zeros(dtype, shape)?;
+    let cols = data.cols().max(1);
+    let src_row = ty.byte_len(cols).unwrap_or(0).max(1);
+    let dst_row = flm_core::quant::row_bytes(dtype, cols).unwrap_or(cols * dtype.size_of());
+    let mut values = vec![0f32; cols];
+    let dst = data.bytes_mut()?;
+    for (src, dst) in bytes
+        .chunks_exact(src_row)
+        .zip(dst.chunks_exact_mut(dst_row))
+    {
+        if ty.lossless_dtype().is_some() {
+            ggml::repack_row(ty, src, dst);
+            continue;
+        }
+        ggml::dequantize(ty, src, &mut values);
+        match dtype {
+            DataType::F32 => {
+                for (d, v) in dst.chunks_exact_mut(4).zip(&values) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            _ => flm_core::quant::quantize_row(dtype, &values, dst),
+        }
+    }
+    Ok(data)
+}
+
+/// The rows `ranges` of `parent`, in its [`Encoding::load_dtype`].
 fn gather_rows(parent: &SourceTensor, ranges: &[Range<usize>], shape: &[usize]) -> Result<Data> {
     let data = parent.load()?;
     let row_bytes = data.size_bytes() / data.shape()[0].max(1);

@@ -86,6 +86,7 @@ fn gguf_pre_tokenizer_names_select_each_familys_regex() {
         ("llama-bpe", "llama3"),
         ("qwen2", "qwen2"),
         ("tekken", "tekken"),
+        ("smollm", "smollm"),
     ] {
         let tok = with_pre(pre);
         for i in 0..46 {

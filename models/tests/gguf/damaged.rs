@@ -187,10 +187,15 @@ fn bad_metadata_and_tensor_infos_are_refused() {
         "not a multiple of the alignment 32",
     );
     refused(&edit(info, &99u32.to_le_bytes()), "99 dimensions");
-    let e = 12u32.to_le_bytes();
+    // A type flm does not read (IQ2_XXS), and one whose 256-value blocks do not fit the
+    // embedding's rows of 64 values (Q4_K).
     refused(
-        &edit(info + 20, &e),
-        "token_embd.weight: ggml type Q4_K (12)",
+        &edit(info + 20, &16u32.to_le_bytes()),
+        "token_embd.weight: ggml type IQ2_XXS (16)",
+    );
+    refused(
+        &edit(info + 20, &12u32.to_le_bytes()),
+        "token_embd.weight: rows of 64 values do not fill 256-value blocks",
     );
     // Architecture "mamba" (same length, so the file stays consistent).
     let at = after(&bytes, "general.architecture") + 12;
@@ -220,14 +225,19 @@ fn other_tokenizer_kinds_leave_no_tokenizer() {
         e.contains("tokenizer.ggml.model \"bert\" is not supported yet"),
         "{e}"
     );
-    // A byte-level BPE pre-tokeniser flm does not implement: no tokenizer either.
-    let mut b = read(GPT2);
-    set_str(&mut b, "tokenizer.ggml.pre", "deepseek-llm");
-    let e = tokenizer_error(&b);
-    assert!(
-        e.contains("byte-level pre-tokenizer \"deepseek-llm\""),
-        "{e}"
-    );
+    // A byte-level BPE pre-tokeniser flm does not implement, and a name llama.cpp does
+    // not know: no tokenizer either, and the error names it.
+    for pre in ["deepseek-llm", "no-such-pre"] {
+        let mut b = read(GPT2);
+        set_str(&mut b, "tokenizer.ggml.pre", pre);
+        let e = tokenizer_error(&b);
+        assert!(
+            e.contains(&format!(
+                "tokenizer.ggml.pre \"{pre}\": not a pre-tokenizer"
+            )),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -41,9 +41,11 @@ pub struct ConvertArgs {
     /// The .flm file to write (atomically: it gets its name only when complete).
     #[arg(long)]
     output: PathBuf,
-    /// Weight type of the matrices; norms stay f32.
+    /// Weight type of the matrices; norms stay f32. By default each matrix keeps the type
+    /// it loads as: f32/f16/bf16 as stored, a GGUF's Q4_0 and Q4_1 as int4-sym-g32 and
+    /// int4-g32 (the same values), its other ggml types as decoded at load.
     #[arg(long, value_enum)]
-    dtype: DtypeArg,
+    dtype: Option<DtypeArg>,
     /// Values per int4 group: 32, 64 or 128.
     #[arg(long)]
     group_size: Option<usize>,
@@ -56,11 +58,18 @@ pub struct ConvertArgs {
     tokenizer: Option<PathBuf>,
 }
 
-fn dtype(args: &ConvertArgs) -> Result<DataType> {
-    Ok(match (args.dtype, args.group_size) {
+/// The requested dtype; `None` when none is (each matrix keeps its own).
+fn dtype(args: &ConvertArgs) -> Result<Option<DataType>> {
+    let Some(requested) = args.dtype else {
+        if args.group_size.is_some() || args.pure {
+            bail!("--group-size and --pure need --dtype");
+        }
+        return Ok(None);
+    };
+    Ok(Some(match (requested, args.group_size) {
         (DtypeArg::Int4 | DtypeArg::Int4Sym, g) => {
             let g = g.unwrap_or(32);
-            DataType::int4(g, matches!(args.dtype, DtypeArg::Int4Sym))
+            DataType::int4(g, matches!(requested, DtypeArg::Int4Sym))
                 .with_context(|| format!("--group-size must be 32, 64 or 128, got {g}"))?
         }
         (_, Some(_)) => bail!("--group-size applies to --dtype int4 and int4-sym only"),
@@ -68,7 +77,7 @@ fn dtype(args: &ConvertArgs) -> Result<DataType> {
         (DtypeArg::F16, None) => DataType::F16,
         (DtypeArg::Bf16, None) => DataType::BF16,
         (DtypeArg::Int8, None) => DataType::I8,
-    })
+    }))
 }
 
 /// Runs `flm convert`.
@@ -91,12 +100,13 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         )
         .context("progress bar template")?,
     );
-    let recipe = if args.pure {
-        Recipe::Pure
-    } else {
-        Recipe::Mixed
+    let recipe = match (dtype, args.pure) {
+        (None, _) => Recipe::Keep,
+        (Some(_), true) => Recipe::Pure,
+        (Some(_), false) => Recipe::Mixed,
     };
-    convert(&ckpt, &tokenizer, &args.output, dtype, recipe, |p| {
+    let target = dtype.unwrap_or(DataType::F32);
+    convert(&ckpt, &tokenizer, &args.output, target, recipe, |p| {
         bar.set_length(p.tensors_total as u64);
         bar.set_position(p.tensors_done as u64);
         bar.set_message(format!(
@@ -111,10 +121,10 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     let size = std::fs::metadata(&args.output)
         .map(|m| m.len())
         .unwrap_or(0);
+    let types = dtype.map_or("each matrix's own type".into(), |d| d.to_string());
     eprintln!(
-        "wrote {} ({}, {})",
+        "wrote {} ({types}, {})",
         args.output.display(),
-        dtype,
         indicatif::HumanBytes(size)
     );
     Ok(())

@@ -10,9 +10,9 @@ use crate::device::Chosen;
 use crate::ModelArgs;
 
 /// Reads a tokenizer file of any supported kind (with the `tokenizer_config.json` beside
-/// it, if any).
+/// it, if any), or the tokenizer in a GGUF file's metadata.
 pub fn tokenizer_file(path: &Path) -> Result<Tokenizer> {
-    Tokenizer::from_file_with_hf_config(path)
+    import::load_tokenizer_file(path)
         .with_context(|| format!("cannot load the tokenizer {}", path.display()))
 }
 

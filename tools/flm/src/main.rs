@@ -64,12 +64,12 @@ struct PerplexityArgs {
 /// Where the model and its tokenizer are.
 #[derive(Args, Clone)]
 struct ModelArgs {
-    /// Checkpoint: a llama2.c .bin, a Hugging Face directory or a .safetensors file beside
-    /// its config.json (the format is detected from the bytes).
+    /// Checkpoint: a llama2.c .bin, a Hugging Face directory, a .safetensors file beside
+    /// its config.json, a GGUF or a .flm file (the format is detected from the bytes).
     #[arg(long)]
     model: PathBuf,
-    /// Tokenizer file (SentencePiece .model, HF tokenizer.json or llama2.c tokenizer.bin);
-    /// by default the one beside the model.
+    /// Tokenizer file (SentencePiece .model, HF tokenizer.json, llama2.c tokenizer.bin or
+    /// a GGUF file's metadata); by default the one inside or beside the model.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Worker threads (default: one per core).
@@ -164,7 +164,9 @@ struct TokenizeArgs {
     /// The text to encode.
     #[arg(long)]
     text: String,
-    /// Do not prepend the begin-of-sequence token.
+    /// Do not prepend the begin-of-sequence token (by default it is prepended where the
+    /// tokenizer asks for it: all but GGUF files whose `add_bos_token` is false and
+    /// byte-level tokenizer.json files without it in their post-processor).
     #[arg(long)]
     no_bos: bool,
 }
@@ -224,7 +226,7 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
         (None, None) => anyhow::bail!("pass --model or --tokenizer"),
     };
     let ids = tokenizer
-        .encode(&args.text, !args.no_bos)
+        .encode(&args.text, !args.no_bos && tokenizer.add_bos())
         .context("cannot encode the text")?;
     let line: Vec<String> = ids.iter().map(u32::to_string).collect();
     let mut out = std::io::stdout().lock();
@@ -239,7 +241,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = tokenizer
-        .encode(&text, true)
+        .encode(&text, tokenizer.add_bos())
         .context("cannot encode the text")?;
     let ctx = args
         .ctx

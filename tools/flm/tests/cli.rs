@@ -134,6 +134,17 @@ fn tokenize_prints_reference_ids() {
     ]);
     // llama2.c test.c, without the BOS.
     assert_eq!(stdout(&out).trim_end(), "306 4658 278 6593 310 2834 338");
+    // A GGUF file's tokenizer metadata (llama.cpp's GPT-2 vocabulary, whose
+    // `add_bos_token` is false: no BOS); the ids are GPT-2's (gpt2_cases.json, case 46).
+    let gguf = data("gguf/ggml-vocab-gpt-2.gguf").display().to_string();
+    let out = flm(&[
+        "tokenize",
+        "--tokenizer",
+        &gguf,
+        "--text",
+        "Hello<|endoftext|> world",
+    ]);
+    assert_eq!(stdout(&out).trim_end(), "15496 50256 995");
 }
 
 #[test]

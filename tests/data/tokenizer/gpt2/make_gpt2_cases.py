@@ -1,7 +1,8 @@
 """Builds GPT-2's tokenizer.json with Hugging Face `tokenizers` from the vocabulary and
 merges of llama.cpp's ggml-vocab-gpt-2.gguf, and records the ids `tokenizers` gives for
 test texts, with GPT-2's pre-tokenizer and with the Split regexes of Llama 3, Qwen2 (and
-its NFC normalizer) and Mistral-Nemo (tekken) on the same vocabulary.
+its NFC normalizer) and Mistral-Nemo (tekken), and SmolLM's pre-tokenizer (single digits,
+then GPT-2's), on the same vocabulary.
 
     python3 -m venv /tmp/bpevenv
     /tmp/bpevenv/bin/pip install tokenizers==0.20.3 gguf==0.19.0
@@ -64,13 +65,21 @@ REGEX = {
 # Qwen2's tokenizer.json has an NFC normalizer.
 NORMALIZER = {"qwen2": {"type": "NFC"}}
 # Llama 3 and tekken's tokenizer.json set ignore_merges.
-IGNORE_MERGES = {"gpt2": False, "llama3": True, "qwen2": False, "tekken": True}
+IGNORE_MERGES = {"gpt2": False, "llama3": True, "qwen2": False, "tekken": True, "smollm": False}
+# SmolLM's (and StarCoder's) tokenizer.json: each digit apart, then GPT-2's ByteLevel.
+SMOLLM = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ],
+}
 
 
 def variant(name):
     if name == "gpt2":
         return tok, None
-    pre = {
+    pre = SMOLLM if name == "smollm" else {
         "type": "Sequence",
         "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": REGEX[name]}, "behavior": "Isolated", "invert": False},

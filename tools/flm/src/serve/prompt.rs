@@ -111,7 +111,7 @@ pub fn completion(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Ids, ApiErro
         }
     };
     let ids = tokenizer
-        .encode(text, !tokenizer.prefix().is_empty())
+        .encode(text, tokenizer.add_bos() && !tokenizer.prefix().is_empty())
         .map_err(|e| invalid(format!("cannot encode the prompt: {e}")))?;
     Ok(Ids::new(tokenizer, ids))
 }
