@@ -102,8 +102,11 @@ typedef struct FlmModelOptions {
    */
   size_t threads;
   /*
-   NUL-terminated device name: "cpu", or "auto" (the best device present; today the
-   CPU). NULL means "auto". Borrowed for the call only.
+   NUL-terminated device name: "cpu"; "cuda" (a CUDA GPU runs every op it supports,
+   from host memory one op at a time, and the CPU the rest; FLM_STATUS_INVALID_ARGUMENT
+   saying why when there is no usable GPU or the library was built without the `cuda`
+   feature); or "auto" ("cuda" when a usable GPU is present, else "cpu"). NULL means
+   "auto". Borrowed for the call only.
    */
   const char *device;
   /*

@@ -32,8 +32,10 @@ class Model:
     """A model loaded by flm_model_load(): a llama2.c .bin, .flm, GGUF file or Hugging Face
     directory, with the tokenizer inside or beside it.
 
-    threads: worker threads of the model's pool (0: one per core); device: "cpu" or
-    "auto"; context: KV cache positions of each session (0: the model's, at most 4096).
+    threads: worker threads of the model's pool (0: one per core); device: "cpu", "cuda"
+    (a usable CUDA GPU, else FlmError with status INVALID_ARGUMENT saying why) or "auto"
+    (the GPU when one is usable); context: KV cache positions of each session (0: the
+    model's, at most 4096).
     Raises FlmError (status IO for a missing file, FORMAT for a malformed one...).
     """
 

@@ -212,6 +212,15 @@ static void bad_calls(const char *path, FlmModel *model) {
     FlmModelOptions options = {0};
     options.device = "gpu9";
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT, "gpu9");
+    /* "cuda" loads where a GPU is usable, and otherwise says why it is not. */
+    options.device = "cuda";
+    FlmModel *on_gpu = NULL;
+    if (flm_model_load(path, &options, &on_gpu) == FLM_STATUS_OK) {
+        flm_model_free(on_gpu);
+    } else {
+        EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
+                     "no CUDA GPU (");
+    }
     options.device = NULL;
     options.threads = (size_t)-1;
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT, "threads");

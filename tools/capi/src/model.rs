@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use flm_core::{BaseDevice, CheckedOp, Executor, Op};
-use flm_devices::CpuDevice;
+use flm_core::{BaseDevice, CheckedOp, Executor, Location, Op};
+use flm_devices::{CpuDevice, DeviceChoice};
 use flm_models::{session, SharedModel};
 use flm_tokenizer::Tokenizer;
 
@@ -21,8 +21,11 @@ pub struct FlmModelOptions {
     /// Worker threads of the model's thread pool, shared by all its sessions; 0: one per
     /// CPU core; at most 4096.
     pub threads: usize,
-    /// NUL-terminated device name: "cpu", or "auto" (the best device present; today the
-    /// CPU). NULL means "auto". Borrowed for the call only.
+    /// NUL-terminated device name: "cpu"; "cuda" (a CUDA GPU runs every op it supports,
+    /// from host memory one op at a time, and the CPU the rest; FLM_STATUS_INVALID_ARGUMENT
+    /// saying why when there is no usable GPU or the library was built without the `cuda`
+    /// feature); or "auto" ("cuda" when a usable GPU is present, else "cpu"). NULL means
+    /// "auto". Borrowed for the call only.
     pub device: *const c_char,
     /// Positions of each session's KV cache (the context length), capped at the model's;
     /// 0: the model's context, at most 4096.
@@ -100,12 +103,9 @@ fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
             Failure::new(FlmStatus::InvalidUtf8, "options->device is not valid UTF-8")
         })?
     };
-    if device != "cpu" && device != "auto" {
-        return Err(Failure::new(
-            FlmStatus::InvalidArgument,
-            format!("unknown device {device:?}: this build has \"cpu\" (or \"auto\")"),
-        ));
-    }
+    let choice: DeviceChoice = device
+        .parse()
+        .map_err(|e: String| Failure::new(FlmStatus::InvalidArgument, e))?;
     if options.threads > MAX_THREADS {
         return Err(Failure::new(
             FlmStatus::InvalidArgument,
@@ -134,12 +134,21 @@ fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
                 format!("cannot start {} threads: {e}", options.threads),
             )
         })?;
-    let device = PooledCpu {
+    // The GPU, when one is chosen, then the pooled CPU in place of the selection's own.
+    let mut devices: Vec<Box<dyn BaseDevice>> = match choice {
+        DeviceChoice::Cpu => Vec::new(),
+        choice => flm_devices::select(choice)?
+            .devices
+            .into_iter()
+            .filter(|d| d.location() != Location::Host)
+            .collect(),
+    };
+    devices.push(Box::new(PooledCpu {
         pool,
         cpu,
         _workers: Workers(workers),
-    };
-    Ok(Executor::new(vec![Box::new(device)]))
+    }));
+    Ok(Executor::new(devices))
 }
 
 /// Loads the model at `path` (NUL-terminated; a llama2.c `.bin`, a `.flm` file, a GGUF
