@@ -25,7 +25,7 @@ use unicode_normalization::UnicodeNormalization;
 use crate::hf_bpe::{AddedToken, AddedTokens};
 use crate::spec::ByteLevelBpeSpec;
 use crate::trie::TrieBuilder;
-use crate::vocab::{Piece, PieceKind};
+use crate::vocab::{PieceKind, VocabEntry};
 use crate::{Error, Result};
 
 /// A byte-level BPE model ready to encode.
@@ -61,7 +61,7 @@ impl ByteBpe {
     /// kind than NORMAL, CONTROL or USER_DEFINED, a NORMAL token listed twice, a missing
     /// single byte (every byte must be a token, so that any text encodes), a merge of
     /// non-NORMAL ids or whose concatenation is not a token, or an added token out of range.
-    pub(crate) fn new(pieces: &[Piece], spec: ByteLevelBpeSpec) -> Result<ByteBpe> {
+    pub(crate) fn new(pieces: &[VocabEntry], spec: ByteLevelBpeSpec) -> Result<ByteBpe> {
         let pattern = &spec.pattern;
         let regex = Regex::new(pattern)
             .map_err(|e| Error::Invalid(format!("byte-level BPE pattern {pattern:?}: {e}")))?;
@@ -307,10 +307,10 @@ mod tests {
             .collect()
     }
 
-    fn normal(tokens: Vec<Vec<u8>>) -> Vec<Piece> {
+    fn normal(tokens: Vec<Vec<u8>>) -> Vec<VocabEntry> {
         tokens
             .into_iter()
-            .map(|t| Piece {
+            .map(|t| VocabEntry {
                 bytes: t.into(),
                 score: 0.0,
                 kind: PieceKind::Normal,

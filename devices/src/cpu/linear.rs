@@ -48,7 +48,7 @@ use rayon::prelude::*;
 use super::qlinear::{self, QuantWeight};
 use super::schedule;
 use super::simd::{self, Elem, Kernel, Simd};
-use super::weights::{dot, Rows};
+use super::weights::{dot, WeightRows};
 use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
 /// Weight rows a decode tile reads at once, each from its own stream (see [`Block::run`]).
@@ -145,11 +145,11 @@ fn quant_group(
     let mut ws = [QuantWeight::EMPTY; P];
     let mut owned: [Option<Cow<'_, [f32]>>; P] = Default::default();
     for ((w, b), part) in ws.iter_mut().zip(&mut owned).zip(group.iter()) {
-        let Rows::Quant {
+        let WeightRows::Quant {
             dtype,
             bytes,
             row_bytes,
-        } = Rows::new(part.weight)?
+        } = WeightRows::new(part.weight)?
         else {
             return Err(shape_err(
                 "Linear",
@@ -181,11 +181,11 @@ fn float_part(isa: Isa, x: &[f32], n: usize, k: usize, part: &mut LinearPart<'_>
     let bias = bias_f32(part.bias)?;
     let bias = bias.as_deref();
     let out = part.output.as_f32_mut()?;
-    match Rows::new(part.weight)? {
-        Rows::F32(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
-        Rows::F16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
-        Rows::BF16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
-        Rows::Quant { dtype, .. } => {
+    match WeightRows::new(part.weight)? {
+        WeightRows::F32(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        WeightRows::F16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        WeightRows::BF16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        WeightRows::Quant { dtype, .. } => {
             return Err(shape_err(
                 "Linear",
                 format!("{dtype} weight among float ones"),

@@ -34,10 +34,10 @@ pub(super) fn guided(
     f: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) {
     /// The parts' rows, claimed by the threads.
-    struct Rows([(*mut f32, usize); MAX_PARTS]);
+    struct PartRows([(*mut f32, usize); MAX_PARTS]);
     // SAFETY: the threads write disjoint rows (see below).
-    unsafe impl Sync for Rows {}
-    impl Rows {
+    unsafe impl Sync for PartRows {}
+    impl PartRows {
         /// Rows `j0..j1` of part `p`.
         ///
         /// # Safety
@@ -55,7 +55,7 @@ pub(super) fn guided(
         }
         return;
     }
-    let mut rows = Rows([(std::ptr::null_mut(), 0); MAX_PARTS]);
+    let mut rows = PartRows([(std::ptr::null_mut(), 0); MAX_PARTS]);
     for (r, out) in rows.0.iter_mut().zip(outs.iter_mut()) {
         *r = (out.as_mut_ptr(), out.len() / n);
     }

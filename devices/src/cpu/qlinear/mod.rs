@@ -134,7 +134,7 @@ impl Acts {
         k: usize,
         kp: usize,
         group: usize,
-        layout: Layout,
+        layout: ActLayout,
     ) {
         let blocks = (kp / BLOCK).div_ceil(layout.pad_blocks) * layout.pad_blocks;
         let groups = kp / group;
@@ -336,16 +336,16 @@ pub(crate) const AMX_MIN_ROWS: usize = 8;
 
 /// The order and padding of the [`Acts`] a kernel family reads.
 #[derive(Clone, Copy)]
-struct Layout {
+struct ActLayout {
     /// Chunk half-width in values (16: natural order).
     split: usize,
     /// Rows are padded to a multiple of this many blocks.
     pad_blocks: usize,
 }
 
-impl Layout {
+impl ActLayout {
     /// The layout the kernels of `isa` read for `n` input rows and `dtype` weights.
-    fn of(isa: Isa, dtype: DataType, n: usize) -> Layout {
+    fn of(isa: Isa, dtype: DataType, n: usize) -> ActLayout {
         let (split, pad_blocks) = match (isa, dtype) {
             // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
             (Isa::Amx, DataType::I8) => (16, 1),
@@ -358,7 +358,7 @@ impl Layout {
             (Isa::Neon | Isa::NeonDot, DataType::I8) => (16, 1),
             (Isa::Neon | Isa::NeonDot, _) => (16, 4),
         };
-        Layout { split, pad_blocks }
+        ActLayout { split, pad_blocks }
     }
 }
 
@@ -416,7 +416,7 @@ pub(crate) fn linear(
     let total: usize = outs.iter().map(|o| o.len() / n).sum();
     let parallel = n * total * k >= PARALLEL_MIN_WORK;
     SCRATCH.with_borrow_mut(|(acts, yt)| {
-        acts.quantize(isa, x, n, k, kp, group, Layout::of(isa, dtype, n));
+        acts.quantize(isa, x, n, k, kp, group, ActLayout::of(isa, dtype, n));
         let acts = &*acts;
         let run = |targets: &mut [&mut [f32]]| {
             if parallel && n < AMX_MIN_ROWS {
@@ -477,7 +477,7 @@ mod tests {
     fn split_order_puts_low_halves_first() {
         let x: Vec<f32> = (0..128).map(|i| i as f32 - 60.0).collect();
         let mut natural = Acts::default();
-        let layout = |split, pad_blocks| Layout { split, pad_blocks };
+        let layout = |split, pad_blocks| ActLayout { split, pad_blocks };
         natural.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(16, 1));
         let mut split = Acts::default();
         split.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(64, 4));
