@@ -32,9 +32,12 @@
 //! mask and `head_dim`. Splitting a GQA group over tasks only changes which heads share
 //! their key reads. `devices/tests/batch_invariance.rs` checks it.
 
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
-// to come): elsewhere only the portable twins are called.
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
+// elsewhere only the portable twins are called.
+#![cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 
 use std::cell::RefCell;
 
@@ -320,9 +323,8 @@ impl Kernel for HeadRun<'_, '_> {
 }
 
 /// Cache positions the score pass of [`group`] prefetches the key and value rows of ahead
-/// of its reads. TinyLlama int4-sym on two threads decoded 1.5–2.2% faster with these
-/// prefetches at 512 positions of context and 0.7–1.0% at 128 (token by token in one
-/// process, both orders); 48 positions ahead measured the same as 16.
+/// of its reads: far enough to hide the latency at long contexts; 48 was no better
+/// (docs/benchmarks.md, "Kernel choices").
 const PREFETCH_ROWS: usize = 16;
 
 /// The query heads `first..first + task_heads` of one row (of one KV head) with the vectors

@@ -61,13 +61,8 @@ struct Line([u8; 64]);
 ///
 /// The AVX-512 kernels load activation codes and scales 64 bytes at a time, at multiples of 64
 /// bytes from a row's start. From a heap `Vec` (16 bytes past a line in TinyLlama's decode)
-/// each such load straddled two cache lines. Token by token on the 2-core Zen 5 VM, codes on
-/// their lines against codes 16 bytes past them, in both orders of the pair: int4-sym decoded
-/// 1.9% and 2.9% faster on two threads (medians of 24 and 30 pairs) and 4.2% and 5.9% on one
-/// (12 pairs each); int8 0.4% faster on two. A loop of the int4 decode chunk over L1-resident
-/// codes and activations took 4.2 cycles per 64 bytes of weight codes on the lines and 4.4 off
-/// them with one accumulator per output, as the kernels have (bound by the `vfmadd` chain),
-/// and 2.2 against 3.5 with four.
+/// each such load straddled two cache lines, which slowed int4 decode by a few %
+/// (docs/benchmarks.md, "Kernel choices").
 #[derive(Default)]
 struct Lines<T> {
     lines: Vec<Line>,
