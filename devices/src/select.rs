@@ -68,6 +68,7 @@ enum NoGpu {
     /// This build has no GPU device: `auto` says nothing, since nothing was possible.
     NotBuilt,
     /// The build has one but this machine cannot use it, for this reason.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // built by the cuda probe only
     Unusable(String),
 }
 
