@@ -66,6 +66,7 @@ pub struct Selection {
 /// Why no GPU is used.
 enum NoGpu {
     /// This build has no GPU device: `auto` says nothing, since nothing was possible.
+    #[cfg_attr(feature = "cuda", allow(dead_code))] // built without the cuda feature only
     NotBuilt,
     /// The build has one but this machine cannot use it, for this reason.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // built by the cuda probe only
