@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
@@ -54,17 +54,23 @@ class BuildWithLibrary(build_py):
         shutil.copyfile(library, destination)
 
 
-class PlatformWheel(bdist_wheel):
-    """A wheel for this platform (it holds a native library) and any Python 3: the library
-    is loaded with ctypes, so it does not depend on the interpreter's ABI."""
+class NativeDistribution(Distribution):
+    """A distribution that holds a native library, so its wheel is for one platform."""
 
-    def finalize_options(self) -> None:
-        super().finalize_options()
-        self.root_is_pure = False
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+class PlatformWheel(bdist_wheel):
+    """A wheel for this platform and any Python 3: the library is loaded with ctypes, so it
+    does not depend on the interpreter's ABI."""
 
     def get_tag(self) -> tuple[str, str, str]:
         _, _, platform = super().get_tag()
         return "py3", "none", platform
 
 
-setup(cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel})
+setup(
+    distclass=NativeDistribution,
+    cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel},
+)
