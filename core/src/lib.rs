@@ -9,7 +9,7 @@
 //!   [`PagedKvCache`]: the block pool of batched serving.
 //!
 //! The shape follows FastLLM's Data / Executor / BaseDevice design, with ops as a typed enum
-//! rather than string-keyed dispatch (see ARCHITECTURE.md).
+//! rather than string-keyed dispatch (see docs/architecture.md).
 
 mod alibi;
 mod contract;

@@ -7,11 +7,7 @@
 //! 2 MiB and which Linux is asked (`madvise(MADV_HUGEPAGE)`, the `madvise` setting of
 //! transparent huge pages) to back with huge pages before its first touch. Where the kernel
 //! has no huge page to give, or on another Unix, it is an ordinary zero-filled mapping.
-//!
-//! Measured on the 2-core Zen 5 VM, TinyLlama int4-sym weights built twice in one process and
-//! decoded token by token in alternating order: huge pages against 4 KiB pages 1.2–2.1%
-//! faster on one thread and a median of 1.4% on two, where two copies on 4 KiB pages ran
-//! 1.2–2.1% and 1.2% apart the other way (the first-built copy slower), so 1.5–3% in all.
+//! (Decode gains a few %: docs/benchmarks.md, "Kernel choices".)
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;

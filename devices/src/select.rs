@@ -3,7 +3,8 @@
 //! - `cpu`: the CPU device only.
 //! - `auto` (the default): the CUDA device first when this build has the `cuda` feature
 //!   and a usable GPU is present, then the CPU (which runs whatever the GPU does not);
-//!   otherwise the CPU, with one line saying why there is no GPU
+//!   otherwise the CPU: silently in a build without the feature (the user asked for
+//!   nothing), with one line saying why when a GPU was possible but is not usable
 //!   (`flm: no CUDA GPU (libcuda.so not found); using the CPU`).
 //! - `cuda`: as `auto`, but no usable GPU is an error: a benchmark or a script that asks
 //!   for the GPU must not silently measure the CPU.
@@ -54,27 +55,50 @@ impl fmt::Display for DeviceChoice {
 pub struct Selection {
     /// For [`flm_core::Executor::new`]: the CUDA device (if any), then the CPU.
     pub devices: Vec<Box<dyn BaseDevice>>,
-    /// The one line to print on stderr when `auto` fell back to the CPU.
+    /// The one line to print on stderr when `auto` fell back to the CPU from a GPU this
+    /// build could have used.
     pub notice: Option<String>,
     /// Peak memory bandwidth of the GPU in bytes/s, when one was chosen and its driver
     /// reports it (for `flm bench`).
     pub gpu_peak_bandwidth: Option<f64>,
 }
 
+/// Why no GPU is used.
+enum NoGpu {
+    /// This build has no GPU device: `auto` says nothing, since nothing was possible.
+    #[cfg_attr(feature = "cuda", allow(dead_code))] // built without the cuda feature only
+    NotBuilt,
+    /// The build has one but this machine cannot use it, for this reason.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // built by the cuda probe only
+    Unusable(String),
+}
+
+impl fmt::Display for NoGpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoGpu::NotBuilt => f.write_str("this flm was built without the `cuda` feature"),
+            NoGpu::Unusable(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The GPU probe's answer: the CUDA device and its peak bandwidth, or why there is none.
+type Probe = std::result::Result<(Box<dyn BaseDevice>, Option<f64>), NoGpu>;
+
 /// Why this process cannot use a GPU, or `Ok` with the CUDA device.
 #[cfg(feature = "cuda")]
-fn gpu() -> std::result::Result<(Box<dyn BaseDevice>, Option<f64>), String> {
+fn gpu() -> Probe {
     if std::env::var_os("FLM_CUDA_DISABLE").is_some_and(|v| v == "1") {
-        return Err("FLM_CUDA_DISABLE=1".into());
+        return Err(NoGpu::Unusable("FLM_CUDA_DISABLE=1".into()));
     }
-    let device = crate::cuda::CudaDevice::new(0)?;
+    let device = crate::cuda::CudaDevice::new(0).map_err(NoGpu::Unusable)?;
     let bandwidth = device.info().peak_bandwidth;
     Ok((Box::new(device), bandwidth))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn gpu() -> std::result::Result<(Box<dyn BaseDevice>, Option<f64>), String> {
-    Err("this flm was built without the `cuda` feature".into())
+fn gpu() -> Probe {
+    Err(NoGpu::NotBuilt)
 }
 
 /// The devices for `choice`.
@@ -86,10 +110,7 @@ pub fn select(choice: DeviceChoice) -> Result<Selection> {
 }
 
 /// [`select`] with the GPU probe given (asked only when `choice` is not `Cpu`).
-fn select_from(
-    choice: DeviceChoice,
-    gpu: impl FnOnce() -> std::result::Result<(Box<dyn BaseDevice>, Option<f64>), String>,
-) -> Result<Selection> {
+fn select_from(choice: DeviceChoice, gpu: impl FnOnce() -> Probe) -> Result<Selection> {
     let cpu: Box<dyn BaseDevice> = Box::new(CpuDevice::new()?);
     if choice == DeviceChoice::Cpu {
         return Ok(Selection {
@@ -106,7 +127,10 @@ fn select_from(
         }),
         Err(why) if choice == DeviceChoice::Auto => Ok(Selection {
             devices: vec![cpu],
-            notice: Some(format!("flm: no CUDA GPU ({why}); using the CPU")),
+            notice: match why {
+                NoGpu::NotBuilt => None,
+                NoGpu::Unusable(why) => Some(format!("flm: no CUDA GPU ({why}); using the CPU")),
+            },
             gpu_peak_bandwidth: None,
         }),
         Err(why) => Err(Error::InvalidArgument(format!(
@@ -134,8 +158,8 @@ mod tests {
         s.devices.iter().map(|d| d.name()).collect()
     }
 
-    fn no_gpu() -> std::result::Result<(Box<dyn BaseDevice>, Option<f64>), String> {
-        Err("libcuda.so not found".into())
+    fn no_gpu() -> Probe {
+        Err(NoGpu::Unusable("libcuda.so not found".into()))
     }
 
     #[test]
@@ -152,6 +176,20 @@ mod tests {
         assert_eq!(
             s.notice.as_deref(),
             Some("flm: no CUDA GPU (libcuda.so not found); using the CPU")
+        );
+    }
+
+    #[test]
+    fn auto_in_a_build_without_gpu_support_is_silent() {
+        let s = select_from(DeviceChoice::Auto, || Err(NoGpu::NotBuilt)).unwrap();
+        assert_eq!(names(&s), ["cpu"]);
+        assert!(s.notice.is_none());
+        let err = select_from(DeviceChoice::Cuda, || Err(NoGpu::NotBuilt))
+            .err()
+            .unwrap();
+        assert_eq!(
+            err.to_string(),
+            "invalid argument: --device cuda: no CUDA GPU (this flm was built without the `cuda` feature)"
         );
     }
 

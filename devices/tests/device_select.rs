@@ -1,6 +1,7 @@
-//! `--device` on this machine: with no usable GPU (or a build without the `cuda`
-//! feature), `auto` runs on the CPU and says why in one line, and `cuda` is an error. On a
-//! machine with a GPU and the feature, `auto` puts the CUDA device first.
+//! `--device` on this machine: in a build without the `cuda` feature, `auto` runs on the
+//! CPU and says nothing; with the feature but no usable GPU it says why in one line; in
+//! both, `cuda` is an error giving the reason. On a machine with a GPU and the feature,
+//! `auto` puts the CUDA device first.
 
 use flm_devices::{select, DeviceChoice};
 
@@ -15,15 +16,25 @@ fn auto_and_cuda_follow_what_this_machine_has() {
         return;
     }
     assert_eq!(names, ["cpu"]);
-    let notice = auto.notice.expect("a fallback says why");
+    let err = select(DeviceChoice::Cuda)
+        .err()
+        .expect("--device cuda without a GPU fails");
+    if !cfg!(feature = "cuda") {
+        assert!(auto.notice.is_none(), "{:?}", auto.notice);
+        assert!(
+            err.to_string().contains("built without the `cuda` feature"),
+            "{err}"
+        );
+        return;
+    }
+    let notice = auto
+        .notice
+        .expect("a fallback from a possible GPU says why");
     assert!(
         notice.starts_with("flm: no CUDA GPU (") && notice.ends_with("); using the CPU"),
         "{notice}"
     );
     assert!(!notice.contains('\n'));
     let why = &notice["flm: no CUDA GPU (".len()..notice.len() - "); using the CPU".len()];
-    let err = select(DeviceChoice::Cuda)
-        .err()
-        .expect("--device cuda without a GPU fails");
     assert!(err.to_string().contains(why), "{err} / {why}");
 }

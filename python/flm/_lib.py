@@ -72,8 +72,8 @@ def _library_path() -> str:
     found = ctypes.util.find_library("flm")
     if found is None:
         raise OSError(
-            "libflm not found: set FLM_LIBRARY to the path of libflm.so "
-            "(cargo build --release -p flm-capi builds target/release/libflm.so)"
+            "libflm not found: `pip install ./python` builds and bundles it; or set "
+            "FLM_LIBRARY to the path of libflm.so (cargo build --release -p flm-capi)"
         )
     return found
 

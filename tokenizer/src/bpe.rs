@@ -17,7 +17,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use crate::sentencepiece::SpModel;
-use crate::vocab::{Piece, PieceKind};
+use crate::vocab::{PieceKind, VocabEntry};
 
 /// No neighbour.
 const NONE: usize = usize::MAX;
@@ -82,7 +82,7 @@ impl Eq for Candidate {}
 /// The merge state of one encode call.
 struct Merger<'a> {
     model: &'a SpModel,
-    pieces: &'a [Piece],
+    pieces: &'a [VocabEntry],
     text: &'a [u8],
     symbols: Vec<Symbol>,
     agenda: BinaryHeap<Candidate>,
@@ -141,7 +141,7 @@ impl Merger<'_> {
 
 impl SpModel {
     /// Encodes an already normalised text (see [`SpModel::normalize`]), appending ids.
-    pub(crate) fn encode_normalized(&self, pieces: &[Piece], text: &[u8], out: &mut Vec<u32>) {
+    pub(crate) fn encode_normalized(&self, pieces: &[VocabEntry], text: &[u8], out: &mut Vec<u32>) {
         if text.is_empty() {
             return;
         }

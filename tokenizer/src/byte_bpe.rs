@@ -25,7 +25,7 @@ use unicode_normalization::UnicodeNormalization;
 use crate::hf_bpe::{AddedToken, AddedTokens};
 use crate::spec::ByteLevelBpeSpec;
 use crate::trie::TrieBuilder;
-use crate::vocab::{Piece, PieceKind};
+use crate::vocab::{PieceKind, VocabEntry};
 use crate::{Error, Result};
 
 /// A byte-level BPE model ready to encode.
@@ -62,9 +62,9 @@ impl ByteBpe {
     /// single byte in the tiktoken style (there every byte must be a token, so that any
     /// text encodes; GPT-2-style vocabularies may lack some, as SmolLM's lacks 21, six
     /// control bytes and the bytes no UTF-8 text has, and such a byte is dropped from the
-    /// text as `tokenizers`' BPE without an unknown token and llama.cpp drop it), a merge of non-NORMAL ids or whose
-    /// concatenation is not a token, or an added token out of range.
-    pub(crate) fn new(pieces: &[Piece], spec: ByteLevelBpeSpec) -> Result<ByteBpe> {
+    /// text as `tokenizers`' BPE without an unknown token and llama.cpp drop it), a merge of non-NORMAL ids or
+    /// whose concatenation is not a token, or an added token out of range.
+    pub(crate) fn new(pieces: &[VocabEntry], spec: ByteLevelBpeSpec) -> Result<ByteBpe> {
         let regexes = (spec.pre_split.iter().chain([&spec.pattern]))
             .map(|pattern| {
                 Regex::new(pattern)
@@ -331,10 +331,10 @@ mod tests {
             .collect()
     }
 
-    fn normal(tokens: Vec<Vec<u8>>) -> Vec<Piece> {
+    fn normal(tokens: Vec<Vec<u8>>) -> Vec<VocabEntry> {
         tokens
             .into_iter()
-            .map(|t| Piece {
+            .map(|t| VocabEntry {
                 bytes: t.into(),
                 score: 0.0,
                 kind: PieceKind::Normal,

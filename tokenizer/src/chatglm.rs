@@ -14,7 +14,7 @@
 //! `encode_special_tokens=False`); chat prompts insert them by id (`chat.rs`).
 
 use crate::spec::{ByteLevelBpeSpec, PieceType, TokenizerKind, TokenizerSpec};
-use crate::vocab::{Piece, PieceKind};
+use crate::vocab::{PieceKind, VocabEntry};
 use crate::{ChatFormat, Encoder, Error, Result, Tokenizer};
 
 /// ChatGLM2's special tokens, appended after the SentencePiece vocabulary.
@@ -76,7 +76,7 @@ impl Tokenizer {
                     "the SentencePiece model already has a piece {name:?}"
                 )));
             }
-            self.pieces.push(Piece {
+            self.pieces.push(VocabEntry {
                 bytes: name.as_bytes().into(),
                 score: 0.0,
                 kind: PieceKind::Control,
@@ -99,9 +99,9 @@ impl Tokenizer {
 }
 
 /// GLM-4's tokenizer from the pieces of its ranks file.
-pub(crate) fn glm4(mut pieces: Vec<Piece>) -> Result<Tokenizer> {
+pub(crate) fn glm4(mut pieces: Vec<VocabEntry>) -> Result<Tokenizer> {
     let first = pieces.len() as u32;
-    pieces.extend(GLM4_SPECIALS.iter().map(|name| Piece {
+    pieces.extend(GLM4_SPECIALS.iter().map(|name| VocabEntry {
         bytes: name.as_bytes().into(),
         score: 0.0,
         kind: PieceKind::Control,

@@ -17,7 +17,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use crate::decode::DecodeOptions;
 use crate::trie::Trie;
-use crate::vocab::Piece;
+use crate::vocab::VocabEntry;
 use crate::{Encoder, Tokenizer};
 
 /// A normaliser step (`normalizers::Prepend`, `normalizers::Replace` with a string).
@@ -138,7 +138,7 @@ impl HfModel {
     /// normaliser or pre-tokenizer prepends one (the `Metaspace`/`Strip` decoders).
     pub(crate) fn into_tokenizer(
         self,
-        pieces: Vec<Piece>,
+        pieces: Vec<VocabEntry>,
         bos: Option<u32>,
         eos: Option<u32>,
     ) -> Tokenizer {

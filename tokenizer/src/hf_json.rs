@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 
 use crate::hf_vocab::{flag, Vocabulary};
 use crate::spec::{HfBpeSpec, MetaspaceSpec, NormalizerStep, PrependScheme, TokenizerKind};
-use crate::vocab::{parse_byte_piece, Piece, PieceKind};
+use crate::vocab::{parse_byte_piece, PieceKind, VocabEntry};
 use crate::{Error, Result, Tokenizer};
 
 fn invalid(what: impl std::fmt::Display) -> Error {
@@ -94,8 +94,8 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
 
     // The vocabulary, then the added tokens, into one dense id space.
     let table = Vocabulary::read(&root, model)?;
-    let pieces: Vec<Piece> = (table.entries.iter())
-        .map(|e| Piece {
+    let pieces: Vec<VocabEntry> = (table.entries.iter())
+        .map(|e| VocabEntry {
             bytes: e.text.as_bytes().into(),
             score: 0.0,
             kind: match (e.added, e.in_vocab) {

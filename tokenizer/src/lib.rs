@@ -76,13 +76,13 @@ pub use spec::{
 use decode::DecodeOptions;
 use hf_bpe::HfModel;
 use sentencepiece::SpModel;
-use vocab::Piece;
+use vocab::VocabEntry;
 
 /// A loaded tokenizer: vocabulary, encoder and decoder settings.
 #[derive(Debug)]
 pub struct Tokenizer {
     /// Indexed by id.
-    pieces: Vec<Piece>,
+    pieces: Vec<VocabEntry>,
     bos: Option<u32>,
     eos: Option<u32>,
     encoder: Encoder,

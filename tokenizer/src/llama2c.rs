@@ -14,7 +14,7 @@
 //! in the export; every other piece is NORMAL.
 
 use crate::sentencepiece::{build_tokenizer, NormalizerOptions, SPACE_SYMBOL};
-use crate::vocab::{parse_byte_piece, Piece, PieceKind};
+use crate::vocab::{parse_byte_piece, PieceKind, VocabEntry};
 use crate::{Result, Tokenizer};
 
 /// Longest `max_token_length` accepted as plausible (real files: 27 for Llama 2, 7 for
@@ -95,7 +95,7 @@ pub(crate) fn build(entries: &[(f32, &[u8])]) -> Result<Tokenizer> {
                     _ => (spaces_to_symbol(p), PieceKind::Normal),
                 },
             };
-            Piece {
+            VocabEntry {
                 bytes: bytes.into(),
                 score,
                 kind,

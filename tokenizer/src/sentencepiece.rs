@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use crate::decode::DecodeOptions;
 use crate::spec::{SentencePieceSpec, TokenizerKind};
 use crate::trie::{Trie, TrieBuilder};
-use crate::vocab::{Piece, PieceKind};
+use crate::vocab::{PieceKind, VocabEntry};
 use crate::{Encoder, Error, Result, Tokenizer};
 
 /// The identity normaliser's switches (`NormalizerSpec`, defaults all true).
@@ -53,14 +53,14 @@ impl SpModel {
     /// at most one UNKNOWN piece (required without byte fallback), byte pieces only with
     /// byte fallback and then all 256 of them.
     pub(crate) fn new(
-        pieces: &[Piece],
+        pieces: &[VocabEntry],
         byte_fallback: bool,
         normalizer: NormalizerOptions,
     ) -> Result<SpModel> {
         if pieces.len() >= u32::MAX as usize {
             return Err(Error::Invalid(format!("{} pieces", pieces.len())));
         }
-        let name = |p: &Piece| String::from_utf8_lossy(&p.bytes).into_owned();
+        let name = |p: &VocabEntry| String::from_utf8_lossy(&p.bytes).into_owned();
         let mut all = HashMap::with_capacity(pieces.len());
         let mut normal = TrieBuilder::new();
         let mut user_defined = TrieBuilder::new();
@@ -196,7 +196,7 @@ impl SpModel {
 /// CONTROL pieces named `bos_piece`/`eos_piece`, as `SentencePieceProcessor::bos_id`
 /// finds them.
 pub(crate) fn build_tokenizer(
-    pieces: Vec<Piece>,
+    pieces: Vec<VocabEntry>,
     byte_fallback: bool,
     normalizer: NormalizerOptions,
     special: (&[u8], &[u8]),
@@ -222,7 +222,7 @@ pub(crate) fn build_tokenizer(
 /// Assembles a SentencePiece tokenizer; the decoder's space handling follows from the
 /// normaliser (sentencepiece_processor.cc `Decode`).
 pub(crate) fn sp_tokenizer(
-    pieces: Vec<Piece>,
+    pieces: Vec<VocabEntry>,
     model: SpModel,
     (bos, eos): (Option<u32>, Option<u32>),
     unk_surface: Vec<u8>,
@@ -252,13 +252,13 @@ mod tests {
     use super::*;
 
     fn model(add_dummy_prefix: bool, remove_extra_whitespaces: bool, user: &[&str]) -> SpModel {
-        let mut pieces = vec![Piece {
+        let mut pieces = vec![VocabEntry {
             bytes: b"<unk>"[..].into(),
             score: 0.0,
             kind: PieceKind::Unknown,
         }];
         for u in user {
-            pieces.push(Piece {
+            pieces.push(VocabEntry {
                 bytes: u.as_bytes().into(),
                 score: 0.0,
                 kind: PieceKind::UserDefined,
@@ -309,7 +309,7 @@ mod tests {
             remove_extra_whitespaces: false,
             escape_whitespaces: true,
         };
-        let piece = |s: &str, kind| Piece {
+        let piece = |s: &str, kind| VocabEntry {
             bytes: s.as_bytes().into(),
             score: 0.0,
             kind,

@@ -6,7 +6,7 @@
 use prost::Message;
 
 use crate::sentencepiece::{build_tokenizer, NormalizerOptions};
-use crate::vocab::{parse_byte_piece, Piece, PieceKind};
+use crate::vocab::{parse_byte_piece, PieceKind, VocabEntry};
 use crate::{Error, Result, Tokenizer};
 
 /// `ModelProto` (sentencepiece_model.proto), the fields flm reads.
@@ -200,7 +200,7 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
             })?),
             t => return Err(Error::Invalid(format!("piece {id} has unknown type {t}"))),
         };
-        pieces.push(Piece {
+        pieces.push(VocabEntry {
             bytes: bytes.into(),
             score: p.score.unwrap_or(0.0),
             kind,

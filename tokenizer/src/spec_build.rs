@@ -16,7 +16,7 @@ use crate::spec::{
     SentencePieceSpec, TokenizerKind, TokenizerSpec,
 };
 use crate::trie::TrieBuilder;
-use crate::vocab::{byte_piece, parse_byte_piece, Piece, PieceKind};
+use crate::vocab::{byte_piece, parse_byte_piece, PieceKind, VocabEntry};
 use crate::{Encoder, Error, Result, Tokenizer};
 
 fn invalid(what: impl std::fmt::Display) -> Error {
@@ -106,7 +106,7 @@ impl Tokenizer {
                     String::from_utf8_lossy(&bytes)
                 ))
             })?;
-            pieces.push(Piece {
+            pieces.push(VocabEntry {
                 bytes: bytes.into(),
                 score,
                 kind,
@@ -127,7 +127,7 @@ impl Tokenizer {
 /// through `sentencepiece::build_tokenizer`, `hf_json.rs`), so all of them make the same
 /// lookups and run the same checks. `special` is (BOS, EOS); ids must be in range.
 pub(crate) fn build(
-    pieces: Vec<Piece>,
+    pieces: Vec<VocabEntry>,
     kind: TokenizerKind,
     byte_fallback: bool,
     unk_id: Option<u32>,
@@ -206,7 +206,7 @@ fn piece_kind(ty: PieceType, bytes: &[u8]) -> Option<PieceKind> {
 }
 
 /// The description of a Hugging Face BPE model.
-fn hf_spec(m: &HfModel, pieces: &[Piece]) -> HfBpeSpec {
+fn hf_spec(m: &HfModel, pieces: &[VocabEntry]) -> HfBpeSpec {
     let mut merges: Vec<(u32, [u32; 2])> = m
         .merges
         .iter()
@@ -261,7 +261,7 @@ fn hf_spec(m: &HfModel, pieces: &[Piece]) -> HfBpeSpec {
 /// needs (`hf_json.rs` has already run them, by token text, on a `tokenizer.json`).
 fn hf_model(
     hf: HfBpeSpec,
-    pieces: &[Piece],
+    pieces: &[VocabEntry],
     unk: Option<u32>,
     byte_fallback: bool,
 ) -> Result<HfModel> {

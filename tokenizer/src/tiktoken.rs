@@ -3,7 +3,7 @@
 
 use base64::Engine;
 
-use crate::vocab::{Piece, PieceKind};
+use crate::vocab::{PieceKind, VocabEntry};
 use crate::{Error, Result};
 
 /// Parses a `.tiktoken` ranks file into pieces indexed by rank.
@@ -11,7 +11,7 @@ use crate::{Error, Result};
 /// Errors: [`Error::NotATokenizer`] for a line that is not `BASE64 RANK`, and
 /// [`Error::Invalid`] when the ranks are not exactly `0..n` (each once), which flm needs
 /// because ranks are ids.
-pub(crate) fn parse_ranks(text: &[u8]) -> Result<Vec<Piece>> {
+pub(crate) fn parse_ranks(text: &[u8]) -> Result<Vec<VocabEntry>> {
     let mut ranked: Vec<(usize, Vec<u8>)> = Vec::new();
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
         let line = line.trim_ascii();
@@ -54,7 +54,7 @@ pub(crate) fn parse_ranks(text: &[u8]) -> Result<Vec<Piece>> {
                 format!("tiktoken ranks skip rank {expected}")
             }));
         }
-        pieces.push(Piece {
+        pieces.push(VocabEntry {
             bytes: token.into(),
             score: 0.0,
             kind: PieceKind::Normal,

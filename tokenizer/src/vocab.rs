@@ -33,7 +33,7 @@ impl PieceKind {
 
 /// One vocabulary entry.
 #[derive(Debug, Clone)]
-pub(crate) struct Piece {
+pub(crate) struct VocabEntry {
     /// The piece as SentencePiece writes it: "▁" (U+2581) stands for a space.
     pub(crate) bytes: Box<[u8]>,
     /// Merge priority for SentencePiece BPE: higher merges first.

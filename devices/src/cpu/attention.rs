@@ -32,9 +32,12 @@
 //! mask and `head_dim`. Splitting a GQA group over tasks only changes which heads share
 //! their key reads. `devices/tests/batch_invariance.rs` checks it.
 
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
-// to come): elsewhere only the portable twins are called.
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
+// elsewhere only the portable twins are called.
+#![cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 
 use std::cell::Cell;
 
@@ -80,7 +83,7 @@ pub(crate) fn attention(
     mask: Mask,
     output: &mut Data,
 ) -> Result<()> {
-    let rows = Rows::Contiguous { start_pos };
+    let rows = QueryRows::Contiguous { start_pos };
     let window = mask.sliding_window.unwrap_or(usize::MAX);
     run(isa, q, cache_k, cache_v, rows, heads, mask, window, output)
 }
@@ -101,7 +104,7 @@ pub(crate) fn run(
     q: &Data,
     cache_k: &Data,
     cache_v: &Data,
-    rows: Rows<'_>,
+    rows: QueryRows<'_>,
     heads: Heads,
     mask: Mask,
     window: usize,
@@ -157,12 +160,12 @@ pub(crate) fn run(
 
 /// Where the query rows sit in the cache.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Rows<'a> {
+pub(crate) enum QueryRows<'a> {
     /// Row `i` at position `start_pos + i`; position `t` is cache row `t`.
     Contiguous { start_pos: usize },
-    /// A paged cache of blocks of `block_size` positions, one [`Row`] per query row.
+    /// A paged cache of blocks of `block_size` positions, one [`QueryRow`] per query row.
     Paged {
-        rows: &'a [Row<'a>],
+        rows: &'a [QueryRow<'a>],
         block_size: usize,
     },
 }
@@ -170,7 +173,7 @@ pub(crate) enum Rows<'a> {
 /// Where one query row of a paged cache sits: its position, and the block table of its
 /// sequence (position `t` is pool row `blocks[t / block_size]·block_size + t % block_size`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Row<'a> {
+pub(crate) struct QueryRow<'a> {
     pub pos: usize,
     pub blocks: &'a [u32],
 }
@@ -180,7 +183,7 @@ struct Attn<'a> {
     q: &'a [f32],
     keys: &'a [f32],
     values: &'a [f32],
-    rows: Rows<'a>,
+    rows: QueryRows<'a>,
     n_heads: usize,
     group: usize,
     /// Query heads per SIMD task: the group or a divisor of it.
@@ -200,8 +203,8 @@ impl Attn<'_> {
     /// The cache positions row `i` of `q` attends to, `first..end`.
     fn rows(&self, i: usize) -> (usize, usize) {
         let pos = match self.rows {
-            Rows::Contiguous { start_pos, .. } => start_pos + i,
-            Rows::Paged { rows, .. } => rows[i].pos,
+            QueryRows::Contiguous { start_pos, .. } => start_pos + i,
+            QueryRows::Paged { rows, .. } => rows[i].pos,
         };
         let end = (pos + 1).max(self.bidirectional);
         (end.saturating_sub(self.window), end)
@@ -214,10 +217,10 @@ impl Attn<'_> {
         let head = kv_head * self.head_dim;
         offsets.clear();
         match self.rows {
-            Rows::Contiguous { .. } => {
+            QueryRows::Contiguous { .. } => {
                 offsets.extend((first..end).map(|t| t * self.kv_dim + head));
             }
-            Rows::Paged { rows, block_size } => {
+            QueryRows::Paged { rows, block_size } => {
                 let (blocks, bs) = (rows[i].blocks, block_size);
                 offsets.extend(
                     (first..end)
@@ -321,9 +324,8 @@ impl Kernel for HeadRun<'_, '_> {
 }
 
 /// Cache positions the score pass of [`group`] prefetches the key and value rows of ahead
-/// of its reads. TinyLlama int4-sym on two threads decoded 1.5–2.2% faster with these
-/// prefetches at 512 positions of context and 0.7–1.0% at 128 (token by token in one
-/// process, both orders); 48 positions ahead measured the same as 16.
+/// of its reads: far enough to hide the latency at long contexts; 48 was no better
+/// (docs/benchmarks.md, "Kernel choices").
 const PREFETCH_ROWS: usize = 16;
 
 /// The query heads `first..first + task_heads` of one row (of one KV head) with the vectors

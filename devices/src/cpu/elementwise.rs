@@ -1,8 +1,11 @@
 //! Element-wise and copy ops: residual add, row copies, argmax.
 
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
-// to come): elsewhere only the portable twins are called.
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
+// elsewhere only the portable twins are called.
+#![cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 
 use flm_core::{argmax, Data, Result};
 

@@ -34,9 +34,12 @@
 //! Quantised weights (int8, int4) go to the integer kernels of `qlinear`, which give the
 //! same guarantee.
 
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 so far; NEON is
-// to come): elsewhere only the portable twins are called.
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
+// elsewhere only the portable twins are called.
+#![cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -47,24 +50,16 @@ use rayon::prelude::*;
 
 use super::qlinear::{self, QuantWeight};
 use super::simd::{self, Elem, Kernel, Simd};
-use super::weights::{dot, Rows};
+use super::weights::{dot, WeightRows};
 use super::{schedule, scratch};
 use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
 /// Weight rows a decode tile reads at once, each from its own stream (see [`Block::run`]).
 const DECODE_STREAMS: usize = 4;
 
-/// Bytes a decode stream is prefetched ahead of its loads.
-///
-/// A thread's tiles formerly took 8 adjacent rows of 16-row rayon tasks, without prefetches:
-/// 8 short streams per tile, which the hardware prefetchers of the 2-core Zen 5 VM barely
-/// follow. Reading copies of a matrix from memory on 2 threads (interleaved A/B in one
-/// process, GB/s old → new), f16 2048×2048 29.6–33.4 → 43.3–57.4, f16 5632×2048 29.4–31.5
-/// → 44.1–52.2, f16 2048×5632 33.7–38.7 → 43.3–58.4; on one thread f16 18.1–21.4 → 31.4–36.2;
-/// f32 and bf16 alike. Other layouts, in the same runs as 4 streams without prefetches
-/// (39.7–52.0): 8 strided streams 37.5–44.1, 16 streams 31.2–37.5, adjacent rows claimed by
-/// the same scheduler 29.9–39.9; 2 streams were as fast over rows of 2048 columns but fell
-/// to 32.5–39.4 over rows of 5632. Prefetching 1024 or 2048 bytes ahead added 4–10%.
+/// Bytes a decode stream is prefetched ahead of its loads: 4 long prefetched streams read
+/// float weights faster than 2, 8 or 16 streams or adjacent rows (docs/benchmarks.md,
+/// "Kernel choices").
 const DECODE_AHEAD: usize = 2048;
 
 /// Decode chunks are whole multiples of this many rows (4 tiles of [`DECODE_STREAMS`] rows),
@@ -145,11 +140,11 @@ fn quant_group(
     let mut ws = [QuantWeight::EMPTY; P];
     let mut owned: [Option<Cow<'_, [f32]>>; P] = Default::default();
     for ((w, b), part) in ws.iter_mut().zip(&mut owned).zip(group.iter()) {
-        let Rows::Quant {
+        let WeightRows::Quant {
             dtype,
             bytes,
             row_bytes,
-        } = Rows::new(part.weight)?
+        } = WeightRows::new(part.weight)?
         else {
             return Err(shape_err(
                 "Linear",
@@ -181,11 +176,11 @@ fn float_part(isa: Isa, x: &[f32], n: usize, k: usize, part: &mut LinearPart<'_>
     let bias = bias_f32(part.bias)?;
     let bias = bias.as_deref();
     let out = part.output.as_f32_mut()?;
-    match Rows::new(part.weight)? {
-        Rows::F32(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
-        Rows::F16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
-        Rows::BF16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
-        Rows::Quant { dtype, .. } => {
+    match WeightRows::new(part.weight)? {
+        WeightRows::F32(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        WeightRows::F16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        WeightRows::BF16(w) => float_linear(isa.vector(), &Float { x, w, bias, n, k }, out),
+        WeightRows::Quant { dtype, .. } => {
             return Err(shape_err(
                 "Linear",
                 format!("{dtype} weight among float ones"),

@@ -3,7 +3,7 @@
 use flm_core::{Data, Result};
 
 use super::simd::{self, Elem, Kernel, Simd};
-use super::weights::{dot, Rows};
+use super::weights::{dot, WeightRows};
 use super::Isa;
 
 /// RMSNorm (Zhang & Sennrich 2019) as in llama2.c `rmsnorm` and HF `LlamaRMSNorm`:
@@ -19,11 +19,11 @@ pub(crate) fn rms_norm(
     let dim = input.cols();
     let x = input.as_f32()?;
     let out = output.as_f32_mut()?;
-    match Rows::new(weight)? {
-        Rows::F32(w) => rms_norm_rows(isa, x, w, eps, out),
-        Rows::F16(w) => rms_norm_rows(isa, x, w, eps, out),
-        Rows::BF16(w) => rms_norm_rows(isa, x, w, eps, out),
-        rows @ Rows::Quant { .. } => {
+    match WeightRows::new(weight)? {
+        WeightRows::F32(w) => rms_norm_rows(isa, x, w, eps, out),
+        WeightRows::F16(w) => rms_norm_rows(isa, x, w, eps, out),
+        WeightRows::BF16(w) => rms_norm_rows(isa, x, w, eps, out),
+        rows @ WeightRows::Quant { .. } => {
             // Quantised gains are not produced by any converter; dequantise them (once).
             let mut buf = Vec::new();
             let w = rows.row(0, dim, &mut buf).to_vec();

@@ -4,7 +4,7 @@
 
 use flm_core::{Data, PagedSeq, Result};
 
-use super::attention::{self, Heads, Mask, Row, Rows};
+use super::attention::{self, Heads, Mask, QueryRow, QueryRows};
 use super::Isa;
 
 /// See [`flm_core::Op::PagedAttention`]: `q`, `output` f32 `[Σ n_rows, n_heads·head_dim]`,
@@ -25,13 +25,13 @@ pub(crate) fn paged_attention(
     let mut rows = Vec::with_capacity(total);
     for s in seqs {
         let end = s.start_pos + s.n_rows;
-        rows.extend((s.start_pos..end).map(|pos| Row {
+        rows.extend((s.start_pos..end).map(|pos| QueryRow {
             pos,
             blocks: s.blocks,
         }));
     }
     let window = mask.sliding_window.unwrap_or(usize::MAX);
-    let rows = Rows::Paged {
+    let rows = QueryRows::Paged {
         rows: &rows,
         block_size,
     };

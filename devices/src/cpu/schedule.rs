@@ -16,14 +16,10 @@ pub(crate) const MAX_PARTS: usize = 4;
 /// [`MAX_PARTS`] parts.
 ///
 /// Decode chunks start long, so that a chunk's rows form long streams (see
-/// `qlinear::x86::rows`), and end short, so that the threads finish together: with 4 equal
-/// tasks per thread, the threads of a TinyLlama decode step were busy for only 91–93% of
-/// the Linears' time. A thread that starts late, or is slowed down by another process,
-/// claims fewer chunks. Each chunk starts its streams anew, and on the 2-core CI VM a
-/// thread lost 2–3 µs to that per chunk: chunks of `1 / (2 · threads)` of the rows left,
-/// twice as many, decoded TinyLlama int4-sym on two threads 1.7% slower (median of 40
-/// rounds, alternated token by token; 3–6% in quiet phases), and the threads were busy
-/// for 98% of the Linears' time either way.
+/// `qlinear::x86::rows`), and end short, so that the threads finish together (equal tasks
+/// left them idle part of the time); a thread that starts late, or is slowed down by another
+/// process, claims fewer chunks. `1 / threads` rather than the classic `1 / (2 · threads)`
+/// because each chunk pays to start its streams anew (docs/benchmarks.md, "Kernel choices").
 ///
 /// The int8/int4 decode kernels of `qlinear` and the float ones of `linear` split their
 /// rows this way. Nothing is allocated.
@@ -34,10 +30,10 @@ pub(super) fn guided(
     f: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) {
     /// The parts' rows, claimed by the threads.
-    struct Rows([(*mut f32, usize); MAX_PARTS]);
+    struct PartRows([(*mut f32, usize); MAX_PARTS]);
     // SAFETY: the threads write disjoint rows (see below).
-    unsafe impl Sync for Rows {}
-    impl Rows {
+    unsafe impl Sync for PartRows {}
+    impl PartRows {
         /// Rows `j0..j1` of part `p`.
         ///
         /// # Safety
@@ -55,7 +51,7 @@ pub(super) fn guided(
         }
         return;
     }
-    let mut rows = Rows([(std::ptr::null_mut(), 0); MAX_PARTS]);
+    let mut rows = PartRows([(std::ptr::null_mut(), 0); MAX_PARTS]);
     for (r, out) in rows.0.iter_mut().zip(outs.iter_mut()) {
         *r = (out.as_mut_ptr(), out.len() / n);
     }

@@ -8,7 +8,7 @@ use super::simd::{self, Elem, Kernel, Simd};
 use super::Isa;
 
 /// A weight matrix `[rows, cols]` of any dtype, read row by row as f32.
-pub(crate) enum Rows<'a> {
+pub(crate) enum WeightRows<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
@@ -20,13 +20,13 @@ pub(crate) enum Rows<'a> {
     },
 }
 
-impl<'a> Rows<'a> {
-    pub(crate) fn new(data: &'a Data) -> Result<Rows<'a>> {
+impl<'a> WeightRows<'a> {
+    pub(crate) fn new(data: &'a Data) -> Result<WeightRows<'a>> {
         Ok(match data.dtype() {
-            DataType::F32 => Rows::F32(data.as_f32()?),
-            DataType::F16 => Rows::F16(data.as_f16()?),
-            DataType::BF16 => Rows::BF16(data.as_bf16()?),
-            dtype => Rows::Quant {
+            DataType::F32 => WeightRows::F32(data.as_f32()?),
+            DataType::F16 => WeightRows::F16(data.as_f16()?),
+            DataType::BF16 => WeightRows::BF16(data.as_bf16()?),
+            dtype => WeightRows::Quant {
                 dtype,
                 bytes: data.bytes()?,
                 row_bytes: quant::row_bytes(dtype, data.cols()).ok_or_else(|| Error::Shape {
@@ -42,18 +42,18 @@ impl<'a> Rows<'a> {
     pub(crate) fn row<'b>(&'b self, r: usize, cols: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
         let range = r * cols..(r + 1) * cols;
         match self {
-            Rows::F32(w) => &w[range],
-            Rows::F16(w) => {
+            WeightRows::F32(w) => &w[range],
+            WeightRows::F16(w) => {
                 buf.resize(cols, 0.0);
                 w[range].convert_to_f32_slice(buf);
                 buf
             }
-            Rows::BF16(w) => {
+            WeightRows::BF16(w) => {
                 buf.resize(cols, 0.0);
                 w[range].convert_to_f32_slice(buf);
                 buf
             }
-            Rows::Quant {
+            WeightRows::Quant {
                 dtype,
                 bytes,
                 row_bytes,

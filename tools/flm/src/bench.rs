@@ -240,11 +240,8 @@ fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
 /// cache line of each per step, prefetching 1024 bytes ahead on x86-64, as the float and
 /// AVX2 int8 decode kernels read several weight rows at once, or as one stream prefetched
 /// 8192 bytes ahead, as the other int8 and int4 decode kernels read their rows. Which
-/// pattern reads faster depends on the machine: on the 2-core Sapphire Rapids VM one core
-/// reached far more of the memory bandwidth with several misses in flight (8 GB/s with one
-/// stream, 12.5–13.5 GB/s with 8), while on the 2-core Zen 5 VM two threads read 35–42 GB/s
-/// in one stream each and 29–36 GB/s in 8, and one thread decoded int8 faster than the first
-/// two patterns read.
+/// pattern reads faster depends on the machine (several misses in flight help some cores,
+/// one stream others; docs/benchmarks.md).
 /// The bound is what the machine allows, so it is the fastest of the three.
 fn stream_read_gb_s(mib: usize) -> Result<f64> {
     // Allocated as weights are, so that it reads through the same kind of pages.

@@ -45,8 +45,8 @@ impl fmt::Display for GpuLayers {
 #[derive(Args, Clone, Copy, Default)]
 pub struct DeviceArgs {
     /// cpu, cuda or auto: auto uses a CUDA GPU when this build has the `cuda` feature and
-    /// one is usable, otherwise the CPU (saying why in one line); cuda without a usable GPU
-    /// is an error.
+    /// one is usable, otherwise the CPU (saying why in one line when the build could have
+    /// used a GPU); cuda without a usable GPU is an error.
     #[arg(long, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// N or auto: the first N layers' weights, KV cache and activations live on the GPU and

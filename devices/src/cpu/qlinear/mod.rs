@@ -61,13 +61,8 @@ struct Line([u8; 64]);
 ///
 /// The AVX-512 kernels load activation codes and scales 64 bytes at a time, at multiples of 64
 /// bytes from a row's start. From a heap `Vec` (16 bytes past a line in TinyLlama's decode)
-/// each such load straddled two cache lines. Token by token on the 2-core Zen 5 VM, codes on
-/// their lines against codes 16 bytes past them, in both orders of the pair: int4-sym decoded
-/// 1.9% and 2.9% faster on two threads (medians of 24 and 30 pairs) and 4.2% and 5.9% on one
-/// (12 pairs each); int8 0.4% faster on two. A loop of the int4 decode chunk over L1-resident
-/// codes and activations took 4.2 cycles per 64 bytes of weight codes on the lines and 4.4 off
-/// them with one accumulator per output, as the kernels have (bound by the `vfmadd` chain),
-/// and 2.2 against 3.5 with four.
+/// each such load straddled two cache lines, which slowed int4 decode by a few %
+/// (docs/benchmarks.md, "Kernel choices").
 #[derive(Default)]
 struct Lines<T> {
     lines: Vec<Line>,
@@ -134,7 +129,7 @@ impl Acts {
         k: usize,
         kp: usize,
         group: usize,
-        layout: Layout,
+        layout: ActLayout,
     ) {
         let blocks = (kp / BLOCK).div_ceil(layout.pad_blocks) * layout.pad_blocks;
         let groups = kp / group;
@@ -336,16 +331,16 @@ pub(crate) const AMX_MIN_ROWS: usize = 8;
 
 /// The order and padding of the [`Acts`] a kernel family reads.
 #[derive(Clone, Copy)]
-struct Layout {
+struct ActLayout {
     /// Chunk half-width in values (16: natural order).
     split: usize,
     /// Rows are padded to a multiple of this many blocks.
     pad_blocks: usize,
 }
 
-impl Layout {
+impl ActLayout {
     /// The layout the kernels of `isa` read for `n` input rows and `dtype` weights.
-    fn of(isa: Isa, dtype: DataType, n: usize) -> Layout {
+    fn of(isa: Isa, dtype: DataType, n: usize) -> ActLayout {
         let (split, pad_blocks) = match (isa, dtype) {
             // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
             (Isa::Amx, DataType::I8) => (16, 1),
@@ -358,7 +353,7 @@ impl Layout {
             (Isa::Neon | Isa::NeonDot, DataType::I8) => (16, 1),
             (Isa::Neon | Isa::NeonDot, _) => (16, 4),
         };
-        Layout { split, pad_blocks }
+        ActLayout { split, pad_blocks }
     }
 }
 
@@ -416,7 +411,7 @@ pub(crate) fn linear(
     let total: usize = outs.iter().map(|o| o.len() / n).sum();
     let parallel = n * total * k >= PARALLEL_MIN_WORK;
     scratch::with(&SCRATCH, |(acts, yt)| {
-        acts.quantize(isa, x, n, k, kp, group, Layout::of(isa, dtype, n));
+        acts.quantize(isa, x, n, k, kp, group, ActLayout::of(isa, dtype, n));
         let acts = &*acts;
         let run = |targets: &mut [&mut [f32]]| {
             if parallel && n < AMX_MIN_ROWS {
@@ -477,7 +472,7 @@ mod tests {
     fn split_order_puts_low_halves_first() {
         let x: Vec<f32> = (0..128).map(|i| i as f32 - 60.0).collect();
         let mut natural = Acts::default();
-        let layout = |split, pad_blocks| Layout { split, pad_blocks };
+        let layout = |split, pad_blocks| ActLayout { split, pad_blocks };
         natural.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(16, 1));
         let mut split = Acts::default();
         split.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(64, 4));

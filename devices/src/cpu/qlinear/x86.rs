@@ -28,40 +28,22 @@ const TILE_ROWS: usize = 4;
 
 /// Input rows per tile of the AVX-512 int4 prefill kernel over unpacked weight rows.
 ///
-/// A 4 × 4 tile keeps 16 accumulators and the 4 inputs' low codes, high codes and scales
-/// (12 vectors) live, more than the 32 vector registers with the weight vectors, and the
-/// compiler spilled accumulators to the stack in the inner loop; 4 × 3 keeps 12 and 9. On one
-/// core of the 2-core Zen 5 VM, criterion's int4-sym 128×2048×2048 went from 107 to 130 G
-/// multiply-adds/s (and 4 × 4 reached 127 against 155 for 4 × 3 with the cheaper
-/// [`Tile::finish_i4_avx512`]). Each output's arithmetic is the same whatever the tile.
+/// 4 × 3 keeps the accumulators and inputs in the 32 vector registers, where 4 × 4 spilled
+/// to the stack (figures: docs/benchmarks.md, "Kernel choices"). Each output's arithmetic
+/// is the same whatever the tile.
 const UNPACKED_TILE_INPUTS: usize = 3;
 
 /// Most bytes a decode stream is prefetched ahead of its loads, where a thread reads 4 strided
-/// streams: the AVX2 and AVX-VNNI int8 kernels (the others read one, see [`ONE_STREAM_AHEAD`];
-/// the int4 figures below are from when the int4 kernels read 4 streams too).
+/// streams: the AVX2 and AVX-VNNI int8 kernels (the others read one, see [`ONE_STREAM_AHEAD`]).
 ///
-/// One row ahead is far enough for rows of 2048 columns; a row of TinyLlama's down projection
-/// (5632 columns) is 5636 bytes in int8, and prefetching that far, 4 streams at once, read 16
-/// copies of it (from memory, not cache) at 22.9 GiB/s on one core of the 2-core Zen 5 VM,
-/// against 30.1 GiB/s at 2048 bytes, the gate projection's speed. Interleaved token-by-token A/B
-/// over whole TinyLlama decode steps on that VM: int8 +2.5 to +5.4% (1 thread) and +0.7 to +4.6%
-/// (2 threads); int4 +0.4 to +4.2% and int4-sym −1.2 to +2.1% (2 threads). Each stream's rows
-/// are contiguous, so a distance shorter than a row still prefetches every line once: the codes
-/// and scales of the rest of the row, then of the next.
-/// A second prefetch per weight line into L2 (`_MM_HINT_T1`) further down the stream, to keep
-/// more misses in flight when other VMs load the memory, was slower the further it reached:
-/// TinyLlama decode on two threads of the Zen 5 VM in a busy phase, 2, 4 and 8 KiB ahead,
-/// medians of 9 token-by-token A/B pairs: int4-sym −2.1%, −2.6% and −6.5%, int8 −1.5%, −2.1%
-/// and −3.3%.
+/// A whole long row ahead, 4 streams at once, reads slower than 2 KiB; each stream's rows are
+/// contiguous, so a shorter distance still prefetches every line once. A second prefetch into
+/// L2 further down was slower (docs/benchmarks.md, "Kernel choices").
 const MAX_AHEAD: usize = 2048;
 
 /// Bytes a decode stream is prefetched ahead of its loads where each thread reads its rows
-/// one after another as one stream (see [`rows`]).
-///
-/// Interleaved token-by-token A/B over whole TinyLlama decode steps on the 2-core Zen 5 VM,
-/// 2 threads, against 4 strided streams 2048 bytes ahead: int8 one stream 2048 bytes ahead
-/// −2.7%, 4096 +3.7%, 8192 +3.0 to +7.8%, 16384 +2.4%, 32768 −0.1% (medians of 7 pairs);
-/// int4-sym 4096 +8.4%, 8192 +9.9%, 16384 +9.0% (medians of 8 pairs, one run).
+/// one after another as one stream (see [`rows`]): the fastest distance measured for int8 and
+/// int4-sym decode (docs/benchmarks.md, "Kernel choices").
 const ONE_STREAM_AHEAD: usize = 8192;
 
 thread_local! {
@@ -80,34 +62,21 @@ thread_local! {
 /// [`ONE_STREAM_AHEAD`] bytes ahead: int8 one row per tile, int4 tiles of 4 adjacent rows, which
 /// [`Tile::i4_avx512_groups`] and [`Tile::i4_avx2_body`] read one row after the other, scaling
 /// each chunk as it arrives, so that the minimum terms and the horizontal sums are paid once per
-/// tile. Against the 4 strided streams below, token-by-token A/B over whole TinyLlama decode
-/// steps on the 2-core Zen 5 VM: with AVX-512, int8 3–7% faster on two threads and 4% on one
-/// (medians of 7–11 pairs); int4-sym 5.7% and 9.9% faster on two threads (medians of 12 and
-/// 8 pairs, in two runs) and 21% on one (8 pairs); int4 5.3% faster on two threads (8 pairs);
-/// 4 sequences decoded at once (int4-sym, two threads) 3–8% faster. With AVX2 (forced on that
-/// VM), int4-sym 13% faster on one thread (8 pairs) and unchanged on two (median −0.5% over
-/// 20 pairs: −1.3% in the phases where two threads decoded hardly faster than one, +9.5% in
-/// the others). One row per int4 tile, with the dot products of a row kept until its scale
-/// lines had been read (the order that suits 4 strided streams), was 20–24% slower on one
-/// thread with AVX-512: the per-row work of that order, not the memory, bound it.
+/// tile. It decodes faster than the 4 strided streams below with AVX-512 (int8, int4 and
+/// int4-sym) and with AVX2 int4; one row per int4 tile was slower, bound by its per-row work
+/// (docs/benchmarks.md, "Kernel choices").
 ///
 /// AVX2 and AVX-VNNI int8 decode, whose one-stream version was no faster (−0.4%), splits the
 /// rows into 4 equal runs instead, and a tile takes one row of each, so that the kernel reads 4
 /// long sequential streams, each prefetched one row ahead, or [`MAX_AHEAD`] bytes where rows are
-/// longer. A tile of 4 adjacent rows read chunk by chunk jumps to 4 new streams every 4 rows,
-/// which the hardware prefetchers follow poorly: reading a 1 GiB matrix in one pattern and the
-/// other on the 2-core CI VM moved 10–12 against 15–17 GB/s on one core and 22 against
-/// 26–31 GB/s on two. Storing a tile's 4 rows interleaved line by line, so that a thread reads
-/// one stream, was slower on the 2-core Zen 5 VM (int4-sym 2048×2048, 16 copies from memory,
-/// 2 threads, interleaved A/B): 35.5 GB/s for the 4 streams, 29.1 for one stream prefetched 4
-/// rows ahead and 10.8 for one stream without software prefetches. Tiles of 8 strided rows (8
-/// streams) were slower too: 37.1 against 40.4 GB/s.
+/// longer: the hardware prefetchers follow 4 long streams better than tiles of 4 adjacent rows,
+/// which jump to 4 new streams every 4 rows; interleaved storage and 8 streams were slower
+/// (docs/benchmarks.md, "Kernel choices").
 ///
 /// When the input rows fit one tile (decode), a kernel call runs all the full tiles of the
 /// task, and a second one the rows left over, so that the dispatch, the set-up of a
 /// tile and the stores of its results cost a few instructions per tile instead of a call
-/// each: with the kernels' arithmetic removed, a TinyLlama decode step spent half of its
-/// remaining time in that per-tile overhead.
+/// each (that overhead was half of a decode step's time without the arithmetic).
 pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
     let m = yt.len() / n;
@@ -180,10 +149,7 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
                 unsafe { unpack_i4_avx512(w, j0 + j, r, unpacked) };
             }
             // The next tile's weight rows, prefetched into L2 a slice per input tile while
-            // this one computes, so that unpacking them does not wait on memory (the unpacking
-            // had 7% of a TinyLlama prefill's samples, reading the weights on demand). On the
-            // Zen 5 VM, int4-sym prefill of 128 tokens went from 130 to 139 tokens/s on one
-            // thread and from 240 to 255 on two (4 alternated runs each); T0 did as well.
+            // this one computes, so that unpacking them does not wait on memory.
             let next = if unpack {
                 let rows = (j + TILE_ROWS).min(m)..(j + 2 * TILE_ROWS).min(m);
                 &w.bytes[(j0 + rows.start) * w.row_bytes..(j0 + rows.end) * w.row_bytes]
@@ -603,11 +569,9 @@ impl Tile<'_> {
     ///
     /// In decode (`once`) the hint is non-temporal: the weights stream through once per
     /// call, and each prefetch leads its load by a few KiB, so L1 holds the line until it
-    /// is read and the stream need not fill the outer caches. Token-by-token A/B over whole
-    /// TinyLlama decode steps on the 2-core Zen 5 VM, against `_MM_HINT_T0`: with AVX-512,
-    /// int4-sym +2% (medians of 6 and 24 pairs), int8 +1.5 to +3%, int4 +0.5 to +1.5% on
-    /// two threads, and within ±1% on one; with AVX2 (forced), int4-sym and int8 within
-    /// ±1% on two. Otherwise (prefill) the tile's rows are read again for each tile of
+    /// is read and the stream need not fill the outer caches (a few % faster than
+    /// `_MM_HINT_T0` with AVX-512, docs/benchmarks.md). Otherwise (prefill) the tile's rows
+    /// are read again for each tile of
     /// inputs, so they are prefetched into every cache level.
     #[inline(always)]
     unsafe fn prefetch_ahead(&self, p: *const u8) {
