@@ -306,3 +306,28 @@ fn greedy_ids_equal_transformers() {
         assert!(compared >= 20, "{family}: only {compared} clear positions");
     }
 }
+
+/// The Qwen2 and Qwen3 checkpoints as llama.cpp writes them into GGUF files (made from the
+/// same weights by tools/gguf/make_family_ggufs.py): the configuration the architecture's
+/// keys give, and transformers' logits from the F32 tensors.
+#[test]
+fn qwen_gguf_files_run_as_transformers() {
+    for family in ["qwen2", "qwen3"] {
+        let path = data(&format!("hf-families/{family}.gguf"));
+        let gguf = import::load(&path).unwrap().config;
+        let hf = import::load(&data(&format!("hf-families/{family}")))
+            .unwrap()
+            .config;
+        assert_eq!(
+            (gguf.qkv_bias, gguf.qk_norm, gguf.rope_style, gguf.head_dim),
+            (hf.qkv_bias, hf.qk_norm, hf.rope_style, hf.head_dim),
+            "{family}"
+        );
+        let [prefill, _, stepped] = logits_three_ways(&path);
+        let want = expected(family);
+        for (how, got) in [("prefill", prefill), ("decode", stepped)] {
+            let diff = max_diff(&got, &want);
+            assert!(diff <= TOLERANCE, "{family}.gguf {how}: max |Δ| = {diff}");
+        }
+    }
+}

@@ -17,8 +17,12 @@
 //! the bytes left in the file before anything is allocated for it, nesting is limited, and
 //! a bad file gives [`Error::Format`], never a panic.
 //!
-//! `general.architecture = "llama"` maps onto [`ModelConfig`] (llama.cpp's converter
-//! stores q/k in Meta's layout: [`flm_core::RopeStyle::AdjacentPairs`]); tensors F32, F16, BF16
+//! `general.architecture` `llama`, `qwen2` and `qwen3` map onto [`ModelConfig`] from the
+//! keys under the architecture's name. llama.cpp's converter stores a Llama's q/k in Meta's
+//! layout ([`flm_core::RopeStyle::AdjacentPairs`]) and Qwen's as transformers has them
+//! ([`flm_core::RopeStyle::RotateHalf`], its NEOX RoPE type); Qwen2 adds q/k/v biases
+//! (`attn_q.bias`...), Qwen3 a norm over each query and key head (`attn_q_norm`,
+//! `attn_k_norm`). Tensors F32, F16, BF16
 //! (zero-copy) and the ggml block types of [`GgmlType`] are read, each into the dtype
 //! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss). A SentencePiece
 //! vocabulary (`tokenizer.ggml.model = "llama"`) or a byte-level BPE one (`"gpt2"`,
@@ -32,7 +36,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use flm_core::ggml::GgmlType;
-use flm_core::DataType;
+use flm_core::{DataType, RopeStyle};
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
@@ -40,23 +44,29 @@ use crate::llama::LlamaWeights;
 use crate::{Error, ModelConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
 
-/// The `llama` hyper-parameters (llama.cpp `llm_load_hparams` keys).
+/// The hyper-parameters of architecture `llama`, `qwen2` or `qwen3` (llama.cpp
+/// `llm_load_hparams` keys, under the architecture's name).
 fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
     let unsupported = |what: String| Error::format(m.path, format!("unsupported model: {what}"));
-    match m.str("general.architecture")? {
-        Some(a) if a == "llama" => {}
-        Some(a) => return Err(unsupported(format!("architecture \"{a}\" (only llama)"))),
+    let arch = match m.str("general.architecture")? {
+        Some(a) if ["llama", "qwen2", "qwen3"].contains(&a.as_str()) => a,
+        Some(a) => {
+            return Err(unsupported(format!(
+                "architecture \"{a}\" (llama, qwen2 and qwen3 are supported)"
+            )))
+        }
         None => {
             return Err(Error::format(
                 m.path,
                 "missing metadata general.architecture",
             ))
         }
-    }
-    if m.usize("llama.expert_count")?.unwrap_or(0) > 0 {
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    if m.usize(&key("expert_count"))?.unwrap_or(0) > 0 {
         return Err(unsupported("mixture of experts".into()));
     }
-    if let Some(t) = m.str("llama.rope.scaling.type")?.filter(|t| t != "none") {
+    if let Some(t) = m.str(&key("rope.scaling.type"))?.filter(|t| t != "none") {
         return Err(unsupported(format!("RoPE scaling \"{t}\"")));
     }
     if g.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
@@ -64,24 +74,27 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
             "RoPE frequency factors (rope_freqs.weight)".into(),
         ));
     }
-    let dim = m.required("llama.embedding_length")?;
-    let n_heads = m.required("llama.attention.head_count")?;
+    let dim = m.required(&key("embedding_length"))?;
+    let n_heads = m.required(&key("attention.head_count"))?;
     if n_heads == 0 {
-        return Err(Error::format(m.path, "llama.attention.head_count is 0"));
+        return Err(Error::format(
+            m.path,
+            format!("{} is 0", key("attention.head_count")),
+        ));
     }
     let head_dim = m
-        .usize("llama.attention.key_length")?
+        .usize(&key("attention.key_length"))?
         .unwrap_or(dim / n_heads);
-    for key in ["llama.attention.value_length", "llama.rope.dimension_count"] {
-        if let Some(v) = m.usize(key)?.filter(|&v| v != head_dim) {
+    for k in [key("attention.value_length"), key("rope.dimension_count")] {
+        if let Some(v) = m.usize(&k)?.filter(|&v| v != head_dim) {
             return Err(unsupported(format!(
-                "{key} {v} differs from head_dim {head_dim}"
+                "{k} {v} differs from head_dim {head_dim}"
             )));
         }
     }
     let vocab_size = match m.array("tokenizer.ggml.tokens")? {
         Some(tokens) => tokens.len(),
-        None => m.required("llama.vocab_size")?,
+        None => m.required(&key("vocab_size"))?,
     };
     let eos = [
         m.id("tokenizer.ggml.eos_token_id")?,
@@ -91,20 +104,27 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
     eos_token_ids.dedup();
     let config = ModelConfig {
         dim,
-        hidden_dim: m.required("llama.feed_forward_length")?,
-        n_layers: m.required("llama.block_count")?,
+        hidden_dim: m.required(&key("feed_forward_length"))?,
+        n_layers: m.required(&key("block_count"))?,
         n_heads,
-        n_kv_heads: m.usize("llama.attention.head_count_kv")?.unwrap_or(n_heads),
+        n_kv_heads: m.usize(&key("attention.head_count_kv"))?.unwrap_or(n_heads),
         head_dim,
         vocab_size,
-        max_seq_len: m.required("llama.context_length")?,
+        max_seq_len: m.required(&key("context_length"))?,
         norm_eps: m
-            .f32("llama.attention.layer_norm_rms_epsilon")?
+            .f32(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5),
-        rope_theta: m.f32("llama.rope.freq_base")?.unwrap_or(10000.0),
+        rope_theta: m.f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
+        rope_style: if arch == "llama" {
+            RopeStyle::AdjacentPairs
+        } else {
+            RopeStyle::RotateHalf
+        },
         tie_embeddings: !g.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
+        qkv_bias: arch == "qwen2",
+        qk_norm: arch == "qwen3",
         ..ModelConfig::default()
     };
     config
@@ -113,7 +133,8 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
     Ok(config)
 }
 
-/// The GGUF name of a canonical tensor (llama.cpp `LLM_TENSOR_NAMES` for llama).
+/// The GGUF name of a canonical tensor (llama.cpp `LLM_TENSOR_NAMES` for llama, qwen2 and
+/// qwen3).
 fn gguf_name(canonical: &str) -> String {
     match canonical {
         "embedding" => "token_embd.weight".into(),
@@ -125,17 +146,25 @@ fn gguf_name(canonical: &str) -> String {
                 .and_then(|rest| rest.split_once('.'))
                 .unwrap_or(("", canonical));
             let g = match part {
-                "attn_norm" => "attn_norm",
-                "wq" => "attn_q",
-                "wk" => "attn_k",
-                "wv" => "attn_v",
-                "wo" => "attn_output",
-                "ffn_norm" => "ffn_norm",
-                "w_gate" => "ffn_gate",
-                "w_down" => "ffn_down",
-                _ => "ffn_up",
+                "attn_norm" => "attn_norm.weight",
+                "wq" => "attn_q.weight",
+                "wk" => "attn_k.weight",
+                "wv" => "attn_v.weight",
+                "bq" => "attn_q.bias",
+                "bk" => "attn_k.bias",
+                "bv" => "attn_v.bias",
+                "q_norm" => "attn_q_norm.weight",
+                "k_norm" => "attn_k_norm.weight",
+                "wo" => "attn_output.weight",
+                "bo" => "attn_output.bias",
+                "ffn_norm" => "ffn_norm.weight",
+                "w_gate" => "ffn_gate.weight",
+                "w_down" => "ffn_down.weight",
+                "w_up" => "ffn_up.weight",
+                // Not a canonical part: looked up as it is, so it is reported missing.
+                other => other,
             };
-            format!("blk.{layer}.{g}.weight")
+            format!("blk.{layer}.{g}")
         }
     }
 }
@@ -282,7 +311,7 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     tokenizer(&m)?.map_err(|why| Error::format(path, why))
 }
 
-/// Loads a GGUF checkpoint (architecture `llama`).
+/// Loads a GGUF checkpoint (architecture `llama`, `qwen2` or `qwen3`).
 pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let map = map_file(path)?;
     let g = parse(&map, path)?;
@@ -298,7 +327,7 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let needed = config.n_layers.saturating_mul(9).saturating_add(2);
     if needed > g.tensors.len() {
         let msg = format!(
-            "llama.block_count {} implies at least {needed} tensors, the file has {}",
+            "block_count {} implies at least {needed} tensors, the file has {}",
             config.n_layers,
             g.tensors.len()
         );
