@@ -436,37 +436,15 @@ impl Llama {
             }
             let last = (parts - 1) * chunk;
             self.forward_chunk(exec, &tokens[last..], start_pos + last, head)?;
-            return self.output(exec);
+            return host_output(&self.model, &self.states, &mut self.host_out, exec);
         }
         self.all_rows.clear();
         for (c, part) in tokens.chunks(chunk).enumerate() {
             self.forward_chunk(exec, part, start_pos + c * chunk, head)?;
-            let rows = self.output(exec)?.to_vec();
-            self.all_rows.extend_from_slice(&rows);
+            let rows = host_output(&self.model, &self.states, &mut self.host_out, exec)?;
+            self.all_rows.extend_from_slice(rows);
         }
         Ok(&self.all_rows)
-    }
-
-    /// The last chunk's logits (or hidden states) in host memory: those of the last
-    /// layer's activations, copied to the host first when they are on a device.
-    fn output(&mut self, exec: &Executor) -> Result<&[f32]> {
-        let Some(out) = self.states.last().map(|s| &s.logits) else {
-            return Err(Error::Config("no forward pass has run".into()));
-        };
-        if out.location() == Location::Host {
-            return Ok(out.as_f32()?);
-        }
-        let mut host = match self.host_out.take() {
-            Some(h) => h,
-            None => Data::zeros(DataType::F32, out.shape())?,
-        };
-        // The buffer keeps its capacity: it grows only for a chunk longer than any before.
-        if host.set_shape(out.shape()).is_err() {
-            host = Data::zeros(DataType::F32, out.shape())?;
-        }
-        let host = self.host_out.insert(host);
-        exec.copy_into(out, host, "logits to host")?;
-        Ok(host.as_f32()?)
     }
 
     fn forward_chunk(
@@ -525,6 +503,40 @@ impl Llama {
         })?;
         finish(exec, model, s, head, &[n - 1])
     }
+}
+
+/// The last chunk's logits (or hidden states) in host memory: those of the activations of
+/// the last layer's memory (`states` as [`Llama`] holds them), copied into `host_out` first
+/// when that memory is a device's.
+fn host_output<'a>(
+    model: &LlamaModel,
+    states: &'a [RunState],
+    host_out: &'a mut Option<Data>,
+    exec: &Executor,
+) -> Result<&'a [f32]> {
+    let output = model.placement.output();
+    let memory = model
+        .placement
+        .locations()
+        .iter()
+        .position(|&m| m == output);
+    let Some(out) = memory.and_then(|i| states.get(i)).map(|s| &s.logits) else {
+        return Err(Error::Config("no forward pass has run".into()));
+    };
+    if out.location() == Location::Host {
+        return Ok(out.as_f32()?);
+    }
+    let mut host = match host_out.take() {
+        Some(h) => h,
+        None => Data::zeros(DataType::F32, out.shape())?,
+    };
+    // The buffer keeps its capacity: it grows only for a chunk longer than any before.
+    if host.set_shape(out.shape()).is_err() {
+        host = Data::zeros(DataType::F32, out.shape())?;
+    }
+    let host = host_out.insert(host);
+    exec.copy_into(out, host, "logits to host")?;
+    Ok(host.as_f32()?)
 }
 
 /// `1 / sqrt(head_dim)`, the scale of the attention scores.
