@@ -8,9 +8,9 @@ use std::path::Path;
 
 use flm_core::{DataType, RopeScaling};
 use flm_models::convert::{convert, Recipe};
-use flm_models::import;
-use flm_models::llama::{Llama, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::ModelConfig;
+use flm_models::{import, Graph};
 use flm_tests::{cpu_executor, data, ids};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
@@ -39,7 +39,7 @@ fn expected(family: &str) -> Vec<f32> {
 
 fn load(path: &Path) -> Llama {
     let ckpt = import::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap()
+    Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap()
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -150,7 +150,7 @@ fn without_the_family_feature_the_logits_differ() {
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let mut config = ckpt.config.clone();
-        let mut weights = ckpt.weights().unwrap();
+        let mut weights = LlamaWeights::load(&ckpt).unwrap();
         strip(&mut config);
         if !config.qk_norm {
             for layer in &mut weights.layers {
@@ -330,4 +330,31 @@ fn qwen_gguf_files_run_as_transformers() {
             assert!(diff <= TOLERANCE, "{family}.gguf {how}: max |Δ| = {diff}");
         }
     }
+}
+
+/// A tensor no canonical name maps to is listed as ignored, not read as another one, and
+/// the model still gives transformers' logits.
+#[test]
+fn unknown_tensors_are_listed_as_ignored() {
+    use safetensors::tensor::TensorView;
+    let dir = edited_copy("qwen3", |_| {});
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let extra = [0u8; 16];
+    let mut views: Vec<(String, TensorView<'_>)> = file.tensors();
+    let name = "model.layers.0.mlp.experts.0.up_proj.weight";
+    let view = TensorView::new(safetensors::Dtype::F32, vec![2, 2], &extra).unwrap();
+    views.push((name.to_string(), view));
+    safetensors::tensor::serialize_to_file(views, None, &path).unwrap();
+    let ckpt = import::load(dir.path()).unwrap();
+    assert_eq!(ckpt.ignored, [name]);
+    let notes = ckpt.load_notes();
+    assert!(notes.iter().any(|n| n.contains(name)), "{notes:?}");
+    let got = load(dir.path())
+        .forward(&cpu_executor(), &input_ids(), 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    let diff = max_diff(&got, &expected("qwen3"));
+    assert!(diff <= TOLERANCE, "max |Δ| = {diff}");
 }

@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use super::hf_families::{self, RopeFields, WindowFields};
 use super::{map_file, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
-use crate::llama::LlamaWeights;
+use crate::tensor_names::{canonical_tensors, TensorName};
 use crate::{Error, ModelConfig, Result};
 
 /// A token id or a list of them (`eos_token_id` is either in HF configs).
@@ -246,41 +246,6 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     ))
 }
 
-/// The Hugging Face name of a canonical tensor (transformers' `LlamaForCausalLM`).
-fn hf_name(canonical: &str) -> String {
-    match canonical {
-        "embedding" => "model.embed_tokens.weight".into(),
-        "final_norm" => "model.norm.weight".into(),
-        "classifier" => "lm_head.weight".into(),
-        _ => {
-            let (layer, part) = canonical
-                .strip_prefix("layers.")
-                .and_then(|rest| rest.split_once('.'))
-                .unwrap_or(("", canonical));
-            let hf = match part {
-                "attn_norm" => "input_layernorm.weight",
-                "wq" => "self_attn.q_proj.weight",
-                "wk" => "self_attn.k_proj.weight",
-                "wv" => "self_attn.v_proj.weight",
-                "wo" => "self_attn.o_proj.weight",
-                "bq" => "self_attn.q_proj.bias",
-                "bk" => "self_attn.k_proj.bias",
-                "bv" => "self_attn.v_proj.bias",
-                "bo" => "self_attn.o_proj.bias",
-                "q_norm" => "self_attn.q_norm.weight",
-                "k_norm" => "self_attn.k_norm.weight",
-                "ffn_norm" => "post_attention_layernorm.weight",
-                "w_gate" => "mlp.gate_proj.weight",
-                "w_down" => "mlp.down_proj.weight",
-                "w_up" => "mlp.up_proj.weight",
-                // Not a canonical part: looked up as it is, so it is reported missing.
-                other => other,
-            };
-            format!("model.layers.{layer}.{hf}")
-        }
-    }
-}
-
 /// Every tensor of the given safetensors or PyTorch `torch.save` files (told apart by
 /// their first bytes), by Hugging Face name.
 fn read_tensors(files: &[PathBuf]) -> Result<HashMap<String, SourceTensor>> {
@@ -345,36 +310,45 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         .filter(|&&f| f != "ice_text.model" || family == Family::Thudm)
         .map(|f| dir.join(f))
         .collect();
-    let checkpoint = |tensors| Checkpoint {
+    let checkpoint = |tensors, ignored| Checkpoint {
         format: Format::HuggingFace,
         config: config.clone(),
         tensors,
         tokenizer: None,
         tokenizer_candidates: candidates.clone(),
+        ignored,
     };
     match family {
-        Family::Thudm => return Ok(checkpoint(thudm::tensors(dir, &config, by_name)?)),
+        Family::Thudm => {
+            let tensors = thudm::tensors(dir, &config, &mut by_name)?;
+            return Ok(checkpoint(tensors, ignored(by_name)));
+        }
         Family::Baichuan => split_w_pack(&config, &mut by_name)?,
         Family::Phi3 => split_phi3(&config, &mut by_name)?,
         Family::Llama => {}
     }
-    let tensors = LlamaWeights::canonical_shapes(&config)
+    let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, _)| {
-            let hf = hf_name(&canonical);
+            let hf = canonical.hf().ok_or_else(|| {
+                Error::format(
+                    dir,
+                    format!("{family:?} checkpoints have no tensor {canonical}"),
+                )
+            })?;
             let mut t = by_name.remove(&hf).ok_or_else(|| {
-                let hint = if canonical == "classifier" {
+                let hint = if canonical == TensorName::Classifier {
                     " (and tie_word_embeddings is false)"
                 } else {
                     ""
                 };
                 Error::format(dir, format!("missing tensor {hf}{hint}"))
             })?;
-            t.name = canonical;
+            t.name = canonical.to_string();
             Ok(t)
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(checkpoint(tensors))
+    Ok(checkpoint(tensors, ignored(by_name)))
 }
 
 /// Replaces each layer's Baichuan `self_attn.W_pack.weight` `[3·dim, dim]` (q, k, v rows)
@@ -433,11 +407,12 @@ fn split_phi3(c: &ModelConfig, by_name: &mut HashMap<String, SourceTensor>) -> R
 /// `config_path` (for benchmarks and load tests: speed does not depend on the values).
 pub(super) fn random(config_path: &Path, seed: u64) -> Result<Checkpoint> {
     let (config, _) = parse_config(config_path)?;
-    let tensors = crate::canonical_shapes(&config)
+    let tensors = canonical_tensors(&config)
         .into_iter()
         .enumerate()
         .map(|(i, (name, shape))| {
-            SourceTensor::random(name, shape, seed.wrapping_add(i as u64), config_path)
+            let seed = seed.wrapping_add(i as u64);
+            SourceTensor::random(name.to_string(), shape, seed, config_path)
         })
         .collect();
     Ok(Checkpoint {
@@ -446,5 +421,13 @@ pub(super) fn random(config_path: &Path, seed: u64) -> Result<Checkpoint> {
         tensors,
         tokenizer: None,
         tokenizer_candidates: Vec::new(),
+        ignored: Vec::new(),
     })
+}
+
+/// The names of the tensors left after the canonical ones were taken, sorted.
+fn ignored(by_name: HashMap<String, SourceTensor>) -> Vec<String> {
+    let mut names: Vec<String> = by_name.into_keys().collect();
+    names.sort();
+    names
 }

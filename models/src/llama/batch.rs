@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use flm_core::{Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
 
-use super::{attention_scale, finish, run_layers, Head, LlamaModel, Logits, RunState};
+use super::{attention_scale, finish, run_layers, Activations, Head, LlamaModel, Logits};
 use crate::{Error, ModelConfig, Result};
 
 /// One sequence of a batched forward pass.
@@ -36,7 +36,7 @@ pub struct BatchSeq<'a> {
 /// activations grow to the largest batch seen.
 pub struct LlamaBatch {
     model: Arc<LlamaModel>,
-    state: RunState,
+    state: Activations,
     rows: usize,
     tokens: Vec<u32>,
     positions: Vec<u32>,
@@ -59,7 +59,7 @@ impl LlamaBatch {
         }
         let c = &model.config;
         let rows = rows.max(1);
-        let state = RunState::new(c, rows)?;
+        let state = Activations::new(c, rows)?;
         let mut prefix = Vec::new();
         if let Some(p) = &model.weights.prefix_kv {
             let kv_dim = c.kv_dim();
@@ -168,7 +168,7 @@ impl LlamaBatch {
         }
         let n = self.tokens.len();
         if n > self.rows {
-            self.state = RunState::new(c, n)?;
+            self.state = Activations::new(c, n)?;
             self.rows = n;
         }
         let paged: Vec<PagedSeq<'_>> = seqs
