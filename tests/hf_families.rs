@@ -1,6 +1,7 @@
 //! Llama 3 (llama3 RoPE scaling), Mistral (sliding-window attention), Qwen2 (q/k/v
-//! biases), Qwen3 (an RMSNorm over each query and key head) and Phi-3 (fused projections,
-//! LongRoPE on part of each head) through the Llama graph, against the logits of Hugging Face transformers for
+//! biases), Qwen3 (an RMSNorm over each query and key head), Phi-3 (fused projections,
+//! LongRoPE on part of each head), Mixtral and Qwen3-MoE (routed experts) through the
+//! Llama graph, against the logits of Hugging Face transformers for
 //! tiny random-weight checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see
 //! its SOURCES.md).
 
@@ -9,13 +10,21 @@ use std::path::Path;
 use flm_core::{DataType, RopeScaling};
 use flm_models::convert::{convert, Recipe};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
-use flm_models::ModelConfig;
 use flm_models::{import, Graph};
+use flm_models::{ModelConfig, MoeConfig};
 use flm_tests::{cpu_executor, data, ids};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
-const FAMILIES: [&str; 5] = ["llama3", "mistral", "qwen2", "qwen3", "phi3"];
+const FAMILIES: [&str; 7] = [
+    "llama3",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "mixtral",
+    "qwen3_moe",
+];
 /// The bound on the difference to transformers' logits.
 const TOLERANCE: f32 = 1e-4;
 
@@ -117,6 +126,29 @@ fn configurations_are_read_per_family() {
     assert_eq!(long_factor, [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]);
     // sqrt(1 + ln(128 / 16) / ln(16)), transformers' default.
     assert!((attention_factor - 1.75f32.sqrt()).abs() < 1e-6);
+    let mixtral = config("mixtral").moe.unwrap();
+    assert_eq!(
+        mixtral,
+        MoeConfig {
+            n_experts: 4,
+            top_k: 2,
+            expert_dim: 128,
+            renormalize: true,
+            dense_layers: Vec::new(),
+        }
+    );
+    let qwen3_moe = config("qwen3_moe");
+    assert!(qwen3_moe.qk_norm);
+    assert_eq!(
+        qwen3_moe.moe.unwrap(),
+        MoeConfig {
+            n_experts: 4,
+            top_k: 2,
+            expert_dim: 32,
+            renormalize: true,
+            dense_layers: vec![1],
+        }
+    );
 }
 
 #[test]
@@ -147,6 +179,14 @@ fn without_the_family_feature_the_logits_differ() {
         ("mistral", |c: &mut ModelConfig| c.sliding_window = None),
         ("qwen3", |c: &mut ModelConfig| c.qk_norm = false),
         ("phi3", |c: &mut ModelConfig| c.rope_scaling = None),
+        // One expert per token instead of two.
+        ("mixtral", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().top_k = 1
+        }),
+        // The top-2 probabilities as they are, not divided by their sum.
+        ("qwen3_moe", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().renormalize = false
+        }),
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let mut config = ckpt.config.clone();

@@ -55,7 +55,7 @@ pub use batch::{BatchSeq, LlamaBatch};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::Tensors;
-pub use weights::{LlamaLayer, LlamaWeights};
+pub use weights::{Ffn, LlamaLayer, LlamaWeights};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
@@ -653,19 +653,7 @@ fn run_layers<'s>(
             eps: c.norm_eps,
             output: &mut s.xb,
         })?;
-        exec.run(Op::Linears {
-            input: &s.xb,
-            parts: &mut [
-                LinearPart::new(&lw.w_gate, None, &mut s.gate),
-                LinearPart::new(&lw.w_up, None, &mut s.up),
-            ],
-        })?;
-        exec.run(Op::SiluMul {
-            gate: &s.gate,
-            up: &s.up,
-            output: &mut s.hidden,
-        })?;
-        linear(exec, &s.hidden, &lw.w_down, None, &mut s.xb2)?;
+        feed_forward(exec, c, l, &lw.ffn, s)?;
         exec.run(Op::Add {
             x: &mut s.x,
             y: &s.xb2,
@@ -673,6 +661,52 @@ fn run_layers<'s>(
     }
     let last = memory(c.n_layers.saturating_sub(1));
     Ok(&mut states[last])
+}
+
+/// The feed-forward of layer `l` from `s.xb` into `s.xb2`: the SwiGLU
+/// `W2 · (silu(W1 · xb) ⊙ (W3 · xb))`, or the routed experts ([`Op::MoeFfn`]).
+fn feed_forward(
+    exec: &Executor,
+    c: &ModelConfig,
+    l: usize,
+    ffn: &Ffn,
+    s: &mut Activations,
+) -> Result<()> {
+    match ffn {
+        Ffn::Dense {
+            w_gate,
+            w_down,
+            w_up,
+        } => {
+            exec.run(Op::Linears {
+                input: &s.xb,
+                parts: &mut [
+                    LinearPart::new(w_gate, None, &mut s.gate),
+                    LinearPart::new(w_up, None, &mut s.up),
+                ],
+            })?;
+            exec.run(Op::SiluMul {
+                gate: &s.gate,
+                up: &s.up,
+                output: &mut s.hidden,
+            })?;
+            linear(exec, &s.hidden, w_down, None, &mut s.xb2)?;
+        }
+        Ffn::Moe { router, experts } => {
+            let m = c.moe_layer(l).ok_or_else(|| {
+                Error::Config(format!("layer {l} has experts but no MoE configuration"))
+            })?;
+            exec.run(Op::MoeFfn {
+                input: &s.xb,
+                router,
+                experts,
+                top_k: m.top_k,
+                renormalize: m.renormalize,
+                output: &mut s.xb2,
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// RMSNorm over each head of `x` `[n, heads · head_dim]`, in place through `scratch`

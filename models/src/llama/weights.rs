@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use flm_core::Data;
+use flm_core::{Data, Expert};
 
 use crate::import::Checkpoint;
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
@@ -74,12 +74,29 @@ pub struct LlamaLayer {
     pub bo: Option<Data>,
     /// Feed-forward RMSNorm gain `[dim]`.
     pub ffn_norm: Data,
-    /// Gate projection W1 `[hidden_dim, dim]`.
-    pub w_gate: Data,
-    /// Down projection W2 `[dim, hidden_dim]`.
-    pub w_down: Data,
-    /// Up projection W3 `[hidden_dim, dim]`.
-    pub w_up: Data,
+    /// The feed-forward: dense, or routed experts.
+    pub ffn: Ffn,
+}
+
+/// The feed-forward of a layer.
+#[derive(Debug, Clone)]
+pub enum Ffn {
+    /// The SwiGLU feed-forward.
+    Dense {
+        /// Gate projection W1 `[hidden_dim, dim]`.
+        w_gate: Data,
+        /// Down projection W2 `[dim, hidden_dim]`.
+        w_down: Data,
+        /// Up projection W3 `[hidden_dim, dim]`.
+        w_up: Data,
+    },
+    /// Routed experts ([`crate::MoeConfig`], [`flm_core::Op::MoeFfn`]).
+    Moe {
+        /// Router `[n_experts, dim]`.
+        router: Data,
+        /// The experts, each a SwiGLU of `expert_dim`.
+        experts: Vec<Expert>,
+    },
 }
 
 impl LlamaLayer {
@@ -90,7 +107,20 @@ impl LlamaLayer {
         out.extend(self.qk_norm.iter().flatten());
         out.push(&self.wo);
         out.extend(&self.bo);
-        out.extend([&self.ffn_norm, &self.w_gate, &self.w_down, &self.w_up]);
+        out.push(&self.ffn_norm);
+        match &self.ffn {
+            Ffn::Dense {
+                w_gate,
+                w_down,
+                w_up,
+            } => out.extend([w_gate, w_down, w_up]),
+            Ffn::Moe { router, experts } => {
+                out.push(router);
+                for e in experts {
+                    out.extend([&e.gate, &e.down, &e.up]);
+                }
+            }
+        }
         out
     }
 
@@ -114,9 +144,30 @@ impl LlamaLayer {
             },
             bo: self.bo.map(&mut f).transpose()?,
             ffn_norm: f(self.ffn_norm)?,
-            w_gate: f(self.w_gate)?,
-            w_down: f(self.w_down)?,
-            w_up: f(self.w_up)?,
+            ffn: match self.ffn {
+                Ffn::Dense {
+                    w_gate,
+                    w_down,
+                    w_up,
+                } => Ffn::Dense {
+                    w_gate: f(w_gate)?,
+                    w_down: f(w_down)?,
+                    w_up: f(w_up)?,
+                },
+                Ffn::Moe { router, experts } => Ffn::Moe {
+                    router: f(router)?,
+                    experts: experts
+                        .into_iter()
+                        .map(|e| {
+                            Ok(Expert {
+                                gate: f(e.gate)?,
+                                up: f(e.up)?,
+                                down: f(e.down)?,
+                            })
+                        })
+                        .collect::<Result<_>>()?,
+                },
+            },
         })
     }
 }
@@ -178,9 +229,26 @@ impl LlamaWeights {
                 wo: part(Wo)?,
                 bo: c.o_bias.then(|| part(Bo)).transpose()?,
                 ffn_norm: part(FfnNorm)?,
-                w_gate: part(WGate)?,
-                w_down: part(WDown)?,
-                w_up: part(WUp)?,
+                ffn: match c.moe_layer(l) {
+                    None => Ffn::Dense {
+                        w_gate: part(WGate)?,
+                        w_down: part(WDown)?,
+                        w_up: part(WUp)?,
+                    },
+                    Some(m) => Ffn::Moe {
+                        router: part(Router)?,
+                        experts: (0..m.n_experts)
+                            .map(|e| {
+                                let mut part = |p| t.take(TensorName::Expert(l, e, p));
+                                Ok(Expert {
+                                    gate: part(WGate)?,
+                                    up: part(WUp)?,
+                                    down: part(WDown)?,
+                                })
+                            })
+                            .collect::<Result<_>>()?,
+                    },
+                },
             })
         })?;
         Ok(LlamaWeights {
