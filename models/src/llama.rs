@@ -85,6 +85,9 @@ struct Activations {
     hidden: Data,
     last: Data,
     logits: Data,
+    /// The routed experts' input and output `[n, dim]` in their memory, when it is not this
+    /// one's ([`Placement::with_experts_on`]).
+    experts_io: Option<(Data, Data)>,
 }
 
 impl Activations {
@@ -93,9 +96,20 @@ impl Activations {
         Activations::alloc(c, rows, &|shape| Data::zeros(DataType::F32, shape))
     }
 
-    /// As [`Activations::new`], in the memory of `at`, allocated by `exec`.
-    fn on(exec: &Executor, at: Location, c: &ModelConfig, rows: usize) -> Result<Activations> {
-        Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))
+    /// As [`Activations::new`], in the memory of `at`, allocated by `exec`, with the
+    /// experts' input and output in `experts` when the model has experts there.
+    fn on(
+        exec: &Executor,
+        (at, experts): (Location, Location),
+        c: &ModelConfig,
+        rows: usize,
+    ) -> Result<Activations> {
+        let mut s = Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))?;
+        if c.moe.is_some() && experts != at {
+            let z = || exec.zeros(DataType::F32, &[rows, c.dim], experts);
+            s.experts_io = Some((z()?, z()?));
+        }
+        Ok(s)
     }
 
     /// The activations, each made by `zeros` from its shape.
@@ -120,6 +134,7 @@ impl Activations {
             hidden: z(hd)?,
             last: z(dim)?,
             logits: z(c.vocab_size.max(dim))?,
+            experts_io: None,
         })
     }
 
@@ -138,6 +153,10 @@ impl Activations {
             (&mut self.hidden, c.hidden_dim),
         ] {
             data.set_shape(&[n, cols])?;
+        }
+        if let Some((x, y)) = &mut self.experts_io {
+            x.set_shape(&[n, c.dim])?;
+            y.set_shape(&[n, c.dim])?;
         }
         Ok(())
     }
@@ -248,7 +267,16 @@ impl LlamaModel {
             .layers
             .into_iter()
             .enumerate()
-            .map(|(l, lw)| lw.try_map(|d| move_to(d, placement.layer(l))))
+            .map(|(l, lw)| {
+                lw.try_map(|d, routed| {
+                    let at = if routed {
+                        placement.experts(l)
+                    } else {
+                        placement.layer(l)
+                    };
+                    move_to(d, at)
+                })
+            })
             .collect::<Result<_>>()?;
         let weights = LlamaWeights {
             embedding: move_to(w.embedding, input)?,
@@ -370,7 +398,13 @@ impl Llama {
         self.states = p
             .locations()
             .into_iter()
-            .map(|at| Activations::on(exec, at, c, rows))
+            .map(|at| {
+                // Each memory's layers have their experts in one memory.
+                let experts = (0..c.n_layers)
+                    .find(|&l| p.layer(l) == at)
+                    .map_or(at, |l| p.experts(l));
+                Activations::on(exec, (at, experts), c, rows)
+            })
             .collect::<Result<_>>()?;
         self.kv = Some(kv);
         Ok(())
@@ -696,14 +730,24 @@ fn feed_forward(
             let m = c.moe_layer(l).ok_or_else(|| {
                 Error::Config(format!("layer {l} has experts but no MoE configuration"))
             })?;
+            let (input, output) = match &mut s.experts_io {
+                Some((x, y)) => {
+                    exec.copy_into(&s.xb, x, "experts: activations")?;
+                    (&*x, y)
+                }
+                None => (&s.xb, &mut s.xb2),
+            };
             exec.run(Op::MoeFfn {
-                input: &s.xb,
+                input,
                 router,
                 experts,
                 top_k: m.top_k,
                 renormalize: m.renormalize,
-                output: &mut s.xb2,
+                output,
             })?;
+            if let Some((_, y)) = &s.experts_io {
+                exec.copy_into(y, &mut s.xb2, "experts: activations")?;
+            }
         }
     }
     Ok(())

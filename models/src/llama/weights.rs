@@ -124,45 +124,46 @@ impl LlamaLayer {
         out
     }
 
-    /// The layer with `f` applied to each of its tensors (moving them to a device).
+    /// The layer with `f(tensor, routed)` applied to each of its tensors (moving them to a
+    /// device); `routed` is true for the router and the experts' matrices.
     ///
     /// Errors: the first error of `f`.
-    pub fn try_map(self, mut f: impl FnMut(Data) -> Result<Data>) -> Result<LlamaLayer> {
+    pub fn try_map(self, mut f: impl FnMut(Data, bool) -> Result<Data>) -> Result<LlamaLayer> {
         Ok(LlamaLayer {
-            attn_norm: f(self.attn_norm)?,
-            wq: f(self.wq)?,
-            wk: f(self.wk)?,
-            wv: f(self.wv)?,
-            wo: f(self.wo)?,
+            attn_norm: f(self.attn_norm, false)?,
+            wq: f(self.wq, false)?,
+            wk: f(self.wk, false)?,
+            wv: f(self.wv, false)?,
+            wo: f(self.wo, false)?,
             qkv_bias: match self.qkv_bias {
-                Some([q, k, v]) => Some([f(q)?, f(k)?, f(v)?]),
+                Some([q, k, v]) => Some([f(q, false)?, f(k, false)?, f(v, false)?]),
                 None => None,
             },
             qk_norm: match self.qk_norm {
-                Some([q, k]) => Some([f(q)?, f(k)?]),
+                Some([q, k]) => Some([f(q, false)?, f(k, false)?]),
                 None => None,
             },
-            bo: self.bo.map(&mut f).transpose()?,
-            ffn_norm: f(self.ffn_norm)?,
+            bo: self.bo.map(|b| f(b, false)).transpose()?,
+            ffn_norm: f(self.ffn_norm, false)?,
             ffn: match self.ffn {
                 Ffn::Dense {
                     w_gate,
                     w_down,
                     w_up,
                 } => Ffn::Dense {
-                    w_gate: f(w_gate)?,
-                    w_down: f(w_down)?,
-                    w_up: f(w_up)?,
+                    w_gate: f(w_gate, false)?,
+                    w_down: f(w_down, false)?,
+                    w_up: f(w_up, false)?,
                 },
                 Ffn::Moe { router, experts } => Ffn::Moe {
-                    router: f(router)?,
+                    router: f(router, true)?,
                     experts: experts
                         .into_iter()
                         .map(|e| {
                             Ok(Expert {
-                                gate: f(e.gate)?,
-                                up: f(e.up)?,
-                                down: f(e.down)?,
+                                gate: f(e.gate, true)?,
+                                up: f(e.up, true)?,
+                                down: f(e.down, true)?,
                             })
                         })
                         .collect::<Result<_>>()?,
