@@ -24,6 +24,10 @@
 //! - Mistral: sliding-window attention (each token sees the last `sliding_window`
 //!   positions; the KV cache keeps them all);
 //! - Qwen2: q/k/v biases, no output-projection bias;
+//! - Mixtral and Qwen3-MoE: a mixture of experts (Shazeer et al. 2017) replaces the SwiGLU
+//!   of their MoE layers ([`crate::MoeConfig`], [`Ffn::Moe`]): each token's router picks
+//!   `top_k` SwiGLU experts and sums their outputs weighted by the routing probabilities
+//!   ([`Op::MoeFfn`]); Qwen3-MoE's `mlp_only_layers` keep the dense feed-forward;
 //! - P-tuning v2 prefixes (Liu et al. 2022): `pre_seq_len` keys and values per layer sit in
 //!   the KV cache before the sequence and are always attended; the tokens keep positions
 //!   from 0, so cache row = `pre_seq_len` + position.
