@@ -14,7 +14,7 @@ use flm_models::import;
 use flm_models::llama::{BatchSeq, Logits};
 use flm_models::{Error, SharedModel};
 use flm_tests::glm_data::{write_hf_dir, Family};
-use flm_tests::{cpu_executor, data, ids};
+use flm_tests::{cpu_executor, data, ids, HF_FAMILIES};
 
 /// Runs two sequences through one batch in steps of the given chunk sizes (0: the sequence
 /// sits the step out), and each alone through `Model::forward`; the logits must be equal.
@@ -106,15 +106,7 @@ fn hf_families_batch_exactly() {
     let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
     let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
     let other: Vec<u32> = input.iter().rev().copied().collect();
-    for family in [
-        "llama3",
-        "mistral",
-        "qwen2",
-        "qwen3",
-        "phi3",
-        "mixtral",
-        "qwen3_moe",
-    ] {
+    for family in HF_FAMILIES {
         let path = data(&format!("hf-families/{family}"));
         let ckpt = import::load(Path::new(&path)).unwrap();
         let model = SharedModel::new(&ckpt).unwrap();

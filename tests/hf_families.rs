@@ -12,19 +12,10 @@ use flm_models::convert::{convert, Recipe};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::{import, Graph};
 use flm_models::{ModelConfig, MoeConfig};
-use flm_tests::{cpu_executor, data, ids};
+use flm_tests::{cpu_executor, data, ids, HF_FAMILIES};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
-const FAMILIES: [&str; 7] = [
-    "llama3",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "phi3",
-    "mixtral",
-    "qwen3_moe",
-];
 /// The bound on the difference to transformers' logits.
 const TOLERANCE: f32 = 1e-4;
 
@@ -153,7 +144,7 @@ fn configurations_are_read_per_family() {
 
 #[test]
 fn logits_match_transformers_within_1e_4() {
-    for family in FAMILIES {
+    for family in HF_FAMILIES {
         let want = expected(family);
         let path = data(&format!("hf-families/{family}"));
         for (how, got) in ["prefill", "two chunks", "decode"]
@@ -210,7 +201,7 @@ fn f32_flm_files_run_the_same() {
     let dir = tempfile::tempdir().unwrap();
     // The tiny checkpoints have no tokenizer; any one rides along in the file.
     let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
-    for family in FAMILIES {
+    for family in HF_FAMILIES {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let out = dir.path().join(format!("{family}.flm"));
         convert(
@@ -321,7 +312,7 @@ fn unsupported_family_settings_are_clear_errors() {
 fn greedy_ids_equal_transformers() {
     let exec = cpu_executor();
     let input = input_ids();
-    for family in FAMILIES {
+    for family in HF_FAMILIES {
         let want = expected(family);
         let mut model = load(&data(&format!("hf-families/{family}")));
         let vocab = model.config().vocab_size;

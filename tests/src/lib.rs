@@ -58,6 +58,18 @@ pub fn stories_logits() -> Vec<f32> {
         .collect()
 }
 
+/// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
+/// `make_tiny.py`), by directory name.
+pub const HF_FAMILIES: [&str; 7] = [
+    "llama3",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "mixtral",
+    "qwen3_moe",
+];
+
 /// Prefills `prompt` on `exec`, then decodes `steps` greedy tokens one at a time.
 pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<u32> {
     let mut logits = model
