@@ -10,15 +10,15 @@ use flm_core::{Data, DataType, Error, Expert, Op};
 
 /// The reference: per row, softmax of the router logits, the `top_k` largest, optionally
 /// renormalised, then the weighted sum of those experts' SwiGLUs, all in f64.
-struct Reference<'a> {
-    router: &'a [f32],
+struct Reference {
+    router: Vec<f32>,
     /// Each expert's gate, up and down values.
     experts: Vec<[Vec<f32>; 3]>,
     dim: usize,
     inner: usize,
 }
 
-impl Reference<'_> {
+impl Reference {
     fn row(&self, x: &[f32], top_k: usize, renormalize: bool) -> Vec<f64> {
         let (dim, inner) = (self.dim, self.inner);
         let dot =
@@ -54,14 +54,14 @@ impl Reference<'_> {
     }
 }
 
-/// Random experts of `dtype` and the reference over their rounded values.
+/// A random router and experts of `dtype`, and the reference over their rounded values.
 fn experts(
     seed: u64,
     n_experts: usize,
     dim: usize,
     inner: usize,
     dtype: DataType,
-) -> (Data, Vec<f32>, Vec<Expert>, Vec<[Vec<f32>; 3]>) {
+) -> (Data, Vec<Expert>, Reference) {
     let mut rng = rng(seed);
     // Router logits of O(1) so that the softmax is neither flat nor one-hot.
     let (router, router_values) = random_f32(&mut rng, &[n_experts, dim], 3.0 / dim as f32);
@@ -74,7 +74,13 @@ fn experts(
         list.push(Expert { gate, up, down });
         values.push([g, u, d]);
     }
-    (router, router_values, list, values)
+    let reference = Reference {
+        router: router_values,
+        experts: values,
+        dim,
+        inner,
+    };
+    (router, list, reference)
 }
 
 /// Every row within a few units of rounding of the reference for float weights, and of the
@@ -82,13 +88,7 @@ fn experts(
 /// which some experts get no row, top-1 to all experts, with and without renormalising.
 fn moe_ffn_matches_formula(dtype: DataType) {
     let (n_experts, dim, inner) = (5, 33, 19);
-    let (router, router_values, list, values) = experts(0x3e, n_experts, dim, inner, dtype);
-    let reference = Reference {
-        router: &router_values,
-        experts: values,
-        dim,
-        inner,
-    };
+    let (router, list, reference) = experts(0x3e, n_experts, dim, inner, dtype);
     let mut rng = rng(0x3f);
     for n in [1, 3, 37] {
         let (input, x) = random_f32(&mut rng, &[n, dim], 1.0);
@@ -126,7 +126,7 @@ dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4sg32: I4Sy
 
 #[test]
 fn moe_ffn_contract_errors() {
-    let (router, _, list, _) = experts(1, 3, 8, 4, DataType::F32);
+    let (router, list, _) = experts(1, 3, 8, 4, DataType::F32);
     let input = f32_data(&[2, 8], &[0.5; 16]);
     let run_with = |router: &Data, experts: &[Expert], top_k: usize, out: &[usize]| {
         run(Op::MoeFfn {
