@@ -268,7 +268,7 @@ fn llama3_scaling_in_the_transformers_4_form() {
 #[test]
 fn unsupported_family_settings_are_clear_errors() {
     type Edit = fn(&mut Value);
-    let cases: [(&str, Edit, &str); 5] = [
+    let cases: [(&str, Edit, &str); 8] = [
         (
             "llama3",
             |c| c["rope_parameters"]["rope_type"] = "yarn".into(),
@@ -294,6 +294,19 @@ fn unsupported_family_settings_are_clear_errors() {
             |c| c["sliding_window"] = 0.into(),
             "sliding_window",
         ),
+        (
+            "qwen3_moe",
+            |c| {
+                c.as_object_mut().unwrap().remove("num_experts_per_tok");
+            },
+            "num_experts_per_tok",
+        ),
+        (
+            "qwen3_moe",
+            |c| c["decoder_sparse_step"] = 0.into(),
+            "decoder_sparse_step",
+        ),
+        ("mixtral", |c| c["num_experts_per_tok"] = 5.into(), "top_k"),
     ];
     for (family, edit, needle) in cases {
         let dir = edited_copy(family, edit);

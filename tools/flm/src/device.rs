@@ -139,7 +139,7 @@ impl Chosen {
                         let (mut layers, input, head) = m.memory_bytes();
                         if experts_on_host {
                             for (bytes, lw) in layers.iter_mut().zip(&m.weights().layers) {
-                                *bytes -= routed_bytes(lw);
+                                *bytes = bytes.saturating_sub(routed_bytes(lw));
                             }
                         }
                         Placement::fit(gpu, free, &layers, input, head)
