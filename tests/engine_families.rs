@@ -105,7 +105,10 @@ fn hf_families_batch_exactly() {
     let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
     let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
     let other: Vec<u32> = input.iter().rev().copied().collect();
-    for family in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
+    let families = [
+        "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3",
+    ];
+    for family in families {
         let path = data(&format!("hf-families/{family}"));
         let ckpt = import::load(Path::new(&path)).unwrap();
         let model = SharedModel::new(&ckpt).unwrap();

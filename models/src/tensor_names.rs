@@ -54,6 +54,10 @@ pub enum LayerPart {
     WDown,
     /// Down projection bias `[dim]` (ChatGLM-6B).
     BDown,
+    /// RMSNorm gain `[dim]` of the attention output (Gemma 2 and 3).
+    PostAttnNorm,
+    /// RMSNorm gain `[dim]` of the feed-forward output (Gemma 2 and 3).
+    PostFfnNorm,
 }
 
 /// The names of one [`LayerPart`] in each file format.
@@ -85,7 +89,7 @@ const fn part(
 
 /// Every layer part and its names. ChatGLM's own HF names are mapped in the THUDM
 /// importer, which splits its fused tensors.
-pub const PARTS: [PartNames; 19] = {
+pub const PARTS: [PartNames; 21] = {
     use LayerPart::*;
     [
         part(
@@ -167,6 +171,20 @@ pub const PARTS: [PartNames; 19] = {
             Some("ffn_down.weight"),
         ),
         part(BDown, "b_down", None, None),
+        // Gemma 2 and 3 call the attention post-norm `post_attention_layernorm`, the
+        // name Llama gives its feed-forward norm: their importer maps both.
+        part(
+            PostAttnNorm,
+            "post_attn_norm",
+            None,
+            Some("post_attention_norm.weight"),
+        ),
+        part(
+            PostFfnNorm,
+            "post_ffn_norm",
+            Some("post_feedforward_layernorm.weight"),
+            Some("post_ffw_norm.weight"),
+        ),
     ]
 };
 
@@ -335,6 +353,8 @@ fn llama_layer(c: &ModelConfig) -> Vec<(LayerPart, Vec<usize>)> {
         (WGate, Some(vec![hd, dim])),
         (WDown, Some(vec![dim, hd])),
         (WUp, Some(vec![hd, dim])),
+        (PostAttnNorm, c.post_norms.then(|| vec![dim])),
+        (PostFfnNorm, c.post_norms.then(|| vec![dim])),
     ]
     .into_iter()
     .filter_map(|(p, shape)| Some((p, shape?)))

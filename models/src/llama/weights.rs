@@ -80,6 +80,9 @@ pub struct LlamaLayer {
     pub w_down: Data,
     /// Up projection W3 `[hidden_dim, dim]`.
     pub w_up: Data,
+    /// RMSNorm gains `[dim]` of the attention output and of the feed-forward output,
+    /// before their residual adds (`ModelConfig::post_norms`: Gemma 2 and 3).
+    pub post_norms: Option<[Data; 2]>,
 }
 
 impl LlamaLayer {
@@ -91,6 +94,7 @@ impl LlamaLayer {
         out.push(&self.wo);
         out.extend(&self.bo);
         out.extend([&self.ffn_norm, &self.w_gate, &self.w_down, &self.w_up]);
+        out.extend(self.post_norms.iter().flatten());
         out
     }
 
@@ -117,6 +121,10 @@ impl LlamaLayer {
             w_gate: f(self.w_gate)?,
             w_down: f(self.w_down)?,
             w_up: f(self.w_up)?,
+            post_norms: match self.post_norms {
+                Some([a, m]) => Some([f(a)?, f(m)?]),
+                None => None,
+            },
         })
     }
 }
@@ -181,6 +189,10 @@ impl LlamaWeights {
                 w_gate: part(WGate)?,
                 w_down: part(WDown)?,
                 w_up: part(WUp)?,
+                post_norms: c
+                    .post_norms
+                    .then(|| Ok::<_, Error>([part(PostAttnNorm)?, part(PostFfnNorm)?]))
+                    .transpose()?,
             })
         })?;
         Ok(LlamaWeights {
@@ -190,6 +202,28 @@ impl LlamaWeights {
             classifier: tensors.take_optional(TensorName::Classifier),
             prefix_kv,
         })
+    }
+
+    /// The weights with every RMSNorm gain `w` replaced by `1 + w` in f32 (Gemma's
+    /// `GemmaRMSNorm`, `output * (1.0 + self.weight.float())`): the norms, the q/k norms
+    /// and the post-norms of each layer, and the final norm.
+    ///
+    /// Errors: a gain in a dtype that cannot be read as f32 (a device buffer).
+    pub(crate) fn with_unit_offset_norms(mut self) -> Result<LlamaWeights> {
+        let shift = |d: &mut Data| -> Result<()> {
+            let values: Vec<f32> = d.to_f32_vec()?.iter().map(|w| 1.0 + w).collect();
+            *d = Data::from_f32(d.shape(), &values)?;
+            Ok(())
+        };
+        for l in &mut self.layers {
+            shift(&mut l.attn_norm)?;
+            shift(&mut l.ffn_norm)?;
+            for d in l.qk_norm.iter_mut().chain(&mut l.post_norms).flatten() {
+                shift(d)?;
+            }
+        }
+        shift(&mut self.final_norm)?;
+        Ok(self)
     }
 
     /// Checks every tensor's shape against `c`'s canonical shapes.
