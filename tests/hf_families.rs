@@ -378,12 +378,12 @@ fn greedy_ids_equal_transformers() {
     }
 }
 
-/// The Qwen2 and Qwen3 checkpoints as llama.cpp writes them into GGUF files (made from the
-/// same weights by tools/gguf/make_family_ggufs.py): the configuration the architecture's
-/// keys give, and transformers' logits from the F32 tensors.
+/// The Qwen2, Qwen3 and Gemma 3 checkpoints as llama.cpp writes them into GGUF files (made
+/// from the same weights by tools/gguf/make_family_ggufs.py): the configuration the
+/// architecture's keys give, and transformers' logits from the F32 tensors.
 #[test]
-fn qwen_gguf_files_run_as_transformers() {
-    for family in ["qwen2", "qwen3"] {
+fn qwen_and_gemma_gguf_files_run_as_transformers() {
+    for family in ["qwen2", "qwen3", "gemma3"] {
         let path = data(&format!("hf-families/{family}.gguf"));
         let gguf = import::load(&path).unwrap().config;
         let hf = import::load(&data(&format!("hf-families/{family}")))
@@ -394,6 +394,20 @@ fn qwen_gguf_files_run_as_transformers() {
             (hf.qkv_bias, hf.qk_norm, hf.rope_style, hf.head_dim),
             "{family}"
         );
+        // The norms' `+ 1` is in the GGUF's tensors, not in its configuration.
+        assert!(!gguf.norm_unit_offset, "{family}");
+        let gemma = |c: &ModelConfig| {
+            let layers = (c.layer_window(0), c.layer_window(1));
+            (
+                c.post_norms,
+                c.embed_scale,
+                c.rope_local_theta,
+                c.rope_scaling.clone(),
+                layers,
+            )
+        };
+        assert_eq!(gemma(&gguf), gemma(&hf), "{family}");
+        assert_eq!(gguf.attention_scale(), hf.attention_scale(), "{family}");
         let [prefill, _, stepped] = logits_three_ways(&path);
         let want = expected(family);
         for (how, got) in [("prefill", prefill), ("decode", stepped)] {
