@@ -1,0 +1,609 @@
+//! GPTQ and AWQ checkpoints: Hugging Face directories whose linear layers are stored as
+//! packed integer codes (`qweight`), zero points (`qzeros`), f16 scales (`scales`) and, for
+//! GPTQ, the group of each input channel (`g_idx`), as TGI, vLLM and transformers load them.
+//! The layouts are in [`super::gptq`] (AutoGPTQ/GPTQModel) and [`super::awq`] (AutoAWQ
+//! GEMM); the scheme comes from `quantization_config` in `config.json`, else from
+//! `quantize_config.json` (AutoGPTQ) or `quant_config.json` (AutoAWQ).
+//!
+//! Each packed linear becomes one tensor `<prefix>.weight` `[out, in]` whose values are
+//! `w = scale · (q − zero)`, the weight the references dequantise, repacked where flm has a
+//! dtype that holds those values exactly, and dequantised to f16 otherwise:
+//!
+//! - **int4-sym** when every zero point is 8 (GPTQ's symmetric schemes): `scale · (q − 8)`
+//!   is flm's symmetric int4 with the same codes and scales.
+//! - **int4** (asymmetric) when the minimum `−scale · zero` of every group is an f16 number:
+//!   flm's int4 stores an f16 minimum, and `d · q + m` then equals `d · (q − z)` exactly in
+//!   f32 (every term is an f16 times a 4-bit integer). Otherwise, which is the usual case
+//!   (`scale · zero` needs up to 15 significant bits, f16 has 11), the tensor is dequantised
+//!   to f16: rounding the minimum would change values the checkpoint defines.
+//! - The group size is the largest of flm's (128, 64, 32) such that each run of that many
+//!   input channels is in one group of the checkpoint. Without act-order a group of 128 is
+//!   one flm group of 128 (or 2 of 64, 4 of 32, with the same scale and zero); per-channel
+//!   schemes (`group_size` −1) take groups of 128.
+//! - **Act-order** (`desc_act`): `g_idx` puts input channels of one group all over the row,
+//!   so no run of 32 channels shares a scale. A lossless int4 repack would permute the
+//!   weight's columns into group order and gather the activations the same way before each
+//!   such linear (one gather of `in` values per token: negligible next to the matrix
+//!   product, but an op and a per-linear permutation through the graph, the `.flm` file and
+//!   every device, which flm does not have). These tensors are dequantised to f16 instead,
+//!   4 times the memory and, decode being bound by memory bandwidth, about that much slower.
+//!   Act-order checkpoints whose `g_idx` is contiguous after all repack as above.
+//! - 8-bit GPTQ is dequantised to f16 (flm's int8 has one scale per row, not per group).
+//!
+//! f16 dequantisation rounds the exact product `d · (q − z)` once, which is what the
+//! references' own dequantisers compute in f16 (AutoAWQ's `dequantize_gemm`, GPTQModel's
+//! `dequantize_weight`), so those values agree bit for bit too. Each kind of dequantised
+//! tensor gets one line in [`super::Checkpoint::load_notes`].
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use flm_core::quant::{int4_mins, nibble, padded_cols, row_bytes};
+use flm_core::{Data, DataType};
+use half::f16;
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde::Deserialize;
+
+use super::source::Assemble;
+use super::{awq, gptq, map_file, pytorch, SourceTensor};
+use crate::{Error, Result};
+
+/// The channels and groups of a packed linear.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Geometry {
+    /// Input channels (the weight's columns).
+    pub inputs: usize,
+    /// Output channels (the weight's rows).
+    pub outputs: usize,
+    /// Groups of input channels with a scale and zero point each.
+    pub groups: usize,
+}
+
+/// `shape` as the two dimensions of a matrix, or a message naming `what`.
+pub(super) fn matrix(what: &str, shape: &[usize]) -> std::result::Result<[usize; 2], String> {
+    <[usize; 2]>::try_from(shape)
+        .map_err(|_| format!("{what} has shape {shape:?}, not two dimensions"))
+}
+
+/// Which packer wrote the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    /// AutoGPTQ/GPTQModel; `v1`: the `gptq` checkpoint format's zero-point offset.
+    Gptq { v1: bool },
+    /// AutoAWQ GEMM.
+    Awq,
+}
+
+/// A checkpoint's quantisation scheme.
+#[derive(Debug, Clone, Copy)]
+struct Scheme {
+    method: Method,
+    /// Bits per code: 4 (or 8 for GPTQ).
+    bits: u32,
+    /// Input channels per group; `None` for one group per row (`group_size` −1).
+    group_size: Option<usize>,
+}
+
+impl Scheme {
+    fn name(&self) -> &'static str {
+        match self.method {
+            Method::Gptq { .. } => "GPTQ",
+            Method::Awq => "AWQ",
+        }
+    }
+}
+
+/// The fields of a quantisation config that flm reads (transformers' `GPTQConfig` and
+/// `AwqConfig` names; AutoAWQ's `quant_config.json` names as aliases).
+#[derive(Deserialize)]
+struct QuantConfig {
+    quant_method: Option<String>,
+    #[serde(alias = "w_bit")]
+    bits: Option<u32>,
+    #[serde(alias = "q_group_size")]
+    group_size: Option<i64>,
+    checkpoint_format: Option<String>,
+    version: Option<String>,
+    zero_point: Option<bool>,
+}
+
+/// The scheme of the checkpoint in `dir` (`config` is its `config.json`), or `None` if it is
+/// not quantised.
+///
+/// Errors: [`Error::Format`] for a quantisation method or option flm does not read.
+fn scheme(dir: &Path, config: &Path) -> Result<Option<Scheme>> {
+    #[derive(Deserialize)]
+    struct Outer {
+        quantization_config: Option<QuantConfig>,
+    }
+    let parse = |path: &Path, text: &str| -> Result<QuantConfig> {
+        serde_json::from_str(text)
+            .map_err(|e| Error::format(path, format!("invalid quantisation config: {e}")))
+    };
+    let text = std::fs::read_to_string(config).map_err(|e| Error::io(config, e))?;
+    let outer: Outer = serde_json::from_str(&text)
+        .map_err(|e| Error::format(config, format!("invalid quantization_config: {e}")))?;
+    let (path, q, default_method) = match outer.quantization_config {
+        Some(q) => (config.to_path_buf(), q, None),
+        None => {
+            let mut found = None;
+            for (file, method) in [
+                ("quantize_config.json", "gptq"),
+                ("quant_config.json", "awq"),
+            ] {
+                let path = dir.join(file);
+                if path.is_file() {
+                    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+                    found = Some((path.clone(), parse(&path, &text)?, Some(method)));
+                    break;
+                }
+            }
+            match found {
+                Some(found) => found,
+                None => return Ok(None),
+            }
+        }
+    };
+    let unsupported =
+        |what: String| Error::format(&path, format!("unsupported quantisation: {what}"));
+    let method = q
+        .quant_method
+        .as_deref()
+        .or(default_method)
+        .unwrap_or("gptq")
+        .to_ascii_lowercase();
+    let method = match method.as_str() {
+        "gptq" => Method::Gptq {
+            v1: match q.checkpoint_format.as_deref() {
+                None | Some("gptq") => true,
+                Some("gptq_v2") => false,
+                Some(other) => {
+                    return Err(unsupported(format!(
+                        "GPTQ checkpoint_format \"{other}\" (gptq and gptq_v2 are read)"
+                    )))
+                }
+            },
+        },
+        "awq" => {
+            let version = q.version.as_deref().unwrap_or("gemm").to_ascii_lowercase();
+            if version != "gemm" {
+                return Err(unsupported(format!(
+                    "AWQ version \"{version}\" (the GEMM layout is read)"
+                )));
+            }
+            if q.zero_point == Some(false) {
+                return Err(unsupported("AWQ without zero points".into()));
+            }
+            Method::Awq
+        }
+        other => return Err(unsupported(format!("quant_method \"{other}\""))),
+    };
+    let bits = q.bits.unwrap_or(4);
+    let bits_ok = match method {
+        Method::Gptq { .. } => bits == 4 || bits == 8,
+        Method::Awq => bits == 4,
+    };
+    if !bits_ok {
+        return Err(unsupported(format!("{bits}-bit {method:?}")));
+    }
+    let group_size = match q.group_size {
+        None | Some(-1) => None,
+        Some(g) if g > 0 => Some(g as usize),
+        Some(g) => return Err(unsupported(format!("group_size {g}"))),
+    };
+    Ok(Some(Scheme {
+        method,
+        bits,
+        group_size,
+    }))
+}
+
+/// A tensor of a mapped safetensors file.
+#[derive(Debug, Clone)]
+struct Stored {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    map: Arc<Mmap>,
+    offset: usize,
+    len: usize,
+    file: PathBuf,
+}
+
+impl Stored {
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
+
+    fn expect(&self, dtype: Dtype) -> Result<&[u8]> {
+        if self.dtype != dtype {
+            return Err(Error::format(
+                &self.file,
+                format!(
+                    "{} has dtype {:?}, expected {dtype:?}",
+                    self.name, self.dtype
+                ),
+            ));
+        }
+        Ok(self.bytes())
+    }
+
+    /// Little-endian 32-bit words of an int32 tensor.
+    fn words(&self) -> Result<Vec<u32>> {
+        let bytes = self.expect(Dtype::I32)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    fn f16s(&self) -> Result<Vec<f16>> {
+        let bytes = self.expect(Dtype::F16)?;
+        Ok(bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]))
+            .collect())
+    }
+
+    fn release(&self) {
+        #[cfg(unix)]
+        // SAFETY: as in `SourceTensor::release`: a read-only shared file mapping, a range
+        // inside it (checked when the tensor was listed); a later read faults the same
+        // bytes back in from the file.
+        let _ = unsafe {
+            self.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                self.offset,
+                self.len,
+            )
+        };
+    }
+}
+
+/// Why a packed tensor is dequantised rather than repacked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    EightBit,
+    ActOrder,
+    InexactMinimum,
+}
+
+/// What loading makes of a packed tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Repacked without loss into this int4 dtype.
+    Int4(DataType),
+    /// Dequantised to f16.
+    F16(Why),
+}
+
+/// The zero points `[groups][out]`, scales `[groups][out]` and group of each input
+/// channel of a packed linear.
+struct Params {
+    zeros: Vec<u8>,
+    scales: Vec<f16>,
+    g_idx: Vec<u32>,
+}
+
+/// One packed linear, read on load.
+#[derive(Debug)]
+struct PackedLinear {
+    scheme: Scheme,
+    geometry: Geometry,
+    qweight: Stored,
+    qzeros: Stored,
+    scales: Stored,
+    g_idx: Option<Stored>,
+    plan: Plan,
+}
+
+impl PackedLinear {
+    /// Checks the shapes and decides the [`Plan`] (reading the zero points, scales and
+    /// `g_idx`, not the codes).
+    fn new(
+        scheme: Scheme,
+        qweight: Stored,
+        qzeros: Stored,
+        scales: Stored,
+        g_idx: Option<Stored>,
+    ) -> Result<PackedLinear> {
+        let geometry = match scheme.method {
+            Method::Gptq { .. } => gptq::geometry(
+                scheme.bits,
+                &qweight.shape,
+                &qzeros.shape,
+                &scales.shape,
+                g_idx.as_ref().map(|g| g.shape.iter().product()),
+            ),
+            Method::Awq => awq::geometry(&qweight.shape, &qzeros.shape, &scales.shape),
+        }
+        .map_err(|msg| Error::format(&qweight.file, format!("{}: {msg}", qweight.name)))?;
+        let mut linear = PackedLinear {
+            scheme,
+            geometry,
+            qweight,
+            qzeros,
+            scales,
+            g_idx,
+            plan: Plan::F16(Why::EightBit),
+        };
+        linear.plan = linear.plan(&linear.params()?);
+        Ok(linear)
+    }
+
+    fn error(&self, msg: String) -> Error {
+        Error::format(&self.qweight.file, format!("{}: {msg}", self.qweight.name))
+    }
+
+    fn params(&self) -> Result<Params> {
+        let g = &self.geometry;
+        let words = self.qzeros.words()?;
+        let zeros = match self.scheme.method {
+            Method::Gptq { v1 } => gptq::zeros(self.scheme.bits, &words, g, v1),
+            Method::Awq => awq::zeros(&words, g),
+        };
+        let g_idx = match &self.g_idx {
+            Some(stored) => {
+                let g_idx: Vec<u32> = stored
+                    .expect(Dtype::I32)?
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                if let Some(bad) = g_idx.iter().find(|&&i| i as usize >= g.groups) {
+                    return Err(
+                        self.error(format!("g_idx names group {} of {}", *bad as i32, g.groups))
+                    );
+                }
+                g_idx
+            }
+            None => {
+                let size = self.scheme.group_size.unwrap_or(g.inputs);
+                if g.inputs.div_ceil(size) != g.groups {
+                    return Err(self.error(format!(
+                        "{} groups for {} input channels in groups of {size}",
+                        g.groups, g.inputs
+                    )));
+                }
+                (0..g.inputs).map(|c| (c / size) as u32).collect()
+            }
+        };
+        Ok(Params {
+            zeros,
+            scales: self.scales.f16s()?,
+            g_idx,
+        })
+    }
+
+    fn plan(&self, p: &Params) -> Plan {
+        if self.scheme.bits != 4 {
+            return Plan::F16(Why::EightBit);
+        }
+        let contiguous = |size: usize| {
+            p.g_idx
+                .chunks(size)
+                .all(|run| run.iter().all(|&g| g == run[0]))
+        };
+        let Some(size) = [128, 64, 32].into_iter().find(|&s| contiguous(s)) else {
+            return Plan::F16(Why::ActOrder);
+        };
+        let symmetric = p.zeros.iter().all(|&z| z == 8);
+        let exact = |(&d, &z): (&f16, &u8)| {
+            let m = minimum(d, z);
+            f16::from_f32(m).to_f32() == m
+        };
+        if !symmetric && !p.scales.iter().zip(&p.zeros).all(exact) {
+            return Plan::F16(Why::InexactMinimum);
+        }
+        Plan::Int4(DataType::int4(size, symmetric).expect("groups of 32, 64 or 128"))
+    }
+
+    fn dtype(&self) -> DataType {
+        match self.plan {
+            Plan::Int4(dtype) => dtype,
+            Plan::F16(_) => DataType::F16,
+        }
+    }
+
+    /// The int4 rows of `dtype`: each flm group takes the codes, scale and zero point of
+    /// the checkpoint group of its first channel (the same for all of them, by the plan);
+    /// padding columns take the zero point as code, so that they are 0.
+    fn int4(&self, dtype: DataType, codes: &[u8], p: &Params) -> Result<Data> {
+        let Geometry {
+            inputs, outputs, ..
+        } = self.geometry;
+        let size = dtype.group_size().unwrap_or(32);
+        let kp = padded_cols(dtype, inputs);
+        let (mins, _) = int4_mins(dtype, kp);
+        let mut data = Data::zeros(dtype, &[outputs, inputs])?;
+        let row_len = row_bytes(dtype, inputs).unwrap_or(0);
+        for (o, row) in data.bytes_mut()?.chunks_exact_mut(row_len).enumerate() {
+            for j in 0..kp / size {
+                let group = p.g_idx[j * size] as usize * outputs + o;
+                let (d, z) = (p.scales[group], p.zeros[group]);
+                for i in j * size..(j + 1) * size {
+                    let q = if i < inputs { codes[o * inputs + i] } else { z };
+                    let (byte, shift) = nibble(i);
+                    row[byte] |= q << shift;
+                }
+                row[kp / 2 + 2 * j..kp / 2 + 2 * j + 2].copy_from_slice(&d.to_le_bytes());
+                if !dtype.is_int4_symmetric() {
+                    let m = f16::from_f32(minimum(d, z)).to_le_bytes();
+                    row[mins + 2 * j..mins + 2 * j + 2].copy_from_slice(&m);
+                }
+            }
+        }
+        Ok(data)
+    }
+
+    /// `f16(d · (q − z))`, the product exact in f32 and rounded once.
+    fn f16(&self, codes: &[u8], p: &Params) -> Result<Data> {
+        let Geometry {
+            inputs, outputs, ..
+        } = self.geometry;
+        let mut data = Data::zeros(DataType::F16, &[outputs, inputs])?;
+        for (i, out) in data.bytes_mut()?.chunks_exact_mut(2).enumerate() {
+            let (o, c) = (i / inputs, i % inputs);
+            let group = p.g_idx[c] as usize * outputs + o;
+            let w = p.scales[group].to_f32() * (codes[i] as f32 - p.zeros[group] as f32);
+            out.copy_from_slice(&f16::from_f32(w).to_le_bytes());
+        }
+        Ok(data)
+    }
+}
+
+/// `−d · z`, exact in f32 (an 11-bit significand times an integer below 256).
+fn minimum(d: f16, z: u8) -> f32 {
+    -(d.to_f32() * z as f32)
+}
+
+impl Assemble for PackedLinear {
+    fn load(&self) -> Result<Data> {
+        let p = self.params()?;
+        let words = self.qweight.words()?;
+        let codes = match self.scheme.method {
+            Method::Gptq { .. } => gptq::codes(self.scheme.bits, &words, &self.geometry),
+            Method::Awq => awq::codes(&words, &self.geometry),
+        };
+        match self.plan {
+            Plan::Int4(dtype) => self.int4(dtype, &codes, &p),
+            Plan::F16(_) => self.f16(&codes, &p),
+        }
+    }
+
+    fn note(&self) -> Option<String> {
+        let Plan::F16(why) = self.plan else {
+            return None;
+        };
+        let why = match why {
+            Why::EightBit => "8-bit codes in groups (flm's int8 has one scale per row)",
+            Why::ActOrder => {
+                "act-order groups that are not runs of 32 input channels (an int4 repack \
+                 would need the activations permuted)"
+            }
+            Why::InexactMinimum => {
+                "asymmetric groups whose minimum -scale*zero is not an f16 number (flm's \
+                 int4 stores f16 minimums)"
+            }
+        };
+        let group = self.scheme.group_size.unwrap_or(self.geometry.inputs) as f64;
+        let bits = self.scheme.bits as f64 + (16.0 + self.scheme.bits as f64) / group;
+        Some(format!(
+            "{} {}-bit with {why} are dequantised to f16 (the reference's own f16 values): \
+             16 bits/weight instead of {bits:.2}",
+            self.scheme.name(),
+            self.scheme.bits
+        ))
+    }
+
+    fn release(&self) {
+        for part in [&self.qweight, &self.qzeros, &self.scales] {
+            part.release();
+        }
+        if let Some(g_idx) = &self.g_idx {
+            g_idx.release();
+        }
+    }
+}
+
+/// The packed linears of a checkpoint, as `<prefix>.weight` tensors.
+pub(super) struct Packed {
+    /// One tensor per packed linear, under its Hugging Face name `<prefix>.weight`.
+    pub tensors: Vec<SourceTensor>,
+    consumed: HashSet<String>,
+}
+
+impl Packed {
+    /// Whether the stored tensor `name` is a part of a packed linear.
+    pub fn consumes(&self, name: &str) -> bool {
+        self.consumed.contains(name)
+    }
+}
+
+const PARTS: [&str; 4] = ["qweight", "qzeros", "scales", "g_idx"];
+
+/// The packed linears of the checkpoint in `dir` (`config` its `config.json`, `files` its
+/// weight files), or `None` if its configuration names no quantisation.
+///
+/// Errors: [`Error::Format`] for an unsupported scheme, a packed linear with a part missing
+/// or of the wrong dtype or shape, or weights in a PyTorch file; [`Error::Io`] if a file
+/// cannot be read.
+pub(super) fn read(dir: &Path, config: &Path, files: &[PathBuf]) -> Result<Option<Packed>> {
+    let Some(scheme) = scheme(dir, config)? else {
+        return Ok(None);
+    };
+    let mut stored: HashMap<String, Stored> = HashMap::new();
+    for file in files {
+        let map = map_file(file)?;
+        if pytorch::is_torch_save(&map) {
+            return Err(Error::format(
+                file,
+                "GPTQ and AWQ weights are read from safetensors files only",
+            ));
+        }
+        let (header_len, metadata) = SafeTensors::read_metadata(&map)
+            .map_err(|e| Error::format(file, format!("invalid safetensors file: {e}")))?;
+        for (name, info) in metadata.tensors() {
+            if !PARTS.iter().any(|p| name.ends_with(&format!(".{p}"))) {
+                continue;
+            }
+            let (start, end) = info.data_offsets;
+            let offset = 8 + header_len + start;
+            let numel: usize = info.shape.iter().product();
+            if end < start
+                || numel.checked_mul(info.dtype.bitsize()) != Some(8 * (end - start))
+                || offset + (end - start) > map.len()
+            {
+                return Err(Error::format(
+                    file,
+                    format!("tensor {name}: its byte range does not fit its shape or the file"),
+                ));
+            }
+            stored.insert(
+                name.clone(),
+                Stored {
+                    name,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    map: Arc::clone(&map),
+                    offset,
+                    len: end - start,
+                    file: file.clone(),
+                },
+            );
+        }
+    }
+    let mut prefixes: Vec<String> = stored
+        .keys()
+        .filter_map(|n| n.strip_suffix(".qweight").map(String::from))
+        .collect();
+    prefixes.sort();
+    let mut consumed = HashSet::new();
+    let mut tensors = Vec::with_capacity(prefixes.len());
+    for prefix in prefixes {
+        let part = |p: &str| stored.get(&format!("{prefix}.{p}")).cloned();
+        let need = |p: &str| {
+            part(p)
+                .ok_or_else(|| Error::format(dir, format!("{prefix}.qweight has no {prefix}.{p}")))
+        };
+        let linear = PackedLinear::new(
+            scheme,
+            need("qweight")?,
+            need("qzeros")?,
+            need("scales")?,
+            part("g_idx"),
+        )?;
+        consumed.extend(PARTS.iter().map(|p| format!("{prefix}.{p}")));
+        let g = linear.geometry;
+        let file = linear.qweight.file.clone();
+        tensors.push(SourceTensor::assembled(
+            format!("{prefix}.weight"),
+            vec![g.outputs, g.inputs],
+            linear.dtype(),
+            &file,
+            Arc::new(linear),
+        ));
+    }
+    Ok(Some(Packed { tensors, consumed }))
+}
