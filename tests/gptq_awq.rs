@@ -165,14 +165,12 @@ fn converted_files_keep_the_repacked_int4() {
     }
 }
 
+/// Passes a stored tensor (name, bytes) through, changed, or drops it (`None`).
+type Edit<'a> = &'a dyn Fn(&str, &[u8]) -> Option<Vec<u8>>;
+
 /// A copy of `gptq-sym-g128` in `tmp/name` with config.json `config` and each tensor of
 /// model.safetensors passed through `edit` (`None` drops it).
-fn edited_copy(
-    tmp: &std::path::Path,
-    name: &str,
-    config: &str,
-    edit: impl Fn(&str, &[u8]) -> Option<Vec<u8>>,
-) -> PathBuf {
+fn edited_copy(tmp: &std::path::Path, name: &str, config: &str, edit: Edit<'_>) -> PathBuf {
     let d = tmp.join(name);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(d.join("config.json"), config).unwrap();
@@ -205,7 +203,7 @@ fn edited_copy(
 fn unsupported_schemes_and_broken_checkpoints_are_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let config = std::fs::read_to_string(dir("gptq-sym-g128").join("config.json")).unwrap();
-    let error = |name: &str, config: &str, edit: &dyn Fn(&str, &[u8]) -> Option<Vec<u8>>| {
+    let error = |name: &str, config: &str, edit: Edit<'_>| {
         let d = edited_copy(tmp.path(), name, config, edit);
         import::load(&d).unwrap_err().to_string()
     };
