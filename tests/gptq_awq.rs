@@ -165,6 +165,40 @@ fn converted_files_keep_the_repacked_int4() {
     }
 }
 
+#[test]
+fn asymmetric_schemes_requantise_to_int4_within_a_hundredth_of_a_step() {
+    // What `flm convert --dtype int4 --group-size 32 --pure` makes of the f16 values that
+    // asymmetric groups of 32 load as: flm's fit finds the checkpoint's grid again, with
+    // the minimum rounded to f16.
+    for variant in ["gptq-asym-g32", "awq-g32"] {
+        let ckpt = import::load(&dir(variant)).unwrap();
+        let mut worst = 0.0f32;
+        for l in 0..ckpt.config.n_layers {
+            for (part, _) in PROJECTIONS {
+                let f16 = ckpt
+                    .tensor(&format!("layers.{l}.{part}"))
+                    .unwrap()
+                    .load()
+                    .unwrap();
+                let want = f16.to_dtype(DataType::F32).unwrap();
+                let int4 = f16.to_dtype(DataType::I4G32).unwrap();
+                let got = int4.to_dtype(DataType::F32).unwrap();
+                let (want, got) = (want.as_f32().unwrap(), got.as_f32().unwrap());
+                for (w, g) in want.chunks(32).zip(got.chunks(32)) {
+                    let lo = w.iter().copied().fold(f32::INFINITY, f32::min);
+                    let hi = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    // At most the group's scale: its codes span at most 0..=15.
+                    let step = (hi - lo) / 15.0;
+                    for (a, b) in w.iter().zip(g) {
+                        worst = worst.max((a - b).abs() / step);
+                    }
+                }
+            }
+        }
+        assert!(worst < 0.01, "{variant}: {worst} of a step");
+    }
+}
+
 /// Passes a stored tensor (name, bytes) through, changed, or drops it (`None`).
 type Edit<'a> = &'a dyn Fn(&str, &[u8]) -> Option<Vec<u8>>;
 
