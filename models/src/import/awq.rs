@@ -43,16 +43,11 @@ fn nibble(words: &[u32], cols: usize, row: usize, o: usize) -> u8 {
     ((words[row * cols + o / 8] >> (4 * REVERSE_ORDER[o % 8])) & 0x0f) as u8
 }
 
-/// The codes `[out][in]` of `qweight`.
-pub(super) fn codes(words: &[u32], g: &Geometry) -> Vec<u8> {
-    let cols = g.outputs / 8;
-    let mut codes = vec![0u8; g.outputs * g.inputs];
-    for (o, row) in codes.chunks_exact_mut(g.inputs).enumerate() {
-        for (c, code) in row.iter_mut().enumerate() {
-            *code = nibble(words, cols, c, o);
-        }
+/// The codes of output channel `o` (one per input channel, into `out`) from `qweight`.
+pub(super) fn row_codes(words: &[u32], g: &Geometry, o: usize, out: &mut [u8]) {
+    for (c, code) in out.iter_mut().enumerate() {
+        *code = nibble(words, g.outputs / 8, c, o);
     }
-    codes
 }
 
 /// The zero points `[groups][out]` of `qzeros`.

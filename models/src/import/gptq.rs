@@ -51,17 +51,14 @@ pub(super) fn geometry(
     })
 }
 
-/// The codes `[out][in]` of `qweight` (int32 words, row-major `[in / p, out]`).
-pub(super) fn codes(bits: u32, words: &[u32], g: &Geometry) -> Vec<u8> {
+/// The codes of output channel `o` (one per input channel, into `out`) from `qweight`
+/// (int32 words, row-major `[in / p, out]`).
+pub(super) fn row_codes(bits: u32, words: &[u32], g: &Geometry, o: usize, out: &mut [u8]) {
     let (per_word, mask) = ((32 / bits) as usize, (1u32 << bits) - 1);
-    let mut codes = vec![0u8; g.outputs * g.inputs];
-    for (o, row) in codes.chunks_exact_mut(g.inputs).enumerate() {
-        for (c, code) in row.iter_mut().enumerate() {
-            let word = words[(c / per_word) * g.outputs + o];
-            *code = ((word >> (bits as usize * (c % per_word))) & mask) as u8;
-        }
+    for (c, code) in out.iter_mut().enumerate() {
+        let word = words[(c / per_word) * g.outputs + o];
+        *code = ((word >> (bits as usize * (c % per_word))) & mask) as u8;
     }
-    codes
 }
 
 /// The zero points `[groups][out]` of `qzeros` (int32 words, row-major

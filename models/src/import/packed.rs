@@ -39,10 +39,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use flm_core::quant::{int4_mins, nibble, padded_cols, row_bytes};
+use flm_core::quant::{int4_mins, nibble, padded_cols};
 use flm_core::{Data, DataType};
 use half::f16;
 use memmap2::Mmap;
+use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
@@ -406,50 +407,40 @@ impl PackedLinear {
         }
     }
 
-    /// The int4 rows of `dtype`: each flm group takes the codes, scale and zero point of
-    /// the checkpoint group of its first channel (the same for all of them, by the plan);
-    /// padding columns take the zero point as code, so that they are 0.
-    fn int4(&self, dtype: DataType, codes: &[u8], p: &Params) -> Result<Data> {
+    /// Writes row `o` of the loaded tensor into `row` (zeroed) from the row's `codes`
+    /// (one per input channel). int4: each flm group takes the codes, scale and zero point
+    /// of the checkpoint group of its first channel (the same for all of them, by the
+    /// plan), and padding columns the zero point as code, so that they are 0. f16:
+    /// `f16(d · (q − z))`, the product exact in f32 and rounded once.
+    fn write_row(&self, o: usize, codes: &[u8], p: &Params, row: &mut [u8]) {
         let Geometry {
             inputs, outputs, ..
         } = self.geometry;
+        let Plan::Int4(dtype) = self.plan else {
+            for (c, out) in row.chunks_exact_mut(2).enumerate() {
+                let group = p.g_idx[c] as usize * outputs + o;
+                let w = p.scales[group].to_f32() * (codes[c] as f32 - p.zeros[group] as f32);
+                out.copy_from_slice(&f16::from_f32(w).to_le_bytes());
+            }
+            return;
+        };
         let size = dtype.group_size().unwrap_or(32);
         let kp = padded_cols(dtype, inputs);
         let (mins, _) = int4_mins(dtype, kp);
-        let mut data = Data::zeros(dtype, &[outputs, inputs])?;
-        let row_len = row_bytes(dtype, inputs).unwrap_or(0);
-        for (o, row) in data.bytes_mut()?.chunks_exact_mut(row_len).enumerate() {
-            for j in 0..kp / size {
-                let group = p.g_idx[j * size] as usize * outputs + o;
-                let (d, z) = (p.scales[group], p.zeros[group]);
-                for i in j * size..(j + 1) * size {
-                    let q = if i < inputs { codes[o * inputs + i] } else { z };
-                    let (byte, shift) = nibble(i);
-                    row[byte] |= q << shift;
-                }
-                row[kp / 2 + 2 * j..kp / 2 + 2 * j + 2].copy_from_slice(&d.to_le_bytes());
-                if !dtype.is_int4_symmetric() {
-                    let m = f16::from_f32(minimum(d, z)).to_le_bytes();
-                    row[mins + 2 * j..mins + 2 * j + 2].copy_from_slice(&m);
-                }
+        for j in 0..kp / size {
+            let group = p.g_idx[j * size] as usize * outputs + o;
+            let (d, z) = (p.scales[group], p.zeros[group]);
+            for i in j * size..(j + 1) * size {
+                let q = codes.get(i).copied().unwrap_or(z);
+                let (byte, shift) = nibble(i);
+                row[byte] |= q << shift;
+            }
+            row[kp / 2 + 2 * j..kp / 2 + 2 * j + 2].copy_from_slice(&d.to_le_bytes());
+            if !dtype.is_int4_symmetric() {
+                let m = f16::from_f32(minimum(d, z)).to_le_bytes();
+                row[mins + 2 * j..mins + 2 * j + 2].copy_from_slice(&m);
             }
         }
-        Ok(data)
-    }
-
-    /// `f16(d · (q − z))`, the product exact in f32 and rounded once.
-    fn f16(&self, codes: &[u8], p: &Params) -> Result<Data> {
-        let Geometry {
-            inputs, outputs, ..
-        } = self.geometry;
-        let mut data = Data::zeros(DataType::F16, &[outputs, inputs])?;
-        for (i, out) in data.bytes_mut()?.chunks_exact_mut(2).enumerate() {
-            let (o, c) = (i / inputs, i % inputs);
-            let group = p.g_idx[c] as usize * outputs + o;
-            let w = p.scales[group].to_f32() * (codes[i] as f32 - p.zeros[group] as f32);
-            out.copy_from_slice(&f16::from_f32(w).to_le_bytes());
-        }
-        Ok(data)
     }
 }
 
@@ -462,14 +453,29 @@ impl Assemble for PackedLinear {
     fn load(&self) -> Result<Data> {
         let p = self.params()?;
         let words = self.qweight.words()?;
-        let codes = match self.scheme.method {
-            Method::Gptq { .. } => gptq::codes(self.scheme.bits, &words, &self.geometry),
-            Method::Awq => awq::codes(&words, &self.geometry),
-        };
-        match self.plan {
-            Plan::Int4(dtype) => self.int4(dtype, &codes, &p),
-            Plan::F16(_) => self.f16(&codes, &p),
+        let g = self.geometry;
+        let mut data = Data::zeros(self.dtype(), &[g.outputs, g.inputs])?;
+        if data.size_bytes() == 0 {
+            return Ok(data);
         }
+        let row_len = data.size_bytes() / g.outputs;
+        // Rows are independent: one per task, each with its codes unpacked into a buffer.
+        data.bytes_mut()?
+            .par_chunks_exact_mut(row_len)
+            .enumerate()
+            .for_each_init(
+                || vec![0u8; g.inputs],
+                |codes, (o, row)| {
+                    match self.scheme.method {
+                        Method::Gptq { .. } => {
+                            gptq::row_codes(self.scheme.bits, &words, &g, o, codes)
+                        }
+                        Method::Awq => awq::row_codes(&words, &g, o, codes),
+                    }
+                    self.write_row(o, codes, &p, row);
+                },
+            );
+        Ok(data)
     }
 
     fn note(&self) -> Option<String> {
