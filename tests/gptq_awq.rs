@@ -16,9 +16,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Each variant and the dtype its projections load as: symmetric GPTQ repacks into
-/// int4-sym, asymmetric schemes whose minimums are f16 numbers into int4, act-order and
-/// asymmetric schemes with 11-bit scales are dequantised to f16.
-const VARIANTS: [(&str, DataType); 7] = [
+/// int4-sym, asymmetric schemes whose minimums are f16 numbers into int4, act-order,
+/// asymmetric schemes with 11-bit scales and 8-bit GPTQ are dequantised to f16.
+const VARIANTS: [(&str, DataType); 8] = [
     ("gptq-sym-g128", DataType::I4SymG128),
     ("gptq-sym-g32-actorder", DataType::F16),
     ("gptq-asym-g32", DataType::F16),
@@ -26,6 +26,7 @@ const VARIANTS: [(&str, DataType); 7] = [
     ("gptq-asym-g32-short-scales", DataType::I4G32),
     ("awq-g32", DataType::F16),
     ("awq-g128-short-scales", DataType::I4G128),
+    ("gptq-8bit-asym-g32-v2", DataType::F16),
 ];
 
 /// flm's canonical projection names and transformers' module names.
@@ -141,6 +142,7 @@ fn dequantised_tensors_are_noted_with_their_reason() {
     assert_eq!(act_order.len(), 1, "{act_order:?}");
     assert!(act_order[0].starts_with("14 tensors: GPTQ 4-bit with act-order"));
     assert!(notes("awq-g32")[0].contains("minimum -scale*zero is not an f16 number"));
+    assert!(notes("gptq-8bit-asym-g32-v2")[0].contains("GPTQ 8-bit with 8-bit codes in groups"));
 }
 
 #[test]

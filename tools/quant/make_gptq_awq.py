@@ -16,7 +16,8 @@ chosen, not how they are stored):
   `g_idx [in]` (the group of each input channel). Saved in the `gptq` (v1) checkpoint
   format: the packed zero words minus 0x11111111 (GPTQModel's
   `convert_gptq_v2_to_v1_format_module`, whose borrows a reader undoes by adding it back).
-  Symmetric schemes have the zero point 8 (GPTQ's `(maxq + 1) / 2`). Act-order permutes the
+  Symmetric schemes have the zero point 8 (GPTQ's `(maxq + 1) / 2`). One variant is 8-bit
+  (4 codes per word) in the `gptq_v2` format (zero points stored as they are). Act-order permutes the
   channels: group `j` holds channels `perm[j*G:(j+1)*G]`, so `g_idx[c] = invperm[c] // G`.
 - AWQ: AutoAWQ's `WQLinear_GEMM.from_linear` (autoawq 0.2.9, `modules/linear/gemm.py`):
   `qweight [in, out/8]` int32 with the 8 codes of a word taken in the order
@@ -84,9 +85,12 @@ VARIANTS = {
     "gptq-asym-g32": ("gptq", 32, False, False, False, 4103),
     "gptq-asym-g128-actorder": ("gptq", 128, False, True, False, 4104),
     "gptq-asym-g32-short-scales": ("gptq", 32, False, False, True, 4107),
+    "gptq-8bit-asym-g32-v2": ("gptq", 32, False, False, False, 4108),
     "awq-g32": ("awq", 32, False, False, False, 4105),
     "awq-g128-short-scales": ("awq", 128, False, False, True, 4106),
 }
+# Variants with other bits or GPTQ checkpoint formats than 4 and `gptq` (v1).
+OPTIONS = {"gptq-8bit-asym-g32-v2": dict(bits=8, checkpoint_format="gptq_v2")}
 SEQ_LEN = 16
 NEW_TOKENS = 16
 TOKEN_SEED = 4100
@@ -109,9 +113,9 @@ def redraw(model, seed):
         q[3:6, :32] = -q[3:6, :32].abs()
 
 
-def rtn(w, channels, symmetric):
+def rtn(w, channels, symmetric, maxq=15):
     """Scale and zero point of one group (`w[:, channels]`, per output row), GPTQ's
-    `Quantizer.find_params` with maxq 15 (symmetric: zero 8), AutoAWQ's rule is the same
+    `Quantizer.find_params` (symmetric: zero (maxq + 1) / 2), AutoAWQ's rule is the same
     min/max fit with the zero rounded and clamped."""
     x = w[:, channels]
     xmin = torch.minimum(x.min(1).values, torch.zeros(()))
@@ -121,9 +125,9 @@ def rtn(w, channels, symmetric):
         xmin = -xmax
     both_zero = (xmin == 0) & (xmax == 0)
     xmin[both_zero], xmax[both_zero] = -1, 1
-    scale = (xmax - xmin) / 15
-    zero = torch.full_like(scale, 8.0) if symmetric else torch.round(-xmin / scale)
-    return scale, zero.clamp(0, 15)
+    scale = (xmax - xmin) / maxq
+    zero = torch.full_like(scale, (maxq + 1) / 2) if symmetric else torch.round(-xmin / scale)
+    return scale, zero.clamp(0, maxq)
 
 
 def awq_params(w, group, channels):
@@ -135,7 +139,7 @@ def awq_params(w, group, channels):
     return scale, zero
 
 
-def quantise(w, group, symmetric, act_order, short, method, g):
+def quantise(w, group, symmetric, act_order, short, method, g, maxq=15):
     """Scales [groups, out] (f16), zeros [groups, out] (int), g_idx [in] of `w` [out, in];
     `short`: scales rounded to 7 significant bits."""
     n_in = w.shape[1]
@@ -144,7 +148,7 @@ def quantise(w, group, symmetric, act_order, short, method, g):
     scales, zeros = [], []
     for j in range(n_in // group):
         channels = perm[j * group : (j + 1) * group]
-        s, z = awq_params(w, group, channels) if method == "awq" else rtn(w, channels, symmetric)
+        s, z = awq_params(w, group, channels) if method == "awq" else rtn(w, channels, symmetric, maxq)
         if short:
             mantissa, exponent = torch.frexp(s)
             s = torch.ldexp(torch.round(mantissa * 128) / 128, exponent)
@@ -156,27 +160,29 @@ def quantise(w, group, symmetric, act_order, short, method, g):
     return scales, zeros, g_idx
 
 
-def codes_of(w, scales, zeros, g_idx):
-    """The int4 codes `[in, out]` as both packers compute them: round((w + s*z) / s) with
-    the f16 scales, clamped to [0, 15]."""
+def codes_of(w, scales, zeros, g_idx, maxq=15):
+    """The codes `[in, out]` as both packers compute them: round((w + s*z) / s) with
+    the f16 scales, clamped to [0, maxq]."""
     s = scales.float()[g_idx.long()]
     z = zeros.float()[g_idx.long()]
-    return torch.clamp(torch.round((w.t() + s * z) / s), 0, 15).to(torch.int64)
+    return torch.clamp(torch.round((w.t() + s * z) / s), 0, maxq).to(torch.int64)
 
 
-def pack_gptq(codes, zeros):
-    """GPTQModel's pack_original for 4 bits, then the v2 -> v1 word subtraction."""
+def pack_gptq(codes, zeros, bits=4, v1=True):
+    """GPTQModel's pack_original, then (v1) the v2 -> v1 word subtraction."""
+    per_word = 32 // bits
     codes = codes.numpy().astype(np.uint32)
-    qweight = np.zeros((codes.shape[0] // 8, codes.shape[1]), dtype=np.uint32)
+    qweight = np.zeros((codes.shape[0] // per_word, codes.shape[1]), dtype=np.uint32)
     for row in range(qweight.shape[0]):
-        for j in range(8):
-            qweight[row] |= codes[row * 8 + j] << (4 * j)
+        for j in range(per_word):
+            qweight[row] |= codes[row * per_word + j] << (bits * j)
     z = zeros.numpy().astype(np.uint32)
-    qzeros = np.zeros((z.shape[0], z.shape[1] // 8), dtype=np.uint32)
+    qzeros = np.zeros((z.shape[0], z.shape[1] // per_word), dtype=np.uint32)
     for col in range(qzeros.shape[1]):
-        for j in range(8):
-            qzeros[:, col] |= z[:, col * 8 + j] << (4 * j)
-    qzeros = (qzeros - np.uint32(0x11111111)).astype(np.uint32)
+        for j in range(per_word):
+            qzeros[:, col] |= z[:, col * per_word + j] << (bits * j)
+    if v1:
+        qzeros = (qzeros - np.uint32(0x11111111 if bits == 4 else 0x01010101)).astype(np.uint32)
     return torch.from_numpy(qweight.view(np.int32)), torch.from_numpy(qzeros.view(np.int32))
 
 
@@ -214,7 +220,7 @@ def check_awq(autoawq, qweight, qzeros, scales, group, want):
     assert torch.equal(got.t().contiguous().view(torch.int16), want.view(torch.int16)), "AutoAWQ"
 
 
-def check_gptq(gptqmodel, qweight, qzeros, scales, g_idx, group, symmetric, want):
+def check_gptq(gptqmodel, qweight, qzeros, scales, g_idx, group, symmetric, want, bits=4, v1=True):
     """GPTQModel's own unpacking (TorchLinear after its v1 -> v2 conversion) must give
     the same f16 weights."""
     sys.path.insert(0, str(gptqmodel))
@@ -223,14 +229,15 @@ def check_gptq(gptqmodel, qweight, qzeros, scales, g_idx, group, symmetric, want
 
     n_in, n_out = g_idx.shape[0], scales.shape[1]
     layer = TorchLinear(
-        bits=4, group_size=group, sym=symmetric, desc_act=False, in_features=n_in,
+        bits=bits, group_size=group, sym=symmetric, desc_act=False, in_features=n_in,
         out_features=n_out, bias=False, pack_dtype=torch.int32, register_buffers=True,
     )
     layer.qweight.copy_(qweight)
     layer.qzeros.copy_(qzeros)
     layer.scales.copy_(scales)
     layer.g_idx.copy_(g_idx)
-    convert_gptq_v1_to_v2_format_module(layer, bits=4, pack_dtype=torch.int32)
+    if v1:
+        convert_gptq_v1_to_v2_format_module(layer, bits=bits, pack_dtype=torch.int32)
     layer.enable_wf_unsqueeze = True
     layer._init_wf_unsqueeze_buffers()
     got = layer.dequantize_weight().t().contiguous()
@@ -249,6 +256,11 @@ def make(name, method, group, symmetric, act_order, short, seed, args):
     model = LlamaForCausalLM(config).eval()
     redraw(model, seed)
     g = torch.Generator().manual_seed(seed)
+    options = OPTIONS.get(name, {})
+    bits = options.get("bits", 4)
+    checkpoint_format = options.get("checkpoint_format", "gptq")
+    v1 = checkpoint_format == "gptq"
+    maxq = 2**bits - 1
     state = {k: v.half() for k, v in model.state_dict().items()}
     tensors = {}
     hashes = {}
@@ -258,8 +270,8 @@ def make(name, method, group, symmetric, act_order, short, seed, args):
                 prefix = f"model.layers.{l}.{proj}"
                 linear = layer.get_submodule(proj)
                 w = linear.weight.data.float()
-                scales, zeros, g_idx = quantise(w, group, symmetric, act_order, short, method, g)
-                codes = codes_of(w, scales, zeros, g_idx)
+                scales, zeros, g_idx = quantise(w, group, symmetric, act_order, short, method, g, maxq)
+                codes = codes_of(w, scales, zeros, g_idx, maxq)
                 f16 = dequantise(codes, scales, zeros, g_idx, torch.float16)
                 f32 = dequantise(codes, scales, zeros, g_idx, torch.float32)
                 if method == "awq":
@@ -267,8 +279,9 @@ def make(name, method, group, symmetric, act_order, short, seed, args):
                     check_awq(args.autoawq, qweight, qzeros, scales, group, f16)
                     tensors.update({f"{prefix}.qweight": qweight, f"{prefix}.qzeros": qzeros})
                 else:
-                    qweight, qzeros = pack_gptq(codes, zeros)
-                    check_gptq(args.gptqmodel, qweight, qzeros, scales, g_idx, group, symmetric, f16)
+                    qweight, qzeros = pack_gptq(codes, zeros, bits, v1)
+                    check_gptq(args.gptqmodel, qweight, qzeros, scales, g_idx, group, symmetric, f16,
+                               bits, v1)
                     tensors.update({f"{prefix}.qweight": qweight, f"{prefix}.qzeros": qzeros,
                                     f"{prefix}.g_idx": g_idx})
                 tensors[f"{prefix}.scales"] = scales
@@ -287,8 +300,8 @@ def make(name, method, group, symmetric, act_order, short, seed, args):
         cfg.pop(k, None)
     if method == "gptq":
         cfg["quantization_config"] = dict(
-            quant_method="gptq", bits=4, group_size=group, desc_act=act_order, sym=symmetric,
-            checkpoint_format="gptq", damp_percent=0.01, true_sequential=True,
+            quant_method="gptq", bits=bits, group_size=group, desc_act=act_order, sym=symmetric,
+            checkpoint_format=checkpoint_format, damp_percent=0.01, true_sequential=True,
         )
     else:
         cfg["quantization_config"] = dict(
