@@ -4,8 +4,8 @@
 
 use flm_core::DataType;
 use flm_models::convert::{convert, Recipe};
-use flm_models::import;
 use flm_models::llama::Logits;
+use flm_models::{import, Model};
 use flm_tests::glm_data::{write_hf_dir, Family, Steps};
 use flm_tests::{cpu_executor, data};
 
@@ -60,9 +60,13 @@ fn every_dtype_converts_and_runs() {
             let out = dir.path().join(format!("{dtype}.flm"));
             convert(&ckpt, &tokenizer, &out, dtype, Recipe::Mixed, |_| {}).unwrap();
             let flm = import::load(&out).unwrap();
-            let wq = flm.tensor("layers.0.wq").unwrap().load().unwrap();
+            let wq = flm
+                .tensor("layers.0.wq".parse().unwrap())
+                .unwrap()
+                .load()
+                .unwrap();
             assert_eq!(wq.dtype(), dtype, "{file} {dtype}");
-            let (err, mag) = run_steps(&mut flm.model().unwrap(), &steps);
+            let (err, mag) = run_steps(&mut Model::new(&flm).unwrap(), &steps);
             let tol = if rel == 0.0 { 5e-4 } else { rel * mag };
             println!("{file} {dtype}: max abs error {err:.2e} (tolerance {tol:.2e})");
             assert!(err <= tol, "{file} {dtype}: {err} > {tol}");
@@ -76,7 +80,7 @@ fn every_dtype_converts_and_runs() {
 fn chatglm_6b_needs_its_prompt_marks() {
     let dir = tempfile::tempdir().unwrap();
     write_hf_dir("glm_model.data", Family::Glm, false, dir.path());
-    let mut model = import::load(dir.path()).unwrap().model().unwrap();
+    let mut model = Model::new(&import::load(dir.path()).unwrap()).unwrap();
     let exec = cpu_executor();
     let err = model.forward(&exec, &[3], 1, Logits::Last).unwrap_err();
     assert!(err.to_string().contains("position 0"), "{err}");

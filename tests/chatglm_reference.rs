@@ -10,7 +10,7 @@
 
 use flm_core::{Data, DataType, Op};
 use flm_models::convert::{convert, Recipe};
-use flm_models::import;
+use flm_models::{import, Model};
 use flm_tests::glm_data::{write_hf_dir, Family, Reader, Steps};
 use flm_tests::{cpu_executor, data};
 
@@ -62,7 +62,7 @@ fn models_match_chatglm_cpp() {
         let dir = tempfile::tempdir().unwrap();
         let steps = write_hf_dir(file, family, prefix, dir.path());
         let ckpt = import::load(dir.path()).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let mut model = ckpt.model().unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut model = Model::new(&ckpt).unwrap_or_else(|e| panic!("{file}: {e}"));
         // A second instance over the same shared weights (as each libflm session is) has
         // its own KV cache, with the p-tuning prefix in it, and gives the same results,
         // also after the first instance has run.
@@ -106,9 +106,9 @@ fn int8_models_stay_within_the_quantisation_bound() {
             flm.config, ckpt.config,
             "{file}: the .flm records the configuration"
         );
-        let wq = flm.tensor("layers.0.wq").expect("wq");
+        let wq = flm.tensor("layers.0.wq".parse().unwrap()).expect("wq");
         assert_eq!(wq.load().unwrap().dtype(), DataType::I8);
-        let mut model = flm.model().unwrap();
+        let mut model = Model::new(&flm).unwrap();
         let (err, mag) = run_steps(&mut model, &steps);
         let tol = 0.04 * mag;
         println!("{file}: int8 max abs error {err:.2e} (tolerance {tol:.2e})");

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use flm_core::{DataType, Executor, Location};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
-use flm_models::import;
-use flm_models::llama::{Llama, LlamaModel, Logits};
+use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
+use flm_models::{import, Graph, SharedGraph};
 use flm_tests::{cpu_executor, data, greedy_on, ids, stories_reference, weights_in};
 
 /// The CUDA device first, the CPU for the ops it leaves (as `--device cuda` runs).
@@ -34,7 +34,7 @@ fn gpu_executor() -> Option<Executor> {
 /// them).
 fn model(dtype: DataType) -> Llama {
     let ckpt = import::load(&data("hf-stories260K")).unwrap();
-    let weights = weights_in(&ckpt.weights().unwrap(), |_, shape| {
+    let weights = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, shape| {
         if shape.len() == 2 {
             dtype
         } else {
@@ -89,7 +89,7 @@ fn int8_and_int4_top1_agree_with_the_cpu_on_99_percent_of_positions() {
 /// activations on the GPU, and the greedy tokens of 200 steps from BOS.
 fn placed_greedy(gpu: &Executor, on_gpu: usize) -> Vec<u32> {
     let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
     let n_layers = model.config().n_layers;
     let placement = Placement::first_layers(n_layers, CUDA0, on_gpu);
     let model = model.place(gpu, placement).unwrap();

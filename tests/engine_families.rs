@@ -10,7 +10,7 @@ use std::path::Path;
 use flm_core::PagedKvCache;
 use flm_models::engine::{Engine, EngineConfig};
 use flm_models::import;
-use flm_models::llama::{BatchSeq, LlamaBatch, Logits};
+use flm_models::llama::{BatchSeq, Logits};
 use flm_models::{Error, SharedModel};
 use flm_tests::glm_data::{write_hf_dir, Family};
 use flm_tests::{cpu_executor, data, ids};
@@ -18,16 +18,13 @@ use flm_tests::{cpu_executor, data, ids};
 /// Runs two sequences through one batch in steps of the given chunk sizes (0: the sequence
 /// sits the step out), and each alone through `Model::forward`; the logits must be equal.
 fn batched_equals_single(model: &SharedModel, seqs: [(&[u32], &[usize]); 2], what: &str) {
-    let SharedModel::Llama(llama) = model else {
-        panic!("{what}: not on the Llama graph");
-    };
     let c = model.config();
     let exec = cpu_executor();
     exec.require_batch_invariance();
     let block_size = 3;
     let positions: usize = seqs.iter().map(|s| c.pre_seq_len + s.0.len()).sum();
     let mut kv = PagedKvCache::new(c.n_layers, positions, block_size, c.kv_dim()).unwrap();
-    let mut batch = LlamaBatch::new(llama.clone(), 1).unwrap();
+    let mut batch = model.batch(1).unwrap();
     let mut tables = Vec::new();
     for (tokens, _) in &seqs {
         let n = kv.blocks_for(c.pre_seq_len + tokens.len());
@@ -108,7 +105,10 @@ fn hf_families_batch_exactly() {
     let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
     let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
     let other: Vec<u32> = input.iter().rev().copied().collect();
-    for family in ["llama3", "mistral", "qwen2", "qwen3", "phi3"] {
+    let families = [
+        "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3",
+    ];
+    for family in families {
         let path = data(&format!("hf-families/{family}"));
         let ckpt = import::load(Path::new(&path)).unwrap();
         let model = SharedModel::new(&ckpt).unwrap();

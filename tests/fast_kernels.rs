@@ -7,8 +7,8 @@
 use flm_core::{DataType, Executor};
 use flm_devices::{CpuDevice, Isa};
 use flm_models::convert::{target_dtype, Recipe};
-use flm_models::import;
-use flm_models::llama::{Llama, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::{import, Graph};
 use flm_tests::{data, greedy_on, ids, stories_reference, weights_in};
 
 /// Greedy steps compared. The runs are not bit-identical (see below), so a long enough run
@@ -32,7 +32,7 @@ fn greedy_tokens_are_the_same_at_every_level() {
         .chain(&ids(&case["output_ids"]))
         .copied()
         .collect();
-    let weights = ckpt.weights().unwrap();
+    let weights = LlamaWeights::load(&ckpt).unwrap();
     let tied = ckpt.config.tie_embeddings;
     for dtype in [
         DataType::F32,

@@ -8,6 +8,7 @@ use flm_core::flm_file::FlmFile;
 use flm_core::DataType;
 use flm_models::convert::{convert, Recipe};
 use flm_models::import;
+use flm_models::llama::LlamaWeights;
 use flm_tests::data;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -34,7 +35,7 @@ fn small_flm(dir: &Path) -> (PathBuf, Vec<u8>) {
 fn load_error(dir: &Path, bytes: &[u8]) -> String {
     let path = dir.join("damaged.flm");
     std::fs::write(&path, bytes).unwrap();
-    match import::load(&path).and_then(|c| c.weights().map(|_| ())) {
+    match import::load(&path).and_then(|c| LlamaWeights::load(&c).map(|_| ())) {
         Ok(()) => String::new(),
         Err(e) => e.to_string(),
     }

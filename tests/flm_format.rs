@@ -8,8 +8,8 @@ use flm_core::DataType;
 use flm_models::convert::{convert, Recipe};
 use flm_models::eval::{teacher_forced, TeacherForced};
 use flm_models::import::{self, Format};
-use flm_models::llama::{Llama, Logits};
-use flm_models::Model;
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::{Graph, Model};
 use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference};
 use flm_tokenizer::Tokenizer;
 
@@ -28,7 +28,7 @@ fn convert_to(dir: &Path, input: &str, dtype: DataType) -> PathBuf {
 fn model_and_tokenizer(path: &Path) -> (Llama, Tokenizer) {
     let mut ckpt = import::load(path).unwrap();
     let tokenizer = ckpt.take_tokenizer(path).unwrap();
-    let weights = ckpt.weights().unwrap();
+    let weights = LlamaWeights::load(&ckpt).unwrap();
     (Llama::new(ckpt.config, weights).unwrap(), tokenizer)
 }
 
@@ -56,7 +56,7 @@ fn f32_round_trip_gives_exactly_the_reference_tokens() {
         let ckpt = import::load(&path).unwrap();
         assert_eq!(ckpt.format, Format::Flm);
         assert!(
-            ckpt.weights().unwrap().layers[0].wq.is_mapped(),
+            LlamaWeights::load(&ckpt).unwrap().layers[0].wq.is_mapped(),
             "zero-copy"
         );
         let (mut model, tokenizer) = model_and_tokenizer(&path);
@@ -101,7 +101,7 @@ fn half_precision_files_stay_within_their_rounding() {
 
 fn evaluate(path: &Path) -> TeacherForced {
     let (model, tokenizer) = model_and_tokenizer(path);
-    let mut model = Model::Llama(model);
+    let mut model = Model::from_graph(model);
     let text = std::fs::read_to_string(data("text/tinystories_style.txt")).unwrap();
     let tokens = tokenizer.encode(&text, true).unwrap();
     assert!(tokens.len() > 4000, "{} tokens", tokens.len());

@@ -9,7 +9,9 @@ use flm_core::flm_file::FlmFile;
 use flm_core::{Data, DataType};
 use flm_models::convert::{convert, Recipe};
 use flm_models::import;
-use flm_models::llama::{Llama, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::tensor_names::{LayerPart, TensorName};
+use flm_models::Graph;
 use flm_tests::{cpu_executor, data, greedy_on, ids, weights_in};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
@@ -29,15 +31,15 @@ const VARIANTS: [(&str, DataType); 8] = [
     ("gptq-8bit-asym-g32-v2", DataType::F16),
 ];
 
-/// flm's canonical projection names and transformers' module names.
-const PROJECTIONS: [(&str, &str); 7] = [
-    ("wq", "self_attn.q_proj"),
-    ("wk", "self_attn.k_proj"),
-    ("wv", "self_attn.v_proj"),
-    ("wo", "self_attn.o_proj"),
-    ("w_gate", "mlp.gate_proj"),
-    ("w_up", "mlp.up_proj"),
-    ("w_down", "mlp.down_proj"),
+/// The projections of a layer, every one quantised in the checkpoints.
+const PROJECTIONS: [LayerPart; 7] = [
+    LayerPart::Wq,
+    LayerPart::Wk,
+    LayerPart::Wv,
+    LayerPart::Wo,
+    LayerPart::WGate,
+    LayerPart::WUp,
+    LayerPart::WDown,
 ];
 
 fn reference() -> Value {
@@ -70,10 +72,10 @@ fn dequantised_weights_equal_the_references_bit_for_bit() {
         let ckpt = import::load(&dir(variant)).unwrap();
         let hashes = &reference["variants"][variant]["dequantised_sha256"];
         for l in 0..ckpt.config.n_layers {
-            for (part, module) in PROJECTIONS {
-                let name = format!("layers.{l}.{part}");
-                let want = &hashes[format!("model.layers.{l}.{module}.weight")];
-                let weight = ckpt.tensor(&name).unwrap().load().unwrap();
+            for part in PROJECTIONS {
+                let name = TensorName::Layer(l, part);
+                let want = &hashes[name.hf().unwrap()];
+                let weight = ckpt.tensor(name).unwrap().load().unwrap();
                 assert_eq!(weight.dtype(), dtype, "{variant} {name}");
                 let f32 = weight.to_dtype(DataType::F32).unwrap();
                 let f32 = f32.as_f32().unwrap();
@@ -97,7 +99,7 @@ fn logits_match_transformers_on_the_dequantised_weights() {
         let ckpt = import::load(&dir(variant)).unwrap();
         // The weights rounded to f16, as the references dequantise them, then held in f32:
         // the values transformers runs, without flm's int8 activations.
-        let f16 = weights_in(&ckpt.weights().unwrap(), |_, _| DataType::F16);
+        let f16 = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, _| DataType::F16);
         let weights = weights_in(&f16, |_, _| DataType::F32);
         let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
         let got = model
@@ -126,7 +128,8 @@ fn greedy_ids_match_transformers_with_the_loaded_dtypes() {
     let exec = cpu_executor();
     for (variant, _) in VARIANTS {
         let ckpt = import::load(&dir(variant)).unwrap();
-        let mut model = Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+        let weights = LlamaWeights::load(&ckpt).unwrap();
+        let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
         let want = ids(&reference["variants"][variant]["greedy_ids"]);
         let got = greedy_on(&exec, &mut model, &input, want.len());
         assert_eq!(got, want, "{variant}");
@@ -156,10 +159,10 @@ fn converted_files_keep_the_repacked_int4() {
         convert(&ckpt, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
         let file = FlmFile::open(&out).unwrap();
         for l in 0..ckpt.config.n_layers {
-            for (part, _) in PROJECTIONS {
-                let name = format!("layers.{l}.{part}");
-                let stored: Data = file.tensor(&name).unwrap();
-                let loaded = ckpt.tensor(&name).unwrap().load().unwrap();
+            for part in PROJECTIONS {
+                let name = TensorName::Layer(l, part);
+                let stored: Data = file.tensor(&name.to_string()).unwrap();
+                let loaded = ckpt.tensor(name).unwrap().load().unwrap();
                 assert_eq!(stored.dtype(), dtype, "{variant} {name}");
                 assert_eq!(stored.bytes().unwrap(), loaded.bytes().unwrap());
             }
@@ -176,12 +179,9 @@ fn asymmetric_schemes_requantise_to_int4_within_a_hundredth_of_a_step() {
         let ckpt = import::load(&dir(variant)).unwrap();
         let mut worst = 0.0f32;
         for l in 0..ckpt.config.n_layers {
-            for (part, _) in PROJECTIONS {
-                let f16 = ckpt
-                    .tensor(&format!("layers.{l}.{part}"))
-                    .unwrap()
-                    .load()
-                    .unwrap();
+            for part in PROJECTIONS {
+                let f16 = ckpt.tensor(TensorName::Layer(l, part)).unwrap();
+                let f16 = f16.load().unwrap();
                 let want = f16.to_dtype(DataType::F32).unwrap();
                 let int4 = f16.to_dtype(DataType::I4G32).unwrap();
                 let got = int4.to_dtype(DataType::F32).unwrap();

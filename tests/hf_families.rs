@@ -1,21 +1,24 @@
 //! Llama 3 (llama3 RoPE scaling), Mistral (sliding-window attention), Qwen2 (q/k/v
-//! biases), Qwen3 (an RMSNorm over each query and key head) and Phi-3 (fused projections,
-//! LongRoPE on part of each head) through the Llama graph, against the logits of Hugging Face transformers for
-//! tiny random-weight checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see
-//! its SOURCES.md).
+//! biases), Qwen3 (an RMSNorm over each query and key head), Phi-3 (fused projections,
+//! LongRoPE on part of each head), Gemma (GeGLU, `1 + w` gains, scaled embeddings), Gemma 2
+//! (post-norms, soft-capping, alternating sliding and global layers) and Gemma 3 (q/k norms
+//! and a local RoPE besides) through the Llama graph, against the logits of Hugging Face
+//! transformers for tiny random-weight checkpoints (tests/data/hf-families, made by its
+//! `make_tiny.py`; see its SOURCES.md).
 
 use std::path::Path;
 
 use flm_core::{DataType, RopeScaling};
 use flm_models::convert::{convert, Recipe};
-use flm_models::import;
-use flm_models::llama::{Llama, Logits};
-use flm_models::ModelConfig;
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::{import, Activation, Graph, ModelConfig};
 use flm_tests::{cpu_executor, data, ids};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
-const FAMILIES: [&str; 5] = ["llama3", "mistral", "qwen2", "qwen3", "phi3"];
+const FAMILIES: [&str; 8] = [
+    "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3",
+];
 /// The bound on the difference to transformers' logits.
 const TOLERANCE: f32 = 1e-4;
 
@@ -39,7 +42,7 @@ fn expected(family: &str) -> Vec<f32> {
 
 fn load(path: &Path) -> Llama {
     let ckpt = import::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap()
+    Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap()
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -117,6 +120,31 @@ fn configurations_are_read_per_family() {
     assert_eq!(long_factor, [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]);
     // sqrt(1 + ln(128 / 16) / ln(16)), transformers' default.
     assert!((attention_factor - 1.75f32.sqrt()).abs() < 1e-6);
+    let gemma = config("gemma");
+    assert_eq!(gemma.activation, Activation::GeluTanh);
+    assert!(gemma.norm_unit_offset && gemma.tie_embeddings && !gemma.post_norms);
+    assert_eq!(gemma.embed_scale, Some(8.0));
+    let gemma2 = config("gemma2");
+    assert!(gemma2.post_norms && !gemma2.qk_norm);
+    assert_eq!(
+        (gemma2.attn_softcap, gemma2.final_softcap),
+        (Some(1.5), Some(4.0))
+    );
+    assert_eq!(gemma2.attention_scale, Some(24f64.powf(-0.5) as f32));
+    assert_eq!(
+        (gemma2.layer_window(0), gemma2.layer_window(1)),
+        (Some(8), None)
+    );
+    let gemma3 = config("gemma3");
+    assert!(gemma3.post_norms && gemma3.qk_norm && gemma3.attn_softcap.is_none());
+    assert_eq!(
+        (gemma3.rope_theta, gemma3.rope_local_theta),
+        (1e6, Some(10000.0))
+    );
+    assert_eq!(
+        gemma3.rope_scaling,
+        Some(RopeScaling::Linear { factor: 8.0 })
+    );
 }
 
 #[test]
@@ -147,10 +175,17 @@ fn without_the_family_feature_the_logits_differ() {
         ("mistral", |c: &mut ModelConfig| c.sliding_window = None),
         ("qwen3", |c: &mut ModelConfig| c.qk_norm = false),
         ("phi3", |c: &mut ModelConfig| c.rope_scaling = None),
+        ("gemma", |c: &mut ModelConfig| {
+            c.activation = Activation::Silu
+        }),
+        ("gemma2", |c: &mut ModelConfig| {
+            (c.attn_softcap, c.final_softcap) = (None, None)
+        }),
+        ("gemma3", |c: &mut ModelConfig| c.rope_local_theta = None),
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let mut config = ckpt.config.clone();
-        let mut weights = ckpt.weights().unwrap();
+        let mut weights = LlamaWeights::load(&ckpt).unwrap();
         strip(&mut config);
         if !config.qk_norm {
             for layer in &mut weights.layers {
@@ -188,6 +223,42 @@ fn f32_flm_files_run_the_same() {
         for (how, got) in [("prefill", prefill), ("decode", stepped)] {
             let diff = max_diff(&got, &want);
             assert!(diff <= TOLERANCE, "{family}.flm {how}: max |Δ| = {diff}");
+        }
+    }
+}
+
+/// Each checkpoint converted to int8 and int4 .flm files runs quantised: its logits stay
+/// near transformers' f32 ones (int8 rounding of every matrix and activation moves them by
+/// up to 0.2 here, int4 by up to 2.2), and the greedy token agrees at the positions whose
+/// top two logits are far enough apart.
+#[test]
+fn quantised_flm_files_stay_near_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
+    let exec = cpu_executor();
+    let input = input_ids();
+    for family in FAMILIES {
+        let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
+        let want = expected(family);
+        // Bounds of about 1.3× the largest difference seen over the families: random
+        // Gaussian weights of rows of 64 lose much to 16 levels.
+        for (dtype, bound) in [(DataType::I8, 0.25), (DataType::I4G32, 2.5)] {
+            let out = dir.path().join(format!("{family}-{}.flm", dtype.name()));
+            convert(&ckpt, &tokenizer, &out, dtype, Recipe::Pure, |_| {}).unwrap();
+            let mut model = load(&out);
+            let vocab = model.config().vocab_size;
+            let got = model.forward(&exec, &input, 0, Logits::All).unwrap();
+            let diff = max_diff(got, &want);
+            assert!(diff <= bound, "{family} {}: max |Δ| = {diff}", dtype.name());
+            for (pos, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+                let best = flm_core::argmax(w);
+                let mut sorted = w.to_vec();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                if sorted[0] - sorted[1] > 2.0 * bound {
+                    let what = format!("{family} {} at {pos}", dtype.name());
+                    assert_eq!(flm_core::argmax(g), best, "{what}");
+                }
+            }
         }
     }
 }
@@ -330,4 +401,31 @@ fn qwen_gguf_files_run_as_transformers() {
             assert!(diff <= TOLERANCE, "{family}.gguf {how}: max |Δ| = {diff}");
         }
     }
+}
+
+/// A tensor no canonical name maps to is listed as ignored, not read as another one, and
+/// the model still gives transformers' logits.
+#[test]
+fn unknown_tensors_are_listed_as_ignored() {
+    use safetensors::tensor::TensorView;
+    let dir = edited_copy("qwen3", |_| {});
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let extra = [0u8; 16];
+    let mut views: Vec<(String, TensorView<'_>)> = file.tensors();
+    let name = "model.layers.0.mlp.experts.0.up_proj.weight";
+    let view = TensorView::new(safetensors::Dtype::F32, vec![2, 2], &extra).unwrap();
+    views.push((name.to_string(), view));
+    safetensors::tensor::serialize_to_file(views, None, &path).unwrap();
+    let ckpt = import::load(dir.path()).unwrap();
+    assert_eq!(ckpt.ignored, [name]);
+    let notes = ckpt.load_notes();
+    assert!(notes.iter().any(|n| n.contains(name)), "{notes:?}");
+    let got = load(dir.path())
+        .forward(&cpu_executor(), &input_ids(), 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    let diff = max_diff(&got, &expected("qwen3"));
+    assert!(diff <= TOLERANCE, "max |Δ| = {diff}");
 }

@@ -2,12 +2,13 @@
 //! transformers and llama2.c `run.c`; see tests/data/SOURCES.md).
 
 use flm_models::import::{self, Format};
-use flm_models::llama::{Llama, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::Graph;
 use flm_tests::{cpu_executor, data, greedy_on, ids, stories_logits, stories_reference};
 
 fn load(rel: &str) -> Llama {
     let ckpt = import::load(&data(rel)).expect("checkpoint loads");
-    Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).expect("model builds")
+    Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).expect("model builds")
 }
 
 /// Prefills `prompt`, then decodes `steps` greedy tokens one at a time.
@@ -25,7 +26,7 @@ fn formats_are_detected_from_bytes() {
     assert_eq!(hf.format, Format::HuggingFace);
     assert_eq!(bin.config.n_kv_heads, 4);
     assert!(
-        bin.weights().unwrap().embedding.is_mapped(),
+        LlamaWeights::load(&bin).unwrap().embedding.is_mapped(),
         "weights are views of the mmap"
     );
     let single = import::load(&data("hf-stories260K/model.safetensors")).unwrap();

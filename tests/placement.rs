@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use flm_core::{Executor, Location, Route};
 use flm_devices::{CpuDevice, SimDevice};
-use flm_models::import;
-use flm_models::llama::{Llama, LlamaModel};
+use flm_models::llama::{Llama, LlamaModel, LlamaWeights};
 use flm_models::Placement;
+use flm_models::{import, Graph, SharedGraph};
 use flm_tests::{data, greedy_on, ids, stories_reference};
 
 const SIM: Location = Location::Device {
@@ -32,7 +32,7 @@ fn executor() -> Executor {
 /// stories260K with its first `on_device` layers on the device.
 fn placed(exec: &Executor, on_device: usize) -> Llama {
     let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
     let placement = Placement::first_layers(model.config().n_layers, SIM, on_device);
     let model = model.place(exec, placement).unwrap();
     Llama::with_model(Arc::new(model)).unwrap()
@@ -94,7 +94,7 @@ fn every_layer_on_a_device_brings_back_only_the_logits() {
 fn a_placement_of_the_wrong_length_is_refused() {
     let exec = executor();
     let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
     let err = model
         .place(&exec, Placement::first_layers(4, SIM, 2))
         .err()

@@ -6,7 +6,8 @@
 use byteorder::{LittleEndian, WriteBytesExt};
 use flm_core::DataType;
 use flm_models::import::{self, Format};
-use flm_models::llama::{Llama, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::Graph;
 use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference, weights_in};
 
 /// Max abs error of the teacher-forced logits against the reference, and the number of
@@ -39,7 +40,7 @@ fn half_precision_weights_stay_close_to_fp32() {
     // partly cancel over each dot product; the bounds leave 2-4x headroom over what was
     // measured (f16 0.017, bf16 0.078).
     for (dtype, tol) in [(DataType::F16, 0.05), (DataType::BF16, 0.3)] {
-        let weights = weights_in(&ckpt.weights().unwrap(), |_, _| dtype);
+        let weights = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, _| dtype);
         assert_eq!(weights.layers[0].wq.dtype(), dtype);
         let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
         let (err, flips) = logits_error(&mut model);
@@ -149,7 +150,7 @@ fn llama2c_v1_and_v2_exports_load() {
     std::fs::write(&path, &v1).unwrap();
     let ckpt = import::load(&path).unwrap();
     assert_eq!(ckpt.format, Format::Llama2cV1);
-    let mut model = Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let mut model = Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
     let (err, flips) = logits_error(&mut model);
     assert!(err < 1e-4 && flips == 0, "v1: {err}, {flips}");
 
@@ -171,7 +172,7 @@ fn llama2c_v1_and_v2_exports_load() {
     std::fs::write(&path, &v2).unwrap();
     let ckpt = import::load(&path).unwrap();
     assert_eq!(ckpt.format, Format::Llama2cV2);
-    let mut model = Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let mut model = Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
     let (err, flips) = logits_error(&mut model);
     // Q8_0 rounds each weight by at most scale/2 = absmax/254 per group (measured 0.29).
     assert!(

@@ -288,6 +288,7 @@ fn attention_is_batch_invariant() {
                 alibi,
                 bidirectional: 0,
                 sliding_window,
+                softcap: None,
                 output: &mut out,
             })
             .unwrap();

@@ -39,11 +39,14 @@ pub use weights::{ChatGlmLayer, ChatGlmWeights};
 
 use flm_core::{Data, DataType, Executor, KvCache, Op, RopeStyle, RopeTable};
 
-use crate::llama::{check_forward, load_prefix, Head, Logits};
-use crate::{Arch, Error, ModelConfig, Result};
+use crate::graph::{Graph, Head, SharedGraph};
+use crate::llama::{
+    cache_and_attend, check_forward, load_prefix, AttentionMask, LlamaBatch, Logits,
+};
+use crate::{Arch, Error, Model, ModelConfig, Result, SharedModel};
 
 /// Activations, grown to the longest call seen.
-struct RunState {
+struct GlmActivations {
     rows: usize,
     x: Data,
     xb: Data,
@@ -56,10 +59,10 @@ struct RunState {
     out: Data,
 }
 
-impl RunState {
-    fn new(c: &ModelConfig, rows: usize) -> Result<RunState> {
+impl GlmActivations {
+    fn new(c: &ModelConfig, rows: usize) -> Result<GlmActivations> {
         let z = |cols: usize| Data::zeros(DataType::F32, &[rows, cols]);
-        Ok(RunState {
+        Ok(GlmActivations {
             rows,
             x: z(c.dim)?,
             xb: z(c.dim)?,
@@ -104,7 +107,7 @@ pub struct ChatGlmModel {
 pub struct ChatGlm {
     model: Arc<ChatGlmModel>,
     kv: KvCache,
-    state: RunState,
+    state: GlmActivations,
     layout: Option<Layout>,
     positions: Vec<u32>,
     block_positions: Vec<u32>,
@@ -153,14 +156,27 @@ impl ChatGlmModel {
         })
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
     /// The weights.
     pub fn weights(&self) -> &ChatGlmWeights {
         &self.weights
+    }
+}
+
+impl SharedGraph for ChatGlmModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn instance(self: Arc<Self>) -> Result<Model> {
+        Ok(Model::from_graph(ChatGlm::with_model(self)?))
+    }
+
+    fn batch(self: Arc<Self>, _rows: usize) -> Result<LlamaBatch> {
+        Err(Error::Config(
+            "the serving engine runs the Llama graph; ChatGLM-6B (its prefix-LM mask needs the \
+             whole context in one pass) cannot be batched: use a Session"
+                .into(),
+        ))
     }
 }
 
@@ -182,7 +198,7 @@ impl ChatGlm {
         if let Some(prefix) = &model.weights.prefix_kv {
             load_prefix(&mut kv, prefix, c)?;
         }
-        let state = RunState::new(c, 1)?;
+        let state = GlmActivations::new(c, 1)?;
         Ok(ChatGlm {
             model,
             kv,
@@ -198,43 +214,9 @@ impl ChatGlm {
         &self.model
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &ModelConfig {
-        &self.model.config
-    }
-
     /// The weights.
     pub fn weights(&self) -> &ChatGlmWeights {
         &self.model.weights
-    }
-
-    /// Runs `tokens` at positions `start_pos..`, as [`crate::llama::Llama::forward`]. The
-    /// call at position 0 must hold the context: `[gMASK]` (or `[MASK]`) and then `sop`
-    /// (the config's `bos_token_id`), in one pass.
-    ///
-    /// Errors: as [`crate::llama::Llama::forward`], and [`Error::Config`] when the first call
-    /// lacks the mask or `sop` tokens, or a later call comes before one at position 0.
-    pub fn forward(
-        &mut self,
-        exec: &Executor,
-        tokens: &[u32],
-        start_pos: usize,
-        logits: Logits,
-    ) -> Result<&[f32]> {
-        self.run(exec, tokens, start_pos, Head::Logits(logits))
-    }
-
-    /// The hidden states after the final LayerNorm, `[tokens.len() · dim]`, as
-    /// [`crate::llama::Llama::hidden_states`].
-    ///
-    /// Errors: as [`ChatGlm::forward`].
-    pub fn hidden_states(
-        &mut self,
-        exec: &Executor,
-        tokens: &[u32],
-        start_pos: usize,
-    ) -> Result<&[f32]> {
-        self.run(exec, tokens, start_pos, Head::Hidden)
     }
 
     /// Sets the positions and block positions of `tokens` at `start_pos..`, and returns the
@@ -278,6 +260,23 @@ impl ChatGlm {
             0
         })
     }
+}
+
+/// The call at position 0 must hold the context: `[gMASK]` (or `[MASK]`) and then `sop`
+/// (the config's `bos_token_id`), in one pass; [`Graph::run`] returns [`Error::Config`]
+/// when it lacks them, or when a later call comes before one at position 0.
+impl Graph for ChatGlm {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn shared(&self) -> SharedModel {
+        SharedModel::from_graph(Arc::clone(&self.model) as Arc<dyn SharedGraph>)
+    }
+
+    fn continues_prefix(&self) -> bool {
+        false
+    }
 
     fn run(
         &mut self,
@@ -290,7 +289,7 @@ impl ChatGlm {
         let bidirectional = self.place(tokens, start_pos)?;
         let n = tokens.len();
         if n > self.state.rows {
-            self.state = RunState::new(&self.model.config, n)?;
+            self.state = GlmActivations::new(&self.model.config, n)?;
         }
         let c = &self.model.config;
         let w = &self.model.weights;
@@ -347,29 +346,23 @@ impl ChatGlm {
                     block_positions: &self.block_positions,
                 })?;
             }
-            let (cache_k, cache_v) = self.kv.layer_mut(l);
-            for (src, dst) in [(&s.k, &mut *cache_k), (&s.v, &mut *cache_v)] {
-                exec.run(Op::CopyRows {
-                    src,
-                    src_row: 0,
-                    n_rows: n,
-                    dst,
-                    dst_row: row,
-                })?;
-            }
-            exec.run(Op::Attention {
-                q: &s.q,
-                cache_k,
-                cache_v,
-                start_pos: row,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
+            let mask = AttentionMask {
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
                 alibi: false,
+                softcap: None,
                 bidirectional,
                 sliding_window: None,
-                output: &mut s.att,
-            })?;
+            };
+            let new_rows = [&s.q, &s.k, &s.v];
+            cache_and_attend(
+                exec,
+                c,
+                self.kv.layer_mut(l),
+                new_rows,
+                row,
+                mask,
+                &mut s.att,
+            )?;
             linear(&s.att, &lw.wo, &lw.bo, &mut s.xb2)?;
             exec.run(Op::Scale {
                 x: &mut s.xb,

@@ -22,6 +22,7 @@ use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
 use crate::import::Checkpoint;
+use crate::tensor_names::{canonical_tensors, TensorName};
 use crate::{Error, Result};
 
 /// How far a conversion has come, reported after each tensor.
@@ -57,17 +58,14 @@ pub fn target_dtype(
     dtype: DataType,
     recipe: Recipe,
     tied: bool,
-    name: &str,
+    name: TensorName,
     shape: &[usize],
 ) -> DataType {
     // The p-tuning prefix is keys and values, not a matrix that multiplies activations.
-    if shape.len() < 2 || name == "prefix_kv" {
+    if shape.len() < 2 || name == TensorName::PrefixKv {
         return DataType::F32;
     }
-    let sensitive = name == "classifier"
-        || (tied && name == "embedding")
-        || [".wk", ".wv", ".w_down"].iter().any(|s| name.ends_with(s));
-    if dtype.group_size().is_some() && recipe == Recipe::Mixed && sensitive {
+    if dtype.group_size().is_some() && recipe == Recipe::Mixed && name.is_sensitive(tied) {
         DataType::I8
     } else {
         dtype
@@ -87,24 +85,25 @@ pub fn convert(
     recipe: Recipe,
     mut progress: impl FnMut(&Progress<'_>),
 ) -> Result<()> {
-    let plan: Vec<(String, DataType, Vec<usize>)> = crate::canonical_shapes(&ckpt.config)
-        .into_iter()
-        .map(|(name, shape)| {
+    let canonical = canonical_tensors(&ckpt.config);
+    let plan: Vec<(String, DataType, Vec<usize>)> = canonical
+        .iter()
+        .map(|&(name, ref shape)| {
             let tied = ckpt.config.tie_embeddings;
-            let dt = match (recipe, ckpt.tensor(&name)) {
+            let dt = match (recipe, ckpt.tensor(name)) {
                 (Recipe::Keep, Some(t)) => {
-                    target_dtype(t.encoding.load_dtype(), Recipe::Pure, tied, &name, &shape)
+                    target_dtype(t.encoding.load_dtype(), Recipe::Pure, tied, name, shape)
                 }
-                _ => target_dtype(dtype, recipe, tied, &name, &shape),
+                _ => target_dtype(dtype, recipe, tied, name, shape),
             };
-            (name, dt, shape)
+            (name.to_string(), dt, shape.clone())
         })
         .collect();
-    let sources = plan
+    let sources = canonical
         .iter()
-        .map(|(name, _, shape)| {
+        .map(|(name, shape)| {
             let t = ckpt
-                .tensor(name)
+                .tensor(*name)
                 .ok_or_else(|| Error::Config(format!("the checkpoint has no tensor {name}")))?;
             if &t.shape != shape {
                 return Err(Error::format(

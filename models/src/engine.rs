@@ -2,7 +2,7 @@
 //! (Yu et al. 2022, Orca; Kwon et al. 2023, vLLM).
 //!
 //! An [`Engine`] owns a scheduler thread, which owns the model's batch runner
-//! ([`LlamaBatch`]), the [`Executor`] and the KV block pool ([`PagedKvCache`], sized by
+//! ([`crate::llama::LlamaBatch`]), the [`Executor`] and the KV block pool ([`PagedKvCache`], sized by
 //! [`EngineConfig::max_batch_total_tokens`]). Requests are queued by [`Engine::submit`] from
 //! any thread. Each step the scheduler:
 //! 1. gives every decoding sequence a slot for its next token, taking a new block when its
@@ -42,7 +42,6 @@ use std::thread::JoinHandle;
 
 use flm_core::{Error as CoreError, Executor, PagedKvCache, Sampler, SamplerConfig};
 
-use crate::llama::LlamaBatch;
 use crate::{Error, ModelConfig, Result, SharedModel};
 
 mod prefix;
@@ -176,13 +175,6 @@ impl Engine {
     /// size or prefill budget of 0, or a pool of less than one block; a pool too large to
     /// allocate.
     pub fn new(model: SharedModel, exec: Executor, config: EngineConfig) -> Result<Engine> {
-        let SharedModel::Llama(llama) = model else {
-            return Err(Error::Config(
-                "the serving engine runs the Llama graph; ChatGLM-6B (its prefix-LM mask needs \
-                 the whole context in one pass) cannot be batched: use a Session"
-                    .into(),
-            ));
-        };
         let n_blocks = config.max_batch_total_tokens / config.block_size.max(1);
         if config.block_size == 0 || n_blocks == 0 || config.max_batch_prefill_tokens == 0 {
             return Err(Error::Config(format!(
@@ -193,9 +185,9 @@ impl Engine {
         }
         // A request's tokens must not depend on the requests batched with it.
         exec.require_batch_invariance();
-        let c = llama.config().clone();
+        let batch = model.batch(config.max_batch_prefill_tokens.min(256))?;
+        let c = model.config().clone();
         let kv = PagedKvCache::new(c.n_layers, n_blocks, config.block_size, c.kv_dim())?;
-        let batch = LlamaBatch::new(llama, config.max_batch_prefill_tokens.min(256))?;
         let stats = Arc::new(Mutex::new(EngineStats {
             free_blocks: n_blocks,
             total_blocks: n_blocks,

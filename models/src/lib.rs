@@ -4,8 +4,11 @@
 //! - [`llama::Llama`]: the Llama graph (RMSNorm, RoPE, GQA, SwiGLU), run through an
 //!   [`flm_core::Executor`]; by configuration also ChatGLM2/3, GLM-4, Baichuan, InternLM.
 //! - [`chatglm::ChatGlm`]: the ChatGLM-6B graph (LayerNorm, GELU, 2D RoPE, prefix-LM mask).
-//! - [`Model`]: either graph, chosen by the configuration's [`Arch`]; what tools load;
-//!   [`SharedModel`] its weights, shared between instances (sessions).
+//! - [`Graph`] and [`SharedGraph`]: what every graph offers (forward pass, hidden states,
+//!   batched forward, configuration); [`Model`] and [`SharedModel`] hold the graph of the
+//!   configuration's [`Arch`] behind them, for tools to load and run.
+//! - [`tensor_names`]: flm's canonical tensor names, and their names in Hugging Face and
+//!   GGUF files, in one typed table that importers, graphs and the converter share.
 //! - [`engine::Engine`]: continuous batching of many requests over a paged KV cache, for
 //!   servers.
 //! - [`import`]: reads llama2.c `.bin` checkpoints and Hugging Face directories, detecting
@@ -21,14 +24,15 @@ pub mod convert;
 pub mod engine;
 mod error;
 pub mod eval;
+mod graph;
 pub mod import;
 pub mod llama;
-mod model;
 mod placement;
 pub mod session;
 pub mod speculative;
+pub mod tensor_names;
 
-pub use config::{Arch, ModelConfig};
+pub use config::{Activation, Arch, ModelConfig};
 pub use error::{Error, Result};
-pub use model::{canonical_shapes, Model, SharedModel};
+pub use graph::{Graph, Head, Model, SharedGraph, SharedModel};
 pub use placement::Placement;

@@ -45,7 +45,8 @@ use flm_core::{
     Data, DataType, Error as CoreError, Executor, KvCache, LinearPart, Location, Op, RopeTable,
 };
 
-use crate::{Error, ModelConfig, Placement, Result};
+use crate::graph::{Graph, Head, SharedGraph};
+use crate::{Activation, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
 mod batch;
 mod weights;
@@ -54,7 +55,7 @@ pub use batch::{BatchSeq, LlamaBatch};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::Tensors;
-pub use weights::{LlamaLayer, LlamaWeights, LAYER_PARTS};
+pub use weights::{LlamaLayer, LlamaWeights};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
@@ -68,17 +69,8 @@ pub enum Logits {
     All,
 }
 
-/// What a forward pass returns: logits, or the hidden states after the final norm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Head {
-    /// Logits through the classifier.
-    Logits(Logits),
-    /// Every token's final-normed hidden state (`last_hidden_state` of transformers).
-    Hidden,
-}
-
 /// Activations for up to a fixed number of rows (tokens), allocated once.
-struct RunState {
+struct Activations {
     x: Data,
     xb: Data,
     xb2: Data,
@@ -95,15 +87,15 @@ struct RunState {
     logits: Data,
 }
 
-impl RunState {
+impl Activations {
     /// Zeroed activations of `c`'s widths for `rows` rows in host memory.
-    fn new(c: &ModelConfig, rows: usize) -> Result<RunState> {
-        RunState::alloc(c, rows, &|shape| Data::zeros(DataType::F32, shape))
+    fn new(c: &ModelConfig, rows: usize) -> Result<Activations> {
+        Activations::alloc(c, rows, &|shape| Data::zeros(DataType::F32, shape))
     }
 
-    /// As [`RunState::new`], in the memory of `at`, allocated by `exec`.
-    fn on(exec: &Executor, at: Location, c: &ModelConfig, rows: usize) -> Result<RunState> {
-        RunState::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))
+    /// As [`Activations::new`], in the memory of `at`, allocated by `exec`.
+    fn on(exec: &Executor, at: Location, c: &ModelConfig, rows: usize) -> Result<Activations> {
+        Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))
     }
 
     /// The activations, each made by `zeros` from its shape.
@@ -111,10 +103,10 @@ impl RunState {
         c: &ModelConfig,
         rows: usize,
         zeros: &dyn Fn(&[usize]) -> flm_core::Result<Data>,
-    ) -> Result<RunState> {
+    ) -> Result<Activations> {
         let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
         let z = |cols: usize| zeros(&[rows, cols]);
-        Ok(RunState {
+        Ok(Activations {
             x: z(dim)?,
             xb: z(dim)?,
             xb2: z(dim)?,
@@ -158,6 +150,8 @@ pub struct LlamaModel {
     config: ModelConfig,
     weights: LlamaWeights,
     rope: RopeTable,
+    /// The RoPE of the sliding-window layers, where it differs (Gemma 3).
+    rope_local: Option<RopeTable>,
     placement: Placement,
 }
 
@@ -170,7 +164,7 @@ pub struct Llama {
     /// it there.
     kv: Option<KvCache>,
     /// The activations of each memory of [`Placement::locations`], in that order.
-    states: Vec<RunState>,
+    states: Vec<Activations>,
     /// The logits (or hidden states) copied to the host, when the last layer is on a
     /// device.
     host_out: Option<Data>,
@@ -209,6 +203,11 @@ impl LlamaModel {
     pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<LlamaModel> {
         config.validate()?;
         weights.check_shapes(&config)?;
+        let weights = if config.norm_unit_offset {
+            weights.with_unit_offset_norms()?
+        } else {
+            weights
+        };
         let c = &config;
         let rope = RopeTable::scaled(
             c.rope_style,
@@ -218,13 +217,43 @@ impl LlamaModel {
             c.rope_scaling.as_ref(),
             c.max_seq_len,
         )?;
+        let rope_local = c
+            .rope_local_theta
+            .map(|theta| {
+                let (dim, rot) = (c.head_dim, c.rotary_dim());
+                RopeTable::new(c.rope_style, dim, rot, theta, c.max_seq_len)
+            })
+            .transpose()?;
         let placement = Placement::host(config.n_layers);
         Ok(LlamaModel {
             config,
             weights,
             rope,
+            rope_local,
             placement,
         })
+    }
+
+    /// The RoPE table of layer `l`: the local one for a sliding-window layer where the
+    /// model has one (Gemma 3), else the global one.
+    fn rope_of(&self, l: usize) -> &RopeTable {
+        match (&self.rope_local, self.config.layer_window(l)) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope,
+        }
+    }
+
+    /// How layer `l`'s queries see the cache rows: the configuration's scale, ALiBi and
+    /// soft-capping, and the layer's sliding window.
+    fn attention_mask(&self, l: usize) -> AttentionMask {
+        let c = &self.config;
+        AttentionMask {
+            scale: c.attention_scale(),
+            alibi: c.alibi,
+            softcap: c.attn_softcap,
+            bidirectional: 0,
+            sliding_window: c.layer_window(l),
+        }
     }
 
     /// The model with its weights moved by `exec` to the memories of `placement` (recorded
@@ -305,14 +334,27 @@ impl LlamaModel {
         (layers, input, head)
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
     /// The weights.
     pub fn weights(&self) -> &LlamaWeights {
         &self.weights
+    }
+}
+
+impl SharedGraph for LlamaModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn instance(self: Arc<Self>) -> Result<Model> {
+        Ok(Model::from_graph(Llama::with_model(self)?))
+    }
+
+    fn batch(self: Arc<Self>, rows: usize) -> Result<LlamaBatch> {
+        LlamaBatch::new(self, rows)
+    }
+
+    fn as_llama(self: Arc<Self>) -> Option<Arc<LlamaModel>> {
+        Some(self)
     }
 }
 
@@ -336,7 +378,7 @@ impl Llama {
         if model.placement.is_host() {
             kv = Some(host_kv(&model)?);
             let c = &model.config;
-            states.push(RunState::new(c, PREFILL_CHUNK.min(c.max_seq_len))?);
+            states.push(Activations::new(c, PREFILL_CHUNK.min(c.max_seq_len))?);
         }
         Ok(Llama {
             model,
@@ -365,7 +407,7 @@ impl Llama {
         self.states = p
             .locations()
             .into_iter()
-            .map(|at| RunState::on(exec, at, c, rows))
+            .map(|at| Activations::on(exec, at, c, rows))
             .collect::<Result<_>>()?;
         self.kv = Some(kv);
         Ok(())
@@ -376,46 +418,19 @@ impl Llama {
         &self.model
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &ModelConfig {
-        &self.model.config
-    }
-
     /// The weights.
     pub fn weights(&self) -> &LlamaWeights {
         &self.model.weights
     }
+}
 
-    /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()`, reading keys and
-    /// values of positions `< start_pos` from the KV cache (written by earlier calls) and
-    /// storing the new ones. Returns the logits: `[vocab_size]` for [`Logits::Last`],
-    /// `[tokens.len() · vocab_size]` (row-major) for [`Logits::All`], borrowed from buffers the
-    /// model reuses, so that decoding allocates nothing per token.
-    ///
-    /// Errors: a token id outside the vocabulary, no tokens, or `start_pos + tokens.len()`
-    /// beyond the context length (nothing is computed in those cases); device errors.
-    pub fn forward(
-        &mut self,
-        exec: &Executor,
-        tokens: &[u32],
-        start_pos: usize,
-        logits: Logits,
-    ) -> Result<&[f32]> {
-        self.run(exec, tokens, start_pos, Head::Logits(logits))
+impl Graph for Llama {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
     }
 
-    /// As [`Llama::forward`], but returns the hidden states after the final norm (before
-    /// the classifier) of every token: `[tokens.len() · dim]`, row-major (transformers'
-    /// `last_hidden_state`).
-    ///
-    /// Errors: as [`Llama::forward`].
-    pub fn hidden_states(
-        &mut self,
-        exec: &Executor,
-        tokens: &[u32],
-        start_pos: usize,
-    ) -> Result<&[f32]> {
-        self.run(exec, tokens, start_pos, Head::Hidden)
+    fn shared(&self) -> SharedModel {
+        SharedModel::from_graph(Arc::clone(&self.model) as Arc<dyn SharedGraph>)
     }
 
     fn run(
@@ -446,7 +461,9 @@ impl Llama {
         }
         Ok(&self.all_rows)
     }
+}
 
+impl Llama {
     fn forward_chunk(
         &mut self,
         exec: &Executor,
@@ -471,38 +488,73 @@ impl Llama {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                     exec.run(Op::Rope {
                         x,
-                        table: &model.rope,
+                        table: model.rope_of(l),
                         n_heads,
                         start_pos: pos,
                     })?;
                 }
             }
-            let (cache_k, cache_v) = kv.layer_mut(l);
-            for (src, dst) in [(&s.k, &mut *cache_k), (&s.v, &mut *cache_v)] {
-                exec.run(Op::CopyRows {
-                    src,
-                    src_row: 0,
-                    n_rows: n,
-                    dst,
-                    dst_row: row,
-                })?;
-            }
-            exec.run(Op::Attention {
-                q: &s.q,
-                cache_k,
-                cache_v,
-                start_pos: row,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                scale: attention_scale(c),
-                alibi: c.alibi,
-                bidirectional: 0,
-                sliding_window: c.sliding_window,
-                output: &mut s.att,
-            })
+            let mask = model.attention_mask(l);
+            let new_rows = [&s.q, &s.k, &s.v];
+            cache_and_attend(exec, c, kv.layer_mut(l), new_rows, row, mask, &mut s.att)
         })?;
         finish(exec, model, s, head, &[n - 1])
     }
+}
+
+/// The fields of [`Op::Attention`] besides its operands: how a layer's queries see the
+/// cache rows.
+pub(crate) struct AttentionMask {
+    /// Multiplies the scores.
+    pub scale: f32,
+    /// Adds the ALiBi bias.
+    pub alibi: bool,
+    /// Soft-caps the scaled scores.
+    pub softcap: Option<f32>,
+    /// Cache rows `0..bidirectional` seen by every row (the prefix-LM mask).
+    pub bidirectional: usize,
+    /// Positions each row sees at most, its own included.
+    pub sliding_window: Option<usize>,
+}
+
+/// Stores the new key and value rows `[q, k, v][1..]` (`[n, kv_dim]`) in a layer's cache
+/// `(cache_k, cache_v)` at `row`, then attends the queries `q` (`[n, q_dim]`, positions
+/// `row..row + n`) over the cache rows up to theirs, into `output` (`[n, q_dim]`).
+///
+/// Errors: those of [`Op::CopyRows`] and [`Op::Attention`].
+pub(crate) fn cache_and_attend(
+    exec: &Executor,
+    c: &ModelConfig,
+    (cache_k, cache_v): (&mut Data, &mut Data),
+    [q, k, v]: [&Data; 3],
+    row: usize,
+    mask: AttentionMask,
+    output: &mut Data,
+) -> std::result::Result<(), CoreError> {
+    let n_rows = k.shape()[0];
+    for (src, dst) in [(k, &mut *cache_k), (v, &mut *cache_v)] {
+        exec.run(Op::CopyRows {
+            src,
+            src_row: 0,
+            n_rows,
+            dst,
+            dst_row: row,
+        })?;
+    }
+    exec.run(Op::Attention {
+        q,
+        cache_k,
+        cache_v,
+        start_pos: row,
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        scale: mask.scale,
+        alibi: mask.alibi,
+        softcap: mask.softcap,
+        bidirectional: mask.bidirectional,
+        sliding_window: mask.sliding_window,
+        output,
+    })
 }
 
 /// The last chunk's logits (or hidden states) in host memory: those of the activations of
@@ -510,7 +562,7 @@ impl Llama {
 /// when that memory is a device's.
 fn host_output<'a>(
     model: &LlamaModel,
-    states: &'a [RunState],
+    states: &'a [Activations],
     host_out: &'a mut Option<Data>,
     exec: &Executor,
 ) -> Result<&'a [f32]> {
@@ -537,11 +589,6 @@ fn host_output<'a>(
     let host = host_out.insert(host);
     exec.copy_into(out, host, "logits to host")?;
     Ok(host.as_f32()?)
-}
-
-/// `1 / sqrt(head_dim)`, the scale of the attention scores.
-fn attention_scale(c: &ModelConfig) -> f32 {
-    1.0 / (c.head_dim as f32).sqrt()
 }
 
 /// Runs `linear` as [`Op::Linear`].
@@ -571,9 +618,9 @@ fn run_layers<'s>(
     exec: &Executor,
     model: &LlamaModel,
     tokens: &[u32],
-    states: &'s mut [RunState],
-    mut attend: impl FnMut(usize, &mut RunState) -> flm_core::Result<()>,
-) -> Result<&'s mut RunState> {
+    states: &'s mut [Activations],
+    mut attend: impl FnMut(usize, &mut Activations) -> flm_core::Result<()>,
+) -> Result<&'s mut Activations> {
     let (c, w) = (&model.config, &model.weights);
     let locations = model.placement.locations();
     if states.len() != locations.len() {
@@ -587,11 +634,15 @@ fn run_layers<'s>(
         let at = model.placement.layer(l);
         locations.iter().position(|&m| m == at).unwrap_or(0)
     };
+    let x = &mut states[memory(0)].x;
     exec.run(Op::Embedding {
         table: &w.embedding,
         tokens,
-        output: &mut states[memory(0)].x,
+        output: x,
     })?;
+    if let Some(alpha) = c.embed_scale {
+        exec.run(Op::Scale { x, alpha })?;
+    }
     for (l, lw) in w.layers.iter().enumerate() {
         let (before, here) = (memory(l.saturating_sub(1)), memory(l));
         if before != here {
@@ -625,10 +676,12 @@ fn run_layers<'s>(
         }
         attend(l, s)?;
         linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
-        exec.run(Op::Add {
-            x: &mut s.x,
-            y: &s.xb2,
-        })?;
+        residual(
+            exec,
+            s,
+            lw.post_norms.as_ref().map(|[attn, _]| attn),
+            c.norm_eps,
+        )?;
         // Feed-forward block.
         exec.run(Op::RmsNorm {
             input: &s.x,
@@ -643,19 +696,44 @@ fn run_layers<'s>(
                 LinearPart::new(&lw.w_up, None, &mut s.up),
             ],
         })?;
-        exec.run(Op::SiluMul {
-            gate: &s.gate,
-            up: &s.up,
-            output: &mut s.hidden,
+        let (gate, up, output) = (&s.gate, &s.up, &mut s.hidden);
+        exec.run(match c.activation {
+            Activation::Silu => Op::SiluMul { gate, up, output },
+            Activation::GeluTanh => Op::GeluMul { gate, up, output },
         })?;
         linear(exec, &s.hidden, &lw.w_down, None, &mut s.xb2)?;
-        exec.run(Op::Add {
-            x: &mut s.x,
-            y: &s.xb2,
-        })?;
+        residual(
+            exec,
+            s,
+            lw.post_norms.as_ref().map(|[_, ffn]| ffn),
+            c.norm_eps,
+        )?;
     }
     let last = memory(c.n_layers.saturating_sub(1));
     Ok(&mut states[last])
+}
+
+/// The residual add of a block's output `s.xb2` to `s.x`, through the block's post-norm
+/// (Gemma 2 and 3) when it has one: `x += RMSNorm(xb2)` (the norm written to `s.xb`).
+fn residual(
+    exec: &Executor,
+    s: &mut Activations,
+    post_norm: Option<&Data>,
+    eps: f32,
+) -> flm_core::Result<()> {
+    let y = match post_norm {
+        Some(weight) => {
+            exec.run(Op::RmsNorm {
+                input: &s.xb2,
+                weight,
+                eps,
+                output: &mut s.xb,
+            })?;
+            &s.xb
+        }
+        None => &s.xb2,
+    };
+    exec.run(Op::Add { x: &mut s.x, y })
 }
 
 /// RMSNorm over each head of `x` `[n, heads · head_dim]`, in place through `scratch`
@@ -716,7 +794,7 @@ fn host_kv(model: &LlamaModel) -> Result<KvCache> {
 fn finish(
     exec: &Executor,
     model: &LlamaModel,
-    s: &mut RunState,
+    s: &mut Activations,
     head: Head,
     last_rows: &[usize],
 ) -> Result<()> {
@@ -755,7 +833,14 @@ fn finish(
         return Ok(());
     }
     s.logits.set_shape(&[rows, c.vocab_size])?;
-    linear(exec, &s.xb, classifier, None, &mut s.logits).map_err(Error::from)
+    linear(exec, &s.xb, classifier, None, &mut s.logits)?;
+    if let Some(cap) = c.final_softcap {
+        exec.run(Op::SoftCap {
+            x: &mut s.logits,
+            cap,
+        })?;
+    }
+    Ok(())
 }
 
 /// Copies the p-tuning prefix `[pre_seq_len, n_layers·2·kv_dim]` into cache rows

@@ -14,7 +14,7 @@
 //! prompt is prefilled only after its longest common prefix with them (at least its last
 //! token is run, for the logits), so a multi-turn chat whose prompt repeats the
 //! conversation so far costs only the new turn — llama.cpp's `cache_prompt`, chatglm.cpp's
-//! `n_past`. ChatGLM-6B cannot continue after a prefix ([`Model::continues_prefix`]): its
+//! `n_past`. ChatGLM-6B cannot continue after a prefix ([`crate::Graph::continues_prefix`]): its
 //! bidirectional context must be complete in one pass, so every prompt restarts at
 //! position 0.
 //!

@@ -150,7 +150,7 @@ impl Draft {
     /// own, empty KV cache).
     ///
     /// Errors: [`Error::InvalidInput`] for `K = 0`; [`Error::Config`] for a ChatGLM-6B
-    /// draft, whose passes cannot continue a cached prefix ([`Model::continues_prefix`]).
+    /// draft, whose passes cannot continue a cached prefix ([`crate::Graph::continues_prefix`]).
     pub fn new(model: Model, tokens: usize) -> Result<Draft> {
         if tokens == 0 {
             return Err(Error::InvalidInput(

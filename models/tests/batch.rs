@@ -5,8 +5,8 @@
 mod common;
 
 use flm_core::PagedKvCache;
-use flm_models::llama::{BatchSeq, LlamaBatch, Logits};
-use flm_models::{Model, SharedModel};
+use flm_models::llama::{BatchSeq, Logits};
+use flm_models::Model;
 
 use common::{exec, stories260k};
 
@@ -20,9 +20,6 @@ struct Script {
 #[test]
 fn batched_forward_equals_single_sequence_forward() {
     let (model, tokenizer) = stories260k(Some(256));
-    let SharedModel::Llama(llama) = &model else {
-        panic!("stories260K runs on the Llama graph");
-    };
     let c = model.config().clone();
     let exec = exec();
     let encode = |s: &str| tokenizer.encode(s, true).unwrap();
@@ -68,7 +65,7 @@ fn batched_forward_equals_single_sequence_forward() {
                 .collect()
         })
         .collect();
-    let mut batch = LlamaBatch::new(llama.clone(), 4).unwrap();
+    let mut batch = model.batch(4).unwrap();
     let mut singles: Vec<Model> = scripts.iter().map(|_| model.instance().unwrap()).collect();
     let mut done = vec![0; scripts.len()];
     for step in 0..4 {
@@ -108,13 +105,10 @@ fn batched_forward_equals_single_sequence_forward() {
 #[test]
 fn batched_forward_rejects_bad_batches() {
     let (model, _) = stories260k(Some(64));
-    let SharedModel::Llama(llama) = &model else {
-        panic!("stories260K runs on the Llama graph");
-    };
     let c = model.config().clone();
     let exec = exec();
     let mut kv = PagedKvCache::new(c.n_layers, 4, 16, c.kv_dim()).unwrap();
-    let mut batch = LlamaBatch::new(llama.clone(), 1).unwrap();
+    let mut batch = model.batch(1).unwrap();
     let blocks = [0u32];
     let seq = |tokens: &'static [u32], start_pos: usize, blocks: &'static [u32]| BatchSeq {
         tokens,

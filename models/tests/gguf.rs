@@ -15,6 +15,7 @@ use flm_core::{argmax, Executor, RopeStyle};
 use flm_devices::CpuDevice;
 use flm_models::import::{self, Checkpoint, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::Graph;
 use serde_json::Value;
 
 fn data(rel: &str) -> PathBuf {
@@ -35,7 +36,7 @@ fn load(rel: &str) -> Checkpoint {
 
 fn model(rel: &str) -> Llama {
     let ckpt = load(rel);
-    Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap()
+    Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap()
 }
 
 fn reference() -> Value {
@@ -81,7 +82,7 @@ fn config_and_tensors_match_the_llama2c_checkpoint() {
     // Every tensor holds exactly the values of the llama2.c file, as a view of the mmap.
     assert_eq!(gguf.tensors.len(), bin.tensors.len());
     for t in &bin.tensors {
-        let g = gguf.tensor(&t.name).unwrap();
+        let g = gguf.tensor(t.name.parse().unwrap()).unwrap();
         assert_eq!(g.shape, t.shape, "{}", t.name);
         let (got, want) = (g.load().unwrap(), t.load().unwrap());
         assert!(got.is_mapped(), "{} is zero-copy", t.name);
@@ -201,14 +202,18 @@ fn q4_0_logits_match_numpy_on_the_same_weights() {
 fn quantised_blocks_decode_to_the_original_weights() {
     let f32 = load(F32);
     let want = f32
-        .tensor("layers.2.wq")
+        .tensor("layers.2.wq".parse().unwrap())
         .unwrap()
         .load()
         .unwrap()
         .to_f32_vec()
         .unwrap();
     for (rel, levels, max_steps) in [(Q8_0, 127.0, 0.6), (Q4_0, 8.0, 1.01)] {
-        let got = load(rel).tensor("layers.2.wq").unwrap().load().unwrap();
+        let got = load(rel)
+            .tensor("layers.2.wq".parse().unwrap())
+            .unwrap()
+            .load()
+            .unwrap();
         let got = got.to_f32_vec().unwrap();
         for (block, (g, w)) in got.chunks(32).zip(want.chunks(32)).enumerate() {
             let d = w.iter().fold(0.0f32, |m, x| m.max(x.abs())) / levels;
@@ -249,9 +254,17 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
         (Q8_0, DataType::F32),
     ] {
         let ckpt = load(rel);
-        let wq = ckpt.tensor("layers.0.wq").unwrap().load().unwrap();
+        let wq = ckpt
+            .tensor("layers.0.wq".parse().unwrap())
+            .unwrap()
+            .load()
+            .unwrap();
         assert_eq!((wq.dtype(), wq.is_mapped()), (dtype, false), "{rel}");
-        let down = ckpt.tensor("layers.0.w_down").unwrap().load().unwrap();
+        let down = ckpt
+            .tensor("layers.0.w_down".parse().unwrap())
+            .unwrap()
+            .load()
+            .unwrap();
         assert_eq!(
             (down.dtype(), down.is_mapped()),
             (DataType::F16, true),
@@ -266,7 +279,11 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(notes[0].starts_with("31 Q8_0 tensors (8.50 bits/weight) are dequantised to f32"));
     let q5_1 = load(Q5_1);
-    let wq = q5_1.tensor("layers.0.wq").unwrap().load().unwrap();
+    let wq = q5_1
+        .tensor("layers.0.wq".parse().unwrap())
+        .unwrap()
+        .load()
+        .unwrap();
     assert_eq!(wq.dtype(), DataType::I8);
     let notes = q5_1.load_notes();
     assert_eq!(notes.len(), 1, "{notes:?}");
@@ -297,14 +314,18 @@ fn q4_0_converts_to_flm_keeping_each_tensors_type() {
         ("layers.0.attn_norm", DataType::F32),
     ] {
         assert_eq!(
-            flm.tensor(name).unwrap().load().unwrap().dtype(),
+            flm.tensor(name.parse().unwrap())
+                .unwrap()
+                .load()
+                .unwrap()
+                .dtype(),
             dtype,
             "{name}"
         );
     }
     let input = ids(&reference()["logits_file"]["input_ids"]);
     let run = |c: &Checkpoint| {
-        let mut m = Llama::new(c.config.clone(), c.weights().unwrap()).unwrap();
+        let mut m = Llama::new(c.config.clone(), LlamaWeights::load(c).unwrap()).unwrap();
         m.forward(&exec(), &input, 0, Logits::All).unwrap().to_vec()
     };
     assert_eq!(run(&flm), run(&ckpt));

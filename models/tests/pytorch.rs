@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use flm_core::Executor;
 use flm_devices::CpuDevice;
 use flm_models::import::{self, Checkpoint, Format};
-use flm_models::llama::{Llama, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::Graph;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipArchive, ZipWriter};
 
@@ -27,7 +28,7 @@ fn greedy(ckpt: &Checkpoint, prompt: &[u32], steps: usize) -> Vec<u32> {
         )],
         false,
     );
-    let mut model = Llama::new(ckpt.config.clone(), ckpt.weights().unwrap()).unwrap();
+    let mut model = Llama::new(ckpt.config.clone(), LlamaWeights::load(ckpt).unwrap()).unwrap();
     let mut logits = model.forward(&exec, prompt, 0, Logits::Last).unwrap();
     let mut out = Vec::new();
     for step in 0..steps {
@@ -63,7 +64,7 @@ fn single_and_sharded_checkpoints_match_transformers() {
         assert_eq!(ckpt.format, Format::HuggingFace, "{dir}");
         assert_eq!(ckpt.tensors.len(), safetensors.tensors.len(), "{dir}");
         for t in &safetensors.tensors {
-            let got = ckpt.tensor(&t.name).unwrap();
+            let got = ckpt.tensor(t.name.parse().unwrap()).unwrap();
             assert_eq!(
                 (&got.shape, got.bytes().unwrap()),
                 (&t.shape, t.bytes().unwrap()),
@@ -72,7 +73,7 @@ fn single_and_sharded_checkpoints_match_transformers() {
             );
         }
         assert!(
-            ckpt.weights().unwrap().embedding.is_mapped(),
+            LlamaWeights::load(&ckpt).unwrap().embedding.is_mapped(),
             "{dir}: zero-copy"
         );
         assert_eq!(greedy(&ckpt, &prompt, expected.len()), expected, "{dir}");
@@ -143,7 +144,7 @@ fn model_dir(bin: &[u8]) -> tempfile::TempDir {
 fn loads_without_panic(dir: &Path, bin: &[u8], case: &str) -> bool {
     std::fs::write(dir.join("pytorch_model.bin"), bin).unwrap();
     let result = catch_unwind(AssertUnwindSafe(|| {
-        import::load(dir).and_then(|ckpt| ckpt.weights().map(|_| ()))
+        import::load(dir).and_then(|ckpt| LlamaWeights::load(&ckpt).map(|_| ()))
     }));
     result
         .unwrap_or_else(|_| panic!("{case}: panicked"))

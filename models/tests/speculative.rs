@@ -291,7 +291,7 @@ fn sampled_run_is_reproducible_and_leaves_a_consistent_kv_cache() {
 fn drafts_of_another_vocabulary_are_refused() {
     let (model, tokenizer) = stories260k(None);
     let other = import::load(&data("hf-families/llama3")).unwrap();
-    let other: Model = other.model().unwrap();
+    let other = Model::new(&other).unwrap();
     let target = model.instance().unwrap();
     let err = check_same_vocabulary(&target, &tokenizer, &other, &tokenizer).unwrap_err();
     assert!(err.to_string().contains("512 and 256"), "{err}");

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use flm_core::{Data, DataType, Executor};
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::tensor_names::{LayerPart, TensorName};
+use flm_models::Graph;
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -75,29 +77,33 @@ pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usiz
 }
 
 /// `w` with each tensor converted by [`Data::to_dtype`] to the dtype `dtype_of` gives its
-/// canonical name (`embedding`, `layers.3.wq`, `final_norm`, ...) and shape.
-pub fn weights_in(w: &LlamaWeights, dtype_of: impl Fn(&str, &[usize]) -> DataType) -> LlamaWeights {
-    let c = |name: &str, d: &Data| d.to_dtype(dtype_of(name, d.shape())).expect("conversion");
+/// canonical name and shape.
+pub fn weights_in(
+    w: &LlamaWeights,
+    dtype_of: impl Fn(TensorName, &[usize]) -> DataType,
+) -> LlamaWeights {
+    use LayerPart::*;
+    let c = |name, d: &Data| d.to_dtype(dtype_of(name, d.shape())).expect("conversion");
     let mut out = w.clone();
-    out.embedding = c("embedding", &w.embedding);
+    out.embedding = c(TensorName::Embedding, &w.embedding);
     for (l, (dst, src)) in out.layers.iter_mut().zip(&w.layers).enumerate() {
         for (part, d, s) in [
-            ("wq", &mut dst.wq, &src.wq),
-            ("wk", &mut dst.wk, &src.wk),
-            ("wv", &mut dst.wv, &src.wv),
-            ("wo", &mut dst.wo, &src.wo),
-            ("w_gate", &mut dst.w_gate, &src.w_gate),
-            ("w_down", &mut dst.w_down, &src.w_down),
-            ("w_up", &mut dst.w_up, &src.w_up),
-            ("attn_norm", &mut dst.attn_norm, &src.attn_norm),
-            ("ffn_norm", &mut dst.ffn_norm, &src.ffn_norm),
+            (Wq, &mut dst.wq, &src.wq),
+            (Wk, &mut dst.wk, &src.wk),
+            (Wv, &mut dst.wv, &src.wv),
+            (Wo, &mut dst.wo, &src.wo),
+            (WGate, &mut dst.w_gate, &src.w_gate),
+            (WDown, &mut dst.w_down, &src.w_down),
+            (WUp, &mut dst.w_up, &src.w_up),
+            (AttnNorm, &mut dst.attn_norm, &src.attn_norm),
+            (FfnNorm, &mut dst.ffn_norm, &src.ffn_norm),
         ] {
-            *d = c(&format!("layers.{l}.{part}"), s);
+            *d = c(TensorName::Layer(l, part), s);
         }
     }
-    out.final_norm = c("final_norm", &w.final_norm);
+    out.final_norm = c(TensorName::FinalNorm, &w.final_norm);
     if let (Some(dst), Some(src)) = (out.classifier.as_mut(), w.classifier.as_ref()) {
-        *dst = c("classifier", src);
+        *dst = c(TensorName::Classifier, src);
     }
     out
 }

@@ -175,6 +175,7 @@ impl BaseDevice for CpuDevice {
                 n_kv_heads,
                 scale,
                 alibi,
+                softcap,
                 bidirectional,
                 sliding_window,
                 output,
@@ -193,6 +194,7 @@ impl BaseDevice for CpuDevice {
                     alibi,
                     bidirectional,
                     sliding_window,
+                    softcap,
                 },
                 output,
             ),
@@ -206,6 +208,7 @@ impl BaseDevice for CpuDevice {
                 n_kv_heads,
                 scale,
                 alibi,
+                softcap,
                 sliding_window,
                 output,
             } => paged_attention::paged_attention(
@@ -223,6 +226,7 @@ impl BaseDevice for CpuDevice {
                     alibi,
                     bidirectional: 0,
                     sliding_window,
+                    softcap,
                 },
                 output,
             ),
@@ -248,6 +252,10 @@ impl BaseDevice for CpuDevice {
                 output,
             } => norm::layer_norm(self.isa.vector(), input, weight, bias, eps, output),
             Op::Gelu { x } => activation::gelu(self.isa.vector(), x),
+            Op::GeluMul { gate, up, output } => {
+                activation::gelu_mul(self.isa.vector(), gate, up, output)
+            }
+            Op::SoftCap { x, cap } => activation::soft_cap(self.isa.vector(), x, cap),
             Op::Scale { x, alpha } => elementwise::scale(x, alpha),
             Op::Rope2d {
                 x,

@@ -51,6 +51,10 @@ pub enum Kernel {
     SiluMul,
     /// `gelu` (elementwise.cu).
     Gelu,
+    /// `gelu_mul` (elementwise.cu).
+    GeluMul,
+    /// `soft_cap` (elementwise.cu).
+    SoftCap,
     /// `add` (elementwise.cu).
     Add,
     /// `scale` (elementwise.cu).
@@ -98,6 +102,8 @@ impl Kernel {
             Kernel::LayerNorm(W::Bf16) => "layer_norm_bf16",
             Kernel::SiluMul => "silu_mul",
             Kernel::Gelu => "gelu",
+            Kernel::GeluMul => "gelu_mul",
+            Kernel::SoftCap => "soft_cap",
             Kernel::Add => "add",
             Kernel::Scale => "scale",
             Kernel::F32ToF16Rows => "f32_to_f16_rows",
@@ -144,6 +150,8 @@ pub const MODULES: &[Module] = &[
         kernels: &[
             Kernel::SiluMul,
             Kernel::Gelu,
+            Kernel::GeluMul,
+            Kernel::SoftCap,
             Kernel::Add,
             Kernel::Scale,
             Kernel::F32ToF16Rows,

@@ -2,7 +2,9 @@
 
 use flm_core::Data;
 
+use crate::import::Checkpoint;
 use crate::llama::Tensors;
+use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Error, ModelConfig, Result};
 
 /// The weights of one ChatGLM-6B layer; matrices are `[out, in]` as `torch.nn.Linear`.
@@ -60,110 +62,53 @@ pub struct ChatGlmWeights {
     pub prefix_kv: Option<Data>,
 }
 
-/// The parts of a layer, in canonical order.
-const LAYER_PARTS: [&str; 16] = [
-    "attn_norm",
-    "attn_norm_bias",
-    "wq",
-    "bq",
-    "wk",
-    "bk",
-    "wv",
-    "bv",
-    "wo",
-    "bo",
-    "ffn_norm",
-    "ffn_norm_bias",
-    "w_up",
-    "b_up",
-    "w_down",
-    "b_down",
-];
-
 impl ChatGlmWeights {
-    /// flm's canonical tensor names and shapes for a ChatGLM-6B `config`: `prefix_kv` when
-    /// `pre_seq_len > 0`, `embedding`, `layers.{l}.{part}`, `final_norm`,
-    /// `final_norm_bias`, then `classifier` unless tied.
-    pub fn canonical_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-        let (dim, hd) = (c.dim, c.hidden_dim);
-        let mut out = Vec::new();
-        if c.pre_seq_len > 0 {
-            let width = c.n_layers * 2 * c.kv_dim();
-            out.push(("prefix_kv".to_string(), vec![c.pre_seq_len, width]));
-        }
-        out.push(("embedding".to_string(), vec![c.vocab_size, dim]));
-        for l in 0..c.n_layers {
-            let shapes = [
-                vec![dim],
-                vec![dim],
-                vec![c.q_dim(), dim],
-                vec![c.q_dim()],
-                vec![c.kv_dim(), dim],
-                vec![c.kv_dim()],
-                vec![c.kv_dim(), dim],
-                vec![c.kv_dim()],
-                vec![dim, c.q_dim()],
-                vec![dim],
-                vec![dim],
-                vec![dim],
-                vec![hd, dim],
-                vec![hd],
-                vec![dim, hd],
-                vec![dim],
-            ];
-            for (part, shape) in LAYER_PARTS.iter().zip(shapes) {
-                out.push((format!("layers.{l}.{part}"), shape));
-            }
-        }
-        out.push(("final_norm".to_string(), vec![dim]));
-        out.push(("final_norm_bias".to_string(), vec![dim]));
-        if !c.tie_embeddings {
-            out.push(("classifier".to_string(), vec![c.vocab_size, dim]));
-        }
-        out
+    /// Loads the weights of `ckpt`, as [`crate::llama::LlamaWeights::load`].
+    ///
+    /// Errors: as [`crate::llama::LlamaWeights::load`].
+    pub fn load(ckpt: &Checkpoint) -> Result<ChatGlmWeights> {
+        ChatGlmWeights::from_tensors(&ckpt.config, |name, shape| ckpt.load_tensor(name, shape))
     }
 
-    /// Assembles the weights from `load(name, shape)`, called for each canonical tensor.
+    /// Assembles the weights from `load(name, shape)`, called for each tensor of
+    /// [`canonical_tensors`]`(c)`.
     ///
     /// Errors: whatever `load` returns.
     pub fn from_tensors(
         c: &ModelConfig,
-        load: impl FnMut(&str, &[usize]) -> Result<Data>,
+        load: impl FnMut(TensorName, &[usize]) -> Result<Data>,
     ) -> Result<ChatGlmWeights> {
-        let mut tensors = Tensors::load(ChatGlmWeights::canonical_shapes(c), load)?;
-        let mut take = |name: &str| tensors.take(name);
-        let prefix_kv = (c.pre_seq_len > 0).then(|| take("prefix_kv")).transpose()?;
-        let embedding = take("embedding")?;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            let mut part = |p: &str| take(&format!("layers.{l}.{p}"));
-            layers.push(ChatGlmLayer {
-                attn_norm: part("attn_norm")?,
-                attn_norm_bias: part("attn_norm_bias")?,
-                wq: part("wq")?,
-                bq: part("bq")?,
-                wk: part("wk")?,
-                bk: part("bk")?,
-                wv: part("wv")?,
-                bv: part("bv")?,
-                wo: part("wo")?,
-                bo: part("bo")?,
-                ffn_norm: part("ffn_norm")?,
-                ffn_norm_bias: part("ffn_norm_bias")?,
-                w_up: part("w_up")?,
-                b_up: part("b_up")?,
-                w_down: part("w_down")?,
-                b_down: part("b_down")?,
-            });
-        }
+        use LayerPart::*;
+        let mut tensors = Tensors::load(c, load)?;
+        let prefix_kv = tensors.take_optional(TensorName::PrefixKv);
+        let embedding = tensors.take(TensorName::Embedding)?;
+        let layers = tensors.layers(c.n_layers, |l, t| {
+            let mut part = |p| t.take(TensorName::Layer(l, p));
+            Ok(ChatGlmLayer {
+                attn_norm: part(AttnNorm)?,
+                attn_norm_bias: part(AttnNormBias)?,
+                wq: part(Wq)?,
+                bq: part(Bq)?,
+                wk: part(Wk)?,
+                bk: part(Bk)?,
+                wv: part(Wv)?,
+                bv: part(Bv)?,
+                wo: part(Wo)?,
+                bo: part(Bo)?,
+                ffn_norm: part(FfnNorm)?,
+                ffn_norm_bias: part(FfnNormBias)?,
+                w_up: part(WUp)?,
+                b_up: part(BUp)?,
+                w_down: part(WDown)?,
+                b_down: part(BDown)?,
+            })
+        })?;
         Ok(ChatGlmWeights {
             embedding,
             layers,
-            final_norm: take("final_norm")?,
-            final_norm_bias: take("final_norm_bias")?,
-            classifier: (!c.tie_embeddings)
-                .then(|| take("classifier"))
-                .transpose()?,
+            final_norm: tensors.take(TensorName::FinalNorm)?,
+            final_norm_bias: tensors.take(TensorName::FinalNormBias)?,
+            classifier: tensors.take_optional(TensorName::Classifier),
             prefix_kv,
         })
     }
@@ -204,6 +149,6 @@ impl ChatGlmWeights {
         }
         present.extend([&self.final_norm, &self.final_norm_bias]);
         present.extend(&self.classifier);
-        crate::llama::check_all_shapes(present, ChatGlmWeights::canonical_shapes(c))
+        crate::llama::check_all_shapes(present, canonical_tensors(c))
     }
 }

@@ -7,6 +7,7 @@ use flm_core::flm_file::FlmFile;
 use flm_tokenizer::{Tokenizer, TokenizerSpec};
 
 use super::{Checkpoint, Encoding, Format, SourceTensor};
+use crate::tensor_names::TensorName;
 use crate::{Error, ModelConfig, Result};
 
 /// Loads a .flm file.
@@ -30,6 +31,9 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         .tensors()
         .iter()
         .map(|info| {
+            info.name
+                .parse::<TensorName>()
+                .map_err(|e| Error::format(path, e))?;
             let (map, offset) = file.tensor_bytes(info);
             SourceTensor::new(
                 info.name.clone(),
@@ -47,5 +51,6 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         tensors,
         tokenizer,
         tokenizer_candidates: Vec::new(),
+        ignored: Vec::new(),
     })
 }

@@ -40,7 +40,7 @@ use flm_core::{DataType, RopeStyle};
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
-use crate::llama::LlamaWeights;
+use crate::tensor_names::canonical_tensors;
 use crate::{Error, ModelConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
 
@@ -131,42 +131,6 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         .validate()
         .map_err(|e| Error::format(m.path, e.to_string()))?;
     Ok(config)
-}
-
-/// The GGUF name of a canonical tensor (llama.cpp `LLM_TENSOR_NAMES` for llama, qwen2 and
-/// qwen3).
-fn gguf_name(canonical: &str) -> String {
-    match canonical {
-        "embedding" => "token_embd.weight".into(),
-        "final_norm" => "output_norm.weight".into(),
-        "classifier" => "output.weight".into(),
-        _ => {
-            let (layer, part) = canonical
-                .strip_prefix("layers.")
-                .and_then(|rest| rest.split_once('.'))
-                .unwrap_or(("", canonical));
-            let g = match part {
-                "attn_norm" => "attn_norm.weight",
-                "wq" => "attn_q.weight",
-                "wk" => "attn_k.weight",
-                "wv" => "attn_v.weight",
-                "bq" => "attn_q.bias",
-                "bk" => "attn_k.bias",
-                "bv" => "attn_v.bias",
-                "q_norm" => "attn_q_norm.weight",
-                "k_norm" => "attn_k_norm.weight",
-                "wo" => "attn_output.weight",
-                "bo" => "attn_output.bias",
-                "ffn_norm" => "ffn_norm.weight",
-                "w_gate" => "ffn_gate.weight",
-                "w_down" => "ffn_down.weight",
-                "w_up" => "ffn_up.weight",
-                // Not a canonical part: looked up as it is, so it is reported missing.
-                other => other,
-            };
-            format!("blk.{layer}.{g}")
-        }
-    }
 }
 
 /// The encoding of a ggml tensor type, and its block length along `ne[0]`.
@@ -333,14 +297,16 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         );
         return Err(Error::format(path, msg));
     }
-    let by_name: HashMap<&str, &TensorInfo> =
+    let mut by_name: HashMap<&str, &TensorInfo> =
         g.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let tensors = LlamaWeights::canonical_shapes(&config)
+    let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, _)| {
-            let name = gguf_name(&canonical);
+            let name = canonical.gguf().ok_or_else(|| {
+                Error::format(path, format!("GGUF files have no tensor {canonical}"))
+            })?;
             let t = by_name
-                .get(name.as_str())
+                .remove(name.as_str())
                 .ok_or_else(|| Error::format(path, format!("missing tensor {name}")))?;
             let (enc, block) = encoding(t.ggml_type)
                 .map_err(|e| Error::format(path, format!("tensor {name}: {e}")))?;
@@ -352,14 +318,17 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
                 return Err(Error::format(path, msg));
             }
             let shape = t.ne.iter().rev().copied().collect();
-            SourceTensor::new(canonical, shape, enc, &map, t.offset, path)
+            SourceTensor::new(canonical.to_string(), shape, enc, &map, t.offset, path)
         })
         .collect::<Result<Vec<_>>>()?;
+    let mut ignored: Vec<String> = by_name.into_keys().map(str::to_string).collect();
+    ignored.sort();
     Ok(Checkpoint {
         format: Format::Gguf,
         config,
         tensors,
         tokenizer: tokenizer(&m)?.ok(),
         tokenizer_candidates: Vec::new(),
+        ignored,
     })
 }

@@ -20,6 +20,7 @@ use flm_core::DataType;
 use memmap2::Mmap;
 
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
+use crate::tensor_names::{LayerPart, TensorName};
 use crate::{Error, ModelConfig, Result};
 
 /// `"ak42"` read as a little-endian u32.
@@ -89,15 +90,15 @@ fn parse_params(path: &Path, p: &[i32], shared: Option<bool>) -> Result<ModelCon
 
 /// One item of a llama2.c file, in file order.
 enum Item {
-    Tensor(String, Vec<usize>, Encoding),
+    Tensor(TensorName, Vec<usize>, Encoding),
     /// Bytes that are skipped (the legacy RoPE tables).
     Skip(usize),
 }
 
 /// The canonical names and shapes of `part` in every layer.
-fn per_layer(c: &ModelConfig, part: &str, shape: &[usize], enc: Encoding) -> Vec<Item> {
+fn per_layer(c: &ModelConfig, part: LayerPart, shape: &[usize], enc: Encoding) -> Vec<Item> {
     (0..c.n_layers)
-        .map(|l| Item::Tensor(format!("layers.{l}.{part}"), shape.to_vec(), enc))
+        .map(|l| Item::Tensor(TensorName::Layer(l, part), shape.to_vec(), enc))
         .collect()
 }
 
@@ -105,24 +106,24 @@ fn per_layer(c: &ModelConfig, part: &str, shape: &[usize], enc: Encoding) -> Vec
 fn matrices(c: &ModelConfig, enc: Encoding) -> Vec<Item> {
     let (dim, hd, kv) = (c.dim, c.hidden_dim, c.kv_dim());
     let mut items = vec![Item::Tensor(
-        "embedding".into(),
+        TensorName::Embedding,
         vec![c.vocab_size, dim],
         enc,
     )];
     for (part, shape) in [
-        ("wq", [dim, dim]),
-        ("wk", [kv, dim]),
-        ("wv", [kv, dim]),
-        ("wo", [dim, dim]),
-        ("w_gate", [hd, dim]),
-        ("w_down", [dim, hd]),
-        ("w_up", [hd, dim]),
+        (LayerPart::Wq, [dim, dim]),
+        (LayerPart::Wk, [kv, dim]),
+        (LayerPart::Wv, [kv, dim]),
+        (LayerPart::Wo, [dim, dim]),
+        (LayerPart::WGate, [hd, dim]),
+        (LayerPart::WDown, [dim, hd]),
+        (LayerPart::WUp, [hd, dim]),
     ] {
         items.extend(per_layer(c, part, &shape, enc));
     }
     if !c.tie_embeddings {
         items.push(Item::Tensor(
-            "classifier".into(),
+            TensorName::Classifier,
             vec![c.vocab_size, dim],
             enc,
         ));
@@ -133,9 +134,9 @@ fn matrices(c: &ModelConfig, enc: Encoding) -> Vec<Item> {
 /// The v1/v2 layout: fp32 norms, then the matrices in `enc`.
 fn layout_v1_v2(c: &ModelConfig, enc: Encoding) -> Vec<Item> {
     let f32 = Encoding::Native(DataType::F32);
-    let mut items = per_layer(c, "attn_norm", &[c.dim], f32);
-    items.extend(per_layer(c, "ffn_norm", &[c.dim], f32));
-    items.push(Item::Tensor("final_norm".into(), vec![c.dim], f32));
+    let mut items = per_layer(c, LayerPart::AttnNorm, &[c.dim], f32);
+    items.extend(per_layer(c, LayerPart::FfnNorm, &[c.dim], f32));
+    items.push(Item::Tensor(TensorName::FinalNorm, vec![c.dim], f32));
     items.extend(matrices(c, enc));
     items
 }
@@ -145,11 +146,11 @@ fn layout_legacy(c: &ModelConfig) -> Vec<Item> {
     let f32 = Encoding::Native(DataType::F32);
     let mut m = matrices(c, f32).into_iter();
     let mut items: Vec<Item> = m.by_ref().take(1).collect();
-    items.extend(per_layer(c, "attn_norm", &[c.dim], f32));
+    items.extend(per_layer(c, LayerPart::AttnNorm, &[c.dim], f32));
     items.extend(m.by_ref().take(4 * c.n_layers));
-    items.extend(per_layer(c, "ffn_norm", &[c.dim], f32));
+    items.extend(per_layer(c, LayerPart::FfnNorm, &[c.dim], f32));
     items.extend(m.by_ref().take(3 * c.n_layers));
-    items.push(Item::Tensor("final_norm".into(), vec![c.dim], f32));
+    items.push(Item::Tensor(TensorName::FinalNorm, vec![c.dim], f32));
     items.push(Item::Skip(c.max_seq_len * c.head_dim * 4));
     items.extend(m);
     items
@@ -185,7 +186,14 @@ fn place(
             return Err(truncated(end));
         }
         if let Item::Tensor(name, shape, enc) = item {
-            tensors.push(SourceTensor::new(name, shape, enc, map, offset, path)?);
+            tensors.push(SourceTensor::new(
+                name.to_string(),
+                shape,
+                enc,
+                map,
+                offset,
+                path,
+            )?);
         }
         offset = end.unwrap_or(offset);
     }
@@ -258,5 +266,6 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         tensors,
         tokenizer: None,
         tokenizer_candidates,
+        ignored: Vec::new(),
     })
 }

@@ -43,9 +43,7 @@ use flm_core::ggml::GgmlType;
 use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
-use crate::chatglm::ChatGlmWeights;
-use crate::llama::LlamaWeights;
-use crate::model::Model;
+use crate::tensor_names::TensorName;
 use crate::{Error, ModelConfig, Result};
 
 /// The checkpoint formats [`load`] understands.
@@ -72,8 +70,12 @@ pub struct Checkpoint {
     pub format: Format,
     /// Hyper-parameters.
     pub config: ModelConfig,
-    /// Every tensor, under its canonical name, not yet read.
+    /// Every tensor, under its canonical name ([`TensorName`]'s `Display` form), not yet
+    /// read.
     pub tensors: Vec<SourceTensor>,
+    /// The names of the file's tensors that no canonical tensor maps to (such as
+    /// `rotary_emb.inv_freq` buffers or GGUF's `rope_freqs.weight`), which are not loaded.
+    pub ignored: Vec<String>,
     /// The tokenizer stored inside the checkpoint, if its format carries one (.flm; GGUF:
     /// SentencePiece and byte-level BPE vocabularies, `None` for other kinds or a
     /// pre-tokenizer flm does not implement).
@@ -83,8 +85,9 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// The tensor with canonical name `name`.
-    pub fn tensor(&self, name: &str) -> Option<&SourceTensor> {
+    /// The tensor `name`.
+    pub fn tensor(&self, name: TensorName) -> Option<&SourceTensor> {
+        let name = name.to_string();
         self.tensors.iter().find(|t| t.name == name)
     }
 
@@ -126,7 +129,8 @@ impl Checkpoint {
     /// One line per ggml weight type of the checkpoint that loading converts into another
     /// kind of dtype (not Q4_0/Q4_1, which are repacked without loss), and per kind of GPTQ
     /// or AWQ tensor that is dequantised ([`SourceTensor::assembly_note`]): what it becomes,
-    /// and what that costs in memory and accuracy. Empty for other formats.
+    /// and what that costs in memory and accuracy; then one line listing the tensors of the
+    /// file that are ignored ([`Checkpoint::ignored`]), if any.
     pub fn load_notes(&self) -> Vec<String> {
         let mut assembled: Vec<(String, usize)> = Vec::new();
         for note in self.tensors.iter().filter_map(SourceTensor::assembly_note) {
@@ -149,7 +153,7 @@ impl Checkpoint {
                 None => by_type.push((ty, 1, numel)),
             }
         }
-        by_type
+        let mut notes: Vec<String> = by_type
             .into_iter()
             .map(|(ty, n, values)| {
                 let dtype = Encoding::Ggml(ty).load_dtype();
@@ -171,33 +175,22 @@ impl Checkpoint {
                     .into_iter()
                     .map(|(note, n)| format!("{n} tensors: {note}")),
             )
-            .collect()
+            .collect();
+        if !self.ignored.is_empty() {
+            notes.push(format!(
+                "{} tensors of the file are not used by the graph and are ignored: {}",
+                self.ignored.len(),
+                self.ignored.join(", ")
+            ));
+        }
+        notes
     }
 
-    /// Loads every weight (zero-copy where the encoding allows).
+    /// Loads tensor `name` (zero-copy where the encoding allows), checking its `shape`.
     ///
-    /// Errors: [`Error::Format`] for a missing tensor or one whose shape disagrees with
-    /// the configuration.
-    pub fn weights(&self) -> Result<LlamaWeights> {
-        LlamaWeights::from_tensors(&self.config, |name, shape| self.load_tensor(name, shape))
-    }
-
-    /// Loads the ChatGLM-6B weights (for a configuration of [`crate::Arch::ChatGlm`]).
-    ///
-    /// Errors: as [`Checkpoint::weights`].
-    pub fn chatglm_weights(&self) -> Result<ChatGlmWeights> {
-        ChatGlmWeights::from_tensors(&self.config, |name, shape| self.load_tensor(name, shape))
-    }
-
-    /// Builds the model of the checkpoint's architecture with its weights.
-    ///
-    /// Errors: as [`Checkpoint::weights`], and the model's own errors.
-    pub fn model(&self) -> Result<Model> {
-        Model::new(self)
-    }
-
-    /// Loads canonical tensor `name`, checking its `shape`.
-    fn load_tensor(&self, name: &str, shape: &[usize]) -> Result<flm_core::Data> {
+    /// Errors: [`Error::Config`] when the checkpoint lacks it; [`Error::Format`] when its
+    /// shape is not `shape` or its bytes cannot be decoded.
+    pub fn load_tensor(&self, name: TensorName, shape: &[usize]) -> Result<flm_core::Data> {
         let t = self
             .tensor(name)
             .ok_or_else(|| Error::Config(format!("the checkpoint has no tensor {name}")))?;

@@ -1,7 +1,7 @@
 //! Tensors as their checkpoint stores them, read lazily.
 //!
 //! Every importer lists the tensors of a checkpoint under flm's canonical names (see
-//! [`crate::llama::LlamaWeights::canonical_shapes`]) as [`SourceTensor`]s: a byte range of
+//! [`crate::tensor_names`]) as [`SourceTensor`]s: a byte range of
 //! a mapped file plus its encoding. Loading one is zero-copy when the encoding is a flm
 //! dtype, and a dequantisation into f32 otherwise, so a converter that loads, converts and
 //! writes one tensor at a time never holds more than one tensor in memory.

@@ -27,6 +27,7 @@ use flm_core::RopeStyle;
 use serde::Deserialize;
 
 use super::SourceTensor;
+use crate::tensor_names::{LayerPart::*, TensorName};
 use crate::{Arch, Error, ModelConfig, Result};
 
 /// THUDM's residual scale: `GLMBlock` is built without `num_layers`, so its default of 28
@@ -160,7 +161,7 @@ pub(super) fn parse_config(path: &Path, text: &str) -> Result<ModelConfig> {
 pub(super) fn tensors(
     dir: &Path,
     c: &ModelConfig,
-    mut by_name: HashMap<String, SourceTensor>,
+    by_name: &mut HashMap<String, SourceTensor>,
 ) -> Result<Vec<SourceTensor>> {
     let glm1 = matches!(c.arch, Arch::ChatGlm { .. });
     let mut take = |name: &str| {
@@ -169,7 +170,7 @@ pub(super) fn tensors(
             .ok_or_else(|| Error::format(dir, format!("missing tensor {name}")))
     };
     let mut out = Vec::new();
-    let mut add = |t: SourceTensor, canonical: &str| {
+    let mut add = |t: SourceTensor, canonical: TensorName| {
         let mut t = t;
         t.name = canonical.to_string();
         out.push(t);
@@ -177,15 +178,18 @@ pub(super) fn tensors(
     if c.pre_seq_len > 0 {
         add(
             take("transformer.prefix_encoder.embedding.weight")?,
-            "prefix_kv",
+            TensorName::PrefixKv,
         );
     }
     let (root, attn) = if glm1 {
-        add(take("transformer.word_embeddings.weight")?, "embedding");
+        add(
+            take("transformer.word_embeddings.weight")?,
+            TensorName::Embedding,
+        );
         ("transformer.layers", "attention")
     } else {
         let e = take("transformer.embedding.word_embeddings.weight")?;
-        add(e, "embedding");
+        add(e, TensorName::Embedding);
         ("transformer.encoder.layers", "self_attention")
     };
     let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
@@ -205,67 +209,67 @@ pub(super) fn tensors(
     };
     for l in 0..c.n_layers {
         let p = format!("{root}.{l}");
-        let canon = |part: &str| format!("layers.{l}.{part}");
+        let canon = |part| TensorName::Layer(l, part);
         add(
             take(&format!("{p}.input_layernorm.weight"))?,
-            &canon("attn_norm"),
+            canon(AttnNorm),
         );
         if glm1 {
             let b = take(&format!("{p}.input_layernorm.bias"))?;
-            add(b, &canon("attn_norm_bias"));
+            add(b, canon(AttnNormBias));
         }
         let w = take(&format!("{p}.{attn}.query_key_value.weight"))?;
         let b = take(&format!("{p}.{attn}.query_key_value.bias"))?;
-        for ((wn, bn), rows) in [("wq", "bq"), ("wk", "bk"), ("wv", "bv")]
-            .iter()
-            .zip(&qkv_rows)
-        {
-            add(w.rows(canon(wn), rows.clone())?, &canon(wn));
-            add(b.rows(canon(bn), rows.clone())?, &canon(bn));
+        for ((wn, bn), rows) in [(Wq, Bq), (Wk, Bk), (Wv, Bv)].into_iter().zip(&qkv_rows) {
+            add(w.rows(canon(wn).to_string(), rows.clone())?, canon(wn));
+            add(b.rows(canon(bn).to_string(), rows.clone())?, canon(bn));
         }
-        add(take(&format!("{p}.{attn}.dense.weight"))?, &canon("wo"));
+        add(take(&format!("{p}.{attn}.dense.weight"))?, canon(Wo));
         if glm1 {
-            add(take(&format!("{p}.{attn}.dense.bias"))?, &canon("bo"));
+            add(take(&format!("{p}.{attn}.dense.bias"))?, canon(Bo));
         }
         add(
             take(&format!("{p}.post_attention_layernorm.weight"))?,
-            &canon("ffn_norm"),
+            canon(FfnNorm),
         );
         let up = take(&format!("{p}.mlp.dense_h_to_4h.weight"))?;
         let down = take(&format!("{p}.mlp.dense_4h_to_h.weight"))?;
         if glm1 {
             let nb = take(&format!("{p}.post_attention_layernorm.bias"))?;
-            add(nb, &canon("ffn_norm_bias"));
-            add(up, &canon("w_up"));
-            add(
-                take(&format!("{p}.mlp.dense_h_to_4h.bias"))?,
-                &canon("b_up"),
-            );
-            add(down, &canon("w_down"));
-            add(
-                take(&format!("{p}.mlp.dense_4h_to_h.bias"))?,
-                &canon("b_down"),
-            );
+            add(nb, canon(FfnNormBias));
+            add(up, canon(WUp));
+            add(take(&format!("{p}.mlp.dense_h_to_4h.bias"))?, canon(BUp));
+            add(down, canon(WDown));
+            add(take(&format!("{p}.mlp.dense_4h_to_h.bias"))?, canon(BDown));
         } else {
             let h = c.hidden_dim;
-            add(up.rows(canon("w_gate"), vec![0..h])?, &canon("w_gate"));
-            add(up.rows(canon("w_up"), vec![h..2 * h])?, &canon("w_up"));
-            add(down, &canon("w_down"));
+            add(up.rows(canon(WGate).to_string(), vec![0..h])?, canon(WGate));
+            add(up.rows(canon(WUp).to_string(), vec![h..2 * h])?, canon(WUp));
+            add(down, canon(WDown));
         }
     }
     if glm1 {
-        add(take("transformer.final_layernorm.weight")?, "final_norm");
-        add(take("transformer.final_layernorm.bias")?, "final_norm_bias");
+        add(
+            take("transformer.final_layernorm.weight")?,
+            TensorName::FinalNorm,
+        );
+        add(
+            take("transformer.final_layernorm.bias")?,
+            TensorName::FinalNormBias,
+        );
         if !c.tie_embeddings {
-            add(take("lm_head.weight")?, "classifier");
+            add(take("lm_head.weight")?, TensorName::Classifier);
         }
     } else {
         add(
             take("transformer.encoder.final_layernorm.weight")?,
-            "final_norm",
+            TensorName::FinalNorm,
         );
         if !c.tie_embeddings {
-            add(take("transformer.output_layer.weight")?, "classifier");
+            add(
+                take("transformer.output_layer.weight")?,
+                TensorName::Classifier,
+            );
         }
     }
     Ok(out)

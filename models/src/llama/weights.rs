@@ -4,34 +4,51 @@ use std::collections::HashMap;
 
 use flm_core::Data;
 
+use crate::import::Checkpoint;
+use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Error, ModelConfig, Result};
 
 /// The canonical tensors of a model, loaded by name and taken out one at a time by the
 /// graph's weight builder.
-pub(crate) struct Tensors(HashMap<String, Data>);
+pub(crate) struct Tensors(HashMap<TensorName, Data>);
 
 impl Tensors {
-    /// Loads every `(name, shape)` of `shapes` with `load`.
+    /// Loads every tensor of [`canonical_tensors`]`(c)` with `load(name, shape)`.
     ///
     /// Errors: whatever `load` returns (a missing tensor, a shape mismatch).
     pub(crate) fn load(
-        shapes: Vec<(String, Vec<usize>)>,
-        mut load: impl FnMut(&str, &[usize]) -> Result<Data>,
+        c: &ModelConfig,
+        mut load: impl FnMut(TensorName, &[usize]) -> Result<Data>,
     ) -> Result<Tensors> {
-        let tensors = shapes
+        let tensors = canonical_tensors(c)
             .into_iter()
-            .map(|(name, shape)| Ok((name.clone(), load(&name, &shape)?)))
+            .map(|(name, shape)| Ok((name, load(name, &shape)?)))
             .collect::<Result<_>>()?;
         Ok(Tensors(tensors))
+    }
+
+    /// Takes tensor `name` out, if the configuration has it.
+    pub(crate) fn take_optional(&mut self, name: TensorName) -> Option<Data> {
+        self.0.remove(&name)
     }
 
     /// Takes tensor `name` out.
     ///
     /// Errors: [`Error::Config`] when it was not loaded (or was taken already).
-    pub(crate) fn take(&mut self, name: &str) -> Result<Data> {
-        self.0
-            .remove(name)
+    pub(crate) fn take(&mut self, name: TensorName) -> Result<Data> {
+        self.take_optional(name)
             .ok_or_else(|| Error::Config(format!("no tensor {name}")))
+    }
+
+    /// Builds each of `n_layers` layers with `build(l, tensors)`.
+    ///
+    /// Errors: the first error of `build`.
+    pub(crate) fn layers<L>(
+        &mut self,
+        n_layers: usize,
+        mut build: impl FnMut(usize, &mut Tensors) -> Result<L>,
+    ) -> Result<Vec<L>> {
+        (0..n_layers).map(|l| build(l, self)).collect()
     }
 }
 
@@ -63,10 +80,13 @@ pub struct LlamaLayer {
     pub w_down: Data,
     /// Up projection W3 `[hidden_dim, dim]`.
     pub w_up: Data,
+    /// RMSNorm gains `[dim]` of the attention output and of the feed-forward output,
+    /// before their residual adds (`ModelConfig::post_norms`: Gemma 2 and 3).
+    pub post_norms: Option<[Data; 2]>,
 }
 
 impl LlamaLayer {
-    /// Every tensor of the layer, in the order of [`LAYER_PARTS`].
+    /// Every tensor of the layer, in canonical order ([`canonical_tensors`]).
     pub fn tensors(&self) -> Vec<&Data> {
         let mut out = vec![&self.attn_norm, &self.wq, &self.wk, &self.wv];
         out.extend(self.qkv_bias.iter().flatten());
@@ -74,6 +94,7 @@ impl LlamaLayer {
         out.push(&self.wo);
         out.extend(&self.bo);
         out.extend([&self.ffn_norm, &self.w_gate, &self.w_down, &self.w_up]);
+        out.extend(self.post_norms.iter().flatten());
         out
     }
 
@@ -100,6 +121,10 @@ impl LlamaLayer {
             w_gate: f(self.w_gate)?,
             w_down: f(self.w_down)?,
             w_up: f(self.w_up)?,
+            post_norms: match self.post_norms {
+                Some([a, m]) => Some([f(a)?, f(m)?]),
+                None => None,
+            },
         })
     }
 }
@@ -122,118 +147,83 @@ pub struct LlamaWeights {
     pub prefix_kv: Option<Data>,
 }
 
-/// The parts of a layer, in canonical order, as named in [`LlamaWeights::canonical_shapes`]:
-/// the biases and the q/k norms appear only when the configuration has them.
-pub const LAYER_PARTS: [&str; 15] = [
-    "attn_norm",
-    "wq",
-    "wk",
-    "wv",
-    "bq",
-    "bk",
-    "bv",
-    "q_norm",
-    "k_norm",
-    "wo",
-    "bo",
-    "ffn_norm",
-    "w_gate",
-    "w_down",
-    "w_up",
-];
-
 impl LlamaWeights {
-    /// flm's canonical tensor names and their shapes for `config`: `prefix_kv` when
-    /// `pre_seq_len > 0`, `embedding`, `layers.{l}.{part}` for each of [`LAYER_PARTS`] the
-    /// configuration has, `final_norm`, then `classifier` unless the embeddings are tied.
-    /// Every importer maps its checkpoint onto these names, and .flm files store them.
-    pub fn canonical_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-        let mut out = Vec::new();
-        if c.pre_seq_len > 0 {
-            let width = c.n_layers * 2 * kv_dim;
-            out.push(("prefix_kv".to_string(), vec![c.pre_seq_len, width]));
-        }
-        out.push(("embedding".to_string(), vec![c.vocab_size, dim]));
-        for l in 0..c.n_layers {
-            let shapes = [
-                Some(vec![dim]),
-                Some(vec![q_dim, dim]),
-                Some(vec![kv_dim, dim]),
-                Some(vec![kv_dim, dim]),
-                c.qkv_bias.then(|| vec![q_dim]),
-                c.qkv_bias.then(|| vec![kv_dim]),
-                c.qkv_bias.then(|| vec![kv_dim]),
-                c.qk_norm.then(|| vec![c.head_dim]),
-                c.qk_norm.then(|| vec![c.head_dim]),
-                Some(vec![dim, q_dim]),
-                c.o_bias.then(|| vec![dim]),
-                Some(vec![dim]),
-                Some(vec![hd, dim]),
-                Some(vec![dim, hd]),
-                Some(vec![hd, dim]),
-            ];
-            for (part, shape) in LAYER_PARTS.iter().zip(shapes) {
-                if let Some(shape) = shape {
-                    out.push((format!("layers.{l}.{part}"), shape));
-                }
-            }
-        }
-        out.push(("final_norm".to_string(), vec![dim]));
-        if !c.tie_embeddings {
-            out.push(("classifier".to_string(), vec![c.vocab_size, dim]));
-        }
-        out
+    /// Loads the weights of `ckpt` (zero-copy where the encoding allows).
+    ///
+    /// Errors: [`Error::Config`] for a missing tensor, [`Error::Format`] for one whose
+    /// shape disagrees with the configuration or cannot be decoded.
+    pub fn load(ckpt: &Checkpoint) -> Result<LlamaWeights> {
+        LlamaWeights::from_tensors(&ckpt.config, |name, shape| ckpt.load_tensor(name, shape))
     }
 
-    /// Assembles the weights from `load(name, shape)`, called for each canonical tensor.
+    /// Assembles the weights from `load(name, shape)`, called for each tensor of
+    /// [`canonical_tensors`]`(c)`.
     ///
     /// Errors: whatever `load` returns (a missing tensor, a shape mismatch).
     pub fn from_tensors(
         c: &ModelConfig,
-        load: impl FnMut(&str, &[usize]) -> Result<Data>,
+        load: impl FnMut(TensorName, &[usize]) -> Result<Data>,
     ) -> Result<LlamaWeights> {
-        let mut tensors = Tensors::load(LlamaWeights::canonical_shapes(c), load)?;
-        let mut take = |name: &str| tensors.take(name);
-        let prefix_kv = (c.pre_seq_len > 0).then(|| take("prefix_kv")).transpose()?;
-        let embedding = take("embedding")?;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            let mut part = |p: &str| take(&format!("layers.{l}.{p}"));
-            layers.push(LlamaLayer {
-                attn_norm: part("attn_norm")?,
-                wq: part("wq")?,
-                wk: part("wk")?,
-                wv: part("wv")?,
-                qkv_bias: if c.qkv_bias {
-                    Some([part("bq")?, part("bk")?, part("bv")?])
-                } else {
-                    None
-                },
-                qk_norm: if c.qk_norm {
-                    Some([part("q_norm")?, part("k_norm")?])
-                } else {
-                    None
-                },
-                wo: part("wo")?,
-                bo: c.o_bias.then(|| part("bo")).transpose()?,
-                ffn_norm: part("ffn_norm")?,
-                w_gate: part("w_gate")?,
-                w_down: part("w_down")?,
-                w_up: part("w_up")?,
-            });
-        }
-        let final_norm = take("final_norm")?;
-        let classifier = (!c.tie_embeddings)
-            .then(|| take("classifier"))
-            .transpose()?;
+        use LayerPart::*;
+        let mut tensors = Tensors::load(c, load)?;
+        let prefix_kv = tensors.take_optional(TensorName::PrefixKv);
+        let embedding = tensors.take(TensorName::Embedding)?;
+        let layers = tensors.layers(c.n_layers, |l, t| {
+            let mut part = |p| t.take(TensorName::Layer(l, p));
+            Ok(LlamaLayer {
+                attn_norm: part(AttnNorm)?,
+                wq: part(Wq)?,
+                wk: part(Wk)?,
+                wv: part(Wv)?,
+                qkv_bias: c
+                    .qkv_bias
+                    .then(|| Ok::<_, Error>([part(Bq)?, part(Bk)?, part(Bv)?]))
+                    .transpose()?,
+                qk_norm: c
+                    .qk_norm
+                    .then(|| Ok::<_, Error>([part(QNorm)?, part(KNorm)?]))
+                    .transpose()?,
+                wo: part(Wo)?,
+                bo: c.o_bias.then(|| part(Bo)).transpose()?,
+                ffn_norm: part(FfnNorm)?,
+                w_gate: part(WGate)?,
+                w_down: part(WDown)?,
+                w_up: part(WUp)?,
+                post_norms: c
+                    .post_norms
+                    .then(|| Ok::<_, Error>([part(PostAttnNorm)?, part(PostFfnNorm)?]))
+                    .transpose()?,
+            })
+        })?;
         Ok(LlamaWeights {
             embedding,
             layers,
-            final_norm,
-            classifier,
+            final_norm: tensors.take(TensorName::FinalNorm)?,
+            classifier: tensors.take_optional(TensorName::Classifier),
             prefix_kv,
         })
+    }
+
+    /// The weights with every RMSNorm gain `w` replaced by `1 + w` in f32 (Gemma's
+    /// `GemmaRMSNorm`, `output * (1.0 + self.weight.float())`): the norms, the q/k norms
+    /// and the post-norms of each layer, and the final norm.
+    ///
+    /// Errors: a gain in a dtype that cannot be read as f32 (a device buffer).
+    pub(crate) fn with_unit_offset_norms(mut self) -> Result<LlamaWeights> {
+        let shift = |d: &mut Data| -> Result<()> {
+            let values: Vec<f32> = d.to_f32_vec()?.iter().map(|w| 1.0 + w).collect();
+            *d = Data::from_f32(d.shape(), &values)?;
+            Ok(())
+        };
+        for l in &mut self.layers {
+            shift(&mut l.attn_norm)?;
+            shift(&mut l.ffn_norm)?;
+            for d in l.qk_norm.iter_mut().chain(&mut l.post_norms).flatten() {
+                shift(d)?;
+            }
+        }
+        shift(&mut self.final_norm)?;
+        Ok(self)
     }
 
     /// Checks every tensor's shape against `c`'s canonical shapes.
@@ -255,7 +245,7 @@ impl LlamaWeights {
         }
         present.push(&self.final_norm);
         present.extend(&self.classifier);
-        check_all_shapes(present, LlamaWeights::canonical_shapes(c))
+        check_all_shapes(present, canonical_tensors(c))
     }
 }
 
@@ -264,7 +254,7 @@ impl LlamaWeights {
 /// Errors: [`Error::Config`] on a different count or the first shape that disagrees.
 pub(crate) fn check_all_shapes(
     present: Vec<&Data>,
-    expected: Vec<(String, Vec<usize>)>,
+    expected: Vec<(TensorName, Vec<usize>)>,
 ) -> Result<()> {
     if present.len() != expected.len() {
         return Err(Error::Config(format!(

@@ -6,6 +6,7 @@ use flm_models::import::{self, Checkpoint};
 use flm_models::Error;
 
 use super::{data, F32, GPT2, Q8_0, VOCAB};
+use flm_models::llama::LlamaWeights;
 
 fn read(rel: &str) -> Vec<u8> {
     std::fs::read(data(rel)).unwrap()
@@ -37,7 +38,7 @@ fn try_load(bytes: &[u8]) -> Result<Checkpoint, String> {
     let path = dir.path().join("model.gguf");
     std::fs::write(&path, bytes).unwrap();
     match import::load(&path) {
-        Ok(c) => c.weights().map(|_| c).map_err(|e| e.to_string()),
+        Ok(c) => LlamaWeights::load(&c).map(|_| c).map_err(|e| e.to_string()),
         Err(e @ (Error::Format { .. } | Error::Config(_) | Error::Core(_))) => Err(e.to_string()),
         Err(e) => panic!("unexpected error kind: {e}"),
     }

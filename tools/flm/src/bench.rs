@@ -5,7 +5,6 @@
 //! clock × bus width × 2).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -16,7 +15,7 @@ use flm_devices::CpuDevice;
 use crate::device::{Chosen, DeviceArgs};
 use flm_models::import;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
-use flm_models::{ModelConfig, SharedModel};
+use flm_models::{Graph, ModelConfig, SharedModel};
 use half::f16;
 use rayon::prelude::*;
 
@@ -165,7 +164,7 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
                 let ckpt = import::load(path)
                     .with_context(|| format!("cannot load the model {}", path.display()))?;
                 llama_graph(&ckpt.config)?;
-                let weights = ckpt.weights()?;
+                let weights = LlamaWeights::load(&ckpt)?;
                 let dtype = weights
                     .layers
                     .first()
@@ -197,9 +196,10 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
     );
     config.max_seq_len = positions;
     let model = LlamaModel::new(config, weights).context("cannot build the model")?;
-    let SharedModel::Llama(model) = chosen.place(SharedModel::Llama(Arc::new(model)))? else {
-        bail!("the bench runs the Llama graph");
-    };
+    let model = chosen
+        .place(SharedModel::from(model))?
+        .llama()
+        .context("the bench runs the Llama graph")?;
     let model = Llama::with_model(model).context("cannot build the model")?;
     Ok((model, name, dtype.name().to_string()))
 }

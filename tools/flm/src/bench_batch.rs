@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use flm_core::{Executor, PagedKvCache};
 use flm_models::llama::{BatchSeq, Llama, LlamaBatch};
+use flm_models::Graph;
 
 /// Positions per KV block.
 const BLOCK_SIZE: usize = 16;

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use flm_core::{Executor, Location};
 use flm_devices::DeviceChoice;
-use flm_models::{Placement, SharedModel};
+use flm_models::{Placement, SharedGraph, SharedModel};
 
 /// `--gpu-layers`: how many of the model's first layers live on the GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +124,7 @@ impl Chosen {
                 })
             })
             .context("cannot place the model's layers")?;
-        if let SharedModel::Llama(m) = &model {
+        if let Some(m) = model.llama() {
             let p = m.placement();
             let on_gpu = (0..p.n_layers()).filter(|&l| p.layer(l) == gpu).count();
             eprintln!(

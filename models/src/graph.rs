@@ -1,0 +1,226 @@
+//! One interface for every model graph.
+//!
+//! A graph is split into a shared, immutable part (configuration, weights, RoPE table),
+//! which implements [`SharedGraph`] and sits behind an `Arc`, and per-instance parts (KV
+//! cache, activations), which implement [`Graph`]. [`SharedModel`] and [`Model`] hold
+//! either behind the trait, so that tools load and run any architecture the same way:
+//! [`SharedModel::instance`] makes a [`Model`] with a fresh KV cache, and any number of
+//! instances (one per session, on any thread) run with one copy of the weights.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use flm_core::Executor;
+
+use crate::chatglm::{ChatGlmModel, ChatGlmWeights};
+use crate::import::Checkpoint;
+use crate::llama::{LlamaBatch, LlamaModel, LlamaWeights, Logits};
+use crate::{Arch, Error, ModelConfig, Placement, Result};
+
+/// What a forward pass returns: logits, or the hidden states after the final norm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// Logits through the classifier.
+    Logits(Logits),
+    /// Every token's final-normed hidden state (`last_hidden_state` of transformers).
+    Hidden,
+}
+
+/// One instance of a model graph: its KV cache and activations over shared weights.
+pub trait Graph: Send {
+    /// The configuration.
+    fn config(&self) -> &ModelConfig;
+
+    /// The shared part of this instance, to make more instances of it.
+    fn shared(&self) -> SharedModel;
+
+    /// Whether a sequence in the KV cache can be continued by a later call at a position
+    /// after 0 with new tokens (a cached prefix reused for a new prompt). False for
+    /// ChatGLM-6B, whose bidirectional context must be run in one pass from position 0.
+    fn continues_prefix(&self) -> bool {
+        true
+    }
+
+    /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()`, reading keys and
+    /// values of positions `< start_pos` from the KV cache (written by earlier calls) and
+    /// storing the new ones. Returns, borrowed from buffers the instance reuses (so that
+    /// decoding allocates nothing per token):
+    /// - [`Head::Logits`]`(`[`Logits::Last`]`)`: the last token's logits, `[vocab_size]`;
+    /// - [`Head::Logits`]`(`[`Logits::All`]`)`: every token's, `[tokens.len() · vocab_size]`;
+    /// - [`Head::Hidden`]: every token's hidden state after the final norm,
+    ///   `[tokens.len() · dim]` (transformers' `last_hidden_state`); all row-major f32.
+    ///
+    /// Errors: a token id outside the vocabulary, no tokens, or `start_pos + tokens.len()`
+    /// beyond the context length (nothing is computed in those cases); the graph's own
+    /// sequence rules; device errors.
+    fn run(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+        head: Head,
+    ) -> Result<&[f32]>;
+
+    /// [`Graph::run`] to logits.
+    ///
+    /// Errors: as [`Graph::run`].
+    fn forward(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+        logits: Logits,
+    ) -> Result<&[f32]> {
+        self.run(exec, tokens, start_pos, Head::Logits(logits))
+    }
+
+    /// [`Graph::run`] to the hidden states after the final norm, `[tokens.len() · dim]`.
+    ///
+    /// Errors: as [`Graph::run`].
+    fn hidden_states(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<&[f32]> {
+        self.run(exec, tokens, start_pos, Head::Hidden)
+    }
+}
+
+/// The shared part of a model graph: configuration and weights, `Send + Sync`.
+pub trait SharedGraph: Send + Sync {
+    /// The configuration.
+    fn config(&self) -> &ModelConfig;
+
+    /// A new instance, with its own KV cache (empty but for the p-tuning prefix) and
+    /// activations, sharing the weights.
+    ///
+    /// Errors: a buffer whose size overflows.
+    fn instance(self: Arc<Self>) -> Result<Model>;
+
+    /// The batched forward pass over a paged KV cache that the serving engine runs, for
+    /// up to `rows` tokens per step.
+    ///
+    /// Errors: [`Error::Config`] for a graph that cannot be batched (ChatGLM-6B, whose
+    /// prefix-LM mask needs the whole context in one pass); buffer allocation errors.
+    fn batch(self: Arc<Self>, rows: usize) -> Result<LlamaBatch>;
+
+    /// The Llama graph's shared model, for what only it offers (layer placement across
+    /// devices); `None` for other graphs.
+    fn as_llama(self: Arc<Self>) -> Option<Arc<LlamaModel>> {
+        None
+    }
+}
+
+/// The shared part of a model of any supported architecture: cheap to clone (an `Arc`),
+/// `Send + Sync`.
+#[derive(Clone)]
+pub struct SharedModel(Arc<dyn SharedGraph>);
+
+impl SharedModel {
+    /// Builds the shared model of `ckpt`'s architecture from its weights.
+    ///
+    /// Errors: a missing tensor or a shape mismatch, an invalid configuration.
+    pub fn new(ckpt: &Checkpoint) -> Result<SharedModel> {
+        let config = ckpt.config.clone();
+        Ok(match ckpt.config.arch {
+            Arch::Llama => LlamaModel::new(config, LlamaWeights::load(ckpt)?)?.into(),
+            Arch::ChatGlm { .. } => SharedModel(Arc::new(ChatGlmModel::new(
+                config,
+                ChatGlmWeights::load(ckpt)?,
+            )?)),
+        })
+    }
+
+    /// Wraps a shared graph.
+    pub fn from_graph(graph: Arc<dyn SharedGraph>) -> SharedModel {
+        SharedModel(graph)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        self.0.config()
+    }
+
+    /// A new instance (see [`SharedGraph::instance`]).
+    ///
+    /// Errors: as [`SharedGraph::instance`].
+    pub fn instance(&self) -> Result<Model> {
+        Arc::clone(&self.0).instance()
+    }
+
+    /// The batched forward pass (see [`SharedGraph::batch`]).
+    ///
+    /// Errors: as [`SharedGraph::batch`].
+    pub fn batch(&self, rows: usize) -> Result<LlamaBatch> {
+        Arc::clone(&self.0).batch(rows)
+    }
+
+    /// The Llama graph's shared model, if this is one.
+    pub fn llama(&self) -> Option<Arc<LlamaModel>> {
+        Arc::clone(&self.0).as_llama()
+    }
+
+    /// The model with its layers in the memories of the placement `plan` makes from the
+    /// model's [`LlamaModel::memory_bytes`] (see [`LlamaModel::place`]), before any
+    /// instance is made.
+    ///
+    /// Errors: [`Error::Config`] for ChatGLM-6B's graph, whose layers run in host memory
+    /// only, or when instances of the model exist; those of `plan` and of
+    /// [`LlamaModel::place`].
+    pub fn place(
+        self,
+        exec: &Executor,
+        plan: impl FnOnce(&LlamaModel) -> Result<Placement>,
+    ) -> Result<SharedModel> {
+        let Some(model) = self.llama() else {
+            return Err(Error::Config(
+                "ChatGLM-6B's graph runs in host memory only; leave out --gpu-layers".into(),
+            ));
+        };
+        drop(self);
+        let model = Arc::try_unwrap(model).map_err(|_| {
+            Error::Config("a model is placed before any instance of it is made".into())
+        })?;
+        let placement = plan(&model)?;
+        Ok(model.place(exec, placement)?.into())
+    }
+}
+
+impl<G: SharedGraph + 'static> From<G> for SharedModel {
+    fn from(graph: G) -> SharedModel {
+        SharedModel(Arc::new(graph))
+    }
+}
+
+/// A model of any supported architecture, ready to run: one instance, with its KV cache.
+/// It dereferences to its [`Graph`].
+pub struct Model(Box<dyn Graph>);
+
+impl Model {
+    /// Builds the model of `ckpt`'s architecture from its weights.
+    ///
+    /// Errors: a missing tensor or a shape mismatch, an invalid configuration.
+    pub fn new(ckpt: &Checkpoint) -> Result<Model> {
+        SharedModel::new(ckpt)?.instance()
+    }
+
+    /// Wraps an instance of a graph.
+    pub fn from_graph(graph: impl Graph + 'static) -> Model {
+        Model(Box::new(graph))
+    }
+}
+
+impl Deref for Model {
+    type Target = dyn Graph;
+
+    fn deref(&self) -> &(dyn Graph + 'static) {
+        &*self.0
+    }
+}
+
+impl DerefMut for Model {
+    fn deref_mut(&mut self) -> &mut (dyn Graph + 'static) {
+        &mut *self.0
+    }
+}

@@ -1,0 +1,440 @@
+//! flm's canonical tensor names, in one typed table.
+//!
+//! Every importer maps its checkpoint's tensors onto [`TensorName`]s, the graphs take their
+//! weights by them, .flm files store them (as [`TensorName`]'s `Display` form, such as
+//! `layers.3.wq`), and the converter plans a file from [`canonical_tensors`]. The table
+//! [`PARTS`] gives each layer part its name in .flm files, in Hugging Face checkpoints
+//! (transformers' `LlamaForCausalLM`, under `model.layers.{l}.`) and in GGUF files
+//! (llama.cpp's `LLM_TENSOR_NAMES`, under `blk.{l}.`); a name in none of these is never
+//! guessed at: importers list it as ignored, and a .flm file holding one is refused.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Arch, ModelConfig};
+
+/// A tensor of one transformer layer. Matrices are `[out, in]` as `torch.nn.Linear`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LayerPart {
+    /// Attention norm gain `[dim]`.
+    AttnNorm,
+    /// Attention LayerNorm shift `[dim]` (ChatGLM-6B).
+    AttnNormBias,
+    /// Query projection `[n_heads·head_dim, dim]`.
+    Wq,
+    /// Key projection `[n_kv_heads·head_dim, dim]`.
+    Wk,
+    /// Value projection `[n_kv_heads·head_dim, dim]`.
+    Wv,
+    /// Query bias `[n_heads·head_dim]`.
+    Bq,
+    /// Key bias `[n_kv_heads·head_dim]`.
+    Bk,
+    /// Value bias `[n_kv_heads·head_dim]`.
+    Bv,
+    /// RMSNorm gain `[head_dim]` over each query head (Qwen3).
+    QNorm,
+    /// RMSNorm gain `[head_dim]` over each key head (Qwen3).
+    KNorm,
+    /// Output projection `[dim, n_heads·head_dim]`.
+    Wo,
+    /// Output projection bias `[dim]`.
+    Bo,
+    /// Feed-forward norm gain `[dim]`.
+    FfnNorm,
+    /// Feed-forward LayerNorm shift `[dim]` (ChatGLM-6B).
+    FfnNormBias,
+    /// Gate projection W1 `[hidden_dim, dim]` (SwiGLU).
+    WGate,
+    /// Up projection W3 `[hidden_dim, dim]`.
+    WUp,
+    /// Up projection bias `[hidden_dim]` (ChatGLM-6B).
+    BUp,
+    /// Down projection W2 `[dim, hidden_dim]`.
+    WDown,
+    /// Down projection bias `[dim]` (ChatGLM-6B).
+    BDown,
+    /// RMSNorm gain `[dim]` of the attention output (Gemma 2 and 3).
+    PostAttnNorm,
+    /// RMSNorm gain `[dim]` of the feed-forward output (Gemma 2 and 3).
+    PostFfnNorm,
+}
+
+/// The names of one [`LayerPart`] in each file format.
+#[derive(Debug, Clone, Copy)]
+pub struct PartNames {
+    /// The part.
+    pub part: LayerPart,
+    /// Its name in .flm files, after `layers.{l}.`.
+    pub flm: &'static str,
+    /// Its name in transformers' Llama-family checkpoints, after `model.layers.{l}.`.
+    pub hf: Option<&'static str>,
+    /// Its name in GGUF files, after `blk.{l}.`.
+    pub gguf: Option<&'static str>,
+}
+
+const fn part(
+    part: LayerPart,
+    flm: &'static str,
+    hf: Option<&'static str>,
+    gguf: Option<&'static str>,
+) -> PartNames {
+    PartNames {
+        part,
+        flm,
+        hf,
+        gguf,
+    }
+}
+
+/// Every layer part and its names. ChatGLM's own HF names are mapped in the THUDM
+/// importer, which splits its fused tensors.
+pub const PARTS: [PartNames; 21] = {
+    use LayerPart::*;
+    [
+        part(
+            AttnNorm,
+            "attn_norm",
+            Some("input_layernorm.weight"),
+            Some("attn_norm.weight"),
+        ),
+        part(AttnNormBias, "attn_norm_bias", None, None),
+        part(
+            Wq,
+            "wq",
+            Some("self_attn.q_proj.weight"),
+            Some("attn_q.weight"),
+        ),
+        part(
+            Wk,
+            "wk",
+            Some("self_attn.k_proj.weight"),
+            Some("attn_k.weight"),
+        ),
+        part(
+            Wv,
+            "wv",
+            Some("self_attn.v_proj.weight"),
+            Some("attn_v.weight"),
+        ),
+        part(Bq, "bq", Some("self_attn.q_proj.bias"), Some("attn_q.bias")),
+        part(Bk, "bk", Some("self_attn.k_proj.bias"), Some("attn_k.bias")),
+        part(Bv, "bv", Some("self_attn.v_proj.bias"), Some("attn_v.bias")),
+        part(
+            QNorm,
+            "q_norm",
+            Some("self_attn.q_norm.weight"),
+            Some("attn_q_norm.weight"),
+        ),
+        part(
+            KNorm,
+            "k_norm",
+            Some("self_attn.k_norm.weight"),
+            Some("attn_k_norm.weight"),
+        ),
+        part(
+            Wo,
+            "wo",
+            Some("self_attn.o_proj.weight"),
+            Some("attn_output.weight"),
+        ),
+        part(
+            Bo,
+            "bo",
+            Some("self_attn.o_proj.bias"),
+            Some("attn_output.bias"),
+        ),
+        part(
+            FfnNorm,
+            "ffn_norm",
+            Some("post_attention_layernorm.weight"),
+            Some("ffn_norm.weight"),
+        ),
+        part(FfnNormBias, "ffn_norm_bias", None, None),
+        part(
+            WGate,
+            "w_gate",
+            Some("mlp.gate_proj.weight"),
+            Some("ffn_gate.weight"),
+        ),
+        part(
+            WUp,
+            "w_up",
+            Some("mlp.up_proj.weight"),
+            Some("ffn_up.weight"),
+        ),
+        part(BUp, "b_up", None, None),
+        part(
+            WDown,
+            "w_down",
+            Some("mlp.down_proj.weight"),
+            Some("ffn_down.weight"),
+        ),
+        part(BDown, "b_down", None, None),
+        // Gemma 2 and 3 call the attention post-norm `post_attention_layernorm`, the
+        // name Llama gives its feed-forward norm: their importer maps both.
+        part(
+            PostAttnNorm,
+            "post_attn_norm",
+            None,
+            Some("post_attention_norm.weight"),
+        ),
+        part(
+            PostFfnNorm,
+            "post_ffn_norm",
+            Some("post_feedforward_layernorm.weight"),
+            Some("post_ffw_norm.weight"),
+        ),
+    ]
+};
+
+impl LayerPart {
+    /// The part's row of [`PARTS`].
+    pub fn names(self) -> &'static PartNames {
+        // PARTS lists the variants in declaration order.
+        &PARTS[self as usize]
+    }
+}
+
+/// A canonical tensor of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TensorName {
+    /// P-tuning v2 prefix keys and values `[pre_seq_len, n_layers·2·kv_dim]`.
+    PrefixKv,
+    /// Token embedding table `[vocab_size, dim]`.
+    Embedding,
+    /// A tensor of layer `.0`.
+    Layer(usize, LayerPart),
+    /// Final norm gain `[dim]`.
+    FinalNorm,
+    /// Final LayerNorm shift `[dim]` (ChatGLM-6B).
+    FinalNormBias,
+    /// Classifier `[vocab_size, dim]` (absent when tied to the embedding table).
+    Classifier,
+}
+
+impl TensorName {
+    /// Its name in transformers' Llama-family checkpoints, or `None` for a tensor they do
+    /// not have.
+    pub fn hf(self) -> Option<String> {
+        let top = [
+            "model.embed_tokens.weight",
+            "model.norm.weight",
+            "lm_head.weight",
+        ];
+        self.foreign(top, "model.layers", |n| n.hf)
+    }
+
+    /// Its name in GGUF files (llama.cpp's `LLM_TENSOR_NAMES`), or `None` for a tensor they
+    /// do not have.
+    pub fn gguf(self) -> Option<String> {
+        let top = ["token_embd.weight", "output_norm.weight", "output.weight"];
+        self.foreign(top, "blk", |n| n.gguf)
+    }
+
+    /// Its name in a format naming the embedding, final norm and classifier `top`, and
+    /// layer parts `{layers}.{l}.{part(names)}`.
+    fn foreign(
+        self,
+        [embedding, final_norm, classifier]: [&str; 3],
+        layers: &str,
+        part: impl Fn(&PartNames) -> Option<&'static str>,
+    ) -> Option<String> {
+        match self {
+            TensorName::Embedding => Some(embedding.into()),
+            TensorName::FinalNorm => Some(final_norm.into()),
+            TensorName::Classifier => Some(classifier.into()),
+            TensorName::Layer(l, p) => part(p.names()).map(|n| format!("{layers}.{l}.{n}")),
+            TensorName::PrefixKv | TensorName::FinalNormBias => None,
+        }
+    }
+
+    /// Whether this is a matrix that quantisation is most sensitive in: the classifier,
+    /// the embedding table when tied to it, the K and V projections and the FFN down
+    /// projection (llama.cpp's Q4_K_M keeps these at higher precision for the same reason).
+    pub fn is_sensitive(self, tied: bool) -> bool {
+        match self {
+            TensorName::Classifier => true,
+            TensorName::Embedding => tied,
+            TensorName::Layer(_, p) => {
+                matches!(p, LayerPart::Wk | LayerPart::Wv | LayerPart::WDown)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for TensorName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TensorName::PrefixKv => f.write_str("prefix_kv"),
+            TensorName::Embedding => f.write_str("embedding"),
+            TensorName::Layer(l, p) => write!(f, "layers.{l}.{}", p.names().flm),
+            TensorName::FinalNorm => f.write_str("final_norm"),
+            TensorName::FinalNormBias => f.write_str("final_norm_bias"),
+            TensorName::Classifier => f.write_str("classifier"),
+        }
+    }
+}
+
+impl FromStr for TensorName {
+    type Err = String;
+
+    /// Parses the .flm form (`embedding`, `layers.3.wq`, ...).
+    ///
+    /// Errors: a message naming `s` when it is not a canonical tensor name.
+    fn from_str(s: &str) -> Result<TensorName, String> {
+        Ok(match s {
+            "prefix_kv" => TensorName::PrefixKv,
+            "embedding" => TensorName::Embedding,
+            "final_norm" => TensorName::FinalNorm,
+            "final_norm_bias" => TensorName::FinalNormBias,
+            "classifier" => TensorName::Classifier,
+            _ => s
+                .strip_prefix("layers.")
+                .and_then(|rest| rest.split_once('.'))
+                .and_then(|(l, p)| {
+                    let layer = l.parse().ok()?;
+                    let part = PARTS.iter().find(|n| n.flm == p)?.part;
+                    Some(TensorName::Layer(layer, part))
+                })
+                .ok_or_else(|| format!("{s:?} is not one of flm's tensor names"))?,
+        })
+    }
+}
+
+/// The tensors of `c`'s graph and their shapes, in canonical order (the order .flm files
+/// store them): `prefix_kv` when `pre_seq_len > 0`, `embedding`, each layer's parts that
+/// the configuration has, the final norm, then `classifier` unless the embeddings are tied.
+pub fn canonical_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<usize>)> {
+    let mut out = Vec::new();
+    if c.pre_seq_len > 0 {
+        let width = c.n_layers * 2 * c.kv_dim();
+        out.push((TensorName::PrefixKv, vec![c.pre_seq_len, width]));
+    }
+    out.push((TensorName::Embedding, vec![c.vocab_size, c.dim]));
+    let parts = match c.arch {
+        Arch::Llama => llama_layer(c),
+        Arch::ChatGlm { .. } => chatglm_layer(c),
+    };
+    for l in 0..c.n_layers {
+        for (p, shape) in &parts {
+            out.push((TensorName::Layer(l, *p), shape.clone()));
+        }
+    }
+    out.push((TensorName::FinalNorm, vec![c.dim]));
+    if matches!(c.arch, Arch::ChatGlm { .. }) {
+        out.push((TensorName::FinalNormBias, vec![c.dim]));
+    }
+    if !c.tie_embeddings {
+        out.push((TensorName::Classifier, vec![c.vocab_size, c.dim]));
+    }
+    out
+}
+
+/// The parts of a Llama-graph layer and their shapes: the biases and the q/k norms only
+/// where the configuration has them.
+fn llama_layer(c: &ModelConfig) -> Vec<(LayerPart, Vec<usize>)> {
+    use LayerPart::*;
+    let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
+    [
+        (AttnNorm, Some(vec![dim])),
+        (Wq, Some(vec![q_dim, dim])),
+        (Wk, Some(vec![kv_dim, dim])),
+        (Wv, Some(vec![kv_dim, dim])),
+        (Bq, c.qkv_bias.then(|| vec![q_dim])),
+        (Bk, c.qkv_bias.then(|| vec![kv_dim])),
+        (Bv, c.qkv_bias.then(|| vec![kv_dim])),
+        (QNorm, c.qk_norm.then(|| vec![c.head_dim])),
+        (KNorm, c.qk_norm.then(|| vec![c.head_dim])),
+        (Wo, Some(vec![dim, q_dim])),
+        (Bo, c.o_bias.then(|| vec![dim])),
+        (FfnNorm, Some(vec![dim])),
+        (WGate, Some(vec![hd, dim])),
+        (WDown, Some(vec![dim, hd])),
+        (WUp, Some(vec![hd, dim])),
+        (PostAttnNorm, c.post_norms.then(|| vec![dim])),
+        (PostFfnNorm, c.post_norms.then(|| vec![dim])),
+    ]
+    .into_iter()
+    .filter_map(|(p, shape)| Some((p, shape?)))
+    .collect()
+}
+
+/// The parts of a ChatGLM-6B layer and their shapes.
+fn chatglm_layer(c: &ModelConfig) -> Vec<(LayerPart, Vec<usize>)> {
+    use LayerPart::*;
+    let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
+    vec![
+        (AttnNorm, vec![dim]),
+        (AttnNormBias, vec![dim]),
+        (Wq, vec![q_dim, dim]),
+        (Bq, vec![q_dim]),
+        (Wk, vec![kv_dim, dim]),
+        (Bk, vec![kv_dim]),
+        (Wv, vec![kv_dim, dim]),
+        (Bv, vec![kv_dim]),
+        (Wo, vec![dim, q_dim]),
+        (Bo, vec![dim]),
+        (FfnNorm, vec![dim]),
+        (FfnNormBias, vec![dim]),
+        (WUp, vec![hd, dim]),
+        (BUp, vec![hd]),
+        (WDown, vec![dim, hd]),
+        (BDown, vec![dim]),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_table_is_in_declaration_order() {
+        for (i, n) in PARTS.iter().enumerate() {
+            assert_eq!(n.part as usize, i, "{}", n.flm);
+        }
+    }
+
+    #[test]
+    fn display_and_parse_round_trip() {
+        for n in &PARTS {
+            let name = TensorName::Layer(7, n.part);
+            assert_eq!(name.to_string().parse::<TensorName>(), Ok(name));
+        }
+        for name in [
+            TensorName::PrefixKv,
+            TensorName::Embedding,
+            TensorName::FinalNorm,
+            TensorName::FinalNormBias,
+            TensorName::Classifier,
+        ] {
+            assert_eq!(name.to_string().parse::<TensorName>(), Ok(name));
+        }
+        assert_eq!(
+            "layers.3.wq".parse::<TensorName>(),
+            Ok(TensorName::Layer(3, LayerPart::Wq))
+        );
+        for bad in [
+            "layers.x.wq",
+            "layers.3.mlp",
+            "layers.3",
+            "lm_head.weight",
+            "",
+        ] {
+            assert!(bad.parse::<TensorName>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn foreign_names_follow_transformers_and_llama_cpp() {
+        let wq = TensorName::Layer(2, LayerPart::Wq);
+        assert_eq!(wq.hf().unwrap(), "model.layers.2.self_attn.q_proj.weight");
+        assert_eq!(wq.gguf().unwrap(), "blk.2.attn_q.weight");
+        let down = TensorName::Layer(0, LayerPart::WDown);
+        assert_eq!(down.hf().unwrap(), "model.layers.0.mlp.down_proj.weight");
+        assert_eq!(down.gguf().unwrap(), "blk.0.ffn_down.weight");
+        assert_eq!(TensorName::Layer(0, LayerPart::BUp).hf(), None);
+        assert_eq!(TensorName::PrefixKv.gguf(), None);
+    }
+}
