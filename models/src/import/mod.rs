@@ -26,6 +26,7 @@ mod llama2c;
 mod packed;
 mod pickle;
 mod pytorch;
+mod quant_config;
 mod source;
 mod thudm;
 
