@@ -20,7 +20,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use super::hf_families::{self, RopeFields, WindowFields};
-use super::{map_file, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
+use super::{map_file, packed, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Activation, Error, ModelConfig, Result};
 
@@ -366,8 +366,11 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Every tensor of the given safetensors or PyTorch `torch.save` files (told apart by
-/// their first bytes), by Hugging Face name.
-fn read_tensors(files: &[PathBuf]) -> Result<HashMap<String, SourceTensor>> {
+/// their first bytes), by Hugging Face name, but the safetensors ones `skip` names.
+fn read_tensors(
+    files: &[PathBuf],
+    skip: impl Fn(&str) -> bool,
+) -> Result<HashMap<String, SourceTensor>> {
     let mut by_name = HashMap::new();
     for file in files {
         let map = map_file(file)?;
@@ -378,6 +381,9 @@ fn read_tensors(files: &[PathBuf]) -> Result<HashMap<String, SourceTensor>> {
         let (header_len, metadata) = SafeTensors::read_metadata(&map)
             .map_err(|e| Error::format(file, format!("invalid safetensors file: {e}")))?;
         for (name, info) in metadata.tensors() {
+            if skip(&name) {
+                continue;
+            }
             let dtype = match info.dtype {
                 Dtype::F32 => DataType::F32,
                 Dtype::F16 => DataType::F16,
@@ -422,7 +428,14 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         Some(f) => vec![f.to_path_buf()],
         None => weight_files(dir)?,
     };
-    let mut by_name = read_tensors(&files)?;
+    // GPTQ/AWQ linears: their packed parts become one `<prefix>.weight` each.
+    let packed = packed::read(dir, &config_path, &files)?;
+    let mut by_name = read_tensors(&files, |name| {
+        packed.as_ref().is_some_and(|p| p.consumes(name))
+    })?;
+    for t in packed.into_iter().flat_map(|p| p.tensors) {
+        by_name.insert(t.name.clone(), t);
+    }
     // ChatGLM-6B names its SentencePiece model `ice_text.model`.
     let candidates: Vec<PathBuf> = ["tokenizer.model", "ice_text.model", "tokenizer.json"]
         .iter()
