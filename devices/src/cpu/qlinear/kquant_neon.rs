@@ -129,7 +129,11 @@ fn zero_runs() -> [Run; RUNS] {
 #[inline(always)]
 fn unpack_q45(dtype: DataType, block: &[u8], codes: &mut [Run; RUNS]) {
     let five = dtype == DataType::Q5K;
-    let qs = if five { &block[48..176] } else { &block[16..144] };
+    let qs = if five {
+        &block[48..176]
+    } else {
+        &block[16..144]
+    };
     let qh = load32(&block[16..48]);
     // SAFETY: NEON; registers only, loads through `load32`.
     unsafe {

@@ -110,7 +110,11 @@ unsafe fn unpack_q45(dtype: DataType, block: &[u8], codes: &mut [__m256i; RUNS])
     unsafe {
         let nib = _mm256_set1_epi8(0x0f);
         let five = dtype == DataType::Q5K;
-        let qs = if five { &block[48..176] } else { &block[16..144] };
+        let qs = if five {
+            &block[48..176]
+        } else {
+            &block[16..144]
+        };
         for p in 0..RUNS / 2 {
             let v = load32(&qs[p * 32..]);
             codes[2 * p] = _mm256_and_si256(v, nib);
