@@ -28,6 +28,7 @@ const Q4_1: &str = "gguf/stories260K-q4_1.gguf";
 const Q5_1: &str = "gguf/stories260K-q5_1.gguf";
 const VOCAB: &str = "gguf/ggml-vocab-llama-spm.gguf";
 const GPT2: &str = "gguf/ggml-vocab-gpt-2.gguf";
+const KQUANT: &str = "gguf/tiny-kquant.gguf";
 
 fn load(rel: &str) -> Checkpoint {
     import::load(&data(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
@@ -303,6 +304,70 @@ fn q4_0_converts_to_flm_keeping_each_tensors_type() {
         );
     }
     let input = ids(&reference()["logits_file"]["input_ids"]);
+    let run = |c: &Checkpoint| {
+        let mut m = Llama::new(c.config.clone(), c.weights().unwrap()).unwrap();
+        m.forward(&exec(), &input, 0, Logits::All).unwrap().to_vec()
+    };
+    assert_eq!(run(&flm), run(&ckpt));
+}
+
+/// The K-quant fixture (tools/gguf/make_kquant_fixture.py: one random Llama layer in Q4_K,
+/// Q5_K and Q6_K, whole super-blocks): its matrices are used in place from the file as flm's
+/// K-quant dtypes; dotted against int8 activations its logits stay within 0.35 of NumPy's
+/// on gguf-py's decoding of the same weights (|x| up to 28: measured 0.23, as Q4_0's 0.17
+/// on logits up to 19 above) with every argmax, and decoded to f32 first they are NumPy's;
+/// `flm convert` keeps each type, so the .flm model computes the same bits.
+#[test]
+fn k_quants_load_in_place_and_match_numpy() {
+    use flm_core::DataType;
+    use flm_models::convert::{convert, Recipe};
+    let expected = "gguf/tiny-kquant_logits_f32le.bin";
+    let mut ckpt = load(KQUANT);
+    let types = [
+        ("embedding", DataType::Q6K),
+        ("layers.0.wq", DataType::Q4K),
+        ("layers.0.wk", DataType::Q5K),
+        ("layers.0.wv", DataType::Q6K),
+        ("layers.0.wo", DataType::Q4K),
+        ("layers.0.w_gate", DataType::Q4K),
+        ("layers.0.w_up", DataType::Q5K),
+        ("layers.0.w_down", DataType::Q6K),
+    ];
+    for (name, dtype) in types {
+        let t = ckpt.tensor(name).unwrap().load().unwrap();
+        assert_eq!((t.dtype(), t.is_mapped()), (dtype, true), "{name}");
+    }
+    assert!(ckpt.load_notes().is_empty(), "{:?}", ckpt.load_notes());
+    let (err, same_argmax) = logits_error(KQUANT, expected);
+    assert!(err < 0.35 && same_argmax, "K-quants against NumPy: {err}");
+    let input = ids(&reference()["logits_file"]["input_ids"]);
+    let f32_weights = LlamaWeights::from_tensors(&ckpt.config, |name, _| {
+        Ok(ckpt.tensor(name).unwrap().load()?.to_dtype(DataType::F32)?)
+    })
+    .unwrap();
+    let got = Llama::new(ckpt.config.clone(), f32_weights)
+        .unwrap()
+        .forward(&exec(), &input, 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    let err = got
+        .iter()
+        .zip(logits_file(expected))
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err < 1e-4, "K-quants decoded to f32 against NumPy: {err}");
+
+    let tok = ckpt.take_tokenizer(&data(KQUANT)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("kquant.flm");
+    convert(&ckpt, &tok, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+    let flm = import::load(&out).unwrap();
+    for (name, dtype) in types {
+        assert_eq!(
+            flm.tensor(name).unwrap().load().unwrap().dtype(),
+            dtype,
+            "{name}"
+        );
+    }
     let run = |c: &Checkpoint| {
         let mut m = Llama::new(c.config.clone(), c.weights().unwrap()).unwrap();
         m.forward(&exec(), &input, 0, Logits::All).unwrap().to_vec()

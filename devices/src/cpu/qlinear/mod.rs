@@ -343,6 +343,7 @@ struct ActLayout {
     /// Rows are padded to a multiple of this many blocks.
     pad_blocks: usize,
     /// Whether AMX tile kernels read the inputs (K-quant weights have none).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     amx_tiles: bool,
 }
 
