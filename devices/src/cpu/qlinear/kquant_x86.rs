@@ -1,14 +1,15 @@
 //! AVX2 K-quant kernels (see `kquant`): a super-block's 8 runs of codes are unpacked once
 //! into 8 vectors of 32 unsigned bytes and dotted against up to [`TILE_INPUTS`] input rows
 //! with `vpmaddubsw` (codes × int8 activations, pairwise into i16: at most
-//! `2 · 63 · 127 < 2¹⁵`) and `vpmaddwd` (pairs into i32, by 1, or by Q6_K's per-16 scales),
-//! the 8 lanes then converted and accumulated scaled by `f · a` in one f32 vector per input
-//! row (lane sums at the end).
+//! `2 · 63 · 127 < 2¹⁵`) and `vpmaddwd` (pairs into i32, by 1, or by Q6_K's per-16 scales);
+//! the 8 runs' sums then fill one vector, converted and accumulated scaled by `f · a` in one
+//! f32 vector per input row (lane sums at the end).
 
 use std::arch::x86_64::*;
 
 use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
+use half::f16;
 
 use super::x86::hsum256;
 use super::{Acts, QuantWeight};
@@ -45,8 +46,33 @@ unsafe fn load32<T>(s: &[T]) -> __m256i {
     unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
 }
 
+/// Loads 8 f32 (or i32) values from `s[..8]`.
+#[inline(always)]
+unsafe fn load8<T>(s: &[T]) -> __m256i {
+    let s = &s[..8];
+    assert_eq!(size_of_val(s), 32);
+    // SAFETY: AVX (the caller's); `s` holds 32 bytes (sliced and asserted).
+    unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
+}
+
+/// The sums of the 8 lanes of each of `p[0..8]`, as the 8 lanes of one vector (lane `r` is
+/// `Σ p[r]`): two rounds of `vphaddd`, then the two halves added.
+#[inline(always)]
+unsafe fn lane_sums(p: &[__m256i; RUNS]) -> __m256i {
+    // SAFETY: AVX2 (the caller's); registers only.
+    unsafe {
+        let ab = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let cd = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        let lo = _mm256_permute2x128_si256(ab, cd, 0x20);
+        let hi = _mm256_permute2x128_si256(ab, cd, 0x31);
+        _mm256_add_epi32(lo, hi)
+    }
+}
+
 /// The outputs `out` (input rows `i0..i0 + out.len()`) of one weight row `row` of `dtype`;
-/// `SIX` for Q6_K.
+/// `SIX` for Q6_K. Per super-block and input row, the 8 runs' exact integer sums are
+/// gathered into one vector, scaled by `f_r · a_b` lane by lane and accumulated; the
+/// Q4_K/Q5_K minimums likewise by `g_r · a_b · Σ q_x`.
 #[inline(always)]
 unsafe fn tile<const SIX: bool>(
     dtype: DataType,
@@ -56,15 +82,16 @@ unsafe fn tile<const SIX: bool>(
     out: &mut [f32],
 ) {
     // SAFETY (whole body): AVX2 and FMA, as the caller guarantees; every load goes through
-    // `load32` on a slice of at least 32 bytes.
+    // `load32` or `load8` on a slice of the size they read.
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let offset = _mm256_set1_epi8(32);
         let mut acc = [_mm256_setzero_ps(); TILE_INPUTS];
-        let mut mins = [0.0f32; TILE_INPUTS];
+        let mut mins = [_mm256_setzero_ps(); TILE_INPUTS];
         let mut codes = [_mm256_setzero_si256(); RUNS];
         let mut weights = [ones; RUNS];
-        let (mut f, mut g) = ([0.0f32; RUNS], [0.0f32; RUNS]);
+        let mut p = [_mm256_setzero_si256(); RUNS];
+        let (mut sc_u8, mut m_u8) = ([0u8; RUNS], [0u8; RUNS]);
         for (s, block) in row.chunks_exact(kquant::block_bytes(dtype)).enumerate() {
             if SIX {
                 unpack_q6(block, &mut codes);
@@ -75,28 +102,51 @@ unsafe fn tile<const SIX: bool>(
             } else {
                 unpack_q45(dtype, block, &mut codes);
             }
-            for r in 0..RUNS {
-                (f[r], g[r]) = kquant::run_scales(dtype, block, r);
-            }
+            let (fv, gv) = if SIX {
+                (
+                    _mm256_set1_ps(kquant::run_scales(dtype, block, 0).0),
+                    _mm256_setzero_ps(),
+                )
+            } else {
+                for r in 0..RUNS {
+                    let (sc, m) = flm_core::ggml::scale_min_k4(&block[4..16], r);
+                    (sc_u8[r], m_u8[r]) = (sc, m);
+                }
+                let widen = |v: &[u8; RUNS]| {
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        v.as_ptr() as *const __m128i
+                    )))
+                };
+                let dd = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                let dm = f16::from_le_bytes([block[2], block[3]]).to_f32();
+                (
+                    _mm256_mul_ps(_mm256_set1_ps(dd), widen(&sc_u8)),
+                    _mm256_mul_ps(_mm256_set1_ps(dm), widen(&m_u8)),
+                )
+            };
+            let b0 = s * RUNS;
             for (u, (acc, mins)) in acc.iter_mut().zip(&mut mins).take(out.len()).enumerate() {
                 let i = i0 + u;
-                let (qs, d, bsum) = (acts.row_qs(i), acts.row_d(i), acts.row_bsum(i));
-                for r in 0..RUNS {
-                    let b = s * RUNS + r;
-                    let x = load32(&qs[b * RUN..(b + 1) * RUN]);
-                    let mut p = _mm256_maddubs_epi16(codes[r], x);
+                let qs = &acts.row_qs(i)[b0 * RUN..(b0 + RUNS) * RUN];
+                for (r, p) in p.iter_mut().enumerate() {
+                    let x = load32(&qs[r * RUN..]);
+                    let mut q = _mm256_maddubs_epi16(codes[r], x);
                     if SIX {
-                        p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(offset, x));
+                        q = _mm256_sub_epi16(q, _mm256_maddubs_epi16(offset, x));
                     }
-                    let p = _mm256_madd_epi16(p, weights[r]);
-                    let scale = _mm256_set1_ps(f[r] * d[b]);
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, *acc);
-                    *mins += g[r] * d[b] * bsum[b] as f32;
+                    *p = _mm256_madd_epi16(q, weights[r]);
+                }
+                let a = _mm256_castsi256_ps(load8(&acts.row_d(i)[b0..]));
+                let isums = _mm256_cvtepi32_ps(lane_sums(&p));
+                *acc = _mm256_fmadd_ps(isums, _mm256_mul_ps(fv, a), *acc);
+                if !SIX {
+                    let bsum = _mm256_cvtepi32_ps(load8(&acts.row_bsum(i)[b0..]));
+                    *mins = _mm256_fmadd_ps(bsum, _mm256_mul_ps(gv, a), *mins);
                 }
             }
         }
         for (o, (acc, mins)) in out.iter_mut().zip(acc.iter().zip(&mins)) {
-            *o = hsum256(*acc) - mins;
+            *o = hsum256(*acc) - hsum256(*mins);
         }
     }
 }
