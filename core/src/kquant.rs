@@ -218,12 +218,7 @@ fn quantize_q6_k(x: &[f32; QK_K], block: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
-            .collect()
-    }
+    use crate::quant::tests::values;
 
     /// Round trips stay within the fit's bound: half a step of each run plus the
     /// quantisation of the run's scale against `d` (and minimum against `dmin`), at most

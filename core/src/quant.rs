@@ -388,10 +388,11 @@ impl<'a> Int4RowMut<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` values in `[-1, 1]`, a fixed pseudo-random function of `seed`.
+    pub(crate) fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
             .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
             .collect()

@@ -171,7 +171,13 @@ fn q4_0_logits_match_numpy_on_the_same_weights() {
         err < 0.3 && same_argmax,
         "Q4_0 as int4-sym-g32 against NumPy: {err}"
     );
-    let ckpt = load(Q4_0);
+    let err = f32_decoded_error(&load(Q4_0), expected);
+    assert!(err < 1e-4, "Q4_0 decoded to f32 against NumPy: {err}");
+}
+
+/// The largest absolute error of the teacher-forced logits of `ckpt` with every weight
+/// decoded to f32 first, against the logits file `expected`.
+fn f32_decoded_error(ckpt: &Checkpoint, expected: &str) -> f32 {
     let f32_weights = LlamaWeights::from_tensors(&ckpt.config, |name, _| {
         Ok(ckpt
             .tensor(name)
@@ -186,11 +192,9 @@ fn q4_0_logits_match_numpy_on_the_same_weights() {
         .forward(&exec(), &input, 0, Logits::All)
         .unwrap()
         .to_vec();
-    let err = got
-        .iter()
+    got.iter()
         .zip(logits_file(expected))
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(err < 1e-4, "Q4_0 decoded to f32 against NumPy: {err}");
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
 }
 
 /// Dequantised weights are within the quantisation step of the fp32 originals, block by
@@ -340,22 +344,10 @@ fn k_quants_load_in_place_and_match_numpy() {
     assert!(ckpt.load_notes().is_empty(), "{:?}", ckpt.load_notes());
     let (err, same_argmax) = logits_error(KQUANT, expected);
     assert!(err < 0.35 && same_argmax, "K-quants against NumPy: {err}");
-    let input = ids(&reference()["logits_file"]["input_ids"]);
-    let f32_weights = LlamaWeights::from_tensors(&ckpt.config, |name, _| {
-        Ok(ckpt.tensor(name).unwrap().load()?.to_dtype(DataType::F32)?)
-    })
-    .unwrap();
-    let got = Llama::new(ckpt.config.clone(), f32_weights)
-        .unwrap()
-        .forward(&exec(), &input, 0, Logits::All)
-        .unwrap()
-        .to_vec();
-    let err = got
-        .iter()
-        .zip(logits_file(expected))
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let err = f32_decoded_error(&ckpt, expected);
     assert!(err < 1e-4, "K-quants decoded to f32 against NumPy: {err}");
 
+    let input = ids(&reference()["logits_file"]["input_ids"]);
     let tok = ckpt.take_tokenizer(&data(KQUANT)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("kquant.flm");
