@@ -544,8 +544,7 @@ fn linears_match_each_linear() {
         [I8, I8, F32],
         [I4G32, I4G128, I4G32],
         [I4SymG32, I4SymG32, I4SymG128],
-        [Q4K, Q6K, Q4K],
-        [Q5K; 3],
+        [Q4K, Q6K, Q5K],
     ];
     let sizes = [
         (1, 96, [40, 8, 8]),
