@@ -20,6 +20,7 @@ mod error;
 mod executor;
 pub mod flm_file;
 pub mod ggml;
+pub mod kquant;
 mod kv_cache;
 mod memory;
 mod op;

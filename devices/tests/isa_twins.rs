@@ -99,7 +99,10 @@ dtype_tests!([
     int4_g128: I4G128,
     int4_sym_g32: I4SymG32,
     int4_sym_g64: I4SymG64,
-    int4_sym_g128: I4SymG128
+    int4_sym_g128: I4SymG128,
+    q4_k: Q4K,
+    q5_k: Q5K,
+    q6_k: Q6K
 ] linear_matches_scalar);
 
 /// Every SIMD level this CPU has, without the portable one they are compared with.
@@ -622,6 +625,7 @@ fn linears_match_each_linear() {
         [I8, I8, F32],
         [I4G32, I4G128, I4G32],
         [I4SymG32, I4SymG32, I4SymG128],
+        [Q4K, Q6K, Q5K],
     ];
     let sizes = [
         (1, 96, [40, 8, 8]),

@@ -24,7 +24,8 @@
 //! (`attn_q.bias`...), Qwen3 a norm over each query and key head (`attn_q_norm`,
 //! `attn_k_norm`). Tensors F32, F16, BF16
 //! (zero-copy) and the ggml block types of [`GgmlType`] are read, each into the dtype
-//! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss). A SentencePiece
+//! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss; Q4_K, Q5_K and
+//! Q6_K used in place as flm's dtypes of the same bytes, [`flm_core::kquant`]). A SentencePiece
 //! vocabulary (`tokenizer.ggml.model = "llama"`) or a byte-level BPE one (`"gpt2"`,
 //! `gguf/bpe.rs`) becomes the checkpoint's tokenizer; other tokenizer kinds leave
 //! [`Checkpoint::tokenizer`] `None`.
@@ -208,7 +209,11 @@ fn encoding(ggml_type: u32) -> std::result::Result<(Encoding, usize), String> {
         1 => (Encoding::Native(DataType::F16), 1),
         30 => (Encoding::Native(DataType::BF16), 1),
         t => match GgmlType::from_id(t) {
-            Some(ty) => (Encoding::Ggml(ty), ty.block_len()),
+            // Q4_K, Q5_K and Q6_K rows are flm rows of the same bytes: used in place.
+            Some(ty) => match ty.native_dtype() {
+                Some(dtype) => (Encoding::Native(dtype), ty.block_len()),
+                None => (Encoding::Ggml(ty), ty.block_len()),
+            },
             None => {
                 const NAMES: &str = "F32 F16 Q4_0 Q4_1 Q4_2 Q4_3 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K \
                     Q4_K Q5_K Q6_K Q8_K IQ2_XXS IQ2_XS IQ3_XXS IQ1_S IQ4_NL IQ3_S IQ2_S IQ4_XS \

@@ -56,8 +56,8 @@ impl Encoding {
     /// The dtype a tensor of this encoding has once loaded: its own for
     /// [`Encoding::Native`]; for ggml types the lossless repacking (Q4_0 as int4-sym-g32,
     /// Q4_1 as int4-g32), f32 for Q8_0 (exact; flm's int8 has one scale per row, not per 32
-    /// values), and int8 per row for the types no flm dtype holds (Q5_0, Q5_1, the
-    /// K-quants, IQ4_NL, IQ4_XS): fast integer kernels at 8.1 bits per weight, at the cost
+    /// values), and int8 per row for the types no flm dtype holds (Q5_0, Q5_1, Q2_K, Q3_K,
+    /// IQ4_NL, IQ4_XS; Q4_K, Q5_K and Q6_K are native flm dtypes, never [`Encoding::Ggml`]): fast integer kernels at 8.1 bits per weight, at the cost
     /// of the int8 rounding (at most `max|w| / 254` per row, [`flm_core::quant`]) on top of
     /// the file's own; f32 for everything else.
     pub fn load_dtype(self) -> DataType {
