@@ -43,4 +43,4 @@ pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{LinearPart, Op, OpKind, PagedSeq};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
-pub use sampling::{argmax, Sampler, SamplerConfig};
+pub use sampling::{argmax, log_softmax_top, Sampler, SamplerConfig, TokenLogprobs};
