@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// Prompt tokens prefilled in one step at most (default: the engine's).
     #[arg(long)]
     max_batch_prefill_tokens: Option<usize>,
+    /// Tokens of one step at most, decode and prefill together: long prompts are prefilled
+    /// in chunks of what the decoding streams leave, which bounds their time per output
+    /// token while a long prompt arrives (default: no bound besides the prefill budget).
+    #[arg(long)]
+    max_batch_tokens: Option<usize>,
     /// The model's name in the API (default: the model file's or directory's name).
     #[arg(long)]
     model_name: Option<String>,
@@ -118,6 +123,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(n) = args.max_batch_prefill_tokens {
         config.max_batch_prefill_tokens = n;
     }
+    config.max_batch_tokens = args.max_batch_tokens;
     let engine = Engine::new(model, chosen.exec, config).context("cannot start the engine")?;
     let context = engine.config().max_seq_len;
     let state = Arc::new(State {

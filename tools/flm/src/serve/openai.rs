@@ -4,7 +4,7 @@
 //! Source: the OpenAI API reference (`POST /v1/chat/completions`, `POST /v1/completions`,
 //! `GET /v1/models`) and the `openai` Python client's models of these objects. Unknown
 //! request fields are ignored, as OpenAI-compatible servers (vLLM, llama.cpp) do; known
-//! fields with values `flm` cannot honour (`n` > 1, `logprobs`, a `logit_bias`, `echo`,
+//! fields with values `flm` cannot honour (a `logit_bias`, `echo` with `logprobs`,
 //! `best_of` > 1, a `suffix`) and a `user` that is not a string are refused by
 //! [`super::params`].
 
@@ -51,15 +51,18 @@ pub struct Sampling {
     pub presence_penalty: Option<f32>,
     /// Subtracted from each logit times the token's count so far, in `[-2, 2]`.
     pub frequency_penalty: Option<f32>,
-    /// Number of choices; only 1 is supported.
+    /// Number of choices, in `[1, 128]`; default 1.
     pub n: Option<usize>,
     /// Stream server-sent events.
     #[serde(default)]
     pub stream: bool,
     /// Options of the stream.
     pub stream_options: Option<StreamOptions>,
-    /// Log-probabilities are not supported: must be absent, false or null.
+    /// Log-probabilities: `true` (chat, with `top_logprobs`) or the number of
+    /// alternatives (completions).
     pub logprobs: Option<serde_json::Value>,
+    /// Alternatives per token in a chat's `logprobs`, in `[0, 20]`.
+    pub top_logprobs: Option<serde_json::Value>,
     /// Token biases are not supported: must be absent, null or `{}`.
     pub logit_bias: Option<serde_json::Value>,
     /// An identifier of the end user, unused; a string if given.
@@ -122,7 +125,7 @@ pub enum Prompt {
 pub struct CompletionRequest {
     /// What to continue.
     pub prompt: Prompt,
-    /// Echoing the prompt is not supported: must be absent or false.
+    /// Start the reply's text with the prompt's (not with `logprobs`).
     #[serde(default)]
     pub echo: bool,
     /// Text after the completion (insertion) is not supported: must be absent, null or "".
@@ -170,13 +173,13 @@ pub struct Delta {
 /// One choice of a chat response or chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChoice {
-    /// Always 0 (`n` is 1).
+    /// Which of the `n` choices.
     pub index: usize,
     /// `message` in a response, `delta` in a chunk.
     #[serde(flatten)]
     pub body: ChatBody,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities (`{"content": [...]}`), null unless asked for.
+    pub logprobs: Option<serde_json::Value>,
     /// `stop` or `length`; null in every chunk but the last.
     pub finish_reason: Option<&'static str>,
 }
@@ -194,12 +197,13 @@ pub enum ChatBody {
 /// One choice of a completion response or chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct TextChoice {
-    /// Always 0.
+    /// Which of the `n` choices.
     pub index: usize,
     /// The text (of this chunk, when streamed).
     pub text: String,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities (`tokens`, `token_logprobs`, `top_logprobs`,
+    /// `text_offset`), null unless asked for.
+    pub logprobs: Option<serde_json::Value>,
     /// `stop` or `length`; null in every chunk but the last.
     pub finish_reason: Option<&'static str>,
 }
@@ -234,6 +238,8 @@ pub struct ModelCard {
     pub created: u64,
     /// `flm`.
     pub owned_by: &'static str,
+    /// Positions of the model's context, prompt and reply together (vLLM's field).
+    pub max_model_len: usize,
 }
 
 /// `GET /v1/models`.

@@ -65,6 +65,7 @@ async fn models(Shared(state): Shared<Arc<State>>) -> Json<ModelList> {
             object: "model",
             created: state.started,
             owned_by: "flm",
+            max_model_len: state.context,
         }],
     })
 }
@@ -87,9 +88,8 @@ async fn chat(
 ) -> Response {
     let arrived = Instant::now();
     let result = match body {
-        Ok(Json(request)) => {
-            prompt::chat(&state.tokenizer, &request.messages).map(|ids| (ids, request.sampling))
-        }
+        Ok(Json(request)) => prompt::chat(&state.tokenizer, &request.messages)
+            .map(|ids| (ids, request.sampling, false)),
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Chat, arrived, result).await
@@ -103,7 +103,7 @@ async fn completions(
     let result = match body {
         Ok(Json(request)) => params::check_completion(&request)
             .and_then(|()| prompt::completion(&state.tokenizer, &request.prompt))
-            .map(|ids| (ids, request.sampling)),
+            .map(|ids| (ids, request.sampling, request.echo)),
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Text, arrived, result).await
@@ -114,10 +114,12 @@ async fn answer(
     state: Arc<State>,
     api: Api,
     arrived: Instant,
-    request: Result<(prompt::Ids, Sampling), ApiError>,
+    request: Result<(prompt::Ids, Sampling, bool), ApiError>,
 ) -> Response {
     let response = match request {
-        Ok((ids, sampling)) => generate(Arc::clone(&state), api, arrived, ids, &sampling).await,
+        Ok((ids, sampling, echo)) => {
+            generate(Arc::clone(&state), api, arrived, ids, &sampling, echo).await
+        }
         Err(e) => Err(e),
     };
     let response = response.unwrap_or_else(IntoResponse::into_response);
@@ -133,6 +135,7 @@ async fn generate(
     arrived: Instant,
     ids: prompt::Ids,
     sampling: &Sampling,
+    echo: bool,
 ) -> Result<Response, ApiError> {
     let params = params::check(sampling, &state.model_name, crate::generate::clock_seed())?;
     let (param, default_max, stop_tokens) = match api {
@@ -151,18 +154,33 @@ async fn generate(
         ids.ids.len(),
         state.context,
     )?;
-    let (stream, include_usage) = (params.stream, params.include_usage);
-    let submitted = submit(
-        &state,
-        Job {
-            prompt: ids.ids,
-            at_start: ids.at_start,
-            params,
-            max_tokens,
-            stop_tokens,
-            arrived,
-        },
-    )?;
+    let (stream, include_usage, n) = (params.stream, params.include_usage, params.n);
+    let logprobs = params.logprobs.is_some();
+    let echo = if echo {
+        state
+            .tokenizer
+            .decode(&ids.ids)
+            .map_err(|e| ApiError::invalid(Some("prompt"), format!("cannot decode it: {e}")))?
+    } else {
+        String::new()
+    };
+    let job = Job {
+        prompt: ids.ids,
+        at_start: ids.at_start,
+        params,
+        max_tokens,
+        stop_tokens,
+        arrived,
+    };
+    // Each choice is a request of its own, with the next seed; a refused one cancels
+    // those before it when they are dropped.
+    let submitted = (0..n)
+        .map(|i| {
+            let mut job = job.clone();
+            job.params.sampler.seed = job.params.sampler.seed.wrapping_add(i as u64);
+            submit(&state, job)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
     let header = Header {
         api,
@@ -172,10 +190,12 @@ async fn generate(
         },
         created: unix_now(),
         model: state.model_name.clone(),
+        echo,
+        logprobs,
     };
     if stream {
         Ok(respond::stream(state, header, submitted, include_usage))
     } else {
-        respond::whole(&state, header, submitted).await
+        respond::whole(state, header, submitted).await
     }
 }

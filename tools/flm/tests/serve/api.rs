@@ -25,6 +25,8 @@ fn health_models_metrics_and_page() {
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "tiny");
     assert_eq!(models["data"][0]["object"], "model");
+    // stories260K's llama2.c header: a context of 512.
+    assert_eq!(models["data"][0]["max_model_len"], 512);
     let (status, page) = server.get("/");
     assert_eq!(status, 200);
     assert!(page.contains("/v1/chat/completions") && page.contains("tokens/s"));
