@@ -9,6 +9,7 @@
 //! `flm serve: listening on http://ADDRESS` on stdout, so that a script (or a test that
 //! asks for port 0) can find it.
 
+mod embeddings;
 mod error;
 #[cfg(test)]
 mod fuzz;
@@ -35,6 +36,7 @@ use flm_models::session;
 use flm_tokenizer::Tokenizer;
 
 use crate::{set_threads, ModelArgs};
+use embeddings::{Embedder, Pooling};
 use error::ApiError;
 use metrics::Metrics;
 
@@ -64,6 +66,10 @@ pub struct ServeArgs {
     /// The model's name in the API (default: the model file's or directory's name).
     #[arg(long)]
     model_name: Option<String>,
+    /// How /v1/embeddings pools a sequence's hidden states (default: as the model
+    /// directory's sentence-transformers 1_Pooling/config.json says, else the last token).
+    #[arg(long, value_enum)]
+    pooling: Option<Pooling>,
 }
 
 /// What every handler shares.
@@ -71,6 +77,8 @@ pub struct State {
     engine: Engine,
     tokenizer: Arc<Tokenizer>,
     metrics: Metrics,
+    /// `None` with `--gpu-layers`, whose placed weights a second executor cannot use.
+    embedder: Option<Embedder>,
     model_name: String,
     /// Positions of the model's context: prompt plus reply.
     context: usize,
@@ -116,6 +124,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         session::load_model(path, args.model.tokenizer.as_deref(), args.model.context)
             .with_context(|| format!("cannot load the model {}", path.display()))?;
     let model = chosen.place(model)?;
+    let embedder = match args.model.device.gpu_layers {
+        Some(_) => None,
+        None => {
+            let pooling = args
+                .pooling
+                .or_else(|| Pooling::from_model_dir(path))
+                .unwrap_or(Pooling::Last);
+            let exec = args.model.device.executor()?.exec;
+            Some(Embedder::new(model.clone(), exec, pooling))
+        }
+    };
     let mut config = EngineConfig::default();
     if let Some(n) = args.max_batch_total_tokens {
         config.max_batch_total_tokens = n;
@@ -130,6 +149,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         engine,
         tokenizer: Arc::new(tokenizer),
         metrics: Metrics::new(),
+        embedder,
         model_name: args.model_name.unwrap_or_else(|| default_name(path)),
         context,
         started: routes::unix_now(),

@@ -8,6 +8,7 @@
 //! | `GET /metrics`              | Prometheus text ([`super::metrics`])                  |
 //! | `POST /v1/chat/completions` | a chat reply, whole or streamed                       |
 //! | `POST /v1/completions`      | a text continuation, whole or streamed                |
+//! | `POST /v1/embeddings`       | pooled hidden states ([`super::embeddings`])          |
 //!
 //! Every other path answers 404, every bad request 400 and a body over the limit 413, all
 //! with an OpenAI-style JSON error.
@@ -23,6 +24,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use super::embeddings::EmbeddingRequest;
 use super::error::ApiError;
 use super::generation::{submit, Job};
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
@@ -38,6 +40,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .fallback(|| async {
             let mut e = ApiError::invalid(None, "no such route");
             e.status = StatusCode::NOT_FOUND;
@@ -107,6 +110,23 @@ async fn completions(
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Text, arrived, result).await
+}
+
+async fn embeddings(
+    Shared(state): Shared<Arc<State>>,
+    body: Result<Json<EmbeddingRequest>, JsonRejection>,
+) -> Response {
+    let response = match body {
+        Ok(Json(request)) => super::embeddings::answer(Arc::clone(&state), request)
+            .await
+            .map(|v| Json(v).into_response()),
+        Err(rejection) => Err(rejection.into()),
+    };
+    let response = response.unwrap_or_else(IntoResponse::into_response);
+    state
+        .metrics
+        .request("embeddings", response.status().as_u16());
+    response
 }
 
 /// Generates the reply to a parsed request, and counts it in the metrics.

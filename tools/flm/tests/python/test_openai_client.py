@@ -5,8 +5,10 @@ Greedy completions are checked against llama2.c's reference text for stories260K
 the whole one.
 """
 
+import base64
 import json
 import os
+import struct
 import subprocess
 
 import openai
@@ -230,3 +232,31 @@ def test_new_bad_inputs_are_400s(client):
             model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], top_logprobs=2
         )
     assert error.value.param == "top_logprobs"
+
+
+def test_embeddings_equal_transformers(client):
+    # tests/data/stories260K/embeddings_reference.json: transformers' last_hidden_state,
+    # pooled and normalised (tools/serve/make_embeddings_reference.py); without a
+    # 1_Pooling/config.json, flm serve pools the last token.
+    reference = json.loads(
+        (REPO / "tests/data/stories260K/embeddings_reference.json").read_text())
+    # Without encoding_format the client asks for base64 and decodes it.
+    for encoding in ({}, {"encoding_format": "float"}):
+        reply = client.embeddings.create(model=MODEL_NAME, input=reference["inputs"], **encoding)
+        assert [d.index for d in reply.data] == [0, 1, 2]
+        for got, want in zip(reply.data, reference["last"]):
+            assert len(got.embedding) == len(want) == 64
+            assert max(abs(g - w) for g, w in zip(got.embedding, want)) < 1e-4
+        assert reply.usage.prompt_tokens == sum(len(i) for i in reference["inputs"])
+    text = client.embeddings.create(model=MODEL_NAME, input="Once upon a time")
+    assert len(text.data[0].embedding) == 64
+    raw = client.embeddings.create(
+        model=MODEL_NAME, input="Once upon a time", encoding_format="base64")
+    floats = struct.unpack("<64f", base64.b64decode(raw.data[0].embedding))
+    assert max(abs(a - b) for a, b in zip(floats, text.data[0].embedding)) < 1e-6
+    with pytest.raises(openai.BadRequestError) as error:
+        client.embeddings.create(model=MODEL_NAME, input=[[]])
+    assert error.value.param == "input"
+    with pytest.raises(openai.BadRequestError) as error:
+        client.embeddings.create(model=MODEL_NAME, input="hi", dimensions=8)
+    assert error.value.param == "dimensions"
