@@ -12,6 +12,7 @@
 //! rather than string-keyed dispatch (see docs/architecture.md).
 
 mod alibi;
+mod constraint;
 mod contract;
 mod data;
 mod device;
@@ -32,6 +33,7 @@ mod rope;
 mod sampling;
 
 pub use alibi::alibi_slopes;
+pub use constraint::{Constraint, Nfa, Pattern};
 pub use contract::CheckedOp;
 pub use data::Data;
 pub use device::BaseDevice;

@@ -42,7 +42,9 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use flm_core::{Error as CoreError, Executor, PagedKvCache, Sampler, SamplerConfig, TokenLogprobs};
+use flm_core::{
+    Constraint, Error as CoreError, Executor, PagedKvCache, Sampler, SamplerConfig, TokenLogprobs,
+};
 
 use crate::llama::LlamaBatch;
 use crate::{Error, ModelConfig, Result, SharedModel};
@@ -89,7 +91,7 @@ impl Default for EngineConfig {
 }
 
 /// One generation request, in token ids.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Request {
     /// The sequence from position 0 (BOS included by the caller).
     pub prompt: Vec<u32>,
@@ -104,6 +106,10 @@ pub struct Request {
     /// `Some(k)`: every [`Event::Token`] carries the token's log-probability and the `k`
     /// most likely tokens' ([`flm_core::log_softmax_top`]); `None`: none.
     pub logprobs: Option<usize>,
+    /// Structured output: only tokens that keep the reply within the constraint's
+    /// language are sampled, a stop token only once the reply is a whole word of it, and
+    /// the request stops by itself when no character can extend it.
+    pub constraint: Option<Constraint>,
 }
 
 /// What the engine tells a request's callback.
@@ -301,6 +307,7 @@ impl Engine {
             max_tokens: request.max_tokens,
             stop,
             logprobs: request.logprobs,
+            constraint: request.constraint,
             on_event,
         };
         let sender = self.sender.as_ref().ok_or(Error::EngineStopped)?;

@@ -76,6 +76,7 @@ fn request(
         max_tokens,
         stop_tokens: tokenizer.eos_id().into_iter().collect(),
         logprobs: None,
+        constraint: None,
     }
 }
 
@@ -290,6 +291,7 @@ fn logprobs_equal_the_log_softmax_of_transformers_logits() {
         max_tokens: 5,
         stop_tokens: Vec::new(),
         logprobs: Some(5),
+        constraint: None,
     };
     engine
         .submit(

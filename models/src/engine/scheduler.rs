@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
-use flm_core::{log_softmax_top, Executor, PagedKvCache, Sampler};
+use flm_core::{log_softmax_top, Constraint, Executor, PagedKvCache, Sampler};
 
 use super::prefix::PrefixCache;
 use super::{EngineStats, Event, Finish, FinishReason, OnEvent};
@@ -20,6 +20,7 @@ pub(super) struct Pending {
     /// Stop and end-of-sequence ids.
     pub stop: Vec<u32>,
     pub logprobs: Option<usize>,
+    pub constraint: Option<Constraint>,
     pub on_event: OnEvent,
 }
 
@@ -32,6 +33,7 @@ struct Seq {
     max_tokens: usize,
     stop: Vec<u32>,
     logprobs: Option<usize>,
+    constraint: Option<Constraint>,
     on_event: OnEvent,
     /// Its block table.
     blocks: Vec<u32>,
@@ -145,6 +147,7 @@ impl Scheduler {
             max_tokens: p.max_tokens,
             stop: p.stop,
             logprobs: p.logprobs,
+            constraint: p.constraint,
             on_event: p.on_event,
             blocks: Vec::new(),
             cached: 0,
@@ -403,15 +406,35 @@ impl Scheduler {
     /// Samples `seq`'s next token from `logits` and delivers it.
     fn sample(&mut self, seq: &mut Seq, logits: &[f32], max_seq: usize) -> Outcome {
         let generated = &seq.tokens[seq.prompt_len..];
+        let masked;
+        let allowed = match &seq.constraint {
+            Some(c) => {
+                masked = {
+                    let mut l = logits.to_vec();
+                    if c.mask(&mut l, &seq.stop) == 0 {
+                        let e = "no token continues the reply within its constraint";
+                        return Outcome::Finished(FinishReason::Error(e.into()));
+                    }
+                    l
+                };
+                &masked[..]
+            }
+            None => logits,
+        };
         let next = match seq
             .sampler
-            .sample_with_output(logits, &seq.tokens, generated)
+            .sample_with_output(allowed, &seq.tokens, generated)
         {
             Ok(t) => t,
             Err(e) => return Outcome::Finished(FinishReason::Error(e.to_string())),
         };
         if seq.stop.contains(&next) {
             return Outcome::Finished(FinishReason::Stop);
+        }
+        if let Some(c) = &mut seq.constraint {
+            if let Err(e) = c.advance(next) {
+                return Outcome::Finished(FinishReason::Error(e.to_string()));
+            }
         }
         let logprobs = match seq.logprobs.map(|k| log_softmax_top(logits, next, k)) {
             None => None,
@@ -422,6 +445,9 @@ impl Scheduler {
         self.counters.generated_tokens += 1;
         if (seq.on_event)(Event::Token(next, logprobs)).is_break() {
             return Outcome::Cancelled;
+        }
+        if seq.constraint.as_ref().is_some_and(Constraint::finished) {
+            return Outcome::Finished(FinishReason::Stop);
         }
         let pool = self.kv.allocator().total() * self.kv.block_size();
         let pre = self.batch.config().pre_seq_len;

@@ -10,7 +10,7 @@
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use flm_core::TokenLogprobs;
+use flm_core::{Constraint, TokenLogprobs};
 use flm_models::engine::{Event, FinishReason, Request};
 use flm_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -36,6 +36,8 @@ pub struct Job {
     pub stop_tokens: Vec<u32>,
     /// When the request arrived (for the time to first token).
     pub arrived: Instant,
+    /// The structured output's constraint, if any.
+    pub constraint: Option<Constraint>,
 }
 
 /// One generated token's log-probability and its most likely alternatives', each token
@@ -118,6 +120,7 @@ pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
         max_tokens: job.max_tokens,
         stop_tokens: job.stop_tokens,
         logprobs: job.params.logprobs,
+        constraint: job.constraint,
     };
     let on_event = Box::new(move |event| match tx.send(event) {
         Ok(()) => ControlFlow::Continue(()),

@@ -21,6 +21,7 @@ mod params;
 mod prompt;
 mod respond;
 mod routes;
+mod schema;
 mod text;
 
 use std::io::Write;
@@ -79,6 +80,9 @@ pub struct State {
     metrics: Metrics,
     /// `None` with `--gpu-layers`, whose placed weights a second executor cannot use.
     embedder: Option<Embedder>,
+    /// Each token's text alone, for structured output; `None` for control tokens and
+    /// pieces of a character.
+    token_texts: Arc<Vec<Option<String>>>,
     model_name: String,
     /// Positions of the model's context: prompt plus reply.
     context: usize,
@@ -110,6 +114,19 @@ fn default_name(model: &Path) -> String {
         model.file_stem()
     };
     name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+}
+
+/// The text of every token decoded alone (as in the middle of a text), `None` where that is
+/// empty or not whole characters.
+fn token_texts(tokenizer: &Tokenizer) -> Vec<Option<String>> {
+    (0..tokenizer.vocab_size() as u32)
+        .map(|id| {
+            let mut decoder = tokenizer.stream_decoder(false);
+            let mut text = decoder.push(id).ok()?;
+            text.push_str(&decoder.finish());
+            (!text.is_empty() && !text.contains('\u{FFFD}')).then_some(text)
+        })
+        .collect()
 }
 
 /// Loads the model, starts the engine and serves until Ctrl-C or SIGTERM.
@@ -147,6 +164,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let context = engine.config().max_seq_len;
     let state = Arc::new(State {
         engine,
+        token_texts: Arc::new(token_texts(&tokenizer)),
         tokenizer: Arc::new(tokenizer),
         metrics: Metrics::new(),
         embedder,

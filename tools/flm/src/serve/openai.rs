@@ -67,6 +67,8 @@ pub struct Sampling {
     pub logit_bias: Option<serde_json::Value>,
     /// An identifier of the end user, unused; a string if given.
     pub user: Option<serde_json::Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}` ([`super::schema`]).
+    pub response_format: Option<serde_json::Value>,
 }
 
 /// One message of a chat request.

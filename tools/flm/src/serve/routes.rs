@@ -29,7 +29,8 @@ use super::error::ApiError;
 use super::generation::{submit, Job};
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
-use super::{page, params, prompt, State};
+use super::{page, params, prompt, schema, State};
+use flm_core::{Constraint, Nfa};
 
 /// The router of every route, sharing `state`.
 pub fn router(state: Arc<State>) -> Router {
@@ -158,6 +159,21 @@ async fn generate(
     echo: bool,
 ) -> Result<Response, ApiError> {
     let params = params::check(sampling, &state.model_name, crate::generate::clock_seed())?;
+    let constraint = match schema::response_format(sampling.response_format.as_ref())? {
+        Some(pattern) => {
+            let nfa = Nfa::new(&pattern).map_err(|e| {
+                ApiError::invalid(
+                    Some("response_format"),
+                    format!("the schema is too large: {e}"),
+                )
+            })?;
+            Some(Constraint::new(
+                Arc::new(nfa),
+                Arc::clone(&state.token_texts),
+            ))
+        }
+        None => None,
+    };
     let (param, default_max, stop_tokens) = match api {
         // OpenAI: a chat reply may fill the context, a completion stops after 16 tokens.
         Api::Chat => ("messages", None, state.tokenizer.chat_stop_ids()),
@@ -191,6 +207,7 @@ async fn generate(
         max_tokens,
         stop_tokens,
         arrived,
+        constraint,
     };
     // Each choice is a request of its own, with the next seed; a refused one cancels
     // those before it when they are dropped.

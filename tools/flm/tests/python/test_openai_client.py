@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 
+import jsonschema
 import openai
 import pytest
 
@@ -260,3 +261,61 @@ def test_embeddings_equal_transformers(client):
     with pytest.raises(openai.BadRequestError) as error:
         client.embeddings.create(model=MODEL_NAME, input="hi", dimensions=8)
     assert error.value.param == "dimensions"
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0},
+        "happy": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+        "color": {"enum": ["red", "green", "blue"]},
+        "pet": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+            "kind": {"type": "string"}, "legs": {"type": "number"}}}]},
+    },
+    "required": ["name", "age", "happy", "tags", "color", "pet"],
+}
+
+
+def test_fifty_schema_constrained_replies_parse_and_validate(client):
+    # stories260K writes stories, not JSON: every reply is JSON only by the constraint.
+    replies = []
+    for seed in range(5):
+        reply = client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "Tell me about Lily."}],
+            max_tokens=400, temperature=1.0, seed=seed, n=10,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "person", "schema": PERSON}},
+        )
+        replies += [c.message.content for c in reply.choices]
+        assert all(c.finish_reason == "stop" for c in reply.choices)
+    assert len(replies) == 50
+    for text in replies:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert len(set(replies)) > 1
+
+
+def test_json_object_replies_parse(client):
+    reply = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Once upon a time"}],
+        max_tokens=400, temperature=1.0, seed=1, n=10,
+        response_format={"type": "json_object"},
+    )
+    for choice in reply.choices:
+        assert isinstance(json.loads(choice.message.content), dict), choice.message.content
+
+
+def test_bad_response_formats_are_400s(client):
+    for response_format in [
+        {"type": "xml"},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/a"}}},
+    ]:
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(
+                model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                response_format=response_format,
+            )
+        assert error.value.param == "response_format"
+        assert error.value.message
