@@ -284,7 +284,6 @@ fn logprobs_equal_the_log_softmax_of_transformers_logits() {
     let max = last.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let log_z = max + last.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
     let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
-    let (tx, rx) = mpsc::channel();
     let req = Request {
         prompt: vec![1, 403, 407, 261, 378, 432, 383, 286],
         sampler: SamplerConfig::default(),
@@ -293,15 +292,7 @@ fn logprobs_equal_the_log_softmax_of_transformers_logits() {
         logprobs: Some(5),
         constraint: None,
     };
-    engine
-        .submit(
-            req,
-            Box::new(move |e| {
-                let _ = tx.send(e);
-                ControlFlow::Continue(())
-            }),
-        )
-        .unwrap();
+    let rx = submit(&engine, req);
     let tokens: Vec<(u32, flm_core::TokenLogprobs)> = rx
         .iter()
         .filter_map(|e| match e {

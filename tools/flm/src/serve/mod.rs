@@ -23,6 +23,7 @@ mod respond;
 mod routes;
 mod schema;
 mod text;
+mod tools;
 
 use std::io::Write;
 use std::net::SocketAddr;

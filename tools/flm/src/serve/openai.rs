@@ -74,10 +74,15 @@ pub struct Sampling {
 /// One message of a chat request.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant` (or a role the model's template knows).
+    /// `system`, `user`, `assistant`, `tool` (or a role the model's template knows).
     pub role: String,
-    /// A string, or a list of `{"type": "text", "text": ...}` parts.
-    pub content: Content,
+    /// A string, or a list of `{"type": "text", "text": ...}` parts; null or absent for an
+    /// assistant message that only calls tools.
+    pub content: Option<Content>,
+    /// An assistant message's calls, as the reply gave them.
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// The `content` of a message.
@@ -105,6 +110,10 @@ pub struct ContentPart {
 pub struct ChatRequest {
     /// The conversation, rendered with the model's chat template.
     pub messages: Vec<ChatMessage>,
+    /// Functions the model may call ([`super::tools`]).
+    pub tools: Option<serde_json::Value>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<serde_json::Value>,
     /// Sampling and streaming.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -170,6 +179,9 @@ pub struct Delta {
     /// The text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The tools called (OpenAI's `tool_calls`; in a chunk, each with its `index`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
 }
 
 /// One choice of a chat response or chunk.

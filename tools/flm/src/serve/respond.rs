@@ -31,6 +31,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use super::error::ApiError;
 use super::generation::{drive, Done, Outcome, Piece, Submitted, TokenLogprob};
 use super::openai::{ChatBody, ChatChoice, Completion, Delta, TextChoice, Usage};
+use super::tools::Tools;
 use super::State;
 
 /// Which API a request came through.
@@ -67,6 +68,8 @@ pub struct Header {
     pub echo: String,
     /// Whether the request asked for log-probabilities.
     pub logprobs: bool,
+    /// Chat with tools whose calls are parsed from the reply (not `tool_choice: none`).
+    pub tools: Option<Tools>,
 }
 
 /// One choice's part of an object: its index, its text (of a chunk, or all of it), the
@@ -76,6 +79,7 @@ struct Part<'a> {
     index: usize,
     role: bool,
     text: Option<String>,
+    tool_calls: Option<Vec<Value>>,
     logprobs: &'a [TokenLogprob],
     offset: usize,
     finish: Option<&'static str>,
@@ -94,6 +98,7 @@ impl<'a> Part<'a> {
             index,
             role: false,
             text,
+            tool_calls: None,
             logprobs,
             offset,
             finish,
@@ -169,6 +174,7 @@ impl Header {
                         let delta = Delta {
                             role: p.role.then_some("assistant"),
                             content: p.text,
+                            tool_calls: p.tool_calls,
                         };
                         ChatChoice {
                             index: p.index,
@@ -200,6 +206,27 @@ impl Header {
                     })
                     .collect();
                 self.object("text_completion", choices, usage)
+            }
+        }
+    }
+
+    /// Choice `index`'s reply `text` as content and tool calls, and its finish reason
+    /// (`tool_calls` when it called any), when the request has tools.
+    fn calls(
+        &self,
+        text: &str,
+        index: usize,
+        finish: &'static str,
+    ) -> (Option<String>, Option<Vec<Value>>, &'static str) {
+        match &self.tools {
+            None => (Some(text.to_owned()), None, finish),
+            Some(tools) => {
+                let (content, calls) = tools.parse(text, &format!("call-{}-{index}", self.id));
+                if calls.is_empty() {
+                    (content, None, finish)
+                } else {
+                    (content, Some(calls), "tool_calls")
+                }
             }
         }
     }
@@ -271,13 +298,17 @@ pub async fn whole(
     let echo_chars = header.echo.chars().count();
     let parts = choices
         .iter()
-        .map(|(index, text, logprobs, done)| Part {
-            index: *index,
-            role: true,
-            text: Some(format!("{}{text}", header.echo)),
-            logprobs,
-            offset: echo_chars,
-            finish: Some(done.finish_reason),
+        .map(|(index, text, logprobs, done)| {
+            let (text, tool_calls, finish) = header.calls(text, *index, done.finish_reason);
+            Part {
+                index: *index,
+                role: true,
+                text: Some(format!("{}{}", header.echo, text.unwrap_or_default())),
+                tool_calls,
+                logprobs,
+                offset: echo_chars,
+                finish: Some(finish),
+            }
         })
         .collect();
     Ok(Json(header.with_parts(true, parts, Some(usage))).into_response())
@@ -313,7 +344,14 @@ pub fn stream(
                     return Outcome::ClientGone;
                 }
                 let mut offset = header.echo.chars().count();
+                // With tools, the reply is held until its end, where its calls are known.
+                let mut held = (String::new(), Vec::new());
                 let outcome = drive(&state, submitted, |piece: Piece| {
+                    if header.tools.is_some() {
+                        held.0.push_str(&piece.text);
+                        held.1.extend(piece.logprobs);
+                        return true;
+                    }
                     let part = Part::chunk(index, Some(piece.text), &piece.logprobs, offset, None);
                     let chunk = header.chunk(part);
                     offset += piece
@@ -325,7 +363,25 @@ pub fn stream(
                 })
                 .await;
                 if let Outcome::Done(done) = &outcome {
-                    let last = Part::chunk(index, None, &[], offset, Some(done.finish_reason));
+                    let mut finish = done.finish_reason;
+                    if header.tools.is_some() {
+                        let (text, calls, reason) = header.calls(&held.0, index, finish);
+                        finish = reason;
+                        let mut part = Part::chunk(index, text, &held.1, offset, None);
+                        part.tool_calls = calls.map(|calls| {
+                            (0..)
+                                .zip(calls)
+                                .map(|(i, mut c)| {
+                                    c["index"] = i.into();
+                                    c
+                                })
+                                .collect()
+                        });
+                        if !send(header.chunk(part)) {
+                            return Outcome::ClientGone;
+                        }
+                    }
+                    let last = Part::chunk(index, None, &[], offset, Some(finish));
                     if !send(header.chunk(last)) {
                         return Outcome::ClientGone;
                     }

@@ -29,7 +29,7 @@ use super::error::ApiError;
 use super::generation::{submit, Job};
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
-use super::{page, params, prompt, schema, State};
+use super::{page, params, prompt, schema, tools, State};
 use flm_core::{Constraint, Nfa};
 
 /// The router of every route, sharing `state`.
@@ -92,8 +92,16 @@ async fn chat(
 ) -> Response {
     let arrived = Instant::now();
     let result = match body {
-        Ok(Json(request)) => prompt::chat(&state.tokenizer, &request.messages)
-            .map(|ids| (ids, request.sampling, false)),
+        Ok(Json(request)) => tools::check(request.tools.as_ref(), request.tool_choice.as_ref())
+            .and_then(|tools| {
+                let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref())?;
+                Ok(Parsed {
+                    ids,
+                    sampling: request.sampling,
+                    echo: false,
+                    tools,
+                })
+            }),
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Chat, arrived, result).await
@@ -107,7 +115,12 @@ async fn completions(
     let result = match body {
         Ok(Json(request)) => params::check_completion(&request)
             .and_then(|()| prompt::completion(&state.tokenizer, &request.prompt))
-            .map(|ids| (ids, request.sampling, request.echo)),
+            .map(|ids| Parsed {
+                ids,
+                sampling: request.sampling,
+                echo: request.echo,
+                tools: None,
+            }),
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Text, arrived, result).await
@@ -130,17 +143,25 @@ async fn embeddings(
     response
 }
 
+/// A completion request as the two endpoints parse it.
+struct Parsed {
+    ids: prompt::Ids,
+    sampling: Sampling,
+    /// Completions: start the text with the prompt's.
+    echo: bool,
+    /// Chat: the checked tools.
+    tools: Option<tools::Tools>,
+}
+
 /// Generates the reply to a parsed request, and counts it in the metrics.
 async fn answer(
     state: Arc<State>,
     api: Api,
     arrived: Instant,
-    request: Result<(prompt::Ids, Sampling, bool), ApiError>,
+    request: Result<Parsed, ApiError>,
 ) -> Response {
     let response = match request {
-        Ok((ids, sampling, echo)) => {
-            generate(Arc::clone(&state), api, arrived, ids, &sampling, echo).await
-        }
+        Ok(parsed) => generate(Arc::clone(&state), api, arrived, parsed).await,
         Err(e) => Err(e),
     };
     let response = response.unwrap_or_else(IntoResponse::into_response);
@@ -154,12 +175,28 @@ async fn generate(
     state: Arc<State>,
     api: Api,
     arrived: Instant,
-    ids: prompt::Ids,
-    sampling: &Sampling,
-    echo: bool,
+    parsed: Parsed,
 ) -> Result<Response, ApiError> {
-    let params = params::check(sampling, &state.model_name, crate::generate::clock_seed())?;
-    let constraint = match schema::response_format(sampling.response_format.as_ref())? {
+    let Parsed {
+        ids,
+        sampling,
+        echo,
+        tools,
+    } = parsed;
+    let params = params::check(&sampling, &state.model_name, crate::generate::clock_seed())?;
+    let format = schema::response_format(sampling.response_format.as_ref())?;
+    let call = tools
+        .as_ref()
+        .map(tools::Tools::pattern)
+        .transpose()?
+        .flatten();
+    if format.is_some() && call.is_some() {
+        return Err(ApiError::invalid(
+            Some("response_format"),
+            "response_format cannot be combined with a tool_choice that forces a call",
+        ));
+    }
+    let constraint = match format.or(call) {
         Some(pattern) => {
             let nfa = Nfa::new(&pattern).map_err(|e| {
                 ApiError::invalid(
@@ -229,6 +266,7 @@ async fn generate(
         model: state.model_name.clone(),
         echo,
         logprobs,
+        tools: tools.filter(|t| t.choice != tools::Choice::None),
     };
     if stream {
         Ok(respond::stream(state, header, submitted, include_usage))

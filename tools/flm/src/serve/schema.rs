@@ -144,7 +144,7 @@ pub fn response_format(format: Option<&Value>) -> Result<Option<Pattern>, ApiErr
             let schema = format["json_schema"]
                 .get("schema")
                 .ok_or_else(|| bad("json_schema needs a schema: {\"json_schema\": {\"name\": ..., \"schema\": {...}}}"))?;
-            from_schema(schema, 0).map(Some)
+            pattern(schema).map(Some)
         }
         _ => Err(bad(format!(
             "response_format.type must be text, json_object or json_schema, got {}",
@@ -153,7 +153,14 @@ pub fn response_format(format: Option<&Value>) -> Result<Option<Pattern>, ApiErr
     }
 }
 
-/// The JSON texts `schema` accepts, within our bounds.
+/// The JSON texts `schema` accepts, within our bounds (see the module docs).
+///
+/// Errors: 400 about `response_format` for a schema using what is not supported.
+pub fn pattern(schema: &Value) -> Result<Pattern, ApiError> {
+    from_schema(schema, 0)
+}
+
+/// The JSON texts `schema` accepts, within our bounds, `depth` schemas deep.
 fn from_schema(schema: &Value, depth: usize) -> Result<Pattern, ApiError> {
     if depth > DEPTH_MAX {
         return Err(bad(format!("schemas nested more than {DEPTH_MAX} deep")));

@@ -141,10 +141,13 @@ fn bad_requests_get_openai_errors() {
         ("max_tokens", json!(0)),
         ("presence_penalty", json!(2.5)),
         ("frequency_penalty", json!(-9)),
-        ("n", json!(3)),
+        ("n", json!(0)),
+        ("n", json!(129)),
+        ("logprobs", json!(21)),
+        ("top_logprobs", json!(2)),
         ("stop", json!(["a", "b", "c", "d", "e"])),
         ("stop", json!("")),
-        ("echo", json!(true)),
+        ("response_format", json!({"type": "xml"})),
         ("logit_bias", json!({"50256": -100})),
         ("user", json!(42)),
         ("suffix", json!(" the end")),
@@ -158,7 +161,8 @@ fn bad_requests_get_openai_errors() {
     let (status, body) = server.post(
         completions,
         &json!({"prompt": "x", "max_tokens": 1, "logit_bias": {}, "user": "u", "suffix": "",
-                "best_of": 1}),
+                "best_of": 1, "n": 1, "logprobs": null, "echo": false,
+                "response_format": {"type": "text"}}),
     );
     assert_eq!(status, 200, "{body}");
     // A body over the limit (2 MiB): 413.
