@@ -1,5 +1,11 @@
-//! `response_format`: structured output as a regular language of JSON texts, which the
-//! engine enforces token by token ([`flm_core::Constraint`]).
+//! `response_format`: structured output as a regular language of JSON texts (or of a
+//! regular expression), which the engine enforces token by token
+//! ([`flm_core::Constraint`]).
+//!
+//! `{"type": "regex", "regex": R}` (an extension, as vLLM's guided regex) is the texts
+//! that R matches whole, parsed by `regex-syntax`; an unbounded repetition (`*`, `+`,
+//! `{n,}`) stops after 64 more, so that every reply ends; anchors and look-arounds are
+//! a 400.
 //!
 //! `{"type": "json_object"}` is any JSON object up to a fixed size (keys and strings of at
 //! most 16 characters, at most 4 members or items, nested 2 deep); `{"type": "json_schema",
@@ -140,6 +146,12 @@ pub fn response_format(format: Option<&Value>) -> Result<Option<Pattern>, ApiErr
     match format["type"].as_str() {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(object(OBJECT_DEPTH))),
+        Some("regex") => {
+            let text = format["regex"]
+                .as_str()
+                .ok_or_else(|| bad("a regex response_format needs \"regex\": a string"))?;
+            regex(text).map(Some)
+        }
         Some("json_schema") => {
             let schema = format["json_schema"]
                 .get("schema")
@@ -147,10 +159,52 @@ pub fn response_format(format: Option<&Value>) -> Result<Option<Pattern>, ApiErr
             pattern(schema).map(Some)
         }
         _ => Err(bad(format!(
-            "response_format.type must be text, json_object or json_schema, got {}",
+            "response_format.type must be text, json_object, json_schema or regex, got {}",
             format["type"]
         ))),
     }
+}
+
+/// Repetitions an unbounded regex repetition allows beyond its minimum.
+const REGEX_UNBOUNDED: u32 = 64;
+
+/// The texts `regex` matches whole (see the module docs).
+fn regex(regex: &str) -> Result<Pattern, ApiError> {
+    let hir = regex_syntax::Parser::new()
+        .parse(regex)
+        .map_err(|e| bad(format!("the regex does not parse: {e}")))?;
+    from_hir(&hir)
+}
+
+fn from_hir(hir: &regex_syntax::hir::Hir) -> Result<Pattern, ApiError> {
+    use regex_syntax::hir::{Class, HirKind};
+    Ok(match hir.kind() {
+        HirKind::Empty => lit(""),
+        HirKind::Literal(l) => lit(std::str::from_utf8(&l.0)
+            .map_err(|_| bad("the regex matches bytes that are not UTF-8"))?),
+        HirKind::Class(Class::Unicode(c)) => {
+            Pattern::Class(c.ranges().iter().map(|r| (r.start(), r.end())).collect())
+        }
+        HirKind::Class(Class::Bytes(_)) => {
+            return Err(bad("byte classes are not supported in a regex"))
+        }
+        HirKind::Look(_) => {
+            return Err(bad(
+                "anchors and look-arounds are not supported: the regex matches the whole reply",
+            ))
+        }
+        HirKind::Repetition(r) => {
+            let max = r.max.unwrap_or(r.min.saturating_add(REGEX_UNBOUNDED));
+            repeat(from_hir(&r.sub)?, r.min as usize, max as usize)
+        }
+        HirKind::Capture(c) => from_hir(&c.sub)?,
+        HirKind::Concat(items) => {
+            Pattern::Seq(items.iter().map(from_hir).collect::<Result<_, _>>()?)
+        }
+        HirKind::Alternation(items) => {
+            Pattern::Alt(items.iter().map(from_hir).collect::<Result<_, _>>()?)
+        }
+    })
 }
 
 /// The JSON texts `schema` accepts, within our bounds (see the module docs).
@@ -337,6 +391,9 @@ mod tests {
             json!({"type": "json_schema", "json_schema": {"schema": {"type": "string",
                 "maxLength": 100000}}}),
             json!({"type": "json_schema", "json_schema": {"schema": 3}}),
+            json!({"type": "regex", "regex": "(unclosed"}),
+            json!({"type": "regex", "regex": "^a$"}),
+            json!({"type": "regex"}),
         ] {
             let e = response_format(Some(&format)).unwrap_err();
             assert_eq!((e.status.as_u16(), e.param), (400, Some("response_format")));

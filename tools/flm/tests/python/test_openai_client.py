@@ -8,6 +8,7 @@ the whole one.
 import base64
 import json
 import os
+import re
 import struct
 import subprocess
 
@@ -319,3 +320,14 @@ def test_bad_response_formats_are_400s(client):
             )
         assert error.value.param == "response_format"
         assert error.value.message
+
+
+def test_regex_constrained_replies_match(client):
+    pattern = r"(yes|no), [a-z]{3,8} [0-9]{1,3}!"
+    reply = client.completions.create(
+        model=MODEL_NAME, prompt="Once upon a time", max_tokens=60, temperature=1.0, seed=4,
+        n=10, extra_body={"response_format": {"type": "regex", "regex": pattern}},
+    )
+    for choice in reply.choices:
+        assert re.fullmatch(pattern, choice.text), choice.text
+        assert choice.finish_reason == "stop"
