@@ -5,7 +5,8 @@
 //! `{"type": "regex", "regex": R}` (an extension, as vLLM's guided regex) is the texts
 //! that R matches whole, parsed by `regex-syntax`; an unbounded repetition (`*`, `+`,
 //! `{n,}`) stops after 64 more, so that every reply ends; anchors and look-arounds are
-//! a 400.
+//! a 400. The language constrains the tokens' texts as decoded mid-text, so a chat reply,
+//! whose first SentencePiece space is dropped when shown, should not start with a space.
 //!
 //! `{"type": "json_object"}` is any JSON object up to a fixed size (keys and strings of at
 //! most 16 characters, at most 4 members or items, nested 2 deep); `{"type": "json_schema",
