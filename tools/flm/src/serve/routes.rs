@@ -92,16 +92,20 @@ async fn chat(
 ) -> Response {
     let arrived = Instant::now();
     let result = match body {
-        Ok(Json(request)) => tools::check(request.tools.as_ref(), request.tool_choice.as_ref())
-            .and_then(|tools| {
-                let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref())?;
-                Ok(Parsed {
-                    ids,
-                    sampling: request.sampling,
-                    echo: false,
-                    tools,
-                })
-            }),
+        Ok(Json(request)) => tools::check(
+            request.tools.as_ref(),
+            request.tool_choice.as_ref(),
+            state.tokenizer.chat_template(),
+        )
+        .and_then(|tools| {
+            let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref())?;
+            Ok(Parsed {
+                ids,
+                sampling: request.sampling,
+                echo: false,
+                tools,
+            })
+        }),
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Chat, arrived, result).await

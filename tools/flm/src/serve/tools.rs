@@ -1,8 +1,10 @@
 //! Tool calls in OpenAI's shape: the request's `tools` go to the model's chat template
 //! ([`flm_tokenizer::Tokenizer::encode_chat_with_tools`]), and the reply's calls, written
 //! in the Hermes format that Qwen2.5, Qwen3 and many fine-tunes use
-//! (`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`), come back as
-//! `tool_calls` with `finish_reason: "tool_calls"`.
+//! (`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`) or, as Llama 3.1
+//! answers, as a reply that is one JSON object `{"name": ..., "parameters": {...}}`, come
+//! back as `tool_calls` with `finish_reason: "tool_calls"`. A forced call is written in
+//! the Hermes format when the template mentions `<tool_call>`, else in Llama 3.1's.
 //!
 //! `tool_choice`: `none` (the reply is text, nothing is parsed), `auto` (the default: calls
 //! are parsed where the model writes them), `required` or a named function: the reply is
@@ -40,6 +42,8 @@ pub struct Tools {
     pub choice: Choice,
     /// Each function's name and `parameters` schema.
     functions: Vec<(String, Value)>,
+    /// Forced calls in the Hermes format (else Llama 3.1's JSON).
+    hermes: bool,
 }
 
 fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
@@ -52,10 +56,12 @@ fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
 /// with a name of 1 to 64 letters, digits, `_` or `-`, `parameters` that are not an object,
 /// two tools of one name, a `tool_choice` that is not `none`, `auto`, `required` or
 /// `{"type": "function", "function": {"name": N}}`, a named tool that is not in `tools`,
-/// and `required` or a named tool without tools.
+/// and `required` or a named tool without tools. `template` is the model's chat template,
+/// which tells the format of forced calls.
 pub fn check(
     tools: Option<&Value>,
     tool_choice: Option<&Value>,
+    template: Option<&str>,
 ) -> Result<Option<Tools>, ApiError> {
     let list = match tools {
         None | Some(Value::Null) => Vec::new(),
@@ -132,6 +138,7 @@ pub fn check(
         list: Value::Array(list),
         choice,
         functions,
+        hermes: template.is_none_or(|t| t.contains("<tool_call>")),
     }))
 }
 
@@ -154,11 +161,19 @@ impl Tools {
                     e.message = format!("the parameters of {name}: {}", e.message);
                     e
                 })?;
-                let head = format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", json!(name));
+                let (head, tail) = if self.hermes {
+                    let head = format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", json!(name));
+                    (head, "}\n</tool_call>")
+                } else {
+                    (
+                        format!("{{\"name\": {}, \"parameters\": ", json!(name)),
+                        "}",
+                    )
+                };
                 Ok(Pattern::Seq(vec![
                     Pattern::Literal(head),
                     arguments,
-                    Pattern::Literal("}\n</tool_call>".into()),
+                    Pattern::Literal(tail.into()),
                 ]))
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
@@ -167,7 +182,8 @@ impl Tools {
 
     /// The reply `text` as content (what is outside the calls, trimmed; `None` when empty)
     /// and calls (OpenAI's `tool_calls` objects, ids `{id}-{i}`); all text with `none`.
-    /// A `<tool_call>` block that is not a JSON object with a `name` stays in the content.
+    /// A `<tool_call>` block that is not a JSON object with a `name` stays in the content;
+    /// without blocks, a reply that is one JSON object naming one of the tools is a call.
     pub fn parse(&self, text: &str, id: &str) -> (Option<String>, Vec<Value>) {
         if self.choice == Choice::None {
             return (Some(text.to_owned()), Vec::new());
@@ -179,24 +195,14 @@ impl Tools {
             let Some(end) = after.find(close) else {
                 break;
             };
-            let call: Option<Value> = serde_json::from_str(after[..end].trim()).ok();
-            match call.filter(|c| c["name"].is_string()) {
+            match call(
+                after[..end].trim(),
+                &format!("{id}-{}", calls.len()),
+                |_| true,
+            ) {
                 Some(call) => {
                     content.push_str(&rest[..start]);
-                    let arguments = match &call["arguments"] {
-                        Value::Null => call["parameters"].clone(),
-                        a => a.clone(),
-                    };
-                    let arguments = match arguments {
-                        Value::String(s) => s,
-                        Value::Null => "{}".into(),
-                        a => a.to_string(),
-                    };
-                    calls.push(json!({
-                        "id": format!("{id}-{}", calls.len()),
-                        "type": "function",
-                        "function": {"name": call["name"], "arguments": arguments},
-                    }));
+                    calls.push(call);
                 }
                 None => content.push_str(&rest[..start + open.len() + end + close.len()]),
             }
@@ -204,8 +210,35 @@ impl Tools {
         }
         content.push_str(rest);
         let content = content.trim();
+        if calls.is_empty() {
+            let known = |name: &str| self.functions.iter().any(|(n, _)| n == name);
+            if let Some(call) = call(content, &format!("{id}-0"), known) {
+                return (None, vec![call]);
+            }
+        }
         ((!content.is_empty()).then(|| content.to_owned()), calls)
     }
+}
+
+/// The `tool_calls` object `id` of `text`, a JSON object with a `name` that `accept`s and
+/// its `arguments` (or Llama 3.1's `parameters`), if it is one.
+fn call(text: &str, id: &str, accept: impl Fn(&str) -> bool) -> Option<Value> {
+    let call: Value = serde_json::from_str(text).ok()?;
+    let name = call["name"].as_str().filter(|n| accept(n))?;
+    let arguments = match &call["arguments"] {
+        Value::Null => &call["parameters"],
+        a => a,
+    };
+    let arguments = match arguments {
+        Value::String(s) => s.clone(),
+        Value::Null => "{}".into(),
+        a => a.to_string(),
+    };
+    Some(json!({
+        "id": id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }))
 }
 
 #[cfg(test)]
@@ -219,7 +252,7 @@ mod tests {
 
     #[test]
     fn calls_are_parsed_from_the_hermes_format() {
-        let tools = check(Some(&weather()), None).unwrap().unwrap();
+        let tools = check(Some(&weather()), None, None).unwrap().unwrap();
         let text = "Let me see.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
                     {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>oops</tool_call>";
         let (content, calls) = tools.parse(text, "call");
@@ -235,6 +268,24 @@ mod tests {
             tools.parse("plain", "c"),
             (Some("plain".into()), Vec::new())
         );
+        // Llama 3.1's format: the whole reply is the call.
+        let llama = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+        let (content, calls) = tools.parse(llama, "c");
+        assert_eq!(content, None);
+        assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        let unknown = "{\"name\": \"get_news\", \"parameters\": {}}";
+        assert_eq!(tools.parse(unknown, "c").1, Vec::<Value>::new());
+        let llama_tools = check(
+            Some(&weather()),
+            Some(&json!("required")),
+            Some("{{ tools }}"),
+        );
+        let forced = llama_tools.unwrap().unwrap().pattern().unwrap().unwrap();
+        let Pattern::Alt(calls) = forced else {
+            panic!("{forced:?}")
+        };
+        assert!(matches!(&calls[0], Pattern::Seq(p)
+            if p[0] == Pattern::Literal("{\"name\": \"get_weather\", \"parameters\": ".into())));
     }
 
     #[test]
@@ -248,7 +299,7 @@ mod tests {
                    {"type": "function", "function": {"name": "f"}}]),
         ];
         for tools in bad_tools {
-            let e = check(Some(&tools), None).unwrap_err();
+            let e = check(Some(&tools), None, None).unwrap_err();
             assert_eq!(
                 (e.status.as_u16(), e.param),
                 (400, Some("tools")),
@@ -257,13 +308,13 @@ mod tests {
         }
         let named = json!({"type": "function", "function": {"name": "other"}});
         for choice in [json!("sometimes"), named] {
-            let e = check(Some(&weather()), Some(&choice)).unwrap_err();
+            let e = check(Some(&weather()), Some(&choice), None).unwrap_err();
             assert_eq!(e.param, Some("tool_choice"), "{choice}");
         }
-        let e = check(None, Some(&json!("required"))).unwrap_err();
+        let e = check(None, Some(&json!("required")), None).unwrap_err();
         assert_eq!(e.param, Some("tool_choice"));
-        assert_eq!(check(None, None), Ok(None));
-        let required = check(Some(&weather()), Some(&json!("required")))
+        assert_eq!(check(None, None, None), Ok(None));
+        let required = check(Some(&weather()), Some(&json!("required")), None)
             .unwrap()
             .unwrap();
         assert!(required.pattern().unwrap().is_some());
