@@ -91,7 +91,7 @@ impl Metrics {
         );
         registry.register(
             "kv_blocks_free",
-            "Free blocks of the paged KV cache",
+            "Free blocks of the paged KV cache, counting the cached prefix blocks no sequence uses",
             m.free_blocks.clone(),
         );
         registry.register(
