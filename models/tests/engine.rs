@@ -9,7 +9,7 @@ use std::ops::ControlFlow;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 
-use flm_core::SamplerConfig;
+use flm_core::{Constraint, Nfa, Pattern, SamplerConfig};
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
 use flm_models::session::{GenerateParams, Session};
 use flm_models::{Error, SharedModel};
@@ -316,6 +316,60 @@ fn logprobs_equal_the_log_softmax_of_transformers_logits() {
         assert_eq!((l.top[0].0, l.top[0].1), (*id, l.logprob));
         assert!(l.top.windows(2).all(|w| w[0].1 >= w[1].1), "{l:?}");
         assert!(l.logprob <= 0.0);
+    }
+}
+
+/// A request constrained to ` Lily saw` followed by one to three digits or ` a dog.`:
+/// whatever stories260K prefers, the reply is a word of that language, and the request ends
+/// by itself (Stop) when no character can extend it.
+#[test]
+fn a_constrained_request_stays_in_its_language_and_ends() {
+    let (model, tokenizer) = stories260k(Some(256));
+    let texts: Vec<Option<String>> = (0..tokenizer.vocab_size() as u32)
+        .map(|id| {
+            let mut decoder = tokenizer.stream_decoder(false);
+            let text = decoder.push(id).unwrap() + &decoder.finish();
+            (!text.is_empty() && !text.contains('\u{FFFD}')).then_some(text)
+        })
+        .collect();
+    let pattern = Pattern::Seq(vec![
+        Pattern::Literal(" Lily saw".into()),
+        Pattern::Alt(vec![
+            Pattern::Repeat {
+                item: Box::new(Pattern::Class(vec![('0', '9')])),
+                min: 1,
+                max: 3,
+            },
+            Pattern::Literal(" a dog.".into()),
+        ]),
+    ]);
+    let nfa = Arc::new(Nfa::new(&pattern).unwrap());
+    let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
+    let prompt = tokenizer.encode("Once upon a time", true).unwrap();
+    for seed in 0..4 {
+        let sampler = SamplerConfig {
+            temperature: 1.0,
+            seed,
+            ..SamplerConfig::default()
+        };
+        let mut req = request(&tokenizer, &prompt, &sampler, 40);
+        req.constraint = Some(Constraint::new(Arc::clone(&nfa), Arc::new(texts.clone())));
+        let (ids, reason, _) = collect(submit(&engine, req));
+        let text: String = ids
+            .iter()
+            .map(|&id| texts[id as usize].clone().unwrap())
+            .collect();
+        let digits = text
+            .strip_prefix(" Lily saw")
+            .unwrap_or_else(|| panic!("{text:?}"));
+        assert!(
+            digits == " a dog."
+                || (1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{text:?}"
+        );
+        if digits.len() == 3 || digits == " a dog." {
+            assert_eq!(reason, FinishReason::Stop, "{text:?}");
+        }
     }
 }
 
