@@ -9,6 +9,9 @@
   of --long tokens arrives. Time per output token of the streams (every gap between
   consecutive tokens of one stream, after their warm-up) over the window from the long
   prompt's arrival to its first token, against the same gaps over the warm-up; p50 and p99.
+- `constrained`: the mean time per output token of --requests streamed completions whose
+  reply a JSON schema constrains (a string of up to 200 characters and an integer), against
+  the same requests unconstrained: the cost of masking the vocabulary each step.
 
 Prompts are uniform random ids from 3 to --vocab − 1 (seeded), one request per prompt, greedy,
 stdlib only. Prints one JSON object.
@@ -17,6 +20,7 @@ Usage:
     flm serve --model tinyllama-int8.flm --tokenizer tokenizer.model --threads 2 --port 8080 &
     python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 prefix --prefix 1000
     python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 chunked --long 2000
+    python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 constrained
 """
 
 import argparse
@@ -132,6 +136,45 @@ def chunked(args, rng):
     }
 
 
+SCHEMA = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 200},
+                                           "n": {"type": "integer"}}}
+
+
+def timed_completion(url, prompt, max_tokens, response_format):
+    """Seconds per token after the first of one streamed completion, and its token count."""
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+    request = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0, "seed": 1,
+               "stream": True}
+    if response_format:
+        request["response_format"] = response_format
+    conn.request("POST", "/v1/completions", json.dumps(request),
+                 {"Content-Type": "application/json"})
+    times = []
+    for line in conn.getresponse():
+        if line.startswith(b"data: {") and json.loads(line[6:])["choices"]:
+            times.append(time.perf_counter())
+    conn.close()
+    return (times[-1] - times[0]) / max(1, len(times) - 1), len(times)
+
+
+def constrained(args, rng):
+    fmt = {"type": "json_schema", "json_schema": {"name": "bench", "schema": SCHEMA}}
+    plain, masked = [], []
+    for _ in range(args.requests):
+        prompt = [1] + [rng.randrange(3, args.vocab) for _ in range(8)]
+        masked.append(timed_completion(args.url, prompt, args.max_tokens, fmt))
+        plain.append(timed_completion(args.url, prompt, masked[-1][1], None))
+    mean = lambda xs: statistics.mean(x[0] for x in xs)
+    return {
+        "requests": args.requests,
+        "tokens_constrained": [m[1] for m in masked],
+        "tpot_plain_s": round(mean(plain), 4),
+        "tpot_constrained_s": round(mean(masked), 4),
+        "ratio": round(mean(masked) / mean(plain), 2),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8080")
@@ -146,9 +189,13 @@ def main():
     c.add_argument("--long", type=int, default=2000)
     c.add_argument("--warmup", type=int, default=16)
     c.add_argument("--max-tokens", type=int, default=1000)
+    k = sub.add_parser("constrained")
+    k.add_argument("--requests", type=int, default=3)
+    k.add_argument("--max-tokens", type=int, default=120)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    print(json.dumps(prefix(args, rng) if args.mode == "prefix" else chunked(args, rng)))
+    mode = {"prefix": prefix, "chunked": chunked, "constrained": constrained}[args.mode]
+    print(json.dumps(mode(args, rng)))
 
 
 if __name__ == "__main__":
