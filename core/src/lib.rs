@@ -12,6 +12,7 @@
 //! rather than string-keyed dispatch (see docs/architecture.md).
 
 mod alibi;
+mod constraint;
 mod contract;
 mod data;
 mod device;
@@ -33,6 +34,7 @@ mod rope;
 mod sampling;
 
 pub use alibi::alibi_slopes;
+pub use constraint::{Constraint, Nfa, Pattern};
 pub use contract::CheckedOp;
 pub use data::Data;
 pub use device::BaseDevice;
@@ -44,4 +46,4 @@ pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{LinearPart, Op, OpKind, PagedSeq};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
-pub use sampling::{argmax, Sampler, SamplerConfig};
+pub use sampling::{argmax, log_softmax_top, Sampler, SamplerConfig, TokenLogprobs};
