@@ -1,17 +1,17 @@
 //! Llama 3 (llama3 RoPE scaling), Mistral (sliding-window attention), Qwen2 (q/k/v
 //! biases), Qwen3 (an RMSNorm over each query and key head), Phi-3 (fused projections,
-//! LongRoPE on part of each head), Mixtral and Qwen3-MoE (routed experts) through the
-//! Llama graph, against the logits of Hugging Face transformers for
-//! tiny random-weight checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see
-//! its SOURCES.md).
+//! LongRoPE on part of each head), Gemma (GeGLU, `1 + w` gains, scaled embeddings), Gemma 2
+//! (post-norms, soft-capping, alternating sliding and global layers), Gemma 3 (q/k norms
+//! and a local RoPE besides), Mixtral and Qwen3-MoE (routed experts) through the Llama
+//! graph, against the logits of Hugging Face transformers for tiny random-weight
+//! checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see its SOURCES.md).
 
 use std::path::Path;
 
 use flm_core::{DataType, RopeScaling};
 use flm_models::convert::{convert, Recipe};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
-use flm_models::{import, Graph};
-use flm_models::{ModelConfig, MoeConfig};
+use flm_models::{import, Activation, Graph, ModelConfig, MoeConfig};
 use flm_tests::{cpu_executor, data, ids, HF_FAMILIES};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
@@ -117,6 +117,31 @@ fn configurations_are_read_per_family() {
     assert_eq!(long_factor, [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]);
     // sqrt(1 + ln(128 / 16) / ln(16)), transformers' default.
     assert!((attention_factor - 1.75f32.sqrt()).abs() < 1e-6);
+    let gemma = config("gemma");
+    assert_eq!(gemma.activation, Activation::GeluTanh);
+    assert!(gemma.norm_unit_offset && gemma.tie_embeddings && !gemma.post_norms);
+    assert_eq!(gemma.embed_scale, Some(8.0));
+    let gemma2 = config("gemma2");
+    assert!(gemma2.post_norms && !gemma2.qk_norm);
+    assert_eq!(
+        (gemma2.attn_softcap, gemma2.final_softcap),
+        (Some(1.5), Some(4.0))
+    );
+    assert_eq!(gemma2.attention_scale, Some(24f64.powf(-0.5) as f32));
+    assert_eq!(
+        (gemma2.layer_window(0), gemma2.layer_window(1)),
+        (Some(8), None)
+    );
+    let gemma3 = config("gemma3");
+    assert!(gemma3.post_norms && gemma3.qk_norm && gemma3.attn_softcap.is_none());
+    assert_eq!(
+        (gemma3.rope_theta, gemma3.rope_local_theta),
+        (1e6, Some(10000.0))
+    );
+    assert_eq!(
+        gemma3.rope_scaling,
+        Some(RopeScaling::Linear { factor: 8.0 })
+    );
     let mixtral = config("mixtral").moe.unwrap();
     assert_eq!(
         mixtral,
@@ -170,6 +195,13 @@ fn without_the_family_feature_the_logits_differ() {
         ("mistral", |c: &mut ModelConfig| c.sliding_window = None),
         ("qwen3", |c: &mut ModelConfig| c.qk_norm = false),
         ("phi3", |c: &mut ModelConfig| c.rope_scaling = None),
+        ("gemma", |c: &mut ModelConfig| {
+            c.activation = Activation::Silu
+        }),
+        ("gemma2", |c: &mut ModelConfig| {
+            (c.attn_softcap, c.final_softcap) = (None, None)
+        }),
+        ("gemma3", |c: &mut ModelConfig| c.rope_local_theta = None),
         // One expert per token instead of two.
         ("mixtral", |c: &mut ModelConfig| {
             c.moe.as_mut().unwrap().top_k = 1
@@ -219,6 +251,47 @@ fn f32_flm_files_run_the_same() {
         for (how, got) in [("prefill", prefill), ("decode", stepped)] {
             let diff = max_diff(&got, &want);
             assert!(diff <= TOLERANCE, "{family}.flm {how}: max |Δ| = {diff}");
+        }
+    }
+}
+
+/// Each checkpoint converted to int8 and int4 .flm files runs quantised: its logits stay
+/// near transformers' f32 ones (int8 rounding of every matrix and activation moves them by
+/// up to 0.2 here, int4 by up to 2.2), and the greedy token agrees at the positions whose
+/// top two logits are far enough apart.
+#[test]
+fn quantised_flm_files_stay_near_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
+    let exec = cpu_executor();
+    let input = input_ids();
+    // The mixtures have their own test (quantised_mixtures_stay_near_transformers): a
+    // rounding can send a token to another expert, which no bound on rounding covers.
+    let dense = HF_FAMILIES
+        .into_iter()
+        .filter(|f| !["mixtral", "qwen3_moe"].contains(f));
+    for family in dense {
+        let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
+        let want = expected(family);
+        // Bounds of about 1.3× the largest difference seen over the families: random
+        // Gaussian weights of rows of 64 lose much to 16 levels.
+        for (dtype, bound) in [(DataType::I8, 0.25), (DataType::I4G32, 2.5)] {
+            let out = dir.path().join(format!("{family}-{}.flm", dtype.name()));
+            convert(&ckpt, &tokenizer, &out, dtype, Recipe::Pure, |_| {}).unwrap();
+            let mut model = load(&out);
+            let vocab = model.config().vocab_size;
+            let got = model.forward(&exec, &input, 0, Logits::All).unwrap();
+            let diff = max_diff(got, &want);
+            assert!(diff <= bound, "{family} {}: max |Δ| = {diff}", dtype.name());
+            for (pos, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+                let best = flm_core::argmax(w);
+                let mut sorted = w.to_vec();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                if sorted[0] - sorted[1] > 2.0 * bound {
+                    let what = format!("{family} {} at {pos}", dtype.name());
+                    assert_eq!(flm_core::argmax(g), best, "{what}");
+                }
+            }
         }
     }
 }
@@ -351,12 +424,12 @@ fn greedy_ids_equal_transformers() {
     }
 }
 
-/// The Qwen2 and Qwen3 checkpoints as llama.cpp writes them into GGUF files (made from the
-/// same weights by tools/gguf/make_family_ggufs.py): the configuration the architecture's
-/// keys give, and transformers' logits from the F32 tensors.
+/// The Qwen2, Qwen3 and Gemma 3 checkpoints as llama.cpp writes them into GGUF files (made
+/// from the same weights by tools/gguf/make_family_ggufs.py): the configuration the
+/// architecture's keys give, and transformers' logits from the F32 tensors.
 #[test]
-fn qwen_gguf_files_run_as_transformers() {
-    for family in ["qwen2", "qwen3"] {
+fn qwen_and_gemma_gguf_files_run_as_transformers() {
+    for family in ["qwen2", "qwen3", "gemma3"] {
         let path = data(&format!("hf-families/{family}.gguf"));
         let gguf = import::load(&path).unwrap().config;
         let hf = import::load(&data(&format!("hf-families/{family}")))
@@ -367,6 +440,20 @@ fn qwen_gguf_files_run_as_transformers() {
             (hf.qkv_bias, hf.qk_norm, hf.rope_style, hf.head_dim),
             "{family}"
         );
+        // The norms' `+ 1` is in the GGUF's tensors, not in its configuration.
+        assert!(!gguf.norm_unit_offset, "{family}");
+        let gemma = |c: &ModelConfig| {
+            let layers = (c.layer_window(0), c.layer_window(1));
+            (
+                c.post_norms,
+                c.embed_scale,
+                c.rope_local_theta,
+                c.rope_scaling.clone(),
+                layers,
+            )
+        };
+        assert_eq!(gemma(&gguf), gemma(&hf), "{family}");
+        assert_eq!(gguf.attention_scale(), hf.attention_scale(), "{family}");
         let [prefill, _, stepped] = logits_three_ways(&path);
         let want = expected(family);
         for (how, got) in [("prefill", prefill), ("decode", stepped)] {

@@ -148,6 +148,17 @@ struct Heads<'a> {
     n_kv_heads: usize,
     bidirectional: usize,
     sliding_window: Option<usize>,
+    softcap: Option<f32>,
+}
+
+/// Checks that a soft-capping value, if any, is positive and finite.
+fn positive_cap(op: &'static str, cap: Option<f32>) -> Result<()> {
+    match cap {
+        Some(c) if !(c.is_finite() && c > 0.0) => Err(Error::InvalidArgument(format!(
+            "{op}: a soft cap must be positive and finite, got {c}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 impl Heads<'_> {
@@ -162,6 +173,7 @@ impl Heads<'_> {
             n_kv_heads,
             ..
         } = *self;
+        positive_cap(op, self.softcap)?;
         all_f32(
             op,
             &[
@@ -350,7 +362,7 @@ impl<'a> Op<'a> {
                 }
             }
             Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f("x", x),
-            Op::Gelu { x } | Op::Scale { x, .. } => f("x", x),
+            Op::Gelu { x } | Op::Scale { x, .. } | Op::SoftCap { x, .. } => f("x", x),
             Op::CopyRows { src, dst, .. } | Op::ScatterRows { src, dst, .. } => {
                 f("src", src);
                 f("dst", dst);
@@ -374,7 +386,7 @@ impl<'a> Op<'a> {
                 f("cache_v", cache_v);
                 f("output", output);
             }
-            Op::SiluMul { gate, up, output } => {
+            Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 f("gate", gate);
                 f("up", up);
                 f("output", output);
@@ -618,6 +630,7 @@ impl<'a> Op<'a> {
                 n_kv_heads,
                 bidirectional,
                 sliding_window,
+                softcap,
                 output,
                 ..
             } => {
@@ -631,6 +644,7 @@ impl<'a> Op<'a> {
                     n_kv_heads: *n_kv_heads,
                     bidirectional: *bidirectional,
                     sliding_window: *sliding_window,
+                    softcap: *softcap,
                 }
                 .check()?;
                 // Saturating: an absurd `start_pos` is a context overflow, not a panic.
@@ -660,6 +674,7 @@ impl<'a> Op<'a> {
                 n_heads,
                 n_kv_heads,
                 sliding_window,
+                softcap,
                 output,
                 ..
             } => {
@@ -673,15 +688,17 @@ impl<'a> Op<'a> {
                     n_kv_heads: *n_kv_heads,
                     bidirectional: 0,
                     sliding_window: *sliding_window,
+                    softcap: *softcap,
                 }
                 .check()?;
                 paged_seqs(q, cache_k.rows(), *block_size, seqs)
             }
-            Op::SiluMul { gate, up, output } => {
-                all_f32("SiluMul", &[("gate", gate), ("up", up), ("output", output)])?;
+            Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
+                let op = self.kind().name();
+                all_f32(op, &[("gate", gate), ("up", up), ("output", output)])?;
                 if gate.shape() != up.shape() || gate.shape() != output.shape() {
                     return Err(shape(
-                        "SiluMul",
+                        op,
                         format!(
                             "gate {:?}, up {:?}, output {:?}",
                             gate.shape(),
@@ -712,6 +729,10 @@ impl<'a> Op<'a> {
                 output,
                 ..
             } => moe_ffn(input, router, experts, *top_k, output),
+            Op::SoftCap { x, cap } => {
+                all_f32("SoftCap", &[("x", x)])?;
+                positive_cap("SoftCap", Some(*cap))
+            }
             Op::Argmax { input, output } => {
                 all_f32("Argmax", &[("input", input)])?;
                 if output.len() != input.rows() || input.cols() == 0 {
@@ -812,6 +833,7 @@ mod tests {
                 alibi: false,
                 bidirectional,
                 sliding_window,
+                softcap: None,
                 output: &mut zeros(&[1, 8]),
             }
             .validate()
@@ -843,6 +865,7 @@ mod tests {
                 scale: 1.0,
                 alibi: false,
                 sliding_window: None,
+                softcap: None,
                 output: &mut zeros(&[1, 8]),
             }
             .validate()

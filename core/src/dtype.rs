@@ -34,11 +34,21 @@ pub enum DataType {
     I4SymG64 = 8,
     /// As [`DataType::I4SymG32`] with groups of 128.
     I4SymG128 = 9,
+    /// ggml's Q4_K, its bytes as they are: super-blocks of 256 values (144 bytes: f16 `d`
+    /// and `dmin`, 6-bit scales and minimums per 32 values, 4-bit codes), 4.5 bits per
+    /// weight (layout in [`crate::ggml`]).
+    Q4K = 10,
+    /// ggml's Q5_K, as [`DataType::Q4K`] with a fifth bit per code: 176 bytes per 256
+    /// values, 5.5 bits per weight.
+    Q5K = 11,
+    /// ggml's Q6_K: super-blocks of 256 values (210 bytes: 6-bit codes, an i8 scale per 16
+    /// values, an f16 `d`), 6.5625 bits per weight.
+    Q6K = 12,
 }
 
 impl DataType {
     /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 10] = [
+    pub const ALL: [DataType; 13] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -49,11 +59,30 @@ impl DataType {
         DataType::I4SymG32,
         DataType::I4SymG64,
         DataType::I4SymG128,
+        DataType::Q4K,
+        DataType::Q5K,
+        DataType::Q6K,
     ];
 
     /// Whether this is a quantised (block) type.
     pub const fn is_quantized(self) -> bool {
-        matches!(self, DataType::I8) || self.group_size().is_some()
+        matches!(self, DataType::I8) || self.group_size().is_some() || self.is_k_quant()
+    }
+
+    /// Whether this is one of ggml's K-quant types, kept in ggml's super-block layout.
+    pub const fn is_k_quant(self) -> bool {
+        matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
+    }
+
+    /// The ggml type whose blocks a K-quant dtype holds as they are.
+    pub const fn ggml_type(self) -> Option<crate::ggml::GgmlType> {
+        use crate::ggml::GgmlType;
+        match self {
+            DataType::Q4K => Some(GgmlType::Q4K),
+            DataType::Q5K => Some(GgmlType::Q5K),
+            DataType::Q6K => Some(GgmlType::Q6K),
+            _ => None,
+        }
     }
 
     /// Size of one element of a float type in bytes (0 for quantised types).
@@ -121,6 +150,9 @@ impl DataType {
             DataType::I4SymG32 => "int4-sym-g32",
             DataType::I4SymG64 => "int4-sym-g64",
             DataType::I4SymG128 => "int4-sym-g128",
+            DataType::Q4K => "q4_k",
+            DataType::Q5K => "q5_k",
+            DataType::Q6K => "q6_k",
         }
     }
 }

@@ -160,6 +160,17 @@ impl GgmlType {
         }
     }
 
+    /// The flm dtype that holds this type's blocks byte for byte (Q4_K, Q5_K, Q6_K: see
+    /// [`crate::kquant`]), so that a tensor of it is used in place.
+    pub const fn native_dtype(self) -> Option<DataType> {
+        match self {
+            GgmlType::Q4K => Some(DataType::Q4K),
+            GgmlType::Q5K => Some(DataType::Q5K),
+            GgmlType::Q6K => Some(DataType::Q6K),
+            _ => None,
+        }
+    }
+
     /// Bytes of `n` values (`None` if `n` is not a whole number of blocks or on overflow).
     pub fn byte_len(self, n: usize) -> Option<usize> {
         n.is_multiple_of(self.block_len())
@@ -272,7 +283,7 @@ fn q3_k(b: &[u8], out: &mut [f32]) {
 
 /// The 6-bit scale and minimum of sub-block `j` (of 8) of Q4_K/Q5_K (ggml's
 /// `get_scale_min_k4`).
-fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
+pub fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (s[j] & 0x3f, s[j + 4] & 0x3f)
     } else {

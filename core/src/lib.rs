@@ -12,6 +12,7 @@
 //! rather than string-keyed dispatch (see docs/architecture.md).
 
 mod alibi;
+mod constraint;
 mod contract;
 mod data;
 mod device;
@@ -20,6 +21,7 @@ mod error;
 mod executor;
 pub mod flm_file;
 pub mod ggml;
+pub mod kquant;
 mod kv_cache;
 mod memory;
 mod op;
@@ -32,6 +34,7 @@ mod rope;
 mod sampling;
 
 pub use alibi::alibi_slopes;
+pub use constraint::{Constraint, Nfa, Pattern};
 pub use contract::CheckedOp;
 pub use data::Data;
 pub use device::BaseDevice;
@@ -43,4 +46,4 @@ pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
-pub use sampling::{argmax, Sampler, SamplerConfig};
+pub use sampling::{argmax, log_softmax_top, Sampler, SamplerConfig, TokenLogprobs};

@@ -115,6 +115,10 @@ pub enum Op<'a> {
         scale: f32,
         /// Adds the ALiBi bias (Baichuan-13B) to the scores.
         alibi: bool,
+        /// Soft-capping of the scaled scores before the bias and the softmax (Gemma 2's
+        /// `attn_logit_softcapping`): `s ← cap · tanh(s / cap)`. `None`: none; must be
+        /// positive and finite.
+        softcap: Option<f32>,
         /// Cache rows `0..bidirectional` are seen by every row: the prefix-LM mask of GLM
         /// (Du et al. 2022; ChatGLM-6B's prompt up to `sop`). 0 for a purely causal mask;
         /// at most `start_pos + n`.
@@ -154,6 +158,8 @@ pub enum Op<'a> {
         scale: f32,
         /// Adds the ALiBi bias `m_h · t` (Baichuan-13B).
         alibi: bool,
+        /// Soft-capping of the scaled scores, as [`Op::Attention`]'s.
+        softcap: Option<f32>,
         /// Positions each row sees at most, its own included; `None`: unlimited.
         sliding_window: Option<usize>,
         /// f32 `[Σ n_rows, n_heads * head_dim]`.
@@ -234,6 +240,23 @@ pub enum Op<'a> {
         up: &'a Data,
         /// f32 `[n, hidden]`.
         output: &'a mut Data,
+    },
+    /// GeGLU gate (Shazeer 2020; Gemma's MLP with `gelu_pytorch_tanh`):
+    /// `output = gelu(gate) * up`, GELU in the tanh approximation of [`Op::Gelu`].
+    GeluMul {
+        /// f32 `[n, hidden]`.
+        gate: &'a Data,
+        /// f32 `[n, hidden]`.
+        up: &'a Data,
+        /// f32 `[n, hidden]`.
+        output: &'a mut Data,
+    },
+    /// Soft-capping in place (Gemma 2's `final_logit_softcapping`): `x = cap · tanh(x / cap)`.
+    SoftCap {
+        /// f32, any shape.
+        x: &'a mut Data,
+        /// The cap; positive and finite.
+        cap: f32,
     },
     /// Residual add in place: `x += y`; both f32 of the same shape.
     Add {
@@ -365,13 +388,17 @@ pub enum OpKind {
     ScatterRows,
     /// [`Op::RopeRows`]
     RopeRows,
+    /// [`Op::GeluMul`]
+    GeluMul,
+    /// [`Op::SoftCap`]
+    SoftCap,
     /// [`Op::MoeFfn`]
     MoeFfn,
 }
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 18] = [
+    pub const ALL: [OpKind; 20] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
@@ -389,6 +416,8 @@ impl OpKind {
         OpKind::PagedAttention,
         OpKind::ScatterRows,
         OpKind::RopeRows,
+        OpKind::GeluMul,
+        OpKind::SoftCap,
         OpKind::MoeFfn,
     ];
 
@@ -412,6 +441,8 @@ impl OpKind {
             OpKind::PagedAttention => "PagedAttn",
             OpKind::ScatterRows => "ScatterRows",
             OpKind::RopeRows => "RopeRows",
+            OpKind::GeluMul => "GeluMul",
+            OpKind::SoftCap => "SoftCap",
             OpKind::MoeFfn => "MoeFfn",
         }
     }
@@ -438,6 +469,8 @@ impl Op<'_> {
             Op::PagedAttention { .. } => OpKind::PagedAttention,
             Op::ScatterRows { .. } => OpKind::ScatterRows,
             Op::RopeRows { .. } => OpKind::RopeRows,
+            Op::GeluMul { .. } => OpKind::GeluMul,
+            Op::SoftCap { .. } => OpKind::SoftCap,
             Op::MoeFfn { .. } => OpKind::MoeFfn,
         }
     }

@@ -42,7 +42,7 @@
 
 use half::f16;
 
-use crate::DataType;
+use crate::{kquant, DataType};
 
 /// Values per activation block, and the unit int8 rows are padded to.
 pub const BLOCK: usize = 32;
@@ -50,17 +50,28 @@ pub const BLOCK: usize = 32;
 /// `cols` rounded up to the padding unit of `dtype` (saturating at `usize::MAX`, which no
 /// allocation or file can reach).
 pub fn padded_cols(dtype: DataType, cols: usize) -> usize {
-    let unit = dtype.group_size().unwrap_or(BLOCK);
+    let unit = pad_unit(dtype);
     cols.div_ceil(unit).saturating_mul(unit)
+}
+
+/// The unit rows of `dtype` are padded to: the int4 group, the K-quant super-block, or
+/// [`BLOCK`].
+fn pad_unit(dtype: DataType) -> usize {
+    if dtype.is_k_quant() {
+        crate::ggml::QK_K
+    } else {
+        dtype.group_size().unwrap_or(BLOCK)
+    }
 }
 
 /// Bytes of one row of `cols` values of a quantised `dtype`; `None` for float types or on
 /// overflow.
 pub fn row_bytes(dtype: DataType, cols: usize) -> Option<usize> {
-    let unit = dtype.group_size().unwrap_or(BLOCK);
+    let unit = pad_unit(dtype);
     let padded = cols.div_ceil(unit).checked_mul(unit)?;
     match dtype {
         DataType::I8 => padded.checked_add(4),
+        _ if dtype.is_k_quant() => (padded / unit).checked_mul(kquant::block_bytes(dtype)),
         _ => (padded / dtype.group_size()?).checked_mul(group_bytes(dtype)?),
     }
 }
@@ -78,6 +89,9 @@ fn absmax(x: &[f32]) -> f32 {
 /// Quantises one row of `src` (its `cols` values) into `dst` (`row_bytes(dtype, cols)`
 /// bytes). Float dtypes are not handled here.
 pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
+    if dtype.is_k_quant() {
+        return kquant::quantize_row(dtype, src, dst);
+    }
     match dtype.group_size() {
         None => {
             let scale = absmax(src) / 127.0;
@@ -263,6 +277,9 @@ pub fn nibble(i: usize) -> (usize, u32) {
 
 /// Dequantises one row (`row_bytes(dtype, dst.len())` bytes of `src`) into `dst`.
 pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
+    if dtype.is_k_quant() {
+        return kquant::dequantize_row(dtype, src, dst);
+    }
     match dtype.group_size() {
         None => {
             let scale = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
@@ -371,10 +388,11 @@ impl<'a> Int4RowMut<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` values in `[-1, 1]`, a fixed pseudo-random function of `seed`.
+    pub(crate) fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
             .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
             .collect()

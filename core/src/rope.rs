@@ -31,6 +31,13 @@ pub enum RopeScaling {
         /// `L`: the pre-training context length (8192).
         original_max_position_embeddings: usize,
     },
+    /// Linear position interpolation (Chen et al. 2023; transformers
+    /// `_compute_linear_scaling_rope_parameters`; Gemma 3's global layers): every frequency
+    /// divided by `factor`.
+    Linear {
+        /// The divisor (8 for Gemma 3 4B and up).
+        factor: f32,
+    },
     /// LongRoPE (Ding et al. 2024; Phi-3, Phi-4-mini; transformers
     /// `_compute_longrope_parameters`): frequency `j` is `1 / (e_j · θ^(2j / rotary_dim))`,
     /// with `e` the long factors when the context exceeds the pre-training one and the short
@@ -58,6 +65,15 @@ impl RopeScaling {
     /// Errors: [`Error::InvalidArgument`] naming the parameter.
     pub fn validate(&self) -> Result<()> {
         match *self {
+            RopeScaling::Linear { factor } => {
+                if factor.is_finite() && factor > 0.0 {
+                    Ok(())
+                } else {
+                    Err(Error::InvalidArgument(format!(
+                        "linear RoPE scaling: factor must be positive, got {factor}"
+                    )))
+                }
+            }
             RopeScaling::LongRope {
                 ref short_factor,
                 ref long_factor,
@@ -122,6 +138,7 @@ impl RopeScaling {
     fn frequency(&self, j: usize, half: usize, theta: f32, max_pos: usize) -> f32 {
         let power = theta.powf((2 * j) as f32 / (2 * half) as f32);
         match *self {
+            RopeScaling::Linear { factor } => 1.0 / power / factor,
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -163,7 +180,7 @@ impl RopeScaling {
             RopeScaling::LongRope {
                 attention_factor, ..
             } => *attention_factor,
-            RopeScaling::Llama3 { .. } => 1.0,
+            RopeScaling::Llama3 { .. } | RopeScaling::Linear { .. } => 1.0,
         }
     }
 }

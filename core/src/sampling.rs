@@ -77,6 +77,62 @@ pub fn argmax(values: &[f32]) -> u32 {
     best as u32
 }
 
+/// The log-probabilities of one sampled token, as OpenAI's `logprobs` report them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// Natural log of the chosen token's probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely first (ties: the
+    /// lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-probabilities of `chosen` and of the `top` most likely tokens under
+/// `softmax(logits)`: the model's own distribution, before penalties, temperature and
+/// truncation (vLLM's default, `logprobs_mode = raw_logprobs`). Log-sum-exp in f64 after
+/// subtracting the largest logit. NaN logits count as −∞.
+///
+/// Errors: [`Error::InvalidArgument`] for empty logits, a `chosen` outside them, or logits
+/// with no finite maximum.
+pub fn log_softmax_top(logits: &[f32], chosen: u32, top: usize) -> Result<TokenLogprobs> {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() || chosen as usize >= logits.len() {
+        return Err(Error::InvalidArgument(format!(
+            "log-probabilities of token {chosen} over {} logits with largest {max}",
+            logits.len()
+        )));
+    }
+    let clean = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let sum: f64 = logits
+        .iter()
+        .map(|&v| (f64::from(clean(v)) - f64::from(max)).exp())
+        .sum();
+    let log_z = f64::from(max) + sum.ln();
+    let logprob = |v: f32| (f64::from(clean(v)) - log_z) as f32;
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    let order = |a: &u32, b: &u32| {
+        let (x, y) = (clean(logits[*a as usize]), clean(logits[*b as usize]));
+        y.total_cmp(&x).then(a.cmp(b))
+    };
+    let top = top.min(ids.len());
+    if top > 0 && top < ids.len() {
+        ids.select_nth_unstable_by(top - 1, order);
+    }
+    ids.truncate(top);
+    ids.sort_unstable_by(order);
+    Ok(TokenLogprobs {
+        logprob: logprob(logits[chosen as usize]),
+        top: ids
+            .into_iter()
+            .map(|id| (id, logprob(logits[id as usize])))
+            .collect(),
+    })
+}
+
 impl Sampler {
     /// A sampler with `config`.
     ///
@@ -326,6 +382,36 @@ mod tests {
             ..SamplerConfig::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn log_probabilities_equal_torch_log_softmax() {
+        // torch.log_softmax in float64 of these logits, rounded to 6 places.
+        let logits = [2.0, -1.5, 0.25, 3.5, 3.5, -20.0, 0.0];
+        let torch = [
+            -2.332405, -5.832405, -4.082405, -0.832405, -0.832405, -24.332405, -4.332405,
+        ];
+        for (id, want) in torch.iter().enumerate() {
+            let got = log_softmax_top(&logits, id as u32, 0).unwrap();
+            assert!((got.logprob - want).abs() < 1e-5, "{id}: {got:?}");
+            assert!(got.top.is_empty());
+        }
+        let got = log_softmax_top(&logits, 5, 4).unwrap();
+        let ids: Vec<u32> = got.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [3, 4, 0, 2], "ties keep the lower id first");
+        for (id, lp) in got.top {
+            assert!((lp - torch[id as usize]).abs() < 1e-5);
+        }
+        assert_eq!(log_softmax_top(&logits, 0, 100).unwrap().top.len(), 7);
+        let mut nan = logits;
+        nan[1] = f32::NAN;
+        assert_eq!(
+            log_softmax_top(&nan, 1, 0).unwrap().logprob,
+            f32::NEG_INFINITY
+        );
+        assert!(log_softmax_top(&logits, 7, 1).is_err());
+        assert!(log_softmax_top(&[], 0, 1).is_err());
+        assert!(log_softmax_top(&[f32::NAN; 3], 0, 1).is_err());
     }
 
     #[test]

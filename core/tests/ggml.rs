@@ -98,6 +98,29 @@ fn q4_0_and_q4_1_repack_into_flm_int4_without_changing_a_bit() {
     }
 }
 
+/// Q4_K, Q5_K and Q6_K are flm dtypes of the same bytes: their rows dequantise as gguf-py's
+/// bit for bit, the rows themselves unchanged.
+#[test]
+fn k_quants_are_flm_dtypes_of_the_same_bytes() {
+    for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        let dtype = ty.native_dtype().unwrap();
+        assert_eq!(dtype.ggml_type(), Some(ty));
+        let (blocks, want) = case(ty);
+        let row = row_bytes(dtype, COLS).unwrap();
+        assert_eq!(row, ty.byte_len(COLS).unwrap(), "{dtype}");
+        let mut got = vec![f32::NAN; ROWS * COLS];
+        for (src, out) in blocks.chunks_exact(row).zip(got.chunks_exact_mut(COLS)) {
+            dequantize_row(dtype, src, out);
+        }
+        assert_eq!(first_difference(ty, &got, &want), None);
+        // A row shorter than its super-blocks: the leading values of the same decoding.
+        let mut short = vec![f32::NAN; COLS - 100];
+        dequantize_row(dtype, &blocks[..row], &mut short);
+        let bits: Vec<u32> = short.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(bits, want[..COLS - 100], "{dtype}: short row");
+    }
+}
+
 #[test]
 fn type_numbers_and_sizes_are_ggmls() {
     // ggml.h `ggml_type` and gguf-py's GGML_QUANT_SIZES (values per block, bytes).

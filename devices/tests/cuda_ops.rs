@@ -236,17 +236,18 @@ gpu_tests! {
 
     attention_flash_decoding(gpu) {
         let mut r = rng(7);
-        // (n, start_pos, heads, kv heads, head_dim, window, alibi, bidirectional)
+        // (n, start_pos, heads, kv heads, head_dim, window, alibi, bidirectional, softcap)
         let cases = [
-            (1, 0, 4, 4, 64, None, false, 0),
-            (1, 700, 8, 2, 128, None, false, 0),
-            (1, 3000, 32, 8, 128, None, false, 0),
-            (7, 250, 6, 3, 64, None, false, 0),
-            (3, 600, 4, 1, 32, Some(300), false, 0),
-            (1, 513, 5, 5, 48, None, true, 0),
-            (9, 0, 4, 2, 64, None, false, 6),
+            (1, 0, 4, 4, 64, None, false, 0, None),
+            (1, 700, 8, 2, 128, None, false, 0, None),
+            (1, 3000, 32, 8, 128, None, false, 0, None),
+            (7, 250, 6, 3, 64, None, false, 0, None),
+            (3, 600, 4, 1, 32, Some(300), false, 0, None),
+            (1, 513, 5, 5, 48, None, true, 0, None),
+            (9, 0, 4, 2, 64, None, false, 6, None),
+            (5, 40, 4, 2, 64, Some(16), false, 0, Some(0.9)),
         ];
-        for (n, start, heads, kv, hd, window, alibi, bidir) in cases {
+        for (n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
             let max_seq = start + n + 5;
             let q = random(&mut r, &[n, heads * hd], 1.0);
             let k = random(&mut r, &[max_seq, kv * hd], 1.0);
@@ -254,7 +255,7 @@ gpu_tests! {
             let what = format!("Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir}");
             compare!(&what, &gpu, &nan(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
                 q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
-                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi,
+                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
                 bidirectional: bidir, sliding_window: window, output: o,
             });
         }

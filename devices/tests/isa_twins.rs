@@ -99,7 +99,10 @@ dtype_tests!([
     int4_g128: I4G128,
     int4_sym_g32: I4SymG32,
     int4_sym_g64: I4SymG64,
-    int4_sym_g128: I4SymG128
+    int4_sym_g128: I4SymG128,
+    q4_k: Q4K,
+    q5_k: Q5K,
+    q6_k: Q6K
 ] linear_matches_scalar);
 
 /// Every SIMD level this CPU has, without the portable one they are compared with.
@@ -350,10 +353,14 @@ fn attention_matches_scalar() {
         let (q, qv) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
         let scale = 1.0 / (hd as f32).sqrt();
         // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest),
-        // then ALiBi in a sliding window of 7 positions (ALiBi's `t` stays the cache row).
-        for (alibi, bidirectional, window) in
-            [(false, 0, None), (true, rows, None), (true, 0, Some(7))]
-        {
+        // then ALiBi in a sliding window of 7 positions (ALiBi's `t` stays the cache row),
+        // then soft-capped scores (Gemma 2), whose tanh does not widen the error.
+        for (alibi, bidirectional, window, softcap) in [
+            (false, 0, None, None),
+            (true, rows, None, None),
+            (true, 0, Some(7), None),
+            (false, 0, Some(9), Some(0.9)),
+        ] {
             let attend = |isa| {
                 let mut out = nan_output(&[c.n, n_heads * hd]);
                 run_at(
@@ -367,6 +374,7 @@ fn attention_matches_scalar() {
                         n_kv_heads,
                         scale,
                         alibi,
+                        softcap,
                         bidirectional,
                         sliding_window: window,
                         output: &mut out,
@@ -406,7 +414,7 @@ fn attention_matches_scalar() {
             for isa in simd_levels() {
                 let what = format!(
                     "Attention at {isa}, n={} start={} heads={:?} head_dim={hd} alibi={alibi} \
-                     bidirectional={bidirectional} window={window:?}",
+                     bidirectional={bidirectional} window={window:?} softcap={softcap:?}",
                     c.n, c.start_pos, c.heads
                 );
                 assert_close(&what, &attend(isa), &want, |i| tol[i]);
@@ -458,6 +466,82 @@ fn silu_mul_matches_scalar() {
             assert_close(&what, &silu(isa), &want, |i| {
                 8.0 * EPS * want[i].abs() + 1e-36
             });
+        }
+    }
+}
+
+/// GELU·up (GeGLU) and soft-capping at each level against the scalar one, and the scalar
+/// one against the f64 formulas (`0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))·u` and
+/// `cap·tanh(x / cap)`). `tanh` comes from the polynomial `exp` as `(1 − e)/(1 + e)`, whose
+/// error is absolute (about `4·EPS`) near 0, so the bounds are absolute plus relative.
+#[test]
+fn gelu_mul_and_soft_cap_match_scalar_and_f64() {
+    let mut rng = rng(0x1a1);
+    let mut inputs: Vec<(Vec<f32>, Vec<f32>)> = LENS
+        .into_iter()
+        .chain([1 << 17 | 3])
+        .map(|len| (uniform(&mut rng, len, 8.0), uniform(&mut rng, len, 2.0)))
+        .collect();
+    let edges = [
+        0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 60.0, -60.0, -1e30, 1e30,
+    ];
+    inputs.push((edges.to_vec(), vec![1.5; edges.len()]));
+    let cap = 3.0f32;
+    for (g, u) in inputs {
+        let len = g.len();
+        let (gate, up) = (f32_data(&[1, len], &g), f32_data(&[1, len], &u));
+        let gelu_mul = |isa| {
+            let mut out = nan_output(&[1, len]);
+            let op = Op::GeluMul {
+                gate: &gate,
+                up: &up,
+                output: &mut out,
+            };
+            run_at(isa, op);
+            out.to_f32_vec().unwrap()
+        };
+        let soft_cap = |isa| {
+            let mut x = gate.clone();
+            run_at(isa, Op::SoftCap { x: &mut x, cap });
+            x.to_f32_vec().unwrap()
+        };
+        let exact_gelu: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                let (g, u) = (g as f64, u as f64);
+                let inner = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+                0.5 * g * (1.0 + inner.tanh()) * u
+            })
+            .collect();
+        let exact_cap: Vec<f64> = g
+            .iter()
+            .map(|&x| cap as f64 * (x as f64 / cap as f64).tanh())
+            .collect();
+        let bound = |want: &[f64], scale: f64| {
+            let w = want.to_vec();
+            move |i: usize| 16.0 * EPS * (w[i].abs() + scale)
+        };
+        let (want_gelu, want_cap) = (gelu_mul(Isa::Scalar), soft_cap(Isa::Scalar));
+        let as64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        assert_close(
+            &format!("GeluMul scalar vs f64, len={len}"),
+            &want_gelu,
+            &exact_gelu,
+            bound(&exact_gelu, 1.0),
+        );
+        assert_close(
+            &format!("SoftCap scalar vs f64, len={len}"),
+            &want_cap,
+            &exact_cap,
+            bound(&exact_cap, cap as f64),
+        );
+        for isa in simd_levels() {
+            let (w_gelu, w_cap) = (as64(&want_gelu), as64(&want_cap));
+            let what = format!("GeluMul at {isa}, len={len}");
+            assert_close(&what, &gelu_mul(isa), &w_gelu, bound(&w_gelu, 1.0));
+            let what = format!("SoftCap at {isa}, len={len}");
+            assert_close(&what, &soft_cap(isa), &w_cap, bound(&w_cap, cap as f64));
         }
     }
 }
@@ -541,6 +625,7 @@ fn linears_match_each_linear() {
         [I8, I8, F32],
         [I4G32, I4G128, I4G32],
         [I4SymG32, I4SymG32, I4SymG128],
+        [Q4K, Q6K, Q5K],
     ];
     let sizes = [
         (1, 96, [40, 8, 8]),

@@ -19,6 +19,8 @@ struct Case {
     q_scale: f32,
     /// Sliding window: positions each row sees at most.
     window: Option<usize>,
+    /// Soft-capping of the scaled scores (Gemma 2).
+    softcap: Option<f32>,
 }
 
 impl Case {
@@ -30,7 +32,8 @@ impl Case {
 /// Query head `h` reads KV head `h / (n_heads / n_kv_heads)`; row `i` (position
 /// `p = start_pos + i`) attends to cache rows `0..=p`, or with a window `w` to the rows
 /// `t > p − w` of them:
-/// `out = Σ_t softmax_t(scale·q·k_t)·v_t`, in f64.
+/// `out = Σ_t softmax_t(s_t)·v_t`, `s_t = scale·q·k_t`, or with a soft cap `cap` the
+/// capped `cap·tanh(s_t / cap)`, in f64.
 ///
 /// Tolerance per element: each f32 score is off by about `DOT_REL·scale·Σ|q·k|` (see
 /// [`DOT_REL`]), which moves the output by at most twice that times `max|v|`; the f32
@@ -55,7 +58,11 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f64) -> (Vec<f64>
                     .zip(kt)
                     .map(|(&a, &b)| (a as f64 * b as f64).abs())
                     .sum();
-                scores.push(dot * scale);
+                let s = dot * scale;
+                scores.push(match c.softcap {
+                    Some(cap) => cap as f64 * (s / cap as f64).tanh(),
+                    None => s,
+                });
                 max_mag = max_mag.max(mag * scale);
             }
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -108,6 +115,7 @@ fn check(c: Case, seed: u64) {
         alibi: false,
         bidirectional: 0,
         sliding_window: c.window,
+        softcap: c.softcap,
         output: &mut out,
     })
     .unwrap();
@@ -129,6 +137,7 @@ const fn case(n: usize, start_pos: usize, heads: (usize, usize), head_dim: usize
         head_dim,
         q_scale: 1.0,
         window: None,
+        softcap: None,
     }
 }
 
@@ -188,6 +197,26 @@ fn attention_sliding_window_matches_formula() {
     }
 }
 
+/// Soft-capped scores (Gemma 2's `attn_logit_softcapping`), with peaked queries so that the
+/// cap bites, in decode and prefill, with a window, on one thread and in parallel.
+#[test]
+fn attention_soft_cap_matches_formula() {
+    let capped = |c: Case, cap, window| Case {
+        softcap: Some(cap),
+        q_scale: 8.0,
+        window,
+        ..c
+    };
+    let cases = [
+        capped(case(1, 37, (8, 2), 16), 2.0, None),
+        capped(case(9, 20, (3, 1), 33), 0.5, Some(6)),
+        capped(case(17, 40, (4, 2), 32), 5.0, None),
+    ];
+    for (s, c) in cases.into_iter().enumerate() {
+        check(c, 0x90 + s as u64);
+    }
+}
+
 /// Scores in the hundreds: exp overflows unless the row maximum is subtracted first.
 #[test]
 fn attention_large_scores_stay_finite() {
@@ -222,6 +251,7 @@ fn attention_err(s: Shapes) -> Error {
         n_kv_heads: s.heads.1,
         scale: 0.25,
         alibi: false,
+        softcap: None,
         bidirectional: s.bidirectional,
         sliding_window: s.window,
         output: &mut z(s.out),

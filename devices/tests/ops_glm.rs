@@ -199,6 +199,7 @@ fn attention_bidirectional_past_the_filled_rows_is_an_error() {
         alibi: false,
         bidirectional: 6,
         sliding_window: None,
+        softcap: None,
         output: &mut z(&[2, 8]),
     })
     .unwrap_err();

@@ -102,6 +102,7 @@ fn paged(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
         scale: 1.0 / (c.head_dim as f32).sqrt(),
         alibi: c.alibi,
         sliding_window: c.window,
+        softcap: None,
         output: &mut out,
     })
     .unwrap();
@@ -130,6 +131,7 @@ fn contiguous(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
             alibi: c.alibi,
             bidirectional: 0,
             sliding_window: c.window,
+            softcap: None,
             output: &mut out,
         })
         .unwrap();
@@ -226,6 +228,7 @@ fn paged_attention_rejects_bad_tables() {
             scale: 1.0,
             alibi: false,
             sliding_window: None,
+            softcap: None,
             output: &mut out,
         })
     };

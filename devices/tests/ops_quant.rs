@@ -1,6 +1,7 @@
 //! `Op::Linear` and `Op::Embedding` on the CPU device with quantised weights (int8 per row,
-//! int4 and int4-sym in groups of 32, 64 and 128; layouts in `flm_core::quant`), where Linear dots the
-//! integer weight codes against the input rows quantised to int8 blocks of 32.
+//! int4 and int4-sym in groups of 32, 64 and 128, ggml's K-quants; layouts in
+//! `flm_core::quant`), where Linear dots the integer weight codes against the input rows
+//! quantised to int8 blocks of 32.
 //!
 //! Two references: the same scheme written here from the doc (dequantised weights, inputs
 //! quantised per block in the test), which the kernel must match up to f32 accumulation
@@ -262,3 +263,14 @@ quant_dtype_tests!(
     zeros_give_exact_bias,
     constant_rows_are_reproduced,
 );
+
+/// ggml's K-quants (their weights dequantised as gguf-py decodes them, `flm_core::kquant`):
+/// the kernels dot runs of 32 weights against the same int8 input blocks, so the same
+/// scheme, in parallel too, and exact zeros.
+fn k_quant_linear_matches_quantised_scheme(dtype: DataType) {
+    linear_matches_quantised_scheme(dtype);
+    linear_parallel_matches_quantised_scheme(dtype);
+    zeros_give_exact_bias(dtype);
+}
+
+dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K] k_quant_linear_matches_quantised_scheme);

@@ -349,6 +349,7 @@ impl Graph for ChatGlm {
             let mask = AttentionMask {
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
                 alibi: false,
+                softcap: None,
                 bidirectional,
                 sliding_window: None,
             };

@@ -68,10 +68,57 @@ pub struct ModelConfig {
     /// RoPE, with gains of `head_dim` (Qwen3's `q_norm` / `k_norm`).
     #[serde(default)]
     pub qk_norm: bool,
+    /// The feed-forward gate's activation: SiLU (SwiGLU) or tanh-approximated GELU
+    /// (GeGLU, Gemma's `gelu_pytorch_tanh`).
+    #[serde(default)]
+    pub activation: Activation,
+    /// Multiplies the embeddings before the first layer (Gemma: `√hidden_size`, rounded to
+    /// f32); `None`: 1.
+    #[serde(default)]
+    pub embed_scale: Option<f32>,
+    /// RMSNorms of the attention output and of the feed-forward output before their
+    /// residual adds (Gemma 2 and 3: `post_attention_layernorm`,
+    /// `post_feedforward_layernorm`).
+    #[serde(default)]
+    pub post_norms: bool,
+    /// Multiplies the attention scores instead of `1 / √head_dim` (Gemma:
+    /// `query_pre_attn_scalar^-0.5`).
+    #[serde(default)]
+    pub attention_scale: Option<f32>,
+    /// Soft-capping of the attention scores, `cap · tanh(s / cap)` (Gemma 2's
+    /// `attn_logit_softcapping`).
+    #[serde(default)]
+    pub attn_softcap: Option<f32>,
+    /// Soft-capping of the logits (Gemma 2's `final_logit_softcapping`).
+    #[serde(default)]
+    pub final_softcap: Option<f32>,
+    /// Which layers use `sliding_window` (Gemma 2 and 3 alternate sliding-window and
+    /// global layers: transformers' `layer_types`); `None`: every layer.
+    #[serde(default)]
+    pub sliding_layers: Option<Vec<bool>>,
+    /// RoPE base θ of the sliding-window layers, which rotate without `rope_scaling`
+    /// (Gemma 3's `rope_local_base_freq`); `None`: the layers share one RoPE.
+    #[serde(default)]
+    pub rope_local_theta: Option<f32>,
+    /// RMSNorm gains are stored as `w` for a gain of `1 + w`, added in f32 at load
+    /// (Gemma's `GemmaRMSNorm`; GGUF files hold the sum already).
+    #[serde(default)]
+    pub norm_unit_offset: bool,
     /// The routed experts that replace the feed-forward of some layers (Mixtral,
     /// Qwen3-MoE); `None`: every layer has the dense feed-forward of `hidden_dim`.
     #[serde(default)]
     pub moe: Option<MoeConfig>,
+}
+
+/// The activation of the feed-forward gate: `output = act(gate) · up`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// SiLU (SwiGLU; Llama).
+    #[default]
+    Silu,
+    /// GELU in its tanh approximation (GeGLU; Gemma).
+    GeluTanh,
 }
 
 /// A mixture-of-experts feed-forward (Shazeer et al. 2017; Mixtral, Jiang et al. 2024;
@@ -133,6 +180,15 @@ impl Default for ModelConfig {
             rope_scaling: None,
             sliding_window: None,
             qk_norm: false,
+            activation: Activation::Silu,
+            embed_scale: None,
+            post_norms: false,
+            attention_scale: None,
+            attn_softcap: None,
+            final_softcap: None,
+            sliding_layers: None,
+            rope_local_theta: None,
+            norm_unit_offset: false,
             moe: None,
         }
     }
@@ -172,6 +228,22 @@ impl ModelConfig {
     /// Rotated dimensions per head (`rotary_dim`, else `head_dim`).
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim.unwrap_or(self.head_dim)
+    }
+
+    /// The sliding window of layer `l`: `sliding_window` where `sliding_layers` (if given)
+    /// marks the layer, else `None`.
+    pub fn layer_window(&self, l: usize) -> Option<usize> {
+        let sliding = self
+            .sliding_layers
+            .as_ref()
+            .is_none_or(|layers| layers.get(l).copied().unwrap_or(false));
+        self.sliding_window.filter(|_| sliding)
+    }
+
+    /// What multiplies the attention scores: `attention_scale`, else `1 / √head_dim`.
+    pub fn attention_scale(&self) -> f32 {
+        self.attention_scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
     }
 
     /// `n_heads * head_dim`: the width of a query row.
@@ -238,9 +310,19 @@ impl ModelConfig {
                     "invalid residual alpha {residual_alpha}"
                 )));
             }
-            if self.rope_scaling.is_some() || self.sliding_window.is_some() || self.qk_norm {
+            let llama_only = self.rope_scaling.is_some()
+                || self.sliding_window.is_some()
+                || self.qk_norm
+                || self.post_norms
+                || self.embed_scale.is_some()
+                || self.attn_softcap.is_some()
+                || self.final_softcap.is_some()
+                || self.rope_local_theta.is_some();
+            if llama_only {
                 return Err(Error::Config(
-                    "the ChatGLM-6B graph has no RoPE scaling, sliding window or q/k norm".into(),
+                    "the ChatGLM-6B graph has no RoPE scaling, sliding window, q/k norm, \
+                     post-norms, embedding scale or soft-capping"
+                        .into(),
                 ));
             }
         }
@@ -284,6 +366,35 @@ impl ModelConfig {
                 ))
             }
             _ => {}
+        }
+        if let Some(layers) = &self.sliding_layers {
+            if layers.len() != self.n_layers {
+                return Err(Error::Config(format!(
+                    "sliding_layers marks {} layers of {}",
+                    layers.len(),
+                    self.n_layers
+                )));
+            }
+        }
+        let positive = [
+            ("embed_scale", self.embed_scale),
+            ("attention_scale", self.attention_scale),
+            ("attn_softcap", self.attn_softcap),
+            ("final_softcap", self.final_softcap),
+            ("rope_local_theta", self.rope_local_theta),
+        ];
+        if let Some((name, Some(v))) = positive
+            .iter()
+            .find(|(_, v)| v.is_some_and(|v| !(v > 0.0 && v.is_finite())))
+        {
+            return Err(Error::Config(format!(
+                "{name} must be positive and finite, got {v}"
+            )));
+        }
+        if self.attn_softcap.is_some() && self.alibi {
+            return Err(Error::Config(
+                "attention soft-capping with ALiBi is not supported".into(),
+            ));
         }
         if !(self.norm_eps >= 0.0 && self.norm_eps.is_finite()) {
             return Err(Error::Config(format!("invalid norm eps {}", self.norm_eps)));

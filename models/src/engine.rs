@@ -20,9 +20,11 @@
 //!    ends (a stop token, `max_tokens`, the context full, or cancelled by its callback)
 //!    gives its blocks back at once.
 //!
-//! A prompt whose leading full blocks equal those of a running sequence (a shared system
-//! prompt) takes their KV blocks, reference-counted, and computes only the rest (vLLM's
-//! automatic prefix caching, among running sequences; see `prefix.rs`).
+//! The full KV blocks of every sequence stay in a prefix cache after it ends, keyed by their
+//! tokens and those before them; a prompt whose leading full blocks are cached (a shared
+//! system prompt, an earlier turn of a chat) takes their KV blocks, reference-counted, and
+//! computes only the rest. Cached blocks no sequence uses are evicted least recently used
+//! first when the pool runs short (vLLM's automatic prefix caching; see `prefix.rs`).
 //!
 //! When the pool is full, requests wait; nothing fails for lack of memory. Token ids only:
 //! tokenizing and detokenizing are the caller's. Greedy requests produce, token for token,
@@ -40,7 +42,9 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use flm_core::{Error as CoreError, Executor, PagedKvCache, Sampler, SamplerConfig};
+use flm_core::{
+    Constraint, Error as CoreError, Executor, PagedKvCache, Sampler, SamplerConfig, TokenLogprobs,
+};
 
 use crate::{Error, ModelConfig, Result, SharedModel};
 
@@ -60,6 +64,12 @@ pub struct EngineConfig {
     /// Prompt tokens prefilled per step over all sequences; longer prompts are prefilled in
     /// chunks.
     pub max_batch_prefill_tokens: usize,
+    /// Tokens per step, decode and prefill together (vLLM's `max_num_batched_tokens`), or
+    /// `None` for no bound besides the prefill budget: prompt chunks get what the decoding
+    /// sequences leave of it (at least one token, so that prompts always progress). A small
+    /// value bounds the time per output token of the decoding sequences while a long
+    /// prompt arrives, at the cost of that prompt's time to first token.
+    pub max_batch_tokens: Option<usize>,
     /// Requests waiting for admission beyond which [`Engine::submit`] returns
     /// [`Error::QueueFull`].
     pub max_waiting: usize,
@@ -67,19 +77,20 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     /// Blocks of 16 positions, 4096 positions in the pool, 2048 prefill tokens per step,
-    /// 256 waiting requests.
+    /// no bound on the tokens of a step besides, 256 waiting requests.
     fn default() -> Self {
         EngineConfig {
             block_size: 16,
             max_batch_total_tokens: 4096,
             max_batch_prefill_tokens: 2048,
+            max_batch_tokens: None,
             max_waiting: 256,
         }
     }
 }
 
 /// One generation request, in token ids.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Request {
     /// The sequence from position 0 (BOS included by the caller).
     pub prompt: Vec<u32>,
@@ -91,13 +102,20 @@ pub struct Request {
     /// Token ids that end the generation (not delivered), besides the model
     /// configuration's end-of-sequence ids; the caller adds the tokenizer's EOS here.
     pub stop_tokens: Vec<u32>,
+    /// `Some(k)`: every [`Event::Token`] carries the token's log-probability and the `k`
+    /// most likely tokens' ([`flm_core::log_softmax_top`]); `None`: none.
+    pub logprobs: Option<usize>,
+    /// Structured output: only tokens that keep the reply within the constraint's
+    /// language are sampled, a stop token only once the reply is a whole word of it, and
+    /// the request stops by itself when no character can extend it.
+    pub constraint: Option<Constraint>,
 }
 
 /// What the engine tells a request's callback.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// A generated token.
-    Token(u32),
+    /// A generated token, with its log-probabilities if the request asked for them.
+    Token(u32, Option<TokenLogprobs>),
     /// The request is done; no event follows.
     Finished(Finish),
 }
@@ -133,8 +151,11 @@ pub struct EngineStats {
     pub waiting: usize,
     /// Sequences running (prefilling or decoding).
     pub running: usize,
-    /// KV blocks free.
+    /// KV blocks free, counting the cached prefix blocks no sequence uses (they are evicted
+    /// when needed).
     pub free_blocks: usize,
+    /// KV blocks registered in the prefix cache (in use or not).
+    pub cached_blocks: usize,
     /// KV blocks in the pool.
     pub total_blocks: usize,
     /// Positions per block.
@@ -147,8 +168,11 @@ pub struct EngineStats {
     pub finished_requests: u64,
     /// Sequences preempted for lack of KV blocks (and recomputed later).
     pub preemptions: u64,
-    /// Prompt tokens whose keys and values were taken from the blocks of another running
-    /// sequence with the same prefix instead of being computed.
+    /// Requests (or preempted sequences readmitted) that took at least one block from the
+    /// prefix cache.
+    pub prefix_cache_hits: u64,
+    /// Prompt tokens whose keys and values were taken from the prefix cache (blocks of a
+    /// running or an earlier sequence with the same prefix) instead of being computed.
     pub prefix_cached_tokens: u64,
 }
 
@@ -176,11 +200,19 @@ impl Engine {
     /// allocate.
     pub fn new(model: SharedModel, exec: Executor, config: EngineConfig) -> Result<Engine> {
         let n_blocks = config.max_batch_total_tokens / config.block_size.max(1);
-        if config.block_size == 0 || n_blocks == 0 || config.max_batch_prefill_tokens == 0 {
+        if config.block_size == 0
+            || n_blocks == 0
+            || config.max_batch_prefill_tokens == 0
+            || config.max_batch_tokens == Some(0)
+        {
             return Err(Error::Config(format!(
                 "engine budgets: blocks of {} positions, {} positions in the pool, {} prefill \
-                 tokens per step: each must allow at least one block and one token",
-                config.block_size, config.max_batch_total_tokens, config.max_batch_prefill_tokens
+                 tokens and {:?} tokens per step: each must allow at least one block and one \
+                 token",
+                config.block_size,
+                config.max_batch_total_tokens,
+                config.max_batch_prefill_tokens,
+                config.max_batch_tokens
             )));
         }
         // A request's tokens must not depend on the requests batched with it.
@@ -201,6 +233,7 @@ impl Engine {
             exec,
             kv,
             config.max_batch_prefill_tokens,
+            config.max_batch_tokens,
             Arc::clone(&stats),
             Arc::clone(&queued),
         );
@@ -265,6 +298,8 @@ impl Engine {
             sampler,
             max_tokens: request.max_tokens,
             stop,
+            logprobs: request.logprobs,
+            constraint: request.constraint,
             on_event,
         };
         let sender = self.sender.as_ref().ok_or(Error::EngineStopped)?;

@@ -50,7 +50,7 @@ use flm_core::{
 };
 
 use crate::graph::{Graph, Head, SharedGraph};
-use crate::{Error, Model, ModelConfig, Placement, Result, SharedModel};
+use crate::{Activation, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
 mod batch;
 mod weights;
@@ -173,6 +173,8 @@ pub struct LlamaModel {
     config: ModelConfig,
     weights: LlamaWeights,
     rope: RopeTable,
+    /// The RoPE of the sliding-window layers, where it differs (Gemma 3).
+    rope_local: Option<RopeTable>,
     placement: Placement,
 }
 
@@ -224,6 +226,11 @@ impl LlamaModel {
     pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<LlamaModel> {
         config.validate()?;
         weights.check_shapes(&config)?;
+        let weights = if config.norm_unit_offset {
+            weights.with_unit_offset_norms()?
+        } else {
+            weights
+        };
         let c = &config;
         let rope = RopeTable::scaled(
             c.rope_style,
@@ -233,13 +240,43 @@ impl LlamaModel {
             c.rope_scaling.as_ref(),
             c.max_seq_len,
         )?;
+        let rope_local = c
+            .rope_local_theta
+            .map(|theta| {
+                let (dim, rot) = (c.head_dim, c.rotary_dim());
+                RopeTable::new(c.rope_style, dim, rot, theta, c.max_seq_len)
+            })
+            .transpose()?;
         let placement = Placement::host(config.n_layers);
         Ok(LlamaModel {
             config,
             weights,
             rope,
+            rope_local,
             placement,
         })
+    }
+
+    /// The RoPE table of layer `l`: the local one for a sliding-window layer where the
+    /// model has one (Gemma 3), else the global one.
+    fn rope_of(&self, l: usize) -> &RopeTable {
+        match (&self.rope_local, self.config.layer_window(l)) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope,
+        }
+    }
+
+    /// How layer `l`'s queries see the cache rows: the configuration's scale, ALiBi and
+    /// soft-capping, and the layer's sliding window.
+    fn attention_mask(&self, l: usize) -> AttentionMask {
+        let c = &self.config;
+        AttentionMask {
+            scale: c.attention_scale(),
+            alibi: c.alibi,
+            softcap: c.attn_softcap,
+            bidirectional: 0,
+            sliding_window: c.layer_window(l),
+        }
     }
 
     /// The model with its weights moved by `exec` to the memories of `placement` (recorded
@@ -489,18 +526,13 @@ impl Llama {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                     exec.run(Op::Rope {
                         x,
-                        table: &model.rope,
+                        table: model.rope_of(l),
                         n_heads,
                         start_pos: pos,
                     })?;
                 }
             }
-            let mask = AttentionMask {
-                scale: attention_scale(c),
-                alibi: c.alibi,
-                bidirectional: 0,
-                sliding_window: c.sliding_window,
-            };
+            let mask = model.attention_mask(l);
             let new_rows = [&s.q, &s.k, &s.v];
             cache_and_attend(exec, c, kv.layer_mut(l), new_rows, row, mask, &mut s.att)
         })?;
@@ -515,6 +547,8 @@ pub(crate) struct AttentionMask {
     pub scale: f32,
     /// Adds the ALiBi bias.
     pub alibi: bool,
+    /// Soft-caps the scaled scores.
+    pub softcap: Option<f32>,
     /// Cache rows `0..bidirectional` seen by every row (the prefix-LM mask).
     pub bidirectional: usize,
     /// Positions each row sees at most, its own included.
@@ -554,6 +588,7 @@ pub(crate) fn cache_and_attend(
         n_kv_heads: c.n_kv_heads,
         scale: mask.scale,
         alibi: mask.alibi,
+        softcap: mask.softcap,
         bidirectional: mask.bidirectional,
         sliding_window: mask.sliding_window,
         output,
@@ -592,11 +627,6 @@ fn host_output<'a>(
     let host = host_out.insert(host);
     exec.copy_into(out, host, "logits to host")?;
     Ok(host.as_f32()?)
-}
-
-/// `1 / sqrt(head_dim)`, the scale of the attention scores.
-fn attention_scale(c: &ModelConfig) -> f32 {
-    1.0 / (c.head_dim as f32).sqrt()
 }
 
 /// Runs `linear` as [`Op::Linear`].
@@ -642,11 +672,15 @@ fn run_layers<'s>(
         let at = model.placement.layer(l);
         locations.iter().position(|&m| m == at).unwrap_or(0)
     };
+    let x = &mut states[memory(0)].x;
     exec.run(Op::Embedding {
         table: &w.embedding,
         tokens,
-        output: &mut states[memory(0)].x,
+        output: x,
     })?;
+    if let Some(alpha) = c.embed_scale {
+        exec.run(Op::Scale { x, alpha })?;
+    }
     for (l, lw) in w.layers.iter().enumerate() {
         let (before, here) = (memory(l.saturating_sub(1)), memory(l));
         if before != here {
@@ -680,10 +714,12 @@ fn run_layers<'s>(
         }
         attend(l, s)?;
         linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
-        exec.run(Op::Add {
-            x: &mut s.x,
-            y: &s.xb2,
-        })?;
+        residual(
+            exec,
+            s,
+            lw.post_norms.as_ref().map(|[attn, _]| attn),
+            c.norm_eps,
+        )?;
         // Feed-forward block.
         exec.run(Op::RmsNorm {
             input: &s.x,
@@ -692,17 +728,20 @@ fn run_layers<'s>(
             output: &mut s.xb,
         })?;
         feed_forward(exec, c, l, &lw.ffn, s)?;
-        exec.run(Op::Add {
-            x: &mut s.x,
-            y: &s.xb2,
-        })?;
+        residual(
+            exec,
+            s,
+            lw.post_norms.as_ref().map(|[_, ffn]| ffn),
+            c.norm_eps,
+        )?;
     }
     let last = memory(c.n_layers.saturating_sub(1));
     Ok(&mut states[last])
 }
 
-/// The feed-forward of layer `l` from `s.xb` into `s.xb2`: the SwiGLU
-/// `W2 · (silu(W1 · xb) ⊙ (W3 · xb))`, or the routed experts ([`Op::MoeFfn`]).
+/// The feed-forward of layer `l` from `s.xb` into `s.xb2`: the gated
+/// `W2 · (act(W1 · xb) ⊙ (W3 · xb))` (SwiGLU or GeGLU), or the routed experts
+/// ([`Op::MoeFfn`]).
 fn feed_forward(
     exec: &Executor,
     c: &ModelConfig,
@@ -723,10 +762,10 @@ fn feed_forward(
                     LinearPart::new(w_up, None, &mut s.up),
                 ],
             })?;
-            exec.run(Op::SiluMul {
-                gate: &s.gate,
-                up: &s.up,
-                output: &mut s.hidden,
+            let (gate, up, output) = (&s.gate, &s.up, &mut s.hidden);
+            exec.run(match c.activation {
+                Activation::Silu => Op::SiluMul { gate, up, output },
+                Activation::GeluTanh => Op::GeluMul { gate, up, output },
             })?;
             linear(exec, &s.hidden, w_down, None, &mut s.xb2)?;
         }
@@ -755,6 +794,29 @@ fn feed_forward(
         }
     }
     Ok(())
+}
+
+/// The residual add of a block's output `s.xb2` to `s.x`, through the block's post-norm
+/// (Gemma 2 and 3) when it has one: `x += RMSNorm(xb2)` (the norm written to `s.xb`).
+fn residual(
+    exec: &Executor,
+    s: &mut Activations,
+    post_norm: Option<&Data>,
+    eps: f32,
+) -> flm_core::Result<()> {
+    let y = match post_norm {
+        Some(weight) => {
+            exec.run(Op::RmsNorm {
+                input: &s.xb2,
+                weight,
+                eps,
+                output: &mut s.xb,
+            })?;
+            &s.xb
+        }
+        None => &s.xb2,
+    };
+    exec.run(Op::Add { x: &mut s.x, y })
 }
 
 /// RMSNorm over each head of `x` `[n, heads · head_dim]`, in place through `scratch`
@@ -854,7 +916,14 @@ fn finish(
         return Ok(());
     }
     s.logits.set_shape(&[rows, c.vocab_size])?;
-    linear(exec, &s.xb, classifier, None, &mut s.logits).map_err(Error::from)
+    linear(exec, &s.xb, classifier, None, &mut s.logits)?;
+    if let Some(cap) = c.final_softcap {
+        exec.run(Op::SoftCap {
+            x: &mut s.logits,
+            cap,
+        })?;
+    }
+    Ok(())
 }
 
 /// Copies the p-tuning prefix `[pre_seq_len, n_layers·2·kv_dim]` into cache rows

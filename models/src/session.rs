@@ -61,7 +61,8 @@ pub fn check_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Result<()> {
 /// the `tokenizer_config.json` beside it if any, or a GGUF file), else the one inside or beside the checkpoint. The
 /// model's context is capped at `context` positions (default [`DEFAULT_CONTEXT`]), which
 /// bounds the KV cache of each session. Each line of [`import::Checkpoint::load_notes`]
-/// (a GGUF weight type converted at load, and its cost) is printed on stderr.
+/// (a GGUF weight type converted at load, GPTQ/AWQ tensors dequantised, and the cost) is
+/// printed on stderr.
 ///
 /// Errors: [`Error::Io`] for a file that cannot be read (a missing file included),
 /// [`Error::Format`] for a malformed checkpoint (whatever part of flm finds the problem)

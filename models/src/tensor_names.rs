@@ -54,6 +54,10 @@ pub enum LayerPart {
     WDown,
     /// Down projection bias `[dim]` (ChatGLM-6B).
     BDown,
+    /// RMSNorm gain `[dim]` of the attention output (Gemma 2 and 3).
+    PostAttnNorm,
+    /// RMSNorm gain `[dim]` of the feed-forward output (Gemma 2 and 3).
+    PostFfnNorm,
     /// Router of a mixture-of-experts layer `[n_experts, dim]` (transformers' `mlp.gate`).
     Router,
 }
@@ -87,7 +91,7 @@ const fn part(
 
 /// Every layer part and its names. ChatGLM's own HF names are mapped in the THUDM
 /// importer, which splits its fused tensors.
-pub const PARTS: [PartNames; 20] = {
+pub const PARTS: [PartNames; 22] = {
     use LayerPart::*;
     [
         part(
@@ -169,6 +173,20 @@ pub const PARTS: [PartNames; 20] = {
             Some("ffn_down.weight"),
         ),
         part(BDown, "b_down", None, None),
+        // Gemma 2 and 3 call the attention post-norm `post_attention_layernorm`, the
+        // name Llama gives its feed-forward norm: their importer maps both.
+        part(
+            PostAttnNorm,
+            "post_attn_norm",
+            None,
+            Some("post_attention_norm.weight"),
+        ),
+        part(
+            PostFfnNorm,
+            "post_ffn_norm",
+            Some("post_feedforward_layernorm.weight"),
+            Some("post_ffw_norm.weight"),
+        ),
         part(
             Router,
             "router",
@@ -372,6 +390,8 @@ fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
         (WDown, dense.then(|| vec![dim, hd])),
         (WUp, dense.then(|| vec![hd, dim])),
         (Router, moe.map(|m| vec![m.n_experts, dim])),
+        (PostAttnNorm, c.post_norms.then(|| vec![dim])),
+        (PostFfnNorm, c.post_norms.then(|| vec![dim])),
     ]
     .into_iter()
     .filter_map(|(p, shape)| Some((TensorName::Layer(l, p), shape?)))

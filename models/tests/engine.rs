@@ -9,7 +9,7 @@ use std::ops::ControlFlow;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 
-use flm_core::SamplerConfig;
+use flm_core::{Constraint, Nfa, Pattern, SamplerConfig};
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
 use flm_models::session::{GenerateParams, Session};
 use flm_models::{Error, SharedModel};
@@ -75,6 +75,8 @@ fn request(
         sampler: sampler.clone(),
         max_tokens,
         stop_tokens: tokenizer.eos_id().into_iter().collect(),
+        logprobs: None,
+        constraint: None,
     }
 }
 
@@ -98,7 +100,10 @@ fn collect(rx: Receiver<Event>) -> (Vec<u32>, FinishReason, usize) {
     let mut ids = Vec::new();
     for event in rx {
         match event {
-            Event::Token(t) => ids.push(t),
+            Event::Token(t, logprobs) => {
+                assert!(logprobs.is_none());
+                ids.push(t);
+            }
             Event::Finished(f) => {
                 assert_eq!(f.completion_tokens, ids.len());
                 return (ids, f.reason, f.prompt_tokens);
@@ -186,10 +191,24 @@ fn a_small_pool_makes_requests_wait_and_preempts_yet_all_finish_exactly() {
         max_batch_total_tokens: 128,
         max_batch_prefill_tokens: 12,
         max_waiting: 64,
+        max_batch_tokens: None,
     };
     let stats = all_equal_their_solo_runs(config, &[SamplerConfig::default()], 60, "");
     assert!(stats.preemptions > 0, "{stats:?}");
     assert_eq!(stats.total_blocks, 16);
+}
+
+/// A step budget of 24 tokens, decode and prefill together: prompts are prefilled a few
+/// tokens a step (one when 24 or more sequences decode) between decode steps, and every
+/// request still gets exactly its solo tokens.
+#[test]
+fn a_step_token_budget_chunks_prompts_between_decode_steps_exactly() {
+    let config = EngineConfig {
+        max_batch_tokens: Some(24),
+        ..EngineConfig::default()
+    };
+    let preamble = "The sun was shining and the birds were singing. ";
+    all_equal_their_solo_runs(config, &[SamplerConfig::default()], 30, preamble);
 }
 
 /// Prompts that share a long preamble, admitted a few per step: the later ones take the
@@ -201,10 +220,157 @@ fn a_shared_prompt_prefix_is_computed_once_and_changes_nothing() {
         max_batch_total_tokens: 8192,
         max_batch_prefill_tokens: 48,
         max_waiting: 64,
+        max_batch_tokens: None,
     };
     let preamble = "The sun was shining and the birds were singing in the big green park. ";
     let stats = all_equal_their_solo_runs(config, &[SamplerConfig::default()], 30, preamble);
     assert!(stats.prefix_cached_tokens >= 100, "{stats:?}");
+}
+
+/// Requests one after another that share a preamble: each later one takes the blocks the
+/// earlier ones left in the prefix cache, computes only its own tail and still produces its
+/// solo tokens; in a pool too small to keep every prefix, the least recently used cached
+/// blocks are evicted and nothing waits.
+#[test]
+fn a_finished_requests_prefix_is_reused_by_later_requests() {
+    let (model, tokenizer) = stories260k(Some(256));
+    let preamble = "The sun was shining and the birds were singing in the big green park. ";
+    let prompts = prompts(&tokenizer, preamble);
+    let greedy = SamplerConfig::default();
+    for (total, reused) in [(8192, true), (96, false)] {
+        let config = EngineConfig {
+            block_size: 4,
+            max_batch_total_tokens: total,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(model.clone(), exec(), config).unwrap();
+        for (i, prompt) in prompts.iter().take(6).enumerate() {
+            let (got, _, _) = collect(submit(&engine, request(&tokenizer, prompt, &greedy, 12)));
+            assert_eq!(
+                got,
+                solo(&model, &tokenizer, prompt, &greedy, 12),
+                "request {i}"
+            );
+            let stats = engine.stats();
+            assert_eq!(stats.free_blocks, stats.total_blocks, "{stats:?}");
+            assert!(stats.cached_blocks > 0, "{stats:?}");
+            assert_eq!(stats.prefix_cache_hits, i as u64, "{stats:?}");
+        }
+        let stats = engine.stats();
+        let shared = tokenizer.encode(preamble, true).unwrap().len() / 4 * 4;
+        if reused {
+            assert!(
+                stats.prefix_cached_tokens >= 5 * shared as u64 - 20,
+                "{stats:?}"
+            );
+        }
+        assert_eq!(stats.preemptions, 0, "{stats:?}");
+    }
+}
+
+/// The log-probabilities the engine reports for the first token after
+/// `[1, 403, 407, 261, 378, 432, 383, 286]` equal the log-softmax of transformers' logits for
+/// that prompt (tests/data/SOURCES.md), and later ones are consistent: the greedy token is
+/// the most likely, with its own log-probability, and the top list is sorted.
+#[test]
+fn logprobs_equal_the_log_softmax_of_transformers_logits() {
+    let (model, _) = stories260k(Some(256));
+    let bytes = std::fs::read(common::data("stories260K/stories260K_logits_f32le.bin")).unwrap();
+    let hf: Vec<f64> = bytes
+        .chunks_exact(4)
+        .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        .collect();
+    let last = &hf[7 * 512..8 * 512];
+    let max = last.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let log_z = max + last.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+    let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
+    let req = Request {
+        prompt: vec![1, 403, 407, 261, 378, 432, 383, 286],
+        sampler: SamplerConfig::default(),
+        max_tokens: 5,
+        stop_tokens: Vec::new(),
+        logprobs: Some(5),
+        constraint: None,
+    };
+    let rx = submit(&engine, req);
+    let tokens: Vec<(u32, flm_core::TokenLogprobs)> = rx
+        .iter()
+        .filter_map(|e| match e {
+            Event::Token(id, l) => Some((id, l.unwrap())),
+            Event::Finished(_) => None,
+        })
+        .collect();
+    assert_eq!(tokens.len(), 5);
+    let (first, l) = &tokens[0];
+    let want = last[*first as usize] - log_z;
+    assert!(
+        (f64::from(l.logprob) - want).abs() < 1e-3,
+        "{l:?} vs {want}"
+    );
+    for (id, lp) in &l.top {
+        let want = last[*id as usize] - log_z;
+        assert!((f64::from(*lp) - want).abs() < 1e-3, "{id}: {lp} vs {want}");
+    }
+    for (id, l) in &tokens {
+        assert_eq!(l.top.len(), 5);
+        assert_eq!((l.top[0].0, l.top[0].1), (*id, l.logprob));
+        assert!(l.top.windows(2).all(|w| w[0].1 >= w[1].1), "{l:?}");
+        assert!(l.logprob <= 0.0);
+    }
+}
+
+/// A request constrained to ` Lily saw` followed by one to three digits or ` a dog.`:
+/// whatever stories260K prefers, the reply is a word of that language, and the request ends
+/// by itself (Stop) when no character can extend it.
+#[test]
+fn a_constrained_request_stays_in_its_language_and_ends() {
+    let (model, tokenizer) = stories260k(Some(256));
+    let texts: Vec<Option<String>> = (0..tokenizer.vocab_size() as u32)
+        .map(|id| {
+            let mut decoder = tokenizer.stream_decoder(false);
+            let text = decoder.push(id).unwrap() + &decoder.finish();
+            (!text.is_empty() && !text.contains('\u{FFFD}')).then_some(text)
+        })
+        .collect();
+    let pattern = Pattern::Seq(vec![
+        Pattern::Literal(" Lily saw".into()),
+        Pattern::Alt(vec![
+            Pattern::Repeat {
+                item: Box::new(Pattern::Class(vec![('0', '9')])),
+                min: 1,
+                max: 3,
+            },
+            Pattern::Literal(" a dog.".into()),
+        ]),
+    ]);
+    let nfa = Arc::new(Nfa::new(&pattern).unwrap());
+    let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
+    let prompt = tokenizer.encode("Once upon a time", true).unwrap();
+    for seed in 0..4 {
+        let sampler = SamplerConfig {
+            temperature: 1.0,
+            seed,
+            ..SamplerConfig::default()
+        };
+        let mut req = request(&tokenizer, &prompt, &sampler, 40);
+        req.constraint = Some(Constraint::new(Arc::clone(&nfa), Arc::new(texts.clone())));
+        let (ids, reason, _) = collect(submit(&engine, req));
+        let text: String = ids
+            .iter()
+            .map(|&id| texts[id as usize].clone().unwrap())
+            .collect();
+        let digits = text
+            .strip_prefix(" Lily saw")
+            .unwrap_or_else(|| panic!("{text:?}"));
+        assert!(
+            digits == " a dog."
+                || (1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{text:?}"
+        );
+        if digits.len() == 3 || digits == " a dog." {
+            assert_eq!(reason, FinishReason::Stop, "{text:?}");
+        }
+    }
 }
 
 #[test]
@@ -230,7 +396,7 @@ fn a_callback_that_breaks_cancels_and_frees_the_blocks() {
         .unwrap();
     let events: Vec<Event> = rx.iter().collect();
     assert_eq!(events.len(), 3, "no event after the break: {events:?}");
-    assert!(events.iter().all(|e| matches!(e, Event::Token(_))));
+    assert!(events.iter().all(|e| matches!(e, Event::Token(..))));
     // The sender went with the request; its blocks went before the next step, so a new
     // request runs to its end in a pool with all blocks back.
     let rx = submit(
@@ -280,6 +446,10 @@ fn bad_requests_and_configs_are_refused() {
         },
         EngineConfig {
             max_batch_prefill_tokens: 0,
+            ..EngineConfig::default()
+        },
+        EngineConfig {
+            max_batch_tokens: Some(0),
             ..EngineConfig::default()
         },
     ] {

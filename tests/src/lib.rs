@@ -60,12 +60,15 @@ pub fn stories_logits() -> Vec<f32> {
 
 /// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
 /// `make_tiny.py`), by directory name.
-pub const HF_FAMILIES: [&str; 7] = [
+pub const HF_FAMILIES: [&str; 10] = [
     "llama3",
     "mistral",
     "qwen2",
     "qwen3",
     "phi3",
+    "gemma",
+    "gemma2",
+    "gemma3",
     "mixtral",
     "qwen3_moe",
 ];

@@ -88,7 +88,8 @@ impl Tokenizer {
                 self.role_tokens(messages, add_generation_prompt)
             }
             (None, Some(template)) => {
-                let text = crate::jinja::render(self, template, messages, add_generation_prompt)?;
+                let text =
+                    crate::jinja::render(self, template, messages, None, add_generation_prompt)?;
                 let ids = self.encode_with_specials(&text)?;
                 Ok(ChatPrompt { ids, text })
             }
@@ -98,6 +99,30 @@ impl Tokenizer {
                     .into(),
             )),
         }
+    }
+
+    /// The prompt for `messages`, JSON objects as OpenAI's API gives them (`role`,
+    /// `content`, and `tool_calls` or `tool_call_id` where present), with the function
+    /// list `tools` (OpenAI's `tools` array), rendered by the Jinja chat template, which
+    /// sees them as `messages` and `tools` (transformers' `apply_chat_template(messages,
+    /// tools=...)`).
+    ///
+    /// Errors: [`Error::Template`] when the tokenizer has no Jinja template (the built-in
+    /// ChatGLM formats take no tool list), and as [`Tokenizer::encode_chat`].
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<ChatPrompt> {
+        let (None, Some(template)) = (self.chat_format, &self.chat_template) else {
+            return Err(Error::Template(
+                "tools and tool messages need a Jinja chat template, and the model has none".into(),
+            ));
+        };
+        let text = crate::jinja::render(self, template, messages, tools, add_generation_prompt)?;
+        let ids = self.encode_with_specials(&text)?;
+        Ok(ChatPrompt { ids, text })
     }
 
     /// The tokens that end an assistant turn: EOS, and for ChatGLM3 and GLM-4 also

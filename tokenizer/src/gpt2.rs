@@ -29,6 +29,14 @@ pub(crate) const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L
 /// Mistral-Nemo's "tekken" regex (its `tokenizer.json`).
 pub(crate) const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// DeepSeek-V3's regexes (llama.cpp's `DEEPSEEK3_LLM`), also Hunyuan-Dense's, HY-V4's and
+/// JoyAI's.
+const DEEPSEEK3_PATTERNS: [&str; 3] = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
 /// A GGUF pre-tokeniser: the regexes that cut the text in turn (the last is
 /// [`ByteLevelBpeSpec::pattern`], the others [`ByteLevelBpeSpec::pre_split`]) and whether
 /// a pre-token that is a whole token skips the merges.
@@ -49,9 +57,9 @@ const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*
 /// `llama_vocab::load` maps the name to a pre-tokeniser type and `llm_tokenizer_bpe` the
 /// type to its regexes (where llama.cpp rewrote a family's `tokenizer.json` regex for its
 /// own regex engine, the original is used: fancy-regex runs it as `tokenizers` does).
-/// `None` for a name llama.cpp does not list, and for the few it tokenises with
-/// hand-written code or regexes flm does not carry (`deepseek-llm`, `superbpe`,
-/// `kimi-k2`, `afmoe`).
+/// `None` for a name llama.cpp does not list, for the few it splits with hand-written code
+/// or a zero-width regex (`kimi-k2`, `afmoe`, `superbpe`), and for those that are not
+/// byte-level BPE (`gemma4`, `granite-embed-multi-311m`, `sarvam-moe`, `whitespace`).
 pub(crate) fn gguf_pre_tokenizer(name: &str) -> Option<PreTokenizer> {
     let (regexes, ignore_merges): (&'static [&'static str], bool) = match name {
         "default" => (
@@ -64,19 +72,19 @@ pub(crate) fn gguf_pre_tokenizer(name: &str) -> Option<PreTokenizer> {
             false,
         ),
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" => (&[LLAMA3_PATTERN], true),
+        | "lfm2" | "jina-v5-nano" => (&[LLAMA3_PATTERN], true),
         "dbrx" | "smaug-bpe" | "glm4" | "chatglm-bpe" => (&[LLAMA3_PATTERN], false),
         "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
         | "a.x-4.0" | "mellum" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo"
-        | "jais" | "exaone4" | "trillion" | "granite-docling" => (&[GPT2_PATTERN], false),
-        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => {
-            (&[r"\p{N}", GPT2_NO_TAIL], false)
+        | "jais" | "exaone4" | "trillion" | "granite-docling" | "modern-bert" => {
+            (&[GPT2_PATTERN], false)
         }
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "stablelm2" | "hunyuan" | "megrez" | "grok-2" => {
-            (&[QWEN2_PATTERN], false)
-        }
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => (&[r"\p{N}", GPT2_NO_TAIL], false),
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "stablelm2" | "hunyuan" | "megrez" | "grok-2"
+        | "f2llmv2" | "solar-open" => (&[QWEN2_PATTERN], false),
         "tekken" => (&[TEKKEN_PATTERN], true),
-        "gpt-4o" | "llama4" | "minimax-m2" => (&[GPT4O_PATTERN], false),
+        "gpt-4o" | "llama4" | "minimax-m2" | "kanana2" | "talkie" => (&[GPT4O_PATTERN], false),
         "deepseek-coder" => (
             &[
                 r"[\r\n]",
@@ -87,14 +95,73 @@ pub(crate) fn gguf_pre_tokenizer(name: &str) -> Option<PreTokenizer> {
             ],
             false,
         ),
-        "deepseek-v3" | "hunyuan-dense" => (
+        "deepseek-v3" | "hunyuan-dense" | "hy_v4" | "joyai-llm" => (&DEEPSEEK3_PATTERNS, false),
+        "deepseek-llm" => (
+            // The cased letters of its tokenizer.json, as escapes: the literal holds
+            // canonical singletons (U+1FBE, U+2126, U+212A, ...) that editors normalise.
             &[
-                r"\p{N}{1,3}",
-                r"[一-龥぀-ゟ゠-ヿ]+",
-                r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+                r"[\r\n]",
+                r"\s?[A-Za-z\x{B5}\x{C0}-\x{D6}\x{D8}-\x{F6}\x{F8}-\x{1BA}\x{1BC}-\x{1BF}\x{1C4}-\x{293}\x{295}-\x{2AF}\x{370}-\x{373}\x{376}\x{377}\x{37B}-\x{37D}\x{37F}\x{386}\x{388}-\x{38A}\x{38C}\x{38E}-\x{3A1}\x{3A3}-\x{3F5}\x{3F7}-\x{481}\x{48A}-\x{52F}\x{531}-\x{556}\x{10A0}-\x{10C5}\x{13A0}-\x{13F5}\x{13F8}-\x{13FD}\x{1C90}-\x{1CBA}\x{1CBD}-\x{1CBF}\x{1D00}-\x{1D2B}\x{1D6B}-\x{1D77}\x{1D79}-\x{1D9A}\x{1E00}-\x{1F15}\x{1F18}-\x{1F1D}\x{1F20}-\x{1F45}\x{1F48}-\x{1F4D}\x{1F50}-\x{1F57}\x{1F59}\x{1F5B}\x{1F5D}\x{1F5F}-\x{1F7D}\x{1F80}-\x{1FB4}\x{1FB6}-\x{1FBC}\x{1FBE}\x{1FC2}-\x{1FC4}\x{1FC6}-\x{1FCC}\x{1FD0}-\x{1FD3}\x{1FD6}-\x{1FDB}\x{1FE0}-\x{1FEC}\x{1FF2}-\x{1FF4}\x{1FF6}-\x{1FFC}\x{2102}\x{2107}\x{210A}-\x{2113}\x{2115}\x{2119}-\x{211D}\x{2124}\x{2126}\x{2128}\x{212A}-\x{212D}\x{212F}-\x{2134}\x{2139}\x{213C}-\x{213F}\x{2145}-\x{2149}\x{214E}\x{2183}\x{2184}\x{2C00}-\x{2C7B}\x{2C7E}-\x{2CE4}\x{2CEB}-\x{2CEE}\x{2CF2}\x{2CF3}\x{A640}-\x{A66D}\x{A680}-\x{A69B}\x{A722}-\x{A76F}\x{A771}-\x{A787}\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}\x{FB00}-\x{FB06}\x{FB13}-\x{FB17}\x{FF21}-\x{FF3A}\x{FF41}-\x{FF5A}\x{10400}-\x{1044F}\x{104B0}-\x{104D3}\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}\x{10CC0}-\x{10CF2}\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+",
+                r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+                r"\s+$",
+                r"[一-龥ࠀ-一가-퟿]+",
+                r"\p{N}+",
             ],
             false,
         ),
+        "spark2_5" => (
+            &[
+                r"\p{N}{1,3}",
+                r"[一-龥぀-ゟ゠-ヿ]+",
+                r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+"##,
+                r"\p{N}",
+            ],
+            false,
+        ),
+        "youtu" => (
+            &[
+                r"[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+",
+                r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ],
+            true,
+        ),
+        "minicpm5" => (
+            &[
+                r"\p{N}{1,3}",
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ],
+            true,
+        ),
+        "jais-2" => (
+            &[
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}",
+            ],
+            false,
+        ),
+        "qwen35" => (
+            &[
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ],
+            false,
+        ),
+        "exaone-moe" => (
+            &[
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",
+            ],
+            false,
+        ),
+        "granite-embed-multi-97m" => (
+            &[
+                r"[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))*((?=[\p{L}\p{M}])([^A-Z]))+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))+((?=[\p{L}\p{M}])([^A-Z]))*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ],
+            true,
+        ),
+        "tiny_aya" | "cohere2moe" => (&[r"\d{1,3}(?=(?:\d{3})*\b)", GPT4O_PATTERN], false),
+        "ufakzeka" => (
+            &[r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+            false,
+        ),
+        "laguna" => (&[r"[^\n]+|[\n]+", QWEN2_PATTERN], false),
         "falcon" => (
             &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2_NO_TAIL, r"[0-9][0-9][0-9]"],
             false,
@@ -240,9 +307,9 @@ pub(crate) fn build_spec<'a>(
 /// (`tokenizer.ggml.tokens`) and `types` (`.token_type`: 1 normal, 3 control, 4
 /// user-defined, 5 unused, read as control), `merges` (`.merges`, "left right" in rank
 /// order) and the pre-tokeniser `pre` (`.pre`), mapped as llama.cpp maps its names to
-/// regexes: every name of its list but `deepseek-llm`, `superbpe`, `kimi-k2` and `afmoe`
-/// (`gpt-2`, `llama-bpe`, `qwen2`, `smollm`, `tekken`, `gpt-4o`, `default`, ...; see the
-/// table in `gpt2.rs`). CONTROL and USER_DEFINED tokens written in the text are
+/// regexes: every byte-level name of its list but `kimi-k2`, `afmoe` and `superbpe`
+/// (`gpt-2`, `llama-bpe`, `qwen2`, `smollm`, `tekken`, `gpt-4o`, `deepseek-llm`,
+/// `default`, ...; see the table in `gpt2.rs`). CONTROL and USER_DEFINED tokens written in the text are
 /// recognised, as `tokenizers` does with the added tokens of the `tokenizer.json` llama.cpp
 /// converted. BOS, EOS and `add_bos` are left for the caller to set.
 ///
@@ -320,7 +387,10 @@ mod tests {
             trillion granite-docling starcoder refact command-r smollm codeshell exaone \
             minerva-7b qwen2 deepseek-r1-qwen kormo stablelm2 hunyuan megrez grok-2 tekken \
             gpt-4o llama4 minimax-m2 deepseek-coder deepseek-v3 hunyuan-dense falcon poro-chat \
-            bloom gpt3-finnish viking chameleon bailingmoe bailingmoe2 llada-moe seed-coder";
+            bloom gpt3-finnish viking chameleon bailingmoe bailingmoe2 llada-moe seed-coder \
+            jina-v5-nano modern-bert mellum2 f2llmv2 solar-open kanana2 talkie hy_v4 joyai-llm \
+            deepseek-llm spark2_5 youtu minicpm5 jais-2 qwen35 exaone-moe \
+            granite-embed-multi-97m tiny_aya cohere2moe ufakzeka laguna";
         for name in names.split_whitespace() {
             let pre = gguf_pre_tokenizer(name).unwrap_or_else(|| panic!("{name}"));
             for r in pre.regexes {
@@ -328,10 +398,11 @@ mod tests {
             }
         }
         for name in [
-            "deepseek-llm",
             "superbpe",
             "kimi-k2",
             "afmoe",
+            "gemma4",
+            "whitespace",
             "no-such-name",
         ] {
             assert!(gguf_pre_tokenizer(name).is_none(), "{name}");

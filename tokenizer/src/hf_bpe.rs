@@ -16,6 +16,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use crate::decode::DecodeOptions;
+use crate::spec::SplitSpec;
 use crate::trie::Trie;
 use crate::vocab::VocabEntry;
 use crate::{Encoder, Tokenizer};
@@ -75,6 +76,7 @@ pub(crate) struct HfModel {
     pub(crate) added_normalized: AddedTokens,
     pub(crate) normalizer: Vec<NormOp>,
     pub(crate) metaspace: Option<Metaspace>,
+    pub(crate) split: Option<SplitSpec>,
 }
 
 /// Applies the normaliser steps in order (`Prepend` only to non-empty text).
@@ -189,7 +191,14 @@ impl HfModel {
             match split {
                 Split::Token(id) => out.push(id),
                 Split::Text(s, at_start) => match &self.metaspace {
-                    None => self.tokenize_word(&s, out),
+                    None => match &self.split {
+                        None => self.tokenize_word(&s, out),
+                        Some(split) => {
+                            for piece in split.pieces(&s) {
+                                self.tokenize_word(piece, out);
+                            }
+                        }
+                    },
                     Some(m) => {
                         let s = m.pre_tokenize(&s, at_start);
                         if m.split {

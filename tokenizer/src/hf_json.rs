@@ -17,7 +17,10 @@
 use serde_json::{Map, Value};
 
 use crate::hf_vocab::{flag, Vocabulary};
-use crate::spec::{HfBpeSpec, MetaspaceSpec, NormalizerStep, PrependScheme, TokenizerKind};
+use crate::spec::{
+    HfBpeSpec, MetaspaceSpec, NormalizerStep, PrependScheme, SplitBehavior, SplitSpec,
+    TokenizerKind,
+};
 use crate::vocab::{parse_byte_piece, PieceKind, VocabEntry};
 use crate::{Error, Result, Tokenizer};
 
@@ -89,7 +92,12 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
         root.get("normalizer").unwrap_or(&Value::Null),
         &mut normalizer,
     )?;
-    let metaspace = parse_pre_tokenizer(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
+    let (metaspace, split) =
+        match parse_pre_tokenizer(root.get("pre_tokenizer").unwrap_or(&Value::Null))? {
+            None => (None, None),
+            Some(PreTokenizer::Metaspace(m)) => (Some(m), None),
+            Some(PreTokenizer::Split(s)) => (None, Some(s)),
+        };
     let byte_fallback = flag(&root["model"], "byte_fallback", false);
 
     // The vocabulary, then the added tokens, into one dense id space.
@@ -131,6 +139,7 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
         merges,
         normalizer,
         metaspace,
+        split,
         fuse_unk: flag(&root["model"], "fuse_unk", false),
         ignore_merges: flag(&root["model"], "ignore_merges", false),
         added_tokens: table.added_specs(),
@@ -217,8 +226,15 @@ fn parse_normalizer(v: &Value, ops: &mut Vec<NormalizerStep>) -> Result<()> {
     Ok(())
 }
 
-/// `Metaspace` (alone or as the only member of a `Sequence`) or none.
-fn parse_pre_tokenizer(v: &Value) -> Result<Option<MetaspaceSpec>> {
+/// The pre-tokenizers of SentencePiece-style BPE models.
+enum PreTokenizer {
+    Metaspace(MetaspaceSpec),
+    Split(SplitSpec),
+}
+
+/// `Metaspace` or `Split` on a string (alone or as the only member of a `Sequence`), or
+/// none.
+fn parse_pre_tokenizer(v: &Value) -> Result<Option<PreTokenizer>> {
     match type_of(v) {
         _ if v.is_null() => Ok(None),
         "Sequence" => match v
@@ -242,10 +258,27 @@ fn parse_pre_tokenizer(v: &Value) -> Result<Option<MetaspaceSpec>> {
                 (_, Some("always") | None) => PrependScheme::Always,
                 (_, Some(s)) => return Err(invalid(format!("Metaspace prepend_scheme {s:?}"))),
             };
-            Ok(Some(MetaspaceSpec {
+            Ok(Some(PreTokenizer::Metaspace(MetaspaceSpec {
                 prepend_scheme: prepend,
                 split: v.get("split").and_then(Value::as_bool).unwrap_or(true),
-            }))
+            })))
+        }
+        "Split" => {
+            let pattern = match v.get("pattern").and_then(|p| p.get("String")) {
+                Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                _ => return Err(unsupported(format!("Split pre-tokenizer pattern {v}"))),
+            };
+            if v.get("invert").and_then(Value::as_bool) == Some(true) {
+                return Err(unsupported("an inverted Split pre-tokenizer"));
+            }
+            let behavior = match v.get("behavior").and_then(Value::as_str) {
+                Some("Removed") => SplitBehavior::Removed,
+                Some("Isolated") => SplitBehavior::Isolated,
+                Some("MergedWithPrevious") => SplitBehavior::MergedWithPrevious,
+                Some("MergedWithNext") => SplitBehavior::MergedWithNext,
+                b => return Err(unsupported(format!("Split behavior {b:?}"))),
+            };
+            Ok(Some(PreTokenizer::Split(SplitSpec { pattern, behavior })))
         }
         t => Err(unsupported(format!("pre-tokenizer {t:?}"))),
     }

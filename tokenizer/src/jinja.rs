@@ -1,23 +1,26 @@
 //! Jinja chat templates rendered with minijinja under the semantics of transformers'
 //! `PreTrainedTokenizerBase.apply_chat_template` (`utils/chat_template_utils.py`): the
 //! environment has `trim_blocks` and `lstrip_blocks` on, the template sees `messages`,
-//! `add_generation_prompt`, `bos_token` and `eos_token`, and may call
-//! `raise_exception(message)`; Python string methods (`.strip()`, `.startswith()`...)
+//! `add_generation_prompt`, `bos_token`, `eos_token` and `tools` (none unless given), and may call
+//! `raise_exception(message)` and the filter `tojson` (Python's `json.dumps` with its default
+//! separators `", "` and `": "` and `ensure_ascii=False`, as transformers defines it; keys in
+//! the order they come, which serde_json sorts); Python string methods (`.strip()`, `.startswith()`...)
 //! work through minijinja-contrib's `pycompat`.
 
 use minijinja::{context, Environment, ErrorKind};
 
-use crate::chat::Message;
 use crate::{Error, Result, Tokenizer};
 
-/// Renders `template` for `messages`.
+/// Renders `template` for `messages` (a list of [`crate::Message`]s, or of JSON messages with
+/// more fields, such as `tool_calls`) and `tools`.
 ///
 /// Errors: [`Error::Template`] with minijinja's message for a syntax error, an undefined
 /// function, or a `raise_exception` call (the template's message).
-pub(crate) fn render(
+pub(crate) fn render<M: serde::Serialize>(
     tok: &Tokenizer,
     template: &str,
-    messages: &[Message],
+    messages: &[M],
+    tools: Option<&serde_json::Value>,
     add_generation_prompt: bool,
 ) -> Result<String> {
     let mut env = Environment::new();
@@ -30,6 +33,7 @@ pub(crate) fn render(
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
         },
     );
+    env.add_filter("tojson", tojson);
     let token = |id: Option<u32>| {
         id.and_then(|id| tok.piece(id))
             .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -37,6 +41,7 @@ pub(crate) fn render(
     };
     let ctx = context! {
         messages => messages,
+        tools => tools,
         add_generation_prompt => add_generation_prompt,
         bos_token => token(tok.bos_id()),
         eos_token => token(tok.eos_id()),
@@ -56,9 +61,90 @@ pub(crate) fn render(
         .map_err(failed)
 }
 
+/// Python's `json.dumps` separators: `", "` between items, `": "` after keys.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.begin_array_value(writer, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+/// transformers' `tojson` filter (see the module docs).
+fn tojson(value: minijinja::Value) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
+    serde::Serialize::serialize(&value, &mut ser)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let text = String::from_utf8(out)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(minijinja::Value::from_safe_string(text))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::Message;
+
+    #[test]
+    fn tools_and_json_messages_reach_the_template() {
+        let template = "{% for t in tools %}{{ t.function.name }};{% endfor %}\
+                        {{ messages[0].tool_calls[0].function.name }}";
+        let t = tok(template);
+        let messages = [serde_json::json!({"role": "assistant", "content": null,
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]})];
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "g"}},
+            {"type": "function", "function": {"name": "h"}}]);
+        let text = render(&t, template, &messages, Some(&tools), false).unwrap();
+        assert_eq!(text, "g;h;f");
+        assert_eq!(
+            render(&t, "{{ tools is none }}", &messages, None, false).unwrap(),
+            "True"
+        );
+        // As Python's json.dumps(..., ensure_ascii=False) writes it.
+        let text = render(
+            &t,
+            "{{ tools[0] | tojson }}",
+            &messages,
+            Some(&tools),
+            false,
+        );
+        assert_eq!(
+            text.unwrap(),
+            r#"{"function": {"name": "g"}, "type": "function"}"#
+        );
+        let text = render(
+            &t,
+            "{{ ['é', 1.5, none] | tojson }}",
+            &messages,
+            None,
+            false,
+        );
+        assert_eq!(text.unwrap(), r#"["é", 1.5, null]"#);
+    }
 
     fn tok(template: &str) -> Tokenizer {
         let pieces = ["<unk>", "<s>", "</s>", "\u{2581}a"];
@@ -89,7 +175,7 @@ mod tests {
 
     fn render_one(template: &str, messages: &[Message], gen: bool) -> Result<String> {
         let t = tok(template);
-        render(&t, t.chat_template().unwrap(), messages, gen)
+        render(&t, t.chat_template().unwrap(), messages, None, gen)
     }
 
     /// Expected strings: what Python's jinja2 3.1.6 renders for the same template and

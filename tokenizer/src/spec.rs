@@ -148,6 +148,10 @@ pub struct HfBpeSpec {
     pub normalizer: Vec<NormalizerStep>,
     /// The `Metaspace` pre-tokenizer (replacement "▁"), if any.
     pub metaspace: Option<MetaspaceSpec>,
+    /// The `Split` pre-tokenizer on a string (Gemma's `Split(" ", MergedWithPrevious)`),
+    /// if any; never beside a `Metaspace`.
+    #[serde(default)]
+    pub split: Option<SplitSpec>,
     /// Consecutive unknown characters become one unknown token (`fuse_unk`).
     pub fuse_unk: bool,
     /// A word found whole in the vocabulary is not merged (`ignore_merges`).
@@ -196,6 +200,55 @@ pub struct MetaspaceSpec {
     pub prepend_scheme: PrependScheme,
     /// Split words before every "▁".
     pub split: bool,
+}
+
+/// The `Split` pre-tokenizer of `tokenizers` with a string pattern (not inverted): the
+/// text is cut at every occurrence of `pattern`, which goes where `behavior` says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitSpec {
+    /// The delimiter.
+    pub pattern: String,
+    /// What becomes of each delimiter.
+    pub behavior: SplitBehavior,
+}
+
+/// `SplitDelimiterBehavior` of `tokenizers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SplitBehavior {
+    /// Dropped.
+    Removed,
+    /// A piece of its own.
+    Isolated,
+    /// The end of the piece before it.
+    MergedWithPrevious,
+    /// The start of the piece after it.
+    MergedWithNext,
+}
+
+impl SplitSpec {
+    /// The non-empty pieces of `text`, in order.
+    pub(crate) fn pieces<'a>(&self, text: &'a str) -> Vec<&'a str> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        for (i, m) in text.match_indices(self.pattern.as_str()) {
+            let end = i + m.len();
+            match self.behavior {
+                SplitBehavior::Removed => out.push(&text[start..i]),
+                SplitBehavior::Isolated => out.extend([&text[start..i], m]),
+                SplitBehavior::MergedWithPrevious => out.push(&text[start..end]),
+                SplitBehavior::MergedWithNext => {
+                    out.push(&text[start..i]);
+                    start = i;
+                    continue;
+                }
+            }
+            start = end;
+        }
+        out.push(&text[start..]);
+        out.retain(|p| !p.is_empty());
+        out
+    }
 }
 
 /// `Metaspace`'s `prepend_scheme`.

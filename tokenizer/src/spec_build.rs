@@ -247,6 +247,7 @@ fn hf_spec(m: &HfModel, pieces: &[VocabEntry]) -> HfBpeSpec {
             },
             split: ms.split,
         }),
+        split: m.split.clone(),
         fuse_unk: m.fuse_unk,
         ignore_merges: m.ignore_merges,
         added_tokens,
@@ -364,5 +365,6 @@ fn hf_model(
             },
             split: m.split,
         }),
+        split: hf.split,
     })
 }

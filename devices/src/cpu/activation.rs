@@ -99,14 +99,27 @@ impl Gelu<'_> {
     /// The portable twin of the SIMD kernel below: the same steps.
     fn portable(self) {
         for v in self.0 {
-            let x = *v;
-            let u = SQRT_2_OVER_PI * ((GELU_CUBIC * (x * x)) * x + x);
-            let e = simd::exp(-2.0 * u.abs());
-            let t = (1.0 - e) / (1.0 + e);
-            let tanh = if u.is_sign_negative() { -t } else { t };
-            *v = 0.5 * x * (1.0 + tanh);
+            *v = gelu_scalar(*v);
         }
     }
+}
+
+/// `tanh(u) = sign(u)·(1 − e)/(1 + e)`, `e = e^(−2|u|) <= 1` from the polynomial
+/// [`simd::exp`] (never overflows); the scalar twin of [`tanh_v`].
+fn tanh_scalar(u: f32) -> f32 {
+    let e = simd::exp(-2.0 * u.abs());
+    let t = (1.0 - e) / (1.0 + e);
+    if u.is_sign_negative() {
+        -t
+    } else {
+        t
+    }
+}
+
+/// GELU of one value, the scalar twin of [`gelu_v`].
+fn gelu_scalar(x: f32) -> f32 {
+    let u = SQRT_2_OVER_PI * ((GELU_CUBIC * (x * x)) * x + x);
+    0.5 * x * (1.0 + tanh_scalar(u))
 }
 
 impl Kernel for Gelu<'_> {
@@ -134,8 +147,108 @@ fn gelu_v<S: Simd>(s: S, x: S::V) -> S::V {
     let one = s.splat(1.0);
     let cubic = s.mul(s.splat(GELU_CUBIC), s.mul(x, x));
     let u = s.mul(s.splat(SQRT_2_OVER_PI), s.fma(cubic, x, x));
+    s.mul(s.mul(s.splat(0.5), x), s.add(one, tanh_v(s, u)))
+}
+
+/// `tanh` of a vector, as [`tanh_scalar`].
+#[inline(always)]
+fn tanh_v<S: Simd>(s: S, u: S::V) -> S::V {
+    let one = s.splat(1.0);
     let e = simd::exp_simd(s, s.mul(s.splat(-2.0), s.abs(u)));
     let t = s.div(s.sub(one, e), s.add(one, e));
-    let tanh = s.select_neg(u, s.sub(s.zero(), t), t);
-    s.mul(s.mul(s.splat(0.5), x), s.add(one, tanh))
+    s.select_neg(u, s.sub(s.zero(), t), t)
+}
+
+/// GeGLU gate: `out = gelu(gate) * up` (GELU as [`gelu`]), element-wise over f32 tensors
+/// of one shape (Gemma's MLP, transformers `GemmaMLP` with `gelu_pytorch_tanh`).
+pub(crate) fn gelu_mul(isa: Isa, gate: &Data, up: &Data, output: &mut Data) -> Result<()> {
+    let k = GeluMul {
+        g: gate.as_f32()?,
+        u: up.as_f32()?,
+        out: output.as_f32_mut()?,
+    };
+    simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
+    Ok(())
+}
+
+/// The operands of [`gelu_mul`], as f32 slices of one length.
+struct GeluMul<'a> {
+    g: &'a [f32],
+    u: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl GeluMul<'_> {
+    /// The portable twin of the SIMD kernel below: the same steps.
+    fn portable(self) {
+        for ((o, &g), &u) in self.out.iter_mut().zip(self.g).zip(self.u) {
+            *o = gelu_scalar(g) * u;
+        }
+    }
+}
+
+impl Kernel for GeluMul<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let (n, l) = (self.out.len(), S::LANES);
+        let (g, u) = (&self.g[..n], &self.u[..n]);
+        let mut c = 0;
+        while c + l <= n {
+            let v = s.mul(gelu_v(s, s.load(&g[c..])), s.load(&u[c..]));
+            s.store(&mut self.out[c..], v);
+            c += l;
+        }
+        if c < n {
+            let v = s.mul(gelu_v(s, s.load_part(&g[c..])), s.load_part(&u[c..]));
+            s.store_part(&mut self.out[c..], v);
+        }
+    }
+}
+
+/// Soft-capping in place, `x = cap · tanh(x / cap)` (Gemma 2's final logits; transformers
+/// `Gemma2ForCausalLM.forward`), `tanh` as [`tanh_scalar`].
+pub(crate) fn soft_cap(isa: Isa, x: &mut Data, cap: f32) -> Result<()> {
+    let k = SoftCap {
+        x: x.as_f32_mut()?,
+        cap,
+    };
+    simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
+    Ok(())
+}
+
+/// The values [`soft_cap`] rewrites, and the cap.
+struct SoftCap<'a> {
+    x: &'a mut [f32],
+    cap: f32,
+}
+
+impl SoftCap<'_> {
+    /// The portable twin of the SIMD kernel below: the same steps.
+    fn portable(self) {
+        for v in self.x {
+            *v = self.cap * tanh_scalar(*v / self.cap);
+        }
+    }
+}
+
+impl Kernel for SoftCap<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let (n, l) = (self.x.len(), S::LANES);
+        let cap = s.splat(self.cap);
+        let mut c = 0;
+        while c + l <= n {
+            let v = s.mul(cap, tanh_v(s, s.div(s.load(&self.x[c..]), cap)));
+            s.store(&mut self.x[c..], v);
+            c += l;
+        }
+        if c < n {
+            let v = s.mul(cap, tanh_v(s, s.div(s.load_part(&self.x[c..]), cap)));
+            s.store_part(&mut self.x[c..], v);
+        }
+    }
 }

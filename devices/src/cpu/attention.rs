@@ -1,8 +1,9 @@
 //! Causal multi-head attention with grouped-query heads over the KV cache.
 //!
 //! For each query row and head: scores `q·k_t·scale` for the cached positions it sees (the
-//! causal prefix, or its last `sliding_window` rows), softmax with the maximum subtracted, then `Σ_t p_t·v_t`, all in f32 (llama2.c
-//! `forward`).
+//! causal prefix, or its last `sliding_window` rows), soft-capped (Gemma 2) and biased
+//! (ALiBi) where asked, softmax with the maximum subtracted, then `Σ_t p_t·v_t`, all in f32
+//! (llama2.c `forward`).
 //!
 //! The SIMD kernel takes the query heads of one KV head together (a GQA group, or part of
 //! one when a parallel decode would otherwise have fewer tasks than threads), so that each
@@ -65,6 +66,8 @@ pub(crate) struct Mask {
     pub bidirectional: usize,
     /// Positions each row sees at most, its own included (Mistral).
     pub sliding_window: Option<usize>,
+    /// Soft-capping of the scaled scores (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
 /// `output = softmax(q·Kᵀ·scale + bias)·V` per head, GQA (see [`flm_core::Op::Attention`]):
@@ -135,6 +138,7 @@ pub(crate) fn run(
         slopes: &slopes,
         bidirectional: mask.bidirectional,
         window,
+        softcap: mask.softcap,
     };
     let n = q.rows();
     let out = output.as_f32_mut()?;
@@ -197,6 +201,8 @@ struct Attn<'a> {
     bidirectional: usize,
     /// Positions each row sees at most; `usize::MAX` without a sliding window.
     window: usize,
+    /// Soft-capping of the scaled scores.
+    softcap: Option<f32>,
 }
 
 impl Attn<'_> {
@@ -231,10 +237,16 @@ impl Attn<'_> {
         first
     }
 
-    /// Adds the ALiBi bias `m_h · t` to the scores `s` of query head `h`, `s[k]` being cache
-    /// row `t = first + k` (a scalar pass: one add per score, next to a `head_dim`-long dot
-    /// product for each).
-    fn add_alibi(&self, h: usize, first: usize, s: &mut [f32]) {
+    /// Soft-caps the scores `s` of query head `h` (`s ← cap · tanh(s / cap)`), then adds
+    /// the ALiBi bias `m_h · t`, `s[k]` being cache row `t = first + k` (a scalar pass: a
+    /// few operations per score, next to a `head_dim`-long dot product for each; the same
+    /// in both kernels, so their bits agree).
+    fn bias_scores(&self, h: usize, first: usize, s: &mut [f32]) {
+        if let Some(cap) = self.softcap {
+            for s in s.iter_mut() {
+                *s = cap * (*s / cap).tanh();
+            }
+        }
         if let Some(&m) = self.slopes.get(h) {
             for (t, s) in (first..).zip(s.iter_mut()) {
                 *s += m * t as f32;
@@ -288,7 +300,7 @@ impl HeadRun<'_, '_> {
                     .iter()
                     .map(|&o| dot(qh, &a.keys[o..][..hd]) * a.scale),
             );
-            a.add_alibi(h, first, scores);
+            a.bias_scores(h, first, scores);
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0;
             for s in scores.iter_mut() {
@@ -399,7 +411,7 @@ fn group<S: Simd>(
     }
 
     for h in 0..heads {
-        a.add_alibi(
+        a.bias_scores(
             first % a.n_heads + h,
             start,
             &mut scores[h * padded..][..len],

@@ -176,6 +176,7 @@ impl BaseDevice for CpuDevice {
                 n_kv_heads,
                 scale,
                 alibi,
+                softcap,
                 bidirectional,
                 sliding_window,
                 output,
@@ -194,6 +195,7 @@ impl BaseDevice for CpuDevice {
                     alibi,
                     bidirectional,
                     sliding_window,
+                    softcap,
                 },
                 output,
             ),
@@ -207,6 +209,7 @@ impl BaseDevice for CpuDevice {
                 n_kv_heads,
                 scale,
                 alibi,
+                softcap,
                 sliding_window,
                 output,
             } => paged_attention::paged_attention(
@@ -224,6 +227,7 @@ impl BaseDevice for CpuDevice {
                     alibi,
                     bidirectional: 0,
                     sliding_window,
+                    softcap,
                 },
                 output,
             ),
@@ -265,6 +269,10 @@ impl BaseDevice for CpuDevice {
                 (top_k, renormalize),
                 output,
             ),
+            Op::GeluMul { gate, up, output } => {
+                activation::gelu_mul(self.isa.vector(), gate, up, output)
+            }
+            Op::SoftCap { x, cap } => activation::soft_cap(self.isa.vector(), x, cap),
             Op::Scale { x, alpha } => elementwise::scale(x, alpha),
             Op::Rope2d {
                 x,

@@ -21,6 +21,7 @@ pub(super) struct Args<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub scale: f32,
+    pub softcap: Option<f32>,
     pub alibi: bool,
     pub bidirectional: usize,
     pub sliding_window: Option<usize>,
@@ -71,6 +72,8 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     let mut part_o = dev.zeros::<f32>(parts * head_dim)?;
     let (nh, nkv, hd) = (int(a.n_heads)?, int(a.n_kv_heads)?, int(head_dim)?);
     let (bidir, window) = (int(a.bidirectional)?, int(a.sliding_window.unwrap_or(0))?);
+    // 0 stands for no soft-capping (a cap is positive: Op::validate).
+    let softcap = a.softcap.unwrap_or(0.0);
     let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
     let f = dev.function(Kernel::AttnPartial)?;
@@ -82,7 +85,8 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         .arg(&nh)
         .arg(&nkv)
         .arg(&hd)
-        .arg(&a.scale);
+        .arg(&a.scale)
+        .arg(&softcap);
     arg_or_null(&mut b, slopes.as_ref());
     b.arg(&bidir).arg(&window);
     b.arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);

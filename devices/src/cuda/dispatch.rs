@@ -60,9 +60,11 @@ impl BaseDevice for CudaDevice {
                 output,
                 ..
             } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
-            Op::SiluMul { gate, up, output } => f32(gate) && f32(up) && f32(output),
+            Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
+                f32(gate) && f32(up) && f32(output)
+            }
             Op::Add { x, y } => f32(x) && f32(y),
-            Op::Gelu { x } | Op::Scale { x, .. } => f32(x),
+            Op::Gelu { x } | Op::Scale { x, .. } | Op::SoftCap { x, .. } => f32(x),
             Op::Argmax { input, .. } => f32(input),
             // Host row copies are the CPU's; the paged-cache ops stay there in this version.
             Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
@@ -176,6 +178,7 @@ impl BaseDevice for CudaDevice {
                 n_kv_heads,
                 scale,
                 alibi,
+                softcap,
                 bidirectional,
                 sliding_window,
                 output,
@@ -189,16 +192,23 @@ impl BaseDevice for CudaDevice {
                     n_heads,
                     n_kv_heads,
                     scale,
+                    softcap,
                     alibi,
                     bidirectional,
                     sliding_window,
                 },
                 output,
             ),
-            Op::SiluMul { gate, up, output } => elementwise::silu_mul(self, gate, up, output),
+            Op::SiluMul { gate, up, output } => {
+                elementwise::gate_mul(self, elementwise::Gate::Silu, gate, up, output)
+            }
+            Op::GeluMul { gate, up, output } => {
+                elementwise::gate_mul(self, elementwise::Gate::Gelu, gate, up, output)
+            }
             Op::Add { x, y } => elementwise::add(self, x, y),
             Op::Gelu { x } => elementwise::unary(self, x, elementwise::Unary::Gelu),
             Op::Scale { x, alpha } => elementwise::unary(self, x, elementwise::Unary::Scale(alpha)),
+            Op::SoftCap { x, cap } => elementwise::unary(self, x, elementwise::Unary::SoftCap(cap)),
             Op::Argmax { input, output } => sample::argmax(self, input, output),
             Op::CopyRows {
                 src,

@@ -1,5 +1,6 @@
-//! The element-wise ops of [`super::CudaDevice`] (`kernels/elementwise.cu`): SwiGLU,
-//! residual add, GELU and scale, and row copies between tensors on the GPU.
+//! The element-wise ops of [`super::CudaDevice`] (`kernels/elementwise.cu`): SwiGLU and
+//! GeGLU, residual add, GELU, scale and soft-capping, and row copies between tensors on
+//! the GPU.
 
 use cudarc::driver::PushKernelArg;
 use flm_core::{Data, Result};
@@ -14,8 +15,22 @@ fn elem_grid(n: usize) -> Result<cudarc::driver::LaunchConfig> {
     grid((n.div_ceil(ELEM_THREADS as usize), 1, 1), ELEM_THREADS, 0)
 }
 
-/// [`flm_core::Op::SiluMul`].
-pub(super) fn silu_mul(dev: &CudaDevice, gate: &Data, up: &Data, output: &mut Data) -> Result<()> {
+/// The gated activations.
+pub(super) enum Gate {
+    /// [`flm_core::Op::SiluMul`].
+    Silu,
+    /// [`flm_core::Op::GeluMul`].
+    Gelu,
+}
+
+/// [`flm_core::Op::SiluMul`] or [`flm_core::Op::GeluMul`].
+pub(super) fn gate_mul(
+    dev: &CudaDevice,
+    gate_act: Gate,
+    gate: &Data,
+    up: &Data,
+    output: &mut Data,
+) -> Result<()> {
     let n = gate.numel();
     if n == 0 {
         return Ok(());
@@ -23,11 +38,15 @@ pub(super) fn silu_mul(dev: &CudaDevice, gate: &Data, up: &Data, output: &mut Da
     let (g, u) = (dev.input(gate)?, dev.input(up)?);
     let mut y = dev.output(output)?;
     let n_i = n as i64;
-    let f = dev.function(Kernel::SiluMul)?;
+    let kernel = match gate_act {
+        Gate::Silu => Kernel::SiluMul,
+        Gate::Gelu => Kernel::GeluMul,
+    };
+    let f = dev.function(kernel)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(g.slice()).arg(u.slice()).arg(y.slice()).arg(&n_i);
-    // SAFETY: three buffers of n floats, as `silu_mul(const float*, const float*, float*,
-    // long)` reads and writes them.
+    // SAFETY: three buffers of n floats, as `silu_mul` and `gelu_mul(const float*, const
+    // float*, float*, long)` read and write them.
     unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
     y.finish(dev)
 }
@@ -79,9 +98,11 @@ pub(super) enum Unary {
     Gelu,
     /// [`flm_core::Op::Scale`].
     Scale(f32),
+    /// [`flm_core::Op::SoftCap`].
+    SoftCap(f32),
 }
 
-/// [`flm_core::Op::Gelu`] or [`flm_core::Op::Scale`], in place.
+/// [`flm_core::Op::Gelu`], [`flm_core::Op::Scale`] or [`flm_core::Op::SoftCap`], in place.
 pub(super) fn unary(dev: &CudaDevice, x: &mut Data, op: Unary) -> Result<()> {
     let n = x.numel();
     if n == 0 {
@@ -97,11 +118,15 @@ pub(super) fn unary(dev: &CudaDevice, x: &mut Data, op: Unary) -> Result<()> {
             // SAFETY: n floats, as `gelu(float*, long)` uses them.
             unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
         }
-        Unary::Scale(alpha) => {
-            let f = dev.function(Kernel::Scale)?;
+        Unary::Scale(factor) | Unary::SoftCap(factor) => {
+            let kernel = match op {
+                Unary::SoftCap(_) => Kernel::SoftCap,
+                _ => Kernel::Scale,
+            };
+            let f = dev.function(kernel)?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(xd.slice()).arg(&alpha).arg(&n_i);
-            // SAFETY: n floats, as `scale(float*, float, long)` uses them.
+            b.arg(xd.slice()).arg(&factor).arg(&n_i);
+            // SAFETY: n floats, as `scale` and `soft_cap(float*, float, long)` use them.
             unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
         }
     }

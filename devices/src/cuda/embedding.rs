@@ -4,7 +4,7 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{quant, Data, Error, Result};
 
 use super::device::{dev_err, grid, int, CudaDevice};
-use super::kernels::{FloatWeight, Kernel};
+use super::kernels::{k_quant_code, FloatWeight, Kernel};
 use super::ROW_THREADS;
 
 /// [`flm_core::Op::Embedding`].
@@ -57,13 +57,16 @@ pub(super) fn embedding(
                 .arg(&dim_i)
                 .arg(&vocab_u);
             let sym = i32::from(table.dtype().is_int4_symmetric());
+            let kq = k_quant_code(table.dtype());
             b.arg(&row_bytes)
                 .arg(&padded)
                 .arg(&group)
                 .arg(&sym)
+                .arg(&kq)
                 .arg(&bad);
             // SAFETY: arguments as `embedding_quant`; the table is vocab rows of
-            // `row_bytes` in the .flm layout of its dtype, and ids >= vocab are not read.
+            // `row_bytes` in the .flm layout of its dtype (`kq` names a K-quant one), and
+            // ids >= vocab are not read.
             unsafe { b.launch(cfg) }
         }
     };

@@ -39,6 +39,17 @@ impl FloatWeight {
     }
 }
 
+/// The `kq` argument of the kernels that read K-quant rows (`dequant_k` in prelude.cuh):
+/// 1, 2, 3 for Q4_K, Q5_K, Q6_K; 0 for any other dtype.
+pub fn k_quant_code(dtype: DataType) -> i32 {
+    match dtype {
+        DataType::Q4K => 1,
+        DataType::Q5K => 2,
+        DataType::Q6K => 3,
+        _ => 0,
+    }
+}
+
 /// Every kernel of the device, the typed handle an op launches; [`Kernel::name`] is its
 /// `extern "C"` name in the PTX.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,6 +62,10 @@ pub enum Kernel {
     SiluMul,
     /// `gelu` (elementwise.cu).
     Gelu,
+    /// `gelu_mul` (elementwise.cu).
+    GeluMul,
+    /// `soft_cap` (elementwise.cu).
+    SoftCap,
     /// `add` (elementwise.cu).
     Add,
     /// `scale` (elementwise.cu).
@@ -67,6 +82,8 @@ pub enum Kernel {
     QgemvI8,
     /// `qgemv_i4` (qgemv.cu).
     QgemvI4,
+    /// `qgemv_k` (qgemv.cu).
+    QgemvK,
     /// `gemv_f16` (qgemv.cu).
     GemvF16,
     /// `gemv_bf16` (qgemv.cu).
@@ -98,6 +115,8 @@ impl Kernel {
             Kernel::LayerNorm(W::Bf16) => "layer_norm_bf16",
             Kernel::SiluMul => "silu_mul",
             Kernel::Gelu => "gelu",
+            Kernel::GeluMul => "gelu_mul",
+            Kernel::SoftCap => "soft_cap",
             Kernel::Add => "add",
             Kernel::Scale => "scale",
             Kernel::F32ToF16Rows => "f32_to_f16_rows",
@@ -108,6 +127,7 @@ impl Kernel {
             Kernel::EmbeddingQuant => "embedding_quant",
             Kernel::QgemvI8 => "qgemv_i8",
             Kernel::QgemvI4 => "qgemv_i4",
+            Kernel::QgemvK => "qgemv_k",
             Kernel::GemvF16 => "gemv_f16",
             Kernel::GemvBf16 => "gemv_bf16",
             Kernel::AddBias => "add_bias",
@@ -144,6 +164,8 @@ pub const MODULES: &[Module] = &[
         kernels: &[
             Kernel::SiluMul,
             Kernel::Gelu,
+            Kernel::GeluMul,
+            Kernel::SoftCap,
             Kernel::Add,
             Kernel::Scale,
             Kernel::F32ToF16Rows,
@@ -166,6 +188,7 @@ pub const MODULES: &[Module] = &[
         kernels: &[
             Kernel::QgemvI8,
             Kernel::QgemvI4,
+            Kernel::QgemvK,
             Kernel::GemvF16,
             Kernel::GemvBf16,
             Kernel::AddBias,

@@ -8,8 +8,8 @@
 //!   (f16/bf16 operands after the activations are rounded to the weight's type, as
 //!   transformers' f16 models round them; f32 accumulation and output,
 //!   `CUBLAS_COMPUTE_32F`, so no TF32).
-//! - int8 and int4 weights: the dequantise-GEMV kernels of `kernels/qgemv.cu`, reading the
-//!   weights quantised, in the .flm row layout. The decode product (prefill re-reads the
+//! - int8, int4 and K-quant weights: the dequantise-GEMV kernels of `kernels/qgemv.cu`,
+//!   reading the weights quantised, in the .flm row layout (ggml's for the K-quants). The decode product (prefill re-reads the
 //!   weights once per row).
 
 use std::ffi::c_void;
@@ -19,7 +19,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use flm_core::{quant, Data, DataType, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
-use super::kernels::{Kernel, QGEMV_ROWS};
+use super::kernels::{k_quant_code, Kernel, QGEMV_ROWS};
 
 /// Input rows up to which f16/bf16 weights go through the GEMV kernels rather than cuBLAS.
 pub const GEMV_MAX_ROWS: usize = 8;
@@ -196,6 +196,22 @@ fn qgemv(
 ) -> Result<()> {
     let (k_i, m_i, padded) = (int(k)?, int(m)?, int(quant::padded_cols(dtype, k))?);
     let cfg = grid((m.div_ceil(QGEMV_ROWS), n, 1), 32 * QGEMV_ROWS as u32, 0)?;
+    if dtype.is_k_quant() {
+        let (blocks, kq) = (
+            int(quant::padded_cols(dtype, k) / 256)?,
+            k_quant_code(dtype),
+        );
+        let f = dev.function(Kernel::QgemvK)?;
+        let mut b = dev.stream.launch_builder(f);
+        b.arg(w).arg(x);
+        arg_or_null(&mut b, bias);
+        b.arg(y).arg(&k_i).arg(&m_i).arg(&blocks).arg(&kq);
+        // SAFETY: w is m rows of `blocks` super-blocks of the K-quant `dtype` (ggml's bytes,
+        // flm_core::kquant), x n × k floats, y n × m floats, the bias m floats or null, as
+        // `qgemv_k` reads them.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        return Ok(());
+    }
     match dtype.group_size() {
         None => {
             let f = dev.function(Kernel::QgemvI8)?;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
-use flm_core::{Executor, PagedKvCache, Sampler};
+use flm_core::{log_softmax_top, Constraint, Executor, PagedKvCache, Sampler};
 
 use super::prefix::PrefixCache;
 use super::{EngineStats, Event, Finish, FinishReason, OnEvent};
@@ -19,6 +19,8 @@ pub(super) struct Pending {
     pub max_tokens: usize,
     /// Stop and end-of-sequence ids.
     pub stop: Vec<u32>,
+    pub logprobs: Option<usize>,
+    pub constraint: Option<Constraint>,
     pub on_event: OnEvent,
 }
 
@@ -30,6 +32,8 @@ struct Seq {
     sampler: Sampler,
     max_tokens: usize,
     stop: Vec<u32>,
+    logprobs: Option<usize>,
+    constraint: Option<Constraint>,
     on_event: OnEvent,
     /// Its block table.
     blocks: Vec<u32>,
@@ -57,13 +61,14 @@ pub(super) struct Scheduler {
     exec: Executor,
     kv: PagedKvCache,
     prefill_budget: usize,
+    step_budget: Option<usize>,
     stats: Arc<Mutex<EngineStats>>,
     queued: Arc<AtomicUsize>,
     waiting: VecDeque<Seq>,
     /// In order of admission.
     running: Vec<Seq>,
     counters: EngineStats,
-    /// The shared prompt prefixes; `None` with a p-tuning prefix, which shifts every
+    /// The prefix cache; `None` with a p-tuning prefix, which shifts every
     /// token's cache position.
     prefixes: Option<PrefixCache>,
     /// Requests that ended this step, told after the counters are published (so that a
@@ -77,6 +82,7 @@ impl Scheduler {
         exec: Executor,
         kv: PagedKvCache,
         prefill_budget: usize,
+        step_budget: Option<usize>,
         stats: Arc<Mutex<EngineStats>>,
         queued: Arc<AtomicUsize>,
     ) -> Scheduler {
@@ -91,6 +97,7 @@ impl Scheduler {
             exec,
             kv,
             prefill_budget,
+            step_budget,
             stats,
             queued,
             waiting: VecDeque::new(),
@@ -139,6 +146,8 @@ impl Scheduler {
             sampler: p.sampler,
             max_tokens: p.max_tokens,
             stop: p.stop,
+            logprobs: p.logprobs,
+            constraint: p.constraint,
             on_event: p.on_event,
             blocks: Vec::new(),
             cached: 0,
@@ -158,7 +167,8 @@ impl Scheduler {
     fn publish(&mut self) {
         self.counters.waiting = self.waiting.len();
         self.counters.running = self.running.len();
-        self.counters.free_blocks = self.kv.allocator().free();
+        self.counters.free_blocks = self.available_blocks();
+        self.counters.cached_blocks = self.prefixes.as_ref().map_or(0, PrefixCache::len);
         {
             let mut stats = match self.stats.lock() {
                 Ok(s) => s,
@@ -174,13 +184,9 @@ impl Scheduler {
     /// Gives `seq`'s blocks back.
     fn free_blocks(&mut self, seq: &mut Seq) {
         for b in seq.blocks.drain(..) {
-            // Every block of a table was allocated to it: releasing cannot fail.
+            // Every block of a table was allocated to it: releasing cannot fail. A block
+            // of the prefix cache keeps the cache's reference.
             let _ = self.kv.allocator_mut().release(b);
-            if self.kv.allocator().ref_count(b) == 0 {
-                if let Some(p) = &mut self.prefixes {
-                    p.forget(b);
-                }
-            }
         }
         seq.cached = 0;
     }
@@ -197,13 +203,30 @@ impl Scheduler {
         self.ended.push((seq.on_event, finish));
     }
 
+    /// Takes a free block, evicting the least recently used cached prefix block when none
+    /// is free.
+    fn alloc_block(&mut self) -> Option<u32> {
+        if self.kv.allocator().free() == 0 {
+            if let Some(p) = &mut self.prefixes {
+                p.evict(1, self.kv.allocator_mut());
+            }
+        }
+        self.kv.allocator_mut().alloc()
+    }
+
+    /// Blocks that can be had now: free ones and cached prefix blocks no sequence uses.
+    fn available_blocks(&self) -> usize {
+        let alloc = self.kv.allocator();
+        alloc.free() + self.prefixes.as_ref().map_or(0, |p| p.evictable(alloc))
+    }
+
     /// Makes sure running sequence `i` has blocks up to cache position `end` (exclusive),
     /// preempting the latest admitted sequences when the pool is empty. Returns false when
     /// `i` itself was preempted (or cannot grow any more).
     fn grow(&mut self, i: usize, end: usize) -> bool {
         let pre = self.batch.config().pre_seq_len;
         while self.running[i].blocks.len() * self.kv.block_size() < pre + end {
-            if let Some(b) = self.kv.allocator_mut().alloc() {
+            if let Some(b) = self.alloc_block() {
                 self.running[i].blocks.push(b);
                 continue;
             }
@@ -232,7 +255,15 @@ impl Scheduler {
             i += 1;
         }
         // Prefill chunks of running sequences, then admissions, within the budget.
-        let mut budget = self.prefill_budget;
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.tokens.len() - s.cached == 1)
+            .count();
+        let mut budget = self.step_budget.map_or(self.prefill_budget, |step| {
+            self.prefill_budget
+                .min(step.saturating_sub(decoding).max(1))
+        });
         for seq in &mut self.running {
             let pending = seq.tokens.len() - seq.cached;
             seq.chunk = if pending == 1 {
@@ -251,8 +282,8 @@ impl Scheduler {
     }
 
     /// Admits waiting sequences in order while the budget and the free blocks allow their
-    /// whole prompt (plus the p-tuning prefix), taking the blocks of a prefix shared with a
-    /// running sequence instead of computing it again.
+    /// whole prompt (plus the p-tuning prefix), taking the blocks of a cached prefix
+    /// instead of computing it again and evicting unused cached blocks when too few are free.
     fn admit(&mut self, budget: &mut usize) {
         let pre = self.batch.config().pre_seq_len;
         let bs = self.kv.block_size();
@@ -261,24 +292,37 @@ impl Scheduler {
                 break;
             };
             // At least the last token is computed, for its logits.
-            let shared = self.prefixes.as_ref().map_or_else(Vec::new, |p| {
-                p.lookup(&seq.tokens, (seq.tokens.len() - 1) / bs)
-            });
-            let need = self.kv.blocks_for(pre + seq.tokens.len()) - shared.len();
-            if need > self.kv.allocator().free() {
+            let max_shared = (seq.tokens.len() - 1) / bs;
+            let blocks = self.kv.blocks_for(pre + seq.tokens.len());
+            let shared = self
+                .prefixes
+                .as_mut()
+                .map_or_else(Vec::new, |p| p.lookup(&seq.tokens, max_shared));
+            // Registered blocks are allocated (the cache owns them): retaining cannot fail.
+            for &b in &shared {
+                let _ = self.kv.allocator_mut().retain(b);
+            }
+            let need = blocks - shared.len();
+            if need > self.available_blocks() {
+                for &b in &shared {
+                    let _ = self.kv.allocator_mut().release(b);
+                }
                 break;
             }
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            for &b in &shared {
-                // A registered block is owned by a running sequence: retaining cannot fail.
-                let _ = self.kv.allocator_mut().retain(b);
-            }
             seq.cached = shared.len() * bs;
+            if !shared.is_empty() {
+                self.counters.prefix_cache_hits += 1;
+            }
             self.counters.prefix_cached_tokens += seq.cached as u64;
             seq.blocks = shared;
+            let short = need.saturating_sub(self.kv.allocator().free());
+            if let Some(p) = &mut self.prefixes {
+                p.evict(short, self.kv.allocator_mut());
+            }
             for _ in 0..need {
                 if let Some(b) = self.kv.allocator_mut().alloc() {
                     seq.blocks.push(b);
@@ -335,7 +379,12 @@ impl Scheduler {
             seq.cached += seq.chunk;
             seq.chunk = 0;
             if let Some(p) = &mut self.prefixes {
-                p.register(&seq.blocks, &seq.tokens, seq.cached);
+                p.register(
+                    &seq.blocks,
+                    &seq.tokens,
+                    seq.cached,
+                    self.kv.allocator_mut(),
+                );
             }
             let logits = &logits[row * vocab..][..vocab];
             row += 1;
@@ -357,9 +406,24 @@ impl Scheduler {
     /// Samples `seq`'s next token from `logits` and delivers it.
     fn sample(&mut self, seq: &mut Seq, logits: &[f32], max_seq: usize) -> Outcome {
         let generated = &seq.tokens[seq.prompt_len..];
+        let masked;
+        let allowed = match &seq.constraint {
+            Some(c) => {
+                masked = {
+                    let mut l = logits.to_vec();
+                    if c.mask(&mut l, &seq.stop) == 0 {
+                        let e = "no token continues the reply within its constraint";
+                        return Outcome::Finished(FinishReason::Error(e.into()));
+                    }
+                    l
+                };
+                &masked[..]
+            }
+            None => logits,
+        };
         let next = match seq
             .sampler
-            .sample_with_output(logits, &seq.tokens, generated)
+            .sample_with_output(allowed, &seq.tokens, generated)
         {
             Ok(t) => t,
             Err(e) => return Outcome::Finished(FinishReason::Error(e.to_string())),
@@ -367,10 +431,23 @@ impl Scheduler {
         if seq.stop.contains(&next) {
             return Outcome::Finished(FinishReason::Stop);
         }
+        if let Some(c) = &mut seq.constraint {
+            if let Err(e) = c.advance(next) {
+                return Outcome::Finished(FinishReason::Error(e.to_string()));
+            }
+        }
+        let logprobs = match seq.logprobs.map(|k| log_softmax_top(logits, next, k)) {
+            None => None,
+            Some(Ok(l)) => Some(l),
+            Some(Err(e)) => return Outcome::Finished(FinishReason::Error(e.to_string())),
+        };
         seq.tokens.push(next);
         self.counters.generated_tokens += 1;
-        if (seq.on_event)(Event::Token(next)).is_break() {
+        if (seq.on_event)(Event::Token(next, logprobs)).is_break() {
             return Outcome::Cancelled;
+        }
+        if seq.constraint.as_ref().is_some_and(Constraint::finished) {
+            return Outcome::Finished(FinishReason::Stop);
         }
         let pool = self.kv.allocator().total() * self.kv.block_size();
         let pre = self.batch.config().pre_seq_len;

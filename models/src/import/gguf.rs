@@ -24,7 +24,8 @@
 //! (`attn_q.bias`...), Qwen3 a norm over each query and key head (`attn_q_norm`,
 //! `attn_k_norm`). Tensors F32, F16, BF16
 //! (zero-copy) and the ggml block types of [`GgmlType`] are read, each into the dtype
-//! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss). A SentencePiece
+//! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss; Q4_K, Q5_K and
+//! Q6_K used in place as flm's dtypes of the same bytes, [`flm_core::kquant`]). A SentencePiece
 //! vocabulary (`tokenizer.ggml.model = "llama"`) or a byte-level BPE one (`"gpt2"`,
 //! `gguf/bpe.rs`) becomes the checkpoint's tokenizer; other tokenizer kinds leave
 //! [`Checkpoint::tokenizer`] `None`.
@@ -36,23 +37,24 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use flm_core::ggml::GgmlType;
-use flm_core::{DataType, RopeStyle};
+use flm_core::{DataType, RopeScaling, RopeStyle};
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
 use crate::tensor_names::canonical_tensors;
-use crate::{Error, ModelConfig, Result};
+use crate::{Activation, Error, ModelConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
 
-/// The hyper-parameters of architecture `llama`, `qwen2` or `qwen3` (llama.cpp
-/// `llm_load_hparams` keys, under the architecture's name).
+/// The hyper-parameters of one of [`ARCHITECTURES`] (llama.cpp `llm_load_hparams` keys,
+/// under the architecture's name).
 fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
     let unsupported = |what: String| Error::format(m.path, format!("unsupported model: {what}"));
     let arch = match m.str("general.architecture")? {
-        Some(a) if ["llama", "qwen2", "qwen3"].contains(&a.as_str()) => a,
+        Some(a) if ARCHITECTURES.contains(&a.as_str()) => a,
         Some(a) => {
             return Err(unsupported(format!(
-                "architecture \"{a}\" (llama, qwen2 and qwen3 are supported)"
+                "architecture \"{a}\" ({} are supported)",
+                ARCHITECTURES.join(", ")
             )))
         }
         None => {
@@ -66,9 +68,13 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
     if m.usize(&key("expert_count"))?.unwrap_or(0) > 0 {
         return Err(unsupported("mixture of experts".into()));
     }
-    if let Some(t) = m.str(&key("rope.scaling.type"))?.filter(|t| t != "none") {
-        return Err(unsupported(format!("RoPE scaling \"{t}\"")));
-    }
+    let rope_scaling = match m.str(&key("rope.scaling.type"))?.as_deref() {
+        None | Some("none") => None,
+        Some("linear") => Some(RopeScaling::Linear {
+            factor: m.f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+        }),
+        Some(t) => return Err(unsupported(format!("RoPE scaling \"{t}\""))),
+    };
     if g.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
         return Err(unsupported(
             "RoPE frequency factors (rope_freqs.weight)".into(),
@@ -124,13 +130,76 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
         qkv_bias: arch == "qwen2",
-        qk_norm: arch == "qwen3",
+        qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3"),
+        rope_scaling,
         ..ModelConfig::default()
+    };
+    let config = if arch.starts_with("gemma") {
+        gemma(config, m, &arch)?
+    } else {
+        config
     };
     config
         .validate()
         .map_err(|e| Error::format(m.path, e.to_string()))?;
     Ok(config)
+}
+
+/// The GGUF architectures whose graphs flm runs.
+const ARCHITECTURES: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"];
+
+/// What Gemma changes, as llama.cpp reads it (`src/models/gemma*.cpp`): GeGLU, embeddings
+/// times `√n_embd`, the norm gains with their `+ 1` already added by the converter;
+/// Gemma 2 and 3: post-norms, sliding-window layers (`attention.sliding_window`, Gemma 2's
+/// default 4096; `attention.sliding_window_pattern`, an array of flags or a period `n` whose
+/// layers `il % n < n − 1` slide, default 2 and 6), the attention scale
+/// `1/√n_embd_head_k` but `1/√(n_embd/n_head)` for the 27B models (46 and 62 layers), the
+/// soft caps (`attn_logit_softcapping`, `final_logit_softcapping`); Gemma 3: q/k norms and
+/// the sliding layers' RoPE base `rope.freq_base_swa` (default 10000, unscaled).
+///
+/// Errors: [`Error::Format`] for a malformed pattern.
+fn gemma(mut c: ModelConfig, m: &Meta, arch: &str) -> Result<ModelConfig> {
+    let key = |k: &str| format!("{arch}.{k}");
+    c.activation = Activation::GeluTanh;
+    c.embed_scale = Some((c.dim as f64).sqrt() as f32);
+    if arch == "gemma" {
+        return Ok(c);
+    }
+    c.post_norms = true;
+    let large = matches!((arch, c.n_layers), ("gemma2", 46) | ("gemma3", 62));
+    let width = if large { c.dim / c.n_heads } else { c.head_dim };
+    c.attention_scale = Some(1.0 / (width as f32).sqrt());
+    c.final_softcap = m.f32(&key("final_logit_softcapping"))?.filter(|&v| v > 0.0);
+    let default_window = if arch == "gemma2" { Some(4096) } else { None };
+    c.sliding_window = m
+        .usize(&key("attention.sliding_window"))?
+        .or(default_window)
+        .filter(|&w| w > 0);
+    if arch == "gemma2" {
+        c.attn_softcap = m.f32(&key("attn_logit_softcapping"))?.filter(|&v| v > 0.0);
+    } else {
+        c.rope_local_theta = Some(m.f32(&key("rope.freq_base_swa"))?.unwrap_or(10000.0));
+    }
+    let pattern_key = key("attention.sliding_window_pattern");
+    let flags = match m.array(&pattern_key)? {
+        Some(values) => values
+            .iter()
+            .map(|v| match v {
+                Value::Bool(b) => Ok(*b),
+                other => Err(Error::format(
+                    m.path,
+                    format!("{pattern_key} holds {}", other.describe()),
+                )),
+            })
+            .collect::<Result<Vec<bool>>>()?,
+        None => {
+            let default = if arch == "gemma2" { 2 } else { 6 };
+            let n = m.usize(&pattern_key)?.unwrap_or(default);
+            (0..c.n_layers).map(|l| n == 0 || l % n < n - 1).collect()
+        }
+    };
+    c.sliding_layers = Some(flags);
+    Ok(c)
 }
 
 /// The encoding of a ggml tensor type, and its block length along `ne[0]`.
@@ -140,7 +209,11 @@ fn encoding(ggml_type: u32) -> std::result::Result<(Encoding, usize), String> {
         1 => (Encoding::Native(DataType::F16), 1),
         30 => (Encoding::Native(DataType::BF16), 1),
         t => match GgmlType::from_id(t) {
-            Some(ty) => (Encoding::Ggml(ty), ty.block_len()),
+            // Q4_K, Q5_K and Q6_K rows are flm rows of the same bytes: used in place.
+            Some(ty) => match ty.native_dtype() {
+                Some(dtype) => (Encoding::Native(dtype), ty.block_len()),
+                None => (Encoding::Ggml(ty), ty.block_len()),
+            },
             None => {
                 const NAMES: &str = "F32 F16 Q4_0 Q4_1 Q4_2 Q4_3 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K \
                     Q4_K Q5_K Q6_K Q8_K IQ2_XXS IQ2_XS IQ3_XXS IQ1_S IQ4_NL IQ3_S IQ2_S IQ4_XS \

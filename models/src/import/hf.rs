@@ -20,9 +20,9 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use super::hf_families::{self, MoeFields, RopeFields, WindowFields};
-use super::{map_file, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
-use crate::tensor_names::{canonical_tensors, TensorName};
-use crate::{Error, ModelConfig, Result};
+use super::{map_file, packed, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
+use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
+use crate::{Activation, Error, ModelConfig, Result};
 
 /// A token id or a list of them (`eos_token_id` is either in HF configs).
 #[derive(Deserialize)]
@@ -71,6 +71,20 @@ struct HfConfig {
     bias: Option<bool>,
     /// Baichuan-13B: the context length (it has no `max_position_embeddings`).
     model_max_length: Option<usize>,
+    /// Gemma: the feed-forward gate's activation (`gelu_pytorch_tanh`).
+    hidden_activation: Option<String>,
+    /// Gemma 2 and 3: the attention scale is `query_pre_attn_scalar^-0.5`.
+    query_pre_attn_scalar: Option<f64>,
+    /// Gemma 2: soft-capping of the attention scores.
+    attn_logit_softcapping: Option<f32>,
+    /// Gemma 2: soft-capping of the logits.
+    final_logit_softcapping: Option<f32>,
+    /// Gemma 2 and 3 (transformers 5): `sliding_attention` or `full_attention` per layer.
+    layer_types: Option<Vec<String>>,
+    /// Gemma 3 (transformers 4): every this-many-th layer is global.
+    sliding_window_pattern: Option<usize>,
+    /// Gemma 3 (transformers 4): the RoPE θ of the sliding-window layers.
+    rope_local_base_freq: Option<f32>,
 }
 
 /// The checkpoint families read from Hugging Face directories, which name their tensors
@@ -79,6 +93,10 @@ struct HfConfig {
 enum Family {
     /// transformers' Llama names (also InternLM, Mistral and Qwen2).
     Llama,
+    /// transformers' Gemma names: Gemma 2 and 3 add `pre_feedforward_layernorm` and
+    /// `post_feedforward_layernorm`, and their `post_attention_layernorm` is the attention
+    /// output's norm.
+    Gemma,
     /// Llama names with a fused `W_pack`.
     Baichuan,
     /// Llama names with fused `qkv_proj` and `gate_up_proj` (Phi-3, Phi-4-mini).
@@ -100,7 +118,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     if kind.model_type.as_deref() == Some("chatglm") {
         return Ok((thudm::parse_config(path, &text)?, Family::Thudm));
     }
-    let hf: HfConfig = serde_json::from_str(&text)
+    let mut hf: HfConfig = serde_json::from_str(&text)
         .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
     let unsupported = |what: String| Error::format(path, format!("unsupported model: {what}"));
     let family = match hf.model_type.as_deref() {
@@ -108,6 +126,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         Some("mixtral") => Family::Mixtral,
         Some("baichuan") => Family::Baichuan,
         Some("phi3") => Family::Phi3,
+        Some("gemma" | "gemma2" | "gemma3_text") => Family::Gemma,
         Some(other) => return Err(unsupported(format!("model_type \"{other}\""))),
         None => {
             return Err(Error::format(
@@ -122,13 +141,42 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         return Err(unsupported("Baichuan2's normalised classifier head".into()));
     }
     let model_type = hf.model_type.as_deref().unwrap_or_default();
-    let (rope_theta, rope_scaling) =
-        hf_families::rope(&hf.rope, hf.max_position_embeddings).map_err(unsupported)?;
+    let ((rope_theta, rope_scaling), rope_local_theta) = if model_type == "gemma3_text" {
+        let (global, local) = hf_families::gemma3_ropes(
+            &hf.rope,
+            hf.rope_local_base_freq,
+            hf.max_position_embeddings,
+        )
+        .map_err(unsupported)?;
+        (global, Some(local))
+    } else {
+        let global =
+            hf_families::rope(&hf.rope, hf.max_position_embeddings).map_err(unsupported)?;
+        (global, None)
+    };
     let sliding_window =
         hf_families::sliding_window(model_type, &hf.window).map_err(unsupported)?;
-    if let Some(act) = hf.hidden_act.as_deref().filter(|&a| a != "silu") {
-        return Err(unsupported(format!("hidden_act \"{act}\" (only silu)")));
-    }
+    let activation = if family == Family::Gemma {
+        // Gemma 1 reads `hidden_act`, whose `gelu` in the official configs transformers
+        // runs as the tanh approximation; Gemma 2 and 3 read `hidden_activation`.
+        let (act, legacy) = match model_type {
+            "gemma" => (hf.hidden_act.as_deref(), Some("gelu")),
+            _ => (hf.hidden_activation.as_deref(), None),
+        };
+        match act {
+            None | Some("gelu_pytorch_tanh") => Activation::GeluTanh,
+            Some(a) if Some(a) == legacy => Activation::GeluTanh,
+            Some(act) => {
+                let msg = format!("hidden_activation \"{act}\" (only gelu_pytorch_tanh)");
+                return Err(unsupported(msg));
+            }
+        }
+    } else {
+        if let Some(act) = hf.hidden_act.as_deref().filter(|&a| a != "silu") {
+            return Err(unsupported(format!("hidden_act \"{act}\" (only silu)")));
+        }
+        Activation::Silu
+    };
     if hf.mlp_bias == Some(true) {
         return Err(unsupported("MLP biases".into()));
     }
@@ -167,14 +215,23 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         rope_theta,
         rope_style: RopeStyle::RotateHalf,
         tie_embeddings: hf.tie_word_embeddings.unwrap_or(false),
-        bos_token_id: hf.bos_token_id.and_then(|b| b.into_vec().first().copied()),
-        eos_token_ids: hf.eos_token_id.map(Ids::into_vec).unwrap_or_default(),
+        bos_token_id: hf
+            .bos_token_id
+            .take()
+            .and_then(|b| b.into_vec().first().copied()),
+        eos_token_ids: hf
+            .eos_token_id
+            .take()
+            .map(Ids::into_vec)
+            .unwrap_or_default(),
         alibi,
         qkv_bias,
         o_bias,
         rope_scaling,
         sliding_window,
-        qk_norm: matches!(model_type, "qwen3" | "qwen3_moe"),
+        qk_norm: matches!(model_type, "qwen3" | "gemma3_text" | "qwen3_moe"),
+        activation,
+        rope_local_theta,
         moe: hf_families::moe(
             model_type,
             &hf.moe,
@@ -184,10 +241,72 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         .map_err(unsupported)?,
         ..ModelConfig::default()
     };
+    let config = if family == Family::Gemma {
+        gemma(config, &hf, model_type).map_err(unsupported)?
+    } else {
+        config
+    };
     config
         .validate()
         .map_err(|e| Error::format(path, e.to_string()))?;
     Ok((config, family))
+}
+
+/// What Gemma changes in the Llama graph (transformers' `GemmaModel`, `Gemma2Model`,
+/// `Gemma3TextModel`): RMSNorm gains stored as `w` for `1 + w`, embeddings times
+/// `√hidden_size`, tied embeddings by default; Gemma 2 and 3 add the post-norms, the
+/// attention scale `query_pre_attn_scalar^-0.5` and sliding-window layers (`layer_types`,
+/// else Gemma 2's even layers and Gemma 3's all but every `sliding_window_pattern`-th);
+/// Gemma 2 soft-caps the scores and the logits.
+///
+/// Errors: a message for `layer_types` of the wrong length or an unknown type.
+fn gemma(
+    mut c: ModelConfig,
+    hf: &HfConfig,
+    model_type: &str,
+) -> std::result::Result<ModelConfig, String> {
+    c.norm_unit_offset = true;
+    c.embed_scale = Some((hf.hidden_size as f64).sqrt() as f32);
+    c.tie_embeddings = hf.tie_word_embeddings.unwrap_or(true);
+    if model_type == "gemma" {
+        return Ok(c);
+    }
+    c.post_norms = true;
+    c.attention_scale = hf.query_pre_attn_scalar.map(|q| q.powf(-0.5) as f32);
+    c.attn_softcap = hf.attn_logit_softcapping;
+    c.final_softcap = hf.final_logit_softcapping;
+    let sliding: Vec<bool> = match &hf.layer_types {
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(format!("layer type \"{other}\"")),
+            })
+            .collect::<std::result::Result<_, _>>()?,
+        None if model_type == "gemma2" => (0..c.n_layers).map(|l| l % 2 == 0).collect(),
+        None => {
+            let pattern = hf.sliding_window_pattern.unwrap_or(6).max(1);
+            (0..c.n_layers).map(|l| (l + 1) % pattern != 0).collect()
+        }
+    };
+    c.sliding_layers = Some(sliding);
+    Ok(c)
+}
+
+/// The Hugging Face name of `name` in a checkpoint of `family`: the table's
+/// ([`TensorName::hf`]), but for Gemma 2 and 3's norms (`post_norms`).
+fn hf_name(family: Family, post_norms: bool, name: TensorName) -> Option<String> {
+    let renamed = match name {
+        TensorName::Layer(l, LayerPart::FfnNorm) if post_norms => {
+            Some(format!("model.layers.{l}.pre_feedforward_layernorm.weight"))
+        }
+        TensorName::Layer(l, LayerPart::PostAttnNorm) if family == Family::Gemma => {
+            Some(format!("model.layers.{l}.post_attention_layernorm.weight"))
+        }
+        _ => None,
+    };
+    renamed.or_else(|| name.hf())
 }
 
 #[derive(Deserialize)]
@@ -259,8 +378,11 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Every tensor of the given safetensors or PyTorch `torch.save` files (told apart by
-/// their first bytes), by Hugging Face name.
-fn read_tensors(files: &[PathBuf]) -> Result<HashMap<String, SourceTensor>> {
+/// their first bytes), by Hugging Face name, but the safetensors ones `skip` names.
+fn read_tensors(
+    files: &[PathBuf],
+    skip: impl Fn(&str) -> bool,
+) -> Result<HashMap<String, SourceTensor>> {
     let mut by_name = HashMap::new();
     for file in files {
         let map = map_file(file)?;
@@ -271,6 +393,9 @@ fn read_tensors(files: &[PathBuf]) -> Result<HashMap<String, SourceTensor>> {
         let (header_len, metadata) = SafeTensors::read_metadata(&map)
             .map_err(|e| Error::format(file, format!("invalid safetensors file: {e}")))?;
         for (name, info) in metadata.tensors() {
+            if skip(&name) {
+                continue;
+            }
             let dtype = match info.dtype {
                 Dtype::F32 => DataType::F32,
                 Dtype::F16 => DataType::F16,
@@ -315,7 +440,14 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         Some(f) => vec![f.to_path_buf()],
         None => weight_files(dir)?,
     };
-    let mut by_name = read_tensors(&files)?;
+    // GPTQ/AWQ linears: their packed parts become one `<prefix>.weight` each.
+    let packed = packed::read(dir, &config_path, &files)?;
+    let mut by_name = read_tensors(&files, |name| {
+        packed.as_ref().is_some_and(|p| p.consumes(name))
+    })?;
+    for t in packed.into_iter().flat_map(|p| p.tensors) {
+        by_name.insert(t.name.clone(), t);
+    }
     // ChatGLM-6B names its SentencePiece model `ice_text.model`.
     let candidates: Vec<PathBuf> = ["tokenizer.model", "ice_text.model", "tokenizer.json"]
         .iter()
@@ -338,12 +470,12 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         Family::Baichuan => split_w_pack(&config, &mut by_name)?,
         Family::Phi3 => split_phi3(&config, &mut by_name)?,
         Family::Mixtral => rename_mixtral(&mut by_name),
-        Family::Llama => {}
+        Family::Llama | Family::Gemma => {}
     }
     let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, _)| {
-            let hf = canonical.hf().ok_or_else(|| {
+            let hf = hf_name(family, config.post_norms, canonical).ok_or_else(|| {
                 Error::format(
                     dir,
                     format!("{family:?} checkpoints have no tensor {canonical}"),

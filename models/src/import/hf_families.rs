@@ -8,13 +8,14 @@
 //! | `qwen2` | q/k/v biases, no output bias; windows only with `use_sliding_window` | always biased |
 //! | `qwen3` | RMSNorm over each query and key head | always |
 //! | `phi3` (Phi-3, Phi-4-mini) | fused qkv and gate/up weights, LongRoPE, partial rotary | `rope_scaling`, `partial_rotary_factor` |
+//! | `gemma`, `gemma2`, `gemma3_text` | GeGLU, `1 + w` norm gains, √hidden embedding scale; Gemma 2 and 3: post-norms, sliding and global layers, `query_pre_attn_scalar`; Gemma 2: soft-capping; Gemma 3: q/k norms, a local RoPE | `hidden_activation`, `layer_types`, `*_softcapping`, `rope_local_base_freq` |
 //! | `mixtral` | routed experts, renormalised top-k; sliding window as Mistral | `num_local_experts`, `num_experts_per_tok`, `intermediate_size` |
 //! | `qwen3_moe` | routed experts, dense layers, q/k norms as Qwen3 | `num_experts` (or `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`, `mlp_only_layers` |
 //!
 //! transformers 5 writes the RoPE settings as one `rope_parameters` object
 //! (`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": ..}`), transformers 4 as
 //! `rope_theta` and `rope_scaling` (`{"rope_type" or "type": "llama3", "factor": ..}`);
-//! both are read. RoPE scalings other than llama3 and longrope (linear, dynamic NTK, YaRN)
+//! both are read. RoPE scalings other than llama3, linear and longrope (dynamic NTK, YaRN)
 //! and Qwen2's per-layer windows are refused with an error naming them.
 
 use flm_core::RopeScaling;
@@ -167,6 +168,18 @@ pub(super) fn rope(
         .unwrap_or("default");
     match kind {
         "default" => Ok((theta, None)),
+        "linear" => {
+            let factor = scaling
+                .get("factor")
+                .and_then(Value::as_f64)
+                .ok_or("linear rope scaling without a factor")?;
+            Ok((
+                theta,
+                Some(RopeScaling::Linear {
+                    factor: factor as f32,
+                }),
+            ))
+        }
         "llama3" => {
             let p = Llama3::deserialize(scaling)
                 .map_err(|e| format!("invalid llama3 rope scaling: {e}"))?;
@@ -212,9 +225,43 @@ pub(super) fn rope(
             ))
         }
         other => Err(format!(
-            "rope scaling of type \"{other}\" (only \"llama3\" and \"longrope\" are supported)"
+            "rope scaling of type \"{other}\" (only \"llama3\", \"linear\" and \"longrope\" are \
+             supported)"
         )),
     }
+}
+
+/// Gemma 3's two RoPEs: the global layers' θ and scaling, and the sliding-window layers'
+/// θ (unscaled). transformers 5 writes them as `rope_parameters` keyed by layer type
+/// (`{"full_attention": {..}, "sliding_attention": {..}}`), transformers 4 as `rope_theta`
+/// and `rope_scaling` for the global layers and `rope_local_base_freq` (default 10000).
+///
+/// Errors: a message for an unknown or malformed scaling, or a scaled local RoPE.
+pub(super) fn gemma3_ropes(
+    fields: &RopeFields,
+    rope_local_base_freq: Option<f32>,
+    max_position_embeddings: Option<usize>,
+) -> Result<((f32, Option<RopeScaling>), f32), String> {
+    let per_type = fields
+        .rope_parameters
+        .as_ref()
+        .filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
+    let Some(per_type) = per_type else {
+        let global = rope(fields, max_position_embeddings)?;
+        return Ok((global, rope_local_base_freq.unwrap_or(10000.0)));
+    };
+    let of = |kind: &str| -> Result<(f32, Option<RopeScaling>), String> {
+        let fields = RopeFields {
+            rope_parameters: per_type.get(kind).cloned(),
+            ..RopeFields::default()
+        };
+        rope(&fields, max_position_embeddings)
+    };
+    let (local, local_scaling) = of("sliding_attention")?;
+    if local_scaling.is_some() {
+        return Err("a scaled RoPE on the sliding-window layers".into());
+    }
+    Ok((of("full_attention")?, local))
 }
 
 /// The sliding window of a `model_type`: Mistral's `sliding_window`; Qwen2's is refused when
@@ -227,7 +274,7 @@ pub(super) fn sliding_window(
     fields: &WindowFields,
 ) -> Result<Option<usize>, String> {
     match model_type {
-        "mistral" | "mixtral" | "phi3" => match fields.sliding_window {
+        "mistral" | "mixtral" | "phi3" | "gemma2" | "gemma3_text" => match fields.sliding_window {
             Some(0) => Err("sliding_window must be positive".into()),
             window => Ok(window),
         },

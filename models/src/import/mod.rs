@@ -4,7 +4,7 @@
 //!
 //! | what the path holds | format |
 //! |---|---|
-//! | a directory with `config.json` | Hugging Face (safetensors, one file or sharded) |
+//! | a directory with `config.json` | Hugging Face (safetensors, one file or sharded; GPTQ and AWQ int4: [`packed`]) |
 //! | a file starting with a safetensors header | Hugging Face; `config.json` is read beside it |
 //! | a file starting with `\x89FLM\r\n\x1a\n` | flm's own .flm file |
 //! | a file starting with `GGUF` | GGUF v2/v3 (llama.cpp) |
@@ -16,13 +16,17 @@
 //! f32, f16 or bf16, and are decoded when loaded otherwise (llama2.c v2, GGUF's block
 //! types: [`Encoding::load_dtype`]).
 
+mod awq;
 mod flm;
 mod gguf;
+mod gptq;
 mod hf;
 mod hf_families;
 mod llama2c;
+mod packed;
 mod pickle;
 mod pytorch;
+mod quant_config;
 mod source;
 mod thudm;
 
@@ -124,10 +128,18 @@ impl Checkpoint {
     }
 
     /// One line per ggml weight type of the checkpoint that loading converts into another
-    /// kind of dtype (not Q4_0/Q4_1, which are repacked without loss): what it becomes, and
-    /// what that costs in memory and accuracy; then one line listing the tensors of the
+    /// kind of dtype (not Q4_0/Q4_1, which are repacked without loss), and per kind of GPTQ
+    /// or AWQ tensor that is dequantised ([`SourceTensor::assembly_note`]): what it becomes,
+    /// and what that costs in memory and accuracy; then one line listing the tensors of the
     /// file that are ignored ([`Checkpoint::ignored`]), if any.
     pub fn load_notes(&self) -> Vec<String> {
+        let mut assembled: Vec<(String, usize)> = Vec::new();
+        for note in self.tensors.iter().filter_map(SourceTensor::assembly_note) {
+            match assembled.iter_mut().find(|(n, _)| *n == note) {
+                Some((_, count)) => *count += 1,
+                None => assembled.push((note, 1)),
+            }
+        }
         let mut by_type: Vec<(GgmlType, usize, usize)> = Vec::new();
         for t in &self.tensors {
             let Encoding::Ggml(ty) = t.encoding else {
@@ -159,6 +171,11 @@ impl Checkpoint {
                     extra / (1024.0 * 1024.0)
                 )
             })
+            .chain(
+                assembled
+                    .into_iter()
+                    .map(|(note, n)| format!("{n} tensors: {note}")),
+            )
             .collect();
         if !self.ignored.is_empty() {
             notes.push(format!(

@@ -56,8 +56,8 @@ impl Encoding {
     /// The dtype a tensor of this encoding has once loaded: its own for
     /// [`Encoding::Native`]; for ggml types the lossless repacking (Q4_0 as int4-sym-g32,
     /// Q4_1 as int4-g32), f32 for Q8_0 (exact; flm's int8 has one scale per row, not per 32
-    /// values), and int8 per row for the types no flm dtype holds (Q5_0, Q5_1, the
-    /// K-quants, IQ4_NL, IQ4_XS): fast integer kernels at 8.1 bits per weight, at the cost
+    /// values), and int8 per row for the types no flm dtype holds (Q5_0, Q5_1, Q2_K, Q3_K,
+    /// IQ4_NL, IQ4_XS; Q4_K, Q5_K and Q6_K are native flm dtypes, never [`Encoding::Ggml`]): fast integer kernels at 8.1 bits per weight, at the cost
     /// of the int8 rounding (at most `max|w| / 254` per row, [`flm_core::quant`]) on top of
     /// the file's own; f32 for everything else.
     pub fn load_dtype(self) -> DataType {
@@ -83,6 +83,20 @@ enum Backing {
         parent: Box<SourceTensor>,
         ranges: Vec<Range<usize>>,
     },
+    /// Assembled from several stored tensors (GPTQ and AWQ packed int4).
+    Assembled(Arc<dyn Assemble>),
+}
+
+/// A tensor that an importer assembles on load from several stored tensors (GPTQ's and
+/// AWQ's packed codes, zero points and scales: [`super::packed`]).
+pub(crate) trait Assemble: std::fmt::Debug + Send + Sync {
+    /// The tensor's values, in the dtype its [`SourceTensor`] was declared with.
+    fn load(&self) -> Result<Data>;
+    /// One line on what loading changes (a dequantisation and its cost), or `None` when
+    /// the values are kept as stored.
+    fn note(&self) -> Option<String>;
+    /// As [`SourceTensor::release`], for the stored tensors it reads.
+    fn release(&self);
 }
 
 /// One tensor of a checkpoint, not yet read.
@@ -153,6 +167,33 @@ impl SourceTensor {
         }
     }
 
+    /// A tensor of `dtype` (once loaded) that `parts` assembles on load; `file` names where
+    /// it is stored, for messages.
+    pub(crate) fn assembled(
+        name: String,
+        shape: Vec<usize>,
+        dtype: DataType,
+        file: &Path,
+        parts: Arc<dyn Assemble>,
+    ) -> SourceTensor {
+        SourceTensor {
+            name,
+            shape,
+            encoding: Encoding::Native(dtype),
+            backing: Backing::Assembled(parts),
+            file: file.to_path_buf(),
+        }
+    }
+
+    /// What loading this tensor changes, in one line, for a tensor assembled from several
+    /// stored ones (GPTQ, AWQ); `None` otherwise, or when the values are kept as stored.
+    pub fn assembly_note(&self) -> Option<String> {
+        match &self.backing {
+            Backing::Assembled(parts) => parts.note(),
+            _ => None,
+        }
+    }
+
     /// The rows `ranges` of this tensor (its first dimension), in order, as a tensor named
     /// `name`: a view of the same bytes when they are one range of a natively encoded
     /// tensor, rows gathered into an owned tensor on load otherwise.
@@ -209,8 +250,10 @@ impl SourceTensor {
     /// page it has read resident. The bytes stay valid: a later access reads them again
     /// from the file. A no-op for random tensors and on non-Unix systems.
     pub fn release(&self) {
-        if let Backing::Rows { parent, .. } = &self.backing {
-            parent.release();
+        match &self.backing {
+            Backing::Rows { parent, .. } => parent.release(),
+            Backing::Assembled(parts) => parts.release(),
+            _ => {}
         }
         #[cfg(unix)]
         if let (Backing::Mapped { map, offset }, Some(len)) =
@@ -250,6 +293,7 @@ impl SourceTensor {
             Backing::Mapped { map, offset } => (map, *offset),
             Backing::Random { seed } => return Ok(random_data(&self.shape, *seed)?),
             Backing::Rows { parent, ranges } => return gather_rows(parent, ranges, &self.shape),
+            Backing::Assembled(parts) => return parts.load(),
         };
         let bytes = self.bytes().unwrap_or_default();
         let values: Vec<f32> = match self.encoding {

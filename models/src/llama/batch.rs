@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use flm_core::{Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
 
-use super::{attention_scale, finish, run_layers, Activations, Head, LlamaModel, Logits};
+use super::{finish, run_layers, Activations, Head, LlamaModel, Logits};
 use crate::{Error, ModelConfig, Result};
 
 /// One sequence of a batched forward pass.
@@ -187,12 +187,13 @@ impl LlamaBatch {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                     exec.run(Op::RopeRows {
                         x,
-                        table: &model.rope,
+                        table: model.rope_of(l),
                         n_heads,
                         positions,
                     })?;
                 }
             }
+            let mask = model.attention_mask(l);
             let (cache_k, cache_v) = kv.layer_mut(l);
             exec.run(Op::ScatterRows {
                 src: &s.k,
@@ -212,9 +213,10 @@ impl LlamaBatch {
                 seqs: &paged,
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,
-                scale: attention_scale(c),
-                alibi: c.alibi,
-                sliding_window: c.sliding_window,
+                scale: mask.scale,
+                alibi: mask.alibi,
+                softcap: mask.softcap,
+                sliding_window: mask.sliding_window,
                 output: &mut s.att,
             })
         })?;

@@ -76,6 +76,9 @@ pub struct LlamaLayer {
     pub ffn_norm: Data,
     /// The feed-forward: dense, or routed experts.
     pub ffn: Ffn,
+    /// RMSNorm gains `[dim]` of the attention output and of the feed-forward output,
+    /// before their residual adds (`ModelConfig::post_norms`: Gemma 2 and 3).
+    pub post_norms: Option<[Data; 2]>,
 }
 
 /// The feed-forward of a layer.
@@ -114,11 +117,12 @@ impl LlamaLayer {
                 w_down,
                 w_up,
             } => out.extend([w_gate, w_down, w_up]),
-            Ffn::Moe { router, experts } => {
-                out.push(router);
-                for e in experts {
-                    out.extend([&e.gate, &e.down, &e.up]);
-                }
+            Ffn::Moe { router, .. } => out.push(router),
+        }
+        out.extend(self.post_norms.iter().flatten());
+        if let Ffn::Moe { experts, .. } = &self.ffn {
+            for e in experts {
+                out.extend([&e.gate, &e.down, &e.up]);
             }
         }
         out
@@ -169,6 +173,10 @@ impl LlamaLayer {
                         .collect::<Result<_>>()?,
                 },
             },
+            post_norms: match self.post_norms {
+                Some([a, m]) => Some([f(a, false)?, f(m, false)?]),
+                None => None,
+            },
         })
     }
 }
@@ -214,6 +222,10 @@ impl LlamaWeights {
         let embedding = tensors.take(TensorName::Embedding)?;
         let layers = tensors.layers(c.n_layers, |l, t| {
             let mut part = |p| t.take(TensorName::Layer(l, p));
+            let post_norms = c
+                .post_norms
+                .then(|| Ok::<_, Error>([part(PostAttnNorm)?, part(PostFfnNorm)?]))
+                .transpose()?;
             Ok(LlamaLayer {
                 attn_norm: part(AttnNorm)?,
                 wq: part(Wq)?,
@@ -250,6 +262,7 @@ impl LlamaWeights {
                             .collect::<Result<_>>()?,
                     },
                 },
+                post_norms,
             })
         })?;
         Ok(LlamaWeights {
@@ -259,6 +272,28 @@ impl LlamaWeights {
             classifier: tensors.take_optional(TensorName::Classifier),
             prefix_kv,
         })
+    }
+
+    /// The weights with every RMSNorm gain `w` replaced by `1 + w` in f32 (Gemma's
+    /// `GemmaRMSNorm`, `output * (1.0 + self.weight.float())`): the norms, the q/k norms
+    /// and the post-norms of each layer, and the final norm.
+    ///
+    /// Errors: a gain in a dtype that cannot be read as f32 (a device buffer).
+    pub(crate) fn with_unit_offset_norms(mut self) -> Result<LlamaWeights> {
+        let shift = |d: &mut Data| -> Result<()> {
+            let values: Vec<f32> = d.to_f32_vec()?.iter().map(|w| 1.0 + w).collect();
+            *d = Data::from_f32(d.shape(), &values)?;
+            Ok(())
+        };
+        for l in &mut self.layers {
+            shift(&mut l.attn_norm)?;
+            shift(&mut l.ffn_norm)?;
+            for d in l.qk_norm.iter_mut().chain(&mut l.post_norms).flatten() {
+                shift(d)?;
+            }
+        }
+        shift(&mut self.final_norm)?;
+        Ok(self)
     }
 
     /// Checks every tensor's shape against `c`'s canonical shapes.

@@ -87,6 +87,13 @@ fn gguf_pre_tokenizer_names_select_each_familys_regex() {
         ("qwen2", "qwen2"),
         ("tekken", "tekken"),
         ("smollm", "smollm"),
+        ("deepseek-llm", "deepseek-llm"),
+        ("qwen35", "qwen35"),
+        ("jais-2", "jais-2"),
+        ("exaone-moe", "exaone-moe"),
+        ("spark2_5", "spark2_5"),
+        ("minicpm5", "minicpm5"),
+        ("ufakzeka", "ufakzeka"),
     ] {
         let tok = with_pre(pre);
         for i in 0..46 {

@@ -228,7 +228,7 @@ fn other_tokenizer_kinds_leave_no_tokenizer() {
     );
     // A byte-level BPE pre-tokeniser flm does not implement, and a name llama.cpp does
     // not know: no tokenizer either, and the error names it.
-    for pre in ["deepseek-llm", "no-such-pre"] {
+    for pre in ["kimi-k2", "no-such-pre"] {
         let mut b = read(GPT2);
         set_str(&mut b, "tokenizer.ggml.pre", pre);
         let e = tokenizer_error(&b);

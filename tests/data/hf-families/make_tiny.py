@@ -1,5 +1,6 @@
-"""Tiny random-weight Llama 3, Mistral, Qwen2, Qwen3, Phi-3, Mixtral and Qwen3-MoE checkpoints and their logits, from
-Hugging Face transformers, for flm's tests/hf_families.rs.
+"""Tiny random-weight Llama 3, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1/2/3, Mixtral and
+Qwen3-MoE checkpoints and their logits, from Hugging Face transformers, for flm's
+tests/hf_families.rs.
 
 Run from this folder: `python make_tiny.py [FAMILY ...]` (default: every family). Writes,
 per family, `<family>/config.json`,
@@ -25,6 +26,13 @@ Each family has what makes it differ from Llama 2 exercised by the test position
   layer;
 - qwen3_moe: 4 experts of 32, 2 per token with norm_topk_prob, layer 0 routed and layer 1
   dense (mlp_only_layers), the per-head q/k norms of Qwen3.
+- gemma: GeGLU (tanh GELU), RMSNorm gains 1 + w, embeddings times sqrt(hidden), tied;
+- gemma2: besides, post-attention and post-feed-forward norms, a sliding window of 8 on
+  layer 0 (layer 1 global), query_pre_attn_scalar 24 (not head_dim), and soft-capping of
+  the attention scores at 1.5 and of the logits at 4 (low caps, so that they bite);
+- gemma3: post-norms, q/k norms, the window on layer 0, and two RoPEs: theta 10000 on the
+  sliding layer, theta 1000000 with linear scaling by 8 on the global one.
+Gemma's norm weights are drawn as N(0, 0.1) (its gain is 1 + w).
 """
 
 import json
@@ -36,6 +44,12 @@ import safetensors
 import torch
 import transformers
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GemmaConfig,
+    GemmaForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -131,6 +145,44 @@ FAMILIES = {
         ),
         1005,
     ),
+    "gemma": (
+        GemmaConfig,
+        GemmaForCausalLM,
+        dict(head_dim=16, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True),
+        1006,
+    ),
+    "gemma2": (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        dict(
+            head_dim=16,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=1.5,
+            final_logit_softcapping=4.0,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            tie_word_embeddings=True,
+        ),
+        1007,
+    ),
+    "gemma3": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        dict(
+            head_dim=32,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=32,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                full_attention=dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
+            ),
+            tie_word_embeddings=True,
+        ),
+        1008,
+    ),
     "mixtral": (
         MixtralConfig,
         MixtralForCausalLM,
@@ -163,6 +215,19 @@ FAMILIES = {
         1007,
     ),
 }
+# What each Gemma's check of teeth turns off: the soft caps (gemma2), the sliding window
+# and the local RoPE (gemma3), GeGLU for SwiGLU (gemma).
+WITHOUT = {
+    "gemma2": dict(attn_logit_softcapping=None, final_logit_softcapping=None),
+    "gemma3": dict(
+        layer_types=["full_attention", "full_attention"],
+        rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=1000000.0),
+            full_attention=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+    ),
+    "gemma": dict(hidden_act="silu"),
+}
 TOKEN_SEED = 1000
 SEQ_LEN = 24
 
@@ -175,7 +240,8 @@ def redraw(model, seed):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                offset = 0.0 if "Gemma" in type(model).__name__ else 1.0
+                p.copy_(offset + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:
@@ -215,7 +281,7 @@ def main():
         (out_dir / "logits_f32le.bin").write_bytes(logits.numpy().astype("<f4").tobytes())
         # How much the family's feature matters here: the logits of the same weights
         # without it (a check that the test has teeth, not a reference).
-        plain = dict(extra)
+        plain = dict(extra, **WITHOUT.get(family, {}))
         plain.pop("rope_scaling", None)
         if family == "mistral":
             plain["sliding_window"] = None

@@ -18,6 +18,7 @@
 //!   prefill of at least [`AMX_MIN_ROWS`] input rows; below that (decode), the AVX-512
 //!   VNNI kernels of `x86`, or, when the device was asked for batch invariance,
 //!   `amx_decode`'s, which sum in the tiles' order;
+//! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
 //! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
 //!   the CPU has the dot-product extension and `smull`/`sadalp` where it has not.
 //!
@@ -37,6 +38,11 @@
 pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 mod amx_decode;
+mod kquant;
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+mod kquant_neon;
+#[cfg(target_arch = "x86_64")]
+mod kquant_x86;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon;
 mod scalar;
@@ -157,7 +163,7 @@ impl Acts {
             _ => rows.run(self),
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Amx && n >= AMX_MIN_ROWS {
+        if isa == Isa::Amx && n >= AMX_MIN_ROWS && layout.amx_tiles {
             let mut tiles = std::mem::take(&mut self.tiles);
             tiles.pack(self);
             self.tiles = tiles;
@@ -179,8 +185,8 @@ impl Acts {
         &self.gsum.as_slice()[i * self.groups..(i + 1) * self.groups]
     }
 
-    /// Block sums of row `i` (read by the AMX level's int8 decode kernel).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// Block sums of row `i` (read by the AMX level's int8 decode kernel and the K-quant
+    /// kernels).
     pub fn row_bsum(&self, i: usize) -> &[i32] {
         &self.bsum.as_slice()[i * self.blocks..(i + 1) * self.blocks]
     }
@@ -336,12 +342,17 @@ struct ActLayout {
     split: usize,
     /// Rows are padded to a multiple of this many blocks.
     pad_blocks: usize,
+    /// Whether AMX tile kernels read the inputs (K-quant weights have none).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    amx_tiles: bool,
 }
 
 impl ActLayout {
     /// The layout the kernels of `isa` read for `n` input rows and `dtype` weights.
     fn of(isa: Isa, dtype: DataType, n: usize) -> ActLayout {
         let (split, pad_blocks) = match (isa, dtype) {
+            // K-quant kernels read one natural-order block per run of 32 weights.
+            _ if dtype.is_k_quant() => (16, 1),
             // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
             (Isa::Amx, DataType::I8) => (16, 1),
             (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
@@ -353,12 +364,19 @@ impl ActLayout {
             (Isa::Neon | Isa::NeonDot, DataType::I8) => (16, 1),
             (Isa::Neon | Isa::NeonDot, _) => (16, 4),
         };
-        ActLayout { split, pad_blocks }
+        ActLayout {
+            split,
+            pad_blocks,
+            amx_tiles: !dtype.is_k_quant(),
+        }
     }
 }
 
 /// Computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows `j0..j0 + yt.len() / n` of `w`.
 fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    if w.dtype.is_k_quant() {
+        return kquant::rows(isa, w, acts, j0, yt);
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 => x86::rows(isa, w, acts, j0, yt),
@@ -472,7 +490,11 @@ mod tests {
     fn split_order_puts_low_halves_first() {
         let x: Vec<f32> = (0..128).map(|i| i as f32 - 60.0).collect();
         let mut natural = Acts::default();
-        let layout = |split, pad_blocks| ActLayout { split, pad_blocks };
+        let layout = |split, pad_blocks| ActLayout {
+            split,
+            pad_blocks,
+            amx_tiles: true,
+        };
         natural.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(16, 1));
         let mut split = Acts::default();
         split.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(64, 4));

@@ -102,7 +102,7 @@ pub(super) fn quantize_block(values: &[f32], lo: &mut [i8], hi: &mut [i8]) -> (f
 /// The CPU must have FEAT_DotProd.
 #[target_feature(enable = "dotprod")]
 #[inline]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: the caller guarantees dotprod; registers only.
     unsafe {

@@ -470,7 +470,7 @@ unsafe fn dot_f16_f32_avx2(m: *const u8, g: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn hsum256(v: __m256) -> f32 {
+pub(super) unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

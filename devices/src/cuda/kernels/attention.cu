@@ -5,7 +5,8 @@
 // o_c = sum_t e^(s_t - m_c) v_t; attn_combine then merges the chunks exactly:
 // out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c with M = max_c m_c.
 //
-// Scores s_t = q . k_t * scale (+ slope_h * t with ALiBi); query head h reads KV head
+// Scores s_t = q . k_t * scale, soft-capped as cap * tanh(s_t / cap) when softcap > 0
+// (Gemma 2), (+ slope_h * t with ALiBi); query head h reads KV head
 // h / (n_heads / n_kv_heads) (GQA). Row i is at position p = start_pos + i with start_pos
 // read from device memory (a captured decode graph stays valid as the position moves); it
 // sees positions [lo, hi) with hi = max(p + 1, bidirectional) and lo = max(0, p + 1 - window)
@@ -19,7 +20,8 @@
 extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
                                         const float* cache_v, const unsigned int* start_pos,
                                         int n_heads, int n_kv_heads, int head_dim, float scale,
-                                        const float* alibi_slopes, int bidirectional,
+                                        float softcap, const float* alibi_slopes,
+                                        int bidirectional,
                                         int window, float* part_m, float* part_l,
                                         float* part_o) {
     extern __shared__ float smem[];
@@ -55,7 +57,11 @@ extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
         float s = 0.0f;
         for (int d = lane; d < head_dim; d += 32) s += qs[d] * k[d];
         s = warp_sum(s);
-        if (lane == 0) scores[t - t0] = s * scale + slope * (float)t;
+        if (lane == 0) {
+            float sc = s * scale;
+            if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+            scores[t - t0] = sc + slope * (float)t;
+        }
     }
     __syncthreads();
     float mx = -INFINITY;

@@ -1,4 +1,5 @@
-// Element-wise ops on f32 activations (flm_core::Op::SiluMul, Gelu, Add, Scale), one
+// Element-wise ops on f32 activations (flm_core::Op::SiluMul, GeluMul, Gelu, SoftCap, Add,
+// Scale), one
 // thread per element, and the f32 -> f16 / bf16 conversions of activations before a cuBLAS
 // GEMM on f16 / bf16 weights.
 
@@ -18,6 +19,22 @@ extern "C" __global__ void gelu(float* x, long n) {
         float v = x[i];
         x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
     }
+}
+
+// GeGLU gate: out = gelu(gate) * up, GELU in the tanh approximation (as gelu below).
+extern "C" __global__ void gelu_mul(const float* gate, const float* up, float* out, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        float t = tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g));
+        out[i] = 0.5f * g * (1.0f + t) * up[i];
+    }
+}
+
+// Soft-capping in place (Gemma 2): x = cap * tanh(x / cap).
+extern "C" __global__ void soft_cap(float* x, float cap, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 // x += y.

@@ -86,3 +86,50 @@ __device__ __forceinline__ float dequant_i4(const unsigned char* row, int i, int
     float m = sym ? -8.0f * scale : f16_to_f32(d[padded / g + i / g]);
     return scale * (float)q + m;
 }
+
+// ggml's K-quant super-blocks of 256 values (flm_core::kquant, block layouts in
+// flm_core::ggml), `kq` 1: Q4_K (144 bytes), 2: Q5_K (176), 3: Q6_K (210). Value `e` of
+// run `r = e / 32`, `l = e % 32`: Q4_K/Q5_K (d sc_r) q - dmin m_r, Q6_K (d sc_{e/16}) (q - 32).
+__device__ __forceinline__ int kq_block_bytes(int kq) {
+    return kq == 1 ? 144 : (kq == 2 ? 176 : 210);
+}
+
+// The multiplier and subtrahend of run r: (d sc_r, dmin m_r) for Q4_K/Q5_K (ggml's
+// get_scale_min_k4), (d, 0) for Q6_K (whose scale is per 16 values: kq_code folds it in).
+__device__ __forceinline__ float2 kq_run_scales(const unsigned char* b, int kq, int r) {
+    if (kq == 3) return make_float2(f16_to_f32(*(const f16_bits*)(b + 208)), 0.0f);
+    const unsigned char* s = b + 4;
+    int sc, m;
+    if (r < 4) {
+        sc = s[r] & 63;
+        m = s[r + 4] & 63;
+    } else {
+        sc = (s[r + 4] & 15) | ((s[r - 4] >> 6) << 4);
+        m = (s[r + 4] >> 4) | ((s[r] >> 6) << 4);
+    }
+    const f16_bits* h = (const f16_bits*)b;
+    return make_float2(f16_to_f32(h[0]) * (float)sc, f16_to_f32(h[1]) * (float)m);
+}
+
+// Code l of run r: q for Q4_K/Q5_K; sc (q - 32) for Q6_K, an exact integer.
+__device__ __forceinline__ float kq_code(const unsigned char* b, int kq, int r, int l) {
+    if (kq == 3) {
+        int half = r >> 2, t = r & 3;
+        int low = (b[half * 64 + (t & 1) * 32 + l] >> (4 * (t >> 1))) & 15;
+        int high = (b[128 + half * 32 + l] >> (2 * t)) & 3;
+        int sc = (signed char)b[192 + (r * 32 + l) / 16];
+        return (float)(sc * ((low | (high << 4)) - 32));
+    }
+    const unsigned char* qs = b + (kq == 2 ? 48 : 16);
+    int q = (qs[(r >> 1) * 32 + l] >> (4 * (r & 1))) & 15;
+    if (kq == 2) q |= ((b[16 + l] >> r) & 1) << 4;
+    return (float)q;
+}
+
+// Value i of a K-quant row.
+__device__ __forceinline__ float dequant_k(const unsigned char* row, int i, int kq) {
+    const unsigned char* b = row + (long)(i / 256) * kq_block_bytes(kq);
+    int r = (i % 256) / 32;
+    float2 s = kq_run_scales(b, kq, r);
+    return s.x * kq_code(b, kq, r, i % 32) - s.y;
+}

@@ -16,7 +16,7 @@ fn request_bodies() {
     fuzz("http", &corpus("http"), &findings, |body| {
         if let Ok(request) = serde_json::from_slice::<ChatRequest>(body) {
             let _ = params::check(&request.sampling, "m", 0);
-            let _ = prompt::chat(&tokenizer, &request.messages);
+            let _ = prompt::chat(&tokenizer, &request.messages, None);
         }
         if let Ok(request) = serde_json::from_slice::<CompletionRequest>(body) {
             let _ = params::check(&request.sampling, "m", 0);

@@ -10,7 +10,9 @@
 use std::ops::ControlFlow;
 use std::time::Instant;
 
+use flm_core::{Constraint, TokenLogprobs};
 use flm_models::engine::{Event, FinishReason, Request};
+use flm_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::error::ApiError;
@@ -19,7 +21,8 @@ use super::params::Params;
 use super::text::Detokenizer;
 use super::State;
 
-/// A checked request, ready for the engine.
+/// A checked request, ready for the engine (one per choice).
+#[derive(Debug, Clone)]
 pub struct Job {
     /// The prompt ids from position 0 (prefix tokens included).
     pub prompt: Vec<u32>,
@@ -33,6 +36,46 @@ pub struct Job {
     pub stop_tokens: Vec<u32>,
     /// When the request arrived (for the time to first token).
     pub arrived: Instant,
+    /// The structured output's constraint, if any.
+    pub constraint: Option<Constraint>,
+}
+
+/// One generated token's log-probability and its most likely alternatives', each token
+/// as its text alone (a byte piece that is not a whole character shows as U+FFFD).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its natural log-probability.
+    pub logprob: f32,
+    /// The most likely tokens' texts and log-probabilities, most likely first.
+    pub top: Vec<(String, f32)>,
+}
+
+impl TokenLogprob {
+    fn new(tokenizer: &Tokenizer, id: u32, l: &TokenLogprobs) -> TokenLogprob {
+        let text = |id: u32| {
+            let mut decoder = tokenizer.stream_decoder(false);
+            let mut text = decoder.push(id).unwrap_or_default();
+            text.push_str(&decoder.finish());
+            text
+        };
+        TokenLogprob {
+            token: text(id),
+            logprob: l.logprob,
+            top: l.top.iter().map(|&(t, lp)| (text(t), lp)).collect(),
+        }
+    }
+}
+
+/// Text to show, and the log-probabilities (if asked for) of the tokens generated since
+/// the previous piece: those tokens produced this text, or text still held back.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Piece {
+    /// The visible text; empty when only log-probabilities are due.
+    pub text: String,
+    /// One per token.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// How a reply ended.
@@ -76,6 +119,8 @@ pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
         sampler: job.params.sampler,
         max_tokens: job.max_tokens,
         stop_tokens: job.stop_tokens,
+        logprobs: job.params.logprobs,
+        constraint: job.constraint,
     };
     let on_event = Box::new(move |event| match tx.send(event) {
         Ok(()) => ControlFlow::Continue(()),
@@ -109,13 +154,13 @@ impl Drop for Unfinished<'_> {
 }
 
 /// Reads the events of `submitted` until the reply ends, calling `emit` with each piece of
-/// visible text (never empty); `emit` returns false when the text can no longer be
+/// visible text or log-probabilities (never both empty); `emit` returns false when the text can no longer be
 /// delivered, which ends the request (the engine cancels it when its next event finds the
 /// channel closed; so does dropping this future). Records the latency metrics.
 pub async fn drive(
     state: &State,
     submitted: Submitted,
-    emit: impl FnMut(String) -> bool,
+    emit: impl FnMut(Piece) -> bool,
 ) -> Outcome {
     let mut unfinished = Unfinished(Some(&state.metrics));
     let outcome = events(state, submitted, emit).await;
@@ -128,7 +173,7 @@ pub async fn drive(
 async fn events(
     state: &State,
     submitted: Submitted,
-    mut emit: impl FnMut(String) -> bool,
+    mut emit: impl FnMut(Piece) -> bool,
 ) -> Outcome {
     let Submitted {
         prompt_tokens,
@@ -140,7 +185,14 @@ async fn events(
     let mut text = Detokenizer::new(&state.tokenizer, at_start, stop);
     let mut last = arrived;
     let mut generated = 0;
-    let mut deliver = |piece: String| piece.is_empty() || emit(piece);
+    let mut logprobs = Vec::new();
+    let mut deliver = |text: String, logprobs: &mut Vec<TokenLogprob>| {
+        (text.is_empty() && logprobs.is_empty())
+            || emit(Piece {
+                text,
+                logprobs: std::mem::take(logprobs),
+            })
+    };
     let done = |finish_reason, generated| {
         Outcome::Done(Done {
             finish_reason,
@@ -149,7 +201,10 @@ async fn events(
     };
     while let Some(event) = events.recv().await {
         match event {
-            Event::Token(id) => {
+            Event::Token(id, l) => {
+                if let Some(l) = l {
+                    logprobs.push(TokenLogprob::new(&state.tokenizer, id, &l));
+                }
                 let now = Instant::now();
                 state.metrics.token(generated == 0, now - last);
                 last = now;
@@ -158,7 +213,7 @@ async fn events(
                     Ok(step) => step,
                     Err(e) => return Outcome::Failed(ApiError::internal(e.to_string())),
                 };
-                if !deliver(piece) {
+                if !deliver(piece, &mut logprobs) {
                     return Outcome::ClientGone;
                 }
                 if stopped {
@@ -176,7 +231,7 @@ async fn events(
                     }
                     FinishReason::Error(e) => return Outcome::Failed(ApiError::internal(e)),
                 };
-                if !deliver(text.finish()) {
+                if !deliver(text.finish(), &mut logprobs) {
                     return Outcome::ClientGone;
                 }
                 return done(reason, finish.completion_tokens);

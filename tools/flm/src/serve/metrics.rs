@@ -36,6 +36,9 @@ pub struct Metrics {
     running: Gauge,
     free_blocks: Gauge,
     total_blocks: Gauge,
+    cached_blocks: Gauge,
+    prefix_hits: Counter,
+    prefix_tokens: Counter,
     prompt_tokens: Counter,
     generated_tokens: Counter,
     cancelled: Counter,
@@ -59,6 +62,9 @@ impl Metrics {
             running: Gauge::default(),
             free_blocks: Gauge::default(),
             total_blocks: Gauge::default(),
+            cached_blocks: Gauge::default(),
+            prefix_hits: Counter::default(),
+            prefix_tokens: Counter::default(),
             prompt_tokens: Counter::default(),
             generated_tokens: Counter::default(),
             cancelled: Counter::default(),
@@ -85,13 +91,29 @@ impl Metrics {
         );
         registry.register(
             "kv_blocks_free",
-            "Free blocks of the paged KV cache",
+            "Free blocks of the paged KV cache, counting the cached prefix blocks no sequence uses",
             m.free_blocks.clone(),
         );
         registry.register(
             "kv_blocks_total",
             "Blocks of the paged KV cache",
             m.total_blocks.clone(),
+        );
+        registry.register(
+            "kv_blocks_cached",
+            "Blocks of the paged KV cache held by the prefix cache (in use or evictable)",
+            m.cached_blocks.clone(),
+        );
+        registry.register(
+            "prefix_cache_hits",
+            "Requests that took at least one KV block from the prefix cache",
+            m.prefix_hits.clone(),
+        );
+        registry.register(
+            "prefix_cache_tokens_saved",
+            "Prompt tokens whose keys and values came from the prefix cache instead of being \
+             computed",
+            m.prefix_tokens.clone(),
         );
         registry.register(
             "prompt_tokens",
@@ -156,6 +178,13 @@ impl Metrics {
         set(&self.running, stats.running);
         set(&self.free_blocks, stats.free_blocks);
         set(&self.total_blocks, stats.total_blocks);
+        set(&self.cached_blocks, stats.cached_blocks);
+        // The engine's counters only grow: bring ours up to them.
+        let catch_up = |counter: &Counter, v: u64| {
+            counter.inc_by(v.saturating_sub(counter.get()));
+        };
+        catch_up(&self.prefix_hits, stats.prefix_cache_hits);
+        catch_up(&self.prefix_tokens, stats.prefix_cached_tokens);
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);

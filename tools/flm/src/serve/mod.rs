@@ -9,6 +9,7 @@
 //! `flm serve: listening on http://ADDRESS` on stdout, so that a script (or a test that
 //! asks for port 0) can find it.
 
+mod embeddings;
 mod error;
 #[cfg(test)]
 mod fuzz;
@@ -20,7 +21,9 @@ mod params;
 mod prompt;
 mod respond;
 mod routes;
+mod schema;
 mod text;
+mod tools;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -35,6 +38,7 @@ use flm_models::session;
 use flm_tokenizer::Tokenizer;
 
 use crate::{set_threads, ModelArgs};
+use embeddings::{Embedder, Pooling};
 use error::ApiError;
 use metrics::Metrics;
 
@@ -56,9 +60,18 @@ pub struct ServeArgs {
     /// Prompt tokens prefilled in one step at most (default: the engine's).
     #[arg(long)]
     max_batch_prefill_tokens: Option<usize>,
+    /// Tokens of one step at most, decode and prefill together: long prompts are prefilled
+    /// in chunks of what the decoding streams leave, which bounds their time per output
+    /// token while a long prompt arrives (default: no bound besides the prefill budget).
+    #[arg(long)]
+    max_batch_tokens: Option<usize>,
     /// The model's name in the API (default: the model file's or directory's name).
     #[arg(long)]
     model_name: Option<String>,
+    /// How /v1/embeddings pools a sequence's hidden states (default: as the model
+    /// directory's sentence-transformers 1_Pooling/config.json says, else the last token).
+    #[arg(long, value_enum)]
+    pooling: Option<Pooling>,
 }
 
 /// What every handler shares.
@@ -66,6 +79,11 @@ pub struct State {
     engine: Engine,
     tokenizer: Arc<Tokenizer>,
     metrics: Metrics,
+    /// `None` with `--gpu-layers`, whose placed weights a second executor cannot use.
+    embedder: Option<Embedder>,
+    /// Each token's text alone, for structured output; `None` for control tokens and
+    /// pieces of a character.
+    token_texts: Arc<Vec<Option<String>>>,
     model_name: String,
     /// Positions of the model's context: prompt plus reply.
     context: usize,
@@ -99,6 +117,19 @@ fn default_name(model: &Path) -> String {
     name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
 }
 
+/// The text of every token decoded alone (as in the middle of a text), `None` where that is
+/// empty or not whole characters.
+fn token_texts(tokenizer: &Tokenizer) -> Vec<Option<String>> {
+    (0..tokenizer.vocab_size() as u32)
+        .map(|id| {
+            let mut decoder = tokenizer.stream_decoder(false);
+            let mut text = decoder.push(id).ok()?;
+            text.push_str(&decoder.finish());
+            (!text.is_empty() && !text.contains('\u{FFFD}')).then_some(text)
+        })
+        .collect()
+}
+
 /// Loads the model, starts the engine and serves until Ctrl-C or SIGTERM.
 ///
 /// Errors: a model that cannot be loaded, an engine configuration it refuses, an address
@@ -111,6 +142,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         session::load_model(path, args.model.tokenizer.as_deref(), args.model.context)
             .with_context(|| format!("cannot load the model {}", path.display()))?;
     let model = chosen.place(model)?;
+    let embedder = match args.model.device.gpu_layers {
+        Some(_) => None,
+        None => {
+            let pooling = args
+                .pooling
+                .or_else(|| Pooling::from_model_dir(path))
+                .unwrap_or(Pooling::Last);
+            let exec = args.model.device.executor()?.exec;
+            Some(Embedder::new(model.clone(), exec, pooling))
+        }
+    };
     let mut config = EngineConfig::default();
     if let Some(n) = args.max_batch_total_tokens {
         config.max_batch_total_tokens = n;
@@ -118,12 +160,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(n) = args.max_batch_prefill_tokens {
         config.max_batch_prefill_tokens = n;
     }
+    config.max_batch_tokens = args.max_batch_tokens;
     let engine = Engine::new(model, chosen.exec, config).context("cannot start the engine")?;
     let context = engine.config().max_seq_len;
     let state = Arc::new(State {
         engine,
+        token_texts: Arc::new(token_texts(&tokenizer)),
         tokenizer: Arc::new(tokenizer),
         metrics: Metrics::new(),
+        embedder,
         model_name: args.model_name.unwrap_or_else(|| default_name(path)),
         context,
         started: routes::unix_now(),

@@ -4,7 +4,7 @@
 //! Source: the OpenAI API reference (`POST /v1/chat/completions`, `POST /v1/completions`,
 //! `GET /v1/models`) and the `openai` Python client's models of these objects. Unknown
 //! request fields are ignored, as OpenAI-compatible servers (vLLM, llama.cpp) do; known
-//! fields with values `flm` cannot honour (`n` > 1, `logprobs`, a `logit_bias`, `echo`,
+//! fields with values `flm` cannot honour (a `logit_bias`, `echo` with `logprobs`,
 //! `best_of` > 1, a `suffix`) and a `user` that is not a string are refused by
 //! [`super::params`].
 
@@ -51,28 +51,38 @@ pub struct Sampling {
     pub presence_penalty: Option<f32>,
     /// Subtracted from each logit times the token's count so far, in `[-2, 2]`.
     pub frequency_penalty: Option<f32>,
-    /// Number of choices; only 1 is supported.
+    /// Number of choices, in `[1, 128]`; default 1.
     pub n: Option<usize>,
     /// Stream server-sent events.
     #[serde(default)]
     pub stream: bool,
     /// Options of the stream.
     pub stream_options: Option<StreamOptions>,
-    /// Log-probabilities are not supported: must be absent, false or null.
+    /// Log-probabilities: `true` (chat, with `top_logprobs`) or the number of
+    /// alternatives (completions).
     pub logprobs: Option<serde_json::Value>,
+    /// Alternatives per token in a chat's `logprobs`, in `[0, 20]`.
+    pub top_logprobs: Option<serde_json::Value>,
     /// Token biases are not supported: must be absent, null or `{}`.
     pub logit_bias: Option<serde_json::Value>,
     /// An identifier of the end user, unused; a string if given.
     pub user: Option<serde_json::Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}` ([`super::schema`]).
+    pub response_format: Option<serde_json::Value>,
 }
 
 /// One message of a chat request.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant` (or a role the model's template knows).
+    /// `system`, `user`, `assistant`, `tool` (or a role the model's template knows).
     pub role: String,
-    /// A string, or a list of `{"type": "text", "text": ...}` parts.
-    pub content: Content,
+    /// A string, or a list of `{"type": "text", "text": ...}` parts; null or absent for an
+    /// assistant message that only calls tools.
+    pub content: Option<Content>,
+    /// An assistant message's calls, as the reply gave them.
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// The `content` of a message.
@@ -100,6 +110,10 @@ pub struct ContentPart {
 pub struct ChatRequest {
     /// The conversation, rendered with the model's chat template.
     pub messages: Vec<ChatMessage>,
+    /// Functions the model may call ([`super::tools`]).
+    pub tools: Option<serde_json::Value>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<serde_json::Value>,
     /// Sampling and streaming.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -122,7 +136,7 @@ pub enum Prompt {
 pub struct CompletionRequest {
     /// What to continue.
     pub prompt: Prompt,
-    /// Echoing the prompt is not supported: must be absent or false.
+    /// Start the reply's text with the prompt's (not with `logprobs`).
     #[serde(default)]
     pub echo: bool,
     /// Text after the completion (insertion) is not supported: must be absent, null or "".
@@ -165,18 +179,21 @@ pub struct Delta {
     /// The text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The tools called (OpenAI's `tool_calls`; in a chunk, each with its `index`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
 }
 
 /// One choice of a chat response or chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChoice {
-    /// Always 0 (`n` is 1).
+    /// Which of the `n` choices.
     pub index: usize,
     /// `message` in a response, `delta` in a chunk.
     #[serde(flatten)]
     pub body: ChatBody,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities (`{"content": [...]}`), null unless asked for.
+    pub logprobs: Option<serde_json::Value>,
     /// `stop` or `length`; null in every chunk but the last.
     pub finish_reason: Option<&'static str>,
 }
@@ -194,12 +211,13 @@ pub enum ChatBody {
 /// One choice of a completion response or chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct TextChoice {
-    /// Always 0.
+    /// Which of the `n` choices.
     pub index: usize,
     /// The text (of this chunk, when streamed).
     pub text: String,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities (`tokens`, `token_logprobs`, `top_logprobs`,
+    /// `text_offset`), null unless asked for.
+    pub logprobs: Option<serde_json::Value>,
     /// `stop` or `length`; null in every chunk but the last.
     pub finish_reason: Option<&'static str>,
 }
@@ -234,6 +252,8 @@ pub struct ModelCard {
     pub created: u64,
     /// `flm`.
     pub owned_by: &'static str,
+    /// Positions of the model's context, prompt and reply together (vLLM's field).
+    pub max_model_len: usize,
 }
 
 /// `GET /v1/models`.

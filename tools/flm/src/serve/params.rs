@@ -3,9 +3,12 @@
 //!
 //! Ranges and defaults are OpenAI's (API reference of `POST /v1/chat/completions`):
 //! temperature in `[0, 2]` (default 1), top_p in `(0, 1]` (default 1), presence and
-//! frequency penalties in `[-2, 2]` (default 0), at most 4 stop sequences, `n` = 1. A
-//! prompt plus `max_tokens` longer than the context is refused with
-//! `context_length_exceeded`, as OpenAI and vLLM do, rather than cut short.
+//! frequency penalties in `[-2, 2]` (default 0), at most 4 stop sequences, `n` in
+//! `[1, 128]` (default 1). Log-probabilities come as chat asks for them (`logprobs: true`
+//! with `top_logprobs` in `[0, 20]`) or as completions do (`logprobs` an integer in
+//! `[0, 20]`, vLLM's bound), on either endpoint. A prompt plus `max_tokens` longer than the
+//! context is refused with `context_length_exceeded`, as OpenAI and vLLM do, rather than
+//! cut short.
 
 use flm_core::SamplerConfig;
 use serde_json::Value;
@@ -15,6 +18,12 @@ use super::openai::{CompletionRequest, Sampling, Stop};
 
 /// Most stop sequences a request may give (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
+
+/// Most choices a request may ask for (OpenAI's limit).
+pub const MAX_N: usize = 128;
+
+/// Most alternatives per token in `top_logprobs` (vLLM's default `max_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// The checked generation settings of a request.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,16 +38,27 @@ pub struct Params {
     pub stream: bool,
     /// Send a usage chunk at the end of a stream.
     pub include_usage: bool,
+    /// Choices to generate, each with its own seed (the request's, plus its index).
+    pub n: usize,
+    /// `Some(k)`: report each token's log-probability and the `k` most likely tokens'.
+    pub logprobs: Option<usize>,
 }
 
 /// Checks the fields of a completion request besides its sampling ([`check`]).
 ///
-/// Errors: 400 for `echo`, a non-empty `suffix` or `best_of` other than 1.
+/// Errors: 400 for `echo` with `logprobs` (the prompt's log-probabilities are not
+/// computed), a non-empty `suffix` or `best_of` other than 1.
 pub fn check_completion(request: &CompletionRequest) -> Result<(), ApiError> {
-    if request.echo {
+    if request.echo
+        && !matches!(
+            request.sampling.logprobs,
+            None | Some(Value::Null | Value::Bool(false))
+        )
+    {
         return Err(ApiError::invalid(
             Some("echo"),
-            "echoing the prompt is not supported",
+            "echo with logprobs is not supported: the prompt's log-probabilities are not \
+             computed",
         ));
     }
     if !matches!(&request.suffix, None | Some(Value::Null))
@@ -82,27 +102,24 @@ fn in_range(
 
 /// Checks `s` for a server of the model `served`; `seed` is used when the request has none.
 ///
-/// Errors: 404 for a `model` other than `served`; 400 for a value out of range, `n` other
-/// than 1, `logprobs` asked for, a non-empty `logit_bias`, a `user` that is not a string,
-/// `max_tokens` of 0, an empty or fifth stop sequence.
+/// Errors: 404 for a `model` other than `served`; 400 for a value out of range (`n`,
+/// `logprobs`, `top_logprobs` included), `top_logprobs` without `logprobs: true`, a
+/// non-empty `logit_bias`, a `user` that is not a string, `max_tokens` of 0, an empty or
+/// fifth stop sequence.
 pub fn check(s: &Sampling, served: &str, seed: u64) -> Result<Params, ApiError> {
     if let Some(model) = &s.model {
         if model != served {
             return Err(ApiError::model_not_found(model));
         }
     }
-    if s.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid(Some("n"), "only n = 1 is supported"));
-    }
-    if !matches!(
-        s.logprobs,
-        None | Some(serde_json::Value::Null | serde_json::Value::Bool(false))
-    ) {
+    let n = s.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
         return Err(ApiError::invalid(
-            Some("logprobs"),
-            "log-probabilities are not supported",
+            Some("n"),
+            format!("n must be between 1 and {MAX_N}, got {n}"),
         ));
     }
+    let logprobs = logprobs(s)?;
     if !matches!(&s.logit_bias, None | Some(Value::Null))
         && s.logit_bias
             .as_ref()
@@ -166,7 +183,33 @@ pub fn check(s: &Sampling, served: &str, seed: u64) -> Result<Params, ApiError> 
         stop,
         stream: s.stream,
         include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        n,
+        logprobs,
     })
+}
+
+/// The number of alternatives of `logprobs` / `top_logprobs`, or `None` when the request
+/// asks for no log-probabilities.
+fn logprobs(s: &Sampling) -> Result<Option<usize>, ApiError> {
+    let top = |param: &'static str, v: &Value| match v.as_u64() {
+        Some(k) if k as usize <= MAX_TOP_LOGPROBS => Ok(k as usize),
+        _ => Err(ApiError::invalid(
+            Some(param),
+            format!("{param} must be an integer between 0 and {MAX_TOP_LOGPROBS}, got {v}"),
+        )),
+    };
+    let top_logprobs = match &s.top_logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(top("top_logprobs", v)?),
+    };
+    match &s.logprobs {
+        None | Some(Value::Null | Value::Bool(false)) if top_logprobs.is_some() => Err(
+            ApiError::invalid(Some("top_logprobs"), "top_logprobs needs logprobs: true"),
+        ),
+        None | Some(Value::Null | Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(top_logprobs.unwrap_or(0))),
+        Some(v) => top("logprobs", v).map(Some),
+    }
 }
 
 /// The number of tokens to generate after a prompt of `prompt_len` tokens in a context of
@@ -218,6 +261,20 @@ mod tests {
         assert_eq!(p.sampler.seed, 7);
         assert_eq!(p.sampler.presence_penalty, 0.0);
         assert!(p.stop.is_empty() && !p.stream && p.max_tokens.is_none());
+        assert_eq!((p.n, p.logprobs), (1, None));
+    }
+
+    #[test]
+    fn logprobs_come_in_the_chat_and_the_completion_shapes() {
+        let lp = |json| check(&sampling(json), "m", 0).unwrap().logprobs;
+        assert_eq!(lp(serde_json::json!({"logprobs": false})), None);
+        assert_eq!(lp(serde_json::json!({"logprobs": true})), Some(0));
+        let chat = serde_json::json!({"logprobs": true, "top_logprobs": 3});
+        assert_eq!(lp(chat), Some(3));
+        assert_eq!(lp(serde_json::json!({"logprobs": 5})), Some(5));
+        assert_eq!(lp(serde_json::json!({"logprobs": 0})), Some(0));
+        let p = check(&sampling(serde_json::json!({"n": 3})), "m", 0).unwrap();
+        assert_eq!(p.n, 3);
     }
 
     #[test]
@@ -251,8 +308,15 @@ mod tests {
                 "frequency_penalty",
             ),
             (serde_json::json!({"max_tokens": 0}), "max_tokens"),
-            (serde_json::json!({"n": 2}), "n"),
-            (serde_json::json!({"logprobs": true}), "logprobs"),
+            (serde_json::json!({"n": 0}), "n"),
+            (serde_json::json!({"n": 129}), "n"),
+            (serde_json::json!({"logprobs": 21}), "logprobs"),
+            (serde_json::json!({"logprobs": "yes"}), "logprobs"),
+            (
+                serde_json::json!({"logprobs": true, "top_logprobs": -1}),
+                "top_logprobs",
+            ),
+            (serde_json::json!({"top_logprobs": 2}), "top_logprobs"),
             (
                 serde_json::json!({"stop": ["a", "b", "c", "d", "e"]}),
                 "stop",

@@ -11,6 +11,7 @@ use flm_tokenizer::{Message, Tokenizer};
 
 use super::error::ApiError;
 use super::openai::{ChatMessage, Content, Prompt};
+use super::tools::Tools;
 
 /// A prompt ready for the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,8 +32,9 @@ impl Ids {
 
 fn text_of(message: &ChatMessage) -> Result<String, ApiError> {
     match &message.content {
-        Content::Text(text) => Ok(text.clone()),
-        Content::Parts(parts) => parts
+        None => Ok(String::new()),
+        Some(Content::Text(text)) => Ok(text.clone()),
+        Some(Content::Parts(parts)) => parts
             .iter()
             .map(|part| match (part.kind.as_str(), &part.text) {
                 ("text", Some(text)) => Ok(text.as_str()),
@@ -52,9 +54,17 @@ fn text_of(message: &ChatMessage) -> Result<String, ApiError> {
 /// ending where the assistant's reply starts. The reply is decoded as the start of a text
 /// (a SentencePiece dummy-prefix space before its first word dropped), as `flm chat` does.
 ///
-/// Errors (400): no messages, a non-text content part, a model without a chat template, a
-/// role or conversation the template refuses.
-pub fn chat(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Ids, ApiError> {
+/// With `tools`, or messages that call tools or answer calls, the messages go to the
+/// template as JSON objects (`role`, `content`, `tool_calls`, `tool_call_id`) with the
+/// tool list ([`Tokenizer::encode_chat_with_tools`]).
+///
+/// Errors (400): no messages, a non-text content part, a model without a chat template
+/// (or, for tools, without a Jinja one), a role or conversation the template refuses.
+pub fn chat(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: Option<&Tools>,
+) -> Result<Ids, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             Some("messages"),
@@ -68,13 +78,36 @@ pub fn chat(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Ids, ApiE
              /v1/completions",
         ));
     }
-    let messages = messages
-        .iter()
-        .map(|m| Ok(Message::new(m.role.as_str(), text_of(m)?)))
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    let prompt = tokenizer
-        .encode_chat(&messages, true)
-        .map_err(|e| ApiError::invalid(Some("messages"), format!("cannot render the chat: {e}")))?;
+    let failed = |e| ApiError::invalid(Some("messages"), format!("cannot render the chat: {e}"));
+    let with_tools = tools.is_some()
+        || messages
+            .iter()
+            .any(|m| m.tool_calls.is_some() || m.role == "tool");
+    let prompt = if with_tools {
+        let messages = messages
+            .iter()
+            .map(|m| {
+                let content = m.content.as_ref().map(|_| text_of(m)).transpose()?;
+                let mut json = serde_json::json!({"role": m.role, "content": content});
+                if let Some(calls) = &m.tool_calls {
+                    json["tool_calls"] = calls.clone();
+                }
+                if let Some(id) = &m.tool_call_id {
+                    json["tool_call_id"] = id.as_str().into();
+                }
+                Ok(json)
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        tokenizer
+            .encode_chat_with_tools(&messages, tools.map(|t| &t.list), true)
+            .map_err(failed)?
+    } else {
+        let messages = messages
+            .iter()
+            .map(|m| Ok(Message::new(m.role.as_str(), text_of(m)?)))
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        tokenizer.encode_chat(&messages, true).map_err(failed)?
+    };
     // The reply is a text of its own, decoded as `flm chat` shows it.
     Ok(Ids {
         ids: prompt.ids,

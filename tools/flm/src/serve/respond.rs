@@ -2,12 +2,19 @@
 //! streaming format.
 //!
 //! A stream is a sequence of `data: {chunk}` events, the chunks being
-//! `chat.completion.chunk` objects (the first with `delta.role`, then `delta.content`
-//! pieces, the last with an empty delta and `finish_reason`) or `text_completion` objects
-//! (`text` pieces, then `finish_reason`), optionally a usage chunk with no choices
-//! (`stream_options.include_usage`), and `data: [DONE]` (OpenAI API reference, "Streaming").
+//! `chat.completion.chunk` objects (the first of each choice with `delta.role`, then
+//! `delta.content` pieces, the last with an empty delta and `finish_reason`) or
+//! `text_completion` objects (`text` pieces, then `finish_reason`), each naming its choice
+//! by `index`, optionally a usage chunk with no choices (`stream_options.include_usage`),
+//! and `data: [DONE]` (OpenAI API reference, "Streaming"). The `n` choices of a request are
+//! generated at once, as sequences of their own in the engine, and their chunks interleave.
 //! An error after the stream has started is sent as `data: {"error": {...}}`, as OpenAI
 //! does, and the stream ends.
+//!
+//! Log-probabilities, when asked for, go with the text they produced: in OpenAI's chat
+//! shape (`logprobs.content`, a list of `{token, logprob, bytes, top_logprobs}`) or its
+//! completion shape (`tokens`, `token_logprobs`, `top_logprobs` as maps, `text_offset` in
+//! characters of the choice's text).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,12 +23,15 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
+use serde_json::{json, Value};
 use tokio::sync::mpsc::unbounded_channel;
+use tokio::task::JoinSet;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::error::ApiError;
-use super::generation::{drive, Done, Outcome, Submitted};
+use super::generation::{drive, Done, Outcome, Piece, Submitted, TokenLogprob};
 use super::openai::{ChatBody, ChatChoice, Completion, Delta, TextChoice, Usage};
+use super::tools::Tools;
 use super::State;
 
 /// Which API a request came through.
@@ -54,6 +64,85 @@ pub struct Header {
     pub created: u64,
     /// The served model's name.
     pub model: String,
+    /// The text every choice starts with (`echo`: the prompt's), empty for none.
+    pub echo: String,
+    /// Whether the request asked for log-probabilities.
+    pub logprobs: bool,
+    /// Chat with tools whose calls are parsed from the reply (not `tool_choice: none`).
+    pub tools: Option<Tools>,
+}
+
+/// One choice's part of an object: its index, its text (of a chunk, or all of it), the
+/// log-probabilities of the tokens it holds, the character offset of its text in the
+/// choice's, and its finish reason.
+struct Part<'a> {
+    index: usize,
+    role: bool,
+    text: Option<String>,
+    tool_calls: Option<Vec<Value>>,
+    logprobs: &'a [TokenLogprob],
+    offset: usize,
+    finish: Option<&'static str>,
+}
+
+impl<'a> Part<'a> {
+    /// A streamed part of choice `index`, without the role.
+    fn chunk(
+        index: usize,
+        text: Option<String>,
+        logprobs: &'a [TokenLogprob],
+        offset: usize,
+        finish: Option<&'static str>,
+    ) -> Part<'a> {
+        Part {
+            index,
+            role: false,
+            text,
+            tool_calls: None,
+            logprobs,
+            offset,
+            finish,
+        }
+    }
+}
+
+/// OpenAI's chat `logprobs` object of `tokens`.
+fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let entry = |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut e = entry(&t.token, t.logprob);
+            e["top_logprobs"] = t.top.iter().map(|(tok, lp)| entry(tok, *lp)).collect();
+            e
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// OpenAI's completion `logprobs` object of `tokens`, whose text starts `offset` characters
+/// into the choice's.
+fn text_logprobs(tokens: &[TokenLogprob], mut offset: usize) -> Value {
+    let mut text_offset = Vec::with_capacity(tokens.len());
+    for t in tokens {
+        text_offset.push(offset);
+        offset += t.token.chars().count();
+    }
+    let top: Vec<serde_json::Map<String, Value>> = tokens
+        .iter()
+        .map(|t| {
+            t.top
+                .iter()
+                .map(|(tok, lp)| (tok.clone(), json!(lp)))
+                .collect()
+        })
+        .collect();
+    json!({
+        "tokens": tokens.iter().map(|t| &t.token).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": text_offset,
+    })
 }
 
 impl Header {
@@ -62,7 +151,7 @@ impl Header {
         object: &'static str,
         choices: Vec<C>,
         usage: Option<Usage>,
-    ) -> serde_json::Value {
+    ) -> Value {
         let completion = Completion {
             id: self.id.clone(),
             object,
@@ -75,34 +164,76 @@ impl Header {
         serde_json::to_value(completion).unwrap_or_default()
     }
 
-    /// A streamed chunk: `text` (for chat, `role` adds `delta.role`) and `finish`.
-    fn chunk(&self, role: bool, text: Option<String>, finish: Option<&'static str>) -> String {
-        let value = match self.api {
-            Api::Chat => self.object(
-                "chat.completion.chunk",
-                vec![ChatChoice {
-                    index: 0,
-                    body: ChatBody::Delta(Delta {
-                        role: role.then_some("assistant"),
-                        content: text,
-                    }),
-                    logprobs: None,
-                    finish_reason: finish,
-                }],
-                None,
-            ),
-            Api::Text => self.object(
-                "text_completion",
-                vec![TextChoice {
-                    index: 0,
-                    text: text.unwrap_or_default(),
-                    logprobs: None,
-                    finish_reason: finish,
-                }],
-                None,
-            ),
-        };
-        value.to_string()
+    /// The object of `parts`: a chunk (`whole` false) or a whole response with `usage`.
+    fn with_parts(&self, whole: bool, parts: Vec<Part<'_>>, usage: Option<Usage>) -> Value {
+        match self.api {
+            Api::Chat => {
+                let choices = parts
+                    .into_iter()
+                    .map(|p| {
+                        let delta = Delta {
+                            role: p.role.then_some("assistant"),
+                            content: p.text,
+                            tool_calls: p.tool_calls,
+                        };
+                        ChatChoice {
+                            index: p.index,
+                            body: if whole {
+                                ChatBody::Message(delta)
+                            } else {
+                                ChatBody::Delta(delta)
+                            },
+                            logprobs: self.logprobs.then(|| chat_logprobs(p.logprobs)),
+                            finish_reason: p.finish,
+                        }
+                    })
+                    .collect();
+                let object = if whole {
+                    "chat.completion"
+                } else {
+                    "chat.completion.chunk"
+                };
+                self.object(object, choices, usage)
+            }
+            Api::Text => {
+                let choices = parts
+                    .into_iter()
+                    .map(|p| TextChoice {
+                        index: p.index,
+                        text: p.text.unwrap_or_default(),
+                        logprobs: self.logprobs.then(|| text_logprobs(p.logprobs, p.offset)),
+                        finish_reason: p.finish,
+                    })
+                    .collect();
+                self.object("text_completion", choices, usage)
+            }
+        }
+    }
+
+    /// Choice `index`'s reply `text` as content and tool calls, and its finish reason
+    /// (`tool_calls` when it called any), when the request has tools.
+    fn calls(
+        &self,
+        text: &str,
+        index: usize,
+        finish: &'static str,
+    ) -> (Option<String>, Option<Vec<Value>>, &'static str) {
+        match &self.tools {
+            None => (Some(text.to_owned()), None, finish),
+            Some(tools) => {
+                let (content, calls) = tools.parse(text, &format!("call-{}-{index}", self.id));
+                if calls.is_empty() {
+                    (content, None, finish)
+                } else {
+                    (content, Some(calls), "tool_calls")
+                }
+            }
+        }
+    }
+
+    /// A streamed chunk of one choice.
+    fn chunk(&self, part: Part<'_>) -> String {
+        self.with_parts(false, vec![part], None).to_string()
     }
 
     /// The chunk with no choices and the usage.
@@ -114,90 +245,169 @@ impl Header {
         self.object::<TextChoice>(object, Vec::new(), Some(usage))
             .to_string()
     }
-
-    /// The whole response.
-    fn whole(&self, text: String, done: Done) -> serde_json::Value {
-        let finish = Some(done.finish_reason);
-        match self.api {
-            Api::Chat => self.object(
-                "chat.completion",
-                vec![ChatChoice {
-                    index: 0,
-                    body: ChatBody::Message(Delta {
-                        role: Some("assistant"),
-                        content: Some(text),
-                    }),
-                    logprobs: None,
-                    finish_reason: finish,
-                }],
-                Some(done.usage),
-            ),
-            Api::Text => self.object(
-                "text_completion",
-                vec![TextChoice {
-                    index: 0,
-                    text,
-                    logprobs: None,
-                    finish_reason: finish,
-                }],
-                Some(done.usage),
-            ),
-        }
-    }
 }
 
-/// Generates the whole reply, then answers one JSON object.
+/// The usage of a request whose choices ended with `done`: the prompt once, the generated
+/// tokens of every choice.
+fn total_usage<'a>(done: impl Iterator<Item = &'a Done>) -> Usage {
+    let (mut prompt, mut completion) = (0, 0);
+    for d in done {
+        prompt = d.usage.prompt_tokens;
+        completion += d.usage.completion_tokens;
+    }
+    Usage::new(prompt, completion)
+}
+
+/// Generates every choice's whole reply, then answers one JSON object.
 ///
 /// Errors: 500 when the engine fails, 503 when it shuts down first. (A client that goes
-/// away drops this future with its connection, which cancels the request.)
+/// away drops this future with its connection, and the choices' tasks with it, which
+/// cancels the requests.)
 pub async fn whole(
-    state: &State,
+    state: Arc<State>,
     header: Header,
-    submitted: Submitted,
+    submitted: Vec<Submitted>,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    match drive(state, submitted, |piece| {
-        text.push_str(&piece);
-        true
-    })
-    .await
-    {
-        Outcome::Done(done) => Ok(Json(header.whole(text, done)).into_response()),
-        // `emit` above never refuses text.
-        Outcome::ClientGone => Err(ApiError::internal("the reply was dropped")),
-        Outcome::Failed(e) => Err(e),
+    let mut tasks = JoinSet::new();
+    for (index, submitted) in submitted.into_iter().enumerate() {
+        let state = Arc::clone(&state);
+        tasks.spawn(async move {
+            let (mut text, mut logprobs) = (String::new(), Vec::new());
+            let outcome = drive(&state, submitted, |piece| {
+                text.push_str(&piece.text);
+                logprobs.extend(piece.logprobs);
+                true
+            })
+            .await;
+            (index, text, logprobs, outcome)
+        });
     }
+    let mut choices = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (index, text, logprobs, outcome) =
+            joined.map_err(|e| ApiError::internal(format!("a choice's task failed: {e}")))?;
+        match outcome {
+            Outcome::Done(done) => choices.push((index, text, logprobs, done)),
+            // `emit` above never refuses text.
+            Outcome::ClientGone => return Err(ApiError::internal("the reply was dropped")),
+            Outcome::Failed(e) => return Err(e),
+        }
+    }
+    choices.sort_by_key(|c| c.0);
+    let usage = total_usage(choices.iter().map(|c| &c.3));
+    let echo_chars = header.echo.chars().count();
+    let parts = choices
+        .iter()
+        .map(|(index, text, logprobs, done)| {
+            let (text, tool_calls, finish) = header.calls(text, *index, done.finish_reason);
+            Part {
+                index: *index,
+                role: true,
+                text: Some(format!("{}{}", header.echo, text.unwrap_or_default())),
+                tool_calls,
+                logprobs,
+                offset: echo_chars,
+                finish: Some(finish),
+            }
+        })
+        .collect();
+    Ok(Json(header.with_parts(true, parts, Some(usage))).into_response())
 }
 
-/// Answers with a stream of server-sent events, generated by a task of its own that ends
-/// (and cancels the request in the engine) when the client disconnects.
+/// Answers with a stream of server-sent events, generated by a task of its own (with one
+/// task per choice) that ends, and cancels the requests in the engine, when the client
+/// disconnects.
 pub fn stream(
     state: Arc<State>,
     header: Header,
-    submitted: Submitted,
+    submitted: Vec<Submitted>,
     include_usage: bool,
 ) -> Response {
     let (tx, rx) = unbounded_channel::<Result<Event, Infallible>>();
-    let send = move |data: String| tx.send(Ok(Event::default().data(data))).is_ok();
+    let header = Arc::new(header);
     tokio::spawn(async move {
-        if header.api == Api::Chat && !send(header.chunk(true, Some(String::new()), None)) {
-            return;
+        let mut tasks = JoinSet::new();
+        for (index, submitted) in submitted.into_iter().enumerate() {
+            let (state, header, tx) = (Arc::clone(&state), Arc::clone(&header), tx.clone());
+            tasks.spawn(async move {
+                let send = |data: String| tx.send(Ok(Event::default().data(data))).is_ok();
+                let first = match header.api {
+                    Api::Chat => Part {
+                        role: true,
+                        ..Part::chunk(index, Some(String::new()), &[], 0, None)
+                    },
+                    Api::Text => Part::chunk(index, Some(header.echo.clone()), &[], 0, None),
+                };
+                if (header.api == Api::Chat || !header.echo.is_empty())
+                    && !send(header.chunk(first))
+                {
+                    return Outcome::ClientGone;
+                }
+                let mut offset = header.echo.chars().count();
+                // With tools, the reply is held until its end, where its calls are known.
+                let mut held = (String::new(), Vec::new());
+                let outcome = drive(&state, submitted, |piece: Piece| {
+                    if header.tools.is_some() {
+                        held.0.push_str(&piece.text);
+                        held.1.extend(piece.logprobs);
+                        return true;
+                    }
+                    let part = Part::chunk(index, Some(piece.text), &piece.logprobs, offset, None);
+                    let chunk = header.chunk(part);
+                    offset += piece
+                        .logprobs
+                        .iter()
+                        .map(|t| t.token.chars().count())
+                        .sum::<usize>();
+                    send(chunk)
+                })
+                .await;
+                if let Outcome::Done(done) = &outcome {
+                    let mut finish = done.finish_reason;
+                    if header.tools.is_some() {
+                        let (text, calls, reason) = header.calls(&held.0, index, finish);
+                        finish = reason;
+                        let mut part = Part::chunk(index, text, &held.1, offset, None);
+                        part.tool_calls = calls.map(|calls| {
+                            (0..)
+                                .zip(calls)
+                                .map(|(i, mut c)| {
+                                    c["index"] = i.into();
+                                    c
+                                })
+                                .collect()
+                        });
+                        if !send(header.chunk(part)) {
+                            return Outcome::ClientGone;
+                        }
+                    }
+                    let last = Part::chunk(index, None, &[], offset, Some(finish));
+                    if !send(header.chunk(last)) {
+                        return Outcome::ClientGone;
+                    }
+                }
+                outcome
+            });
         }
-        let outcome = drive(&state, submitted, |piece| {
-            send(header.chunk(false, Some(piece), None))
-        })
-        .await;
-        match outcome {
-            Outcome::Done(done) => {
-                let _ = send(header.chunk(false, None, Some(done.finish_reason)))
-                    && (!include_usage || send(header.usage_chunk(done.usage)))
-                    && send("[DONE]".into());
-            }
-            Outcome::ClientGone => {}
-            Outcome::Failed(e) => {
-                let _ = send(e.body().to_string()) && send("[DONE]".into());
+        let send = |data: String| tx.send(Ok(Event::default().data(data))).is_ok();
+        let mut done = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Outcome::Done(d)) => done.push(d),
+                Ok(Outcome::ClientGone) => return,
+                Ok(Outcome::Failed(e)) => {
+                    let _ = send(e.body().to_string()) && send("[DONE]".into());
+                    return;
+                }
+                Err(e) => {
+                    let e = ApiError::internal(format!("a choice's task failed: {e}"));
+                    let _ = send(e.body().to_string()) && send("[DONE]".into());
+                    return;
+                }
             }
         }
+        let _ = (!include_usage || send(header.usage_chunk(total_usage(done.iter()))))
+            && send("[DONE]".into());
     });
     Sse::new(UnboundedReceiverStream::new(rx)).into_response()
 }

@@ -8,6 +8,7 @@
 //! | `GET /metrics`              | Prometheus text ([`super::metrics`])                  |
 //! | `POST /v1/chat/completions` | a chat reply, whole or streamed                       |
 //! | `POST /v1/completions`      | a text continuation, whole or streamed                |
+//! | `POST /v1/embeddings`       | pooled hidden states ([`super::embeddings`])          |
 //!
 //! Every other path answers 404, every bad request 400 and a body over the limit 413, all
 //! with an OpenAI-style JSON error.
@@ -23,11 +24,13 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use super::embeddings::EmbeddingRequest;
 use super::error::ApiError;
 use super::generation::{submit, Job};
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
-use super::{page, params, prompt, State};
+use super::{page, params, prompt, schema, tools, State};
+use flm_core::{Constraint, Nfa};
 
 /// The router of every route, sharing `state`.
 pub fn router(state: Arc<State>) -> Router {
@@ -38,6 +41,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .fallback(|| async {
             let mut e = ApiError::invalid(None, "no such route");
             e.status = StatusCode::NOT_FOUND;
@@ -65,6 +69,7 @@ async fn models(Shared(state): Shared<Arc<State>>) -> Json<ModelList> {
             object: "model",
             created: state.started,
             owned_by: "flm",
+            max_model_len: state.context,
         }],
     })
 }
@@ -87,9 +92,20 @@ async fn chat(
 ) -> Response {
     let arrived = Instant::now();
     let result = match body {
-        Ok(Json(request)) => {
-            prompt::chat(&state.tokenizer, &request.messages).map(|ids| (ids, request.sampling))
-        }
+        Ok(Json(request)) => tools::check(
+            request.tools.as_ref(),
+            request.tool_choice.as_ref(),
+            state.tokenizer.chat_template(),
+        )
+        .and_then(|tools| {
+            let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref())?;
+            Ok(Parsed {
+                ids,
+                sampling: request.sampling,
+                echo: false,
+                tools,
+            })
+        }),
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Chat, arrived, result).await
@@ -103,10 +119,42 @@ async fn completions(
     let result = match body {
         Ok(Json(request)) => params::check_completion(&request)
             .and_then(|()| prompt::completion(&state.tokenizer, &request.prompt))
-            .map(|ids| (ids, request.sampling)),
+            .map(|ids| Parsed {
+                ids,
+                sampling: request.sampling,
+                echo: request.echo,
+                tools: None,
+            }),
         Err(rejection) => Err(rejection.into()),
     };
     answer(state, Api::Text, arrived, result).await
+}
+
+async fn embeddings(
+    Shared(state): Shared<Arc<State>>,
+    body: Result<Json<EmbeddingRequest>, JsonRejection>,
+) -> Response {
+    let response = match body {
+        Ok(Json(request)) => super::embeddings::answer(Arc::clone(&state), request)
+            .await
+            .map(|v| Json(v).into_response()),
+        Err(rejection) => Err(rejection.into()),
+    };
+    let response = response.unwrap_or_else(IntoResponse::into_response);
+    state
+        .metrics
+        .request("embeddings", response.status().as_u16());
+    response
+}
+
+/// A completion request as the two endpoints parse it.
+struct Parsed {
+    ids: prompt::Ids,
+    sampling: Sampling,
+    /// Completions: start the text with the prompt's.
+    echo: bool,
+    /// Chat: the checked tools.
+    tools: Option<tools::Tools>,
 }
 
 /// Generates the reply to a parsed request, and counts it in the metrics.
@@ -114,10 +162,10 @@ async fn answer(
     state: Arc<State>,
     api: Api,
     arrived: Instant,
-    request: Result<(prompt::Ids, Sampling), ApiError>,
+    request: Result<Parsed, ApiError>,
 ) -> Response {
     let response = match request {
-        Ok((ids, sampling)) => generate(Arc::clone(&state), api, arrived, ids, &sampling).await,
+        Ok(parsed) => generate(Arc::clone(&state), api, arrived, parsed).await,
         Err(e) => Err(e),
     };
     let response = response.unwrap_or_else(IntoResponse::into_response);
@@ -131,10 +179,42 @@ async fn generate(
     state: Arc<State>,
     api: Api,
     arrived: Instant,
-    ids: prompt::Ids,
-    sampling: &Sampling,
+    parsed: Parsed,
 ) -> Result<Response, ApiError> {
-    let params = params::check(sampling, &state.model_name, crate::generate::clock_seed())?;
+    let Parsed {
+        ids,
+        sampling,
+        echo,
+        tools,
+    } = parsed;
+    let params = params::check(&sampling, &state.model_name, crate::generate::clock_seed())?;
+    let format = schema::response_format(sampling.response_format.as_ref())?;
+    let call = tools
+        .as_ref()
+        .map(tools::Tools::pattern)
+        .transpose()?
+        .flatten();
+    if format.is_some() && call.is_some() {
+        return Err(ApiError::invalid(
+            Some("response_format"),
+            "response_format cannot be combined with a tool_choice that forces a call",
+        ));
+    }
+    let constraint = match format.or(call) {
+        Some(pattern) => {
+            let nfa = Nfa::new(&pattern).map_err(|e| {
+                ApiError::invalid(
+                    Some("response_format"),
+                    format!("the schema is too large: {e}"),
+                )
+            })?;
+            Some(Constraint::new(
+                Arc::new(nfa),
+                Arc::clone(&state.token_texts),
+            ))
+        }
+        None => None,
+    };
     let (param, default_max, stop_tokens) = match api {
         // OpenAI: a chat reply may fill the context, a completion stops after 16 tokens.
         Api::Chat => ("messages", None, state.tokenizer.chat_stop_ids()),
@@ -151,18 +231,34 @@ async fn generate(
         ids.ids.len(),
         state.context,
     )?;
-    let (stream, include_usage) = (params.stream, params.include_usage);
-    let submitted = submit(
-        &state,
-        Job {
-            prompt: ids.ids,
-            at_start: ids.at_start,
-            params,
-            max_tokens,
-            stop_tokens,
-            arrived,
-        },
-    )?;
+    let (stream, include_usage, n) = (params.stream, params.include_usage, params.n);
+    let logprobs = params.logprobs.is_some();
+    let echo = if echo {
+        state
+            .tokenizer
+            .decode(&ids.ids)
+            .map_err(|e| ApiError::invalid(Some("prompt"), format!("cannot decode it: {e}")))?
+    } else {
+        String::new()
+    };
+    let job = Job {
+        prompt: ids.ids,
+        at_start: ids.at_start,
+        params,
+        max_tokens,
+        stop_tokens,
+        arrived,
+        constraint,
+    };
+    // Each choice is a request of its own, with the next seed; a refused one cancels
+    // those before it when they are dropped.
+    let submitted = (0..n)
+        .map(|i| {
+            let mut job = job.clone();
+            job.params.sampler.seed = job.params.sampler.seed.wrapping_add(i as u64);
+            submit(&state, job)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
     let header = Header {
         api,
@@ -172,10 +268,13 @@ async fn generate(
         },
         created: unix_now(),
         model: state.model_name.clone(),
+        echo,
+        logprobs,
+        tools: tools.filter(|t| t.choice != tools::Choice::None),
     };
     if stream {
         Ok(respond::stream(state, header, submitted, include_usage))
     } else {
-        respond::whole(&state, header, submitted).await
+        respond::whole(state, header, submitted).await
     }
 }

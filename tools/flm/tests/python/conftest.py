@@ -40,13 +40,11 @@ def chat_model_dir(tmp_path_factory):
     return chat_model(tmp_path_factory.mktemp("model"))
 
 
-@pytest.fixture(scope="session")
-def server(chat_model_dir):
-    """The base URL of a running `flm serve`; the process is stopped at the end."""
+def serve(model: Path):
+    """Starts `flm serve` on `model`; yields its base URL and stops it at the end."""
     binary = os.environ.get("FLM_BIN")
     if not binary:
         pytest.fail("set FLM_BIN to the flm binary (cargo build -p flm-cli)")
-    model = chat_model_dir
     process = subprocess.Popen(
         [binary, "serve", "--model", str(model), "--port", "0"],
         stdout=subprocess.PIPE,
@@ -63,3 +61,16 @@ def server(chat_model_dir):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def server(chat_model_dir):
+    """The base URL of a running `flm serve` of stories260K with a chat template."""
+    yield from serve(chat_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tools_server():
+    """The base URL of a running `flm serve` of tests/data/qwen2-tools, a tiny random Qwen2
+    whose chat template takes tools (tools/serve/make_tiny_qwen2_tools.py)."""
+    yield from serve(REPO / "tests/data/qwen2-tools")

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::server::{reference, Server};
+use crate::server::{data, reference, Server};
 
 /// Checks an OpenAI-style error: status, type and the field at fault.
 fn assert_error(answer: (u16, Value), status: u16, param: Option<&str>) {
@@ -25,6 +25,8 @@ fn health_models_metrics_and_page() {
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "tiny");
     assert_eq!(models["data"][0]["object"], "model");
+    // stories260K's llama2.c header: a context of 512.
+    assert_eq!(models["data"][0]["max_model_len"], 512);
     let (status, page) = server.get("/");
     assert_eq!(status, 200);
     assert!(page.contains("/v1/chat/completions") && page.contains("tokens/s"));
@@ -139,10 +141,13 @@ fn bad_requests_get_openai_errors() {
         ("max_tokens", json!(0)),
         ("presence_penalty", json!(2.5)),
         ("frequency_penalty", json!(-9)),
-        ("n", json!(3)),
+        ("n", json!(0)),
+        ("n", json!(129)),
+        ("logprobs", json!(21)),
+        ("top_logprobs", json!(2)),
         ("stop", json!(["a", "b", "c", "d", "e"])),
         ("stop", json!("")),
-        ("echo", json!(true)),
+        ("response_format", json!({"type": "xml"})),
         ("logit_bias", json!({"50256": -100})),
         ("user", json!(42)),
         ("suffix", json!(" the end")),
@@ -156,7 +161,8 @@ fn bad_requests_get_openai_errors() {
     let (status, body) = server.post(
         completions,
         &json!({"prompt": "x", "max_tokens": 1, "logit_bias": {}, "user": "u", "suffix": "",
-                "best_of": 1}),
+                "best_of": 1, "n": 1, "logprobs": null, "echo": false,
+                "response_format": {"type": "text"}}),
     );
     assert_eq!(status, 200, "{body}");
     // A body over the limit (2 MiB): 413.
@@ -201,4 +207,31 @@ fn bad_requests_get_openai_errors() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 2);
     assert!(server.metric("flm_requests_total{endpoint=\"completions\",status=\"400\"}") >= 10.0);
+}
+
+/// `--pooling mean`: the mean of transformers' `last_hidden_state` over the tokens,
+/// normalised (tests/data/stories260K/embeddings_reference.json); stories260K.bin is the
+/// same model as hf-stories260K.
+#[test]
+fn embeddings_pool_the_mean_with_the_flag() {
+    let server = Server::start(&["--pooling", "mean"]);
+    let file = std::fs::read(data("stories260K/embeddings_reference.json")).unwrap();
+    let reference: Value = serde_json::from_slice(&file).unwrap();
+    let request = serde_json::json!({"input": reference["inputs"]});
+    let (status, body) = server.post("/v1/embeddings", &request);
+    assert_eq!(status, 200, "{body}");
+    let want = reference["mean"].as_array().unwrap();
+    for (got, want) in body["data"].as_array().unwrap().iter().zip(want) {
+        let got = got["embedding"].as_array().unwrap();
+        assert_eq!(got.len(), 64);
+        for (g, w) in got.iter().zip(want.as_array().unwrap()) {
+            let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
+            assert!((g - w).abs() < 1e-4, "{g} vs {w}");
+        }
+    }
+    let (status, body) = server.post("/v1/embeddings", &serde_json::json!({"input": []}));
+    assert_eq!(
+        (status, body["error"]["param"].as_str()),
+        (400, Some("input"))
+    );
 }

@@ -123,3 +123,29 @@ fn load_test_loses_no_request() {
         server.metric("flm_kv_blocks_total")
     );
 }
+
+/// A request after another that shares its first 64 tokens takes their KV blocks from the
+/// prefix cache: `/metrics` counts the hit and the 64 tokens saved, and the text is still the
+/// continuation of llama2.c's greedy sequence.
+#[test]
+fn a_later_request_reuses_an_earlier_prefix() {
+    let server = Server::start(&[]);
+    let reference = reference();
+    let hits = "flm_prefix_cache_hits_total";
+    let saved = "flm_prefix_cache_tokens_saved_total";
+    let first = [&[1][..], &reference.ids[..70]].concat();
+    let (text, _) = complete(&server, &first, 8);
+    assert!(reference.text.contains(&text), "{text}");
+    assert_eq!((server.metric(hits), server.metric(saved)), (0.0, 0.0));
+    assert!(server.metric("flm_kv_blocks_cached") >= 4.0);
+    let second = [&[1][..], &reference.ids[..100]].concat();
+    let (text, _) = complete(&server, &second, 8);
+    assert!(reference.text.contains(&text), "{text}");
+    assert_eq!(server.metric(hits), 1.0);
+    // Blocks of 16: the first 64 positions of the first request's 71 + 8.
+    assert_eq!(server.metric(saved), 64.0);
+    assert_eq!(
+        server.metric("flm_kv_blocks_free"),
+        server.metric("flm_kv_blocks_total")
+    );
+}

@@ -1,0 +1,89 @@
+//! Linear layers with K-quant weights ([`DataType::Q4K`], `Q5K`, `Q6K`, ggml's super-blocks
+//! as they are): each run of 32 weights dotted against one int8 activation block in exact
+//! integers, then scaled (the formulas of [`flm_core::kquant`]).
+//!
+//! One output at a time, its super-blocks in order: the portable loops here (the twin
+//! every other level is tested against), AVX2 `vpmaddubsw` in `kquant_x86` (also run at
+//! the AVX-VNNI, AVX-512 and AMX levels: the unpacking of the codes, not the multiply,
+//! bounds these kernels, and every such CPU has AVX2), and NEON with and without `sdot`
+//! in `kquant_neon`. Each output is a fixed-order sum over its row, so the results do not
+//! depend on the other input rows or the thread split (batch invariance).
+
+use flm_core::kquant::{self, RUN, RUNS};
+use flm_core::DataType;
+
+use super::{Acts, QuantWeight};
+use crate::cpu::Isa;
+
+/// See [`super::rows`], for a K-quant `w` and [`Acts`] in natural order.
+pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    match isa {
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports, and every
+        // x86 level above the portable one has AVX2.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 | Isa::Amx => unsafe {
+            super::kquant_x86::rows(w, acts, j0, yt)
+        },
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => super::kquant_neon::rows(isa, w, acts, j0, yt),
+        _ => each_output(w, acts, j0, yt, dot),
+    }
+}
+
+/// Calls `dot(dtype, weight row, codes, block scales, block sums)` for each output of
+/// `yt` (see [`super::rows`]).
+#[inline(always)]
+pub(super) fn each_output(
+    w: &QuantWeight<'_>,
+    acts: &Acts,
+    j0: usize,
+    yt: &mut [f32],
+    dot: impl Fn(DataType, &[u8], &[i8], &[f32], &[i32]) -> f32,
+) {
+    let n = acts.n;
+    for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
+        let row = w.row(j0 + dj);
+        for (i, y) in ys.iter_mut().enumerate() {
+            *y = dot(
+                w.dtype,
+                row,
+                acts.row_qs(i),
+                acts.row_d(i),
+                acts.row_bsum(i),
+            );
+        }
+    }
+}
+
+/// `Σ ŵ·x` of one K-quant row against one activation row (codes `qs`, block scales `d`,
+/// block sums `bsum`): per run `b`, `f_b·a_b·isum_b` accumulated, minus
+/// `Σ_b g_b·a_b·bsum_b` (Q4_K/Q5_K minimums) at the end.
+fn dot(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], bsum: &[i32]) -> f32 {
+    let bb = kquant::block_bytes(dtype);
+    let (mut acc, mut mins) = (0.0f32, 0.0f32);
+    let mut codes = [0u8; RUN];
+    for (s, block) in row.chunks_exact(bb).enumerate() {
+        for r in 0..RUNS {
+            let b = s * RUNS + r;
+            let x = &qs[b * RUN..(b + 1) * RUN];
+            kquant::run_codes(dtype, block, r, &mut codes);
+            let (f, g) = kquant::run_scales(dtype, block, r);
+            let half = |range: std::ops::Range<usize>, offset: i32| -> i32 {
+                codes[range.clone()]
+                    .iter()
+                    .zip(&x[range])
+                    .map(|(&q, &x)| (i32::from(q) - offset) * i32::from(x))
+                    .sum()
+            };
+            let isum = if dtype == DataType::Q6K {
+                let (sa, sb) = kquant::q6_scales(block, r);
+                sa * half(0..16, 32) + sb * half(16..32, 32)
+            } else {
+                half(0..RUN, 0)
+            };
+            acc += f * d[b] * isum as f32;
+            mins += g * d[b] * bsum[b] as f32;
+        }
+    }
+    acc - mins
+}

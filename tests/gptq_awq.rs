@@ -1,0 +1,271 @@
+//! GPTQ and AWQ int4 checkpoints (models/src/import/packed.rs) against their references:
+//! tiny random Llamas packed as GPTQModel and AutoAWQ pack them, checked against those
+//! packages' own unpacking, with transformers' logits and greedy ids for the dequantised
+//! weights (tests/data/gptq-awq, made by tools/quant/make_gptq_awq.py; see SOURCES.md).
+
+use std::path::PathBuf;
+
+use flm_core::flm_file::FlmFile;
+use flm_core::{Data, DataType};
+use flm_models::convert::{convert, Recipe};
+use flm_models::import;
+use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::tensor_names::{LayerPart, TensorName};
+use flm_models::Graph;
+use flm_tests::{cpu_executor, data, greedy_on, ids, weights_in};
+use flm_tokenizer::Tokenizer;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Each variant and the dtype its projections load as: symmetric GPTQ repacks into
+/// int4-sym, asymmetric schemes whose minimums are f16 numbers into int4, act-order,
+/// asymmetric schemes with 11-bit scales and 8-bit GPTQ are dequantised to f16.
+const VARIANTS: [(&str, DataType); 8] = [
+    ("gptq-sym-g128", DataType::I4SymG128),
+    ("gptq-sym-g32-actorder", DataType::F16),
+    ("gptq-asym-g32", DataType::F16),
+    ("gptq-asym-g128-actorder", DataType::F16),
+    ("gptq-asym-g32-short-scales", DataType::I4G32),
+    ("awq-g32", DataType::F16),
+    ("awq-g128-short-scales", DataType::I4G128),
+    ("gptq-8bit-asym-g32-v2", DataType::F16),
+];
+
+/// The projections of a layer, every one quantised in the checkpoints.
+const PROJECTIONS: [LayerPart; 7] = [
+    LayerPart::Wq,
+    LayerPart::Wk,
+    LayerPart::Wv,
+    LayerPart::Wo,
+    LayerPart::WGate,
+    LayerPart::WUp,
+    LayerPart::WDown,
+];
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(data("gptq-awq/reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn dir(variant: &str) -> PathBuf {
+    data(&format!("gptq-awq/{variant}"))
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn f16_bytes(values: &[f32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect()
+}
+
+#[test]
+fn dequantised_weights_equal_the_references_bit_for_bit() {
+    let reference = reference();
+    for (variant, dtype) in VARIANTS {
+        let ckpt = import::load(&dir(variant)).unwrap();
+        let hashes = &reference["variants"][variant]["dequantised_sha256"];
+        for l in 0..ckpt.config.n_layers {
+            for part in PROJECTIONS {
+                let name = TensorName::Layer(l, part);
+                let want = &hashes[name.hf().unwrap()];
+                let weight = ckpt.tensor(name).unwrap().load().unwrap();
+                assert_eq!(weight.dtype(), dtype, "{variant} {name}");
+                let f32 = weight.to_dtype(DataType::F32).unwrap();
+                let f32 = f32.as_f32().unwrap();
+                // Rounding flm's values to f16 gives the references' own f16 arithmetic.
+                assert_eq!(sha256(&f16_bytes(f32)), want["f16"], "{variant} {name} f16");
+                if dtype != DataType::F16 {
+                    let bytes: Vec<u8> = f32.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    assert_eq!(sha256(&bytes), want["f32"], "{variant} {name} f32");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn logits_match_transformers_on_the_dequantised_weights() {
+    let reference = reference();
+    let input = ids(&reference["input_ids"]);
+    let exec = cpu_executor();
+    for (variant, _) in VARIANTS {
+        let ckpt = import::load(&dir(variant)).unwrap();
+        // The weights rounded to f16, as the references dequantise them, then held in f32:
+        // the values transformers runs, without flm's int8 activations.
+        let f16 = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, _| DataType::F16);
+        let weights = weights_in(&f16, |_, _| DataType::F32);
+        let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
+        let got = model
+            .forward(&exec, &input, 0, Logits::All)
+            .unwrap()
+            .to_vec();
+        let bytes = std::fs::read(dir(variant).join("logits_f32le.bin")).unwrap();
+        let want: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(got.len(), want.len());
+        let diff = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(diff < 1e-4, "{variant}: logits differ by {diff}");
+    }
+}
+
+#[test]
+fn greedy_ids_match_transformers_with_the_loaded_dtypes() {
+    let reference = reference();
+    let input = ids(&reference["input_ids"]);
+    let exec = cpu_executor();
+    for (variant, _) in VARIANTS {
+        let ckpt = import::load(&dir(variant)).unwrap();
+        let weights = LlamaWeights::load(&ckpt).unwrap();
+        let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
+        let want = ids(&reference["variants"][variant]["greedy_ids"]);
+        let got = greedy_on(&exec, &mut model, &input, want.len());
+        assert_eq!(got, want, "{variant}");
+    }
+}
+
+#[test]
+fn dequantised_tensors_are_noted_with_their_reason() {
+    let notes = |variant: &str| import::load(&dir(variant)).unwrap().load_notes();
+    assert!(notes("gptq-sym-g128").is_empty());
+    assert!(notes("awq-g128-short-scales").is_empty());
+    let act_order = notes("gptq-sym-g32-actorder");
+    assert_eq!(act_order.len(), 1, "{act_order:?}");
+    assert!(act_order[0].starts_with("14 tensors: GPTQ 4-bit with act-order"));
+    assert!(notes("awq-g32")[0].contains("minimum -scale*zero is not an f16 number"));
+    assert!(notes("gptq-8bit-asym-g32-v2")[0].contains("GPTQ 8-bit with 8-bit codes in groups"));
+}
+
+#[test]
+fn converted_files_keep_the_repacked_int4() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The tiny checkpoints have no tokenizer; any one rides along in the file.
+    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
+    for (variant, dtype) in [VARIANTS[0], VARIANTS[4], VARIANTS[6]] {
+        let ckpt = import::load(&dir(variant)).unwrap();
+        let out = tmp.path().join(format!("{variant}.flm"));
+        convert(&ckpt, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+        let file = FlmFile::open(&out).unwrap();
+        for l in 0..ckpt.config.n_layers {
+            for part in PROJECTIONS {
+                let name = TensorName::Layer(l, part);
+                let stored: Data = file.tensor(&name.to_string()).unwrap();
+                let loaded = ckpt.tensor(name).unwrap().load().unwrap();
+                assert_eq!(stored.dtype(), dtype, "{variant} {name}");
+                assert_eq!(stored.bytes().unwrap(), loaded.bytes().unwrap());
+            }
+        }
+    }
+}
+
+#[test]
+fn asymmetric_schemes_requantise_to_int4_within_a_hundredth_of_a_step() {
+    // What `flm convert --dtype int4 --group-size 32 --pure` makes of the f16 values that
+    // asymmetric groups of 32 load as: flm's fit finds the checkpoint's grid again, with
+    // the minimum rounded to f16.
+    for variant in ["gptq-asym-g32", "awq-g32"] {
+        let ckpt = import::load(&dir(variant)).unwrap();
+        let mut worst = 0.0f32;
+        for l in 0..ckpt.config.n_layers {
+            for part in PROJECTIONS {
+                let f16 = ckpt.tensor(TensorName::Layer(l, part)).unwrap();
+                let f16 = f16.load().unwrap();
+                let want = f16.to_dtype(DataType::F32).unwrap();
+                let int4 = f16.to_dtype(DataType::I4G32).unwrap();
+                let got = int4.to_dtype(DataType::F32).unwrap();
+                let (want, got) = (want.as_f32().unwrap(), got.as_f32().unwrap());
+                for (w, g) in want.chunks(32).zip(got.chunks(32)) {
+                    let lo = w.iter().copied().fold(f32::INFINITY, f32::min);
+                    let hi = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    // At most the group's scale: its codes span at most 0..=15.
+                    let step = (hi - lo) / 15.0;
+                    for (a, b) in w.iter().zip(g) {
+                        worst = worst.max((a - b).abs() / step);
+                    }
+                }
+            }
+        }
+        assert!(worst < 0.01, "{variant}: {worst} of a step");
+    }
+}
+
+/// Passes a stored tensor (name, bytes) through, changed, or drops it (`None`).
+type Edit<'a> = &'a dyn Fn(&str, &[u8]) -> Option<Vec<u8>>;
+
+/// A copy of `gptq-sym-g128` in `tmp/name` with config.json `config` and each tensor of
+/// model.safetensors passed through `edit` (`None` drops it).
+fn edited_copy(tmp: &std::path::Path, name: &str, config: &str, edit: Edit<'_>) -> PathBuf {
+    let d = tmp.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("config.json"), config).unwrap();
+    let bytes = std::fs::read(dir("gptq-sym-g128").join("model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .filter_map(|(n, t)| {
+            Some((
+                n.clone(),
+                t.dtype(),
+                t.shape().to_vec(),
+                edit(&n, t.data())?,
+            ))
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = kept
+        .iter()
+        .map(|(n, dtype, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap();
+            (n.clone(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &d.join("model.safetensors")).unwrap();
+    d
+}
+
+#[test]
+fn unsupported_schemes_and_broken_checkpoints_are_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = std::fs::read_to_string(dir("gptq-sym-g128").join("config.json")).unwrap();
+    let error = |name: &str, config: &str, edit: Edit<'_>| {
+        let d = edited_copy(tmp.path(), name, config, edit);
+        import::load(&d).unwrap_err().to_string()
+    };
+    let same = |_: &str, b: &[u8]| Some(b.to_vec());
+    let marlin = config.replace(
+        "\"checkpoint_format\": \"gptq\"",
+        "\"checkpoint_format\": \"marlin\"",
+    );
+    assert!(error("marlin", &marlin, &same).contains("GPTQ checkpoint_format \"marlin\""));
+    let bnb = config.replace(
+        "\"quant_method\": \"gptq\"",
+        "\"quant_method\": \"bitsandbytes\"",
+    );
+    assert!(error("bnb", &bnb, &same).contains("quant_method \"bitsandbytes\""));
+    const QZEROS: &str = "model.layers.0.self_attn.q_proj.qzeros";
+    let missing = error("missing", &config, &|n, b| {
+        (n != QZEROS).then(|| b.to_vec())
+    });
+    assert!(missing.contains(&format!("has no {QZEROS}")), "{missing}");
+    let bad_group = |n: &str, b: &[u8]| {
+        let mut b = b.to_vec();
+        if n.ends_with("0.mlp.down_proj.g_idx") {
+            b[..4].copy_from_slice(&7i32.to_le_bytes());
+        }
+        Some(b)
+    };
+    let g_idx = error("g_idx", &config, &bad_group);
+    assert!(g_idx.contains("g_idx names group 7 of 2"), "{g_idx}");
+}

@@ -1,0 +1,322 @@
+//! Tool calls in OpenAI's shape: the request's `tools` go to the model's chat template
+//! ([`flm_tokenizer::Tokenizer::encode_chat_with_tools`]), and the reply's calls, written
+//! in the Hermes format that Qwen2.5, Qwen3 and many fine-tunes use
+//! (`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`) or, as Llama 3.1
+//! answers, as a reply that is one JSON object `{"name": ..., "parameters": {...}}`, come
+//! back as `tool_calls` with `finish_reason: "tool_calls"`. A forced call is written in
+//! the Hermes format when the template mentions `<tool_call>`, else in Llama 3.1's.
+//!
+//! `tool_choice`: `none` (the reply is text, nothing is parsed), `auto` (the default: calls
+//! are parsed where the model writes them), `required` or a named function: the reply is
+//! constrained ([`flm_core::Constraint`]) to one call of one of the tools (or of the named
+//! one), its arguments to the function's `parameters` schema as [`super::schema`] writes
+//! schemas, so the call always parses and validates. A stream with tools parsed sends the
+//! reply's text and calls in one delta at the end, since a call is known only when its
+//! closing tag arrives.
+
+use flm_core::Pattern;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::schema;
+
+/// What `tool_choice` asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// Text only.
+    None,
+    /// Text or calls, as the model writes.
+    Auto,
+    /// One call of any tool.
+    Required,
+    /// One call of this function.
+    Named(String),
+}
+
+/// A request's checked tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tools {
+    /// The `tools` array as given, for the template.
+    pub list: Value,
+    /// `tool_choice`.
+    pub choice: Choice,
+    /// Each function's name and `parameters` schema.
+    functions: Vec<(String, Value)>,
+    /// Forced calls in the Hermes format (else Llama 3.1's JSON).
+    hermes: bool,
+}
+
+fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::invalid(Some(param), message)
+}
+
+/// Checks `tools` and `tool_choice`; `None` when the request has no tools.
+///
+/// Errors: 400 for a tool that is not `{"type": "function", "function": {"name", ...}}`
+/// with a name of 1 to 64 letters, digits, `_` or `-`, `parameters` that are not an object,
+/// two tools of one name, a `tool_choice` that is not `none`, `auto`, `required` or
+/// `{"type": "function", "function": {"name": N}}`, a named tool that is not in `tools`,
+/// and `required` or a named tool without tools. `template` is the model's chat template,
+/// which tells the format of forced calls.
+pub fn check(
+    tools: Option<&Value>,
+    tool_choice: Option<&Value>,
+    template: Option<&str>,
+) -> Result<Option<Tools>, ApiError> {
+    let list = match tools {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list.clone(),
+        Some(_) => return Err(bad("tools", "tools must be an array")),
+    };
+    let mut functions = Vec::new();
+    for tool in &list {
+        let function = &tool["function"];
+        if tool["type"] != "function" || !function.is_object() {
+            return Err(bad(
+                "tools",
+                "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+            ));
+        }
+        let name = function["name"].as_str().unwrap_or_default();
+        let valid = (1..=64).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            return Err(bad(
+                "tools",
+                format!("a function name must be 1 to 64 letters, digits, _ or -, got {name:?}"),
+            ));
+        }
+        if functions.iter().any(|(n, _)| n == name) {
+            return Err(bad("tools", format!("two tools are named {name}")));
+        }
+        let parameters = match &function["parameters"] {
+            Value::Null => json!({"type": "object", "properties": {}}),
+            p @ Value::Object(_) => p.clone(),
+            _ => {
+                return Err(bad(
+                    "tools",
+                    format!("the parameters of {name} must be a schema"),
+                ))
+            }
+        };
+        functions.push((name.to_owned(), parameters));
+    }
+    let choice = match tool_choice {
+        None | Some(Value::Null) => Choice::Auto,
+        Some(Value::String(s)) if s == "none" => Choice::None,
+        Some(Value::String(s)) if s == "auto" => Choice::Auto,
+        Some(Value::String(s)) if s == "required" => Choice::Required,
+        Some(v) if v["type"] == "function" && v["function"]["name"].is_string() => {
+            let name = v["function"]["name"].as_str().unwrap_or_default();
+            if !functions.iter().any(|(n, _)| n == name) {
+                return Err(bad(
+                    "tool_choice",
+                    format!("unknown tool `{name}`: it is not in tools"),
+                ));
+            }
+            Choice::Named(name.to_owned())
+        }
+        Some(v) => {
+            return Err(bad(
+                "tool_choice",
+                format!("tool_choice must be none, auto, required or a named function, got {v}"),
+            ))
+        }
+    };
+    if functions.is_empty() {
+        if matches!(choice, Choice::Required | Choice::Named(_)) {
+            return Err(bad(
+                "tool_choice",
+                "tool_choice asks for a call, but there are no tools",
+            ));
+        }
+        return Ok(None);
+    }
+    Ok(Some(Tools {
+        list: Value::Array(list),
+        choice,
+        functions,
+        hermes: template.is_none_or(|t| t.contains("<tool_call>")),
+    }))
+}
+
+impl Tools {
+    /// The language of the reply for `required` or a named tool: one call in the Hermes
+    /// format; `None` otherwise.
+    ///
+    /// Errors: 400 about `tools` for `parameters` that [`super::schema`] does not support.
+    pub fn pattern(&self) -> Result<Option<Pattern>, ApiError> {
+        let chosen: Vec<&(String, Value)> = match &self.choice {
+            Choice::None | Choice::Auto => return Ok(None),
+            Choice::Required => self.functions.iter().collect(),
+            Choice::Named(name) => self.functions.iter().filter(|(n, _)| n == name).collect(),
+        };
+        let calls = chosen
+            .into_iter()
+            .map(|(name, parameters)| {
+                let arguments = schema::pattern(parameters).map_err(|mut e| {
+                    e.param = Some("tools");
+                    e.message = format!("the parameters of {name}: {}", e.message);
+                    e
+                })?;
+                let (head, tail) = if self.hermes {
+                    let head = format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", json!(name));
+                    (head, "}\n</tool_call>")
+                } else {
+                    (
+                        format!("{{\"name\": {}, \"parameters\": ", json!(name)),
+                        "}",
+                    )
+                };
+                Ok(Pattern::Seq(vec![
+                    Pattern::Literal(head),
+                    arguments,
+                    Pattern::Literal(tail.into()),
+                ]))
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok(Some(Pattern::Alt(calls)))
+    }
+
+    /// The reply `text` as content (what is outside the calls, trimmed; `None` when empty)
+    /// and calls (OpenAI's `tool_calls` objects, ids `{id}-{i}`); all text with `none`.
+    /// A `<tool_call>` block that is not a JSON object with a `name` stays in the content;
+    /// without blocks, a reply that is one JSON object naming one of the tools is a call.
+    pub fn parse(&self, text: &str, id: &str) -> (Option<String>, Vec<Value>) {
+        if self.choice == Choice::None {
+            return (Some(text.to_owned()), Vec::new());
+        }
+        let (open, close) = ("<tool_call>", "</tool_call>");
+        let (mut content, mut calls, mut rest) = (String::new(), Vec::new(), text);
+        while let Some(start) = rest.find(open) {
+            let after = &rest[start + open.len()..];
+            let Some(end) = after.find(close) else {
+                break;
+            };
+            match call(
+                after[..end].trim(),
+                &format!("{id}-{}", calls.len()),
+                |_| true,
+            ) {
+                Some(call) => {
+                    content.push_str(&rest[..start]);
+                    calls.push(call);
+                }
+                None => content.push_str(&rest[..start + open.len() + end + close.len()]),
+            }
+            rest = &after[end + close.len()..];
+        }
+        content.push_str(rest);
+        let content = content.trim();
+        if calls.is_empty() {
+            let known = |name: &str| self.functions.iter().any(|(n, _)| n == name);
+            if let Some(call) = call(content, &format!("{id}-0"), known) {
+                return (None, vec![call]);
+            }
+        }
+        ((!content.is_empty()).then(|| content.to_owned()), calls)
+    }
+}
+
+/// The `tool_calls` object `id` of `text`, a JSON object with a `name` that `accept`s and
+/// its `arguments` (or Llama 3.1's `parameters`), if it is one.
+fn call(text: &str, id: &str, accept: impl Fn(&str) -> bool) -> Option<Value> {
+    let call: Value = serde_json::from_str(text).ok()?;
+    let name = call["name"].as_str().filter(|n| accept(n))?;
+    let arguments = match &call["arguments"] {
+        Value::Null => &call["parameters"],
+        a => a,
+    };
+    let arguments = match arguments {
+        Value::String(s) => s.clone(),
+        Value::Null => "{}".into(),
+        a => a.to_string(),
+    };
+    Some(json!({
+        "id": id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Value {
+        json!([{"type": "function", "function": {"name": "get_weather", "parameters":
+            {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+    }
+
+    #[test]
+    fn calls_are_parsed_from_the_hermes_format() {
+        let tools = check(Some(&weather()), None, None).unwrap().unwrap();
+        let text = "Let me see.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
+                    {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>oops</tool_call>";
+        let (content, calls) = tools.parse(text, "call");
+        assert_eq!(
+            content.as_deref(),
+            Some("Let me see.\n\n<tool_call>oops</tool_call>")
+        );
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0]["id"], "call-0");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+        assert_eq!(
+            tools.parse("plain", "c"),
+            (Some("plain".into()), Vec::new())
+        );
+        // Llama 3.1's format: the whole reply is the call.
+        let llama = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+        let (content, calls) = tools.parse(llama, "c");
+        assert_eq!(content, None);
+        assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        let unknown = "{\"name\": \"get_news\", \"parameters\": {}}";
+        assert_eq!(tools.parse(unknown, "c").1, Vec::<Value>::new());
+        let llama_tools = check(
+            Some(&weather()),
+            Some(&json!("required")),
+            Some("{{ tools }}"),
+        );
+        let forced = llama_tools.unwrap().unwrap().pattern().unwrap().unwrap();
+        let Pattern::Alt(calls) = forced else {
+            panic!("{forced:?}")
+        };
+        assert!(matches!(&calls[0], Pattern::Seq(p)
+            if p[0] == Pattern::Literal("{\"name\": \"get_weather\", \"parameters\": ".into())));
+    }
+
+    #[test]
+    fn bad_tools_and_choices_are_400s() {
+        let bad_tools = [
+            json!("x"),
+            json!([{"type": "function"}]),
+            json!([{"type": "function", "function": {"name": "a b"}}]),
+            json!([{"type": "function", "function": {"name": "f", "parameters": 3}}]),
+            json!([{"type": "function", "function": {"name": "f"}},
+                   {"type": "function", "function": {"name": "f"}}]),
+        ];
+        for tools in bad_tools {
+            let e = check(Some(&tools), None, None).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.param),
+                (400, Some("tools")),
+                "{tools}"
+            );
+        }
+        let named = json!({"type": "function", "function": {"name": "other"}});
+        for choice in [json!("sometimes"), named] {
+            let e = check(Some(&weather()), Some(&choice), None).unwrap_err();
+            assert_eq!(e.param, Some("tool_choice"), "{choice}");
+        }
+        let e = check(None, Some(&json!("required")), None).unwrap_err();
+        assert_eq!(e.param, Some("tool_choice"));
+        assert_eq!(check(None, None, None), Ok(None));
+        let required = check(Some(&weather()), Some(&json!("required")), None)
+            .unwrap()
+            .unwrap();
+        assert!(required.pattern().unwrap().is_some());
+    }
+}

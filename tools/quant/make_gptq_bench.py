@@ -1,0 +1,60 @@
+"""A random-weight GPTQ checkpoint (4-bit, symmetric, groups of 128, no act-order, the
+layout of Qwen's official *-GPTQ-Int4 releases) at the shapes of a Hugging Face
+config.json, for `flm bench` (docs/benchmarks.md): every projection and the classifier
+packed as tools/quant/make_gptq_awq.py packs them (GPTQModel's layout, v1 zero points), the
+embedding and norms f16.
+
+`python tools/quant/make_gptq_bench.py CONFIG OUT_DIR`
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_gptq_awq import codes_of, pack_gptq, quantise  # noqa: E402
+
+GROUP = 128
+
+
+def linear(name, out, inp, g, tensors):
+    w = torch.randn(out, inp, generator=g) / inp**0.5
+    scales, zeros, g_idx = quantise(w, GROUP, True, False, False, "gptq", g)
+    qweight, qzeros = pack_gptq(codes_of(w, scales, zeros, g_idx), zeros)
+    tensors.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros,
+                    f"{name}.scales": scales, f"{name}.g_idx": g_idx})
+
+
+def main():
+    config_path, out = Path(sys.argv[1]), Path(sys.argv[2])
+    c = json.loads(config_path.read_text())
+    g = torch.Generator().manual_seed(0)
+    dim, hidden, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    head_dim = c.get("head_dim", dim // heads)
+    kv = c.get("num_key_value_heads", heads) * head_dim
+    tensors = {
+        "model.embed_tokens.weight": (torch.randn(c["vocab_size"], dim, generator=g) * 0.02).half(),
+        "model.norm.weight": torch.ones(dim).half(),
+    }
+    linear("lm_head", c["vocab_size"], dim, g, tensors)
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}"
+        tensors[f"{p}.input_layernorm.weight"] = torch.ones(dim).half()
+        tensors[f"{p}.post_attention_layernorm.weight"] = torch.ones(dim).half()
+        for name, o, i in [("self_attn.q_proj", heads * head_dim, dim), ("self_attn.k_proj", kv, dim),
+                           ("self_attn.v_proj", kv, dim), ("self_attn.o_proj", dim, heads * head_dim),
+                           ("mlp.gate_proj", hidden, dim), ("mlp.up_proj", hidden, dim),
+                           ("mlp.down_proj", dim, hidden)]:
+            linear(f"{p}.{name}", o, i, g, tensors)
+    out.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    c["quantization_config"] = dict(quant_method="gptq", bits=4, group_size=GROUP, desc_act=False,
+                                    sym=True, checkpoint_format="gptq")
+    (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
