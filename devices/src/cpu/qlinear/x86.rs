@@ -953,25 +953,37 @@ impl Tile<'_> {
         }
     }
 
-    /// [`Tile::i4_avx2_body`] for the weights' group size.
+    /// [`Tile::i4_avx2_body`] for the tile's [`Tile::once`].
     #[inline(always)]
     unsafe fn i4_avx2_groups<const R: usize, const T: usize, const VNNI: bool>(
         &self,
         yt: &mut [f32],
     ) {
-        match (self.w.dtype.group_size(), self.once) {
-            (Some(32), true) => each_tile!(self, yt, R, T, |tile, out| tile
-                .i4_avx2_body::<R, T, VNNI, 32, true>(&mut out)),
-            (Some(64), true) => each_tile!(self, yt, R, T, |tile, out| tile
-                .i4_avx2_body::<R, T, VNNI, 64, true>(&mut out)),
-            (_, true) => each_tile!(self, yt, R, T, |tile, out| tile
-                .i4_avx2_body::<R, T, VNNI, 128, true>(&mut out)),
-            (Some(32), false) => each_tile!(self, yt, R, T, |tile, out| tile
-                .i4_avx2_body::<R, T, VNNI, 32, false>(&mut out)),
-            (Some(64), false) => each_tile!(self, yt, R, T, |tile, out| tile
-                .i4_avx2_body::<R, T, VNNI, 64, false>(&mut out)),
-            (_, false) => each_tile!(self, yt, R, T, |tile, out| tile
-                .i4_avx2_body::<R, T, VNNI, 128, false>(&mut out)),
+        if self.once {
+            self.i4_avx2_group_size::<R, T, VNNI, true>(yt)
+        } else {
+            self.i4_avx2_group_size::<R, T, VNNI, false>(yt)
+        }
+    }
+
+    /// [`Tile::i4_avx2_body`] for the weights' group size.
+    #[inline(always)]
+    unsafe fn i4_avx2_group_size<
+        const R: usize,
+        const T: usize,
+        const VNNI: bool,
+        const ONCE: bool,
+    >(
+        &self,
+        yt: &mut [f32],
+    ) {
+        match self.w.dtype.group_size() {
+            Some(32) => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx2_body::<R, T, VNNI, 32, ONCE>(&mut out)),
+            Some(64) => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx2_body::<R, T, VNNI, 64, ONCE>(&mut out)),
+            _ => each_tile!(self, yt, R, T, |tile, out| tile
+                .i4_avx2_body::<R, T, VNNI, 128, ONCE>(&mut out)),
         }
     }
 
