@@ -376,7 +376,11 @@ fn k_quants_load_in_place_and_match_numpy() {
     let flm = import::load(&out).unwrap();
     for (name, dtype) in types {
         assert_eq!(
-            flm.tensor(name.parse().unwrap()).unwrap().load().unwrap().dtype(),
+            flm.tensor(name.parse().unwrap())
+                .unwrap()
+                .load()
+                .unwrap()
+                .dtype(),
             dtype,
             "{name}"
         );
