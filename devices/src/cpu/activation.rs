@@ -12,42 +12,87 @@ use flm_core::{Data, Result};
 use super::simd::{self, Kernel, Simd};
 use super::Isa;
 
-/// SwiGLU gate: `out = silu(gate) * up`, `silu(x) = x / (1 + e^-x)` (llama2.c `forward`),
-/// element-wise over f32 tensors of one shape.
-///
-/// Computed as `x · σ(x)` with `σ(x) = 1 / (1 + e)` for `x >= 0` and `e / (1 + e)` for
-/// `x < 0`, `e = e^-|x|` from the polynomial [`simd::exp`]: `e <= 1` never overflows, and
-/// each step is within a rounding or two, so the result is within a few units of rounding
-/// of the true value (and 0 where it is below about `1e-36`).
-pub(crate) fn silu_mul(isa: Isa, gate: &Data, up: &Data, output: &mut Data) -> Result<()> {
-    let k = SiluMul {
+/// A gate activation: the scalar form and its vector twin, the same steps.
+pub(crate) trait GateAct {
+    /// `act(x)`.
+    fn scalar(x: f32) -> f32;
+    /// `act(x)` on a vector.
+    fn vector<S: Simd>(s: S, x: S::V) -> S::V;
+}
+
+/// SiLU, `x / (1 + e^-x)` (llama2.c `forward`), computed as `x · σ(x)` with
+/// `σ(x) = 1 / (1 + e)` for `x >= 0` and `e / (1 + e)` for `x < 0`, `e = e^-|x|` from the
+/// polynomial [`simd::exp`]: `e <= 1` never overflows, and each step is within a rounding
+/// or two, so the result is within a few units of rounding of the true value (and 0 where
+/// it is below about `1e-36`).
+pub(crate) struct Silu;
+
+impl GateAct for Silu {
+    fn scalar(g: f32) -> f32 {
+        let e = simd::exp(-g.abs());
+        let num = if g.is_sign_negative() { e } else { 1.0 };
+        g * (num / (1.0 + e))
+    }
+
+    #[inline(always)]
+    fn vector<S: Simd>(s: S, g: S::V) -> S::V {
+        let one = s.splat(1.0);
+        let e = simd::exp_simd(s, s.sub(s.zero(), s.abs(g)));
+        let sig = s.div(s.select_neg(g, e, one), s.add(one, e));
+        s.mul(g, sig)
+    }
+}
+
+/// GELU in its tanh approximation, as [`gelu`] (Gemma's `gelu_pytorch_tanh`).
+pub(crate) struct GeluTanh;
+
+impl GateAct for GeluTanh {
+    fn scalar(x: f32) -> f32 {
+        gelu_scalar(x)
+    }
+
+    #[inline(always)]
+    fn vector<S: Simd>(s: S, x: S::V) -> S::V {
+        gelu_v(s, x)
+    }
+}
+
+/// A gated feed-forward's gate, element-wise over f32 tensors of one shape:
+/// `out = act(gate) * up` (SwiGLU with [`Silu`], GeGLU with [`GeluTanh`]; Shazeer 2020).
+pub(crate) fn gate_mul<A: GateAct>(
+    isa: Isa,
+    gate: &Data,
+    up: &Data,
+    output: &mut Data,
+) -> Result<()> {
+    let k = GateMul::<A> {
         g: gate.as_f32()?,
         u: up.as_f32()?,
         out: output.as_f32_mut()?,
+        act: std::marker::PhantomData,
     };
     simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
     Ok(())
 }
 
-/// The operands of [`silu_mul`], as f32 slices of one length.
-struct SiluMul<'a> {
+/// The operands of [`gate_mul`], as f32 slices of one length.
+struct GateMul<'a, A> {
     g: &'a [f32],
     u: &'a [f32],
     out: &'a mut [f32],
+    act: std::marker::PhantomData<A>,
 }
 
-impl SiluMul<'_> {
+impl<A: GateAct> GateMul<'_, A> {
     /// The portable twin of the SIMD kernel below: the same steps.
     fn portable(self) {
         for ((o, &g), &u) in self.out.iter_mut().zip(self.g).zip(self.u) {
-            let e = simd::exp(-g.abs());
-            let num = if g.is_sign_negative() { e } else { 1.0 };
-            *o = g * (num / (1.0 + e)) * u;
+            *o = A::scalar(g) * u;
         }
     }
 }
 
-impl Kernel for SiluMul<'_> {
+impl<A: GateAct> Kernel for GateMul<'_, A> {
     type Output = ();
 
     #[inline(always)]
@@ -56,24 +101,15 @@ impl Kernel for SiluMul<'_> {
         let (g, u) = (&self.g[..n], &self.u[..n]);
         let mut c = 0;
         while c + l <= n {
-            let v = silu_mul_v(s, s.load(&g[c..]), s.load(&u[c..]));
+            let v = s.mul(A::vector(s, s.load(&g[c..])), s.load(&u[c..]));
             s.store(&mut self.out[c..], v);
             c += l;
         }
         if c < n {
-            let v = silu_mul_v(s, s.load_part(&g[c..]), s.load_part(&u[c..]));
+            let v = s.mul(A::vector(s, s.load_part(&g[c..])), s.load_part(&u[c..]));
             s.store_part(&mut self.out[c..], v);
         }
     }
-}
-
-/// `silu(g) · u` on a vector, as [`SiluMul::portable`].
-#[inline(always)]
-fn silu_mul_v<S: Simd>(s: S, g: S::V, u: S::V) -> S::V {
-    let one = s.splat(1.0);
-    let e = simd::exp_simd(s, s.sub(s.zero(), s.abs(g)));
-    let sig = s.div(s.select_neg(g, e, one), s.add(one, e));
-    s.mul(s.mul(g, sig), u)
 }
 
 /// `sqrt(2/π)`.
@@ -157,54 +193,6 @@ fn tanh_v<S: Simd>(s: S, u: S::V) -> S::V {
     let e = simd::exp_simd(s, s.mul(s.splat(-2.0), s.abs(u)));
     let t = s.div(s.sub(one, e), s.add(one, e));
     s.select_neg(u, s.sub(s.zero(), t), t)
-}
-
-/// GeGLU gate: `out = gelu(gate) * up` (GELU as [`gelu`]), element-wise over f32 tensors
-/// of one shape (Gemma's MLP, transformers `GemmaMLP` with `gelu_pytorch_tanh`).
-pub(crate) fn gelu_mul(isa: Isa, gate: &Data, up: &Data, output: &mut Data) -> Result<()> {
-    let k = GeluMul {
-        g: gate.as_f32()?,
-        u: up.as_f32()?,
-        out: output.as_f32_mut()?,
-    };
-    simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
-    Ok(())
-}
-
-/// The operands of [`gelu_mul`], as f32 slices of one length.
-struct GeluMul<'a> {
-    g: &'a [f32],
-    u: &'a [f32],
-    out: &'a mut [f32],
-}
-
-impl GeluMul<'_> {
-    /// The portable twin of the SIMD kernel below: the same steps.
-    fn portable(self) {
-        for ((o, &g), &u) in self.out.iter_mut().zip(self.g).zip(self.u) {
-            *o = gelu_scalar(g) * u;
-        }
-    }
-}
-
-impl Kernel for GeluMul<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn run<S: Simd>(self, s: S) {
-        let (n, l) = (self.out.len(), S::LANES);
-        let (g, u) = (&self.g[..n], &self.u[..n]);
-        let mut c = 0;
-        while c + l <= n {
-            let v = s.mul(gelu_v(s, s.load(&g[c..])), s.load(&u[c..]));
-            s.store(&mut self.out[c..], v);
-            c += l;
-        }
-        if c < n {
-            let v = s.mul(gelu_v(s, s.load_part(&g[c..])), s.load_part(&u[c..]));
-            s.store_part(&mut self.out[c..], v);
-        }
-    }
 }
 
 /// Soft-capping in place, `x = cap · tanh(x / cap)` (Gemma 2's final logits; transformers

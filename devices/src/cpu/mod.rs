@@ -239,7 +239,7 @@ impl BaseDevice for CpuDevice {
                 ..
             } => rope::rope_rows(self.isa.vector(), x, table, positions),
             Op::SiluMul { gate, up, output } => {
-                activation::silu_mul(self.isa.vector(), gate, up, output)
+                activation::gate_mul::<activation::Silu>(self.isa.vector(), gate, up, output)
             }
             Op::Add { x, y } => elementwise::add(self.isa.vector(), x, y),
             Op::Argmax { input, output } => {
@@ -270,7 +270,7 @@ impl BaseDevice for CpuDevice {
                 output,
             ),
             Op::GeluMul { gate, up, output } => {
-                activation::gelu_mul(self.isa.vector(), gate, up, output)
+                activation::gate_mul::<activation::GeluTanh>(self.isa.vector(), gate, up, output)
             }
             Op::SoftCap { x, cap } => activation::soft_cap(self.isa.vector(), x, cap),
             Op::Scale { x, alpha } => elementwise::scale(x, alpha),

@@ -4,7 +4,7 @@
 //!
 //! | what the path holds | format |
 //! |---|---|
-//! | a directory with `config.json` | Hugging Face (safetensors, one file or sharded; GPTQ and AWQ int4: [`packed`]) |
+//! | a directory with `config.json` | Hugging Face (safetensors, one file or sharded; GPTQ and AWQ int4: `packed.rs`) |
 //! | a file starting with a safetensors header | Hugging Face; `config.json` is read beside it |
 //! | a file starting with `\x89FLM\r\n\x1a\n` | flm's own .flm file |
 //! | a file starting with `GGUF` | GGUF v2/v3 (llama.cpp) |

@@ -179,22 +179,56 @@ fn f16_bits(bytes: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])
 }
 
-/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values (`m` holds at least `2·g.len()` bytes).
+/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values (`m` holds at least `2·g.len()` bytes):
+/// whole runs of 4 load their f16 values with one load, the rest through a local array.
 #[inline(always)]
 fn dot_f16_f32(m: &[u8], g: &[f32]) -> f32 {
-    // SAFETY: NEON; loads 4 values from local arrays of 4.
+    let m = &m[..2 * g.len()];
+    let whole = g.len() / 4;
+    // SAFETY: NEON; the loads read `m[8c..8c + 8]` and `g[4c..4c + 4]` for `c < whole`, and
+    // local arrays of 4.
     unsafe {
         let mut acc = vdupq_n_f32(0.0);
-        for (c, g) in g.chunks(4).enumerate() {
+        for c in 0..whole {
+            let mv = f16x4_to_f32(vreinterpret_u16_u8(vld1_u8(m.as_ptr().add(8 * c))));
+            acc = vfmaq_f32(acc, mv, vld1q_f32(g.as_ptr().add(4 * c)));
+        }
+        let rest = &g[4 * whole..];
+        if !rest.is_empty() {
             let (mut bits, mut vals) = ([0u16; 4], [0.0f32; 4]);
-            for (e, &x) in g.iter().enumerate() {
-                bits[e] = f16_bits(m, 4 * c + e);
+            for (e, &x) in rest.iter().enumerate() {
+                bits[e] = f16_bits(m, 4 * whole + e);
                 vals[e] = x;
             }
             let mv = f16x4_to_f32(vld1_u16(bits.as_ptr()));
             acc = vfmaq_f32(acc, mv, vld1q_f32(vals.as_ptr()));
         }
         vaddvq_f32(acc)
+    }
+}
+
+/// The f32 scales `d_g` of the 4 blocks from block `b0` (a multiple of 4), one per lane,
+/// from the f16 scales of a row with groups of `G` values at `scales`: 4 consecutive
+/// scales (`G` = 32), 2 each over two lanes (64) or 1 over all four (128).
+///
+/// # Safety
+/// The row's scales of blocks `b0..b0 + 4` are readable: `scales + 2 · (b0 · 32 / G)` and
+/// the `2 · 128 / G` bytes after it.
+#[inline(always)]
+unsafe fn chunk_scales<const G: usize>(scales: *const u8, b0: usize) -> float32x4_t {
+    // SAFETY: the caller guarantees the bytes read; NEON otherwise.
+    unsafe {
+        let p = scales.add(2 * (b0 * BLOCK / G));
+        let bits = match G {
+            32 => vreinterpret_u16_u8(vld1_u8(p)),
+            64 => {
+                let two =
+                    vreinterpret_u16_u32(vdup_n_u32(std::ptr::read_unaligned(p as *const u32)));
+                vzip1_u16(two, two)
+            }
+            _ => vdup_n_u16(std::ptr::read_unaligned(p as *const u16)),
+        };
+        f16x4_to_f32(bits)
     }
 }
 
@@ -249,11 +283,11 @@ impl Tile<'_> {
 
     #[target_feature(enable = "dotprod")]
     unsafe fn i4_dot<const R: usize, const T: usize>(&self, out: &mut Out) {
-        self.i4_body::<R, T, true>(out)
+        self.i4_groups::<R, T, true>(out)
     }
 
     fn i4_plain<const R: usize, const T: usize>(&self, out: &mut Out) {
-        self.i4_body::<R, T, false>(out)
+        self.i4_groups::<R, T, false>(out)
     }
 
     /// int8: one block per step, `s_j · Σ_b a_b · dot_b` (f32 scale, then the codes).
@@ -286,89 +320,145 @@ impl Tile<'_> {
         }
     }
 
-    /// int4: [`CHUNK_BLOCKS`] blocks per step, `Σ_b d_g a_b · dot_b + Σ_g m_g gsum_g`. The
-    /// last, partial chunk reads its codes from a zero-padded copy ([`Acts`] is padded to
-    /// whole chunks with zero codes and scales).
+    /// [`Tile::i4_body`] for the weights' group size.
     #[inline(always)]
-    fn i4_body<const R: usize, const T: usize, const DOT: bool>(&self, out: &mut Out) {
-        let (kp, g) = (self.w.kp, self.w.dtype.group_size().unwrap_or(BLOCK));
+    fn i4_groups<const R: usize, const T: usize, const DOT: bool>(&self, out: &mut Out) {
+        match self.w.dtype.group_size() {
+            Some(32) => self.i4_body::<R, T, DOT, 32>(out),
+            Some(64) => self.i4_body::<R, T, DOT, 64>(out),
+            _ => self.i4_body::<R, T, DOT, 128>(out),
+        }
+    }
+
+    /// int4: [`CHUNK_BLOCKS`] blocks per step, `Σ_b d_g a_b · dot_b + Σ_g m_g gsum_g`, groups
+    /// of `G` values.
+    ///
+    /// Whole chunks read their codes and their scales straight from the row: the 4 block
+    /// scales of a chunk are one load and one `fcvtl` (`G` = 32: 4 consecutive f16; 64 and
+    /// 128: 2 or 1, spread over the lanes), where gathering them one f16 at a time took
+    /// about as many instructions as the dot products. The last, partial chunk reads its
+    /// codes and scales from zero-padded copies ([`Acts`] is padded to whole chunks with
+    /// zero codes and scales).
+    #[inline(always)]
+    fn i4_body<const R: usize, const T: usize, const DOT: bool, const G: usize>(
+        &self,
+        out: &mut Out,
+    ) {
+        let kp = self.w.kp;
         let nb = kp / BLOCK;
+        let chunks = nb.div_ceil(CHUNK_BLOCKS);
         let rows = self.rows::<R>();
         let qs: [&[i8]; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t));
         let ds: [&[f32]; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t));
-        let chunk_bytes = CHUNK_BLOCKS * BLOCK / 2;
-        let mut tail = [[0u8; CHUNK_BLOCKS * BLOCK / 2]; R];
-        // SAFETY: NEON (every aarch64 target); loads from slices of the sizes read.
-        unsafe {
-            let low = vdupq_n_u8(0x0f);
-            let mut acc = [[vdupq_n_f32(0.0); T]; R];
-            for c in 0..nb.div_ceil(CHUNK_BLOCKS) {
-                let b0 = CHUNK_BLOCKS * c;
-                let full = b0 + CHUNK_BLOCKS <= nb;
-                if !full {
-                    for r in 0..R {
-                        let codes = &rows[r][b0 * BLOCK / 2..kp / 2];
-                        tail[r][..codes.len()].copy_from_slice(codes);
-                    }
-                }
-                let wc: [&[u8]; R] = std::array::from_fn(|r| {
-                    if full {
-                        &rows[r][b0 * BLOCK / 2..][..chunk_bytes]
+        // The unchecked reads below stay inside these bounds: codes `kp / 2` and scales
+        // `2 · kp / G` bytes per row; codes and scales of every input row's whole chunks.
+        for row in rows {
+            assert!(row.len() >= kp / 2 + 2 * (kp / G));
+        }
+        for t in 0..T {
+            assert!(qs[t].len() >= chunks * CHUNK_BLOCKS * BLOCK);
+            assert!(ds[t].len() >= chunks * CHUNK_BLOCKS);
+        }
+        // SAFETY: NEON (every aarch64 target); registers only.
+        let zero = unsafe { vdupq_n_f32(0.0) };
+        let mut acc = [[zero; T]; R];
+        let full = nb / CHUNK_BLOCKS;
+        for c in 0..full {
+            let b0 = CHUNK_BLOCKS * c;
+            // SAFETY: chunk `c` is whole: its codes and scales lie inside each row (asserted).
+            unsafe {
+                let codes = std::array::from_fn(|r| rows[r].as_ptr().add(b0 * BLOCK / 2));
+                let dw =
+                    std::array::from_fn(|r| chunk_scales::<G>(rows[r].as_ptr().add(kp / 2), b0));
+                self.i4_chunk::<R, T, DOT>(codes, dw, &qs, &ds, b0, &mut acc);
+            }
+        }
+        if full < chunks {
+            let b0 = CHUNK_BLOCKS * full;
+            let mut tail = [[0u8; CHUNK_BLOCKS * BLOCK / 2]; R];
+            let mut dw = [zero; R];
+            for r in 0..R {
+                let codes = &rows[r][b0 * BLOCK / 2..kp / 2];
+                tail[r][..codes.len()].copy_from_slice(codes);
+                let scales = &rows[r][kp / 2..];
+                let bits: [u16; CHUNK_BLOCKS] = std::array::from_fn(|e| {
+                    let b = b0 + e;
+                    if b < nb {
+                        f16_bits(scales, b * BLOCK / G)
                     } else {
-                        &tail[r][..]
+                        0
                     }
                 });
-                let mut dw = [vdupq_n_f32(0.0); R];
+                // SAFETY: NEON; loads 4 values from a local array of 4.
+                dw[r] = f16x4_to_f32(unsafe { vld1_u16(bits.as_ptr()) });
+            }
+            let codes = std::array::from_fn(|r| tail[r].as_ptr());
+            // SAFETY: `tail` holds a whole chunk of codes; the inputs are padded to whole
+            // chunks (asserted).
+            unsafe { self.i4_chunk::<R, T, DOT>(codes, dw, &qs, &ds, b0, &mut acc) };
+        }
+        let (offset, factor) = int4_mins(self.w.dtype, kp);
+        for r in 0..R {
+            let ms = &rows[r][offset..];
+            for t in 0..T {
+                let gsum = self.acts.row_gsum(self.i + t);
+                // SAFETY: NEON; registers only.
+                let sum = unsafe { vaddvq_f32(acc[r][t]) };
+                out[r][t] = sum + factor * dot_f16_f32(ms, gsum);
+            }
+        }
+    }
+
+    /// Adds the chunk of [`CHUNK_BLOCKS`] blocks from block `b0` to `acc`: the codes of row
+    /// `r` at `codes[r]` (64 bytes), its 4 block scales `dw[r]` (f32).
+    ///
+    /// # Safety
+    /// Each `codes[r]` points to 64 readable bytes; each `qs[t]` and `ds[t]` holds the
+    /// whole chunk.
+    #[inline(always)]
+    unsafe fn i4_chunk<const R: usize, const T: usize, const DOT: bool>(
+        &self,
+        codes: [*const u8; R],
+        dw: [float32x4_t; R],
+        qs: &[&[i8]; T],
+        ds: &[&[f32]; T],
+        b0: usize,
+        acc: &mut [[float32x4_t; T]; R],
+    ) {
+        // SAFETY: NEON (every aarch64 target); the reads are inside the ranges the caller
+        // guarantees.
+        unsafe {
+            let low = vdupq_n_u8(0x0f);
+            let mut sc = [[vdupq_n_f32(0.0); T]; R];
+            for t in 0..T {
+                let da = vld1q_f32(ds[t].as_ptr().add(b0));
                 for r in 0..R {
-                    let scales = &rows[r][kp / 2..];
-                    let bits: [u16; CHUNK_BLOCKS] = std::array::from_fn(|e| {
-                        let b = b0 + e;
-                        if b < nb {
-                            f16_bits(scales, b * BLOCK / g)
-                        } else {
-                            0
-                        }
+                    sc[r][t] = vmulq_f32(dw[r], da);
+                }
+            }
+            macro_rules! block {
+                ($e:literal) => {{
+                    let w: [[int8x16_t; 2]; R] = std::array::from_fn(|r| {
+                        let v = vld1q_u8(codes[r].add(16 * $e));
+                        [
+                            vreinterpretq_s8_u8(vandq_u8(v, low)),
+                            vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)),
+                        ]
                     });
-                    dw[r] = f16x4_to_f32(vld1_u16(bits.as_ptr()));
-                }
-                let mut sc = [[vdupq_n_f32(0.0); T]; R];
-                for t in 0..T {
-                    let da = vld1q_f32(ds[t][b0..b0 + CHUNK_BLOCKS].as_ptr());
-                    for r in 0..R {
-                        sc[r][t] = vmulq_f32(dw[r], da);
-                    }
-                }
-                macro_rules! block {
-                    ($e:literal) => {{
-                        let w: [[int8x16_t; 2]; R] = std::array::from_fn(|r| {
-                            let v = vld1q_u8(wc[r][16 * $e..][..16].as_ptr());
-                            [
-                                vreinterpretq_s8_u8(vandq_u8(v, low)),
-                                vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)),
-                            ]
-                        });
-                        for t in 0..T {
-                            let a = load32(&qs[t][BLOCK * (b0 + $e)..]);
-                            for r in 0..R {
-                                let p = vcvtq_f32_s32(dot_u4::<DOT>(w[r], a));
-                                acc[r][t] = vfmaq_laneq_f32::<$e>(acc[r][t], p, sc[r][t]);
-                            }
+                    for t in 0..T {
+                        let a = qs[t].as_ptr().add(BLOCK * (b0 + $e));
+                        let a = [vld1q_s8(a), vld1q_s8(a.add(16))];
+                        for r in 0..R {
+                            let p = vcvtq_f32_s32(dot_u4::<DOT>(w[r], a));
+                            acc[r][t] = vfmaq_laneq_f32::<$e>(acc[r][t], p, sc[r][t]);
                         }
-                    }};
-                }
-                block!(0);
-                block!(1);
-                block!(2);
-                block!(3);
+                    }
+                }};
             }
-            let (offset, factor) = int4_mins(self.w.dtype, kp);
-            for r in 0..R {
-                let ms = &rows[r][offset..];
-                for t in 0..T {
-                    let gsum = self.acts.row_gsum(self.i + t);
-                    out[r][t] = vaddvq_f32(acc[r][t]) + factor * dot_f16_f32(ms, gsum);
-                }
-            }
+            block!(0);
+            block!(1);
+            block!(2);
+            block!(3);
         }
     }
 }
