@@ -74,7 +74,7 @@ pub(crate) fn moe_ffn(
             ],
         )?;
         let mut hidden = Data::zeros(DataType::F32, &[m, inner])?;
-        activation::silu_mul(vector, &gate, &up, &mut hidden)?;
+        activation::gate_mul::<activation::Silu>(vector, &gate, &up, &mut hidden)?;
         let mut y = Data::zeros(DataType::F32, &[m, dim])?;
         linear::linear(linear_isa(m), &hidden, &expert.down, None, &mut y)?;
         for (&(i, w), y) in chosen.iter().zip(y.as_f32()?.chunks_exact(dim)) {
