@@ -2,8 +2,9 @@
 //! runs) against `Model::forward` of each sequence alone, bit for bit, for every family on
 //! the Llama graph: ChatGLM2/3 and GLM-4 (chatglm.cpp's test models, with and without a
 //! p-tuning v2 prefix), Baichuan-7B and Baichuan-13B (ALiBi), InternLM, Llama 3, Mistral
-//! (sliding window), Qwen2, Qwen3 and Phi-3 (transformers' tiny checkpoints). ChatGLM-6B
-//! is refused by the engine.
+//! (sliding window), Qwen2, Qwen3, Phi-3, Mixtral and Qwen3-MoE (routed experts; each
+//! expert runs over the rows of every sequence routed to it) (transformers' tiny
+//! checkpoints). ChatGLM-6B is refused by the engine.
 
 use std::path::Path;
 
@@ -13,7 +14,7 @@ use flm_models::import;
 use flm_models::llama::{BatchSeq, Logits};
 use flm_models::{Error, SharedModel};
 use flm_tests::glm_data::{write_hf_dir, Family};
-use flm_tests::{cpu_executor, data, ids};
+use flm_tests::{cpu_executor, data, ids, HF_FAMILIES};
 
 /// Runs two sequences through one batch in steps of the given chunk sizes (0: the sequence
 /// sits the step out), and each alone through `Model::forward`; the logits must be equal.
@@ -105,10 +106,7 @@ fn hf_families_batch_exactly() {
     let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
     let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
     let other: Vec<u32> = input.iter().rev().copied().collect();
-    let families = [
-        "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3",
-    ];
-    for family in families {
+    for family in HF_FAMILIES {
         let path = data(&format!("hf-families/{family}"));
         let ckpt = import::load(Path::new(&path)).unwrap();
         let model = SharedModel::new(&ckpt).unwrap();

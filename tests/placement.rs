@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use flm_core::{Executor, Location, Route};
 use flm_devices::{CpuDevice, SimDevice};
-use flm_models::llama::{Llama, LlamaModel, LlamaWeights};
+use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph};
 use flm_tests::{data, greedy_on, ids, stories_reference};
@@ -100,4 +100,48 @@ fn a_placement_of_the_wrong_length_is_refused() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("4 layers"), "{err}");
+}
+
+/// Tiny Mixtral with every layer on the device and its experts in host memory
+/// (`--moe-device cpu`): transformers' logits, the experts' weights never copied, and the
+/// experts' input and output crossing once each per layer and step.
+#[test]
+fn experts_in_host_memory_beside_layers_on_a_device() {
+    let ckpt = import::load(&data("hf-families/mixtral")).unwrap();
+    let c = ckpt.config.clone();
+    let weights = LlamaWeights::load(&ckpt).unwrap();
+    let routed = c.moe.as_ref().unwrap().n_experts * 3 + 1;
+    let per_layer = weights.layers[0].tensors().len();
+    let model = LlamaModel::new(c.clone(), weights).unwrap();
+    let exec = executor();
+    let placement =
+        Placement::first_layers(c.n_layers, SIM, c.n_layers).with_experts_on(Location::Host);
+    let mut model = Llama::with_model(Arc::new(model.place(&exec, placement).unwrap())).unwrap();
+    let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
+    let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
+    let bytes = std::fs::read(data("hf-families/mixtral/logits_f32le.bin")).unwrap();
+    let want: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let mut steps = 0;
+    for (pos, &token) in input.iter().enumerate() {
+        let got = model.forward(&exec, &[token], pos, Logits::Last).unwrap();
+        let row = &want[pos * c.vocab_size..][..c.vocab_size];
+        let diff = got
+            .iter()
+            .zip(row)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0, f32::max);
+        assert!(diff <= 1e-4, "position {pos}: max |Δ| = {diff}");
+        steps += 1;
+    }
+    // The embedding table, the untied classifier and final norm, and every layer's tensors
+    // but the router and the experts.
+    let weights = 3 + c.n_layers as u64 * (per_layer - routed) as u64;
+    assert_eq!(copies(&exec, "load: weights", Location::Host, SIM), weights);
+    let io = "experts: activations";
+    let per_step = c.n_layers as u64 * steps;
+    assert_eq!(copies(&exec, io, SIM, Location::Host), per_step);
+    assert_eq!(copies(&exec, io, Location::Host, SIM), per_step);
 }

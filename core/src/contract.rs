@@ -81,6 +81,62 @@ fn linear_part(input: &Data, weight: &Data, bias: Option<&Data>, output: &Data) 
     Ok(())
 }
 
+/// The rules of [`Op::MoeFfn`]: a router row per expert, `top_k` of them at most, every
+/// expert a SwiGLU of one inner width from `input`'s columns back to them.
+fn moe_ffn(
+    input: &Data,
+    router: &Data,
+    experts: &[crate::Expert],
+    top_k: usize,
+    output: &Data,
+) -> Result<()> {
+    const OP: &str = "MoeFfn";
+    all_f32(OP, &[("input", input), ("output", output)])?;
+    let dim = input.cols();
+    if dim == 0 || output.shape() != input.shape() {
+        return Err(shape(
+            OP,
+            format!("input {:?}, output {:?}", input.shape(), output.shape()),
+        ));
+    }
+    if experts.is_empty()
+        || router.rows() != experts.len()
+        || router.cols() != dim
+        || top_k == 0
+        || top_k > experts.len()
+    {
+        return Err(shape(
+            OP,
+            format!(
+                "router {:?} for {} experts of which top {top_k}, input {:?}",
+                router.shape(),
+                experts.len(),
+                input.shape()
+            ),
+        ));
+    }
+    let inner = experts[0].gate.rows();
+    for (i, e) in experts.iter().enumerate() {
+        let ok = |d: &Data, rows, cols| d.rows() == rows && d.cols() == cols;
+        if inner == 0
+            || !ok(&e.gate, inner, dim)
+            || !ok(&e.up, inner, dim)
+            || !ok(&e.down, dim, inner)
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "expert {i}: gate {:?}, up {:?}, down {:?} for dim {dim} and inner width {inner}",
+                    e.gate.shape(),
+                    e.up.shape(),
+                    e.down.shape()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The head counts and masks of [`Op::Attention`] and [`Op::PagedAttention`].
 struct Heads<'a> {
     op: &'static str,
@@ -340,6 +396,22 @@ impl<'a> Op<'a> {
                 f("y", y);
             }
             Op::Argmax { input, .. } => f("input", input),
+            Op::MoeFfn {
+                input,
+                router,
+                experts,
+                output,
+                ..
+            } => {
+                f("input", input);
+                f("router", router);
+                for e in experts.iter() {
+                    f("gate", &e.gate);
+                    f("up", &e.up);
+                    f("down", &e.down);
+                }
+                f("output", output);
+            }
         }
     }
 
@@ -649,6 +721,14 @@ impl<'a> Op<'a> {
             }
             Op::Gelu { x } => all_f32("Gelu", &[("x", x)]),
             Op::Scale { x, .. } => all_f32("Scale", &[("x", x)]),
+            Op::MoeFfn {
+                input,
+                router,
+                experts,
+                top_k,
+                output,
+                ..
+            } => moe_ffn(input, router, experts, *top_k, output),
             Op::SoftCap { x, cap } => {
                 all_f32("SoftCap", &[("x", x)])?;
                 positive_cap("SoftCap", Some(*cap))

@@ -265,6 +265,36 @@ pub enum Op<'a> {
         /// Added values.
         y: &'a Data,
     },
+    /// A routed mixture-of-experts SwiGLU feed-forward (Shazeer et al. 2017; Mixtral, Jiang
+    /// et al. 2024; Qwen3-MoE), as transformers' `MixtralSparseMoeBlock` and
+    /// `Qwen3MoeSparseMoeBlock` compute it. For each row `x` of `input`:
+    ///
+    /// ```text
+    /// p   = softmax(router · x)                      (over all experts, in f32)
+    /// E   = the top_k experts of largest p           (the lower index first on ties)
+    /// w_e = p_e / Σ_{e' ∈ E} p_e'  if renormalize,  else p_e
+    /// out = Σ_{e ∈ E, ascending e} w_e · down_e · (silu(gate_e · x) ⊙ (up_e · x))
+    /// ```
+    ///
+    /// Mixtral always renormalises (the same as a softmax over the top-k logits); Qwen3-MoE
+    /// does iff `norm_topk_prob`. A device computes each expert over the rows routed to it
+    /// at once (one matrix product per projection), so that a decode step reads only the
+    /// weights of its `top_k` experts. Each row's result does not depend on the other rows.
+    MoeFfn {
+        /// f32 `[n, dim]`: the normed hidden states.
+        input: &'a Data,
+        /// The router (transformers' `gate`) `[n_experts, dim]`, any weight dtype of
+        /// [`Op::Linear`].
+        router: &'a Data,
+        /// The `n_experts` experts, each with the weights of a SwiGLU feed-forward.
+        experts: &'a [Expert],
+        /// Experts per row, `1..=n_experts`.
+        top_k: usize,
+        /// Whether the top-k probabilities are divided by their sum.
+        renormalize: bool,
+        /// f32 `[n, dim]`: overwritten with the weighted sum of the experts' outputs.
+        output: &'a mut Data,
+    },
     /// Index of the largest value of each row (the first one on ties).
     Argmax {
         /// f32 `[n, cols]`.
@@ -284,6 +314,19 @@ pub struct PagedSeq<'a> {
     /// Its block table: the pool block of positions `k · block_size..(k + 1) · block_size`
     /// is `blocks[k]`.
     pub blocks: &'a [u32],
+}
+
+/// One expert of [`Op::MoeFfn`]: a SwiGLU feed-forward
+/// `down · (silu(gate · x) ⊙ (up · x))`, each matrix `[out, in]` of any weight dtype of
+/// [`Op::Linear`].
+#[derive(Debug, Clone)]
+pub struct Expert {
+    /// Gate projection `[expert_dim, dim]` (Mixtral's `w1`).
+    pub gate: Data,
+    /// Up projection `[expert_dim, dim]` (Mixtral's `w3`).
+    pub up: Data,
+    /// Down projection `[dim, expert_dim]` (Mixtral's `w2`).
+    pub down: Data,
 }
 
 /// One layer of [`Op::Linears`]: the operands of an [`Op::Linear`] but its input.
@@ -349,11 +392,13 @@ pub enum OpKind {
     GeluMul,
     /// [`Op::SoftCap`]
     SoftCap,
+    /// [`Op::MoeFfn`]
+    MoeFfn,
 }
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 19] = [
+    pub const ALL: [OpKind; 20] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
@@ -373,6 +418,7 @@ impl OpKind {
         OpKind::RopeRows,
         OpKind::GeluMul,
         OpKind::SoftCap,
+        OpKind::MoeFfn,
     ];
 
     /// The op's name as printed by the profiler.
@@ -397,6 +443,7 @@ impl OpKind {
             OpKind::RopeRows => "RopeRows",
             OpKind::GeluMul => "GeluMul",
             OpKind::SoftCap => "SoftCap",
+            OpKind::MoeFfn => "MoeFfn",
         }
     }
 }
@@ -424,6 +471,7 @@ impl Op<'_> {
             Op::RopeRows { .. } => OpKind::RopeRows,
             Op::GeluMul { .. } => OpKind::GeluMul,
             Op::SoftCap { .. } => OpKind::SoftCap,
+            Op::MoeFfn { .. } => OpKind::MoeFfn,
         }
     }
 }

@@ -16,7 +16,7 @@
 mod common;
 
 use common::*;
-use flm_core::{DataType, Executor, Op, RopeStyle, RopeTable};
+use flm_core::{DataType, Executor, Expert, Op, RopeStyle, RopeTable};
 use flm_devices::{CpuDevice, Isa};
 
 /// Batch sizes: 1, odd sizes that leave partial tiles, the AMX threshold (8), above 128.
@@ -122,6 +122,38 @@ fn linear_is_batch_invariant(dtype: DataType) {
 dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4g128: I4G128, i4sg32: I4SymG32,
     q4_k: Q4K, q6_k: Q6K]
     linear_is_batch_invariant);
+
+/// The routed experts with every weight dtype: each expert runs over the rows routed to it
+/// in the call, so a row's experts see other rows beside it in a batch and none alone.
+fn moe_ffn_is_batch_invariant(dtype: DataType) {
+    let (n_experts, dim, inner) = (6, 70, 40);
+    let mut rng = rng(0x3e0);
+    let (_, x) = random_f32(&mut rng, &[POOL, dim], 1.0);
+    let (router, _) = random_f32(&mut rng, &[n_experts, dim], 0.2);
+    let experts: Vec<Expert> = (0..n_experts)
+        .map(|_| Expert {
+            gate: random_weight(&mut rng, &[inner, dim], dtype).0,
+            up: random_weight(&mut rng, &[inner, dim], dtype).0,
+            down: random_weight(&mut rng, &[dim, inner], dtype).0,
+        })
+        .collect();
+    check(&format!("MoeFfn {dtype}"), |exec, first, n| {
+        let mut out = nan_output(&[n, dim]);
+        exec.run(Op::MoeFfn {
+            input: &f32_data(&[n, dim], &x[first * dim..(first + n) * dim]),
+            router: &router,
+            experts: &experts,
+            top_k: 2,
+            renormalize: true,
+            output: &mut out,
+        })
+        .expect("moe");
+        out.to_f32_vec().expect("a host tensor")
+    });
+}
+
+dtype_tests!([f32: F32, bf16: BF16, i8: I8, i4g32: I4G32, i4sg32: I4SymG32]
+    moe_ffn_is_batch_invariant);
 
 /// RMSNorm, LayerNorm, SwiGLU, GELU, the residual add, Scale and Argmax, on rows of 13 and
 /// 1000 values.

@@ -104,6 +104,10 @@ pub struct ModelConfig {
     /// (Gemma's `GemmaRMSNorm`; GGUF files hold the sum already).
     #[serde(default)]
     pub norm_unit_offset: bool,
+    /// The routed experts that replace the feed-forward of some layers (Mixtral,
+    /// Qwen3-MoE); `None`: every layer has the dense feed-forward of `hidden_dim`.
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
 }
 
 /// The activation of the feed-forward gate: `output = act(gate) · up`.
@@ -115,6 +119,35 @@ pub enum Activation {
     Silu,
     /// GELU in its tanh approximation (GeGLU; Gemma).
     GeluTanh,
+}
+
+/// A mixture-of-experts feed-forward (Shazeer et al. 2017; Mixtral, Jiang et al. 2024;
+/// Qwen3-MoE): see [`flm_core::Op::MoeFfn`] for the routing.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MoeConfig {
+    /// Experts per MoE layer (`num_local_experts`, Qwen3-MoE's `num_experts`).
+    pub n_experts: usize,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Inner width of each expert's SwiGLU (Qwen3-MoE's `moe_intermediate_size`, Mixtral's
+    /// `intermediate_size`).
+    pub expert_dim: usize,
+    /// Whether the top-k routing probabilities are divided by their sum (always for
+    /// Mixtral, Qwen3-MoE's `norm_topk_prob`).
+    pub renormalize: bool,
+    /// Layers whose feed-forward is the dense one of `hidden_dim` (Qwen3-MoE's
+    /// `mlp_only_layers`, and the layers `decoder_sparse_step` skips), ascending.
+    #[serde(default)]
+    pub dense_layers: Vec<usize>,
+}
+
+impl ModelConfig {
+    /// The experts of layer `l`, or `None` when its feed-forward is dense.
+    pub fn moe_layer(&self, l: usize) -> Option<&MoeConfig> {
+        self.moe
+            .as_ref()
+            .filter(|m| m.dense_layers.binary_search(&l).is_err())
+    }
 }
 
 impl Default for ModelConfig {
@@ -156,6 +189,7 @@ impl Default for ModelConfig {
             sliding_layers: None,
             rope_local_theta: None,
             norm_unit_offset: false,
+            moe: None,
         }
     }
 }
@@ -290,6 +324,30 @@ impl ModelConfig {
                      post-norms, embedding scale or soft-capping"
                         .into(),
                 ));
+            }
+        }
+        if let Some(m) = &self.moe {
+            if m.n_experts == 0
+                || m.n_experts > MAX_SIZE
+                || m.expert_dim == 0
+                || m.expert_dim > MAX_SIZE
+            {
+                return Err(Error::Config(format!(
+                    "{} experts of inner width {}: both must be positive and at most {MAX_SIZE}",
+                    m.n_experts, m.expert_dim
+                )));
+            }
+            if m.top_k == 0 || m.top_k > m.n_experts {
+                return Err(Error::Config(format!(
+                    "top_k = {} must be in 1..={} (the experts)",
+                    m.top_k, m.n_experts
+                )));
+            }
+            if !m.dense_layers.windows(2).all(|w| w[0] < w[1]) {
+                return Err(Error::Config("dense_layers must be ascending".into()));
+            }
+            if !matches!(self.arch, Arch::Llama) {
+                return Err(Error::Config("experts are a Llama-graph feature".into()));
             }
         }
         if let Some(scaling) = &self.rope_scaling {

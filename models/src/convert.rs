@@ -22,7 +22,7 @@ use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
 use crate::import::Checkpoint;
-use crate::tensor_names::{canonical_tensors, TensorName};
+use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Error, Result};
 
 /// How far a conversion has come, reported after each tensor.
@@ -63,6 +63,11 @@ pub fn target_dtype(
 ) -> DataType {
     // The p-tuning prefix is keys and values, not a matrix that multiplies activations.
     if shape.len() < 2 || name == TensorName::PrefixKv {
+        return DataType::F32;
+    }
+    // The router's rounding would change which experts run (llama.cpp's quantiser leaves
+    // `ffn_gate_inp.weight` unquantised too); it is a few rows.
+    if matches!(name, TensorName::Layer(_, LayerPart::Router)) {
         return DataType::F32;
     }
     if dtype.group_size().is_some() && recipe == Recipe::Mixed && name.is_sensitive(tied) {

@@ -32,7 +32,7 @@ pub mod session;
 pub mod speculative;
 pub mod tensor_names;
 
-pub use config::{Activation, Arch, ModelConfig};
+pub use config::{Activation, Arch, ModelConfig, MoeConfig};
 pub use error::{Error, Result};
 pub use graph::{Graph, Head, Model, SharedGraph, SharedModel};
 pub use placement::Placement;

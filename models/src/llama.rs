@@ -24,6 +24,10 @@
 //! - Mistral: sliding-window attention (each token sees the last `sliding_window`
 //!   positions; the KV cache keeps them all);
 //! - Qwen2: q/k/v biases, no output-projection bias;
+//! - Mixtral and Qwen3-MoE: a mixture of experts (Shazeer et al. 2017) replaces the SwiGLU
+//!   of their MoE layers ([`crate::MoeConfig`], [`Ffn::Moe`]): each token's router picks
+//!   `top_k` SwiGLU experts and sums their outputs weighted by the routing probabilities
+//!   ([`Op::MoeFfn`]); Qwen3-MoE's `mlp_only_layers` keep the dense feed-forward;
 //! - P-tuning v2 prefixes (Liu et al. 2022): `pre_seq_len` keys and values per layer sit in
 //!   the KV cache before the sequence and are always attended; the tokens keep positions
 //!   from 0, so cache row = `pre_seq_len` + position.
@@ -55,7 +59,7 @@ pub use batch::{BatchSeq, LlamaBatch};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::Tensors;
-pub use weights::{LlamaLayer, LlamaWeights};
+pub use weights::{Ffn, LlamaLayer, LlamaWeights};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
@@ -85,6 +89,9 @@ struct Activations {
     hidden: Data,
     last: Data,
     logits: Data,
+    /// The routed experts' input and output `[n, dim]` in their memory, when it is not this
+    /// one's ([`Placement::with_experts_on`]).
+    experts_io: Option<(Data, Data)>,
 }
 
 impl Activations {
@@ -93,9 +100,20 @@ impl Activations {
         Activations::alloc(c, rows, &|shape| Data::zeros(DataType::F32, shape))
     }
 
-    /// As [`Activations::new`], in the memory of `at`, allocated by `exec`.
-    fn on(exec: &Executor, at: Location, c: &ModelConfig, rows: usize) -> Result<Activations> {
-        Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))
+    /// As [`Activations::new`], in the memory of `at`, allocated by `exec`, with the
+    /// experts' input and output in `experts` when the model has experts there.
+    fn on(
+        exec: &Executor,
+        (at, experts): (Location, Location),
+        c: &ModelConfig,
+        rows: usize,
+    ) -> Result<Activations> {
+        let mut s = Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))?;
+        if c.moe.is_some() && experts != at {
+            let z = || exec.zeros(DataType::F32, &[rows, c.dim], experts);
+            s.experts_io = Some((z()?, z()?));
+        }
+        Ok(s)
     }
 
     /// The activations, each made by `zeros` from its shape.
@@ -120,6 +138,7 @@ impl Activations {
             hidden: z(hd)?,
             last: z(dim)?,
             logits: z(c.vocab_size.max(dim))?,
+            experts_io: None,
         })
     }
 
@@ -138,6 +157,10 @@ impl Activations {
             (&mut self.hidden, c.hidden_dim),
         ] {
             data.set_shape(&[n, cols])?;
+        }
+        if let Some((x, y)) = &mut self.experts_io {
+            x.set_shape(&[n, c.dim])?;
+            y.set_shape(&[n, c.dim])?;
         }
         Ok(())
     }
@@ -285,7 +308,16 @@ impl LlamaModel {
             .layers
             .into_iter()
             .enumerate()
-            .map(|(l, lw)| lw.try_map(|d| move_to(d, placement.layer(l))))
+            .map(|(l, lw)| {
+                lw.try_map(|d, routed| {
+                    let at = if routed {
+                        placement.experts(l)
+                    } else {
+                        placement.layer(l)
+                    };
+                    move_to(d, at)
+                })
+            })
             .collect::<Result<_>>()?;
         let weights = LlamaWeights {
             embedding: move_to(w.embedding, input)?,
@@ -407,7 +439,13 @@ impl Llama {
         self.states = p
             .locations()
             .into_iter()
-            .map(|at| Activations::on(exec, at, c, rows))
+            .map(|at| {
+                // Each memory's layers have their experts in one memory.
+                let experts = (0..c.n_layers)
+                    .find(|&l| p.layer(l) == at)
+                    .map_or(at, |l| p.experts(l));
+                Activations::on(exec, (at, experts), c, rows)
+            })
             .collect::<Result<_>>()?;
         self.kv = Some(kv);
         Ok(())
@@ -689,19 +727,7 @@ fn run_layers<'s>(
             eps: c.norm_eps,
             output: &mut s.xb,
         })?;
-        exec.run(Op::Linears {
-            input: &s.xb,
-            parts: &mut [
-                LinearPart::new(&lw.w_gate, None, &mut s.gate),
-                LinearPart::new(&lw.w_up, None, &mut s.up),
-            ],
-        })?;
-        let (gate, up, output) = (&s.gate, &s.up, &mut s.hidden);
-        exec.run(match c.activation {
-            Activation::Silu => Op::SiluMul { gate, up, output },
-            Activation::GeluTanh => Op::GeluMul { gate, up, output },
-        })?;
-        linear(exec, &s.hidden, &lw.w_down, None, &mut s.xb2)?;
+        feed_forward(exec, c, l, &lw.ffn, s)?;
         residual(
             exec,
             s,
@@ -711,6 +737,63 @@ fn run_layers<'s>(
     }
     let last = memory(c.n_layers.saturating_sub(1));
     Ok(&mut states[last])
+}
+
+/// The feed-forward of layer `l` from `s.xb` into `s.xb2`: the gated
+/// `W2 · (act(W1 · xb) ⊙ (W3 · xb))` (SwiGLU or GeGLU), or the routed experts
+/// ([`Op::MoeFfn`]).
+fn feed_forward(
+    exec: &Executor,
+    c: &ModelConfig,
+    l: usize,
+    ffn: &Ffn,
+    s: &mut Activations,
+) -> Result<()> {
+    match ffn {
+        Ffn::Dense {
+            w_gate,
+            w_down,
+            w_up,
+        } => {
+            exec.run(Op::Linears {
+                input: &s.xb,
+                parts: &mut [
+                    LinearPart::new(w_gate, None, &mut s.gate),
+                    LinearPart::new(w_up, None, &mut s.up),
+                ],
+            })?;
+            let (gate, up, output) = (&s.gate, &s.up, &mut s.hidden);
+            exec.run(match c.activation {
+                Activation::Silu => Op::SiluMul { gate, up, output },
+                Activation::GeluTanh => Op::GeluMul { gate, up, output },
+            })?;
+            linear(exec, &s.hidden, w_down, None, &mut s.xb2)?;
+        }
+        Ffn::Moe { router, experts } => {
+            let m = c.moe_layer(l).ok_or_else(|| {
+                Error::Config(format!("layer {l} has experts but no MoE configuration"))
+            })?;
+            let (input, output) = match &mut s.experts_io {
+                Some((x, y)) => {
+                    exec.copy_into(&s.xb, x, "experts: activations")?;
+                    (&*x, y)
+                }
+                None => (&s.xb, &mut s.xb2),
+            };
+            exec.run(Op::MoeFfn {
+                input,
+                router,
+                experts,
+                top_k: m.top_k,
+                renormalize: m.renormalize,
+                output,
+            })?;
+            if let Some((_, y)) = &s.experts_io {
+                exec.copy_into(y, &mut s.xb2, "experts: activations")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The residual add of a block's output `s.xb2` to `s.x`, through the block's post-norm

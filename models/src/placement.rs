@@ -7,6 +7,11 @@
 //! once per step at that boundary ([`flm_core::Executor::copy_into`], recorded as
 //! `"layer boundary: activations"`); nothing else crosses. This is llama.cpp's
 //! `--n-gpu-layers` and FastLLM's device map.
+//!
+//! The routed experts of a mixture-of-experts layer may be kept apart, in host memory
+//! ([`Placement::with_experts_on`], `--moe-device cpu`, FastLLM's MoE device): the rest of
+//! the layer runs on its device, and the experts' op ([`flm_core::Op::MoeFfn`]) on the CPU,
+//! its input and output copied across once per layer and step (`"experts: activations"`).
 
 use flm_core::Location;
 
@@ -16,6 +21,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
     layers: Vec<Location>,
+    /// The memory of every layer's routed experts, when not their layer's.
+    experts: Option<Location>,
 }
 
 impl Placement {
@@ -23,6 +30,7 @@ impl Placement {
     pub fn host(n_layers: usize) -> Placement {
         Placement {
             layers: vec![Location::Host; n_layers],
+            experts: None,
         }
     }
 
@@ -32,7 +40,24 @@ impl Placement {
         let on_device = on_device.min(n_layers);
         let mut layers = vec![device; on_device];
         layers.resize(n_layers, Location::Host);
-        Placement { layers }
+        Placement {
+            layers,
+            experts: None,
+        }
+    }
+
+    /// This placement with every layer's routed experts (router and expert matrices) in
+    /// the memory `at` instead of their layer's.
+    pub fn with_experts_on(self, at: Location) -> Placement {
+        Placement {
+            experts: Some(at),
+            ..self
+        }
+    }
+
+    /// The memory of layer `l`'s routed experts: `with_experts_on`'s, else the layer's.
+    pub fn experts(&self, l: usize) -> Location {
+        self.experts.unwrap_or_else(|| self.layer(l))
     }
 
     /// The most of the first layers that fit in `free` bytes of `device` memory (`--gpu-layers
@@ -95,9 +120,10 @@ impl Placement {
         out
     }
 
-    /// Whether every layer is in host memory.
+    /// Whether every layer (and its experts) is in host memory.
     pub fn is_host(&self) -> bool {
         self.layers.iter().all(|&l| l == Location::Host)
+            && self.experts.is_none_or(|e| e == Location::Host)
     }
 
     /// Boundaries between consecutive layers in different memories.

@@ -58,6 +58,8 @@ pub enum LayerPart {
     PostAttnNorm,
     /// RMSNorm gain `[dim]` of the feed-forward output (Gemma 2 and 3).
     PostFfnNorm,
+    /// Router of a mixture-of-experts layer `[n_experts, dim]` (transformers' `mlp.gate`).
+    Router,
 }
 
 /// The names of one [`LayerPart`] in each file format.
@@ -89,7 +91,7 @@ const fn part(
 
 /// Every layer part and its names. ChatGLM's own HF names are mapped in the THUDM
 /// importer, which splits its fused tensors.
-pub const PARTS: [PartNames; 21] = {
+pub const PARTS: [PartNames; 22] = {
     use LayerPart::*;
     [
         part(
@@ -185,6 +187,12 @@ pub const PARTS: [PartNames; 21] = {
             Some("post_feedforward_layernorm.weight"),
             Some("post_ffw_norm.weight"),
         ),
+        part(
+            Router,
+            "router",
+            Some("mlp.gate.weight"),
+            Some("ffn_gate_inp.weight"),
+        ),
     ]
 };
 
@@ -205,6 +213,9 @@ pub enum TensorName {
     Embedding,
     /// A tensor of layer `.0`.
     Layer(usize, LayerPart),
+    /// The [`LayerPart::WGate`], [`LayerPart::WUp`] or [`LayerPart::WDown`] matrix of
+    /// expert `.1` of layer `.0`, `[expert_dim, dim]` or `[dim, expert_dim]`.
+    Expert(usize, usize, LayerPart),
     /// Final norm gain `[dim]`.
     FinalNorm,
     /// Final LayerNorm shift `[dim]` (ChatGLM-6B).
@@ -217,6 +228,12 @@ impl TensorName {
     /// Its name in transformers' Llama-family checkpoints, or `None` for a tensor they do
     /// not have.
     pub fn hf(self) -> Option<String> {
+        // transformers' `mlp.experts.{e}.gate_proj.weight` beside the dense
+        // `mlp.gate_proj.weight` (Qwen3-MoE; the Mixtral importer renames its own).
+        if let TensorName::Expert(l, e, p) = self {
+            let n = p.names().hf?.strip_prefix("mlp.")?;
+            return Some(format!("model.layers.{l}.mlp.experts.{e}.{n}"));
+        }
         let top = [
             "model.embed_tokens.weight",
             "model.norm.weight",
@@ -226,7 +243,7 @@ impl TensorName {
     }
 
     /// Its name in GGUF files (llama.cpp's `LLM_TENSOR_NAMES`), or `None` for a tensor they
-    /// do not have.
+    /// do not have (the experts, which GGUF files stack into one tensor per part).
     pub fn gguf(self) -> Option<String> {
         let top = ["token_embd.weight", "output_norm.weight", "output.weight"];
         self.foreign(top, "blk", |n| n.gguf)
@@ -245,13 +262,14 @@ impl TensorName {
             TensorName::FinalNorm => Some(final_norm.into()),
             TensorName::Classifier => Some(classifier.into()),
             TensorName::Layer(l, p) => part(p.names()).map(|n| format!("{layers}.{l}.{n}")),
-            TensorName::PrefixKv | TensorName::FinalNormBias => None,
+            TensorName::PrefixKv | TensorName::FinalNormBias | TensorName::Expert(..) => None,
         }
     }
 
     /// Whether this is a matrix that quantisation is most sensitive in: the classifier,
     /// the embedding table when tied to it, the K and V projections and the FFN down
-    /// projection (llama.cpp's Q4_K_M keeps these at higher precision for the same reason).
+    /// projection (llama.cpp's Q4_K_M keeps these at higher precision for the same reason),
+    /// but not the experts' down projections.
     pub fn is_sensitive(self, tied: bool) -> bool {
         match self {
             TensorName::Classifier => true,
@@ -259,6 +277,9 @@ impl TensorName {
             TensorName::Layer(_, p) => {
                 matches!(p, LayerPart::Wk | LayerPart::Wv | LayerPart::WDown)
             }
+            // The experts are most of a mixture's bytes: int8 down projections would cost a
+            // third more memory and decode time where the experts are the bottleneck.
+            TensorName::Expert(..) => false,
             _ => false,
         }
     }
@@ -270,6 +291,7 @@ impl fmt::Display for TensorName {
             TensorName::PrefixKv => f.write_str("prefix_kv"),
             TensorName::Embedding => f.write_str("embedding"),
             TensorName::Layer(l, p) => write!(f, "layers.{l}.{}", p.names().flm),
+            TensorName::Expert(l, e, p) => write!(f, "layers.{l}.experts.{e}.{}", p.names().flm),
             TensorName::FinalNorm => f.write_str("final_norm"),
             TensorName::FinalNormBias => f.write_str("final_norm_bias"),
             TensorName::Classifier => f.write_str("classifier"),
@@ -295,8 +317,15 @@ impl FromStr for TensorName {
                 .and_then(|rest| rest.split_once('.'))
                 .and_then(|(l, p)| {
                     let layer = l.parse().ok()?;
-                    let part = PARTS.iter().find(|n| n.flm == p)?.part;
-                    Some(TensorName::Layer(layer, part))
+                    let part = |p| Some(PARTS.iter().find(|n| n.flm == p)?.part);
+                    match p.strip_prefix("experts.") {
+                        Some(rest) => {
+                            let (e, p) = rest.split_once('.')?;
+                            let p = part(p).filter(|p| EXPERT_PARTS.contains(p))?;
+                            Some(TensorName::Expert(layer, e.parse().ok()?, p))
+                        }
+                        None => Some(TensorName::Layer(layer, part(p)?)),
+                    }
                 })
                 .ok_or_else(|| format!("{s:?} is not one of flm's tensor names"))?,
         })
@@ -313,13 +342,14 @@ pub fn canonical_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<usize>)> {
         out.push((TensorName::PrefixKv, vec![c.pre_seq_len, width]));
     }
     out.push((TensorName::Embedding, vec![c.vocab_size, c.dim]));
-    let parts = match c.arch {
-        Arch::Llama => llama_layer(c),
-        Arch::ChatGlm { .. } => chatglm_layer(c),
-    };
     for l in 0..c.n_layers {
-        for (p, shape) in &parts {
-            out.push((TensorName::Layer(l, *p), shape.clone()));
+        match c.arch {
+            Arch::Llama => out.extend(llama_layer(c, l)),
+            Arch::ChatGlm { .. } => out.extend(
+                chatglm_layer(c)
+                    .into_iter()
+                    .map(|(p, shape)| (TensorName::Layer(l, p), shape)),
+            ),
         }
     }
     out.push((TensorName::FinalNorm, vec![c.dim]));
@@ -332,12 +362,18 @@ pub fn canonical_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<usize>)> {
     out
 }
 
-/// The parts of a Llama-graph layer and their shapes: the biases and the q/k norms only
-/// where the configuration has them.
-fn llama_layer(c: &ModelConfig) -> Vec<(LayerPart, Vec<usize>)> {
+/// The parts of an expert, in the order .flm files store them.
+const EXPERT_PARTS: [LayerPart; 3] = [LayerPart::WGate, LayerPart::WDown, LayerPart::WUp];
+
+/// The tensors of Llama-graph layer `l` and their shapes: the biases and the q/k norms only
+/// where the configuration has them; in a mixture-of-experts layer the router and each
+/// expert's matrices in place of the dense feed-forward's.
+fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
     use LayerPart::*;
     let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-    [
+    let moe = c.moe_layer(l);
+    let dense = moe.is_none();
+    let mut out: Vec<(TensorName, Vec<usize>)> = [
         (AttnNorm, Some(vec![dim])),
         (Wq, Some(vec![q_dim, dim])),
         (Wk, Some(vec![kv_dim, dim])),
@@ -350,15 +386,28 @@ fn llama_layer(c: &ModelConfig) -> Vec<(LayerPart, Vec<usize>)> {
         (Wo, Some(vec![dim, q_dim])),
         (Bo, c.o_bias.then(|| vec![dim])),
         (FfnNorm, Some(vec![dim])),
-        (WGate, Some(vec![hd, dim])),
-        (WDown, Some(vec![dim, hd])),
-        (WUp, Some(vec![hd, dim])),
+        (WGate, dense.then(|| vec![hd, dim])),
+        (WDown, dense.then(|| vec![dim, hd])),
+        (WUp, dense.then(|| vec![hd, dim])),
+        (Router, moe.map(|m| vec![m.n_experts, dim])),
         (PostAttnNorm, c.post_norms.then(|| vec![dim])),
         (PostFfnNorm, c.post_norms.then(|| vec![dim])),
     ]
     .into_iter()
-    .filter_map(|(p, shape)| Some((p, shape?)))
-    .collect()
+    .filter_map(|(p, shape)| Some((TensorName::Layer(l, p), shape?)))
+    .collect();
+    if let Some(m) = moe {
+        for e in 0..m.n_experts {
+            for p in EXPERT_PARTS {
+                let shape = match p {
+                    WDown => vec![dim, m.expert_dim],
+                    _ => vec![m.expert_dim, dim],
+                };
+                out.push((TensorName::Expert(l, e, p), shape));
+            }
+        }
+    }
+    out
 }
 
 /// The parts of a ChatGLM-6B layer and their shapes.
@@ -435,6 +484,19 @@ mod tests {
         assert_eq!(down.hf().unwrap(), "model.layers.0.mlp.down_proj.weight");
         assert_eq!(down.gguf().unwrap(), "blk.0.ffn_down.weight");
         assert_eq!(TensorName::Layer(0, LayerPart::BUp).hf(), None);
+        let expert = TensorName::Expert(1, 3, LayerPart::WUp);
+        assert_eq!(
+            expert.hf().unwrap(),
+            "model.layers.1.mlp.experts.3.up_proj.weight"
+        );
+        assert_eq!(expert.gguf(), None);
+        assert_eq!(expert.to_string(), "layers.1.experts.3.w_up");
+        assert_eq!(expert.to_string().parse::<TensorName>(), Ok(expert));
+        assert!("layers.1.experts.3.wq".parse::<TensorName>().is_err());
+        assert_eq!(
+            TensorName::Layer(4, LayerPart::Router).hf().unwrap(),
+            "model.layers.4.mlp.gate.weight"
+        );
         assert_eq!(TensorName::PrefixKv.gguf(), None);
     }
 }

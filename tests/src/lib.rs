@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use flm_core::{Data, DataType, Executor};
 use flm_devices::CpuDevice;
-use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
 use flm_models::tensor_names::{LayerPart, TensorName};
 use flm_models::Graph;
 use serde_json::Value;
@@ -58,6 +58,21 @@ pub fn stories_logits() -> Vec<f32> {
         .collect()
 }
 
+/// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
+/// `make_tiny.py`), by directory name.
+pub const HF_FAMILIES: [&str; 10] = [
+    "llama3",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "mixtral",
+    "qwen3_moe",
+];
+
 /// Prefills `prompt` on `exec`, then decodes `steps` greedy tokens one at a time.
 pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<u32> {
     let mut logits = model
@@ -92,13 +107,30 @@ pub fn weights_in(
             (Wk, &mut dst.wk, &src.wk),
             (Wv, &mut dst.wv, &src.wv),
             (Wo, &mut dst.wo, &src.wo),
-            (WGate, &mut dst.w_gate, &src.w_gate),
-            (WDown, &mut dst.w_down, &src.w_down),
-            (WUp, &mut dst.w_up, &src.w_up),
             (AttnNorm, &mut dst.attn_norm, &src.attn_norm),
             (FfnNorm, &mut dst.ffn_norm, &src.ffn_norm),
         ] {
             *d = c(TensorName::Layer(l, part), s);
+        }
+        match &mut dst.ffn {
+            Ffn::Dense {
+                w_gate,
+                w_down,
+                w_up,
+            } => {
+                for (part, d) in [(WGate, w_gate), (WDown, w_down), (WUp, w_up)] {
+                    *d = c(TensorName::Layer(l, part), d);
+                }
+            }
+            Ffn::Moe { router, experts } => {
+                *router = c(TensorName::Layer(l, Router), router);
+                for (e, x) in experts.iter_mut().enumerate() {
+                    for (part, d) in [(WGate, &mut x.gate), (WDown, &mut x.down), (WUp, &mut x.up)]
+                    {
+                        *d = c(TensorName::Expert(l, e, part), d);
+                    }
+                }
+            }
         }
     }
     out.final_norm = c(TensorName::FinalNorm, &w.final_norm);

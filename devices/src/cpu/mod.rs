@@ -11,6 +11,7 @@ mod elementwise;
 mod embedding;
 mod isa;
 mod linear;
+mod moe;
 mod norm;
 mod paged_attention;
 mod qlinear;
@@ -252,6 +253,22 @@ impl BaseDevice for CpuDevice {
                 output,
             } => norm::layer_norm(self.isa.vector(), input, weight, bias, eps, output),
             Op::Gelu { x } => activation::gelu(self.isa.vector(), x),
+            Op::MoeFfn {
+                input,
+                router,
+                experts,
+                top_k,
+                renormalize,
+                output,
+            } => moe::moe_ffn(
+                |rows| self.linear_isa(rows),
+                self.isa.vector(),
+                input,
+                router,
+                experts,
+                (top_k, renormalize),
+                output,
+            ),
             Op::GeluMul { gate, up, output } => {
                 activation::gate_mul::<activation::GeluTanh>(self.isa.vector(), gate, up, output)
             }

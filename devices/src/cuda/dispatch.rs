@@ -69,6 +69,8 @@ impl BaseDevice for CudaDevice {
             // Host row copies are the CPU's; the paged-cache ops stay there in this version.
             Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
             Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
+            // The experts run on the CPU, from host memory (`--moe-device cpu`).
+            Op::MoeFfn { .. } => false,
         }
     }
 
@@ -215,7 +217,7 @@ impl BaseDevice for CudaDevice {
                 dst,
                 dst_row,
             } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, dst_row),
-            op @ (Op::PagedAttention { .. } | Op::ScatterRows { .. }) => {
+            op @ (Op::PagedAttention { .. } | Op::ScatterRows { .. } | Op::MoeFfn { .. }) => {
                 Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
             }
         }

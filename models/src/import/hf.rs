@@ -19,7 +19,7 @@ use flm_core::{DataType, RopeStyle};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
-use super::hf_families::{self, RopeFields, WindowFields};
+use super::hf_families::{self, MoeFields, RopeFields, WindowFields};
 use super::{map_file, packed, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Activation, Error, ModelConfig, Result};
@@ -59,6 +59,8 @@ struct HfConfig {
     rope: RopeFields,
     #[serde(flatten)]
     window: WindowFields,
+    #[serde(flatten)]
+    moe: MoeFields,
     tie_word_embeddings: Option<bool>,
     bos_token_id: Option<Ids>,
     eos_token_id: Option<Ids>,
@@ -99,6 +101,8 @@ enum Family {
     Baichuan,
     /// Llama names with fused `qkv_proj` and `gate_up_proj` (Phi-3, Phi-4-mini).
     Phi3,
+    /// Llama names with the experts under `block_sparse_moe` (Mixtral).
+    Mixtral,
     /// THUDM ChatGLM names.
     Thudm,
 }
@@ -118,7 +122,8 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
     let unsupported = |what: String| Error::format(path, format!("unsupported model: {what}"));
     let family = match hf.model_type.as_deref() {
-        Some("llama" | "internlm" | "mistral" | "qwen2" | "qwen3") => Family::Llama,
+        Some("llama" | "internlm" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe") => Family::Llama,
+        Some("mixtral") => Family::Mixtral,
         Some("baichuan") => Family::Baichuan,
         Some("phi3") => Family::Phi3,
         Some("gemma" | "gemma2" | "gemma3_text") => Family::Gemma,
@@ -224,9 +229,16 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         o_bias,
         rope_scaling,
         sliding_window,
-        qk_norm: matches!(model_type, "qwen3" | "gemma3_text"),
+        qk_norm: matches!(model_type, "qwen3" | "gemma3_text" | "qwen3_moe"),
         activation,
         rope_local_theta,
+        moe: hf_families::moe(
+            model_type,
+            &hf.moe,
+            hf.num_hidden_layers,
+            hf.intermediate_size,
+        )
+        .map_err(unsupported)?,
         ..ModelConfig::default()
     };
     let config = if family == Family::Gemma {
@@ -457,6 +469,7 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         }
         Family::Baichuan => split_w_pack(&config, &mut by_name)?,
         Family::Phi3 => split_phi3(&config, &mut by_name)?,
+        Family::Mixtral => rename_mixtral(&mut by_name),
         Family::Llama | Family::Gemma => {}
     }
     let tensors = canonical_tensors(&config)
@@ -533,6 +546,27 @@ fn split_phi3(c: &ModelConfig, by_name: &mut HashMap<String, SourceTensor>) -> R
         }
     }
     Ok(())
+}
+
+/// Renames Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.{e}.w1`, `w2`,
+/// `w3` (gate, down, up: transformers' `MixtralBlockSparseTop2MLP`) to the
+/// `mlp.gate` and `mlp.experts.{e}.gate_proj`, `down_proj`, `up_proj` of [`TensorName::hf`].
+fn rename_mixtral(by_name: &mut HashMap<String, SourceTensor>) {
+    let names: Vec<String> = by_name
+        .keys()
+        .filter(|n| n.contains(".block_sparse_moe."))
+        .cloned()
+        .collect();
+    for name in names {
+        let renamed = name
+            .replace(".block_sparse_moe.", ".mlp.")
+            .replace(".w1.weight", ".gate_proj.weight")
+            .replace(".w2.weight", ".down_proj.weight")
+            .replace(".w3.weight", ".up_proj.weight");
+        if let Some(t) = by_name.remove(&name) {
+            by_name.insert(renamed, t);
+        }
+    }
 }
 
 /// A checkpoint of random weights at the shapes of the Hugging Face `config.json` at

@@ -9,6 +9,8 @@
 //! | `qwen3` | RMSNorm over each query and key head | always |
 //! | `phi3` (Phi-3, Phi-4-mini) | fused qkv and gate/up weights, LongRoPE, partial rotary | `rope_scaling`, `partial_rotary_factor` |
 //! | `gemma`, `gemma2`, `gemma3_text` | GeGLU, `1 + w` norm gains, √hidden embedding scale; Gemma 2 and 3: post-norms, sliding and global layers, `query_pre_attn_scalar`; Gemma 2: soft-capping; Gemma 3: q/k norms, a local RoPE | `hidden_activation`, `layer_types`, `*_softcapping`, `rope_local_base_freq` |
+//! | `mixtral` | routed experts, renormalised top-k; sliding window as Mistral | `num_local_experts`, `num_experts_per_tok`, `intermediate_size` |
+//! | `qwen3_moe` | routed experts, dense layers, q/k norms as Qwen3 | `num_experts` (or `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`, `mlp_only_layers` |
 //!
 //! transformers 5 writes the RoPE settings as one `rope_parameters` object
 //! (`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": ..}`), transformers 4 as
@@ -17,6 +19,8 @@
 //! and Qwen2's per-layer windows are refused with an error naming them.
 
 use flm_core::RopeScaling;
+
+use crate::MoeConfig;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -60,6 +64,74 @@ pub(super) fn partial_rotary_factor(fields: &RopeFields) -> f32 {
 pub(super) struct WindowFields {
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
+}
+
+/// The mixture-of-experts fields of a `config.json` (Mixtral, Qwen3-MoE).
+#[derive(Deserialize, Default)]
+pub(super) struct MoeFields {
+    num_local_experts: Option<usize>,
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+}
+
+/// The experts of a `model_type` of `n_layers` layers whose dense feed-forward is
+/// `intermediate_size` wide, as transformers' `MixtralSparseMoeBlock` (every layer, experts
+/// of `intermediate_size`, top-k always renormalised) and `Qwen3MoeSparseMoeBlock` (layer
+/// `l` sparse when not in `mlp_only_layers` and `(l + 1) % decoder_sparse_step == 0`,
+/// experts of `moe_intermediate_size`, renormalised iff `norm_topk_prob`) read them;
+/// `None` for the other families.
+///
+/// Errors: a missing field (with transformers' defaults where it has them: Qwen3-MoE's
+/// `decoder_sparse_step` 1, `norm_topk_prob` false, `mlp_only_layers` empty), or a
+/// `decoder_sparse_step` of 0.
+pub(super) fn moe(
+    model_type: &str,
+    f: &MoeFields,
+    n_layers: usize,
+    intermediate_size: usize,
+) -> Result<Option<MoeConfig>, String> {
+    let top_k = || {
+        f.num_experts_per_tok
+            .ok_or_else(|| format!("{model_type} without num_experts_per_tok"))
+    };
+    // transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts` too.
+    let n_experts = || {
+        f.num_local_experts
+            .or(f.num_experts)
+            .ok_or_else(|| format!("{model_type} without num_local_experts"))
+    };
+    Ok(Some(match model_type {
+        "mixtral" => MoeConfig {
+            n_experts: n_experts()?,
+            top_k: top_k()?,
+            expert_dim: intermediate_size,
+            renormalize: true,
+            dense_layers: Vec::new(),
+        },
+        "qwen3_moe" => {
+            let step = f.decoder_sparse_step.unwrap_or(1);
+            if step == 0 {
+                return Err("decoder_sparse_step must be positive".into());
+            }
+            let only = f.mlp_only_layers.as_deref().unwrap_or_default();
+            MoeConfig {
+                n_experts: n_experts()?,
+                top_k: top_k()?,
+                expert_dim: f
+                    .moe_intermediate_size
+                    .ok_or("qwen3_moe without moe_intermediate_size")?,
+                renormalize: f.norm_topk_prob.unwrap_or(false),
+                dense_layers: (0..n_layers)
+                    .filter(|l| only.contains(l) || (l + 1) % step != 0)
+                    .collect(),
+            }
+        }
+        _ => return Ok(None),
+    }))
 }
 
 /// The parameters of transformers' llama3 RoPE type.
@@ -202,11 +274,11 @@ pub(super) fn sliding_window(
     fields: &WindowFields,
 ) -> Result<Option<usize>, String> {
     match model_type {
-        "mistral" | "phi3" | "gemma2" | "gemma3_text" => match fields.sliding_window {
+        "mistral" | "mixtral" | "phi3" | "gemma2" | "gemma3_text" => match fields.sliding_window {
             Some(0) => Err("sliding_window must be positive".into()),
             window => Ok(window),
         },
-        "qwen2" | "qwen3" if fields.use_sliding_window == Some(true) => Err(format!(
+        "qwen2" | "qwen3" | "qwen3_moe" if fields.use_sliding_window == Some(true) => Err(format!(
             "{model_type}'s use_sliding_window (windows on the layers from max_window_layers on)"
         )),
         _ => Ok(None),

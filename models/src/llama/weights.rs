@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use flm_core::Data;
+use flm_core::{Data, Expert};
 
 use crate::import::Checkpoint;
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
@@ -74,15 +74,32 @@ pub struct LlamaLayer {
     pub bo: Option<Data>,
     /// Feed-forward RMSNorm gain `[dim]`.
     pub ffn_norm: Data,
-    /// Gate projection W1 `[hidden_dim, dim]`.
-    pub w_gate: Data,
-    /// Down projection W2 `[dim, hidden_dim]`.
-    pub w_down: Data,
-    /// Up projection W3 `[hidden_dim, dim]`.
-    pub w_up: Data,
+    /// The feed-forward: dense, or routed experts.
+    pub ffn: Ffn,
     /// RMSNorm gains `[dim]` of the attention output and of the feed-forward output,
     /// before their residual adds (`ModelConfig::post_norms`: Gemma 2 and 3).
     pub post_norms: Option<[Data; 2]>,
+}
+
+/// The feed-forward of a layer.
+#[derive(Debug, Clone)]
+pub enum Ffn {
+    /// The SwiGLU feed-forward.
+    Dense {
+        /// Gate projection W1 `[hidden_dim, dim]`.
+        w_gate: Data,
+        /// Down projection W2 `[dim, hidden_dim]`.
+        w_down: Data,
+        /// Up projection W3 `[hidden_dim, dim]`.
+        w_up: Data,
+    },
+    /// Routed experts ([`crate::MoeConfig`], [`flm_core::Op::MoeFfn`]).
+    Moe {
+        /// Router `[n_experts, dim]`.
+        router: Data,
+        /// The experts, each a SwiGLU of `expert_dim`.
+        experts: Vec<Expert>,
+    },
 }
 
 impl LlamaLayer {
@@ -93,36 +110,71 @@ impl LlamaLayer {
         out.extend(self.qk_norm.iter().flatten());
         out.push(&self.wo);
         out.extend(&self.bo);
-        out.extend([&self.ffn_norm, &self.w_gate, &self.w_down, &self.w_up]);
+        out.push(&self.ffn_norm);
+        match &self.ffn {
+            Ffn::Dense {
+                w_gate,
+                w_down,
+                w_up,
+            } => out.extend([w_gate, w_down, w_up]),
+            Ffn::Moe { router, .. } => out.push(router),
+        }
         out.extend(self.post_norms.iter().flatten());
+        if let Ffn::Moe { experts, .. } = &self.ffn {
+            for e in experts {
+                out.extend([&e.gate, &e.down, &e.up]);
+            }
+        }
         out
     }
 
-    /// The layer with `f` applied to each of its tensors (moving them to a device).
+    /// The layer with `f(tensor, routed)` applied to each of its tensors (moving them to a
+    /// device); `routed` is true for the router and the experts' matrices.
     ///
     /// Errors: the first error of `f`.
-    pub fn try_map(self, mut f: impl FnMut(Data) -> Result<Data>) -> Result<LlamaLayer> {
+    pub fn try_map(self, mut f: impl FnMut(Data, bool) -> Result<Data>) -> Result<LlamaLayer> {
         Ok(LlamaLayer {
-            attn_norm: f(self.attn_norm)?,
-            wq: f(self.wq)?,
-            wk: f(self.wk)?,
-            wv: f(self.wv)?,
-            wo: f(self.wo)?,
+            attn_norm: f(self.attn_norm, false)?,
+            wq: f(self.wq, false)?,
+            wk: f(self.wk, false)?,
+            wv: f(self.wv, false)?,
+            wo: f(self.wo, false)?,
             qkv_bias: match self.qkv_bias {
-                Some([q, k, v]) => Some([f(q)?, f(k)?, f(v)?]),
+                Some([q, k, v]) => Some([f(q, false)?, f(k, false)?, f(v, false)?]),
                 None => None,
             },
             qk_norm: match self.qk_norm {
-                Some([q, k]) => Some([f(q)?, f(k)?]),
+                Some([q, k]) => Some([f(q, false)?, f(k, false)?]),
                 None => None,
             },
-            bo: self.bo.map(&mut f).transpose()?,
-            ffn_norm: f(self.ffn_norm)?,
-            w_gate: f(self.w_gate)?,
-            w_down: f(self.w_down)?,
-            w_up: f(self.w_up)?,
+            bo: self.bo.map(|b| f(b, false)).transpose()?,
+            ffn_norm: f(self.ffn_norm, false)?,
+            ffn: match self.ffn {
+                Ffn::Dense {
+                    w_gate,
+                    w_down,
+                    w_up,
+                } => Ffn::Dense {
+                    w_gate: f(w_gate, false)?,
+                    w_down: f(w_down, false)?,
+                    w_up: f(w_up, false)?,
+                },
+                Ffn::Moe { router, experts } => Ffn::Moe {
+                    router: f(router, true)?,
+                    experts: experts
+                        .into_iter()
+                        .map(|e| {
+                            Ok(Expert {
+                                gate: f(e.gate, true)?,
+                                up: f(e.up, true)?,
+                                down: f(e.down, true)?,
+                            })
+                        })
+                        .collect::<Result<_>>()?,
+                },
+            },
             post_norms: match self.post_norms {
-                Some([a, m]) => Some([f(a)?, f(m)?]),
+                Some([a, m]) => Some([f(a, false)?, f(m, false)?]),
                 None => None,
             },
         })
@@ -170,6 +222,10 @@ impl LlamaWeights {
         let embedding = tensors.take(TensorName::Embedding)?;
         let layers = tensors.layers(c.n_layers, |l, t| {
             let mut part = |p| t.take(TensorName::Layer(l, p));
+            let post_norms = c
+                .post_norms
+                .then(|| Ok::<_, Error>([part(PostAttnNorm)?, part(PostFfnNorm)?]))
+                .transpose()?;
             Ok(LlamaLayer {
                 attn_norm: part(AttnNorm)?,
                 wq: part(Wq)?,
@@ -186,13 +242,27 @@ impl LlamaWeights {
                 wo: part(Wo)?,
                 bo: c.o_bias.then(|| part(Bo)).transpose()?,
                 ffn_norm: part(FfnNorm)?,
-                w_gate: part(WGate)?,
-                w_down: part(WDown)?,
-                w_up: part(WUp)?,
-                post_norms: c
-                    .post_norms
-                    .then(|| Ok::<_, Error>([part(PostAttnNorm)?, part(PostFfnNorm)?]))
-                    .transpose()?,
+                ffn: match c.moe_layer(l) {
+                    None => Ffn::Dense {
+                        w_gate: part(WGate)?,
+                        w_down: part(WDown)?,
+                        w_up: part(WUp)?,
+                    },
+                    Some(m) => Ffn::Moe {
+                        router: part(Router)?,
+                        experts: (0..m.n_experts)
+                            .map(|e| {
+                                let mut part = |p| t.take(TensorName::Expert(l, e, p));
+                                Ok(Expert {
+                                    gate: part(WGate)?,
+                                    up: part(WUp)?,
+                                    down: part(WDown)?,
+                                })
+                            })
+                            .collect::<Result<_>>()?,
+                    },
+                },
+                post_norms,
             })
         })?;
         Ok(LlamaWeights {

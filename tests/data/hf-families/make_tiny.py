@@ -1,5 +1,6 @@
-"""Tiny random-weight Llama 3, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 1/2/3 checkpoints and
-their logits, from Hugging Face transformers, for flm's tests/hf_families.rs.
+"""Tiny random-weight Llama 3, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1/2/3, Mixtral and
+Qwen3-MoE checkpoints and their logits, from Hugging Face transformers, for flm's
+tests/hf_families.rs.
 
 Run from this folder: `python make_tiny.py [FAMILY ...]` (default: every family). Writes,
 per family, `<family>/config.json`,
@@ -21,6 +22,10 @@ Each family has what makes it differ from Llama 2 exercised by the test position
 - phi3: fused qkv and gate/up projections, LongRoPE over the first 12 of 16 dimensions
   (partial_rotary_factor 0.75, as Phi-4-mini) with a pre-training context of 16, so that
   the 24-token input runs on the long factors and the attention factor;
+- mixtral: 4 experts of 128, 2 per token (top-2 of a softmax, renormalised), in every
+  layer;
+- qwen3_moe: 4 experts of 32, 2 per token with norm_topk_prob, layer 0 routed and layer 1
+  dense (mlp_only_layers), the per-head q/k norms of Qwen3.
 - gemma: GeGLU (tanh GELU), RMSNorm gains 1 + w, embeddings times sqrt(hidden), tied;
 - gemma2: besides, post-attention and post-feed-forward norms, a sliding window of 8 on
   layer 0 (layer 1 global), query_pre_attn_scalar 24 (not head_dim), and soft-capping of
@@ -55,6 +60,10 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -174,6 +183,37 @@ FAMILIES = {
         ),
         1008,
     ),
+    "mixtral": (
+        MixtralConfig,
+        MixtralForCausalLM,
+        dict(
+            rope_theta=1000000.0,
+            sliding_window=None,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            tie_word_embeddings=False,
+        ),
+        1006,
+    ),
+    "qwen3_moe": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(
+            head_dim=16,
+            rope_theta=1000000.0,
+            attention_bias=False,
+            use_sliding_window=False,
+            sliding_window=None,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        ),
+        1007,
+    ),
 }
 # What each Gemma's check of teeth turns off: the soft caps (gemma2), the sliding window
 # and the local RoPE (gemma3), GeGLU for SwiGLU (gemma).
@@ -193,8 +233,9 @@ SEQ_LEN = 24
 
 
 def redraw(model, seed):
-    """Weights with O(1) activations: N(0, 1/fan_in) matrices and embeddings (so that tied
-    logits stay O(1) too), 1 + N(0, 0.1) norm gains, N(0, 0.1) biases."""
+    """Weights with O(1) activations: N(0, 1/fan_in) matrices (the experts' stacked ones
+    too, fan_in their last dimension) and embeddings (so that tied logits stay O(1) too),
+    1 + N(0, 0.1) norm gains, N(0, 0.1) biases."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -204,7 +245,7 @@ def redraw(model, seed):
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
 
 
 def main():
@@ -244,6 +285,10 @@ def main():
         plain.pop("rope_scaling", None)
         if family == "mistral":
             plain["sliding_window"] = None
+        if family == "mixtral":
+            plain["num_experts_per_tok"] = 1
+        if family == "qwen3_moe":
+            plain["norm_topk_prob"] = False
         if family == "qwen3":
             # The same weights without the per-head norms: Llama's graph with heads of 32.
             plain_model = LlamaForCausalLM(

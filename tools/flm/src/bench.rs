@@ -9,12 +9,12 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
-use flm_core::{quant, Data, DataType, Executor};
+use flm_core::{quant, Data, DataType, Executor, Expert};
 use flm_devices::CpuDevice;
 
 use crate::device::{Chosen, DeviceArgs};
 use flm_models::import;
-use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{Ffn, Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::{Graph, ModelConfig, SharedModel};
 use half::f16;
 use rayon::prelude::*;
@@ -204,27 +204,26 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
     Ok((model, name, dtype.name().to_string()))
 }
 
-/// Bytes of weights one decode step reads: every layer tensor, the final norm, the
-/// classifier (the embedding table when tied) and one embedding row.
-fn weight_bytes_per_token(w: &LlamaWeights, vocab: usize) -> usize {
+/// Bytes of weights one decode step reads: every layer tensor (of a mixture-of-experts
+/// layer, the router and `top_k` experts), the final norm, the classifier (the embedding
+/// table when tied) and one embedding row.
+fn weight_bytes_per_token(w: &LlamaWeights, c: &ModelConfig) -> usize {
+    let (vocab, top_k) = (c.vocab_size, c.moe.as_ref().map_or(0, |m| m.top_k));
     let layers: usize = w
         .layers
         .iter()
         .map(|l| {
-            [
-                &l.attn_norm,
-                &l.wq,
-                &l.wk,
-                &l.wv,
-                &l.wo,
-                &l.ffn_norm,
-                &l.w_gate,
-                &l.w_down,
-                &l.w_up,
-            ]
-            .iter()
-            .map(|d| d.size_bytes())
-            .sum::<usize>()
+            let all: usize = l.tensors().iter().map(|d| d.size_bytes()).sum();
+            // A token reads only its top_k experts' weights.
+            let unread = match &l.ffn {
+                Ffn::Moe { experts, .. } => {
+                    let bytes = |e: &Expert| [&e.gate, &e.up, &e.down].map(Data::size_bytes);
+                    let per_expert = experts.first().map_or(0, |e| bytes(e).iter().sum());
+                    per_expert * experts.len().saturating_sub(top_k)
+                }
+                Ffn::Dense { .. } => 0,
+            };
+            all - unread
         })
         .sum();
     let classifier = w.classifier.as_ref().unwrap_or(&w.embedding).size_bytes();
@@ -328,7 +327,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     pool.install(|| -> Result<()> {
         let (mut model, name, dtype) = build(&args, positions, &chosen)?;
         let vocab = model.config().vocab_size;
-        let bytes = weight_bytes_per_token(model.weights(), vocab);
+        let bytes = weight_bytes_per_token(model.weights(), model.config());
         let tokens = |n: usize, salt: u64| -> Vec<u32> {
             (0..n as u64)
                 .map(|i| ((i * 2_654_435_761 + salt) % vocab as u64) as u32)

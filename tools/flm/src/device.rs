@@ -1,4 +1,4 @@
-//! `--device` and `--gpu-layers`, shared by every command that computes.
+//! `--device`, `--gpu-layers` and `--moe-device`, shared by every command that computes.
 
 use std::fmt;
 use std::str::FromStr;
@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use flm_core::{Executor, Location};
 use flm_devices::DeviceChoice;
+use flm_models::llama::{Ffn, LlamaLayer};
 use flm_models::{Placement, SharedGraph, SharedModel};
 
 /// `--gpu-layers`: how many of the model's first layers live on the GPU.
@@ -41,6 +42,13 @@ impl fmt::Display for GpuLayers {
     }
 }
 
+/// `--moe-device`: where the routed experts of a mixture-of-experts model run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MoeDevice {
+    /// On the CPU, their weights in host memory, whatever `--gpu-layers` places.
+    Cpu,
+}
+
 /// Where the model runs.
 #[derive(Args, Clone, Copy, Default)]
 pub struct DeviceArgs {
@@ -55,6 +63,12 @@ pub struct DeviceArgs {
     /// at a time (run, chat, perplexity, bench).
     #[arg(long)]
     pub gpu_layers: Option<GpuLayers>,
+    /// cpu: a mixture-of-experts model's experts stay in host memory and run on the CPU,
+    /// while `--gpu-layers` puts the rest of their layers on the GPU (their input and output
+    /// cross once per layer and step). Without `--gpu-layers` the experts run on the CPU
+    /// anyway.
+    #[arg(long, value_enum)]
+    pub moe_device: Option<MoeDevice>,
 }
 
 /// The executor, and the GPU's peak memory bandwidth in bytes/s when one runs the model.
@@ -69,6 +83,8 @@ pub struct Chosen {
     gpu: Option<Location>,
     /// `--gpu-layers`.
     gpu_layers: Option<GpuLayers>,
+    /// `--moe-device`.
+    moe_device: Option<MoeDevice>,
 }
 
 impl DeviceArgs {
@@ -92,6 +108,7 @@ impl DeviceArgs {
             gpu_peak_bandwidth: selection.gpu_peak_bandwidth,
             exec: Executor::new(selection.devices),
             gpu_layers: self.gpu_layers,
+            moe_device: self.moe_device,
         })
     }
 }
@@ -107,10 +124,11 @@ impl Chosen {
             return Ok(model);
         };
         let exec = &self.exec;
+        let experts_on_host = self.moe_device == Some(MoeDevice::Cpu);
         let model = model
             .place(exec, |m| {
                 let n_layers = m.config().n_layers;
-                Ok(match layers {
+                let placement = match layers {
                     GpuLayers::Count(n) => Placement::first_layers(n_layers, gpu, n),
                     GpuLayers::Auto => {
                         let free = exec.free_memory(gpu).ok_or_else(|| {
@@ -118,9 +136,19 @@ impl Chosen {
                                 "--gpu-layers auto: {gpu} does not tell its free memory"
                             ))
                         })?;
-                        let (layers, input, head) = m.memory_bytes();
+                        let (mut layers, input, head) = m.memory_bytes();
+                        if experts_on_host {
+                            for (bytes, lw) in layers.iter_mut().zip(&m.weights().layers) {
+                                *bytes = bytes.saturating_sub(routed_bytes(lw));
+                            }
+                        }
                         Placement::fit(gpu, free, &layers, input, head)
                     }
+                };
+                Ok(if experts_on_host {
+                    placement.with_experts_on(Location::Host)
+                } else {
+                    placement
                 })
             })
             .context("cannot place the model's layers")?;
@@ -128,10 +156,28 @@ impl Chosen {
             let p = m.placement();
             let on_gpu = (0..p.n_layers()).filter(|&l| p.layer(l) == gpu).count();
             eprintln!(
-                "--gpu-layers {layers}: {on_gpu} of {} layers on {gpu}",
-                p.n_layers()
+                "--gpu-layers {layers}: {on_gpu} of {} layers on {gpu}{}",
+                p.n_layers(),
+                if experts_on_host && m.config().moe.is_some() {
+                    ", their experts in host memory"
+                } else {
+                    ""
+                }
             );
         }
         Ok(model)
+    }
+}
+
+/// Bytes of a layer's router and experts (0 for a dense feed-forward).
+fn routed_bytes(lw: &LlamaLayer) -> u64 {
+    match &lw.ffn {
+        Ffn::Moe { router, experts } => experts
+            .iter()
+            .flat_map(|e| [&e.gate, &e.up, &e.down])
+            .chain([router])
+            .map(|d| d.size_bytes() as u64)
+            .sum(),
+        Ffn::Dense { .. } => 0,
     }
 }
