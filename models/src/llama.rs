@@ -41,7 +41,7 @@
 //!
 //! [`LlamaBatch`] runs the same layers over the rows of many sequences at once, each with
 //! its own positions and block table in a paged KV cache (the serving engine's step); the
-//! layer loop and the final head are shared with [`Llama::forward`].
+//! layer loop and the final head are shared with [`Graph::forward`].
 
 use std::sync::Arc;
 

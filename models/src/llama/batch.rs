@@ -9,7 +9,7 @@
 //! ([`Op::RopeRows`]), keys and values are scattered into each sequence's blocks
 //! ([`Op::ScatterRows`]), and attention reads each row's keys and values through its
 //! sequence's block table ([`Op::PagedAttention`]). Each row is computed as
-//! [`super::Llama::forward`] computes it: with batch-invariant kernels the logits are the
+//! [`crate::Graph::forward`] computes it: with batch-invariant kernels the logits are the
 //! same bits.
 
 use std::sync::Arc;
