@@ -91,11 +91,12 @@ pub fn convert(
     mut progress: impl FnMut(&Progress<'_>),
 ) -> Result<()> {
     let canonical = canonical_tensors(&ckpt.config);
+    let index = ckpt.sources();
     let plan: Vec<(String, DataType, Vec<usize>)> = canonical
         .iter()
         .map(|&(name, ref shape)| {
             let tied = ckpt.config.tie_embeddings;
-            let dt = match (recipe, ckpt.tensor(name)) {
+            let dt = match (recipe, index.find(name)) {
                 (Recipe::Keep, Some(t)) => {
                     target_dtype(t.encoding.load_dtype(), Recipe::Pure, tied, name, shape)
                 }
@@ -106,21 +107,7 @@ pub fn convert(
         .collect();
     let sources = canonical
         .iter()
-        .map(|(name, shape)| {
-            let t = ckpt
-                .tensor(*name)
-                .ok_or_else(|| Error::Config(format!("the checkpoint has no tensor {name}")))?;
-            if &t.shape != shape {
-                return Err(Error::format(
-                    t.file(),
-                    format!(
-                        "tensor {name} has shape {:?}, the configuration implies {shape:?}",
-                        t.shape
-                    ),
-                ));
-            }
-            Ok(t)
-        })
+        .map(|(name, shape)| index.get(*name, shape))
         .collect::<Result<Vec<_>>>()?;
     let config = serde_json::to_value(&ckpt.config)
         .map_err(|e| Error::Config(format!("configuration does not serialise: {e}")))?;

@@ -305,28 +305,38 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
 #[test]
 fn q4_0_converts_to_flm_keeping_each_tensors_type() {
     use flm_core::DataType;
+    keeps_types_and_logits(
+        load(Q4_0),
+        Q4_0,
+        &[
+            ("embedding", DataType::I4SymG32),
+            ("layers.0.wq", DataType::I4SymG32),
+            ("layers.0.w_down", DataType::F16),
+            ("layers.0.attn_norm", DataType::F32),
+        ],
+    );
+}
+
+/// Converts `ckpt` (the file `rel`) to .flm with [`Recipe::Keep`]: the tensors `types`
+/// keep their dtypes, and the .flm model computes the checkpoint's logits bit for bit.
+fn keeps_types_and_logits(mut ckpt: Checkpoint, rel: &str, types: &[(&str, flm_core::DataType)]) {
     use flm_models::convert::{convert, Recipe};
-    let mut ckpt = load(Q4_0);
-    let tok = ckpt.take_tokenizer(&data(Q4_0)).unwrap();
+    let tok = ckpt.take_tokenizer(&data(rel)).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("q4_0.flm");
-    convert(&ckpt, &tok, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+    let out = dir.path().join("kept.flm");
+    convert(
+        &ckpt,
+        &tok,
+        &out,
+        flm_core::DataType::F32,
+        Recipe::Keep,
+        |_| {},
+    )
+    .unwrap();
     let flm = import::load(&out).unwrap();
-    for (name, dtype) in [
-        ("embedding", DataType::I4SymG32),
-        ("layers.0.wq", DataType::I4SymG32),
-        ("layers.0.w_down", DataType::F16),
-        ("layers.0.attn_norm", DataType::F32),
-    ] {
-        assert_eq!(
-            flm.tensor(name.parse().unwrap())
-                .unwrap()
-                .load()
-                .unwrap()
-                .dtype(),
-            dtype,
-            "{name}"
-        );
+    for &(name, dtype) in types {
+        let t = flm.tensor(name.parse().unwrap()).unwrap();
+        assert_eq!(t.load().unwrap().dtype(), dtype, "{name}");
     }
     let input = ids(&reference()["logits_file"]["input_ids"]);
     let run = |c: &Checkpoint| {
@@ -345,9 +355,8 @@ fn q4_0_converts_to_flm_keeping_each_tensors_type() {
 #[test]
 fn k_quants_load_in_place_and_match_numpy() {
     use flm_core::DataType;
-    use flm_models::convert::{convert, Recipe};
     let expected = "gguf/tiny-kquant_logits_f32le.bin";
-    let mut ckpt = load(KQUANT);
+    let ckpt = load(KQUANT);
     let types = [
         ("embedding", DataType::Q6K),
         ("layers.0.wq", DataType::Q4K),
@@ -368,28 +377,7 @@ fn k_quants_load_in_place_and_match_numpy() {
     let err = f32_decoded_error(&ckpt, expected);
     assert!(err < 1e-4, "K-quants decoded to f32 against NumPy: {err}");
 
-    let input = ids(&reference()["logits_file"]["input_ids"]);
-    let tok = ckpt.take_tokenizer(&data(KQUANT)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("kquant.flm");
-    convert(&ckpt, &tok, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
-    let flm = import::load(&out).unwrap();
-    for (name, dtype) in types {
-        assert_eq!(
-            flm.tensor(name.parse().unwrap())
-                .unwrap()
-                .load()
-                .unwrap()
-                .dtype(),
-            dtype,
-            "{name}"
-        );
-    }
-    let run = |c: &Checkpoint| {
-        let mut m = Llama::new(c.config.clone(), LlamaWeights::load(c).unwrap()).unwrap();
-        m.forward(&exec(), &input, 0, Logits::All).unwrap().to_vec()
-    };
-    assert_eq!(run(&flm), run(&ckpt));
+    keeps_types_and_logits(ckpt, KQUANT, &types);
 }
 
 #[test]

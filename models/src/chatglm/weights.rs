@@ -67,7 +67,7 @@ impl ChatGlmWeights {
     ///
     /// Errors: as [`crate::llama::LlamaWeights::load`].
     pub fn load(ckpt: &Checkpoint) -> Result<ChatGlmWeights> {
-        ChatGlmWeights::from_tensors(&ckpt.config, |name, shape| ckpt.load_tensor(name, shape))
+        ChatGlmWeights::from_tensors(&ckpt.config, ckpt.loader())
     }
 
     /// Assembles the weights from `load(name, shape)`, called for each tensor of

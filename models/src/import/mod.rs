@@ -33,6 +33,7 @@ mod thudm;
 pub use gguf::load_tokenizer as load_gguf_tokenizer;
 pub use source::{Encoding, SourceTensor};
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -187,13 +188,39 @@ impl Checkpoint {
         notes
     }
 
-    /// Loads tensor `name` (zero-copy where the encoding allows), checking its `shape`.
+    /// A function that loads tensor `name` (zero-copy where the encoding allows), checking
+    /// its `shape`: what the graphs' `from_tensors` take. The tensors are indexed once
+    /// ([`Checkpoint::sources`]), so loading every tensor of a model costs one lookup each.
+    ///
+    /// The function's errors: those of [`Sources::get`], and [`Error::Format`] when the
+    /// bytes cannot be decoded.
+    pub fn loader(&self) -> impl FnMut(TensorName, &[usize]) -> Result<flm_core::Data> + '_ {
+        let sources = self.sources();
+        move |name, shape| sources.get(name, shape)?.load()
+    }
+
+    /// The tensors indexed by name (one pass; [`Checkpoint::tensor`] scans for each).
+    pub fn sources(&self) -> Sources<'_> {
+        Sources(self.tensors.iter().map(|t| (t.name.as_str(), t)).collect())
+    }
+}
+
+/// A checkpoint's tensors by canonical name ([`Checkpoint::sources`]).
+pub struct Sources<'a>(HashMap<&'a str, &'a SourceTensor>);
+
+impl<'a> Sources<'a> {
+    /// The tensor `name`, if the checkpoint has it.
+    pub fn find(&self, name: TensorName) -> Option<&'a SourceTensor> {
+        self.0.get(name.to_string().as_str()).copied()
+    }
+
+    /// The tensor `name`, whose shape must be `shape`.
     ///
     /// Errors: [`Error::Config`] when the checkpoint lacks it; [`Error::Format`] when its
-    /// shape is not `shape` or its bytes cannot be decoded.
-    pub fn load_tensor(&self, name: TensorName, shape: &[usize]) -> Result<flm_core::Data> {
+    /// shape is not `shape`.
+    pub fn get(&self, name: TensorName, shape: &[usize]) -> Result<&'a SourceTensor> {
         let t = self
-            .tensor(name)
+            .find(name)
             .ok_or_else(|| Error::Config(format!("the checkpoint has no tensor {name}")))?;
         if t.shape != shape {
             return Err(Error::format(
@@ -204,7 +231,7 @@ impl Checkpoint {
                 ),
             ));
         }
-        t.load()
+        Ok(t)
     }
 }
 

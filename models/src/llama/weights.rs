@@ -205,7 +205,7 @@ impl LlamaWeights {
     /// Errors: [`Error::Config`] for a missing tensor, [`Error::Format`] for one whose
     /// shape disagrees with the configuration or cannot be decoded.
     pub fn load(ckpt: &Checkpoint) -> Result<LlamaWeights> {
-        LlamaWeights::from_tensors(&ckpt.config, |name, shape| ckpt.load_tensor(name, shape))
+        LlamaWeights::from_tensors(&ckpt.config, ckpt.loader())
     }
 
     /// Assembles the weights from `load(name, shape)`, called for each tensor of
