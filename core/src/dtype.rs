@@ -44,11 +44,14 @@ pub enum DataType {
     /// ggml's Q6_K: super-blocks of 256 values (210 bytes: 6-bit codes, an i8 scale per 16
     /// values, an f16 `d`), 6.5625 bits per weight.
     Q6K = 12,
+    /// ggml's Q8_0, its bytes as they are: blocks of 32 values (34 bytes: an f16 scale `d`,
+    /// 32 int8 codes; `w = d·q`), 8.5 bits per weight (layout in [`crate::ggml`]).
+    Q80 = 13,
 }
 
 impl DataType {
     /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 13] = [
+    pub const ALL: [DataType; 14] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -62,11 +65,14 @@ impl DataType {
         DataType::Q4K,
         DataType::Q5K,
         DataType::Q6K,
+        DataType::Q80,
     ];
 
     /// Whether this is a quantised (block) type.
     pub const fn is_quantized(self) -> bool {
-        matches!(self, DataType::I8) || self.group_size().is_some() || self.is_k_quant()
+        matches!(self, DataType::I8 | DataType::Q80)
+            || self.group_size().is_some()
+            || self.is_k_quant()
     }
 
     /// Whether this is one of ggml's K-quant types, kept in ggml's super-block layout.
@@ -74,10 +80,11 @@ impl DataType {
         matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
     }
 
-    /// The ggml type whose blocks a K-quant dtype holds as they are.
+    /// The ggml type whose blocks a K-quant dtype or [`DataType::Q80`] holds as they are.
     pub const fn ggml_type(self) -> Option<crate::ggml::GgmlType> {
         use crate::ggml::GgmlType;
         match self {
+            DataType::Q80 => Some(GgmlType::Q8_0),
             DataType::Q4K => Some(GgmlType::Q4K),
             DataType::Q5K => Some(GgmlType::Q5K),
             DataType::Q6K => Some(GgmlType::Q6K),
@@ -153,6 +160,7 @@ impl DataType {
             DataType::Q4K => "q4_k",
             DataType::Q5K => "q5_k",
             DataType::Q6K => "q6_k",
+            DataType::Q80 => "q8_0",
         }
     }
 }

@@ -102,7 +102,8 @@ dtype_tests!([
     int4_sym_g128: I4SymG128,
     q4_k: Q4K,
     q5_k: Q5K,
-    q6_k: Q6K
+    q6_k: Q6K,
+    q8_0: Q80
 ] linear_matches_scalar);
 
 /// Every SIMD level this CPU has, without the portable one they are compared with.
@@ -626,6 +627,7 @@ fn linears_match_each_linear() {
         [I4G32, I4G128, I4G32],
         [I4SymG32, I4SymG32, I4SymG128],
         [Q4K, Q6K, Q5K],
+        [Q80, Q80, I8],
     ];
     let sizes = [
         (1, 96, [40, 8, 8]),

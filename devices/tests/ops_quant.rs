@@ -321,7 +321,7 @@ quant_dtype_tests!(
     constant_rows_are_reproduced,
 );
 
-/// ggml's K-quants (their weights dequantised as gguf-py decodes them, `flm_core::kquant`):
+/// ggml's K-quants and Q8_0 (their weights dequantised as gguf-py decodes them):
 /// the kernels dot runs of 32 weights against the same int8 input blocks, so the same
 /// scheme, in parallel too, and exact zeros.
 fn k_quant_linear_matches_quantised_scheme(dtype: DataType) {
@@ -331,4 +331,4 @@ fn k_quant_linear_matches_quantised_scheme(dtype: DataType) {
     sixteen_bit_activations_match_the_dequantised_product(dtype);
 }
 
-dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K] k_quant_linear_matches_quantised_scheme);
+dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K, q8_0: Q80] k_quant_linear_matches_quantised_scheme);

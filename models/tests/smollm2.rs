@@ -103,9 +103,9 @@ fn teacher_forced(path: &std::path::Path, bits: ActivationBits) -> (f64, f64) {
     (agreement, ppl_change)
 }
 
-// The weights are the file's Q4_1 values exactly (repacked as int4-g32) and its Q8_0
-// embedding is widened to f32; what differs from transformers' f32 pass is the rounding of
-// the activations the int4 kernels dot the weights against.
+// The weights are the file's values exactly (Q4_1 repacked as int4-g32, the Q8_0 embedding
+// and classifier used in place); what differs from transformers' f32 pass is the rounding
+// of the activations the integer kernels dot the weights against.
 
 #[test]
 fn teacher_forced_top1_and_perplexity_match_transformers_with_16_bit_activations() {
@@ -119,8 +119,8 @@ fn teacher_forced_top1_and_perplexity_match_transformers_with_16_bit_activations
 #[test]
 fn teacher_forced_top1_with_int8_activations_beats_llama_cpp() {
     let Some(path) = gguf() else { return };
-    // int8 blocks of 32, as ggml dots Q4_1 against Q8_1. Measured: 975/999 = 97.6%,
-    // perplexity +0.26%; llama.cpp on the same file and text gives 964/999 = 96.5%
+    // int8 blocks of 32, as ggml dots Q4_1 against Q8_1. Measured: 970/999 = 97.1%,
+    // perplexity +0.42%; llama.cpp on the same file and text gives 964/999 = 96.5%
     // (tools/gguf/llamacpp_top1.cpp). SmolLM2's few very large activations make their
     // blocks' codes coarse, and the text has many near ties: at 63 of the 999 positions
     // transformers' top two logits are within 0.1 of each other.
@@ -166,8 +166,8 @@ fn greedy_prompts_equal(path: &std::path::Path, bits: ActivationBits) -> usize {
 #[test]
 fn greedy_tokens_equal_transformers_on_most_prompts() {
     let Some(path) = gguf() else { return };
-    // Measured: all 5 prompts with 16-bit activations. With int8 activations 2 of them
-    // (llama.cpp: 2 as well), a third its first 6: two differ from the first token, where
+    // Measured: all 5 prompts with 16-bit activations. With int8 activations 3 of them
+    // (llama.cpp: 2, a third its first 6): the two others differ from the first token, where
     // transformers' top two logits are 0.09 apart ("The" 25.33 against "[" 25.24, France)
     // and 0.12 apart (haiku), while int8 rounding moves the logits by up to about 1.
     let precise = greedy_prompts_equal(&path, ActivationBits::Int16);

@@ -24,6 +24,7 @@
 //!   VNNI kernels of `x86`, or, when the device was asked for batch invariance,
 //!   `amx_decode`'s, which sum in the tiles' order;
 //! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
+//! - `q8_0`: ggml's Q8_0 blocks, see there;
 //! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
 //!   the CPU has the dot-product extension and `smull`/`sadalp` where it has not.
 //!
@@ -50,6 +51,7 @@ mod kquant_neon;
 mod kquant_x86;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon;
+mod q8_0;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -411,7 +413,7 @@ struct ActLayout {
     split: usize,
     /// Rows are padded to a multiple of this many blocks.
     pad_blocks: usize,
-    /// Whether AMX tile kernels read the inputs (K-quant weights have none).
+    /// Whether AMX tile kernels read the inputs (K-quant and Q8_0 weights have none).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     amx_tiles: bool,
 }
@@ -420,8 +422,8 @@ impl ActLayout {
     /// The layout the kernels of `isa` read for `n` input rows and `dtype` weights.
     fn of(isa: Isa, dtype: DataType, n: usize) -> ActLayout {
         let (split, pad_blocks) = match (isa, dtype) {
-            // K-quant kernels read one natural-order block per run of 32 weights.
-            _ if dtype.is_k_quant() => (16, 1),
+            // K-quant and Q8_0 kernels read one natural-order block per run of 32 weights.
+            _ if dtype.is_k_quant() || dtype == DataType::Q80 => (16, 1),
             // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
             (Isa::Amx, DataType::I8) => (16, 1),
             (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
@@ -436,7 +438,7 @@ impl ActLayout {
         ActLayout {
             split,
             pad_blocks,
-            amx_tiles: !dtype.is_k_quant(),
+            amx_tiles: !dtype.is_k_quant() && dtype != DataType::Q80,
         }
     }
 }
@@ -445,6 +447,9 @@ impl ActLayout {
 fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     if w.dtype.is_k_quant() {
         return kquant::rows(isa, w, acts, j0, yt);
+    }
+    if w.dtype == DataType::Q80 {
+        return q8_0::rows(isa, w, acts, j0, yt);
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
