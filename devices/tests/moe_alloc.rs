@@ -82,13 +82,7 @@ fn decode_steps_allocate_nothing_once_warm() {
         for dtype in [DataType::F32, DataType::I4G32] {
             let mut rng = rng(0x5a);
             let (router, _) = random_f32(&mut rng, &[n_experts, dim], 0.2);
-            let experts: Vec<Expert> = (0..n_experts)
-                .map(|_| Expert {
-                    gate: random_weight(&mut rng, &[inner, dim], dtype).0,
-                    up: random_weight(&mut rng, &[inner, dim], dtype).0,
-                    down: random_weight(&mut rng, &[dim, inner], dtype).0,
-                })
-                .collect();
+            let experts = random_experts(&mut rng, n_experts, (dim, inner), dtype);
             let device = CpuDevice::new().unwrap();
             let (prefill, _) = random_f32(&mut rng, &[7, dim], 1.0);
             let mut out = nan_output(&[7, dim]);
