@@ -16,7 +16,7 @@
 mod common;
 
 use common::*;
-use flm_core::{DataType, Executor, Expert, Op, RopeStyle, RopeTable};
+use flm_core::{DataType, Executor, Op, RopeStyle, RopeTable};
 use flm_devices::{ActivationBits, CpuDevice, Isa};
 
 /// Batch sizes: 1, odd sizes that leave partial tiles, the AMX threshold (8), above 128.
@@ -146,13 +146,7 @@ fn moe_ffn_is_batch_invariant(dtype: DataType) {
     let mut rng = rng(0x3e0);
     let (_, x) = random_f32(&mut rng, &[POOL, dim], 1.0);
     let (router, _) = random_f32(&mut rng, &[n_experts, dim], 0.2);
-    let experts: Vec<Expert> = (0..n_experts)
-        .map(|_| Expert {
-            gate: random_weight(&mut rng, &[inner, dim], dtype).0,
-            up: random_weight(&mut rng, &[inner, dim], dtype).0,
-            down: random_weight(&mut rng, &[dim, inner], dtype).0,
-        })
-        .collect();
+    let experts = random_experts(&mut rng, n_experts, (dim, inner), dtype);
     check(&format!("MoeFfn {dtype}"), |exec, first, n| {
         let mut out = nan_output(&[n, dim]);
         exec.run(Op::MoeFfn {
