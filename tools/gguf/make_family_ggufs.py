@@ -1,20 +1,35 @@
-"""GGUF files of the tiny Qwen2, Qwen3 and Gemma 3 checkpoints in tests/data/hf-families,
-written with gguf-py as llama.cpp's convert_hf_to_gguf.py writes these architectures, for
-flm's tests/hf_families.rs (the logits to match are transformers', already in that folder).
+"""GGUF files of tiny checkpoints in tests/data/hf-families (Qwen2, Qwen3, Gemma 3, and the
+mixtures Mixtral, Qwen3-MoE and Qwen2-MoE), written with gguf-py as llama.cpp's
+convert_hf_to_gguf.py writes these architectures, for flm's tests/hf_families.rs (the
+logits to match are transformers', already in that folder).
 
-Run from the repository root: `python tools/gguf/make_family_ggufs.py`. Writes
-`tests/data/hf-families/<family>.gguf` for qwen2, qwen3 and gemma3: F32 tensors as in
-model.safetensors under llama.cpp's names (q/k not permuted: these use the NEOX RoPE
-layout), the hyper-parameters under `<architecture>.` as `Qwen2Model.set_gguf_parameters`,
-`Qwen3Model` and `Gemma3Model` (conversion/gemma.py) write them, no tokenizer (the
-checkpoints have none), so the vocabulary size is given as `<architecture>.vocab_size`.
-Gemma 3 as its converter does: every `*norm.weight` plus 1 (`Gemma3RMSNorm`'s gain),
-`sliding_window`, the global layers' RoPE base; and, because the tiny model's two layers
-are [sliding, full] rather than llama.cpp's default period of 6, the per-layer
-`attention.sliding_window_pattern` flags (the key llama.cpp's `load_swa_pattern` reads).
+Run from the repository root: `python tools/gguf/make_family_ggufs.py [FAMILY ...]`
+(default: every family). Writes `tests/data/hf-families/<family>.gguf`: F32 tensors as in
+model.safetensors under llama.cpp's names, the hyper-parameters under `<architecture>.` as
+`Qwen2Model.set_gguf_parameters`, `Qwen3Model`, `Gemma3Model` (conversion/gemma.py),
+`LlamaModel` (conversion/llama.py, Mixtral) and `Qwen2MoeModel` / `Qwen3MoeModel`
+(conversion/qwen.py) write them, no tokenizer (the checkpoints have none), so the
+vocabulary size is given as `<architecture>.vocab_size`.
+- q/k are not permuted for the Qwen and Gemma architectures (NEOX RoPE layout); Mixtral
+  (architecture `llama`) has them permuted into Meta's interleaved layout, as
+  `LlamaModel.permute` does.
+- Gemma 3 as its converter does: every `*norm.weight` plus 1 (`Gemma3RMSNorm`'s gain),
+  `sliding_window`, the global layers' RoPE base; and, because the tiny model's two layers
+  are [sliding, full] rather than llama.cpp's default period of 6, the per-layer
+  `attention.sliding_window_pattern` flags (the key llama.cpp's `load_swa_pattern` reads).
+- The mixtures: each layer's experts stacked into one tensor per projection,
+  `ffn_{gate,up,down}_exps` of shape `[n_expert, out, in]` (`torch.stack(.., dim=0)`),
+  the router as `ffn_gate_inp`, `expert_count` and `expert_used_count`; Qwen's
+  `expert_feed_forward_length`; Qwen2-MoE's shared expert as `ffn_{gate,up,down}_shexp`
+  and its gate `ffn_gate_inp_shexp` `[1, hidden]` (not squeezed, as the converter writes it
+  since 2025), with `expert_shared_feed_forward_length`. Qwen3-MoE's dense layer 1
+  (`mlp_only_layers`) keeps `ffn_gate`/`ffn_up`/`ffn_down`, as the converter's name map
+  gives them (llama.cpp's own `qwen3moe` graph has no dense layers; flm reads a layer
+  without `ffn_gate_inp` as dense).
 """
 
 import json
+import sys
 from pathlib import Path
 
 import gguf
@@ -45,6 +60,29 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+# The experts' stacked tensors, by the name of one expert's projection.
+EXPERT_NAMES = {
+    "gate_proj": "ffn_gate_exps.weight",
+    "up_proj": "ffn_up_exps.weight",
+    "down_proj": "ffn_down_exps.weight",
+    "w1": "ffn_gate_exps.weight",
+    "w3": "ffn_up_exps.weight",
+    "w2": "ffn_down_exps.weight",
+}
+ARCHITECTURES = {
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "mixtral": "llama",
+    "qwen3_moe": "qwen3moe",
+    "qwen2_moe": "qwen2moe",
 }
 
 
@@ -55,13 +93,35 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{LAYER_NAMES[rest]}"
 
 
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf's `LlamaModel.permute`: rotate-half rows to interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def stacked_experts(tensors: dict) -> dict:
+    """The tensors with each layer's experts stacked per projection, `[n_expert, out, in]`."""
+    out, experts = {}, {}
+    for name, tensor in tensors.items():
+        parts = name.split(".")
+        if "experts" in parts:
+            i = parts.index("experts")
+            layer, expert, proj = int(parts[2]), int(parts[i + 1]), parts[i + 2]
+            experts.setdefault((layer, proj), {})[expert] = tensor
+        else:
+            out[name] = tensor
+    for (layer, proj), by_expert in sorted(experts.items()):
+        stacked = np.stack([by_expert[e] for e in range(len(by_expert))], axis=0)
+        out[f"blk.{layer}.{EXPERT_NAMES[proj]}"] = stacked
+    return out
+
+
 def write(family: str) -> None:
     src = ROOT / family
     config = json.loads((src / "config.json").read_text())
     rope = config.get("rope_parameters") or {}
     gemma = family.startswith("gemma")
     rope = rope.get("full_attention", rope)
-    arch = family
+    arch = ARCHITECTURES[family]
     writer = gguf.GGUFWriter(ROOT / f"{family}.gguf", arch)
     writer.add_name(f"tiny-{family}")
     writer.add_context_length(config["max_position_embeddings"])
@@ -72,17 +132,33 @@ def write(family: str) -> None:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta")))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if "head_dim" in config:
+    if config.get("head_dim") is not None:
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
     writer.add_vocab_size(config["vocab_size"])
+    if "num_experts_per_tok" in config:
+        writer.add_expert_count(config.get("num_local_experts", config.get("num_experts")))
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+    if "moe_intermediate_size" in config:
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if "shared_expert_intermediate_size" in config:
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    if arch == "llama":
+        writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     if gemma:
         writer.add_sliding_window(config["sliding_window"])
         writer.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
         if rope.get("rope_type") == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(rope["factor"])
-    for name, tensor in load_file(src / "model.safetensors").items():
+    for name, tensor in stacked_experts(load_file(src / "model.safetensors")).items():
+        if name.startswith("blk."):
+            writer.add_tensor(name, np.ascontiguousarray(tensor, dtype=np.float32))
+            continue
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            tensor = permute(tensor, config["num_attention_heads"])
+        if arch == "llama" and name.endswith("k_proj.weight"):
+            tensor = permute(tensor, config["num_key_value_heads"])
         if gemma and name.endswith("norm.weight"):
             tensor = tensor + 1.0
         if gemma and name.endswith("post_attention_layernorm.weight"):
@@ -97,5 +173,5 @@ def write(family: str) -> None:
 
 
 if __name__ == "__main__":
-    for family in ("qwen2", "qwen3", "gemma3"):
+    for family in sys.argv[1:] or list(ARCHITECTURES):
         write(family)

@@ -33,7 +33,7 @@
 mod bpe;
 mod file;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use flm_core::ggml::GgmlType;
@@ -41,8 +41,8 @@ use flm_core::{DataType, RopeScaling, RopeStyle};
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
-use crate::tensor_names::canonical_tensors;
-use crate::{Activation, Error, ModelConfig, Result};
+use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
+use crate::{Activation, Error, ModelConfig, MoeConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
 
 /// The hyper-parameters of one of [`ARCHITECTURES`] (llama.cpp `llm_load_hparams` keys,
@@ -65,9 +65,6 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         }
     };
     let key = |k: &str| format!("{arch}.{k}");
-    if m.usize(&key("expert_count"))?.unwrap_or(0) > 0 {
-        return Err(unsupported("mixture of experts".into()));
-    }
     let rope_scaling = match m.str(&key("rope.scaling.type"))?.as_deref() {
         None | Some("none") => None,
         Some("linear") => Some(RopeScaling::Linear {
@@ -129,10 +126,14 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         tie_embeddings: !g.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
-        qkv_bias: arch == "qwen2",
-        qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3"),
+        qkv_bias: matches!(arch.as_str(), "qwen2" | "qwen2moe"),
+        qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3" | "qwen3moe"),
         rope_scaling,
         ..ModelConfig::default()
+    };
+    let config = ModelConfig {
+        moe: moe(m, g, &arch, &config)?,
+        ..config
     };
     let config = if arch.starts_with("gemma") {
         gemma(config, m, &arch)?
@@ -146,7 +147,49 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
 }
 
 /// The GGUF architectures whose graphs flm runs.
-const ARCHITECTURES: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"];
+const ARCHITECTURES: [&str; 8] = [
+    "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3",
+];
+
+/// The experts of a file whose `{arch}.expert_count` is positive, as llama.cpp reads them
+/// (`llama-model.cpp`): `expert_used_count` per token, experts of
+/// `expert_feed_forward_length` (Mixtral's `llama`: `feed_forward_length`), the top-k
+/// weights renormalised by `expert_weights_norm`, else as llama.cpp's graphs fix it
+/// (`qwen2moe` not, `llama` and `qwen3moe` always); `qwen2moe`'s shared expert of
+/// `expert_shared_feed_forward_length` (default `feed_forward_length`). A layer without a
+/// router (`blk.{l}.ffn_gate_inp.weight`) is dense, as Qwen3-MoE's `mlp_only_layers`.
+///
+/// Errors: [`Error::Format`] for a missing `expert_used_count` or malformed values.
+fn moe(m: &Meta, g: &Gguf, arch: &str, c: &ModelConfig) -> Result<Option<MoeConfig>> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let n_experts = m.usize(&key("expert_count"))?.unwrap_or(0);
+    if n_experts == 0 {
+        return Ok(None);
+    }
+    let routed = |l: usize| {
+        let router = format!("blk.{l}.ffn_gate_inp.weight");
+        g.tensors.iter().any(|t| t.name == router)
+    };
+    Ok(Some(MoeConfig {
+        n_experts,
+        top_k: m.required(&key("expert_used_count"))?,
+        expert_dim: m
+            .usize(&key("expert_feed_forward_length"))?
+            .unwrap_or(c.hidden_dim),
+        renormalize: m
+            .bool(&key("expert_weights_norm"))?
+            .unwrap_or(arch != "qwen2moe"),
+        dense_layers: (0..c.n_layers).filter(|&l| !routed(l)).collect(),
+        shared_expert_dim: match arch {
+            "qwen2moe" => Some(
+                m.usize(&key("expert_shared_feed_forward_length"))?
+                    .filter(|&d| d > 0)
+                    .unwrap_or(c.hidden_dim),
+            ),
+            _ => None,
+        },
+    }))
+}
 
 /// What Gemma changes, as llama.cpp reads it (`src/models/gemma*.cpp`): GeGLU, embeddings
 /// times `√n_embd`, the norm gains with their `+ 1` already added by the converter;
@@ -370,17 +413,26 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         );
         return Err(Error::format(path, msg));
     }
-    let mut by_name: HashMap<&str, &TensorInfo> =
+    let by_name: HashMap<&str, &TensorInfo> =
         g.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut used = HashSet::new();
     let tensors = canonical_tensors(&config)
         .into_iter()
-        .map(|(canonical, _)| {
-            let name = canonical.gguf().ok_or_else(|| {
-                Error::format(path, format!("GGUF files have no tensor {canonical}"))
-            })?;
+        .map(|(canonical, shape)| {
+            // An expert's matrix is one slice of its layer's stacked tensor.
+            let (name, expert) = match canonical.gguf_stacked() {
+                Some((stacked, e)) => (stacked, Some(e)),
+                None => (
+                    canonical.gguf().ok_or_else(|| {
+                        Error::format(path, format!("GGUF files have no tensor {canonical}"))
+                    })?,
+                    None,
+                ),
+            };
             let t = by_name
-                .remove(name.as_str())
+                .get(name.as_str())
                 .ok_or_else(|| Error::format(path, format!("missing tensor {name}")))?;
+            used.insert(t.name.as_str());
             let (enc, block) = encoding(t.ggml_type)
                 .map_err(|e| Error::format(path, format!("tensor {name}: {e}")))?;
             if t.ne.first().is_some_and(|&row| row % block != 0) {
@@ -390,11 +442,37 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
                 );
                 return Err(Error::format(path, msg));
             }
-            let shape = t.ne.iter().rev().copied().collect();
-            SourceTensor::new(canonical.to_string(), shape, enc, &map, t.offset, path)
+            let mut file_shape: Vec<usize> = t.ne.iter().rev().copied().collect();
+            let mut offset = t.offset;
+            if let Some(e) = expert {
+                // `[n_experts, out, in]`: expert `e` is the `e`-th `[out, in]` block.
+                let n = config.moe.as_ref().map_or(0, |m| m.n_experts);
+                if file_shape.len() != 3 || file_shape[0] != n {
+                    let msg =
+                        format!("tensor {name}: shape {file_shape:?}, not {n} stacked experts");
+                    return Err(Error::format(path, msg));
+                }
+                file_shape.remove(0);
+                let bytes = enc.byte_len(&file_shape).unwrap_or(0);
+                offset = e
+                    .checked_mul(bytes)
+                    .and_then(|b| b.checked_add(offset))
+                    .ok_or_else(|| Error::format(path, format!("tensor {name}: too large")))?;
+            }
+            // llama.cpp's converter wrote the shared expert's gate `[1, dim]` squeezed to
+            // `[dim]` before 2025.
+            let squeezed = matches!(canonical, TensorName::Layer(_, LayerPart::SharedExpertGate));
+            if squeezed && file_shape[..] == shape[1..] {
+                file_shape = shape;
+            }
+            SourceTensor::new(canonical.to_string(), file_shape, enc, &map, offset, path)
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut ignored: Vec<String> = by_name.into_keys().map(str::to_string).collect();
+    let mut ignored: Vec<String> = by_name
+        .into_keys()
+        .filter(|n| !used.contains(n))
+        .map(str::to_string)
+        .collect();
     ignored.sort();
     Ok(Checkpoint {
         format: Format::Gguf,
