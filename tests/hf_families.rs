@@ -451,22 +451,23 @@ fn greedy_ids_equal_transformers() {
     }
 }
 
-/// The Qwen2, Qwen3 and Gemma 3 checkpoints as llama.cpp writes them into GGUF files (made
-/// from the same weights by tools/gguf/make_family_ggufs.py): the configuration the
+/// The Qwen2, Qwen3, Gemma 3 and Phi-3 checkpoints as llama.cpp writes them into GGUF files
+/// (made from the same weights by tools/gguf/make_family_ggufs.py; Phi-3's fused `attn_qkv`
+/// and `ffn_up`, partial rotary and LongRoPE factor tensors): the configuration the
 /// architecture's keys give, and transformers' logits from the F32 tensors.
 #[test]
-fn qwen_and_gemma_gguf_files_run_as_transformers() {
-    for family in ["qwen2", "qwen3", "gemma3"] {
+fn qwen_gemma_and_phi3_gguf_files_run_as_transformers() {
+    for family in ["qwen2", "qwen3", "gemma3", "phi3"] {
         let path = data(&format!("hf-families/{family}.gguf"));
         let gguf = import::load(&path).unwrap().config;
         let hf = import::load(&data(&format!("hf-families/{family}")))
             .unwrap()
             .config;
-        assert_eq!(
-            (gguf.qkv_bias, gguf.qk_norm, gguf.rope_style, gguf.head_dim),
-            (hf.qkv_bias, hf.qk_norm, hf.rope_style, hf.head_dim),
-            "{family}"
-        );
+        let attention = |c: &ModelConfig| {
+            let window = (c.sliding_window, c.rotary_dim());
+            (c.qkv_bias, c.qk_norm, c.rope_style, c.head_dim, window)
+        };
+        assert_eq!(attention(&gguf), attention(&hf), "{family}");
         // The norms' `+ 1` is in the GGUF's tensors, not in its configuration.
         assert!(!gguf.norm_unit_offset, "{family}");
         let gemma = |c: &ModelConfig| {

@@ -1,5 +1,5 @@
-"""GGUF files of tiny checkpoints in tests/data/hf-families (Qwen2, Qwen3, Gemma 3, and the
-mixtures Mixtral, Qwen3-MoE and Qwen2-MoE), written with gguf-py as llama.cpp's
+"""GGUF files of tiny checkpoints in tests/data/hf-families (Qwen2, Qwen3, Gemma 3, Phi-3,
+and the mixtures Mixtral, Qwen3-MoE and Qwen2-MoE), written with gguf-py as llama.cpp's
 convert_hf_to_gguf.py writes these architectures, for flm's tests/hf_families.rs (the
 logits to match are transformers', already in that folder).
 
@@ -7,7 +7,7 @@ Run from the repository root: `python tools/gguf/make_family_ggufs.py [FAMILY ..
 (default: every family). Writes `tests/data/hf-families/<family>.gguf`: F32 tensors as in
 model.safetensors under llama.cpp's names, the hyper-parameters under `<architecture>.` as
 `Qwen2Model.set_gguf_parameters`, `Qwen3Model`, `Gemma3Model` (conversion/gemma.py),
-`LlamaModel` (conversion/llama.py, Mixtral) and `Qwen2MoeModel` / `Qwen3MoeModel`
+`LlamaModel` (conversion/llama.py, Mixtral), `Phi3MiniModel` (conversion/phi.py) and `Qwen2MoeModel` / `Qwen3MoeModel`
 (conversion/qwen.py) write them, no tokenizer (the checkpoints have none), so the
 vocabulary size is given as `<architecture>.vocab_size`.
 - q/k are not permuted for the Qwen and Gemma architectures (NEOX RoPE layout); Mixtral
@@ -17,6 +17,12 @@ vocabulary size is given as `<architecture>.vocab_size`.
   `sliding_window`, the global layers' RoPE base; and, because the tiny model's two layers
   are [sliding, full] rather than llama.cpp's default period of 6, the per-layer
   `attention.sliding_window_pattern` flags (the key llama.cpp's `load_swa_pattern` reads).
+- Phi-3 (`Phi3MiniModel`, conversion/phi.py): fused `attn_qkv` (q, k, v rows) and
+  `ffn_up` (gate rows, then up rows), `rope.dimension_count` the rotated dimensions of a
+  head (12 of 16: partial_rotary_factor 0.75), `rope.scaling.original_context_length`,
+  `rope.scaling.attn_factor` `sqrt(1 + ln(128/16) / ln(16))`, `attention.sliding_window`
+  0, and the LongRoPE factors as the F32 tensors `rope_factors_short.weight` and
+  `rope_factors_long.weight`.
 - The mixtures: each layer's experts stacked into one tensor per projection,
   `ffn_{gate,up,down}_exps` of shape `[n_expert, out, in]` (`torch.stack(.., dim=0)`),
   the router as `ffn_gate_inp`, `expert_count` and `expert_used_count`; Qwen's
@@ -29,6 +35,7 @@ vocabulary size is given as `<architecture>.vocab_size`.
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -66,6 +73,8 @@ LAYER_NAMES = {
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 # The experts' stacked tensors, by the name of one expert's projection.
 EXPERT_NAMES = {
@@ -83,6 +92,7 @@ ARCHITECTURES = {
     "mixtral": "llama",
     "qwen3_moe": "qwen3moe",
     "qwen2_moe": "qwen2moe",
+    "phi3": "phi3",
 }
 
 
@@ -115,6 +125,21 @@ def stacked_experts(tensors: dict) -> dict:
     return out
 
 
+def phi3(writer: gguf.GGUFWriter, config: dict, rope: dict) -> None:
+    """What `Phi3MiniModel` adds: the pre-training context, the rotated dimensions of a
+    head, the window (0: none), and for LongRoPE its attention factor and the short and
+    long factors as F32 tensors."""
+    n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
+    original = rope["original_max_position_embeddings"]
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head)
+    writer.add_sliding_window(config.get("sliding_window") or 0)
+    scale = config["max_position_embeddings"] / original
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
+    writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+
+
 def write(family: str) -> None:
     src = ROOT / family
     config = json.loads((src / "config.json").read_text())
@@ -143,6 +168,8 @@ def write(family: str) -> None:
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if "shared_expert_intermediate_size" in config:
         writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    if arch == "phi3":
+        phi3(writer, config, rope)
     if arch == "llama":
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     if gemma:

@@ -146,6 +146,17 @@ pub(super) fn moe(
     }))
 }
 
+/// LongRoPE's default attention factor for a context extended `factor` times over the
+/// pre-training context `original`: `sqrt(1 + ln(factor) / ln(original))`, 1 without an
+/// extension (transformers' `_compute_longrope_parameters`, llama.cpp's converter).
+pub(super) fn longrope_attention_factor(factor: f32, original: usize) -> f32 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        (1.0 + (factor as f64).ln() / (original as f64).ln()).sqrt() as f32
+    }
+}
+
 /// The parameters of transformers' llama3 RoPE type.
 #[derive(Deserialize)]
 struct Llama3 {
@@ -218,14 +229,9 @@ pub(super) fn rope(
             let factor = p.factor.unwrap_or_else(|| {
                 max_position_embeddings.unwrap_or(original) as f32 / original as f32
             });
-            let attention_factor = p.attention_factor.unwrap_or_else(|| {
-                if factor <= 1.0 {
-                    1.0
-                } else {
-                    let ln = |v: f64| v.ln();
-                    (1.0 + ln(factor as f64) / ln(original as f64)).sqrt() as f32
-                }
-            });
+            let attention_factor = p
+                .attention_factor
+                .unwrap_or_else(|| longrope_attention_factor(factor, original));
             Ok((
                 theta,
                 Some(RopeScaling::LongRope {
