@@ -235,30 +235,49 @@ fn longrope(
 }
 
 /// The experts of a file whose `{arch}.expert_count` is positive, as llama.cpp reads them
-/// (`llama-model.cpp`): `expert_used_count` per token, experts of
-/// `expert_feed_forward_length` (Mixtral's `llama`: `feed_forward_length`), the top-k
+/// (`src/models/*.cpp`): `expert_used_count` per token, experts of
+/// `expert_feed_forward_length` (default: `feed_forward_length` for Mixtral's `llama`,
+/// `feed_forward_length / expert_used_count` for Qwen's), the top-k
 /// weights renormalised by `expert_weights_norm`, else as llama.cpp's graphs fix it
 /// (`qwen2moe` not, `llama` and `qwen3moe` always); `qwen2moe`'s shared expert of
 /// `expert_shared_feed_forward_length` (default `feed_forward_length`). A layer without a
 /// router (`blk.{l}.ffn_gate_inp.weight`) is dense, as Qwen3-MoE's `mlp_only_layers`.
 ///
-/// Errors: [`Error::Format`] for a missing `expert_used_count` or malformed values.
+/// Errors: [`Error::Format`] for a missing `expert_used_count`, malformed values, or a
+/// gating function other than softmax or scaled expert weights (DeepSeek's), which the
+/// graph does not have.
 fn moe(m: &Meta, g: &Gguf, arch: &str, c: &ModelConfig) -> Result<Option<MoeConfig>> {
     let key = |k: &str| format!("{arch}.{k}");
     let n_experts = m.usize(&key("expert_count"))?.unwrap_or(0);
     if n_experts == 0 {
         return Ok(None);
     }
+    let unsupported = |what: String| Error::format(m.path, format!("unsupported model: {what}"));
+    // llama.cpp's gating functions: 1 softmax, 2 sigmoid, 3 softmax of the top-k.
+    if let Some(f) = m.usize(&key("expert_gating_func"))?.filter(|&f| f != 1) {
+        return Err(unsupported(format!(
+            "expert gating function {f} (only softmax, 1)"
+        )));
+    }
+    if let Some(w) = m
+        .f32(&key("expert_weights_scale"))?
+        .filter(|&w| w != 0.0 && w != 1.0)
+    {
+        return Err(unsupported(format!("expert weights scaled by {w}")));
+    }
     let routed = |l: usize| {
         let router = format!("blk.{l}.ffn_gate_inp.weight");
         g.tensors.iter().any(|t| t.name == router)
     };
+    let top_k = m.required(&key("expert_used_count"))?;
     Ok(Some(MoeConfig {
         n_experts,
-        top_k: m.required(&key("expert_used_count"))?,
-        expert_dim: m
-            .usize(&key("expert_feed_forward_length"))?
-            .unwrap_or(c.hidden_dim),
+        top_k,
+        expert_dim: match m.usize(&key("expert_feed_forward_length"))? {
+            Some(d) if d > 0 => d,
+            _ if arch == "llama" => c.hidden_dim,
+            _ => c.hidden_dim / top_k.max(1),
+        },
         renormalize: m
             .bool(&key("expert_weights_norm"))?
             .unwrap_or(arch != "qwen2moe"),
