@@ -527,6 +527,36 @@ fn mixture_gguf_files_run_as_transformers() {
     }
 }
 
+/// Phi-3 and Qwen2-MoE GGUF files with their matrices in Q8_0 (a ggml block type, decoded
+/// to f32 on load): q/k/v and gate/up sliced out of the fused blocks and each expert out of
+/// the stacked ones give transformers' logits for the weights the blocks decode to
+/// (`<family>/q8_0_logits_f32le.bin`, tools/gguf/make_family_ggufs.py), within 1e-4.
+#[test]
+fn q8_0_gguf_files_slice_fused_and_stacked_blocks() {
+    use flm_core::ggml::GgmlType;
+    use flm_models::import::Encoding;
+    for (family, sliced) in [
+        ("phi3", "layers.1.w_up"),
+        ("qwen2_moe", "layers.1.experts.3.w_down"),
+    ] {
+        let path = data(&format!("hf-families/{family}-q8_0.gguf"));
+        let ckpt = import::load(&path).unwrap();
+        let t = ckpt.tensors.iter().find(|t| t.name == sliced).unwrap();
+        assert_eq!(t.encoding, Encoding::Ggml(GgmlType::Q8_0), "{family}");
+        let bytes = std::fs::read(data(&format!("hf-families/{family}/q8_0_logits_f32le.bin")));
+        let want: Vec<f32> = bytes
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let [prefill, _, stepped] = logits_three_ways(&path);
+        for (how, got) in [("prefill", prefill), ("decode", stepped)] {
+            let diff = max_diff(&got, &want);
+            assert!(diff <= TOLERANCE, "{family}-q8_0 {how}: max |Δ| = {diff}");
+        }
+    }
+}
+
 /// A tensor no canonical name maps to is listed as ignored, not read as another one, and
 /// the model still gives transformers' logits.
 #[test]

@@ -32,16 +32,24 @@ vocabulary size is given as `<architecture>.vocab_size`.
   (`mlp_only_layers`) keeps `ffn_gate`/`ffn_up`/`ffn_down`, as the converter's name map
   gives them (llama.cpp's own `qwen3moe` graph has no dense layers; flm reads a layer
   without `ffn_gate_inp` as dense).
+- `phi3-q8_0.gguf` and `qwen2_moe-q8_0.gguf`: the same with every matrix whose rows fill
+  32-value blocks in Q8_0 (gguf-py's quantiser; norms, routers and the shared expert's down
+  projection of rows of 48 stay F32), to check that fused and stacked tensors of a block
+  type are sliced right; the weights are first rounded to the values their Q8_0 blocks
+  decode to, and `<family>/q8_0_logits_f32le.bin` holds transformers' logits for those
+  weights (the script imports torch and transformers for them).
 """
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
-from safetensors.numpy import load_file
+from gguf import quants
+from safetensors.numpy import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[2] / "tests" / "data" / "hf-families"
 
@@ -140,14 +148,80 @@ def phi3(writer: gguf.GGUFWriter, config: dict, rope: dict) -> None:
     writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
 
 
-def write(family: str) -> None:
+# Routers stay F32, as llama.cpp's quantiser leaves them (HF and GGUF names).
+ROUTERS = (
+    "mlp.gate.weight",
+    "block_sparse_moe.gate.weight",
+    "shared_expert_gate.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_inp_shexp.weight",
+)
+Q8_0 = gguf.GGMLQuantizationType.Q8_0
+
+
+def quantisable(name: str, tensor: np.ndarray) -> bool:
+    """Whether a tensor becomes Q8_0 in the `-q8_0` files: matrices (stacked or not) whose
+    rows fill 32-value blocks, but norms and routers."""
+    return (
+        tensor.ndim >= 2
+        and tensor.shape[-1] % 32 == 0
+        and "norm" not in name
+        and not name.endswith(ROUTERS)
+    )
+
+
+def round_trip(tensor: np.ndarray) -> np.ndarray:
+    """The values gguf-py's Q8_0 blocks of `tensor` decode to."""
+    return quants.dequantize(quants.quantize(np.ascontiguousarray(tensor, dtype=np.float32), Q8_0), Q8_0)
+
+
+def reference_logits(family: str, tensors: dict) -> None:
+    """transformers' logits `[24, vocab]` (f32 little-endian) of the input ids of
+    reference.json for the checkpoint `family` with `tensors` as its weights, written to
+    `<family>/q8_0_logits_f32le.bin`."""
+    import tempfile
+
+    import torch
+    import transformers
+
+    input_ids = json.loads((ROOT / "reference.json").read_text())["input_ids"]
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(ROOT / family / "config.json", tmp)
+        save_file(tensors, f"{tmp}/model.safetensors", metadata={"format": "pt"})
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        with torch.no_grad():
+            logits = model(torch.tensor([input_ids])).logits[0].float()
+    (ROOT / family / "q8_0_logits_f32le.bin").write_bytes(logits.numpy().astype("<f4").tobytes())
+
+
+def add(writer: gguf.GGUFWriter, name: str, tensor: np.ndarray, q8_0: bool) -> None:
+    """Adds `tensor` as F32, or as Q8_0 when `q8_0` and it is quantisable (its values are
+    then already Q8_0's, so that the blocks decode to them exactly)."""
+    tensor = np.ascontiguousarray(tensor, dtype=np.float32)
+    if not (q8_0 and quantisable(name, tensor)):
+        writer.add_tensor(name, tensor)
+        return
+    blocks = quants.quantize(tensor, Q8_0)
+    assert (quants.dequantize(blocks, Q8_0) == tensor).all(), name
+    writer.add_tensor(name, blocks, raw_dtype=Q8_0)
+
+
+def write(family: str, q8_0: bool = False) -> None:
+    """Writes `<family>.gguf`, or with `q8_0` `<family>-q8_0.gguf` (the quantisable
+    matrices in Q8_0) and transformers' logits for the weights its blocks decode to."""
     src = ROOT / family
     config = json.loads((src / "config.json").read_text())
+    tensors = load_file(src / "model.safetensors")
+    if q8_0:
+        tensors = {n: round_trip(t) if quantisable(n, t) else t for n, t in tensors.items()}
+        reference_logits(family, tensors)
     rope = config.get("rope_parameters") or {}
     gemma = family.startswith("gemma")
     rope = rope.get("full_attention", rope)
     arch = ARCHITECTURES[family]
-    writer = gguf.GGUFWriter(ROOT / f"{family}.gguf", arch)
+    writer = gguf.GGUFWriter(ROOT / f"{family}{'-q8_0' if q8_0 else ''}.gguf", arch)
     writer.add_name(f"tiny-{family}")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -178,9 +252,9 @@ def write(family: str) -> None:
         if rope.get("rope_type") == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(rope["factor"])
-    for name, tensor in stacked_experts(load_file(src / "model.safetensors")).items():
+    for name, tensor in stacked_experts(tensors).items():
         if name.startswith("blk."):
-            writer.add_tensor(name, np.ascontiguousarray(tensor, dtype=np.float32))
+            add(writer, name, tensor, q8_0)
             continue
         if arch == "llama" and name.endswith("q_proj.weight"):
             tensor = permute(tensor, config["num_attention_heads"])
@@ -192,13 +266,18 @@ def write(family: str) -> None:
             gname = gguf_name(name).replace("ffn_norm", "post_attention_norm")
         else:
             gname = gguf_name(name)
-        writer.add_tensor(gname, np.ascontiguousarray(tensor, dtype=np.float32))
+        add(writer, gname, tensor, q8_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
 
 
+# The families also written with Q8_0 matrices (`<family>-q8_0.gguf`).
+QUANTISED = ("phi3", "qwen2_moe")
+
 if __name__ == "__main__":
     for family in sys.argv[1:] or list(ARCHITECTURES):
         write(family)
+        if family in QUANTISED:
+            write(family, q8_0=True)
