@@ -591,8 +591,9 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, shape)| {
+            let no_tensor = || format!("GGUF files have no tensor {canonical}");
             let (name, rows) = place(canonical, &shape, &arch, &config, &by_name)
-                .ok_or_else(|| Error::format(path, format!("GGUF files have no tensor {canonical}")))?;
+                .ok_or_else(|| Error::format(path, no_tensor()))?;
             let t = by_name
                 .get(name.as_str())
                 .ok_or_else(|| Error::format(path, format!("missing tensor {name}")))?;
@@ -608,13 +609,17 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
             }
             let (shape, offset) = match rows {
                 None => (t.ne.iter().rev().copied().collect(), t.offset),
-                Some(rows) => (shape.clone(), row_offset(t, rows, &shape, enc).ok_or_else(|| {
-                    let msg = format!(
-                        "tensor {name} of ne {:?} does not hold {canonical} {shape:?} as rows {rows:?}",
-                        t.ne
-                    );
-                    Error::format(path, msg)
-                })?),
+                Some(rows) => {
+                    let offset = row_offset(t, rows, &shape, enc).ok_or_else(|| {
+                        let ne = &t.ne;
+                        let msg = format!(
+                            "tensor {name} of ne {ne:?} does not hold {canonical} {shape:?} \
+                             as rows {rows:?}"
+                        );
+                        Error::format(path, msg)
+                    })?;
+                    (shape, offset)
+                }
             };
             SourceTensor::new(canonical.to_string(), shape, enc, &map, offset, path)
         })
