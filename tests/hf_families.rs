@@ -493,15 +493,21 @@ fn qwen_gemma_and_phi3_gguf_files_run_as_transformers() {
 
 /// The mixtures as llama.cpp writes them into GGUF files (tools/gguf/make_family_ggufs.py:
 /// each layer's experts stacked into `ffn_{gate,up,down}_exps`, Mixtral as architecture
-/// `llama` with q/k permuted, Qwen2-MoE's shared expert as `*_shexp`): the experts the
+/// `llama` with q/k permuted, and again with each expert's tensors of its own as llama.cpp
+/// wrote Mixtral before stacking; Qwen2-MoE's shared expert as `*_shexp`): the experts the
 /// keys and tensors give are transformers', the logits too, in one prefill and token by
 /// token, and again from an f32 .flm file converted from the GGUF.
 #[test]
 fn mixture_gguf_files_run_as_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
-    for family in ["mixtral", "qwen3_moe", "qwen2_moe"] {
-        let path = data(&format!("hf-families/{family}.gguf"));
+    for (file, family) in [
+        ("mixtral", "mixtral"),
+        ("mixtral-per-expert", "mixtral"),
+        ("qwen3_moe", "qwen3_moe"),
+        ("qwen2_moe", "qwen2_moe"),
+    ] {
+        let path = data(&format!("hf-families/{file}.gguf"));
         let gguf = import::load(&path).unwrap();
         let hf = import::load(&data(&format!("hf-families/{family}")))
             .unwrap()
@@ -513,7 +519,7 @@ fn mixture_gguf_files_run_as_transformers() {
             (hf.qkv_bias, hf.qk_norm),
             "{family}"
         );
-        let out = dir.path().join(format!("{family}.flm"));
+        let out = dir.path().join(format!("{file}.flm"));
         convert(&gguf, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
         let want = expected(family);
         for file in [&path, &out] {

@@ -293,6 +293,17 @@ impl TensorName {
         Some((format!("blk.{l}.{name}_exps.weight"), e))
     }
 
+    /// For an expert's matrix, its own GGUF tensor in the files llama.cpp wrote before it
+    /// stacked the experts (early 2024 Mixtral conversions: `blk.{l}.ffn_gate.{e}.weight`);
+    /// `None` for other tensors.
+    pub fn gguf_per_expert(self) -> Option<String> {
+        let TensorName::Expert(l, e, p) = self else {
+            return None;
+        };
+        let name = p.names().gguf?.strip_suffix(".weight")?;
+        Some(format!("blk.{l}.{name}.{e}.weight"))
+    }
+
     /// Its name in a format naming the embedding, final norm and classifier `top`, and
     /// layer parts `{layers}.{l}.{part(names)}`.
     fn foreign(
@@ -544,6 +555,10 @@ mod tests {
             Some(("blk.1.ffn_up_exps.weight".into(), 3))
         );
         assert_eq!(wq.gguf_stacked(), None);
+        assert_eq!(
+            expert.gguf_per_expert(),
+            Some("blk.1.ffn_up.3.weight".into())
+        );
         assert_eq!(
             TensorName::Layer(2, LayerPart::SharedExpertGate).gguf(),
             Some("blk.2.ffn_gate_inp_shexp.weight".into())

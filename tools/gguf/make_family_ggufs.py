@@ -32,6 +32,8 @@ vocabulary size is given as `<architecture>.vocab_size`.
   (`mlp_only_layers`) keeps `ffn_gate`/`ffn_up`/`ffn_down`, as the converter's name map
   gives them (llama.cpp's own `qwen3moe` graph has no dense layers; flm reads a layer
   without `ffn_gate_inp` as dense).
+- `mixtral-per-expert.gguf`: Mixtral as llama.cpp wrote it before stacking the experts,
+  each expert's matrices as tensors of their own (`blk.{l}.ffn_gate.{e}.weight`, ...).
 - `phi3-q8_0.gguf` and `qwen2_moe-q8_0.gguf`: the same with every matrix whose rows fill
   32-value blocks in Q8_0 (gguf-py's quantiser; norms, routers and the shared expert's down
   projection of rows of 48 stay F32), to check that fused and stacked tensors of a block
@@ -116,14 +118,20 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def stacked_experts(tensors: dict) -> dict:
-    """The tensors with each layer's experts stacked per projection, `[n_expert, out, in]`."""
+def stacked_experts(tensors: dict, per_expert: bool = False) -> dict:
+    """The tensors with each layer's experts stacked per projection, `[n_expert, out, in]`,
+    or with `per_expert` under llama.cpp's names of before the stacking,
+    `blk.{l}.ffn_gate.{e}.weight`."""
     out, experts = {}, {}
     for name, tensor in tensors.items():
         parts = name.split(".")
         if "experts" in parts:
             i = parts.index("experts")
             layer, expert, proj = int(parts[2]), int(parts[i + 1]), parts[i + 2]
+            if per_expert:
+                stem = EXPERT_NAMES[proj].removesuffix("_exps.weight")
+                out[f"blk.{layer}.{stem}.{expert}.weight"] = tensor
+                continue
             experts.setdefault((layer, proj), {})[expert] = tensor
         else:
             out[name] = tensor
@@ -208,9 +216,11 @@ def add(writer: gguf.GGUFWriter, name: str, tensor: np.ndarray, q8_0: bool) -> N
     writer.add_tensor(name, blocks, raw_dtype=Q8_0)
 
 
-def write(family: str, q8_0: bool = False) -> None:
+def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
     """Writes `<family>.gguf`, or with `q8_0` `<family>-q8_0.gguf` (the quantisable
-    matrices in Q8_0) and transformers' logits for the weights its blocks decode to."""
+    matrices in Q8_0) and transformers' logits for the weights its blocks decode to, or with
+    `per_expert` `<family>-per-expert.gguf` (each expert's matrices as tensors of their
+    own)."""
     src = ROOT / family
     config = json.loads((src / "config.json").read_text())
     tensors = load_file(src / "model.safetensors")
@@ -221,7 +231,8 @@ def write(family: str, q8_0: bool = False) -> None:
     gemma = family.startswith("gemma")
     rope = rope.get("full_attention", rope)
     arch = ARCHITECTURES[family]
-    writer = gguf.GGUFWriter(ROOT / f"{family}{'-q8_0' if q8_0 else ''}.gguf", arch)
+    suffix = "-q8_0" if q8_0 else "-per-expert" if per_expert else ""
+    writer = gguf.GGUFWriter(ROOT / f"{family}{suffix}.gguf", arch)
     writer.add_name(f"tiny-{family}")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -252,7 +263,7 @@ def write(family: str, q8_0: bool = False) -> None:
         if rope.get("rope_type") == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(rope["factor"])
-    for name, tensor in stacked_experts(tensors).items():
+    for name, tensor in stacked_experts(tensors, per_expert).items():
         if name.startswith("blk."):
             add(writer, name, tensor, q8_0)
             continue
@@ -281,3 +292,5 @@ if __name__ == "__main__":
         write(family)
         if family in QUANTISED:
             write(family, q8_0=True)
+        if family == "mixtral":
+            write(family, per_expert=True)

@@ -297,7 +297,8 @@ fn moe(m: &Meta, g: &Gguf, arch: &str, c: &ModelConfig) -> Result<Option<MoeConf
 /// are `by_name`: the name of the file's tensor, and `None` when it is that whole tensor, or
 /// `Some((first, total))` when it is the rows `first..first + shape[0]` of a tensor of
 /// `total` rows (its dimensions past the row flattened): an expert of the layer's stacked
-/// `ffn_*_exps` `[n_experts, out, in]`, Phi-3's q, k and v of `attn_qkv` and its gate and
+/// `ffn_*_exps` `[n_experts, out, in]` (or, in files without them, its own
+/// `ffn_*.{e}` tensor, as llama.cpp wrote Mixtral before stacking), Phi-3's q, k and v of `attn_qkv` and its gate and
 /// up of `ffn_up` (gate rows first, as transformers' `chunk(2)`), or the shared expert's
 /// gate, which converters before 2025 squeezed from `[1, dim]` to `[dim]`.
 fn place(
@@ -310,6 +311,10 @@ fn place(
     use LayerPart::*;
     let rows = shape.first().copied().unwrap_or(0);
     if let Some((stacked, e)) = canonical.gguf_stacked() {
+        let own = canonical.gguf_per_expert()?;
+        if !by_name.contains_key(stacked.as_str()) && by_name.contains_key(own.as_str()) {
+            return Some((own, None));
+        }
         let n = c.moe.as_ref().map_or(0, |m| m.n_experts);
         return Some((stacked, Some((e * rows, n * rows))));
     }
