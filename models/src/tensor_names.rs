@@ -323,15 +323,17 @@ impl TensorName {
 
     /// Whether this is a matrix that quantisation is most sensitive in: the classifier,
     /// the embedding table when tied to it, the K and V projections and the FFN down
-    /// projection (llama.cpp's Q4_K_M keeps these at higher precision for the same reason),
-    /// but not the experts' down projections.
+    /// projection, the shared expert's too (llama.cpp's Q4_K_M keeps these at higher
+    /// precision for the same reason), but not the routed experts' down projections.
     pub fn is_sensitive(self, tied: bool) -> bool {
         match self {
             TensorName::Classifier => true,
             TensorName::Embedding => tied,
-            TensorName::Layer(_, p) => {
-                matches!(p, LayerPart::Wk | LayerPart::Wv | LayerPart::WDown)
-            }
+            // The shared expert is a dense feed-forward every token runs.
+            TensorName::Layer(_, p) => matches!(
+                p,
+                LayerPart::Wk | LayerPart::Wv | LayerPart::WDown | LayerPart::SharedWDown
+            ),
             // The experts are most of a mixture's bytes: int8 down projections would cost a
             // third more memory and decode time where the experts are the bottleneck.
             TensorName::Expert(..) => false,
