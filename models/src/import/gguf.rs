@@ -644,3 +644,75 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         ignored,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The experts of metadata `kv` (under `arch`) for a 2-layer model whose dense
+    /// feed-forward is 128 wide and whose layer 0 alone has a router.
+    fn experts(arch: &str, kv: &[(&str, Value)]) -> Result<Option<MoeConfig>> {
+        let meta = kv
+            .iter()
+            .map(|(k, v)| (format!("{arch}.{k}"), v.clone()))
+            .collect();
+        let router = TensorInfo {
+            name: "blk.0.ffn_gate_inp.weight".into(),
+            ne: vec![64, 4],
+            ggml_type: 0,
+            offset: 0,
+        };
+        let g = Gguf {
+            meta,
+            tensors: vec![router],
+        };
+        let m = Meta {
+            kv: &g.meta,
+            path: Path::new("test.gguf"),
+        };
+        let c = ModelConfig {
+            hidden_dim: 128,
+            n_layers: 2,
+            ..ModelConfig::default()
+        };
+        moe(&m, &g, arch, &c)
+    }
+
+    /// llama.cpp's defaults per architecture, and the routings the graph does not have
+    /// refused with their key's meaning.
+    #[test]
+    fn experts_follow_llama_cpp_and_other_routings_are_refused() {
+        let base = [
+            ("expert_count", Value::Int(4)),
+            ("expert_used_count", Value::Int(2)),
+        ];
+        assert_eq!(experts("qwen3", &[]).unwrap(), None);
+        let mixtral = experts("llama", &base).unwrap().unwrap();
+        assert_eq!(
+            (
+                mixtral.expert_dim,
+                mixtral.renormalize,
+                mixtral.dense_layers
+            ),
+            (128, true, vec![1])
+        );
+        let qwen2 = experts("qwen2moe", &base).unwrap().unwrap();
+        assert_eq!(
+            (qwen2.expert_dim, qwen2.renormalize, qwen2.shared_expert_dim),
+            (64, false, Some(128))
+        );
+        let mut normed = base.to_vec();
+        normed.push(("expert_weights_norm", Value::Bool(true)));
+        assert!(experts("qwen2moe", &normed).unwrap().unwrap().renormalize);
+        let refused = |kv: (&str, Value), needle: &str| {
+            let mut kvs = base.to_vec();
+            kvs.push(kv);
+            let err = experts("qwen3moe", &kvs).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        };
+        refused(("expert_gating_func", Value::Int(2)), "gating function 2");
+        refused(("expert_weights_scale", Value::Float(2.5)), "scaled by 2.5");
+        let err = experts("qwen3moe", &base[..1]).unwrap_err().to_string();
+        assert!(err.contains("expert_used_count"), "{err}");
+    }
+}
