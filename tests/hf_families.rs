@@ -368,7 +368,7 @@ fn llama3_scaling_in_the_transformers_4_form() {
 #[test]
 fn unsupported_family_settings_are_clear_errors() {
     type Edit = fn(&mut Value);
-    let cases: [(&str, Edit, &str); 8] = [
+    let cases: [(&str, Edit, &str); 10] = [
         (
             "llama3",
             |c| c["rope_parameters"]["rope_type"] = "yarn".into(),
@@ -407,6 +407,20 @@ fn unsupported_family_settings_are_clear_errors() {
             "decoder_sparse_step",
         ),
         ("mixtral", |c| c["num_experts_per_tok"] = 5.into(), "top_k"),
+        (
+            "qwen2_moe",
+            |c| {
+                c.as_object_mut()
+                    .unwrap()
+                    .remove("shared_expert_intermediate_size");
+            },
+            "shared_expert_intermediate_size",
+        ),
+        (
+            "qwen2_moe",
+            |c| c["use_sliding_window"] = true.into(),
+            "qwen2_moe's use_sliding_window",
+        ),
     ];
     for (family, edit, needle) in cases {
         let dir = edited_copy(family, edit);
