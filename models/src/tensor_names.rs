@@ -276,7 +276,8 @@ impl TensorName {
     }
 
     /// Its name in GGUF files (llama.cpp's `LLM_TENSOR_NAMES`), or `None` for a tensor they
-    /// do not have (the experts, which GGUF files stack into one tensor per part).
+    /// do not have on its own (the experts, which GGUF files stack into one tensor per
+    /// part: [`TensorName::gguf_stacked`]).
     pub fn gguf(self) -> Option<String> {
         let top = ["token_embd.weight", "output_norm.weight", "output.weight"];
         self.foreign(top, "blk", |n| n.gguf)
