@@ -228,6 +228,18 @@ fn row_ops_are_batch_invariant() {
             .unwrap();
             v.to_f32_vec().unwrap()
         });
+        check(&format!("GatedAdd dim={dim}"), |exec, first, n| {
+            let mut v = rows(&x, first, n);
+            // Each row's gate logit: the first value of its row of `y`.
+            let gates: Vec<f32> = (first..first + n).map(|r| y[r * dim]).collect();
+            exec.run(Op::GatedAdd {
+                x: &mut v,
+                y: &rows(&y, first, n),
+                gate: &f32_data(&[n, 1], &gates),
+            })
+            .unwrap();
+            v.to_f32_vec().unwrap()
+        });
         check(&format!("Argmax dim={dim}"), |exec, first, n| {
             let mut out = vec![u32::MAX; n];
             exec.run(Op::Argmax {
