@@ -44,11 +44,31 @@ pub enum DataType {
     /// ggml's Q6_K: super-blocks of 256 values (210 bytes: 6-bit codes, an i8 scale per 16
     /// values, an f16 `d`), 6.5625 bits per weight.
     Q6K = 12,
+    /// int4, asymmetric with an integer zero point: an f16 scale `d` and an f16 zero point
+    /// `z` (an integer in `[0, 15]`) per group of 32 values of a row, `ŵ = d · (q − z)`
+    /// (GPTQ's and AWQ's asymmetric scheme, which int4's f16 minimum `−d · z` rounds).
+    I4ZpG32 = 13,
+    /// As [`DataType::I4ZpG32`] with groups of 64.
+    I4ZpG64 = 14,
+    /// As [`DataType::I4ZpG32`] with groups of 128.
+    I4ZpG128 = 15,
+}
+
+/// How an int4 dtype gives each group's minimum `m` in `ŵ = d · q + m` (layouts in
+/// [`crate::quant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Int4Form {
+    /// An f16 minimum per group.
+    Min,
+    /// None stored: `m = −8 d` (ggml's Q4_0).
+    Symmetric,
+    /// An integer zero point `z` per group, stored as f16: `m = −d · z`.
+    ZeroPoint,
 }
 
 impl DataType {
     /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 13] = [
+    pub const ALL: [DataType; 16] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -62,6 +82,9 @@ impl DataType {
         DataType::Q4K,
         DataType::Q5K,
         DataType::Q6K,
+        DataType::I4ZpG32,
+        DataType::I4ZpG64,
+        DataType::I4ZpG128,
     ];
 
     /// Whether this is a quantised (block) type.
@@ -97,31 +120,43 @@ impl DataType {
     /// Group size of an int4 type.
     pub const fn group_size(self) -> Option<usize> {
         match self {
-            DataType::I4G32 | DataType::I4SymG32 => Some(32),
-            DataType::I4G64 | DataType::I4SymG64 => Some(64),
-            DataType::I4G128 | DataType::I4SymG128 => Some(128),
+            DataType::I4G32 | DataType::I4SymG32 | DataType::I4ZpG32 => Some(32),
+            DataType::I4G64 | DataType::I4SymG64 | DataType::I4ZpG64 => Some(64),
+            DataType::I4G128 | DataType::I4SymG128 | DataType::I4ZpG128 => Some(128),
+            _ => None,
+        }
+    }
+
+    /// How an int4 dtype stores its minimums; `None` for other dtypes.
+    pub const fn int4_form(self) -> Option<Int4Form> {
+        match self {
+            DataType::I4G32 | DataType::I4G64 | DataType::I4G128 => Some(Int4Form::Min),
+            DataType::I4SymG32 | DataType::I4SymG64 | DataType::I4SymG128 => {
+                Some(Int4Form::Symmetric)
+            }
+            DataType::I4ZpG32 | DataType::I4ZpG64 | DataType::I4ZpG128 => Some(Int4Form::ZeroPoint),
             _ => None,
         }
     }
 
     /// Whether this is a symmetric int4 type (a scale per group, no minimum).
     pub const fn is_int4_symmetric(self) -> bool {
-        matches!(
-            self,
-            DataType::I4SymG32 | DataType::I4SymG64 | DataType::I4SymG128
-        )
+        matches!(self.int4_form(), Some(Int4Form::Symmetric))
     }
 
-    /// The int4 type with groups of `group` values (32, 64 or 128), symmetric or
-    /// asymmetric; `None` for other group sizes.
-    pub const fn int4(group: usize, symmetric: bool) -> Option<DataType> {
-        Some(match (group, symmetric) {
-            (32, false) => DataType::I4G32,
-            (64, false) => DataType::I4G64,
-            (128, false) => DataType::I4G128,
-            (32, true) => DataType::I4SymG32,
-            (64, true) => DataType::I4SymG64,
-            (128, true) => DataType::I4SymG128,
+    /// The int4 type of `form` with groups of `group` values (32, 64 or 128); `None` for
+    /// other group sizes.
+    pub const fn int4(group: usize, form: Int4Form) -> Option<DataType> {
+        Some(match (group, form) {
+            (32, Int4Form::Min) => DataType::I4G32,
+            (64, Int4Form::Min) => DataType::I4G64,
+            (128, Int4Form::Min) => DataType::I4G128,
+            (32, Int4Form::Symmetric) => DataType::I4SymG32,
+            (64, Int4Form::Symmetric) => DataType::I4SymG64,
+            (128, Int4Form::Symmetric) => DataType::I4SymG128,
+            (32, Int4Form::ZeroPoint) => DataType::I4ZpG32,
+            (64, Int4Form::ZeroPoint) => DataType::I4ZpG64,
+            (128, Int4Form::ZeroPoint) => DataType::I4ZpG128,
             _ => return None,
         })
     }
@@ -153,6 +188,9 @@ impl DataType {
             DataType::Q4K => "q4_k",
             DataType::Q5K => "q5_k",
             DataType::Q6K => "q6_k",
+            DataType::I4ZpG32 => "int4-zp-g32",
+            DataType::I4ZpG64 => "int4-zp-g64",
+            DataType::I4ZpG128 => "int4-zp-g128",
         }
     }
 }
