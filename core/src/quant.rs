@@ -301,16 +301,11 @@ fn zero_point(min: f32, d: f32) -> u8 {
 /// 15`, `z = round(−min / d)`), then for each of a few candidate scales around it the zero
 /// point and codes are fixed and `d` refitted by least squares, `d = Σ (q − z) w /
 /// Σ (q − z)²`, keeping the best. Scales are rounded to f16 before they are scored. A
-/// constant group `c` takes `d = |c| / 8` and `q − z = ±8`, exact whenever `c` is an f16
-/// (as int4 and int4-sym reproduce constants).
+/// constant group `c` also tries `d = |c| / 8` and `q − z = ±8`, exact whenever `c` is an
+/// f16 (as int4 and int4-sym reproduce constants).
 fn fit_int4_zero_point(values: &[f32]) -> (f16, u8) {
     const SEARCH_STEPS: i32 = 3;
     const SEARCH_DELTA: f32 = 0.3;
-    if let Some(&c) = values.first() {
-        if values.iter().all(|&w| w == c) {
-            return (f16::from_f32(c.abs() / 8.0), if c < 0.0 { 8 } else { 0 });
-        }
-    }
     let min = values.iter().copied().fold(0.0f32, f32::min);
     let max = values.iter().copied().fold(0.0f32, f32::max);
     if max <= min {
@@ -323,6 +318,14 @@ fn fit_int4_zero_point(values: &[f32]) -> (f16, u8) {
     let d = f16::from_f32((max - min) / 15.0);
     let mut best = (d, zero_point(min, d.to_f32()));
     let mut best_err = error(best.0, best.1);
+    if values.iter().all(|&w| w == values[0]) {
+        let c = values[0];
+        let constant = (f16::from_f32(c.abs() / 8.0), if c < 0.0 { 8 } else { 0 });
+        let err = error(constant.0, constant.1);
+        if err < best_err {
+            (best, best_err) = (constant, err);
+        }
+    }
     for step in -SEARCH_STEPS..=SEARCH_STEPS {
         let d0 = (max - min) / (15.0 + step as f32 * SEARCH_DELTA);
         let z = zero_point(min, d0);
