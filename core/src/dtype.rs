@@ -44,14 +44,17 @@ pub enum DataType {
     /// ggml's Q6_K: super-blocks of 256 values (210 bytes: 6-bit codes, an i8 scale per 16
     /// values, an f16 `d`), 6.5625 bits per weight.
     Q6K = 12,
+    /// ggml's Q8_0, its bytes as they are: blocks of 32 values (34 bytes: an f16 scale `d`,
+    /// 32 int8 codes; `w = d·q`), 8.5 bits per weight (layout in [`crate::ggml`]).
+    Q80 = 13,
     /// int4, asymmetric with an integer zero point: an f16 scale `d` and an f16 zero point
     /// `z` (an integer in `[0, 15]`) per group of 32 values of a row, `ŵ = d · (q − z)`
     /// (GPTQ's and AWQ's asymmetric scheme, which int4's f16 minimum `−d · z` rounds).
-    I4ZpG32 = 13,
+    I4ZpG32 = 14,
     /// As [`DataType::I4ZpG32`] with groups of 64.
-    I4ZpG64 = 14,
+    I4ZpG64 = 15,
     /// As [`DataType::I4ZpG32`] with groups of 128.
-    I4ZpG128 = 15,
+    I4ZpG128 = 16,
 }
 
 /// How an int4 dtype gives each group's minimum `m` in `ŵ = d · q + m` (layouts in
@@ -68,7 +71,7 @@ pub enum Int4Form {
 
 impl DataType {
     /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 16] = [
+    pub const ALL: [DataType; 17] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -82,6 +85,7 @@ impl DataType {
         DataType::Q4K,
         DataType::Q5K,
         DataType::Q6K,
+        DataType::Q80,
         DataType::I4ZpG32,
         DataType::I4ZpG64,
         DataType::I4ZpG128,
@@ -89,7 +93,9 @@ impl DataType {
 
     /// Whether this is a quantised (block) type.
     pub const fn is_quantized(self) -> bool {
-        matches!(self, DataType::I8) || self.group_size().is_some() || self.is_k_quant()
+        matches!(self, DataType::I8 | DataType::Q80)
+            || self.group_size().is_some()
+            || self.is_k_quant()
     }
 
     /// Whether this is one of ggml's K-quant types, kept in ggml's super-block layout.
@@ -97,10 +103,11 @@ impl DataType {
         matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
     }
 
-    /// The ggml type whose blocks a K-quant dtype holds as they are.
+    /// The ggml type whose blocks a K-quant dtype or [`DataType::Q80`] holds as they are.
     pub const fn ggml_type(self) -> Option<crate::ggml::GgmlType> {
         use crate::ggml::GgmlType;
         match self {
+            DataType::Q80 => Some(GgmlType::Q8_0),
             DataType::Q4K => Some(GgmlType::Q4K),
             DataType::Q5K => Some(GgmlType::Q5K),
             DataType::Q6K => Some(GgmlType::Q6K),
@@ -188,6 +195,7 @@ impl DataType {
             DataType::Q4K => "q4_k",
             DataType::Q5K => "q5_k",
             DataType::Q6K => "q6_k",
+            DataType::Q80 => "q8_0",
             DataType::I4ZpG32 => "int4-zp-g32",
             DataType::I4ZpG64 => "int4-zp-g64",
             DataType::I4ZpG128 => "int4-zp-g128",

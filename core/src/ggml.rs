@@ -161,9 +161,10 @@ impl GgmlType {
     }
 
     /// The flm dtype that holds this type's blocks byte for byte (Q4_K, Q5_K, Q6_K: see
-    /// [`crate::kquant`]), so that a tensor of it is used in place.
+    /// [`crate::kquant`]; Q8_0), so that a tensor of it is used in place.
     pub const fn native_dtype(self) -> Option<DataType> {
         match self {
+            GgmlType::Q8_0 => Some(DataType::Q80),
             GgmlType::Q4K => Some(DataType::Q4K),
             GgmlType::Q5K => Some(DataType::Q5K),
             GgmlType::Q6K => Some(DataType::Q6K),

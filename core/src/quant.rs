@@ -35,6 +35,11 @@
 //! every kernel reads it ([`Int4Row::min_factor`]). Error bound of the initial fit:
 //! `|w − ŵ| ≤ |d| / 2 + 2⁻¹¹ · 8 |d|`, about `max|w| / 16` per group.
 //!
+//! **ggml's Q8_0** ([`DataType::Q80`]): blocks of [`BLOCK`] values as ggml stores them,
+//! an f16 scale `d` then 32 int8 codes (34 bytes); `d = max|w| / 127`, `q = round(w / d)`
+//! (`quantize_row_q8_0_ref`), `ŵ = d · q`. Error bound: `|w − ŵ| ≤ d / 2` plus the f16
+//! rounding of `d` (`2⁻¹¹ · 127 d`), per block.
+//!
 //! **int4, group-wise, integer zero point** ([`DataType::I4ZpG32`], `I4ZpG64`, `I4ZpG128`;
 //! the asymmetric scheme of GPTQ and AWQ, `w = scale · (q − zero)`). The layout of int4
 //! with the f16 zero point `z` (an integer in `[0, 15]`, exact in f16) where int4 has its
@@ -84,10 +89,14 @@ pub fn row_bytes(dtype: DataType, cols: usize) -> Option<usize> {
     let padded = cols.div_ceil(unit).checked_mul(unit)?;
     match dtype {
         DataType::I8 => padded.checked_add(4),
+        DataType::Q80 => (padded / BLOCK).checked_mul(Q8_0_BLOCK_BYTES),
         _ if dtype.is_k_quant() => (padded / unit).checked_mul(kquant::block_bytes(dtype)),
         _ => (padded / dtype.group_size()?).checked_mul(group_bytes(dtype)?),
     }
 }
+
+/// Bytes of one [`DataType::Q80`] block: the f16 scale and 32 codes.
+pub const Q8_0_BLOCK_BYTES: usize = 2 + BLOCK;
 
 /// Bytes of one int4 group: its codes and its f16 scale (and minimum, if asymmetric).
 fn group_bytes(dtype: DataType) -> Option<usize> {
@@ -104,6 +113,21 @@ fn absmax(x: &[f32]) -> f32 {
 pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
     if dtype.is_k_quant() {
         return kquant::quantize_row(dtype, src, dst);
+    }
+    if dtype == DataType::Q80 {
+        for (values, block) in chunks_padded(src, BLOCK).zip(dst.chunks_exact_mut(Q8_0_BLOCK_BYTES))
+        {
+            // ggml's quantize_row_q8_0_ref: codes from the f32 scale, the scale stored as f16.
+            let d = absmax(values) / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+            let (codes, pad) = block[2..].split_at_mut(values.len());
+            for (q, &w) in codes.iter_mut().zip(values) {
+                *q = (w * inv).round() as i8 as u8;
+            }
+            pad.fill(0);
+        }
+        return;
     }
     match dtype.group_size() {
         None => {
@@ -365,6 +389,18 @@ pub fn nibble(i: usize) -> (usize, u32) {
 pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
     if dtype.is_k_quant() {
         return kquant::dequantize_row(dtype, src, dst);
+    }
+    if dtype == DataType::Q80 {
+        for (out, block) in dst
+            .chunks_mut(BLOCK)
+            .zip(src.chunks_exact(Q8_0_BLOCK_BYTES))
+        {
+            let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+            for (o, &q) in out.iter_mut().zip(&block[2..]) {
+                *o = d * f32::from(q as i8);
+            }
+        }
+        return;
     }
     match dtype.group_size() {
         None => {

@@ -15,6 +15,6 @@ pub mod cuda;
 pub mod select;
 pub mod sim;
 
-pub use cpu::{CpuDevice, Isa};
+pub use cpu::{ActivationBits, CpuDevice, Isa};
 pub use select::{select, DeviceChoice, Selection};
 pub use sim::SimDevice;

@@ -101,17 +101,21 @@ fn gpu() -> Probe {
     Err(NoGpu::NotBuilt)
 }
 
-/// The devices for `choice`.
+/// The devices for `choice`, with `cpu` as the CPU device.
 ///
 /// Errors: [`Error::InvalidArgument`] for [`DeviceChoice::Cuda`] without a usable GPU
-/// (the message says why); the CPU device's own errors (`FLM_CPU_ISA`).
-pub fn select(choice: DeviceChoice) -> Result<Selection> {
-    select_from(choice, gpu)
+/// (the message says why).
+pub fn select(choice: DeviceChoice, cpu: CpuDevice) -> Result<Selection> {
+    select_from(choice, cpu, gpu)
 }
 
 /// [`select`] with the GPU probe given (asked only when `choice` is not `Cpu`).
-fn select_from(choice: DeviceChoice, gpu: impl FnOnce() -> Probe) -> Result<Selection> {
-    let cpu: Box<dyn BaseDevice> = Box::new(CpuDevice::new()?);
+fn select_from(
+    choice: DeviceChoice,
+    cpu: CpuDevice,
+    gpu: impl FnOnce() -> Probe,
+) -> Result<Selection> {
+    let cpu: Box<dyn BaseDevice> = Box::new(cpu);
     if choice == DeviceChoice::Cpu {
         return Ok(Selection {
             devices: vec![cpu],
@@ -158,20 +162,24 @@ mod tests {
         s.devices.iter().map(|d| d.name()).collect()
     }
 
+    fn cpu() -> CpuDevice {
+        CpuDevice::new().unwrap()
+    }
+
     fn no_gpu() -> Probe {
         Err(NoGpu::Unusable("libcuda.so not found".into()))
     }
 
     #[test]
     fn cpu_never_probes_the_gpu_and_prints_nothing() {
-        let s = select_from(DeviceChoice::Cpu, || panic!("probed")).unwrap();
+        let s = select_from(DeviceChoice::Cpu, cpu(), || panic!("probed")).unwrap();
         assert_eq!(names(&s), ["cpu"]);
         assert!(s.notice.is_none());
     }
 
     #[test]
     fn auto_without_a_gpu_uses_the_cpu_with_one_line_saying_why() {
-        let s = select_from(DeviceChoice::Auto, no_gpu).unwrap();
+        let s = select_from(DeviceChoice::Auto, cpu(), no_gpu).unwrap();
         assert_eq!(names(&s), ["cpu"]);
         assert_eq!(
             s.notice.as_deref(),
@@ -181,10 +189,10 @@ mod tests {
 
     #[test]
     fn auto_in_a_build_without_gpu_support_is_silent() {
-        let s = select_from(DeviceChoice::Auto, || Err(NoGpu::NotBuilt)).unwrap();
+        let s = select_from(DeviceChoice::Auto, cpu(), || Err(NoGpu::NotBuilt)).unwrap();
         assert_eq!(names(&s), ["cpu"]);
         assert!(s.notice.is_none());
-        let err = select_from(DeviceChoice::Cuda, || Err(NoGpu::NotBuilt))
+        let err = select_from(DeviceChoice::Cuda, cpu(), || Err(NoGpu::NotBuilt))
             .err()
             .unwrap();
         assert_eq!(
@@ -195,7 +203,9 @@ mod tests {
 
     #[test]
     fn cuda_without_a_gpu_is_an_error_saying_why() {
-        let err = select_from(DeviceChoice::Cuda, no_gpu).err().unwrap();
+        let err = select_from(DeviceChoice::Cuda, cpu(), no_gpu)
+            .err()
+            .unwrap();
         assert_eq!(
             err.to_string(),
             "invalid argument: --device cuda: no CUDA GPU (libcuda.so not found)"
@@ -210,7 +220,7 @@ mod tests {
                 Some(1e12),
             ))
         };
-        let s = select_from(DeviceChoice::Auto, gpu).unwrap();
+        let s = select_from(DeviceChoice::Auto, cpu(), gpu).unwrap();
         assert_eq!(s.devices.len(), 2);
         assert_eq!(s.gpu_peak_bandwidth, Some(1e12));
         assert!(s.notice.is_none());

@@ -17,7 +17,7 @@ mod common;
 
 use common::*;
 use flm_core::{DataType, Executor, Expert, Op, RopeStyle, RopeTable};
-use flm_devices::{CpuDevice, Isa};
+use flm_devices::{ActivationBits, CpuDevice, Isa};
 
 /// Batch sizes: 1, odd sizes that leave partial tiles, the AMX threshold (8), above 128.
 const BATCHES: [usize; 9] = [1, 2, 3, 5, 8, 13, 17, 33, 130];
@@ -52,13 +52,18 @@ fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
 /// Checks the op `batch(executor, first, n)`, which computes pool rows `first..first + n` in
 /// one call and returns their `[n, width]` outputs, at every level and thread count.
 fn check(what: &str, batch: impl Fn(&Executor, usize, usize) -> Vec<f32> + Sync) {
+    check_with(ActivationBits::Int8, what, batch)
+}
+
+/// [`check`] on CPU devices whose quantised Linears use `bits` activations.
+fn check_with(
+    bits: ActivationBits,
+    what: &str,
+    batch: impl Fn(&Executor, usize, usize) -> Vec<f32> + Sync,
+) {
     for isa in levels() {
-        let exec = Executor::with_profiling(
-            vec![Box::new(
-                CpuDevice::with_isa(isa).expect("a supported level"),
-            )],
-            false,
-        );
+        let cpu = CpuDevice::with_isa(isa).expect("a supported level");
+        let exec = Executor::with_profiling(vec![Box::new(cpu.with_activation_bits(bits))], false);
         exec.require_batch_invariance();
         let mut alone: Vec<Vec<f32>> = Vec::new();
         for threads in [1, 2] {
@@ -98,12 +103,22 @@ fn check(what: &str, batch: impl Fn(&Executor, usize, usize) -> Vec<f32> + Sync)
 /// one AVX-512 vector, several 512-column panels, rows longer than the 2048 columns of
 /// TinyLlama's attention (4500, ending in a partial chunk), and serial and parallel calls.
 fn linear_is_batch_invariant(dtype: DataType) {
+    linear_is_batch_invariant_with(ActivationBits::Int8, dtype)
+}
+
+/// The same with 16-bit activations, whose residual rows double the kernels' input rows.
+fn linear_is_batch_invariant_with_16_bit_activations(dtype: DataType) {
+    linear_is_batch_invariant_with(ActivationBits::Int16, dtype)
+}
+
+fn linear_is_batch_invariant_with(bits: ActivationBits, dtype: DataType) {
     for (k, m) in [(13, 19), (300, 67), (1100, 150), (4500, 21)] {
         let mut rng = rng(k as u64 * 1000 + m as u64);
         let (_, x) = random_f32(&mut rng, &[POOL, k], 1.0);
         let (w, _) = random_weight(&mut rng, &[m, k], dtype);
         let (bias, _) = random_f32(&mut rng, &[m], 1.0);
-        check(&format!("Linear {dtype} k={k} m={m}"), |exec, first, n| {
+        let what = format!("Linear {dtype} k={k} m={m}, {bits}-bit activations");
+        check_with(bits, &what, |exec, first, n| {
             let mut out = nan_output(&[n, m]);
             exec.run(Op::Linear {
                 input: &f32_data(&[n, k], &x[first * k..(first + n) * k]),
@@ -120,8 +135,9 @@ fn linear_is_batch_invariant(dtype: DataType) {
 // Q5_K differs from Q4_K only in unpacking its codes (isa_twins covers it): left out to
 // keep the emulated aarch64 runs of CI short.
 dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4g128: I4G128, i4sg32: I4SymG32,
-    i4zg32: I4ZpG32, q4_k: Q4K, q6_k: Q6K]
+    i4zg32: I4ZpG32, q4_k: Q4K, q6_k: Q6K, q8_0: Q80]
     linear_is_batch_invariant);
+dtype_tests!([i8: I8, i4g32: I4G32, q4_k: Q4K] linear_is_batch_invariant_with_16_bit_activations);
 
 /// The routed experts with every weight dtype: each expert runs over the rows routed to it
 /// in the call, so a row's experts see other rows beside it in a batch and none alone.

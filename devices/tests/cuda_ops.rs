@@ -124,7 +124,8 @@ fn linear_tol(dtype: DataType) -> f32 {
 gpu_tests! {
     linear_every_dtype_decode_and_prefill(gpu) {
         let mut r = rng(1);
-        for dtype in DataType::ALL {
+        // ggml's Q8_0 has no CUDA kernel yet: its ops run on the CPU.
+        for dtype in DataType::ALL.into_iter().filter(|&d| d != DataType::Q80) {
             for (n, k, m) in [(1, 4096, 300), (1, 333, 77), (5, 1000, 129), (17, 64, 3)] {
                 let x = random(&mut r, &[n, k], 1.0);
                 let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
@@ -162,7 +163,7 @@ gpu_tests! {
     embedding_every_dtype(gpu) {
         let mut r = rng(3);
         let tokens = [0u32, 17, 99, 17, 5];
-        for dtype in DataType::ALL {
+        for dtype in DataType::ALL.into_iter().filter(|&d| d != DataType::Q80) {
             let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
             compare!(&format!("Embedding {dtype}"), &gpu, &nan(&[5, 333]), 1e-6, None, |o| {
                 Op::Embedding { table: &table, tokens: &tokens, output: o }

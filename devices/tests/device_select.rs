@@ -3,20 +3,20 @@
 //! both, `cuda` is an error giving the reason. On a machine with a GPU and the feature,
 //! `auto` puts the CUDA device first.
 
-use flm_devices::{select, DeviceChoice};
+use flm_devices::{select, CpuDevice, DeviceChoice};
 
 #[test]
 fn auto_and_cuda_follow_what_this_machine_has() {
-    let auto = select(DeviceChoice::Auto).unwrap();
+    let auto = select(DeviceChoice::Auto, CpuDevice::new().unwrap()).unwrap();
     let names: Vec<_> = auto.devices.iter().map(|d| d.name()).collect();
     if names == ["cuda", "cpu"] {
         eprintln!("a CUDA GPU is present: the fallback path is not exercised here");
         assert!(auto.notice.is_none());
-        assert!(select(DeviceChoice::Cuda).is_ok());
+        assert!(select(DeviceChoice::Cuda, CpuDevice::new().unwrap()).is_ok());
         return;
     }
     assert_eq!(names, ["cpu"]);
-    let err = select(DeviceChoice::Cuda)
+    let err = select(DeviceChoice::Cuda, CpuDevice::new().unwrap())
         .err()
         .expect("--device cuda without a GPU fails");
     if !cfg!(feature = "cuda") {

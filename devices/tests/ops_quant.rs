@@ -6,15 +6,17 @@
 //! Two references: the same scheme written here from the doc (dequantised weights, inputs
 //! quantised per block in the test), which the kernel must match up to f32 accumulation
 //! error; and the unquantised f32 product, which it must match within the documented
-//! quantisation error bounds.
+//! quantisation error bounds. With 16-bit activations (`ActivationBits::Int16`), the
+//! dequantised weights' product with the unquantised inputs, within the residual's bound.
 
 #[macro_use]
 mod common;
 
 use common::*;
 use flm_core::quant::{padded_cols, BLOCK};
-use flm_core::{Data, DataType, Int4Form, Op};
+use flm_core::{Data, DataType, Executor, Int4Form, Op};
 use flm_devices::cpu::PARALLEL_MIN_WORK;
+use flm_devices::{ActivationBits, CpuDevice};
 
 /// The input rows `[n, k]` quantised as the doc says: per block of 32 (zero-padded to
 /// `padded_cols`), `a = max|x| / 127`, `q = round(x / a)`, `x̂ = a·q`. Returns `x̂` without
@@ -41,16 +43,29 @@ fn quantise_inputs(dtype: DataType, x: &[f32], k: usize) -> (Vec<f64>, Vec<f64>)
 
 /// Runs `Op::Linear` on f32 `x [n, k]`, `weight [m, k]` and an optional f32 bias.
 fn run_linear(x: &[f32], weight: &Data, bias: Option<&[f32]>, n: usize) -> Vec<f32> {
+    run_linear_with(ActivationBits::Int8, x, weight, bias, n)
+}
+
+/// [`run_linear`] on a CPU device whose activations are `bits`.
+fn run_linear_with(
+    bits: ActivationBits,
+    x: &[f32],
+    weight: &Data,
+    bias: Option<&[f32]>,
+    n: usize,
+) -> Vec<f32> {
     let (m, k) = (weight.rows(), weight.cols());
     let bias = bias.map(|b| f32_data(&[m], b));
     let mut out = nan_output(&[n, m]);
-    run(Op::Linear {
-        input: &f32_data(&[n, k], x),
-        weight,
-        bias: bias.as_ref(),
-        output: &mut out,
-    })
-    .unwrap();
+    let cpu = CpuDevice::new().unwrap().with_activation_bits(bits);
+    Executor::with_profiling(vec![Box::new(cpu)], false)
+        .run(Op::Linear {
+            input: &f32_data(&[n, k], x),
+            weight,
+            bias: bias.as_ref(),
+            output: &mut out,
+        })
+        .unwrap();
     out.as_f32().unwrap().to_vec()
 }
 
@@ -263,7 +278,49 @@ fn constant_rows_are_reproduced(dtype: DataType) {
     }
 }
 
+/// With 16-bit activations each input block is its int8 codes plus the int8 codes of the
+/// residual `r = x − a·q`, `|r| ≤ a/2`, so `|Δx| ≤ (a/2)/127/2 = a/508`: the output is
+/// `Σ ŵ·x` on the dequantised weights within `Σ|ŵ|·a/508`, plus f32 accumulation error.
+/// int8 activations exceed that bound somewhere, so the check has teeth.
+fn sixteen_bit_activations_match_the_dequantised_product(dtype: DataType) {
+    let mut rng = rng(0xa1);
+    let mut int8_exceeds = false;
+    for &(n, k, m) in &[(1, 33, 17), (5, 257, 9), (1, 4096, 67), (3, 1000, 40)] {
+        let (_, x) = random_f32(&mut rng, &[n, k], 1.0);
+        let (w_data, w_hat) = random_weight(&mut rng, &[m, k], dtype);
+        let (_, a) = quantise_inputs(dtype, &x, k);
+        let (mut want, mut tol) = (vec![0.0; n * m], vec![0.0; n * m]);
+        for i in 0..n {
+            for j in 0..m {
+                let (mut y, mut bound, mut mag) = (0.0f64, 0.0f64, 0.0f64);
+                for c in 0..k {
+                    let w = w_hat[j * k + c] as f64;
+                    y += w * x[i * k + c] as f64;
+                    mag += (w * x[i * k + c] as f64).abs();
+                    bound += w.abs() * a[i * k + c] / 508.0;
+                }
+                want[i * m + j] = y;
+                tol[i * m + j] = bound * 1.01 + 1e-5 * mag + 1e-6;
+            }
+        }
+        let got = run_linear_with(ActivationBits::Int16, &x, &w_data, None, n);
+        let what = format!("Linear {dtype} n={n} k={k} m={m}, 16-bit activations");
+        assert_close(&what, &got, &want, |i| tol[i]);
+        let int8 = run_linear(&x, &w_data, None, n);
+        int8_exceeds |= int8
+            .iter()
+            .zip(&want)
+            .enumerate()
+            .any(|(i, (&g, &w))| (g as f64 - w).abs() > tol[i]);
+    }
+    assert!(
+        int8_exceeds,
+        "{dtype}: int8 activations were within the 16-bit bound"
+    );
+}
+
 quant_dtype_tests!(
+    sixteen_bit_activations_match_the_dequantised_product,
     linear_matches_quantised_scheme,
     linear_parallel_matches_quantised_scheme,
     linear_within_quantisation_bounds,
@@ -271,13 +328,14 @@ quant_dtype_tests!(
     constant_rows_are_reproduced,
 );
 
-/// ggml's K-quants (their weights dequantised as gguf-py decodes them, `flm_core::kquant`):
+/// ggml's K-quants and Q8_0 (their weights dequantised as gguf-py decodes them):
 /// the kernels dot runs of 32 weights against the same int8 input blocks, so the same
 /// scheme, in parallel too, and exact zeros.
 fn k_quant_linear_matches_quantised_scheme(dtype: DataType) {
     linear_matches_quantised_scheme(dtype);
     linear_parallel_matches_quantised_scheme(dtype);
     zeros_give_exact_bias(dtype);
+    sixteen_bit_activations_match_the_dequantised_product(dtype);
 }
 
-dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K] k_quant_linear_matches_quantised_scheme);
+dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K, q8_0: Q80] k_quant_linear_matches_quantised_scheme);

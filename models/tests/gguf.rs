@@ -12,7 +12,7 @@ mod damaged;
 use std::path::PathBuf;
 
 use flm_core::{argmax, Executor, RopeStyle};
-use flm_devices::CpuDevice;
+use flm_devices::{ActivationBits, CpuDevice};
 use flm_models::import::{self, Checkpoint, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::Graph;
@@ -51,12 +51,13 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn exec() -> Executor {
-    Executor::with_profiling(
-        vec![Box::new(
-            CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has"),
-        )],
-        false,
-    )
+    exec_with(ActivationBits::Int8)
+}
+
+/// A CPU executor whose quantised Linears use `bits` activations.
+fn exec_with(bits: ActivationBits) -> Executor {
+    let cpu = CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has");
+    Executor::with_profiling(vec![Box::new(cpu.with_activation_bits(bits))], false)
 }
 
 #[test]
@@ -123,10 +124,15 @@ fn logits_file(rel: &str) -> Vec<f32> {
 /// Teacher-forced logits `[8, 512]` of `model_rel` against the logits file `expected`:
 /// the largest absolute error and whether every row keeps its argmax.
 fn logits_error(model_rel: &str, expected: &str) -> (f32, bool) {
+    logits_error_with(ActivationBits::Int8, model_rel, expected)
+}
+
+/// [`logits_error`] with `bits` activations.
+fn logits_error_with(bits: ActivationBits, model_rel: &str, expected: &str) -> (f32, bool) {
     let input = ids(&reference()["logits_file"]["input_ids"]);
     let expected = logits_file(expected);
     let got = model(model_rel)
-        .forward(&exec(), &input, 0, Logits::All)
+        .forward(&exec_with(bits), &input, 0, Logits::All)
         .unwrap()
         .to_vec();
     assert_eq!(got.len(), expected.len());
@@ -145,16 +151,31 @@ fn q8_0_logits_stay_close_to_fp32() {
     let (err, _) = logits_error(F32, HF_LOGITS);
     assert!(err < 1e-4, "the f32 file is exact: {err}");
     // The same weights as the gguf package decodes them, run by an independent NumPy
-    // forward pass (make_stories260k_gguf.py): only f32-vs-f64 arithmetic differs.
-    let (err, _) = logits_error(Q8_0, "gguf/stories260K-q8_0_logits_f32le.bin");
-    assert!(err < 1e-4, "Q8_0 against NumPy on the same weights: {err}");
+    // forward pass (make_stories260k_gguf.py): decoded to f32 first, only f32-vs-f64
+    // arithmetic differs. Used in place as q8_0 the weights are dotted against int8
+    // activations (as ggml dots Q8_0 against Q8_0), which moves logits of up to 19 by
+    // 0.22 (measured; the bound is 0.3) and keeps every argmax; with 16-bit activations
+    // by 0.0007 (measured; the bound is 0.002).
+    let expected = "gguf/stories260K-q8_0_logits_f32le.bin";
+    let err = f32_decoded_error(&load(Q8_0), expected);
+    assert!(err < 1e-4, "Q8_0 decoded to f32 against NumPy: {err}");
+    let (err, same_argmax) = logits_error(Q8_0, expected);
+    assert!(
+        err < 0.3 && same_argmax,
+        "Q8_0 as q8_0 against NumPy: {err}"
+    );
+    let (err, _) = logits_error_with(ActivationBits::Int16, Q8_0, expected);
+    assert!(
+        err < 2e-3,
+        "Q8_0 as q8_0, 16-bit activations, against NumPy: {err}"
+    );
     // Against transformers' fp32 logits (|x| up to 19.5) the quantisation itself moves
     // them: Q8_0 rounds each weight by up to half a step of 1/127 of its block's absmax.
-    // The NumPy pass on the dequantised weights measures that at 0.208, the bound is 0.25;
+    // The NumPy pass on the dequantised weights measures that at 0.208, the bound is 0.3;
     // a misread block (swapped halves, a wrong scale) gives errors of several units. The
     // greedy choice must not change.
     let (err, same_argmax) = logits_error(Q8_0, HF_LOGITS);
-    assert!(err < 0.25, "Q8_0 max abs logit error {err}");
+    assert!(err < 0.3, "Q8_0 max abs logit error {err}");
     assert!(same_argmax, "Q8_0 changes a greedy choice");
 }
 
@@ -248,15 +269,16 @@ fn q4_1_and_q5_1_logits_match_numpy_on_the_same_weights() {
     }
 }
 
-/// Q4_0 tensors load as int4-sym-g32 and Q8_0 ones as f32 ([`import::Encoding::load_dtype`]),
-/// decoded from the file (not views of it); the F16 `ffn_down` stays a view.
+/// Q4_0 tensors load as int4-sym-g32 and Q4_1 ones as int4-g32, repacked from the file
+/// ([`import::Encoding::load_dtype`]); Q8_0 ones as q8_0 and the F16 `ffn_down` are views
+/// of it.
 #[test]
 fn ggml_tensors_load_in_their_flm_dtypes() {
     use flm_core::DataType;
-    for (rel, dtype) in [
-        (Q4_0, DataType::I4SymG32),
-        (Q4_1, DataType::I4G32),
-        (Q8_0, DataType::F32),
+    for (rel, dtype, mapped) in [
+        (Q4_0, DataType::I4SymG32, false),
+        (Q4_1, DataType::I4G32, false),
+        (Q8_0, DataType::Q80, true),
     ] {
         let ckpt = load(rel);
         let wq = ckpt
@@ -264,7 +286,7 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
             .unwrap()
             .load()
             .unwrap();
-        assert_eq!((wq.dtype(), wq.is_mapped()), (dtype, false), "{rel}");
+        assert_eq!((wq.dtype(), wq.is_mapped()), (dtype, mapped), "{rel}");
         let down = ckpt
             .tensor("layers.0.w_down".parse().unwrap())
             .unwrap()
@@ -275,14 +297,9 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
             (DataType::F16, true),
             "{rel}"
         );
-        assert!(
-            ckpt.load_notes().iter().all(|n| n.contains("Q8_0")),
-            "{rel}"
-        );
+        let notes = ckpt.load_notes();
+        assert!(notes.is_empty(), "{rel}: nothing is lost: {notes:?}");
     }
-    let notes = load(Q8_0).load_notes();
-    assert_eq!(notes.len(), 1, "{notes:?}");
-    assert!(notes[0].starts_with("31 Q8_0 tensors (8.50 bits/weight) are dequantised to f32"));
     let q5_1 = load(Q5_1);
     let wq = q5_1
         .tensor("layers.0.wq".parse().unwrap())
@@ -303,18 +320,20 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
 /// `flm convert` without a dtype ([`Recipe::Keep`]) writes each tensor of the Q4_0 file in
 /// the dtype it loads as, so the .flm model computes the GGUF model's logits bit for bit.
 #[test]
-fn q4_0_converts_to_flm_keeping_each_tensors_type() {
+fn q4_0_and_q8_0_convert_to_flm_keeping_each_tensors_type() {
     use flm_core::DataType;
-    keeps_types_and_logits(
-        load(Q4_0),
-        Q4_0,
-        &[
-            ("embedding", DataType::I4SymG32),
-            ("layers.0.wq", DataType::I4SymG32),
-            ("layers.0.w_down", DataType::F16),
-            ("layers.0.attn_norm", DataType::F32),
-        ],
-    );
+    for (rel, dtype) in [(Q4_0, DataType::I4SymG32), (Q8_0, DataType::Q80)] {
+        keeps_types_and_logits(
+            load(rel),
+            rel,
+            &[
+                ("embedding", dtype),
+                ("layers.0.wq", dtype),
+                ("layers.0.w_down", DataType::F16),
+                ("layers.0.attn_norm", DataType::F32),
+            ],
+        );
+    }
 }
 
 /// Converts `ckpt` (the file `rel`) to .flm with [`Recipe::Keep`]: the tensors `types`

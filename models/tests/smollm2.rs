@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use flm_core::Executor;
-use flm_devices::CpuDevice;
+use flm_devices::{ActivationBits, CpuDevice};
 use flm_models::{eval, import, session};
 use flm_tokenizer::{Message, Tokenizer};
 use serde_json::Value;
@@ -46,8 +46,10 @@ fn ids(v: &Value) -> Vec<u32> {
     list.iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-fn exec() -> Executor {
-    Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false)
+/// A CPU executor whose int4 kernels dot the weights against `bits` activations.
+fn exec(bits: ActivationBits) -> Executor {
+    let cpu = CpuDevice::new().unwrap().with_activation_bits(bits);
+    Executor::with_profiling(vec![Box::new(cpu)], false)
 }
 
 #[test]
@@ -72,16 +74,16 @@ fn tokenizer_and_chat_prompt_equal_transformers() {
     assert_eq!(prompt.ids, ids(&chat["ids"]));
 }
 
-#[test]
-fn teacher_forced_top1_and_perplexity_match_transformers() {
-    let Some(path) = gguf() else { return };
+/// Teacher-forced top-1 agreement with transformers and perplexity over the reference text,
+/// with `bits` activations.
+fn teacher_forced(path: &std::path::Path, bits: ActivationBits) -> (f64, f64) {
     let r = reference();
     let text = &r["text"];
     let tokens = ids(&text["ids"]);
     let want_top1 = ids(&text["argmax"]);
-    let (model, _) = session::load_model(&path, None, Some(tokens.len())).unwrap();
+    let (model, _) = session::load_model(path, None, Some(tokens.len())).unwrap();
     let mut model = model.instance().unwrap();
-    let got = eval::teacher_forced(&mut model, &exec(), &tokens, tokens.len()).unwrap();
+    let got = eval::teacher_forced(&mut model, &exec(bits), &tokens, tokens.len()).unwrap();
     let agree = got
         .predictions
         .iter()
@@ -90,34 +92,49 @@ fn teacher_forced_top1_and_perplexity_match_transformers() {
         .count();
     let agreement = agree as f64 / got.predictions.len() as f64;
     let (ppl, want_ppl) = (got.perplexity(), text["perplexity"].as_f64().unwrap());
+    let ppl_change = ppl / want_ppl - 1.0;
     eprintln!(
-        "top-1 agreement {agree}/{} = {:.2}%, perplexity {ppl:.4} (transformers {want_ppl:.4}, {:+.2}%)",
+        "{bits}-bit activations: top-1 agreement {agree}/{} = {:.2}%, perplexity {ppl:.4} \
+         (transformers {want_ppl:.4}, {:+.2}%)",
         got.predictions.len(),
         100.0 * agreement,
-        100.0 * (ppl / want_ppl - 1.0)
+        100.0 * ppl_change
     );
-    // The weights are the file's Q4_1 values exactly (repacked as int4-g32); what differs
-    // from transformers' f32 pass is the int8 quantisation of the activations the int4
-    // kernels dot them against (as ggml dots Q4_1 against Q8_1). Measured: 975/999 =
-    // 97.6% (the issue asks 98%), perplexity +0.26%; the same weights decoded to f32 in
-    // flm give 999/999 and transformers' perplexity to 5 digits, so the gap is the
-    // activations' rounding, which SmolLM2's few very large activations make coarse in
-    // their 32-value blocks. The text has many near ties: at 63 of the 999 positions
-    // transformers' top two logits are within 0.1 of each other (161 within 0.25). The
-    // bound keeps the measured level.
-    assert!(agreement >= 0.97, "top-1 agreement {agreement}");
-    assert!(
-        (ppl / want_ppl - 1.0).abs() <= 0.02,
-        "perplexity {ppl} vs {want_ppl}"
-    );
+    (agreement, ppl_change)
+}
+
+// The weights are the file's values exactly (Q4_1 repacked as int4-g32, the Q8_0 embedding
+// and classifier used in place); what differs from transformers' f32 pass is the rounding
+// of the activations the integer kernels dot the weights against.
+
+#[test]
+fn teacher_forced_top1_and_perplexity_match_transformers_with_16_bit_activations() {
+    let Some(path) = gguf() else { return };
+    // Measured: 999/999, perplexity +0.00%.
+    let (agreement, ppl_change) = teacher_forced(&path, ActivationBits::Int16);
+    assert!(agreement >= 0.98, "top-1 agreement {agreement}");
+    assert!(ppl_change.abs() <= 0.02, "perplexity {ppl_change:+}");
 }
 
 #[test]
-fn greedy_tokens_equal_transformers_on_most_prompts() {
+fn teacher_forced_top1_with_int8_activations_beats_llama_cpp() {
     let Some(path) = gguf() else { return };
+    // int8 blocks of 32, as ggml dots Q4_1 against Q8_1. Measured: 970/999 = 97.1%,
+    // perplexity +0.42%; llama.cpp on the same file and text gives 964/999 = 96.5%
+    // (tools/gguf/llamacpp_top1.cpp). SmolLM2's few very large activations make their
+    // blocks' codes coarse, and the text has many near ties: at 63 of the 999 positions
+    // transformers' top two logits are within 0.1 of each other.
+    let (agreement, ppl_change) = teacher_forced(&path, ActivationBits::Int8);
+    assert!(agreement >= 0.97, "top-1 agreement {agreement}");
+    assert!(ppl_change.abs() <= 0.02, "perplexity {ppl_change:+}");
+}
+
+/// How many of the reference's chat prompts give transformers' 8 greedy tokens with `bits`
+/// activations.
+fn greedy_prompts_equal(path: &std::path::Path, bits: ActivationBits) -> usize {
     let r = reference();
-    let (shared, _) = session::load_model(&path, None, Some(256)).unwrap();
-    let exec = exec();
+    let (shared, _) = session::load_model(path, None, Some(256)).unwrap();
+    let exec = exec(bits);
     let cases = r["greedy"].as_array().unwrap();
     let mut equal = 0;
     for case in cases {
@@ -137,13 +154,27 @@ fn greedy_tokens_equal_transformers_on_most_prompts() {
                 .to_vec();
         }
         let same = out.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!("{}: {same}/8 greedy tokens equal", case["question"]);
+        eprintln!(
+            "{bits}-bit activations, {}: {same}/8 greedy tokens equal",
+            case["question"]
+        );
         equal += usize::from(same == want.len());
     }
-    // Measured: 2 of the 5 prompts give transformers' 8 tokens, a third its first 6; the
-    // two others differ from the first token, where transformers' top two logits are
-    // 0.09 apart ("The" 25.33 against "[" 25.24, France) and 0.12 apart (haiku), while
-    // the int8 activations (see the test above) move the logits by up to about 1. The
-    // issue asks for most prompts; this keeps the measured level.
-    assert!(equal >= 2, "{equal} of {} prompts", cases.len());
+    equal
+}
+
+#[test]
+fn greedy_tokens_equal_transformers_on_most_prompts() {
+    let Some(path) = gguf() else { return };
+    // Measured: all 5 prompts with 16-bit activations. With int8 activations 3 of them
+    // (llama.cpp: 2, a third its first 6): the two others differ from the first token, where
+    // transformers' top two logits are 0.09 apart ("The" 25.33 against "[" 25.24, France)
+    // and 0.12 apart (haiku), while int8 rounding moves the logits by up to about 1.
+    let precise = greedy_prompts_equal(&path, ActivationBits::Int16);
+    assert!(
+        precise >= 4,
+        "{precise} of 5 prompts with 16-bit activations"
+    );
+    let int8 = greedy_prompts_equal(&path, ActivationBits::Int8);
+    assert!(int8 >= 2, "{int8} of 5 prompts with int8 activations");
 }

@@ -48,7 +48,7 @@ use std::ops::Range;
 use flm_core::{quant, Data, LinearPart, Result};
 use rayon::prelude::*;
 
-use super::qlinear::{self, QuantWeight};
+use super::qlinear::{self, LinearLevel, QuantWeight};
 use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::{dot, WeightRows};
 use super::{schedule, scratch};
@@ -85,19 +85,23 @@ thread_local! {
 /// `output[n, m] = input[n, k] · weight[m, k]ᵀ + bias[m]` (see [`flm_core::Op::Linear`]);
 /// f32 activations, weights f32, f16, bf16, int8 or int4.
 pub(crate) fn linear(
-    isa: Isa,
+    level: LinearLevel,
     input: &Data,
     weight: &Data,
     bias: Option<&Data>,
     output: &mut Data,
 ) -> Result<()> {
-    linears(isa, input, &mut [LinearPart::new(weight, bias, output)])
+    linears(level, input, &mut [LinearPart::new(weight, bias, output)])
 }
 
 /// Each part's Linear over `input` (see [`flm_core::Op::Linears`]). Consecutive parts with
 /// quantised weights of one dtype go to `qlinear` together, which quantises the input
 /// once and splits all their rows over the threads at once; others run one at a time.
-pub(crate) fn linears(isa: Isa, input: &Data, parts: &mut [LinearPart<'_>]) -> Result<()> {
+pub(crate) fn linears(
+    level: LinearLevel,
+    input: &Data,
+    parts: &mut [LinearPart<'_>],
+) -> Result<()> {
     let (n, k) = (input.rows(), input.cols());
     if n == 0 {
         return Ok(());
@@ -107,10 +111,10 @@ pub(crate) fn linears(isa: Isa, input: &Data, parts: &mut [LinearPart<'_>]) -> R
     for run in parts.chunk_by_mut(same) {
         for group in run.chunks_mut(schedule::MAX_PARTS) {
             if group[0].weight.dtype().is_quantized() {
-                quant_group(isa, x, n, k, group)?;
+                quant_group(level, x, n, k, group)?;
             } else {
                 for part in group {
-                    float_part(isa, x, n, k, part)?;
+                    float_part(level.isa, x, n, k, part)?;
                 }
             }
         }
@@ -130,7 +134,7 @@ fn bias_f32(bias: Option<&Data>) -> Result<Option<Cow<'_, [f32]>>> {
 /// Up to [`schedule::MAX_PARTS`] parts with quantised weights of one dtype, in one call of
 /// [`qlinear::linear`].
 fn quant_group(
-    isa: Isa,
+    level: LinearLevel,
     x: &[f32],
     n: usize,
     k: usize,
@@ -168,7 +172,7 @@ fn quant_group(
     for (o, part) in outs.iter_mut().zip(group.iter_mut()) {
         *o = part.output.as_f32_mut()?;
     }
-    qlinear::linear(isa, x, n, k, &ws[..p], &biases[..p], &mut outs[..p])
+    qlinear::linear(level, x, n, k, &ws[..p], &biases[..p], &mut outs[..p])
 }
 
 /// One part with float weights.

@@ -27,6 +27,8 @@ use flm_core::{BaseDevice, CheckedOp, Error, Op, Result};
 use rayon::prelude::*;
 
 pub use isa::Isa;
+pub use qlinear::ActivationBits;
+use qlinear::LinearLevel;
 
 /// Ops with fewer multiply-adds than this run on one thread.
 pub const PARALLEL_MIN_WORK: usize = 1 << 17;
@@ -39,9 +41,13 @@ pub const PARALLEL_MIN_WORK: usize = 1 << 17;
 /// in another order than the AMX tiles of prefill, until
 /// [`BaseDevice::require_batch_invariance`] switches it to kernels that sum in the tiles'
 /// order (about 30% slower for int4 decode).
+///
+/// int8, int4 and K-quant weights are dotted against activations quantised to
+/// [`ActivationBits`], int8 unless [`CpuDevice::with_activation_bits`] says otherwise.
 #[derive(Debug)]
 pub struct CpuDevice {
     isa: Isa,
+    activations: ActivationBits,
     batch_invariant: AtomicBool,
 }
 
@@ -62,10 +68,19 @@ impl CpuDevice {
         if isa.is_supported() {
             Ok(CpuDevice {
                 isa,
+                activations: ActivationBits::Int8,
                 batch_invariant: AtomicBool::new(false),
             })
         } else {
             Err(Error::InvalidArgument(format!("this CPU lacks {isa}")))
+        }
+    }
+
+    /// This device with quantised weights dotted against `activations`.
+    pub fn with_activation_bits(self, activations: ActivationBits) -> CpuDevice {
+        CpuDevice {
+            activations,
+            ..self
         }
     }
 
@@ -74,16 +89,25 @@ impl CpuDevice {
         self.isa
     }
 
-    /// The level of a Linear over `n` input rows: AMX decode takes the AVX-512 kernels
-    /// unless batch invariance was asked for (see [`CpuDevice`]).
-    fn linear_isa(&self, n: usize) -> Isa {
-        if self.isa == Isa::Amx
+    /// The precision of the activations quantised weights are dotted against.
+    pub fn activation_bits(&self) -> ActivationBits {
+        self.activations
+    }
+
+    /// How a Linear over `n` input rows runs: AMX decode takes the AVX-512 kernels unless
+    /// batch invariance was asked for (see [`CpuDevice`]).
+    fn linear_level(&self, n: usize) -> LinearLevel {
+        let isa = if self.isa == Isa::Amx
             && n < qlinear::AMX_MIN_ROWS
             && !self.batch_invariant.load(Ordering::Relaxed)
         {
             Isa::Avx512
         } else {
             self.isa
+        };
+        LinearLevel {
+            isa,
+            activations: self.activations,
         }
     }
 }
@@ -150,9 +174,9 @@ impl BaseDevice for CpuDevice {
                 weight,
                 bias,
                 output,
-            } => linear::linear(self.linear_isa(input.rows()), input, weight, bias, output),
+            } => linear::linear(self.linear_level(input.rows()), input, weight, bias, output),
             Op::Linears { input, parts } => {
-                linear::linears(self.linear_isa(input.rows()), input, parts)
+                linear::linears(self.linear_level(input.rows()), input, parts)
             }
             Op::Rope {
                 x,
@@ -261,7 +285,7 @@ impl BaseDevice for CpuDevice {
                 renormalize,
                 output,
             } => moe::moe_ffn(
-                |rows| self.linear_isa(rows),
+                |rows| self.linear_level(rows),
                 self.isa.vector(),
                 input,
                 router,

@@ -13,6 +13,7 @@
 use flm_core::Data;
 use flm_core::{DataType, Expert, LinearPart, Result};
 
+use super::qlinear::LinearLevel;
 use super::{activation, linear, Isa};
 
 /// The choice of the router for one row: its `top_k` experts and their weights.
@@ -25,7 +26,7 @@ struct Route {
 /// [`flm_core::Op::MoeFfn`]). `linear_isa(rows)` gives the level of a Linear over `rows`
 /// input rows, `vector` the level of the element-wise kernels.
 pub(crate) fn moe_ffn(
-    linear_isa: impl Fn(usize) -> Isa,
+    linear_isa: impl Fn(usize) -> LinearLevel,
     vector: Isa,
     input: &Data,
     router: &Data,

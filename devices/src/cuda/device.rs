@@ -21,7 +21,7 @@ use cudarc::driver::{
 };
 use flm_core::{Data, DataType, Error, Result};
 
-use super::kernels::{FloatWeight, Kernel, MODULES};
+use super::kernels::{has_quant_kernels, FloatWeight, Kernel, MODULES};
 use super::nvrtc;
 use super::ptx_cache::PtxCache;
 use super::GpuInfo;
@@ -129,7 +129,7 @@ impl CudaDevice {
     ) -> bool {
         let f32 = |d: &Data| d.dtype() == DataType::F32;
         let w = weight.dtype();
-        (FloatWeight::of(w).is_some() || w.is_quantized())
+        (FloatWeight::of(w).is_some() || has_quant_kernels(w))
             && bias.is_none_or(f32)
             && f32(output)
             && !(w == DataType::F32 && self.batch_invariant())

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use flm_core::{BaseDevice, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result};
 
-use super::kernels::FloatWeight;
+use super::kernels::{has_quant_kernels, FloatWeight};
 use super::{attention, elementwise, embedding, linear, norm, rope, sample, CudaDevice};
 
 impl BaseDevice for CudaDevice {
@@ -24,7 +24,7 @@ impl BaseDevice for CudaDevice {
         };
         let f32 = |d: &Data| d.dtype() == DataType::F32;
         let float_w = |d: &Data| FloatWeight::of(d.dtype()).is_some();
-        let any_w = |d: &Data| float_w(d) || d.dtype().is_quantized();
+        let any_w = |d: &Data| float_w(d) || has_quant_kernels(d.dtype());
         match op {
             Op::Embedding { table, output, .. } => any_w(table) && f32(output),
             Op::RmsNorm {

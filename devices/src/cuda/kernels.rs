@@ -39,6 +39,12 @@ impl FloatWeight {
     }
 }
 
+/// Whether the quantised-weight kernels read `dtype`: int8, int4 and the K-quants, not
+/// yet ggml's Q8_0 (whose ops then run on the CPU, from host memory).
+pub fn has_quant_kernels(dtype: DataType) -> bool {
+    dtype.is_quantized() && dtype != DataType::Q80
+}
+
 /// The `kq` argument of the kernels that read K-quant rows (`dequant_k` in prelude.cuh):
 /// 1, 2, 3 for Q4_K, Q5_K, Q6_K; 0 for any other dtype.
 pub fn k_quant_code(dtype: DataType) -> i32 {

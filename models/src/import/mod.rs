@@ -42,7 +42,6 @@ use std::sync::Arc;
 use memmap2::Mmap;
 
 use flm_core::ggml::GgmlType;
-use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
 use crate::tensor_names::TensorName;
@@ -158,13 +157,9 @@ impl Checkpoint {
         let mut notes: Vec<String> = by_type
             .into_iter()
             .map(|(ty, n, values)| {
-                let dtype = Encoding::Ggml(ty).load_dtype();
-                let bits = if dtype == DataType::F32 { 32.0 } else { 8.0 };
+                let bits = 8.0;
                 let extra = values as f64 * (bits - ty.bits_per_weight() as f64) / 8.0;
-                let how = match dtype {
-                    DataType::F32 => "dequantised to f32 (exact)",
-                    _ => "dequantised and requantised to int8 per row (adds int8 rounding, at most max|w|/254 per row)",
-                };
+                let how = "dequantised and requantised to int8 per row (adds int8 rounding, at most max|w|/254 per row)";
                 format!(
                     "{n} {} tensors ({:.2} bits/weight) are {how}: {bits} bits/weight, {:.1} MiB more memory",
                     ty.name(),

@@ -29,10 +29,10 @@ pub enum Encoding {
         /// Values per scale.
         group: usize,
     },
-    /// A ggml block type (GGUF), decoded as [`flm_core::ggml`] describes: repacked into
-    /// its [`GgmlType::lossless_dtype`] on load where it has one (Q4_0, Q4_1), dequantised
-    /// to f32 for Q8_0, and dequantised then requantised to int8 per row otherwise (see
-    /// [`Encoding::load_dtype`]).
+    /// A ggml block type (GGUF) that no flm dtype holds byte for byte, decoded as
+    /// [`flm_core::ggml`] describes: repacked into its [`GgmlType::lossless_dtype`] on load
+    /// where it has one (Q4_0, Q4_1), and dequantised then requantised to int8 per row
+    /// otherwise (see [`Encoding::load_dtype`]).
     Ggml(GgmlType),
 }
 
@@ -54,16 +54,15 @@ impl Encoding {
     }
 
     /// The dtype a tensor of this encoding has once loaded: its own for
-    /// [`Encoding::Native`]; for ggml types the lossless repacking (Q4_0 as int4-sym-g32,
-    /// Q4_1 as int4-g32), f32 for Q8_0 (exact; flm's int8 has one scale per row, not per 32
-    /// values), and int8 per row for the types no flm dtype holds (Q5_0, Q5_1, Q2_K, Q3_K,
-    /// IQ4_NL, IQ4_XS; Q4_K, Q5_K and Q6_K are native flm dtypes, never [`Encoding::Ggml`]): fast integer kernels at 8.1 bits per weight, at the cost
-    /// of the int8 rounding (at most `max|w| / 254` per row, [`flm_core::quant`]) on top of
-    /// the file's own; f32 for everything else.
+    /// [`Encoding::Native`] (Q8_0, Q4_K, Q5_K and Q6_K tensors are native flm dtypes); for
+    /// the other ggml types the lossless repacking (Q4_0 as int4-sym-g32, Q4_1 as
+    /// int4-g32), and int8 per row for the types no flm dtype holds (Q5_0, Q5_1, Q2_K,
+    /// Q3_K, IQ4_NL, IQ4_XS): fast integer kernels at 8.1 bits per weight, at the cost of
+    /// the int8 rounding (at most `max|w| / 254` per row, [`flm_core::quant`]) on top of
+    /// the file's own; f32 for llama2.c's Q8_0.
     pub fn load_dtype(self) -> DataType {
         match self {
             Encoding::Native(dtype) => dtype,
-            Encoding::Ggml(GgmlType::Q8_0) => DataType::F32,
             Encoding::Ggml(ty) => ty.lossless_dtype().unwrap_or(DataType::I8),
             Encoding::Llama2cQ8 { .. } => DataType::F32,
         }
@@ -335,14 +334,7 @@ fn ggml_data(ty: GgmlType, bytes: &[u8], shape: &[usize]) -> Result<Data> {
             continue;
         }
         ggml::dequantize(ty, src, &mut values);
-        match dtype {
-            DataType::F32 => {
-                for (d, v) in dst.chunks_exact_mut(4).zip(&values) {
-                    d.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            _ => flm_core::quant::quantize_row(dtype, &values, dst),
-        }
+        flm_core::quant::quantize_row(dtype, &values, dst);
     }
     Ok(data)
 }

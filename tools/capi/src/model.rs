@@ -137,7 +137,7 @@ fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
     // The GPU, when one is chosen, then the pooled CPU in place of the selection's own.
     let mut devices: Vec<Box<dyn BaseDevice>> = match choice {
         DeviceChoice::Cpu => Vec::new(),
-        choice => flm_devices::select(choice)?
+        choice => flm_devices::select(choice, CpuDevice::new()?)?
             .devices
             .into_iter()
             .filter(|d| d.location() != Location::Host)

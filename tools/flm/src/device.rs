@@ -6,7 +6,7 @@ use std::str::FromStr;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use flm_core::{Executor, Location};
-use flm_devices::DeviceChoice;
+use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
 use flm_models::llama::{Ffn, LlamaLayer};
 use flm_models::{Placement, SharedGraph, SharedModel};
 
@@ -69,6 +69,12 @@ pub struct DeviceArgs {
     /// anyway.
     #[arg(long, value_enum)]
     pub moe_device: Option<MoeDevice>,
+    /// 8 or 16: the precision of the activations that int8, int4 and K-quant weights are
+    /// dotted against on the CPU. 8 (int8 blocks, as llama.cpp) is the fastest; 16 adds
+    /// each block's int8 rounding residual, which brings the logits to those of f32
+    /// activations at twice the integer work (prefill slows most; decode a little).
+    #[arg(long, default_value_t = ActivationBits::Int8)]
+    pub activation_bits: ActivationBits,
 }
 
 /// The executor, and the GPU's peak memory bandwidth in bytes/s when one runs the model.
@@ -93,7 +99,8 @@ impl DeviceArgs {
     /// Errors: `--device cuda` without a usable GPU; `--gpu-layers` without one; the CPU
     /// device's errors.
     pub fn executor(&self) -> Result<Chosen> {
-        let selection = flm_devices::select(self.device)?;
+        let cpu = CpuDevice::new()?.with_activation_bits(self.activation_bits);
+        let selection = flm_devices::select(self.device, cpu)?;
         if let Some(notice) = &selection.notice {
             eprintln!("{notice}");
         }

@@ -122,3 +122,20 @@ fn a_gpu_layer_count_that_is_not_one_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("neither a layer count nor auto"), "{err}");
 }
+
+#[test]
+fn activation_bits_are_8_or_16() {
+    let cpu = run("cpu");
+    // stories260K's f32 weights are dotted in f32 whatever the activation bits.
+    let sixteen = run_with("cpu", &["--activation-bits", "16"]);
+    assert!(
+        sixteen.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sixteen.stderr)
+    );
+    assert_eq!(sixteen.stdout, cpu.stdout);
+    let bad = run_with("cpu", &["--activation-bits", "12"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("\"12\" activation bits: 8 or 16"), "{err}");
+}

@@ -52,7 +52,7 @@ fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &
 /// The exact dot product of 16 codes `w` and 16 activation codes `a`; `DOT` selects
 /// `sdot`, which only the `#[target_feature(enable = "dotprod")]` path passes.
 #[inline(always)]
-fn dot16<const DOT: bool>(w: int8x16_t, a: int8x16_t) -> i32 {
+pub(super) fn dot16<const DOT: bool>(w: int8x16_t, a: int8x16_t) -> i32 {
     // SAFETY: NEON (every aarch64 target); `sdot` only when `DOT` (see above).
     unsafe {
         if DOT {

@@ -9,6 +9,11 @@
 //! `Σ_b d_g a_b Σ q_w q_x + Σ_g m_g Σ_{b ∈ g} a_b Σ q_x` (int4, group scale `d_g`, minimum
 //! `m_g`), every inner sum an exact integer (weight layouts in [`flm_core::quant`]).
 //!
+//! With [`ActivationBits::Int16`] each row is followed by its residual `x − a·q_x`,
+//! quantised the same way, and an output is the sum of the two rows' outputs: the integer
+//! kernels run unchanged over twice the rows, and the activations keep about 15 bits
+//! instead of 7 (the weights are read once for both rows).
+//!
 //! Kernels, one module per instruction set, all computing that formula:
 //! - [`scalar`]: portable loops, the twin every other kernel is tested against;
 //! - `x86`: AVX2 (`vpmaddubsw`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`) micro-kernels that
@@ -19,6 +24,7 @@
 //!   VNNI kernels of `x86`, or, when the device was asked for batch invariance,
 //!   `amx_decode`'s, which sum in the tiles' order;
 //! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
+//! - `q8_0`: ggml's Q8_0 blocks, see there;
 //! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
 //!   the CPU has the dot-product extension and `smull`/`sadalp` where it has not.
 //!
@@ -45,6 +51,7 @@ mod kquant_neon;
 mod kquant_x86;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon;
+mod q8_0;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -321,10 +328,74 @@ impl<'a> QuantWeight<'a> {
     }
 }
 
+/// The precision of the activations that int8, int4 and K-quant weights are dotted
+/// against on the CPU (W8A8/W4A8 against W8A16/W4A16).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ActivationBits {
+    /// int8 codes in blocks of 32 with an f32 scale each, as ggml dots Q4_0, Q4_1 and Q8_0
+    /// against Q8_0/Q8_1 blocks: the fastest.
+    #[default]
+    Int8,
+    /// The int8 codes plus the int8 codes of their rounding residual, per block: about 15
+    /// bits of each activation. The integer work doubles (prefill is bound by it); decode
+    /// reads the weights once, as with [`ActivationBits::Int8`].
+    Int16,
+}
+
+impl std::str::FromStr for ActivationBits {
+    type Err = String;
+
+    /// `8` or `int8`, `16` or `int16`.
+    fn from_str(s: &str) -> std::result::Result<ActivationBits, String> {
+        match s {
+            "8" | "int8" => Ok(ActivationBits::Int8),
+            "16" | "int16" => Ok(ActivationBits::Int16),
+            other => Err(format!("{other:?} activation bits: 8 or 16")),
+        }
+    }
+}
+
+impl std::fmt::Display for ActivationBits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ActivationBits::Int8 => "8",
+            ActivationBits::Int16 => "16",
+        })
+    }
+}
+
+/// How a Linear runs on the CPU: the kernels' level and the activations' precision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinearLevel {
+    pub isa: Isa,
+    pub activations: ActivationBits,
+}
+
 thread_local! {
-    /// Quantised inputs and the transposed prefill output, reused across calls so that
-    /// decode allocates nothing once warm (see `scratch`).
-    static SCRATCH: Cell<(Acts, Vec<f32>)> = Cell::new((Acts::default(), Vec::new()));
+    /// Quantised inputs, the transposed prefill output and the rows with their residuals,
+    /// reused across calls so that decode allocates nothing once warm (see `scratch`).
+    static SCRATCH: Cell<(Acts, Vec<f32>, Vec<f32>)> =
+        Cell::new((Acts::default(), Vec::new(), Vec::new()));
+}
+
+/// Writes each row of `x` (rows of `k`) followed by its residual after int8 block
+/// quantisation, `x − a·q_x` (the [`quantize_block`] every level computes), into `out`.
+fn with_residuals(x: &[f32], k: usize, out: &mut Vec<f32>) {
+    out.clear();
+    for row in x.chunks_exact(k) {
+        out.extend_from_slice(row);
+        for values in row.chunks(BLOCK) {
+            let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
+            let (a, _) = quantize_block(values, &mut lo, &mut hi);
+            let codes = lo.iter().chain(&hi);
+            out.extend(
+                values
+                    .iter()
+                    .zip(codes)
+                    .map(|(&v, &q)| v - a * f32::from(q)),
+            );
+        }
+    }
 }
 
 /// Output features per parallel task in prefill (one AMX panel); decode chunks are whole
@@ -342,7 +413,7 @@ struct ActLayout {
     split: usize,
     /// Rows are padded to a multiple of this many blocks.
     pad_blocks: usize,
-    /// Whether AMX tile kernels read the inputs (K-quant weights have none).
+    /// Whether AMX tile kernels read the inputs (K-quant and Q8_0 weights have none).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     amx_tiles: bool,
 }
@@ -351,8 +422,8 @@ impl ActLayout {
     /// The layout the kernels of `isa` read for `n` input rows and `dtype` weights.
     fn of(isa: Isa, dtype: DataType, n: usize) -> ActLayout {
         let (split, pad_blocks) = match (isa, dtype) {
-            // K-quant kernels read one natural-order block per run of 32 weights.
-            _ if dtype.is_k_quant() => (16, 1),
+            // K-quant and Q8_0 kernels read one natural-order block per run of 32 weights.
+            _ if dtype.is_k_quant() || dtype == DataType::Q80 => (16, 1),
             // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
             (Isa::Amx, DataType::I8) => (16, 1),
             (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
@@ -367,7 +438,7 @@ impl ActLayout {
         ActLayout {
             split,
             pad_blocks,
-            amx_tiles: !dtype.is_k_quant(),
+            amx_tiles: !dtype.is_k_quant() && dtype != DataType::Q80,
         }
     }
 }
@@ -376,6 +447,9 @@ impl ActLayout {
 fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     if w.dtype.is_k_quant() {
         return kquant::rows(isa, w, acts, j0, yt);
+    }
+    if w.dtype == DataType::Q80 {
+        return q8_0::rows(isa, w, acts, j0, yt);
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
@@ -390,11 +464,11 @@ fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
 
 /// `outs[p][n, m_p] = x[n, k] · ŵ_p[m_p, k]ᵀ + biases[p][m_p]` for the quantised weights
 /// `ws[p]`, all of one dtype (see [`flm_core::Op::Linear`] and [`flm_core::Op::Linears`]).
-/// The input is quantised once; in decode the rows of all parts are split over the
-/// threads at once. `ws`, `biases` and `outs` have one entry per part, 1 to
-/// [`MAX_PARTS`] parts.
+/// The input is quantised once, to `level.activations`; in decode the rows of all parts
+/// are split over the threads at once. `ws`, `biases` and `outs` have one entry per part,
+/// 1 to [`MAX_PARTS`] parts.
 pub(crate) fn linear(
-    isa: Isa,
+    level: LinearLevel,
     x: &[f32],
     n: usize,
     k: usize,
@@ -427,13 +501,31 @@ pub(crate) fn linear(
         }
     }
     let total: usize = outs.iter().map(|o| o.len() / n).sum();
-    let parallel = n * total * k >= PARALLEL_MIN_WORK;
-    scratch::with(&SCRATCH, |(acts, yt)| {
-        acts.quantize(isa, x, n, k, kp, group, ActLayout::of(isa, dtype, n));
+    let isa = level.isa;
+    let residual = level.activations == ActivationBits::Int16;
+    // Kernel rows: with residuals, row 2i is input i and row 2i + 1 its residual.
+    let rows_in = if residual { 2 * n } else { n };
+    let parallel = rows_in * total * k >= PARALLEL_MIN_WORK;
+    scratch::with(&SCRATCH, |(acts, yt, xr)| {
+        let x = if residual {
+            with_residuals(x, k, xr);
+            &xr[..]
+        } else {
+            x
+        };
+        acts.quantize(
+            isa,
+            x,
+            rows_in,
+            k,
+            kp,
+            group,
+            ActLayout::of(isa, dtype, rows_in),
+        );
         let acts = &*acts;
         let run = |targets: &mut [&mut [f32]]| {
-            if parallel && n < AMX_MIN_ROWS {
-                guided(targets, n, ROWS_PER_TASK, |p, j0, part| {
+            if parallel && rows_in < AMX_MIN_ROWS {
+                guided(targets, rows_in, ROWS_PER_TASK, |p, j0, part| {
                     rows(isa, &ws[p], acts, j0, part)
                 });
                 return;
@@ -441,7 +533,7 @@ pub(crate) fn linear(
             for (w, target) in ws.iter().zip(targets.iter_mut()) {
                 if parallel {
                     target
-                        .par_chunks_mut(ROWS_PER_TASK * n)
+                        .par_chunks_mut(ROWS_PER_TASK * rows_in)
                         .enumerate()
                         .for_each(|(t, part)| rows(isa, w, acts, t * ROWS_PER_TASK, part));
                 } else {
@@ -449,26 +541,36 @@ pub(crate) fn linear(
                 }
             }
         };
-        // Decode writes into the outputs; more input rows into `yt`, one part after the
-        // other, transposed below.
-        if n == 1 {
+        // One kernel row writes into the outputs; more into `yt`, one part after the
+        // other, transposed (or summed with their residuals' rows) below.
+        if rows_in == 1 {
             run(outs);
         } else {
             yt.clear();
-            yt.resize(total * n, 0.0);
+            yt.resize(total * rows_in, 0.0);
             let mut parts: [&mut [f32]; MAX_PARTS] = Default::default();
             let mut rest = &mut yt[..];
             for (part, out) in parts.iter_mut().zip(outs.iter()) {
-                (*part, rest) = std::mem::take(&mut rest).split_at_mut(out.len());
+                let len = out.len() / n * rows_in;
+                (*part, rest) = std::mem::take(&mut rest).split_at_mut(len);
             }
             run(&mut parts[..ws.len()]);
         }
         let mut from = 0;
         for (out, bias) in outs.iter_mut().zip(biases) {
             let m = out.len() / n;
-            if n > 1 {
-                transpose(&yt[from..from + m * n], n, out);
-                from += m * n;
+            if rows_in > 1 {
+                let yt = &yt[from..from + m * rows_in];
+                from += m * rows_in;
+                if residual {
+                    for (i, row) in out.chunks_exact_mut(m).enumerate() {
+                        for (j, y) in row.iter_mut().enumerate() {
+                            *y = yt[j * rows_in + 2 * i] + yt[j * rows_in + 2 * i + 1];
+                        }
+                    }
+                } else {
+                    transpose(yt, n, out);
+                }
             }
             if let Some(b) = bias {
                 for row in out.chunks_exact_mut(m) {
