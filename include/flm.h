@@ -114,6 +114,13 @@ typedef struct FlmModelOptions {
    0: the model's context, at most 4096.
    */
   size_t context;
+  /*
+   Precision of the activations that int8, int4, K-quant and Q8_0 weights are dotted
+   against on the CPU: 0 or 8, int8 blocks (as llama.cpp; the fastest); 16, int8 codes
+   plus their rounding residual (the logits of unrounded activations, at twice the
+   integer work). Any other value is FLM_STATUS_INVALID_ARGUMENT.
+   */
+  uint32_t activation_bits;
 } FlmModelOptions;
 
 /*

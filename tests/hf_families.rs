@@ -2,7 +2,7 @@
 //! biases), Qwen3 (an RMSNorm over each query and key head), Phi-3 (fused projections,
 //! LongRoPE on part of each head), Gemma (GeGLU, `1 + w` gains, scaled embeddings), Gemma 2
 //! (post-norms, soft-capping, alternating sliding and global layers), Gemma 3 (q/k norms
-//! and a local RoPE besides), Mixtral and Qwen3-MoE (routed experts) through the Llama
+//! and a local RoPE besides), Mixtral, Qwen3-MoE and Qwen2-MoE (routed experts; Qwen2-MoE's shared expert) through the Llama
 //! graph, against the logits of Hugging Face transformers for tiny random-weight
 //! checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see its SOURCES.md).
 
@@ -10,7 +10,7 @@ use std::path::Path;
 
 use flm_core::{DataType, RopeScaling};
 use flm_models::convert::{convert, Recipe};
-use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
 use flm_models::{import, Activation, Graph, ModelConfig, MoeConfig};
 use flm_tests::{cpu_executor, data, ids, HF_FAMILIES};
 use flm_tokenizer::Tokenizer;
@@ -151,6 +151,7 @@ fn configurations_are_read_per_family() {
             expert_dim: 128,
             renormalize: true,
             dense_layers: Vec::new(),
+            shared_expert_dim: None,
         }
     );
     let qwen3_moe = config("qwen3_moe");
@@ -163,6 +164,21 @@ fn configurations_are_read_per_family() {
             expert_dim: 32,
             renormalize: true,
             dense_layers: vec![1],
+            shared_expert_dim: None,
+        }
+    );
+    let qwen2_moe = config("qwen2_moe");
+    assert!(qwen2_moe.qkv_bias && !qwen2_moe.o_bias && !qwen2_moe.qk_norm);
+    assert_eq!(qwen2_moe.sliding_window, None);
+    assert_eq!(
+        qwen2_moe.moe.unwrap(),
+        MoeConfig {
+            n_experts: 4,
+            top_k: 2,
+            expert_dim: 32,
+            renormalize: false,
+            dense_layers: Vec::new(),
+            shared_expert_dim: Some(48),
         }
     );
 }
@@ -210,14 +226,25 @@ fn without_the_family_feature_the_logits_differ() {
         ("qwen3_moe", |c: &mut ModelConfig| {
             c.moe.as_mut().unwrap().renormalize = false
         }),
+        // No shared expert (its weights are dropped below).
+        ("qwen2_moe", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().shared_expert_dim = None
+        }),
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let mut config = ckpt.config.clone();
         let mut weights = LlamaWeights::load(&ckpt).unwrap();
         strip(&mut config);
-        if !config.qk_norm {
-            for layer in &mut weights.layers {
+        let no_shared = config
+            .moe
+            .as_ref()
+            .is_some_and(|m| m.shared_expert_dim.is_none());
+        for layer in &mut weights.layers {
+            if !config.qk_norm {
                 layer.qk_norm = None;
+            }
+            if let (true, Ffn::Moe { shared, .. }) = (no_shared, &mut layer.ffn) {
+                *shared = None;
             }
         }
         let mut model = Llama::new(config, weights).unwrap();
@@ -269,7 +296,7 @@ fn quantised_flm_files_stay_near_transformers() {
     // rounding can send a token to another expert, which no bound on rounding covers.
     let dense = HF_FAMILIES
         .into_iter()
-        .filter(|f| !["mixtral", "qwen3_moe"].contains(f));
+        .filter(|f| !["mixtral", "qwen3_moe", "qwen2_moe"].contains(f));
     for family in dense {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let want = expected(family);
@@ -341,7 +368,7 @@ fn llama3_scaling_in_the_transformers_4_form() {
 #[test]
 fn unsupported_family_settings_are_clear_errors() {
     type Edit = fn(&mut Value);
-    let cases: [(&str, Edit, &str); 8] = [
+    let cases: [(&str, Edit, &str); 10] = [
         (
             "llama3",
             |c| c["rope_parameters"]["rope_type"] = "yarn".into(),
@@ -380,6 +407,20 @@ fn unsupported_family_settings_are_clear_errors() {
             "decoder_sparse_step",
         ),
         ("mixtral", |c| c["num_experts_per_tok"] = 5.into(), "top_k"),
+        (
+            "qwen2_moe",
+            |c| {
+                c.as_object_mut()
+                    .unwrap()
+                    .remove("shared_expert_intermediate_size");
+            },
+            "shared_expert_intermediate_size",
+        ),
+        (
+            "qwen2_moe",
+            |c| c["use_sliding_window"] = true.into(),
+            "qwen2_moe's use_sliding_window",
+        ),
     ];
     for (family, edit, needle) in cases {
         let dir = edited_copy(family, edit);
@@ -424,22 +465,23 @@ fn greedy_ids_equal_transformers() {
     }
 }
 
-/// The Qwen2, Qwen3 and Gemma 3 checkpoints as llama.cpp writes them into GGUF files (made
-/// from the same weights by tools/gguf/make_family_ggufs.py): the configuration the
+/// The Qwen2, Qwen3, Gemma 3 and Phi-3 checkpoints as llama.cpp writes them into GGUF files
+/// (made from the same weights by tools/gguf/make_family_ggufs.py; Phi-3's fused `attn_qkv`
+/// and `ffn_up`, partial rotary and LongRoPE factor tensors): the configuration the
 /// architecture's keys give, and transformers' logits from the F32 tensors.
 #[test]
-fn qwen_and_gemma_gguf_files_run_as_transformers() {
-    for family in ["qwen2", "qwen3", "gemma3"] {
+fn qwen_gemma_and_phi3_gguf_files_run_as_transformers() {
+    for family in ["qwen2", "qwen3", "gemma3", "phi3"] {
         let path = data(&format!("hf-families/{family}.gguf"));
         let gguf = import::load(&path).unwrap().config;
         let hf = import::load(&data(&format!("hf-families/{family}")))
             .unwrap()
             .config;
-        assert_eq!(
-            (gguf.qkv_bias, gguf.qk_norm, gguf.rope_style, gguf.head_dim),
-            (hf.qkv_bias, hf.qk_norm, hf.rope_style, hf.head_dim),
-            "{family}"
-        );
+        let attention = |c: &ModelConfig| {
+            let window = (c.sliding_window, c.rotary_dim());
+            (c.qkv_bias, c.qk_norm, c.rope_style, c.head_dim, window)
+        };
+        assert_eq!(attention(&gguf), attention(&hf), "{family}");
         // The norms' `+ 1` is in the GGUF's tensors, not in its configuration.
         assert!(!gguf.norm_unit_offset, "{family}");
         let gemma = |c: &ModelConfig| {
@@ -459,6 +501,94 @@ fn qwen_and_gemma_gguf_files_run_as_transformers() {
         for (how, got) in [("prefill", prefill), ("decode", stepped)] {
             let diff = max_diff(&got, &want);
             assert!(diff <= TOLERANCE, "{family}.gguf {how}: max |Δ| = {diff}");
+        }
+    }
+}
+
+/// The mixtures as llama.cpp writes them into GGUF files (tools/gguf/make_family_ggufs.py:
+/// each layer's experts stacked into `ffn_{gate,up,down}_exps`, Mixtral as architecture
+/// `llama` with q/k permuted, and again with each expert's tensors of its own as llama.cpp
+/// wrote Mixtral before stacking; Qwen2-MoE's shared expert as `*_shexp`): the experts the
+/// keys and tensors give are transformers', the logits too, in one prefill and token by
+/// token, and again from an f32 .flm file converted from the GGUF.
+#[test]
+fn mixture_gguf_files_run_as_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
+    for (file, family) in [
+        ("mixtral", "mixtral"),
+        ("mixtral-per-expert", "mixtral"),
+        ("qwen3_moe", "qwen3_moe"),
+        ("qwen2_moe", "qwen2_moe"),
+    ] {
+        let path = data(&format!("hf-families/{file}.gguf"));
+        let gguf = import::load(&path).unwrap();
+        let hf = import::load(&data(&format!("hf-families/{family}")))
+            .unwrap()
+            .config;
+        assert_eq!(gguf.config.moe, hf.moe, "{family}");
+        assert!(gguf.ignored.is_empty(), "{family}: {:?}", gguf.ignored);
+        assert_eq!(
+            (gguf.config.qkv_bias, gguf.config.qk_norm),
+            (hf.qkv_bias, hf.qk_norm),
+            "{family}"
+        );
+        let out = dir.path().join(format!("{file}.flm"));
+        convert(&gguf, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+        let want = expected(family);
+        for file in [&path, &out] {
+            let [prefill, _, stepped] = logits_three_ways(file);
+            for (how, got) in [("prefill", prefill), ("decode", stepped)] {
+                let diff = max_diff(&got, &want);
+                let name = file.display();
+                assert!(diff <= TOLERANCE, "{name} {how}: max |Δ| = {diff}");
+            }
+        }
+    }
+}
+
+/// Phi-3 and Qwen2-MoE GGUF files with their matrices in Q8_0 (used in place as q8_0): q/k/v
+/// and gate/up sliced out of the fused blocks and each expert out of the stacked ones,
+/// decoded to f32, give transformers' logits for the weights the blocks decode to
+/// (`<family>/q8_0_logits_f32le.bin`, tools/gguf/make_family_ggufs.py) within 1e-4; in
+/// place, dotted against int8 activations, within the activations' rounding (a block
+/// sliced at a wrong offset moves the logits by whole units).
+#[test]
+fn q8_0_gguf_files_slice_fused_and_stacked_blocks() {
+    use flm_models::import::Encoding;
+    for (family, sliced) in [
+        ("phi3", "layers.1.w_up"),
+        ("qwen2_moe", "layers.1.experts.3.w_down"),
+    ] {
+        let path = data(&format!("hf-families/{family}-q8_0.gguf"));
+        let ckpt = import::load(&path).unwrap();
+        let t = ckpt.tensors.iter().find(|t| t.name == sliced).unwrap();
+        assert_eq!(t.encoding, Encoding::Native(DataType::Q80), "{family}");
+        let bytes = std::fs::read(data(&format!("hf-families/{family}/q8_0_logits_f32le.bin")));
+        let want: Vec<f32> = bytes
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let decoded = LlamaWeights::from_tensors(&ckpt.config, |name, _| {
+            Ok(ckpt.tensor(name).unwrap().load()?.to_dtype(DataType::F32)?)
+        })
+        .unwrap();
+        let got = Llama::new(ckpt.config.clone(), decoded)
+            .unwrap()
+            .forward(&cpu_executor(), &input_ids(), 0, Logits::All)
+            .unwrap()
+            .to_vec();
+        let diff = max_diff(&got, &want);
+        assert!(
+            diff <= TOLERANCE,
+            "{family}-q8_0 decoded to f32: max |Δ| = {diff}"
+        );
+        let [prefill, _, stepped] = logits_three_ways(&path);
+        for (how, got) in [("prefill", prefill), ("decode", stepped)] {
+            let diff = max_diff(&got, &want);
+            // Measured: 0.084 (phi3) and 0.158 (qwen2_moe).
+            assert!(diff <= 0.25, "{family}-q8_0 {how}: max |Δ| = {diff}");
         }
     }
 }
@@ -493,14 +623,14 @@ fn unknown_tensors_are_listed_as_ignored() {
 /// The mixtures converted to int8 and int4 .flm files (the experts quantised like the
 /// other matrices, the router kept f32) run near transformers' logits: the RMS of the
 /// logits' error relative to the logits' RMS stays under about twice what was measured
-/// (int8: 0.027 Mixtral, 0.106 Qwen3-MoE; int4 g32: 0.29, 0.24; groups of 32 over rows of
-/// 64 random values, and a few routing choices flip).
+/// (int8: 0.027 Mixtral, 0.106 Qwen3-MoE, 0.030 Qwen2-MoE; int4 g32: 0.29, 0.24, 0.18;
+/// groups of 32 over rows of 64 random values, and a few routing choices flip).
 #[test]
 fn quantised_mixtures_stay_near_transformers() {
     use flm_models::tensor_names::{LayerPart, TensorName};
     let dir = tempfile::tempdir().unwrap();
     let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
-    for family in ["mixtral", "qwen3_moe"] {
+    for family in ["mixtral", "qwen3_moe", "qwen2_moe"] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         for (dtype, bound) in [(DataType::I8, 0.2), (DataType::I4G32, 0.5)] {
             let out = dir.path().join(format!("{family}.{dtype}.flm"));

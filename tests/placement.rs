@@ -102,15 +102,24 @@ fn a_placement_of_the_wrong_length_is_refused() {
     assert!(err.to_string().contains("4 layers"), "{err}");
 }
 
-/// Tiny Mixtral with every layer on the device and its experts in host memory
-/// (`--moe-device cpu`): transformers' logits, the experts' weights never copied, and the
-/// experts' input and output crossing once each per layer and step.
+/// Tiny Mixtral and Qwen2-MoE with every layer on the device and its experts in host
+/// memory (`--moe-device cpu`): transformers' logits, the experts' weights (Qwen2-MoE's
+/// shared expert's too) never copied, and the experts' input and output crossing once
+/// each per layer and step.
 #[test]
 fn experts_in_host_memory_beside_layers_on_a_device() {
-    let ckpt = import::load(&data("hf-families/mixtral")).unwrap();
+    for family in ["mixtral", "qwen2_moe"] {
+        experts_in_host_memory(family);
+    }
+}
+
+fn experts_in_host_memory(family: &str) {
+    let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
     let c = ckpt.config.clone();
     let weights = LlamaWeights::load(&ckpt).unwrap();
-    let routed = c.moe.as_ref().unwrap().n_experts * 3 + 1;
+    let moe = c.moe.as_ref().unwrap();
+    // The router, the experts' matrices, and the shared expert's three and its gate.
+    let routed = moe.n_experts * 3 + 1 + moe.shared_expert_dim.map_or(0, |_| 4);
     let per_layer = weights.layers[0].tensors().len();
     let model = LlamaModel::new(c.clone(), weights).unwrap();
     let exec = executor();
@@ -119,7 +128,7 @@ fn experts_in_host_memory_beside_layers_on_a_device() {
     let mut model = Llama::with_model(Arc::new(model.place(&exec, placement).unwrap())).unwrap();
     let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
     let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
-    let bytes = std::fs::read(data("hf-families/mixtral/logits_f32le.bin")).unwrap();
+    let bytes = std::fs::read(data(&format!("hf-families/{family}/logits_f32le.bin"))).unwrap();
     let want: Vec<f32> = bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -133,7 +142,7 @@ fn experts_in_host_memory_beside_layers_on_a_device() {
             .zip(row)
             .map(|(g, w)| (g - w).abs())
             .fold(0.0, f32::max);
-        assert!(diff <= 1e-4, "position {pos}: max |Δ| = {diff}");
+        assert!(diff <= 1e-4, "{family} at {pos}: max |Δ| = {diff}");
         steps += 1;
     }
     // The embedding table, the untied classifier and final norm, and every layer's tensors

@@ -395,6 +395,11 @@ impl<'a> Op<'a> {
                 f("x", x);
                 f("y", y);
             }
+            Op::GatedAdd { x, y, gate } => {
+                f("x", x);
+                f("y", y);
+                f("gate", gate);
+            }
             Op::Argmax { input, .. } => f("input", input),
             Op::MoeFfn {
                 input,
@@ -715,6 +720,21 @@ impl<'a> Op<'a> {
                     return Err(shape(
                         "Add",
                         format!("x {:?}, y {:?}", x.shape(), y.shape()),
+                    ));
+                }
+                Ok(())
+            }
+            Op::GatedAdd { x, y, gate } => {
+                all_f32("GatedAdd", &[("x", x), ("y", y), ("gate", gate)])?;
+                if x.shape() != y.shape() || gate.shape() != [x.rows(), 1] {
+                    return Err(shape(
+                        "GatedAdd",
+                        format!(
+                            "x {:?}, y {:?}, gate {:?}",
+                            x.shape(),
+                            y.shape(),
+                            gate.shape()
+                        ),
                     ));
                 }
                 Ok(())

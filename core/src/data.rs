@@ -94,11 +94,19 @@ impl Clone for Data {
 }
 
 fn row_major_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
+    let mut strides = Vec::new();
+    set_row_major_strides(shape, &mut strides);
+    strides
+}
+
+/// Overwrites `strides` with the row-major strides of `shape`, in place (no allocation
+/// once `strides` has held as many dimensions).
+fn set_row_major_strides(shape: &[usize], strides: &mut Vec<usize>) {
+    strides.clear();
+    strides.resize(shape.len(), 1);
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1];
     }
-    strides
 }
 
 fn byte_len(dtype: DataType, shape: &[usize]) -> Result<usize> {
@@ -324,7 +332,8 @@ impl Data {
 
     /// Changes the shape without moving data, as long as the new shape fits in the storage
     /// (an owned tensor keeps its capacity, so activations allocated for the longest prefill
-    /// chunk can be reshaped for shorter ones).
+    /// chunk can be reshaped for shorter ones). It allocates nothing when the tensor has had
+    /// as many dimensions before.
     ///
     /// Errors: [`Error::Shape`] if the new shape needs more bytes than the storage holds.
     pub fn set_shape(&mut self, shape: &[usize]) -> Result<()> {
@@ -345,8 +354,10 @@ impl Data {
         if let Storage::Mapped { len: mapped, .. } = &mut self.storage {
             *mapped = len;
         }
-        self.shape = shape.to_vec();
-        self.strides = row_major_strides(shape);
+        // In place, so that reshaping a scratch tensor allocates nothing.
+        self.shape.clear();
+        self.shape.extend_from_slice(shape);
+        set_row_major_strides(shape, &mut self.strides);
         self.id = next_id();
         Ok(())
     }

@@ -265,6 +265,17 @@ pub enum Op<'a> {
         /// Added values.
         y: &'a Data,
     },
+    /// Sigmoid-gated residual add in place, per row: `x[i, :] += σ(gate[i]) · y[i, :]`,
+    /// `σ(g) = 1 / (1 + e^-g)` (Qwen2-MoE's `shared_expert_gate`, transformers'
+    /// `Qwen2MoeSparseMoeBlock`: `sigmoid(shared_expert_gate(x)) * shared_expert(x)`).
+    GatedAdd {
+        /// f32 `[n, cols]`: the accumulator.
+        x: &'a mut Data,
+        /// f32 `[n, cols]`: the added rows.
+        y: &'a Data,
+        /// f32 `[n, 1]`: each row's gate logit.
+        gate: &'a Data,
+    },
     /// A routed mixture-of-experts SwiGLU feed-forward (Shazeer et al. 2017; Mixtral, Jiang
     /// et al. 2024; Qwen3-MoE), as transformers' `MixtralSparseMoeBlock` and
     /// `Qwen3MoeSparseMoeBlock` compute it. For each row `x` of `input`:
@@ -394,11 +405,13 @@ pub enum OpKind {
     SoftCap,
     /// [`Op::MoeFfn`]
     MoeFfn,
+    /// [`Op::GatedAdd`]
+    GatedAdd,
 }
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 20] = [
+    pub const ALL: [OpKind; 21] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
@@ -419,6 +432,7 @@ impl OpKind {
         OpKind::GeluMul,
         OpKind::SoftCap,
         OpKind::MoeFfn,
+        OpKind::GatedAdd,
     ];
 
     /// The op's name as printed by the profiler.
@@ -444,6 +458,7 @@ impl OpKind {
             OpKind::GeluMul => "GeluMul",
             OpKind::SoftCap => "SoftCap",
             OpKind::MoeFfn => "MoeFfn",
+            OpKind::GatedAdd => "GatedAdd",
         }
     }
 }
@@ -472,6 +487,7 @@ impl Op<'_> {
             Op::GeluMul { .. } => OpKind::GeluMul,
             Op::SoftCap { .. } => OpKind::SoftCap,
             Op::MoeFfn { .. } => OpKind::MoeFfn,
+            Op::GatedAdd { .. } => OpKind::GatedAdd,
         }
     }
 }

@@ -16,7 +16,7 @@
 mod common;
 
 use common::*;
-use flm_core::{DataType, Executor, Expert, Op, RopeStyle, RopeTable};
+use flm_core::{DataType, Executor, Op, RopeStyle, RopeTable};
 use flm_devices::{ActivationBits, CpuDevice, Isa};
 
 /// Batch sizes: 1, odd sizes that leave partial tiles, the AMX threshold (8), above 128.
@@ -146,13 +146,7 @@ fn moe_ffn_is_batch_invariant(dtype: DataType) {
     let mut rng = rng(0x3e0);
     let (_, x) = random_f32(&mut rng, &[POOL, dim], 1.0);
     let (router, _) = random_f32(&mut rng, &[n_experts, dim], 0.2);
-    let experts: Vec<Expert> = (0..n_experts)
-        .map(|_| Expert {
-            gate: random_weight(&mut rng, &[inner, dim], dtype).0,
-            up: random_weight(&mut rng, &[inner, dim], dtype).0,
-            down: random_weight(&mut rng, &[dim, inner], dtype).0,
-        })
-        .collect();
+    let experts = random_experts(&mut rng, n_experts, (dim, inner), dtype);
     check(&format!("MoeFfn {dtype}"), |exec, first, n| {
         let mut out = nan_output(&[n, dim]);
         exec.run(Op::MoeFfn {
@@ -230,6 +224,18 @@ fn row_ops_are_batch_invariant() {
             exec.run(Op::Scale {
                 x: &mut v,
                 alpha: 0.7,
+            })
+            .unwrap();
+            v.to_f32_vec().unwrap()
+        });
+        check(&format!("GatedAdd dim={dim}"), |exec, first, n| {
+            let mut v = rows(&x, first, n);
+            // Each row's gate logit: the first value of its row of `y`.
+            let gates: Vec<f32> = (first..first + n).map(|r| y[r * dim]).collect();
+            exec.run(Op::GatedAdd {
+                x: &mut v,
+                y: &rows(&y, first, n),
+                gate: &f32_data(&[n, 1], &gates),
             })
             .unwrap();
             v.to_f32_vec().unwrap()

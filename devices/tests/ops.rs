@@ -1,5 +1,6 @@
 //! The small ops on the CPU device against their formulas: `Op::Embedding` (f32, f16 and
-//! bf16 tables), `Op::SiluMul` (SwiGLU, Shazeer 2020), `Op::Add` and `Op::Argmax`.
+//! bf16 tables), `Op::SiluMul` (SwiGLU, Shazeer 2020), `Op::Add`, `Op::GatedAdd` and
+//! `Op::Argmax`.
 //!
 //! The other op families have their own files: `ops_linear_norm.rs` (Linear, RmsNorm),
 //! `ops_rope.rs` (Rope) and `ops_attention.rs` (Attention, KV store).
@@ -178,6 +179,52 @@ fn add_shape_errors() {
         })
         .unwrap_err();
         assert!(matches!(err, Error::Shape { .. }), "{xs:?} {ys:?}: {err}");
+        assert!(x.as_f32().unwrap().iter().all(|&v| v == 1.0));
+    }
+}
+
+/// `x[i, :] += σ(gate[i]) · y[i, :]` against the formula in f64 (within a few f32
+/// roundings: the sigmoid and the product are rounded before the add).
+#[test]
+fn gated_add_matches_formula() {
+    let mut rng = rng(0x75);
+    for shape in [[1, 1], [1, 7], [3, 1023], [5, 64]] {
+        let (mut x, xv) = random_f32(&mut rng, &shape, 4.0);
+        let (y, yv) = random_f32(&mut rng, &shape, 4.0);
+        let (gate, gv) = random_f32(&mut rng, &[shape[0], 1], 8.0);
+        run(Op::GatedAdd {
+            x: &mut x,
+            y: &y,
+            gate: &gate,
+        })
+        .unwrap();
+        let got = x.as_f32().unwrap();
+        for (i, ((&a, &b), &g)) in xv
+            .iter()
+            .zip(&yv)
+            .zip(gv.iter().flat_map(|g| std::iter::repeat_n(g, shape[1])))
+            .enumerate()
+        {
+            let want = a as f64 + b as f64 / (1.0 + (-(g as f64)).exp());
+            let bound = 4.0 * f32::EPSILON as f64 * (a.abs() + b.abs()) as f64;
+            assert!((got[i] as f64 - want).abs() <= bound, "{shape:?} at {i}");
+        }
+    }
+}
+
+/// A gate of other than one column per row of `x`, or `y` of another shape: a shape error,
+/// `x` left untouched.
+#[test]
+fn gated_add_shape_errors() {
+    for (ys, gs) in [([2, 3], [2, 2]), ([2, 3], [3, 1]), ([2, 4], [2, 1])] {
+        let mut x = f32_data(&[2, 3], &[1.0; 6]);
+        let err = run(Op::GatedAdd {
+            x: &mut x,
+            y: &zeros(&ys),
+            gate: &zeros(&gs),
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }), "{ys:?} {gs:?}: {err}");
         assert!(x.as_f32().unwrap().iter().all(|&v| v == 1.0));
     }
 }

@@ -139,6 +139,11 @@ pub struct MoeConfig {
     /// `mlp_only_layers`, and the layers `decoder_sparse_step` skips), ascending.
     #[serde(default)]
     pub dense_layers: Vec<usize>,
+    /// Inner width of the shared expert that every token of a MoE layer also runs, its
+    /// output weighted by `σ(shared_expert_gate · x)` and added to the routed experts'
+    /// (Qwen2-MoE's `shared_expert_intermediate_size`); `None`: no shared expert.
+    #[serde(default)]
+    pub shared_expert_dim: Option<usize>,
 }
 
 impl ModelConfig {
@@ -335,6 +340,11 @@ impl ModelConfig {
                 return Err(Error::Config(format!(
                     "{} experts of inner width {}: both must be positive and at most {MAX_SIZE}",
                     m.n_experts, m.expert_dim
+                )));
+            }
+            if let Some(d) = m.shared_expert_dim.filter(|&d| d == 0 || d > MAX_SIZE) {
+                return Err(Error::Config(format!(
+                    "shared expert of inner width {d}: must be positive and at most {MAX_SIZE}"
                 )));
             }
             if m.top_k == 0 || m.top_k > m.n_experts {

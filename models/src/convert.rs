@@ -66,8 +66,12 @@ pub fn target_dtype(
         return DataType::F32;
     }
     // The router's rounding would change which experts run (llama.cpp's quantiser leaves
-    // `ffn_gate_inp.weight` unquantised too); it is a few rows.
-    if matches!(name, TensorName::Layer(_, LayerPart::Router)) {
+    // `ffn_gate_inp.weight` and `ffn_gate_inp_shexp.weight` unquantised too); it is a few
+    // rows, and the shared expert's gate one.
+    if matches!(
+        name,
+        TensorName::Layer(_, LayerPart::Router | LayerPart::SharedExpertGate)
+    ) {
         return DataType::F32;
     }
     if dtype.group_size().is_some() && recipe == Recipe::Mixed && name.is_sensitive(tied) {

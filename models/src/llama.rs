@@ -28,6 +28,8 @@
 //!   of their MoE layers ([`crate::MoeConfig`], [`Ffn::Moe`]): each token's router picks
 //!   `top_k` SwiGLU experts and sums their outputs weighted by the routing probabilities
 //!   ([`Op::MoeFfn`]); Qwen3-MoE's `mlp_only_layers` keep the dense feed-forward;
+//!   Qwen2-MoE adds a shared expert that every token runs, weighted by a sigmoid gate
+//!   ([`SharedExpert`], [`Op::GatedAdd`]);
 //! - P-tuning v2 prefixes (Liu et al. 2022): `pre_seq_len` keys and values per layer sit in
 //!   the KV cache before the sequence and are always attended; the tokens keep positions
 //!   from 0, so cache row = `pre_seq_len` + position.
@@ -59,7 +61,7 @@ pub use batch::{BatchSeq, LlamaBatch};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::Tensors;
-pub use weights::{Ffn, LlamaLayer, LlamaWeights};
+pub use weights::{Ffn, LlamaLayer, LlamaWeights, SharedExpert};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
@@ -92,6 +94,54 @@ struct Activations {
     /// The routed experts' input and output `[n, dim]` in their memory, when it is not this
     /// one's ([`Placement::with_experts_on`]).
     experts_io: Option<(Data, Data)>,
+    /// The shared expert's activations, in the routed experts' memory (Qwen2-MoE).
+    shared: Option<SharedScratch>,
+}
+
+/// The activations of a shared expert ([`SharedExpert`]) for up to a fixed number of rows.
+struct SharedScratch {
+    /// `[n, shared_expert_dim]` each: the gate and up projections, and their SwiGLU.
+    gate: Data,
+    up: Data,
+    hidden: Data,
+    /// `[n, dim]`: the down projection.
+    out: Data,
+    /// `[n, 1]`: the gate's logit.
+    score: Data,
+}
+
+impl SharedScratch {
+    /// The scratch of `c`'s shared expert, if it has one, each made by `zeros`.
+    fn alloc(
+        c: &ModelConfig,
+        rows: usize,
+        zeros: &dyn Fn(&[usize]) -> flm_core::Result<Data>,
+    ) -> Result<Option<SharedScratch>> {
+        let Some(d) = c.moe.as_ref().and_then(|m| m.shared_expert_dim) else {
+            return Ok(None);
+        };
+        Ok(Some(SharedScratch {
+            gate: zeros(&[rows, d])?,
+            up: zeros(&[rows, d])?,
+            hidden: zeros(&[rows, d])?,
+            out: zeros(&[rows, c.dim])?,
+            score: zeros(&[rows, 1])?,
+        }))
+    }
+
+    /// Shapes the scratch for `n` rows.
+    fn set_rows(&mut self, n: usize) -> flm_core::Result<()> {
+        for d in [
+            &mut self.gate,
+            &mut self.up,
+            &mut self.hidden,
+            &mut self.out,
+        ] {
+            let cols = d.cols();
+            d.set_shape(&[n, cols])?;
+        }
+        self.score.set_shape(&[n, 1])
+    }
 }
 
 impl Activations {
@@ -110,8 +160,9 @@ impl Activations {
     ) -> Result<Activations> {
         let mut s = Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))?;
         if c.moe.is_some() && experts != at {
-            let z = || exec.zeros(DataType::F32, &[rows, c.dim], experts);
-            s.experts_io = Some((z()?, z()?));
+            let z = |shape: &[usize]| exec.zeros(DataType::F32, shape, experts);
+            s.experts_io = Some((z(&[rows, c.dim])?, z(&[rows, c.dim])?));
+            s.shared = SharedScratch::alloc(c, rows, &z)?;
         }
         Ok(s)
     }
@@ -139,6 +190,7 @@ impl Activations {
             last: z(dim)?,
             logits: z(c.vocab_size.max(dim))?,
             experts_io: None,
+            shared: SharedScratch::alloc(c, rows, zeros)?,
         })
     }
 
@@ -161,6 +213,9 @@ impl Activations {
         if let Some((x, y)) = &mut self.experts_io {
             x.set_shape(&[n, c.dim])?;
             y.set_shape(&[n, c.dim])?;
+        }
+        if let Some(shared) = &mut self.shared {
+            shared.set_rows(n)?;
         }
         Ok(())
     }
@@ -741,7 +796,7 @@ fn run_layers<'s>(
 
 /// The feed-forward of layer `l` from `s.xb` into `s.xb2`: the gated
 /// `W2 · (act(W1 · xb) ⊙ (W3 · xb))` (SwiGLU or GeGLU), or the routed experts
-/// ([`Op::MoeFfn`]).
+/// ([`Op::MoeFfn`]) plus the shared expert where the layer has one.
 fn feed_forward(
     exec: &Executor,
     c: &ModelConfig,
@@ -769,7 +824,11 @@ fn feed_forward(
             })?;
             linear(exec, &s.hidden, w_down, None, &mut s.xb2)?;
         }
-        Ffn::Moe { router, experts } => {
+        Ffn::Moe {
+            router,
+            experts,
+            shared,
+        } => {
             let m = c.moe_layer(l).ok_or_else(|| {
                 Error::Config(format!("layer {l} has experts but no MoE configuration"))
             })?;
@@ -788,12 +847,46 @@ fn feed_forward(
                 renormalize: m.renormalize,
                 output,
             })?;
+            if let (Some(e), Some(scratch)) = (shared, &mut s.shared) {
+                shared_expert(exec, e, input, output, scratch)?;
+            }
             if let Some((_, y)) = &s.experts_io {
                 exec.copy_into(y, &mut s.xb2, "experts: activations")?;
             }
         }
     }
     Ok(())
+}
+
+/// Qwen2-MoE's shared expert `e` over the rows of `input`, added to the routed experts'
+/// `output`: `output += σ(gate · x) · W2 · (silu(W1 · x) ⊙ (W3 · x))` (transformers'
+/// `Qwen2MoeSparseMoeBlock`).
+fn shared_expert(
+    exec: &Executor,
+    e: &SharedExpert,
+    input: &Data,
+    output: &mut Data,
+    t: &mut SharedScratch,
+) -> flm_core::Result<()> {
+    exec.run(Op::Linears {
+        input,
+        parts: &mut [
+            LinearPart::new(&e.ffn.gate, None, &mut t.gate),
+            LinearPart::new(&e.ffn.up, None, &mut t.up),
+            LinearPart::new(&e.gate, None, &mut t.score),
+        ],
+    })?;
+    exec.run(Op::SiluMul {
+        gate: &t.gate,
+        up: &t.up,
+        output: &mut t.hidden,
+    })?;
+    linear(exec, &t.hidden, &e.ffn.down, None, &mut t.out)?;
+    exec.run(Op::GatedAdd {
+        x: output,
+        y: &t.out,
+        gate: &t.score,
+    })
 }
 
 /// The residual add of a block's output `s.xb2` to `s.x`, through the block's post-norm

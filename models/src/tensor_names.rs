@@ -60,6 +60,15 @@ pub enum LayerPart {
     PostFfnNorm,
     /// Router of a mixture-of-experts layer `[n_experts, dim]` (transformers' `mlp.gate`).
     Router,
+    /// Gate projection of the shared expert `[shared_expert_dim, dim]` (Qwen2-MoE).
+    SharedWGate,
+    /// Up projection of the shared expert `[shared_expert_dim, dim]` (Qwen2-MoE).
+    SharedWUp,
+    /// Down projection of the shared expert `[dim, shared_expert_dim]` (Qwen2-MoE).
+    SharedWDown,
+    /// The shared expert's gate `[1, dim]`: its output is weighted by `σ(gate · x)`
+    /// (Qwen2-MoE's `shared_expert_gate`).
+    SharedExpertGate,
 }
 
 /// The names of one [`LayerPart`] in each file format.
@@ -91,7 +100,7 @@ const fn part(
 
 /// Every layer part and its names. ChatGLM's own HF names are mapped in the THUDM
 /// importer, which splits its fused tensors.
-pub const PARTS: [PartNames; 22] = {
+pub const PARTS: [PartNames; 26] = {
     use LayerPart::*;
     [
         part(
@@ -193,6 +202,30 @@ pub const PARTS: [PartNames; 22] = {
             Some("mlp.gate.weight"),
             Some("ffn_gate_inp.weight"),
         ),
+        part(
+            SharedWGate,
+            "shared_w_gate",
+            Some("mlp.shared_expert.gate_proj.weight"),
+            Some("ffn_gate_shexp.weight"),
+        ),
+        part(
+            SharedWUp,
+            "shared_w_up",
+            Some("mlp.shared_expert.up_proj.weight"),
+            Some("ffn_up_shexp.weight"),
+        ),
+        part(
+            SharedWDown,
+            "shared_w_down",
+            Some("mlp.shared_expert.down_proj.weight"),
+            Some("ffn_down_shexp.weight"),
+        ),
+        part(
+            SharedExpertGate,
+            "shared_gate",
+            Some("mlp.shared_expert_gate.weight"),
+            Some("ffn_gate_inp_shexp.weight"),
+        ),
     ]
 };
 
@@ -243,10 +276,33 @@ impl TensorName {
     }
 
     /// Its name in GGUF files (llama.cpp's `LLM_TENSOR_NAMES`), or `None` for a tensor they
-    /// do not have (the experts, which GGUF files stack into one tensor per part).
+    /// do not have on its own (the experts, which GGUF files stack into one tensor per
+    /// part: [`TensorName::gguf_stacked`]).
     pub fn gguf(self) -> Option<String> {
         let top = ["token_embd.weight", "output_norm.weight", "output.weight"];
         self.foreign(top, "blk", |n| n.gguf)
+    }
+
+    /// For an expert's matrix, the GGUF tensor that stacks this matrix of every expert of
+    /// its layer, `[n_experts, out, in]` (llama.cpp's `ffn_gate_exps`, `ffn_up_exps`,
+    /// `ffn_down_exps`), and the expert's index in it; `None` for other tensors.
+    pub fn gguf_stacked(self) -> Option<(String, usize)> {
+        let TensorName::Expert(l, e, p) = self else {
+            return None;
+        };
+        let name = p.names().gguf?.strip_suffix(".weight")?;
+        Some((format!("blk.{l}.{name}_exps.weight"), e))
+    }
+
+    /// For an expert's matrix, its own GGUF tensor in the files llama.cpp wrote before it
+    /// stacked the experts (early 2024 Mixtral conversions: `blk.{l}.ffn_gate.{e}.weight`);
+    /// `None` for other tensors.
+    pub fn gguf_per_expert(self) -> Option<String> {
+        let TensorName::Expert(l, e, p) = self else {
+            return None;
+        };
+        let name = p.names().gguf?.strip_suffix(".weight")?;
+        Some(format!("blk.{l}.{name}.{e}.weight"))
     }
 
     /// Its name in a format naming the embedding, final norm and classifier `top`, and
@@ -268,15 +324,17 @@ impl TensorName {
 
     /// Whether this is a matrix that quantisation is most sensitive in: the classifier,
     /// the embedding table when tied to it, the K and V projections and the FFN down
-    /// projection (llama.cpp's Q4_K_M keeps these at higher precision for the same reason),
-    /// but not the experts' down projections.
+    /// projection, the shared expert's too (llama.cpp's Q4_K_M keeps these at higher
+    /// precision for the same reason), but not the routed experts' down projections.
     pub fn is_sensitive(self, tied: bool) -> bool {
         match self {
             TensorName::Classifier => true,
             TensorName::Embedding => tied,
-            TensorName::Layer(_, p) => {
-                matches!(p, LayerPart::Wk | LayerPart::Wv | LayerPart::WDown)
-            }
+            // The shared expert is a dense feed-forward every token runs.
+            TensorName::Layer(_, p) => matches!(
+                p,
+                LayerPart::Wk | LayerPart::Wv | LayerPart::WDown | LayerPart::SharedWDown
+            ),
             // The experts are most of a mixture's bytes: int8 down projections would cost a
             // third more memory and decode time where the experts are the bottleneck.
             TensorName::Expert(..) => false,
@@ -366,13 +424,14 @@ pub fn canonical_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<usize>)> {
 const EXPERT_PARTS: [LayerPart; 3] = [LayerPart::WGate, LayerPart::WDown, LayerPart::WUp];
 
 /// The tensors of Llama-graph layer `l` and their shapes: the biases and the q/k norms only
-/// where the configuration has them; in a mixture-of-experts layer the router and each
-/// expert's matrices in place of the dense feed-forward's.
+/// where the configuration has them; in a mixture-of-experts layer the router, the shared
+/// expert if any, and each expert's matrices in place of the dense feed-forward's.
 fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
     use LayerPart::*;
     let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
     let moe = c.moe_layer(l);
     let dense = moe.is_none();
+    let shared = moe.and_then(|m| m.shared_expert_dim);
     let mut out: Vec<(TensorName, Vec<usize>)> = [
         (AttnNorm, Some(vec![dim])),
         (Wq, Some(vec![q_dim, dim])),
@@ -390,6 +449,10 @@ fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
         (WDown, dense.then(|| vec![dim, hd])),
         (WUp, dense.then(|| vec![hd, dim])),
         (Router, moe.map(|m| vec![m.n_experts, dim])),
+        (SharedWGate, shared.map(|d| vec![d, dim])),
+        (SharedWDown, shared.map(|d| vec![dim, d])),
+        (SharedWUp, shared.map(|d| vec![d, dim])),
+        (SharedExpertGate, shared.map(|_| vec![1, dim])),
         (PostAttnNorm, c.post_norms.then(|| vec![dim])),
         (PostFfnNorm, c.post_norms.then(|| vec![dim])),
     ]
@@ -490,6 +553,19 @@ mod tests {
             "model.layers.1.mlp.experts.3.up_proj.weight"
         );
         assert_eq!(expert.gguf(), None);
+        assert_eq!(
+            expert.gguf_stacked(),
+            Some(("blk.1.ffn_up_exps.weight".into(), 3))
+        );
+        assert_eq!(wq.gguf_stacked(), None);
+        assert_eq!(
+            expert.gguf_per_expert(),
+            Some("blk.1.ffn_up.3.weight".into())
+        );
+        assert_eq!(
+            TensorName::Layer(2, LayerPart::SharedExpertGate).gguf(),
+            Some("blk.2.ffn_gate_inp_shexp.weight".into())
+        );
         assert_eq!(expert.to_string(), "layers.1.experts.3.w_up");
         assert_eq!(expert.to_string().parse::<TensorName>(), Ok(expert));
         assert!("layers.1.experts.3.wq".parse::<TensorName>().is_err());

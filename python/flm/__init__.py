@@ -35,7 +35,9 @@ class Model:
     threads: worker threads of the model's pool (0: one per core); device: "cpu", "cuda"
     (a usable CUDA GPU, else FlmError with status INVALID_ARGUMENT saying why) or "auto"
     (the GPU when one is usable); context: KV cache positions of each session (0: the
-    model's, at most 4096).
+    model's, at most 4096); activation_bits: 8 (int8 activation blocks, as llama.cpp) or
+    16 (their rounding residual too: the logits of unrounded activations, slower) for
+    quantised weights on the CPU.
     Raises FlmError (status IO for a missing file, FORMAT for a malformed one...).
     """
 
@@ -46,9 +48,10 @@ class Model:
         threads: int = 0,
         device: str = "auto",
         context: int = 0,
+        activation_bits: int = 8,
     ) -> None:
         self._handle: ctypes.c_void_p | None = None
-        options = ModelOptions(threads, device.encode(), context)
+        options = ModelOptions(threads, device.encode(), context, activation_bits)
         handle = ctypes.c_void_p()
         check(lib().flm_model_load(os.fsencode(path), ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle

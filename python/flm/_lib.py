@@ -43,6 +43,7 @@ class ModelOptions(ctypes.Structure):
         ("threads", ctypes.c_size_t),
         ("device", ctypes.c_char_p),
         ("context", ctypes.c_size_t),
+        ("activation_bits", ctypes.c_uint32),
     ]
 
 

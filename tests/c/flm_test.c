@@ -224,6 +224,15 @@ static void bad_calls(const char *path, FlmModel *model) {
     options.device = NULL;
     options.threads = (size_t)-1;
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT, "threads");
+    options.threads = 1;
+    options.activation_bits = 12;
+    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
+                 "activation_bits is 12");
+    options.activation_bits = 16;
+    FlmModel *sixteen = NULL;
+    CHECK(flm_model_load(path, &options, &sixteen) == FLM_STATUS_OK);
+    flm_model_free(sixteen);
+    options.activation_bits = 0;
     FlmSampling sampling = flm_sampling_default();
     sampling.top_p = 1.5f;
     EXPECT_ERROR(flm_generate(session, "a", 1, &sampling, 4, NULL, NULL, NULL),

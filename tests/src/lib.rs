@@ -60,7 +60,7 @@ pub fn stories_logits() -> Vec<f32> {
 
 /// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
 /// `make_tiny.py`), by directory name.
-pub const HF_FAMILIES: [&str; 10] = [
+pub const HF_FAMILIES: [&str; 11] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -71,6 +71,7 @@ pub const HF_FAMILIES: [&str; 10] = [
     "gemma3",
     "mixtral",
     "qwen3_moe",
+    "qwen2_moe",
 ];
 
 /// Prefills `prompt` on `exec`, then decodes `steps` greedy tokens one at a time.
@@ -122,8 +123,22 @@ pub fn weights_in(
                     *d = c(TensorName::Layer(l, part), d);
                 }
             }
-            Ffn::Moe { router, experts } => {
+            Ffn::Moe {
+                router,
+                experts,
+                shared,
+            } => {
                 *router = c(TensorName::Layer(l, Router), router);
+                if let Some(s) = shared {
+                    for (part, d) in [
+                        (SharedWGate, &mut s.ffn.gate),
+                        (SharedWDown, &mut s.ffn.down),
+                        (SharedWUp, &mut s.ffn.up),
+                        (SharedExpertGate, &mut s.gate),
+                    ] {
+                        *d = c(TensorName::Layer(l, part), d);
+                    }
+                }
                 for (e, x) in experts.iter_mut().enumerate() {
                     for (part, d) in [(WGate, &mut x.gate), (WDown, &mut x.down), (WUp, &mut x.up)]
                     {

@@ -34,6 +34,13 @@ impl Message {
     }
 }
 
+/// Keyword arguments of a Jinja chat template beside the conversation: the variables that
+/// transformers' `apply_chat_template(messages, **kwargs)` hands the template, such as
+/// Qwen3's `enable_thinking` (`false` closes an empty `<think>` block after the generation
+/// prompt). Keys are the template's variable names, values any JSON; the built-in ChatGLM
+/// formats have no variables and ignore them.
+pub type TemplateArgs = serde_json::Map<String, serde_json::Value>;
+
 /// A built-in prompt format, stored in the tokenizer description.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -82,14 +89,35 @@ impl Tokenizer {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<ChatPrompt> {
+        self.encode_chat_with_args(messages, add_generation_prompt, &TemplateArgs::new())
+    }
+
+    /// [`Tokenizer::encode_chat`] with keyword arguments for the Jinja template (see
+    /// [`TemplateArgs`]).
+    ///
+    /// Errors: as [`Tokenizer::encode_chat`], and [`Error::Template`] for an argument that
+    /// names a variable the conversation sets ([`crate::check_template_args`]).
+    pub fn encode_chat_with_args(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        args: &TemplateArgs,
+    ) -> Result<ChatPrompt> {
+        crate::check_template_args(args)?;
         match (self.chat_format, &self.chat_template) {
             (Some(ChatFormat::ChatGlm2), _) => self.chatglm2(messages),
             (Some(ChatFormat::ChatGlm3 | ChatFormat::Glm4), _) => {
                 self.role_tokens(messages, add_generation_prompt)
             }
             (None, Some(template)) => {
-                let text =
-                    crate::jinja::render(self, template, messages, None, add_generation_prompt)?;
+                let text = crate::jinja::render(
+                    self,
+                    template,
+                    messages,
+                    None,
+                    add_generation_prompt,
+                    args,
+                )?;
                 let ids = self.encode_with_specials(&text)?;
                 Ok(ChatPrompt { ids, text })
             }
@@ -103,24 +131,26 @@ impl Tokenizer {
 
     /// The prompt for `messages`, JSON objects as OpenAI's API gives them (`role`,
     /// `content`, and `tool_calls` or `tool_call_id` where present), with the function
-    /// list `tools` (OpenAI's `tools` array), rendered by the Jinja chat template, which
-    /// sees them as `messages` and `tools` (transformers' `apply_chat_template(messages,
-    /// tools=...)`).
+    /// list `tools` (OpenAI's `tools` array) and the keyword arguments `args`, rendered by
+    /// the Jinja chat template, which sees them as `messages`, `tools` and variables of
+    /// their own (transformers' `apply_chat_template(messages, tools=..., **kwargs)`).
     ///
     /// Errors: [`Error::Template`] when the tokenizer has no Jinja template (the built-in
-    /// ChatGLM formats take no tool list), and as [`Tokenizer::encode_chat`].
+    /// ChatGLM formats take no tool list), and as [`Tokenizer::encode_chat_with_args`].
     pub fn encode_chat_with_tools(
         &self,
         messages: &[serde_json::Value],
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
+        args: &TemplateArgs,
     ) -> Result<ChatPrompt> {
         let (None, Some(template)) = (self.chat_format, &self.chat_template) else {
             return Err(Error::Template(
                 "tools and tool messages need a Jinja chat template, and the model has none".into(),
             ));
         };
-        let text = crate::jinja::render(self, template, messages, tools, add_generation_prompt)?;
+        let text =
+            crate::jinja::render(self, template, messages, tools, add_generation_prompt, args)?;
         let ids = self.encode_with_specials(&text)?;
         Ok(ChatPrompt { ids, text })
     }

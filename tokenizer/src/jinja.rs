@@ -7,14 +7,34 @@
 //! the order they come, which serde_json sorts); Python string methods (`.strip()`, `.startswith()`...)
 //! work through minijinja-contrib's `pycompat`.
 
-use minijinja::{context, Environment, ErrorKind};
+use minijinja::value::merge_maps;
+use minijinja::{context, Environment, ErrorKind, Value};
 
-use crate::{Error, Result, Tokenizer};
+use crate::{Error, Result, TemplateArgs, Tokenizer};
+
+/// The template variables that the conversation itself sets, which no keyword argument may
+/// replace (transformers' `render_jinja_template` passes them by name beside `**kwargs`, so
+/// Python refuses a duplicate).
+const RESERVED: [&str; 3] = ["messages", "tools", "add_generation_prompt"];
+
+/// Checks that `args` names none of the variables the conversation sets (`messages`,
+/// `tools`, `add_generation_prompt`).
+///
+/// Errors: [`Error::Template`] naming the first such argument.
+pub fn check_template_args(args: &TemplateArgs) -> Result<()> {
+    match RESERVED.iter().find(|name| args.contains_key(**name)) {
+        Some(name) => Err(Error::Template(format!(
+            "the chat template argument `{name}` is set by the request itself and cannot be              given as a keyword argument"
+        ))),
+        None => Ok(()),
+    }
+}
 
 /// Renders `template` for `messages` (a list of [`crate::Message`]s, or of JSON messages with
-/// more fields, such as `tool_calls`) and `tools`.
+/// more fields, such as `tool_calls`), `tools` and the keyword arguments `args`.
 ///
-/// Errors: [`Error::Template`] with minijinja's message for a syntax error, an undefined
+/// Errors: [`Error::Template`] for an argument named as a reserved variable
+/// ([`check_template_args`]), and with minijinja's message for a syntax error, an undefined
 /// function, or a `raise_exception` call (the template's message).
 pub(crate) fn render<M: serde::Serialize>(
     tok: &Tokenizer,
@@ -22,7 +42,9 @@ pub(crate) fn render<M: serde::Serialize>(
     messages: &[M],
     tools: Option<&serde_json::Value>,
     add_generation_prompt: bool,
+    args: &TemplateArgs,
 ) -> Result<String> {
+    check_template_args(args)?;
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -39,13 +61,19 @@ pub(crate) fn render<M: serde::Serialize>(
             .map(|p| String::from_utf8_lossy(p).into_owned())
             .unwrap_or_default()
     };
-    let ctx = context! {
-        messages => messages,
-        tools => tools,
-        add_generation_prompt => add_generation_prompt,
-        bos_token => token(tok.bos_id()),
-        eos_token => token(tok.eos_id()),
-    };
+    // The last map that holds a name gives its value.
+    let ctx = merge_maps([
+        context! {
+            bos_token => token(tok.bos_id()),
+            eos_token => token(tok.eos_id()),
+        },
+        Value::from_serialize(args),
+        context! {
+            messages => messages,
+            tools => tools,
+            add_generation_prompt => add_generation_prompt,
+        },
+    ]);
     let failed = |e: minijinja::Error| {
         let mut why = e.to_string();
         let mut source = std::error::Error::source(&e);
@@ -118,10 +146,10 @@ mod tests {
             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]})];
         let tools = serde_json::json!([{"type": "function", "function": {"name": "g"}},
             {"type": "function", "function": {"name": "h"}}]);
-        let text = render(&t, template, &messages, Some(&tools), false).unwrap();
+        let text = render(&t, template, &messages, Some(&tools), false, &none()).unwrap();
         assert_eq!(text, "g;h;f");
         assert_eq!(
-            render(&t, "{{ tools is none }}", &messages, None, false).unwrap(),
+            render(&t, "{{ tools is none }}", &messages, None, false, &none()).unwrap(),
             "True"
         );
         // As Python's json.dumps(..., ensure_ascii=False) writes it.
@@ -131,6 +159,7 @@ mod tests {
             &messages,
             Some(&tools),
             false,
+            &none(),
         );
         assert_eq!(
             text.unwrap(),
@@ -142,6 +171,7 @@ mod tests {
             &messages,
             None,
             false,
+            &none(),
         );
         assert_eq!(text.unwrap(), r#"["é", 1.5, null]"#);
     }
@@ -175,7 +205,46 @@ mod tests {
 
     fn render_one(template: &str, messages: &[Message], gen: bool) -> Result<String> {
         let t = tok(template);
-        render(&t, t.chat_template().unwrap(), messages, None, gen)
+        render(&t, t.chat_template().unwrap(), messages, None, gen, &none())
+    }
+
+    fn none() -> TemplateArgs {
+        TemplateArgs::new()
+    }
+
+    fn args(json: serde_json::Value) -> TemplateArgs {
+        json.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn keyword_arguments_reach_the_template_and_override_the_special_tokens() {
+        let t = tok("");
+        let msgs = [Message::new("user", "hi")];
+        let template = "{{ bos_token }}|{{ flag }}|{{ n + 1 }}|{{ names | join(',') }}|\
+                        {{ opts.depth }}|{{ messages[0].content }}|{{ missing is defined }}";
+        let given = args(
+            serde_json::json!({"flag": false, "n": 2, "names": ["a", "b"],
+            "opts": {"depth": 3}, "bos_token": "[BOS]"}),
+        );
+        assert_eq!(
+            render(&t, template, &msgs, None, true, &given).unwrap(),
+            "[BOS]|False|3|a,b|3|hi|False"
+        );
+        assert_eq!(
+            render(&t, "{{ bos_token }}", &msgs, None, true, &none()).unwrap(),
+            "<s>"
+        );
+    }
+
+    #[test]
+    fn keyword_arguments_may_not_replace_the_conversation() {
+        let t = tok("");
+        let msgs = [Message::new("user", "hi")];
+        for name in RESERVED {
+            let given = args(serde_json::json!({ name: [] }));
+            let err = render(&t, "{{ messages }}", &msgs, None, true, &given).unwrap_err();
+            assert!(err.to_string().contains(&format!("`{name}`")), "{err}");
+        }
     }
 
     /// Expected strings: what Python's jinja2 3.1.6 renders for the same template and

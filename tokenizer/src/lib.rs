@@ -63,11 +63,12 @@ mod vocab;
 
 use std::path::Path;
 
-pub use chat::{ChatFormat, ChatPrompt, Message};
+pub use chat::{ChatFormat, ChatPrompt, Message, TemplateArgs};
 pub use decode::StreamDecoder;
 pub use error::{Error, Result};
 pub use gpt2::gguf_gpt2_spec;
 pub use hf_config::chat_template_from_hf_config;
+pub use jinja::check_template_args;
 pub use spec::{
     AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
     PrependScheme, SentencePieceSpec, TokenizerKind, TokenizerSpec,

@@ -1,25 +1,57 @@
-"""GGUF files of the tiny Qwen2, Qwen3 and Gemma 3 checkpoints in tests/data/hf-families,
-written with gguf-py as llama.cpp's convert_hf_to_gguf.py writes these architectures, for
-flm's tests/hf_families.rs (the logits to match are transformers', already in that folder).
+"""GGUF files of tiny checkpoints in tests/data/hf-families (Qwen2, Qwen3, Gemma 3, Phi-3,
+and the mixtures Mixtral, Qwen3-MoE and Qwen2-MoE), written with gguf-py as llama.cpp's
+convert_hf_to_gguf.py writes these architectures, for flm's tests/hf_families.rs (the
+logits to match are transformers', already in that folder).
 
-Run from the repository root: `python tools/gguf/make_family_ggufs.py`. Writes
-`tests/data/hf-families/<family>.gguf` for qwen2, qwen3 and gemma3: F32 tensors as in
-model.safetensors under llama.cpp's names (q/k not permuted: these use the NEOX RoPE
-layout), the hyper-parameters under `<architecture>.` as `Qwen2Model.set_gguf_parameters`,
-`Qwen3Model` and `Gemma3Model` (conversion/gemma.py) write them, no tokenizer (the
-checkpoints have none), so the vocabulary size is given as `<architecture>.vocab_size`.
-Gemma 3 as its converter does: every `*norm.weight` plus 1 (`Gemma3RMSNorm`'s gain),
-`sliding_window`, the global layers' RoPE base; and, because the tiny model's two layers
-are [sliding, full] rather than llama.cpp's default period of 6, the per-layer
-`attention.sliding_window_pattern` flags (the key llama.cpp's `load_swa_pattern` reads).
+Run from the repository root: `python tools/gguf/make_family_ggufs.py [FAMILY ...]`
+(default: every family). Writes `tests/data/hf-families/<family>.gguf`: F32 tensors as in
+model.safetensors under llama.cpp's names, the hyper-parameters under `<architecture>.` as
+`Qwen2Model.set_gguf_parameters`, `Qwen3Model`, `Gemma3Model` (conversion/gemma.py),
+`LlamaModel` (conversion/llama.py, Mixtral), `Phi3MiniModel` (conversion/phi.py) and `Qwen2MoeModel` / `Qwen3MoeModel`
+(conversion/qwen.py) write them, no tokenizer (the checkpoints have none), so the
+vocabulary size is given as `<architecture>.vocab_size`.
+- q/k are not permuted for the Qwen and Gemma architectures (NEOX RoPE layout); Mixtral
+  (architecture `llama`) has them permuted into Meta's interleaved layout, as
+  `LlamaModel.permute` does.
+- Gemma 3 as its converter does: every `*norm.weight` plus 1 (`Gemma3RMSNorm`'s gain),
+  `sliding_window`, the global layers' RoPE base; and, because the tiny model's two layers
+  are [sliding, full] rather than llama.cpp's default period of 6, the per-layer
+  `attention.sliding_window_pattern` flags (the key llama.cpp's `load_swa_pattern` reads).
+- Phi-3 (`Phi3MiniModel`, conversion/phi.py): fused `attn_qkv` (q, k, v rows) and
+  `ffn_up` (gate rows, then up rows), `rope.dimension_count` the rotated dimensions of a
+  head (12 of 16: partial_rotary_factor 0.75), `rope.scaling.original_context_length`,
+  `rope.scaling.attn_factor` `sqrt(1 + ln(128/16) / ln(16))`, `attention.sliding_window`
+  0, and the LongRoPE factors as the F32 tensors `rope_factors_short.weight` and
+  `rope_factors_long.weight`.
+- The mixtures: each layer's experts stacked into one tensor per projection,
+  `ffn_{gate,up,down}_exps` of shape `[n_expert, out, in]` (`torch.stack(.., dim=0)`),
+  the router as `ffn_gate_inp`, `expert_count` and `expert_used_count`; Qwen's
+  `expert_feed_forward_length`; Qwen2-MoE's shared expert as `ffn_{gate,up,down}_shexp`
+  and its gate `ffn_gate_inp_shexp` `[1, hidden]` (not squeezed, as the converter writes it
+  since 2025), with `expert_shared_feed_forward_length`. Qwen3-MoE's dense layer 1
+  (`mlp_only_layers`) keeps `ffn_gate`/`ffn_up`/`ffn_down`, as the converter's name map
+  gives them (llama.cpp's own `qwen3moe` graph has no dense layers; flm reads a layer
+  without `ffn_gate_inp` as dense).
+- `mixtral-per-expert.gguf`: Mixtral as llama.cpp wrote it before stacking the experts,
+  each expert's matrices as tensors of their own (`blk.{l}.ffn_gate.{e}.weight`, ...).
+- `phi3-q8_0.gguf` and `qwen2_moe-q8_0.gguf`: the same with every matrix whose rows fill
+  32-value blocks in Q8_0 (gguf-py's quantiser; norms, routers and the shared expert's down
+  projection of rows of 48 stay F32), to check that fused and stacked tensors of a block
+  type are sliced right; the weights are first rounded to the values their Q8_0 blocks
+  decode to, and `<family>/q8_0_logits_f32le.bin` holds transformers' logits for those
+  weights (the script imports torch and transformers for them).
 """
 
 import json
+import math
+import shutil
+import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
-from safetensors.numpy import load_file
+from gguf import quants
+from safetensors.numpy import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[2] / "tests" / "data" / "hf-families"
 
@@ -45,6 +77,32 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+}
+# The experts' stacked tensors, by the name of one expert's projection.
+EXPERT_NAMES = {
+    "gate_proj": "ffn_gate_exps.weight",
+    "up_proj": "ffn_up_exps.weight",
+    "down_proj": "ffn_down_exps.weight",
+    "w1": "ffn_gate_exps.weight",
+    "w3": "ffn_up_exps.weight",
+    "w2": "ffn_down_exps.weight",
+}
+ARCHITECTURES = {
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "mixtral": "llama",
+    "qwen3_moe": "qwen3moe",
+    "qwen2_moe": "qwen2moe",
+    "phi3": "phi3",
 }
 
 
@@ -55,14 +113,126 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{LAYER_NAMES[rest]}"
 
 
-def write(family: str) -> None:
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf's `LlamaModel.permute`: rotate-half rows to interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def stacked_experts(tensors: dict, per_expert: bool = False) -> dict:
+    """The tensors with each layer's experts stacked per projection, `[n_expert, out, in]`,
+    or with `per_expert` under llama.cpp's names of before the stacking,
+    `blk.{l}.ffn_gate.{e}.weight`."""
+    out, experts = {}, {}
+    for name, tensor in tensors.items():
+        parts = name.split(".")
+        if "experts" in parts:
+            i = parts.index("experts")
+            layer, expert, proj = int(parts[2]), int(parts[i + 1]), parts[i + 2]
+            if per_expert:
+                stem = EXPERT_NAMES[proj].removesuffix("_exps.weight")
+                out[f"blk.{layer}.{stem}.{expert}.weight"] = tensor
+                continue
+            experts.setdefault((layer, proj), {})[expert] = tensor
+        else:
+            out[name] = tensor
+    for (layer, proj), by_expert in sorted(experts.items()):
+        stacked = np.stack([by_expert[e] for e in range(len(by_expert))], axis=0)
+        out[f"blk.{layer}.{EXPERT_NAMES[proj]}"] = stacked
+    return out
+
+
+def phi3(writer: gguf.GGUFWriter, config: dict, rope: dict) -> None:
+    """What `Phi3MiniModel` adds: the pre-training context, the rotated dimensions of a
+    head, the window (0: none), and for LongRoPE its attention factor and the short and
+    long factors as F32 tensors."""
+    n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
+    original = rope["original_max_position_embeddings"]
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head)
+    writer.add_sliding_window(config.get("sliding_window") or 0)
+    scale = config["max_position_embeddings"] / original
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
+    writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+
+
+# Routers stay F32, as llama.cpp's quantiser leaves them (HF and GGUF names).
+ROUTERS = (
+    "mlp.gate.weight",
+    "block_sparse_moe.gate.weight",
+    "shared_expert_gate.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_inp_shexp.weight",
+)
+Q8_0 = gguf.GGMLQuantizationType.Q8_0
+
+
+def quantisable(name: str, tensor: np.ndarray) -> bool:
+    """Whether a tensor becomes Q8_0 in the `-q8_0` files: matrices (stacked or not) whose
+    rows fill 32-value blocks, but norms and routers."""
+    return (
+        tensor.ndim >= 2
+        and tensor.shape[-1] % 32 == 0
+        and "norm" not in name
+        and not name.endswith(ROUTERS)
+    )
+
+
+def round_trip(tensor: np.ndarray) -> np.ndarray:
+    """The values gguf-py's Q8_0 blocks of `tensor` decode to."""
+    return quants.dequantize(quants.quantize(np.ascontiguousarray(tensor, dtype=np.float32), Q8_0), Q8_0)
+
+
+def reference_logits(family: str, tensors: dict) -> None:
+    """transformers' logits `[24, vocab]` (f32 little-endian) of the input ids of
+    reference.json for the checkpoint `family` with `tensors` as its weights, written to
+    `<family>/q8_0_logits_f32le.bin`."""
+    import tempfile
+
+    import torch
+    import transformers
+
+    input_ids = json.loads((ROOT / "reference.json").read_text())["input_ids"]
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(ROOT / family / "config.json", tmp)
+        save_file(tensors, f"{tmp}/model.safetensors", metadata={"format": "pt"})
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        with torch.no_grad():
+            logits = model(torch.tensor([input_ids])).logits[0].float()
+    (ROOT / family / "q8_0_logits_f32le.bin").write_bytes(logits.numpy().astype("<f4").tobytes())
+
+
+def add(writer: gguf.GGUFWriter, name: str, tensor: np.ndarray, q8_0: bool) -> None:
+    """Adds `tensor` as F32, or as Q8_0 when `q8_0` and it is quantisable (its values are
+    then already Q8_0's, so that the blocks decode to them exactly)."""
+    tensor = np.ascontiguousarray(tensor, dtype=np.float32)
+    if not (q8_0 and quantisable(name, tensor)):
+        writer.add_tensor(name, tensor)
+        return
+    blocks = quants.quantize(tensor, Q8_0)
+    assert (quants.dequantize(blocks, Q8_0) == tensor).all(), name
+    writer.add_tensor(name, blocks, raw_dtype=Q8_0)
+
+
+def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
+    """Writes `<family>.gguf`, or with `q8_0` `<family>-q8_0.gguf` (the quantisable
+    matrices in Q8_0) and transformers' logits for the weights its blocks decode to, or with
+    `per_expert` `<family>-per-expert.gguf` (each expert's matrices as tensors of their
+    own)."""
     src = ROOT / family
     config = json.loads((src / "config.json").read_text())
+    tensors = load_file(src / "model.safetensors")
+    if q8_0:
+        tensors = {n: round_trip(t) if quantisable(n, t) else t for n, t in tensors.items()}
+        reference_logits(family, tensors)
     rope = config.get("rope_parameters") or {}
     gemma = family.startswith("gemma")
     rope = rope.get("full_attention", rope)
-    arch = family
-    writer = gguf.GGUFWriter(ROOT / f"{family}.gguf", arch)
+    arch = ARCHITECTURES[family]
+    suffix = "-q8_0" if q8_0 else "-per-expert" if per_expert else ""
+    writer = gguf.GGUFWriter(ROOT / f"{family}{suffix}.gguf", arch)
     writer.add_name(f"tiny-{family}")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -72,30 +242,55 @@ def write(family: str) -> None:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta")))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if "head_dim" in config:
+    if config.get("head_dim") is not None:
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
     writer.add_vocab_size(config["vocab_size"])
+    if "num_experts_per_tok" in config:
+        writer.add_expert_count(config.get("num_local_experts", config.get("num_experts")))
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+    if "moe_intermediate_size" in config:
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if "shared_expert_intermediate_size" in config:
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    if arch == "phi3":
+        phi3(writer, config, rope)
+    if arch == "llama":
+        writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     if gemma:
         writer.add_sliding_window(config["sliding_window"])
         writer.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
         if rope.get("rope_type") == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(rope["factor"])
-    for name, tensor in load_file(src / "model.safetensors").items():
+    for name, tensor in stacked_experts(tensors, per_expert).items():
+        if name.startswith("blk."):
+            add(writer, name, tensor, q8_0)
+            continue
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            tensor = permute(tensor, config["num_attention_heads"])
+        if arch == "llama" and name.endswith("k_proj.weight"):
+            tensor = permute(tensor, config["num_key_value_heads"])
         if gemma and name.endswith("norm.weight"):
             tensor = tensor + 1.0
         if gemma and name.endswith("post_attention_layernorm.weight"):
             gname = gguf_name(name).replace("ffn_norm", "post_attention_norm")
         else:
             gname = gguf_name(name)
-        writer.add_tensor(gname, np.ascontiguousarray(tensor, dtype=np.float32))
+        add(writer, gname, tensor, q8_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
 
 
+# The families also written with Q8_0 matrices (`<family>-q8_0.gguf`).
+QUANTISED = ("phi3", "qwen2_moe")
+
 if __name__ == "__main__":
-    for family in ("qwen2", "qwen3", "gemma3"):
+    for family in sys.argv[1:] or list(ARCHITECTURES):
         write(family)
+        if family in QUANTISED:
+            write(family, q8_0=True)
+        if family == "mixtral":
+            write(family, per_expert=True)

@@ -4,7 +4,9 @@ flm's tokenizer/tests/templates.rs.
 
 Run from the repository root: `python tools/templates/render_references.py`. Writes
 `tests/data/templates/references.json`: per case the template file, the messages,
-`add_generation_prompt`, and the rendered text or the template's exception message. The
+`add_generation_prompt`, the template's keyword arguments (`kwargs`, as given to
+`apply_chat_template(..., **kwargs)`; Qwen3's `enable_thinking`), and the rendered text or
+the template's exception message. The
 special tokens are those of the Llama 2 tokenizer the test loads (`<s>`, `</s>`).
 """
 
@@ -27,6 +29,21 @@ CASES = [
         True,
     ),
     ("Qwen-Qwen3-0.6B.jinja", [("user", "Hi"), ("assistant", THINKING)], False),
+    # Qwen3's thinking switch: off, an empty <think> block follows the generation prompt.
+    ("Qwen-Qwen3-0.6B.jinja", [("user", "Hello")], True, dict(enable_thinking=False)),
+    ("Qwen-Qwen3-0.6B.jinja", [("user", "Hello")], True, dict(enable_thinking=True)),
+    (
+        "Qwen-Qwen3-0.6B.jinja",
+        [("user", "Hi"), ("assistant", THINKING), ("user", "2+2?")],
+        True,
+        dict(enable_thinking=False),
+    ),
+    (
+        "Qwen-Qwen3-0.6B.jinja",
+        [("user", "Hi"), ("assistant", THINKING)],
+        False,
+        dict(enable_thinking=False),
+    ),
     ("google-gemma-2-2b-it.jinja", [("user", " Hello ")], True),
     (
         "google-gemma-2-2b-it.jinja",
@@ -41,9 +58,10 @@ CASES = [
 
 def main():
     out = []
-    for template, messages, gen in CASES:
+    for template, messages, gen, *kwargs in CASES:
+        kwargs = kwargs[0] if kwargs else {}
         msgs = [dict(role=r, content=c) for r, c in messages]
-        case = dict(template=template, messages=msgs, add_generation_prompt=gen)
+        case = dict(template=template, messages=msgs, add_generation_prompt=gen, kwargs=kwargs)
         try:
             rendered, _ = render_jinja_template(
                 conversations=[msgs],
@@ -51,6 +69,7 @@ def main():
                 add_generation_prompt=gen,
                 bos_token="<s>",
                 eos_token="</s>",
+                **kwargs,
             )
             case["text"] = rendered[0]
         except jinja2.exceptions.TemplateError as e:

@@ -52,6 +52,28 @@ impl Kernel for Add<'_> {
     }
 }
 
+/// `x[i, :] += σ(gate[i]) · y[i, :]` (see [`flm_core::Op::GatedAdd`]): one gate per row,
+/// so the rows' adds are a few multiply-adds each and need no SIMD kernel of their own.
+pub(crate) fn gated_add(x: &mut Data, y: &Data, gate: &Data) -> Result<()> {
+    let cols = x.cols();
+    let (y, gate) = (y.as_f32()?, gate.as_f32()?);
+    if cols == 0 {
+        return Ok(());
+    }
+    for ((xr, yr), &g) in x
+        .as_f32_mut()?
+        .chunks_exact_mut(cols)
+        .zip(y.chunks_exact(cols))
+        .zip(gate)
+    {
+        let w = 1.0 / (1.0 + (-g).exp());
+        for (a, b) in xr.iter_mut().zip(yr) {
+            *a += w * b;
+        }
+    }
+    Ok(())
+}
+
 /// `dst[rows[r], :] = src[r, :]` (see [`flm_core::Op::ScatterRows`]).
 pub(crate) fn scatter_rows(src: &Data, rows: &[u32], dst: &mut Data) -> Result<()> {
     let cols = src.cols();

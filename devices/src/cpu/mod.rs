@@ -266,6 +266,7 @@ impl BaseDevice for CpuDevice {
                 activation::gate_mul::<activation::Silu>(self.isa.vector(), gate, up, output)
             }
             Op::Add { x, y } => elementwise::add(self.isa.vector(), x, y),
+            Op::GatedAdd { x, y, gate } => elementwise::gated_add(x, y, gate),
             Op::Argmax { input, output } => {
                 elementwise::argmax_rows(self.isa.vector(), input, output)
             }

@@ -71,6 +71,8 @@ impl BaseDevice for CudaDevice {
             Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
             // The experts run on the CPU, from host memory (`--moe-device cpu`).
             Op::MoeFfn { .. } => false,
+            // Qwen2-MoE's shared expert runs beside the routed experts, on the CPU.
+            Op::GatedAdd { .. } => false,
         }
     }
 
@@ -217,9 +219,10 @@ impl BaseDevice for CudaDevice {
                 dst,
                 dst_row,
             } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, dst_row),
-            op @ (Op::PagedAttention { .. } | Op::ScatterRows { .. } | Op::MoeFfn { .. }) => {
-                Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
-            }
+            op @ (Op::PagedAttention { .. }
+            | Op::ScatterRows { .. }
+            | Op::MoeFfn { .. }
+            | Op::GatedAdd { .. }) => Err(Error::Unsupported(format!("{:?} on cuda", op.kind()))),
         }
     }
 }

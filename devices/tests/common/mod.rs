@@ -68,6 +68,23 @@ pub fn random_weight(rng: &mut StdRng, shape: &[usize], dtype: DataType) -> (Dat
     (w, values)
 }
 
+/// `n_experts` random SwiGLU experts (`[inner, dim]` gate and up, `[dim, inner]` down) of
+/// `dtype`, for `Op::MoeFfn`.
+pub fn random_experts(
+    rng: &mut StdRng,
+    n_experts: usize,
+    (dim, inner): (usize, usize),
+    dtype: DataType,
+) -> Vec<flm_core::Expert> {
+    (0..n_experts)
+        .map(|_| flm_core::Expert {
+            gate: random_weight(rng, &[inner, dim], dtype).0,
+            up: random_weight(rng, &[inner, dim], dtype).0,
+            down: random_weight(rng, &[dim, inner], dtype).0,
+        })
+        .collect()
+}
+
 /// An f32 output tensor filled with NaN, so an element the kernel forgets to write fails.
 pub fn nan_output(shape: &[usize]) -> Data {
     f32_data(shape, &vec![f32::NAN; shape.iter().product()])

@@ -17,12 +17,19 @@
 //! the bytes left in the file before anything is allocated for it, nesting is limited, and
 //! a bad file gives [`Error::Format`], never a panic.
 //!
-//! `general.architecture` `llama`, `qwen2` and `qwen3` map onto [`ModelConfig`] from the
-//! keys under the architecture's name. llama.cpp's converter stores a Llama's q/k in Meta's
-//! layout ([`flm_core::RopeStyle::AdjacentPairs`]) and Qwen's as transformers has them
+//! `general.architecture` `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`,
+//! `gemma`, `gemma2` and `gemma3` map onto [`ModelConfig`] from the keys under the
+//! architecture's name. llama.cpp's converter stores a Llama's q/k in Meta's layout
+//! ([`flm_core::RopeStyle::AdjacentPairs`]) and the others' as transformers has them
 //! ([`flm_core::RopeStyle::RotateHalf`], its NEOX RoPE type); Qwen2 adds q/k/v biases
 //! (`attn_q.bias`...), Qwen3 a norm over each query and key head (`attn_q_norm`,
-//! `attn_k_norm`). Tensors F32, F16, BF16
+//! `attn_k_norm`). Mixtures of experts (`{arch}.expert_count`: `llama` for Mixtral,
+//! `qwen2moe`, `qwen3moe`) stack each layer's experts into one tensor per projection
+//! (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`, `[n_experts, out, in]`), each
+//! expert read as a view of its rows; Qwen2-MoE adds a shared expert (`*_shexp`). Phi-3
+//! fuses q/k/v (`attn_qkv`) and gate/up (`ffn_up`), read as row views, and keeps
+//! LongRoPE's factors as F32 tensors (`rope_factors_short`, `rope_factors_long`).
+//! Tensors F32, F16, BF16
 //! (zero-copy) and the ggml block types of [`GgmlType`] are read, each into the dtype
 //! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss; Q4_K, Q5_K and
 //! Q6_K used in place as flm's dtypes of the same bytes, [`flm_core::kquant`]). A SentencePiece
@@ -33,21 +40,22 @@
 mod bpe;
 mod file;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use flm_core::ggml::GgmlType;
 use flm_core::{DataType, RopeScaling, RopeStyle};
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
+use super::hf_families::longrope_attention_factor;
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
-use crate::tensor_names::canonical_tensors;
-use crate::{Activation, Error, ModelConfig, Result};
+use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
+use crate::{Activation, Error, ModelConfig, MoeConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
 
 /// The hyper-parameters of one of [`ARCHITECTURES`] (llama.cpp `llm_load_hparams` keys,
 /// under the architecture's name).
-fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
+fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<ModelConfig> {
     let unsupported = |what: String| Error::format(m.path, format!("unsupported model: {what}"));
     let arch = match m.str("general.architecture")? {
         Some(a) if ARCHITECTURES.contains(&a.as_str()) => a,
@@ -65,9 +73,6 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         }
     };
     let key = |k: &str| format!("{arch}.{k}");
-    if m.usize(&key("expert_count"))?.unwrap_or(0) > 0 {
-        return Err(unsupported("mixture of experts".into()));
-    }
     let rope_scaling = match m.str(&key("rope.scaling.type"))?.as_deref() {
         None | Some("none") => None,
         Some("linear") => Some(RopeScaling::Linear {
@@ -91,13 +96,21 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
     let head_dim = m
         .usize(&key("attention.key_length"))?
         .unwrap_or(dim / n_heads);
-    for k in [key("attention.value_length"), key("rope.dimension_count")] {
-        if let Some(v) = m.usize(&k)?.filter(|&v| v != head_dim) {
-            return Err(unsupported(format!(
-                "{k} {v} differs from head_dim {head_dim}"
-            )));
-        }
+    let value_key = key("attention.value_length");
+    if let Some(v) = m.usize(&value_key)?.filter(|&v| v != head_dim) {
+        return Err(unsupported(format!(
+            "{value_key} {v} differs from head_dim {head_dim}"
+        )));
     }
+    // Partial rotary (Phi-4-mini): RoPE on the first `rope.dimension_count` of each head.
+    let rotary_dim = m
+        .usize(&key("rope.dimension_count"))?
+        .filter(|&r| r != head_dim);
+    let max_seq_len = m.required(&key("context_length"))?;
+    let rope_scaling = match longrope(m, g, map, &arch, max_seq_len)? {
+        Some(longrope) => Some(longrope),
+        None => rope_scaling,
+    };
     let vocab_size = match m.array("tokenizer.ggml.tokens")? {
         Some(tokens) => tokens.len(),
         None => m.required(&key("vocab_size"))?,
@@ -116,7 +129,8 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         n_kv_heads: m.usize(&key("attention.head_count_kv"))?.unwrap_or(n_heads),
         head_dim,
         vocab_size,
-        max_seq_len: m.required(&key("context_length"))?,
+        max_seq_len,
+        rotary_dim,
         norm_eps: m
             .f32(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5),
@@ -129,10 +143,21 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
         tie_embeddings: !g.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
-        qkv_bias: arch == "qwen2",
-        qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3"),
+        qkv_bias: matches!(arch.as_str(), "qwen2" | "qwen2moe"),
+        qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3" | "qwen3moe"),
         rope_scaling,
         ..ModelConfig::default()
+    };
+    let config = ModelConfig {
+        moe: moe(m, g, &arch, &config)?,
+        // Phi-3's window (0 for none: Phi-4-mini); Gemma's are read below.
+        sliding_window: match arch.as_str() {
+            "phi3" => m
+                .usize(&key("attention.sliding_window"))?
+                .filter(|&w| w > 0),
+            _ => None,
+        },
+        ..config
     };
     let config = if arch.starts_with("gemma") {
         gemma(config, m, &arch)?
@@ -146,7 +171,198 @@ fn config(m: &Meta, g: &Gguf) -> Result<ModelConfig> {
 }
 
 /// The GGUF architectures whose graphs flm runs.
-const ARCHITECTURES: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"];
+const ARCHITECTURES: [&str; 9] = [
+    "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "phi3", "gemma", "gemma2", "gemma3",
+];
+
+/// Phi-3's LongRoPE (Ding et al. 2024), as llama.cpp's converter writes it: the
+/// per-frequency divisors as the F32 tensors `rope_factors_short.weight` and
+/// `rope_factors_long.weight` `[rotary_dim / 2]`, the pre-training context
+/// `{arch}.rope.scaling.original_context_length`, and `{arch}.rope.scaling.attn_factor`
+/// (default: LongRoPE's for the extension `context_length / original`); `None` without the
+/// factor tensors.
+///
+/// Errors: [`Error::Format`] for factors that are not F32 vectors inside the file, or a
+/// missing original context length.
+fn longrope(
+    m: &Meta,
+    g: &Gguf,
+    map: &[u8],
+    arch: &str,
+    max_seq_len: usize,
+) -> Result<Option<RopeScaling>> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let factors = |name: &str| -> Result<Option<Vec<f32>>> {
+        let Some(t) = g.tensors.iter().find(|t| t.name == name) else {
+            return Ok(None);
+        };
+        let bytes = match (t.ggml_type, t.ne.as_slice()) {
+            (0, &[n]) => n
+                .checked_mul(4)
+                .and_then(|len| map.get(t.offset..t.offset.checked_add(len)?)),
+            _ => None,
+        };
+        let bytes = bytes.ok_or_else(|| {
+            let msg = format!("tensor {name}: not an F32 vector inside the file");
+            Error::format(m.path, msg)
+        })?;
+        Ok(Some(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ))
+    };
+    let (Some(short_factor), Some(long_factor)) = (
+        factors("rope_factors_short.weight")?,
+        factors("rope_factors_long.weight")?,
+    ) else {
+        return Ok(None);
+    };
+    let original = m
+        .required(&key("rope.scaling.original_context_length"))?
+        .max(1);
+    let attention_factor = match m.f32(&key("rope.scaling.attn_factor"))? {
+        Some(f) => f,
+        None => longrope_attention_factor(max_seq_len as f32 / original as f32, original),
+    };
+    Ok(Some(RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings: original,
+        attention_factor,
+    }))
+}
+
+/// The experts of a file whose `{arch}.expert_count` is positive, as llama.cpp reads them
+/// (`src/models/*.cpp`): `expert_used_count` per token, experts of
+/// `expert_feed_forward_length` (default: `feed_forward_length` for Mixtral's `llama`,
+/// `feed_forward_length / expert_used_count` for Qwen's), the top-k
+/// weights renormalised by `expert_weights_norm`, else as llama.cpp's graphs fix it
+/// (`qwen2moe` not, `llama` and `qwen3moe` always); `qwen2moe`'s shared expert of
+/// `expert_shared_feed_forward_length` (default `feed_forward_length`). A layer without a
+/// router (`blk.{l}.ffn_gate_inp.weight`) is dense, as Qwen3-MoE's `mlp_only_layers`.
+///
+/// Errors: [`Error::Format`] for a missing `expert_used_count`, malformed values, or a
+/// gating function other than softmax or scaled expert weights (DeepSeek's), which the
+/// graph does not have.
+fn moe(m: &Meta, g: &Gguf, arch: &str, c: &ModelConfig) -> Result<Option<MoeConfig>> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let n_experts = m.usize(&key("expert_count"))?.unwrap_or(0);
+    if n_experts == 0 {
+        return Ok(None);
+    }
+    let unsupported = |what: String| Error::format(m.path, format!("unsupported model: {what}"));
+    // llama.cpp's gating functions: 1 softmax, 2 sigmoid, 3 softmax of the top-k.
+    if let Some(f) = m.usize(&key("expert_gating_func"))?.filter(|&f| f != 1) {
+        return Err(unsupported(format!(
+            "expert gating function {f} (only softmax, 1)"
+        )));
+    }
+    if let Some(w) = m
+        .f32(&key("expert_weights_scale"))?
+        .filter(|&w| w != 0.0 && w != 1.0)
+    {
+        return Err(unsupported(format!("expert weights scaled by {w}")));
+    }
+    let routed = |l: usize| {
+        let router = format!("blk.{l}.ffn_gate_inp.weight");
+        g.tensors.iter().any(|t| t.name == router)
+    };
+    let top_k = m.required(&key("expert_used_count"))?;
+    Ok(Some(MoeConfig {
+        n_experts,
+        top_k,
+        expert_dim: match m.usize(&key("expert_feed_forward_length"))? {
+            Some(d) if d > 0 => d,
+            _ if arch == "llama" => c.hidden_dim,
+            _ => c.hidden_dim / top_k.max(1),
+        },
+        renormalize: m
+            .bool(&key("expert_weights_norm"))?
+            .unwrap_or(arch != "qwen2moe"),
+        dense_layers: (0..c.n_layers).filter(|&l| !routed(l)).collect(),
+        shared_expert_dim: match arch {
+            "qwen2moe" => Some(
+                m.usize(&key("expert_shared_feed_forward_length"))?
+                    .filter(|&d| d > 0)
+                    .unwrap_or(c.hidden_dim),
+            ),
+            _ => None,
+        },
+    }))
+}
+
+/// Where canonical tensor `canonical` (of `shape`) is in a GGUF file of `arch` whose tensors
+/// are `by_name`: the name of the file's tensor, and `None` when it is that whole tensor, or
+/// `Some((first, total))` when it is the rows `first..first + shape[0]` of a tensor of
+/// `total` rows (its dimensions past the row flattened): an expert of the layer's stacked
+/// `ffn_*_exps` `[n_experts, out, in]` (or, in files without them, its own
+/// `ffn_*.{e}` tensor, as llama.cpp wrote Mixtral before stacking), Phi-3's q, k and v of `attn_qkv` and its gate and
+/// up of `ffn_up` (gate rows first, as transformers' `chunk(2)`), or the shared expert's
+/// gate, which converters before 2025 squeezed from `[1, dim]` to `[dim]`.
+fn place(
+    canonical: TensorName,
+    shape: &[usize],
+    arch: &str,
+    c: &ModelConfig,
+    by_name: &HashMap<&str, &TensorInfo>,
+) -> Option<(String, Option<(usize, usize)>)> {
+    use LayerPart::*;
+    let rows = shape.first().copied().unwrap_or(0);
+    if let Some((stacked, e)) = canonical.gguf_stacked() {
+        let own = canonical.gguf_per_expert()?;
+        if !by_name.contains_key(stacked.as_str()) && by_name.contains_key(own.as_str()) {
+            return Some((own, None));
+        }
+        let n = c.moe.as_ref().map_or(0, |m| m.n_experts);
+        return Some((stacked, Some((e * rows, n * rows))));
+    }
+    let TensorName::Layer(l, part) = canonical else {
+        return Some((canonical.gguf()?, None));
+    };
+    let (q, kv, ff) = (c.q_dim(), c.kv_dim(), c.hidden_dim);
+    let qkv = format!("blk.{l}.attn_qkv.weight");
+    let fused = match part {
+        Wq | Wk | Wv if by_name.contains_key(qkv.as_str()) => {
+            let first = match part {
+                Wq => 0,
+                Wk => q,
+                _ => q + kv,
+            };
+            Some((qkv, Some((first, q + 2 * kv))))
+        }
+        WGate | WUp if arch == "phi3" => {
+            let first = if part == WGate { 0 } else { ff };
+            Some((format!("blk.{l}.ffn_up.weight"), Some((first, 2 * ff))))
+        }
+        SharedExpertGate => Some((canonical.gguf()?, Some((0, 1)))),
+        _ => None,
+    };
+    fused.or_else(|| Some((canonical.gguf()?, None)))
+}
+
+/// The file offset of rows `first..first + shape[0]` of `t` (`rows` = `(first, total)`, see
+/// [`place`]) as a `shape` `[rows, row]` tensor: a row range of any ggml type is contiguous.
+/// `None` when `t` does not have `total` rows of `shape[1]` values or the range overflows.
+fn row_offset(
+    t: &TensorInfo,
+    (first, total): (usize, usize),
+    shape: &[usize],
+    enc: Encoding,
+) -> Option<usize> {
+    let [n, row] = *shape else { return None };
+    let t_rows =
+        t.ne.get(1..)?
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    if t.ne.first() != Some(&row) || t_rows != total || first.checked_add(n)? > total {
+        return None;
+    }
+    first
+        .checked_mul(enc.byte_len(&[1, row])?)?
+        .checked_add(t.offset)
+}
 
 /// What Gemma changes, as llama.cpp reads it (`src/models/gemma*.cpp`): GeGLU, embeddings
 /// times `√n_embd`, the norm gains with their `+ 1` already added by the converter;
@@ -348,20 +564,21 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     tokenizer(&m)?.map_err(|why| Error::format(path, why))
 }
 
-/// Loads a GGUF checkpoint (architecture `llama`, `qwen2` or `qwen3`).
+/// Loads a GGUF checkpoint (one of [`ARCHITECTURES`]).
 pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let map = map_file(path)?;
     let g = parse(&map, path)?;
     let m = Meta { kv: &g.meta, path };
-    let config = config(&m, &g)?;
+    let config = config(&m, &g, &map)?;
     if g.tensors.is_empty() {
         return Err(Error::format(
             path,
             "a vocabulary-only GGUF file (no tensors) is not a model",
         ));
     }
-    // Bound the layer count by the tensors present before listing the tensors it implies.
-    let needed = config.n_layers.saturating_mul(9).saturating_add(2);
+    // Bound the layer count by the tensors present before listing the tensors it implies
+    // (a Phi-3 layer has the fewest: two norms, fused qkv, output, fused gate/up, down).
+    let needed = config.n_layers.saturating_mul(6).saturating_add(2);
     if needed > g.tensors.len() {
         let msg = format!(
             "block_count {} implies at least {needed} tensors, the file has {}",
@@ -370,17 +587,22 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         );
         return Err(Error::format(path, msg));
     }
-    let mut by_name: HashMap<&str, &TensorInfo> =
+    let by_name: HashMap<&str, &TensorInfo> =
         g.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let arch = m.str("general.architecture")?.unwrap_or_default();
+    let mut used: HashSet<&str> = ["rope_factors_long.weight", "rope_factors_short.weight"]
+        .into_iter()
+        .collect();
     let tensors = canonical_tensors(&config)
         .into_iter()
-        .map(|(canonical, _)| {
-            let name = canonical.gguf().ok_or_else(|| {
-                Error::format(path, format!("GGUF files have no tensor {canonical}"))
-            })?;
+        .map(|(canonical, shape)| {
+            let no_tensor = || format!("GGUF files have no tensor {canonical}");
+            let (name, rows) = place(canonical, &shape, &arch, &config, &by_name)
+                .ok_or_else(|| Error::format(path, no_tensor()))?;
             let t = by_name
-                .remove(name.as_str())
+                .get(name.as_str())
                 .ok_or_else(|| Error::format(path, format!("missing tensor {name}")))?;
+            used.insert(t.name.as_str());
             let (enc, block) = encoding(t.ggml_type)
                 .map_err(|e| Error::format(path, format!("tensor {name}: {e}")))?;
             if t.ne.first().is_some_and(|&row| row % block != 0) {
@@ -390,11 +612,28 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
                 );
                 return Err(Error::format(path, msg));
             }
-            let shape = t.ne.iter().rev().copied().collect();
-            SourceTensor::new(canonical.to_string(), shape, enc, &map, t.offset, path)
+            let (shape, offset) = match rows {
+                None => (t.ne.iter().rev().copied().collect(), t.offset),
+                Some(rows) => {
+                    let offset = row_offset(t, rows, &shape, enc).ok_or_else(|| {
+                        let ne = &t.ne;
+                        let msg = format!(
+                            "tensor {name} of ne {ne:?} does not hold {canonical} {shape:?} \
+                             as rows {rows:?}"
+                        );
+                        Error::format(path, msg)
+                    })?;
+                    (shape, offset)
+                }
+            };
+            SourceTensor::new(canonical.to_string(), shape, enc, &map, offset, path)
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut ignored: Vec<String> = by_name.into_keys().map(str::to_string).collect();
+    let mut ignored: Vec<String> = by_name
+        .into_keys()
+        .filter(|n| !used.contains(n))
+        .map(str::to_string)
+        .collect();
     ignored.sort();
     Ok(Checkpoint {
         format: Format::Gguf,
@@ -404,4 +643,76 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         tokenizer_candidates: Vec::new(),
         ignored,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The experts of metadata `kv` (under `arch`) for a 2-layer model whose dense
+    /// feed-forward is 128 wide and whose layer 0 alone has a router.
+    fn experts(arch: &str, kv: &[(&str, Value)]) -> Result<Option<MoeConfig>> {
+        let meta = kv
+            .iter()
+            .map(|(k, v)| (format!("{arch}.{k}"), v.clone()))
+            .collect();
+        let router = TensorInfo {
+            name: "blk.0.ffn_gate_inp.weight".into(),
+            ne: vec![64, 4],
+            ggml_type: 0,
+            offset: 0,
+        };
+        let g = Gguf {
+            meta,
+            tensors: vec![router],
+        };
+        let m = Meta {
+            kv: &g.meta,
+            path: Path::new("test.gguf"),
+        };
+        let c = ModelConfig {
+            hidden_dim: 128,
+            n_layers: 2,
+            ..ModelConfig::default()
+        };
+        moe(&m, &g, arch, &c)
+    }
+
+    /// llama.cpp's defaults per architecture, and the routings the graph does not have
+    /// refused with their key's meaning.
+    #[test]
+    fn experts_follow_llama_cpp_and_other_routings_are_refused() {
+        let base = [
+            ("expert_count", Value::Int(4)),
+            ("expert_used_count", Value::Int(2)),
+        ];
+        assert_eq!(experts("qwen3", &[]).unwrap(), None);
+        let mixtral = experts("llama", &base).unwrap().unwrap();
+        assert_eq!(
+            (
+                mixtral.expert_dim,
+                mixtral.renormalize,
+                mixtral.dense_layers
+            ),
+            (128, true, vec![1])
+        );
+        let qwen2 = experts("qwen2moe", &base).unwrap().unwrap();
+        assert_eq!(
+            (qwen2.expert_dim, qwen2.renormalize, qwen2.shared_expert_dim),
+            (64, false, Some(128))
+        );
+        let mut normed = base.to_vec();
+        normed.push(("expert_weights_norm", Value::Bool(true)));
+        assert!(experts("qwen2moe", &normed).unwrap().unwrap().renormalize);
+        let refused = |kv: (&str, Value), needle: &str| {
+            let mut kvs = base.to_vec();
+            kvs.push(kv);
+            let err = experts("qwen3moe", &kvs).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        };
+        refused(("expert_gating_func", Value::Int(2)), "gating function 2");
+        refused(("expert_weights_scale", Value::Float(2.5)), "scaled by 2.5");
+        let err = experts("qwen3moe", &base[..1]).unwrap_err().to_string();
+        assert!(err.contains("expert_used_count"), "{err}");
+    }
 }

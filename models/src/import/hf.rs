@@ -69,6 +69,8 @@ struct HfConfig {
     mlp_bias: Option<bool>,
     /// InternLM: biases on q, k, v and o.
     bias: Option<bool>,
+    /// Qwen2-MoE: biases on q, k and v (default true).
+    qkv_bias: Option<bool>,
     /// Baichuan-13B: the context length (it has no `max_position_embeddings`).
     model_max_length: Option<usize>,
     /// Gemma: the feed-forward gate's activation (`gelu_pytorch_tanh`).
@@ -122,7 +124,9 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
     let unsupported = |what: String| Error::format(path, format!("unsupported model: {what}"));
     let family = match hf.model_type.as_deref() {
-        Some("llama" | "internlm" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe") => Family::Llama,
+        Some("llama" | "internlm" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "qwen2_moe") => {
+            Family::Llama
+        }
         Some("mixtral") => Family::Mixtral,
         Some("baichuan") => Family::Baichuan,
         Some("phi3") => Family::Phi3,
@@ -183,6 +187,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     let (qkv_bias, o_bias) = match model_type {
         "internlm" => (hf.bias.unwrap_or(true), hf.bias.unwrap_or(true)),
         "qwen2" => (true, false),
+        "qwen2_moe" => (hf.qkv_bias.unwrap_or(true), false),
         _ => (
             hf.attention_bias.unwrap_or(false),
             hf.attention_bias.unwrap_or(false),

@@ -11,6 +11,7 @@
 //! | `gemma`, `gemma2`, `gemma3_text` | GeGLU, `1 + w` norm gains, √hidden embedding scale; Gemma 2 and 3: post-norms, sliding and global layers, `query_pre_attn_scalar`; Gemma 2: soft-capping; Gemma 3: q/k norms, a local RoPE | `hidden_activation`, `layer_types`, `*_softcapping`, `rope_local_base_freq` |
 //! | `mixtral` | routed experts, renormalised top-k; sliding window as Mistral | `num_local_experts`, `num_experts_per_tok`, `intermediate_size` |
 //! | `qwen3_moe` | routed experts, dense layers, q/k norms as Qwen3 | `num_experts` (or `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`, `mlp_only_layers` |
+//! | `qwen2_moe` | as `qwen3_moe` without q/k norms, plus q/k/v biases and a sigmoid-gated shared expert | the same, `shared_expert_intermediate_size`, `qkv_bias` |
 //!
 //! transformers 5 writes the RoPE settings as one `rope_parameters` object
 //! (`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": ..}`), transformers 4 as
@@ -76,17 +77,20 @@ pub(super) struct MoeFields {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    shared_expert_intermediate_size: Option<usize>,
 }
 
 /// The experts of a `model_type` of `n_layers` layers whose dense feed-forward is
 /// `intermediate_size` wide, as transformers' `MixtralSparseMoeBlock` (every layer, experts
-/// of `intermediate_size`, top-k always renormalised) and `Qwen3MoeSparseMoeBlock` (layer
+/// of `intermediate_size`, top-k always renormalised), `Qwen3MoeSparseMoeBlock` (layer
 /// `l` sparse when not in `mlp_only_layers` and `(l + 1) % decoder_sparse_step == 0`,
-/// experts of `moe_intermediate_size`, renormalised iff `norm_topk_prob`) read them;
-/// `None` for the other families.
+/// experts of `moe_intermediate_size`, renormalised iff `norm_topk_prob`) and
+/// `Qwen2MoeSparseMoeBlock` (as Qwen3-MoE, plus a shared expert of
+/// `shared_expert_intermediate_size`) read them; `None` for the other families.
 ///
 /// Errors: a missing field (with transformers' defaults where it has them: Qwen3-MoE's
-/// `decoder_sparse_step` 1, `norm_topk_prob` false, `mlp_only_layers` empty), or a
+/// `decoder_sparse_step` 1, `norm_topk_prob` false, `mlp_only_layers` empty; Qwen2-MoE's
+/// the same), or a
 /// `decoder_sparse_step` of 0.
 pub(super) fn moe(
     model_type: &str,
@@ -111,8 +115,9 @@ pub(super) fn moe(
             expert_dim: intermediate_size,
             renormalize: true,
             dense_layers: Vec::new(),
+            shared_expert_dim: None,
         },
-        "qwen3_moe" => {
+        "qwen3_moe" | "qwen2_moe" => {
             let step = f.decoder_sparse_step.unwrap_or(1);
             if step == 0 {
                 return Err("decoder_sparse_step must be positive".into());
@@ -128,10 +133,28 @@ pub(super) fn moe(
                 dense_layers: (0..n_layers)
                     .filter(|l| only.contains(l) || (l + 1) % step != 0)
                     .collect(),
+                shared_expert_dim: match model_type {
+                    "qwen2_moe" => Some(
+                        f.shared_expert_intermediate_size
+                            .ok_or("qwen2_moe without shared_expert_intermediate_size")?,
+                    ),
+                    _ => None,
+                },
             }
         }
         _ => return Ok(None),
     }))
+}
+
+/// LongRoPE's default attention factor for a context extended `factor` times over the
+/// pre-training context `original`: `sqrt(1 + ln(factor) / ln(original))`, 1 without an
+/// extension (transformers' `_compute_longrope_parameters`, llama.cpp's converter).
+pub(super) fn longrope_attention_factor(factor: f32, original: usize) -> f32 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        (1.0 + (factor as f64).ln() / (original as f64).ln()).sqrt() as f32
+    }
 }
 
 /// The parameters of transformers' llama3 RoPE type.
@@ -206,14 +229,9 @@ pub(super) fn rope(
             let factor = p.factor.unwrap_or_else(|| {
                 max_position_embeddings.unwrap_or(original) as f32 / original as f32
             });
-            let attention_factor = p.attention_factor.unwrap_or_else(|| {
-                if factor <= 1.0 {
-                    1.0
-                } else {
-                    let ln = |v: f64| v.ln();
-                    (1.0 + ln(factor as f64) / ln(original as f64)).sqrt() as f32
-                }
-            });
+            let attention_factor = p
+                .attention_factor
+                .unwrap_or_else(|| longrope_attention_factor(factor, original));
             Ok((
                 theta,
                 Some(RopeScaling::LongRope {
@@ -278,9 +296,13 @@ pub(super) fn sliding_window(
             Some(0) => Err("sliding_window must be positive".into()),
             window => Ok(window),
         },
-        "qwen2" | "qwen3" | "qwen3_moe" if fields.use_sliding_window == Some(true) => Err(format!(
+        "qwen2" | "qwen3" | "qwen3_moe" | "qwen2_moe"
+            if fields.use_sliding_window == Some(true) =>
+        {
+            Err(format!(
             "{model_type}'s use_sliding_window (windows on the layers from max_window_layers on)"
-        )),
+        ))
+        }
         _ => Ok(None),
     }
 }

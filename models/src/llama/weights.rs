@@ -99,7 +99,20 @@ pub enum Ffn {
         router: Data,
         /// The experts, each a SwiGLU of `expert_dim`.
         experts: Vec<Expert>,
+        /// The shared expert every token runs besides (Qwen2-MoE).
+        shared: Option<Box<SharedExpert>>,
     },
+}
+
+/// Qwen2-MoE's shared expert (transformers' `Qwen2MoeSparseMoeBlock`): a SwiGLU of
+/// `shared_expert_dim` that every token runs, its output weighted by `σ(gate · x)` and
+/// added to the routed experts' ([`flm_core::Op::GatedAdd`]).
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    /// The SwiGLU: gate and up `[shared_expert_dim, dim]`, down `[dim, shared_expert_dim]`.
+    pub ffn: Expert,
+    /// The gate `[1, dim]` (`shared_expert_gate`).
+    pub gate: Data,
 }
 
 impl LlamaLayer {
@@ -117,7 +130,12 @@ impl LlamaLayer {
                 w_down,
                 w_up,
             } => out.extend([w_gate, w_down, w_up]),
-            Ffn::Moe { router, .. } => out.push(router),
+            Ffn::Moe { router, shared, .. } => {
+                out.push(router);
+                if let Some(s) = shared {
+                    out.extend([&s.ffn.gate, &s.ffn.down, &s.ffn.up, &s.gate]);
+                }
+            }
         }
         out.extend(self.post_norms.iter().flatten());
         if let Ffn::Moe { experts, .. } = &self.ffn {
@@ -129,7 +147,8 @@ impl LlamaLayer {
     }
 
     /// The layer with `f(tensor, routed)` applied to each of its tensors (moving them to a
-    /// device); `routed` is true for the router and the experts' matrices.
+    /// device); `routed` is true for the router and the experts' matrices, the shared
+    /// expert's included (it runs beside the routed ones).
     ///
     /// Errors: the first error of `f`.
     pub fn try_map(self, mut f: impl FnMut(Data, bool) -> Result<Data>) -> Result<LlamaLayer> {
@@ -159,19 +178,36 @@ impl LlamaLayer {
                     w_down: f(w_down, false)?,
                     w_up: f(w_up, false)?,
                 },
-                Ffn::Moe { router, experts } => Ffn::Moe {
-                    router: f(router, true)?,
-                    experts: experts
-                        .into_iter()
-                        .map(|e| {
-                            Ok(Expert {
-                                gate: f(e.gate, true)?,
-                                up: f(e.up, true)?,
-                                down: f(e.down, true)?,
-                            })
+                Ffn::Moe {
+                    router,
+                    experts,
+                    shared,
+                } => {
+                    let mut expert = |e: Expert| {
+                        Ok::<_, Error>(Expert {
+                            gate: f(e.gate, true)?,
+                            up: f(e.up, true)?,
+                            down: f(e.down, true)?,
                         })
-                        .collect::<Result<_>>()?,
-                },
+                    };
+                    Ffn::Moe {
+                        experts: experts
+                            .into_iter()
+                            .map(&mut expert)
+                            .collect::<Result<_>>()?,
+                        shared: match shared {
+                            Some(s) => {
+                                let SharedExpert { ffn, gate } = *s;
+                                Some(Box::new(SharedExpert {
+                                    ffn: expert(ffn)?,
+                                    gate: f(gate, true)?,
+                                }))
+                            }
+                            None => None,
+                        },
+                        router: f(router, true)?,
+                    }
+                }
             },
             post_norms: match self.post_norms {
                 Some([a, m]) => Some([f(a, false)?, f(m, false)?]),
@@ -250,6 +286,19 @@ impl LlamaWeights {
                     },
                     Some(m) => Ffn::Moe {
                         router: part(Router)?,
+                        shared: m
+                            .shared_expert_dim
+                            .map(|_| {
+                                Ok::<_, Error>(Box::new(SharedExpert {
+                                    ffn: Expert {
+                                        gate: part(SharedWGate)?,
+                                        up: part(SharedWUp)?,
+                                        down: part(SharedWDown)?,
+                                    },
+                                    gate: part(SharedExpertGate)?,
+                                }))
+                            })
+                            .transpose()?,
                         experts: (0..m.n_experts)
                             .map(|e| {
                                 let mut part = |p| t.take(TensorName::Expert(l, e, p));

@@ -208,10 +208,39 @@ fn bad_metadata_and_tensor_infos_are_refused() {
     let e = 60_000u32.to_le_bytes();
     refused(
         &edit(at, &e),
-        "block_count 60000 implies at least 540002 tensors",
+        "block_count 60000 implies at least 360002 tensors",
     );
     let e = 1_000_000u32.to_le_bytes();
     refused(&edit(at, &e), "n_layers = 1000000 exceeds 65536");
+}
+
+/// Phi-3's LongRoPE factors and a mixture's stacked experts that do not fit the
+/// configuration are refused with the tensor's name.
+#[test]
+fn bad_factors_and_stacked_experts_are_refused() {
+    let edit = |bytes: &[u8], at: usize, new: &[u8]| {
+        let mut b = bytes.to_vec();
+        b[at..at + new.len()].copy_from_slice(new);
+        b
+    };
+    let phi3 = read("hf-families/phi3.gguf");
+    assert!(try_load(&phi3).is_ok());
+    // rope_factors_long.weight's info: u32 n_dims, u64 ne, u32 type: F16 instead of F32.
+    let info = after(&phi3, "rope_factors_long.weight");
+    refused(
+        &edit(&phi3, info + 12, &1u32.to_le_bytes()),
+        "rope_factors_long.weight: not an F32 vector",
+    );
+    let moe = read("hf-families/qwen2_moe.gguf");
+    assert!(try_load(&moe).is_ok());
+    // blk.0.ffn_up_exps.weight's info: u32 n_dims, 3 × u64 ne: 3 experts instead of 4.
+    let info = after(&moe, "blk.0.ffn_up_exps.weight");
+    refused(
+        &edit(&moe, info + 20, &3u64.to_le_bytes()),
+        "tensor blk.0.ffn_up_exps.weight of ne [64, 32, 3] does not hold",
+    );
+    let at = after(&moe, "qwen2moe.expert_used_count") + 4;
+    refused(&edit(&moe, at, &5u32.to_le_bytes()), "top_k = 5");
 }
 
 #[test]

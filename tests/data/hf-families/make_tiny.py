@@ -1,5 +1,5 @@
-"""Tiny random-weight Llama 3, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1/2/3, Mixtral and
-Qwen3-MoE checkpoints and their logits, from Hugging Face transformers, for flm's
+"""Tiny random-weight Llama 3, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1/2/3, Mixtral,
+Qwen3-MoE and Qwen2-MoE checkpoints and their logits, from Hugging Face transformers, for flm's
 tests/hf_families.rs.
 
 Run from this folder: `python make_tiny.py [FAMILY ...]` (default: every family). Writes,
@@ -26,6 +26,8 @@ Each family has what makes it differ from Llama 2 exercised by the test position
   layer;
 - qwen3_moe: 4 experts of 32, 2 per token with norm_topk_prob, layer 0 routed and layer 1
   dense (mlp_only_layers), the per-head q/k norms of Qwen3.
+- qwen2_moe: 4 experts of 32, 2 per token without norm_topk_prob (transformers' default),
+  in both layers, a shared expert of 48 weighted by the sigmoid of its gate, q/k/v biases.
 - gemma: GeGLU (tanh GELU), RMSNorm gains 1 + w, embeddings times sqrt(hidden), tied;
 - gemma2: besides, post-attention and post-feed-forward norms, a sliding window of 8 on
   layer 0 (layer 1 global), query_pre_attn_scalar 24 (not head_dim), and soft-capping of
@@ -64,6 +66,8 @@ from transformers import (
     MixtralForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -214,6 +218,23 @@ FAMILIES = {
         ),
         1007,
     ),
+    "qwen2_moe": (
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        dict(
+            rope_theta=1000000.0,
+            qkv_bias=True,
+            use_sliding_window=False,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            tie_word_embeddings=False,
+        ),
+        1009,
+    ),
 }
 # What each Gemma's check of teeth turns off: the soft caps (gemma2), the sliding window
 # and the local RoPE (gemma3), GeGLU for SwiGLU (gemma).
@@ -299,6 +320,12 @@ def main():
         else:
             plain_model = model_cls(config_cls(**COMMON, **plain)).eval()
             plain_model.load_state_dict(model.state_dict())
+        if family == "qwen2_moe":
+            # Without the shared expert: its down projection zeroed.
+            with torch.no_grad():
+                for name, p in plain_model.named_parameters():
+                    if "shared_expert.down_proj" in name:
+                        p.zero_()
         if family == "qwen2":
             with torch.no_grad():
                 for name, p in plain_model.named_parameters():

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use flm_core::{BaseDevice, CheckedOp, Executor, Location, Op};
-use flm_devices::{CpuDevice, DeviceChoice};
+use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
 use flm_models::{session, SharedModel};
 use flm_tokenizer::Tokenizer;
 
@@ -30,6 +30,11 @@ pub struct FlmModelOptions {
     /// Positions of each session's KV cache (the context length), capped at the model's;
     /// 0: the model's context, at most 4096.
     pub context: usize,
+    /// Precision of the activations that int8, int4, K-quant and Q8_0 weights are dotted
+    /// against on the CPU: 0 or 8, int8 blocks (as llama.cpp; the fastest); 16, int8 codes
+    /// plus their rounding residual (the logits of unrounded activations, at twice the
+    /// integer work). Any other value is FLM_STATUS_INVALID_ARGUMENT.
+    pub activation_bits: u32,
 }
 
 /// The CPU device with its parallel loops on the model's own thread pool instead of
@@ -115,7 +120,17 @@ fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
             ),
         ));
     }
-    let cpu = CpuDevice::new()?;
+    let activations = match options.activation_bits {
+        0 | 8 => ActivationBits::Int8,
+        16 => ActivationBits::Int16,
+        bits => {
+            return Err(Failure::new(
+                FlmStatus::InvalidArgument,
+                format!("options->activation_bits is {bits}: 0, 8 or 16"),
+            ))
+        }
+    };
+    let cpu = CpuDevice::new()?.with_activation_bits(activations);
     let mut workers = Vec::new();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads)
@@ -180,6 +195,7 @@ pub unsafe extern "C" fn flm_model_load(
             threads: 0,
             device: std::ptr::null(),
             context: 0,
+            activation_bits: 0,
         };
         // SAFETY: `options` is NULL or valid (this function's contract).
         let options = unsafe { options.as_ref() }.unwrap_or(&defaults);

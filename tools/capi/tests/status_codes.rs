@@ -38,6 +38,7 @@ fn load(path: &Path) -> (FlmStatus, String) {
         threads: 1,
         device: std::ptr::null(),
         context: 0,
+        activation_bits: 0,
     };
     let mut model: *mut FlmModel = std::ptr::null_mut();
     // SAFETY: a NULL path is refused (this sets the last error to a known message); the

@@ -3,7 +3,8 @@
 //! Each line read from stdin is a user turn. The whole conversation (an optional system
 //! message, then every user and assistant turn so far) is rendered with the model's own
 //! prompt format ([`Tokenizer::encode_chat`]: ChatGLM's built-in formats, or the Jinja
-//! `chat_template` of `tokenizer_config.json` / GGUF / .flm), and the reply is generated
+//! `chat_template` of `tokenizer_config.json` / GGUF / .flm, given the `--template-arg`
+//! keyword arguments), and the reply is generated
 //! by one [`Session`] (the loop of `flm run`), streamed to stdout, and kept in the history.
 //! The session keeps its KV cache between turns: only the tokens after the longest common
 //! prefix of the new prompt and the cached sequence are prefilled (ChatGLM-6B excepted,
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use flm_models::session::Session;
-use flm_tokenizer::{Message, Tokenizer};
+use flm_tokenizer::{Message, TemplateArgs, Tokenizer};
 
 use crate::generate::{self, Prompt};
 use crate::{load, set_threads, ModelArgs, SamplingArgs};
@@ -37,6 +38,24 @@ pub struct ChatArgs {
     /// Print each rendered prompt and the timings of each reply to stderr.
     #[arg(long)]
     verbose: bool,
+    /// A keyword argument of the chat template, NAME=VALUE (repeatable), as transformers'
+    /// `apply_chat_template(**kwargs)` passes it: e.g. `enable_thinking=false` turns Qwen3's
+    /// thinking off. VALUE is read as JSON (`false`, `3`, `["a"]`), else as a string.
+    #[arg(long = "template-arg", value_name = "NAME=VALUE", value_parser = template_arg)]
+    template_args: Vec<(String, serde_json::Value)>,
+}
+
+/// Parses `NAME=VALUE` of `--template-arg`: VALUE as JSON, or as the string itself when it
+/// is not JSON.
+fn template_arg(arg: &str) -> std::result::Result<(String, serde_json::Value), String> {
+    let (name, value) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=VALUE, got {arg:?}"))?;
+    if name.is_empty() {
+        return Err(format!("the argument name is empty in {arg:?}"));
+    }
+    let value = serde_json::from_str(value).unwrap_or_else(|_| value.into());
+    Ok((name.to_owned(), value))
 }
 
 /// What a line of input asks for.
@@ -64,6 +83,8 @@ fn parse(line: &str) -> Input<'_> {
 /// that raises an error) or no longer fits in the context is reported and dropped, and
 /// the chat goes on.
 pub fn run(args: ChatArgs) -> Result<()> {
+    let template_args: TemplateArgs = args.template_args.iter().cloned().collect();
+    flm_tokenizer::check_template_args(&template_args)?;
     set_threads(args.model.threads)?;
     let chosen = args.model.device.executor()?;
     let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
@@ -113,7 +134,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             Input::User(text) => text,
         };
         messages.push(Message::new("user", text));
-        let prompt = match prompt_for(&tokenizer, &messages, context) {
+        let prompt = match prompt_for(&tokenizer, &messages, &template_args, context) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -149,14 +170,16 @@ pub fn run(args: ChatArgs) -> Result<()> {
     Ok(())
 }
 
-/// The prompt for `messages`, if it leaves room for a reply in the context.
+/// The prompt for `messages` with the template's keyword arguments `args`, if it leaves
+/// room for a reply in the context.
 fn prompt_for(
     tokenizer: &Tokenizer,
     messages: &[Message],
+    args: &TemplateArgs,
     context: usize,
 ) -> Result<flm_tokenizer::ChatPrompt> {
     let prompt = tokenizer
-        .encode_chat(messages, true)
+        .encode_chat_with_args(messages, true, args)
         .context("cannot build the chat prompt")?;
     if prompt.ids.len() >= context {
         bail!(

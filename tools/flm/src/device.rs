@@ -176,13 +176,20 @@ impl Chosen {
     }
 }
 
-/// Bytes of a layer's router and experts (0 for a dense feed-forward).
+/// Bytes of a layer's router and experts, the shared one included (0 for a dense
+/// feed-forward).
 fn routed_bytes(lw: &LlamaLayer) -> u64 {
     match &lw.ffn {
-        Ffn::Moe { router, experts } => experts
+        Ffn::Moe {
+            router,
+            experts,
+            shared,
+        } => experts
             .iter()
+            .chain(shared.iter().map(|s| &s.ffn))
             .flat_map(|e| [&e.gate, &e.up, &e.down])
             .chain([router])
+            .chain(shared.iter().map(|s| &s.gate))
             .map(|d| d.size_bytes() as u64)
             .sum(),
         Ffn::Dense { .. } => 0,

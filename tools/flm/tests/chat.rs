@@ -1,38 +1,27 @@
 //! `flm chat` driven through stdin on stories260K in a Hugging Face directory whose
 //! `tokenizer_config.json` is given a Jinja `chat_template`.
 
+#[path = "common/chat_model.rs"]
+mod chat_model;
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
 
+use chat_model::data;
 use common::flm_command;
 
 const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}\
 User: {{ m.content }}\n{% elif m.role == 'system' %}{{ m.content }}\n{% else %}\
 Bot: {{ m.content }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}Bot:{% endif %}";
 
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
-
-/// A copy of tests/data/hf-stories260K whose tokenizer_config.json has `template`.
+/// [`chat_model::chat_model`] as the path string `flm` takes.
 fn chat_model(dir: &Path, template: &str) -> String {
-    let to = dir.join("model");
-    std::fs::create_dir(&to).unwrap();
-    for entry in std::fs::read_dir(data("hf-stories260K")).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
-    }
-    let config = to.join("tokenizer_config.json");
-    let mut json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
-    json["chat_template"] = template.into();
-    std::fs::write(&config, json.to_string()).unwrap();
-    to.to_str().unwrap().to_owned()
+    chat_model::chat_model(dir, template)
+        .to_str()
+        .unwrap()
+        .to_owned()
 }
 
 fn flm(args: &[&str], stdin: &str) -> Output {
@@ -52,7 +41,12 @@ fn flm(args: &[&str], stdin: &str) -> Output {
 }
 
 fn chat(model: &str, stdin: &str) -> (String, String) {
-    let args = [
+    chat_with(model, &[], stdin)
+}
+
+/// `flm chat` greedy with `--verbose` and `extra` arguments: stdout and stderr.
+fn chat_with(model: &str, extra: &[&str], stdin: &str) -> (String, String) {
+    let mut args = vec![
         "chat",
         "--model",
         model,
@@ -62,6 +56,7 @@ fn chat(model: &str, stdin: &str) -> (String, String) {
         "12",
         "--verbose",
     ];
+    args.extend(extra);
     let out = flm(&args, stdin);
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(out.status.success(), "flm chat failed: {stderr}");
@@ -205,6 +200,55 @@ fn models_without_a_template_and_failing_templates() {
     assert!(stderr.contains("no bad words"), "{stderr}");
     assert_eq!(prompts(&stderr), ["<s>User: Once upon a time\nBot:"]);
     assert_eq!(stdout.lines().count(), 1);
+}
+
+/// `--template-arg`: Qwen3's template with `enable_thinking=false` renders as transformers'
+/// `apply_chat_template(..., enable_thinking=False)` (tests/data/templates/references.json);
+/// values are JSON or else strings; malformed and reserved names are refused.
+#[test]
+fn template_args_reach_the_template() {
+    let refs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data("templates/references.json")).unwrap()).unwrap();
+    let case = refs["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            c["kwargs"] == serde_json::json!({"enable_thinking": false})
+                && c["messages"] == serde_json::json!([{"role": "user", "content": "Hello"}])
+                && c["add_generation_prompt"] == true
+        })
+        .expect("the reference of Qwen3 with enable_thinking=False");
+    let qwen3 = std::fs::read_to_string(data("templates/Qwen-Qwen3-0.6B.jinja")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), &qwen3);
+    let off = ["--template-arg", "enable_thinking=false"];
+    let (_, stderr) = chat_with(&model, &off, "Hello\n");
+    assert_eq!(prompts(&stderr), [case["text"].as_str().unwrap()]);
+    let (_, stderr) = chat(&model, "Hello\n");
+    assert!(!prompts(&stderr)[0].contains("<think>"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(
+        dir.path(),
+        &format!("{{{{ who }}}}|{{{{ n + 1 }}}}|{TEMPLATE}"),
+    );
+    let extra = ["--template-arg", "who=Bob", "--template-arg", "n=3"];
+    let (_, stderr) = chat_with(&model, &extra, "Hi\n");
+    assert_eq!(prompts(&stderr), ["Bob|4|<s>User: Hi\nBot:"]);
+    for (arg, why) in [
+        ("enable_thinking", "expected NAME=VALUE"),
+        ("=1", "name is empty"),
+        ("messages=[]", "`messages`"),
+    ] {
+        let out = flm(&["chat", "--model", &model, "--template-arg", arg], "Hi\n");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            !out.status.success() && stderr.contains(why),
+            "{arg}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
 }
 
 /// A ChatGLM2 `tokenizer.model` with the `tokenizer_config.json` of THUDM's checkpoints

@@ -16,7 +16,9 @@ fn request_bodies() {
     fuzz("http", &corpus("http"), &findings, |body| {
         if let Ok(request) = serde_json::from_slice::<ChatRequest>(body) {
             let _ = params::check(&request.sampling, "m", 0);
-            let _ = prompt::chat(&tokenizer, &request.messages, None);
+            if let Ok(args) = prompt::template_args(request.chat_template_kwargs.as_ref()) {
+                let _ = prompt::chat(&tokenizer, &request.messages, None, &args);
+            }
         }
         if let Ok(request) = serde_json::from_slice::<CompletionRequest>(body) {
             let _ = params::check(&request.sampling, "m", 0);

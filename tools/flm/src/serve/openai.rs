@@ -114,6 +114,9 @@ pub struct ChatRequest {
     pub tools: Option<serde_json::Value>,
     /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
     pub tool_choice: Option<serde_json::Value>,
+    /// Keyword arguments of the chat template (vLLM's and SGLang's `chat_template_kwargs`),
+    /// such as `{"enable_thinking": false}` for Qwen3: a JSON object, or null.
+    pub chat_template_kwargs: Option<serde_json::Value>,
     /// Sampling and streaming.
     #[serde(flatten)]
     pub sampling: Sampling,

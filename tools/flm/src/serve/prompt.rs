@@ -2,12 +2,13 @@
 //!
 //! Chat `messages` are rendered as `flm chat` renders a conversation: with the model's own
 //! format ([`Tokenizer::encode_chat`]: ChatGLM's built-in formats or the Jinja
-//! `chat_template` of the model's files) and the generation prompt appended. A model with
+//! `chat_template` of the model's files, given the request's `chat_template_kwargs`) and the
+//! generation prompt appended. A model with
 //! no template at all (stories260K's llama2.c files) is refused with a 400, as `flm chat`
 //! refuses it; `/v1/completions` works for every model. A completion `prompt` text is
 //! encoded after the prefix tokens (BOS) if the tokenizer has any, as `flm run` does; a list of ids is used as given.
 
-use flm_tokenizer::{Message, Tokenizer};
+use flm_tokenizer::{Message, TemplateArgs, Tokenizer};
 
 use super::error::ApiError;
 use super::openai::{ChatMessage, Content, Prompt};
@@ -50,8 +51,29 @@ fn text_of(message: &ChatMessage) -> Result<String, ApiError> {
     }
 }
 
-/// The prompt of a chat request: the conversation rendered with the model's template,
-/// ending where the assistant's reply starts. The reply is decoded as the start of a text
+/// The keyword arguments of the chat template from a request's `chat_template_kwargs`:
+/// none when absent or null.
+///
+/// Errors (400, `chat_template_kwargs`): a value that is not a JSON object, or one that
+/// sets `messages`, `tools` or `add_generation_prompt`.
+pub fn template_args(kwargs: Option<&serde_json::Value>) -> Result<TemplateArgs, ApiError> {
+    let invalid = |message: String| ApiError::invalid(Some("chat_template_kwargs"), message);
+    let args = match kwargs {
+        None | Some(serde_json::Value::Null) => TemplateArgs::new(),
+        Some(serde_json::Value::Object(args)) => args.clone(),
+        Some(other) => {
+            return Err(invalid(format!(
+                "chat_template_kwargs must be a JSON object of template variables, got {other}"
+            )))
+        }
+    };
+    flm_tokenizer::check_template_args(&args).map_err(|e| invalid(e.to_string()))?;
+    Ok(args)
+}
+
+/// The prompt of a chat request: the conversation rendered with the model's template and
+/// the keyword arguments `args` ([`template_args`]), ending where the assistant's reply
+/// starts. The reply is decoded as the start of a text
 /// (a SentencePiece dummy-prefix space before its first word dropped), as `flm chat` does.
 ///
 /// With `tools`, or messages that call tools or answer calls, the messages go to the
@@ -64,6 +86,7 @@ pub fn chat(
     tokenizer: &Tokenizer,
     messages: &[ChatMessage],
     tools: Option<&Tools>,
+    args: &TemplateArgs,
 ) -> Result<Ids, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -99,14 +122,16 @@ pub fn chat(
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         tokenizer
-            .encode_chat_with_tools(&messages, tools.map(|t| &t.list), true)
+            .encode_chat_with_tools(&messages, tools.map(|t| &t.list), true, args)
             .map_err(failed)?
     } else {
         let messages = messages
             .iter()
             .map(|m| Ok(Message::new(m.role.as_str(), text_of(m)?)))
             .collect::<Result<Vec<_>, ApiError>>()?;
-        tokenizer.encode_chat(&messages, true).map_err(failed)?
+        tokenizer
+            .encode_chat_with_args(&messages, true, args)
+            .map_err(failed)?
     };
     // The reply is a text of its own, decoded as `flm chat` shows it.
     Ok(Ids {

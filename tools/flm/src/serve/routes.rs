@@ -98,7 +98,8 @@ async fn chat(
             state.tokenizer.chat_template(),
         )
         .and_then(|tools| {
-            let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref())?;
+            let args = prompt::template_args(request.chat_template_kwargs.as_ref())?;
+            let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref(), &args)?;
             Ok(Parsed {
                 ids,
                 sampling: request.sampling,

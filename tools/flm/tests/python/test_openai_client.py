@@ -125,6 +125,26 @@ def test_stop_sequence(client):
     assert reply.choices[0].finish_reason == "stop"
 
 
+def test_chat_template_kwargs_through_extra_body(client):
+    # The client sends extra_body's fields in the request, as vLLM's docs use it; the test
+    # template has no variable of that name, so the reply is the one without it.
+    messages = [{"role": "user", "content": "Tell me about Lily."}]
+    plain = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0
+    )
+    given = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert given.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=messages, max_tokens=8,
+            extra_body={"chat_template_kwargs": ["enable_thinking", False]},
+        )
+    assert error.value.param == "chat_template_kwargs"
+
+
 def test_bad_request_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(

@@ -2,6 +2,7 @@
 
 use serde_json::{json, Value};
 
+use crate::chat_model::chat_model;
 use crate::server::{data, reference, Server};
 
 /// Checks an OpenAI-style error: status, type and the field at fault.
@@ -207,6 +208,56 @@ fn bad_requests_get_openai_errors() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 2);
     assert!(server.metric("flm_requests_total{endpoint=\"completions\",status=\"400\"}") >= 10.0);
+}
+
+/// `chat_template_kwargs` reach the template: a story opening given as a template
+/// variable prompts the model as the same text given to /v1/completions does (BOS, then
+/// the text); bad kwargs are 400s naming the field.
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = "{{ bos_token }}{{ opening }}{% for m in messages %}{{ m.content }}{% endfor %}";
+    let server = Server::start_model(&chat_model(dir.path(), template), &[]);
+    let chat = "/v1/chat/completions";
+    let request = |kwargs: Value| {
+        json!({"messages": [{"role": "user", "content": " there was"}], "temperature": 0,
+               "max_tokens": 8, "chat_template_kwargs": kwargs})
+    };
+    let (status, with) = server.post(chat, &request(json!({"opening": "Once upon a time"})));
+    assert_eq!(status, 200, "{with}");
+    let (status, plain) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time there was", "temperature": 0, "max_tokens": 8}),
+    );
+    assert_eq!(status, 200, "{plain}");
+    assert_eq!(with["usage"], plain["usage"]);
+    assert_eq!(
+        with["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .trim_start(),
+        plain["choices"][0]["text"].as_str().unwrap().trim_start()
+    );
+    // Without the variable the opening is missing from the prompt; null is no kwargs.
+    for kwargs in [json!({}), Value::Null] {
+        let (status, without) = server.post(chat, &request(kwargs));
+        assert_eq!(status, 200, "{without}");
+        let tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert!(tokens(&without) < tokens(&with), "{without}");
+    }
+    for kwargs in [
+        json!("enable_thinking=false"),
+        json!([["enable_thinking", false]]),
+        json!(false),
+        json!({"messages": []}),
+        json!({"add_generation_prompt": false}),
+    ] {
+        assert_error(
+            server.post(chat, &request(kwargs)),
+            400,
+            Some("chat_template_kwargs"),
+        );
+    }
 }
 
 /// `--pooling mean`: the mean of transformers' `last_hidden_state` over the tokens,

@@ -3,6 +3,8 @@
 //! The OpenAI Python client and the chat page in a browser are tested by
 //! `tools/flm/tests/python` (run by `.ci/run`).
 
+#[path = "../common/chat_model.rs"]
+mod chat_model;
 #[path = "../common/mod.rs"]
 mod common;
 

@@ -1,7 +1,7 @@
 //! A `flm serve` process on 127.0.0.1 (any free port) and a small blocking client for it.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
@@ -9,12 +9,7 @@ use serde_json::Value;
 
 use crate::common::flm_command;
 
-/// A file of the repository's test data.
-pub fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
+pub use crate::chat_model::data;
 
 /// The llama2.c reference of stories260K: greedy from BOS, 200 steps (llama2.c
 /// `test_all.py` and HF transformers; see tests/data/SOURCES.md).
@@ -52,7 +47,11 @@ pub struct Server {
 impl Server {
     /// Starts `flm serve` on stories260K with `extra` arguments and waits until it listens.
     pub fn start(extra: &[&str]) -> Server {
-        let model = data("stories260K/stories260K.bin");
+        Server::start_model(&data("stories260K/stories260K.bin"), extra)
+    }
+
+    /// Starts `flm serve` on `model` with `extra` arguments and waits until it listens.
+    pub fn start_model(model: &Path, extra: &[&str]) -> Server {
         let mut child = flm_command()
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
             .args(extra)
