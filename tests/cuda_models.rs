@@ -66,7 +66,12 @@ fn int8_and_int4_top1_agree_with_the_cpu_on_99_percent_of_positions() {
     // A text the model writes itself (greedy, f32 on the CPU), then teacher-forced.
     let mut text = prompt();
     text.extend(greedy_on(&cpu, &mut model(DataType::F32), &prompt(), 300));
-    for dtype in [DataType::I8, DataType::I4G32, DataType::I4SymG32] {
+    for dtype in [
+        DataType::I8,
+        DataType::I4G32,
+        DataType::I4SymG32,
+        DataType::I4ZpG32,
+    ] {
         let mut cpu_model = model(dtype);
         let vocab = cpu_model.config().vocab_size;
         let want = cpu_model.forward(&cpu, &text, 0, Logits::All).unwrap();

@@ -40,6 +40,9 @@ fn greedy_tokens_are_the_same_at_every_level() {
         DataType::I4G32,
         DataType::I4G128,
         DataType::I4SymG32,
+        // GPTQ's and AWQ's usual groups. At groups of 32 the scalar run meets a near tie at
+        // step 23 (top two 0.074 apart), where AVX2 and AVX-VNNI choose the other token.
+        DataType::I4ZpG128,
     ] {
         // As `flm convert --dtype` writes them (int4 with its default mixed recipe).
         let w = weights_in(&weights, |name, shape| {

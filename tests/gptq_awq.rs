@@ -18,18 +18,29 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Each variant and the dtype its projections load as: symmetric GPTQ repacks into
-/// int4-sym, asymmetric schemes whose minimums are f16 numbers into int4, act-order,
-/// asymmetric schemes with 11-bit scales and 8-bit GPTQ are dequantised to f16.
+/// int4-sym, asymmetric GPTQ and AWQ into int4-zp (whatever their scales), act-order and
+/// 8-bit GPTQ are dequantised to f16.
 const VARIANTS: [(&str, DataType); 8] = [
     ("gptq-sym-g128", DataType::I4SymG128),
     ("gptq-sym-g32-actorder", DataType::F16),
-    ("gptq-asym-g32", DataType::F16),
+    ("gptq-asym-g32", DataType::I4ZpG32),
     ("gptq-asym-g128-actorder", DataType::F16),
-    ("gptq-asym-g32-short-scales", DataType::I4G32),
-    ("awq-g32", DataType::F16),
-    ("awq-g128-short-scales", DataType::I4G128),
+    ("gptq-asym-g32-short-scales", DataType::I4ZpG32),
+    ("awq-g32", DataType::I4ZpG32),
+    ("awq-g128-short-scales", DataType::I4ZpG128),
     ("gptq-8bit-asym-g32-v2", DataType::F16),
 ];
+
+/// The dtype `part` of `variant` (whose projections mostly load as `dtype`) loads as: with
+/// act-order at groups of 128, a projection of 128 input channels is one group, which
+/// `g_idx` cannot scatter, so all but the down projection (256 inputs) repack.
+fn loads_as(variant: &str, dtype: DataType, part: LayerPart) -> DataType {
+    if variant == "gptq-asym-g128-actorder" && part != LayerPart::WDown {
+        DataType::I4ZpG128
+    } else {
+        dtype
+    }
+}
 
 /// The projections of a layer, every one quantised in the checkpoints.
 const PROJECTIONS: [LayerPart; 7] = [
@@ -76,6 +87,7 @@ fn dequantised_weights_equal_the_references_bit_for_bit() {
                 let name = TensorName::Layer(l, part);
                 let want = &hashes[name.hf().unwrap()];
                 let weight = ckpt.tensor(name).unwrap().load().unwrap();
+                let dtype = loads_as(variant, dtype, part);
                 assert_eq!(weight.dtype(), dtype, "{variant} {name}");
                 let f32 = weight.to_dtype(DataType::F32).unwrap();
                 let f32 = f32.as_f32().unwrap();
@@ -139,12 +151,17 @@ fn greedy_ids_match_transformers_with_the_loaded_dtypes() {
 #[test]
 fn dequantised_tensors_are_noted_with_their_reason() {
     let notes = |variant: &str| import::load(&dir(variant)).unwrap().load_notes();
-    assert!(notes("gptq-sym-g128").is_empty());
-    assert!(notes("awq-g128-short-scales").is_empty());
+    for variant in [
+        "gptq-sym-g128",
+        "gptq-asym-g32",
+        "awq-g32",
+        "awq-g128-short-scales",
+    ] {
+        assert!(notes(variant).is_empty(), "{variant}");
+    }
     let act_order = notes("gptq-sym-g32-actorder");
     assert_eq!(act_order.len(), 1, "{act_order:?}");
     assert!(act_order[0].starts_with("14 tensors: GPTQ 4-bit with act-order"));
-    assert!(notes("awq-g32")[0].contains("minimum -scale*zero is not an f16 number"));
     assert!(notes("gptq-8bit-asym-g32-v2")[0].contains("GPTQ 8-bit with 8-bit codes in groups"));
 }
 
@@ -153,7 +170,7 @@ fn converted_files_keep_the_repacked_int4() {
     let tmp = tempfile::tempdir().unwrap();
     // The tiny checkpoints have no tokenizer; any one rides along in the file.
     let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
-    for (variant, dtype) in [VARIANTS[0], VARIANTS[4], VARIANTS[6]] {
+    for (variant, dtype) in [VARIANTS[0], VARIANTS[2], VARIANTS[5], VARIANTS[6]] {
         let ckpt = import::load(&dir(variant)).unwrap();
         let out = tmp.path().join(format!("{variant}.flm"));
         convert(&ckpt, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
@@ -165,6 +182,13 @@ fn converted_files_keep_the_repacked_int4() {
                 let loaded = ckpt.tensor(name).unwrap().load().unwrap();
                 assert_eq!(stored.dtype(), dtype, "{variant} {name}");
                 assert_eq!(stored.bytes().unwrap(), loaded.bytes().unwrap());
+                // The scheme's 4-bit codes and a scale per group, and a 16-bit minimum or
+                // zero point per group unless symmetric: 4 + 32 / G bits per weight.
+                let g = dtype.group_size().unwrap();
+                let per_group = if dtype.is_int4_symmetric() { 16 } else { 32 };
+                let [rows, cols] = <[usize; 2]>::try_from(stored.shape()).unwrap();
+                let bits = rows * cols.div_ceil(g) * (4 * g + per_group);
+                assert_eq!(8 * stored.size_bytes(), bits, "{variant} {name}");
             }
         }
     }
@@ -172,7 +196,7 @@ fn converted_files_keep_the_repacked_int4() {
 
 #[test]
 fn asymmetric_schemes_requantise_to_int4_within_a_hundredth_of_a_step() {
-    // What `flm convert --dtype int4 --group-size 32 --pure` makes of the f16 values that
+    // What `flm convert --dtype int4 --group-size 32 --pure` makes of the values that
     // asymmetric groups of 32 load as: flm's fit finds the checkpoint's grid again, with
     // the minimum rounded to f16.
     for variant in ["gptq-asym-g32", "awq-g32"] {
@@ -180,10 +204,9 @@ fn asymmetric_schemes_requantise_to_int4_within_a_hundredth_of_a_step() {
         let mut worst = 0.0f32;
         for l in 0..ckpt.config.n_layers {
             for part in PROJECTIONS {
-                let f16 = ckpt.tensor(TensorName::Layer(l, part)).unwrap();
-                let f16 = f16.load().unwrap();
-                let want = f16.to_dtype(DataType::F32).unwrap();
-                let int4 = f16.to_dtype(DataType::I4G32).unwrap();
+                let loaded = ckpt.tensor(TensorName::Layer(l, part)).unwrap();
+                let want = loaded.load().unwrap().to_dtype(DataType::F32).unwrap();
+                let int4 = want.to_dtype(DataType::I4G32).unwrap();
                 let got = int4.to_dtype(DataType::F32).unwrap();
                 let (want, got) = (want.as_f32().unwrap(), got.as_f32().unwrap());
                 for (w, g) in want.chunks(32).zip(got.chunks(32)) {

@@ -47,11 +47,31 @@ pub enum DataType {
     /// ggml's Q8_0, its bytes as they are: blocks of 32 values (34 bytes: an f16 scale `d`,
     /// 32 int8 codes; `w = d·q`), 8.5 bits per weight (layout in [`crate::ggml`]).
     Q80 = 13,
+    /// int4, asymmetric with an integer zero point: an f16 scale `d` and an f16 zero point
+    /// `z` (an integer in `[0, 15]`) per group of 32 values of a row, `ŵ = d · (q − z)`
+    /// (GPTQ's and AWQ's asymmetric scheme, which int4's f16 minimum `−d · z` rounds).
+    I4ZpG32 = 14,
+    /// As [`DataType::I4ZpG32`] with groups of 64.
+    I4ZpG64 = 15,
+    /// As [`DataType::I4ZpG32`] with groups of 128.
+    I4ZpG128 = 16,
+}
+
+/// How an int4 dtype gives each group's minimum `m` in `ŵ = d · q + m` (layouts in
+/// [`crate::quant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Int4Form {
+    /// An f16 minimum per group.
+    Min,
+    /// None stored: `m = −8 d` (ggml's Q4_0).
+    Symmetric,
+    /// An integer zero point `z` per group, stored as f16: `m = −d · z`.
+    ZeroPoint,
 }
 
 impl DataType {
     /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 14] = [
+    pub const ALL: [DataType; 17] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -66,6 +86,9 @@ impl DataType {
         DataType::Q5K,
         DataType::Q6K,
         DataType::Q80,
+        DataType::I4ZpG32,
+        DataType::I4ZpG64,
+        DataType::I4ZpG128,
     ];
 
     /// Whether this is a quantised (block) type.
@@ -104,31 +127,43 @@ impl DataType {
     /// Group size of an int4 type.
     pub const fn group_size(self) -> Option<usize> {
         match self {
-            DataType::I4G32 | DataType::I4SymG32 => Some(32),
-            DataType::I4G64 | DataType::I4SymG64 => Some(64),
-            DataType::I4G128 | DataType::I4SymG128 => Some(128),
+            DataType::I4G32 | DataType::I4SymG32 | DataType::I4ZpG32 => Some(32),
+            DataType::I4G64 | DataType::I4SymG64 | DataType::I4ZpG64 => Some(64),
+            DataType::I4G128 | DataType::I4SymG128 | DataType::I4ZpG128 => Some(128),
+            _ => None,
+        }
+    }
+
+    /// How an int4 dtype stores its minimums; `None` for other dtypes.
+    pub const fn int4_form(self) -> Option<Int4Form> {
+        match self {
+            DataType::I4G32 | DataType::I4G64 | DataType::I4G128 => Some(Int4Form::Min),
+            DataType::I4SymG32 | DataType::I4SymG64 | DataType::I4SymG128 => {
+                Some(Int4Form::Symmetric)
+            }
+            DataType::I4ZpG32 | DataType::I4ZpG64 | DataType::I4ZpG128 => Some(Int4Form::ZeroPoint),
             _ => None,
         }
     }
 
     /// Whether this is a symmetric int4 type (a scale per group, no minimum).
     pub const fn is_int4_symmetric(self) -> bool {
-        matches!(
-            self,
-            DataType::I4SymG32 | DataType::I4SymG64 | DataType::I4SymG128
-        )
+        matches!(self.int4_form(), Some(Int4Form::Symmetric))
     }
 
-    /// The int4 type with groups of `group` values (32, 64 or 128), symmetric or
-    /// asymmetric; `None` for other group sizes.
-    pub const fn int4(group: usize, symmetric: bool) -> Option<DataType> {
-        Some(match (group, symmetric) {
-            (32, false) => DataType::I4G32,
-            (64, false) => DataType::I4G64,
-            (128, false) => DataType::I4G128,
-            (32, true) => DataType::I4SymG32,
-            (64, true) => DataType::I4SymG64,
-            (128, true) => DataType::I4SymG128,
+    /// The int4 type of `form` with groups of `group` values (32, 64 or 128); `None` for
+    /// other group sizes.
+    pub const fn int4(group: usize, form: Int4Form) -> Option<DataType> {
+        Some(match (group, form) {
+            (32, Int4Form::Min) => DataType::I4G32,
+            (64, Int4Form::Min) => DataType::I4G64,
+            (128, Int4Form::Min) => DataType::I4G128,
+            (32, Int4Form::Symmetric) => DataType::I4SymG32,
+            (64, Int4Form::Symmetric) => DataType::I4SymG64,
+            (128, Int4Form::Symmetric) => DataType::I4SymG128,
+            (32, Int4Form::ZeroPoint) => DataType::I4ZpG32,
+            (64, Int4Form::ZeroPoint) => DataType::I4ZpG64,
+            (128, Int4Form::ZeroPoint) => DataType::I4ZpG128,
             _ => return None,
         })
     }
@@ -161,6 +196,9 @@ impl DataType {
             DataType::Q5K => "q5_k",
             DataType::Q6K => "q6_k",
             DataType::Q80 => "q8_0",
+            DataType::I4ZpG32 => "int4-zp-g32",
+            DataType::I4ZpG64 => "int4-zp-g64",
+            DataType::I4ZpG128 => "int4-zp-g128",
         }
     }
 }

@@ -353,7 +353,7 @@ pub fn repack_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
     let (bb, head) = (ty.block_bytes(), ty.block_bytes() - 16);
     let n = src.len() / bb;
     assert_eq!(src.len(), n * bb, "whole {} blocks", ty.name());
-    let (mins, _) = int4_mins(dtype, n * 32);
+    let mins = int4_mins(dtype, n * 32).offset;
     for (g, b) in src.chunks_exact(bb).enumerate() {
         let (byte, _) = nibble(g * 32);
         dst[byte..byte + 16].copy_from_slice(&b[head..]);

@@ -38,7 +38,7 @@ pub use constraint::{Constraint, Nfa, Pattern};
 pub use contract::CheckedOp;
 pub use data::Data;
 pub use device::BaseDevice;
-pub use dtype::DataType;
+pub use dtype::{DataType, Int4Form};
 pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::KvCache;

@@ -40,6 +40,19 @@
 //! (`quantize_row_q8_0_ref`), `ŵ = d · q`. Error bound: `|w − ŵ| ≤ d / 2` plus the f16
 //! rounding of `d` (`2⁻¹¹ · 127 d`), per block.
 //!
+//! **int4, group-wise, integer zero point** ([`DataType::I4ZpG32`], `I4ZpG64`, `I4ZpG128`;
+//! the asymmetric scheme of GPTQ and AWQ, `w = scale · (q − zero)`). The layout of int4
+//! with the f16 zero point `z` (an integer in `[0, 15]`, exact in f16) where int4 has its
+//! minimum: `ŵ = d · (q − z)`. Kernels read it as int4 with the minimum `m = −d · z`
+//! formed in f32, which is exact (an 11-bit significand times a 4-bit integer), so
+//! `d · q + m` is `d · (q − z)` to the bit ([`Int4Row::times_scale`]); int4's f16 minimum
+//! would round `−d · z`, which needs up to 15 significant bits. The fit is GPTQ's
+//! (`Quantizer.find_params`): the range widened to hold 0, `d = (max − min) / 15`,
+//! `z = round(−min / d)`, then a least-squares search over `d` ([`quantize_row`]) that only
+//! lowers the group's squared error. Error bound of the initial fit: `|w − ŵ| ≤ d / 2 + ε`
+//! with `ε ≤ 2⁻¹¹ · 15 d` for the f16 rounding of `d`, plus up to `d / 2` at the far end
+//! of the range from rounding `z`.
+//!
 //! The CPU kernels dot these rows against activations quantised to int8 in blocks of
 //! [`BLOCK`] values (scale `a`, codes `q_x`), so that
 //! `Σ ŵ·x ≈ Σ_blocks a · (d · Σ q_w q_x + m · Σ q_x)` (int4) or `s · Σ_blocks a · Σ q_w q_x`
@@ -47,7 +60,7 @@
 
 use half::f16;
 
-use crate::{kquant, DataType};
+use crate::{kquant, DataType, Int4Form};
 
 /// Values per activation block, and the unit int8 rows are padded to.
 pub const BLOCK: usize = 32;
@@ -134,14 +147,24 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
                 mins: ms,
             } = Int4RowMut::split(dtype, dst);
             codes.fill(0);
+            let form = dtype.int4_form().expect("an int4 dtype");
             for (gi, values) in chunks_padded(src, g).enumerate() {
-                let (d, m) = if ms.is_empty() {
-                    let d = fit_int4_symmetric(values);
-                    (d, -8.0 * d.to_f32())
-                } else {
-                    let (d, m) = fit_int4(values);
-                    ms[2 * gi..2 * gi + 2].copy_from_slice(&m.to_le_bytes());
-                    (d, m.to_f32())
+                let (d, m) = match form {
+                    Int4Form::Symmetric => {
+                        let d = fit_int4_symmetric(values);
+                        (d, -8.0 * d.to_f32())
+                    }
+                    Int4Form::Min => {
+                        let (d, m) = fit_int4(values);
+                        ms[2 * gi..2 * gi + 2].copy_from_slice(&m.to_le_bytes());
+                        (d, m.to_f32())
+                    }
+                    Int4Form::ZeroPoint => {
+                        let (d, z) = fit_int4_zero_point(values);
+                        let z = f16::from_f32(f32::from(z));
+                        ms[2 * gi..2 * gi + 2].copy_from_slice(&z.to_le_bytes());
+                        (d, zero_point_min(d, z))
+                    }
                 };
                 ds[2 * gi..2 * gi + 2].copy_from_slice(&d.to_le_bytes());
                 let inv = inverse(d.to_f32());
@@ -286,6 +309,69 @@ fn fit_int4_symmetric(values: &[f32]) -> f16 {
     best
 }
 
+/// `m = −d · z`, exact in f32 (an 11-bit significand times an integer below 2¹¹).
+fn zero_point_min(d: f16, z: f16) -> f32 {
+    -(z.to_f32() * d.to_f32())
+}
+
+/// The zero point `round(−min / d)` in `[0, 15]` of a group with minimum `min` (`≤ 0`)
+/// and scale `d` (0 for a zero scale).
+fn zero_point(min: f32, d: f32) -> u8 {
+    (-min * inverse(d)).round().clamp(0.0, 15.0) as u8
+}
+
+/// Scale and zero point of a zero-point int4 group, chosen to minimise the squared error:
+/// GPTQ's fit (`Quantizer.find_params`: the range widened to hold 0, `d = (max − min) /
+/// 15`, `z = round(−min / d)`), then for each of a few candidate scales around it the zero
+/// point and codes are fixed and `d` refitted by least squares, `d = Σ (q − z) w /
+/// Σ (q − z)²`, keeping the best. Scales are rounded to f16 before they are scored. A
+/// constant group `c` also tries `d = |c| / 8` and `q − z = ±8`, exact whenever `c` is an
+/// f16 (as int4 and int4-sym reproduce constants).
+fn fit_int4_zero_point(values: &[f32]) -> (f16, u8) {
+    const SEARCH_STEPS: i32 = 3;
+    const SEARCH_DELTA: f32 = 0.3;
+    let min = values.iter().copied().fold(0.0f32, f32::min);
+    let max = values.iter().copied().fold(0.0f32, f32::max);
+    if max <= min {
+        return (f16::ZERO, 0);
+    }
+    let error = |d: f16, z: u8| {
+        let d = d.to_f32();
+        int4_error(values, d, -(d * f32::from(z)))
+    };
+    let d = f16::from_f32((max - min) / 15.0);
+    let mut best = (d, zero_point(min, d.to_f32()));
+    let mut best_err = error(best.0, best.1);
+    if values.iter().all(|&w| w == values[0]) {
+        let c = values[0];
+        let constant = (f16::from_f32(c.abs() / 8.0), if c < 0.0 { 8 } else { 0 });
+        let err = error(constant.0, constant.1);
+        if err < best_err {
+            (best, best_err) = (constant, err);
+        }
+    }
+    for step in -SEARCH_STEPS..=SEARCH_STEPS {
+        let d0 = (max - min) / (15.0 + step as f32 * SEARCH_DELTA);
+        let z = zero_point(min, d0);
+        let (inv, m0) = (inverse(d0), -(d0 * f32::from(z)));
+        let (mut sqq, mut sqw) = (0.0f32, 0.0f32);
+        for &w in values {
+            let q = code(w, inv, m0) as f32 - f32::from(z);
+            sqq += q * q;
+            sqw += q * w;
+        }
+        if sqq > 0.0 && sqw > 0.0 {
+            let candidate = f16::from_f32(sqw / sqq);
+            let err = error(candidate, z);
+            if err < best_err {
+                best = (candidate, z);
+                best_err = err;
+            }
+        }
+    }
+    best
+}
+
 /// Splits `src` into chunks of `g` (the last may be shorter); one chunk for an empty row.
 fn chunks_padded(src: &[f32], g: usize) -> impl Iterator<Item = &[f32]> {
     let n = src.len().div_ceil(g).max(1);
@@ -338,10 +424,11 @@ pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
 
 /// The parts of an int4 row (see the module docs): codes, f16 scales `d_g` and f16
 /// minimums, as little-endian bytes. The minimum of group `g` is
-/// `m_g = min_factor · f16(mins[2g..2g + 2])`: the stored minimum (factor 1) in an
-/// asymmetric row, `−8 d_g` (the scales, factor −8) in a symmetric one. Multiplying by −8
-/// is exact in f32, so kernels that read minimums this way compute the same bits as if
-/// `−8 d_g` were stored.
+/// `m_g = min_factor · f16(mins[2g..2g + 2])`, times `d_g` where `times_scale`: the stored
+/// minimum (factor 1) in an int4 row, `−8 d_g` (the scales, factor −8) in a symmetric one,
+/// `−1 · z_g · d_g` (the zero points, factor −1, times the scales) in a zero-point one.
+/// These products are exact in f32, so kernels that read minimums this way compute the
+/// same bits as if `m_g` were stored.
 #[derive(Clone, Copy)]
 pub struct Int4Row<'a> {
     /// `P / 2` bytes of codes.
@@ -350,8 +437,10 @@ pub struct Int4Row<'a> {
     pub scales: &'a [u8],
     /// `P / G` f16 values that, times `min_factor`, are the minimums.
     pub mins: &'a [u8],
-    /// 1 (asymmetric) or −8 (symmetric).
+    /// 1 (int4), −8 (symmetric) or −1 (zero point).
     pub min_factor: f32,
+    /// Whether `m_g` is also multiplied by `d_g` (zero point).
+    pub times_scale: bool,
 }
 
 impl<'a> Int4Row<'a> {
@@ -362,14 +451,13 @@ impl<'a> Int4Row<'a> {
     pub fn split(dtype: DataType, row: &'a [u8]) -> Int4Row<'a> {
         let (g, groups) = int4_groups(dtype, row.len());
         let (codes, rest) = row.split_at(groups * g / 2);
-        let (offset, min_factor) = int4_mins(dtype, groups * g);
-        let scales = &rest[..2 * groups];
-        let mins = &row[offset..offset + 2 * groups];
+        let mins = int4_mins(dtype, groups * g);
         Int4Row {
             codes,
-            scales,
-            mins,
-            min_factor,
+            scales: &rest[..2 * groups],
+            mins: &row[mins.offset..mins.offset + 2 * groups],
+            min_factor: mins.factor,
+            times_scale: mins.times_scale,
         }
     }
 
@@ -380,18 +468,42 @@ impl<'a> Int4Row<'a> {
 
     /// `m_g` of group `g`.
     pub fn min(&self, g: usize) -> f32 {
-        self.min_factor * f16::from_le_bytes([self.mins[2 * g], self.mins[2 * g + 1]]).to_f32()
+        let m =
+            self.min_factor * f16::from_le_bytes([self.mins[2 * g], self.mins[2 * g + 1]]).to_f32();
+        if self.times_scale {
+            m * self.scale(g)
+        } else {
+            m
+        }
     }
 }
 
-/// The byte offset of the f16 values of the int4 minimums in a row of `dtype` with `kp`
-/// padded columns, and the factor that turns them into minimums (see [`Int4Row`]).
-pub fn int4_mins(dtype: DataType, kp: usize) -> (usize, f32) {
+/// Where and how a row of an int4 dtype holds its minimums (see [`Int4Row`]):
+/// `m_g = factor · f16 value g at offset`, times `d_g` where `times_scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Int4Mins {
+    /// Byte offset in the row of the `P / G` f16 values.
+    pub offset: usize,
+    /// 1 (int4), −8 (symmetric) or −1 (zero point).
+    pub factor: f32,
+    /// Whether each value is also multiplied by its group's scale (zero point).
+    pub times_scale: bool,
+}
+
+/// The minimums of a row of the int4 `dtype` with `kp` padded columns (its scales start
+/// at byte `kp / 2`).
+pub fn int4_mins(dtype: DataType, kp: usize) -> Int4Mins {
     let g = dtype.group_size().unwrap_or(BLOCK);
-    if dtype.is_int4_symmetric() {
-        (kp / 2, -8.0)
-    } else {
-        (kp / 2 + 2 * (kp / g), 1.0)
+    let after_scales = kp / 2 + 2 * (kp / g);
+    let (offset, factor, times_scale) = match dtype.int4_form() {
+        Some(Int4Form::Symmetric) => (kp / 2, -8.0, false),
+        Some(Int4Form::ZeroPoint) => (after_scales, -1.0, true),
+        _ => (after_scales, 1.0, false),
+    };
+    Int4Mins {
+        offset,
+        factor,
+        times_scale,
     }
 }
 
@@ -537,6 +649,48 @@ pub(crate) mod tests {
         };
         let parts = Int4Row::split(DataType::I4SymG32, &row);
         assert_eq!((parts.scale(0), parts.min(1)), (d, -8.0 * d));
+    }
+
+    #[test]
+    fn int4_zero_point_fit_beats_gptqs_fit() {
+        let dtypes = [DataType::I4ZpG32, DataType::I4ZpG64, DataType::I4ZpG128];
+        assert_fit_beats(dtypes, &[3, 11], |group| {
+            // GPTQ's Quantizer.find_params and quantize, from their definitions: the range
+            // widened to 0, scale = (max - min) / 15, zero = round(-min / scale),
+            // q = clamp(round(x / scale) + zero, 0, 15).
+            let lo = group.iter().copied().fold(0.0f32, f32::min);
+            let hi = group.iter().copied().fold(0.0f32, f32::max);
+            if hi <= lo {
+                return group.iter().map(|x| x * x).sum();
+            }
+            let d = f16::from_f32((hi - lo) / 15.0).to_f32();
+            let z = (-lo / d).round();
+            group
+                .iter()
+                .map(|&x| {
+                    let q = ((x / d).round() + z).clamp(0.0, 15.0);
+                    (d * (q - z) - x).powi(2)
+                })
+                .sum()
+        });
+    }
+
+    #[test]
+    fn int4_zero_point_rows_reproduce_integer_zero_grids_exactly() {
+        assert_eq!(
+            row_bytes(DataType::I4ZpG32, 2048),
+            row_bytes(DataType::I4G32, 2048)
+        );
+        // d · (q − z) on a grid whose minimum −d · z is no f16 number (d has 11 significant
+        // bits, z = 11 adds 3 more) comes back exactly.
+        let d = f16::from_f32(0.0123).to_f32();
+        let w: Vec<f32> = (0..64).map(|i| d * ((i * 7 % 16) as f32 - 11.0)).collect();
+        assert_ne!(f16::from_f32(-11.0 * d).to_f32(), -11.0 * d);
+        assert_eq!(round_trip(DataType::I4ZpG32, &w), w);
+        let mut row = vec![0u8; row_bytes(DataType::I4ZpG32, 64).unwrap()];
+        quantize_row(DataType::I4ZpG32, &w, &mut row);
+        let parts = Int4Row::split(DataType::I4ZpG32, &row);
+        assert_eq!((parts.scale(0), parts.min(1)), (d, -11.0 * d));
     }
 
     #[test]

@@ -100,6 +100,9 @@ dtype_tests!([
     int4_sym_g32: I4SymG32,
     int4_sym_g64: I4SymG64,
     int4_sym_g128: I4SymG128,
+    int4_zp_g32: I4ZpG32,
+    int4_zp_g64: I4ZpG64,
+    int4_zp_g128: I4ZpG128,
     q4_k: Q4K,
     q5_k: Q5K,
     q6_k: Q6K,
@@ -626,6 +629,7 @@ fn linears_match_each_linear() {
         [I8, I8, F32],
         [I4G32, I4G128, I4G32],
         [I4SymG32, I4SymG32, I4SymG128],
+        [I4ZpG32, I4ZpG128, I4ZpG32],
         [Q4K, Q6K, Q5K],
         [Q80, Q80, I8],
     ];

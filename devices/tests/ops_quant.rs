@@ -14,7 +14,7 @@ mod common;
 
 use common::*;
 use flm_core::quant::{padded_cols, BLOCK};
-use flm_core::{Data, DataType, Executor, Op};
+use flm_core::{Data, DataType, Executor, Int4Form, Op};
 use flm_devices::cpu::PARALLEL_MIN_WORK;
 use flm_devices::{ActivationBits, CpuDevice};
 
@@ -125,13 +125,19 @@ fn linear_parallel_matches_quantised_scheme(dtype: DataType) {
 /// the whole row with `|w − ŵ| ≤ max|w| / 254`; int4, groups of `G` where the min/max fit
 /// has `|w − ŵ| ≤ d/2 + ε`, `d = (max − min)/15`, `ε = 2⁻¹¹(|min| + 15d)`; int4-sym, where
 /// the `max|w| / 8` fit has `|w − ŵ| ≤ |d| (1 + 2⁻⁸)`, `|d| = max|w| / 8` (a step where
-/// values beyond `7|d|` on the other side of the extreme are clamped, half a step elsewhere).
+/// values beyond `7|d|` on the other side of the extreme are clamped, half a step elsewhere);
+/// int4-zp, where GPTQ's fit has `|w − ŵ| ≤ d (1 + 2⁻⁷)`, `d = (max − min)/15` over the
+/// range widened to hold 0 (a step where rounding the zero point moves the grid by half a
+/// step and an extreme value is clamped, half a step elsewhere).
 fn weight_bound(dtype: DataType, group: &[f32]) -> f64 {
     let lo = group.iter().copied().fold(f32::INFINITY, f32::min) as f64;
     let hi = group.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     match dtype.group_size() {
         None => lo.abs().max(hi.abs()) / 254.0,
         Some(_) if dtype.is_int4_symmetric() => lo.abs().max(hi.abs()) / 8.0 * (1.0 + 1.0 / 256.0),
+        Some(_) if dtype.int4_form() == Some(Int4Form::ZeroPoint) => {
+            (hi.max(0.0) - lo.min(0.0)) / 15.0 * (1.0 + 1.0 / 128.0)
+        }
         Some(_) => {
             let d = (hi - lo) / 15.0;
             d / 2.0 + (lo.abs() + 15.0 * d) / 2048.0
@@ -230,7 +236,8 @@ fn zeros_give_exact_bias(dtype: DataType) {
     }
 }
 
-/// A constant row (int4: `max == min`, so `d = 0`; int4-sym: `d = −c/8`, exact) and a row
+/// A constant row (int4: `max == min`, so `d = 0`; int4-sym: `d = −c/8`, exact; int4-zp:
+/// `d = |c|/8`, `q − z = ±8`, exact) and a row
 /// with one constant group are
 /// dequantised exactly when the constant is an f16, and Linear computes `Σ c·x̂`.
 fn constant_rows_are_reproduced(dtype: DataType) {

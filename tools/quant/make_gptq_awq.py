@@ -77,8 +77,9 @@ PROJECTIONS = [
     "mlp.down_proj",
 ]
 # name: (method, group size, symmetric, act-order, short scales, seed). Short scales have
-# 7 significant bits, so that every minimum -scale*zero (at most 11 bits) is an f16 number:
-# the asymmetric schemes that flm's int4 holds exactly (real quantisers give 11-bit scales).
+# 7 significant bits, so that every minimum -scale*zero (at most 11 bits) is an f16 number,
+# as int4's f16 minimum needs (real quantisers give 11-bit scales); flm loads both kinds of
+# asymmetric scheme as int4-zp, whose zero points hold any minimum exactly.
 VARIANTS = {
     "gptq-sym-g128": ("gptq", 128, True, False, False, 4101),
     "gptq-sym-g32-actorder": ("gptq", 32, True, True, False, 4102),

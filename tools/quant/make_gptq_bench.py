@@ -2,9 +2,11 @@
 layout of Qwen's official *-GPTQ-Int4 releases) at the shapes of a Hugging Face
 config.json, for `flm bench` (docs/benchmarks.md): every projection and the classifier
 packed as tools/quant/make_gptq_awq.py packs them (GPTQModel's layout, v1 zero points), the
-embedding and norms f16.
+embedding and norms f16. With `--awq`, an AutoAWQ checkpoint instead (4-bit, asymmetric
+with AWQ's zero points, groups of 128, the GEMM layout: the scheme of Qwen's official
+*-AWQ releases).
 
-`python tools/quant/make_gptq_bench.py CONFIG OUT_DIR`
+`python tools/quant/make_gptq_bench.py CONFIG OUT_DIR [--awq]`
 """
 
 import json
@@ -15,13 +17,19 @@ import safetensors.torch
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_gptq_awq import codes_of, pack_gptq, quantise  # noqa: E402
+from make_gptq_awq import codes_of, pack_awq, pack_gptq, quantise  # noqa: E402
 
 GROUP = 128
 
 
-def linear(name, out, inp, g, tensors):
+def linear(name, out, inp, g, tensors, awq):
     w = torch.randn(out, inp, generator=g) / inp**0.5
+    if awq:
+        scales, zeros, g_idx = quantise(w, GROUP, False, False, False, "awq", g)
+        qweight, qzeros = pack_awq(codes_of(w, scales, zeros, g_idx), zeros)
+        tensors.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros,
+                        f"{name}.scales": scales})
+        return
     scales, zeros, g_idx = quantise(w, GROUP, True, False, False, "gptq", g)
     qweight, qzeros = pack_gptq(codes_of(w, scales, zeros, g_idx), zeros)
     tensors.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros,
@@ -30,6 +38,7 @@ def linear(name, out, inp, g, tensors):
 
 def main():
     config_path, out = Path(sys.argv[1]), Path(sys.argv[2])
+    awq = "--awq" in sys.argv[3:]
     c = json.loads(config_path.read_text())
     g = torch.Generator().manual_seed(0)
     dim, hidden, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
@@ -39,7 +48,7 @@ def main():
         "model.embed_tokens.weight": (torch.randn(c["vocab_size"], dim, generator=g) * 0.02).half(),
         "model.norm.weight": torch.ones(dim).half(),
     }
-    linear("lm_head", c["vocab_size"], dim, g, tensors)
+    linear("lm_head", c["vocab_size"], dim, g, tensors, awq)
     for l in range(c["num_hidden_layers"]):
         p = f"model.layers.{l}"
         tensors[f"{p}.input_layernorm.weight"] = torch.ones(dim).half()
@@ -48,11 +57,15 @@ def main():
                            ("self_attn.v_proj", kv, dim), ("self_attn.o_proj", dim, heads * head_dim),
                            ("mlp.gate_proj", hidden, dim), ("mlp.up_proj", hidden, dim),
                            ("mlp.down_proj", dim, hidden)]:
-            linear(f"{p}.{name}", o, i, g, tensors)
+            linear(f"{p}.{name}", o, i, g, tensors, awq)
     out.mkdir(parents=True, exist_ok=True)
     safetensors.torch.save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    c["quantization_config"] = dict(quant_method="gptq", bits=4, group_size=GROUP, desc_act=False,
-                                    sym=True, checkpoint_format="gptq")
+    if awq:
+        c["quantization_config"] = dict(quant_method="awq", bits=4, group_size=GROUP, zero_point=True,
+                                        version="gemm")
+    else:
+        c["quantization_config"] = dict(quant_method="gptq", bits=4, group_size=GROUP,
+                                        desc_act=False, sym=True, checkpoint_format="gptq")
     (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
 
 

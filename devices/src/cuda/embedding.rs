@@ -4,7 +4,7 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{quant, Data, Error, Result};
 
 use super::device::{dev_err, grid, int, CudaDevice};
-use super::kernels::{k_quant_code, FloatWeight, Kernel};
+use super::kernels::{int4_form_code, k_quant_code, FloatWeight, Kernel};
 use super::ROW_THREADS;
 
 /// [`flm_core::Op::Embedding`].
@@ -56,12 +56,12 @@ pub(super) fn embedding(
                 .arg(out.slice())
                 .arg(&dim_i)
                 .arg(&vocab_u);
-            let sym = i32::from(table.dtype().is_int4_symmetric());
+            let form = int4_form_code(table.dtype());
             let kq = k_quant_code(table.dtype());
             b.arg(&row_bytes)
                 .arg(&padded)
                 .arg(&group)
-                .arg(&sym)
+                .arg(&form)
                 .arg(&kq)
                 .arg(&bad);
             // SAFETY: arguments as `embedding_quant`; the table is vocab rows of

@@ -3,7 +3,7 @@
 //! reductions) followed by one source file; every kernel is `extern "C"`, so its name in
 //! the PTX is [`Kernel::name`] of the handles in [`Module::kernels`].
 
-use flm_core::DataType;
+use flm_core::{DataType, Int4Form};
 
 /// One compilation unit and the kernels the device loads from it.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +52,17 @@ pub fn k_quant_code(dtype: DataType) -> i32 {
         DataType::Q4K => 1,
         DataType::Q5K => 2,
         DataType::Q6K => 3,
+        _ => 0,
+    }
+}
+
+/// The `form` argument of the kernels that read int4 rows (`int4_min` in prelude.cuh): how
+/// a group's minimum is stored, 0 an f16 minimum (int4), 1 none (int4-sym, `−8 d`), 2 an
+/// f16 integer zero point `z` (int4-zp, `−z d`).
+pub fn int4_form_code(dtype: DataType) -> i32 {
+    match dtype.int4_form() {
+        Some(Int4Form::Symmetric) => 1,
+        Some(Int4Form::ZeroPoint) => 2,
         _ => 0,
     }
 }

@@ -19,7 +19,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use flm_core::{quant, Data, DataType, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
-use super::kernels::{k_quant_code, Kernel, QGEMV_ROWS};
+use super::kernels::{int4_form_code, k_quant_code, Kernel, QGEMV_ROWS};
 
 /// Input rows up to which f16/bf16 weights go through the GEMV kernels rather than cuBLAS.
 pub const GEMV_MAX_ROWS: usize = 8;
@@ -229,15 +229,15 @@ fn qgemv(
             let mut b = dev.stream.launch_builder(f);
             b.arg(w).arg(x);
             arg_or_null(&mut b, bias);
-            let sym = i32::from(dtype.is_int4_symmetric());
+            let form = int4_form_code(dtype);
             b.arg(y)
                 .arg(&k_i)
                 .arg(&m_i)
                 .arg(&padded)
                 .arg(&group_i)
-                .arg(&sym);
+                .arg(&form);
             // SAFETY: w is m rows of padded / group groups of group / 2 + 4 bytes (2 if
-            // `sym`; the .flm int4 layouts), x n × k floats, y n × m floats, the bias m
+            // `form` is 1; the .flm int4 layouts), x n × k floats, y n × m floats, the bias m
             // floats or null.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }

@@ -152,7 +152,10 @@ macro_rules! quant_dtype_tests {
             i4g128: I4G128,
             i4sg32: I4SymG32,
             i4sg64: I4SymG64,
-            i4sg128: I4SymG128
+            i4sg128: I4SymG128,
+            i4zg32: I4ZpG32,
+            i4zg64: I4ZpG64,
+            i4zg128: I4ZpG128
         ] $check);)*
     };
 }

@@ -11,11 +11,11 @@
 //!
 //! - **int4-sym** when every zero point is 8 (GPTQ's symmetric schemes): `scale · (q − 8)`
 //!   is flm's symmetric int4 with the same codes and scales.
-//! - **int4** (asymmetric) when the minimum `−scale · zero` of every group is an f16 number:
-//!   flm's int4 stores an f16 minimum, and `d · q + m` then equals `d · (q − z)` exactly in
-//!   f32 (every term is an f16 times a 4-bit integer). Otherwise, which is the usual case
-//!   (`scale · zero` needs up to 15 significant bits, f16 has 11), the tensor is dequantised
-//!   to f16: rounding the minimum would change values the checkpoint defines.
+//! - **int4-zp** otherwise (asymmetric: GPTQ's `sym=False`, every AWQ checkpoint): flm's
+//!   int4 with an integer zero point per group, the same codes, scales and zero points, and
+//!   `d · q + (−d · z)` equals `d · (q − z)` exactly in f32 (every term is an f16 times a
+//!   4-bit integer). int4's f16 minimum would round `−d · z`, which needs up to 15
+//!   significant bits.
 //! - The group size is the largest of flm's (128, 64, 32) such that each run of that many
 //!   input channels is in one group of the checkpoint. Without act-order a group of 128 is
 //!   one flm group of 128 (or 2 of 64, 4 of 32, with the same scale and zero); per-channel
@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use flm_core::quant::{int4_mins, nibble, padded_cols};
-use flm_core::{Data, DataType};
+use flm_core::{Data, DataType, Int4Form};
 use half::f16;
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -135,7 +135,6 @@ impl Stored {
 enum Why {
     EightBit,
     ActOrder,
-    InexactMinimum,
 }
 
 /// What loading makes of a packed tensor.
@@ -256,15 +255,12 @@ impl PackedLinear {
         let Some(size) = [128, 64, 32].into_iter().find(|&s| contiguous(s)) else {
             return Plan::F16(Why::ActOrder);
         };
-        let symmetric = p.zeros.iter().all(|&z| z == 8);
-        let exact = |(&d, &z): (&f16, &u8)| {
-            let m = minimum(d, z);
-            f16::from_f32(m).to_f32() == m
+        let form = if p.zeros.iter().all(|&z| z == 8) {
+            Int4Form::Symmetric
+        } else {
+            Int4Form::ZeroPoint
         };
-        if !symmetric && !p.scales.iter().zip(&p.zeros).all(exact) {
-            return Plan::F16(Why::InexactMinimum);
-        }
-        Plan::Int4(DataType::int4(size, symmetric).expect("groups of 32, 64 or 128"))
+        Plan::Int4(DataType::int4(size, form).expect("groups of 32, 64 or 128"))
     }
 
     fn dtype(&self) -> DataType {
@@ -293,7 +289,7 @@ impl PackedLinear {
         };
         let size = dtype.group_size().unwrap_or(32);
         let kp = padded_cols(dtype, inputs);
-        let (mins, _) = int4_mins(dtype, kp);
+        let mins = int4_mins(dtype, kp).offset;
         for j in 0..kp / size {
             let group = p.g_idx[j * size] as usize * outputs + o;
             let (d, z) = (p.scales[group], p.zeros[group]);
@@ -304,16 +300,11 @@ impl PackedLinear {
             }
             row[kp / 2 + 2 * j..kp / 2 + 2 * j + 2].copy_from_slice(&d.to_le_bytes());
             if !dtype.is_int4_symmetric() {
-                let m = f16::from_f32(minimum(d, z)).to_le_bytes();
-                row[mins + 2 * j..mins + 2 * j + 2].copy_from_slice(&m);
+                let z = f16::from_f32(f32::from(z)).to_le_bytes();
+                row[mins + 2 * j..mins + 2 * j + 2].copy_from_slice(&z);
             }
         }
     }
-}
-
-/// `−d · z`, exact in f32 (an 11-bit significand times an integer below 256).
-fn minimum(d: f16, z: u8) -> f32 {
-    -(d.to_f32() * z as f32)
 }
 
 impl Assemble for PackedLinear {
@@ -354,10 +345,6 @@ impl Assemble for PackedLinear {
             Why::ActOrder => {
                 "act-order groups that are not runs of 32 input channels (an int4 repack \
                  would need the activations permuted)"
-            }
-            Why::InexactMinimum => {
-                "asymmetric groups whose minimum -scale*zero is not an f16 number (flm's \
-                 int4 stores f16 minimums)"
             }
         };
         let group = self.scheme.group_size.unwrap_or(self.geometry.inputs) as f64;

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
-use flm_core::{quant, Data, DataType, Executor, Expert};
+use flm_core::{quant, Data, DataType, Executor, Expert, Int4Form};
 use flm_devices::CpuDevice;
 
 use crate::device::{Chosen, DeviceArgs};
@@ -29,10 +29,10 @@ pub struct BenchArgs {
     /// A Hugging Face config.json: random weights at its shapes, built in memory.
     #[arg(long, requires = "dtype")]
     random: Option<PathBuf>,
-    /// Weight dtype of --random: f32, f16, bf16, int8, int4 or int4-sym.
+    /// Weight dtype of --random: f32, f16, bf16, int8, int4, int4-sym or int4-zp.
     #[arg(long)]
     dtype: Option<String>,
-    /// int4 and int4-sym group size of --random: 32, 64 or 128.
+    /// int4, int4-sym and int4-zp group size of --random: 32, 64 or 128.
     #[arg(long, default_value_t = 32)]
     group_size: usize,
     /// Prompt tokens prefilled in one call: the prefill test (llama-bench's ppN).
@@ -67,16 +67,23 @@ pub struct BenchArgs {
     device: DeviceArgs,
 }
 
-/// The dtype called `name` (int4 and int4-sym with `group` values per group).
+/// The dtype called `name` (int4, int4-sym and int4-zp with `group` values per group).
 fn parse_dtype(name: &str, group: usize) -> Result<DataType> {
     Ok(match name {
         "f32" => DataType::F32,
         "f16" => DataType::F16,
         "bf16" => DataType::BF16,
         "int8" => DataType::I8,
-        "int4" | "int4-sym" => DataType::int4(group, name == "int4-sym")
-            .with_context(|| format!("--group-size must be 32, 64 or 128, not {group}"))?,
-        d => bail!("unknown --dtype {d} (f32, f16, bf16, int8, int4 or int4-sym)"),
+        "int4" | "int4-sym" | "int4-zp" => {
+            let form = match name {
+                "int4-sym" => Int4Form::Symmetric,
+                "int4-zp" => Int4Form::ZeroPoint,
+                _ => Int4Form::Min,
+            };
+            DataType::int4(group, form)
+                .with_context(|| format!("--group-size must be 32, 64 or 128, not {group}"))?
+        }
+        d => bail!("unknown --dtype {d} (f32, f16, bf16, int8, int4, int4-sym or int4-zp)"),
     })
 }
 
@@ -130,8 +137,14 @@ fn random_tensor(dtype: DataType, shape: &[usize], seed: u64) -> Result<Data> {
             let g = dtype.group_size().unwrap_or(32);
             let rb = quant::row_bytes(dtype, cols).context("row size")?;
             let kp = quant::padded_cols(dtype, cols);
-            let (d, m) = (f16::from_f32(0.002).to_le_bytes(), f16::from_f32(-0.016));
-            // The scales; then, in asymmetric rows only, the minimums.
+            // The minimum -0.016, or as a zero point 8 (-8 * 0.002).
+            let m = if dtype.int4_form() == Some(Int4Form::ZeroPoint) {
+                f16::from_f32(8.0)
+            } else {
+                f16::from_f32(-0.016)
+            };
+            let d = f16::from_f32(0.002).to_le_bytes();
+            // The scales; then, in asymmetric rows only, the minimums or zero points.
             bytes.par_chunks_mut(rb).for_each(|row| {
                 let (scales, minimums) = row[kp / 2..].split_at_mut(2 * (kp / g));
                 for s in scales.chunks_exact_mut(2) {

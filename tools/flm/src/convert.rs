@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use flm_core::DataType;
+use flm_core::{DataType, Int4Form};
 use flm_models::convert::{convert, Recipe};
 use flm_models::import;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -26,6 +26,9 @@ pub enum DtypeArg {
     Int4,
     /// int4, symmetric: an f16 scale per group and no minimum (ggml's Q4_0 at groups of 32).
     Int4Sym,
+    /// int4 with an f16 scale and an integer zero point per group (GPTQ's and AWQ's
+    /// asymmetric scheme).
+    Int4Zp,
 }
 
 #[derive(Args)]
@@ -67,12 +70,17 @@ fn dtype(args: &ConvertArgs) -> Result<Option<DataType>> {
         return Ok(None);
     };
     Ok(Some(match (requested, args.group_size) {
-        (DtypeArg::Int4 | DtypeArg::Int4Sym, g) => {
+        (DtypeArg::Int4 | DtypeArg::Int4Sym | DtypeArg::Int4Zp, g) => {
             let g = g.unwrap_or(32);
-            DataType::int4(g, matches!(requested, DtypeArg::Int4Sym))
+            let form = match requested {
+                DtypeArg::Int4Sym => Int4Form::Symmetric,
+                DtypeArg::Int4Zp => Int4Form::ZeroPoint,
+                _ => Int4Form::Min,
+            };
+            DataType::int4(g, form)
                 .with_context(|| format!("--group-size must be 32, 64 or 128, got {g}"))?
         }
-        (_, Some(_)) => bail!("--group-size applies to --dtype int4 and int4-sym only"),
+        (_, Some(_)) => bail!("--group-size applies to --dtype int4, int4-sym and int4-zp only"),
         (DtypeArg::F32, None) => DataType::F32,
         (DtypeArg::F16, None) => DataType::F16,
         (DtypeArg::Bf16, None) => DataType::BF16,

@@ -473,7 +473,7 @@ fn bad_conversions_are_refused_and_leave_no_file() {
         ),
         (
             vec!["--dtype", "int8", "--group-size", "32"],
-            "applies to --dtype int4 and int4-sym only",
+            "applies to --dtype int4, int4-sym and int4-zp only",
         ),
     ] {
         let mut args = vec!["convert", "--input", &model, "--output", &out];
@@ -515,6 +515,7 @@ fn row_bytes(dtype: &str, cols: usize) -> usize {
         "int8" => 4 + pad(32),
         "int4-g32" => pad(32) / 32 * 20,
         "int4-sym-g32" => pad(32) / 32 * 18,
+        "int4-zp-g32" => pad(32) / 32 * 20,
         other => panic!("no size for {other}"),
     }
 }
@@ -530,6 +531,7 @@ fn bench_reports_json_for_random_weights() {
         ("int8", "5"),
         ("int4", "0"),
         ("int4-sym", "300"),
+        ("int4-zp", "0"),
     ] {
         let out = flm(&[
             "bench",
@@ -561,6 +563,7 @@ fn bench_reports_json_for_random_weights() {
         let named = match dtype {
             "int4" => "int4-g32",
             "int4-sym" => "int4-sym-g32",
+            "int4-zp" => "int4-zp-g32",
             d => d,
         };
         assert_eq!(stored, named);

@@ -402,7 +402,7 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
     }
 }
 
-/// The group scales and minimums of int4 rows `j..j + r` into `s.dg` and `s.mg` as f32,
+/// The group scales and minimums (as `Int4Row` reads them) of int4 rows `j..j + r` into `s.dg` and `s.mg` as f32,
 /// group-major (zeros for rows `r..16` and past the last group): 16 groups of the 16 rows
 /// widened as 16 vectors, then transposed.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
@@ -410,7 +410,7 @@ unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s
     let chunks = groups.div_ceil(16);
     let parts: [Option<Int4Row<'_>>; ROWS] =
         std::array::from_fn(|dr| (dr < r).then(|| Int4Row::split(w.dtype, w.row(j + dr))));
-    let factor = int4_mins(w.dtype, w.kp).1;
+    let at = int4_mins(w.dtype, w.kp);
     for (mins, dst) in [(false, &mut s.dg), (true, &mut s.mg)] {
         // Every value is written below.
         dst.resize(ROWS * 16 * chunks, 0.0);
@@ -425,12 +425,18 @@ unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s
             for (q, t) in transpose16(v).iter().enumerate() {
                 // `m_g = min_factor · mins[g]` (see `Int4Row`); the scales as they are.
                 let t = if mins {
-                    _mm512_mul_ps(_mm512_set1_ps(factor), *t)
+                    _mm512_mul_ps(_mm512_set1_ps(at.factor), *t)
                 } else {
                     *t
                 };
                 _mm512_storeu_ps(dst.as_mut_ptr().add((16 * c + q) * ROWS), t);
             }
+        }
+    }
+    if at.times_scale {
+        // Zero points: `m_g = −z_g · d_g`, both factors now in place (exact in f32).
+        for (m, d) in s.mg.iter_mut().zip(&s.dg) {
+            *m *= d;
         }
     }
 }

@@ -179,29 +179,45 @@ fn f16_bits(bytes: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])
 }
 
-/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values (`m` holds at least `2·g.len()` bytes):
-/// whole runs of 4 load their f16 values with one load, the rest through a local array.
+/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values (`m`, and `d` when given, hold at least
+/// `2·g.len()` bytes), each term also times `f16(d[i])` when `d` is given (the zero points
+/// times the scales of an int4-zp row, see `Int4Row`): whole runs of 4 load their f16
+/// values with one load, the rest through a local array.
 #[inline(always)]
-fn dot_f16_f32(m: &[u8], g: &[f32]) -> f32 {
+fn dot_f16_f32(m: &[u8], d: Option<&[u8]>, g: &[f32]) -> f32 {
     let m = &m[..2 * g.len()];
+    let d = d.map(|d| &d[..2 * g.len()]);
     let whole = g.len() / 4;
-    // SAFETY: NEON; the loads read `m[8c..8c + 8]` and `g[4c..4c + 4]` for `c < whole`, and
-    // local arrays of 4.
+    // The f16 values `4c..4c + 4` of `bytes` (those past `g.len()` zero), as f32 lanes.
+    let load = |bytes: &[u8], c: usize| {
+        if c < whole {
+            // SAFETY: NEON; reads `bytes[8c..8c + 8]`, inside the `2·g.len()` bytes.
+            unsafe { f16x4_to_f32(vreinterpret_u16_u8(vld1_u8(bytes.as_ptr().add(8 * c)))) }
+        } else {
+            let mut bits = [0u16; 4];
+            for (e, b) in bits.iter_mut().enumerate().take(g.len() - 4 * c) {
+                *b = f16_bits(bytes, 4 * c + e);
+            }
+            // SAFETY: NEON; loads a local array of 4.
+            unsafe { f16x4_to_f32(vld1_u16(bits.as_ptr())) }
+        }
+    };
+    // SAFETY: NEON; the loads read `g[4c..4c + 4]` for `c < whole`, and local arrays of 4.
     unsafe {
         let mut acc = vdupq_n_f32(0.0);
-        for c in 0..whole {
-            let mv = f16x4_to_f32(vreinterpret_u16_u8(vld1_u8(m.as_ptr().add(8 * c))));
-            acc = vfmaq_f32(acc, mv, vld1q_f32(g.as_ptr().add(4 * c)));
-        }
-        let rest = &g[4 * whole..];
-        if !rest.is_empty() {
-            let (mut bits, mut vals) = ([0u16; 4], [0.0f32; 4]);
-            for (e, &x) in rest.iter().enumerate() {
-                bits[e] = f16_bits(m, 4 * whole + e);
-                vals[e] = x;
+        for c in 0..g.len().div_ceil(4) {
+            let mut mv = load(m, c);
+            if let Some(d) = d {
+                mv = vmulq_f32(mv, load(d, c));
             }
-            let mv = f16x4_to_f32(vld1_u16(bits.as_ptr()));
-            acc = vfmaq_f32(acc, mv, vld1q_f32(vals.as_ptr()));
+            let gv = if c < whole {
+                vld1q_f32(g.as_ptr().add(4 * c))
+            } else {
+                let mut vals = [0.0f32; 4];
+                vals[..g.len() - 4 * c].copy_from_slice(&g[4 * c..]);
+                vld1q_f32(vals.as_ptr())
+            };
+            acc = vfmaq_f32(acc, mv, gv);
         }
         vaddvq_f32(acc)
     }
@@ -397,14 +413,15 @@ impl Tile<'_> {
             // chunks (asserted).
             unsafe { self.i4_chunk::<R, T, DOT>(codes, dw, &qs, &ds, b0, &mut acc) };
         }
-        let (offset, factor) = int4_mins(self.w.dtype, kp);
+        let mins = int4_mins(self.w.dtype, kp);
         for r in 0..R {
-            let ms = &rows[r][offset..];
+            let ms = &rows[r][mins.offset..];
+            let scales = mins.times_scale.then(|| &rows[r][kp / 2..]);
             for t in 0..T {
                 let gsum = self.acts.row_gsum(self.i + t);
                 // SAFETY: NEON; registers only.
                 let sum = unsafe { vaddvq_f32(acc[r][t]) };
-                out[r][t] = sum + factor * dot_f16_f32(ms, gsum);
+                out[r][t] = sum + mins.factor * dot_f16_f32(ms, scales, gsum);
             }
         }
     }

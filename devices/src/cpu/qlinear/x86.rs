@@ -464,25 +464,40 @@ pub(super) unsafe fn quantize_block_avx2(
     (d, _mm_cvtsi128_si32(s))
 }
 
-/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values.
+/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values, each term also times `f16(d[i])` when
+/// `d` is given (the zero points times the scales of an int4-zp row, see `Int4Row`).
 #[inline(always)]
-unsafe fn dot_f16_f32_avx2(m: *const u8, g: &[f32]) -> f32 {
+unsafe fn dot_f16_f32_avx2(m: *const u8, d: Option<*const u8>, g: &[f32]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    let full = g.len() / 8;
-    for c in 0..full {
-        let mv = _mm256_cvtph_ps(_mm_loadu_si128(m.add(16 * c) as *const __m128i));
-        acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(g.as_ptr().add(8 * c)), acc);
-    }
-    let rest = g.len() - 8 * full;
-    if rest > 0 {
-        let mut mb = [0u16; 8];
-        let mut gb = [0f32; 8];
-        std::ptr::copy_nonoverlapping(m.add(16 * full), mb.as_mut_ptr() as *mut u8, 2 * rest);
-        gb[..rest].copy_from_slice(&g[8 * full..]);
-        let mv = _mm256_cvtph_ps(_mm_loadu_si128(mb.as_ptr() as *const __m128i));
-        acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(gb.as_ptr()), acc);
+    for c in 0..g.len().div_ceil(8) {
+        let count = (g.len() - 8 * c).min(8);
+        let mut mv = load_f16x8(m.add(16 * c), count);
+        if let Some(d) = d {
+            mv = _mm256_mul_ps(mv, load_f16x8(d.add(16 * c), count));
+        }
+        let gv = if count == 8 {
+            _mm256_loadu_ps(g.as_ptr().add(8 * c))
+        } else {
+            let mut gb = [0f32; 8];
+            gb[..count].copy_from_slice(&g[8 * c..]);
+            _mm256_loadu_ps(gb.as_ptr())
+        };
+        acc = _mm256_fmadd_ps(mv, gv, acc);
     }
     hsum256(acc)
+}
+
+/// Loads `count` (1 to 8) f16 values at `p` as the low lanes of an f32 vector (the other
+/// lanes zero).
+#[inline(always)]
+unsafe fn load_f16x8(p: *const u8, count: usize) -> __m256 {
+    if count == 8 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    } else {
+        let mut b = [0u16; 8];
+        std::ptr::copy_nonoverlapping(p, b.as_mut_ptr() as *mut u8, 2 * count);
+        _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr() as *const __m128i))
+    }
 }
 
 #[inline(always)]
@@ -836,7 +851,7 @@ impl Tile<'_> {
         self.finish_i4_avx512(&rows, &acc, out);
     }
 
-    /// Adds the minimum terms `factor · Σ_g m_g · gsum_g` to the int4 accumulators, lane by
+    /// Adds the minimum terms `Σ_g m_g · gsum_g` (`m_g` as `Int4Row` reads it) to the int4 accumulators, lane by
     /// lane, and reduces each to its output. Each row's f16 factors `m_g` are widened once
     /// for all the tile's inputs, and each output takes one horizontal reduction. When every
     /// output reduced its products and its minimum terms apart and widened the factors
@@ -850,11 +865,12 @@ impl Tile<'_> {
         acc: &[[__m512; T]; R],
         out: &mut [[f32; 4]; TILE_ROWS],
     ) {
-        let (offset, factor) = int4_mins(self.w.dtype, self.w.kp);
+        let mins_at = int4_mins(self.w.dtype, self.w.kp);
         let gsums: [&[f32]; T] = std::array::from_fn(|t| self.acts.row_gsum(self.i + t));
         let groups = gsums[0].len();
         for r in 0..R {
-            let ms = rows[r].as_ptr().add(offset);
+            let ms = rows[r].as_ptr().add(mins_at.offset);
+            let scales = rows[r].as_ptr().add(self.w.kp / 2);
             let mut mins = [_mm512_setzero_ps(); T];
             for g0 in (0..groups).step_by(16) {
                 // Masked-off lanes are neither read nor faulted on.
@@ -863,15 +879,19 @@ impl Tile<'_> {
                 } else {
                     (1 << (groups - g0)) - 1
                 };
-                let mv =
+                let mut mv =
                     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ms.add(2 * g0) as *const i16));
+                if mins_at.times_scale {
+                    let d = _mm256_maskz_loadu_epi16(mask, scales.add(2 * g0) as *const i16);
+                    mv = _mm512_mul_ps(mv, _mm512_cvtph_ps(d));
+                }
                 for t in 0..T {
                     let gv = _mm512_maskz_loadu_ps(mask, gsums[t].as_ptr().add(g0));
                     mins[t] = _mm512_fmadd_ps(mv, gv, mins[t]);
                 }
             }
             for t in 0..T {
-                let sum = _mm512_fmadd_ps(mins[t], _mm512_set1_ps(factor), acc[r][t]);
+                let sum = _mm512_fmadd_ps(mins[t], _mm512_set1_ps(mins_at.factor), acc[r][t]);
                 out[r][t] = _mm512_reduce_add_ps(sum);
             }
         }
@@ -1082,12 +1102,13 @@ impl Tile<'_> {
                 prefetch(scales.wrapping_add(64 * l));
             }
         }
-        let (offset, factor) = int4_mins(self.w.dtype, kp);
+        let mins = int4_mins(self.w.dtype, kp);
         for r in 0..R {
-            let ms = rows[r].as_ptr().add(offset);
+            let ms = rows[r].as_ptr().add(mins.offset);
+            let scales = mins.times_scale.then(|| rows[r].as_ptr().add(kp / 2));
             for t in 0..T {
                 let gsum = self.acts.row_gsum(self.i + t);
-                out[r][t] = hsum256(acc[r][t]) + factor * dot_f16_f32_avx2(ms, gsum);
+                out[r][t] = hsum256(acc[r][t]) + mins.factor * dot_f16_f32_avx2(ms, scales, gsum);
             }
         }
     }

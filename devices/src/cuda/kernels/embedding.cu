@@ -27,11 +27,11 @@ EMBED(f16, 1)
 EMBED(bf16, 2)
 
 // Quantised tables: `row_bytes` per row, `group` 0 for int8, else the int4 group size;
-// `sym` 1 for symmetric int4; `kq` 1, 2, 3 for Q4_K, Q5_K, Q6_K (then `group` is unused).
+// `form` the int4 form (int4_min in prelude.cuh); `kq` 1, 2, 3 for Q4_K, Q5_K, Q6_K (then `group` is unused).
 extern "C" __global__ void embedding_quant(const unsigned char* table,
                                            const unsigned int* tokens, float* out, int dim,
                                            unsigned int vocab, long row_bytes, int padded,
-                                           int group, int sym, int kq, int* bad) {
+                                           int group, int form, int kq, int* bad) {
     unsigned int t = tokens[blockIdx.x];
     float* o = out + (long)blockIdx.x * dim;
     if (t >= vocab) {
@@ -42,5 +42,5 @@ extern "C" __global__ void embedding_quant(const unsigned char* table,
     const unsigned char* row = table + (long)t * row_bytes;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         o[i] = kq ? dequant_k(row, i, kq)
-                  : (group == 0 ? dequant_i8(row, i) : dequant_i4(row, i, padded, group, sym));
+                  : (group == 0 ? dequant_i8(row, i) : dequant_i4(row, i, padded, group, form));
 }

@@ -70,20 +70,30 @@ __device__ __forceinline__ float load_w(const void* w, long i) {
 // The .flm quantised row layouts (flm_core::quant). int8: an f32 scale, then `padded`
 // int8 codes. int4 with groups of G: `padded / 2` bytes of codes (in each run of 32
 // values, byte i holds value i in its low nibble and value i + 16 in its high nibble),
-// then `padded / G` f16 scales d, then (asymmetric, `sym` 0) as many f16 minimums m;
-// value = d * q + m, where a symmetric row (`sym` 1) has m = -8 d.
+// then `padded / G` f16 scales d, then (`form` 0 or 2) as many f16 minimums m (`form` 0)
+// or integer zero points z (`form` 2); value = d * q + m, where m = -8 d in a symmetric
+// row (`form` 1) and m = -z d in a zero-point one (exact in f32).
 __device__ __forceinline__ float dequant_i8(const unsigned char* row, int i) {
     return *(const float*)row * (float)(signed char)row[4 + i];
 }
 
+// The minimum m of group `gi` of an int4 row with `groups` f16 scales at `d` (`scale` is
+// d[gi] widened), as the layout comment above gives it for each `form`.
+__device__ __forceinline__ float int4_min(const f16_bits* d, int groups, int gi, float scale,
+                                          int form) {
+    if (form == 1) return -8.0f * scale;
+    float stored = f16_to_f32(d[groups + gi]);
+    return form == 2 ? -(stored * scale) : stored;
+}
+
 __device__ __forceinline__ float dequant_i4(const unsigned char* row, int i, int padded, int g,
-                                           int sym) {
+                                           int form) {
     int run = i >> 5, j = i & 31;
     unsigned char byte = row[run * 16 + (j & 15)];
     int q = j < 16 ? (byte & 15) : (byte >> 4);
     const f16_bits* d = (const f16_bits*)(row + padded / 2);
     float scale = f16_to_f32(d[i / g]);
-    float m = sym ? -8.0f * scale : f16_to_f32(d[padded / g + i / g]);
+    float m = int4_min(d, padded / g, i / g, scale, form);
     return scale * (float)q + m;
 }
 

@@ -35,23 +35,22 @@ extern "C" __global__ void qgemv_i8(const unsigned char* w, const float* x, cons
     }
 }
 
-// int4, group-wise (groups of `group` values, a multiple of 32), asymmetric (`sym` 0) or
-// symmetric (`sym` 1, m = -8 d): per group,
+// int4, group-wise (groups of `group` values, a multiple of 32), with the minimum m of
+// each group as `form` gives it (int4_min in prelude.cuh): per group,
 // sum_i (d q_i + m) x_i = d * sum_i q_i x_i + m * sum_i x_i. Lane l takes the runs of 32
 // values l, l + 32, ...: 16 bytes of codes each, as four 32-bit words (runs sit at 16-byte
-// offsets from the row start, which is 4-byte aligned in asymmetric rows and 2-byte aligned
-// in symmetric ones: those whose row size is not a multiple of 4 read 16-bit halves).
+// offsets from the row start, which is 4-byte aligned in rows with stored minimums or zero
+// points and 2-byte aligned in symmetric ones: those whose row size is not a multiple of 4 read 16-bit halves).
 extern "C" __global__ void qgemv_i4(const unsigned char* w, const float* x, const float* bias,
                                     float* out, int in, int out_features, int padded,
-                                    int group, int sym) {
+                                    int group, int form) {
     int lane = threadIdx.x & 31;
     int o = blockIdx.x * QGEMV_ROWS + (threadIdx.x >> 5);
     if (o >= out_features) return;
     int groups = padded / group;
-    long row_bytes = (long)groups * ((sym ? 2 : 4) + group / 2);
+    long row_bytes = (long)groups * ((form == 1 ? 2 : 4) + group / 2);
     const unsigned char* row = w + (long)o * row_bytes;
     const f16_bits* d = (const f16_bits*)(row + padded / 2);
-    const f16_bits* m = d + groups;
     const float* xr = x + (long)blockIdx.y * in;
     float acc = 0.0f;
     bool aligned = (row_bytes & 3) == 0;
@@ -81,7 +80,7 @@ extern "C" __global__ void qgemv_i4(const unsigned char* w, const float* x, cons
         }
         int gi = run * 32 / group;
         float scale = f16_to_f32(d[gi]);
-        acc += scale * qx + (sym ? -8.0f * scale : f16_to_f32(m[gi])) * sx;
+        acc += scale * qx + int4_min(d, groups, gi, scale, form) * sx;
     }
     acc = warp_sum(acc);
     if (lane == 0) out[(long)blockIdx.y * out_features + o] = acc + (bias ? bias[o] : 0.0f);
