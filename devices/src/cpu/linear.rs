@@ -106,9 +106,16 @@ pub(crate) fn linears(
     if n == 0 {
         return Ok(());
     }
-    let x = input.as_f32()?;
-    let same = |a: &LinearPart<'_>, b: &LinearPart<'_>| a.weight.dtype() == b.weight.dtype();
+    let input = input.as_f32()?;
+    let same = |a: &LinearPart<'_>, b: &LinearPart<'_>| {
+        a.weight.dtype() == b.weight.dtype() && same_perm(a.weight, b.weight)
+    };
     for run in parts.chunk_by_mut(same) {
+        let gathered = match run[0].weight.input_perm() {
+            Some(perm) => Cow::Owned(gather_cols(input, k, perm.as_i32()?)),
+            None => Cow::Borrowed(input),
+        };
+        let x = &gathered[..];
         for group in run.chunks_mut(schedule::MAX_PARTS) {
             if group[0].weight.dtype().is_quantized() {
                 quant_group(level, x, n, k, group)?;
@@ -120,6 +127,30 @@ pub(crate) fn linears(
         }
     }
     Ok(())
+}
+
+/// Whether `a` and `b` take their input in the same order: neither has an input
+/// permutation, or both have equal ones (the q, k and v projections of an act-order GPTQ
+/// layer share one, their Hessian's).
+fn same_perm(a: &Data, b: &Data) -> bool {
+    match (a.input_perm(), b.input_perm()) {
+        (None, None) => true,
+        (Some(p), Some(q)) => std::ptr::eq(p, q) || p.bytes().ok() == q.bytes().ok(),
+        _ => false,
+    }
+}
+
+/// The rows of `x` (`k` columns each) with their columns gathered by `perm`:
+/// `out[r, j] = x[r, perm[j]]` ([`Data::input_perm`]; `perm` was checked to be a
+/// permutation of `0..k` when it was attached to its weight).
+fn gather_cols(x: &[f32], k: usize, perm: &[i32]) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for (dst, src) in out.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
+        for (d, &p) in dst.iter_mut().zip(perm) {
+            *d = src[p as usize];
+        }
+    }
+    out
 }
 
 /// A bias as f32 values.
