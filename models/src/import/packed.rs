@@ -209,7 +209,8 @@ impl PackedLinear {
             params.g_idx = perm.iter().map(|&c| params.g_idx[c as usize]).collect();
         }
         linear.plan = linear.plan(&params);
-        if matches!(linear.plan, Plan::Int4(_)) {
+        // Every repacked plan keeps group order; f16 keeps the checkpoint's column order.
+        if !matches!(linear.plan, Plan::F16(_)) {
             linear.perm = perm;
         }
         Ok(linear)
