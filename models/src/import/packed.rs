@@ -27,9 +27,11 @@
 //!   rides on the weight ([`flm_core::Data::input_perm`], `<name>.perm` in a `.flm` file)
 //!   and every device gathers the activations by it before the product
 //!   (`x'[j] = x[perm[j]]`, so `W' x' = W x`). The cost is one gather of `in` values per
-//!   input row and linear, and an `in`-value copy of the input: next to a decode product
-//!   that reads `out · in / 2` bytes of weights, it is a fraction of a percent of the
-//!   traffic (figures in docs/benchmarks.md). Groups that are not runs of 32 channels even
+//!   input row and distinct permutation (q, k and v share one, as do gate and up), through
+//!   cache: about 12 bytes per input channel against the `out / 2` bytes of weights each
+//!   channel brings, under 1% of a TinyLlama layer's decode traffic, and below what the
+//!   shared machine's noise lets `flm bench` resolve (docs/benchmarks.md). The file grows
+//!   by 4 bytes per input channel and linear. Groups that are not runs of 32 channels even
 //!   in group order (sizes not a multiple of 32) are dequantised to f16.
 //! - 8-bit GPTQ is dequantised to f16 (flm's int8 has one scale per row, not per group).
 //!
