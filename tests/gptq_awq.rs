@@ -245,7 +245,7 @@ fn converted_files_keep_the_repacked_int4_and_its_permutation() {
 }
 
 #[test]
-fn a_stored_permutation_that_is_not_one_is_an_error() {
+fn a_stored_permutation_that_is_not_one_or_of_no_tensor_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     let out = converted(tmp.path(), "gptq-sym-g32-actorder");
     let file = FlmFile::open(&out).unwrap();
@@ -284,6 +284,20 @@ fn a_stored_permutation_that_is_not_one_is_an_error() {
         assert!(err.contains(&want), "{case}: {err}");
         assert!(err.contains("not a permutation"), "{case}: {err}");
     }
+    // A permutation whose name is no tensor's (`w_down` renamed `w_dowX` in the metadata).
+    let at = bytes
+        .windows(21)
+        .position(|w| w == b"layers.1.w_down.perm\"".as_slice())
+        .unwrap();
+    let mut orphan = bytes.clone();
+    orphan[at + 14] = b'X';
+    let path = tmp.path().join("orphan.flm");
+    std::fs::write(&path, &orphan).unwrap();
+    let err = import::load(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("layers.1.w_dowX.perm is the input permutation of no tensor"),
+        "{err}"
+    );
 }
 
 #[test]
