@@ -18,6 +18,13 @@ fn weight(m: usize, k: usize, dtype: DataType) -> Data {
         .expect("weight")
 }
 
+/// The input `[n, k]` and the output `[n, m]` of a Linear.
+fn operands(n: usize, m: usize, k: usize) -> (Data, Data) {
+    let values: Vec<f32> = (0..n * k).map(|i| (i % 17) as f32 - 8.0).collect();
+    let x = Data::from_f32(&[n, k], &values).expect("input");
+    (x, Data::zeros(DataType::F32, &[n, m]).expect("output"))
+}
+
 fn linear(c: &mut Criterion) {
     let shapes = [(1, 2048, 2048), (1, 5632, 2048), (128, 2048, 2048)];
     for dtype in [
@@ -30,14 +37,7 @@ fn linear(c: &mut Criterion) {
     ] {
         for (n, m, k) in shapes {
             let w = weight(m, k, dtype);
-            let x = Data::from_f32(
-                &[n, k],
-                &(0..n * k)
-                    .map(|i| (i % 17) as f32 - 8.0)
-                    .collect::<Vec<_>>(),
-            )
-            .expect("input");
-            let mut out = Data::zeros(DataType::F32, &[n, m]).expect("output");
+            let (x, mut out) = operands(n, m, k);
             let mut group = c.benchmark_group(format!("linear_{dtype}_{n}x{m}x{k}"));
             group.sample_size(10);
             group.measurement_time(std::time::Duration::from_secs(2));
@@ -101,14 +101,7 @@ fn linear_input_perm(c: &mut Criterion) {
             .clone()
             .with_input_perm(scattered(k))
             .expect("permuted weight");
-        let x = Data::from_f32(
-            &[n, k],
-            &(0..n * k)
-                .map(|i| (i % 17) as f32 - 8.0)
-                .collect::<Vec<_>>(),
-        )
-        .expect("input");
-        let mut out = Data::zeros(DataType::F32, &[n, m]).expect("output");
+        let (x, mut out) = operands(n, m, k);
         let mut group = c.benchmark_group(format!("linear_input_perm_{n}x{m}x{k}"));
         group.sample_size(20);
         group.measurement_time(std::time::Duration::from_secs(2));
