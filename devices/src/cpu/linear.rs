@@ -80,6 +80,8 @@ thread_local! {
     static YT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// A widened f16/bf16 weight row of the portable kernel.
     static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// The input gathered by a weight's input permutation ([`linears`]).
+    static GATHERED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// `output[n, m] = input[n, k] · weight[m, k]ᵀ + bias[m]` (see [`flm_core::Op::Linear`]);
@@ -110,12 +112,17 @@ pub(crate) fn linears(
     let same = |a: &LinearPart<'_>, b: &LinearPart<'_>| {
         a.weight.dtype() == b.weight.dtype() && same_perm(a.weight, b.weight)
     };
-    for run in parts.chunk_by_mut(same) {
-        let gathered = match run[0].weight.input_perm() {
-            Some(perm) => Cow::Owned(gather_cols(input, k, perm.as_i32()?)),
-            None => Cow::Borrowed(input),
+    // Taken for the call, so that a decode step with permuted weights allocates nothing
+    // once warm (a nested call on this thread finds it empty and allocates its own).
+    let mut gathered = GATHERED.take();
+    let result = parts.chunk_by_mut(same).try_for_each(|run| {
+        let x = match run[0].weight.input_perm() {
+            Some(perm) => {
+                gather_cols(input, k, perm.as_i32()?, &mut gathered);
+                &gathered[..]
+            }
+            None => input,
         };
-        let x = &gathered[..];
         for group in run.chunks_mut(schedule::MAX_PARTS) {
             if group[0].weight.dtype().is_quantized() {
                 quant_group(level, x, n, k, group)?;
@@ -125,8 +132,10 @@ pub(crate) fn linears(
                 }
             }
         }
-    }
-    Ok(())
+        Ok(())
+    });
+    GATHERED.set(gathered);
+    result
 }
 
 /// Whether `a` and `b` take their input in the same order: neither has an input
@@ -140,17 +149,14 @@ fn same_perm(a: &Data, b: &Data) -> bool {
     }
 }
 
-/// The rows of `x` (`k` columns each) with their columns gathered by `perm`:
-/// `out[r, j] = x[r, perm[j]]` ([`Data::input_perm`]; `perm` was checked to be a
-/// permutation of `0..k` when it was attached to its weight).
-fn gather_cols(x: &[f32], k: usize, perm: &[i32]) -> Vec<f32> {
-    let mut out = vec![0.0; x.len()];
-    for (dst, src) in out.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
-        for (d, &p) in dst.iter_mut().zip(perm) {
-            *d = src[p as usize];
-        }
+/// Overwrites `out` with the rows of `x` (`k` columns each) with their columns gathered
+/// by `perm`: `out[r, j] = x[r, perm[j]]` ([`Data::input_perm`]; `perm` was checked to be
+/// a permutation of `0..k` when it was attached to its weight).
+fn gather_cols(x: &[f32], k: usize, perm: &[i32], out: &mut Vec<f32>) {
+    out.clear();
+    for src in x.chunks_exact(k) {
+        out.extend(perm.iter().map(|&p| src[p as usize]));
     }
-    out
 }
 
 /// A bias as f32 values.
