@@ -159,6 +159,13 @@ struct Params {
     g_idx: Vec<u32>,
 }
 
+impl Params {
+    /// Puts the input channels in the order `perm` (column `j` becomes channel `perm[j]`).
+    fn permute(&mut self, perm: &[u32]) {
+        self.g_idx = perm.iter().map(|&c| self.g_idx[c as usize]).collect();
+    }
+}
+
 /// One packed linear, read on load.
 #[derive(Debug)]
 struct PackedLinear {
@@ -169,7 +176,7 @@ struct PackedLinear {
     scales: Stored,
     g_idx: Option<Stored>,
     plan: Plan,
-    /// For an int4 plan of an act-order linear: the input channels in group order (a
+    /// For a repacked act-order linear: the input channels in group order (a
     /// stable sort of `g_idx`), column `j` of the loaded weight being channel `perm[j]`.
     perm: Option<Vec<u32>>,
 }
@@ -208,7 +215,7 @@ impl PackedLinear {
         let mut params = linear.params()?;
         let perm = group_order(&params.g_idx);
         if let Some(perm) = &perm {
-            params.g_idx = perm.iter().map(|&c| params.g_idx[c as usize]).collect();
+            params.permute(perm);
         }
         linear.plan = linear.plan(&params);
         // Every repacked plan keeps group order; f16 keeps the checkpoint's column order.
@@ -342,7 +349,7 @@ impl Assemble for PackedLinear {
     fn load(&self) -> Result<Data> {
         let mut p = self.params()?;
         if let Some(perm) = &self.perm {
-            p.g_idx = perm.iter().map(|&c| p.g_idx[c as usize]).collect();
+            p.permute(perm);
         }
         let words = self.qweight.words()?;
         let g = self.geometry;
