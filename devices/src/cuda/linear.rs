@@ -111,9 +111,9 @@ fn gather_cols(
     let f = dev.function(Kernel::GatherCols)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(x).arg(perm).arg(&mut out).arg(&k_i).arg(&total);
-    // SAFETY: x and out hold n × k floats and perm k ints, each in 0..k (checked when the
-    // permutation was attached to its weight), as `gather_cols(const float*, const int*,
-    // float*, int, long)` uses them.
+    // SAFETY: x and out hold n × k floats and perm k ints (its shape checked when it was
+    // attached to the weight; the kernel reads x only at indices in 0..k), as
+    // `gather_cols(const float*, const int*, float*, int, long)` uses them.
     unsafe { b.launch(grid(((n * k).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
     Ok(out)
 }
