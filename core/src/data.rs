@@ -305,8 +305,8 @@ impl Data {
     ///
     /// Errors: [`Error::DType`] unless `perm` is i32; [`Error::Shape`] unless it has one
     /// value per column; [`Error::Placement`] if it is in another memory than the tensor;
-    /// [`Error::InvalidArgument`] (for a host `perm`) if its values are not a permutation
-    /// of `0..cols` (one out of range or repeated).
+    /// [`Error::InvalidArgument`] (where the host can read `perm`) if its values are not a
+    /// permutation of `0..cols` (one out of range or repeated).
     pub fn with_input_perm(mut self, perm: Data) -> Result<Data> {
         perm.expect(DataType::I32, "Data::with_input_perm")?;
         let cols = self.cols();
@@ -323,9 +323,10 @@ impl Data {
                 self.location()
             )));
         }
-        if perm.location() == Location::Host {
+        // Device memory the host cannot read is checked where it was made (moved there).
+        if let Ok(values) = perm.as_i32() {
             let mut seen = vec![false; cols];
-            for (j, &p) in perm.as_i32()?.iter().enumerate() {
+            for (j, &p) in values.iter().enumerate() {
                 match usize::try_from(p).ok().filter(|&p| p < cols) {
                     Some(p) if !seen[p] => seen[p] = true,
                     _ => {
