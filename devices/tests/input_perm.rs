@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use flm_core::{Data, DataType, Error, LinearPart, Op};
+use flm_devices::cpu::PARALLEL_MIN_WORK;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
@@ -39,8 +40,10 @@ fn linear(x: &Data, w: &Data, bias: Option<&Data>) -> Vec<f32> {
 
 fn linear_gathers_its_input(dtype: DataType) {
     let mut rng = rng(0x41);
-    // Decode, a few rows, and more rows than the decode kernels take; odd and padded widths.
-    for &(n, k, m) in &[(1, 256, 17), (3, 96, 8), (11, 320, 33)] {
+    // Decode, a few rows, more rows than the decode kernels take (odd and padded widths),
+    // and enough values for the gather to split its rows over the threads.
+    const { assert!(520 * 256 >= PARALLEL_MIN_WORK) };
+    for &(n, k, m) in &[(1, 256, 17), (3, 96, 8), (11, 320, 33), (520, 256, 5)] {
         let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);
         let (w, _) = random_weight(&mut rng, &[m, k], dtype);
         let (b, _) = random_f32(&mut rng, &[m], 1.0);

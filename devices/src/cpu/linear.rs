@@ -152,10 +152,20 @@ fn same_perm(a: &Data, b: &Data) -> bool {
 /// Overwrites `out` with the rows of `x` (`k` columns each) with their columns gathered
 /// by `perm`: `out[r, j] = x[r, perm[j]]` ([`Data::input_perm`]; `perm` was checked to be
 /// a permutation of `0..k` when it was attached to its weight).
+/// Rows are split over the threads from [`PARALLEL_MIN_WORK`] values (prefill).
 fn gather_cols(x: &[f32], k: usize, perm: &[i32], out: &mut Vec<f32>) {
-    out.clear();
-    for src in x.chunks_exact(k) {
-        out.extend(perm.iter().map(|&p| src[p as usize]));
+    out.resize(x.len(), 0.0);
+    let row = |(dst, src): (&mut [f32], &[f32])| {
+        for (d, &p) in dst.iter_mut().zip(perm) {
+            *d = src[p as usize];
+        }
+    };
+    if x.len() >= PARALLEL_MIN_WORK {
+        out.par_chunks_exact_mut(k)
+            .zip(x.par_chunks_exact(k))
+            .for_each(row);
+    } else {
+        out.chunks_exact_mut(k).zip(x.chunks_exact(k)).for_each(row);
     }
 }
 
