@@ -4,7 +4,8 @@
 //! p-tuning v2 prefix), Baichuan-7B and Baichuan-13B (ALiBi), InternLM, Llama 3, Mistral
 //! (sliding window), Qwen2, Qwen3, Phi-3, Mixtral and Qwen3-MoE (routed experts; each
 //! expert runs over the rows of every sequence routed to it) (transformers' tiny
-//! checkpoints). ChatGLM-6B is refused by the engine.
+//! checkpoints), and an act-order GPTQ checkpoint (int4 with input permutations).
+//! ChatGLM-6B is refused by the engine.
 
 use std::path::Path;
 
@@ -115,6 +116,18 @@ fn hf_families_batch_exactly() {
         let b: [usize; 5] = [1, 1, 13, 0, 9];
         batched_equals_single(&model, [(&input[..24], &a), (&other[..24], &b)], family);
     }
+}
+
+#[test]
+fn act_order_gptq_batches_exactly() {
+    // int4 weights with input permutations: each row of the batch is gathered alike.
+    let text = std::fs::read_to_string(data("gptq-awq/reference.json")).unwrap();
+    let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
+    let other: Vec<u32> = input.iter().rev().copied().collect();
+    let ckpt = import::load(Path::new(&data("gptq-awq/gptq-sym-g32-actorder"))).unwrap();
+    let model = SharedModel::new(&ckpt).unwrap();
+    let (a, b): ([usize; 4], [usize; 4]) = ([6, 5, 1, 1], [1, 4, 0, 3]);
+    batched_equals_single(&model, [(&input, &a), (&other, &b)], "gptq act-order");
 }
 
 #[test]

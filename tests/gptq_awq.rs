@@ -18,13 +18,14 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Each variant and the dtype its projections load as: symmetric GPTQ repacks into
-/// int4-sym, asymmetric GPTQ and AWQ into int4-zp (whatever their scales), act-order and
-/// 8-bit GPTQ are dequantised to f16.
+/// int4-sym, asymmetric GPTQ and AWQ into int4-zp (whatever their scales), act-order
+/// ones too with their input channels permuted into group order; 8-bit GPTQ is
+/// dequantised to f16.
 const VARIANTS: [(&str, DataType); 8] = [
     ("gptq-sym-g128", DataType::I4SymG128),
-    ("gptq-sym-g32-actorder", DataType::F16),
+    ("gptq-sym-g32-actorder", DataType::I4SymG32),
     ("gptq-asym-g32", DataType::I4ZpG32),
-    ("gptq-asym-g128-actorder", DataType::F16),
+    ("gptq-asym-g128-actorder", DataType::I4ZpG128),
     ("gptq-asym-g32-short-scales", DataType::I4ZpG32),
     ("awq-g32", DataType::I4ZpG32),
     ("awq-g128-short-scales", DataType::I4ZpG128),
@@ -69,6 +70,26 @@ fn sha256(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// The weight's values as f32 `[out, in]` in the checkpoint's column order: a weight with
+/// an input permutation has column `j` holding input channel `perm[j]`.
+fn unpermuted_f32(weight: &Data) -> Vec<f32> {
+    let values = weight.to_f32_vec().unwrap();
+    let Some(perm) = weight.input_perm() else {
+        return values;
+    };
+    let perm = perm.as_i32().unwrap();
+    let mut out = vec![0.0; values.len()];
+    for (dst, src) in out
+        .chunks_exact_mut(perm.len())
+        .zip(values.chunks_exact(perm.len()))
+    {
+        for (&p, &v) in perm.iter().zip(src) {
+            dst[p as usize] = v;
+        }
+    }
+    out
+}
+
 fn f16_bytes(values: &[f32]) -> Vec<u8> {
     values
         .iter()
@@ -82,6 +103,8 @@ fn dequantised_weights_equal_the_references_bit_for_bit() {
     for (variant, dtype) in VARIANTS {
         let ckpt = import::load(&dir(variant)).unwrap();
         let hashes = &reference["variants"][variant]["dequantised_sha256"];
+        let act_order = reference["variants"][variant]["desc_act"] == true;
+        let mut permuted = 0;
         for l in 0..ckpt.config.n_layers {
             for part in PROJECTIONS {
                 let name = TensorName::Layer(l, part);
@@ -89,8 +112,13 @@ fn dequantised_weights_equal_the_references_bit_for_bit() {
                 let weight = ckpt.tensor(name).unwrap().load().unwrap();
                 let dtype = loads_as(variant, dtype, part);
                 assert_eq!(weight.dtype(), dtype, "{variant} {name}");
-                let f32 = weight.to_dtype(DataType::F32).unwrap();
-                let f32 = f32.as_f32().unwrap();
+                // Act-order weights of more than one group repacked into int4 carry their
+                // permutation; others keep the checkpoint's column order.
+                if weight.input_perm().is_some() {
+                    assert!(act_order && dtype != DataType::F16, "{variant} {name}");
+                    permuted += 1;
+                }
+                let f32 = &unpermuted_f32(&weight);
                 // Rounding flm's values to f16 gives the references' own f16 arithmetic.
                 assert_eq!(sha256(&f16_bytes(f32)), want["f16"], "{variant} {name} f16");
                 if dtype != DataType::F16 {
@@ -99,6 +127,7 @@ fn dequantised_weights_equal_the_references_bit_for_bit() {
                 }
             }
         }
+        assert_eq!(permuted > 0, act_order, "{variant}: {permuted} permuted");
     }
 }
 
@@ -153,27 +182,36 @@ fn dequantised_tensors_are_noted_with_their_reason() {
     let notes = |variant: &str| import::load(&dir(variant)).unwrap().load_notes();
     for variant in [
         "gptq-sym-g128",
+        "gptq-sym-g32-actorder",
         "gptq-asym-g32",
+        "gptq-asym-g128-actorder",
         "awq-g32",
         "awq-g128-short-scales",
     ] {
         assert!(notes(variant).is_empty(), "{variant}");
     }
-    let act_order = notes("gptq-sym-g32-actorder");
-    assert_eq!(act_order.len(), 1, "{act_order:?}");
-    assert!(act_order[0].starts_with("14 tensors: GPTQ 4-bit with act-order"));
     assert!(notes("gptq-8bit-asym-g32-v2")[0].contains("GPTQ 8-bit with 8-bit codes in groups"));
 }
 
-#[test]
-fn converted_files_keep_the_repacked_int4() {
-    let tmp = tempfile::tempdir().unwrap();
+/// `variant` converted with [`Recipe::Keep`] to `tmp/<variant>.flm`.
+fn converted(tmp: &std::path::Path, variant: &str) -> PathBuf {
     // The tiny checkpoints have no tokenizer; any one rides along in the file.
     let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
-    for (variant, dtype) in [VARIANTS[0], VARIANTS[2], VARIANTS[5], VARIANTS[6]] {
+    let ckpt = import::load(&dir(variant)).unwrap();
+    let out = tmp.join(format!("{variant}.flm"));
+    convert(&ckpt, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+    out
+}
+
+#[test]
+fn converted_files_keep_the_repacked_int4_and_its_permutation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference();
+    let input = ids(&reference["input_ids"]);
+    let exec = cpu_executor();
+    for (variant, dtype) in VARIANTS.into_iter().filter(|&(_, d)| d != DataType::F16) {
         let ckpt = import::load(&dir(variant)).unwrap();
-        let out = tmp.path().join(format!("{variant}.flm"));
-        convert(&ckpt, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+        let out = converted(tmp.path(), variant);
         let file = FlmFile::open(&out).unwrap();
         for l in 0..ckpt.config.n_layers {
             for part in PROJECTIONS {
@@ -189,9 +227,81 @@ fn converted_files_keep_the_repacked_int4() {
                 let [rows, cols] = <[usize; 2]>::try_from(stored.shape()).unwrap();
                 let bits = rows * cols.div_ceil(g) * (4 * g + per_group);
                 assert_eq!(8 * stored.size_bytes(), bits, "{variant} {name}");
+                let perm = file.tensor(&format!("{name}.perm")).ok();
+                let want = loaded.input_perm().map(|p| p.bytes().unwrap());
+                assert_eq!(
+                    perm.as_ref().map(|p| p.bytes().unwrap()),
+                    want,
+                    "{variant} {name}"
+                );
             }
         }
+        // Read back, the file decodes as transformers does.
+        let flm = import::load(&out).unwrap();
+        let mut model = Llama::new(flm.config.clone(), LlamaWeights::load(&flm).unwrap()).unwrap();
+        let want = ids(&reference["variants"][variant]["greedy_ids"]);
+        assert_eq!(
+            greedy_on(&exec, &mut model, &input, want.len()),
+            want,
+            "{variant}"
+        );
     }
+}
+
+#[test]
+fn a_stored_permutation_that_is_not_one_or_of_no_tensor_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = converted(tmp.path(), "gptq-sym-g32-actorder");
+    let file = FlmFile::open(&out).unwrap();
+    let info = file
+        .tensors()
+        .iter()
+        .find(|t| t.name == "layers.1.w_down.perm")
+        .unwrap()
+        .clone();
+    let start = file.tensor_bytes(&info).1;
+    drop(file);
+    let bytes = std::fs::read(&out).unwrap();
+    let cols = info.shape[0] as i32;
+    let second = i32::from_le_bytes(bytes[start + 4..start + 8].try_into().unwrap());
+    for (case, value, want) in [
+        (
+            "out-of-range",
+            cols,
+            format!("value {cols} at 0 is out of range"),
+        ),
+        ("negative", -1, "value -1 at 0 is out of range".to_string()),
+        (
+            "repeated",
+            second,
+            format!("value {second} at 1 is out of range"),
+        ),
+    ] {
+        let mut edited = bytes.clone();
+        // Entry 0 becomes `value`: out of range, or the value of entry 1 repeated.
+        edited[start..start + 4].copy_from_slice(&value.to_le_bytes());
+        let path = tmp.path().join(format!("{case}.flm"));
+        std::fs::write(&path, &edited).unwrap();
+        let ckpt = import::load(&path).unwrap();
+        let err = LlamaWeights::load(&ckpt).unwrap_err().to_string();
+        assert!(err.contains("layers.1.w_down"), "{case}: {err}");
+        assert!(err.contains(&want), "{case}: {err}");
+        assert!(err.contains("not a permutation"), "{case}: {err}");
+    }
+    // A permutation whose name is no tensor's (`w_down` renamed `w_dowX` in the metadata).
+    let at = bytes
+        .windows(21)
+        .position(|w| w == b"layers.1.w_down.perm\"".as_slice())
+        .unwrap();
+    let mut orphan = bytes.clone();
+    orphan[at + 14] = b'X';
+    let path = tmp.path().join("orphan.flm");
+    std::fs::write(&path, &orphan).unwrap();
+    let err = import::load(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("layers.1.w_dowX.perm is the input permutation of no tensor"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -57,9 +57,17 @@ fn positions_fit(table: &RopeTable, positions: &[u32]) -> Result<()> {
     }
 }
 
-/// The rules of one [`crate::LinearPart`] (or [`Op::Linear`]) over `input`.
+/// The rules of one [`crate::LinearPart`] (or [`Op::Linear`]) over `input`; a weight's
+/// [`Data::input_perm`] was checked when it was attached, its memory is checked with the
+/// operands'.
 fn linear_part(input: &Data, weight: &Data, bias: Option<&Data>, output: &Data) -> Result<()> {
     all_f32("Linear", &[("input", input), ("output", output)])?;
+    if weight.dtype() == DataType::I32 {
+        return Err(Error::DType {
+            op: "Linear",
+            msg: "i32 weights (indices, not values)".into(),
+        });
+    }
     let (n, k, m) = (input.rows(), input.cols(), weight.rows());
     if weight.cols() != k
         || output.rows() != n
@@ -346,6 +354,9 @@ impl<'a> Op<'a> {
             } => {
                 f("input", input);
                 f("weight", weight);
+                if let Some(p) = weight.input_perm() {
+                    f("input permutation", p);
+                }
                 if let Some(b) = bias {
                     f("bias", b);
                 }
@@ -355,6 +366,9 @@ impl<'a> Op<'a> {
                 f("input", input);
                 for p in parts.iter() {
                     f("weight", p.weight);
+                    if let Some(perm) = p.weight.input_perm() {
+                        f("input permutation", perm);
+                    }
                     if let Some(b) = p.bias {
                         f("bias", b);
                     }
@@ -410,10 +424,16 @@ impl<'a> Op<'a> {
             } => {
                 f("input", input);
                 f("router", router);
+                if let Some(p) = router.input_perm() {
+                    f("input permutation", p);
+                }
                 for e in experts.iter() {
-                    f("gate", &e.gate);
-                    f("up", &e.up);
-                    f("down", &e.down);
+                    for (name, w) in [("gate", &e.gate), ("up", &e.up), ("down", &e.down)] {
+                        f(name, w);
+                        if let Some(p) = w.input_perm() {
+                            f("input permutation", p);
+                        }
+                    }
                 }
                 f("output", output);
             }
@@ -428,6 +448,12 @@ impl<'a> Op<'a> {
                 output,
             } => {
                 all_f32("Embedding", &[("output", output)])?;
+                if table.input_perm().is_some() {
+                    return Err(Error::DType {
+                        op: "Embedding",
+                        msg: "a table with permuted columns".into(),
+                    });
+                }
                 let (vocab_size, dim) = (table.rows(), table.cols());
                 if output.rows() != tokens.len() || output.cols() != dim || dim == 0 {
                     return Err(shape(

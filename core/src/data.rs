@@ -70,6 +70,7 @@ pub struct Data {
     strides: Vec<usize>,
     storage: Storage,
     id: u64,
+    input_perm: Option<Arc<Data>>,
 }
 
 /// The source of [`Data::id`]s.
@@ -89,6 +90,7 @@ impl Clone for Data {
             strides: self.strides.clone(),
             storage: self.storage.clone(),
             id: next_id(),
+            input_perm: self.input_perm.clone(),
         }
     }
 }
@@ -137,6 +139,7 @@ impl Data {
             strides: row_major_strides(shape),
             storage,
             id: next_id(),
+            input_perm: None,
         })
     }
 
@@ -202,6 +205,7 @@ impl Data {
                 len,
             },
             id: next_id(),
+            input_perm: None,
         })
     }
 
@@ -282,7 +286,61 @@ impl Data {
             strides: row_major_strides(shape),
             storage: Storage::Device(Arc::from(buffer)),
             id: next_id(),
+            input_perm: None,
         })
+    }
+
+    /// The permutation of this weight's input channels, if it has one: an i32 tensor
+    /// `[cols]` in the same memory as the weight, with column `j` of the weight multiplying
+    /// input channel `perm[j]`. [`crate::Op::Linear`] then computes
+    /// `output = input[:, perm] · weightᵀ`, which equals `input · W₀ᵀ` for the unpermuted
+    /// weight `W₀[:, perm[j]] = weight[:, j]`. Act-order GPTQ checkpoints get one: sorting a
+    /// weight's input channels by group makes each group a run of columns, which flm's
+    /// group-wise int4 holds exactly (GPTQModel's `desc_act`, vLLM's `g_idx` sort).
+    pub fn input_perm(&self) -> Option<&Data> {
+        self.input_perm.as_deref()
+    }
+
+    /// This tensor with `perm` as its input permutation ([`Data::input_perm`]).
+    ///
+    /// Errors: [`Error::DType`] unless `perm` is i32; [`Error::Shape`] unless it has one
+    /// value per column; [`Error::Placement`] if it is in another memory than the tensor;
+    /// [`Error::InvalidArgument`] (where the host can read `perm`) if its values are not a
+    /// permutation of `0..cols` (one out of range or repeated).
+    pub fn with_input_perm(mut self, perm: Data) -> Result<Data> {
+        perm.expect(DataType::I32, "Data::with_input_perm")?;
+        let cols = self.cols();
+        if perm.shape() != [cols] {
+            return Err(Error::Shape {
+                op: "Data::with_input_perm",
+                msg: format!("permutation {:?} for {:?}", perm.shape(), self.shape),
+            });
+        }
+        if perm.location() != self.location() {
+            return Err(Error::Placement(format!(
+                "a permutation in {} for a tensor in {}",
+                perm.location(),
+                self.location()
+            )));
+        }
+        // Device memory the host cannot read is checked where it was made (moved there).
+        if let Ok(values) = perm.as_i32() {
+            let mut seen = vec![false; cols];
+            for (j, &p) in values.iter().enumerate() {
+                match usize::try_from(p).ok().filter(|&p| p < cols) {
+                    Some(p) if !seen[p] => seen[p] = true,
+                    _ => {
+                        return Err(Error::InvalidArgument(format!(
+                            "input permutation of {:?}: value {p} at {j} is out of range \
+                             0..{cols} or repeated, so it is not a permutation",
+                            self.shape
+                        )))
+                    }
+                }
+            }
+        }
+        self.input_perm = Some(Arc::new(perm));
+        Ok(self)
     }
 
     /// Where the bytes are: host memory, or the memory of the device that owns them.
@@ -443,6 +501,12 @@ impl Data {
         Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
+    /// The elements as `i32`. Errors: [`Error::DType`] unless the dtype is I32.
+    pub fn as_i32(&self) -> Result<&[i32]> {
+        self.expect(DataType::I32, "Data::as_i32")?;
+        Ok(bytemuck::cast_slice(self.bytes()?))
+    }
+
     /// Writes row `r` of the tensor seen as `[rows, cols]` into `out` (`cols` values) as
     /// f32: a copy for f32, exact widening from f16/bf16, dequantisation (see
     /// [`crate::quant`]) from int8/int4.
@@ -472,6 +536,12 @@ impl Data {
                     .zip(&src[r * cols..][..cols])
                     .for_each(|(o, v)| *o = v.to_f32());
             }
+            DataType::I32 => {
+                let src: &[i32] = bytemuck::cast_slice(bytes);
+                out.iter_mut()
+                    .zip(&src[r * cols..][..cols])
+                    .for_each(|(o, &v)| *o = v as f32);
+            }
             dtype => {
                 let row_bytes = quant::row_bytes(dtype, cols).unwrap_or(0);
                 quant::dequantize_row(dtype, &bytes[r * row_bytes..][..row_bytes], out);
@@ -497,9 +567,19 @@ impl Data {
     /// A new owned tensor with the same shape and values converted to `dtype`, row by row
     /// on the rayon pool (so converting a mapped tensor needs one row of f32 scratch per
     /// thread): round-to-nearest-even when narrowing floats (as `half` does), quantisation
-    /// per [`crate::quant`] for int8/int4 (rows are the last dimension).
+    /// per [`crate::quant`] for int8/int4 (rows are the last dimension). The columns keep
+    /// their order, and so the tensor keeps its [`Data::input_perm`].
+    ///
+    /// Errors: [`Error::DType`] for i32 (indices, not values).
     pub fn to_dtype(&self, dtype: DataType) -> Result<Data> {
+        if dtype == DataType::I32 {
+            return Err(Error::DType {
+                op: "Data::to_dtype",
+                msg: format!("{} to i32", self.dtype),
+            });
+        }
         let mut out = Data::zeros(dtype, &self.shape)?;
+        out.input_perm = self.input_perm.clone();
         let cols = self.cols();
         let out_row = dtype.byte_len(&[cols]).unwrap_or(0);
         if cols == 0 || out_row == 0 {

@@ -55,6 +55,9 @@ pub enum DataType {
     I4ZpG64 = 15,
     /// As [`DataType::I4ZpG32`] with groups of 128.
     I4ZpG128 = 16,
+    /// Signed 32-bit integers: indices, not weights (the input permutation of an
+    /// act-order GPTQ weight, [`crate::Data::input_perm`]); no op takes it as a weight.
+    I32 = 17,
 }
 
 /// How an int4 dtype gives each group's minimum `m` in `ŵ = d · q + m` (layouts in
@@ -70,8 +73,9 @@ pub enum Int4Form {
 }
 
 impl DataType {
-    /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 17] = [
+    /// Every dtype that holds values (a weight or an activation), in discriminant order:
+    /// all but [`DataType::I32`].
+    pub const VALUES: [DataType; 17] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -90,6 +94,17 @@ impl DataType {
         DataType::I4ZpG64,
         DataType::I4ZpG128,
     ];
+
+    /// Every dtype, in discriminant order.
+    pub const ALL: [DataType; 18] = {
+        let mut all = [DataType::I32; 18];
+        let mut i = 0;
+        while i < DataType::VALUES.len() {
+            all[i] = DataType::VALUES[i];
+            i += 1;
+        }
+        all
+    };
 
     /// Whether this is a quantised (block) type.
     pub const fn is_quantized(self) -> bool {
@@ -118,7 +133,7 @@ impl DataType {
     /// Size of one element of a float type in bytes (0 for quantised types).
     pub const fn size_of(self) -> usize {
         match self {
-            DataType::F32 => 4,
+            DataType::F32 | DataType::I32 => 4,
             DataType::F16 | DataType::BF16 => 2,
             _ => 0,
         }
@@ -199,6 +214,7 @@ impl DataType {
             DataType::I4ZpG32 => "int4-zp-g32",
             DataType::I4ZpG64 => "int4-zp-g64",
             DataType::I4ZpG128 => "int4-zp-g128",
+            DataType::I32 => "i32",
         }
     }
 }

@@ -139,7 +139,7 @@ impl Executor {
     /// A copy of `data` in the memory of `location`, made by the device there and
     /// recorded under `reason`. When it is there already, nothing is recorded and the
     /// result is a [`Data::clone`] (host bytes copied, a mapping or a device buffer shared,
-    /// the latter read-only).
+    /// the latter read-only). A weight's [`Data::input_perm`] moves with it.
     ///
     /// Errors: [`Error::Placement`] when no device of this executor is at `location`; the
     /// devices' allocation and copy errors.
@@ -149,7 +149,10 @@ impl Executor {
         }
         let mut out = self.zeros(data.dtype(), data.shape(), location)?;
         self.copy_into(data, &mut out, reason)?;
-        Ok(out)
+        match data.input_perm() {
+            Some(perm) => out.with_input_perm(self.to_device(perm, location, reason)?),
+            None => Ok(out),
+        }
     }
 
     /// A zero-filled tensor of `dtype` and `shape` in the memory of `location` (nothing is

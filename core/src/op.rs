@@ -37,11 +37,14 @@ pub enum Op<'a> {
     },
     /// Linear layer as `torch.nn.Linear`: `output[n, out] = input[n, in] · weight[out, in]ᵀ
     /// (+ bias[out])`. With `n == 1` this is the decode matrix × vector product, with
-    /// `n > 1` the prefill matrix × matrix product.
+    /// `n > 1` the prefill matrix × matrix product. A weight with an input permutation
+    /// ([`Data::input_perm`], act-order GPTQ) multiplies the gathered input:
+    /// `output[n, out] = input[n, perm] · weightᵀ`, the device gathering each row first.
     Linear {
         /// f32 `[n, in]`.
         input: &'a Data,
-        /// `[out, in]`, f32, f16 or bf16.
+        /// `[out, in]`, f32, f16, bf16 or a quantised dtype, with an optional i32 `[in]`
+        /// input permutation ([`Data::input_perm`]).
         weight: &'a Data,
         /// Optional `[out]`.
         bias: Option<&'a Data>,

@@ -125,7 +125,7 @@ gpu_tests! {
     linear_every_dtype_decode_and_prefill(gpu) {
         let mut r = rng(1);
         // ggml's Q8_0 has no CUDA kernel yet: its ops run on the CPU.
-        for dtype in DataType::ALL.into_iter().filter(|&d| d != DataType::Q80) {
+        for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q80) {
             for (n, k, m) in [(1, 4096, 300), (1, 333, 77), (5, 1000, 129), (17, 64, 3)] {
                 let x = random(&mut r, &[n, k], 1.0);
                 let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
@@ -138,6 +138,33 @@ gpu_tests! {
                 let scale: Vec<f32> = scale.iter().map(|s| s + 1.0).collect();
                 compare!(&format!("{what} + bias"), &gpu, &nan(&[n, m]), linear_tol(dtype), Some(&scale), |o| {
                     Op::Linear { input: &x, weight: &w, bias: Some(&bias), output: o }
+                });
+            }
+        }
+    }
+
+    linear_with_an_input_permutation(gpu) {
+        let mut r = rng(11);
+        for dtype in [DataType::F32, DataType::F16, DataType::I8, DataType::I4SymG32] {
+            for (n, k, m) in [(1, 4096, 300), (5, 1000, 129), (17, 64, 3)] {
+                let x = random(&mut r, &[n, k], 1.0);
+                let mut perm: Vec<i32> = (0..k as i32).collect();
+                for i in (1..k).rev() {
+                    perm.swap(i, r.random_range(0..=i));
+                }
+                let bytes: Vec<u8> = perm.iter().flat_map(|p| p.to_le_bytes()).collect();
+                let perm_data = Data::from_bytes(DataType::I32, &[k], &bytes).unwrap();
+                let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
+                let w = w.with_input_perm(perm_data).unwrap();
+                let xv = x.to_f32_vec().unwrap();
+                let gathered: Vec<f32> = xv
+                    .chunks(k)
+                    .flat_map(|row| perm.iter().map(move |&p| row[p as usize]))
+                    .collect();
+                let scale = abs_dot_scale(&Data::from_f32(&[n, k], &gathered).unwrap(), &w);
+                let what = format!("permuted Linear {dtype} n={n} k={k} m={m}");
+                compare!(&what, &gpu, &nan(&[n, m]), linear_tol(dtype), Some(&scale), |o| Op::Linear {
+                    input: &x, weight: &w, bias: None, output: o,
                 });
             }
         }
@@ -163,7 +190,7 @@ gpu_tests! {
     embedding_every_dtype(gpu) {
         let mut r = rng(3);
         let tokens = [0u32, 17, 99, 17, 5];
-        for dtype in DataType::ALL.into_iter().filter(|&d| d != DataType::Q80) {
+        for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q80) {
             let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
             compare!(&format!("Embedding {dtype}"), &gpu, &nan(&[5, 333]), 1e-6, None, |o| {
                 Op::Embedding { table: &table, tokens: &tokens, output: o }

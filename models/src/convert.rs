@@ -13,7 +13,9 @@
 //! written one at a time, so the memory held is one converted tensor plus one row of
 //! scratch, whatever the model's size. The file gets its name only when complete, so an
 //! interrupted conversion leaves nothing behind (see
-//! [`flm_core::flm_file::FlmWriter`]).
+//! [`flm_core::flm_file::FlmWriter`]). A weight with an input permutation (act-order GPTQ,
+//! [`flm_core::Data::input_perm`]) keeps its column order in any dtype, and the
+//! permutation is written after it as `<name>.perm` (i32).
 
 use std::path::Path;
 
@@ -21,7 +23,7 @@ use flm_core::flm_file::FlmWriter;
 use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
-use crate::import::Checkpoint;
+use crate::import::{Checkpoint, PERM_SUFFIX};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Error, Result};
 
@@ -96,23 +98,30 @@ pub fn convert(
 ) -> Result<()> {
     let canonical = canonical_tensors(&ckpt.config);
     let index = ckpt.sources();
-    let plan: Vec<(String, DataType, Vec<usize>)> = canonical
-        .iter()
-        .map(|&(name, ref shape)| {
-            let tied = ckpt.config.tie_embeddings;
-            let dt = match (recipe, index.find(name)) {
-                (Recipe::Keep, Some(t)) => {
-                    target_dtype(t.encoding.load_dtype(), Recipe::Pure, tied, name, shape)
-                }
-                _ => target_dtype(dtype, recipe, tied, name, shape),
-            };
-            (name.to_string(), dt, shape.clone())
-        })
-        .collect();
     let sources = canonical
         .iter()
         .map(|(name, shape)| index.get(*name, shape))
         .collect::<Result<Vec<_>>>()?;
+    let mut plan: Vec<(String, DataType, Vec<usize>)> = Vec::with_capacity(canonical.len());
+    for (&(name, ref shape), source) in canonical.iter().zip(&sources) {
+        let tied = ckpt.config.tie_embeddings;
+        let dt = match recipe {
+            Recipe::Keep => target_dtype(
+                source.encoding.load_dtype(),
+                Recipe::Pure,
+                tied,
+                name,
+                shape,
+            ),
+            _ => target_dtype(dtype, recipe, tied, name, shape),
+        };
+        plan.push((name.to_string(), dt, shape.clone()));
+        // The permutation follows its weight, as the reader expects (`<name>.perm`).
+        if source.has_input_perm() {
+            let cols = shape.last().copied().unwrap_or(0);
+            plan.push((format!("{name}{PERM_SUFFIX}"), DataType::I32, vec![cols]));
+        }
+    }
     let config = serde_json::to_value(&ckpt.config)
         .map_err(|e| Error::Config(format!("configuration does not serialise: {e}")))?;
     let spec = serde_json::to_value(tokenizer.spec())
@@ -123,19 +132,29 @@ pub fn convert(
         .map(|(_, dt, shape)| dt.byte_len(shape).unwrap_or(0) as u64)
         .sum();
     let mut bytes_done = 0;
-    for (i, ((name, dt, shape), source)) in plan.iter().zip(sources).enumerate() {
+    let mut planned = plan.iter().enumerate();
+    for source in sources {
         let data = source.load()?;
+        let mismatch = || Error::Config("the tensors loaded disagree with the plan".into());
+        let (i, (name, dt, shape)) = planned.next().ok_or_else(mismatch)?;
         if data.dtype() == *dt {
             writer.write_tensor(&data)?;
         } else {
             writer.write_tensor(&data.to_dtype(*dt)?)?;
         }
+        bytes_done += dt.byte_len(shape).unwrap_or(0) as u64;
+        let mut last = (i, name);
+        if let Some(perm) = data.input_perm() {
+            let (i, (name, dt, shape)) = planned.next().ok_or_else(mismatch)?;
+            writer.write_tensor(perm)?;
+            bytes_done += dt.byte_len(shape).unwrap_or(0) as u64;
+            last = (i, name);
+        }
         drop(data);
         source.release();
-        bytes_done += dt.byte_len(shape).unwrap_or(0) as u64;
         progress(&Progress {
-            name,
-            tensors_done: i + 1,
+            name: last.1,
+            tensors_done: last.0 + 1,
             tensors_total: plan.len(),
             bytes_done,
             bytes_total,

@@ -80,6 +80,8 @@ thread_local! {
     static YT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// A widened f16/bf16 weight row of the portable kernel.
     static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// The input gathered by a weight's input permutation ([`linears`]).
+    static GATHERED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// `output[n, m] = input[n, k] · weight[m, k]ᵀ + bias[m]` (see [`flm_core::Op::Linear`]);
@@ -106,9 +108,21 @@ pub(crate) fn linears(
     if n == 0 {
         return Ok(());
     }
-    let x = input.as_f32()?;
-    let same = |a: &LinearPart<'_>, b: &LinearPart<'_>| a.weight.dtype() == b.weight.dtype();
-    for run in parts.chunk_by_mut(same) {
+    let input = input.as_f32()?;
+    let same = |a: &LinearPart<'_>, b: &LinearPart<'_>| {
+        a.weight.dtype() == b.weight.dtype() && same_perm(a.weight, b.weight)
+    };
+    // Taken for the call, so that a decode step with permuted weights allocates nothing
+    // once warm (a nested call on this thread finds it empty and allocates its own).
+    let mut gathered = GATHERED.take();
+    let result = parts.chunk_by_mut(same).try_for_each(|run| {
+        let x = match run[0].weight.input_perm() {
+            Some(perm) => {
+                gather_cols(input, k, perm.as_i32()?, &mut gathered);
+                &gathered[..]
+            }
+            None => input,
+        };
         for group in run.chunks_mut(schedule::MAX_PARTS) {
             if group[0].weight.dtype().is_quantized() {
                 quant_group(level, x, n, k, group)?;
@@ -118,8 +132,41 @@ pub(crate) fn linears(
                 }
             }
         }
+        Ok(())
+    });
+    GATHERED.set(gathered);
+    result
+}
+
+/// Whether `a` and `b` take their input in the same order: neither has an input
+/// permutation, or both have equal ones (the q, k and v projections of an act-order GPTQ
+/// layer share one, their Hessian's).
+fn same_perm(a: &Data, b: &Data) -> bool {
+    match (a.input_perm(), b.input_perm()) {
+        (None, None) => true,
+        (Some(p), Some(q)) => std::ptr::eq(p, q) || p.bytes().ok() == q.bytes().ok(),
+        _ => false,
     }
-    Ok(())
+}
+
+/// Overwrites `out` with the rows of `x` (`k` columns each) with their columns gathered
+/// by `perm`: `out[r, j] = x[r, perm[j]]` ([`Data::input_perm`]; `perm` was checked to be
+/// a permutation of `0..k` when it was attached to its weight).
+/// Rows are split over the threads from [`PARALLEL_MIN_WORK`] values (prefill).
+fn gather_cols(x: &[f32], k: usize, perm: &[i32], out: &mut Vec<f32>) {
+    out.resize(x.len(), 0.0);
+    let row = |(dst, src): (&mut [f32], &[f32])| {
+        for (d, &p) in dst.iter_mut().zip(perm) {
+            *d = src[p as usize];
+        }
+    };
+    if x.len() >= PARALLEL_MIN_WORK {
+        out.par_chunks_exact_mut(k)
+            .zip(x.par_chunks_exact(k))
+            .for_each(row);
+    } else {
+        out.chunks_exact_mut(k).zip(x.chunks_exact(k)).for_each(row);
+    }
 }
 
 /// A bias as f32 values.

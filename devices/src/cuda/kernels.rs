@@ -91,6 +91,8 @@ pub enum Kernel {
     F32ToF16Rows,
     /// `f32_to_bf16_rows` (elementwise.cu).
     F32ToBf16Rows,
+    /// `gather_cols` (elementwise.cu).
+    GatherCols,
     /// `embedding_<W>` (embedding.cu).
     Embedding(FloatWeight),
     /// `embedding_quant` (embedding.cu).
@@ -138,6 +140,7 @@ impl Kernel {
             Kernel::Scale => "scale",
             Kernel::F32ToF16Rows => "f32_to_f16_rows",
             Kernel::F32ToBf16Rows => "f32_to_bf16_rows",
+            Kernel::GatherCols => "gather_cols",
             Kernel::Embedding(W::F32) => "embedding_f32",
             Kernel::Embedding(W::F16) => "embedding_f16",
             Kernel::Embedding(W::Bf16) => "embedding_bf16",
@@ -187,6 +190,7 @@ pub const MODULES: &[Module] = &[
             Kernel::Scale,
             Kernel::F32ToF16Rows,
             Kernel::F32ToBf16Rows,
+            Kernel::GatherCols,
         ],
     },
     Module {

@@ -11,6 +11,9 @@
 //! - int8, int4 and K-quant weights: the dequantise-GEMV kernels of `kernels/qgemv.cu`,
 //!   reading the weights quantised, in the .flm row layout (ggml's for the K-quants). The decode product (prefill re-reads the
 //!   weights once per row).
+//! - A weight with an input permutation ([`flm_core::Data::input_perm`], act-order GPTQ):
+//!   the `gather_cols` kernel first writes the gathered input into a buffer of the op, the
+//!   permutation itself uploaded once like a weight.
 
 use std::ffi::c_void;
 
@@ -39,11 +42,24 @@ pub(super) fn linear(
         return Ok(());
     }
     let x = dev.input(input)?;
+    let gathered = match weight.input_perm() {
+        Some(perm) => Some(gather_cols(
+            dev,
+            x.slice(),
+            dev.weight(perm)?.slice(),
+            (n, k),
+        )?),
+        None => None,
+    };
     let w = dev.weight(weight)?;
     let bias_d = bias.map(|b| dev.weight(b)).transpose()?;
     let bias_s = bias_d.as_ref().map(|b| b.slice());
     let mut out = dev.output(output)?;
-    let (x, w, y) = (x.slice(), w.slice(), out.slice());
+    let (x, w, y) = (
+        gathered.as_ref().unwrap_or(x.slice()),
+        w.slice(),
+        out.slice(),
+    );
     match weight.dtype() {
         DataType::F32 => gemm(dev, x, w, cudaDataType::CUDA_R_32F, y, (n, k, m))?,
         DataType::F16 | DataType::BF16 if n <= GEMV_MAX_ROWS || dev.batch_invariant() => {
@@ -80,6 +96,26 @@ pub(super) fn linear(
         unsafe { b.launch(grid(((n * m).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
     }
     out.finish(dev)
+}
+
+/// The `n` rows of `k` f32 activations of `x` with their columns gathered by the i32
+/// permutation `perm`: `out[r, j] = x[r, perm[j]]` ([`flm_core::Data::input_perm`]).
+fn gather_cols(
+    dev: &CudaDevice,
+    x: &CudaSlice<u8>,
+    perm: &CudaSlice<u8>,
+    (n, k): (usize, usize),
+) -> Result<CudaSlice<u8>> {
+    let mut out = dev.zeros::<u8>(4 * n * k)?;
+    let (k_i, total) = (int(k)?, (n * k) as i64);
+    let f = dev.function(Kernel::GatherCols)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(x).arg(perm).arg(&mut out).arg(&k_i).arg(&total);
+    // SAFETY: x and out hold n × k floats and perm k ints (its shape checked when it was
+    // attached to the weight; the kernel reads x only at indices in 0..k), as
+    // `gather_cols(const float*, const int*, float*, int, long)` uses them.
+    unsafe { b.launch(grid(((n * k).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
+    Ok(out)
 }
 
 /// The `len` f32 activations of `x` rounded to f16 or bf16 by the conversion kernel

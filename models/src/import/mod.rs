@@ -30,6 +30,7 @@ mod quant_config;
 mod source;
 mod thudm;
 
+pub(crate) use flm::PERM_SUFFIX;
 pub use gguf::load_tokenizer as load_gguf_tokenizer;
 pub use source::{Encoding, SourceTensor};
 

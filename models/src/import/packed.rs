@@ -21,13 +21,18 @@
 //!   one flm group of 128 (or 2 of 64, 4 of 32, with the same scale and zero); per-channel
 //!   schemes (`group_size` −1) take groups of 128.
 //! - **Act-order** (`desc_act`): `g_idx` puts input channels of one group all over the row,
-//!   so no run of 32 channels shares a scale. A lossless int4 repack would permute the
-//!   weight's columns into group order and gather the activations the same way before each
-//!   such linear (one gather of `in` values per token: negligible next to the matrix
-//!   product, but an op and a per-linear permutation through the graph, the `.flm` file and
-//!   every device, which flm does not have). These tensors are dequantised to f16 instead,
-//!   4 times the memory and, decode being bound by memory bandwidth, about that much slower.
-//!   Act-order checkpoints whose `g_idx` is contiguous after all repack as above.
+//!   so no run of 32 channels shares a scale. The weight's columns are permuted into group
+//!   order (a stable sort of `g_idx`, as vLLM and ExLlama shuffle them), after which each
+//!   group is a run of columns and the tensor repacks as above, exactly; the permutation
+//!   rides on the weight ([`flm_core::Data::input_perm`], `<name>.perm` in a `.flm` file)
+//!   and every device gathers the activations by it before the product
+//!   (`x'[j] = x[perm[j]]`, so `W' x' = W x`). The cost is one gather of `in` values per
+//!   input row and distinct permutation (q, k and v share one, as do gate and up), through
+//!   cache: about 12 bytes per input channel against the `out / 2` bytes of weights each
+//!   channel brings, under 1% of a TinyLlama layer's decode traffic, and below what the
+//!   shared machine's noise lets `flm bench` resolve (docs/benchmarks.md). The file grows
+//!   by 4 bytes per input channel and linear. Groups that are not runs of 32 channels even
+//!   in group order (sizes not a multiple of 32) are dequantised to f16.
 //! - 8-bit GPTQ is dequantised to f16 (flm's int8 has one scale per row, not per group).
 //!
 //! f16 dequantisation rounds the exact product `d · (q − z)` once, which is what the
@@ -154,6 +159,13 @@ struct Params {
     g_idx: Vec<u32>,
 }
 
+impl Params {
+    /// Puts the input channels in the order `perm` (column `j` becomes channel `perm[j]`).
+    fn permute(&mut self, perm: &[u32]) {
+        self.g_idx = perm.iter().map(|&c| self.g_idx[c as usize]).collect();
+    }
+}
+
 /// One packed linear, read on load.
 #[derive(Debug)]
 struct PackedLinear {
@@ -164,6 +176,9 @@ struct PackedLinear {
     scales: Stored,
     g_idx: Option<Stored>,
     plan: Plan,
+    /// For a repacked act-order linear: the input channels in group order (a
+    /// stable sort of `g_idx`), column `j` of the loaded weight being channel `perm[j]`.
+    perm: Option<Vec<u32>>,
 }
 
 impl PackedLinear {
@@ -195,8 +210,18 @@ impl PackedLinear {
             scales,
             g_idx,
             plan: Plan::F16(Why::EightBit),
+            perm: None,
         };
-        linear.plan = linear.plan(&linear.params()?);
+        let mut params = linear.params()?;
+        let perm = group_order(&params.g_idx);
+        if let Some(perm) = &perm {
+            params.permute(perm);
+        }
+        linear.plan = linear.plan(&params);
+        // Every repacked plan keeps group order; f16 keeps the checkpoint's column order.
+        if !matches!(linear.plan, Plan::F16(_)) {
+            linear.perm = perm;
+        }
         Ok(linear)
     }
 
@@ -243,6 +268,8 @@ impl PackedLinear {
         })
     }
 
+    /// The plan for the weight whose input channel `c` is in group `p.g_idx[c]` (sorted
+    /// into group order already for an act-order linear).
     fn plan(&self, p: &Params) -> Plan {
         if self.scheme.bits != 4 {
             return Plan::F16(Why::EightBit);
@@ -307,9 +334,23 @@ impl PackedLinear {
     }
 }
 
+/// The input channels in group order, a stable sort of `g_idx` (vLLM's and ExLlama's
+/// act-order shuffle), when `g_idx` is not sorted already; `None` when it is.
+fn group_order(g_idx: &[u32]) -> Option<Vec<u32>> {
+    if g_idx.is_sorted() {
+        return None;
+    }
+    let mut perm: Vec<u32> = (0..g_idx.len() as u32).collect();
+    perm.sort_by_key(|&c| g_idx[c as usize]);
+    Some(perm)
+}
+
 impl Assemble for PackedLinear {
     fn load(&self) -> Result<Data> {
-        let p = self.params()?;
+        let mut p = self.params()?;
+        if let Some(perm) = &self.perm {
+            p.permute(perm);
+        }
         let words = self.qweight.words()?;
         let g = self.geometry;
         let mut data = Data::zeros(self.dtype(), &[g.outputs, g.inputs])?;
@@ -322,18 +363,36 @@ impl Assemble for PackedLinear {
             .par_chunks_exact_mut(row_len)
             .enumerate()
             .for_each_init(
-                || vec![0u8; g.inputs],
-                |codes, (o, row)| {
+                || (vec![0u8; g.inputs], vec![0u8; g.inputs]),
+                |(codes, sorted), (o, row)| {
                     match self.scheme.method {
                         Method::Gptq { .. } => {
                             gptq::row_codes(self.scheme.bits, &words, &g, o, codes)
                         }
                         Method::Awq => awq::row_codes(&words, &g, o, codes),
                     }
-                    self.write_row(o, codes, &p, row);
+                    match &self.perm {
+                        Some(perm) => {
+                            for (s, &c) in sorted.iter_mut().zip(perm) {
+                                *s = codes[c as usize];
+                            }
+                            self.write_row(o, sorted, &p, row);
+                        }
+                        None => self.write_row(o, codes, &p, row),
+                    }
                 },
             );
-        Ok(data)
+        match &self.perm {
+            Some(perm) => {
+                let bytes: Vec<u8> = perm.iter().flat_map(|c| c.to_le_bytes()).collect();
+                Ok(data.with_input_perm(Data::from_bytes(DataType::I32, &[g.inputs], &bytes)?)?)
+            }
+            None => Ok(data),
+        }
+    }
+
+    fn permuted(&self) -> bool {
+        self.perm.is_some()
     }
 
     fn note(&self) -> Option<String> {
@@ -343,8 +402,7 @@ impl Assemble for PackedLinear {
         let why = match why {
             Why::EightBit => "8-bit codes in groups (flm's int8 has one scale per row)",
             Why::ActOrder => {
-                "act-order groups that are not runs of 32 input channels (an int4 repack \
-                 would need the activations permuted)"
+                "act-order groups that are not runs of 32 input channels even in group order"
             }
         };
         let group = self.scheme.group_size.unwrap_or(self.geometry.inputs) as f64;

@@ -96,6 +96,8 @@ pub(crate) trait Assemble: std::fmt::Debug + Send + Sync {
     fn note(&self) -> Option<String>;
     /// As [`SourceTensor::release`], for the stored tensors it reads.
     fn release(&self);
+    /// Whether the loaded tensor has an input permutation ([`Data::input_perm`]).
+    fn permuted(&self) -> bool;
 }
 
 /// One tensor of a checkpoint, not yet read.
@@ -109,6 +111,9 @@ pub struct SourceTensor {
     pub encoding: Encoding,
     backing: Backing,
     file: PathBuf,
+    /// The i32 input permutation stored beside the tensor (`<name>.perm` in a .flm file),
+    /// attached on load ([`Data::input_perm`]).
+    perm: Option<Box<SourceTensor>>,
 }
 
 impl SourceTensor {
@@ -149,6 +154,7 @@ impl SourceTensor {
                 offset,
             },
             file: file.to_path_buf(),
+            perm: None,
         })
     }
 
@@ -163,6 +169,7 @@ impl SourceTensor {
             encoding: Encoding::Native(DataType::F32),
             backing: Backing::Random { seed },
             file: origin.to_path_buf(),
+            perm: None,
         }
     }
 
@@ -181,6 +188,7 @@ impl SourceTensor {
             encoding: Encoding::Native(dtype),
             backing: Backing::Assembled(parts),
             file: file.to_path_buf(),
+            perm: None,
         }
     }
 
@@ -217,14 +225,16 @@ impl SourceTensor {
             (ranges.as_slice(), self.encoding, &self.backing)
         {
             let row_bytes = dtype.byte_len(&self.shape[1..]).unwrap_or(0);
-            return SourceTensor::new(
+            let mut rows = SourceTensor::new(
                 name,
                 shape,
                 self.encoding,
                 map,
                 offset + range.start * row_bytes,
                 &self.file,
-            );
+            )?;
+            rows.perm = self.perm.clone();
+            return Ok(rows);
         }
         let encoding = Encoding::Native(self.encoding.load_dtype());
         Ok(SourceTensor {
@@ -236,7 +246,38 @@ impl SourceTensor {
                 ranges,
             },
             file: self.file.clone(),
+            perm: None,
         })
+    }
+
+    /// This tensor with `perm` (an i32 tensor `[cols]`, stored beside it) as its input
+    /// permutation, attached on load ([`Data::input_perm`], which checks that it is a
+    /// permutation).
+    ///
+    /// Errors: [`Error::Format`] if `perm` is not i32 of one value per column.
+    pub fn with_input_perm(mut self, perm: SourceTensor) -> Result<SourceTensor> {
+        let cols = self.shape.last().copied().unwrap_or(0);
+        if perm.encoding != Encoding::Native(DataType::I32) || perm.shape != [cols] {
+            return Err(Error::format(
+                &self.file,
+                format!(
+                    "tensor {}: input permutation {} is {:?} {:?}, not i32 [{cols}]",
+                    self.name, perm.name, perm.encoding, perm.shape
+                ),
+            ));
+        }
+        self.perm = Some(Box::new(perm));
+        Ok(self)
+    }
+
+    /// Whether the loaded tensor has an input permutation ([`Data::input_perm`]).
+    pub fn has_input_perm(&self) -> bool {
+        self.perm.is_some()
+            || match &self.backing {
+                Backing::Assembled(parts) => parts.permuted(),
+                Backing::Rows { parent, .. } => parent.has_input_perm(),
+                _ => false,
+            }
     }
 
     /// The file the tensor is read from.
@@ -249,6 +290,9 @@ impl SourceTensor {
     /// page it has read resident. The bytes stay valid: a later access reads them again
     /// from the file. A no-op for random tensors and on non-Unix systems.
     pub fn release(&self) {
+        if let Some(perm) = &self.perm {
+            perm.release();
+        }
         match &self.backing {
             Backing::Rows { parent, .. } => parent.release(),
             Backing::Assembled(parts) => parts.release(),
@@ -288,6 +332,17 @@ impl SourceTensor {
     /// for [`Encoding::Native`], an owned tensor decoded from the file otherwise, generated
     /// for random tensors.
     pub fn load(&self) -> Result<Data> {
+        let data = self.load_values()?;
+        match &self.perm {
+            Some(perm) => data
+                .with_input_perm(perm.load()?)
+                .map_err(|e| Error::format(&self.file, format!("tensor {}: {e}", self.name))),
+            None => Ok(data),
+        }
+    }
+
+    /// The tensor's values, without the permutation stored beside them.
+    fn load_values(&self) -> Result<Data> {
         let (map, offset) = match &self.backing {
             Backing::Mapped { map, offset } => (map, *offset),
             Backing::Random { seed } => return Ok(random_data(&self.shape, *seed)?),
@@ -347,7 +402,11 @@ fn gather_rows(parent: &SourceTensor, ranges: &[Range<usize>], shape: &[usize]) 
     for r in ranges {
         bytes.extend_from_slice(&data.bytes()?[r.start * row_bytes..r.end * row_bytes]);
     }
-    Ok(Data::from_bytes(data.dtype(), shape, &bytes)?)
+    let rows = Data::from_bytes(data.dtype(), shape, &bytes)?;
+    match data.input_perm() {
+        Some(perm) => Ok(rows.with_input_perm(perm.clone())?),
+        None => Ok(rows),
+    }
 }
 
 /// Random values for [`SourceTensor::random`], from a ChaCha8 stream: identical on every

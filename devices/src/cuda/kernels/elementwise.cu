@@ -64,3 +64,17 @@ extern "C" __global__ void f32_to_bf16_rows(const float* x, bf16_bits* out, long
         else out[i] = (bf16_bits)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
 }
+
+// out[r, j] = x[r, perm[j]] for rows of k floats: the input of a Linear whose weight's input
+// channels are permuted (flm_core::Data::input_perm, act-order GPTQ). perm is checked on the
+// host when attached to a host weight; an index outside 0..k (only possible for one attached
+// in device memory) reads nothing and gives 0.
+extern "C" __global__ void gather_cols(const float* x, const int* perm, float* out, int k,
+                                       long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long row = i / k;
+        int p = perm[i - row * k];
+        out[i] = (p >= 0 && p < k) ? x[row * k + p] : 0.0f;
+    }
+}
