@@ -89,11 +89,6 @@ impl CpuDevice {
         self.isa
     }
 
-    /// The precision of the activations quantised weights are dotted against.
-    pub fn activation_bits(&self) -> ActivationBits {
-        self.activations
-    }
-
     /// How a Linear over `n` input rows runs: AMX decode takes the AVX-512 kernels unless
     /// batch invariance was asked for (see [`CpuDevice`]).
     fn linear_level(&self, n: usize) -> LinearLevel {

@@ -146,14 +146,10 @@ fn an_interrupted_conversion_leaves_nothing() {
     // Killed into an empty folder: nothing left.
     std::fs::remove_file(&output).unwrap();
     for (signal, share) in [("KILL", 0.0), ("TERM", 0.3), ("INT", 0.6), ("KILL", 0.9)] {
-        let reset = || std::fs::remove_file(&output).unwrap();
-        interrupt(
-            &config,
-            &output,
-            signal,
-            (size as f64 * share) as u64,
-            reset,
-        );
+        let at = (size as f64 * share) as u64;
+        interrupt(&config, &output, signal, at, || {
+            std::fs::remove_file(&output).unwrap()
+        });
         assert!(
             names(&out_dir).is_empty(),
             "{signal} at {share}: {:?}",
@@ -164,14 +160,10 @@ fn an_interrupted_conversion_leaves_nothing() {
     // Killed while replacing an output: the old one stays as it was.
     std::fs::write(&output, b"the previous model").unwrap();
     for (signal, share) in [("KILL", 0.5), ("INT", 0.8)] {
-        let reset = || std::fs::write(&output, b"the previous model").unwrap();
-        interrupt(
-            &config,
-            &output,
-            signal,
-            (size as f64 * share) as u64,
-            reset,
-        );
+        let at = (size as f64 * share) as u64;
+        interrupt(&config, &output, signal, at, || {
+            std::fs::write(&output, b"the previous model").unwrap()
+        });
         assert_eq!(names(&out_dir), ["model.flm"], "{signal} at {share}");
         assert_eq!(std::fs::read(&output).unwrap(), b"the previous model");
     }
