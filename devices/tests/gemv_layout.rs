@@ -19,7 +19,10 @@ fn packed_weights_dequantise_to_the_flm_weights_exactly() {
     for dtype in dtypes {
         for (m, k) in [(1, 8), (3, 333), (5, 1000), (7, 129), (4, 4096), (2, 31)] {
             let v: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
-            let w = Data::from_f32(&[m, k], &v).unwrap().to_dtype(dtype).unwrap();
+            let w = Data::from_f32(&[m, k], &v)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
             let layout = GemvLayout::new(dtype, m, k).unwrap();
             let packed = layout.pack(w.bytes().unwrap()).unwrap();
             assert_eq!(packed.len(), layout.bytes);
@@ -27,7 +30,10 @@ fn packed_weights_dequantise_to_the_flm_weights_exactly() {
             assert_eq!(layout.params_offset % 16, 0, "{dtype}: aligned parameters");
             let got = layout.dequantize(&packed).unwrap();
             let want = w.to_f32_vec().unwrap();
-            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{dtype} [{m}, {k}]: packed weights differ");
             if layout.is_identity() {
                 assert_eq!(&packed[..], w.bytes().unwrap(), "{dtype}: identity layout");

@@ -1,0 +1,135 @@
+//! The decode GEMV kernels (`kernels/gemv.cu`) against the CPU device's Linear: every
+//! weight dtype with a GPU GEMV layout (f16, bf16, int8, int4 at groups of 32, 64 and 128 in
+//! each form), odd sizes (columns not a multiple of the group or of 8, rows not a multiple
+//! of the rows per block), 1, 2, 5 and 8 input rows (one launch row) and 17 (three), with and
+//! without a bias; and the weights that live in GPU memory (read where they are, or through
+//! the .flm-layout kernels). Skips with a message when no CUDA GPU is usable.
+//!
+//! Both devices take f32 activations against f16/bf16 weights and int8 activations
+//! quantised in blocks of 32 with the same rounding against int8/int4 weights, so they
+//! differ by the order of f32 sums only: the tolerances, relative to `Σ|x·w|`, are far
+//! below one wrong term.
+#![cfg(feature = "cuda")]
+
+use flm_core::{BaseDevice, Data, DataType, Op};
+use flm_devices::cuda::CudaDevice;
+use flm_devices::gemv_layout::has_layout;
+use flm_devices::CpuDevice;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn gpu() -> Option<CudaDevice> {
+    match CudaDevice::new(0) {
+        Ok(d) => Some(d),
+        Err(why) => {
+            eprintln!("skipped: no CUDA GPU ({why})");
+            None
+        }
+    }
+}
+
+fn random(rng: &mut StdRng, shape: &[usize]) -> Data {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    Data::from_f32(shape, &v).unwrap()
+}
+
+/// `w` copied into GPU memory, as the executor places a weight.
+fn resident(gpu: &CudaDevice, w: &Data) -> Data {
+    let mut buffer = gpu.alloc(w.size_bytes()).unwrap();
+    gpu.upload(w.bytes().unwrap(), buffer.as_mut()).unwrap();
+    Data::from_device(w.dtype(), w.shape(), buffer).unwrap()
+}
+
+/// The Linear on `dev` (a host output, copied back).
+fn linear(dev: &dyn BaseDevice, x: &Data, w: &Data, bias: Option<&Data>) -> Vec<f32> {
+    let mut out =
+        Data::from_f32(&[x.rows(), w.rows()], &vec![f32::NAN; x.rows() * w.rows()]).unwrap();
+    let op = Op::Linear {
+        input: x,
+        weight: w,
+        bias,
+        output: &mut out,
+    };
+    assert!(dev.supports(&op), "{} runs the Linear", dev.name());
+    dev.run(op.validate().unwrap()).unwrap();
+    out.to_f32_vec().unwrap()
+}
+
+/// `|gpu − cpu| <= tol · Σ_i |x[r, i] · w[o, i]|` for every output element.
+fn check(what: &str, x: &Data, w: &Data, gpu: &[f32], cpu: &[f32], tol: f32) {
+    let (xv, wv, k) = (x.to_f32_vec().unwrap(), w.to_f32_vec().unwrap(), x.cols());
+    let m = w.rows();
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        let (r, o) = (i / m, i % m);
+        let scale: f32 = xv[r * k..][..k]
+            .iter()
+            .zip(&wv[o * k..][..k])
+            .map(|(a, b)| (a * b).abs())
+            .sum::<f32>()
+            + 1e-6;
+        let err = (g - c).abs() / scale;
+        assert!(
+            err <= tol,
+            "{what}: element {i} (row {r}, output {o}) gpu {g} cpu {c}: error {err} > {tol}"
+        );
+    }
+}
+
+fn tolerance(dtype: DataType) -> f32 {
+    if dtype.is_quantized() {
+        1e-4
+    } else {
+        1e-5
+    }
+}
+
+#[test]
+fn gemv_every_layout_dtype_against_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = CpuDevice::new().unwrap();
+    let mut rng = StdRng::seed_from_u64(34);
+    for dtype in DataType::VALUES.into_iter().filter(|&d| has_layout(d)) {
+        for (k, m) in [(4096, 300), (333, 77), (1000, 129), (31, 3), (8, 5)] {
+            let w = random(&mut rng, &[m, k]).to_dtype(dtype).unwrap();
+            let bias = random(&mut rng, &[m]);
+            for n in [1, 2, 5, 8, 17] {
+                let x = random(&mut rng, &[n, k]);
+                let b = (n % 2 == 1).then_some(&bias);
+                let what = format!("{dtype} n={n} k={k} m={m} bias={}", b.is_some());
+                let g = linear(&gpu, &x, &w, b);
+                let c = linear(&cpu, &x, &w, b);
+                check(&what, &x, &w, &g, &c, tolerance(dtype));
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_weights_in_gpu_memory() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = CpuDevice::new().unwrap();
+    let mut rng = StdRng::seed_from_u64(35);
+    // f16 rows read where they are (k % 8 == 0) or repacked once (k % 8 != 0); int8 and int4
+    // through the .flm-layout kernels (f32 activations: the CPU's int8 ones differ more).
+    for dtype in [
+        DataType::F16,
+        DataType::BF16,
+        DataType::I8,
+        DataType::I4G32,
+        DataType::I4SymG128,
+    ] {
+        for (k, m) in [(1024, 67), (333, 77)] {
+            let host = random(&mut rng, &[m, k]).to_dtype(dtype).unwrap();
+            let w = resident(&gpu, &host);
+            for n in [1, 5] {
+                let x = random(&mut rng, &[n, k]);
+                let what = format!("resident {dtype} n={n} k={k} m={m}");
+                let g = linear(&gpu, &x, &w, None);
+                let c = linear(&cpu, &x, &host, None);
+                let tol = if dtype.is_quantized() { 2e-2 } else { 1e-5 };
+                check(&what, &x, &host, &g, &c, tol);
+            }
+        }
+    }
+}

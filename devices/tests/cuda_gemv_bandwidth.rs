@@ -1,0 +1,110 @@
+//! The bandwidth of the decode GEMV kernels (`kernels/gemv.cu`) on Llama-2-7B's matrix
+//! shapes: for each weight dtype with a GPU GEMV layout and 1 and 8 input rows, one
+//! Linear's time (CUDA events around a queued batch, `CudaDevice::time_queued`, the
+//! activations' quantisation included) and the weight bytes it reads per second, with their
+//! share of the GPU's peak bandwidth (`GpuInfo::peak_bandwidth`). It prints the table and
+//! asserts nothing about speed; it skips with a message when no CUDA GPU is usable.
+//!
+//! The weights are random bytes (every 16-bit value and f32 scale kept finite): the kernels'
+//! time does not depend on the values.
+#![cfg(feature = "cuda")]
+
+use flm_core::{BaseDevice, Data, DataType, Op};
+use flm_devices::cuda::CudaDevice;
+use flm_devices::gemv_layout::{has_layout, GemvLayout};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+/// Llama-2-7B's Linear weights `[out, in]`.
+const SHAPES: [(&str, usize, usize); 4] = [
+    ("q/k/v/o", 4096, 4096),
+    ("gate/up", 11008, 4096),
+    ("down", 4096, 11008),
+    ("lm_head", 32000, 4096),
+];
+
+/// Linears per timed batch.
+const REPS: usize = 50;
+
+/// A tensor of `dtype` and `shape` in `gpu`'s memory holding `bytes`.
+fn on_gpu(gpu: &CudaDevice, dtype: DataType, shape: &[usize], bytes: &[u8]) -> Data {
+    let mut buffer = gpu.alloc(bytes.len()).unwrap();
+    gpu.upload(bytes, buffer.as_mut()).unwrap();
+    Data::from_device(dtype, shape, buffer).unwrap()
+}
+
+/// `len` random bytes whose odd bytes are below 0x40, so that every little-endian f16,
+/// bf16 or f32 value at an even offset is finite.
+fn random_bytes(rng: &mut StdRng, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    rng.fill_bytes(&mut bytes);
+    for b in bytes.iter_mut().skip(1).step_by(2) {
+        *b &= 0x3f;
+    }
+    bytes
+}
+
+#[test]
+fn gemv_bandwidth_on_llama_2_7b_shapes() {
+    let gpu = match CudaDevice::new(0) {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipped: no CUDA GPU ({why})");
+            return;
+        }
+    };
+    let info = gpu.info().clone();
+    let peak = info.peak_bandwidth;
+    println!(
+        "decode GEMV bandwidth on {} (peak {}), {REPS} Linears per timing",
+        info.name,
+        peak.map_or("unknown".into(), |p| format!("{:.0} GB/s", p / 1e9))
+    );
+    println!(
+        "{:<14} {:<8} {:>6} {:>6} {:>4} {:>10} {:>9} {:>9} {:>7}",
+        "dtype", "weight", "out", "in", "n", "MB", "us", "GB/s", "peak"
+    );
+    let mut rng = StdRng::seed_from_u64(7);
+    for dtype in DataType::VALUES.into_iter().filter(|&d| has_layout(d)) {
+        for (name, m, k) in SHAPES {
+            let len = dtype.byte_len(&[m, k]).unwrap();
+            let w = Data::from_bytes(dtype, &[m, k], &random_bytes(&mut rng, len)).unwrap();
+            let bytes = GemvLayout::new(dtype, m, k).unwrap().bytes as f64;
+            for n in [1, 8] {
+                let x = on_gpu(
+                    &gpu,
+                    DataType::F32,
+                    &[n, k],
+                    &random_bytes(&mut rng, 4 * n * k),
+                );
+                let mut out = on_gpu(&gpu, DataType::F32, &[n, m], &vec![0u8; 4 * n * m]);
+                let mut run = || {
+                    let op = Op::Linear {
+                        input: &x,
+                        weight: &w,
+                        bias: None,
+                        output: &mut out,
+                    };
+                    gpu.run(op.validate()?)
+                };
+                // The first call packs and uploads the weight.
+                run().unwrap();
+                let secs = gpu.time_queued(REPS, &mut run).unwrap();
+                let gbps = bytes / secs / 1e9;
+                let share = peak.map_or("-".into(), |p| format!("{:.1}%", 100.0 * gbps * 1e9 / p));
+                println!(
+                    "{:<14} {:<8} {:>6} {:>6} {:>4} {:>10.1} {:>9.1} {:>9.0} {:>7}",
+                    dtype.to_string(),
+                    name,
+                    m,
+                    k,
+                    n,
+                    bytes / 1e6,
+                    secs * 1e6,
+                    gbps,
+                    share
+                );
+            }
+        }
+    }
+}
