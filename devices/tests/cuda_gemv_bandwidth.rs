@@ -2,12 +2,15 @@
 //! shapes: for each weight dtype with a GPU GEMV layout and 1 and 8 input rows, one
 //! Linear's time (CUDA events around a queued batch, `CudaDevice::time_queued`, the
 //! activations' quantisation included) and the weight bytes it reads per second, with their
-//! share of the GPU's peak bandwidth (`GpuInfo::peak_bandwidth`). It prints the table and
-//! asserts nothing about speed; it skips with a message when no CUDA GPU is usable.
+//! share of the GPU's peak bandwidth (`GpuInfo::peak_bandwidth`). It prints the table to
+//! stdout directly, past the test harness's capture (so it shows without `--nocapture`),
+//! and asserts nothing about speed; it skips with a message when no CUDA GPU is usable.
 //!
 //! The weights are random bytes (every 16-bit value and f32 scale kept finite): the kernels'
 //! time does not depend on the values.
 #![cfg(feature = "cuda")]
+
+use std::io::Write;
 
 use flm_core::{BaseDevice, Data, DataType, Op};
 use flm_devices::cuda::CudaDevice;
@@ -55,15 +58,20 @@ fn gemv_bandwidth_on_llama_2_7b_shapes() {
     };
     let info = gpu.info().clone();
     let peak = info.peak_bandwidth;
-    println!(
+    let mut stdout = std::io::stdout().lock();
+    writeln!(
+        stdout,
         "decode GEMV bandwidth on {} (peak {}), {REPS} Linears per timing",
         info.name,
         peak.map_or("unknown".into(), |p| format!("{:.0} GB/s", p / 1e9))
-    );
-    println!(
+    )
+    .unwrap();
+    writeln!(
+        stdout,
         "{:<14} {:<8} {:>6} {:>6} {:>4} {:>10} {:>9} {:>9} {:>7}",
         "dtype", "weight", "out", "in", "n", "MB", "us", "GB/s", "peak"
-    );
+    )
+    .unwrap();
     let mut rng = StdRng::seed_from_u64(7);
     for dtype in DataType::VALUES.into_iter().filter(|&d| has_layout(d)) {
         for (name, m, k) in SHAPES {
@@ -92,7 +100,8 @@ fn gemv_bandwidth_on_llama_2_7b_shapes() {
                 let secs = gpu.time_queued(REPS, &mut run).unwrap();
                 let gbps = bytes / secs / 1e9;
                 let share = peak.map_or("-".into(), |p| format!("{:.1}%", 100.0 * gbps * 1e9 / p));
-                println!(
+                writeln!(
+                    stdout,
                     "{:<14} {:<8} {:>6} {:>6} {:>4} {:>10.1} {:>9.1} {:>9.0} {:>7}",
                     dtype.to_string(),
                     name,
@@ -103,7 +112,8 @@ fn gemv_bandwidth_on_llama_2_7b_shapes() {
                     secs * 1e6,
                     gbps,
                     share
-                );
+                )
+                .unwrap();
             }
         }
     }

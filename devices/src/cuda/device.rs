@@ -32,7 +32,8 @@ use crate::gemv_layout::GemvLayout;
 /// The CUDA device: one GPU, one stream, the compiled kernels and the uploaded weights.
 ///
 /// Batch invariance ([`flm_core::BaseDevice::require_batch_invariance`]): every kernel computes an
-/// input row on its own (one grid row per input row) except cuBLAS, whose algorithm
+/// input row on its own (the GEMV kernels take up to eight rows per weight read, each summed
+/// in the same order whatever its neighbours) except cuBLAS, whose algorithm
 /// depends on the batch; once asked, f16/bf16 Linears take the GEMV kernels whatever the
 /// row count, and Linears with f32 weights are left to the next device (the CPU).
 pub struct CudaDevice {
