@@ -11,28 +11,13 @@
 //! below one wrong term.
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use common::{gpu, nan_output, random_f32, rng};
 use flm_core::{BaseDevice, Data, DataType, Op};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::gemv_layout::has_layout;
 use flm_devices::CpuDevice;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-fn gpu() -> Option<CudaDevice> {
-    match CudaDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(why) => {
-            eprintln!("skipped: no CUDA GPU ({why})");
-            None
-        }
-    }
-}
-
-fn random(rng: &mut StdRng, shape: &[usize]) -> Data {
-    let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
-    Data::from_f32(shape, &v).unwrap()
-}
 
 /// `w` copied into GPU memory, as the executor places a weight.
 fn resident(gpu: &CudaDevice, w: &Data) -> Data {
@@ -43,8 +28,7 @@ fn resident(gpu: &CudaDevice, w: &Data) -> Data {
 
 /// The Linear on `dev` (a host output, copied back).
 fn linear(dev: &dyn BaseDevice, x: &Data, w: &Data, bias: Option<&Data>) -> Vec<f32> {
-    let mut out =
-        Data::from_f32(&[x.rows(), w.rows()], &vec![f32::NAN; x.rows() * w.rows()]).unwrap();
+    let mut out = nan_output(&[x.rows(), w.rows()]);
     let op = Op::Linear {
         input: x,
         weight: w,
@@ -88,13 +72,16 @@ fn tolerance(dtype: DataType) -> f32 {
 fn gemv_every_layout_dtype_against_the_cpu() {
     let Some(gpu) = gpu() else { return };
     let cpu = CpuDevice::new().unwrap();
-    let mut rng = StdRng::seed_from_u64(34);
+    let mut rng = rng(34);
     for dtype in DataType::VALUES.into_iter().filter(|&d| has_layout(d)) {
         for (k, m) in [(4096, 300), (333, 77), (1000, 129), (31, 3), (8, 5)] {
-            let w = random(&mut rng, &[m, k]).to_dtype(dtype).unwrap();
-            let bias = random(&mut rng, &[m]);
+            let w = random_f32(&mut rng, &[m, k], 1.0)
+                .0
+                .to_dtype(dtype)
+                .unwrap();
+            let bias = random_f32(&mut rng, &[m], 1.0).0;
             for n in [1, 2, 5, 8, 17] {
-                let x = random(&mut rng, &[n, k]);
+                let x = random_f32(&mut rng, &[n, k], 1.0).0;
                 let b = (n % 2 == 1).then_some(&bias);
                 let what = format!("{dtype} n={n} k={k} m={m} bias={}", b.is_some());
                 let g = linear(&gpu, &x, &w, b);
@@ -109,7 +96,7 @@ fn gemv_every_layout_dtype_against_the_cpu() {
 fn gemv_weights_in_gpu_memory() {
     let Some(gpu) = gpu() else { return };
     let cpu = CpuDevice::new().unwrap();
-    let mut rng = StdRng::seed_from_u64(35);
+    let mut rng = rng(35);
     // f16 rows read where they are (k % 8 == 0) or repacked once (k % 8 != 0); int8 and int4
     // through the .flm-layout kernels (f32 activations: the CPU's int8 ones differ more).
     for dtype in [
@@ -120,10 +107,13 @@ fn gemv_weights_in_gpu_memory() {
         DataType::I4SymG128,
     ] {
         for (k, m) in [(1024, 67), (333, 77)] {
-            let host = random(&mut rng, &[m, k]).to_dtype(dtype).unwrap();
+            let host = random_f32(&mut rng, &[m, k], 1.0)
+                .0
+                .to_dtype(dtype)
+                .unwrap();
             let w = resident(&gpu, &host);
             for n in [1, 5] {
-                let x = random(&mut rng, &[n, k]);
+                let x = random_f32(&mut rng, &[n, k], 1.0).0;
                 let what = format!("resident {dtype} n={n} k={k} m={m}");
                 let g = linear(&gpu, &x, &w, None);
                 let c = linear(&cpu, &x, &host, None);

@@ -10,8 +10,11 @@
 //! time does not depend on the values.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::io::Write;
 
+use common::gpu;
 use flm_core::{BaseDevice, Data, DataType, Op};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::gemv_layout::{has_layout, GemvLayout};
@@ -49,13 +52,7 @@ fn random_bytes(rng: &mut StdRng, len: usize) -> Vec<u8> {
 
 #[test]
 fn gemv_bandwidth_on_llama_2_7b_shapes() {
-    let gpu = match CudaDevice::new(0) {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("skipped: no CUDA GPU ({why})");
-            return;
-        }
-    };
+    let Some(gpu) = gpu() else { return };
     let info = gpu.info().clone();
     let peak = info.peak_bandwidth;
     let mut stdout = std::io::stdout().lock();
