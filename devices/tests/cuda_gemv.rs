@@ -7,8 +7,10 @@
 //!
 //! Both devices take f32 activations against f16/bf16 weights and int8 activations
 //! quantised in blocks of 32 with the same rounding against int8/int4 weights, so they
-//! differ by the order of f32 sums only: the tolerances, relative to `Σ|x·w|`, are far
-//! below one wrong term.
+//! should differ by the order of f32 sums only. The tolerances, relative to `Σ|x·w|`: 1e-5
+//! for f16/bf16, far below one wrong term; 1e-3 for int8/int4, which still fails a wrong
+//! term at the sizes below 1000 columns and leaves room for an activation code rounded the
+//! other way (about `0.016 / k`).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -62,7 +64,7 @@ fn check(what: &str, x: &Data, w: &Data, gpu: &[f32], cpu: &[f32], tol: f32) {
 
 fn tolerance(dtype: DataType) -> f32 {
     if dtype.is_quantized() {
-        1e-4
+        1e-3
     } else {
         1e-5
     }
