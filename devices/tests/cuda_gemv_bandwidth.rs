@@ -2,7 +2,9 @@
 //! shapes: for each weight dtype with a GPU GEMV layout and 1 and 8 input rows, one
 //! Linear's time (CUDA events around a queued batch, `CudaDevice::time_queued`, the
 //! activations' quantisation included) and the weight bytes it reads per second, with their
-//! share of the GPU's peak bandwidth (`GpuInfo::peak_bandwidth`). It prints the table to
+//! share of the GPU's peak bandwidth (`GpuInfo::peak_bandwidth`); and, for int8, int4-g32
+//! and int4-sym-g32 at one row, the same weight in GPU memory in its .flm layout, which
+//! the older `qgemv.cu` kernels read. It prints the table to
 //! stdout directly, past the test harness's capture (so it shows without `--nocapture`),
 //! and asserts nothing about speed; it skips with a message when no CUDA GPU is usable.
 //!
@@ -50,6 +52,47 @@ fn random_bytes(rng: &mut StdRng, len: usize) -> Vec<u8> {
     bytes
 }
 
+/// Times one Linear of `w` (`[m, k]`, `bytes` bytes read) on `n` random input rows in GPU
+/// memory and writes its table row, labelled `label` and `name`.
+fn time_row(
+    gpu: &CudaDevice,
+    out: &mut impl Write,
+    rng: &mut StdRng,
+    (label, name): (&str, &str),
+    w: &Data,
+    bytes: f64,
+    n: usize,
+) {
+    let (m, k, peak) = (w.rows(), w.cols(), gpu.info().peak_bandwidth);
+    let x = on_gpu(gpu, DataType::F32, &[n, k], &random_bytes(rng, 4 * n * k));
+    let mut y = on_gpu(gpu, DataType::F32, &[n, m], &vec![0u8; 4 * n * m]);
+    let mut run = || {
+        let op = Op::Linear {
+            input: &x,
+            weight: w,
+            bias: None,
+            output: &mut y,
+        };
+        gpu.run(op.validate()?)
+    };
+    // The first call packs and uploads a host weight.
+    run().unwrap();
+    let cells = match gpu.time_queued(REPS, &mut run) {
+        Ok(secs) => {
+            let gbps = bytes / secs / 1e9;
+            let share = peak.map_or("-".into(), |p| format!("{:.1}%", 100.0 * gbps * 1e9 / p));
+            format!("{:>9.1} {:>9.0} {:>7}", secs * 1e6, gbps, share)
+        }
+        Err(e) => format!("not timed: {e}"),
+    };
+    writeln!(
+        out,
+        "{label:<22} {name:<8} {m:>6} {k:>6} {n:>4} {:>10.1} {cells}",
+        bytes / 1e6
+    )
+    .unwrap();
+}
+
 #[test]
 fn gemv_bandwidth_on_llama_2_7b_shapes() {
     let Some(gpu) = gpu() else { return };
@@ -58,14 +101,15 @@ fn gemv_bandwidth_on_llama_2_7b_shapes() {
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,
-        "decode GEMV bandwidth on {} (peak {}), {REPS} Linears per timing",
+        "decode GEMV bandwidth on {} (peak {}), {REPS} Linears per timing; \
+         `.flm, resident`: a weight in GPU memory in its .flm layout (qgemv.cu)",
         info.name,
         peak.map_or("unknown".into(), |p| format!("{:.0} GB/s", p / 1e9))
     )
     .unwrap();
     writeln!(
         stdout,
-        "{:<14} {:<8} {:>6} {:>6} {:>4} {:>10} {:>9} {:>9} {:>7}",
+        "{:<22} {:<8} {:>6} {:>6} {:>4} {:>10} {:>9} {:>9} {:>7}",
         "dtype", "weight", "out", "in", "n", "MB", "us", "GB/s", "peak"
     )
     .unwrap();
@@ -75,42 +119,16 @@ fn gemv_bandwidth_on_llama_2_7b_shapes() {
             let len = dtype.byte_len(&[m, k]).unwrap();
             let w = Data::from_bytes(dtype, &[m, k], &random_bytes(&mut rng, len)).unwrap();
             let bytes = GemvLayout::new(dtype, m, k).unwrap().bytes as f64;
+            let label = dtype.to_string();
             for n in [1, 8] {
-                let x = on_gpu(
-                    &gpu,
-                    DataType::F32,
-                    &[n, k],
-                    &random_bytes(&mut rng, 4 * n * k),
-                );
-                let mut out = on_gpu(&gpu, DataType::F32, &[n, m], &vec![0u8; 4 * n * m]);
-                let mut run = || {
-                    let op = Op::Linear {
-                        input: &x,
-                        weight: &w,
-                        bias: None,
-                        output: &mut out,
-                    };
-                    gpu.run(op.validate()?)
-                };
-                // The first call packs and uploads the weight.
-                run().unwrap();
-                let secs = gpu.time_queued(REPS, &mut run).unwrap();
-                let gbps = bytes / secs / 1e9;
-                let share = peak.map_or("-".into(), |p| format!("{:.1}%", 100.0 * gbps * 1e9 / p));
-                writeln!(
-                    stdout,
-                    "{:<14} {:<8} {:>6} {:>6} {:>4} {:>10.1} {:>9.1} {:>9.0} {:>7}",
-                    dtype.to_string(),
-                    name,
-                    m,
-                    k,
-                    n,
-                    bytes / 1e6,
-                    secs * 1e6,
-                    gbps,
-                    share
-                )
-                .unwrap();
+                let row = (label.as_str(), name);
+                time_row(&gpu, &mut stdout, &mut rng, row, &w, bytes, n);
+            }
+            if matches!(dtype, DataType::I8 | DataType::I4G32 | DataType::I4SymG32) {
+                let resident = on_gpu(&gpu, dtype, &[m, k], w.bytes().unwrap());
+                let label = format!("{dtype} (.flm, resident)");
+                let row = (label.as_str(), name);
+                time_row(&gpu, &mut stdout, &mut rng, row, &resident, len as f64, 1);
             }
         }
     }
