@@ -101,6 +101,27 @@ fn abs_dot_scale(x: &Data, w: &Data) -> Vec<f32> {
     s
 }
 
+/// A random `[m, k]` weight of `dtype` with a random input permutation (act-order), for
+/// the input `x` of `k` columns, and the [`abs_dot_scale`] of `x` gathered by it.
+fn permuted_weight(r: &mut StdRng, x: &Data, m: usize, dtype: DataType) -> (Data, Vec<f32>) {
+    let k = x.cols();
+    let mut perm: Vec<i32> = (0..k as i32).collect();
+    for i in (1..k).rev() {
+        perm.swap(i, r.random_range(0..=i));
+    }
+    let bytes: Vec<u8> = perm.iter().flat_map(|p| p.to_le_bytes()).collect();
+    let perm_data = Data::from_bytes(DataType::I32, &[k], &bytes).unwrap();
+    let w = random(r, &[m, k], 1.0).to_dtype(dtype).unwrap();
+    let w = w.with_input_perm(perm_data).unwrap();
+    let xv = x.to_f32_vec().unwrap();
+    let gathered: Vec<f32> = xv
+        .chunks(k)
+        .flat_map(|row| perm.iter().map(move |&p| row[p as usize]))
+        .collect();
+    let scale = abs_dot_scale(&Data::from_f32(&[x.rows(), k], &gathered).unwrap(), &w);
+    (w, scale)
+}
+
 macro_rules! gpu_tests {
     ($($name:ident($gpu:ident) $body:block)*) => {$(
         #[test]
@@ -148,20 +169,7 @@ gpu_tests! {
         for dtype in [DataType::F32, DataType::F16, DataType::I8, DataType::I4SymG32] {
             for (n, k, m) in [(1, 4096, 300), (5, 1000, 129), (17, 64, 3)] {
                 let x = random(&mut r, &[n, k], 1.0);
-                let mut perm: Vec<i32> = (0..k as i32).collect();
-                for i in (1..k).rev() {
-                    perm.swap(i, r.random_range(0..=i));
-                }
-                let bytes: Vec<u8> = perm.iter().flat_map(|p| p.to_le_bytes()).collect();
-                let perm_data = Data::from_bytes(DataType::I32, &[k], &bytes).unwrap();
-                let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
-                let w = w.with_input_perm(perm_data).unwrap();
-                let xv = x.to_f32_vec().unwrap();
-                let gathered: Vec<f32> = xv
-                    .chunks(k)
-                    .flat_map(|row| perm.iter().map(move |&p| row[p as usize]))
-                    .collect();
-                let scale = abs_dot_scale(&Data::from_f32(&[n, k], &gathered).unwrap(), &w);
+                let (w, scale) = permuted_weight(&mut r, &x, m, dtype);
                 let what = format!("permuted Linear {dtype} n={n} k={k} m={m}");
                 compare!(&what, &gpu, &nan(&[n, m]), linear_tol(dtype), Some(&scale), |o| Op::Linear {
                     input: &x, weight: &w, bias: None, output: o,
@@ -285,6 +293,42 @@ gpu_tests! {
                 q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
                 n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
                 bidirectional: bidir, sliding_window: window, output: o,
+            });
+        }
+    }
+
+    linear_quantized_prefill(gpu) {
+        // More than GEMV_MAX_ROWS rows: the weight dequantised to f16 and cuBLAS, the
+        // activations rounded to f16. The CPU dots against int8 activation blocks (at most
+        // half a step of 1/127 of a block's maximum per value); with the GPU's f16
+        // roundings (2^-11 relative) that stays below 1% of Σ|x·w|.
+        let mut r = rng(12);
+        for dtype in DataType::VALUES.into_iter().filter(|&d| d.is_quantized() && d != DataType::Q80) {
+            for (n, k, m) in [(9, 333, 77), (33, 1000, 129), (100, 288, 65)] {
+                let x = random(&mut r, &[n, k], 1.0);
+                let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
+                let bias = random(&mut r, &[m], 1.0);
+                let scale: Vec<f32> = abs_dot_scale(&x, &w).iter().map(|s| s + 1.0).collect();
+                compare!(&format!("prefill Linear {dtype} n={n} k={k} m={m}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+                    Op::Linear { input: &x, weight: &w, bias: Some(&bias), output: o }
+                });
+            }
+        }
+        // A weight larger than the f16 scratch (two chunks, the second of 33 rows), and
+        // act-order permutations.
+        let (n, k, m) = (9, 2112, 4001);
+        let x = random(&mut r, &[n, k], 1.0);
+        let w = random(&mut r, &[m, k], 1.0).to_dtype(DataType::I4G32).unwrap();
+        let scale = abs_dot_scale(&x, &w);
+        compare!(&format!("prefill Linear I4G32 n={n} k={k} m={m}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+            Op::Linear { input: &x, weight: &w, bias: None, output: o }
+        });
+        for dtype in [DataType::I8, DataType::I4SymG32, DataType::I4ZpG128] {
+            let (n, k, m) = (33, 1024, 129);
+            let x = random(&mut r, &[n, k], 1.0);
+            let (w, scale) = permuted_weight(&mut r, &x, m, dtype);
+            compare!(&format!("permuted prefill Linear {dtype} n={n}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+                Op::Linear { input: &x, weight: &w, bias: None, output: o }
             });
         }
     }

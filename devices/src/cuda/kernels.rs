@@ -109,6 +109,8 @@ pub enum Kernel {
     GemvBf16,
     /// `add_bias` (qgemv.cu).
     AddBias,
+    /// `dequant_f16_rows` (dequant.cu).
+    DequantF16Rows,
     /// `rope` (rope.cu).
     Rope,
     /// `attn_partial` (attention.cu).
@@ -151,6 +153,7 @@ impl Kernel {
             Kernel::GemvF16 => "gemv_f16",
             Kernel::GemvBf16 => "gemv_bf16",
             Kernel::AddBias => "add_bias",
+            Kernel::DequantF16Rows => "dequant_f16_rows",
             Kernel::Rope => "rope",
             Kernel::AttnPartial => "attn_partial",
             Kernel::AttnCombine => "attn_combine",
@@ -214,6 +217,11 @@ pub const MODULES: &[Module] = &[
             Kernel::GemvBf16,
             Kernel::AddBias,
         ],
+    },
+    Module {
+        name: "dequant",
+        source: include_str!("kernels/dequant.cu"),
+        kernels: &[Kernel::DequantF16Rows],
     },
     Module {
         name: "rope",

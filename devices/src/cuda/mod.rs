@@ -15,6 +15,7 @@
 //!   architecture, so later starts skip the compiler.
 
 mod attention;
+mod dequant;
 mod device;
 mod dispatch;
 mod elementwise;
