@@ -333,6 +333,42 @@ gpu_tests! {
         }
     }
 
+    attention_flash_prefill(gpu) {
+        // q, k and v are f16 values, so both devices start from the same operands; the GPU
+        // then rounds the probabilities to f16 (2^-11 relative) before P·V, an error of at
+        // most 2^-11 · max|v| (≈ 5e-4) in each output, plus f32 summation order.
+        let mut r = rng(13);
+        let f16_random = |r: &mut StdRng, shape: &[usize]| {
+            random(r, shape, 1.0).to_dtype(DataType::F16).unwrap().to_dtype(DataType::F32).unwrap()
+        };
+        // (n, start_pos, heads, kv heads, head_dim, window, alibi, bidirectional, softcap)
+        let cases = [
+            (1, 40, 32, 8, 128, None, false, 0, None),
+            (17, 0, 8, 8, 64, None, false, 0, None),
+            (17, 100, 32, 8, 128, None, false, 0, None),
+            (130, 0, 32, 8, 128, None, false, 0, None),
+            (130, 37, 8, 8, 64, Some(50), false, 0, None),
+            (130, 0, 8, 8, 128, None, false, 40, None),
+            (33, 3, 8, 2, 64, None, true, 0, Some(0.9)),
+            (600, 0, 32, 8, 128, None, false, 0, None),
+            (600, 20, 8, 8, 64, Some(100), true, 0, None),
+            // No flash kernel for head_dim 96: the flash-decoding kernels.
+            (130, 5, 4, 2, 96, None, false, 0, None),
+        ];
+        for (n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
+            let max_seq = start + n + 5;
+            let q = f16_random(&mut r, &[n, heads * hd]);
+            let k = f16_random(&mut r, &[max_seq, kv * hd]);
+            let v = f16_random(&mut r, &[max_seq, kv * hd]);
+            let what = format!("prefill Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
+            compare!(&what, &gpu, &nan(&[n, heads * hd]), 2e-3, None, |o| Op::Attention {
+                q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
+                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
+                bidirectional: bidir, sliding_window: window, output: o,
+            });
+        }
+    }
+
     buffers_round_trip_and_every_copy_is_recorded(gpu) {
         let location = gpu.location();
         assert_eq!(location, Location::Device { name: "cuda", ordinal: 0 });

@@ -1,13 +1,23 @@
-//! [`flm_core::Op::Attention`] on [`super::CudaDevice`]: the flash-decoding kernels of
-//! `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
-//! then an exact combine).
+//! [`flm_core::Op::Attention`] on [`super::CudaDevice`]:
+//!
+//! - prefill ([`FLASH_MIN_ROWS`] query rows or more, head dimension 64 or 128, batch
+//!   invariance not asked for): the FlashAttention-2 kernels of `kernels/flash_attn.cu`,
+//!   tensor-core products on f16-rounded q, k, v;
+//! - anything else (decode, other head dimensions): the flash-decoding kernels of
+//!   `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
+//!   then an exact combine), in f32. The split is by a fixed chunk size, so a longer
+//!   context gets more blocks: 4096 positions of 32 heads are 512 blocks for one row.
 
 use cudarc::driver::PushKernelArg;
 use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
-use super::kernels::{Kernel, ATTN_CHUNK};
+use super::kernels::{FlashHeadDim, Kernel, ATTN_CHUNK, FLASH_ROWS, FLASH_THREADS};
 use super::operand::Input;
+
+/// Query rows from which attention takes the flash (prefill) kernels: one warp's 16 rows
+/// of an mma tile; fewer rows leave most of the tile empty.
+pub const FLASH_MIN_ROWS: usize = 16;
 
 /// Threads of an `attn_partial` block (4 warps, one key per warp at a time).
 const THREADS: u32 = 128;
@@ -34,8 +44,9 @@ fn shape(msg: String) -> Error {
     }
 }
 
-/// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU,
-/// the partial and combine kernels run, and the output comes back.
+/// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU
+/// (a host cache), the flash kernel or the partial and combine kernels run (see the module
+/// docs), and the output comes back.
 ///
 /// Errors: [`Error::Device`] when a launch fails.
 pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
@@ -65,15 +76,48 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         .alibi
         .then(|| dev.upload(&alibi_slopes(a.n_heads)))
         .transpose()?;
+    let (nh, nkv) = (int(a.n_heads)?, int(a.n_kv_heads)?);
+    let (bidir, window) = (int(a.bidirectional)?, int(a.sliding_window.unwrap_or(0))?);
+    // 0 stands for no soft-capping (a cap is positive: Op::validate).
+    let softcap = a.softcap.unwrap_or(0.0);
+    let flash =
+        FlashHeadDim::of(head_dim).filter(|_| n >= FLASH_MIN_ROWS && !dev.batch_invariant());
+    if let Some(dim) = flash {
+        let mut out = dev.output(output)?;
+        let n_i = int(n)?;
+        let f = dev.function(Kernel::FlashAttn(dim))?;
+        let mut b = dev.stream.launch_builder(f);
+        b.arg(q.slice())
+            .arg(k.slice())
+            .arg(v.slice())
+            .arg(&start)
+            .arg(&n_i)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&a.scale)
+            .arg(&softcap);
+        arg_or_null(&mut b, slopes.as_ref());
+        b.arg(&bidir).arg(&window).arg(out.slice());
+        // SAFETY: arguments as `flash_attn_f32_d<head_dim>`; q and out hold n × n_heads ×
+        // head_dim floats, k and v `rows` cache rows of n_kv_heads × head_dim (every key a
+        // row sees is below `rows`), the slopes n_heads floats or null; the kernel's shared
+        // memory is static (35,840 bytes at head_dim 128).
+        unsafe {
+            b.launch(grid(
+                (n.div_ceil(FLASH_ROWS), a.n_heads, 1),
+                FLASH_THREADS,
+                0,
+            )?)
+        }
+        .map_err(dev_err)?;
+        return out.finish(dev);
+    }
     let chunks = rows.div_ceil(ATTN_CHUNK);
     let parts = n * a.n_heads * chunks;
     let mut part_m = dev.zeros::<f32>(parts)?;
     let mut part_l = dev.zeros::<f32>(parts)?;
     let mut part_o = dev.zeros::<f32>(parts * head_dim)?;
-    let (nh, nkv, hd) = (int(a.n_heads)?, int(a.n_kv_heads)?, int(head_dim)?);
-    let (bidir, window) = (int(a.bidirectional)?, int(a.sliding_window.unwrap_or(0))?);
-    // 0 stands for no soft-capping (a cap is positive: Op::validate).
-    let softcap = a.softcap.unwrap_or(0.0);
+    let hd = int(head_dim)?;
     let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
     let f = dev.function(Kernel::AttnPartial)?;
