@@ -122,6 +122,65 @@ fn permuted_weight(r: &mut StdRng, x: &Data, m: usize, dtype: DataType) -> (Data
     (w, scale)
 }
 
+/// An attention case: (rows, start_pos, heads, kv heads, head_dim, window, alibi,
+/// bidirectional prefix, soft-cap).
+type AttentionCase = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    Option<usize>,
+    bool,
+    usize,
+    Option<f32>,
+);
+
+/// Compares Attention on random q and cache (one of `n + start + 5` rows) for each case,
+/// with values rounded to f16 when `f16_values`.
+fn compare_attention(
+    gpu: &CudaDevice,
+    r: &mut StdRng,
+    cases: &[AttentionCase],
+    f16_values: bool,
+    tol: f32,
+) {
+    let mut operand = |shape: &[usize]| {
+        let x = random(r, shape, 1.0);
+        if f16_values {
+            x.to_dtype(DataType::F16)
+                .unwrap()
+                .to_dtype(DataType::F32)
+                .unwrap()
+        } else {
+            x
+        }
+    };
+    for &(n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
+        let max_seq = start + n + 5;
+        let q = operand(&[n, heads * hd]);
+        let k = operand(&[max_seq, kv * hd]);
+        let v = operand(&[max_seq, kv * hd]);
+        let what = format!("Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
+        compare!(&what, gpu, &nan(&[n, heads * hd]), tol, None, |o| {
+            Op::Attention {
+                q: &q,
+                cache_k: &k,
+                cache_v: &v,
+                start_pos: start,
+                n_heads: heads,
+                n_kv_heads: kv,
+                scale: 1.0 / (hd as f32).sqrt(),
+                alibi,
+                softcap,
+                bidirectional: bidir,
+                sliding_window: window,
+                output: o,
+            }
+        });
+    }
+}
+
 macro_rules! gpu_tests {
     ($($name:ident($gpu:ident) $body:block)*) => {$(
         #[test]
@@ -283,18 +342,7 @@ gpu_tests! {
             (9, 0, 4, 2, 64, None, false, 6, None),
             (5, 40, 4, 2, 64, Some(16), false, 0, Some(0.9)),
         ];
-        for (n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
-            let max_seq = start + n + 5;
-            let q = random(&mut r, &[n, heads * hd], 1.0);
-            let k = random(&mut r, &[max_seq, kv * hd], 1.0);
-            let v = random(&mut r, &[max_seq, kv * hd], 1.0);
-            let what = format!("Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir}");
-            compare!(&what, &gpu, &nan(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
-                q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
-                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
-                bidirectional: bidir, sliding_window: window, output: o,
-            });
-        }
+        compare_attention(&gpu, &mut r, &cases, false, 1e-5);
     }
 
     linear_quantized_prefill(gpu) {
@@ -338,9 +386,6 @@ gpu_tests! {
         // then rounds the probabilities to f16 (2^-11 relative) before P·V, an error of at
         // most 2^-11 · max|v| (≈ 5e-4) in each output, plus f32 summation order.
         let mut r = rng(13);
-        let f16_random = |r: &mut StdRng, shape: &[usize]| {
-            random(r, shape, 1.0).to_dtype(DataType::F16).unwrap().to_dtype(DataType::F32).unwrap()
-        };
         // (n, start_pos, heads, kv heads, head_dim, window, alibi, bidirectional, softcap)
         let cases = [
             (1, 40, 32, 8, 128, None, false, 0, None),
@@ -355,18 +400,7 @@ gpu_tests! {
             // No flash kernel for head_dim 96: the flash-decoding kernels.
             (130, 5, 4, 2, 96, None, false, 0, None),
         ];
-        for (n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
-            let max_seq = start + n + 5;
-            let q = f16_random(&mut r, &[n, heads * hd]);
-            let k = f16_random(&mut r, &[max_seq, kv * hd]);
-            let v = f16_random(&mut r, &[max_seq, kv * hd]);
-            let what = format!("prefill Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
-            compare!(&what, &gpu, &nan(&[n, heads * hd]), 2e-3, None, |o| Op::Attention {
-                q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
-                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
-                bidirectional: bidir, sliding_window: window, output: o,
-            });
-        }
+        compare_attention(&gpu, &mut r, &cases, true, 2e-3);
     }
 
     buffers_round_trip_and_every_copy_is_recorded(gpu) {

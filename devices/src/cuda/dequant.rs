@@ -19,12 +19,12 @@ use super::linear::{convert, gemm};
 /// The most f16 values the dequantisation scratch holds (16 MiB): a chunk is as many
 /// whole output rows as fit, so the scratch stays small beside the weights while each GEMM
 /// is still large enough to fill the tensor cores (2048 rows of Llama-2-7B's 4096 inputs).
-pub const SCRATCH_VALUES: usize = 8 << 20;
+const SCRATCH_VALUES: usize = 8 << 20;
 
 /// Output rows per dequantised chunk of a weight of `m` rows of `k` values: as many as
 /// [`SCRATCH_VALUES`] holds, a multiple of 64 when that is at least 64 (so every chunk's
 /// output columns start 256-byte aligned), at least one, at most `m`.
-pub fn chunk_rows(m: usize, k: usize) -> usize {
+fn chunk_rows(m: usize, k: usize) -> usize {
     let fit = (SCRATCH_VALUES / k.max(1)).max(1);
     let fit = if fit >= 64 { fit / 64 * 64 } else { fit };
     fit.min(m).max(1)
