@@ -8,6 +8,8 @@
 //! The kernel `dequant_f16_rows` (`kernels/dequant.cu`) reads the weight as
 //! [`super::CudaDevice::weight`] hands it over: the .flm row layout of
 //! [`flm_core::quant`] (ggml's for the K-quants), `quant::row_bytes` bytes per row.
+//! A dequantised value beyond f16's range (±65504) would become infinite; weights are far
+//! inside it.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use flm_core::{quant, DataType, Error, Result};
@@ -97,4 +99,36 @@ pub(super) fn quantized_gemm(
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_rows_within_the_scratch() {
+        for (m, k) in [
+            (1, 1),
+            (77, 333),
+            (4001, 2112),
+            (11008, 4096),
+            (32000, 4096),
+            (3, 1 << 24),
+            (5, (8 << 20) + 1),
+        ] {
+            let rows = chunk_rows(m, k);
+            assert!((1..=m).contains(&rows), "m {m} k {k}: {rows} rows");
+            // The scratch holds a chunk, or one row where a row alone exceeds it.
+            assert!(
+                rows * k <= SCRATCH_VALUES.max(k),
+                "m {m} k {k}: {rows} rows"
+            );
+            assert!(
+                rows == m || rows < 64 || rows % 64 == 0,
+                "m {m} k {k}: {rows} rows"
+            );
+        }
+        assert_eq!(chunk_rows(4001, 2112), 3968);
+        assert_eq!(chunk_rows(11008, 4096), 2048);
+    }
 }
