@@ -124,7 +124,7 @@ mod tests {
                 "m {m} k {k}: {rows} rows"
             );
             assert!(
-                rows == m || rows < 64 || rows % 64 == 0,
+                rows == m || rows < 64 || rows.is_multiple_of(64),
                 "m {m} k {k}: {rows} rows"
             );
         }
