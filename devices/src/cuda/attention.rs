@@ -1,18 +1,19 @@
 //! [`flm_core::Op::Attention`] on [`super::CudaDevice`]:
 //!
 //! - prefill ([`FLASH_MIN_ROWS`] query rows or more, head dimension 64 or 128, batch
-//!   invariance not asked for): the FlashAttention-2 kernels of `kernels/flash_attn.cu`,
-//!   tensor-core products on f16-rounded q, k, v;
+//!   invariance not asked for): [`super::flash_attn`], the FlashAttention-2 kernels of
+//!   `kernels/flash_attn.cu`, tensor-core products on f16-rounded q, k, v;
 //! - anything else (decode, other head dimensions): the flash-decoding kernels of
 //!   `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
 //!   then an exact combine), in f32. The split is by a fixed chunk size, so a longer
 //!   context gets more blocks: 4096 positions of 32 heads are 512 blocks for one row.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
-use super::kernels::{FlashHeadDim, Kernel, ATTN_CHUNK, FLASH_ROWS, FLASH_THREADS};
+use super::flash_attn::flash_attention;
+use super::kernels::{FlashHeadDim, Kernel, ATTN_CHUNK};
 use super::operand::Input;
 
 /// Query rows from which attention takes the flash (prefill) kernels: one warp's 16 rows
@@ -35,6 +36,28 @@ pub(super) struct Args<'a> {
     pub alibi: bool,
     pub bidirectional: usize,
     pub sliding_window: Option<usize>,
+}
+
+/// The device buffers both attention paths read: q (`n` rows of n_heads × head_dim f32),
+/// the K and V cache rows (n_kv_heads × head_dim f32 each), the start position (one u32)
+/// and the ALiBi slopes (n_heads f32) when the op has them.
+pub(super) struct Operands<'a> {
+    pub q: &'a CudaSlice<u8>,
+    pub k: &'a CudaSlice<u8>,
+    pub v: &'a CudaSlice<u8>,
+    pub start: &'a CudaSlice<u32>,
+    pub slopes: Option<&'a CudaSlice<f32>>,
+}
+
+/// The scalar kernel arguments of both attention paths: the `int`s of the op's fields,
+/// `softcap` 0 for none and `window` 0 for none.
+pub(super) struct Scalars {
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub scale: f32,
+    pub softcap: f32,
+    pub bidirectional: i32,
+    pub window: i32,
 }
 
 fn shape(msg: String) -> Error {
@@ -76,40 +99,27 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         .alibi
         .then(|| dev.upload(&alibi_slopes(a.n_heads)))
         .transpose()?;
-    let (nh, nkv) = (int(a.n_heads)?, int(a.n_kv_heads)?);
-    let (bidir, window) = (int(a.bidirectional)?, int(a.sliding_window.unwrap_or(0))?);
-    // 0 stands for no soft-capping (a cap is positive: Op::validate).
-    let softcap = a.softcap.unwrap_or(0.0);
+    let scalars = Scalars {
+        n_heads: int(a.n_heads)?,
+        n_kv_heads: int(a.n_kv_heads)?,
+        scale: a.scale,
+        // 0 stands for no soft-capping (a cap is positive: Op::validate).
+        softcap: a.softcap.unwrap_or(0.0),
+        bidirectional: int(a.bidirectional)?,
+        window: int(a.sliding_window.unwrap_or(0))?,
+    };
+    let operands = Operands {
+        q: q.slice(),
+        k: k.slice(),
+        v: v.slice(),
+        start: &start,
+        slopes: slopes.as_ref(),
+    };
     let flash =
         FlashHeadDim::of(head_dim).filter(|_| n >= FLASH_MIN_ROWS && !dev.batch_invariant());
     if let Some(dim) = flash {
         let mut out = dev.output(output)?;
-        let n_i = int(n)?;
-        let f = dev.function(Kernel::FlashAttn(dim))?;
-        let mut b = dev.stream.launch_builder(f);
-        b.arg(q.slice())
-            .arg(k.slice())
-            .arg(v.slice())
-            .arg(&start)
-            .arg(&n_i)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&a.scale)
-            .arg(&softcap);
-        arg_or_null(&mut b, slopes.as_ref());
-        b.arg(&bidir).arg(&window).arg(out.slice());
-        // SAFETY: arguments as `flash_attn_f32_d<head_dim>`; q and out hold n × n_heads ×
-        // head_dim floats, k and v `rows` cache rows of n_kv_heads × head_dim (every key a
-        // row sees is below `rows`), the slopes n_heads floats or null; the kernel's shared
-        // memory is static (35,840 bytes at head_dim 128).
-        unsafe {
-            b.launch(grid(
-                (n.div_ceil(FLASH_ROWS), a.n_heads, 1),
-                FLASH_THREADS,
-                0,
-            )?)
-        }
-        .map_err(dev_err)?;
+        flash_attention(dev, dim, &operands, &scalars, n, out.slice())?;
         return out.finish(dev);
     }
     let chunks = rows.div_ceil(ATTN_CHUNK);
@@ -122,17 +132,18 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
     let f = dev.function(Kernel::AttnPartial)?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(q.slice())
-        .arg(k.slice())
-        .arg(v.slice())
-        .arg(&start)
-        .arg(&nh)
-        .arg(&nkv)
+    let sc = &scalars;
+    b.arg(operands.q)
+        .arg(operands.k)
+        .arg(operands.v)
+        .arg(operands.start)
+        .arg(&sc.n_heads)
+        .arg(&sc.n_kv_heads)
         .arg(&hd)
-        .arg(&a.scale)
-        .arg(&softcap);
-    arg_or_null(&mut b, slopes.as_ref());
-    b.arg(&bidir).arg(&window);
+        .arg(&sc.scale)
+        .arg(&sc.softcap);
+    arg_or_null(&mut b, operands.slopes);
+    b.arg(&sc.bidirectional).arg(&sc.window);
     b.arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);
     // SAFETY: arguments as `attn_partial`; q holds n × n_heads × head_dim floats, k and v
     // `rows` cache rows of n_kv_heads × head_dim (every position a row sees is below
@@ -147,7 +158,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     b.arg(&part_m)
         .arg(&part_l)
         .arg(&part_o)
-        .arg(&nh)
+        .arg(&sc.n_heads)
         .arg(&hd)
         .arg(&chunks_i)
         .arg(out.slice());

@@ -20,6 +20,7 @@ mod device;
 mod dispatch;
 mod elementwise;
 mod embedding;
+mod flash_attn;
 pub mod kernels;
 mod linear;
 mod memory;
