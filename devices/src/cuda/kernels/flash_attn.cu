@@ -74,7 +74,9 @@ __device__ void flash_attn(const float* q, const T* cache_k, const T* cache_v,
     int h = blockIdx.y;
     int kvh = h / (n_heads / n_kv_heads);
     long start = start_pos[0];
-    int row0 = blockIdx.x * FA_BR;
+    // The last query tiles see the most keys under a causal mask: they are scheduled first,
+    // so that the short tiles fill the tail of the grid (as FlashAttention-2 orders them).
+    int row0 = (gridDim.x - 1 - blockIdx.x) * FA_BR;
     int wrow = row0 + warp * 16;
     long kv_cols = (long)n_kv_heads * D;
     // The keys any row of the block sees: lo of its first row to hi of its last.
