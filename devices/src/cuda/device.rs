@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -44,6 +44,8 @@ pub struct CudaDevice {
     functions: HashMap<Kernel, CudaFunction>,
     weights: WeightCache,
     packed: WeightCache,
+    /// The f16 scratch of the quantised prefill ([`super::dequant`]), grown on demand.
+    f16_scratch: Mutex<CudaSlice<u16>>,
     pub(super) batch_invariant: AtomicBool,
 }
 
@@ -105,6 +107,9 @@ impl CudaDevice {
             load_functions(&ctx, &info.arch(), cache.as_ref()).map_err(|e| e.to_string())?;
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| format!("cuBLAS: {e}"))?;
+        let f16_scratch = stream
+            .alloc_zeros::<u16>(1)
+            .map_err(|e| format!("scratch: {e}"))?;
         Ok(CudaDevice {
             stream,
             blas,
@@ -113,6 +118,7 @@ impl CudaDevice {
             functions,
             weights: Mutex::new(HashMap::new()),
             packed: Mutex::new(HashMap::new()),
+            f16_scratch: Mutex::new(f16_scratch),
             batch_invariant: AtomicBool::new(false),
         })
     }
@@ -191,6 +197,20 @@ impl CudaDevice {
         let buf = Arc::new(self.stream.clone_htod(&*bytes()?).map_err(dev_err)?);
         cache.insert(w.id(), Arc::clone(&buf));
         Ok(buf)
+    }
+
+    /// The device's f16 scratch, at least `len` values, locked for the caller's op. Its
+    /// kernels run on the device's one stream, so an op's writes to it come after every
+    /// earlier op's reads; it only grows, to the largest request seen.
+    pub(super) fn f16_scratch(&self, len: usize) -> Result<MutexGuard<'_, CudaSlice<u16>>> {
+        let mut scratch = self
+            .f16_scratch
+            .lock()
+            .map_err(|_| Error::Device("f16 scratch poisoned".into()))?;
+        if scratch.len() < len {
+            *scratch = self.stream.alloc_zeros::<u16>(len).map_err(dev_err)?;
+        }
+        Ok(scratch)
     }
 
     /// Seconds per call of `f`, the mean of `reps` calls timed by CUDA events on the

@@ -67,6 +67,27 @@ pub fn int4_form_code(dtype: DataType) -> i32 {
     }
 }
 
+/// A head dimension the flash attention kernels (`flash_attn.cu`) are instantiated for;
+/// attention with another one runs on the flash-decoding kernels whatever its row count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FlashHeadDim {
+    /// 64 (Llama 1B-3B class, GPT-style models).
+    D64,
+    /// 128 (Llama-2/3 7B and up, ChatGLM).
+    D128,
+}
+
+impl FlashHeadDim {
+    /// The instantiation for `head_dim`, if there is one.
+    pub fn of(head_dim: usize) -> Option<FlashHeadDim> {
+        match head_dim {
+            64 => Some(FlashHeadDim::D64),
+            128 => Some(FlashHeadDim::D128),
+            _ => None,
+        }
+    }
+}
+
 /// Every kernel of the device, the typed handle an op launches; [`Kernel::name`] is its
 /// `extern "C"` name in the PTX.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,12 +134,16 @@ pub enum Kernel {
     PadColsF32,
     /// `hold_stream` (gemv.cu).
     HoldStream,
+    /// `dequant_f16_rows` (dequant.cu).
+    DequantF16Rows,
     /// `rope` (rope.cu).
     Rope,
     /// `attn_partial` (attention.cu).
     AttnPartial,
     /// `attn_combine` (attention.cu).
     AttnCombine,
+    /// `flash_attn_f32_d<D>` (flash_attn.cu): an f32 cache.
+    FlashAttn(FlashHeadDim),
     /// `argmax_rows` (sample.cu).
     ArgmaxRows,
     /// `top_k_rows` (sample.cu).
@@ -157,9 +182,12 @@ impl Kernel {
             Kernel::PadColsF32 => "pad_cols_f32",
             Kernel::HoldStream => "hold_stream",
             Kernel::AddBias => "add_bias",
+            Kernel::DequantF16Rows => "dequant_f16_rows",
             Kernel::Rope => "rope",
             Kernel::AttnPartial => "attn_partial",
             Kernel::AttnCombine => "attn_combine",
+            Kernel::FlashAttn(FlashHeadDim::D64) => "flash_attn_f32_d64",
+            Kernel::FlashAttn(FlashHeadDim::D128) => "flash_attn_f32_d128",
             Kernel::ArgmaxRows => "argmax_rows",
             Kernel::TopKRows => "top_k_rows",
         }
@@ -245,6 +273,11 @@ pub const MODULES: &[Module] = &[
         ],
     },
     Module {
+        name: "dequant",
+        source: include_str!("kernels/dequant.cu"),
+        kernels: &[Kernel::DequantF16Rows],
+    },
+    Module {
         name: "rope",
         source: include_str!("kernels/rope.cu"),
         kernels: &[Kernel::Rope],
@@ -255,11 +288,25 @@ pub const MODULES: &[Module] = &[
         kernels: &[Kernel::AttnPartial, Kernel::AttnCombine],
     },
     Module {
+        name: "flash_attn",
+        source: include_str!("kernels/flash_attn.cu"),
+        kernels: &[
+            Kernel::FlashAttn(FlashHeadDim::D64),
+            Kernel::FlashAttn(FlashHeadDim::D128),
+        ],
+    },
+    Module {
         name: "sample",
         source: include_str!("kernels/sample.cu"),
         kernels: &[Kernel::ArgmaxRows, Kernel::TopKRows],
     },
 ];
+
+/// Query rows per flash attention block (`FA_BR` in `flash_attn.cu`).
+pub const FLASH_ROWS: usize = 64;
+
+/// Threads of a flash attention block (`FA_THREADS` in `flash_attn.cu`).
+pub const FLASH_THREADS: u32 = 128;
 
 /// Positions one attention block covers (`ATTN_CHUNK` in `attention.cu`).
 pub const ATTN_CHUNK: usize = 256;

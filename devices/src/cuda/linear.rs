@@ -1,8 +1,8 @@
 //! [`flm_core::Op::Linear`] on [`super::CudaDevice`]: `output[n, out] = input[n, in] ·
 //! weight[out, in]ᵀ (+ bias)`.
 //!
-//! - f16 and bf16 weights with at most [`GEMV_MAX_ROWS`] input rows (decode), or any
-//!   number once batch invariance was asked for, and int8/int4 weights: the decode GEMV
+//! - f16/bf16 weights, and int8/int4 ones in host memory, with at most [`GEMV_MAX_ROWS`]
+//!   input rows (decode), or any number once batch invariance was asked for: the decode GEMV
 //!   kernels of `kernels/gemv.cu` over the weight repacked once into its GPU layout
 //!   ([`crate::gemv_layout`], cached beside the other uploads), [`GEMV_MAX_ROWS`] input rows
 //!   per weight read. f16/bf16 products keep the activations f32, as on the CPU; int8/int4
@@ -12,10 +12,15 @@
 //!   (f16/bf16 operands after the activations are rounded to the weight's type, as
 //!   transformers' f16 models round them; f32 accumulation and output,
 //!   `CUBLAS_COMPUTE_32F`, so no TF32).
+//! - int8, int4 and K-quant weights with more than [`GEMV_MAX_ROWS`] rows (prefill), unless
+//!   batch invariance was asked for: [`super::dequant`], the weight (in its .flm layout)
+//!   dequantised to f16 a chunk of rows at a time and multiplied by cuBLAS as the f16
+//!   weights are.
 //! - K-quant weights, and int8/int4 weights that live in GPU memory (placed by the executor
-//!   in their .flm layout, which a second, repacked copy would double): the
-//!   dequantise-GEMV kernels of `kernels/qgemv.cu`, reading the .flm row layout (ggml's for
-//!   the K-quants), f32 activations, one weight read per input row.
+//!   in their .flm layout, which a second, repacked copy would double), with at most
+//!   [`GEMV_MAX_ROWS`] rows or batch invariance asked for: the dequantise-GEMV kernels of
+//!   `kernels/qgemv.cu`, reading the .flm row layout (ggml's for the K-quants), f32
+//!   activations, one weight read per input row.
 //! - A weight with an input permutation ([`flm_core::Data::input_perm`], act-order GPTQ):
 //!   the `gather_cols` kernel first writes the gathered input into a buffer of the op, the
 //!   permutation itself uploaded once like a weight.
@@ -26,6 +31,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use flm_core::{quant, Data, DataType, Error, Result};
 
+use super::dequant::quantized_gemm;
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::kernels::{
     int4_form_code, k_quant_code, GemvTile, GemvWeight, Kernel, GEMV_MAX_ROWS, GEMV_WARPS,
@@ -69,14 +75,17 @@ pub(super) fn linear(
     let w = dev.weight(weight)?;
     let (w, y) = (w.slice(), out.slice());
     match weight.dtype() {
-        DataType::F32 => gemm(dev, x, w, cudaDataType::CUDA_R_32F, y, (n, k, m))?,
+        DataType::F32 => gemm(dev, x, w, cudaDataType::CUDA_R_32F, y, (n, k, m), (0, m))?,
         DataType::F16 => {
             let xh = convert(dev, x, n * k, Kernel::F32ToF16Rows)?;
-            gemm(dev, &xh, w, cudaDataType::CUDA_R_16F, y, (n, k, m))?;
+            gemm(dev, &xh, w, cudaDataType::CUDA_R_16F, y, (n, k, m), (0, m))?;
         }
         DataType::BF16 => {
             let xh = convert(dev, x, n * k, Kernel::F32ToBf16Rows)?;
-            gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m))?;
+            gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m), (0, m))?;
+        }
+        dtype if dtype.is_quantized() && n > GEMV_MAX_ROWS && !dev.batch_invariant() => {
+            quantized_gemm(dev, x, w, dtype, y, (n, k, m))?;
         }
         dtype if dtype.is_quantized() => {
             qgemv(dev, x, w, weight.dtype(), bias_s, y, (n, k, m))?;
@@ -124,7 +133,7 @@ fn gather_cols(
 
 /// The `len` f32 activations of `x` rounded to f16 or bf16 by the conversion kernel
 /// `kernel`.
-fn convert(
+pub(super) fn convert(
     dev: &CudaDevice,
     x: &CudaSlice<u8>,
     len: usize,
@@ -140,27 +149,31 @@ fn convert(
     Ok(out)
 }
 
-/// `y[n, m] = x[n, k] · w[m, k]ᵀ` with cuBLAS, `x` and `w` of `dtype`, `y` f32. cuBLAS is
+/// `y[:, col0..col0 + m] = x[n, k] · w[m, k]ᵀ` with cuBLAS, `x` and `w` of `dtype`, `y`
+/// a row-major f32 matrix of `n` rows of `ldy` values (`col0 + m <= ldy`). cuBLAS is
 /// column-major: the row-major `w` is a `k × m` column-major matrix (transposed in the
-/// call) and the row-major `x` and `y` are `k × n` and `m × n`.
-fn gemm<T>(
+/// call), the row-major `x` is `k × n`, and `y`'s columns `col0..col0 + m` are the `m × n`
+/// column-major matrix that starts `col0` values in, with leading dimension `ldy`.
+pub(super) fn gemm<X, W>(
     dev: &CudaDevice,
-    x: &CudaSlice<T>,
-    w: &CudaSlice<u8>,
+    x: &CudaSlice<X>,
+    w: &CudaSlice<W>,
     dtype: cudaDataType,
     y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
+    (col0, ldy): (usize, usize),
 ) -> Result<()> {
-    let (n_i, k_i, m_i) = (int(n)?, int(k)?, int(m)?);
+    let (n_i, k_i, m_i, ldy_i) = (int(n)?, int(k)?, int(m)?, int(ldy)?);
     let (alpha, beta) = (1.0f32, 0.0f32);
     let (a, _a) = w.device_ptr(&dev.stream);
     let (b, _b) = x.device_ptr(&dev.stream);
     let (c, _c) = y.device_ptr_mut(&dev.stream);
+    let c = c + 4 * col0 as u64;
     // SAFETY: a, b and c are live device buffers of m × k and n × k values of `dtype` and
-    // n × m floats (the shapes were checked by `linear`), the leading dimensions are those
-    // of the row-major matrices, alpha and beta are host f32 values as
-    // CUBLAS_COMPUTE_32F expects, and the handle runs on the device's stream, after the
-    // uploads that wrote a and b.
+    // n × ldy floats, c offset by col0 < ldy - m + 1 values (the shapes were checked by
+    // `linear` and the callers), alpha and beta are host f32 values as CUBLAS_COMPUTE_32F
+    // expects, and the handle runs on the device's stream, after the kernels that wrote
+    // a and b.
     unsafe {
         cudarc::cublas::result::gemm_ex(
             *dev.blas.handle(),
@@ -179,7 +192,7 @@ fn gemm<T>(
             (&beta as *const f32).cast::<c_void>(),
             c as *mut c_void,
             cudaDataType::CUDA_R_32F,
-            m_i,
+            ldy_i,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cudarc::cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
@@ -188,9 +201,9 @@ fn gemm<T>(
 }
 
 /// The weight of a Linear with `n` input rows in its GPU GEMV layout, when the decode
-/// GEMV kernels take it (see the module docs): f16/bf16 ones with up to
-/// [`GEMV_MAX_ROWS`] rows or batch invariance asked for, host int8/int4 ones whatever the
-/// rows. A weight already in that layout is read where it is.
+/// GEMV kernels take it (see the module docs): f16/bf16 ones and host int8/int4 ones, with
+/// up to [`GEMV_MAX_ROWS`] rows or batch invariance asked for. A weight already in that
+/// layout is read where it is.
 fn gemv_weight<'a>(
     dev: &CudaDevice,
     weight: &'a Data,
@@ -198,12 +211,8 @@ fn gemv_weight<'a>(
 ) -> Result<Option<(Input<'a>, GemvLayout)>> {
     let dtype = weight.dtype();
     let float = matches!(dtype, DataType::F16 | DataType::BF16);
-    let takes = if float {
-        n <= GEMV_MAX_ROWS || dev.batch_invariant()
-    } else {
-        has_layout(dtype) && weight.device_buffer().is_none()
-    };
-    if !takes {
+    let decode = n <= GEMV_MAX_ROWS || dev.batch_invariant();
+    if !decode || !(float || has_layout(dtype) && weight.device_buffer().is_none()) {
         return Ok(None);
     }
     let layout = GemvLayout::new(dtype, weight.rows(), weight.cols())?;

@@ -1,9 +1,10 @@
 // Dequantise-GEMV for int8, int4 and K-quant weights kept in the .flm row layout (flm_core::quant):
-// out[n, o] = sum_i x[n, i] * w_hat[o, i] (+ bias[o]), the product of flm_core::Op::Linear
-// for K-quant weights and for int8/int4 weights that live in GPU memory (placed there by
-// the executor in their .flm layout; host ones are repacked for gemv.cu). One warp per
-// output row, QGEMV_ROWS rows per block; grid.y walks the input rows (so a prefill chunk
-// re-reads the weights once per row: correct, not fast).
+// out[n, o] = sum_i x[n, i] * w_hat[o, i] (+ bias[o]), the decode product of
+// flm_core::Op::Linear for K-quant weights and for int8/int4 weights that live in GPU
+// memory (placed there by the executor in their .flm layout; host ones are repacked for
+// gemv.cu). One warp per output row, QGEMV_ROWS rows per block; grid.y walks the input
+// rows, which re-reads the weights once per row: the decode product (prefill dequantises
+// the weights to f16 for cuBLAS instead, dequant.cu).
 //
 // Unlike the CPU kernels, the activations stay f32 (no int8 activation blocks): each
 // weight is dequantised and multiplied in f32, which is at least as accurate.
