@@ -1,9 +1,11 @@
 //! The decode GEMV kernels (`kernels/gemv.cu`) against the CPU device's Linear: every
 //! weight dtype with a GPU GEMV layout (f16, bf16, int8, int4 at groups of 32, 64 and 128 in
 //! each form), odd sizes (columns not a multiple of the group or of 8, rows not a multiple
-//! of the rows per block), 1, 2, 5 and 8 input rows (one launch row) and 17 (three), with and
-//! without a bias; and the weights that live in GPU memory (read where they are, or through
-//! the .flm-layout kernels). Skips with a message when no CUDA GPU is usable.
+//! of the rows per block), 1, 2, 5 and 8 input rows (one launch row), with and without a
+//! bias; 17 rows (three launch rows) once batch invariance was asked for, each row's output
+//! bit for bit that of the row alone; and the weights that live in GPU memory (read where
+//! they are, or through the .flm-layout kernels). Skips with a message when no CUDA GPU is
+//! usable.
 //!
 //! Both devices take f32 activations against f16/bf16 weights and int8 activations
 //! quantised in blocks of 32 with the same rounding against int8/int4 weights, so they
@@ -82,7 +84,7 @@ fn gemv_every_layout_dtype_against_the_cpu() {
                 .to_dtype(dtype)
                 .unwrap();
             let bias = random_f32(&mut rng, &[m], 1.0).0;
-            for n in [1, 2, 5, 8, 17] {
+            for n in [1, 2, 5, 8] {
                 let x = random_f32(&mut rng, &[n, k], 1.0).0;
                 let b = (n % 2 == 1).then_some(&bias);
                 let what = format!("{dtype} n={n} k={k} m={m} bias={}", b.is_some());
@@ -90,6 +92,37 @@ fn gemv_every_layout_dtype_against_the_cpu() {
                 let c = linear(&cpu, &x, &w, b);
                 check(&what, &x, &w, &g, &c, tolerance(dtype));
             }
+        }
+    }
+}
+
+#[test]
+fn gemv_rows_beyond_eight_are_batch_invariant() {
+    let Some(gpu) = gpu() else { return };
+    // From here on every Linear of f16/bf16/int8/int4 weights takes the GEMV kernels, 17
+    // rows as three launch rows, and a row's output must not depend on its neighbours.
+    gpu.require_batch_invariance();
+    let cpu = CpuDevice::new().unwrap();
+    let mut rng = rng(36);
+    for dtype in DataType::VALUES.into_iter().filter(|&d| has_layout(d)) {
+        let (n, k, m) = (17, 1000, 129);
+        let w = random_f32(&mut rng, &[m, k], 1.0)
+            .0
+            .to_dtype(dtype)
+            .unwrap();
+        let x = random_f32(&mut rng, &[n, k], 1.0).0;
+        let g = linear(&gpu, &x, &w, None);
+        let c = linear(&cpu, &x, &w, None);
+        check(&format!("{dtype} n={n}"), &x, &w, &g, &c, tolerance(dtype));
+        let xv = x.to_f32_vec().unwrap();
+        for r in [0, 7, 8, 16] {
+            let alone = Data::from_f32(&[1, k], &xv[r * k..][..k]).unwrap();
+            let one = linear(&gpu, &alone, &w, None);
+            let same = one
+                .iter()
+                .zip(&g[r * m..][..m])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{dtype}: row {r} of {n} differs from the row alone");
         }
     }
 }
@@ -114,7 +147,11 @@ fn gemv_weights_in_gpu_memory() {
                 .to_dtype(dtype)
                 .unwrap();
             let w = resident(&gpu, &host);
-            for n in [1, 5] {
+            // 17 rows: the prefill, which dequantises int8/int4 weights in their .flm layout.
+            for n in [1, 5, 17] {
+                if n > 8 && !dtype.is_quantized() {
+                    continue;
+                }
                 let x = random_f32(&mut rng, &[n, k], 1.0).0;
                 let what = format!("resident {dtype} n={n} k={k} m={m}");
                 let g = linear(&gpu, &x, &w, None);

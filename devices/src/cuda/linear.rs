@@ -13,9 +13,9 @@
 //!   transformers' f16 models round them; f32 accumulation and output,
 //!   `CUBLAS_COMPUTE_32F`, so no TF32).
 //! - int8, int4 and K-quant weights with more than [`GEMV_MAX_ROWS`] rows (prefill), unless
-//!   batch invariance was asked for: [`super::dequant`], the weight (in its .flm layout)
-//!   dequantised to f16 a chunk of rows at a time and multiplied by cuBLAS as the f16
-//!   weights are.
+//!   batch invariance was asked for: [`super::dequant`], the weight (in its .flm layout, or
+//!   the GPU layout a host int8/int4 weight was uploaded in) dequantised to f16 a chunk of
+//!   rows at a time and multiplied by cuBLAS as the f16 weights are.
 //! - K-quant weights, and int8/int4 weights that live in GPU memory (placed by the executor
 //!   in their .flm layout, which a second, repacked copy would double), with at most
 //!   [`GEMV_MAX_ROWS`] rows or batch invariance asked for: the dequantise-GEMV kernels of
@@ -69,7 +69,20 @@ pub(super) fn linear(
     let mut out = dev.output(output)?;
     let x = gathered.as_ref().unwrap_or(x.slice());
     if let Some((w, layout)) = gemv_weight(dev, weight, n)? {
-        gemv(dev, x, w.slice(), &layout, bias_s, out.slice(), n)?;
+        if n <= GEMV_MAX_ROWS || dev.batch_invariant() {
+            gemv(dev, x, w.slice(), &layout, bias_s, out.slice(), n)?;
+            return out.finish(dev);
+        }
+        let y = out.slice();
+        quantized_gemm(
+            dev,
+            x,
+            w.slice(),
+            (layout.dtype, Some(&layout)),
+            y,
+            (n, k, m),
+        )?;
+        add_bias(dev, y, bias_s, (n, m))?;
         return out.finish(dev);
     }
     let w = dev.weight(weight)?;
@@ -85,7 +98,7 @@ pub(super) fn linear(
             gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m), (0, m))?;
         }
         dtype if dtype.is_quantized() && n > GEMV_MAX_ROWS && !dev.batch_invariant() => {
-            quantized_gemm(dev, x, w, dtype, y, (n, k, m))?;
+            quantized_gemm(dev, x, w, (dtype, None), y, (n, k, m))?;
         }
         dtype if dtype.is_quantized() => {
             qgemv(dev, x, w, weight.dtype(), bias_s, y, (n, k, m))?;
@@ -98,17 +111,27 @@ pub(super) fn linear(
             })
         }
     }
-    if let Some(bias) = bias_s {
-        let total = (n * m) as i64;
-        let m_i = int(m)?;
-        let f = dev.function(Kernel::AddBias)?;
-        let mut b = dev.stream.launch_builder(f);
-        b.arg(&mut *y).arg(bias).arg(&m_i).arg(&total);
-        // SAFETY: y holds n × m floats and the bias m floats, as `add_bias(float*, const
-        // float*, int, long)` uses them.
-        unsafe { b.launch(grid(((n * m).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
-    }
+    add_bias(dev, y, bias_s, (n, m))?;
     out.finish(dev)
+}
+
+/// `y[r, o] += bias[o]` for the `n × m` output of a cuBLAS product, when there is a bias.
+fn add_bias(
+    dev: &CudaDevice,
+    y: &mut CudaSlice<u8>,
+    bias: Option<&CudaSlice<u8>>,
+    (n, m): (usize, usize),
+) -> Result<()> {
+    let Some(bias) = bias else { return Ok(()) };
+    let total = (n * m) as i64;
+    let m_i = int(m)?;
+    let f = dev.function(Kernel::AddBias)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(&mut *y).arg(bias).arg(&m_i).arg(&total);
+    // SAFETY: y holds n × m floats and the bias m floats, as `add_bias(float*, const
+    // float*, int, long)` uses them.
+    unsafe { b.launch(grid(((n * m).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
+    Ok(())
 }
 
 /// The `n` rows of `k` f32 activations of `x` with their columns gathered by the i32
@@ -200,10 +223,11 @@ pub(super) fn gemm<X, W>(
     .map_err(|e| Error::Device(format!("cublasGemmEx: {e}")))
 }
 
-/// The weight of a Linear with `n` input rows in its GPU GEMV layout, when the decode
-/// GEMV kernels take it (see the module docs): f16/bf16 ones and host int8/int4 ones, with
-/// up to [`GEMV_MAX_ROWS`] rows or batch invariance asked for. A weight already in that
-/// layout is read where it is.
+/// The weight of a Linear with `n` input rows in its GPU GEMV layout, where the op reads it
+/// so (see the module docs): f16/bf16 weights for the decode GEMV kernels (up to
+/// [`GEMV_MAX_ROWS`] rows or batch invariance asked for), and host int8/int4 ones whatever
+/// the rows (the prefill dequantises the same upload). A weight already in that layout is
+/// read where it is.
 fn gemv_weight<'a>(
     dev: &CudaDevice,
     weight: &'a Data,
@@ -212,7 +236,8 @@ fn gemv_weight<'a>(
     let dtype = weight.dtype();
     let float = matches!(dtype, DataType::F16 | DataType::BF16);
     let decode = n <= GEMV_MAX_ROWS || dev.batch_invariant();
-    if !decode || !(float || has_layout(dtype) && weight.device_buffer().is_none()) {
+    let host_quant = !float && has_layout(dtype) && weight.device_buffer().is_none();
+    if !(host_quant || float && decode) {
         return Ok(None);
     }
     let layout = GemvLayout::new(dtype, weight.rows(), weight.cols())?;
