@@ -24,18 +24,8 @@ __device__ __forceinline__ float dequant_packed(const unsigned char* w, long r, 
     int j = c & 31;
     unsigned char byte = w[r * row_bytes + (c >> 5) * 16 + (j & 15)];
     int q = j < 16 ? (byte & 15) : (byte >> 4);
-    long gi = r * (padded / group) + c / group;
-    const f16_bits* p = (const f16_bits*)(w + params);
-    float d, m;
-    if (form == 1) {
-        d = f16_to_f32(p[gi]);
-        m = -8.0f * d;
-    } else {
-        d = f16_to_f32(p[2 * gi]);
-        float v = f16_to_f32(p[2 * gi + 1]);
-        m = form == 2 ? -(v * d) : v;
-    }
-    return d * (float)q + m;
+    float2 dm = packed_int4_params(w + params, r * (padded / group) + c / group, form);
+    return dm.x * (float)q + dm.y;
 }
 
 extern "C" __global__ void dequant_f16_rows(const unsigned char* w, f16_bits* out, int in,

@@ -136,9 +136,9 @@ __device__ void gemv_q8(const unsigned char* w, const signed char* xq, const flo
 
 // int4, groups of `group` (32, 64 or 128) values: w is the codes [m, kp / 2] (a run of 32
 // values in 16 bytes: value j in the low nibble of byte j, value j + 16 in the high one),
-// then per row kp / group parameters: f16 d (`form` 1, int4-sym, m = -8 d), or the 4-byte
-// pair (f16 d, f16 v) with m = v (`form` 0, int4) or m = -v d (`form` 2, int4-zp), as
-// int4_min in prelude.cuh. xq/xs as gemv_q8; a lane takes one run per step.
+// then per row kp / group parameters (packed_int4_params in prelude.cuh: f16 d for
+// int4-sym, the pair (f16 d, f16 v) for int4 and int4-zp). xq/xs as gemv_q8; a lane takes
+// one run per step.
 template <int NR>
 __device__ void gemv_q4(const unsigned char* w, const signed char* xq, const float2* xs,
                         const float* bias, float* out, int n, int kp, int m, int group,
@@ -149,25 +149,14 @@ __device__ void gemv_q4(const unsigned char* w, const signed char* xq, const flo
     int runs = kp / 32, groups = kp / group;
     const unsigned char* row = w + (long)g.o * (kp / 2);
     const unsigned char* params = w + (long)m * (kp / 2);
-    const f16_bits* sym = (const f16_bits*)params + (long)g.o * groups;
-    const unsigned int* pairs = (const unsigned int*)params + (long)g.o * groups;
     float acc[NR];
     #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
     #pragma unroll 2
     for (int c = lane; c < runs; c += 32) {
         uint4 p = load16(row + c * 16);
-        int gi = c * 32 / group;
-        float d, mn;
-        if (form == 1) {
-            d = f16_to_f32(sym[gi]);
-            mn = -8.0f * d;
-        } else {
-            unsigned int pair = pairs[gi];
-            d = f16_to_f32((f16_bits)(pair & 0xffffu));
-            float v = f16_to_f32((f16_bits)(pair >> 16));
-            mn = form == 2 ? -(v * d) : v;
-        }
+        float2 dm = packed_int4_params(params, (long)g.o * groups + c * 32 / group, form);
+        float d = dm.x, mn = dm.y;
         int lo[4] = {(int)(p.x & 0x0f0f0f0fu), (int)(p.y & 0x0f0f0f0fu),
                      (int)(p.z & 0x0f0f0f0fu), (int)(p.w & 0x0f0f0f0fu)};
         int hi[4] = {(int)((p.x >> 4) & 0x0f0f0f0fu), (int)((p.y >> 4) & 0x0f0f0f0fu),
