@@ -379,3 +379,25 @@ impl Module {
         format!("{PRELUDE}\n{}", self.source)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_tiles_are_the_smallest_that_take_the_rows() {
+        let tiles = [
+            GemvTile::Rows1,
+            GemvTile::Rows2,
+            GemvTile::Rows4,
+            GemvTile::Rows8,
+        ];
+        assert_eq!(tiles.map(GemvTile::rows), [1, 2, 4, 8]);
+        for n in 1..=3 * GEMV_MAX_ROWS {
+            let tile = GemvTile::for_rows(n);
+            let want = n.min(GEMV_MAX_ROWS);
+            let smallest = tiles.iter().find(|t| t.rows() >= want).copied();
+            assert_eq!(Some(tile), smallest, "{n} rows");
+        }
+    }
+}
