@@ -5,9 +5,11 @@
 //!
 //! Tolerances are relative to the scale of what is summed (`Σ|a·b|` for a dot product, the
 //! row's magnitude for norms): f32 kernels agree with the CPU to a few f32 roundings; the
-//! f16/bf16 products round the activations to the weight's type on the GPU (the CPU keeps
-//! them f32), and the CPU dots int8/int4 weights against int8-quantised activations (the
-//! GPU keeps them f32), which the looser tolerances of those cases cover.
+//! prefill products (cuBLAS, on f16/bf16 weights or quantised ones dequantised to f16)
+//! round the activations to 16 bits on the GPU (the CPU keeps them f32), and the GPU keeps
+//! f32 activations against K-quant weights and int8/int4 ones in GPU memory where the CPU
+//! quantises them to int8, which the looser tolerances of those cases cover (`cuda_gemv`
+//! holds the decode GEMV kernels to tighter ones).
 #![cfg(feature = "cuda")]
 
 use flm_core::{BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable};

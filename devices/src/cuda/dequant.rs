@@ -1,13 +1,15 @@
 //! The prefill product of quantised weights ([`flm_core::Op::Linear`] with more than
-//! [`super::linear::GEMV_MAX_ROWS`] input rows): the weight is dequantised into f16, a
+//! [`super::kernels::GEMV_MAX_ROWS`] input rows): the weight is dequantised into f16, a
 //! chunk of output rows at a time, into a scratch buffer the device owns, and each chunk
 //! is one cuBLAS f16 × f16 → f32 GEMM on tensor cores against the activations rounded to
 //! f16 (as the f16 weights' prefill rounds them). Every quantised byte is read once per op,
 //! not once per input row as the decode kernels of `kernels/qgemv.cu` read them.
 //!
-//! The kernel `dequant_f16_rows` (`kernels/dequant.cu`) reads the weight as
-//! [`super::CudaDevice::weight`] hands it over: the .flm row layout of
-//! [`flm_core::quant`] (ggml's for the K-quants), `quant::row_bytes` bytes per row.
+//! The kernel `dequant_f16_rows` (`kernels/dequant.cu`) reads the weight in the .flm row
+//! layout of [`flm_core::quant`] (ggml's for the K-quants), `quant::row_bytes` bytes per
+//! row, as [`super::CudaDevice::weight`] hands it over; or, for an int8/int4 weight the
+//! decode kernels read repacked ([`crate::gemv_layout`]), in that layout, so that the
+//! weight is uploaded once.
 //! A dequantised value beyond f16's range (±65504) would become infinite; weights are far
 //! inside it.
 
@@ -17,6 +19,7 @@ use flm_core::{quant, DataType, Error, Result};
 use super::device::{dev_err, grid, int, CudaDevice};
 use super::kernels::{int4_form_code, k_quant_code, Kernel};
 use super::linear::{convert, gemm};
+use crate::gemv_layout::GemvLayout;
 
 /// The most f16 values the dequantisation scratch holds (16 MiB): a chunk is as many
 /// whole output rows as fit, so the scratch stays small beside the weights while each GEMM
@@ -33,7 +36,8 @@ fn chunk_rows(m: usize, k: usize) -> usize {
 }
 
 /// `y[n, m] = x[n, k] · ŵ[m, k]ᵀ`, `ŵ` the quantised weight `w` of `dtype` dequantised to
-/// f16 chunk by chunk (see the module docs); `x` and `y` f32, `x` rounded to f16 first.
+/// f16 chunk by chunk (see the module docs), in the .flm layout or the GPU GEMV one
+/// `packed`; `x` and `y` f32, `x` rounded to f16 first.
 ///
 /// Errors: [`Error::DType`] for a dtype without a dequantisation kernel (Q8_0);
 /// [`Error::Device`] when a launch or cuBLAS fails.
@@ -41,11 +45,17 @@ pub(super) fn quantized_gemm(
     dev: &CudaDevice,
     x: &CudaSlice<u8>,
     w: &CudaSlice<u8>,
-    dtype: DataType,
+    (dtype, packed): (DataType, Option<&GemvLayout>),
     y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
-    let kind = if dtype.is_k_quant() {
+    let kind = if let Some(layout) = packed {
+        if layout.dtype == DataType::I8 {
+            3
+        } else {
+            4
+        }
+    } else if dtype.is_k_quant() {
         2
     } else if dtype == DataType::I8 {
         0
@@ -57,9 +67,16 @@ pub(super) fn quantized_gemm(
             msg: format!("{dtype} weights have no f16 dequantisation on cuda"),
         });
     };
-    let row_bytes = quant::row_bytes(dtype, k)
-        .ok_or_else(|| Error::InvalidArgument(format!("{dtype} rows of {k} values")))?
-        as i64;
+    let (row_bytes, params) = match packed {
+        Some(l) if kind == 3 => (l.ld as i64, l.params_offset as i64),
+        Some(l) => ((l.ld / 2) as i64, l.params_offset as i64),
+        None => (
+            quant::row_bytes(dtype, k)
+                .ok_or_else(|| Error::InvalidArgument(format!("{dtype} rows of {k} values")))?
+                as i64,
+            0,
+        ),
+    };
     let (k_i, padded) = (int(k)?, int(quant::padded_cols(dtype, k))?);
     let group = int(dtype.group_size().unwrap_or(0))?;
     let (form, kq) = (int4_form_code(dtype), k_quant_code(dtype));
@@ -81,9 +98,12 @@ pub(super) fn quantized_gemm(
             .arg(&padded)
             .arg(&group)
             .arg(&form)
-            .arg(&kq);
-        // SAFETY: w holds m rows of row_bytes bytes in the .flm layout of `dtype` (the
-        // kernel reads rows row0..row0 + chunk, below m), the scratch at least chunk × k
+            .arg(&kq)
+            .arg(&params);
+        // SAFETY: w holds m rows of row_bytes bytes in the .flm layout of `dtype`, or the
+        // GPU GEMV layout whose m rows of codes of row_bytes bytes are followed at byte
+        // `params` by their scales or group parameters (the kernel reads rows
+        // row0..row0 + chunk, below m), the scratch at least chunk × k
         // f16 values, as `dequant_f16_rows` uses them; the grid-stride loop covers any
         // chunk with at most 4096 blocks.
         unsafe { b.launch(grid(((chunk * k).div_ceil(256).min(4096), 1, 1), 256, 0)?) }

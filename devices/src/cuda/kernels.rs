@@ -124,12 +124,16 @@ pub enum Kernel {
     QgemvI4,
     /// `qgemv_k` (qgemv.cu).
     QgemvK,
-    /// `gemv_f16` (qgemv.cu).
-    GemvF16,
-    /// `gemv_bf16` (qgemv.cu).
-    GemvBf16,
     /// `add_bias` (qgemv.cu).
     AddBias,
+    /// `gemv_<weight>_<rows>` (gemv.cu): `gemv_f16_1`, ..., `gemv_q4_8`.
+    Gemv(GemvWeight, GemvTile),
+    /// `quantize_q8_rows` (gemv.cu).
+    QuantizeQ8Rows,
+    /// `pad_cols_f32` (gemv.cu).
+    PadColsF32,
+    /// `hold_stream` (gemv.cu).
+    HoldStream,
     /// `dequant_f16_rows` (dequant.cu).
     DequantF16Rows,
     /// `rope` (rope.cu).
@@ -173,8 +177,10 @@ impl Kernel {
             Kernel::QgemvI8 => "qgemv_i8",
             Kernel::QgemvI4 => "qgemv_i4",
             Kernel::QgemvK => "qgemv_k",
-            Kernel::GemvF16 => "gemv_f16",
-            Kernel::GemvBf16 => "gemv_bf16",
+            Kernel::Gemv(weight, tile) => GEMV_NAMES[weight as usize][tile as usize],
+            Kernel::QuantizeQ8Rows => "quantize_q8_rows",
+            Kernel::PadColsF32 => "pad_cols_f32",
+            Kernel::HoldStream => "hold_stream",
             Kernel::AddBias => "add_bias",
             Kernel::DequantF16Rows => "dequant_f16_rows",
             Kernel::Rope => "rope",
@@ -238,9 +244,32 @@ pub const MODULES: &[Module] = &[
             Kernel::QgemvI8,
             Kernel::QgemvI4,
             Kernel::QgemvK,
-            Kernel::GemvF16,
-            Kernel::GemvBf16,
             Kernel::AddBias,
+        ],
+    },
+    Module {
+        name: "gemv",
+        source: include_str!("kernels/gemv.cu"),
+        kernels: &[
+            Kernel::Gemv(GemvWeight::F16, GemvTile::Rows1),
+            Kernel::Gemv(GemvWeight::F16, GemvTile::Rows2),
+            Kernel::Gemv(GemvWeight::F16, GemvTile::Rows4),
+            Kernel::Gemv(GemvWeight::F16, GemvTile::Rows8),
+            Kernel::Gemv(GemvWeight::Bf16, GemvTile::Rows1),
+            Kernel::Gemv(GemvWeight::Bf16, GemvTile::Rows2),
+            Kernel::Gemv(GemvWeight::Bf16, GemvTile::Rows4),
+            Kernel::Gemv(GemvWeight::Bf16, GemvTile::Rows8),
+            Kernel::Gemv(GemvWeight::Int8, GemvTile::Rows1),
+            Kernel::Gemv(GemvWeight::Int8, GemvTile::Rows2),
+            Kernel::Gemv(GemvWeight::Int8, GemvTile::Rows4),
+            Kernel::Gemv(GemvWeight::Int8, GemvTile::Rows8),
+            Kernel::Gemv(GemvWeight::Int4, GemvTile::Rows1),
+            Kernel::Gemv(GemvWeight::Int4, GemvTile::Rows2),
+            Kernel::Gemv(GemvWeight::Int4, GemvTile::Rows4),
+            Kernel::Gemv(GemvWeight::Int4, GemvTile::Rows8),
+            Kernel::QuantizeQ8Rows,
+            Kernel::PadColsF32,
+            Kernel::HoldStream,
         ],
     },
     Module {
@@ -285,9 +314,90 @@ pub const ATTN_CHUNK: usize = 256;
 /// Output rows per block of the dequantise-GEMV kernels (`QGEMV_ROWS` in `qgemv.cu`).
 pub const QGEMV_ROWS: usize = 4;
 
+/// Output rows per block (one warp each) of the decode GEMV kernels (`GEMV_WARPS` in
+/// `gemv.cu`).
+pub const GEMV_WARPS: usize = 4;
+
+/// Input rows up to which f16/bf16 weights go through the decode GEMV kernels rather than
+/// cuBLAS: the most one launch row of them takes, each weight read once for all.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// The weight a decode GEMV kernel reads (`gemv.cu`), in its GPU GEMV layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemvWeight {
+    /// f16.
+    F16 = 0,
+    /// bf16.
+    Bf16 = 1,
+    /// int8 per channel.
+    Int8 = 2,
+    /// int4 of any group size and form.
+    Int4 = 3,
+}
+
+/// Input rows per launch row of a decode GEMV kernel (`NR` in `gemv.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemvTile {
+    /// One.
+    Rows1 = 0,
+    /// Two.
+    Rows2 = 1,
+    /// Four.
+    Rows4 = 2,
+    /// Eight ([`GEMV_MAX_ROWS`]).
+    Rows8 = 3,
+}
+
+impl GemvTile {
+    /// The smallest tile that takes `n` rows in one launch row, or eight.
+    pub fn for_rows(n: usize) -> GemvTile {
+        match n {
+            0 | 1 => GemvTile::Rows1,
+            2 => GemvTile::Rows2,
+            3 | 4 => GemvTile::Rows4,
+            _ => GemvTile::Rows8,
+        }
+    }
+
+    /// Its rows.
+    pub fn rows(self) -> usize {
+        1 << self as usize
+    }
+}
+
+/// `gemv.cu`'s kernel names by [`GemvWeight`] and [`GemvTile`].
+const GEMV_NAMES: [[&str; 4]; 4] = [
+    ["gemv_f16_1", "gemv_f16_2", "gemv_f16_4", "gemv_f16_8"],
+    ["gemv_bf16_1", "gemv_bf16_2", "gemv_bf16_4", "gemv_bf16_8"],
+    ["gemv_q8_1", "gemv_q8_2", "gemv_q8_4", "gemv_q8_8"],
+    ["gemv_q4_1", "gemv_q4_2", "gemv_q4_4", "gemv_q4_8"],
+];
+
 impl Module {
     /// The text NVRTC compiles: the prelude, then the module's source.
     pub fn full_source(&self) -> String {
         format!("{PRELUDE}\n{}", self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_tiles_are_the_smallest_that_take_the_rows() {
+        let tiles = [
+            GemvTile::Rows1,
+            GemvTile::Rows2,
+            GemvTile::Rows4,
+            GemvTile::Rows8,
+        ];
+        assert_eq!(tiles.map(GemvTile::rows), [1, 2, 4, 8]);
+        for n in 1..=3 * GEMV_MAX_ROWS {
+            let tile = GemvTile::for_rows(n);
+            let want = n.min(GEMV_MAX_ROWS);
+            let smallest = tiles.iter().find(|t| t.rows() >= want).copied();
+            assert_eq!(Some(tile), smallest, "{n} rows");
+        }
     }
 }
