@@ -46,4 +46,7 @@ pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
-pub use sampling::{argmax, log_softmax_top, Sampler, SamplerConfig, TokenLogprobs};
+pub use sampling::{
+    argmax, chacha8_block, chacha8_key, chacha8_word, log_softmax_top, sample_tensors,
+    sampler_state, unit_f32, Sampler, SamplerConfig, TokenLogprobs, SAMPLER_STATE_WORDS,
+};
