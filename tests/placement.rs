@@ -6,12 +6,15 @@
 
 use std::sync::Arc;
 
-use flm_core::{Executor, Location, Route};
+use std::ops::ControlFlow;
+
+use flm_core::{Executor, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::session::{self, GenerateParams, Session};
 use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph};
-use flm_tests::{data, greedy_on, ids, stories_reference};
+use flm_tests::{cpu_executor, data, greedy_on, ids, stories_reference};
 
 const SIM: Location = Location::Device {
     name: "sim",
@@ -88,6 +91,85 @@ fn every_layer_on_a_device_brings_back_only_the_logits() {
         .map(|e| e.count)
         .sum();
     assert_eq!(up, copies(&exec, "load: weights", Location::Host, SIM));
+}
+
+/// The ids a session over stories260K generates from `prompt` on `exec`, with every layer
+/// in the memory of `at`.
+fn session_ids(exec: &Executor, at: Location, params: &GenerateParams) -> Vec<u32> {
+    let path = data("stories260K/stories260K.bin");
+    let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
+    let model = model
+        .place(exec, |m| {
+            Ok(Placement::first_layers(m.config().n_layers, at, 99))
+        })
+        .unwrap();
+    let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
+    let mut out = Vec::new();
+    session
+        .generate(exec, "Once upon a time", params, |piece| {
+            out.extend(piece.id);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    out
+}
+
+/// Sampling on the device that holds the logits: a session whose layers are all on the
+/// device writes the ids of the same session on the CPU (host sampling), with every
+/// penalty, top-k, top-p and a seed, and greedily; each step's only copy is the sampled id
+/// to the host.
+#[test]
+fn a_session_on_a_device_samples_there_and_brings_back_only_the_id() {
+    let sampled = SamplerConfig {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        repeat_penalty: 1.1,
+        seed: 7,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
+    };
+    for config in [sampled, SamplerConfig::default()] {
+        let params = GenerateParams {
+            sampler: config.clone(),
+            max_tokens: 60,
+            ignore_eos: true,
+            stop: Vec::new(),
+        };
+        let want = session_ids(&cpu_executor(), Location::Host, &params);
+        let exec = executor();
+        let got = session_ids(&exec, SIM, &params);
+        assert_eq!(got, want, "{config:?}");
+        let steps = want.len() as u64;
+        assert_eq!(steps, 60);
+        let record = exec.transfers();
+        let per_step: Vec<_> = record
+            .entries
+            .iter()
+            .filter(|e| !e.reason.starts_with("load: "))
+            .map(|e| (e.reason, e.route, e.count, e.bytes))
+            .collect();
+        let (up, down) = (
+            Route {
+                from: Location::Host,
+                to: SIM,
+            },
+            Route {
+                from: SIM,
+                to: Location::Host,
+            },
+        );
+        assert_eq!(
+            per_step,
+            [
+                ("sampler: history", up, 1, 4 * 512),
+                ("sampler: seed", up, 1, 40),
+                ("sampled id to host", down, steps, 4 * steps),
+            ],
+            "{}",
+            record.report()
+        );
+    }
 }
 
 #[test]

@@ -145,6 +145,51 @@ fn moe_ffn(
     Ok(())
 }
 
+/// The rules of [`Op::Sample`]: valid parameters, one row of f32 logits, i32 history
+/// flags and counts of its length, the sampler state and one output id.
+fn sample(
+    logits: &Data,
+    [seen, counts, state, output]: [&Data; 4],
+    config: &crate::SamplerConfig,
+) -> Result<()> {
+    const OP: &str = "Sample";
+    config.check()?;
+    all_f32(OP, &[("logits", logits)])?;
+    let i32s = [
+        ("seen", seen),
+        ("counts", counts),
+        ("state", state),
+        ("output", output),
+    ];
+    if let Some((name, d)) = i32s.iter().find(|(_, d)| d.dtype() != DataType::I32) {
+        return Err(Error::DType {
+            op: OP,
+            msg: format!("{name} must be i32, found {}", d.dtype()),
+        });
+    }
+    let vocab = logits.cols();
+    if logits.rows() != 1
+        || vocab == 0
+        || seen.numel() != vocab
+        || counts.numel() != vocab
+        || state.numel() != crate::SAMPLER_STATE_WORDS
+        || output.numel() != 1
+    {
+        return Err(shape(
+            OP,
+            format!(
+                "logits {:?}, seen {:?}, counts {:?}, state {:?}, output {:?}",
+                logits.shape(),
+                seen.shape(),
+                counts.shape(),
+                state.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The head counts and masks of [`Op::Attention`] and [`Op::PagedAttention`].
 struct Heads<'a> {
     op: &'static str,
@@ -281,7 +326,8 @@ impl<'a> Op<'a> {
     /// Errors: [`Error::Shape`] when operands disagree; [`Error::DType`] for an activation
     /// that is not f32; [`Error::TokenOutOfRange`] for an embedding id `>= vocab`;
     /// [`Error::ContextOverflow`] for a position beyond a RoPE table or a KV cache (or a
-    /// block table); [`Error::OutOfBounds`] for a row or block index outside its tensor.
+    /// block table); [`Error::OutOfBounds`] for a row or block index outside its tensor;
+    /// [`Error::InvalidArgument`] for invalid sampling parameters.
     /// [`Error::Placement`] when its tensors are not all in one memory (host, or one
     /// device's).
     pub fn validate(self) -> Result<CheckedOp<'a>> {
@@ -415,6 +461,20 @@ impl<'a> Op<'a> {
                 f("gate", gate);
             }
             Op::Argmax { input, .. } => f("input", input),
+            Op::Sample {
+                logits,
+                seen,
+                counts,
+                state,
+                output,
+                ..
+            } => {
+                f("logits", logits);
+                f("seen", seen);
+                f("counts", counts);
+                f("state", state);
+                f("output", output);
+            }
             Op::MoeFfn {
                 input,
                 router,
@@ -779,6 +839,14 @@ impl<'a> Op<'a> {
                 all_f32("SoftCap", &[("x", x)])?;
                 positive_cap("SoftCap", Some(*cap))
             }
+            Op::Sample {
+                logits,
+                seen,
+                counts,
+                state,
+                output,
+                config,
+            } => sample(logits, [seen, counts, state, output], config),
             Op::Argmax { input, output } => {
                 all_f32("Argmax", &[("input", input)])?;
                 if output.len() != input.rows() || input.cols() == 0 {

@@ -48,5 +48,6 @@ pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
 pub use sampling::{
     argmax, chacha8_block, chacha8_key, chacha8_word, log_softmax_top, sample_tensors,
-    sampler_state, unit_f32, Sampler, SamplerConfig, TokenLogprobs, SAMPLER_STATE_WORDS,
+    sampler_state, unit_f32, DeviceSampler, Sampler, SamplerConfig, TokenLogprobs,
+    SAMPLER_STATE_WORDS,
 };

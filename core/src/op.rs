@@ -4,7 +4,7 @@
 //! be f32, f16 or bf16. Each variant documents its shapes and the math it computes; devices
 //! check shapes and return [`crate::Error::Shape`] on a mismatch.
 
-use crate::{Data, RopeTable};
+use crate::{Data, RopeTable, SamplerConfig};
 
 /// One operation, borrowing its inputs and its output.
 #[derive(Debug)]
@@ -316,6 +316,35 @@ pub enum Op<'a> {
         /// `n` indices.
         output: &'a mut [u32],
     },
+    /// Samples the next token on the device holding the logits: the id
+    /// [`crate::Sampler::sample_with_output`] picks with `config` from `logits`, with the
+    /// history and output it would be given held in `seen` and `counts` and its random
+    /// stream's position in `state`; then the id is marked in `seen`, counted in `counts`
+    /// and the stream advanced (one word per draw; none when greedy), so the next op
+    /// continues as the next call of the host sampler. [`crate::sample_tensors`] defines it.
+    /// Every per-step operand is a tensor, so that a device can replay the step (a CUDA
+    /// graph) without host values.
+    ///
+    /// A device may differ from the host in the last bits of `exp` and of the sums over the
+    /// candidates, and so pick a neighbouring id where the draw falls within rounding of a
+    /// boundary between two candidates (see the device's kernel).
+    Sample {
+        /// f32 `[1, vocab]`, read only.
+        logits: &'a Data,
+        /// i32 `[vocab]`: nonzero for the ids of the history (the repetition penalty's).
+        seen: &'a mut Data,
+        /// i32 `[vocab]`: how often each id occurs in the generated output (presence and
+        /// frequency penalties).
+        counts: &'a mut Data,
+        /// i32 `[SAMPLER_STATE_WORDS]` ([`crate::SAMPLER_STATE_WORDS`]): the ChaCha8 key and
+        /// the position of the next word of the stream ([`crate::sampler_state`]).
+        state: &'a mut Data,
+        /// i32 `[1]`: the sampled id; `-1` (`u32::MAX`) when every logit is NaN (a host
+        /// device returns the error instead).
+        output: &'a mut Data,
+        /// The parameters, fixed for a generation.
+        config: &'a SamplerConfig,
+    },
 }
 
 /// One sequence of an [`Op::PagedAttention`] batch.
@@ -410,11 +439,13 @@ pub enum OpKind {
     MoeFfn,
     /// [`Op::GatedAdd`]
     GatedAdd,
+    /// [`Op::Sample`]
+    Sample,
 }
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 21] = [
+    pub const ALL: [OpKind; 22] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
@@ -436,6 +467,7 @@ impl OpKind {
         OpKind::SoftCap,
         OpKind::MoeFfn,
         OpKind::GatedAdd,
+        OpKind::Sample,
     ];
 
     /// The op's name as printed by the profiler.
@@ -462,6 +494,7 @@ impl OpKind {
             OpKind::SoftCap => "SoftCap",
             OpKind::MoeFfn => "MoeFfn",
             OpKind::GatedAdd => "GatedAdd",
+            OpKind::Sample => "Sample",
         }
     }
 }
@@ -491,6 +524,7 @@ impl Op<'_> {
             Op::SoftCap { .. } => OpKind::SoftCap,
             Op::MoeFfn { .. } => OpKind::MoeFfn,
             Op::GatedAdd { .. } => OpKind::GatedAdd,
+            Op::Sample { .. } => OpKind::Sample,
         }
     }
 }

@@ -17,7 +17,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{Error, Result};
+use crate::{Data, DataType, Error, Executor, Location, Op, Result};
 
 /// Sampling parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -538,6 +538,90 @@ pub fn sample_tensors(
     seen[id as usize] = 1;
     counts[id as usize] = counts[id as usize].saturating_add(1);
     Ok(id)
+}
+
+/// Sampling where the logits are ([`Op::Sample`]), for a decode loop whose logits stay on
+/// a device: the history flags, the output counts, the random stream's state and the
+/// sampled id live in that device's memory, so that each step's only copy is the sampled
+/// id to the host. It picks the ids a [`Sampler`] with the same configuration picks (up to
+/// the device's rounding, see [`Op::Sample`]).
+pub struct DeviceSampler {
+    config: SamplerConfig,
+    /// i32 `[vocab]`, `[vocab]`, `[SAMPLER_STATE_WORDS]`, `[1]` in the device's memory.
+    seen: Data,
+    counts: Data,
+    state: Data,
+    id: Data,
+    /// i32 `[1]` in host memory: the sampled id's copy.
+    host_id: Data,
+}
+
+/// An i32 tensor holding `words`.
+fn word_tensor(words: &[u32]) -> Result<Data> {
+    Data::from_bytes(DataType::I32, &[words.len()], bytemuck::cast_slice(words))
+}
+
+impl DeviceSampler {
+    /// A sampler for logits of `vocab` entries in the memory of `location`, whose history
+    /// (the repetition penalty's, as [`Sampler::sample_with_output`]'s `history`) starts as
+    /// `history` and whose output starts empty; the stream is seeded by `config.seed`. Its
+    /// state is copied there once (recorded as `"sampler: history"` and
+    /// `"sampler: seed"`).
+    ///
+    /// Errors: invalid parameters ([`SamplerConfig::check`]); [`Error::InvalidArgument`]
+    /// for an empty vocabulary; the executor's allocation and copy errors.
+    pub fn new(
+        exec: &Executor,
+        config: &SamplerConfig,
+        vocab: usize,
+        location: Location,
+        history: &[u32],
+    ) -> Result<DeviceSampler> {
+        config.check()?;
+        if vocab == 0 {
+            return Err(Error::InvalidArgument("sampling from no logits".into()));
+        }
+        let mut seen = vec![0u32; vocab];
+        for &id in history {
+            if let Some(s) = seen.get_mut(id as usize) {
+                *s = 1;
+            }
+        }
+        Ok(DeviceSampler {
+            config: config.clone(),
+            seen: exec.to_device(&word_tensor(&seen)?, location, "sampler: history")?,
+            counts: exec.zeros(DataType::I32, &[vocab], location)?,
+            state: exec.to_device(
+                &word_tensor(&sampler_state(config.seed))?,
+                location,
+                "sampler: seed",
+            )?,
+            id: exec.zeros(DataType::I32, &[1], location)?,
+            host_id: Data::zeros(DataType::I32, &[1])?,
+        })
+    }
+
+    /// Samples the next token from `logits` (f32 `[1, vocab]` in the sampler's memory) on
+    /// the device there, adds it to the history and output, and copies its id to the host
+    /// (recorded as `"sampled id to host"`).
+    ///
+    /// Errors: those of [`Op::Sample`] (a host device's included); [`Error::InvalidArgument`]
+    /// when every logit is NaN.
+    pub fn sample(&mut self, exec: &Executor, logits: &Data) -> Result<u32> {
+        exec.run(Op::Sample {
+            logits,
+            seen: &mut self.seen,
+            counts: &mut self.counts,
+            state: &mut self.state,
+            output: &mut self.id,
+            config: &self.config,
+        })?;
+        exec.copy_into(&self.id, &mut self.host_id, "sampled id to host")?;
+        match self.host_id.as_i32()?[0] as u32 {
+            u32::MAX => Err(Error::InvalidArgument("all logits are NaN".into())),
+            id => Ok(id),
+        }
+    }
 }
 
 /// The first id whose cumulative weight exceeds `r` (drawn from `[0, Σ weights)`); when

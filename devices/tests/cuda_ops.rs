@@ -10,7 +10,10 @@
 //! GPU keeps them f32), which the looser tolerances of those cases cover.
 #![cfg(feature = "cuda")]
 
-use flm_core::{BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable};
+use flm_core::{
+    sampler_state, BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable,
+    SamplerConfig,
+};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use rand::rngs::StdRng;
@@ -99,6 +102,33 @@ fn abs_dot_scale(x: &Data, w: &Data) -> Vec<f32> {
         }
     }
     s
+}
+
+/// An i32 tensor of `words`.
+fn words(words: &[u32]) -> Data {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    Data::from_bytes(DataType::I32, &[words.len()], &bytes).unwrap()
+}
+
+/// The words of an i32 tensor in any memory of `exec`.
+fn read_words(exec: &Executor, d: &Data) -> Vec<u32> {
+    let host = exec.to_host(d, "test: read").unwrap();
+    host.as_i32().unwrap().iter().map(|&v| v as u32).collect()
+}
+
+/// `Op::Sample` over `(logits, seen, counts, state, id)` wherever they live.
+fn sample_step(exec: &Executor, config: &SamplerConfig, t: &mut [Data; 5]) -> u32 {
+    let [logits, seen, counts, state, output] = t;
+    exec.run(Op::Sample {
+        logits,
+        seen,
+        counts,
+        state,
+        output,
+        config,
+    })
+    .unwrap();
+    read_words(exec, output)[0]
 }
 
 macro_rules! gpu_tests {
@@ -260,6 +290,77 @@ gpu_tests! {
                 assert_eq!(values[row * k + j], vals[order[j] as usize]);
             }
         }
+    }
+
+    sample_equals_the_cpu_op(gpu) {
+        let location = gpu.location();
+        let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
+        // (temperature, top_k, top_p, repetition, presence, frequency)
+        let configs = [
+            (0.0, 0, 1.0, 1.0, 0.0, 0.0),
+            (0.0, 0, 1.0, 1.3, 0.5, 0.2),
+            (1.0, 0, 1.0, 1.0, 0.0, 0.0),
+            (0.7, 40, 1.0, 1.0, 0.0, 0.0),
+            (0.8, 0, 0.9, 1.1, 0.0, 0.0),
+            (1.3, 5, 0.5, 1.2, 0.4, -0.3),
+            (0.5, 1, 1.0, 0.8, -1.0, 1.0),
+            (2.0, 200, 0.95, 1.0, 0.0, 0.6),
+        ];
+        let (mut draws, mut differ) = (0, 0);
+        for vocab in [1, 97, 1031, 32001] {
+            for (c, &(temperature, top_k, top_p, repeat_penalty, presence, frequency)) in configs.iter().enumerate() {
+                for seed in 0..3u64 {
+                    let config = SamplerConfig {
+                        temperature, top_k, top_p, repeat_penalty, seed,
+                        presence_penalty: presence, frequency_penalty: frequency,
+                    };
+                    let mut r = rng(100 + seed);
+                    let mut seen = vec![0u32; vocab];
+                    for _ in 0..5 {
+                        seen[r.random_range(0..vocab)] = 1;
+                    }
+                    let fresh = || [nan(&[1, vocab]), words(&seen), words(&vec![0; vocab]), words(&sampler_state(seed)), words(&[0])];
+                    let mut host = fresh();
+                    let mut dev: [Data; 5] = fresh().map(|d| exec.to_device(&d, location, "test: upload").unwrap());
+                    for step in 0..12 {
+                        let mut logits = random(&mut r, &[1, vocab], 6.0);
+                        if vocab > 5 {
+                            let v = logits.as_f32_mut().unwrap();
+                            // Ties, −∞ and NaN among the candidates.
+                            v[vocab / 2] = v[0];
+                            v[vocab / 3] = f32::NEG_INFINITY;
+                            v[vocab / 5] = f32::NAN;
+                        }
+                        host[0] = logits.clone();
+                        exec.copy_into(&logits, &mut dev[0], "test: upload").unwrap();
+                        let want = sample_step(&exec, &config, &mut host);
+                        let got = sample_step(&exec, &config, &mut dev);
+                        let what = format!("vocab {vocab} config {c} seed {seed} step {step}");
+                        assert_eq!(read_words(&exec, &dev[3]), read_words(&exec, &host[3]), "{what}: stream state");
+                        draws += 1;
+                        if got != want {
+                            // exp's last bits (see sample.cu): allowed only when sampling.
+                            assert!(!config.is_greedy(), "{what}: gpu {got}, cpu {want}");
+                            differ += 1;
+                            for i in 1..5 {
+                                exec.copy_into(&host[i], &mut dev[i], "test: upload").unwrap();
+                            }
+                        }
+                        assert_eq!(read_words(&exec, &dev[1]), read_words(&exec, &host[1]), "{what}: history");
+                        assert_eq!(read_words(&exec, &dev[2]), read_words(&exec, &host[2]), "{what}: counts");
+                    }
+                }
+            }
+        }
+        eprintln!("Sample: {differ} of {draws} draws differ from the CPU's");
+        assert!(differ * 100 <= draws, "{differ} of {draws} draws differ");
+        // Every logit NaN: no id (the CPU op's error), nothing marked, no word drawn.
+        let config = SamplerConfig { temperature: 1.0, ..SamplerConfig::default() };
+        let mut dev = [nan(&[1, 9]), words(&[0; 9]), words(&[0; 9]), words(&sampler_state(1)), words(&[0])]
+            .map(|d| exec.to_device(&d, location, "test: upload").unwrap());
+        assert_eq!(sample_step(&exec, &config, &mut dev), u32::MAX);
+        assert_eq!(read_words(&exec, &dev[3]), sampler_state(1));
+        assert_eq!(read_words(&exec, &dev[2]), [0; 9]);
     }
 
     attention_flash_decoding(gpu) {

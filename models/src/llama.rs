@@ -554,6 +554,26 @@ impl Graph for Llama {
         }
         Ok(&self.all_rows)
     }
+
+    fn logits_location(&self) -> Location {
+        self.model.placement.output()
+    }
+
+    fn forward_resident(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<&Data> {
+        check_forward(self.config(), tokens, start_pos)?;
+        self.allocate(exec)?;
+        let chunk = PREFILL_CHUNK.min(self.config().max_seq_len);
+        let last = Head::Logits(Logits::Last);
+        for (c, part) in tokens.chunks(chunk).enumerate() {
+            self.forward_chunk(exec, part, start_pos + c * chunk, last)?;
+        }
+        Ok(&output_state(&self.model, &self.states)?.logits)
+    }
 }
 
 impl Llama {
@@ -650,6 +670,21 @@ pub(crate) fn cache_and_attend(
     })
 }
 
+/// The activations of the last layer's memory (`states` as [`Llama`] holds them).
+///
+/// Errors: [`Error::Config`] before the first forward pass.
+fn output_state<'a>(model: &LlamaModel, states: &'a [Activations]) -> Result<&'a Activations> {
+    let output = model.placement.output();
+    let memory = model
+        .placement
+        .locations()
+        .iter()
+        .position(|&m| m == output);
+    memory
+        .and_then(|i| states.get(i))
+        .ok_or_else(|| Error::Config("no forward pass has run".into()))
+}
+
 /// The last chunk's logits (or hidden states) in host memory: those of the activations of
 /// the last layer's memory (`states` as [`Llama`] holds them), copied into `host_out` first
 /// when that memory is a device's.
@@ -659,15 +694,7 @@ fn host_output<'a>(
     host_out: &'a mut Option<Data>,
     exec: &Executor,
 ) -> Result<&'a [f32]> {
-    let output = model.placement.output();
-    let memory = model
-        .placement
-        .locations()
-        .iter()
-        .position(|&m| m == output);
-    let Some(out) = memory.and_then(|i| states.get(i)).map(|s| &s.logits) else {
-        return Err(Error::Config("no forward pass has run".into()));
-    };
+    let out = &output_state(model, states)?.logits;
     if out.location() == Location::Host {
         return Ok(out.as_f32()?);
     }
