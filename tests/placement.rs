@@ -6,15 +6,13 @@
 
 use std::sync::Arc;
 
-use std::ops::ControlFlow;
-
 use flm_core::{Executor, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
-use flm_models::session::{self, GenerateParams, Session};
+use flm_models::session::GenerateParams;
 use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph};
-use flm_tests::{cpu_executor, data, greedy_on, ids, stories_reference};
+use flm_tests::{cpu_executor, data, greedy_on, ids, session_ids, stories_reference};
 
 const SIM: Location = Location::Device {
     name: "sim",
@@ -66,8 +64,11 @@ fn two_layers_on_a_device_write_llama2c_tokens_with_one_copy_per_step() {
     let boundary = "layer boundary: activations";
     assert_eq!(copies(&exec, boundary, SIM, Location::Host), steps);
     assert_eq!(copies(&exec, "logits to host", SIM, Location::Host), 0);
+    // Each pass's token id goes to the device holding the embedding.
+    let ids = copies(&exec, "token ids to device", Location::Host, SIM);
+    assert_eq!(ids, steps);
     let (count, _) = exec.transfers().totals();
-    assert_eq!(count, 19 + steps, "{}", exec.transfers().report());
+    assert_eq!(count, 19 + 2 * steps, "{}", exec.transfers().report());
 }
 
 #[test]
@@ -82,7 +83,7 @@ fn every_layer_on_a_device_brings_back_only_the_logits() {
         copies(&exec, "layer boundary: activations", SIM, Location::Host),
         0
     );
-    // The weights, and nothing else, went the other way.
+    // The weights and each pass's token id, and nothing else, went the other way.
     let up: u64 = exec
         .transfers()
         .entries
@@ -90,36 +91,20 @@ fn every_layer_on_a_device_brings_back_only_the_logits() {
         .filter(|e| e.route.to == SIM)
         .map(|e| e.count)
         .sum();
-    assert_eq!(up, copies(&exec, "load: weights", Location::Host, SIM));
-}
-
-/// The ids a session over stories260K generates from `prompt` on `exec`, with every layer
-/// in the memory of `at`.
-fn session_ids(exec: &Executor, at: Location, params: &GenerateParams) -> Vec<u32> {
-    let path = data("stories260K/stories260K.bin");
-    let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
-    let model = model
-        .place(exec, |m| {
-            Ok(Placement::first_layers(m.config().n_layers, at, 99))
-        })
-        .unwrap();
-    let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
-    let mut out = Vec::new();
-    session
-        .generate(exec, "Once upon a time", params, |piece| {
-            out.extend(piece.id);
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-    out
+    let weights = copies(&exec, "load: weights", Location::Host, SIM);
+    assert_eq!(up, weights + steps);
+    assert_eq!(
+        copies(&exec, "token ids to device", Location::Host, SIM),
+        steps
+    );
 }
 
 /// Sampling on the device that holds the logits: a session whose layers are all on the
 /// device writes the ids of the same session on the CPU (host sampling), with every
-/// penalty, top-k, top-p and a seed, and greedily; each step's only copy is the sampled id
-/// to the host.
+/// penalty, top-k, top-p and a seed, and greedily; each decode step's only copies are its
+/// token id to the device and the sampled id to the host.
 #[test]
-fn a_session_on_a_device_samples_there_and_brings_back_only_the_id() {
+fn a_session_on_a_device_copies_one_id_in_and_one_id_out_per_step() {
     let sampled = SamplerConfig {
         temperature: 0.9,
         top_k: 40,
@@ -142,6 +127,8 @@ fn a_session_on_a_device_samples_there_and_brings_back_only_the_id() {
         assert_eq!(got, want, "{config:?}");
         let steps = want.len() as u64;
         assert_eq!(steps, 60);
+        // "Once upon a time" with BOS: the prefill's ids cross in one copy.
+        let prompt = 5;
         let record = exec.transfers();
         let per_step: Vec<_> = record
             .entries
@@ -164,6 +151,7 @@ fn a_session_on_a_device_samples_there_and_brings_back_only_the_id() {
             [
                 ("sampler: history", up, 1, 4 * 512),
                 ("sampler: seed", up, 1, 40),
+                ("token ids to device", up, steps, 4 * (prompt + steps - 1)),
                 ("sampled id to host", down, steps, 4 * steps),
             ],
             "{}",

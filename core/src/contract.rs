@@ -5,7 +5,7 @@
 //! these checks and none can be handed an op that skipped them. Devices keep only what is
 //! theirs to refuse (a dtype without a kernel, in [`crate::BaseDevice::supports`]).
 
-use crate::{Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable};
+use crate::{Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable, TokenIds};
 
 /// An [`Op`] whose operands passed [`Op::validate`].
 #[derive(Debug)]
@@ -366,8 +366,15 @@ impl<'a> Op<'a> {
     /// Calls `f` with the name and tensor of each tensor operand, inputs and outputs.
     pub fn for_each_tensor<'s>(&'s self, f: &mut dyn FnMut(&'static str, &'s Data)) {
         match self {
-            Op::Embedding { table, output, .. } => {
+            Op::Embedding {
+                table,
+                tokens,
+                output,
+            } => {
                 f("table", table);
+                if let TokenIds::Tensor(ids) = tokens {
+                    f("tokens", ids);
+                }
                 f("output", output);
             }
             Op::RmsNorm {
@@ -525,9 +532,16 @@ impl<'a> Op<'a> {
                         ),
                     ));
                 }
-                match tokens.iter().find(|&&t| t as usize >= vocab_size) {
-                    Some(&id) => Err(Error::TokenOutOfRange { id, vocab_size }),
-                    None => Ok(()),
+                match tokens {
+                    TokenIds::Host(ids) => match ids.iter().find(|&&t| t as usize >= vocab_size) {
+                        Some(&id) => Err(Error::TokenOutOfRange { id, vocab_size }),
+                        None => Ok(()),
+                    },
+                    TokenIds::Tensor(ids) if ids.dtype() != DataType::I32 => Err(Error::DType {
+                        op: "Embedding",
+                        msg: format!("token ids must be i32, found {}", ids.dtype()),
+                    }),
+                    TokenIds::Tensor(_) => Ok(()),
                 }
             }
             Op::RmsNorm {
@@ -875,7 +889,7 @@ mod tests {
         let table = zeros(&[10, 4]);
         let err = Op::Embedding {
             table: &table,
-            tokens: &[3, 10],
+            tokens: TokenIds::Host(&[3, 10]),
             output: &mut zeros(&[2, 4]),
         }
         .validate()

@@ -16,8 +16,8 @@ pub enum Op<'a> {
     Embedding {
         /// Embedding table `[vocab, dim]`.
         table: &'a Data,
-        /// Token ids.
-        tokens: &'a [u32],
+        /// Token ids, in host memory or in a tensor.
+        tokens: TokenIds<'a>,
         /// f32 `[tokens.len(), dim]`.
         output: &'a mut Data,
     },
@@ -345,6 +345,38 @@ pub enum Op<'a> {
         /// The parameters, fixed for a generation.
         config: &'a SamplerConfig,
     },
+}
+
+/// The token ids of an [`Op::Embedding`].
+#[derive(Debug, Clone, Copy)]
+pub enum TokenIds<'a> {
+    /// Ids in host memory, checked against the vocabulary by [`Op::validate`].
+    Host(&'a [u32]),
+    /// An i32 `[n]` tensor in the memory of the table (the ids a step copied to a device,
+    /// or sampled there); the device checks them against the vocabulary as it runs the op
+    /// ([`crate::Error::TokenOutOfRange`]).
+    Tensor(&'a Data),
+}
+
+impl TokenIds<'_> {
+    /// The number of ids.
+    pub fn len(&self) -> usize {
+        match self {
+            TokenIds::Host(ids) => ids.len(),
+            TokenIds::Tensor(d) => d.numel(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'a> From<&'a [u32]> for TokenIds<'a> {
+    fn from(ids: &'a [u32]) -> Self {
+        TokenIds::Host(ids)
+    }
 }
 
 /// One sequence of an [`Op::PagedAttention`] batch.

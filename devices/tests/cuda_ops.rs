@@ -12,7 +12,7 @@
 
 use flm_core::{
     sampler_state, BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable,
-    SamplerConfig,
+    SamplerConfig, TokenIds,
 };
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
@@ -223,7 +223,7 @@ gpu_tests! {
         for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q80) {
             let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
             compare!(&format!("Embedding {dtype}"), &gpu, &nan(&[5, 333]), 1e-6, None, |o| {
-                Op::Embedding { table: &table, tokens: &tokens, output: o }
+                Op::Embedding { table: &table, tokens: TokenIds::Host(&tokens), output: o }
             });
         }
     }

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Error, Op};
+use flm_core::{Data, DataType, Error, Op, TokenIds};
 
 fn zeros(shape: &[usize]) -> Data {
     Data::zeros(DataType::F32, shape).unwrap()
@@ -26,7 +26,7 @@ fn embedding_copies_rows(dtype: DataType) {
             let mut out = nan_output(&[tokens.len(), dim]);
             run(Op::Embedding {
                 table: &table,
-                tokens: &tokens,
+                tokens: TokenIds::Host(&tokens),
                 output: &mut out,
             })
             .unwrap();
@@ -58,7 +58,7 @@ fn embedding_token_out_of_range() {
     for (tokens, bad) in [(vec![10], 10), (vec![0, 3, u32::MAX, 11], u32::MAX)] {
         let err = run(Op::Embedding {
             table: &table,
-            tokens: &tokens,
+            tokens: TokenIds::Host(&tokens),
             output: &mut zeros(&[tokens.len(), 4]),
         })
         .unwrap_err();
@@ -76,7 +76,7 @@ fn embedding_shape_errors() {
         let tokens = vec![1; n_tokens];
         let err = run(Op::Embedding {
             table: &table,
-            tokens: &tokens,
+            tokens: TokenIds::Host(&tokens),
             output: &mut zeros(&out),
         })
         .unwrap_err();

@@ -49,6 +49,7 @@ use std::sync::Arc;
 
 use flm_core::{
     Data, DataType, Error as CoreError, Executor, KvCache, LinearPart, Location, Op, RopeTable,
+    TokenIds,
 };
 
 use crate::graph::{Graph, Head, SharedGraph};
@@ -96,6 +97,9 @@ struct Activations {
     experts_io: Option<(Data, Data)>,
     /// The shared expert's activations, in the routed experts' memory (Qwen2-MoE).
     shared: Option<SharedScratch>,
+    /// i32 `[n]`: the token ids copied to a device's memory for the embedding, when the
+    /// activations are there.
+    ids: Option<Data>,
 }
 
 /// The activations of a shared expert ([`SharedExpert`]) for up to a fixed number of rows.
@@ -159,6 +163,9 @@ impl Activations {
         rows: usize,
     ) -> Result<Activations> {
         let mut s = Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))?;
+        if at != Location::Host {
+            s.ids = Some(exec.zeros(DataType::I32, &[rows], at)?);
+        }
         if c.moe.is_some() && experts != at {
             let z = |shape: &[usize]| exec.zeros(DataType::F32, shape, experts);
             s.experts_io = Some((z(&[rows, c.dim])?, z(&[rows, c.dim])?));
@@ -191,6 +198,7 @@ impl Activations {
             logits: z(c.vocab_size.max(dim))?,
             experts_io: None,
             shared: SharedScratch::alloc(c, rows, zeros)?,
+            ids: None,
         })
     }
 
@@ -754,7 +762,17 @@ fn run_layers<'s>(
         let at = model.placement.layer(l);
         locations.iter().position(|&m| m == at).unwrap_or(0)
     };
-    let x = &mut states[memory(0)].x;
+    let Activations { x, ids, .. } = &mut states[memory(0)];
+    let tokens = match ids {
+        Some(ids) => {
+            ids.set_shape(&[tokens.len()])?;
+            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let host = Data::from_bytes(DataType::I32, &[tokens.len()], &bytes)?;
+            exec.copy_into(&host, ids, "token ids to device")?;
+            TokenIds::Tensor(ids)
+        }
+        None => TokenIds::Host(tokens),
+    };
     exec.run(Op::Embedding {
         table: &w.embedding,
         tokens,

@@ -6,11 +6,14 @@ pub mod glm_data;
 
 use std::path::PathBuf;
 
-use flm_core::{Data, DataType, Executor};
+use std::ops::ControlFlow;
+
+use flm_core::{Data, DataType, Executor, Location};
 use flm_devices::CpuDevice;
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
+use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
-use flm_models::Graph;
+use flm_models::{Graph, Placement, SharedGraph};
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -89,6 +92,27 @@ pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usiz
                 .expect("decode");
         }
     }
+    out
+}
+
+/// The ids a session over stories260K generates from "Once upon a time" on `exec` with
+/// `params`, every layer in the memory of `at` (host memory: not placed).
+pub fn session_ids(exec: &Executor, at: Location, params: &GenerateParams) -> Vec<u32> {
+    let path = data("stories260K/stories260K.bin");
+    let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
+    let model = model
+        .place(exec, |m| {
+            Ok(Placement::first_layers(m.config().n_layers, at, 99))
+        })
+        .unwrap();
+    let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
+    let mut out = Vec::new();
+    session
+        .generate(exec, "Once upon a time", params, |piece| {
+            out.extend(piece.id);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
     out
 }
 
