@@ -947,6 +947,58 @@ mod tests {
     }
 
     #[test]
+    fn sample_operands_and_parameters_are_checked() {
+        let ints = |n: usize| Data::zeros(DataType::I32, &[n]).unwrap();
+        let logits = zeros(&[1, 8]);
+        let check = |logits: &Data, seen: usize, state: usize, config: &crate::SamplerConfig| {
+            Op::Sample {
+                logits,
+                seen: &mut ints(seen),
+                counts: &mut ints(8),
+                state: &mut ints(state),
+                output: &mut ints(1),
+                config,
+            }
+            .validate()
+            .map(|_| ())
+        };
+        let ok = crate::SamplerConfig::default();
+        assert!(check(&logits, 8, crate::SAMPLER_STATE_WORDS, &ok).is_ok());
+        let words = crate::SAMPLER_STATE_WORDS;
+        assert!(matches!(
+            check(&logits, 7, words, &ok),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            check(&logits, 8, 9, &ok),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            check(&zeros(&[2, 4]), 8, words, &ok),
+            Err(Error::Shape { .. })
+        ));
+        let bad = crate::SamplerConfig {
+            top_p: 0.0,
+            ..ok.clone()
+        };
+        assert!(matches!(
+            check(&logits, 8, words, &bad),
+            Err(Error::InvalidArgument(_))
+        ));
+        let err = Op::Sample {
+            logits: &logits,
+            seen: &mut zeros(&[8]),
+            counts: &mut ints(8),
+            state: &mut ints(words),
+            output: &mut ints(1),
+            config: &ok,
+        }
+        .validate()
+        .unwrap_err();
+        assert!(matches!(err, Error::DType { op: "Sample", .. }), "{err}");
+    }
+
+    #[test]
     fn attention_masks_and_block_tables_are_checked() {
         let (q, cache) = (zeros(&[1, 8]), zeros(&[4, 4]));
         let attention = |start_pos, bidirectional, sliding_window| {
