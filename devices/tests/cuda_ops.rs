@@ -353,6 +353,21 @@ gpu_tests! {
             }
         }
         eprintln!("Sample: {differ} of {draws} draws differ from the CPU's");
+        // Figures for tuning: the op's time per call (its id read back), one block.
+        for vocab in [32000, 152064] {
+            let mut r = rng(9);
+            let mut t = [random(&mut r, &[1, vocab], 6.0), words(&vec![0; vocab]), words(&vec![0; vocab]), words(&sampler_state(0)), words(&[0])]
+                .map(|d| exec.to_device(&d, location, "test: upload").unwrap());
+            for (name, temperature, top_k) in [("greedy", 0.0, 0), ("top-k 40", 0.8, 40), ("full sort", 0.8, 0)] {
+                let config = SamplerConfig { temperature, top_k, ..SamplerConfig::default() };
+                sample_step(&exec, &config, &mut t);
+                let start = std::time::Instant::now();
+                for _ in 0..20 {
+                    assert!((sample_step(&exec, &config, &mut t) as usize) < vocab);
+                }
+                eprintln!("Sample vocab {vocab} {name}: {:.1} us per call", start.elapsed().as_secs_f64() * 1e6 / 20.0);
+            }
+        }
         assert!(differ * 100 <= draws, "{differ} of {draws} draws differ");
         // Every logit NaN: no id (the CPU op's error), nothing marked, no word drawn.
         let config = SamplerConfig { temperature: 1.0, ..SamplerConfig::default() };
