@@ -13,7 +13,6 @@ use flm_core::{DataType, Executor, Location, SamplerConfig};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
-use flm_models::session::GenerateParams;
 use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph};
 use flm_tests::{cpu_executor, data, greedy_on, ids, session_ids, stories_reference, weights_in};
@@ -124,21 +123,24 @@ fn gpu_layers_2_of_5_write_llama2c_tokens() {
     assert_eq!(boundary, 200, "{}", gpu.transfers().report());
 }
 
+/// Each reason's copies in `exec`'s record but the load's.
+fn copies_after_load(exec: &Executor) -> Vec<(&'static str, u64)> {
+    exec.transfers()
+        .entries
+        .iter()
+        .filter(|e| !e.reason.starts_with("load: "))
+        .map(|e| (e.reason, e.count))
+        .collect()
+}
+
 #[test]
 fn every_layer_on_the_gpu_brings_back_only_the_logits_per_step() {
     let Some(gpu) = gpu_executor() else { return };
     let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
     assert_eq!(placed_greedy(&gpu, 5), expected);
-    let per_step: Vec<_> = gpu
-        .transfers()
-        .entries
-        .iter()
-        .filter(|e| !e.reason.starts_with("load: "))
-        .map(|e| (e.reason, e.count))
-        .collect();
     // Each pass's token id in, its logits out (the host samples them).
     assert_eq!(
-        per_step,
+        copies_after_load(&gpu),
         [("token ids to device", 200), ("logits to host", 200)],
         "{}",
         gpu.transfers().report()
@@ -153,25 +155,10 @@ fn every_layer_on_the_gpu_brings_back_only_the_logits_per_step() {
 #[test]
 fn a_session_on_the_gpu_copies_one_id_in_and_one_id_out_per_step() {
     let Some(_) = gpu_executor() else { return };
-    let sampled = SamplerConfig {
-        temperature: 0.9,
-        top_k: 40,
-        top_p: 0.95,
-        repeat_penalty: 1.1,
-        seed: 7,
-        presence_penalty: 0.3,
-        frequency_penalty: 0.2,
-    };
-    for config in [SamplerConfig::default(), sampled] {
-        let params = GenerateParams {
-            sampler: config.clone(),
-            max_tokens: 60,
-            ignore_eos: true,
-            stop: Vec::new(),
-        };
-        let want = session_ids(&cpu_executor(), Location::Host, &params);
+    for config in [SamplerConfig::default(), every_sampling_option()] {
+        let want = session_ids(&cpu_executor(), Location::Host, &config);
         let gpu = gpu_executor().unwrap();
-        let got = session_ids(&gpu, CUDA0, &params);
+        let got = session_ids(&gpu, CUDA0, &config);
         let first_difference = got.iter().zip(&want).position(|(a, b)| a != b);
         eprintln!("{config:?}: first difference from the CPU at {first_difference:?}");
         if config.is_greedy() {
@@ -182,15 +169,8 @@ fn a_session_on_the_gpu_copies_one_id_in_and_one_id_out_per_step() {
         }
         let steps = got.len() as u64;
         assert_eq!(steps, 60);
-        let per_step: Vec<_> = gpu
-            .transfers()
-            .entries
-            .iter()
-            .filter(|e| !e.reason.starts_with("load: "))
-            .map(|e| (e.reason, e.count))
-            .collect();
         assert_eq!(
-            per_step,
+            copies_after_load(&gpu),
             [
                 ("sampler: history", 1),
                 ("sampler: seed", 1),

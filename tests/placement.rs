@@ -9,10 +9,11 @@ use std::sync::Arc;
 use flm_core::{Executor, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
-use flm_models::session::GenerateParams;
 use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph};
-use flm_tests::{cpu_executor, data, greedy_on, ids, session_ids, stories_reference};
+use flm_tests::{
+    cpu_executor, data, every_sampling_option, greedy_on, ids, session_ids, stories_reference,
+};
 
 const SIM: Location = Location::Device {
     name: "sim",
@@ -105,25 +106,10 @@ fn every_layer_on_a_device_brings_back_only_the_logits() {
 /// token id to the device and the sampled id to the host.
 #[test]
 fn a_session_on_a_device_copies_one_id_in_and_one_id_out_per_step() {
-    let sampled = SamplerConfig {
-        temperature: 0.9,
-        top_k: 40,
-        top_p: 0.95,
-        repeat_penalty: 1.1,
-        seed: 7,
-        presence_penalty: 0.3,
-        frequency_penalty: 0.2,
-    };
-    for config in [sampled, SamplerConfig::default()] {
-        let params = GenerateParams {
-            sampler: config.clone(),
-            max_tokens: 60,
-            ignore_eos: true,
-            stop: Vec::new(),
-        };
-        let want = session_ids(&cpu_executor(), Location::Host, &params);
+    for config in [every_sampling_option(), SamplerConfig::default()] {
+        let want = session_ids(&cpu_executor(), Location::Host, &config);
         let exec = executor();
-        let got = session_ids(&exec, SIM, &params);
+        let got = session_ids(&exec, SIM, &config);
         assert_eq!(got, want, "{config:?}");
         let steps = want.len() as u64;
         assert_eq!(steps, 60);

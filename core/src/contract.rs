@@ -146,19 +146,25 @@ fn moe_ffn(
 }
 
 /// The rules of [`Op::Sample`]: valid parameters, one row of f32 logits, i32 history
-/// flags and counts of its length, the sampler state and one output id.
+/// flags and counts of its length, the stream's words and one output id.
 fn sample(
     logits: &Data,
-    [seen, counts, state, output]: [&Data; 4],
+    state: &crate::SampleState,
+    output: &Data,
     config: &crate::SamplerConfig,
 ) -> Result<()> {
     const OP: &str = "Sample";
     config.check()?;
     all_f32(OP, &[("logits", logits)])?;
+    let crate::SampleState {
+        seen,
+        counts,
+        stream,
+    } = state;
     let i32s = [
         ("seen", seen),
         ("counts", counts),
-        ("state", state),
+        ("stream", stream),
         ("output", output),
     ];
     if let Some((name, d)) = i32s.iter().find(|(_, d)| d.dtype() != DataType::I32) {
@@ -172,17 +178,17 @@ fn sample(
         || vocab == 0
         || seen.numel() != vocab
         || counts.numel() != vocab
-        || state.numel() != crate::SAMPLER_STATE_WORDS
+        || stream.numel() != crate::SAMPLER_STATE_WORDS
         || output.numel() != 1
     {
         return Err(shape(
             OP,
             format!(
-                "logits {:?}, seen {:?}, counts {:?}, state {:?}, output {:?}",
+                "logits {:?}, seen {:?}, counts {:?}, stream {:?}, output {:?}",
                 logits.shape(),
                 seen.shape(),
                 counts.shape(),
-                state.shape(),
+                stream.shape(),
                 output.shape()
             ),
         ));
@@ -470,16 +476,14 @@ impl<'a> Op<'a> {
             Op::Argmax { input, .. } => f("input", input),
             Op::Sample {
                 logits,
-                seen,
-                counts,
                 state,
                 output,
                 ..
             } => {
                 f("logits", logits);
-                f("seen", seen);
-                f("counts", counts);
-                f("state", state);
+                f("seen", &state.seen);
+                f("counts", &state.counts);
+                f("stream", &state.stream);
                 f("output", output);
             }
             Op::MoeFfn {
@@ -855,12 +859,10 @@ impl<'a> Op<'a> {
             }
             Op::Sample {
                 logits,
-                seen,
-                counts,
                 state,
                 output,
                 config,
-            } => sample(logits, [seen, counts, state, output], config),
+            } => sample(logits, state, output, config),
             Op::Argmax { input, output } => {
                 all_f32("Argmax", &[("input", input)])?;
                 if output.len() != input.rows() || input.cols() == 0 {
@@ -950,12 +952,14 @@ mod tests {
     fn sample_operands_and_parameters_are_checked() {
         let ints = |n: usize| Data::zeros(DataType::I32, &[n]).unwrap();
         let logits = zeros(&[1, 8]);
-        let check = |logits: &Data, seen: usize, state: usize, config: &crate::SamplerConfig| {
+        let check = |logits: &Data, seen: usize, stream: usize, config: &crate::SamplerConfig| {
             Op::Sample {
                 logits,
-                seen: &mut ints(seen),
-                counts: &mut ints(8),
-                state: &mut ints(state),
+                state: &mut crate::SampleState {
+                    seen: ints(seen),
+                    counts: ints(8),
+                    stream: ints(stream),
+                },
                 output: &mut ints(1),
                 config,
             }
@@ -987,9 +991,11 @@ mod tests {
         ));
         let err = Op::Sample {
             logits: &logits,
-            seen: &mut zeros(&[8]),
-            counts: &mut ints(8),
-            state: &mut ints(words),
+            state: &mut crate::SampleState {
+                seen: zeros(&[8]),
+                counts: ints(8),
+                stream: ints(words),
+            },
             output: &mut ints(1),
             config: &ok,
         }

@@ -43,7 +43,7 @@ pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::KvCache;
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
-pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq, TokenIds};
+pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq, SampleState, TokenIds};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
 pub use sampling::{

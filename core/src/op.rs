@@ -318,12 +318,12 @@ pub enum Op<'a> {
     },
     /// Samples the next token on the device holding the logits: the id
     /// [`crate::Sampler::sample_with_output`] picks with `config` from `logits`, with the
-    /// history and output it would be given held in `seen` and `counts` and its random
-    /// stream's position in `state`; then the id is marked in `seen`, counted in `counts`
-    /// and the stream advanced (one word per draw; none when greedy), so the next op
-    /// continues as the next call of the host sampler. [`crate::sample_tensors`] defines it.
-    /// Every per-step operand is a tensor, so that a device can replay the step (a CUDA
-    /// graph) without host values.
+    /// history and output it would be given and its random stream's position held in
+    /// `state` ([`SampleState`]); then the id is added to the history and output and the
+    /// stream advanced (one word per draw; none when greedy), so the next op continues as
+    /// the next call of the host sampler. [`crate::sample_tensors`] defines it. Every
+    /// per-step operand is a tensor, so that a device can replay the step (a CUDA graph)
+    /// without host values.
     ///
     /// A device may differ from the host in the last bits of `exp` and of the sums over the
     /// candidates, and so pick a neighbouring id where the draw falls within rounding of a
@@ -331,20 +331,27 @@ pub enum Op<'a> {
     Sample {
         /// f32 `[1, vocab]`, read only.
         logits: &'a Data,
-        /// i32 `[vocab]`: nonzero for the ids of the history (the repetition penalty's).
-        seen: &'a mut Data,
-        /// i32 `[vocab]`: how often each id occurs in the generated output (presence and
-        /// frequency penalties).
-        counts: &'a mut Data,
-        /// i32 `[SAMPLER_STATE_WORDS]` ([`crate::SAMPLER_STATE_WORDS`]): the ChaCha8 key and
-        /// the position of the next word of the stream ([`crate::sampler_state`]).
-        state: &'a mut Data,
+        /// The sampling state, in the logits' memory.
+        state: &'a mut SampleState,
         /// i32 `[1]`: the sampled id; `-1` (`u32::MAX`) when every logit is NaN (a host
         /// device returns the error instead).
         output: &'a mut Data,
         /// The parameters, fixed for a generation.
         config: &'a SamplerConfig,
     },
+}
+
+/// What an [`Op::Sample`] carries from one step to the next, in the memory of the logits.
+#[derive(Debug)]
+pub struct SampleState {
+    /// i32 `[vocab]`: nonzero for the ids of the history (the repetition penalty's).
+    pub seen: Data,
+    /// i32 `[vocab]`: how often each id occurs in the generated output (the presence and
+    /// frequency penalties').
+    pub counts: Data,
+    /// i32 `[SAMPLER_STATE_WORDS]` ([`crate::SAMPLER_STATE_WORDS`]): the ChaCha8 key and the
+    /// position of the next word of the stream ([`crate::sampler_state`]).
+    pub stream: Data,
 }
 
 /// The token ids of an [`Op::Embedding`].

@@ -17,7 +17,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{Data, DataType, Error, Executor, Location, Op, Result};
+use crate::{Data, DataType, Error, Executor, Location, Op, Result, SampleState};
 
 /// Sampling parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -547,10 +547,8 @@ pub fn sample_tensors(
 /// the device's rounding, see [`Op::Sample`]).
 pub struct DeviceSampler {
     config: SamplerConfig,
-    /// i32 `[vocab]`, `[vocab]`, `[SAMPLER_STATE_WORDS]`, `[1]` in the device's memory.
-    seen: Data,
-    counts: Data,
-    state: Data,
+    /// In the device's memory: the state and the i32 `[1]` sampled id.
+    state: SampleState,
     id: Data,
     /// i32 `[1]` in host memory: the sampled id's copy.
     host_id: Data,
@@ -589,13 +587,15 @@ impl DeviceSampler {
         }
         Ok(DeviceSampler {
             config: config.clone(),
-            seen: exec.to_device(&word_tensor(&seen)?, location, "sampler: history")?,
-            counts: exec.zeros(DataType::I32, &[vocab], location)?,
-            state: exec.to_device(
-                &word_tensor(&sampler_state(config.seed))?,
-                location,
-                "sampler: seed",
-            )?,
+            state: SampleState {
+                seen: exec.to_device(&word_tensor(&seen)?, location, "sampler: history")?,
+                counts: exec.zeros(DataType::I32, &[vocab], location)?,
+                stream: exec.to_device(
+                    &word_tensor(&sampler_state(config.seed))?,
+                    location,
+                    "sampler: seed",
+                )?,
+            },
             id: exec.zeros(DataType::I32, &[1], location)?,
             host_id: Data::zeros(DataType::I32, &[1])?,
         })
@@ -610,8 +610,6 @@ impl DeviceSampler {
     pub fn sample(&mut self, exec: &Executor, logits: &Data) -> Result<u32> {
         exec.run(Op::Sample {
             logits,
-            seen: &mut self.seen,
-            counts: &mut self.counts,
             state: &mut self.state,
             output: &mut self.id,
             config: &self.config,

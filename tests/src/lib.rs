@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use std::ops::ControlFlow;
 
-use flm_core::{Data, DataType, Executor, Location};
+use flm_core::{Data, DataType, Executor, Location, SamplerConfig};
 use flm_devices::CpuDevice;
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
 use flm_models::session::{self, GenerateParams, Session};
@@ -95,9 +95,24 @@ pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usiz
     out
 }
 
-/// The ids a session over stories260K generates from "Once upon a time" on `exec` with
-/// `params`, every layer in the memory of `at` (host memory: not placed).
-pub fn session_ids(exec: &Executor, at: Location, params: &GenerateParams) -> Vec<u32> {
+/// Sampling with every option of [`SamplerConfig`] on: temperature, top-k, top-p, the
+/// repetition, presence and frequency penalties, and a seed.
+pub fn every_sampling_option() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        repeat_penalty: 1.1,
+        seed: 7,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
+    }
+}
+
+/// The 60 ids a session over stories260K generates from "Once upon a time" on `exec` with
+/// `sampler` (end-of-sequence ignored), every layer in the memory of `at` (host memory:
+/// not placed).
+pub fn session_ids(exec: &Executor, at: Location, sampler: &SamplerConfig) -> Vec<u32> {
     let path = data("stories260K/stories260K.bin");
     let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
     let model = model
@@ -106,9 +121,15 @@ pub fn session_ids(exec: &Executor, at: Location, params: &GenerateParams) -> Ve
         })
         .unwrap();
     let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
+    let params = GenerateParams {
+        sampler: sampler.clone(),
+        max_tokens: 60,
+        ignore_eos: true,
+        stop: Vec::new(),
+    };
     let mut out = Vec::new();
     session
-        .generate(exec, "Once upon a time", params, |piece| {
+        .generate(exec, "Once upon a time", &params, |piece| {
             out.extend(piece.id);
             ControlFlow::Continue(())
         })

@@ -268,12 +268,10 @@ impl BaseDevice for CpuDevice {
             }
             Op::Sample {
                 logits,
-                seen,
-                counts,
                 state,
                 output,
                 config,
-            } => sample::sample(config, logits, [seen, counts, state, output]),
+            } => sample::sample(config, logits, state, output),
             Op::LayerNorm {
                 input,
                 weight,

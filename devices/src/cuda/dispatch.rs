@@ -216,12 +216,10 @@ impl BaseDevice for CudaDevice {
             Op::Argmax { input, output } => sample::argmax(self, input, output),
             Op::Sample {
                 logits,
-                seen,
-                counts,
                 state,
                 output,
                 config,
-            } => sample::sample(self, config, logits, [seen, counts, state, output]),
+            } => sample::sample(self, config, logits, state, output),
             Op::CopyRows {
                 src,
                 src_row,

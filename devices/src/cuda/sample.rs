@@ -2,7 +2,7 @@
 //! only ids (and the top values) come back to the host.
 
 use cudarc::driver::PushKernelArg;
-use flm_core::{Data, Error, Result, SamplerConfig};
+use flm_core::{Data, Error, Result, SampleState, SamplerConfig};
 
 use super::device::{dev_err, grid, int, CudaDevice};
 use super::kernels::{Kernel, SAMPLE_THREADS};
@@ -20,14 +20,15 @@ pub(super) fn sample(
     dev: &CudaDevice,
     config: &SamplerConfig,
     logits: &Data,
-    [seen, counts, state, output]: [&mut Data; 4],
+    state: &mut SampleState,
+    output: &mut Data,
 ) -> Result<()> {
     let vocab = logits.cols();
     let n_pad = vocab.next_power_of_two();
     let x = dev.input(logits)?;
-    let mut seen = dev.in_out(seen)?;
-    let mut counts = dev.in_out(counts)?;
-    let mut state = dev.in_out(state)?;
+    let mut seen = dev.in_out(&mut state.seen)?;
+    let mut counts = dev.in_out(&mut state.counts)?;
+    let mut stream = dev.in_out(&mut state.stream)?;
     let mut out = dev.output(output)?;
     let mut keys = dev.zeros::<f32>(n_pad)?;
     let mut ids = dev.zeros::<u32>(n_pad)?;
@@ -41,7 +42,7 @@ pub(super) fn sample(
         .arg(&vocab_i)
         .arg(seen.slice())
         .arg(counts.slice())
-        .arg(state.slice())
+        .arg(stream.slice())
         .arg(out.slice())
         .arg(&mut keys)
         .arg(&mut ids)
@@ -56,9 +57,9 @@ pub(super) fn sample(
     // SAFETY: the arguments match `sample_row(const float*, int, unsigned*, unsigned*,
     // unsigned*, unsigned*, float*, unsigned*, int, float, float, float, float, int, int,
     // float)`: logits, seen and counts hold vocab values (checked by the op contract),
-    // state SAMPLER_STATE_WORDS, out one, keys and ids n_pad >= vocab each.
+    // stream SAMPLER_STATE_WORDS, out one, keys and ids n_pad >= vocab each.
     unsafe { b.launch(grid((1, 1, 1), SAMPLE_THREADS, 0)?) }.map_err(dev_err)?;
-    for o in [seen, counts, state, out] {
+    for o in [seen, counts, stream, out] {
         o.finish(dev)?;
     }
     Ok(())

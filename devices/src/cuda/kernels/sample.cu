@@ -7,12 +7,40 @@ __device__ __forceinline__ bool before(float v, int i, float w, int j) {
     return v > w || (v == w && i < j);
 }
 
+// Reduces each thread's best (bv, bi) (index -1 for none) over the block, in the order
+// above; the result is thread 0's. Every thread of the block must call it.
+__device__ void reduce_best(float* bv, int* bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, *bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
+        if (oi >= 0 && (*bi < 0 || before(ov, oi, *bv, *bi))) {
+            *bv = ov;
+            *bi = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        sv[warp] = *bv;
+        si[warp] = *bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < warps; w++) {
+            if (si[w] >= 0 && (*bi < 0 || before(sv[w], si[w], *bv, *bi))) {
+                *bv = sv[w];
+                *bi = si[w];
+            }
+        }
+    }
+}
+
 // The best (value, index) of the block, among elements strictly after (after_v, after_i)
 // (pass +inf, -1 for the overall best). Index -1 when none.
 __device__ void block_best(const float* x, int cols, float after_v, int after_i, float* out_v,
                            int* out_i) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
     float bv = -INFINITY;
     int bi = -1;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -22,28 +50,8 @@ __device__ void block_best(const float* x, int cols, float after_v, int after_i,
             bi = c;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (oi >= 0 && (bi < 0 || before(ov, oi, bv, bi))) {
-            bv = ov;
-            bi = oi;
-        }
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
-    }
-    __syncthreads();
+    reduce_best(&bv, &bi);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < warps; w++) {
-            if (si[w] >= 0 && (bi < 0 || before(sv[w], si[w], bv, bi))) {
-                bv = sv[w];
-                bi = si[w];
-            }
-        }
         *out_v = bv;
         *out_i = bi;
     }
@@ -154,11 +162,9 @@ extern "C" __global__ void sample_row(const float* logits, int vocab, unsigned* 
                                       float* keys, unsigned* ids, int n_pad, float rp,
                                       float presence, float frequency, float inv_t, int greedy,
                                       int top_k, float top_p) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
     __shared__ int n_valid;
     __shared__ int chosen;
-    int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
+    int t = threadIdx.x;
     if (t == 0) n_valid = 0;
     __syncthreads();
     float bv = -INFINITY;
@@ -182,28 +188,8 @@ extern "C" __global__ void sample_row(const float* logits, int vocab, unsigned* 
         }
     }
     if (greedy) {
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || before(ov, oi, bv, bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (lane == 0) {
-            sv[warp] = bv;
-            si[warp] = bi;
-        }
-        __syncthreads();
-        if (t == 0) {
-            for (int w = 1; w < warps; w++) {
-                if (si[w] >= 0 && (bi < 0 || before(sv[w], si[w], bv, bi))) {
-                    bv = sv[w];
-                    bi = si[w];
-                }
-            }
-            chosen = bi < 0 ? 0 : bi;
-        }
+        reduce_best(&bv, &bi);
+        if (t == 0) chosen = bi < 0 ? 0 : bi;
     } else {
         atomicAdd(&n_valid, valid);
         __syncthreads();
