@@ -15,7 +15,10 @@ use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph};
-use flm_tests::{cpu_executor, data, greedy_on, ids, session_ids, stories_reference, weights_in};
+use flm_tests::{
+    cpu_executor, data, every_sampling_option, greedy_on, ids, session_ids, stories_reference,
+    weights_in,
+};
 
 /// The CUDA device first, the CPU for the ops it leaves (as `--device cuda` runs).
 fn gpu_executor() -> Option<Executor> {
