@@ -6,11 +6,14 @@ pub mod glm_data;
 
 use std::path::PathBuf;
 
-use flm_core::{Data, DataType, Executor};
+use std::ops::ControlFlow;
+
+use flm_core::{Data, DataType, Executor, Location, SamplerConfig};
 use flm_devices::CpuDevice;
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
+use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
-use flm_models::Graph;
+use flm_models::{Graph, Placement, SharedGraph};
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -89,6 +92,48 @@ pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usiz
                 .expect("decode");
         }
     }
+    out
+}
+
+/// Sampling with every option of [`SamplerConfig`] on: temperature, top-k, top-p, the
+/// repetition, presence and frequency penalties, and a seed.
+pub fn every_sampling_option() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        repeat_penalty: 1.1,
+        seed: 7,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
+    }
+}
+
+/// The 60 ids a session over stories260K generates from "Once upon a time" on `exec` with
+/// `sampler` (end-of-sequence ignored), every layer in the memory of `at` (host memory:
+/// not placed).
+pub fn session_ids(exec: &Executor, at: Location, sampler: &SamplerConfig) -> Vec<u32> {
+    let path = data("stories260K/stories260K.bin");
+    let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
+    let model = model
+        .place(exec, |m| {
+            Ok(Placement::first_layers(m.config().n_layers, at, 99))
+        })
+        .unwrap();
+    let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
+    let params = GenerateParams {
+        sampler: sampler.clone(),
+        max_tokens: 60,
+        ignore_eos: true,
+        stop: Vec::new(),
+    };
+    let mut out = Vec::new();
+    session
+        .generate(exec, "Once upon a time", &params, |piece| {
+            out.extend(piece.id);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
     out
 }
 

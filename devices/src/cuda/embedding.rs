@@ -1,17 +1,18 @@
 //! [`flm_core::Op::Embedding`] on [`super::CudaDevice`] (`kernels/embedding.cu`).
 
 use cudarc::driver::PushKernelArg;
-use flm_core::{quant, Data, Error, Result};
+use flm_core::{quant, Data, Error, Result, TokenIds};
 
 use super::device::{dev_err, grid, int, CudaDevice};
 use super::kernels::{int4_form_code, k_quant_code, FloatWeight, Kernel};
 use super::ROW_THREADS;
 
-/// [`flm_core::Op::Embedding`].
+/// [`flm_core::Op::Embedding`]: host ids are copied in for the op, a tensor of ids is read
+/// where it lives.
 pub(super) fn embedding(
     dev: &CudaDevice,
     table: &Data,
-    tokens: &[u32],
+    tokens: TokenIds<'_>,
     output: &mut Data,
 ) -> Result<()> {
     let (vocab, dim) = (table.rows(), table.cols());
@@ -19,7 +20,11 @@ pub(super) fn embedding(
         return Ok(());
     }
     let w = dev.weight(table)?;
-    let ids = dev.upload(tokens)?;
+    let ids = match tokens {
+        TokenIds::Host(ids) => dev.input_bytes(bytemuck::cast_slice(ids))?,
+        TokenIds::Tensor(ids) => dev.input(ids)?,
+    };
+    let ids = ids.slice();
     let mut out = dev.output(output)?;
     let bad = dev.zeros::<i32>(1)?;
     let (dim_i, vocab_u) = (int(dim)?, u32::try_from(vocab).unwrap_or(u32::MAX));
@@ -29,7 +34,7 @@ pub(super) fn embedding(
             let f = dev.function(Kernel::Embedding(kind))?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w.slice())
-                .arg(&ids)
+                .arg(ids)
                 .arg(out.slice())
                 .arg(&dim_i)
                 .arg(&vocab_u)
@@ -52,7 +57,7 @@ pub(super) fn embedding(
             let f = dev.function(Kernel::EmbeddingQuant)?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w.slice())
-                .arg(&ids)
+                .arg(ids)
                 .arg(out.slice())
                 .arg(&dim_i)
                 .arg(&vocab_u);
@@ -71,14 +76,19 @@ pub(super) fn embedding(
         }
     };
     launched.map_err(dev_err)?;
+    let first_bad = |ids: &[u32]| ids.iter().copied().find(|&t| t as usize >= vocab);
     dev.check_flag(&bad, || {
-        let id = tokens
-            .iter()
-            .copied()
-            .find(|&t| t as usize >= vocab)
-            .unwrap_or(0);
+        let id = match tokens {
+            TokenIds::Host(ids) => first_bad(ids),
+            // The error path only: the device's ids read back for the message.
+            TokenIds::Tensor(_) => dev
+                .stream
+                .clone_dtoh(ids)
+                .ok()
+                .and_then(|b| first_bad(bytemuck::cast_slice(&b))),
+        };
         Error::TokenOutOfRange {
-            id,
+            id: id.unwrap_or(u32::MAX),
             vocab_size: vocab,
         }
     })?;
