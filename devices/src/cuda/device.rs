@@ -40,6 +40,8 @@ pub struct CudaDevice {
     functions: HashMap<Kernel, CudaFunction>,
     weights: Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>,
     pub(super) batch_invariant: AtomicBool,
+    /// The paged ops' row metadata of the current step ([`super::paged::Uploads`]).
+    pub(super) paged_uploads: Mutex<super::paged::Uploads>,
 }
 
 /// A null device pointer, passed by value for an absent optional operand (a bias, the
@@ -105,6 +107,7 @@ impl CudaDevice {
             functions,
             weights: Mutex::new(HashMap::new()),
             batch_invariant: AtomicBool::new(false),
+            paged_uploads: Mutex::new(super::paged::Uploads::default()),
         })
     }
 
