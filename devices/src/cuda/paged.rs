@@ -12,16 +12,14 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use flm_core::{alibi_slopes, Data, DataType, Error, PagedSeq, Result};
+use flm_core::{alibi_slopes, Data, DataType, Error, Op, PagedSeq, Result};
 
+use super::attention::Partials;
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::kernels::{Kernel, KvType, PAGED_CHUNK};
 
 /// Threads of a `paged_attn_partial` block (4 warps, one key per warp at a time).
 const THREADS: u32 = 128;
-
-/// Threads of an `attn_combine` block (one per value of the head, looping).
-const COMBINE_THREADS: u32 = 128;
 
 /// Threads of a `scatter_rows` block (one block per row).
 const SCATTER_THREADS: u32 = 256;
@@ -115,52 +113,56 @@ fn kv_type(op: &'static str, dtype: DataType) -> Result<KvType> {
     })
 }
 
-/// The operands of [`flm_core::Op::PagedAttention`] but the output.
-pub(super) struct Args<'a> {
-    pub q: &'a Data,
-    pub cache_k: &'a Data,
-    pub cache_v: &'a Data,
-    pub block_size: usize,
-    pub seqs: &'a [PagedSeq<'a>],
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub scale: f32,
-    pub alibi: bool,
-    pub softcap: Option<f32>,
-    pub sliding_window: Option<usize>,
-}
-
 /// [`flm_core::Op::PagedAttention`] over pools in this GPU's memory: `paged_attn_partial`
 /// over every (head, row, chunk of [`PAGED_CHUNK`] positions), then `attn_combine`.
 ///
 /// Errors: [`Error::DType`] for a pool type without kernels; [`Error::Device`] when a
 /// launch fails.
-pub(super) fn paged_attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) -> Result<()> {
-    let n = a.q.rows();
+pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
+    let Op::PagedAttention {
+        q,
+        cache_k,
+        cache_v,
+        block_size,
+        seqs,
+        n_heads,
+        n_kv_heads,
+        scale,
+        alibi,
+        softcap,
+        sliding_window,
+        output,
+    } = op
+    else {
+        return Err(Error::Unsupported(format!(
+            "{:?} as paged attention",
+            op.kind()
+        )));
+    };
+    let n = q.rows();
     if n == 0 {
         return Ok(());
     }
-    let kv = kv_type("PagedAttention", a.cache_k.dtype())?;
-    let head_dim = a.q.cols() / a.n_heads;
-    let map = RowMap::new(a.seqs)?;
-    let q = dev.input(a.q)?;
-    let (k, v) = (dev.input(a.cache_k)?, dev.input(a.cache_v)?);
+    let kv = kv_type("PagedAttention", cache_k.dtype())?;
+    let head_dim = q.cols() / n_heads;
+    let map = RowMap::new(seqs)?;
+    let qd = dev.input(q)?;
+    let (k, v) = (dev.input(cache_k)?, dev.input(cache_v)?);
     let meta = upload_once(dev, |u| &mut u.row_map, &map.words)?;
     let (row_pos, row_table, tables) =
         (meta.slice(0..n), meta.slice(n..2 * n), meta.slice(2 * n..));
-    let slopes = a
-        .alibi
-        .then(|| dev.upload(&alibi_slopes(a.n_heads)))
+    let slopes = alibi
+        .then(|| dev.upload(&alibi_slopes(n_heads)))
         .transpose()?;
-    let chunks = map.context.div_ceil(PAGED_CHUNK);
-    let parts = n * a.n_heads * chunks;
-    let mut part_m = dev.zeros::<f32>(parts)?;
-    let mut part_l = dev.zeros::<f32>(parts)?;
-    let mut part_o = dev.zeros::<f32>(parts * head_dim)?;
-    let (nh, nkv, hd) = (int(a.n_heads)?, int(a.n_kv_heads)?, int(head_dim)?);
-    let (bs, window) = (int(a.block_size)?, int(a.sliding_window.unwrap_or(0))?);
+    let mut parts = Partials::new(
+        dev,
+        (n, n_heads, head_dim),
+        map.context.div_ceil(PAGED_CHUNK),
+    )?;
+    let (nh, nkv, hd) = (int(n_heads)?, int(n_kv_heads)?, int(head_dim)?);
+    let (bs, window) = (int(block_size)?, int(sliding_window.unwrap_or(0))?);
     // 0 stands for no soft-capping (a cap is positive: Op::validate).
-    let softcap = a.softcap.unwrap_or(0.0);
+    let softcap = softcap.unwrap_or(0.0);
     // Scores and pool rows of a chunk, the query, 32 floats of scratch.
     let smem =
         u32::try_from(PAGED_CHUNK * (4 + 8) + (head_dim + 32) * 4).map_err(|_| Error::Shape {
@@ -169,7 +171,7 @@ pub(super) fn paged_attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) 
         })?;
     let f = dev.function(Kernel::PagedAttnPartial(kv))?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(q.slice())
+    b.arg(qd.slice())
         .arg(k.slice())
         .arg(v.slice())
         .arg(&row_pos)
@@ -179,33 +181,19 @@ pub(super) fn paged_attention(dev: &CudaDevice, a: Args<'_>, output: &mut Data) 
         .arg(&nh)
         .arg(&nkv)
         .arg(&hd)
-        .arg(&a.scale)
+        .arg(&scale)
         .arg(&softcap);
     arg_or_null(&mut b, slopes.as_ref());
     b.arg(&window);
-    b.arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);
+    b.arg(&mut parts.m).arg(&mut parts.l).arg(&mut parts.o);
     // SAFETY: arguments as `paged_attn_partial_<KV>`: q holds n × n_heads × head_dim
     // floats, the pools n_blocks · block_size rows of n_kv_heads × head_dim values, the
     // row map n positions, n table offsets and the tables, whose every entry a row reads
     // (positions below its own + 1) is a block of the pool (Op::validate), the slopes
     // n_heads floats or null, the partial buffers one entry (and head_dim values) per
     // (row, head, chunk); the dynamic shared memory is as the kernel lays it out.
-    unsafe { b.launch(grid((a.n_heads, n, chunks), THREADS, smem)?) }.map_err(dev_err)?;
-    let mut out = dev.output(output)?;
-    let chunks_i = int(chunks)?;
-    let f = dev.function(Kernel::AttnCombine)?;
-    let mut b = dev.stream.launch_builder(f);
-    b.arg(&part_m)
-        .arg(&part_l)
-        .arg(&part_o)
-        .arg(&nh)
-        .arg(&hd)
-        .arg(&chunks_i)
-        .arg(out.slice());
-    // SAFETY: the partial buffers as written above and out n × n_heads × head_dim floats,
-    // as `attn_combine` reads and writes them.
-    unsafe { b.launch(grid((a.n_heads, n, 1), COMBINE_THREADS, 0)?) }.map_err(dev_err)?;
-    out.finish(dev)
+    unsafe { b.launch(grid((n_heads, n, parts.chunks), THREADS, smem)?) }.map_err(dev_err)?;
+    parts.combine(dev, output)
 }
 
 /// [`flm_core::Op::ScatterRows`] into a tensor in this GPU's memory: `dst[rows[r], :] =

@@ -57,11 +57,7 @@ __device__ void paged_attn_partial(const float* q, const KV* pool_k, const KV* p
     long part = ((long)row * n_heads + h) * chunks + chunk;
     float* o = part_o + part * head_dim;
     if (a >= b) {
-        if (threadIdx.x == 0) {
-            part_m[part] = -INFINITY;
-            part_l[part] = 0.0f;
-        }
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = 0.0f;
+        flash_empty_part(part_m, part_l, o, part, head_dim);
         return;
     }
     const unsigned int* table = tables + row_table[row];
@@ -86,16 +82,8 @@ __device__ void paged_attn_partial(const float* q, const KV* pool_k, const KV* p
         }
     }
     __syncthreads();
-    float mx = -INFINITY;
-    for (long t = a + threadIdx.x; t < b; t += blockDim.x) mx = fmaxf(mx, scores[t - t0]);
-    mx = block_max(mx, scratch);
-    float l = 0.0f;
-    for (long t = a + threadIdx.x; t < b; t += blockDim.x) {
-        float e = expf(scores[t - t0] - mx);
-        scores[t - t0] = e;
-        l += e;
-    }
-    l = block_sum(l, scratch);
+    float l;
+    float mx = flash_chunk_softmax(scores + (a - t0), b - a, scratch, &l);
     __syncthreads();
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         const KV* v = pool_v + head_off + d;
