@@ -149,8 +149,9 @@ pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
     let qd = dev.input(q)?;
     let (k, v) = (dev.input(cache_k)?, dev.input(cache_v)?);
     let meta = upload_once(dev, |u| &mut u.row_map, &map.words)?;
+    let r = map.n_rows;
     let (row_pos, row_table, tables) =
-        (meta.slice(0..n), meta.slice(n..2 * n), meta.slice(2 * n..));
+        (meta.slice(0..r), meta.slice(r..2 * r), meta.slice(2 * r..));
     let slopes = alibi
         .then(|| dev.upload(&alibi_slopes(n_heads)))
         .transpose()?;
