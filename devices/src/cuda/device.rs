@@ -4,15 +4,17 @@
 //! Its ops (see [`super::dispatch`]) read and write tensors that live in its memory
 //! ([`super::CudaBuffer`], placed there by the executor: `--gpu-layers`) in place. Tensors
 //! in host memory are the per-op offload: host weights are uploaded once, the first time
-//! an op reads them, and kept for as long as their [`Data::id`] stays the same (int8/int4
-//! weights stay in the .flm row layout, quantised); host activations, token ids and the KV
+//! an op reads them, and kept for as long as their [`Data::id`] stays the same (a Linear's
+//! f16/bf16/int8/int4 weight repacked into its GPU GEMV layout, [`crate::gemv_layout`],
+//! quantised weights staying quantised); host activations, token ids and the KV
 //! cache rows an attention op reads are copied in for each op and its output copied back.
 //! Capturing the decode step in a CUDA graph is the next step (the kernels already read
 //! positions and lengths from device memory for that).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -25,11 +27,13 @@ use super::kernels::{has_quant_kernels, FloatWeight, Kernel, MODULES};
 use super::nvrtc;
 use super::ptx_cache::PtxCache;
 use super::GpuInfo;
+use crate::gemv_layout::GemvLayout;
 
 /// The CUDA device: one GPU, one stream, the compiled kernels and the uploaded weights.
 ///
 /// Batch invariance ([`flm_core::BaseDevice::require_batch_invariance`]): every kernel computes an
-/// input row on its own (one grid row per input row) except cuBLAS, whose algorithm
+/// input row on its own (the GEMV kernels take up to eight rows per weight read, each summed
+/// in the same order whatever its neighbours) except cuBLAS, whose algorithm
 /// depends on the batch; once asked, f16/bf16 Linears take the GEMV kernels whatever the
 /// row count, and Linears with f32 weights are left to the next device (the CPU).
 pub struct CudaDevice {
@@ -38,11 +42,17 @@ pub struct CudaDevice {
     info: GpuInfo,
     pub(super) ordinal: u32,
     functions: HashMap<Kernel, CudaFunction>,
-    weights: Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>,
+    weights: WeightCache,
+    packed: WeightCache,
+    /// The f16 scratch of the quantised prefill ([`super::dequant`]), grown on demand.
+    f16_scratch: Mutex<CudaSlice<u16>>,
     pub(super) batch_invariant: AtomicBool,
     /// The paged ops' row metadata of the current step ([`super::paged::Uploads`]).
     pub(super) paged_uploads: Mutex<super::paged::Uploads>,
 }
+
+/// Uploaded weights by [`Data::id`].
+type WeightCache = Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>;
 
 /// A null device pointer, passed by value for an absent optional operand (a bias, the
 /// ALiBi slopes): the kernels test the pointer before reading through it.
@@ -99,6 +109,9 @@ impl CudaDevice {
             load_functions(&ctx, &info.arch(), cache.as_ref()).map_err(|e| e.to_string())?;
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| format!("cuBLAS: {e}"))?;
+        let f16_scratch = stream
+            .alloc_zeros::<u16>(1)
+            .map_err(|e| format!("scratch: {e}"))?;
         Ok(CudaDevice {
             stream,
             blas,
@@ -106,6 +119,8 @@ impl CudaDevice {
             ordinal: u32::try_from(ordinal).map_err(|_| format!("GPU ordinal {ordinal}"))?,
             functions,
             weights: Mutex::new(HashMap::new()),
+            packed: Mutex::new(HashMap::new()),
+            f16_scratch: Mutex::new(f16_scratch),
             batch_invariant: AtomicBool::new(false),
             paged_uploads: Mutex::new(super::paged::Uploads::default()),
         })
@@ -148,16 +163,89 @@ impl CudaDevice {
     /// The host weight `w` in GPU memory: its bytes as they are on the host, uploaded the
     /// first time and reused while `w.id()` is unchanged.
     pub(super) fn cached_weight(&self, w: &Data) -> Result<Arc<CudaSlice<u8>>> {
-        let mut cache = self
-            .weights
+        self.cached(&self.weights, w, || Ok(Cow::Borrowed(w.bytes()?)))
+    }
+
+    /// The weight `w` repacked into the GPU GEMV `layout` ([`crate::gemv_layout`]) in GPU
+    /// memory, packed and uploaded the first time (from its host bytes, or from a download
+    /// of its buffer when it lives on this GPU) and reused while `w.id()` is unchanged.
+    pub(super) fn packed_weight(
+        &self,
+        w: &Data,
+        layout: &GemvLayout,
+    ) -> Result<Arc<CudaSlice<u8>>> {
+        self.cached(&self.packed, w, || match w.device_buffer() {
+            None => Ok(Cow::Owned(layout.pack(w.bytes()?)?)),
+            Some(buffer) => {
+                let mut bytes = vec![0u8; w.size_bytes()];
+                self.download_bytes(buffer, &mut bytes)?;
+                Ok(Cow::Owned(layout.pack(&bytes)?))
+            }
+        })
+    }
+
+    /// The upload of `bytes()` in `cache` under `w.id()`, made the first time.
+    fn cached<'w>(
+        &self,
+        cache: &WeightCache,
+        w: &'w Data,
+        bytes: impl FnOnce() -> Result<Cow<'w, [u8]>>,
+    ) -> Result<Arc<CudaSlice<u8>>> {
+        let mut cache = cache
             .lock()
             .map_err(|_| Error::Device("weight cache poisoned".into()))?;
         if let Some(buf) = cache.get(&w.id()) {
             return Ok(Arc::clone(buf));
         }
-        let buf = Arc::new(self.stream.clone_htod(w.bytes()?).map_err(dev_err)?);
+        let buf = Arc::new(self.stream.clone_htod(&*bytes()?).map_err(dev_err)?);
         cache.insert(w.id(), Arc::clone(&buf));
         Ok(buf)
+    }
+
+    /// The device's f16 scratch, at least `len` values, locked for the caller's op. Its
+    /// kernels run on the device's one stream, so an op's writes to it come after every
+    /// earlier op's reads; it only grows, to the largest request seen.
+    pub(super) fn f16_scratch(&self, len: usize) -> Result<MutexGuard<'_, CudaSlice<u16>>> {
+        let mut scratch = self
+            .f16_scratch
+            .lock()
+            .map_err(|_| Error::Device("f16 scratch poisoned".into()))?;
+        if scratch.len() < len {
+            *scratch = self.stream.alloc_zeros::<u16>(len).map_err(dev_err)?;
+        }
+        Ok(scratch)
+    }
+
+    /// Seconds per call of `f`, the mean of `reps` calls timed by CUDA events on the
+    /// device's stream: `f` should only queue work (operands resident, no download). A
+    /// `hold_stream` kernel holds the stream while the calls are queued, so that the events
+    /// time the GPU's work rather than the host's launches (nvbench's blocking kernel).
+    ///
+    /// Errors: those of `f` and of the launches; [`Error::Device`] when the hold ended
+    /// before the last call was queued (the host launches slower than the GPU runs them,
+    /// so the figure would time the launches).
+    pub fn time_queued(&self, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        const HOLD_NS: u64 = 20_000_000;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let hold = self.function(Kernel::HoldStream)?;
+        let mut b = self.stream.launch_builder(hold);
+        b.arg(&HOLD_NS);
+        // SAFETY: `hold_stream(unsigned long long)` takes one value and touches no memory.
+        unsafe { b.launch(grid((1, 1, 1), 32, 0)?) }.map_err(dev_err)?;
+        let start = self.stream.record_event(timing).map_err(dev_err)?;
+        for _ in 0..reps {
+            f()?;
+        }
+        let end = self.stream.record_event(timing).map_err(dev_err)?;
+        let held = !start.try_is_complete().map_err(dev_err)?;
+        let ms = start.elapsed_ms(&end).map_err(dev_err)?;
+        if !held {
+            return Err(Error::Device(format!(
+                "{reps} calls took longer to queue than the {} ms hold",
+                HOLD_NS / 1_000_000
+            )));
+        }
+        Ok(f64::from(ms) / 1e3 / reps.max(1) as f64)
     }
 
     /// A copy of `values` in GPU memory.
