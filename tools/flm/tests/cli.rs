@@ -602,10 +602,11 @@ fn bench_reports_json_for_random_weights() {
 #[test]
 fn bench_measures_each_batch_size_of_a_list() {
     let config = data("hf-stories260K/config.json");
+    let config = config.to_str().unwrap();
     let out = flm(&[
         "bench",
         "--random",
-        config.to_str().unwrap(),
+        config,
         "--dtype",
         "int8",
         "--batch",
@@ -636,18 +637,10 @@ fn bench_measures_each_batch_size_of_a_list() {
     for line in &lines {
         assert!(line["decode_tok_s"].as_f64().unwrap() > 0.0, "{line}");
     }
-    expect_error(
-        &[
-            "bench",
-            "--random",
-            config.to_str().unwrap(),
-            "--dtype",
-            "int8",
-            "--batch",
-            "2,0",
-        ],
-        "--batch must be at least 1",
-    );
+    let zero = [
+        "bench", "--random", config, "--dtype", "int8", "--batch", "2,0",
+    ];
+    expect_error(&zero, "--batch must be at least 1");
 }
 
 #[test]
