@@ -8,7 +8,6 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::mpsc;
 
-
 use flm_core::{Data, DataType, Executor, Location, SamplerConfig};
 use flm_devices::CpuDevice;
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
