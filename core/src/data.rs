@@ -495,6 +495,14 @@ impl Data {
         Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
+    /// The elements as mutable `f16`.
+    ///
+    /// Errors: [`Error::DType`] unless the dtype is F16; [`Error::ReadOnly`] if mapped.
+    pub fn as_f16_mut(&mut self) -> Result<&mut [f16]> {
+        self.expect(DataType::F16, "Data::as_f16_mut")?;
+        Ok(bytemuck::cast_slice_mut(self.bytes_mut()?))
+    }
+
     /// The elements as `bf16`. Errors: [`Error::DType`] unless the dtype is BF16.
     pub fn as_bf16(&self) -> Result<&[bf16]> {
         self.expect(DataType::BF16, "Data::as_bf16")?;
