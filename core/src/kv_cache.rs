@@ -31,11 +31,26 @@ impl KvDtype {
 
     /// The element type of a cache in the memory `at`: `F32` or `F16`.
     pub fn dtype_at(self, at: Location) -> DataType {
-        match (self, at) {
-            (KvDtype::F32, _) => DataType::F32,
-            (KvDtype::F16, _) => DataType::F16,
-            (KvDtype::Auto, Location::Host) => KvDtype::HOST_DEFAULT,
-            (KvDtype::Auto, Location::Device { .. }) => DataType::F16,
+        match at {
+            Location::Host => self.on_host(),
+            Location::Device { .. } => self.on_device(),
+        }
+    }
+
+    /// The element type of a cache in host memory.
+    pub fn on_host(self) -> DataType {
+        match self {
+            KvDtype::F32 => DataType::F32,
+            KvDtype::F16 => DataType::F16,
+            KvDtype::Auto => KvDtype::HOST_DEFAULT,
+        }
+    }
+
+    /// The element type of a cache in a device's memory.
+    pub fn on_device(self) -> DataType {
+        match self {
+            KvDtype::F32 => DataType::F32,
+            KvDtype::F16 | KvDtype::Auto => DataType::F16,
         }
     }
 }

@@ -219,7 +219,14 @@ impl Engine {
         exec.require_batch_invariance();
         let batch = model.batch(config.max_batch_prefill_tokens.min(256))?;
         let c = model.config().clone();
-        let kv = PagedKvCache::new(c.n_layers, n_blocks, config.block_size, c.kv_dim())?;
+        let kv_dtype = model.kv_dtype().on_host();
+        let kv = PagedKvCache::new(
+            c.n_layers,
+            n_blocks,
+            config.block_size,
+            c.kv_dim(),
+            kv_dtype,
+        )?;
         let stats = Arc::new(Mutex::new(EngineStats {
             free_blocks: n_blocks,
             total_blocks: n_blocks,

@@ -7,8 +7,7 @@
     allow(dead_code)
 )]
 
-use flm_core::{argmax, Data, DataType, Result};
-use half::slice::HalfFloatSliceExt;
+use flm_core::{argmax, Data, Result};
 
 use super::simd::{self, Kernel, Simd};
 use super::Isa;
@@ -80,13 +79,13 @@ pub(crate) fn gated_add(x: &mut Data, y: &Data, gate: &Data) -> Result<()> {
 pub(crate) fn scatter_rows(src: &Data, rows: &[u32], dst: &mut Data) -> Result<()> {
     let cols = src.cols();
     for (row, &r) in src.as_f32()?.chunks_exact(cols).zip(rows) {
-        store(row, dst, r as usize * cols)?;
+        dst.write_f32(r as usize * cols, row)?;
     }
     Ok(())
 }
 
 /// `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`: one `memcpy`, or one
-/// conversion into an f16 `dst`.
+/// conversion into an f16 `dst` ([`Data::write_f32`]).
 pub(crate) fn copy_rows(
     src: &Data,
     src_row: usize,
@@ -96,19 +95,7 @@ pub(crate) fn copy_rows(
 ) -> Result<()> {
     let cols = src.cols();
     let src = &src.as_f32()?[src_row * cols..(src_row + n_rows) * cols];
-    store(src, dst, dst_row * cols)
-}
-
-/// `dst[at..at + src.len()] = src`, each value rounded to the nearest f16 (ties to even) when
-/// `dst` is f16 (`half`'s slice conversion: F16C's `vcvtps2ph` where the CPU has it, the
-/// same bits as `f16::from_f32`), copied into an f32 `dst`.
-fn store(src: &[f32], dst: &mut Data, at: usize) -> Result<()> {
-    if dst.dtype() == DataType::F16 {
-        dst.as_f16_mut()?[at..][..src.len()].convert_from_f32_slice(src);
-    } else {
-        dst.as_f32_mut()?[at..][..src.len()].copy_from_slice(src);
-    }
-    Ok(())
+    dst.write_f32(dst_row * cols, src)
 }
 
 /// `output[i] = argmax(input[i, :])` as [`flm_core::argmax`]: the first index of the

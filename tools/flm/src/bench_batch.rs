@@ -25,7 +25,8 @@ pub fn once(
     let c = model.config();
     let positions = c.pre_seq_len + prompt.len() + gen_tokens;
     let per_seq = positions.div_ceil(BLOCK_SIZE);
-    let mut kv = PagedKvCache::new(c.n_layers, n * per_seq, BLOCK_SIZE, c.kv_dim())?;
+    let kv_dtype = model.model().kv_dtype().on_host();
+    let mut kv = PagedKvCache::new(c.n_layers, n * per_seq, BLOCK_SIZE, c.kv_dim(), kv_dtype)?;
     let mut batch = LlamaBatch::new(model.model().clone(), n * prompt.len())?;
     let tables: Vec<Vec<u32>> = (0..n)
         .map(|_| {
