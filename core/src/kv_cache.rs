@@ -192,6 +192,11 @@ impl KvCache {
         self.max_seq
     }
 
+    /// The element type of each layer's keys and values, first layer to last.
+    pub fn dtypes(&self) -> Vec<DataType> {
+        self.layers.iter().map(|(k, _)| k.dtype()).collect()
+    }
+
     /// The `(keys, values)` of layer `layer`. Panics if `layer` is out of range, which is a
     /// programming error of the model graph, not an input error.
     pub fn layer_mut(&mut self, layer: usize) -> (&mut Data, &mut Data) {

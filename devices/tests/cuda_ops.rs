@@ -36,6 +36,20 @@ fn random(rng: &mut StdRng, shape: &[usize], scale: f32) -> Data {
     Data::from_f32(shape, &v).unwrap()
 }
 
+/// `d`'s values rounded to f16 (as `half` rounds), as an f16 tensor: a KV cache of
+/// `--kv-dtype f16`.
+fn to_f16(d: &Data) -> Data {
+    let v: Vec<half::f16> = d
+        .to_f32_vec()
+        .unwrap()
+        .into_iter()
+        .map(half::f16::from_f32)
+        .collect();
+    let mut h = Data::zeros(DataType::F16, d.shape()).unwrap();
+    h.as_f16_mut().unwrap().copy_from_slice(&v);
+    h
+}
+
 fn nan(shape: &[usize]) -> Data {
     Data::from_f32(shape, &vec![f32::NAN; shape.iter().product()]).unwrap()
 }
@@ -287,6 +301,72 @@ gpu_tests! {
                 bidirectional: bidir, sliding_window: window, output: o,
             });
         }
+    }
+
+    attention_over_an_f16_cache(gpu) {
+        let mut r = rng(11);
+        // (n, start_pos, heads, kv heads, head_dim, window, alibi, bidirectional, softcap)
+        let cases = [
+            (1, 0, 4, 4, 64, None, false, 0, None),
+            (1, 700, 8, 2, 128, None, false, 0, None),
+            (7, 250, 6, 3, 65, None, false, 0, None),
+            (3, 600, 4, 1, 32, Some(300), false, 0, None),
+            (1, 513, 5, 5, 48, None, true, 0, None),
+            (9, 0, 4, 2, 64, None, false, 6, None),
+            (5, 40, 4, 2, 64, Some(16), false, 0, Some(0.9)),
+        ];
+        for (n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
+            let max_seq = start + n + 5;
+            let q = random(&mut r, &[n, heads * hd], 1.0);
+            let k = to_f16(&random(&mut r, &[max_seq, kv * hd], 1.0));
+            let v = to_f16(&random(&mut r, &[max_seq, kv * hd], 1.0));
+            let what = format!("Attention (f16 cache) n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir}");
+            compare!(&what, &gpu, &nan(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
+                q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
+                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
+                bidirectional: bidir, sliding_window: window, output: o,
+            });
+        }
+    }
+
+    kv_store_into_a_resident_f16_cache_then_attention(gpu) {
+        let location = gpu.location();
+        let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
+        let host = Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false);
+        let mut r = rng(12);
+        let (n, start, heads, kv, hd) = (3, 300, 8, 2, 64);
+        let max_seq = start + n + 4;
+        let caches = [
+            to_f16(&random(&mut r, &[max_seq, kv * hd], 1.0)),
+            to_f16(&random(&mut r, &[max_seq, kv * hd], 1.0)),
+        ];
+        let mut new_k = random(&mut r, &[n, kv * hd], 1.0).to_f32_vec().unwrap();
+        // Values whose rounding is easy to get wrong: ties to even, the largest finite f16,
+        // a subnormal.
+        new_k[..5].copy_from_slice(&[1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), 65504.0, 3e-8, -0.0]);
+        let new = [Data::from_f32(&[n, kv * hd], &new_k).unwrap(), random(&mut r, &[n, kv * hd], 1.0)];
+        let q = random(&mut r, &[n, heads * hd], 1.0);
+        // The same steps on each executor: store the new rows, then attend.
+        let step = |e: &Executor, at: Location| -> (Vec<f32>, Vec<Vec<u16>>) {
+            let up = |d: &Data| if at == Location::Host { d.clone() } else { e.to_device(d, at, "test: upload").unwrap() };
+            let mut cache: Vec<Data> = caches.iter().map(up).collect();
+            for (src, dst) in new.iter().zip(cache.iter_mut()) {
+                e.run(Op::CopyRows { src: &up(src), src_row: 0, n_rows: n, dst, dst_row: start }).unwrap();
+            }
+            let mut out = up(&nan(&[n, heads * hd]));
+            e.run(Op::Attention {
+                q: &up(&q), cache_k: &cache[0], cache_v: &cache[1], start_pos: start, n_heads: heads,
+                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi: false, softcap: None,
+                bidirectional: 0, sliding_window: None, output: &mut out,
+            }).unwrap();
+            let down = |d: &Data| if at == Location::Host { d.clone() } else { e.to_host(d, "test: download").unwrap() };
+            let bits = cache.iter().map(|c| down(c).as_f16().unwrap().iter().map(|h| h.to_bits()).collect()).collect();
+            (down(&out).to_f32_vec().unwrap(), bits)
+        };
+        let (got, got_cache) = step(&exec, location);
+        let (want, want_cache) = step(&host, Location::Host);
+        assert!(got_cache == want_cache, "the f16 caches differ after CopyRows");
+        check("Attention over a resident f16 cache", &got, &want, 1e-5, None);
     }
 
     buffers_round_trip_and_every_copy_is_recorded(gpu) {

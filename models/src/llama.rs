@@ -535,6 +535,12 @@ impl Llama {
         Ok(())
     }
 
+    /// The element type of each layer's KV cache (empty until the first forward pass of a
+    /// model placed on a device allocates it).
+    pub fn kv_dtypes(&self) -> Vec<DataType> {
+        self.kv.as_ref().map_or_else(Vec::new, KvCache::dtypes)
+    }
+
     /// The shared model this instance runs.
     pub fn model(&self) -> &Arc<LlamaModel> {
         &self.model

@@ -1,9 +1,9 @@
 //! [`flm_core::Op::Attention`] on [`super::CudaDevice`]: the flash-decoding kernels of
 //! `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
-//! then an exact combine).
+//! then an exact combine), over an f32 or f16 KV cache.
 
 use cudarc::driver::PushKernelArg;
-use flm_core::{alibi_slopes, Data, Error, Result};
+use flm_core::{alibi_slopes, Data, DataType, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::kernels::{Kernel, ATTN_CHUNK};
@@ -34,8 +34,9 @@ fn shape(msg: String) -> Error {
     }
 }
 
-/// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU,
-/// the partial and combine kernels run, and the output comes back.
+/// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU
+/// (unless the cache lives there), the partial kernel of the cache's dtype (f32 or f16) and
+/// the combine kernel run, and the output comes back.
 ///
 /// Errors: [`Error::Device`] when a launch fails.
 pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
@@ -47,6 +48,10 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         return Ok(());
     }
     let rows = filled.max(a.bidirectional);
+    let (partial, elem) = match a.cache_k.dtype() {
+        DataType::F16 => (Kernel::AttnPartialF16, 2),
+        _ => (Kernel::AttnPartial, 4),
+    };
     let q = dev.input(a.q)?;
     // A host cache is copied up to the rows the op reads; one on this GPU is read in place.
     let cache = |c: &'a Data| -> Result<Input<'a>> {
@@ -54,7 +59,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
             dev.input(c)
         } else {
             Ok(Input::Staged(
-                dev.upload(&c.bytes()?[..rows * kv_cols * 4])?,
+                dev.upload(&c.bytes()?[..rows * kv_cols * elem])?,
             ))
         }
     };
@@ -76,7 +81,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     let softcap = a.softcap.unwrap_or(0.0);
     let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
-    let f = dev.function(Kernel::AttnPartial)?;
+    let f = dev.function(partial)?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(q.slice())
         .arg(k.slice())
@@ -90,8 +95,9 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     arg_or_null(&mut b, slopes.as_ref());
     b.arg(&bidir).arg(&window);
     b.arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);
-    // SAFETY: arguments as `attn_partial`; q holds n × n_heads × head_dim floats, k and v
-    // `rows` cache rows of n_kv_heads × head_dim (every position a row sees is below
+    // SAFETY: arguments as `attn_partial` / `attn_partial_f16`; q holds n × n_heads ×
+    // head_dim floats, k and v `rows` cache rows of n_kv_heads × head_dim elements of the
+    // kernel's type (supports: f32 or f16, one for both; every position a row sees is below
     // `rows`), the slopes n_heads floats or null, the partial buffers one entry (and
     // head_dim values) per (row, head, chunk), and the dynamic shared memory is the
     // chunk's scores, the query and 32 floats of scratch.

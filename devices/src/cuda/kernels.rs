@@ -111,8 +111,10 @@ pub enum Kernel {
     AddBias,
     /// `rope` (rope.cu).
     Rope,
-    /// `attn_partial` (attention.cu).
+    /// `attn_partial` (attention.cu): an f32 KV cache.
     AttnPartial,
+    /// `attn_partial_f16` (attention.cu): an f16 KV cache.
+    AttnPartialF16,
     /// `attn_combine` (attention.cu).
     AttnCombine,
     /// `argmax_rows` (sample.cu).
@@ -153,6 +155,7 @@ impl Kernel {
             Kernel::AddBias => "add_bias",
             Kernel::Rope => "rope",
             Kernel::AttnPartial => "attn_partial",
+            Kernel::AttnPartialF16 => "attn_partial_f16",
             Kernel::AttnCombine => "attn_combine",
             Kernel::ArgmaxRows => "argmax_rows",
             Kernel::TopKRows => "top_k_rows",
@@ -223,7 +226,11 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "attention",
         source: include_str!("kernels/attention.cu"),
-        kernels: &[Kernel::AttnPartial, Kernel::AttnCombine],
+        kernels: &[
+            Kernel::AttnPartial,
+            Kernel::AttnPartialF16,
+            Kernel::AttnCombine,
+        ],
     },
     Module {
         name: "sample",
