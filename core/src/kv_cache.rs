@@ -25,8 +25,8 @@ pub enum KvDtype {
 
 impl KvDtype {
     /// The element type [`KvDtype::Auto`] chooses for a cache in host memory (the CPU): f32,
-    /// which decodes as fast as f16 there and keeps the values exact (docs/benchmarks.md,
-    /// "KV cache dtype").
+    /// which keeps the values exact (f16's gain there was measured only on a loaded machine:
+    /// docs/benchmarks.md, "KV cache dtype on the CPU").
     pub const HOST_DEFAULT: DataType = DataType::F32;
 
     /// The element type of a cache in the memory `at`: `F32` or `F16`.

@@ -288,44 +288,22 @@ gpu_tests! {
             (1, 513, 5, 5, 48, None, true, 0, None),
             (9, 0, 4, 2, 64, None, false, 6, None),
             (5, 40, 4, 2, 64, Some(16), false, 0, Some(0.9)),
+            (2, 90, 6, 3, 65, None, false, 0, None),
         ];
         for (n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
             let max_seq = start + n + 5;
             let q = random(&mut r, &[n, heads * hd], 1.0);
             let k = random(&mut r, &[max_seq, kv * hd], 1.0);
             let v = random(&mut r, &[max_seq, kv * hd], 1.0);
-            let what = format!("Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir}");
-            compare!(&what, &gpu, &nan(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
-                q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
-                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
-                bidirectional: bidir, sliding_window: window, output: o,
-            });
-        }
-    }
-
-    attention_over_an_f16_cache(gpu) {
-        let mut r = rng(11);
-        // (n, start_pos, heads, kv heads, head_dim, window, alibi, bidirectional, softcap)
-        let cases = [
-            (1, 0, 4, 4, 64, None, false, 0, None),
-            (1, 700, 8, 2, 128, None, false, 0, None),
-            (7, 250, 6, 3, 65, None, false, 0, None),
-            (3, 600, 4, 1, 32, Some(300), false, 0, None),
-            (1, 513, 5, 5, 48, None, true, 0, None),
-            (9, 0, 4, 2, 64, None, false, 6, None),
-            (5, 40, 4, 2, 64, Some(16), false, 0, Some(0.9)),
-        ];
-        for (n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
-            let max_seq = start + n + 5;
-            let q = random(&mut r, &[n, heads * hd], 1.0);
-            let k = to_f16(&random(&mut r, &[max_seq, kv * hd], 1.0));
-            let v = to_f16(&random(&mut r, &[max_seq, kv * hd], 1.0));
-            let what = format!("Attention (f16 cache) n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir}");
-            compare!(&what, &gpu, &nan(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
-                q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
-                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
-                bidirectional: bidir, sliding_window: window, output: o,
-            });
+            // An f32 cache, then the f16 cache of `--kv-dtype f16` (the same values rounded).
+            for (k, v) in [(k.clone(), v.clone()), (to_f16(&k), to_f16(&v))] {
+                let what = format!("Attention ({} cache) n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir}", k.dtype());
+                compare!(&what, &gpu, &nan(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
+                    q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
+                    n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
+                    bidirectional: bidir, sliding_window: window, output: o,
+                });
+            }
         }
     }
 

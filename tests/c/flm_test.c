@@ -235,7 +235,7 @@ static void bad_calls(const char *path, FlmModel *model) {
     options.activation_bits = 0;
     options.kv_dtype = "bf16";
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
-                 "options->kv_dtype: KV cache dtype \"bf16\": f32, f16 or auto");
+                 "options->kv_dtype is \"bf16\": f32, f16 or auto");
     options.kv_dtype = "f16";
     FlmModel *half_cache = NULL;
     CHECK(flm_model_load(path, &options, &half_cache) == FLM_STATUS_OK);

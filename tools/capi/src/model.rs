@@ -122,10 +122,10 @@ unsafe fn option_name<'a>(ptr: *const c_char, name: &'static str) -> Result<&'a 
 fn kv_dtype(options: &FlmModelOptions) -> Result<KvDtype, Failure> {
     // SAFETY: the caller passes a NUL-terminated name or NULL (FlmModelOptions docs).
     let name = unsafe { option_name(options.kv_dtype, "options->kv_dtype") }?;
-    name.parse().map_err(|e: flm_core::Error| {
+    name.parse().map_err(|_| {
         Failure::new(
             FlmStatus::InvalidArgument,
-            format!("options->kv_dtype: {e}"),
+            format!("options->kv_dtype is {name:?}: f32, f16 or auto"),
         )
     })
 }

@@ -90,28 +90,21 @@ __device__ void attn_partial_w(const float* q, const void* cache_k, const void* 
     }
 }
 
-// Block (head, row, chunk) over an f32 cache.
-extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
-                                        const float* cache_v, const unsigned int* start_pos,
-                                        int n_heads, int n_kv_heads, int head_dim, float scale,
-                                        float softcap, const float* alibi_slopes,
-                                        int bidirectional, int window, float* part_m,
-                                        float* part_l, float* part_o) {
-    attn_partial_w<0>(q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, head_dim, scale,
-                      softcap, alibi_slopes, bidirectional, window, part_m, part_l, part_o);
-}
-
-// Block (head, row, chunk) over an f16 cache.
-extern "C" __global__ void attn_partial_f16(const float* q, const f16_bits* cache_k,
-                                            const f16_bits* cache_v,
-                                            const unsigned int* start_pos, int n_heads,
-                                            int n_kv_heads, int head_dim, float scale,
-                                            float softcap, const float* alibi_slopes,
-                                            int bidirectional, int window, float* part_m,
-                                            float* part_l, float* part_o) {
-    attn_partial_w<1>(q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, head_dim, scale,
-                      softcap, alibi_slopes, bidirectional, window, part_m, part_l, part_o);
-}
+// Block (head, row, chunk) over a cache of element type W: attn_partial (f32) and
+// attn_partial_f16 (f16).
+#define ATTN_PARTIAL(NAME, W)                                                              \
+    extern "C" __global__ void NAME(const float* q, const void* cache_k, const void* cache_v, \
+                                    const unsigned int* start_pos, int n_heads,            \
+                                    int n_kv_heads, int head_dim, float scale,             \
+                                    float softcap, const float* alibi_slopes,              \
+                                    int bidirectional, int window, float* part_m,          \
+                                    float* part_l, float* part_o) {                        \
+        attn_partial_w<W>(q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, head_dim,   \
+                          scale, softcap, alibi_slopes, bidirectional, window, part_m,     \
+                          part_l, part_o);                                                 \
+    }
+ATTN_PARTIAL(attn_partial, 0)
+ATTN_PARTIAL(attn_partial_f16, 1)
 
 // One block per (head, row): merges the chunks of attn_partial into out[row, h, :].
 extern "C" __global__ void attn_combine(const float* part_m, const float* part_l,
