@@ -18,11 +18,9 @@ fn executor_at(isa: Isa) -> Executor {
 
 /// `values` rounded to f16, as an f16 tensor and as the f32 tensor of the same values.
 fn f16_and_rounded(shape: &[usize], values: &[f32]) -> (Data, Data) {
-    let half: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
-    let rounded: Vec<f32> = half.iter().map(|h| h.to_f32()).collect();
-    let mut f16 = Data::zeros(DataType::F16, shape).unwrap();
-    f16.as_f16_mut().unwrap().copy_from_slice(&half);
-    (f16, f32_data(shape, &rounded))
+    let half = to_f16(&f32_data(shape, values));
+    let rounded = f32_data(shape, &half.to_f32_vec().unwrap());
+    (half, rounded)
 }
 
 /// One attention shape and mask.
