@@ -121,6 +121,14 @@ typedef struct FlmModelOptions {
    integer work). Any other value is FLM_STATUS_INVALID_ARGUMENT.
    */
   uint32_t activation_bits;
+  /*
+   NUL-terminated element type of each session's KV cache: "f32"; "f16" (half the
+   bytes attention reads, each key and value rounded to the nearest f16 as it is
+   stored); or "auto" (f16 for a cache in a GPU's memory, f32 in host memory, where the
+   caches of libflm's sessions live). NULL means "auto"; any other name is
+   FLM_STATUS_INVALID_ARGUMENT. Borrowed for the call only.
+   */
+  const char *kv_dtype;
 } FlmModelOptions;
 
 /*

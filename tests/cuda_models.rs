@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use flm_core::{DataType, Executor, Location, SamplerConfig};
+use flm_core::{DataType, Executor, KvDtype, Location, SamplerConfig};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
@@ -94,11 +94,19 @@ fn int8_and_int4_top1_agree_with_the_cpu_on_99_percent_of_positions() {
     }
 }
 
-/// stories260K (5 layers, f32) with its first `on_gpu` layers' weights, KV cache and
-/// activations on the GPU, and the greedy tokens of 200 steps from BOS.
+/// stories260K (5 layers, f32, an f32 KV cache as llama2.c's) with its first `on_gpu`
+/// layers' weights, KV cache and activations on the GPU, and the greedy tokens of 200 steps
+/// from BOS.
 fn placed_greedy(gpu: &Executor, on_gpu: usize) -> Vec<u32> {
+    placed_greedy_with(gpu, on_gpu, KvDtype::F32)
+}
+
+/// [`placed_greedy`] with KV caches of `kv_dtype`.
+fn placed_greedy_with(gpu: &Executor, on_gpu: usize, kv_dtype: KvDtype) -> Vec<u32> {
     let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
+        .unwrap()
+        .with_kv_dtype(kv_dtype);
     let n_layers = model.config().n_layers;
     let placement = Placement::first_layers(n_layers, CUDA0, on_gpu);
     let model = model.place(gpu, placement).unwrap();
@@ -110,6 +118,15 @@ const CUDA0: Location = Location::Device {
     name: "cuda",
     ordinal: 0,
 };
+
+/// `--kv-dtype f16` (auto's choice on a GPU): every layer's cache on the GPU in f16 still
+/// writes llama2.c's tokens, as the f16 cache does on the CPU (`llama_reference.rs`).
+#[test]
+fn an_f16_kv_cache_on_the_gpu_writes_llama2c_tokens() {
+    let Some(gpu) = gpu_executor() else { return };
+    let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
+    assert_eq!(placed_greedy_with(&gpu, 5, KvDtype::Auto), expected);
+}
 
 #[test]
 fn gpu_layers_2_of_5_write_llama2c_tokens() {

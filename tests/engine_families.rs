@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use flm_core::PagedKvCache;
+use flm_core::{DataType, PagedKvCache};
 use flm_models::engine::{Engine, EngineConfig};
 use flm_models::import;
 use flm_models::llama::{BatchSeq, Logits};
@@ -25,7 +25,8 @@ fn batched_equals_single(model: &SharedModel, seqs: [(&[u32], &[usize]); 2], wha
     exec.require_batch_invariance();
     let block_size = 3;
     let positions: usize = seqs.iter().map(|s| c.pre_seq_len + s.0.len()).sum();
-    let mut kv = PagedKvCache::new(c.n_layers, positions, block_size, c.kv_dim()).unwrap();
+    let mut kv =
+        PagedKvCache::new(c.n_layers, positions, block_size, c.kv_dim(), DataType::F32).unwrap();
     let mut batch = model.batch(1).unwrap();
     let mut tables = Vec::new();
     for (tokens, _) in &seqs {

@@ -1,8 +1,11 @@
 //! stories260K against references produced by independent implementations (HF
 //! transformers and llama2.c `run.c`; see tests/data/SOURCES.md).
 
+use std::sync::Arc;
+
+use flm_core::KvDtype;
 use flm_models::import::{self, Format};
-use flm_models::llama::{Llama, LlamaWeights, Logits};
+use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Graph;
 use flm_tests::{cpu_executor, data, greedy_on, ids, stories_logits, stories_reference};
 
@@ -58,6 +61,38 @@ fn greedy_from_bos_matches_llama2c_for_200_tokens() {
         let mut model = load(rel);
         assert_eq!(greedy(&mut model, &[1], 200), expected, "{rel}");
     }
+}
+
+/// With an f16 KV cache (`--kv-dtype f16`) the greedy tokens from BOS are still llama2.c's
+/// (run.c keeps an f32 cache): the rounding of the keys and values (relative 2^-11) moves
+/// the logits far less than the gap between the two best tokens along these 200 steps.
+#[test]
+fn greedy_from_bos_with_an_f16_kv_cache_matches_llama2c() {
+    let reference = stories_reference();
+    let expected = ids(&reference["greedy_from_bos"]["output_ids"]);
+    let ckpt = import::load(&data(MODELS[0])).unwrap();
+    let shared = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
+        .unwrap()
+        .with_kv_dtype(KvDtype::F16);
+    let mut model = Llama::with_model(Arc::new(shared)).unwrap();
+    assert_eq!(greedy(&mut model, &[1], 200), expected);
+    // The cache is f16 indeed: the logits of a prompt move, a little.
+    let prompt = ids(&reference["greedy_prompt"]["input_ids"]);
+    let exec = cpu_executor();
+    let half = model
+        .forward(&exec, &prompt, 0, Logits::Last)
+        .unwrap()
+        .to_vec();
+    let full = load(MODELS[0])
+        .forward(&exec, &prompt, 0, Logits::Last)
+        .unwrap()
+        .to_vec();
+    let diff = half
+        .iter()
+        .zip(&full)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff > 0.0 && diff < 0.05, "largest logit change {diff}");
 }
 
 #[test]

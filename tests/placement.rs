@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use flm_core::{Executor, Location, Route, SamplerConfig};
+use flm_core::{DataType, Executor, KvDtype, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
 use flm_models::llama::{BatchSeq, Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
@@ -33,10 +33,18 @@ fn executor() -> Executor {
     )
 }
 
-/// stories260K with its first `on_device` layers on the device.
+/// stories260K with its first `on_device` layers on the device, its KV caches f32 (the
+/// tokens are compared with llama2.c's, whose cache is f32).
 fn placed(exec: &Executor, on_device: usize) -> Llama {
+    placed_with(exec, on_device, KvDtype::F32)
+}
+
+/// [`placed`] with KV caches of `kv_dtype`.
+fn placed_with(exec: &Executor, on_device: usize, kv_dtype: KvDtype) -> Llama {
     let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
+        .unwrap()
+        .with_kv_dtype(kv_dtype);
     let placement = Placement::first_layers(model.config().n_layers, SIM, on_device);
     let model = model.place(exec, placement).unwrap();
     Llama::with_model(Arc::new(model)).unwrap()
@@ -72,6 +80,19 @@ fn two_layers_on_a_device_write_llama2c_tokens_with_one_copy_per_step() {
     assert_eq!(ids, steps);
     let (count, _) = exec.transfers().totals();
     assert_eq!(count, 19 + 2 * steps, "{}", exec.transfers().report());
+}
+
+/// `--kv-dtype auto` puts f16 caches in a device's memory and keeps f32 ones in host memory;
+/// stories260K's greedy tokens stay llama2.c's with them (as on the CPU, see
+/// `llama_reference.rs`).
+#[test]
+fn auto_kv_caches_are_f16_on_a_device_and_keep_llama2c_tokens() {
+    let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
+    let exec = executor();
+    let mut model = placed_with(&exec, 2, KvDtype::Auto);
+    assert_eq!(greedy_on(&exec, &mut model, &[1], expected.len()), expected);
+    let (device, host) = (model.kv_dtypes()[0], model.kv_dtypes()[4]);
+    assert_eq!((device, host), (DataType::F16, KvDtype::HOST_DEFAULT));
 }
 
 #[test]
@@ -179,7 +200,10 @@ fn experts_in_host_memory(family: &str) {
     // The router, the experts' matrices, and the shared expert's three and its gate.
     let routed = moe.n_experts * 3 + 1 + moe.shared_expert_dim.map_or(0, |_| 4);
     let per_layer = weights.layers[0].tensors().len();
-    let model = LlamaModel::new(c.clone(), weights).unwrap();
+    // Logits against transformers': an f32 KV cache, as transformers keeps it.
+    let model = LlamaModel::new(c.clone(), weights)
+        .unwrap()
+        .with_kv_dtype(KvDtype::F32);
     let exec = executor();
     let placement =
         Placement::first_layers(c.n_layers, SIM, c.n_layers).with_experts_on(Location::Host);

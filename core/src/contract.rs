@@ -5,6 +5,7 @@
 //! these checks and none can be handed an op that skipped them. Devices keep only what is
 //! theirs to refuse (a dtype without a kernel, in [`crate::BaseDevice::supports`]).
 
+use crate::kv_cache::check_kv_dtype;
 use crate::{Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable, TokenIds};
 
 /// An [`Op`] whose operands passed [`Op::validate`].
@@ -233,15 +234,18 @@ impl Heads<'_> {
             ..
         } = *self;
         positive_cap(op, self.softcap)?;
-        all_f32(
-            op,
-            &[
-                ("q", q),
-                ("cache_k", cache_k),
-                ("cache_v", cache_v),
-                ("output", output),
-            ],
-        )?;
+        all_f32(op, &[("q", q), ("output", output)])?;
+        check_kv_dtype(op, cache_k.dtype())?;
+        if cache_v.dtype() != cache_k.dtype() {
+            return Err(Error::DType {
+                op,
+                msg: format!(
+                    "cache_k is {} and cache_v {}: one KV cache dtype",
+                    cache_k.dtype(),
+                    cache_v.dtype()
+                ),
+            });
+        }
         if n_heads == 0
             || n_kv_heads == 0
             || !n_heads.is_multiple_of(n_kv_heads)
@@ -688,7 +692,8 @@ impl<'a> Op<'a> {
                 dst,
                 dst_row,
             } => {
-                all_f32("CopyRows", &[("src", src), ("dst", dst)])?;
+                all_f32("CopyRows", &[("src", src)])?;
+                check_kv_dtype("CopyRows", dst.dtype())?;
                 if dst.cols() != src.cols() {
                     return Err(shape(
                         "CopyRows",
@@ -710,7 +715,8 @@ impl<'a> Op<'a> {
                 Ok(())
             }
             Op::ScatterRows { src, rows, dst } => {
-                all_f32("ScatterRows", &[("src", src), ("dst", dst)])?;
+                all_f32("ScatterRows", &[("src", src)])?;
+                check_kv_dtype("ScatterRows", dst.dtype())?;
                 if dst.cols() != src.cols() || src.rows() != rows.len() {
                     return Err(shape(
                         "ScatterRows",
@@ -1064,5 +1070,71 @@ mod tests {
         ));
         assert!(matches!(paged(&[2], 1, 0), Err(Error::OutOfBounds(_))));
         assert!(matches!(paged(&[0], 2, 0), Err(Error::Shape { .. })));
+    }
+
+    #[test]
+    fn kv_caches_are_f32_or_f16_and_activations_f32() {
+        let q = zeros(&[1, 8]);
+        let half = |shape: &[usize]| Data::zeros(DataType::F16, shape).unwrap();
+        let attention = |k: &Data, v: &Data, q: &Data| {
+            Op::Attention {
+                q,
+                cache_k: k,
+                cache_v: v,
+                start_pos: 0,
+                n_heads: 2,
+                n_kv_heads: 1,
+                scale: 1.0,
+                alibi: false,
+                bidirectional: 0,
+                sliding_window: None,
+                softcap: None,
+                output: &mut zeros(&[1, 8]),
+            }
+            .validate()
+            .map(|_| ())
+        };
+        let (h, f) = (half(&[4, 4]), zeros(&[4, 4]));
+        assert!(attention(&h, &h, &q).is_ok());
+        let mixed = attention(&h, &f, &q).unwrap_err();
+        assert!(
+            matches!(
+                mixed,
+                Error::DType {
+                    op: "Attention",
+                    ..
+                }
+            ),
+            "{mixed}"
+        );
+        let bf = Data::zeros(DataType::BF16, &[4, 4]).unwrap();
+        assert!(matches!(attention(&bf, &bf, &q), Err(Error::DType { .. })));
+        assert!(matches!(
+            attention(&h, &h, &half(&[1, 8])),
+            Err(Error::DType { .. })
+        ));
+
+        let copy = |src: &Data, dst: &mut Data| {
+            Op::CopyRows {
+                src,
+                src_row: 0,
+                n_rows: 1,
+                dst,
+                dst_row: 2,
+            }
+            .validate()
+            .map(|_| ())
+        };
+        assert!(copy(&zeros(&[1, 4]), &mut half(&[4, 4])).is_ok());
+        assert!(matches!(
+            copy(&half(&[1, 4]), &mut half(&[4, 4])),
+            Err(Error::DType { .. })
+        ));
+        let scatter = Op::ScatterRows {
+            src: &zeros(&[1, 4]),
+            rows: &[3],
+            dst: &mut half(&[4, 4]),
+        };
+        assert!(scatter.validate().is_ok());
     }
 }

@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -493,6 +494,37 @@ impl Data {
     pub fn as_f16(&self) -> Result<&[f16]> {
         self.expect(DataType::F16, "Data::as_f16")?;
         Ok(bytemuck::cast_slice(self.bytes()?))
+    }
+
+    /// The elements as mutable `f16`.
+    ///
+    /// Errors: [`Error::DType`] unless the dtype is F16; [`Error::ReadOnly`] if mapped.
+    pub fn as_f16_mut(&mut self) -> Result<&mut [f16]> {
+        self.expect(DataType::F16, "Data::as_f16_mut")?;
+        Ok(bytemuck::cast_slice_mut(self.bytes_mut()?))
+    }
+
+    /// Writes `values` at elements `at..at + values.len()` of an f32 or f16 tensor, each value
+    /// rounded to the nearest f16 (ties to even, `half`'s slice conversion: F16C's
+    /// `vcvtps2ph` where the CPU has it) for an f16 one: how keys and values enter a KV cache.
+    ///
+    /// Errors: [`Error::DType`] for another dtype; [`Error::ReadOnly`] if mapped;
+    /// [`Error::OutOfBounds`] if the elements are outside the tensor.
+    pub fn write_f32(&mut self, at: usize, values: &[f32]) -> Result<()> {
+        let len = self.numel();
+        let end = at.checked_add(values.len()).filter(|&e| e <= len);
+        let Some(end) = end else {
+            return Err(Error::OutOfBounds(format!(
+                "writing {} values at {at} of a tensor of {len}",
+                values.len()
+            )));
+        };
+        if self.dtype == DataType::F16 {
+            self.as_f16_mut()?[at..end].convert_from_f32_slice(values);
+        } else {
+            self.as_f32_mut()?[at..end].copy_from_slice(values);
+        }
+        Ok(())
     }
 
     /// The elements as `bf16`. Errors: [`Error::DType`] unless the dtype is BF16.

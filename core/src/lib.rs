@@ -41,7 +41,7 @@ pub use device::BaseDevice;
 pub use dtype::{DataType, Int4Form};
 pub use error::{Error, Result};
 pub use executor::Executor;
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvDtype};
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq, SampleState, TokenIds};
 pub use paged_kv::{BlockAllocator, PagedKvCache};

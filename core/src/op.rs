@@ -78,7 +78,9 @@ pub enum Op<'a> {
         start_pos: usize,
     },
     /// Copies rows: `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`. Used to
-    /// store keys and values in the KV cache and to pick the last row of a prefill.
+    /// store keys and values in the KV cache and to pick the last row of a prefill. Into an
+    /// f16 `dst` each value is rounded to the nearest f16, ties to even (`half`'s
+    /// `f16::from_f32`, as llama.cpp's f16 cache).
     CopyRows {
         /// f32 `[_, cols]`.
         src: &'a Data,
@@ -86,7 +88,7 @@ pub enum Op<'a> {
         src_row: usize,
         /// Rows copied.
         n_rows: usize,
-        /// f32 `[_, cols]`.
+        /// f32 or f16 `[_, cols]`.
         dst: &'a mut Data,
         /// First row written.
         dst_row: usize,
@@ -104,9 +106,10 @@ pub enum Op<'a> {
     Attention {
         /// f32 `[n, n_heads * head_dim]`.
         q: &'a Data,
-        /// f32 `[max_seq, n_kv_heads * head_dim]`, rows `0..start_pos + n` filled.
+        /// f32 or f16 (one dtype for both caches) `[max_seq, n_kv_heads * head_dim]`, rows
+        /// `0..start_pos + n` filled.
         cache_k: &'a Data,
-        /// f32 `[max_seq, n_kv_heads * head_dim]`.
+        /// The dtype and shape of `cache_k`.
         cache_v: &'a Data,
         /// Position of row 0 of `q`.
         start_pos: usize,
@@ -145,9 +148,10 @@ pub enum Op<'a> {
     PagedAttention {
         /// f32 `[Σ n_rows, n_heads * head_dim]`.
         q: &'a Data,
-        /// f32 `[n_blocks * block_size, n_kv_heads * head_dim]`: the key pool of the layer.
+        /// f32 or f16 `[n_blocks * block_size, n_kv_heads * head_dim]`: the key pool of the
+        /// layer.
         cache_k: &'a Data,
-        /// f32, the shape of `cache_k`: the value pool.
+        /// The dtype and shape of `cache_k`: the value pool.
         cache_v: &'a Data,
         /// Positions per block.
         block_size: usize,
@@ -169,13 +173,14 @@ pub enum Op<'a> {
         output: &'a mut Data,
     },
     /// Scatters rows: `dst[rows[r], :] = src[r, :]` for every row `r` of `src` (vLLM's
-    /// `reshape_and_cache`: new keys and values into their slots of a paged KV pool).
+    /// `reshape_and_cache`: new keys and values into their slots of a paged KV pool), rounded
+    /// to the nearest f16 into an f16 `dst` as [`Op::CopyRows`].
     ScatterRows {
         /// f32 `[rows.len(), cols]`.
         src: &'a Data,
         /// The destination row of each source row.
         rows: &'a [u32],
-        /// f32 `[_, cols]`.
+        /// f32 or f16 `[_, cols]`.
         dst: &'a mut Data,
     },
     /// [`Op::Rope`] with a position per row: row `i` is rotated at `positions[i]` (the rows

@@ -1,8 +1,9 @@
 //! The paged KV cache (Kwon et al. 2023, vLLM's PagedAttention): keys and values of many
 //! sequences in one pool of fixed-size blocks.
 //!
-//! The pool holds `n_blocks` blocks of `block_size` positions per layer, f32
-//! `[n_blocks · block_size, kv_dim]` for the keys and the same for the values. A sequence
+//! The pool holds `n_blocks` blocks of `block_size` positions per layer, f32 or f16
+//! ([`crate::KvDtype`]) `[n_blocks · block_size, kv_dim]` for the keys and the same for the
+//! values. A sequence
 //! owns a list of blocks, its *block table*: its position `t` lives in pool row
 //! `table[t / block_size] · block_size + t % block_size`. Blocks are handed out and taken
 //! back by a [`BlockAllocator`] (a free list, O(1) both ways), so sequences of any length
@@ -10,7 +11,8 @@
 //! at once. Blocks carry a reference count, so that a block can be shared by several
 //! sequences (a common prompt prefix) and returns to the free list with its last owner.
 
-use crate::{Data, DataType, Error, Executor, Location, Result};
+use crate::kv_cache::check_kv_dtype;
+use crate::{Data, DataType, Error, Executor, KvDtype, Location, Result};
 
 /// Hands out the blocks `0..n_blocks` of a pool: a LIFO free list and a reference count
 /// per block. Running out is a value ([`BlockAllocator::alloc`] returns `None`), which a
@@ -92,7 +94,7 @@ impl BlockAllocator {
     }
 }
 
-/// The block pool of every layer (see the module docs): per layer a pair of f32
+/// The block pool of every layer (see the module docs): per layer a pair of f32 or f16
 /// `[n_blocks · block_size, kv_dim]` tensors (keys, values), plus the allocator of its
 /// blocks.
 pub struct PagedKvCache {
@@ -103,24 +105,28 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     /// Allocates `n_blocks` zeroed blocks of `block_size` positions for `n_layers` layers of
-    /// `kv_dim` values per position (`n_kv_heads · head_dim`), all free, in host memory.
+    /// `kv_dim` values per position (`n_kv_heads · head_dim`) of `dtype`, all free, in host
+    /// memory.
     ///
     /// Errors: [`Error::InvalidArgument`] for a block size or block count of 0;
-    /// [`Error::Shape`] if the size overflows.
+    /// [`Error::Shape`] if the size overflows; [`Error::DType`] unless `dtype` is f32 or f16.
     pub fn new(
         n_layers: usize,
         n_blocks: usize,
         block_size: usize,
         kv_dim: usize,
+        dtype: DataType,
     ) -> Result<PagedKvCache> {
+        check_kv_dtype("PagedKvCache::new", dtype)?;
         let host = vec![Location::Host; n_layers];
         PagedKvCache::alloc(&host, (n_blocks, block_size, kv_dim), &|shape, _| {
-            Data::zeros(DataType::F32, shape)
+            Data::zeros(dtype, shape)
         })
     }
 
     /// As [`PagedKvCache::new`], with layer `l`'s pools allocated by `exec` in the memory of
-    /// `locations[l]` (one layer per location), where the layer runs.
+    /// `locations[l]` (one layer per location), where the layer runs, of the element type
+    /// `dtype` chooses there.
     ///
     /// Errors: those of [`PagedKvCache::new`]; the allocation's errors.
     pub fn placed(
@@ -129,9 +135,10 @@ impl PagedKvCache {
         n_blocks: usize,
         block_size: usize,
         kv_dim: usize,
+        dtype: KvDtype,
     ) -> Result<PagedKvCache> {
         PagedKvCache::alloc(locations, (n_blocks, block_size, kv_dim), &|shape, at| {
-            exec.zeros(DataType::F32, shape, at)
+            exec.zeros(dtype.dtype_at(at), shape, at)
         })
     }
 
@@ -165,13 +172,18 @@ impl PagedKvCache {
     }
 
     /// Bytes of one block over all layers, keys and values: `2 · n_layers · block_size ·
-    /// kv_dim · 4`. Divide a memory budget by it for the number of blocks.
-    pub fn block_bytes(n_layers: usize, block_size: usize, kv_dim: usize) -> usize {
+    /// kv_dim` elements of `dtype`. Divide a memory budget by it for the number of blocks.
+    pub fn block_bytes(
+        n_layers: usize,
+        block_size: usize,
+        kv_dim: usize,
+        dtype: DataType,
+    ) -> usize {
         2usize
             .saturating_mul(n_layers)
             .saturating_mul(block_size)
             .saturating_mul(kv_dim)
-            .saturating_mul(std::mem::size_of::<f32>())
+            .saturating_mul(dtype.size_of())
     }
 
     /// Positions per block.
@@ -235,7 +247,7 @@ mod tests {
 
     #[test]
     fn slots_follow_the_block_table() {
-        let kv = PagedKvCache::new(2, 4, 3, 5).unwrap();
+        let kv = PagedKvCache::new(2, 4, 3, 5, DataType::F32).unwrap();
         assert_eq!(kv.layers[0].0.shape(), &[12, 5]);
         let table = [2, 0];
         assert_eq!(kv.slot(&table, 0), Some(6));
@@ -243,8 +255,14 @@ mod tests {
         assert_eq!(kv.slot(&table, 3), Some(0));
         assert_eq!(kv.slot(&table, 6), None);
         assert_eq!(kv.blocks_for(7), 3);
-        assert!(PagedKvCache::new(1, 0, 16, 4).is_err());
-        assert!(PagedKvCache::new(1, 4, 0, 4).is_err());
-        assert_eq!(PagedKvCache::block_bytes(2, 16, 8), 2 * 2 * 16 * 8 * 4);
+        assert!(PagedKvCache::new(1, 0, 16, 4, DataType::F32).is_err());
+        assert!(PagedKvCache::new(1, 4, 0, 4, DataType::F32).is_err());
+        assert!(PagedKvCache::new(1, 4, 4, 4, DataType::Q80).is_err());
+        assert_eq!(
+            PagedKvCache::block_bytes(2, 16, 8, DataType::F32),
+            2 * 2 * 16 * 8 * 4
+        );
+        let half = PagedKvCache::new(1, 4, 3, 5, DataType::F16).unwrap();
+        assert_eq!(half.layers[0].1.dtype(), DataType::F16);
     }
 }

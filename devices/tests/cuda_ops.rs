@@ -41,6 +41,20 @@ fn random(rng: &mut StdRng, shape: &[usize], scale: f32) -> Data {
     Data::from_f32(shape, &v).unwrap()
 }
 
+/// `d`'s values rounded to f16 (as `half` rounds), as an f16 tensor: a KV cache of
+/// `--kv-dtype f16`.
+fn to_f16(d: &Data) -> Data {
+    let v: Vec<half::f16> = d
+        .to_f32_vec()
+        .unwrap()
+        .into_iter()
+        .map(half::f16::from_f32)
+        .collect();
+    let mut h = Data::zeros(DataType::F16, d.shape()).unwrap();
+    h.as_f16_mut().unwrap().copy_from_slice(&v);
+    h
+}
+
 fn nan(shape: &[usize]) -> Data {
     Data::from_f32(shape, &vec![f32::NAN; shape.iter().product()]).unwrap()
 }
@@ -142,12 +156,14 @@ type AttentionCase = (
 );
 
 /// Compares Attention on random q and cache (one of `n + start + 5` rows) for each case,
-/// with values rounded to f16 when `f16_values`.
+/// with values rounded to f16 when `f16_values`, the cache held as `cache` (f32, or the
+/// f16 of `--kv-dtype f16`).
 fn compare_attention(
     gpu: &CudaDevice,
     r: &mut StdRng,
     cases: &[AttentionCase],
     f16_values: bool,
+    cache: DataType,
     tol: f32,
 ) {
     let mut operand = |shape: &[usize]| {
@@ -164,9 +180,9 @@ fn compare_attention(
     for &(n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
         let max_seq = start + n + 5;
         let q = operand(&[n, heads * hd]);
-        let k = operand(&[max_seq, kv * hd]);
-        let v = operand(&[max_seq, kv * hd]);
-        let what = format!("Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
+        let k = operand(&[max_seq, kv * hd]).to_dtype(cache).unwrap();
+        let v = operand(&[max_seq, kv * hd]).to_dtype(cache).unwrap();
+        let what = format!("Attention ({cache} cache) n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
         compare!(&what, gpu, &nan(&[n, heads * hd]), tol, None, |o| {
             Op::Attention {
                 q: &q,
@@ -494,8 +510,11 @@ gpu_tests! {
             (1, 513, 5, 5, 48, None, true, 0, None),
             (9, 0, 4, 2, 64, None, false, 6, None),
             (5, 40, 4, 2, 64, Some(16), false, 0, Some(0.9)),
+            (2, 90, 6, 3, 65, None, false, 0, None),
         ];
-        compare_attention(&gpu, &mut r, &cases, false, 1e-5);
+        for cache in [DataType::F32, DataType::F16] {
+            compare_attention(&gpu, &mut r, &cases, false, cache, 1e-5);
+        }
     }
 
     linear_quantized_prefill(gpu) {
@@ -553,7 +572,9 @@ gpu_tests! {
             // No flash kernel for head_dim 96: the flash-decoding kernels.
             (130, 5, 4, 2, 96, None, false, 0, None),
         ];
-        compare_attention(&gpu, &mut r, &cases, true, 2e-3);
+        for cache in [DataType::F32, DataType::F16] {
+            compare_attention(&gpu, &mut r, &cases, true, cache, 2e-3);
+        }
     }
 
     paged_attention_and_scatter_rows(gpu) {
@@ -575,6 +596,46 @@ gpu_tests! {
         for (bs, heads, kv, hd, window, alibi, softcap) in cases {
             paged_case(&exec, at, &mut r, (bs, heads, kv, hd), (window, alibi, softcap));
         }
+    }
+
+    kv_store_into_a_resident_f16_cache_then_attention(gpu) {
+        let location = gpu.location();
+        let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
+        let host = Executor::with_profiling(vec![Box::new(CpuDevice::new().unwrap())], false);
+        let mut r = rng(12);
+        let (n, start, heads, kv, hd) = (3, 300, 8, 2, 64);
+        let max_seq = start + n + 4;
+        let caches = [
+            to_f16(&random(&mut r, &[max_seq, kv * hd], 1.0)),
+            to_f16(&random(&mut r, &[max_seq, kv * hd], 1.0)),
+        ];
+        let mut new_k = random(&mut r, &[n, kv * hd], 1.0).to_f32_vec().unwrap();
+        // Values whose rounding is easy to get wrong: ties to even, the largest finite f16,
+        // a subnormal.
+        new_k[..5].copy_from_slice(&[1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), 65504.0, 3e-8, -0.0]);
+        let new = [Data::from_f32(&[n, kv * hd], &new_k).unwrap(), random(&mut r, &[n, kv * hd], 1.0)];
+        let q = random(&mut r, &[n, heads * hd], 1.0);
+        // The same steps on each executor: store the new rows, then attend.
+        let step = |e: &Executor, at: Location| -> (Vec<f32>, Vec<Vec<u16>>) {
+            let up = |d: &Data| if at == Location::Host { d.clone() } else { e.to_device(d, at, "test: upload").unwrap() };
+            let mut cache: Vec<Data> = caches.iter().map(up).collect();
+            for (src, dst) in new.iter().zip(cache.iter_mut()) {
+                e.run(Op::CopyRows { src: &up(src), src_row: 0, n_rows: n, dst, dst_row: start }).unwrap();
+            }
+            let mut out = up(&nan(&[n, heads * hd]));
+            e.run(Op::Attention {
+                q: &up(&q), cache_k: &cache[0], cache_v: &cache[1], start_pos: start, n_heads: heads,
+                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi: false, softcap: None,
+                bidirectional: 0, sliding_window: None, output: &mut out,
+            }).unwrap();
+            let down = |d: &Data| if at == Location::Host { d.clone() } else { e.to_host(d, "test: download").unwrap() };
+            let bits = cache.iter().map(|c| down(c).as_f16().unwrap().iter().map(|h| h.to_bits()).collect()).collect();
+            (down(&out).to_f32_vec().unwrap(), bits)
+        };
+        let (got, got_cache) = step(&exec, location);
+        let (want, want_cache) = step(&host, Location::Host);
+        assert!(got_cache == want_cache, "the f16 caches differ after CopyRows");
+        check("Attention over a resident f16 cache", &got, &want, 1e-5, None);
     }
 
     buffers_round_trip_and_every_copy_is_recorded(gpu) {

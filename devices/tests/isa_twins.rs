@@ -356,23 +356,30 @@ fn attention_matches_scalar() {
         let (v, vv) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
         let (q, qv) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
         let scale = 1.0 / (hd as f32).sqrt();
+        // The f16 cache of `--kv-dtype f16`: the same values rounded, which moves the bound
+        // below by far less than its slack.
+        let (k16, v16) = (to_f16(&k), to_f16(&v));
         // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest),
         // then ALiBi in a sliding window of 7 positions (ALiBi's `t` stays the cache row),
-        // then soft-capped scores (Gemma 2), whose tanh does not widen the error.
-        for (alibi, bidirectional, window, softcap) in [
-            (false, 0, None, None),
-            (true, rows, None, None),
-            (true, 0, Some(7), None),
-            (false, 0, Some(9), Some(0.9)),
+        // then soft-capped scores (Gemma 2), whose tanh does not widen the error; then
+        // causal and windowed over the f16 cache.
+        for (alibi, bidirectional, window, softcap, f16_cache) in [
+            (false, 0, None, None, false),
+            (true, rows, None, None, false),
+            (true, 0, Some(7), None, false),
+            (false, 0, Some(9), Some(0.9), false),
+            (false, 0, None, None, true),
+            (true, 0, Some(7), None, true),
         ] {
+            let (k, v) = if f16_cache { (&k16, &v16) } else { (&k, &v) };
             let attend = |isa| {
                 let mut out = nan_output(&[c.n, n_heads * hd]);
                 run_at(
                     isa,
                     Op::Attention {
                         q: &q,
-                        cache_k: &k,
-                        cache_v: &v,
+                        cache_k: k,
+                        cache_v: v,
                         start_pos: c.start_pos,
                         n_heads,
                         n_kv_heads,
@@ -418,7 +425,8 @@ fn attention_matches_scalar() {
             for isa in simd_levels() {
                 let what = format!(
                     "Attention at {isa}, n={} start={} heads={:?} head_dim={hd} alibi={alibi} \
-                     bidirectional={bidirectional} window={window:?} softcap={softcap:?}",
+                     bidirectional={bidirectional} window={window:?} softcap={softcap:?} \
+                     f16 cache={f16_cache}",
                     c.n, c.start_pos, c.heads
                 );
                 assert_close(&what, &attend(isa), &want, |i| tol[i]);

@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 pub use weights::{ChatGlmLayer, ChatGlmWeights};
 
-use flm_core::{Data, DataType, Executor, KvCache, Op, RopeStyle, RopeTable};
+use flm_core::{Data, DataType, Executor, KvCache, KvDtype, Op, RopeStyle, RopeTable};
 
 use crate::graph::{Graph, Head, SharedGraph};
 use crate::llama::{
@@ -100,6 +100,8 @@ pub struct ChatGlmModel {
     marks: Marks,
     weights: ChatGlmWeights,
     rope: RopeTable,
+    /// The element type of its instances' KV caches (in host memory).
+    kv_dtype: KvDtype,
 }
 
 /// A ChatGLM-6B model ready to run (see the module docs): the shared [`ChatGlmModel`] plus
@@ -153,6 +155,7 @@ impl ChatGlmModel {
             config,
             weights,
             rope,
+            kv_dtype: KvDtype::Auto,
         })
     }
 
@@ -169,6 +172,15 @@ impl SharedGraph for ChatGlmModel {
 
     fn instance(self: Arc<Self>) -> Result<Model> {
         Ok(Model::from_graph(ChatGlm::with_model(self)?))
+    }
+
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel> {
+        let model = crate::graph::unshared(self)?;
+        Ok(ChatGlmModel { kv_dtype, ..model }.into())
     }
 
     fn batch(self: Arc<Self>, _rows: usize) -> Result<LlamaBatch> {
@@ -194,7 +206,8 @@ impl ChatGlm {
     /// Errors: [`flm_core::Error::Shape`] (wrapped) if a buffer's size overflows.
     pub fn with_model(model: Arc<ChatGlmModel>) -> Result<ChatGlm> {
         let c = &model.config;
-        let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim())?;
+        let (positions, dtype) = (c.pre_seq_len + c.max_seq_len, model.kv_dtype.on_host());
+        let mut kv = KvCache::new(c.n_layers, positions, c.kv_dim(), dtype)?;
         if let Some(prefix) = &model.weights.prefix_kv {
             load_prefix(&mut kv, prefix, c)?;
         }

@@ -10,7 +10,7 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use flm_core::{Data, Executor, Location};
+use flm_core::{Data, Executor, KvDtype, Location};
 
 use crate::chatglm::{ChatGlmModel, ChatGlmWeights};
 use crate::import::Checkpoint;
@@ -129,6 +129,14 @@ pub trait SharedGraph: Send + Sync {
     /// prefix-LM mask needs the whole context in one pass); buffer allocation errors.
     fn batch(self: Arc<Self>, rows: usize) -> Result<LlamaBatch>;
 
+    /// The element type of its instances' KV caches.
+    fn kv_dtype(&self) -> KvDtype;
+
+    /// The graph with its instances' KV caches of `kv_dtype`, before any instance is made.
+    ///
+    /// Errors: [`Error::Config`] when instances of it exist.
+    fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel>;
+
     /// The Llama graph's shared model, for what only it offers (layer placement across
     /// devices); `None` for other graphs.
     fn as_llama(self: Arc<Self>) -> Option<Arc<LlamaModel>> {
@@ -180,6 +188,19 @@ impl SharedModel {
         Arc::clone(&self.0).batch(rows)
     }
 
+    /// The element type of its instances' KV caches (see [`SharedGraph::kv_dtype`]).
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.0.kv_dtype()
+    }
+
+    /// The model with its instances' KV caches of `kv_dtype` (`--kv-dtype`), before any
+    /// instance is made.
+    ///
+    /// Errors: as [`SharedGraph::with_kv_dtype`].
+    pub fn with_kv_dtype(self, kv_dtype: KvDtype) -> Result<SharedModel> {
+        self.0.with_kv_dtype(kv_dtype)
+    }
+
     /// The Llama graph's shared model, if this is one.
     pub fn llama(&self) -> Option<Arc<LlamaModel>> {
         Arc::clone(&self.0).as_llama()
@@ -209,6 +230,15 @@ impl SharedModel {
         let placement = plan(&model)?;
         Ok(model.place(exec, placement)?.into())
     }
+}
+
+/// The graph behind `shared`, when no other reference to it exists.
+///
+/// Errors: [`Error::Config`] when instances of it exist.
+pub(crate) fn unshared<G>(shared: Arc<G>) -> Result<G> {
+    Arc::try_unwrap(shared).map_err(|_| {
+        Error::Config("the KV cache dtype is set before any instance of the model is made".into())
+    })
 }
 
 impl<G: SharedGraph + 'static> From<G> for SharedModel {

@@ -48,8 +48,8 @@
 use std::sync::Arc;
 
 use flm_core::{
-    Data, DataType, Error as CoreError, Executor, KvCache, LinearPart, Location, Op, RopeTable,
-    TokenIds,
+    Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart, Location, Op,
+    RopeTable, TokenIds,
 };
 
 use crate::graph::{Graph, Head, SharedGraph};
@@ -239,6 +239,8 @@ pub struct LlamaModel {
     /// The RoPE of the sliding-window layers, where it differs (Gemma 3).
     rope_local: Option<RopeTable>,
     placement: Placement,
+    /// The element type of its instances' KV caches.
+    kv_dtype: KvDtype,
 }
 
 /// A Llama model ready to run: the shared [`LlamaModel`] plus its own KV cache (for
@@ -317,7 +319,19 @@ impl LlamaModel {
             rope,
             rope_local,
             placement,
+            kv_dtype: KvDtype::Auto,
         })
+    }
+
+    /// The model with its instances' KV caches of `kv_dtype` (in each layer's memory, see
+    /// [`KvDtype::dtype_at`]); [`KvDtype::Auto`] until set.
+    pub fn with_kv_dtype(self, kv_dtype: KvDtype) -> LlamaModel {
+        LlamaModel { kv_dtype, ..self }
+    }
+
+    /// The element type of its KV caches.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     /// The RoPE table of layer `l`: the local one for a sliding-window layer where the
@@ -402,13 +416,15 @@ impl LlamaModel {
     }
 
     /// The bytes each part of the model needs in the memory it is placed in, for
-    /// [`Placement::fit`]: each layer's weights and KV cache (f32, the whole context), the
+    /// [`Placement::fit`]: each layer's weights and KV cache (the whole context, of the
+    /// element type [`KvDtype::on_device`] gives, the memory being a device's), the
     /// input side (the embedding table, and one set of activations for [`PREFILL_CHUNK`]
     /// rows), and the head (the final norm and an untied classifier).
     pub fn memory_bytes(&self) -> (Vec<u64>, u64, u64) {
         let (c, w) = (&self.config, &self.weights);
         let f32_bytes = |n: usize| (n as u64).saturating_mul(4);
-        let kv = 2 * f32_bytes((c.pre_seq_len + c.max_seq_len).saturating_mul(c.kv_dim()));
+        let kv = ((c.pre_seq_len + c.max_seq_len).saturating_mul(c.kv_dim()) as u64)
+            .saturating_mul(2 * self.kv_dtype.on_device().size_of() as u64);
         let layers = w
             .layers
             .iter()
@@ -448,6 +464,14 @@ impl SharedGraph for LlamaModel {
         LlamaBatch::new(self, rows)
     }
 
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel> {
+        Ok(crate::graph::unshared(self)?.with_kv_dtype(kv_dtype).into())
+    }
+
     fn as_llama(self: Arc<Self>) -> Option<Arc<LlamaModel>> {
         Some(self)
     }
@@ -471,7 +495,7 @@ impl Llama {
     pub fn with_model(model: Arc<LlamaModel>) -> Result<Llama> {
         let (mut kv, mut states) = (None, Vec::new());
         if model.placement.is_host() {
-            kv = Some(host_kv(&model)?);
+            kv = Some(host_kv(&model, model.kv_dtype.on_host())?);
             let c = &model.config;
             states.push(Activations::new(c, PREFILL_CHUNK.min(c.max_seq_len))?);
         }
@@ -493,13 +517,23 @@ impl Llama {
         let (c, layers) = (&model.config, model.placement.layers());
         let max_seq = c.pre_seq_len + c.max_seq_len;
         let kv = if model.weights.prefix_kv.is_some() {
-            host_kv(model)?.place(exec, layers, "load: p-tuning prefix")?
+            // One dtype for the layers: that of the first layer's memory.
+            let dtype = model
+                .kv_dtype
+                .dtype_at(layers.first().copied().unwrap_or(Location::Host));
+            host_kv(model, dtype)?.place(exec, layers, "load: p-tuning prefix")?
         } else {
-            KvCache::placed(exec, layers, max_seq, c.kv_dim())?
+            KvCache::placed(exec, layers, max_seq, c.kv_dim(), model.kv_dtype)?
         };
         self.states = placed_states(exec, model, PREFILL_CHUNK.min(c.max_seq_len))?;
         self.kv = Some(kv);
         Ok(())
+    }
+
+    /// The element type of each layer's KV cache (empty until the first forward pass of a
+    /// model placed on a device allocates it).
+    pub fn kv_dtypes(&self) -> Vec<DataType> {
+        self.kv.as_ref().map_or_else(Vec::new, KvCache::dtypes)
     }
 
     /// The shared model this instance runs.
@@ -1002,10 +1036,10 @@ fn pair_mut<T>(items: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
     }
 }
 
-/// A host KV cache for `model`, with its p-tuning prefix copied in.
-fn host_kv(model: &LlamaModel) -> Result<KvCache> {
+/// A host KV cache of `dtype` for `model`, with its p-tuning prefix copied in.
+fn host_kv(model: &LlamaModel, dtype: DataType) -> Result<KvCache> {
     let c = &model.config;
-    let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim())?;
+    let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim(), dtype)?;
     if let Some(prefix) = &model.weights.prefix_kv {
         load_prefix(&mut kv, prefix, c)?;
     }
@@ -1076,8 +1110,8 @@ pub(crate) fn load_prefix(kv: &mut KvCache, prefix: &Data, c: &ModelConfig) -> R
     for (p, row) in values.chunks_exact(c.n_layers * 2 * kv_dim).enumerate() {
         for (l, pair) in row.chunks_exact(2 * kv_dim).enumerate() {
             let (k, v) = kv.layer_mut(l);
-            k.as_f32_mut()?[p * kv_dim..][..kv_dim].copy_from_slice(&pair[..kv_dim]);
-            v.as_f32_mut()?[p * kv_dim..][..kv_dim].copy_from_slice(&pair[kv_dim..]);
+            k.write_f32(p * kv_dim, &pair[..kv_dim])?;
+            v.write_f32(p * kv_dim, &pair[kv_dim..])?;
         }
     }
     Ok(())

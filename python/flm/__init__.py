@@ -37,7 +37,9 @@ class Model:
     (the GPU when one is usable); context: KV cache positions of each session (0: the
     model's, at most 4096); activation_bits: 8 (int8 activation blocks, as llama.cpp) or
     16 (their rounding residual too: the logits of unrounded activations, slower) for
-    quantised weights on the CPU.
+    quantised weights on the CPU; kv_dtype: "f32", "f16" (half the bytes attention reads,
+    each key and value rounded to the nearest f16) or "auto" (f16 for a cache on a GPU, f32
+    in host memory, where the sessions' caches live) for the KV cache.
     Raises FlmError (status IO for a missing file, FORMAT for a malformed one...).
     """
 
@@ -49,9 +51,11 @@ class Model:
         device: str = "auto",
         context: int = 0,
         activation_bits: int = 8,
+        kv_dtype: str = "auto",
     ) -> None:
         self._handle: ctypes.c_void_p | None = None
-        options = ModelOptions(threads, device.encode(), context, activation_bits)
+        options = ModelOptions(threads, device.encode(), context, activation_bits,
+                               kv_dtype.encode())
         handle = ctypes.c_void_p()
         check(lib().flm_model_load(os.fsencode(path), ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle

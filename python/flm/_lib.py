@@ -44,6 +44,7 @@ class ModelOptions(ctypes.Structure):
         ("device", ctypes.c_char_p),
         ("context", ctypes.c_size_t),
         ("activation_bits", ctypes.c_uint32),
+        ("kv_dtype", ctypes.c_char_p),
     ]
 
 

@@ -133,10 +133,21 @@ def test_errors_carry_the_library_message(model: flm.Model, tmp_path: Path) -> N
     assert err.value.status == flm.Status.INVALID_ARGUMENT
     assert "activation_bits is 12" in err.value.message
 
+    with pytest.raises(flm.FlmError) as err:
+        flm.Model(MODEL, kv_dtype="int8")
+    assert err.value.status == flm.Status.INVALID_ARGUMENT
+    assert "kv_dtype" in err.value.message
+
 
 def test_16_bit_activations_load_and_generate() -> None:
     # stories260K's weights are f32, which no activation rounding touches: the same text.
     with flm.Model(MODEL, threads=1, activation_bits=16) as m:
+        assert greedy(m.session(), "Once upon a time", 32) == reference("greedy_prompt")[16:]
+
+
+def test_f16_kv_cache_generates_the_reference() -> None:
+    # Rounding stories260K's keys and values to f16 does not flip a greedy token here.
+    with flm.Model(MODEL, threads=1, kv_dtype="f16") as m:
         assert greedy(m.session(), "Once upon a time", 32) == reference("greedy_prompt")[16:]
 
 

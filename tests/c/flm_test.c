@@ -233,6 +233,14 @@ static void bad_calls(const char *path, FlmModel *model) {
     CHECK(flm_model_load(path, &options, &sixteen) == FLM_STATUS_OK);
     flm_model_free(sixteen);
     options.activation_bits = 0;
+    options.kv_dtype = "bf16";
+    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
+                 "options->kv_dtype is \"bf16\": f32, f16 or auto");
+    options.kv_dtype = "f16";
+    FlmModel *half_cache = NULL;
+    CHECK(flm_model_load(path, &options, &half_cache) == FLM_STATUS_OK);
+    flm_model_free(half_cache);
+    options.kv_dtype = NULL;
     FlmSampling sampling = flm_sampling_default();
     sampling.top_p = 1.5f;
     EXPECT_ERROR(flm_generate(session, "a", 1, &sampling, 4, NULL, NULL, NULL),

@@ -19,6 +19,11 @@
 //! Scores live in a thread-local buffer, so a warm call allocates nothing. The portable
 //! twin does the same steps one head and one value at a time.
 //!
+//! The cache holds f32 or f16 keys and values ([`flm_core::KvDtype`]): the kernels are
+//! generic over the element ([`Elem`]), and an f16 row is widened exactly as it is loaded
+//! (F16C's `vcvtph2ps` on x86, `fcvtl` on NEON, `half` in the twin), so an f16 cache gives
+//! the result of an f32 cache holding the same (rounded) values.
+//!
 //! Both read the cache through a list of row offsets built per (row, KV head): the rows
 //! `t` of a contiguous cache, or the pool rows a block table maps positions to in a paged
 //! one ([`super::paged_attention`]). The arithmetic is the same either way, so a paged
@@ -42,11 +47,11 @@
 
 use std::cell::Cell;
 
-use flm_core::{Data, Result};
+use flm_core::{Data, DataType, Error, Result};
 use rayon::prelude::*;
 
 use super::scratch;
-use super::simd::{self, Kernel, Simd};
+use super::simd::{self, Elem, Kernel, Simd};
 use super::weights::dot;
 use super::{Isa, PARALLEL_MIN_WORK};
 
@@ -55,6 +60,8 @@ thread_local! {
     static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// The offsets in the cache of the key/value rows the current row attends to.
     static OFFSETS: Cell<Vec<usize>> = const { Cell::new(Vec::new()) };
+    /// One key or value row widened to f32 (the portable twin over an f16 cache).
+    static ROW: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// How the scores are masked and biased (see [`flm_core::Op::Attention`]).
@@ -71,7 +78,7 @@ pub(crate) struct Mask {
 }
 
 /// `output = softmax(q·Kᵀ·scale + bias)·V` per head, GQA (see [`flm_core::Op::Attention`]):
-/// `q`, `output` `[n, n_heads·head_dim]`, caches `[max_pos, n_kv_heads·head_dim]`, all f32;
+/// `q`, `output` f32 `[n, n_heads·head_dim]`, caches f32 or f16 `[max_pos, n_kv_heads·head_dim]`;
 /// query head `h` reads KV head `h / (n_heads / n_kv_heads)`, and row `i` (position
 /// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, mask.bidirectional)`, or with a
 /// sliding window `w` the rows `start_pos + i + 1 − w..start_pos + i + 1`.
@@ -101,6 +108,8 @@ pub(crate) struct Heads {
 
 /// Runs the kernels over the rows of `q` (checked by the caller: shapes, one entry of
 /// `rows` per row of `q`, every row's cache rows inside the caches, a valid `window`).
+///
+/// Errors: [`Error::DType`] for a cache neither f32 nor f16 (refused by the contract).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     isa: Isa,
@@ -113,21 +122,53 @@ pub(crate) fn run(
     window: usize,
     output: &mut Data,
 ) -> Result<()> {
+    let head_dim = q.cols() / heads.n_heads;
+    let (q, out) = ((q.as_f32()?, head_dim), output.as_f32_mut()?);
+    match cache_k.dtype() {
+        DataType::F32 => {
+            let kv = (cache_k.as_f32()?, cache_v.as_f32()?);
+            run_typed(isa, q, kv, rows, heads, mask, window, out);
+        }
+        DataType::F16 => {
+            let kv = (cache_k.as_f16()?, cache_v.as_f16()?);
+            run_typed(isa, q, kv, rows, heads, mask, window, out);
+        }
+        other => {
+            return Err(Error::DType {
+                op: "Attention",
+                msg: format!("a KV cache of {other}"),
+            })
+        }
+    }
+    Ok(())
+}
+
+/// [`run`] over caches of elements `E`.
+#[allow(clippy::too_many_arguments)]
+fn run_typed<E: Elem>(
+    isa: Isa,
+    (q, head_dim): (&[f32], usize),
+    (keys, values): (&[E], &[E]),
+    rows: QueryRows<'_>,
+    heads: Heads,
+    mask: Mask,
+    window: usize,
+    out: &mut [f32],
+) {
     let Heads {
         n_heads,
         n_kv_heads,
         scale,
     } = heads;
-    let head_dim = q.cols() / n_heads;
     let slopes = if mask.alibi {
         flm_core::alibi_slopes(n_heads)
     } else {
         Vec::new()
     };
     let a = Attn {
-        q: q.as_f32()?,
-        keys: cache_k.as_f32()?,
-        values: cache_v.as_f32()?,
+        q,
+        keys,
+        values,
         rows,
         n_heads,
         group: n_heads / n_kv_heads,
@@ -140,8 +181,7 @@ pub(crate) fn run(
         window,
         softcap: mask.softcap,
     };
-    let n = q.rows();
-    let out = output.as_f32_mut()?;
+    let n = q.len() / (n_heads * head_dim);
     let seen: usize = (0..n).map(|i| a.rows(i).1 - a.rows(i).0).sum();
     let work = n_heads * seen * head_dim * 2;
     if work >= PARALLEL_MIN_WORK {
@@ -159,7 +199,6 @@ pub(crate) fn run(
     } else {
         run_heads(isa, &a, 0, out);
     }
-    Ok(())
 }
 
 /// Where the query rows sit in the cache.
@@ -182,11 +221,11 @@ pub(crate) struct QueryRow<'a> {
     pub blocks: &'a [u32],
 }
 
-/// The operands of one call.
-struct Attn<'a> {
+/// The operands of one call, over a cache of elements `E`.
+struct Attn<'a, E> {
     q: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
+    keys: &'a [E],
+    values: &'a [E],
     rows: QueryRows<'a>,
     n_heads: usize,
     group: usize,
@@ -205,7 +244,7 @@ struct Attn<'a> {
     softcap: Option<f32>,
 }
 
-impl Attn<'_> {
+impl<E: Elem> Attn<'_, E> {
     /// The cache positions row `i` of `q` attends to, `first..end`.
     fn rows(&self, i: usize) -> (usize, usize) {
         let pos = match self.rows {
@@ -257,7 +296,7 @@ impl Attn<'_> {
 
 /// Query heads `first..` (head `h` of row `i` is `i·n_heads + h`), one per `head_dim` outputs
 /// of `out`; `first` and the number of heads are multiples of `a.task_heads`.
-fn run_heads(isa: Isa, a: &Attn<'_>, first: usize, out: &mut [f32]) {
+fn run_heads<E: Elem>(isa: Isa, a: &Attn<'_, E>, first: usize, out: &mut [f32]) {
     scratch::with(&SCORES, |scores| {
         scratch::with(&OFFSETS, |offsets| {
             let k = HeadRun {
@@ -268,25 +307,28 @@ fn run_heads(isa: Isa, a: &Attn<'_>, first: usize, out: &mut [f32]) {
                 offsets,
             };
             // 16-lane vectors only when a head fills one.
-            simd::run(isa, a.head_dim >= 16, k).unwrap_or_else(|k| k.portable())
+            simd::run(isa, a.head_dim >= 16, k)
+                .unwrap_or_else(|k| scratch::with(&ROW, |row| k.portable(row)))
         })
     })
 }
 
 /// The SIMD kernel (and the portable twin) over a run of query heads, see [`run_heads`].
-struct HeadRun<'a, 'b> {
-    a: &'b Attn<'a>,
+struct HeadRun<'a, 'b, E> {
+    a: &'b Attn<'a, E>,
     first: usize,
     out: &'b mut [f32],
     scores: &'b mut Vec<f32>,
     offsets: &'b mut Vec<usize>,
 }
 
-impl HeadRun<'_, '_> {
-    /// The portable twin of the SIMD kernel: the same steps, one value at a time.
-    fn portable(self) {
+impl<E: Elem> HeadRun<'_, '_, E> {
+    /// The portable twin of the SIMD kernel: the same steps, one value at a time (`row`
+    /// holds a key or value row widened to f32 when the cache is not f32).
+    fn portable(self, row: &mut Vec<f32>) {
         let a = self.a;
         let hd = a.head_dim;
+        row.resize(hd, 0.0);
         for (dt, out) in self.out.chunks_exact_mut(hd).enumerate() {
             let task = self.first + dt;
             let (i, h) = (task / a.n_heads, task % a.n_heads);
@@ -298,7 +340,7 @@ impl HeadRun<'_, '_> {
             scores.extend(
                 offsets
                     .iter()
-                    .map(|&o| dot(qh, &a.keys[o..][..hd]) * a.scale),
+                    .map(|&o| dot_row(qh, &a.keys[o..][..hd], row) * a.scale),
             );
             a.bias_scores(h, first, scores);
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -310,7 +352,7 @@ impl HeadRun<'_, '_> {
             out.fill(0.0);
             for (&off, &p) in offsets.iter().zip(scores.iter()) {
                 for (o, v) in out.iter_mut().zip(&a.values[off..][..hd]) {
-                    *o += p * v;
+                    *o += p * v.to_f32();
                 }
             }
             let inv = 1.0 / sum;
@@ -321,7 +363,18 @@ impl HeadRun<'_, '_> {
     }
 }
 
-impl Kernel for HeadRun<'_, '_> {
+/// `Σ q[c]·row[c]` by [`dot`], the row widened into `buf` first unless it is f32.
+fn dot_row<E: Elem>(q: &[f32], row: &[E], buf: &mut [f32]) -> f32 {
+    match E::as_f32(row) {
+        Some(row) => dot(q, row),
+        None => {
+            E::widen_portable(row, buf);
+            dot(q, buf)
+        }
+    }
+}
+
+impl<E: Elem> Kernel for HeadRun<'_, '_, E> {
     type Output = ();
 
     #[inline(always)]
@@ -345,9 +398,9 @@ const PREFETCH_ROWS: usize = 16;
 /// all their scores first, each block of 8 key rows read from memory once and from L1 for
 /// the other heads, then per head the softmax and the weighted sum of the value rows.
 #[inline(always)]
-fn group<S: Simd>(
+fn group<S: Simd, E: Elem>(
     s: S,
-    a: &Attn<'_>,
+    a: &Attn<'_, E>,
     first: usize,
     scores: &mut Vec<f32>,
     offsets: &mut Vec<usize>,
@@ -378,7 +431,7 @@ fn group<S: Simd>(
     let mut t = 0;
     while t + 8 <= len {
         prefetch_rows(t + PREFETCH_ROWS, t + PREFETCH_ROWS + 8);
-        let mut rows: [&[f32]; 8] = [&[]; 8];
+        let mut rows: [&[E]; 8] = [&[]; 8];
         for (j, row) in rows.iter_mut().enumerate() {
             *row = &keys[offsets[t + j]..][..hd];
         }
@@ -388,14 +441,14 @@ fn group<S: Simd>(
             while c + l <= hd {
                 let qv = s.load(&qh[c..]);
                 for (acc, row) in acc.iter_mut().zip(&rows) {
-                    *acc = s.fma(qv, s.load(&row[c..]), *acc);
+                    *acc = s.fma(qv, E::load(s, &row[c..]), *acc);
                 }
                 c += l;
             }
             if c < hd {
                 let qv = s.load_part(&qh[c..]);
                 for (acc, row) in acc.iter_mut().zip(&rows) {
-                    *acc = s.fma(qv, s.load_part(&row[c..]), *acc);
+                    *acc = s.fma(qv, E::load_part(s, &row[c..]), *acc);
                 }
             }
             s.store_sums8(acc, a.scale, &mut scores[h * padded + t..]);
@@ -479,20 +532,20 @@ fn softmax<S: Simd>(s: S, scores: &mut [f32]) -> f32 {
 
 /// `out += Σ_t p[t]·values[rows[t]..][..out.len()]`, in blocks of output vectors.
 #[inline(always)]
-fn weighted<S: Simd>(s: S, p: &[f32], values: &[f32], rows: &[usize], out: &mut [f32]) {
+fn weighted<S: Simd, E: Elem>(s: S, p: &[f32], values: &[E], rows: &[usize], out: &mut [f32]) {
     let (l, hd) = (S::LANES, out.len());
     let full = hd.is_multiple_of(l);
     match (hd.div_ceil(l), full) {
-        (1, true) => weighted_sum::<S, 1, 4, true>(s, p, values, rows, hd, 0, out),
-        (1, false) => weighted_sum::<S, 1, 4, false>(s, p, values, rows, hd, 0, out),
-        (2, true) => weighted_sum::<S, 2, 4, true>(s, p, values, rows, hd, 0, out),
-        (2, false) => weighted_sum::<S, 2, 4, false>(s, p, values, rows, hd, 0, out),
+        (1, true) => weighted_sum::<S, E, 1, 4, true>(s, p, values, rows, hd, 0, out),
+        (1, false) => weighted_sum::<S, E, 1, 4, false>(s, p, values, rows, hd, 0, out),
+        (2, true) => weighted_sum::<S, E, 2, 4, true>(s, p, values, rows, hd, 0, out),
+        (2, false) => weighted_sum::<S, E, 2, 4, false>(s, p, values, rows, hd, 0, out),
         (_, _) => {
             for c0 in (0..hd).step_by(4 * l) {
                 if c0 + 4 * l <= hd {
-                    weighted_sum::<S, 4, 2, true>(s, p, values, rows, hd, c0, out);
+                    weighted_sum::<S, E, 4, 2, true>(s, p, values, rows, hd, c0, out);
                 } else {
-                    weighted_sum::<S, 4, 2, false>(s, p, values, rows, hd, c0, out);
+                    weighted_sum::<S, E, 4, 2, false>(s, p, values, rows, hd, c0, out);
                 }
             }
         }
@@ -501,17 +554,17 @@ fn weighted<S: Simd>(s: S, p: &[f32], values: &[f32], rows: &[usize], out: &mut 
 
 /// The lane-wise products `a[c]·b[c]` summed over the vectors of `a` (`a.len() == b.len()`).
 #[inline(always)]
-fn dot_lanes<S: Simd>(s: S, a: &[f32], b: &[f32]) -> S::V {
+fn dot_lanes<S: Simd, E: Elem>(s: S, a: &[f32], b: &[E]) -> S::V {
     let (n, l) = (a.len(), S::LANES);
     let b = &b[..n];
     let mut acc = s.zero();
     let mut c = 0;
     while c + l <= n {
-        acc = s.fma(s.load(&a[c..]), s.load(&b[c..]), acc);
+        acc = s.fma(s.load(&a[c..]), E::load(s, &b[c..]), acc);
         c += l;
     }
     if c < n {
-        acc = s.fma(s.load_part(&a[c..]), s.load_part(&b[c..]), acc);
+        acc = s.fma(s.load_part(&a[c..]), E::load_part(s, &b[c..]), acc);
     }
     acc
 }
@@ -521,10 +574,10 @@ fn dot_lanes<S: Simd>(s: S, a: &[f32], b: &[f32]) -> S::V {
 /// vectors lie within `hd`, so no lane needs masking.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn weighted_sum<S: Simd, const B: usize, const U: usize, const FULL: bool>(
+fn weighted_sum<S: Simd, E: Elem, const B: usize, const U: usize, const FULL: bool>(
     s: S,
     p: &[f32],
-    values: &[f32],
+    values: &[E],
     rows: &[usize],
     hd: usize,
     c0: usize,
@@ -539,12 +592,12 @@ fn weighted_sum<S: Simd, const B: usize, const U: usize, const FULL: bool>(
     while t + U <= len {
         let pu = &p[t..t + U];
         for (u, acc) in acc.iter_mut().enumerate() {
-            axpy::<S, B, FULL>(s, acc, pu[u], &values[rows[t + u] + c1..][..w]);
+            axpy::<S, E, B, FULL>(s, acc, pu[u], &values[rows[t + u] + c1..][..w]);
         }
         t += U;
     }
     while t < len {
-        axpy::<S, B, FULL>(s, &mut acc[0], p[t], &values[rows[t] + c1..][..w]);
+        axpy::<S, E, B, FULL>(s, &mut acc[0], p[t], &values[rows[t] + c1..][..w]);
         t += 1;
     }
     for b in 0..B {
@@ -569,14 +622,19 @@ fn weighted_sum<S: Simd, const B: usize, const U: usize, const FULL: bool>(
 
 /// `acc[b] += p · row[b·LANES..]` (clipped to `row.len()`).
 #[inline(always)]
-fn axpy<S: Simd, const B: usize, const FULL: bool>(s: S, acc: &mut [S::V; B], p: f32, row: &[f32]) {
+fn axpy<S: Simd, E: Elem, const B: usize, const FULL: bool>(
+    s: S,
+    acc: &mut [S::V; B],
+    p: f32,
+    row: &[E],
+) {
     let (l, pv) = (S::LANES, s.splat(p));
     for (b, acc) in acc.iter_mut().enumerate() {
         let c = b * l;
         if FULL || c + l <= row.len() {
-            *acc = s.fma(pv, s.load(&row[c..]), *acc);
+            *acc = s.fma(pv, E::load(s, &row[c..]), *acc);
         } else if c < row.len() {
-            *acc = s.fma(pv, s.load_part(&row[c..]), *acc);
+            *acc = s.fma(pv, E::load_part(s, &row[c..]), *acc);
         }
     }
 }

@@ -74,17 +74,18 @@ pub(crate) fn gated_add(x: &mut Data, y: &Data, gate: &Data) -> Result<()> {
     Ok(())
 }
 
-/// `dst[rows[r], :] = src[r, :]` (see [`flm_core::Op::ScatterRows`]).
+/// `dst[rows[r], :] = src[r, :]` (see [`flm_core::Op::ScatterRows`]), rounded to f16 for an
+/// f16 `dst`.
 pub(crate) fn scatter_rows(src: &Data, rows: &[u32], dst: &mut Data) -> Result<()> {
     let cols = src.cols();
-    let dst = dst.as_f32_mut()?;
     for (row, &r) in src.as_f32()?.chunks_exact(cols).zip(rows) {
-        dst[r as usize * cols..][..cols].copy_from_slice(row);
+        dst.write_f32(r as usize * cols, row)?;
     }
     Ok(())
 }
 
-/// `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`: one `memcpy`.
+/// `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`: one `memcpy`, or one
+/// conversion into an f16 `dst` ([`Data::write_f32`]).
 pub(crate) fn copy_rows(
     src: &Data,
     src_row: usize,
@@ -94,8 +95,7 @@ pub(crate) fn copy_rows(
 ) -> Result<()> {
     let cols = src.cols();
     let src = &src.as_f32()?[src_row * cols..(src_row + n_rows) * cols];
-    dst.as_f32_mut()?[dst_row * cols..(dst_row + n_rows) * cols].copy_from_slice(src);
-    Ok(())
+    dst.write_f32(dst_row * cols, src)
 }
 
 /// `output[i] = argmax(input[i, :])` as [`flm_core::argmax`]: the first index of the

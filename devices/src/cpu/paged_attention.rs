@@ -8,7 +8,7 @@ use super::attention::{self, Heads, Mask, QueryRow, QueryRows};
 use super::Isa;
 
 /// See [`flm_core::Op::PagedAttention`]: `q`, `output` f32 `[Σ n_rows, n_heads·head_dim]`,
-/// the pools f32 `[n_blocks·block_size, n_kv_heads·head_dim]`, block tables that cover
+/// the pools f32 or f16 `[n_blocks·block_size, n_kv_heads·head_dim]`, block tables that cover
 /// their sequences' positions inside the pool (checked by [`flm_core::Op::validate`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn paged_attention(

@@ -5,7 +5,7 @@
 //!   `kernels/flash_attn.cu`, tensor-core products on f16-rounded q, k, v;
 //! - anything else (decode, other head dimensions): the flash-decoding kernels of
 //!   `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
-//!   then an exact combine), in f32. The split is by a fixed chunk size, so a longer
+//!   then an exact combine), in f32 over an f32 or f16 KV cache. The split is by a fixed chunk size, so a longer
 //!   context gets more blocks: 4096 positions of 32 heads are 512 blocks for one row.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
@@ -13,7 +13,7 @@ use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::flash_attn::flash_attention;
-use super::kernels::{FlashHeadDim, Kernel, ATTN_CHUNK};
+use super::kernels::{FlashHeadDim, Kernel, KvType, ATTN_CHUNK};
 use super::operand::Input;
 
 /// Query rows from which attention takes the flash (prefill) kernels: one warp's 16 rows
@@ -68,8 +68,8 @@ fn shape(msg: String) -> Error {
 }
 
 /// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU
-/// (a host cache), the flash kernel or the partial and combine kernels run (see the module
-/// docs), and the output comes back.
+/// (a host cache), the flash kernel or the partial kernel of the cache's dtype (f32 or f16)
+/// and the combine kernel run (see the module docs), and the output comes back.
 ///
 /// Errors: [`Error::Device`] when a launch fails.
 pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
@@ -81,6 +81,11 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         return Ok(());
     }
     let rows = filled.max(a.bidirectional);
+    let kv = KvType::of(a.cache_k.dtype()).ok_or_else(|| Error::DType {
+        op: "Attention",
+        msg: format!("a {} KV cache on cuda", a.cache_k.dtype()),
+    })?;
+    let elem = kv.bytes();
     let q = dev.input(a.q)?;
     // A host cache is copied up to the rows the op reads; one on this GPU is read in place.
     let cache = |c: &'a Data| -> Result<Input<'a>> {
@@ -88,7 +93,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
             dev.input(c)
         } else {
             Ok(Input::Staged(
-                dev.upload(&c.bytes()?[..rows * kv_cols * 4])?,
+                dev.upload(&c.bytes()?[..rows * kv_cols * elem])?,
             ))
         }
     };
@@ -119,14 +124,14 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         FlashHeadDim::of(head_dim).filter(|_| n >= FLASH_MIN_ROWS && !dev.batch_invariant());
     if let Some(dim) = flash {
         let mut out = dev.output(output)?;
-        flash_attention(dev, dim, &operands, &scalars, n, out.slice())?;
+        flash_attention(dev, (dim, kv), &operands, &scalars, n, out.slice())?;
         return out.finish(dev);
     }
     let mut parts = Partials::new(dev, (n, a.n_heads, head_dim), rows.div_ceil(ATTN_CHUNK))?;
     let hd = int(head_dim)?;
     let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
-    let f = dev.function(Kernel::AttnPartial)?;
+    let f = dev.function(Kernel::AttnPartial(kv))?;
     let mut b = dev.stream.launch_builder(f);
     let sc = &scalars;
     b.arg(operands.q)
@@ -141,8 +146,9 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     arg_or_null(&mut b, operands.slopes);
     b.arg(&sc.bidirectional).arg(&sc.window);
     b.arg(&mut parts.m).arg(&mut parts.l).arg(&mut parts.o);
-    // SAFETY: arguments as `attn_partial`; q holds n × n_heads × head_dim floats, k and v
-    // `rows` cache rows of n_kv_heads × head_dim (every position a row sees is below
+    // SAFETY: arguments as `attn_partial` / `attn_partial_f16`; q holds n × n_heads ×
+    // head_dim floats, k and v `rows` cache rows of n_kv_heads × head_dim elements of the
+    // kernel's type (supports: f32 or f16, one for both; every position a row sees is below
     // `rows`), the slopes n_heads floats or null, the partial buffers one entry (and
     // head_dim values) per (row, head, chunk), and the dynamic shared memory is the
     // chunk's scores, the query and 32 floats of scratch.

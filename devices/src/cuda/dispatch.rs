@@ -23,6 +23,8 @@ impl BaseDevice for CudaDevice {
             _ => return false,
         };
         let f32 = |d: &Data| d.dtype() == DataType::F32;
+        // A KV cache of flm_core::KvDtype: f32 or f16.
+        let kv_cache = |d: &Data| matches!(d.dtype(), DataType::F32 | DataType::F16);
         let float_w = |d: &Data| FloatWeight::of(d.dtype()).is_some();
         let any_w = |d: &Data| float_w(d) || has_quant_kernels(d.dtype());
         match op {
@@ -59,7 +61,7 @@ impl BaseDevice for CudaDevice {
                 cache_v,
                 output,
                 ..
-            } => f32(q) && f32(cache_k) && f32(cache_v) && f32(output),
+            } => f32(q) && kv_cache(cache_k) && cache_v.dtype() == cache_k.dtype() && f32(output),
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 f32(gate) && f32(up) && f32(output)
             }
@@ -70,7 +72,7 @@ impl BaseDevice for CudaDevice {
             Op::Sample { .. } => resident,
             // Host row copies are the CPU's, and so is a paged pool in host memory (this
             // GPU would copy it whole for every op).
-            Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
+            Op::CopyRows { src, dst, .. } => resident && f32(src) && kv_cache(dst),
             Op::PagedAttention {
                 q, cache_k, output, ..
             } => resident && f32(q) && KvType::of(cache_k.dtype()).is_some() && f32(output),

@@ -3,7 +3,7 @@
 //! the GPU.
 
 use cudarc::driver::PushKernelArg;
-use flm_core::{Data, Result};
+use flm_core::{Data, DataType, Result};
 
 use super::device::{dev_err, grid, CudaDevice};
 use super::kernels::Kernel;
@@ -69,7 +69,10 @@ pub(super) fn add(dev: &CudaDevice, x: &mut Data, y: &Data) -> Result<()> {
 }
 
 /// [`flm_core::Op::CopyRows`] between tensors on this GPU (keys and values into a KV
-/// cache that lives here): one device-to-device copy of `n_rows` f32 rows.
+/// cache that lives here): one device-to-device copy of `n_rows` f32 rows into an f32
+/// `dst`, or `f32_to_f16_rows` (round to nearest even, as the CPU's `half`) into an f16 one.
+///
+/// Errors: [`flm_core::Error::Device`] when the copy or the launch fails.
 pub(super) fn copy_rows(
     dev: &CudaDevice,
     src: &Data,
@@ -77,18 +80,32 @@ pub(super) fn copy_rows(
     dst: &mut Data,
     dst_row: usize,
 ) -> Result<()> {
-    let row_bytes = src.cols() * 4;
-    if n_rows == 0 || row_bytes == 0 {
+    let cols = src.cols();
+    let n = n_rows * cols;
+    if n == 0 {
         return Ok(());
     }
-    let (from, len, to) = (src_row * row_bytes, n_rows * row_bytes, dst_row * row_bytes);
+    let to_f16 = dst.dtype() == DataType::F16;
+    let elem = if to_f16 { 2 } else { 4 };
+    let from = src_row * cols * 4;
+    let to = dst_row * cols * elem;
     let s = dev.input(src)?;
     let mut d = dev.in_out(dst)?;
-    let view = s.slice().slice(from..from + len);
-    let mut target = d.slice().slice_mut(to..to + len);
-    dev.stream
-        .memcpy_dtod(&view, &mut target)
-        .map_err(dev_err)?;
+    let view = s.slice().slice(from..from + n * 4);
+    let mut target = d.slice().slice_mut(to..to + n * elem);
+    if to_f16 {
+        let n_i = n as i64;
+        let f = dev.function(Kernel::F32ToF16Rows)?;
+        let mut b = dev.stream.launch_builder(f);
+        b.arg(&view).arg(&mut target).arg(&n_i);
+        // SAFETY: the views hold n floats and n 16-bit values, as
+        // `f32_to_f16_rows(const float*, f16_bits*, long)` uses them.
+        unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
+    } else {
+        dev.stream
+            .memcpy_dtod(&view, &mut target)
+            .map_err(dev_err)?;
+    }
     d.finish(dev)
 }
 

@@ -39,12 +39,15 @@ impl FloatWeight {
     }
 }
 
-/// The element type of a paged KV pool the kernels of `paged_attention.cu` read and
-/// write (their template parameter `KV`).
+/// The element type of a KV cache or paged pool ([`flm_core::KvDtype`]) that the
+/// attention kernels read and the row stores write (the template parameter or variant of
+/// `attention.cu`, `flash_attn.cu` and `paged_attention.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KvType {
     /// f32.
     F32,
+    /// f16 (IEEE half), widened exactly to f32 as it is read.
+    F16,
 }
 
 impl KvType {
@@ -52,7 +55,16 @@ impl KvType {
     pub fn of(dtype: DataType) -> Option<KvType> {
         match dtype {
             DataType::F32 => Some(KvType::F32),
+            DataType::F16 => Some(KvType::F16),
             _ => None,
+        }
+    }
+
+    /// Bytes of one element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
         }
     }
 }
@@ -156,12 +168,12 @@ pub enum Kernel {
     DequantF16Rows,
     /// `rope` (rope.cu).
     Rope,
-    /// `attn_partial` (attention.cu).
-    AttnPartial,
+    /// `attn_partial` (f32 cache) or `attn_partial_f16` (attention.cu).
+    AttnPartial(KvType),
     /// `attn_combine` (attention.cu).
     AttnCombine,
-    /// `flash_attn_f32_d<D>` (flash_attn.cu): an f32 cache.
-    FlashAttn(FlashHeadDim),
+    /// `flash_attn_<KV>_d<D>` (flash_attn.cu).
+    FlashAttn(FlashHeadDim, KvType),
     /// `paged_attn_partial_<KV>` (paged_attention.cu).
     PagedAttnPartial(KvType),
     /// `scatter_rows_<KV>` (paged_attention.cu).
@@ -208,12 +220,17 @@ impl Kernel {
             Kernel::AddBias => "add_bias",
             Kernel::DequantF16Rows => "dequant_f16_rows",
             Kernel::Rope => "rope",
-            Kernel::AttnPartial => "attn_partial",
+            Kernel::AttnPartial(KvType::F32) => "attn_partial",
+            Kernel::AttnPartial(KvType::F16) => "attn_partial_f16",
             Kernel::AttnCombine => "attn_combine",
-            Kernel::FlashAttn(FlashHeadDim::D64) => "flash_attn_f32_d64",
-            Kernel::FlashAttn(FlashHeadDim::D128) => "flash_attn_f32_d128",
+            Kernel::FlashAttn(FlashHeadDim::D64, KvType::F32) => "flash_attn_f32_d64",
+            Kernel::FlashAttn(FlashHeadDim::D128, KvType::F32) => "flash_attn_f32_d128",
+            Kernel::FlashAttn(FlashHeadDim::D64, KvType::F16) => "flash_attn_f16_d64",
+            Kernel::FlashAttn(FlashHeadDim::D128, KvType::F16) => "flash_attn_f16_d128",
             Kernel::PagedAttnPartial(KvType::F32) => "paged_attn_partial_f32",
+            Kernel::PagedAttnPartial(KvType::F16) => "paged_attn_partial_f16",
             Kernel::ScatterRows(KvType::F32) => "scatter_rows_f32",
+            Kernel::ScatterRows(KvType::F16) => "scatter_rows_f16",
             Kernel::ArgmaxRows => "argmax_rows",
             Kernel::TopKRows => "top_k_rows",
             Kernel::SampleRow => "sample_row",
@@ -312,14 +329,20 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "attention",
         source: include_str!("kernels/attention.cu"),
-        kernels: &[Kernel::AttnPartial, Kernel::AttnCombine],
+        kernels: &[
+            Kernel::AttnPartial(KvType::F32),
+            Kernel::AttnPartial(KvType::F16),
+            Kernel::AttnCombine,
+        ],
     },
     Module {
         name: "flash_attn",
         source: include_str!("kernels/flash_attn.cu"),
         kernels: &[
-            Kernel::FlashAttn(FlashHeadDim::D64),
-            Kernel::FlashAttn(FlashHeadDim::D128),
+            Kernel::FlashAttn(FlashHeadDim::D64, KvType::F32),
+            Kernel::FlashAttn(FlashHeadDim::D128, KvType::F32),
+            Kernel::FlashAttn(FlashHeadDim::D64, KvType::F16),
+            Kernel::FlashAttn(FlashHeadDim::D128, KvType::F16),
         ],
     },
     Module {
@@ -328,6 +351,8 @@ pub const MODULES: &[Module] = &[
         kernels: &[
             Kernel::PagedAttnPartial(KvType::F32),
             Kernel::ScatterRows(KvType::F32),
+            Kernel::PagedAttnPartial(KvType::F16),
+            Kernel::ScatterRows(KvType::F16),
         ],
     },
     Module {

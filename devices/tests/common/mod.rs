@@ -67,6 +67,17 @@ pub fn f32_data(shape: &[usize], values: &[f32]) -> Data {
     Data::from_f32(shape, values).expect("shape matches values")
 }
 
+/// `d`'s values rounded to the nearest f16 (as `half` rounds), as an f16 tensor: a KV cache
+/// of `--kv-dtype f16`.
+pub fn to_f16(d: &Data) -> Data {
+    let values = d.to_f32_vec().expect("f32 values");
+    let mut h = Data::zeros(DataType::F16, d.shape()).expect("shape fits");
+    for (h, v) in h.as_f16_mut().expect("f16").iter_mut().zip(values) {
+        *h = half::f16::from_f32(v);
+    }
+    h
+}
+
 /// A random f32 activation tensor and its values.
 pub fn random_f32(rng: &mut StdRng, shape: &[usize], scale: f32) -> (Data, Vec<f32>) {
     let values = uniform(rng, shape.iter().product(), scale);

@@ -95,7 +95,8 @@ impl LlamaBatch {
     }
 
     /// A KV pool of `n_blocks` blocks of `block_size` positions for this model, each
-    /// layer's pools allocated by `exec` in the memory the layer runs in.
+    /// layer's pools allocated by `exec` in the memory the layer runs in, of the element
+    /// type the model's [`flm_core::KvDtype`] chooses there.
     ///
     /// Errors: those of [`PagedKvCache::placed`].
     pub fn kv_pool(
@@ -112,6 +113,7 @@ impl LlamaBatch {
             n_blocks,
             block_size,
             c.kv_dim(),
+            self.model.kv_dtype,
         )?)
     }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use flm_core::{BaseDevice, CheckedOp, Executor, Location, Op};
+use flm_core::{BaseDevice, CheckedOp, Executor, KvDtype, Location, Op};
 use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
 use flm_models::{session, SharedModel};
 use flm_tokenizer::Tokenizer;
@@ -35,6 +35,12 @@ pub struct FlmModelOptions {
     /// plus their rounding residual (the logits of unrounded activations, at twice the
     /// integer work). Any other value is FLM_STATUS_INVALID_ARGUMENT.
     pub activation_bits: u32,
+    /// NUL-terminated element type of each session's KV cache: "f32"; "f16" (half the
+    /// bytes attention reads, each key and value rounded to the nearest f16 as it is
+    /// stored); or "auto" (f16 for a cache in a GPU's memory, f32 in host memory, where the
+    /// caches of libflm's sessions live). NULL means "auto"; any other name is
+    /// FLM_STATUS_INVALID_ARGUMENT. Borrowed for the call only.
+    pub kv_dtype: *const c_char,
 }
 
 /// The CPU device with its parallel loops on the model's own thread pool instead of
@@ -97,17 +103,37 @@ pub struct FlmModel {
     pub(crate) exec: Arc<Executor>,
 }
 
+/// The NUL-terminated option `ptr` named `name` as UTF-8, "auto" when NULL.
+///
+/// # Safety
+/// `ptr` must be NULL or a NUL-terminated string (the FlmModelOptions docs).
+unsafe fn option_name<'a>(ptr: *const c_char, name: &'static str) -> Result<&'a str, Failure> {
+    if ptr.is_null() {
+        return Ok("auto");
+    }
+    // SAFETY: `ptr` is NUL-terminated (this function's contract).
+    let value = unsafe { arg_c_str(ptr, name) }?;
+    value
+        .to_str()
+        .map_err(|_| Failure::new(FlmStatus::InvalidUtf8, format!("{name} is not valid UTF-8")))
+}
+
+/// The KV cache dtype of the options.
+fn kv_dtype(options: &FlmModelOptions) -> Result<KvDtype, Failure> {
+    // SAFETY: the caller passes a NUL-terminated name or NULL (FlmModelOptions docs).
+    let name = unsafe { option_name(options.kv_dtype, "options->kv_dtype") }?;
+    name.parse().map_err(|_| {
+        Failure::new(
+            FlmStatus::InvalidArgument,
+            format!("options->kv_dtype is {name:?}: f32, f16 or auto"),
+        )
+    })
+}
+
 /// The executor of a model's sessions, from the options' device and threads.
 fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
-    let device = if options.device.is_null() {
-        "auto"
-    } else {
-        // SAFETY: the caller passes a NUL-terminated device name (FlmModelOptions docs).
-        let name = unsafe { arg_c_str(options.device, "options->device") }?;
-        name.to_str().map_err(|_| {
-            Failure::new(FlmStatus::InvalidUtf8, "options->device is not valid UTF-8")
-        })?
-    };
+    // SAFETY: the caller passes a NUL-terminated device name or NULL (FlmModelOptions docs).
+    let device = unsafe { option_name(options.device, "options->device") }?;
     let choice: DeviceChoice = device
         .parse()
         .map_err(|e: String| Failure::new(FlmStatus::InvalidArgument, e))?;
@@ -196,13 +222,16 @@ pub unsafe extern "C" fn flm_model_load(
             device: std::ptr::null(),
             context: 0,
             activation_bits: 0,
+            kv_dtype: std::ptr::null(),
         };
         // SAFETY: `options` is NULL or valid (this function's contract).
         let options = unsafe { options.as_ref() }.unwrap_or(&defaults);
         let exec = executor(options)?;
+        let kv_dtype = kv_dtype(options)?;
         let context = (options.context > 0).then_some(options.context);
         let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
         let (model, tokenizer) = session::load_model(path, None, context)?;
+        let model = model.with_kv_dtype(kv_dtype)?;
         let handle = Box::new(FlmModel {
             model,
             tokenizer: Arc::new(tokenizer),

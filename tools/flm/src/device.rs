@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use flm_core::{Executor, Location};
+use flm_core::{Executor, KvDtype, Location};
 use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
 use flm_models::llama::{Ffn, LlamaLayer};
 use flm_models::{Placement, SharedGraph, SharedModel};
@@ -75,6 +75,11 @@ pub struct DeviceArgs {
     /// activations at twice the integer work (prefill slows most; decode a little).
     #[arg(long, default_value_t = ActivationBits::Int8)]
     pub activation_bits: ActivationBits,
+    /// f32, f16 or auto: the element type of the KV cache. f16 halves the bytes attention
+    /// reads, each key and value rounded to the nearest f16 as it is stored; auto is f16
+    /// where the cache lives on a GPU (`--gpu-layers`) and f32 in host memory.
+    #[arg(long, default_value_t = KvDtype::Auto)]
+    pub kv_dtype: KvDtype,
 }
 
 /// The executor, and the GPU's peak memory bandwidth in bytes/s when one runs the model.
@@ -91,6 +96,8 @@ pub struct Chosen {
     gpu_layers: Option<GpuLayers>,
     /// `--moe-device`.
     moe_device: Option<MoeDevice>,
+    /// `--kv-dtype`.
+    kv_dtype: KvDtype,
 }
 
 impl DeviceArgs {
@@ -116,17 +123,20 @@ impl DeviceArgs {
             exec: Executor::new(selection.devices),
             gpu_layers: self.gpu_layers,
             moe_device: self.moe_device,
+            kv_dtype: self.kv_dtype,
         })
     }
 }
 
 impl Chosen {
-    /// `model` with its layers where `--gpu-layers` puts them (as it is without the flag),
-    /// saying in one line on stderr how many went to the GPU.
+    /// `model` with its KV caches of `--kv-dtype` and its layers where `--gpu-layers` puts
+    /// them (as it is without the flag), saying in one line on stderr how many went to the
+    /// GPU.
     ///
     /// Errors: a graph that cannot be placed, the GPU's free memory unknown for `auto`,
     /// and the allocation and copy errors of placing the weights.
     pub fn place(&self, model: SharedModel) -> Result<SharedModel> {
+        let model = model.with_kv_dtype(self.kv_dtype)?;
         let (Some(layers), Some(gpu)) = (self.gpu_layers, self.gpu) else {
             return Ok(model);
         };

@@ -4,7 +4,7 @@
 //! `--device cuda` fails with the reason. On a machine with a GPU (and the feature) the
 //! fallback cases are skipped with a message.
 //! `--gpu-layers` splits stories260K between the GPU and the CPU with the CPU's tokens, and
-//! is refused where there is no GPU to place layers on.
+//! is refused where there is no GPU to place layers on. `--kv-dtype` takes f32, f16 or auto.
 
 mod common;
 
@@ -94,7 +94,8 @@ fn an_unknown_device_is_refused_by_name() {
 fn gpu_layers_write_the_cpu_tokens_or_are_refused_without_a_gpu() {
     let cpu = run("cpu");
     assert!(cpu.status.success());
-    let split = run_with("auto", &["--gpu-layers", "2"]);
+    // An f32 KV cache on the GPU, as the CPU's (auto would choose f16 there).
+    let split = run_with("auto", &["--gpu-layers", "2", "--kv-dtype", "f32"]);
     let err = String::from_utf8_lossy(&split.stderr);
     if err.contains(NOTICE) || built_without_cuda() {
         assert!(!split.status.success());
@@ -138,4 +139,26 @@ fn activation_bits_are_8_or_16() {
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("\"12\" activation bits: 8 or 16"), "{err}");
+}
+
+#[test]
+fn kv_dtype_is_f32_f16_or_auto() {
+    let cpu = run("cpu");
+    // stories260K keeps its greedy tokens with an f16 cache (see tests/llama_reference.rs).
+    for kv in ["f16", "f32", "auto"] {
+        let out = run_with("cpu", &["--kv-dtype", kv]);
+        assert!(
+            out.status.success(),
+            "{kv}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, cpu.stdout, "--kv-dtype {kv}");
+    }
+    let bad = run_with("cpu", &["--kv-dtype", "bf16"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("KV cache dtype \"bf16\": f32, f16 or auto"),
+        "{err}"
+    );
 }

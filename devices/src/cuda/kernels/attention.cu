@@ -13,17 +13,20 @@
 // when window > 0, else 0. The grid covers every chunk of the cache; chunks outside
 // [lo, hi) write m_c = -inf, l_c = 0 and cost one early exit.
 //
+// The cache holds f32 (attn_partial) or f16 (attn_partial_f16, flm_core::KvDtype::F16)
+// keys and values, widened exactly to f32 as they are read (load_w); everything else is f32.
+//
 // Shared memory: ATTN_CHUNK scores + head_dim query values + 32 floats of scratch.
 
 #define ATTN_CHUNK 256
 
-extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
-                                        const float* cache_v, const unsigned int* start_pos,
-                                        int n_heads, int n_kv_heads, int head_dim, float scale,
-                                        float softcap, const float* alibi_slopes,
-                                        int bidirectional,
-                                        int window, float* part_m, float* part_l,
-                                        float* part_o) {
+// The body of attn_partial over a cache of element type W (0: f32, 1: f16; see load_w).
+template <int W>
+__device__ void attn_partial_w(const float* q, const void* cache_k, const void* cache_v,
+                               const unsigned int* start_pos, int n_heads, int n_kv_heads,
+                               int head_dim, float scale, float softcap,
+                               const float* alibi_slopes, int bidirectional, int window,
+                               float* part_m, float* part_l, float* part_o) {
     extern __shared__ float smem[];
     float* scores = smem;
     float* qs = smem + ATTN_CHUNK;
@@ -49,9 +52,9 @@ extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     float slope = alibi_slopes ? alibi_slopes[h] : 0.0f;
     for (long t = a + warp; t < b; t += warps) {
-        const float* k = cache_k + t * kv_cols + (long)kvh * head_dim;
+        long k = t * kv_cols + (long)kvh * head_dim;
         float s = 0.0f;
-        for (int d = lane; d < head_dim; d += 32) s += qs[d] * k[d];
+        for (int d = lane; d < head_dim; d += 32) s += qs[d] * load_w<W>(cache_k, k + d);
         s = warp_sum(s);
         if (lane == 0) {
             float sc = s * scale;
@@ -64,9 +67,9 @@ extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
     float mx = flash_chunk_softmax(scores + (a - t0), b - a, scratch, &l);
     __syncthreads();
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        const float* v = cache_v + (long)kvh * head_dim + d;
+        long v = (long)kvh * head_dim + d;
         float acc = 0.0f;
-        for (long t = a; t < b; t++) acc += scores[t - t0] * v[t * kv_cols];
+        for (long t = a; t < b; t++) acc += scores[t - t0] * load_w<W>(cache_v, v + t * kv_cols);
         o[d] = acc;
     }
     if (threadIdx.x == 0) {
@@ -74,6 +77,22 @@ extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
         part_l[part] = l;
     }
 }
+
+// Block (head, row, chunk) over a cache of element type W: attn_partial (f32) and
+// attn_partial_f16 (f16).
+#define ATTN_PARTIAL(NAME, W)                                                              \
+    extern "C" __global__ void NAME(const float* q, const void* cache_k, const void* cache_v, \
+                                    const unsigned int* start_pos, int n_heads,            \
+                                    int n_kv_heads, int head_dim, float scale,             \
+                                    float softcap, const float* alibi_slopes,              \
+                                    int bidirectional, int window, float* part_m,          \
+                                    float* part_l, float* part_o) {                        \
+        attn_partial_w<W>(q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, head_dim,   \
+                          scale, softcap, alibi_slopes, bidirectional, window, part_m,     \
+                          part_l, part_o);                                                 \
+    }
+ATTN_PARTIAL(attn_partial, 0)
+ATTN_PARTIAL(attn_partial_f16, 1)
 
 // One block per (head, row): merges the chunks of attn_partial into out[row, h, :].
 extern "C" __global__ void attn_combine(const float* part_m, const float* part_l,

@@ -24,10 +24,10 @@
 #define FA_BC 64
 #define FA_THREADS 128
 
-// A cache element as f16 bits for the tensor cores. The element type of the cache is this
-// one switch: an f16 cache adds the overload that passes its bits through, and its
-// FLASH_ATTN instantiations below.
+// A cache element as f16 bits for the tensor cores: an f32 cache is rounded, an f16 one
+// (flm_core::KvDtype::F16) passes its bits through.
 __device__ __forceinline__ f16_bits cache_to_f16(float v) { return f32_to_f16(v); }
+__device__ __forceinline__ f16_bits cache_to_f16(f16_bits v) { return v; }
 
 // Two f32 values as an f16x2 register, the first in the low half (the lower column of an
 // mma fragment).
@@ -233,3 +233,5 @@ __device__ void flash_attn(const float* q, const T* cache_k, const T* cache_v,
 
 FLASH_ATTN(flash_attn_f32_d64, float, 64)
 FLASH_ATTN(flash_attn_f32_d128, float, 128)
+FLASH_ATTN(flash_attn_f16_d64, f16_bits, 64)
+FLASH_ATTN(flash_attn_f16_d128, f16_bits, 128)

@@ -22,7 +22,8 @@
 // + slope_h * t with ALiBi; query head h reads KV head h / (n_heads / n_kv_heads) (GQA).
 //
 // The pool's element type is the template parameter KV (kv_to_f32 / kv_from_f32): each
-// instantiation is one extern "C" pair below, f32 now.
+// instantiation is one extern "C" pair below, f32 and f16 (rounded to nearest even as it
+// is stored, widened exactly as it is read).
 //
 // Shared memory of paged_attn_partial: PAGED_CHUNK scores, PAGED_CHUNK pool rows (the
 // table lookups of the key pass, reused by the value pass), head_dim query values and 32
@@ -32,6 +33,8 @@
 
 __device__ __forceinline__ float kv_to_f32(float v) { return v; }
 __device__ __forceinline__ void kv_from_f32(float* dst, float v) { *dst = v; }
+__device__ __forceinline__ float kv_to_f32(f16_bits v) { return f16_to_f32(v); }
+__device__ __forceinline__ void kv_from_f32(f16_bits* dst, float v) { *dst = f32_to_f16(v); }
 
 template <typename KV>
 __device__ void paged_attn_partial(const float* q, const KV* pool_k, const KV* pool_v,
@@ -124,3 +127,4 @@ __device__ void scatter_rows(const float* src, const unsigned int* rows, KV* dst
     }
 
 PAGED(f32, float)
+PAGED(f16, f16_bits)

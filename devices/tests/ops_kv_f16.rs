@@ -1,0 +1,280 @@
+//! f16 KV caches on the CPU device (`--kv-dtype f16`): `Op::CopyRows` and `Op::ScatterRows`
+//! into an f16 cache round each value as `half::f16::from_f32` does (to nearest, ties to
+//! even), and `Op::Attention` / `Op::PagedAttention` over an f16 cache give, bit for bit,
+//! their result over an f32 cache holding the same rounded values (the widening is exact and
+//! the arithmetic the same), at every instruction-set level; each level's f16 result is also
+//! checked against the portable twin's.
+
+mod common;
+
+use common::*;
+use flm_core::{Data, DataType, Executor, Op, PagedSeq};
+use flm_devices::{CpuDevice, Isa};
+use half::f16;
+
+fn executor_at(isa: Isa) -> Executor {
+    Executor::with_profiling(vec![Box::new(CpuDevice::with_isa(isa).unwrap())], false)
+}
+
+/// `values` rounded to f16, as an f16 tensor and as the f32 tensor of the same values.
+fn f16_and_rounded(shape: &[usize], values: &[f32]) -> (Data, Data) {
+    let half = to_f16(&f32_data(shape, values));
+    let rounded = f32_data(shape, &half.to_f32_vec().unwrap());
+    (half, rounded)
+}
+
+/// One attention shape and mask.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    n: usize,
+    start_pos: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    alibi: bool,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    bidirectional: usize,
+}
+
+fn cases() -> Vec<Case> {
+    let base = Case {
+        n: 1,
+        start_pos: 0,
+        n_heads: 4,
+        n_kv_heads: 4,
+        head_dim: 64,
+        alibi: false,
+        window: None,
+        softcap: None,
+        bidirectional: 0,
+    };
+    vec![
+        base,
+        Case {
+            start_pos: 37,
+            n_heads: 8,
+            n_kv_heads: 2,
+            ..base
+        },
+        Case {
+            n: 5,
+            start_pos: 11,
+            n_heads: 6,
+            n_kv_heads: 1,
+            head_dim: 5,
+            ..base
+        },
+        Case {
+            n: 3,
+            start_pos: 20,
+            head_dim: 33,
+            window: Some(7),
+            alibi: true,
+            ..base
+        },
+        Case {
+            n: 4,
+            start_pos: 2,
+            head_dim: 16,
+            bidirectional: 6,
+            softcap: Some(0.9),
+            ..base
+        },
+        // Above the parallel threshold, with 128-wide heads.
+        Case {
+            n: 9,
+            start_pos: 100,
+            n_heads: 32,
+            n_kv_heads: 8,
+            head_dim: 128,
+            ..base
+        },
+    ]
+}
+
+fn attend(exec: &Executor, c: Case, q: &Data, k: &Data, v: &Data) -> Vec<f32> {
+    let mut out = nan_output(&[c.n, c.n_heads * c.head_dim]);
+    exec.run(Op::Attention {
+        q,
+        cache_k: k,
+        cache_v: v,
+        start_pos: c.start_pos,
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+        alibi: c.alibi,
+        softcap: c.softcap,
+        bidirectional: c.bidirectional,
+        sliding_window: c.window,
+        output: &mut out,
+    })
+    .unwrap();
+    out.to_f32_vec().unwrap()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn attention_over_an_f16_cache_equals_an_f32_cache_of_the_rounded_values() {
+    let scalar = executor_at(Isa::Scalar);
+    for (i, c) in cases().into_iter().enumerate() {
+        let mut rng = rng(0xf16 + i as u64);
+        let rows = c.start_pos + c.n + 3;
+        let kv_dim = c.n_kv_heads * c.head_dim;
+        let (q, _) = random_f32(&mut rng, &[c.n, c.n_heads * c.head_dim], 2.0);
+        let (k16, k32) = f16_and_rounded(&[rows, kv_dim], &uniform(&mut rng, rows * kv_dim, 3.0));
+        let (v16, v32) = f16_and_rounded(&[rows, kv_dim], &uniform(&mut rng, rows * kv_dim, 1.0));
+        let twin: Vec<f64> = attend(&scalar, c, &q, &k16, &v16)
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        for isa in Isa::supported() {
+            let exec = executor_at(isa);
+            let half = attend(&exec, c, &q, &k16, &v16);
+            let full = attend(&exec, c, &q, &k32, &v32);
+            assert!(same_bits(&half, &full), "{isa:?} {c:?}");
+            // Outputs are convex combinations of values in [-1, 1]; the levels differ in
+            // the order of f32 sums and in the exponential's polynomial.
+            assert_close(&format!("{isa:?} {c:?}"), &half, &twin, |_| 1e-4);
+        }
+    }
+}
+
+#[test]
+fn paged_attention_over_an_f16_pool_equals_an_f32_pool_of_the_rounded_values() {
+    let (block_size, n_heads, n_kv_heads, head_dim) = (5, 8, 2, 24);
+    let kv_dim = n_kv_heads * head_dim;
+    let seqs_at = [(13usize, 1usize), (0, 6), (30, 2)];
+    let mut rng = rng(0x9a6e);
+    let n_blocks = 16;
+    let pool_rows = n_blocks * block_size;
+    let (k16, k32) = f16_and_rounded(
+        &[pool_rows, kv_dim],
+        &uniform(&mut rng, pool_rows * kv_dim, 2.0),
+    );
+    let (v16, v32) = f16_and_rounded(
+        &[pool_rows, kv_dim],
+        &uniform(&mut rng, pool_rows * kv_dim, 1.0),
+    );
+    // Disjoint, shuffled block tables.
+    let tables: [Vec<u32>; 3] = [vec![9, 2, 14], vec![0, 11], vec![3, 7, 1, 12, 5, 8, 15]];
+    let seqs: Vec<PagedSeq<'_>> = seqs_at
+        .iter()
+        .zip(&tables)
+        .map(|(&(start_pos, n_rows), blocks)| PagedSeq {
+            n_rows,
+            start_pos,
+            blocks,
+        })
+        .collect();
+    let rows: usize = seqs_at.iter().map(|s| s.1).sum();
+    let (q, _) = random_f32(&mut rng, &[rows, n_heads * head_dim], 2.0);
+    for (alibi, window) in [(false, None), (true, Some(6))] {
+        let paged = |exec: &Executor, k: &Data, v: &Data| {
+            let mut out = nan_output(q.shape());
+            exec.run(Op::PagedAttention {
+                q: &q,
+                cache_k: k,
+                cache_v: v,
+                block_size,
+                seqs: &seqs,
+                n_heads,
+                n_kv_heads,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                alibi,
+                softcap: None,
+                sliding_window: window,
+                output: &mut out,
+            })
+            .unwrap();
+            out.to_f32_vec().unwrap()
+        };
+        for isa in Isa::supported() {
+            let exec = executor_at(isa);
+            assert!(
+                same_bits(&paged(&exec, &k16, &v16), &paged(&exec, &k32, &v32)),
+                "{isa:?} alibi={alibi} window={window:?}"
+            );
+        }
+    }
+}
+
+/// Values whose rounding to f16 is easy to get wrong: ties (to even), the largest finite
+/// value and the first that overflows, subnormals, signed zero, infinities and NaN.
+fn awkward_values() -> Vec<f32> {
+    let mut rng = rng(0x7e5);
+    let mut v = vec![
+        1.0 + 2f32.powi(-11),       // a tie: rounds down to 1.0 (even)
+        1.0 + 3.0 * 2f32.powi(-11), // a tie: rounds up to 1 + 2^-9 (even)
+        65504.0,
+        65519.99,
+        65520.0, // rounds to infinity
+        -1e6,
+        2f32.powi(-24), // the smallest subnormal
+        3e-8,           // rounds to 2^-24
+        2f32.powi(-26), // rounds to 0
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    v.extend(uniform(&mut rng, 64 - v.len(), 100.0));
+    v
+}
+
+#[test]
+fn copy_rows_and_scatter_rows_round_into_an_f16_cache_as_half_does() {
+    let cols = 16;
+    let src_values = awkward_values();
+    let src = f32_data(&[4, cols], &src_values);
+    let want = |r: usize| -> Vec<u16> {
+        src_values[r * cols..][..cols]
+            .iter()
+            .map(|&x| f16::from_f32(x).to_bits())
+            .collect()
+    };
+    let row_bits = |d: &Data, r: usize| -> Vec<u16> {
+        d.as_f16().unwrap()[r * cols..][..cols]
+            .iter()
+            .map(|h| h.to_bits())
+            .collect()
+    };
+    for isa in Isa::supported() {
+        let exec = executor_at(isa);
+        let mut cache = Data::zeros(DataType::F16, &[6, cols]).unwrap();
+        exec.run(Op::CopyRows {
+            src: &src,
+            src_row: 1,
+            n_rows: 3,
+            dst: &mut cache,
+            dst_row: 2,
+        })
+        .unwrap();
+        for r in 0..3 {
+            assert_eq!(
+                row_bits(&cache, 2 + r),
+                want(1 + r),
+                "{isa:?} CopyRows row {r}"
+            );
+        }
+        assert!(row_bits(&cache, 0).iter().all(|&b| b == 0));
+
+        let mut pool = Data::zeros(DataType::F16, &[9, cols]).unwrap();
+        exec.run(Op::ScatterRows {
+            src: &src,
+            rows: &[7, 0, 4, 2],
+            dst: &mut pool,
+        })
+        .unwrap();
+        for (r, slot) in [7, 0, 4, 2].into_iter().enumerate() {
+            assert_eq!(
+                row_bits(&pool, slot),
+                want(r),
+                "{isa:?} ScatterRows row {r}"
+            );
+        }
+    }
+}
