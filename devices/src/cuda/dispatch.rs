@@ -109,6 +109,26 @@ impl BaseDevice for CudaDevice {
         self.download_bytes(src, dst)
     }
 
+    fn upload_tensor(
+        &self,
+        dtype: DataType,
+        shape: &[usize],
+        src: &[u8],
+        dst: &mut dyn DeviceBuffer,
+    ) -> Result<()> {
+        self.upload_tensor_bytes(dtype, shape, src, dst)
+    }
+
+    fn download_tensor(
+        &self,
+        dtype: DataType,
+        shape: &[usize],
+        src: &dyn DeviceBuffer,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        self.download_tensor_bytes(dtype, shape, src, dst)
+    }
+
     fn run(&self, op: CheckedOp<'_>) -> Result<()> {
         match op.into_op() {
             Op::Embedding {
