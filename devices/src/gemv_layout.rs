@@ -127,6 +127,17 @@ impl GemvLayout {
         GemvLayout::new(dtype, numel.checked_div(cols).unwrap_or(0), cols)
     }
 
+    /// The layout a tensor of `dtype` and `shape` has in a CUDA device's memory: its
+    /// [`GemvLayout::for_shape`] for int8/int4 ([`packed_in_gpu_memory`]), `None` for a
+    /// dtype kept as its .flm bytes.
+    ///
+    /// Errors: those of [`GemvLayout::new`].
+    pub fn in_gpu_memory(dtype: DataType, shape: &[usize]) -> Result<Option<GemvLayout>> {
+        packed_in_gpu_memory(dtype)
+            .then(|| GemvLayout::for_shape(dtype, shape))
+            .transpose()
+    }
+
     /// Repacks `src`, the weight's .flm bytes (`rows` rows of
     /// [`quant::row_bytes`] bytes, or `rows × cols` 16-bit values), into this layout
     /// (padding zero).

@@ -85,12 +85,12 @@ fn unpacking_gives_back_the_flm_bytes() {
             let mut back = vec![0xa5u8; w.size_bytes()];
             layout.unpack(&packed, &mut back).unwrap();
             assert_eq!(&back[..], w.bytes().unwrap(), "{dtype} {shape:?}");
-            if packed_in_gpu_memory(dtype) {
-                assert_eq!(
-                    packed.len(),
-                    w.size_bytes(),
-                    "{dtype} {shape:?}: the .flm size"
-                );
+            let kept = GemvLayout::in_gpu_memory(dtype, shape).unwrap();
+            assert_eq!(kept.is_some(), packed_in_gpu_memory(dtype), "{dtype}");
+            if let Some(kept) = kept {
+                assert_eq!(kept, layout);
+                let flm = w.size_bytes();
+                assert_eq!(packed.len(), flm, "{dtype} {shape:?}: the .flm size");
             }
         }
     }

@@ -3,7 +3,7 @@
 //!
 //! Its ops (see [`super::dispatch`]) read and write tensors that live in its memory
 //! ([`super::CudaBuffer`], placed there by the executor: `--gpu-layers`) in place, int8 and
-//! int4 ones in the GPU GEMV layout they were uploaded in ([`super::memory`]). Tensors
+//! int4 ones in the GPU GEMV layout they were uploaded in (`upload_tensor`). Tensors
 //! in host memory are the per-op offload: host weights are uploaded once, the first time
 //! an op reads them, and kept for as long as their [`Data::id`] stays the same (a Linear's
 //! f16/bf16/int8/int4 weight repacked into its GPU GEMV layout, [`crate::gemv_layout`],
@@ -22,7 +22,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
-use flm_core::{Data, DataType, Error, Result};
+use flm_core::{BaseDevice, Data, DataType, Error, Result};
 
 use super::kernels::{has_quant_kernels, FloatWeight, Kernel, MODULES};
 use super::nvrtc;
@@ -178,7 +178,7 @@ impl CudaDevice {
             None => Ok(Cow::Owned(layout.pack(w.bytes()?)?)),
             Some(buffer) => {
                 let mut bytes = vec![0u8; w.size_bytes()];
-                self.download_tensor_bytes(w.dtype(), w.shape(), buffer, &mut bytes)?;
+                self.download_tensor(w.dtype(), w.shape(), buffer, &mut bytes)?;
                 Ok(Cow::Owned(layout.pack(&bytes)?))
             }
         })

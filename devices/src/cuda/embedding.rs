@@ -10,7 +10,7 @@ use super::dequant::QuantRows;
 use super::device::{dev_err, grid, int, CudaDevice};
 use super::kernels::{FloatWeight, Kernel};
 use super::ROW_THREADS;
-use crate::gemv_layout::{packed_in_gpu_memory, GemvLayout};
+use crate::gemv_layout::GemvLayout;
 
 /// [`flm_core::Op::Embedding`].
 pub(super) fn embedding(
@@ -48,9 +48,7 @@ pub(super) fn embedding(
         None => {
             // int8/int4 tables in the GPU GEMV layout (shared with a tied classifier's
             // Linear), K-quant ones in ggml's rows.
-            let layout = packed_in_gpu_memory(dtype)
-                .then(|| GemvLayout::for_shape(dtype, table.shape()))
-                .transpose()?;
+            let layout = GemvLayout::in_gpu_memory(dtype, table.shape())?;
             let w = match &layout {
                 Some(l) => dev.weight_in_layout(table, l)?,
                 None => dev.weight(table)?,

@@ -1,17 +1,17 @@
 //! [`CudaBuffer`]: GPU memory as a [`flm_core::DeviceBuffer`], and the
 //! [`flm_core::BaseDevice`] buffer management of [`super::CudaDevice`] (allocate, upload,
-//! download) on the device's stream. Tensors are uploaded in the layout the kernels read:
-//! int8/int4 ones repacked into the GPU GEMV layout ([`crate::gemv_layout`], the .flm size),
-//! and unpacked again when downloaded.
+//! download) on the device's stream. Tensors are uploaded in the layout the kernels read
+//! (`upload_tensor` in [`super::dispatch`]): int8/int4 ones repacked into the GPU GEMV
+//! layout ([`crate::gemv_layout`], the .flm size), and unpacked again when downloaded.
 
 use std::any::Any;
 use std::fmt;
 
 use cudarc::driver::CudaSlice;
-use flm_core::{BaseDevice, DataType, DeviceBuffer, Error, Location, Result};
+use flm_core::{BaseDevice, DeviceBuffer, Error, Location, Result};
 
 use super::device::{dev_err, CudaDevice};
-use crate::gemv_layout::{packed_in_gpu_memory, GemvLayout};
+use crate::gemv_layout::GemvLayout;
 
 /// Bytes of GPU memory owned by a [`CudaDevice`], freed when dropped.
 pub struct CudaBuffer {
@@ -110,35 +110,14 @@ impl CudaDevice {
         self.stream.synchronize().map_err(dev_err)
     }
 
-    /// [`flm_core::BaseDevice::upload_tensor`]: an int8/int4 tensor repacked into its GPU
-    /// GEMV layout ([`packed_in_gpu_memory`]), any other as it is.
-    pub(super) fn upload_tensor_bytes(
+    /// The int8/int4 tensor of `layout` held by `src` (in that layout) as its .flm bytes,
+    /// into `dst` ([`flm_core::BaseDevice::download_tensor`]).
+    pub(super) fn download_packed(
         &self,
-        dtype: DataType,
-        shape: &[usize],
-        src: &[u8],
-        dst: &mut dyn DeviceBuffer,
-    ) -> Result<()> {
-        if !packed_in_gpu_memory(dtype) {
-            return self.upload_bytes(src, dst);
-        }
-        let packed = GemvLayout::for_shape(dtype, shape)?.pack(src)?;
-        self.upload_bytes(&packed, dst)
-    }
-
-    /// [`flm_core::BaseDevice::download_tensor`]: the inverse of
-    /// [`CudaDevice::upload_tensor_bytes`].
-    pub(super) fn download_tensor_bytes(
-        &self,
-        dtype: DataType,
-        shape: &[usize],
+        layout: &GemvLayout,
         src: &dyn DeviceBuffer,
         dst: &mut [u8],
     ) -> Result<()> {
-        if !packed_in_gpu_memory(dtype) {
-            return self.download_bytes(src, dst);
-        }
-        let layout = GemvLayout::for_shape(dtype, shape)?;
         let mut packed = vec![0u8; layout.bytes];
         self.download_bytes(src, &mut packed)?;
         layout.unpack(&packed, dst)
