@@ -4,19 +4,23 @@
 //! With layers placed on the GPU (`--gpu-layers`), greedy decoding writes llama2.c's tokens
 //! and the executor records only the copies the placement implies; with int4 weights placed
 //! there (in the GPU layout), the top-1 tokens of a prefill and of decode steps agree with
-//! the CPU's at >= 99% of positions. Skipped with a message
-//! where no CUDA GPU is usable.
+//! the CPU's at >= 99% of positions; a session on the GPU samples there and copies one id
+//! in and one id out per step; the serving engine batches on the GPU. Skipped with a
+//! message where no CUDA GPU is usable.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
 
-use flm_core::{DataType, Executor, Location};
+use flm_core::{DataType, Executor, Location, SamplerConfig};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
-use flm_models::{import, Graph, ModelConfig, SharedGraph};
-use flm_tests::{cpu_executor, data, greedy_on, ids, stories_reference, weights_in};
+use flm_models::{import, Graph, ModelConfig, SharedGraph, SharedModel};
+use flm_tests::{
+    cpu_executor, data, every_sampling_option, greedy_on, ids, serve_greedy, session_ids,
+    stories_reference, weights_in,
+};
 
 /// The CUDA device first, the CPU for the ops it leaves (as `--device cuda` runs).
 fn gpu_executor() -> Option<Executor> {
@@ -179,22 +183,103 @@ fn gpu_layers_2_of_5_write_llama2c_tokens() {
     assert_eq!(boundary, 200, "{}", gpu.transfers().report());
 }
 
+/// Each reason's copies in `exec`'s record but the load's.
+fn copies_after_load(exec: &Executor) -> Vec<(&'static str, u64)> {
+    exec.transfers()
+        .entries
+        .iter()
+        .filter(|e| !e.reason.starts_with("load: "))
+        .map(|e| (e.reason, e.count))
+        .collect()
+}
+
 #[test]
 fn every_layer_on_the_gpu_brings_back_only_the_logits_per_step() {
     let Some(gpu) = gpu_executor() else { return };
     let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
     assert_eq!(placed_greedy(&gpu, 5), expected);
-    let per_step: Vec<_> = gpu
-        .transfers()
-        .entries
-        .iter()
-        .filter(|e| !e.reason.starts_with("load: "))
-        .map(|e| (e.reason, e.count))
-        .collect();
+    // Each pass's token id in, its logits out (the host samples them).
     assert_eq!(
-        per_step,
-        [("logits to host", 200)],
+        copies_after_load(&gpu),
+        [("token ids to device", 200), ("logits to host", 200)],
         "{}",
         gpu.transfers().report()
     );
+}
+
+/// A session whose layers are all on the GPU samples there (`Op::Sample`): greedily it
+/// writes the CPU session's ids, and with a seed, penalties, top-k and top-p it writes
+/// them too but where the GPU's `expf` rounds a draw across a boundary (counted, at most
+/// one step in ten); each decode step's only copies are its token id in and the sampled id
+/// out.
+#[test]
+fn a_session_on_the_gpu_copies_one_id_in_and_one_id_out_per_step() {
+    let Some(_) = gpu_executor() else { return };
+    for config in [SamplerConfig::default(), every_sampling_option()] {
+        let want = session_ids(&cpu_executor(), Location::Host, &config);
+        let gpu = gpu_executor().unwrap();
+        let got = session_ids(&gpu, CUDA0, &config);
+        let first_difference = got.iter().zip(&want).position(|(a, b)| a != b);
+        eprintln!("{config:?}: first difference from the CPU at {first_difference:?}");
+        if config.is_greedy() {
+            assert_eq!(got, want);
+        } else {
+            // After a draw rounds differently the texts part ways: compare the start.
+            assert!(first_difference.is_none_or(|i| i >= 6), "{got:?}\n{want:?}");
+        }
+        let steps = got.len() as u64;
+        assert_eq!(steps, 60);
+        assert_eq!(
+            copies_after_load(&gpu),
+            [
+                ("sampler: history", 1),
+                ("sampler: seed", 1),
+                ("token ids to device", steps),
+                ("sampled id to host", steps),
+            ],
+            "{}",
+            gpu.transfers().report()
+        );
+    }
+}
+
+/// The serving engine with stories260K's layers (f16 weights) and KV pool on the GPU, as
+/// `flm serve --device cuda --gpu-layers 99` runs it: paged attention and the scatter of
+/// new keys and values on the GPU, and each of four concurrent greedy requests writes
+/// what the model writes for it alone on the GPU (batch-invariant kernels).
+#[test]
+fn the_engine_batches_on_the_gpu_with_each_sequence_as_alone() {
+    let Some(gpu) = gpu_executor() else { return };
+    gpu.require_batch_invariance();
+    let f16_on_gpu = |exec: &Executor| {
+        let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
+        let weights = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, shape| {
+            if shape.len() == 2 {
+                DataType::F16
+            } else {
+                DataType::F32
+            }
+        });
+        let model = LlamaModel::new(ckpt.config.clone(), weights).unwrap();
+        let n_layers = model.config().n_layers;
+        model
+            .place(exec, Placement::first_layers(n_layers, CUDA0, n_layers))
+            .unwrap()
+    };
+    let requests: [(Vec<u32>, usize); 4] = [
+        (vec![1], 120),
+        (prompt(), 60),
+        (vec![1, 300, 301, 17], 40),
+        ((1..40).collect(), 30),
+    ];
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|(p, n)| {
+            let mut llama = Llama::with_model(Arc::new(f16_on_gpu(&gpu))).unwrap();
+            greedy_on(&gpu, &mut llama, p, *n)
+        })
+        .collect();
+    let Some(exec) = gpu_executor() else { return };
+    let got = serve_greedy(SharedModel::from(f16_on_gpu(&exec)), exec, &requests);
+    assert_eq!(got, alone);
 }

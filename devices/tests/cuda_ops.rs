@@ -12,7 +12,10 @@
 //! holds the decode GEMV kernels to tighter ones).
 #![cfg(feature = "cuda")]
 
-use flm_core::{BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable};
+use flm_core::{
+    sampler_state, BaseDevice, Data, DataType, Executor, Location, Op, PagedSeq, RopeStyle,
+    RopeTable, SampleState, SamplerConfig, TokenIds,
+};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use rand::rngs::StdRng;
@@ -183,6 +186,73 @@ fn compare_attention(
     }
 }
 
+/// An i32 tensor of `words`.
+fn words(words: &[u32]) -> Data {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    Data::from_bytes(DataType::I32, &[words.len()], &bytes).unwrap()
+}
+
+/// The words of an i32 tensor in any memory of `exec`.
+fn read_words(exec: &Executor, d: &Data) -> Vec<u32> {
+    let host = exec.to_host(d, "test: read").unwrap();
+    host.as_i32().unwrap().iter().map(|&v| v as u32).collect()
+}
+
+/// The operands of an `Op::Sample`: logits, state and the sampled id.
+struct Sampling {
+    logits: Data,
+    state: SampleState,
+    id: Data,
+}
+
+impl Sampling {
+    /// Logits of NaN, the history `seen`, no output and the stream of `seed`, in host
+    /// memory.
+    fn new(seen: &[u32], seed: u64) -> Sampling {
+        Sampling {
+            logits: nan(&[1, seen.len()]),
+            state: SampleState {
+                seen: words(seen),
+                counts: words(&vec![0; seen.len()]),
+                stream: words(&sampler_state(seed)),
+            },
+            id: words(&[0]),
+        }
+    }
+
+    /// Every tensor copied to `location`.
+    fn to(&self, exec: &Executor, location: Location) -> Sampling {
+        let up = |d: &Data| exec.to_device(d, location, "test: upload").unwrap();
+        Sampling {
+            logits: up(&self.logits),
+            state: SampleState {
+                seen: up(&self.state.seen),
+                counts: up(&self.state.counts),
+                stream: up(&self.state.stream),
+            },
+            id: up(&self.id),
+        }
+    }
+
+    /// Runs the op wherever the tensors live and reads back the id.
+    fn step(&mut self, exec: &Executor, config: &SamplerConfig) -> u32 {
+        exec.run(Op::Sample {
+            logits: &self.logits,
+            state: &mut self.state,
+            output: &mut self.id,
+            config,
+        })
+        .unwrap();
+        read_words(exec, &self.id)[0]
+    }
+
+    /// The history flags, counts and stream words.
+    fn state_words(&self, exec: &Executor) -> [Vec<u32>; 3] {
+        let s = &self.state;
+        [&s.seen, &s.counts, &s.stream].map(|d| read_words(exec, d))
+    }
+}
+
 macro_rules! gpu_tests {
     ($($name:ident($gpu:ident) $body:block)*) => {$(
         #[test]
@@ -262,7 +332,7 @@ gpu_tests! {
         for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q80) {
             let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
             compare!(&format!("Embedding {dtype}"), &gpu, &nan(&[5, 333]), 1e-6, None, |o| {
-                Op::Embedding { table: &table, tokens: &tokens, output: o }
+                Op::Embedding { table: &table, tokens: TokenIds::Host(&tokens), output: o }
             });
         }
     }
@@ -327,6 +397,87 @@ gpu_tests! {
             assert_eq!(&ids[row * k..][..k], &order[..k], "row {row}");
             for j in 0..k {
                 assert_eq!(values[row * k + j], vals[order[j] as usize]);
+            }
+        }
+    }
+
+    sample_equals_the_cpu_op(gpu) {
+        let location = gpu.location();
+        let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
+        // (temperature, top_k, top_p, repetition, presence, frequency)
+        let configs = [
+            (0.0, 0, 1.0, 1.2, 0.0, 0.0),
+            (0.0, 3, 0.5, 0.9, -0.5, 0.7),
+            (1.0, 0, 1.0, 1.0, 0.0, 0.0),
+            (0.6, 50, 1.0, 1.0, 0.0, 0.0),
+            (0.9, 0, 0.8, 1.05, 0.0, 0.0),
+            (1.5, 7, 0.6, 1.3, 0.5, -0.2),
+            (0.4, 1, 1.0, 0.7, -1.5, 1.5),
+            (1.8, 1000, 0.99, 1.0, 0.1, 0.4),
+        ];
+        let (mut draws, mut differ) = (0, 0);
+        for vocab in [1, 97, 1031, 32001] {
+            for (c, &(temperature, top_k, top_p, repeat_penalty, presence, frequency)) in configs.iter().enumerate() {
+                for seed in 0..3u64 {
+                    let config = SamplerConfig {
+                        temperature, top_k, top_p, repeat_penalty, seed,
+                        presence_penalty: presence, frequency_penalty: frequency,
+                    };
+                    let mut r = rng(100 + seed);
+                    let mut seen = vec![0u32; vocab];
+                    for _ in 0..5 {
+                        seen[r.random_range(0..vocab)] = 1;
+                    }
+                    let mut host = Sampling::new(&seen, seed);
+                    let mut dev = host.to(&exec, location);
+                    for step in 0..12 {
+                        let mut logits = random(&mut r, &[1, vocab], 6.0);
+                        if vocab > 5 {
+                            let v = logits.as_f32_mut().unwrap();
+                            // Ties, −∞ and NaN among the candidates.
+                            v[vocab / 2] = v[0];
+                            v[vocab / 3] = f32::NEG_INFINITY;
+                            v[vocab / 5] = f32::NAN;
+                        }
+                        exec.copy_into(&logits, &mut dev.logits, "test: upload").unwrap();
+                        host.logits = logits;
+                        let want = host.step(&exec, &config);
+                        let got = dev.step(&exec, &config);
+                        let what = format!("vocab {vocab} config {c} seed {seed} step {step}");
+                        let [_, _, want_stream] = host.state_words(&exec);
+                        assert_eq!(dev.state_words(&exec)[2], want_stream, "{what}: stream");
+                        draws += 1;
+                        if got != want {
+                            // exp's last bits (see sample.cu): allowed only when sampling.
+                            assert!(!config.is_greedy(), "{what}: gpu {got}, cpu {want}");
+                            differ += 1;
+                            dev = host.to(&exec, location);
+                        }
+                        assert_eq!(dev.state_words(&exec), host.state_words(&exec), "{what}");
+                    }
+                }
+            }
+        }
+        eprintln!("Sample: {differ} of {draws} draws differ from the CPU's");
+        assert!(differ * 100 <= draws, "{differ} of {draws} draws differ");
+        // Every logit NaN: no id (the CPU op's error), nothing marked, no word drawn.
+        let config = SamplerConfig { temperature: 1.0, ..SamplerConfig::default() };
+        let mut dev = Sampling::new(&[0; 9], 1).to(&exec, location);
+        assert_eq!(dev.step(&exec, &config), u32::MAX);
+        assert_eq!(dev.state_words(&exec), [vec![0; 9], vec![0; 9], sampler_state(1).to_vec()]);
+        // Figures for tuning: the op's time per call (its id read back), one block.
+        for vocab in [32000, 152064] {
+            let mut t = Sampling::new(&vec![0; vocab], 0);
+            t.logits = random(&mut rng(9), &[1, vocab], 6.0);
+            let mut t = t.to(&exec, location);
+            for (name, temperature, top_k) in [("greedy", 0.0, 0), ("top-k 40", 0.8, 40), ("full sort", 0.8, 0)] {
+                let config = SamplerConfig { temperature, top_k, ..SamplerConfig::default() };
+                t.step(&exec, &config);
+                let start = std::time::Instant::now();
+                for _ in 0..20 {
+                    assert!((t.step(&exec, &config) as usize) < vocab);
+                }
+                eprintln!("Sample vocab {vocab} {name}: {:.1} us per call", start.elapsed().as_secs_f64() * 1e6 / 20.0);
             }
         }
     }
@@ -405,6 +556,27 @@ gpu_tests! {
         compare_attention(&gpu, &mut r, &cases, true, 2e-3);
     }
 
+    paged_attention_and_scatter_rows(gpu) {
+        let mut r = rng(9);
+        let host_pool = random(&mut r, &[64, 8], 1.0);
+        let src = random(&mut r, &[2, 8], 1.0);
+        let declined = Op::ScatterRows { src: &src, rows: &[3, 9], dst: &mut host_pool.clone() };
+        assert!(!gpu.supports(&declined), "a pool in host memory stays on the CPU");
+        let at = gpu.location();
+        let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
+        // (block_size, heads, kv heads, head_dim, window, alibi, softcap)
+        let cases = [
+            (16, 4, 4, 64, None, false, None),
+            (32, 8, 2, 128, None, false, None),
+            (16, 6, 3, 48, Some(37), false, None),
+            (32, 5, 5, 64, None, true, Some(0.8)),
+            (16, 32, 8, 128, Some(300), false, None),
+        ];
+        for (bs, heads, kv, hd, window, alibi, softcap) in cases {
+            paged_case(&exec, at, &mut r, (bs, heads, kv, hd), (window, alibi, softcap));
+        }
+    }
+
     buffers_round_trip_and_every_copy_is_recorded(gpu) {
         let location = gpu.location();
         assert_eq!(location, Location::Device { name: "cuda", ordinal: 0 });
@@ -424,4 +596,119 @@ gpu_tests! {
         let got: Vec<_> = exec.transfers().entries.iter().map(|e| (e.reason, e.count, e.bytes)).collect();
         assert_eq!(got, [("test: upload", 3, 3 * bytes), ("test: download", 2, 2 * bytes)]);
     }
+}
+
+/// One case of `paged_attention_and_scatter_rows`: sequences of several lengths (a decode
+/// row, prefill chunks, one past a 256-position chunk of the kernel) whose block tables
+/// are scattered over the pool, two of them sharing their first blocks (a common prefix);
+/// ScatterRows writes new rows into the pools, then PagedAttention reads them, on the GPU
+/// (pools in its memory) and on the CPU (in host memory).
+fn paged_case(
+    exec: &Executor,
+    at: Location,
+    r: &mut StdRng,
+    (bs, heads, kv, hd): (usize, usize, usize, usize),
+    (window, alibi, softcap): (Option<usize>, bool, Option<f32>),
+) {
+    // (rows this step, start position) of each sequence.
+    let shapes: [(usize, usize); 5] = [(1, 700), (7, 33), (1, 0), (3, 40), (1, 17)];
+    let per_seq: Vec<usize> = shapes.iter().map(|&(n, s)| (n + s).div_ceil(bs)).collect();
+    let n_blocks = per_seq.iter().sum::<usize>() + 3;
+    let mut free: Vec<u32> = (0..n_blocks as u32).collect();
+    for i in (1..free.len()).rev() {
+        free.swap(i, r.random_range(0..=i));
+    }
+    let mut tables: Vec<Vec<u32>> = per_seq.iter().map(|&b| free.drain(..b).collect()).collect();
+    // Sequence 3 shares sequence 1's first two blocks.
+    let shared = tables[1][..2].to_vec();
+    tables[3][..2].copy_from_slice(&shared);
+    let seqs: Vec<PagedSeq<'_>> = shapes
+        .iter()
+        .zip(&tables)
+        .map(|(&(n_rows, start_pos), blocks)| PagedSeq {
+            n_rows,
+            start_pos,
+            blocks,
+        })
+        .collect();
+    let n: usize = shapes.iter().map(|s| s.0).sum();
+    let cols = kv * hd;
+    let pool_rows = n_blocks * bs;
+    let mut pools = [
+        random(r, &[pool_rows, cols], 1.0),
+        random(r, &[pool_rows, cols], 1.0),
+    ];
+    // The new rows' slots: each row's own position in its sequence's table.
+    let mut slots = Vec::new();
+    for s in &seqs {
+        for p in s.start_pos..s.start_pos + s.n_rows {
+            slots.push(s.blocks[p / bs] * bs as u32 + (p % bs) as u32);
+        }
+    }
+    let new = [random(r, &[n, cols], 1.0), random(r, &[n, cols], 1.0)];
+    let q = random(r, &[n, heads * hd], 1.0);
+    let what =
+        format!("PagedAttention bs={bs} {heads}/{kv}x{hd} {window:?} alibi={alibi} {softcap:?}");
+    let mut gpu_pools = pools
+        .clone()
+        .map(|p| exec.to_device(&p, at, "test: upload").unwrap());
+    for i in 0..2 {
+        let (src, g) = (
+            exec.to_device(&new[i], at, "test: upload").unwrap(),
+            &mut gpu_pools[i],
+        );
+        exec.run(Op::ScatterRows {
+            src: &src,
+            rows: &slots,
+            dst: g,
+        })
+        .unwrap();
+        exec.run(Op::ScatterRows {
+            src: &new[i],
+            rows: &slots,
+            dst: &mut pools[i],
+        })
+        .unwrap();
+        let back = exec.to_host(g, "test: download").unwrap();
+        assert_eq!(
+            back.bytes().unwrap(),
+            pools[i].bytes().unwrap(),
+            "ScatterRows {what}"
+        );
+    }
+    let run = |q: &Data, [k, v]: &[Data; 2], output: &mut Data| {
+        exec.run(Op::PagedAttention {
+            q,
+            cache_k: k,
+            cache_v: v,
+            block_size: bs,
+            seqs: &seqs,
+            n_heads: heads,
+            n_kv_heads: kv,
+            scale: 1.0 / (hd as f32).sqrt(),
+            alibi,
+            softcap,
+            sliding_window: window,
+            output,
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    };
+    let mut want = nan(&[n, heads * hd]);
+    run(&q, &pools, &mut want);
+    let mut got = exec
+        .to_device(&nan(&[n, heads * hd]), at, "test: upload")
+        .unwrap();
+    run(
+        &exec.to_device(&q, at, "test: upload").unwrap(),
+        &gpu_pools,
+        &mut got,
+    );
+    let got = exec.to_host(&got, "test: download").unwrap();
+    check(
+        &what,
+        &got.to_f32_vec().unwrap(),
+        &want.to_f32_vec().unwrap(),
+        1e-5,
+        None,
+    );
 }

@@ -49,6 +49,7 @@ use std::sync::Arc;
 
 use flm_core::{
     Data, DataType, Error as CoreError, Executor, KvCache, LinearPart, Location, Op, RopeTable,
+    TokenIds,
 };
 
 use crate::graph::{Graph, Head, SharedGraph};
@@ -96,6 +97,9 @@ struct Activations {
     experts_io: Option<(Data, Data)>,
     /// The shared expert's activations, in the routed experts' memory (Qwen2-MoE).
     shared: Option<SharedScratch>,
+    /// i32 `[n]`: the token ids copied to a device's memory for the embedding, when the
+    /// activations are there.
+    ids: Option<Data>,
 }
 
 /// The activations of a shared expert ([`SharedExpert`]) for up to a fixed number of rows.
@@ -159,6 +163,9 @@ impl Activations {
         rows: usize,
     ) -> Result<Activations> {
         let mut s = Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))?;
+        if at != Location::Host {
+            s.ids = Some(exec.zeros(DataType::I32, &[rows], at)?);
+        }
         if c.moe.is_some() && experts != at {
             let z = |shape: &[usize]| exec.zeros(DataType::F32, shape, experts);
             s.experts_io = Some((z(&[rows, c.dim])?, z(&[rows, c.dim])?));
@@ -191,6 +198,7 @@ impl Activations {
             logits: z(c.vocab_size.max(dim))?,
             experts_io: None,
             shared: SharedScratch::alloc(c, rows, zeros)?,
+            ids: None,
         })
     }
 
@@ -482,26 +490,14 @@ impl Llama {
             return Ok(());
         }
         let model = &*self.model;
-        let (c, p) = (&model.config, &model.placement);
-        let layers: Vec<Location> = (0..c.n_layers).map(|l| p.layer(l)).collect();
+        let (c, layers) = (&model.config, model.placement.layers());
         let max_seq = c.pre_seq_len + c.max_seq_len;
         let kv = if model.weights.prefix_kv.is_some() {
-            host_kv(model)?.place(exec, &layers, "load: p-tuning prefix")?
+            host_kv(model)?.place(exec, layers, "load: p-tuning prefix")?
         } else {
-            KvCache::placed(exec, &layers, max_seq, c.kv_dim())?
+            KvCache::placed(exec, layers, max_seq, c.kv_dim())?
         };
-        let rows = PREFILL_CHUNK.min(c.max_seq_len);
-        self.states = p
-            .locations()
-            .into_iter()
-            .map(|at| {
-                // Each memory's layers have their experts in one memory.
-                let experts = (0..c.n_layers)
-                    .find(|&l| p.layer(l) == at)
-                    .map_or(at, |l| p.experts(l));
-                Activations::on(exec, (at, experts), c, rows)
-            })
-            .collect::<Result<_>>()?;
+        self.states = placed_states(exec, model, PREFILL_CHUNK.min(c.max_seq_len))?;
         self.kv = Some(kv);
         Ok(())
     }
@@ -553,6 +549,26 @@ impl Graph for Llama {
             self.all_rows.extend_from_slice(rows);
         }
         Ok(&self.all_rows)
+    }
+
+    fn logits_location(&self) -> Location {
+        self.model.placement.output()
+    }
+
+    fn forward_resident(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<&Data> {
+        check_forward(self.config(), tokens, start_pos)?;
+        self.allocate(exec)?;
+        let chunk = PREFILL_CHUNK.min(self.config().max_seq_len);
+        let last = Head::Logits(Logits::Last);
+        for (c, part) in tokens.chunks(chunk).enumerate() {
+            self.forward_chunk(exec, part, start_pos + c * chunk, last)?;
+        }
+        Ok(&output_state(&self.model, &self.states)?.logits)
     }
 }
 
@@ -650,6 +666,37 @@ pub(crate) fn cache_and_attend(
     })
 }
 
+/// The activations of the last layer's memory (`states` as [`Llama`] holds them).
+///
+/// Errors: [`Error::Config`] before the first forward pass.
+fn output_state<'a>(model: &LlamaModel, states: &'a [Activations]) -> Result<&'a Activations> {
+    let output = model.placement.output();
+    let memory = model
+        .placement
+        .locations()
+        .iter()
+        .position(|&m| m == output);
+    memory
+        .and_then(|i| states.get(i))
+        .ok_or_else(|| Error::Config("no forward pass has run".into()))
+}
+
+/// Activations for `rows` rows in each memory of `model`'s [`Placement::locations`], in
+/// that order, allocated there by `exec`.
+fn placed_states(exec: &Executor, model: &LlamaModel, rows: usize) -> Result<Vec<Activations>> {
+    let (c, p) = (&model.config, &model.placement);
+    p.locations()
+        .into_iter()
+        .map(|at| {
+            // Each memory's layers have their experts in one memory.
+            let experts = (0..c.n_layers)
+                .find(|&l| p.layer(l) == at)
+                .map_or(at, |l| p.experts(l));
+            Activations::on(exec, (at, experts), c, rows)
+        })
+        .collect()
+}
+
 /// The last chunk's logits (or hidden states) in host memory: those of the activations of
 /// the last layer's memory (`states` as [`Llama`] holds them), copied into `host_out` first
 /// when that memory is a device's.
@@ -659,15 +706,7 @@ fn host_output<'a>(
     host_out: &'a mut Option<Data>,
     exec: &Executor,
 ) -> Result<&'a [f32]> {
-    let output = model.placement.output();
-    let memory = model
-        .placement
-        .locations()
-        .iter()
-        .position(|&m| m == output);
-    let Some(out) = memory.and_then(|i| states.get(i)).map(|s| &s.logits) else {
-        return Err(Error::Config("no forward pass has run".into()));
-    };
+    let out = &output_state(model, states)?.logits;
     if out.location() == Location::Host {
         return Ok(out.as_f32()?);
     }
@@ -727,7 +766,17 @@ fn run_layers<'s>(
         let at = model.placement.layer(l);
         locations.iter().position(|&m| m == at).unwrap_or(0)
     };
-    let x = &mut states[memory(0)].x;
+    let Activations { x, ids, .. } = &mut states[memory(0)];
+    let tokens = match ids {
+        Some(ids) => {
+            ids.set_shape(&[tokens.len()])?;
+            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let host = Data::from_bytes(DataType::I32, &[tokens.len()], &bytes)?;
+            exec.copy_into(&host, ids, "token ids to device")?;
+            TokenIds::Tensor(ids)
+        }
+        None => TokenIds::Host(tokens),
+    };
     exec.run(Op::Embedding {
         table: &w.embedding,
         tokens,

@@ -4,13 +4,17 @@
 pub mod fuzz;
 pub mod glm_data;
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::mpsc;
 
-use flm_core::{Data, DataType, Executor};
+use flm_core::{Data, DataType, Executor, Location, SamplerConfig};
 use flm_devices::CpuDevice;
+use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
+use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
-use flm_models::Graph;
+use flm_models::{Graph, Placement, SharedGraph, SharedModel};
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -92,6 +96,48 @@ pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usiz
     out
 }
 
+/// Sampling with every option of [`SamplerConfig`] on: temperature, top-k, top-p, the
+/// repetition, presence and frequency penalties, and a seed.
+pub fn every_sampling_option() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        repeat_penalty: 1.1,
+        seed: 7,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
+    }
+}
+
+/// The 60 ids a session over stories260K generates from "Once upon a time" on `exec` with
+/// `sampler` (end-of-sequence ignored), every layer in the memory of `at` (host memory:
+/// not placed).
+pub fn session_ids(exec: &Executor, at: Location, sampler: &SamplerConfig) -> Vec<u32> {
+    let path = data("stories260K/stories260K.bin");
+    let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
+    let model = model
+        .place(exec, |m| {
+            Ok(Placement::first_layers(m.config().n_layers, at, 99))
+        })
+        .unwrap();
+    let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
+    let params = GenerateParams {
+        sampler: sampler.clone(),
+        max_tokens: 60,
+        ignore_eos: true,
+        stop: Vec::new(),
+    };
+    let mut out = Vec::new();
+    session
+        .generate(exec, "Once upon a time", &params, |piece| {
+            out.extend(piece.id);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    out
+}
+
 /// `w` with each tensor converted by [`Data::to_dtype`] to the dtype `dtype_of` gives its
 /// canonical name and shape.
 pub fn weights_in(
@@ -153,4 +199,55 @@ pub fn weights_in(
         *dst = c(TensorName::Classifier, src);
     }
     out
+}
+
+/// Runs every `(prompt, max_tokens)` at once, greedy, through an engine over `model` on
+/// `exec` (its default budgets); returns each request's tokens, checking that it ended
+/// without an error.
+pub fn serve_greedy(
+    model: SharedModel,
+    exec: Executor,
+    requests: &[(Vec<u32>, usize)],
+) -> Vec<Vec<u32>> {
+    let engine = Engine::new(model, exec, EngineConfig::default()).unwrap();
+    let pending: Vec<_> = requests
+        .iter()
+        .map(|(prompt, max_tokens)| {
+            let (tx, rx) = mpsc::channel();
+            let request = Request {
+                prompt: prompt.clone(),
+                sampler: SamplerConfig::default(),
+                max_tokens: *max_tokens,
+                stop_tokens: Vec::new(),
+                logprobs: None,
+                constraint: None,
+            };
+            let on_event = Box::new(move |e| {
+                let _ = tx.send(e);
+                ControlFlow::Continue(())
+            });
+            engine.submit(request, on_event).unwrap();
+            rx
+        })
+        .collect();
+    pending
+        .into_iter()
+        .map(|rx| {
+            let mut ids = Vec::new();
+            for event in rx {
+                match event {
+                    Event::Token(t, _) => ids.push(t),
+                    Event::Finished(f) => {
+                        assert!(
+                            matches!(f.reason, FinishReason::Length | FinishReason::Stop),
+                            "{:?}",
+                            f.reason
+                        );
+                        break;
+                    }
+                }
+            }
+            ids
+        })
+        .collect()
 }

@@ -48,6 +48,8 @@ pub struct CudaDevice {
     /// The f16 scratch of the quantised prefill ([`super::dequant`]), grown on demand.
     f16_scratch: Mutex<CudaSlice<u16>>,
     pub(super) batch_invariant: AtomicBool,
+    /// The paged ops' row metadata of the current step ([`super::paged::Uploads`]).
+    pub(super) paged_uploads: Mutex<super::paged::Uploads>,
 }
 
 /// Uploaded weights by [`Data::id`].
@@ -121,6 +123,7 @@ impl CudaDevice {
             packed: Mutex::new(HashMap::new()),
             f16_scratch: Mutex::new(f16_scratch),
             batch_invariant: AtomicBool::new(false),
+            paged_uploads: Mutex::new(super::paged::Uploads::default()),
         })
     }
 

@@ -1,13 +1,13 @@
 //! [`CudaDevice`] as a [`BaseDevice`]: which ops it runs, on which operands, and the one
 //! place each op is handed to its module (one per kernel file: `norm`, `elementwise`,
-//! `embedding`, `linear`, `rope`, `attention`, `sample`).
+//! `embedding`, `linear`, `rope`, `attention`, `paged`, `sample`).
 
 use std::sync::atomic::Ordering;
 
 use flm_core::{BaseDevice, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result};
 
-use super::kernels::{has_quant_kernels, FloatWeight};
-use super::{attention, elementwise, embedding, linear, norm, rope, sample, CudaDevice};
+use super::kernels::{has_quant_kernels, FloatWeight, KvType};
+use super::{attention, elementwise, embedding, linear, norm, paged, rope, sample, CudaDevice};
 use crate::gemv_layout::GemvLayout;
 
 impl BaseDevice for CudaDevice {
@@ -67,9 +67,17 @@ impl BaseDevice for CudaDevice {
             Op::Add { x, y } => f32(x) && f32(y),
             Op::Gelu { x } | Op::Scale { x, .. } | Op::SoftCap { x, .. } => f32(x),
             Op::Argmax { input, .. } => f32(input),
-            // Host row copies are the CPU's; the paged-cache ops stay there in this version.
+            // Sampling state lives with the logits: host logits are sampled on the host.
+            Op::Sample { .. } => resident,
+            // Host row copies are the CPU's, and so is a paged pool in host memory (this
+            // GPU would copy it whole for every op).
             Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
-            Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
+            Op::PagedAttention {
+                q, cache_k, output, ..
+            } => resident && f32(q) && KvType::of(cache_k.dtype()).is_some() && f32(output),
+            Op::ScatterRows { src, dst, .. } => {
+                resident && f32(src) && KvType::of(dst.dtype()).is_some()
+            }
             // The experts run on the CPU, from host memory (`--moe-device cpu`).
             Op::MoeFfn { .. } => false,
             // Qwen2-MoE's shared expert runs beside the routed experts, on the CPU.
@@ -242,6 +250,12 @@ impl BaseDevice for CudaDevice {
             Op::Scale { x, alpha } => elementwise::unary(self, x, elementwise::Unary::Scale(alpha)),
             Op::SoftCap { x, cap } => elementwise::unary(self, x, elementwise::Unary::SoftCap(cap)),
             Op::Argmax { input, output } => sample::argmax(self, input, output),
+            Op::Sample {
+                logits,
+                state,
+                output,
+                config,
+            } => sample::sample(self, config, logits, state, output),
             Op::CopyRows {
                 src,
                 src_row,
@@ -249,10 +263,11 @@ impl BaseDevice for CudaDevice {
                 dst,
                 dst_row,
             } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, dst_row),
-            op @ (Op::PagedAttention { .. }
-            | Op::ScatterRows { .. }
-            | Op::MoeFfn { .. }
-            | Op::GatedAdd { .. }) => Err(Error::Unsupported(format!("{:?} on cuda", op.kind()))),
+            op @ Op::PagedAttention { .. } => paged::paged_attention(self, op),
+            Op::ScatterRows { src, rows, dst } => paged::scatter_rows(self, src, rows, dst),
+            op @ (Op::MoeFfn { .. } | Op::GatedAdd { .. }) => {
+                Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 //! K-quant ones in ggml's rows.
 
 use cudarc::driver::PushKernelArg;
-use flm_core::{Data, Error, Result};
+use flm_core::{Data, Error, Result, TokenIds};
 
 use super::dequant::QuantRows;
 use super::device::{dev_err, grid, int, CudaDevice};
@@ -12,11 +12,12 @@ use super::kernels::{FloatWeight, Kernel};
 use super::ROW_THREADS;
 use crate::gemv_layout::GemvLayout;
 
-/// [`flm_core::Op::Embedding`].
+/// [`flm_core::Op::Embedding`]: host ids are copied in for the op, a tensor of ids is read
+/// where it lives.
 pub(super) fn embedding(
     dev: &CudaDevice,
     table: &Data,
-    tokens: &[u32],
+    tokens: TokenIds<'_>,
     output: &mut Data,
 ) -> Result<()> {
     let (vocab, dim) = (table.rows(), table.cols());
@@ -24,7 +25,11 @@ pub(super) fn embedding(
         return Ok(());
     }
     let dtype = table.dtype();
-    let ids = dev.upload(tokens)?;
+    let ids = match tokens {
+        TokenIds::Host(ids) => dev.input_bytes(bytemuck::cast_slice(ids))?,
+        TokenIds::Tensor(ids) => dev.input(ids)?,
+    };
+    let ids = ids.slice();
     let mut out = dev.output(output)?;
     let bad = dev.zeros::<i32>(1)?;
     let (dim_i, vocab_u) = (int(dim)?, u32::try_from(vocab).unwrap_or(u32::MAX));
@@ -35,7 +40,7 @@ pub(super) fn embedding(
             let f = dev.function(Kernel::Embedding(kind))?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w.slice())
-                .arg(&ids)
+                .arg(ids)
                 .arg(out.slice())
                 .arg(&dim_i)
                 .arg(&vocab_u)
@@ -60,7 +65,7 @@ pub(super) fn embedding(
             let f = dev.function(Kernel::EmbeddingQuant)?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w.slice())
-                .arg(&ids)
+                .arg(ids)
                 .arg(out.slice())
                 .arg(&dim_i)
                 .arg(&vocab_u);
@@ -74,14 +79,19 @@ pub(super) fn embedding(
         }
     };
     launched.map_err(dev_err)?;
+    let first_bad = |ids: &[u32]| ids.iter().copied().find(|&t| t as usize >= vocab);
     dev.check_flag(&bad, || {
-        let id = tokens
-            .iter()
-            .copied()
-            .find(|&t| t as usize >= vocab)
-            .unwrap_or(0);
+        let id = match tokens {
+            TokenIds::Host(ids) => first_bad(ids),
+            // The error path only: the device's ids read back for the message.
+            TokenIds::Tensor(_) => dev
+                .stream
+                .clone_dtoh(ids)
+                .ok()
+                .and_then(|b| first_bad(bytemuck::cast_slice(&b))),
+        };
         Error::TokenOutOfRange {
-            id,
+            id: id.unwrap_or(u32::MAX),
             vocab_size: vocab,
         }
     })?;
