@@ -19,7 +19,7 @@
 mod common;
 
 use common::{gpu, nan_output, random_f32, rng};
-use flm_core::{BaseDevice, Data, DataType, Op};
+use flm_core::{BaseDevice, Data, DataType, Op, TokenIds};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::gemv_layout::{has_layout, packed_in_gpu_memory, GemvLayout};
 use flm_devices::CpuDevice;
@@ -238,7 +238,7 @@ fn quantised_tensors_in_gpu_memory_round_trip_and_embed() {
             ] {
                 let op = Op::Embedding {
                     table,
-                    tokens: &tokens,
+                    tokens: TokenIds::Host(&tokens),
                     output: out,
                 };
                 assert!(dev.supports(&op), "{} runs the Embedding", dev.name());
