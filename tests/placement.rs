@@ -252,10 +252,10 @@ fn the_engine_serves_layers_on_a_device_with_the_cpu_engines_tokens() {
 }
 
 /// A batched step (what the engine runs) over a model and a KV pool on the device copies
-/// the logits of its sequences to the host, once, and nothing else crosses: the block
-/// tables, positions and token ids go with the ops.
+/// its token ids to the device and the logits of its sequences to the host, once each,
+/// and nothing else crosses: the block tables and positions go with the ops.
 #[test]
-fn a_batched_step_on_a_device_copies_only_the_logits_to_the_host() {
+fn a_batched_step_on_a_device_copies_its_ids_in_and_the_logits_out() {
     let exec = executor();
     let model = shared_on(&exec, 99);
     let (vocab, loaded) = (
@@ -309,6 +309,8 @@ fn a_batched_step_on_a_device_copies_only_the_logits_to_the_host() {
         .map(|e| e.bytes)
         .sum();
     assert_eq!(bytes, (rows * vocab * 4) as u64);
+    let ids_in = "token ids to device";
+    assert_eq!(copies(&exec, ids_in, Location::Host, SIM), steps);
     let (count, _) = record.totals();
-    assert_eq!(count, loaded + steps, "{}", record.report());
+    assert_eq!(count, loaded + 2 * steps, "{}", record.report());
 }
