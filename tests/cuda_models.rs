@@ -2,9 +2,11 @@
 //! greedy decoding gives the same tokens with f32 and f16 weights, and with int8 and int4
 //! weights the teacher-forced top-1 token agrees with the CPU's at >= 99% of positions.
 //! With layers placed on the GPU (`--gpu-layers`), greedy decoding writes llama2.c's tokens
-//! and the executor records only the copies the placement implies; a session on the GPU
-//! samples there and copies one id in and one id out per step; the serving engine batches
-//! on the GPU. Skipped with a message where no CUDA GPU is usable.
+//! and the executor records only the copies the placement implies; with int4 weights placed
+//! there (in the GPU layout), the top-1 tokens of a prefill and of decode steps agree with
+//! the CPU's at >= 99% of positions; a session on the GPU samples there and copies one id
+//! in and one id out per step; the serving engine batches on the GPU. Skipped with a
+//! message where no CUDA GPU is usable.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
-use flm_models::{import, Graph, SharedGraph, SharedModel};
+use flm_models::{import, Graph, ModelConfig, SharedGraph, SharedModel};
 use flm_tests::{
     cpu_executor, data, every_sampling_option, greedy_on, ids, serve_greedy, session_ids,
     stories_reference, weights_in,
@@ -34,9 +36,9 @@ fn gpu_executor() -> Option<Executor> {
     }
 }
 
-/// stories260K with its matrices in `dtype` (norm gains stay f32, as `flm convert` keeps
-/// them).
-fn model(dtype: DataType) -> Llama {
+/// stories260K's configuration and weights with its matrices in `dtype` (norm gains stay
+/// f32, as `flm convert` keeps them).
+fn stories(dtype: DataType) -> (ModelConfig, LlamaWeights) {
     let ckpt = import::load(&data("hf-stories260K")).unwrap();
     let weights = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, shape| {
         if shape.len() == 2 {
@@ -45,7 +47,13 @@ fn model(dtype: DataType) -> Llama {
             DataType::F32
         }
     });
-    Llama::new(ckpt.config.clone(), weights).unwrap()
+    (ckpt.config.clone(), weights)
+}
+
+/// stories260K with its matrices in `dtype`, in host memory.
+fn model(dtype: DataType) -> Llama {
+    let (config, weights) = stories(dtype);
+    Llama::new(config, weights).unwrap()
 }
 
 fn prompt() -> Vec<u32> {
@@ -92,6 +100,59 @@ fn int8_and_int4_top1_agree_with_the_cpu_on_99_percent_of_positions() {
             "{dtype}: top-1 agrees on {same} of {positions} positions"
         );
     }
+}
+
+/// stories260K int4-g32 with every layer and the tied table placed on the GPU (int4 in
+/// the GPU layout, an f32 KV cache): the teacher-forced top-1 token agrees with the CPU's
+/// at >= 99% of positions, in prefill and in decode.
+#[test]
+fn placed_int4_top1_agrees_with_the_cpu_in_prefill_and_decode() {
+    let Some(gpu) = gpu_executor() else { return };
+    let cpu = cpu_executor();
+    let mut text = prompt();
+    text.extend(greedy_on(&cpu, &mut model(DataType::F32), &prompt(), 300));
+    let dtype = DataType::I4G32;
+    let mut cpu_model = model(dtype);
+    let vocab = cpu_model.config().vocab_size;
+    let want = cpu_model
+        .forward(&cpu, &text, 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    // Every layer and the tied embedding table on the GPU, int4 in the GPU layout: a
+    // prefill of half the text, then one decode step per token.
+    let (config, weights) = stories(dtype);
+    let n_layers = config.n_layers;
+    let placed = LlamaModel::new(config, weights)
+        .unwrap()
+        .with_kv_dtype(KvDtype::F32)
+        .place(&gpu, Placement::first_layers(n_layers, CUDA0, n_layers))
+        .unwrap();
+    let mut gpu_model = Llama::with_model(Arc::new(placed)).unwrap();
+    let half = text.len() / 2;
+    let mut got = gpu_model
+        .forward(&gpu, &text[..half], 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    for (pos, &token) in text.iter().enumerate().skip(half) {
+        let logits = gpu_model
+            .forward(&gpu, &[token], pos, Logits::Last)
+            .unwrap();
+        got.extend_from_slice(logits);
+    }
+    let agree = |range: std::ops::Range<usize>| {
+        range
+            .filter(|&p| {
+                let row = |l: &[f32]| flm_core::argmax(&l[p * vocab..][..vocab]);
+                row(&want) == row(&got)
+            })
+            .count()
+    };
+    let (prefill, decode) = (agree(0..half), agree(half..text.len()));
+    assert!(
+        prefill * 100 >= half * 99 && decode * 100 >= (text.len() - half) * 99,
+        "placed {dtype}: top-1 agrees on {prefill} of {half} prefill and {decode} of {} decode positions",
+        text.len() - half
+    );
 }
 
 /// stories260K (5 layers, f32, an f32 KV cache as llama2.c's) with its first `on_gpu`

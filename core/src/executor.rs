@@ -180,7 +180,9 @@ impl Executor {
 
     /// Copies the bytes of `src` into `dst`, of the same dtype and shape, wherever each
     /// lives: a host copy, an upload, a download, or a download then an upload between two
-    /// devices. Copies between memories are recorded under `reason`.
+    /// devices, each device's copy in the layout it keeps that dtype in
+    /// ([`BaseDevice::upload_tensor`], [`BaseDevice::download_tensor`]). Copies between
+    /// memories are recorded under `reason`.
     ///
     /// Errors: [`Error::Shape`] when the dtypes or shapes differ; [`Error::Placement`] for
     /// a device not in this executor; the devices' copy errors; [`Error::ReadOnly`] for a
@@ -199,6 +201,7 @@ impl Executor {
             });
         }
         let (from, to) = (src.location(), dst.location());
+        let (dtype, shape) = (src.dtype(), src.shape());
         match (from, to) {
             (Location::Host, Location::Host) => {
                 dst.bytes_mut()?.copy_from_slice(src.bytes()?);
@@ -206,19 +209,24 @@ impl Executor {
             }
             (Location::Host, device) => {
                 let device = self.device_at(device)?;
-                device.upload(src.bytes()?, dst.device_buffer_mut()?)?;
+                device.upload_tensor(dtype, shape, src.bytes()?, dst.device_buffer_mut()?)?;
             }
             (device, Location::Host) => {
                 let device = self.device_at(device)?;
                 let buffer = src.device_buffer().ok_or(Error::ReadOnly)?;
-                device.download(buffer, dst.bytes_mut()?)?;
+                device.download_tensor(dtype, shape, buffer, dst.bytes_mut()?)?;
             }
             (a, b) => {
                 let mut staged = vec![0u8; src.size_bytes()];
                 let buffer = src.device_buffer().ok_or(Error::ReadOnly)?;
-                self.device_at(a)?.download(buffer, &mut staged)?;
-                self.device_at(b)?
-                    .upload(&staged, dst.device_buffer_mut()?)?;
+                self.device_at(a)?
+                    .download_tensor(dtype, shape, buffer, &mut staged)?;
+                self.device_at(b)?.upload_tensor(
+                    dtype,
+                    shape,
+                    &staged,
+                    dst.device_buffer_mut()?,
+                )?;
             }
         }
         self.record(reason, from, to, src.size_bytes());
@@ -451,6 +459,32 @@ mod tests {
             dst.copy_from_slice(&mock(src).0[..dst.len()]);
             Ok(())
         }
+        /// Keeps int8 tensors in a layout of its own: their bytes reversed.
+        fn upload_tensor(
+            &self,
+            dtype: DataType,
+            _: &[usize],
+            src: &[u8],
+            dst: &mut dyn crate::DeviceBuffer,
+        ) -> Result<()> {
+            match dtype {
+                DataType::I8 => self.upload(&src.iter().rev().copied().collect::<Vec<_>>(), dst),
+                _ => self.upload(src, dst),
+            }
+        }
+        fn download_tensor(
+            &self,
+            dtype: DataType,
+            _: &[usize],
+            src: &dyn crate::DeviceBuffer,
+            dst: &mut [u8],
+        ) -> Result<()> {
+            self.download(src, dst)?;
+            if dtype == DataType::I8 {
+                dst.reverse();
+            }
+            Ok(())
+        }
         fn run(&self, op: CheckedOp<'_>) -> Result<()> {
             if let Op::Add { x, y } = op.into_op() {
                 let y: Vec<f32> =
@@ -518,6 +552,27 @@ mod tests {
             "{}",
             record.report()
         );
+    }
+
+    #[test]
+    fn tensors_move_in_the_layout_their_device_keeps_them_in() {
+        let exec = Executor::with_profiling(vec![Box::new(MockAccelerator)], false);
+        let w = Data::from_f32(
+            &[2, 40],
+            &(0..80).map(|i| i as f32 - 40.0).collect::<Vec<_>>(),
+        )
+        .unwrap()
+        .to_dtype(DataType::I8)
+        .unwrap();
+        let on_mock = exec.to_device(&w, MOCK, "test: up").unwrap();
+        let held = &mock(on_mock.device_buffer().unwrap()).0;
+        let reversed: Vec<u8> = w.bytes().unwrap().iter().rev().copied().collect();
+        assert_eq!(held, &reversed, "uploaded in the device's layout");
+        let back = exec.to_host(&on_mock, "test: down").unwrap();
+        assert_eq!(back.bytes().unwrap(), w.bytes().unwrap());
+        let mut into = Data::zeros(DataType::I8, &[2, 40]).unwrap();
+        exec.copy_into(&on_mock, &mut into, "test: down").unwrap();
+        assert_eq!(into.bytes().unwrap(), w.bytes().unwrap());
     }
 
     #[test]

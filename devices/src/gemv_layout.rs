@@ -20,6 +20,8 @@
 //!   each.
 //!
 //! Every layout has the size of the .flm bytes except f16/bf16 with `k % 8 != 0`.
+//! [`GemvLayout::unpack`] is the inverse of [`GemvLayout::pack`]: int8/int4 tensors live in
+//! a CUDA device's memory in this layout ([`packed_in_gpu_memory`]) and are read back so.
 
 use flm_core::{quant, DataType, Error, Int4Form, Result};
 use half::{bf16, f16};
@@ -47,6 +49,15 @@ pub struct GemvLayout {
 /// f32, ggml's Q8_0 or the K-quants).
 pub fn has_layout(dtype: DataType) -> bool {
     matches!(dtype, DataType::F16 | DataType::BF16 | DataType::I8) || dtype.group_size().is_some()
+}
+
+/// Whether a tensor of `dtype` in a CUDA device's memory is kept in its GPU GEMV layout
+/// rather than its .flm bytes: int8 and int4, whose layouts have the .flm size (so a buffer
+/// of [`DataType::byte_len`] bytes holds either). The device packs them on upload and unpacks
+/// them on download ([`flm_core::BaseDevice::upload_tensor`]), and every kernel reads them
+/// so; f16/bf16 tensors stay as they are (rows of `cols % 8 != 0` values would grow).
+pub fn packed_in_gpu_memory(dtype: DataType) -> bool {
+    has_layout(dtype) && !matches!(dtype, DataType::F16 | DataType::BF16)
 }
 
 impl GemvLayout {
@@ -99,73 +110,118 @@ impl GemvLayout {
         matches!(self.dtype, DataType::F16 | DataType::BF16) && self.ld == self.cols
     }
 
+    /// The layout of a tensor of `dtype` and `shape` seen as a matrix, its rows counted as
+    /// [`DataType::byte_len`] counts them: `cols` the last dimension (1 for a scalar),
+    /// `rows` the product of the others (0 when `cols` is 0).
+    ///
+    /// Errors: those of [`GemvLayout::new`].
+    pub fn for_shape(dtype: DataType, shape: &[usize]) -> Result<GemvLayout> {
+        let cols = shape.last().copied().unwrap_or(1);
+        let numel = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| Error::Shape {
+                op: "GEMV layout",
+                msg: format!("{dtype} shape {shape:?} overflows"),
+            })?;
+        GemvLayout::new(dtype, numel.checked_div(cols).unwrap_or(0), cols)
+    }
+
+    /// The layout a tensor of `dtype` and `shape` has in a CUDA device's memory: its
+    /// [`GemvLayout::for_shape`] for int8/int4 ([`packed_in_gpu_memory`]), `None` for a
+    /// dtype kept as its .flm bytes.
+    ///
+    /// Errors: those of [`GemvLayout::new`].
+    pub fn in_gpu_memory(dtype: DataType, shape: &[usize]) -> Result<Option<GemvLayout>> {
+        packed_in_gpu_memory(dtype)
+            .then(|| GemvLayout::for_shape(dtype, shape))
+            .transpose()
+    }
+
     /// Repacks `src`, the weight's .flm bytes (`rows` rows of
-    /// [`quant::row_bytes`] bytes, or `rows × cols` 16-bit values), into this layout.
+    /// [`quant::row_bytes`] bytes, or `rows × cols` 16-bit values), into this layout
+    /// (padding zero).
     ///
     /// Errors: [`Error::Shape`] when `src` has not the weight's size.
     pub fn pack(&self, src: &[u8]) -> Result<Vec<u8>> {
-        let row_bytes = self.flm_row_bytes();
-        if Some(src.len()) != row_bytes.checked_mul(self.rows) {
-            return Err(Error::Shape {
-                op: "GEMV layout",
-                msg: format!(
-                    "{} bytes for a {} weight [{}, {}]",
-                    src.len(),
-                    self.dtype,
-                    self.rows,
-                    self.cols
-                ),
-            });
-        }
+        self.check_flm_len(src.len())?;
         let mut out = vec![0u8; self.bytes];
-        if row_bytes == 0 {
-            return Ok(out);
-        }
-        let (codes, params) = out.split_at_mut(self.params_offset);
-        match self.dtype.group_size() {
-            None if self.dtype == DataType::I8 => {
-                for ((row, c), p) in src
-                    .chunks_exact(row_bytes)
-                    .zip(codes.chunks_exact_mut(self.ld))
-                    .zip(params.chunks_exact_mut(4))
-                {
-                    p.copy_from_slice(&row[..4]);
-                    c.copy_from_slice(&row[4..]);
+        self.for_each_run(|flm, packed, len| {
+            out[packed..packed + len].copy_from_slice(&src[flm..flm + len]);
+        });
+        Ok(out)
+    }
+
+    /// Writes into `dst` the weight's .flm bytes held by `packed` (bytes in this layout):
+    /// the inverse of [`GemvLayout::pack`], so that a weight kept in GPU memory in this
+    /// layout is read back as it was uploaded.
+    ///
+    /// Errors: [`Error::Shape`] when `packed` has not [`GemvLayout::bytes`] bytes or `dst`
+    /// not the weight's .flm size.
+    pub fn unpack(&self, packed: &[u8], dst: &mut [u8]) -> Result<()> {
+        self.check_packed_len(packed.len())?;
+        self.check_flm_len(dst.len())?;
+        self.for_each_run(|flm, at, len| {
+            dst[flm..flm + len].copy_from_slice(&packed[at..at + len]);
+        });
+        Ok(())
+    }
+
+    /// Calls `copy(flm, packed, len)` for each run of `len` bytes that starts at byte `flm`
+    /// of the .flm bytes and at byte `packed` of this layout: together the runs cover every
+    /// .flm byte once (f16/bf16 rows, int8 scales and codes, int4 codes, scales and minimums
+    /// or zero points), and every packed byte but the f16/bf16 row padding.
+    fn for_each_run(&self, mut copy: impl FnMut(usize, usize, usize)) {
+        let row_bytes = self.flm_row_bytes();
+        for r in 0..self.rows {
+            let flm = r * row_bytes;
+            match self.dtype.group_size() {
+                None if self.dtype == DataType::I8 => {
+                    copy(flm, self.params_offset + 4 * r, 4);
+                    copy(flm + 4, r * self.ld, self.ld);
                 }
-            }
-            None => {
-                for (row, c) in src
-                    .chunks_exact(row_bytes)
-                    .zip(codes.chunks_exact_mut(2 * self.ld))
-                {
-                    c[..row.len()].copy_from_slice(row);
-                }
-            }
-            Some(g) => {
-                let per_row = self.ld / g * group_param_bytes(self.dtype);
-                for ((row, c), p) in src
-                    .chunks_exact(row_bytes)
-                    .zip(codes.chunks_exact_mut(self.ld / 2))
-                    .zip(params.chunks_exact_mut(per_row))
-                {
-                    let parts = quant::Int4Row::split(self.dtype, row);
-                    c.copy_from_slice(parts.codes);
+                None => copy(flm, 2 * r * self.ld, row_bytes),
+                Some(g) => {
+                    let (codes, groups) = (self.ld / 2, self.ld / g);
+                    copy(flm, r * codes, codes);
+                    let params = self.params_offset + r * groups * group_param_bytes(self.dtype);
                     if self.dtype.int4_form() == Some(Int4Form::Symmetric) {
-                        p.copy_from_slice(parts.scales);
-                    } else {
-                        for ((pair, d), m) in p
-                            .chunks_exact_mut(4)
-                            .zip(parts.scales.chunks_exact(2))
-                            .zip(parts.mins.chunks_exact(2))
-                        {
-                            pair[..2].copy_from_slice(d);
-                            pair[2..].copy_from_slice(m);
-                        }
+                        copy(flm + codes, params, 2 * groups);
+                        continue;
+                    }
+                    let mins = flm + quant::int4_mins(self.dtype, self.ld).offset;
+                    for gi in 0..groups {
+                        copy(flm + codes + 2 * gi, params + 4 * gi, 2);
+                        copy(mins + 2 * gi, params + 4 * gi + 2, 2);
                     }
                 }
             }
         }
-        Ok(out)
+    }
+
+    /// An error unless `len` is the size of the weight's .flm bytes.
+    fn check_flm_len(&self, len: usize) -> Result<()> {
+        if Some(len) == self.flm_row_bytes().checked_mul(self.rows) {
+            return Ok(());
+        }
+        Err(Error::Shape {
+            op: "GEMV layout",
+            msg: format!(
+                "{len} bytes for a {} weight [{}, {}]",
+                self.dtype, self.rows, self.cols
+            ),
+        })
+    }
+
+    /// An error unless `len` is [`GemvLayout::bytes`].
+    fn check_packed_len(&self, len: usize) -> Result<()> {
+        if len == self.bytes {
+            return Ok(());
+        }
+        Err(Error::Shape {
+            op: "GEMV layout",
+            msg: format!("{len} packed bytes, expected {}", self.bytes),
+        })
     }
 
     /// The `rows × cols` weights of `packed` (bytes in this layout), walking the layout as
@@ -175,12 +231,7 @@ impl GemvLayout {
     ///
     /// Errors: [`Error::Shape`] when `packed` has not [`GemvLayout::bytes`] bytes.
     pub fn dequantize(&self, packed: &[u8]) -> Result<Vec<f32>> {
-        if packed.len() != self.bytes {
-            return Err(Error::Shape {
-                op: "GEMV layout",
-                msg: format!("{} packed bytes, expected {}", packed.len(), self.bytes),
-            });
-        }
+        self.check_packed_len(packed.len())?;
         let (codes, params) = packed.split_at(self.params_offset);
         let half = |b: &[u8], i: usize| f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
         let mut out = Vec::with_capacity(self.rows * self.cols);

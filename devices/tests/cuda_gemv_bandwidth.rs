@@ -2,9 +2,10 @@
 //! shapes: for each weight dtype with a GPU GEMV layout and 1 and 8 input rows, one
 //! Linear's time (CUDA events around a queued batch, `CudaDevice::time_queued`, the
 //! activations' quantisation included) and the weight bytes it reads per second, with their
-//! share of the GPU's peak bandwidth (`GpuInfo::peak_bandwidth`); and, for int8, int4-g32
-//! and int4-sym-g32 at one row, the same weight in GPU memory in its .flm layout, which
-//! the older `qgemv.cu` kernels read. It prints the table to
+//! share of the GPU's peak bandwidth (`GpuInfo::peak_bandwidth`). Every operand lives in GPU
+//! memory (an op's operands share one memory), the weight placed there as the executor
+//! places it (`--gpu-layers`: int8/int4 in the GPU layout, read where they are). It prints
+//! the table to
 //! stdout directly, past the test harness's capture (so it shows without `--nocapture`),
 //! and asserts nothing about speed; it skips with a message when no CUDA GPU is usable.
 //!
@@ -34,10 +35,12 @@ const SHAPES: [(&str, usize, usize); 4] = [
 /// Linears per timed batch.
 const REPS: usize = 50;
 
-/// A tensor of `dtype` and `shape` in `gpu`'s memory holding `bytes`.
+/// A tensor of `dtype` and `shape` in `gpu`'s memory, uploaded from its host `bytes` as the
+/// executor uploads (int8/int4 repacked into the GPU layout).
 fn on_gpu(gpu: &CudaDevice, dtype: DataType, shape: &[usize], bytes: &[u8]) -> Data {
     let mut buffer = gpu.alloc(bytes.len()).unwrap();
-    gpu.upload(bytes, buffer.as_mut()).unwrap();
+    gpu.upload_tensor(dtype, shape, bytes, buffer.as_mut())
+        .unwrap();
     Data::from_device(dtype, shape, buffer).unwrap()
 }
 
@@ -75,7 +78,7 @@ fn time_row(
         };
         gpu.run(op.validate()?)
     };
-    // The first call packs and uploads a host weight.
+    // A warm-up call.
     run().unwrap();
     let cells = match gpu.time_queued(REPS, &mut run) {
         Ok(secs) => {
@@ -101,8 +104,7 @@ fn gemv_bandwidth_on_llama_2_7b_shapes() {
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,
-        "decode GEMV bandwidth on {} (peak {}), {REPS} Linears per timing; \
-         `.flm, resident`: a weight in GPU memory in its .flm layout (qgemv.cu)",
+        "decode GEMV bandwidth on {} (peak {}), {REPS} Linears per timing, weights in GPU memory",
         info.name,
         peak.map_or("unknown".into(), |p| format!("{:.0} GB/s", p / 1e9))
     )
@@ -117,18 +119,12 @@ fn gemv_bandwidth_on_llama_2_7b_shapes() {
     for dtype in DataType::VALUES.into_iter().filter(|&d| has_layout(d)) {
         for (name, m, k) in SHAPES {
             let len = dtype.byte_len(&[m, k]).unwrap();
-            let w = Data::from_bytes(dtype, &[m, k], &random_bytes(&mut rng, len)).unwrap();
+            let w = on_gpu(&gpu, dtype, &[m, k], &random_bytes(&mut rng, len));
             let bytes = GemvLayout::new(dtype, m, k).unwrap().bytes as f64;
             let label = dtype.to_string();
             for n in [1, 8] {
                 let row = (label.as_str(), name);
                 time_row(&gpu, &mut stdout, &mut rng, row, &w, bytes, n);
-            }
-            if matches!(dtype, DataType::I8 | DataType::I4G32 | DataType::I4SymG32) {
-                let resident = on_gpu(&gpu, dtype, &[m, k], w.bytes().unwrap());
-                let label = format!("{dtype} (.flm, resident)");
-                let row = (label.as_str(), name);
-                time_row(&gpu, &mut stdout, &mut rng, row, &resident, len as f64, 1);
             }
         }
     }

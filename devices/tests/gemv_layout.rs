@@ -1,10 +1,12 @@
 //! The GPU GEMV layout (`flm_devices::gemv_layout`): a weight repacked for the CUDA decode
 //! kernels and read back by walking the packed layout gives the weights that
 //! `Data::to_f32_vec` dequantises from the .flm bytes, bit for bit, for every dtype with a
-//! layout and odd shapes (columns not a multiple of the group or of 8, any row count).
+//! layout and odd shapes (columns not a multiple of the group or of 8, any row count); and
+//! unpacking gives back the .flm bytes, as a CUDA device reads back the int8/int4 tensors
+//! it keeps in this layout.
 
 use flm_core::{Data, DataType};
-use flm_devices::gemv_layout::{has_layout, GemvLayout};
+use flm_devices::gemv_layout::{has_layout, packed_in_gpu_memory, GemvLayout};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -60,10 +62,55 @@ fn rows_are_16_byte_aligned_and_quantised_layouts_keep_the_flm_size() {
 }
 
 #[test]
+fn unpacking_gives_back_the_flm_bytes() {
+    let mut rng = StdRng::seed_from_u64(35);
+    for dtype in DataType::VALUES.into_iter().filter(|&d| has_layout(d)) {
+        // Shapes as tensors come: 1-D (one row), 2-D with odd sizes, 3-D (rows of the
+        // leading dimensions), and empty.
+        let shapes: [&[usize]; 7] = [
+            &[333],
+            &[3, 333],
+            &[5, 1000],
+            &[7, 129],
+            &[2, 3, 31],
+            &[0, 64],
+            &[4, 0],
+        ];
+        for shape in shapes {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let w = Data::from_f32(shape, &v).unwrap().to_dtype(dtype).unwrap();
+            let layout = GemvLayout::for_shape(dtype, shape).unwrap();
+            let packed = layout.pack(w.bytes().unwrap()).unwrap();
+            let mut back = vec![0xa5u8; w.size_bytes()];
+            layout.unpack(&packed, &mut back).unwrap();
+            assert_eq!(&back[..], w.bytes().unwrap(), "{dtype} {shape:?}");
+            let kept = GemvLayout::in_gpu_memory(dtype, shape).unwrap();
+            assert_eq!(kept.is_some(), packed_in_gpu_memory(dtype), "{dtype}");
+            if let Some(kept) = kept {
+                assert_eq!(kept, layout);
+                let flm = w.size_bytes();
+                assert_eq!(packed.len(), flm, "{dtype} {shape:?}: the .flm size");
+            }
+        }
+    }
+    let kept: Vec<DataType> = DataType::VALUES
+        .into_iter()
+        .filter(|&d| packed_in_gpu_memory(d))
+        .collect();
+    assert_eq!(kept.len(), 10, "int8 and nine int4 dtypes: {kept:?}");
+}
+
+#[test]
 fn bad_sizes_are_errors() {
     let layout = GemvLayout::new(DataType::I4G32, 3, 40).unwrap();
     assert!(layout.pack(&[0u8; 7]).is_err());
     assert!(layout.dequantize(&[0u8; 7]).is_err());
+    let packed = vec![0u8; layout.bytes];
+    assert!(layout.unpack(&packed, &mut [0u8; 7]).is_err());
+    assert!(layout
+        .unpack(&packed[1..], &mut vec![0u8; layout.bytes])
+        .is_err());
     assert!(GemvLayout::new(DataType::F32, 3, 40).is_err());
     assert!(GemvLayout::new(DataType::Q4K, 3, 256).is_err());
     assert!(GemvLayout::new(DataType::I8, usize::MAX / 2, 1 << 20).is_err());

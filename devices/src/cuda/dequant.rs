@@ -3,17 +3,16 @@
 //! chunk of output rows at a time, into a scratch buffer the device owns, and each chunk
 //! is one cuBLAS f16 × f16 → f32 GEMM on tensor cores against the activations rounded to
 //! f16 (as the f16 weights' prefill rounds them). Every quantised byte is read once per op,
-//! not once per input row as the decode kernels of `kernels/qgemv.cu` read them.
+//! not once per input row as the K-quant decode kernel of `kernels/qgemv.cu` reads them.
 //!
-//! The kernel `dequant_f16_rows` (`kernels/dequant.cu`) reads the weight in the .flm row
-//! layout of [`flm_core::quant`] (ggml's for the K-quants), `quant::row_bytes` bytes per
-//! row, as [`super::CudaDevice::weight`] hands it over; or, for an int8/int4 weight the
-//! decode kernels read repacked ([`crate::gemv_layout`]), in that layout, so that the
-//! weight is uploaded once.
+//! The kernel `dequant_f16_rows` (`kernels/dequant.cu`) reads an int8/int4 weight in the
+//! GPU GEMV layout ([`crate::gemv_layout`]) that such weights have in GPU memory and that
+//! the decode kernels read, so that the weight is uploaded once; a K-quant weight in ggml's
+//! rows, `quant::row_bytes` bytes each, as [`super::CudaDevice::weight`] hands it over.
 //! A dequantised value beyond f16's range (±65504) would become infinite; weights are far
 //! inside it.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use flm_core::{quant, DataType, Error, Result};
 
 use super::device::{dev_err, grid, int, CudaDevice};
@@ -35,9 +34,76 @@ fn chunk_rows(m: usize, k: usize) -> usize {
     fit.min(m).max(1)
 }
 
+/// Where the kernels that read a quantised weight value by value (`dequant_value` in
+/// `prelude.cuh`: `dequant_f16_rows`, `embedding_quant`) find its values: the arguments
+/// `row_bytes, ld, group, form, kq, params` they take in that order.
+pub(super) struct QuantRows {
+    /// Bytes of a K-quant row (unused for int8/int4).
+    row_bytes: i64,
+    /// Codes per int8/int4 row of the GPU layout ([`GemvLayout::ld`]).
+    ld: i32,
+    /// The int4 group size; 0 for int8 and the K-quants.
+    group: i32,
+    /// The int4 form ([`int4_form_code`]).
+    form: i32,
+    /// The K-quant ([`k_quant_code`]); 0 for int8/int4.
+    kq: i32,
+    /// Byte offset of the int8 scales or int4 group parameters ([`GemvLayout::params_offset`]).
+    params: i64,
+}
+
+impl QuantRows {
+    /// The arguments for a weight of `dtype` with rows of `cols` values: an int8/int4 one in
+    /// its GPU GEMV `layout`, a K-quant one (`layout` `None`) in ggml's rows.
+    ///
+    /// Errors: [`Error::DType`] for another dtype, or an int8/int4 one without its layout;
+    /// [`Error::InvalidArgument`] for sizes beyond the kernels' integers.
+    pub(super) fn new(dtype: DataType, cols: usize, layout: Option<&GemvLayout>) -> Result<Self> {
+        let bytes =
+            |v: usize| i64::try_from(v).map_err(|_| Error::InvalidArgument(format!("{v} bytes")));
+        match layout {
+            Some(l) => Ok(QuantRows {
+                row_bytes: 0,
+                ld: int(l.ld)?,
+                group: int(dtype.group_size().unwrap_or(0))?,
+                form: int4_form_code(dtype),
+                kq: 0,
+                params: bytes(l.params_offset)?,
+            }),
+            None if dtype.is_k_quant() => {
+                let row_bytes = quant::row_bytes(dtype, cols).ok_or_else(|| {
+                    Error::InvalidArgument(format!("{dtype} rows of {cols} values"))
+                })?;
+                Ok(QuantRows {
+                    row_bytes: bytes(row_bytes)?,
+                    ld: int(quant::padded_cols(dtype, cols))?,
+                    group: 0,
+                    form: 0,
+                    kq: k_quant_code(dtype),
+                    params: 0,
+                })
+            }
+            None => Err(Error::DType {
+                op: "Linear",
+                msg: format!("{dtype} weights have no f16 dequantisation on cuda"),
+            }),
+        }
+    }
+
+    /// Pushes `row_bytes, ld, group, form, kq, params`.
+    pub(super) fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.row_bytes)
+            .arg(&self.ld)
+            .arg(&self.group)
+            .arg(&self.form)
+            .arg(&self.kq)
+            .arg(&self.params);
+    }
+}
+
 /// `y[n, m] = x[n, k] · ŵ[m, k]ᵀ`, `ŵ` the quantised weight `w` of `dtype` dequantised to
-/// f16 chunk by chunk (see the module docs), in the .flm layout or the GPU GEMV one
-/// `packed`; `x` and `y` f32, `x` rounded to f16 first.
+/// f16 chunk by chunk (see the module docs): int8/int4 in their GPU GEMV `layout`, K-quants
+/// (`layout` `None`) in ggml's rows; `x` and `y` f32, `x` rounded to f16 first.
 ///
 /// Errors: [`Error::DType`] for a dtype without a dequantisation kernel (Q8_0);
 /// [`Error::Device`] when a launch or cuBLAS fails.
@@ -45,41 +111,12 @@ pub(super) fn quantized_gemm(
     dev: &CudaDevice,
     x: &CudaSlice<u8>,
     w: &CudaSlice<u8>,
-    (dtype, packed): (DataType, Option<&GemvLayout>),
+    (dtype, layout): (DataType, Option<&GemvLayout>),
     y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
-    let kind = if let Some(layout) = packed {
-        if layout.dtype == DataType::I8 {
-            3
-        } else {
-            4
-        }
-    } else if dtype.is_k_quant() {
-        2
-    } else if dtype == DataType::I8 {
-        0
-    } else if dtype.group_size().is_some() {
-        1
-    } else {
-        return Err(Error::DType {
-            op: "Linear",
-            msg: format!("{dtype} weights have no f16 dequantisation on cuda"),
-        });
-    };
-    let (row_bytes, params) = match packed {
-        Some(l) if kind == 3 => (l.ld as i64, l.params_offset as i64),
-        Some(l) => ((l.ld / 2) as i64, l.params_offset as i64),
-        None => (
-            quant::row_bytes(dtype, k)
-                .ok_or_else(|| Error::InvalidArgument(format!("{dtype} rows of {k} values")))?
-                as i64,
-            0,
-        ),
-    };
-    let (k_i, padded) = (int(k)?, int(quant::padded_cols(dtype, k))?);
-    let group = int(dtype.group_size().unwrap_or(0))?;
-    let (form, kq) = (int4_form_code(dtype), k_quant_code(dtype));
+    let rows_args = QuantRows::new(dtype, k, layout)?;
+    let k_i = int(k)?;
     let xh = convert(dev, x, n * k, Kernel::F32ToF16Rows)?;
     let rows = chunk_rows(m, k);
     let mut scratch = dev.f16_scratch(rows * k)?;
@@ -91,21 +128,15 @@ pub(super) fn quantized_gemm(
         b.arg(w)
             .arg(&mut *scratch)
             .arg(&k_i)
-            .arg(&row_bytes)
             .arg(&row0_i)
-            .arg(&chunk_i)
-            .arg(&kind)
-            .arg(&padded)
-            .arg(&group)
-            .arg(&form)
-            .arg(&kq)
-            .arg(&params);
-        // SAFETY: w holds m rows of row_bytes bytes in the .flm layout of `dtype`, or the
-        // GPU GEMV layout whose m rows of codes of row_bytes bytes are followed at byte
-        // `params` by their scales or group parameters (the kernel reads rows
-        // row0..row0 + chunk, below m), the scratch at least chunk × k
-        // f16 values, as `dequant_f16_rows` uses them; the grid-stride loop covers any
-        // chunk with at most 4096 blocks.
+            .arg(&chunk_i);
+        rows_args.push(&mut b);
+        // SAFETY: w holds the m × k weight as `rows_args` describes it (int8/int4 in the GPU
+        // GEMV layout of `layout`, K-quants in m rows of row_bytes bytes; the kernel reads
+        // rows row0..row0 + chunk, below m), the scratch at least chunk × k f16 values, as
+        // `dequant_f16_rows(const unsigned char*, f16_bits*, int, int, int, long, int, int,
+        // int, int, long)` uses them; the grid-stride loop covers any chunk with at most
+        // 4096 blocks.
         unsafe { b.launch(grid(((chunk * k).div_ceil(256).min(4096), 1, 1), 256, 0)?) }
             .map_err(dev_err)?;
         gemm(

@@ -2,11 +2,12 @@
 //! [`super::kernels`] and the cache of uploaded host weights.
 //!
 //! Its ops (see [`super::dispatch`]) read and write tensors that live in its memory
-//! ([`super::CudaBuffer`], placed there by the executor: `--gpu-layers`) in place. Tensors
+//! ([`super::CudaBuffer`], placed there by the executor: `--gpu-layers`) in place, int8 and
+//! int4 ones in the GPU GEMV layout they were uploaded in (`upload_tensor`). Tensors
 //! in host memory are the per-op offload: host weights are uploaded once, the first time
 //! an op reads them, and kept for as long as their [`Data::id`] stays the same (a Linear's
 //! f16/bf16/int8/int4 weight repacked into its GPU GEMV layout, [`crate::gemv_layout`],
-//! quantised weights staying quantised); host activations, token ids and the KV
+//! as is an int8/int4 embedding table; quantised weights staying quantised); host activations, token ids and the KV
 //! cache rows an attention op reads are copied in for each op and its output copied back.
 //! Capturing the decode step in a CUDA graph is the next step (the kernels already read
 //! positions and lengths from device memory for that).
@@ -21,7 +22,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
-use flm_core::{Data, DataType, Error, Result};
+use flm_core::{BaseDevice, Data, DataType, Error, Result};
 
 use super::kernels::{has_quant_kernels, FloatWeight, Kernel, MODULES};
 use super::nvrtc;
@@ -168,7 +169,9 @@ impl CudaDevice {
 
     /// The weight `w` repacked into the GPU GEMV `layout` ([`crate::gemv_layout`]) in GPU
     /// memory, packed and uploaded the first time (from its host bytes, or from a download
-    /// of its buffer when it lives on this GPU) and reused while `w.id()` is unchanged.
+    /// of its buffer when it lives on this GPU in another layout: f16/bf16 rows of
+    /// `cols % 8 != 0` values) and reused while `w.id()` is unchanged. A tied classifier and
+    /// embedding table, one tensor, share the upload.
     pub(super) fn packed_weight(
         &self,
         w: &Data,
@@ -178,7 +181,7 @@ impl CudaDevice {
             None => Ok(Cow::Owned(layout.pack(w.bytes()?)?)),
             Some(buffer) => {
                 let mut bytes = vec![0u8; w.size_bytes()];
-                self.download_bytes(buffer, &mut bytes)?;
+                self.download_tensor(w.dtype(), w.shape(), buffer, &mut bytes)?;
                 Ok(Cow::Owned(layout.pack(&bytes)?))
             }
         })

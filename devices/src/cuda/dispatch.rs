@@ -8,6 +8,7 @@ use flm_core::{BaseDevice, CheckedOp, Data, DataType, DeviceBuffer, Error, Locat
 
 use super::kernels::{has_quant_kernels, FloatWeight, KvType};
 use super::{attention, elementwise, embedding, linear, norm, paged, rope, sample, CudaDevice};
+use crate::gemv_layout::GemvLayout;
 
 impl BaseDevice for CudaDevice {
     fn name(&self) -> &'static str {
@@ -117,6 +118,35 @@ impl BaseDevice for CudaDevice {
 
     fn download(&self, src: &dyn DeviceBuffer, dst: &mut [u8]) -> Result<()> {
         self.download_bytes(src, dst)
+    }
+
+    /// int8/int4 tensors repacked into the GPU GEMV layout ([`crate::gemv_layout`]), the
+    /// layout every kernel reads them in; other dtypes as they are.
+    fn upload_tensor(
+        &self,
+        dtype: DataType,
+        shape: &[usize],
+        src: &[u8],
+        dst: &mut dyn DeviceBuffer,
+    ) -> Result<()> {
+        match GemvLayout::in_gpu_memory(dtype, shape)? {
+            Some(layout) => self.upload_bytes(&layout.pack(src)?, dst),
+            None => self.upload_bytes(src, dst),
+        }
+    }
+
+    /// The inverse of [`BaseDevice::upload_tensor`]: int8/int4 tensors unpacked.
+    fn download_tensor(
+        &self,
+        dtype: DataType,
+        shape: &[usize],
+        src: &dyn DeviceBuffer,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        match GemvLayout::in_gpu_memory(dtype, shape)? {
+            Some(layout) => self.download_packed(&layout, src, dst),
+            None => self.download_bytes(src, dst),
+        }
     }
 
     fn run(&self, op: CheckedOp<'_>) -> Result<()> {

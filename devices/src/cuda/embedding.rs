@@ -1,11 +1,16 @@
-//! [`flm_core::Op::Embedding`] on [`super::CudaDevice`] (`kernels/embedding.cu`).
+//! [`flm_core::Op::Embedding`] on [`super::CudaDevice`] (`kernels/embedding.cu`): float
+//! tables as they are, int8/int4 ones in the GPU GEMV layout ([`crate::gemv_layout`]) they
+//! have in GPU memory (a host table packed once, the copy a tied classifier reads too),
+//! K-quant ones in ggml's rows.
 
 use cudarc::driver::PushKernelArg;
-use flm_core::{quant, Data, Error, Result, TokenIds};
+use flm_core::{Data, Error, Result, TokenIds};
 
+use super::dequant::QuantRows;
 use super::device::{dev_err, grid, int, CudaDevice};
-use super::kernels::{int4_form_code, k_quant_code, FloatWeight, Kernel};
+use super::kernels::{FloatWeight, Kernel};
 use super::ROW_THREADS;
+use crate::gemv_layout::GemvLayout;
 
 /// [`flm_core::Op::Embedding`]: host ids are copied in for the op, a tensor of ids is read
 /// where it lives.
@@ -19,7 +24,7 @@ pub(super) fn embedding(
     if tokens.is_empty() {
         return Ok(());
     }
-    let w = dev.weight(table)?;
+    let dtype = table.dtype();
     let ids = match tokens {
         TokenIds::Host(ids) => dev.input_bytes(bytemuck::cast_slice(ids))?,
         TokenIds::Tensor(ids) => dev.input(ids)?,
@@ -29,8 +34,9 @@ pub(super) fn embedding(
     let bad = dev.zeros::<i32>(1)?;
     let (dim_i, vocab_u) = (int(dim)?, u32::try_from(vocab).unwrap_or(u32::MAX));
     let cfg = grid((tokens.len(), 1, 1), ROW_THREADS, 0)?;
-    let launched = match FloatWeight::of(table.dtype()) {
+    let launched = match FloatWeight::of(dtype) {
         Some(kind) => {
+            let w = dev.weight(table)?;
             let f = dev.function(Kernel::Embedding(kind))?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w.slice())
@@ -45,15 +51,17 @@ pub(super) fn embedding(
             unsafe { b.launch(cfg) }
         }
         None => {
-            let row_bytes = quant::row_bytes(table.dtype(), dim).ok_or_else(|| Error::DType {
+            // int8/int4 tables in the GPU GEMV layout (shared with a tied classifier's
+            // Linear), K-quant ones in ggml's rows.
+            let layout = GemvLayout::in_gpu_memory(dtype, table.shape())?;
+            let w = match &layout {
+                Some(l) => dev.weight_in_layout(table, l)?,
+                None => dev.weight(table)?,
+            };
+            let rows = QuantRows::new(dtype, dim, layout.as_ref()).map_err(|_| Error::DType {
                 op: "Embedding",
-                msg: format!("{} table", table.dtype()),
+                msg: format!("{dtype} table"),
             })?;
-            let (row_bytes, padded) = (
-                row_bytes as i64,
-                int(quant::padded_cols(table.dtype(), dim))?,
-            );
-            let group = int(table.dtype().group_size().unwrap_or(0))?;
             let f = dev.function(Kernel::EmbeddingQuant)?;
             let mut b = dev.stream.launch_builder(f);
             b.arg(w.slice())
@@ -61,17 +69,12 @@ pub(super) fn embedding(
                 .arg(out.slice())
                 .arg(&dim_i)
                 .arg(&vocab_u);
-            let form = int4_form_code(table.dtype());
-            let kq = k_quant_code(table.dtype());
-            b.arg(&row_bytes)
-                .arg(&padded)
-                .arg(&group)
-                .arg(&form)
-                .arg(&kq)
-                .arg(&bad);
-            // SAFETY: arguments as `embedding_quant`; the table is vocab rows of
-            // `row_bytes` in the .flm layout of its dtype (`kq` names a K-quant one), and
-            // ids >= vocab are not read.
+            rows.push(&mut b);
+            b.arg(&bad);
+            // SAFETY: arguments as `embedding_quant(const unsigned char*, const unsigned*,
+            // float*, int, unsigned, long, int, int, int, int, long, int*)`; the table is
+            // vocab rows of dim values as `rows` describes them (int8/int4 in the GPU GEMV
+            // layout, K-quants in ggml's rows), and ids >= vocab are not read.
             unsafe { b.launch(cfg) }
         }
     };

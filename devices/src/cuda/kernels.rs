@@ -86,9 +86,9 @@ pub fn k_quant_code(dtype: DataType) -> i32 {
     }
 }
 
-/// The `form` argument of the kernels that read int4 rows (`int4_min` in prelude.cuh): how
-/// a group's minimum is stored, 0 an f16 minimum (int4), 1 none (int4-sym, `−8 d`), 2 an
-/// f16 integer zero point `z` (int4-zp, `−z d`).
+/// The `form` argument of the kernels that read int4 weights (`dequant_packed` in
+/// prelude.cuh): how a group's minimum is stored, 0 an f16 minimum (int4), 1 none
+/// (int4-sym, `−8 d`), 2 an f16 integer zero point `z` (int4-zp, `−z d`).
 pub fn int4_form_code(dtype: DataType) -> i32 {
     match dtype.int4_form() {
         Some(Int4Form::Symmetric) => 1,
@@ -148,10 +148,6 @@ pub enum Kernel {
     Embedding(FloatWeight),
     /// `embedding_quant` (embedding.cu).
     EmbeddingQuant,
-    /// `qgemv_i8` (qgemv.cu).
-    QgemvI8,
-    /// `qgemv_i4` (qgemv.cu).
-    QgemvI4,
     /// `qgemv_k` (qgemv.cu).
     QgemvK,
     /// `add_bias` (qgemv.cu).
@@ -210,8 +206,6 @@ impl Kernel {
             Kernel::Embedding(W::F16) => "embedding_f16",
             Kernel::Embedding(W::Bf16) => "embedding_bf16",
             Kernel::EmbeddingQuant => "embedding_quant",
-            Kernel::QgemvI8 => "qgemv_i8",
-            Kernel::QgemvI4 => "qgemv_i4",
             Kernel::QgemvK => "qgemv_k",
             Kernel::Gemv(weight, tile) => GEMV_NAMES[weight as usize][tile as usize],
             Kernel::QuantizeQ8Rows => "quantize_q8_rows",
@@ -238,8 +232,8 @@ impl Kernel {
     }
 }
 
-/// Shared by every module: f16/bf16 conversions, warp and block reductions, the .flm
-/// quantised row layouts.
+/// Shared by every module: f16/bf16 conversions, warp and block reductions, the quantised
+/// layouts (int8/int4 in the GPU GEMV layout, ggml's K-quant rows).
 pub const PRELUDE: &str = include_str!("kernels/prelude.cuh");
 
 /// Every module of the device.
@@ -284,12 +278,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "qgemv",
         source: include_str!("kernels/qgemv.cu"),
-        kernels: &[
-            Kernel::QgemvI8,
-            Kernel::QgemvI4,
-            Kernel::QgemvK,
-            Kernel::AddBias,
-        ],
+        kernels: &[Kernel::QgemvK, Kernel::AddBias],
     },
     Module {
         name: "gemv",
@@ -377,7 +366,7 @@ pub const SAMPLE_THREADS: u32 = 1024;
 /// Positions one paged-attention block covers (`PAGED_CHUNK` in `paged_attention.cu`).
 pub const PAGED_CHUNK: usize = 256;
 
-/// Output rows per block of the dequantise-GEMV kernels (`QGEMV_ROWS` in `qgemv.cu`).
+/// Output rows per block of the K-quant dequantise-GEMV kernel (`QGEMV_ROWS` in `qgemv.cu`).
 pub const QGEMV_ROWS: usize = 4;
 
 /// Output rows per block (one warp each) of the decode GEMV kernels (`GEMV_WARPS` in

@@ -1,26 +1,25 @@
 //! [`flm_core::Op::Linear`] on [`super::CudaDevice`]: `output[n, out] = input[n, in] ·
 //! weight[out, in]ᵀ (+ bias)`.
 //!
-//! - f16/bf16 weights, and int8/int4 ones in host memory, with at most [`GEMV_MAX_ROWS`]
-//!   input rows (decode), or any number once batch invariance was asked for: the decode GEMV
-//!   kernels of `kernels/gemv.cu` over the weight repacked once into its GPU layout
-//!   ([`crate::gemv_layout`], cached beside the other uploads), [`GEMV_MAX_ROWS`] input rows
-//!   per weight read. f16/bf16 products keep the activations f32, as on the CPU; int8/int4
-//!   ones quantise them to int8 blocks of 32 first, as the CPU does, and take integer dot
-//!   products.
+//! - f16/bf16 weights with at most [`GEMV_MAX_ROWS`] input rows (decode), or any number once
+//!   batch invariance was asked for, and int8/int4 weights with as many rows: the decode
+//!   GEMV kernels of `kernels/gemv.cu` over the weight in its GPU layout
+//!   ([`crate::gemv_layout`]: the layout int8/int4 weights in GPU memory are uploaded in,
+//!   and a copy repacked once for host weights, cached beside the other uploads),
+//!   [`GEMV_MAX_ROWS`] input rows per weight read. f16/bf16 products keep the activations
+//!   f32, as on the CPU; int8/int4 ones quantise them to int8 blocks of 32 first, as the CPU
+//!   does, and take integer dot products.
 //! - f32 weights, and f16/bf16 ones with more rows (prefill): one cuBLAS `cublasGemmEx`
 //!   (f16/bf16 operands after the activations are rounded to the weight's type, as
 //!   transformers' f16 models round them; f32 accumulation and output,
 //!   `CUBLAS_COMPUTE_32F`, so no TF32).
 //! - int8, int4 and K-quant weights with more than [`GEMV_MAX_ROWS`] rows (prefill), unless
-//!   batch invariance was asked for: [`super::dequant`], the weight (in its .flm layout, or
-//!   the GPU layout a host int8/int4 weight was uploaded in) dequantised to f16 a chunk of
+//!   batch invariance was asked for: [`super::dequant`], the weight (int8/int4 in the GPU
+//!   layout the decode kernels read, K-quants in ggml's) dequantised to f16 a chunk of
 //!   rows at a time and multiplied by cuBLAS as the f16 weights are.
-//! - K-quant weights, and int8/int4 weights that live in GPU memory (placed by the executor
-//!   in their .flm layout, which a second, repacked copy would double), with at most
-//!   [`GEMV_MAX_ROWS`] rows or batch invariance asked for: the dequantise-GEMV kernels of
-//!   `kernels/qgemv.cu`, reading the .flm row layout (ggml's for the K-quants), f32
-//!   activations, one weight read per input row.
+//! - K-quant weights with at most [`GEMV_MAX_ROWS`] rows or batch invariance asked for:
+//!   the dequantise-GEMV kernel `qgemv_k` of `kernels/qgemv.cu`, reading ggml's row layout,
+//!   f32 activations, one weight read per input row.
 //! - A weight with an input permutation ([`flm_core::Data::input_perm`], act-order GPTQ):
 //!   the `gather_cols` kernel first writes the gathered input into a buffer of the op, the
 //!   permutation itself uploaded once like a weight.
@@ -38,7 +37,7 @@ use super::kernels::{
     QGEMV_ROWS,
 };
 use super::operand::Input;
-use crate::gemv_layout::{has_layout, GemvLayout};
+use crate::gemv_layout::{packed_in_gpu_memory, GemvLayout};
 
 /// [`flm_core::Op::Linear`].
 ///
@@ -97,11 +96,11 @@ pub(super) fn linear(
             let xh = convert(dev, x, n * k, Kernel::F32ToBf16Rows)?;
             gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m), (0, m))?;
         }
-        dtype if dtype.is_quantized() && n > GEMV_MAX_ROWS && !dev.batch_invariant() => {
+        dtype if dtype.is_k_quant() && n > GEMV_MAX_ROWS && !dev.batch_invariant() => {
             quantized_gemm(dev, x, w, (dtype, None), y, (n, k, m))?;
         }
-        dtype if dtype.is_quantized() => {
-            qgemv(dev, x, w, weight.dtype(), bias_s, y, (n, k, m))?;
+        dtype if dtype.is_k_quant() => {
+            qgemv_k(dev, x, w, dtype, bias_s, y, (n, k, m))?;
             return out.finish(dev);
         }
         dtype => {
@@ -225,9 +224,9 @@ pub(super) fn gemm<X, W>(
 
 /// The weight of a Linear with `n` input rows in its GPU GEMV layout, where the op reads it
 /// so (see the module docs): f16/bf16 weights for the decode GEMV kernels (up to
-/// [`GEMV_MAX_ROWS`] rows or batch invariance asked for), and host int8/int4 ones whatever
-/// the rows (the prefill dequantises the same upload). A weight already in that layout is
-/// read where it is.
+/// [`GEMV_MAX_ROWS`] rows or batch invariance asked for), and int8/int4 ones whatever the
+/// rows (the prefill dequantises the same layout). A weight already in that layout (an
+/// int8/int4 weight in GPU memory) is read where it is.
 fn gemv_weight<'a>(
     dev: &CudaDevice,
     weight: &'a Data,
@@ -236,17 +235,11 @@ fn gemv_weight<'a>(
     let dtype = weight.dtype();
     let float = matches!(dtype, DataType::F16 | DataType::BF16);
     let decode = n <= GEMV_MAX_ROWS || dev.batch_invariant();
-    let host_quant = !float && has_layout(dtype) && weight.device_buffer().is_none();
-    if !(host_quant || float && decode) {
+    if !(packed_in_gpu_memory(dtype) || float && decode) {
         return Ok(None);
     }
-    let layout = GemvLayout::new(dtype, weight.rows(), weight.cols())?;
-    let w = if layout.is_identity() {
-        dev.weight(weight)?
-    } else {
-        Input::Cached(dev.packed_weight(weight, &layout)?)
-    };
-    Ok(Some((w, layout)))
+    let layout = GemvLayout::for_shape(dtype, weight.shape())?;
+    Ok(Some((dev.weight_in_layout(weight, &layout)?, layout)))
 }
 
 /// The decode GEMV kernels of `kernels/gemv.cu`: `y[n, m] = x[n, k] · ŵᵀ (+ bias)` for the
@@ -357,9 +350,9 @@ fn pad_cols(
     Ok(out)
 }
 
-/// The dequantise-GEMV kernels: one warp per output row, [`QGEMV_ROWS`] rows per block,
-/// one grid row per input row.
-fn qgemv(
+/// The K-quant dequantise-GEMV kernel `qgemv_k`: one warp per output row, [`QGEMV_ROWS`]
+/// rows per block, one grid row per input row.
+fn qgemv_k(
     dev: &CudaDevice,
     x: &CudaSlice<u8>,
     w: &CudaSlice<u8>,
@@ -368,53 +361,20 @@ fn qgemv(
     y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
-    let (k_i, m_i, padded) = (int(k)?, int(m)?, int(quant::padded_cols(dtype, k))?);
+    let (k_i, m_i) = (int(k)?, int(m)?);
+    let (blocks, kq) = (
+        int(quant::padded_cols(dtype, k) / 256)?,
+        k_quant_code(dtype),
+    );
     let cfg = grid((m.div_ceil(QGEMV_ROWS), n, 1), 32 * QGEMV_ROWS as u32, 0)?;
-    if dtype.is_k_quant() {
-        let (blocks, kq) = (
-            int(quant::padded_cols(dtype, k) / 256)?,
-            k_quant_code(dtype),
-        );
-        let f = dev.function(Kernel::QgemvK)?;
-        let mut b = dev.stream.launch_builder(f);
-        b.arg(w).arg(x);
-        arg_or_null(&mut b, bias);
-        b.arg(y).arg(&k_i).arg(&m_i).arg(&blocks).arg(&kq);
-        // SAFETY: w is m rows of `blocks` super-blocks of the K-quant `dtype` (ggml's bytes,
-        // flm_core::kquant), x n × k floats, y n × m floats, the bias m floats or null, as
-        // `qgemv_k` reads them.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        return Ok(());
-    }
-    match dtype.group_size() {
-        None => {
-            let f = dev.function(Kernel::QgemvI8)?;
-            let mut b = dev.stream.launch_builder(f);
-            b.arg(w).arg(x);
-            arg_or_null(&mut b, bias);
-            b.arg(y).arg(&k_i).arg(&m_i).arg(&padded);
-            // SAFETY: w is m rows of 4 + padded bytes (the .flm int8 layout), x n × k
-            // floats, y n × m floats, the bias m floats or null, as `qgemv_i8` reads them.
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        }
-        Some(group) => {
-            let group_i = int(group)?;
-            let f = dev.function(Kernel::QgemvI4)?;
-            let mut b = dev.stream.launch_builder(f);
-            b.arg(w).arg(x);
-            arg_or_null(&mut b, bias);
-            let form = int4_form_code(dtype);
-            b.arg(y)
-                .arg(&k_i)
-                .arg(&m_i)
-                .arg(&padded)
-                .arg(&group_i)
-                .arg(&form);
-            // SAFETY: w is m rows of padded / group groups of group / 2 + 4 bytes (2 if
-            // `form` is 1; the .flm int4 layouts), x n × k floats, y n × m floats, the bias m
-            // floats or null.
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        }
-    }
+    let f = dev.function(Kernel::QgemvK)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(w).arg(x);
+    arg_or_null(&mut b, bias);
+    b.arg(y).arg(&k_i).arg(&m_i).arg(&blocks).arg(&kq);
+    // SAFETY: w is m rows of `blocks` super-blocks of the K-quant `dtype` (ggml's bytes,
+    // flm_core::kquant), x n × k floats, y n × m floats, the bias m floats or null, as
+    // `qgemv_k` reads them.
+    unsafe { b.launch(cfg) }.map_err(dev_err)?;
     Ok(())
 }

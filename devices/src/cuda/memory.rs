@@ -1,6 +1,8 @@
 //! [`CudaBuffer`]: GPU memory as a [`flm_core::DeviceBuffer`], and the
 //! [`flm_core::BaseDevice`] buffer management of [`super::CudaDevice`] (allocate, upload,
-//! download) on the device's stream.
+//! download) on the device's stream. Tensors are uploaded in the layout the kernels read
+//! (`upload_tensor` in [`super::dispatch`]): int8/int4 ones repacked into the GPU GEMV
+//! layout ([`crate::gemv_layout`], the .flm size), and unpacked again when downloaded.
 
 use std::any::Any;
 use std::fmt;
@@ -9,6 +11,7 @@ use cudarc::driver::CudaSlice;
 use flm_core::{BaseDevice, DeviceBuffer, Error, Location, Result};
 
 use super::device::{dev_err, CudaDevice};
+use crate::gemv_layout::GemvLayout;
 
 /// Bytes of GPU memory owned by a [`CudaDevice`], freed when dropped.
 pub struct CudaBuffer {
@@ -105,5 +108,18 @@ impl CudaDevice {
             .memcpy_dtoh(&src.bytes.slice(..dst.len()), dst)
             .map_err(dev_err)?;
         self.stream.synchronize().map_err(dev_err)
+    }
+
+    /// The int8/int4 tensor of `layout` held by `src` (in that layout) as its .flm bytes,
+    /// into `dst` ([`flm_core::BaseDevice::download_tensor`]).
+    pub(super) fn download_packed(
+        &self,
+        layout: &GemvLayout,
+        src: &dyn DeviceBuffer,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let mut packed = vec![0u8; layout.bytes];
+        self.download_bytes(src, &mut packed)?;
+        layout.unpack(&packed, dst)
     }
 }

@@ -13,6 +13,7 @@ use flm_core::{BaseDevice, Data, DeviceBuffer, Error, Result};
 
 use super::device::CudaDevice;
 use super::CudaBuffer;
+use crate::gemv_layout::{packed_in_gpu_memory, GemvLayout};
 
 /// An input's bytes in GPU memory.
 pub(super) enum Input<'a> {
@@ -109,6 +110,23 @@ impl CudaDevice {
             return Ok(Input::Resident(s));
         }
         Ok(Input::Cached(self.cached_weight(w)?))
+    }
+
+    /// A weight the kernels read in its GPU GEMV `layout` ([`crate::gemv_layout`]): its own
+    /// buffer where that holds the layout (an int8/int4 tensor on this GPU, or f16/bf16 rows
+    /// of a multiple of 8 values), else the packed copy of
+    /// [`CudaDevice::packed_weight`], made once.
+    pub(super) fn weight_in_layout<'a>(
+        &self,
+        w: &'a Data,
+        layout: &GemvLayout,
+    ) -> Result<Input<'a>> {
+        let kept = layout.is_identity() || packed_in_gpu_memory(w.dtype());
+        match resident(self, w)? {
+            Some(s) if kept => Ok(Input::Resident(s)),
+            _ if layout.is_identity() => self.weight(w),
+            _ => Ok(Input::Cached(self.packed_weight(w, layout)?)),
+        }
     }
 
     /// `data` as an output, its previous contents unread: its own buffer, or a zeroed

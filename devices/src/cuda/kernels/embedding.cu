@@ -26,12 +26,14 @@ EMBED(f32, 0)
 EMBED(f16, 1)
 EMBED(bf16, 2)
 
-// Quantised tables: `row_bytes` per row, `group` 0 for int8, else the int4 group size;
-// `form` the int4 form (int4_min in prelude.cuh); `kq` 1, 2, 3 for Q4_K, Q5_K, Q6_K (then `group` is unused).
+// Quantised tables, as dequant_value in prelude.cuh reads them: int8/int4 in the GPU GEMV
+// layout (`kq` 0; `group` 0 for int8, else the int4 group size, `form` its minimum), ggml's
+// K-quant rows of `row_bytes` bytes (`kq` 1, 2, 3 for Q4_K, Q5_K, Q6_K).
 extern "C" __global__ void embedding_quant(const unsigned char* table,
                                            const unsigned int* tokens, float* out, int dim,
-                                           unsigned int vocab, long row_bytes, int padded,
-                                           int group, int form, int kq, int* bad) {
+                                           unsigned int vocab, long row_bytes, int ld,
+                                           int group, int form, int kq, long params,
+                                           int* bad) {
     unsigned int t = tokens[blockIdx.x];
     float* o = out + (long)blockIdx.x * dim;
     if (t >= vocab) {
@@ -39,8 +41,6 @@ extern "C" __global__ void embedding_quant(const unsigned char* table,
         for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = 0.0f;
         return;
     }
-    const unsigned char* row = table + (long)t * row_bytes;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        o[i] = kq ? dequant_k(row, i, kq)
-                  : (group == 0 ? dequant_i8(row, i) : dequant_i4(row, i, padded, group, form));
+        o[i] = dequant_value(table, (long)t, i, row_bytes, ld, group, form, kq, params);
 }

@@ -95,29 +95,10 @@ __device__ __forceinline__ float load_w(const void* w, long i) {
     return bf16_to_f32(((const bf16_bits*)w)[i]);
 }
 
-// The .flm quantised row layouts (flm_core::quant). int8: an f32 scale, then `padded`
-// int8 codes. int4 with groups of G: `padded / 2` bytes of codes (in each run of 32
-// values, byte i holds value i in its low nibble and value i + 16 in its high nibble),
-// then `padded / G` f16 scales d, then (`form` 0 or 2) as many f16 minimums m (`form` 0)
-// or integer zero points z (`form` 2); value = d * q + m, where m = -8 d in a symmetric
-// row (`form` 1) and m = -z d in a zero-point one (exact in f32).
-__device__ __forceinline__ float dequant_i8(const unsigned char* row, int i) {
-    return *(const float*)row * (float)(signed char)row[4 + i];
-}
-
-// The minimum m of group `gi` of an int4 row with `groups` f16 scales at `d` (`scale` is
-// d[gi] widened), as the layout comment above gives it for each `form`.
-__device__ __forceinline__ float int4_min(const f16_bits* d, int groups, int gi, float scale,
-                                          int form) {
-    if (form == 1) return -8.0f * scale;
-    float stored = f16_to_f32(d[groups + gi]);
-    return form == 2 ? -(stored * scale) : stored;
-}
-
 // (d, m) of group `gi` (counted over the whole weight, row by row) of an int4 weight in the
 // GPU GEMV layout of flm_devices::gemv_layout, whose group parameters start at `params`: f16
 // d alone (`form` 1, m = -8 d), or the pair (f16 d, f16 v) with m = v (`form` 0) or
-// m = -v d (`form` 2), as int4_min.
+// m = -v d (`form` 2).
 __device__ __forceinline__ float2 packed_int4_params(const unsigned char* params, long gi,
                                                     int form) {
     if (form == 1) {
@@ -130,15 +111,23 @@ __device__ __forceinline__ float2 packed_int4_params(const unsigned char* params
     return make_float2(d, form == 2 ? -(v * d) : v);
 }
 
-__device__ __forceinline__ float dequant_i4(const unsigned char* row, int i, int padded, int g,
-                                           int form) {
-    int run = i >> 5, j = i & 31;
-    unsigned char byte = row[run * 16 + (j & 15)];
+// Value c of row r of an int8 (`group` 0) or int4 (groups of `group`, minimum as `form`:
+// 0 an f16 minimum, 1 none (int4-sym, m = -8 d), 2 an f16 zero point z, m = -z d) weight
+// in the GPU GEMV layout of flm_devices::gemv_layout, the layout int8/int4 tensors have in
+// GPU memory: `ld` codes per row (one byte each for int8; for int4, in each run of 32 values
+// byte i holds value i in its low nibble and value i + 16 in its high nibble), then from
+// byte `params` the f32 scale of each row (int8) or its ld / group parameters
+// (packed_int4_params).
+__device__ __forceinline__ float dequant_packed(const unsigned char* w, long r, int c, int ld,
+                                               long params, int group, int form) {
+    if (group == 0) {
+        return ((const float*)(w + params))[r] * (float)(signed char)w[r * ld + c];
+    }
+    int j = c & 31;
+    unsigned char byte = w[r * (ld / 2) + (c >> 5) * 16 + (j & 15)];
     int q = j < 16 ? (byte & 15) : (byte >> 4);
-    const f16_bits* d = (const f16_bits*)(row + padded / 2);
-    float scale = f16_to_f32(d[i / g]);
-    float m = int4_min(d, padded / g, i / g, scale, form);
-    return scale * (float)q + m;
+    float2 dm = packed_int4_params(w + params, r * (ld / group) + c / group, form);
+    return dm.x * (float)q + dm.y;
 }
 
 // ggml's K-quant super-blocks of 256 values (flm_core::kquant, block layouts in
@@ -186,4 +175,14 @@ __device__ __forceinline__ float dequant_k(const unsigned char* row, int i, int 
     int r = (i % 256) / 32;
     float2 s = kq_run_scales(b, kq, r);
     return s.x * kq_code(b, kq, r, i % 32) - s.y;
+}
+
+// Value c of row r of a quantised weight as the prefill and the embedding read it: ggml's
+// K-quant rows of `row_bytes` bytes (`kq` 1-3, dequant_k), or an int8/int4 weight in the GPU
+// GEMV layout (`kq` 0, dequant_packed).
+__device__ __forceinline__ float dequant_value(const unsigned char* w, long r, int c,
+                                              long row_bytes, int ld, int group, int form,
+                                              int kq, long params) {
+    return kq ? dequant_k(w + r * row_bytes, c, kq)
+              : dequant_packed(w, r, c, ld, params, group, form);
 }
