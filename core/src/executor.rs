@@ -2,7 +2,7 @@
 //! live, makes and records every copy between host and device memory, and profiles.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
@@ -94,6 +94,9 @@ pub struct Executor {
     capturing: AtomicBool,
     /// The memory whose device is capturing, and the thread that issues the step's ops.
     capture: Mutex<Option<(Location, ThreadId)>>,
+    /// Held for writing by a capture and for reading by every op, copy and replay of the
+    /// other threads, so that theirs wait instead of landing in the capture.
+    gate: RwLock<()>,
 }
 
 impl Executor {
@@ -117,6 +120,7 @@ impl Executor {
             step_graphs: AtomicBool::new(true),
             capturing: AtomicBool::new(false),
             capture: Mutex::new(None),
+            gate: RwLock::new(()),
         }
     }
 
@@ -155,22 +159,30 @@ impl Executor {
         self.capturing.store(state.is_some(), Ordering::Release);
     }
 
-    /// The error of `what` while a step is being captured on `at`, when it would escape
-    /// the capture (another memory, another thread, a copy that waits for the host).
-    fn check_capture(&self, what: impl FnOnce() -> String, touches: &[Location]) -> Result<()> {
-        let Some((at, thread)) = self.capture_state() else {
-            return Ok(());
-        };
-        let here = std::thread::current().id() == thread;
-        if here || touches.contains(&at) {
-            return Err(Error::Device(format!(
-                "{} while a step is captured on {at}{}; run with --cuda-graph off to go \
-                 without step graphs",
-                what(),
-                if here { "" } else { " by another thread" }
-            )));
+    /// Waits for a capture by another thread to end, and keeps any from starting until the
+    /// guard drops; nothing for the capturing thread's own calls.
+    fn enter(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        if let Some((_, thread)) = self.capture_state() {
+            if std::thread::current().id() == thread {
+                return None;
+            }
         }
-        Ok(())
+        Some(self.gate.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The error of `what` by the capturing thread while it captures a step: an op on
+    /// another device, a copy between memories.
+    fn escapes_capture(&self, what: impl FnOnce() -> String) -> Result<()> {
+        match self.capture_state() {
+            Some((at, thread)) if std::thread::current().id() == thread => {
+                Err(Error::Device(format!(
+                    "{} while a step is captured on {at}; run with --cuda-graph off to go \
+                     without step graphs",
+                    what()
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Captures the ops that `step_ops` runs through this executor (every one on the
@@ -195,11 +207,13 @@ impl Executor {
             return Err(Error::Device("a step is already being captured".into()).into());
         }
         let device = self.device_at(at)?;
+        let gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         device.begin_capture(step)?;
         self.set_capture(Some((at, std::thread::current().id())));
         let ran = step_ops();
         self.set_capture(None);
         let captured = device.end_capture(ran.is_ok());
+        drop(gate);
         ran?;
         let captured = captured?
             .ok_or_else(|| Error::Device(format!("{} returned no capture", device.name())))?;
@@ -220,7 +234,8 @@ impl Executor {
                 graph.batch()
             )));
         }
-        self.check_capture(|| "replaying a step".into(), &[graph.location()])?;
+        self.escapes_capture(|| "replaying a step".into())?;
+        let _gate = self.enter();
         self.device_at(graph.location())?
             .replay(graph.captured(), step)
     }
@@ -321,8 +336,9 @@ impl Executor {
         }
         let (from, to) = (src.location(), dst.location());
         if from != to {
-            self.check_capture(|| format!("a copy ({reason})"), &[from, to])?;
+            self.escapes_capture(|| format!("a copy ({reason})"))?;
         }
+        let _gate = self.enter();
         match (from, to) {
             (Location::Host, Location::Host) => {
                 dst.bytes_mut()?.copy_from_slice(src.bytes()?);
@@ -389,15 +405,14 @@ impl Executor {
             })
             .find(|d| d.supports(op.op()))
             .ok_or_else(|| Error::Unsupported(format!("{:?} in {location} memory", op.op())))?;
-        if let Some((at, thread)) = self.capture_state() {
-            // The capturing thread's ops all run on the capturing device; other threads'
-            // ops stay off it.
-            let inside = device.location() == at && location == at;
-            if inside != (std::thread::current().id() == thread) {
-                let what = || format!("{kind:?} on {} in {location} memory", device.name());
-                self.check_capture(what, &[location, device.location()])?;
+        if let Some((at, _)) = self.capture_state() {
+            if device.location() != at || location != at {
+                self.escapes_capture(|| {
+                    format!("{kind:?} on {} in {location} memory", device.name())
+                })?;
             }
         }
+        let _gate = self.enter();
         match &self.profile {
             None => device.run(op),
             Some(profile) => {
@@ -904,26 +919,45 @@ mod tests {
             .capture(MOCK, &step, || exec.copy_into(&yh, &mut xd, "test: up"))
             .unwrap_err();
         assert!(err.to_string().contains("a copy (test: up)"), "{err}");
-        // Another thread may not use the capturing device, but may use the others.
-        let err = exec
-            .capture(MOCK, &step, || {
-                let y = exec.zeros(DataType::F32, &[1, 2], MOCK)?;
-                std::thread::scope(|s| {
-                    s.spawn(|| exec.run(Op::Add { x: &mut xh, y: &yh }))
-                        .join()
-                        .unwrap()?;
-                    s.spawn(|| exec.run(Op::Add { x: &mut xd, y: &y }))
-                        .join()
-                        .unwrap()
-                })
-            })
-            .unwrap_err();
-        assert!(err.to_string().contains("by another thread"), "{err}");
-        assert_eq!(*dev.ended.lock().unwrap(), [false, false, false]);
+        assert_eq!(*dev.ended.lock().unwrap(), [false, false]);
         assert!(dev.replays.lock().unwrap().is_empty());
         // The failed captures left nothing behind: ops run and copy as before.
         exec.run(Op::Add { x: &mut xh, y: &yh }).unwrap();
         exec.copy_into(&yh, &mut xd, "test: up").unwrap();
+    }
+
+    #[test]
+    fn other_threads_wait_for_a_capture_to_end() {
+        let (exec, dev) = capturing();
+        let mut xd = exec.zeros(DataType::F32, &[1, 2], MOCK).unwrap();
+        let yd = exec
+            .to_device(&Data::from_f32(&[1, 2], &[1.0, 2.0]).unwrap(), MOCK, "test")
+            .unwrap();
+        let step = StepInputs {
+            tokens: &[1],
+            start_pos: 1,
+            cache_row: 1,
+        };
+        std::thread::scope(|s| {
+            let mut other = None;
+            let graph = exec.capture(MOCK, &step, || {
+                let h = s.spawn(|| exec.run(Op::Add { x: &mut xd, y: &yd }));
+                std::thread::sleep(Duration::from_millis(50));
+                assert!(
+                    !h.is_finished(),
+                    "an op of another thread ran inside a capture"
+                );
+                other = Some(h);
+                Ok::<_, Error>(())
+            });
+            assert!(graph.is_ok());
+            other.unwrap().join().unwrap().unwrap();
+        });
+        // The other thread's Add ran after the capture, on the device, and not in the graph.
+        assert_eq!(*dev.ended.lock().unwrap(), [true]);
+        assert_eq!(dev.replays.lock().unwrap().len(), 1);
+        let back = exec.to_host(&xd, "test").unwrap();
+        assert_eq!(back.as_f32().unwrap(), &[1.0, 2.0]);
     }
 
     #[test]

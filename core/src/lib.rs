@@ -49,4 +49,4 @@ pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
 pub use sampling::{argmax, log_softmax_top, Sampler, SamplerConfig, TokenLogprobs};
-pub use step_graph::{CapturedStep, StepGraph, StepInputs};
+pub use step_graph::{CapturedStep, StepBounds, StepGraph, StepInputs};

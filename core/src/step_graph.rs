@@ -62,6 +62,50 @@ impl StepInputs<'_> {
     }
 }
 
+/// What the ops of a captured step can take, so that a replay's inputs are checked on the
+/// host as [`crate::Op::validate`] checks an op's (the replayed ops are not validated
+/// again): the smallest embedding table, RoPE table and KV cache the captured ops use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepBounds {
+    /// Token ids are below this.
+    pub vocab: usize,
+    /// Positions are below this.
+    pub positions: usize,
+    /// KV cache rows are below this.
+    pub cache_rows: usize,
+}
+
+impl StepBounds {
+    /// No bound yet: a capture starts from it and lowers each bound to its ops'.
+    pub const NONE: StepBounds = StepBounds {
+        vocab: usize::MAX,
+        positions: usize::MAX,
+        cache_rows: usize::MAX,
+    };
+
+    /// Whether `step` fits: every id below `vocab`, its last row's position below
+    /// `positions` and that row's cache row below `cache_rows`.
+    ///
+    /// Errors: [`Error::TokenOutOfRange`], [`Error::ContextOverflow`].
+    pub fn check(&self, step: &StepInputs<'_>) -> Result<()> {
+        if let Some(&id) = step.tokens.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(Error::TokenOutOfRange {
+                id,
+                vocab_size: self.vocab,
+            });
+        }
+        for (end, max) in [
+            (step.start_pos.saturating_add(step.batch()), self.positions),
+            (step.cache_row.saturating_add(step.batch()), self.cache_rows),
+        ] {
+            if end > max {
+                return Err(Error::ContextOverflow { needed: end, max });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A step as a device captured it ([`crate::BaseDevice::end_capture`]); only that device
 /// can replay it.
 pub trait CapturedStep: Send + Sync {
@@ -138,5 +182,41 @@ mod tests {
             cache_row: 0,
         };
         assert!(matches!(far.words(), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn a_replay_fits_the_bounds_of_the_captured_ops() {
+        let bounds = StepBounds {
+            vocab: 10,
+            positions: 8,
+            cache_rows: 12,
+        };
+        let step = |tokens: &'static [u32], start_pos, cache_row| StepInputs {
+            tokens,
+            start_pos,
+            cache_row,
+        };
+        assert!(bounds.check(&step(&[9, 0], 6, 10)).is_ok());
+        assert!(matches!(
+            bounds.check(&step(&[3, 10], 0, 0)),
+            Err(Error::TokenOutOfRange {
+                id: 10,
+                vocab_size: 10
+            })
+        ));
+        assert!(matches!(
+            bounds.check(&step(&[1, 2], 7, 0)),
+            Err(Error::ContextOverflow { needed: 9, max: 8 })
+        ));
+        assert!(matches!(
+            bounds.check(&step(&[1], 0, 12)),
+            Err(Error::ContextOverflow {
+                needed: 13,
+                max: 12
+            })
+        ));
+        assert!(StepBounds::NONE
+            .check(&step(&[u32::MAX], 1 << 40, 1 << 40))
+            .is_ok());
     }
 }

@@ -6,6 +6,7 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
+use super::graph::Bound;
 use super::kernels::{Kernel, ATTN_CHUNK};
 use super::operand::Input;
 
@@ -25,6 +26,8 @@ pub(super) struct Args<'a> {
     pub alibi: bool,
     pub bidirectional: usize,
     pub sliding_window: Option<usize>,
+    /// Whether `start_pos` is the step's cache row ([`flm_core::CheckedOp::follows_step`]).
+    pub follows_step: bool,
 }
 
 fn shape(msg: String) -> Error {
@@ -34,8 +37,11 @@ fn shape(msg: String) -> Error {
     }
 }
 
-/// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU,
-/// the partial and combine kernels run, and the output comes back.
+/// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU
+/// (when the cache is in host memory), the partial and combine kernels run, and the output
+/// comes back. In a captured step, where the op must follow the step, the kernels read the
+/// step's cache row from its buffer and the grid covers the whole cache, so that the graph
+/// stays valid as the position moves (the chunks past it exit at once).
 ///
 /// Errors: [`Error::Device`] when a launch fails.
 pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
@@ -46,7 +52,14 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     if n == 0 {
         return Ok(());
     }
-    let rows = filled.max(a.bidirectional);
+    let step = dev.step_words("Attention", a.follows_step, |tokens, _, row| {
+        tokens.len() == n && row == a.start_pos
+    })?;
+    let rows = match step {
+        Some(_) => a.cache_k.rows(),
+        None => filled.max(a.bidirectional),
+    };
+    dev.bound(Bound::CacheRows(a.cache_k.rows()))?;
     let q = dev.input(a.q)?;
     // A host cache is copied up to the rows the op reads; one on this GPU is read in place.
     let cache = |c: &'a Data| -> Result<Input<'a>> {
@@ -59,8 +72,15 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         }
     };
     let (k, v) = (cache(a.cache_k)?, cache(a.cache_v)?);
-    let start = dev.upload(&[u32::try_from(a.start_pos)
-        .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?])?;
+    let uploaded;
+    let start = match &step {
+        Some(s) => s.cache_row(),
+        None => {
+            uploaded = dev.upload(&[u32::try_from(a.start_pos)
+                .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?])?;
+            uploaded.slice(..)
+        }
+    };
     let slopes = a
         .alibi
         .then(|| dev.upload(&alibi_slopes(a.n_heads)))

@@ -5,7 +5,8 @@
 use cudarc::driver::PushKernelArg;
 use flm_core::{Data, Result};
 
-use super::device::{dev_err, grid, CudaDevice};
+use super::device::{dev_err, grid, int, CudaDevice};
+use super::graph::Bound;
 use super::kernels::Kernel;
 
 /// Threads of the one-thread-per-element kernels.
@@ -69,26 +70,58 @@ pub(super) fn add(dev: &CudaDevice, x: &mut Data, y: &Data) -> Result<()> {
 }
 
 /// [`flm_core::Op::CopyRows`] between tensors on this GPU (keys and values into a KV
-/// cache that lives here): one device-to-device copy of `n_rows` f32 rows.
+/// cache that lives here): one device-to-device copy of `n_rows` f32 rows. In a captured
+/// step, a copy that follows the step (`follows_step`: the step's keys and values) runs
+/// `copy_rows_at`, which reads the destination row from the step's buffer; the others
+/// (fixed rows) stay copies.
 pub(super) fn copy_rows(
     dev: &CudaDevice,
     src: &Data,
     (src_row, n_rows): (usize, usize),
     dst: &mut Data,
-    dst_row: usize,
+    (dst_row, follows_step): (usize, bool),
 ) -> Result<()> {
-    let row_bytes = src.cols() * 4;
+    let cols = src.cols();
+    let row_bytes = cols * 4;
     if n_rows == 0 || row_bytes == 0 {
         return Ok(());
     }
     let (from, len, to) = (src_row * row_bytes, n_rows * row_bytes, dst_row * row_bytes);
+    let step = if follows_step {
+        dev.step_words("CopyRows", true, |_, _, row| row == dst_row)?
+    } else {
+        None
+    };
+    let dst_rows = dst.rows();
     let s = dev.input(src)?;
     let mut d = dev.in_out(dst)?;
     let view = s.slice().slice(from..from + len);
-    let mut target = d.slice().slice_mut(to..to + len);
-    dev.stream
-        .memcpy_dtod(&view, &mut target)
-        .map_err(dev_err)?;
+    match step {
+        None => {
+            let mut target = d.slice().slice_mut(to..to + len);
+            dev.stream
+                .memcpy_dtod(&view, &mut target)
+                .map_err(dev_err)?;
+        }
+        Some(step) => {
+            dev.bound(Bound::CacheRows(dst_rows))?;
+            let (cols_i, n_i) = (int(cols)?, int(n_rows)?);
+            let dst_rows_u = u32::try_from(dst_rows).unwrap_or(u32::MAX);
+            let row = step.cache_row();
+            let f = dev.function(Kernel::CopyRowsAt)?;
+            let mut b = dev.stream.launch_builder(f);
+            b.arg(&view)
+                .arg(d.slice())
+                .arg(&row)
+                .arg(&cols_i)
+                .arg(&n_i)
+                .arg(&dst_rows_u);
+            // SAFETY: arguments as `copy_rows_at(const float*, float*, const unsigned*, int,
+            // int, unsigned)`; the view holds n_rows × cols floats, dst dst_rows × cols, and
+            // the kernel writes only rows below dst_rows.
+            unsafe { b.launch(elem_grid(n_rows * cols)?) }.map_err(dev_err)?;
+        }
+    }
     d.finish(dev)
 }
 

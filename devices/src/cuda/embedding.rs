@@ -4,14 +4,16 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{quant, Data, Error, Result};
 
 use super::device::{dev_err, grid, int, CudaDevice};
+use super::graph::Bound;
 use super::kernels::{int4_form_code, k_quant_code, FloatWeight, Kernel};
 use super::ROW_THREADS;
 
-/// [`flm_core::Op::Embedding`].
+/// [`flm_core::Op::Embedding`] of `tokens`, which in a captured step are read from the
+/// step's buffer when the op follows the step (`follows_step`).
 pub(super) fn embedding(
     dev: &CudaDevice,
     table: &Data,
-    tokens: &[u32],
+    (tokens, follows_step): (&[u32], bool),
     output: &mut Data,
 ) -> Result<()> {
     let (vocab, dim) = (table.rows(), table.cols());
@@ -19,7 +21,16 @@ pub(super) fn embedding(
         return Ok(());
     }
     let w = dev.weight(table)?;
-    let ids = dev.upload(tokens)?;
+    let step = dev.step_words("Embedding", follows_step, |t, _, _| t == tokens)?;
+    let uploaded;
+    let ids = match &step {
+        Some(s) => s.tokens(),
+        None => {
+            uploaded = dev.upload(tokens)?;
+            uploaded.slice(..)
+        }
+    };
+    dev.bound(Bound::Vocab(vocab))?;
     let mut out = dev.output(output)?;
     let bad = dev.zeros::<i32>(1)?;
     let (dim_i, vocab_u) = (int(dim)?, u32::try_from(vocab).unwrap_or(u32::MAX));

@@ -93,6 +93,8 @@ pub enum Kernel {
     F32ToBf16Rows,
     /// `gather_cols` (elementwise.cu).
     GatherCols,
+    /// `copy_rows_at` (elementwise.cu).
+    CopyRowsAt,
     /// `embedding_<W>` (embedding.cu).
     Embedding(FloatWeight),
     /// `embedding_quant` (embedding.cu).
@@ -141,6 +143,7 @@ impl Kernel {
             Kernel::F32ToF16Rows => "f32_to_f16_rows",
             Kernel::F32ToBf16Rows => "f32_to_bf16_rows",
             Kernel::GatherCols => "gather_cols",
+            Kernel::CopyRowsAt => "copy_rows_at",
             Kernel::Embedding(W::F32) => "embedding_f32",
             Kernel::Embedding(W::F16) => "embedding_f16",
             Kernel::Embedding(W::Bf16) => "embedding_bf16",
@@ -191,6 +194,7 @@ pub const MODULES: &[Module] = &[
             Kernel::F32ToF16Rows,
             Kernel::F32ToBf16Rows,
             Kernel::GatherCols,
+            Kernel::CopyRowsAt,
         ],
     },
     Module {

@@ -93,7 +93,10 @@ impl CudaDevice {
     pub(super) fn input<'a>(&self, data: &'a Data) -> Result<Input<'a>> {
         match resident(self, data)? {
             Some(s) => Ok(Input::Resident(s)),
-            None => Ok(Input::Staged(self.upload(data.bytes()?)?)),
+            None => {
+                self.refuse_in_capture("an operand in host memory")?;
+                Ok(Input::Staged(self.upload(data.bytes()?)?))
+            }
         }
     }
 
@@ -130,6 +133,7 @@ impl CudaDevice {
                 .ok_or(err)?;
             return Ok(Output::Resident(&mut buffer.bytes));
         }
+        self.refuse_in_capture("an operand in host memory")?;
         let host = data.bytes_mut()?;
         let buffer = if read {
             self.upload(host)?
