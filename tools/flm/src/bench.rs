@@ -379,6 +379,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect::<Result<Vec<_>>>()?;
         let (pp, pp_sd) = mean_sd(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
         let (tg, tg_sd) = mean_sd(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
+        // Whether the decode steps ran as a CUDA graph (`--cuda-graph`).
+        let step_graph = model.captured_steps().contains(&1);
         drop(model);
         // The bound decode is compared with: the GPU's peak, or the CPU's measured stream.
         let (stream, bound) = match chosen.gpu_peak_bandwidth {
@@ -402,6 +404,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "gen_tokens": args.gen_tokens,
                 "depth": args.depth,
                 "batch": batch,
+                "cuda_graph": step_graph,
                 "reps": args.reps,
                 "prefill_tok_s": pp,
                 "prefill_tok_s_sd": pp_sd,
@@ -418,10 +421,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         } else {
             println!(
                 "model {name} ({dtype}) on {}, {} CPU kernels, {threads} threads, {} repetitions, \
-                 {batch} sequence(s) at once (aggregate tokens/s)",
+                 {batch} sequence(s) at once (aggregate tokens/s){}",
                 chosen.first,
                 isa,
-                args.reps
+                args.reps,
+                if step_graph {
+                    ", decode steps as a CUDA graph"
+                } else {
+                    ""
+                }
             );
             let at = match args.depth {
                 0 => String::new(),
