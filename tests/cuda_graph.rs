@@ -92,11 +92,12 @@ fn turns(exec: &Executor, llama: &mut Llama) -> Vec<u32> {
     let prompt = ids(&stories_reference()["logits_file"]["input_ids"]);
     let mut out = greedy_on(exec, llama, &prompt, 40);
     let mut pos = prompt.len() + 39;
+    let vocab = llama.config().vocab_size;
     for turn in 0..3 {
         let text: Vec<u32> = out[out.len() - 5..].to_vec();
         let logits = if turn == 1 {
             let all = llama.forward(exec, &text, pos, Logits::All).unwrap();
-            all[all.len() - llama.config().vocab_size..].to_vec()
+            all[all.len() - vocab..].to_vec()
         } else {
             llama
                 .forward(exec, &text, pos, Logits::Last)
