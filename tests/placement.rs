@@ -10,8 +10,8 @@ use flm_core::{Executor, Location, Route};
 use flm_devices::{CpuDevice, SimDevice};
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
-use flm_models::{import, Graph, SharedGraph};
-use flm_tests::{data, greedy_on, ids, stories_reference};
+use flm_models::{import, Graph};
+use flm_tests::{data, greedy_on, ids, stories_placed, stories_reference};
 
 const SIM: Location = Location::Device {
     name: "sim",
@@ -31,11 +31,7 @@ fn executor() -> Executor {
 
 /// stories260K with its first `on_device` layers on the device.
 fn placed(exec: &Executor, on_device: usize) -> Llama {
-    let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
-    let placement = Placement::first_layers(model.config().n_layers, SIM, on_device);
-    let model = model.place(exec, placement).unwrap();
-    Llama::with_model(Arc::new(model)).unwrap()
+    stories_placed(exec, SIM, on_device)
 }
 
 /// Each `(reason, route)`'s copies in the record.

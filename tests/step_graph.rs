@@ -14,9 +14,9 @@ use flm_core::{
     StepInputs,
 };
 use flm_devices::{CpuDevice, SimDevice};
-use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
-use flm_models::{import, Graph, Placement, SharedGraph};
-use flm_tests::data;
+use flm_models::llama::{Llama, Logits};
+use flm_models::Graph;
+use flm_tests::stories_placed;
 
 const SIM: Location = Location::Device {
     name: "sim",
@@ -109,11 +109,7 @@ fn executor() -> (Executor, Arc<Log>) {
 
 /// stories260K (5 layers) with its first `on_device` layers on the recorder.
 fn placed(exec: &Executor, on_device: usize) -> Llama {
-    let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
-    let placement = Placement::first_layers(model.config().n_layers, SIM, on_device);
-    let model = model.place(exec, placement).unwrap();
-    Llama::with_model(Arc::new(model)).unwrap()
+    stories_placed(exec, SIM, on_device)
 }
 
 /// A prompt of 3 tokens, then 5 decode steps of the tokens 20, 21, ... at positions 3...

@@ -5,12 +5,13 @@ pub mod fuzz;
 pub mod glm_data;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use flm_core::{Data, DataType, Executor};
+use flm_core::{Data, DataType, Executor, Location};
 use flm_devices::CpuDevice;
-use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
+use flm_models::llama::{Ffn, Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::tensor_names::{LayerPart, TensorName};
-use flm_models::Graph;
+use flm_models::{import, Graph, Placement, SharedGraph};
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -90,6 +91,17 @@ pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usiz
         }
     }
     out
+}
+
+/// llama2.c's stories260K (5 layers, f32) with its first `on_device` layers' weights, KV
+/// cache and activations in the memory `at` of a device of `exec`, the rest on the host.
+pub fn stories_placed(exec: &Executor, at: Location, on_device: usize) -> Llama {
+    let ckpt = import::load(&data("stories260K/stories260K.bin")).expect("stories260K");
+    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
+        .expect("stories260K builds");
+    let placement = Placement::first_layers(model.config().n_layers, at, on_device);
+    let model = model.place(exec, placement).expect("placement");
+    Llama::with_model(Arc::new(model)).expect("instance")
 }
 
 /// `w` with each tensor converted by [`Data::to_dtype`] to the dtype `dtype_of` gives its

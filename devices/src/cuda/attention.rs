@@ -6,7 +6,7 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
-use super::graph::Bound;
+use super::graph::{Bound, StepWords};
 use super::kernels::{Kernel, ATTN_CHUNK};
 use super::operand::Input;
 
@@ -72,15 +72,10 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         }
     };
     let (k, v) = (cache(a.cache_k)?, cache(a.cache_v)?);
-    let uploaded;
-    let start = match &step {
-        Some(s) => s.cache_row(),
-        None => {
-            uploaded = dev.upload(&[u32::try_from(a.start_pos)
-                .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?])?;
-            uploaded.slice(..)
-        }
-    };
+    let start_pos = u32::try_from(a.start_pos)
+        .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?;
+    let start = dev.step_or_upload(step.as_ref(), StepWords::cache_row, &[start_pos])?;
+    let start = start.view();
     let slopes = a
         .alibi
         .then(|| dev.upload(&alibi_slopes(a.n_heads)))

@@ -163,19 +163,12 @@ impl CudaDevice {
     /// `table`'s cos and sin rows in GPU memory, uploaded the first time and reused for
     /// its [`RopeTable::id`].
     pub(super) fn rope_rows(&self, table: &RopeTable) -> Result<Arc<RopeRows>> {
-        let mut tables = self
-            .rope_tables
-            .lock()
-            .map_err(|_| Error::Device("RoPE table cache poisoned".into()))?;
-        if let Some(rows) = tables.get(&table.id()) {
-            return Ok(Arc::clone(rows));
-        }
-        let rows = Arc::new(RopeRows {
-            cos: self.upload(table.cos_rows())?,
-            sin: self.upload(table.sin_rows())?,
-        });
-        tables.insert(table.id(), Arc::clone(&rows));
-        Ok(rows)
+        cached(&self.rope_tables, table.id(), "RoPE table", || {
+            Ok(RopeRows {
+                cos: self.upload(table.cos_rows())?,
+                sin: self.upload(table.sin_rows())?,
+            })
+        })
     }
 
     /// The GPU's properties.
@@ -215,17 +208,10 @@ impl CudaDevice {
     /// The host weight `w` in GPU memory: its bytes as they are on the host, uploaded the
     /// first time and reused while `w.id()` is unchanged.
     pub(super) fn cached_weight(&self, w: &Data) -> Result<Arc<CudaSlice<u8>>> {
-        let mut cache = self
-            .weights
-            .lock()
-            .map_err(|_| Error::Device("weight cache poisoned".into()))?;
-        if let Some(buf) = cache.get(&w.id()) {
-            return Ok(Arc::clone(buf));
-        }
-        self.refuse_in_capture("uploading a host weight")?;
-        let buf = Arc::new(self.stream.clone_htod(w.bytes()?).map_err(dev_err)?);
-        cache.insert(w.id(), Arc::clone(&buf));
-        Ok(buf)
+        cached(&self.weights, w.id(), "weight", || {
+            self.refuse_in_capture("uploading a host weight")?;
+            self.stream.clone_htod(w.bytes()?).map_err(dev_err)
+        })
     }
 
     /// A copy of `values` in GPU memory.
@@ -267,6 +253,24 @@ impl CudaDevice {
             Err(what())
         }
     }
+}
+
+/// The value of `cache` under `id`, made by `make` and kept the first time.
+fn cached<V>(
+    cache: &Mutex<HashMap<u64, Arc<V>>>,
+    id: u64,
+    what: &str,
+    make: impl FnOnce() -> Result<V>,
+) -> Result<Arc<V>> {
+    let mut cache = cache
+        .lock()
+        .map_err(|_| Error::Device(format!("{what} cache poisoned")))?;
+    if let Some(v) = cache.get(&id) {
+        return Ok(Arc::clone(v));
+    }
+    let v = Arc::new(make()?);
+    cache.insert(id, Arc::clone(&v));
+    Ok(v)
 }
 
 fn load_functions(

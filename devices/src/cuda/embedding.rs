@@ -4,7 +4,7 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{quant, Data, Error, Result};
 
 use super::device::{dev_err, grid, int, CudaDevice};
-use super::graph::Bound;
+use super::graph::{Bound, StepWords};
 use super::kernels::{int4_form_code, k_quant_code, FloatWeight, Kernel};
 use super::ROW_THREADS;
 
@@ -22,14 +22,8 @@ pub(super) fn embedding(
     }
     let w = dev.weight(table)?;
     let step = dev.step_words("Embedding", follows_step, |t, _, _| t == tokens)?;
-    let uploaded;
-    let ids = match &step {
-        Some(s) => s.tokens(),
-        None => {
-            uploaded = dev.upload(tokens)?;
-            uploaded.slice(..)
-        }
-    };
+    let ids = dev.step_or_upload(step.as_ref(), StepWords::tokens, tokens)?;
+    let ids = ids.view();
     dev.bound(Bound::Vocab(vocab))?;
     let mut out = dev.output(output)?;
     let bad = dev.zeros::<i32>(1)?;

@@ -63,6 +63,24 @@ impl StepWords {
     }
 }
 
+/// `u32` words an op reads from device memory: the step's (in a capture) or its own.
+pub(super) enum Words<'a> {
+    /// A view of the step's buffer.
+    Step(CudaView<'a, u32>),
+    /// The op's own values, uploaded for it.
+    Own(CudaSlice<u32>),
+}
+
+impl Words<'_> {
+    /// The words, to pass to a kernel.
+    pub fn view(&self) -> CudaView<'_, u32> {
+        match self {
+            Words::Step(v) => v.slice(..),
+            Words::Own(s) => s.slice(..),
+        }
+    }
+}
+
 /// One bound an op of the step records ([`StepBounds`]).
 pub(super) enum Bound {
     Vocab(usize),
@@ -157,6 +175,20 @@ impl CudaDevice {
             words: Arc::clone(&c.words),
             batch: c.tokens.len(),
         }))
+    }
+
+    /// The words `pick` takes from the step's inputs in a capture (`step`), else `own`
+    /// uploaded.
+    pub(super) fn step_or_upload<'s>(
+        &self,
+        step: Option<&'s StepWords>,
+        pick: for<'w> fn(&'w StepWords) -> CudaView<'w, u32>,
+        own: &[u32],
+    ) -> Result<Words<'s>> {
+        match step {
+            Some(s) => Ok(Words::Step(pick(s))),
+            None => Ok(Words::Own(self.upload(own)?)),
+        }
     }
 
     /// Records a bound of the ops being captured (nothing outside a capture).

@@ -5,7 +5,7 @@ use cudarc::driver::PushKernelArg;
 use flm_core::{Data, Error, Result, RopeStyle, RopeTable};
 
 use super::device::{dev_err, grid, int, CudaDevice};
-use super::graph::Bound;
+use super::graph::{Bound, StepWords};
 use super::kernels::Kernel;
 
 /// Rotates `x` `[n, n_heads · span]`, `span = table.head_dim() · parts.len()`: part `k`
@@ -61,14 +61,8 @@ pub(super) fn rope(
         u32::try_from(max_pos).unwrap_or(u32::MAX),
     );
     for &(positions, offset) in parts {
-        let uploaded;
-        let positions = match &step {
-            Some(s) => s.positions(),
-            None => {
-                uploaded = dev.upload(positions)?;
-                uploaded.slice(..)
-            }
-        };
+        let positions = dev.step_or_upload(step.as_ref(), StepWords::positions, positions)?;
+        let positions = positions.view();
         let offset_i = int(offset)?;
         let f = dev.function(Kernel::Rope)?;
         let mut b = dev.stream.launch_builder(f);
