@@ -159,9 +159,14 @@ impl Executor {
         self.capturing.store(state.is_some(), Ordering::Release);
     }
 
-    /// Waits for a capture by another thread to end, and keeps any from starting until the
-    /// guard drops; nothing for the capturing thread's own calls.
-    fn enter(&self) -> Option<RwLockReadGuard<'_, ()>> {
+    /// For a call that uses the memory `at`: waits for a capture by another thread to end,
+    /// and keeps any from starting until the guard drops. Nothing for the capturing
+    /// thread's own calls, nor where no device captures (the host: so CPU ops pay nothing).
+    fn enter(&self, at: &[Location]) -> Option<RwLockReadGuard<'_, ()>> {
+        let captures = |d: &dyn BaseDevice| at.contains(&d.location()) && d.supports_capture();
+        if !self.devices.iter().any(|d| captures(&**d)) {
+            return None;
+        }
         if let Some((_, thread)) = self.capture_state() {
             if std::thread::current().id() == thread {
                 return None;
@@ -235,7 +240,7 @@ impl Executor {
             )));
         }
         self.escapes_capture(|| "replaying a step".into())?;
-        let _gate = self.enter();
+        let _gate = self.enter(&[graph.location()]);
         self.device_at(graph.location())?
             .replay(graph.captured(), step)
     }
@@ -338,7 +343,7 @@ impl Executor {
         if from != to {
             self.escapes_capture(|| format!("a copy ({reason})"))?;
         }
-        let _gate = self.enter();
+        let _gate = self.enter(&[from, to]);
         match (from, to) {
             (Location::Host, Location::Host) => {
                 dst.bytes_mut()?.copy_from_slice(src.bytes()?);
@@ -412,7 +417,7 @@ impl Executor {
                 })?;
             }
         }
-        let _gate = self.enter();
+        let _gate = self.enter(&[device.location()]);
         match &self.profile {
             None => device.run(op),
             Some(profile) => {
