@@ -5,9 +5,11 @@
 //!
 //! Tolerances are relative to the scale of what is summed (`Σ|a·b|` for a dot product, the
 //! row's magnitude for norms): f32 kernels agree with the CPU to a few f32 roundings; the
-//! f16/bf16 products round the activations to the weight's type on the GPU (the CPU keeps
-//! them f32), and the CPU dots int8/int4 weights against int8-quantised activations (the
-//! GPU keeps them f32), which the looser tolerances of those cases cover.
+//! prefill products (cuBLAS, on f16/bf16 weights or quantised ones dequantised to f16)
+//! round the activations to 16 bits on the GPU (the CPU keeps them f32), and the GPU keeps
+//! f32 activations against K-quant weights and int8/int4 ones in GPU memory where the CPU
+//! quantises them to int8, which the looser tolerances of those cases cover (`cuda_gemv`
+//! holds the decode GEMV kernels to tighter ones).
 #![cfg(feature = "cuda")]
 
 use flm_core::{BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable};
@@ -101,6 +103,86 @@ fn abs_dot_scale(x: &Data, w: &Data) -> Vec<f32> {
     s
 }
 
+/// A random `[m, k]` weight of `dtype` with a random input permutation (act-order), for
+/// the input `x` of `k` columns, and the [`abs_dot_scale`] of `x` gathered by it.
+fn permuted_weight(r: &mut StdRng, x: &Data, m: usize, dtype: DataType) -> (Data, Vec<f32>) {
+    let k = x.cols();
+    let mut perm: Vec<i32> = (0..k as i32).collect();
+    for i in (1..k).rev() {
+        perm.swap(i, r.random_range(0..=i));
+    }
+    let bytes: Vec<u8> = perm.iter().flat_map(|p| p.to_le_bytes()).collect();
+    let perm_data = Data::from_bytes(DataType::I32, &[k], &bytes).unwrap();
+    let w = random(r, &[m, k], 1.0).to_dtype(dtype).unwrap();
+    let w = w.with_input_perm(perm_data).unwrap();
+    let xv = x.to_f32_vec().unwrap();
+    let gathered: Vec<f32> = xv
+        .chunks(k)
+        .flat_map(|row| perm.iter().map(move |&p| row[p as usize]))
+        .collect();
+    let scale = abs_dot_scale(&Data::from_f32(&[x.rows(), k], &gathered).unwrap(), &w);
+    (w, scale)
+}
+
+/// An attention case: (rows, start_pos, heads, kv heads, head_dim, window, alibi,
+/// bidirectional prefix, soft-cap).
+type AttentionCase = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    Option<usize>,
+    bool,
+    usize,
+    Option<f32>,
+);
+
+/// Compares Attention on random q and cache (one of `n + start + 5` rows) for each case,
+/// with values rounded to f16 when `f16_values`.
+fn compare_attention(
+    gpu: &CudaDevice,
+    r: &mut StdRng,
+    cases: &[AttentionCase],
+    f16_values: bool,
+    tol: f32,
+) {
+    let mut operand = |shape: &[usize]| {
+        let x = random(r, shape, 1.0);
+        if f16_values {
+            x.to_dtype(DataType::F16)
+                .unwrap()
+                .to_dtype(DataType::F32)
+                .unwrap()
+        } else {
+            x
+        }
+    };
+    for &(n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
+        let max_seq = start + n + 5;
+        let q = operand(&[n, heads * hd]);
+        let k = operand(&[max_seq, kv * hd]);
+        let v = operand(&[max_seq, kv * hd]);
+        let what = format!("Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
+        compare!(&what, gpu, &nan(&[n, heads * hd]), tol, None, |o| {
+            Op::Attention {
+                q: &q,
+                cache_k: &k,
+                cache_v: &v,
+                start_pos: start,
+                n_heads: heads,
+                n_kv_heads: kv,
+                scale: 1.0 / (hd as f32).sqrt(),
+                alibi,
+                softcap,
+                bidirectional: bidir,
+                sliding_window: window,
+                output: o,
+            }
+        });
+    }
+}
+
 macro_rules! gpu_tests {
     ($($name:ident($gpu:ident) $body:block)*) => {$(
         #[test]
@@ -148,20 +230,7 @@ gpu_tests! {
         for dtype in [DataType::F32, DataType::F16, DataType::I8, DataType::I4SymG32] {
             for (n, k, m) in [(1, 4096, 300), (5, 1000, 129), (17, 64, 3)] {
                 let x = random(&mut r, &[n, k], 1.0);
-                let mut perm: Vec<i32> = (0..k as i32).collect();
-                for i in (1..k).rev() {
-                    perm.swap(i, r.random_range(0..=i));
-                }
-                let bytes: Vec<u8> = perm.iter().flat_map(|p| p.to_le_bytes()).collect();
-                let perm_data = Data::from_bytes(DataType::I32, &[k], &bytes).unwrap();
-                let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
-                let w = w.with_input_perm(perm_data).unwrap();
-                let xv = x.to_f32_vec().unwrap();
-                let gathered: Vec<f32> = xv
-                    .chunks(k)
-                    .flat_map(|row| perm.iter().map(move |&p| row[p as usize]))
-                    .collect();
-                let scale = abs_dot_scale(&Data::from_f32(&[n, k], &gathered).unwrap(), &w);
+                let (w, scale) = permuted_weight(&mut r, &x, m, dtype);
                 let what = format!("permuted Linear {dtype} n={n} k={k} m={m}");
                 compare!(&what, &gpu, &nan(&[n, m]), linear_tol(dtype), Some(&scale), |o| Op::Linear {
                     input: &x, weight: &w, bias: None, output: o,
@@ -275,18 +344,65 @@ gpu_tests! {
             (9, 0, 4, 2, 64, None, false, 6, None),
             (5, 40, 4, 2, 64, Some(16), false, 0, Some(0.9)),
         ];
-        for (n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
-            let max_seq = start + n + 5;
-            let q = random(&mut r, &[n, heads * hd], 1.0);
-            let k = random(&mut r, &[max_seq, kv * hd], 1.0);
-            let v = random(&mut r, &[max_seq, kv * hd], 1.0);
-            let what = format!("Attention n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir}");
-            compare!(&what, &gpu, &nan(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
-                q: &q, cache_k: &k, cache_v: &v, start_pos: start, n_heads: heads,
-                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi, softcap,
-                bidirectional: bidir, sliding_window: window, output: o,
+        compare_attention(&gpu, &mut r, &cases, false, 1e-5);
+    }
+
+    linear_quantized_prefill(gpu) {
+        // More than GEMV_MAX_ROWS rows: the weight dequantised to f16 and cuBLAS, the
+        // activations rounded to f16. The CPU dots against int8 activation blocks (at most
+        // half a step of 1/127 of a block's maximum per value); with the GPU's f16
+        // roundings (2^-11 relative) that stays below 1% of Σ|x·w|.
+        let mut r = rng(12);
+        for dtype in DataType::VALUES.into_iter().filter(|&d| d.is_quantized() && d != DataType::Q80) {
+            for (n, k, m) in [(9, 333, 77), (33, 1000, 129), (100, 288, 65)] {
+                let x = random(&mut r, &[n, k], 1.0);
+                let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
+                let bias = random(&mut r, &[m], 1.0);
+                let scale: Vec<f32> = abs_dot_scale(&x, &w).iter().map(|s| s + 1.0).collect();
+                compare!(&format!("prefill Linear {dtype} n={n} k={k} m={m}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+                    Op::Linear { input: &x, weight: &w, bias: Some(&bias), output: o }
+                });
+            }
+        }
+        // A weight larger than the f16 scratch (two chunks, the second of 33 rows), and
+        // act-order permutations.
+        let (n, k, m) = (9, 2112, 4001);
+        let x = random(&mut r, &[n, k], 1.0);
+        let w = random(&mut r, &[m, k], 1.0).to_dtype(DataType::I4G32).unwrap();
+        let scale = abs_dot_scale(&x, &w);
+        compare!(&format!("prefill Linear I4G32 n={n} k={k} m={m}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+            Op::Linear { input: &x, weight: &w, bias: None, output: o }
+        });
+        for dtype in [DataType::I8, DataType::I4SymG32, DataType::I4ZpG128] {
+            let (n, k, m) = (33, 1024, 129);
+            let x = random(&mut r, &[n, k], 1.0);
+            let (w, scale) = permuted_weight(&mut r, &x, m, dtype);
+            compare!(&format!("permuted prefill Linear {dtype} n={n}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+                Op::Linear { input: &x, weight: &w, bias: None, output: o }
             });
         }
+    }
+
+    attention_flash_prefill(gpu) {
+        // q, k and v are f16 values, so both devices start from the same operands; the GPU
+        // then rounds the probabilities to f16 (2^-11 relative) before P·V, an error of at
+        // most 2^-11 · max|v| (≈ 5e-4) in each output, plus f32 summation order.
+        let mut r = rng(13);
+        // (n, start_pos, heads, kv heads, head_dim, window, alibi, bidirectional, softcap)
+        let cases = [
+            (1, 40, 32, 8, 128, None, false, 0, None),
+            (17, 0, 8, 8, 64, None, false, 0, None),
+            (17, 100, 32, 8, 128, None, false, 0, None),
+            (130, 0, 32, 8, 128, None, false, 0, None),
+            (130, 37, 8, 8, 64, Some(50), false, 0, None),
+            (130, 0, 8, 8, 128, None, false, 40, None),
+            (33, 3, 8, 2, 64, None, true, 0, Some(0.9)),
+            (600, 0, 32, 8, 128, None, false, 0, None),
+            (600, 20, 8, 8, 64, Some(100), true, 0, None),
+            // No flash kernel for head_dim 96: the flash-decoding kernels.
+            (130, 5, 4, 2, 96, None, false, 0, None),
+        ];
+        compare_attention(&gpu, &mut r, &cases, true, 2e-3);
     }
 
     buffers_round_trip_and_every_copy_is_recorded(gpu) {

@@ -1,14 +1,25 @@
-//! [`flm_core::Op::Attention`] on [`super::CudaDevice`]: the flash-decoding kernels of
-//! `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
-//! then an exact combine).
+//! [`flm_core::Op::Attention`] on [`super::CudaDevice`]:
+//!
+//! - prefill ([`FLASH_MIN_ROWS`] query rows or more, head dimension 64 or 128, batch
+//!   invariance not asked for): [`super::flash_attn`], the FlashAttention-2 kernels of
+//!   `kernels/flash_attn.cu`, tensor-core products on f16-rounded q, k, v;
+//! - anything else (decode, other head dimensions): the flash-decoding kernels of
+//!   `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
+//!   then an exact combine), in f32. The split is by a fixed chunk size, so a longer
+//!   context gets more blocks: 4096 positions of 32 heads are 512 blocks for one row.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
+use super::flash_attn::flash_attention;
 use super::graph::{Bound, StepWords};
-use super::kernels::{Kernel, ATTN_CHUNK};
+use super::kernels::{FlashHeadDim, Kernel, ATTN_CHUNK};
 use super::operand::Input;
+
+/// Query rows from which attention takes the flash (prefill) kernels: one warp's 16 rows
+/// of an mma tile; fewer rows leave most of the tile empty.
+pub const FLASH_MIN_ROWS: usize = 16;
 
 /// Threads of an `attn_partial` block (4 warps, one key per warp at a time).
 const THREADS: u32 = 128;
@@ -30,6 +41,28 @@ pub(super) struct Args<'a> {
     pub follows_step: bool,
 }
 
+/// The device buffers both attention paths read: q (`n` rows of n_heads × head_dim f32),
+/// the K and V cache rows (n_kv_heads × head_dim f32 each), the start position (one u32)
+/// and the ALiBi slopes (n_heads f32) when the op has them.
+pub(super) struct Operands<'a> {
+    pub q: &'a CudaSlice<u8>,
+    pub k: &'a CudaSlice<u8>,
+    pub v: &'a CudaSlice<u8>,
+    pub start: &'a CudaView<'a, u32>,
+    pub slopes: Option<&'a CudaSlice<f32>>,
+}
+
+/// The scalar kernel arguments of both attention paths: the `int`s of the op's fields,
+/// `softcap` 0 for none and `window` 0 for none.
+pub(super) struct Scalars {
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub scale: f32,
+    pub softcap: f32,
+    pub bidirectional: i32,
+    pub window: i32,
+}
+
 fn shape(msg: String) -> Error {
     Error::Shape {
         op: "Attention",
@@ -38,10 +71,11 @@ fn shape(msg: String) -> Error {
 }
 
 /// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU
-/// (when the cache is in host memory), the partial and combine kernels run, and the output
-/// comes back. In a captured step, where the op must follow the step, the kernels read the
-/// step's cache row from its buffer and the grid covers the whole cache, so that the graph
-/// stays valid as the position moves (the chunks past it exit at once).
+/// (a host cache), the flash kernel or the partial and combine kernels run (see the module
+/// docs), and the output comes back. In a captured step, where the op must follow the
+/// step, the kernels read the step's cache row from its buffer and the partial kernel's
+/// grid covers the whole cache, so that the graph stays valid as the position moves (the
+/// chunks past it exit at once).
 ///
 /// Errors: [`Error::Device`] when a launch fails.
 pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
@@ -80,30 +114,51 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         .alibi
         .then(|| dev.upload(&alibi_slopes(a.n_heads)))
         .transpose()?;
+    let scalars = Scalars {
+        n_heads: int(a.n_heads)?,
+        n_kv_heads: int(a.n_kv_heads)?,
+        scale: a.scale,
+        // 0 stands for no soft-capping (a cap is positive: Op::validate).
+        softcap: a.softcap.unwrap_or(0.0),
+        bidirectional: int(a.bidirectional)?,
+        window: int(a.sliding_window.unwrap_or(0))?,
+    };
+    let operands = Operands {
+        q: q.slice(),
+        k: k.slice(),
+        v: v.slice(),
+        start: &start,
+        slopes: slopes.as_ref(),
+    };
+    let flash =
+        FlashHeadDim::of(head_dim).filter(|_| n >= FLASH_MIN_ROWS && !dev.batch_invariant());
+    if let Some(dim) = flash {
+        let mut out = dev.output(output)?;
+        flash_attention(dev, dim, &operands, &scalars, n, out.slice())?;
+        return out.finish(dev);
+    }
     let chunks = rows.div_ceil(ATTN_CHUNK);
     let parts = n * a.n_heads * chunks;
     let mut part_m = dev.zeros::<f32>(parts)?;
     let mut part_l = dev.zeros::<f32>(parts)?;
     let mut part_o = dev.zeros::<f32>(parts * head_dim)?;
-    let (nh, nkv, hd) = (int(a.n_heads)?, int(a.n_kv_heads)?, int(head_dim)?);
-    let (bidir, window) = (int(a.bidirectional)?, int(a.sliding_window.unwrap_or(0))?);
-    // 0 stands for no soft-capping (a cap is positive: Op::validate).
-    let softcap = a.softcap.unwrap_or(0.0);
+    let hd = int(head_dim)?;
     let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
     let f = dev.function(Kernel::AttnPartial)?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(q.slice())
-        .arg(k.slice())
-        .arg(v.slice())
-        .arg(&start)
-        .arg(&nh)
-        .arg(&nkv)
+    let sc = &scalars;
+    b.arg(operands.q)
+        .arg(operands.k)
+        .arg(operands.v)
+        .arg(operands.start)
+        .arg(&sc.n_heads)
+        .arg(&sc.n_kv_heads)
         .arg(&hd)
-        .arg(&a.scale)
-        .arg(&softcap);
-    arg_or_null(&mut b, slopes.as_ref());
-    b.arg(&bidir).arg(&window);
+        .arg(&sc.scale)
+        .arg(&sc.softcap);
+    arg_or_null(&mut b, operands.slopes);
+    b.arg(&sc.bidirectional).arg(&sc.window);
     b.arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);
     // SAFETY: arguments as `attn_partial`; q holds n × n_heads × head_dim floats, k and v
     // `rows` cache rows of n_kv_heads × head_dim (every position a row sees is below
@@ -118,7 +173,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     b.arg(&part_m)
         .arg(&part_l)
         .arg(&part_o)
-        .arg(&nh)
+        .arg(&sc.n_heads)
         .arg(&hd)
         .arg(&chunks_i)
         .arg(out.slice());

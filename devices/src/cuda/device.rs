@@ -4,16 +4,18 @@
 //! Its ops (see [`super::dispatch`]) read and write tensors that live in its memory
 //! ([`super::CudaBuffer`], placed there by the executor: `--gpu-layers`) in place. Tensors
 //! in host memory are the per-op offload: host weights are uploaded once, the first time
-//! an op reads them, and kept for as long as their [`Data::id`] stays the same (int8/int4
-//! weights stay in the .flm row layout, quantised); host activations, token ids and the KV
+//! an op reads them, and kept for as long as their [`Data::id`] stays the same (a Linear's
+//! f16/bf16/int8/int4 weight repacked into its GPU GEMV layout, [`crate::gemv_layout`],
+//! quantised weights staying quantised); host activations, token ids and the KV
 //! cache rows an attention op reads are copied in for each op and its output copied back.
 //! A decode step whose operands all live here can be captured as a CUDA graph and
 //! replayed ([`super::graph`]); the device runs on a stream of its own for that (the legacy
 //! default stream cannot be captured).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -27,11 +29,13 @@ use super::kernels::{has_quant_kernels, FloatWeight, Kernel, MODULES};
 use super::nvrtc;
 use super::ptx_cache::PtxCache;
 use super::GpuInfo;
+use crate::gemv_layout::GemvLayout;
 
 /// The CUDA device: one GPU, one stream, the compiled kernels and the uploaded weights.
 ///
 /// Batch invariance ([`flm_core::BaseDevice::require_batch_invariance`]): every kernel computes an
-/// input row on its own (one grid row per input row) except cuBLAS, whose algorithm
+/// input row on its own (the GEMV kernels take up to eight rows per weight read, each summed
+/// in the same order whatever its neighbours) except cuBLAS, whose algorithm
 /// depends on the batch; once asked, f16/bf16 Linears take the GEMV kernels whatever the
 /// row count, and Linears with f32 weights are left to the next device (the CPU).
 pub struct CudaDevice {
@@ -40,7 +44,10 @@ pub struct CudaDevice {
     info: GpuInfo,
     pub(super) ordinal: u32,
     functions: HashMap<Kernel, CudaFunction>,
-    weights: Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>,
+    weights: WeightCache,
+    packed: WeightCache,
+    /// The f16 scratch of the quantised prefill ([`super::dequant`]), grown on demand.
+    f16_scratch: Mutex<CudaSlice<u16>>,
     /// RoPE tables' cos and sin rows by [`RopeTable::id`], uploaded once each.
     rope_tables: Mutex<HashMap<u64, Arc<RopeRows>>>,
     pub(super) batch_invariant: AtomicBool,
@@ -53,6 +60,9 @@ pub struct CudaDevice {
     /// Unique per device opened, so a captured step replays only where it was captured.
     pub(super) instance: u64,
 }
+
+/// Uploaded weights by [`Data::id`].
+type WeightCache = Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>;
 
 /// A RoPE table's `[max_pos, rotary_dim / 2]` cos and sin rows in GPU memory.
 pub(super) struct RopeRows {
@@ -144,6 +154,9 @@ impl CudaDevice {
                 return Err(format!("cuBLAS workspace: {status:?}"));
             }
         }
+        let f16_scratch = stream
+            .alloc_zeros::<u16>(1)
+            .map_err(|e| format!("scratch: {e}"))?;
         Ok(CudaDevice {
             stream,
             blas,
@@ -152,6 +165,8 @@ impl CudaDevice {
             functions,
             weights: Mutex::new(HashMap::new()),
             rope_tables: Mutex::new(HashMap::new()),
+            packed: Mutex::new(HashMap::new()),
+            f16_scratch: Mutex::new(f16_scratch),
             batch_invariant: AtomicBool::new(false),
             _blas_workspace: workspace,
             capture: Mutex::new(None),
@@ -163,7 +178,7 @@ impl CudaDevice {
     /// `table`'s cos and sin rows in GPU memory, uploaded the first time and reused for
     /// its [`RopeTable::id`].
     pub(super) fn rope_rows(&self, table: &RopeTable) -> Result<Arc<RopeRows>> {
-        cached(&self.rope_tables, table.id(), "RoPE table", || {
+        cached_by_id(&self.rope_tables, table.id(), "RoPE table", || {
             Ok(RopeRows {
                 cos: self.upload(table.cos_rows())?,
                 sin: self.upload(table.sin_rows())?,
@@ -208,10 +223,86 @@ impl CudaDevice {
     /// The host weight `w` in GPU memory: its bytes as they are on the host, uploaded the
     /// first time and reused while `w.id()` is unchanged.
     pub(super) fn cached_weight(&self, w: &Data) -> Result<Arc<CudaSlice<u8>>> {
-        cached(&self.weights, w.id(), "weight", || {
-            self.refuse_in_capture("uploading a host weight")?;
-            self.stream.clone_htod(w.bytes()?).map_err(dev_err)
+        self.cached(&self.weights, w, || Ok(Cow::Borrowed(w.bytes()?)))
+    }
+
+    /// The weight `w` repacked into the GPU GEMV `layout` ([`crate::gemv_layout`]) in GPU
+    /// memory, packed and uploaded the first time (from its host bytes, or from a download
+    /// of its buffer when it lives on this GPU) and reused while `w.id()` is unchanged.
+    pub(super) fn packed_weight(
+        &self,
+        w: &Data,
+        layout: &GemvLayout,
+    ) -> Result<Arc<CudaSlice<u8>>> {
+        self.cached(&self.packed, w, || match w.device_buffer() {
+            None => Ok(Cow::Owned(layout.pack(w.bytes()?)?)),
+            Some(buffer) => {
+                let mut bytes = vec![0u8; w.size_bytes()];
+                self.download_bytes(buffer, &mut bytes)?;
+                Ok(Cow::Owned(layout.pack(&bytes)?))
+            }
         })
+    }
+
+    /// The upload of `bytes()` in `cache` under `w.id()`, made the first time.
+    fn cached<'w>(
+        &self,
+        cache: &WeightCache,
+        w: &'w Data,
+        bytes: impl FnOnce() -> Result<Cow<'w, [u8]>>,
+    ) -> Result<Arc<CudaSlice<u8>>> {
+        cached_by_id(cache, w.id(), "weight", || {
+            self.refuse_in_capture("uploading a weight")?;
+            self.stream.clone_htod(&*bytes()?).map_err(dev_err)
+        })
+    }
+
+    /// The device's f16 scratch, at least `len` values, locked for the caller's op. Its
+    /// kernels run on the device's one stream, so an op's writes to it come after every
+    /// earlier op's reads; it only grows, to the largest request seen.
+    pub(super) fn f16_scratch(&self, len: usize) -> Result<MutexGuard<'_, CudaSlice<u16>>> {
+        let mut scratch = self
+            .f16_scratch
+            .lock()
+            .map_err(|_| Error::Device("f16 scratch poisoned".into()))?;
+        if scratch.len() < len {
+            // Memory allocated inside a captured step would belong to its graph.
+            self.refuse_in_capture("growing the f16 scratch")?;
+            *scratch = self.stream.alloc_zeros::<u16>(len).map_err(dev_err)?;
+        }
+        Ok(scratch)
+    }
+
+    /// Seconds per call of `f`, the mean of `reps` calls timed by CUDA events on the
+    /// device's stream: `f` should only queue work (operands resident, no download). A
+    /// `hold_stream` kernel holds the stream while the calls are queued, so that the events
+    /// time the GPU's work rather than the host's launches (nvbench's blocking kernel).
+    ///
+    /// Errors: those of `f` and of the launches; [`Error::Device`] when the hold ended
+    /// before the last call was queued (the host launches slower than the GPU runs them,
+    /// so the figure would time the launches).
+    pub fn time_queued(&self, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        const HOLD_NS: u64 = 20_000_000;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let hold = self.function(Kernel::HoldStream)?;
+        let mut b = self.stream.launch_builder(hold);
+        b.arg(&HOLD_NS);
+        // SAFETY: `hold_stream(unsigned long long)` takes one value and touches no memory.
+        unsafe { b.launch(grid((1, 1, 1), 32, 0)?) }.map_err(dev_err)?;
+        let start = self.stream.record_event(timing).map_err(dev_err)?;
+        for _ in 0..reps {
+            f()?;
+        }
+        let end = self.stream.record_event(timing).map_err(dev_err)?;
+        let held = !start.try_is_complete().map_err(dev_err)?;
+        let ms = start.elapsed_ms(&end).map_err(dev_err)?;
+        if !held {
+            return Err(Error::Device(format!(
+                "{reps} calls took longer to queue than the {} ms hold",
+                HOLD_NS / 1_000_000
+            )));
+        }
+        Ok(f64::from(ms) / 1e3 / reps.max(1) as f64)
     }
 
     /// A copy of `values` in GPU memory.
@@ -256,7 +347,7 @@ impl CudaDevice {
 }
 
 /// The value of `cache` under `id`, made by `make` and kept the first time.
-fn cached<V>(
+fn cached_by_id<V>(
     cache: &Mutex<HashMap<u64, Arc<V>>>,
     id: u64,
     what: &str,

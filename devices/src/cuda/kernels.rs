@@ -67,6 +67,27 @@ pub fn int4_form_code(dtype: DataType) -> i32 {
     }
 }
 
+/// A head dimension the flash attention kernels (`flash_attn.cu`) are instantiated for;
+/// attention with another one runs on the flash-decoding kernels whatever its row count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FlashHeadDim {
+    /// 64 (Llama 1B-3B class, GPT-style models).
+    D64,
+    /// 128 (Llama-2/3 7B and up, ChatGLM).
+    D128,
+}
+
+impl FlashHeadDim {
+    /// The instantiation for `head_dim`, if there is one.
+    pub fn of(head_dim: usize) -> Option<FlashHeadDim> {
+        match head_dim {
+            64 => Some(FlashHeadDim::D64),
+            128 => Some(FlashHeadDim::D128),
+            _ => None,
+        }
+    }
+}
+
 /// Every kernel of the device, the typed handle an op launches; [`Kernel::name`] is its
 /// `extern "C"` name in the PTX.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,18 +126,26 @@ pub enum Kernel {
     QgemvI4,
     /// `qgemv_k` (qgemv.cu).
     QgemvK,
-    /// `gemv_f16` (qgemv.cu).
-    GemvF16,
-    /// `gemv_bf16` (qgemv.cu).
-    GemvBf16,
     /// `add_bias` (qgemv.cu).
     AddBias,
+    /// `gemv_<weight>_<rows>` (gemv.cu): `gemv_f16_1`, ..., `gemv_q4_8`.
+    Gemv(GemvWeight, GemvTile),
+    /// `quantize_q8_rows` (gemv.cu).
+    QuantizeQ8Rows,
+    /// `pad_cols_f32` (gemv.cu).
+    PadColsF32,
+    /// `hold_stream` (gemv.cu).
+    HoldStream,
+    /// `dequant_f16_rows` (dequant.cu).
+    DequantF16Rows,
     /// `rope` (rope.cu).
     Rope,
     /// `attn_partial` (attention.cu).
     AttnPartial,
     /// `attn_combine` (attention.cu).
     AttnCombine,
+    /// `flash_attn_f32_d<D>` (flash_attn.cu): an f32 cache.
+    FlashAttn(FlashHeadDim),
     /// `argmax_rows` (sample.cu).
     ArgmaxRows,
     /// `top_k_rows` (sample.cu).
@@ -151,12 +180,17 @@ impl Kernel {
             Kernel::QgemvI8 => "qgemv_i8",
             Kernel::QgemvI4 => "qgemv_i4",
             Kernel::QgemvK => "qgemv_k",
-            Kernel::GemvF16 => "gemv_f16",
-            Kernel::GemvBf16 => "gemv_bf16",
+            Kernel::Gemv(weight, tile) => GEMV_NAMES[weight as usize][tile as usize],
+            Kernel::QuantizeQ8Rows => "quantize_q8_rows",
+            Kernel::PadColsF32 => "pad_cols_f32",
+            Kernel::HoldStream => "hold_stream",
             Kernel::AddBias => "add_bias",
+            Kernel::DequantF16Rows => "dequant_f16_rows",
             Kernel::Rope => "rope",
             Kernel::AttnPartial => "attn_partial",
             Kernel::AttnCombine => "attn_combine",
+            Kernel::FlashAttn(FlashHeadDim::D64) => "flash_attn_f32_d64",
+            Kernel::FlashAttn(FlashHeadDim::D128) => "flash_attn_f32_d128",
             Kernel::ArgmaxRows => "argmax_rows",
             Kernel::TopKRows => "top_k_rows",
         }
@@ -214,10 +248,38 @@ pub const MODULES: &[Module] = &[
             Kernel::QgemvI8,
             Kernel::QgemvI4,
             Kernel::QgemvK,
-            Kernel::GemvF16,
-            Kernel::GemvBf16,
             Kernel::AddBias,
         ],
+    },
+    Module {
+        name: "gemv",
+        source: include_str!("kernels/gemv.cu"),
+        kernels: &[
+            Kernel::Gemv(GemvWeight::F16, GemvTile::Rows1),
+            Kernel::Gemv(GemvWeight::F16, GemvTile::Rows2),
+            Kernel::Gemv(GemvWeight::F16, GemvTile::Rows4),
+            Kernel::Gemv(GemvWeight::F16, GemvTile::Rows8),
+            Kernel::Gemv(GemvWeight::Bf16, GemvTile::Rows1),
+            Kernel::Gemv(GemvWeight::Bf16, GemvTile::Rows2),
+            Kernel::Gemv(GemvWeight::Bf16, GemvTile::Rows4),
+            Kernel::Gemv(GemvWeight::Bf16, GemvTile::Rows8),
+            Kernel::Gemv(GemvWeight::Int8, GemvTile::Rows1),
+            Kernel::Gemv(GemvWeight::Int8, GemvTile::Rows2),
+            Kernel::Gemv(GemvWeight::Int8, GemvTile::Rows4),
+            Kernel::Gemv(GemvWeight::Int8, GemvTile::Rows8),
+            Kernel::Gemv(GemvWeight::Int4, GemvTile::Rows1),
+            Kernel::Gemv(GemvWeight::Int4, GemvTile::Rows2),
+            Kernel::Gemv(GemvWeight::Int4, GemvTile::Rows4),
+            Kernel::Gemv(GemvWeight::Int4, GemvTile::Rows8),
+            Kernel::QuantizeQ8Rows,
+            Kernel::PadColsF32,
+            Kernel::HoldStream,
+        ],
+    },
+    Module {
+        name: "dequant",
+        source: include_str!("kernels/dequant.cu"),
+        kernels: &[Kernel::DequantF16Rows],
     },
     Module {
         name: "rope",
@@ -230,11 +292,25 @@ pub const MODULES: &[Module] = &[
         kernels: &[Kernel::AttnPartial, Kernel::AttnCombine],
     },
     Module {
+        name: "flash_attn",
+        source: include_str!("kernels/flash_attn.cu"),
+        kernels: &[
+            Kernel::FlashAttn(FlashHeadDim::D64),
+            Kernel::FlashAttn(FlashHeadDim::D128),
+        ],
+    },
+    Module {
         name: "sample",
         source: include_str!("kernels/sample.cu"),
         kernels: &[Kernel::ArgmaxRows, Kernel::TopKRows],
     },
 ];
+
+/// Query rows per flash attention block (`FA_BR` in `flash_attn.cu`).
+pub const FLASH_ROWS: usize = 64;
+
+/// Threads of a flash attention block (`FA_THREADS` in `flash_attn.cu`).
+pub const FLASH_THREADS: u32 = 128;
 
 /// Positions one attention block covers (`ATTN_CHUNK` in `attention.cu`).
 pub const ATTN_CHUNK: usize = 256;
@@ -242,9 +318,90 @@ pub const ATTN_CHUNK: usize = 256;
 /// Output rows per block of the dequantise-GEMV kernels (`QGEMV_ROWS` in `qgemv.cu`).
 pub const QGEMV_ROWS: usize = 4;
 
+/// Output rows per block (one warp each) of the decode GEMV kernels (`GEMV_WARPS` in
+/// `gemv.cu`).
+pub const GEMV_WARPS: usize = 4;
+
+/// Input rows up to which f16/bf16 weights go through the decode GEMV kernels rather than
+/// cuBLAS: the most one launch row of them takes, each weight read once for all.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// The weight a decode GEMV kernel reads (`gemv.cu`), in its GPU GEMV layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemvWeight {
+    /// f16.
+    F16 = 0,
+    /// bf16.
+    Bf16 = 1,
+    /// int8 per channel.
+    Int8 = 2,
+    /// int4 of any group size and form.
+    Int4 = 3,
+}
+
+/// Input rows per launch row of a decode GEMV kernel (`NR` in `gemv.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemvTile {
+    /// One.
+    Rows1 = 0,
+    /// Two.
+    Rows2 = 1,
+    /// Four.
+    Rows4 = 2,
+    /// Eight ([`GEMV_MAX_ROWS`]).
+    Rows8 = 3,
+}
+
+impl GemvTile {
+    /// The smallest tile that takes `n` rows in one launch row, or eight.
+    pub fn for_rows(n: usize) -> GemvTile {
+        match n {
+            0 | 1 => GemvTile::Rows1,
+            2 => GemvTile::Rows2,
+            3 | 4 => GemvTile::Rows4,
+            _ => GemvTile::Rows8,
+        }
+    }
+
+    /// Its rows.
+    pub fn rows(self) -> usize {
+        1 << self as usize
+    }
+}
+
+/// `gemv.cu`'s kernel names by [`GemvWeight`] and [`GemvTile`].
+const GEMV_NAMES: [[&str; 4]; 4] = [
+    ["gemv_f16_1", "gemv_f16_2", "gemv_f16_4", "gemv_f16_8"],
+    ["gemv_bf16_1", "gemv_bf16_2", "gemv_bf16_4", "gemv_bf16_8"],
+    ["gemv_q8_1", "gemv_q8_2", "gemv_q8_4", "gemv_q8_8"],
+    ["gemv_q4_1", "gemv_q4_2", "gemv_q4_4", "gemv_q4_8"],
+];
+
 impl Module {
     /// The text NVRTC compiles: the prelude, then the module's source.
     pub fn full_source(&self) -> String {
         format!("{PRELUDE}\n{}", self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_tiles_are_the_smallest_that_take_the_rows() {
+        let tiles = [
+            GemvTile::Rows1,
+            GemvTile::Rows2,
+            GemvTile::Rows4,
+            GemvTile::Rows8,
+        ];
+        assert_eq!(tiles.map(GemvTile::rows), [1, 2, 4, 8]);
+        for n in 1..=3 * GEMV_MAX_ROWS {
+            let tile = GemvTile::for_rows(n);
+            let want = n.min(GEMV_MAX_ROWS);
+            let smallest = tiles.iter().find(|t| t.rows() >= want).copied();
+            assert_eq!(Some(tile), smallest, "{n} rows");
+        }
     }
 }

@@ -1,16 +1,26 @@
 //! [`flm_core::Op::Linear`] on [`super::CudaDevice`]: `output[n, out] = input[n, in] ·
 //! weight[out, in]ᵀ (+ bias)`.
 //!
-//! - f16 and bf16 weights with at most [`GEMV_MAX_ROWS`] input rows (decode), or any
-//!   number once batch invariance was asked for: the `gemv_f16`/`gemv_bf16` kernels, f32
-//!   activations as on the CPU.
+//! - f16/bf16 weights, and int8/int4 ones in host memory, with at most [`GEMV_MAX_ROWS`]
+//!   input rows (decode), or any number once batch invariance was asked for: the decode GEMV
+//!   kernels of `kernels/gemv.cu` over the weight repacked once into its GPU layout
+//!   ([`crate::gemv_layout`], cached beside the other uploads), [`GEMV_MAX_ROWS`] input rows
+//!   per weight read. f16/bf16 products keep the activations f32, as on the CPU; int8/int4
+//!   ones quantise them to int8 blocks of 32 first, as the CPU does, and take integer dot
+//!   products.
 //! - f32 weights, and f16/bf16 ones with more rows (prefill): one cuBLAS `cublasGemmEx`
 //!   (f16/bf16 operands after the activations are rounded to the weight's type, as
 //!   transformers' f16 models round them; f32 accumulation and output,
 //!   `CUBLAS_COMPUTE_32F`, so no TF32).
-//! - int8, int4 and K-quant weights: the dequantise-GEMV kernels of `kernels/qgemv.cu`,
-//!   reading the weights quantised, in the .flm row layout (ggml's for the K-quants). The decode product (prefill re-reads the
-//!   weights once per row).
+//! - int8, int4 and K-quant weights with more than [`GEMV_MAX_ROWS`] rows (prefill), unless
+//!   batch invariance was asked for: [`super::dequant`], the weight (in its .flm layout, or
+//!   the GPU layout a host int8/int4 weight was uploaded in) dequantised to f16 a chunk of
+//!   rows at a time and multiplied by cuBLAS as the f16 weights are.
+//! - K-quant weights, and int8/int4 weights that live in GPU memory (placed by the executor
+//!   in their .flm layout, which a second, repacked copy would double), with at most
+//!   [`GEMV_MAX_ROWS`] rows or batch invariance asked for: the dequantise-GEMV kernels of
+//!   `kernels/qgemv.cu`, reading the .flm row layout (ggml's for the K-quants), f32
+//!   activations, one weight read per input row.
 //! - A weight with an input permutation ([`flm_core::Data::input_perm`], act-order GPTQ):
 //!   the `gather_cols` kernel first writes the gathered input into a buffer of the op, the
 //!   permutation itself uploaded once like a weight.
@@ -21,11 +31,14 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use flm_core::{quant, Data, DataType, Error, Result};
 
+use super::dequant::quantized_gemm;
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
-use super::kernels::{int4_form_code, k_quant_code, Kernel, QGEMV_ROWS};
-
-/// Input rows up to which f16/bf16 weights go through the GEMV kernels rather than cuBLAS.
-pub const GEMV_MAX_ROWS: usize = 8;
+use super::kernels::{
+    int4_form_code, k_quant_code, GemvTile, GemvWeight, Kernel, GEMV_MAX_ROWS, GEMV_WARPS,
+    QGEMV_ROWS,
+};
+use super::operand::Input;
+use crate::gemv_layout::{has_layout, GemvLayout};
 
 /// [`flm_core::Op::Linear`].
 ///
@@ -51,28 +64,41 @@ pub(super) fn linear(
         )?),
         None => None,
     };
-    let w = dev.weight(weight)?;
     let bias_d = bias.map(|b| dev.weight(b)).transpose()?;
     let bias_s = bias_d.as_ref().map(|b| b.slice());
     let mut out = dev.output(output)?;
-    let (x, w, y) = (
-        gathered.as_ref().unwrap_or(x.slice()),
-        w.slice(),
-        out.slice(),
-    );
-    match weight.dtype() {
-        DataType::F32 => gemm(dev, x, w, cudaDataType::CUDA_R_32F, y, (n, k, m))?,
-        DataType::F16 | DataType::BF16 if n <= GEMV_MAX_ROWS || dev.batch_invariant() => {
-            gemv_half(dev, x, w, weight.dtype(), bias_s, y, (n, k, m))?;
+    let x = gathered.as_ref().unwrap_or(x.slice());
+    if let Some((w, layout)) = gemv_weight(dev, weight, n)? {
+        if n <= GEMV_MAX_ROWS || dev.batch_invariant() {
+            gemv(dev, x, w.slice(), &layout, bias_s, out.slice(), n)?;
             return out.finish(dev);
         }
+        let y = out.slice();
+        quantized_gemm(
+            dev,
+            x,
+            w.slice(),
+            (layout.dtype, Some(&layout)),
+            y,
+            (n, k, m),
+        )?;
+        add_bias(dev, y, bias_s, (n, m))?;
+        return out.finish(dev);
+    }
+    let w = dev.weight(weight)?;
+    let (w, y) = (w.slice(), out.slice());
+    match weight.dtype() {
+        DataType::F32 => gemm(dev, x, w, cudaDataType::CUDA_R_32F, y, (n, k, m), (0, m))?,
         DataType::F16 => {
             let xh = convert(dev, x, n * k, Kernel::F32ToF16Rows)?;
-            gemm(dev, &xh, w, cudaDataType::CUDA_R_16F, y, (n, k, m))?;
+            gemm(dev, &xh, w, cudaDataType::CUDA_R_16F, y, (n, k, m), (0, m))?;
         }
         DataType::BF16 => {
             let xh = convert(dev, x, n * k, Kernel::F32ToBf16Rows)?;
-            gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m))?;
+            gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m), (0, m))?;
+        }
+        dtype if dtype.is_quantized() && n > GEMV_MAX_ROWS && !dev.batch_invariant() => {
+            quantized_gemm(dev, x, w, (dtype, None), y, (n, k, m))?;
         }
         dtype if dtype.is_quantized() => {
             qgemv(dev, x, w, weight.dtype(), bias_s, y, (n, k, m))?;
@@ -85,17 +111,27 @@ pub(super) fn linear(
             })
         }
     }
-    if let Some(bias) = bias_s {
-        let total = (n * m) as i64;
-        let m_i = int(m)?;
-        let f = dev.function(Kernel::AddBias)?;
-        let mut b = dev.stream.launch_builder(f);
-        b.arg(&mut *y).arg(bias).arg(&m_i).arg(&total);
-        // SAFETY: y holds n × m floats and the bias m floats, as `add_bias(float*, const
-        // float*, int, long)` uses them.
-        unsafe { b.launch(grid(((n * m).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
-    }
+    add_bias(dev, y, bias_s, (n, m))?;
     out.finish(dev)
+}
+
+/// `y[r, o] += bias[o]` for the `n × m` output of a cuBLAS product, when there is a bias.
+fn add_bias(
+    dev: &CudaDevice,
+    y: &mut CudaSlice<u8>,
+    bias: Option<&CudaSlice<u8>>,
+    (n, m): (usize, usize),
+) -> Result<()> {
+    let Some(bias) = bias else { return Ok(()) };
+    let total = (n * m) as i64;
+    let m_i = int(m)?;
+    let f = dev.function(Kernel::AddBias)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(&mut *y).arg(bias).arg(&m_i).arg(&total);
+    // SAFETY: y holds n × m floats and the bias m floats, as `add_bias(float*, const
+    // float*, int, long)` uses them.
+    unsafe { b.launch(grid(((n * m).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
+    Ok(())
 }
 
 /// The `n` rows of `k` f32 activations of `x` with their columns gathered by the i32
@@ -120,7 +156,7 @@ fn gather_cols(
 
 /// The `len` f32 activations of `x` rounded to f16 or bf16 by the conversion kernel
 /// `kernel`.
-fn convert(
+pub(super) fn convert(
     dev: &CudaDevice,
     x: &CudaSlice<u8>,
     len: usize,
@@ -136,27 +172,31 @@ fn convert(
     Ok(out)
 }
 
-/// `y[n, m] = x[n, k] · w[m, k]ᵀ` with cuBLAS, `x` and `w` of `dtype`, `y` f32. cuBLAS is
+/// `y[:, col0..col0 + m] = x[n, k] · w[m, k]ᵀ` with cuBLAS, `x` and `w` of `dtype`, `y`
+/// a row-major f32 matrix of `n` rows of `ldy` values (`col0 + m <= ldy`). cuBLAS is
 /// column-major: the row-major `w` is a `k × m` column-major matrix (transposed in the
-/// call) and the row-major `x` and `y` are `k × n` and `m × n`.
-fn gemm<T>(
+/// call), the row-major `x` is `k × n`, and `y`'s columns `col0..col0 + m` are the `m × n`
+/// column-major matrix that starts `col0` values in, with leading dimension `ldy`.
+pub(super) fn gemm<X, W>(
     dev: &CudaDevice,
-    x: &CudaSlice<T>,
-    w: &CudaSlice<u8>,
+    x: &CudaSlice<X>,
+    w: &CudaSlice<W>,
     dtype: cudaDataType,
     y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
+    (col0, ldy): (usize, usize),
 ) -> Result<()> {
-    let (n_i, k_i, m_i) = (int(n)?, int(k)?, int(m)?);
+    let (n_i, k_i, m_i, ldy_i) = (int(n)?, int(k)?, int(m)?, int(ldy)?);
     let (alpha, beta) = (1.0f32, 0.0f32);
     let (a, _a) = w.device_ptr(&dev.stream);
     let (b, _b) = x.device_ptr(&dev.stream);
     let (c, _c) = y.device_ptr_mut(&dev.stream);
+    let c = c + 4 * col0 as u64;
     // SAFETY: a, b and c are live device buffers of m × k and n × k values of `dtype` and
-    // n × m floats (the shapes were checked by `linear`), the leading dimensions are those
-    // of the row-major matrices, alpha and beta are host f32 values as
-    // CUBLAS_COMPUTE_32F expects, and the handle runs on the device's stream, after the
-    // uploads that wrote a and b.
+    // n × ldy floats, c offset by col0 < ldy - m + 1 values (the shapes were checked by
+    // `linear` and the callers), alpha and beta are host f32 values as CUBLAS_COMPUTE_32F
+    // expects, and the handle runs on the device's stream, after the kernels that wrote
+    // a and b.
     unsafe {
         cudarc::cublas::result::gemm_ex(
             *dev.blas.handle(),
@@ -175,7 +215,7 @@ fn gemm<T>(
             (&beta as *const f32).cast::<c_void>(),
             c as *mut c_void,
             cudaDataType::CUDA_R_32F,
-            m_i,
+            ldy_i,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cudarc::cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
@@ -183,40 +223,138 @@ fn gemm<T>(
     .map_err(|e| Error::Device(format!("cublasGemmEx: {e}")))
 }
 
-/// The f16/bf16 GEMV kernels: one warp per output row, [`QGEMV_ROWS`] rows per block, one
-/// grid row per input row.
-fn gemv_half(
+/// The weight of a Linear with `n` input rows in its GPU GEMV layout, where the op reads it
+/// so (see the module docs): f16/bf16 weights for the decode GEMV kernels (up to
+/// [`GEMV_MAX_ROWS`] rows or batch invariance asked for), and host int8/int4 ones whatever
+/// the rows (the prefill dequantises the same upload). A weight already in that layout is
+/// read where it is.
+fn gemv_weight<'a>(
+    dev: &CudaDevice,
+    weight: &'a Data,
+    n: usize,
+) -> Result<Option<(Input<'a>, GemvLayout)>> {
+    let dtype = weight.dtype();
+    let float = matches!(dtype, DataType::F16 | DataType::BF16);
+    let decode = n <= GEMV_MAX_ROWS || dev.batch_invariant();
+    let host_quant = !float && has_layout(dtype) && weight.device_buffer().is_none();
+    if !(host_quant || float && decode) {
+        return Ok(None);
+    }
+    let layout = GemvLayout::new(dtype, weight.rows(), weight.cols())?;
+    let w = if layout.is_identity() {
+        dev.weight(weight)?
+    } else {
+        Input::Cached(dev.packed_weight(weight, &layout)?)
+    };
+    Ok(Some((w, layout)))
+}
+
+/// The decode GEMV kernels of `kernels/gemv.cu`: `y[n, m] = x[n, k] · ŵᵀ (+ bias)` for the
+/// weight `w` in its GPU `layout`; one warp per output row, [`GEMV_WARPS`] rows per block,
+/// one grid row per [`GemvTile`] of input rows (up to [`GEMV_MAX_ROWS`]).
+fn gemv(
     dev: &CudaDevice,
     x: &CudaSlice<u8>,
     w: &CudaSlice<u8>,
-    dtype: DataType,
+    layout: &GemvLayout,
     bias: Option<&CudaSlice<u8>>,
     y: &mut CudaSlice<u8>,
-    (n, k, m): (usize, usize, usize),
+    n: usize,
 ) -> Result<()> {
-    let (k_i, m_i) = (int(k)?, int(m)?);
-    let kernel = if dtype == DataType::F16 {
-        Kernel::GemvF16
-    } else {
-        Kernel::GemvBf16
-    };
-    let f = dev.function(kernel)?;
-    let mut b = dev.stream.launch_builder(f);
-    b.arg(w).arg(x);
-    arg_or_null(&mut b, bias);
-    b.arg(y).arg(&k_i).arg(&m_i);
-    // SAFETY: w holds m × k 16-bit values (a row is 16-byte aligned when k % 8 == 0, the
-    // only case the kernel loads 8 at a time), x n × k floats, y n × m floats, the bias m
-    // floats or null, as `gemv_f16`/`gemv_bf16` use them.
-    unsafe {
-        b.launch(grid(
-            (m.div_ceil(QGEMV_ROWS), n, 1),
-            32 * QGEMV_ROWS as u32,
-            0,
-        )?)
+    let (k, ld, m) = (layout.cols, layout.ld, layout.rows);
+    let (n_i, ld_i, m_i) = (int(n)?, int(ld)?, int(m)?);
+    let tile = GemvTile::for_rows(n);
+    let cfg = grid(
+        (m.div_ceil(GEMV_WARPS), n.div_ceil(tile.rows()), 1),
+        32 * GEMV_WARPS as u32,
+        0,
+    )?;
+    if let Some(weight) = match layout.dtype {
+        DataType::F16 => Some(GemvWeight::F16),
+        DataType::BF16 => Some(GemvWeight::Bf16),
+        _ => None,
+    } {
+        let kernel = Kernel::Gemv(weight, tile);
+        let padded = (ld != k)
+            .then(|| pad_cols(dev, x, (n, k, ld)))
+            .transpose()?;
+        let f = dev.function(kernel)?;
+        let mut b = dev.stream.launch_builder(f);
+        b.arg(w).arg(padded.as_ref().unwrap_or(x));
+        arg_or_null(&mut b, bias);
+        b.arg(y).arg(&n_i).arg(&ld_i).arg(&m_i);
+        // SAFETY: w holds m rows of ld 16-bit values (ld % 8 == 0, rows 16-byte aligned in a
+        // buffer that is), the activations n rows of ld floats, y n × m floats, the bias m
+        // floats or null, as `gemv_f16_<rows>`/`gemv_bf16_<rows>` read them.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        return Ok(());
     }
-    .map_err(dev_err)?;
+    let (xq, xs) = quantize_rows(dev, x, (n, k, ld))?;
+    let weight = if layout.dtype == DataType::I8 {
+        GemvWeight::Int8
+    } else {
+        GemvWeight::Int4
+    };
+    let f = dev.function(Kernel::Gemv(weight, tile))?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(w).arg(&xq).arg(&xs);
+    arg_or_null(&mut b, bias);
+    b.arg(y).arg(&n_i).arg(&ld_i).arg(&m_i);
+    let group = int(layout.dtype.group_size().unwrap_or(0))?;
+    let form = int4_form_code(layout.dtype);
+    if layout.dtype != DataType::I8 {
+        b.arg(&group).arg(&form);
+    }
+    // SAFETY: w is the packed layout of an m × k int8 or int4 weight (codes of m rows of
+    // ld values, then the scales or group parameters at layout.params_offset =
+    // m · ld (int8) or m · ld / 2 (int4)), xq n × ld int8 codes and xs n × ld / 32 float
+    // pairs, y n × m floats, the bias m floats or null, as `gemv_q8_<rows>`/`gemv_q4_<rows>`
+    // read them.
+    unsafe { b.launch(cfg) }.map_err(dev_err)?;
     Ok(())
+}
+
+/// The activations `x[n, k]` quantised to int8 in blocks of 32 for `gemv_q8`/`gemv_q4`: the
+/// codes `[n, ld]` (zero past `k`) and the f32 pairs `(a, a · Σq)` per block.
+fn quantize_rows(
+    dev: &CudaDevice,
+    x: &CudaSlice<u8>,
+    (n, k, ld): (usize, usize, usize),
+) -> Result<(CudaSlice<u8>, CudaSlice<f32>)> {
+    let blocks = n * ld / 32;
+    let mut xq = dev.zeros::<u8>(n * ld)?;
+    let mut xs = dev.zeros::<f32>(2 * blocks)?;
+    let (n_i, k_i, ld_i) = (int(n)?, int(k)?, int(ld)?);
+    let f = dev.function(Kernel::QuantizeQ8Rows)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(x)
+        .arg(&mut xq)
+        .arg(&mut xs)
+        .arg(&n_i)
+        .arg(&k_i)
+        .arg(&ld_i);
+    // SAFETY: x holds n × k floats, xq n × ld bytes and xs 2 · n · ld / 32 floats (ld a
+    // multiple of 32), one warp per block of 32 (8 per block of 256 threads), as
+    // `quantize_q8_rows` uses them.
+    unsafe { b.launch(grid((blocks.div_ceil(8), 1, 1), 256, 0)?) }.map_err(dev_err)?;
+    Ok((xq, xs))
+}
+
+/// `x[n, k]` with zero columns up to `ld`: the activations of an f16/bf16 weight whose rows
+/// were padded.
+fn pad_cols(
+    dev: &CudaDevice,
+    x: &CudaSlice<u8>,
+    (n, k, ld): (usize, usize, usize),
+) -> Result<CudaSlice<u8>> {
+    let mut out = dev.zeros::<u8>(4 * n * ld)?;
+    let (k_i, ld_i, total) = (int(k)?, int(ld)?, (n * ld) as i64);
+    let f = dev.function(Kernel::PadColsF32)?;
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(x).arg(&mut out).arg(&k_i).arg(&ld_i).arg(&total);
+    // SAFETY: x holds n × k floats and out n × ld, as `pad_cols_f32` uses them.
+    unsafe { b.launch(grid(((n * ld).div_ceil(256), 1, 1), 256, 0)?) }.map_err(dev_err)?;
+    Ok(out)
 }
 
 /// The dequantise-GEMV kernels: one warp per output row, [`QGEMV_ROWS`] rows per block,

@@ -16,10 +16,12 @@
 //!   architecture, so later starts skip the compiler.
 
 mod attention;
+mod dequant;
 mod device;
 mod dispatch;
 mod elementwise;
 mod embedding;
+mod flash_attn;
 mod graph;
 pub mod kernels;
 mod linear;

@@ -1,5 +1,6 @@
 //! Helpers shared by the CPU op tests: the executor, seeded random tensors, weight dtype
-//! conversion and a tolerance check that reports the worst element.
+//! conversion and a tolerance check that reports the worst element; and the GPU of the
+//! CUDA tests.
 //!
 //! Every test compares the [`flm_devices::CpuDevice`] (run through [`flm_core::Executor`], as
 //! the models run it) against a naive formula written in the test, evaluated in f64 on the
@@ -33,6 +34,19 @@ pub fn executor() -> Executor {
 /// Runs one op on a fresh CPU executor.
 pub fn run(op: Op<'_>) -> Result<()> {
     executor().run(op)
+}
+
+/// CUDA GPU 0, or `None` after a line saying why the test skips (no driver, no device, no
+/// libnvrtc or libcublas), so that GPU tests pass on machines without one.
+#[cfg(feature = "cuda")]
+pub fn gpu() -> Option<flm_devices::cuda::CudaDevice> {
+    match flm_devices::cuda::CudaDevice::new(0) {
+        Ok(d) => Some(d),
+        Err(why) => {
+            eprintln!("skipped: no CUDA GPU ({why})");
+            None
+        }
+    }
 }
 
 /// A seeded generator, so that every failure reproduces.

@@ -86,6 +86,22 @@ __device__ __forceinline__ float int4_min(const f16_bits* d, int groups, int gi,
     return form == 2 ? -(stored * scale) : stored;
 }
 
+// (d, m) of group `gi` (counted over the whole weight, row by row) of an int4 weight in the
+// GPU GEMV layout of flm_devices::gemv_layout, whose group parameters start at `params`: f16
+// d alone (`form` 1, m = -8 d), or the pair (f16 d, f16 v) with m = v (`form` 0) or
+// m = -v d (`form` 2), as int4_min.
+__device__ __forceinline__ float2 packed_int4_params(const unsigned char* params, long gi,
+                                                    int form) {
+    if (form == 1) {
+        float d = f16_to_f32(((const f16_bits*)params)[gi]);
+        return make_float2(d, -8.0f * d);
+    }
+    // One 4-byte load per pair (`params` is 16-byte aligned), d in its low half.
+    unsigned int pair = ((const unsigned int*)params)[gi];
+    float d = f16_to_f32((f16_bits)(pair & 0xffffu)), v = f16_to_f32((f16_bits)(pair >> 16));
+    return make_float2(d, form == 2 ? -(v * d) : v);
+}
+
 __device__ __forceinline__ float dequant_i4(const unsigned char* row, int i, int padded, int g,
                                            int form) {
     int run = i >> 5, j = i & 31;

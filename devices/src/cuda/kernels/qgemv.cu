@@ -1,8 +1,10 @@
 // Dequantise-GEMV for int8, int4 and K-quant weights kept in the .flm row layout (flm_core::quant):
 // out[n, o] = sum_i x[n, i] * w_hat[o, i] (+ bias[o]), the decode product of
-// flm_core::Op::Linear. One warp per output row, QGEMV_ROWS rows per block; grid.y walks
-// the input rows (so a prefill chunk re-reads the weights once per row: correct, not fast;
-// prefill with float weights goes through cuBLAS instead).
+// flm_core::Op::Linear for K-quant weights and for int8/int4 weights that live in GPU
+// memory (placed there by the executor in their .flm layout; host ones are repacked for
+// gemv.cu). One warp per output row, QGEMV_ROWS rows per block; grid.y walks the input
+// rows, which re-reads the weights once per row: the decode product (prefill dequantises
+// the weights to f16 for cuBLAS instead, dequant.cu).
 //
 // Unlike the CPU kernels, the activations stay f32 (no int8 activation blocks): each
 // weight is dequantised and multiplied in f32, which is at least as accurate.
@@ -122,42 +124,4 @@ extern "C" __global__ void qgemv_k(const unsigned char* w, const float* x, const
 extern "C" __global__ void add_bias(float* out, const float* bias, int out_features, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] += bias[i % out_features];
-}
-
-// f16 / bf16 weights `[out, in]` against f32 activations, for decode and short prefill
-// chunks (the activations stay f32, as on the CPU; longer prefills go through cuBLAS): one
-// warp per output row, 8 weights (16 bytes) per lane load when `in` is a multiple of 8 (so
-// every row starts 16-byte aligned), one at a time otherwise.
-template <int W>
-__device__ void gemv_half(const unsigned short* w, const float* x, const float* bias, float* out,
-                          int in, int out_features) {
-    int lane = threadIdx.x & 31;
-    int o = blockIdx.x * QGEMV_ROWS + (threadIdx.x >> 5);
-    if (o >= out_features) return;
-    const unsigned short* row = w + (long)o * in;
-    const float* xr = x + (long)blockIdx.y * in;
-    float acc = 0.0f;
-    int vec_end = (in % 8 == 0) ? in : 0;
-    for (int i = lane * 8; i < vec_end; i += 256) {
-        uint4 packed = *(const uint4*)(row + i);
-        unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
-        #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            acc += load_w<W>(&words[k], 0) * xr[i + 2 * k];
-            acc += load_w<W>(&words[k], 1) * xr[i + 2 * k + 1];
-        }
-    }
-    for (int i = vec_end + lane; i < in; i += 32) acc += load_w<W>(row, i) * xr[i];
-    acc = warp_sum(acc);
-    if (lane == 0) out[(long)blockIdx.y * out_features + o] = acc + (bias ? bias[o] : 0.0f);
-}
-
-extern "C" __global__ void gemv_f16(const unsigned short* w, const float* x, const float* bias,
-                                    float* out, int in, int out_features) {
-    gemv_half<1>(w, x, bias, out, in, out_features);
-}
-
-extern "C" __global__ void gemv_bf16(const unsigned short* w, const float* x,
-                                     const float* bias, float* out, int in, int out_features) {
-    gemv_half<2>(w, x, bias, out, in, out_features);
 }

@@ -1,0 +1,135 @@
+//! The bandwidth of the decode GEMV kernels (`kernels/gemv.cu`) on Llama-2-7B's matrix
+//! shapes: for each weight dtype with a GPU GEMV layout and 1 and 8 input rows, one
+//! Linear's time (CUDA events around a queued batch, `CudaDevice::time_queued`, the
+//! activations' quantisation included) and the weight bytes it reads per second, with their
+//! share of the GPU's peak bandwidth (`GpuInfo::peak_bandwidth`); and, for int8, int4-g32
+//! and int4-sym-g32 at one row, the same weight in GPU memory in its .flm layout, which
+//! the older `qgemv.cu` kernels read. It prints the table to
+//! stdout directly, past the test harness's capture (so it shows without `--nocapture`),
+//! and asserts nothing about speed; it skips with a message when no CUDA GPU is usable.
+//!
+//! The weights are random bytes (every 16-bit value and f32 scale kept finite): the kernels'
+//! time does not depend on the values.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::io::Write;
+
+use common::gpu;
+use flm_core::{BaseDevice, Data, DataType, Op};
+use flm_devices::cuda::CudaDevice;
+use flm_devices::gemv_layout::{has_layout, GemvLayout};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+/// Llama-2-7B's Linear weights `[out, in]`.
+const SHAPES: [(&str, usize, usize); 4] = [
+    ("q/k/v/o", 4096, 4096),
+    ("gate/up", 11008, 4096),
+    ("down", 4096, 11008),
+    ("lm_head", 32000, 4096),
+];
+
+/// Linears per timed batch.
+const REPS: usize = 50;
+
+/// A tensor of `dtype` and `shape` in `gpu`'s memory holding `bytes`.
+fn on_gpu(gpu: &CudaDevice, dtype: DataType, shape: &[usize], bytes: &[u8]) -> Data {
+    let mut buffer = gpu.alloc(bytes.len()).unwrap();
+    gpu.upload(bytes, buffer.as_mut()).unwrap();
+    Data::from_device(dtype, shape, buffer).unwrap()
+}
+
+/// `len` random bytes whose odd bytes are below 0x40, so that every little-endian f16,
+/// bf16 or f32 value at an even offset is finite.
+fn random_bytes(rng: &mut StdRng, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    rng.fill_bytes(&mut bytes);
+    for b in bytes.iter_mut().skip(1).step_by(2) {
+        *b &= 0x3f;
+    }
+    bytes
+}
+
+/// Times one Linear of `w` (`[m, k]`, `bytes` bytes read) on `n` random input rows in GPU
+/// memory and writes its table row, labelled `label` and `name`.
+fn time_row(
+    gpu: &CudaDevice,
+    out: &mut impl Write,
+    rng: &mut StdRng,
+    (label, name): (&str, &str),
+    w: &Data,
+    bytes: f64,
+    n: usize,
+) {
+    let (m, k, peak) = (w.rows(), w.cols(), gpu.info().peak_bandwidth);
+    let x = on_gpu(gpu, DataType::F32, &[n, k], &random_bytes(rng, 4 * n * k));
+    let mut y = on_gpu(gpu, DataType::F32, &[n, m], &vec![0u8; 4 * n * m]);
+    let mut run = || {
+        let op = Op::Linear {
+            input: &x,
+            weight: w,
+            bias: None,
+            output: &mut y,
+        };
+        gpu.run(op.validate()?)
+    };
+    // The first call packs and uploads a host weight.
+    run().unwrap();
+    let cells = match gpu.time_queued(REPS, &mut run) {
+        Ok(secs) => {
+            let gbps = bytes / secs / 1e9;
+            let share = peak.map_or("-".into(), |p| format!("{:.1}%", 100.0 * gbps * 1e9 / p));
+            format!("{:>9.1} {:>9.0} {:>7}", secs * 1e6, gbps, share)
+        }
+        Err(e) => format!("not timed: {e}"),
+    };
+    writeln!(
+        out,
+        "{label:<22} {name:<8} {m:>6} {k:>6} {n:>4} {:>10.1} {cells}",
+        bytes / 1e6
+    )
+    .unwrap();
+}
+
+#[test]
+fn gemv_bandwidth_on_llama_2_7b_shapes() {
+    let Some(gpu) = gpu() else { return };
+    let info = gpu.info().clone();
+    let peak = info.peak_bandwidth;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(
+        stdout,
+        "decode GEMV bandwidth on {} (peak {}), {REPS} Linears per timing; \
+         `.flm, resident`: a weight in GPU memory in its .flm layout (qgemv.cu)",
+        info.name,
+        peak.map_or("unknown".into(), |p| format!("{:.0} GB/s", p / 1e9))
+    )
+    .unwrap();
+    writeln!(
+        stdout,
+        "{:<22} {:<8} {:>6} {:>6} {:>4} {:>10} {:>9} {:>9} {:>7}",
+        "dtype", "weight", "out", "in", "n", "MB", "us", "GB/s", "peak"
+    )
+    .unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    for dtype in DataType::VALUES.into_iter().filter(|&d| has_layout(d)) {
+        for (name, m, k) in SHAPES {
+            let len = dtype.byte_len(&[m, k]).unwrap();
+            let w = Data::from_bytes(dtype, &[m, k], &random_bytes(&mut rng, len)).unwrap();
+            let bytes = GemvLayout::new(dtype, m, k).unwrap().bytes as f64;
+            let label = dtype.to_string();
+            for n in [1, 8] {
+                let row = (label.as_str(), name);
+                time_row(&gpu, &mut stdout, &mut rng, row, &w, bytes, n);
+            }
+            if matches!(dtype, DataType::I8 | DataType::I4G32 | DataType::I4SymG32) {
+                let resident = on_gpu(&gpu, dtype, &[m, k], w.bytes().unwrap());
+                let label = format!("{dtype} (.flm, resident)");
+                let row = (label.as_str(), name);
+                time_row(&gpu, &mut stdout, &mut rng, row, &resident, len as f64, 1);
+            }
+        }
+    }
+}
