@@ -1,8 +1,9 @@
 //! The decode step as a CUDA graph (issue 33, item 4), on stories260K with every layer on
 //! the GPU: greedy decoding through the captured and replayed step writes llama2.c's tokens
 //! and those of the op-by-op step (`--cuda-graph off`), also when prefills of several
-//! tokens and of all logits run between replays; each step still brings back only its
-//! logits; and the decode rate with and without the graph is printed. Skipped with a
+//! tokens and of all logits run between replays; each step still copies only its token id
+//! in and its logits out; and the decode rate with and without the graph is printed. (The
+//! session tests of tests/cuda_models.rs run through the graph too: it is on by default.) Skipped with a
 //! message where no CUDA GPU is usable.
 #![cfg(feature = "cuda")]
 
@@ -81,7 +82,11 @@ fn graph_decode_writes_llama2c_tokens_with_one_copy_per_step() {
         );
         let captured = if graphs { vec![1] } else { vec![] };
         assert_eq!(llama.captured_steps(), captured);
-        assert_eq!(per_step(&gpu), [("logits to host", 200)], "graphs {graphs}");
+        assert_eq!(
+            per_step(&gpu),
+            [("token ids to device", 200), ("logits to host", 200)],
+            "graphs {graphs}"
+        );
     }
 }
 

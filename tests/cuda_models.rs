@@ -2,19 +2,23 @@
 //! greedy decoding gives the same tokens with f32 and f16 weights, and with int8 and int4
 //! weights the teacher-forced top-1 token agrees with the CPU's at >= 99% of positions.
 //! With layers placed on the GPU (`--gpu-layers`), greedy decoding writes llama2.c's tokens
-//! and the executor records only the copies the placement implies. Skipped with a message
+//! and the executor records only the copies the placement implies; a session on the GPU
+//! samples there and copies one id in and one id out per step. Skipped with a message
 //! where no CUDA GPU is usable.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
 
-use flm_core::{DataType, Executor, Location};
+use flm_core::{DataType, Executor, Location, SamplerConfig};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph};
-use flm_tests::{cpu_executor, data, greedy_on, ids, stories_reference, weights_in};
+use flm_tests::{
+    cpu_executor, data, every_sampling_option, greedy_on, ids, session_ids, stories_reference,
+    weights_in,
+};
 
 /// The CUDA device first, the CPU for the ops it leaves (as `--device cuda` runs).
 fn gpu_executor() -> Option<Executor> {
@@ -122,22 +126,62 @@ fn gpu_layers_2_of_5_write_llama2c_tokens() {
     assert_eq!(boundary, 200, "{}", gpu.transfers().report());
 }
 
+/// Each reason's copies in `exec`'s record but the load's.
+fn copies_after_load(exec: &Executor) -> Vec<(&'static str, u64)> {
+    exec.transfers()
+        .entries
+        .iter()
+        .filter(|e| !e.reason.starts_with("load: "))
+        .map(|e| (e.reason, e.count))
+        .collect()
+}
+
 #[test]
 fn every_layer_on_the_gpu_brings_back_only_the_logits_per_step() {
     let Some(gpu) = gpu_executor() else { return };
     let expected = ids(&stories_reference()["greedy_from_bos"]["output_ids"]);
     assert_eq!(placed_greedy(&gpu, 5), expected);
-    let per_step: Vec<_> = gpu
-        .transfers()
-        .entries
-        .iter()
-        .filter(|e| !e.reason.starts_with("load: "))
-        .map(|e| (e.reason, e.count))
-        .collect();
+    // Each pass's token id in, its logits out (the host samples them).
     assert_eq!(
-        per_step,
-        [("logits to host", 200)],
+        copies_after_load(&gpu),
+        [("token ids to device", 200), ("logits to host", 200)],
         "{}",
         gpu.transfers().report()
     );
+}
+
+/// A session whose layers are all on the GPU samples there (`Op::Sample`): greedily it
+/// writes the CPU session's ids, and with a seed, penalties, top-k and top-p it writes
+/// them too but where the GPU's `expf` rounds a draw across a boundary (counted, at most
+/// one step in ten); each decode step's only copies are its token id in and the sampled id
+/// out.
+#[test]
+fn a_session_on_the_gpu_copies_one_id_in_and_one_id_out_per_step() {
+    let Some(_) = gpu_executor() else { return };
+    for config in [SamplerConfig::default(), every_sampling_option()] {
+        let want = session_ids(&cpu_executor(), Location::Host, &config);
+        let gpu = gpu_executor().unwrap();
+        let got = session_ids(&gpu, CUDA0, &config);
+        let first_difference = got.iter().zip(&want).position(|(a, b)| a != b);
+        eprintln!("{config:?}: first difference from the CPU at {first_difference:?}");
+        if config.is_greedy() {
+            assert_eq!(got, want);
+        } else {
+            // After a draw rounds differently the texts part ways: compare the start.
+            assert!(first_difference.is_none_or(|i| i >= 6), "{got:?}\n{want:?}");
+        }
+        let steps = got.len() as u64;
+        assert_eq!(steps, 60);
+        assert_eq!(
+            copies_after_load(&gpu),
+            [
+                ("sampler: history", 1),
+                ("sampler: seed", 1),
+                ("token ids to device", steps),
+                ("sampled id to host", steps),
+            ],
+            "{}",
+            gpu.transfers().report()
+        );
+    }
 }

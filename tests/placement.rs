@@ -6,12 +6,15 @@
 
 use std::sync::Arc;
 
-use flm_core::{Executor, Location, Route};
+use flm_core::{Executor, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
 use flm_models::{import, Graph};
-use flm_tests::{data, greedy_on, ids, stories_placed, stories_reference};
+use flm_tests::{
+    cpu_executor, data, every_sampling_option, greedy_on, ids, session_ids, stories_placed,
+    stories_reference,
+};
 
 const SIM: Location = Location::Device {
     name: "sim",
@@ -59,8 +62,11 @@ fn two_layers_on_a_device_write_llama2c_tokens_with_one_copy_per_step() {
     let boundary = "layer boundary: activations";
     assert_eq!(copies(&exec, boundary, SIM, Location::Host), steps);
     assert_eq!(copies(&exec, "logits to host", SIM, Location::Host), 0);
+    // Each pass's token id goes to the device holding the embedding.
+    let ids = copies(&exec, "token ids to device", Location::Host, SIM);
+    assert_eq!(ids, steps);
     let (count, _) = exec.transfers().totals();
-    assert_eq!(count, 19 + steps, "{}", exec.transfers().report());
+    assert_eq!(count, 19 + 2 * steps, "{}", exec.transfers().report());
 }
 
 #[test]
@@ -75,7 +81,7 @@ fn every_layer_on_a_device_brings_back_only_the_logits() {
         copies(&exec, "layer boundary: activations", SIM, Location::Host),
         0
     );
-    // The weights, and nothing else, went the other way.
+    // The weights and each pass's token id, and nothing else, went the other way.
     let up: u64 = exec
         .transfers()
         .entries
@@ -83,7 +89,58 @@ fn every_layer_on_a_device_brings_back_only_the_logits() {
         .filter(|e| e.route.to == SIM)
         .map(|e| e.count)
         .sum();
-    assert_eq!(up, copies(&exec, "load: weights", Location::Host, SIM));
+    let weights = copies(&exec, "load: weights", Location::Host, SIM);
+    assert_eq!(up, weights + steps);
+    assert_eq!(
+        copies(&exec, "token ids to device", Location::Host, SIM),
+        steps
+    );
+}
+
+/// Sampling on the device that holds the logits: a session whose layers are all on the
+/// device writes the ids of the same session on the CPU (host sampling), with every
+/// penalty, top-k, top-p and a seed, and greedily; each decode step's only copies are its
+/// token id to the device and the sampled id to the host.
+#[test]
+fn a_session_on_a_device_copies_one_id_in_and_one_id_out_per_step() {
+    for config in [every_sampling_option(), SamplerConfig::default()] {
+        let want = session_ids(&cpu_executor(), Location::Host, &config);
+        let exec = executor();
+        let got = session_ids(&exec, SIM, &config);
+        assert_eq!(got, want, "{config:?}");
+        let steps = want.len() as u64;
+        assert_eq!(steps, 60);
+        // "Once upon a time" with BOS: the prefill's ids cross in one copy.
+        let prompt = 5;
+        let record = exec.transfers();
+        let per_step: Vec<_> = record
+            .entries
+            .iter()
+            .filter(|e| !e.reason.starts_with("load: "))
+            .map(|e| (e.reason, e.route, e.count, e.bytes))
+            .collect();
+        let (up, down) = (
+            Route {
+                from: Location::Host,
+                to: SIM,
+            },
+            Route {
+                from: SIM,
+                to: Location::Host,
+            },
+        );
+        assert_eq!(
+            per_step,
+            [
+                ("sampler: history", up, 1, 4 * 512),
+                ("sampler: seed", up, 1, 40),
+                ("token ids to device", up, steps, 4 * (prompt + steps - 1)),
+                ("sampled id to host", down, steps, 4 * steps),
+            ],
+            "{}",
+            record.report()
+        );
+    }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! these checks and none can be handed an op that skipped them. Devices keep only what is
 //! theirs to refuse (a dtype without a kernel, in [`crate::BaseDevice::supports`]).
 
-use crate::{Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable};
+use crate::{Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable, TokenIds};
 
 /// An [`Op`] whose operands passed [`Op::validate`].
 #[derive(Debug)]
@@ -159,6 +159,57 @@ fn moe_ffn(
     Ok(())
 }
 
+/// The rules of [`Op::Sample`]: valid parameters, one row of f32 logits, i32 history
+/// flags and counts of its length, the stream's words and one output id.
+fn sample(
+    logits: &Data,
+    state: &crate::SampleState,
+    output: &Data,
+    config: &crate::SamplerConfig,
+) -> Result<()> {
+    const OP: &str = "Sample";
+    config.check()?;
+    all_f32(OP, &[("logits", logits)])?;
+    let crate::SampleState {
+        seen,
+        counts,
+        stream,
+    } = state;
+    let i32s = [
+        ("seen", seen),
+        ("counts", counts),
+        ("stream", stream),
+        ("output", output),
+    ];
+    if let Some((name, d)) = i32s.iter().find(|(_, d)| d.dtype() != DataType::I32) {
+        return Err(Error::DType {
+            op: OP,
+            msg: format!("{name} must be i32, found {}", d.dtype()),
+        });
+    }
+    let vocab = logits.cols();
+    if logits.rows() != 1
+        || vocab == 0
+        || seen.numel() != vocab
+        || counts.numel() != vocab
+        || stream.numel() != crate::SAMPLER_STATE_WORDS
+        || output.numel() != 1
+    {
+        return Err(shape(
+            OP,
+            format!(
+                "logits {:?}, seen {:?}, counts {:?}, stream {:?}, output {:?}",
+                logits.shape(),
+                seen.shape(),
+                counts.shape(),
+                stream.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The head counts and masks of [`Op::Attention`] and [`Op::PagedAttention`].
 struct Heads<'a> {
     op: &'static str,
@@ -295,7 +346,8 @@ impl<'a> Op<'a> {
     /// Errors: [`Error::Shape`] when operands disagree; [`Error::DType`] for an activation
     /// that is not f32; [`Error::TokenOutOfRange`] for an embedding id `>= vocab`;
     /// [`Error::ContextOverflow`] for a position beyond a RoPE table or a KV cache (or a
-    /// block table); [`Error::OutOfBounds`] for a row or block index outside its tensor.
+    /// block table); [`Error::OutOfBounds`] for a row or block index outside its tensor;
+    /// [`Error::InvalidArgument`] for invalid sampling parameters.
     /// [`Error::Placement`] when its tensors are not all in one memory (host, or one
     /// device's).
     pub fn validate(self) -> Result<CheckedOp<'a>> {
@@ -338,8 +390,15 @@ impl<'a> Op<'a> {
     /// Calls `f` with the name and tensor of each tensor operand, inputs and outputs.
     pub fn for_each_tensor<'s>(&'s self, f: &mut dyn FnMut(&'static str, &'s Data)) {
         match self {
-            Op::Embedding { table, output, .. } => {
+            Op::Embedding {
+                table,
+                tokens,
+                output,
+            } => {
                 f("table", table);
+                if let TokenIds::Tensor(ids) = tokens {
+                    f("tokens", ids);
+                }
                 f("output", output);
             }
             Op::RmsNorm {
@@ -433,6 +492,18 @@ impl<'a> Op<'a> {
                 f("gate", gate);
             }
             Op::Argmax { input, .. } => f("input", input),
+            Op::Sample {
+                logits,
+                state,
+                output,
+                ..
+            } => {
+                f("logits", logits);
+                f("seen", &state.seen);
+                f("counts", &state.counts);
+                f("stream", &state.stream);
+                f("output", output);
+            }
             Op::MoeFfn {
                 input,
                 router,
@@ -483,9 +554,16 @@ impl<'a> Op<'a> {
                         ),
                     ));
                 }
-                match tokens.iter().find(|&&t| t as usize >= vocab_size) {
-                    Some(&id) => Err(Error::TokenOutOfRange { id, vocab_size }),
-                    None => Ok(()),
+                match tokens {
+                    TokenIds::Host(ids) => match ids.iter().find(|&&t| t as usize >= vocab_size) {
+                        Some(&id) => Err(Error::TokenOutOfRange { id, vocab_size }),
+                        None => Ok(()),
+                    },
+                    TokenIds::Tensor(ids) if ids.dtype() != DataType::I32 => Err(Error::DType {
+                        op: "Embedding",
+                        msg: format!("token ids must be i32, found {}", ids.dtype()),
+                    }),
+                    TokenIds::Tensor(_) => Ok(()),
                 }
             }
             Op::RmsNorm {
@@ -797,6 +875,12 @@ impl<'a> Op<'a> {
                 all_f32("SoftCap", &[("x", x)])?;
                 positive_cap("SoftCap", Some(*cap))
             }
+            Op::Sample {
+                logits,
+                state,
+                output,
+                config,
+            } => sample(logits, state, output, config),
             Op::Argmax { input, output } => {
                 all_f32("Argmax", &[("input", input)])?;
                 if output.len() != input.rows() || input.cols() == 0 {
@@ -825,7 +909,7 @@ mod tests {
         let table = zeros(&[10, 4]);
         let err = Op::Embedding {
             table: &table,
-            tokens: &[3, 10],
+            tokens: TokenIds::Host(&[3, 10]),
             output: &mut zeros(&[2, 4]),
         }
         .validate()
@@ -880,6 +964,62 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(matches!(err, Error::OutOfBounds(_)), "{err}");
+    }
+
+    #[test]
+    fn sample_operands_and_parameters_are_checked() {
+        let ints = |n: usize| Data::zeros(DataType::I32, &[n]).unwrap();
+        let logits = zeros(&[1, 8]);
+        let check = |logits: &Data, seen: usize, stream: usize, config: &crate::SamplerConfig| {
+            Op::Sample {
+                logits,
+                state: &mut crate::SampleState {
+                    seen: ints(seen),
+                    counts: ints(8),
+                    stream: ints(stream),
+                },
+                output: &mut ints(1),
+                config,
+            }
+            .validate()
+            .map(|_| ())
+        };
+        let ok = crate::SamplerConfig::default();
+        assert!(check(&logits, 8, crate::SAMPLER_STATE_WORDS, &ok).is_ok());
+        let words = crate::SAMPLER_STATE_WORDS;
+        assert!(matches!(
+            check(&logits, 7, words, &ok),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            check(&logits, 8, 9, &ok),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            check(&zeros(&[2, 4]), 8, words, &ok),
+            Err(Error::Shape { .. })
+        ));
+        let bad = crate::SamplerConfig {
+            top_p: 0.0,
+            ..ok.clone()
+        };
+        assert!(matches!(
+            check(&logits, 8, words, &bad),
+            Err(Error::InvalidArgument(_))
+        ));
+        let err = Op::Sample {
+            logits: &logits,
+            state: &mut crate::SampleState {
+                seen: zeros(&[8]),
+                counts: ints(8),
+                stream: ints(words),
+            },
+            output: &mut ints(1),
+            config: &ok,
+        }
+        .validate()
+        .unwrap_err();
+        assert!(matches!(err, Error::DType { op: "Sample", .. }), "{err}");
     }
 
     #[test]

@@ -159,6 +159,13 @@ impl Executor {
         self.capturing.store(state.is_some(), Ordering::Release);
     }
 
+    /// Whether this thread is capturing a step ([`Executor::capture`]): its ops are being
+    /// recorded, and copies between memories are refused.
+    pub fn capturing(&self) -> bool {
+        self.capture_state()
+            .is_some_and(|(_, thread)| thread == std::thread::current().id())
+    }
+
     /// For a call that uses the memory `at`: waits for a capture by another thread to end,
     /// and keeps any from starting until the guard drops. Nothing for the capturing
     /// thread's own calls, nor where no device captures (the host: so CPU ops pay nothing).

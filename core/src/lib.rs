@@ -45,8 +45,12 @@ pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::KvCache;
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
-pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq};
+pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq, SampleState, TokenIds};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
-pub use sampling::{argmax, log_softmax_top, Sampler, SamplerConfig, TokenLogprobs};
+pub use sampling::{
+    argmax, chacha8_block, chacha8_key, chacha8_word, log_softmax_top, sample_tensors,
+    sampler_state, unit_f32, DeviceSampler, Sampler, SamplerConfig, TokenLogprobs,
+    SAMPLER_STATE_WORDS,
+};
 pub use step_graph::{CapturedStep, StepBounds, StepGraph, StepInputs};

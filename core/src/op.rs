@@ -4,7 +4,7 @@
 //! be f32, f16 or bf16. Each variant documents its shapes and the math it computes; devices
 //! check shapes and return [`crate::Error::Shape`] on a mismatch.
 
-use crate::{Data, RopeTable};
+use crate::{Data, RopeTable, SamplerConfig};
 
 /// One operation, borrowing its inputs and its output.
 #[derive(Debug)]
@@ -16,8 +16,8 @@ pub enum Op<'a> {
     Embedding {
         /// Embedding table `[vocab, dim]`.
         table: &'a Data,
-        /// Token ids.
-        tokens: &'a [u32],
+        /// Token ids, in host memory or in a tensor.
+        tokens: TokenIds<'a>,
         /// f32 `[tokens.len(), dim]`.
         output: &'a mut Data,
     },
@@ -316,6 +316,74 @@ pub enum Op<'a> {
         /// `n` indices.
         output: &'a mut [u32],
     },
+    /// Samples the next token on the device holding the logits: the id
+    /// [`crate::Sampler::sample_with_output`] picks with `config` from `logits`, with the
+    /// history and output it would be given and its random stream's position held in
+    /// `state` ([`SampleState`]); then the id is added to the history and output and the
+    /// stream advanced (one word per draw; none when greedy), so the next op continues as
+    /// the next call of the host sampler. [`crate::sample_tensors`] defines it. Every
+    /// per-step operand is a tensor, so that a device can replay the step (a CUDA graph)
+    /// without host values.
+    ///
+    /// A device may differ from the host in the last bits of `exp` and of the sums over the
+    /// candidates, and so pick a neighbouring id where the draw falls within rounding of a
+    /// boundary between two candidates (see the device's kernel).
+    Sample {
+        /// f32 `[1, vocab]`, read only.
+        logits: &'a Data,
+        /// The sampling state, in the logits' memory.
+        state: &'a mut SampleState,
+        /// i32 `[1]`: the sampled id; `-1` (`u32::MAX`) when every logit is NaN (a host
+        /// device returns the error instead).
+        output: &'a mut Data,
+        /// The parameters, fixed for a generation.
+        config: &'a SamplerConfig,
+    },
+}
+
+/// What an [`Op::Sample`] carries from one step to the next, in the memory of the logits.
+#[derive(Debug)]
+pub struct SampleState {
+    /// i32 `[vocab]`: nonzero for the ids of the history (the repetition penalty's).
+    pub seen: Data,
+    /// i32 `[vocab]`: how often each id occurs in the generated output (the presence and
+    /// frequency penalties').
+    pub counts: Data,
+    /// i32 `[SAMPLER_STATE_WORDS]` ([`crate::SAMPLER_STATE_WORDS`]): the ChaCha8 key and the
+    /// position of the next word of the stream ([`crate::sampler_state`]).
+    pub stream: Data,
+}
+
+/// The token ids of an [`Op::Embedding`].
+#[derive(Debug, Clone, Copy)]
+pub enum TokenIds<'a> {
+    /// Ids in host memory, checked against the vocabulary by [`Op::validate`].
+    Host(&'a [u32]),
+    /// An i32 `[n]` tensor in the memory of the table (the ids a step copied to a device,
+    /// or sampled there); the device checks them against the vocabulary as it runs the op
+    /// ([`crate::Error::TokenOutOfRange`]).
+    Tensor(&'a Data),
+}
+
+impl TokenIds<'_> {
+    /// The number of ids.
+    pub fn len(&self) -> usize {
+        match self {
+            TokenIds::Host(ids) => ids.len(),
+            TokenIds::Tensor(d) => d.numel(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'a> From<&'a [u32]> for TokenIds<'a> {
+    fn from(ids: &'a [u32]) -> Self {
+        TokenIds::Host(ids)
+    }
 }
 
 /// One sequence of an [`Op::PagedAttention`] batch.
@@ -410,11 +478,13 @@ pub enum OpKind {
     MoeFfn,
     /// [`Op::GatedAdd`]
     GatedAdd,
+    /// [`Op::Sample`]
+    Sample,
 }
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 21] = [
+    pub const ALL: [OpKind; 22] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
@@ -436,6 +506,7 @@ impl OpKind {
         OpKind::SoftCap,
         OpKind::MoeFfn,
         OpKind::GatedAdd,
+        OpKind::Sample,
     ];
 
     /// The op's name as printed by the profiler.
@@ -462,6 +533,7 @@ impl OpKind {
             OpKind::SoftCap => "SoftCap",
             OpKind::MoeFfn => "MoeFfn",
             OpKind::GatedAdd => "GatedAdd",
+            OpKind::Sample => "Sample",
         }
     }
 }
@@ -491,6 +563,7 @@ impl Op<'_> {
             Op::SoftCap { .. } => OpKind::SoftCap,
             Op::MoeFfn { .. } => OpKind::MoeFfn,
             Op::GatedAdd { .. } => OpKind::GatedAdd,
+            Op::Sample { .. } => OpKind::Sample,
         }
     }
 }

@@ -8,11 +8,16 @@
 //! draw from the renormalised distribution. Temperature 0 is greedy (argmax). The random
 //! stream is ChaCha8 seeded by [`SamplerConfig::seed`], so a seeded run is reproducible on
 //! every platform.
+//!
+//! The same sampling runs as an op ([`crate::Op::Sample`]) on the device that holds the
+//! logits: [`sample_tensors`] is its definition, over the random stream's state and the
+//! history held in tensors ([`sampler_state`], [`chacha8_word`]), and gives the ids
+//! [`Sampler::sample_with_output`] gives.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{Error, Result};
+use crate::{Data, DataType, Error, Executor, Location, Op, Result, SampleState};
 
 /// Sampling parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +42,51 @@ pub struct SamplerConfig {
     /// OpenAI's frequency penalty: subtracted from a token's logit as many times as it occurs
     /// in the generated output; in `[-2, 2]`, 0 disables.
     pub frequency_penalty: f32,
+}
+
+impl SamplerConfig {
+    /// Checks the parameters' ranges.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a negative or non-finite temperature, a
+    /// `top_p` outside `(0, 1]`, a non-positive repetition penalty, or a presence or
+    /// frequency penalty outside `[-2, 2]`.
+    pub fn check(&self) -> Result<()> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(Error::InvalidArgument(format!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::InvalidArgument(format!(
+                "top-p must be in (0, 1], got {}",
+                self.top_p
+            )));
+        }
+        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
+            return Err(Error::InvalidArgument(format!(
+                "repetition penalty must be a finite number > 0, got {}",
+                self.repeat_penalty
+            )));
+        }
+        for (name, p) in [
+            ("presence", self.presence_penalty),
+            ("frequency", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&p) {
+                return Err(Error::InvalidArgument(format!(
+                    "the {name} penalty must be in [-2, 2], got {p}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether sampling is greedy (argmax): a temperature below 1e-6, where 1/T overflows
+    /// the logits' range and the distribution is one-hot anyway.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < 1e-6
+    }
 }
 
 impl Default for SamplerConfig {
@@ -140,34 +190,7 @@ impl Sampler {
     /// `top_p` outside `(0, 1]`, a non-positive repetition penalty, or a presence or
     /// frequency penalty outside `[-2, 2]`.
     pub fn new(config: SamplerConfig) -> Result<Sampler> {
-        if !(config.temperature >= 0.0 && config.temperature.is_finite()) {
-            return Err(Error::InvalidArgument(format!(
-                "temperature must be a finite number >= 0, got {}",
-                config.temperature
-            )));
-        }
-        if !(config.top_p > 0.0 && config.top_p <= 1.0) {
-            return Err(Error::InvalidArgument(format!(
-                "top-p must be in (0, 1], got {}",
-                config.top_p
-            )));
-        }
-        if !(config.repeat_penalty > 0.0 && config.repeat_penalty.is_finite()) {
-            return Err(Error::InvalidArgument(format!(
-                "repetition penalty must be a finite number > 0, got {}",
-                config.repeat_penalty
-            )));
-        }
-        for (name, p) in [
-            ("presence", config.presence_penalty),
-            ("frequency", config.frequency_penalty),
-        ] {
-            if !(-2.0..=2.0).contains(&p) {
-                return Err(Error::InvalidArgument(format!(
-                    "the {name} penalty must be in [-2, 2], got {p}"
-                )));
-            }
-        }
+        config.check()?;
         Ok(Sampler {
             rng: ChaCha8Rng::seed_from_u64(config.seed),
             config,
@@ -206,8 +229,7 @@ impl Sampler {
         output: &[u32],
     ) -> Result<u32> {
         self.penalise(logits, history, output)?;
-        // Below this, 1/T overflows the logits' range: the distribution is one-hot anyway.
-        if self.config.temperature < 1e-6 {
+        if self.config.is_greedy() {
             return Ok(argmax(&self.logits));
         }
         self.nucleus()?;
@@ -234,7 +256,7 @@ impl Sampler {
         self.penalise(logits, history, output)?;
         probs.clear();
         probs.resize(logits.len(), 0.0);
-        if self.config.temperature < 1e-6 {
+        if self.config.is_greedy() {
             probs[argmax(&self.logits) as usize] = 1.0;
             return Ok(());
         }
@@ -274,80 +296,329 @@ impl Sampler {
         }
         self.logits.clear();
         self.logits.extend_from_slice(logits);
-        if self.config.repeat_penalty != 1.0 {
+        let c = &self.config;
+        if c.repeat_penalty != 1.0 {
             self.seen.clear();
             self.seen.extend_from_slice(history);
             self.seen.sort_unstable();
             self.seen.dedup();
             for &id in &self.seen {
                 if let Some(l) = self.logits.get_mut(id as usize) {
-                    *l = if *l > 0.0 {
-                        *l / self.config.repeat_penalty
-                    } else {
-                        *l * self.config.repeat_penalty
-                    };
+                    *l = repetition_penalised(*l, c.repeat_penalty);
                 }
             }
         }
-        let (presence, frequency) = (self.config.presence_penalty, self.config.frequency_penalty);
-        if presence != 0.0 || frequency != 0.0 {
+        if c.presence_penalty != 0.0 || c.frequency_penalty != 0.0 {
             self.counts.clear();
             self.counts.resize(self.logits.len(), 0);
             for &id in output {
-                if let Some(c) = self.counts.get_mut(id as usize) {
-                    *c += 1;
+                if let Some(n) = self.counts.get_mut(id as usize) {
+                    *n += 1;
                 }
             }
-            for (l, &c) in self.logits.iter_mut().zip(&self.counts) {
-                if c > 0 {
-                    *l -= c as f32 * frequency + presence;
-                }
+            for (l, &n) in self.logits.iter_mut().zip(&self.counts) {
+                *l = count_penalised(*l, n, c);
             }
         }
         Ok(())
     }
 
-    /// Fills `self.candidates` with the kept tokens of `self.logits` and their softmax
-    /// probabilities after temperature and top-k, cut by top-p (not renormalised), most
-    /// likely first.
+    /// Fills `self.candidates` as [`nucleus`] does from `self.logits`.
     fn nucleus(&mut self) -> Result<()> {
-        let inv_t = 1.0 / self.config.temperature;
-        self.candidates.clear();
-        self.candidates.extend(
-            self.logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_nan())
-                .map(|(i, &l)| (i as u32, l * inv_t)),
-        );
-        if self.candidates.is_empty() {
-            return Err(Error::InvalidArgument("all logits are NaN".into()));
+        nucleus(&self.logits, &self.config, &mut self.candidates)
+    }
+}
+
+/// CTRL's repetition penalty of one logit (Keskar et al. 2019): `l / p` if positive, else
+/// `l · p`.
+fn repetition_penalised(l: f32, penalty: f32) -> f32 {
+    if l > 0.0 {
+        l / penalty
+    } else {
+        l * penalty
+    }
+}
+
+/// OpenAI's presence and frequency penalties of one logit whose token occurs `count` times
+/// in the output: `l − (count · frequency + presence)` when `count > 0`.
+fn count_penalised(l: f32, count: u32, c: &SamplerConfig) -> f32 {
+    if count > 0 {
+        l - (count as f32 * c.frequency_penalty + c.presence_penalty)
+    } else {
+        l
+    }
+}
+
+/// Fills `candidates` with the kept tokens of the penalised `logits` and their softmax
+/// probabilities after temperature and top-k, cut by top-p (not renormalised), in the
+/// order: larger scaled logit first, the lower id first on ties. The sums run in f32 in
+/// that order.
+///
+/// Errors: [`Error::InvalidArgument`] when every logit is NaN.
+fn nucleus(logits: &[f32], config: &SamplerConfig, candidates: &mut Vec<(u32, f32)>) -> Result<()> {
+    let inv_t = 1.0 / config.temperature;
+    candidates.clear();
+    candidates.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_nan())
+            .map(|(i, &l)| (i as u32, l * inv_t)),
+    );
+    if candidates.is_empty() {
+        return Err(Error::InvalidArgument("all logits are NaN".into()));
+    }
+    // A total order (ties by id), so that a device sorting differently keeps the same list.
+    let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let k = config.top_k;
+    if k > 0 && k < candidates.len() {
+        candidates.select_nth_unstable_by(k - 1, by_logit_desc);
+        candidates.truncate(k);
+    }
+    candidates.sort_unstable_by(by_logit_desc);
+    let max = candidates[0].1;
+    let mut sum = 0.0f32;
+    for c in candidates.iter_mut() {
+        c.1 = (c.1 - max).exp();
+        sum += c.1;
+    }
+    let mut cumulative = 0.0f32;
+    let mut keep = candidates.len();
+    for (i, c) in candidates.iter_mut().enumerate() {
+        c.1 /= sum;
+        cumulative += c.1;
+        if cumulative >= config.top_p {
+            keep = i + 1;
+            break;
         }
-        let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
-        let k = self.config.top_k;
-        if k > 0 && k < self.candidates.len() {
-            self.candidates.select_nth_unstable_by(k - 1, by_logit_desc);
-            self.candidates.truncate(k);
+    }
+    candidates.truncate(keep);
+    Ok(())
+}
+
+/// Words of the sampler state tensor of [`crate::Op::Sample`]: the ChaCha8 key (8 words),
+/// then the position of the next word of the stream, a `u64` with its low word first.
+pub const SAMPLER_STATE_WORDS: usize = 10;
+
+/// The ChaCha8 key that rand_core 0.9's `SeedableRng::seed_from_u64` makes from `seed`:
+/// eight outputs of PCG32 (O'Neill 2014; multiplier 6364136223846793005, increment
+/// 11634580027462260723, the state advanced before each output), as little-endian words.
+pub fn chacha8_key(seed: u64) -> [u32; 8] {
+    const MUL: u64 = 6364136223846793005;
+    const INC: u64 = 11634580027462260723;
+    let mut state = seed;
+    std::array::from_fn(|_| {
+        state = state.wrapping_mul(MUL).wrapping_add(INC);
+        let xorshifted = (((state >> 18) ^ state) >> 27) as u32;
+        xorshifted.rotate_right((state >> 59) as u32)
+    })
+}
+
+/// Block `counter` of ChaCha with 8 rounds (Bernstein 2008, "ChaCha, a variant of
+/// Salsa20") under `key`: the input words are the constants "expand 32-byte k", the key,
+/// the 64-bit block counter (low word first) and a zero 64-bit nonce, as rand_chacha's
+/// `ChaCha8Rng` (stream 0) lays them out; the output is the 16 words after the rounds plus
+/// the input.
+pub fn chacha8_block(key: &[u32; 8], counter: u64) -> [u32; 16] {
+    let mut input = [0u32; 16];
+    input[..4].copy_from_slice(&[0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574]);
+    input[4..12].copy_from_slice(key);
+    input[12] = counter as u32;
+    input[13] = (counter >> 32) as u32;
+    let mut x = input;
+    let quarter = |x: &mut [u32; 16], a: usize, b: usize, c: usize, d: usize| {
+        x[a] = x[a].wrapping_add(x[b]);
+        x[d] = (x[d] ^ x[a]).rotate_left(16);
+        x[c] = x[c].wrapping_add(x[d]);
+        x[b] = (x[b] ^ x[c]).rotate_left(12);
+        x[a] = x[a].wrapping_add(x[b]);
+        x[d] = (x[d] ^ x[a]).rotate_left(8);
+        x[c] = x[c].wrapping_add(x[d]);
+        x[b] = (x[b] ^ x[c]).rotate_left(7);
+    };
+    for _ in 0..4 {
+        quarter(&mut x, 0, 4, 8, 12);
+        quarter(&mut x, 1, 5, 9, 13);
+        quarter(&mut x, 2, 6, 10, 14);
+        quarter(&mut x, 3, 7, 11, 15);
+        quarter(&mut x, 0, 5, 10, 15);
+        quarter(&mut x, 1, 6, 11, 12);
+        quarter(&mut x, 2, 7, 8, 13);
+        quarter(&mut x, 3, 4, 9, 14);
+    }
+    for (o, i) in x.iter_mut().zip(input) {
+        *o = o.wrapping_add(i);
+    }
+    x
+}
+
+/// Word `pos` of the ChaCha8 stream under `key`: what the `pos`-th `next_u32` of a
+/// `ChaCha8Rng` with that key returns (block `pos / 16`, word `pos % 16`).
+pub fn chacha8_word(key: &[u32; 8], pos: u64) -> u32 {
+    chacha8_block(key, pos / 16)[(pos % 16) as usize]
+}
+
+/// rand 0.9's `random::<f32>()` from one `u32` word: its 24 high bits times 2⁻²⁴, in
+/// `[0, 1)`.
+pub fn unit_f32(word: u32) -> f32 {
+    (word >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+}
+
+/// The initial sampler state of [`crate::Op::Sample`] for `seed`
+/// ([`SAMPLER_STATE_WORDS`]): the key of [`chacha8_key`], position 0.
+pub fn sampler_state(seed: u64) -> [u32; SAMPLER_STATE_WORDS] {
+    let mut state = [0u32; SAMPLER_STATE_WORDS];
+    state[..8].copy_from_slice(&chacha8_key(seed));
+    state
+}
+
+/// [`crate::Op::Sample`] on host slices: the token [`Sampler::sample_with_output`] picks
+/// with `config` from `logits` (`[vocab]`), where `seen[j] != 0` marks the ids of its
+/// `history` and `counts[j]` counts id `j` in its `output`, drawing (unless greedy) the
+/// word at the position held in `state` ([`SAMPLER_STATE_WORDS`]) of the stream keyed
+/// there. Then the sampled id is marked in `seen`, counted in `counts` (saturating) and
+/// the position advanced by one word per draw, so that the next call continues as the
+/// next [`Sampler::sample_with_output`] over the history and output that include it.
+///
+/// Errors: [`Error::InvalidArgument`] for empty logits, `seen` or `counts` not of the
+/// logits' length, a `state` of another length, invalid parameters
+/// ([`SamplerConfig::check`]), or (unless greedy) logits that are all NaN.
+pub fn sample_tensors(
+    config: &SamplerConfig,
+    logits: &[f32],
+    seen: &mut [u32],
+    counts: &mut [u32],
+    state: &mut [u32],
+) -> Result<u32> {
+    config.check()?;
+    let vocab = logits.len();
+    if vocab == 0 || seen.len() != vocab || counts.len() != vocab {
+        return Err(Error::InvalidArgument(format!(
+            "sampling {vocab} logits with {} history flags and {} counts",
+            seen.len(),
+            counts.len()
+        )));
+    }
+    let words = state.len();
+    let state: &mut [u32; SAMPLER_STATE_WORDS] = state.try_into().map_err(|_| {
+        Error::InvalidArgument(format!(
+            "a sampler state of {words} words, not {SAMPLER_STATE_WORDS}"
+        ))
+    })?;
+    let penalised: Vec<f32> = logits
+        .iter()
+        .zip(seen.iter().zip(counts.iter()))
+        .map(|(&l, (&s, &n))| {
+            let l = if s != 0 && config.repeat_penalty != 1.0 {
+                repetition_penalised(l, config.repeat_penalty)
+            } else {
+                l
+            };
+            if config.presence_penalty != 0.0 || config.frequency_penalty != 0.0 {
+                count_penalised(l, n, config)
+            } else {
+                l
+            }
+        })
+        .collect();
+    let id = if config.is_greedy() {
+        argmax(&penalised)
+    } else {
+        let mut candidates = Vec::new();
+        nucleus(&penalised, config, &mut candidates)?;
+        let total: f32 = candidates.iter().map(|c| c.1).sum();
+        let key: [u32; 8] = std::array::from_fn(|i| state[i]);
+        let pos = u64::from(state[8]) | (u64::from(state[9]) << 32);
+        let r = unit_f32(chacha8_word(&key, pos)) * total;
+        let next = pos.wrapping_add(1);
+        state[8] = next as u32;
+        state[9] = (next >> 32) as u32;
+        pick(r, candidates.into_iter())
+    };
+    seen[id as usize] = 1;
+    counts[id as usize] = counts[id as usize].saturating_add(1);
+    Ok(id)
+}
+
+/// Sampling where the logits are ([`Op::Sample`]), for a decode loop whose logits stay on
+/// a device: the history flags, the output counts, the random stream's state and the
+/// sampled id live in that device's memory, so that each step's only copy is the sampled
+/// id to the host. It picks the ids a [`Sampler`] with the same configuration picks (up to
+/// the device's rounding, see [`Op::Sample`]).
+pub struct DeviceSampler {
+    config: SamplerConfig,
+    /// In the device's memory: the state and the i32 `[1]` sampled id.
+    state: SampleState,
+    id: Data,
+    /// i32 `[1]` in host memory: the sampled id's copy.
+    host_id: Data,
+}
+
+/// An i32 tensor holding `words`.
+fn word_tensor(words: &[u32]) -> Result<Data> {
+    Data::from_bytes(DataType::I32, &[words.len()], bytemuck::cast_slice(words))
+}
+
+impl DeviceSampler {
+    /// A sampler for logits of `vocab` entries in the memory of `location`, whose history
+    /// (the repetition penalty's, as [`Sampler::sample_with_output`]'s `history`) starts as
+    /// `history` and whose output starts empty; the stream is seeded by `config.seed`. Its
+    /// state is copied there once (recorded as `"sampler: history"` and
+    /// `"sampler: seed"`).
+    ///
+    /// Errors: invalid parameters ([`SamplerConfig::check`]); [`Error::InvalidArgument`]
+    /// for an empty vocabulary; the executor's allocation and copy errors.
+    pub fn new(
+        exec: &Executor,
+        config: &SamplerConfig,
+        vocab: usize,
+        location: Location,
+        history: &[u32],
+    ) -> Result<DeviceSampler> {
+        config.check()?;
+        if vocab == 0 {
+            return Err(Error::InvalidArgument("sampling from no logits".into()));
         }
-        self.candidates.sort_unstable_by(by_logit_desc);
-        let max = self.candidates[0].1;
-        let mut sum = 0.0f32;
-        for c in &mut self.candidates {
-            c.1 = (c.1 - max).exp();
-            sum += c.1;
-        }
-        let mut cumulative = 0.0f32;
-        let mut keep = self.candidates.len();
-        for (i, c) in self.candidates.iter_mut().enumerate() {
-            c.1 /= sum;
-            cumulative += c.1;
-            if cumulative >= self.config.top_p {
-                keep = i + 1;
-                break;
+        let mut seen = vec![0u32; vocab];
+        for &id in history {
+            if let Some(s) = seen.get_mut(id as usize) {
+                *s = 1;
             }
         }
-        self.candidates.truncate(keep);
-        Ok(())
+        Ok(DeviceSampler {
+            config: config.clone(),
+            state: SampleState {
+                seen: exec.to_device(&word_tensor(&seen)?, location, "sampler: history")?,
+                counts: exec.zeros(DataType::I32, &[vocab], location)?,
+                stream: exec.to_device(
+                    &word_tensor(&sampler_state(config.seed))?,
+                    location,
+                    "sampler: seed",
+                )?,
+            },
+            id: exec.zeros(DataType::I32, &[1], location)?,
+            host_id: Data::zeros(DataType::I32, &[1])?,
+        })
+    }
+
+    /// Samples the next token from `logits` (f32 `[1, vocab]` in the sampler's memory) on
+    /// the device there, adds it to the history and output, and copies its id to the host
+    /// (recorded as `"sampled id to host"`).
+    ///
+    /// Errors: those of [`Op::Sample`] (a host device's included); [`Error::InvalidArgument`]
+    /// when every logit is NaN.
+    pub fn sample(&mut self, exec: &Executor, logits: &Data) -> Result<u32> {
+        exec.run(Op::Sample {
+            logits,
+            state: &mut self.state,
+            output: &mut self.id,
+            config: &self.config,
+        })?;
+        exec.copy_into(&self.id, &mut self.host_id, "sampled id to host")?;
+        match self.host_id.as_i32()?[0] as u32 {
+            u32::MAX => Err(Error::InvalidArgument("all logits are NaN".into())),
+            id => Ok(id),
+        }
     }
 }
 
@@ -569,6 +840,117 @@ mod tests {
         assert!(s.draw(&[]).is_err());
         let u = s.uniform();
         assert!((0.0..1.0).contains(&u));
+    }
+
+    #[test]
+    fn chacha8_words_are_rand_chachas_stream() {
+        use rand::RngCore;
+        for seed in [0, 1, 42, u64::MAX, 0x0123_4567_89ab_cdef] {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let key = chacha8_key(seed);
+            // Past rand_chacha's 64-word buffer, into its second and third refills.
+            for pos in 0..200 {
+                assert_eq!(
+                    chacha8_word(&key, pos),
+                    rng.next_u32(),
+                    "seed {seed} word {pos}"
+                );
+            }
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            for pos in 0..100 {
+                assert_eq!(unit_f32(chacha8_word(&key, pos)), rng.random::<f32>());
+            }
+        }
+        // A counter past 2³² words: the block counter's high word.
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let pos = (1u64 << 36) + 5;
+        rng.set_word_pos(u128::from(pos));
+        assert_eq!(chacha8_word(&chacha8_key(7), pos), rng.next_u32());
+    }
+
+    /// Logits with ties, −∞, NaN and a wide range, from a fixed stream.
+    fn test_logits(seed: u64, vocab: usize) -> Vec<f32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+        (0..vocab)
+            .map(|i| match rng.random_range(0..40) {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                2..=5 => 1.5,
+                _ => rng.random_range(-8.0f32..8.0) + (i % 3) as f32,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_op_on_tensors_picks_the_samplers_ids() {
+        let configs = [
+            (0.0, 0, 1.0, 1.0, 0.0, 0.0),
+            (0.0, 0, 1.0, 1.3, 0.5, 0.2),
+            (1.0, 0, 1.0, 1.0, 0.0, 0.0),
+            (0.7, 40, 1.0, 1.0, 0.0, 0.0),
+            (0.8, 0, 0.9, 1.1, 0.0, 0.0),
+            (1.3, 5, 0.5, 1.2, 0.4, -0.3),
+            (0.5, 1, 1.0, 0.8, -1.0, 1.0),
+            (2.0, 200, 0.95, 1.0, 0.0, 0.6),
+        ];
+        for (c, &(temperature, top_k, top_p, repeat_penalty, presence, frequency)) in
+            configs.iter().enumerate()
+        {
+            for seed in 0..12u64 {
+                let config = SamplerConfig {
+                    temperature,
+                    top_k,
+                    top_p,
+                    repeat_penalty,
+                    seed,
+                    presence_penalty: presence,
+                    frequency_penalty: frequency,
+                };
+                let vocab = 97 + seed as usize * 13;
+                let mut host = Sampler::new(config.clone()).unwrap();
+                let mut history: Vec<u32> = (0..7)
+                    .map(|i| (i * 31 + seed as u32) % vocab as u32)
+                    .collect();
+                let prompt = history.len();
+                let (mut seen, mut counts) = (vec![0u32; vocab], vec![0u32; vocab]);
+                for &id in &history {
+                    seen[id as usize] = 1;
+                }
+                let mut state = sampler_state(seed);
+                for step in 0..30 {
+                    let logits = test_logits(seed * 100 + step, vocab);
+                    let want = host
+                        .sample_with_output(&logits, &history, &history[prompt..])
+                        .unwrap();
+                    let got = sample_tensors(&config, &logits, &mut seen, &mut counts, &mut state)
+                        .unwrap();
+                    assert_eq!(got, want, "config {c}, seed {seed}, step {step}");
+                    history.push(got);
+                }
+                let draws = if config.is_greedy() { 0 } else { 30 };
+                assert_eq!((state[8], state[9]), (draws, 0));
+                assert_eq!(counts.iter().sum::<u32>(), 30);
+            }
+        }
+        let config = SamplerConfig {
+            temperature: 1.0,
+            ..SamplerConfig::default()
+        };
+        let mut state = sampler_state(0);
+        let err = |logits: &[f32], seen: &mut [u32], state: &mut [u32]| {
+            sample_tensors(
+                &config,
+                logits,
+                seen,
+                &mut [0; 2][..seen.len().min(2)],
+                state,
+            )
+            .is_err()
+        };
+        assert!(err(&[f32::NAN; 2], &mut [0; 2], &mut state));
+        assert!(err(&[1.0; 2], &mut [0; 1], &mut state));
+        assert!(err(&[1.0; 2], &mut [0; 2], &mut state[..9]));
+        assert!(err(&[], &mut [], &mut state));
     }
 
     #[test]

@@ -264,7 +264,7 @@ fn embedding_is_batch_invariant() {
             let tokens = &tokens[first..first + n];
             exec.run(Op::Embedding {
                 table: &table,
-                tokens,
+                tokens: tokens.into(),
                 output: &mut out,
             })
             .unwrap();

@@ -12,7 +12,10 @@
 //! holds the decode GEMV kernels to tighter ones).
 #![cfg(feature = "cuda")]
 
-use flm_core::{BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable};
+use flm_core::{
+    sampler_state, BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable,
+    SampleState, SamplerConfig, TokenIds,
+};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use rand::rngs::StdRng;
@@ -183,6 +186,73 @@ fn compare_attention(
     }
 }
 
+/// An i32 tensor of `words`.
+fn words(words: &[u32]) -> Data {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    Data::from_bytes(DataType::I32, &[words.len()], &bytes).unwrap()
+}
+
+/// The words of an i32 tensor in any memory of `exec`.
+fn read_words(exec: &Executor, d: &Data) -> Vec<u32> {
+    let host = exec.to_host(d, "test: read").unwrap();
+    host.as_i32().unwrap().iter().map(|&v| v as u32).collect()
+}
+
+/// The operands of an `Op::Sample`: logits, state and the sampled id.
+struct Sampling {
+    logits: Data,
+    state: SampleState,
+    id: Data,
+}
+
+impl Sampling {
+    /// Logits of NaN, the history `seen`, no output and the stream of `seed`, in host
+    /// memory.
+    fn new(seen: &[u32], seed: u64) -> Sampling {
+        Sampling {
+            logits: nan(&[1, seen.len()]),
+            state: SampleState {
+                seen: words(seen),
+                counts: words(&vec![0; seen.len()]),
+                stream: words(&sampler_state(seed)),
+            },
+            id: words(&[0]),
+        }
+    }
+
+    /// Every tensor copied to `location`.
+    fn to(&self, exec: &Executor, location: Location) -> Sampling {
+        let up = |d: &Data| exec.to_device(d, location, "test: upload").unwrap();
+        Sampling {
+            logits: up(&self.logits),
+            state: SampleState {
+                seen: up(&self.state.seen),
+                counts: up(&self.state.counts),
+                stream: up(&self.state.stream),
+            },
+            id: up(&self.id),
+        }
+    }
+
+    /// Runs the op wherever the tensors live and reads back the id.
+    fn step(&mut self, exec: &Executor, config: &SamplerConfig) -> u32 {
+        exec.run(Op::Sample {
+            logits: &self.logits,
+            state: &mut self.state,
+            output: &mut self.id,
+            config,
+        })
+        .unwrap();
+        read_words(exec, &self.id)[0]
+    }
+
+    /// The history flags, counts and stream words.
+    fn state_words(&self, exec: &Executor) -> [Vec<u32>; 3] {
+        let s = &self.state;
+        [&s.seen, &s.counts, &s.stream].map(|d| read_words(exec, d))
+    }
+}
+
 macro_rules! gpu_tests {
     ($($name:ident($gpu:ident) $body:block)*) => {$(
         #[test]
@@ -262,7 +332,7 @@ gpu_tests! {
         for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q80) {
             let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
             compare!(&format!("Embedding {dtype}"), &gpu, &nan(&[5, 333]), 1e-6, None, |o| {
-                Op::Embedding { table: &table, tokens: &tokens, output: o }
+                Op::Embedding { table: &table, tokens: TokenIds::Host(&tokens), output: o }
             });
         }
     }
@@ -327,6 +397,87 @@ gpu_tests! {
             assert_eq!(&ids[row * k..][..k], &order[..k], "row {row}");
             for j in 0..k {
                 assert_eq!(values[row * k + j], vals[order[j] as usize]);
+            }
+        }
+    }
+
+    sample_equals_the_cpu_op(gpu) {
+        let location = gpu.location();
+        let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
+        // (temperature, top_k, top_p, repetition, presence, frequency)
+        let configs = [
+            (0.0, 0, 1.0, 1.2, 0.0, 0.0),
+            (0.0, 3, 0.5, 0.9, -0.5, 0.7),
+            (1.0, 0, 1.0, 1.0, 0.0, 0.0),
+            (0.6, 50, 1.0, 1.0, 0.0, 0.0),
+            (0.9, 0, 0.8, 1.05, 0.0, 0.0),
+            (1.5, 7, 0.6, 1.3, 0.5, -0.2),
+            (0.4, 1, 1.0, 0.7, -1.5, 1.5),
+            (1.8, 1000, 0.99, 1.0, 0.1, 0.4),
+        ];
+        let (mut draws, mut differ) = (0, 0);
+        for vocab in [1, 97, 1031, 32001] {
+            for (c, &(temperature, top_k, top_p, repeat_penalty, presence, frequency)) in configs.iter().enumerate() {
+                for seed in 0..3u64 {
+                    let config = SamplerConfig {
+                        temperature, top_k, top_p, repeat_penalty, seed,
+                        presence_penalty: presence, frequency_penalty: frequency,
+                    };
+                    let mut r = rng(100 + seed);
+                    let mut seen = vec![0u32; vocab];
+                    for _ in 0..5 {
+                        seen[r.random_range(0..vocab)] = 1;
+                    }
+                    let mut host = Sampling::new(&seen, seed);
+                    let mut dev = host.to(&exec, location);
+                    for step in 0..12 {
+                        let mut logits = random(&mut r, &[1, vocab], 6.0);
+                        if vocab > 5 {
+                            let v = logits.as_f32_mut().unwrap();
+                            // Ties, −∞ and NaN among the candidates.
+                            v[vocab / 2] = v[0];
+                            v[vocab / 3] = f32::NEG_INFINITY;
+                            v[vocab / 5] = f32::NAN;
+                        }
+                        exec.copy_into(&logits, &mut dev.logits, "test: upload").unwrap();
+                        host.logits = logits;
+                        let want = host.step(&exec, &config);
+                        let got = dev.step(&exec, &config);
+                        let what = format!("vocab {vocab} config {c} seed {seed} step {step}");
+                        let [_, _, want_stream] = host.state_words(&exec);
+                        assert_eq!(dev.state_words(&exec)[2], want_stream, "{what}: stream");
+                        draws += 1;
+                        if got != want {
+                            // exp's last bits (see sample.cu): allowed only when sampling.
+                            assert!(!config.is_greedy(), "{what}: gpu {got}, cpu {want}");
+                            differ += 1;
+                            dev = host.to(&exec, location);
+                        }
+                        assert_eq!(dev.state_words(&exec), host.state_words(&exec), "{what}");
+                    }
+                }
+            }
+        }
+        eprintln!("Sample: {differ} of {draws} draws differ from the CPU's");
+        assert!(differ * 100 <= draws, "{differ} of {draws} draws differ");
+        // Every logit NaN: no id (the CPU op's error), nothing marked, no word drawn.
+        let config = SamplerConfig { temperature: 1.0, ..SamplerConfig::default() };
+        let mut dev = Sampling::new(&[0; 9], 1).to(&exec, location);
+        assert_eq!(dev.step(&exec, &config), u32::MAX);
+        assert_eq!(dev.state_words(&exec), [vec![0; 9], vec![0; 9], sampler_state(1).to_vec()]);
+        // Figures for tuning: the op's time per call (its id read back), one block.
+        for vocab in [32000, 152064] {
+            let mut t = Sampling::new(&vec![0; vocab], 0);
+            t.logits = random(&mut rng(9), &[1, vocab], 6.0);
+            let mut t = t.to(&exec, location);
+            for (name, temperature, top_k) in [("greedy", 0.0, 0), ("top-k 40", 0.8, 40), ("full sort", 0.8, 0)] {
+                let config = SamplerConfig { temperature, top_k, ..SamplerConfig::default() };
+                t.step(&exec, &config);
+                let start = std::time::Instant::now();
+                for _ in 0..20 {
+                    assert!((t.step(&exec, &config) as usize) < vocab);
+                }
+                eprintln!("Sample vocab {vocab} {name}: {:.1} us per call", start.elapsed().as_secs_f64() * 1e6 / 20.0);
             }
         }
     }

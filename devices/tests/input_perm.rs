@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Error, LinearPart, Op};
+use flm_core::{Data, DataType, Error, LinearPart, Op, TokenIds};
 use flm_devices::cpu::PARALLEL_MIN_WORK;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -142,7 +142,7 @@ fn an_embedding_table_with_permuted_columns_is_refused() {
     let mut out = nan_output(&[1, 8]);
     let err = run(Op::Embedding {
         table: &table,
-        tokens: &[1],
+        tokens: TokenIds::Host(&[1]),
         output: &mut out,
     })
     .unwrap_err();

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Executor, Op, RopeStyle, RopeTable};
+use flm_core::{Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds};
 use flm_devices::{CpuDevice, Isa};
 
 /// An executor holding only the CPU device at `isa`.
@@ -222,7 +222,7 @@ fn embedding_matches_scalar(dtype: DataType) {
                 isa,
                 Op::Embedding {
                     table: &table,
-                    tokens: &tokens,
+                    tokens: TokenIds::Host(&tokens),
                     output: &mut out,
                 },
             );

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Error, Op};
+use flm_core::{Data, DataType, Error, Op, TokenIds};
 
 fn zeros(shape: &[usize]) -> Data {
     Data::zeros(DataType::F32, shape).unwrap()
@@ -26,7 +26,7 @@ fn embedding_copies_rows(dtype: DataType) {
             let mut out = nan_output(&[tokens.len(), dim]);
             run(Op::Embedding {
                 table: &table,
-                tokens: &tokens,
+                tokens: TokenIds::Host(&tokens),
                 output: &mut out,
             })
             .unwrap();
@@ -40,6 +40,15 @@ fn embedding_copies_rows(dtype: DataType) {
                 &want[..],
                 "{dtype} {vocab}x{dim} {tokens:?}"
             );
+            // The same ids held in a tensor.
+            let mut from_tensor = nan_output(&[tokens.len(), dim]);
+            run(Op::Embedding {
+                table: &table,
+                tokens: TokenIds::Tensor(&id_tensor(&tokens)),
+                output: &mut from_tensor,
+            })
+            .unwrap();
+            assert_eq!(from_tensor.as_f32().unwrap(), &want[..]);
         }
     }
 }
@@ -52,21 +61,38 @@ fn embedding_copies_rows_q(dtype: DataType) {
     embedding_copies_rows(dtype)
 }
 
+/// An i32 tensor of the ids `tokens`.
+fn id_tensor(tokens: &[u32]) -> Data {
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    Data::from_bytes(DataType::I32, &[tokens.len()], &bytes).unwrap()
+}
+
 #[test]
 fn embedding_token_out_of_range() {
     let table = zeros(&[10, 4]);
     for (tokens, bad) in [(vec![10], 10), (vec![0, 3, u32::MAX, 11], u32::MAX)] {
-        let err = run(Op::Embedding {
-            table: &table,
-            tokens: &tokens,
-            output: &mut zeros(&[tokens.len(), 4]),
-        })
-        .unwrap_err();
-        assert!(
-            matches!(err, Error::TokenOutOfRange { id, vocab_size: 10 } if id == bad),
-            "{tokens:?}: {err}"
-        );
+        // Checked by the contract in host memory, by the device in a tensor.
+        let ids = id_tensor(&tokens);
+        for ids in [TokenIds::Host(&tokens), TokenIds::Tensor(&ids)] {
+            let err = run(Op::Embedding {
+                table: &table,
+                tokens: ids,
+                output: &mut zeros(&[tokens.len(), 4]),
+            })
+            .unwrap_err();
+            assert!(
+                matches!(err, Error::TokenOutOfRange { id, vocab_size: 10 } if id == bad),
+                "{tokens:?}: {err}"
+            );
+        }
     }
+    let err = run(Op::Embedding {
+        table: &table,
+        tokens: TokenIds::Tensor(&zeros(&[2])),
+        output: &mut zeros(&[2, 4]),
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::DType { .. }), "{err}");
 }
 
 #[test]
@@ -76,7 +102,7 @@ fn embedding_shape_errors() {
         let tokens = vec![1; n_tokens];
         let err = run(Op::Embedding {
             table: &table,
-            tokens: &tokens,
+            tokens: TokenIds::Host(&tokens),
             output: &mut zeros(&out),
         })
         .unwrap_err();

@@ -328,7 +328,7 @@ impl Graph for ChatGlm {
 
         exec.run(Op::Embedding {
             table: &w.embedding,
-            tokens,
+            tokens: tokens.into(),
             output: &mut s.x,
         })?;
         for (l, lw) in w.layers.iter().enumerate() {

@@ -10,7 +10,7 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use flm_core::Executor;
+use flm_core::{Data, Executor, Location};
 
 use crate::chatglm::{ChatGlmModel, ChatGlmWeights};
 use crate::import::Checkpoint;
@@ -60,6 +60,30 @@ pub trait Graph: Send {
         start_pos: usize,
         head: Head,
     ) -> Result<&[f32]>;
+
+    /// The memory [`Graph::forward_resident`] leaves the logits in: a device's when the
+    /// graph's last layer runs there, else host memory (the default).
+    fn logits_location(&self) -> Location {
+        Location::Host
+    }
+
+    /// [`Graph::run`] to the last token's logits, f32 `[1, vocab_size]`, left in the memory
+    /// of [`Graph::logits_location`] (no copy to the host), for sampling where they are
+    /// ([`flm_core::DeviceSampler`]).
+    ///
+    /// Errors: as [`Graph::run`]; [`Error::Config`](crate::Error::Config) for a graph
+    /// without device placement (the default).
+    fn forward_resident(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<&Data> {
+        let _ = (exec, tokens, start_pos);
+        Err(Error::Config(
+            "this graph's logits are computed in host memory only".into(),
+        ))
+    }
 
     /// [`Graph::run`] to logits.
     ///

@@ -49,7 +49,7 @@ use std::sync::Arc;
 
 use flm_core::{
     Data, DataType, Error as CoreError, Executor, KvCache, LinearPart, Location, Op, RopeTable,
-    StepInputs,
+    StepInputs, TokenIds,
 };
 
 use crate::graph::{Graph, Head, SharedGraph};
@@ -99,6 +99,9 @@ struct Activations {
     experts_io: Option<(Data, Data)>,
     /// The shared expert's activations, in the routed experts' memory (Qwen2-MoE).
     shared: Option<SharedScratch>,
+    /// i32 `[n]`: the token ids copied to a device's memory for the embedding, when the
+    /// activations are there.
+    ids: Option<Data>,
 }
 
 /// The activations of a shared expert ([`SharedExpert`]) for up to a fixed number of rows.
@@ -162,6 +165,9 @@ impl Activations {
         rows: usize,
     ) -> Result<Activations> {
         let mut s = Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))?;
+        if at != Location::Host {
+            s.ids = Some(exec.zeros(DataType::I32, &[rows], at)?);
+        }
         if c.moe.is_some() && experts != at {
             let z = |shape: &[usize]| exec.zeros(DataType::F32, shape, experts);
             s.experts_io = Some((z(&[rows, c.dim])?, z(&[rows, c.dim])?));
@@ -194,6 +200,7 @@ impl Activations {
             logits: z(c.vocab_size.max(dim))?,
             experts_io: None,
             shared: SharedScratch::alloc(c, rows, zeros)?,
+            ids: None,
         })
     }
 
@@ -564,6 +571,30 @@ impl Graph for Llama {
         }
         Ok(&self.all_rows)
     }
+
+    fn logits_location(&self) -> Location {
+        self.model.placement.output()
+    }
+
+    fn forward_resident(
+        &mut self,
+        exec: &Executor,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<&Data> {
+        check_forward(self.config(), tokens, start_pos)?;
+        self.allocate(exec)?;
+        let last = Head::Logits(Logits::Last);
+        if let Some(at) = self.step_graph_memory(exec, tokens, last) {
+            self.decode_step(exec, at, tokens, start_pos)?;
+            return Ok(&output_state(&self.model, &self.states)?.logits);
+        }
+        let chunk = PREFILL_CHUNK.min(self.config().max_seq_len);
+        for (c, part) in tokens.chunks(chunk).enumerate() {
+            self.forward_chunk(exec, part, start_pos + c * chunk, last)?;
+        }
+        Ok(&output_state(&self.model, &self.states)?.logits)
+    }
 }
 
 impl Llama {
@@ -603,7 +634,16 @@ impl Llama {
             start_pos,
             cache_row: self.model.config.pre_seq_len + start_pos,
         };
-        match self.graphs.plan(tokens.len()) {
+        let plan = self.graphs.plan(tokens.len());
+        if !matches!(plan, StepPlan::Eager) {
+            // The captured embedding reads the ids where a step copies them.
+            let memory = self.model.placement.layer(0);
+            let first = (self.model.placement.locations().iter()).position(|&m| m == memory);
+            if let Some(ids) = first.and_then(|i| self.states[i].ids.as_mut()) {
+                stage_ids(exec, tokens, ids)?;
+            }
+        }
+        match plan {
             StepPlan::Eager => self.forward_chunk(exec, tokens, start_pos, head),
             StepPlan::Capture => {
                 let graph = exec.capture(at, &step, || {
@@ -723,6 +763,21 @@ pub(crate) fn cache_and_attend(
     })
 }
 
+/// The activations of the last layer's memory (`states` as [`Llama`] holds them).
+///
+/// Errors: [`Error::Config`] before the first forward pass.
+fn output_state<'a>(model: &LlamaModel, states: &'a [Activations]) -> Result<&'a Activations> {
+    let output = model.placement.output();
+    let memory = model
+        .placement
+        .locations()
+        .iter()
+        .position(|&m| m == output);
+    memory
+        .and_then(|i| states.get(i))
+        .ok_or_else(|| Error::Config("no forward pass has run".into()))
+}
+
 /// The last chunk's logits (or hidden states) in host memory: those of the activations of
 /// the last layer's memory (`states` as [`Llama`] holds them), copied into `host_out` first
 /// when that memory is a device's.
@@ -732,15 +787,7 @@ fn host_output<'a>(
     host_out: &'a mut Option<Data>,
     exec: &Executor,
 ) -> Result<&'a [f32]> {
-    let output = model.placement.output();
-    let memory = model
-        .placement
-        .locations()
-        .iter()
-        .position(|&m| m == output);
-    let Some(out) = memory.and_then(|i| states.get(i)).map(|s| &s.logits) else {
-        return Err(Error::Config("no forward pass has run".into()));
-    };
+    let out = &output_state(model, states)?.logits;
     if out.location() == Location::Host {
         return Ok(out.as_f32()?);
     }
@@ -800,7 +847,17 @@ fn run_layers<'s>(
         let at = model.placement.layer(l);
         locations.iter().position(|&m| m == at).unwrap_or(0)
     };
-    let x = &mut states[memory(0)].x;
+    let Activations { x, ids, .. } = &mut states[memory(0)];
+    let tokens = match ids {
+        Some(ids) => {
+            // Inside a captured step they were copied before the capture (decode_step).
+            if !exec.capturing() {
+                stage_ids(exec, tokens, ids)?;
+            }
+            TokenIds::Tensor(ids)
+        }
+        None => TokenIds::Host(tokens),
+    };
     exec.run_step(Op::Embedding {
         table: &w.embedding,
         tokens,
@@ -1013,6 +1070,15 @@ fn head_norm(
         dst_row: 0,
     })?;
     x.set_shape(&[n, cols])
+}
+
+/// Copies the step's token ids into `ids`, the i32 tensor in the memory of the embedding
+/// table that [`Op::Embedding`] reads them from.
+fn stage_ids(exec: &Executor, tokens: &[u32], ids: &mut Data) -> flm_core::Result<()> {
+    ids.set_shape(&[tokens.len()])?;
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let host = Data::from_bytes(DataType::I32, &[tokens.len()], &bytes)?;
+    exec.copy_into(&host, ids, "token ids to device")
 }
 
 /// `(&items[a], &mut items[b])` for `a != b`.

@@ -18,6 +18,11 @@
 //! bidirectional context must be complete in one pass, so every prompt restarts at
 //! position 0.
 //!
+//! When the model's logits are computed on a device ([`crate::Graph::logits_location`]:
+//! its last layer runs there) and no draft model is set, they stay there: each step samples
+//! on the device ([`DeviceSampler`], the ids [`Sampler`] picks) and only the sampled id
+//! comes back to the host.
+//!
 //! With a draft model ([`Session::set_draft`]), each decode step is a round of speculative
 //! decoding ([`crate::speculative`]) that yields one or more tokens; they pass through the
 //! same stop conditions, one by one, as the tokens of plain decoding.
@@ -30,7 +35,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flm_core::{Executor, Sampler, SamplerConfig};
+use flm_core::{DeviceSampler, Executor, Location, Sampler, SamplerConfig};
 use flm_tokenizer::Tokenizer;
 
 use crate::llama::Logits;
@@ -144,7 +149,8 @@ pub struct Generation {
     pub generated: usize,
     /// From the start of the prefill to the first sampled token.
     pub time_to_first_token: Duration,
-    /// The prefill forward pass (of the tokens not reused).
+    /// The prefill forward pass (of the tokens not reused) and the first token's sampling
+    /// (a device finishes the pass only when its id is read).
     pub prefill: Duration,
     /// The decode steps after the first token.
     pub decode: Duration,
@@ -286,22 +292,40 @@ impl Session {
         // Until the forward passes succeed, the cache holds an unknown sequence.
         self.cached.clear();
 
+        // Logits left on a device are sampled there (speculative rounds need them here).
+        let location = self.model.logits_location();
+        let mut on_device = match (&self.draft, location) {
+            (None, Location::Device { .. }) => Some(DeviceSampler::new(
+                exec,
+                &params.sampler,
+                self.model.config().vocab_size,
+                location,
+                &tokens,
+            )?),
+            _ => None,
+        };
+
+        let first = Step {
+            tokens: &tokens[reused..],
+            start_pos: reused,
+            history: &tokens,
+            output: &[],
+        };
         let start = Instant::now();
-        let logits = self
-            .model
-            .forward(exec, &tokens[reused..], reused, Logits::Last)?;
-        let mut in_cache = prompt_tokens;
-        let prefill = start.elapsed();
-        let mut time_to_first_token = prefill;
-        let mut decode = Duration::ZERO;
-        let mut decode_steps = 0;
-        let mut generated = 0;
         // Tokens sampled and not yet handed out: one per step, or a speculative round's.
         let mut batch = Vec::new();
         if params.max_tokens > 0 {
-            batch.push(sampler.sample_with_output(logits, &tokens, &[])?);
-            time_to_first_token = start.elapsed();
+            batch.push(first.next(exec, &mut self.model, &mut sampler, on_device.as_mut())?);
+        } else {
+            self.model
+                .forward(exec, first.tokens, first.start_pos, Logits::Last)?;
         }
+        let prefill = start.elapsed();
+        let time_to_first_token = prefill;
+        let mut in_cache = prompt_tokens;
+        let mut decode = Duration::ZERO;
+        let mut decode_steps = 0;
+        let mut generated = 0;
         let stop = 'decode: loop {
             for &next in &batch {
                 if !params.ignore_eos && eos.contains(&next) {
@@ -331,12 +355,18 @@ impl Session {
             batch.clear();
             match &mut self.draft {
                 None => {
-                    let last = tokens[tokens.len() - 1];
-                    let logits =
-                        self.model
-                            .forward(exec, &[last], tokens.len() - 1, Logits::Last)?;
-                    let output = &tokens[prompt_tokens..];
-                    batch.push(sampler.sample_with_output(logits, &tokens, output)?);
+                    let step = Step {
+                        tokens: &tokens[tokens.len() - 1..],
+                        start_pos: tokens.len() - 1,
+                        history: &tokens,
+                        output: &tokens[prompt_tokens..],
+                    };
+                    batch.push(step.next(
+                        exec,
+                        &mut self.model,
+                        &mut sampler,
+                        on_device.as_mut(),
+                    )?);
                 }
                 Some(draft) => {
                     let max_new = params.max_tokens - generated;
@@ -373,6 +403,40 @@ impl Session {
             decode_steps,
             stop,
             draft: self.draft.as_ref().map(Draft::stats),
+        })
+    }
+}
+
+/// One forward pass of plain decoding (or the prefill) and the token sampled from it.
+struct Step<'a> {
+    /// The tokens run, at positions `start_pos..`.
+    tokens: &'a [u32],
+    start_pos: usize,
+    /// The sequence so far (the repetition penalty's history) and its generated part (the
+    /// presence and frequency penalties' output).
+    history: &'a [u32],
+    output: &'a [u32],
+}
+
+impl Step<'_> {
+    /// Runs the pass and samples: on the logits' device with `on_device` (which holds the
+    /// history and output itself), else from host logits with `sampler`.
+    fn next(
+        &self,
+        exec: &Executor,
+        model: &mut Model,
+        sampler: &mut Sampler,
+        on_device: Option<&mut DeviceSampler>,
+    ) -> Result<u32> {
+        Ok(match on_device {
+            Some(device) => {
+                let logits = model.forward_resident(exec, self.tokens, self.start_pos)?;
+                device.sample(exec, logits)?
+            }
+            None => {
+                let logits = model.forward(exec, self.tokens, self.start_pos, Logits::Last)?;
+                sampler.sample_with_output(logits, self.history, self.output)?
+            }
         })
     }
 }

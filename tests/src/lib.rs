@@ -7,9 +7,12 @@ pub mod glm_data;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use flm_core::{Data, DataType, Executor, Location};
+use std::ops::ControlFlow;
+
+use flm_core::{Data, DataType, Executor, Location, SamplerConfig};
 use flm_devices::CpuDevice;
 use flm_models::llama::{Ffn, Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
 use flm_models::{import, Graph, Placement, SharedGraph};
 use serde_json::Value;
@@ -102,6 +105,48 @@ pub fn stories_placed(exec: &Executor, at: Location, on_device: usize) -> Llama 
     let placement = Placement::first_layers(model.config().n_layers, at, on_device);
     let model = model.place(exec, placement).expect("placement");
     Llama::with_model(Arc::new(model)).expect("instance")
+}
+
+/// Sampling with every option of [`SamplerConfig`] on: temperature, top-k, top-p, the
+/// repetition, presence and frequency penalties, and a seed.
+pub fn every_sampling_option() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        repeat_penalty: 1.1,
+        seed: 7,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
+    }
+}
+
+/// The 60 ids a session over stories260K generates from "Once upon a time" on `exec` with
+/// `sampler` (end-of-sequence ignored), every layer in the memory of `at` (host memory:
+/// not placed).
+pub fn session_ids(exec: &Executor, at: Location, sampler: &SamplerConfig) -> Vec<u32> {
+    let path = data("stories260K/stories260K.bin");
+    let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
+    let model = model
+        .place(exec, |m| {
+            Ok(Placement::first_layers(m.config().n_layers, at, 99))
+        })
+        .unwrap();
+    let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
+    let params = GenerateParams {
+        sampler: sampler.clone(),
+        max_tokens: 60,
+        ignore_eos: true,
+        stop: Vec::new(),
+    };
+    let mut out = Vec::new();
+    session
+        .generate(exec, "Once upon a time", &params, |piece| {
+            out.extend(piece.id);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    out
 }
 
 /// `w` with each tensor converted by [`Data::to_dtype`] to the dtype `dtype_of` gives its

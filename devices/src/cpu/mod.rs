@@ -16,6 +16,7 @@ mod norm;
 mod paged_attention;
 mod qlinear;
 mod rope;
+mod sample;
 mod schedule;
 mod scratch;
 mod simd;
@@ -265,6 +266,12 @@ impl BaseDevice for CpuDevice {
             Op::Argmax { input, output } => {
                 elementwise::argmax_rows(self.isa.vector(), input, output)
             }
+            Op::Sample {
+                logits,
+                state,
+                output,
+                config,
+            } => sample::sample(config, logits, state, output),
             Op::LayerNorm {
                 input,
                 weight,

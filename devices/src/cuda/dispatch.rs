@@ -69,6 +69,8 @@ impl BaseDevice for CudaDevice {
             Op::Add { x, y } => f32(x) && f32(y),
             Op::Gelu { x } | Op::Scale { x, .. } | Op::SoftCap { x, .. } => f32(x),
             Op::Argmax { input, .. } => f32(input),
+            // Sampling state lives with the logits: host logits are sampled on the host.
+            Op::Sample { .. } => resident,
             // Host row copies are the CPU's; the paged-cache ops stay there in this version.
             Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
             Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
@@ -234,6 +236,12 @@ impl BaseDevice for CudaDevice {
             Op::Scale { x, alpha } => elementwise::unary(self, x, elementwise::Unary::Scale(alpha)),
             Op::SoftCap { x, cap } => elementwise::unary(self, x, elementwise::Unary::SoftCap(cap)),
             Op::Argmax { input, output } => sample::argmax(self, input, output),
+            Op::Sample {
+                logits,
+                state,
+                output,
+                config,
+            } => sample::sample(self, config, logits, state, output),
             Op::CopyRows {
                 src,
                 src_row,

@@ -1,19 +1,38 @@
 //! [`flm_core::Op::Embedding`] on [`super::CudaDevice`] (`kernels/embedding.cu`).
 
-use cudarc::driver::PushKernelArg;
-use flm_core::{quant, Data, Error, Result};
+use cudarc::driver::{CudaView, LaunchArgs, PushKernelArg};
+use flm_core::{quant, Data, Error, Result, TokenIds};
 
 use super::device::{dev_err, grid, int, CudaDevice};
-use super::graph::{Bound, StepWords};
+use super::graph::Bound;
 use super::kernels::{int4_form_code, k_quant_code, FloatWeight, Kernel};
+use super::operand::Input;
 use super::ROW_THREADS;
 
-/// [`flm_core::Op::Embedding`] of `tokens`, which in a captured step are read from the
-/// step's buffer when the op follows the step (`follows_step`).
+/// The ids an embedding reads in GPU memory.
+enum Ids<'a> {
+    /// Copied in for the op, or a tensor of ids where it lives.
+    Input(Input<'a>),
+    /// The step's, in a captured step.
+    Step(CudaView<'a, u32>),
+}
+
+/// Pushes the ids' device pointer as a kernel argument.
+fn push_ids<'a>(b: &mut LaunchArgs<'a>, ids: &'a Ids<'_>) {
+    match ids {
+        Ids::Input(i) => b.arg(i.slice()),
+        Ids::Step(v) => b.arg(v),
+    };
+}
+
+/// [`flm_core::Op::Embedding`]: host ids are copied in for the op, a tensor of ids is read
+/// where it lives. In a captured step, host ids must be the step's (`follows_step`) and
+/// are read from its buffer; a tensor of ids is read where it lives, written before each
+/// replay.
 pub(super) fn embedding(
     dev: &CudaDevice,
     table: &Data,
-    (tokens, follows_step): (&[u32], bool),
+    (tokens, follows_step): (TokenIds<'_>, bool),
     output: &mut Data,
 ) -> Result<()> {
     let (vocab, dim) = (table.rows(), table.cols());
@@ -21,10 +40,18 @@ pub(super) fn embedding(
         return Ok(());
     }
     let w = dev.weight(table)?;
-    let step = dev.step_words("Embedding", follows_step, |t, _, _| t == tokens)?;
-    let ids = dev.step_or_upload(step.as_ref(), StepWords::tokens, tokens)?;
-    let ids = ids.view();
-    dev.bound(Bound::Vocab(vocab))?;
+    let step = match tokens {
+        TokenIds::Host(ids) => dev.step_words("Embedding", follows_step, |t, _, _| t == ids)?,
+        TokenIds::Tensor(_) => None,
+    };
+    let ids = match (tokens, &step) {
+        (TokenIds::Host(_), Some(s)) => {
+            dev.bound(Bound::Vocab(vocab))?;
+            Ids::Step(s.tokens())
+        }
+        (TokenIds::Host(ids), None) => Ids::Input(dev.input_bytes(bytemuck::cast_slice(ids))?),
+        (TokenIds::Tensor(ids), _) => Ids::Input(dev.input(ids)?),
+    };
     let mut out = dev.output(output)?;
     let bad = dev.zeros::<i32>(1)?;
     let (dim_i, vocab_u) = (int(dim)?, u32::try_from(vocab).unwrap_or(u32::MAX));
@@ -33,12 +60,9 @@ pub(super) fn embedding(
         Some(kind) => {
             let f = dev.function(Kernel::Embedding(kind))?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(w.slice())
-                .arg(&ids)
-                .arg(out.slice())
-                .arg(&dim_i)
-                .arg(&vocab_u)
-                .arg(&bad);
+            b.arg(w.slice());
+            push_ids(&mut b, &ids);
+            b.arg(out.slice()).arg(&dim_i).arg(&vocab_u).arg(&bad);
             // SAFETY: the arguments match `embedding_<W>(const void*, const unsigned*,
             // float*, int, unsigned, int*)`; `out` holds tokens × dim floats, the table
             // vocab × dim values of W, and the kernel reads no token id >= vocab.
@@ -56,11 +80,9 @@ pub(super) fn embedding(
             let group = int(table.dtype().group_size().unwrap_or(0))?;
             let f = dev.function(Kernel::EmbeddingQuant)?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(w.slice())
-                .arg(&ids)
-                .arg(out.slice())
-                .arg(&dim_i)
-                .arg(&vocab_u);
+            b.arg(w.slice());
+            push_ids(&mut b, &ids);
+            b.arg(out.slice()).arg(&dim_i).arg(&vocab_u);
             let form = int4_form_code(table.dtype());
             let kq = k_quant_code(table.dtype());
             b.arg(&row_bytes)
@@ -76,14 +98,19 @@ pub(super) fn embedding(
         }
     };
     launched.map_err(dev_err)?;
+    let first_bad = |ids: &[u32]| ids.iter().copied().find(|&t| t as usize >= vocab);
     dev.check_flag(&bad, || {
-        let id = tokens
-            .iter()
-            .copied()
-            .find(|&t| t as usize >= vocab)
-            .unwrap_or(0);
+        let id = match tokens {
+            TokenIds::Host(ids) => first_bad(ids),
+            // The error path only: the device's ids read back for the message.
+            TokenIds::Tensor(_) => match &ids {
+                Ids::Input(i) => (dev.stream.clone_dtoh(i.slice()).ok())
+                    .and_then(|b| first_bad(bytemuck::cast_slice(&b))),
+                Ids::Step(_) => None,
+            },
+        };
         Error::TokenOutOfRange {
-            id,
+            id: id.unwrap_or(u32::MAX),
             vocab_size: vocab,
         }
     })?;

@@ -150,6 +150,8 @@ pub enum Kernel {
     ArgmaxRows,
     /// `top_k_rows` (sample.cu).
     TopKRows,
+    /// `sample_row` (sample.cu).
+    SampleRow,
 }
 
 impl Kernel {
@@ -193,6 +195,7 @@ impl Kernel {
             Kernel::FlashAttn(FlashHeadDim::D128) => "flash_attn_f32_d128",
             Kernel::ArgmaxRows => "argmax_rows",
             Kernel::TopKRows => "top_k_rows",
+            Kernel::SampleRow => "sample_row",
         }
     }
 }
@@ -302,7 +305,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "sample",
         source: include_str!("kernels/sample.cu"),
-        kernels: &[Kernel::ArgmaxRows, Kernel::TopKRows],
+        kernels: &[Kernel::ArgmaxRows, Kernel::TopKRows, Kernel::SampleRow],
     },
 ];
 
@@ -314,6 +317,9 @@ pub const FLASH_THREADS: u32 = 128;
 
 /// Positions one attention block covers (`ATTN_CHUNK` in `attention.cu`).
 pub const ATTN_CHUNK: usize = 256;
+
+/// Threads of the one block of `sample_row` (`SAMPLE_THREADS` in `sample.cu`).
+pub const SAMPLE_THREADS: u32 = 1024;
 
 /// Output rows per block of the dequantise-GEMV kernels (`QGEMV_ROWS` in `qgemv.cu`).
 pub const QGEMV_ROWS: usize = 4;

@@ -93,11 +93,13 @@ impl CudaDevice {
     pub(super) fn input<'a>(&self, data: &'a Data) -> Result<Input<'a>> {
         match resident(self, data)? {
             Some(s) => Ok(Input::Resident(s)),
-            None => {
-                self.refuse_in_capture("an operand in host memory")?;
-                Ok(Input::Staged(self.upload(data.bytes()?)?))
-            }
+            None => self.input_bytes(data.bytes()?),
         }
+    }
+
+    /// Host bytes as an input: a copy uploaded for this op.
+    pub(super) fn input_bytes(&self, bytes: &[u8]) -> Result<Input<'static>> {
+        Ok(Input::Staged(self.upload(bytes)?))
     }
 
     /// A weight (linear weight, table, gain or bias) as an input: its own buffer, or its

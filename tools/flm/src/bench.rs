@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
-use flm_core::{quant, Data, DataType, Executor, Expert, Int4Form};
+use flm_core::{
+    quant, Data, DataType, DeviceSampler, Executor, Expert, Int4Form, Location, SamplerConfig,
+};
 use flm_devices::CpuDevice;
 
 use crate::device::{Chosen, DeviceArgs};
@@ -353,7 +355,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if depth > 0 {
             model.forward(exec, &tokens(depth, 1), 0, Logits::Last)?;
         }
-        let once = |model: &mut Llama| -> Result<(f64, f64)> {
+        // Logits on a device are sampled there, as a session samples them (greedy: the
+        // same argmax), so a decode step copies one id out instead of the logits.
+        let location = model.logits_location();
+        let mut on_device = match location {
+            Location::Device { .. } => Some(DeviceSampler::new(
+                exec,
+                &SamplerConfig::default(),
+                vocab,
+                location,
+                &[],
+            )?),
+            Location::Host => None,
+        };
+        let mut once = |model: &mut Llama| -> Result<(f64, f64)> {
             if let Some(n) = args.batch {
                 return crate::bench_batch::once(exec, model, &prompt, n, args.gen_tokens);
             }
@@ -365,7 +380,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let start = Instant::now();
             let mut next = prompt[0];
             for g in 0..args.gen_tokens {
-                next = flm_core::argmax(model.forward(exec, &[next], depth + g, Logits::Last)?);
+                next = match &mut on_device {
+                    Some(sampler) => {
+                        let logits = model.forward_resident(exec, &[next], depth + g)?;
+                        sampler.sample(exec, logits)?
+                    }
+                    None => {
+                        flm_core::argmax(model.forward(exec, &[next], depth + g, Logits::Last)?)
+                    }
+                };
             }
             let decode = start.elapsed().as_secs_f64();
             Ok((
