@@ -3,8 +3,8 @@
 //! weights the teacher-forced top-1 token agrees with the CPU's at >= 99% of positions.
 //! With layers placed on the GPU (`--gpu-layers`), greedy decoding writes llama2.c's tokens
 //! and the executor records only the copies the placement implies; a session on the GPU
-//! samples there and copies one id in and one id out per step. Skipped with a message
-//! where no CUDA GPU is usable.
+//! samples there and copies one id in and one id out per step; the serving engine batches
+//! on the GPU. Skipped with a message where no CUDA GPU is usable.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -14,10 +14,10 @@ use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
-use flm_models::{import, Graph, SharedGraph};
+use flm_models::{import, Graph, SharedGraph, SharedModel};
 use flm_tests::{
-    cpu_executor, data, every_sampling_option, greedy_on, ids, session_ids, stories_reference,
-    weights_in,
+    cpu_executor, data, every_sampling_option, greedy_on, ids, serve_greedy, session_ids,
+    stories_reference, weights_in,
 };
 
 /// The CUDA device first, the CPU for the ops it leaves (as `--device cuda` runs).
@@ -184,4 +184,45 @@ fn a_session_on_the_gpu_copies_one_id_in_and_one_id_out_per_step() {
             gpu.transfers().report()
         );
     }
+}
+
+/// The serving engine with stories260K's layers (f16 weights) and KV pool on the GPU, as
+/// `flm serve --device cuda --gpu-layers 99` runs it: paged attention and the scatter of
+/// new keys and values on the GPU, and each of four concurrent greedy requests writes
+/// what the model writes for it alone on the GPU (batch-invariant kernels).
+#[test]
+fn the_engine_batches_on_the_gpu_with_each_sequence_as_alone() {
+    let Some(gpu) = gpu_executor() else { return };
+    gpu.require_batch_invariance();
+    let f16_on_gpu = |exec: &Executor| {
+        let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
+        let weights = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, shape| {
+            if shape.len() == 2 {
+                DataType::F16
+            } else {
+                DataType::F32
+            }
+        });
+        let model = LlamaModel::new(ckpt.config.clone(), weights).unwrap();
+        let n_layers = model.config().n_layers;
+        model
+            .place(exec, Placement::first_layers(n_layers, CUDA0, n_layers))
+            .unwrap()
+    };
+    let requests: [(Vec<u32>, usize); 4] = [
+        (vec![1], 120),
+        (prompt(), 60),
+        (vec![1, 300, 301, 17], 40),
+        ((1..40).collect(), 30),
+    ];
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|(p, n)| {
+            let mut llama = Llama::with_model(Arc::new(f16_on_gpu(&gpu))).unwrap();
+            greedy_on(&gpu, &mut llama, p, *n)
+        })
+        .collect();
+    let Some(exec) = gpu_executor() else { return };
+    let got = serve_greedy(SharedModel::from(f16_on_gpu(&exec)), exec, &requests);
+    assert_eq!(got, alone);
 }

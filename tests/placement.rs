@@ -1,19 +1,20 @@
 //! A model split between two memories: stories260K (5 layers) with its first layers on a
 //! device and the rest on the host, as `--gpu-layers` places them, writes llama2.c's
-//! greedy tokens, and the executor's transfer record holds exactly the copies the
-//! placement implies. The device is [`SimDevice`] (the CPU kernels over a memory of their
-//! own), so this runs on every machine.
+//! greedy tokens, alone and served by the batching engine (its KV pool placed with the
+//! layers), and the executor's transfer record holds exactly the copies the placement
+//! implies. The device is [`SimDevice`] (the CPU kernels over a memory of their own), so
+//! this runs on every machine.
 
 use std::sync::Arc;
 
 use flm_core::{Executor, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
-use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{BatchSeq, Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::Placement;
-use flm_models::{import, Graph};
+use flm_models::{import, Graph, SharedGraph, SharedModel};
 use flm_tests::{
-    cpu_executor, data, every_sampling_option, greedy_on, ids, session_ids, stories_placed,
-    stories_reference,
+    cpu_executor, data, every_sampling_option, greedy_on, ids, serve_greedy, session_ids,
+    stories_placed, stories_reference,
 };
 
 const SIM: Location = Location::Device {
@@ -206,4 +207,104 @@ fn experts_in_host_memory(family: &str) {
     let per_step = c.n_layers as u64 * steps;
     assert_eq!(copies(&exec, io, SIM, Location::Host), per_step);
     assert_eq!(copies(&exec, io, Location::Host, SIM), per_step);
+}
+
+/// stories260K as a shared model with its first `on_device` layers on the device of `exec`.
+fn shared_on(exec: &Executor, on_device: usize) -> SharedModel {
+    let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
+    let placement = Placement::first_layers(model.config().n_layers, SIM, on_device);
+    SharedModel::from(model.place(exec, placement).unwrap())
+}
+
+/// The serving engine over stories260K with every layer, then the first two, on the
+/// device (their KV pools and activations there): its concurrent greedy requests write
+/// llama2.c's and transformers' tokens, and the others the CPU engine's.
+#[test]
+fn the_engine_serves_layers_on_a_device_with_the_cpu_engines_tokens() {
+    let reference = stories_reference();
+    let from_bos = ids(&reference["greedy_from_bos"]["output_ids"]);
+    let prompt = ids(&reference["greedy_prompt"]["input_ids"]);
+    let from_prompt = ids(&reference["greedy_prompt"]["output_ids"]);
+    let requests = [
+        (vec![1], from_bos.len()),
+        (prompt, from_prompt.len()),
+        (vec![1, 300, 301, 17], 40),
+        (
+            vec![
+                1, 5, 9, 200, 33, 7, 90, 12, 400, 3, 8, 61, 77, 21, 15, 16, 18,
+            ],
+            25,
+        ),
+    ];
+    let cpu = serve_greedy(shared_on(&cpu_executor(), 0), cpu_executor(), &requests);
+    assert_eq!(cpu[0], from_bos);
+    assert_eq!(cpu[1], from_prompt);
+    for on_device in [99, 2] {
+        let exec = executor();
+        let got = serve_greedy(shared_on(&exec, on_device), exec, &requests);
+        assert_eq!(got, cpu, "{on_device} layers on the device");
+    }
+}
+
+/// A batched step (what the engine runs) over a model and a KV pool on the device copies
+/// the logits of its sequences to the host, once, and nothing else crosses: the block
+/// tables, positions and token ids go with the ops.
+#[test]
+fn a_batched_step_on_a_device_copies_only_the_logits_to_the_host() {
+    let exec = executor();
+    let model = shared_on(&exec, 99);
+    let (vocab, loaded) = (
+        model.config().vocab_size,
+        copies(&exec, "load: weights", Location::Host, SIM),
+    );
+    let mut batch = model.batch(1).unwrap();
+    let block_size = 16;
+    let mut kv = batch.kv_pool(&exec, 12, block_size).unwrap();
+    assert_eq!(kv.layer_mut(0).0.location(), SIM);
+    let prompts: [&[u32]; 3] = [
+        &[1, 40, 41],
+        &[1],
+        &[
+            1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+        ],
+    ];
+    let tables: Vec<Vec<u32>> = (0..3)
+        .map(|_| {
+            (0..4)
+                .map(|_| kv.allocator_mut().alloc().unwrap())
+                .collect()
+        })
+        .collect();
+    let mut tokens: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    let mut start = [0usize; 3];
+    let steps = 6;
+    let mut rows = 0;
+    for _ in 0..steps {
+        let seqs: Vec<BatchSeq<'_>> = (0..3)
+            .map(|i| BatchSeq {
+                tokens: &tokens[i][start[i]..],
+                start_pos: start[i],
+                blocks: &tables[i],
+            })
+            .collect();
+        let logits = batch.forward(&exec, &mut kv, &seqs).unwrap().to_vec();
+        rows += seqs.len();
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            start[i] = tokens[i].len();
+            tokens[i].push(flm_core::argmax(row));
+        }
+    }
+    let record = exec.transfers();
+    let to_host = "logits to host";
+    assert_eq!(copies(&exec, to_host, SIM, Location::Host), steps);
+    let bytes: u64 = record
+        .entries
+        .iter()
+        .filter(|e| e.reason == to_host)
+        .map(|e| e.bytes)
+        .sum();
+    assert_eq!(bytes, (rows * vocab * 4) as u64);
+    let (count, _) = record.totals();
+    assert_eq!(count, loaded + steps, "{}", record.report());
 }

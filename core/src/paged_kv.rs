@@ -10,7 +10,7 @@
 //! at once. Blocks carry a reference count, so that a block can be shared by several
 //! sequences (a common prompt prefix) and returns to the free list with its last owner.
 
-use crate::{Data, DataType, Error, Result};
+use crate::{Data, DataType, Error, Executor, Location, Result};
 
 /// Hands out the blocks `0..n_blocks` of a pool: a LIFO free list and a reference count
 /// per block. Running out is a value ([`BlockAllocator::alloc`] returns `None`), which a
@@ -103,7 +103,7 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     /// Allocates `n_blocks` zeroed blocks of `block_size` positions for `n_layers` layers of
-    /// `kv_dim` values per position (`n_kv_heads · head_dim`), all free.
+    /// `kv_dim` values per position (`n_kv_heads · head_dim`), all free, in host memory.
     ///
     /// Errors: [`Error::InvalidArgument`] for a block size or block count of 0;
     /// [`Error::Shape`] if the size overflows.
@@ -112,6 +112,34 @@ impl PagedKvCache {
         n_blocks: usize,
         block_size: usize,
         kv_dim: usize,
+    ) -> Result<PagedKvCache> {
+        let host = vec![Location::Host; n_layers];
+        PagedKvCache::alloc(&host, (n_blocks, block_size, kv_dim), &|shape, _| {
+            Data::zeros(DataType::F32, shape)
+        })
+    }
+
+    /// As [`PagedKvCache::new`], with layer `l`'s pools allocated by `exec` in the memory of
+    /// `locations[l]` (one layer per location), where the layer runs.
+    ///
+    /// Errors: those of [`PagedKvCache::new`]; the allocation's errors.
+    pub fn placed(
+        exec: &Executor,
+        locations: &[Location],
+        n_blocks: usize,
+        block_size: usize,
+        kv_dim: usize,
+    ) -> Result<PagedKvCache> {
+        PagedKvCache::alloc(locations, (n_blocks, block_size, kv_dim), &|shape, at| {
+            exec.zeros(DataType::F32, shape, at)
+        })
+    }
+
+    /// The pools of a layer per location, each made by `zeros(shape, location)`.
+    fn alloc(
+        locations: &[Location],
+        (n_blocks, block_size, kv_dim): (usize, usize, usize),
+        zeros: &dyn Fn(&[usize], Location) -> Result<Data>,
     ) -> Result<PagedKvCache> {
         if block_size == 0 || n_blocks == 0 {
             return Err(Error::InvalidArgument(format!(
@@ -125,13 +153,9 @@ impl PagedKvCache {
                 op: "PagedKvCache::new",
                 msg: format!("{n_blocks} blocks of {block_size} positions overflow"),
             })?;
-        let layers = (0..n_layers)
-            .map(|_| {
-                Ok((
-                    Data::zeros(DataType::F32, &[rows, kv_dim])?,
-                    Data::zeros(DataType::F32, &[rows, kv_dim])?,
-                ))
-            })
+        let layers = locations
+            .iter()
+            .map(|&at| Ok((zeros(&[rows, kv_dim], at)?, zeros(&[rows, kv_dim], at)?)))
             .collect::<Result<_>>()?;
         Ok(PagedKvCache {
             layers,

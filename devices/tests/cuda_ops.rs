@@ -13,8 +13,8 @@
 #![cfg(feature = "cuda")]
 
 use flm_core::{
-    sampler_state, BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle, RopeTable,
-    SampleState, SamplerConfig, TokenIds,
+    sampler_state, BaseDevice, Data, DataType, Executor, Location, Op, PagedSeq, RopeStyle,
+    RopeTable, SampleState, SamplerConfig, TokenIds,
 };
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
@@ -556,6 +556,27 @@ gpu_tests! {
         compare_attention(&gpu, &mut r, &cases, true, 2e-3);
     }
 
+    paged_attention_and_scatter_rows(gpu) {
+        let mut r = rng(9);
+        let host_pool = random(&mut r, &[64, 8], 1.0);
+        let src = random(&mut r, &[2, 8], 1.0);
+        let declined = Op::ScatterRows { src: &src, rows: &[3, 9], dst: &mut host_pool.clone() };
+        assert!(!gpu.supports(&declined), "a pool in host memory stays on the CPU");
+        let at = gpu.location();
+        let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
+        // (block_size, heads, kv heads, head_dim, window, alibi, softcap)
+        let cases = [
+            (16, 4, 4, 64, None, false, None),
+            (32, 8, 2, 128, None, false, None),
+            (16, 6, 3, 48, Some(37), false, None),
+            (32, 5, 5, 64, None, true, Some(0.8)),
+            (16, 32, 8, 128, Some(300), false, None),
+        ];
+        for (bs, heads, kv, hd, window, alibi, softcap) in cases {
+            paged_case(&exec, at, &mut r, (bs, heads, kv, hd), (window, alibi, softcap));
+        }
+    }
+
     buffers_round_trip_and_every_copy_is_recorded(gpu) {
         let location = gpu.location();
         assert_eq!(location, Location::Device { name: "cuda", ordinal: 0 });
@@ -575,4 +596,119 @@ gpu_tests! {
         let got: Vec<_> = exec.transfers().entries.iter().map(|e| (e.reason, e.count, e.bytes)).collect();
         assert_eq!(got, [("test: upload", 3, 3 * bytes), ("test: download", 2, 2 * bytes)]);
     }
+}
+
+/// One case of `paged_attention_and_scatter_rows`: sequences of several lengths (a decode
+/// row, prefill chunks, one past a 256-position chunk of the kernel) whose block tables
+/// are scattered over the pool, two of them sharing their first blocks (a common prefix);
+/// ScatterRows writes new rows into the pools, then PagedAttention reads them, on the GPU
+/// (pools in its memory) and on the CPU (in host memory).
+fn paged_case(
+    exec: &Executor,
+    at: Location,
+    r: &mut StdRng,
+    (bs, heads, kv, hd): (usize, usize, usize, usize),
+    (window, alibi, softcap): (Option<usize>, bool, Option<f32>),
+) {
+    // (rows this step, start position) of each sequence.
+    let shapes: [(usize, usize); 5] = [(1, 700), (7, 33), (1, 0), (3, 40), (1, 17)];
+    let per_seq: Vec<usize> = shapes.iter().map(|&(n, s)| (n + s).div_ceil(bs)).collect();
+    let n_blocks = per_seq.iter().sum::<usize>() + 3;
+    let mut free: Vec<u32> = (0..n_blocks as u32).collect();
+    for i in (1..free.len()).rev() {
+        free.swap(i, r.random_range(0..=i));
+    }
+    let mut tables: Vec<Vec<u32>> = per_seq.iter().map(|&b| free.drain(..b).collect()).collect();
+    // Sequence 3 shares sequence 1's first two blocks.
+    let shared = tables[1][..2].to_vec();
+    tables[3][..2].copy_from_slice(&shared);
+    let seqs: Vec<PagedSeq<'_>> = shapes
+        .iter()
+        .zip(&tables)
+        .map(|(&(n_rows, start_pos), blocks)| PagedSeq {
+            n_rows,
+            start_pos,
+            blocks,
+        })
+        .collect();
+    let n: usize = shapes.iter().map(|s| s.0).sum();
+    let cols = kv * hd;
+    let pool_rows = n_blocks * bs;
+    let mut pools = [
+        random(r, &[pool_rows, cols], 1.0),
+        random(r, &[pool_rows, cols], 1.0),
+    ];
+    // The new rows' slots: each row's own position in its sequence's table.
+    let mut slots = Vec::new();
+    for s in &seqs {
+        for p in s.start_pos..s.start_pos + s.n_rows {
+            slots.push(s.blocks[p / bs] * bs as u32 + (p % bs) as u32);
+        }
+    }
+    let new = [random(r, &[n, cols], 1.0), random(r, &[n, cols], 1.0)];
+    let q = random(r, &[n, heads * hd], 1.0);
+    let what =
+        format!("PagedAttention bs={bs} {heads}/{kv}x{hd} {window:?} alibi={alibi} {softcap:?}");
+    let mut gpu_pools = pools
+        .clone()
+        .map(|p| exec.to_device(&p, at, "test: upload").unwrap());
+    for i in 0..2 {
+        let (src, g) = (
+            exec.to_device(&new[i], at, "test: upload").unwrap(),
+            &mut gpu_pools[i],
+        );
+        exec.run(Op::ScatterRows {
+            src: &src,
+            rows: &slots,
+            dst: g,
+        })
+        .unwrap();
+        exec.run(Op::ScatterRows {
+            src: &new[i],
+            rows: &slots,
+            dst: &mut pools[i],
+        })
+        .unwrap();
+        let back = exec.to_host(g, "test: download").unwrap();
+        assert_eq!(
+            back.bytes().unwrap(),
+            pools[i].bytes().unwrap(),
+            "ScatterRows {what}"
+        );
+    }
+    let run = |q: &Data, [k, v]: &[Data; 2], output: &mut Data| {
+        exec.run(Op::PagedAttention {
+            q,
+            cache_k: k,
+            cache_v: v,
+            block_size: bs,
+            seqs: &seqs,
+            n_heads: heads,
+            n_kv_heads: kv,
+            scale: 1.0 / (hd as f32).sqrt(),
+            alibi,
+            softcap,
+            sliding_window: window,
+            output,
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    };
+    let mut want = nan(&[n, heads * hd]);
+    run(&q, &pools, &mut want);
+    let mut got = exec
+        .to_device(&nan(&[n, heads * hd]), at, "test: upload")
+        .unwrap();
+    run(
+        &exec.to_device(&q, at, "test: upload").unwrap(),
+        &gpu_pools,
+        &mut got,
+    );
+    let got = exec.to_host(&got, "test: download").unwrap();
+    check(
+        &what,
+        &got.to_f32_vec().unwrap(),
+        &want.to_f32_vec().unwrap(),
+        1e-5,
+        None,
+    );
 }

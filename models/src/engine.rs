@@ -2,7 +2,7 @@
 //! (Yu et al. 2022, Orca; Kwon et al. 2023, vLLM).
 //!
 //! An [`Engine`] owns a scheduler thread, which owns the model's batch runner
-//! ([`crate::llama::LlamaBatch`]), the [`Executor`] and the KV block pool ([`PagedKvCache`], sized by
+//! ([`crate::llama::LlamaBatch`]), the [`Executor`] and the KV block pool ([`flm_core::PagedKvCache`], sized by
 //! [`EngineConfig::max_batch_total_tokens`]). Requests are queued by [`Engine::submit`] from
 //! any thread. Each step the scheduler:
 //! 1. gives every decoding sequence a slot for its next token, taking a new block when its
@@ -26,6 +26,10 @@
 //! computes only the rest. Cached blocks no sequence uses are evicted least recently used
 //! first when the pool runs short (vLLM's automatic prefix caching; see `prefix.rs`).
 //!
+//! A model placed on a device (`--gpu-layers`) is served there: each layer's pools and
+//! activations live in its memory, and a step copies the logits to the host, where the
+//! requests' samplers run.
+//!
 //! When the pool is full, requests wait; nothing fails for lack of memory. Token ids only:
 //! tokenizing and detokenizing are the caller's. Greedy requests produce, token for token,
 //! what [`crate::session::Session`] produces for them alone, since every row of a batch is
@@ -42,9 +46,7 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use flm_core::{
-    Constraint, Error as CoreError, Executor, PagedKvCache, Sampler, SamplerConfig, TokenLogprobs,
-};
+use flm_core::{Constraint, Error as CoreError, Executor, Sampler, SamplerConfig, TokenLogprobs};
 
 use crate::{Error, ModelConfig, Result, SharedModel};
 
@@ -219,7 +221,7 @@ impl Engine {
         exec.require_batch_invariance();
         let batch = model.batch(config.max_batch_prefill_tokens.min(256))?;
         let c = model.config().clone();
-        let kv = PagedKvCache::new(c.n_layers, n_blocks, config.block_size, c.kv_dim())?;
+        let kv = batch.kv_pool(&exec, n_blocks, config.block_size)?;
         let stats = Arc::new(Mutex::new(EngineStats {
             free_blocks: n_blocks,
             total_blocks: n_blocks,

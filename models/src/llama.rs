@@ -495,26 +495,14 @@ impl Llama {
             return Ok(());
         }
         let model = &*self.model;
-        let (c, p) = (&model.config, &model.placement);
-        let layers: Vec<Location> = (0..c.n_layers).map(|l| p.layer(l)).collect();
+        let (c, layers) = (&model.config, model.placement.layers());
         let max_seq = c.pre_seq_len + c.max_seq_len;
         let kv = if model.weights.prefix_kv.is_some() {
-            host_kv(model)?.place(exec, &layers, "load: p-tuning prefix")?
+            host_kv(model)?.place(exec, layers, "load: p-tuning prefix")?
         } else {
-            KvCache::placed(exec, &layers, max_seq, c.kv_dim())?
+            KvCache::placed(exec, layers, max_seq, c.kv_dim())?
         };
-        let rows = PREFILL_CHUNK.min(c.max_seq_len);
-        self.states = p
-            .locations()
-            .into_iter()
-            .map(|at| {
-                // Each memory's layers have their experts in one memory.
-                let experts = (0..c.n_layers)
-                    .find(|&l| p.layer(l) == at)
-                    .map_or(at, |l| p.experts(l));
-                Activations::on(exec, (at, experts), c, rows)
-            })
-            .collect::<Result<_>>()?;
+        self.states = placed_states(exec, model, PREFILL_CHUNK.min(c.max_seq_len))?;
         self.kv = Some(kv);
         Ok(())
     }
@@ -776,6 +764,22 @@ fn output_state<'a>(model: &LlamaModel, states: &'a [Activations]) -> Result<&'a
     memory
         .and_then(|i| states.get(i))
         .ok_or_else(|| Error::Config("no forward pass has run".into()))
+}
+
+/// Activations for `rows` rows in each memory of `model`'s [`Placement::locations`], in
+/// that order, allocated there by `exec`.
+fn placed_states(exec: &Executor, model: &LlamaModel, rows: usize) -> Result<Vec<Activations>> {
+    let (c, p) = (&model.config, &model.placement);
+    p.locations()
+        .into_iter()
+        .map(|at| {
+            // Each memory's layers have their experts in one memory.
+            let experts = (0..c.n_layers)
+                .find(|&l| p.layer(l) == at)
+                .map_or(at, |l| p.experts(l));
+            Activations::on(exec, (at, experts), c, rows)
+        })
+        .collect()
 }
 
 /// The last chunk's logits (or hidden states) in host memory: those of the activations of

@@ -91,6 +91,11 @@ impl Placement {
         self.layers.len()
     }
 
+    /// The memory of each layer, first to last.
+    pub fn layers(&self) -> &[Location] {
+        &self.layers
+    }
+
     /// The memory of layer `l` (the host's past the last layer).
     pub fn layer(&self, l: usize) -> Location {
         self.layers.get(l).copied().unwrap_or(Location::Host)

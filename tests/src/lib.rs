@@ -4,17 +4,17 @@
 pub mod fuzz;
 pub mod glm_data;
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
 
 use flm_core::{Data, DataType, Executor, Location, SamplerConfig};
 use flm_devices::CpuDevice;
+use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
 use flm_models::llama::{Ffn, Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
-use flm_models::{import, Graph, Placement, SharedGraph};
+use flm_models::{import, Graph, Placement, SharedGraph, SharedModel};
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -210,4 +210,55 @@ pub fn weights_in(
         *dst = c(TensorName::Classifier, src);
     }
     out
+}
+
+/// Runs every `(prompt, max_tokens)` at once, greedy, through an engine over `model` on
+/// `exec` (its default budgets); returns each request's tokens, checking that it ended
+/// without an error.
+pub fn serve_greedy(
+    model: SharedModel,
+    exec: Executor,
+    requests: &[(Vec<u32>, usize)],
+) -> Vec<Vec<u32>> {
+    let engine = Engine::new(model, exec, EngineConfig::default()).unwrap();
+    let pending: Vec<_> = requests
+        .iter()
+        .map(|(prompt, max_tokens)| {
+            let (tx, rx) = mpsc::channel();
+            let request = Request {
+                prompt: prompt.clone(),
+                sampler: SamplerConfig::default(),
+                max_tokens: *max_tokens,
+                stop_tokens: Vec::new(),
+                logprobs: None,
+                constraint: None,
+            };
+            let on_event = Box::new(move |e| {
+                let _ = tx.send(e);
+                ControlFlow::Continue(())
+            });
+            engine.submit(request, on_event).unwrap();
+            rx
+        })
+        .collect();
+    pending
+        .into_iter()
+        .map(|rx| {
+            let mut ids = Vec::new();
+            for event in rx {
+                match event {
+                    Event::Token(t, _) => ids.push(t),
+                    Event::Finished(f) => {
+                        assert!(
+                            matches!(f.reason, FinishReason::Length | FinishReason::Stop),
+                            "{:?}",
+                            f.reason
+                        );
+                        break;
+                    }
+                }
+            }
+            ids
+        })
+        .collect()
 }

@@ -137,11 +137,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         flash_attention(dev, dim, &operands, &scalars, n, out.slice())?;
         return out.finish(dev);
     }
-    let chunks = rows.div_ceil(ATTN_CHUNK);
-    let parts = n * a.n_heads * chunks;
-    let mut part_m = dev.zeros::<f32>(parts)?;
-    let mut part_l = dev.zeros::<f32>(parts)?;
-    let mut part_o = dev.zeros::<f32>(parts * head_dim)?;
+    let mut parts = Partials::new(dev, (n, a.n_heads, head_dim), rows.div_ceil(ATTN_CHUNK))?;
     let hd = int(head_dim)?;
     let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
@@ -159,26 +155,65 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         .arg(&sc.softcap);
     arg_or_null(&mut b, operands.slopes);
     b.arg(&sc.bidirectional).arg(&sc.window);
-    b.arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);
+    b.arg(&mut parts.m).arg(&mut parts.l).arg(&mut parts.o);
     // SAFETY: arguments as `attn_partial`; q holds n × n_heads × head_dim floats, k and v
     // `rows` cache rows of n_kv_heads × head_dim (every position a row sees is below
     // `rows`), the slopes n_heads floats or null, the partial buffers one entry (and
     // head_dim values) per (row, head, chunk), and the dynamic shared memory is the
     // chunk's scores, the query and 32 floats of scratch.
-    unsafe { b.launch(grid((a.n_heads, n, chunks), THREADS, smem)?) }.map_err(dev_err)?;
-    let mut out = dev.output(output)?;
-    let chunks_i = int(chunks)?;
-    let f = dev.function(Kernel::AttnCombine)?;
-    let mut b = dev.stream.launch_builder(f);
-    b.arg(&part_m)
-        .arg(&part_l)
-        .arg(&part_o)
-        .arg(&sc.n_heads)
-        .arg(&hd)
-        .arg(&chunks_i)
-        .arg(out.slice());
-    // SAFETY: the partial buffers as written above and out n × n_heads × head_dim floats,
-    // as `attn_combine` reads and writes them.
-    unsafe { b.launch(grid((a.n_heads, n, 1), THREADS, 0)?) }.map_err(dev_err)?;
-    out.finish(dev)
+    unsafe { b.launch(grid((a.n_heads, n, parts.chunks), THREADS, smem)?) }.map_err(dev_err)?;
+    parts.combine(dev, output)
+}
+
+/// The per-chunk partial results of a flash-decoding attention (`attn_partial`,
+/// `paged_attn_partial`): the maximum `m`, the sum `l` and the unnormalised output `o`
+/// (`head_dim` values) of each (row, head, chunk), in that order.
+pub(super) struct Partials {
+    pub m: CudaSlice<f32>,
+    pub l: CudaSlice<f32>,
+    pub o: CudaSlice<f32>,
+    /// Chunks per (row, head).
+    pub chunks: usize,
+    shape: (usize, usize, usize),
+}
+
+impl Partials {
+    /// Zeroed partials of `(rows, n_heads, head_dim)` over `chunks` chunks.
+    pub(super) fn new(
+        dev: &CudaDevice,
+        (rows, n_heads, head_dim): (usize, usize, usize),
+        chunks: usize,
+    ) -> Result<Partials> {
+        let parts = rows * n_heads * chunks;
+        Ok(Partials {
+            m: dev.zeros::<f32>(parts)?,
+            l: dev.zeros::<f32>(parts)?,
+            o: dev.zeros::<f32>(parts * head_dim)?,
+            chunks,
+            shape: (rows, n_heads, head_dim),
+        })
+    }
+
+    /// Merges the chunks into `output` `[rows, n_heads · head_dim]` (`attn_combine`).
+    ///
+    /// Errors: [`Error::Device`] when the launch fails.
+    pub(super) fn combine(self, dev: &CudaDevice, output: &mut Data) -> Result<()> {
+        let (rows, n_heads, head_dim) = self.shape;
+        let mut out = dev.output(output)?;
+        let (nh, hd, chunks) = (int(n_heads)?, int(head_dim)?, int(self.chunks)?);
+        let f = dev.function(Kernel::AttnCombine)?;
+        let mut b = dev.stream.launch_builder(f);
+        b.arg(&self.m)
+            .arg(&self.l)
+            .arg(&self.o)
+            .arg(&nh)
+            .arg(&hd)
+            .arg(&chunks)
+            .arg(out.slice());
+        // SAFETY: the partial buffers as allocated by `new` and written by a partial
+        // kernel, out rows × n_heads × head_dim floats, as `attn_combine` reads and
+        // writes them.
+        unsafe { b.launch(grid((n_heads, rows, 1), THREADS, 0)?) }.map_err(dev_err)?;
+        out.finish(dev)
+    }
 }

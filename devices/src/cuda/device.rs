@@ -51,6 +51,8 @@ pub struct CudaDevice {
     /// RoPE tables' cos and sin rows by [`RopeTable::id`], uploaded once each.
     rope_tables: Mutex<HashMap<u64, Arc<RopeRows>>>,
     pub(super) batch_invariant: AtomicBool,
+    /// The paged ops' row metadata of the current step ([`super::paged::Uploads`]).
+    pub(super) paged_uploads: Mutex<super::paged::Uploads>,
     /// cuBLAS's workspace, set once so that a captured GEMM allocates nothing.
     _blas_workspace: CudaSlice<u8>,
     /// The step being captured ([`super::graph`]).
@@ -168,6 +170,7 @@ impl CudaDevice {
             packed: Mutex::new(HashMap::new()),
             f16_scratch: Mutex::new(f16_scratch),
             batch_invariant: AtomicBool::new(false),
+            paged_uploads: Mutex::new(super::paged::Uploads::default()),
             _blas_workspace: workspace,
             capture: Mutex::new(None),
             capturing: AtomicBool::new(false),

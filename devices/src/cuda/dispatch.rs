@@ -1,6 +1,6 @@
 //! [`CudaDevice`] as a [`BaseDevice`]: which ops it runs, on which operands, and the one
 //! place each op is handed to its module (one per kernel file: `norm`, `elementwise`,
-//! `embedding`, `linear`, `rope`, `attention`, `sample`).
+//! `embedding`, `linear`, `rope`, `attention`, `paged`, `sample`).
 
 use std::sync::atomic::Ordering;
 
@@ -9,8 +9,8 @@ use flm_core::{
     StepInputs,
 };
 
-use super::kernels::{has_quant_kernels, FloatWeight};
-use super::{attention, elementwise, embedding, linear, norm, rope, sample, CudaDevice};
+use super::kernels::{has_quant_kernels, FloatWeight, KvType};
+use super::{attention, elementwise, embedding, linear, norm, paged, rope, sample, CudaDevice};
 
 impl BaseDevice for CudaDevice {
     fn name(&self) -> &'static str {
@@ -71,9 +71,15 @@ impl BaseDevice for CudaDevice {
             Op::Argmax { input, .. } => f32(input),
             // Sampling state lives with the logits: host logits are sampled on the host.
             Op::Sample { .. } => resident,
-            // Host row copies are the CPU's; the paged-cache ops stay there in this version.
+            // Host row copies are the CPU's, and so is a paged pool in host memory (this
+            // GPU would copy it whole for every op).
             Op::CopyRows { src, dst, .. } => resident && f32(src) && f32(dst),
-            Op::PagedAttention { .. } | Op::ScatterRows { .. } => false,
+            Op::PagedAttention {
+                q, cache_k, output, ..
+            } => resident && f32(q) && KvType::of(cache_k.dtype()).is_some() && f32(output),
+            Op::ScatterRows { src, dst, .. } => {
+                resident && f32(src) && KvType::of(dst.dtype()).is_some()
+            }
             // The experts run on the CPU, from host memory (`--moe-device cpu`).
             Op::MoeFfn { .. } => false,
             // Qwen2-MoE's shared expert runs beside the routed experts, on the CPU.
@@ -249,10 +255,11 @@ impl BaseDevice for CudaDevice {
                 dst,
                 dst_row,
             } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, (dst_row, step)),
-            op @ (Op::PagedAttention { .. }
-            | Op::ScatterRows { .. }
-            | Op::MoeFfn { .. }
-            | Op::GatedAdd { .. }) => Err(Error::Unsupported(format!("{:?} on cuda", op.kind()))),
+            op @ Op::PagedAttention { .. } => paged::paged_attention(self, op),
+            Op::ScatterRows { src, rows, dst } => paged::scatter_rows(self, src, rows, dst),
+            op @ (Op::MoeFfn { .. } | Op::GatedAdd { .. }) => {
+                Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
+            }
         }
     }
 }

@@ -39,6 +39,24 @@ impl FloatWeight {
     }
 }
 
+/// The element type of a paged KV pool the kernels of `paged_attention.cu` read and
+/// write (their template parameter `KV`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvType {
+    /// f32.
+    F32,
+}
+
+impl KvType {
+    /// The kernels' variant for a pool of `dtype`; `None` for a type without kernels.
+    pub fn of(dtype: DataType) -> Option<KvType> {
+        match dtype {
+            DataType::F32 => Some(KvType::F32),
+            _ => None,
+        }
+    }
+}
+
 /// Whether the quantised-weight kernels read `dtype`: int8, int4 and the K-quants, not
 /// yet ggml's Q8_0 (whose ops then run on the CPU, from host memory).
 pub fn has_quant_kernels(dtype: DataType) -> bool {
@@ -146,6 +164,10 @@ pub enum Kernel {
     AttnCombine,
     /// `flash_attn_f32_d<D>` (flash_attn.cu): an f32 cache.
     FlashAttn(FlashHeadDim),
+    /// `paged_attn_partial_<KV>` (paged_attention.cu).
+    PagedAttnPartial(KvType),
+    /// `scatter_rows_<KV>` (paged_attention.cu).
+    ScatterRows(KvType),
     /// `argmax_rows` (sample.cu).
     ArgmaxRows,
     /// `top_k_rows` (sample.cu).
@@ -193,6 +215,8 @@ impl Kernel {
             Kernel::AttnCombine => "attn_combine",
             Kernel::FlashAttn(FlashHeadDim::D64) => "flash_attn_f32_d64",
             Kernel::FlashAttn(FlashHeadDim::D128) => "flash_attn_f32_d128",
+            Kernel::PagedAttnPartial(KvType::F32) => "paged_attn_partial_f32",
+            Kernel::ScatterRows(KvType::F32) => "scatter_rows_f32",
             Kernel::ArgmaxRows => "argmax_rows",
             Kernel::TopKRows => "top_k_rows",
             Kernel::SampleRow => "sample_row",
@@ -303,6 +327,14 @@ pub const MODULES: &[Module] = &[
         ],
     },
     Module {
+        name: "paged_attention",
+        source: include_str!("kernels/paged_attention.cu"),
+        kernels: &[
+            Kernel::PagedAttnPartial(KvType::F32),
+            Kernel::ScatterRows(KvType::F32),
+        ],
+    },
+    Module {
         name: "sample",
         source: include_str!("kernels/sample.cu"),
         kernels: &[Kernel::ArgmaxRows, Kernel::TopKRows, Kernel::SampleRow],
@@ -320,6 +352,9 @@ pub const ATTN_CHUNK: usize = 256;
 
 /// Threads of the one block of `sample_row` (`SAMPLE_THREADS` in `sample.cu`).
 pub const SAMPLE_THREADS: u32 = 1024;
+
+/// Positions one paged-attention block covers (`PAGED_CHUNK` in `paged_attention.cu`).
+pub const PAGED_CHUNK: usize = 256;
 
 /// Output rows per block of the dequantise-GEMV kernels (`QGEMV_ROWS` in `qgemv.cu`).
 pub const QGEMV_ROWS: usize = 4;

@@ -29,6 +29,7 @@ mod memory;
 mod norm;
 pub mod nvrtc;
 mod operand;
+mod paged;
 pub mod ptx_cache;
 mod rope;
 mod sample;

@@ -11,12 +11,20 @@
 //! sequence's block table ([`Op::PagedAttention`]). Each row is computed as
 //! [`crate::Graph::forward`] computes it: with batch-invariant kernels the logits are the
 //! same bits.
+//!
+//! A model placed on devices ([`crate::Placement`]) runs here as [`crate::Graph::forward`]
+//! runs it: each layer's pools ([`LlamaBatch::kv_pool`]) and activations in its memory, the
+//! residual stream copied at each boundary, and the logits copied to the host once per
+//! step. The step's row metadata (token ids, positions, slots, block tables) go with the
+//! ops in host memory.
 
 use std::sync::Arc;
 
 use flm_core::{Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
 
-use super::{finish, run_layers, Activations, Head, LlamaModel, Logits};
+use super::{
+    finish, host_output, placed_states, run_layers, Activations, Head, LlamaModel, Logits,
+};
 use crate::{Error, ModelConfig, Result};
 
 /// One sequence of a batched forward pass.
@@ -36,30 +44,28 @@ pub struct BatchSeq<'a> {
 /// activations grow to the largest batch seen.
 pub struct LlamaBatch {
     model: Arc<LlamaModel>,
-    state: Activations,
+    /// The activations of each memory of the model's placement, in its order; allocated
+    /// by the first forward pass.
+    states: Vec<Activations>,
     rows: usize,
+    /// The logits copied to the host, when the last layer is on a device.
+    host_out: Option<Data>,
     tokens: Vec<u32>,
     positions: Vec<u32>,
     slots: Vec<u32>,
     last_rows: Vec<usize>,
-    /// The p-tuning prefix of each layer: keys and values `[pre_seq_len, kv_dim]`.
+    /// The p-tuning prefix of each layer: keys and values `[pre_seq_len, kv_dim]`, moved to
+    /// the layer's memory when first written.
     prefix: Vec<(Data, Data)>,
 }
 
 impl LlamaBatch {
     /// A batch runner of `model`, with activations for `rows` rows to start with.
     ///
-    /// Errors: a buffer whose size overflows; [`Error::Config`] for a model placed on a
-    /// device ([`LlamaModel::place`]), which the batched path does not run yet.
+    /// Errors: a p-tuning prefix that cannot be read.
     pub fn new(model: Arc<LlamaModel>, rows: usize) -> Result<LlamaBatch> {
-        if !model.placement.is_host() {
-            return Err(Error::Config(
-                "batched serving runs models placed in host memory only, for now".into(),
-            ));
-        }
         let c = &model.config;
         let rows = rows.max(1);
-        let state = Activations::new(c, rows)?;
         let mut prefix = Vec::new();
         if let Some(p) = &model.weights.prefix_kv {
             let kv_dim = c.kv_dim();
@@ -77,14 +83,36 @@ impl LlamaBatch {
         }
         Ok(LlamaBatch {
             model,
-            state,
+            states: Vec::new(),
             rows,
+            host_out: None,
             tokens: Vec::new(),
             positions: Vec::new(),
             slots: Vec::new(),
             last_rows: Vec::new(),
             prefix,
         })
+    }
+
+    /// A KV pool of `n_blocks` blocks of `block_size` positions for this model, each
+    /// layer's pools allocated by `exec` in the memory the layer runs in.
+    ///
+    /// Errors: those of [`PagedKvCache::placed`].
+    pub fn kv_pool(
+        &self,
+        exec: &Executor,
+        n_blocks: usize,
+        block_size: usize,
+    ) -> Result<PagedKvCache> {
+        let c = &self.model.config;
+        let layers = self.model.placement.layers();
+        Ok(PagedKvCache::placed(
+            exec,
+            layers,
+            n_blocks,
+            block_size,
+            c.kv_dim(),
+        )?)
     }
 
     /// The configuration.
@@ -114,8 +142,14 @@ impl LlamaBatch {
                     max: blocks.len() * kv.block_size(),
                 })?);
         }
-        for (l, (k, v)) in self.prefix.iter().enumerate() {
+        for (l, (k, v)) in self.prefix.iter_mut().enumerate() {
             let (pool_k, pool_v) = kv.layer_mut(l);
+            // Copied once, the first time: afterwards the prefix is where its pool is.
+            for (src, pool) in [(&mut *k, &*pool_k), (&mut *v, &*pool_v)] {
+                if src.location() != pool.location() {
+                    *src = exec.to_device(src, pool.location(), "load: p-tuning prefix")?;
+                }
+            }
             exec.run(Op::ScatterRows {
                 src: k,
                 rows: &self.slots,
@@ -167,9 +201,9 @@ impl LlamaBatch {
             self.last_rows.push(self.tokens.len() - 1);
         }
         let n = self.tokens.len();
-        if n > self.rows {
-            self.state = Activations::new(c, n)?;
-            self.rows = n;
+        if n > self.rows || self.states.is_empty() {
+            self.rows = self.rows.max(n);
+            self.states = placed_states(exec, &model, self.rows)?;
         }
         let paged: Vec<PagedSeq<'_>> = seqs
             .iter()
@@ -179,10 +213,11 @@ impl LlamaBatch {
                 blocks: seq.blocks,
             })
             .collect();
-        self.state.set_rows(c, n)?;
+        for s in &mut self.states {
+            s.set_rows(c, n)?;
+        }
         let (positions, slots, block_size) = (&self.positions, &self.slots, kv.block_size());
-        let states = std::slice::from_mut(&mut self.state);
-        let s = run_layers(exec, &model, &self.tokens, states, |l, s| {
+        let s = run_layers(exec, &model, &self.tokens, &mut self.states, |l, s| {
             if !c.alibi {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
                     exec.run(Op::RopeRows {
@@ -221,6 +256,6 @@ impl LlamaBatch {
             })
         })?;
         finish(exec, &model, s, Head::Logits(Logits::Last), &self.last_rows)?;
-        Ok(self.state.logits.as_f32()?)
+        host_output(&model, &self.states, &mut self.host_out, exec)
     }
 }

@@ -62,9 +62,9 @@ pub struct BenchArgs {
     json: bool,
     /// Decode this many sequences together, as the serving engine batches them (one
     /// forward of N rows per step over a paged KV cache, each sequence decoding after its
-    /// prompt); tokens/s are their aggregate.
-    #[arg(long)]
-    batch: Option<usize>,
+    /// prompt); tokens/s are their aggregate. A list (`--batch 1,8,32`) measures each.
+    #[arg(long, value_delimiter = ',')]
+    batch: Vec<usize>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -321,21 +321,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
     ensure!(args.prompt_tokens > 0, "--prompt-tokens must be at least 1");
     ensure!(args.gen_tokens > 0, "--gen-tokens must be at least 1");
     ensure!(args.reps > 0, "--reps must be at least 1");
-    ensure!(args.batch != Some(0), "--batch must be at least 1");
+    ensure!(!args.batch.contains(&0), "--batch must be at least 1");
     let threads = args.threads.unwrap_or_else(rayon::current_num_threads);
     ensure!(threads > 0, "--threads must be at least 1");
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .context("cannot start the thread pool")?;
-    let positions = match args.batch {
-        Some(_) => args.prompt_tokens + args.gen_tokens,
-        None => args.depth + args.prompt_tokens.max(args.gen_tokens),
+    // `None`: one sequence through the single-sequence forward pass.
+    let (positions, batches): (usize, Vec<Option<usize>>) = if args.batch.is_empty() {
+        let positions = args.depth + args.prompt_tokens.max(args.gen_tokens);
+        (positions, vec![None])
+    } else {
+        let sizes = args.batch.iter().copied().map(Some).collect();
+        (args.prompt_tokens + args.gen_tokens, sizes)
     };
     let isa = CpuDevice::new()?.isa();
     let chosen = args.device.executor()?;
     let exec: &Executor = &chosen.exec;
-    if args.batch.is_some() {
+    if !args.batch.is_empty() {
         // As the serving engine runs it.
         exec.require_batch_invariance();
     }
@@ -368,8 +372,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             )?),
             Location::Host => None,
         };
-        let mut once = |model: &mut Llama| -> Result<(f64, f64)> {
-            if let Some(n) = args.batch {
+        let mut once = |model: &mut Llama, batch: Option<usize>| -> Result<(f64, f64)> {
+            if let Some(n) = batch {
                 return crate::bench_batch::once(exec, model, &prompt, n, args.gen_tokens);
             }
             let start = Instant::now();
@@ -396,13 +400,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 args.gen_tokens as f64 / decode,
             ))
         };
-        once(&mut model)?;
-        let runs = (0..args.reps)
-            .map(|_| once(&mut model))
-            .collect::<Result<Vec<_>>>()?;
-        let (pp, pp_sd) = mean_sd(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
-        let (tg, tg_sd) = mean_sd(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
-        // Whether the decode steps ran as a CUDA graph (`--cuda-graph`).
+        let mut measured = Vec::new();
+        for &batch in &batches {
+            once(&mut model, batch)?;
+            let runs = (0..args.reps)
+                .map(|_| once(&mut model, batch))
+                .collect::<Result<Vec<_>>>()?;
+            let (pp, pp_sd) = mean_sd(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
+            let (tg, tg_sd) = mean_sd(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
+            measured.push((batch.unwrap_or(1), [pp, pp_sd, tg, tg_sd]));
+        }
+        // Whether the single-sequence decode steps ran as a CUDA graph (`--cuda-graph`).
         let step_graph = model.captured_steps().contains(&1);
         drop(model);
         // The bound decode is compared with: the GPU's peak, or the CPU's measured stream.
@@ -413,63 +421,64 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "streaming read bandwidth",
             ),
         };
-        // A batched step reads the weights once for all its sequences.
-        let batch = args.batch.unwrap_or(1);
-        let decode_gb_s = bytes as f64 * tg / batch as f64 / 1e9;
-        if args.json {
-            let line = serde_json::json!({
-                "model": name,
-                "dtype": dtype,
-                "device": chosen.first,
-                "isa": isa.name(),
-                "threads": threads,
-                "prompt_tokens": args.prompt_tokens,
-                "gen_tokens": args.gen_tokens,
-                "depth": args.depth,
-                "batch": batch,
-                "cuda_graph": step_graph,
-                "reps": args.reps,
-                "prefill_tok_s": pp,
-                "prefill_tok_s_sd": pp_sd,
-                "decode_tok_s": tg,
-                "decode_tok_s_sd": tg_sd,
-                "weight_bytes_per_token": bytes,
-                "decode_gb_s": decode_gb_s,
-                // The CPU's measured stream, or the GPU's peak: the bound named by "bound".
-                "stream_gb_s": stream,
-                "bound": bound,
-                "bandwidth_fraction": decode_gb_s / stream,
-            });
-            println!("{line}");
-        } else {
-            println!(
-                "model {name} ({dtype}) on {}, {} CPU kernels, {threads} threads, {} repetitions, \
-                 {batch} sequence(s) at once (aggregate tokens/s){}",
-                chosen.first,
-                isa,
-                args.reps,
-                if step_graph {
-                    ", decode steps as a CUDA graph"
-                } else {
-                    ""
-                }
-            );
-            let at = match args.depth {
-                0 => String::new(),
-                d => format!(" @ d{d}"),
-            };
-            println!(
-                "| test | tokens/s |\n|---|---|\n| pp{}{at} | {pp:.2} ± {pp_sd:.2} |\n| tg{}{at} | {tg:.2} ± {tg_sd:.2} |",
-                args.prompt_tokens, args.gen_tokens
-            );
-            println!(
-                "weights read per decoded token: {:.3} GB; decode moves {decode_gb_s:.2} GB/s; \
-                 {bound} {stream:.2} GB/s, so decode runs at {:.0}% of the \
-                 bandwidth bound ({:.2} tokens/s)",
-                bytes as f64 / 1e9,
-                100.0 * decode_gb_s / stream,
-                stream * 1e9 / bytes as f64 * batch as f64
-            );
+        for (batch, [pp, pp_sd, tg, tg_sd]) in measured {
+            // A batched step reads the weights once for all its sequences.
+            let decode_gb_s = bytes as f64 * tg / batch as f64 / 1e9;
+            if args.json {
+                let line = serde_json::json!({
+                    "model": name,
+                    "dtype": dtype,
+                    "device": chosen.first,
+                    "isa": isa.name(),
+                    "threads": threads,
+                    "prompt_tokens": args.prompt_tokens,
+                    "gen_tokens": args.gen_tokens,
+                    "depth": args.depth,
+                    "batch": batch,
+                    "cuda_graph": step_graph && batch == 1,
+                    "reps": args.reps,
+                    "prefill_tok_s": pp,
+                    "prefill_tok_s_sd": pp_sd,
+                    "decode_tok_s": tg,
+                    "decode_tok_s_sd": tg_sd,
+                    "weight_bytes_per_token": bytes,
+                    "decode_gb_s": decode_gb_s,
+                    // The CPU's measured stream, or the GPU's peak: the bound named by "bound".
+                    "stream_gb_s": stream,
+                    "bound": bound,
+                    "bandwidth_fraction": decode_gb_s / stream,
+                });
+                println!("{line}");
+            } else {
+                println!(
+                    "model {name} ({dtype}) on {}, {} CPU kernels, {threads} threads, {} repetitions, \
+                     {batch} sequence(s) at once (aggregate tokens/s){}",
+                    chosen.first,
+                    isa,
+                    args.reps,
+                    if step_graph && batch == 1 {
+                        ", decode steps as a CUDA graph"
+                    } else {
+                        ""
+                    }
+                );
+                let at = match args.depth {
+                    0 => String::new(),
+                    d => format!(" @ d{d}"),
+                };
+                println!(
+                    "| test | tokens/s |\n|---|---|\n| pp{}{at} | {pp:.2} ± {pp_sd:.2} |\n| tg{}{at} | {tg:.2} ± {tg_sd:.2} |",
+                    args.prompt_tokens, args.gen_tokens
+                );
+                println!(
+                    "weights read per decoded token: {:.3} GB; decode moves {decode_gb_s:.2} GB/s; \
+                     {bound} {stream:.2} GB/s, so decode runs at {:.0}% of the \
+                     bandwidth bound ({:.2} tokens/s)",
+                    bytes as f64 / 1e9,
+                    100.0 * decode_gb_s / stream,
+                    stream * 1e9 / bytes as f64 * batch as f64
+                );
+            }
         }
         Ok(())
     })

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use flm_core::{Executor, PagedKvCache};
+use flm_core::Executor;
 use flm_models::llama::{BatchSeq, Llama, LlamaBatch};
 use flm_models::Graph;
 
@@ -25,8 +25,8 @@ pub fn once(
     let c = model.config();
     let positions = c.pre_seq_len + prompt.len() + gen_tokens;
     let per_seq = positions.div_ceil(BLOCK_SIZE);
-    let mut kv = PagedKvCache::new(c.n_layers, n * per_seq, BLOCK_SIZE, c.kv_dim())?;
     let mut batch = LlamaBatch::new(model.model().clone(), n * prompt.len())?;
+    let mut kv = batch.kv_pool(exec, n * per_seq, BLOCK_SIZE)?;
     let tables: Vec<Vec<u32>> = (0..n)
         .map(|_| {
             (0..per_seq)

@@ -71,8 +71,8 @@ pub struct DeviceArgs {
     pub device: DeviceChoice,
     /// N or auto: the first N layers' weights, KV cache and activations live on the GPU and
     /// the rest on the CPU (auto: as many as its free memory holds). Without it, a GPU runs
-    /// the model's ops from host memory, one op at a time. Llama-graph models, one sequence
-    /// at a time (run, chat, perplexity, bench).
+    /// the model's ops from host memory, one op at a time. Llama-graph models (run, chat,
+    /// perplexity, bench, and serve, whose KV block pool goes with the layers).
     #[arg(long)]
     pub gpu_layers: Option<GpuLayers>,
     /// cpu: a mixture-of-experts model's experts stay in host memory and run on the CPU,

@@ -600,6 +600,50 @@ fn bench_reports_json_for_random_weights() {
 }
 
 #[test]
+fn bench_measures_each_batch_size_of_a_list() {
+    let config = data("hf-stories260K/config.json");
+    let config = config.to_str().unwrap();
+    let out = flm(&[
+        "bench",
+        "--random",
+        config,
+        "--dtype",
+        "int8",
+        "--batch",
+        "1,3",
+        "--prompt-tokens",
+        "4",
+        "--gen-tokens",
+        "2",
+        "--reps",
+        "1",
+        "--threads",
+        "1",
+        "--stream-mib",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let batches: Vec<u64> = lines.iter().map(|l| l["batch"].as_u64().unwrap()).collect();
+    assert_eq!(batches, [1, 3]);
+    for line in &lines {
+        assert!(line["decode_tok_s"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    let zero = [
+        "bench", "--random", config, "--dtype", "int8", "--batch", "2,0",
+    ];
+    expect_error(&zero, "--batch must be at least 1");
+}
+
+#[test]
 fn bench_rejects_bad_requests() {
     let config = data("hf-stories260K/config.json");
     let config = config.to_str().unwrap();

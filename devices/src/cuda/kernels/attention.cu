@@ -39,11 +39,7 @@ extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
     long part = ((long)row * n_heads + h) * chunks + chunk;
     float* o = part_o + part * head_dim;
     if (a >= b) {
-        if (threadIdx.x == 0) {
-            part_m[part] = -INFINITY;
-            part_l[part] = 0.0f;
-        }
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = 0.0f;
+        flash_empty_part(part_m, part_l, o, part, head_dim);
         return;
     }
     const float* qr = q + ((long)row * n_heads + h) * head_dim;
@@ -64,16 +60,8 @@ extern "C" __global__ void attn_partial(const float* q, const float* cache_k,
         }
     }
     __syncthreads();
-    float mx = -INFINITY;
-    for (long t = a + threadIdx.x; t < b; t += blockDim.x) mx = fmaxf(mx, scores[t - t0]);
-    mx = block_max(mx, scratch);
-    float l = 0.0f;
-    for (long t = a + threadIdx.x; t < b; t += blockDim.x) {
-        float e = expf(scores[t - t0] - mx);
-        scores[t - t0] = e;
-        l += e;
-    }
-    l = block_sum(l, scratch);
+    float l;
+    float mx = flash_chunk_softmax(scores + (a - t0), b - a, scratch, &l);
     __syncthreads();
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         const float* v = cache_v + (long)kvh * head_dim + d;

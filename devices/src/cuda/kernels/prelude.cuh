@@ -59,6 +59,34 @@ __device__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// The flash-decoding chunks of attention.cu and paged_attention.cu (Dao et al. 2023): a
+// chunk the row sees nothing of writes m = -inf, l = 0 and a zero output, which the
+// combine skips.
+__device__ void flash_empty_part(float* part_m, float* part_l, float* o, long part,
+                                 int head_dim) {
+    if (threadIdx.x == 0) {
+        part_m[part] = -INFINITY;
+        part_l[part] = 0.0f;
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = 0.0f;
+}
+
+// The softmax numerator of a chunk's `count` scores in shared memory, over the block:
+// each score s becomes e^(s - m) with m their maximum; returns m and sets *l to the sum.
+__device__ float flash_chunk_softmax(float* scores, long count, float* scratch, float* l) {
+    float mx = -INFINITY;
+    for (long i = threadIdx.x; i < count; i += blockDim.x) mx = fmaxf(mx, scores[i]);
+    mx = block_max(mx, scratch);
+    float sum = 0.0f;
+    for (long i = threadIdx.x; i < count; i += blockDim.x) {
+        float e = expf(scores[i] - mx);
+        scores[i] = e;
+        sum += e;
+    }
+    *l = block_sum(sum, scratch);
+    return mx;
+}
+
 // Element `i` of a float weight vector of dtype `W` (0: f32, 1: f16, 2: bf16).
 template <int W>
 __device__ __forceinline__ float load_w(const void* w, long i) {
