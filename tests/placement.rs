@@ -14,7 +14,7 @@ use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph, SharedModel};
 use flm_tests::{
     cpu_executor, data, every_sampling_option, greedy_on, ids, serve_greedy, session_ids,
-    stories_reference,
+    stories_placed, stories_reference,
 };
 
 const SIM: Location = Location::Device {
@@ -41,13 +41,7 @@ fn placed(exec: &Executor, on_device: usize) -> Llama {
 
 /// [`placed`] with KV caches of `kv_dtype`.
 fn placed_with(exec: &Executor, on_device: usize, kv_dtype: KvDtype) -> Llama {
-    let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
-        .unwrap()
-        .with_kv_dtype(kv_dtype);
-    let placement = Placement::first_layers(model.config().n_layers, SIM, on_device);
-    let model = model.place(exec, placement).unwrap();
-    Llama::with_model(Arc::new(model)).unwrap()
+    stories_placed(exec, SIM, on_device, kv_dtype)
 }
 
 /// Each `(reason, route)`'s copies in the record.

@@ -13,6 +13,7 @@ use crate::{Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable, To
 pub struct CheckedOp<'a> {
     op: Op<'a>,
     location: Location,
+    step: bool,
 }
 
 impl<'a> CheckedOp<'a> {
@@ -29,6 +30,19 @@ impl<'a> CheckedOp<'a> {
     /// Where all its tensor operands are.
     pub fn location(&self) -> Location {
         self.location
+    }
+
+    /// Whether its token ids and positions are those of the step being run
+    /// ([`crate::Executor::run_step`]): the [`crate::StepInputs`] of a captured step, which
+    /// a replay reads from device memory (see [`crate::StepGraph`]).
+    pub fn follows_step(&self) -> bool {
+        self.step
+    }
+
+    /// Marks it as following the step's inputs ([`CheckedOp::follows_step`]).
+    pub(crate) fn at_step(mut self) -> CheckedOp<'a> {
+        self.step = true;
+        self
     }
 }
 
@@ -343,7 +357,11 @@ impl<'a> Op<'a> {
     pub fn validate(self) -> Result<CheckedOp<'a>> {
         let location = self.location()?;
         self.check()?;
-        Ok(CheckedOp { op: self, location })
+        Ok(CheckedOp {
+            op: self,
+            location,
+            step: false,
+        })
     }
 
     /// Where the tensor operands are (host memory for an op without any).

@@ -1,6 +1,8 @@
 //! The device interface.
 
-use crate::{CheckedOp, DataType, DeviceBuffer, Error, Location, Op, Result};
+use crate::{
+    CapturedStep, CheckedOp, DataType, DeviceBuffer, Error, Location, Op, Result, StepInputs,
+};
 
 /// A compute device (FastLLM's `BaseDevice`): it says which ops it can run and runs them,
 /// and manages the buffers of its own memory, if it has any (allocate, upload, download).
@@ -110,5 +112,54 @@ pub trait BaseDevice: Send + Sync {
     ) -> Result<()> {
         let _ = (dtype, shape);
         self.download(src, dst)
+    }
+
+    /// Whether it can capture a step ([`BaseDevice::begin_capture`]); false by default, so
+    /// devices without graphs run every step op by op.
+    fn supports_capture(&self) -> bool {
+        false
+    }
+
+    /// Starts recording, instead of running, the ops it is given until
+    /// [`BaseDevice::end_capture`] (the [`crate::Executor`] routes every op of the step to
+    /// it), with `step` as the values of the ops that follow the step
+    /// ([`CheckedOp::follows_step`]); see [`crate::StepGraph`] for what a capture refuses.
+    ///
+    /// Errors: [`Error::Unsupported`] by default; [`Error::Device`] when a capture is
+    /// already under way or the device cannot start one.
+    fn begin_capture(&self, step: &StepInputs<'_>) -> Result<()> {
+        let _ = step;
+        Err(Error::Unsupported(format!(
+            "capturing a step on {}",
+            self.name()
+        )))
+    }
+
+    /// Ends the capture begun by [`BaseDevice::begin_capture`] and returns it, nothing
+    /// having run yet. With `keep` false (an op of the step failed) it discards it.
+    ///
+    /// Errors: [`Error::Unsupported`] by default; [`Error::Device`] when no capture is
+    /// under way or the device fails to build it.
+    fn end_capture(&self, keep: bool) -> Result<Option<Box<dyn CapturedStep>>> {
+        let _ = keep;
+        Err(Error::Unsupported(format!(
+            "capturing a step on {}",
+            self.name()
+        )))
+    }
+
+    /// Runs a step this device captured, with `step`'s token ids and positions: one upload
+    /// of them, then the captured ops.
+    ///
+    /// Errors: [`Error::Unsupported`] by default; [`Error::InvalidArgument`] for a capture
+    /// of another device or another batch size; [`Error::TokenOutOfRange`] or
+    /// [`Error::ContextOverflow`] for inputs the captured ops cannot take; [`Error::Device`]
+    /// when the launch fails.
+    fn replay(&self, captured: &dyn CapturedStep, step: &StepInputs<'_>) -> Result<()> {
+        let _ = (captured, step);
+        Err(Error::Unsupported(format!(
+            "replaying a step on {}",
+            self.name()
+        )))
     }
 }

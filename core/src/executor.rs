@@ -1,11 +1,14 @@
 //! The [`Executor`]: runs each op on the first device that supports it where its operands
 //! live, makes and records every copy between host and device memory, and profiles.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use crate::{
-    BaseDevice, Data, DataType, Error, Location, Op, OpKind, Result, Route, TransferRecord,
+    BaseDevice, CheckedOp, Data, DataType, Error, Location, Op, OpKind, Result, Route, StepGraph,
+    StepInputs, TransferRecord,
 };
 
 #[derive(Clone, Copy, Default)]
@@ -76,11 +79,24 @@ struct Profile {
 /// calls and wall time, and those of each weight matrix (or set of matrices) of the Linear
 /// and Linears ops, with the bytes of weights they read per second, and prints the tables
 /// to stderr when dropped (at exit), with the transfer record. Without it the per-op cost
-/// is a branch and a short loop over the devices.
+/// is a branch and a short loop over the devices. A replayed step ([`Executor::replay`])
+/// is not in the per-op tables: its ops ran as one launch.
+///
+/// A decode step can be captured once on a device and replayed ([`Executor::capture`],
+/// [`StepGraph`]); [`Executor::set_step_graphs`] turns that off (`--cuda-graph off`).
 pub struct Executor {
     devices: Vec<Box<dyn BaseDevice>>,
     profile: Option<Mutex<Profile>>,
     transfers: Mutex<TransferRecord>,
+    /// Whether models may capture their steps ([`Executor::can_capture`]).
+    step_graphs: AtomicBool,
+    /// Set while a capture is under way, so that [`Executor::run`] checks `capture`.
+    capturing: AtomicBool,
+    /// The memory whose device is capturing, and the thread that issues the step's ops.
+    capture: Mutex<Option<(Location, ThreadId)>>,
+    /// Held for writing by a capture and for reading by every op, copy and replay of the
+    /// other threads, so that theirs wait instead of landing in the capture.
+    gate: RwLock<()>,
 }
 
 impl Executor {
@@ -101,7 +117,139 @@ impl Executor {
                 })
             }),
             transfers: Mutex::new(TransferRecord::default()),
+            step_graphs: AtomicBool::new(true),
+            capturing: AtomicBool::new(false),
+            capture: Mutex::new(None),
+            gate: RwLock::new(()),
         }
+    }
+
+    /// Allows or forbids capturing steps from now on (allowed by default): with `false`,
+    /// [`Executor::can_capture`] is false everywhere and models run every step op by op
+    /// (`--cuda-graph off`, the workaround should a captured step misbehave).
+    pub fn set_step_graphs(&self, on: bool) {
+        self.step_graphs.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether a step whose ops all run in the memory `at` can be captured there: step
+    /// graphs are allowed ([`Executor::set_step_graphs`]) and its device captures
+    /// ([`BaseDevice::supports_capture`]).
+    pub fn can_capture(&self, at: Location) -> bool {
+        self.step_graphs.load(Ordering::Relaxed)
+            && self.device_at(at).is_ok_and(|d| d.supports_capture())
+    }
+
+    /// The capture under way, if any: its memory and the thread that runs it.
+    fn capture_state(&self) -> Option<(Location, ThreadId)> {
+        if !self.capturing.load(Ordering::Acquire) {
+            return None;
+        }
+        match self.capture.lock() {
+            Ok(c) => *c,
+            Err(poisoned) => *poisoned.into_inner(),
+        }
+    }
+
+    fn set_capture(&self, state: Option<(Location, ThreadId)>) {
+        let mut c = match self.capture.lock() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *c = state;
+        self.capturing.store(state.is_some(), Ordering::Release);
+    }
+
+    /// Whether this thread is capturing a step ([`Executor::capture`]): its ops are being
+    /// recorded, and copies between memories are refused.
+    pub fn capturing(&self) -> bool {
+        self.capture_state()
+            .is_some_and(|(_, thread)| thread == std::thread::current().id())
+    }
+
+    /// For a call that uses the memory `at`: waits for a capture by another thread to end,
+    /// and keeps any from starting until the guard drops. Nothing for the capturing
+    /// thread's own calls, nor where no device captures (the host: so CPU ops pay nothing).
+    fn enter(&self, at: &[Location]) -> Option<RwLockReadGuard<'_, ()>> {
+        let captures = |d: &dyn BaseDevice| at.contains(&d.location()) && d.supports_capture();
+        if !self.devices.iter().any(|d| captures(&**d)) {
+            return None;
+        }
+        if let Some((_, thread)) = self.capture_state() {
+            if std::thread::current().id() == thread {
+                return None;
+            }
+        }
+        Some(self.gate.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The error of `what` by the capturing thread while it captures a step: an op on
+    /// another device, a copy between memories.
+    fn escapes_capture(&self, what: impl FnOnce() -> String) -> Result<()> {
+        match self.capture_state() {
+            Some((at, thread)) if std::thread::current().id() == thread => {
+                Err(Error::Device(format!(
+                    "{} while a step is captured on {at}; run with --cuda-graph off to go \
+                     without step graphs",
+                    what()
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Captures the ops that `step_ops` runs through this executor (every one on the
+    /// device of `at`, none waiting for the host) as one [`StepGraph`] for `step`'s batch
+    /// size, then replays it once with `step` (a capture records without running). The
+    /// ops whose token ids and positions are the step's go through
+    /// [`Executor::run_step`]; the others must not depend on the step's values.
+    ///
+    /// Errors: [`Error::Unsupported`] where [`Executor::can_capture`] is false; whatever
+    /// `step_ops` returns (the capture is then discarded); [`Error::Device`] for an op
+    /// that would escape the capture (see [`StepGraph`]) or a device failure.
+    pub fn capture<E: From<Error>>(
+        &self,
+        at: Location,
+        step: &StepInputs<'_>,
+        step_ops: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<StepGraph, E> {
+        if !self.can_capture(at) {
+            return Err(Error::Unsupported(format!("capturing a step in {at} memory")).into());
+        }
+        if self.capture_state().is_some() {
+            return Err(Error::Device("a step is already being captured".into()).into());
+        }
+        let device = self.device_at(at)?;
+        let gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        device.begin_capture(step)?;
+        self.set_capture(Some((at, std::thread::current().id())));
+        let ran = step_ops();
+        self.set_capture(None);
+        let captured = device.end_capture(ran.is_ok());
+        drop(gate);
+        ran?;
+        let captured = captured?
+            .ok_or_else(|| Error::Device(format!("{} returned no capture", device.name())))?;
+        let graph = StepGraph::new(at, step.batch(), captured);
+        self.replay(&graph, step)?;
+        Ok(graph)
+    }
+
+    /// Runs a captured step with `step`'s token ids and positions.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `step` has another batch size than the
+    /// graph; those of [`BaseDevice::replay`].
+    pub fn replay(&self, graph: &StepGraph, step: &StepInputs<'_>) -> Result<()> {
+        if step.batch() != graph.batch() {
+            return Err(Error::InvalidArgument(format!(
+                "a step of {} rows replayed on a graph of {}",
+                step.batch(),
+                graph.batch()
+            )));
+        }
+        self.escapes_capture(|| "replaying a step".into())?;
+        let _gate = self.enter(&[graph.location()]);
+        self.device_at(graph.location())?
+            .replay(graph.captured(), step)
     }
 
     /// The device whose memory is `location`.
@@ -202,6 +350,10 @@ impl Executor {
         }
         let (from, to) = (src.location(), dst.location());
         let (dtype, shape) = (src.dtype(), src.shape());
+        if from != to {
+            self.escapes_capture(|| format!("a copy ({reason})"))?;
+        }
+        let _gate = self.enter(&[from, to]);
         match (from, to) {
             (Location::Host, Location::Host) => {
                 dst.bytes_mut()?.copy_from_slice(src.bytes()?);
@@ -248,7 +400,21 @@ impl Executor {
     /// Errors: those of [`Op::validate`]; [`Error::Unsupported`] if no such device
     /// supports the op; otherwise the device's error.
     pub fn run(&self, op: Op<'_>) -> Result<()> {
-        let op = op.validate()?;
+        self.dispatch(op.validate()?)
+    }
+
+    /// As [`Executor::run`], for an op whose token ids and positions are those of the step
+    /// being run (the embedding of its tokens, RoPE at its positions, the KV cache rows it
+    /// writes and attends up to): in a captured step the device reads them from the
+    /// step's buffer ([`StepInputs`]), so that a replay sees the next step's values. The
+    /// model runs such ops this way whether or not the step is captured.
+    ///
+    /// Errors: as [`Executor::run`].
+    pub fn run_step(&self, op: Op<'_>) -> Result<()> {
+        self.dispatch(op.validate()?.at_step())
+    }
+
+    fn dispatch(&self, op: CheckedOp<'_>) -> Result<()> {
         let kind = op.op().kind();
         let location = op.location();
         let device = self
@@ -259,6 +425,14 @@ impl Executor {
             })
             .find(|d| d.supports(op.op()))
             .ok_or_else(|| Error::Unsupported(format!("{:?} in {location} memory", op.op())))?;
+        if let Some((at, _)) = self.capture_state() {
+            if device.location() != at || location != at {
+                self.escapes_capture(|| {
+                    format!("{kind:?} on {} in {location} memory", device.name())
+                })?;
+            }
+        }
+        let _gate = self.enter(&[device.location()]);
         match &self.profile {
             None => device.run(op),
             Some(profile) => {
@@ -669,5 +843,211 @@ mod tests {
             })
             .unwrap_err();
         assert!(matches!(err, Error::Unsupported(_)));
+    }
+
+    /// A mock accelerator that captures: while capturing it records each op's kind and
+    /// whether it follows the step instead of running it, and a replay counts the step
+    /// words it was given.
+    #[derive(Default)]
+    struct Capturing(std::sync::Arc<CaptureLog>);
+
+    #[derive(Default)]
+    struct CaptureLog {
+        recording: Mutex<Option<Vec<(OpKind, bool)>>>,
+        ended: Mutex<Vec<bool>>,
+        replays: Mutex<Vec<Vec<u32>>>,
+    }
+
+    /// An executor over a [`Capturing`] device and the host's [`OnlyAdd`], with the
+    /// device's log.
+    fn capturing() -> (Executor, std::sync::Arc<CaptureLog>) {
+        let dev = Capturing::default();
+        let log = std::sync::Arc::clone(&dev.0);
+        let exec = Executor::with_profiling(vec![Box::new(dev), Box::new(OnlyAdd)], false);
+        (exec, log)
+    }
+
+    struct MockStep(Vec<(OpKind, bool)>);
+    impl crate::CapturedStep for MockStep {
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    impl BaseDevice for Capturing {
+        fn name(&self) -> &'static str {
+            "capturing"
+        }
+        fn supports(&self, op: &Op<'_>) -> bool {
+            MockAccelerator.supports(op)
+        }
+        fn require_batch_invariance(&self) {}
+        fn location(&self) -> Location {
+            MOCK
+        }
+        fn alloc(&self, bytes: usize) -> Result<Box<dyn crate::DeviceBuffer>> {
+            MockAccelerator.alloc(bytes)
+        }
+        fn upload(&self, src: &[u8], dst: &mut dyn crate::DeviceBuffer) -> Result<()> {
+            MockAccelerator.upload(src, dst)
+        }
+        fn download(&self, src: &dyn crate::DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+            MockAccelerator.download(src, dst)
+        }
+        fn run(&self, op: CheckedOp<'_>) -> Result<()> {
+            if let Some(ops) = self.0.recording.lock().unwrap().as_mut() {
+                ops.push((op.op().kind(), op.follows_step()));
+                return Ok(());
+            }
+            MockAccelerator.run(op)
+        }
+        fn supports_capture(&self) -> bool {
+            true
+        }
+        fn begin_capture(&self, _: &StepInputs<'_>) -> Result<()> {
+            *self.0.recording.lock().unwrap() = Some(Vec::new());
+            Ok(())
+        }
+        fn end_capture(&self, keep: bool) -> Result<Option<Box<dyn crate::CapturedStep>>> {
+            self.0.ended.lock().unwrap().push(keep);
+            let ops = self.0.recording.lock().unwrap().take().unwrap_or_default();
+            Ok(keep.then(|| Box::new(MockStep(ops)) as Box<dyn crate::CapturedStep>))
+        }
+        fn replay(&self, captured: &dyn crate::CapturedStep, step: &StepInputs<'_>) -> Result<()> {
+            captured.as_any().downcast_ref::<MockStep>().unwrap();
+            self.0.replays.lock().unwrap().push(step.words()?);
+            Ok(())
+        }
+    }
+
+    fn two_adds(exec: &Executor, x: &mut Data, y: &Data) -> Result<()> {
+        exec.run_step(Op::Add { x, y })?;
+        exec.run(Op::Add { x, y })
+    }
+
+    #[test]
+    fn a_captured_step_records_its_ops_on_one_device_and_replays_with_new_inputs() {
+        let (exec, dev) = capturing();
+        assert!(exec.can_capture(MOCK) && !exec.can_capture(Location::Host));
+        let mut x = exec.zeros(DataType::F32, &[1, 2], MOCK).unwrap();
+        let y = exec.zeros(DataType::F32, &[1, 2], MOCK).unwrap();
+        let step = |tokens: &'static [u32], pos: usize| StepInputs {
+            tokens,
+            start_pos: pos,
+            cache_row: pos + 1,
+        };
+        let graph = exec
+            .capture(MOCK, &step(&[5], 3), || two_adds(&exec, &mut x, &y))
+            .unwrap();
+        assert_eq!((graph.location(), graph.batch()), (MOCK, 1));
+        let recorded = &graph
+            .captured()
+            .as_any()
+            .downcast_ref::<MockStep>()
+            .unwrap()
+            .0;
+        assert_eq!(recorded, &[(OpKind::Add, true), (OpKind::Add, false)]);
+        exec.replay(&graph, &step(&[8], 4)).unwrap();
+        // The capture replays once with its own step, then with the next one.
+        assert_eq!(*dev.replays.lock().unwrap(), [vec![5, 3, 4], vec![8, 4, 5]]);
+        let err = exec
+            .replay(
+                &graph,
+                &StepInputs {
+                    tokens: &[1, 2],
+                    start_pos: 0,
+                    cache_row: 0,
+                },
+            )
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        // Outside a capture the ops run again.
+        two_adds(&exec, &mut x, &y).unwrap();
+        assert_eq!(*dev.ended.lock().unwrap(), [true]);
+    }
+
+    #[test]
+    fn what_would_escape_a_capture_fails_it() {
+        let (exec, dev) = capturing();
+        let mut xd = exec.zeros(DataType::F32, &[1, 2], MOCK).unwrap();
+        let mut xh = Data::zeros(DataType::F32, &[1, 2]).unwrap();
+        let yh = Data::zeros(DataType::F32, &[1, 2]).unwrap();
+        let step = StepInputs {
+            tokens: &[1],
+            start_pos: 1,
+            cache_row: 1,
+        };
+        // An op that runs on the CPU, and a copy between memories.
+        let err = exec
+            .capture(MOCK, &step, || exec.run(Op::Add { x: &mut xh, y: &yh }))
+            .unwrap_err();
+        assert!(err.to_string().contains("--cuda-graph off"), "{err}");
+        let err = exec
+            .capture(MOCK, &step, || exec.copy_into(&yh, &mut xd, "test: up"))
+            .unwrap_err();
+        assert!(err.to_string().contains("a copy (test: up)"), "{err}");
+        assert_eq!(*dev.ended.lock().unwrap(), [false, false]);
+        assert!(dev.replays.lock().unwrap().is_empty());
+        // The failed captures left nothing behind: ops run and copy as before.
+        exec.run(Op::Add { x: &mut xh, y: &yh }).unwrap();
+        exec.copy_into(&yh, &mut xd, "test: up").unwrap();
+    }
+
+    #[test]
+    fn other_threads_wait_for_a_capture_to_end() {
+        let (exec, dev) = capturing();
+        let mut xd = exec.zeros(DataType::F32, &[1, 2], MOCK).unwrap();
+        let yd = exec
+            .to_device(&Data::from_f32(&[1, 2], &[1.0, 2.0]).unwrap(), MOCK, "test")
+            .unwrap();
+        let step = StepInputs {
+            tokens: &[1],
+            start_pos: 1,
+            cache_row: 1,
+        };
+        std::thread::scope(|s| {
+            let mut other = None;
+            let graph = exec.capture(MOCK, &step, || {
+                let h = s.spawn(|| exec.run(Op::Add { x: &mut xd, y: &yd }));
+                std::thread::sleep(Duration::from_millis(50));
+                assert!(
+                    !h.is_finished(),
+                    "an op of another thread ran inside a capture"
+                );
+                other = Some(h);
+                Ok::<_, Error>(())
+            });
+            assert!(graph.is_ok());
+            other.unwrap().join().unwrap().unwrap();
+        });
+        // The other thread's Add ran after the capture, on the device, and not in the graph.
+        assert_eq!(*dev.ended.lock().unwrap(), [true]);
+        assert_eq!(dev.replays.lock().unwrap().len(), 1);
+        let back = exec.to_host(&xd, "test").unwrap();
+        assert_eq!(back.as_f32().unwrap(), &[1.0, 2.0]);
+    }
+
+    #[test]
+    fn step_graphs_can_be_turned_off_and_devices_without_them_refuse() {
+        let exec = Executor::with_profiling(vec![Box::new(Capturing::default())], false);
+        exec.set_step_graphs(false);
+        assert!(!exec.can_capture(MOCK));
+        let step = StepInputs {
+            tokens: &[1],
+            start_pos: 1,
+            cache_row: 1,
+        };
+        let err = exec
+            .capture(MOCK, &step, || Ok::<_, Error>(()))
+            .unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)), "{err}");
+        exec.set_step_graphs(true);
+        assert!(exec.capture(MOCK, &step, || Ok::<_, Error>(())).is_ok());
+        let plain = Executor::with_profiling(vec![Box::new(MockAccelerator)], false);
+        assert!(!plain.can_capture(MOCK));
+        let err = plain
+            .capture(MOCK, &step, || Ok::<_, Error>(()))
+            .unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)), "{err}");
     }
 }

@@ -4,7 +4,8 @@
 //! - [`Op`]: the typed operations a model graph is made of, and their contract
 //!   ([`Op::validate`], written once for every device).
 //! - [`BaseDevice`] and [`Executor`]: devices in priority order; the first that supports an op
-//!   runs it; a per-op profiler printed at exit when `FLM_PROFILE=1`.
+//!   runs it; a per-op profiler printed at exit when `FLM_PROFILE=1`; [`StepGraph`]: a
+//!   decode step captured once on a device and replayed.
 //! - [`KvCache`], [`RopeTable`] and [`Sampler`]: the run state shared by all model graphs;
 //!   [`PagedKvCache`]: the block pool of batched serving.
 //!
@@ -32,6 +33,7 @@ mod partial_file;
 pub mod quant;
 mod rope;
 mod sampling;
+mod step_graph;
 
 pub use alibi::alibi_slopes;
 pub use constraint::{Constraint, Nfa, Pattern};
@@ -51,3 +53,4 @@ pub use sampling::{
     sampler_state, unit_f32, DeviceSampler, Sampler, SamplerConfig, TokenLogprobs,
     SAMPLER_STATE_WORDS,
 };
+pub use step_graph::{CapturedStep, StepBounds, StepGraph, StepInputs};

@@ -1,5 +1,7 @@
 //! Rotary position embedding tables (Su et al. 2021, "RoFormer").
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::{Error, Result};
 
 /// Which dimensions of a head are rotated together.
@@ -185,6 +187,9 @@ impl RopeScaling {
     }
 }
 
+/// The id of the next [`RopeTable`] built.
+static NEXT_TABLE_ID: AtomicU64 = AtomicU64::new(1);
+
 /// Precomputed `cos(p · f_j)` and `sin(p · f_j)` for positions `p < max_pos` and frequencies
 /// `f_j = theta^(-2j / rotary_dim)`, `j < rotary_dim / 2`, optionally rescaled by a
 /// [`RopeScaling`].
@@ -193,6 +198,9 @@ impl RopeScaling {
 /// rotated values match those references bit for bit in the angle.
 #[derive(Debug, Clone)]
 pub struct RopeTable {
+    /// Unique per table built, kept by clones (their values are the same): a device keys
+    /// its copy of the table by it ([`RopeTable::id`]).
+    id: u64,
     style: RopeStyle,
     head_dim: usize,
     rotary_dim: usize,
@@ -273,6 +281,7 @@ impl RopeTable {
             }
         }
         Ok(RopeTable {
+            id: NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed),
             style,
             head_dim,
             rotary_dim,
@@ -295,6 +304,22 @@ impl RopeTable {
     /// Rotated dimensions per head (the rest pass through).
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim
+    }
+
+    /// An id unique to this table and its clones, which hold the same values: a device
+    /// that keeps a copy of the table in its memory looks it up by this id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The cos values `[max_pos, rotary_dim / 2]`, row `p` for position `p`.
+    pub fn cos_rows(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// The sin values `[max_pos, rotary_dim / 2]`, row `p` for position `p`.
+    pub fn sin_rows(&self) -> &[f32] {
+        &self.sin
     }
 
     /// Number of positions in the table.

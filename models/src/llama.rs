@@ -49,16 +49,18 @@ use std::sync::Arc;
 
 use flm_core::{
     Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart, Location, Op,
-    RopeTable, TokenIds,
+    RopeTable, StepInputs, TokenIds,
 };
 
 use crate::graph::{Graph, Head, SharedGraph};
 use crate::{Activation, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
 mod batch;
+mod step_graphs;
 mod weights;
 
 pub use batch::{BatchSeq, LlamaBatch};
+use step_graphs::{StepGraphs, StepPlan};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::Tensors;
@@ -258,6 +260,8 @@ pub struct Llama {
     host_out: Option<Data>,
     /// Rows of every chunk of a multi-chunk [`Logits::All`] or hidden-state call.
     all_rows: Vec<f32>,
+    /// The decode steps captured as step graphs (CUDA graphs), by batch size.
+    graphs: StepGraphs,
 }
 
 /// Checks the arguments of a forward pass before anything is computed.
@@ -505,6 +509,7 @@ impl Llama {
             states,
             host_out: None,
             all_rows: Vec::new(),
+            graphs: StepGraphs::default(),
         })
     }
 
@@ -565,6 +570,10 @@ impl Graph for Llama {
     ) -> Result<&[f32]> {
         check_forward(self.config(), tokens, start_pos)?;
         self.allocate(exec)?;
+        if let Some(at) = self.step_graph_memory(exec, tokens, head) {
+            self.decode_step(exec, at, tokens, start_pos)?;
+            return host_output(&self.model, &self.states, &mut self.host_out, exec);
+        }
         let chunk = PREFILL_CHUNK.min(self.config().max_seq_len);
         let parts = tokens.len().div_ceil(chunk);
         if head == Head::Logits(Logits::Last) || parts == 1 {
@@ -597,8 +606,12 @@ impl Graph for Llama {
     ) -> Result<&Data> {
         check_forward(self.config(), tokens, start_pos)?;
         self.allocate(exec)?;
-        let chunk = PREFILL_CHUNK.min(self.config().max_seq_len);
         let last = Head::Logits(Logits::Last);
+        if let Some(at) = self.step_graph_memory(exec, tokens, last) {
+            self.decode_step(exec, at, tokens, start_pos)?;
+            return Ok(&output_state(&self.model, &self.states)?.logits);
+        }
+        let chunk = PREFILL_CHUNK.min(self.config().max_seq_len);
         for (c, part) in tokens.chunks(chunk).enumerate() {
             self.forward_chunk(exec, part, start_pos + c * chunk, last)?;
         }
@@ -607,6 +620,78 @@ impl Graph for Llama {
 }
 
 impl Llama {
+    /// The memory whose device runs this call as a step graph: a decode step (one token,
+    /// the last logits) of a model whose every layer, KV cache and activations are in one
+    /// device's memory, where that device captures ([`Executor::can_capture`]); `None`
+    /// otherwise (op by op). ALiBi models run op by op (their slopes are uploaded per op).
+    fn step_graph_memory(&self, exec: &Executor, tokens: &[u32], head: Head) -> Option<Location> {
+        let (c, p) = (&self.model.config, &self.model.placement);
+        let [at] = p.locations()[..] else {
+            return None;
+        };
+        let experts_here = (0..c.n_layers).all(|l| p.experts(l) == at);
+        let decode = tokens.len() == 1 && head == Head::Logits(Logits::Last);
+        (decode && at != Location::Host && experts_here && !c.alibi && exec.can_capture(at))
+            .then_some(at)
+    }
+
+    /// One decode step through its step graph ([`StepGraphs`]): op by op the first time,
+    /// captured the second, replayed after; the logits are left in the activations, as
+    /// [`Llama::forward_chunk`] leaves them. The capture ends at the logits: a sampling op
+    /// that keeps its state and writes its ids in device memory belongs inside the capture
+    /// closure, after `forward_chunk`, so that only the ids cross after a replay.
+    ///
+    /// Errors: those of the step's ops, and a capture or replay that fails (the error
+    /// names `--cuda-graph off`, which runs every step op by op).
+    fn decode_step(
+        &mut self,
+        exec: &Executor,
+        at: Location,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<()> {
+        let head = Head::Logits(Logits::Last);
+        let step = StepInputs {
+            tokens,
+            start_pos,
+            cache_row: self.model.config.pre_seq_len + start_pos,
+        };
+        let plan = self.graphs.plan(tokens.len());
+        if !matches!(plan, StepPlan::Eager) {
+            // The captured embedding reads the ids where a step copies them.
+            let memory = self.model.placement.layer(0);
+            let first = (self.model.placement.locations().iter()).position(|&m| m == memory);
+            if let Some(ids) = first.and_then(|i| self.states[i].ids.as_mut()) {
+                stage_ids(exec, tokens, ids)?;
+            }
+        }
+        match plan {
+            StepPlan::Eager => self.forward_chunk(exec, tokens, start_pos, head),
+            StepPlan::Capture => {
+                let graph = exec.capture(at, &step, || {
+                    self.forward_chunk(exec, tokens, start_pos, head)
+                })?;
+                self.graphs.insert(graph);
+                Ok(())
+            }
+            StepPlan::Replay(graph) => {
+                exec.replay(graph, &step)?;
+                // The logits' shape is host metadata that an op-by-op call in between
+                // (a prefill of all logits) may have changed.
+                let c = &self.model.config;
+                for s in &mut self.states {
+                    s.logits.set_shape(&[tokens.len(), c.vocab_size])?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The batch sizes whose decode step has been captured as a step graph.
+    pub fn captured_steps(&self) -> Vec<usize> {
+        self.graphs.captured()
+    }
+
     fn forward_chunk(
         &mut self,
         exec: &Executor,
@@ -629,7 +714,7 @@ impl Llama {
         let s = run_layers(exec, model, tokens, &mut self.states, |l, s| {
             if !c.alibi {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
-                    exec.run(Op::Rope {
+                    exec.run_step(Op::Rope {
                         x,
                         table: model.rope_of(l),
                         n_heads,
@@ -676,7 +761,7 @@ pub(crate) fn cache_and_attend(
 ) -> std::result::Result<(), CoreError> {
     let n_rows = k.shape()[0];
     for (src, dst) in [(k, &mut *cache_k), (v, &mut *cache_v)] {
-        exec.run(Op::CopyRows {
+        exec.run_step(Op::CopyRows {
             src,
             src_row: 0,
             n_rows,
@@ -684,7 +769,7 @@ pub(crate) fn cache_and_attend(
             dst_row: row,
         })?;
     }
-    exec.run(Op::Attention {
+    exec.run_step(Op::Attention {
         q,
         cache_k,
         cache_v,
@@ -803,15 +888,15 @@ fn run_layers<'s>(
     let Activations { x, ids, .. } = &mut states[memory(0)];
     let tokens = match ids {
         Some(ids) => {
-            ids.set_shape(&[tokens.len()])?;
-            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-            let host = Data::from_bytes(DataType::I32, &[tokens.len()], &bytes)?;
-            exec.copy_into(&host, ids, "token ids to device")?;
+            // Inside a captured step they were copied before the capture (decode_step).
+            if !exec.capturing() {
+                stage_ids(exec, tokens, ids)?;
+            }
             TokenIds::Tensor(ids)
         }
         None => TokenIds::Host(tokens),
     };
-    exec.run(Op::Embedding {
+    exec.run_step(Op::Embedding {
         table: &w.embedding,
         tokens,
         output: x,
@@ -1023,6 +1108,15 @@ fn head_norm(
         dst_row: 0,
     })?;
     x.set_shape(&[n, cols])
+}
+
+/// Copies the step's token ids into `ids`, the i32 tensor in the memory of the embedding
+/// table that [`Op::Embedding`] reads them from.
+fn stage_ids(exec: &Executor, tokens: &[u32], ids: &mut Data) -> flm_core::Result<()> {
+    ids.set_shape(&[tokens.len()])?;
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let host = Data::from_bytes(DataType::I32, &[tokens.len()], &bytes)?;
+    exec.copy_into(&host, ids, "token ids to device")
 }
 
 /// `(&items[a], &mut items[b])` for `a != b`.

@@ -6,15 +6,15 @@ pub mod glm_data;
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
-use flm_core::{Data, DataType, Executor, Location, SamplerConfig};
+use flm_core::{Data, DataType, Executor, KvDtype, Location, SamplerConfig};
 use flm_devices::CpuDevice;
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
-use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
+use flm_models::llama::{Ffn, Llama, LlamaModel, LlamaWeights, Logits};
 use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
-use flm_models::{Graph, Placement, SharedGraph, SharedModel};
+use flm_models::{import, Graph, Placement, SharedGraph, SharedModel};
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -94,6 +94,19 @@ pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usiz
         }
     }
     out
+}
+
+/// llama2.c's stories260K (5 layers, f32) with its first `on_device` layers' weights, KV
+/// cache (of `kv_dtype`) and activations in the memory `at` of a device of `exec`, the rest
+/// on the host.
+pub fn stories_placed(exec: &Executor, at: Location, on_device: usize, kv_dtype: KvDtype) -> Llama {
+    let ckpt = import::load(&data("stories260K/stories260K.bin")).expect("stories260K");
+    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
+        .expect("stories260K builds")
+        .with_kv_dtype(kv_dtype);
+    let placement = Placement::first_layers(model.config().n_layers, at, on_device);
+    let model = model.place(exec, placement).expect("placement");
+    Llama::with_model(Arc::new(model)).expect("instance")
 }
 
 /// Sampling with every option of [`SamplerConfig`] on: temperature, top-k, top-p, the

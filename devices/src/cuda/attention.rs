@@ -8,11 +8,12 @@
 //!   then an exact combine), in f32 over an f32 or f16 KV cache. The split is by a fixed chunk size, so a longer
 //!   context gets more blocks: 4096 positions of 32 heads are 512 blocks for one row.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use flm_core::{alibi_slopes, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::flash_attn::flash_attention;
+use super::graph::{Bound, StepWords};
 use super::kernels::{FlashHeadDim, Kernel, KvType, ATTN_CHUNK};
 use super::operand::Input;
 
@@ -36,6 +37,8 @@ pub(super) struct Args<'a> {
     pub alibi: bool,
     pub bidirectional: usize,
     pub sliding_window: Option<usize>,
+    /// Whether `start_pos` is the step's cache row ([`flm_core::CheckedOp::follows_step`]).
+    pub follows_step: bool,
 }
 
 /// The device buffers both attention paths read: q (`n` rows of n_heads × head_dim f32),
@@ -45,7 +48,7 @@ pub(super) struct Operands<'a> {
     pub q: &'a CudaSlice<u8>,
     pub k: &'a CudaSlice<u8>,
     pub v: &'a CudaSlice<u8>,
-    pub start: &'a CudaSlice<u32>,
+    pub start: &'a CudaView<'a, u32>,
     pub slopes: Option<&'a CudaSlice<f32>>,
 }
 
@@ -69,7 +72,11 @@ fn shape(msg: String) -> Error {
 
 /// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU
 /// (a host cache), the flash kernel or the partial kernel of the cache's dtype (f32 or f16)
-/// and the combine kernel run (see the module docs), and the output comes back.
+/// and the combine kernel run (see the module docs), and the output comes back. In a
+/// captured step, where the op must follow the
+/// step, the kernels read the step's cache row from its buffer and the partial kernel's
+/// grid covers the whole cache, so that the graph stays valid as the position moves (the
+/// chunks past it exit at once).
 ///
 /// Errors: [`Error::Device`] when a launch fails.
 pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
@@ -80,7 +87,14 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     if n == 0 {
         return Ok(());
     }
-    let rows = filled.max(a.bidirectional);
+    let step = dev.step_words("Attention", a.follows_step, |tokens, _, row| {
+        tokens.len() == n && row == a.start_pos
+    })?;
+    let rows = match step {
+        Some(_) => a.cache_k.rows(),
+        None => filled.max(a.bidirectional),
+    };
+    dev.bound(Bound::CacheRows(a.cache_k.rows()))?;
     let kv = KvType::of(a.cache_k.dtype()).ok_or_else(|| Error::DType {
         op: "Attention",
         msg: format!("a {} KV cache on cuda", a.cache_k.dtype()),
@@ -98,8 +112,10 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         }
     };
     let (k, v) = (cache(a.cache_k)?, cache(a.cache_v)?);
-    let start = dev.upload(&[u32::try_from(a.start_pos)
-        .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?])?;
+    let start_pos = u32::try_from(a.start_pos)
+        .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?;
+    let start = dev.step_or_upload(step.as_ref(), StepWords::cache_row, &[start_pos])?;
+    let start = start.view();
     let slopes = a
         .alibi
         .then(|| dev.upload(&alibi_slopes(a.n_heads)))

@@ -9,21 +9,23 @@
 //! f16/bf16/int8/int4 weight repacked into its GPU GEMV layout, [`crate::gemv_layout`],
 //! as is an int8/int4 embedding table; quantised weights staying quantised); host activations, token ids and the KV
 //! cache rows an attention op reads are copied in for each op and its output copied back.
-//! Capturing the decode step in a CUDA graph is the next step (the kernels already read
-//! positions and lengths from device memory for that).
+//! A decode step whose operands all live here can be captured as a CUDA graph and
+//! replayed ([`super::graph`]); the device runs on a stream of its own for that (the legacy
+//! default stream cannot be captured).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
-use flm_core::{BaseDevice, Data, DataType, Error, Result};
+use flm_core::{BaseDevice, Data, DataType, Error, Result, RopeTable};
 
+use super::graph::Capture;
 use super::kernels::{has_quant_kernels, FloatWeight, Kernel, MODULES};
 use super::nvrtc;
 use super::ptx_cache::PtxCache;
@@ -47,13 +49,36 @@ pub struct CudaDevice {
     packed: WeightCache,
     /// The f16 scratch of the quantised prefill ([`super::dequant`]), grown on demand.
     f16_scratch: Mutex<CudaSlice<u16>>,
+    /// RoPE tables' cos and sin rows by [`RopeTable::id`], uploaded once each.
+    rope_tables: Mutex<HashMap<u64, Arc<RopeRows>>>,
     pub(super) batch_invariant: AtomicBool,
     /// The paged ops' row metadata of the current step ([`super::paged::Uploads`]).
     pub(super) paged_uploads: Mutex<super::paged::Uploads>,
+    /// cuBLAS's workspace, set once so that a captured GEMM allocates nothing.
+    _blas_workspace: CudaSlice<u8>,
+    /// The step being captured ([`super::graph`]).
+    pub(super) capture: Mutex<Option<Capture>>,
+    /// Whether `capture` holds one (read by every upload and download).
+    pub(super) capturing: AtomicBool,
+    /// Unique per device opened, so a captured step replays only where it was captured.
+    pub(super) instance: u64,
 }
 
 /// Uploaded weights by [`Data::id`].
 type WeightCache = Mutex<HashMap<u64, Arc<CudaSlice<u8>>>>;
+
+/// A RoPE table's `[max_pos, rotary_dim / 2]` cos and sin rows in GPU memory.
+pub(super) struct RopeRows {
+    pub cos: CudaSlice<f32>,
+    pub sin: CudaSlice<f32>,
+}
+
+/// cuBLAS's workspace: 32 MiB, what cuBLAS itself takes on Hopper (its documentation of
+/// `cublasSetWorkspace`), so that no GEMM allocates inside a captured step.
+const BLAS_WORKSPACE: usize = 32 << 20;
+
+/// The [`CudaDevice::instance`] of the next device opened.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 /// A null device pointer, passed by value for an absent optional operand (a bias, the
 /// ALiBi slopes): the kernels test the pointer before reading through it.
@@ -108,8 +133,30 @@ impl CudaDevice {
         let cache = PtxCache::default_location();
         let functions =
             load_functions(&ctx, &info.arch(), cache.as_ref()).map_err(|e| e.to_string())?;
-        let stream = ctx.default_stream();
+        // SAFETY: every operation of this device goes through its one stream, so cudarc's
+        // events ordering buffers between streams are not needed; left on, they would make
+        // a capture wait on events recorded outside it.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| format!("CUDA stream: {e}"))?;
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| format!("cuBLAS: {e}"))?;
+        let workspace = stream
+            .alloc_zeros::<u8>(BLAS_WORKSPACE)
+            .map_err(|e| format!("cuBLAS workspace: {e}"))?;
+        {
+            let (ptr, _sync) = workspace.device_ptr(&stream);
+            // SAFETY: the workspace is a live device allocation of BLAS_WORKSPACE bytes on the
+            // handle's stream, kept alive as long as the handle (both fields of the device).
+            let status = unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ptr as *mut std::ffi::c_void,
+                    BLAS_WORKSPACE,
+                )
+            };
+            if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(format!("cuBLAS workspace: {status:?}"));
+            }
+        }
         let f16_scratch = stream
             .alloc_zeros::<u16>(1)
             .map_err(|e| format!("scratch: {e}"))?;
@@ -120,10 +167,26 @@ impl CudaDevice {
             ordinal: u32::try_from(ordinal).map_err(|_| format!("GPU ordinal {ordinal}"))?,
             functions,
             weights: Mutex::new(HashMap::new()),
+            rope_tables: Mutex::new(HashMap::new()),
             packed: Mutex::new(HashMap::new()),
             f16_scratch: Mutex::new(f16_scratch),
             batch_invariant: AtomicBool::new(false),
             paged_uploads: Mutex::new(super::paged::Uploads::default()),
+            _blas_workspace: workspace,
+            capture: Mutex::new(None),
+            capturing: AtomicBool::new(false),
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// `table`'s cos and sin rows in GPU memory, uploaded the first time and reused for
+    /// its [`RopeTable::id`].
+    pub(super) fn rope_rows(&self, table: &RopeTable) -> Result<Arc<RopeRows>> {
+        cached_by_id(&self.rope_tables, table.id(), "RoPE table", || {
+            Ok(RopeRows {
+                cos: self.upload(table.cos_rows())?,
+                sin: self.upload(table.sin_rows())?,
+            })
         })
     }
 
@@ -194,15 +257,10 @@ impl CudaDevice {
         w: &'w Data,
         bytes: impl FnOnce() -> Result<Cow<'w, [u8]>>,
     ) -> Result<Arc<CudaSlice<u8>>> {
-        let mut cache = cache
-            .lock()
-            .map_err(|_| Error::Device("weight cache poisoned".into()))?;
-        if let Some(buf) = cache.get(&w.id()) {
-            return Ok(Arc::clone(buf));
-        }
-        let buf = Arc::new(self.stream.clone_htod(&*bytes()?).map_err(dev_err)?);
-        cache.insert(w.id(), Arc::clone(&buf));
-        Ok(buf)
+        cached_by_id(cache, w.id(), "weight", || {
+            self.refuse_in_capture("uploading a weight")?;
+            self.stream.clone_htod(&*bytes()?).map_err(dev_err)
+        })
     }
 
     /// The device's f16 scratch, at least `len` values, locked for the caller's op. Its
@@ -214,6 +272,8 @@ impl CudaDevice {
             .lock()
             .map_err(|_| Error::Device("f16 scratch poisoned".into()))?;
         if scratch.len() < len {
+            // Memory allocated inside a captured step would belong to its graph.
+            self.refuse_in_capture("growing the f16 scratch")?;
             *scratch = self.stream.alloc_zeros::<u16>(len).map_err(dev_err)?;
         }
         Ok(scratch)
@@ -252,7 +312,10 @@ impl CudaDevice {
     }
 
     /// A copy of `values` in GPU memory.
+    ///
+    /// Errors: [`Error::Device`] inside a captured step (a host copy cannot be replayed).
     pub(super) fn upload<T: DeviceRepr>(&self, values: &[T]) -> Result<CudaSlice<T>> {
+        self.refuse_in_capture("a host upload")?;
         self.stream.clone_htod(values).map_err(dev_err)
     }
 
@@ -263,16 +326,22 @@ impl CudaDevice {
 
     /// Copies `src` back into the host slice `dst` and waits for the stream.
     pub(super) fn download<T: DeviceRepr>(&self, src: &CudaSlice<T>, dst: &mut [T]) -> Result<()> {
+        self.refuse_in_capture("a download")?;
         self.stream.memcpy_dtoh(src, dst).map_err(dev_err)?;
         self.stream.synchronize().map_err(dev_err)
     }
 
     /// Checks the flag a kernel sets on bad input (a token id or a position out of range).
+    /// Inside a capture it checks nothing: a replay checks its inputs on the host first
+    /// ([`flm_core::StepBounds`]).
     pub(super) fn check_flag(
         &self,
         flag: &CudaSlice<i32>,
         what: impl FnOnce() -> Error,
     ) -> Result<()> {
+        if self.capturing() {
+            return Ok(());
+        }
         let mut v = [0i32];
         self.download(flag, &mut v)?;
         if v[0] == 0 {
@@ -281,6 +350,24 @@ impl CudaDevice {
             Err(what())
         }
     }
+}
+
+/// The value of `cache` under `id`, made by `make` and kept the first time.
+fn cached_by_id<V>(
+    cache: &Mutex<HashMap<u64, Arc<V>>>,
+    id: u64,
+    what: &str,
+    make: impl FnOnce() -> Result<V>,
+) -> Result<Arc<V>> {
+    let mut cache = cache
+        .lock()
+        .map_err(|_| Error::Device(format!("{what} cache poisoned")))?;
+    if let Some(v) = cache.get(&id) {
+        return Ok(Arc::clone(v));
+    }
+    let v = Arc::new(make()?);
+    cache.insert(id, Arc::clone(&v));
+    Ok(v)
 }
 
 fn load_functions(

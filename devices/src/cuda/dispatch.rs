@@ -4,7 +4,10 @@
 
 use std::sync::atomic::Ordering;
 
-use flm_core::{BaseDevice, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result};
+use flm_core::{
+    BaseDevice, CapturedStep, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result,
+    StepInputs,
+};
 
 use super::kernels::{has_quant_kernels, FloatWeight, KvType};
 use super::{attention, elementwise, embedding, linear, norm, paged, rope, sample, CudaDevice};
@@ -149,13 +152,30 @@ impl BaseDevice for CudaDevice {
         }
     }
 
+    fn supports_capture(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&self, step: &StepInputs<'_>) -> Result<()> {
+        self.begin_step_capture(step)
+    }
+
+    fn end_capture(&self, keep: bool) -> Result<Option<Box<dyn CapturedStep>>> {
+        self.end_step_capture(keep)
+    }
+
+    fn replay(&self, captured: &dyn CapturedStep, step: &StepInputs<'_>) -> Result<()> {
+        self.replay_step(captured, step)
+    }
+
     fn run(&self, op: CheckedOp<'_>) -> Result<()> {
+        let step = op.follows_step();
         match op.into_op() {
             Op::Embedding {
                 table,
                 tokens,
                 output,
-            } => embedding::embedding(self, table, tokens, output),
+            } => embedding::embedding(self, table, (tokens, step), output),
             Op::RmsNorm {
                 input,
                 weight,
@@ -187,14 +207,14 @@ impl BaseDevice for CudaDevice {
                 let positions: Vec<u32> = (0..x.rows())
                     .map(|i| u32::try_from(start_pos.saturating_add(i)).unwrap_or(u32::MAX))
                     .collect();
-                rope::rope(self, x, table, n_heads, &[(&positions, 0)])
+                rope::rope(self, x, table, n_heads, &[(&positions, 0)], step)
             }
             Op::RopeRows {
                 x,
                 table,
                 n_heads,
                 positions,
-            } => rope::rope(self, x, table, n_heads, &[(positions, 0)]),
+            } => rope::rope(self, x, table, n_heads, &[(positions, 0)], step),
             Op::Rope2d {
                 x,
                 table,
@@ -209,6 +229,7 @@ impl BaseDevice for CudaDevice {
                     table,
                     n_heads,
                     &[(positions, 0), (block_positions, half)],
+                    step,
                 )
             }
             Op::Attention {
@@ -238,6 +259,7 @@ impl BaseDevice for CudaDevice {
                     alibi,
                     bidirectional,
                     sliding_window,
+                    follows_step: step,
                 },
                 output,
             ),
@@ -264,7 +286,7 @@ impl BaseDevice for CudaDevice {
                 n_rows,
                 dst,
                 dst_row,
-            } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, dst_row),
+            } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, (dst_row, step)),
             op @ Op::PagedAttention { .. } => paged::paged_attention(self, op),
             Op::ScatterRows { src, rows, dst } => paged::scatter_rows(self, src, rows, dst),
             op @ (Op::MoeFfn { .. } | Op::GatedAdd { .. }) => {

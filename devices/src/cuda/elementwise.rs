@@ -3,10 +3,11 @@
 //! the GPU.
 
 use cudarc::driver::PushKernelArg;
-use flm_core::{Data, DataType, Result};
+use flm_core::{Data, Error, Result};
 
-use super::device::{dev_err, grid, CudaDevice};
-use super::kernels::Kernel;
+use super::device::{dev_err, grid, int, CudaDevice};
+use super::graph::Bound;
+use super::kernels::{Kernel, KvType};
 
 /// Threads of the one-thread-per-element kernels.
 const ELEM_THREADS: u32 = 256;
@@ -71,40 +72,75 @@ pub(super) fn add(dev: &CudaDevice, x: &mut Data, y: &Data) -> Result<()> {
 /// [`flm_core::Op::CopyRows`] between tensors on this GPU (keys and values into a KV
 /// cache that lives here): one device-to-device copy of `n_rows` f32 rows into an f32
 /// `dst`, or `f32_to_f16_rows` (round to nearest even, as the CPU's `half`) into an f16 one.
+/// In a captured step, a copy that follows the step (`follows_step`: the step's keys and
+/// values) runs `copy_rows_at` of the cache's type, which reads the destination row from
+/// the step's buffer; the others (fixed rows) stay copies.
 ///
-/// Errors: [`flm_core::Error::Device`] when the copy or the launch fails.
+/// Errors: [`flm_core::Error::DType`] for a destination neither f32 nor f16;
+/// [`flm_core::Error::Device`] when the copy or the launch fails.
 pub(super) fn copy_rows(
     dev: &CudaDevice,
     src: &Data,
     (src_row, n_rows): (usize, usize),
     dst: &mut Data,
-    dst_row: usize,
+    (dst_row, follows_step): (usize, bool),
 ) -> Result<()> {
     let cols = src.cols();
     let n = n_rows * cols;
     if n == 0 {
         return Ok(());
     }
-    let to_f16 = dst.dtype() == DataType::F16;
-    let elem = if to_f16 { 2 } else { 4 };
-    let from = src_row * cols * 4;
-    let to = dst_row * cols * elem;
+    let kv = KvType::of(dst.dtype()).ok_or_else(|| Error::DType {
+        op: "CopyRows",
+        msg: format!("a {} destination on cuda", dst.dtype()),
+    })?;
+    let step = if follows_step {
+        dev.step_words("CopyRows", true, |_, _, row| row == dst_row)?
+    } else {
+        None
+    };
+    let dst_rows = dst.rows();
     let s = dev.input(src)?;
     let mut d = dev.in_out(dst)?;
+    let from = src_row * cols * 4;
     let view = s.slice().slice(from..from + n * 4);
-    let mut target = d.slice().slice_mut(to..to + n * elem);
-    if to_f16 {
-        let n_i = n as i64;
-        let f = dev.function(Kernel::F32ToF16Rows)?;
-        let mut b = dev.stream.launch_builder(f);
-        b.arg(&view).arg(&mut target).arg(&n_i);
-        // SAFETY: the views hold n floats and n 16-bit values, as
-        // `f32_to_f16_rows(const float*, f16_bits*, long)` uses them.
-        unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
-    } else {
-        dev.stream
-            .memcpy_dtod(&view, &mut target)
-            .map_err(dev_err)?;
+    let to = dst_row * cols * kv.bytes();
+    match (step, kv) {
+        (None, KvType::F32) => {
+            let mut target = d.slice().slice_mut(to..to + n * 4);
+            dev.stream
+                .memcpy_dtod(&view, &mut target)
+                .map_err(dev_err)?;
+        }
+        (None, KvType::F16) => {
+            let mut target = d.slice().slice_mut(to..to + n * 2);
+            let n_i = n as i64;
+            let f = dev.function(Kernel::F32ToF16Rows)?;
+            let mut b = dev.stream.launch_builder(f);
+            b.arg(&view).arg(&mut target).arg(&n_i);
+            // SAFETY: the views hold n floats and n 16-bit values, as
+            // `f32_to_f16_rows(const float*, f16_bits*, long)` uses them.
+            unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
+        }
+        (Some(step), kv) => {
+            dev.bound(Bound::CacheRows(dst_rows))?;
+            let (cols_i, n_i) = (int(cols)?, int(n_rows)?);
+            let dst_rows_u = u32::try_from(dst_rows).unwrap_or(u32::MAX);
+            let row = step.cache_row();
+            let f = dev.function(Kernel::CopyRowsAt(kv))?;
+            let mut b = dev.stream.launch_builder(f);
+            b.arg(&view)
+                .arg(d.slice())
+                .arg(&row)
+                .arg(&cols_i)
+                .arg(&n_i)
+                .arg(&dst_rows_u);
+            // SAFETY: arguments as `copy_rows_at(const float*, float*, const unsigned*, int,
+            // int, unsigned)` (`copy_rows_at_f16` with an f16 dst); the view holds n_rows ×
+            // cols floats, dst dst_rows × cols elements of `kv`, and the kernel writes only
+            // rows below dst_rows.
+            unsafe { b.launch(elem_grid(n)?) }.map_err(dev_err)?;
+        }
     }
     d.finish(dev)
 }

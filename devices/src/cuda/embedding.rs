@@ -3,21 +3,41 @@
 //! have in GPU memory (a host table packed once, the copy a tied classifier reads too),
 //! K-quant ones in ggml's rows.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaView, LaunchArgs, PushKernelArg};
 use flm_core::{Data, Error, Result, TokenIds};
 
 use super::dequant::QuantRows;
 use super::device::{dev_err, grid, int, CudaDevice};
+use super::graph::Bound;
 use super::kernels::{FloatWeight, Kernel};
+use super::operand::Input;
 use super::ROW_THREADS;
 use crate::gemv_layout::GemvLayout;
 
+/// The ids an embedding reads in GPU memory.
+enum Ids<'a> {
+    /// Copied in for the op, or a tensor of ids where it lives.
+    Input(Input<'a>),
+    /// The step's, in a captured step.
+    Step(CudaView<'a, u32>),
+}
+
+/// Pushes the ids' device pointer as a kernel argument.
+fn push_ids<'a>(b: &mut LaunchArgs<'a>, ids: &'a Ids<'_>) {
+    match ids {
+        Ids::Input(i) => b.arg(i.slice()),
+        Ids::Step(v) => b.arg(v),
+    };
+}
+
 /// [`flm_core::Op::Embedding`]: host ids are copied in for the op, a tensor of ids is read
-/// where it lives.
+/// where it lives. In a captured step, host ids must be the step's (`follows_step`) and
+/// are read from its buffer; a tensor of ids is read where it lives, written before each
+/// replay.
 pub(super) fn embedding(
     dev: &CudaDevice,
     table: &Data,
-    tokens: TokenIds<'_>,
+    (tokens, follows_step): (TokenIds<'_>, bool),
     output: &mut Data,
 ) -> Result<()> {
     let (vocab, dim) = (table.rows(), table.cols());
@@ -25,11 +45,18 @@ pub(super) fn embedding(
         return Ok(());
     }
     let dtype = table.dtype();
-    let ids = match tokens {
-        TokenIds::Host(ids) => dev.input_bytes(bytemuck::cast_slice(ids))?,
-        TokenIds::Tensor(ids) => dev.input(ids)?,
+    let step = match tokens {
+        TokenIds::Host(ids) => dev.step_words("Embedding", follows_step, |t, _, _| t == ids)?,
+        TokenIds::Tensor(_) => None,
     };
-    let ids = ids.slice();
+    let ids = match (tokens, &step) {
+        (TokenIds::Host(_), Some(s)) => {
+            dev.bound(Bound::Vocab(vocab))?;
+            Ids::Step(s.tokens())
+        }
+        (TokenIds::Host(ids), None) => Ids::Input(dev.input_bytes(bytemuck::cast_slice(ids))?),
+        (TokenIds::Tensor(ids), _) => Ids::Input(dev.input(ids)?),
+    };
     let mut out = dev.output(output)?;
     let bad = dev.zeros::<i32>(1)?;
     let (dim_i, vocab_u) = (int(dim)?, u32::try_from(vocab).unwrap_or(u32::MAX));
@@ -39,12 +66,9 @@ pub(super) fn embedding(
             let w = dev.weight(table)?;
             let f = dev.function(Kernel::Embedding(kind))?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(w.slice())
-                .arg(ids)
-                .arg(out.slice())
-                .arg(&dim_i)
-                .arg(&vocab_u)
-                .arg(&bad);
+            b.arg(w.slice());
+            push_ids(&mut b, &ids);
+            b.arg(out.slice()).arg(&dim_i).arg(&vocab_u).arg(&bad);
             // SAFETY: the arguments match `embedding_<W>(const void*, const unsigned*,
             // float*, int, unsigned, int*)`; `out` holds tokens × dim floats, the table
             // vocab × dim values of W, and the kernel reads no token id >= vocab.
@@ -64,11 +88,9 @@ pub(super) fn embedding(
             })?;
             let f = dev.function(Kernel::EmbeddingQuant)?;
             let mut b = dev.stream.launch_builder(f);
-            b.arg(w.slice())
-                .arg(ids)
-                .arg(out.slice())
-                .arg(&dim_i)
-                .arg(&vocab_u);
+            b.arg(w.slice());
+            push_ids(&mut b, &ids);
+            b.arg(out.slice()).arg(&dim_i).arg(&vocab_u);
             rows.push(&mut b);
             b.arg(&bad);
             // SAFETY: arguments as `embedding_quant(const unsigned char*, const unsigned*,
@@ -84,11 +106,11 @@ pub(super) fn embedding(
         let id = match tokens {
             TokenIds::Host(ids) => first_bad(ids),
             // The error path only: the device's ids read back for the message.
-            TokenIds::Tensor(_) => dev
-                .stream
-                .clone_dtoh(ids)
-                .ok()
-                .and_then(|b| first_bad(bytemuck::cast_slice(&b))),
+            TokenIds::Tensor(_) => match &ids {
+                Ids::Input(i) => (dev.stream.clone_dtoh(i.slice()).ok())
+                    .and_then(|b| first_bad(bytemuck::cast_slice(&b))),
+                Ids::Step(_) => None,
+            },
         };
         Error::TokenOutOfRange {
             id: id.unwrap_or(u32::MAX),

@@ -144,6 +144,8 @@ pub enum Kernel {
     F32ToBf16Rows,
     /// `gather_cols` (elementwise.cu).
     GatherCols,
+    /// `copy_rows_at` (f32 destination) or `copy_rows_at_f16` (elementwise.cu).
+    CopyRowsAt(KvType),
     /// `embedding_<W>` (embedding.cu).
     Embedding(FloatWeight),
     /// `embedding_quant` (embedding.cu).
@@ -202,6 +204,8 @@ impl Kernel {
             Kernel::F32ToF16Rows => "f32_to_f16_rows",
             Kernel::F32ToBf16Rows => "f32_to_bf16_rows",
             Kernel::GatherCols => "gather_cols",
+            Kernel::CopyRowsAt(KvType::F32) => "copy_rows_at",
+            Kernel::CopyRowsAt(KvType::F16) => "copy_rows_at_f16",
             Kernel::Embedding(W::F32) => "embedding_f32",
             Kernel::Embedding(W::F16) => "embedding_f16",
             Kernel::Embedding(W::Bf16) => "embedding_bf16",
@@ -263,6 +267,8 @@ pub const MODULES: &[Module] = &[
             Kernel::F32ToF16Rows,
             Kernel::F32ToBf16Rows,
             Kernel::GatherCols,
+            Kernel::CopyRowsAt(KvType::F32),
+            Kernel::CopyRowsAt(KvType::F16),
         ],
     },
     Module {

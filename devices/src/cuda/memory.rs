@@ -92,6 +92,7 @@ impl CudaDevice {
         if src.is_empty() {
             return Ok(());
         }
+        self.refuse_in_capture("a host upload")?;
         let mut view = dst.bytes.slice_mut(..src.len());
         self.stream.memcpy_htod(src, &mut view).map_err(dev_err)
     }
@@ -104,6 +105,7 @@ impl CudaDevice {
         if dst.is_empty() {
             return Ok(());
         }
+        self.refuse_in_capture("a download")?;
         self.stream
             .memcpy_dtoh(&src.bytes.slice(..dst.len()), dst)
             .map_err(dev_err)?;

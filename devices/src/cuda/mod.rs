@@ -9,6 +9,7 @@
 //! - [`CudaDevice`]: the [`flm_core::BaseDevice`] (which ops it runs and how its
 //!   operands move is in its module docs).
 //! - [`CudaBuffer`]: GPU memory as a tensor's storage ([`flm_core::DeviceBuffer`]).
+//! - `graph`: a decode step captured as a CUDA graph and replayed ([`flm_core::StepGraph`]).
 //! - [`kernels`]: our CUDA C sources (`kernels/*.cu`), embedded in the binary.
 //! - [`nvrtc`]: compiles them with NVRTC for the GPU's compute capability at start-up.
 //! - [`ptx_cache`]: keeps the PTX on disk, keyed by a hash of source, options and
@@ -21,6 +22,7 @@ mod dispatch;
 mod elementwise;
 mod embedding;
 mod flash_attn;
+mod graph;
 pub mod kernels;
 mod linear;
 mod memory;

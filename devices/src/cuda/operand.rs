@@ -153,6 +153,7 @@ impl CudaDevice {
                 .ok_or(err)?;
             return Ok(Output::Resident(&mut buffer.bytes));
         }
+        self.refuse_in_capture("an operand in host memory")?;
         let host = data.bytes_mut()?;
         let buffer = if read {
             self.upload(host)?

@@ -410,6 +410,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let (tg, tg_sd) = mean_sd(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
             measured.push((batch.unwrap_or(1), [pp, pp_sd, tg, tg_sd]));
         }
+        // Whether the single-sequence decode steps ran as a CUDA graph (`--cuda-graph`).
+        let step_graph = model.captured_steps().contains(&1);
         drop(model);
         // The bound decode is compared with: the GPU's peak, or the CPU's measured stream.
         let (stream, bound) = match chosen.gpu_peak_bandwidth {
@@ -433,6 +435,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     "gen_tokens": args.gen_tokens,
                     "depth": args.depth,
                     "batch": batch,
+                    "cuda_graph": step_graph && batch == 1,
                     "reps": args.reps,
                     "prefill_tok_s": pp,
                     "prefill_tok_s_sd": pp_sd,
@@ -449,10 +452,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             } else {
                 println!(
                     "model {name} ({dtype}) on {}, {} CPU kernels, {threads} threads, {} repetitions, \
-                     {batch} sequence(s) at once (aggregate tokens/s)",
+                     {batch} sequence(s) at once (aggregate tokens/s){}",
                     chosen.first,
                     isa,
-                    args.reps
+                    args.reps,
+                    if step_graph && batch == 1 {
+                        ", decode steps as a CUDA graph"
+                    } else {
+                        ""
+                    }
                 );
                 let at = match args.depth {
                     0 => String::new(),

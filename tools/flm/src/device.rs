@@ -1,4 +1,5 @@
-//! `--device`, `--gpu-layers` and `--moe-device`, shared by every command that computes.
+//! `--device`, `--gpu-layers`, `--moe-device` and `--cuda-graph`, shared by every command
+//! that computes.
 
 use std::fmt;
 use std::str::FromStr;
@@ -49,6 +50,17 @@ pub enum MoeDevice {
     Cpu,
 }
 
+/// `--cuda-graph`: whether decode steps run as CUDA graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum CudaGraph {
+    /// Capture a decode step once per batch size and replay it (where every layer is on
+    /// the GPU).
+    #[default]
+    On,
+    /// Run every step op by op.
+    Off,
+}
+
 /// Where the model runs.
 #[derive(Args, Clone, Copy, Default)]
 pub struct DeviceArgs {
@@ -80,6 +92,12 @@ pub struct DeviceArgs {
     /// where the cache lives on a GPU (`--gpu-layers`) and f32 in host memory.
     #[arg(long, default_value_t = KvDtype::Auto)]
     pub kv_dtype: KvDtype,
+
+    /// on or off: with every layer on the GPU (`--gpu-layers` covering them all), a decode
+    /// step is captured once as a CUDA graph and replayed (one launch per token instead of
+    /// one per op); off runs every step op by op, the workaround should a graph fail.
+    #[arg(long, value_enum, default_value_t = CudaGraph::On)]
+    pub cuda_graph: CudaGraph,
 }
 
 /// The executor, and the GPU's peak memory bandwidth in bytes/s when one runs the model.
@@ -116,11 +134,14 @@ impl DeviceArgs {
         if self.gpu_layers.is_some() && gpu.is_none() {
             bail!("--gpu-layers places layers on a GPU, and this flm has none to use");
         }
+        let first = first.name();
+        let exec = Executor::new(selection.devices);
+        exec.set_step_graphs(self.cuda_graph == CudaGraph::On);
         Ok(Chosen {
-            first: first.name(),
+            first,
             gpu,
             gpu_peak_bandwidth: selection.gpu_peak_bandwidth,
-            exec: Executor::new(selection.devices),
+            exec,
             gpu_layers: self.gpu_layers,
             moe_device: self.moe_device,
             kv_dtype: self.kv_dtype,
