@@ -103,10 +103,10 @@ typedef struct FlmModelOptions {
   size_t threads;
   /*
    NUL-terminated device name: "cpu"; "cuda" (a CUDA GPU runs every op it supports,
-   from host memory one op at a time, and the CPU the rest; FLM_STATUS_INVALID_ARGUMENT
-   saying why when there is no usable GPU or the library was built without the `cuda`
-   feature); or "auto" ("cuda" when a usable GPU is present, else "cpu"). NULL means
-   "auto". Borrowed for the call only.
+   on the layers `gpu_layers` places in its memory, and the CPU the rest;
+   FLM_STATUS_INVALID_ARGUMENT saying why when there is no usable GPU or the library was
+   built without the `cuda` feature); or "auto" ("cuda" when a usable GPU is present,
+   else "cpu"). NULL means "auto". Borrowed for the call only.
    */
   const char *device;
   /*
@@ -129,6 +129,17 @@ typedef struct FlmModelOptions {
    FLM_STATUS_INVALID_ARGUMENT. Borrowed for the call only.
    */
   const char *kv_dtype;
+  /*
+   NUL-terminated number of the model's first layers whose weights, KV caches and
+   activations live in the GPU's memory (the rest in host memory, run by the CPU), as
+   the CLI's `--gpu-layers`: "auto" places as many as the GPU's free memory holds after
+   their KV caches; "0" keeps them all in host memory, the GPU running their ops one at
+   a time from there. NULL means "auto"; without a GPU "auto" places nothing and a count
+   above 0 is FLM_STATUS_INVALID_ARGUMENT, as is anything but "auto" or a count.
+   Llama-graph models (ChatGLM-6B's graph stays in host memory under "auto").
+   Borrowed for the call only.
+   */
+  const char *gpu_layers;
 } FlmModelOptions;
 
 /*

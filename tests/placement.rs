@@ -10,8 +10,8 @@ use std::sync::Arc;
 use flm_core::{DataType, Executor, KvDtype, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
 use flm_models::llama::{BatchSeq, Llama, LlamaModel, LlamaWeights, Logits};
-use flm_models::Placement;
 use flm_models::{import, Graph, SharedGraph, SharedModel};
+use flm_models::{GpuLayers, Placement};
 use flm_tests::{
     cpu_executor, data, every_sampling_option, greedy_on, ids, serve_greedy, session_ids,
     stories_placed, stories_reference,
@@ -331,4 +331,36 @@ fn a_batched_step_on_a_device_copies_its_ids_in_and_the_logits_out() {
     assert_eq!(copies(&exec, ids_in, Location::Host, SIM), steps);
     let (count, _) = record.totals();
     assert_eq!(count, loaded + 2 * steps, "{}", record.report());
+}
+
+/// What `--gpu-layers` and libflm's `gpu_layers` call, `SharedModel::place_gpu_layers`: a
+/// count puts that many first layers on the device and the rest on the host (0: none);
+/// auto needs the device's free memory, which the stand-in device does not tell, and says
+/// so.
+#[test]
+fn gpu_layers_place_a_count_and_auto_asks_for_free_memory() {
+    let exec = executor();
+    let model = || {
+        let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
+        let weights = LlamaWeights::load(&ckpt).unwrap();
+        SharedModel::from(LlamaModel::new(ckpt.config.clone(), weights).unwrap())
+    };
+    for n in [0, 2, 5, 9] {
+        let placed = model()
+            .place_gpu_layers(&exec, SIM, GpuLayers::Count(n), false)
+            .unwrap();
+        let p = placed.llama().unwrap().placement().clone();
+        assert_eq!(p, Placement::first_layers(5, SIM, n), "{n}");
+    }
+    let err = model()
+        .place_gpu_layers(&exec, SIM, GpuLayers::Auto, false)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("does not tell its free memory"),
+        "{err}"
+    );
+    assert_eq!("auto".parse(), Ok(GpuLayers::Auto));
+    assert_eq!("12".parse(), Ok(GpuLayers::Count(12)));
+    assert!("most".parse::<GpuLayers>().is_err());
 }

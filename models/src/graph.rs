@@ -14,8 +14,8 @@ use flm_core::{Data, Executor, KvDtype, Location};
 
 use crate::chatglm::{ChatGlmModel, ChatGlmWeights};
 use crate::import::Checkpoint;
-use crate::llama::{LlamaBatch, LlamaModel, LlamaWeights, Logits};
-use crate::{Arch, Error, ModelConfig, Placement, Result};
+use crate::llama::{Ffn, LlamaBatch, LlamaLayer, LlamaModel, LlamaWeights, Logits};
+use crate::{Arch, Error, GpuLayers, ModelConfig, Placement, Result};
 
 /// What a forward pass returns: logits, or the hidden states after the final norm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,6 +229,68 @@ impl SharedModel {
         })?;
         let placement = plan(&model)?;
         Ok(model.place(exec, placement)?.into())
+    }
+
+    /// The model with its first layers in the GPU memory `gpu` as `layers` says, the rest
+    /// in host memory (llama.cpp's `--n-gpu-layers`): [`GpuLayers::Auto`] fits as many as
+    /// the executor's free memory there holds after their KV caches ([`Placement::fit`]
+    /// over [`LlamaModel::memory_bytes`]). With `experts_on_host` a mixture's routed
+    /// experts stay in host memory ([`Placement::with_experts_on`]) and do not count.
+    ///
+    /// Errors: [`Error::Config`] when `gpu` does not tell its free memory (auto); those of
+    /// [`SharedModel::place`].
+    pub fn place_gpu_layers(
+        self,
+        exec: &Executor,
+        gpu: Location,
+        layers: GpuLayers,
+        experts_on_host: bool,
+    ) -> Result<SharedModel> {
+        self.place(exec, |m| {
+            let n_layers = m.config().n_layers;
+            let placement = match layers {
+                GpuLayers::Count(n) => Placement::first_layers(n_layers, gpu, n),
+                GpuLayers::Auto => {
+                    let free = exec.free_memory(gpu).ok_or_else(|| {
+                        Error::Config(format!(
+                            "--gpu-layers auto: {gpu} does not tell its free memory"
+                        ))
+                    })?;
+                    let (mut layers, input, head) = m.memory_bytes();
+                    if experts_on_host {
+                        for (bytes, lw) in layers.iter_mut().zip(&m.weights().layers) {
+                            *bytes = bytes.saturating_sub(routed_bytes(lw));
+                        }
+                    }
+                    Placement::fit(gpu, free, &layers, input, head)
+                }
+            };
+            Ok(if experts_on_host {
+                placement.with_experts_on(Location::Host)
+            } else {
+                placement
+            })
+        })
+    }
+}
+
+/// Bytes of a layer's router and experts, the shared one included (0 for a dense
+/// feed-forward).
+fn routed_bytes(lw: &LlamaLayer) -> u64 {
+    match &lw.ffn {
+        Ffn::Moe {
+            router,
+            experts,
+            shared,
+        } => experts
+            .iter()
+            .chain(shared.iter().map(|s| &s.ffn))
+            .flat_map(|e| [&e.gate, &e.up, &e.down])
+            .chain([router])
+            .chain(shared.iter().map(|s| &s.gate))
+            .map(|d| d.size_bytes() as u64)
+            .sum(),
+        Ffn::Dense { .. } => 0,
     }
 }
 

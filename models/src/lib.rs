@@ -35,4 +35,4 @@ pub mod tensor_names;
 pub use config::{Activation, Arch, ModelConfig, MoeConfig};
 pub use error::{Error, Result};
 pub use graph::{Graph, Head, Model, SharedGraph, SharedModel};
-pub use placement::Placement;
+pub use placement::{GpuLayers, Placement};

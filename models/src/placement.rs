@@ -13,9 +13,47 @@
 //! the layer runs on its device, and the experts' op ([`flm_core::Op::MoeFfn`]) on the CPU,
 //! its input and output copied across once per layer and step (`"experts: activations"`).
 
+use std::fmt;
+use std::str::FromStr;
+
 use flm_core::Location;
 
 use crate::{Error, Result};
+
+/// How many of a model's first layers live on a GPU (`--gpu-layers`, libflm's
+/// `gpu_layers`); the default wherever a GPU runs a Llama-graph model is [`GpuLayers::Auto`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuLayers {
+    /// As many as the GPU's free memory holds ([`Placement::fit`]).
+    Auto,
+    /// This many (all of them when it is the layer count or more; 0 leaves every layer in
+    /// host memory, the GPU running their ops one at a time from there).
+    Count(usize),
+}
+
+impl FromStr for GpuLayers {
+    type Err = String;
+
+    /// "auto" or a layer count.
+    fn from_str(s: &str) -> std::result::Result<GpuLayers, String> {
+        match s {
+            "auto" => Ok(GpuLayers::Auto),
+            n => n
+                .parse()
+                .map(GpuLayers::Count)
+                .map_err(|_| format!("{n:?} is neither a layer count nor auto")),
+        }
+    }
+}
+
+impl fmt::Display for GpuLayers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuLayers::Auto => f.write_str("auto"),
+            GpuLayers::Count(n) => write!(f, "{n}"),
+        }
+    }
+}
 
 /// The memory of each layer of a model, first to last.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -39,7 +39,10 @@ class Model:
     16 (their rounding residual too: the logits of unrounded activations, slower) for
     quantised weights on the CPU; kv_dtype: "f32", "f16" (half the bytes attention reads,
     each key and value rounded to the nearest f16) or "auto" (f16 for a cache on a GPU, f32
-    in host memory, where the sessions' caches live) for the KV cache.
+    in host memory, where the sessions' caches live) for the KV cache; gpu_layers: how many
+    of the model's first layers live in the GPU's memory ("auto": as many as it holds;
+    0: none, the GPU running their ops from host memory; a count above 0 without a GPU
+    raises FlmError with status INVALID_ARGUMENT).
     Raises FlmError (status IO for a missing file, FORMAT for a malformed one...).
     """
 
@@ -52,10 +55,11 @@ class Model:
         context: int = 0,
         activation_bits: int = 8,
         kv_dtype: str = "auto",
+        gpu_layers: int | str = "auto",
     ) -> None:
         self._handle: ctypes.c_void_p | None = None
         options = ModelOptions(threads, device.encode(), context, activation_bits,
-                               kv_dtype.encode())
+                               kv_dtype.encode(), str(gpu_layers).encode())
         handle = ctypes.c_void_p()
         check(lib().flm_model_load(os.fsencode(path), ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle

@@ -45,6 +45,7 @@ class ModelOptions(ctypes.Structure):
         ("context", ctypes.c_size_t),
         ("activation_bits", ctypes.c_uint32),
         ("kv_dtype", ctypes.c_char_p),
+        ("gpu_layers", ctypes.c_char_p),
     ]
 
 

@@ -138,6 +138,11 @@ def test_errors_carry_the_library_message(model: flm.Model, tmp_path: Path) -> N
     assert err.value.status == flm.Status.INVALID_ARGUMENT
     assert "kv_dtype" in err.value.message
 
+    with pytest.raises(flm.FlmError) as err:
+        flm.Model(MODEL, device="cpu", gpu_layers=2)
+    assert err.value.status == flm.Status.INVALID_ARGUMENT
+    assert "gpu_layers is 2, and no GPU runs the model" in err.value.message
+
 
 def test_16_bit_activations_load_and_generate() -> None:
     # stories260K's weights are f32, which no activation rounding touches: the same text.

@@ -241,6 +241,19 @@ static void bad_calls(const char *path, FlmModel *model) {
     CHECK(flm_model_load(path, &options, &half_cache) == FLM_STATUS_OK);
     flm_model_free(half_cache);
     options.kv_dtype = NULL;
+    options.device = "cpu";
+    options.gpu_layers = "many";
+    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
+                 "options->gpu_layers: \"many\" is neither a layer count nor auto");
+    options.gpu_layers = "2";
+    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
+                 "options->gpu_layers is 2, and no GPU runs the model");
+    options.gpu_layers = "0";
+    FlmModel *host_layers = NULL;
+    CHECK(flm_model_load(path, &options, &host_layers) == FLM_STATUS_OK);
+    flm_model_free(host_layers);
+    options.gpu_layers = NULL;
+    options.device = NULL;
     FlmSampling sampling = flm_sampling_default();
     sampling.top_p = 1.5f;
     EXPECT_ERROR(flm_generate(session, "a", 1, &sampling, 4, NULL, NULL, NULL),

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 
 use flm_core::{BaseDevice, CheckedOp, Executor, KvDtype, Location, Op};
 use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
-use flm_models::{session, SharedModel};
+use flm_models::{session, GpuLayers, SharedModel};
 use flm_tokenizer::Tokenizer;
 
 use crate::status::{arg_c_str, arg_ref, arg_slice, arg_str, guard, write_out, Failure, FlmStatus};
@@ -22,10 +22,10 @@ pub struct FlmModelOptions {
     /// CPU core; at most 4096.
     pub threads: usize,
     /// NUL-terminated device name: "cpu"; "cuda" (a CUDA GPU runs every op it supports,
-    /// from host memory one op at a time, and the CPU the rest; FLM_STATUS_INVALID_ARGUMENT
-    /// saying why when there is no usable GPU or the library was built without the `cuda`
-    /// feature); or "auto" ("cuda" when a usable GPU is present, else "cpu"). NULL means
-    /// "auto". Borrowed for the call only.
+    /// on the layers `gpu_layers` places in its memory, and the CPU the rest;
+    /// FLM_STATUS_INVALID_ARGUMENT saying why when there is no usable GPU or the library was
+    /// built without the `cuda` feature); or "auto" ("cuda" when a usable GPU is present,
+    /// else "cpu"). NULL means "auto". Borrowed for the call only.
     pub device: *const c_char,
     /// Positions of each session's KV cache (the context length), capped at the model's;
     /// 0: the model's context, at most 4096.
@@ -41,6 +41,15 @@ pub struct FlmModelOptions {
     /// caches of libflm's sessions live). NULL means "auto"; any other name is
     /// FLM_STATUS_INVALID_ARGUMENT. Borrowed for the call only.
     pub kv_dtype: *const c_char,
+    /// NUL-terminated number of the model's first layers whose weights, KV caches and
+    /// activations live in the GPU's memory (the rest in host memory, run by the CPU), as
+    /// the CLI's `--gpu-layers`: "auto" places as many as the GPU's free memory holds after
+    /// their KV caches; "0" keeps them all in host memory, the GPU running their ops one at
+    /// a time from there. NULL means "auto"; without a GPU "auto" places nothing and a count
+    /// above 0 is FLM_STATUS_INVALID_ARGUMENT, as is anything but "auto" or a count.
+    /// Llama-graph models (ChatGLM-6B's graph stays in host memory under "auto").
+    /// Borrowed for the call only.
+    pub gpu_layers: *const c_char,
 }
 
 /// The CPU device with its parallel loops on the model's own thread pool instead of
@@ -130,8 +139,40 @@ fn kv_dtype(options: &FlmModelOptions) -> Result<KvDtype, Failure> {
     })
 }
 
-/// The executor of a model's sessions, from the options' device and threads.
-fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
+/// The GPU layers of the options.
+fn gpu_layers(options: &FlmModelOptions) -> Result<GpuLayers, Failure> {
+    // SAFETY: the caller passes a NUL-terminated count or NULL (FlmModelOptions docs).
+    let name = unsafe { option_name(options.gpu_layers, "options->gpu_layers") }?;
+    name.parse().map_err(|e: String| {
+        Failure::new(
+            FlmStatus::InvalidArgument,
+            format!("options->gpu_layers: {e}"),
+        )
+    })
+}
+
+/// `model` with its first layers on the executor's GPU as `layers` says (see
+/// [`FlmModelOptions::gpu_layers`]).
+fn place(
+    model: SharedModel,
+    (exec, gpu): (&Executor, Option<Location>),
+    layers: GpuLayers,
+) -> Result<SharedModel, Failure> {
+    match (gpu, layers) {
+        (None, GpuLayers::Auto | GpuLayers::Count(0)) => Ok(model),
+        (None, GpuLayers::Count(n)) => Err(Failure::new(
+            FlmStatus::InvalidArgument,
+            format!("options->gpu_layers is {n}, and no GPU runs the model"),
+        )),
+        // A graph that runs in host memory only stays there under the default.
+        (Some(_), GpuLayers::Auto) if model.llama().is_none() => Ok(model),
+        (Some(gpu), layers) => Ok(model.place_gpu_layers(exec, gpu, layers, false)?),
+    }
+}
+
+/// The executor of a model's sessions, from the options' device and threads, and the
+/// memory of its GPU when it has one.
+fn executor(options: &FlmModelOptions) -> Result<(Executor, Option<Location>), Failure> {
     // SAFETY: the caller passes a NUL-terminated device name or NULL (FlmModelOptions docs).
     let device = unsafe { option_name(options.device, "options->device") }?;
     let choice: DeviceChoice = device
@@ -184,12 +225,13 @@ fn executor(options: &FlmModelOptions) -> Result<Executor, Failure> {
             .filter(|d| d.location() != Location::Host)
             .collect(),
     };
+    let gpu = devices.first().map(|d| d.location());
     devices.push(Box::new(PooledCpu {
         pool,
         cpu,
         _workers: Workers(workers),
     }));
-    Ok(Executor::new(devices))
+    Ok((Executor::new(devices), gpu))
 }
 
 /// Loads the model at `path` (NUL-terminated; a llama2.c `.bin`, a `.flm` file, a GGUF
@@ -223,15 +265,17 @@ pub unsafe extern "C" fn flm_model_load(
             context: 0,
             activation_bits: 0,
             kv_dtype: std::ptr::null(),
+            gpu_layers: std::ptr::null(),
         };
         // SAFETY: `options` is NULL or valid (this function's contract).
         let options = unsafe { options.as_ref() }.unwrap_or(&defaults);
-        let exec = executor(options)?;
+        let (exec, gpu) = executor(options)?;
         let kv_dtype = kv_dtype(options)?;
+        let gpu_layers = gpu_layers(options)?;
         let context = (options.context > 0).then_some(options.context);
         let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
         let (model, tokenizer) = session::load_model(path, None, context)?;
-        let model = model.with_kv_dtype(kv_dtype)?;
+        let model = place(model.with_kv_dtype(kv_dtype)?, (&exec, gpu), gpu_layers)?;
         let handle = Box::new(FlmModel {
             model,
             tokenizer: Arc::new(tokenizer),

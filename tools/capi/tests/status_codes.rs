@@ -40,6 +40,7 @@ fn load(path: &Path) -> (FlmStatus, String) {
         context: 0,
         activation_bits: 0,
         kv_dtype: std::ptr::null(),
+        gpu_layers: std::ptr::null(),
     };
     let mut model: *mut FlmModel = std::ptr::null_mut();
     // SAFETY: a NULL path is refused (this sets the last error to a known message); the

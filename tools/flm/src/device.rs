@@ -1,47 +1,11 @@
 //! `--device`, `--gpu-layers`, `--moe-device` and `--cuda-graph`, shared by every command
 //! that computes.
 
-use std::fmt;
-use std::str::FromStr;
-
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use flm_core::{Executor, KvDtype, Location};
 use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
-use flm_models::llama::{Ffn, LlamaLayer};
-use flm_models::{Placement, SharedGraph, SharedModel};
-
-/// `--gpu-layers`: how many of the model's first layers live on the GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpuLayers {
-    /// As many as the GPU's free memory holds ([`Placement::fit`]).
-    Auto,
-    /// This many (all of them when it is the layer count or more).
-    Count(usize),
-}
-
-impl FromStr for GpuLayers {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<GpuLayers, String> {
-        match s {
-            "auto" => Ok(GpuLayers::Auto),
-            n => n
-                .parse()
-                .map(GpuLayers::Count)
-                .map_err(|_| format!("{n:?} is neither a layer count nor auto")),
-        }
-    }
-}
-
-impl fmt::Display for GpuLayers {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            GpuLayers::Auto => f.write_str("auto"),
-            GpuLayers::Count(n) => write!(f, "{n}"),
-        }
-    }
-}
+use flm_models::{GpuLayers, SharedGraph, SharedModel};
 
 /// `--moe-device`: where the routed experts of a mixture-of-experts model run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -70,9 +34,10 @@ pub struct DeviceArgs {
     #[arg(long, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// N or auto: the first N layers' weights, KV cache and activations live on the GPU and
-    /// the rest on the CPU (auto: as many as its free memory holds). Without it, a GPU runs
-    /// the model's ops from host memory, one op at a time. Llama-graph models (run, chat,
-    /// perplexity, bench, and serve, whose KV block pool goes with the layers).
+    /// the rest on the CPU (auto: as many as its free memory holds, the default wherever a
+    /// GPU runs the model). 0 keeps them all in host memory, the GPU running the model's
+    /// ops from there one at a time. Llama-graph models (run, chat, perplexity, bench, and
+    /// serve, whose KV block pool goes with the layers).
     #[arg(long)]
     pub gpu_layers: Option<GpuLayers>,
     /// cpu: a mixture-of-experts model's experts stay in host memory and run on the CPU,
@@ -158,37 +123,19 @@ impl Chosen {
     /// and the allocation and copy errors of placing the weights.
     pub fn place(&self, model: SharedModel) -> Result<SharedModel> {
         let model = model.with_kv_dtype(self.kv_dtype)?;
-        let (Some(layers), Some(gpu)) = (self.gpu_layers, self.gpu) else {
+        let Some(gpu) = self.gpu else {
             return Ok(model);
         };
-        let exec = &self.exec;
+        let layers = match self.gpu_layers {
+            Some(layers) => layers,
+            // With a GPU the layers go where its memory holds them, unless the graph runs
+            // in host memory only (ChatGLM-6B's).
+            None if model.llama().is_some() => GpuLayers::Auto,
+            None => return Ok(model),
+        };
         let experts_on_host = self.moe_device == Some(MoeDevice::Cpu);
         let model = model
-            .place(exec, |m| {
-                let n_layers = m.config().n_layers;
-                let placement = match layers {
-                    GpuLayers::Count(n) => Placement::first_layers(n_layers, gpu, n),
-                    GpuLayers::Auto => {
-                        let free = exec.free_memory(gpu).ok_or_else(|| {
-                            flm_models::Error::Config(format!(
-                                "--gpu-layers auto: {gpu} does not tell its free memory"
-                            ))
-                        })?;
-                        let (mut layers, input, head) = m.memory_bytes();
-                        if experts_on_host {
-                            for (bytes, lw) in layers.iter_mut().zip(&m.weights().layers) {
-                                *bytes = bytes.saturating_sub(routed_bytes(lw));
-                            }
-                        }
-                        Placement::fit(gpu, free, &layers, input, head)
-                    }
-                };
-                Ok(if experts_on_host {
-                    placement.with_experts_on(Location::Host)
-                } else {
-                    placement
-                })
-            })
+            .place_gpu_layers(&self.exec, gpu, layers, experts_on_host)
             .context("cannot place the model's layers")?;
         if let Some(m) = model.llama() {
             let p = m.placement();
@@ -204,25 +151,5 @@ impl Chosen {
             );
         }
         Ok(model)
-    }
-}
-
-/// Bytes of a layer's router and experts, the shared one included (0 for a dense
-/// feed-forward).
-fn routed_bytes(lw: &LlamaLayer) -> u64 {
-    match &lw.ffn {
-        Ffn::Moe {
-            router,
-            experts,
-            shared,
-        } => experts
-            .iter()
-            .chain(shared.iter().map(|s| &s.ffn))
-            .flat_map(|e| [&e.gate, &e.up, &e.down])
-            .chain([router])
-            .chain(shared.iter().map(|s| &s.gate))
-            .map(|d| d.size_bytes() as u64)
-            .sum(),
-        Ffn::Dense { .. } => 0,
     }
 }

@@ -142,16 +142,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         session::load_model(path, args.model.tokenizer.as_deref(), args.model.context)
             .with_context(|| format!("cannot load the model {}", path.display()))?;
     let model = chosen.place(model)?;
-    let embedder = match args.model.device.gpu_layers {
-        Some(_) => None,
-        None => {
-            let pooling = args
-                .pooling
-                .or_else(|| Pooling::from_model_dir(path))
-                .unwrap_or(Pooling::Last);
-            let exec = args.model.device.executor()?.exec;
-            Some(Embedder::new(model.clone(), exec, pooling))
-        }
+    // Embeddings run op by op from host memory: a model placed on a GPU serves none.
+    let placed = model.llama().is_some_and(|m| !m.placement().is_host());
+    let embedder = if placed {
+        None
+    } else {
+        let pooling = args
+            .pooling
+            .or_else(|| Pooling::from_model_dir(path))
+            .unwrap_or(Pooling::Last);
+        let exec = args.model.device.executor()?.exec;
+        Some(Embedder::new(model.clone(), exec, pooling))
     };
     let mut config = EngineConfig::default();
     if let Some(n) = args.max_batch_total_tokens {
