@@ -71,7 +71,7 @@ pub trait Graph: Send {
     /// of [`Graph::logits_location`] (no copy to the host), for sampling where they are
     /// ([`flm_core::DeviceSampler`]).
     ///
-    /// Errors: as [`Graph::run`]; [`Error::Config`](crate::Error::Config) for a graph
+    /// Errors: as [`Graph::run`]; [`Error::Config`] for a graph
     /// without device placement (the default).
     fn forward_resident(
         &mut self,
