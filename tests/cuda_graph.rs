@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use flm_core::{DataType, Executor, Location};
+use flm_core::{DataType, Executor, KvDtype, Location};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
@@ -41,7 +41,7 @@ fn gpu_executor(graphs: bool) -> Option<Executor> {
 }
 
 /// A stories260K checkpoint (llama2.c's `.bin`, or the HF directory) with its matrices in
-/// `dtype`, every layer on the GPU of `exec`.
+/// `dtype`, every layer on the GPU of `exec`, its KV cache f32 (llama2.c's).
 fn on_gpu(exec: &Executor, path: &str, dtype: DataType) -> Llama {
     let ckpt = import::load(&data(path)).unwrap();
     let weights = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, shape| {
@@ -51,7 +51,9 @@ fn on_gpu(exec: &Executor, path: &str, dtype: DataType) -> Llama {
             DataType::F32
         }
     });
-    let model = LlamaModel::new(ckpt.config.clone(), weights).unwrap();
+    let model = LlamaModel::new(ckpt.config.clone(), weights)
+        .unwrap()
+        .with_kv_dtype(KvDtype::F32);
     let n_layers = model.config().n_layers;
     let model = model
         .place(exec, Placement::first_layers(n_layers, CUDA0, n_layers))
