@@ -83,9 +83,7 @@ extern "C" __global__ void gather_cols(const float* x, const int* perm, float* o
 // read from device memory (flm_core::Op::CopyRows of a step's keys and values into the KV
 // cache: a captured decode graph writes each step at its own row). The host checks the row
 // before each replay; rows that would pass dst_rows are not written. An f16 cache
-// (copy_rows_at_f16) rounds to nearest even, as the CPU's `half` does.
-__device__ __forceinline__ void store_row_value(float* dst, float v) { *dst = v; }
-__device__ __forceinline__ void store_row_value(f16_bits* dst, float v) { *dst = f32_to_f16(v); }
+// (copy_rows_at_f16) rounds to nearest even (kv_from_f32).
 
 template <typename T>
 __device__ void copy_rows_at_t(const float* src, T* dst, const unsigned int* dst_row, int cols,
@@ -94,7 +92,7 @@ __device__ void copy_rows_at_t(const float* src, T* dst, const unsigned int* dst
     long n = (long)n_rows * cols;
     unsigned int row0 = dst_row[0];
     if (i < n && row0 <= dst_rows && (unsigned long)n_rows <= (unsigned long)(dst_rows - row0)) {
-        store_row_value(dst + (long)row0 * cols + i, src[i]);
+        kv_from_f32(dst + (long)row0 * cols + i, src[i]);
     }
 }
 

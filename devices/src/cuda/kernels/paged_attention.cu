@@ -31,11 +31,6 @@
 
 #define PAGED_CHUNK 256
 
-__device__ __forceinline__ float kv_to_f32(float v) { return v; }
-__device__ __forceinline__ void kv_from_f32(float* dst, float v) { *dst = v; }
-__device__ __forceinline__ float kv_to_f32(f16_bits v) { return f16_to_f32(v); }
-__device__ __forceinline__ void kv_from_f32(f16_bits* dst, float v) { *dst = f32_to_f16(v); }
-
 template <typename KV>
 __device__ void paged_attn_partial(const float* q, const KV* pool_k, const KV* pool_v,
                                    const unsigned int* row_pos,

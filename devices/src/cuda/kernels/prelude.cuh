@@ -95,6 +95,13 @@ __device__ __forceinline__ float load_w(const void* w, long i) {
     return bf16_to_f32(((const bf16_bits*)w)[i]);
 }
 
+// A KV cache element (flm_core::KvDtype: f32 or f16) widened exactly to f32 as it is read,
+// and an f32 value stored into one (f16: rounded to nearest even, as the CPU's `half`).
+__device__ __forceinline__ float kv_to_f32(float v) { return v; }
+__device__ __forceinline__ float kv_to_f32(f16_bits v) { return f16_to_f32(v); }
+__device__ __forceinline__ void kv_from_f32(float* dst, float v) { *dst = v; }
+__device__ __forceinline__ void kv_from_f32(f16_bits* dst, float v) { *dst = f32_to_f16(v); }
+
 // (d, m) of group `gi` (counted over the whole weight, row by row) of an int4 weight in the
 // GPU GEMV layout of flm_devices::gemv_layout, whose group parameters start at `params`: f16
 // d alone (`form` 1, m = -8 d), or the pair (f16 d, f16 v) with m = v (`form` 0) or
