@@ -22,8 +22,6 @@ mod scratch;
 mod simd;
 mod weights;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use flm_core::{BaseDevice, CheckedOp, Error, Op, Result};
 use rayon::prelude::*;
 
@@ -37,11 +35,11 @@ pub const PARALLEL_MIN_WORK: usize = 1 << 17;
 /// The CPU device: supports every op whose activations are f32. Its kernels use one
 /// instruction-set level ([`Isa`]), chosen when it is created.
 ///
-/// Its ops are batch-invariant at every level but one: at [`Isa::Amx`], an int8/int4
-/// Linear over fewer than 8 input rows (decode) runs the AVX-512 VNNI kernels, which sum
-/// in another order than the AMX tiles of prefill, until
-/// [`BaseDevice::require_batch_invariance`] switches it to kernels that sum in the tiles'
-/// order (about 30% slower for int4 decode).
+/// Its ops are batch-invariant at every level, whether asked for or not
+/// ([`BaseDevice::require_batch_invariance`] has nothing to switch): a row's output has the
+/// same bits whatever the other rows of the call, so an answer does not depend on how much
+/// of the prompt was already in the KV cache, on other sessions or on the thread count. At
+/// [`Isa::Amx`] that is why decode runs kernels that sum in the order of the prefill tiles.
 ///
 /// int8, int4 and K-quant weights are dotted against activations quantised to
 /// [`ActivationBits`], int8 unless [`CpuDevice::with_activation_bits`] says otherwise.
@@ -49,7 +47,6 @@ pub const PARALLEL_MIN_WORK: usize = 1 << 17;
 pub struct CpuDevice {
     isa: Isa,
     activations: ActivationBits,
-    batch_invariant: AtomicBool,
 }
 
 impl CpuDevice {
@@ -70,7 +67,6 @@ impl CpuDevice {
             Ok(CpuDevice {
                 isa,
                 activations: ActivationBits::Int8,
-                batch_invariant: AtomicBool::new(false),
             })
         } else {
             Err(Error::InvalidArgument(format!("this CPU lacks {isa}")))
@@ -90,19 +86,10 @@ impl CpuDevice {
         self.isa
     }
 
-    /// How a Linear over `n` input rows runs: AMX decode takes the AVX-512 kernels unless
-    /// batch invariance was asked for (see [`CpuDevice`]).
-    fn linear_level(&self, n: usize) -> LinearLevel {
-        let isa = if self.isa == Isa::Amx
-            && n < qlinear::AMX_MIN_ROWS
-            && !self.batch_invariant.load(Ordering::Relaxed)
-        {
-            Isa::Avx512
-        } else {
-            self.isa
-        };
+    /// How a Linear runs: the level and the activations' precision.
+    fn linear_level(&self) -> LinearLevel {
         LinearLevel {
-            isa,
+            isa: self.isa,
             activations: self.activations,
         }
     }
@@ -148,9 +135,8 @@ impl BaseDevice for CpuDevice {
         true
     }
 
-    fn require_batch_invariance(&self) {
-        self.batch_invariant.store(true, Ordering::Relaxed);
-    }
+    /// Nothing to do: every CPU kernel is batch-invariant (see [`CpuDevice`]).
+    fn require_batch_invariance(&self) {}
 
     fn run(&self, op: CheckedOp<'_>) -> Result<()> {
         match op.into_op() {
@@ -170,10 +156,8 @@ impl BaseDevice for CpuDevice {
                 weight,
                 bias,
                 output,
-            } => linear::linear(self.linear_level(input.rows()), input, weight, bias, output),
-            Op::Linears { input, parts } => {
-                linear::linears(self.linear_level(input.rows()), input, parts)
-            }
+            } => linear::linear(self.linear_level(), input, weight, bias, output),
+            Op::Linears { input, parts } => linear::linears(self.linear_level(), input, parts),
             Op::Rope {
                 x,
                 table,
@@ -288,7 +272,7 @@ impl BaseDevice for CpuDevice {
                 renormalize,
                 output,
             } => moe::moe_ffn(
-                |rows| self.linear_level(rows),
+                self.linear_level(),
                 self.isa.vector(),
                 input,
                 router,

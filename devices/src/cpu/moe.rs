@@ -68,10 +68,10 @@ fn tensor<'a>(slot: &'a mut Option<Data>, shape: &[usize]) -> Result<&'a mut Dat
 }
 
 /// `output[n, dim] = Σ_e w_e · expert_e(input)` over each row's `top_k` experts (see
-/// [`flm_core::Op::MoeFfn`]). `linear_level(rows)` gives how a Linear runs over `rows`
-/// input rows, `vector` the level of the element-wise kernels.
+/// [`flm_core::Op::MoeFfn`]). `level` says how the Linears run, `vector` is the level of
+/// the element-wise kernels.
 pub(crate) fn moe_ffn(
-    linear_level: impl Fn(usize) -> LinearLevel,
+    level: LinearLevel,
     vector: Isa,
     input: &Data,
     router: &Data,
@@ -82,7 +82,7 @@ pub(crate) fn moe_ffn(
     scratch::with(&SCRATCH, |s| {
         let (n, dim) = (input.rows(), input.cols());
         let logits = tensor(&mut s.logits, &[n, experts.len()])?;
-        linear::linear(linear_level(n), input, router, None, logits)?;
+        linear::linear(level, input, router, None, logits)?;
         s.routes.clear();
         for row in logits.as_f32()?.chunks_exact(experts.len()) {
             route(
@@ -120,7 +120,7 @@ pub(crate) fn moe_ffn(
             let gate = tensor(&mut s.gate, &[m, inner])?;
             let up = tensor(&mut s.up, &[m, inner])?;
             linear::linears(
-                linear_level(m),
+                level,
                 rows,
                 &mut [
                     LinearPart::new(&expert.gate, None, gate),
@@ -130,7 +130,7 @@ pub(crate) fn moe_ffn(
             let hidden = tensor(&mut s.hidden, &[m, inner])?;
             activation::gate_mul::<activation::Silu>(vector, gate, up, hidden)?;
             let y = tensor(&mut s.y, &[m, dim])?;
-            linear::linear(linear_level(m), hidden, &expert.down, None, y)?;
+            linear::linear(level, hidden, &expert.down, None, y)?;
             for (&(i, w), y) in s.chosen.iter().zip(y.as_f32()?.chunks_exact(dim)) {
                 for (o, &v) in out[i * dim..(i + 1) * dim].iter_mut().zip(y) {
                     *o += w * v;

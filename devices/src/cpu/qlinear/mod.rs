@@ -21,8 +21,7 @@
 //!   loaded weight vector for 4 tokens;
 //! - `amx`: Intel AMX tile multiplies of 16 weight rows × 16 input rows per block, for
 //!   prefill of at least [`AMX_MIN_ROWS`] input rows; below that (decode), the AVX-512
-//!   VNNI kernels of `x86`, or, when the device was asked for batch invariance,
-//!   `amx_decode`'s, which sum in the tiles' order;
+//!   VNNI kernels of `amx_decode`, which sum in the tiles' order;
 //! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
 //! - `q8_0`: ggml's Q8_0 blocks, see there;
 //! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
@@ -35,9 +34,8 @@
 //! exact; and every kernel family of a level accumulates the scaled sums of one output in an
 //! order fixed by `k`: the x86 and NEON micro-kernels in one vector accumulator per tile
 //! entry over the row's chunks, reduced at the end, whatever the tile shape; the AMX
-//! level block by block, in its tile kernels and in `amx_decode` alike (the CPU device uses
-//! `amx_decode` only once asked for batch invariance: it is slower than the AVX-512 decode
-//! kernels). Levels differ from each other by rounding.
+//! level block by block, in its tile kernels and in `amx_decode` alike. Levels differ from
+//! each other by rounding.
 //! `devices/tests/batch_invariance.rs` checks it.
 
 #[cfg(target_arch = "x86_64")]
