@@ -18,21 +18,17 @@ fn executor_at(isa: Isa) -> Executor {
     Executor::with_profiling(vec![Box::new(device)], false)
 }
 
-/// Runs `Op::Linear` at `isa`, on a batch-invariant device if `invariant` (at the AMX
-/// level, int8/int4 decode then runs other kernels).
-fn linear_at(isa: Isa, invariant: bool, x: &Data, weight: &Data, bias: Option<&Data>) -> Vec<f32> {
+/// Runs `Op::Linear` at `isa`.
+fn linear_at(isa: Isa, x: &Data, weight: &Data, bias: Option<&Data>) -> Vec<f32> {
     let mut out = nan_output(&[x.rows(), weight.rows()]);
-    let exec = executor_at(isa);
-    if invariant {
-        exec.require_batch_invariance();
-    }
-    exec.run(Op::Linear {
-        input: x,
-        weight,
-        bias,
-        output: &mut out,
-    })
-    .expect("linear");
+    executor_at(isa)
+        .run(Op::Linear {
+            input: x,
+            weight,
+            bias,
+            output: &mut out,
+        })
+        .expect("linear");
     out.as_f32().expect("f32").to_vec()
 }
 
@@ -71,7 +67,7 @@ fn linear_matches_scalar(dtype: DataType) {
         let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);
         let (w, wv) = random_weight(&mut rng, &[m, k], dtype);
         let (b, _) = random_f32(&mut rng, &[m], 1.0);
-        let want = linear_at(Isa::Scalar, false, &x, &w, Some(&b));
+        let want = linear_at(Isa::Scalar, &x, &w, Some(&b));
         let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
         let mag: Vec<f64> = (0..n * m)
             .map(|e| {
@@ -82,12 +78,9 @@ fn linear_matches_scalar(dtype: DataType) {
             })
             .collect();
         for isa in Isa::supported().into_iter().filter(|&i| i != Isa::Scalar) {
-            for invariant in [false, true] {
-                let got = linear_at(isa, invariant, &x, &w, Some(&b));
-                let what =
-                    format!("Linear {dtype} at {isa} (invariant: {invariant}), n={n} k={k} m={m}");
-                assert_close(&what, &got, &want, |e| 1e-5 * mag[e] + 1e-6);
-            }
+            let got = linear_at(isa, &x, &w, Some(&b));
+            let what = format!("Linear {dtype} at {isa}, n={n} k={k} m={m}");
+            assert_close(&what, &got, &want, |e| 1e-5 * mag[e] + 1e-6);
         }
     }
 }
@@ -126,13 +119,11 @@ fn run_at(isa: Isa, op: Op<'_>) {
     executor_at(isa).run(op).expect("op");
 }
 
-/// Float-weight Linear at each level against the scalar one, for decode and prefill rows,
-/// every length of [`LENS`] as `k`, rows longer than one 512-column panel, and shapes
-/// above `PARALLEL_MIN_WORK` (decode split over rows of the weight, prefill over blocks of
-/// rows with the transposed output).
-///
-/// Each result is within `DOT_REL·Σ|x·w|` of the exact dot product plus a rounding of the
-/// bias add (as in `ops_linear_norm.rs`), so two of them are within twice that.
+/// Float-weight Linear at each level against the scalar one, bit for bit (every level has
+/// vectors of the same lanes and sums them alike), for decode and prefill rows, every length
+/// of [`LENS`] as `k`, rows longer than one 512-column panel, and shapes above
+/// `PARALLEL_MIN_WORK` (decode split over rows of the weight, prefill over blocks of rows
+/// with the transposed output).
 fn float_linear_matches_scalar(dtype: DataType) {
     let mut rng = rng(0x15b);
     let mut shapes = Vec::new();
@@ -151,33 +142,21 @@ fn float_linear_matches_scalar(dtype: DataType) {
         (37, 172, 64),
     ]);
     for (n, k, m) in shapes {
-        let (x, xv) = random_f32(&mut rng, &[n, k], 1.0);
-        let (w, wv) = random_weight(&mut rng, &[m, k], dtype);
-        let (b, bv) = random_f32(&mut rng, &[m], 1.0);
-        let got_scalar = linear_at(Isa::Scalar, false, &x, &w, Some(&b));
-        let want: Vec<f64> = got_scalar.iter().map(|&v| v as f64).collect();
-        let tol: Vec<f64> = (0..n * m)
-            .map(|e| {
-                let (i, j) = (e / m, e % m);
-                let mag: f64 = (0..k)
-                    .map(|c| (wv[j * k + c] as f64 * xv[i * k + c] as f64).abs())
-                    .sum();
-                2.0 * (DOT_REL * mag + EPS * (want[e].abs() + (bv[j] as f64).abs()))
-            })
-            .collect();
+        let (x, _) = random_f32(&mut rng, &[n, k], 1.0);
+        let (w, _) = random_weight(&mut rng, &[m, k], dtype);
+        let (b, _) = random_f32(&mut rng, &[m], 1.0);
+        let want = linear_at(Isa::Scalar, &x, &w, Some(&b));
         for isa in simd_levels() {
-            let got = linear_at(isa, false, &x, &w, Some(&b));
+            let got = linear_at(isa, &x, &w, Some(&b));
             let what = format!("float Linear {dtype} at {isa}, n={n} k={k} m={m}");
-            assert_close(&what, &got, &want, |e| tol[e]);
+            assert_same_bits(&what, &got, &want);
         }
     }
 }
 
 dtype_tests!([f32: F32, f16: F16, bf16: BF16] float_linear_matches_scalar);
 
-/// RMSNorm at each level against the scalar one. The formula test allows a relative
-/// `1e-6·√dim + 4·EPS` for each (the mean square is a dot product, then a square root, a
-/// division and two products); two results are within twice that of each other.
+/// RMSNorm at each level against the scalar one, bit for bit.
 fn rms_norm_matches_scalar(dtype: DataType) {
     let mut rng = rng(0x16c);
     for dim in LENS.into_iter().chain([4096]) {
@@ -197,11 +176,10 @@ fn rms_norm_matches_scalar(dtype: DataType) {
                 );
                 out.to_f32_vec().unwrap()
             };
-            let want: Vec<f64> = norm(Isa::Scalar).iter().map(|&v| v as f64).collect();
-            let rel = 2.0 * (1e-6 * (dim as f64).sqrt() + 4.0 * EPS);
+            let want = norm(Isa::Scalar);
             for isa in simd_levels() {
                 let what = format!("RmsNorm {dtype} at {isa}, n={n} dim={dim}");
-                assert_close(&what, &norm(isa), &want, |i| rel * want[i].abs());
+                assert_same_bits(&what, &norm(isa), &want);
             }
         }
     }
@@ -237,13 +215,9 @@ fn embedding_matches_scalar(dtype: DataType) {
 
 dtype_tests!([f32: F32, f16: F16, bf16: BF16] embedding_matches_scalar);
 
-/// RoPE at each level against the scalar one: both styles, head sizes of 8, 16, 64 and 128
-/// lanes and odd ones (tails), partial rotary dimensions, decode and prefill rows.
-///
-/// Both rotate a pair `(a, b)` with the same table values: `a·c − b·s` and `a·s + b·c` each
-/// take two or three roundings of terms at most `|(a, b)|·√2`, so each is within about
-/// `2·EPS·|(a, b)|` of the exact rotation and the two within `4·EPS·|(a, b)|`; dimensions
-/// past `rotary_dim` must be unchanged, bit for bit.
+/// RoPE at each level against the scalar one, bit for bit: both styles, head sizes of 8,
+/// 16, 64 and 128 lanes and odd ones (tails), partial rotary dimensions, decode and prefill
+/// rows; dimensions past `rotary_dim` stay unchanged.
 #[test]
 fn rope_matches_scalar() {
     let mut seed = 0x18e;
@@ -277,26 +251,17 @@ fn rope_matches_scalar() {
                     );
                     y.to_f32_vec().unwrap()
                 };
-                let want: Vec<f64> = rotate(Isa::Scalar).iter().map(|&v| v as f64).collect();
-                let mut tol = vec![0.0; xv.len()];
-                let half = rotary_dim / 2;
-                for head in 0..n * n_heads {
-                    for j in 0..half {
-                        let (a, b) = match style {
-                            RopeStyle::AdjacentPairs => (2 * j, 2 * j + 1),
-                            RopeStyle::RotateHalf => (j, j + half),
-                        };
-                        let (ia, ib) = (head * head_dim + a, head * head_dim + b);
-                        let r = (xv[ia] as f64).hypot(xv[ib] as f64);
-                        (tol[ia], tol[ib]) = (4.0 * EPS * r, 4.0 * EPS * r);
-                    }
+                let want = rotate(Isa::Scalar);
+                let rest = (0..n * n_heads * head_dim).filter(|c| c % head_dim >= rotary_dim);
+                for c in rest {
+                    assert_eq!(want[c].to_bits(), xv[c].to_bits(), "past rotary_dim: {c}");
                 }
                 for isa in simd_levels() {
                     let what = format!(
                         "Rope {style:?} at {isa}, head_dim={head_dim} rotary={rotary_dim} \
                          n={n} start={start_pos} heads={n_heads}"
                     );
-                    assert_close(&what, &rotate(isa), &want, |i| tol[i]);
+                    assert_same_bits(&what, &rotate(isa), &want);
                 }
             }
         }
@@ -311,14 +276,9 @@ struct AttnCase {
     head_dim: usize,
 }
 
-/// Attention at each level against the scalar one: head sizes of 8, 16, 64 and 128 and odd
-/// ones, multi-head, grouped-query and multi-query heads, decode and prefill rows, and
-/// shapes above `PARALLEL_MIN_WORK`.
-///
-/// Tolerance per (row, head), from `ops_attention.rs`: each f32 score is within
-/// `DOT_REL·scale·Σ|q·k|` plus a few roundings of the exact one, which moves an output by at
-/// most twice that times `max|v|`, and the weighted sum of `len` values adds about
-/// `EPS·√len·max|v|`; two results are within twice that bound of each other.
+/// Attention at each level against the scalar one, bit for bit: head sizes of 8, 16, 64
+/// and 128 and odd ones, multi-head, grouped-query and multi-query heads, decode and prefill
+/// rows, and shapes above `PARALLEL_MIN_WORK`.
 #[test]
 fn attention_matches_scalar() {
     let case = |n, start_pos, heads, head_dim| AttnCase {
@@ -352,12 +312,11 @@ fn attention_matches_scalar() {
         let kv_dim = n_kv_heads * hd;
         let rows = c.start_pos + c.n;
         let mut rng = rng(seed);
-        let (k, kv) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
-        let (v, vv) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
-        let (q, qv) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
+        let (k, _) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
+        let (v, _) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
+        let (q, _) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
         let scale = 1.0 / (hd as f32).sqrt();
-        // The f16 cache of `--kv-dtype f16`: the same values rounded, which moves the bound
-        // below by far less than its slack.
+        // The f16 cache of `--kv-dtype f16`: the same values rounded.
         let (k16, v16) = (to_f16(&k), to_f16(&v));
         // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest),
         // then ALiBi in a sliding window of 7 positions (ALiBi's `t` stays the cache row),
@@ -393,35 +352,7 @@ fn attention_matches_scalar() {
                 );
                 out.to_f32_vec().unwrap()
             };
-            let slopes = if alibi {
-                flm_core::alibi_slopes(n_heads)
-            } else {
-                vec![0.0; n_heads]
-            };
-            let want: Vec<f64> = attend(Isa::Scalar).iter().map(|&x| x as f64).collect();
-            let group = n_heads / n_kv_heads;
-            let mut tol = vec![0.0; want.len()];
-            for i in 0..c.n {
-                let len = (c.start_pos + i + 1).max(bidirectional);
-                let first = window.map_or(0, |w: usize| len.saturating_sub(w));
-                for h in 0..n_heads {
-                    let qh = &qv[(i * n_heads + h) * hd..][..hd];
-                    let off = (h / group) * hd;
-                    let (mut max_mag, mut vmax) = (0.0f64, 0.0f64);
-                    for t in first..len {
-                        let kt = &kv[t * kv_dim + off..][..hd];
-                        let mag: f64 = qh.iter().zip(kt).map(|(&a, &b)| (a * b).abs() as f64).sum();
-                        // The ALiBi term is one rounded product and one add per score.
-                        let bias = (slopes[h] * t as f32) as f64;
-                        max_mag = max_mag.max(mag * scale as f64 + bias);
-                        let vt = &vv[t * kv_dim + off..][..hd];
-                        vmax = vv_max(vmax, vt);
-                    }
-                    let t =
-                        vmax * (2.0 * (DOT_REL * max_mag + 4.0 * EPS) + EPS * (len as f64).sqrt());
-                    tol[(i * n_heads + h) * hd..][..hd].fill(2.0 * t);
-                }
-            }
+            let want = attend(Isa::Scalar);
             for isa in simd_levels() {
                 let what = format!(
                     "Attention at {isa}, n={} start={} heads={:?} head_dim={hd} alibi={alibi} \
@@ -429,21 +360,14 @@ fn attention_matches_scalar() {
                      f16 cache={f16_cache}",
                     c.n, c.start_pos, c.heads
                 );
-                assert_close(&what, &attend(isa), &want, |i| tol[i]);
+                assert_same_bits(&what, &attend(isa), &want);
             }
         }
     }
 }
 
-/// `max(m, max |v|)`.
-fn vv_max(m: f64, v: &[f32]) -> f64 {
-    v.iter().fold(m, |m, &x| m.max(x.abs() as f64))
-}
-
-/// SiLU·up at each level against the scalar one, including the overflow and underflow edges
-/// of `exp`. Both compute the same steps (the polynomial `exp` within `2·EPS`, then four
-/// roundings), so each is within `4·EPS` relative of the exact value and the two within
-/// `8·EPS`; below about `1e-36` either may flush to 0.
+/// SiLU·up at each level against the scalar one, bit for bit, including the overflow and
+/// underflow edges of `exp`.
 #[test]
 fn silu_mul_matches_scalar() {
     let mut rng = rng(0x1a0);
@@ -472,18 +396,15 @@ fn silu_mul_matches_scalar() {
             );
             out.to_f32_vec().unwrap()
         };
-        let want: Vec<f64> = silu(Isa::Scalar).iter().map(|&v| v as f64).collect();
+        let want = silu(Isa::Scalar);
         for isa in simd_levels() {
-            let what = format!("SiluMul at {isa}, len={len}");
-            assert_close(&what, &silu(isa), &want, |i| {
-                8.0 * EPS * want[i].abs() + 1e-36
-            });
+            assert_same_bits(&format!("SiluMul at {isa}, len={len}"), &silu(isa), &want);
         }
     }
 }
 
-/// GELU·up (GeGLU) and soft-capping at each level against the scalar one, and the scalar
-/// one against the f64 formulas (`0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))·u` and
+/// GELU·up (GeGLU) and soft-capping at each level against the scalar one, bit for bit, and
+/// the scalar one against the f64 formulas (`0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))·u` and
 /// `cap·tanh(x / cap)`). `tanh` comes from the polynomial `exp` as `(1 − e)/(1 + e)`, whose
 /// error is absolute (about `4·EPS`) near 0, so the bounds are absolute plus relative.
 #[test]
@@ -535,7 +456,6 @@ fn gelu_mul_and_soft_cap_match_scalar_and_f64() {
             move |i: usize| 16.0 * EPS * (w[i].abs() + scale)
         };
         let (want_gelu, want_cap) = (gelu_mul(Isa::Scalar), soft_cap(Isa::Scalar));
-        let as64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
         assert_close(
             &format!("GeluMul scalar vs f64, len={len}"),
             &want_gelu,
@@ -549,11 +469,10 @@ fn gelu_mul_and_soft_cap_match_scalar_and_f64() {
             bound(&exact_cap, cap as f64),
         );
         for isa in simd_levels() {
-            let (w_gelu, w_cap) = (as64(&want_gelu), as64(&want_cap));
             let what = format!("GeluMul at {isa}, len={len}");
-            assert_close(&what, &gelu_mul(isa), &w_gelu, bound(&w_gelu, 1.0));
+            assert_same_bits(&what, &gelu_mul(isa), &want_gelu);
             let what = format!("SoftCap at {isa}, len={len}");
-            assert_close(&what, &soft_cap(isa), &w_cap, bound(&w_cap, cap as f64));
+            assert_same_bits(&what, &soft_cap(isa), &want_cap);
         }
     }
 }
@@ -619,8 +538,8 @@ fn argmax_matches_scalar() {
     }
 }
 
-/// `Op::Linears` gives each part the bits `Op::Linear` gives it alone, at every level (in
-/// both modes of the AMX level's decode), on 1 and 2 threads. Parts of one quantised dtype
+/// `Op::Linears` gives each part the bits `Op::Linear` gives it alone, at every level, on 1
+/// and 2 threads. Parts of one quantised dtype
 /// run together (one quantisation of the input, the rows of all parts split over the
 /// threads at once); a run of float parts, or of another dtype, runs on its own. Sizes
 /// include decode and prefill rows, parts shorter than a parallel chunk, and parts above
@@ -658,48 +577,43 @@ fn linears_match_each_linear() {
                 .collect();
             let biases = [Some(random_f32(&mut rng, &[ms[0]], 1.0).0), None, None];
             for isa in Isa::supported() {
-                for invariant in [false, true] {
-                    let want: Vec<Vec<f32>> = weights
-                        .iter()
-                        .zip(&biases)
-                        .map(|(w, b)| linear_at(isa, invariant, &x, w, b.as_ref()))
-                        .collect();
-                    let exec = executor_at(isa);
-                    if invariant {
-                        exec.require_batch_invariance();
+                let want: Vec<Vec<f32>> = weights
+                    .iter()
+                    .zip(&biases)
+                    .map(|(w, b)| linear_at(isa, &x, w, b.as_ref()))
+                    .collect();
+                let exec = executor_at(isa);
+                for threads in [1, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .expect("thread pool");
+                    let mut outs: Vec<Data> = ms.iter().map(|&m| nan_output(&[n, m])).collect();
+                    {
+                        let mut parts: Vec<LinearPart<'_>> = weights
+                            .iter()
+                            .zip(&biases)
+                            .zip(outs.iter_mut())
+                            .map(|((w, b), output)| LinearPart::new(w, b.as_ref(), output))
+                            .collect();
+                        let op = Op::Linears {
+                            input: &x,
+                            parts: &mut parts,
+                        };
+                        pool.install(|| exec.run(op)).expect("linears");
                     }
-                    for threads in [1, 2] {
-                        let pool = rayon::ThreadPoolBuilder::new()
-                            .num_threads(threads)
-                            .build()
-                            .expect("thread pool");
-                        let mut outs: Vec<Data> = ms.iter().map(|&m| nan_output(&[n, m])).collect();
-                        {
-                            let mut parts: Vec<LinearPart<'_>> = weights
-                                .iter()
-                                .zip(&biases)
-                                .zip(outs.iter_mut())
-                                .map(|((w, b), output)| LinearPart::new(w, b.as_ref(), output))
-                                .collect();
-                            let op = Op::Linears {
-                                input: &x,
-                                parts: &mut parts,
-                            };
-                            pool.install(|| exec.run(op)).expect("linears");
-                        }
-                        for (p, (got, want)) in outs.iter().zip(&want).enumerate() {
-                            let got = got.as_f32().expect("f32");
-                            let what = format!(
-                                "part {p} of {dtypes:?} at {isa} (invariant: {invariant}), \
+                    for (p, (got, want)) in outs.iter().zip(&want).enumerate() {
+                        let got = got.as_f32().expect("f32");
+                        let what = format!(
+                            "part {p} of {dtypes:?} at {isa}, \
                                  {threads} threads, n={n} k={k} ms={ms:?}"
-                            );
-                            assert_eq!(got.len(), want.len(), "{what}");
-                            let same = got
-                                .iter()
-                                .zip(want)
-                                .all(|(g, w)| g.to_bits() == w.to_bits());
-                            assert!(same, "{what}: {got:?} against {want:?}");
-                        }
+                        );
+                        assert_eq!(got.len(), want.len(), "{what}");
+                        let same = got
+                            .iter()
+                            .zip(want)
+                            .all(|(g, w)| g.to_bits() == w.to_bits());
+                        assert!(same, "{what}: {got:?} against {want:?}");
                     }
                 }
             }

@@ -1,21 +1,12 @@
-//! Activation functions.
-
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
-// elsewhere only the portable twins are called.
-#![cfg_attr(
-    not(any(target_arch = "x86_64", target_arch = "aarch64")),
-    allow(dead_code)
-)]
+//! Activation functions, one kernel each for every level (see [`simd`]).
 
 use flm_core::{Data, Result};
 
 use super::simd::{self, Kernel, Simd};
 use super::Isa;
 
-/// A gate activation: the scalar form and its vector twin, the same steps.
+/// A gate activation.
 pub(crate) trait GateAct {
-    /// `act(x)`.
-    fn scalar(x: f32) -> f32;
     /// `act(x)` on a vector.
     fn vector<S: Simd>(s: S, x: S::V) -> S::V;
 }
@@ -28,12 +19,6 @@ pub(crate) trait GateAct {
 pub(crate) struct Silu;
 
 impl GateAct for Silu {
-    fn scalar(g: f32) -> f32 {
-        let e = simd::exp(-g.abs());
-        let num = if g.is_sign_negative() { e } else { 1.0 };
-        g * (num / (1.0 + e))
-    }
-
     #[inline(always)]
     fn vector<S: Simd>(s: S, g: S::V) -> S::V {
         let one = s.splat(1.0);
@@ -47,10 +32,6 @@ impl GateAct for Silu {
 pub(crate) struct GeluTanh;
 
 impl GateAct for GeluTanh {
-    fn scalar(x: f32) -> f32 {
-        gelu_scalar(x)
-    }
-
     #[inline(always)]
     fn vector<S: Simd>(s: S, x: S::V) -> S::V {
         gelu_v(s, x)
@@ -71,7 +52,7 @@ pub(crate) fn gate_mul<A: GateAct>(
         out: output.as_f32_mut()?,
         act: std::marker::PhantomData,
     };
-    simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
+    simd::run(isa, k);
     Ok(())
 }
 
@@ -81,15 +62,6 @@ struct GateMul<'a, A> {
     u: &'a [f32],
     out: &'a mut [f32],
     act: std::marker::PhantomData<A>,
-}
-
-impl<A: GateAct> GateMul<'_, A> {
-    /// The portable twin of the SIMD kernel below: the same steps.
-    fn portable(self) {
-        for ((o, &g), &u) in self.out.iter_mut().zip(self.g).zip(self.u) {
-            *o = A::scalar(g) * u;
-        }
-    }
 }
 
 impl<A: GateAct> Kernel for GateMul<'_, A> {
@@ -120,43 +92,16 @@ const GELU_CUBIC: f32 = 0.044_715;
 /// GELU, tanh approximation (Hendrycks & Gimpel 2016, section 2), in place:
 /// `x = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`, as THUDM ChatGLM-6B's `gelu_impl`.
 ///
-/// `tanh(u)` is computed as `sign(u)·(1 − e)/(1 + e)` with `e = e^(−2|u|) <= 1` from the
-/// polynomial [`simd::exp`], which never overflows.
+/// `tanh(u)` is [`simd::tanh`]: `sign(u)·(1 − e)/(1 + e)` with `e = e^(−2|u|) <= 1` from
+/// the polynomial [`simd::exp`], which never overflows.
 pub(crate) fn gelu(isa: Isa, x: &mut Data) -> Result<()> {
     let k = Gelu(x.as_f32_mut()?);
-    simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
+    simd::run(isa, k);
     Ok(())
 }
 
 /// The values [`gelu`] rewrites.
 struct Gelu<'a>(&'a mut [f32]);
-
-impl Gelu<'_> {
-    /// The portable twin of the SIMD kernel below: the same steps.
-    fn portable(self) {
-        for v in self.0 {
-            *v = gelu_scalar(*v);
-        }
-    }
-}
-
-/// `tanh(u) = sign(u)·(1 − e)/(1 + e)`, `e = e^(−2|u|) <= 1` from the polynomial
-/// [`simd::exp`] (never overflows); the scalar twin of [`tanh_v`].
-fn tanh_scalar(u: f32) -> f32 {
-    let e = simd::exp(-2.0 * u.abs());
-    let t = (1.0 - e) / (1.0 + e);
-    if u.is_sign_negative() {
-        -t
-    } else {
-        t
-    }
-}
-
-/// GELU of one value, the scalar twin of [`gelu_v`].
-fn gelu_scalar(x: f32) -> f32 {
-    let u = SQRT_2_OVER_PI * ((GELU_CUBIC * (x * x)) * x + x);
-    0.5 * x * (1.0 + tanh_scalar(u))
-}
 
 impl Kernel for Gelu<'_> {
     type Output = ();
@@ -177,32 +122,23 @@ impl Kernel for Gelu<'_> {
     }
 }
 
-/// GELU of a vector, as [`Gelu::portable`].
+/// GELU of a vector: `0.5·x·(1 + tanh(sqrt(2/π)·(0.044715·x²·x + x)))`.
 #[inline(always)]
 fn gelu_v<S: Simd>(s: S, x: S::V) -> S::V {
     let one = s.splat(1.0);
     let cubic = s.mul(s.splat(GELU_CUBIC), s.mul(x, x));
     let u = s.mul(s.splat(SQRT_2_OVER_PI), s.fma(cubic, x, x));
-    s.mul(s.mul(s.splat(0.5), x), s.add(one, tanh_v(s, u)))
-}
-
-/// `tanh` of a vector, as [`tanh_scalar`].
-#[inline(always)]
-fn tanh_v<S: Simd>(s: S, u: S::V) -> S::V {
-    let one = s.splat(1.0);
-    let e = simd::exp_simd(s, s.mul(s.splat(-2.0), s.abs(u)));
-    let t = s.div(s.sub(one, e), s.add(one, e));
-    s.select_neg(u, s.sub(s.zero(), t), t)
+    s.mul(s.mul(s.splat(0.5), x), s.add(one, simd::tanh_simd(s, u)))
 }
 
 /// Soft-capping in place, `x = cap · tanh(x / cap)` (Gemma 2's final logits; transformers
-/// `Gemma2ForCausalLM.forward`), `tanh` as [`tanh_scalar`].
+/// `Gemma2ForCausalLM.forward`), `tanh` as [`simd::tanh`].
 pub(crate) fn soft_cap(isa: Isa, x: &mut Data, cap: f32) -> Result<()> {
     let k = SoftCap {
         x: x.as_f32_mut()?,
         cap,
     };
-    simd::run(isa, true, k).unwrap_or_else(|k| k.portable());
+    simd::run(isa, k);
     Ok(())
 }
 
@@ -210,15 +146,6 @@ pub(crate) fn soft_cap(isa: Isa, x: &mut Data, cap: f32) -> Result<()> {
 struct SoftCap<'a> {
     x: &'a mut [f32],
     cap: f32,
-}
-
-impl SoftCap<'_> {
-    /// The portable twin of the SIMD kernel below: the same steps.
-    fn portable(self) {
-        for v in self.x {
-            *v = self.cap * tanh_scalar(*v / self.cap);
-        }
-    }
 }
 
 impl Kernel for SoftCap<'_> {
@@ -230,12 +157,15 @@ impl Kernel for SoftCap<'_> {
         let cap = s.splat(self.cap);
         let mut c = 0;
         while c + l <= n {
-            let v = s.mul(cap, tanh_v(s, s.div(s.load(&self.x[c..]), cap)));
+            let v = s.mul(cap, simd::tanh_simd(s, s.div(s.load(&self.x[c..]), cap)));
             s.store(&mut self.x[c..], v);
             c += l;
         }
         if c < n {
-            let v = s.mul(cap, tanh_v(s, s.div(s.load_part(&self.x[c..]), cap)));
+            let v = s.mul(
+                cap,
+                simd::tanh_simd(s, s.div(s.load_part(&self.x[c..]), cap)),
+            );
             s.store_part(&mut self.x[c..], v);
         }
     }

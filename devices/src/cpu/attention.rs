@@ -16,12 +16,12 @@
 //!    with several accumulators per output vector so that the additions overlap; the
 //!    division by the sum comes last.
 //!
-//! Scores live in a thread-local buffer, so a warm call allocates nothing. The portable
-//! twin does the same steps one head and one value at a time.
+//! Scores live in a thread-local buffer, so a warm call allocates nothing. Soft-capping
+//! uses [`simd::tanh`], so every level (see `simd`) computes the same bits.
 //!
 //! The cache holds f32 or f16 keys and values ([`flm_core::KvDtype`]): the kernels are
 //! generic over the element ([`Elem`]), and an f16 row is widened exactly as it is loaded
-//! (F16C's `vcvtph2ps` on x86, `fcvtl` on NEON, `half` in the twin), so an f16 cache gives
+//! (F16C's `vcvtph2ps` on x86, `fcvtl` on NEON, `half` at the portable level), so an f16 cache gives
 //! the result of an f32 cache holding the same (rounded) values.
 //!
 //! Both read the cache through a list of row offsets built per (row, KV head): the rows
@@ -38,13 +38,6 @@
 //! mask and `head_dim`. Splitting a GQA group over tasks only changes which heads share
 //! their key reads. `devices/tests/batch_invariance.rs` checks it.
 
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
-// elsewhere only the portable twins are called.
-#![cfg_attr(
-    not(any(target_arch = "x86_64", target_arch = "aarch64")),
-    allow(dead_code)
-)]
-
 use std::cell::Cell;
 
 use flm_core::{Data, DataType, Error, Result};
@@ -52,7 +45,6 @@ use rayon::prelude::*;
 
 use super::scratch;
 use super::simd::{self, Elem, Kernel, Simd};
-use super::weights::dot;
 use super::{Isa, PARALLEL_MIN_WORK};
 
 thread_local! {
@@ -60,8 +52,6 @@ thread_local! {
     static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// The offsets in the cache of the key/value rows the current row attends to.
     static OFFSETS: Cell<Vec<usize>> = const { Cell::new(Vec::new()) };
-    /// One key or value row widened to f32 (the portable twin over an f16 cache).
-    static ROW: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// How the scores are masked and biased (see [`flm_core::Op::Attention`]).
@@ -283,7 +273,7 @@ impl<E: Elem> Attn<'_, E> {
     fn bias_scores(&self, h: usize, first: usize, s: &mut [f32]) {
         if let Some(cap) = self.softcap {
             for s in s.iter_mut() {
-                *s = cap * (*s / cap).tanh();
+                *s = cap * simd::tanh(*s / cap);
             }
         }
         if let Some(&m) = self.slopes.get(h) {
@@ -306,72 +296,18 @@ fn run_heads<E: Elem>(isa: Isa, a: &Attn<'_, E>, first: usize, out: &mut [f32]) 
                 scores,
                 offsets,
             };
-            // 16-lane vectors only when a head fills one.
-            simd::run(isa, a.head_dim >= 16, k)
-                .unwrap_or_else(|k| scratch::with(&ROW, |row| k.portable(row)))
+            simd::run(isa, k)
         })
     })
 }
 
-/// The SIMD kernel (and the portable twin) over a run of query heads, see [`run_heads`].
+/// The kernel over a run of query heads, see [`run_heads`].
 struct HeadRun<'a, 'b, E> {
     a: &'b Attn<'a, E>,
     first: usize,
     out: &'b mut [f32],
     scores: &'b mut Vec<f32>,
     offsets: &'b mut Vec<usize>,
-}
-
-impl<E: Elem> HeadRun<'_, '_, E> {
-    /// The portable twin of the SIMD kernel: the same steps, one value at a time (`row`
-    /// holds a key or value row widened to f32 when the cache is not f32).
-    fn portable(self, row: &mut Vec<f32>) {
-        let a = self.a;
-        let hd = a.head_dim;
-        row.resize(hd, 0.0);
-        for (dt, out) in self.out.chunks_exact_mut(hd).enumerate() {
-            let task = self.first + dt;
-            let (i, h) = (task / a.n_heads, task % a.n_heads);
-            let offsets = &mut *self.offsets;
-            let first = a.offsets(i, h / a.group, offsets);
-            let qh = &a.q[task * hd..][..hd];
-            let scores = &mut *self.scores;
-            scores.clear();
-            scores.extend(
-                offsets
-                    .iter()
-                    .map(|&o| dot_row(qh, &a.keys[o..][..hd], row) * a.scale),
-            );
-            a.bias_scores(h, first, scores);
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for s in scores.iter_mut() {
-                *s = simd::exp(*s - max);
-                sum += *s;
-            }
-            out.fill(0.0);
-            for (&off, &p) in offsets.iter().zip(scores.iter()) {
-                for (o, v) in out.iter_mut().zip(&a.values[off..][..hd]) {
-                    *o += p * v.to_f32();
-                }
-            }
-            let inv = 1.0 / sum;
-            for o in out.iter_mut() {
-                *o *= inv;
-            }
-        }
-    }
-}
-
-/// `Σ q[c]·row[c]` by [`dot`], the row widened into `buf` first unless it is f32.
-fn dot_row<E: Elem>(q: &[f32], row: &[E], buf: &mut [f32]) -> f32 {
-    match E::as_f32(row) {
-        Some(row) => dot(q, row),
-        None => {
-            E::widen_portable(row, buf);
-            dot(q, buf)
-        }
-    }
 }
 
 impl<E: Elem> Kernel for HeadRun<'_, '_, E> {

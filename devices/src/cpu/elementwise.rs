@@ -1,13 +1,6 @@
 //! Element-wise and copy ops: residual add, row copies, argmax.
 
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
-// elsewhere only the portable twins are called.
-#![cfg_attr(
-    not(any(target_arch = "x86_64", target_arch = "aarch64")),
-    allow(dead_code)
-)]
-
-use flm_core::{argmax, Data, Result};
+use flm_core::{Data, Result};
 
 use super::simd::{self, Kernel, Simd};
 use super::Isa;
@@ -18,11 +11,7 @@ pub(crate) fn add(isa: Isa, x: &mut Data, y: &Data) -> Result<()> {
         y: y.as_f32()?,
         x: x.as_f32_mut()?,
     };
-    if let Err(k) = simd::run(isa, true, k) {
-        for (a, b) in k.x.iter_mut().zip(k.y) {
-            *a += b;
-        }
-    }
+    simd::run(isa, k);
     Ok(())
 }
 
@@ -66,7 +55,7 @@ pub(crate) fn gated_add(x: &mut Data, y: &Data, gate: &Data) -> Result<()> {
         .zip(y.chunks_exact(cols))
         .zip(gate)
     {
-        let w = 1.0 / (1.0 + (-g).exp());
+        let w = 1.0 / (1.0 + simd::exp(-g));
         for (a, b) in xr.iter_mut().zip(yr) {
             *a += w * b;
         }
@@ -103,7 +92,7 @@ pub(crate) fn copy_rows(
 pub(crate) fn argmax_rows(isa: Isa, input: &Data, output: &mut [u32]) -> Result<()> {
     let cols = input.cols();
     for (o, row) in output.iter_mut().zip(input.as_f32()?.chunks_exact(cols)) {
-        *o = simd::run(isa, true, Argmax(row)).unwrap_or_else(|k| argmax(k.0));
+        *o = simd::run(isa, Argmax(row));
     }
     Ok(())
 }

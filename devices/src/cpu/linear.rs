@@ -9,12 +9,12 @@
 //! row of each quarter of its run, so that each thread reads 4 long sequential streams,
 //! each prefetched [`DECODE_AHEAD`] bytes ahead (the layout of the int kernels' decode, see
 //! `qlinear`). Prefill uses 4 × 4 tiles with
-//! AVX-512 (16 accumulators of 32 registers) and 4 × 2 with AVX2 (8 of 16), over panels of
-//! 512 columns × 16 weight rows that every tile of input rows passes over while the panel
-//! is in L1; a task holds a block of weight rows in L2. (Packing the panels contiguously,
-//! widened once, measured slower here: the packing pass costs more than the cache
-//! conflicts it avoids.) The portable twin takes one weight row at a time, widened once,
-//! and dots it with each input row.
+//! AVX-512 (16 accumulators of 32 registers), 4 × 2 where 16 vectors fit (the portable
+//! level) and 2 × 2 with AVX2 and NEON (4 accumulators of 2 or 4 registers each), over
+//! panels of 512 columns × 16 weight rows that every tile of input rows passes over while
+//! the panel is in L1; a task holds a block of weight rows in L2. (Packing the panels
+//! contiguously, widened once, measured slower here: the packing pass costs more than the
+//! cache conflicts it avoids.)
 //!
 //! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
 //! 2025): at one instruction-set level, output `y[i, j]` has the same bits whatever the
@@ -23,8 +23,9 @@
 //! 512 columns, one vector accumulator over the columns in order, its lanes summed by one
 //! tree ([`Simd::sums4`] and [`Simd::sums8`] add alike), then bias plus the panel sums in
 //! order; decode walks the same panels as prefill. Continuous batching and speculative
-//! decoding rely on it (`devices/tests/batch_invariance.rs`). Levels differ from each other
-//! by rounding.
+//! decoding rely on it (`devices/tests/batch_invariance.rs`). Since every level has vectors
+//! of the same lanes and sums them by one tree (see `simd`), every level computes the same
+//! bits.
 //!
 //! Work is split over blocks of weight rows (output features) when it exceeds
 //! [`PARALLEL_MIN_WORK`]; a parallel prefill writes the transposed output into a
@@ -33,13 +34,6 @@
 //!
 //! Quantised weights (int8, int4) go to the integer kernels of `qlinear`, which give the
 //! same guarantee.
-
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
-// elsewhere only the portable twins are called.
-#![cfg_attr(
-    not(any(target_arch = "x86_64", target_arch = "aarch64")),
-    allow(dead_code)
-)]
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -50,7 +44,7 @@ use rayon::prelude::*;
 
 use super::qlinear::{self, LinearLevel, QuantWeight};
 use super::simd::{self, Elem, Kernel, Simd};
-use super::weights::{dot, WeightRows};
+use super::weights::WeightRows;
 use super::{schedule, scratch};
 use super::{shape_err, transpose, Isa, PARALLEL_MIN_WORK};
 
@@ -78,8 +72,6 @@ const PANEL_ROWS: usize = 16;
 thread_local! {
     /// The transposed output `[m, n]` of a parallel prefill (on the calling thread).
     static YT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    /// A widened f16/bf16 weight row of the portable kernel.
-    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// The input gathered by a weight's input permutation ([`linears`]).
     static GATHERED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
@@ -295,8 +287,7 @@ fn block<E: Elem>(
         js,
         is,
     };
-    // 16-lane vectors only when a row fills one.
-    simd::run(isa, k >= 16, b).unwrap_or_else(|b| scratch::with(&SCRATCH, |buf| b.portable(buf)))
+    simd::run(isa, b)
 }
 
 /// A block of weight rows `w` `[rows, k]` (and their biases) against `x` `[n, k]`.
@@ -312,26 +303,6 @@ struct Block<'a, E> {
 }
 
 impl<E: Elem> Block<'_, E> {
-    /// The portable twin: each weight row widened once into `buf` (borrowed if f32), dotted
-    /// with each input row.
-    fn portable(self, buf: &mut Vec<f32>) {
-        let (n, k) = (self.n, self.k);
-        for (dj, w) in self.w.chunks_exact(k).enumerate() {
-            let row = match E::as_f32(w) {
-                Some(row) => row,
-                None => {
-                    buf.resize(k, 0.0);
-                    E::widen_portable(w, buf);
-                    &buf[..]
-                }
-            };
-            let b = self.bias.map_or(0.0, |b| b[dj]);
-            for i in 0..n {
-                self.out[dj * self.js + i * self.is] = dot(&self.x[i * k..][..k], row) + b;
-            }
-        }
-    }
-
     /// Writes the tile of rows `j + r · stride` (`r < R`) × inputs `i..i + T` over the
     /// columns `cols`: the first block of columns stores its sums plus the bias, later ones
     /// add theirs. Decode tiles prefetch their streams [`DECODE_AHEAD`] bytes ahead.
@@ -417,8 +388,14 @@ impl<E: Elem> Kernel for Block<'_, E> {
                         i += 4;
                     }
                 }
+                if S::REGS >= 16 {
+                    while i + 2 <= n {
+                        self.rows::<S, 4, 2>(s, j0, j1, i, cols.clone());
+                        i += 2;
+                    }
+                }
                 while i + 2 <= n {
-                    self.rows::<S, 4, 2>(s, j0, j1, i, cols.clone());
+                    self.rows::<S, 2, 2>(s, j0, j1, i, cols.clone());
                     i += 2;
                 }
                 if i < n {

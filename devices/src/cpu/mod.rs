@@ -291,7 +291,7 @@ impl BaseDevice for CpuDevice {
                 positions,
                 block_positions,
                 ..
-            } => rope::rope_2d(x, table, positions, block_positions),
+            } => rope::rope_2d(self.isa.vector(), x, table, positions, block_positions),
         }
     }
 }

@@ -21,7 +21,7 @@ use flm_core::Data;
 use flm_core::{DataType, Expert, LinearPart, Result};
 
 use super::qlinear::LinearLevel;
-use super::{activation, linear, scratch, Isa};
+use super::{activation, linear, scratch, simd, Isa};
 
 /// The choice of the router for one row: one of its `top_k` experts and its weight.
 #[derive(Debug, Clone, Copy)]
@@ -153,7 +153,9 @@ fn route(
 ) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     exp.clear();
-    exp.extend(logits.iter().map(|&l| (l - max).exp()));
+    // The polynomial `exp` of the kernels: the same bits on every machine, where libm's
+    // `expf` may differ between architectures.
+    exp.extend(logits.iter().map(|&l| simd::exp(l - max)));
     let sum: f32 = exp.iter().sum();
     order.clear();
     order.extend(0..logits.len());

@@ -3,7 +3,7 @@
 use flm_core::{Data, Result};
 
 use super::simd::{self, Elem, Kernel, Simd};
-use super::weights::{dot, WeightRows};
+use super::weights::WeightRows;
 use super::Isa;
 
 /// RMSNorm (Zhang & Sennrich 2019) as in llama2.c `rmsnorm` and HF `LlamaRMSNorm`:
@@ -44,20 +44,7 @@ struct RmsNormRows<'a, E> {
 /// [`rms_norm`] of `x` `[n, w.len()]` with gains `w`, at `isa`.
 fn rms_norm_rows<E: Elem>(isa: Isa, x: &[f32], w: &[E], eps: f32, out: &mut [f32]) {
     let k = RmsNormRows { x, w, eps, out };
-    simd::run(isa, w.len() >= 16, k).unwrap_or_else(|k| k.portable())
-}
-
-impl<E: Elem> RmsNormRows<'_, E> {
-    /// The portable twin of the SIMD kernel below.
-    fn portable(self) {
-        let dim = self.w.len();
-        for (src, dst) in self.x.chunks_exact(dim).zip(self.out.chunks_exact_mut(dim)) {
-            let scale = 1.0 / (dot(src, src) / dim as f32 + self.eps).sqrt();
-            for ((d, s), g) in dst.iter_mut().zip(src).zip(self.w) {
-                *d = s * scale * g.to_f32();
-            }
-        }
-    }
+    simd::run(isa, k)
 }
 
 impl<E: Elem> Kernel for RmsNormRows<'_, E> {
@@ -100,7 +87,6 @@ pub(crate) fn layer_norm(
     eps: f32,
     output: &mut Data,
 ) -> Result<()> {
-    let dim = input.cols();
     let (w, b) = (weight.to_f32_vec()?, bias.to_f32_vec()?);
     let k = LayerNormRows {
         x: input.as_f32()?,
@@ -109,7 +95,7 @@ pub(crate) fn layer_norm(
         eps,
         out: output.as_f32_mut()?,
     };
-    simd::run(isa, dim >= 16, k).unwrap_or_else(|k| k.portable());
+    simd::run(isa, k);
     Ok(())
 }
 
@@ -120,21 +106,6 @@ struct LayerNormRows<'a> {
     b: &'a [f32],
     eps: f32,
     out: &'a mut [f32],
-}
-
-impl LayerNormRows<'_> {
-    /// The portable twin of the SIMD kernel below.
-    fn portable(self) {
-        let dim = self.w.len();
-        for (src, dst) in self.x.chunks_exact(dim).zip(self.out.chunks_exact_mut(dim)) {
-            let mean = src.iter().sum::<f32>() / dim as f32;
-            let var = src.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / dim as f32;
-            let inv = 1.0 / (var + self.eps).sqrt();
-            for (((d, s), g), b) in dst.iter_mut().zip(src).zip(self.w).zip(self.b) {
-                *d = (s - mean) * inv * g + b;
-            }
-        }
-    }
 }
 
 impl Kernel for LayerNormRows<'_> {

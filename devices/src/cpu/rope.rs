@@ -20,8 +20,7 @@ pub(crate) fn rope(isa: Isa, x: &mut Data, table: &RopeTable, start_pos: usize) 
         start_pos,
         positions: None,
     };
-    // 16-lane vectors only when a head fills at least one (16 pairs or 16 values).
-    simd::run(isa, table.rotary_dim() >= 32, k).unwrap_or_else(|k| k.portable());
+    simd::run(isa, k);
     Ok(())
 }
 
@@ -40,7 +39,7 @@ pub(crate) fn rope_rows(
         start_pos: 0,
         positions: Some(positions),
     };
-    simd::run(isa, table.rotary_dim() >= 32, k).unwrap_or_else(|k| k.portable());
+    simd::run(isa, k);
     Ok(())
 }
 
@@ -57,31 +56,6 @@ struct Rope<'a> {
 /// The position of row `i`: `positions[i]`, or `start_pos + i` without a list.
 fn position(start_pos: usize, positions: Option<&[u32]>, i: usize) -> usize {
     positions.map_or(start_pos + i, |p| p[i] as usize)
-}
-
-impl Rope<'_> {
-    /// The portable twin of the SIMD kernel below.
-    fn portable(self) {
-        let (head_dim, half) = (self.table.head_dim(), self.table.rotary_dim() / 2);
-        let style = self.table.style();
-        for (i, row) in self.x.chunks_exact_mut(self.cols).enumerate() {
-            let Some((cos, sin)) = self.table.at(position(self.start_pos, self.positions, i))
-            else {
-                continue;
-            };
-            for head in row.chunks_exact_mut(head_dim) {
-                for j in 0..half {
-                    let (a, b) = match style {
-                        RopeStyle::AdjacentPairs => (2 * j, 2 * j + 1),
-                        RopeStyle::RotateHalf => (j, j + half),
-                    };
-                    let (va, vb) = (head[a], head[b]);
-                    head[a] = va * cos[j] - vb * sin[j];
-                    head[b] = va * sin[j] + vb * cos[j];
-                }
-            }
-        }
-    }
 }
 
 impl Kernel for Rope<'_> {
@@ -148,9 +122,9 @@ impl Kernel for Rope<'_> {
 /// `[n, n_heads · 2·half]` (f32), `half = table.head_dim()`, is two halves rotated as one
 /// [`rope`] head each, the first at `positions[i]` and the second at `block_positions[i]`
 /// for row `i` (THUDM `modeling_chatglm.py`, `RotaryEmbedding` applied to
-/// `q1, q2 = q.chunk(2)`). Portable code only: ChatGLM-6B's `n·dim` rotations sit beside
-/// its `n·dim²` projections.
+/// `q1, q2 = q.chunk(2)`).
 pub(crate) fn rope_2d(
+    isa: Isa,
     x: &mut Data,
     table: &RopeTable,
     positions: &[u32],
@@ -166,14 +140,14 @@ pub(crate) fn rope_2d(
     {
         for (h, part) in row.chunks_exact_mut(half).enumerate() {
             let pos = if h % 2 == 0 { p } else { b };
-            Rope {
+            let k = Rope {
                 x: part,
                 cols: half,
                 table,
                 start_pos: pos as usize,
                 positions: None,
-            }
-            .portable();
+            };
+            simd::run(isa, k);
         }
     }
     Ok(())

@@ -66,28 +66,6 @@ impl<'a> WeightRows<'a> {
     }
 }
 
-/// `Σ a[i]·b[i]` over `min(a.len(), b.len())` elements, with eight independent partial
-/// sums so that LLVM vectorises the loop: the portable twin of [`simd::dot`].
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; 8];
-    let chunks_a = a.chunks_exact(8);
-    let chunks_b = b.chunks_exact(8);
-    let tail: f32 = chunks_a
-        .remainder()
-        .iter()
-        .zip(chunks_b.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in chunks_a.zip(chunks_b) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
 /// `dst[i] = src[i]` as f32 for `i < dst.len()` (`src.len() >= dst.len()`): exact, since
 /// f16 and bf16 are subsets of f32. F16C / AVX-512 `vcvtph2ps` for f16, a shift by 16 for
 /// bf16.
@@ -104,5 +82,5 @@ pub(crate) fn widen<E: Elem>(isa: Isa, src: &[E], dst: &mut [f32]) {
         }
     }
     let k = Widen { src, dst };
-    simd::run(isa, true, k).unwrap_or_else(|k| E::widen_portable(k.src, k.dst))
+    simd::run(isa, k)
 }

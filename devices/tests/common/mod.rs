@@ -115,6 +115,14 @@ pub fn nan_output(shape: &[usize]) -> Data {
     f32_data(shape, &vec![f32::NAN; shape.iter().product()])
 }
 
+/// Asserts that `got` has the bits of `want` (so `-0.0 != 0.0`, and NaN fails).
+pub fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!("{what}: element {i}: {:e}, want {:e}", got[i], want[i]);
+    }
+}
+
 /// Asserts `|got[i] - want[i]| <= tol(i)` for every `i`, reporting the worst violation.
 pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: impl Fn(usize) -> f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");

@@ -1,31 +1,32 @@
 //! The vector layer of the CPU kernels: f32 vectors behind one trait, so that each SIMD
 //! kernel is written once and compiled for every instruction set.
 //!
-//! A [`Simd`] value is a zero-sized token for one level (`x86::Avx2`, `x86::Avx512`,
-//! `neon::Neon`); it exists only inside a runner (`x86::avx2`, `x86::avx512` with
+//! A [`Simd`] value is a zero-sized token for one level (`x86::Avx512`, AVX2 and NEON as
+//! [`wide::Wide`] pairs and quads of `x86::Avx2` and `neon::Neon` vectors,
+//! [`portable::Portable`]); it exists only inside a runner (`x86::avx2`, `x86::avx512` with
 //! `#[target_feature]`, entered after checking the level; `neon::neon`, whose features every
-//! aarch64 target has), and its methods are safe. A kernel is a
-//! [`Kernel`] whose `run` is `#[inline(always)]`, so that the runner compiles it, and
-//! every helper it calls, with the level's features. Each op picks its level with a
-//! `match isa`, falling back to its portable twin.
+//! aarch64 target has), and its methods are safe. A kernel is a [`Kernel`] whose `run` is
+//! `#[inline(always)]`, so that the runner compiles it, and every helper it calls, with the
+//! level's features.
+//!
+//! **The same bits at every level.** Every level's vectors have [`LANES`] lanes (AVX2 and
+//! NEON hold them in 2 and 4 registers), every lane-wise method is one IEEE operation
+//! (`fma` rounds once, `round` ties to even, `max` is x86 `maxps`), and every level sums the
+//! lanes of a vector by one tree (lane `l` plus lane `l + 8`, then `l + 4`, `l + 2`, `l + 1`).
+//! So a kernel, whose order of operations depends on its operands' sizes only, gives the
+//! same bits on a laptop (AVX2), a server (AVX-512, AMX), an ARM board (NEON) and at the
+//! portable level ([`crate::cpu::Isa::Scalar`], the twin the others are tested against).
 //!
 //! Kernels must not call closures that could stay out of line (rayon tasks, boxed
 //! functions): closures do not inherit the runner's target features. Parallel ops split the
 //! work first and enter a runner per task.
 
-// The SIMD kernels run where an instruction set implements `Simd` (x86-64 and aarch64):
-// elsewhere only the portable twins are called.
-#![cfg_attr(
-    not(any(target_arch = "x86_64", target_arch = "aarch64")),
-    allow(dead_code)
-)]
-
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 pub(crate) mod neon;
+mod portable;
+mod wide;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
-
-use half::slice::HalfFloatSliceExt;
 
 use super::Isa;
 use half::{bf16, f16};
@@ -114,28 +115,24 @@ pub(crate) trait Simd: Copy {
     fn fmaddsub(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
 }
 
-/// Runs `k` with the vectors of `isa`, or gives it back at the portable level, where the
-/// caller runs its portable twin. `wide`: whether the data fills 16-lane vectors; when it
-/// does not, AVX-512 runs the 8-lane AVX2 code. [`Isa::Amx`] runs the AVX-512 code.
+/// The f32 lanes of a vector at every level.
+pub(crate) const LANES: usize = 16;
+
+/// Runs `k` with the vectors of `isa` ([`Isa::Amx`] runs the AVX-512 code).
 ///
 /// `isa` must be a level this CPU supports, as every [`crate::CpuDevice`]'s is.
 #[inline(always)]
-pub(crate) fn run<K: Kernel>(
-    isa: Isa,
-    // Only AVX-512 has vectors of two widths.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] wide: bool,
-    k: K,
-) -> std::result::Result<K::Output, K> {
+pub(crate) fn run<K: Kernel>(isa: Isa, k: K) -> K::Output {
     match isa.vector() {
         // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if wide => Ok(unsafe { x86::avx512(k) }),
-        // SAFETY: as above (AVX-512 includes AVX2).
+        Isa::Avx512 => unsafe { x86::avx512(k) },
+        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx2 | Isa::AvxVnni => Ok(unsafe { x86::avx2(k) }),
+        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::avx2(k) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => Ok(neon::neon(k)),
-        _ => Err(k),
+        Isa::Neon | Isa::NeonDot => neon::neon(k),
+        _ => k.run(portable::Portable),
     }
 }
 
@@ -164,12 +161,6 @@ pub(crate) trait Kernel {
 
 /// A float weight element (f32, f16, bf16): read as f32, one value or a vector at a time.
 pub(crate) trait Elem: Copy + Send + Sync + 'static {
-    /// The value as f32 (exact).
-    fn to_f32(self) -> f32;
-    /// `dst[i] = src[i]` as f32 for `i < dst.len()`, portable.
-    fn widen_portable(src: &[Self], dst: &mut [f32]);
-    /// `s` itself when the elements are f32.
-    fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// `src[..LANES]` as f32 ([`Simd::load`], [`Simd::load_f16`], [`Simd::load_bf16`]).
     fn load<S: Simd>(s: S, src: &[Self]) -> S::V;
     /// `src[..min(len, LANES)]` as f32, zeros after.
@@ -177,16 +168,6 @@ pub(crate) trait Elem: Copy + Send + Sync + 'static {
 }
 
 impl Elem for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn widen_portable(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(&src[..dst.len()]);
-    }
-    fn as_f32(s: &[f32]) -> Option<&[f32]> {
-        Some(s)
-    }
     #[inline(always)]
     fn load<S: Simd>(s: S, src: &[f32]) -> S::V {
         s.load(src)
@@ -199,16 +180,6 @@ impl Elem for f32 {
 
 impl Elem for f16 {
     #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn widen_portable(src: &[f16], dst: &mut [f32]) {
-        src[..dst.len()].convert_to_f32_slice(dst);
-    }
-    fn as_f32(_: &[f16]) -> Option<&[f32]> {
-        None
-    }
-    #[inline(always)]
     fn load<S: Simd>(s: S, src: &[f16]) -> S::V {
         s.load_f16(src)
     }
@@ -219,16 +190,6 @@ impl Elem for f16 {
 }
 
 impl Elem for bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn widen_portable(src: &[bf16], dst: &mut [f32]) {
-        src[..dst.len()].convert_to_f32_slice(dst);
-    }
-    fn as_f32(_: &[bf16]) -> Option<&[f32]> {
-        None
-    }
     #[inline(always)]
     fn load<S: Simd>(s: S, src: &[bf16]) -> S::V {
         s.load_bf16(src)
@@ -295,27 +256,47 @@ const EXP_P: [f32; 6] = [
 ];
 
 /// `e^x` for `x <= 88` (Cephes `expf`: `x = n·ln2 + r`, `e^r` by a degree-7 polynomial,
-/// relative error below `2⁻²³`), 0 below [`EXP_MIN`], NaN for NaN. The portable twin of
-/// [`exp_simd`]: the same steps, with separate multiplies and adds where that one fuses them.
+/// relative error below `2⁻²³`), 0 below [`EXP_MIN`], NaN for NaN: one lane of
+/// [`exp_simd`], the same operations (fused where that one fuses), so the same bits.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    /// `1.5·2²³`: adding it rounds `|v| < 2²²` to an integer, ties to even.
-    const MAGIC: f32 = 12_582_912.0;
-    let xc = if x < EXP_MIN { EXP_MIN } else { x };
-    let t = xc * LOG2E + MAGIC;
-    let n = t - MAGIC;
-    let r = xc - n * EXP_C1 - n * EXP_C2;
+    let xc = if EXP_MIN > x { EXP_MIN } else { x };
+    let n = (xc * LOG2E).round_ties_even();
+    let r = (-n).mul_add(EXP_C1, xc);
+    let r = (-n).mul_add(EXP_C2, r);
     let mut p = EXP_P[0];
-    for c in &EXP_P[1..] {
-        p = p * r + c;
+    for &c in &EXP_P[1..] {
+        p = p.mul_add(r, c);
     }
-    let y = p * (r * r) + r + 1.0;
-    let pow2 = f32::from_bits(((t.to_bits() as i32 - MAGIC.to_bits() as i32 + 127) as u32) << 23);
+    let y = p.mul_add(r * r, r) + 1.0;
+    let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
     if x < EXP_MIN {
         0.0
     } else {
         y * pow2
     }
+}
+
+/// `tanh(u) = sign(u)·(1 − e)/(1 + e)` with `e = e^(−2|u|) <= 1` from [`exp`] (never
+/// overflows): one lane of [`tanh_simd`], the same operations.
+#[inline(always)]
+pub(crate) fn tanh(u: f32) -> f32 {
+    let e = exp(-2.0 * u.abs());
+    let t = (1.0 - e) / (1.0 + e);
+    if u.is_sign_negative() {
+        0.0 - t
+    } else {
+        t
+    }
+}
+
+/// [`tanh`] on a vector.
+#[inline(always)]
+pub(crate) fn tanh_simd<S: Simd>(s: S, u: S::V) -> S::V {
+    let one = s.splat(1.0);
+    let e = exp_simd(s, s.mul(s.splat(-2.0), s.abs(u)));
+    let t = s.div(s.sub(one, e), s.add(one, e));
+    s.select_neg(u, s.sub(s.zero(), t), t)
 }
 
 /// [`exp`] on a vector.
@@ -337,42 +318,67 @@ pub(crate) fn exp_simd<S: Simd>(s: S, x: S::V) -> S::V {
 mod tests {
     use super::*;
 
-    /// The sums of eight vectors by [`Simd::sums8`] and by two [`Simd::sums4`].
-    struct Sums<'a>(&'a [f32]);
-
-    impl Kernel for Sums<'_> {
-        type Output = (Vec<f32>, Vec<f32>);
-
-        #[inline(always)]
-        fn run<S: Simd>(self, s: S) -> Self::Output {
-            let v: [S::V; 8] = std::array::from_fn(|i| s.load(&self.0[i * S::LANES..]));
-            let halves = [
-                s.sums4([v[0], v[1], v[2], v[3]]),
-                s.sums4([v[4], v[5], v[6], v[7]]),
-            ];
-            (s.sums8(v).to_vec(), halves.concat())
-        }
-    }
-
-    /// `sums4` adds each vector with the tree of `sums8` at every level, on values of mixed
-    /// signs and magnitudes whose sum depends on the order: the float Linear reduces tiles of
-    /// 4 and of 8 outputs, and an output must not depend on which (batch invariance).
-    #[test]
-    fn sums4_adds_like_sums8() {
-        let mut seed = 7u32;
-        let values: Vec<f32> = (0..8 * 16)
+    /// Random values of mixed signs and magnitudes, whose sums depend on the order.
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        let mut seed = seed;
+        (0..len)
             .map(|_| {
                 seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
                 let m = (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
                 m * [1e-3, 1.0, 1e3, 3e6][(seed & 3) as usize]
             })
-            .collect();
-        for isa in Isa::supported() {
-            for wide in [false, true] {
-                if let Ok((eight, four)) = run(isa, wide, Sums(&values)) {
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&eight), bits(&four), "{isa} wide {wide}");
-                }
+            .collect()
+    }
+
+    /// Every reduction of eight vectors: [`Simd::sum`] of each, [`Simd::sums8`],
+    /// [`Simd::sums4`] of each half, [`Simd::store_sums8`] scaled, and [`Simd::max_lane`] of
+    /// each; then [`exp_simd`] and [`tanh_simd`] of every value.
+    struct Reductions<'a>(&'a [f32]);
+
+    impl Kernel for Reductions<'_> {
+        type Output = Vec<u32>;
+
+        #[inline(always)]
+        fn run<S: Simd>(self, s: S) -> Vec<u32> {
+            let v: [S::V; 8] = std::array::from_fn(|i| s.load(&self.0[i * S::LANES..]));
+            let mut out: Vec<f32> = v.iter().map(|&v| s.sum(v)).collect();
+            out.extend(s.sums8(v));
+            out.extend(s.sums4([v[0], v[1], v[2], v[3]]));
+            out.extend(s.sums4([v[4], v[5], v[6], v[7]]));
+            let mut scaled = [0.0f32; 8];
+            s.store_sums8(v, 0.37, &mut scaled);
+            out.extend(scaled);
+            out.extend(v.iter().map(|&v| s.max_lane(v)));
+            for c in self.0.chunks_exact(S::LANES) {
+                let x = s.mul(s.load(c), s.splat(1e-5));
+                let mut e = [0.0f32; LANES];
+                s.store(&mut e, exp_simd(s, s.sub(s.zero(), s.abs(x))));
+                out.extend(e);
+                s.store(&mut e, tanh_simd(s, x));
+                out.extend(e);
+            }
+            out.iter().map(|x| x.to_bits()).collect()
+        }
+    }
+
+    /// Every level reduces vectors, and computes `exp` and `tanh`, to the portable level's
+    /// bits, and the portable level sums eight vectors as it sums each; its `exp` and `tanh`
+    /// lanes are the scalar [`exp`] and [`tanh`].
+    #[test]
+    fn every_level_reduces_to_the_same_bits() {
+        for seed in [7, 8, 9] {
+            let values = values(8 * LANES, seed);
+            let want = run(Isa::Scalar, Reductions(&values));
+            assert_eq!(want[..8], want[8..16], "sums8 against sum");
+            assert_eq!(want[8..16], want[16..24], "sums4 against sums8");
+            for (i, x) in values.iter().enumerate() {
+                let x = x * 1e-5;
+                let at = 40 + (i / LANES) * 2 * LANES + i % LANES;
+                assert_eq!(want[at], exp(-x.abs()).to_bits(), "exp({})", -x.abs());
+                assert_eq!(want[at + LANES], tanh(x).to_bits(), "tanh({x})");
+            }
+            for isa in Isa::supported() {
+                assert_eq!(run(isa, Reductions(&values)), want, "{isa}, seed {seed}");
             }
         }
     }

@@ -1,5 +1,6 @@
 //! aarch64 implementation of [`Simd`]: 128-bit NEON (Advanced SIMD) vectors of 4 f32, and
-//! the runner that compiles a [`Kernel`] for them.
+//! the runner that compiles a [`Kernel`] for them, four at a time ([`Wide`]: 16 lanes, whose
+//! sums follow the halving tree of [`Simd::sum`]).
 //!
 //! NEON is part of every aarch64 target (the `neon` target feature is on by default), so
 //! the runner needs no `#[target_feature]` and no run-time check: [`crate::cpu::Isa::Neon`]
@@ -19,15 +20,16 @@ use std::arch::asm;
 
 use half::{bf16, f16};
 
+use super::wide::Wide;
 use super::{Kernel, Simd};
 
 /// Runs `k` with NEON vectors.
 #[inline]
 pub(crate) fn neon<K: Kernel>(k: K) -> K::Output {
-    k.run(Neon(()))
+    k.run(Wide::<Neon, 4>(Neon(())))
 }
 
-/// The NEON level: 4 f32 lanes, 32 registers.
+/// NEON vectors: 4 f32 lanes, 32 registers (kernels see them four at a time, see [`neon`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Neon(());
 
@@ -191,13 +193,24 @@ impl Simd for Neon {
 
     #[inline(always)]
     fn sum(self, v: float32x4_t) -> f32 {
+        // Lanes 0, 1 plus lanes 2, 3, then lane 0 plus lane 1 (`faddv` adds 0 + 1 first).
         // SAFETY: NEON (module docs); no memory access.
-        unsafe { vaddvq_f32(v) }
+        unsafe { vpadds_f32(vadd_f32(vget_low_f32(v), vget_high_f32(v))) }
     }
     #[inline(always)]
     fn max_lane(self, v: float32x4_t) -> f32 {
+        // The halving tree of `a > b ? a : b`, as the other levels (`fmaxv` orders ±0).
         // SAFETY: NEON (module docs); no memory access.
-        unsafe { vmaxvq_f32(v) }
+        unsafe {
+            let (lo, hi) = (vget_low_f32(v), vget_high_f32(v));
+            let m = vbsl_f32(vcgt_f32(lo, hi), lo, hi);
+            let (a, b) = (vget_lane_f32::<0>(m), vget_lane_f32::<1>(m));
+            if a > b {
+                a
+            } else {
+                b
+            }
+        }
     }
     #[inline(always)]
     fn sums4(self, v: [float32x4_t; 4]) -> [f32; 4] {
@@ -262,9 +275,20 @@ impl Simd for Neon {
     }
 }
 
-/// `[Σ v0, Σ v1, Σ v2, Σ v3]` with pairwise adds.
+/// `[Σ v0, Σ v1, Σ v2, Σ v3]`, each by the tree of [`Neon::sum`].
 #[inline(always)]
 fn sums4_vec(v: [float32x4_t; 4]) -> float32x4_t {
+    /// `[a0 + a2, a1 + a3, b0 + b2, b1 + b3]`.
+    #[inline(always)]
+    fn halves(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON (module docs); no memory access.
+        unsafe {
+            vcombine_f32(
+                vadd_f32(vget_low_f32(a), vget_high_f32(a)),
+                vadd_f32(vget_low_f32(b), vget_high_f32(b)),
+            )
+        }
+    }
     // SAFETY: NEON (module docs); no memory access.
-    unsafe { vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3])) }
+    unsafe { vpaddq_f32(halves(v[0], v[1]), halves(v[2], v[3])) }
 }

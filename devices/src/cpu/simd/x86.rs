@@ -1,5 +1,7 @@
 //! x86-64 implementations of [`Simd`]: 256-bit AVX2 (+FMA, F16C) and 512-bit AVX-512
-//! (F, BW, VL), and the `#[target_feature]` runners that compile a [`Kernel`] for each.
+//! (F, BW, VL), and the `#[target_feature]` runners that compile a [`Kernel`] for each: with
+//! 16-lane vectors, pairs of AVX2 vectors ([`Wide`]) and AVX-512 vectors, whose lane sums
+//! follow the halving tree of [`Simd::sum`].
 //!
 //! Soundness: [`Avx2`] and [`Avx512`] have a private field, so only [`avx2`] and [`avx512`]
 //! create them, and those are `unsafe` to call unless the CPU has the features (callers
@@ -13,6 +15,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
+use super::wide::Wide;
 use super::{Kernel, Simd};
 
 /// Runs `k` with AVX2 vectors.
@@ -21,7 +24,7 @@ use super::{Kernel, Simd};
 /// The CPU must support AVX2, FMA and F16C ([`crate::cpu::Isa::Avx2`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn avx2<K: Kernel>(k: K) -> K::Output {
-    k.run(Avx2(()))
+    k.run(Wide::<Avx2, 2>(Avx2(())))
 }
 
 /// Runs `k` with AVX-512 vectors.
@@ -34,7 +37,7 @@ pub(crate) unsafe fn avx512<K: Kernel>(k: K) -> K::Output {
     k.run(Avx512(()))
 }
 
-/// The AVX2 level: 8 f32 lanes, 16 registers.
+/// AVX2 vectors: 8 f32 lanes, 16 registers (kernels see them in pairs, see [`avx2`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Avx2(());
 
@@ -75,28 +78,39 @@ fn hsum128(s: __m128) -> f32 {
     }
 }
 
-#[inline(always)]
-fn sums4_256(v: [__m256; 4]) -> [f32; 4] {
-    // SAFETY: the level's features (module docs); stores 4 values into a local array of 4.
-    unsafe {
-        let h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-        let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        let mut out = [0.0f32; 4];
-        _mm_storeu_ps(out.as_mut_ptr(), r);
-        out
-    }
-}
-
-/// The lane sums of eight vectors, in order: a tree of horizontal adds.
+/// The lane sums of eight vectors, in order, each by the halving tree: the lower plus the
+/// upper 128-bit half, then lanes 0, 1 plus lanes 2, 3, then lane 0 plus lane 1.
 #[inline(always)]
 fn sums8_256(v: [__m256; 8]) -> __m256 {
+    /// `[a.lo + a.hi, b.lo + b.hi]`.
+    #[inline(always)]
+    fn halves(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: the level's features (module docs); no memory access.
+        unsafe {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        }
+    }
+    /// Per 128-bit half: `[a0 + a2, a1 + a3, b0 + b2, b1 + b3]`.
+    #[inline(always)]
+    fn quarters(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: the level's features (module docs); no memory access.
+        unsafe {
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+                _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+            )
+        }
+    }
     // SAFETY: the level's features (module docs); no memory access.
     unsafe {
-        let a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-        let b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-        let lo = _mm256_permute2f128_ps(a, b, 0x20);
-        let hi = _mm256_permute2f128_ps(a, b, 0x31);
-        _mm256_add_ps(lo, hi)
+        let u0 = quarters(halves(v[0], v[1]), halves(v[2], v[3]));
+        let u1 = quarters(halves(v[4], v[5]), halves(v[6], v[7]));
+        // [S0, S2, S4, S6 | S1, S3, S5, S7].
+        let w = _mm256_hadd_ps(u0, u1);
+        _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
     }
 }
 
@@ -304,9 +318,11 @@ impl Simd for Avx2 {
             _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
         }
     }
+    /// The first half of [`Simd::sums8`] of the four vectors twice: the same tree.
     #[inline(always)]
     fn sums4(self, v: [__m256; 4]) -> [f32; 4] {
-        sums4_256(v)
+        let s = to_array8(sums8_256([v[0], v[1], v[2], v[3], v[0], v[1], v[2], v[3]]));
+        [s[0], s[1], s[2], s[3]]
     }
     #[inline(always)]
     fn sums8(self, v: [__m256; 8]) -> [f32; 8] {
@@ -508,8 +524,13 @@ impl Simd for Avx512 {
     }
     #[inline(always)]
     fn max_lane(self, v: __m512) -> f32 {
+        // The halving tree of `maxps`, as at the other levels (which matters for ±0 only).
         // SAFETY: the level's features (module docs); no memory access.
-        unsafe { _mm512_reduce_max_ps(v) }
+        let m = unsafe {
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            _mm256_max_ps(_mm512_castps512_ps256(v), hi)
+        };
+        Avx2(()).max_lane(m)
     }
     /// The first half of [`Simd::sums8`] of the four vectors twice: the same tree.
     #[inline(always)]
