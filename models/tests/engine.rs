@@ -6,6 +6,7 @@
 mod common;
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 
@@ -77,6 +78,7 @@ fn request(
         stop_tokens: tokenizer.eos_id().into_iter().collect(),
         logprobs: None,
         constraint: None,
+        cancel: None,
     }
 }
 
@@ -291,6 +293,7 @@ fn logprobs_equal_the_log_softmax_of_transformers_logits() {
         stop_tokens: Vec::new(),
         logprobs: Some(5),
         constraint: None,
+        cancel: None,
     };
     let rx = submit(&engine, req);
     let tokens: Vec<(u32, flm_core::TokenLogprobs)> = rx
@@ -407,6 +410,52 @@ fn a_callback_that_breaks_cancels_and_frees_the_blocks() {
     let stats = engine.stats();
     assert_eq!(stats.free_blocks, stats.total_blocks);
     assert_eq!(stats.finished_requests, 2);
+}
+
+#[test]
+fn a_set_cancel_flag_ends_a_request_before_its_next_step() {
+    let (model, tokenizer) = stories260k(Some(256));
+    let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
+    let prompt = tokenizer.encode("Once upon a time", true).unwrap();
+    let sampler = SamplerConfig::default();
+    // Set before it is queued: it leaves without a token.
+    let early = Request {
+        cancel: Some(Arc::new(AtomicBool::new(true))),
+        ..request(&tokenizer, &prompt, &sampler, 200)
+    };
+    assert_eq!(
+        collect(submit(&engine, early)),
+        (Vec::new(), FinishReason::Cancelled, prompt.len())
+    );
+    // Set by its callback at its third token, which goes on returning Continue.
+    let flag = Arc::new(AtomicBool::new(false));
+    let running = Request {
+        cancel: Some(Arc::clone(&flag)),
+        ..request(&tokenizer, &prompt, &sampler, 200)
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut seen = 0;
+    engine
+        .submit(
+            running,
+            Box::new(move |e| {
+                seen += 1;
+                if seen == 3 {
+                    flag.store(true, Ordering::Relaxed);
+                }
+                let _ = tx.send(e);
+                ControlFlow::Continue(())
+            }),
+        )
+        .unwrap();
+    let (ids, reason, _) = collect(rx);
+    assert_eq!((ids.len(), reason), (3, FinishReason::Cancelled));
+    let stats = engine.stats();
+    assert_eq!(stats.free_blocks, stats.total_blocks);
+    assert_eq!(
+        (stats.finished_requests, stats.running, stats.waiting),
+        (2, 0, 0)
+    );
 }
 
 #[test]
