@@ -105,7 +105,7 @@ pub struct ServeArgs {
     /// answered 408.
     #[arg(long, default_value = "10", value_parser = seconds)]
     body_timeout: Duration,
-    /// Connections served at once; a few more are told 503 (only /health answers on them),
+    /// Connections served at once; 64 more are told 503 (only /health answers on them),
     /// and those beyond are closed at once.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
     max_connections: u64,
@@ -364,5 +364,19 @@ async fn shutdown() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_positive_seconds_up_to_a_day() {
+        assert_eq!(seconds("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(seconds("600"), Ok(Duration::from_secs(600)));
+        for bad in ["0", "-1", "NaN", "inf", "86401", "ten", ""] {
+            assert!(seconds(bad).is_err(), "{bad}");
+        }
     }
 }
