@@ -197,6 +197,15 @@ impl Server {
     }
 }
 
+impl Server {
+    /// The server process's resident memory in bytes (`/proc/PID/statm`, 4 KiB pages).
+    pub fn resident_bytes(&self) -> u64 {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id())).unwrap();
+        let pages: u64 = statm.split(' ').nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
