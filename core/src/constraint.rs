@@ -129,9 +129,7 @@ impl Grammar {
     fn step(&self, state: StateID, b: u8) -> Option<StateID> {
         let next = self.dfa.next_state(state, b);
         let live = !self.dfa.is_dead_state(next)
-            && (!self.dfa.is_match_state(next)
-                || self.accepting(next)
-                || self.continues(next));
+            && (!self.dfa.is_match_state(next) || self.accepting(next) || self.continues(next));
         live.then_some(next)
     }
 
@@ -168,7 +166,8 @@ fn to_hir(p: &Pattern, budget: &mut usize) -> Result<Option<Hir>> {
     Ok(match p {
         Pattern::Literal(text) => Some(Hir::literal(text.as_bytes())),
         Pattern::Class(ranges) => {
-            let class = ClassUnicode::new(ranges.iter().map(|&(a, b)| ClassUnicodeRange::new(a, b)));
+            let class =
+                ClassUnicode::new(ranges.iter().map(|&(a, b)| ClassUnicodeRange::new(a, b)));
             (class.ranges().first().is_some()).then(|| Hir::class(Class::Unicode(class)))
         }
         Pattern::Seq(items) => {

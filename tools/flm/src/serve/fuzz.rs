@@ -4,8 +4,8 @@
 //!   chat or completion request, checked and rendered to token ids as the routes do. No
 //!   input may panic.
 //! - the structured output compiler (issue 48; seeds: `tests/fuzz/schema/` and the schemas
-//!   of the probe that once stalled the server): bytes read as a response_format's JSON, as
-//!   a regex, and as the choices of a generated JSON schema and regex, each through the
+//!   of the probe that once stalled the server): bytes read as a response_format's JSON or
+//!   else as a regex, and as the choices of a generated JSON schema and regex, each through the
 //!   validation and compilation of the routes. No input may panic or take more than its
 //!   budget, and a compiled constraint never reaches a state without an allowed byte.
 
@@ -147,8 +147,7 @@ fn response_formats() {
         let mut formats = Vec::new();
         if let Ok(format) = serde_json::from_slice::<Value>(input) {
             formats.push(format);
-        }
-        if let Ok(text) = std::str::from_utf8(input) {
+        } else if let Ok(text) = std::str::from_utf8(input) {
             formats.push(json!({"type": "regex", "regex": text}));
         }
         let mut choices = Choices(input.iter());

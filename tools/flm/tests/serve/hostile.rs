@@ -25,7 +25,10 @@ fn schema(s: Value) -> Value {
 fn hostile() -> Vec<(&'static str, Value)> {
     let strings: Vec<String> = (0..20_000).map(|i| format!("value number {i}")).collect();
     vec![
-        ("type: 10,000 strings", schema(json!({"type": vec!["string"; 10_000]}))),
+        (
+            "type: 10,000 strings",
+            schema(json!({"type": vec!["string"; 10_000]})),
+        ),
         ("(.{0,64}){0,64}", regex("(.{0,64}){0,64}")),
         ("((a|b)*)*c", regex("((a|b)*)*c")),
         ("enum of 20,000", schema(json!({"enum": strings}))),
