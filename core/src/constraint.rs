@@ -168,7 +168,7 @@ fn to_hir(p: &Pattern, budget: &mut usize) -> Result<Option<Hir>> {
         Pattern::Class(ranges) => {
             let class =
                 ClassUnicode::new(ranges.iter().map(|&(a, b)| ClassUnicodeRange::new(a, b)));
-            (class.ranges().first().is_some()).then(|| Hir::class(Class::Unicode(class)))
+            (!class.ranges().is_empty()).then(|| Hir::class(Class::Unicode(class)))
         }
         Pattern::Seq(items) => {
             let mut hirs = Vec::with_capacity(items.len());
