@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use flm_core::Vocabulary;
 use flm_models::engine::{Engine, EngineConfig};
 use flm_models::session;
 use flm_tokenizer::Tokenizer;
@@ -157,9 +158,8 @@ pub struct State {
     metrics: Metrics,
     /// `None` with `--gpu-layers`, whose placed weights a second executor cannot use.
     embedder: Option<Embedder>,
-    /// Each token's text alone, for structured output; `None` for control tokens and
-    /// pieces of a character.
-    token_texts: Arc<Vec<Option<String>>>,
+    /// Each token's bytes, for structured output.
+    vocabulary: Arc<Vocabulary>,
     model_name: String,
     /// Positions of the model's context: prompt plus reply.
     context: usize,
@@ -197,17 +197,12 @@ fn default_name(model: &Path) -> String {
     name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
 }
 
-/// The text of every token decoded alone (as in the middle of a text), `None` where that is
-/// empty or not whole characters.
-fn token_texts(tokenizer: &Tokenizer) -> Vec<Option<String>> {
-    (0..tokenizer.vocab_size() as u32)
-        .map(|id| {
-            let mut decoder = tokenizer.stream_decoder(false);
-            let mut text = decoder.push(id).ok()?;
-            text.push_str(&decoder.finish());
-            (!text.is_empty() && !text.contains('\u{FFFD}')).then_some(text)
-        })
-        .collect()
+/// Every token's bytes in the middle of a text ([`Tokenizer::token_bytes`]).
+fn vocabulary(tokenizer: &Tokenizer) -> Vocabulary {
+    let tokens: Vec<_> = (0..tokenizer.vocab_size() as u32)
+        .map(|id| tokenizer.token_bytes(id))
+        .collect();
+    Vocabulary::new(&tokens)
 }
 
 /// Loads the model, starts the engine and serves until Ctrl-C or SIGTERM.
@@ -246,7 +241,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let context = engine.config().max_seq_len;
     let state = Arc::new(State {
         engine,
-        token_texts: Arc::new(token_texts(&tokenizer)),
+        vocabulary: Arc::new(vocabulary(&tokenizer)),
         tokenizer: Arc::new(tokenizer),
         metrics: Metrics::new(),
         embedder,

@@ -41,7 +41,7 @@ use super::memory;
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
 use super::{page, params, prompt, schema, tools, State};
-use flm_core::{Constraint, Nfa};
+use flm_core::{Constraint, Grammar};
 
 /// The largest request body, in bytes (axum's default limit, made explicit because the
 /// memory budget counts it).
@@ -305,15 +305,19 @@ fn prepare(
     }
     let constraint = match format.or(call) {
         Some(pattern) => {
-            let nfa = Nfa::new(&pattern).map_err(|e| {
-                ApiError::invalid(
-                    Some("response_format"),
-                    format!("the schema is too large: {e}"),
-                )
-            })?;
+            // Compiling may take the whole budget: off the runtime's workers.
+            let grammar = tokio::task::spawn_blocking(move || Grammar::new(&pattern))
+                .await
+                .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?
+                .map_err(|e| {
+                    ApiError::invalid(
+                        Some("response_format"),
+                        format!("the schema cannot be enforced: {e}"),
+                    )
+                })?;
             Some(Constraint::new(
-                Arc::new(nfa),
-                Arc::clone(&state.token_texts),
+                Arc::new(grammar),
+                Arc::clone(&state.vocabulary),
             ))
         }
         None => None,

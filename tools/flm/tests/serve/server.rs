@@ -205,6 +205,13 @@ pub fn read_answer(stream: &mut impl Read) -> Option<(u16, Value)> {
 }
 
 impl Server {
+    /// The server process's resident memory in bytes (`/proc/PID/statm`, 4 KiB pages).
+    pub fn resident_bytes(&self) -> u64 {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id())).unwrap();
+        let pages: u64 = statm.split(' ').nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
     /// `127.0.0.1:PORT`.
     pub fn address(&self) -> &str {
         self.url.strip_prefix("http://").unwrap()
