@@ -516,7 +516,7 @@ fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, String>> {
         bos_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_id: m.id("tokenizer.ggml.eos_token_id")?,
         add_bos: m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
-        chat_template: m.str("tokenizer.chat_template")?,
+        chat_template: None,
         prefix: None,
         chat_format: None,
     };
@@ -545,7 +545,21 @@ fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, String>> {
         spec.scores.push(score);
         spec.types.push(ty);
     }
+    with_chat_template(m, spec)
+}
+
+/// The tokenizer of `spec` with the file's `tokenizer.chat_template`, checked on a sample
+/// conversation under the render budget ([`Tokenizer::with_chat_template`]), so that a
+/// hostile template fails when the file is loaded, named as GGUF metadata.
+///
+/// Errors: [`Error::Format`] for an invalid spec or a template that fails the check.
+fn with_chat_template(
+    m: &Meta,
+    spec: TokenizerSpec,
+) -> Result<std::result::Result<Tokenizer, String>> {
+    let template = m.str("tokenizer.chat_template")?;
     Tokenizer::from_spec(spec)
+        .and_then(|t| t.with_chat_template(template, "GGUF metadata `tokenizer.chat_template`"))
         .map(Ok)
         .map_err(|e| Error::format(m.path, e.to_string()))
 }
