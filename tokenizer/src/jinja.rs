@@ -41,7 +41,14 @@ pub(crate) fn check(tok: &Tokenizer, template: &ChatTemplate) -> Result<()> {
         Message::new("user", "Tell me a story."),
     ];
     for sample in [&turns[..], &turns[1..]] {
-        match run(tok, &template.text, sample, None, true, &TemplateArgs::new()) {
+        match run(
+            tok,
+            &template.text,
+            sample,
+            None,
+            true,
+            &TemplateArgs::new(),
+        ) {
             Ok(_) | Err((_, Raised(true))) => {}
             Err((e, Raised(false))) => return Err(failure(template.origin, e)),
         }
@@ -55,6 +62,12 @@ struct Raised(bool);
 /// A minijinja error as [`Error::Template`], with its causes, naming the template.
 fn failure(origin: &str, e: minijinja::Error) -> Error {
     let mut why = e.to_string();
+    if e.kind() == ErrorKind::OutOfFuel {
+        why += &format!(
+            " (the limit of {} instructions a render)",
+            jinja_limits::TEMPLATE_FUEL
+        );
+    }
     let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
         why += &format!(": {s}");

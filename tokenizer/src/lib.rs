@@ -70,9 +70,7 @@ pub use error::{Error, Result};
 pub use gpt2::gguf_gpt2_spec;
 pub use hf_config::chat_template_from_hf_config;
 pub use jinja::check_template_args;
-pub use jinja_limits::{
-    MAX_TEMPLATE_BUILT, MAX_TEMPLATE_ITEMS, MAX_TEMPLATE_TEXT, TEMPLATE_FUEL,
-};
+pub use jinja_limits::{MAX_TEMPLATE_BUILT, MAX_TEMPLATE_ITEMS, MAX_TEMPLATE_TEXT, TEMPLATE_FUEL};
 pub use spec::{
     AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
     PrependScheme, SentencePieceSpec, TokenizerKind, TokenizerSpec,

@@ -117,7 +117,10 @@ impl Tokenizer {
         tok.add_bos = spec.add_bos;
         tok.prefix = spec.prefix;
         tok.chat_format = spec.chat_format;
-        tok.with_chat_template(spec.chat_template, "the tokenizer description's `chat_template`")
+        tok.with_chat_template(
+            spec.chat_template,
+            "the tokenizer description's `chat_template`",
+        )
     }
 }
 

@@ -25,9 +25,10 @@ fn plain() -> Tokenizer {
 /// contains `why`, within [`BOUND`].
 fn refused_at_load(template: &str, why: &str) {
     let start = Instant::now();
-    let err = match plain()
-        .with_chat_template(Some(template.into()), "GGUF metadata `tokenizer.chat_template`")
-    {
+    let err = match plain().with_chat_template(
+        Some(template.into()),
+        "GGUF metadata `tokenizer.chat_template`",
+    ) {
         Ok(_) => panic!("{template} loaded"),
         Err(e) => e.to_string(),
     };
@@ -44,17 +45,16 @@ fn refused_at_load(template: &str, why: &str) {
 /// turn `attack`) fails for that request, with `why`, within [`BOUND`]; or, when the
 /// hostile part is a constant, already when it is loaded.
 fn refused_on_request(body: &str, why: &str) {
-    let template =
-        format!("{{% if messages[-1].content == 'attack' %}}{body}{{% endif %}}ok");
-    let tok = match plain().with_chat_template(Some(template), "tokenizer_config.json `chat_template`")
-    {
-        Ok(tok) => tok,
-        // A constant operand is folded by the compiler, and checked when the template loads.
-        Err(e) => {
-            assert!(e.to_string().contains(why), "{body}: {e}");
-            return;
-        }
-    };
+    let template = format!("{{% if messages[-1].content == 'attack' %}}{body}{{% endif %}}ok");
+    let tok =
+        match plain().with_chat_template(Some(template), "tokenizer_config.json `chat_template`") {
+            Ok(tok) => tok,
+            // A constant operand is folded by the compiler, and checked when the template loads.
+            Err(e) => {
+                assert!(e.to_string().contains(why), "{body}: {e}");
+                return;
+            }
+        };
     let start = Instant::now();
     let err = match tok.encode_chat(&[Message::new("user", "attack")], true) {
         Ok(p) => panic!("{body} rendered {} bytes", p.text.len()),
@@ -75,10 +75,10 @@ fn refused_on_request(body: &str, why: &str) {
     );
 }
 
-const FUEL: &str = "engine ran out of fuel";
-
 #[test]
 fn loops_and_recursion_run_out_of_fuel() {
+    let fuel =
+        format!("out of fuel (in <string>:1) (the limit of {TEMPLATE_FUEL} instructions a render)");
     let cases = [
         // range(100000) inside range(100000).
         "{% for i in range(100000) %}{% for j in range(100000) %}{% set k = j %}\
@@ -91,8 +91,8 @@ fn loops_and_recursion_run_out_of_fuel() {
          {{ f(40) }}",
     ];
     for template in cases {
-        refused_at_load(template, FUEL);
-        refused_on_request(template, FUEL);
+        refused_at_load(template, &fuel);
+        refused_on_request(template, &fuel);
     }
 }
 
@@ -145,7 +145,10 @@ fn growing_values_are_refused_before_they_are_built() {
         ("{{ ',' .join(['ab' * 1000000] * 10) }}", &text),
         // A 10^8-character string, and 10^8 characters of output in small pieces.
         ("{{ 'a' * 100000000 }}", &text),
-        ("{% for i in range(100000) %}{{ 'a' * 1000 }}{% endfor %}", &text),
+        (
+            "{% for i in range(100000) %}{{ 'a' * 1000 }}{% endfor %}",
+            &text,
+        ),
         // Raw text, captured and emitted.
         (
             "{% set x %}{% for i in range(100000) %}0123456789012345678901234567890123456789\
@@ -176,9 +179,12 @@ fn real_sizes_render() {
         .encode_chat_with_args(&messages, true, &TemplateArgs::new())
         .unwrap()
         .text;
-    assert!(text.contains(&format!("[{}]", 2000 * 500)), "{}", text.len());
+    assert!(
+        text.contains(&format!("[{}]", 2000 * 500)),
+        "{}",
+        text.len()
+    );
     assert!(text.len() > 1_000_000);
-    assert!(TEMPLATE_FUEL >= 100_000);
 }
 
 /// Templates that refuse the sample conversation on purpose (Gemma refuses system turns)
