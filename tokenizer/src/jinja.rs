@@ -7,7 +7,6 @@
 //! the order they come, which serde_json sorts); Python string methods (`.strip()`, `.startswith()`...)
 //! work through minijinja-contrib's `pycompat`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use minijinja::machinery::{self, Vm};
@@ -30,8 +29,9 @@ pub(crate) struct ChatTemplate {
 /// user, assistant, user) with the generation prompt, under the budget of every request.
 ///
 /// Errors: [`Error::Template`] naming the template's origin, for a syntax error or a
-/// render that fails for any reason but the template's own `raise_exception` (a template
-/// may refuse a conversation, as Gemma's refuses system turns).
+/// render past a limit. The template's own errors are accepted: it may refuse a
+/// conversation (`raise_exception`, as Gemma's refuses system turns) or need keyword
+/// arguments that only requests give.
 pub(crate) fn check(tok: &Tokenizer, template: &ChatTemplate) -> Result<()> {
     use crate::Message;
     let turns = [
@@ -49,15 +49,16 @@ pub(crate) fn check(tok: &Tokenizer, template: &ChatTemplate) -> Result<()> {
             true,
             &TemplateArgs::new(),
         ) {
-            Ok(_) | Err((_, Raised(true))) => {}
-            Err((e, Raised(false))) => return Err(failure(template.origin, e)),
+            Ok(_) | Err((_, Fatal(false))) => {}
+            Err((e, Fatal(true))) => return Err(failure(template.origin, e)),
         }
     }
     Ok(())
 }
 
-/// Whether a render failed through the template's own `raise_exception`.
-struct Raised(bool);
+/// Whether a render failed for a reason every conversation meets: the template does not
+/// compile, or it ran past a limit.
+struct Fatal(bool);
 
 /// A minijinja error as [`Error::Template`], with its causes, naming the template.
 fn failure(origin: &str, e: minijinja::Error) -> Error {
@@ -119,8 +120,8 @@ pub(crate) fn render<M: serde::Serialize>(
     })
 }
 
-/// [`render`] without the argument check, its error told apart by whether the template
-/// raised it.
+/// [`render`] without the argument check, its error told apart by whether it is
+/// [`Fatal`].
 fn run<M: serde::Serialize>(
     tok: &Tokenizer,
     template: &str,
@@ -128,17 +129,14 @@ fn run<M: serde::Serialize>(
     tools: Option<&serde_json::Value>,
     add_generation_prompt: bool,
     args: &TemplateArgs,
-) -> std::result::Result<String, (minijinja::Error, Raised)> {
+) -> std::result::Result<String, (minijinja::Error, Fatal)> {
     let budget = Arc::new(Budget::default());
-    let raised = Arc::new(AtomicBool::new(false));
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
-    let raising = Arc::clone(&raised);
     env.add_function(
         "raise_exception",
-        move |message: String| -> std::result::Result<String, minijinja::Error> {
-            raising.store(true, Ordering::Relaxed);
+        |message: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
         },
     );
@@ -163,16 +161,16 @@ fn run<M: serde::Serialize>(
             add_generation_prompt => add_generation_prompt,
         },
     ]);
-    let failed = |e| (e, Raised(raised.load(Ordering::Relaxed)));
-    let compiled = env.template_from_str(template).map_err(failed)?;
+    let fatal = |e| (e, Fatal(true));
+    let compiled = env.template_from_str(template).map_err(fatal)?;
     let compiled = machinery::get_compiled_template(&compiled);
-    let instructions = jinja_limits::bounded(&compiled.instructions).map_err(failed)?;
+    let instructions = jinja_limits::bounded(&compiled.instructions).map_err(fatal)?;
     let blocks = compiled
         .blocks
         .iter()
         .map(|(name, block)| Ok((*name, jinja_limits::bounded(block)?)))
         .collect::<std::result::Result<_, minijinja::Error>>()
-        .map_err(failed)?;
+        .map_err(fatal)?;
     let mut text = String::new();
     Vm::new(&env)
         .eval(
@@ -182,7 +180,10 @@ fn run<M: serde::Serialize>(
             &mut machinery::make_string_output(&mut text),
             AutoEscape::None,
         )
-        .map_err(failed)?;
+        .map_err(|e| {
+            let over = jinja_limits::is_over_limit(&e);
+            (e, Fatal(over))
+        })?;
     Ok(text)
 }
 

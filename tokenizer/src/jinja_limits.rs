@@ -51,8 +51,33 @@ pub(crate) struct Budget {
     emitted: AtomicUsize,
 }
 
+/// The cause attached to every error of a limit, so that the load check tells them from
+/// the template's own errors.
+#[derive(Debug)]
+struct OverLimit;
+
+impl fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the chat template's render budget is spent")
+    }
+}
+
+impl std::error::Error for OverLimit {}
+
 fn limit(what: String) -> Error {
-    Error::new(ErrorKind::InvalidOperation, what)
+    Error::new(ErrorKind::InvalidOperation, what).with_source(OverLimit)
+}
+
+/// Whether `e` is a limit of the budget: fuel, or one of the caps on what is built.
+pub(crate) fn is_over_limit(e: &Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<OverLimit>() {
+            return true;
+        }
+        source = s.source();
+    }
+    e.kind() == ErrorKind::OutOfFuel
 }
 
 impl Budget {

@@ -251,8 +251,9 @@ impl Tokenizer {
     /// is loaded. `None` removes the template.
     ///
     /// Errors: [`Error::Template`] naming `origin`, for a syntax error or a template that
-    /// runs past a limit; a template that refuses a sample conversation with
-    /// `raise_exception` (Gemma refuses system turns) is accepted.
+    /// runs past a limit. The template's own errors on a sample are accepted: it may refuse
+    /// it with `raise_exception` (Gemma refuses system turns) or need keyword arguments
+    /// that only requests give.
     pub fn with_chat_template(
         mut self,
         template: Option<String>,

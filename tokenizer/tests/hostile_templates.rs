@@ -188,9 +188,9 @@ fn real_sizes_render() {
 }
 
 /// Templates that refuse the sample conversation on purpose (Gemma refuses system turns)
-/// load; broken ones do not.
+/// or need a request's keyword arguments load; ones that do not parse do not.
 #[test]
-fn the_load_check_accepts_raised_exceptions_and_refuses_syntax_errors() {
+fn the_load_check_accepts_the_templates_own_errors_and_refuses_syntax_errors() {
     let gemma = "{% if messages[0].role == 'system' %}\
                  {{ raise_exception('System role not supported') }}{% endif %}\
                  {% for m in messages %}{{ m.content }}{% endfor %}";
@@ -203,5 +203,11 @@ fn the_load_check_accepts_raised_exceptions_and_refuses_syntax_errors() {
         .to_string();
     assert!(err.contains("System role not supported"), "{err}");
     refused_at_load("{% for %}", "syntax error");
-    refused_at_load("{{ undefined_function() }}", "unknown function");
+    // Errors of the template's own, such as a keyword argument a request must give.
+    for own in ["{{ undefined_function() }}", "{{ n + 1 }}"] {
+        let tok = plain()
+            .with_chat_template(Some(own.into()), "test")
+            .unwrap();
+        assert!(tok.encode_chat(&[Message::new("user", "u")], true).is_err());
+    }
 }
