@@ -7,7 +7,9 @@
 
 use std::path::PathBuf;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
 use flm_tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
 
@@ -56,7 +58,8 @@ fn encode(c: &mut Criterion) {
     ];
     let inputs = inputs();
     let mut group = c.benchmark_group("encode");
-    group.sample_size(10);
+    // One encode per sample: a 10 MB input takes about a second.
+    group.sample_size(10).sampling_mode(SamplingMode::Flat);
     for (name, tok) in &tokenizers {
         for (input, text) in &inputs {
             if let Err(e) = tok.encode(text, false) {
