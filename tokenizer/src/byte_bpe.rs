@@ -37,7 +37,7 @@ pub(crate) struct ByteBpe {
     /// GPT-2 style: (left id, right id) to (merge rank, merged id). `None`: tiktoken style.
     merges: Option<HashMap<(u32, u32), (u32, u32)>>,
     /// The id of each single byte; [`NO_ID`] where it is not a token (GPT-2 style only).
-    byte_ids: [u32; 256],
+    byte_ids: Box<[u32; 256]>,
     /// The pre-tokeniser: [`ByteLevelBpeSpec::pre_split`]'s regexes, then its `pattern`.
     regexes: Vec<Splitter>,
     /// The added tokens matched in the raw text, then (`normalized`) in the normalised text.
@@ -164,7 +164,9 @@ impl ByteBpe {
             trie: trie.build(),
             tokens,
         };
-        let byte_ids = std::array::from_fn(|b| ids.get(&[b as u8][..]).copied().unwrap_or(NO_ID));
+        let byte_ids = Box::new(std::array::from_fn(|b| {
+            ids.get(&[b as u8][..]).copied().unwrap_or(NO_ID)
+        }));
         Ok(ByteBpe {
             ids,
             merges,
