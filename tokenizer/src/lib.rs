@@ -58,6 +58,7 @@ mod sentencepiece;
 mod sp_proto;
 mod spec;
 mod spec_build;
+mod split;
 mod tiktoken;
 mod trie;
 mod vocab;
