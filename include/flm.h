@@ -76,6 +76,12 @@ typedef enum FlmStatus {
    An internal error (a bug of flm, caught at the boundary instead of unwinding).
    */
   FLM_STATUS_INTERNAL = 10,
+  /*
+   A text could not be tokenised, though the tokenizer file is sound: its
+   pre-tokenisation regex gave up on the text (possible only for the rare patterns
+   that flm runs on a backtracking engine, see flm_tokenizer's `split.rs`).
+   */
+  FLM_STATUS_TOKENIZER = 11,
 } FlmStatus;
 
 /*
@@ -233,7 +239,8 @@ void flm_model_free(struct FlmModel *model);
  `ids = NULL, ids_capacity = 0` to ask for the size.
 
  Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INVALID_UTF8, FLM_STATUS_BUFFER_TOO_SMALL,
- FLM_STATUS_INVALID_ARGUMENT (`add_bos` with a tokenizer that has no BOS token).
+ FLM_STATUS_INVALID_ARGUMENT (`add_bos` with a tokenizer that has no BOS token),
+ FLM_STATUS_TOKENIZER (the tokenizer cannot cut this text).
 
  # Safety
  `model` must be NULL or a live handle; `text` NULL or `text_len` readable bytes; `ids`
@@ -312,7 +319,7 @@ void flm_session_free(struct FlmSession *session);
  Returns FLM_STATUS_OK, or FLM_STATUS_STOPPED when the callback stopped generation.
  Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INVALID_UTF8 (`prompt`),
  FLM_STATUS_INVALID_ARGUMENT (sampling parameters), FLM_STATUS_CONTEXT_OVERFLOW (the
- prompt fills the context).
+ prompt fills the context), FLM_STATUS_TOKENIZER (the tokenizer cannot cut the prompt).
 
  # Safety
  `session` must be NULL or a live handle not used by another thread during the call;

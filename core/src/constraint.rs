@@ -1,17 +1,29 @@
-//! Constrained decoding: a token may be sampled only if the text so far plus its text stays
-//! a prefix of a word of a regular language (Willard & Louf 2023, Outlines; llama.cpp's
+//! Constrained decoding: a token may be sampled only if the bytes so far plus its bytes
+//! stay a prefix of a word of a regular language (Willard & Louf 2023, Outlines; llama.cpp's
 //! grammars; vLLM's guided decoding).
 //!
 //! A language is a [`Pattern`] (literals, character classes, sequences, alternatives,
-//! bounded repetition), compiled once into a Thompson NFA ([`Nfa`]). A [`Constraint`]
-//! follows one sequence: the set of NFA states its text can be in. For each step,
-//! [`Constraint::mask`] sets to −∞ the logits of the tokens whose text would leave the
-//! language, by running every token's text from the current set; [`Constraint::advance`]
-//! takes the sampled token. Bounded repetitions make every language finite, so a
-//! constrained reply always ends: [`Constraint::finished`] says when the text is a whole
-//! word that no character can extend.
+//! bounded repetition), compiled once, within a budget ([`Grammar::new`]), into a DFA over
+//! UTF-8 bytes (regex-automata's Thompson NFA, then its dense DFA). The DFA works on bytes,
+//! so a character that a byte-level vocabulary spells with several tokens (each a piece of
+//! its UTF-8 encoding) can be constrained. A [`Vocabulary`] holds every token's bytes, sorted,
+//! so that [`Constraint::mask`] walks them as a trie: each distinct prefix costs one DFA
+//! transition, and a step costs at most the vocabulary's total bytes, whatever the pattern.
+//!
+//! A [`Constraint`] follows one sequence: its DFA state. Bounded repetitions make every
+//! language finite, so a constrained reply always ends: [`Constraint::finished`] says when
+//! the text is a whole word that no byte can extend. Every sub-language of a compiled
+//! pattern is non-empty, so from every live state some bytes reach a whole word; a
+//! vocabulary that spells every byte therefore always has a token to continue.
 
 use std::sync::Arc;
+
+use regex_automata::dfa::{dense, Automaton, StartKind};
+use regex_automata::nfa::thompson::{self, WhichCaptures};
+use regex_automata::util::primitives::StateID;
+use regex_automata::util::start;
+use regex_automata::{Anchored, MatchKind};
+use regex_syntax::hir::{Class, ClassUnicode, ClassUnicodeRange, Hir, Repetition};
 
 use crate::{Error, Result};
 
@@ -37,234 +49,346 @@ pub enum Pattern {
     },
 }
 
-/// Most NFA states a pattern may compile to.
-const MAX_STATES: usize = 1 << 20;
+/// Most nodes, literal characters and class ranges a pattern may have.
+pub const MAX_PATTERN_SIZE: usize = 1 << 18;
+/// Most heap bytes of the NFA (regex-automata's `nfa_size_limit`).
+pub const MAX_NFA_BYTES: usize = 8 << 20;
+/// Most heap bytes used while determinizing (regex-automata's `determinize_size_limit`).
+pub const MAX_DETERMINIZE_BYTES: usize = 32 << 20;
+/// Most heap bytes of the DFA (regex-automata's `dfa_size_limit`).
+pub const MAX_DFA_BYTES: usize = 16 << 20;
 
+/// A pattern compiled to a DFA over UTF-8 bytes, anchored at the start of the reply.
 #[derive(Debug, Clone)]
-enum Edge {
-    /// Consumes a character in one of the ranges and goes to the state.
-    Char(Vec<(char, char)>, u32),
-    /// Goes to the state without consuming.
-    Empty(u32),
+pub struct Grammar {
+    dfa: dense::DFA<Vec<u32>>,
+    start: StateID,
 }
 
-/// A Thompson NFA (Thompson 1968): states with character and empty edges, one start, one
-/// accepting state.
-#[derive(Debug, Clone)]
-pub struct Nfa {
-    edges: Vec<Vec<Edge>>,
-    start: u32,
-    accept: u32,
-}
-
-impl Nfa {
-    /// Compiles `pattern`.
+impl Grammar {
+    /// Compiles `pattern`. The work and memory are bounded: at most [`MAX_PATTERN_SIZE`]
+    /// pattern elements, then regex-automata's size limits ([`MAX_NFA_BYTES`],
+    /// [`MAX_DETERMINIZE_BYTES`], [`MAX_DFA_BYTES`]), which it checks as it goes. A
+    /// repetition of a repetition that can repeat any count in between (`(x{0,4}){0,8}`) is
+    /// compiled as one (`x{0,32}`), the same language with far fewer states.
     ///
-    /// Errors: [`Error::InvalidArgument`] for a repetition with `min > max` or a pattern of
-    /// more than 2^20 states.
-    pub fn new(pattern: &Pattern) -> Result<Nfa> {
-        let mut nfa = Nfa {
-            edges: Vec::new(),
-            start: 0,
-            accept: 0,
+    /// Errors: [`Error::InvalidArgument`] naming the limit that a pattern exceeds, for a
+    /// repetition with `min > max` or counts over 2^32, or for a pattern that matches
+    /// nothing (an empty class that no alternative avoids).
+    pub fn new(pattern: &Pattern) -> Result<Grammar> {
+        let mut budget = MAX_PATTERN_SIZE;
+        let hir = to_hir(pattern, &mut budget)?
+            .ok_or_else(|| Error::InvalidArgument("the pattern matches no text".into()))?;
+        let too_large = |e: &dyn std::fmt::Display| {
+            Error::InvalidArgument(format!("the constraint is too large to compile: {e}"))
         };
-        let start = nfa.state()?;
-        let accept = nfa.state()?;
-        nfa.build(pattern, start, accept)?;
-        nfa.start = start;
-        nfa.accept = accept;
-        Ok(nfa)
+        let nfa = thompson::Compiler::new()
+            .configure(
+                thompson::Config::new()
+                    .nfa_size_limit(Some(MAX_NFA_BYTES))
+                    .shrink(false)
+                    .which_captures(WhichCaptures::None),
+            )
+            .build_from_hir(&hir)
+            .map_err(|e| too_large(&e))?;
+        drop(hir);
+        let dfa = dense::Builder::new()
+            .configure(
+                dense::Config::new()
+                    .match_kind(MatchKind::All)
+                    .start_kind(StartKind::Anchored)
+                    .minimize(false)
+                    .accelerate(false)
+                    .dfa_size_limit(Some(MAX_DFA_BYTES))
+                    .determinize_size_limit(Some(MAX_DETERMINIZE_BYTES)),
+            )
+            .build_from_nfa(&nfa)
+            .map_err(|e| too_large(&e))?;
+        let start = dfa
+            .start_state(&start::Config::new().anchored(Anchored::Yes))
+            .map_err(|e| too_large(&e))?;
+        Ok(Grammar { dfa, start })
     }
 
-    fn state(&mut self) -> Result<u32> {
-        if self.edges.len() >= MAX_STATES {
-            return Err(Error::InvalidArgument(format!(
-                "the constraint's pattern needs more than {MAX_STATES} states"
-            )));
-        }
-        self.edges.push(Vec::new());
-        Ok(self.edges.len() as u32 - 1)
+    /// Heap bytes of the DFA.
+    pub fn memory_usage(&self) -> usize {
+        self.dfa.memory_usage()
     }
 
-    /// Adds edges for `p` from `from` to `to`.
-    fn build(&mut self, p: &Pattern, from: u32, to: u32) -> Result<()> {
-        match p {
-            Pattern::Literal(text) => {
-                let mut at = from;
-                let chars: Vec<char> = text.chars().collect();
-                for (i, &c) in chars.iter().enumerate() {
-                    let next = if i + 1 == chars.len() {
-                        to
-                    } else {
-                        self.state()?
-                    };
-                    self.edges[at as usize].push(Edge::Char(vec![(c, c)], next));
-                    at = next;
-                }
-                if chars.is_empty() {
-                    self.edges[from as usize].push(Edge::Empty(to));
-                }
-            }
-            Pattern::Class(ranges) => {
-                self.edges[from as usize].push(Edge::Char(ranges.clone(), to));
-            }
-            Pattern::Seq(items) => {
-                let mut at = from;
-                for (i, item) in items.iter().enumerate() {
-                    let next = if i + 1 == items.len() {
-                        to
-                    } else {
-                        self.state()?
-                    };
-                    self.build(item, at, next)?;
-                    at = next;
-                }
-                if items.is_empty() {
-                    self.edges[from as usize].push(Edge::Empty(to));
-                }
-            }
-            Pattern::Alt(items) => {
-                for item in items {
-                    self.build(item, from, to)?;
-                }
-            }
-            Pattern::Repeat { item, min, max } => {
-                if min > max {
-                    return Err(Error::InvalidArgument(format!(
-                        "a repetition of {min} to {max} times"
-                    )));
-                }
-                let mut at = from;
-                for i in 0..*max {
-                    let next = self.state()?;
-                    self.build(item, at, next)?;
-                    if i >= *min {
-                        self.edges[at as usize].push(Edge::Empty(to));
-                    }
-                    at = next;
-                }
-                self.edges[at as usize].push(Edge::Empty(to));
-            }
+    /// The state after `bytes` from `state`, `None` once they leave the language.
+    fn run(&self, mut state: StateID, bytes: &[u8]) -> Option<StateID> {
+        for &b in bytes {
+            state = self.step(state, b)?;
         }
-        Ok(())
+        Some(state)
     }
 
-    /// `states` with every state reachable by empty edges added, sorted.
-    fn closure(&self, mut states: Vec<u32>) -> Vec<u32> {
-        let mut stack = states.clone();
-        while let Some(s) = stack.pop() {
-            for e in &self.edges[s as usize] {
-                if let Edge::Empty(t) = e {
-                    if !states.contains(t) {
-                        states.push(*t);
-                        stack.push(*t);
-                    }
-                }
-            }
-        }
-        states.sort_unstable();
-        states
+    /// The state after byte `b` from `state`, `None` if the bytes then leave the language.
+    /// A DFA reports a match one byte late, so the byte after a whole word leads to a match
+    /// state that is not dead even when nothing can follow; such a state is checked.
+    fn step(&self, state: StateID, b: u8) -> Option<StateID> {
+        let next = self.dfa.next_state(state, b);
+        let live = !self.dfa.is_dead_state(next)
+            && (!self.dfa.is_match_state(next) || self.accepting(next) || self.continues(next));
+        live.then_some(next)
     }
 
-    /// The states after reading `c` from `states` (closed).
-    fn step(&self, states: &[u32], c: char) -> Vec<u32> {
-        let mut next = Vec::new();
-        for &s in states {
-            for e in &self.edges[s as usize] {
-                if let Edge::Char(ranges, t) = e {
-                    if ranges.iter().any(|&(lo, hi)| lo <= c && c <= hi) && !next.contains(t) {
-                        next.push(*t);
-                    }
-                }
-            }
-        }
-        self.closure(next)
+    /// Whether some byte from `state` leads to a state that is not dead.
+    fn continues(&self, state: StateID) -> bool {
+        self.dfa
+            .byte_classes()
+            .representatives(..)
+            .filter_map(|u| u.as_u8())
+            .any(|b| !self.dfa.is_dead_state(self.dfa.next_state(state, b)))
     }
 
-    /// The states after reading `text` from `states`; empty when it leaves the language.
-    fn run(&self, states: &[u32], text: &str) -> Vec<u32> {
-        let mut at = states.to_vec();
-        for c in text.chars() {
-            at = self.step(&at, c);
-            if at.is_empty() {
-                break;
-            }
-        }
-        at
+    /// Whether the bytes that led to `state` are a whole word (regex-automata's DFAs
+    /// report a match one transition late, here the end-of-input one).
+    fn accepting(&self, state: StateID) -> bool {
+        self.dfa.is_match_state(self.dfa.next_eoi_state(state))
     }
 }
 
-/// One sequence's progress through an [`Nfa`], with the texts of the vocabulary's tokens.
+/// Converts `p` to a HIR, `None` when its language is empty, spending one unit of `budget`
+/// per node, literal character and class range.
+fn to_hir(p: &Pattern, budget: &mut usize) -> Result<Option<Hir>> {
+    let cost = match p {
+        Pattern::Literal(text) => text.len(),
+        Pattern::Class(ranges) => ranges.len(),
+        _ => 1,
+    };
+    *budget = budget.checked_sub(cost.max(1)).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "the constraint's pattern exceeds the limit of {MAX_PATTERN_SIZE} elements \
+             (nodes, literal bytes and class ranges)"
+        ))
+    })?;
+    Ok(match p {
+        Pattern::Literal(text) => Some(Hir::literal(text.as_bytes())),
+        Pattern::Class(ranges) => {
+            let class =
+                ClassUnicode::new(ranges.iter().map(|&(a, b)| ClassUnicodeRange::new(a, b)));
+            (!class.ranges().is_empty()).then(|| Hir::class(Class::Unicode(class)))
+        }
+        Pattern::Seq(items) => {
+            let mut hirs = Vec::with_capacity(items.len());
+            for item in items {
+                match to_hir(item, budget)? {
+                    Some(h) => hirs.push(h),
+                    None => return Ok(None),
+                }
+            }
+            Some(Hir::concat(hirs))
+        }
+        Pattern::Alt(items) => {
+            let mut hirs = Vec::with_capacity(items.len());
+            for item in items {
+                hirs.extend(to_hir(item, budget)?);
+            }
+            (!hirs.is_empty()).then(|| Hir::alternation(hirs))
+        }
+        Pattern::Repeat { item, min, max } => {
+            let (item, min, max) = flatten(item, *min, *max)?;
+            match to_hir(item, budget)? {
+                Some(sub) => Some(Hir::repetition(Repetition {
+                    min,
+                    max: Some(max),
+                    greedy: true,
+                    sub: Box::new(sub),
+                })),
+                None if min == 0 => Some(Hir::empty()),
+                None => None,
+            }
+        }
+    })
+}
+
+/// `item{min,max}` as `inner{a*min, b*max}` while `item` is `inner{a,b}` and every count in
+/// between is reachable (the ranges `[k*a, k*b]` for `k` in `min..=max` overlap or touch),
+/// or `min == max`.
+fn flatten(item: &Pattern, min: usize, max: usize) -> Result<(&Pattern, u32, u32)> {
+    let count = |n: usize| {
+        u32::try_from(n).map_err(|_| {
+            Error::InvalidArgument(format!("a repetition of {n} times (at most 2^32 - 1)"))
+        })
+    };
+    if min > max {
+        return Err(Error::InvalidArgument(format!(
+            "a repetition of {min} to {max} times"
+        )));
+    }
+    let (mut item, mut min, mut max) = (item, count(min)?, count(max)?);
+    while let Pattern::Repeat {
+        item: inner,
+        min: a,
+        max: b,
+    } = item
+    {
+        let (a, b) = (count(*a)?, count(*b)?);
+        // [k*a, k*b] touches [(k+1)*a, (k+1)*b] when k*(b-a) + 1 >= a, so for every k
+        // from `min` on when it does for `min`.
+        let joined = a <= b
+            && (min == max || a <= 1 || u64::from(min) * u64::from(b - a) + 1 >= u64::from(a));
+        let (lo, hi) = (u64::from(min) * u64::from(a), u64::from(max) * u64::from(b));
+        if !joined || hi > u64::from(u32::MAX) {
+            break;
+        }
+        (item, min, max) = (inner, lo as u32, hi as u32);
+    }
+    Ok((item, min, max))
+}
+
+/// The bytes of a vocabulary's tokens, sorted so that [`Constraint::mask`] can walk them as
+/// a trie.
+#[derive(Debug, Clone)]
+pub struct Vocabulary {
+    /// Every token's bytes, one after another.
+    bytes: Vec<u8>,
+    /// Token `i`'s bytes are `bytes[spans[i].0..spans[i].1]`; empty for a token that may
+    /// never be sampled under a constraint.
+    spans: Vec<(u32, u32)>,
+    /// The tokens with bytes, in the order of their bytes.
+    order: Vec<u32>,
+    /// `shared[j]`: the length of the prefix that token `order[j]` shares with the one
+    /// before it.
+    shared: Vec<u32>,
+}
+
+impl Vocabulary {
+    /// A vocabulary whose token `i` adds `tokens[i]` to a text (its UTF-8 bytes, possibly
+    /// part of a character); `None` or empty for tokens that may never be sampled under a
+    /// constraint (control tokens).
+    pub fn new(tokens: &[Option<Vec<u8>>]) -> Vocabulary {
+        let mut bytes = Vec::new();
+        let mut spans = Vec::with_capacity(tokens.len());
+        for t in tokens {
+            let start = bytes.len() as u32;
+            bytes.extend_from_slice(t.as_deref().unwrap_or_default());
+            spans.push((start, bytes.len() as u32));
+        }
+        let of = |id: u32| {
+            let (a, b) = spans[id as usize];
+            &bytes[a as usize..b as usize]
+        };
+        let mut order: Vec<u32> = (0..tokens.len() as u32)
+            .filter(|&id| !of(id).is_empty())
+            .collect();
+        order.sort_by(|&a, &b| of(a).cmp(of(b)));
+        let shared = (0..order.len())
+            .map(|j| match j.checked_sub(1) {
+                Some(prev) => {
+                    let (a, b) = (of(order[prev]), of(order[j]));
+                    a.iter().zip(b).take_while(|(x, y)| x == y).count() as u32
+                }
+                None => 0,
+            })
+            .collect();
+        Vocabulary {
+            bytes,
+            spans,
+            order,
+            shared,
+        }
+    }
+
+    /// Token `id`'s bytes, empty if it has none.
+    fn of(&self, id: u32) -> &[u8] {
+        match self.spans.get(id as usize) {
+            Some(&(a, b)) => &self.bytes[a as usize..b as usize],
+            None => &[],
+        }
+    }
+}
+
+/// One sequence's progress through a [`Grammar`], over a [`Vocabulary`].
 #[derive(Debug, Clone)]
 pub struct Constraint {
-    nfa: Arc<Nfa>,
-    /// Each token's text; `None` for tokens that may never be sampled under a constraint
-    /// (control tokens, pieces of a character).
-    texts: Arc<Vec<Option<String>>>,
-    states: Vec<u32>,
+    grammar: Arc<Grammar>,
+    vocab: Arc<Vocabulary>,
+    state: StateID,
 }
 
 impl Constraint {
-    /// At the start of `nfa`'s language, over a vocabulary whose token `i` reads
-    /// `texts[i]`.
-    pub fn new(nfa: Arc<Nfa>, texts: Arc<Vec<Option<String>>>) -> Constraint {
-        let states = nfa.closure(vec![nfa.start]);
-        Constraint { nfa, texts, states }
+    /// At the start of `grammar`'s language, over `vocab`.
+    pub fn new(grammar: Arc<Grammar>, vocab: Arc<Vocabulary>) -> Constraint {
+        let state = grammar.start;
+        Constraint {
+            grammar,
+            vocab,
+            state,
+        }
     }
 
     /// Whether the text so far is a whole word of the language.
     pub fn accepting(&self) -> bool {
-        self.states.contains(&self.nfa.accept)
+        self.grammar.accepting(self.state)
     }
 
-    /// Whether the text so far is a whole word that no character can extend.
+    /// Whether the text so far is a whole word that no byte can extend.
     pub fn finished(&self) -> bool {
+        let g = &self.grammar;
         self.accepting()
-            && self.states.iter().all(|&s| {
-                self.nfa.edges[s as usize]
-                    .iter()
-                    .all(|e| matches!(e, Edge::Empty(_)))
-            })
+            && g.dfa
+                .byte_classes()
+                .representatives(..)
+                .filter_map(|u| u.as_u8())
+                .all(|b| g.step(self.state, b).is_none())
     }
 
-    /// Sets to −∞ the logits of the tokens that may not come next: those without a text,
-    /// or whose text leaves the language; the `stop` tokens stay only when the text is a
-    /// whole word. Returns how many tokens remain.
+    /// Sets to −∞ the logits of the tokens that may not come next: those without bytes,
+    /// or whose bytes leave the language; the `stop` tokens stay only when the text is a
+    /// whole word. Returns how many tokens remain. Costs at most one DFA transition per
+    /// byte of the vocabulary, fewer where tokens share a prefix or a dead one.
     pub fn mask(&self, logits: &mut [f32], stop: &[u32]) -> usize {
-        let accepting = self.accepting();
-        let mut allowed = 0;
-        for (id, logit) in logits.iter_mut().enumerate() {
-            let ok = if stop.contains(&(id as u32)) {
-                accepting
-            } else {
-                match self.texts.get(id).and_then(Option::as_deref) {
-                    Some(text) => !self.nfa.run(&self.states, text).is_empty(),
-                    None => false,
+        let mut allowed = vec![false; logits.len()];
+        let vocab = &self.vocab;
+        // states[k]: the state after the current token's first k bytes; the first `valid`
+        // entries belong to it, and the last of them may be dead.
+        let mut states: Vec<Option<StateID>> = vec![Some(self.state)];
+        for (&id, &shared) in vocab.order.iter().zip(&vocab.shared) {
+            let bytes = vocab.of(id);
+            let mut k = (shared as usize).min(states.len() - 1);
+            states.truncate(k + 1);
+            while k < bytes.len() {
+                let Some(state) = states[k] else { break };
+                states.push(self.grammar.step(state, bytes[k]));
+                k += 1;
+            }
+            if k == bytes.len() && states[k].is_some() {
+                if let Some(a) = allowed.get_mut(id as usize) {
+                    *a = true;
                 }
-            };
+            }
+        }
+        let accepting = self.accepting();
+        for &s in stop {
+            if let Some(a) = allowed.get_mut(s as usize) {
+                *a = accepting;
+            }
+        }
+        let mut count = 0;
+        for (logit, ok) in logits.iter_mut().zip(allowed) {
             if ok {
-                allowed += 1;
+                count += 1;
             } else {
                 *logit = f32::NEG_INFINITY;
             }
         }
-        allowed
+        count
     }
 
     /// Takes token `id`.
     ///
-    /// Errors: [`Error::InvalidArgument`] if its text leaves the language (or it has none).
+    /// Errors: [`Error::InvalidArgument`] if its bytes leave the language (or it has none).
     pub fn advance(&mut self, id: u32) -> Result<()> {
-        let next = match self.texts.get(id as usize).and_then(Option::as_deref) {
-            Some(text) => self.nfa.run(&self.states, text),
-            None => Vec::new(),
-        };
-        if next.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "token {id} leaves the constraint's language"
-            )));
-        }
-        self.states = next;
+        let bytes = self.vocab.of(id);
+        let next = (!bytes.is_empty())
+            .then(|| self.grammar.run(self.state, bytes))
+            .flatten()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("token {id} leaves the constraint's language"))
+            })?;
+        self.state = next;
         Ok(())
     }
 }
@@ -277,58 +401,60 @@ mod tests {
         Pattern::Literal(s.into())
     }
 
+    fn repeat(item: Pattern, min: usize, max: usize) -> Pattern {
+        Pattern::Repeat {
+            item: Box::new(item),
+            min,
+            max,
+        }
+    }
+
     /// `{"a":` then 1 to 3 digits, then `}`, or `null`.
     fn pattern() -> Pattern {
         Pattern::Alt(vec![
             Pattern::Seq(vec![
                 lit("{\"a\":"),
-                Pattern::Repeat {
-                    item: Box::new(Pattern::Class(vec![('0', '9')])),
-                    min: 1,
-                    max: 3,
-                },
+                repeat(Pattern::Class(vec![('0', '9')]), 1, 3),
                 lit("}"),
             ]),
             lit("null"),
         ])
     }
 
-    fn constraint(texts: &[&str]) -> Constraint {
-        let nfa = Arc::new(Nfa::new(&pattern()).unwrap());
-        let texts = texts
+    fn vocab(texts: &[&[u8]]) -> Arc<Vocabulary> {
+        let tokens: Vec<_> = texts
             .iter()
-            .map(|t| (!t.is_empty()).then(|| t.to_string()))
+            .map(|t| (!t.is_empty()).then(|| t.to_vec()))
             .collect();
-        Constraint::new(nfa, Arc::new(texts))
+        Arc::new(Vocabulary::new(&tokens))
+    }
+
+    /// The state after `text`, if it stays in the language, and whether it is a whole word.
+    fn run(g: &Grammar, text: &str) -> Option<bool> {
+        g.run(g.start, text.as_bytes()).map(|s| g.accepting(s))
     }
 
     #[test]
     fn words_and_prefixes_of_the_language() {
-        let nfa = Nfa::new(&pattern()).unwrap();
-        let start = nfa.closure(vec![nfa.start]);
+        let g = Grammar::new(&pattern()).unwrap();
         for word in ["{\"a\":1}", "{\"a\":123}", "null"] {
-            assert!(nfa.run(&start, word).contains(&nfa.accept), "{word}");
+            assert_eq!(run(&g, word), Some(true), "{word}");
         }
         for prefix in ["{\"a\":12", "nu", ""] {
-            let s = nfa.run(&start, prefix);
-            assert!(!s.is_empty() && !s.contains(&nfa.accept), "{prefix}");
+            assert_eq!(run(&g, prefix), Some(false), "{prefix}");
         }
         for outside in ["{\"a\":}", "{\"a\":1234}", "nil", "null "] {
-            assert!(nfa.run(&start, outside).is_empty(), "{outside}");
+            assert_eq!(run(&g, outside), None, "{outside}");
         }
-        let bad = Pattern::Repeat {
-            item: Box::new(lit("x")),
-            min: 2,
-            max: 1,
-        };
-        assert!(Nfa::new(&bad).is_err());
+        assert!(Grammar::new(&repeat(lit("x"), 2, 1)).is_err());
     }
 
     #[test]
     fn the_mask_keeps_the_tokens_that_stay_in_the_language() {
-        // Token 5 stands for EOS (no text, a stop token); token 6 has no text.
-        let texts = ["{\"a\":", "1", "12}", "null", "}", "", ""];
-        let mut c = constraint(&texts);
+        // Token 5 stands for EOS (no bytes, a stop token); token 6 has no bytes.
+        let texts: [&[u8]; 7] = [b"{\"a\":", b"1", b"12}", b"null", b"}", b"", b""];
+        let g = Arc::new(Grammar::new(&pattern()).unwrap());
+        let mut c = Constraint::new(Arc::clone(&g), vocab(&texts));
         let mut logits = [0.0; 7];
         assert_eq!(c.mask(&mut logits, &[5]), 2);
         assert_eq!(
@@ -346,8 +472,56 @@ mod tests {
         let mut logits = [0.0; 7];
         assert_eq!(c.mask(&mut logits, &[5]), 1);
         assert!(logits[5].is_finite());
-        let mut c = constraint(&texts);
+        let mut c = Constraint::new(g, vocab(&texts));
         c.advance(3).unwrap();
         assert!(c.finished());
+    }
+
+    #[test]
+    fn a_character_spelled_by_byte_tokens_is_allowed() {
+        // "ÿ" is C3 BF in UTF-8: a byte-level vocabulary spells it with two tokens.
+        let g = Arc::new(Grammar::new(&lit("ÿ")).unwrap());
+        let mut c = Constraint::new(g, vocab(&[b"\xc3", b"\xbf", b"y", "ÿ".as_bytes()]));
+        let mut logits = [0.0; 4];
+        assert_eq!(c.mask(&mut logits, &[]), 2);
+        assert_eq!(logits.map(f32::is_finite), [true, false, false, true]);
+        c.advance(0).unwrap();
+        assert_eq!(c.mask(&mut [0.0; 4], &[]), 1);
+        c.advance(1).unwrap();
+        assert!(c.finished());
+    }
+
+    #[test]
+    fn nested_repetitions_compile_as_one() {
+        // (.{0,64}){0,64} is .{0,4096}; ((a|b){0,64}){0,64}c likewise.
+        let any = Pattern::Class(vec![('\0', char::MAX)]);
+        let g = Grammar::new(&repeat(repeat(any, 0, 64), 0, 64)).unwrap();
+        assert_eq!(run(&g, &"é".repeat(4096)), Some(true));
+        assert_eq!(run(&g, &"é".repeat(4097)), None);
+        let ab = Pattern::Class(vec![('a', 'b')]);
+        let p = Pattern::Seq(vec![repeat(repeat(ab, 0, 64), 0, 64), lit("c")]);
+        let g = Grammar::new(&p).unwrap();
+        assert_eq!(run(&g, &format!("{}c", "ab".repeat(2048))), Some(true));
+        // x{2,3}{2}: 4, 5 or 6 x's; x{3}{1,2}: 3 or 6, not 4.
+        let g = Grammar::new(&repeat(repeat(lit("x"), 3, 3), 1, 2)).unwrap();
+        assert_eq!(run(&g, "xxxx"), Some(false));
+        assert_eq!(run(&g, "xxxxxx"), Some(true));
+        let g = Grammar::new(&repeat(repeat(lit("x"), 2, 3), 2, 2)).unwrap();
+        assert_eq!(run(&g, "xxxxx"), Some(true));
+        assert_eq!(run(&g, "xxx"), Some(false));
+    }
+
+    #[test]
+    fn patterns_over_the_budget_are_refused_with_the_limit() {
+        let letter = Pattern::Class(vec![('A', 'Z'), ('a', 'z'), ('À', 'ɏ'), ('Ա', 'և')]);
+        let e = Grammar::new(&repeat(letter, 200_000, 200_000)).unwrap_err();
+        assert!(e.to_string().contains("limit"), "{e}");
+        let many = Pattern::Alt(vec![lit("x"); MAX_PATTERN_SIZE]);
+        let e = Grammar::new(&many).unwrap_err();
+        assert!(e.to_string().contains(&MAX_PATTERN_SIZE.to_string()), "{e}");
+        let nothing = Pattern::Seq(vec![lit("a"), Pattern::Class(Vec::new())]);
+        assert!(Grammar::new(&nothing).is_err());
+        let optional = Pattern::Alt(vec![lit("a"), Pattern::Class(Vec::new())]);
+        assert_eq!(run(&Grammar::new(&optional).unwrap(), "a"), Some(true));
     }
 }

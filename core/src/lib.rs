@@ -36,7 +36,10 @@ mod sampling;
 mod step_graph;
 
 pub use alibi::alibi_slopes;
-pub use constraint::{Constraint, Nfa, Pattern};
+pub use constraint::{
+    Constraint, Grammar, Pattern, Vocabulary, MAX_DETERMINIZE_BYTES, MAX_DFA_BYTES, MAX_NFA_BYTES,
+    MAX_PATTERN_SIZE,
+};
 pub use contract::CheckedOp;
 pub use data::Data;
 pub use device::BaseDevice;

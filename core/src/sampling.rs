@@ -127,6 +127,21 @@ pub fn argmax(values: &[f32]) -> u32 {
     best as u32
 }
 
+/// The greedy pick: [`argmax`] of `logits`.
+///
+/// Errors: [`Error::InvalidArgument`] when every logit is NaN (a broken forward pass),
+/// as sampling at a temperature refuses them, rather than id 0.
+fn greedy(logits: &[f32]) -> Result<u32> {
+    if logits.iter().all(|v| v.is_nan()) {
+        return Err(all_nan());
+    }
+    Ok(argmax(logits))
+}
+
+fn all_nan() -> Error {
+    Error::InvalidArgument("all logits are NaN".into())
+}
+
 /// The log-probabilities of one sampled token, as OpenAI's `logprobs` report them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprobs {
@@ -211,7 +226,7 @@ impl Sampler {
     /// vocabulary are ignored. The presence and frequency penalties need the generated
     /// output: see [`Sampler::sample_with_output`]; here they see none.
     ///
-    /// Errors: [`Error::InvalidArgument`] for empty logits.
+    /// Errors: [`Error::InvalidArgument`] for empty or all-NaN logits (greedy too).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
         self.sample_with_output(logits, history, &[])
     }
@@ -221,7 +236,7 @@ impl Sampler {
     /// `mu[j] -= c[j] · frequency_penalty + (c[j] > 0) · presence_penalty`, `c[j]` the
     /// count of token `j` in `output`); ids outside the vocabulary are ignored.
     ///
-    /// Errors: [`Error::InvalidArgument`] for empty logits.
+    /// Errors: [`Error::InvalidArgument`] for empty or all-NaN logits (greedy too).
     pub fn sample_with_output(
         &mut self,
         logits: &[f32],
@@ -230,7 +245,7 @@ impl Sampler {
     ) -> Result<u32> {
         self.penalise(logits, history, output)?;
         if self.config.is_greedy() {
-            return Ok(argmax(&self.logits));
+            return greedy(&self.logits);
         }
         self.nucleus()?;
         let total: f32 = self.candidates.iter().map(|c| c.1).sum();
@@ -257,7 +272,7 @@ impl Sampler {
         probs.clear();
         probs.resize(logits.len(), 0.0);
         if self.config.is_greedy() {
-            probs[argmax(&self.logits) as usize] = 1.0;
+            probs[greedy(&self.logits)? as usize] = 1.0;
             return Ok(());
         }
         self.nucleus()?;
@@ -366,7 +381,7 @@ fn nucleus(logits: &[f32], config: &SamplerConfig, candidates: &mut Vec<(u32, f3
             .map(|(i, &l)| (i as u32, l * inv_t)),
     );
     if candidates.is_empty() {
-        return Err(Error::InvalidArgument("all logits are NaN".into()));
+        return Err(all_nan());
     }
     // A total order (ties by id), so that a device sorting differently keeps the same list.
     let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -482,7 +497,7 @@ pub fn sampler_state(seed: u64) -> [u32; SAMPLER_STATE_WORDS] {
 ///
 /// Errors: [`Error::InvalidArgument`] for empty logits, `seen` or `counts` not of the
 /// logits' length, a `state` of another length, invalid parameters
-/// ([`SamplerConfig::check`]), or (unless greedy) logits that are all NaN.
+/// ([`SamplerConfig::check`]), or logits that are all NaN (greedy sampling too).
 pub fn sample_tensors(
     config: &SamplerConfig,
     logits: &[f32],
@@ -522,7 +537,7 @@ pub fn sample_tensors(
         })
         .collect();
     let id = if config.is_greedy() {
-        argmax(&penalised)
+        greedy(&penalised)?
     } else {
         let mut candidates = Vec::new();
         nucleus(&penalised, config, &mut candidates)?;
@@ -616,7 +631,7 @@ impl DeviceSampler {
         })?;
         exec.copy_into(&self.id, &mut self.host_id, "sampled id to host")?;
         match self.host_id.as_i32()?[0] as u32 {
-            u32::MAX => Err(Error::InvalidArgument("all logits are NaN".into())),
+            u32::MAX => Err(all_nan()),
             id => Ok(id),
         }
     }
@@ -951,6 +966,30 @@ mod tests {
         assert!(err(&[1.0; 2], &mut [0; 1], &mut state));
         assert!(err(&[1.0; 2], &mut [0; 2], &mut state[..9]));
         assert!(err(&[], &mut [], &mut state));
+    }
+
+    /// Every mode refuses all-NaN logits with the same error: greedy no longer picks id 0.
+    #[test]
+    fn all_nan_logits_are_an_error_in_every_mode() {
+        let nan = [f32::NAN; 4];
+        for temperature in [0.0, 0.8] {
+            let mut s = sampler(temperature, 0, 1.0, 1.3, 7);
+            let err = s.sample(&nan, &[1]).unwrap_err();
+            assert_eq!(err.to_string(), all_nan().to_string(), "T={temperature}");
+            let mut probs = Vec::new();
+            assert!(s.probabilities(&nan, &[], &[], &mut probs).is_err());
+            let config = s.config().clone();
+            let (mut seen, mut counts) = ([0u32; 4], [0u32; 4]);
+            let mut state = sampler_state(0);
+            let err = sample_tensors(&config, &nan, &mut seen, &mut counts, &mut state);
+            assert!(err.is_err(), "T={temperature}");
+            assert_eq!((seen, counts), ([0; 4], [0; 4]), "nothing is recorded");
+        }
+        // One real logit among NaNs is still picked.
+        let mut one = nan;
+        one[2] = -5.0;
+        assert_eq!(sampler(0.0, 0, 1.0, 1.0, 0).sample(&one, &[]).unwrap(), 2);
+        assert_eq!(sampler(0.8, 0, 1.0, 1.0, 0).sample(&one, &[]).unwrap(), 2);
     }
 
     #[test]

@@ -41,7 +41,7 @@
 //! [`Error::Config`].
 
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -111,6 +111,12 @@ pub struct Request {
     /// language are sampled, a stop token only once the reply is a whole word of it, and
     /// the request stops by itself when no character can extend it.
     pub constraint: Option<Constraint>,
+    /// Set to `true` (from any thread) to cancel the request: the scheduler looks at it
+    /// before every step, so a request that is waiting, or prefilling a long prompt, leaves
+    /// the engine (and frees its KV blocks) without waiting for its next token, and gets
+    /// [`Event::Finished`] with [`FinishReason::Cancelled`]. `None`: cancelled only by its
+    /// callback.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 /// What the engine tells a request's callback.
@@ -140,7 +146,7 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` tokens were generated, or the context (or the whole KV pool) is full.
     Length,
-    /// The engine shut down before the request ended.
+    /// Its [`Request::cancel`] flag was set, or the engine shut down before it ended.
     Cancelled,
     /// A device error ended it.
     Error(String),
@@ -302,6 +308,7 @@ impl Engine {
             stop,
             logprobs: request.logprobs,
             constraint: request.constraint,
+            cancel: request.cancel,
             on_event,
         };
         let sender = self.sender.as_ref().ok_or(Error::EngineStopped)?;

@@ -6,10 +6,11 @@
 mod common;
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 
-use flm_core::{Constraint, Nfa, Pattern, SamplerConfig};
+use flm_core::{Constraint, Grammar, Pattern, SamplerConfig, Vocabulary};
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
 use flm_models::session::{GenerateParams, Session};
 use flm_models::{Error, SharedModel};
@@ -77,6 +78,7 @@ fn request(
         stop_tokens: tokenizer.eos_id().into_iter().collect(),
         logprobs: None,
         constraint: None,
+        cancel: None,
     }
 }
 
@@ -291,6 +293,7 @@ fn logprobs_equal_the_log_softmax_of_transformers_logits() {
         stop_tokens: Vec::new(),
         logprobs: Some(5),
         constraint: None,
+        cancel: None,
     };
     let rx = submit(&engine, req);
     let tokens: Vec<(u32, flm_core::TokenLogprobs)> = rx
@@ -325,13 +328,10 @@ fn logprobs_equal_the_log_softmax_of_transformers_logits() {
 #[test]
 fn a_constrained_request_stays_in_its_language_and_ends() {
     let (model, tokenizer) = stories260k(Some(256));
-    let texts: Vec<Option<String>> = (0..tokenizer.vocab_size() as u32)
-        .map(|id| {
-            let mut decoder = tokenizer.stream_decoder(false);
-            let text = decoder.push(id).unwrap() + &decoder.finish();
-            (!text.is_empty() && !text.contains('\u{FFFD}')).then_some(text)
-        })
+    let tokens: Vec<Option<Vec<u8>>> = (0..tokenizer.vocab_size() as u32)
+        .map(|id| tokenizer.token_bytes(id))
         .collect();
+    let vocab = Arc::new(Vocabulary::new(&tokens));
     let pattern = Pattern::Seq(vec![
         Pattern::Literal(" Lily saw".into()),
         Pattern::Alt(vec![
@@ -343,7 +343,7 @@ fn a_constrained_request_stays_in_its_language_and_ends() {
             Pattern::Literal(" a dog.".into()),
         ]),
     ]);
-    let nfa = Arc::new(Nfa::new(&pattern).unwrap());
+    let grammar = Arc::new(Grammar::new(&pattern).unwrap());
     let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
     let prompt = tokenizer.encode("Once upon a time", true).unwrap();
     for seed in 0..4 {
@@ -353,12 +353,13 @@ fn a_constrained_request_stays_in_its_language_and_ends() {
             ..SamplerConfig::default()
         };
         let mut req = request(&tokenizer, &prompt, &sampler, 40);
-        req.constraint = Some(Constraint::new(Arc::clone(&nfa), Arc::new(texts.clone())));
+        req.constraint = Some(Constraint::new(Arc::clone(&grammar), Arc::clone(&vocab)));
         let (ids, reason, _) = collect(submit(&engine, req));
-        let text: String = ids
+        let bytes: Vec<u8> = ids
             .iter()
-            .map(|&id| texts[id as usize].clone().unwrap())
+            .flat_map(|&id| tokenizer.token_bytes(id).unwrap())
             .collect();
+        let text = String::from_utf8(bytes).unwrap();
         let digits = text
             .strip_prefix(" Lily saw")
             .unwrap_or_else(|| panic!("{text:?}"));
@@ -407,6 +408,52 @@ fn a_callback_that_breaks_cancels_and_frees_the_blocks() {
     let stats = engine.stats();
     assert_eq!(stats.free_blocks, stats.total_blocks);
     assert_eq!(stats.finished_requests, 2);
+}
+
+#[test]
+fn a_set_cancel_flag_ends_a_request_before_its_next_step() {
+    let (model, tokenizer) = stories260k(Some(256));
+    let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
+    let prompt = tokenizer.encode("Once upon a time", true).unwrap();
+    let sampler = SamplerConfig::default();
+    // Set before it is queued: it leaves without a token.
+    let early = Request {
+        cancel: Some(Arc::new(AtomicBool::new(true))),
+        ..request(&tokenizer, &prompt, &sampler, 200)
+    };
+    assert_eq!(
+        collect(submit(&engine, early)),
+        (Vec::new(), FinishReason::Cancelled, prompt.len())
+    );
+    // Set by its callback at its third token, which goes on returning Continue.
+    let flag = Arc::new(AtomicBool::new(false));
+    let running = Request {
+        cancel: Some(Arc::clone(&flag)),
+        ..request(&tokenizer, &prompt, &sampler, 200)
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut seen = 0;
+    engine
+        .submit(
+            running,
+            Box::new(move |e| {
+                seen += 1;
+                if seen == 3 {
+                    flag.store(true, Ordering::Relaxed);
+                }
+                let _ = tx.send(e);
+                ControlFlow::Continue(())
+            }),
+        )
+        .unwrap();
+    let (ids, reason, _) = collect(rx);
+    assert_eq!((ids.len(), reason), (3, FinishReason::Cancelled));
+    let stats = engine.stats();
+    assert_eq!(stats.free_blocks, stats.total_blocks);
+    assert_eq!(
+        (stats.finished_requests, stats.running, stats.waiting),
+        (2, 0, 0)
+    );
 }
 
 #[test]

@@ -70,7 +70,8 @@ class Model:
         return self._handle
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        """The token ids of `text`, with the begin-of-sequence id first if `add_bos`."""
+        """The token ids of `text`, with the begin-of-sequence id first if `add_bos`.
+        Raises FlmError (TOKENIZER for a text the tokenizer cannot cut)."""
         data = text.encode()
         needed = ctypes.c_size_t()
         status = lib().flm_tokenize(self._live(), data, len(data), add_bos, None, 0,
@@ -144,7 +145,8 @@ class Session:
         `for` loop early). temperature 0 is greedy. The session keeps its KV cache between
         calls: only the part of `prompt` after what it shares with the previous prompt and
         reply is prefilled (multi-turn chat). Raises FlmError (INVALID_ARGUMENT for
-        bad sampling parameters, CONTEXT_OVERFLOW for a prompt that fills the context).
+        bad sampling parameters, CONTEXT_OVERFLOW for a prompt that fills the context,
+        TOKENIZER for a prompt the tokenizer cannot cut).
         """
         if self._handle is None:
             raise ValueError("the session is closed")

@@ -24,6 +24,7 @@ class Status(enum.IntEnum):
     FORMAT = 8
     CONTEXT_OVERFLOW = 9
     INTERNAL = 10
+    TOKENIZER = 11
 
 
 class FlmError(Exception):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -142,6 +143,15 @@ def test_errors_carry_the_library_message(model: flm.Model, tmp_path: Path) -> N
         flm.Model(MODEL, device="cpu", gpu_layers=2)
     assert err.value.status == flm.Status.INVALID_ARGUMENT
     assert "gpu_layers is 2, and no GPU runs the model" in err.value.message
+
+
+def test_status_codes_are_the_headers() -> None:
+    header = (Path(__file__).resolve().parents[2] / "include" / "flm.h").read_text()
+    declared = {
+        m.group(1): int(m.group(2)) for m in re.finditer(r"FLM_STATUS_(\w+) = (\d+),", header)
+    }
+    assert declared == {s.name: s.value for s in flm.Status}
+    assert flm.Status.TOKENIZER == 11
 
 
 def test_16_bit_activations_load_and_generate() -> None:

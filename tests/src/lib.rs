@@ -234,6 +234,7 @@ pub fn serve_greedy(
                 stop_tokens: Vec::new(),
                 logprobs: None,
                 constraint: None,
+                cancel: None,
             };
             let on_event = Box::new(move |e| {
                 let _ = tx.send(e);

@@ -9,8 +9,9 @@
 //!
 //! The text is first cut at the added tokens (`tokenizers`' `AddedVocabulary`, shared with
 //! `hf_bpe.rs`) and optionally NFC-normalised (Qwen2), then cut into pre-tokens by a regex
-//! (fancy-regex, which has the lookahead `\s+(?!\S)` these patterns need); the text
-//! between two matches is a pre-token too, as `tokenizers`' `Split` with `Isolated`
+//! (`split.rs`: linear-time automata with the lookahead `\s+(?!\S)` these patterns
+//! need emulated, whatever the text's length); the text between two matches is a
+//! pre-token too, as `tokenizers`' `Split` with `Isolated`
 //! behaviour (and llama.cpp's `unicode_regex_split`) keep it. Each pre-token's UTF-8
 //! bytes are merged. GPT-2's byte-to-unicode spelling of the vocabulary is undone when the
 //! files are read (`gpt2.rs`), so pieces are raw bytes.
@@ -19,11 +20,11 @@ use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use fancy_regex::Regex;
 use unicode_normalization::UnicodeNormalization;
 
 use crate::hf_bpe::{AddedToken, AddedTokens};
 use crate::spec::ByteLevelBpeSpec;
+use crate::split::Splitter;
 use crate::trie::TrieBuilder;
 use crate::vocab::{PieceKind, VocabEntry};
 use crate::{Error, Result};
@@ -33,16 +34,21 @@ use crate::{Error, Result};
 pub(crate) struct ByteBpe {
     /// Token bytes to id, the NORMAL pieces only.
     ids: HashMap<Box<[u8]>, u32>,
-    /// GPT-2 style: (left id, right id) to merge rank. `None`: tiktoken style.
-    merges: Option<HashMap<(u32, u32), u32>>,
+    /// GPT-2 style: (left id, right id) to (merge rank, merged id). `None`: tiktoken style.
+    merges: Option<HashMap<(u32, u32), (u32, u32)>>,
+    /// The id of each single byte; [`NO_ID`] where it is not a token (GPT-2 style only).
+    byte_ids: Box<[u32; 256]>,
     /// The pre-tokeniser: [`ByteLevelBpeSpec::pre_split`]'s regexes, then its `pattern`.
-    regexes: Vec<Regex>,
+    regexes: Vec<Splitter>,
     /// The added tokens matched in the raw text, then (`normalized`) in the normalised text.
     added_raw: AddedTokens,
     added_normalized: AddedTokens,
     /// The description this was built from, for [`crate::Tokenizer::spec`].
     pub(crate) spec: ByteLevelBpeSpec,
 }
+
+/// The id of a part that is no token: a single byte missing from a GPT-2-style vocabulary.
+const NO_ID: u32 = u32::MAX;
 
 /// `text` in Unicode normalisation form C if `nfc` (`tokenizers`' `NFC` normalizer, by
 /// the unicode-normalization crate), else as it is.
@@ -66,10 +72,7 @@ impl ByteBpe {
     /// whose concatenation is not a token, or an added token out of range.
     pub(crate) fn new(pieces: &[VocabEntry], spec: ByteLevelBpeSpec) -> Result<ByteBpe> {
         let regexes = (spec.pre_split.iter().chain([&spec.pattern]))
-            .map(|pattern| {
-                Regex::new(pattern)
-                    .map_err(|e| Error::Invalid(format!("byte-level BPE pattern {pattern:?}: {e}")))
-            })
+            .map(|pattern| Splitter::new(pattern))
             .collect::<Result<Vec<_>>>()?;
         let mut ids = HashMap::with_capacity(pieces.len());
         for (id, p) in (0u32..).zip(pieces) {
@@ -113,14 +116,14 @@ impl ByteBpe {
                             "byte-level BPE merge {l} {r} names a token outside the vocabulary"
                         )));
                     };
-                    if !ids.contains_key(&[a, b].concat()[..]) {
+                    let Some(&merged) = ids.get(&[a, b].concat()[..]) else {
                         return Err(Error::Invalid(format!(
                             "byte-level BPE merge {l} {r}: {:?} is not a token",
                             String::from_utf8_lossy(&[a, b].concat())
                         )));
-                    }
+                    };
                     // A pair listed twice keeps its last rank, as `tokenizers` does.
-                    map.insert((l, r), rank);
+                    map.insert((l, r), (rank, merged));
                 }
                 Some(map)
             }
@@ -161,9 +164,13 @@ impl ByteBpe {
             trie: trie.build(),
             tokens,
         };
+        let byte_ids = Box::new(std::array::from_fn(|b| {
+            ids.get(&[b as u8][..]).copied().unwrap_or(NO_ID)
+        }));
         Ok(ByteBpe {
             ids,
             merges,
+            byte_ids,
             regexes,
             added_raw: set(raw),
             added_normalized: set(normalized),
@@ -174,8 +181,9 @@ impl ByteBpe {
     /// Appends the ids of `text`, as `tokenizers`' `AddedVocabulary::extract_and_normalize`
     /// and BPE do: added tokens that are not `normalized` are cut out of the raw text, the
     /// other pieces are normalised (NFC if the spec says so), `normalized` added tokens are
-    /// cut out of them, and the rest is pre-tokenised and merged. Errors only if the regex
-    /// engine gives up (fancy-regex's backtracking limit).
+    /// cut out of them, and the rest is pre-tokenised and merged. Errors
+    /// ([`Error::Encode`]) only if a pattern outside `split.rs`'s linear-time subset makes
+    /// fancy-regex give up.
     pub(crate) fn encode(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
         for (added, a, b) in self.added_raw.find_matches(text) {
             if let Some(id) = added {
@@ -201,22 +209,22 @@ impl ByteBpe {
 
     /// Cuts `text` with the first of `regexes` and each piece with the rest; merges the
     /// pieces the last one leaves.
-    fn split(&self, regexes: &[Regex], text: &str, ids: &mut Vec<u32>) -> Result<()> {
+    fn split(&self, regexes: &[Splitter], text: &str, ids: &mut Vec<u32>) -> Result<()> {
         let Some((regex, rest)) = regexes.split_first() else {
             self.word(text.as_bytes(), ids);
             return Ok(());
         };
         let mut last = 0;
-        for m in regex.find_iter(text) {
-            let m = m.map_err(|e| Error::Invalid(format!("pre-tokenising the text: {e}")))?;
-            if m.start() > last {
-                self.split(rest, &text[last..m.start()], ids)?;
+        regex.for_each_match(text, |start, end| {
+            if start > last {
+                self.split(rest, &text[last..start], ids)?;
             }
-            if m.end() > m.start() {
-                self.split(rest, m.as_str(), ids)?;
+            if end > start {
+                self.split(rest, &text[start..end], ids)?;
             }
-            last = m.end();
-        }
+            last = end;
+            Ok(())
+        })?;
         if last < text.len() {
             self.split(rest, &text[last..], ids)?;
         }
@@ -239,15 +247,13 @@ impl ByteBpe {
         self.ids.get(bytes).copied()
     }
 
-    /// The rank of merging the adjacent parts `piece[i..j]` and `piece[j..end]`, if they
-    /// merge: tiktoken, the id of their concatenation; GPT-2, the rank of the pair.
-    fn pair_rank(&self, piece: &[u8], i: usize, j: usize, end: usize) -> Option<u32> {
+    /// The rank of merging adjacent parts of ids `left` and `right` whose concatenation is
+    /// `joined`, and the merged id, if they merge: tiktoken, the id of `joined` for both;
+    /// GPT-2, the pair's rank and result, looked up by ids without hashing the bytes.
+    fn pair(&self, left: u32, right: u32, joined: &[u8]) -> Option<(u32, u32)> {
         match &self.merges {
-            None => self.id(&piece[i..end]),
-            Some(m) => {
-                let pair = (self.id(&piece[i..j])?, self.id(&piece[j..end])?);
-                m.get(&pair).copied()
-            }
+            None => self.id(joined).map(|id| (id, id)),
+            Some(m) => m.get(&(left, right)).copied(),
         }
     }
 
@@ -266,42 +272,47 @@ impl ByteBpe {
         let mut next: Vec<usize> = (1..=n).collect();
         // prev[i] is where the part before the one at i starts (unused for i = 0).
         let mut prev: Vec<usize> = (0..n).map(|i| i.saturating_sub(1)).collect();
+        // part[i] is the id of the part at i (NO_ID for a byte that is no token).
+        let mut part: Vec<u32> = piece.iter().map(|&b| self.byte_ids[b as usize]).collect();
         let mut alive = vec![true; n];
         let mut heap = BinaryHeap::new();
         // A candidate: the part at `i`, ending at `j`, with its right neighbour ending at
-        // `end`. A part only grows, so (i, end) with the same `j` still between them
-        // identifies the same pair when it surfaces.
-        let push = |heap: &mut BinaryHeap<Reverse<(u32, usize, usize)>>,
+        // `end`, and the id they merge into. A part only grows, so (i, end) with the same
+        // `j` still between them identifies the same pair when it surfaces.
+        let push = |heap: &mut BinaryHeap<Reverse<(u32, usize, usize, u32)>>,
+                    part: &[u32],
                     i: usize,
                     j: usize,
                     end: usize| {
-            if let Some(rank) = self.pair_rank(piece, i, j, end) {
-                heap.push(Reverse((rank, i, end)));
+            if let Some((rank, merged)) = self.pair(part[i], part[j], &piece[i..end]) {
+                heap.push(Reverse((rank, i, end, merged)));
             }
         };
         for i in 0..n.saturating_sub(1) {
-            push(&mut heap, i, i + 1, i + 2);
+            push(&mut heap, &part, i, i + 1, i + 2);
         }
-        while let Some(Reverse((_, i, end))) = heap.pop() {
+        while let Some(Reverse((_, i, end, merged))) = heap.pop() {
             let j = next[i];
             if !alive[i] || j >= n || next[j] != end {
                 continue;
             }
             alive[j] = false;
             next[i] = end;
+            part[i] = merged;
             if end < n {
                 prev[end] = i;
-                push(&mut heap, i, end, next[end]);
+                push(&mut heap, &part, i, end, next[end]);
             }
             if i > 0 {
-                push(&mut heap, prev[i], i, end);
+                push(&mut heap, &part, prev[i], i, end);
             }
         }
         let mut i = 0;
         while i < n {
-            // Merged parts are tokens by construction; a single byte that is not a token
-            // (GPT-2 style only, see `new`) is dropped.
-            ids.extend(self.id(&piece[i..next[i]]));
+            // A single byte that is not a token (GPT-2 style only, see `new`) is dropped.
+            if part[i] != NO_ID {
+                ids.push(part[i]);
+            }
             i = next[i];
         }
     }
@@ -316,9 +327,11 @@ mod tests {
     /// tiktoken's `byte_pair_merge` as written there: rescan every pair after each merge.
     fn rescan(bpe: &ByteBpe, piece: &[u8]) -> Vec<u32> {
         let mut bounds: Vec<usize> = (0..=piece.len()).collect();
+        let id = |a: usize, b: usize| bpe.id(&piece[a..b]).unwrap();
         while let Some((_, i)) = (0..bounds.len().saturating_sub(2))
             .filter_map(|i| {
-                let rank = bpe.pair_rank(piece, bounds[i], bounds[i + 1], bounds[i + 2])?;
+                let (a, b, c) = (bounds[i], bounds[i + 1], bounds[i + 2]);
+                let (rank, _) = bpe.pair(id(a, b), id(b, c), &piece[a..c])?;
                 Some((rank, i))
             })
             .min()

@@ -112,7 +112,7 @@ impl Tokenizer {
             (None, Some(template)) => {
                 let text = crate::jinja::render(
                     self,
-                    template,
+                    &template.text,
                     messages,
                     None,
                     add_generation_prompt,
@@ -149,8 +149,14 @@ impl Tokenizer {
                 "tools and tool messages need a Jinja chat template, and the model has none".into(),
             ));
         };
-        let text =
-            crate::jinja::render(self, template, messages, tools, add_generation_prompt, args)?;
+        let text = crate::jinja::render(
+            self,
+            &template.text,
+            messages,
+            tools,
+            add_generation_prompt,
+            args,
+        )?;
         let ids = self.encode_with_specials(&text)?;
         Ok(ChatPrompt { ids, text })
     }

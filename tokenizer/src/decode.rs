@@ -132,6 +132,26 @@ impl<'a> StreamDecoder<'a> {
     }
 }
 
+impl Tokenizer {
+    /// The bytes token `id` adds in the middle of a text, as [`StreamDecoder`] decodes it
+    /// before UTF-8 is checked: a byte piece's byte, a byte-level piece's bytes, a
+    /// SentencePiece piece with "▁" as a space, the unknown surface for the unknown piece.
+    /// `None` for a control token, a token that adds nothing, or an id outside the
+    /// vocabulary. A token may be part of a character only (structured output works on
+    /// these bytes, so a character of several tokens can be constrained).
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let piece = self.pieces.get(id as usize)?;
+        let bytes = match piece.kind {
+            PieceKind::Control => return None,
+            PieceKind::Byte(b) => vec![b],
+            _ if self.decoding.byte_level => piece.bytes.to_vec(),
+            PieceKind::Unknown => self.decoding.unk_surface.to_vec(),
+            _ => replace_space_symbol(&piece.bytes),
+        };
+        (!bytes.is_empty()).then_some(bytes)
+    }
+}
+
 /// Writes "▁" as a space.
 fn replace_space_symbol(text: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());

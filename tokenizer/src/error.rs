@@ -42,6 +42,11 @@ pub enum Error {
     /// Jinja template that fails to render (or calls `raise_exception`).
     #[error("{0}")]
     Template(String),
+    /// A text could not be tokenised: the pre-tokeniser's regex engine gave up on it
+    /// (only fancy-regex, which runs the rare patterns outside the linear-time subset of
+    /// `split.rs`, has such limits).
+    #[error("cannot tokenise the text: {0}")]
+    Encode(String),
     /// `encode(.., add_bos = true)` on a tokenizer that has no BOS token.
     #[error("the tokenizer has no BOS token, but one was requested")]
     NoBos,

@@ -63,7 +63,7 @@ impl Tokenizer {
             self
         };
         if template.is_some() {
-            tok.chat_template = template;
+            tok = tok.with_chat_template(template, "tokenizer_config.json `chat_template`")?;
         }
         if matches!(tok.encoder, Encoder::ByteLevel(_)) {
             tok.apply_special_tokens(&value)?;

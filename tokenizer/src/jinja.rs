@@ -7,10 +7,75 @@
 //! the order they come, which serde_json sorts); Python string methods (`.strip()`, `.startswith()`...)
 //! work through minijinja-contrib's `pycompat`.
 
-use minijinja::value::merge_maps;
-use minijinja::{context, Environment, ErrorKind, Value};
+use std::sync::Arc;
 
+use minijinja::machinery::{self, Vm};
+use minijinja::value::merge_maps;
+use minijinja::{context, AutoEscape, Environment, ErrorKind, Value};
+
+use crate::jinja_limits::{self, Budget};
 use crate::{Error, Result, TemplateArgs, Tokenizer};
+
+/// A Jinja chat template and where it came from (named in its errors).
+#[derive(Debug, Clone)]
+pub(crate) struct ChatTemplate {
+    /// The template's source.
+    pub(crate) text: String,
+    /// Such as "GGUF metadata `tokenizer.chat_template`".
+    pub(crate) origin: &'static str,
+}
+
+/// Renders `template` for two sample conversations (system, user, assistant, user; and
+/// user, assistant, user) with the generation prompt, under the budget of every request.
+///
+/// Errors: [`Error::Template`] naming the template's origin, for a syntax error or a
+/// render past a limit. The template's own errors are accepted: it may refuse a
+/// conversation (`raise_exception`, as Gemma's refuses system turns) or need keyword
+/// arguments that only requests give.
+pub(crate) fn check(tok: &Tokenizer, template: &ChatTemplate) -> Result<()> {
+    use crate::Message;
+    let turns = [
+        Message::new("system", "You are a helpful assistant."),
+        Message::new("user", "Hello."),
+        Message::new("assistant", "Hello! How can I help?"),
+        Message::new("user", "Tell me a story."),
+    ];
+    for sample in [&turns[..], &turns[1..]] {
+        match run(
+            tok,
+            &template.text,
+            sample,
+            None,
+            true,
+            &TemplateArgs::new(),
+        ) {
+            Ok(_) | Err((_, Fatal(false))) => {}
+            Err((e, Fatal(true))) => return Err(failure(template.origin, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Whether a render failed for a reason every conversation meets: the template does not
+/// compile, or it ran past a limit.
+struct Fatal(bool);
+
+/// A minijinja error as [`Error::Template`], with its causes, naming the template.
+fn failure(origin: &str, e: minijinja::Error) -> Error {
+    let mut why = e.to_string();
+    if e.kind() == ErrorKind::OutOfFuel {
+        why += &format!(
+            " (the limit of {} instructions a render)",
+            jinja_limits::TEMPLATE_FUEL
+        );
+    }
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        why += &format!(": {s}");
+        source = s.source();
+    }
+    Error::Template(format!("chat template ({origin}): {why}"))
+}
 
 /// The template variables that the conversation itself sets, which no keyword argument may
 /// replace (transformers' `render_jinja_template` passes them by name beside `**kwargs`, so
@@ -24,18 +89,22 @@ const RESERVED: [&str; 3] = ["messages", "tools", "add_generation_prompt"];
 pub fn check_template_args(args: &TemplateArgs) -> Result<()> {
     match RESERVED.iter().find(|name| args.contains_key(**name)) {
         Some(name) => Err(Error::Template(format!(
-            "the chat template argument `{name}` is set by the request itself and cannot be              given as a keyword argument"
+            "the chat template argument `{name}` is set by the request itself and cannot be \
+             given as a keyword argument"
         ))),
         None => Ok(()),
     }
 }
 
 /// Renders `template` for `messages` (a list of [`crate::Message`]s, or of JSON messages with
-/// more fields, such as `tool_calls`), `tools` and the keyword arguments `args`.
+/// more fields, such as `tool_calls`), `tools` and the keyword arguments `args`, within the
+/// budget of `jinja_limits.rs` (fuel, and caps on the strings and sequences built and on
+/// the output).
 ///
-/// Errors: [`Error::Template`] for an argument named as a reserved variable
-/// ([`check_template_args`]), and with minijinja's message for a syntax error, an undefined
-/// function, or a `raise_exception` call (the template's message).
+/// Errors: [`Error::Template`] naming the template's origin, for an argument named as a
+/// reserved variable ([`check_template_args`]), and with minijinja's message for a syntax
+/// error, an undefined function, a `raise_exception` call (the template's message), and a
+/// render past a limit (which limit).
 pub(crate) fn render<M: serde::Serialize>(
     tok: &Tokenizer,
     template: &str,
@@ -45,17 +114,35 @@ pub(crate) fn render<M: serde::Serialize>(
     args: &TemplateArgs,
 ) -> Result<String> {
     check_template_args(args)?;
+    run(tok, template, messages, tools, add_generation_prompt, args).map_err(|(e, _)| {
+        let origin = tok.chat_template.as_ref().map_or("given", |t| t.origin);
+        failure(origin, e)
+    })
+}
+
+/// [`render`] without the argument check, its error told apart by whether it is
+/// [`Fatal`].
+fn run<M: serde::Serialize>(
+    tok: &Tokenizer,
+    template: &str,
+    messages: &[M],
+    tools: Option<&serde_json::Value>,
+    add_generation_prompt: bool,
+    args: &TemplateArgs,
+) -> std::result::Result<String, (minijinja::Error, Fatal)> {
+    let budget = Arc::new(Budget::default());
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function(
         "raise_exception",
         |message: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
         },
     );
-    env.add_filter("tojson", tojson);
+    jinja_limits::install(&mut env, &budget);
+    let json_budget = Arc::clone(&budget);
+    env.add_filter("tojson", move |value: Value| tojson(&json_budget, value));
     let token = |id: Option<u32>| {
         id.and_then(|id| tok.piece(id))
             .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -74,19 +161,30 @@ pub(crate) fn render<M: serde::Serialize>(
             add_generation_prompt => add_generation_prompt,
         },
     ]);
-    let failed = |e: minijinja::Error| {
-        let mut why = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            why += &format!(": {s}");
-            source = s.source();
-        }
-        Error::Template(format!("chat template: {why}"))
-    };
-    env.template_from_str(template)
-        .map_err(failed)?
-        .render(ctx)
-        .map_err(failed)
+    let fatal = |e| (e, Fatal(true));
+    let compiled = env.template_from_str(template).map_err(fatal)?;
+    let compiled = machinery::get_compiled_template(&compiled);
+    let instructions = jinja_limits::bounded(&compiled.instructions).map_err(fatal)?;
+    let blocks = compiled
+        .blocks
+        .iter()
+        .map(|(name, block)| Ok((*name, jinja_limits::bounded(block)?)))
+        .collect::<std::result::Result<_, minijinja::Error>>()
+        .map_err(fatal)?;
+    let mut text = String::new();
+    Vm::new(&env)
+        .eval(
+            &instructions,
+            ctx,
+            &blocks,
+            &mut machinery::make_string_output(&mut text),
+            AutoEscape::None,
+        )
+        .map_err(|e| {
+            let over = jinja_limits::is_over_limit(&e);
+            (e, Fatal(over))
+        })?;
+    Ok(text)
 }
 
 /// Python's `json.dumps` separators: `", "` between items, `": "` after keys.
@@ -121,15 +219,37 @@ impl serde_json::ser::Formatter for PythonFormatter {
     }
 }
 
-/// transformers' `tojson` filter (see the module docs).
-fn tojson(value: minijinja::Value) -> std::result::Result<minijinja::Value, minijinja::Error> {
-    let mut out = Vec::new();
+/// Fails once more than [`jinja_limits::MAX_TEMPLATE_TEXT`] bytes are written, so that
+/// `tojson` refuses a huge value before building its text.
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > jinja_limits::MAX_TEMPLATE_TEXT {
+            return Err(std::io::Error::other(format!(
+                "the JSON text is past the limit of {} bytes",
+                jinja_limits::MAX_TEMPLATE_TEXT
+            )));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// transformers' `tojson` filter (see the module docs), within the render's budget.
+fn tojson(budget: &Budget, value: Value) -> std::result::Result<Value, minijinja::Error> {
+    let mut out = CappedWriter(Vec::new());
     let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
     serde::Serialize::serialize(&value, &mut ser)
         .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    let text = String::from_utf8(out)
+    budget.text(out.0.len())?;
+    let text = String::from_utf8(out.0)
         .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    Ok(minijinja::Value::from_safe_string(text))
+    Ok(Value::from_safe_string(text))
 }
 
 #[cfg(test)]
@@ -178,7 +298,7 @@ mod tests {
 
     fn tok(template: &str) -> Tokenizer {
         let pieces = ["<unk>", "<s>", "</s>", "\u{2581}a"];
-        let mut spec = crate::TokenizerSpec {
+        let spec = crate::TokenizerSpec {
             kind: crate::TokenizerKind::SentencePieceBpe(crate::SentencePieceSpec {
                 add_dummy_prefix: true,
                 remove_extra_whitespaces: false,
@@ -199,8 +319,13 @@ mod tests {
             prefix: None,
             chat_format: None,
         };
-        spec.chat_template = Some(template.into());
-        Tokenizer::from_spec(spec).unwrap()
+        // Set without the load check, so that broken templates reach `render`.
+        let mut tok = Tokenizer::from_spec(spec).unwrap();
+        tok.chat_template = Some(ChatTemplate {
+            text: template.into(),
+            origin: "test",
+        });
+        tok
     }
 
     fn render_one(template: &str, messages: &[Message], gen: bool) -> Result<String> {

@@ -52,11 +52,13 @@ mod hf_config;
 mod hf_json;
 mod hf_vocab;
 mod jinja;
+mod jinja_limits;
 mod llama2c;
 mod sentencepiece;
 mod sp_proto;
 mod spec;
 mod spec_build;
+mod split;
 mod tiktoken;
 mod trie;
 mod vocab;
@@ -69,6 +71,7 @@ pub use error::{Error, Result};
 pub use gpt2::gguf_gpt2_spec;
 pub use hf_config::chat_template_from_hf_config;
 pub use jinja::check_template_args;
+pub use jinja_limits::{MAX_TEMPLATE_BUILT, MAX_TEMPLATE_ITEMS, MAX_TEMPLATE_TEXT, TEMPLATE_FUEL};
 pub use spec::{
     AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
     PrependScheme, SentencePieceSpec, TokenizerKind, TokenizerSpec,
@@ -90,8 +93,8 @@ pub struct Tokenizer {
     decoding: DecodeOptions,
     /// Whether prompts should start with BOS (informational; see [`Tokenizer::add_bos`]).
     add_bos: bool,
-    /// The model's Jinja chat template.
-    chat_template: Option<String>,
+    /// The model's Jinja chat template and where it came from.
+    chat_template: Option<jinja::ChatTemplate>,
     /// What `encode(.., true)` puts first; `None`: BOS.
     prefix: Option<Vec<u32>>,
     /// The built-in prompt format.
@@ -237,7 +240,33 @@ impl Tokenizer {
     /// The model's chat template (a Jinja string), if its files carry one (GGUF
     /// `tokenizer.chat_template`, HF `tokenizer_config.json`).
     pub fn chat_template(&self) -> Option<&str> {
-        self.chat_template.as_deref()
+        self.chat_template.as_ref().map(|t| t.text.as_str())
+    }
+
+    /// Sets the model's Jinja chat template, `origin` saying where it came from (such as
+    /// "GGUF metadata `tokenizer.chat_template`"), named in the errors it causes. The
+    /// template is checked first: it is rendered for sample conversations (system, user,
+    /// assistant, user; and user, assistant, user) under the render budget of every request
+    /// ([`TEMPLATE_FUEL`], [`MAX_TEMPLATE_TEXT`], [`MAX_TEMPLATE_ITEMS`],
+    /// [`MAX_TEMPLATE_BUILT`]), so that a hostile or broken template fails when the model
+    /// is loaded. `None` removes the template.
+    ///
+    /// Errors: [`Error::Template`] naming `origin`, for a syntax error or a template that
+    /// runs past a limit. The template's own errors on a sample are accepted: it may refuse
+    /// it with `raise_exception` (Gemma refuses system turns) or need keyword arguments
+    /// that only requests give.
+    pub fn with_chat_template(
+        mut self,
+        template: Option<String>,
+        origin: &'static str,
+    ) -> Result<Tokenizer> {
+        self.chat_template = template.map(|text| jinja::ChatTemplate { text, origin });
+        if self.chat_format.is_none() {
+            if let Some(t) = &self.chat_template {
+                jinja::check(&self, t)?;
+            }
+        }
+        Ok(self)
     }
 
     /// The tokens `encode(.., true)` starts with: `[BOS]`, ChatGLM's `[gMASK] sop`, or

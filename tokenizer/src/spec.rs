@@ -90,7 +90,11 @@ pub enum TokenizerKind {
 pub struct ByteLevelBpeSpec {
     /// The pre-tokenisation regex (fancy-regex syntax, as tiktoken's `pat_str` or
     /// `tokenizers`' `Split` pattern). Text between matches is a pre-token too
-    /// (`tokenizers`' `Isolated` split behaviour).
+    /// (`tokenizers`' `Isolated` split behaviour). Runs in linear time on any text if its
+    /// only look-around is a final `(?!\S)` on a `\s` repetition in a top-level
+    /// alternative (GPT-2's, Llama 3's, Qwen2's, tiktoken's...); other look-arounds and
+    /// possessive quantifiers fall back to fancy-regex's backtracking, which may refuse
+    /// very long texts with [`crate::Error::Encode`].
     pub pattern: String,
     /// Regexes that cut the text before `pattern` does, in order: each cuts every piece
     /// the previous one left (matches and the text between them), and `pattern` cuts

@@ -53,7 +53,7 @@ impl Tokenizer {
             bos_id: self.bos,
             eos_id: self.eos,
             add_bos: self.add_bos,
-            chat_template: self.chat_template.clone(),
+            chat_template: self.chat_template().map(str::to_owned),
             prefix: self.prefix.clone(),
             chat_format: self.chat_format,
         }
@@ -115,10 +115,12 @@ impl Tokenizer {
         let special = (spec.bos_id, spec.eos_id);
         let mut tok = build(pieces, spec.kind, spec.byte_fallback, spec.unk_id, special)?;
         tok.add_bos = spec.add_bos;
-        tok.chat_template = spec.chat_template;
         tok.prefix = spec.prefix;
         tok.chat_format = spec.chat_format;
-        Ok(tok)
+        tok.with_chat_template(
+            spec.chat_template,
+            "the tokenizer description's `chat_template`",
+        )
     }
 }
 

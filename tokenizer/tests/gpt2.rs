@@ -131,3 +131,18 @@ fn tokenizer_config_names_bos_and_eos() {
         .unwrap_err();
     assert!(err.to_string().contains("is not a special token"), "{err}");
 }
+
+/// A byte-level token's bytes are its raw bytes, possibly part of a character (control
+/// tokens have none): joined, they decode to the decoded text.
+#[test]
+fn token_bytes_of_a_byte_level_vocabulary_join_to_the_text() {
+    let (tok, cases) = variant("gpt2");
+    for (text, ids, decoded) in cases {
+        let bytes: Vec<u8> = ids
+            .iter()
+            .filter_map(|&id| tok.token_bytes(id))
+            .flatten()
+            .collect();
+        assert_eq!(String::from_utf8_lossy(&bytes), decoded, "{text:?}");
+    }
+}

@@ -107,3 +107,27 @@ fn model_removes_extra_whitespace() {
     let bin = load(FILES[1]);
     assert_ne!(bin.encode("  Once   upon a time  ", false).unwrap(), plain);
 }
+
+/// A token's bytes, joined, are the text decoded mid-text; BOS has none; a byte piece is
+/// its byte (so a character of several byte pieces is spelled by their bytes).
+#[test]
+fn token_bytes_join_to_the_text_decoded_mid_text() {
+    let out = ids(&reference()["greedy_from_bos"]["output_ids"]);
+    for file in FILES {
+        let tok = load(file);
+        let bytes: Vec<u8> = out
+            .iter()
+            .flat_map(|&id| tok.token_bytes(id).unwrap())
+            .collect();
+        let text = stream(&tok, &out, false).concat();
+        assert_eq!(String::from_utf8(bytes).unwrap(), text, "{file}");
+        assert_eq!(tok.token_bytes(tok.bos_id().unwrap()), None, "{file}");
+        let ff = tok.encode("ÿ", false).unwrap();
+        let spelled: Vec<u8> = ff
+            .iter()
+            .flat_map(|&id| tok.token_bytes(id).unwrap())
+            .collect();
+        assert_eq!(spelled, " ÿ".as_bytes(), "{file}: {ff:?}");
+        assert_eq!(tok.token_bytes(tok.vocab_size() as u32), None);
+    }
+}

@@ -2,7 +2,7 @@
 //! and the delivery of events (see the module docs of [`super`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
@@ -21,6 +21,7 @@ pub(super) struct Pending {
     pub stop: Vec<u32>,
     pub logprobs: Option<usize>,
     pub constraint: Option<Constraint>,
+    pub cancel: Option<Arc<AtomicBool>>,
     pub on_event: OnEvent,
 }
 
@@ -34,6 +35,7 @@ struct Seq {
     stop: Vec<u32>,
     logprobs: Option<usize>,
     constraint: Option<Constraint>,
+    cancel: Option<Arc<AtomicBool>>,
     on_event: OnEvent,
     /// Its block table.
     blocks: Vec<u32>,
@@ -46,6 +48,12 @@ struct Seq {
 impl Seq {
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 }
 
@@ -148,6 +156,7 @@ impl Scheduler {
             stop: p.stop,
             logprobs: p.logprobs,
             constraint: p.constraint,
+            cancel: p.cancel,
             on_event: p.on_event,
             blocks: Vec::new(),
             cached: 0,
@@ -243,8 +252,25 @@ impl Scheduler {
         true
     }
 
+    /// Ends the sequences, running or waiting, whose request was cancelled by its flag.
+    fn drop_cancelled(&mut self) {
+        let (cancelled, running): (Vec<Seq>, Vec<Seq>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(Seq::cancelled);
+        self.running = running;
+        let (waiting, kept): (VecDeque<Seq>, VecDeque<Seq>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(Seq::cancelled);
+        self.waiting = kept;
+        self.queued.fetch_sub(waiting.len(), Ordering::SeqCst);
+        for seq in cancelled.into_iter().chain(waiting) {
+            self.finish(seq, FinishReason::Cancelled);
+        }
+    }
+
     /// One scheduling step and one batched forward pass.
     fn step(&mut self) {
+        self.drop_cancelled();
         // Decoding sequences first: one slot each, preempting from the back if needed.
         let mut i = 0;
         while i < self.running.len() {

@@ -516,7 +516,7 @@ fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, String>> {
         bos_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_id: m.id("tokenizer.ggml.eos_token_id")?,
         add_bos: m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
-        chat_template: m.str("tokenizer.chat_template")?,
+        chat_template: None,
         prefix: None,
         chat_format: None,
     };
@@ -545,7 +545,21 @@ fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, String>> {
         spec.scores.push(score);
         spec.types.push(ty);
     }
+    with_chat_template(m, spec)
+}
+
+/// The tokenizer of `spec` with the file's `tokenizer.chat_template`, checked on a sample
+/// conversation under the render budget ([`Tokenizer::with_chat_template`]), so that a
+/// hostile template fails when the file is loaded, named as GGUF metadata.
+///
+/// Errors: [`Error::Format`] for an invalid spec or a template that fails the check.
+fn with_chat_template(
+    m: &Meta,
+    spec: TokenizerSpec,
+) -> Result<std::result::Result<Tokenizer, String>> {
+    let template = m.str("tokenizer.chat_template")?;
     Tokenizer::from_spec(spec)
+        .and_then(|t| t.with_chat_template(template, "GGUF metadata `tokenizer.chat_template`"))
         .map(Ok)
         .map_err(|e| Error::format(m.path, e.to_string()))
 }
@@ -562,6 +576,88 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     let g = parse(&map, path)?;
     let m = Meta { kv: &g.meta, path };
     tokenizer(&m)?.map_err(|why| Error::format(path, why))
+}
+
+/// The layer of a tensor named `blk.{l}.{part}`, and its part.
+fn layer_of(name: &str) -> Option<(usize, &str)> {
+    let (l, part) = name.strip_prefix("blk.")?.split_once('.')?;
+    Some((l.parse().ok()?, part))
+}
+
+/// Whether a layer part belongs to a mixture of experts: the router (`ffn_gate_inp`), the
+/// stacked experts (`ffn_*_exps`), the shared expert (`*_shexp`), or one expert's own
+/// matrix (`ffn_gate.{e}`, as llama.cpp wrote Mixtral before stacking), with `e`.
+fn expert_part(part: &str) -> Option<Option<usize>> {
+    let stem = part.strip_suffix(".weight").unwrap_or(part);
+    if stem.starts_with("ffn_gate_inp") || stem.ends_with("_exps") || stem.contains("_shexp") {
+        return Some(None);
+    }
+    let (matrix, e) = stem.rsplit_once('.')?;
+    matches!(matrix, "ffn_gate" | "ffn_up" | "ffn_down")
+        .then(|| e.parse().ok().map(Some))
+        .flatten()
+}
+
+/// The tensors agree with `{arch}.block_count` and `{arch}.expert_count` (llama.cpp's
+/// loader finds the same mismatches through its per-layer tensor lookups): every tensor of
+/// a layer `blk.{l}.*` has `l < block_count` and every layer has tensors, expert tensors
+/// are present exactly when `expert_count` is positive, and no expert's own matrix has an
+/// index `>= expert_count`. Otherwise a file could load with layers or experts silently
+/// dropped and produce garbage.
+///
+/// Errors: a message naming the tensor or the layer.
+fn check_layers_and_experts(
+    g: &Gguf,
+    c: &ModelConfig,
+    arch: &str,
+) -> std::result::Result<(), String> {
+    let n_experts = c.moe.as_ref().map_or(0, |m| m.n_experts);
+    let mut has_tensors = vec![false; c.n_layers];
+    let mut expert_tensors = 0usize;
+    for t in &g.tensors {
+        let Some((l, part)) = layer_of(&t.name) else {
+            continue;
+        };
+        match has_tensors.get_mut(l) {
+            Some(seen) => *seen = true,
+            None => {
+                return Err(format!(
+                    "tensor {} is of layer {l}, but {arch}.block_count is {}",
+                    t.name, c.n_layers
+                ))
+            }
+        }
+        match expert_part(part) {
+            None => {}
+            Some(_) if n_experts == 0 => {
+                return Err(format!(
+                    "tensor {} belongs to a mixture of experts, but {arch}.expert_count is \
+                     absent or 0",
+                    t.name
+                ))
+            }
+            Some(Some(e)) if e >= n_experts => {
+                return Err(format!(
+                    "tensor {} is of expert {e}, but {arch}.expert_count is {n_experts}",
+                    t.name
+                ))
+            }
+            Some(_) => expert_tensors += 1,
+        }
+    }
+    if let Some(l) = has_tensors.iter().position(|&seen| !seen) {
+        return Err(format!(
+            "{arch}.block_count is {}, but the file has no tensor of layer {l} (blk.{l}.*)",
+            c.n_layers
+        ));
+    }
+    if n_experts > 0 && expert_tensors == 0 {
+        return Err(format!(
+            "{arch}.expert_count is {n_experts}, but the file has no expert tensors \
+             (blk.*.ffn_gate_inp, blk.*.ffn_*_exps)"
+        ));
+    }
+    Ok(())
 }
 
 /// Loads a GGUF checkpoint (one of [`ARCHITECTURES`]).
@@ -587,9 +683,10 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         );
         return Err(Error::format(path, msg));
     }
+    let arch = m.str("general.architecture")?.unwrap_or_default();
+    check_layers_and_experts(&g, &config, &arch).map_err(|why| Error::format(path, why))?;
     let by_name: HashMap<&str, &TensorInfo> =
         g.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let arch = m.str("general.architecture")?.unwrap_or_default();
     let mut used: HashSet<&str> = ["rope_factors_long.weight", "rope_factors_short.weight"]
         .into_iter()
         .collect();

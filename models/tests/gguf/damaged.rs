@@ -243,6 +243,70 @@ fn bad_factors_and_stacked_experts_are_refused() {
     refused(&edit(&moe, at, &5u32.to_le_bytes()), "top_k = 5");
 }
 
+/// `bytes` with u32 metadata `keys` added after the last key, and a string key of padding
+/// that makes the insertion a multiple of the 32-byte alignment, so that the tensor data
+/// moves with the header and every offset stays right. `first_tensor`: the name of the
+/// file's first tensor info, where the metadata ends.
+fn with_u32_keys(bytes: &[u8], first_tensor: &str, keys: &[(&str, u32)]) -> Vec<u8> {
+    let kv = |key: &str, ty: u32, value: &[u8]| {
+        let mut b = (key.len() as u64).to_le_bytes().to_vec();
+        b.extend(key.as_bytes().iter().chain(&ty.to_le_bytes()).chain(value));
+        b
+    };
+    let mut added: Vec<u8> = keys
+        .iter()
+        .flat_map(|(k, v)| kv(k, 4, &v.to_le_bytes()))
+        .collect();
+    // The padding key: u64 length + "pad", u32 type, u64 length + the string.
+    let pad = (32 - (added.len() + 23) % 32) % 32;
+    let mut string = (pad as u64).to_le_bytes().to_vec();
+    string.extend(std::iter::repeat_n(b' ', pad));
+    added.extend(kv("pad", 8, &string));
+    let at = after(bytes, first_tensor) - first_tensor.len() - 8;
+    let mut b = bytes.to_vec();
+    b.splice(at..at, added);
+    let count = u64::from_le_bytes(b[16..24].try_into().unwrap()) + keys.len() as u64 + 1;
+    b[16..24].copy_from_slice(&count.to_le_bytes());
+    b
+}
+
+/// `block_count` against the layers' tensors, and `expert_count` against the expert
+/// tensors: each mismatch is refused with the tensor or the layer it concerns, where it
+/// loaded before with layers or experts silently dropped.
+#[test]
+fn block_and_expert_counts_must_match_the_tensors() {
+    let edit = |bytes: &[u8], at: usize, new: &[u8]| {
+        let mut b = bytes.to_vec();
+        b[at..at + new.len()].copy_from_slice(new);
+        b
+    };
+    let stories = read(F32);
+    assert!(try_load(&with_u32_keys(&stories, "token_embd.weight", &[])).is_ok());
+    let at = after(&stories, "llama.block_count") + 4;
+    refused(
+        &edit(&stories, at, &4u32.to_le_bytes()),
+        "tensor blk.4.attn_norm.weight is of layer 4, but llama.block_count is 4",
+    );
+    refused(
+        &edit(&stories, at, &6u32.to_le_bytes()),
+        "llama.block_count is 6, but the file has no tensor of layer 5 (blk.5.*)",
+    );
+    // A dense model that claims experts.
+    let claims = [("llama.expert_count", 4), ("llama.expert_used_count", 2)];
+    refused(
+        &with_u32_keys(&stories, "token_embd.weight", &claims),
+        "llama.expert_count is 4, but the file has no expert tensors",
+    );
+    // A mixture whose expert_count is 0.
+    let moe = read("hf-families/qwen2_moe.gguf");
+    let at = after(&moe, "qwen2moe.expert_count") + 4;
+    refused(
+        &edit(&moe, at, &0u32.to_le_bytes()),
+        "tensor blk.0.ffn_gate_inp.weight belongs to a mixture of experts, but \
+         qwen2moe.expert_count is absent or 0",
+    );
+}
+
 #[test]
 fn other_tokenizer_kinds_leave_no_tokenizer() {
     // "llama" -> "bert" and one byte more in the name: the data section does not move.

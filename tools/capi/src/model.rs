@@ -311,7 +311,8 @@ pub unsafe extern "C" fn flm_model_free(model: *mut FlmModel) {
 /// `ids = NULL, ids_capacity = 0` to ask for the size.
 ///
 /// Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INVALID_UTF8, FLM_STATUS_BUFFER_TOO_SMALL,
-/// FLM_STATUS_INVALID_ARGUMENT (`add_bos` with a tokenizer that has no BOS token).
+/// FLM_STATUS_INVALID_ARGUMENT (`add_bos` with a tokenizer that has no BOS token),
+/// FLM_STATUS_TOKENIZER (the tokenizer cannot cut this text).
 ///
 /// # Safety
 /// `model` must be NULL or a live handle; `text` NULL or `text_len` readable bytes; `ids`

@@ -123,7 +123,7 @@ pub unsafe extern "C" fn flm_session_free(session: *mut FlmSession) {
 /// Returns FLM_STATUS_OK, or FLM_STATUS_STOPPED when the callback stopped generation.
 /// Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INVALID_UTF8 (`prompt`),
 /// FLM_STATUS_INVALID_ARGUMENT (sampling parameters), FLM_STATUS_CONTEXT_OVERFLOW (the
-/// prompt fills the context).
+/// prompt fills the context), FLM_STATUS_TOKENIZER (the tokenizer cannot cut the prompt).
 ///
 /// # Safety
 /// `session` must be NULL or a live handle not used by another thread during the call;

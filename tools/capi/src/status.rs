@@ -39,6 +39,10 @@ pub enum FlmStatus {
     ContextOverflow = 9,
     /// An internal error (a bug of flm, caught at the boundary instead of unwinding).
     Internal = 10,
+    /// A text could not be tokenised, though the tokenizer file is sound: its
+    /// pre-tokenisation regex gave up on the text (possible only for the rare patterns
+    /// that flm runs on a backtracking engine, see flm_tokenizer's `split.rs`).
+    Tokenizer = 11,
 }
 
 /// An error on its way to the caller: a status and its message.
@@ -64,6 +68,7 @@ fn tokenizer_status(e: &TokenizerError) -> FlmStatus {
         TokenizerError::IdOutOfRange { .. } => FlmStatus::TokenOutOfRange,
         TokenizerError::Io { .. } => FlmStatus::Io,
         TokenizerError::NoBos => FlmStatus::InvalidArgument,
+        TokenizerError::Encode(_) => FlmStatus::Tokenizer,
         TokenizerError::NotATokenizer(_)
         | TokenizerError::Truncated(_)
         | TokenizerError::Invalid(_)
@@ -244,4 +249,24 @@ pub(crate) unsafe fn write_out<T>(out: *mut T, value: T, what: &str) -> Result<(
 
 fn null(what: &str) -> Failure {
     Failure::new(FlmStatus::NullPointer, format!("{what} is NULL"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_text_the_tokenizer_cannot_cut_is_not_a_format_error() {
+        let failure = Failure::from(TokenizerError::Encode("the regex gave up".into()));
+        assert_eq!(failure.status, FlmStatus::Tokenizer);
+        assert!(failure.message.contains("the regex gave up"));
+        // Through the models' error too, as flm_generate meets it.
+        let failure = Failure::from(ModelError::Tokenizer(TokenizerError::Encode(String::new())));
+        assert_eq!(failure.status, FlmStatus::Tokenizer);
+        // Appended: the existing values keep their numbers.
+        assert_eq!(FlmStatus::Internal as i32, 10);
+        assert_eq!(FlmStatus::Tokenizer as i32, 11);
+        let bad_file = Failure::from(TokenizerError::Invalid("a merge".into()));
+        assert_eq!(bad_file.status, FlmStatus::Format);
+    }
 }

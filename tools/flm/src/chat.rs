@@ -10,6 +10,11 @@
 //! prefix of the new prompt and the cached sequence are prefilled (ChatGLM-6B excepted,
 //! see [`flm_models::session`]).
 //!
+//! A turn whose prompt cannot be built (the template fails or refuses it, or the
+//! conversation outgrows the context) prints its error and is dropped, and the chat goes
+//! on, as an interactive user expects; the process still exits with status 1 at the end
+//! when any turn failed, so that a script feeding stdin sees the failure.
+//!
 //! Commands: `/reset` forgets the conversation, `/exit` or `/quit` (or end of input)
 //! ends the session. A model without any chat template is refused with an error that
 //! points to `flm run`.
@@ -109,6 +114,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut line = String::new();
+    let mut failed = 0usize;
     for turn in 0u64.. {
         if interactive {
             eprint!("> ");
@@ -139,6 +145,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             Err(e) => {
                 eprintln!("error: {e:#}");
                 messages.pop();
+                failed += 1;
                 continue;
             }
         };
@@ -166,6 +173,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
             "assistant",
             tokenizer.chat_reply_content(&text),
         ));
+    }
+    if failed > 0 {
+        bail!("{failed} chat turn(s) failed (their errors are above)");
     }
     Ok(())
 }

@@ -191,15 +191,36 @@ fn models_without_a_template_and_failing_templates() {
     assert!(stderr.contains("has no chat template"), "{stderr}");
     assert!(!stderr.contains("panicked"));
 
-    // A template that refuses the turn: the error is reported and the chat goes on.
+    // A template that refuses the turn: the error is reported and the chat goes on, and
+    // the exit status says that a turn failed.
     let dir = tempfile::tempdir().unwrap();
     let template = "{% if messages[-1].content == 'bad' %}\
                     {{ raise_exception('no bad words') }}{% endif %}{{ TEMPLATE }}";
     let model = chat_model(dir.path(), &template.replace("{{ TEMPLATE }}", TEMPLATE));
-    let (stdout, stderr) = chat(&model, "bad\nOnce upon a time\n");
+    let args = [
+        "chat",
+        "--model",
+        &model,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--verbose",
+    ];
+    let out = flm(&args, "bad\nOnce upon a time\n");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no bad words"), "{stderr}");
+    assert!(stderr.contains("1 chat turn(s) failed"), "{stderr}");
     assert_eq!(prompts(&stderr), ["<s>User: Once upon a time\nBot:"]);
-    assert_eq!(stdout.lines().count(), 1);
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 1);
+    // Every turn failing is a failure too; turns that all succeed exit 0 (`chat` checks).
+    let out = flm(&args, "bad\nbad\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("2 chat turn(s) failed"));
+    chat(&model, "Once upon a time\n");
 }
 
 /// `--template-arg`: Qwen3's template with `enable_thinking=false` renders as transformers'

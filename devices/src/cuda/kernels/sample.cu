@@ -155,8 +155,8 @@ __device__ __forceinline__ bool sorts_before(float a, unsigned ia, float b, unsi
 // One block: penalties, then argmax (greedy) or temperature, a bitonic sort of every
 // candidate (larger scaled logit first, the lower id first on ties; Batcher 1968) in the
 // scratch keys/ids of n_pad (a power of two >= vocab) slots, top-k, softmax, top-p and the
-// draw, as flm_core::sample_tensors. Writes out[0] (0xffffffff when every logit is NaN and
-// sampling is not greedy), then marks the id in seen, counts it and advances the stream.
+// draw, as flm_core::sample_tensors. Writes out[0] (0xffffffff when every logit is NaN),
+// then marks the id in seen, counts it and advances the stream.
 extern "C" __global__ void sample_row(const float* logits, int vocab, unsigned* seen,
                                       unsigned* counts, unsigned* state, unsigned* out,
                                       float* keys, unsigned* ids, int n_pad, float rp,
@@ -178,6 +178,7 @@ extern "C" __global__ void sample_row(const float* logits, int vocab, unsigned* 
                 bv = l;
                 bi = c;
             }
+            if (l == l) valid++;
         } else if (l == l) {
             keys[c] = __fmul_rn(l, inv_t);
             ids[c] = (unsigned)c;
@@ -188,8 +189,11 @@ extern "C" __global__ void sample_row(const float* logits, int vocab, unsigned* 
         }
     }
     if (greedy) {
+        atomicAdd(&n_valid, valid);
         reduce_best(&bv, &bi);
-        if (t == 0) chosen = bi < 0 ? 0 : bi;
+        __syncthreads();
+        // As flm_core::sample_tensors: all-NaN logits are an error, all -inf picks id 0.
+        if (t == 0) chosen = n_valid == 0 ? -1 : (bi < 0 ? 0 : bi);
     } else {
         atomicAdd(&n_valid, valid);
         __syncthreads();

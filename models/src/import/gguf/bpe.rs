@@ -52,8 +52,5 @@ pub(super) fn tokenizer(m: &Meta) -> Result<std::result::Result<Tokenizer, Strin
     spec.bos_id = m.id("tokenizer.ggml.bos_token_id")?;
     spec.eos_id = m.id("tokenizer.ggml.eos_token_id")?;
     spec.add_bos = m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-    spec.chat_template = m.str("tokenizer.chat_template")?;
-    Tokenizer::from_spec(spec)
-        .map(Ok)
-        .map_err(|e| Error::format(m.path, e.to_string()))
+    super::with_chat_template(m, spec)
 }

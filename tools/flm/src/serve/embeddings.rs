@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::State;
+use super::{memory, State};
 
 /// How a sequence's hidden states become one vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -223,12 +223,20 @@ pub async fn answer(state: Arc<State>, request: EmbeddingRequest) -> Result<Valu
     if state.embedder.is_none() {
         return Err(unavailable());
     }
-    let inputs = token_ids(&state, &request.input)?;
-    let tokens: usize = inputs.iter().map(Vec::len).sum();
+    // Tokenizing and the forward passes run off the async runtime's threads.
     let task_state = Arc::clone(&state);
-    let vectors = tokio::task::spawn_blocking(move || match &task_state.embedder {
-        Some(embedder) => embedder.embed(&inputs),
-        None => Err(unavailable()),
+    let input = request.input;
+    let (tokens, vectors, _held) = tokio::task::spawn_blocking(move || {
+        let inputs = token_ids(&task_state, &input)?;
+        let held = task_state
+            .memory
+            .reserve("the embeddings", memory::embedding_bytes(inputs.len(), dim))?;
+        let tokens: usize = inputs.iter().map(Vec::len).sum();
+        let vectors = match &task_state.embedder {
+            Some(embedder) => embedder.embed(&inputs)?,
+            None => return Err(unavailable()),
+        };
+        Ok((tokens, vectors, held))
     })
     .await
     .map_err(|e| ApiError::internal(format!("the embedding task failed: {e}")))??;

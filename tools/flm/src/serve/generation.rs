@@ -5,9 +5,14 @@
 //! forwards each event into a channel read by the request's handler. When the handler is
 //! gone (the client disconnected, or a stop sequence ended the reply) the channel is
 //! closed, the callback's send fails and it returns [`ControlFlow::Break`], which cancels
-//! the sequence in the engine at once and frees its KV blocks.
+//! the sequence in the engine at once and frees its KV blocks. Dropping a [`Submitted`]
+//! also sets the request's cancel flag, which the engine reads before every step: a request
+//! still waiting in its queue, or prefilling a long prompt, leaves it without producing a
+//! token first.
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use flm_core::{Constraint, TokenLogprobs};
@@ -105,6 +110,17 @@ pub struct Submitted {
     stop: Vec<String>,
     arrived: Instant,
     events: UnboundedReceiver<Event>,
+    _cancel: CancelOnDrop,
+}
+
+/// Sets the engine request's cancel flag when dropped, whether the request ended or its
+/// handler was dropped (a client gone, a deadline passed).
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Hands `job` to the engine.
@@ -114,6 +130,7 @@ pub struct Submitted {
 pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
     let (tx, events) = unbounded_channel();
     let prompt_tokens = job.prompt.len();
+    let cancel = Arc::new(AtomicBool::new(false));
     let request = Request {
         prompt: job.prompt,
         sampler: job.params.sampler,
@@ -121,6 +138,7 @@ pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
         stop_tokens: job.stop_tokens,
         logprobs: job.params.logprobs,
         constraint: job.constraint,
+        cancel: Some(Arc::clone(&cancel)),
     };
     let on_event = Box::new(move |event| match tx.send(event) {
         Ok(()) => ControlFlow::Continue(()),
@@ -137,6 +155,7 @@ pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
         stop: job.params.stop,
         arrived: job.arrived,
         events,
+        _cancel: CancelOnDrop(cancel),
     })
 }
 
@@ -181,6 +200,7 @@ async fn events(
         stop,
         arrived,
         mut events,
+        _cancel,
     } = submitted;
     let mut text = Detokenizer::new(&state.tokenizer, at_start, stop);
     let mut last = arrived;

@@ -191,8 +191,8 @@ pub fn check(s: &Sampling, served: &str, seed: u64) -> Result<Params, ApiError> 
 /// The number of alternatives of `logprobs` / `top_logprobs`, or `None` when the request
 /// asks for no log-probabilities.
 fn logprobs(s: &Sampling) -> Result<Option<usize>, ApiError> {
-    let top = |param: &'static str, v: &Value| match v.as_u64() {
-        Some(k) if k as usize <= MAX_TOP_LOGPROBS => Ok(k as usize),
+    let top = |param: &'static str, v: &Value| match v.as_u64().map(usize::try_from) {
+        Some(Ok(k)) if k <= MAX_TOP_LOGPROBS => Ok(k),
         _ => Err(ApiError::invalid(
             Some(param),
             format!("{param} must be an integer between 0 and {MAX_TOP_LOGPROBS}, got {v}"),
@@ -236,9 +236,8 @@ pub fn budget(
     let left = context - prompt_len;
     match requested {
         Some(n) if n > left => Err(exceeded(format!(
-            "the model's context holds {context} tokens, but {} were requested ({prompt_len} \
-             in the prompt, {n} to generate)",
-            prompt_len + n
+            "the model's context holds {context} tokens and the prompt is {prompt_len} tokens \
+             long, which leaves {left} to generate, but max_tokens is {n}"
         ))),
         Some(n) => Ok(n),
         None => Ok(default.map_or(left, |d| d.min(left))),
@@ -341,5 +340,14 @@ mod tests {
             let e = budget("prompt", requested, None, prompt, 512).unwrap_err();
             assert_eq!(e.code, Some("context_length_exceeded"));
         }
+        let e = budget("prompt", Some(usize::MAX), None, 10, 512).unwrap_err();
+        assert_eq!(
+            e.message,
+            format!(
+                "the model's context holds 512 tokens and the prompt is 10 tokens long, which \
+                 leaves 502 to generate, but max_tokens is {}",
+                usize::MAX
+            )
+        );
     }
 }

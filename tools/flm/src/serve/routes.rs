@@ -12,14 +12,24 @@
 //!
 //! Every other path answers 404, every bad request 400 and a body over the limit 413, all
 //! with an OpenAI-style JSON error.
+//!
+//! The `POST` routes go through [`admit`] first: it reserves the body's memory in the
+//! server's budget ([`super::memory`]) and gives the request its deadline
+//! (`--request-timeout`), past which the request's handler is dropped (which cancels its
+//! sequences in the engine) and a 504 answers; a stream that started ends with that error
+//! as its last event. The CPU-heavy steps of a request (rendering the chat template,
+//! tokenizing, compiling a schema) run on tokio's blocking threads, so that a slow or
+//! looping one holds neither the runtime's workers (`/health` keeps answering) nor the
+//! engine.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::State as Shared;
+use axum::extract::{DefaultBodyLimit, Extension, Request, State as Shared};
 use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -27,27 +37,98 @@ use axum::{Json, Router};
 use super::embeddings::EmbeddingRequest;
 use super::error::ApiError;
 use super::generation::{submit, Job};
+use super::memory;
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
 use super::{page, params, prompt, schema, tools, State};
-use flm_core::{Constraint, Nfa};
+use flm_core::{Constraint, Grammar};
+
+/// The largest request body, in bytes (axum's default limit, made explicit because the
+/// memory budget counts it).
+pub const BODY_LIMIT: u64 = 2 << 20;
+
+/// When a request must be answered, set by [`admit`].
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(pub tokio::time::Instant);
 
 /// The router of every route, sharing `state`.
 pub fn router(state: Arc<State>) -> Router {
+    let posts = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admit));
     Router::new()
         .route("/", get(|| async { Html(page::HTML) }))
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
+        .merge(posts)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT as usize))
         .fallback(|| async {
             let mut e = ApiError::invalid(None, "no such route");
             e.status = StatusCode::NOT_FOUND;
             e
         })
         .with_state(state)
+}
+
+/// The router of the connections over `--max-connections` (`max`): `/health` answers as
+/// usual, every other route 503.
+pub fn overflow(max: usize) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .fallback(move || async move {
+            ApiError::unavailable(format!(
+                "the server has its most open connections ({max}, --max-connections): retry later"
+            ))
+        })
+}
+
+/// The metrics label of a `POST` route.
+fn endpoint(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => Api::Chat.label(),
+        "/v1/completions" => Api::Text.label(),
+        _ => "embeddings",
+    }
+}
+
+/// Reserves the memory of `request`'s body (twice its declared length, or of the largest
+/// body when it declares none) and runs it with its [`Deadline`]; a refusal (413, 429) or a
+/// request past its deadline (504) is answered and counted here.
+async fn admit(Shared(state): Shared<Arc<State>>, mut request: Request, next: Next) -> Response {
+    let label = endpoint(request.uri().path());
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    // A longer body is refused (413) by the extractor before it is read.
+    let bytes = declared.map_or(BODY_LIMIT, |d| d.min(BODY_LIMIT)) * 2;
+    let response = match state.memory.reserve("the request body", bytes) {
+        Ok(_held) => {
+            let deadline = tokio::time::Instant::now() + state.request_timeout;
+            request.extensions_mut().insert(Deadline(deadline));
+            match tokio::time::timeout_at(deadline, next.run(request)).await {
+                Ok(response) => return response,
+                Err(_) => ApiError::deadline(state.request_timeout).into_response(),
+            }
+        }
+        Err(e) => e.into_response(),
+    };
+    state.metrics.request(label, response.status().as_u16());
+    response
+}
+
+/// Runs `work` on a blocking thread of the runtime: the CPU-heavy part of a request.
+async fn blocking<T: Send + 'static>(
+    state: &Arc<State>,
+    work: impl FnOnce(&State) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let state = Arc::clone(state);
+    tokio::task::spawn_blocking(move || work(&state))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
 }
 
 /// Unix time in seconds.
@@ -88,47 +169,58 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
 
 async fn chat(
     Shared(state): Shared<Arc<State>>,
+    Extension(deadline): Extension<Deadline>,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Response {
     let arrived = Instant::now();
     let result = match body {
-        Ok(Json(request)) => tools::check(
-            request.tools.as_ref(),
-            request.tool_choice.as_ref(),
-            state.tokenizer.chat_template(),
-        )
-        .and_then(|tools| {
-            let args = prompt::template_args(request.chat_template_kwargs.as_ref())?;
-            let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref(), &args)?;
-            Ok(Parsed {
-                ids,
-                sampling: request.sampling,
-                echo: false,
-                tools,
+        Ok(Json(request)) => {
+            blocking(&state, move |state| {
+                let tools = tools::check(
+                    request.tools.as_ref(),
+                    request.tool_choice.as_ref(),
+                    state.tokenizer.chat_template(),
+                )?;
+                let args = prompt::template_args(request.chat_template_kwargs.as_ref())?;
+                let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref(), &args)?;
+                let parsed = Parsed {
+                    ids,
+                    sampling: request.sampling,
+                    echo: false,
+                    tools,
+                };
+                prepare(state, Api::Chat, arrived, parsed)
             })
-        }),
+            .await
+        }
         Err(rejection) => Err(rejection.into()),
     };
-    answer(state, Api::Chat, arrived, result).await
+    answer(state, Api::Chat, deadline, result).await
 }
 
 async fn completions(
     Shared(state): Shared<Arc<State>>,
+    Extension(deadline): Extension<Deadline>,
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Response {
     let arrived = Instant::now();
     let result = match body {
-        Ok(Json(request)) => params::check_completion(&request)
-            .and_then(|()| prompt::completion(&state.tokenizer, &request.prompt))
-            .map(|ids| Parsed {
-                ids,
-                sampling: request.sampling,
-                echo: request.echo,
-                tools: None,
-            }),
+        Ok(Json(request)) => {
+            blocking(&state, move |state| {
+                params::check_completion(&request)?;
+                let parsed = Parsed {
+                    ids: prompt::completion(&state.tokenizer, &request.prompt)?,
+                    sampling: request.sampling,
+                    echo: request.echo,
+                    tools: None,
+                };
+                prepare(state, Api::Text, arrived, parsed)
+            })
+            .await
+        }
         Err(rejection) => Err(rejection.into()),
     };
-    answer(state, Api::Text, arrived, result).await
+    answer(state, Api::Text, deadline, result).await
 }
 
 async fn embeddings(
@@ -158,15 +250,23 @@ struct Parsed {
     tools: Option<tools::Tools>,
 }
 
-/// Generates the reply to a parsed request, and counts it in the metrics.
+/// A checked request, ready for the engine.
+struct Prepared {
+    job: Job,
+    /// The text every choice starts with (`echo`), empty for none.
+    echo: String,
+    tools: Option<tools::Tools>,
+}
+
+/// Generates the reply to a prepared request, and counts it in the metrics.
 async fn answer(
     state: Arc<State>,
     api: Api,
-    arrived: Instant,
-    request: Result<Parsed, ApiError>,
+    deadline: Deadline,
+    request: Result<Prepared, ApiError>,
 ) -> Response {
     let response = match request {
-        Ok(parsed) => generate(Arc::clone(&state), api, arrived, parsed).await,
+        Ok(prepared) => generate(Arc::clone(&state), api, deadline, prepared).await,
         Err(e) => Err(e),
     };
     let response = response.unwrap_or_else(IntoResponse::into_response);
@@ -176,12 +276,14 @@ async fn answer(
     response
 }
 
-async fn generate(
-    state: Arc<State>,
+/// Checks a parsed request's parameters against the model and compiles its constraint:
+/// CPU work, run on a blocking thread.
+fn prepare(
+    state: &State,
     api: Api,
     arrived: Instant,
     parsed: Parsed,
-) -> Result<Response, ApiError> {
+) -> Result<Prepared, ApiError> {
     let Parsed {
         ids,
         sampling,
@@ -203,15 +305,19 @@ async fn generate(
     }
     let constraint = match format.or(call) {
         Some(pattern) => {
-            let nfa = Nfa::new(&pattern).map_err(|e| {
-                ApiError::invalid(
-                    Some("response_format"),
-                    format!("the schema is too large: {e}"),
-                )
-            })?;
+            // Compiling may take the whole budget: off the runtime's workers.
+            let grammar = tokio::task::spawn_blocking(move || Grammar::new(&pattern))
+                .await
+                .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?
+                .map_err(|e| {
+                    ApiError::invalid(
+                        Some("response_format"),
+                        format!("the schema cannot be enforced: {e}"),
+                    )
+                })?;
             Some(Constraint::new(
-                Arc::new(nfa),
-                Arc::clone(&state.token_texts),
+                Arc::new(grammar),
+                Arc::clone(&state.vocabulary),
             ))
         }
         None => None,
@@ -232,8 +338,6 @@ async fn generate(
         ids.ids.len(),
         state.context,
     )?;
-    let (stream, include_usage, n) = (params.stream, params.include_usage, params.n);
-    let logprobs = params.logprobs.is_some();
     let echo = if echo {
         state
             .tokenizer
@@ -251,7 +355,26 @@ async fn generate(
         arrived,
         constraint,
     };
-    // Each choice is a request of its own, with the next seed; a refused one cancels
+    Ok(Prepared { job, echo, tools })
+}
+
+/// Reserves the memory of a prepared request, submits its choices and answers.
+///
+/// Errors: 413 or 429 from the memory budget, those of [`submit`].
+async fn generate(
+    state: Arc<State>,
+    api: Api,
+    deadline: Deadline,
+    prepared: Prepared,
+) -> Result<Response, ApiError> {
+    let Prepared { job, echo, tools } = prepared;
+    let params = &job.params;
+    let (stream, include_usage, n) = (params.stream, params.include_usage, params.n);
+    let logprobs = params.logprobs.is_some();
+    let bytes = memory::generation_bytes(n, job.prompt.len(), job.max_tokens, params.logprobs);
+    let held = state.memory.reserve("the request's generation", bytes)?;
+    // Each choice is a request of its own, with the next seed (seeds are bit patterns: the
+    // sum wraps, as OpenAI's signed seeds do in two's complement); a refused one cancels
     // those before it when they are dropped.
     let submitted = (0..n)
         .map(|i| {
@@ -274,7 +397,14 @@ async fn generate(
         tools: tools.filter(|t| t.choice != tools::Choice::None),
     };
     if stream {
-        Ok(respond::stream(state, header, submitted, include_usage))
+        Ok(respond::stream(
+            state,
+            header,
+            submitted,
+            include_usage,
+            deadline.0,
+            held,
+        ))
     } else {
         respond::whole(state, header, submitted).await
     }

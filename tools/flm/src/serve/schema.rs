@@ -5,7 +5,7 @@
 //! `{"type": "regex", "regex": R}` (an extension, as vLLM's guided regex) is the texts
 //! that R matches whole, parsed by `regex-syntax`; an unbounded repetition (`*`, `+`,
 //! `{n,}`) stops after 64 more, so that every reply ends; anchors and look-arounds are
-//! a 400. The language constrains the tokens' texts as decoded mid-text, so a chat reply,
+//! a 400. The language constrains the tokens' bytes as decoded mid-text, so a chat reply,
 //! whose first SentencePiece space is dropped when shown, should not start with a space.
 //!
 //! `{"type": "json_object"}` is any JSON object up to a fixed size (keys and strings of at
@@ -278,8 +278,11 @@ fn from_schema(schema: &Value, depth: usize) -> Result<Pattern, ApiError> {
         Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
         Some(other) => return Err(bad(format!("type must be a string or a list, got {other}"))),
     };
+    // A type named twice adds nothing but a copy of its pattern.
+    let mut seen = std::collections::HashSet::new();
     let patterns = types
         .iter()
+        .filter(|t| seen.insert(**t))
         .map(|t| of_type(s, t, depth))
         .collect::<Result<Vec<_>, _>>()?;
     if patterns.is_empty() {

@@ -288,6 +288,23 @@ mod tests {
             if p[0] == Pattern::Literal("{\"name\": \"get_weather\", \"parameters\": ".into())));
     }
 
+    /// The probe of issue 48: 5,000 tools, one call required, once stalled the server. The
+    /// language compiles within the budget of [`flm_core::Grammar`], or is refused naming it.
+    #[test]
+    fn thousands_of_required_tools_compile_within_the_budget() {
+        let many: Vec<Value> = (0..5000)
+            .map(|i| {
+                json!({"type": "function", "function": {"name": format!("tool_{i}"),
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})
+            })
+            .collect();
+        let tools = check(Some(&Value::Array(many)), Some(&json!("required")), None);
+        let pattern = tools.unwrap().unwrap().pattern().unwrap().unwrap();
+        if let Err(e) = flm_core::Grammar::new(&pattern) {
+            assert!(e.to_string().contains("limit"), "{e}");
+        }
+    }
+
     #[test]
     fn bad_tools_and_choices_are_400s() {
         let bad_tools = [

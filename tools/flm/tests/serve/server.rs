@@ -123,32 +123,7 @@ impl Server {
                 }
             }
         });
-        let mut answer = Vec::new();
-        let mut buf = [0u8; 4096];
-        let (status, body) = loop {
-            let n = stream.read(&mut buf).unwrap();
-            assert!(n > 0, "the connection closed without a whole answer");
-            answer.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&answer).into_owned();
-            let Some((head, body)) = text.split_once("\r\n\r\n") else {
-                continue;
-            };
-            let length = head
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length: ")
-                        .map(str::to_owned)
-                })
-                .expect("a Content-Length header")
-                .parse::<usize>()
-                .unwrap();
-            if body.len() >= length {
-                let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-                break (status, body[..length].to_owned());
-            }
-        };
-        (status, serde_json::from_str(&body).unwrap())
+        read_answer(&mut stream).expect("the connection closed without a whole answer")
     }
 
     /// POST the JSON `body` to `path`.
@@ -194,6 +169,74 @@ impl Server {
             .unwrap_or_else(|| panic!("no {name} in\n{text}"))
             .parse()
             .unwrap()
+    }
+}
+
+/// Reads one HTTP answer with a JSON body from `stream`: its status and body, or `None` when
+/// the connection closes before the whole answer.
+pub fn read_answer(stream: &mut impl Read) -> Option<(u16, Value)> {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        answer.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            continue;
+        };
+        let length = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")
+                    .map(str::to_owned)
+            })
+            .expect("a Content-Length header")
+            .parse::<usize>()
+            .unwrap();
+        if body.len() >= length {
+            let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+            return Some((status, serde_json::from_str(&body[..length]).unwrap()));
+        }
+    }
+}
+
+impl Server {
+    /// The server process's resident memory in bytes (`/proc/PID/statm`, 4 KiB pages).
+    pub fn resident_bytes(&self) -> u64 {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id())).unwrap();
+        let pages: u64 = statm.split(' ').nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn address(&self) -> &str {
+        self.url.strip_prefix("http://").unwrap()
+    }
+
+    /// Sends SIGTERM and waits (a minute at most) for the process to exit: how long it took
+    /// and whether it exited with status 0.
+    #[cfg(unix)]
+    pub fn terminate(&mut self) -> (Duration, bool) {
+        let sent = std::time::Instant::now();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (sent.elapsed(), status.success());
+            }
+            assert!(
+                sent.elapsed() < Duration::from_secs(60),
+                "flm serve still runs a minute after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

@@ -1,0 +1,161 @@
+//! The server-wide budget of the memory that requests can make flm hold
+//! (`--max-request-memory`).
+//!
+//! Every completion or embeddings request reserves, before it is read, twice its body's
+//! declared length (the bytes and what they parse into) and, once its prompt is tokenized,
+//! an upper estimate of what its generation will hold: the prompt's ids for each of its `n`
+//! choices, and per token to generate the id, its text and its share of the reply's JSON,
+//! plus each log-probability alternative asked for (embeddings: their vectors). A request whose reservation exceeds the
+//! whole budget is answered 413; one that does not fit beside the requests running now,
+//! 429. What a request reserved is given back when it ends (its answer is sent, its
+//! stream ends or its client leaves). The estimates are bounds on flm's own buffers, not a
+//! measure of the allocator: the model's weights and the engine's KV pool are sized at
+//! start and not counted here.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::error::ApiError;
+
+/// Bytes held per prompt token and choice: the id in the request and in the engine's
+/// sequence, and the rendered text it came from.
+pub const PROMPT_TOKEN_BYTES: u64 = 16;
+
+/// Bytes held per token to generate and choice: the id, its text, its JSON in the reply.
+pub const TOKEN_BYTES: u64 = 64;
+
+/// Bytes held per log-probability alternative (the chosen token's included) and token: the
+/// token's text, its value and its JSON object with the token's bytes.
+pub const LOGPROB_BYTES: u64 = 128;
+
+/// Bytes held per value of an embedding: the pooled f64, the f32, its JSON number.
+pub const EMBEDDING_VALUE_BYTES: u64 = 32;
+
+/// The budget, counted in KiB (a semaphore's permits).
+pub struct Budget {
+    permits: Arc<Semaphore>,
+    kib: u32,
+}
+
+/// A reservation, given back when dropped.
+#[derive(Debug)]
+pub struct Held {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Budget {
+    /// A budget of `mib` MiB (at most 4 TiB).
+    pub fn new(mib: u32) -> Budget {
+        let kib = mib.saturating_mul(1024);
+        // A semaphore counts fewer permits on a 32-bit target.
+        let kib = u32::try_from(Semaphore::MAX_PERMITS).map_or(kib, |max| kib.min(max));
+        Budget {
+            permits: Arc::new(Semaphore::new(kib as usize)),
+            kib,
+        }
+    }
+
+    /// Reserves `bytes` for `what` (a phrase such as "the request body").
+    ///
+    /// Errors: 413 `request_too_large` when `bytes` exceed the whole budget, 429
+    /// `memory_budget_exhausted` when they do not fit beside the reservations held now.
+    pub fn reserve(&self, what: &str, bytes: u64) -> Result<Held, ApiError> {
+        let kib = bytes.div_ceil(1024);
+        let mib = |kib: u64| kib.div_ceil(1024);
+        let over = u32::try_from(kib).ok().filter(|&k| k <= self.kib);
+        let Some(kib) = over else {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!(
+                    "{what} would hold about {} MiB, more than the server's whole memory budget \
+                     for requests ({} MiB, --max-request-memory)",
+                    mib(kib),
+                    mib(self.kib.into())
+                ),
+            ));
+        };
+        Arc::clone(&self.permits)
+            .try_acquire_many_owned(kib)
+            .map(|permit| Held { _permit: permit })
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "memory_budget_exhausted",
+                    format!(
+                        "{what} would hold about {} MiB, and the requests running now hold the \
+                         rest of the server's memory budget for requests ({} MiB, \
+                         --max-request-memory): retry later",
+                        mib(kib.into()),
+                        mib(self.kib.into())
+                    ),
+                )
+            })
+    }
+}
+
+/// The estimate of what a request's generation holds: `n` choices of a prompt of
+/// `prompt_len` tokens, each generating up to `max_tokens` tokens with `logprobs`
+/// alternatives per token (`None`: no log-probabilities). Saturates rather than wraps: a
+/// saturated estimate exceeds any budget.
+pub fn generation_bytes(
+    n: usize,
+    prompt_len: usize,
+    max_tokens: usize,
+    logprobs: Option<usize>,
+) -> u64 {
+    let wide = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+    let per_token = logprobs.map_or(TOKEN_BYTES, |k| {
+        wide(k)
+            .saturating_add(1)
+            .saturating_mul(LOGPROB_BYTES)
+            .saturating_add(TOKEN_BYTES)
+    });
+    let per_choice = wide(prompt_len)
+        .saturating_mul(PROMPT_TOKEN_BYTES)
+        .saturating_add(wide(max_tokens).saturating_mul(per_token));
+    wide(n).saturating_mul(per_choice)
+}
+
+/// The estimate of what `inputs` embeddings of `dim` values hold until they are answered.
+pub fn embedding_bytes(inputs: usize, dim: usize) -> u64 {
+    let wide = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+    wide(inputs)
+        .saturating_mul(wide(dim))
+        .saturating_mul(EMBEDDING_VALUE_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_are_refused_over_the_budget_and_given_back_when_dropped() {
+        let budget = Budget::new(1);
+        let e = budget.reserve("it", 2 << 20).unwrap_err();
+        assert_eq!(
+            (e.status.as_u16(), e.code),
+            (413, Some("request_too_large"))
+        );
+        let e = budget.reserve("it", u64::MAX).unwrap_err();
+        assert_eq!(e.status.as_u16(), 413);
+        let held = budget.reserve("it", 700 << 10).unwrap();
+        let e = budget.reserve("that", 400 << 10).unwrap_err();
+        assert_eq!(e.status.as_u16(), 429, "{}", e.message);
+        assert!(e.message.starts_with("that would hold about 1 MiB"));
+        drop(held);
+        assert!(budget.reserve("that", 400 << 10).is_ok());
+    }
+
+    #[test]
+    fn the_estimate_grows_with_each_factor_and_saturates() {
+        assert_eq!(generation_bytes(1, 10, 100, None), 10 * 16 + 100 * 64);
+        assert_eq!(
+            generation_bytes(2, 10, 100, Some(3)),
+            2 * (10 * 16 + 100 * (64 + 4 * 128))
+        );
+        assert_eq!(generation_bytes(128, 1, usize::MAX, Some(20)), u64::MAX);
+    }
+}
