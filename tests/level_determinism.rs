@@ -122,7 +122,12 @@ fn every_level_computes_the_same_logits() {
     // The tiny checkpoint carries no tokenizer: a prompt of token ids.
     let moe = import::load(&data("hf-families/qwen3_moe.gguf")).expect("the tiny Qwen3-MoE");
     let model = SharedModel::new(&moe).expect("its graph");
-    check("qwen3_moe GGUF".into(), &model, &[1, 17, 42, 99, 5, 23], &mut digests);
+    check(
+        "qwen3_moe GGUF".into(),
+        &model,
+        &[1, 17, 42, 99, 5, 23],
+        &mut digests,
+    );
 
     let json = serde_json::to_string_pretty(&digests).expect("digests as JSON");
     if let Ok(path) = std::env::var("FLM_DETERMINISM_OUT") {

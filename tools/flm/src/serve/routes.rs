@@ -305,16 +305,13 @@ fn prepare(
     }
     let constraint = match format.or(call) {
         Some(pattern) => {
-            // Compiling may take the whole budget: off the runtime's workers.
-            let grammar = tokio::task::spawn_blocking(move || Grammar::new(&pattern))
-                .await
-                .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?
-                .map_err(|e| {
-                    ApiError::invalid(
-                        Some("response_format"),
-                        format!("the schema cannot be enforced: {e}"),
-                    )
-                })?;
+            // Already on a blocking thread (see the doc above): compiling may take its budget.
+            let grammar = Grammar::new(&pattern).map_err(|e| {
+                ApiError::invalid(
+                    Some("response_format"),
+                    format!("the schema cannot be enforced: {e}"),
+                )
+            })?;
             Some(Constraint::new(
                 Arc::new(grammar),
                 Arc::clone(&state.vocabulary),
