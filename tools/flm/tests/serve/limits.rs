@@ -208,10 +208,10 @@ fn requests_over_the_memory_budget_get_413_and_429_until_memory_is_freed() {
     });
 }
 
-/// Three nested loops of 10,000: a template that renders for hours.
-const SLOW_TEMPLATE: &str = "{% for a in range(10000) %}{% for b in range(10000) %}\
-    {% for c in range(10000) %}{% endfor %}{% endfor %}{% endfor %}\
-    {{ messages[0]['content'] }}";
+/// Two nested loops of 300: a template that renders slowly but within the template budget,
+/// which refuses endless ones when the model loads (`tokenizer/tests/hostile_templates.rs`).
+const SLOW_TEMPLATE: &str = "{% for a in range(300) %}{% for b in range(300) %}\
+    {% endfor %}{% endfor %}{{ messages[0]['content'] }}";
 
 #[cfg(unix)]
 #[test]
@@ -226,10 +226,10 @@ fn slow_renders_hold_neither_health_nor_sigterm() {
         .map(|_| send_post(&server, "/v1/chat/completions", &chat))
         .collect();
     assert_eq!(health(&server).map(|a| a.0), Some(200));
-    // The template engine's own bound may stop a render first (400).
+    // Each render ends within the budget; its generation may pass the deadline (504).
     for socket in &mut slow {
         let (status, answer) = read_answer(socket).expect("an answer");
-        assert!(status == 504 || status == 400, "{status}: {answer}");
+        assert!(status == 200 || status == 504, "{status}: {answer}");
     }
     assert_eq!(health(&server).map(|a| a.0), Some(200));
     let _rendering = send_post(&server, "/v1/chat/completions", &chat);
