@@ -17,9 +17,9 @@
 //!
 //! Fewer than [`super::AMX_MIN_ROWS`] input rows (decode, short speculative batches) go to
 //! the AVX-512 VNNI kernels of `amx_decode`, which sum each output in the order of these
-//! tile kernels, as every level does (see [`super`]): the same bits for a row alone as in a
-//! prefill. One-row tile multiplies were slower there (1.5× for int8, 4× for int4): every
-//! block's C goes through memory, and decode has nothing to amortise it over.
+//! tile kernels: the same bits for a row alone as in a prefill (batch invariance). One-row
+//! tile multiplies were slower there (1.5× for int8, 4× for int4): every block's C goes
+//! through memory, and decode has nothing to amortise it over.
 //!
 //! Tile registers are not known to the compiler: every `asm!` block below names the ones it
 //! uses, and nothing else in the program touches them (we use no AMX intrinsics).
@@ -176,28 +176,19 @@ thread_local! {
 }
 
 /// Computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows `j0..j0 + yt.len() / n` of `w`,
-/// `n = acts.n`: from `tiles`, the packing of `acts`, when given and `n` reaches
-/// [`super::AMX_MIN_ROWS`] (the AMX level's prefill), else with the AVX-512 VNNI panels of
-/// `amx_decode`, which sum in the tiles' order (the AVX-512 level, and AMX decode).
+/// `n = acts.n`, from `tiles`, the packing of `acts`.
 ///
-/// The caller guarantees that the CPU has AVX-512 (F, BW, VL, VNNI) and F16C, and, with
-/// `tiles`, that [`available`] returned true.
-pub(super) fn rows(
-    w: &QuantWeight<'_>,
-    acts: &Acts,
-    tiles: Option<&TileActs>,
-    j0: usize,
-    yt: &mut [f32],
-) {
+/// The caller guarantees that [`available`] returned true and that the CPU has AVX-512
+/// (F, BW, VL, VNNI) and F16C.
+pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
-    let tiles = tiles.filter(|_| n >= super::AMX_MIN_ROWS);
     scratch::with(&SCRATCH, |scratch| {
         for (p, out) in yt.chunks_mut(ROWS * n).enumerate() {
             let (j, r) = (j0 + p * ROWS, out.len() / n);
-            // SAFETY: the caller guarantees AVX-512 (F, BW, VL, VNNI), and AMX with `tiles`;
-            // `acts` is laid out for this level and `n`.
+            // SAFETY: the caller guarantees AMX and AVX-512 (F, BW, VL, VNNI: `Isa::Amx`
+            // includes `Isa::Avx512`); `acts` is laid out for this level and `n`.
             unsafe {
-                if let Some(tiles) = tiles {
+                if n >= super::AMX_MIN_ROWS {
                     panel(w, tiles, j, r, n, out, scratch)
                 } else if w.dtype == DataType::I8 {
                     amx_decode::panel_i8(w, acts, j, r, out)

@@ -1,7 +1,7 @@
-//! The int8 and int4 kernels of the AVX-512 level, and of the AMX level below
-//! [`super::AMX_MIN_ROWS`] input rows (decode): AVX-512 VNNI (`vpdpbusd`) dot products summed
-//! in the order of the AMX tile kernels and of every other level (see [`super`]), so that a
-//! row has the same bits alone, in a prefill of many rows and on any machine.
+//! The decode kernels of the AMX level (fewer than [`super::AMX_MIN_ROWS`] input rows):
+//! AVX-512 VNNI (`vpdpbusd`) dot products summed in the order of the AMX tile kernels, so
+//! that a row computed alone has the bits it has in a prefill of many rows (batch
+//! invariance, see [`super`]).
 //!
 //! The AMX kernels give each output `y[i, j]`, per block `b` of 32 values in order,
 //! `acc = fma(C_b, a_b·[d_g], acc)` with `C_b = Σ q_w q_x` exact, then the int4 minimums

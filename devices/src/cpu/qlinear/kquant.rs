@@ -6,9 +6,8 @@
 //! every other level is tested against), AVX2 `vpmaddubsw` in `kquant_x86` (also run at
 //! the AVX-VNNI, AVX-512 and AMX levels: the unpacking of the codes, not the multiply,
 //! bounds these kernels, and every such CPU has AVX2), and NEON with and without `sdot`
-//! in `kquant_neon`. Each output is the same chain of fused multiply-adds over its row's
-//! runs at every level, so the results do not depend on the level, the other input rows or
-//! the thread split.
+//! in `kquant_neon`. Each output is a fixed-order sum over its row, so the results do not
+//! depend on the other input rows or the thread split (batch invariance).
 
 use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
@@ -57,9 +56,8 @@ pub(super) fn each_output(
 }
 
 /// `Σ ŵ·x` of one K-quant row against one activation row (codes `qs`, block scales `d`,
-/// block sums `bsum`): per run `b` in order, `acc = fma(isum_b, f_b·a_b, acc)` and
-/// `mins = fma(bsum_b, g_b·a_b, mins)` (Q4_K/Q5_K minimums), then `acc − mins`: the order
-/// of operations of every level.
+/// block sums `bsum`): per run `b`, `f_b·a_b·isum_b` accumulated, minus
+/// `Σ_b g_b·a_b·bsum_b` (Q4_K/Q5_K minimums) at the end.
 fn dot(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], bsum: &[i32]) -> f32 {
     let bb = kquant::block_bytes(dtype);
     let (mut acc, mut mins) = (0.0f32, 0.0f32);
@@ -83,8 +81,8 @@ fn dot(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], bsum: &[i32]) -> f32 {
             } else {
                 half(0..RUN, 0)
             };
-            acc = (isum as f32).mul_add(f * d[b], acc);
-            mins = (bsum[b] as f32).mul_add(g * d[b], mins);
+            acc += f * d[b] * isum as f32;
+            mins += g * d[b] * bsum[b] as f32;
         }
     }
     acc - mins

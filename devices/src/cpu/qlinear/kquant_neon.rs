@@ -2,8 +2,7 @@
 //! once into 16 vectors of 16 bytes and dotted against up to [`TILE_INPUTS`] input rows,
 //! 16 values at a time (Q6_K has one scale per 16): with `sdot` at [`Isa::NeonDot`], else
 //! `smull`/`smull2` and `sadalp` (every product fits i16: `|(q − 32) · x| ≤ 32 · 128`).
-//! The integer sum of a run is taken in by the fused multiply-adds of the portable loops
-//! (see `kquant`), so the same bits.
+//! The integer sum of a run is scaled by `f · a` and accumulated in f32.
 
 use std::arch::aarch64::*;
 
@@ -107,8 +106,8 @@ fn tile<const SIX: bool, const DOT: bool>(
                 let (xl, xh) = unsafe { (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16))) };
                 let isum = sa * dot16::<DOT>(codes[r][0], xl) + sb * dot16::<DOT>(codes[r][1], xh);
                 let a = acts.row_d(i)[b];
-                *acc = (isum as f32).mul_add(f * a, *acc);
-                *mins = (acts.row_bsum(i)[b] as f32).mul_add(g * a, *mins);
+                *acc += f * a * isum as f32;
+                *mins += g * a * acts.row_bsum(i)[b] as f32;
             }
         }
     }

@@ -2,8 +2,8 @@
 //! into 8 vectors of 32 unsigned bytes and dotted against up to [`TILE_INPUTS`] input rows
 //! with `vpmaddubsw` (codes × int8 activations, pairwise into i16: at most
 //! `2 · 63 · 127 < 2¹⁵`) and `vpmaddwd` (pairs into i32, by 1, or by Q6_K's per-16 scales);
-//! the 8 runs' sums then fill one vector, and are taken in run by run by the fused
-//! multiply-adds of the portable loops (see `kquant`), so the same bits.
+//! the 8 runs' sums then fill one vector, converted and accumulated scaled by `f · a` in one
+//! f32 vector per input row (lane sums at the end).
 
 use std::arch::x86_64::*;
 
@@ -11,6 +11,7 @@ use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
 use half::f16;
 
+use super::x86::hsum256;
 use super::{Acts, QuantWeight};
 
 /// Input rows that share one unpacking of a super-block.
@@ -70,8 +71,8 @@ unsafe fn lane_sums(p: &[__m256i; RUNS]) -> __m256i {
 
 /// The outputs `out` (input rows `i0..i0 + out.len()`) of one weight row `row` of `dtype`;
 /// `SIX` for Q6_K. Per super-block and input row, the 8 runs' exact integer sums are
-/// gathered into one vector, then taken in run by run scaled by `f_r · a_b`; the Q4_K/Q5_K
-/// minimums likewise by `g_r · a_b` times `Σ q_x`.
+/// gathered into one vector, scaled by `f_r · a_b` lane by lane and accumulated; the
+/// Q4_K/Q5_K minimums likewise by `g_r · a_b · Σ q_x`.
 #[inline(always)]
 unsafe fn tile<const SIX: bool>(
     dtype: DataType,
@@ -85,8 +86,8 @@ unsafe fn tile<const SIX: bool>(
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let offset = _mm256_set1_epi8(32);
-        let mut acc = [0.0f32; TILE_INPUTS];
-        let mut mins = [0.0f32; TILE_INPUTS];
+        let mut acc = [_mm256_setzero_ps(); TILE_INPUTS];
+        let mut mins = [_mm256_setzero_ps(); TILE_INPUTS];
         let mut codes = [_mm256_setzero_si256(); RUNS];
         let mut weights = [ones; RUNS];
         let mut p = [_mm256_setzero_si256(); RUNS];
@@ -136,23 +137,16 @@ unsafe fn tile<const SIX: bool>(
                     *p = _mm256_madd_epi16(q, weights[r]);
                 }
                 let a = _mm256_castsi256_ps(load8(&acts.row_d(i)[b0..]));
-                let (mut c, mut fa) = ([0i32; RUNS], [0.0f32; RUNS]);
-                _mm256_storeu_si256(c.as_mut_ptr() as *mut __m256i, lane_sums(&p));
-                _mm256_storeu_ps(fa.as_mut_ptr(), _mm256_mul_ps(fv, a));
-                for (c, fa) in c.iter().zip(&fa) {
-                    *acc = (*c as f32).mul_add(*fa, *acc);
-                }
+                let isums = _mm256_cvtepi32_ps(lane_sums(&p));
+                *acc = _mm256_fmadd_ps(isums, _mm256_mul_ps(fv, a), *acc);
                 if !SIX {
-                    let (bsum, mut ga) = (&acts.row_bsum(i)[b0..b0 + RUNS], [0.0f32; RUNS]);
-                    _mm256_storeu_ps(ga.as_mut_ptr(), _mm256_mul_ps(gv, a));
-                    for (s, ga) in bsum.iter().zip(&ga) {
-                        *mins = (*s as f32).mul_add(*ga, *mins);
-                    }
+                    let bsum = _mm256_cvtepi32_ps(load8(&acts.row_bsum(i)[b0..]));
+                    *mins = _mm256_fmadd_ps(bsum, _mm256_mul_ps(gv, a), *mins);
                 }
             }
         }
         for (o, (acc, mins)) in out.iter_mut().zip(acc.iter().zip(&mins)) {
-            *o = acc - mins;
+            *o = hsum256(*acc) - hsum256(*mins);
         }
     }
 }

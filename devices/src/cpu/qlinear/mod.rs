@@ -14,28 +14,29 @@
 //! kernels run unchanged over twice the rows, and the activations keep about 15 bits
 //! instead of 7 (the weights are read once for both rows).
 //!
-//! **One order of operations at every level.** The integer sums are exact; the f32 part of
-//! an output `y[i, j]` is, whatever the level, the tile or the thread split:
-//! `acc = 0`; for each block `b` in order, `acc = fma(C_b, c_b, acc)` with `C_b = Σ q_w q_x`
-//! and `c_b = a_b` (int8) or `a_b · d_g` (int4); then for int4, for each group in order,
-//! `acc = fma(m_g, gsum_g, acc)`; then for int8 `y = s · acc`. This is the order of the AMX
-//! tiles, which give exact block sums; so every level computes the same bits, and a row
-//! the same bits alone as in a batch (batch invariance: Thinking Machines Lab, "Defeating
-//! Nondeterminism in LLM Inference", 2025; `devices/tests/batch_invariance.rs` and
-//! `isa_twins.rs` check it).
-//!
-//! Kernels, one module per instruction set:
+//! Kernels, one module per instruction set, all computing that formula:
 //! - [`scalar`]: portable loops, the twin every other kernel is tested against;
-//! - `x86`: AVX2 (`vpmaddubsw`) and AVX-VNNI (`vpdpbusd`) panels of 8 weight rows, one per
-//!   f32 lane, whose per-row lane sums are reduced to block sums by horizontal adds;
-//! - `amx_decode`: the same with AVX-512 VNNI over panels of 16 rows (the AVX-512 level,
-//!   and AMX decode);
+//! - `x86`: AVX2 (`vpmaddubsw`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`) micro-kernels that
+//!   compute a tile of up to 4 weight rows × 4 input rows, so that prefill reuses each
+//!   loaded weight vector for 4 tokens;
 //! - `amx`: Intel AMX tile multiplies of 16 weight rows × 16 input rows per block, for
-//!   prefill of at least [`AMX_MIN_ROWS`] input rows;
+//!   prefill of at least [`AMX_MIN_ROWS`] input rows; below that (decode), the AVX-512
+//!   VNNI kernels of `amx_decode`, which sum in the tiles' order;
 //! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
 //! - `q8_0`: ggml's Q8_0 blocks, see there;
 //! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
 //!   the CPU has the dot-product extension and `smull`/`sadalp` where it has not.
+//!
+//! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
+//! 2025): at one instruction-set level, an output `y[i, j]` has the same bits whatever the
+//! other input rows of the call, the position of row `i` among them, the tile that computes
+//! it and the thread split. Each input row is quantised on its own; the integer sums are
+//! exact; and every kernel family of a level accumulates the scaled sums of one output in an
+//! order fixed by `k`: the x86 and NEON micro-kernels in one vector accumulator per tile
+//! entry over the row's chunks, reduced at the end, whatever the tile shape; the AMX
+//! level block by block, in its tile kernels and in `amx_decode` alike. Levels differ from
+//! each other by rounding.
+//! `devices/tests/batch_invariance.rs` checks it.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
@@ -421,13 +422,16 @@ impl ActLayout {
         let (split, pad_blocks) = match (isa, dtype) {
             // K-quant and Q8_0 kernels read one natural-order block per run of 32 weights.
             _ if dtype.is_k_quant() || dtype == DataType::Q80 => (16, 1),
-            // The AVX-512 VNNI panels (`amx_decode`) of the AVX-512 level and of AMX decode
-            // read int4 inputs in chunks of 4 blocks, their low halves first.
-            (Isa::Avx512, _) if dtype != DataType::I8 => (64, 4),
-            (Isa::Amx, _) if dtype != DataType::I8 && n < AMX_MIN_ROWS => (64, 4),
+            // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
+            (Isa::Amx, DataType::I8) => (16, 1),
+            (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
+            (Isa::Scalar | Isa::Amx, _) => (16, 1),
+            (Isa::Avx2 | Isa::AvxVnni, DataType::I8) => (16, 1),
+            (Isa::Avx2 | Isa::AvxVnni, _) => (32, 2),
+            (Isa::Avx512, DataType::I8) => (16, 2),
+            (Isa::Avx512, _) => (64, 4),
             (Isa::Neon | Isa::NeonDot, DataType::I8) => (16, 1),
             (Isa::Neon | Isa::NeonDot, _) => (16, 4),
-            _ => (16, 1),
         };
         ActLayout {
             split,
@@ -447,11 +451,9 @@ fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => x86::rows(isa, w, acts, j0, yt),
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 => x86::rows(isa, w, acts, j0, yt),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => amx::rows(w, acts, None, j0, yt),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Amx => amx::rows(w, acts, Some(&acts.tiles), j0, yt),
+        Isa::Amx => amx::rows(w, acts, &acts.tiles, j0, yt),
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         Isa::Neon | Isa::NeonDot => neon::rows(isa, w, acts, j0, yt),
         _ => scalar::rows(w, acts, j0, yt),

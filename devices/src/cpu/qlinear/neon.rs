@@ -2,9 +2,9 @@
 //!
 //! Each kernel computes a tile of `R` weight rows × `T` input rows over [`Acts`] in natural
 //! order, loading (and for int4 unpacking) each weight vector once for the `T` inputs. Per
-//! block of 32 values it forms the exact int32 dot product of the codes in 4 lanes, adds
-//! the lanes (`addv`, exact) and takes the block in with one fused multiply-add, in the
-//! order of every level (see [`super`]):
+//! block of 32 values it forms the exact int32 dot product of the codes in 4 lanes,
+//! converts it to f32 and accumulates it scaled by the block's scales (lane sums at the
+//! end), as the x86 kernels do:
 //! - with FEAT_DotProd ([`Isa::NeonDot`]): `sdot`, 4 signed byte products per lane, for
 //!   int8 codes and for the int4 codes `0..15` alike (ggml's `ggml_vec_dot_q4_0_q8_0` on
 //!   ARMv8.2);
@@ -23,7 +23,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use flm_core::quant::{Int4Row, BLOCK};
+use flm_core::quant::{int4_mins, BLOCK};
 use flm_core::DataType;
 
 use super::{Acts, QuantWeight};
@@ -179,6 +179,50 @@ fn f16_bits(bytes: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])
 }
 
+/// `Σ_i f16(m[i]) · g[i]` over `g.len()` values (`m`, and `d` when given, hold at least
+/// `2·g.len()` bytes), each term also times `f16(d[i])` when `d` is given (the zero points
+/// times the scales of an int4-zp row, see `Int4Row`): whole runs of 4 load their f16
+/// values with one load, the rest through a local array.
+#[inline(always)]
+fn dot_f16_f32(m: &[u8], d: Option<&[u8]>, g: &[f32]) -> f32 {
+    let m = &m[..2 * g.len()];
+    let d = d.map(|d| &d[..2 * g.len()]);
+    let whole = g.len() / 4;
+    // The f16 values `4c..4c + 4` of `bytes` (those past `g.len()` zero), as f32 lanes.
+    let load = |bytes: &[u8], c: usize| {
+        if c < whole {
+            // SAFETY: NEON; reads `bytes[8c..8c + 8]`, inside the `2·g.len()` bytes.
+            unsafe { f16x4_to_f32(vreinterpret_u16_u8(vld1_u8(bytes.as_ptr().add(8 * c)))) }
+        } else {
+            let mut bits = [0u16; 4];
+            for (e, b) in bits.iter_mut().enumerate().take(g.len() - 4 * c) {
+                *b = f16_bits(bytes, 4 * c + e);
+            }
+            // SAFETY: NEON; loads a local array of 4.
+            unsafe { f16x4_to_f32(vld1_u16(bits.as_ptr())) }
+        }
+    };
+    // SAFETY: NEON; the loads read `g[4c..4c + 4]` for `c < whole`, and local arrays of 4.
+    unsafe {
+        let mut acc = vdupq_n_f32(0.0);
+        for c in 0..g.len().div_ceil(4) {
+            let mut mv = load(m, c);
+            if let Some(d) = d {
+                mv = vmulq_f32(mv, load(d, c));
+            }
+            let gv = if c < whole {
+                vld1q_f32(g.as_ptr().add(4 * c))
+            } else {
+                let mut vals = [0.0f32; 4];
+                vals[..g.len() - 4 * c].copy_from_slice(&g[4 * c..]);
+                vld1q_f32(vals.as_ptr())
+            };
+            acc = vfmaq_f32(acc, mv, gv);
+        }
+        vaddvq_f32(acc)
+    }
+}
+
 /// The f32 scales `d_g` of the 4 blocks from block `b0` (a multiple of 4), one per lane,
 /// from the f16 scales of a row with groups of `G` values at `scales`: 4 consecutive
 /// scales (`G` = 32), 2 each over two lanes (64) or 1 over all four (128).
@@ -262,31 +306,32 @@ impl Tile<'_> {
         self.i4_groups::<R, T, false>(out)
     }
 
-    /// int8: one block per step, `acc = fma(dot_b, a_b, acc)`, then `acc · s_j` (f32 scale,
-    /// then the codes).
+    /// int8: one block per step, `s_j · Σ_b a_b · dot_b` (f32 scale, then the codes).
     #[inline(always)]
     fn i8_body<const R: usize, const T: usize, const DOT: bool>(&self, out: &mut Out) {
         let rows = self.rows::<R>();
         let qs: [&[i8]; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t));
         let ds: [&[f32]; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t));
-        let mut acc = [[0.0f32; T]; R];
-        for b in 0..self.w.kp / BLOCK {
-            let wv: [[int8x16_t; 2]; R] =
-                std::array::from_fn(|r| load32_bytes(&rows[r][4 + 32 * b..]));
-            for t in 0..T {
-                let a = load32(&qs[t][32 * b..]);
-                let d = ds[t][b];
-                for r in 0..R {
-                    // SAFETY: NEON (every aarch64 target); registers only.
-                    let c = unsafe { vaddvq_s32(dot_i8::<DOT>(wv[r], a)) };
-                    acc[r][t] = (c as f32).mul_add(d, acc[r][t]);
+        // SAFETY: NEON (every aarch64 target); registers only.
+        unsafe {
+            let mut acc = [[vdupq_n_f32(0.0); T]; R];
+            for b in 0..self.w.kp / BLOCK {
+                let wv: [[int8x16_t; 2]; R] =
+                    std::array::from_fn(|r| load32_bytes(&rows[r][4 + 32 * b..]));
+                for t in 0..T {
+                    let a = load32(&qs[t][32 * b..]);
+                    let d = ds[t][b];
+                    for r in 0..R {
+                        let p = vcvtq_f32_s32(dot_i8::<DOT>(wv[r], a));
+                        acc[r][t] = vfmaq_n_f32(acc[r][t], p, d);
+                    }
                 }
             }
-        }
-        for r in 0..R {
-            let s = f32::from_le_bytes([rows[r][0], rows[r][1], rows[r][2], rows[r][3]]);
-            for t in 0..T {
-                out[r][t] = acc[r][t] * s;
+            for r in 0..R {
+                let s = f32::from_le_bytes([rows[r][0], rows[r][1], rows[r][2], rows[r][3]]);
+                for t in 0..T {
+                    out[r][t] = s * vaddvq_f32(acc[r][t]);
+                }
             }
         }
     }
@@ -301,8 +346,8 @@ impl Tile<'_> {
         }
     }
 
-    /// int4: [`CHUNK_BLOCKS`] blocks per step, `acc = fma(dot_b, a_b·d_g, acc)` block by
-    /// block, then `acc = fma(m_g, gsum_g, acc)` group by group; groups of `G` values.
+    /// int4: [`CHUNK_BLOCKS`] blocks per step, `Σ_b d_g a_b · dot_b + Σ_g m_g gsum_g`, groups
+    /// of `G` values.
     ///
     /// Whole chunks read their codes and their scales straight from the row: the 4 block
     /// scales of a chunk are one load and one `fcvtl` (`G` = 32: 4 consecutive f16; 64 and
@@ -332,7 +377,7 @@ impl Tile<'_> {
         }
         // SAFETY: NEON (every aarch64 target); registers only.
         let zero = unsafe { vdupq_n_f32(0.0) };
-        let mut acc = [[0.0f32; T]; R];
+        let mut acc = [[zero; T]; R];
         let full = nb / CHUNK_BLOCKS;
         for c in 0..full {
             let b0 = CHUNK_BLOCKS * c;
@@ -341,7 +386,7 @@ impl Tile<'_> {
                 let codes = std::array::from_fn(|r| rows[r].as_ptr().add(b0 * BLOCK / 2));
                 let dw =
                     std::array::from_fn(|r| chunk_scales::<G>(rows[r].as_ptr().add(kp / 2), b0));
-                self.i4_chunk::<R, T, DOT>(codes, dw, &qs, &ds, b0, CHUNK_BLOCKS, &mut acc);
+                self.i4_chunk::<R, T, DOT>(codes, dw, &qs, &ds, b0, &mut acc);
             }
         }
         if full < chunks {
@@ -366,28 +411,27 @@ impl Tile<'_> {
             let codes = std::array::from_fn(|r| tail[r].as_ptr());
             // SAFETY: `tail` holds a whole chunk of codes; the inputs are padded to whole
             // chunks (asserted).
-            unsafe { self.i4_chunk::<R, T, DOT>(codes, dw, &qs, &ds, b0, nb - b0, &mut acc) };
+            unsafe { self.i4_chunk::<R, T, DOT>(codes, dw, &qs, &ds, b0, &mut acc) };
         }
+        let mins = int4_mins(self.w.dtype, kp);
         for r in 0..R {
-            let row = Int4Row::split(self.w.dtype, rows[r]);
+            let ms = &rows[r][mins.offset..];
+            let scales = mins.times_scale.then(|| &rows[r][kp / 2..]);
             for t in 0..T {
                 let gsum = self.acts.row_gsum(self.i + t);
-                for (g, &gs) in gsum.iter().enumerate() {
-                    acc[r][t] = row.min(g).mul_add(gs, acc[r][t]);
-                }
-                out[r][t] = acc[r][t];
+                // SAFETY: NEON; registers only.
+                let sum = unsafe { vaddvq_f32(acc[r][t]) };
+                out[r][t] = sum + mins.factor * dot_f16_f32(ms, scales, gsum);
             }
         }
     }
 
-    /// Takes the first `blocks` (at most [`CHUNK_BLOCKS`]) blocks of the chunk from block
-    /// `b0` into `acc`: the codes of row `r` at `codes[r]` (64 bytes), its 4 block scales
-    /// `dw[r]` (f32).
+    /// Adds the chunk of [`CHUNK_BLOCKS`] blocks from block `b0` to `acc`: the codes of row
+    /// `r` at `codes[r]` (64 bytes), its 4 block scales `dw[r]` (f32).
     ///
     /// # Safety
     /// Each `codes[r]` points to 64 readable bytes; each `qs[t]` and `ds[t]` holds the
     /// whole chunk.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn i4_chunk<const R: usize, const T: usize, const DOT: bool>(
         &self,
@@ -396,8 +440,7 @@ impl Tile<'_> {
         qs: &[&[i8]; T],
         ds: &[&[f32]; T],
         b0: usize,
-        blocks: usize,
-        acc: &mut [[f32; T]; R],
+        acc: &mut [[float32x4_t; T]; R],
     ) {
         // SAFETY: NEON (every aarch64 target); the reads are inside the ranges the caller
         // guarantees.
@@ -412,9 +455,6 @@ impl Tile<'_> {
             }
             macro_rules! block {
                 ($e:literal) => {{
-                    if $e >= blocks {
-                        return;
-                    }
                     let w: [[int8x16_t; 2]; R] = std::array::from_fn(|r| {
                         let v = vld1q_u8(codes[r].add(16 * $e));
                         [
@@ -426,9 +466,8 @@ impl Tile<'_> {
                         let a = qs[t].as_ptr().add(BLOCK * (b0 + $e));
                         let a = [vld1q_s8(a), vld1q_s8(a.add(16))];
                         for r in 0..R {
-                            let c = vaddvq_s32(dot_u4::<DOT>(w[r], a));
-                            let sc = vgetq_lane_f32::<$e>(sc[r][t]);
-                            acc[r][t] = (c as f32).mul_add(sc, acc[r][t]);
+                            let p = vcvtq_f32_s32(dot_u4::<DOT>(w[r], a));
+                            acc[r][t] = vfmaq_laneq_f32::<$e>(acc[r][t], p, sc[r][t]);
                         }
                     }
                 }};

@@ -7,9 +7,8 @@
 //! the portable loops here (the twin every other level is tested against); AVX2 at every
 //! x86 level (`vpsignb` makes the weight codes unsigned for `vpmaddubsw`, as ggml does; a
 //! pair of products is at most `2 · 128 · 127 < 2¹⁵`); NEON with `sdot`, or `smull` and
-//! `sadalp`. Each output is the chain `acc = fma(C_b, d_b·a_b, acc)` over its row's blocks
-//! in order (`C_b` the exact dot product of block `b`), at every level and whatever the
-//! other input rows or the thread split: the same bits everywhere (see [`super`]).
+//! `sadalp`. Each output is a sum over its row's blocks in order, whatever the other input
+//! rows or the thread split (batch invariance).
 
 use flm_core::quant::{BLOCK, Q8_0_BLOCK_BYTES};
 use half::f16;
@@ -56,8 +55,7 @@ fn each_tile(
                 let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
                 for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
                     let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
-                    let c = d * acts.row_d(i0 + k)[b];
-                    *acc = (dot32(&block[2..], x) as f32).mul_add(c, *acc);
+                    *acc += d * acts.row_d(i0 + k)[b] * dot32(&block[2..], x) as f32;
                 }
             }
             out.copy_from_slice(&acc[..out.len()]);
@@ -108,10 +106,11 @@ mod avx2 {
 
     use half::f16;
 
+    use super::super::x86::hsum256;
     use super::{Acts, QuantWeight, BLOCK, Q8_0_BLOCK_BYTES, TILE_INPUTS};
 
-    /// See [`super::rows`]: per block and input row, the exact dot product as eight lane
-    /// sums added across lanes, then one fused multiply-add, as the portable loops.
+    /// See [`super::rows`]: per input row one f32 vector accumulates each block's eight
+    /// lane sums scaled by `d · a`, summed across lanes at the end.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
@@ -123,7 +122,7 @@ mod avx2 {
             let row = w.row(j0 + dj);
             for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
                 let i0 = t * TILE_INPUTS;
-                let mut acc = [0.0f32; TILE_INPUTS];
+                let mut acc = [_mm256_setzero_ps(); TILE_INPUTS];
                 for (b, block) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
                     let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
                     let codes = &block[2..2 + BLOCK];
@@ -135,21 +134,16 @@ mod avx2 {
                         // SAFETY: `x` holds 32 bytes (sliced above).
                         let xq = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
                         let pairs = _mm256_maddubs_epi16(unsigned, _mm256_sign_epi8(xq, wq));
-                        let c = hsum_epi32(_mm256_madd_epi16(pairs, ones));
-                        *acc = (c as f32).mul_add(d * acts.row_d(i0 + k)[b], *acc);
+                        let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                        let scale = _mm256_set1_ps(d * acts.row_d(i0 + k)[b]);
+                        *acc = _mm256_fmadd_ps(sums, scale, *acc);
                     }
                 }
-                out.copy_from_slice(&acc[..out.len()]);
+                for (y, acc) in out.iter_mut().zip(acc) {
+                    // SAFETY: AVX (this function's).
+                    *y = unsafe { hsum256(acc) };
+                }
             }
         }
-    }
-
-    /// The sum of the 8 lanes of `v` (exact).
-    #[inline(always)]
-    unsafe fn hsum_epi32(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-        _mm_cvtsi128_si32(s)
     }
 }

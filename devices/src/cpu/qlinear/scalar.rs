@@ -1,14 +1,12 @@
-//! Portable int8 and int4 kernels: plain integer loops over [`Acts`] in natural order, in
-//! the order of operations every level follows (see [`super`]), so the twins the SIMD
-//! kernels are tested against bit for bit.
+//! Portable int8 and int4 kernels: plain integer loops over [`Acts`] in natural order, the
+//! twins the SIMD kernels are tested against.
 
 use flm_core::quant::{Int4Row, BLOCK};
 use flm_core::DataType;
 
 use super::{Acts, QuantWeight};
 
-/// `s · Σ_b a_b Σ q_w q_x` for an int8 row (f32 scale, then the codes), the blocks taken in
-/// order by fused multiply-adds.
+/// `s · Σ_b a_b Σ q_w q_x` for an int8 row (f32 scale, then the codes).
 fn dot_i8(row: &[u8], qs: &[i8], d: &[f32]) -> f32 {
     let scale = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
     let mut acc = 0.0f32;
@@ -22,13 +20,12 @@ fn dot_i8(row: &[u8], qs: &[i8], d: &[f32]) -> f32 {
             .zip(x)
             .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
             .sum();
-        acc = (s as f32).mul_add(a, acc);
+        acc += a * s as f32;
     }
     acc * scale
 }
 
-/// `Σ_b d_g a_b Σ q_w q_x + Σ_g m_g gsum_g` for a row of the int4 `dtype`, the blocks and
-/// then the groups taken in order by fused multiply-adds.
+/// `Σ_b d_g a_b Σ q_w q_x + Σ_g m_g gsum_g` for a row of the int4 `dtype`.
 fn dot_i4(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], gsum: &[f32]) -> f32 {
     let g = dtype.group_size().unwrap_or(BLOCK);
     let row = Int4Row::split(dtype, row);
@@ -44,10 +41,10 @@ fn dot_i4(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], gsum: &[f32]) -> f3
             s += i32::from(byte & 0x0f) * i32::from(x[i])
                 + i32::from(byte >> 4) * i32::from(x[i + BLOCK / 2]);
         }
-        acc = (s as f32).mul_add(d[b] * row.scale(b * BLOCK / g), acc);
+        acc += row.scale(b * BLOCK / g) * d[b] * s as f32;
     }
     for (gi, &gs) in gsum.iter().enumerate() {
-        acc = row.min(gi).mul_add(gs, acc);
+        acc += row.min(gi) * gs;
     }
     acc
 }
