@@ -23,14 +23,6 @@ use flm_tests::data;
 
 const PROMPT: &str = "Once upon a time, there was a little girl named Lily. She loved to play";
 
-/// The levels to check: the one `FLM_CPU_ISA` names, or all this CPU supports.
-fn levels() -> Vec<Isa> {
-    match std::env::var("FLM_CPU_ISA") {
-        Ok(name) if !name.is_empty() => vec![Isa::from_env().expect("a supported level")],
-        _ => Isa::supported(),
-    }
-}
-
 /// Asserts that `got` has the bits of `want` (so `-0.0 != 0.0`, and NaN fails).
 fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -77,7 +69,7 @@ fn logits_do_not_depend_on_the_cached_prefix() {
         convert(&ckpt, &tokenizer, &path, dtype, Recipe::Pure, |_| {}).expect("convert");
         let (model, _) = load_model(&path, None, None).expect("load");
         let vocab = model.config().vocab_size;
-        for isa in levels() {
+        for isa in Isa::to_check().expect("FLM_CPU_ISA names a level this CPU has") {
             let cpu = CpuDevice::with_isa(isa).expect("a supported level");
             let exec = Executor::with_profiling(vec![Box::new(cpu)], false);
             let whole = logits_in_chunks(&model, &exec, &tokens, &[n]);

@@ -30,14 +30,6 @@ fn first_row(n: usize) -> usize {
     (7 * n + 3) % (POOL - n + 1)
 }
 
-/// The levels to check: the one `FLM_CPU_ISA` names, or all this CPU supports.
-fn levels() -> Vec<Isa> {
-    match std::env::var("FLM_CPU_ISA") {
-        Ok(name) if !name.is_empty() => vec![Isa::from_env().expect("a supported level")],
-        _ => Isa::supported(),
-    }
-}
-
 /// Asserts that `got` and `want` have the same bits (so `-0.0 != 0.0`, and NaN fails).
 fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -61,7 +53,7 @@ fn check_with(
     what: &str,
     batch: impl Fn(&Executor, usize, usize) -> Vec<f32> + Sync,
 ) {
-    for isa in levels() {
+    for isa in Isa::to_check().expect("FLM_CPU_ISA names a level this CPU has") {
         let cpu = CpuDevice::with_isa(isa).expect("a supported level");
         // Never asked for batch invariance: the CPU kernels have it whatever the caller asks.
         let exec = Executor::with_profiling(vec![Box::new(cpu.with_activation_bits(bits))], false);

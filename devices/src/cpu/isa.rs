@@ -126,6 +126,17 @@ impl Isa {
         }
     }
 
+    /// The levels a check should cover: the one `FLM_CPU_ISA` names, or every level this CPU
+    /// supports when it is unset or empty.
+    ///
+    /// Errors: as [`Isa::parse`], for the level `FLM_CPU_ISA` names.
+    pub fn to_check() -> Result<Vec<Isa>> {
+        match std::env::var("FLM_CPU_ISA") {
+            Ok(name) if !name.is_empty() => Ok(vec![Isa::parse(&name)?]),
+            _ => Ok(Isa::supported()),
+        }
+    }
+
     /// The level called `name` (see [`Isa::name`]), if this CPU supports it.
     ///
     /// Errors: [`Error::InvalidArgument`] for an unknown name or a level this CPU lacks.
