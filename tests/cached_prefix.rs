@@ -1,4 +1,4 @@
-//! A prompt's logits do not depend on how much of it was already in the KV cache (issue 47).
+//! A prompt's logits do not depend on how much of it was already in the KV cache.
 //!
 //! A session that is asked a prompt whose beginning it has cached (a second turn of a chat,
 //! the server's prefix cache, a prompt asked again) runs only the rest: a prefill of fewer

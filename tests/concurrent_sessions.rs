@@ -1,4 +1,4 @@
-//! Sessions of one model generating at once on several host threads (issue 36): 8 threads
+//! Sessions of one model generating at once on several host threads: 8 threads
 //! × 8 greedy generations each over one [`SharedModel`], for every weight dtype, with the
 //! forward passes on a shared rayon pool of 1, 2 and 4 workers. Every text must equal the
 //! text of the same prompt generated alone, and no call may fail. The C ABI's twin is the
@@ -17,7 +17,7 @@
 //!     -Zbuild-std --target x86_64-unknown-linux-gnu -p flm-tests --test concurrent_sessions
 //! ```
 //!
-//! it passed with no report (issue 36; 154 s on the 2-core machine). With std left
+//! it passes with no report. With std left
 //! uninstrumented (`-Cunsafe-allow-abi-mismatch=sanitizer` instead of `-Zbuild-std`) it
 //! reports hundreds of races between a parallel region's writes and the reads after its
 //! join, which std's unseen synchronisation orders: false positives.

@@ -1,4 +1,4 @@
-//! The decode step as a CUDA graph (issue 33, item 4), on stories260K with every layer on
+//! The decode step as a CUDA graph, on stories260K with every layer on
 //! the GPU: greedy decoding through the captured and replayed step writes llama2.c's tokens
 //! and those of the op-by-op step (`--cuda-graph off`), also when prefills of several
 //! tokens and of all logits run between replays; each step still copies only its token id

@@ -1,4 +1,4 @@
-//! stories260K on the CUDA device against the CPU device (issue 7's acceptance checks):
+//! stories260K on the CUDA device against the CPU device:
 //! greedy decoding gives the same tokens with f32 and f16 weights, and with int8 and int4
 //! weights the teacher-forced top-1 token agrees with the CPU's at >= 99% of positions.
 //! With layers placed on the GPU (`--gpu-layers`), greedy decoding writes llama2.c's tokens

@@ -1,4 +1,4 @@
-//! Fuzz targets for every parser of outside bytes (issue 36), run by the stable harness of
+//! Fuzz targets for every parser of outside bytes, run by the stable harness of
 //! `flm_tests::fuzz` for `FLM_FUZZ_SECONDS` each: the model files (.flm, GGUF,
 //! safetensors, PyTorch pickle, llama2.c .bin) through the loader a host calls
 //! (`load_model`), the tokenizer files (SentencePiece protobuf, tokenizer.json, tiktoken,

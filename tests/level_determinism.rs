@@ -1,5 +1,5 @@
 //! The same model and prompt give the same logits, to the bit, at every instruction-set
-//! level and on every machine (issue 47): a laptop (AVX2), a server (AVX-512, AMX) and an
+//! level and on every machine: a laptop (AVX2), a server (AVX-512, AMX) and an
 //! ARM board (NEON, dotprod) write the same greedy text.
 //!
 //! Each case decodes [`STEPS`] tokens greedily from a prompt, at every level this CPU has

@@ -22,8 +22,8 @@
 //! the same logits in the `K + 1`-row verification pass as in a one-row decode step. Where a
 //! kernel reduces a multi-row product in another order, a near-tie between the two best
 //! tokens could break differently; the tests find the same tokens as plain greedy decoding
-//! with the stories260K f32 target, and the batch-invariant kernels (issue 10, branch
-//! `binv`) make the logits bit-identical for any number of rows, on which the exactness of
+//! with the stories260K f32 target, and the batch-invariant kernels make the logits
+//! bit-identical for any number of rows, on which the exactness of
 //! greedy speculative decoding rests in general.
 //!
 //! The verification pass overwrites KV-cache positions: the cache is positional, so the

@@ -110,7 +110,6 @@ fn teacher_forced(path: &std::path::Path, bits: ActivationBits) -> (f64, f64) {
 #[test]
 fn teacher_forced_top1_and_perplexity_match_transformers_with_16_bit_activations() {
     let Some(path) = gguf() else { return };
-    // Measured: 999/999, perplexity +0.00%.
     let (agreement, ppl_change) = teacher_forced(&path, ActivationBits::Int16);
     assert!(agreement >= 0.98, "top-1 agreement {agreement}");
     assert!(ppl_change.abs() <= 0.02, "perplexity {ppl_change:+}");
@@ -119,12 +118,11 @@ fn teacher_forced_top1_and_perplexity_match_transformers_with_16_bit_activations
 #[test]
 fn teacher_forced_top1_with_int8_activations_on_a_par_with_llama_cpp() {
     let Some(path) = gguf() else { return };
-    // int8 blocks of 32, as ggml dots Q4_1 against Q8_1. llama.cpp on the same file and text
-    // gives 964/999 = 96.5% (tools/gguf/llamacpp_top1.cpp). Measured on Zen 3: 975/999 at the
-    // scalar level, 965/999 at AVX2, perplexity +0.40% at both. The levels still sum the
-    // quantised products in different orders (issue 47), and the text has many near ties: at
-    // 63 of the 999 positions transformers' top two logits are within 0.1 of each other, so
-    // the bound leaves a point below llama.cpp for the order.
+    // int8 blocks of 32, as ggml dots Q4_1 against Q8_1. The bound is a point below what
+    // llama.cpp gives on the same file and text (tools/gguf/llamacpp_top1.cpp; figures in
+    // docs/benchmarks.md): the instruction-set levels sum the quantised products in
+    // different orders, and the text has many near ties between transformers' top two
+    // tokens, which those orders break differently.
     let (agreement, ppl_change) = teacher_forced(&path, ActivationBits::Int8);
     assert!(agreement >= 0.955, "top-1 agreement {agreement}");
     assert!(ppl_change.abs() <= 0.01, "perplexity {ppl_change:+}");

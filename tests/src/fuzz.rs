@@ -1,4 +1,4 @@
-//! A bounded mutation fuzzer on stable Rust, for the parsers of outside bytes (issue 36).
+//! A bounded mutation fuzzer on stable Rust, for the parsers of outside bytes.
 //!
 //! `cargo fuzz` needs a nightly toolchain (for `-Zsanitizer` and coverage
 //! instrumentation); this harness runs with the workspace's stable one, in the ordinary

@@ -7,8 +7,8 @@
 //! that waits there for its tasks steals other jobs of the pool, and one of them may be
 //! another session's op that needs the same slot on the same thread. That op finds the slot
 //! empty, works in a fresh buffer of its own, and puts it back; the outer call then puts
-//! its own back over it. (A `RefCell` borrowed across the parallel region failed there with
-//! "already borrowed" when several sessions shared one pool: issue 36.)
+//! its own back over it. (A `RefCell` borrowed across the parallel region would fail there
+//! with "already borrowed" when several sessions share one pool.)
 
 use std::cell::Cell;
 use std::thread::LocalKey;

@@ -1,5 +1,5 @@
 //! Every error kind a model file can cause reaches a C caller of `flm_model_load` as the
-//! status include/flm.h documents for it (issue 36): FLM_STATUS_FORMAT for malformed .flm,
+//! status include/flm.h documents for it: FLM_STATUS_FORMAT for malformed .flm,
 //! GGUF, safetensors, PyTorch pickle and llama2.c files and tokenizers, FLM_STATUS_IO for a
 //! file that cannot be read, never FLM_STATUS_INTERNAL ("a bug of flm"), and always with a
 //! message of the call's own. The statuses of bad arguments (NULL pointers, invalid UTF-8,

@@ -1,6 +1,6 @@
 //! A `flm convert` ended part-way by SIGKILL, SIGTERM or SIGINT (Ctrl-C) leaves nothing in
 //! the output's folder and an existing output as it was, and a conversion removes the
-//! partial files that older versions left (issue 36).
+//! partial files that older versions left.
 //!
 //! The conversion is of random weights at the shapes of a 44 MB f32 model, so that it takes
 //! long enough to be caught part-way. Each kill waits until the output being written (found

@@ -66,7 +66,7 @@ thread_local! {
 /// int4-sym) and with AVX2 int4; one row per int4 tile was slower, bound by its per-row work
 /// (docs/benchmarks.md, "Kernel choices").
 ///
-/// AVX2 and AVX-VNNI int8 decode, whose one-stream version was no faster (−0.4%), splits the
+/// AVX2 and AVX-VNNI int8 decode, whose one-stream version was no faster, splits the
 /// rows into 4 equal runs instead, and a tile takes one row of each, so that the kernel reads 4
 /// long sequential streams, each prefetched one row ahead, or [`MAX_AHEAD`] bytes where rows are
 /// longer: the hardware prefetchers follow 4 long streams better than tiles of 4 adjacent rows,
@@ -855,9 +855,8 @@ impl Tile<'_> {
     /// lane, and reduces each to its output. Each row's f16 factors `m_g` are widened once
     /// for all the tile's inputs, and each output takes one horizontal reduction. When every
     /// output reduced its products and its minimum terms apart and widened the factors
-    /// again, this took about a quarter of a 4 × 3 prefill tile's instructions over 2048
-    /// columns; criterion's int4-sym 128×2048×2048 on one core of the Zen 5 VM went from
-    /// 130 to 155 G multiply-adds/s.
+    /// again, this took about a quarter of a prefill tile's instructions (docs/benchmarks.md,
+    /// "Kernel choices").
     #[inline(always)]
     unsafe fn finish_i4_avx512<const R: usize, const T: usize>(
         &self,
