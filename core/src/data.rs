@@ -309,7 +309,7 @@ impl Data {
     /// [`Error::InvalidArgument`] (where the host can read `perm`) if its values are not a
     /// permutation of `0..cols` (one out of range or repeated).
     pub fn with_input_perm(mut self, perm: Data) -> Result<Data> {
-        perm.expect(DataType::I32, "Data::with_input_perm")?;
+        perm.check_dtype(DataType::I32, "Data::with_input_perm")?;
         let cols = self.cols();
         if perm.shape() != [cols] {
             return Err(Error::Shape {
@@ -465,7 +465,7 @@ impl Data {
         }
     }
 
-    fn expect(&self, dtype: DataType, op: &'static str) -> Result<()> {
+    fn check_dtype(&self, dtype: DataType, op: &'static str) -> Result<()> {
         if self.dtype == dtype {
             Ok(())
         } else {
@@ -478,7 +478,7 @@ impl Data {
 
     /// The elements as `f32`. Errors: [`Error::DType`] unless the dtype is F32.
     pub fn as_f32(&self) -> Result<&[f32]> {
-        self.expect(DataType::F32, "Data::as_f32")?;
+        self.check_dtype(DataType::F32, "Data::as_f32")?;
         Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
@@ -486,13 +486,13 @@ impl Data {
     ///
     /// Errors: [`Error::DType`] unless the dtype is F32; [`Error::ReadOnly`] if mapped.
     pub fn as_f32_mut(&mut self) -> Result<&mut [f32]> {
-        self.expect(DataType::F32, "Data::as_f32_mut")?;
+        self.check_dtype(DataType::F32, "Data::as_f32_mut")?;
         Ok(bytemuck::cast_slice_mut(self.bytes_mut()?))
     }
 
     /// The elements as `f16`. Errors: [`Error::DType`] unless the dtype is F16.
     pub fn as_f16(&self) -> Result<&[f16]> {
-        self.expect(DataType::F16, "Data::as_f16")?;
+        self.check_dtype(DataType::F16, "Data::as_f16")?;
         Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
@@ -500,7 +500,7 @@ impl Data {
     ///
     /// Errors: [`Error::DType`] unless the dtype is F16; [`Error::ReadOnly`] if mapped.
     pub fn as_f16_mut(&mut self) -> Result<&mut [f16]> {
-        self.expect(DataType::F16, "Data::as_f16_mut")?;
+        self.check_dtype(DataType::F16, "Data::as_f16_mut")?;
         Ok(bytemuck::cast_slice_mut(self.bytes_mut()?))
     }
 
@@ -529,13 +529,13 @@ impl Data {
 
     /// The elements as `bf16`. Errors: [`Error::DType`] unless the dtype is BF16.
     pub fn as_bf16(&self) -> Result<&[bf16]> {
-        self.expect(DataType::BF16, "Data::as_bf16")?;
+        self.check_dtype(DataType::BF16, "Data::as_bf16")?;
         Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
     /// The elements as `i32`. Errors: [`Error::DType`] unless the dtype is I32.
     pub fn as_i32(&self) -> Result<&[i32]> {
-        self.expect(DataType::I32, "Data::as_i32")?;
+        self.check_dtype(DataType::I32, "Data::as_i32")?;
         Ok(bytemuck::cast_slice(self.bytes()?))
     }
 

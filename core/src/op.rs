@@ -531,7 +531,7 @@ impl OpKind {
             OpKind::Gelu => "Gelu",
             OpKind::Scale => "Scale",
             OpKind::Rope2d => "Rope2d",
-            OpKind::PagedAttention => "PagedAttn",
+            OpKind::PagedAttention => "PagedAttention",
             OpKind::ScatterRows => "ScatterRows",
             OpKind::RopeRows => "RopeRows",
             OpKind::GeluMul => "GeluMul",

@@ -90,7 +90,7 @@ impl Stored {
         &self.map[self.offset..self.offset + self.len]
     }
 
-    fn expect(&self, dtype: Dtype) -> Result<&[u8]> {
+    fn bytes_of(&self, dtype: Dtype) -> Result<&[u8]> {
         if self.dtype != dtype {
             return Err(Error::format(
                 &self.file,
@@ -105,7 +105,7 @@ impl Stored {
 
     /// Little-endian 32-bit words of an int32 tensor.
     fn words(&self) -> Result<Vec<u32>> {
-        let bytes = self.expect(Dtype::I32)?;
+        let bytes = self.bytes_of(Dtype::I32)?;
         Ok(bytes
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -113,7 +113,7 @@ impl Stored {
     }
 
     fn f16s(&self) -> Result<Vec<f16>> {
-        let bytes = self.expect(Dtype::F16)?;
+        let bytes = self.bytes_of(Dtype::F16)?;
         Ok(bytes
             .chunks_exact(2)
             .map(|b| f16::from_le_bytes([b[0], b[1]]))
@@ -239,7 +239,7 @@ impl PackedLinear {
         let g_idx = match &self.g_idx {
             Some(stored) => {
                 let g_idx: Vec<u32> = stored
-                    .expect(Dtype::I32)?
+                    .bytes_of(Dtype::I32)?
                     .chunks_exact(4)
                     .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .collect();

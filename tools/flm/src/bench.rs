@@ -14,6 +14,7 @@ use flm_core::{
 };
 use flm_devices::CpuDevice;
 
+use crate::convert::DtypeArg;
 use crate::device::{Chosen, DeviceArgs};
 use flm_models::import;
 use flm_models::llama::{Ffn, Llama, LlamaModel, LlamaWeights, Logits};
@@ -31,9 +32,9 @@ pub struct BenchArgs {
     /// A Hugging Face config.json: random weights at its shapes, built in memory.
     #[arg(long, requires = "dtype")]
     random: Option<PathBuf>,
-    /// Weight dtype of --random: f32, f16, bf16, int8, int4, int4-sym or int4-zp.
-    #[arg(long)]
-    dtype: Option<String>,
+    /// Weight dtype of --random.
+    #[arg(long, value_enum)]
+    dtype: Option<DtypeArg>,
     /// int4, int4-sym and int4-zp group size of --random: 32, 64 or 128.
     #[arg(long, default_value_t = 32)]
     group_size: usize,
@@ -67,26 +68,6 @@ pub struct BenchArgs {
     batch: Vec<usize>,
     #[command(flatten)]
     device: DeviceArgs,
-}
-
-/// The dtype called `name` (int4, int4-sym and int4-zp with `group` values per group).
-fn parse_dtype(name: &str, group: usize) -> Result<DataType> {
-    Ok(match name {
-        "f32" => DataType::F32,
-        "f16" => DataType::F16,
-        "bf16" => DataType::BF16,
-        "int8" => DataType::I8,
-        "int4" | "int4-sym" | "int4-zp" => {
-            let form = match name {
-                "int4-sym" => Int4Form::Symmetric,
-                "int4-zp" => Int4Form::ZeroPoint,
-                _ => Int4Form::Min,
-            };
-            DataType::int4(group, form)
-                .with_context(|| format!("--group-size must be 32, 64 or 128, not {group}"))?
-        }
-        d => bail!("unknown --dtype {d} (f32, f16, bf16, int8, int4, int4-sym or int4-zp)"),
-    })
 }
 
 /// A small xorshift generator: benchmark weights need speed, not statistical quality.
@@ -187,7 +168,10 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
                 (ckpt.config, weights, path.display().to_string(), dtype)
             }
             (None, Some(config)) => {
-                let dtype = parse_dtype(args.dtype.as_deref().unwrap_or(""), args.group_size)?;
+                let Some(dtype) = args.dtype else {
+                    bail!("--random needs --dtype");
+                };
+                let dtype = dtype.with_group(args.group_size)?;
                 let ckpt = import::random(config, 0)
                     .with_context(|| format!("cannot read {}", config.display()))?;
                 llama_graph(&ckpt.config)?;

@@ -31,6 +31,27 @@ pub enum DtypeArg {
     Int4Zp,
 }
 
+impl DtypeArg {
+    /// The dtype, the int4 ones with `group` values per group (`flm convert` and `flm bench`
+    /// read `--dtype` through this).
+    ///
+    /// # Errors
+    /// A group size other than 32, 64 or 128 for an int4 dtype.
+    pub fn with_group(self, group: usize) -> Result<DataType> {
+        let form = match self {
+            DtypeArg::F32 => return Ok(DataType::F32),
+            DtypeArg::F16 => return Ok(DataType::F16),
+            DtypeArg::Bf16 => return Ok(DataType::BF16),
+            DtypeArg::Int8 => return Ok(DataType::I8),
+            DtypeArg::Int4 => Int4Form::Min,
+            DtypeArg::Int4Sym => Int4Form::Symmetric,
+            DtypeArg::Int4Zp => Int4Form::ZeroPoint,
+        };
+        DataType::int4(group, form)
+            .with_context(|| format!("--group-size must be 32, 64 or 128, not {group}"))
+    }
+}
+
 #[derive(Args)]
 pub struct ConvertArgs {
     /// The checkpoint to convert (any format `flm run` reads); with --random, a Hugging
@@ -69,23 +90,16 @@ fn dtype(args: &ConvertArgs) -> Result<Option<DataType>> {
         }
         return Ok(None);
     };
-    Ok(Some(match (requested, args.group_size) {
-        (DtypeArg::Int4 | DtypeArg::Int4Sym | DtypeArg::Int4Zp, g) => {
-            let g = g.unwrap_or(32);
-            let form = match requested {
-                DtypeArg::Int4Sym => Int4Form::Symmetric,
-                DtypeArg::Int4Zp => Int4Form::ZeroPoint,
-                _ => Int4Form::Min,
-            };
-            DataType::int4(g, form)
-                .with_context(|| format!("--group-size must be 32, 64 or 128, got {g}"))?
-        }
-        (_, Some(_)) => bail!("--group-size applies to --dtype int4, int4-sym and int4-zp only"),
-        (DtypeArg::F32, None) => DataType::F32,
-        (DtypeArg::F16, None) => DataType::F16,
-        (DtypeArg::Bf16, None) => DataType::BF16,
-        (DtypeArg::Int8, None) => DataType::I8,
-    }))
+    let int4 = matches!(
+        requested,
+        DtypeArg::Int4 | DtypeArg::Int4Sym | DtypeArg::Int4Zp
+    );
+    if !int4 && args.group_size.is_some() {
+        bail!("--group-size applies to --dtype int4, int4-sym and int4-zp only");
+    }
+    requested
+        .with_group(args.group_size.unwrap_or(32))
+        .map(Some)
 }
 
 /// Runs `flm convert`.
