@@ -10,12 +10,7 @@ use std::process::Output;
 use serde_json::Value;
 
 use common::flm_command;
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
+use flm_tests::data;
 
 fn flm(args: &[&str]) -> Output {
     flm_command().args(args).output().expect("flm runs")

@@ -14,12 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::flm_command;
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
+use flm_tests::data;
 
 /// The Hugging Face config.json of the random model, written in `dir`.
 fn config(dir: &Path) -> PathBuf {

@@ -2,12 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// A file of the repository's test data.
-pub fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
+pub use flm_tests::data;
 
 /// A copy of tests/data/hf-stories260K in `dir/model` whose tokenizer_config.json has
 /// `template` as its `chat_template`.
