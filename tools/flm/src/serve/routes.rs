@@ -20,7 +20,9 @@
 //! as its last event. The CPU-heavy steps of a request (rendering the chat template,
 //! tokenizing, compiling a schema) run on tokio's blocking threads, so that a slow or
 //! looping one holds neither the runtime's workers (`/health` keeps answering) nor the
-//! engine.
+//! engine. Compiling a schema or a regex has a budget: its limits of size
+//! ([`flm_core::Grammar::new`]) and [`flm_core::MAX_COMPILE_TIME`]; one over a limit, or
+//! whose language the model's tokens cannot write, is a 400 about `response_format`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -41,7 +43,7 @@ use super::memory;
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
 use super::{page, params, prompt, schema, tools, State};
-use flm_core::{Constraint, Grammar};
+use flm_core::{Constraint, Grammar, MAX_COMPILE_TIME};
 
 /// The largest request body, in bytes (axum's default limit, made explicit because the
 /// memory budget counts it).
@@ -305,17 +307,17 @@ fn prepare(
     }
     let constraint = match format.or(call) {
         Some(pattern) => {
-            // Already on a blocking thread (see the doc above): compiling may take its budget.
-            let grammar = Grammar::new(&pattern).map_err(|e| {
+            // Already on a blocking thread (see the doc above): compiling may take its
+            // budget of time.
+            let vocabulary = Arc::clone(&state.vocabulary);
+            let grammar = Grammar::new(&pattern, vocabulary, MAX_COMPILE_TIME);
+            let grammar = grammar.map_err(|e| {
                 ApiError::invalid(
                     Some("response_format"),
                     format!("the schema cannot be enforced: {e}"),
                 )
             })?;
-            Some(Constraint::new(
-                Arc::new(grammar),
-                Arc::clone(&state.vocabulary),
-            ))
+            Some(Constraint::new(Arc::new(grammar)))
         }
         None => None,
     };

@@ -1,15 +1,18 @@
 //! Hostile structured output (issue 48): the schemas and regexes that once stalled the
-//! server, took gigabytes or answered 500 are served or refused with a 400 naming the
-//! limit, the server's resident memory comes back near its baseline, and normal streams
-//! beside them keep their pace.
+//! server, took gigabytes, took seconds to compile or answered 500 are served or refused
+//! with a 400 naming the limit, a vocabulary that cannot write a language is refused up
+//! front or steered around what it cannot finish, the server's resident memory comes back
+//! near its baseline, and normal streams beside them keep their pace.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::server::Server;
+use crate::chat_model::data;
+use crate::server::{emulated, Server};
 
 /// A regex response_format.
 fn regex(r: &str) -> Value {
@@ -34,8 +37,13 @@ fn hostile() -> Vec<(&'static str, Value)> {
         ("enum of 20,000", schema(json!({"enum": strings}))),
         ("\\p{L}{200000}", regex("\\p{L}{200000}")),
         ("\\w{500000}", regex("\\w{500000}")),
+        (SLOW, regex(SLOW)),
     ]
 }
+
+/// A small regex whose DFA takes seconds to reach its size limit (11.8 s in a release
+/// build before the compilation had a time limit): refused at the time limit.
+const SLOW: &str = "(\\w{0,8}[a-z]){0,40}";
 
 /// The body of a completion request constrained by `format`.
 fn body(format: &Value, max_tokens: usize, stream: bool) -> Value {
@@ -100,6 +108,72 @@ fn hostile_requests_are_answered_and_their_memory_given_back() {
     );
     assert!(after < baseline + (256 << 20), "{after} against {baseline}");
     assert_eq!(server.post("/v1/completions", &normal).0, 200);
+}
+
+/// A small regex that takes seconds to compile is refused at the compilation's time
+/// limit (1 s), in about that time, with a 400 that names the limit.
+#[test]
+fn a_constraint_slow_to_compile_is_refused_at_its_time_limit() {
+    let server = Server::start(&[]);
+    let start = Instant::now();
+    let (status, answer) = server.post("/v1/completions", &body(&regex(SLOW), 8, false));
+    let took = start.elapsed();
+    eprintln!("{SLOW}: {status} in {:.2} s", took.as_secs_f64());
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["param"], "response_format");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("time limit of 1 s"), "{message}");
+    // The limit, and what comes before the clock (the regex, its NFA) in a debug build.
+    let most = if emulated() { 60 } else { 10 };
+    assert!(took < Duration::from_secs(most), "{took:?}");
+    // The server is free again.
+    let plain = json!({"prompt": "Once", "max_tokens": 4});
+    assert_eq!(server.post("/v1/completions", &plain).0, 200);
+}
+
+/// A copy of tests/data/hf-stories260K in `dir/model` whose tokenizer.json has no byte
+/// fallback (and without the tokenizer.model that would be read first): its `<0xHH>`
+/// pieces are plain text, so it has no token for a byte that starts `ÿ` (C3 BF) or most
+/// other characters beyond ASCII.
+fn without_byte_tokens(dir: &Path) -> PathBuf {
+    let to = dir.join("model");
+    std::fs::create_dir(&to).unwrap();
+    for entry in std::fs::read_dir(data("hf-stories260K")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap() != "tokenizer.model" {
+            std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let file = to.join("tokenizer.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    json["model"]["byte_fallback"] = false.into();
+    std::fs::write(&file, json.to_string()).unwrap();
+    to
+}
+
+/// Over a vocabulary without byte tokens: a language none of whose words it can write is
+/// a 400 up front (it was a 500 after the first tokens), and a branch it cannot finish is
+/// never taken (`a` then `ÿ` cannot be written, so every reply is `b`).
+#[test]
+fn a_vocabulary_without_byte_tokens_refuses_or_avoids_what_it_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_model(&without_byte_tokens(dir.path()), &[]);
+    for format in [regex("\\xff"), schema(json!({"const": "ÿ"}))] {
+        let (status, answer) = server.post("/v1/completions", &body(&format, 16, false));
+        assert_eq!(status, 400, "{format}: {answer}");
+        assert_eq!(answer["error"]["param"], "response_format");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("cannot write"), "{message}");
+    }
+    for seed in 0..8 {
+        let mut request = body(&regex("aÿ|b"), 16, false);
+        request["seed"] = seed.into();
+        request["temperature"] = 1.5.into();
+        let (status, answer) = server.post("/v1/completions", &request);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["choices"][0]["text"], "b", "{answer}");
+        assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
+    }
 }
 
 /// Streams `body` to /v1/completions over a connection of its own: the seconds between
