@@ -37,8 +37,8 @@ mod step_graph;
 
 pub use alibi::alibi_slopes;
 pub use constraint::{
-    Constraint, Grammar, Pattern, Vocabulary, MAX_DETERMINIZE_BYTES, MAX_DFA_BYTES, MAX_NFA_BYTES,
-    MAX_PATTERN_SIZE,
+    Constraint, Grammar, Pattern, Vocabulary, MAX_COMPILE_BYTES, MAX_COMPILE_TIME,
+    MAX_DETERMINIZE_BYTES, MAX_DFA_BYTES, MAX_NFA_BYTES, MAX_PATTERN_SIZE,
 };
 pub use contract::CheckedOp;
 pub use data::Data;

@@ -109,7 +109,7 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Structured output: only tokens that keep the reply within the constraint's
     /// language are sampled, a stop token only once the reply is a whole word of it, and
-    /// the request stops by itself when no character can extend it.
+    /// the request stops by itself when no token can extend it.
     pub constraint: Option<Constraint>,
     /// Set to `true` (from any thread) to cancel the request: the scheduler looks at it
     /// before every step, so a request that is waiting, or prefilling a long prompt, leaves
@@ -150,6 +150,10 @@ pub enum FinishReason {
     Cancelled,
     /// A device error ended it.
     Error(String),
+    /// No token could continue the reply within its [`Request::constraint`] (the
+    /// vocabulary cannot write the rest of its language; a constraint compiled for this
+    /// model's vocabulary never gets here).
+    Constraint(String),
 }
 
 /// A snapshot of the engine's counters.

@@ -343,7 +343,8 @@ fn a_constrained_request_stays_in_its_language_and_ends() {
             Pattern::Literal(" a dog.".into()),
         ]),
     ]);
-    let grammar = Arc::new(Grammar::new(&pattern).unwrap());
+    let grammar = Grammar::new(&pattern, vocab, std::time::Duration::from_secs(60));
+    let grammar = Arc::new(grammar.unwrap());
     let engine = Engine::new(model, exec(), EngineConfig::default()).unwrap();
     let prompt = tokenizer.encode("Once upon a time", true).unwrap();
     for seed in 0..4 {
@@ -353,7 +354,7 @@ fn a_constrained_request_stays_in_its_language_and_ends() {
             ..SamplerConfig::default()
         };
         let mut req = request(&tokenizer, &prompt, &sampler, 40);
-        req.constraint = Some(Constraint::new(Arc::clone(&grammar), Arc::clone(&vocab)));
+        req.constraint = Some(Constraint::new(Arc::clone(&grammar)));
         let (ids, reason, _) = collect(submit(&engine, req));
         let bytes: Vec<u8> = ids
             .iter()

@@ -434,12 +434,18 @@ impl Scheduler {
         let generated = &seq.tokens[seq.prompt_len..];
         let masked;
         let allowed = match &seq.constraint {
+            // A reply that is a whole word no token extends ends (only an empty one can be
+            // one here: the others end when their last token is taken).
+            Some(c) if c.finished() => return Outcome::Finished(FinishReason::Stop),
             Some(c) => {
                 masked = {
                     let mut l = logits.to_vec();
                     if c.mask(&mut l, &seq.stop) == 0 {
-                        let e = "no token continues the reply within its constraint";
-                        return Outcome::Finished(FinishReason::Error(e.into()));
+                        let e = format!(
+                            "no token continues the reply within its constraint after {} tokens",
+                            generated.len()
+                        );
+                        return Outcome::Finished(FinishReason::Constraint(e));
                     }
                     l
                 };

@@ -250,6 +250,12 @@ async fn events(
                         ))
                     }
                     FinishReason::Error(e) => return Outcome::Failed(ApiError::internal(e)),
+                    FinishReason::Constraint(e) => {
+                        return Outcome::Failed(ApiError::invalid(
+                            Some("response_format"),
+                            format!("the model's tokens cannot write the rest of the reply: {e}"),
+                        ))
+                    }
                 };
                 if !deliver(text.finish(), &mut logprobs) {
                     return Outcome::ClientGone;

@@ -210,6 +210,7 @@ fn vocabulary(tokenizer: &Tokenizer) -> Vocabulary {
 /// Errors: a model that cannot be loaded, an engine configuration it refuses, an address
 /// that cannot be bound.
 pub fn run(args: ServeArgs) -> Result<()> {
+    memory::tune_allocator();
     set_threads(args.model.threads)?;
     let path = &args.model.model;
     let chosen = args.model.device.executor()?;

@@ -20,7 +20,10 @@
 //! as its last event. The CPU-heavy steps of a request (rendering the chat template,
 //! tokenizing, compiling a schema) run on tokio's blocking threads, so that a slow or
 //! looping one holds neither the runtime's workers (`/health` keeps answering) nor the
-//! engine.
+//! engine. Compiling a schema or a regex has a budget: its limits of size
+//! ([`flm_core::Grammar::new`]), [`flm_core::MAX_COMPILE_TIME`], and a reservation of
+//! [`flm_core::MAX_COMPILE_BYTES`] in the memory budget while it runs; one over a limit, or
+//! whose language the model's tokens cannot write, is a 400 about `response_format`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -41,11 +44,15 @@ use super::memory;
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
 use super::{page, params, prompt, schema, tools, State};
-use flm_core::{Constraint, Grammar};
+use flm_core::{Constraint, Grammar, MAX_COMPILE_BYTES, MAX_COMPILE_TIME};
 
 /// The largest request body, in bytes (axum's default limit, made explicit because the
 /// memory budget counts it).
 pub const BODY_LIMIT: u64 = 2 << 20;
+
+/// The body reservation (twice the declared length) from which the memory is given back to
+/// the system when the request's handler ends ([`memory::trim`]).
+const TRIM_BODY: u64 = 512 << 10;
 
 /// When a request must be answered, set by [`admit`].
 #[derive(Debug, Clone, Copy)]
@@ -106,7 +113,13 @@ async fn admit(Shared(state): Shared<Arc<State>>, mut request: Request, next: Ne
     // A longer body is refused (413) by the extractor before it is read.
     let bytes = declared.map_or(BODY_LIMIT, |d| d.min(BODY_LIMIT)) * 2;
     let response = match state.memory.reserve("the request body", bytes) {
-        Ok(_held) => {
+        Ok(held) => {
+            // What a large body parsed into goes back to the system when it is dropped.
+            let _held = if bytes >= TRIM_BODY {
+                held.trimming()
+            } else {
+                held
+            };
             let deadline = tokio::time::Instant::now() + state.request_timeout;
             request.extensions_mut().insert(Deadline(deadline));
             match tokio::time::timeout_at(deadline, next.run(request)).await {
@@ -286,12 +299,12 @@ fn prepare(
 ) -> Result<Prepared, ApiError> {
     let Parsed {
         ids,
-        sampling,
+        mut sampling,
         echo,
         tools,
     } = parsed;
     let params = params::check(&sampling, &state.model_name, crate::generate::clock_seed())?;
-    let format = schema::response_format(sampling.response_format.as_ref())?;
+    let format = schema::response_format(sampling.response_format.take().as_ref())?;
     let call = tools
         .as_ref()
         .map(tools::Tools::pattern)
@@ -305,17 +318,22 @@ fn prepare(
     }
     let constraint = match format.or(call) {
         Some(pattern) => {
-            // Already on a blocking thread (see the doc above): compiling may take its budget.
-            let grammar = Grammar::new(&pattern).map_err(|e| {
+            // Already on a blocking thread (see the doc above): compiling may take its
+            // budget of time and memory, and what it frees goes back to the system.
+            let compiling = state
+                .memory
+                .reserve("compiling the constraint", MAX_COMPILE_BYTES as u64)?;
+            let vocabulary = Arc::clone(&state.vocabulary);
+            let grammar = Grammar::new(&pattern, vocabulary, MAX_COMPILE_TIME);
+            drop((pattern, compiling));
+            memory::trim();
+            let grammar = grammar.map_err(|e| {
                 ApiError::invalid(
                     Some("response_format"),
                     format!("the schema cannot be enforced: {e}"),
                 )
             })?;
-            Some(Constraint::new(
-                Arc::new(grammar),
-                Arc::clone(&state.vocabulary),
-            ))
+            Some(Constraint::new(Arc::new(grammar)))
         }
         None => None,
     };
@@ -369,7 +387,17 @@ async fn generate(
     let (stream, include_usage, n) = (params.stream, params.include_usage, params.n);
     let logprobs = params.logprobs.is_some();
     let bytes = memory::generation_bytes(n, job.prompt.len(), job.max_tokens, params.logprobs);
-    let held = state.memory.reserve("the request's generation", bytes)?;
+    let held = match &job.constraint {
+        // The constraint is shared by the choices; its memory goes back when they end.
+        Some(c) => {
+            let bytes = bytes.saturating_add(c.memory_usage() as u64);
+            state
+                .memory
+                .reserve("the request's generation", bytes)?
+                .trimming()
+        }
+        None => state.memory.reserve("the request's generation", bytes)?,
+    };
     // Each choice is a request of its own, with the next seed (seeds are bit patterns: the
     // sum wraps, as OpenAI's signed seeds do in two's complement); a refused one cancels
     // those before it when they are dropped.
@@ -380,6 +408,8 @@ async fn generate(
             submit(&state, job)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // Only the choices hold the constraint now, so that it is freed before `held` trims.
+    drop(job);
     let serial = state.next_id.fetch_add(1, Ordering::Relaxed);
     let header = Header {
         api,

@@ -300,7 +300,9 @@ mod tests {
             .collect();
         let tools = check(Some(&Value::Array(many)), Some(&json!("required")), None);
         let pattern = tools.unwrap().unwrap().pattern().unwrap().unwrap();
-        if let Err(e) = flm_core::Grammar::new(&pattern) {
+        let bytes: Vec<_> = (0..=255u8).map(|b| Some(vec![b])).collect();
+        let bytes = std::sync::Arc::new(flm_core::Vocabulary::new(&bytes));
+        if let Err(e) = flm_core::Grammar::new(&pattern, bytes, flm_core::MAX_COMPILE_TIME) {
             assert!(e.to_string().contains("limit"), "{e}");
         }
     }
