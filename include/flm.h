@@ -82,6 +82,13 @@ typedef enum FlmStatus {
    that flm runs on a backtracking engine, see flm_tokenizer's `split.rs`).
    */
   FLM_STATUS_TOKENIZER = 11,
+  /*
+   An operation invalid in the current state of a model or session, though the files
+   and arguments are sound: a step out of order (a model changed after sessions of it
+   were made, a sequence not started at position 0). Unlike `FLM_STATUS_FORMAT`, it
+   says nothing about the model file.
+   */
+  FLM_STATUS_STATE = 12,
 } FlmStatus;
 
 /*

@@ -5,7 +5,7 @@
 use flm_core::DataType;
 use flm_models::convert::{convert, Recipe};
 use flm_models::llama::Logits;
-use flm_models::{import, Model};
+use flm_models::{import, Error, Model};
 use flm_tests::glm_data::{write_hf_dir, Family, Steps};
 use flm_tests::{cpu_executor, data};
 
@@ -84,11 +84,13 @@ fn chatglm_6b_needs_its_prompt_marks() {
     let exec = cpu_executor();
     let err = model.forward(&exec, &[3], 1, Logits::Last).unwrap_err();
     assert!(err.to_string().contains("position 0"), "{err}");
+    assert!(matches!(err, Error::State(_)), "{err}");
     // No sop (token 2).
     let err = model
         .forward(&exec, &[0, 1, 3], 0, Logits::Last)
         .unwrap_err();
     assert!(err.to_string().contains("[gMASK]"), "{err}");
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
     // [gMASK] then sop: logits of the 5-token vocabulary.
     let logits = model.forward(&exec, &[0, 1, 2], 0, Logits::Last).unwrap();
     assert_eq!(logits.len(), 5);

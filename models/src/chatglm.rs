@@ -240,7 +240,7 @@ impl ChatGlm {
             let sop = self.model.config.bos_token_id.and_then(find);
             let mask = find(self.model.marks.gmask).or_else(|| find(self.model.marks.mask));
             let (Some(context_len), Some(mask_pos)) = (sop, mask) else {
-                return Err(Error::Config(
+                return Err(Error::InvalidInput(
                     "a ChatGLM-6B sequence starts with its prompt, which holds [gMASK] (or \
                      [MASK]) and then sop"
                         .into(),
@@ -252,7 +252,7 @@ impl ChatGlm {
             });
         }
         let Some(layout) = self.layout else {
-            return Err(Error::Config(
+            return Err(Error::State(
                 "a ChatGLM-6B sequence must start with a call at position 0".into(),
             ));
         };
@@ -276,8 +276,9 @@ impl ChatGlm {
 }
 
 /// The call at position 0 must hold the context: `[gMASK]` (or `[MASK]`) and then `sop`
-/// (the config's `bos_token_id`), in one pass; [`Graph::run`] returns [`Error::Config`]
-/// when it lacks them, or when a later call comes before one at position 0.
+/// (the config's `bos_token_id`), in one pass; [`Graph::run`] returns
+/// [`Error::InvalidInput`] when it lacks them, and [`Error::State`] when a later call comes
+/// before one at position 0.
 impl Graph for ChatGlm {
     fn config(&self) -> &ModelConfig {
         &self.model.config

@@ -24,9 +24,18 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
-    /// A configuration is invalid (a missing or inconsistent hyper-parameter).
+    /// A configuration is invalid: a missing or inconsistent hyper-parameter of a model,
+    /// weights that disagree with it, or an option the model cannot take (a placement, a
+    /// budget, a graph that cannot be batched).
     #[error("invalid model configuration: {0}")]
     Config(String),
+    /// An operation is invalid in the object's current state, whatever its files and
+    /// options: a step out of order (a KV cache not allocated yet, no forward pass run yet,
+    /// a ChatGLM-6B sequence not started at position 0), or a change that must come before
+    /// any instance of a model is made. A caller's mistake or a bug of flm, never a
+    /// malformed file.
+    #[error("invalid in the current state: {0}")]
+    State(String),
     /// A tokenizer error (a token id outside the vocabulary, an unsupported feature).
     #[error(transparent)]
     Tokenizer(#[from] flm_tokenizer::Error),

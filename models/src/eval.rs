@@ -34,7 +34,8 @@ impl TeacherForced {
 
 /// Runs `tokens` through `model` in windows of `ctx` tokens (see the module docs).
 ///
-/// Errors: `ctx < 2` or beyond the model's context, fewer than 2 tokens, model errors.
+/// Errors: [`Error::Config`] for `ctx < 2` or beyond the model's context,
+/// [`Error::InvalidInput`] for fewer than 2 tokens, model errors.
 pub fn teacher_forced(
     model: &mut Model,
     exec: &Executor,
@@ -48,7 +49,7 @@ pub fn teacher_forced(
         )));
     }
     if tokens.len() < 2 {
-        return Err(Error::Config(
+        return Err(Error::InvalidInput(
             "perplexity needs a text of at least 2 tokens".into(),
         ));
     }

@@ -134,7 +134,7 @@ pub trait SharedGraph: Send + Sync {
 
     /// The graph with its instances' KV caches of `kv_dtype`, before any instance is made.
     ///
-    /// Errors: [`Error::Config`] when instances of it exist.
+    /// Errors: [`Error::State`] when instances of it exist.
     fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel>;
 
     /// The Llama graph's shared model, for what only it offers (layer placement across
@@ -211,7 +211,7 @@ impl SharedModel {
     /// instance is made.
     ///
     /// Errors: [`Error::Config`] for ChatGLM-6B's graph, whose layers run in host memory
-    /// only, or when instances of the model exist; those of `plan` and of
+    /// only; [`Error::State`] when instances of the model exist; those of `plan` and of
     /// [`LlamaModel::place`].
     pub fn place(
         self,
@@ -225,7 +225,7 @@ impl SharedModel {
         };
         drop(self);
         let model = Arc::try_unwrap(model).map_err(|_| {
-            Error::Config("a model is placed before any instance of it is made".into())
+            Error::State("a model is placed before any instance of it is made".into())
         })?;
         let placement = plan(&model)?;
         Ok(model.place(exec, placement)?.into())
@@ -296,10 +296,10 @@ fn routed_bytes(lw: &LlamaLayer) -> u64 {
 
 /// The graph behind `shared`, when no other reference to it exists.
 ///
-/// Errors: [`Error::Config`] when instances of it exist.
+/// Errors: [`Error::State`] when instances of it exist.
 pub(crate) fn unshared<G>(shared: Arc<G>) -> Result<G> {
     Arc::try_unwrap(shared).map_err(|_| {
-        Error::Config("the KV cache dtype is set before any instance of the model is made".into())
+        Error::State("the KV cache dtype is set before any instance of the model is made".into())
     })
 }
 

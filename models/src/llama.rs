@@ -271,7 +271,9 @@ pub struct Llama {
 pub(crate) fn check_forward(config: &ModelConfig, tokens: &[u32], start_pos: usize) -> Result<()> {
     let vocab_size = config.vocab_size;
     if tokens.is_empty() {
-        return Err(Error::Config("forward needs at least one token".into()));
+        return Err(Error::InvalidInput(
+            "forward needs at least one token".into(),
+        ));
     }
     if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
         return Err(CoreError::TokenOutOfRange { id, vocab_size }.into());
@@ -710,7 +712,7 @@ impl Llama {
         let kv = self
             .kv
             .as_mut()
-            .ok_or_else(|| Error::Config("the KV cache is not allocated".into()))?;
+            .ok_or_else(|| Error::State("the KV cache is not allocated".into()))?;
         let s = run_layers(exec, model, tokens, &mut self.states, |l, s| {
             if !c.alibi {
                 for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
@@ -787,7 +789,7 @@ pub(crate) fn cache_and_attend(
 
 /// The activations of the last layer's memory (`states` as [`Llama`] holds them).
 ///
-/// Errors: [`Error::Config`] before the first forward pass.
+/// Errors: [`Error::State`] before the first forward pass.
 fn output_state<'a>(model: &LlamaModel, states: &'a [Activations]) -> Result<&'a Activations> {
     let output = model.placement.output();
     let memory = model
@@ -797,7 +799,7 @@ fn output_state<'a>(model: &LlamaModel, states: &'a [Activations]) -> Result<&'a
         .position(|&m| m == output);
     memory
         .and_then(|i| states.get(i))
-        .ok_or_else(|| Error::Config("no forward pass has run".into()))
+        .ok_or_else(|| Error::State("no forward pass has run".into()))
 }
 
 /// Activations for `rows` rows in each memory of `model`'s [`Placement::locations`], in
@@ -875,7 +877,7 @@ fn run_layers<'s>(
     let (c, w) = (&model.config, &model.weights);
     let locations = model.placement.locations();
     if states.len() != locations.len() {
-        return Err(Error::Config(format!(
+        return Err(Error::State(format!(
             "{} activation sets for {} memories",
             states.len(),
             locations.len()

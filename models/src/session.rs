@@ -245,11 +245,11 @@ impl Session {
     /// `at_start` decodes the output as the start of a text (drops its dummy-prefix space,
     /// as after a chat format's assistant tag).
     ///
-    /// Errors: [`Error::InvalidInput`] for an empty prompt; [`Error::PromptTooLong`] for a
-    /// prompt that leaves no position to generate; [`Error::Core`] for invalid sampling
-    /// parameters, a token outside the vocabulary or a device error; [`Error::Config`] for
-    /// a ChatGLM-6B prompt without its `[gMASK]`/`sop` tokens. After an error the KV cache
-    /// is taken as empty.
+    /// Errors: [`Error::InvalidInput`] for an empty prompt or a ChatGLM-6B prompt without
+    /// its `[gMASK]`/`sop` tokens; [`Error::PromptTooLong`] for a prompt that leaves no
+    /// position to generate; [`Error::Core`] for invalid sampling parameters, a token
+    /// outside the vocabulary or a device error. After an error the KV cache is taken as
+    /// empty.
     pub fn generate_tokens(
         &mut self,
         exec: &Executor,

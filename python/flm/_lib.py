@@ -25,6 +25,7 @@ class Status(enum.IntEnum):
     CONTEXT_OVERFLOW = 9
     INTERNAL = 10
     TOKENIZER = 11
+    STATE = 12
 
 
 class FlmError(Exception):

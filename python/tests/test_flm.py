@@ -152,6 +152,7 @@ def test_status_codes_are_the_headers() -> None:
     }
     assert declared == {s.name: s.value for s in flm.Status}
     assert flm.Status.TOKENIZER == 11
+    assert flm.Status.STATE == 12
 
 
 def test_16_bit_activations_load_and_generate() -> None:

@@ -182,7 +182,9 @@ impl LlamaBatch {
         let model = Arc::clone(&self.model);
         let c = &model.config;
         if seqs.is_empty() {
-            return Err(Error::Config("a batch needs at least one sequence".into()));
+            return Err(Error::InvalidInput(
+                "a batch needs at least one sequence".into(),
+            ));
         }
         self.tokens.clear();
         self.positions.clear();

@@ -43,6 +43,11 @@ pub enum FlmStatus {
     /// pre-tokenisation regex gave up on the text (possible only for the rare patterns
     /// that flm runs on a backtracking engine, see flm_tokenizer's `split.rs`).
     Tokenizer = 11,
+    /// An operation invalid in the current state of a model or session, though the files
+    /// and arguments are sound: a step out of order (a model changed after sessions of it
+    /// were made, a sequence not started at position 0). Unlike `FLM_STATUS_FORMAT`, it
+    /// says nothing about the model file.
+    State = 12,
 }
 
 /// An error on its way to the caller: a status and its message.
@@ -106,6 +111,7 @@ impl From<ModelError> for Failure {
             ModelError::Core(c) => core_status(c),
             ModelError::Io { .. } => FlmStatus::Io,
             ModelError::Format { .. } | ModelError::Config(_) => FlmStatus::Format,
+            ModelError::State(_) => FlmStatus::State,
             ModelError::Tokenizer(t) => tokenizer_status(t),
             ModelError::PromptTooLong { .. } => FlmStatus::ContextOverflow,
             ModelError::InvalidInput(_) => FlmStatus::InvalidArgument,
@@ -268,5 +274,27 @@ mod tests {
         assert_eq!(FlmStatus::Tokenizer as i32, 11);
         let bad_file = Failure::from(TokenizerError::Invalid("a merge".into()));
         assert_eq!(bad_file.status, FlmStatus::Format);
+    }
+
+    #[test]
+    fn a_call_out_of_order_is_a_state_error_not_a_format_error() {
+        // A model whose KV cache dtype is changed after an instance of it is made: sound
+        // file, sound arguments, wrong moment.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/stories260K/stories260K.bin");
+        let ckpt = flm_models::import::load(&path).unwrap();
+        let model = flm_models::SharedModel::new(&ckpt).unwrap();
+        let _instance = model.instance().unwrap();
+        let err = model.with_kv_dtype(flm_core::KvDtype::F16).err().unwrap();
+        assert!(matches!(err, ModelError::State(_)), "{err}");
+        let failure = Failure::from(err);
+        assert_eq!(failure.status, FlmStatus::State);
+        assert!(
+            failure.message.contains("before any instance"),
+            "{}",
+            failure.message
+        );
+        // Appended after the last existing value.
+        assert_eq!(FlmStatus::State as i32, 12);
     }
 }
