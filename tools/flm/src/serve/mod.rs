@@ -174,12 +174,14 @@ pub struct State {
 }
 
 /// An error of [`Engine::submit`] as an answer: 503 for a request the engine cannot queue
-/// now (its queue is full, or it has stopped), 400 for one it can never run (a prompt too
-/// long for the context or the KV pool, a bad token or sampling parameter).
+/// now (its queue is full, or it has stopped), 500 for a model in a state it should never be
+/// in (a fault of flm, not of the request), 400 for one it can never run (a prompt too long
+/// for the context or the KV pool, a bad token or sampling parameter).
 fn engine_error(e: flm_models::Error) -> ApiError {
     use flm_models::Error;
     match e {
         Error::QueueFull { .. } | Error::EngineStopped => ApiError::unavailable(e.to_string()),
+        Error::State(_) => ApiError::internal(e.to_string()),
         Error::PromptTooLong { .. } => {
             ApiError::invalid(None, e.to_string()).with_code("context_length_exceeded")
         }
