@@ -44,6 +44,7 @@ mod byte_bpe;
 mod chat;
 mod chatglm;
 mod decode;
+mod digit_groups;
 mod error;
 mod gpt2;
 mod hf_bpe;

@@ -155,7 +155,7 @@ fn byte_level_bpe_with_qwen2_and_tekken_regexes() {
 #[test]
 fn byte_level_bpe_with_every_other_pre_tokenizer() {
     // Pre-tokenizers of GGUF files with several regexes or with other look-aheads than
-    // Llama 3's, and the two rewritten for the linear-time engine.
+    // Llama 3's, and the two run as linear-time equivalents (`split.rs`).
     for pre in [
         "smollm",
         "deepseek-llm",
@@ -171,3 +171,12 @@ fn byte_level_bpe_with_every_other_pre_tokenizer() {
     }
 }
 
+/// Cohere's digit grouping `\d{1,3}(?=(?:\d{3})*\b)` before GPT-4o's regex (`tiny_aya`;
+/// `cohere2moe` maps to the same two), at the full length, and on a run of digits, which
+/// the grouping cuts in threes.
+#[test]
+fn byte_level_bpe_with_digit_grouping() {
+    let tok = gguf_gpt2_variant("tiny_aya");
+    check_all(&tok, "tiny_aya", LONG, false);
+    check_run(&tok, "tiny_aya", '1', LONG);
+}
