@@ -8,6 +8,12 @@
 //! ordered by that piece's score, highest first, ties to the leftmost pair. The best pair
 //! is merged, its stale neighbours are skipped when they surface, and the two new pairs
 //! are queued. Each merge costs O(log n), so a text of n characters costs O(n log n).
+//! When the vocabulary cannot join a word to the "▁" that starts the next one
+//! (`SpModel::merges_within_words`, true of Llama's), no pair ever spans that point, so
+//! the merges on either side never meet, and each word is merged with a queue of its own:
+//! the same merges in the same order, but a queue that stays in the cache instead of one
+//! with an entry per character of the text, whose cache misses made 1 MB of English
+//! text take five times as long.
 //! UNUSED pieces are split back into the pairs that formed them; one that cannot be
 //! split, like any symbol that is not a NORMAL/USER_DEFINED/UNUSED piece, is unknown.
 //! Finally, unknown symbols become byte pieces `<0xHH>` (byte fallback) or one `<unk>`
@@ -16,7 +22,7 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::sentencepiece::SpModel;
+use crate::sentencepiece::{SpModel, SPACE_SYMBOL};
 use crate::vocab::{PieceKind, VocabEntry};
 
 /// No neighbour.
@@ -117,11 +123,34 @@ impl Merger<'_> {
         }
     }
 
-    /// The main loop: merge the best pair until no pair is a piece.
+    /// Whether no merge can join symbol `i` to the one before it (see the module docs).
+    fn starts_a_word(&self, i: usize) -> bool {
+        let start = self.symbols[i].start;
+        self.model.merges_within_words
+            && self.text[start..].starts_with(SPACE_SYMBOL)
+            && !self.text[..start].ends_with(SPACE_SYMBOL)
+    }
+
+    /// The main loop: merge the best pair until no pair is a piece, word by word where
+    /// the vocabulary allows.
     fn merge_all(&mut self) {
-        for i in 1..self.symbols.len() {
-            self.maybe_add(i - 1, i);
+        let n = self.symbols.len();
+        let mut word = 0;
+        while word < n {
+            let mut end = word + 1;
+            while end < n && !self.starts_a_word(end) {
+                end += 1;
+            }
+            for i in word + 1..end {
+                self.maybe_add(i - 1, i);
+            }
+            self.merge_queued();
+            word = end;
         }
+    }
+
+    /// Merges the queued pairs, best first, queueing the new pairs they make.
+    fn merge_queued(&mut self) {
         while let Some(top) = self.agenda.pop() {
             let (l, r) = (self.symbols[top.left], self.symbols[top.right]);
             if l.len == 0 || r.len == 0 || l.len + r.len != top.size {
@@ -227,5 +256,68 @@ impl Emitter<'_> {
             (None, None) => self.out.extend(self.model.unk_id),
         }
         self.prev_unk = id.is_none();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use crate::{Encoder, Tokenizer};
+
+    /// Llama's vocabulary merges word by word; random texts (words, runs of spaces,
+    /// typed "▁", punctuation, digits, other scripts, byte-fallback characters) get the
+    /// same ids as with one queue over the whole text.
+    #[test]
+    fn merging_word_by_word_changes_nothing() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/data/tokenizer/tokenizer.model"
+        );
+        let tok = Tokenizer::from_file(std::path::Path::new(path)).unwrap();
+        let Encoder::SentencePiece(model) = &tok.encoder else {
+            panic!("not SentencePiece");
+        };
+        assert!(model.merges_within_words);
+        let mut whole = model.clone();
+        whole.merges_within_words = false;
+        let words = [
+            "the",
+            "The",
+            "ing",
+            "tion",
+            "a",
+            "I",
+            "don't",
+            "▁",
+            "▁▁",
+            " ",
+            "  ",
+            "   ",
+            "\n",
+            "\t",
+            ".",
+            ",",
+            "!?",
+            "1",
+            "2023",
+            "中文",
+            "日本語",
+            "é",
+            "😀",
+            "\u{301}",
+            "ab",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(48);
+        for _ in 0..2000 {
+            let text: String = (0..rng.random_range(0..24))
+                .map(|_| words[rng.random_range(0..words.len())])
+                .collect();
+            let normalized = model.normalize(&text);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            model.encode_normalized(&tok.pieces, &normalized, &mut a);
+            whole.encode_normalized(&tok.pieces, &normalized, &mut b);
+            assert_eq!(a, b, "{text:?}");
+        }
     }
 }

@@ -29,6 +29,14 @@ pub(crate) const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L
 /// Mistral-Nemo's "tekken" regex (its `tokenizer.json`).
 pub(crate) const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Bailing-MoE's regex (also Bailing-MoE 2's and LLaDA-MoE's), with possessive
+/// quantifiers (`split.rs` runs it as an equivalent without them).
+pub(crate) const BAILING_PATTERN: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
+
+/// Granite-Embedding multilingual 97M's regex, with a look-ahead in each letter class
+/// (`split.rs` runs it as an equivalent with class intersections).
+pub(crate) const GRANITE_EMBED_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))*((?=[\p{L}\p{M}])([^A-Z]))+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))+((?=[\p{L}\p{M}])([^A-Z]))*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// DeepSeek-V3's regexes (llama.cpp's `DEEPSEEK3_LLM`), also Hunyuan-Dense's, HY-V4's and
 /// JoyAI's.
 const DEEPSEEK3_PATTERNS: [&str; 3] = [
@@ -56,8 +64,8 @@ const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*
 /// The pre-tokeniser of a GGUF `tokenizer.ggml.pre` name, as llama.cpp's
 /// `llama_vocab::load` maps the name to a pre-tokeniser type and `llm_tokenizer_bpe` the
 /// type to its regexes (where llama.cpp rewrote a family's `tokenizer.json` regex for its
-/// own regex engine, the original is used, rewritten only where the linear-time engine of
-/// `split.rs` needs an equivalent form).
+/// own regex engine, the original is used; `split.rs` runs each in linear time, the few
+/// outside its automata's subset as equivalents).
 /// `None` for a name llama.cpp does not list, for the few it splits with hand-written code
 /// or a zero-width regex (`kimi-k2`, `afmoe`, `superbpe`), and for those that are not
 /// byte-level BPE (`gemma4`, `granite-embed-multi-311m`, `sarvam-moe`, `whitespace`).
@@ -151,14 +159,7 @@ pub(crate) fn gguf_pre_tokenizer(name: &str) -> Option<PreTokenizer> {
             ],
             false,
         ),
-        "granite-embed-multi-97m" => (
-            &[
-                // Its `((?=[\p{L}\p{M}])([^a-z]))` is one character of both classes, written
-                // as their intersection, which the linear-time engine runs (`split.rs`).
-                r"[^\r\n\p{L}\p{N}]?[[\p{L}\p{M}]&&[^a-z]]*[[\p{L}\p{M}]&&[^A-Z]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[[\p{L}\p{M}]&&[^a-z]]+[[\p{L}\p{M}]&&[^A-Z]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-            ],
-            true,
-        ),
+        "granite-embed-multi-97m" => (&[GRANITE_EMBED_PATTERN], true),
         "tiny_aya" | "cohere2moe" => (&[r"\d{1,3}(?=(?:\d{3})*\b)", GPT4O_PATTERN], false),
         "ufakzeka" => (
             &[r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
@@ -182,15 +183,7 @@ pub(crate) fn gguf_pre_tokenizer(name: &str) -> Option<PreTokenizer> {
             ],
             false,
         ),
-        "bailingmoe" | "bailingmoe2" | "llada-moe" => (
-            &[
-                // Its possessive `?+` and `++` as plain `?` and `+`: giving back the
-                // optional non-letter cannot let `\p{L}+` match, and `[\r\n]*` matches
-                // after any run, so backtracking never takes them back anyway.
-                r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
-            ],
-            false,
-        ),
+        "bailingmoe" | "bailingmoe2" | "llada-moe" => (&[BAILING_PATTERN], false),
         "seed-coder" => (
             &[
                 r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",
@@ -402,9 +395,7 @@ mod tests {
             let pre = gguf_pre_tokenizer(name).unwrap_or_else(|| panic!("{name}"));
             for r in pre.regexes {
                 let splitter = Splitter::new(r).unwrap_or_else(|e| panic!("{name}: {r:?}: {e}"));
-                // All but tiny_aya's digit grouping `(?=(?:\d{3})*\b)` run in linear time.
-                let grouping = ["tiny_aya", "cohere2moe"].contains(&name) && r.contains("(?=");
-                assert_eq!(splitter.is_linear(), !grouping, "{name}: {r:?}");
+                assert!(splitter.is_linear(), "{name}: {r:?}");
             }
         }
         for name in [

@@ -13,6 +13,7 @@ use minijinja::machinery::{self, Vm};
 use minijinja::value::merge_maps;
 use minijinja::{context, AutoEscape, Environment, ErrorKind, Value};
 
+use crate::jinja_compile;
 use crate::jinja_limits::{self, Budget};
 use crate::{Error, Result, TemplateArgs, Tokenizer};
 
@@ -162,6 +163,7 @@ fn run<M: serde::Serialize>(
         },
     ]);
     let fatal = |e| (e, Fatal(true));
+    jinja_compile::check(template).map_err(fatal)?;
     let compiled = env.template_from_str(template).map_err(fatal)?;
     let compiled = machinery::get_compiled_template(&compiled);
     let instructions = jinja_limits::bounded(&compiled.instructions).map_err(fatal)?;

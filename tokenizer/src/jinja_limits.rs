@@ -19,6 +19,10 @@
 //!   replaced by checked versions that measure the result first and then call the
 //!   builtin.
 //!
+//! What compiling the template may cost (minijinja folds constant expressions while it
+//! compiles, before any of this applies) is bounded before it is compiled, by
+//! `jinja_compile.rs`.
+//!
 //! The limits are far above what real templates need: a long conversation renders to a
 //! few hundred kilobytes in some thousands of instructions, and the text is capped at
 //! 8 MiB, about two million tokens, more than any model's context.
@@ -58,13 +62,14 @@ struct OverLimit;
 
 impl fmt::Display for OverLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the chat template's render budget is spent")
+        f.write_str("the chat template's budget is spent")
     }
 }
 
 impl std::error::Error for OverLimit {}
 
-fn limit(what: String) -> Error {
+/// An error of a limit, `what` saying which.
+pub(crate) fn limit(what: String) -> Error {
     Error::new(ErrorKind::InvalidOperation, what).with_source(OverLimit)
 }
 
@@ -145,7 +150,7 @@ impl fmt::Write for Count {
 
 /// The length of `value`'s text (as `{{ value }}` writes it), measured without building it;
 /// strings give their length, anything else fails past [`MAX_TEMPLATE_TEXT`].
-fn text_len(value: &Value) -> Result<usize, Error> {
+pub(crate) fn text_len(value: &Value) -> Result<usize, Error> {
     if let Some(s) = value.as_str() {
         return Ok(s.len());
     }
@@ -452,7 +457,9 @@ pub(crate) fn install(env: &mut Environment, budget: &Arc<Budget>) {
 /// constant operands (`'a' * 10**8`, a lazy `[1] * 10**12`) without passing the checked
 /// operators: strings of at most [`MAX_TEMPLATE_TEXT`] bytes, and at most
 /// [`MAX_TEMPLATE_ITEMS`] items in all, counted through nested sequences and maps before
-/// anything is rendered (a lazy sequence is walked no further than the limit).
+/// anything is rendered (a lazy sequence is walked no further than the limit). What the
+/// compiler folds is bounded before it compiles (`jinja_compile.rs`); this check remains
+/// for the constants themselves, and as a second line.
 fn check_const(value: &Value, items: &mut usize) -> Result<(), Error> {
     if let Some(s) = value.as_str() {
         if s.len() > MAX_TEMPLATE_TEXT {

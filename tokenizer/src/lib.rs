@@ -44,6 +44,7 @@ mod byte_bpe;
 mod chat;
 mod chatglm;
 mod decode;
+mod digit_groups;
 mod error;
 mod gpt2;
 mod hf_bpe;
@@ -52,6 +53,7 @@ mod hf_config;
 mod hf_json;
 mod hf_vocab;
 mod jinja;
+mod jinja_compile;
 mod jinja_limits;
 mod llama2c;
 mod sentencepiece;
@@ -71,6 +73,7 @@ pub use error::{Error, Result};
 pub use gpt2::gguf_gpt2_spec;
 pub use hf_config::chat_template_from_hf_config;
 pub use jinja::check_template_args;
+pub use jinja_compile::{MAX_TAG_OPERATORS, MAX_TEMPLATE_OPERATORS, MAX_TEMPLATE_SOURCE};
 pub use jinja_limits::{MAX_TEMPLATE_BUILT, MAX_TEMPLATE_ITEMS, MAX_TEMPLATE_TEXT, TEMPLATE_FUEL};
 pub use spec::{
     AddedTokenSpec, ByteLevelBpeSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType,
@@ -245,11 +248,13 @@ impl Tokenizer {
 
     /// Sets the model's Jinja chat template, `origin` saying where it came from (such as
     /// "GGUF metadata `tokenizer.chat_template`"), named in the errors it causes. The
-    /// template is checked first: it is rendered for sample conversations (system, user,
-    /// assistant, user; and user, assistant, user) under the render budget of every request
-    /// ([`TEMPLATE_FUEL`], [`MAX_TEMPLATE_TEXT`], [`MAX_TEMPLATE_ITEMS`],
-    /// [`MAX_TEMPLATE_BUILT`]), so that a hostile or broken template fails when the model
-    /// is loaded. `None` removes the template.
+    /// template is checked first: it is compiled within the limits of every request's
+    /// compile ([`MAX_TEMPLATE_SOURCE`], [`MAX_TAG_OPERATORS`], [`MAX_TEMPLATE_OPERATORS`],
+    /// and constants folded to at most [`MAX_TEMPLATE_TEXT`] bytes) and rendered for sample
+    /// conversations (system, user, assistant, user; and user, assistant, user) under the
+    /// render budget of every request ([`TEMPLATE_FUEL`], [`MAX_TEMPLATE_TEXT`],
+    /// [`MAX_TEMPLATE_ITEMS`], [`MAX_TEMPLATE_BUILT`]), so that a hostile or broken
+    /// template fails when the model is loaded. `None` removes the template.
     ///
     /// Errors: [`Error::Template`] naming `origin`, for a syntax error or a template that
     /// runs past a limit. The template's own errors on a sample are accepted: it may refuse

@@ -29,7 +29,7 @@ pub(crate) const SPACE_SYMBOL: &[u8] = "\u{2581}".as_bytes();
 
 /// A SentencePiece BPE model ready to encode: the lookup structures of
 /// `ModelInterface` plus the normaliser. The merge loop is in `bpe.rs`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct SpModel {
     /// NORMAL, USER_DEFINED and UNUSED pieces: the possible merge results, and the only
     /// pieces a symbol can be emitted as (anything else becomes unknown).
@@ -41,6 +41,17 @@ pub(crate) struct SpModel {
     /// The `<0xHH>` piece ids, when byte fallback is on.
     pub(crate) byte_ids: Option<Box<[u32; 256]>>,
     pub(crate) normalizer: NormalizerOptions,
+    /// No merge can join a character other than "▁" to a following "▁": no merge
+    /// target has "▁" after another character, and none is UNUSED (their resegmenting
+    /// depends on the order of merges across the whole text). Then the text is merged
+    /// word by word, each word starting at such a "▁" (`bpe.rs`), with the same result.
+    pub(crate) merges_within_words: bool,
+}
+
+/// Whether `piece` has "▁" right after a character other than "▁".
+fn joins_a_space(piece: &[u8]) -> bool {
+    (1..piece.len())
+        .any(|k| piece[k..].starts_with(SPACE_SYMBOL) && !piece[..k].ends_with(SPACE_SYMBOL))
 }
 
 /// sentencepiece's `kMaxPieceSize`.
@@ -66,6 +77,7 @@ impl SpModel {
         let mut user_defined = TrieBuilder::new();
         let mut unk_id = None;
         let mut byte_ids = [u32::MAX; 256];
+        let mut merges_within_words = true;
         for (id, p) in pieces.iter().enumerate() {
             let id = id as u32;
             if p.bytes.is_empty() {
@@ -88,6 +100,7 @@ impl SpModel {
             }
             if p.kind.is_merge_target() {
                 normal.insert(&p.bytes, id);
+                merges_within_words &= p.kind != PieceKind::Unused && !joins_a_space(&p.bytes);
             }
             match p.kind {
                 PieceKind::UserDefined => {
@@ -121,6 +134,7 @@ impl SpModel {
             unk_id,
             byte_ids: byte_fallback.then(|| Box::new(byte_ids)),
             normalizer,
+            merges_within_words,
         })
     }
 
@@ -317,6 +331,22 @@ mod tests {
         let unk = piece("<unk>", PieceKind::Unknown);
         let a = piece("a", PieceKind::Normal);
         assert!(SpModel::new(&[unk.clone(), a.clone()], false, opts).is_ok());
+        // Merging word by word needs pieces with "▁" only after "▁" (or first), and no
+        // UNUSED piece.
+        for (pieces, words) in [
+            (&["▁a", "▁▁", "▁▁a", "a"][..], true),
+            (&["a▁"], false),
+            (&["▁a▁"], false),
+            (&["é▁▁"], false),
+        ] {
+            let mut all = vec![unk.clone()];
+            all.extend(pieces.iter().map(|p| piece(p, PieceKind::Normal)));
+            let m = SpModel::new(&all, false, opts).unwrap();
+            assert_eq!(m.merges_within_words, words, "{pieces:?}");
+        }
+        let unused = piece("▁b", PieceKind::Unused);
+        let m = SpModel::new(&[unk.clone(), unused], false, opts).unwrap();
+        assert!(!m.merges_within_words);
         assert!(
             SpModel::new(std::slice::from_ref(&a), false, opts).is_err(),
             "no <unk>"

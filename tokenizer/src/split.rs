@@ -16,15 +16,45 @@
 //! else fail this alternative and try the later ones at the same position, which an
 //! anchored search of the later alternatives does here.
 //!
-//! A pattern with another look-around (or another construct the `regex` syntax lacks,
-//! such as possessive quantifiers) is run by fancy-regex as before, with its limits; the
-//! patterns flm ships are all of the first kind but tiny_aya's digit grouping
-//! `\d{1,3}(?=(?:\d{3})*\b)` (see `gpt2.rs`).
+//! Outside that subset, the patterns flm knows are run in linear time too:
+//!
+//! - Those with an equivalent inside the subset ([`EQUIVALENTS`]: possessive quantifiers
+//!   that never give anything back, a look-ahead that intersects two classes) run as that
+//!   equivalent, whether they come from a GGUF name or a `tokenizer.json`.
+//! - Cohere's digit grouping `\d{1,3}(?=(?:\d{3})*\b)` (`tiny_aya`, `cohere2moe`) runs
+//!   as a one-pass cutting of the runs of digits (`digit_groups.rs`).
+//!
+//! Any other pattern (another look-around, a back-reference) is run by fancy-regex, with
+//! its backtracking limits: such a pattern can make [`Splitter::for_each_match`] fail on
+//! long texts, or take quadratic time. No pattern flm ships or maps a GGUF name to is of
+//! that kind (`gpt2.rs` tests each).
 
 use regex_automata::meta::Regex;
 use regex_automata::{Anchored, Input};
 
+use crate::digit_groups::DigitGroups;
+use crate::gpt2::{BAILING_PATTERN, GRANITE_EMBED_PATTERN};
 use crate::{Error, Result};
+
+/// Pre-tokeniser patterns outside the linear-time subset, each with an equivalent inside
+/// it: (the pattern as the family's files write it, the equivalent it runs as). The test
+/// `rewritten_patterns_equal_their_originals` checks that fancy-regex cuts random texts
+/// alike with both.
+pub(crate) const EQUIVALENTS: [(&str, &str); 2] = [
+    // Its possessive `?+` and `++` as plain `?` and `+`: giving back the optional
+    // non-letter cannot let `\p{L}+` match, and `[\r\n]*` matches after any run, so
+    // backtracking never takes them back anyway.
+    (
+        BAILING_PATTERN,
+        r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
+    ),
+    // Its `((?=[\p{L}\p{M}])([^a-z]))` is one character of both classes, written as their
+    // intersection.
+    (
+        GRANITE_EMBED_PATTERN,
+        r"[^\r\n\p{L}\p{N}]?[[\p{L}\p{M}]&&[^a-z]]*[[\p{L}\p{M}]&&[^A-Z]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[[\p{L}\p{M}]&&[^a-z]]+[[\p{L}\p{M}]&&[^A-Z]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+];
 
 /// One alternative of the top-level alternation.
 #[derive(Debug)]
@@ -51,6 +81,7 @@ struct Automata {
 #[derive(Debug)]
 enum Engine {
     Automata(Automata),
+    Digits(DigitGroups),
     Fancy(Box<fancy_regex::Regex>),
 }
 
@@ -60,22 +91,31 @@ pub(crate) struct Splitter(Engine);
 
 impl Splitter {
     /// Compiles `pattern` (fancy-regex syntax, as tiktoken's `pat_str` and the `Split`
-    /// pre-tokenizer of `tokenizers` write it).
+    /// pre-tokenizer of `tokenizers` write it): on the automata if it is in their subset or
+    /// has an equivalent there ([`EQUIVALENTS`]), as the digit grouping if it is that, else
+    /// on fancy-regex.
     ///
     /// Errors: [`Error::Invalid`] if the pattern compiles in neither engine.
     pub(crate) fn new(pattern: &str) -> Result<Splitter> {
-        if let Some(automata) = Automata::new(pattern) {
+        let linear = EQUIVALENTS
+            .iter()
+            .find(|(original, _)| *original == pattern)
+            .map_or(pattern, |(_, equivalent)| *equivalent);
+        if let Some(automata) = Automata::new(linear) {
             return Ok(Splitter(Engine::Automata(automata)));
+        }
+        if let Some(digits) = DigitGroups::new(pattern) {
+            return Ok(Splitter(Engine::Digits(digits)));
         }
         fancy_regex::Regex::new(pattern)
             .map(|re| Splitter(Engine::Fancy(Box::new(re))))
             .map_err(|e| Error::Invalid(format!("pre-tokenizer pattern {pattern:?}: {e}")))
     }
 
-    /// Whether the pattern runs on the linear-time engine (not on fancy-regex).
+    /// Whether the pattern runs in linear time (not on fancy-regex).
     #[cfg(test)]
     pub(crate) fn is_linear(&self) -> bool {
-        matches!(self.0, Engine::Automata(_))
+        !matches!(self.0, Engine::Fancy(_))
     }
 
     /// Calls `f` with the start and end (byte offsets) of each match in `text`, left to
@@ -111,6 +151,7 @@ impl Splitter {
                 }
                 Ok(())
             }
+            Engine::Digits(digits) => digits.for_each_match(text, f),
             Engine::Fancy(re) => {
                 for m in re.find_iter(text) {
                     let m =
@@ -440,15 +481,40 @@ mod tests {
     #[test]
     fn rewritten_patterns_equal_their_originals() {
         let texts = texts();
-        let bailing = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
-        let granite = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))*((?=[\p{L}\p{M}])([^A-Z]))+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))+((?=[\p{L}\p{M}])([^A-Z]))*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-        for (name, original) in [
-            ("bailingmoe", bailing),
-            ("granite-embed-multi-97m", granite),
-        ] {
-            let rewritten = gguf_pre_tokenizer(name).unwrap().regexes[0];
-            assert!(Splitter::new(rewritten).unwrap().is_linear(), "{name}");
-            check(rewritten, original, &texts);
+        for (original, equivalent) in EQUIVALENTS {
+            assert!(
+                Splitter::new(equivalent).unwrap().is_linear(),
+                "{equivalent}"
+            );
+            assert!(Splitter::new(original).unwrap().is_linear(), "{original}");
+            // `Splitter::new(original)` runs the equivalent; fancy-regex the original.
+            check(original, original, &texts);
+        }
+    }
+
+    /// Digits in runs of every length, with each kind of neighbour: word characters
+    /// (letters, marks, `_`, digits of other scripts), spaces, punctuation, the ends.
+    #[test]
+    fn digit_grouping_equals_fancy_regexs() {
+        let alphabet: Vec<char> = "0123٣٤ a_\u{301}.,-\n½é".chars().collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(48);
+        let mut texts = texts();
+        for _ in 0..1000 {
+            let mut text = String::new();
+            for _ in 0..rng.random_range(0..6) {
+                let c = alphabet[rng.random_range(0..alphabet.len())];
+                let run = if rng.random_bool(0.5) {
+                    rng.random_range(1..14)
+                } else {
+                    1
+                };
+                text.extend(std::iter::repeat_n(c, run));
+            }
+            texts.push(text);
+        }
+        for pattern in [r"\d{1,3}(?=(?:\d{3})*\b)", r"\d{1,2}(?=(?:\d{2})*\b)"] {
+            assert!(Splitter::new(pattern).unwrap().is_linear(), "{pattern}");
+            check(pattern, pattern, &texts);
         }
     }
 

@@ -7,37 +7,11 @@
 
 mod common;
 
-use common::{ids, json};
+use common::{gpt2_variant, ids, json, Gpt2Variant};
 use flm_tokenizer::Tokenizer;
-use serde_json::Value;
-
-/// The `tokenizer.json` of `variant` and its cases: (texts, ids, decoded texts).
-fn variant(name: &str) -> (Tokenizer, Vec<(String, Vec<u32>, String)>) {
-    let cases = json("tokenizer/gpt2/gpt2_cases.json");
-    let v = &cases["variants"][name];
-    let mut file: Value = json("tokenizer/gpt2/tokenizer.json");
-    if !v["pre_tokenizer"].is_null() {
-        file["pre_tokenizer"] = v["pre_tokenizer"].clone();
-        file["normalizer"] = v["normalizer"].clone();
-        file["model"]["ignore_merges"] = v["ignore_merges"].clone();
-    }
-    let tok = Tokenizer::from_bytes(&serde_json::to_vec(&file).unwrap())
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let texts = cases["texts"].as_array().unwrap();
-    let cases = (0..texts.len())
-        .map(|i| {
-            (
-                texts[i].as_str().unwrap().to_owned(),
-                ids(&v["ids"][i]),
-                v["decoded"][i].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    (tok, cases)
-}
 
 fn check(name: &str) {
-    let (tok, cases) = variant(name);
+    let Gpt2Variant { tok, cases, .. } = gpt2_variant(name);
     assert_eq!(cases.len(), 57);
     for (i, (text, expected, decoded)) in cases.iter().enumerate() {
         assert_eq!(
@@ -57,7 +31,7 @@ fn check(name: &str) {
 fn gpt2_tokenizer_json_matches_tokenizers() {
     check("gpt2");
     // The first 46 are llama.cpp's cases, whose ids llama.cpp recorded independently.
-    let (tok, _) = variant("gpt2");
+    let tok = gpt2_variant("gpt2").tok;
     for (text, expected) in common::llama_cpp_cases_of("gpt-2") {
         assert_eq!(tok.encode(&text, false).unwrap(), expected, "{text:?}");
     }
@@ -82,7 +56,7 @@ fn tekken_regex_matches_tokenizers() {
 
 #[test]
 fn added_tokens_round_trip_through_the_flm_spec() {
-    let (tok, cases) = variant("llama3");
+    let Gpt2Variant { tok, cases, .. } = gpt2_variant("llama3");
     let json = serde_json::to_string(&tok.spec()).unwrap();
     let back = Tokenizer::from_spec(serde_json::from_str(&json).unwrap()).unwrap();
     assert_eq!(back.spec(), tok.spec());
@@ -96,7 +70,7 @@ fn added_tokens_round_trip_through_the_flm_spec() {
 fn invalid_utf8_decodes_as_tokenizers_does() {
     // `tokenizers`' ByteLevel decoder: one U+FFFD per maximal invalid subsequence; the
     // stream holds back incomplete characters and ends with the same text.
-    let (tok, _) = variant("gpt2");
+    let tok = gpt2_variant("gpt2").tok;
     let cases = json("tokenizer/gpt2/gpt2_cases.json");
     for case in cases["decode_cases"].as_array().unwrap() {
         let (ids, text) = (ids(&case["ids"]), case["text"].as_str().unwrap());
@@ -112,7 +86,7 @@ fn invalid_utf8_decodes_as_tokenizers_does() {
 #[test]
 fn tokenizer_config_names_bos_and_eos() {
     // Qwen2-style: no BOS, EOS a special token; Llama 3-style objects with "content".
-    let (tok, _) = variant("gpt2");
+    let tok = gpt2_variant("gpt2").tok;
     let config = br#"{"bos_token": null, "eos_token": "<|im_start|>", "add_bos_token": false}"#;
     let tok = tok.with_hf_config(config, None).unwrap();
     assert_eq!(
@@ -136,7 +110,7 @@ fn tokenizer_config_names_bos_and_eos() {
 /// tokens have none): joined, they decode to the decoded text.
 #[test]
 fn token_bytes_of_a_byte_level_vocabulary_join_to_the_text() {
-    let (tok, cases) = variant("gpt2");
+    let Gpt2Variant { tok, cases, .. } = gpt2_variant("gpt2");
     for (text, ids, decoded) in cases {
         let bytes: Vec<u8> = ids
             .iter()

@@ -3,15 +3,87 @@
 //! origin and the limit, within the render budget: fuel for time, caps on the strings and
 //! sequences built and on the output for memory. Each is refused when the template is
 //! loaded (the check on a sample conversation) as well as when a request renders it.
+//! Templates that would make minijinja's compiler build gigabytes of constants, run for
+//! ever or overflow the stack are refused before it compiles them, within a second and a
+//! few megabytes (measured by a per-thread count of the allocations).
 
 mod common;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use common::load;
 use flm_tokenizer::{
-    Message, TemplateArgs, Tokenizer, MAX_TEMPLATE_ITEMS, MAX_TEMPLATE_TEXT, TEMPLATE_FUEL,
+    Message, TemplateArgs, Tokenizer, MAX_TAG_OPERATORS, MAX_TEMPLATE_ITEMS,
+    MAX_TEMPLATE_OPERATORS, MAX_TEMPLATE_SOURCE, MAX_TEMPLATE_TEXT, TEMPLATE_FUEL,
 };
+
+/// The system allocator, counting the bytes each thread has allocated and not freed, and
+/// the peak of that count.
+struct PerThreadCount;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn track(delta: isize) {
+    // `try_with`: a thread's last frees may come after its cells are gone.
+    let _ = LIVE.try_with(|live| {
+        let now = live.get() + delta;
+        live.set(now);
+        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+    });
+}
+
+// SAFETY: every call goes to the system allocator unchanged; the counting only touches
+// const-initialised thread-local cells, which neither allocate nor have destructors.
+unsafe impl GlobalAlloc for PerThreadCount {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller keeps `alloc`'s contract, which this passes on.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            track(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            track(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, that is from `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        track(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as for `dealloc`, and the caller keeps `realloc`'s contract.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            track(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: PerThreadCount = PerThreadCount;
+
+/// `f()`, and the most bytes it had allocated at once on this thread.
+fn peak_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let base = LIVE.with(Cell::get);
+    PEAK.with(|peak| peak.set(base));
+    let out = f();
+    (out, PEAK.with(Cell::get).saturating_sub(base) as usize)
+}
 
 /// The issue asks for well under a second in a release build; a debug build on a loaded
 /// 2-core machine gets this margin.
@@ -209,5 +281,100 @@ fn the_load_check_accepts_the_templates_own_errors_and_refuses_syntax_errors() {
             .with_chat_template(Some(own.into()), "test")
             .unwrap();
         assert!(tok.encode_chat(&[Message::new("user", "u")], true).is_err());
+    }
+}
+
+/// Constants that minijinja's compiler would fold into 100 MB strings (one, or several
+/// adding up), into the text of 10^12 items or a comparison that walks them (which never
+/// end), or into a length that overflows; chains of operators that would overflow the
+/// stack; a source past the limit. Each is refused when the template loads, within
+/// [`BOUND`] (a small fraction of it: nothing is compiled) and a few megabytes.
+#[test]
+fn compiling_is_bounded() {
+    let text = format!("past the limit of {MAX_TEMPLATE_TEXT} bytes");
+    let items = format!("past the limit of {MAX_TEMPLATE_ITEMS} items");
+    let all = format!("more than the limit of {MAX_TEMPLATE_TEXT} bytes in all");
+    let operators = format!("more operators than the limit of {MAX_TAG_OPERATORS}");
+    let source = format!("past the limit of {MAX_TEMPLATE_SOURCE} bytes");
+    let cases = [
+        ("{{ 'a' * 10**8 }}".to_string(), &text),
+        ("{{ ('a' * 99999999) ~ ('b' * 99999999) }}".into(), &text),
+        ("{{ -('a' * 10**8) }}".into(), &text),
+        ("{{ 'a' * 1000000 }}".repeat(64), &all),
+        ("{{ ('ab' * 1000000 ~ 'c') ~ x }}".repeat(8), &all),
+        ("{{ ([1] * 10**12) ~ '' }}".into(), &items),
+        ("{{ ([1] * 10**12) == ([1] * 10**12) }}".into(), &items),
+        ("{{ 2 in [1] * 10**12 }}".into(), &items),
+        ("{{ [1, 2] * 9223372036854775807 }}".into(), &items),
+        ("{{ [1] * 10**6 }}".into(), &all),
+        (
+            "{{ x + 1 }}".repeat(MAX_TEMPLATE_OPERATORS + 1),
+            &format!("more operators than the limit of {MAX_TEMPLATE_OPERATORS}"),
+        ),
+        (format!("{{{{ x{} }}}}", " + 1".repeat(10_000)), &operators),
+        (
+            format!("{{{{ x{} }}}}", "|string".repeat(10_000)),
+            &operators,
+        ),
+        (
+            format!("{{% set y = x{} %}}", ".a".repeat(10_000)),
+            &operators,
+        ),
+        (
+            format!("{{{{ x{} }}}}", " + 1".repeat(MAX_TAG_OPERATORS + 1)),
+            &operators,
+        ),
+        ("a".repeat(MAX_TEMPLATE_SOURCE + 1), &source),
+    ];
+    for (template, why) in cases {
+        let tok = plain();
+        let start = Instant::now();
+        let (err, peak) = peak_allocation(|| {
+            tok.with_chat_template(Some(template.clone()), "GGUF metadata")
+                .err()
+                .map(|e| e.to_string())
+        });
+        let took = start.elapsed();
+        let short = &template[..template.len().min(60)];
+        let err = err.unwrap_or_else(|| panic!("{short} loaded"));
+        assert!(err.contains(why.as_str()), "{short}: {err}");
+        assert!(took < BOUND / 5, "{short}: {took:?}");
+        assert!(peak < 16 << 20, "{short}: {peak} bytes");
+    }
+}
+
+/// Just inside the limits, templates load and render: constants folded at compile time,
+/// a tag with as many operators as allowed, as many such tags as allowed (the slowest
+/// template to compile, within [`BOUND`]), a source as long as allowed.
+#[test]
+fn compiling_within_the_limits() {
+    let chain = format!("{{{{ 0{} }}}}", " + 1".repeat(MAX_TAG_OPERATORS));
+    let chains = MAX_TEMPLATE_OPERATORS / MAX_TAG_OPERATORS;
+    let cases = [
+        (
+            "{{ ('ab' * 1000000) | length }}".to_string(),
+            "2000000".to_string(),
+        ),
+        ("{{ ([1] * 1000) | length }}".into(), "1000".into()),
+        ("{{ 'a' ~ 'b' ~ 1 }}".into(), "ab1".into()),
+        (chain.clone(), MAX_TAG_OPERATORS.to_string()),
+        (
+            chain.repeat(chains),
+            MAX_TAG_OPERATORS.to_string().repeat(chains),
+        ),
+        (
+            format!("{{{{ 'a' }}}}{}", "b".repeat(MAX_TEMPLATE_SOURCE - 9)),
+            format!("a{}", "b".repeat(MAX_TEMPLATE_SOURCE - 9)),
+        ),
+    ];
+    for (template, want) in cases {
+        let short = template[..template.len().min(60)].to_string();
+        let start = Instant::now();
+        let tok = plain()
+            .with_chat_template(Some(template), "test")
+            .unwrap_or_else(|e| panic!("{short}: {e}"));
+        let got = tok.encode_chat(&[Message::new("user", "u")], true).unwrap();
+        assert_eq!(got.text, want, "{short}");
+        assert!(start.elapsed() < BOUND, "{short}: {:?}", start.elapsed());
     }
 }

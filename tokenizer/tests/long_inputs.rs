@@ -14,10 +14,9 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::{data, json, load};
-use flm_tokenizer::{gguf_gpt2_spec, PieceType, Tokenizer};
+use common::{data, gguf_gpt2_variant, gpt2_variant, load};
+use flm_tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
-use serde_json::Value;
 use unicode_normalization::UnicodeNormalization;
 
 /// 10 MB.
@@ -106,22 +105,6 @@ fn check_all(tok: &Tokenizer, what: &str, len: usize, nfc: bool) {
     check_random(tok, what, len, nfc);
 }
 
-/// GPT-2's `tokenizer.json` with the pre-tokenizer of `variant` of gpt2_cases.json, and
-/// whether its normaliser is NFC.
-fn gpt2_variant(variant: &str) -> (Tokenizer, bool) {
-    let cases = json("tokenizer/gpt2/gpt2_cases.json");
-    let v = &cases["variants"][variant];
-    let mut file: Value = json("tokenizer/gpt2/tokenizer.json");
-    if !v["pre_tokenizer"].is_null() {
-        file["pre_tokenizer"] = v["pre_tokenizer"].clone();
-        file["normalizer"] = v["normalizer"].clone();
-        file["model"]["ignore_merges"] = v["ignore_merges"].clone();
-    }
-    let tok = Tokenizer::from_bytes(&serde_json::to_vec(&file).unwrap())
-        .unwrap_or_else(|e| panic!("{variant}: {e}"));
-    (tok, v["normalizer"]["type"] == "NFC")
-}
-
 #[test]
 fn sentencepiece_bpe() {
     check_all(
@@ -156,43 +139,23 @@ fn tiktoken_style_byte_level_bpe() {
 #[test]
 fn byte_level_bpe_with_gpt2_and_llama3_regexes() {
     for variant in ["gpt2", "llama3"] {
-        let (tok, nfc) = gpt2_variant(variant);
-        check_all(&tok, variant, LONG, nfc);
+        let v = gpt2_variant(variant);
+        check_all(&v.tok, variant, LONG, v.nfc);
     }
 }
 
 #[test]
 fn byte_level_bpe_with_qwen2_and_tekken_regexes() {
     for variant in ["qwen2", "tekken"] {
-        let (tok, nfc) = gpt2_variant(variant);
-        check_all(&tok, variant, LONG, nfc);
+        let v = gpt2_variant(variant);
+        check_all(&v.tok, variant, LONG, v.nfc);
     }
-}
-
-/// GPT-2's vocabulary and merges as a GGUF `gpt2` tokenizer with the pre-tokenizer
-/// `pre` (`tokenizer.ggml.pre`).
-fn gguf_variant(pre: &str) -> Tokenizer {
-    let file = json("tokenizer/gpt2/tokenizer.json");
-    let vocab = file["model"]["vocab"].as_object().unwrap();
-    let mut tokens = vec![String::new(); vocab.len()];
-    for (token, id) in vocab {
-        tokens[id.as_u64().unwrap() as usize] = token.clone();
-    }
-    let merges: Vec<String> = file["model"]["merges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap()))
-        .collect();
-    let types = vec![PieceType::Normal; tokens.len()];
-    let spec = gguf_gpt2_spec(&tokens, &types, &merges, pre).unwrap();
-    Tokenizer::from_spec(spec).unwrap()
 }
 
 #[test]
 fn byte_level_bpe_with_every_other_pre_tokenizer() {
     // Pre-tokenizers of GGUF files with several regexes or with other look-aheads than
-    // Llama 3's, and the two rewritten for the linear-time engine.
+    // Llama 3's, and the two run as linear-time equivalents (`split.rs`).
     for pre in [
         "smollm",
         "deepseek-llm",
@@ -204,6 +167,16 @@ fn byte_level_bpe_with_every_other_pre_tokenizer() {
     .into_iter()
     .chain(["bailingmoe", "granite-embed-multi-97m"])
     {
-        check_all(&gguf_variant(pre), pre, SHORTER, false);
+        check_all(&gguf_gpt2_variant(pre), pre, SHORTER, false);
     }
+}
+
+/// Cohere's digit grouping `\d{1,3}(?=(?:\d{3})*\b)` before GPT-4o's regex (`tiny_aya`;
+/// `cohere2moe` maps to the same two), at the full length, and on a run of digits, which
+/// the grouping cuts in threes.
+#[test]
+fn byte_level_bpe_with_digit_grouping() {
+    let tok = gguf_gpt2_variant("tiny_aya");
+    check_all(&tok, "tiny_aya", LONG, false);
+    check_run(&tok, "tiny_aya", '1', LONG);
 }

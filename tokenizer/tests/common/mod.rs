@@ -5,7 +5,8 @@
 
 use std::path::PathBuf;
 
-use flm_tokenizer::Tokenizer;
+use flm_tokenizer::{gguf_gpt2_spec, PieceType, Tokenizer};
+use serde_json::Value;
 
 /// A file under the workspace's `tests/data`.
 pub fn data(rel: &str) -> PathBuf {
@@ -19,6 +20,65 @@ pub fn load(rel: &str) -> Tokenizer {
 pub fn json(rel: &str) -> serde_json::Value {
     let bytes = std::fs::read(data(rel)).unwrap();
     serde_json::from_slice(&bytes).unwrap()
+}
+
+/// GPT-2's byte-level BPE (`tokenizer/gpt2/tokenizer.json`) with the pre-tokenizer, normaliser
+/// and `ignore_merges` of variant `name` of `tokenizer/gpt2/gpt2_cases.json` swapped in
+/// (`make_gpt2_cases.py`).
+pub struct Gpt2Variant {
+    pub tok: Tokenizer,
+    /// Whether its normaliser is NFC.
+    pub nfc: bool,
+    /// (text, ids, decoded text), as `tokenizers` gives them for the variant.
+    pub cases: Vec<(String, Vec<u32>, String)>,
+}
+
+pub fn gpt2_variant(name: &str) -> Gpt2Variant {
+    let cases = json("tokenizer/gpt2/gpt2_cases.json");
+    let v = &cases["variants"][name];
+    let mut file: Value = json("tokenizer/gpt2/tokenizer.json");
+    if !v["pre_tokenizer"].is_null() {
+        file["pre_tokenizer"] = v["pre_tokenizer"].clone();
+        file["normalizer"] = v["normalizer"].clone();
+        file["model"]["ignore_merges"] = v["ignore_merges"].clone();
+    }
+    let tok = Tokenizer::from_bytes(&serde_json::to_vec(&file).unwrap())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let texts = cases["texts"].as_array().unwrap();
+    let golden = (0..texts.len())
+        .map(|i| {
+            (
+                texts[i].as_str().unwrap().to_owned(),
+                ids(&v["ids"][i]),
+                v["decoded"][i].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    Gpt2Variant {
+        tok,
+        nfc: v["normalizer"]["type"] == "NFC",
+        cases: golden,
+    }
+}
+
+/// GPT-2's vocabulary and merges as a GGUF `gpt2` tokenizer with the pre-tokenizer `pre`
+/// (`tokenizer.ggml.pre`).
+pub fn gguf_gpt2_variant(pre: &str) -> Tokenizer {
+    let file = json("tokenizer/gpt2/tokenizer.json");
+    let vocab = file["model"]["vocab"].as_object().unwrap();
+    let mut tokens = vec![String::new(); vocab.len()];
+    for (token, id) in vocab {
+        tokens[id.as_u64().unwrap() as usize] = token.clone();
+    }
+    let merges: Vec<String> = file["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap()))
+        .collect();
+    let types = vec![PieceType::Normal; tokens.len()];
+    let spec = gguf_gpt2_spec(&tokens, &types, &merges, pre).unwrap();
+    Tokenizer::from_spec(spec).unwrap()
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
