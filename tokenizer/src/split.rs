@@ -384,6 +384,28 @@ mod tests {
             .collect()
     }
 
+    /// Fewer than `max_runs` runs of characters of `alphabet`, each repeated a length drawn
+    /// from `long` with probability `p_long`, else once.
+    fn random_runs(
+        rng: &mut rand::rngs::StdRng,
+        alphabet: &[char],
+        max_runs: usize,
+        p_long: f64,
+        long: std::ops::Range<usize>,
+    ) -> String {
+        let mut text = String::new();
+        for _ in 0..rng.random_range(0..max_runs) {
+            let c = alphabet[rng.random_range(0..alphabet.len())];
+            let run = if rng.random_bool(p_long) {
+                rng.random_range(long.clone())
+            } else {
+                1
+            };
+            text.extend(std::iter::repeat_n(c, run));
+        }
+        text
+    }
+
     /// Random texts over characters each pattern treats differently (whitespace of every
     /// kind, letters of each case and script, marks, digits of several scripts,
     /// apostrophes, punctuation), often in runs, plus adversarial fixed ones.
@@ -413,19 +435,7 @@ mod tests {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        for _ in 0..400 {
-            let mut text = String::new();
-            for _ in 0..rng.random_range(0..14) {
-                let c = alphabet[rng.random_range(0..alphabet.len())];
-                let run = if rng.random_bool(0.3) {
-                    rng.random_range(2..8)
-                } else {
-                    1
-                };
-                text.extend(std::iter::repeat_n(c, run));
-            }
-            out.push(text);
-        }
+        out.extend((0..400).map(|_| random_runs(&mut rng, &alphabet, 14, 0.3, 2..8)));
         out
     }
 
@@ -499,19 +509,7 @@ mod tests {
         let alphabet: Vec<char> = "0123٣٤ a_\u{301}.,-\n½é".chars().collect();
         let mut rng = rand::rngs::StdRng::seed_from_u64(48);
         let mut texts = texts();
-        for _ in 0..1000 {
-            let mut text = String::new();
-            for _ in 0..rng.random_range(0..6) {
-                let c = alphabet[rng.random_range(0..alphabet.len())];
-                let run = if rng.random_bool(0.5) {
-                    rng.random_range(1..14)
-                } else {
-                    1
-                };
-                text.extend(std::iter::repeat_n(c, run));
-            }
-            texts.push(text);
-        }
+        texts.extend((0..1000).map(|_| random_runs(&mut rng, &alphabet, 6, 0.5, 1..14)));
         for pattern in [r"\d{1,3}(?=(?:\d{3})*\b)", r"\d{1,2}(?=(?:\d{2})*\b)"] {
             assert!(Splitter::new(pattern).unwrap().is_linear(), "{pattern}");
             check(pattern, pattern, &texts);
