@@ -56,6 +56,22 @@ pub enum Pattern {
     },
 }
 
+impl Pattern {
+    /// Exactly `text`.
+    pub fn literal(text: impl Into<String>) -> Pattern {
+        Pattern::Literal(text.into())
+    }
+
+    /// `min` to `max` repetitions of `item`.
+    pub fn repeat(item: Pattern, min: usize, max: usize) -> Pattern {
+        Pattern::Repeat {
+            item: Box::new(item),
+            min,
+            max,
+        }
+    }
+}
+
 /// Most nodes, literal characters and class ranges a pattern may have.
 pub const MAX_PATTERN_SIZE: usize = 1 << 18;
 /// Most heap bytes of the NFA (regex-automata's `nfa_size_limit`).

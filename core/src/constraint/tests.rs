@@ -4,27 +4,15 @@ use std::time::Instant;
 
 use super::*;
 
-fn lit(s: &str) -> Pattern {
-    Pattern::Literal(s.into())
-}
-
-fn repeat(item: Pattern, min: usize, max: usize) -> Pattern {
-    Pattern::Repeat {
-        item: Box::new(item),
-        min,
-        max,
-    }
-}
-
 /// `{"a":` then 1 to 3 digits, then `}`, or `null`.
 fn pattern() -> Pattern {
     Pattern::Alt(vec![
         Pattern::Seq(vec![
-            lit("{\"a\":"),
-            repeat(Pattern::Class(vec![('0', '9')]), 1, 3),
-            lit("}"),
+            Pattern::literal("{\"a\":"),
+            Pattern::repeat(Pattern::Class(vec![('0', '9')]), 1, 3),
+            Pattern::literal("}"),
         ]),
-        lit("null"),
+        Pattern::literal("null"),
     ])
 }
 
@@ -72,7 +60,7 @@ fn words_and_prefixes_of_the_language() {
     for outside in ["{\"a\":}", "{\"a\":1234}", "nil", "null "] {
         assert_eq!(run(&g, outside), None, "{outside}");
     }
-    assert!(compile(&repeat(lit("x"), 2, 1)).is_err());
+    assert!(compile(&Pattern::repeat(Pattern::literal("x"), 2, 1)).is_err());
 }
 
 #[test]
@@ -107,7 +95,7 @@ fn the_mask_keeps_the_tokens_that_stay_in_the_language() {
 fn a_character_spelled_by_byte_tokens_is_allowed() {
     // "ÿ" is C3 BF in UTF-8: a byte-level vocabulary spells it with two tokens.
     let words = vocab(&[b"\xc3", b"\xbf", b"y", "ÿ".as_bytes()]);
-    let mut c = Constraint::new(compile_for(&lit("ÿ"), &words).unwrap());
+    let mut c = Constraint::new(compile_for(&Pattern::literal("ÿ"), &words).unwrap());
     let mut logits = [0.0; 4];
     assert_eq!(c.mask(&mut logits, &[]), 2);
     assert_eq!(logits.map(f32::is_finite), [true, false, false, true]);
@@ -121,18 +109,31 @@ fn a_character_spelled_by_byte_tokens_is_allowed() {
 fn nested_repetitions_compile_as_one() {
     // (.{0,64}){0,64} is .{0,4096}; ((a|b){0,64}){0,64}c likewise.
     let any = Pattern::Class(vec![('\0', char::MAX)]);
-    let g = compile(&repeat(repeat(any, 0, 64), 0, 64)).unwrap();
+    let g = compile(&Pattern::repeat(Pattern::repeat(any, 0, 64), 0, 64)).unwrap();
     assert_eq!(run(&g, &"é".repeat(4096)), Some(true));
     assert_eq!(run(&g, &"é".repeat(4097)), None);
     let ab = Pattern::Class(vec![('a', 'b')]);
-    let p = Pattern::Seq(vec![repeat(repeat(ab, 0, 64), 0, 64), lit("c")]);
+    let p = Pattern::Seq(vec![
+        Pattern::repeat(Pattern::repeat(ab, 0, 64), 0, 64),
+        Pattern::literal("c"),
+    ]);
     let g = compile(&p).unwrap();
     assert_eq!(run(&g, &format!("{}c", "ab".repeat(2048))), Some(true));
     // x{2,3}{2}: 4, 5 or 6 x's; x{3}{1,2}: 3 or 6, not 4.
-    let g = compile(&repeat(repeat(lit("x"), 3, 3), 1, 2)).unwrap();
+    let g = compile(&Pattern::repeat(
+        Pattern::repeat(Pattern::literal("x"), 3, 3),
+        1,
+        2,
+    ))
+    .unwrap();
     assert_eq!(run(&g, "xxxx"), Some(false));
     assert_eq!(run(&g, "xxxxxx"), Some(true));
-    let g = compile(&repeat(repeat(lit("x"), 2, 3), 2, 2)).unwrap();
+    let g = compile(&Pattern::repeat(
+        Pattern::repeat(Pattern::literal("x"), 2, 3),
+        2,
+        2,
+    ))
+    .unwrap();
     assert_eq!(run(&g, "xxxxx"), Some(true));
     assert_eq!(run(&g, "xxx"), Some(false));
 }
@@ -140,14 +141,14 @@ fn nested_repetitions_compile_as_one() {
 #[test]
 fn patterns_over_the_budget_are_refused_with_the_limit() {
     let letter = Pattern::Class(vec![('A', 'Z'), ('a', 'z'), ('À', 'ɏ'), ('Ա', 'և')]);
-    let e = compile(&repeat(letter, 200_000, 200_000)).unwrap_err();
+    let e = compile(&Pattern::repeat(letter, 200_000, 200_000)).unwrap_err();
     assert!(e.to_string().contains("limit"), "{e}");
-    let many = Pattern::Alt(vec![lit("x"); MAX_PATTERN_SIZE]);
+    let many = Pattern::Alt(vec![Pattern::literal("x"); MAX_PATTERN_SIZE]);
     let e = compile(&many).unwrap_err();
     assert!(e.to_string().contains(&MAX_PATTERN_SIZE.to_string()), "{e}");
-    let nothing = Pattern::Seq(vec![lit("a"), Pattern::Class(Vec::new())]);
+    let nothing = Pattern::Seq(vec![Pattern::literal("a"), Pattern::Class(Vec::new())]);
     assert!(compile(&nothing).is_err());
-    let optional = Pattern::Alt(vec![lit("a"), Pattern::Class(Vec::new())]);
+    let optional = Pattern::Alt(vec![Pattern::literal("a"), Pattern::Class(Vec::new())]);
     assert_eq!(run(&compile(&optional).unwrap(), "a"), Some(true));
 }
 
@@ -165,8 +166,11 @@ fn allowed(c: &Constraint, texts: &[&[u8]]) -> Vec<String> {
 fn a_slow_compilation_stops_at_its_time_limit() {
     // Millions of states within the size limits: seconds in a release build.
     let word = Pattern::Class(vec![('0', '9'), ('A', 'Z'), ('a', 'z'), ('À', 'ɏ')]);
-    let slow = repeat(
-        Pattern::Seq(vec![repeat(word, 0, 8), Pattern::Class(vec![('a', 'z')])]),
+    let slow = Pattern::repeat(
+        Pattern::Seq(vec![
+            Pattern::repeat(word, 0, 8),
+            Pattern::Class(vec![('a', 'z')]),
+        ]),
         0,
         40,
     );
@@ -185,9 +189,9 @@ fn a_slow_compilation_stops_at_its_time_limit() {
 fn a_language_the_vocabulary_cannot_write_is_refused() {
     // No token holds C3 BF (ÿ) or its bytes.
     let texts: [&[u8]; 3] = [b"a", b"\xc3", "é".as_bytes()];
-    let e = compile_for(&lit("ÿ"), &vocab(&texts)).unwrap_err();
+    let e = compile_for(&Pattern::literal("ÿ"), &vocab(&texts)).unwrap_err();
     assert!(e.to_string().contains("cannot write"), "{e}");
-    let e = compile_for(&lit("b"), &vocab(&texts)).unwrap_err();
+    let e = compile_for(&Pattern::literal("b"), &vocab(&texts)).unwrap_err();
     assert!(e.to_string().contains("cannot write"), "{e}");
 }
 
@@ -195,12 +199,12 @@ fn a_language_the_vocabulary_cannot_write_is_refused() {
 fn a_branch_the_vocabulary_cannot_finish_is_never_taken() {
     // `a` then ÿ cannot be written (no BF byte): only `b` may start.
     let texts: [&[u8]; 4] = [b"a", b"b", b"\xc3", "é".as_bytes()];
-    let p = Pattern::Alt(vec![lit("aÿ"), lit("b")]);
+    let p = Pattern::Alt(vec![Pattern::literal("aÿ"), Pattern::literal("b")]);
     let c = Constraint::new(compile_for(&p, &vocab(&texts)).unwrap());
     assert_eq!(allowed(&c, &texts), ["b"]);
     // Without byte tokens: the tokens `ab` and `cd` write `abcd`, never `abx`.
     let texts: [&[u8]; 3] = [b"ab", b"cd", b"x"];
-    let p = Pattern::Alt(vec![lit("abcd"), lit("abx")]);
+    let p = Pattern::Alt(vec![Pattern::literal("abcd"), Pattern::literal("abx")]);
     let mut c = Constraint::new(compile_for(&p, &vocab(&texts)).unwrap());
     assert_eq!(allowed(&c, &texts), ["ab"]);
     c.advance(0).unwrap();
@@ -212,7 +216,7 @@ fn states_found_dead_ends_late_are_avoided_too() {
     // The start first counts on `x`, whose only way on, `y`, leads where no `z` exists:
     // `x` is given up and `~` remains.
     let texts: [&[u8]; 3] = [b"x", b"y", b"~"];
-    let p = Pattern::Alt(vec![lit("xyz"), lit("~")]);
+    let p = Pattern::Alt(vec![Pattern::literal("xyz"), Pattern::literal("~")]);
     let mut c = Constraint::new(compile_for(&p, &vocab(&texts)).unwrap());
     assert_eq!(allowed(&c, &texts), ["~"]);
     assert!(c.advance(0).is_err());
@@ -224,13 +228,13 @@ fn states_found_dead_ends_late_are_avoided_too() {
 fn a_word_no_token_extends_is_finished() {
     // `a` is a whole word; `ab` would extend it, but no token writes `b`.
     let texts: [&[u8]; 2] = [b"a", b"c"];
-    let p = Pattern::Alt(vec![lit("a"), lit("ab")]);
+    let p = Pattern::Alt(vec![Pattern::literal("a"), Pattern::literal("ab")]);
     let mut c = Constraint::new(compile_for(&p, &vocab(&texts)).unwrap());
     assert!(!c.finished());
     c.advance(0).unwrap();
     assert!(c.accepting() && c.finished());
     // The empty language's one word: finished at the start.
-    assert!(Constraint::new(Arc::new(compile(&lit("")).unwrap())).finished());
+    assert!(Constraint::new(Arc::new(compile(&Pattern::literal("")).unwrap())).finished());
 }
 
 /// Whether some sequence of `texts` leads from `state` to a whole word of `g` (a grammar
@@ -283,7 +287,13 @@ fn over_random_vocabularies_every_reachable_state_has_a_token() {
         let words: Vec<Pattern> = (0..1 + rng.below(3))
             .map(|_| {
                 let items = (0..1 + rng.below(3))
-                    .map(|_| repeat(lit(atoms[rng.below(4)]), rng.below(2), 1 + rng.below(2)))
+                    .map(|_| {
+                        Pattern::repeat(
+                            Pattern::literal(atoms[rng.below(4)]),
+                            rng.below(2),
+                            1 + rng.below(2),
+                        )
+                    })
                     .collect();
                 Pattern::Seq(items)
             })

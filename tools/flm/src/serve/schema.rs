@@ -59,64 +59,64 @@ fn bad(message: impl Into<String>) -> ApiError {
     ApiError::invalid(Some("response_format"), message)
 }
 
-fn lit(text: impl Into<String>) -> Pattern {
-    Pattern::Literal(text.into())
-}
-
-fn repeat(item: Pattern, min: usize, max: usize) -> Pattern {
-    Pattern::Repeat {
-        item: Box::new(item),
-        min,
-        max,
-    }
-}
-
 /// A JSON string of `min` to `max` printable ASCII characters, none a quote or backslash.
 fn string(min: usize, max: usize) -> Pattern {
     let char = Pattern::Class(vec![(' ', '!'), ('#', '['), (']', '~')]);
-    Pattern::Seq(vec![lit("\""), repeat(char, min, max), lit("\"")])
+    Pattern::Seq(vec![
+        Pattern::literal("\""),
+        Pattern::repeat(char, min, max),
+        Pattern::literal("\""),
+    ])
 }
 
 /// A JSON integer of at most 9 digits, without a minus sign if `non_negative`.
 fn integer(non_negative: bool) -> Pattern {
     let digits = Pattern::Alt(vec![
-        lit("0"),
+        Pattern::literal("0"),
         Pattern::Seq(vec![
             Pattern::Class(vec![('1', '9')]),
-            repeat(Pattern::Class(vec![('0', '9')]), 0, 8),
+            Pattern::repeat(Pattern::Class(vec![('0', '9')]), 0, 8),
         ]),
     ]);
     if non_negative {
         digits
     } else {
-        Pattern::Seq(vec![repeat(lit("-"), 0, 1), digits])
+        Pattern::Seq(vec![Pattern::repeat(Pattern::literal("-"), 0, 1), digits])
     }
 }
 
 /// A JSON number: an integer with up to 4 decimals.
 fn number(non_negative: bool) -> Pattern {
     let fraction = Pattern::Seq(vec![
-        lit("."),
-        repeat(Pattern::Class(vec![('0', '9')]), 1, 4),
+        Pattern::literal("."),
+        Pattern::repeat(Pattern::Class(vec![('0', '9')]), 1, 4),
     ]);
-    Pattern::Seq(vec![integer(non_negative), repeat(fraction, 0, 1)])
+    Pattern::Seq(vec![integer(non_negative), Pattern::repeat(fraction, 0, 1)])
 }
 
 /// `open`, then `min` to `max` of `item` separated by commas, then `close`.
 fn list(open: &str, item: Pattern, min: usize, max: usize, close: &str) -> Pattern {
-    let rest = repeat(
-        Pattern::Seq(vec![lit(","), item.clone()]),
+    let rest = Pattern::repeat(
+        Pattern::Seq(vec![Pattern::literal(","), item.clone()]),
         min.saturating_sub(1),
         max.saturating_sub(1),
     );
     let items = Pattern::Seq(vec![item, rest]);
-    let body = if min == 0 { repeat(items, 0, 1) } else { items };
-    Pattern::Seq(vec![lit(open), body, lit(close)])
+    let body = if min == 0 {
+        Pattern::repeat(items, 0, 1)
+    } else {
+        items
+    };
+    Pattern::Seq(vec![Pattern::literal(open), body, Pattern::literal(close)])
 }
 
 /// Any JSON object of `json_object`'s bounds, `depth` levels of nesting left below it.
 fn object(depth: usize) -> Pattern {
-    let member = Pattern::Seq(vec![string(0, OBJECT_STRING), lit(":"), value(depth)]);
+    let member = Pattern::Seq(vec![
+        string(0, OBJECT_STRING),
+        Pattern::literal(":"),
+        value(depth),
+    ]);
     list("{", member, 0, OBJECT_ITEMS, "}")
 }
 
@@ -125,9 +125,9 @@ fn value(depth: usize) -> Pattern {
     let mut alternatives = vec![
         string(0, OBJECT_STRING),
         number(false),
-        lit("true"),
-        lit("false"),
-        lit("null"),
+        Pattern::literal("true"),
+        Pattern::literal("false"),
+        Pattern::literal("null"),
     ];
     if depth > 0 {
         alternatives.push(object(depth - 1));
@@ -180,9 +180,11 @@ fn regex(regex: &str) -> Result<Pattern, ApiError> {
 fn from_hir(hir: &regex_syntax::hir::Hir) -> Result<Pattern, ApiError> {
     use regex_syntax::hir::{Class, HirKind};
     Ok(match hir.kind() {
-        HirKind::Empty => lit(""),
-        HirKind::Literal(l) => lit(std::str::from_utf8(&l.0)
-            .map_err(|_| bad("the regex matches bytes that are not UTF-8"))?),
+        HirKind::Empty => Pattern::literal(""),
+        HirKind::Literal(l) => Pattern::literal(
+            std::str::from_utf8(&l.0)
+                .map_err(|_| bad("the regex matches bytes that are not UTF-8"))?,
+        ),
         HirKind::Class(Class::Unicode(c)) => {
             Pattern::Class(c.ranges().iter().map(|r| (r.start(), r.end())).collect())
         }
@@ -196,7 +198,7 @@ fn from_hir(hir: &regex_syntax::hir::Hir) -> Result<Pattern, ApiError> {
         }
         HirKind::Repetition(r) => {
             let max = r.max.unwrap_or(r.min.saturating_add(REGEX_UNBOUNDED));
-            repeat(from_hir(&r.sub)?, r.min as usize, max as usize)
+            Pattern::repeat(from_hir(&r.sub)?, r.min as usize, max as usize)
         }
         HirKind::Capture(c) => from_hir(&c.sub)?,
         HirKind::Concat(items) => {
@@ -251,7 +253,7 @@ fn from_schema(schema: &Value, depth: usize) -> Result<Pattern, ApiError> {
         return Err(bad(format!("the schema keyword `{key}` is not supported")));
     }
     if let Some(c) = s.get("const") {
-        return Ok(lit(c.to_string()));
+        return Ok(Pattern::literal(c.to_string()));
     }
     if let Some(values) = s.get("enum") {
         let values = values
@@ -259,7 +261,10 @@ fn from_schema(schema: &Value, depth: usize) -> Result<Pattern, ApiError> {
             .filter(|v| !v.is_empty())
             .ok_or_else(|| bad("enum must be a non-empty array"))?;
         return Ok(Pattern::Alt(
-            values.iter().map(|v| lit(v.to_string())).collect(),
+            values
+                .iter()
+                .map(|v| Pattern::literal(v.to_string()))
+                .collect(),
         ));
     }
     for key in ["anyOf", "oneOf"] {
@@ -331,8 +336,8 @@ fn of_type(s: &serde_json::Map<String, Value>, t: &str, depth: usize) -> Result<
         }
         "integer" => integer(non_negative),
         "number" => number(non_negative),
-        "boolean" => Pattern::Alt(vec![lit("true"), lit("false")]),
-        "null" => lit("null"),
+        "boolean" => Pattern::Alt(vec![Pattern::literal("true"), Pattern::literal("false")]),
+        "null" => Pattern::literal("null"),
         "array" => {
             let min = size(s, "minItems", 0, ITEMS_MAX)?;
             let max = size(s, "maxItems", min + 4, ITEMS_MAX)?;
@@ -365,13 +370,16 @@ fn of_type(s: &serde_json::Map<String, Value>, t: &str, depth: usize) -> Result<
                     )));
                 }
             }
-            let mut parts = vec![lit("{")];
+            let mut parts = vec![Pattern::literal("{")];
             for (i, (name, sub)) in properties.iter().enumerate() {
                 let comma = if i == 0 { "" } else { "," };
-                parts.push(lit(format!("{comma}{}:", Value::String(name.clone()))));
+                parts.push(Pattern::literal(format!(
+                    "{comma}{}:",
+                    Value::String(name.clone())
+                )));
                 parts.push(from_schema(sub, depth + 1)?);
             }
-            parts.push(lit("}"));
+            parts.push(Pattern::literal("}"));
             Pattern::Seq(parts)
         }
         other => return Err(bad(format!("unknown type `{other}`"))),
