@@ -27,6 +27,12 @@ pub fn data(rel: &str) -> PathBuf {
     data_dir().join(rel)
 }
 
+/// Whether the tests run under an emulator: `FLM_TEST_RUNNER` is set (`.ci/run`'s aarch64
+/// section sets it to `qemu-aarch64 -cpu ...`), where a step costs ~50 times a native one.
+pub fn emulated() -> bool {
+    std::env::var("FLM_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty())
+}
+
 /// An executor with the CPU device, profiling off.
 pub fn cpu_executor() -> Executor {
     Executor::with_profiling(

@@ -106,7 +106,7 @@ fn check_all(tok: &Tokenizer, what: &str, len: usize, nfc: bool) {
 }
 
 #[test]
-fn sentencepiece_bpe() {
+fn megabytes_through_sentencepiece_bpe() {
     check_all(
         &load("tokenizer/tokenizer.model"),
         "tokenizer.model",
@@ -116,7 +116,7 @@ fn sentencepiece_bpe() {
 }
 
 #[test]
-fn hugging_face_bpe_with_metaspace() {
+fn megabytes_through_hugging_face_bpe_with_metaspace() {
     check_all(
         &load("tokenizer/gemma-style/gemma.json"),
         "gemma.json",
@@ -126,7 +126,7 @@ fn hugging_face_bpe_with_metaspace() {
 }
 
 #[test]
-fn tiktoken_style_byte_level_bpe() {
+fn megabytes_through_tiktoken_style_byte_level_bpe() {
     let path = data("chatglm/tokenizers/glm4_small.tiktoken");
     check_all(
         &Tokenizer::from_file(&path).unwrap(),
@@ -137,7 +137,7 @@ fn tiktoken_style_byte_level_bpe() {
 }
 
 #[test]
-fn byte_level_bpe_with_gpt2_and_llama3_regexes() {
+fn megabytes_through_byte_level_bpe_with_gpt2_and_llama3_regexes() {
     for variant in ["gpt2", "llama3"] {
         let v = gpt2_variant(variant);
         check_all(&v.tok, variant, LONG, v.nfc);
@@ -145,7 +145,7 @@ fn byte_level_bpe_with_gpt2_and_llama3_regexes() {
 }
 
 #[test]
-fn byte_level_bpe_with_qwen2_and_tekken_regexes() {
+fn megabytes_through_byte_level_bpe_with_qwen2_and_tekken_regexes() {
     for variant in ["qwen2", "tekken"] {
         let v = gpt2_variant(variant);
         check_all(&v.tok, variant, LONG, v.nfc);
@@ -153,7 +153,7 @@ fn byte_level_bpe_with_qwen2_and_tekken_regexes() {
 }
 
 #[test]
-fn byte_level_bpe_with_every_other_pre_tokenizer() {
+fn megabytes_through_byte_level_bpe_with_every_other_pre_tokenizer() {
     // Pre-tokenizers of GGUF files with several regexes or with other look-aheads than
     // Llama 3's, and the two run as linear-time equivalents (`split.rs`).
     for pre in [
@@ -175,7 +175,7 @@ fn byte_level_bpe_with_every_other_pre_tokenizer() {
 /// `cohere2moe` maps to the same two), at the full length, and on a run of digits, which
 /// the grouping cuts in threes.
 #[test]
-fn byte_level_bpe_with_digit_grouping() {
+fn megabytes_through_byte_level_bpe_with_digit_grouping() {
     let tok = gguf_gpt2_variant("tiny_aya");
     check_all(&tok, "tiny_aya", LONG, false);
     check_run(&tok, "tiny_aya", '1', LONG);

@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::server::{emulated, reference, Server};
+use crate::server::{reference, Server};
+use flm_tests::emulated;
 
 /// A greedy completion of `prompt` (token ids) for `max_tokens`: its text and the number
 /// of tokens generated.

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::chat_model::{chat_model, data};
-use crate::server::{emulated, Server};
+use crate::server::Server;
+use flm_tests::emulated;
 
 /// A regex response_format.
 fn regex(r: &str) -> Value {

@@ -31,11 +31,6 @@ pub fn reference() -> Reference {
     }
 }
 
-/// Whether the `flm` binary runs under an emulator (FLM_TEST_RUNNER), where it is slow.
-pub fn emulated() -> bool {
-    std::env::var("FLM_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty())
-}
-
 /// A running server, killed when dropped.
 pub struct Server {
     child: Child,
