@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use flm_core::{DataType, RopeScaling};
+use flm_core::{DataType, RopeScaling, RopeStyle};
 use flm_models::convert::{convert, Recipe};
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
 use flm_models::{import, Activation, Graph, ModelConfig, MoeConfig};
@@ -103,6 +103,10 @@ fn configurations_are_read_per_family() {
     assert!(qwen3.qk_norm && !qwen3.qkv_bias && qwen3.tie_embeddings);
     // Heads of 32: queries 128 wide over a hidden size of 64.
     assert_eq!((qwen3.head_dim, qwen3.q_dim(), qwen3.dim), (32, 128, 64));
+    let glm4 = config("glm4");
+    assert!(glm4.post_norms && glm4.qkv_bias && !glm4.o_bias && !glm4.norm_unit_offset);
+    assert_eq!(glm4.rope_style, RopeStyle::AdjacentPairs);
+    assert_eq!((glm4.head_dim, glm4.rotary_dim()), (16, 8));
     let phi3 = config("phi3");
     assert_eq!((phi3.head_dim, phi3.rotary_dim()), (16, 12));
     let Some(RopeScaling::LongRope {
@@ -218,6 +222,8 @@ fn without_the_family_feature_the_logits_differ() {
             (c.attn_softcap, c.final_softcap) = (None, None)
         }),
         ("gemma3", |c: &mut ModelConfig| c.rope_local_theta = None),
+        // RoPE on all of each head instead of its first half.
+        ("glm4", |c: &mut ModelConfig| c.rotary_dim = None),
         // One expert per token instead of two.
         ("mixtral", |c: &mut ModelConfig| {
             c.moe.as_mut().unwrap().top_k = 1
@@ -465,13 +471,14 @@ fn greedy_ids_equal_transformers() {
     }
 }
 
-/// The Qwen2, Qwen3, Gemma 3 and Phi-3 checkpoints as llama.cpp writes them into GGUF files
-/// (made from the same weights by tools/gguf/make_family_ggufs.py; Phi-3's fused `attn_qkv`
-/// and `ffn_up`, partial rotary and LongRoPE factor tensors): the configuration the
+/// The Qwen2, Qwen3, Gemma 3, Phi-3 and GLM-4 checkpoints as llama.cpp writes them into
+/// GGUF files (made from the same weights by tools/gguf/make_family_ggufs.py; Phi-3's fused
+/// `attn_qkv` and `ffn_up`, partial rotary and LongRoPE factor tensors; GLM-4's fused
+/// `ffn_up`, post-norms and partial rotary in adjacent pairs): the configuration the
 /// architecture's keys give, and transformers' logits from the F32 tensors.
 #[test]
-fn qwen_gemma_and_phi3_gguf_files_run_as_transformers() {
-    for family in ["qwen2", "qwen3", "gemma3", "phi3"] {
+fn qwen_gemma_phi3_and_glm4_gguf_files_run_as_transformers() {
+    for family in ["qwen2", "qwen3", "gemma3", "phi3", "glm4"] {
         let path = data(&format!("hf-families/{family}.gguf"));
         let gguf = import::load(&path).unwrap().config;
         let hf = import::load(&data(&format!("hf-families/{family}")))

@@ -24,6 +24,7 @@ pub mod convert;
 pub mod engine;
 mod error;
 pub mod eval;
+mod family;
 mod graph;
 pub mod import;
 pub mod llama;
@@ -34,5 +35,6 @@ pub mod tensor_names;
 
 pub use config::{Activation, Arch, ModelConfig, MoeConfig};
 pub use error::{Error, Result};
+pub use family::Family;
 pub use graph::{Graph, Head, Model, SharedGraph, SharedModel};
 pub use placement::{GpuLayers, Placement};

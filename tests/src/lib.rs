@@ -70,7 +70,7 @@ pub fn stories_logits() -> Vec<f32> {
 
 /// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
 /// `make_tiny.py`), by directory name.
-pub const HF_FAMILIES: [&str; 11] = [
+pub const HF_FAMILIES: [&str; 12] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -82,6 +82,7 @@ pub const HF_FAMILIES: [&str; 11] = [
     "mixtral",
     "qwen3_moe",
     "qwen2_moe",
+    "glm4",
 ];
 
 /// Prefills `prompt` on `exec`, then decodes `steps` greedy tokens one at a time.

@@ -1,5 +1,5 @@
 """GGUF files of tiny checkpoints in tests/data/hf-families (Qwen2, Qwen3, Gemma 3, Phi-3,
-and the mixtures Mixtral, Qwen3-MoE and Qwen2-MoE), written with gguf-py as llama.cpp's
+GLM-4, and the mixtures Mixtral, Qwen3-MoE and Qwen2-MoE), written with gguf-py as llama.cpp's
 convert_hf_to_gguf.py writes these architectures, for flm's tests/hf_families.rs (the
 logits to match are transformers', already in that folder).
 
@@ -23,6 +23,11 @@ vocabulary size is given as `<architecture>.vocab_size`.
   `rope.scaling.attn_factor` `sqrt(1 + ln(128/16) / ln(16))`, `attention.sliding_window`
   0, and the LongRoPE factors as the F32 tensors `rope_factors_short.weight` and
   `rope_factors_long.weight`.
+- GLM-4 (`Glm4Model`): q/k not permuted (its RoPE pairs are already adjacent, llama.cpp's
+  NORM type), the fused `gate_up_proj` as `ffn_up`, `post_self_attn_layernorm` and
+  `post_mlp_layernorm` as `post_attention_norm` and `post_ffw_norm`,
+  `rope.dimension_count` the rotated dimensions of a head (8 of 16: partial_rotary_factor
+  0.5).
 - The mixtures: each layer's experts stacked into one tensor per projection,
   `ffn_{gate,up,down}_exps` of shape `[n_expert, out, in]` (`torch.stack(.., dim=0)`),
   the router as `ffn_gate_inp`, `expert_count` and `expert_used_count`; Qwen's
@@ -85,6 +90,8 @@ LAYER_NAMES = {
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "post_self_attn_layernorm.weight": "post_attention_norm.weight",
+    "post_mlp_layernorm.weight": "post_ffw_norm.weight",
 }
 # The experts' stacked tensors, by the name of one expert's projection.
 EXPERT_NAMES = {
@@ -103,6 +110,7 @@ ARCHITECTURES = {
     "qwen3_moe": "qwen3moe",
     "qwen2_moe": "qwen2moe",
     "phi3": "phi3",
+    "glm4": "glm4",
 }
 
 
@@ -257,6 +265,8 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
         phi3(writer, config, rope)
     if arch == "llama":
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    if arch == "glm4":
+        writer.add_rope_dimension_count(int(config["head_dim"] * rope.get("partial_rotary_factor", 0.5)))
     if gemma:
         writer.add_sliding_window(config["sliding_window"])
         writer.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])

@@ -18,17 +18,20 @@
 //! a bad file gives [`Error::Format`], never a panic.
 //!
 //! `general.architecture` `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`,
-//! `gemma`, `gemma2` and `gemma3` map onto [`ModelConfig`] from the keys under the
-//! architecture's name. llama.cpp's converter stores a Llama's q/k in Meta's layout
-//! ([`flm_core::RopeStyle::AdjacentPairs`]) and the others' as transformers has them
-//! ([`flm_core::RopeStyle::RotateHalf`], its NEOX RoPE type); Qwen2 adds q/k/v biases
+//! `gemma`, `gemma2`, `gemma3` and `glm4` ([`Family::gguf_architecture`]) map onto
+//! [`ModelConfig`] from the keys under the architecture's name. llama.cpp's converter
+//! stores a Llama's q/k in Meta's layout ([`flm_core::RopeStyle::AdjacentPairs`]) and the
+//! others' as transformers has them (GLM-4's adjacent pairs; the rest
+//! [`flm_core::RopeStyle::RotateHalf`], its NEOX RoPE type); Qwen2 adds q/k/v biases
 //! (`attn_q.bias`...), Qwen3 a norm over each query and key head (`attn_q_norm`,
 //! `attn_k_norm`). Mixtures of experts (`{arch}.expert_count`: `llama` for Mixtral,
 //! `qwen2moe`, `qwen3moe`) stack each layer's experts into one tensor per projection
 //! (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`, `[n_experts, out, in]`), each
 //! expert read as a view of its rows; Qwen2-MoE adds a shared expert (`*_shexp`). Phi-3
 //! fuses q/k/v (`attn_qkv`) and gate/up (`ffn_up`), read as row views, and keeps
-//! LongRoPE's factors as F32 tensors (`rope_factors_short`, `rope_factors_long`).
+//! LongRoPE's factors as F32 tensors (`rope_factors_short`, `rope_factors_long`); GLM-4
+//! fuses gate/up as Phi-3 does and has Gemma 2's post-norms (`post_attention_norm`,
+//! `post_ffw_norm`).
 //! Tensors F32, F16, BF16
 //! (zero-copy) and the ggml block types of [`GgmlType`] are read, each into the dtype
 //! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss; Q4_K, Q5_K and
@@ -44,27 +47,29 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use flm_core::ggml::GgmlType;
-use flm_core::{DataType, RopeScaling, RopeStyle};
+use flm_core::{DataType, RopeScaling};
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
 use super::hf_families::longrope_attention_factor;
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
-use crate::{Activation, Error, ModelConfig, MoeConfig, Result};
+use crate::{Activation, Error, Family, ModelConfig, MoeConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
 
-/// The hyper-parameters of one of [`ARCHITECTURES`] (llama.cpp `llm_load_hparams` keys,
-/// under the architecture's name).
-fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<ModelConfig> {
+/// The hyper-parameters and family of a file of one of [`Family::gguf_architectures`]
+/// (llama.cpp `llm_load_hparams` keys, under the architecture's name).
+fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
     let unsupported = |what: String| Error::format(m.path, format!("unsupported model: {what}"));
-    let arch = match m.str("general.architecture")? {
-        Some(a) if ARCHITECTURES.contains(&a.as_str()) => a,
-        Some(a) => {
-            return Err(unsupported(format!(
-                "architecture \"{a}\" ({} are supported)",
-                ARCHITECTURES.join(", ")
-            )))
-        }
+    let family = match m.str("general.architecture")? {
+        Some(a) => match Family::from_gguf_architecture(&a) {
+            Some(family) => family,
+            None => {
+                return Err(unsupported(format!(
+                    "architecture \"{a}\" ({} are supported)",
+                    Family::gguf_architectures().join(", ")
+                )))
+            }
+        },
         None => {
             return Err(Error::format(
                 m.path,
@@ -72,7 +77,7 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<ModelConfig> {
             ))
         }
     };
-    let key = |k: &str| format!("{arch}.{k}");
+    let key = |k: &str| key(family, k);
     let rope_scaling = match m.str(&key("rope.scaling.type"))?.as_deref() {
         None | Some("none") => None,
         Some("linear") => Some(RopeScaling::Linear {
@@ -107,7 +112,7 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<ModelConfig> {
         .usize(&key("rope.dimension_count"))?
         .filter(|&r| r != head_dim);
     let max_seq_len = m.required(&key("context_length"))?;
-    let rope_scaling = match longrope(m, g, map, &arch, max_seq_len)? {
+    let rope_scaling = match longrope(m, g, map, family, max_seq_len)? {
         Some(longrope) => Some(longrope),
         None => rope_scaling,
     };
@@ -135,45 +140,43 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<ModelConfig> {
             .f32(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5),
         rope_theta: m.f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
-        rope_style: if arch == "llama" {
-            RopeStyle::AdjacentPairs
-        } else {
-            RopeStyle::RotateHalf
-        },
+        rope_style: family.gguf_rope_style(),
         tie_embeddings: !g.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
-        qkv_bias: matches!(arch.as_str(), "qwen2" | "qwen2moe"),
-        qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3" | "qwen3moe"),
+        qkv_bias: family.qkv_bias(),
+        qk_norm: family.qk_norm(),
+        post_norms: family.post_norms(),
         rope_scaling,
         ..ModelConfig::default()
     };
     let config = ModelConfig {
-        moe: moe(m, g, &arch, &config)?,
+        moe: moe(m, g, family, &config)?,
         // Phi-3's window (0 for none: Phi-4-mini); Gemma's are read below.
-        sliding_window: match arch.as_str() {
-            "phi3" => m
+        sliding_window: match family {
+            Family::Phi3 => m
                 .usize(&key("attention.sliding_window"))?
                 .filter(|&w| w > 0),
             _ => None,
         },
         ..config
     };
-    let config = if arch.starts_with("gemma") {
-        gemma(config, m, &arch)?
+    let config = if family.is_gemma() {
+        gemma(config, m, family)?
     } else {
         config
     };
     config
         .validate()
         .map_err(|e| Error::format(m.path, e.to_string()))?;
-    Ok(config)
+    Ok((config, family))
 }
 
-/// The GGUF architectures whose graphs flm runs.
-const ARCHITECTURES: [&str; 9] = [
-    "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "phi3", "gemma", "gemma2", "gemma3",
-];
+/// `{arch}.{k}`: metadata key `k` under the architecture name of `family`, one that
+/// [`Family::from_gguf_architecture`] read from the file (llama.cpp's `LLM_KV` names).
+fn key(family: Family, k: &str) -> String {
+    format!("{}.{k}", family.gguf_architecture().unwrap_or_default())
+}
 
 /// Phi-3's LongRoPE (Ding et al. 2024), as llama.cpp's converter writes it: the
 /// per-frequency divisors as the F32 tensors `rope_factors_short.weight` and
@@ -188,10 +191,10 @@ fn longrope(
     m: &Meta,
     g: &Gguf,
     map: &[u8],
-    arch: &str,
+    family: Family,
     max_seq_len: usize,
 ) -> Result<Option<RopeScaling>> {
-    let key = |k: &str| format!("{arch}.{k}");
+    let key = |k: &str| key(family, k);
     let factors = |name: &str| -> Result<Option<Vec<f32>>> {
         let Some(t) = g.tensors.iter().find(|t| t.name == name) else {
             return Ok(None);
@@ -246,8 +249,8 @@ fn longrope(
 /// Errors: [`Error::Format`] for a missing `expert_used_count`, malformed values, or a
 /// gating function other than softmax or scaled expert weights (DeepSeek's), which the
 /// graph does not have.
-fn moe(m: &Meta, g: &Gguf, arch: &str, c: &ModelConfig) -> Result<Option<MoeConfig>> {
-    let key = |k: &str| format!("{arch}.{k}");
+fn moe(m: &Meta, g: &Gguf, family: Family, c: &ModelConfig) -> Result<Option<MoeConfig>> {
+    let key = |k: &str| key(family, k);
     let n_experts = m.usize(&key("expert_count"))?.unwrap_or(0);
     if n_experts == 0 {
         return Ok(None);
@@ -275,15 +278,15 @@ fn moe(m: &Meta, g: &Gguf, arch: &str, c: &ModelConfig) -> Result<Option<MoeConf
         top_k,
         expert_dim: match m.usize(&key("expert_feed_forward_length"))? {
             Some(d) if d > 0 => d,
-            _ if arch == "llama" => c.hidden_dim,
+            _ if family == Family::Llama => c.hidden_dim,
             _ => c.hidden_dim / top_k.max(1),
         },
         renormalize: m
             .bool(&key("expert_weights_norm"))?
-            .unwrap_or(arch != "qwen2moe"),
+            .unwrap_or(family != Family::Qwen2Moe),
         dense_layers: (0..c.n_layers).filter(|&l| !routed(l)).collect(),
-        shared_expert_dim: match arch {
-            "qwen2moe" => Some(
+        shared_expert_dim: match family {
+            Family::Qwen2Moe => Some(
                 m.usize(&key("expert_shared_feed_forward_length"))?
                     .filter(|&d| d > 0)
                     .unwrap_or(c.hidden_dim),
@@ -293,7 +296,7 @@ fn moe(m: &Meta, g: &Gguf, arch: &str, c: &ModelConfig) -> Result<Option<MoeConf
     }))
 }
 
-/// Where canonical tensor `canonical` (of `shape`) is in a GGUF file of `arch` whose tensors
+/// Where canonical tensor `canonical` (of `shape`) is in a GGUF file of `family` whose tensors
 /// are `by_name`: the name of the file's tensor, and `None` when it is that whole tensor, or
 /// `Some((first, total))` when it is the rows `first..first + shape[0]` of a tensor of
 /// `total` rows (its dimensions past the row flattened): an expert of the layer's stacked
@@ -304,7 +307,7 @@ fn moe(m: &Meta, g: &Gguf, arch: &str, c: &ModelConfig) -> Result<Option<MoeConf
 fn place(
     canonical: TensorName,
     shape: &[usize],
-    arch: &str,
+    family: Family,
     c: &ModelConfig,
     by_name: &HashMap<&str, &TensorInfo>,
 ) -> Option<(String, Option<(usize, usize)>)> {
@@ -332,7 +335,7 @@ fn place(
             };
             Some((qkv, Some((first, q + 2 * kv))))
         }
-        WGate | WUp if arch == "phi3" => {
+        WGate | WUp if family.fused_gate_up() => {
             let first = if part == WGate { 0 } else { ff };
             Some((format!("blk.{l}.ffn_up.weight"), Some((first, 2 * ff))))
         }
@@ -374,24 +377,26 @@ fn row_offset(
 /// the sliding layers' RoPE base `rope.freq_base_swa` (default 10000, unscaled).
 ///
 /// Errors: [`Error::Format`] for a malformed pattern.
-fn gemma(mut c: ModelConfig, m: &Meta, arch: &str) -> Result<ModelConfig> {
-    let key = |k: &str| format!("{arch}.{k}");
+fn gemma(mut c: ModelConfig, m: &Meta, family: Family) -> Result<ModelConfig> {
+    let key = |k: &str| key(family, k);
     c.activation = Activation::GeluTanh;
     c.embed_scale = Some((c.dim as f64).sqrt() as f32);
-    if arch == "gemma" {
+    if family == Family::Gemma {
         return Ok(c);
     }
-    c.post_norms = true;
-    let large = matches!((arch, c.n_layers), ("gemma2", 46) | ("gemma3", 62));
+    let large = matches!(
+        (family, c.n_layers),
+        (Family::Gemma2, 46) | (Family::Gemma3, 62)
+    );
     let width = if large { c.dim / c.n_heads } else { c.head_dim };
     c.attention_scale = Some(1.0 / (width as f32).sqrt());
     c.final_softcap = m.f32(&key("final_logit_softcapping"))?.filter(|&v| v > 0.0);
-    let default_window = if arch == "gemma2" { Some(4096) } else { None };
+    let default_window = (family == Family::Gemma2).then_some(4096);
     c.sliding_window = m
         .usize(&key("attention.sliding_window"))?
         .or(default_window)
         .filter(|&w| w > 0);
-    if arch == "gemma2" {
+    if family == Family::Gemma2 {
         c.attn_softcap = m.f32(&key("attn_logit_softcapping"))?.filter(|&v| v > 0.0);
     } else {
         c.rope_local_theta = Some(m.f32(&key("rope.freq_base_swa"))?.unwrap_or(10000.0));
@@ -409,7 +414,7 @@ fn gemma(mut c: ModelConfig, m: &Meta, arch: &str) -> Result<ModelConfig> {
             })
             .collect::<Result<Vec<bool>>>()?,
         None => {
-            let default = if arch == "gemma2" { 2 } else { 6 };
+            let default = if family == Family::Gemma2 { 2 } else { 6 };
             let n = m.usize(&pattern_key)?.unwrap_or(default);
             (0..c.n_layers).map(|l| n == 0 || l % n < n - 1).collect()
         }
@@ -665,7 +670,7 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let map = map_file(path)?;
     let g = parse(&map, path)?;
     let m = Meta { kv: &g.meta, path };
-    let config = config(&m, &g, &map)?;
+    let (config, family) = config(&m, &g, &map)?;
     if g.tensors.is_empty() {
         return Err(Error::format(
             path,
@@ -694,7 +699,7 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         .into_iter()
         .map(|(canonical, shape)| {
             let no_tensor = || format!("GGUF files have no tensor {canonical}");
-            let (name, rows) = place(canonical, &shape, &arch, &config, &by_name)
+            let (name, rows) = place(canonical, &shape, family, &config, &by_name)
                 .ok_or_else(|| Error::format(path, no_tensor()))?;
             let t = by_name
                 .get(name.as_str())
@@ -753,6 +758,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (format!("{arch}.{k}"), v.clone()))
             .collect();
+        let family = Family::from_gguf_architecture(arch).unwrap();
         let router = TensorInfo {
             name: "blk.0.ffn_gate_inp.weight".into(),
             ne: vec![64, 4],
@@ -772,7 +778,7 @@ mod tests {
             n_layers: 2,
             ..ModelConfig::default()
         };
-        moe(&m, &g, arch, &c)
+        moe(&m, &g, family, &c)
     }
 
     /// llama.cpp's defaults per architecture, and the routings the graph does not have

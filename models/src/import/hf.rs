@@ -15,14 +15,14 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use flm_core::{DataType, RopeStyle};
+use flm_core::DataType;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use super::hf_families::{self, MoeFields, RopeFields, WindowFields};
 use super::{map_file, packed, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
-use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
-use crate::{Activation, Error, ModelConfig, Result};
+use crate::tensor_names::{canonical_tensors, TensorName};
+use crate::{Activation, Error, Family, ModelConfig, Result};
 
 /// A token id or a list of them (`eos_token_id` is either in HF configs).
 #[derive(Deserialize)]
@@ -45,7 +45,6 @@ impl Ids {
 /// transformers' defaults.
 #[derive(Deserialize)]
 struct HfConfig {
-    model_type: Option<String>,
     hidden_size: usize,
     intermediate_size: usize,
     num_hidden_layers: usize,
@@ -89,26 +88,6 @@ struct HfConfig {
     rope_local_base_freq: Option<f32>,
 }
 
-/// The checkpoint families read from Hugging Face directories, which name their tensors
-/// differently.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Family {
-    /// transformers' Llama names (also InternLM, Mistral and Qwen2).
-    Llama,
-    /// transformers' Gemma names: Gemma 2 and 3 add `pre_feedforward_layernorm` and
-    /// `post_feedforward_layernorm`, and their `post_attention_layernorm` is the attention
-    /// output's norm.
-    Gemma,
-    /// Llama names with a fused `W_pack`.
-    Baichuan,
-    /// Llama names with fused `qkv_proj` and `gate_up_proj` (Phi-3, Phi-4-mini).
-    Phi3,
-    /// Llama names with the experts under `block_sparse_moe` (Mixtral).
-    Mixtral,
-    /// THUDM ChatGLM names.
-    Thudm,
-}
-
 fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     #[derive(Deserialize)]
@@ -117,21 +96,10 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     }
     let kind: ModelType = serde_json::from_str(&text)
         .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
-    if kind.model_type.as_deref() == Some("chatglm") {
-        return Ok((thudm::parse_config(path, &text)?, Family::Thudm));
-    }
-    let mut hf: HfConfig = serde_json::from_str(&text)
-        .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
     let unsupported = |what: String| Error::format(path, format!("unsupported model: {what}"));
-    let family = match hf.model_type.as_deref() {
-        Some("llama" | "internlm" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "qwen2_moe") => {
-            Family::Llama
-        }
-        Some("mixtral") => Family::Mixtral,
-        Some("baichuan") => Family::Baichuan,
-        Some("phi3") => Family::Phi3,
-        Some("gemma" | "gemma2" | "gemma3_text") => Family::Gemma,
-        Some(other) => return Err(unsupported(format!("model_type \"{other}\""))),
+    let family = match kind.model_type.as_deref() {
+        Some(t) => Family::from_hf_model_type(t)
+            .ok_or_else(|| unsupported(format!("model_type \"{t}\"")))?,
         None => {
             return Err(Error::format(
                 path,
@@ -139,13 +107,17 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
             ))
         }
     };
+    if family == Family::ChatGlm {
+        return Ok((thudm::parse_config(path, &text)?, family));
+    }
+    let mut hf: HfConfig = serde_json::from_str(&text)
+        .map_err(|e| Error::format(path, format!("invalid config.json: {e}")))?;
     // Baichuan2's NormHead normalises the classifier rows at run time; its vocabulary of
     // 125696 tells it from Baichuan 1.
     if family == Family::Baichuan && hf.vocab_size == 125696 {
         return Err(unsupported("Baichuan2's normalised classifier head".into()));
     }
-    let model_type = hf.model_type.as_deref().unwrap_or_default();
-    let ((rope_theta, rope_scaling), rope_local_theta) = if model_type == "gemma3_text" {
+    let ((rope_theta, rope_scaling), rope_local_theta) = if family == Family::Gemma3 {
         let (global, local) = hf_families::gemma3_ropes(
             &hf.rope,
             hf.rope_local_base_freq,
@@ -158,13 +130,12 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
             hf_families::rope(&hf.rope, hf.max_position_embeddings).map_err(unsupported)?;
         (global, None)
     };
-    let sliding_window =
-        hf_families::sliding_window(model_type, &hf.window).map_err(unsupported)?;
-    let activation = if family == Family::Gemma {
+    let sliding_window = hf_families::sliding_window(family, &hf.window).map_err(unsupported)?;
+    let activation = if family.is_gemma() {
         // Gemma 1 reads `hidden_act`, whose `gelu` in the official configs transformers
         // runs as the tanh approximation; Gemma 2 and 3 read `hidden_activation`.
-        let (act, legacy) = match model_type {
-            "gemma" => (hf.hidden_act.as_deref(), Some("gelu")),
+        let (act, legacy) = match family {
+            Family::Gemma => (hf.hidden_act.as_deref(), Some("gelu")),
             _ => (hf.hidden_activation.as_deref(), None),
         };
         match act {
@@ -184,10 +155,11 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     if hf.mlp_bias == Some(true) {
         return Err(unsupported("MLP biases".into()));
     }
-    let (qkv_bias, o_bias) = match model_type {
-        "internlm" => (hf.bias.unwrap_or(true), hf.bias.unwrap_or(true)),
-        "qwen2" => (true, false),
-        "qwen2_moe" => (hf.qkv_bias.unwrap_or(true), false),
+    let (qkv_bias, o_bias) = match family {
+        Family::InternLm => (hf.bias.unwrap_or(true), hf.bias.unwrap_or(true)),
+        Family::Qwen2 => (true, false),
+        Family::Qwen2Moe => (hf.qkv_bias.unwrap_or(true), false),
+        Family::Glm4 => (hf.attention_bias.unwrap_or(true), false),
         _ => (
             hf.attention_bias.unwrap_or(false),
             hf.attention_bias.unwrap_or(false),
@@ -201,7 +173,8 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         .head_dim
         .unwrap_or(hf.hidden_size / hf.num_attention_heads);
     // transformers' `int(head_dim * partial_rotary_factor)`.
-    let partial = hf_families::partial_rotary_factor(&hf.rope);
+    let partial = hf_families::partial_rotary_factor(&hf.rope)
+        .unwrap_or_else(|| family.partial_rotary_factor());
     let rotary_dim = (partial < 1.0).then_some((head_dim as f32 * partial) as usize);
     let config = ModelConfig {
         dim: hf.hidden_size,
@@ -218,7 +191,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
             .unwrap_or(2048),
         norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
         rope_theta,
-        rope_style: RopeStyle::RotateHalf,
+        rope_style: family.hf_rope_style(),
         tie_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         bos_token_id: hf
             .bos_token_id
@@ -234,20 +207,16 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         o_bias,
         rope_scaling,
         sliding_window,
-        qk_norm: matches!(model_type, "qwen3" | "gemma3_text" | "qwen3_moe"),
+        qk_norm: family.qk_norm(),
+        post_norms: family.post_norms(),
         activation,
         rope_local_theta,
-        moe: hf_families::moe(
-            model_type,
-            &hf.moe,
-            hf.num_hidden_layers,
-            hf.intermediate_size,
-        )
-        .map_err(unsupported)?,
+        moe: hf_families::moe(family, &hf.moe, hf.num_hidden_layers, hf.intermediate_size)
+            .map_err(unsupported)?,
         ..ModelConfig::default()
     };
-    let config = if family == Family::Gemma {
-        gemma(config, &hf, model_type).map_err(unsupported)?
+    let config = if family.is_gemma() {
+        gemma(config, &hf, family).map_err(unsupported)?
     } else {
         config
     };
@@ -268,15 +237,14 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
 fn gemma(
     mut c: ModelConfig,
     hf: &HfConfig,
-    model_type: &str,
+    family: Family,
 ) -> std::result::Result<ModelConfig, String> {
     c.norm_unit_offset = true;
     c.embed_scale = Some((hf.hidden_size as f64).sqrt() as f32);
     c.tie_embeddings = hf.tie_word_embeddings.unwrap_or(true);
-    if model_type == "gemma" {
+    if family == Family::Gemma {
         return Ok(c);
     }
-    c.post_norms = true;
     c.attention_scale = hf.query_pre_attn_scalar.map(|q| q.powf(-0.5) as f32);
     c.attn_softcap = hf.attn_logit_softcapping;
     c.final_softcap = hf.final_logit_softcapping;
@@ -289,7 +257,7 @@ fn gemma(
                 other => Err(format!("layer type \"{other}\"")),
             })
             .collect::<std::result::Result<_, _>>()?,
-        None if model_type == "gemma2" => (0..c.n_layers).map(|l| l % 2 == 0).collect(),
+        None if family == Family::Gemma2 => (0..c.n_layers).map(|l| l % 2 == 0).collect(),
         None => {
             let pattern = hf.sliding_window_pattern.unwrap_or(6).max(1);
             (0..c.n_layers).map(|l| (l + 1) % pattern != 0).collect()
@@ -300,15 +268,13 @@ fn gemma(
 }
 
 /// The Hugging Face name of `name` in a checkpoint of `family`: the table's
-/// ([`TensorName::hf`]), but for Gemma 2 and 3's norms (`post_norms`).
-fn hf_name(family: Family, post_norms: bool, name: TensorName) -> Option<String> {
+/// ([`TensorName::hf`]), but where the family names a layer's part otherwise
+/// ([`Family::hf_layer_name`]).
+fn hf_name(family: Family, name: TensorName) -> Option<String> {
     let renamed = match name {
-        TensorName::Layer(l, LayerPart::FfnNorm) if post_norms => {
-            Some(format!("model.layers.{l}.pre_feedforward_layernorm.weight"))
-        }
-        TensorName::Layer(l, LayerPart::PostAttnNorm) if family == Family::Gemma => {
-            Some(format!("model.layers.{l}.post_attention_layernorm.weight"))
-        }
+        TensorName::Layer(l, part) => family
+            .hf_layer_name(part)
+            .map(|n| format!("model.layers.{l}.{n}")),
         _ => None,
     };
     renamed.or_else(|| name.hf())
@@ -456,7 +422,7 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
     // ChatGLM-6B names its SentencePiece model `ice_text.model`.
     let candidates: Vec<PathBuf> = ["tokenizer.model", "ice_text.model", "tokenizer.json"]
         .iter()
-        .filter(|&&f| f != "ice_text.model" || family == Family::Thudm)
+        .filter(|&&f| f != "ice_text.model" || family == Family::ChatGlm)
         .map(|f| dir.join(f))
         .collect();
     let checkpoint = |tensors, ignored| Checkpoint {
@@ -468,22 +434,22 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         ignored,
     };
     match family {
-        Family::Thudm => {
+        Family::ChatGlm => {
             let tensors = thudm::tensors(dir, &config, &mut by_name)?;
             return Ok(checkpoint(tensors, ignored(by_name)));
         }
         Family::Baichuan => split_w_pack(&config, &mut by_name)?,
-        Family::Phi3 => split_phi3(&config, &mut by_name)?,
+        _ if family.fused_gate_up() => split_fused(&config, &mut by_name)?,
         Family::Mixtral => rename_mixtral(&mut by_name),
-        Family::Llama | Family::Gemma => {}
+        _ => {}
     }
     let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, _)| {
-            let hf = hf_name(family, config.post_norms, canonical).ok_or_else(|| {
+            let hf = hf_name(family, canonical).ok_or_else(|| {
                 Error::format(
                     dir,
-                    format!("{family:?} checkpoints have no tensor {canonical}"),
+                    format!("{family} checkpoints have no tensor {canonical}"),
                 )
             })?;
             let mut t = by_name.remove(&hf).ok_or_else(|| {
@@ -518,10 +484,10 @@ fn split_w_pack(c: &ModelConfig, by_name: &mut HashMap<String, SourceTensor>) ->
     Ok(())
 }
 
-/// Replaces each layer's Phi-3 `self_attn.qkv_proj.weight` (q, k, v rows) and
-/// `mlp.gate_up_proj.weight` (gate, then up rows: transformers' `chunk(2)`) by the Llama
-/// names.
-fn split_phi3(c: &ModelConfig, by_name: &mut HashMap<String, SourceTensor>) -> Result<()> {
+/// Replaces each layer's fused `self_attn.qkv_proj.weight` (q, k, v rows; Phi-3) and
+/// `mlp.gate_up_proj.weight` (gate, then up rows: transformers' `chunk(2)`; Phi-3, GLM-4)
+/// by the Llama names.
+fn split_fused(c: &ModelConfig, by_name: &mut HashMap<String, SourceTensor>) -> Result<()> {
     let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.hidden_dim);
     for l in 0..c.n_layers {
         let p = format!("model.layers.{l}");

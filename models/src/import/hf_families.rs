@@ -12,6 +12,7 @@
 //! | `mixtral` | routed experts, renormalised top-k; sliding window as Mistral | `num_local_experts`, `num_experts_per_tok`, `intermediate_size` |
 //! | `qwen3_moe` | routed experts, dense layers, q/k norms as Qwen3 | `num_experts` (or `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`, `mlp_only_layers` |
 //! | `qwen2_moe` | as `qwen3_moe` without q/k norms, plus q/k/v biases and a sigmoid-gated shared expert | the same, `shared_expert_intermediate_size`, `qkv_bias` |
+//! | `glm4` (GLM-4-0414) | post-attention and post-MLP norms, fused gate/up, q/k/v biases, RoPE in adjacent pairs on half of each head | `attention_bias`, `partial_rotary_factor` (default 0.5) |
 //!
 //! transformers 5 writes the RoPE settings as one `rope_parameters` object
 //! (`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": ..}`), transformers 4 as
@@ -21,7 +22,7 @@
 
 use flm_core::RopeScaling;
 
-use crate::MoeConfig;
+use crate::{Family, MoeConfig};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -48,8 +49,9 @@ struct LongRope {
 }
 
 /// The rotated fraction of each head: `partial_rotary_factor` where the config (or, in
-/// transformers 5, its `rope_parameters`) gives one, else 1.
-pub(super) fn partial_rotary_factor(fields: &RopeFields) -> f32 {
+/// transformers 5, its `rope_parameters`) gives one, else `None` (the family's default,
+/// [`crate::Family::partial_rotary_factor`]).
+pub(super) fn partial_rotary_factor(fields: &RopeFields) -> Option<f32> {
     fields
         .rope_parameters
         .as_ref()
@@ -57,7 +59,6 @@ pub(super) fn partial_rotary_factor(fields: &RopeFields) -> f32 {
         .and_then(Value::as_f64)
         .map(|f| f as f32)
         .or(fields.partial_rotary_factor)
-        .unwrap_or(1.0)
 }
 
 /// The sliding-window fields of a `config.json`.
@@ -80,7 +81,7 @@ pub(super) struct MoeFields {
     shared_expert_intermediate_size: Option<usize>,
 }
 
-/// The experts of a `model_type` of `n_layers` layers whose dense feed-forward is
+/// The experts of a `family` of `n_layers` layers whose dense feed-forward is
 /// `intermediate_size` wide, as transformers' `MixtralSparseMoeBlock` (every layer, experts
 /// of `intermediate_size`, top-k always renormalised), `Qwen3MoeSparseMoeBlock` (layer
 /// `l` sparse when not in `mlp_only_layers` and `(l + 1) % decoder_sparse_step == 0`,
@@ -93,23 +94,23 @@ pub(super) struct MoeFields {
 /// the same), or a
 /// `decoder_sparse_step` of 0.
 pub(super) fn moe(
-    model_type: &str,
+    family: Family,
     f: &MoeFields,
     n_layers: usize,
     intermediate_size: usize,
 ) -> Result<Option<MoeConfig>, String> {
     let top_k = || {
         f.num_experts_per_tok
-            .ok_or_else(|| format!("{model_type} without num_experts_per_tok"))
+            .ok_or_else(|| format!("{family} without num_experts_per_tok"))
     };
     // transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts` too.
     let n_experts = || {
         f.num_local_experts
             .or(f.num_experts)
-            .ok_or_else(|| format!("{model_type} without num_local_experts"))
+            .ok_or_else(|| format!("{family} without num_local_experts"))
     };
-    Ok(Some(match model_type {
-        "mixtral" => MoeConfig {
+    Ok(Some(match family {
+        Family::Mixtral => MoeConfig {
             n_experts: n_experts()?,
             top_k: top_k()?,
             expert_dim: intermediate_size,
@@ -117,7 +118,7 @@ pub(super) fn moe(
             dense_layers: Vec::new(),
             shared_expert_dim: None,
         },
-        "qwen3_moe" | "qwen2_moe" => {
+        Family::Qwen3Moe | Family::Qwen2Moe => {
             let step = f.decoder_sparse_step.unwrap_or(1);
             if step == 0 {
                 return Err("decoder_sparse_step must be positive".into());
@@ -128,13 +129,13 @@ pub(super) fn moe(
                 top_k: top_k()?,
                 expert_dim: f
                     .moe_intermediate_size
-                    .ok_or("qwen3_moe without moe_intermediate_size")?,
+                    .ok_or_else(|| format!("{family} without moe_intermediate_size"))?,
                 renormalize: f.norm_topk_prob.unwrap_or(false),
                 dense_layers: (0..n_layers)
                     .filter(|l| only.contains(l) || (l + 1) % step != 0)
                     .collect(),
-                shared_expert_dim: match model_type {
-                    "qwen2_moe" => Some(
+                shared_expert_dim: match family {
+                    Family::Qwen2Moe => Some(
                         f.shared_expert_intermediate_size
                             .ok_or("qwen2_moe without shared_expert_intermediate_size")?,
                     ),
@@ -282,29 +283,27 @@ pub(super) fn gemma3_ropes(
     Ok((of("full_attention")?, local))
 }
 
-/// The sliding window of a `model_type`: Mistral's `sliding_window`; Qwen2's is refused when
-/// `use_sliding_window` turns it on (Qwen2 applies it only to the layers from
-/// `max_window_layers` on); other types have none.
+/// The sliding window of a `family` ([`Family::reads_sliding_window`]): Mistral's
+/// `sliding_window`; Qwen2's is refused when `use_sliding_window` turns it on (Qwen2 applies
+/// it only to the layers from `max_window_layers` on); other families have none.
 ///
 /// Errors: a message for a window of 0 or Qwen2's per-layer windows.
 pub(super) fn sliding_window(
-    model_type: &str,
+    family: Family,
     fields: &WindowFields,
 ) -> Result<Option<usize>, String> {
-    match model_type {
-        "mistral" | "mixtral" | "phi3" | "gemma2" | "gemma3_text" => match fields.sliding_window {
+    if family.reads_sliding_window() {
+        return match fields.sliding_window {
             Some(0) => Err("sliding_window must be positive".into()),
             window => Ok(window),
-        },
-        "qwen2" | "qwen3" | "qwen3_moe" | "qwen2_moe"
-            if fields.use_sliding_window == Some(true) =>
-        {
-            Err(format!(
-            "{model_type}'s use_sliding_window (windows on the layers from max_window_layers on)"
-        ))
-        }
-        _ => Ok(None),
+        };
     }
+    if family.has_qwen_window_layers() && fields.use_sliding_window == Some(true) {
+        return Err(format!(
+            "{family}'s use_sliding_window (windows on the layers from max_window_layers on)"
+        ));
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -381,16 +380,16 @@ mod tests {
             use_sliding_window: use_sliding,
         };
         assert_eq!(
-            sliding_window("mistral", &w(Some(4096), None)),
+            sliding_window(Family::Mistral, &w(Some(4096), None)),
             Ok(Some(4096))
         );
-        assert_eq!(sliding_window("mistral", &w(None, None)), Ok(None));
-        assert!(sliding_window("mistral", &w(Some(0), None)).is_err());
+        assert_eq!(sliding_window(Family::Mistral, &w(None, None)), Ok(None));
+        assert!(sliding_window(Family::Mistral, &w(Some(0), None)).is_err());
         assert_eq!(
-            sliding_window("qwen2", &w(Some(32768), Some(false))),
+            sliding_window(Family::Qwen2, &w(Some(32768), Some(false))),
             Ok(None)
         );
-        assert!(sliding_window("qwen2", &w(Some(32768), Some(true))).is_err());
-        assert_eq!(sliding_window("llama", &w(Some(8), None)), Ok(None));
+        assert!(sliding_window(Family::Qwen2, &w(Some(32768), Some(true))).is_err());
+        assert_eq!(sliding_window(Family::Llama, &w(Some(8), None)), Ok(None));
     }
 }

@@ -1,5 +1,5 @@
 """Tiny random-weight Llama 3, Mistral, Qwen2, Qwen3, Phi-3, Gemma 1/2/3, Mixtral,
-Qwen3-MoE and Qwen2-MoE checkpoints and their logits, from Hugging Face transformers, for flm's
+Qwen3-MoE, Qwen2-MoE and GLM-4-0414 checkpoints and their logits, from Hugging Face transformers, for flm's
 tests/hf_families.rs.
 
 Run from this folder: `python make_tiny.py [FAMILY ...]` (default: every family). Writes,
@@ -34,6 +34,8 @@ Each family has what makes it differ from Llama 2 exercised by the test position
   the attention scores at 1.5 and of the logits at 4 (low caps, so that they bite);
 - gemma3: post-norms, q/k norms, the window on layer 0, and two RoPEs: theta 10000 on the
   sliding layer, theta 1000000 with linear scaling by 8 on the global one.
+- glm4: post-attention and post-MLP norms, a fused gate/up projection, q/k/v biases (no
+  output bias), RoPE in adjacent pairs on the first 8 of each head's 16 dimensions.
 Gemma's norm weights are drawn as N(0, 0.1) (its gain is 1 + w).
 """
 
@@ -48,6 +50,8 @@ import transformers
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Glm4Config,
+    Glm4ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     GemmaConfig,
@@ -235,9 +239,22 @@ FAMILIES = {
         ),
         1009,
     ),
+    "glm4": (
+        Glm4Config,
+        Glm4ForCausalLM,
+        dict(
+            head_dim=16,
+            attention_bias=True,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+            tie_word_embeddings=False,
+            pad_token_id=0,
+        ),
+        1010,
+    ),
 }
 # What each Gemma's check of teeth turns off: the soft caps (gemma2), the sliding window
-# and the local RoPE (gemma3), GeGLU for SwiGLU (gemma).
+# and the local RoPE (gemma3), GeGLU for SwiGLU (gemma); GLM-4's: RoPE on half of each head
+# (RoPE on all of it instead).
 WITHOUT = {
     "gemma2": dict(attn_logit_softcapping=None, final_logit_softcapping=None),
     "gemma3": dict(
@@ -248,6 +265,9 @@ WITHOUT = {
         ),
     ),
     "gemma": dict(hidden_act="silu"),
+    "glm4": dict(
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=1.0)
+    ),
 }
 TOKEN_SEED = 1000
 SEQ_LEN = 24
