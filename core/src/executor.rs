@@ -1,71 +1,17 @@
 //! The [`Executor`]: runs each op on the first device that supports it where its operands
-//! live, makes and records every copy between host and device memory, and profiles.
+//! live, makes and records every copy between host and device memory, and profiles
+//! (`profile.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use crate::profile::{Call, Profile};
 use crate::{
-    BaseDevice, CheckedOp, Data, DataType, Error, Location, Op, OpKind, Result, Route, StepGraph,
+    BaseDevice, CheckedOp, Data, DataType, Error, Location, Op, Result, Route, StepGraph,
     StepInputs, TransferRecord,
 };
-
-#[derive(Clone, Copy, Default)]
-struct OpStat {
-    count: u64,
-    total: Duration,
-}
-
-/// The weights a Linear or Linears op reads, and whether it multiplies them by one input
-/// row (a matrix × vector product, as in decode) or by several (matrix × matrix, prefill).
-#[derive(Clone, PartialEq, Eq)]
-struct WeightKey {
-    kind: OpKind,
-    matvec: bool,
-    /// Each part's dtype and `[rows, cols]`.
-    parts: Vec<(DataType, usize, usize)>,
-}
-
-impl WeightKey {
-    /// The key and weight bytes of `op`, if it is a Linear or a Linears.
-    fn of(op: &Op<'_>) -> Option<(WeightKey, usize)> {
-        let (kind, input, weights): (_, _, Vec<&Data>) = match op {
-            Op::Linear { input, weight, .. } => (OpKind::Linear, input, vec![weight]),
-            Op::Linears { input, parts } => (
-                OpKind::Linears,
-                input,
-                parts.iter().map(|p| p.weight).collect(),
-            ),
-            _ => return None,
-        };
-        let key = WeightKey {
-            kind,
-            matvec: input.rows() == 1,
-            parts: weights
-                .iter()
-                .map(|w| (w.dtype(), w.rows(), w.cols()))
-                .collect(),
-        };
-        Some((key, weights.iter().map(|w| w.size_bytes()).sum()))
-    }
-
-    /// `dtype rows×cols` of each part, joined by ` + `.
-    fn label(&self) -> String {
-        self.parts
-            .iter()
-            .map(|(dtype, rows, cols)| format!("{dtype} {rows}x{cols}"))
-            .collect::<Vec<_>>()
-            .join(" + ")
-    }
-}
-
-/// The profile's tallies: per op kind, and per weight for the Linear ops.
-struct Profile {
-    kinds: [OpStat; OpKind::ALL.len()],
-    /// Each key's calls, wall time and weight bytes per call.
-    weights: Vec<(WeightKey, OpStat, usize)>,
-}
 
 /// Runs ops on devices held in priority order (for example CUDA, then CPU).
 ///
@@ -110,12 +56,7 @@ impl Executor {
     pub fn with_profiling(devices: Vec<Box<dyn BaseDevice>>, profile: bool) -> Executor {
         Executor {
             devices,
-            profile: profile.then(|| {
-                Mutex::new(Profile {
-                    kinds: [OpStat::default(); OpKind::ALL.len()],
-                    weights: Vec::new(),
-                })
-            }),
+            profile: profile.then(|| Mutex::new(Profile::default())),
             transfers: Mutex::new(TransferRecord::default()),
             step_graphs: AtomicBool::new(true),
             capturing: AtomicBool::new(false),
@@ -436,93 +377,28 @@ impl Executor {
         match &self.profile {
             None => device.run(op),
             Some(profile) => {
-                let weights = WeightKey::of(op.op());
+                let call = Call::of(op.op());
                 let start = Instant::now();
                 let result = device.run(op);
                 let elapsed = start.elapsed();
                 if let Ok(mut profile) = profile.lock() {
-                    profile.kinds[kind as usize].add(elapsed);
-                    if let Some((key, bytes)) = weights {
-                        match profile.weights.iter_mut().find(|(k, ..)| *k == key) {
-                            Some((_, stat, _)) => stat.add(elapsed),
-                            None => {
-                                let mut stat = OpStat::default();
-                                stat.add(elapsed);
-                                profile.weights.push((key, stat, bytes));
-                            }
-                        }
-                    }
+                    profile.record(call, elapsed);
                 }
                 result
             }
         }
     }
 
-    /// The profile as printable tables (empty when profiling is off): per op kind, then
-    /// per weight of the Linear and Linears ops, slowest first, split into matrix × vector
-    /// products (one input row: decode, and the classifier of the last prompt token) and
-    /// matrix × matrix products (prefill), with the weight bytes read per second of wall
-    /// time in GB/s (decimal): a matrix × vector product is bound by that rate, so it
-    /// compares with the memory bandwidth.
+    /// The profile as printable tables (empty when profiling is off): see
+    /// [`Profile::report`].
     pub fn profile_report(&self) -> String {
-        let Some(profile) = &self.profile else {
-            return String::new();
-        };
-        let profile = match profile.lock() {
-            Ok(p) => p,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let stats = &profile.kinds;
-        let total: Duration = stats.iter().map(|s| s.total).sum();
-        let mut out = format!(
-            "{:<12} {:>10} {:>12} {:>10} {:>6}\n",
-            "op", "calls", "total ms", "avg us", "%"
-        );
-        for (kind, stat) in OpKind::ALL.iter().zip(stats.iter()) {
-            if stat.count == 0 {
-                continue;
-            }
-            let ms = stat.total.as_secs_f64() * 1e3;
-            out += &format!(
-                "{:<12} {:>10} {:>12.3} {:>10.3} {:>6.1}\n",
-                kind.name(),
-                stat.count,
-                ms,
-                ms * 1e3 / stat.count as f64,
-                100.0 * stat.total.as_secs_f64() / total.as_secs_f64().max(1e-12)
-            );
+        match &self.profile {
+            None => String::new(),
+            Some(profile) => match profile.lock() {
+                Ok(p) => p.report(),
+                Err(poisoned) => poisoned.into_inner().report(),
+            },
         }
-        if profile.weights.is_empty() {
-            return out;
-        }
-        let mut weights: Vec<_> = profile.weights.iter().collect();
-        weights.sort_by_key(|w| std::cmp::Reverse(w.1.total));
-        out += &format!(
-            "\nper weight (GB/s: weight bytes read per second):\n{:<8} {:<8} {:>10} {:>12} {:>10} {:>8}  weights\n",
-            "op", "product", "calls", "total ms", "avg us", "GB/s"
-        );
-        for (key, stat, bytes) in weights {
-            let secs = stat.total.as_secs_f64();
-            out += &format!(
-                "{:<8} {:<8} {:>10} {:>12.3} {:>10.3} {:>8.2}  {}\n",
-                key.kind.name(),
-                if key.matvec { "matvec" } else { "matmul" },
-                stat.count,
-                secs * 1e3,
-                secs * 1e6 / stat.count as f64,
-                (*bytes as f64 * stat.count as f64) / secs.max(1e-12) / 1e9,
-                key.label()
-            );
-        }
-        out
-    }
-}
-
-impl OpStat {
-    /// Counts one call that took `elapsed`.
-    fn add(&mut self, elapsed: Duration) {
-        self.count += 1;
-        self.total += elapsed;
     }
 }
 
@@ -541,7 +417,8 @@ impl Drop for Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CheckedOp, LinearPart};
+    use crate::{CheckedOp, LinearPart, OpKind};
+    use std::time::Duration;
 
     struct OnlyAdd;
     impl BaseDevice for OnlyAdd {

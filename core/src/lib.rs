@@ -30,6 +30,7 @@ mod paged_kv;
 #[cfg(unix)]
 mod pages;
 mod partial_file;
+mod profile;
 pub mod quant;
 mod rope;
 mod sampling;
