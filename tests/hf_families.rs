@@ -570,7 +570,7 @@ fn q8_0_gguf_files_slice_fused_and_stacked_blocks() {
         let path = data(&format!("hf-families/{family}-q8_0.gguf"));
         let ckpt = import::load(&path).unwrap();
         let t = ckpt.tensors.iter().find(|t| t.name == sliced).unwrap();
-        assert_eq!(t.encoding, Encoding::Native(DataType::Q80), "{family}");
+        assert_eq!(t.encoding, Encoding::Native(DataType::Q8_0), "{family}");
         let bytes = std::fs::read(data(&format!("hf-families/{family}/q8_0_logits_f32le.bin")));
         let want: Vec<f32> = bytes
             .unwrap()

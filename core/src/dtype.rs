@@ -46,7 +46,7 @@ pub enum DataType {
     Q6K = 12,
     /// ggml's Q8_0, its bytes as they are: blocks of 32 values (34 bytes: an f16 scale `d`,
     /// 32 int8 codes; `w = d·q`), 8.5 bits per weight (layout in [`crate::ggml`]).
-    Q80 = 13,
+    Q8_0 = 13,
     /// int4, asymmetric with an integer zero point: an f16 scale `d` and an f16 zero point
     /// `z` (an integer in `[0, 15]`) per group of 32 values of a row, `ŵ = d · (q − z)`
     /// (GPTQ's and AWQ's asymmetric scheme, which int4's f16 minimum `−d · z` rounds).
@@ -89,7 +89,7 @@ impl DataType {
         DataType::Q4K,
         DataType::Q5K,
         DataType::Q6K,
-        DataType::Q80,
+        DataType::Q8_0,
         DataType::I4ZpG32,
         DataType::I4ZpG64,
         DataType::I4ZpG128,
@@ -108,7 +108,7 @@ impl DataType {
 
     /// Whether this is a quantised (block) type.
     pub const fn is_quantized(self) -> bool {
-        matches!(self, DataType::I8 | DataType::Q80)
+        matches!(self, DataType::I8 | DataType::Q8_0)
             || self.group_size().is_some()
             || self.is_k_quant()
     }
@@ -118,11 +118,11 @@ impl DataType {
         matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
     }
 
-    /// The ggml type whose blocks a K-quant dtype or [`DataType::Q80`] holds as they are.
+    /// The ggml type whose blocks a K-quant dtype or [`DataType::Q8_0`] holds as they are.
     pub const fn ggml_type(self) -> Option<crate::ggml::GgmlType> {
         use crate::ggml::GgmlType;
         match self {
-            DataType::Q80 => Some(GgmlType::Q8_0),
+            DataType::Q8_0 => Some(GgmlType::Q8_0),
             DataType::Q4K => Some(GgmlType::Q4K),
             DataType::Q5K => Some(GgmlType::Q5K),
             DataType::Q6K => Some(GgmlType::Q6K),
@@ -210,7 +210,7 @@ impl DataType {
             DataType::Q4K => "q4_k",
             DataType::Q5K => "q5_k",
             DataType::Q6K => "q6_k",
-            DataType::Q80 => "q8_0",
+            DataType::Q8_0 => "q8_0",
             DataType::I4ZpG32 => "int4-zp-g32",
             DataType::I4ZpG64 => "int4-zp-g64",
             DataType::I4ZpG128 => "int4-zp-g128",

@@ -164,7 +164,7 @@ impl GgmlType {
     /// [`crate::kquant`]; Q8_0), so that a tensor of it is used in place.
     pub const fn native_dtype(self) -> Option<DataType> {
         match self {
-            GgmlType::Q8_0 => Some(DataType::Q80),
+            GgmlType::Q8_0 => Some(DataType::Q8_0),
             GgmlType::Q4K => Some(DataType::Q4K),
             GgmlType::Q5K => Some(DataType::Q5K),
             GgmlType::Q6K => Some(DataType::Q6K),

@@ -257,7 +257,7 @@ mod tests {
         assert_eq!(kv.blocks_for(7), 3);
         assert!(PagedKvCache::new(1, 0, 16, 4, DataType::F32).is_err());
         assert!(PagedKvCache::new(1, 4, 0, 4, DataType::F32).is_err());
-        assert!(PagedKvCache::new(1, 4, 4, 4, DataType::Q80).is_err());
+        assert!(PagedKvCache::new(1, 4, 4, 4, DataType::Q8_0).is_err());
         assert_eq!(
             PagedKvCache::block_bytes(2, 16, 8, DataType::F32),
             2 * 2 * 16 * 8 * 4

@@ -35,7 +35,7 @@
 //! every kernel reads it ([`Int4Row::min_factor`]). Error bound of the initial fit:
 //! `|w − ŵ| ≤ |d| / 2 + 2⁻¹¹ · 8 |d|`, about `max|w| / 16` per group.
 //!
-//! **ggml's Q8_0** ([`DataType::Q80`]): blocks of [`BLOCK`] values as ggml stores them,
+//! **ggml's Q8_0** ([`DataType::Q8_0`]): blocks of [`BLOCK`] values as ggml stores them,
 //! an f16 scale `d` then 32 int8 codes (34 bytes); `d = max|w| / 127`, `q = round(w / d)`
 //! (`quantize_row_q8_0_ref`), `ŵ = d · q`. Error bound: `|w − ŵ| ≤ d / 2` plus the f16
 //! rounding of `d` (`2⁻¹¹ · 127 d`), per block.
@@ -89,13 +89,13 @@ pub fn row_bytes(dtype: DataType, cols: usize) -> Option<usize> {
     let padded = cols.div_ceil(unit).checked_mul(unit)?;
     match dtype {
         DataType::I8 => padded.checked_add(4),
-        DataType::Q80 => (padded / BLOCK).checked_mul(Q8_0_BLOCK_BYTES),
+        DataType::Q8_0 => (padded / BLOCK).checked_mul(Q8_0_BLOCK_BYTES),
         _ if dtype.is_k_quant() => (padded / unit).checked_mul(kquant::block_bytes(dtype)),
         _ => (padded / dtype.group_size()?).checked_mul(group_bytes(dtype)?),
     }
 }
 
-/// Bytes of one [`DataType::Q80`] block: the f16 scale and 32 codes.
+/// Bytes of one [`DataType::Q8_0`] block: the f16 scale and 32 codes.
 pub const Q8_0_BLOCK_BYTES: usize = 2 + BLOCK;
 
 /// Bytes of one int4 group: its codes and its f16 scale (and minimum, if asymmetric).
@@ -114,7 +114,7 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
     if dtype.is_k_quant() {
         return kquant::quantize_row(dtype, src, dst);
     }
-    if dtype == DataType::Q80 {
+    if dtype == DataType::Q8_0 {
         for (values, block) in chunks_padded(src, BLOCK).zip(dst.chunks_exact_mut(Q8_0_BLOCK_BYTES))
         {
             // ggml's quantize_row_q8_0_ref: codes from the f32 scale, the scale stored as f16.
@@ -390,7 +390,7 @@ pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
     if dtype.is_k_quant() {
         return kquant::dequantize_row(dtype, src, dst);
     }
-    if dtype == DataType::Q80 {
+    if dtype == DataType::Q8_0 {
         for (out, block) in dst
             .chunks_mut(BLOCK)
             .zip(src.chunks_exact(Q8_0_BLOCK_BYTES))

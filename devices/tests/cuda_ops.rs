@@ -293,7 +293,7 @@ gpu_tests! {
     linear_every_dtype_decode_and_prefill(gpu) {
         let mut r = rng(1);
         // ggml's Q8_0 has no CUDA kernel yet: its ops run on the CPU.
-        for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q80) {
+        for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q8_0) {
             for (n, k, m) in [(1, 4096, 300), (1, 333, 77), (5, 1000, 129), (17, 64, 3)] {
                 let x = random(&mut r, &[n, k], 1.0);
                 let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
@@ -345,7 +345,7 @@ gpu_tests! {
     embedding_every_dtype(gpu) {
         let mut r = rng(3);
         let tokens = [0u32, 17, 99, 17, 5];
-        for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q80) {
+        for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q8_0) {
             let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
             compare!(&format!("Embedding {dtype}"), &gpu, &nan(&[5, 333]), 1e-6, None, |o| {
                 Op::Embedding { table: &table, tokens: TokenIds::Host(&tokens), output: o }
@@ -523,7 +523,7 @@ gpu_tests! {
         // half a step of 1/127 of a block's maximum per value); with the GPU's f16
         // roundings (2^-11 relative) that stays below 1% of Σ|x·w|.
         let mut r = rng(12);
-        for dtype in DataType::VALUES.into_iter().filter(|&d| d.is_quantized() && d != DataType::Q80) {
+        for dtype in DataType::VALUES.into_iter().filter(|&d| d.is_quantized() && d != DataType::Q8_0) {
             for (n, k, m) in [(9, 333, 77), (33, 1000, 129), (100, 288, 65)] {
                 let x = random(&mut r, &[n, k], 1.0);
                 let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();

@@ -99,7 +99,7 @@ dtype_tests!([
     q4_k: Q4K,
     q5_k: Q5K,
     q6_k: Q6K,
-    q8_0: Q80
+    q8_0: Q8_0
 ] linear_matches_scalar);
 
 /// Every SIMD level this CPU has, without the portable one they are compared with.
@@ -558,7 +558,7 @@ fn linears_match_each_linear() {
         [I4SymG32, I4SymG32, I4SymG128],
         [I4ZpG32, I4ZpG128, I4ZpG32],
         [Q4K, Q6K, Q5K],
-        [Q80, Q80, I8],
+        [Q8_0, Q8_0, I8],
     ];
     let sizes = [
         (1, 96, [40, 8, 8]),

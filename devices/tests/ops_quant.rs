@@ -338,4 +338,4 @@ fn k_quant_linear_matches_quantised_scheme(dtype: DataType) {
     sixteen_bit_activations_match_the_dequantised_product(dtype);
 }
 
-dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K, q8_0: Q80] k_quant_linear_matches_quantised_scheme);
+dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K, q8_0: Q8_0] k_quant_linear_matches_quantised_scheme);

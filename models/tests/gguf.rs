@@ -278,7 +278,7 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
     for (rel, dtype, mapped) in [
         (Q4_0, DataType::I4SymG32, false),
         (Q4_1, DataType::I4G32, false),
-        (Q8_0, DataType::Q80, true),
+        (Q8_0, DataType::Q8_0, true),
     ] {
         let ckpt = load(rel);
         let wq = ckpt
@@ -322,7 +322,7 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
 #[test]
 fn q4_0_and_q8_0_convert_to_flm_keeping_each_tensors_type() {
     use flm_core::DataType;
-    for (rel, dtype) in [(Q4_0, DataType::I4SymG32), (Q8_0, DataType::Q80)] {
+    for (rel, dtype) in [(Q4_0, DataType::I4SymG32), (Q8_0, DataType::Q8_0)] {
         keeps_types_and_logits(
             load(rel),
             rel,

@@ -72,7 +72,7 @@ impl KvType {
 /// Whether the quantised-weight kernels read `dtype`: int8, int4 and the K-quants, not
 /// yet ggml's Q8_0 (whose ops then run on the CPU, from host memory).
 pub fn has_quant_kernels(dtype: DataType) -> bool {
-    dtype.is_quantized() && dtype != DataType::Q80
+    dtype.is_quantized() && dtype != DataType::Q8_0
 }
 
 /// The `kq` argument of the kernels that read K-quant rows (`dequant_k` in prelude.cuh):

@@ -421,7 +421,7 @@ impl ActLayout {
     fn of(isa: Isa, dtype: DataType, n: usize) -> ActLayout {
         let (split, pad_blocks) = match (isa, dtype) {
             // K-quant and Q8_0 kernels read one natural-order block per run of 32 weights.
-            _ if dtype.is_k_quant() || dtype == DataType::Q80 => (16, 1),
+            _ if dtype.is_k_quant() || dtype == DataType::Q8_0 => (16, 1),
             // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
             (Isa::Amx, DataType::I8) => (16, 1),
             (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
@@ -436,7 +436,7 @@ impl ActLayout {
         ActLayout {
             split,
             pad_blocks,
-            amx_tiles: !dtype.is_k_quant() && dtype != DataType::Q80,
+            amx_tiles: !dtype.is_k_quant() && dtype != DataType::Q8_0,
         }
     }
 }
@@ -446,7 +446,7 @@ fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     if w.dtype.is_k_quant() {
         return kquant::rows(isa, w, acts, j0, yt);
     }
-    if w.dtype == DataType::Q80 {
+    if w.dtype == DataType::Q8_0 {
         return q8_0::rows(isa, w, acts, j0, yt);
     }
     match isa {

@@ -1,4 +1,4 @@
-//! Linear layers with ggml's Q8_0 weights ([`flm_core::DataType::Q80`], blocks as GGUF files store
+//! Linear layers with ggml's Q8_0 weights ([`flm_core::DataType::Q8_0`], blocks as GGUF files store
 //! them, [`flm_core::quant`]): each block of 32 int8 weight codes dotted against the int8
 //! activation block of the same 32 columns in exact integers, then scaled by `d · a`
 //! (ggml's `ggml_vec_dot_q8_0_q8_0`).
