@@ -152,7 +152,37 @@ fn llama_graph(config: &ModelConfig) -> Result<()> {
     Ok(())
 }
 
-/// The model to measure, a name for it and its weight dtype.
+/// What the matrices of `ckpt` hold, by their share of its weights, most first: the dtype
+/// flm runs each as, with the file's ggml type where flm repacks or requantises it
+/// (`q4_k 70%, int8 (Q5_0) 27%, q6_k 3%`); the dtype alone when it is the only one.
+fn weights_label(ckpt: &import::Checkpoint) -> String {
+    let mut shares: Vec<(String, usize)> = Vec::new();
+    for t in ckpt.tensors.iter().filter(|t| t.shape.len() == 2) {
+        let n = t.shape.iter().product::<usize>();
+        let loaded = t.encoding.load_dtype().name();
+        let label = match t.encoding {
+            import::Encoding::Ggml(ty) => format!("{loaded} ({})", ty.name()),
+            _ => loaded.to_string(),
+        };
+        match shares.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, total)) => *total += n,
+            None => shares.push((label, n)),
+        }
+    }
+    shares.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    let all: usize = shares.iter().map(|&(_, n)| n).sum();
+    match shares.as_slice() {
+        [(only, _)] => only.clone(),
+        _ => shares
+            .iter()
+            .map(|(label, n)| format!("{label} {:.0}%", 100.0 * *n as f64 / all.max(1) as f64))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// The model to measure, a name for it and what its weights are (a dtype, or
+/// [`weights_label`]'s mix for a file).
 fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, String, String)> {
     let (mut config, weights, name, dtype): (ModelConfig, _, _, _) =
         match (&args.model, &args.random) {
@@ -160,12 +190,9 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
                 let ckpt = import::load(path)
                     .with_context(|| format!("cannot load the model {}", path.display()))?;
                 llama_graph(&ckpt.config)?;
+                let label = weights_label(&ckpt);
                 let weights = LlamaWeights::load(&ckpt)?;
-                let dtype = weights
-                    .layers
-                    .first()
-                    .map_or(DataType::F32, |l| l.wq.dtype());
-                (ckpt.config, weights, path.display().to_string(), dtype)
+                (ckpt.config, weights, path.display().to_string(), label)
             }
             (None, Some(config)) => {
                 let Some(dtype) = args.dtype else {
@@ -182,7 +209,12 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
                         flm_models::Error::Config(format!("cannot build random weights: {e:#}"))
                     })
                 })?;
-                (ckpt.config, weights, config.display().to_string(), dtype)
+                (
+                    ckpt.config,
+                    weights,
+                    config.display().to_string(),
+                    dtype.name().to_string(),
+                )
             }
             (None, None) => bail!("pass --model or --random"),
         };
@@ -200,7 +232,7 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
         .llama()
         .context("the bench runs the Llama graph")?;
     let model = Llama::with_model(model).context("cannot build the model")?;
-    Ok((model, name, dtype.name().to_string()))
+    Ok((model, name, dtype))
 }
 
 /// Bytes of weights one decode step reads: every layer tensor (of a mixture-of-experts

@@ -16,8 +16,10 @@
 //! when any turn failed, so that a script feeding stdin sees the failure.
 //!
 //! Commands: `/reset` forgets the conversation, `/exit` or `/quit` (or end of input)
-//! ends the session. A model without any chat template is refused with an error that
-//! points to `flm run`.
+//! ends the session, `/help` (or `/?`) lists them; any other line of one word starting
+//! with `/` is answered as an unknown command rather than sent to the model, as Ollama
+//! does. A model without any chat template is refused with an error that points to
+//! `flm run`.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Arc;
@@ -67,9 +69,16 @@ fn template_arg(arg: &str) -> std::result::Result<(String, serde_json::Value), S
 enum Input<'a> {
     Exit,
     Reset,
+    Help,
+    Unknown(&'a str),
     Skip,
     User(&'a str),
 }
+
+/// The commands, as `/help` prints them.
+const HELP: &str = "/reset       forget the conversation\n\
+                    /exit /quit  end the chat (so does end of input, Ctrl-D)\n\
+                    /help /?     this list";
 
 fn parse(line: &str) -> Input<'_> {
     let text = line.trim_end_matches(['\n', '\r']);
@@ -77,6 +86,10 @@ fn parse(line: &str) -> Input<'_> {
         "" => Input::Skip,
         "/exit" | "/quit" => Input::Exit,
         "/reset" => Input::Reset,
+        "/help" | "/?" => Input::Help,
+        word if word.starts_with('/') && !word.contains(char::is_whitespace) => {
+            Input::Unknown(word)
+        }
         _ => Input::User(text),
     }
 }
@@ -90,6 +103,7 @@ fn parse(line: &str) -> Input<'_> {
 pub fn run(args: ChatArgs) -> Result<()> {
     let template_args: TemplateArgs = args.template_args.iter().cloned().collect();
     flm_tokenizer::check_template_args(&template_args)?;
+    args.sampling.check()?;
     set_threads(args.model.threads)?;
     let chosen = args.model.device.executor()?;
     let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
@@ -101,6 +115,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
         );
     }
     let context = model.config().max_seq_len;
+    eprintln!(
+        "{}: {} layers, context of {context} tokens; /help lists the commands",
+        args.model.model.display(),
+        model.config().n_layers
+    );
     let params = args.sampling.params(tokenizer.chat_stop_ids());
     let mut session = Session::new(model, Arc::new(tokenizer))?;
     let tokenizer = Arc::clone(session.tokenizer());
@@ -127,6 +146,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
             .context("cannot read stdin")?
             == 0
         {
+            if interactive {
+                // End of input (Ctrl-D) leaves the cursor after the prompt.
+                eprintln!();
+            }
             break;
         }
         let text = match parse(&line) {
@@ -135,6 +158,14 @@ pub fn run(args: ChatArgs) -> Result<()> {
             Input::Reset => {
                 messages = start.clone();
                 eprintln!("(conversation cleared)");
+                continue;
+            }
+            Input::Help => {
+                eprintln!("{HELP}");
+                continue;
+            }
+            Input::Unknown(word) => {
+                eprintln!("unknown command {word}: /help lists the commands");
                 continue;
             }
             Input::User(text) => text,

@@ -113,16 +113,16 @@ struct SamplingArgs {
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     /// Softmax temperature; 0 is greedy (argmax).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f32,
     /// Sample from the K most likely tokens only (0 disables).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Sample from the smallest set of tokens whose probability reaches P (1 disables).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
     /// Repetition penalty over the prompt and the generated tokens (1 disables).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
     /// Random seed; the same seed gives the same sampled text (default: from the clock).
     #[arg(long)]
@@ -133,6 +133,12 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// Checks the values by the sampler's rules ([`SamplerConfig::check`]), so that a bad
+    /// one is refused before a model loads.
+    fn check(&self) -> Result<()> {
+        Ok(self.params(Vec::new()).sampler.check()?)
+    }
+
     /// The generation parameters, with the seed from the clock unless `--seed`, stopping
     /// also at the tokens `stop`.
     fn params(&self, stop: Vec<u32>) -> GenerateParams {
@@ -183,6 +189,7 @@ fn set_threads(threads: Option<usize>) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
+    args.sampling.check()?;
     set_threads(args.model.threads)?;
     let chosen = args.model.device.executor()?;
     let start = std::time::Instant::now();
@@ -273,8 +280,24 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `e` and its causes joined by `: `, as anyhow's `{:#}` prints them, but with a cause left
+/// out where the message already ends with it: flm's I/O errors print their OS error after
+/// the path, and also give it as their source.
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.ends_with(&text) {
+            out = format!("{out}: {text}");
+        }
+    }
+    out
 }

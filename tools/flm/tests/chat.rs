@@ -135,7 +135,7 @@ fn two_turns_keep_the_history_and_match_a_fresh_run() {
 }
 
 #[test]
-fn reset_exit_and_a_system_prompt() {
+fn reset_help_exit_and_a_system_prompt() {
     let dir = tempfile::tempdir().unwrap();
     let model = chat_model(dir.path(), TEMPLATE);
     let out = flm(
@@ -151,10 +151,17 @@ fn reset_exit_and_a_system_prompt() {
             "1",
             "--verbose",
         ],
-        "Hi\n/reset\nHello\n/exit\nnever read\n",
+        "Hi\n/reset\n/help\n/nonsense\nHello\n/exit\nnever read\n",
     );
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(out.status.success(), "{stderr}");
+    // The banner names the model; /help and an unknown command are answered, not sent.
+    assert!(stderr.contains(&format!("{model}: 5 layers")), "{stderr}");
+    assert!(
+        stderr.contains("/reset       forget the conversation"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("unknown command /nonsense"), "{stderr}");
     let prompts = prompts(&stderr);
     assert_eq!(
         prompts,

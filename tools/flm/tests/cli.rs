@@ -307,6 +307,25 @@ fn a_file_that_is_not_a_tokenizer_is_rejected() {
     );
 }
 
+/// A missing file is named with its OS error once (the error prints it after the path and
+/// also gives it as its cause).
+#[test]
+fn a_missing_file_names_its_os_error_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.gguf").display().to_string();
+    for args in [
+        run_args(&missing, None),
+        vec!["perplexity", "--model", &missing, "--file", &missing],
+    ] {
+        let out = flm(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(&missing), "{args:?}: {err}");
+        let os_error = "(os error 2)";
+        assert_eq!(err.matches(os_error).count(), 1, "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn a_prompt_longer_than_the_context_is_rejected() {
     let prompt = "Once upon a time there was a cat. ".repeat(100);
@@ -324,6 +343,26 @@ fn invalid_sampling_parameters_are_rejected() {
         ("--temperature=-1", "temperature"),
     ] {
         expect_error(&["run", "--model", &model, "--prompt", "Hi", flag], needle);
+    }
+    // A negative number is a value, not an option; and the values are checked before the
+    // model loads (the model here does not exist).
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.bin").display().to_string();
+    for (command, flag, value, needle) in [
+        ("run", "--temperature", "-1", "temperature must be"),
+        ("chat", "--top-p", "-0.5", "top-p must be"),
+        (
+            "run",
+            "--repeat-penalty",
+            "-1",
+            "repetition penalty must be",
+        ),
+    ] {
+        let mut args = vec![command, "--model", &missing, flag, value];
+        if command == "run" {
+            args.extend(["--prompt", "Hi"]);
+        }
+        expect_error(&args, needle);
     }
 }
 
@@ -513,6 +552,44 @@ fn row_bytes(dtype: &str, cols: usize) -> usize {
         "int4-zp-g32" => pad(32) / 32 * 20,
         other => panic!("no size for {other}"),
     }
+}
+
+/// A file's weights are labelled by what it holds: stories260K's Q4_0 GGUF keeps its small
+/// matrices in f16 (gguf-py: 31 Q4_0 matrices, 5 F16 ones; the embedding is most of f16's
+/// share), and flm runs the Q4_0 ones as int4-sym-g32.
+#[test]
+fn bench_labels_a_file_by_the_weights_it_holds() {
+    let model = data("gguf/stories260K-q4_0.gguf");
+    let out = flm(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "4",
+        "--reps",
+        "1",
+        "--threads",
+        "1",
+        "--stream-mib",
+        "16",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let label = line["dtype"].as_str().unwrap();
+    let parts: Vec<&str> = label.split(", ").collect();
+    assert_eq!(parts.len(), 2, "{label}");
+    assert!(
+        parts.iter().any(|p| p.starts_with("int4-sym-g32 (Q4_0) ")),
+        "{label}"
+    );
+    assert!(parts.iter().any(|p| p.starts_with("f16 ")), "{label}");
 }
 
 #[test]
