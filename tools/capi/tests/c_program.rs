@@ -76,34 +76,51 @@ fn run(cmd: &mut Command) -> Output {
     out
 }
 
-/// The C program linked against the shared library, then against the static one.
+/// The C program `source` (relative to the repository) built as `name` against the
+/// shared library, then against the static one, with every warning an error.
+fn link_both(source: &str, name: &str) -> [PathBuf; 2] {
+    let lib = build();
+    let out = lib.join("c-test");
+    std::fs::create_dir_all(&out).unwrap();
+    let gcc = |exe: &Path, link: &[&str]| {
+        let mut cmd = Command::new("gcc");
+        cmd.args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-g", "-O1"])
+            .args(["-Wall", "-Wextra", "-Werror", "-pthread"])
+            .arg("-I")
+            .arg(repo().join("include"))
+            .arg(repo().join(source))
+            .arg("-o")
+            .arg(exe)
+            .args(link);
+        run(&mut cmd);
+    };
+    let shared = out.join(format!("{name}_shared"));
+    let rpath = format!("-Wl,-rpath,{}", lib.display());
+    let libdir = format!("-L{}", lib.display());
+    gcc(&shared, &[&libdir, "-lflm", &rpath]);
+    let fixed = out.join(format!("{name}_static"));
+    let archive = lib.join("libflm.a").display().to_string();
+    gcc(&fixed, &[&archive, "-lpthread", "-ldl", "-lm"]);
+    [shared, fixed]
+}
+
+/// tests/c/flm_test.c linked against the shared library, then against the static one.
 fn programs() -> &'static [PathBuf; 2] {
     static PROGRAMS: OnceLock<[PathBuf; 2]> = OnceLock::new();
-    PROGRAMS.get_or_init(|| {
-        let lib = build();
-        let out = lib.join("c-test");
-        std::fs::create_dir_all(&out).unwrap();
-        let gcc = |exe: &Path, link: &[&str]| {
-            let mut cmd = Command::new("gcc");
-            cmd.args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-g", "-O1"])
-                .args(["-Wall", "-Wextra", "-Werror", "-pthread"])
-                .arg("-I")
-                .arg(repo().join("include"))
-                .arg(repo().join("tests/c/flm_test.c"))
-                .arg("-o")
-                .arg(exe)
-                .args(link);
-            run(&mut cmd);
-        };
-        let shared = out.join("flm_test_shared");
-        let rpath = format!("-Wl,-rpath,{}", lib.display());
-        let libdir = format!("-L{}", lib.display());
-        gcc(&shared, &[&libdir, "-lflm", &rpath]);
-        let fixed = out.join("flm_test_static");
-        let archive = lib.join("libflm.a").display().to_string();
-        gcc(&fixed, &[&archive, "-lpthread", "-ldl", "-lm"]);
-        [shared, fixed]
-    })
+    PROGRAMS.get_or_init(|| link_both("tests/c/flm_test.c", "flm_test"))
+}
+
+/// README.md's C example, examples/app.c, built as the README builds it: it prints the
+/// greedy text that `flm run --temperature 0` prints.
+#[test]
+fn the_readme_example_prints_what_flm_run_prints() {
+    let prompt = "Once upon a time";
+    let want = flm_run(prompt, "40");
+    for app in link_both("examples/app.c", "app") {
+        let out = run(Command::new(&app).args([&model(), prompt, "40"]));
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(text.trim_end(), want.trim_end(), "{}", app.display());
+    }
 }
 
 /// What `flm run --temperature 0` prints for `prompt`, from the flm binary of this
