@@ -389,8 +389,12 @@ impl Executor {
         }
     }
 
-    /// The profile as printable tables (empty when profiling is off): see
-    /// [`Profile::report`].
+    /// The profile as printable tables (empty when profiling is off): per op kind, then
+    /// per weight of the Linear and Linears ops, slowest first, split into matrix × vector
+    /// products (one input row: decode, and the classifier of the last prompt token) and
+    /// matrix × matrix products (prefill), with the weight bytes read per second of wall
+    /// time in GB/s (decimal): a matrix × vector product is bound by that rate, so it
+    /// compares with the memory bandwidth.
     pub fn profile_report(&self) -> String {
         match &self.profile {
             None => String::new(),

@@ -93,12 +93,7 @@ impl Profile {
         }
     }
 
-    /// The profile as printable tables: per op kind, then
-    /// per weight of the Linear and Linears ops, slowest first, split into matrix × vector
-    /// products (one input row: decode, and the classifier of the last prompt token) and
-    /// matrix × matrix products (prefill), with the weight bytes read per second of wall
-    /// time in GB/s (decimal): a matrix × vector product is bound by that rate, so it
-    /// compares with the memory bandwidth.
+    /// The tables of [`crate::Executor::profile_report`].
     pub(crate) fn report(&self) -> String {
         let stats = &self.kinds;
         let total: Duration = stats.iter().map(|s| s.total).sum();

@@ -665,7 +665,7 @@ fn check_layers_and_experts(
     Ok(())
 }
 
-/// Loads a GGUF checkpoint (one of [`ARCHITECTURES`]).
+/// Loads a GGUF checkpoint (of one of [`Family::gguf_architectures`]).
 pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let map = map_file(path)?;
     let g = parse(&map, path)?;
