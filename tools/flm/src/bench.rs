@@ -27,7 +27,7 @@ use rayon::prelude::*;
 #[command(group(clap::ArgGroup::new("source").required(true).args(["model", "random"])))]
 pub struct BenchArgs {
     /// A model file or directory flm loads.
-    #[arg(long)]
+    #[arg(short, long)]
     model: Option<PathBuf>,
     /// A Hugging Face config.json: random weights at its shapes, built in memory.
     #[arg(long, requires = "dtype")]
@@ -39,21 +39,21 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 32)]
     group_size: usize,
     /// Prompt tokens prefilled in one call: the prefill test (llama-bench's ppN).
-    #[arg(long, default_value_t = 128)]
+    #[arg(short, long, default_value_t = 128)]
     prompt_tokens: usize,
     /// Tokens decoded one at a time: the decode test (llama-bench's tgN), which starts
     /// after the `--depth` tokens, not after the prompt.
-    #[arg(long, default_value_t = 64)]
+    #[arg(short = 'n', long, default_value_t = 64)]
     gen_tokens: usize,
     /// Tokens already in the KV cache when each test starts (llama-bench's -d): 0, the
     /// default, runs both tests from an empty context, as llama-bench -p and -n do.
-    #[arg(long, default_value_t = 0, conflicts_with = "batch")]
+    #[arg(short, long, default_value_t = 0, conflicts_with = "batch")]
     depth: usize,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(short, long)]
     threads: Option<usize>,
     /// Measured repetitions (after one warm-up run).
-    #[arg(long, default_value_t = 5)]
+    #[arg(short, long, default_value_t = 5)]
     reps: usize,
     /// Buffer size of the streaming bandwidth measurement, MiB.
     #[arg(long, default_value_t = 1024)]

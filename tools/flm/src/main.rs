@@ -54,7 +54,7 @@ struct PerplexityArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// The text file.
-    #[arg(long)]
+    #[arg(short, long)]
     file: PathBuf,
     /// Tokens per evaluation window (default: the model's context, at most 512).
     #[arg(long)]
@@ -66,18 +66,18 @@ struct PerplexityArgs {
 struct ModelArgs {
     /// Checkpoint: a llama2.c .bin, a Hugging Face directory, a .safetensors file beside
     /// its config.json, a GGUF or a .flm file (the format is detected from the bytes).
-    #[arg(long)]
+    #[arg(short, long)]
     model: PathBuf,
     /// Tokenizer file (SentencePiece .model, HF tokenizer.json, llama2.c tokenizer.bin or
     /// a GGUF file's metadata); by default the one inside or beside the model.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Worker threads (default: one per core).
-    #[arg(long)]
+    #[arg(short, long)]
     threads: Option<usize>,
     /// Context length: positions the KV cache holds (default: the model's, at most 4096;
     /// never more than the model's).
-    #[arg(long)]
+    #[arg(short, long)]
     context: Option<usize>,
     #[command(flatten)]
     device: device::DeviceArgs,
@@ -88,7 +88,7 @@ struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// The prompt; the continuation, not the prompt, is printed.
-    #[arg(long)]
+    #[arg(short, long)]
     prompt: String,
     #[command(flatten)]
     sampling: SamplingArgs,
@@ -110,10 +110,15 @@ struct RunArgs {
 #[derive(Args)]
 struct SamplingArgs {
     /// Stop after this many generated tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(short = 'n', long, default_value_t = 256)]
     max_tokens: usize,
     /// Softmax temperature; 0 is greedy (argmax).
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        visible_alias = "temp",
+        default_value_t = 0.8,
+        allow_negative_numbers = true
+    )]
     temperature: f32,
     /// Sample from the K most likely tokens only (0 disables).
     #[arg(long, default_value_t = 40)]
@@ -125,7 +130,7 @@ struct SamplingArgs {
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
     /// Random seed; the same seed gives the same sampled text (default: from the clock).
-    #[arg(long)]
+    #[arg(short, long)]
     seed: Option<u64>,
     /// Keep generating after an end-of-sequence token.
     #[arg(long)]
@@ -162,7 +167,7 @@ impl SamplingArgs {
 #[command(group(clap::ArgGroup::new("source").required(true).args(["model", "tokenizer"])))]
 struct TokenizeArgs {
     /// A checkpoint whose tokenizer is used (see `flm run --model`).
-    #[arg(long)]
+    #[arg(short, long)]
     model: Option<PathBuf>,
     /// A tokenizer file.
     #[arg(long)]
@@ -300,4 +305,16 @@ fn message(e: &anyhow::Error) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap's own check of the command line: no two arguments of a command share a name or
+    /// a short flag, every `requires` and group names an argument.
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
 }

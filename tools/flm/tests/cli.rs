@@ -61,6 +61,51 @@ fn bin_model() -> String {
     data("stories260K/stories260K.bin").display().to_string()
 }
 
+/// llama.cpp's short flags and `--temp` name the same options: the same greedy text, the
+/// same bench.
+#[test]
+fn llama_cpp_short_flags_work() {
+    let model = bin_model();
+    let prompt = "Once upon a time";
+    let long = greedy(&model, prompt, "24", &["--threads", "1", "--context", "64"]);
+    let short = flm(&[
+        "run", "-m", &model, "-p", prompt, "--temp", "0", "-n", "24", "-t", "1", "-c", "64", "-s",
+        "7",
+    ]);
+    assert!(
+        short.status.success(),
+        "{}",
+        String::from_utf8_lossy(&short.stderr)
+    );
+    assert_eq!(stdout(&short), stdout(&long));
+    let line = bench_json(&["-m", &model, "-d", "4"], "1");
+    assert_eq!(line["depth"].as_u64(), Some(4));
+    let out = flm(&[
+        "bench",
+        "-m",
+        &model,
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-t",
+        "1",
+        "-r",
+        "1",
+        "--stream-mib",
+        "16",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let sizes = ["prompt_tokens", "gen_tokens", "threads", "reps"].map(|k| line[k].as_u64());
+    assert_eq!(sizes, [Some(8), Some(4), Some(1), Some(1)]);
+}
+
 #[test]
 fn greedy_from_bos_prints_llama2c_text_byte_for_byte() {
     let out = greedy(&bin_model(), "", "200", &[]);
@@ -554,34 +599,40 @@ fn row_bytes(dtype: &str, cols: usize) -> usize {
     }
 }
 
-/// A file's weights are labelled by what it holds: stories260K's Q4_0 GGUF keeps its small
-/// matrices in f16 (gguf-py: 31 Q4_0 matrices, 5 F16 ones; the embedding is most of f16's
-/// share), and flm runs the Q4_0 ones as int4-sym-g32.
-#[test]
-fn bench_labels_a_file_by_the_weights_it_holds() {
-    let model = data("gguf/stories260K-q4_0.gguf");
-    let out = flm(&[
-        "bench",
-        "--model",
-        model.to_str().unwrap(),
+/// `flm bench` of `source` (the model and its options) for 8 prompt tokens and 4 generated,
+/// `reps` times on one thread, as its JSON line.
+fn bench_json(source: &[&str], reps: &str) -> Value {
+    let mut args = vec!["bench"];
+    args.extend(source);
+    args.extend([
         "--prompt-tokens",
         "8",
         "--gen-tokens",
         "4",
         "--reps",
-        "1",
+        reps,
         "--threads",
         "1",
         "--stream-mib",
         "16",
         "--json",
     ]);
+    let out = flm(&args);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let line: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    serde_json::from_str(stdout(&out).trim()).unwrap()
+}
+
+/// A file's weights are labelled by what it holds: stories260K's Q4_0 GGUF keeps its small
+/// matrices in f16 (gguf-py: 31 Q4_0 matrices, 5 F16 ones; the embedding is most of f16's
+/// share), and flm runs the Q4_0 ones as int4-sym-g32.
+#[test]
+fn bench_labels_a_file_by_the_weights_it_holds() {
+    let model = data("gguf/stories260K-q4_0.gguf");
+    let line = bench_json(&["--model", model.to_str().unwrap()], "1");
     let label = line["dtype"].as_str().unwrap();
     let parts: Vec<&str> = label.split(", ").collect();
     assert_eq!(parts.len(), 2, "{label}");
@@ -605,32 +656,9 @@ fn bench_reports_json_for_random_weights() {
         ("int4-sym", "300"),
         ("int4-zp", "0"),
     ] {
-        let out = flm(&[
-            "bench",
-            "--depth",
-            depth,
-            "--random",
-            config.to_str().unwrap(),
-            "--dtype",
-            dtype,
-            "--prompt-tokens",
-            "8",
-            "--gen-tokens",
-            "4",
-            "--reps",
-            "2",
-            "--threads",
-            "1",
-            "--stream-mib",
-            "16",
-            "--json",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        let config = config.to_str().unwrap();
+        let source = ["--depth", depth, "--random", config, "--dtype", dtype];
+        let line = bench_json(&source, "2");
         let stored = line["dtype"].as_str().unwrap();
         let named = match dtype {
             "int4" => "int4-g32",
