@@ -15,6 +15,9 @@
 //! on, as an interactive user expects; the process still exits with status 1 at the end
 //! when any turn failed, so that a script feeding stdin sees the failure.
 //!
+//! Ctrl-C during a reply stops it (what was generated stays in the conversation) and the
+//! chat goes on; at the prompt it ends the chat, as in llama.cpp's CLI.
+//!
 //! Commands: `/reset` forgets the conversation, `/exit` or `/quit` (or end of input)
 //! ends the session, `/help` (or `/?`) lists them; any other line of one word starting
 //! with `/` is answered as an unknown command rather than sent to the model, as Ollama
@@ -22,6 +25,7 @@
 //! `flm run`.
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -75,6 +79,22 @@ enum Input<'a> {
     User(&'a str),
 }
 
+/// Set while a reply is generated: Ctrl-C then stops the reply rather than the chat.
+static REPLYING: AtomicBool = AtomicBool::new(false);
+/// Set by Ctrl-C during a reply; the reply's generation stops at its next token.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Ctrl-C (SIGINT): stops the reply being generated, or ends the chat at the prompt with
+/// the shell's status for it, 130.
+fn on_interrupt() {
+    if REPLYING.load(Ordering::SeqCst) {
+        INTERRUPTED.store(true, Ordering::SeqCst);
+    } else {
+        eprintln!();
+        std::process::exit(130);
+    }
+}
+
 /// The commands, as `/help` prints them.
 const HELP: &str = "/reset       forget the conversation\n\
                     /exit /quit  end the chat (so does end of input, Ctrl-D)\n\
@@ -115,6 +135,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         );
     }
     let context = model.config().max_seq_len;
+    ctrlc::set_handler(on_interrupt).context("cannot handle Ctrl-C")?;
     eprintln!(
         "{}: {} layers, context of {context} tokens; /help lists the commands",
         args.model.model.display(),
@@ -193,7 +214,21 @@ pub fn run(args: ChatArgs) -> Result<()> {
             ids: prompt.ids,
             at_start: true,
         };
-        let (generation, reply) = generate::generate(&mut session, &exec, prompt, &params, false)?;
+        INTERRUPTED.store(false, Ordering::SeqCst);
+        REPLYING.store(true, Ordering::SeqCst);
+        let result = generate::generate(
+            &mut session,
+            &exec,
+            prompt,
+            &params,
+            false,
+            Some(&INTERRUPTED),
+        );
+        REPLYING.store(false, Ordering::SeqCst);
+        let (generation, reply) = result?;
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            eprintln!("(reply interrupted)");
+        }
         if args.verbose {
             eprintln!("{}", generate::Summary(generation));
         }

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::io::Write;
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
@@ -87,8 +88,9 @@ pub enum Prompt<'a> {
 }
 
 /// Generates a continuation of `prompt` with `session` on `exec` and streams it to stdout:
-/// the text, or with `print_ids` the token ids, space-separated; then a newline. Returns
-/// the counts and the generated ids.
+/// the text, or with `print_ids` the token ids, space-separated; then a newline. Stops
+/// early, as a callback that breaks does, once `interrupt` (if any) is set (`flm chat`'s
+/// Ctrl-C). Returns the counts and the generated ids.
 ///
 /// Errors: those of [`Session::generate`], a closed stdout.
 pub fn generate(
@@ -97,6 +99,7 @@ pub fn generate(
     prompt: Prompt<'_>,
     params: &GenerateParams,
     print_ids: bool,
+    interrupt: Option<&AtomicBool>,
 ) -> Result<(Generation, Vec<u32>)> {
     let mut out = std::io::stdout().lock();
     let mut written = Ok(());
@@ -111,7 +114,8 @@ pub fn generate(
         };
         first = false;
         written = result.and_then(|()| out.flush());
-        if written.is_ok() {
+        let interrupted = interrupt.is_some_and(|i| i.load(Ordering::Relaxed));
+        if written.is_ok() && !interrupted {
             ControlFlow::Continue(())
         } else {
             ControlFlow::Break(())

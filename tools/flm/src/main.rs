@@ -226,7 +226,7 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let exec = chosen.exec;
     let prompt = generate::Prompt::Text(&args.prompt);
-    let (generation, _) = generate::generate(&mut session, &exec, prompt, &params, args.ids)?;
+    let (generation, _) = generate::generate(&mut session, &exec, prompt, &params, args.ids, None)?;
     eprintln!("{}", generate::Summary(generation));
     Ok(())
 }

@@ -308,3 +308,82 @@ fn tokenize_with_a_chatglm_tokenizer_config() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("tokenizer_config.json"), "{stderr}");
 }
+
+/// `flm chat` started greedy, with `--verbose` and no cap on the reply but the context,
+/// its three pipes open.
+fn spawn_chat(model: &str) -> std::process::Child {
+    flm_command()
+        .args(["chat", "--model", model, "--temperature", "0", "--verbose"])
+        .args(["--max-tokens", "100000", "--ignore-eos"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("flm starts")
+}
+
+fn interrupt(child: &std::process::Child) {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+}
+
+/// Ctrl-C during a reply stops the reply (a whole one fills the context, so one that stops
+/// short was interrupted), keeps what was generated in the conversation, and the chat goes
+/// on to the next turn.
+#[test]
+fn ctrl_c_stops_the_reply_not_the_chat() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), TEMPLATE);
+    let mut child = spawn_chat(&model);
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    stdin.write_all(b"Once upon a time\n").unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    interrupt(&child);
+    stdin.write_all(b"The end\n/exit\n").unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // The first turn's log, up to the second turn's prompt.
+    let first_turn = stderr.split("--- prompt (").nth(1).unwrap();
+    assert!(first_turn.contains("(reply interrupted)"), "{stderr}");
+    assert!(!first_turn.contains("is full"), "{stderr}");
+    let stdout = String::from_utf8([first.to_vec(), rest].concat()).unwrap();
+    let prompts = prompts(&stderr);
+    assert_eq!(prompts.len(), 2, "{stderr}");
+    // The second prompt holds the first turn, the reply as far as it went (stdout begins
+    // with it; the second reply follows), and the new turn.
+    let kept = prompts[1]
+        .strip_prefix("<s>User: Once upon a time\nBot: ")
+        .and_then(|p| p.strip_suffix("\nUser: The end\nBot:"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(!kept.trim().is_empty(), "{stderr}");
+    assert!(
+        stdout.trim_start().starts_with(kept.trim()),
+        "{stdout}\n{stderr}"
+    );
+}
+
+/// Ctrl-C at the prompt ends the chat with the shell's status for it.
+#[test]
+fn ctrl_c_at_the_prompt_ends_the_chat() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), TEMPLATE);
+    let mut child = spawn_chat(&model);
+    // Held open: `wait` would close it, and the end of input also ends the chat.
+    let _stdin = child.stdin.take();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut banner = String::new();
+    stderr.read_line(&mut banner).unwrap();
+    assert!(banner.contains("/help lists the commands"), "{banner}");
+    interrupt(&child);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+}
