@@ -125,6 +125,12 @@ impl Budget {
         }
     }
 
+    /// Bytes the requests in flight hold reserved now (whole KiB).
+    pub fn reserved_bytes(&self) -> u64 {
+        let free = u64::try_from(self.permits.available_permits()).unwrap_or(u64::MAX);
+        u64::from(self.kib).saturating_sub(free) * 1024
+    }
+
     /// Reserves `bytes` for `what` (a phrase such as "the request body").
     ///
     /// Errors: 413 `request_too_large` when `bytes` exceed the whole budget, 429
@@ -213,6 +219,7 @@ mod tests {
         let e = budget.reserve("it", u64::MAX).unwrap_err();
         assert_eq!(e.status.as_u16(), 413);
         let held = budget.reserve("it", 700 << 10).unwrap();
+        assert_eq!(budget.reserved_bytes(), 700 << 10);
         let e = budget.reserve("that", 400 << 10).unwrap_err();
         assert_eq!(e.status.as_u16(), 429, "{}", e.message);
         assert!(e.message.starts_with("that would hold about 1 MiB"));

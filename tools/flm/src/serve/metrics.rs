@@ -37,6 +37,7 @@ pub struct Metrics {
     free_blocks: Gauge,
     total_blocks: Gauge,
     cached_blocks: Gauge,
+    reserved_memory: Gauge,
     prefix_hits: Counter,
     prefix_tokens: Counter,
     prompt_tokens: Counter,
@@ -63,6 +64,7 @@ impl Metrics {
             free_blocks: Gauge::default(),
             total_blocks: Gauge::default(),
             cached_blocks: Gauge::default(),
+            reserved_memory: Gauge::default(),
             prefix_hits: Counter::default(),
             prefix_tokens: Counter::default(),
             prompt_tokens: Counter::default(),
@@ -126,6 +128,11 @@ impl Metrics {
             m.generated_tokens.clone(),
         );
         registry.register(
+            "request_memory_reserved_bytes",
+            "Memory the requests in flight hold of the --max-request-memory budget",
+            m.reserved_memory.clone(),
+        );
+        registry.register(
             "cancelled_requests",
             "Requests cancelled because their client went away",
             m.cancelled.clone(),
@@ -171,9 +178,12 @@ impl Metrics {
         self.cancelled.inc();
     }
 
-    /// The exposition text, with the engine's gauges set from `stats`.
-    pub fn render(&self, stats: &EngineStats) -> String {
+    /// The exposition text, with the engine's gauges set from `stats` and the memory the
+    /// requests hold from `reserved_bytes`.
+    pub fn render(&self, stats: &EngineStats, reserved_bytes: u64) -> String {
         let set = |gauge: &Gauge, v: usize| gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
+        self.reserved_memory
+            .set(i64::try_from(reserved_bytes).unwrap_or(i64::MAX));
         set(&self.waiting, stats.waiting);
         set(&self.running, stats.running);
         set(&self.free_blocks, stats.free_blocks);

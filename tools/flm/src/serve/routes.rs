@@ -169,7 +169,9 @@ async fn models(Shared(state): Shared<Arc<State>>) -> Json<ModelList> {
 }
 
 async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
-    let text = state.metrics.render(&state.engine.stats());
+    let text = state
+        .metrics
+        .render(&state.engine.stats(), state.memory.reserved_bytes());
     (
         [(
             header::CONTENT_TYPE,

@@ -35,6 +35,7 @@ fn health_models_metrics_and_page() {
     assert_eq!(status, 200);
     for name in [
         "flm_queue_length 0",
+        "flm_request_memory_reserved_bytes 0",
         "flm_running_sequences 0",
         "flm_kv_blocks_free ",
         "flm_kv_blocks_total ",

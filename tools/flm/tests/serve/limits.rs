@@ -190,19 +190,19 @@ fn requests_over_the_memory_budget_get_413_and_429_until_memory_is_freed() {
         server.address()
     )
     .unwrap();
-    let big = json!({"prompt": "Once", "max_tokens": 500, "logprobs": 10});
-    let mut refusal = None;
-    eventually("the big request is refused", || {
-        let (status, answer) = server.post("/v1/completions", &big);
-        assert!(status == 200 || status == 429, "{status}: {answer}");
-        refusal = Some(answer);
-        status == 429
+    eventually("the awaited body is reserved", || {
+        server.metric("flm_request_memory_reserved_bytes") >= 600_000.0
     });
-    let refusal = refusal.unwrap();
+    let big = json!({"prompt": "Once", "max_tokens": 500, "logprobs": 10});
+    let (status, refusal) = server.post("/v1/completions", &big);
+    assert_eq!(status, 429, "{refusal}");
     assert_eq!(refusal["error"]["code"], "memory_budget_exhausted");
     let message = refusal["error"]["message"].as_str().unwrap();
     assert!(message.ends_with("retry later"), "{message}");
     drop(held);
+    eventually("the memory is given back", || {
+        server.metric("flm_request_memory_reserved_bytes") == 0.0
+    });
     eventually("the big request is served", || {
         server.post("/v1/completions", &big).0 == 200
     });
