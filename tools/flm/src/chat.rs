@@ -124,16 +124,24 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let template_args: TemplateArgs = args.template_args.iter().cloned().collect();
     flm_tokenizer::check_template_args(&template_args)?;
     args.sampling.check()?;
-    set_threads(args.model.threads)?;
-    let chosen = args.model.device.executor()?;
-    let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
+    // The tokenizer alone says whether the model can chat: refuse before the weights load.
+    let (tokenizer, from) = match &args.model.tokenizer {
+        Some(path) => (load::tokenizer_file(path)?, path),
+        None => (
+            load::tokenizer_beside(&args.model.model)?,
+            &args.model.model,
+        ),
+    };
     if !tokenizer.can_chat() {
         bail!(
             "{} has no chat template (no chat_template in tokenizer_config.json or in the \
              file, and no built-in format): use `flm run --prompt` for plain completion",
-            args.model.model.display()
+            from.display()
         );
     }
+    set_threads(args.model.threads)?;
+    let chosen = args.model.device.executor()?;
+    let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
     let context = model.config().max_seq_len;
     ctrlc::set_handler(on_interrupt).context("cannot handle Ctrl-C")?;
     eprintln!(

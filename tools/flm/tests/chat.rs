@@ -197,6 +197,19 @@ fn models_without_a_template_and_failing_templates() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("has no chat template"), "{stderr}");
     assert!(!stderr.contains("panicked"));
+    // Refused before the weights are read: a model path that does not exist is not opened.
+    let tokenizer = model.join("tokenizer.json");
+    let args = ["chat", "--model", "/nonexistent", "--tokenizer"];
+    let out = flm(
+        &[&args[..], &[tokenizer.to_str().unwrap()]].concat(),
+        "Hi\n",
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("tokenizer.json has no chat template"),
+        "{stderr}"
+    );
 
     // A template that refuses the turn: the error is reported and the chat goes on, and
     // the exit status says that a turn failed.
