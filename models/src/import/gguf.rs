@@ -688,8 +688,8 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
         );
         return Err(Error::format(path, msg));
     }
-    let arch = m.str("general.architecture")?.unwrap_or_default();
-    check_layers_and_experts(&g, &config, &arch).map_err(|why| Error::format(path, why))?;
+    let arch = family.gguf_architecture().unwrap_or_default();
+    check_layers_and_experts(&g, &config, arch).map_err(|why| Error::format(path, why))?;
     let by_name: HashMap<&str, &TensorInfo> =
         g.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut used: HashSet<&str> = ["rope_factors_long.weight", "rope_factors_short.weight"]
