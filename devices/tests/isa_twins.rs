@@ -102,6 +102,51 @@ dtype_tests!([
     q8_0: Q8_0
 ] linear_matches_scalar);
 
+/// An input row holding a NaN or an infinity makes that row's outputs NaN at every level,
+/// as f32 arithmetic would (its block is quantised to a NaN scale), and leaves the other
+/// rows' outputs as they are alone: for decode, for prefill and for the AMX tiles' rows.
+fn non_finite_inputs_give_nan_rows(dtype: DataType) {
+    let mut rng = rng(0x7a7);
+    let (k, m) = (300, 37);
+    let (w, _) = random_weight(&mut rng, &[m, k], dtype);
+    for n in [1, 5, 17] {
+        let (clean, _) = random_f32(&mut rng, &[n, k], 1.0);
+        let mut values = clean.as_f32().unwrap().to_vec();
+        let poisoned = [0, n / 2, n - 1];
+        values[5] = f32::NAN;
+        values[(n / 2) * k + 40] = f32::INFINITY;
+        values[(n - 1) * k + k - 1] = f32::NEG_INFINITY;
+        let x = Data::from_f32(&[n, k], &values).unwrap();
+        for isa in Isa::supported() {
+            let want = linear_at(isa, &clean, &w, None);
+            let got = linear_at(isa, &x, &w, None);
+            for i in 0..n {
+                let (row, alone) = (&got[i * m..(i + 1) * m], &want[i * m..(i + 1) * m]);
+                if poisoned.contains(&i) {
+                    assert!(
+                        row.iter().all(|y| y.is_nan()),
+                        "{dtype} at {isa}, n={n}: {row:?}"
+                    );
+                } else {
+                    let bits = |r: &[f32]| r.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(row), bits(alone), "{dtype} at {isa}, n={n}, row {i}");
+                }
+            }
+        }
+    }
+}
+
+dtype_tests!([
+    int8: I8,
+    int4_g32: I4G32,
+    int4_sym_g64: I4SymG64,
+    int4_zp_g128: I4ZpG128,
+    q4_k: Q4K,
+    q5_k: Q5K,
+    q6_k: Q6K,
+    q8_0: Q8_0
+] non_finite_inputs_give_nan_rows);
+
 /// Every SIMD level this CPU has, without the portable one they are compared with.
 fn simd_levels() -> Vec<Isa> {
     Isa::supported()

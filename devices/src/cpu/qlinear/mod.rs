@@ -216,11 +216,15 @@ fn round_to_i32(x: f32) -> i32 {
 
 /// Quantises up to 32 values into the 16 low and 16 high codes of a block (zeros past
 /// `values.len()`); returns the scale `a = max|x| / 127` and `Σ q`. The SIMD versions in
-/// `x86` compute the same bits (`cvtps2dq` also rounds to nearest, ties to even).
+/// `x86` compute the same bits (`cvtps2dq` also rounds to nearest, ties to even). A block
+/// holding a NaN or an infinity gives [`non_finite_block`].
 #[inline(always)]
 fn quantize_block(values: &[f32], lo: &mut [i8], hi: &mut [i8]) -> (f32, i32) {
     let mut v = [0.0f32; BLOCK];
     v[..values.len()].copy_from_slice(values);
+    if !v.iter().all(|x| x.is_finite()) {
+        return non_finite_block(lo, hi);
+    }
     let mut lanes = [0.0f32; 8];
     for c in v.chunks_exact(8) {
         for (m, x) in lanes.iter_mut().zip(c) {
@@ -242,6 +246,17 @@ fn quantize_block(values: &[f32], lo: &mut [i8], hi: &mut [i8]) -> (f32, i32) {
         *o = *q as i8;
     }
     (d, q.iter().sum())
+}
+
+/// The block of an input that holds a NaN or an infinity: zero codes and a NaN scale, so
+/// that every output it enters is NaN at every level, as in f32 arithmetic, and the
+/// integer sums stay within their bounds (codes rounded from a NaN would be arbitrary
+/// integers, whose sum overflows).
+#[inline(always)]
+fn non_finite_block(lo: &mut [i8], hi: &mut [i8]) -> (f32, i32) {
+    lo[..16].fill(0);
+    hi[..16].fill(0);
+    (f32::NAN, 0)
 }
 
 impl QuantRows<'_> {
@@ -618,42 +633,61 @@ mod tests {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
         };
+        // The block's scale by its bits (a NaN equals itself), its sum and its codes.
+        type Block = ((u32, i32), [i8; 16], [i8; 16]);
+        let quantize = |f: &dyn Fn(&[f32], &mut [i8], &mut [i8]) -> (f32, i32), v: &[f32]| {
+            let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
+            let (d, sum) = f(v, &mut lo, &mut hi);
+            ((d.to_bits(), sum), lo, hi)
+        };
         for len in [1, 5, 15, 16, 17, 31, 32] {
             for scale in [0.0, 1e-3, 1.0, 300.0] {
-                let v: Vec<f32> = (0..len).map(|_| next() * scale).collect();
-                let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
-                let want = (quantize_block(&v, &mut lo, &mut hi), lo, hi);
+                let mut v: Vec<f32> = (0..len).map(|_| next() * scale).collect();
+                // A NaN or an infinity at the last place, in the low or the high half.
+                let poison = [None, Some(f32::NAN), Some(f32::INFINITY)][len % 3];
+                if let (Some(p), true) = (poison, scale == 1.0) {
+                    v[len - 1] = p;
+                }
+                let want: Block = quantize(&quantize_block, &v);
                 #[cfg(target_arch = "x86_64")]
                 for isa in [Isa::Avx2, Isa::Avx512] {
                     if !isa.is_supported() {
                         continue;
                     }
-                    let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
-                    // SAFETY: the level is supported.
-                    let got = unsafe {
-                        match isa {
-                            Isa::Avx512 => x86::quantize_block_avx512(&v, &mut lo, &mut hi),
-                            _ => x86::quantize_block_avx2(&v, &mut lo, &mut hi),
-                        }
-                    };
-                    assert_eq!((got, lo, hi), want, "{isa} len {len} scale {scale}");
+                    let got = quantize(
+                        &|v, lo, hi| {
+                            // SAFETY: the level is supported.
+                            unsafe {
+                                match isa {
+                                    Isa::Avx512 => x86::quantize_block_avx512(v, lo, hi),
+                                    _ => x86::quantize_block_avx2(v, lo, hi),
+                                }
+                            }
+                        },
+                        &v,
+                    );
+                    assert_eq!(got, want, "{isa} len {len} scale {scale}");
                 }
                 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-                {
-                    let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
-                    let got = neon::quantize_block(&v, &mut lo, &mut hi);
-                    assert_eq!((got, lo, hi), want, "neon len {len} scale {scale}");
+                assert_eq!(
+                    quantize(&neon::quantize_block, &v),
+                    want,
+                    "neon len {len} scale {scale}"
+                );
+                let ((d, sum), lo, hi) = want;
+                let d = f32::from_bits(d);
+                let codes = || lo.iter().chain(&hi).map(|&q| i32::from(q));
+                assert_eq!(sum, codes().sum::<i32>());
+                if v.iter().any(|x| !x.is_finite()) {
+                    assert!(d.is_nan() && codes().all(|q| q == 0), "{v:?}");
+                    continue;
                 }
-                let (d, sum) = want.0;
-                for (i, &x) in v.iter().enumerate() {
-                    let q = if i < 16 { want.1[i] } else { want.2[i - 16] };
+                for (&x, q) in v.iter().zip(codes()) {
                     assert!(
                         (q as f32 * d - x).abs() <= d / 2.0 * 1.0001,
                         "{x} vs {q}·{d}"
                     );
                 }
-                let codes = want.1.iter().chain(&want.2).map(|&q| i32::from(q));
-                assert_eq!(sum, codes.sum::<i32>());
             }
         }
     }

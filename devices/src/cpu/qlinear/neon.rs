@@ -77,6 +77,13 @@ pub(super) fn quantize_block(values: &[f32], lo: &mut [i8], hi: &mut [i8]) -> (f
     // stores 16 codes into each of `lo` and `hi` (asserted).
     unsafe {
         let x: [float32x4_t; 8] = std::array::from_fn(|c| vld1q_f32(v.as_ptr().add(4 * c)));
+        let inf = vdupq_n_f32(f32::INFINITY);
+        let finite = x[1..].iter().fold(vcltq_f32(vabsq_f32(x[0]), inf), |f, x| {
+            vandq_u32(f, vcltq_f32(vabsq_f32(*x), inf))
+        });
+        if vminvq_u32(finite) == 0 {
+            return super::non_finite_block(lo, hi);
+        }
         let mut m = vabsq_f32(x[0]);
         for x in &x[1..] {
             m = vmaxnmq_f32(m, vabsq_f32(*x));

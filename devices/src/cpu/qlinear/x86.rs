@@ -409,6 +409,12 @@ pub(super) unsafe fn quantize_block_avx512(
     // Masked-off lanes are neither read nor faulted on.
     let v0 = _mm512_maskz_loadu_ps(m0, values.as_ptr());
     let v1 = _mm512_maskz_loadu_ps(m1, values.as_ptr().wrapping_add(16));
+    let inf = _mm512_set1_ps(f32::INFINITY);
+    let finite = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(v0), inf)
+        & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(v1), inf);
+    if finite != 0xffff {
+        return super::non_finite_block(lo, hi);
+    }
     let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     let d = amax / 127.0;
     let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
@@ -436,6 +442,15 @@ pub(super) unsafe fn quantize_block_avx2(
     let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
     let sign = _mm256_set1_ps(-0.0);
     let a = |x: __m256| _mm256_andnot_ps(sign, x);
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    let finite = v
+        .iter()
+        .fold(_mm256_castsi256_ps(_mm256_set1_epi32(-1)), |f, &x| {
+            _mm256_and_ps(f, _mm256_cmp_ps::<_CMP_LT_OQ>(a(x), inf))
+        });
+    if _mm256_movemask_ps(finite) != 0xff {
+        return super::non_finite_block(lo, hi);
+    }
     let m = _mm256_max_ps(
         _mm256_max_ps(a(v[0]), a(v[1])),
         _mm256_max_ps(a(v[2]), a(v[3])),
