@@ -45,8 +45,10 @@ pub const MAX_TEMPLATE_TEXT: usize = 8 << 20;
 /// The most items a sequence that a template builds may hold.
 pub const MAX_TEMPLATE_ITEMS: usize = 1 << 20;
 /// The most bytes of strings and sequences a template may build over one render, counted
-/// as they are built (what is freed again is not given back).
-pub const MAX_TEMPLATE_BUILT: usize = 512 << 20;
+/// as they are built (what is freed again is not given back): eight times the longest
+/// output, which a real template builds about once or twice over, and small enough that a
+/// server reserves it for every render it runs at once.
+pub const MAX_TEMPLATE_BUILT: usize = 64 << 20;
 
 /// What one render has built and emitted so far.
 #[derive(Default)]

@@ -12,6 +12,9 @@
 //! measure of the allocator: the model's weights and the engine's KV pool are sized at
 //! start and not counted here.
 //!
+//! Rendering a chat template reserves the most one render may build and emit
+//! ([`RENDER_BYTES`]) while it runs.
+//!
 //! Compiling a structured-output constraint reserves the most a compilation may hold
 //! ([`flm_core::MAX_COMPILE_BYTES`]) while it runs, and the request then holds the
 //! compiled constraint's size with its generation.
@@ -51,6 +54,11 @@ pub const LOGPROB_BYTES: u64 = 128;
 
 /// Bytes held per value of an embedding: the pooled f64, the f32, its JSON number.
 pub const EMBEDDING_VALUE_BYTES: u64 = 32;
+
+/// Bytes reserved while a chat template renders: the most it may build
+/// ([`flm_tokenizer::MAX_TEMPLATE_BUILT`]) and emit ([`flm_tokenizer::MAX_TEMPLATE_TEXT`]).
+pub const RENDER_BYTES: u64 =
+    (flm_tokenizer::MAX_TEMPLATE_BUILT + flm_tokenizer::MAX_TEMPLATE_TEXT) as u64;
 
 /// The budget, counted in KiB (a semaphore's permits).
 pub struct Budget {

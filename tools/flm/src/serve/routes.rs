@@ -20,7 +20,9 @@
 //! as its last event. The CPU-heavy steps of a request (rendering the chat template,
 //! tokenizing, compiling a schema) run on tokio's blocking threads, so that a slow or
 //! looping one holds neither the runtime's workers (`/health` keeps answering) nor the
-//! engine. Compiling a schema or a regex has a budget: its limits of size
+//! engine. Rendering a chat template reserves [`memory::RENDER_BYTES`] in the memory
+//! budget while it runs (the render's own limits bound what it builds). Compiling a schema
+//! or a regex has a budget: its limits of size
 //! ([`flm_core::Grammar::new`]), [`flm_core::MAX_COMPILE_TIME`], and a reservation of
 //! [`flm_core::MAX_COMPILE_BYTES`] in the memory budget while it runs; one over a limit, or
 //! whose language the model's tokens cannot write, is a 400 about `response_format`.
@@ -197,7 +199,11 @@ async fn chat(
                     state.tokenizer.chat_template(),
                 )?;
                 let args = prompt::template_args(request.chat_template_kwargs.as_ref())?;
+                let rendering = state
+                    .memory
+                    .reserve("rendering the chat template", memory::RENDER_BYTES)?;
                 let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref(), &args)?;
+                drop(rendering);
                 let parsed = Parsed {
                     ids,
                     sampling: request.sampling,
