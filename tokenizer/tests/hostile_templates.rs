@@ -110,7 +110,22 @@ fn refused_at_load(template: &str, why: &str) {
         "{err}"
     );
     assert!(err.contains(why), "{template}: {err}");
+    eprintln!("refused at load in {:.1} ms: {}", ms(took), short(template));
     assert!(took < BOUND, "{template}: {took:?}");
+}
+
+/// Milliseconds of `d`.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The first 60 bytes of `template` (or fewer, on a character boundary), for messages.
+fn short(template: &str) -> &str {
+    let mut end = template.len().min(60);
+    while !template.is_char_boundary(end) {
+        end -= 1;
+    }
+    &template[..end]
 }
 
 /// A template that passes the load check but is hostile for one conversation (the user
@@ -138,6 +153,7 @@ fn refused_on_request(body: &str, why: &str) {
         "{err}"
     );
     assert!(err.contains(why), "{body}: {err}");
+    eprintln!("refused on request in {:.1} ms: {}", ms(took), short(body));
     assert!(took < BOUND, "{body}: {took:?}");
     assert_eq!(
         tok.encode_chat(&[Message::new("user", "hi")], true)
@@ -231,6 +247,44 @@ fn growing_values_are_refused_before_they_are_built() {
     for (template, why) in cases {
         refused_at_load(template, why);
         refused_on_request(template, why);
+    }
+}
+
+/// The probe's templates that minijinja's own rules already stop: Python's object
+/// internals (minijinja has none: the attributes are undefined), includes (no loader),
+/// `raise_exception`, a range of 10^9 items and `2 ** 200` (integer overflow; the
+/// probe's string product of 10^10 meets flm's own limit, in [`compiling_is_bounded`]). Each ends, within [`BOUND`], in the template's own error or a
+/// short render, when it loads and when a request renders it; none is taken for a limit.
+#[test]
+fn minijinjas_own_rules_stop_the_simple_cases() {
+    let cases = [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ self.__init__.__globals__ }}",
+        "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+        "{% include 'secrets.txt' %}",
+        "{% import 'macros' as m %}{{ m.f() }}",
+        "{{ raise_exception('no') }}",
+        "{% for i in range(10**9) %}{% endfor %}",
+        "{{ 2 ** 200 }}",
+    ];
+    for body in cases {
+        let template = format!("{{% if messages[-1].content == 'attack' %}}{body}{{% endif %}}ok");
+        let start = Instant::now();
+        let rendered = plain()
+            .with_chat_template(Some(template), "test")
+            .and_then(|tok| tok.encode_chat(&[Message::new("user", "attack")], true));
+        let took = start.elapsed();
+        eprintln!(
+            "{:.1} ms: {} -> {:?}",
+            ms(took),
+            short(body),
+            rendered.as_ref().map(|p| p.text.len())
+        );
+        match rendered {
+            Ok(prompt) => assert!(prompt.text.len() < 1 << 10, "{body}: {}", prompt.text.len()),
+            Err(e) => assert!(!e.to_string().contains("limit"), "{body}: {e}"),
+        }
+        assert!(took < BOUND, "{body}: {took:?}");
     }
 }
 
@@ -335,11 +389,12 @@ fn compiling_is_bounded() {
                 .map(|e| e.to_string())
         });
         let took = start.elapsed();
-        let short = &template[..template.len().min(60)];
-        let err = err.unwrap_or_else(|| panic!("{short} loaded"));
-        assert!(err.contains(why.as_str()), "{short}: {err}");
-        assert!(took < BOUND / 5, "{short}: {took:?}");
-        assert!(peak < 16 << 20, "{short}: {peak} bytes");
+        let name = short(&template);
+        let err = err.unwrap_or_else(|| panic!("{name} loaded"));
+        assert!(err.contains(why.as_str()), "{name}: {err}");
+        eprintln!("refused before compiling in {:.1} ms: {name}", ms(took));
+        assert!(took < BOUND / 5, "{name}: {took:?}");
+        assert!(peak < 16 << 20, "{name}: {peak} bytes");
     }
 }
 
@@ -368,13 +423,13 @@ fn compiling_within_the_limits() {
         ),
     ];
     for (template, want) in cases {
-        let short = template[..template.len().min(60)].to_string();
+        let name = short(&template).to_string();
         let start = Instant::now();
         let tok = plain()
             .with_chat_template(Some(template), "test")
-            .unwrap_or_else(|e| panic!("{short}: {e}"));
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = tok.encode_chat(&[Message::new("user", "u")], true).unwrap();
-        assert_eq!(got.text, want, "{short}");
-        assert!(start.elapsed() < BOUND, "{short}: {:?}", start.elapsed());
+        assert_eq!(got.text, want, "{name}");
+        assert!(start.elapsed() < BOUND, "{name}: {:?}", start.elapsed());
     }
 }

@@ -391,3 +391,32 @@ fn corrupted_files_never_panic() {
         }
     }
 }
+
+/// A GGUF file whose `tokenizer.chat_template` loops for ever (issue 48's probe: it hung
+/// `flm chat` and the server) is refused when its tokenizer loads, the error naming the
+/// metadata key and the render budget, within a second or two.
+#[test]
+fn a_hostile_chat_template_is_refused_when_the_tokenizer_loads() {
+    let mut bytes = read(F32);
+    let old = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
+    let mut hostile = "{% for i in range(100000) %}{% for j in range(100000) %}{% set k = j %}\
+                       {% endfor %}{% endfor %}"
+        .to_string();
+    // The same length modulo the tensor data's alignment of 32, so the data stays aligned.
+    while (hostile.len() - old.len()) % 32 != 0 {
+        hostile.push(' ');
+    }
+    set_str(&mut bytes, "tokenizer.chat_template", &hostile);
+    let start = std::time::Instant::now();
+    let e = tokenizer_error(&bytes);
+    assert!(
+        e.contains("chat template (GGUF metadata `tokenizer.chat_template`)"),
+        "{e}"
+    );
+    assert!(e.contains("out of fuel"), "{e}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -283,6 +283,10 @@ async fn serve(state: Arc<State>, limits: &Limits, host: &str, port: u16) -> Res
     drop(out);
     let app = RequestBodyTimeout::new(routes::router(state), limits.body_timeout);
     let refuse = routes::overflow(limits.max_connections);
+    // Connections, not requests, are capped here, at accept: tower's limit layers
+    // (ConcurrencyLimit, load shedding) count requests in flight, while idle keep-alive and
+    // half-open connections, which hold file descriptors, have none; the timeouts are
+    // hyper's header timeout and tower-http's RequestBodyTimeout.
     let served = Arc::new(Semaphore::new(limits.max_connections));
     let overflow = Arc::new(Semaphore::new(OVERFLOW_CONNECTIONS));
     let mut http = http1::Builder::new();
