@@ -57,6 +57,16 @@ pub(crate) fn check(tok: &Tokenizer, template: &ChatTemplate) -> Result<()> {
     Ok(())
 }
 
+/// Whether `template` reads the variable `name` anywhere (in a macro or block too): one of
+/// the names minijinja finds undeclared in it. `false` for a template that does not
+/// compile within the limits.
+pub fn template_reads(template: &str, name: &str) -> bool {
+    jinja_compile::check(template).is_ok()
+        && Environment::new()
+            .template_from_str(template)
+            .is_ok_and(|t| t.undeclared_variables(false).contains(name))
+}
+
 /// Whether a render failed for a reason every conversation meets: the template does not
 /// compile, or it ran past a limit.
 struct Fatal(bool);

@@ -72,7 +72,7 @@ pub use decode::StreamDecoder;
 pub use error::{Error, Result};
 pub use gpt2::gguf_gpt2_spec;
 pub use hf_config::chat_template_from_hf_config;
-pub use jinja::check_template_args;
+pub use jinja::{check_template_args, template_reads};
 pub use jinja_compile::{MAX_TAG_OPERATORS, MAX_TEMPLATE_OPERATORS, MAX_TEMPLATE_SOURCE};
 pub use jinja_limits::{MAX_TEMPLATE_BUILT, MAX_TEMPLATE_ITEMS, MAX_TEMPLATE_TEXT, TEMPLATE_FUEL};
 pub use spec::{

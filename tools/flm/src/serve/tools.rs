@@ -56,8 +56,9 @@ fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
 /// with a name of 1 to 64 letters, digits, `_` or `-`, `parameters` that are not an object,
 /// two tools of one name, a `tool_choice` that is not `none`, `auto`, `required` or
 /// `{"type": "function", "function": {"name": N}}`, a named tool that is not in `tools`,
-/// and `required` or a named tool without tools. `template` is the model's chat template,
-/// which tells the format of forced calls.
+/// `required` or a named tool without tools, and tools (with a `tool_choice` other than
+/// `none`) that `template`, the model's chat template, never reads: they would be dropped
+/// unseen. The template also tells the format of forced calls.
 pub fn check(
     tools: Option<&Value>,
     tool_choice: Option<&Value>,
@@ -133,6 +134,15 @@ pub fn check(
             ));
         }
         return Ok(None);
+    }
+    if let Some(template) = template.filter(|_| !matches!(choice, Choice::None)) {
+        if !flm_tokenizer::template_reads(template, "tools") {
+            return Err(bad(
+                "tools",
+                "the model's chat template never reads `tools`, so the model would not see \
+                 them: describe them in a message instead",
+            ));
+        }
     }
     Ok(Some(Tools {
         list: Value::Array(list),
@@ -248,6 +258,24 @@ mod tests {
     fn weather() -> Value {
         json!([{"type": "function", "function": {"name": "get_weather", "parameters":
             {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+    }
+
+    /// Tools are refused when the template never reads `tools` (but for
+    /// `tool_choice: none`), and kept when it reads them anywhere, a macro included.
+    #[test]
+    fn tools_a_template_never_reads_are_refused() {
+        let plain = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        let e = check(Some(&weather()), None, Some(plain)).unwrap_err();
+        assert_eq!(e.param, Some("tools"));
+        assert!(e.message.contains("never reads `tools`"), "{}", e.message);
+        assert!(check(Some(&weather()), Some(&json!("none")), Some(plain)).is_ok());
+        let in_macro = "{% macro show(t) %}{{ t | tojson }}{% endmacro %}\
+                        {% if tools %}{{ show(tools) }}{% endif %}{{ messages[0].content }}";
+        for template in ["{{ tools }}", in_macro] {
+            assert!(check(Some(&weather()), None, Some(template))
+                .unwrap()
+                .is_some());
+        }
     }
 
     #[test]

@@ -184,8 +184,10 @@ fn hostile_requests_are_answered_and_their_memory_given_back() {
     assert_eq!(server.post("/v1/completions", &normal).0, 200);
 }
 
-/// A template that shows the messages' contents (stories260K has none of its own).
-const TEMPLATE: &str = "{% for m in messages %}{{ m.content }}{% endfor %}";
+/// A template that shows the messages' contents and the number of tools (stories260K has
+/// none of its own).
+const TEMPLATE: &str =
+    "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{{ tools | length }}{% endif %}";
 
 /// A small regex that takes seconds to compile is refused at the compilation's time
 /// limit (1 s), in about that time, with a 400 that names the limit.
