@@ -12,6 +12,12 @@
 - `constrained`: the mean time per output token of --requests streamed completions whose
   reply a JSON schema constrains (a string of up to 200 characters and an integer), against
   the same requests unconstrained: the cost of masking the vocabulary each step.
+- `hostile`: --streams requests of --max-tokens tokens decode together, alone and then
+  beside one client per --formats entry that sends the request again and again until the
+  streams end (issue 48's probe: 0 a union of 10,000 types, 1 `(.{0,64}){0,64}`,
+  2 `((a|b)*)*c`, 3 an enum of 20,000 strings, 200 tokens each at temperature 0.8). Time
+  per output token of the streams (every gap between consecutive tokens of one stream),
+  p50 and p99, and the hostile requests answered by status.
 
 Prompts are uniform random ids from 3 to --vocab − 1 (seeded), one request per prompt, greedy,
 stdlib only. Prints one JSON object.
@@ -21,6 +27,7 @@ Usage:
     python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 prefix --prefix 1000
     python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 chunked --long 2000
     python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 constrained
+    python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 hostile --formats 0,1,2,3
 """
 
 import argparse
@@ -175,6 +182,73 @@ def constrained(args, rng):
     }
 
 
+def hostile_formats():
+    """The probe's response formats, by index (see `hostile`)."""
+    def schema(s):
+        return {"type": "json_schema", "json_schema": {"name": "probe", "schema": s}}
+    return [
+        schema({"type": ["string"] * 10_000}),
+        {"type": "regex", "regex": "(.{0,64}){0,64}"},
+        {"type": "regex", "regex": "((a|b)*)*c"},
+        schema({"enum": [f"value number {i}" for i in range(20_000)]}),
+    ]
+
+
+def hostile(args, rng):
+    u = urllib.parse.urlparse(args.url)
+    formats = hostile_formats()
+    bodies = [
+        json.dumps({"prompt": "Once", "max_tokens": 200, "temperature": 0.8, "seed": 1,
+                    "response_format": formats[int(i)]}).encode()
+        for i in args.formats.split(",")
+    ]
+    prompts = [[1] + [rng.randrange(3, args.vocab) for _ in range(8)]
+               for _ in range(args.streams)]
+
+    def streams():
+        gaps = []
+
+        def run(prompt):
+            times = []
+            stream(args.url, prompt, args.max_tokens, times.append)
+            gaps.extend(b - a for a, b in zip(times, times[1:]))
+        threads = [threading.Thread(target=run, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return gaps
+
+    streams()
+    alone = streams()
+    done = threading.Event()
+    answered = {}
+
+    def send(body):
+        while not done.is_set():
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            status = conn.getresponse().status
+            conn.close()
+            answered[status] = answered.get(status, 0) + 1
+    senders = [threading.Thread(target=send, args=(b,)) for b in bodies]
+    for t in senders:
+        t.start()
+    beside = streams()
+    done.set()
+    for t in senders:
+        t.join()
+    ms = lambda x: round(1e3 * x, 1)
+    return {
+        "streams": args.streams,
+        "formats": args.formats,
+        "alone_ms": {"p50": ms(percentile(alone, 50)), "p99": ms(percentile(alone, 99))},
+        "beside_ms": {"p50": ms(percentile(beside, 50)), "p99": ms(percentile(beside, 99))},
+        "p99_ratio": round(percentile(beside, 99) / percentile(alone, 99), 2),
+        "hostile_answered": answered,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8080")
@@ -192,9 +266,14 @@ def main():
     k = sub.add_parser("constrained")
     k.add_argument("--requests", type=int, default=3)
     k.add_argument("--max-tokens", type=int, default=120)
+    h = sub.add_parser("hostile")
+    h.add_argument("--streams", type=int, default=8)
+    h.add_argument("--max-tokens", type=int, default=64)
+    h.add_argument("--formats", default="0,1,2,3")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    mode = {"prefix": prefix, "chunked": chunked, "constrained": constrained}[args.mode]
+    mode = {"prefix": prefix, "chunked": chunked, "constrained": constrained,
+            "hostile": hostile}[args.mode]
     print(json.dumps(mode(args, rng)))
 
 
