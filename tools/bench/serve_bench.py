@@ -13,8 +13,8 @@
   reply a JSON schema constrains (a string of up to 200 characters and an integer), against
   the same requests unconstrained: the cost of masking the vocabulary each step.
 - `hostile`: --streams requests of --max-tokens tokens decode together, alone and then
-  beside one client per --formats entry that sends the request again and again until the
-  streams end (issue 48's probe: 0 a union of 10,000 types, 1 `(.{0,64}){0,64}`,
+  beside one client per --formats entry that sends its request once as they start, or with
+  --repeat again and again until the streams end (issue 48's probe: 0 a union of 10,000 types, 1 `(.{0,64}){0,64}`,
   2 `((a|b)*)*c`, 3 an enum of 20,000 strings, 200 tokens each at temperature 0.8). Time
   per output token of the streams (every gap between consecutive tokens of one stream),
   p50 and p99, and the hostile requests answered by status.
@@ -27,7 +27,7 @@ Usage:
     python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 prefix --prefix 1000
     python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 chunked --long 2000
     python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 constrained
-    python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 hostile --formats 0,1,2,3
+    python3 tools/bench/serve_bench.py --url http://127.0.0.1:8080 hostile --formats 0,1,2,3 --repeat
 """
 
 import argparse
@@ -225,12 +225,14 @@ def hostile(args, rng):
     answered = {}
 
     def send(body):
-        while not done.is_set():
+        while True:
             conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
             conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
             status = conn.getresponse().status
             conn.close()
             answered[status] = answered.get(status, 0) + 1
+            if not args.repeat or done.is_set():
+                return
     senders = [threading.Thread(target=send, args=(b,)) for b in bodies]
     for t in senders:
         t.start()
@@ -270,6 +272,8 @@ def main():
     h.add_argument("--streams", type=int, default=8)
     h.add_argument("--max-tokens", type=int, default=64)
     h.add_argument("--formats", default="0,1,2,3")
+    h.add_argument("--repeat", action="store_true",
+                   help="resend each hostile request until the streams end (a flood)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     mode = {"prefix": prefix, "chunked": chunked, "constrained": constrained,
