@@ -21,6 +21,7 @@ use flm_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::error::ApiError;
+use super::log::RequestLog;
 use super::openai::Usage;
 use super::params::Params;
 use super::text::Detokenizer;
@@ -43,6 +44,8 @@ pub struct Job {
     pub arrived: Instant,
     /// The structured output's constraint, if any.
     pub constraint: Option<Constraint>,
+    /// The request's log line, shared by its choices.
+    pub log: Arc<RequestLog>,
 }
 
 /// One generated token's log-probability and its most likely alternatives', each token
@@ -109,6 +112,7 @@ pub struct Submitted {
     at_start: bool,
     stop: Vec<String>,
     arrived: Instant,
+    log: Arc<RequestLog>,
     events: UnboundedReceiver<Event>,
     _cancel: CancelOnDrop,
 }
@@ -149,11 +153,13 @@ pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
         .submit(request, on_event)
         .map_err(super::engine_error)?;
     state.metrics.prompt(prompt_tokens);
+    job.log.prompt(prompt_tokens);
     Ok(Submitted {
         prompt_tokens,
         at_start: job.at_start,
         stop: job.params.stop,
         arrived: job.arrived,
+        log: job.log,
         events,
         _cancel: CancelOnDrop(cancel),
     })
@@ -199,6 +205,7 @@ async fn events(
         at_start,
         stop,
         arrived,
+        log,
         mut events,
         _cancel,
     } = submitted;
@@ -227,6 +234,7 @@ async fn events(
                 }
                 let now = Instant::now();
                 state.metrics.token(generated == 0, now - last);
+                log.token();
                 last = now;
                 generated += 1;
                 let (piece, stopped) = match text.push(id) {

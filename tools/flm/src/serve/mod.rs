@@ -25,6 +25,7 @@ mod error;
 #[cfg(test)]
 mod fuzz;
 mod generation;
+mod log;
 mod memory;
 mod metrics;
 mod openai;
@@ -115,6 +116,9 @@ pub struct ServeArgs {
     /// over it is answered 413, one that does not fit beside the others 429.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=4 << 20))]
     max_request_memory: u32,
+    /// Print no line per request on stderr (only warnings).
+    #[arg(long, short = 'q')]
+    quiet: bool,
 }
 
 /// A duration given in seconds (a decimal number above 0, at most a day).
@@ -212,6 +216,7 @@ fn vocabulary(tokenizer: &Tokenizer) -> Vocabulary {
 /// Errors: a model that cannot be loaded, an engine configuration it refuses, an address
 /// that cannot be bound.
 pub fn run(args: ServeArgs) -> Result<()> {
+    log::init(args.quiet);
     memory::tune_allocator();
     set_threads(args.model.threads)?;
     let path = &args.model.model;

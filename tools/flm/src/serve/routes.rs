@@ -42,6 +42,7 @@ use axum::{Json, Router};
 use super::embeddings::EmbeddingRequest;
 use super::error::ApiError;
 use super::generation::{submit, Job};
+use super::log::RequestLog;
 use super::memory;
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
@@ -112,6 +113,8 @@ async fn admit(Shared(state): Shared<Arc<State>>, mut request: Request, next: Ne
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let log = RequestLog::new(request.method().as_str(), request.uri().path());
+    request.extensions_mut().insert(Arc::clone(&log));
     // A longer body is refused (413) by the extractor before it is read.
     let bytes = declared.map_or(BODY_LIMIT, |d| d.min(BODY_LIMIT)) * 2;
     let response = match state.memory.reserve("the request body", bytes) {
@@ -125,12 +128,16 @@ async fn admit(Shared(state): Shared<Arc<State>>, mut request: Request, next: Ne
             let deadline = tokio::time::Instant::now() + state.request_timeout;
             request.extensions_mut().insert(Deadline(deadline));
             match tokio::time::timeout_at(deadline, next.run(request)).await {
-                Ok(response) => return response,
+                Ok(response) => {
+                    log.status(response.status().as_u16());
+                    return response;
+                }
                 Err(_) => ApiError::deadline(state.request_timeout).into_response(),
             }
         }
         Err(e) => e.into_response(),
     };
+    log.status(response.status().as_u16());
     state.metrics.request(label, response.status().as_u16());
     response
 }
@@ -187,6 +194,7 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
 async fn chat(
     Shared(state): Shared<Arc<State>>,
     Extension(deadline): Extension<Deadline>,
+    Extension(log): Extension<Arc<RequestLog>>,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Response {
     let arrived = Instant::now();
@@ -210,7 +218,7 @@ async fn chat(
                     echo: false,
                     tools,
                 };
-                prepare(state, Api::Chat, arrived, parsed)
+                prepare(state, Api::Chat, arrived, log, parsed)
             })
             .await
         }
@@ -222,6 +230,7 @@ async fn chat(
 async fn completions(
     Shared(state): Shared<Arc<State>>,
     Extension(deadline): Extension<Deadline>,
+    Extension(log): Extension<Arc<RequestLog>>,
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Response {
     let arrived = Instant::now();
@@ -235,7 +244,7 @@ async fn completions(
                     echo: request.echo,
                     tools: None,
                 };
-                prepare(state, Api::Text, arrived, parsed)
+                prepare(state, Api::Text, arrived, log, parsed)
             })
             .await
         }
@@ -303,6 +312,7 @@ fn prepare(
     state: &State,
     api: Api,
     arrived: Instant,
+    log: Arc<RequestLog>,
     parsed: Parsed,
 ) -> Result<Prepared, ApiError> {
     let Parsed {
@@ -377,6 +387,7 @@ fn prepare(
         stop_tokens,
         arrived,
         constraint,
+        log,
     };
     Ok(Prepared { job, echo, tools })
 }

@@ -287,3 +287,41 @@ fn embeddings_pool_the_mean_with_the_flag() {
         (400, Some("input"))
     );
 }
+
+/// Every POST request is logged on stderr when it ends: method, path, status, prompt and
+/// generated tokens (all choices), time to first token, tokens/s and the whole time; a
+/// stream once its last event is sent; a refusal with its status. `--quiet` logs none.
+#[test]
+fn requests_are_logged_on_stderr_unless_quiet() {
+    let server = Server::start(&[]);
+    let plain = json!({"prompt": "Once", "max_tokens": 8, "ignore_eos": true});
+    assert_eq!(server.post("/v1/completions", &plain).0, 200);
+    let streamed = json!({"prompt": "Once", "max_tokens": 8, "n": 2, "stream": true,
+                          "ignore_eos": true});
+    server.stream("/v1/completions", &streamed);
+    let bad = json!({"prompt": "Once", "max_tokens": -1});
+    assert_eq!(server.post("/v1/completions", &bad).0, 400);
+    let wanted = [
+        "POST /v1/completions 200 prompt=2 generated=8 ttft=",
+        "POST /v1/completions 200 prompt=4 generated=16 ttft=",
+        "POST /v1/completions 400 total=",
+    ];
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = server.stderr();
+        if log.lines().filter(|l| l.contains(" INFO POST ")).count() == wanted.len() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(" INFO POST ")).collect();
+    assert_eq!(lines.len(), wanted.len(), "{log}");
+    for (line, want) in lines.iter().zip(wanted) {
+        assert!(line.contains(want), "{line:?} lacks {want:?}");
+    }
+    assert!(lines[0].contains(" tok/s total="), "{}", lines[0]);
+    let quiet = Server::start(&["--quiet"]);
+    assert_eq!(quiet.post("/v1/completions", &plain).0, 200);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!quiet.stderr().contains("POST"), "{}", quiet.stderr());
+}

@@ -3,6 +3,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -37,6 +38,9 @@ pub struct Server {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     agent: ureq::Agent,
+    /// What the server wrote on stderr so far (its request log), read by a thread of its
+    /// own so that the pipe never fills; printed when a test fails.
+    stderr: Arc<Mutex<String>>,
 }
 
 impl Server {
@@ -51,8 +55,18 @@ impl Server {
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
             .args(extra)
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("flm serve starts");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (mut pipe, sink) = (child.stderr.take().unwrap(), Arc::clone(&stderr));
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                let text = String::from_utf8_lossy(&chunk[..n]);
+                sink.lock().unwrap().push_str(&text);
+            }
+        });
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let url = loop {
             let line = lines
@@ -68,7 +82,17 @@ impl Server {
             .timeout_global(Some(Duration::from_secs(600)))
             .build()
             .into();
-        Server { child, url, agent }
+        Server {
+            child,
+            url,
+            agent,
+            stderr,
+        }
+    }
+
+    /// What the server has written on stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
     }
 
     /// GET `path`: the status and the body.
@@ -239,5 +263,8 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("flm serve's stderr:\n{}", self.stderr());
+        }
     }
 }
