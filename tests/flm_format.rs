@@ -105,7 +105,18 @@ fn evaluate(path: &Path) -> TeacherForced {
     let text = std::fs::read_to_string(data("text/tinystories_style.txt")).unwrap();
     let tokens = tokenizer.encode(&text, true).unwrap();
     assert!(tokens.len() > 4000, "{} tokens", tokens.len());
-    teacher_forced(&mut model, &cpu_executor(), &tokens, 512).unwrap()
+    let mut calls = Vec::new();
+    let result = teacher_forced(&mut model, &cpu_executor(), &tokens, 512, |done, all, r| {
+        calls.push((done, all, r.scored))
+    })
+    .unwrap();
+    // One call per window, in order, each with the tokens scored so far.
+    let windows = tokens.len().div_ceil(512);
+    let want: Vec<(usize, usize, usize)> = (1..=windows)
+        .map(|w| (w, windows, (w * 512).min(tokens.len()) - w))
+        .collect();
+    assert_eq!(calls, want);
+    result
 }
 
 #[test]

@@ -32,7 +32,10 @@ impl TeacherForced {
     }
 }
 
-/// Runs `tokens` through `model` in windows of `ctx` tokens (see the module docs).
+/// Runs `tokens` through `model` in windows of `ctx` tokens (see the module docs), calling
+/// `progress(done, windows, so_far)` after each window with the windows done, their
+/// number and the result so far (its perplexity is the running figure that
+/// llama-perplexity prints per chunk).
 ///
 /// Errors: [`Error::Config`] for `ctx < 2` or beyond the model's context,
 /// [`Error::InvalidInput`] for fewer than 2 tokens, model errors.
@@ -41,6 +44,7 @@ pub fn teacher_forced(
     exec: &Executor,
     tokens: &[u32],
     ctx: usize,
+    mut progress: impl FnMut(usize, usize, &TeacherForced),
 ) -> Result<TeacherForced> {
     let max = model.config().max_seq_len;
     if ctx < 2 || ctx > max {
@@ -60,7 +64,8 @@ pub fn teacher_forced(
         predictions: Vec::new(),
         targets: Vec::new(),
     };
-    for window in tokens.chunks(ctx).filter(|w| w.len() >= 2) {
+    let windows = tokens.chunks(ctx).filter(|w| w.len() >= 2).count();
+    for (done, window) in tokens.chunks(ctx).filter(|w| w.len() >= 2).enumerate() {
         let logits = model.forward(exec, window, 0, Logits::All)?;
         for (row, &target) in logits.chunks_exact(vocab).zip(&window[1..]) {
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
@@ -75,6 +80,7 @@ pub fn teacher_forced(
             out.predictions.push(argmax(row));
             out.targets.push(target);
         }
+        progress(done + 1, windows, &out);
     }
     Ok(out)
 }

@@ -83,7 +83,8 @@ fn teacher_forced(path: &std::path::Path, bits: ActivationBits) -> (f64, f64) {
     let want_top1 = ids(&text["argmax"]);
     let (model, _) = session::load_model(path, None, Some(tokens.len())).unwrap();
     let mut model = model.instance().unwrap();
-    let got = eval::teacher_forced(&mut model, &exec(bits), &tokens, tokens.len()).unwrap();
+    let got =
+        eval::teacher_forced(&mut model, &exec(bits), &tokens, tokens.len(), |_, _, _| {}).unwrap();
     let agree = got
         .predictions
         .iter()

@@ -203,12 +203,16 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
                     .with_context(|| format!("cannot read {}", config.display()))?;
                 llama_graph(&ckpt.config)?;
                 let mut seed = 0u64;
-                let weights = LlamaWeights::from_tensors(&ckpt.config, |_, shape| {
+                let bar = crate::progress::bar(0, "random tensors")?;
+                let weights = LlamaWeights::from_tensors(&ckpt.config, |name, shape| {
                     seed += 1;
+                    bar.set_position(seed);
+                    bar.set_message(name.hf().unwrap_or_default());
                     random_tensor(dtype, shape, seed).map_err(|e| {
                         flm_models::Error::Config(format!("cannot build random weights: {e:#}"))
                     })
                 })?;
+                bar.finish_and_clear();
                 (
                     ckpt.config,
                     weights,
@@ -417,15 +421,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ))
         };
         let mut measured = Vec::new();
+        let bar = crate::progress::bar(((args.reps + 1) * batches.len()) as u64, "runs")?;
         for &batch in &batches {
+            bar.set_message(batch.map_or("(warm-up first)".into(), |n| format!("batch {n}")));
             once(&mut model, batch)?;
+            bar.inc(1);
             let runs = (0..args.reps)
-                .map(|_| once(&mut model, batch))
+                .map(|_| {
+                    let run = once(&mut model, batch);
+                    bar.inc(1);
+                    run
+                })
                 .collect::<Result<Vec<_>>>()?;
             let (pp, pp_sd) = mean_sd(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
             let (tg, tg_sd) = mean_sd(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
             measured.push((batch.unwrap_or(1), [pp, pp_sd, tg, tg_sd]));
         }
+        bar.finish_and_clear();
         // Whether the single-sequence decode steps ran as a CUDA graph (`--cuda-graph`).
         let step_graph = model.captured_steps().contains(&1);
         drop(model);

@@ -7,7 +7,6 @@ use clap::{Args, ValueEnum};
 use flm_core::{DataType, Int4Form};
 use flm_models::convert::{convert, Recipe};
 use flm_models::import;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::load;
 
@@ -116,12 +115,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         None => ckpt.take_tokenizer(&args.input)?,
     };
     flm_models::session::check_vocab(&tokenizer, ckpt.config.vocab_size)?;
-    let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} tensors {msg} [{elapsed_precise}, eta {eta}]",
-        )
-        .context("progress bar template")?,
-    );
+    let bar = crate::progress::bar(0, "tensors")?;
     let recipe = match (dtype, args.pure) {
         (None, _) => Recipe::Keep,
         (Some(_), true) => Recipe::Pure,

@@ -10,6 +10,7 @@ mod convert;
 mod device;
 mod generate;
 mod load;
+mod progress;
 mod serve;
 
 use std::io::Write;
@@ -260,7 +261,15 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
         .unwrap_or_else(|| model.config().max_seq_len.min(512));
     let exec = chosen.exec;
     let start = std::time::Instant::now();
-    let result = flm_models::eval::teacher_forced(&mut model, &exec, &tokens, ctx)?;
+    // Drawn on stderr when it is a terminal: the running perplexity, window by window.
+    let bar = progress::bar(0, "windows")?;
+    let result =
+        flm_models::eval::teacher_forced(&mut model, &exec, &tokens, ctx, |done, all, so_far| {
+            bar.set_length(all as u64);
+            bar.set_position(done as u64);
+            bar.set_message(format!("perplexity {:.4}", so_far.perplexity()));
+        })?;
+    bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     println!(
         "perplexity: {:.4} ({} tokens scored, windows of {ctx}, {:.1} tokens/s)",
