@@ -16,7 +16,9 @@
 //! when any turn failed, so that a script feeding stdin sees the failure.
 //!
 //! Ctrl-C during a reply stops it (what was generated stays in the conversation) and the
-//! chat goes on; at the prompt it ends the chat, as in llama.cpp's CLI.
+//! chat goes on; at the prompt it ends the chat, as in llama.cpp's CLI. At a terminal the
+//! prompt line is edited with rustyline (arrow keys, Emacs bindings, Up and Down through
+//! this chat's earlier lines); from a pipe, lines are read as they come.
 //!
 //! Commands: `/reset` forgets the conversation, `/exit` or `/quit` (or end of input)
 //! ends the session, `/help` (or `/?`) lists them; any other line of one word starting
@@ -24,7 +26,7 @@
 //! does. A model without any chat template is refused with an error that points to
 //! `flm run`.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -95,6 +97,50 @@ fn on_interrupt() {
     }
 }
 
+/// Where the user's lines come from: an editor at a terminal, or stdin as it is.
+enum Lines {
+    Terminal(rustyline::DefaultEditor),
+    Piped(std::io::Stdin),
+}
+
+impl Lines {
+    fn new() -> Result<Lines> {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return Ok(Lines::Piped(stdin));
+        }
+        // The prompt goes to the terminal itself, not to stdout, which holds the replies.
+        let config = rustyline::Config::builder()
+            .behavior(rustyline::Behavior::PreferTerm)
+            .auto_add_history(true)
+            .build();
+        let editor =
+            rustyline::DefaultEditor::with_config(config).context("cannot set up line editing")?;
+        Ok(Lines::Terminal(editor))
+    }
+
+    /// The next line, `None` at the end of input (Ctrl-D). Ctrl-C at the prompt ends the
+    /// process with status 130 (the editor reads it as a key, not as a signal).
+    fn next(&mut self) -> Result<Option<String>> {
+        match self {
+            Lines::Piped(stdin) => {
+                let mut line = String::new();
+                let read = stdin.lock().read_line(&mut line);
+                Ok((read.context("cannot read stdin")? > 0).then_some(line))
+            }
+            Lines::Terminal(editor) => match editor.readline("> ") {
+                Ok(line) => Ok(Some(line)),
+                Err(rustyline::error::ReadlineError::Eof) => Ok(None),
+                Err(rustyline::error::ReadlineError::Interrupted) => {
+                    eprintln!();
+                    std::process::exit(130)
+                }
+                Err(e) => Err(e).context("cannot read the terminal"),
+            },
+        }
+    }
+}
+
 /// The commands, as `/help` prints them.
 const HELP: &str = "/reset       forget the conversation\n\
                     /exit /quit  end the chat (so does end of input, Ctrl-D)\n\
@@ -159,28 +205,12 @@ pub fn run(args: ChatArgs) -> Result<()> {
         .map(|s| Message::new("system", s.as_str()))
         .collect();
     let mut messages = start.clone();
-    let stdin = std::io::stdin();
-    let interactive = stdin.is_terminal();
-    let mut line = String::new();
+    let mut lines = Lines::new()?;
     let mut failed = 0usize;
     for turn in 0u64.. {
-        if interactive {
-            eprint!("> ");
-            std::io::stderr().flush()?;
-        }
-        line.clear();
-        if stdin
-            .lock()
-            .read_line(&mut line)
-            .context("cannot read stdin")?
-            == 0
-        {
-            if interactive {
-                // End of input (Ctrl-D) leaves the cursor after the prompt.
-                eprintln!();
-            }
+        let Some(line) = lines.next()? else {
             break;
-        }
+        };
         let text = match parse(&line) {
             Input::Exit => break,
             Input::Skip => continue,

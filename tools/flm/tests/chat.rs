@@ -400,3 +400,53 @@ fn ctrl_c_at_the_prompt_ends_the_chat() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
 }
+
+/// `flm chat` at a terminal (a pseudo-terminal): the prompt line is edited (Up recalls the
+/// last line, Ctrl-E moves to its end), Ctrl-C mid-reply stops the reply and the next turn
+/// follows, Ctrl-D at the prompt ends the chat with status 0, and Ctrl-C at the prompt
+/// with status 130.
+#[cfg(unix)]
+#[test]
+fn at_a_terminal_lines_are_edited_and_ctrl_c_stops_only_the_reply() {
+    use expectrl::process::unix::WaitStatus;
+    use expectrl::{ControlCode, Eof, Expect, Session};
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), TEMPLATE);
+    let start = || {
+        let mut command = flm_command();
+        command.args(["chat", "--model", &model, "--temperature", "0", "--verbose"]);
+        command.args(["--max-tokens", "100000", "--ignore-eos"]);
+        let mut chat = Session::spawn(command).expect("flm chat in a pseudo-terminal");
+        chat.set_expect_timeout(Some(std::time::Duration::from_secs(120)));
+        chat.expect("/help lists the commands").unwrap();
+        chat.expect("> ").unwrap();
+        chat
+    };
+    let mut chat = start();
+    chat.send_line("Once upon a time").unwrap();
+    // The prompt's log comes first, then the reply, which Ctrl-C stops.
+    chat.expect("Bot:\r\n---").unwrap();
+    chat.send(ControlCode::EndOfText).unwrap();
+    chat.expect("(reply interrupted)").unwrap();
+    chat.expect("> ").unwrap();
+    // Up: the last line again; Ctrl-E and more text at its end.
+    chat.send("\x1b[A").unwrap();
+    chat.send("\x05, the end\r").unwrap();
+    chat.expect("User: Once upon a time, the end\r\nBot:")
+        .unwrap();
+    chat.send(ControlCode::EndOfText).unwrap();
+    chat.expect("> ").unwrap();
+    chat.send(ControlCode::EndOfTransmission).unwrap();
+    chat.expect(Eof).unwrap();
+    assert!(matches!(
+        chat.get_process().wait().unwrap(),
+        WaitStatus::Exited(_, 0)
+    ));
+    let mut chat = start();
+    chat.send(ControlCode::EndOfText).unwrap();
+    chat.expect(Eof).unwrap();
+    assert!(matches!(
+        chat.get_process().wait().unwrap(),
+        WaitStatus::Exited(_, 130)
+    ));
+}
