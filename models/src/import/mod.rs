@@ -87,6 +87,14 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// The number of weights: the elements of every tensor.
+    pub fn parameter_count(&self) -> u64 {
+        self.tensors
+            .iter()
+            .map(|t| t.shape.iter().map(|&d| d as u64).product::<u64>())
+            .sum()
+    }
+
     /// The tensor `name`.
     pub fn tensor(&self, name: TensorName) -> Option<&SourceTensor> {
         let name = name.to_string();

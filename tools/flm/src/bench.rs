@@ -357,7 +357,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (args.prompt_tokens + args.gen_tokens, sizes)
     };
     let isa = CpuDevice::new()?.isa();
-    let chosen = args.device.executor()?;
+    let chosen = args.device.executor(|| match (&args.model, &args.random) {
+        (Some(path), _) => crate::load::weights(path),
+        (None, Some(config)) => Ok(import::random(config, 0)
+            .with_context(|| format!("cannot read {}", config.display()))?
+            .parameter_count()),
+        (None, None) => bail!("pass --model or --random"),
+    })?;
     let exec: &Executor = &chosen.exec;
     if !args.batch.is_empty() {
         // As the serving engine runs it.

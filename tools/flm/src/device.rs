@@ -25,6 +25,59 @@ pub enum CudaGraph {
     Off,
 }
 
+/// `--activation-bits`: a precision, or `auto`, which picks one by the model's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ActivationArg {
+    /// 16 bits up to [`AUTO_INT16_MAX_WEIGHTS`] weights, 8 above.
+    #[default]
+    Auto,
+    /// This precision.
+    Bits(ActivationBits),
+}
+
+/// The most weights of a model that `--activation-bits auto` gives 16-bit activations: the
+/// sub-billion chat models (SmolLM2, Qwen2.5-0.5B, TinyLlama, Llama-3.2-1B), which
+/// int8 activations mislead most (SmolLM2 answers the capital of France in French) and
+/// which stay fast at twice the integer work (docs/benchmarks.md, "Activation bits").
+pub const AUTO_INT16_MAX_WEIGHTS: u64 = 1_500_000_000;
+
+impl ActivationArg {
+    /// The precision for a model of `weights` weights (asked only for `auto`).
+    ///
+    /// Errors: those of `weights`.
+    pub fn resolve(self, weights: impl FnOnce() -> Result<u64>) -> Result<ActivationBits> {
+        Ok(match self {
+            ActivationArg::Bits(bits) => bits,
+            ActivationArg::Auto if weights()? <= AUTO_INT16_MAX_WEIGHTS => ActivationBits::Int16,
+            ActivationArg::Auto => ActivationBits::Int8,
+        })
+    }
+}
+
+impl std::str::FromStr for ActivationArg {
+    type Err = String;
+
+    /// `auto`, or a precision as [`ActivationBits`] reads it.
+    fn from_str(s: &str) -> std::result::Result<ActivationArg, String> {
+        match s {
+            "auto" => Ok(ActivationArg::Auto),
+            bits => bits
+                .parse()
+                .map(ActivationArg::Bits)
+                .map_err(|e| format!("{e}, or auto")),
+        }
+    }
+}
+
+impl std::fmt::Display for ActivationArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ActivationArg::Auto => f.write_str("auto"),
+            ActivationArg::Bits(bits) => bits.fmt(f),
+        }
+    }
+}
+
 /// Where the model runs.
 #[derive(Args, Clone, Copy, Default)]
 pub struct DeviceArgs {
@@ -46,12 +99,14 @@ pub struct DeviceArgs {
     /// anyway.
     #[arg(long, value_enum)]
     pub moe_device: Option<MoeDevice>,
-    /// 8 or 16: the precision of the activations that int8, int4 and K-quant weights are
-    /// dotted against on the CPU. 8 (int8 blocks, as llama.cpp) is the fastest; 16 adds
+    /// 8, 16 or auto: the precision of the activations that int8, int4 and K-quant weights
+    /// are dotted against on the CPU. 8 (int8 blocks, as llama.cpp) is the fastest; 16 adds
     /// each block's int8 rounding residual, which brings the logits to those of f32
-    /// activations at twice the integer work (prefill slows most; decode a little).
-    #[arg(long, default_value_t = ActivationBits::Int8)]
-    pub activation_bits: ActivationBits,
+    /// activations at twice the integer work (prefill slows most; decode a little). auto
+    /// is 16 for models of up to 1.5 billion weights, whose answers int8 activations
+    /// change most and which run fast anyway, and 8 above.
+    #[arg(long, default_value_t = ActivationArg::Auto)]
+    pub activation_bits: ActivationArg,
     /// f32, f16 or auto: the element type of the KV cache. f16 halves the bytes attention
     /// reads, each key and value rounded to the nearest f16 as it is stored; auto is f16
     /// where the cache lives on a GPU (`--gpu-layers`) and f32 in host memory.
@@ -84,12 +139,14 @@ pub struct Chosen {
 }
 
 impl DeviceArgs {
-    /// Builds the executor; a fallback to the CPU prints its one line on stderr.
+    /// Builds the executor for a model of `weights` weights (asked only for
+    /// `--activation-bits auto`); a fallback to the CPU prints its one line on stderr.
     ///
     /// Errors: `--device cuda` without a usable GPU; `--gpu-layers` without one; the CPU
-    /// device's errors.
-    pub fn executor(&self) -> Result<Chosen> {
-        let cpu = CpuDevice::new()?.with_activation_bits(self.activation_bits);
+    /// device's errors; those of `weights`.
+    pub fn executor(&self, weights: impl FnOnce() -> Result<u64>) -> Result<Chosen> {
+        let bits = self.activation_bits.resolve(weights)?;
+        let cpu = CpuDevice::new()?.with_activation_bits(bits);
         let selection = flm_devices::select(self.device, cpu)?;
         if let Some(notice) = &selection.notice {
             eprintln!("{notice}");
@@ -151,5 +208,29 @@ impl Chosen {
             );
         }
         Ok(model)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activation_bits_auto_follows_the_model_size() {
+        let auto: ActivationArg = "auto".parse().unwrap();
+        assert_eq!(auto, ActivationArg::default());
+        let small = auto.resolve(|| Ok(135_000_000)).unwrap();
+        assert_eq!(small, ActivationBits::Int16);
+        let at = auto.resolve(|| Ok(AUTO_INT16_MAX_WEIGHTS)).unwrap();
+        assert_eq!(at, ActivationBits::Int16);
+        let large = auto.resolve(|| Ok(AUTO_INT16_MAX_WEIGHTS + 1)).unwrap();
+        assert_eq!(large, ActivationBits::Int8);
+        // A given precision never asks for the size.
+        let eight: ActivationArg = "8".parse().unwrap();
+        let asked = eight.resolve(|| anyhow::bail!("not asked")).unwrap();
+        assert_eq!(asked, ActivationBits::Int8);
+        assert_eq!("16".parse::<ActivationArg>().unwrap().to_string(), "16");
+        let e = "12".parse::<ActivationArg>().unwrap_err();
+        assert!(e.contains("8 or 16, or auto"), "{e}");
     }
 }

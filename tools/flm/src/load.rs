@@ -23,6 +23,13 @@ pub fn tokenizer_beside(model: &Path) -> Result<Tokenizer> {
     Ok(ckpt.take_tokenizer(model)?)
 }
 
+/// The number of weights of the checkpoint at `model` (its header only).
+pub fn weights(model: &Path) -> Result<u64> {
+    let ckpt = import::load(model)
+        .with_context(|| format!("cannot load the model {}", model.display()))?;
+    Ok(ckpt.parameter_count())
+}
+
 /// Loads the model (one instance, with its KV cache) and its tokenizer, checking that they
 /// agree ([`session::load_model`]), with its layers where `--gpu-layers` puts them.
 pub fn model_and_tokenizer(args: &ModelArgs, chosen: &Chosen) -> Result<(Model, Tokenizer)> {

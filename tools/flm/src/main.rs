@@ -84,6 +84,17 @@ struct ModelArgs {
     device: device::DeviceArgs,
 }
 
+impl ModelArgs {
+    /// The executor of `--device` and the rest, for this model (its size picks
+    /// `--activation-bits auto`).
+    ///
+    /// Errors: those of [`device::DeviceArgs::executor`], and a model file that cannot be
+    /// read when its size is needed.
+    fn executor(&self) -> Result<device::Chosen> {
+        self.device.executor(|| load::weights(&self.model))
+    }
+}
+
 #[derive(Args)]
 struct RunArgs {
     #[command(flatten)]
@@ -197,7 +208,7 @@ fn set_threads(threads: Option<usize>) -> Result<()> {
 fn run(args: RunArgs) -> Result<()> {
     args.sampling.check()?;
     set_threads(args.model.threads)?;
-    let chosen = args.model.device.executor()?;
+    let chosen = args.model.executor()?;
     let start = std::time::Instant::now();
     let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
     let rss =
@@ -249,7 +260,7 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
 
 fn perplexity(args: PerplexityArgs) -> Result<()> {
     set_threads(args.model.threads)?;
-    let chosen = args.model.device.executor()?;
+    let chosen = args.model.executor()?;
     let (mut model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;

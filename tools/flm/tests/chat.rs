@@ -450,3 +450,39 @@ fn at_a_terminal_lines_are_edited_and_ctrl_c_stops_only_the_reply() {
         WaitStatus::Exited(_, 130)
     ));
 }
+
+/// With no `--activation-bits` (auto: 16 bits for a model this small), SmolLM2-135M's
+/// greedy replies are transformers' (tests/data/smollm2/smollm2_reference.json: the ids it
+/// generated, decoded by the file's tokenizer), where int8 activations begin "What is the
+/// capital of France?" in French. Runs where FLM_SMOLLM2_GGUF names the GGUF (.ci/run).
+#[test]
+fn smollm2_answers_as_transformers_by_default() {
+    let Some(gguf) = std::env::var_os("FLM_SMOLLM2_GGUF") else {
+        eprintln!("skipped: FLM_SMOLLM2_GGUF is not set (see .ci/run)");
+        return;
+    };
+    let gguf = Path::new(&gguf);
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data("smollm2/smollm2_reference.json")).unwrap())
+            .unwrap();
+    let tokenizer = flm_models::import::load_tokenizer_file(gguf).unwrap();
+    let model = gguf.to_str().unwrap();
+    for case in reference["greedy"].as_array().unwrap() {
+        let ids: Vec<u32> = serde_json::from_value(case["output_ids"].clone()).unwrap();
+        // The reference stops at its 8th token or at the end-of-turn token (id 2).
+        let reply: Vec<u32> = ids.iter().copied().take_while(|&id| id != 2).collect();
+        let want = tokenizer.decode(&reply).unwrap();
+        let question = format!("{}\n", case["question"].as_str().unwrap());
+        let out = flm(
+            &["chat", "--model", model, "--temperature", "0", "-n", "8"],
+            &question,
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(stdout.trim(), want.trim(), "{question}");
+    }
+}

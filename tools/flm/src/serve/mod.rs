@@ -220,7 +220,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     memory::tune_allocator();
     set_threads(args.model.threads)?;
     let path = &args.model.model;
-    let chosen = args.model.device.executor()?;
+    let chosen = args.model.executor()?;
     let (model, tokenizer) =
         session::load_model(path, args.model.tokenizer.as_deref(), args.model.context)
             .with_context(|| format!("cannot load the model {}", path.display()))?;
@@ -234,7 +234,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .pooling
             .or_else(|| Pooling::from_model_dir(path))
             .unwrap_or(Pooling::Last);
-        let exec = args.model.device.executor()?.exec;
+        let exec = args.model.executor()?.exec;
         Some(Embedder::new(model.clone(), exec, pooling))
     };
     let mut config = EngineConfig::default();
