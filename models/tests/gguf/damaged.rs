@@ -403,7 +403,7 @@ fn a_hostile_chat_template_is_refused_when_the_tokenizer_loads() {
                        {% endfor %}{% endfor %}"
         .to_string();
     // The same length modulo the tensor data's alignment of 32, so the data stays aligned.
-    while (hostile.len() - old.len()) % 32 != 0 {
+    while !(hostile.len() - old.len()).is_multiple_of(32) {
         hostile.push(' ');
     }
     set_str(&mut bytes, "tokenizer.chat_template", &hostile);

@@ -91,7 +91,7 @@ fn tile<const SIX: bool, const DOT: bool>(
         } else {
             unpack_q45(dtype, block, &mut codes);
         }
-        for r in 0..RUNS {
+        for (r, run) in codes.iter().enumerate() {
             let (f, g) = kquant::run_scales(dtype, block, r);
             let (sa, sb) = if SIX {
                 kquant::q6_scales(block, r)
@@ -104,7 +104,7 @@ fn tile<const SIX: bool, const DOT: bool>(
                 let x = &acts.row_qs(i)[b * RUN..(b + 1) * RUN];
                 // SAFETY: NEON; `x` holds 32 codes (sliced above).
                 let (xl, xh) = unsafe { (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16))) };
-                let isum = sa * dot16::<DOT>(codes[r][0], xl) + sb * dot16::<DOT>(codes[r][1], xh);
+                let isum = sa * dot16::<DOT>(run[0], xl) + sb * dot16::<DOT>(run[1], xh);
                 let a = acts.row_d(i)[b];
                 *acc += f * a * isum as f32;
                 *mins += g * a * acts.row_bsum(i)[b] as f32;

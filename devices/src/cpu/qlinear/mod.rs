@@ -635,7 +635,8 @@ mod tests {
         };
         // The block's scale by its bits (a NaN equals itself), its sum and its codes.
         type Block = ((u32, i32), [i8; 16], [i8; 16]);
-        let quantize = |f: &dyn Fn(&[f32], &mut [i8], &mut [i8]) -> (f32, i32), v: &[f32]| {
+        type Quantiser<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [i8]) -> (f32, i32);
+        let quantize = |f: Quantiser<'_>, v: &[f32]| {
             let (mut lo, mut hi) = ([0i8; 16], [0i8; 16]);
             let (d, sum) = f(v, &mut lo, &mut hi);
             ((d.to_bits(), sum), lo, hi)
