@@ -79,7 +79,10 @@ typedef enum FlmStatus {
   /*
    A text could not be tokenised, though the tokenizer file is sound: its
    pre-tokenisation regex gave up on the text (possible only for the rare patterns
-   that flm runs on a backtracking engine, see flm_tokenizer's `split.rs`).
+   that flm runs on a backtracking engine, see flm_tokenizer's `split.rs`); or the
+   model's chat template refused the conversation of flm_apply_chat_template() or
+   flm_tokenize_chat() (it called `raise_exception`, as Gemma's does for a system
+   turn; a role its format does not know; a render past the template limits).
    */
   FLM_STATUS_TOKENIZER = 11,
   /*
@@ -89,6 +92,12 @@ typedef enum FlmStatus {
    says nothing about the model file.
    */
   FLM_STATUS_STATE = 12,
+  /*
+   flm_apply_chat_template(), flm_tokenize_chat(): the model has no chat template (no
+   `chat_template` in its tokenizer_config.json, no GGUF `tokenizer.chat_template`, no
+   built-in ChatGLM format), so the host must format the prompt itself.
+   */
+  FLM_STATUS_NO_CHAT_TEMPLATE = 13,
 } FlmStatus;
 
 /*
@@ -103,6 +112,31 @@ typedef struct FlmModel FlmModel;
  threads at the same time.
  */
 typedef struct FlmSession FlmSession;
+
+/*
+ One turn of a conversation, for flm_apply_chat_template() and flm_tokenize_chat():
+ UTF-8 texts with their lengths in bytes (no terminating NUL needed), borrowed for the
+ call only. A pointer may be NULL when its length is 0.
+ */
+typedef struct FlmChatMessage {
+  /*
+   The role: "system", "user", "assistant", or another the model's template knows
+   (such as "tool"; ChatGLM3 and GLM-4 have "observation").
+   */
+  const char *role;
+  /*
+   Length of `role` in bytes.
+   */
+  size_t role_len;
+  /*
+   The text of the turn.
+   */
+  const char *content;
+  /*
+   Length of `content` in bytes.
+   */
+  size_t content_len;
+} FlmChatMessage;
 
 /*
  Options of flm_model_load(). A zero-initialised struct (`FlmModelOptions o = {0};`)
@@ -207,6 +241,82 @@ const char *flm_version(void);
  this thread. Successful calls leave it unchanged.
  */
 const char *flm_last_error(void);
+
+/*
+ Renders the conversation `messages` (`n_messages` turns, oldest first) with the model's
+ chat template, as `flm chat` and `flm serve` build their prompts (the Jinja template of
+ the model's files under transformers' `apply_chat_template` semantics, or the built-in
+ ChatGLM2/ChatGLM3/GLM-4 format). With `add_generation_prompt` the prompt ends where
+ the assistant's reply starts.
+
+ `template_args` (`template_args_len` bytes of UTF-8; NULL or 0 bytes: none) is a JSON
+ object of keyword arguments for a Jinja template, the variables of transformers'
+ `apply_chat_template(messages, **kwargs)` (`flm serve`'s `chat_template_kwargs`), such
+ as `{"enable_thinking": false}` for Qwen3; the built-in formats ignore them.
+
+ `*text_len` receives the length of the prompt in bytes: UTF-8, not NUL-terminated,
+ special tokens spelled out (`<s>`, `<|im_start|>`, ChatGLM's `[gMASK]sop`). It is
+ written to `text` (capacity `text_capacity` bytes, owned by the caller) when it fits,
+ else FLM_STATUS_BUFFER_TOO_SMALL is returned and nothing is written. Pass
+ `text = NULL, text_capacity = 0` to ask for the size.
+
+ The text is for display, logs and hosts that tokenize elsewhere: to generate, take the
+ ids of flm_tokenize_chat() to flm_generate_tokens(). flm_tokenize() of the text does
+ not give those ids for every tokenizer (SentencePiece files see a special token written
+ in text as plain characters; ChatGLM's prompts are built token by token), and
+ flm_generate() adds BOS before a text that may start with it already.
+
+ Errors: FLM_STATUS_NULL_POINTER (`model`; `messages` or a message's pointer with a
+ length above 0; `text_len`; `text` when the prompt is not empty), FLM_STATUS_INVALID_UTF8
+ (a role, a content, `template_args`), FLM_STATUS_INVALID_ARGUMENT (`template_args` is
+ not a JSON object, or sets `messages`, `tools` or `add_generation_prompt`),
+ FLM_STATUS_NO_CHAT_TEMPLATE (the model has none), FLM_STATUS_TOKENIZER (the template
+ refused the conversation: its `raise_exception` message, an unknown role of a ChatGLM
+ format, a render past the template limits), FLM_STATUS_BUFFER_TOO_SMALL.
+
+ # Safety
+ `model` must be NULL or a live handle; `messages` NULL or `n_messages` readable
+ structs, each pointer in them NULL or valid for its length; `template_args` NULL or
+ `template_args_len` readable bytes; `text` NULL or `text_capacity` writable bytes;
+ `text_len` NULL or valid for a write.
+ */
+enum FlmStatus flm_apply_chat_template(const struct FlmModel *model,
+                                       const struct FlmChatMessage *messages,
+                                       size_t n_messages,
+                                       bool add_generation_prompt,
+                                       const char *template_args,
+                                       size_t template_args_len,
+                                       char *text,
+                                       size_t text_capacity,
+                                       size_t *text_len);
+
+/*
+ The token ids of the chat prompt of flm_apply_chat_template() (same arguments): the ids
+ `flm chat` and `flm serve` feed the model for this conversation, its BOS or ChatGLM
+ prefix included where the template or format writes one. Generate the reply with
+ flm_generate_tokens(session, ids, n, true, ...).
+
+ `*n_ids` receives the number of ids; they are written to `ids` (capacity
+ `ids_capacity` elements, owned by the caller) when they fit, else
+ FLM_STATUS_BUFFER_TOO_SMALL is returned and nothing is written. Pass
+ `ids = NULL, ids_capacity = 0` to ask for the size.
+
+ Errors: those of flm_apply_chat_template() (`ids` and `n_ids` in place of `text` and
+ `text_len`), and FLM_STATUS_TOKENIZER for a prompt the tokenizer cannot cut.
+
+ # Safety
+ As flm_apply_chat_template(); `ids` NULL or `ids_capacity` writable elements; `n_ids`
+ NULL or valid for a write.
+ */
+enum FlmStatus flm_tokenize_chat(const struct FlmModel *model,
+                                 const struct FlmChatMessage *messages,
+                                 size_t n_messages,
+                                 bool add_generation_prompt,
+                                 const char *template_args,
+                                 size_t template_args_len,
+                                 uint32_t *ids,
+                                 size_t ids_capacity,
+                                 size_t *n_ids);
 
 /*
  Loads the model at `path` (NUL-terminated; a llama2.c `.bin`, a `.flm` file, a GGUF
@@ -320,7 +430,9 @@ void flm_session_free(struct FlmSession *session);
  restarts), then one token per decode step, until an end-of-sequence token (the
  model's, or a stop token of the tokenizer's chat format), `max_tokens` tokens, a full
  context, or `callback` returning non-zero. The text is handed to `callback` (may be NULL) piece by piece;
- `flm run` prints the same pieces. `sampling` may be NULL for greedy decoding.
+ `flm run` prints the same pieces. `sampling` may be NULL for greedy decoding. A chat
+ prompt is generated from its ids instead: flm_tokenize_chat(), then
+ flm_generate_tokens().
  `n_generated` (may be NULL) receives the number of tokens generated.
 
  Returns FLM_STATUS_OK, or FLM_STATUS_STOPPED when the callback stopped generation.
@@ -342,6 +454,36 @@ enum FlmStatus flm_generate(struct FlmSession *session,
                             FlmPieceCallback callback,
                             void *user_data,
                             size_t *n_generated);
+
+/*
+ Generates a continuation of the token ids `ids` (`n_ids` of them, at least 1): the whole
+ sequence from position 0, as flm_tokenize_chat() or flm_tokenize(.., add_bos = true)
+ give it, to which nothing is added (no BOS). Otherwise as flm_generate(): the prefill
+ skips what the session's KV cache holds of it, the ids are not handed out, the reply is.
+
+ With `at_start` the reply is decoded as the start of a text (the leading space of its
+ first piece dropped where the tokenizer adds a dummy prefix), as `flm chat` prints a
+ reply after a chat prompt: pass true for the ids of flm_tokenize_chat(), false to
+ continue a text (flm_generate() passes true only for an empty prompt).
+
+ Returns FLM_STATUS_OK, or FLM_STATUS_STOPPED when the callback stopped generation.
+ Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INVALID_ARGUMENT (no ids, sampling
+ parameters, a ChatGLM-6B prompt without its `[gMASK]` and `sop` tokens),
+ FLM_STATUS_TOKEN_OUT_OF_RANGE (an id outside the vocabulary), FLM_STATUS_CONTEXT_OVERFLOW
+ (the prompt fills the context).
+
+ # Safety
+ As flm_generate(), with `ids` NULL or `n_ids` readable elements in place of `prompt`.
+ */
+enum FlmStatus flm_generate_tokens(struct FlmSession *session,
+                                   const uint32_t *ids,
+                                   size_t n_ids,
+                                   bool at_start,
+                                   const struct FlmSampling *sampling,
+                                   size_t max_tokens,
+                                   FlmPieceCallback callback,
+                                   void *user_data,
+                                   size_t *n_generated);
 
 #ifdef __cplusplus
 }  // extern "C"

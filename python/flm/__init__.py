@@ -8,17 +8,35 @@ A `Model` holds the weights, the tokenizer and a thread pool; each `Session` has
 KV cache, so several sessions of one model can generate at the same time on different
 threads. `Session.generate` is an iterator of text pieces. Every failure raises
 `FlmError` carrying the library's status and message.
+
+A chat turn goes through the model's chat template, as `flm chat` takes it:
+
+>>> messages = [{"role": "user", "content": "Hello"}]
+>>> ids = model.tokenize_chat(messages, enable_thinking=False)  # doctest: +SKIP
+>>> reply = "".join(model.session().generate(ids))  # doctest: +SKIP
+
+(`Model.apply_chat_template` gives the same prompt as text, for display.)
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import queue
 import threading
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from ._lib import PIECE_CALLBACK, FlmError, ModelOptions, Sampling, Status, check, lib
+from ._lib import (
+    PIECE_CALLBACK,
+    ChatMessage,
+    FlmError,
+    ModelOptions,
+    Sampling,
+    Status,
+    check,
+    lib,
+)
 
 __all__ = ["FlmError", "Model", "Session", "Status", "version"]
 
@@ -97,6 +115,82 @@ class Model:
                                    ctypes.byref(needed)))
         return buffer.raw[: needed.value].decode()
 
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """The conversation `messages` (dicts with a "role" and a "content" string, oldest
+        first) rendered by the model's chat template, as `flm chat` and `flm serve` build
+        their prompts: the Jinja template of the model's files as transformers'
+        `apply_chat_template(messages, tokenize=False, add_generation_prompt=...,
+        **template_kwargs)` renders it, or the built-in ChatGLM format. With
+        `add_generation_prompt` the prompt ends where the assistant's reply starts.
+        `template_kwargs` are the template's variables (such as `enable_thinking=False` for
+        Qwen3), any JSON-serialisable values.
+
+        Special tokens are spelled out in the text: it is for display; generate from the
+        ids of `tokenize_chat`, which `tokenize` of the text does not always give.
+
+        Raises FlmError: NO_CHAT_TEMPLATE (the model has none), TOKENIZER (the template
+        refused the conversation, such as Gemma's `raise_exception` for a system turn),
+        INVALID_ARGUMENT (a keyword argument `tools`, which the conversation sets);
+        TypeError for a value that is not JSON or a message that is not such a dict.
+        """
+        text = self._chat(lib().flm_apply_chat_template, ctypes.c_char, messages,
+                          add_generation_prompt, template_kwargs)
+        return bytes(text).decode()
+
+    def tokenize_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """The token ids of the prompt of `apply_chat_template` (same arguments): the ids
+        `flm chat` and `flm serve` feed the model, BOS or ChatGLM's prefix included where
+        the template or format writes one. `Session.generate(ids)` generates the reply.
+        Raises as `apply_chat_template`, and FlmError with status TOKENIZER for a prompt
+        the tokenizer cannot cut."""
+        ids = self._chat(lib().flm_tokenize_chat, ctypes.c_uint32, messages,
+                         add_generation_prompt, template_kwargs)
+        return list(ids)
+
+    def _chat(
+        self,
+        fn: Any,
+        element: Any,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool,
+        template_kwargs: dict[str, Any],
+    ) -> ctypes.Array[Any]:
+        """Calls the chat function `fn` with a size query, then a buffer of `element`s."""
+        texts = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not all(
+                isinstance(m.get(k), str) for k in ("role", "content")
+            ):
+                raise TypeError(f"messages[{i}] is not a dict with a 'role' and a 'content' "
+                                f"string: {m!r}")
+            texts.append((m["role"].encode(), m["content"].encode()))
+        array = (ChatMessage * len(texts))(
+            *(ChatMessage(role, len(role), content, len(content)) for role, content in texts)
+        )
+        args = json.dumps(template_kwargs, allow_nan=False).encode() if template_kwargs else b""
+        needed = ctypes.c_size_t()
+
+        def call(out: Any, capacity: int) -> int:
+            return fn(self._live(), array, len(texts), add_generation_prompt, args, len(args),
+                      out, capacity, ctypes.byref(needed))
+
+        status = call(None, 0)
+        if status != Status.BUFFER_TOO_SMALL:
+            check(status)
+        out = (element * needed.value)()
+        check(call(out, len(out)))
+        return out
+
     def session(self) -> Session:
         """A new session of this model, with its own KV cache."""
         return Session(self)
@@ -130,7 +224,7 @@ class Session:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         *,
         max_tokens: int = 256,
         temperature: float = 0.8,
@@ -138,6 +232,7 @@ class Session:
         top_p: float = 0.95,
         repeat_penalty: float = 1.0,
         seed: int = 0,
+        at_start: bool = True,
     ) -> Iterator[str]:
         """Generates a continuation of `prompt` (the prompt is not repeated), yielding the
         text piece by piece as `flm run` prints it. Stops at end-of-sequence, after
@@ -147,11 +242,21 @@ class Session:
         reply is prefilled (multi-turn chat). Raises FlmError (INVALID_ARGUMENT for
         bad sampling parameters, CONTEXT_OVERFLOW for a prompt that fills the context,
         TOKENIZER for a prompt the tokenizer cannot cut).
+
+        `prompt` is a text, encoded with BOS (flm_generate), or token ids from position 0
+        to which nothing is added (flm_generate_tokens), such as those of
+        `Model.tokenize_chat` for a chat reply. For ids, `at_start` decodes the reply as
+        the start of a text, as `flm chat` prints it (the leading space of its first piece
+        dropped); pass False to continue a text's ids. Ids raise FlmError with status
+        TOKEN_OUT_OF_RANGE for an id outside the vocabulary, INVALID_ARGUMENT for none.
         """
         if self._handle is None:
             raise ValueError("the session is closed")
         sampling = Sampling(temperature, top_k, top_p, repeat_penalty, seed)
-        data = prompt.encode()
+        if isinstance(prompt, str):
+            data, ids = prompt.encode(), None
+        else:
+            data, ids = b"", (ctypes.c_uint32 * len(prompt))(*prompt)
         pieces: queue.Queue[tuple[str, object]] = queue.Queue()
         stop = threading.Event()
         handle = self._handle
@@ -164,8 +269,14 @@ class Session:
 
         def run() -> None:
             try:
-                status = lib().flm_generate(handle, data, len(data), ctypes.byref(sampling),
-                                            max_tokens, callback, None, None)
+                if ids is None:
+                    status = lib().flm_generate(handle, data, len(data),
+                                                ctypes.byref(sampling), max_tokens, callback,
+                                                None, None)
+                else:
+                    status = lib().flm_generate_tokens(handle, ids, len(ids), at_start,
+                                                       ctypes.byref(sampling), max_tokens,
+                                                       callback, None, None)
                 check(status)
                 pieces.put(("done", None))
             except BaseException as error:  # handed to the consuming thread

@@ -26,6 +26,7 @@ class Status(enum.IntEnum):
     INTERNAL = 10
     TOKENIZER = 11
     STATE = 12
+    NO_CHAT_TEMPLATE = 13
 
 
 class FlmError(Exception):
@@ -58,6 +59,15 @@ class Sampling(ctypes.Structure):
         ("top_p", ctypes.c_float),
         ("repeat_penalty", ctypes.c_float),
         ("seed", ctypes.c_uint64),
+    ]
+
+
+class ChatMessage(ctypes.Structure):
+    _fields_ = [
+        ("role", ctypes.c_char_p),
+        ("role_len", ctypes.c_size_t),
+        ("content", ctypes.c_char_p),
+        ("content_len", ctypes.c_size_t),
     ]
 
 
@@ -102,12 +112,27 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             [ctypes.c_void_p, p(ctypes.c_uint32), ctypes.c_size_t, ctypes.c_char_p,
              ctypes.c_size_t, size_p],
         ),
+        "flm_apply_chat_template": (
+            status,
+            [ctypes.c_void_p, p(ChatMessage), ctypes.c_size_t, ctypes.c_bool, ctypes.c_char_p,
+             ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, size_p],
+        ),
+        "flm_tokenize_chat": (
+            status,
+            [ctypes.c_void_p, p(ChatMessage), ctypes.c_size_t, ctypes.c_bool, ctypes.c_char_p,
+             ctypes.c_size_t, p(ctypes.c_uint32), ctypes.c_size_t, size_p],
+        ),
         "flm_session_new": (status, [ctypes.c_void_p, p(ctypes.c_void_p)]),
         "flm_session_free": (None, [ctypes.c_void_p]),
         "flm_generate": (
             status,
             [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, p(Sampling), ctypes.c_size_t,
              PIECE_CALLBACK, ctypes.c_void_p, size_p],
+        ),
+        "flm_generate_tokens": (
+            status,
+            [ctypes.c_void_p, p(ctypes.c_uint32), ctypes.c_size_t, ctypes.c_bool, p(Sampling),
+             ctypes.c_size_t, PIECE_CALLBACK, ctypes.c_void_p, size_p],
         ),
     }
     for name, (restype, argtypes) in signatures.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -20,6 +21,7 @@ import flm
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data" / "stories260K"
 MODEL = DATA / "stories260K.bin"
+TEMPLATES = DATA.parent / "templates"
 
 
 def reference(case: str) -> str:
@@ -145,6 +147,97 @@ def test_errors_carry_the_library_message(model: flm.Model, tmp_path: Path) -> N
     assert "gpu_layers is 2, and no GPU runs the model" in err.value.message
 
 
+def chat_model(dir: Path, template: str) -> Path:
+    """A copy of tests/data/hf-stories260K in `dir` with `template` as its chat template."""
+    shutil.copytree(DATA.parent / "hf-stories260K", dir, dirs_exist_ok=True)
+    config = dir / "tokenizer_config.json"
+    settings = json.loads(config.read_text())
+    settings["chat_template"] = template
+    config.write_text(json.dumps(settings))
+    return dir
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory: pytest.TempPathFactory) -> flm.Model:
+    template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    with flm.Model(chat_model(tmp_path_factory.mktemp("qwen3"), template), threads=2) as m:
+        yield m
+
+
+def test_apply_chat_template_renders_what_transformers_renders(qwen3: flm.Model) -> None:
+    refs = json.loads((TEMPLATES / "references.json").read_text())["cases"]
+    cases = [c for c in refs if c["template"] == "Qwen-Qwen3-0.6B.jinja"]
+    assert len(cases) >= 6 and any(c["kwargs"] for c in cases)
+    for case in cases:
+        text = qwen3.apply_chat_template(case["messages"], case["add_generation_prompt"],
+                                         **case["kwargs"])
+        assert text == case["text"], case
+        ids = qwen3.tokenize_chat(case["messages"], case["add_generation_prompt"],
+                                  **case["kwargs"])
+        assert ids and qwen3.detokenize(ids) == text, case
+
+
+def test_a_chat_reply_from_tokenize_chat_equals_flm_chat(qwen3: flm.Model, tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "Hello"}]
+    ids = qwen3.tokenize_chat(messages, enable_thinking=False)
+    reply = "".join(qwen3.session().generate(ids, max_tokens=16, temperature=0))
+    assert reply.strip()
+    flm_bin = os.environ.get("FLM_BIN")
+    if flm_bin:
+        template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+        out = subprocess.run(
+            [flm_bin, "chat", "--model", str(chat_model(tmp_path, template)),
+             "--temperature", "0", "--max-tokens", "16",
+             "--template-arg", "enable_thinking=false"],
+            input=b"Hello\n", check=True, capture_output=True,
+        )
+        assert out.stdout.decode() == reply + "\n"
+
+
+def test_generate_from_ids_equals_generate_from_text(model: flm.Model) -> None:
+    prompt = "Once upon a time"
+    ids = model.tokenize(prompt)
+    from_ids = "".join(
+        model.session().generate(ids, max_tokens=32, temperature=0, at_start=False)
+    )
+    assert from_ids == greedy(model.session(), prompt, 32) == reference("greedy_prompt")[16:]
+    with pytest.raises(flm.FlmError) as err:
+        list(model.session().generate([1, 100000]))
+    assert err.value.status == flm.Status.TOKEN_OUT_OF_RANGE
+    with pytest.raises(flm.FlmError) as err:
+        list(model.session().generate([]))
+    assert err.value.status == flm.Status.INVALID_ARGUMENT
+
+
+def test_chat_errors(model: flm.Model, qwen3: flm.Model) -> None:
+    hello = [{"role": "user", "content": "Hello"}]
+    with pytest.raises(flm.FlmError) as err:
+        model.apply_chat_template(hello)
+    assert err.value.status == flm.Status.NO_CHAT_TEMPLATE
+    assert "no chat template" in err.value.message
+    with pytest.raises(flm.FlmError) as err:
+        qwen3.tokenize_chat(hello, tools=[])
+    assert err.value.status == flm.Status.INVALID_ARGUMENT
+    assert "`tools`" in err.value.message
+    with pytest.raises(TypeError):
+        qwen3.apply_chat_template(hello, enable_thinking=object())
+    with pytest.raises(TypeError):
+        qwen3.apply_chat_template([{"role": "user"}])
+
+
+def test_a_template_that_refuses_the_conversation_is_a_tokenizer_error(tmp_path: Path) -> None:
+    refs = json.loads((TEMPLATES / "references.json").read_text())["cases"]
+    refusals = [c for c in refs if c["template"] == "google-gemma-2-2b-it.jinja" and "error" in c]
+    assert refusals
+    template = (TEMPLATES / "google-gemma-2-2b-it.jinja").read_text()
+    with flm.Model(chat_model(tmp_path, template), threads=1) as gemma:
+        for case in refusals:
+            with pytest.raises(flm.FlmError) as err:
+                gemma.apply_chat_template(case["messages"], case["add_generation_prompt"])
+            assert err.value.status == flm.Status.TOKENIZER
+            assert case["error"] in err.value.message
+
+
 def test_status_codes_are_the_headers() -> None:
     header = (Path(__file__).resolve().parents[2] / "include" / "flm.h").read_text()
     declared = {
@@ -153,6 +246,7 @@ def test_status_codes_are_the_headers() -> None:
     assert declared == {s.name: s.value for s in flm.Status}
     assert flm.Status.TOKENIZER == 11
     assert flm.Status.STATE == 12
+    assert flm.Status.NO_CHAT_TEMPLATE == 13
 
 
 def test_16_bit_activations_load_and_generate() -> None:

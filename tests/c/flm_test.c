@@ -7,8 +7,15 @@
  *       continuation, then a newline.
  *   flm_test check MODEL
  *       Two sessions on two threads at once against their solo outputs, the documented
- *       status of each kind of bad call, tokenize/detokenize, a callback that stops.
+ *       status of each kind of bad call, tokenize/detokenize, a callback that stops,
+ *       generation from ids, the chat calls on a model without a chat template.
  *       Prints "ok" and exits 0, or prints each failure and exits 1.
+ *   flm_test chat MODEL USER_TEXT TEMPLATE_ARGS_JSON MAX_TOKENS
+ *       A one-turn greedy chat, printed as `flm chat --temperature 0 --verbose` prints
+ *       it: the prompt of flm_apply_chat_template() on stderr, framed as
+ *       "--- prompt (N tokens)\nTEXT\n---\n" with N the length of flm_tokenize_chat()'s
+ *       ids, and the reply of flm_generate_tokens() from those ids on stdout, then a
+ *       newline.
  *   flm_test stress MODEL POOL_THREADS HOST_THREADS GENERATIONS
  *       HOST_THREADS threads, each with a session of its own over one model whose pool
  *       has POOL_THREADS workers, generate GENERATIONS greedy texts each (the prompts in
@@ -289,6 +296,121 @@ static void bad_calls(const char *path, FlmModel *model) {
     flm_session_free(session);
 }
 
+/* flm_generate_tokens() of flm_tokenize(text, true) gives flm_generate(text)'s pieces, and
+ * the documented status of its bad calls. */
+static void generate_from_ids(const FlmModel *model) {
+    const char *prompt = "Once upon a time";
+    uint32_t ids[16];
+    size_t n = 0;
+    CHECK(flm_tokenize(model, prompt, strlen(prompt), true, ids, 16, &n) == FLM_STATUS_OK);
+    FlmSession *session = NULL;
+    CHECK(flm_session_new(model, &session) == FLM_STATUS_OK);
+    Text from_text = {0}, from_ids = {0};
+    size_t generated = 0;
+    CHECK(flm_generate(session, prompt, strlen(prompt), NULL, 40, collect, &from_text, NULL) ==
+          FLM_STATUS_OK);
+    CHECK(flm_generate_tokens(session, ids, n, false, NULL, 40, collect, &from_ids,
+                              &generated) == FLM_STATUS_OK);
+    CHECK(generated > 0 && from_ids.len > 0 && from_ids.len == from_text.len &&
+          memcmp(from_ids.data, from_text.data, from_text.len) == 0);
+    free(from_text.data);
+    free(from_ids.data);
+
+    EXPECT_ERROR(flm_generate_tokens(NULL, ids, n, false, NULL, 4, NULL, NULL, NULL),
+                 FLM_STATUS_NULL_POINTER, "session");
+    EXPECT_ERROR(flm_generate_tokens(session, NULL, 3, false, NULL, 4, NULL, NULL, NULL),
+                 FLM_STATUS_NULL_POINTER, "ids");
+    EXPECT_ERROR(flm_generate_tokens(session, ids, 0, false, NULL, 4, NULL, NULL, NULL),
+                 FLM_STATUS_INVALID_ARGUMENT, "ids is empty");
+    const uint32_t outside[] = {1, 100000};
+    EXPECT_ERROR(flm_generate_tokens(session, outside, 2, false, NULL, 4, NULL, NULL, NULL),
+                 FLM_STATUS_TOKEN_OUT_OF_RANGE, "100000");
+    flm_session_free(session);
+}
+
+/* `text` as an FlmChatMessage content of role `role`. */
+static FlmChatMessage message(const char *role, const char *text) {
+    FlmChatMessage m = {role, strlen(role), text, strlen(text)};
+    return m;
+}
+
+/* The chat calls on a model without a chat template: the checks of the arguments come
+ * first, then FLM_STATUS_NO_CHAT_TEMPLATE. */
+static void chat_bad_calls(const FlmModel *model) {
+    FlmChatMessage turns[2] = {message("system", "Be brief."), message("user", "Hello")};
+    char text[64];
+    size_t len = 7;
+    uint32_t ids[64];
+    size_t n = 7;
+    EXPECT_ERROR(flm_apply_chat_template(model, turns, 2, true, NULL, 0, text, sizeof text,
+                                         &len),
+                 FLM_STATUS_NO_CHAT_TEMPLATE, "no chat template");
+    CHECK(len == 7); /* nothing written */
+    EXPECT_ERROR(flm_tokenize_chat(model, turns, 2, true, NULL, 0, ids, 64, &n),
+                 FLM_STATUS_NO_CHAT_TEMPLATE, "format the prompt yourself");
+    CHECK(n == 7);
+    EXPECT_ERROR(flm_apply_chat_template(NULL, turns, 2, true, NULL, 0, text, sizeof text,
+                                         &len),
+                 FLM_STATUS_NULL_POINTER, "model");
+    EXPECT_ERROR(flm_tokenize_chat(model, NULL, 2, true, NULL, 0, ids, 64, &n),
+                 FLM_STATUS_NULL_POINTER, "messages");
+    FlmChatMessage no_role = {NULL, 4, "Hi", 2};
+    EXPECT_ERROR(flm_apply_chat_template(model, &no_role, 1, true, NULL, 0, text, sizeof text,
+                                         &len),
+                 FLM_STATUS_NULL_POINTER, "messages[0].role");
+    const char bad[] = {'a', (char)0xff};
+    FlmChatMessage bad_content = {"user", 4, bad, sizeof bad};
+    FlmChatMessage with_bad[2] = {turns[1], bad_content};
+    EXPECT_ERROR(flm_tokenize_chat(model, with_bad, 2, true, NULL, 0, ids, 64, &n),
+                 FLM_STATUS_INVALID_UTF8, "messages[1].content");
+    const char *args[][2] = {
+        {"[true]", "not a JSON object"},
+        {"{\"enable_thinking\": fals", "not valid JSON"},
+        {"{\"add_generation_prompt\": false}", "`add_generation_prompt`"},
+    };
+    for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
+        EXPECT_ERROR(flm_apply_chat_template(model, turns, 2, true, args[i][0],
+                                             strlen(args[i][0]), text, sizeof text, &len),
+                     FLM_STATUS_INVALID_ARGUMENT, args[i][1]);
+    }
+    EXPECT_ERROR(flm_apply_chat_template(model, turns, 2, true, bad, sizeof bad, text,
+                                         sizeof text, &len),
+                 FLM_STATUS_INVALID_UTF8, "template_args");
+}
+
+/* See `chat` in the usage at the top. */
+static int chat(const char *path, const char *user, const char *template_args,
+                size_t max_tokens) {
+    FlmModel *model = load(path);
+    FlmChatMessage turn = message("user", user);
+    size_t len = 0, n = 0;
+    FlmStatus status = flm_apply_chat_template(model, &turn, 1, true, template_args,
+                                               strlen(template_args), NULL, 0, &len);
+    CHECK(status == FLM_STATUS_BUFFER_TOO_SMALL || (status == FLM_STATUS_OK && len == 0));
+    char *text = malloc(len + 1);
+    CHECK(flm_apply_chat_template(model, &turn, 1, true, template_args, strlen(template_args),
+                                  text, len, &len) == FLM_STATUS_OK);
+    status = flm_tokenize_chat(model, &turn, 1, true, template_args, strlen(template_args),
+                               NULL, 0, &n);
+    CHECK(status == FLM_STATUS_BUFFER_TOO_SMALL && n > 0);
+    uint32_t *ids = malloc(n * sizeof *ids);
+    CHECK(flm_tokenize_chat(model, &turn, 1, true, template_args, strlen(template_args), ids,
+                            n, &n) == FLM_STATUS_OK);
+    fprintf(stderr, "--- prompt (%zu tokens)\n%.*s\n---\n", n, (int)len, text);
+    FlmSession *session = NULL;
+    CHECK(flm_session_new(model, &session) == FLM_STATUS_OK);
+    FlmSampling greedy = flm_sampling_default();
+    greedy.temperature = 0.0f;
+    CHECK(flm_generate_tokens(session, ids, n, true, &greedy, max_tokens, print_piece, NULL,
+                              NULL) == FLM_STATUS_OK);
+    printf("\n");
+    flm_session_free(session);
+    free(ids);
+    free(text);
+    flm_model_free(model);
+    return failures;
+}
+
 /* The prompts of `stress`: the longer ones make the prefill's Linears of stories260K large
  * enough to be split over the pool. */
 static const char *const STRESS_PROMPTS[] = {
@@ -416,12 +538,22 @@ int main(int argc, char **argv) {
         two_threads_equal_solo(model);
         tokenize_round_trip(model);
         bad_calls(argv[2], model);
+        generate_from_ids(model);
+        chat_bad_calls(model);
         flm_model_free(model);
         if (failures > 0) {
             fprintf(stderr, "%d checks failed\n", failures);
             return 1;
         }
         printf("ok\n");
+        return 0;
+    }
+    if (argc == 6 && strcmp(argv[1], "chat") == 0) {
+        int failed = chat(argv[2], argv[3], argv[4], strtoul(argv[5], NULL, 10));
+        if (failed > 0) {
+            fprintf(stderr, "%d checks failed\n", failed);
+            return 1;
+        }
         return 0;
     }
     if (argc == 6 && strcmp(argv[1], "stress") == 0) {
@@ -435,6 +567,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     fprintf(stderr, "usage: flm_test generate MODEL PROMPT MAX_TOKENS | check MODEL | "
+                    "chat MODEL USER_TEXT TEMPLATE_ARGS_JSON MAX_TOKENS | "
                     "stress MODEL POOL_THREADS HOST_THREADS GENERATIONS\n");
     return 2;
 }

@@ -14,19 +14,24 @@
 //!   thread-local ([`flm_last_error`]).
 //! - Every entry point runs under `catch_unwind`, so no panic unwinds into C.
 //! - Text has explicit lengths; output buffers are the caller's, with a size query.
+//! - Chat prompts come from the model's chat template ([`flm_apply_chat_template`] for the
+//!   text, [`flm_tokenize_chat`] for the ids that [`flm_generate_tokens`] continues), as
+//!   `flm chat` and `flm serve` build them, so that no host writes ChatML by hand.
 
+mod chat;
 mod model;
 mod session;
 mod status;
 
 use std::ffi::c_char;
 
+pub use chat::{flm_apply_chat_template, flm_tokenize_chat, FlmChatMessage};
 pub use model::{
     flm_detokenize, flm_model_free, flm_model_load, flm_tokenize, FlmModel, FlmModelOptions,
 };
 pub use session::{
-    flm_generate, flm_sampling_default, flm_session_free, flm_session_new, FlmPieceCallback,
-    FlmSampling, FlmSession,
+    flm_generate, flm_generate_tokens, flm_sampling_default, flm_session_free, flm_session_new,
+    FlmPieceCallback, FlmSampling, FlmSession,
 };
 pub use status::FlmStatus;
 

@@ -379,7 +379,7 @@ pub unsafe extern "C" fn flm_detokenize(
 ///
 /// # Safety
 /// A non-null `out` must be valid for `capacity` writes of `T`, not overlapping `values`.
-unsafe fn copy_out<T: Copy>(
+pub(crate) unsafe fn copy_out<T: Copy>(
     values: &[T],
     out: *mut T,
     capacity: usize,

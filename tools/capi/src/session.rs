@@ -8,7 +8,7 @@ use flm_core::{Executor, SamplerConfig};
 use flm_models::session::{GenerateParams, Session, StopReason};
 
 use crate::model::FlmModel;
-use crate::status::{arg_mut, arg_ref, arg_str, guard, write_out, FlmStatus};
+use crate::status::{arg_mut, arg_ref, arg_slice, arg_str, guard, write_out, Failure, FlmStatus};
 
 /// Sampling parameters of flm_generate(); flm_sampling_default() gives a filled struct.
 /// The order of application is repetition penalty, temperature, top-k, top-p (as
@@ -117,7 +117,9 @@ pub unsafe extern "C" fn flm_session_free(session: *mut FlmSession) {
 /// restarts), then one token per decode step, until an end-of-sequence token (the
 /// model's, or a stop token of the tokenizer's chat format), `max_tokens` tokens, a full
 /// context, or `callback` returning non-zero. The text is handed to `callback` (may be NULL) piece by piece;
-/// `flm run` prints the same pieces. `sampling` may be NULL for greedy decoding.
+/// `flm run` prints the same pieces. `sampling` may be NULL for greedy decoding. A chat
+/// prompt is generated from its ids instead: flm_tokenize_chat(), then
+/// flm_generate_tokens().
 /// `n_generated` (may be NULL) receives the number of tokens generated.
 ///
 /// Returns FLM_STATUS_OK, or FLM_STATUS_STOPPED when the callback stopped generation.
@@ -147,44 +149,137 @@ pub unsafe extern "C" fn flm_generate(
         // SAFETY: as above.
         let prompt = unsafe { arg_str(prompt, prompt_len, "prompt") }?;
         // SAFETY: as above.
-        let sampling = unsafe { sampling.as_ref() }.copied();
-        let sampler = sampling.map_or_else(SamplerConfig::default, |s| SamplerConfig {
-            temperature: s.temperature,
-            top_k: s.top_k,
-            top_p: s.top_p,
-            repeat_penalty: s.repeat_penalty,
-            seed: s.seed,
-            ..SamplerConfig::default()
-        });
-        let params = GenerateParams {
-            sampler,
-            max_tokens,
-            ignore_eos: false,
-            stop: session.session.tokenizer().chat_stop_ids(),
-        };
-        let on_piece = |piece: flm_models::session::Piece<'_>| match callback {
-            Some(f) if !piece.text.is_empty() => {
-                // SAFETY: the pointer and length describe `piece.text`, alive for the
-                // call; the callback is callable with `user_data` (contract above).
-                let stop = unsafe { f(piece.text.as_ptr().cast(), piece.text.len(), user_data) };
-                if stop != 0 {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            }
-            _ => ControlFlow::Continue(()),
-        };
-        let generation = session
-            .session
-            .generate(&session.exec, prompt, &params, on_piece)?;
-        if !n_generated.is_null() {
-            // SAFETY: non-null and valid for a write (contract above).
-            unsafe { write_out(n_generated, generation.generated, "n_generated") }?;
+        unsafe {
+            run(
+                session,
+                Prompt::Text(prompt),
+                sampling,
+                max_tokens,
+                (callback, user_data),
+                n_generated,
+            )
         }
-        Ok(match generation.stop {
-            StopReason::Stopped => FlmStatus::Stopped,
-            _ => FlmStatus::Ok,
-        })
+    })
+}
+
+/// Generates a continuation of the token ids `ids` (`n_ids` of them, at least 1): the whole
+/// sequence from position 0, as flm_tokenize_chat() or flm_tokenize(.., add_bos = true)
+/// give it, to which nothing is added (no BOS). Otherwise as flm_generate(): the prefill
+/// skips what the session's KV cache holds of it, the ids are not handed out, the reply is.
+///
+/// With `at_start` the reply is decoded as the start of a text (the leading space of its
+/// first piece dropped where the tokenizer adds a dummy prefix), as `flm chat` prints a
+/// reply after a chat prompt: pass true for the ids of flm_tokenize_chat(), false to
+/// continue a text (flm_generate() passes true only for an empty prompt).
+///
+/// Returns FLM_STATUS_OK, or FLM_STATUS_STOPPED when the callback stopped generation.
+/// Errors: FLM_STATUS_NULL_POINTER, FLM_STATUS_INVALID_ARGUMENT (no ids, sampling
+/// parameters, a ChatGLM-6B prompt without its `[gMASK]` and `sop` tokens),
+/// FLM_STATUS_TOKEN_OUT_OF_RANGE (an id outside the vocabulary), FLM_STATUS_CONTEXT_OVERFLOW
+/// (the prompt fills the context).
+///
+/// # Safety
+/// As flm_generate(), with `ids` NULL or `n_ids` readable elements in place of `prompt`.
+#[no_mangle]
+pub unsafe extern "C" fn flm_generate_tokens(
+    session: *mut FlmSession,
+    ids: *const u32,
+    n_ids: usize,
+    at_start: bool,
+    sampling: *const FlmSampling,
+    max_tokens: usize,
+    callback: FlmPieceCallback,
+    user_data: *mut c_void,
+    n_generated: *mut usize,
+) -> FlmStatus {
+    guard(|| {
+        // SAFETY: the pointers satisfy this function's contract.
+        let session = unsafe { arg_mut(session, "session") }?;
+        // SAFETY: as above.
+        let ids = unsafe { arg_slice(ids, n_ids, "ids") }?;
+        if ids.is_empty() {
+            return Err(Failure::new(
+                FlmStatus::InvalidArgument,
+                "ids is empty: a prompt has at least one token (BOS)",
+            ));
+        }
+        // SAFETY: as above.
+        unsafe {
+            run(
+                session,
+                Prompt::Ids(ids.to_vec(), at_start),
+                sampling,
+                max_tokens,
+                (callback, user_data),
+                n_generated,
+            )
+        }
+    })
+}
+
+/// What a generation starts from.
+enum Prompt<'a> {
+    /// A text, encoded with BOS ([`Session::generate`]).
+    Text(&'a str),
+    /// Token ids, and whether the reply is the start of a text
+    /// ([`Session::generate_tokens`]).
+    Ids(Vec<u32>, bool),
+}
+
+/// The generation of flm_generate() and flm_generate_tokens() after their prompt is read.
+///
+/// # Safety
+/// `sampling`, `callback`, `user_data` and `n_generated` satisfy flm_generate()'s contract.
+unsafe fn run(
+    session: &mut FlmSession,
+    prompt: Prompt<'_>,
+    sampling: *const FlmSampling,
+    max_tokens: usize,
+    (callback, user_data): (FlmPieceCallback, *mut c_void),
+    n_generated: *mut usize,
+) -> Result<FlmStatus, Failure> {
+    // SAFETY: the pointers satisfy this function's contract.
+    let sampling = unsafe { sampling.as_ref() }.copied();
+    let sampler = sampling.map_or_else(SamplerConfig::default, |s| SamplerConfig {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        repeat_penalty: s.repeat_penalty,
+        seed: s.seed,
+        ..SamplerConfig::default()
+    });
+    let params = GenerateParams {
+        sampler,
+        max_tokens,
+        ignore_eos: false,
+        stop: session.session.tokenizer().chat_stop_ids(),
+    };
+    let on_piece = |piece: flm_models::session::Piece<'_>| match callback {
+        Some(f) if !piece.text.is_empty() => {
+            // SAFETY: the pointer and length describe `piece.text`, alive for the
+            // call; the callback is callable with `user_data` (contract above).
+            let stop = unsafe { f(piece.text.as_ptr().cast(), piece.text.len(), user_data) };
+            if stop != 0 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+        _ => ControlFlow::Continue(()),
+    };
+    let exec = &session.exec;
+    let generation = match prompt {
+        Prompt::Text(text) => session.session.generate(exec, text, &params, on_piece)?,
+        Prompt::Ids(ids, at_start) => session
+            .session
+            .generate_tokens(exec, ids, at_start, &params, on_piece)?,
+    };
+    if !n_generated.is_null() {
+        // SAFETY: non-null and valid for a write (contract above).
+        unsafe { write_out(n_generated, generation.generated, "n_generated") }?;
+    }
+    Ok(match generation.stop {
+        StopReason::Stopped => FlmStatus::Stopped,
+        _ => FlmStatus::Ok,
     })
 }

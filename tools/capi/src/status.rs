@@ -41,13 +41,20 @@ pub enum FlmStatus {
     Internal = 10,
     /// A text could not be tokenised, though the tokenizer file is sound: its
     /// pre-tokenisation regex gave up on the text (possible only for the rare patterns
-    /// that flm runs on a backtracking engine, see flm_tokenizer's `split.rs`).
+    /// that flm runs on a backtracking engine, see flm_tokenizer's `split.rs`); or the
+    /// model's chat template refused the conversation of flm_apply_chat_template() or
+    /// flm_tokenize_chat() (it called `raise_exception`, as Gemma's does for a system
+    /// turn; a role its format does not know; a render past the template limits).
     Tokenizer = 11,
     /// An operation invalid in the current state of a model or session, though the files
     /// and arguments are sound: a step out of order (a model changed after sessions of it
     /// were made, a sequence not started at position 0). Unlike `FLM_STATUS_FORMAT`, it
     /// says nothing about the model file.
     State = 12,
+    /// flm_apply_chat_template(), flm_tokenize_chat(): the model has no chat template (no
+    /// `chat_template` in its tokenizer_config.json, no GGUF `tokenizer.chat_template`, no
+    /// built-in ChatGLM format), so the host must format the prompt itself.
+    NoChatTemplate = 13,
 }
 
 /// An error on its way to the caller: a status and its message.

@@ -4,13 +4,15 @@
 //! the documented status of bad calls, no leak or invalid access under valgrind, and
 //! 8 host threads × 8 generations in sessions of one model of every weight dtype, with
 //! pools of 1, 2 and 4 workers (the `stress` mode; tests/concurrent_sessions.rs of
-//! flm-tests is its Rust twin).
+//! flm-tests is its Rust twin), and a chat turn through the chat calls as `flm chat` takes
+//! it (the `chat` mode).
 //!
 //! Needs gcc. The valgrind test is skipped when valgrind is not installed, unless
 //! `FLM_REQUIRE_VALGRIND=1` (CI sets it).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
 fn repo() -> PathBuf {
@@ -175,6 +177,108 @@ fn greedy_text_equals_flm_run_and_llama2c() {
     }
 }
 
+/// tests/data/hf-stories260K with Qwen3's chat template (tests/data/templates) in its
+/// tokenizer_config.json, under the build directory.
+fn chat_model() -> &'static str {
+    static MODEL: OnceLock<String> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let to = build().join("c-test/chat-model");
+        std::fs::create_dir_all(&to).unwrap();
+        let from = repo().join("tests/data/hf-stories260K");
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+        }
+        let template =
+            std::fs::read_to_string(repo().join("tests/data/templates/Qwen-Qwen3-0.6B.jinja"))
+                .unwrap();
+        let config = to.join("tokenizer_config.json");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+        json["chat_template"] = template.into();
+        std::fs::write(&config, json.to_string()).unwrap();
+        to.display().to_string()
+    })
+}
+
+/// transformers' rendering of Qwen3's template for one user turn "Hello" with
+/// `enable_thinking=False` (tests/data/templates/references.json).
+fn qwen3_reference() -> String {
+    let path = repo().join("tests/data/templates/references.json");
+    let refs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let case = refs["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            c["template"] == "Qwen-Qwen3-0.6B.jinja"
+                && c["kwargs"] == serde_json::json!({"enable_thinking": false})
+                && c["messages"] == serde_json::json!([{"role": "user", "content": "Hello"}])
+                && c["add_generation_prompt"] == true
+        })
+        .expect("the reference of Qwen3 with enable_thinking=False");
+    case["text"].as_str().unwrap().to_string()
+}
+
+/// `flm chat` greedy, verbose, with `extra` arguments and `stdin`: stdout and stderr.
+fn flm_chat(model: &str, extra: &[&str], stdin: &str) -> (String, String) {
+    let mut child = Command::new(build().join("flm"))
+        .args(["chat", "--model", model, "--temperature", "0", "--verbose"])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "flm chat failed: {stderr}");
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+/// A host's chat turn (flm_apply_chat_template, flm_tokenize_chat, flm_generate_tokens with
+/// the template argument enable_thinking=false) prints the prompt that transformers renders
+/// and the prompt and reply of `flm chat --template-arg enable_thinking=false`.
+#[test]
+fn a_chat_turn_equals_flm_chat_and_transformers() {
+    let (reply, cli_log) = flm_chat(
+        chat_model(),
+        &[
+            "--max-tokens",
+            "16",
+            "--template-arg",
+            "enable_thinking=false",
+        ],
+        "Hello\n",
+    );
+    assert!(reply.trim_end().len() > 1, "{reply:?}");
+    let reference = qwen3_reference();
+    for program in programs() {
+        let out = run(Command::new(program).args([
+            "chat",
+            chat_model(),
+            "Hello",
+            r#"{"enable_thinking": false}"#,
+            "16",
+        ]));
+        let prompt = String::from_utf8(out.stderr).unwrap();
+        let text = prompt
+            .split_once(" tokens)\n")
+            .and_then(|(_, rest)| rest.strip_suffix("\n---\n"))
+            .unwrap_or_else(|| panic!("{prompt:?}"));
+        assert_eq!(text, reference, "{}", program.display());
+        assert!(cli_log.contains(&prompt), "{prompt:?} not in {cli_log:?}");
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), reply);
+    }
+}
+
 #[test]
 fn concurrent_sessions_and_error_codes() {
     for program in programs() {
@@ -249,6 +353,13 @@ fn valgrind_finds_no_leak_or_invalid_access() {
     for args in [
         vec!["generate", &model(), "Once upon a time", "32"],
         vec!["check", &model()],
+        vec![
+            "chat",
+            chat_model(),
+            "Hello",
+            r#"{"enable_thinking": false}"#,
+            "8",
+        ],
     ] {
         run(Command::new("valgrind")
             .args(["--leak-check=full", "--show-leak-kinds=all"])
