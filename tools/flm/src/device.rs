@@ -36,10 +36,11 @@ pub enum ActivationArg {
 }
 
 /// The most weights of a model that `--activation-bits auto` gives 16-bit activations: the
-/// sub-billion chat models (SmolLM2, Qwen2.5-0.5B, TinyLlama, Llama-3.2-1B), which
-/// int8 activations mislead most (SmolLM2 answers the capital of France in French) and
-/// which stay fast at twice the integer work (docs/benchmarks.md, "Activation bits").
-pub const AUTO_INT16_MAX_WEIGHTS: u64 = 1_500_000_000;
+/// sub-billion chat models (SmolLM2-135M and 360M, Qwen2.5-0.5B), which int8 activations
+/// mislead most (SmolLM2 answers the capital of France in French) and which stay fast at
+/// the cost of 16 bits; from TinyLlama's 1.1 billion on, prefill's slowdown (2.3x there)
+/// outweighs it (docs/benchmarks.md, "Activation bits: the cost of 16").
+pub const AUTO_INT16_MAX_WEIGHTS: u64 = 1_000_000_000;
 
 impl ActivationArg {
     /// The precision for a model of `weights` weights (asked only for `auto`).
@@ -103,8 +104,8 @@ pub struct DeviceArgs {
     /// are dotted against on the CPU. 8 (int8 blocks, as llama.cpp) is the fastest; 16 adds
     /// each block's int8 rounding residual, which brings the logits to those of f32
     /// activations at twice the integer work (prefill slows most; decode a little). auto
-    /// is 16 for models of up to 1.5 billion weights, whose answers int8 activations
-    /// change most and which run fast anyway, and 8 above.
+    /// is 16 for models of up to a billion weights, whose answers int8 activations change
+    /// most and which run fast anyway, and 8 above.
     #[arg(long, default_value_t = ActivationArg::Auto)]
     pub activation_bits: ActivationArg,
     /// f32, f16 or auto: the element type of the KV cache. f16 halves the bytes attention
