@@ -455,6 +455,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "streaming read bandwidth",
             ),
         };
+        let (cpu, cpus) = (cpu_model(), std::thread::available_parallelism().map_or(1, |n| n.get()));
         for (batch, [pp, pp_sd, tg, tg_sd]) in measured {
             // A batched step reads the weights once for all its sequences.
             let decode_gb_s = bytes as f64 * tg / batch as f64 / 1e9;
@@ -464,6 +465,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     "dtype": dtype,
                     "device": chosen.first,
                     "isa": isa.name(),
+                    "cpu_model": cpu,
+                    "cpus": cpus,
                     "threads": threads,
                     "prompt_tokens": args.prompt_tokens,
                     "gen_tokens": args.gen_tokens,
@@ -485,8 +488,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 println!("{line}");
             } else {
                 println!(
-                    "model {name} ({dtype}) on {}, {} CPU kernels, {threads} threads, {} repetitions, \
-                     {batch} sequence(s) at once (aggregate tokens/s){}",
+                    "model {name} ({dtype}) on {} ({cpu}, {cpus} CPUs), {} CPU kernels, {threads} \
+                     threads, {} repetitions, {batch} sequence(s) at once (aggregate tokens/s){}",
                     chosen.first,
                     isa,
                     args.reps,
@@ -516,6 +519,30 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The CPU's name as the OS gives it, for the report: Linux's `model name` (x86), or the
+/// implementer and part numbers of an ARM core; the architecture where neither is known.
+fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        info.lines().find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_owned())
+        })
+    };
+    let arch = std::env::consts::ARCH;
+    match (
+        field("model name"),
+        field("CPU implementer"),
+        field("CPU part"),
+    ) {
+        (Some(name), _, _) => name,
+        (None, Some(implementer), Some(part)) => {
+            format!("{arch}, implementer {implementer}, part {part}")
+        }
+        _ => arch.to_owned(),
+    }
 }
 
 #[cfg(test)]

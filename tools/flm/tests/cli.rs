@@ -679,6 +679,15 @@ fn bench_reports_json_for_random_weights() {
             assert!(v.is_finite() && v >= 0.0, "{key} = {v}");
         }
         assert!(line["decode_tok_s"].as_f64().unwrap() > 0.0);
+        // The machine: the CPU's name as Linux gives it, its CPUs and the kernels' level.
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        {
+            let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+            let name = line["cpu_model"].as_str().unwrap();
+            assert!(cpuinfo.contains(&format!(": {name}\n")), "{name}");
+        }
+        assert!(line["cpus"].as_u64().unwrap() >= 1);
+        assert!(!line["isa"].as_str().unwrap().is_empty());
         assert_eq!(line["threads"], 1);
         assert_eq!(line["prompt_tokens"], 8);
         assert_eq!(line["gen_tokens"], 4);
