@@ -411,7 +411,7 @@ unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s
     let parts: [Option<Int4Row<'_>>; ROWS] =
         std::array::from_fn(|dr| (dr < r).then(|| Int4Row::split(w.dtype, w.row(j + dr))));
     let at = int4_mins(w.dtype, w.kp);
-    for (mins, dst) in [(false, &mut s.dg), (true, &mut s.mg)] {
+    let widen = |mins: bool, dst: &mut Vec<f32>| {
         // Every value is written below.
         dst.resize(ROWS * 16 * chunks, 0.0);
         for c in 0..chunks {
@@ -432,6 +432,15 @@ unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s
                 _mm512_storeu_ps(dst.as_mut_ptr().add((16 * c + q) * ROWS), t);
             }
         }
+    };
+    widen(false, &mut s.dg);
+    if at.offset == w.kp / 2 {
+        // A symmetric row's minimums are its scales (times −8): the same products from the
+        // scales already widened, which halves this work for int4-sym decode.
+        s.mg.clear();
+        s.mg.extend(s.dg.iter().map(|&d| at.factor * d));
+    } else {
+        widen(true, &mut s.mg);
     }
     if at.times_scale {
         // Zero points: `m_g = −z_g · d_g`, both factors now in place (exact in f32).
