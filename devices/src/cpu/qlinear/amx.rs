@@ -193,8 +193,14 @@ pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize
                 } else if w.dtype == DataType::I8 {
                     amx_decode::panel_i8(w, acts, j, r, out)
                 } else {
-                    group_scales(w, j, r, acts.groups, scratch);
-                    amx_decode::panel_i4(w, acts, j, r, out, &scratch.dg, &scratch.mg)
+                    // Decode takes a symmetric row's minimums from its scales as it goes.
+                    let sym = symmetric_min_factor(w);
+                    group_scales(w, j, r, acts.groups, scratch, sym.is_none());
+                    let mins = match sym {
+                        Some(factor) => amx_decode::Minimums::OfScales(factor),
+                        None => amx_decode::Minimums::Stored(&scratch.mg),
+                    };
+                    amx_decode::panel_i4(w, acts, j, r, out, &scratch.dg, mins)
                 }
             };
         }
@@ -365,7 +371,7 @@ unsafe fn multiply<const INT8: bool, const SET: usize>(
 unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
     let kp = w.kp;
     s.codes.resize(ROWS * kp, 0);
-    group_scales(w, j, r, groups, s);
+    group_scales(w, j, r, groups, s, true);
     let low = _mm512_set1_epi8(0x0f);
     // 16-byte halves: the low codes of 4 blocks, then their high codes, interleaved per block.
     let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
@@ -402,11 +408,25 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
     }
 }
 
-/// The group scales and minimums (as `Int4Row` reads them) of int4 rows `j..j + r` into `s.dg` and `s.mg` as f32,
-/// group-major (zeros for rows `r..16` and past the last group): 16 groups of the 16 rows
-/// widened as 16 vectors, then transposed.
+/// `m_g / d_g` of a symmetric int4 row (−8: its minimums are its scales), `None` for the
+/// other int4 forms, whose minimums are stored.
+fn symmetric_min_factor(w: &QuantWeight<'_>) -> Option<f32> {
+    let at = int4_mins(w.dtype, w.kp);
+    (at.offset == w.kp / 2).then_some(at.factor)
+}
+
+/// The group scales and, with `minimums`, the minimums (as `Int4Row` reads them) of int4
+/// rows `j..j + r` into `s.dg` and `s.mg` as f32, group-major (zeros for rows `r..16` and
+/// past the last group): 16 groups of the 16 rows widened as 16 vectors, then transposed.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
+unsafe fn group_scales(
+    w: &QuantWeight<'_>,
+    j: usize,
+    r: usize,
+    groups: usize,
+    s: &mut Scratch,
+    minimums: bool,
+) {
     let chunks = groups.div_ceil(16);
     let parts: [Option<Int4Row<'_>>; ROWS] =
         std::array::from_fn(|dr| (dr < r).then(|| Int4Row::split(w.dtype, w.row(j + dr))));
@@ -434,13 +454,15 @@ unsafe fn group_scales(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s
         }
     };
     widen(false, &mut s.dg);
-    if at.offset == w.kp / 2 {
-        // A symmetric row's minimums are its scales (times −8): the same products from the
-        // scales already widened, which halves this work for int4-sym decode.
-        s.mg.clear();
-        s.mg.extend(s.dg.iter().map(|&d| at.factor * d));
-    } else {
-        widen(true, &mut s.mg);
+    match symmetric_min_factor(w) {
+        _ if !minimums => s.mg.clear(),
+        // A symmetric row's minimums are its scales times −8: the same products from the
+        // scales already widened.
+        Some(factor) => {
+            s.mg.clear();
+            s.mg.extend(s.dg.iter().map(|&d| factor * d));
+        }
+        None => widen(true, &mut s.mg),
     }
     if at.times_scale {
         // Zero points: `m_g = −z_g · d_g`, both factors now in place (exact in f32).

@@ -113,8 +113,18 @@ unsafe fn merge(a: __m512i, b: __m512i) -> __m512i {
     )
 }
 
+/// The int4 minimums `m_g` of a panel's rows for [`panel_i4`], group-major (`g·16 + dr`).
+#[derive(Clone, Copy)]
+pub(super) enum Minimums<'a> {
+    /// As widened from the rows.
+    Stored(&'a [f32]),
+    /// `factor · d_g` (a symmetric row's), from the scales as they are used: the same
+    /// products as widening them first.
+    OfScales(f32),
+}
+
 /// As [`panel_i8`] for int4 weights, with `acts` in the AVX-512 int4 order and the rows'
-/// group scales and minimums `dg`, `mg` group-major (`g·16 + dr`).
+/// group scales `dg` (group-major, `g·16 + dr`) and minimums `mins`.
 ///
 /// # Safety
 /// As [`panel_i8`].
@@ -126,7 +136,7 @@ pub(super) unsafe fn panel_i4(
     r: usize,
     yt: &mut [f32],
     dg: &[f32],
-    mg: &[f32],
+    mins: Minimums<'_>,
 ) {
     let (n, kp) = (acts.n, w.kp);
     let (blocks, groups) = (kp / BLOCK, acts.groups);
@@ -170,7 +180,13 @@ pub(super) unsafe fn panel_i4(
             }
         }
         for (g, &s) in acts.row_gsum(i).iter().enumerate() {
-            let m = _mm512_loadu_ps(mg.as_ptr().add(g * ROWS));
+            let m = match mins {
+                Minimums::Stored(mg) => _mm512_loadu_ps(mg.as_ptr().add(g * ROWS)),
+                Minimums::OfScales(factor) => _mm512_mul_ps(
+                    _mm512_set1_ps(factor),
+                    _mm512_loadu_ps(dg.as_ptr().add(g * ROWS)),
+                ),
+            };
             acc = _mm512_fmadd_ps(m, _mm512_set1_ps(s), acc);
         }
         let mut y = [0.0f32; ROWS];
