@@ -13,7 +13,8 @@
 //! start and not counted here.
 //!
 //! Rendering a chat template reserves the most one render may build and emit
-//! ([`RENDER_BYTES`]) while it runs.
+//! ([`RENDER_BYTES`]) while it runs, waiting for it while other requests hold the budget
+//! (renders are short), so that a burst of chats is not refused.
 //!
 //! Compiling a structured-output constraint reserves the most a compilation may hold
 //! ([`flm_core::MAX_COMPILE_BYTES`]) while it runs, and the request then holds the
@@ -139,26 +140,51 @@ impl Budget {
         u64::from(self.kib).saturating_sub(free) * 1024
     }
 
-    /// Reserves `bytes` for `what` (a phrase such as "the request body").
+    /// `bytes` in KiB, if the whole budget holds them.
     ///
-    /// Errors: 413 `request_too_large` when `bytes` exceed the whole budget, 429
-    /// `memory_budget_exhausted` when they do not fit beside the reservations held now.
-    pub fn reserve(&self, what: &str, bytes: u64) -> Result<Held, ApiError> {
+    /// Errors: 413 `request_too_large` naming `what` when it does not.
+    fn within(&self, what: &str, bytes: u64) -> Result<u32, ApiError> {
         let kib = bytes.div_ceil(1024);
-        let mib = |kib: u64| kib.div_ceil(1024);
         let over = u32::try_from(kib).ok().filter(|&k| k <= self.kib);
-        let Some(kib) = over else {
-            return Err(ApiError::new(
+        over.ok_or_else(|| {
+            ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "request_too_large",
                 format!(
                     "{what} would hold about {} MiB, more than the server's whole memory budget \
                      for requests ({} MiB, --max-request-memory)",
-                    mib(kib),
-                    mib(self.kib.into())
+                    kib.div_ceil(1024),
+                    u64::from(self.kib).div_ceil(1024)
                 ),
-            ));
-        };
+            )
+        })
+    }
+
+    /// As [`Budget::reserve`], but waits while the requests running now hold the memory
+    /// instead of answering 429: for a short step that every request of a kind takes (a
+    /// chat template's render), which a burst of requests would otherwise refuse. Call it
+    /// on a blocking thread of the runtime.
+    ///
+    /// Errors: 413 `request_too_large` when `bytes` exceed the whole budget.
+    pub fn reserve_waiting(&self, what: &str, bytes: u64) -> Result<Held, ApiError> {
+        let kib = self.within(what, bytes)?;
+        let acquire = Arc::clone(&self.permits).acquire_many_owned(kib);
+        let permit = tokio::runtime::Handle::current()
+            .block_on(acquire)
+            .map_err(|_| ApiError::internal("the memory budget was closed"))?;
+        Ok(Held {
+            _permit: permit,
+            trim: false,
+        })
+    }
+
+    /// Reserves `bytes` for `what` (a phrase such as "the request body").
+    ///
+    /// Errors: 413 `request_too_large` when `bytes` exceed the whole budget, 429
+    /// `memory_budget_exhausted` when they do not fit beside the reservations held now.
+    pub fn reserve(&self, what: &str, bytes: u64) -> Result<Held, ApiError> {
+        let kib = self.within(what, bytes)?;
+        let mib = |kib: u64| kib.div_ceil(1024);
         Arc::clone(&self.permits)
             .try_acquire_many_owned(kib)
             .map(|permit| Held {

@@ -209,7 +209,7 @@ async fn chat(
                 let args = prompt::template_args(request.chat_template_kwargs.as_ref())?;
                 let rendering = state
                     .memory
-                    .reserve("rendering the chat template", memory::RENDER_BYTES)?;
+                    .reserve_waiting("rendering the chat template", memory::RENDER_BYTES)?;
                 let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref(), &args)?;
                 drop(rendering);
                 let parsed = Parsed {

@@ -217,8 +217,8 @@ fn requests_over_the_memory_budget_get_413_and_429_until_memory_is_freed() {
 
 /// A chat template's render holds what it may build and emit reserved while it runs
 /// (72 MiB): under a smaller budget chat requests are refused with a 413 that says so, and
-/// completions are still served; with room for it, the chat is served and the reservation
-/// given back.
+/// completions are still served; with room for one render, a burst of chats is served, each
+/// waiting for the render before it, and the reservations are given back.
 #[test]
 fn a_render_reserves_its_memory_in_the_budget() {
     let dir = tempfile::tempdir().unwrap();
@@ -234,9 +234,17 @@ fn a_render_reserves_its_memory_in_the_budget() {
         "{message}"
     );
     assert_eq!(small.post("/v1/completions", &plain).0, 200);
+    // Room for one render at a time: a burst of chats waits for it, none is refused.
     let roomy = Server::start_model(&model, &["--max-request-memory", "80"]);
-    let (status, answer) = roomy.post("/v1/chat/completions", &chat);
-    assert_eq!(status, 200, "{answer}");
+    std::thread::scope(|s| {
+        let burst: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| roomy.post("/v1/chat/completions", &chat)))
+            .collect();
+        for chat in burst {
+            let (status, answer) = chat.join().unwrap();
+            assert_eq!(status, 200, "{answer}");
+        }
+    });
     eventually("the memory is given back", || {
         roomy.metric("flm_request_memory_reserved_bytes") == 0.0
     });
