@@ -306,8 +306,9 @@ fn requests_are_logged_on_stderr_unless_quiet() {
         "POST /v1/completions 200 prompt=4 generated=16 ttft=",
         "POST /v1/completions 400 total=",
     ];
+    // A stream's line comes once the server has dropped it: wait up to 10 s (emulators).
     let mut log = String::new();
-    for _ in 0..100 {
+    for _ in 0..500 {
         log = server.stderr();
         if log.lines().filter(|l| l.contains(" INFO POST ")).count() == wanted.len() {
             break;

@@ -341,6 +341,9 @@ fn normal_streams_keep_their_pace_beside_hostile_requests() {
         beside * 1e3,
         sent.load(Ordering::Relaxed)
     );
-    // Twice alone, and 10 ms for a loaded machine's scheduling noise.
-    assert!(beside <= 2.0 * alone + 0.01, "{beside} against {alone}");
+    // Twice alone, and 10 ms for a loaded machine's scheduling noise; under an emulator,
+    // which runs the hostile requests' compilations many times slower, only printed.
+    if !emulated() {
+        assert!(beside <= 2.0 * alone + 0.01, "{beside} against {alone}");
+    }
 }
