@@ -38,8 +38,8 @@ pub enum ActivationArg {
 /// The most weights of a model that `--activation-bits auto` gives 16-bit activations: the
 /// sub-billion chat models (SmolLM2-135M and 360M, Qwen2.5-0.5B), which int8 activations
 /// mislead most (SmolLM2 answers the capital of France in French) and which stay fast at
-/// the cost of 16 bits; from TinyLlama's 1.1 billion on, prefill's slowdown (2.3x there)
-/// outweighs it (docs/benchmarks.md, "Activation bits: the cost of 16").
+/// the cost of 16 bits; from TinyLlama's 1.1 billion on, prefill's slowdown outweighs it
+/// (docs/benchmarks.md, "Activation bits: the cost of 16").
 pub const AUTO_INT16_MAX_WEIGHTS: u64 = 1_000_000_000;
 
 impl ActivationArg {

@@ -61,6 +61,11 @@ pub const EMBEDDING_VALUE_BYTES: u64 = 32;
 pub const RENDER_BYTES: u64 =
     (flm_tokenizer::MAX_TEMPLATE_BUILT + flm_tokenizer::MAX_TEMPLATE_TEXT) as u64;
 
+/// `kib` in whole MiB, rounded up, for messages.
+fn mib(kib: u64) -> u64 {
+    kib.div_ceil(1024)
+}
+
 /// The budget, counted in KiB (a semaphore's permits).
 pub struct Budget {
     permits: Arc<Semaphore>,
@@ -153,8 +158,8 @@ impl Budget {
                 format!(
                     "{what} would hold about {} MiB, more than the server's whole memory budget \
                      for requests ({} MiB, --max-request-memory)",
-                    kib.div_ceil(1024),
-                    u64::from(self.kib).div_ceil(1024)
+                    mib(kib),
+                    mib(self.kib.into())
                 ),
             )
         })
@@ -184,7 +189,6 @@ impl Budget {
     /// `memory_budget_exhausted` when they do not fit beside the reservations held now.
     pub fn reserve(&self, what: &str, bytes: u64) -> Result<Held, ApiError> {
         let kib = self.within(what, bytes)?;
-        let mib = |kib: u64| kib.div_ceil(1024);
         Arc::clone(&self.permits)
             .try_acquire_many_owned(kib)
             .map(|permit| Held {
