@@ -14,7 +14,9 @@
 //!
 //! Rendering a chat template reserves the most one render may build and emit
 //! ([`RENDER_BYTES`]) while it runs, waiting for it while other requests hold the budget
-//! (renders are short), so that a burst of chats is not refused.
+//! (renders are short), so that a burst of chats is not refused; the generation's
+//! reservation is then taken out of the render's ([`Budget::reserve_from`]), so that the
+//! renders of the chats behind it do not refuse it either.
 //!
 //! Compiling a structured-output constraint reserves the most a compilation may hold
 //! ([`flm_core::MAX_COMPILE_BYTES`]) while it runs, and the request then holds the
@@ -38,7 +40,7 @@
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
 
@@ -69,13 +71,16 @@ fn mib(kib: u64) -> u64 {
 /// The budget, counted in KiB (a semaphore's permits).
 pub struct Budget {
     permits: Arc<Semaphore>,
+    /// Woken when a reservation is given back, for [`Budget::reserve_waiting`].
+    released: Arc<Notify>,
     kib: u32,
 }
 
 /// A reservation, given back when dropped.
 #[derive(Debug)]
 pub struct Held {
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
+    released: Arc<Notify>,
     /// [`trim`] when dropped.
     trim: bool,
 }
@@ -91,6 +96,9 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
+        // The permits go back before the waiting renders are woken to take them.
+        drop(self.permit.split(self.permit.num_permits()));
+        self.released.notify_waiters();
         if self.trim {
             // Off the runtime's workers: a trim takes milliseconds when arenas are large.
             match tokio::runtime::Handle::try_current() {
@@ -135,7 +143,16 @@ impl Budget {
         let kib = u32::try_from(Semaphore::MAX_PERMITS).map_or(kib, |max| kib.min(max));
         Budget {
             permits: Arc::new(Semaphore::new(kib as usize)),
+            released: Arc::new(Notify::new()),
             kib,
+        }
+    }
+
+    fn held(&self, permit: OwnedSemaphorePermit, trim: bool) -> Held {
+        Held {
+            permit,
+            released: Arc::clone(&self.released),
+            trim,
         }
     }
 
@@ -167,19 +184,25 @@ impl Budget {
 
     /// As [`Budget::reserve`], but waits while the requests running now hold the memory
     /// instead of answering 429: for a short step that every request of a kind takes (a
-    /// chat template's render), which a burst of requests would otherwise refuse. Call it
-    /// on a blocking thread of the runtime.
+    /// chat template's render), which a burst of requests would otherwise refuse. A waiting
+    /// call holds none of the budget (it tries again each time a reservation is given
+    /// back), so that it refuses no other request while it waits. Call it on a blocking
+    /// thread of the runtime.
     ///
     /// Errors: 413 `request_too_large` when `bytes` exceed the whole budget.
     pub fn reserve_waiting(&self, what: &str, bytes: u64) -> Result<Held, ApiError> {
         let kib = self.within(what, bytes)?;
-        let acquire = Arc::clone(&self.permits).acquire_many_owned(kib);
-        let permit = tokio::runtime::Handle::current()
-            .block_on(acquire)
-            .map_err(|_| ApiError::internal("the memory budget was closed"))?;
-        Ok(Held {
-            _permit: permit,
-            trim: false,
+        tokio::runtime::Handle::current().block_on(async {
+            loop {
+                let released = self.released.notified();
+                tokio::pin!(released);
+                // Registered before the try, so that a release between the two wakes it.
+                released.as_mut().enable();
+                if let Ok(permit) = Arc::clone(&self.permits).try_acquire_many_owned(kib) {
+                    return Ok(self.held(permit, false));
+                }
+                released.await;
+            }
         })
     }
 
@@ -188,13 +211,49 @@ impl Budget {
     /// Errors: 413 `request_too_large` when `bytes` exceed the whole budget, 429
     /// `memory_budget_exhausted` when they do not fit beside the reservations held now.
     pub fn reserve(&self, what: &str, bytes: u64) -> Result<Held, ApiError> {
+        self.reserve_from(None, what, bytes)
+    }
+
+    /// As [`Budget::reserve`], but takes the bytes first from `from`, a reservation that
+    /// the same request holds already (its chat template's render): what `from` holds
+    /// beyond `bytes` is given back, and only what it lacks must fit beside the other
+    /// requests, so that a request that waited for its render is not then refused for its
+    /// generation by the renders of the requests behind it. The result trims when dropped
+    /// if `from` did.
+    ///
+    /// Errors: as [`Budget::reserve`]; `from` is given back on error.
+    pub fn reserve_from(
+        &self,
+        from: Option<Held>,
+        what: &str,
+        bytes: u64,
+    ) -> Result<Held, ApiError> {
         let kib = self.within(what, bytes)?;
+        let Some(mut held) = from else {
+            return Ok(self.held(self.acquire(what, kib, kib)?, false));
+        };
+        let have = held.permit.num_permits();
+        let permit = match held.permit.split(kib as usize) {
+            // The rest goes back when `held` is dropped.
+            Some(permit) => permit,
+            None => {
+                // `have` < `kib`, a u32.
+                let mut permit = self.acquire(what, kib - have as u32, kib)?;
+                if let Some(all) = held.permit.split(have) {
+                    permit.merge(all);
+                }
+                permit
+            }
+        };
+        Ok(self.held(permit, held.trim))
+    }
+
+    /// Takes `kib` KiB of the budget now.
+    ///
+    /// Errors: 429 `memory_budget_exhausted`, saying that `what` would hold `total` KiB.
+    fn acquire(&self, what: &str, kib: u32, total: u32) -> Result<OwnedSemaphorePermit, ApiError> {
         Arc::clone(&self.permits)
             .try_acquire_many_owned(kib)
-            .map(|permit| Held {
-                _permit: permit,
-                trim: false,
-            })
             .map_err(|_| {
                 ApiError::new(
                     StatusCode::TOO_MANY_REQUESTS,
@@ -203,7 +262,7 @@ impl Budget {
                         "{what} would hold about {} MiB, and the requests running now hold the \
                          rest of the server's memory budget for requests ({} MiB, \
                          --max-request-memory): retry later",
-                        mib(kib.into()),
+                        mib(total.into()),
                         mib(self.kib.into())
                     ),
                 )
@@ -263,6 +322,56 @@ mod tests {
         assert!(e.message.starts_with("that would hold about 1 MiB"));
         drop(held);
         assert!(budget.reserve("that", 400 << 10).is_ok());
+    }
+
+    #[test]
+    fn a_reservation_taken_from_another_keeps_what_it_needs() {
+        let budget = Budget::new(1);
+        let render = budget.reserve("render", 600 << 10).unwrap();
+        let other = budget.reserve("other", 300 << 10).unwrap();
+        // Less than the render held: the rest is given back at once.
+        let generation = budget
+            .reserve_from(Some(render), "generation", 100 << 10)
+            .unwrap();
+        assert_eq!(budget.reserved_bytes(), 400 << 10);
+        // More than it holds: only the lack must fit beside `other`.
+        let grown = budget
+            .reserve_from(Some(generation.trimming()), "generation", 700 << 10)
+            .unwrap();
+        assert!(grown.trim);
+        assert_eq!(budget.reserved_bytes(), 1000 << 10);
+        // A lack that does not fit is refused, and what was held is given back.
+        let e = budget
+            .reserve_from(Some(grown), "generation", 1020 << 10)
+            .unwrap_err();
+        assert_eq!(e.status.as_u16(), 429, "{}", e.message);
+        assert!(e.message.starts_with("generation would hold about 1 MiB"));
+        assert_eq!(budget.reserved_bytes(), 300 << 10);
+        drop(other);
+        assert_eq!(budget.reserved_bytes(), 0);
+    }
+
+    #[test]
+    fn a_waiting_reservation_holds_none_of_the_budget() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let budget = Arc::new(Budget::new(1));
+        let first = budget.reserve("first", 500 << 10).unwrap();
+        let waiting = Arc::clone(&budget);
+        let render = runtime.spawn_blocking(move || {
+            let _held = waiting.reserve_waiting("render", 600 << 10).unwrap();
+            waiting.reserved_bytes()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!render.is_finished());
+        // What the waiting render lacks is not taken from the others.
+        let second = budget.reserve("second", 500 << 10).unwrap();
+        drop(first);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!render.is_finished());
+        drop(second);
+        let reserved = runtime.block_on(render).unwrap();
+        assert_eq!(reserved, 600 << 10);
+        assert_eq!(budget.reserved_bytes(), 0);
     }
 
     #[test]

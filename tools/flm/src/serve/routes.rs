@@ -21,7 +21,8 @@
 //! tokenizing, compiling a schema) run on tokio's blocking threads, so that a slow or
 //! looping one holds neither the runtime's workers (`/health` keeps answering) nor the
 //! engine. Rendering a chat template reserves [`memory::RENDER_BYTES`] in the memory
-//! budget while it runs (the render's own limits bound what it builds). Compiling a schema
+//! budget while it runs (the render's own limits bound what it builds), and the request's
+//! generation then takes its own reservation out of that one. Compiling a schema
 //! or a regex has a budget: its limits of size
 //! ([`flm_core::Grammar::new`]), [`flm_core::MAX_COMPILE_TIME`], and a reservation of
 //! [`flm_core::MAX_COMPILE_BYTES`] in the memory budget while it runs; one over a limit, or
@@ -43,7 +44,7 @@ use super::embeddings::EmbeddingRequest;
 use super::error::ApiError;
 use super::generation::{submit, Job};
 use super::log::RequestLog;
-use super::memory;
+use super::memory::{self, Held};
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
 use super::{page, params, prompt, schema, tools, State};
@@ -211,12 +212,12 @@ async fn chat(
                     .memory
                     .reserve_waiting("rendering the chat template", memory::RENDER_BYTES)?;
                 let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref(), &args)?;
-                drop(rendering);
                 let parsed = Parsed {
                     ids,
                     sampling: request.sampling,
                     echo: false,
                     tools,
+                    rendering: Some(rendering),
                 };
                 prepare(state, Api::Chat, arrived, log, parsed)
             })
@@ -243,6 +244,7 @@ async fn completions(
                     sampling: request.sampling,
                     echo: request.echo,
                     tools: None,
+                    rendering: None,
                 };
                 prepare(state, Api::Text, arrived, log, parsed)
             })
@@ -278,6 +280,8 @@ struct Parsed {
     echo: bool,
     /// Chat: the checked tools.
     tools: Option<tools::Tools>,
+    /// Chat: the render's reservation, of which the generation's is taken.
+    rendering: Option<Held>,
 }
 
 /// A checked request, ready for the engine.
@@ -286,6 +290,8 @@ struct Prepared {
     /// The text every choice starts with (`echo`), empty for none.
     echo: String,
     tools: Option<tools::Tools>,
+    /// The request's reservation in the memory budget, held until its reply ends.
+    held: Held,
 }
 
 /// Generates the reply to a prepared request, and counts it in the metrics.
@@ -306,8 +312,13 @@ async fn answer(
     response
 }
 
-/// Checks a parsed request's parameters against the model and compiles its constraint:
-/// CPU work, run on a blocking thread.
+/// What [`prepare`]'s reservation is called in the budget's messages.
+const GENERATION: &str = "the request's generation";
+
+/// Checks a parsed request's parameters against the model, reserves the memory of its
+/// generation and compiles its constraint: CPU work, run on a blocking thread.
+///
+/// Errors: 400 for parameters the model cannot serve; 413 or 429 from the memory budget.
 fn prepare(
     state: &State,
     api: Api,
@@ -320,8 +331,27 @@ fn prepare(
         mut sampling,
         echo,
         tools,
+        rendering,
     } = parsed;
     let params = params::check(&sampling, &state.model_name, crate::generate::clock_seed())?;
+    let (param, default_max, stop_tokens) = match api {
+        // OpenAI: a chat reply may fill the context, a completion stops after 16 tokens.
+        Api::Chat => ("messages", None, state.tokenizer.chat_stop_ids()),
+        Api::Text => (
+            "prompt",
+            Some(16),
+            state.tokenizer.eos_id().into_iter().collect(),
+        ),
+    };
+    let max_tokens = params::budget(
+        param,
+        params.max_tokens,
+        default_max,
+        ids.ids.len(),
+        state.context,
+    )?;
+    let bytes = memory::generation_bytes(params.n, ids.ids.len(), max_tokens, params.logprobs);
+    let held = state.memory.reserve_from(rendering, GENERATION, bytes)?;
     let format = schema::response_format(sampling.response_format.take().as_ref())?;
     let call = tools
         .as_ref()
@@ -355,22 +385,17 @@ fn prepare(
         }
         None => None,
     };
-    let (param, default_max, stop_tokens) = match api {
-        // OpenAI: a chat reply may fill the context, a completion stops after 16 tokens.
-        Api::Chat => ("messages", None, state.tokenizer.chat_stop_ids()),
-        Api::Text => (
-            "prompt",
-            Some(16),
-            state.tokenizer.eos_id().into_iter().collect(),
-        ),
+    let held = match &constraint {
+        // The constraint is shared by the choices; its memory goes back when they end.
+        Some(c) => {
+            let bytes = bytes.saturating_add(c.memory_usage() as u64);
+            state
+                .memory
+                .reserve_from(Some(held), GENERATION, bytes)?
+                .trimming()
+        }
+        None => held,
     };
-    let max_tokens = params::budget(
-        param,
-        params.max_tokens,
-        default_max,
-        ids.ids.len(),
-        state.context,
-    )?;
     let echo = if echo {
         state
             .tokenizer
@@ -389,34 +414,32 @@ fn prepare(
         constraint,
         log,
     };
-    Ok(Prepared { job, echo, tools })
+    Ok(Prepared {
+        job,
+        echo,
+        tools,
+        held,
+    })
 }
 
-/// Reserves the memory of a prepared request, submits its choices and answers.
+/// Submits the choices of a prepared request and answers.
 ///
-/// Errors: 413 or 429 from the memory budget, those of [`submit`].
+/// Errors: those of [`submit`].
 async fn generate(
     state: Arc<State>,
     api: Api,
     deadline: Deadline,
     prepared: Prepared,
 ) -> Result<Response, ApiError> {
-    let Prepared { job, echo, tools } = prepared;
+    let Prepared {
+        job,
+        echo,
+        tools,
+        held,
+    } = prepared;
     let params = &job.params;
     let (stream, include_usage, n) = (params.stream, params.include_usage, params.n);
     let logprobs = params.logprobs.is_some();
-    let bytes = memory::generation_bytes(n, job.prompt.len(), job.max_tokens, params.logprobs);
-    let held = match &job.constraint {
-        // The constraint is shared by the choices; its memory goes back when they end.
-        Some(c) => {
-            let bytes = bytes.saturating_add(c.memory_usage() as u64);
-            state
-                .memory
-                .reserve("the request's generation", bytes)?
-                .trimming()
-        }
-        None => state.memory.reserve("the request's generation", bytes)?,
-    };
     // Each choice is a request of its own, with the next seed (seeds are bit patterns: the
     // sum wraps, as OpenAI's signed seeds do in two's complement); a refused one cancels
     // those before it when they are dropped.
