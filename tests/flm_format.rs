@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use flm_core::DataType;
 use flm_models::convert::{convert, Recipe};
-use flm_models::eval::{teacher_forced, TeacherForced};
+use flm_models::eval::{self, teacher_forced, Method, TeacherForced};
 use flm_models::import::{self, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::{Graph, Model};
@@ -104,16 +104,21 @@ fn evaluate(path: &Path) -> TeacherForced {
     let mut model = Model::from_graph(model);
     let text = std::fs::read_to_string(data("text/tinystories_style.txt")).unwrap();
     let tokens = tokenizer.encode(&text, true).unwrap();
+    assert_eq!(tokens[0], 1, "BOS");
     assert!(tokens.len() > 4000, "{} tokens", tokens.len());
+    // Non-overlapping windows of 512, each BOS and 511 tokens of text.
+    let windows = eval::windows(&tokens, Some(1), 512, Method::Sliding { stride: 511 }).unwrap();
     let mut calls = Vec::new();
-    let result = teacher_forced(&mut model, &cpu_executor(), &tokens, 512, |done, all, r| {
+    let result = teacher_forced(&mut model, &cpu_executor(), &windows, |done, all, r| {
         calls.push((done, all, r.scored))
     })
     .unwrap();
-    // One call per window, in order, each with the tokens scored so far.
-    let windows = tokens.len().div_ceil(512);
-    let want: Vec<(usize, usize, usize)> = (1..=windows)
-        .map(|w| (w, windows, (w * 512).min(tokens.len()) - w))
+    // Every token after BOS is scored once; one call per window, in order, each with the
+    // tokens scored so far.
+    assert_eq!(result.scored, tokens.len() - 1);
+    let n = (tokens.len() - 1).div_ceil(511);
+    let want: Vec<(usize, usize, usize)> = (1..=n)
+        .map(|w| (w, n, (w * 511).min(tokens.len() - 1)))
         .collect();
     assert_eq!(calls, want);
     result

@@ -51,6 +51,7 @@ pub use kv_cache::{KvCache, KvDtype};
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq, SampleState, TokenIds};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
+pub use partial_file::PartialFile;
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
 pub use sampling::{
     argmax, chacha8_block, chacha8_key, chacha8_word, log_softmax_top, sample_tensors,

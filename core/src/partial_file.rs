@@ -31,8 +31,11 @@ use std::path::{Path, PathBuf};
 /// The name prefix of every temporary output file.
 pub(crate) const PARTIAL_PREFIX: &str = ".flm-partial-";
 
-/// An output file being written; see the module docs.
-pub(crate) struct PartialFile {
+/// An output file that has a name only once it is complete ([`PartialFile::persist`]):
+/// on Linux an unnamed file (`O_TMPFILE`) linked into place, elsewhere a temporary file in
+/// the destination's directory, removed when dropped unfinished or on SIGINT and SIGTERM.
+/// A process killed while writing leaves the destination as it was.
+pub struct PartialFile {
     file: File,
     dest: PathBuf,
     name: Name,
@@ -58,7 +61,7 @@ fn parent_dir(dest: &Path) -> &Path {
 impl PartialFile {
     /// Removes the stale partial files of `dest`'s directory, then opens a file to write
     /// `dest` into (readable by everyone: a model file is not a secret).
-    pub(crate) fn create(dest: &Path) -> io::Result<PartialFile> {
+    pub fn create(dest: &Path) -> io::Result<PartialFile> {
         let dir = parent_dir(dest);
         remove_stale(dir);
         #[cfg(target_os = "linux")]
@@ -73,7 +76,7 @@ impl PartialFile {
     }
 
     /// Syncs the file to disk and gives it its name, replacing any file of that name.
-    pub(crate) fn persist(self) -> io::Result<()> {
+    pub fn persist(self) -> io::Result<()> {
         self.file.sync_all()?;
         match self.name {
             Name::Temporary(temp, registration) => {

@@ -83,8 +83,12 @@ fn teacher_forced(path: &std::path::Path, bits: ActivationBits) -> (f64, f64) {
     let want_top1 = ids(&text["argmax"]);
     let (model, _) = session::load_model(path, None, Some(tokens.len())).unwrap();
     let mut model = model.instance().unwrap();
-    let got =
-        eval::teacher_forced(&mut model, &exec(bits), &tokens, tokens.len(), |_, _, _| {}).unwrap();
+    // One window of the whole text, as transformers ran it.
+    let window = eval::Window {
+        tokens,
+        scored_from: 1,
+    };
+    let got = eval::teacher_forced(&mut model, &exec(bits), &[window], |_, _, _| {}).unwrap();
     let agree = got
         .predictions
         .iter()

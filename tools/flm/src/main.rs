@@ -10,6 +10,7 @@ mod convert;
 mod device;
 mod generate;
 mod load;
+mod perplexity;
 mod progress;
 mod serve;
 
@@ -42,24 +43,13 @@ enum Command {
     Tokenize(TokenizeArgs),
     /// Convert a checkpoint (with its tokenizer) into one .flm file, optionally quantised.
     Convert(convert::ConvertArgs),
-    /// Perplexity of a text file under the model.
-    Perplexity(PerplexityArgs),
+    /// Perplexity of a text file under the model, or its KL divergence from a base model's
+    /// saved log-probabilities (llama-perplexity's methods and files).
+    Perplexity(perplexity::PerplexityArgs),
     /// Measures prefill and decode tokens/s (and decode bandwidth), like llama-bench.
     Bench(bench::BenchArgs),
     /// Serve the model over HTTP: OpenAI-compatible API and a chat page.
     Serve(serve::ServeArgs),
-}
-
-#[derive(Args)]
-struct PerplexityArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    /// The text file.
-    #[arg(short, long)]
-    file: PathBuf,
-    /// Tokens per evaluation window (default: the model's context, at most 512).
-    #[arg(long)]
-    ctx: Option<usize>,
 }
 
 /// Where the model and its tokenizer are.
@@ -258,39 +248,6 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
     Ok(())
 }
 
-fn perplexity(args: PerplexityArgs) -> Result<()> {
-    set_threads(args.model.threads)?;
-    let chosen = args.model.executor()?;
-    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
-    let tokens = tokenizer
-        .encode(&text, tokenizer.add_bos())
-        .context("cannot encode the text")?;
-    let ctx = args
-        .ctx
-        .unwrap_or_else(|| model.config().max_seq_len.min(512));
-    let exec = chosen.exec;
-    let start = std::time::Instant::now();
-    // Drawn on stderr when it is a terminal: the running perplexity, window by window.
-    let bar = progress::bar(0, "windows")?;
-    let result =
-        flm_models::eval::teacher_forced(&mut model, &exec, &tokens, ctx, |done, all, so_far| {
-            bar.set_length(all as u64);
-            bar.set_position(done as u64);
-            bar.set_message(format!("perplexity {:.4}", so_far.perplexity()));
-        })?;
-    bar.finish_and_clear();
-    let secs = start.elapsed().as_secs_f64();
-    println!(
-        "perplexity: {:.4} ({} tokens scored, windows of {ctx}, {:.1} tokens/s)",
-        result.perplexity(),
-        result.scored,
-        tokens.len() as f64 / secs
-    );
-    Ok(())
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -298,7 +255,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Tokenize(args) => tokenize(args),
         Command::Convert(args) => convert::run(args),
-        Command::Perplexity(args) => perplexity(args),
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(args),
     };

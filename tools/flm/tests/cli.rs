@@ -518,26 +518,145 @@ fn gguf_and_pytorch_checkpoints_convert_and_run() {
         .is_empty());
 }
 
+/// The figure after `key` in `text` (`PPL = 4.8152`, `Same top p : 100.000`).
+fn figure(text: &str, key: &str) -> f64 {
+    text.split(key)
+        .nth(1)
+        .and_then(|rest| {
+            rest.trim_start_matches([' ', ':', '='])
+                .split_whitespace()
+                .next()
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key:?} in {text}"))
+}
+
+/// llama.cpp's method through the CLI gives llama-perplexity's figure on the same GGUF and
+/// text, and a log-probability file that starts as llama-perplexity's does and that
+/// `--kl-divergence` reads back; the sliding window names itself.
 #[test]
-fn perplexity_is_printed() {
+fn perplexity_and_kl_divergence_as_llama_perplexity_prints_them() {
     let text = data("text/tinystories_style.txt").display().to_string();
-    let out = flm(&[
+    let gguf = data("gguf/stories260K-f32.gguf").display().to_string();
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(data("llama.cpp/perplexity/expected.json")).unwrap(),
+    )
+    .unwrap();
+    let base = [
         "perplexity",
         "--model",
-        &bin_model(),
+        &gguf,
         "--file",
         &text,
         "--ctx",
-        "256",
-    ]);
-    let line = stdout(&out);
-    let ppl: f64 = line
-        .strip_prefix("perplexity: ")
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected output {line}"));
-    // A trained model on in-domain text: far below the uniform 512.
-    assert!(ppl > 1.0 && ppl < 20.0, "{line}");
+        "128",
+    ];
+    let line = stdout(&flm(&base));
+    assert!(
+        line.starts_with("perplexity (llama.cpp's method: chunks of 128 tokens"),
+        "{line}"
+    );
+    assert_eq!(
+        figure(&line, "PPL"),
+        want["ppl_f32_c128"]["ppl"].as_f64().unwrap(),
+        "{line}"
+    );
+    assert_eq!(
+        figure(&line, "+/-"),
+        want["ppl_f32_c128"]["error"].as_f64().unwrap(),
+        "{line}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("base.kld").display().to_string();
+    let mut args = base.to_vec();
+    args.extend(["--chunks", "8", "--save-logits", &saved]);
+    stdout(&flm(&args));
+    let ours = std::fs::read(&saved).unwrap();
+    let theirs = std::fs::read(data("llama.cpp/perplexity/stories260K-f32-c128.kld")).unwrap();
+    assert_eq!(ours.len(), theirs.len());
+    assert_eq!(ours[..20 + 8 * 128 * 4], theirs[..20 + 8 * 128 * 4]);
+    let kld = stdout(&flm(&[
+        "perplexity",
+        "--model",
+        &gguf,
+        "--kl-divergence",
+        &saved,
+    ]));
+    // Only the file's 16-bit rounding of the log-probabilities.
+    assert!(figure(&kld, "Mean    KLD") < 1e-5, "{kld}");
+    assert_eq!(figure(&kld, "Same top p"), 100.0, "{kld}");
+
+    let mut args = base.to_vec();
+    args.extend(["--method", "sliding", "--stride", "64"]);
+    let line = stdout(&flm(&args));
+    assert!(
+        line.starts_with("perplexity (sliding windows of 128 tokens every 64, BOS first)"),
+        "{line}"
+    );
+    assert!(
+        figure(&line, "PPL") > 1.0 && figure(&line, "PPL") < 20.0,
+        "{line}"
+    );
+}
+
+#[test]
+fn bad_perplexity_requests_are_refused() {
+    let text = data("text/tinystories_style.txt").display().to_string();
+    let gguf = data("gguf/stories260K-f32.gguf").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.kld");
+    std::fs::write(&junk, b"_logits_ not really").unwrap();
+    let junk = junk.display().to_string();
+    // A well-formed file over 3 tokens: 2 chunks of 4, one scored row of 8 u16 each.
+    let wrong_vocab = dir.path().join("vocab.kld");
+    let mut bytes = b"_logits_".to_vec();
+    for v in [4i32, 3, 2, 0, 1, 2, 0, 1, 2, 0, 1] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    bytes.extend_from_slice(&[0; 32]);
+    std::fs::write(&wrong_vocab, &bytes).unwrap();
+    let wrong_vocab = wrong_vocab.display().to_string();
+    let saved = dir.path().join("never.kld").display().to_string();
+    let base = [
+        "perplexity",
+        "--model",
+        gguf.as_str(),
+        "--file",
+        text.as_str(),
+    ];
+    for (extra, needle) in [
+        (vec!["--stride", "8"], "--stride is for --method sliding"),
+        (vec!["--ctx", "4000"], "needs at least 8000 (two windows)"),
+        (
+            vec!["--method", "sliding", "--stride", "0"],
+            "the stride must be 1 to",
+        ),
+        (
+            vec!["--method", "sliding", "--save-logits", &saved],
+            "are for --method llama-cpp",
+        ),
+        (vec!["--ctx", "2"], "at least 4 tokens"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        expect_error(&args, needle);
+    }
+    assert!(!Path::new(&saved).exists());
+    expect_error(
+        &["perplexity", "--model", &gguf, "--kl-divergence", &junk],
+        "too short",
+    );
+    expect_error(
+        &[
+            "perplexity",
+            "--model",
+            &gguf,
+            "--kl-divergence",
+            &wrong_vocab,
+        ],
+        "holds log-probabilities over 3 tokens and the model has 512",
+    );
 }
 
 #[test]
