@@ -18,10 +18,11 @@
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use unicode_normalization::UnicodeNormalization;
 
+use crate::fast_hash::{pair_key, FastMap};
 use crate::hf_bpe::{AddedToken, AddedTokens};
 use crate::spec::ByteLevelBpeSpec;
 use crate::split::Splitter;
@@ -33,9 +34,10 @@ use crate::{Error, Result};
 #[derive(Debug)]
 pub(crate) struct ByteBpe {
     /// Token bytes to id, the NORMAL pieces only.
-    ids: HashMap<Box<[u8]>, u32>,
-    /// GPT-2 style: (left id, right id) to (merge rank, merged id). `None`: tiktoken style.
-    merges: Option<HashMap<(u32, u32), (u32, u32)>>,
+    ids: FastMap<Box<[u8]>, u32>,
+    /// GPT-2 style: (left id, right id) as [`pair_key`] to (merge rank, merged id).
+    /// `None`: tiktoken style.
+    merges: Option<FastMap<u64, (u32, u32)>>,
     /// The id of each single byte; [`NO_ID`] where it is not a token (GPT-2 style only).
     byte_ids: Box<[u32; 256]>,
     /// The pre-tokeniser: [`ByteLevelBpeSpec::pre_split`]'s regexes, then its `pattern`.
@@ -74,7 +76,7 @@ impl ByteBpe {
         let regexes = (spec.pre_split.iter().chain([&spec.pattern]))
             .map(|pattern| Splitter::new(pattern))
             .collect::<Result<Vec<_>>>()?;
-        let mut ids = HashMap::with_capacity(pieces.len());
+        let mut ids = FastMap::with_capacity_and_hasher(pieces.len(), Default::default());
         for (id, p) in (0u32..).zip(pieces) {
             match p.kind {
                 PieceKind::Normal => {
@@ -109,7 +111,7 @@ impl ByteBpe {
         let merges = match &spec.merges {
             None => None,
             Some(list) => {
-                let mut map = HashMap::with_capacity(list.len());
+                let mut map = FastMap::with_capacity_and_hasher(list.len(), Default::default());
                 for (rank, &[l, r]) in (0u32..).zip(list) {
                     let (Some(a), Some(b)) = (normal(l), normal(r)) else {
                         return Err(Error::Invalid(format!(
@@ -123,7 +125,7 @@ impl ByteBpe {
                         )));
                     };
                     // A pair listed twice keeps its last rank, as `tokenizers` does.
-                    map.insert((l, r), (rank, merged));
+                    map.insert(pair_key(l, r), (rank, merged));
                 }
                 Some(map)
             }
@@ -185,6 +187,7 @@ impl ByteBpe {
     /// ([`Error::Encode`]) only if a pattern outside `split.rs`'s linear-time subset makes
     /// fancy-regex give up.
     pub(crate) fn encode(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
+        let mut scratch = Scratch::default();
         for (added, a, b) in self.added_raw.find_matches(text) {
             if let Some(id) = added {
                 ids.push(id);
@@ -194,52 +197,59 @@ impl ByteBpe {
             for (added, c, d) in self.added_normalized.find_matches(&part) {
                 match added {
                     Some(id) => ids.push(id),
-                    None => self.encode_ordinary(&part[c..d], ids)?,
+                    None => self.split(&self.regexes, &part[c..d], ids, &mut scratch)?,
                 }
             }
         }
         Ok(())
     }
 
-    /// Pre-tokenises `text` (matches and the text between them, regex after regex) and
-    /// merges each piece.
-    fn encode_ordinary(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
-        self.split(&self.regexes, text, ids)
-    }
-
     /// Cuts `text` with the first of `regexes` and each piece with the rest; merges the
     /// pieces the last one leaves.
-    fn split(&self, regexes: &[Splitter], text: &str, ids: &mut Vec<u32>) -> Result<()> {
+    fn split(
+        &self,
+        regexes: &[Splitter],
+        text: &str,
+        ids: &mut Vec<u32>,
+        scratch: &mut Scratch,
+    ) -> Result<()> {
         let Some((regex, rest)) = regexes.split_first() else {
-            self.word(text.as_bytes(), ids);
+            self.word(text.as_bytes(), ids, scratch);
             return Ok(());
         };
         let mut last = 0;
         regex.for_each_match(text, |start, end| {
             if start > last {
-                self.split(rest, &text[last..start], ids)?;
+                self.split(rest, &text[last..start], ids, scratch)?;
             }
             if end > start {
-                self.split(rest, &text[start..end], ids)?;
+                self.split(rest, &text[start..end], ids, scratch)?;
             }
             last = end;
             Ok(())
         })?;
         if last < text.len() {
-            self.split(rest, &text[last..], ids)?;
+            self.split(rest, &text[last..], ids, scratch)?;
         }
         Ok(())
     }
 
     /// One pre-token: whole if it is a token and merges are ignored (tiktoken,
     /// `ignore_merges`), else merged.
-    fn word(&self, piece: &[u8], ids: &mut Vec<u32>) {
+    fn word(&self, piece: &[u8], ids: &mut Vec<u32>, scratch: &mut Scratch) {
         if piece.is_empty() {
             return;
         }
-        match self.ids.get(piece) {
-            Some(&id) if self.merges.is_none() || self.spec.ignore_merges => ids.push(id),
-            _ => self.merge(piece, ids),
+        if self.merges.is_none() || self.spec.ignore_merges {
+            if let Some(&id) = self.ids.get(piece) {
+                ids.push(id);
+                return;
+            }
+        }
+        if piece.len() <= SCAN_MAX {
+            self.merge_by_scan(piece, ids, scratch);
+        } else {
+            self.merge(piece, ids);
         }
     }
 
@@ -253,8 +263,56 @@ impl ByteBpe {
     fn pair(&self, left: u32, right: u32, joined: &[u8]) -> Option<(u32, u32)> {
         match &self.merges {
             None => self.id(joined).map(|id| (id, id)),
-            Some(m) => m.get(&(left, right)).copied(),
+            Some(m) => m.get(&pair_key(left, right)).copied(),
         }
+    }
+
+    /// [`ByteBpe::merge`] for a short pre-token, as tiktoken writes it: the parts in
+    /// arrays, the rank of each adjacent pair beside them, and at each step a scan for
+    /// the lowest rank, leftmost on ties. The same pair as the heap's at every step,
+    /// without its allocations and stale entries, which cost more than the scan on the
+    /// few bytes of a word.
+    fn merge_by_scan(&self, piece: &[u8], ids: &mut Vec<u32>, scratch: &mut Scratch) {
+        let Scratch {
+            starts,
+            parts,
+            ranks,
+        } = scratch;
+        starts.clear();
+        starts.extend(0..=piece.len());
+        parts.clear();
+        parts.extend(piece.iter().map(|&b| self.byte_ids[b as usize]));
+        // ranks[i]: (rank, merged id) of parts i and i + 1.
+        let rank = |parts: &[u32], starts: &[usize], i: usize| {
+            self.pair(parts[i], parts[i + 1], &piece[starts[i]..starts[i + 2]])
+        };
+        ranks.clear();
+        ranks.extend((0..parts.len().saturating_sub(1)).map(|i| rank(parts, starts, i)));
+        loop {
+            let mut best: Option<(u32, usize, u32)> = None;
+            for (i, r) in ranks.iter().enumerate() {
+                if let Some((rank, merged)) = *r {
+                    if best.is_none_or(|(b, _, _)| rank < b) {
+                        best = Some((rank, i, merged));
+                    }
+                }
+            }
+            let Some((_, i, merged)) = best else {
+                break;
+            };
+            parts[i] = merged;
+            parts.remove(i + 1);
+            starts.remove(i + 1);
+            ranks.remove(i);
+            if i < ranks.len() {
+                ranks[i] = rank(parts, starts, i);
+            }
+            if i > 0 {
+                ranks[i - 1] = rank(parts, starts, i - 1);
+            }
+        }
+        // A single byte that is not a token (GPT-2 style only, see `new`) is dropped.
+        ids.extend(parts.iter().copied().filter(|&id| id != NO_ID));
     }
 
     /// Of the current parts (single bytes at first), merge the adjacent pair of lowest
@@ -318,6 +376,21 @@ impl ByteBpe {
     }
 }
 
+/// The longest pre-token merged by [`ByteBpe::merge_by_scan`]: past it, the scan's
+/// quadratic steps cost more than the heap's.
+const SCAN_MAX: usize = 32;
+
+/// The buffers of [`ByteBpe::merge_by_scan`], kept for the whole text of one encode call.
+#[derive(Default)]
+struct Scratch {
+    /// The start offset of each part, and the pre-token's length last.
+    starts: Vec<usize>,
+    /// The id of each part ([`NO_ID`] for a byte that is no token).
+    parts: Vec<u32>,
+    /// The rank and merged id of each adjacent pair that merges.
+    ranks: Vec<Option<(u32, u32)>>,
+}
+
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};
@@ -370,10 +443,12 @@ mod tests {
         for _ in 0..2000 {
             let len = rng.random_range(0..40);
             let piece: Vec<u8> = (0..len).map(|_| b"abcd"[rng.random_range(0..4)]).collect();
-            let mut ids = Vec::new();
+            let (mut ids, mut scanned) = (Vec::new(), Vec::new());
             bpe.merge(&piece, &mut ids);
+            bpe.merge_by_scan(&piece, &mut scanned, &mut Scratch::default());
             let text = String::from_utf8_lossy(&piece);
             assert_eq!(ids, rescan(bpe, &piece), "{text:?}");
+            assert_eq!(scanned, ids, "{text:?}");
         }
     }
 

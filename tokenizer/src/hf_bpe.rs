@@ -13,9 +13,10 @@
 //!    `merges`, lowest rank first, ties to the leftmost. O(n log n).
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use crate::decode::DecodeOptions;
+use crate::fast_hash::FastMap;
 use crate::spec::SplitSpec;
 use crate::trie::Trie;
 use crate::vocab::VocabEntry;
@@ -66,7 +67,7 @@ pub(crate) struct HfModel {
     /// `model.vocab`: token string to id.
     pub(crate) vocab: Trie,
     /// (left id, right id) -> (rank, merged id).
-    pub(crate) merges: HashMap<(u32, u32), (u32, u32)>,
+    pub(crate) merges: FastMap<(u32, u32), (u32, u32)>,
     pub(crate) unk: Option<u32>,
     pub(crate) fuse_unk: bool,
     /// `<0xHH>` ids when `byte_fallback` is on.
@@ -345,7 +346,7 @@ impl Word {
 
     /// `Word::merge_all` without dropout. A queued merge is stale when the pair now at
     /// its position no longer merges into the same id.
-    fn merge_all(&mut self, merges: &HashMap<(u32, u32), (u32, u32)>) {
+    fn merge_all(&mut self, merges: &FastMap<(u32, u32), (u32, u32)>) {
         let mut queue: BinaryHeap<Merge> = self
             .symbols
             .windows(2)

@@ -46,6 +46,7 @@ mod chatglm;
 mod decode;
 mod digit_groups;
 mod error;
+mod fast_hash;
 mod gpt2;
 mod hf_bpe;
 mod hf_byte_level;

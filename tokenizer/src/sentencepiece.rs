@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use crate::decode::DecodeOptions;
+use crate::fast_hash::{pair_key, FastMap};
 use crate::spec::{SentencePieceSpec, TokenizerKind};
 use crate::trie::{Trie, TrieBuilder};
 use crate::vocab::{PieceKind, VocabEntry};
@@ -34,6 +35,11 @@ pub(crate) struct SpModel {
     /// NORMAL, USER_DEFINED and UNUSED pieces: the possible merge results, and the only
     /// pieces a symbol can be emitted as (anything else becomes unknown).
     pub(crate) normal: Trie,
+    /// The pairs of merge targets (left id, right id, as [`pair_key`]) whose
+    /// concatenation is a merge target, with its id and score: `bpe.rs` merges two
+    /// symbols that spell pieces by one lookup here instead of walking `normal` along
+    /// their bytes.
+    pub(crate) pairs: FastMap<u64, (u32, f32)>,
     /// USER_DEFINED pieces, matched longest-first before splitting into characters.
     pub(crate) user_defined: Trie,
     /// The UNKNOWN piece; optional with byte fallback.
@@ -128,8 +134,21 @@ impl SpModel {
                 "byte_fallback is on but not all 256 byte pieces <0xHH> exist".into(),
             ));
         }
+        let normal = normal.build();
+        let mut pairs = FastMap::default();
+        for (id, p) in (0u32..).zip(pieces) {
+            if !p.kind.is_merge_target() || normal.get(&p.bytes) != Some(id) {
+                continue;
+            }
+            for k in 1..p.bytes.len() {
+                if let (Some(a), Some(b)) = (normal.get(&p.bytes[..k]), normal.get(&p.bytes[k..])) {
+                    pairs.insert(pair_key(a, b), (id, p.score));
+                }
+            }
+        }
         Ok(SpModel {
-            normal: normal.build(),
+            normal,
+            pairs,
             user_defined: user_defined.build(),
             unk_id,
             byte_ids: byte_fallback.then(|| Box::new(byte_ids)),

@@ -5,10 +5,11 @@
 //! needs (lengths, ids in range), so any description, valid or not, gives a tokenizer or
 //! an [`Error::Invalid`], never a panic.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use crate::byte_bpe::ByteBpe;
 use crate::decode::DecodeOptions;
+use crate::fast_hash::FastMap;
 use crate::hf_bpe::{normalize, AddedToken, AddedTokens, HfModel, Metaspace, NormOp, Prepend};
 use crate::sentencepiece::{sp_tokenizer, NormalizerOptions, SpModel};
 use crate::spec::{
@@ -287,7 +288,7 @@ fn hf_model(
     }
     let vocab = vocab.build();
     let in_vocab = |id: u32| (id as usize) < n && !added_only.contains(&id);
-    let mut merges = HashMap::with_capacity(hf.merges.len());
+    let mut merges = FastMap::with_capacity_and_hasher(hf.merges.len(), Default::default());
     for (rank, &[l, r]) in (0u32..).zip(&hf.merges) {
         if !in_vocab(l) || !in_vocab(r) {
             return Err(invalid(format!(

@@ -220,10 +220,19 @@ impl Automata {
     }
 
     /// The leftmost match at or after `from`, with the alternation's preference.
+    ///
+    /// A match at `pos` itself is sought first, anchored: it is the leftmost if it exists
+    /// (as it does at nearly every position of a text for these patterns, which leave few
+    /// gaps), and an anchored search runs the forward automaton alone, where an unanchored
+    /// one also runs the reverse automaton to find where the match starts.
     fn find(&self, text: &str, from: usize) -> Option<(usize, usize)> {
         let mut pos = from;
         loop {
-            let m = self.all.search(&Input::new(text).range(pos..))?;
+            let input = Input::new(text).range(pos..);
+            let m = match self.all.search(&input.clone().anchored(Anchored::Yes)) {
+                Some(m) => m,
+                None => self.all.search(&input)?,
+            };
             let start = m.start();
             let (mut first, mut m) = (0, Some(m));
             // Try the alternatives that match at `start`, in order, until one's look-ahead

@@ -8,7 +8,9 @@
 //! more than the longest piece.
 //!
 //! The trie is built once and then frozen into flat arrays: every node owns a contiguous,
-//! sorted run of edge labels, searched by binary search.
+//! sorted run of edge labels, searched by binary search, except the root, whose children
+//! (every first byte of a vocabulary, a few hundred labels) sit in a table indexed by the
+//! byte, since every lookup starts there.
 
 /// Marks a node that ends no key.
 const NO_VALUE: u32 = u32::MAX;
@@ -17,6 +19,8 @@ const NO_VALUE: u32 = u32::MAX;
 #[derive(Debug, Clone)]
 pub(crate) struct Trie {
     nodes: Vec<Node>,
+    /// The root's child along each byte, or `NO_VALUE`.
+    root: Box<[u32; 256]>,
     labels: Vec<u8>,
     targets: Vec<u32>,
 }
@@ -85,8 +89,14 @@ impl TrieBuilder {
                 targets.push(t);
             }
         }
+        let mut root = Box::new([NO_VALUE; 256]);
+        let first = nodes[0].first as usize;
+        for i in first..first + nodes[0].count as usize {
+            root[labels[i] as usize] = targets[i];
+        }
         Trie {
             nodes,
+            root,
             labels,
             targets,
         }
@@ -96,6 +106,10 @@ impl TrieBuilder {
 impl Trie {
     /// The child of `node` along byte `b`.
     fn child(&self, node: u32, b: u8) -> Option<u32> {
+        if node == 0 {
+            let c = self.root[b as usize];
+            return (c != NO_VALUE).then_some(c);
+        }
         let n = self.nodes[node as usize];
         let start = n.first as usize;
         let end = start + n.count as usize;
