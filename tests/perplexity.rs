@@ -6,9 +6,7 @@
 
 use std::path::Path;
 
-use flm_models::eval::{
-    self, KlDivergence, LogProbReader, LogProbRow, LogProbWriter, Method, TeacherForced,
-};
+use flm_models::eval::{self, LogProbReader, LogProbRow, LogProbWriter, Method, TeacherForced};
 use flm_models::session::load_model;
 use flm_models::Model;
 use flm_tests::{cpu_executor, data, ids};
@@ -135,28 +133,14 @@ fn perplexity_and_saved_log_probabilities_equal_llama_cpps() {
 fn kld_against(base: &Path, rel: &str) -> eval::KlSummary {
     let (mut model, tokenizer) = model(rel);
     let mut reader = LogProbReader::open(base).unwrap();
-    let windows = eval::windows(
-        reader.tokens(),
-        tokenizer.bos_id(),
-        reader.ctx(),
-        Method::LlamaCpp,
-    )
-    .unwrap();
-    let (mut kld, mut row) = (KlDivergence::default(), LogProbRow::default());
-    eval::score(
+    eval::kl_divergence(
         &mut model,
         &cpu_executor(),
-        &windows,
-        &mut kld,
-        |kld, logits, target| {
-            reader.next_row(&mut row)?;
-            kld.add(logits, &row, target);
-            Ok(())
-        },
-        |_, _, _| Ok(()),
+        &mut reader,
+        tokenizer.bos_id(),
+        |_, _| {},
     )
-    .unwrap();
-    kld.summary().unwrap()
+    .unwrap()
 }
 
 /// KL divergence from llama-perplexity's own base file: of the model that made it, next to

@@ -281,6 +281,50 @@ pub fn teacher_forced(
     Ok(out)
 }
 
+/// KL divergence of `model` from the base log-probabilities in `base`, over the text the
+/// file holds, cut by llama.cpp's method with `bos` (the BOS id when the tokenizer adds
+/// one) as `llama-perplexity --kl-divergence` does; `progress(done, windows)` after each
+/// window.
+///
+/// Errors: [`Error::Config`] when the file's vocabulary is not the model's, those of
+/// [`windows`], [`score`] and [`LogProbReader::next_row`].
+pub fn kl_divergence(
+    model: &mut Model,
+    exec: &Executor,
+    base: &mut LogProbReader,
+    bos: Option<u32>,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<KlSummary> {
+    let vocab = model.config().vocab_size;
+    if base.vocab() != vocab {
+        return Err(Error::Config(format!(
+            "the file holds log-probabilities over {} tokens and the model has {vocab}: KL \
+             divergence needs models of one tokenizer",
+            base.vocab()
+        )));
+    }
+    let windows = windows(base.tokens(), bos, base.ctx(), Method::LlamaCpp)?;
+    let mut row = LogProbRow::default();
+    let mut kld = KlDivergence::default();
+    score(
+        model,
+        exec,
+        &windows,
+        &mut kld,
+        |kld, logits, target| {
+            base.next_row(&mut row)?;
+            kld.add(logits, &row, target);
+            Ok(())
+        },
+        |_, done, all| {
+            progress(done, all);
+            Ok(())
+        },
+    )?;
+    kld.summary()
+        .ok_or_else(|| Error::InvalidInput("no position was scored".into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use flm_models::eval::{
-    self, KlDivergence, KlSummary, LogProbReader, LogProbRow, LogProbWriter, Method,
-};
+use flm_models::eval::{self, KlSummary, LogProbReader, LogProbWriter, Method};
 
 use crate::{load, progress, set_threads, ModelArgs};
 
@@ -65,14 +63,6 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let vocab = model.config().vocab_size;
     if let Some(base) = &args.kl_divergence {
         let mut reader = LogProbReader::open(base)?;
-        if reader.vocab() != vocab {
-            bail!(
-                "{} holds log-probabilities over {} tokens and the model has {vocab}: KL \
-                 divergence needs models of one tokenizer",
-                base.display(),
-                reader.vocab()
-            );
-        }
         if args.ctx.is_some_and(|c| c != reader.ctx()) {
             bail!(
                 "{} was made with windows of {} tokens: leave out --ctx",
@@ -80,33 +70,14 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
                 reader.ctx()
             );
         }
-        let windows = eval::windows(reader.tokens(), bos, reader.ctx(), Method::LlamaCpp)?;
-        let bar = progress::bar(windows.len() as u64, "windows")?;
-        let mut kld = KlDivergence::default();
-        let mut row = LogProbRow::default();
-        eval::score(
-            &mut model,
-            &exec,
-            &windows,
-            &mut kld,
-            |kld, logits, target| {
-                reader.next_row(&mut row)?;
-                kld.add(logits, &row, target);
-                Ok(())
-            },
-            |_, done, _| {
-                bar.set_position(done as u64);
-                Ok(())
-            },
-        )?;
+        let windows = reader.tokens().len() / reader.ctx();
+        let bar = progress::bar(windows as u64, "windows")?;
+        let summary = eval::kl_divergence(&mut model, &exec, &mut reader, bos, |done, _| {
+            bar.set_position(done as u64)
+        })
+        .with_context(|| format!("KL divergence from {}", base.display()))?;
         bar.finish_and_clear();
-        let summary = kld.summary().context("no position was scored")?;
-        print_kld(
-            &base.display().to_string(),
-            windows.len(),
-            reader.ctx(),
-            &summary,
-        );
+        print_kld(&base.display().to_string(), windows, reader.ctx(), &summary);
         return Ok(());
     }
     let Some(file) = &args.file else {
