@@ -310,11 +310,14 @@ fn normal_streams(server: &Server) -> Vec<f64> {
 }
 
 /// 8 plain streams, alone and then beside 4 of the probe's requests sent again and again
-/// until the streams end (so that compilations run beside every token): the 99th
-/// percentile of the time per token at most doubles.
+/// until the streams end (so that compilations run beside every token): no token waits
+/// for a compilation (every gap under half of [`flm_core::MAX_COMPILE_TIME`]), and the
+/// 99th percentile of the time per token at most triples: on 2 cores, 4 compilations and
+/// the engine share the CPU fairly, which leaves the engine a third of it.
 #[test]
 fn normal_streams_keep_their_pace_beside_hostile_requests() {
-    let server = Server::start(&[]);
+    // Alone: the other tests' servers would take the cores it measures.
+    let server = Server::start_alone(&[]);
     normal_streams(&server);
     let alone = p99(normal_streams(&server));
     let done = AtomicBool::new(false);
@@ -333,17 +336,20 @@ fn normal_streams_keep_their_pace_beside_hostile_requests() {
         }
         let gaps = normal_streams(&server);
         done.store(true, Ordering::Relaxed);
-        p99(gaps)
+        gaps
     });
+    let longest = beside.iter().copied().fold(0.0, f64::max);
+    let beside = p99(beside);
     eprintln!(
         "per-token p99: {:.1} ms alone, {:.1} ms beside 4 hostile requests ({} answered)",
         alone * 1e3,
         beside * 1e3,
         sent.load(Ordering::Relaxed)
     );
-    // Twice alone, and 10 ms for a loaded machine's scheduling noise; under an emulator,
-    // which runs the hostile requests' compilations many times slower, only printed.
+    // 15 ms for scheduling noise; under an emulator, which runs the hostile requests'
+    // compilations many times slower, only printed.
     if !emulated() {
-        assert!(beside <= 2.0 * alone + 0.01, "{beside} against {alone}");
+        assert!(longest < 0.5, "a token waited {longest} s");
+        assert!(beside <= 3.0 * alone + 0.015, "{beside} against {alone}");
     }
 }

@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -32,6 +32,49 @@ pub fn reference() -> Reference {
     }
 }
 
+/// The cores the servers of this binary's tests share (the tests run in parallel): how many
+/// servers run, and whether one runs alone ([`Server::start_alone`], for a test that
+/// measures pace, started once no other runs). Another server may start while one waits
+/// to run alone, so that a test that holds one server and starts a second never waits on
+/// it.
+static CORES: Mutex<(usize, bool)> = Mutex::new((0, false));
+static CORES_CHANGED: Condvar = Condvar::new();
+
+/// A server's hold on [`CORES`], given back when it is dropped (after the process is
+/// killed).
+struct Cores {
+    alone: bool,
+}
+
+impl Cores {
+    fn take(alone: bool) -> Cores {
+        let mut cores = CORES.lock().unwrap_or_else(PoisonError::into_inner);
+        while cores.1 || (alone && cores.0 > 0) {
+            cores = CORES_CHANGED
+                .wait(cores)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if alone {
+            cores.1 = true;
+        } else {
+            cores.0 += 1;
+        }
+        Cores { alone }
+    }
+}
+
+impl Drop for Cores {
+    fn drop(&mut self) {
+        let mut cores = CORES.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.alone {
+            cores.1 = false;
+        } else {
+            cores.0 -= 1;
+        }
+        CORES_CHANGED.notify_all();
+    }
+}
+
 /// A running server, killed when dropped.
 pub struct Server {
     child: Child,
@@ -41,6 +84,7 @@ pub struct Server {
     /// What the server wrote on stderr so far (its request log), read by a thread of its
     /// own so that the pipe never fills; printed when a test fails.
     stderr: Arc<Mutex<String>>,
+    _cores: Cores,
 }
 
 impl Server {
@@ -49,8 +93,20 @@ impl Server {
         Server::start_model(&data("stories260K/stories260K.bin"), extra)
     }
 
+    /// As [`Server::start`], once no other test's server runs, and none starts until this
+    /// one is dropped: for a test that measures time.
+    pub fn start_alone(extra: &[&str]) -> Server {
+        let cores = Cores::take(true);
+        Server::launch(&data("stories260K/stories260K.bin"), extra, cores)
+    }
+
     /// Starts `flm serve` on `model` with `extra` arguments and waits until it listens.
     pub fn start_model(model: &Path, extra: &[&str]) -> Server {
+        let cores = Cores::take(false);
+        Server::launch(model, extra, cores)
+    }
+
+    fn launch(model: &Path, extra: &[&str], cores: Cores) -> Server {
         let mut child = flm_command()
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
             .args(extra)
@@ -87,6 +143,7 @@ impl Server {
             url,
             agent,
             stderr,
+            _cores: cores,
         }
     }
 
