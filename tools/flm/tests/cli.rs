@@ -556,16 +556,11 @@ fn perplexity_and_kl_divergence_as_llama_perplexity_prints_them() {
         line.starts_with("perplexity (llama.cpp's method: chunks of 128 tokens"),
         "{line}"
     );
-    assert_eq!(
-        figure(&line, "PPL"),
-        want["ppl_f32_c128"]["ppl"].as_f64().unwrap(),
-        "{line}"
-    );
-    assert_eq!(
-        figure(&line, "+/-"),
-        want["ppl_f32_c128"]["error"].as_f64().unwrap(),
-        "{line}"
-    );
+    // Equal in the digits both print, give or take the last one's rounding.
+    let f32_run = &want["ppl_f32_c128"];
+    let ppl = figure(&line, "PPL") - f32_run["ppl"].as_f64().unwrap();
+    let error = figure(&line, "+/-") - f32_run["error"].as_f64().unwrap();
+    assert!(ppl.abs() <= 1.5e-4 && error.abs() <= 1.5e-5, "{line}");
 
     let dir = tempfile::tempdir().unwrap();
     let saved = dir.path().join("base.kld").display().to_string();
