@@ -30,12 +30,11 @@
 //! (the order flm's int4 rows use too: [`crate::quant::nibble`]).
 //!
 //! Q4_0 and Q4_1 at 32 values per block are flm's [`DataType::I4SymG32`] and
-//! [`DataType::I4G32`] with the scales moved out of the blocks: [`repack_row`] converts
+//! [`DataType::I4G32`] with the scales moved out of the blocks: [`crate::quant::repack_ggml_row`] converts
 //! without changing any value.
 
 use half::f16;
 
-use crate::quant::{int4_mins, nibble};
 use crate::DataType;
 
 /// Values per K-quant super-block (ggml's `QK_K`).
@@ -151,7 +150,7 @@ impl GgmlType {
     }
 
     /// The flm dtype that holds this type's values exactly in the same bytes, repacked
-    /// ([`repack_row`]): Q4_0 is [`DataType::I4SymG32`], Q4_1 [`DataType::I4G32`].
+    /// ([`crate::quant::repack_ggml_row`]): Q4_0 is [`DataType::I4SymG32`], Q4_1 [`DataType::I4G32`].
     pub const fn lossless_dtype(self) -> Option<DataType> {
         match self {
             GgmlType::Q4_0 => Some(DataType::I4SymG32),
@@ -334,32 +333,5 @@ fn iq4_xs(b: &[u8], out: &mut [f32]) {
         nibbles32(&qs[j * 16..j * 16 + 16], run, |q| {
             dl * IQ4_LEVELS[q as usize] as f32
         });
-    }
-}
-
-/// Repacks one row of Q4_0 or Q4_1 blocks (`src`, [`GgmlType::byte_len`] of the row's
-/// values) into a row of its [`GgmlType::lossless_dtype`] (`dst`,
-/// [`crate::quant::row_bytes`] bytes): codes unchanged, the scales (and Q4_1's minimums)
-/// gathered after them. Every value dequantises to the same number: `d · q + m` for Q4_1
-/// (the same bits), and for Q4_0 `d · q + (−8 d)` equals `d · (q − 8)` exactly (both
-/// products and the sum fit f32's mantissa: an f16 `d` times a 4-bit code); the one
-/// difference is the sign of a zero, +0 where gguf-py's `d · (q − 8)` gives −0 (`q = 8`,
-/// `d < 0`), which no sum or product can tell apart.
-///
-/// # Panics
-/// If `ty` has no lossless dtype or the slices are not of the lengths above.
-pub fn repack_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
-    let dtype = ty.lossless_dtype().expect("Q4_0 or Q4_1");
-    let (bb, head) = (ty.block_bytes(), ty.block_bytes() - 16);
-    let n = src.len() / bb;
-    assert_eq!(src.len(), n * bb, "whole {} blocks", ty.name());
-    let mins = int4_mins(dtype, n * 32).offset;
-    for (g, b) in src.chunks_exact(bb).enumerate() {
-        let (byte, _) = nibble(g * 32);
-        dst[byte..byte + 16].copy_from_slice(&b[head..]);
-        dst[n * 16 + 2 * g..n * 16 + 2 * g + 2].copy_from_slice(&b[..2]);
-        if !dtype.is_int4_symmetric() {
-            dst[mins + 2 * g..mins + 2 * g + 2].copy_from_slice(&b[2..4]);
-        }
     }
 }

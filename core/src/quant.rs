@@ -60,6 +60,7 @@
 
 use half::f16;
 
+use crate::ggml::GgmlType;
 use crate::{kquant, DataType, Int4Form};
 
 /// Values per activation block, and the unit int8 rows are padded to.
@@ -504,6 +505,33 @@ pub fn int4_mins(dtype: DataType, kp: usize) -> Int4Mins {
         offset,
         factor,
         times_scale,
+    }
+}
+
+/// Repacks one row of Q4_0 or Q4_1 blocks (`src`, [`GgmlType::byte_len`] of the row's
+/// values) into a row of its [`GgmlType::lossless_dtype`] (`dst`,
+/// [`row_bytes`] bytes): codes unchanged, the scales (and Q4_1's minimums)
+/// gathered after them. Every value dequantises to the same number: `d · q + m` for Q4_1
+/// (the same bits), and for Q4_0 `d · q + (−8 d)` equals `d · (q − 8)` exactly (both
+/// products and the sum fit f32's mantissa: an f16 `d` times a 4-bit code); the one
+/// difference is the sign of a zero, +0 where gguf-py's `d · (q − 8)` gives −0 (`q = 8`,
+/// `d < 0`), which no sum or product can tell apart.
+///
+/// # Panics
+/// If `ty` has no lossless dtype or the slices are not of the lengths above.
+pub fn repack_ggml_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
+    let dtype = ty.lossless_dtype().expect("Q4_0 or Q4_1");
+    let (bb, head) = (ty.block_bytes(), ty.block_bytes() - 16);
+    let n = src.len() / bb;
+    assert_eq!(src.len(), n * bb, "whole {} blocks", ty.name());
+    let mins = int4_mins(dtype, n * 32).offset;
+    for (g, b) in src.chunks_exact(bb).enumerate() {
+        let (byte, _) = nibble(g * 32);
+        dst[byte..byte + 16].copy_from_slice(&b[head..]);
+        dst[n * 16 + 2 * g..n * 16 + 2 * g + 2].copy_from_slice(&b[..2]);
+        if !dtype.is_int4_symmetric() {
+            dst[mins + 2 * g..mins + 2 * g + 2].copy_from_slice(&b[2..4]);
+        }
     }
 }
 

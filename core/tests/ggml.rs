@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use flm_core::ggml::{self, GgmlType};
-use flm_core::quant::{dequantize_row, row_bytes};
+use flm_core::quant::{self, dequantize_row, row_bytes};
 
 const ROWS: usize = 8;
 const COLS: usize = 512;
@@ -73,10 +73,10 @@ fn q4_0_and_q4_1_repack_into_flm_int4_without_changing_a_bit() {
         let mut got = vec![f32::NAN; ROWS * COLS];
         for (src, out) in blocks.chunks_exact(src_row).zip(got.chunks_exact_mut(COLS)) {
             let mut row = vec![0xAAu8; dst_row];
-            ggml::repack_row(ty, src, &mut row);
+            quant::repack_ggml_row(ty, src, &mut row);
             dequantize_row(dtype, &row, out);
         }
-        // The same values; Q4_0's zeros may differ in sign only (`repack_row`'s docs), so
+        // The same values; Q4_0's zeros may differ in sign only (`repack_ggml_row`'s docs), so
         // they compare as numbers, not bits.
         let want: Vec<f32> = want.iter().map(|&b| f32::from_bits(b)).collect();
         if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {

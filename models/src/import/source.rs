@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use flm_core::ggml::{self, GgmlType};
-use flm_core::{Data, DataType};
+use flm_core::{quant, Data, DataType};
 use memmap2::Mmap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -385,7 +385,7 @@ fn ggml_data(ty: GgmlType, bytes: &[u8], shape: &[usize]) -> Result<Data> {
         .zip(dst.chunks_exact_mut(dst_row))
     {
         if ty.lossless_dtype().is_some() {
-            ggml::repack_row(ty, src, dst);
+            quant::repack_ggml_row(ty, src, dst);
             continue;
         }
         ggml::dequantize(ty, src, &mut values);
