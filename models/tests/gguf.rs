@@ -9,18 +9,15 @@ mod bpe;
 #[path = "gguf/damaged.rs"]
 mod damaged;
 
-use std::path::PathBuf;
+mod common;
 
+use common::data;
 use flm_core::{argmax, Executor, RopeStyle};
 use flm_devices::{ActivationBits, CpuDevice};
 use flm_models::import::{self, Checkpoint, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::Graph;
 use serde_json::Value;
-
-fn data(rel: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data")).join(rel)
-}
 
 const F32: &str = "gguf/stories260K-f32.gguf";
 const Q8_0: &str = "gguf/stories260K-q8_0.gguf";

@@ -2,10 +2,13 @@
 //! the stories260K state dict loads and generates what transformers generates, and
 //! malicious, truncated or corrupted files are refused with an error, never a panic.
 
+mod common;
+
 use std::io::{Cursor, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use common::data;
 use flm_core::Executor;
 use flm_devices::CpuDevice;
 use flm_models::import::{self, Checkpoint, Format};
@@ -13,12 +16,6 @@ use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::Graph;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipArchive, ZipWriter};
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
 
 /// Prefills `prompt`, then decodes `steps` greedy tokens one at a time.
 fn greedy(ckpt: &Checkpoint, prompt: &[u32], steps: usize) -> Vec<u32> {

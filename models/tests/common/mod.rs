@@ -1,5 +1,6 @@
 //! Helpers shared by the tests that run the shipped stories260K (batched forward, engine,
 //! session, speculative decoding).
+#![allow(dead_code)] // each test crate uses a different subset
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

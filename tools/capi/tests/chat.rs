@@ -16,14 +16,9 @@ use flm::{
     flm_apply_chat_template, flm_last_error, flm_model_free, flm_model_load, flm_tokenize,
     flm_tokenize_chat, FlmChatMessage, FlmModel, FlmModelOptions, FlmStatus,
 };
+use flm_tests::data;
 use flm_tokenizer::{Message, TemplateArgs, Tokenizer};
 use serde_json::Value;
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
 
 /// A template that writes `bos_token` (that of tools/flm/tests/chat.rs).
 const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}\

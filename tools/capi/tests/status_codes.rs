@@ -12,19 +12,14 @@
 
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use flm::{flm_last_error, flm_model_free, flm_model_load, FlmModel, FlmModelOptions, FlmStatus};
 use flm_core::DataType;
 use flm_models::convert::{convert, Recipe};
 use flm_models::import;
+use flm_tests::data;
 use serde_json::Value;
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
 
 /// The message of `flm_model_load` with a NULL path.
 const NULL_PATH: &str = "path is NULL";

@@ -9,12 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
 use common::flm_command;
+use flm_tests::data;
 
 fn tok512() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data/stories260K/tok512.model")
-        .display()
-        .to_string()
+    data("stories260K/tok512.model").display().to_string()
 }
 
 fn flm(args: &[&str]) -> Output {

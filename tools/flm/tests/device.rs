@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Output;
 
 fn model() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/stories260K/stories260K.bin")
+    flm_tests::data("stories260K/stories260K.bin")
 }
 
 fn run(device: &str) -> Output {
