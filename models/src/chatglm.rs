@@ -33,6 +33,7 @@
 
 mod weights;
 
+use std::any::Any;
 use std::sync::Arc;
 
 pub use weights::{ChatGlmLayer, ChatGlmWeights};
@@ -40,9 +41,7 @@ pub use weights::{ChatGlmLayer, ChatGlmWeights};
 use flm_core::{Data, DataType, Executor, KvCache, KvDtype, Op, RopeStyle, RopeTable};
 
 use crate::graph::{Graph, Head, SharedGraph};
-use crate::llama::{
-    cache_and_attend, check_forward, load_prefix, AttentionMask, LlamaBatch, Logits,
-};
+use crate::llama::{cache_and_attend, check_forward, load_prefix, AttentionMask, Logits};
 use crate::{Arch, Error, Model, ModelConfig, Result, SharedModel};
 
 /// Activations, grown to the longest call seen.
@@ -183,12 +182,8 @@ impl SharedGraph for ChatGlmModel {
         Ok(ChatGlmModel { kv_dtype, ..model }.into())
     }
 
-    fn batch(self: Arc<Self>, _rows: usize) -> Result<LlamaBatch> {
-        Err(Error::Config(
-            "the serving engine runs the Llama graph; ChatGLM-6B (its prefix-LM mask needs the \
-             whole context in one pass) cannot be batched: use a Session"
-                .into(),
-        ))
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
     }
 }
 

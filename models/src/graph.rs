@@ -7,15 +7,22 @@
 //! [`SharedModel::instance`] makes a [`Model`] with a fresh KV cache, and any number of
 //! instances (one per session, on any thread) run with one copy of the weights.
 
+use std::any::Any;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use flm_core::{Data, Executor, KvDtype, Location};
 
-use crate::chatglm::{ChatGlmModel, ChatGlmWeights};
-use crate::import::Checkpoint;
-use crate::llama::{Ffn, LlamaBatch, LlamaLayer, LlamaModel, LlamaWeights, Logits};
-use crate::{Arch, Error, GpuLayers, ModelConfig, Placement, Result};
+use crate::{Error, ModelConfig, Result};
+
+/// Which logits a forward pass computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (teacher forcing, perplexity).
+    All,
+}
 
 /// What a forward pass returns: logits, or the hidden states after the final norm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,13 +129,6 @@ pub trait SharedGraph: Send + Sync {
     /// Errors: a buffer whose size overflows.
     fn instance(self: Arc<Self>) -> Result<Model>;
 
-    /// The batched forward pass over a paged KV cache that the serving engine runs, for
-    /// up to `rows` tokens per step.
-    ///
-    /// Errors: [`Error::Config`] for a graph that cannot be batched (ChatGLM-6B, whose
-    /// prefix-LM mask needs the whole context in one pass); buffer allocation errors.
-    fn batch(self: Arc<Self>, rows: usize) -> Result<LlamaBatch>;
-
     /// The element type of its instances' KV caches.
     fn kv_dtype(&self) -> KvDtype;
 
@@ -137,33 +137,17 @@ pub trait SharedGraph: Send + Sync {
     /// Errors: [`Error::State`] when instances of it exist.
     fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel>;
 
-    /// The Llama graph's shared model, for what only it offers (layer placement across
-    /// devices); `None` for other graphs.
-    fn as_llama(self: Arc<Self>) -> Option<Arc<LlamaModel>> {
-        None
-    }
+    /// The graph as `Any`, for what only one graph offers (the Llama graph's batching and
+    /// placement across devices, in `graphs`).
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 
 /// The shared part of a model of any supported architecture: cheap to clone (an `Arc`),
 /// `Send + Sync`.
 #[derive(Clone)]
-pub struct SharedModel(Arc<dyn SharedGraph>);
+pub struct SharedModel(pub(crate) Arc<dyn SharedGraph>);
 
 impl SharedModel {
-    /// Builds the shared model of `ckpt`'s architecture from its weights.
-    ///
-    /// Errors: a missing tensor or a shape mismatch, an invalid configuration.
-    pub fn new(ckpt: &Checkpoint) -> Result<SharedModel> {
-        let config = ckpt.config.clone();
-        Ok(match ckpt.config.arch {
-            Arch::Llama => LlamaModel::new(config, LlamaWeights::load(ckpt)?)?.into(),
-            Arch::ChatGlm { .. } => SharedModel(Arc::new(ChatGlmModel::new(
-                config,
-                ChatGlmWeights::load(ckpt)?,
-            )?)),
-        })
-    }
-
     /// Wraps a shared graph.
     pub fn from_graph(graph: Arc<dyn SharedGraph>) -> SharedModel {
         SharedModel(graph)
@@ -181,13 +165,6 @@ impl SharedModel {
         Arc::clone(&self.0).instance()
     }
 
-    /// The batched forward pass (see [`SharedGraph::batch`]).
-    ///
-    /// Errors: as [`SharedGraph::batch`].
-    pub fn batch(&self, rows: usize) -> Result<LlamaBatch> {
-        Arc::clone(&self.0).batch(rows)
-    }
-
     /// The element type of its instances' KV caches (see [`SharedGraph::kv_dtype`]).
     pub fn kv_dtype(&self) -> KvDtype {
         self.0.kv_dtype()
@@ -199,98 +176,6 @@ impl SharedModel {
     /// Errors: as [`SharedGraph::with_kv_dtype`].
     pub fn with_kv_dtype(self, kv_dtype: KvDtype) -> Result<SharedModel> {
         self.0.with_kv_dtype(kv_dtype)
-    }
-
-    /// The Llama graph's shared model, if this is one.
-    pub fn llama(&self) -> Option<Arc<LlamaModel>> {
-        Arc::clone(&self.0).as_llama()
-    }
-
-    /// The model with its layers in the memories of the placement `plan` makes from the
-    /// model's [`LlamaModel::memory_bytes`] (see [`LlamaModel::place`]), before any
-    /// instance is made.
-    ///
-    /// Errors: [`Error::Config`] for ChatGLM-6B's graph, whose layers run in host memory
-    /// only; [`Error::State`] when instances of the model exist; those of `plan` and of
-    /// [`LlamaModel::place`].
-    pub fn place(
-        self,
-        exec: &Executor,
-        plan: impl FnOnce(&LlamaModel) -> Result<Placement>,
-    ) -> Result<SharedModel> {
-        let Some(model) = self.llama() else {
-            return Err(Error::Config(
-                "ChatGLM-6B's graph runs in host memory only; leave out --gpu-layers".into(),
-            ));
-        };
-        drop(self);
-        let model = Arc::try_unwrap(model).map_err(|_| {
-            Error::State("a model is placed before any instance of it is made".into())
-        })?;
-        let placement = plan(&model)?;
-        Ok(model.place(exec, placement)?.into())
-    }
-
-    /// The model with its first layers in the GPU memory `gpu` as `layers` says, the rest
-    /// in host memory (llama.cpp's `--n-gpu-layers`): [`GpuLayers::Auto`] fits as many as
-    /// the executor's free memory there holds after their KV caches ([`Placement::fit`]
-    /// over [`LlamaModel::memory_bytes`]). With `experts_on_host` a mixture's routed
-    /// experts stay in host memory ([`Placement::with_experts_on`]) and do not count.
-    ///
-    /// Errors: [`Error::Config`] when `gpu` does not tell its free memory (auto); those of
-    /// [`SharedModel::place`].
-    pub fn place_gpu_layers(
-        self,
-        exec: &Executor,
-        gpu: Location,
-        layers: GpuLayers,
-        experts_on_host: bool,
-    ) -> Result<SharedModel> {
-        self.place(exec, |m| {
-            let n_layers = m.config().n_layers;
-            let placement = match layers {
-                GpuLayers::Count(n) => Placement::first_layers(n_layers, gpu, n),
-                GpuLayers::Auto => {
-                    let free = exec.free_memory(gpu).ok_or_else(|| {
-                        Error::Config(format!(
-                            "--gpu-layers auto: {gpu} does not tell its free memory"
-                        ))
-                    })?;
-                    let (mut layers, input, head) = m.memory_bytes();
-                    if experts_on_host {
-                        for (bytes, lw) in layers.iter_mut().zip(&m.weights().layers) {
-                            *bytes = bytes.saturating_sub(routed_bytes(lw));
-                        }
-                    }
-                    Placement::fit(gpu, free, &layers, input, head)
-                }
-            };
-            Ok(if experts_on_host {
-                placement.with_experts_on(Location::Host)
-            } else {
-                placement
-            })
-        })
-    }
-}
-
-/// Bytes of a layer's router and experts, the shared one included (0 for a dense
-/// feed-forward).
-fn routed_bytes(lw: &LlamaLayer) -> u64 {
-    match &lw.ffn {
-        Ffn::Moe {
-            router,
-            experts,
-            shared,
-        } => experts
-            .iter()
-            .chain(shared.iter().map(|s| &s.ffn))
-            .flat_map(|e| [&e.gate, &e.up, &e.down])
-            .chain([router])
-            .chain(shared.iter().map(|s| &s.gate))
-            .map(|d| d.size_bytes() as u64)
-            .sum(),
-        Ffn::Dense { .. } => 0,
     }
 }
 
@@ -314,13 +199,6 @@ impl<G: SharedGraph + 'static> From<G> for SharedModel {
 pub struct Model(Box<dyn Graph>);
 
 impl Model {
-    /// Builds the model of `ckpt`'s architecture from its weights.
-    ///
-    /// Errors: a missing tensor or a shape mismatch, an invalid configuration.
-    pub fn new(ckpt: &Checkpoint) -> Result<Model> {
-        SharedModel::new(ckpt)?.instance()
-    }
-
     /// Wraps an instance of a graph.
     pub fn from_graph(graph: impl Graph + 'static) -> Model {
         Model(Box::new(graph))

@@ -45,6 +45,7 @@
 //! its own positions and block table in a paged KV cache (the serving engine's step); the
 //! layer loop and the final head are shared with [`Graph::forward`].
 
+use std::any::Any;
 use std::sync::Arc;
 
 use flm_core::{
@@ -52,6 +53,7 @@ use flm_core::{
     RopeTable, StepInputs, TokenIds,
 };
 
+pub use crate::graph::Logits;
 use crate::graph::{Graph, Head, SharedGraph};
 use crate::{Activation, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
@@ -68,15 +70,6 @@ pub use weights::{Ffn, LlamaLayer, LlamaWeights, SharedExpert};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
-
-/// Which logits a forward pass computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token's (generation).
-    Last,
-    /// Every token's (teacher forcing, perplexity).
-    All,
-}
 
 /// Activations for up to a fixed number of rows (tokens), allocated once.
 struct Activations {
@@ -466,10 +459,6 @@ impl SharedGraph for LlamaModel {
         Ok(Model::from_graph(Llama::with_model(self)?))
     }
 
-    fn batch(self: Arc<Self>, rows: usize) -> Result<LlamaBatch> {
-        LlamaBatch::new(self, rows)
-    }
-
     fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
     }
@@ -478,8 +467,8 @@ impl SharedGraph for LlamaModel {
         Ok(crate::graph::unshared(self)?.with_kv_dtype(kv_dtype).into())
     }
 
-    fn as_llama(self: Arc<Self>) -> Option<Arc<LlamaModel>> {
-        Some(self)
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
     }
 }
 
