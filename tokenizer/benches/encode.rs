@@ -1,4 +1,4 @@
-//! Criterion benchmarks of `Tokenizer::encode` in bytes of text per second (issue 48):
+//! Criterion benchmarks of `Tokenizer::encode` in bytes of text per second:
 //! 10 MB of normal English text (`tests/data/text/tinystories_style.txt`, repeated), of one
 //! letter, of spaces, of one digit and of random bytes read lossily as UTF-8, through a
 //! SentencePiece BPE model, GPT-2's byte-level BPE with its own and Llama 3's

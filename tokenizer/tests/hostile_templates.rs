@@ -1,4 +1,4 @@
-//! Hostile chat templates (issue 48's probe: templates in GGUF metadata that looped for
+//! Hostile chat templates (templates in GGUF metadata that once looped for
 //! ever, grew to gigabytes, or aborted the process) end with an error naming the template's
 //! origin and the limit, within the render budget: fuel for time, caps on the strings and
 //! sequences built and on the output for memory. Each is refused when the template is

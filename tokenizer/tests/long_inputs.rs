@@ -1,4 +1,4 @@
-//! Texts of 10 MB (issue 48: a run of about 1,000,000 identical characters made the
+//! Texts of 10 MB (a run of about 1,000,000 identical characters once made the
 //! backtracking regex engine give up): one character repeated, spaces, and random bytes
 //! read lossily as UTF-8, through every kind of tokenizer in the test data: SentencePiece
 //! BPE (`.model`), Hugging Face BPE with a Metaspace (Gemma style), byte-level BPE with

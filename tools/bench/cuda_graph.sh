@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA graph checks of issue 33 item 4, on a GPU machine, from the project root, after
+# The CUDA graph checks, on a GPU machine, from the project root, after
 # `../shared/gpu/prepare` put the release `flm` and the cuda_* test executables in .gpu/:
 #   1. tests/cuda_graph.rs with its output (the decode rates it prints);
 #   2. `flm bench` decode with every layer on the GPU, CUDA graph on and off: stories260K

@@ -392,8 +392,8 @@ fn corrupted_files_never_panic() {
     }
 }
 
-/// A GGUF file whose `tokenizer.chat_template` loops for ever (issue 48's probe: it hung
-/// `flm chat` and the server) is refused when its tokenizer loads, the error naming the
+/// A GGUF file whose `tokenizer.chat_template` loops for ever (it once hung `flm chat`
+/// and the server) is refused when its tokenizer loads, the error naming the
 /// metadata key and the render budget, within a second or two.
 #[test]
 fn a_hostile_chat_template_is_refused_when_the_tokenizer_loads() {

@@ -1,9 +1,9 @@
-//! The fuzz targets of `flm serve` (issue 36), with the harness of `tests/fuzz.rs`:
+//! The fuzz targets of `flm serve`, with the harness of `tests/fuzz.rs`:
 //!
 //! - the HTTP request bodies (seeds: `tests/fuzz/http/`): bytes parsed as the JSON of a
 //!   chat or completion request, checked and rendered to token ids as the routes do. No
 //!   input may panic.
-//! - the structured output compiler (issue 48; seeds: `tests/fuzz/schema/` and the schemas
+//! - the structured output compiler (seeds: `tests/fuzz/schema/` and the schemas
 //!   of the probe that once stalled the server): bytes read as a response_format's JSON or
 //!   else as a regex, and as the choices of a generated JSON schema and regex, each through the
 //!   validation and compilation of the routes. No input may panic or take more than its

@@ -316,7 +316,7 @@ mod tests {
             if p[0] == Pattern::Literal("{\"name\": \"get_weather\", \"parameters\": ".into())));
     }
 
-    /// The probe of issue 48: 5,000 tools, one call required, once stalled the server. The
+    /// 5,000 tools, one call required, once stalled the server. The
     /// language compiles within the budget of [`flm_core::Grammar`], or is refused naming it.
     #[test]
     fn thousands_of_required_tools_compile_within_the_budget() {

@@ -1,4 +1,4 @@
-//! Hostile structured output (issue 48): the schemas and regexes that once stalled the
+//! Hostile structured output: the schemas and regexes that once stalled the
 //! server, took gigabytes, took seconds to compile or answered 500 are served or refused
 //! with a 400 naming the limit, a vocabulary that cannot write a language is refused up
 //! front or steered around what it cannot finish, the server's resident memory comes back
