@@ -72,6 +72,78 @@ fn positions_fit(table: &RopeTable, positions: &[u32]) -> Result<()> {
     }
 }
 
+/// The rules of [`Op::Embedding`]: an f32 output row of the table's width per token, a
+/// table without permuted columns, and host ids inside the vocabulary or an i32 id tensor.
+fn embedding(table: &Data, tokens: &TokenIds<'_>, output: &Data) -> Result<()> {
+    all_f32("Embedding", &[("output", output)])?;
+    if table.input_perm().is_some() {
+        return Err(Error::DType {
+            op: "Embedding",
+            msg: "a table with permuted columns".into(),
+        });
+    }
+    let (vocab_size, dim) = (table.rows(), table.cols());
+    if output.rows() != tokens.len() || output.cols() != dim || dim == 0 {
+        return Err(shape(
+            "Embedding",
+            format!(
+                "output {:?} for {} tokens of dim {dim}",
+                output.shape(),
+                tokens.len()
+            ),
+        ));
+    }
+    match tokens {
+        TokenIds::Host(ids) => match ids.iter().find(|&&t| t as usize >= vocab_size) {
+            Some(&id) => Err(Error::TokenOutOfRange { id, vocab_size }),
+            None => Ok(()),
+        },
+        TokenIds::Tensor(ids) if ids.dtype() != DataType::I32 => Err(Error::DType {
+            op: "Embedding",
+            msg: format!("token ids must be i32, found {}", ids.dtype()),
+        }),
+        TokenIds::Tensor(_) => Ok(()),
+    }
+}
+
+/// The rules of [`Op::RmsNorm`]: f32 input and output of one shape, a weight per column.
+fn rms_norm(input: &Data, weight: &Data, output: &Data) -> Result<()> {
+    all_f32("RmsNorm", &[("input", input), ("output", output)])?;
+    let dim = input.cols();
+    if dim == 0 || weight.numel() != dim || output.shape() != input.shape() {
+        return Err(shape(
+            "RmsNorm",
+            format!(
+                "input {:?}, weight {:?}, output {:?}",
+                input.shape(),
+                weight.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The rules of [`Op::LayerNorm`]: f32 input and output of one shape, a weight and a bias
+/// per column.
+fn layer_norm(input: &Data, weight: &Data, bias: &Data, output: &Data) -> Result<()> {
+    all_f32("LayerNorm", &[("input", input), ("output", output)])?;
+    let dim = input.cols();
+    if dim == 0 || weight.numel() != dim || bias.numel() != dim || output.shape() != input.shape() {
+        return Err(shape(
+            "LayerNorm",
+            format!(
+                "input {:?}, weight {:?}, bias {:?}, output {:?}",
+                input.shape(),
+                weight.shape(),
+                bias.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The rules of one [`crate::LinearPart`] (or [`Op::Linear`]) over `input`; a weight's
 /// [`Data::input_perm`] was checked when it was attached, its memory is checked with the
 /// operands'.
@@ -98,6 +170,185 @@ fn linear_part(input: &Data, weight: &Data, bias: Option<&Data>, output: &Data) 
                 weight.shape(),
                 bias.map(|b| b.shape().to_vec()),
                 output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The rules of [`Op::Linears`]: at least one part, each a [`linear_part`] over `input`.
+fn linears(input: &Data, parts: &[crate::LinearPart<'_>]) -> Result<()> {
+    if parts.is_empty() {
+        return Err(shape("Linears", "no parts".into()));
+    }
+    parts
+        .iter()
+        .try_for_each(|p| linear_part(input, p.weight, p.bias, p.output))
+}
+
+/// The rules of [`Op::Rope`]: f32 `x` of `n_heads` heads of the table's width, its rows from
+/// `start_pos` inside the table.
+fn rope(x: &Data, table: &RopeTable, n_heads: usize, start_pos: usize) -> Result<()> {
+    all_f32("Rope", &[("x", x)])?;
+    let head_dim = table.head_dim();
+    if x.cols() != n_heads * head_dim || head_dim == 0 {
+        return Err(shape(
+            "Rope",
+            format!("x {:?} for {n_heads} heads of {head_dim}", x.shape()),
+        ));
+    }
+    // Saturating: an absurd `start_pos` is a context overflow, not a panic.
+    let needed = start_pos.saturating_add(x.rows());
+    if needed > table.max_pos() {
+        return Err(Error::ContextOverflow {
+            needed,
+            max: table.max_pos(),
+        });
+    }
+    Ok(())
+}
+
+/// The rules of [`Op::RopeRows`]: f32 `x` of `n_heads` heads of the table's width, a
+/// position per row, each inside the table.
+fn rope_rows(x: &Data, table: &RopeTable, n_heads: usize, positions: &[u32]) -> Result<()> {
+    all_f32("RopeRows", &[("x", x)])?;
+    let head_dim = table.head_dim();
+    if x.cols() != n_heads * head_dim || head_dim == 0 || x.rows() != positions.len() {
+        return Err(shape(
+            "RopeRows",
+            format!(
+                "x {:?} for {n_heads} heads of {head_dim} and {} positions",
+                x.shape(),
+                positions.len()
+            ),
+        ));
+    }
+    positions_fit(table, positions)
+}
+
+/// The rules of [`Op::Rope2d`]: f32 `x` of `n_heads` heads of twice the table's width, a
+/// position and a block position per row, all inside the table.
+fn rope2d(
+    x: &Data,
+    table: &RopeTable,
+    n_heads: usize,
+    positions: &[u32],
+    block_positions: &[u32],
+) -> Result<()> {
+    all_f32("Rope2d", &[("x", x)])?;
+    let (half, n) = (table.head_dim(), x.rows());
+    if half == 0
+        || x.cols() != n_heads * 2 * half
+        || positions.len() != n
+        || block_positions.len() != n
+    {
+        return Err(shape(
+            "Rope2d",
+            format!(
+                "x {:?} for {n_heads} heads of 2 × {half}, {} positions, {} block positions",
+                x.shape(),
+                positions.len(),
+                block_positions.len()
+            ),
+        ));
+    }
+    positions_fit(table, positions)?;
+    positions_fit(table, block_positions)
+}
+
+/// The rules of [`Op::CopyRows`]: an f32 source, a KV cache dtype destination of its
+/// width, and both row ranges inside their tensors.
+fn copy_rows(src: &Data, src_row: usize, n_rows: usize, dst: &Data, dst_row: usize) -> Result<()> {
+    all_f32("CopyRows", &[("src", src)])?;
+    check_kv_dtype("CopyRows", dst.dtype())?;
+    if dst.cols() != src.cols() {
+        return Err(shape(
+            "CopyRows",
+            format!("src {:?}, dst {:?}", src.shape(), dst.shape()),
+        ));
+    }
+    // Saturating: absurd row indices are out of bounds, not an arithmetic panic.
+    let (src_end, dst_end) = (
+        src_row.saturating_add(n_rows),
+        dst_row.saturating_add(n_rows),
+    );
+    if src_end > src.rows() || dst_end > dst.rows() {
+        return Err(Error::OutOfBounds(format!(
+            "copying rows {src_row}..{src_end} of {:?} to rows {dst_row}..{dst_end} of {:?}",
+            src.shape(),
+            dst.shape()
+        )));
+    }
+    Ok(())
+}
+
+/// The rules of [`Op::ScatterRows`]: an f32 source with a row index per row, a KV cache
+/// dtype destination of its width, and every index inside it.
+fn scatter_rows(src: &Data, rows: &[u32], dst: &Data) -> Result<()> {
+    all_f32("ScatterRows", &[("src", src)])?;
+    check_kv_dtype("ScatterRows", dst.dtype())?;
+    if dst.cols() != src.cols() || src.rows() != rows.len() {
+        return Err(shape(
+            "ScatterRows",
+            format!(
+                "src {:?}, {} rows, dst {:?}",
+                src.shape(),
+                rows.len(),
+                dst.shape()
+            ),
+        ));
+    }
+    match rows.iter().find(|&&r| r as usize >= dst.rows()) {
+        Some(&r) => Err(Error::OutOfBounds(format!(
+            "scattering to row {r} of {:?}",
+            dst.shape()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The rules of [`Op::SiluMul`] and [`Op::GeluMul`] (`op` names which): f32 gate, up and
+/// output of one shape.
+fn silu_gelu_mul(op: &'static str, gate: &Data, up: &Data, output: &Data) -> Result<()> {
+    all_f32(op, &[("gate", gate), ("up", up), ("output", output)])?;
+    if gate.shape() != up.shape() || gate.shape() != output.shape() {
+        return Err(shape(
+            op,
+            format!(
+                "gate {:?}, up {:?}, output {:?}",
+                gate.shape(),
+                up.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The rules of [`Op::Add`]: f32 `x` and `y` of one shape.
+fn add(x: &Data, y: &Data) -> Result<()> {
+    all_f32("Add", &[("x", x), ("y", y)])?;
+    if x.shape() != y.shape() {
+        return Err(shape(
+            "Add",
+            format!("x {:?}, y {:?}", x.shape(), y.shape()),
+        ));
+    }
+    Ok(())
+}
+
+/// The rules of [`Op::GatedAdd`]: f32 `x` and `y` of one shape, and an f32 gate of one
+/// column with a row per row of `x`.
+fn gated_add(x: &Data, y: &Data, gate: &Data) -> Result<()> {
+    all_f32("GatedAdd", &[("x", x), ("y", y), ("gate", gate)])?;
+    if x.shape() != y.shape() || gate.shape() != [x.rows(), 1] {
+        return Err(shape(
+            "GatedAdd",
+            format!(
+                "x {:?}, y {:?}, gate {:?}",
+                x.shape(),
+                y.shape(),
+                gate.shape()
             ),
         ));
     }
@@ -160,6 +411,12 @@ fn moe_ffn(
     Ok(())
 }
 
+/// The rules of [`Op::SoftCap`]: an f32 `x` and a positive, finite cap.
+fn soft_cap(x: &Data, cap: f32) -> Result<()> {
+    all_f32("SoftCap", &[("x", x)])?;
+    positive_cap("SoftCap", Some(cap))
+}
+
 /// The rules of [`Op::Sample`]: valid parameters, one row of f32 logits, i32 history
 /// flags and counts of its length, the stream's words and one output id.
 fn sample(
@@ -206,6 +463,18 @@ fn sample(
                 stream.shape(),
                 output.shape()
             ),
+        ));
+    }
+    Ok(())
+}
+
+/// The rules of [`Op::Argmax`]: f32 input rows of at least one column, an output id per row.
+fn argmax(input: &Data, output: &[u32]) -> Result<()> {
+    all_f32("Argmax", &[("input", input)])?;
+    if output.len() != input.rows() || input.cols() == 0 {
+        return Err(shape(
+            "Argmax",
+            format!("input {:?}, {} outputs", input.shape(), output.len()),
         ));
     }
     Ok(())
@@ -302,6 +571,42 @@ impl Heads<'_> {
             )),
         }
     }
+}
+
+/// The rules of [`Op::Attention`]: its [`Heads`], then `q`'s rows from `start_pos` inside
+/// the cache and any bidirectional prefix inside the filled rows.
+fn attention(heads: Heads<'_>, start_pos: usize) -> Result<()> {
+    heads.check()?;
+    let Heads {
+        q,
+        cache_k,
+        bidirectional,
+        ..
+    } = heads;
+    // Saturating: an absurd `start_pos` is a context overflow, not a panic.
+    let filled = start_pos.saturating_add(q.rows());
+    if filled > cache_k.rows() {
+        return Err(Error::ContextOverflow {
+            needed: filled,
+            max: cache_k.rows(),
+        });
+    }
+    if bidirectional > filled {
+        return Err(shape(
+            "Attention",
+            format!(
+                "a bidirectional prefix of {bidirectional} rows, but only {filled} cache rows are filled"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The rules of [`Op::PagedAttention`]: its [`Heads`], then its blocks and sequences
+/// ([`paged_seqs`]).
+fn paged_attention(heads: Heads<'_>, block_size: usize, seqs: &[PagedSeq<'_>]) -> Result<()> {
+    heads.check()?;
+    paged_seqs(heads.q, heads.cache_k.rows(), block_size, seqs)
 }
 
 /// The rules of [`Op::PagedAttention`] beyond the heads': whole blocks, the sequences'
@@ -539,221 +844,54 @@ impl<'a> Op<'a> {
                 table,
                 tokens,
                 output,
-            } => {
-                all_f32("Embedding", &[("output", output)])?;
-                if table.input_perm().is_some() {
-                    return Err(Error::DType {
-                        op: "Embedding",
-                        msg: "a table with permuted columns".into(),
-                    });
-                }
-                let (vocab_size, dim) = (table.rows(), table.cols());
-                if output.rows() != tokens.len() || output.cols() != dim || dim == 0 {
-                    return Err(shape(
-                        "Embedding",
-                        format!(
-                            "output {:?} for {} tokens of dim {dim}",
-                            output.shape(),
-                            tokens.len()
-                        ),
-                    ));
-                }
-                match tokens {
-                    TokenIds::Host(ids) => match ids.iter().find(|&&t| t as usize >= vocab_size) {
-                        Some(&id) => Err(Error::TokenOutOfRange { id, vocab_size }),
-                        None => Ok(()),
-                    },
-                    TokenIds::Tensor(ids) if ids.dtype() != DataType::I32 => Err(Error::DType {
-                        op: "Embedding",
-                        msg: format!("token ids must be i32, found {}", ids.dtype()),
-                    }),
-                    TokenIds::Tensor(_) => Ok(()),
-                }
-            }
+            } => embedding(table, tokens, output),
             Op::RmsNorm {
                 input,
                 weight,
                 output,
                 ..
-            } => {
-                all_f32("RmsNorm", &[("input", input), ("output", output)])?;
-                let dim = input.cols();
-                if dim == 0 || weight.numel() != dim || output.shape() != input.shape() {
-                    return Err(shape(
-                        "RmsNorm",
-                        format!(
-                            "input {:?}, weight {:?}, output {:?}",
-                            input.shape(),
-                            weight.shape(),
-                            output.shape()
-                        ),
-                    ));
-                }
-                Ok(())
-            }
+            } => rms_norm(input, weight, output),
             Op::LayerNorm {
                 input,
                 weight,
                 bias,
                 output,
                 ..
-            } => {
-                all_f32("LayerNorm", &[("input", input), ("output", output)])?;
-                let dim = input.cols();
-                if dim == 0
-                    || weight.numel() != dim
-                    || bias.numel() != dim
-                    || output.shape() != input.shape()
-                {
-                    return Err(shape(
-                        "LayerNorm",
-                        format!(
-                            "input {:?}, weight {:?}, bias {:?}, output {:?}",
-                            input.shape(),
-                            weight.shape(),
-                            bias.shape(),
-                            output.shape()
-                        ),
-                    ));
-                }
-                Ok(())
-            }
+            } => layer_norm(input, weight, bias, output),
             Op::Linear {
                 input,
                 weight,
                 bias,
                 output,
             } => linear_part(input, weight, *bias, output),
-            Op::Linears { input, parts } => {
-                if parts.is_empty() {
-                    return Err(shape("Linears", "no parts".into()));
-                }
-                parts
-                    .iter()
-                    .try_for_each(|p| linear_part(input, p.weight, p.bias, p.output))
-            }
+            Op::Linears { input, parts } => linears(input, parts),
             Op::Rope {
                 x,
                 table,
                 n_heads,
                 start_pos,
-            } => {
-                all_f32("Rope", &[("x", x)])?;
-                let head_dim = table.head_dim();
-                if x.cols() != n_heads * head_dim || head_dim == 0 {
-                    return Err(shape(
-                        "Rope",
-                        format!("x {:?} for {n_heads} heads of {head_dim}", x.shape()),
-                    ));
-                }
-                // Saturating: an absurd `start_pos` is a context overflow, not a panic.
-                let needed = start_pos.saturating_add(x.rows());
-                if needed > table.max_pos() {
-                    return Err(Error::ContextOverflow {
-                        needed,
-                        max: table.max_pos(),
-                    });
-                }
-                Ok(())
-            }
+            } => rope(x, table, *n_heads, *start_pos),
             Op::RopeRows {
                 x,
                 table,
                 n_heads,
                 positions,
-            } => {
-                all_f32("RopeRows", &[("x", x)])?;
-                let head_dim = table.head_dim();
-                if x.cols() != n_heads * head_dim || head_dim == 0 || x.rows() != positions.len() {
-                    return Err(shape(
-                        "RopeRows",
-                        format!(
-                            "x {:?} for {n_heads} heads of {head_dim} and {} positions",
-                            x.shape(),
-                            positions.len()
-                        ),
-                    ));
-                }
-                positions_fit(table, positions)
-            }
+            } => rope_rows(x, table, *n_heads, positions),
             Op::Rope2d {
                 x,
                 table,
                 n_heads,
                 positions,
                 block_positions,
-            } => {
-                all_f32("Rope2d", &[("x", x)])?;
-                let (half, n) = (table.head_dim(), x.rows());
-                if half == 0
-                    || x.cols() != n_heads * 2 * half
-                    || positions.len() != n
-                    || block_positions.len() != n
-                {
-                    return Err(shape(
-                        "Rope2d",
-                        format!(
-                            "x {:?} for {n_heads} heads of 2 × {half}, {} positions, {} block positions",
-                            x.shape(),
-                            positions.len(),
-                            block_positions.len()
-                        ),
-                    ));
-                }
-                positions_fit(table, positions)?;
-                positions_fit(table, block_positions)
-            }
+            } => rope2d(x, table, *n_heads, positions, block_positions),
             Op::CopyRows {
                 src,
                 src_row,
                 n_rows,
                 dst,
                 dst_row,
-            } => {
-                all_f32("CopyRows", &[("src", src)])?;
-                check_kv_dtype("CopyRows", dst.dtype())?;
-                if dst.cols() != src.cols() {
-                    return Err(shape(
-                        "CopyRows",
-                        format!("src {:?}, dst {:?}", src.shape(), dst.shape()),
-                    ));
-                }
-                // Saturating: absurd row indices are out of bounds, not an arithmetic panic.
-                let (src_end, dst_end) = (
-                    src_row.saturating_add(*n_rows),
-                    dst_row.saturating_add(*n_rows),
-                );
-                if src_end > src.rows() || dst_end > dst.rows() {
-                    return Err(Error::OutOfBounds(format!(
-                        "copying rows {src_row}..{src_end} of {:?} to rows {dst_row}..{dst_end} of {:?}",
-                        src.shape(),
-                        dst.shape()
-                    )));
-                }
-                Ok(())
-            }
-            Op::ScatterRows { src, rows, dst } => {
-                all_f32("ScatterRows", &[("src", src)])?;
-                check_kv_dtype("ScatterRows", dst.dtype())?;
-                if dst.cols() != src.cols() || src.rows() != rows.len() {
-                    return Err(shape(
-                        "ScatterRows",
-                        format!(
-                            "src {:?}, {} rows, dst {:?}",
-                            src.shape(),
-                            rows.len(),
-                            dst.shape()
-                        ),
-                    ));
-                }
-                match rows.iter().find(|&&r| r as usize >= dst.rows()) {
-                    Some(&r) => Err(Error::OutOfBounds(format!(
-                        "scattering to row {r} of {:?}",
-                        dst.shape()
-                    ))),
-                    None => Ok(()),
-                }
-            }
+            } => copy_rows(src, *src_row, *n_rows, dst, *dst_row),
+            Op::ScatterRows { src, rows, dst } => scatter_rows(src, rows, dst),
             Op::Attention {
                 q,
                 cache_k,
@@ -766,7 +904,7 @@ impl<'a> Op<'a> {
                 softcap,
                 output,
                 ..
-            } => {
+            } => attention(
                 Heads {
                     op: "Attention",
                     q,
@@ -778,26 +916,9 @@ impl<'a> Op<'a> {
                     bidirectional: *bidirectional,
                     sliding_window: *sliding_window,
                     softcap: *softcap,
-                }
-                .check()?;
-                // Saturating: an absurd `start_pos` is a context overflow, not a panic.
-                let filled = start_pos.saturating_add(q.rows());
-                if filled > cache_k.rows() {
-                    return Err(Error::ContextOverflow {
-                        needed: filled,
-                        max: cache_k.rows(),
-                    });
-                }
-                if *bidirectional > filled {
-                    return Err(shape(
-                        "Attention",
-                        format!(
-                            "a bidirectional prefix of {bidirectional} rows, but only {filled} cache rows are filled"
-                        ),
-                    ));
-                }
-                Ok(())
-            }
+                },
+                *start_pos,
+            ),
             Op::PagedAttention {
                 q,
                 cache_k,
@@ -810,7 +931,7 @@ impl<'a> Op<'a> {
                 softcap,
                 output,
                 ..
-            } => {
+            } => paged_attention(
                 Heads {
                     op: "PagedAttention",
                     q,
@@ -822,51 +943,15 @@ impl<'a> Op<'a> {
                     bidirectional: 0,
                     sliding_window: *sliding_window,
                     softcap: *softcap,
-                }
-                .check()?;
-                paged_seqs(q, cache_k.rows(), *block_size, seqs)
-            }
+                },
+                *block_size,
+                seqs,
+            ),
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
-                let op = self.kind().name();
-                all_f32(op, &[("gate", gate), ("up", up), ("output", output)])?;
-                if gate.shape() != up.shape() || gate.shape() != output.shape() {
-                    return Err(shape(
-                        op,
-                        format!(
-                            "gate {:?}, up {:?}, output {:?}",
-                            gate.shape(),
-                            up.shape(),
-                            output.shape()
-                        ),
-                    ));
-                }
-                Ok(())
+                silu_gelu_mul(self.kind().name(), gate, up, output)
             }
-            Op::Add { x, y } => {
-                all_f32("Add", &[("x", x), ("y", y)])?;
-                if x.shape() != y.shape() {
-                    return Err(shape(
-                        "Add",
-                        format!("x {:?}, y {:?}", x.shape(), y.shape()),
-                    ));
-                }
-                Ok(())
-            }
-            Op::GatedAdd { x, y, gate } => {
-                all_f32("GatedAdd", &[("x", x), ("y", y), ("gate", gate)])?;
-                if x.shape() != y.shape() || gate.shape() != [x.rows(), 1] {
-                    return Err(shape(
-                        "GatedAdd",
-                        format!(
-                            "x {:?}, y {:?}, gate {:?}",
-                            x.shape(),
-                            y.shape(),
-                            gate.shape()
-                        ),
-                    ));
-                }
-                Ok(())
-            }
+            Op::Add { x, y } => add(x, y),
+            Op::GatedAdd { x, y, gate } => gated_add(x, y, gate),
             Op::Gelu { x } => all_f32("Gelu", &[("x", x)]),
             Op::Scale { x, .. } => all_f32("Scale", &[("x", x)]),
             Op::MoeFfn {
@@ -877,26 +962,14 @@ impl<'a> Op<'a> {
                 output,
                 ..
             } => moe_ffn(input, router, experts, *top_k, output),
-            Op::SoftCap { x, cap } => {
-                all_f32("SoftCap", &[("x", x)])?;
-                positive_cap("SoftCap", Some(*cap))
-            }
+            Op::SoftCap { x, cap } => soft_cap(x, *cap),
             Op::Sample {
                 logits,
                 state,
                 output,
                 config,
             } => sample(logits, state, output, config),
-            Op::Argmax { input, output } => {
-                all_f32("Argmax", &[("input", input)])?;
-                if output.len() != input.rows() || input.cols() == 0 {
-                    return Err(shape(
-                        "Argmax",
-                        format!("input {:?}, {} outputs", input.shape(), output.len()),
-                    ));
-                }
-                Ok(())
-            }
+            Op::Argmax { input, output } => argmax(input, output),
         }
     }
 }
