@@ -6,7 +6,9 @@
 //! theirs to refuse (a dtype without a kernel, in [`crate::BaseDevice::supports`]).
 
 use crate::kv_cache::check_kv_dtype;
-use crate::{Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable, TokenIds};
+use crate::{
+    AttentionParams, Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable, TokenIds,
+};
 
 /// An [`Op`] whose operands passed [`Op::validate`].
 #[derive(Debug)]
@@ -480,18 +482,14 @@ fn argmax(input: &Data, output: &[u32]) -> Result<()> {
     Ok(())
 }
 
-/// The head counts and masks of [`Op::Attention`] and [`Op::PagedAttention`].
+/// The operands and [`AttentionParams`] of [`Op::Attention`] and [`Op::PagedAttention`].
 struct Heads<'a> {
     op: &'static str,
     q: &'a Data,
     cache_k: &'a Data,
     cache_v: &'a Data,
     output: &'a Data,
-    n_heads: usize,
-    n_kv_heads: usize,
-    bidirectional: usize,
-    sliding_window: Option<usize>,
-    softcap: Option<f32>,
+    params: AttentionParams,
 }
 
 /// Checks that a soft-capping value, if any, is positive and finite.
@@ -512,11 +510,14 @@ impl Heads<'_> {
             cache_k,
             cache_v,
             output,
+            params,
+        } = *self;
+        let AttentionParams {
             n_heads,
             n_kv_heads,
             ..
-        } = *self;
-        positive_cap(op, self.softcap)?;
+        } = params;
+        positive_cap(op, params.softcap)?;
         all_f32(op, &[("q", q), ("output", output)])?;
         check_kv_dtype(op, cache_k.dtype())?;
         if cache_v.dtype() != cache_k.dtype() {
@@ -559,7 +560,7 @@ impl Heads<'_> {
                 ),
             ));
         }
-        match (self.sliding_window, self.bidirectional) {
+        match (params.sliding_window, params.bidirectional) {
             (None, _) => Ok(()),
             (Some(w), 0) if w > 0 => Ok(()),
             (Some(w), b) => Err(shape(
@@ -580,7 +581,7 @@ fn attention(heads: Heads<'_>, start_pos: usize) -> Result<()> {
     let Heads {
         q,
         cache_k,
-        bidirectional,
+        params: AttentionParams { bidirectional, .. },
         ..
     } = heads;
     // Saturating: an absurd `start_pos` is a context overflow, not a panic.
@@ -606,6 +607,15 @@ fn attention(heads: Heads<'_>, start_pos: usize) -> Result<()> {
 /// ([`paged_seqs`]).
 fn paged_attention(heads: Heads<'_>, block_size: usize, seqs: &[PagedSeq<'_>]) -> Result<()> {
     heads.check()?;
+    if heads.params.bidirectional != 0 {
+        return Err(shape(
+            "PagedAttention",
+            format!(
+                "a bidirectional prefix of {} rows (paged attention is causal)",
+                heads.params.bidirectional
+            ),
+        ));
+    }
     paged_seqs(heads.q, heads.cache_k.rows(), block_size, seqs)
 }
 
@@ -897,13 +907,8 @@ impl<'a> Op<'a> {
                 cache_k,
                 cache_v,
                 start_pos,
-                n_heads,
-                n_kv_heads,
-                bidirectional,
-                sliding_window,
-                softcap,
+                params,
                 output,
-                ..
             } => attention(
                 Heads {
                     op: "Attention",
@@ -911,11 +916,7 @@ impl<'a> Op<'a> {
                     cache_k,
                     cache_v,
                     output,
-                    n_heads: *n_heads,
-                    n_kv_heads: *n_kv_heads,
-                    bidirectional: *bidirectional,
-                    sliding_window: *sliding_window,
-                    softcap: *softcap,
+                    params: *params,
                 },
                 *start_pos,
             ),
@@ -925,12 +926,8 @@ impl<'a> Op<'a> {
                 cache_v,
                 block_size,
                 seqs,
-                n_heads,
-                n_kv_heads,
-                sliding_window,
-                softcap,
+                params,
                 output,
-                ..
             } => paged_attention(
                 Heads {
                     op: "PagedAttention",
@@ -938,11 +935,7 @@ impl<'a> Op<'a> {
                     cache_k,
                     cache_v,
                     output,
-                    n_heads: *n_heads,
-                    n_kv_heads: *n_kv_heads,
-                    bidirectional: 0,
-                    sliding_window: *sliding_window,
-                    softcap: *softcap,
+                    params: *params,
                 },
                 *block_size,
                 seqs,
@@ -1110,13 +1103,15 @@ mod tests {
                 cache_k: &cache,
                 cache_v: &cache,
                 start_pos,
-                n_heads: 2,
-                n_kv_heads: 1,
-                scale: 1.0,
-                alibi: false,
-                bidirectional,
-                sliding_window,
-                softcap: None,
+                params: AttentionParams {
+                    n_heads: 2,
+                    n_kv_heads: 1,
+                    scale: 1.0,
+                    alibi: false,
+                    bidirectional,
+                    sliding_window,
+                    softcap: None,
+                },
                 output: &mut zeros(&[1, 8]),
             }
             .validate()
@@ -1132,7 +1127,7 @@ mod tests {
         assert!(matches!(attention(1, 1, Some(2)), Err(Error::Shape { .. })));
 
         let pool = zeros(&[8, 4]);
-        let paged = |blocks: &[u32], n_rows, start_pos| {
+        let paged_with = |blocks: &[u32], n_rows, start_pos, bidirectional| {
             Op::PagedAttention {
                 q: &q,
                 cache_k: &pool,
@@ -1143,18 +1138,27 @@ mod tests {
                     start_pos,
                     blocks,
                 }],
-                n_heads: 2,
-                n_kv_heads: 1,
-                scale: 1.0,
-                alibi: false,
-                sliding_window: None,
-                softcap: None,
+                params: AttentionParams {
+                    n_heads: 2,
+                    n_kv_heads: 1,
+                    scale: 1.0,
+                    alibi: false,
+                    bidirectional,
+                    sliding_window: None,
+                    softcap: None,
+                },
                 output: &mut zeros(&[1, 8]),
             }
             .validate()
             .map(|_| ())
         };
+        let paged = |blocks: &[u32], n_rows, start_pos| paged_with(blocks, n_rows, start_pos, 0);
         assert!(paged(&[1], 1, 3).is_ok());
+        // Paged attention is causal: no bidirectional prefix.
+        assert!(matches!(
+            paged_with(&[1], 1, 3, 1),
+            Err(Error::Shape { .. })
+        ));
         assert!(matches!(
             paged(&[1], 1, 4),
             Err(Error::ContextOverflow { needed: 5, max: 4 })
@@ -1173,13 +1177,15 @@ mod tests {
                 cache_k: k,
                 cache_v: v,
                 start_pos: 0,
-                n_heads: 2,
-                n_kv_heads: 1,
-                scale: 1.0,
-                alibi: false,
-                bidirectional: 0,
-                sliding_window: None,
-                softcap: None,
+                params: AttentionParams {
+                    n_heads: 2,
+                    n_kv_heads: 1,
+                    scale: 1.0,
+                    alibi: false,
+                    bidirectional: 0,
+                    sliding_window: None,
+                    softcap: None,
+                },
                 output: &mut zeros(&[1, 8]),
             }
             .validate()

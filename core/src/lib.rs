@@ -49,7 +49,7 @@ pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::{KvCache, KvDtype};
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
-pub use op::{Expert, LinearPart, Op, OpKind, PagedSeq, SampleState, TokenIds};
+pub use op::{AttentionParams, Expert, LinearPart, Op, OpKind, PagedSeq, SampleState, TokenIds};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use partial_file::PartialFile;
 pub use rope::{RopeScaling, RopeStyle, RopeTable};

@@ -6,6 +6,33 @@
 
 use crate::{Data, RopeTable, SamplerConfig};
 
+/// How attention weighs the cache rows, for [`Op::Attention`] and [`Op::PagedAttention`]
+/// and every device's kernels: grouped-query heads, the score scale, the ALiBi bias,
+/// soft-capping and the mask.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads; divides `n_heads` (GQA, Ainslie et al. 2023).
+    pub n_kv_heads: usize,
+    /// Multiplies the scores, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// Adds the ALiBi bias `m_h · t` for cache row `t` (Press et al. 2022; Baichuan-13B).
+    pub alibi: bool,
+    /// Soft-capping of the scaled scores before the bias and the softmax (Gemma 2's
+    /// `attn_logit_softcapping`): `s ← cap · tanh(s / cap)`. `None`: none; must be
+    /// positive and finite.
+    pub softcap: Option<f32>,
+    /// Cache rows `0..bidirectional` are seen by every row: the prefix-LM mask of GLM
+    /// (Du et al. 2022; ChatGLM-6B's prompt up to `sop`). 0 for a purely causal mask; at
+    /// most the last row's position + 1.
+    pub bidirectional: usize,
+    /// Sliding-window attention (Beltagy et al. 2020; Mistral, Jiang et al. 2023): each
+    /// row sees at most this many positions, its own included. `None`: unlimited. Must be
+    /// positive, and is refused together with a `bidirectional` prefix.
+    pub sliding_window: Option<usize>,
+}
+
 /// One operation, borrowing its inputs and its output.
 #[derive(Debug)]
 pub enum Op<'a> {
@@ -113,26 +140,8 @@ pub enum Op<'a> {
         cache_v: &'a Data,
         /// Position of row 0 of `q`.
         start_pos: usize,
-        /// Query heads.
-        n_heads: usize,
-        /// Key/value heads; divides `n_heads`.
-        n_kv_heads: usize,
-        /// Multiplies the scores, usually `1 / sqrt(head_dim)`.
-        scale: f32,
-        /// Adds the ALiBi bias (Baichuan-13B) to the scores.
-        alibi: bool,
-        /// Soft-capping of the scaled scores before the bias and the softmax (Gemma 2's
-        /// `attn_logit_softcapping`): `s ← cap · tanh(s / cap)`. `None`: none; must be
-        /// positive and finite.
-        softcap: Option<f32>,
-        /// Cache rows `0..bidirectional` are seen by every row: the prefix-LM mask of GLM
-        /// (Du et al. 2022; ChatGLM-6B's prompt up to `sop`). 0 for a purely causal mask;
-        /// at most `start_pos + n`.
-        bidirectional: usize,
-        /// Sliding-window attention (Beltagy et al. 2020; Mistral, Jiang et al. 2023): each
-        /// row sees at most this many positions, its own included. `None`: unlimited. Must
-        /// be positive, and is refused together with a `bidirectional` prefix.
-        sliding_window: Option<usize>,
+        /// Heads, scale, bias and mask.
+        params: AttentionParams,
         /// f32 `[n, n_heads * head_dim]`.
         output: &'a mut Data,
     },
@@ -142,7 +151,7 @@ pub enum Op<'a> {
     /// at cache position `p = seqs[s].start_pos + i` and attends to its positions
     /// `0..p + 1` (the last `sliding_window` of them with a window), position `t` being pool
     /// row `blocks[t / block_size] · block_size + t % block_size`. Masking, GQA, scale and
-    /// ALiBi are those of [`Op::Attention`] (which has no bidirectional prefix here); each
+    /// ALiBi are those of [`Op::Attention`] (with no bidirectional prefix); each
     /// row's result is computed exactly as [`Op::Attention`] computes it over a contiguous
     /// cache holding the same values.
     PagedAttention {
@@ -157,18 +166,8 @@ pub enum Op<'a> {
         block_size: usize,
         /// The sequences, in the order of their rows in `q`.
         seqs: &'a [PagedSeq<'a>],
-        /// Query heads.
-        n_heads: usize,
-        /// Key/value heads; divides `n_heads`.
-        n_kv_heads: usize,
-        /// Multiplies the scores, usually `1 / sqrt(head_dim)`.
-        scale: f32,
-        /// Adds the ALiBi bias `m_h · t` (Baichuan-13B).
-        alibi: bool,
-        /// Soft-capping of the scaled scores, as [`Op::Attention`]'s.
-        softcap: Option<f32>,
-        /// Positions each row sees at most, its own included; `None`: unlimited.
-        sliding_window: Option<usize>,
+        /// Heads, scale, bias and mask, as [`Op::Attention`]'s; `bidirectional` must be 0.
+        params: AttentionParams,
         /// f32 `[Σ n_rows, n_heads * head_dim]`.
         output: &'a mut Data,
     },

@@ -16,7 +16,7 @@
 mod common;
 
 use common::*;
-use flm_core::{DataType, Executor, Op, RopeStyle, RopeTable};
+use flm_core::{AttentionParams, DataType, Executor, Op, RopeStyle, RopeTable};
 use flm_devices::{ActivationBits, CpuDevice, Isa};
 
 /// Batch sizes: 1, odd sizes that leave partial tiles, the AMX threshold (8), above 128.
@@ -331,13 +331,15 @@ fn attention_is_batch_invariant() {
                 cache_k: &cache_k,
                 cache_v: &cache_v,
                 start_pos: first,
-                n_heads,
-                n_kv_heads,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                alibi,
-                bidirectional: 0,
-                sliding_window,
-                softcap: None,
+                params: AttentionParams {
+                    n_heads,
+                    n_kv_heads,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    alibi,
+                    bidirectional: 0,
+                    sliding_window,
+                    softcap: None,
+                },
                 output: &mut out,
             })
             .unwrap();

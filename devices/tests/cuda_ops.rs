@@ -13,8 +13,8 @@
 #![cfg(feature = "cuda")]
 
 use flm_core::{
-    sampler_state, BaseDevice, Data, DataType, Executor, Location, Op, PagedSeq, RopeStyle,
-    RopeTable, SampleState, SamplerConfig, TokenIds,
+    sampler_state, AttentionParams, BaseDevice, Data, DataType, Executor, Location, Op, PagedSeq,
+    RopeStyle, RopeTable, SampleState, SamplerConfig, TokenIds,
 };
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
@@ -189,13 +189,15 @@ fn compare_attention(
                 cache_k: &k,
                 cache_v: &v,
                 start_pos: start,
-                n_heads: heads,
-                n_kv_heads: kv,
-                scale: 1.0 / (hd as f32).sqrt(),
-                alibi,
-                softcap,
-                bidirectional: bidir,
-                sliding_window: window,
+                params: AttentionParams {
+                    n_heads: heads,
+                    n_kv_heads: kv,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    alibi,
+                    softcap,
+                    bidirectional: bidir,
+                    sliding_window: window,
+                },
                 output: o,
             }
         });
@@ -624,9 +626,20 @@ gpu_tests! {
             }
             let mut out = up(&nan(&[n, heads * hd]));
             e.run(Op::Attention {
-                q: &up(&q), cache_k: &cache[0], cache_v: &cache[1], start_pos: start, n_heads: heads,
-                n_kv_heads: kv, scale: 1.0 / (hd as f32).sqrt(), alibi: false, softcap: None,
-                bidirectional: 0, sliding_window: None, output: &mut out,
+                q: &up(&q),
+                cache_k: &cache[0],
+                cache_v: &cache[1],
+                start_pos: start,
+                params: AttentionParams {
+                    n_heads: heads,
+                    n_kv_heads: kv,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    alibi: false,
+                    softcap: None,
+                    bidirectional: 0,
+                    sliding_window: None,
+                },
+                output: &mut out,
             }).unwrap();
             let down = |d: &Data| if at == Location::Host { d.clone() } else { e.to_host(d, "test: download").unwrap() };
             let bits = cache.iter().map(|c| down(c).as_f16().unwrap().iter().map(|h| h.to_bits()).collect()).collect();
@@ -744,12 +757,15 @@ fn paged_case(
             cache_v: v,
             block_size: bs,
             seqs: &seqs,
-            n_heads: heads,
-            n_kv_heads: kv,
-            scale: 1.0 / (hd as f32).sqrt(),
-            alibi,
-            softcap,
-            sliding_window: window,
+            params: AttentionParams {
+                n_heads: heads,
+                n_kv_heads: kv,
+                scale: 1.0 / (hd as f32).sqrt(),
+                alibi,
+                softcap,
+                bidirectional: 0,
+                sliding_window: window,
+            },
             output,
         })
         .unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use flm_core::{BaseDevice, Data, DataType, Executor, Op};
+use flm_core::{AttentionParams, BaseDevice, Data, DataType, Executor, Op};
 use flm_devices::cuda::CudaDevice;
 
 /// Times of each op: one warm-up, then this many, averaged.
@@ -97,13 +97,15 @@ fn prefill_linear_and_attention_throughput() {
             cache_k: &cache_k,
             cache_v: &cache_v,
             start_pos: 0,
-            n_heads: heads,
-            n_kv_heads: kv_heads,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            alibi: false,
-            softcap: None,
-            bidirectional: 0,
-            sliding_window: None,
+            params: AttentionParams {
+                n_heads: heads,
+                n_kv_heads: kv_heads,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                alibi: false,
+                softcap: None,
+                bidirectional: 0,
+                sliding_window: None,
+            },
             output: &mut out,
         })
     });

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds};
+use flm_core::{AttentionParams, Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds};
 use flm_devices::{CpuDevice, Isa};
 
 /// An executor holding only the CPU device at `isa`.
@@ -385,13 +385,15 @@ fn attention_matches_scalar() {
                         cache_k: k,
                         cache_v: v,
                         start_pos: c.start_pos,
-                        n_heads,
-                        n_kv_heads,
-                        scale,
-                        alibi,
-                        softcap,
-                        bidirectional,
-                        sliding_window: window,
+                        params: AttentionParams {
+                            n_heads,
+                            n_kv_heads,
+                            scale,
+                            alibi,
+                            softcap,
+                            bidirectional,
+                            sliding_window: window,
+                        },
                         output: &mut out,
                     },
                 );

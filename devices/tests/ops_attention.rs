@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Error, Op};
+use flm_core::{AttentionParams, Data, DataType, Error, Op};
 use flm_devices::cpu::PARALLEL_MIN_WORK;
 
 #[derive(Debug, Clone, Copy)]
@@ -109,13 +109,15 @@ fn check(c: Case, seed: u64) {
         cache_k: &k_data,
         cache_v: &v_data,
         start_pos: c.start_pos,
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        scale,
-        alibi: false,
-        bidirectional: 0,
-        sliding_window: c.window,
-        softcap: c.softcap,
+        params: AttentionParams {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            scale,
+            alibi: false,
+            bidirectional: 0,
+            sliding_window: c.window,
+            softcap: c.softcap,
+        },
         output: &mut out,
     })
     .unwrap();
@@ -247,13 +249,15 @@ fn attention_err(s: Shapes) -> Error {
         cache_k: &z(s.cache_k),
         cache_v: &z(s.cache_v),
         start_pos: s.start_pos,
-        n_heads: s.heads.0,
-        n_kv_heads: s.heads.1,
-        scale: 0.25,
-        alibi: false,
-        softcap: None,
-        bidirectional: s.bidirectional,
-        sliding_window: s.window,
+        params: AttentionParams {
+            n_heads: s.heads.0,
+            n_kv_heads: s.heads.1,
+            scale: 0.25,
+            alibi: false,
+            softcap: None,
+            bidirectional: s.bidirectional,
+            sliding_window: s.window,
+        },
         output: &mut z(s.out),
     })
     .unwrap_err()

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Error, Executor, Op, RopeStyle, RopeTable};
+use flm_core::{AttentionParams, Data, DataType, Error, Executor, Op, RopeStyle, RopeTable};
 use flm_devices::{CpuDevice, Isa};
 
 /// An executor whose CPU kernels use `isa`, for each level this CPU supports.
@@ -193,13 +193,15 @@ fn attention_bidirectional_past_the_filled_rows_is_an_error() {
         cache_k: &z(&[16, 8]),
         cache_v: &z(&[16, 8]),
         start_pos: 3,
-        n_heads: 2,
-        n_kv_heads: 2,
-        scale: 0.5,
-        alibi: false,
-        bidirectional: 6,
-        sliding_window: None,
-        softcap: None,
+        params: AttentionParams {
+            n_heads: 2,
+            n_kv_heads: 2,
+            scale: 0.5,
+            alibi: false,
+            bidirectional: 6,
+            sliding_window: None,
+            softcap: None,
+        },
         output: &mut z(&[2, 8]),
     })
     .unwrap_err();

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Executor, Op, PagedSeq};
+use flm_core::{AttentionParams, Data, DataType, Executor, Op, PagedSeq};
 use flm_devices::{CpuDevice, Isa};
 use half::f16;
 
@@ -100,13 +100,15 @@ fn attend(exec: &Executor, c: Case, q: &Data, k: &Data, v: &Data) -> Vec<f32> {
         cache_k: k,
         cache_v: v,
         start_pos: c.start_pos,
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
-        alibi: c.alibi,
-        softcap: c.softcap,
-        bidirectional: c.bidirectional,
-        sliding_window: c.window,
+        params: AttentionParams {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            alibi: c.alibi,
+            softcap: c.softcap,
+            bidirectional: c.bidirectional,
+            sliding_window: c.window,
+        },
         output: &mut out,
     })
     .unwrap();
@@ -181,12 +183,15 @@ fn paged_attention_over_an_f16_pool_equals_an_f32_pool_of_the_rounded_values() {
                 cache_v: v,
                 block_size,
                 seqs: &seqs,
-                n_heads,
-                n_kv_heads,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                alibi,
-                softcap: None,
-                sliding_window: window,
+                params: AttentionParams {
+                    n_heads,
+                    n_kv_heads,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    alibi,
+                    softcap: None,
+                    bidirectional: 0,
+                    sliding_window: window,
+                },
                 output: &mut out,
             })
             .unwrap();

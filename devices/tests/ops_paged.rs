@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, Error, Executor, Op, PagedSeq, RopeStyle, RopeTable};
+use flm_core::{AttentionParams, Data, Error, Executor, Op, PagedSeq, RopeStyle, RopeTable};
 use flm_devices::{CpuDevice, Isa};
 use rand::seq::SliceRandom;
 
@@ -97,12 +97,15 @@ fn paged(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
         cache_v: &b.pool_v,
         block_size: c.block_size,
         seqs: &seqs,
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
-        alibi: c.alibi,
-        sliding_window: c.window,
-        softcap: None,
+        params: AttentionParams {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            alibi: c.alibi,
+            bidirectional: 0,
+            sliding_window: c.window,
+            softcap: None,
+        },
         output: &mut out,
     })
     .unwrap();
@@ -125,13 +128,15 @@ fn contiguous(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
             cache_k: &k,
             cache_v: &v,
             start_pos,
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-            alibi: c.alibi,
-            bidirectional: 0,
-            sliding_window: c.window,
-            softcap: None,
+            params: AttentionParams {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                scale: 1.0 / (c.head_dim as f32).sqrt(),
+                alibi: c.alibi,
+                bidirectional: 0,
+                sliding_window: c.window,
+                softcap: None,
+            },
             output: &mut out,
         })
         .unwrap();
@@ -223,12 +228,15 @@ fn paged_attention_rejects_bad_tables() {
             cache_v: &b.pool_v,
             block_size,
             seqs: &seqs,
-            n_heads: 2,
-            n_kv_heads: 1,
-            scale: 1.0,
-            alibi: false,
-            sliding_window: None,
-            softcap: None,
+            params: AttentionParams {
+                n_heads: 2,
+                n_kv_heads: 1,
+                scale: 1.0,
+                alibi: false,
+                bidirectional: 0,
+                sliding_window: None,
+                softcap: None,
+            },
             output: &mut out,
         })
     };

@@ -38,10 +38,12 @@ use std::sync::Arc;
 
 pub use weights::{ChatGlmLayer, ChatGlmWeights};
 
-use flm_core::{Data, DataType, Executor, KvCache, KvDtype, Op, RopeStyle, RopeTable};
+use flm_core::{
+    AttentionParams, Data, DataType, Executor, KvCache, KvDtype, Op, RopeStyle, RopeTable,
+};
 
 use crate::graph::{Graph, Head, SharedGraph};
-use crate::llama::{cache_and_attend, check_forward, load_prefix, AttentionMask, Logits};
+use crate::llama::{cache_and_attend, check_forward, load_prefix, Logits};
 use crate::{Arch, Error, Model, ModelConfig, Result, SharedModel};
 
 /// Activations, grown to the longest call seen.
@@ -355,7 +357,9 @@ impl Graph for ChatGlm {
                     block_positions: &self.block_positions,
                 })?;
             }
-            let mask = AttentionMask {
+            let params = AttentionParams {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
                 alibi: false,
                 softcap: None,
@@ -365,11 +369,10 @@ impl Graph for ChatGlm {
             let new_rows = [&s.q, &s.k, &s.v];
             cache_and_attend(
                 exec,
-                c,
                 self.kv.layer_mut(l),
                 new_rows,
                 row,
-                mask,
+                params,
                 &mut s.att,
             )?;
             linear(&s.att, &lw.wo, &lw.bo, &mut s.xb2)?;

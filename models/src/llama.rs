@@ -49,8 +49,8 @@ use std::any::Any;
 use std::sync::Arc;
 
 use flm_core::{
-    Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart, Location, Op,
-    RopeTable, StepInputs, TokenIds,
+    AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart,
+    Location, Op, RopeTable, StepInputs, TokenIds,
 };
 
 pub use crate::graph::Logits;
@@ -342,11 +342,13 @@ impl LlamaModel {
         }
     }
 
-    /// How layer `l`'s queries see the cache rows: the configuration's scale, ALiBi and
-    /// soft-capping, and the layer's sliding window.
-    fn attention_mask(&self, l: usize) -> AttentionMask {
+    /// How layer `l`'s queries see the cache rows: the configuration's heads, scale, ALiBi
+    /// and soft-capping, and the layer's sliding window.
+    fn attention_params(&self, l: usize) -> AttentionParams {
         let c = &self.config;
-        AttentionMask {
+        AttentionParams {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
             scale: c.attention_scale(),
             alibi: c.alibi,
             softcap: c.attn_softcap,
@@ -713,41 +715,26 @@ impl Llama {
                     })?;
                 }
             }
-            let mask = model.attention_mask(l);
+            let params = model.attention_params(l);
             let new_rows = [&s.q, &s.k, &s.v];
-            cache_and_attend(exec, c, kv.layer_mut(l), new_rows, row, mask, &mut s.att)
+            cache_and_attend(exec, kv.layer_mut(l), new_rows, row, params, &mut s.att)
         })?;
         finish(exec, model, s, head, &[n - 1])
     }
 }
 
-/// The fields of [`Op::Attention`] besides its operands: how a layer's queries see the
-/// cache rows.
-pub(crate) struct AttentionMask {
-    /// Multiplies the scores.
-    pub scale: f32,
-    /// Adds the ALiBi bias.
-    pub alibi: bool,
-    /// Soft-caps the scaled scores.
-    pub softcap: Option<f32>,
-    /// Cache rows `0..bidirectional` seen by every row (the prefix-LM mask).
-    pub bidirectional: usize,
-    /// Positions each row sees at most, its own included.
-    pub sliding_window: Option<usize>,
-}
-
 /// Stores the new key and value rows `[q, k, v][1..]` (`[n, kv_dim]`) in a layer's cache
 /// `(cache_k, cache_v)` at `row`, then attends the queries `q` (`[n, q_dim]`, positions
-/// `row..row + n`) over the cache rows up to theirs, into `output` (`[n, q_dim]`).
+/// `row..row + n`) over the cache rows up to theirs as `params` says, into `output`
+/// (`[n, q_dim]`).
 ///
 /// Errors: those of [`Op::CopyRows`] and [`Op::Attention`].
 pub(crate) fn cache_and_attend(
     exec: &Executor,
-    c: &ModelConfig,
     (cache_k, cache_v): (&mut Data, &mut Data),
     [q, k, v]: [&Data; 3],
     row: usize,
-    mask: AttentionMask,
+    params: AttentionParams,
     output: &mut Data,
 ) -> std::result::Result<(), CoreError> {
     let n_rows = k.shape()[0];
@@ -765,13 +752,7 @@ pub(crate) fn cache_and_attend(
         cache_k,
         cache_v,
         start_pos: row,
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        scale: mask.scale,
-        alibi: mask.alibi,
-        softcap: mask.softcap,
-        bidirectional: mask.bidirectional,
-        sliding_window: mask.sliding_window,
+        params,
         output,
     })
 }

@@ -40,7 +40,7 @@
 
 use std::cell::Cell;
 
-use flm_core::{Data, DataType, Error, Result};
+use flm_core::{AttentionParams, Data, DataType, Error, Result};
 use rayon::prelude::*;
 
 use super::scratch;
@@ -54,74 +54,47 @@ thread_local! {
     static OFFSETS: Cell<Vec<usize>> = const { Cell::new(Vec::new()) };
 }
 
-/// How the scores are masked and biased (see [`flm_core::Op::Attention`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Mask {
-    /// Add the ALiBi bias `m_h · t`.
-    pub alibi: bool,
-    /// Cache rows every query row sees (the prefix-LM mask).
-    pub bidirectional: usize,
-    /// Positions each row sees at most, its own included (Mistral).
-    pub sliding_window: Option<usize>,
-    /// Soft-capping of the scaled scores (Gemma 2).
-    pub softcap: Option<f32>,
-}
-
 /// `output = softmax(q·Kᵀ·scale + bias)·V` per head, GQA (see [`flm_core::Op::Attention`]):
 /// `q`, `output` f32 `[n, n_heads·head_dim]`, caches f32 or f16 `[max_pos, n_kv_heads·head_dim]`;
 /// query head `h` reads KV head `h / (n_heads / n_kv_heads)`, and row `i` (position
-/// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, mask.bidirectional)`, or with a
+/// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, params.bidirectional)`, or with a
 /// sliding window `w` the rows `start_pos + i + 1 − w..start_pos + i + 1`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     isa: Isa,
     q: &Data,
     cache_k: &Data,
     cache_v: &Data,
     start_pos: usize,
-    heads: Heads,
-    mask: Mask,
+    params: AttentionParams,
     output: &mut Data,
 ) -> Result<()> {
     let rows = QueryRows::Contiguous { start_pos };
-    let window = mask.sliding_window.unwrap_or(usize::MAX);
-    run(isa, q, cache_k, cache_v, rows, heads, mask, window, output)
-}
-
-/// The head counts and scale of a call.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Heads {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub scale: f32,
+    run(isa, q, cache_k, cache_v, rows, params, output)
 }
 
 /// Runs the kernels over the rows of `q` (checked by the caller: shapes, one entry of
-/// `rows` per row of `q`, every row's cache rows inside the caches, a valid `window`).
+/// `rows` per row of `q`, every row's cache rows inside the caches, a valid window).
 ///
 /// Errors: [`Error::DType`] for a cache neither f32 nor f16 (refused by the contract).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     isa: Isa,
     q: &Data,
     cache_k: &Data,
     cache_v: &Data,
     rows: QueryRows<'_>,
-    heads: Heads,
-    mask: Mask,
-    window: usize,
+    params: AttentionParams,
     output: &mut Data,
 ) -> Result<()> {
-    let head_dim = q.cols() / heads.n_heads;
+    let head_dim = q.cols() / params.n_heads;
     let (q, out) = ((q.as_f32()?, head_dim), output.as_f32_mut()?);
     match cache_k.dtype() {
         DataType::F32 => {
             let kv = (cache_k.as_f32()?, cache_v.as_f32()?);
-            run_typed(isa, q, kv, rows, heads, mask, window, out);
+            run_typed(isa, q, kv, rows, params, out);
         }
         DataType::F16 => {
             let kv = (cache_k.as_f16()?, cache_v.as_f16()?);
-            run_typed(isa, q, kv, rows, heads, mask, window, out);
+            run_typed(isa, q, kv, rows, params, out);
         }
         other => {
             return Err(Error::DType {
@@ -134,23 +107,21 @@ pub(crate) fn run(
 }
 
 /// [`run`] over caches of elements `E`.
-#[allow(clippy::too_many_arguments)]
 fn run_typed<E: Elem>(
     isa: Isa,
     (q, head_dim): (&[f32], usize),
     (keys, values): (&[E], &[E]),
     rows: QueryRows<'_>,
-    heads: Heads,
-    mask: Mask,
-    window: usize,
+    params: AttentionParams,
     out: &mut [f32],
 ) {
-    let Heads {
+    let AttentionParams {
         n_heads,
         n_kv_heads,
         scale,
-    } = heads;
-    let slopes = if mask.alibi {
+        ..
+    } = params;
+    let slopes = if params.alibi {
         flm_core::alibi_slopes(n_heads)
     } else {
         Vec::new()
@@ -167,9 +138,9 @@ fn run_typed<E: Elem>(
         kv_dim: n_kv_heads * head_dim,
         scale,
         slopes: &slopes,
-        bidirectional: mask.bidirectional,
-        window,
-        softcap: mask.softcap,
+        bidirectional: params.bidirectional,
+        window: params.sliding_window.unwrap_or(usize::MAX),
+        softcap: params.softcap,
     };
     let n = q.len() / (n_heads * head_dim);
     let seen: usize = (0..n).map(|i| a.rows(i).1 - a.rows(i).0).sum();

@@ -2,23 +2,21 @@
 //! the kernels of [`super::attention`], which read each row's keys and values through its
 //! sequence's block table.
 
-use flm_core::{Data, PagedSeq, Result};
+use flm_core::{AttentionParams, Data, PagedSeq, Result};
 
-use super::attention::{self, Heads, Mask, QueryRow, QueryRows};
+use super::attention::{self, QueryRow, QueryRows};
 use super::Isa;
 
 /// See [`flm_core::Op::PagedAttention`]: `q`, `output` f32 `[Σ n_rows, n_heads·head_dim]`,
 /// the pools f32 or f16 `[n_blocks·block_size, n_kv_heads·head_dim]`, block tables that cover
 /// their sequences' positions inside the pool (checked by [`flm_core::Op::validate`]).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn paged_attention(
     isa: Isa,
     q: &Data,
     (cache_k, cache_v): (&Data, &Data),
     block_size: usize,
     seqs: &[PagedSeq<'_>],
-    heads: Heads,
-    mask: Mask,
+    params: AttentionParams,
     output: &mut Data,
 ) -> Result<()> {
     let total = q.rows();
@@ -30,10 +28,9 @@ pub(crate) fn paged_attention(
             blocks: s.blocks,
         }));
     }
-    let window = mask.sliding_window.unwrap_or(usize::MAX);
     let rows = QueryRows::Paged {
         rows: &rows,
         block_size,
     };
-    attention::run(isa, q, cache_k, cache_v, rows, heads, mask, window, output)
+    attention::run(isa, q, cache_k, cache_v, rows, params, output)
 }

@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering;
 
 use flm_core::{
-    BaseDevice, CapturedStep, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result,
-    StepInputs,
+    AttentionParams, BaseDevice, CapturedStep, CheckedOp, Data, DataType, DeviceBuffer, Error,
+    Location, Op, Result, StepInputs,
 };
 
 use super::kernels::{has_quant_kernels, FloatWeight, KvType};
@@ -237,13 +237,16 @@ impl BaseDevice for CudaDevice {
                 cache_k,
                 cache_v,
                 start_pos,
-                n_heads,
-                n_kv_heads,
-                scale,
-                alibi,
-                softcap,
-                bidirectional,
-                sliding_window,
+                params:
+                    AttentionParams {
+                        n_heads,
+                        n_kv_heads,
+                        scale,
+                        alibi,
+                        softcap,
+                        bidirectional,
+                        sliding_window,
+                    },
                 output,
             } => attention::attention(
                 self,

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use flm_core::{alibi_slopes, Data, DataType, Error, Op, PagedSeq, Result};
+use flm_core::{alibi_slopes, AttentionParams, Data, DataType, Error, Op, PagedSeq, Result};
 
 use super::attention::Partials;
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
@@ -125,12 +125,16 @@ pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
         cache_v,
         block_size,
         seqs,
-        n_heads,
-        n_kv_heads,
-        scale,
-        alibi,
-        softcap,
-        sliding_window,
+        params:
+            AttentionParams {
+                n_heads,
+                n_kv_heads,
+                scale,
+                alibi,
+                softcap,
+                sliding_window,
+                ..
+            },
         output,
     } = op
     else {

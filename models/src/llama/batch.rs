@@ -232,7 +232,7 @@ impl LlamaBatch {
                     })?;
                 }
             }
-            let mask = model.attention_mask(l);
+            let params = model.attention_params(l);
             let (cache_k, cache_v) = kv.layer_mut(l);
             exec.run(Op::ScatterRows {
                 src: &s.k,
@@ -250,12 +250,7 @@ impl LlamaBatch {
                 cache_v,
                 block_size,
                 seqs: &paged,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                scale: mask.scale,
-                alibi: mask.alibi,
-                softcap: mask.softcap,
-                sliding_window: mask.sliding_window,
+                params,
                 output: &mut s.att,
             })
         })?;
