@@ -1104,13 +1104,9 @@ mod tests {
                 cache_v: &cache,
                 start_pos,
                 params: AttentionParams {
-                    n_heads: 2,
-                    n_kv_heads: 1,
-                    scale: 1.0,
-                    alibi: false,
                     bidirectional,
                     sliding_window,
-                    softcap: None,
+                    ..AttentionParams::causal(2, 1, 1.0)
                 },
                 output: &mut zeros(&[1, 8]),
             }
@@ -1139,13 +1135,8 @@ mod tests {
                     blocks,
                 }],
                 params: AttentionParams {
-                    n_heads: 2,
-                    n_kv_heads: 1,
-                    scale: 1.0,
-                    alibi: false,
                     bidirectional,
-                    sliding_window: None,
-                    softcap: None,
+                    ..AttentionParams::causal(2, 1, 1.0)
                 },
                 output: &mut zeros(&[1, 8]),
             }
@@ -1177,15 +1168,7 @@ mod tests {
                 cache_k: k,
                 cache_v: v,
                 start_pos: 0,
-                params: AttentionParams {
-                    n_heads: 2,
-                    n_kv_heads: 1,
-                    scale: 1.0,
-                    alibi: false,
-                    bidirectional: 0,
-                    sliding_window: None,
-                    softcap: None,
-                },
+                params: AttentionParams::causal(2, 1, 1.0),
                 output: &mut zeros(&[1, 8]),
             }
             .validate()

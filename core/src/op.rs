@@ -33,6 +33,22 @@ pub struct AttentionParams {
     pub sliding_window: Option<usize>,
 }
 
+impl AttentionParams {
+    /// Plain causal attention: `n_heads` query heads over `n_kv_heads` KV heads, scores
+    /// times `scale`, no bias, no soft-capping, no prefix, no window.
+    pub fn causal(n_heads: usize, n_kv_heads: usize, scale: f32) -> AttentionParams {
+        AttentionParams {
+            n_heads,
+            n_kv_heads,
+            scale,
+            alibi: false,
+            softcap: None,
+            bidirectional: 0,
+            sliding_window: None,
+        }
+    }
+}
+
 /// One operation, borrowing its inputs and its output.
 #[derive(Debug)]
 pub enum Op<'a> {

@@ -630,15 +630,7 @@ gpu_tests! {
                 cache_k: &cache[0],
                 cache_v: &cache[1],
                 start_pos: start,
-                params: AttentionParams {
-                    n_heads: heads,
-                    n_kv_heads: kv,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                    alibi: false,
-                    softcap: None,
-                    bidirectional: 0,
-                    sliding_window: None,
-                },
+                params: AttentionParams::causal(heads, kv, 1.0 / (hd as f32).sqrt()),
                 output: &mut out,
             }).unwrap();
             let down = |d: &Data| if at == Location::Host { d.clone() } else { e.to_host(d, "test: download").unwrap() };

@@ -97,15 +97,7 @@ fn prefill_linear_and_attention_throughput() {
             cache_k: &cache_k,
             cache_v: &cache_v,
             start_pos: 0,
-            params: AttentionParams {
-                n_heads: heads,
-                n_kv_heads: kv_heads,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                alibi: false,
-                softcap: None,
-                bidirectional: 0,
-                sliding_window: None,
-            },
+            params: AttentionParams::causal(heads, kv_heads, 1.0 / (head_dim as f32).sqrt()),
             output: &mut out,
         })
     });

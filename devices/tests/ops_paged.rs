@@ -25,6 +25,21 @@ struct Case {
     alibi: bool,
 }
 
+impl Case {
+    /// The attention of the case, paged or contiguous.
+    fn params(&self) -> AttentionParams {
+        AttentionParams {
+            alibi: self.alibi,
+            sliding_window: self.window,
+            ..AttentionParams::causal(
+                self.n_heads,
+                self.n_kv_heads,
+                1.0 / (self.head_dim as f32).sqrt(),
+            )
+        }
+    }
+}
+
 /// A batch: per sequence `(start_pos, n_rows)`, its contiguous keys/values, its rows of q.
 struct Batch {
     seqs: Vec<(usize, usize)>,
@@ -97,15 +112,7 @@ fn paged(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
         cache_v: &b.pool_v,
         block_size: c.block_size,
         seqs: &seqs,
-        params: AttentionParams {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-            alibi: c.alibi,
-            bidirectional: 0,
-            sliding_window: c.window,
-            softcap: None,
-        },
+        params: c.params(),
         output: &mut out,
     })
     .unwrap();
@@ -128,15 +135,7 @@ fn contiguous(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
             cache_k: &k,
             cache_v: &v,
             start_pos,
-            params: AttentionParams {
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                scale: 1.0 / (c.head_dim as f32).sqrt(),
-                alibi: c.alibi,
-                bidirectional: 0,
-                sliding_window: c.window,
-                softcap: None,
-            },
+            params: c.params(),
             output: &mut out,
         })
         .unwrap();
@@ -228,15 +227,7 @@ fn paged_attention_rejects_bad_tables() {
             cache_v: &b.pool_v,
             block_size,
             seqs: &seqs,
-            params: AttentionParams {
-                n_heads: 2,
-                n_kv_heads: 1,
-                scale: 1.0,
-                alibi: false,
-                bidirectional: 0,
-                sliding_window: None,
-                softcap: None,
-            },
+            params: AttentionParams::causal(2, 1, 1.0),
             output: &mut out,
         })
     };
