@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -38,9 +39,22 @@ fn config(dir: &Path) -> PathBuf {
     path
 }
 
-/// Starts `flm convert` of the random model into `output`.
+/// Starts `flm convert` of the random model into `output`, with SIGINT and SIGTERM at
+/// their default action: a test run in the background of a shell inherits SIGINT ignored,
+/// and flm rightly keeps an ignored signal ignored.
 fn start(config: &Path, output: &Path) -> Child {
-    flm_command()
+    let mut command = flm_command();
+    // SAFETY: between fork and exec the closure only calls `signal`, which is
+    // async-signal-safe, and allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGTERM] {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    command
         .arg("convert")
         .arg("--random")
         .arg("--input")
