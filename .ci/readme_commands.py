@@ -134,7 +134,8 @@ def main():
             except subprocess.TimeoutExpired:
                 status = "timed out"
             took = time.monotonic() - started
-            print(f"== README.md:{line}: exit {status} in {took:.0f} s", flush=True)
+            # On a line of its own: a command's output may not end with a newline (curl's).
+            print(f"\n== README.md:{line}: exit {status} in {took:.0f} s", flush=True)
             ran += len(todo)
             if status != 0:
                 failed.append(f"README.md:{line} (exit {status})")
