@@ -30,8 +30,8 @@
 //! (the order flm's int4 rows use too: [`crate::quant::nibble`]).
 //!
 //! Q4_0 and Q4_1 at 32 values per block are flm's [`DataType::I4SymG32`] and
-//! [`DataType::I4G32`] with the scales moved out of the blocks: [`crate::quant::repack_ggml_row`] converts
-//! without changing any value.
+//! [`DataType::I4G32`] with the scales moved out of the blocks:
+//! [`crate::quant::repack_ggml_row`] converts without changing any value.
 
 use half::f16;
 
@@ -150,7 +150,8 @@ impl GgmlType {
     }
 
     /// The flm dtype that holds this type's values exactly in the same bytes, repacked
-    /// ([`crate::quant::repack_ggml_row`]): Q4_0 is [`DataType::I4SymG32`], Q4_1 [`DataType::I4G32`].
+    /// ([`crate::quant::repack_ggml_row`]): Q4_0 is [`DataType::I4SymG32`], Q4_1
+    /// [`DataType::I4G32`].
     pub const fn lossless_dtype(self) -> Option<DataType> {
         match self {
             GgmlType::Q4_0 => Some(DataType::I4SymG32),

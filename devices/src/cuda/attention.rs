@@ -9,7 +9,7 @@
 //!   context gets more blocks: 4096 positions of 32 heads are 512 blocks for one row.
 
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
-use flm_core::{alibi_slopes, Data, Error, Result};
+use flm_core::{alibi_slopes, AttentionParams, Data, Error, Result};
 
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
 use super::flash_attn::flash_attention;
@@ -30,13 +30,7 @@ pub(super) struct Args<'a> {
     pub cache_k: &'a Data,
     pub cache_v: &'a Data,
     pub start_pos: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub scale: f32,
-    pub softcap: Option<f32>,
-    pub alibi: bool,
-    pub bidirectional: usize,
-    pub sliding_window: Option<usize>,
+    pub params: AttentionParams,
     /// Whether `start_pos` is the step's cache row ([`flm_core::CheckedOp::follows_step`]).
     pub follows_step: bool,
 }
@@ -81,8 +75,8 @@ fn shape(msg: String) -> Error {
 /// Errors: [`Error::Device`] when a launch fails.
 pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
     let n = a.q.rows();
-    let head_dim = a.q.cols() / a.n_heads;
-    let kv_cols = a.n_kv_heads * head_dim;
+    let head_dim = a.q.cols() / a.params.n_heads;
+    let kv_cols = a.params.n_kv_heads * head_dim;
     let filled = a.start_pos + n;
     if n == 0 {
         return Ok(());
@@ -92,7 +86,7 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     })?;
     let rows = match step {
         Some(_) => a.cache_k.rows(),
-        None => filled.max(a.bidirectional),
+        None => filled.max(a.params.bidirectional),
     };
     dev.bound(Bound::CacheRows(a.cache_k.rows()))?;
     let kv = KvType::of(a.cache_k.dtype()).ok_or_else(|| Error::DType {
@@ -117,17 +111,18 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     let start = dev.step_or_upload(step.as_ref(), StepWords::cache_row, &[start_pos])?;
     let start = start.view();
     let slopes = a
+        .params
         .alibi
-        .then(|| dev.upload(&alibi_slopes(a.n_heads)))
+        .then(|| dev.upload(&alibi_slopes(a.params.n_heads)))
         .transpose()?;
     let scalars = Scalars {
-        n_heads: int(a.n_heads)?,
-        n_kv_heads: int(a.n_kv_heads)?,
-        scale: a.scale,
+        n_heads: int(a.params.n_heads)?,
+        n_kv_heads: int(a.params.n_kv_heads)?,
+        scale: a.params.scale,
         // 0 stands for no soft-capping (a cap is positive: Op::validate).
-        softcap: a.softcap.unwrap_or(0.0),
-        bidirectional: int(a.bidirectional)?,
-        window: int(a.sliding_window.unwrap_or(0))?,
+        softcap: a.params.softcap.unwrap_or(0.0),
+        bidirectional: int(a.params.bidirectional)?,
+        window: int(a.params.sliding_window.unwrap_or(0))?,
     };
     let operands = Operands {
         q: q.slice(),
@@ -143,7 +138,11 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
         flash_attention(dev, (dim, kv), &operands, &scalars, n, out.slice())?;
         return out.finish(dev);
     }
-    let mut parts = Partials::new(dev, (n, a.n_heads, head_dim), rows.div_ceil(ATTN_CHUNK))?;
+    let mut parts = Partials::new(
+        dev,
+        (n, a.params.n_heads, head_dim),
+        rows.div_ceil(ATTN_CHUNK),
+    )?;
     let hd = int(head_dim)?;
     let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
         .map_err(|_| shape(format!("head_dim {head_dim}")))?;
@@ -168,7 +167,8 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     // `rows`), the slopes n_heads floats or null, the partial buffers one entry (and
     // head_dim values) per (row, head, chunk), and the dynamic shared memory is the
     // chunk's scores, the query and 32 floats of scratch.
-    unsafe { b.launch(grid((a.n_heads, n, parts.chunks), THREADS, smem)?) }.map_err(dev_err)?;
+    unsafe { b.launch(grid((a.params.n_heads, n, parts.chunks), THREADS, smem)?) }
+        .map_err(dev_err)?;
     parts.combine(dev, output)
 }
 

@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering;
 
 use flm_core::{
-    AttentionParams, BaseDevice, CapturedStep, CheckedOp, Data, DataType, DeviceBuffer, Error,
-    Location, Op, Result, StepInputs,
+    BaseDevice, CapturedStep, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result,
+    StepInputs,
 };
 
 use super::kernels::{has_quant_kernels, FloatWeight, KvType};
@@ -237,16 +237,7 @@ impl BaseDevice for CudaDevice {
                 cache_k,
                 cache_v,
                 start_pos,
-                params:
-                    AttentionParams {
-                        n_heads,
-                        n_kv_heads,
-                        scale,
-                        alibi,
-                        softcap,
-                        bidirectional,
-                        sliding_window,
-                    },
+                params,
                 output,
             } => attention::attention(
                 self,
@@ -255,13 +246,7 @@ impl BaseDevice for CudaDevice {
                     cache_k,
                     cache_v,
                     start_pos,
-                    n_heads,
-                    n_kv_heads,
-                    scale,
-                    softcap,
-                    alibi,
-                    bidirectional,
-                    sliding_window,
+                    params,
                     follows_step: step,
                 },
                 output,

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use flm_core::{alibi_slopes, AttentionParams, Data, DataType, Error, Op, PagedSeq, Result};
+use flm_core::{alibi_slopes, Data, DataType, Error, Op, PagedSeq, Result};
 
 use super::attention::Partials;
 use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
@@ -125,16 +125,7 @@ pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
         cache_v,
         block_size,
         seqs,
-        params:
-            AttentionParams {
-                n_heads,
-                n_kv_heads,
-                scale,
-                alibi,
-                softcap,
-                sliding_window,
-                ..
-            },
+        params,
         output,
     } = op
     else {
@@ -148,7 +139,7 @@ pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
         return Ok(());
     }
     let kv = kv_type("PagedAttention", cache_k.dtype())?;
-    let head_dim = q.cols() / n_heads;
+    let head_dim = q.cols() / params.n_heads;
     let map = RowMap::new(seqs)?;
     let qd = dev.input(q)?;
     let (k, v) = (dev.input(cache_k)?, dev.input(cache_v)?);
@@ -156,18 +147,23 @@ pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
     let r = map.n_rows;
     let (row_pos, row_table, tables) =
         (meta.slice(0..r), meta.slice(r..2 * r), meta.slice(2 * r..));
-    let slopes = alibi
-        .then(|| dev.upload(&alibi_slopes(n_heads)))
+    let slopes = params
+        .alibi
+        .then(|| dev.upload(&alibi_slopes(params.n_heads)))
         .transpose()?;
     let mut parts = Partials::new(
         dev,
-        (n, n_heads, head_dim),
+        (n, params.n_heads, head_dim),
         map.context.div_ceil(PAGED_CHUNK),
     )?;
-    let (nh, nkv, hd) = (int(n_heads)?, int(n_kv_heads)?, int(head_dim)?);
-    let (bs, window) = (int(block_size)?, int(sliding_window.unwrap_or(0))?);
+    let (nh, nkv, hd) = (
+        int(params.n_heads)?,
+        int(params.n_kv_heads)?,
+        int(head_dim)?,
+    );
+    let (bs, window) = (int(block_size)?, int(params.sliding_window.unwrap_or(0))?);
     // 0 stands for no soft-capping (a cap is positive: Op::validate).
-    let softcap = softcap.unwrap_or(0.0);
+    let softcap = params.softcap.unwrap_or(0.0);
     // Scores and pool rows of a chunk, the query, 32 floats of scratch.
     let smem =
         u32::try_from(PAGED_CHUNK * (4 + 8) + (head_dim + 32) * 4).map_err(|_| Error::Shape {
@@ -186,7 +182,7 @@ pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
         .arg(&nh)
         .arg(&nkv)
         .arg(&hd)
-        .arg(&scale)
+        .arg(&params.scale)
         .arg(&softcap);
     arg_or_null(&mut b, slopes.as_ref());
     b.arg(&window);
@@ -197,7 +193,8 @@ pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
     // (positions below its own + 1) is a block of the pool (Op::validate), the slopes
     // n_heads floats or null, the partial buffers one entry (and head_dim values) per
     // (row, head, chunk); the dynamic shared memory is as the kernel lays it out.
-    unsafe { b.launch(grid((n_heads, n, parts.chunks), THREADS, smem)?) }.map_err(dev_err)?;
+    unsafe { b.launch(grid((params.n_heads, n, parts.chunks), THREADS, smem)?) }
+        .map_err(dev_err)?;
     parts.combine(dev, output)
 }
 
