@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 #[cfg(unix)]
 use crate::pages::{HugeBuffer, HUGE_PAGE_BYTES};
+use crate::panels::{self, Layout};
 use crate::{quant, DataType, DeviceBuffer, Error, Location, Result};
 
 /// One 64-byte aligned chunk of an owned buffer: the alignment lets SIMD kernels use aligned
@@ -72,6 +73,7 @@ pub struct Data {
     storage: Storage,
     id: u64,
     input_perm: Option<Arc<Data>>,
+    layout: Layout,
 }
 
 /// The source of [`Data::id`]s.
@@ -92,6 +94,7 @@ impl Clone for Data {
             storage: self.storage.clone(),
             id: next_id(),
             input_perm: self.input_perm.clone(),
+            layout: self.layout,
         }
     }
 }
@@ -141,6 +144,7 @@ impl Data {
             storage,
             id: next_id(),
             input_perm: None,
+            layout: Layout::Rows,
         })
     }
 
@@ -207,6 +211,7 @@ impl Data {
             },
             id: next_id(),
             input_perm: None,
+            layout: Layout::Rows,
         })
     }
 
@@ -288,6 +293,7 @@ impl Data {
             storage: Storage::Device(Arc::from(buffer)),
             id: next_id(),
             input_perm: None,
+            layout: Layout::Rows,
         })
     }
 
@@ -397,6 +403,14 @@ impl Data {
     /// Errors: [`Error::Shape`] if the new shape needs more bytes than the storage holds.
     pub fn set_shape(&mut self, shape: &[usize]) -> Result<()> {
         let len = byte_len(self.dtype, shape)?;
+        if self.layout == Layout::Panels
+            && shape.get(shape.len().wrapping_sub(2)..) != self.shape.get(self.shape.len() - 2..)
+        {
+            return Err(Error::Shape {
+                op: "Data::set_shape",
+                msg: format!("panels of {:?} cannot take the shape {shape:?}", self.shape),
+            });
+        }
         let capacity = match &self.storage {
             Storage::Owned(chunks) => chunks.len() * 64,
             #[cfg(unix)]
@@ -539,6 +553,64 @@ impl Data {
         Ok(bytemuck::cast_slice(self.bytes()?))
     }
 
+    /// How the rows lie in the bytes: [`Layout::Rows`] for every tensor but those made by
+    /// [`Data::to_panels`].
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// An owned copy with the rows of each trailing matrix `[m, cols]` in the CPU kernels'
+    /// panels ([`crate::panels`]): the same dtype, shape, size and values, and the same
+    /// [`Data::input_perm`]. Packed on the rayon pool, one matrix per task. A tensor in
+    /// panels already is cloned.
+    ///
+    /// Errors: [`Error::DType`] for a dtype without panels ([`panels::has_panels`]);
+    /// [`Error::Shape`] for fewer than two dimensions; [`Error::Placement`] for a tensor in
+    /// device memory; [`Error::InvalidArgument`] if memory is exhausted.
+    pub fn to_panels(&self) -> Result<Data> {
+        if self.layout == Layout::Panels {
+            return Ok(self.clone());
+        }
+        let &[.., m, cols] = self.shape.as_slice() else {
+            return Err(Error::Shape {
+                op: "Data::to_panels",
+                msg: format!("shape {:?} has no rows of columns", self.shape),
+            });
+        };
+        let mut out = Data::zeros(self.dtype, &self.shape)?;
+        out.input_perm = self.input_perm.clone();
+        let matrix = m * quant::row_bytes(self.dtype, cols).unwrap_or(0);
+        let src = self.bytes()?;
+        if matrix > 0 {
+            out.bytes_mut()?
+                .par_chunks_mut(matrix)
+                .zip(src.par_chunks(matrix))
+                .try_for_each(|(dst, src)| panels::pack(self.dtype, src, m, cols, dst))?;
+        } else {
+            panels::pack(self.dtype, src, m, cols, out.bytes_mut()?)?;
+        }
+        out.layout = Layout::Panels;
+        Ok(out)
+    }
+
+    /// An owned copy in [`Layout::Rows`]: the inverse of [`Data::to_panels`]; a tensor in
+    /// rows already is cloned.
+    ///
+    /// Errors: those of [`Data::to_panels`].
+    pub fn to_rows(&self) -> Result<Data> {
+        if self.layout == Layout::Rows {
+            return Ok(self.clone());
+        }
+        let mut out = Data::zeros(self.dtype, &self.shape)?;
+        out.input_perm = self.input_perm.clone();
+        let row_bytes = quant::row_bytes(self.dtype, self.cols()).unwrap_or(0);
+        let (m, cols, src) = (self.shape[self.shape.len() - 2], self.cols(), self.bytes()?);
+        for (j, dst) in out.bytes_mut()?.chunks_exact_mut(row_bytes).enumerate() {
+            panels::row(self.dtype, src, m, cols, j, dst)?;
+        }
+        Ok(out)
+    }
+
     /// Writes row `r` of the tensor seen as `[rows, cols]` into `out` (`cols` values) as
     /// f32: a copy for f32, exact widening from f16/bf16, dequantisation (see
     /// [`crate::quant`]) from int8/int4.
@@ -576,7 +648,14 @@ impl Data {
             }
             dtype => {
                 let row_bytes = quant::row_bytes(dtype, cols).unwrap_or(0);
-                quant::dequantize_row(dtype, &bytes[r * row_bytes..][..row_bytes], out);
+                if self.layout == Layout::Panels {
+                    let mut row = vec![0u8; row_bytes];
+                    let m = self.shape[self.shape.len() - 2];
+                    panels::row(dtype, bytes, m, cols, r, &mut row)?;
+                    quant::dequantize_row(dtype, &row, out);
+                } else {
+                    quant::dequantize_row(dtype, &bytes[r * row_bytes..][..row_bytes], out);
+                }
             }
         }
         Ok(())

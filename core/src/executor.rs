@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::profile::{Call, Profile};
 use crate::{
-    BaseDevice, CheckedOp, Data, DataType, Error, Location, Op, Result, Route, StepGraph,
+    BaseDevice, CheckedOp, Data, DataType, Error, Layout, Location, Op, Result, Route, StepGraph,
     StepInputs, TransferRecord,
 };
 
@@ -235,6 +235,10 @@ impl Executor {
     pub fn to_device(&self, data: &Data, location: Location, reason: &'static str) -> Result<Data> {
         if data.location() == location {
             return Ok(data.clone());
+        }
+        if data.layout() == Layout::Panels {
+            // Panels are the CPU kernels' layout; other devices read rows.
+            return self.to_device(&data.to_rows()?, location, reason);
         }
         let mut out = self.zeros(data.dtype(), data.shape(), location)?;
         self.copy_into(data, &mut out, reason)?;

@@ -29,6 +29,7 @@ mod op;
 mod paged_kv;
 #[cfg(unix)]
 mod pages;
+pub mod panels;
 mod partial_file;
 mod profile;
 pub mod quant;
@@ -51,6 +52,7 @@ pub use kv_cache::{KvCache, KvDtype};
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{AttentionParams, Expert, LinearPart, Op, OpKind, PagedSeq, SampleState, TokenIds};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
+pub use panels::Layout;
 pub use partial_file::PartialFile;
 pub use rope::{RopeScaling, RopeStyle, RopeTable};
 pub use sampling::{

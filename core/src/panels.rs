@@ -1,0 +1,191 @@
+//! The panel layout of quantised Linear weights on the CPU: 16 output rows interleaved 4
+//! codes at a time, so that one vector of the CPU kernels holds the same 4 input columns of
+//! 16 rows, and an integer dot-product instruction (`vpdpbusd`, `sdot`) leaves in each lane
+//! one row's exact sum of a block, with no horizontal reduction. This is the B-operand
+//! layout of Intel AMX (`tdpbusd`: `B[k/4][4j + k%4]`) and of oneDNN's VNNI-blocked weights.
+//!
+//! It lets every instruction-set level sum each output in one order, block by block
+//! ([`crate::quant`]'s formula with `acc = fma(C_b, a_b, acc)`), at the speed of the
+//! row-major kernels or better: with rows in the lanes, the block sums need no shuffles.
+//!
+//! **int8** ([`DataType::I8`]), a matrix `[m, k]` with `kp` padded columns and
+//! `row_bytes = 4 + kp` ([`quant::row_bytes`]): panels of [`PANEL_ROWS`] rows (the last
+//! has `r = m mod 16` rows if that is not 0). Panel `p` holds rows `16p..16p + r` and starts
+//! where row `16p` starts in the row-major layout, at byte `16p · row_bytes`: first the `r`
+//! f32 scales, then for each step `s < kp / 4` the `r × 4` codes `q[16p + i][4s..4s + 4]`,
+//! row after row. A panel has the bytes of its rows, so a tensor keeps its size
+//! ([`DataType::byte_len`]). A tensor of more dimensions (`[experts, m, k]`) is a sequence
+//! of such matrices.
+
+use crate::{quant, DataType, Error, Result};
+
+/// How the rows of a [`crate::Data`] lie in its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Row after row, as [`crate::quant`] describes them and files store them.
+    #[default]
+    Rows,
+    /// In panels of [`PANEL_ROWS`] rows (see the module docs): CPU-only, made from rows by
+    /// [`crate::Data::to_panels`].
+    Panels,
+}
+
+/// Output rows per panel: the f32 lanes of an AVX-512 vector.
+pub const PANEL_ROWS: usize = 16;
+
+/// Codes per row and step of a panel: the bytes one lane of `vpdpbusd` or `sdot` sums.
+pub const STEP: usize = 4;
+
+/// Whether `dtype` has a panel layout: int8.
+pub fn has_panels(dtype: DataType) -> bool {
+    dtype == DataType::I8
+}
+
+/// The byte range of one matrix's panel `p` and its row count, for `m` rows of
+/// `row_bytes`.
+fn panel_span(m: usize, row_bytes: usize, p: usize) -> (usize, usize) {
+    let r = (m - p * PANEL_ROWS).min(PANEL_ROWS);
+    (p * PANEL_ROWS * row_bytes, r)
+}
+
+fn unsupported(dtype: DataType) -> Error {
+    Error::DType {
+        op: "panels",
+        msg: format!("{dtype} has no panel layout"),
+    }
+}
+
+/// Checks that `len` bytes hold whole matrices of `m` rows of `row_bytes`, and returns
+/// `row_bytes`.
+fn matrix_bytes(dtype: DataType, len: usize, m: usize, cols: usize) -> Result<usize> {
+    if !has_panels(dtype) {
+        return Err(unsupported(dtype));
+    }
+    let row_bytes = quant::row_bytes(dtype, cols).unwrap_or(0);
+    let matrix = m * row_bytes;
+    if matrix == 0 || !len.is_multiple_of(matrix) {
+        return Err(Error::Shape {
+            op: "panels",
+            msg: format!("{len} bytes are no whole {dtype} matrices of [{m}, {cols}]"),
+        });
+    }
+    Ok(row_bytes)
+}
+
+/// Repacks `rows` (row-major matrices of `m` rows of `cols` values of `dtype`, one after
+/// the other) into `out` in the panel layout.
+///
+/// Errors: [`Error::DType`] for a dtype without panels; [`Error::Shape`] if the lengths are
+/// not whole matrices or differ.
+pub fn pack(dtype: DataType, rows: &[u8], m: usize, cols: usize, out: &mut [u8]) -> Result<()> {
+    let row_bytes = matrix_bytes(dtype, rows.len(), m, cols)?;
+    if out.len() != rows.len() {
+        return Err(Error::Shape {
+            op: "panels::pack",
+            msg: format!("{} bytes into {}", rows.len(), out.len()),
+        });
+    }
+    let steps = (row_bytes - 4) / STEP;
+    for (src, dst) in rows
+        .chunks_exact(m * row_bytes)
+        .zip(out.chunks_exact_mut(m * row_bytes))
+    {
+        for p in 0..m.div_ceil(PANEL_ROWS) {
+            let (at, r) = panel_span(m, row_bytes, p);
+            let (src, dst) = (
+                &src[at..at + r * row_bytes],
+                &mut dst[at..at + r * row_bytes],
+            );
+            for (i, row) in src.chunks_exact(row_bytes).enumerate() {
+                dst[4 * i..4 * i + 4].copy_from_slice(&row[..4]);
+                for s in 0..steps {
+                    let to = 4 * r + s * STEP * r + STEP * i;
+                    dst[to..to + STEP].copy_from_slice(&row[4 + STEP * s..][..STEP]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies row `j` of the panel-laid matrices `panels` (as [`pack`] wrote them; `j` counts
+/// rows across the matrices) into `out` as its row-major bytes.
+///
+/// Errors: those of [`pack`]; [`Error::OutOfBounds`] if `j` is past the last row or `out`
+/// is not one row long.
+pub fn row(
+    dtype: DataType,
+    panels: &[u8],
+    m: usize,
+    cols: usize,
+    j: usize,
+    out: &mut [u8],
+) -> Result<()> {
+    let row_bytes = matrix_bytes(dtype, panels.len(), m, cols)?;
+    if j >= panels.len() / row_bytes || out.len() != row_bytes {
+        return Err(Error::OutOfBounds(format!(
+            "row {j} of {} bytes from {} {dtype} rows",
+            out.len(),
+            panels.len() / row_bytes
+        )));
+    }
+    let matrix = &panels[j / m * m * row_bytes..][..m * row_bytes];
+    let j = j % m;
+    let (at, r) = panel_span(m, row_bytes, j / PANEL_ROWS);
+    let (panel, i) = (&matrix[at..at + r * row_bytes], j % PANEL_ROWS);
+    out[..4].copy_from_slice(&panel[4 * i..4 * i + 4]);
+    for (s, codes) in out[4..].chunks_exact_mut(STEP).enumerate() {
+        codes.copy_from_slice(&panel[4 * r + s * STEP * r + STEP * i..][..STEP]);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_come_back_from_panels_of_every_size() {
+        for (m, cols) in [(1, 5), (16, 32), (17, 40), (35, 64), (48, 96)] {
+            let values: Vec<f32> = (0..2 * m * cols)
+                .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+                .collect();
+            let mut rows = vec![0u8; DataType::I8.byte_len(&[2, m, cols]).unwrap()];
+            let row_bytes = quant::row_bytes(DataType::I8, cols).unwrap();
+            for (v, dst) in values
+                .chunks_exact(cols)
+                .zip(rows.chunks_exact_mut(row_bytes))
+            {
+                quant::quantize_row(DataType::I8, v, dst);
+            }
+            let mut panels = vec![0u8; rows.len()];
+            pack(DataType::I8, &rows, m, cols, &mut panels).unwrap();
+            // A panel of one row is that row.
+            assert_eq!(panels == rows, m == 1, "[{m}, {cols}]");
+            let mut out = vec![0u8; row_bytes];
+            for (j, want) in rows.chunks_exact(row_bytes).enumerate() {
+                row(DataType::I8, &panels, m, cols, j, &mut out).unwrap();
+                assert_eq!(out, want, "row {j} of [2, {m}, {cols}]");
+            }
+            assert!(row(DataType::I8, &panels, m, cols, 2 * m, &mut out).is_err());
+        }
+    }
+
+    #[test]
+    fn a_panel_interleaves_four_codes_of_its_rows() {
+        // Rows 0..16 of 32 codes (36 bytes each), code c of row i = i + c.
+        let mut rows = vec![0u8; 16 * 36];
+        for (i, row) in rows.chunks_exact_mut(36).enumerate() {
+            row[..4].copy_from_slice(&(i as f32).to_le_bytes());
+            for (c, q) in row[4..].iter_mut().enumerate() {
+                *q = (i + c) as u8;
+            }
+        }
+        let mut panels = vec![0u8; rows.len()];
+        pack(DataType::I8, &rows, 16, 32, &mut panels).unwrap();
+        assert_eq!(&panels[4 * 5..4 * 6], &5.0f32.to_le_bytes());
+        // Step 1, row 2: codes 4..8 of row 2.
+        assert_eq!(&panels[64 + 64 + 8..64 + 64 + 12], &[6, 7, 8, 9]);
+        assert!(pack(DataType::I4G32, &rows, 16, 32, &mut panels).is_err());
+    }
+}
