@@ -6,16 +6,22 @@
 //! at the best level.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use flm_core::{Data, DataType, Executor, Op};
+use flm_core::{panels, Data, DataType, Executor, Op};
 use flm_devices::{CpuDevice, Isa};
 
+/// A weight in the layout the model graphs give the CPU (int8 in panels, packed at load).
 fn weight(m: usize, k: usize, dtype: DataType) -> Data {
     let values: Vec<f32> = (0..m * k)
         .map(|i| ((i as u64 * 2_654_435_761) % 2001) as f32 / 1000.0 - 1.0)
         .collect();
-    Data::from_f32(&[m, k], &values)
+    let w = Data::from_f32(&[m, k], &values)
         .and_then(|w| w.to_dtype(dtype))
-        .expect("weight")
+        .expect("weight");
+    if panels::has_panels(dtype) {
+        w.to_panels().expect("panels")
+    } else {
+        w
+    }
 }
 
 /// The input `[n, k]` and the output `[n, m]` of a Linear.

@@ -154,7 +154,7 @@ impl ChatGlmModel {
                 gmask: gmask_token_id,
             },
             config,
-            weights,
+            weights: weights.in_cpu_layout()?,
             rope,
             kv_dtype: KvDtype::Auto,
         })

@@ -65,7 +65,7 @@ pub use batch::{BatchSeq, LlamaBatch};
 use step_graphs::{StepGraphs, StepPlan};
 
 pub(crate) use weights::check_all_shapes;
-pub(crate) use weights::Tensors;
+pub(crate) use weights::{cpu_layout, Tensors};
 pub use weights::{Ffn, LlamaLayer, LlamaWeights, SharedExpert};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
@@ -294,7 +294,8 @@ impl LlamaModel {
             weights.with_unit_offset_norms()?
         } else {
             weights
-        };
+        }
+        .in_cpu_layout()?;
         let c = &config;
         let rope = RopeTable::scaled(
             c.rope_style,

@@ -1,6 +1,6 @@
 //! Embedding lookup.
 
-use flm_core::{quant, Data, Error, Result, TokenIds};
+use flm_core::{Data, Error, Result, TokenIds};
 
 use super::weights::{widen, WeightRows};
 use super::Isa;
@@ -33,11 +33,7 @@ pub(crate) fn embedding(
             WeightRows::F32(w) => dst.copy_from_slice(&w[r * dim..][..dim]),
             WeightRows::F16(w) => widen(isa, &w[r * dim..][..dim], dst),
             WeightRows::BF16(w) => widen(isa, &w[r * dim..][..dim], dst),
-            WeightRows::Quant {
-                dtype,
-                bytes,
-                row_bytes,
-            } => quant::dequantize_row(*dtype, &bytes[r * row_bytes..][..*row_bytes], dst),
+            WeightRows::Quant { .. } => rows.dequantize(r, dim, dst),
         }
     }
     Ok(())

@@ -39,7 +39,7 @@ use std::borrow::Cow;
 use std::cell::Cell;
 use std::ops::Range;
 
-use flm_core::{quant, Data, LinearPart, Result};
+use flm_core::{panels, quant, Data, Layout, LinearPart, Result};
 use rayon::prelude::*;
 
 use super::qlinear::{self, LinearLevel, QuantWeight};
@@ -182,12 +182,22 @@ fn quant_group(
     const P: usize = schedule::MAX_PARTS;
     let mut ws = [QuantWeight::EMPTY; P];
     let mut owned: [Option<Cow<'_, [f32]>>; P] = Default::default();
-    for ((w, b), part) in ws.iter_mut().zip(&mut owned).zip(group.iter()) {
+    // The kernels read int8 in panels, which the model graphs pack at load; other weights in
+    // rows are packed here, per call.
+    let mut packed: [Option<Data>; P] = Default::default();
+    for (p, part) in packed.iter_mut().zip(group.iter()) {
+        let w = part.weight;
+        if panels::has_panels(w.dtype()) && w.layout() == Layout::Rows {
+            *p = Some(w.to_panels()?);
+        }
+    }
+    for (((w, b), part), p) in ws.iter_mut().zip(&mut owned).zip(group.iter()).zip(&packed) {
         let WeightRows::Quant {
             dtype,
             bytes,
             row_bytes,
-        } = WeightRows::new(part.weight)?
+            ..
+        } = WeightRows::new(p.as_ref().unwrap_or(part.weight))?
         else {
             return Err(shape_err(
                 "Linear",

@@ -1,6 +1,6 @@
 //! Row access to weights of any dtype, the f32 dot product and f16/bf16 widening.
 
-use flm_core::{quant, Data, DataType, Error, Result};
+use flm_core::{quant, Data, DataType, Error, Layout, Result};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
@@ -12,11 +12,13 @@ pub(crate) enum WeightRows<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
-    /// Quantised rows of `row_bytes` bytes each.
+    /// Quantised rows of `row_bytes` bytes each, or panels of matrices of `m` rows
+    /// ([`flm_core::panels`]).
     Quant {
         dtype: DataType,
         bytes: &'a [u8],
         row_bytes: usize,
+        panels: Option<usize>,
     },
 }
 
@@ -33,6 +35,8 @@ impl<'a> WeightRows<'a> {
                     op: "weights",
                     msg: format!("{dtype} shape {:?} overflows", data.shape()),
                 })?,
+                panels: (data.layout() == Layout::Panels)
+                    .then(|| data.shape()[data.shape().len() - 2]),
             },
         })
     }
@@ -53,15 +57,35 @@ impl<'a> WeightRows<'a> {
                 w[range].convert_to_f32_slice(buf);
                 buf
             }
-            WeightRows::Quant {
-                dtype,
-                bytes,
-                row_bytes,
-            } => {
+            WeightRows::Quant { .. } => {
                 buf.resize(cols, 0.0);
-                quant::dequantize_row(*dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], buf);
+                self.dequantize(r, cols, buf);
                 buf
             }
+        }
+    }
+
+    /// Dequantises row `r` (of `cols` values) of quantised weights into `out`; nothing for
+    /// float weights.
+    pub(crate) fn dequantize(&self, r: usize, cols: usize, out: &mut [f32]) {
+        let WeightRows::Quant {
+            dtype,
+            bytes,
+            row_bytes,
+            panels,
+        } = *self
+        else {
+            return;
+        };
+        match panels {
+            Some(m) => {
+                let mut row = vec![0u8; row_bytes];
+                // Fails only for a row out of bounds, which the callers rule out.
+                if flm_core::panels::row(dtype, bytes, m, cols, r, &mut row).is_ok() {
+                    quant::dequantize_row(dtype, &row, out);
+                }
+            }
+            None => quant::dequantize_row(dtype, &bytes[r * row_bytes..][..row_bytes], out),
         }
     }
 }

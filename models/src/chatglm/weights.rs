@@ -3,7 +3,7 @@
 use flm_core::Data;
 
 use crate::import::Checkpoint;
-use crate::llama::Tensors;
+use crate::llama::{cpu_layout, Tensors};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Error, ModelConfig, Result};
 
@@ -63,6 +63,33 @@ pub struct ChatGlmWeights {
 }
 
 impl ChatGlmWeights {
+    /// The weights with every matrix in [`cpu_layout`].
+    ///
+    /// Errors: an allocation failure.
+    pub(crate) fn in_cpu_layout(self) -> Result<ChatGlmWeights> {
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|l| {
+                Ok(ChatGlmLayer {
+                    wq: cpu_layout(l.wq)?,
+                    wk: cpu_layout(l.wk)?,
+                    wv: cpu_layout(l.wv)?,
+                    wo: cpu_layout(l.wo)?,
+                    w_up: cpu_layout(l.w_up)?,
+                    w_down: cpu_layout(l.w_down)?,
+                    ..l
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(ChatGlmWeights {
+            embedding: cpu_layout(self.embedding)?,
+            layers,
+            classifier: self.classifier.map(cpu_layout).transpose()?,
+            ..self
+        })
+    }
+
     /// Loads the weights of `ckpt`, as [`crate::llama::LlamaWeights::load`].
     ///
     /// Errors: as [`crate::llama::LlamaWeights::load`].

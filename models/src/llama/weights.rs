@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use flm_core::{Data, Expert};
+use flm_core::{panels, Data, Expert, Location};
 
 use crate::import::Checkpoint;
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
@@ -328,6 +328,23 @@ impl LlamaWeights {
     /// and the post-norms of each layer, and the final norm.
     ///
     /// Errors: a gain in a dtype that cannot be read as f32 (a device buffer).
+    /// The weights with every tensor in [`cpu_layout`].
+    ///
+    /// Errors: an allocation failure.
+    pub(crate) fn in_cpu_layout(self) -> Result<LlamaWeights> {
+        Ok(LlamaWeights {
+            embedding: cpu_layout(self.embedding)?,
+            layers: self
+                .layers
+                .into_iter()
+                .map(|l| l.try_map(|d, _| cpu_layout(d)))
+                .collect::<Result<_>>()?,
+            final_norm: self.final_norm,
+            classifier: self.classifier.map(cpu_layout).transpose()?,
+            prefix_kv: self.prefix_kv,
+        })
+    }
+
     pub(crate) fn with_unit_offset_norms(mut self) -> Result<LlamaWeights> {
         let shift = |d: &mut Data| -> Result<()> {
             let values: Vec<f32> = d.to_f32_vec()?.iter().map(|w| 1.0 + w).collect();
@@ -391,4 +408,17 @@ pub(crate) fn check_all_shapes(
         }
     }
     Ok(())
+}
+
+/// `d` in the layout the CPU kernels read, packed once at load rather than per call: int8
+/// matrices in host memory in panels ([`flm_core::panels`]); every other tensor as it is.
+/// Moving a packed tensor to a device unpacks it ([`flm_core::Executor::to_device`]).
+///
+/// Errors: an allocation failure.
+pub(crate) fn cpu_layout(d: Data) -> Result<Data> {
+    if panels::has_panels(d.dtype()) && d.shape().len() >= 2 && d.location() == Location::Host {
+        Ok(d.to_panels()?)
+    } else {
+        Ok(d)
+    }
 }

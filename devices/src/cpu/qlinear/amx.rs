@@ -29,6 +29,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::sync::OnceLock;
 
+use flm_core::panels::STEP;
 use flm_core::quant::{int4_mins, Int4Row, BLOCK};
 use flm_core::DataType;
 
@@ -159,10 +160,11 @@ impl TileConfig {
 /// Per-thread buffers of the kernel.
 #[derive(Default)]
 struct Scratch {
-    /// Int4 rows of the panel, one code per byte: `16 × kp`.
+    /// The rows of the panel, one code per byte: `16 × kp`.
     codes: Vec<u8>,
     /// Int4 group scales and minimums of the panel as f32: `groups × 16` each (group `g` of
-    /// row `dr` at `g·16 + dr`, so that a vector holds one group of the 16 rows).
+    /// row `dr` at `g·16 + dr`, so that a vector holds one group of the 16 rows); int8:
+    /// the 16 row scales.
     dg: Vec<f32>,
     mg: Vec<f32>,
 }
@@ -190,8 +192,6 @@ pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize
             unsafe {
                 if n >= super::AMX_MIN_ROWS {
                     panel(w, tiles, j, r, n, out, scratch)
-                } else if w.dtype == DataType::I8 {
-                    amx_decode::panel_i8(w, acts, j, r, out)
                 } else {
                     // Decode takes a symmetric row's minimums from its scales as it goes.
                     let sym = symmetric_min_factor(w);
@@ -219,12 +219,12 @@ unsafe fn panel(
     scratch: &mut Scratch,
 ) {
     let int8 = w.dtype == DataType::I8;
-    let (a, a_stride) = if int8 {
-        (w.row(j)[4..].as_ptr(), w.row_bytes)
+    if int8 {
+        unpack_i8(w, j, scratch);
     } else {
         unpack_i4(w, j, r, tiles.groups, scratch);
-        (scratch.codes.as_ptr(), w.kp)
-    };
+    }
+    let (a, a_stride) = (scratch.codes.as_ptr(), w.kp);
     let config = TileConfig::new(r);
     // SAFETY: the configuration is a valid palette-1 layout (rows ≤ 16, colsb ≤ 64), and
     // `available` obtained the permission to use tile data.
@@ -241,11 +241,7 @@ unsafe fn panel(
         let mask: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
         for (dr, v) in acc.iter().enumerate().take(r) {
             let v = if int8 {
-                let row = w.row(j + dr);
-                _mm512_mul_ps(
-                    *v,
-                    _mm512_set1_ps(f32::from_le_bytes([row[0], row[1], row[2], row[3]])),
-                )
+                _mm512_mul_ps(*v, _mm512_set1_ps(scratch.dg[dr]))
             } else {
                 *v
             };
@@ -408,6 +404,25 @@ unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &
     }
 }
 
+/// Copies the int8 panel at row `j` ([`flm_core::panels`], `r` rows) into `s.codes` as
+/// rows of `kp` codes, and its scales into `s.dg`.
+fn unpack_i8(w: &QuantWeight<'_>, j: usize, s: &mut Scratch) {
+    let (panel, r) = w.panel(j);
+    let kp = w.kp;
+    s.codes.resize(ROWS * kp, 0);
+    s.dg.clear();
+    s.dg.extend(
+        panel[..4 * r]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+    for (step, codes) in panel[4 * r..].chunks_exact(STEP * r).enumerate() {
+        for (dr, four) in codes.chunks_exact(STEP).enumerate() {
+            s.codes[dr * kp + STEP * step..][..STEP].copy_from_slice(four);
+        }
+    }
+}
+
 /// `m_g / d_g` of a symmetric int4 row (−8: its minimums are its scales), `None` for the
 /// other int4 forms, whose minimums are stored.
 fn symmetric_min_factor(w: &QuantWeight<'_>) -> Option<f32> {
@@ -510,4 +525,41 @@ unsafe fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
         t[12 + k] = _mm512_shuffle_f32x4::<0xdd>(c_hi, d_hi);
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flm_core::{quant, Data};
+
+    /// The tile kernels read an int8 panel as the rows it was packed from (any CPU: the
+    /// copy is plain Rust).
+    #[test]
+    fn int8_panels_unpack_to_their_rows() {
+        let (m, k) = (37, 100);
+        let values: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 255) as f32 - 127.0)
+            .collect();
+        let rows = Data::from_f32(&[m, k], &values)
+            .unwrap()
+            .to_dtype(DataType::I8)
+            .unwrap();
+        let panels = rows.to_panels().unwrap();
+        let row_bytes = quant::row_bytes(DataType::I8, k).unwrap();
+        let w = QuantWeight {
+            dtype: DataType::I8,
+            bytes: panels.bytes().unwrap(),
+            row_bytes,
+            kp: row_bytes - 4,
+        };
+        let mut s = Scratch::default();
+        for j in (0..m).step_by(ROWS) {
+            unpack_i8(&w, j, &mut s);
+            for dr in 0..(m - j).min(ROWS) {
+                let want = &rows.bytes().unwrap()[(j + dr) * row_bytes..][..row_bytes];
+                assert_eq!(&s.codes[dr * w.kp..][..w.kp], &want[4..], "row {}", j + dr);
+                assert_eq!(s.dg[dr].to_le_bytes(), want[..4], "scale of row {}", j + dr);
+            }
+        }
+    }
 }

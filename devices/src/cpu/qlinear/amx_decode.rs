@@ -1,19 +1,16 @@
-//! The decode kernels of the AMX level (fewer than [`super::AMX_MIN_ROWS`] input rows):
+//! The int4 decode kernels of the AMX level (fewer than [`super::AMX_MIN_ROWS`] input rows):
 //! AVX-512 VNNI (`vpdpbusd`) dot products summed in the order of the AMX tile kernels, so
 //! that a row computed alone has the bits it has in a prefill of many rows (batch
-//! invariance, see [`super`]).
+//! invariance, see [`super`]). Int8 weights lie in panels and decode in `panels`.
 //!
 //! The AMX kernels give each output `y[i, j]`, per block `b` of 32 values in order,
-//! `acc = fma(C_b, a_b·[d_g], acc)` with `C_b = Σ q_w q_x` exact, then the int4 minimums
-//! `acc = fma(m_g, gsum_g, acc)` in order, or the int8 scale `y = s_j · acc`. Here, for 16
-//! weight rows and one input row, each chunk of 64 (int8) or 128 (int4) values gives 16
-//! vectors of `vpdpbusd` sums (8 or 4 lanes per block); pairwise merges of neighbouring
-//! lanes across those vectors (exact integer adds) leave one vector of `C_b` per block with
-//! the 16 weight rows in its lanes, which then takes the same `fma` as the AMX kernels'
-//! token lanes. Int8 codes are made unsigned by flipping their sign bit (`q + 128`), and
-//! `128 · Σ q_x` of the block ([`Acts::bsum`]) is subtracted from the integer sums, exactly;
-//! int4 codes `0..15` are unsigned already, against inputs in the split order of the
-//! AVX-512 kernels (low 16 codes of 4 blocks, then their high 16).
+//! `acc = fma(C_b, a_b·d_g, acc)` with `C_b = Σ q_w q_x` exact, then the int4 minimums
+//! `acc = fma(m_g, gsum_g, acc)` in order. Here, for 16 weight rows and one input row, each
+//! chunk of 128 values gives 16 vectors of `vpdpbusd` sums (4 lanes per block); pairwise
+//! merges of neighbouring lanes across those vectors (exact integer adds) leave one vector
+//! of `C_b` per block with the 16 weight rows in its lanes, which then takes the same `fma`
+//! as the AMX kernels' token lanes. The codes `0..15` are unsigned, against inputs in the
+//! split order of the AVX-512 kernels (low 16 codes of 4 blocks, then their high 16).
 //! The merges cost about two shuffles per `vpdpbusd`, which matrix × vector products, bound
 //! by reading the weights, have to spare; the AMX tiles, whose loads and stores through
 //! memory make one-row products slow, are kept for prefill.
@@ -36,74 +33,6 @@ const EVEN: __m512i =
 const ODD: __m512i =
     unsafe { std::mem::transmute([1i32, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31]) };
 
-/// `y[(dj)·n + i]` for the int8 weight rows `j..j + r` (`r ≤ 16`) and every input row.
-///
-/// # Safety
-/// The CPU must have AVX-512 F, BW, VL and VNNI; `acts` is in natural order.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-pub(super) unsafe fn panel_i8(
-    w: &QuantWeight<'_>,
-    acts: &Acts,
-    j: usize,
-    r: usize,
-    yt: &mut [f32],
-) {
-    let (n, blocks) = (acts.n, acts.blocks);
-    // Rows past `r` repeat row `j` (valid memory); their lanes are not stored.
-    let rows: [&[u8]; ROWS] = std::array::from_fn(|dr| w.row(j + if dr < r { dr } else { 0 }));
-    let scale: [f32; ROWS] = std::array::from_fn(|dr| {
-        f32::from_le_bytes([rows[dr][0], rows[dr][1], rows[dr][2], rows[dr][3]])
-    });
-    let flip = _mm512_set1_epi8(-128);
-    let ahead = ROWS * w.row_bytes;
-    for i in 0..n {
-        let (qs, d, bsum) = (acts.row_qs(i), acts.row_d(i), acts.row_bsum(i));
-        let mut acc = _mm512_setzero_ps();
-        for c in 0..blocks.div_ceil(2) {
-            let pair = 2 * c + 1 < blocks;
-            let mask: __mmask64 = if pair { !0 } else { (1 << BLOCK) - 1 };
-            let a = _mm512_maskz_loadu_epi8(mask, qs.as_ptr().add(64 * c));
-            let sums: [__m512i; ROWS] = std::array::from_fn(|dr| {
-                let p = rows[dr].as_ptr().add(4 + 64 * c) as *const i8;
-                // The same chunk of the next panel's row: 16 streams defeat the hardware
-                // prefetcher.
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead));
-                let wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, p), flip);
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, a)
-            });
-            let (c0, c1) = block_sums(sums);
-            for (h, cb) in [c0, c1].into_iter().enumerate().take(1 + pair as usize) {
-                let b = 2 * c + h;
-                let cb = _mm512_sub_epi32(cb, _mm512_set1_epi32(128 * bsum[b]));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(cb), _mm512_set1_ps(d[b]), acc);
-            }
-        }
-        let mut y = [0.0f32; ROWS];
-        _mm512_storeu_ps(
-            y.as_mut_ptr(),
-            _mm512_mul_ps(acc, _mm512_loadu_ps(scale.as_ptr())),
-        );
-        for (dr, y) in y.iter().enumerate().take(r) {
-            yt[dr * n + i] = *y;
-        }
-    }
-}
-
-/// Of 16 vectors of 16 int32 lanes (vector `dr`: lanes `0..8` block 0 of row `dr`, lanes
-/// `8..16` block 1), the sums of each row's block 0 and block 1, as two vectors with the
-/// rows in their lanes.
-#[inline(always)]
-unsafe fn block_sums(v: [__m512i; ROWS]) -> (__m512i, __m512i) {
-    let l1: [__m512i; 8] = std::array::from_fn(|p| merge(v[2 * p], v[2 * p + 1]));
-    let l2: [__m512i; 4] = std::array::from_fn(|q| merge(l1[2 * q], l1[2 * q + 1]));
-    // Lane `2k + h` of `l3[s]`: block `h` of row `8s + k`.
-    let (l3a, l3b) = (merge(l2[0], l2[1]), merge(l2[2], l2[3]));
-    (
-        _mm512_permutex2var_epi32(l3a, EVEN, l3b),
-        _mm512_permutex2var_epi32(l3a, ODD, l3b),
-    )
-}
-
 /// `[a0 + a1, a2 + a3, .., a14 + a15, b0 + b1, .., b14 + b15]`.
 #[inline(always)]
 unsafe fn merge(a: __m512i, b: __m512i) -> __m512i {
@@ -123,11 +52,12 @@ pub(super) enum Minimums<'a> {
     OfScales(f32),
 }
 
-/// As [`panel_i8`] for int4 weights, with `acts` in the AVX-512 int4 order and the rows'
-/// group scales `dg` (group-major, `g·16 + dr`) and minimums `mins`.
+/// `y[(dj)·n + i]` for the int4 weight rows `j..j + r` (`r ≤ 16`) and every input row, with
+/// `acts` in the AVX-512 int4 order and the rows' group scales `dg` (group-major,
+/// `g·16 + dr`) and minimums `mins`.
 ///
 /// # Safety
-/// As [`panel_i8`].
+/// The CPU must have AVX-512 F, BW, VL and VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 pub(super) unsafe fn panel_i4(
     w: &QuantWeight<'_>,

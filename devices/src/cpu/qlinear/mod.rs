@@ -15,13 +15,17 @@
 //! instead of 7 (the weights are read once for both rows).
 //!
 //! Kernels, one module per instruction set, all computing that formula:
-//! - [`scalar`]: portable loops, the twin every other kernel is tested against;
-//! - `x86`: AVX2 (`vpmaddubsw`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`) micro-kernels that
-//!   compute a tile of up to 4 weight rows × 4 input rows, so that prefill reuses each
+//! - [`panels`]: int8 weights in panels of 16 rows ([`flm_core::panels`]), with one
+//!   summation order at every level, so that every level computes the same bits; its
+//!   portable twin and its AVX2, AVX-VNNI, AVX-512 VNNI and NEON kernels;
+//! - [`scalar`]: portable int4 loops, the twin every other int4 kernel is tested against;
+//! - `x86`: AVX2 (`vpmaddubsw`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`) int4 micro-kernels
+//!   that compute a tile of up to 4 weight rows × 4 input rows, so that prefill reuses each
 //!   loaded weight vector for 4 tokens;
 //! - `amx`: Intel AMX tile multiplies of 16 weight rows × 16 input rows per block, for
 //!   prefill of at least [`AMX_MIN_ROWS`] input rows; below that (decode), the AVX-512
-//!   VNNI kernels of `amx_decode`, which sum in the tiles' order;
+//!   VNNI kernels of `panels` (int8) and `amx_decode` (int4), which sum in the tiles'
+//!   order;
 //! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
 //! - `q8_0`: ggml's Q8_0 blocks, see there;
 //! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
@@ -34,9 +38,10 @@
 //! exact; and every kernel family of a level accumulates the scaled sums of one output in an
 //! order fixed by `k`: the x86 and NEON micro-kernels in one vector accumulator per tile
 //! entry over the row's chunks, reduced at the end, whatever the tile shape; the AMX
-//! level block by block, in its tile kernels and in `amx_decode` alike. Levels differ from
+//! level block by block, in its tile kernels and in `amx_decode` alike. `devices/tests/
+//! batch_invariance.rs` checks it. Int8 goes further: its panels sum in one order at every
+//! level (`devices/tests/isa_twins.rs`); the int4, K-quant and Q8_0 levels still differ from
 //! each other by rounding.
-//! `devices/tests/batch_invariance.rs` checks it.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
@@ -49,6 +54,7 @@ mod kquant_neon;
 mod kquant_x86;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon;
+mod panels;
 mod q8_0;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -316,7 +322,8 @@ impl QuantRows<'_> {
     }
 }
 
-/// A quantised weight matrix `[m, k]` (layouts in [`flm_core::quant`]).
+/// A quantised weight matrix `[m, k]` (layouts in [`flm_core::quant`]; int8 in panels,
+/// [`flm_core::panels`]).
 #[derive(Clone, Copy)]
 pub(crate) struct QuantWeight<'a> {
     pub dtype: DataType,
@@ -437,15 +444,12 @@ impl ActLayout {
         let (split, pad_blocks) = match (isa, dtype) {
             // K-quant and Q8_0 kernels read one natural-order block per run of 32 weights.
             _ if dtype.is_k_quant() || dtype == DataType::Q8_0 => (16, 1),
-            // Decode at the AMX level runs AVX-512 VNNI kernels (`amx_decode`).
-            (Isa::Amx, DataType::I8) => (16, 1),
+            // Int8 panels read natural order at every level.
+            (_, DataType::I8) => (16, 1),
             (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
             (Isa::Scalar | Isa::Amx, _) => (16, 1),
-            (Isa::Avx2 | Isa::AvxVnni, DataType::I8) => (16, 1),
             (Isa::Avx2 | Isa::AvxVnni, _) => (32, 2),
-            (Isa::Avx512, DataType::I8) => (16, 2),
             (Isa::Avx512, _) => (64, 4),
-            (Isa::Neon | Isa::NeonDot, DataType::I8) => (16, 1),
             (Isa::Neon | Isa::NeonDot, _) => (16, 4),
         };
         ActLayout {
@@ -463,6 +467,13 @@ fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     }
     if w.dtype == DataType::Q8_0 {
         return q8_0::rows(isa, w, acts, j0, yt);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && acts.n >= AMX_MIN_ROWS {
+        return amx::rows(w, acts, &acts.tiles, j0, yt);
+    }
+    if w.dtype == DataType::I8 {
+        return panels::rows(isa, w, acts, j0, yt);
     }
     match isa {
         #[cfg(target_arch = "x86_64")]

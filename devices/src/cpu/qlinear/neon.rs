@@ -1,16 +1,17 @@
-//! aarch64 int8 and int4 micro-kernels, with and without the dot-product extension.
+//! aarch64 int4 micro-kernels and the int8 panel kernel ([`panel_i8`]), with and without
+//! the dot-product extension.
 //!
-//! Each kernel computes a tile of `R` weight rows × `T` input rows over [`Acts`] in natural
-//! order, loading (and for int4 unpacking) each weight vector once for the `T` inputs. Per
+//! Each int4 kernel computes a tile of `R` weight rows × `T` input rows over [`Acts`] in
+//! natural order, loading and unpacking each weight vector once for the `T` inputs. Per
 //! block of 32 values it forms the exact int32 dot product of the codes in 4 lanes,
 //! converts it to f32 and accumulates it scaled by the block's scales (lane sums at the
 //! end), as the x86 kernels do:
 //! - with FEAT_DotProd ([`Isa::NeonDot`]): `sdot`, 4 signed byte products per lane, for
 //!   int8 codes and for the int4 codes `0..15` alike (ggml's `ggml_vec_dot_q4_0_q8_0` on
 //!   ARMv8.2);
-//! - without it ([`Isa::Neon`], Cortex-A72): `smull`/`smull2` to 16-bit products and
-//!   `sadalp` pairwise into 32-bit lanes. Every int8 product fits in i16
-//!   (`|−128·−128| = 2¹⁴`); four int4 products summed in i16 lanes before widening fit as
+//! - without it ([`Isa::Neon`], Cortex-A72): `smull`/`smull2` to 16-bit products, summed
+//!   pairwise into 32-bit lanes. Every int8 product fits in i16 (`|−127·−127| < 2¹⁴`), and
+//!   so does a sum of two; four int4 products summed in i16 lanes before widening fit as
 //!   well (`4·15·128 < 2¹⁵`).
 //!
 //! `sdot` is written as inline assembly (the `vdotq_s32` intrinsic is not stable Rust yet)
@@ -24,7 +25,6 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use flm_core::quant::{int4_mins, BLOCK};
-use flm_core::DataType;
 
 use super::{Acts, QuantWeight};
 use crate::cpu::simd::neon::f16x4_to_f32;
@@ -124,59 +124,21 @@ pub(super) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4
     acc
 }
 
-/// The exact int32 dot product of the 32 codes `w` and `a` (two vectors each), in 4 lanes.
-/// int8 codes at every level; `DOT` selects `sdot`.
+/// The exact int32 dot product of the 32 int4 codes `0..15` `w` (low nibbles against
+/// `a[0]`, high against `a[1]`) and the activation codes `a`, in 4 lanes; `DOT` selects
+/// `sdot`, and without it the four 16-bit products of a lane are summed before widening.
 #[inline(always)]
-fn dot_i8<const DOT: bool>(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t {
+fn dot_u4<const DOT: bool>(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t {
     // SAFETY: NEON (every aarch64 target); `sdot` only when `DOT`, which only the
     // `#[target_feature(enable = "dotprod")]` kernels entered at `Isa::NeonDot` pass.
     unsafe {
         if DOT {
-            sdot(sdot(vdupq_n_s32(0), w[0], a[0]), w[1], a[1])
-        } else {
-            let mut p = vpaddlq_s16(vmull_s8(vget_low_s8(w[0]), vget_low_s8(a[0])));
-            p = vpadalq_s16(p, vmull_high_s8(w[0], a[0]));
-            p = vpadalq_s16(p, vmull_s8(vget_low_s8(w[1]), vget_low_s8(a[1])));
-            vpadalq_s16(p, vmull_high_s8(w[1], a[1]))
+            return sdot(sdot(vdupq_n_s32(0), w[0], a[0]), w[1], a[1]);
         }
-    }
-}
-
-/// [`dot_i8`] for int4 codes `0..15` (low nibbles against `a[0]`, high against `a[1]`):
-/// without `sdot`, the four 16-bit products of a lane are summed before widening.
-#[inline(always)]
-fn dot_u4<const DOT: bool>(w: [int8x16_t; 2], a: [int8x16_t; 2]) -> int32x4_t {
-    if DOT {
-        return dot_i8::<true>(w, a);
-    }
-    // SAFETY: NEON (every aarch64 target); registers only.
-    unsafe {
         let p = vmull_s8(vget_low_s8(w[0]), vget_low_s8(a[0]));
         let p = vmlal_high_s8(p, w[0], a[0]);
         let p = vmlal_s8(p, vget_low_s8(w[1]), vget_low_s8(a[1]));
         vpaddlq_s16(vmlal_high_s8(p, w[1], a[1]))
-    }
-}
-
-/// Two vectors of 16 codes from `s[..32]`.
-#[inline(always)]
-fn load32(s: &[i8]) -> [int8x16_t; 2] {
-    let s = &s[..32];
-    // SAFETY: NEON; `s` holds 32 bytes (sliced above).
-    unsafe { [vld1q_s8(s.as_ptr()), vld1q_s8(s.as_ptr().add(16))] }
-}
-
-/// [`load32`] of the bytes of a weight row, as signed codes.
-#[inline(always)]
-fn load32_bytes(s: &[u8]) -> [int8x16_t; 2] {
-    let s = &s[..32];
-    // SAFETY: NEON; `s` holds 32 bytes (sliced above).
-    unsafe {
-        let p = s.as_ptr();
-        [
-            vreinterpretq_s8_u8(vld1q_u8(p)),
-            vreinterpretq_s8_u8(vld1q_u8(p.add(16))),
-        ]
     }
 }
 
@@ -280,28 +242,15 @@ impl Tile<'_> {
     /// Runs the tile of `r` (1 or 4) weight rows × `t` (1 or 2) input rows, writing
     /// `out[..r][..t]`. The caller guarantees that the CPU supports `isa`.
     fn run(&self, isa: Isa, r: usize, t: usize, out: &mut Out) {
-        let int8 = self.w.dtype == DataType::I8;
-        match (isa, int8) {
+        match isa {
             // SAFETY: `Isa::NeonDot` is only accepted on CPUs with dotprod.
-            (Isa::NeonDot, true) => unsafe { by_tile!(self, i8_dot, r, t, out) },
-            // SAFETY: as above.
-            (Isa::NeonDot, false) => unsafe { by_tile!(self, i4_dot, r, t, out) },
-            (_, true) => by_tile!(self, i8_plain, r, t, out),
-            (_, false) => by_tile!(self, i4_plain, r, t, out),
+            Isa::NeonDot => unsafe { by_tile!(self, i4_dot, r, t, out) },
+            _ => by_tile!(self, i4_plain, r, t, out),
         }
     }
 
     fn rows<const R: usize>(&self) -> [&[u8]; R] {
         std::array::from_fn(|r| self.w.row(self.j + r))
-    }
-
-    #[target_feature(enable = "dotprod")]
-    unsafe fn i8_dot<const R: usize, const T: usize>(&self, out: &mut Out) {
-        self.i8_body::<R, T, true>(out)
-    }
-
-    fn i8_plain<const R: usize, const T: usize>(&self, out: &mut Out) {
-        self.i8_body::<R, T, false>(out)
     }
 
     #[target_feature(enable = "dotprod")]
@@ -311,36 +260,6 @@ impl Tile<'_> {
 
     fn i4_plain<const R: usize, const T: usize>(&self, out: &mut Out) {
         self.i4_groups::<R, T, false>(out)
-    }
-
-    /// int8: one block per step, `s_j · Σ_b a_b · dot_b` (f32 scale, then the codes).
-    #[inline(always)]
-    fn i8_body<const R: usize, const T: usize, const DOT: bool>(&self, out: &mut Out) {
-        let rows = self.rows::<R>();
-        let qs: [&[i8]; T] = std::array::from_fn(|t| self.acts.row_qs(self.i + t));
-        let ds: [&[f32]; T] = std::array::from_fn(|t| self.acts.row_d(self.i + t));
-        // SAFETY: NEON (every aarch64 target); registers only.
-        unsafe {
-            let mut acc = [[vdupq_n_f32(0.0); T]; R];
-            for b in 0..self.w.kp / BLOCK {
-                let wv: [[int8x16_t; 2]; R] =
-                    std::array::from_fn(|r| load32_bytes(&rows[r][4 + 32 * b..]));
-                for t in 0..T {
-                    let a = load32(&qs[t][32 * b..]);
-                    let d = ds[t][b];
-                    for r in 0..R {
-                        let p = vcvtq_f32_s32(dot_i8::<DOT>(wv[r], a));
-                        acc[r][t] = vfmaq_n_f32(acc[r][t], p, d);
-                    }
-                }
-            }
-            for r in 0..R {
-                let s = f32::from_le_bytes([rows[r][0], rows[r][1], rows[r][2], rows[r][3]]);
-                for t in 0..T {
-                    out[r][t] = s * vaddvq_f32(acc[r][t]);
-                }
-            }
-        }
     }
 
     /// [`Tile::i4_body`] for the weights' group size.
@@ -483,6 +402,97 @@ impl Tile<'_> {
             block!(1);
             block!(2);
             block!(3);
+        }
+    }
+}
+
+/// The int8 panel of 16 rows at `j` ([`flm_core::panels`]) × every input row, into
+/// `yt[(dj)·n + i]`, in the order of [`super::panels`]: per block `acc = fma(C_b, a_b, acc)`,
+/// then `s_j · acc`. A step's 64 bytes are 4 vectors of 4 rows × 4 codes, so `sdot` (or
+/// `smull`, `addp` and `sadalp` without it) leaves each row's 4-product sum in its own lane.
+/// `isa` is [`Isa::Neon`] or [`Isa::NeonDot`], and the caller guarantees that the CPU
+/// supports it.
+pub(super) fn panel_i8(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j: usize, yt: &mut [f32]) {
+    let mut i = 0;
+    while i < acts.n {
+        let t = (acts.n - i).min(TILE_INPUTS);
+        match (isa, t) {
+            // SAFETY: `Isa::NeonDot` is only accepted on CPUs with dotprod.
+            (Isa::NeonDot, 1) => unsafe { panel_i8_dot::<1>(w, acts, j, i, yt) },
+            // SAFETY: as above.
+            (Isa::NeonDot, _) => unsafe { panel_i8_dot::<2>(w, acts, j, i, yt) },
+            (_, 1) => panel_i8_body::<1, false>(w, acts, j, i, yt),
+            _ => panel_i8_body::<2, false>(w, acts, j, i, yt),
+        }
+        i += t;
+    }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn panel_i8_dot<const T: usize>(
+    w: &QuantWeight<'_>,
+    acts: &Acts,
+    j: usize,
+    i: usize,
+    yt: &mut [f32],
+) {
+    panel_i8_body::<T, true>(w, acts, j, i, yt)
+}
+
+/// [`panel_i8`] for the input rows `i..i + T`.
+#[inline(always)]
+fn panel_i8_body<const T: usize, const DOT: bool>(
+    w: &QuantWeight<'_>,
+    acts: &Acts,
+    j: usize,
+    i: usize,
+    yt: &mut [f32],
+) {
+    const QUADS: usize = 4;
+    let (panel, _) = w.panel(j);
+    let n = acts.n;
+    let qs: [&[i8]; T] = std::array::from_fn(|t| acts.row_qs(i + t));
+    let ds: [&[f32]; T] = std::array::from_fn(|t| acts.row_d(i + t));
+    let codes = &panel[64..];
+    // SAFETY: NEON (every aarch64 target); `sdot` only when `DOT`, which only
+    // `panel_i8_dot`, entered at `Isa::NeonDot`, passes; loads stay within `codes` (one
+    // block of 8 steps of 64 bytes per block of the inputs).
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); QUADS]; T];
+        for b in 0..acts.blocks {
+            let mut c = [[vdupq_n_s32(0); QUADS]; T];
+            for s in 0..8 {
+                let step = codes[(8 * b + s) * 64..][..64].as_ptr() as *const i8;
+                let wv: [int8x16_t; QUADS] = std::array::from_fn(|q| vld1q_s8(step.add(16 * q)));
+                for t in 0..T {
+                    let x4 = (qs[t][32 * b + 4 * s..][..4].as_ptr() as *const i32).read_unaligned();
+                    let x = vreinterpretq_s8_s32(vdupq_n_s32(x4));
+                    for q in 0..QUADS {
+                        c[t][q] = if DOT {
+                            sdot(c[t][q], wv[q], x)
+                        } else {
+                            let lo = vmull_s8(vget_low_s8(wv[q]), vget_low_s8(x));
+                            let hi = vmull_high_s8(wv[q], x);
+                            vpadalq_s16(c[t][q], vpaddq_s16(lo, hi))
+                        };
+                    }
+                }
+            }
+            for t in 0..T {
+                for q in 0..QUADS {
+                    acc[t][q] = vfmaq_n_f32(acc[t][q], vcvtq_f32_s32(c[t][q]), ds[t][b]);
+                }
+            }
+        }
+        for t in 0..T {
+            let mut out = [0.0f32; 16];
+            for q in 0..QUADS {
+                vst1q_f32(out[4 * q..].as_mut_ptr(), acc[t][q]);
+            }
+            for (dr, v) in out.iter().enumerate() {
+                let s = &panel[4 * dr..4 * dr + 4];
+                yt[dr * n + i + t] = f32::from_le_bytes([s[0], s[1], s[2], s[3]]) * v;
+            }
         }
     }
 }

@@ -1,29 +1,10 @@
-//! Portable int8 and int4 kernels: plain integer loops over [`Acts`] in natural order, the
-//! twins the SIMD kernels are tested against.
+//! Portable int4 kernels: plain integer loops over [`Acts`] in natural order, the twins the
+//! SIMD kernels are tested against (int8's is in `panels`).
 
 use flm_core::quant::{Int4Row, BLOCK};
 use flm_core::DataType;
 
 use super::{Acts, QuantWeight};
-
-/// `s · Σ_b a_b Σ q_w q_x` for an int8 row (f32 scale, then the codes).
-fn dot_i8(row: &[u8], qs: &[i8], d: &[f32]) -> f32 {
-    let scale = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
-    let mut acc = 0.0f32;
-    for ((w, x), &a) in row[4..]
-        .chunks_exact(BLOCK)
-        .zip(qs.chunks_exact(BLOCK))
-        .zip(d)
-    {
-        let s: i32 = w
-            .iter()
-            .zip(x)
-            .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
-            .sum();
-        acc += a * s as f32;
-    }
-    acc * scale
-}
 
 /// `Σ_b d_g a_b Σ q_w q_x + Σ_g m_g gsum_g` for a row of the int4 `dtype`.
 fn dot_i4(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], gsum: &[f32]) -> f32 {
@@ -56,10 +37,7 @@ pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) 
         let row = w.row(j0 + dj);
         for (i, y) in ys.iter_mut().enumerate() {
             let (qs, d) = (acts.row_qs(i), acts.row_d(i));
-            *y = match w.dtype {
-                DataType::I8 => dot_i8(row, qs, d),
-                dtype => dot_i4(dtype, row, qs, d, acts.row_gsum(i)),
-            };
+            *y = dot_i4(w.dtype, row, qs, d, acts.row_gsum(i));
         }
     }
 }

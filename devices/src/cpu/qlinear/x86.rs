@@ -1,15 +1,11 @@
-//! x86-64 int8 and int4 micro-kernels.
+//! x86-64 int4 micro-kernels (int8 weights lie in panels, see `panels`).
 //!
-//! Each kernel computes a tile of `R` weight rows × `T` input rows, loading (and for int4
-//! unpacking) each weight vector once for the `T` inputs. Per chunk of the row it forms
-//! exact int32 dot products of 4 adjacent byte pairs per lane, converts them to f32 and
-//! accumulates them scaled by the block scales of the lane:
-//! - int4: the codes `0..15` are the unsigned operand of `vpdpbusd` / `vpmaddubsw`
-//!   (`15·127·2` fits the i16 of `vpmaddubsw`), the activations the signed one;
-//! - int8 with VNNI: the codes are made unsigned by flipping their sign bit
-//!   (`q + 128`), and `128 · Σ_b a_b Σ q_x` is subtracted at the end (the codes' offset
-//!   times the input's block sums, which [`Acts`] holds);
-//! - int8 with AVX2: `vpmaddubsw(|q_w|, sign(q_x, q_w))`, as ggml's `mul_sum_i8_pairs`.
+//! Each kernel computes a tile of `R` weight rows × `T` input rows, loading and unpacking
+//! each weight vector once for the `T` inputs. Per chunk of the row it forms exact int32
+//! dot products of 4 adjacent byte pairs per lane, converts them to f32 and accumulates
+//! them scaled by the block scales of the lane: the codes `0..15` are the unsigned operand
+//! of `vpdpbusd` / `vpmaddubsw` (`15·127·2` fits the i16 of `vpmaddubsw`), the activations
+//! the signed one.
 
 // Tiles index several register arrays by row and input in one loop body.
 #![allow(clippy::needless_range_loop)]
@@ -18,7 +14,6 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 
 use flm_core::quant::int4_mins;
-use flm_core::DataType;
 
 use super::{Acts, QuantWeight};
 use crate::cpu::{scratch, Isa};
@@ -33,17 +28,9 @@ const TILE_ROWS: usize = 4;
 /// is the same whatever the tile.
 const UNPACKED_TILE_INPUTS: usize = 3;
 
-/// Most bytes a decode stream is prefetched ahead of its loads, where a thread reads 4 strided
-/// streams: the AVX2 and AVX-VNNI int8 kernels (the others read one, see [`ONE_STREAM_AHEAD`]).
-///
-/// A whole long row ahead, 4 streams at once, reads slower than 2 KiB; each stream's rows are
-/// contiguous, so a shorter distance still prefetches every line once. A second prefetch into
-/// L2 further down was slower (docs/benchmarks.md, "Kernel choices").
-const MAX_AHEAD: usize = 2048;
-
-/// Bytes a decode stream is prefetched ahead of its loads where each thread reads its rows
-/// one after another as one stream (see [`rows`]): the fastest distance measured for int8 and
-/// int4-sym decode (docs/benchmarks.md, "Kernel choices").
+/// Bytes a decode stream is prefetched ahead of its loads, each thread reading its rows one
+/// after another as one stream (see [`rows`]): the fastest distance measured for int4-sym
+/// decode (docs/benchmarks.md, "Kernel choices").
 const ONE_STREAM_AHEAD: usize = 8192;
 
 thread_local! {
@@ -59,19 +46,11 @@ thread_local! {
 /// rows.
 ///
 /// Otherwise (decode) each thread reads its rows in memory order, as one stream prefetched
-/// [`ONE_STREAM_AHEAD`] bytes ahead: int8 one row per tile, int4 tiles of 4 adjacent rows, which
+/// [`ONE_STREAM_AHEAD`] bytes ahead, in tiles of 4 adjacent rows, which
 /// [`Tile::i4_avx512_groups`] and [`Tile::i4_avx2_body`] read one row after the other, scaling
 /// each chunk as it arrives, so that the minimum terms and the horizontal sums are paid once per
-/// tile. It decodes faster than the 4 strided streams below with AVX-512 (int8, int4 and
-/// int4-sym) and with AVX2 int4; one row per int4 tile was slower, bound by its per-row work
-/// (docs/benchmarks.md, "Kernel choices").
-///
-/// AVX2 and AVX-VNNI int8 decode, whose one-stream version was no faster, splits the
-/// rows into 4 equal runs instead, and a tile takes one row of each, so that the kernel reads 4
-/// long sequential streams, each prefetched one row ahead, or [`MAX_AHEAD`] bytes where rows are
-/// longer: the hardware prefetchers follow 4 long streams better than tiles of 4 adjacent rows,
-/// which jump to 4 new streams every 4 rows; interleaved storage and 8 streams were slower
-/// (docs/benchmarks.md, "Kernel choices").
+/// tile. It decodes faster than 4 strided streams; one row per tile was slower, bound by its
+/// per-row work (docs/benchmarks.md, "Kernel choices").
 ///
 /// When the input rows fit one tile (decode), a kernel call runs all the full tiles of the
 /// task, and a second one the rows left over, so that the dispatch, the set-up of a
@@ -81,7 +60,7 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
     let n = acts.n;
     let m = yt.len() / n;
     let max_t = if isa == Isa::Avx512 { 4 } else { 2 };
-    let unpack = isa == Isa::Avx512 && w.dtype != DataType::I8 && n > max_t;
+    let unpack = isa == Isa::Avx512 && n > max_t;
     let tile_inputs = if unpack { UNPACKED_TILE_INPUTS } else { max_t };
     let stride = if unpack { 1 } else { (m / TILE_ROWS).max(1) };
     let ahead = if stride == 1 { TILE_ROWS } else { 1 } * w.row_bytes;
@@ -98,29 +77,14 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         unpacked: &[],
     };
     if n <= max_t && !unpack {
-        let one_stream = isa == Isa::Avx512 || w.dtype != DataType::I8;
-        let r = if one_stream && w.dtype == DataType::I8 {
-            1
-        } else {
-            TILE_ROWS
-        };
+        let r = TILE_ROWS;
         let full = m / r;
-        let tiles = if one_stream {
-            Tile {
-                tiles: full,
-                stride: 1,
-                ahead: ONE_STREAM_AHEAD,
-                once: true,
-                ..tile
-            }
-        } else {
-            Tile {
-                tiles: full,
-                stride: full,
-                ahead: w.row_bytes.min(MAX_AHEAD),
-                once: true,
-                ..tile
-            }
+        let tiles = Tile {
+            tiles: full,
+            stride: 1,
+            ahead: ONE_STREAM_AHEAD,
+            once: true,
+            ..tile
         };
         let rest = Tile {
             j: j0 + r * full,
@@ -201,8 +165,7 @@ struct Tile<'a> {
     /// Weight rows between the rows of the tile.
     stride: usize,
     /// Bytes ahead of each weight load to prefetch: the same place in the row the next
-    /// tile reads, or in decode [`ONE_STREAM_AHEAD`] or at most [`MAX_AHEAD`] bytes further
-    /// in the stream.
+    /// tile reads, or in decode [`ONE_STREAM_AHEAD`] bytes further in the stream.
     ahead: usize,
     /// Whether the call reads each weight once (decode), so that the prefetches are
     /// non-temporal (see [`Tile::prefetch_ahead`]).
@@ -644,21 +607,17 @@ impl Tile<'_> {
     /// # Safety
     /// The CPU must support `isa`, one of the x86 levels.
     unsafe fn run(&self, isa: Isa, r: usize, t: usize, yt: &mut [f32]) {
-        let int8 = self.w.dtype == DataType::I8;
-        match (isa, int8) {
-            (Isa::Avx512, true) => by_tile!(self, i8_avx512, r, t, yt),
-            (Isa::Avx512, false) if self.unpacked.is_empty() => {
+        match isa {
+            Isa::Avx512 if self.unpacked.is_empty() => {
                 if is_x86_feature_detected!("gfni") {
                     by_tile!(self, i4_avx512_gfni, r, t, yt)
                 } else {
                     by_tile!(self, i4_avx512, r, t, yt)
                 }
             }
-            (Isa::Avx512, false) => by_tile!(self, i4_avx512_unpacked, r, t, yt),
-            (Isa::AvxVnni, true) => by_tile_avx2!(self, i8_avxvnni, true, r, t, yt),
-            (Isa::AvxVnni, false) => by_tile_avx2!(self, i4_avxvnni, true, r, t, yt),
-            (_, true) => by_tile_avx2!(self, i8_avx2, false, r, t, yt),
-            (_, false) => by_tile_avx2!(self, i4_avx2, false, r, t, yt),
+            Isa::Avx512 => by_tile!(self, i4_avx512_unpacked, r, t, yt),
+            Isa::AvxVnni => by_tile_avx2!(self, i4_avxvnni, true, r, t, yt),
+            _ => by_tile_avx2!(self, i4_avx2, false, r, t, yt),
         }
     }
 
@@ -670,54 +629,6 @@ impl Tile<'_> {
             *row = self.w.row(self.j + r * self.stride);
         }
         rows
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn i8_avx512<const R: usize, const T: usize>(&self, yt: &mut [f32]) {
-        each_tile!(self, yt, R, T, |tile, out| tile
-            .i8_avx512_tile::<R, T>(&mut out))
-    }
-
-    /// [`Tile::i8_avx512`] on the first tile.
-    #[inline(always)]
-    unsafe fn i8_avx512_tile<const R: usize, const T: usize>(
-        &self,
-        out: &mut [[f32; 4]; TILE_ROWS],
-    ) {
-        let kp = self.w.kp;
-        let rows = self.rows::<R>();
-        let flip = _mm512_set1_epi8(-128);
-        let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for c in 0..kp.div_ceil(64) {
-            let mask: __mmask64 = if kp - 64 * c >= 64 { !0 } else { (1 << 32) - 1 };
-            let mut wv = [_mm512_setzero_si512(); R];
-            for r in 0..R {
-                let p = rows[r].as_ptr().add(4 + 64 * c) as *const i8;
-                self.prefetch_ahead(p as *const u8);
-                wv[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, p), flip);
-            }
-            for t in 0..T {
-                let i = self.i + t;
-                let a = _mm512_loadu_si512(self.acts.row_qs(i).as_ptr().add(64 * c) as *const _);
-                let d = self.acts.row_d(i).as_ptr().add(2 * c);
-                let dv = _mm512_permutexvar_ps(
-                    idx,
-                    _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(d as *const f64))),
-                );
-                for r in 0..R {
-                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], a);
-                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dv, acc[r][t]);
-                }
-            }
-        }
-        for r in 0..R {
-            let s = f32::from_le_bytes([rows[r][0], rows[r][1], rows[r][2], rows[r][3]]);
-            for t in 0..T {
-                let offset = 128.0 * self.acts.row_gsum(self.i + t)[0];
-                out[r][t] = s * (_mm512_reduce_add_ps(acc[r][t]) - offset);
-            }
-        }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -912,16 +823,6 @@ impl Tile<'_> {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn i8_avx2<const R: usize, const T: usize, const VNNI: bool>(&self, yt: &mut [f32]) {
-        self.i8_avx2_body::<R, T, VNNI>(yt)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn i8_avxvnni<const R: usize, const T: usize, const VNNI: bool>(&self, yt: &mut [f32]) {
-        self.i8_avx2_body::<R, T, VNNI>(yt)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn i4_avx2<const R: usize, const T: usize, const VNNI: bool>(&self, yt: &mut [f32]) {
         self.i4_avx2_groups::<R, T, VNNI>(yt)
     }
@@ -929,62 +830,6 @@ impl Tile<'_> {
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
     unsafe fn i4_avxvnni<const R: usize, const T: usize, const VNNI: bool>(&self, yt: &mut [f32]) {
         self.i4_avx2_groups::<R, T, VNNI>(yt)
-    }
-
-    /// int8 on 256 bits.
-    #[inline(always)]
-    unsafe fn i8_avx2_body<const R: usize, const T: usize, const VNNI: bool>(
-        &self,
-        yt: &mut [f32],
-    ) {
-        each_tile!(self, yt, R, T, |tile, out| tile
-            .i8_avx2_tile::<R, T, VNNI>(&mut out))
-    }
-
-    /// [`Tile::i8_avx2_body`] on the first tile: one block per step.
-    #[inline(always)]
-    unsafe fn i8_avx2_tile<const R: usize, const T: usize, const VNNI: bool>(
-        &self,
-        out: &mut [[f32; 4]; TILE_ROWS],
-    ) {
-        let kp = self.w.kp;
-        let rows = self.rows::<R>();
-        let flip = _mm256_set1_epi8(-128);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..kp / 32 {
-            let mut wv = [_mm256_setzero_si256(); R];
-            for r in 0..R {
-                let p = rows[r].as_ptr().add(4 + 32 * b);
-                self.prefetch_ahead(p);
-                wv[r] = _mm256_loadu_si256(p as *const __m256i);
-            }
-            for t in 0..T {
-                let i = self.i + t;
-                let a = _mm256_loadu_si256(self.acts.row_qs(i).as_ptr().add(32 * b) as *const _);
-                let dv = _mm256_set1_ps(self.acts.row_d(i)[b]);
-                for r in 0..R {
-                    let zero = _mm256_setzero_si256();
-                    let p = if VNNI {
-                        dot_u8_i8::<true>(zero, _mm256_xor_si256(wv[r], flip), a)
-                    } else {
-                        let sa = _mm256_sign_epi8(a, wv[r]);
-                        dot_u8_i8::<false>(zero, _mm256_abs_epi8(wv[r]), sa)
-                    };
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dv, acc[r][t]);
-                }
-            }
-        }
-        for r in 0..R {
-            let s = f32::from_le_bytes([rows[r][0], rows[r][1], rows[r][2], rows[r][3]]);
-            for t in 0..T {
-                let offset = if VNNI {
-                    128.0 * self.acts.row_gsum(self.i + t)[0]
-                } else {
-                    0.0
-                };
-                out[r][t] = s * (hsum256(acc[r][t]) - offset);
-            }
-        }
     }
 
     /// [`Tile::i4_avx2_body`] for the tile's [`Tile::once`].
