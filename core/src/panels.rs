@@ -13,9 +13,17 @@
 //! has `r = m mod 16` rows if that is not 0). Panel `p` holds rows `16p..16p + r` and starts
 //! where row `16p` starts in the row-major layout, at byte `16p · row_bytes`: first the `r`
 //! f32 scales, then for each step `s < kp / 4` the `r × 4` codes `q[16p + i][4s..4s + 4]`,
-//! row after row. A panel has the bytes of its rows, so a tensor keeps its size
-//! ([`DataType::byte_len`]). A tensor of more dimensions (`[experts, m, k]`) is a sequence
-//! of such matrices.
+//! row after row.
+//!
+//! **int4** (every form and group size `G`; [`quant::Int4Row`]): panel `p` (same rows and
+//! start) holds its `kp / G` groups one after the other ([`Int4Panel`]), so that a kernel
+//! reads one stream. A group holds its codes, for each of its `G / 8` steps the `r × 4`
+//! bytes of 8 codes per row, byte `q` holding code `8s + q` (of the row) in its low nibble
+//! and code `8s + 4 + q` in its high one; then the `r` f16 scales; then, except for the
+//! symmetric form (whose minimums are its scales), the `r` f16 minimums or zero points.
+//!
+//! A panel has the bytes of its rows, so a tensor keeps its size ([`DataType::byte_len`]).
+//! A tensor of more dimensions (`[experts, m, k]`) is a sequence of such matrices.
 
 use crate::{quant, DataType, Error, Result};
 
@@ -30,15 +38,62 @@ pub enum Layout {
     Panels,
 }
 
+/// Where the parts of an int4 panel of `r` rows lie (see the module docs), in bytes from
+/// the panel's start.
+#[derive(Debug, Clone, Copy)]
+pub struct Int4Panel {
+    /// Rows of the panel.
+    pub r: usize,
+    /// Values per group `G`.
+    pub group: usize,
+    /// Bytes of one group of the `r` rows.
+    pub group_bytes: usize,
+    /// Whether the minimums are the scales (the symmetric form).
+    pub symmetric: bool,
+}
+
+impl Int4Panel {
+    /// The layout of a panel of `r` rows of the int4 `dtype`; `None` for other dtypes.
+    pub fn new(dtype: DataType, r: usize) -> Option<Int4Panel> {
+        dtype.int4_form()?;
+        let group = dtype.group_size()?;
+        let symmetric = dtype.is_int4_symmetric();
+        let params = if symmetric { 2 } else { 4 };
+        Some(Int4Panel {
+            r,
+            group,
+            group_bytes: r * (group / 2 + params),
+            symmetric,
+        })
+    }
+
+    /// Step `s` (codes `8s..8s + 8` of each row).
+    pub fn step(&self, s: usize) -> usize {
+        let per_group = self.group / 8;
+        s / per_group * self.group_bytes + s % per_group * STEP * self.r
+    }
+
+    /// The `r` f16 scales of group `g`.
+    pub fn scales(&self, g: usize) -> usize {
+        g * self.group_bytes + self.r * self.group / 2
+    }
+
+    /// The `r` f16 stored minimums (or zero points) of group `g`: the scales where
+    /// [`Int4Panel::symmetric`].
+    pub fn mins(&self, g: usize) -> usize {
+        self.scales(g) + if self.symmetric { 0 } else { 2 * self.r }
+    }
+}
+
 /// Output rows per panel: the f32 lanes of an AVX-512 vector.
 pub const PANEL_ROWS: usize = 16;
 
 /// Codes per row and step of a panel: the bytes one lane of `vpdpbusd` or `sdot` sums.
 pub const STEP: usize = 4;
 
-/// Whether `dtype` has a panel layout: int8.
+/// Whether `dtype` has a panel layout: int8 and int4.
 pub fn has_panels(dtype: DataType) -> bool {
-    dtype == DataType::I8
+    dtype == DataType::I8 || dtype.int4_form().is_some()
 }
 
 /// The byte range of one matrix's panel `p` and its row count, for `m` rows of
@@ -85,7 +140,6 @@ pub fn pack(dtype: DataType, rows: &[u8], m: usize, cols: usize, out: &mut [u8])
             msg: format!("{} bytes into {}", rows.len(), out.len()),
         });
     }
-    let steps = (row_bytes - 4) / STEP;
     for (src, dst) in rows
         .chunks_exact(m * row_bytes)
         .zip(out.chunks_exact_mut(m * row_bytes))
@@ -97,15 +151,57 @@ pub fn pack(dtype: DataType, rows: &[u8], m: usize, cols: usize, out: &mut [u8])
                 &mut dst[at..at + r * row_bytes],
             );
             for (i, row) in src.chunks_exact(row_bytes).enumerate() {
-                dst[4 * i..4 * i + 4].copy_from_slice(&row[..4]);
-                for s in 0..steps {
-                    let to = 4 * r + s * STEP * r + STEP * i;
-                    dst[to..to + STEP].copy_from_slice(&row[4 + STEP * s..][..STEP]);
+                for (from, to, len) in moves(dtype, cols, r, i) {
+                    dst[to..to + len].copy_from_slice(&row[from..from + len]);
+                }
+                if let Some(layout) = Int4Panel::new(dtype, r) {
+                    for s in 0..quant::padded_cols(dtype, cols) / 8 {
+                        let codes: [u8; 8] = std::array::from_fn(|c| int4_code(row, 8 * s + c));
+                        for q in 0..STEP {
+                            dst[layout.step(s) + STEP * i + q] = codes[q] | codes[q + STEP] << 4;
+                        }
+                    }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Code `c` (`0..15`) of the row-major int4 row `row`.
+fn int4_code(row: &[u8], c: usize) -> u8 {
+    let (byte, shift) = quant::nibble(c);
+    row[byte] >> shift & 0x0f
+}
+
+/// The byte runs that row `i` of a panel of `r` rows keeps as they are between its
+/// row-major bytes and the panel, as `(offset in the row, offset in the panel, length)`:
+/// int8's scale and codes, int4's scales and minimums (int4 codes are reordered apart).
+fn moves(dtype: DataType, cols: usize, r: usize, i: usize) -> Vec<(usize, usize, usize)> {
+    let kp = quant::padded_cols(dtype, cols);
+    match dtype.group_size() {
+        None => std::iter::once((0, 4 * i, 4))
+            .chain((0..kp / STEP).map(|s| (4 + STEP * s, 4 * r + s * STEP * r + STEP * i, STEP)))
+            .collect(),
+        Some(g) => {
+            let Some(layout) = Int4Panel::new(dtype, r) else {
+                return Vec::new();
+            };
+            let groups = kp / g;
+            let parts = if layout.symmetric { 1 } else { 2 };
+            (0..parts * groups)
+                .map(|v| {
+                    let (part, g) = (v / groups, v % groups);
+                    let at = if part == 0 {
+                        layout.scales(g)
+                    } else {
+                        layout.mins(g)
+                    };
+                    (kp / 2 + 2 * v, at + 2 * i, 2)
+                })
+                .collect()
+        }
+    }
 }
 
 /// Copies row `j` of the panel-laid matrices `panels` (as [`pack`] wrote them; `j` counts
@@ -133,9 +229,18 @@ pub fn row(
     let j = j % m;
     let (at, r) = panel_span(m, row_bytes, j / PANEL_ROWS);
     let (panel, i) = (&matrix[at..at + r * row_bytes], j % PANEL_ROWS);
-    out[..4].copy_from_slice(&panel[4 * i..4 * i + 4]);
-    for (s, codes) in out[4..].chunks_exact_mut(STEP).enumerate() {
-        codes.copy_from_slice(&panel[4 * r + s * STEP * r + STEP * i..][..STEP]);
+    for (from, to, len) in moves(dtype, cols, r, i) {
+        out[from..from + len].copy_from_slice(&panel[to..to + len]);
+    }
+    if let Some(layout) = Int4Panel::new(dtype, r) {
+        let kp = quant::padded_cols(dtype, cols);
+        out[..kp / 2].fill(0);
+        for c in 0..kp {
+            let byte = panel[layout.step(c / 8) + STEP * i + c % STEP];
+            let code = if c % 8 < STEP { byte & 0x0f } else { byte >> 4 };
+            let (at, shift) = quant::nibble(c);
+            out[at] |= code << shift;
+        }
     }
     Ok(())
 }
@@ -146,29 +251,54 @@ mod tests {
 
     #[test]
     fn rows_come_back_from_panels_of_every_size() {
-        for (m, cols) in [(1, 5), (16, 32), (17, 40), (35, 64), (48, 96)] {
-            let values: Vec<f32> = (0..2 * m * cols)
-                .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
-                .collect();
-            let mut rows = vec![0u8; DataType::I8.byte_len(&[2, m, cols]).unwrap()];
-            let row_bytes = quant::row_bytes(DataType::I8, cols).unwrap();
-            for (v, dst) in values
-                .chunks_exact(cols)
-                .zip(rows.chunks_exact_mut(row_bytes))
-            {
-                quant::quantize_row(DataType::I8, v, dst);
+        use DataType::*;
+        let dtypes = [
+            I8, I4G32, I4G64, I4G128, I4SymG32, I4SymG128, I4ZpG32, I4ZpG64,
+        ];
+        for dtype in dtypes {
+            for (m, cols) in [(1, 5), (16, 32), (17, 40), (35, 64), (48, 300)] {
+                let values: Vec<f32> = (0..2 * m * cols)
+                    .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+                    .collect();
+                let mut rows = vec![0u8; dtype.byte_len(&[2, m, cols]).unwrap()];
+                let row_bytes = quant::row_bytes(dtype, cols).unwrap();
+                for (v, dst) in values
+                    .chunks_exact(cols)
+                    .zip(rows.chunks_exact_mut(row_bytes))
+                {
+                    quant::quantize_row(dtype, v, dst);
+                }
+                let mut panels = vec![0u8; rows.len()];
+                pack(dtype, &rows, m, cols, &mut panels).unwrap();
+                if dtype == I8 {
+                    // An int8 panel of one row is that row.
+                    assert_eq!(panels == rows, m == 1, "[{m}, {cols}]");
+                }
+                let mut out = vec![0u8; row_bytes];
+                for (j, want) in rows.chunks_exact(row_bytes).enumerate() {
+                    row(dtype, &panels, m, cols, j, &mut out).unwrap();
+                    assert_eq!(out, want, "{dtype} row {j} of [2, {m}, {cols}]");
+                }
+                assert!(row(dtype, &panels, m, cols, 2 * m, &mut out).is_err());
             }
-            let mut panels = vec![0u8; rows.len()];
-            pack(DataType::I8, &rows, m, cols, &mut panels).unwrap();
-            // A panel of one row is that row.
-            assert_eq!(panels == rows, m == 1, "[{m}, {cols}]");
-            let mut out = vec![0u8; row_bytes];
-            for (j, want) in rows.chunks_exact(row_bytes).enumerate() {
-                row(DataType::I8, &panels, m, cols, j, &mut out).unwrap();
-                assert_eq!(out, want, "row {j} of [2, {m}, {cols}]");
-            }
-            assert!(row(DataType::I8, &panels, m, cols, 2 * m, &mut out).is_err());
         }
+    }
+
+    #[test]
+    fn an_int4_panel_puts_8_codes_of_a_row_in_4_bytes() {
+        // One row of 32 codes c % 16.
+        let mut bytes = vec![0u8; quant::row_bytes(DataType::I4G32, 32).unwrap()];
+        for c in 0..32 {
+            let (at, shift) = quant::nibble(c);
+            bytes[at] |= ((c % 16) as u8) << shift;
+        }
+        let mut panel = vec![0u8; bytes.len()];
+        pack(DataType::I4G32, &bytes, 1, 32, &mut panel).unwrap();
+        // Step 1: codes 8..12 in the low nibbles, 12..16 in the high ones.
+        assert_eq!(
+            &panel[4..8],
+            &[8 | 12 << 4, 9 | 13 << 4, 10 | 14 << 4, 11 | 15 << 4]
+        );
     }
 
     #[test]
@@ -186,6 +316,6 @@ mod tests {
         assert_eq!(&panels[4 * 5..4 * 6], &5.0f32.to_le_bytes());
         // Step 1, row 2: codes 4..8 of row 2.
         assert_eq!(&panels[64 + 64 + 8..64 + 64 + 12], &[6, 7, 8, 9]);
-        assert!(pack(DataType::I4G32, &rows, 16, 32, &mut panels).is_err());
+        assert!(pack(DataType::Q8_0, &rows, 16, 32, &mut panels).is_err());
     }
 }

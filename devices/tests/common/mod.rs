@@ -94,7 +94,8 @@ pub fn random_weight(rng: &mut StdRng, shape: &[usize], dtype: DataType) -> (Dat
 }
 
 /// `n_experts` random SwiGLU experts (`[inner, dim]` gate and up, `[dim, inner]` down) of
-/// `dtype`, for `Op::MoeFfn`.
+/// `dtype`, for `Op::MoeFfn`, in the layout the model graphs give the CPU (int8 and int4
+/// in panels, [`flm_core::panels`]).
 pub fn random_experts(
     rng: &mut StdRng,
     n_experts: usize,
@@ -102,10 +103,20 @@ pub fn random_experts(
     dtype: DataType,
 ) -> Vec<flm_core::Expert> {
     (0..n_experts)
-        .map(|_| flm_core::Expert {
-            gate: random_weight(rng, &[inner, dim], dtype).0,
-            up: random_weight(rng, &[inner, dim], dtype).0,
-            down: random_weight(rng, &[dim, inner], dtype).0,
+        .map(|_| {
+            let mut weight = |shape: &[usize]| {
+                let w = random_weight(rng, shape, dtype).0;
+                if flm_core::panels::has_panels(dtype) {
+                    w.to_panels().expect("panels")
+                } else {
+                    w
+                }
+            };
+            flm_core::Expert {
+                gate: weight(&[inner, dim]),
+                up: weight(&[inner, dim]),
+                down: weight(&[dim, inner]),
+            }
         })
         .collect()
 }

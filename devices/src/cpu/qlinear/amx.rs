@@ -30,10 +30,11 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use flm_core::panels::STEP;
-use flm_core::quant::{int4_mins, Int4Row, BLOCK};
+use flm_core::quant::BLOCK;
 use flm_core::DataType;
 
-use super::{amx_decode, Acts, QuantWeight};
+use super::panels::Int4Params;
+use super::{Acts, QuantWeight};
 use crate::cpu::scratch;
 
 /// Input rows (tokens) per tile: the columns of B and C.
@@ -83,6 +84,8 @@ fn detect() -> bool {
 /// The inputs of one call, repacked into B tiles.
 #[derive(Default)]
 pub(crate) struct TileActs {
+    /// Input rows.
+    n: usize,
     tiles: usize,
     blocks: usize,
     groups: usize,
@@ -99,6 +102,7 @@ impl TileActs {
     pub(super) fn pack(&mut self, acts: &Acts) {
         let (blocks, groups) = (acts.blocks, acts.groups);
         let tiles = acts.n.div_ceil(TOKENS);
+        self.n = acts.n;
         self.tiles = tiles;
         self.blocks = blocks;
         self.groups = groups;
@@ -177,32 +181,20 @@ thread_local! {
     static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
 }
 
-/// Computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows `j0..j0 + yt.len() / n` of `w`,
-/// `n = acts.n`, from `tiles`, the packing of `acts`.
+/// Computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows `j0..j0 + yt.len() / n` of `w`
+/// (in panels, `j0` a multiple of 16) and the `n ≥` [`super::AMX_MIN_ROWS`] input rows
+/// that `tiles` packs.
 ///
 /// The caller guarantees that [`available`] returned true and that the CPU has AVX-512
 /// (F, BW, VL, VNNI) and F16C.
-pub(super) fn rows(w: &QuantWeight<'_>, acts: &Acts, tiles: &TileActs, j0: usize, yt: &mut [f32]) {
-    let n = acts.n;
+pub(super) fn rows(w: &QuantWeight<'_>, tiles: &TileActs, j0: usize, yt: &mut [f32]) {
+    let n = tiles.n;
     scratch::with(&SCRATCH, |scratch| {
         for (p, out) in yt.chunks_mut(ROWS * n).enumerate() {
             let (j, r) = (j0 + p * ROWS, out.len() / n);
             // SAFETY: the caller guarantees AMX and AVX-512 (F, BW, VL, VNNI: `Isa::Amx`
-            // includes `Isa::Avx512`); `acts` is laid out for this level and `n`.
-            unsafe {
-                if n >= super::AMX_MIN_ROWS {
-                    panel(w, tiles, j, r, n, out, scratch)
-                } else {
-                    // Decode takes a symmetric row's minimums from its scales as it goes.
-                    let sym = symmetric_min_factor(w);
-                    group_scales(w, j, r, acts.groups, scratch, sym.is_none());
-                    let mins = match sym {
-                        Some(factor) => amx_decode::Minimums::OfScales(factor),
-                        None => amx_decode::Minimums::Stored(&scratch.mg),
-                    };
-                    amx_decode::panel_i4(w, acts, j, r, out, &scratch.dg, mins)
-                }
-            };
+            // includes `Isa::Avx512`); `tiles` packs `n` input rows.
+            unsafe { panel(w, tiles, j, r, n, out, scratch) };
         }
     });
 }
@@ -222,7 +214,7 @@ unsafe fn panel(
     if int8 {
         unpack_i8(w, j, scratch);
     } else {
-        unpack_i4(w, j, r, tiles.groups, scratch);
+        unpack_i4(w, j, scratch);
     }
     let (a, a_stride) = (scratch.codes.as_ptr(), w.kp);
     let config = TileConfig::new(r);
@@ -361,45 +353,37 @@ unsafe fn multiply<const INT8: bool, const SET: usize>(
     }
 }
 
-/// Unpacks int4 rows `j..j + r` into one code per byte (natural order) and their group
-/// scales and minimums into f32, for rows `r..16` zeros.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn unpack_i4(w: &QuantWeight<'_>, j: usize, r: usize, groups: usize, s: &mut Scratch) {
+/// Copies the int4 panel at row `j` ([`flm_core::panels`], `r` rows) into `s.codes` as rows
+/// of `kp` codes, one per byte, and its group scales and minimums (as `Int4Row` forms
+/// them) into `s.dg` and `s.mg` as f32, group-major (`g·16 + dr`; zeros for rows `r..16`).
+fn unpack_i4(w: &QuantWeight<'_>, j: usize, s: &mut Scratch) {
+    let (panel, r) = w.panel(j);
     let kp = w.kp;
     s.codes.resize(ROWS * kp, 0);
-    group_scales(w, j, r, groups, s, true);
-    let low = _mm512_set1_epi8(0x0f);
-    // 16-byte halves: the low codes of 4 blocks, then their high codes, interleaved per block.
-    let first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-    let second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    for dr in 0..r {
-        let codes = Int4Row::split(w.dtype, w.row(j + dr)).codes;
-        let out = s.codes[dr * kp..][..kp].as_mut_ptr();
-        for (c, chunk) in codes.chunks(64).enumerate() {
-            let mask: __mmask64 = if chunk.len() == 64 {
-                !0
-            } else {
-                (1 << chunk.len()) - 1
-            };
-            let v = _mm512_maskz_loadu_epi8(mask, chunk.as_ptr() as *const i8);
-            let lo = _mm512_and_si512(v, low);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-            let o = out.add(128 * c) as *mut i8;
-            let mask2: __mmask64 = if chunk.len() >= 32 {
-                !0
-            } else {
-                (1 << (2 * chunk.len())) - 1
-            };
-            _mm512_mask_storeu_epi8(o, mask2, _mm512_permutex2var_epi64(lo, first, hi));
-            if chunk.len() > 32 {
-                let rest = 2 * chunk.len() - 64;
-                let mask3: __mmask64 = if rest == 64 { !0 } else { (1 << rest) - 1 };
-                _mm512_mask_storeu_epi8(
-                    o.add(64),
-                    mask3,
-                    _mm512_permutex2var_epi64(lo, second, hi),
-                );
+    for v in [&mut s.dg, &mut s.mg] {
+        v.clear();
+    }
+    let Some(p) = Int4Params::new(w.dtype, kp, r) else {
+        return;
+    };
+    for step in 0..kp / (2 * STEP) {
+        let codes = &panel[p.layout.step(step)..][..STEP * r];
+        for (dr, four) in codes.chunks_exact(STEP).enumerate() {
+            let row = &mut s.codes[dr * kp + 2 * STEP * step..][..2 * STEP];
+            for (q, &byte) in four.iter().enumerate() {
+                row[q] = byte & 0x0f;
+                row[STEP + q] = byte >> 4;
             }
+        }
+    }
+    for v in [&mut s.dg, &mut s.mg] {
+        v.resize(p.groups * ROWS, 0.0);
+    }
+    for g in 0..p.groups {
+        for dr in 0..r {
+            let (d, m) = p.scale_and_min(panel, g, dr);
+            s.dg[g * ROWS + dr] = d;
+            s.mg[g * ROWS + dr] = m;
         }
     }
 }
@@ -421,110 +405,6 @@ fn unpack_i8(w: &QuantWeight<'_>, j: usize, s: &mut Scratch) {
             s.codes[dr * kp + STEP * step..][..STEP].copy_from_slice(four);
         }
     }
-}
-
-/// `m_g / d_g` of a symmetric int4 row (−8: its minimums are its scales), `None` for the
-/// other int4 forms, whose minimums are stored.
-fn symmetric_min_factor(w: &QuantWeight<'_>) -> Option<f32> {
-    let at = int4_mins(w.dtype, w.kp);
-    (at.offset == w.kp / 2).then_some(at.factor)
-}
-
-/// The group scales and, with `minimums`, the minimums (as `Int4Row` reads them) of int4
-/// rows `j..j + r` into `s.dg` and `s.mg` as f32, group-major (zeros for rows `r..16` and
-/// past the last group): 16 groups of the 16 rows widened as 16 vectors, then transposed.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn group_scales(
-    w: &QuantWeight<'_>,
-    j: usize,
-    r: usize,
-    groups: usize,
-    s: &mut Scratch,
-    minimums: bool,
-) {
-    let chunks = groups.div_ceil(16);
-    let parts: [Option<Int4Row<'_>>; ROWS] =
-        std::array::from_fn(|dr| (dr < r).then(|| Int4Row::split(w.dtype, w.row(j + dr))));
-    let at = int4_mins(w.dtype, w.kp);
-    let widen = |mins: bool, dst: &mut Vec<f32>| {
-        // Every value is written below.
-        dst.resize(ROWS * 16 * chunks, 0.0);
-        for c in 0..chunks {
-            let v: [__m512; ROWS] = std::array::from_fn(|dr| {
-                let src = parts[dr].map_or(&[][..], |p| if mins { p.mins } else { p.scales });
-                let src = src.get(32 * c..).unwrap_or(&[]);
-                let mask = ((1u32 << (src.len() / 2).min(16)) - 1) as __mmask16;
-                // Masked-off lanes are neither read nor faulted on.
-                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src.as_ptr() as *const i16))
-            });
-            for (q, t) in transpose16(v).iter().enumerate() {
-                // `m_g = min_factor · mins[g]` (see `Int4Row`); the scales as they are.
-                let t = if mins {
-                    _mm512_mul_ps(_mm512_set1_ps(at.factor), *t)
-                } else {
-                    *t
-                };
-                _mm512_storeu_ps(dst.as_mut_ptr().add((16 * c + q) * ROWS), t);
-            }
-        }
-    };
-    widen(false, &mut s.dg);
-    match symmetric_min_factor(w) {
-        _ if !minimums => s.mg.clear(),
-        // A symmetric row's minimums are its scales times −8: the same products from the
-        // scales already widened.
-        Some(factor) => {
-            s.mg.clear();
-            s.mg.extend(s.dg.iter().map(|&d| factor * d));
-        }
-        None => widen(true, &mut s.mg),
-    }
-    if at.times_scale {
-        // Zero points: `m_g = −z_g · d_g`, both factors now in place (exact in f32).
-        for (m, d) in s.mg.iter_mut().zip(&s.dg) {
-            *m *= d;
-        }
-    }
-}
-
-/// The transpose of a 16 × 16 f32 matrix held as 16 row vectors: 4 × 4 blocks within the
-/// 128-bit lanes, then the lanes themselves.
-#[inline(always)]
-unsafe fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
-    let a: [__m512; 16] = std::array::from_fn(|i| {
-        let (x, y) = (v[i & !1], v[i | 1]);
-        if i % 2 == 0 {
-            _mm512_unpacklo_ps(x, y)
-        } else {
-            _mm512_unpackhi_ps(x, y)
-        }
-    });
-    // Lane `L` of `b[4i + k]`: column `4L + k` of rows `4i..4i + 4`.
-    let b: [__m512; 16] = std::array::from_fn(|i| {
-        let (base, k) = (i & !3, i % 4);
-        let (x, y) = (a[base + k / 2], a[base + 2 + k / 2]);
-        if k % 2 == 0 {
-            _mm512_shuffle_ps::<0x44>(x, y)
-        } else {
-            _mm512_shuffle_ps::<0xee>(x, y)
-        }
-    });
-    let mut t = [_mm512_setzero_ps(); 16];
-    for k in 0..4 {
-        let (c_lo, c_hi) = (
-            _mm512_shuffle_f32x4::<0x88>(b[k], b[4 + k]),
-            _mm512_shuffle_f32x4::<0xdd>(b[k], b[4 + k]),
-        );
-        let (d_lo, d_hi) = (
-            _mm512_shuffle_f32x4::<0x88>(b[8 + k], b[12 + k]),
-            _mm512_shuffle_f32x4::<0xdd>(b[8 + k], b[12 + k]),
-        );
-        t[k] = _mm512_shuffle_f32x4::<0x88>(c_lo, d_lo);
-        t[8 + k] = _mm512_shuffle_f32x4::<0xdd>(c_lo, d_lo);
-        t[4 + k] = _mm512_shuffle_f32x4::<0x88>(c_hi, d_hi);
-        t[12 + k] = _mm512_shuffle_f32x4::<0xdd>(c_hi, d_hi);
-    }
-    t
 }
 
 #[cfg(test)]
@@ -559,6 +439,48 @@ mod tests {
                 let want = &rows.bytes().unwrap()[(j + dr) * row_bytes..][..row_bytes];
                 assert_eq!(&s.codes[dr * w.kp..][..w.kp], &want[4..], "row {}", j + dr);
                 assert_eq!(s.dg[dr].to_le_bytes(), want[..4], "scale of row {}", j + dr);
+            }
+        }
+    }
+
+    /// The same for int4 panels of every form: the codes one per byte, and each group's
+    /// scale and minimum as `Int4Row` gives them.
+    #[test]
+    fn int4_panels_unpack_to_their_rows() {
+        use flm_core::quant::Int4Row;
+        let (m, k) = (37, 256);
+        let values: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 255) as f32 / 127.0 - 1.0)
+            .collect();
+        for dtype in [DataType::I4G32, DataType::I4SymG64, DataType::I4ZpG128] {
+            let rows = Data::from_f32(&[m, k], &values)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let panels = rows.to_panels().unwrap();
+            let row_bytes = quant::row_bytes(dtype, k).unwrap();
+            let w = QuantWeight {
+                dtype,
+                bytes: panels.bytes().unwrap(),
+                row_bytes,
+                kp: k,
+            };
+            let mut s = Scratch::default();
+            for j in (0..m).step_by(ROWS) {
+                unpack_i4(&w, j, &mut s);
+                for dr in 0..(m - j).min(ROWS) {
+                    let bytes = &rows.bytes().unwrap()[(j + dr) * row_bytes..][..row_bytes];
+                    let row = Int4Row::split(dtype, bytes);
+                    for c in 0..k {
+                        let (at, shift) = quant::nibble(c);
+                        let want = bytes[at] >> shift & 0x0f;
+                        assert_eq!(s.codes[dr * k + c], want, "{dtype} row {} code {c}", j + dr);
+                    }
+                    for g in 0..k / dtype.group_size().unwrap() {
+                        assert_eq!(s.dg[g * ROWS + dr].to_bits(), row.scale(g).to_bits());
+                        assert_eq!(s.mg[g * ROWS + dr].to_bits(), row.min(g).to_bits());
+                    }
+                }
             }
         }
     }

@@ -45,8 +45,6 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
-#[cfg(target_arch = "x86_64")]
-mod amx_decode;
 mod kquant;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod kquant_neon;
@@ -56,7 +54,6 @@ mod kquant_x86;
 mod neon;
 mod panels;
 mod q8_0;
-mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -105,28 +102,23 @@ impl<T: bytemuck::Pod> Lines<T> {
     }
 }
 
-/// Input rows quantised to int8 blocks, in the order a kernel family reads them.
-///
-/// Codes of each row are stored in chunks of `2·split` values: first the low 16 codes of
-/// each block of the chunk, then the high 16, so that the low and high nibbles of
-/// `split` bytes of int4 codes line up with them. `split == 16` is the natural order. Rows
-/// are padded with zero blocks to whole multiples of the kernel's vector.
+/// Input rows quantised to int8 blocks of 32 codes, in their natural order.
 #[derive(Default)]
 pub(crate) struct Acts {
     /// Input rows.
     pub n: usize,
-    /// Blocks per row: the weights' padded columns / 32, rounded up to whole chunks.
+    /// Blocks per row: the weights' padded columns / 32.
     pub blocks: usize,
     /// `n × blocks × 32` codes.
     qs: Lines<i8>,
-    /// `n × blocks` block scales `a` (0 for padding).
+    /// `n × blocks` block scales `a`.
     d: Lines<f32>,
     /// Weight groups per row (int4: padded columns / group; int8: 1).
     pub groups: usize,
     /// `n × groups`: `Σ_{b ∈ g} a_b Σ q_x`, the factor of the int4 minimum `m_g` and of the
     /// offset of unsigned int8 codes.
     gsum: Lines<f32>,
-    /// `n × blocks`: `Σ q_x` of each block (0 for padding), exact.
+    /// `n × blocks`: `Σ q_x` of each block, exact.
     bsum: Lines<i32>,
     /// The same inputs as AMX tiles ([`Isa::Amx`] only).
     #[cfg(target_arch = "x86_64")]
@@ -134,21 +126,24 @@ pub(crate) struct Acts {
 }
 
 impl Acts {
-    /// Quantises `x` (`n` rows of `k`) for weights with `kp` padded columns and groups of
-    /// `group` columns, in `layout`, with code compiled for `isa` (the same arithmetic at
-    /// every level, so the result does not depend on it).
+    /// Quantises `x` (`n` rows of `k`) for `dtype` weights with `kp` padded columns and
+    /// groups of `group` columns, with code compiled for `isa` (the same arithmetic at every
+    /// level, so the result does not depend on it).
     #[allow(clippy::too_many_arguments)]
     fn quantize(
         &mut self,
         isa: Isa,
+        dtype: DataType,
         x: &[f32],
         n: usize,
         k: usize,
         kp: usize,
         group: usize,
-        layout: ActLayout,
     ) {
-        let blocks = (kp / BLOCK).div_ceil(layout.pad_blocks) * layout.pad_blocks;
+        // Only the AMX tiles of int8 and int4 weights depend on the dtype.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = dtype;
+        let blocks = kp / BLOCK;
         let groups = kp / group;
         self.n = n;
         self.blocks = blocks;
@@ -161,7 +156,6 @@ impl Acts {
             x,
             k,
             per_group: group / BLOCK,
-            split: layout.split,
         };
         match isa {
             // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports.
@@ -174,7 +168,7 @@ impl Acts {
             _ => rows.run(self),
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Amx && n >= AMX_MIN_ROWS && layout.amx_tiles {
+        if isa == Isa::Amx && n >= AMX_MIN_ROWS && flm_core::panels::has_panels(dtype) {
             let mut tiles = std::mem::take(&mut self.tiles);
             tiles.pack(self);
             self.tiles = tiles;
@@ -208,7 +202,6 @@ struct QuantRows<'a> {
     x: &'a [f32],
     k: usize,
     per_group: usize,
-    split: usize,
 }
 
 /// `x` rounded to the nearest integer (ties to even), for `|x| < 2²²`: adding `1.5·2²³`
@@ -273,9 +266,8 @@ impl QuantRows<'_> {
         acts: &mut Acts,
         block: impl Fn(&[f32], &mut [i8], &mut [i8]) -> (f32, i32),
     ) {
-        let (blocks, groups, split) = (acts.blocks, acts.groups, self.split);
-        // Chunk and int4 group sizes are powers of two; int8 has one group per row.
-        let chunk_shift = (2 * split / BLOCK).trailing_zeros();
+        let (blocks, groups) = (acts.blocks, acts.groups);
+        // Int4 group sizes are powers of two; int8 has one group per row.
         let group_shift = if groups == 1 {
             usize::BITS - 1
         } else {
@@ -288,10 +280,8 @@ impl QuantRows<'_> {
             let gs = &mut acts.gsum.as_mut_slice()[i * groups..(i + 1) * groups];
             let bs = &mut acts.bsum.as_mut_slice()[i * blocks..(i + 1) * blocks];
             for (b, values) in xr.chunks(BLOCK).enumerate() {
-                let within = b & ((1 << chunk_shift) - 1);
-                let base = (b >> chunk_shift) * 2 * split + within * 16;
-                let (head, tail) = qs.split_at_mut(base + split);
-                let (d, sum) = block(values, &mut head[base..base + 16], &mut tail[..16]);
+                let (lo, hi) = qs[b * BLOCK..(b + 1) * BLOCK].split_at_mut(BLOCK / 2);
+                let (d, sum) = block(values, lo, hi);
                 ds[b] = d;
                 bs[b] = sum;
                 gs[b >> group_shift] += d * sum as f32;
@@ -426,40 +416,6 @@ const ROWS_PER_TASK: usize = 16;
 /// one at a time (see `amx`).
 pub(crate) const AMX_MIN_ROWS: usize = 8;
 
-/// The order and padding of the [`Acts`] a kernel family reads.
-#[derive(Clone, Copy)]
-struct ActLayout {
-    /// Chunk half-width in values (16: natural order).
-    split: usize,
-    /// Rows are padded to a multiple of this many blocks.
-    pad_blocks: usize,
-    /// Whether AMX tile kernels read the inputs (K-quant and Q8_0 weights have none).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    amx_tiles: bool,
-}
-
-impl ActLayout {
-    /// The layout the kernels of `isa` read for `n` input rows and `dtype` weights.
-    fn of(isa: Isa, dtype: DataType, n: usize) -> ActLayout {
-        let (split, pad_blocks) = match (isa, dtype) {
-            // K-quant and Q8_0 kernels read one natural-order block per run of 32 weights.
-            _ if dtype.is_k_quant() || dtype == DataType::Q8_0 => (16, 1),
-            // Int8 panels read natural order at every level.
-            (_, DataType::I8) => (16, 1),
-            (Isa::Amx, _) if n < AMX_MIN_ROWS => (64, 4),
-            (Isa::Scalar | Isa::Amx, _) => (16, 1),
-            (Isa::Avx2 | Isa::AvxVnni, _) => (32, 2),
-            (Isa::Avx512, _) => (64, 4),
-            (Isa::Neon | Isa::NeonDot, _) => (16, 4),
-        };
-        ActLayout {
-            split,
-            pad_blocks,
-            amx_tiles: !dtype.is_k_quant() && dtype != DataType::Q8_0,
-        }
-    }
-}
-
 /// Computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows `j0..j0 + yt.len() / n` of `w`.
 fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     if w.dtype.is_k_quant() {
@@ -470,20 +426,9 @@ fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx && acts.n >= AMX_MIN_ROWS {
-        return amx::rows(w, acts, &acts.tiles, j0, yt);
+        return amx::rows(w, &acts.tiles, j0, yt);
     }
-    if w.dtype == DataType::I8 {
-        return panels::rows(isa, w, acts, j0, yt);
-    }
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 => x86::rows(isa, w, acts, j0, yt),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Amx => amx::rows(w, acts, &acts.tiles, j0, yt),
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => neon::rows(isa, w, acts, j0, yt),
-        _ => scalar::rows(w, acts, j0, yt),
-    }
+    panels::rows(isa, w, acts, j0, yt)
 }
 
 /// `outs[p][n, m_p] = x[n, k] · ŵ_p[m_p, k]ᵀ + biases[p][m_p]` for the quantised weights
@@ -537,15 +482,7 @@ pub(crate) fn linear(
         } else {
             x
         };
-        acts.quantize(
-            isa,
-            x,
-            rows_in,
-            k,
-            kp,
-            group,
-            ActLayout::of(isa, dtype, rows_in),
-        );
+        acts.quantize(isa, dtype, x, rows_in, k, kp, group);
         let acts = &*acts;
         let run = |targets: &mut [&mut [f32]]| {
             if parallel && rows_in < AMX_MIN_ROWS {
@@ -611,31 +548,6 @@ pub(crate) fn linear(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn split_order_puts_low_halves_first() {
-        let x: Vec<f32> = (0..128).map(|i| i as f32 - 60.0).collect();
-        let mut natural = Acts::default();
-        let layout = |split, pad_blocks| ActLayout {
-            split,
-            pad_blocks,
-            amx_tiles: true,
-        };
-        natural.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(16, 1));
-        let mut split = Acts::default();
-        split.quantize(Isa::Scalar, &x, 1, 128, 128, 128, layout(64, 4));
-        for b in 0..4 {
-            for t in 0..16 {
-                assert_eq!(split.row_qs(0)[b * 16 + t], natural.row_qs(0)[b * 32 + t]);
-                assert_eq!(
-                    split.row_qs(0)[64 + b * 16 + t],
-                    natural.row_qs(0)[b * 32 + 16 + t]
-                );
-            }
-        }
-        assert_eq!(split.row_d(0), natural.row_d(0));
-        assert_eq!(split.row_gsum(0), natural.row_gsum(0));
-    }
 
     #[test]
     fn every_level_quantises_blocks_to_the_same_bits() {

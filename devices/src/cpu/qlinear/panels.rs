@@ -1,21 +1,30 @@
-//! Int8 Linears over weights in panels ([`flm_core::panels`]): every level sums each output
-//! in one order, so that every level computes the same bits.
+//! Int8 and int4 Linears over weights in panels ([`flm_core::panels`]): every level sums
+//! each output in one order, so that every level computes the same bits.
 //!
-//! For an output `y[i, j]` (input row `i`, weight row `j` with scale `s_j`) every kernel
-//! forms, block `b` after block `b` of 32 columns, the exact integer `C_b = Σ q_w q_x` and
-//! `acc = fma(C_b, a_b, acc)` from `acc = 0`, then `y = s_j · acc`: the order of the AMX
-//! tile kernels and of the portable twin [`scalar`]. In a panel the 16 rows lie in the
-//! lanes of a vector, so the SIMD kernels get `C_b` of 16 rows from 8 integer dot-product
-//! steps of 4 columns each, with no horizontal sum; integer sums are exact, so the steps
-//! may be split over several accumulators.
+//! For an output `y[i, j]` (input row `i`, weight row `j`) every kernel forms, block `b`
+//! after block `b` of 32 columns, the exact integer `C_b = Σ q_w q_x` and, from `acc = 0`:
+//! - int8 (row scale `s_j`): `acc = fma(C_b, a_b, acc)`, then `y = s_j · acc`;
+//! - int4 (group `g` of `b`, scale `d_g`, minimum `m_g` as [`flm_core::quant::Int4Row`]
+//!   forms it): `acc = fma(C_b, d_g · a_b, acc)`, then for each group in order
+//!   `acc = fma(m_g, gsum_g, acc)` ([`Acts::row_gsum`]), and `y = acc`.
+//!
+//! That is the order of the AMX tile kernels and of the portable twin [`scalar`]. In a
+//! panel the 16 rows lie in the lanes of a vector, so the SIMD kernels get `C_b` of 16 rows
+//! from integer dot-product steps of 4 codes per lane, with no horizontal sum; integer
+//! sums are exact, so the steps may be split over several accumulators.
 
-use flm_core::panels::{PANEL_ROWS, STEP};
-use flm_core::quant::BLOCK;
+use flm_core::panels::{Int4Panel, PANEL_ROWS, STEP};
+use flm_core::quant::{int4_mins, BLOCK};
+use flm_core::DataType;
+use half::f16;
+
+use std::cell::Cell;
 
 use super::{Acts, QuantWeight};
+use crate::cpu::scratch;
 
-/// Steps of one block.
-const STEPS: usize = BLOCK / STEP;
+/// Int4 steps of one block: 8 codes per row each.
+const STEPS4: usize = BLOCK / (2 * STEP);
 
 impl<'a> QuantWeight<'a> {
     /// The panel that holds row `j` (a multiple of [`PANEL_ROWS`]) and its rows.
@@ -26,60 +35,142 @@ impl<'a> QuantWeight<'a> {
     }
 }
 
-/// The scale of row `dr` of a panel of `r` rows.
-fn scale(panel: &[u8], dr: usize) -> f32 {
-    f32::from_le_bytes([
-        panel[4 * dr],
-        panel[4 * dr + 1],
-        panel[4 * dr + 2],
-        panel[4 * dr + 3],
-    ])
+/// Where the parts of an int4 panel lie and how its minimums are formed.
+#[derive(Clone, Copy)]
+pub(super) struct Int4Params {
+    /// The panel's layout.
+    pub layout: Int4Panel,
+    /// Blocks per group.
+    per_group: usize,
+    /// Groups per row.
+    pub groups: usize,
+    /// `m_g = factor · stored`, times `d_g` where `times_scale`.
+    pub factor: f32,
+    pub times_scale: bool,
+}
+
+impl Int4Params {
+    /// The parameters of a panel of `r` rows of the int4 `dtype` with `kp` padded columns.
+    pub fn new(dtype: DataType, kp: usize, r: usize) -> Option<Int4Params> {
+        let layout = Int4Panel::new(dtype, r)?;
+        let mins = int4_mins(dtype, kp);
+        Some(Int4Params {
+            layout,
+            per_group: layout.group / BLOCK,
+            groups: kp / layout.group,
+            factor: mins.factor,
+            times_scale: mins.times_scale,
+        })
+    }
+
+    /// `d_g` and `m_g` of row `dr` of `panel`.
+    pub fn scale_and_min(&self, panel: &[u8], g: usize, dr: usize) -> (f32, f32) {
+        let d = f16_at(&panel[self.layout.scales(g)..], dr);
+        let m = self.factor * f16_at(&panel[self.layout.mins(g)..], dr);
+        (d, if self.times_scale { m * d } else { m })
+    }
+}
+
+/// The f16 number `i` of `bytes`, as f32.
+fn f16_at(bytes: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32()
 }
 
 /// The portable twin: `yt[(dj)·n + i]` for the rows of the panel at `j` and every input
-/// row (natural order). Each block of the panel is first copied out as 16 rows of 32
+/// row (natural order). Each block of the panel is first copied out as `r` rows of 32
 /// codes, so that each `C_b` is a dot product of two runs of 32 bytes, which the compiler
 /// vectorises (SSE2's `pmaddwd` at the portable x86 level).
 pub(super) fn scalar(w: &QuantWeight<'_>, acts: &Acts, j: usize, yt: &mut [f32]) {
     let (panel, r) = w.panel(j);
     let n = acts.n;
-    let codes = &panel[4 * r..];
-    let mut acc = vec![0.0f32; n * r];
-    // Row `dr`'s 32 codes of the block, 4 to a word.
-    let mut words = [[[0u8; STEP]; STEPS]; PANEL_ROWS];
+    scratch::with(&ACC, |acc| {
+        acc.clear();
+        acc.resize(n * r, 0.0);
+        scalar_into(panel, r, w, acts, acc, yt)
+    })
+}
+
+thread_local! {
+    /// The accumulators of [`scalar`], reused across calls (see `scratch`).
+    static ACC: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// [`scalar`] with its `n × r` accumulators `acc`, zeros.
+fn scalar_into(
+    panel: &[u8],
+    r: usize,
+    w: &QuantWeight<'_>,
+    acts: &Acts,
+    acc: &mut [f32],
+    yt: &mut [f32],
+) {
+    let n = acts.n;
+    let params = Int4Params::new(w.dtype, w.kp, r);
+    let mut rows = [[0i8; BLOCK]; PANEL_ROWS];
     for b in 0..acts.blocks {
-        let block = &codes[b * STEPS * STEP * r..(b + 1) * STEPS * STEP * r];
-        for (s, step) in block.chunks_exact(STEP * r).enumerate() {
-            for (row, w) in words.iter_mut().zip(step.chunks_exact(STEP)) {
-                row[s] = w.try_into().expect("4 codes");
+        if let Some(p) = params {
+            for s in 0..STEPS4 {
+                let step = &panel[p.layout.step(STEPS4 * b + s)..][..STEP * r];
+                for (row, w) in rows.iter_mut().zip(step.chunks_exact(STEP)) {
+                    for (q, &byte) in w.iter().enumerate() {
+                        row[2 * STEP * s + q] = (byte & 0x0f) as i8;
+                        row[2 * STEP * s + STEP + q] = (byte >> 4) as i8;
+                    }
+                }
+            }
+        } else {
+            let block = &panel[4 * r + b * BLOCK * r..][..BLOCK * r];
+            for (s, step) in block.chunks_exact(STEP * r).enumerate() {
+                for (row, w) in rows.iter_mut().zip(step.chunks_exact(STEP)) {
+                    for (dst, &q) in row[STEP * s..STEP * s + STEP].iter_mut().zip(w) {
+                        *dst = q as i8;
+                    }
+                }
             }
         }
-        let rows: &[[u8; BLOCK]; PANEL_ROWS] = bytemuck::cast_ref(&words);
+        let g = params.map_or(0, |p| b / p.per_group);
         for (i, acc) in acc.chunks_exact_mut(r).enumerate() {
             let x: &[i8; BLOCK] = acts.row_qs(i)[b * BLOCK..][..BLOCK]
                 .try_into()
                 .expect("a block of 32 codes");
             let a = acts.row_d(i)[b];
-            for (acc, row) in acc.iter_mut().zip(rows) {
+            for (dr, (acc, row)) in acc.iter_mut().zip(&rows).enumerate() {
                 let c: i32 = row
                     .iter()
                     .zip(x)
-                    .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
+                    .map(|(&w, &x)| i32::from(w) * i32::from(x))
                     .sum();
-                *acc = (c as f32).mul_add(a, *acc);
+                let s = match params {
+                    None => a,
+                    Some(p) => p.scale_and_min(panel, g, dr).0 * a,
+                };
+                *acc = (c as f32).mul_add(s, *acc);
             }
         }
     }
     for (i, acc) in acc.chunks_exact(r).enumerate() {
-        for (dr, acc) in acc.iter().enumerate() {
-            yt[dr * n + i] = scale(panel, dr) * acc;
+        for (dr, &acc) in acc.iter().enumerate() {
+            yt[dr * n + i] = match params {
+                None => {
+                    let s = &panel[4 * dr..4 * dr + 4];
+                    f32::from_le_bytes([s[0], s[1], s[2], s[3]]) * acc
+                }
+                Some(p) => {
+                    let mut acc = acc;
+                    for (g, &gsum) in acts.row_gsum(i).iter().enumerate() {
+                        acc = p.scale_and_min(panel, g, dr).1.mul_add(gsum, acc);
+                    }
+                    acc
+                }
+            };
         }
     }
 }
 
-/// See [`super::rows`] for int8 weights in panels (`j0` a multiple of [`PANEL_ROWS`]). The
-/// full panels of the task go to one kernel call, so that dispatch and set-up are paid once
-/// per task rather than once per panel; a last panel of fewer rows to the portable twin.
+/// See [`super::rows`] for int8 and int4 weights in panels (`j0` a multiple of
+/// [`PANEL_ROWS`]). The full panels of the task go to one kernel call, so that dispatch
+/// and set-up are paid once per task rather than once per panel; a last panel of fewer
+/// rows to the portable twin.
 pub(super) fn rows(isa: super::Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
     let full = yt.len() / n / PANEL_ROWS;
@@ -93,7 +184,7 @@ pub(super) fn rows(isa: super::Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize,
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         super::Isa::Neon | super::Isa::NeonDot => {
             for (p, out) in head.chunks_exact_mut(PANEL_ROWS * n).enumerate() {
-                super::neon::panel_i8(isa, w, acts, j0 + p * PANEL_ROWS, out)
+                super::neon::panel(isa, w, acts, j0 + p * PANEL_ROWS, out)
             }
         }
         _ => {
@@ -110,20 +201,27 @@ pub(super) fn rows(isa: super::Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize,
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     //! AVX2, AVX-VNNI and AVX-512 VNNI panel kernels: a panel's 16 rows are one zmm or two
-    //! ymm of int32 lanes. VNNI's `vpdpbusd` multiplies unsigned by signed bytes: the codes
-    //! are made unsigned by flipping their sign bit (`q + 128`), and `128 · Σ q_x` of the
-    //! block ([`Acts::row_bsum`]) is subtracted from `C_b`, exactly. AVX2 multiplies
-    //! `|q_w|` by `q_x` with the sign of `q_w` (`vpmaddubsw`, as ggml's
-    //! `mul_sum_i8_pairs`).
+    //! ymm of int32 lanes. VNNI's `vpdpbusd` multiplies unsigned by signed bytes: int4
+    //! codes `0..15` are unsigned already; int8 codes are made unsigned by flipping their
+    //! sign bit (`q + 128`), and `128 · Σ q_x` of the block ([`Acts::row_bsum`]) is
+    //! subtracted from `C_b`, exactly. AVX2 multiplies int4 codes by `q_x` with
+    //! `vpmaddubsw` (`2·15·127` fits its i16) and `|q_w|` by `q_x` with the sign of `q_w`
+    //! for int8 (as ggml's `mul_sum_i8_pairs`).
 
     use std::arch::x86_64::*;
 
-    use super::{scale, Acts, QuantWeight, BLOCK, PANEL_ROWS, STEP, STEPS};
+    use super::{Acts, Int4Params, QuantWeight, BLOCK, PANEL_ROWS, STEP, STEPS4};
     use crate::cpu::Isa;
 
     /// Bytes a decode stream is prefetched ahead of its loads, non-temporally (the row-major
     /// kernels' best distance; 2 KiB into every cache level measured no faster).
     const AHEAD: usize = 8192;
+
+    /// Int8 steps of one block: 4 codes per row each.
+    const STEPS: usize = BLOCK / STEP;
+
+    /// Bytes of one step of a panel: 16 rows × 4 bytes.
+    const STEP_BYTES: usize = STEP * PANEL_ROWS;
 
     /// One level's vectors of 16 lanes.
     trait Lanes: Copy {
@@ -131,18 +229,38 @@ pub(super) mod x86 {
         type I: Copy;
         /// 16 f32 lanes.
         type F: Copy;
-        /// 64 bytes of weights, as the dot product reads them.
+        /// 64 bytes of weights.
         type W: Copy;
-        /// Subtracted from `C_b`, times the block's `Σ q_x`.
+        /// Subtracted from an int8 `C_b`, times the block's `Σ q_x`.
         const OFFSET: i32;
         unsafe fn zero_i() -> Self::I;
         unsafe fn zero_f() -> Self::F;
-        unsafe fn load(p: *const u8) -> Self::W;
-        /// `acc + Σ` of 4 products per lane, `x` holding 4 activation codes.
-        unsafe fn dot(acc: Self::I, w: Self::W, x: i32) -> Self::I;
+        /// A step of int8 codes, as [`Lanes::dot_i8`] reads them.
+        unsafe fn load_i8(p: *const u8) -> Self::W;
+        /// `acc + Σ` of 4 int8 products per lane, `x` holding 4 activation codes.
+        unsafe fn dot_i8(acc: Self::I, w: Self::W, x: i32) -> Self::I;
+        /// Whether [`Lanes::load_u4`] leaves the high nibbles in place (`16 · code`), which
+        /// `vpdpbusd` sums without saturating: one instruction fewer per step, and the
+        /// high codes' sum is then divided by 16, exactly.
+        const HIGH_IN_PLACE: bool;
+        /// A step of int4 codes as their low and high nibbles (see
+        /// [`Lanes::HIGH_IN_PLACE`]).
+        unsafe fn load_u4(p: *const u8) -> (Self::W, Self::W);
+        /// `c / 16` of sums of high nibbles in place, exact.
+        unsafe fn shr4(c: Self::I) -> Self::I;
+        /// `acc + Σ` of 4 products of unsigned codes by activation codes per lane.
+        unsafe fn dot_u8(acc: Self::I, w: Self::W, x: i32) -> Self::I;
         unsafe fn add(a: Self::I, b: Self::I) -> Self::I;
-        /// `fma(C_b, a, acc)` with `C_b = c − OFFSET · bsum`.
-        unsafe fn fma(acc: Self::F, c: Self::I, bsum: i32, a: f32) -> Self::F;
+        /// `fma(C_b, a, acc)` with `C_b = c − OFFSET · bsum` (int8).
+        unsafe fn fma_i8(acc: Self::F, c: Self::I, bsum: i32, a: f32) -> Self::F;
+        /// `fma(c, s, acc)`.
+        unsafe fn fma_c(acc: Self::F, c: Self::I, s: Self::F) -> Self::F;
+        /// `fma(m, s, acc)`.
+        unsafe fn fma_s(acc: Self::F, m: Self::F, s: f32) -> Self::F;
+        /// 16 f16 numbers at `p` as f32.
+        unsafe fn half(p: *const u8) -> Self::F;
+        unsafe fn mul(v: Self::F, s: f32) -> Self::F;
+        unsafe fn mulv(a: Self::F, b: Self::F) -> Self::F;
         unsafe fn store(v: Self::F, out: &mut [f32; PANEL_ROWS]);
     }
 
@@ -163,11 +281,28 @@ pub(super) mod x86 {
             _mm512_setzero_ps()
         }
         #[inline(always)]
-        unsafe fn load(p: *const u8) -> __m512i {
+        unsafe fn load_i8(p: *const u8) -> __m512i {
             _mm512_xor_si512(_mm512_loadu_si512(p as *const _), _mm512_set1_epi8(-128))
         }
         #[inline(always)]
-        unsafe fn dot(acc: __m512i, w: __m512i, x: i32) -> __m512i {
+        unsafe fn dot_i8(acc: __m512i, w: __m512i, x: i32) -> __m512i {
+            _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x))
+        }
+        const HIGH_IN_PLACE: bool = true;
+        #[inline(always)]
+        unsafe fn load_u4(p: *const u8) -> (__m512i, __m512i) {
+            let v = _mm512_loadu_si512(p as *const _);
+            (
+                _mm512_and_si512(v, _mm512_set1_epi8(0x0f)),
+                _mm512_and_si512(v, _mm512_set1_epi8(0xf0u8 as i8)),
+            )
+        }
+        #[inline(always)]
+        unsafe fn shr4(c: __m512i) -> __m512i {
+            _mm512_srai_epi32::<4>(c)
+        }
+        #[inline(always)]
+        unsafe fn dot_u8(acc: __m512i, w: __m512i, x: i32) -> __m512i {
             _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x))
         }
         #[inline(always)]
@@ -175,9 +310,29 @@ pub(super) mod x86 {
             _mm512_add_epi32(a, b)
         }
         #[inline(always)]
-        unsafe fn fma(acc: __m512, c: __m512i, bsum: i32, a: f32) -> __m512 {
+        unsafe fn fma_i8(acc: __m512, c: __m512i, bsum: i32, a: f32) -> __m512 {
             let c = _mm512_sub_epi32(c, _mm512_set1_epi32(Self::OFFSET * bsum));
             _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(a), acc)
+        }
+        #[inline(always)]
+        unsafe fn fma_c(acc: __m512, c: __m512i, s: __m512) -> __m512 {
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), s, acc)
+        }
+        #[inline(always)]
+        unsafe fn fma_s(acc: __m512, m: __m512, s: f32) -> __m512 {
+            _mm512_fmadd_ps(m, _mm512_set1_ps(s), acc)
+        }
+        #[inline(always)]
+        unsafe fn half(p: *const u8) -> __m512 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p as *const _))
+        }
+        #[inline(always)]
+        unsafe fn mul(v: __m512, s: f32) -> __m512 {
+            _mm512_mul_ps(v, _mm512_set1_ps(s))
+        }
+        #[inline(always)]
+        unsafe fn mulv(a: __m512, b: __m512) -> __m512 {
+            _mm512_mul_ps(a, b)
         }
         #[inline(always)]
         unsafe fn store(v: __m512, out: &mut [f32; PANEL_ROWS]) {
@@ -185,9 +340,23 @@ pub(super) mod x86 {
         }
     }
 
-    /// AVX2 with VNNI (`Vnni == true`, AVX-VNNI) or without.
+    /// AVX2 with VNNI (`VNNI == true`, AVX-VNNI) or without.
     #[derive(Clone, Copy)]
     struct Avx2<const VNNI: bool>;
+
+    /// `f` on both halves.
+    #[inline(always)]
+    fn both<T, U>(a: [T; 2], f: impl Fn(T) -> U) -> [U; 2] {
+        let [a0, a1] = a;
+        [f(a0), f(a1)]
+    }
+
+    /// `f` on both halves of two pairs.
+    #[inline(always)]
+    fn zip2<T, U, V>(a: [T; 2], b: [U; 2], f: impl Fn(T, U) -> V) -> [V; 2] {
+        let ([a0, a1], [b0, b1]) = (a, b);
+        [f(a0, b0), f(a1, b1)]
+    }
 
     impl<const VNNI: bool> Lanes for Avx2<VNNI> {
         type I = [__m256i; 2];
@@ -203,42 +372,101 @@ pub(super) mod x86 {
             [_mm256_setzero_ps(); 2]
         }
         #[inline(always)]
-        unsafe fn load(p: *const u8) -> [__m256i; 2] {
+        unsafe fn load_i8(p: *const u8) -> [__m256i; 2] {
             let w = [
                 _mm256_loadu_si256(p as *const _),
                 _mm256_loadu_si256(p.add(32) as *const _),
             ];
             if VNNI {
-                let flip = _mm256_set1_epi8(-128);
-                [_mm256_xor_si256(w[0], flip), _mm256_xor_si256(w[1], flip)]
+                both(w, |w| _mm256_xor_si256(w, _mm256_set1_epi8(-128)))
             } else {
                 w
             }
         }
         #[inline(always)]
-        unsafe fn dot(acc: [__m256i; 2], w: [__m256i; 2], x: i32) -> [__m256i; 2] {
+        unsafe fn dot_i8(acc: [__m256i; 2], w: [__m256i; 2], x: i32) -> [__m256i; 2] {
+            if VNNI {
+                return Self::dot_u8(acc, w, x);
+            }
             let x = _mm256_set1_epi32(x);
-            let one = |acc: __m256i, w: __m256i| {
+            zip2(acc, w, |acc, w| {
+                let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            })
+        }
+        const HIGH_IN_PLACE: bool = VNNI;
+        #[inline(always)]
+        unsafe fn load_u4(p: *const u8) -> ([__m256i; 2], [__m256i; 2]) {
+            let v = [
+                _mm256_loadu_si256(p as *const _),
+                _mm256_loadu_si256(p.add(32) as *const _),
+            ];
+            let low = _mm256_set1_epi8(0x0f);
+            let high = if VNNI {
+                both(v, |v| _mm256_and_si256(v, _mm256_set1_epi8(0xf0u8 as i8)))
+            } else {
+                // `vpmaddubsw` would saturate on `16 · code`.
+                both(v, |v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), low))
+            };
+            (both(v, |v| _mm256_and_si256(v, low)), high)
+        }
+        #[inline(always)]
+        unsafe fn shr4(c: [__m256i; 2]) -> [__m256i; 2] {
+            both(c, |c| _mm256_srai_epi32::<4>(c))
+        }
+        #[inline(always)]
+        unsafe fn dot_u8(acc: [__m256i; 2], w: [__m256i; 2], x: i32) -> [__m256i; 2] {
+            let x = _mm256_set1_epi32(x);
+            zip2(acc, w, |acc, w| {
                 if VNNI {
                     _mm256_dpbusd_avx_epi32(acc, w, x)
                 } else {
-                    let pairs =
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                    let pairs = _mm256_maddubs_epi16(w, x);
                     _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
                 }
-            };
-            [one(acc[0], w[0]), one(acc[1], w[1])]
+            })
         }
         #[inline(always)]
         unsafe fn add(a: [__m256i; 2], b: [__m256i; 2]) -> [__m256i; 2] {
-            [_mm256_add_epi32(a[0], b[0]), _mm256_add_epi32(a[1], b[1])]
+            zip2(a, b, |a, b| _mm256_add_epi32(a, b))
         }
         #[inline(always)]
-        unsafe fn fma(acc: [__m256; 2], c: [__m256i; 2], bsum: i32, a: f32) -> [__m256; 2] {
-            let (off, a) = (_mm256_set1_epi32(Self::OFFSET * bsum), _mm256_set1_ps(a));
-            let one =
-                |acc, c| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, off)), a, acc);
-            [one(acc[0], c[0]), one(acc[1], c[1])]
+        unsafe fn fma_i8(acc: [__m256; 2], c: [__m256i; 2], bsum: i32, a: f32) -> [__m256; 2] {
+            let off = _mm256_set1_epi32(Self::OFFSET * bsum);
+            Self::fma_c(
+                acc,
+                both(c, |c| _mm256_sub_epi32(c, off)),
+                [_mm256_set1_ps(a); 2],
+            )
+        }
+        #[inline(always)]
+        unsafe fn fma_c(acc: [__m256; 2], c: [__m256i; 2], s: [__m256; 2]) -> [__m256; 2] {
+            let [c0, c1] = both(c, |c| _mm256_cvtepi32_ps(c));
+            [
+                _mm256_fmadd_ps(c0, s[0], acc[0]),
+                _mm256_fmadd_ps(c1, s[1], acc[1]),
+            ]
+        }
+        #[inline(always)]
+        unsafe fn fma_s(acc: [__m256; 2], m: [__m256; 2], s: f32) -> [__m256; 2] {
+            let s = _mm256_set1_ps(s);
+            zip2(acc, m, |acc, m| _mm256_fmadd_ps(m, s, acc))
+        }
+        #[inline(always)]
+        unsafe fn half(p: *const u8) -> [__m256; 2] {
+            [
+                _mm256_cvtph_ps(_mm_loadu_si128(p as *const _)),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const _)),
+            ]
+        }
+        #[inline(always)]
+        unsafe fn mul(v: [__m256; 2], s: f32) -> [__m256; 2] {
+            let s = _mm256_set1_ps(s);
+            both(v, |v| _mm256_mul_ps(v, s))
+        }
+        #[inline(always)]
+        unsafe fn mulv(a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
+            zip2(a, b, |a, b| _mm256_mul_ps(a, b))
         }
         #[inline(always)]
         unsafe fn store(v: [__m256; 2], out: &mut [f32; PANEL_ROWS]) {
@@ -266,96 +494,186 @@ pub(super) mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn panels_avx512(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
         each_panel::<Avx512>(w, acts, j0, yt)
     }
 
-    #[target_feature(enable = "avxvnni,avx2,fma")]
+    #[target_feature(enable = "avxvnni,avx2,fma,f16c")]
     unsafe fn panels_avxvnni(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
         each_panel::<Avx2<true>>(w, acts, j0, yt)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn panels_avx2(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
         each_panel::<Avx2<false>>(w, acts, j0, yt)
     }
 
     #[inline(always)]
     unsafe fn each_panel<L: Lanes>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+        let int4 = Int4Params::new(w.dtype, w.kp, PANEL_ROWS);
         for (p, out) in yt.chunks_exact_mut(PANEL_ROWS * acts.n).enumerate() {
-            inputs::<L>(w, acts, j0 + p * PANEL_ROWS, out)
+            let (panel, _) = w.panel(j0 + p * PANEL_ROWS);
+            inputs::<L>(panel, int4, acts, out)
         }
     }
 
     /// Every input row in tiles of up to 4 (one row: decode, its steps over 4 chains).
     #[inline(always)]
-    unsafe fn inputs<L: Lanes>(w: &QuantWeight<'_>, acts: &Acts, j: usize, yt: &mut [f32]) {
-        let (panel, _) = w.panel(j);
+    unsafe fn inputs<L: Lanes>(
+        panel: &[u8],
+        int4: Option<Int4Params>,
+        acts: &Acts,
+        yt: &mut [f32],
+    ) {
         let n = acts.n;
-        if n == 1 {
-            return tile::<L, 1, 4>(panel, acts, 0, yt);
-        }
         let mut i = 0;
         while i < n {
-            match n - i {
-                1 => tile::<L, 1, 2>(panel, acts, i, yt),
-                2 => tile::<L, 2, 2>(panel, acts, i, yt),
-                3 => tile::<L, 3, 1>(panel, acts, i, yt),
-                _ => tile::<L, 4, 1>(panel, acts, i, yt),
+            let t = (n - i).min(4);
+            match (int4, t) {
+                (None, 1) if n == 1 => tile_i8::<L, 1, 4>(panel, acts, i, yt),
+                (None, 1) => tile_i8::<L, 1, 2>(panel, acts, i, yt),
+                (None, 2) => tile_i8::<L, 2, 2>(panel, acts, i, yt),
+                (None, 3) => tile_i8::<L, 3, 1>(panel, acts, i, yt),
+                (None, _) => tile_i8::<L, 4, 1>(panel, acts, i, yt),
+                (Some(p), 1) => tile_i4::<L, 1>(panel, p, acts, i, yt),
+                (Some(p), 2) => tile_i4::<L, 2>(panel, p, acts, i, yt),
+                (Some(p), 3) => tile_i4::<L, 3>(panel, p, acts, i, yt),
+                (Some(p), _) => tile_i4::<L, 4>(panel, p, acts, i, yt),
             }
-            i += 4;
+            i += t;
         }
     }
 
-    /// The panel × input rows `i..i + T`, each output's steps summed over `C` chains.
+    /// Prefetches, in decode, the line [`AHEAD`] bytes past `step`: the panels are read as
+    /// one stream, on into the next panel.
     #[inline(always)]
-    unsafe fn tile<L: Lanes, const T: usize, const C: usize>(
+    unsafe fn prefetch<const T: usize>(step: *const u8) {
+        if T == 1 {
+            _mm_prefetch::<_MM_HINT_NTA>(step.wrapping_add(AHEAD) as *const i8);
+        }
+    }
+
+    /// The sum of the `C` chains of each input.
+    #[inline(always)]
+    unsafe fn sums<L: Lanes, const T: usize, const C: usize>(c: &[[L::I; C]; T]) -> [L::I; T] {
+        std::array::from_fn(|t| {
+            let mut sum = c[t][0];
+            for part in &c[t][1..] {
+                sum = L::add(sum, *part);
+            }
+            sum
+        })
+    }
+
+    /// Writes lane `dr` of `acc[t]` to `yt[dr·n + i + t]`, times `scale(dr)`.
+    #[inline(always)]
+    unsafe fn store<L: Lanes, const T: usize>(
+        acc: &[L::F; T],
+        n: usize,
+        i: usize,
+        yt: &mut [f32],
+        scale: impl Fn(usize) -> f32,
+    ) {
+        for (t, acc) in acc.iter().enumerate() {
+            let mut out = [0.0f32; PANEL_ROWS];
+            L::store(*acc, &mut out);
+            for (dr, v) in out.iter().enumerate() {
+                yt[dr * n + i + t] = scale(dr) * v;
+            }
+        }
+    }
+
+    /// An int8 panel × input rows `i..i + T`, each output's steps summed over `C` chains.
+    #[inline(always)]
+    unsafe fn tile_i8<L: Lanes, const T: usize, const C: usize>(
         panel: &[u8],
         acts: &Acts,
         i: usize,
         yt: &mut [f32],
     ) {
-        let n = acts.n;
         let qs: [*const i8; T] = std::array::from_fn(|t| acts.row_qs(i + t).as_ptr());
         let d: [&[f32]; T] = std::array::from_fn(|t| acts.row_d(i + t));
         let bsum: [&[i32]; T] = std::array::from_fn(|t| acts.row_bsum(i + t));
         let codes = panel.as_ptr().add(4 * PANEL_ROWS);
         let mut acc = [L::zero_f(); T];
         for b in 0..acts.blocks {
-            let block = codes.add(b * STEPS * STEP * PANEL_ROWS);
+            let block = codes.add(b * STEPS * STEP_BYTES);
             let mut c = [[L::zero_i(); C]; T];
             for s in 0..STEPS {
-                let step = block.add(s * STEP * PANEL_ROWS);
-                if T == 1 {
-                    // Decode reads the panels as one stream, on into the next panel.
-                    _mm_prefetch::<_MM_HINT_NTA>(step.wrapping_add(AHEAD) as *const i8);
-                }
-                let wv = L::load(step);
+                let step = block.add(s * STEP_BYTES);
+                prefetch::<T>(step);
+                let wv = L::load_i8(step);
                 for t in 0..T {
                     let x = (qs[t].add(b * BLOCK + s * STEP) as *const i32).read_unaligned();
-                    c[t][s % C] = L::dot(c[t][s % C], wv, x);
+                    c[t][s % C] = L::dot_i8(c[t][s % C], wv, x);
+                }
+            }
+            let sum = sums::<L, T, C>(&c);
+            for t in 0..T {
+                let (bs, a) = (*bsum[t].get_unchecked(b), *d[t].get_unchecked(b));
+                acc[t] = L::fma_i8(acc[t], sum[t], bs, a);
+            }
+        }
+        store::<L, T>(&acc, acts.n, i, yt, |dr| {
+            let s = &panel[4 * dr..4 * dr + 4];
+            f32::from_le_bytes([s[0], s[1], s[2], s[3]])
+        })
+    }
+
+    /// An int4 panel × input rows `i..i + T`.
+    #[inline(always)]
+    unsafe fn tile_i4<L: Lanes, const T: usize>(
+        panel: &[u8],
+        p: Int4Params,
+        acts: &Acts,
+        i: usize,
+        yt: &mut [f32],
+    ) {
+        let qs: [*const i8; T] = std::array::from_fn(|t| acts.row_qs(i + t).as_ptr());
+        let d: [&[f32]; T] = std::array::from_fn(|t| acts.row_d(i + t));
+        let (base, layout) = (panel.as_ptr(), p.layout);
+        let mut acc = [L::zero_f(); T];
+        let mut dg = L::zero_f();
+        for b in 0..acts.blocks {
+            if b % p.per_group == 0 {
+                dg = L::half(base.add(layout.scales(b / p.per_group)));
+            }
+            // The block's 4 steps are adjacent within its group.
+            let block = base.add(layout.step(STEPS4 * b));
+            // The low and the high codes' sums apart (two chains per input).
+            let mut c = [[L::zero_i(); 2]; T];
+            for s in 0..STEPS4 {
+                let step = block.add(s * STEP_BYTES);
+                prefetch::<T>(step);
+                let (lo, hi) = L::load_u4(step);
+                for t in 0..T {
+                    let x = qs[t].add(b * BLOCK + 2 * STEP * s) as *const i32;
+                    let (xlo, xhi) = (x.read_unaligned(), x.add(1).read_unaligned());
+                    c[t][0] = L::dot_u8(c[t][0], lo, xlo);
+                    c[t][1] = L::dot_u8(c[t][1], hi, xhi);
                 }
             }
             for t in 0..T {
-                let mut sum = c[t][0];
-                for part in &c[t][1..] {
-                    sum = L::add(sum, *part);
-                }
-                acc[t] = L::fma(
-                    acc[t],
-                    sum,
-                    *bsum[t].get_unchecked(b),
-                    *d[t].get_unchecked(b),
-                );
+                let high = if L::HIGH_IN_PLACE {
+                    L::shr4(c[t][1])
+                } else {
+                    c[t][1]
+                };
+                let sum = L::add(c[t][0], high);
+                acc[t] = L::fma_c(acc[t], sum, L::mul(dg, *d[t].get_unchecked(b)));
             }
         }
-        for (t, acc) in acc.iter().enumerate() {
-            let mut out = [0.0f32; PANEL_ROWS];
-            L::store(*acc, &mut out);
-            for (dr, v) in out.iter().enumerate() {
-                yt[dr * n + i + t] = scale(panel, dr) * v;
+        let gsum: [&[f32]; T] = std::array::from_fn(|t| acts.row_gsum(i + t));
+        for g in 0..p.groups {
+            let mut m = L::mul(L::half(base.add(layout.mins(g))), p.factor);
+            if p.times_scale {
+                m = L::mulv(m, L::half(base.add(layout.scales(g))));
+            }
+            for t in 0..T {
+                acc[t] = L::fma_s(acc[t], m, *gsum[t].get_unchecked(g));
             }
         }
+        store::<L, T>(&acc, acts.n, i, yt, |_| 1.0)
     }
 }
