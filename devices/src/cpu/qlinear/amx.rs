@@ -1,25 +1,25 @@
-//! Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) int8 tile kernels.
+//! Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and later) int8 and int4 tile
+//! kernels for prefill.
 //!
 //! One tile multiply computes a 16 × 16 block of int32 dot products over one block of 32
 //! values (Intel SDM vol. 1 ch. 18, "Intel AMX"):
-//! - A (`tmm0`/`tmm3`): up to 16 weight rows × 32 codes, read straight from the int8 rows
-//!   (int4 rows are first unpacked to one code per byte, once per call and panel);
+//! - A (`tmm0`/`tmm3`): up to 16 weight rows × 32 codes, copied out of the weights' panel
+//!   ([`flm_core::panels`]) as rows of one code per byte, once per call and panel;
 //! - B (`tmm1`/`tmm4`): 16 input rows (tokens) of the same block, repacked once per call into
 //!   the VNNI tile layout `B[q][4·t + i] = q_x[t][4q + i]` by [`TileActs::pack`];
 //! - C (`tmm2`/`tmm5`): `C[j][t] = Σ_k q_w[j][k] q_x[t][k]`, exact, with `tdpbssd` (int8:
 //!   signed × signed) or `tdpbusd` (int4: unsigned codes `0..15` × signed activations).
 //!
 //! Each block's C is then scaled by the block scales of its 16 tokens (one vector, as the
-//! lanes of a row of C are tokens) and accumulated in f32 — the formula of the portable
-//! twin ([`super::scalar`]), block by block. Two blocks are in flight at once (two sets of
-//! tile registers), so the tile unit multiplies one block while the vector unit scales the
-//! previous one.
+//! lanes of a row of C are tokens) and accumulated in f32 — the order of `panels`, block by
+//! block. Two blocks are in flight at once (two sets of tile registers), so the tile unit
+//! multiplies one block while the vector unit scales the previous one.
 //!
 //! Fewer than [`super::AMX_MIN_ROWS`] input rows (decode, short speculative batches) go to
-//! the AVX-512 VNNI kernels of `amx_decode`, which sum each output in the order of these
-//! tile kernels: the same bits for a row alone as in a prefill (batch invariance). One-row
-//! tile multiplies were slower there (1.5× for int8, 4× for int4): every block's C goes
-//! through memory, and decode has nothing to amortise it over.
+//! the AVX-512 panel kernels, which sum each output in the same order: the same bits for a
+//! row alone as in a prefill (batch invariance). One-row tile multiplies were slower there
+//! (1.5× for int8, 4× for int4): every block's C goes through memory, and decode has nothing
+//! to amortise it over.
 //!
 //! Tile registers are not known to the compiler: every `asm!` block below names the ones it
 //! uses, and nothing else in the program touches them (we use no AMX intrinsics).

@@ -3,8 +3,7 @@
 //!
 //! Each input row is quantised once per call, in blocks of [`BLOCK`] values with scale
 //! `a = max|x| / 127` and codes `q_x = x · (1/a)` rounded to nearest (ggml's
-//! `quantize_row_q8_0`, with ties to even), into an
-//! [`Acts`] laid out for the kernel family that will read it. An output is then
+//! `quantize_row_q8_0`, with ties to even), into an [`Acts`]. An output is then
 //! `s · Σ_b a_b Σ q_w q_x` (int8, per-channel scale `s`) or
 //! `Σ_b d_g a_b Σ q_w q_x + Σ_g m_g Σ_{b ∈ g} a_b Σ q_x` (int4, group scale `d_g`, minimum
 //! `m_g`), every inner sum an exact integer (weight layouts in [`flm_core::quant`]).
@@ -14,34 +13,26 @@
 //! kernels run unchanged over twice the rows, and the activations keep about 15 bits
 //! instead of 7 (the weights are read once for both rows).
 //!
-//! Kernels, one module per instruction set, all computing that formula:
-//! - [`panels`]: int8 weights in panels of 16 rows ([`flm_core::panels`]), with one
-//!   summation order at every level, so that every level computes the same bits; its
-//!   portable twin and its AVX2, AVX-VNNI, AVX-512 VNNI and NEON kernels;
-//! - [`scalar`]: portable int4 loops, the twin every other int4 kernel is tested against;
-//! - `x86`: AVX2 (`vpmaddubsw`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`) int4 micro-kernels
-//!   that compute a tile of up to 4 weight rows × 4 input rows, so that prefill reuses each
-//!   loaded weight vector for 4 tokens;
+//! Kernels, all computing that formula:
+//! - [`panels`]: int8 and int4 weights in panels of 16 rows ([`flm_core::panels`]), summed
+//!   in one order at every level, so that every level computes the same bits: the portable
+//!   twin and the AVX2, AVX-VNNI and AVX-512 VNNI kernels there, the NEON ones (`sdot`
+//!   where the CPU has the dot-product extension, `smull` where it has not) in `neon`;
 //! - `amx`: Intel AMX tile multiplies of 16 weight rows × 16 input rows per block, for
-//!   prefill of at least [`AMX_MIN_ROWS`] input rows; below that (decode), the AVX-512
-//!   VNNI kernels of `panels` (int8) and `amx_decode` (int4), which sum in the tiles'
-//!   order;
+//!   prefill of at least [`AMX_MIN_ROWS`] input rows, in the same order; below that
+//!   (decode), the AVX-512 panel kernels;
 //! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
-//! - `q8_0`: ggml's Q8_0 blocks, see there;
-//! - `neon`: aarch64 micro-kernels of up to 4 weight rows × 2 input rows, with `sdot` where
-//!   the CPU has the dot-product extension and `smull`/`sadalp` where it has not.
+//! - `q8_0`: ggml's Q8_0 blocks, see there.
 //!
 //! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
 //! 2025): at one instruction-set level, an output `y[i, j]` has the same bits whatever the
 //! other input rows of the call, the position of row `i` among them, the tile that computes
 //! it and the thread split. Each input row is quantised on its own; the integer sums are
-//! exact; and every kernel family of a level accumulates the scaled sums of one output in an
-//! order fixed by `k`: the x86 and NEON micro-kernels in one vector accumulator per tile
-//! entry over the row's chunks, reduced at the end, whatever the tile shape; the AMX
-//! level block by block, in its tile kernels and in `amx_decode` alike. `devices/tests/
-//! batch_invariance.rs` checks it. Int8 goes further: its panels sum in one order at every
-//! level (`devices/tests/isa_twins.rs`); the int4, K-quant and Q8_0 levels still differ from
-//! each other by rounding.
+//! exact; and every kernel accumulates the scaled sums of one output in an order fixed by
+//! `k`, whatever the tile shape. `devices/tests/batch_invariance.rs` checks it. Int8 and
+//! int4 go further: their panels sum in one order at every level
+//! (`devices/tests/isa_twins.rs`); the K-quant and Q8_0 levels still differ from each other
+//! by rounding.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
