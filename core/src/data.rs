@@ -403,9 +403,9 @@ impl Data {
     /// Errors: [`Error::Shape`] if the new shape needs more bytes than the storage holds.
     pub fn set_shape(&mut self, shape: &[usize]) -> Result<()> {
         let len = byte_len(self.dtype, shape)?;
-        if self.layout == Layout::Panels
-            && shape.get(shape.len().wrapping_sub(2)..) != self.shape.get(self.shape.len() - 2..)
-        {
+        // Panels are cut along the last two dimensions, which must stay.
+        let matrix = |shape: &[usize]| shape.len().checked_sub(2).map(|at| shape[at..].to_vec());
+        if self.layout == Layout::Panels && matrix(shape) != matrix(&self.shape) {
             return Err(Error::Shape {
                 op: "Data::set_shape",
                 msg: format!("panels of {:?} cannot take the shape {shape:?}", self.shape),
@@ -649,10 +649,8 @@ impl Data {
             dtype => {
                 let row_bytes = quant::row_bytes(dtype, cols).unwrap_or(0);
                 if self.layout == Layout::Panels {
-                    let mut row = vec![0u8; row_bytes];
                     let m = self.shape[self.shape.len() - 2];
-                    panels::row(dtype, bytes, m, cols, r, &mut row)?;
-                    quant::dequantize_row(dtype, &row, out);
+                    panels::dequantize_row(dtype, bytes, m, cols, r, out)?;
                 } else {
                     quant::dequantize_row(dtype, &bytes[r * row_bytes..][..row_bytes], out);
                 }

@@ -177,31 +177,50 @@ fn int4_code(row: &[u8], c: usize) -> u8 {
 /// The byte runs that row `i` of a panel of `r` rows keeps as they are between its
 /// row-major bytes and the panel, as `(offset in the row, offset in the panel, length)`:
 /// int8's scale and codes, int4's scales and minimums (int4 codes are reordered apart).
-fn moves(dtype: DataType, cols: usize, r: usize, i: usize) -> Vec<(usize, usize, usize)> {
+fn moves(
+    dtype: DataType,
+    cols: usize,
+    r: usize,
+    i: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
     let kp = quant::padded_cols(dtype, cols);
-    match dtype.group_size() {
-        None => std::iter::once((0, 4 * i, 4))
-            .chain((0..kp / STEP).map(|s| (4 + STEP * s, 4 * r + s * STEP * r + STEP * i, STEP)))
-            .collect(),
-        Some(g) => {
-            let Some(layout) = Int4Panel::new(dtype, r) else {
-                return Vec::new();
-            };
-            let groups = kp / g;
-            let parts = if layout.symmetric { 1 } else { 2 };
-            (0..parts * groups)
-                .map(|v| {
-                    let (part, g) = (v / groups, v % groups);
-                    let at = if part == 0 {
-                        layout.scales(g)
-                    } else {
-                        layout.mins(g)
-                    };
-                    (kp / 2 + 2 * v, at + 2 * i, 2)
-                })
-                .collect()
+    let int4 = Int4Panel::new(dtype, r);
+    let groups = int4.map_or(0, |l| kp / l.group);
+    let runs = match int4 {
+        // The scale, then each step's codes.
+        None => 1 + kp / STEP,
+        Some(l) => groups * if l.symmetric { 1 } else { 2 },
+    };
+    (0..runs).map(move |v| match (int4, v) {
+        (None, 0) => (0, 4 * i, 4),
+        (None, v) => {
+            let s = v - 1;
+            (4 + STEP * s, 4 * r + s * STEP * r + STEP * i, STEP)
         }
-    }
+        (Some(l), v) => {
+            let g = v % groups;
+            let at = if v < groups { l.scales(g) } else { l.mins(g) };
+            (kp / 2 + 2 * v, at + 2 * i, 2)
+        }
+    })
+}
+
+/// Dequantises row `j` of the panel-laid matrices `panels` (see [`row`]) into `out`
+/// (`cols` values), through a copy of its row-major bytes.
+///
+/// Errors: those of [`row`].
+pub fn dequantize_row(
+    dtype: DataType,
+    panels: &[u8],
+    m: usize,
+    cols: usize,
+    j: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let mut bytes = vec![0u8; quant::row_bytes(dtype, cols).unwrap_or(0)];
+    row(dtype, panels, m, cols, j, &mut bytes)?;
+    quant::dequantize_row(dtype, &bytes, out);
+    Ok(())
 }
 
 /// Copies row `j` of the panel-laid matrices `panels` (as [`pack`] wrote them; `j` counts

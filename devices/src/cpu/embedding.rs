@@ -33,7 +33,7 @@ pub(crate) fn embedding(
             WeightRows::F32(w) => dst.copy_from_slice(&w[r * dim..][..dim]),
             WeightRows::F16(w) => widen(isa, &w[r * dim..][..dim], dst),
             WeightRows::BF16(w) => widen(isa, &w[r * dim..][..dim], dst),
-            WeightRows::Quant { .. } => rows.dequantize(r, dim, dst),
+            WeightRows::Quant { .. } => rows.dequantize(r, dim, dst)?,
         }
     }
     Ok(())

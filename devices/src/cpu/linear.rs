@@ -182,8 +182,8 @@ fn quant_group(
     const P: usize = schedule::MAX_PARTS;
     let mut ws = [QuantWeight::EMPTY; P];
     let mut owned: [Option<Cow<'_, [f32]>>; P] = Default::default();
-    // The kernels read int8 in panels, which the model graphs pack at load; other weights in
-    // rows are packed here, per call.
+    // The kernels read int8 and int4 in panels, which the model graphs pack at load; weights
+    // in rows are packed here, per call.
     let mut packed: [Option<Data>; P] = Default::default();
     for (p, part) in packed.iter_mut().zip(group.iter()) {
         let w = part.weight;

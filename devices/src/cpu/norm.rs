@@ -26,7 +26,7 @@ pub(crate) fn rms_norm(
         rows @ WeightRows::Quant { .. } => {
             // Quantised gains are not produced by any converter; dequantise them (once).
             let mut buf = Vec::new();
-            let w = rows.row(0, dim, &mut buf).to_vec();
+            let w = rows.row(0, dim, &mut buf)?.to_vec();
             rms_norm_rows(isa, x, &w, eps, out)
         }
     }

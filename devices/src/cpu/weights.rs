@@ -43,9 +43,16 @@ impl<'a> WeightRows<'a> {
 
     /// Row `r` (of length `cols`) as f32: borrowed for f32 weights, widened into `buf`
     /// (exactly: f16 and bf16 are subsets of f32) otherwise.
-    pub(crate) fn row<'b>(&'b self, r: usize, cols: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+    ///
+    /// Errors: those of [`WeightRows::dequantize`].
+    pub(crate) fn row<'b>(
+        &'b self,
+        r: usize,
+        cols: usize,
+        buf: &'b mut Vec<f32>,
+    ) -> Result<&'b [f32]> {
         let range = r * cols..(r + 1) * cols;
-        match self {
+        Ok(match self {
             WeightRows::F32(w) => &w[range],
             WeightRows::F16(w) => {
                 buf.resize(cols, 0.0);
@@ -59,15 +66,17 @@ impl<'a> WeightRows<'a> {
             }
             WeightRows::Quant { .. } => {
                 buf.resize(cols, 0.0);
-                self.dequantize(r, cols, buf);
+                self.dequantize(r, cols, buf)?;
                 buf
             }
-        }
+        })
     }
 
     /// Dequantises row `r` (of `cols` values) of quantised weights into `out`; nothing for
     /// float weights.
-    pub(crate) fn dequantize(&self, r: usize, cols: usize, out: &mut [f32]) {
+    ///
+    /// Errors: [`Error::OutOfBounds`] for a row past the last of weights in panels.
+    pub(crate) fn dequantize(&self, r: usize, cols: usize, out: &mut [f32]) -> Result<()> {
         let WeightRows::Quant {
             dtype,
             bytes,
@@ -75,18 +84,13 @@ impl<'a> WeightRows<'a> {
             panels,
         } = *self
         else {
-            return;
+            return Ok(());
         };
         match panels {
-            Some(m) => {
-                let mut row = vec![0u8; row_bytes];
-                // Fails only for a row out of bounds, which the callers rule out.
-                if flm_core::panels::row(dtype, bytes, m, cols, r, &mut row).is_ok() {
-                    quant::dequantize_row(dtype, &row, out);
-                }
-            }
+            Some(m) => flm_core::panels::dequantize_row(dtype, bytes, m, cols, r, out)?,
             None => quant::dequantize_row(dtype, &bytes[r * row_bytes..][..row_bytes], out),
         }
+        Ok(())
     }
 }
 
