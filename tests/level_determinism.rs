@@ -5,18 +5,20 @@
 //! Each case decodes [`STEPS`] tokens greedily from a prompt, at every level this CPU has
 //! (or the one `FLM_CPU_ISA` names), and digests every logit's bits (SHA-256 of the logits
 //! of the prompt's last position and of each step, little-endian f32): the levels must
-//! agree on the tokens and the digest. The cases are stories260K in every float dtype (f32,
-//! f16, bf16), in int8 and in the three int4 forms, and a tiny Qwen3-MoE checkpoint
-//! (tests/data/hf-families, made with transformers' own class) as its GGUF. The K-quant and
-//! Q8_0 Linears do not sum in one order at every level yet (see `devices/src/cpu/qlinear`):
-//! their levels differ by rounding.
+//! agree on the tokens and the digest. The cases cover every weight dtype the CPU computes
+//! with: stories260K in every float dtype (f32, f16, bf16), in int8 and in the three int4
+//! forms; its GGUFs (tests/data/gguf, written by gguf-py) in Q8_0, Q4_0, Q4_1 and Q5_1; a
+//! one-layer Llama in Q4_K, Q5_K and Q6_K (tests/data/gguf/tiny-kquant.gguf); a tiny
+//! Qwen3-MoE checkpoint (tests/data/hf-families, made with transformers' own class) as its
+//! GGUF; and, where `FLM_SMOLLM2_GGUF` names it, SmolLM2-135M-Instruct in Q4_1 with its
+//! Q8_0 embedding as the classifier (the file .ci/run downloads).
 //!
 //! Across machines, without a file of our own output in the repository: with
-//! `FLM_DETERMINISM_OUT=FILE` the test writes its digests as JSON, and with
-//! `FLM_DETERMINISM_EXPECT=FILE` it compares with such a file; `.ci/run` writes one on x86
-//! and checks the aarch64 runs under qemu against it. Correctness is checked elsewhere
-//! (stories260K's tokens against llama2.c, the MoE's logits against transformers); this test
-//! checks that every machine computes the same thing.
+//! `FLM_DETERMINISM_OUT=DIR` each test writes its digests as JSON into `DIR`, and with
+//! `FLM_DETERMINISM_EXPECT=DIR` it compares with such a file; `.ci/run` writes them on x86
+//! and checks the aarch64 runs under qemu against them. Correctness is checked elsewhere
+//! (stories260K's tokens against llama2.c, the GGUFs' logits against gguf-py's, the MoE's
+//! against transformers); this test checks that every machine computes the same thing.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +30,7 @@ use flm_models::llama::Logits;
 use flm_models::session::load_model;
 use flm_models::SharedModel;
 use flm_tests::data;
+use flm_tokenizer::Message;
 use sha2::{Digest, Sha256};
 
 /// Greedy steps after the prompt.
@@ -121,7 +124,21 @@ fn every_level_computes_the_same_logits() {
             &mut digests,
         );
     }
-    // The tiny checkpoint carries no tokenizer: a prompt of token ids.
+    // The GGUFs of stories260K share its vocabulary, and so does the K-quant Llama.
+    for name in ["q8_0", "q4_0", "q4_1", "q5_1"] {
+        let path = data(&format!("gguf/stories260K-{name}.gguf"));
+        let model = SharedModel::new(&import::load(&path).expect(name)).expect("its graph");
+        check(
+            format!("stories260K {name} GGUF"),
+            &model,
+            &prompt,
+            &mut digests,
+        );
+    }
+    let kquant = import::load(&data("gguf/tiny-kquant.gguf")).expect("the K-quant Llama");
+    let model = SharedModel::new(&kquant).expect("its graph");
+    check("tiny-kquant GGUF".into(), &model, &prompt, &mut digests);
+    // The tiny MoE carries no tokenizer: a prompt of token ids.
     let moe = import::load(&data("hf-families/qwen3_moe.gguf")).expect("the tiny Qwen3-MoE");
     let model = SharedModel::new(&moe).expect("its graph");
     check(
@@ -130,16 +147,58 @@ fn every_level_computes_the_same_logits() {
         &[1, 17, 42, 99, 5, 23],
         &mut digests,
     );
+    compare_across_machines("every_level", &digests);
+}
 
-    let json = serde_json::to_string_pretty(&digests).expect("digests as JSON");
-    if let Ok(path) = std::env::var("FLM_DETERMINISM_OUT") {
-        std::fs::write(&path, &json).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+/// SmolLM2-135M-Instruct (Q4_1 matrices, the Q8_0 embedding as its classifier) on a chat
+/// prompt, where `FLM_SMOLLM2_GGUF` names the GGUF; skipped with a message otherwise.
+#[test]
+fn every_level_computes_the_same_smollm2_logits() {
+    let Some(path) = std::env::var_os("FLM_SMOLLM2_GGUF") else {
+        eprintln!("skipped: FLM_SMOLLM2_GGUF is not set (see .ci/run)");
+        return;
+    };
+    let path = std::path::PathBuf::from(path);
+    let tokenizer = import::load_gguf_tokenizer(&path).expect("its tokenizer");
+    let messages = [Message::new(
+        "user",
+        "Write a short story about a robot who learns to paint.",
+    )];
+    let prompt = tokenizer
+        .encode_chat(&messages, true)
+        .expect("the chat prompt");
+    let model = SharedModel::new(&import::load(&path).expect("SmolLM2")).expect("its graph");
+    let mut digests = BTreeMap::new();
+    check(
+        "SmolLM2 Q4_1 GGUF".into(),
+        &model,
+        &prompt.ids,
+        &mut digests,
+    );
+    compare_across_machines("smollm2", &digests);
+}
+
+/// Writes `digests` to `$FLM_DETERMINISM_OUT/{name}.json` and compares them with
+/// `$FLM_DETERMINISM_EXPECT/{name}.json`, for each variable that is set.
+fn compare_across_machines(name: &str, digests: &BTreeMap<String, String>) {
+    let json = serde_json::to_string_pretty(digests).expect("digests as JSON");
+    if let Some(dir) = std::env::var_os("FLM_DETERMINISM_OUT") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
+        std::fs::create_dir_all(&dir).expect("the digests' directory");
+        std::fs::write(&path, &json).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
-    if let Ok(path) = std::env::var("FLM_DETERMINISM_EXPECT") {
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    if let Some(dir) = std::env::var_os("FLM_DETERMINISM_EXPECT") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let want: BTreeMap<String, String> = serde_json::from_str(&text).expect("digests");
-        for (case, digest) in &digests {
-            assert_eq!(Some(digest), want.get(case), "{case}: against {path}");
+        for (case, digest) in digests {
+            assert_eq!(
+                Some(digest),
+                want.get(case),
+                "{case}: against {}",
+                path.display()
+            );
         }
     }
 }

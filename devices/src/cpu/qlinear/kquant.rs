@@ -2,17 +2,23 @@
 //! as they are): each run of 32 weights dotted against one int8 activation block in exact
 //! integers, then scaled (the formulas of [`flm_core::kquant`]).
 //!
-//! One output at a time, its super-blocks in order: the portable loops here (the twin
-//! every other level is tested against), AVX2 `vpmaddubsw` in `kquant_x86` (also run at
-//! the AVX-VNNI, AVX-512 and AMX levels: the unpacking of the codes, not the multiply,
-//! bounds these kernels, and every such CPU has AVX2), and NEON with and without `sdot`
-//! in `kquant_neon`. Each output is a fixed-order sum over its row, so the results do not
-//! depend on the other input rows or the thread split (batch invariance).
+//! **One order at every level.** An output keeps 8 f32 lanes for its sums and 8 for its
+//! minimums, lane `r` for run `r` of every super-block. Run `r` of a super-block (scale
+//! `f_r`, minimum `g_r`: [`kquant::run_scales`]), over activation block `b` (scale `a_b`,
+//! code sum `bsum_b`), with the exact integer `isum` of its codes (Q6_K: its two halves
+//! times their i8 scales) adds `acc_r = fma(isum, f_r·a_b, acc_r)` and, for Q4_K and Q5_K,
+//! `min_r = fma(bsum_b, g_r·a_b, min_r)`. The output is `lane_sum8(acc) − lane_sum8(min)`
+//! ([`super::lane_sum8`]). The portable loops here (the twin every other level is tested
+//! against), AVX2 `vpmaddubsw` in `kquant_x86` (also run at the AVX-VNNI, AVX-512 and AMX
+//! levels: the unpacking of the codes, not the multiply, bounds these kernels, and every
+//! such CPU has AVX2; the 8 runs fill one vector) and NEON with and without `sdot` in
+//! `kquant_neon` follow it, so every level computes the same bits; each output depends on
+//! its own row only (batch invariance).
 
 use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
 
-use super::{Acts, QuantWeight};
+use super::{lane_sum8, Acts, QuantWeight};
 use crate::cpu::Isa;
 
 /// See [`super::rows`], for a K-quant `w` and [`Acts`] in natural order.
@@ -56,11 +62,10 @@ pub(super) fn each_output(
 }
 
 /// `Σ ŵ·x` of one K-quant row against one activation row (codes `qs`, block scales `d`,
-/// block sums `bsum`): per run `b`, `f_b·a_b·isum_b` accumulated, minus
-/// `Σ_b g_b·a_b·bsum_b` (Q4_K/Q5_K minimums) at the end.
+/// block sums `bsum`), in the order of the module docs.
 fn dot(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], bsum: &[i32]) -> f32 {
     let bb = kquant::block_bytes(dtype);
-    let (mut acc, mut mins) = (0.0f32, 0.0f32);
+    let (mut acc, mut mins) = ([0.0f32; RUNS], [0.0f32; RUNS]);
     let mut codes = [0u8; RUN];
     for (s, block) in row.chunks_exact(bb).enumerate() {
         for r in 0..RUNS {
@@ -75,15 +80,15 @@ fn dot(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], bsum: &[i32]) -> f32 {
                     .map(|(&q, &x)| (i32::from(q) - offset) * i32::from(x))
                     .sum()
             };
-            let isum = if dtype == DataType::Q6K {
+            if dtype == DataType::Q6K {
                 let (sa, sb) = kquant::q6_scales(block, r);
-                sa * half(0..16, 32) + sb * half(16..32, 32)
+                let isum = sa * half(0..16, 32) + sb * half(16..32, 32);
+                acc[r] = (isum as f32).mul_add(f * d[b], acc[r]);
             } else {
-                half(0..RUN, 0)
-            };
-            acc += f * d[b] * isum as f32;
-            mins += g * d[b] * bsum[b] as f32;
+                acc[r] = (half(0..RUN, 0) as f32).mul_add(f * d[b], acc[r]);
+                mins[r] = (bsum[b] as f32).mul_add(g * d[b], mins[r]);
+            }
         }
     }
-    acc - mins
+    lane_sum8(acc) - lane_sum8(mins)
 }

@@ -2,7 +2,8 @@
 //! once into 16 vectors of 16 bytes and dotted against up to [`TILE_INPUTS`] input rows,
 //! 16 values at a time (Q6_K has one scale per 16): with `sdot` at [`Isa::NeonDot`], else
 //! `smull`/`smull2` and `sadalp` (every product fits i16: `|(q − 32) · x| ≤ 32 · 128`).
-//! The integer sum of a run is scaled by `f · a` and accumulated in f32.
+//! The integer sum of a run is scaled by `f · a` and accumulated in its lane, in the order
+//! of `kquant`.
 
 use std::arch::aarch64::*;
 
@@ -10,7 +11,7 @@ use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
 
 use super::neon::sdot;
-use super::{Acts, QuantWeight};
+use super::{lane_sum8, Acts, QuantWeight};
 use crate::cpu::Isa;
 
 /// Input rows that share one unpacking of a super-block.
@@ -52,7 +53,7 @@ fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &
 /// The exact dot product of 16 codes `w` and 16 activation codes `a`; `DOT` selects
 /// `sdot`, which only the `#[target_feature(enable = "dotprod")]` path passes.
 #[inline(always)]
-pub(super) fn dot16<const DOT: bool>(w: int8x16_t, a: int8x16_t) -> i32 {
+fn dot16<const DOT: bool>(w: int8x16_t, a: int8x16_t) -> i32 {
     // SAFETY: NEON (every aarch64 target); `sdot` only when `DOT` (see above).
     unsafe {
         if DOT {
@@ -82,8 +83,8 @@ fn tile<const SIX: bool, const DOT: bool>(
     i0: usize,
     out: &mut [f32],
 ) {
-    let mut acc = [0.0f32; TILE_INPUTS];
-    let mut mins = [0.0f32; TILE_INPUTS];
+    let mut acc = [[0.0f32; RUNS]; TILE_INPUTS];
+    let mut mins = [[0.0f32; RUNS]; TILE_INPUTS];
     let mut codes: [Run; RUNS] = zero_runs();
     for (s, block) in row.chunks_exact(kquant::block_bytes(dtype)).enumerate() {
         if SIX {
@@ -106,13 +107,15 @@ fn tile<const SIX: bool, const DOT: bool>(
                 let (xl, xh) = unsafe { (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16))) };
                 let isum = sa * dot16::<DOT>(run[0], xl) + sb * dot16::<DOT>(run[1], xh);
                 let a = acts.row_d(i)[b];
-                *acc += f * a * isum as f32;
-                *mins += g * a * acts.row_bsum(i)[b] as f32;
+                acc[r] = (isum as f32).mul_add(f * a, acc[r]);
+                if !SIX {
+                    mins[r] = (acts.row_bsum(i)[b] as f32).mul_add(g * a, mins[r]);
+                }
             }
         }
     }
-    for (o, (acc, mins)) in out.iter_mut().zip(acc.iter().zip(&mins)) {
-        *o = acc - mins;
+    for (o, (acc, mins)) in out.iter_mut().zip(acc.into_iter().zip(mins)) {
+        *o = lane_sum8(acc) - lane_sum8(mins);
     }
 }
 

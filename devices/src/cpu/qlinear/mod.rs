@@ -29,10 +29,9 @@
 //! other input rows of the call, the position of row `i` among them, the tile that computes
 //! it and the thread split. Each input row is quantised on its own; the integer sums are
 //! exact; and every kernel accumulates the scaled sums of one output in an order fixed by
-//! `k`, whatever the tile shape. `devices/tests/batch_invariance.rs` checks it. Int8 and
-//! int4 go further: their panels sum in one order at every level
-//! (`devices/tests/isa_twins.rs`); the K-quant and Q8_0 levels still differ from each other
-//! by rounding.
+//! `k`, whatever the tile shape. `devices/tests/batch_invariance.rs` checks it. Every dtype
+//! goes further: its kernels sum in one order at every level, so that every level computes
+//! the same bits (`devices/tests/isa_twins.rs`, `tests/level_determinism.rs`).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
@@ -186,6 +185,14 @@ impl Acts {
     pub fn row_bsum(&self, i: usize) -> &[i32] {
         &self.bsum.as_slice()[i * self.blocks..(i + 1) * self.blocks]
     }
+}
+
+/// The sum of 8 f32 lanes in the tree of the K-quant and Q8_0 kernels at every level (x86's
+/// `hsum256`): lane `l` plus lane `l + 4`, then `l + 2`, then `l + 1`.
+#[inline(always)]
+fn lane_sum8(v: [f32; 8]) -> f32 {
+    let s: [f32; 4] = std::array::from_fn(|l| v[l] + v[l + 4]);
+    (s[0] + s[2]) + (s[1] + s[3])
 }
 
 /// The input of [`Acts::quantize`].

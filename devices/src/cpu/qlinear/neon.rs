@@ -97,7 +97,7 @@ pub(super) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4
 /// `acc + Σ` of the 4 byte products of each lane of `w` and `x`: `sdot`, or `smull`,
 /// `addp` and `sadalp` without it (`DOT` false).
 #[inline(always)]
-fn dot4<const DOT: bool>(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+pub(super) fn dot4<const DOT: bool>(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
     // SAFETY: NEON (every aarch64 target); `sdot` only when `DOT`, which only the
     // `#[target_feature(enable = "dotprod")]` kernels entered at `Isa::NeonDot` pass.
     unsafe {

@@ -3,17 +3,21 @@
 //! activation block of the same 32 columns in exact integers, then scaled by `d · a`
 //! (ggml's `ggml_vec_dot_q8_0_q8_0`).
 //!
-//! One weight row at a time, each block loaded once for up to [`TILE_INPUTS`] input rows:
-//! the portable loops here (the twin every other level is tested against); AVX2 at every
-//! x86 level (`vpsignb` makes the weight codes unsigned for `vpmaddubsw`, as ggml does; a
-//! pair of products is at most `2 · 128 · 127 < 2¹⁵`); NEON with `sdot`, or `smull` and
-//! `sadalp`. Each output is a sum over its row's blocks in order, whatever the other input
-//! rows or the thread split (batch invariance).
+//! **One order at every level.** An output keeps 8 f32 lanes. For block `b` (weight scale
+//! `d_b`, activation scale `a_b`), lane `l` takes the exact integer
+//! `c_{b,l} = Σ_{t<4} q_w[4l+t]·q_x[4l+t]` as `acc_l = fma(c_{b,l}, d_b·a_b, acc_l)`; after
+//! the last block the lanes are summed by [`super::lane_sum8`]'s tree. That is what AVX2's
+//! `vpmaddubsw` + `vpmaddwd` and NEON's `sdot` (or `smull` and pairwise adds) give lane by
+//! lane, so the portable twin here, AVX2 (at every x86 level: `vpsignb` makes the weight
+//! codes unsigned for `vpmaddubsw`, as ggml does; a pair of products is at most
+//! `2 · 128 · 127 < 2¹⁵`) and NEON compute the same bits. Each block is loaded once for up
+//! to [`TILE_INPUTS`] input rows, and each output depends on its own row only (batch
+//! invariance).
 
 use flm_core::quant::{BLOCK, Q8_0_BLOCK_BYTES};
 use half::f16;
 
-use super::{Acts, QuantWeight};
+use super::{lane_sum8, Acts, QuantWeight};
 use crate::cpu::Isa;
 
 /// Input rows that share one load of a weight block.
@@ -26,76 +30,116 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         // x86 level above the portable one has AVX2.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 | Isa::Amx => unsafe { avx2::rows(w, acts, j0, yt) },
-        // SAFETY: as above: this CPU has FEAT_DotProd at this level.
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::NeonDot => unsafe { neon::rows_dot(w, acts, j0, yt) },
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon => each_tile(w, acts, j0, yt, neon::dot32::<false>),
-        _ => each_tile(w, acts, j0, yt, dot32),
+        Isa::Neon | Isa::NeonDot => neon::rows(isa, w, acts, j0, yt),
+        _ => portable(w, acts, j0, yt),
     }
 }
 
-/// Calls `tile` for each weight row of `yt` and each tile of up to [`TILE_INPUTS`] input
-/// rows, with `dot32(weight codes, activation codes)` the exact dot product of a block.
+/// The d scale of a Q8_0 block, as f32.
 #[inline(always)]
-fn each_tile(
-    w: &QuantWeight<'_>,
-    acts: &Acts,
-    j0: usize,
-    yt: &mut [f32],
-    dot32: impl Fn(&[u8], &[i8]) -> i32,
-) {
+fn block_scale(block: &[u8]) -> f32 {
+    f16::from_le_bytes([block[0], block[1]]).to_f32()
+}
+
+/// The portable twin, in the order of the module docs.
+fn portable(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
     for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
         let row = w.row(j0 + dj);
         for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
             let i0 = t * TILE_INPUTS;
-            let mut acc = [0.0f32; TILE_INPUTS];
+            let mut acc = [[0.0f32; 8]; TILE_INPUTS];
             for (b, block) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
-                let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                let d = block_scale(block);
+                let codes = &block[2..2 + BLOCK];
                 for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
                     let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
-                    *acc += d * acts.row_d(i0 + k)[b] * dot32(&block[2..], x) as f32;
+                    let s = d * acts.row_d(i0 + k)[b];
+                    for (l, acc) in acc.iter_mut().enumerate() {
+                        let c: i32 = (4 * l..4 * l + 4)
+                            .map(|t| i32::from(codes[t] as i8) * i32::from(x[t]))
+                            .sum();
+                        *acc = (c as f32).mul_add(s, *acc);
+                    }
                 }
             }
-            out.copy_from_slice(&acc[..out.len()]);
+            for (y, acc) in out.iter_mut().zip(acc) {
+                *y = lane_sum8(acc);
+            }
         }
     }
-}
-
-/// The exact dot product of 32 weight codes (int8 as bytes) and 32 activation codes.
-fn dot32(w: &[u8], x: &[i8]) -> i32 {
-    w[..BLOCK]
-        .iter()
-        .zip(&x[..BLOCK])
-        .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
-        .sum()
 }
 
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon {
     use std::arch::aarch64::*;
 
-    use super::super::kquant_neon::dot16;
-    use super::{each_tile, Acts, QuantWeight, BLOCK};
+    use super::super::neon::dot4;
+    use super::{block_scale, Acts, QuantWeight, BLOCK, Q8_0_BLOCK_BYTES, TILE_INPUTS};
+    use crate::cpu::Isa;
 
-    #[target_feature(enable = "dotprod")]
-    pub(super) unsafe fn rows_dot(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-        each_tile(w, acts, j0, yt, dot32::<true>)
+    /// See [`super::rows`]; `isa` is [`Isa::Neon`] or [`Isa::NeonDot`], and the caller
+    /// guarantees that the CPU supports it.
+    pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+        if isa == Isa::NeonDot {
+            // SAFETY: the caller guarantees FEAT_DotProd at this level.
+            unsafe { rows_dot(w, acts, j0, yt) }
+        } else {
+            each_tile::<false>(w, acts, j0, yt)
+        }
     }
 
-    /// [`super::dot32`] in two halves of 16 (`DOT`: with `sdot`).
+    #[target_feature(enable = "dotprod")]
+    unsafe fn rows_dot(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+        each_tile::<true>(w, acts, j0, yt)
+    }
+
+    /// The 8 lanes of the module docs as two vectors of 4: `dot4` gives lane `l` of 16
+    /// bytes the sum of its 4 products, `vfmaq_f32` rounds once.
     #[inline(always)]
-    pub(super) fn dot32<const DOT: bool>(w: &[u8], x: &[i8]) -> i32 {
-        let (w, x) = (&w[..BLOCK], &x[..BLOCK]);
-        // SAFETY: NEON (every aarch64 target); both slices hold 32 bytes (sliced above).
+    fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+        let n = acts.n;
+        // SAFETY (whole body): NEON (every aarch64 target); `sdot` only when `DOT`, which
+        // only `rows_dot` passes; every load reads a slice of 32 bytes.
         unsafe {
-            let (w0, w1) = (
-                vld1q_s8(w.as_ptr() as *const i8),
-                vld1q_s8(w.as_ptr().add(16) as *const i8),
-            );
-            let (x0, x1) = (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16)));
-            dot16::<DOT>(w0, x0) + dot16::<DOT>(w1, x1)
+            let zero = vdupq_n_s32(0);
+            for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
+                let row = w.row(j0 + dj);
+                for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
+                    let i0 = t * TILE_INPUTS;
+                    let mut acc = [[vdupq_n_f32(0.0); 2]; TILE_INPUTS];
+                    for (b, block) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
+                        let d = block_scale(block);
+                        let codes = &block[2..2 + BLOCK];
+                        let w0 = vld1q_s8(codes.as_ptr() as *const i8);
+                        let w1 = vld1q_s8(codes.as_ptr().add(16) as *const i8);
+                        for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
+                            let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
+                            let (x0, x1) = (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16)));
+                            let s = vdupq_n_f32(d * acts.row_d(i0 + k)[b]);
+                            let c0 = vcvtq_f32_s32(dot4::<DOT>(zero, w0, x0));
+                            let c1 = vcvtq_f32_s32(dot4::<DOT>(zero, w1, x1));
+                            acc[0] = vfmaq_f32(acc[0], c0, s);
+                            acc[1] = vfmaq_f32(acc[1], c1, s);
+                        }
+                    }
+                    for (y, acc) in out.iter_mut().zip(acc) {
+                        *y = sum8(acc);
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`super::lane_sum8`] of the lanes `v[0]` (0..4) and `v[1]` (4..8).
+    #[inline(always)]
+    fn sum8(v: [float32x4_t; 2]) -> f32 {
+        // SAFETY: NEON; registers only.
+        unsafe {
+            let s = vaddq_f32(v[0], v[1]);
+            let t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+            vget_lane_f32::<0>(t) + vget_lane_f32::<1>(t)
         }
     }
 }
@@ -104,13 +148,11 @@ mod neon {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use half::f16;
-
     use super::super::x86::hsum256;
-    use super::{Acts, QuantWeight, BLOCK, Q8_0_BLOCK_BYTES, TILE_INPUTS};
+    use super::{block_scale, Acts, QuantWeight, BLOCK, Q8_0_BLOCK_BYTES, TILE_INPUTS};
 
-    /// See [`super::rows`]: per input row one f32 vector accumulates each block's eight
-    /// lane sums scaled by `d · a`, summed across lanes at the end.
+    /// See [`super::rows`]: per input row one f32 vector holds the 8 lanes of the module
+    /// docs.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
@@ -124,7 +166,7 @@ mod avx2 {
                 let i0 = t * TILE_INPUTS;
                 let mut acc = [_mm256_setzero_ps(); TILE_INPUTS];
                 for (b, block) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
-                    let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                    let d = block_scale(block);
                     let codes = &block[2..2 + BLOCK];
                     // SAFETY: `codes` holds 32 bytes (sliced above).
                     let wq = unsafe { _mm256_loadu_si256(codes.as_ptr() as *const __m256i) };

@@ -91,6 +91,7 @@ pub(super) unsafe fn quantize_block_avx2(
     (d, _mm_cvtsi128_si32(s))
 }
 
+/// [`super::lane_sum8`] of the 8 lanes of `v`.
 #[inline(always)]
 pub(super) unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
