@@ -1,5 +1,6 @@
-//! Criterion benchmarks of the Linear kernels (f32, f16, bf16, int8 and int4 weights) at
-//! TinyLlama shapes, at every instruction-set level this CPU has: matrix × vector (decode) at 2048×2048 and 5632×2048,
+//! Criterion benchmarks of the Linear kernels (f32, f16, bf16, int8, int4, Q8_0, Q4_K and
+//! Q6_K weights) at TinyLlama shapes, at every instruction-set level this CPU has: matrix ×
+//! vector (decode) at 2048×2048 and 5632×2048,
 //! reported in weight bytes/s, and the prefill matrix × matrix 128×2048×2048, reported in
 //! multiply-adds/s. `linear_input_perm` times the same int4-sym-g128 decode and prefill
 //! with and without an input permutation (act-order GPTQ: the gather before the product),
@@ -40,6 +41,9 @@ fn linear(c: &mut Criterion) {
         DataType::I8,
         DataType::I4G32,
         DataType::I4SymG32,
+        DataType::Q8_0,
+        DataType::Q4K,
+        DataType::Q6K,
     ] {
         for (n, m, k) in shapes {
             let w = weight(m, k, dtype);

@@ -19,6 +19,7 @@ use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
 
 use super::{lane_sum8, Acts, QuantWeight};
+use crate::cpu::simd::fma;
 use crate::cpu::Isa;
 
 /// See [`super::rows`], for a K-quant `w` and [`Acts`] in natural order.
@@ -83,10 +84,10 @@ fn dot(dtype: DataType, row: &[u8], qs: &[i8], d: &[f32], bsum: &[i32]) -> f32 {
             if dtype == DataType::Q6K {
                 let (sa, sb) = kquant::q6_scales(block, r);
                 let isum = sa * half(0..16, 32) + sb * half(16..32, 32);
-                acc[r] = (isum as f32).mul_add(f * d[b], acc[r]);
+                acc[r] = fma(isum as f32, f * d[b], acc[r]);
             } else {
-                acc[r] = (half(0..RUN, 0) as f32).mul_add(f * d[b], acc[r]);
-                mins[r] = (bsum[b] as f32).mul_add(g * d[b], mins[r]);
+                acc[r] = fma(half(0..RUN, 0) as f32, f * d[b], acc[r]);
+                mins[r] = fma(bsum[b] as f32, g * d[b], mins[r]);
             }
         }
     }

@@ -12,6 +12,7 @@ use flm_core::DataType;
 
 use super::neon::sdot;
 use super::{lane_sum8, Acts, QuantWeight};
+use crate::cpu::simd::fma;
 use crate::cpu::Isa;
 
 /// Input rows that share one unpacking of a super-block.
@@ -107,9 +108,9 @@ fn tile<const SIX: bool, const DOT: bool>(
                 let (xl, xh) = unsafe { (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16))) };
                 let isum = sa * dot16::<DOT>(run[0], xl) + sb * dot16::<DOT>(run[1], xh);
                 let a = acts.row_d(i)[b];
-                acc[r] = (isum as f32).mul_add(f * a, acc[r]);
+                acc[r] = fma(isum as f32, f * a, acc[r]);
                 if !SIX {
-                    mins[r] = (acts.row_bsum(i)[b] as f32).mul_add(g * a, mins[r]);
+                    mins[r] = fma(acts.row_bsum(i)[b] as f32, g * a, mins[r]);
                 }
             }
         }

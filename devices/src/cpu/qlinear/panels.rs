@@ -22,6 +22,7 @@ use std::cell::Cell;
 
 use super::{Acts, QuantWeight};
 use crate::cpu::scratch;
+use crate::cpu::simd::fma;
 
 /// Int4 steps of one block: 8 codes per row each.
 const STEPS4: usize = BLOCK / (2 * STEP);
@@ -129,22 +130,30 @@ fn scalar_into(
             }
         }
         let g = params.map_or(0, |p| b / p.per_group);
+        let mut d = [1.0f32; PANEL_ROWS];
+        if let Some(p) = params {
+            for (dr, d) in d[..r].iter_mut().enumerate() {
+                *d = p.scale_and_min(panel, g, dr).0;
+            }
+        }
         for (i, acc) in acc.chunks_exact_mut(r).enumerate() {
             let x: &[i8; BLOCK] = acts.row_qs(i)[b * BLOCK..][..BLOCK]
                 .try_into()
                 .expect("a block of 32 codes");
             let a = acts.row_d(i)[b];
-            for (dr, (acc, row)) in acc.iter_mut().zip(&rows).enumerate() {
-                let c: i32 = row
+            let mut c = [0.0f32; PANEL_ROWS];
+            for (c, row) in c.iter_mut().zip(&rows[..r]) {
+                let sum: i32 = row
                     .iter()
                     .zip(x)
                     .map(|(&w, &x)| i32::from(w) * i32::from(x))
                     .sum();
-                let s = match params {
-                    None => a,
-                    Some(p) => p.scale_and_min(panel, g, dr).0 * a,
-                };
-                *acc = (c as f32).mul_add(s, *acc);
+                *c = sum as f32;
+            }
+            // Apart from the integer sums, so that the rows' fused multiply-adds vectorise.
+            for ((acc, c), d) in acc.iter_mut().zip(c).zip(d) {
+                let s = if params.is_some() { d * a } else { a };
+                *acc = fma(c, s, *acc);
             }
         }
     }
@@ -158,7 +167,7 @@ fn scalar_into(
                 Some(p) => {
                     let mut acc = acc;
                     for (g, &gsum) in acts.row_gsum(i).iter().enumerate() {
-                        acc = p.scale_and_min(panel, g, dr).1.mul_add(gsum, acc);
+                        acc = fma(p.scale_and_min(panel, g, dr).1, gsum, acc);
                     }
                     acc
                 }

@@ -18,6 +18,7 @@ use flm_core::quant::{BLOCK, Q8_0_BLOCK_BYTES};
 use half::f16;
 
 use super::{lane_sum8, Acts, QuantWeight};
+use crate::cpu::simd::fma;
 use crate::cpu::Isa;
 
 /// Input rows that share one load of a weight block.
@@ -56,11 +57,15 @@ fn portable(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
                 for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
                     let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
                     let s = d * acts.row_d(i0 + k)[b];
-                    for (l, acc) in acc.iter_mut().enumerate() {
-                        let c: i32 = (4 * l..4 * l + 4)
-                            .map(|t| i32::from(codes[t] as i8) * i32::from(x[t]))
-                            .sum();
-                        *acc = (c as f32).mul_add(s, *acc);
+                    let c: [f32; 8] = std::array::from_fn(|l| {
+                        let lane =
+                            (4 * l..4 * l + 4).map(|t| i32::from(codes[t] as i8) * i32::from(x[t]));
+                        lane.sum::<i32>() as f32
+                    });
+                    // Apart from the integer sums, so that the lanes' fused multiply-adds
+                    // vectorise.
+                    for (acc, c) in acc.iter_mut().zip(c) {
+                        *acc = fma(c, s, *acc);
                     }
                 }
             }

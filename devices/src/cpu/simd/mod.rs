@@ -24,6 +24,7 @@
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 pub(crate) mod neon;
 mod portable;
+pub(crate) use portable::fma;
 mod wide;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
@@ -262,13 +263,13 @@ const EXP_P: [f32; 6] = [
 pub(crate) fn exp(x: f32) -> f32 {
     let xc = if EXP_MIN > x { EXP_MIN } else { x };
     let n = (xc * LOG2E).round_ties_even();
-    let r = (-n).mul_add(EXP_C1, xc);
-    let r = (-n).mul_add(EXP_C2, r);
+    let r = fma(-n, EXP_C1, xc);
+    let r = fma(-n, EXP_C2, r);
     let mut p = EXP_P[0];
     for &c in &EXP_P[1..] {
-        p = p.mul_add(r, c);
+        p = fma(p, r, c);
     }
-    let y = p.mul_add(r * r, r) + 1.0;
+    let y = fma(p, r * r, r) + 1.0;
     let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
     if x < EXP_MIN {
         0.0

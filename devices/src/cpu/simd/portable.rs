@@ -34,6 +34,41 @@ fn load_with<T: Copy>(s: &[T], f: impl Fn(T) -> f32) -> V {
     v
 }
 
+/// `a·b + c` rounded once to f32, as `f32::mul_add` and every FMA instruction compute it: the
+/// portable levels' fused multiply-add.
+///
+/// Where the target has no FMA instruction (x86-64 below AVX2, the portable level's
+/// baseline), `mul_add` is a call into a software `fmaf`, which the compiler cannot
+/// vectorise; this computes it in f64 instead, in straight-line code that vectorises: the
+/// product of two f32 is exact in f64 (48 of 53 bits), the sum is rounded to odd (Knuth's
+/// TwoSum gives its exact error; an inexact even result moves one ulp toward the error),
+/// and rounding to odd in f64 then to nearest in f32 rounds once (Boldo and Melquiond,
+/// "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd",
+/// IEEE Trans. Computers 57(4), 2008: `53 ≥ 24 + 2`). NaN and infinities come out as from
+/// `mul_add`.
+#[cfg(all(target_arch = "x86_64", not(target_feature = "fma")))]
+#[inline(always)]
+pub(crate) fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let (p, c) = (f64::from(a) * f64::from(b), f64::from(c));
+    let s = p + c;
+    let back = s - p;
+    let err = (p - (s - back)) + (c - back);
+    let bits = s.to_bits() as i64;
+    // One ulp away from zero when the error has the sum's sign, else toward it; as
+    // arithmetic on the conditions rather than branches, so that it vectorises.
+    let inexact_even = (err != 0.0) & (bits & 1 == 0) & s.is_finite();
+    let away = i64::from((err > 0.0) == (s > 0.0));
+    let odd = bits + i64::from(inexact_even) * (2 * away - 1);
+    f64::from_bits(odd as u64) as f32
+}
+
+/// See the other `fma`: targets with an FMA instruction use it.
+#[cfg(any(not(target_arch = "x86_64"), target_feature = "fma"))]
+#[inline(always)]
+pub(crate) fn fma(a: f32, b: f32, c: f32) -> f32 {
+    a.mul_add(b, c)
+}
+
 /// Lane `l` plus lane `l + LANES/2`, then `l + LANES/4`, … down to one lane: the tree every
 /// level sums a vector with (see [`Simd::sum`]).
 #[inline(always)]
@@ -118,7 +153,7 @@ impl Simd for Portable {
     fn fma(self, a: V, b: V, c: V) -> V {
         let mut r = c;
         for l in 0..LANES {
-            r[l] = a[l].mul_add(b[l], c[l]);
+            r[l] = fma(a[l], b[l], c[l]);
         }
         r
     }
@@ -126,7 +161,7 @@ impl Simd for Portable {
     fn fnma(self, a: V, b: V, c: V) -> V {
         let mut r = c;
         for l in 0..LANES {
-            r[l] = (-a[l]).mul_add(b[l], c[l]);
+            r[l] = fma(-a[l], b[l], c[l]);
         }
         r
     }
@@ -227,8 +262,83 @@ impl Simd for Portable {
         let mut r = c;
         for l in 0..LANES {
             let c = if l % 2 == 0 { -c[l] } else { c[l] };
-            r[l] = a[l].mul_add(b[l], c);
+            r[l] = fma(a[l], b[l], c);
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fma;
+
+    /// The same bits as `f32::mul_add` (the reference: one rounding, compiler-builtins'
+    /// `fmaf` where the target has no instruction), NaN as NaN.
+    fn check(a: f32, b: f32, c: f32) {
+        let (got, want) = (fma(a, b, c), a.mul_add(b, c));
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "fma({a:e}, {b:e}, {c:e}) = {got:e}, not {want:e}"
+        );
+    }
+
+    #[test]
+    fn fma_rounds_once() {
+        // Double rounding would meet here: 1 + 2⁻¹¹ + 2⁻²⁴ is halfway between two f32, and
+        // the tiny addend, lost when rounding the sum to f64, decides the direction.
+        let a = 1.0 + 2f32.powi(-12);
+        for c in [
+            2f32.powi(-80),
+            -(2f32.powi(-80)),
+            2f32.powi(-140),
+            0.0,
+            -0.0,
+        ] {
+            check(a, a, c);
+            check(-a, a, c);
+        }
+        let special = [
+            0.0,
+            -0.0,
+            1.0,
+            f32::MIN_POSITIVE,
+            1e-45,
+            f32::MAX,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        for &a in &special {
+            for &b in &special {
+                for &c in &special {
+                    check(a, b, c);
+                }
+            }
+        }
+        // Random bit patterns (every exponent, subnormals and NaN included), and operands of
+        // the kernels' sizes: products near the addend, where cancellation happens.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..1_000_000 {
+            let r = next();
+            let (a, b, c) = (
+                f32::from_bits(r as u32),
+                f32::from_bits((r >> 32) as u32),
+                f32::from_bits(next() as u32),
+            );
+            check(a, b, c);
+            let (x, y) = (
+                (r % 65_536) as f32 - 32_768.0,
+                f32::from_bits(next() as u32),
+            );
+            let y = f32::from_bits(y.to_bits() & 0x3fff_ffff) * 1e-3;
+            check(x, y, -(x * y));
+            check(x, y, x * y * 1e-9);
+        }
     }
 }
