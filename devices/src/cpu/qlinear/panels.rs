@@ -130,6 +130,7 @@ fn scalar_into(
             }
         }
         let g = params.map_or(0, |p| b / p.per_group);
+        // int8: `1 · a` is `a` exactly.
         let mut d = [1.0f32; PANEL_ROWS];
         if let Some(p) = params {
             for (dr, d) in d[..r].iter_mut().enumerate() {
@@ -152,8 +153,7 @@ fn scalar_into(
             }
             // Apart from the integer sums, so that the rows' fused multiply-adds vectorise.
             for ((acc, c), d) in acc.iter_mut().zip(c).zip(d) {
-                let s = if params.is_some() { d * a } else { a };
-                *acc = fma(c, s, *acc);
+                *acc = fma(c, d * a, *acc);
             }
         }
     }
