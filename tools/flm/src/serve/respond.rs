@@ -398,6 +398,9 @@ pub fn stream(
         let ended = tokio::time::timeout_at(deadline, choices(&mut tasks))
             .await
             .unwrap_or_else(|_| Err(Some(ApiError::deadline(state.request_timeout))));
+        // Choices still running (after the deadline or a failure) must send nothing after
+        // the last event: they are aborted, and awaited, first.
+        tasks.shutdown().await;
         let _ = match ended {
             Ok(done) => {
                 (!include_usage || send(header.usage_chunk(total_usage(done.iter()))))
