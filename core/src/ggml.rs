@@ -1,5 +1,6 @@
-//! ggml's weight types (llama.cpp `ggml/src/ggml-common.h` block structs, `ggml.h`
-//! `ggml_type` numbers), decoded as gguf-py's reference dequantisers decode them
+//! ggml's weight types (llama.cpp `ggml/src/ggml-common.h` block structs, typed in
+//! [`crate::blocks`]; `ggml.h` `ggml_type` numbers), decoded as gguf-py's reference
+//! dequantisers decode them
 //! (`gguf/quants.py`, `dequantize_blocks` of each class), with the same f32 operations in
 //! the same order, so that every value agrees bit for bit (the golden test data in
 //! `tests/data/gguf/quants` is made by gguf-py: `tools/gguf/make_quant_tests.py`).
@@ -33,17 +34,14 @@
 //! [`DataType::I4G32`] with the scales moved out of the blocks:
 //! [`crate::quant::repack_ggml_row`] converts without changing any value.
 
-use half::f16;
-
+use crate::blocks::{
+    dequantize_row, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+};
 use crate::DataType;
 
 /// Values per K-quant super-block (ggml's `QK_K`).
 pub const QK_K: usize = 256;
-
-/// ggml's `kvalues_iq4nl`: the 16 levels of IQ4_NL and IQ4_XS.
-const IQ4_LEVELS: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
 
 /// A ggml block weight type that flm reads (numbers of `ggml_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -180,12 +178,9 @@ impl GgmlType {
     }
 }
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
 /// Dequantises whole blocks of `ty`: `src` holds `dst.len() / ty.block_len()` blocks.
-/// The math is gguf-py's (see the module docs), operation for operation.
+/// The math is gguf-py's (see the module docs), operation for operation
+/// ([`crate::blocks`]).
 ///
 /// # Panics
 /// If `dst.len()` is not a multiple of the block length or `src` is shorter than its
@@ -197,142 +192,18 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         "whole blocks of {}",
         ty.name()
     );
-    let blocks = src.chunks_exact(ty.block_bytes());
-    for (b, out) in blocks.zip(dst.chunks_exact_mut(ty.block_len())) {
-        match ty {
-            GgmlType::Q4_0 => nibbles32(&b[2..18], out, |q| f16_at(b, 0) * (q as f32 - 8.0)),
-            GgmlType::Q4_1 => {
-                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                nibbles32(&b[4..20], out, |q| d * q as f32 + m)
-            }
-            GgmlType::Q5_0 => {
-                let d = f16_at(b, 0);
-                five_bits(&b[2..6], &b[6..22], out, |q| d * (q as f32 - 16.0))
-            }
-            GgmlType::Q5_1 => {
-                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                five_bits(&b[4..8], &b[8..24], out, |q| d * q as f32 + m)
-            }
-            GgmlType::Q8_0 => {
-                let d = f16_at(b, 0);
-                for (o, &q) in out.iter_mut().zip(&b[2..34]) {
-                    *o = q as i8 as f32 * d;
-                }
-            }
-            GgmlType::IQ4NL => {
-                let d = f16_at(b, 0);
-                nibbles32(&b[2..18], out, |q| d * IQ4_LEVELS[q as usize] as f32)
-            }
-            GgmlType::Q2K => q2_k(b, out),
-            GgmlType::Q3K => q3_k(b, out),
-            GgmlType::Q4K | GgmlType::Q5K => q45_k(ty, b, out),
-            GgmlType::Q6K => q6_k(b, out),
-            GgmlType::IQ4XS => iq4_xs(b, out),
-        }
-    }
-}
-
-/// 32 values from 16 bytes of nibbles (value `i` low nibble of byte `i`, `i + 16` high).
-fn nibbles32(qs: &[u8], out: &mut [f32], value: impl Fn(u8) -> f32) {
-    for (i, &q) in qs.iter().enumerate() {
-        out[i] = value(q & 0x0f);
-        out[i + 16] = value(q >> 4);
-    }
-}
-
-/// Q5_0/Q5_1 codes: nibbles as [`nibbles32`], bit 4 of value `i` in bit `i` of `qh`.
-fn five_bits(qh: &[u8], qs: &[u8], out: &mut [f32], value: impl Fn(u8) -> f32) {
-    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
-    let high = |i: usize| (((qh >> i) & 1) as u8) << 4;
-    for (i, &q) in qs.iter().enumerate() {
-        out[i] = value((q & 0x0f) | high(i));
-        out[i + 16] = value((q >> 4) | high(i + 16));
-    }
-}
-
-/// The 2-bit code of value `e` of a 256-value super-block: halves of 128 values, each
-/// four 32-value runs at bit shifts 0, 2, 4, 6 of the same 32 bytes (Q2_K, Q3_K, Q6_K).
-fn two_bits(qs: &[u8], e: usize) -> u8 {
-    let (half, run, l) = (e / 128, (e % 128) / 32, e % 32);
-    (qs[half * 32 + l] >> (2 * run)) & 3
-}
-
-fn q2_k(b: &[u8], out: &mut [f32]) {
-    let (scales, qs) = (&b[..16], &b[16..80]);
-    let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
-    for (e, o) in out.iter_mut().enumerate() {
-        let s = scales[e / 16];
-        let dl = d * (s & 0x0f) as f32;
-        let ml = dmin * (s >> 4) as f32;
-        *o = dl * two_bits(qs, e) as f32 - ml;
-    }
-}
-
-fn q3_k(b: &[u8], out: &mut [f32]) {
-    let (hmask, qs, sc) = (&b[..32], &b[32..96], &b[96..108]);
-    let d = f16_at(b, 108);
-    for (e, o) in out.iter_mut().enumerate() {
-        let i = e / 16;
-        let low = (sc[i % 8] >> (4 * (i / 8))) & 0x0f;
-        let high = (sc[8 + i % 4] >> (2 * (i / 4))) & 0x03;
-        let dl = d * (((low | (high << 4)) as i8) - 32) as f32;
-        // The offset 4 applies where the mask bit is clear.
-        let h = ((hmask[e % 32] >> (e / 32)) & 1) ^ 1;
-        *o = dl * (two_bits(qs, e) as i8 - ((h << 2) as i8)) as f32;
-    }
-}
-
-/// The 6-bit scale and minimum of sub-block `j` (of 8) of Q4_K/Q5_K (ggml's
-/// `get_scale_min_k4`).
-pub fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 0x3f, s[j + 4] & 0x3f)
-    } else {
-        let sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
-        let m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
-        (sc, m)
-    }
-}
-
-fn q45_k(ty: GgmlType, b: &[u8], out: &mut [f32]) {
-    let (d, dmin, scales) = (f16_at(b, 0), f16_at(b, 2), &b[4..16]);
-    let (qh, qs) = match ty {
-        GgmlType::Q5K => (Some(&b[16..48]), &b[48..176]),
-        _ => (None, &b[16..144]),
-    };
-    for (j, run) in out.chunks_exact_mut(32).enumerate() {
-        let (sc, m) = scale_min_k4(scales, j);
-        let (dl, ml) = (d * sc as f32, dmin * m as f32);
-        for (l, o) in run.iter_mut().enumerate() {
-            let low = (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0f;
-            let high = qh.map_or(0, |h| ((h[l] >> j) & 1) << 4);
-            *o = dl * (low | high) as f32 - ml;
-        }
-    }
-}
-
-fn q6_k(b: &[u8], out: &mut [f32]) {
-    let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
-    let d = f16_at(b, 208);
-    for (e, o) in out.iter_mut().enumerate() {
-        let (half, j, l) = (e / 128, (e % 128) / 64, e % 64);
-        let low = (ql[half * 64 + l] >> (4 * j)) & 0x0f;
-        let q = (low | (two_bits(qh, e) << 4)) as i8 - 32;
-        let dl = d * scales[e / 16] as i8 as f32;
-        *o = dl * q as f32;
-    }
-}
-
-fn iq4_xs(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let scales_h = u16::from_le_bytes([b[2], b[3]]);
-    let (scales_l, qs) = (&b[4..8], &b[8..136]);
-    for (j, run) in out.chunks_exact_mut(32).enumerate() {
-        let low = (scales_l[j / 2] >> (4 * (j % 2))) & 0x0f;
-        let high = ((scales_h >> (2 * j)) & 0x03) as u8;
-        let dl = d * (((low | (high << 4)) as i8) - 32) as f32;
-        nibbles32(&qs[j * 16..j * 16 + 16], run, |q| {
-            dl * IQ4_LEVELS[q as usize] as f32
-        });
+    match ty {
+        GgmlType::Q4_0 => dequantize_row::<BlockQ4_0>(src, dst),
+        GgmlType::Q4_1 => dequantize_row::<BlockQ4_1>(src, dst),
+        GgmlType::Q5_0 => dequantize_row::<BlockQ5_0>(src, dst),
+        GgmlType::Q5_1 => dequantize_row::<BlockQ5_1>(src, dst),
+        GgmlType::Q8_0 => dequantize_row::<BlockQ8_0>(src, dst),
+        GgmlType::Q2K => dequantize_row::<BlockQ2K>(src, dst),
+        GgmlType::Q3K => dequantize_row::<BlockQ3K>(src, dst),
+        GgmlType::Q4K => dequantize_row::<BlockQ4K>(src, dst),
+        GgmlType::Q5K => dequantize_row::<BlockQ5K>(src, dst),
+        GgmlType::Q6K => dequantize_row::<BlockQ6K>(src, dst),
+        GgmlType::IQ4NL => dequantize_row::<BlockIQ4NL>(src, dst),
+        GgmlType::IQ4XS => dequantize_row::<BlockIQ4XS>(src, dst),
     }
 }

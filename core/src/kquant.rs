@@ -23,9 +23,8 @@
 //! super-block's f16 scale), not llama.cpp's weighted search (`make_qkx2_quants`): it
 //! serves `Data::to_dtype` and the tests; real K-quant weights come from GGUF files.
 
-use half::f16;
-
-use crate::ggml::{self, GgmlType, QK_K};
+use crate::blocks::{self, block, BlockQ4K, BlockQ5K, BlockQ6K};
+use crate::ggml::{GgmlType, QK_K};
 use crate::DataType;
 
 /// Values per run: the sub-block of a super-block one activation block covers.
@@ -49,175 +48,74 @@ pub fn block_bytes(dtype: DataType) -> usize {
     ggml_type(dtype).block_bytes()
 }
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
 /// The scales of run `r` (0..8) of a super-block `block` of `dtype`: for Q4_K/Q5_K
 /// `(d·sc_r, dmin·m_r)`; for Q6_K `(d, 0)` (its per-16 scales are [`q6_scales`]).
 #[inline(always)]
-pub fn run_scales(dtype: DataType, block: &[u8], r: usize) -> (f32, f32) {
+pub fn run_scales(dtype: DataType, bytes: &[u8], r: usize) -> (f32, f32) {
     if dtype == DataType::Q6K {
-        return (f16_at(block, 208), 0.0);
+        return (block::<BlockQ6K>(bytes).d.to_f32(), 0.0);
     }
-    let (sc, m) = ggml::scale_min_k4(&block[4..16], r);
-    (f16_at(block, 0) * sc as f32, f16_at(block, 2) * m as f32)
+    // Q4_K and Q5_K start with the same head.
+    block::<BlockQ4K>(bytes).head.run(r)
 }
 
 /// The two i8 scales of run `r` of a Q6_K super-block: of its first and last 16 values.
 #[inline(always)]
-pub fn q6_scales(block: &[u8], r: usize) -> (i32, i32) {
-    (
-        i32::from(block[192 + 2 * r] as i8),
-        i32::from(block[193 + 2 * r] as i8),
-    )
+pub fn q6_scales(bytes: &[u8], r: usize) -> (i32, i32) {
+    let scales = &block::<BlockQ6K>(bytes).scales;
+    (i32::from(scales[2 * r]), i32::from(scales[2 * r + 1]))
 }
 
 /// The 32 unsigned codes of run `r` of a super-block of `dtype` (`[0, 15]` Q4_K,
 /// `[0, 31]` Q5_K, `[0, 63]` Q6_K, the Q6_K offset 32 not subtracted).
 #[inline(always)]
-pub fn run_codes(dtype: DataType, block: &[u8], r: usize, out: &mut [u8; RUN]) {
+pub fn run_codes(dtype: DataType, bytes: &[u8], r: usize, out: &mut [u8; RUN]) {
     match dtype {
         DataType::Q6K => {
-            // Halves of 128 values; run t of a half: low nibbles (t < 2) or high ones of 32
-            // bytes of `ql`, and bits 2t, 2t + 1 of 32 bytes of `qh`.
-            let (half, t) = (r / 4, r % 4);
-            let ql = &block[half * 64 + (t % 2) * 32..][..32];
-            let qh = &block[128 + half * 32..][..32];
+            let b = block::<BlockQ6K>(bytes);
             for (l, o) in out.iter_mut().enumerate() {
-                *o = ((ql[l] >> (4 * (t / 2))) & 0x0f) | (((qh[l] >> (2 * t)) & 3) << 4);
+                *o = b.code(r * RUN + l);
+            }
+        }
+        DataType::Q5K => {
+            let b = block::<BlockQ5K>(bytes);
+            for (l, o) in out.iter_mut().enumerate() {
+                *o = b.code(r, l);
             }
         }
         _ => {
-            let qs = match dtype {
-                DataType::Q5K => &block[48..176],
-                _ => &block[16..144],
-            };
-            let qs = &qs[(r / 2) * 32..][..32];
+            let b = block::<BlockQ4K>(bytes);
             for (l, o) in out.iter_mut().enumerate() {
-                *o = (qs[l] >> (4 * (r % 2))) & 0x0f;
-            }
-            if dtype == DataType::Q5K {
-                let qh = &block[16..48];
-                for (l, o) in out.iter_mut().enumerate() {
-                    *o |= ((qh[l] >> r) & 1) << 4;
-                }
+                *o = b.code(r, l);
             }
         }
     }
 }
 
 /// Dequantises one row of `dtype` (`src`, whole super-blocks) into `dst` (`cols` values):
-/// ggml's decoding, bit for bit as gguf-py's ([`ggml::dequantize`]).
+/// ggml's decoding, bit for bit as gguf-py's ([`crate::blocks`]).
 pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
-    let ty = ggml_type(dtype);
-    let whole = dst.len() / QK_K * QK_K;
-    let (head, tail) = dst.split_at_mut(whole);
-    ggml::dequantize(ty, &src[..whole / QK_K * ty.block_bytes()], head);
-    if !tail.is_empty() {
-        let mut last = [0.0f32; QK_K];
-        ggml::dequantize(ty, &src[whole / QK_K * ty.block_bytes()..], &mut last);
-        tail.copy_from_slice(&last[..tail.len()]);
+    match dtype {
+        DataType::Q4K => blocks::dequantize_row::<BlockQ4K>(src, dst),
+        DataType::Q5K => blocks::dequantize_row::<BlockQ5K>(src, dst),
+        _ => blocks::dequantize_row::<BlockQ6K>(src, dst),
     }
 }
 
 /// Quantises one row (`src`, `cols` values, zero-padded to whole super-blocks) into `dst`
 /// (whole super-blocks of `dtype`) with the min/max fit of the module docs.
 pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
-    let bb = block_bytes(dtype);
-    for (s, block) in dst.chunks_exact_mut(bb).enumerate() {
-        let mut x = [0.0f32; QK_K];
-        let from = (s * QK_K).min(src.len());
-        let values = &src[from..((s + 1) * QK_K).min(src.len())];
-        x[..values.len()].copy_from_slice(values);
-        block.fill(0);
-        match dtype {
-            DataType::Q6K => quantize_q6_k(&x, block),
-            _ => quantize_q45_k(dtype == DataType::Q5K, &x, block),
-        }
-    }
-}
-
-/// `x / d` rounded to nearest and clamped to `[lo, hi]`, 0 where `d` is 0.
-fn level(x: f32, d: f32, lo: f32, hi: f32) -> f32 {
-    if d == 0.0 {
-        0.0
-    } else {
-        (x / d).round().clamp(lo, hi)
-    }
-}
-
-fn quantize_q45_k(five: bool, x: &[f32; QK_K], block: &mut [u8]) {
-    let top = if five { 31.0 } else { 15.0 };
-    let mut scale = [0.0f32; RUNS];
-    let mut neg_min = [0.0f32; RUNS];
-    for (j, run) in x.chunks_exact(RUN).enumerate() {
-        let lo = run.iter().copied().fold(0.0f32, f32::min);
-        let hi = run.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        scale[j] = (hi - lo) / top;
-        neg_min[j] = -lo;
-    }
-    let d = f16::from_f32(scale.iter().copied().fold(0.0, f32::max) / 63.0);
-    let dmin = f16::from_f32(neg_min.iter().copied().fold(0.0, f32::max) / 63.0);
-    block[0..2].copy_from_slice(&d.to_le_bytes());
-    block[2..4].copy_from_slice(&dmin.to_le_bytes());
-    let (d, dmin) = (d.to_f32(), dmin.to_f32());
-    let mut sc = [0u8; RUNS];
-    let mut m = [0u8; RUNS];
-    for j in 0..RUNS {
-        sc[j] = level(scale[j], d, 0.0, 63.0) as u8;
-        m[j] = level(neg_min[j], dmin, 0.0, 63.0) as u8;
-    }
-    // The packing `scale_min_k4` reads: 6 bits of runs 0..4 in bytes 0..8, runs 4..8
-    // split into low nibbles (bytes 8..12) and top 2 bits (bits 6, 7 of bytes 0..8).
-    let scales = &mut block[4..16];
-    for j in 0..4 {
-        scales[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-        scales[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
-        scales[j + 8] = (sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4);
-    }
-    let qs_at = if five { 48 } else { 16 };
-    for (j, run) in x.chunks_exact(RUN).enumerate() {
-        let (dl, ml) = (d * sc[j] as f32, dmin * m[j] as f32);
-        for (l, &v) in run.iter().enumerate() {
-            let q = level(v + ml, dl, 0.0, top) as u8;
-            block[qs_at + (j / 2) * 32 + l] |= (q & 0x0f) << (4 * (j % 2));
-            if five {
-                block[16 + l] |= (q >> 4) << j;
-            }
-        }
-    }
-}
-
-fn quantize_q6_k(x: &[f32; QK_K], block: &mut [u8]) {
-    let mut scale = [0.0f32; 16];
-    for (i, sub) in x.chunks_exact(16).enumerate() {
-        let extreme = sub
-            .iter()
-            .copied()
-            .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
-        scale[i] = extreme / -32.0;
-    }
-    let d = f16::from_f32(scale.iter().fold(0.0f32, |a, s| a.max(s.abs())) / 127.0);
-    block[208..210].copy_from_slice(&d.to_le_bytes());
-    let d = d.to_f32();
-    for (i, sub) in x.chunks_exact(16).enumerate() {
-        let sc = level(scale[i], d, -128.0, 127.0) as i8;
-        block[192 + i] = sc as u8;
-        let dl = d * sc as f32;
-        for (l16, &v) in sub.iter().enumerate() {
-            let q = (level(v, dl, -32.0, 31.0) + 32.0) as u8;
-            let e = i * 16 + l16;
-            let (half, t, l) = (e / 128, (e % 128) / 32, e % 32);
-            block[half * 64 + (t % 2) * 32 + l] |= (q & 0x0f) << (4 * (t / 2));
-            block[128 + half * 32 + l] |= (q >> 4) << (2 * t);
-        }
+    match dtype {
+        DataType::Q4K => blocks::quantize_row::<BlockQ4K>(src, dst),
+        DataType::Q5K => blocks::quantize_row::<BlockQ5K>(src, dst),
+        _ => blocks::quantize_row::<BlockQ6K>(src, dst),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ggml;
     use crate::quant::tests::values;
 
     /// Round trips stay within the fit's bound: half a step of each run plus the

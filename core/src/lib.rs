@@ -13,6 +13,7 @@
 //! rather than string-keyed dispatch (see docs/architecture.md).
 
 mod alibi;
+pub mod blocks;
 mod constraint;
 mod contract;
 mod data;

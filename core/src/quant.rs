@@ -60,6 +60,7 @@
 
 use half::f16;
 
+use crate::blocks::{self, BlockQ8_0};
 use crate::ggml::GgmlType;
 use crate::{kquant, DataType, Int4Form};
 
@@ -90,14 +91,11 @@ pub fn row_bytes(dtype: DataType, cols: usize) -> Option<usize> {
     let padded = cols.div_ceil(unit).checked_mul(unit)?;
     match dtype {
         DataType::I8 => padded.checked_add(4),
-        DataType::Q8_0 => (padded / BLOCK).checked_mul(Q8_0_BLOCK_BYTES),
+        DataType::Q8_0 => (padded / BLOCK).checked_mul(size_of::<BlockQ8_0>()),
         _ if dtype.is_k_quant() => (padded / unit).checked_mul(kquant::block_bytes(dtype)),
         _ => (padded / dtype.group_size()?).checked_mul(group_bytes(dtype)?),
     }
 }
-
-/// Bytes of one [`DataType::Q8_0`] block: the f16 scale and 32 codes.
-pub const Q8_0_BLOCK_BYTES: usize = 2 + BLOCK;
 
 /// Bytes of one int4 group: its codes and its f16 scale (and minimum, if asymmetric).
 fn group_bytes(dtype: DataType) -> Option<usize> {
@@ -116,19 +114,7 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
         return kquant::quantize_row(dtype, src, dst);
     }
     if dtype == DataType::Q8_0 {
-        for (values, block) in chunks_padded(src, BLOCK).zip(dst.chunks_exact_mut(Q8_0_BLOCK_BYTES))
-        {
-            // ggml's quantize_row_q8_0_ref: codes from the f32 scale, the scale stored as f16.
-            let d = absmax(values) / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-            let (codes, pad) = block[2..].split_at_mut(values.len());
-            for (q, &w) in codes.iter_mut().zip(values) {
-                *q = (w * inv).round() as i8 as u8;
-            }
-            pad.fill(0);
-        }
-        return;
+        return blocks::quantize_row::<BlockQ8_0>(src, dst);
     }
     match dtype.group_size() {
         None => {
@@ -392,16 +378,7 @@ pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
         return kquant::dequantize_row(dtype, src, dst);
     }
     if dtype == DataType::Q8_0 {
-        for (out, block) in dst
-            .chunks_mut(BLOCK)
-            .zip(src.chunks_exact(Q8_0_BLOCK_BYTES))
-        {
-            let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-            for (o, &q) in out.iter_mut().zip(&block[2..]) {
-                *o = d * f32::from(q as i8);
-            }
-        }
-        return;
+        return blocks::dequantize_row::<BlockQ8_0>(src, dst);
     }
     match dtype.group_size() {
         None => {

@@ -7,6 +7,7 @@
 
 use std::arch::aarch64::*;
 
+use flm_core::blocks::{block, BlockQ4K, BlockQ5K, BlockQ6K};
 use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
 
@@ -131,14 +132,15 @@ fn zero_runs() -> [Run; RUNS] {
 /// high nibbles of each 32 bytes of `qs` are runs `2p` and `2p + 1`; Q5_K adds bit `r` of
 /// each byte of `qh` as bit 4 of run `r`.
 #[inline(always)]
-fn unpack_q45(dtype: DataType, block: &[u8], codes: &mut [Run; RUNS]) {
+fn unpack_q45(dtype: DataType, bytes: &[u8], codes: &mut [Run; RUNS]) {
     let five = dtype == DataType::Q5K;
-    let qs = if five {
-        &block[48..176]
+    let (qs, qh) = if five {
+        let b = block::<BlockQ5K>(bytes);
+        (&b.qs, b.qh)
     } else {
-        &block[16..144]
+        (&block::<BlockQ4K>(bytes).qs, [0; 32])
     };
-    let qh = load32(&block[16..48]);
+    let qh = load32(&qh);
     // SAFETY: NEON; registers only, loads through `load32`.
     unsafe {
         let nib = vdupq_n_u8(0x0f);
@@ -164,18 +166,16 @@ fn unpack_q45(dtype: DataType, block: &[u8], codes: &mut [Run; RUNS]) {
 
 /// The 8 runs of a Q6_K super-block (see `kquant::run_codes`) less 32, as signed bytes.
 #[inline(always)]
-fn unpack_q6(block: &[u8], codes: &mut [Run; RUNS]) {
+fn unpack_q6(bytes: &[u8], codes: &mut [Run; RUNS]) {
     // SAFETY: NEON; registers only, loads through `load32`.
     unsafe {
         let nib = vdupq_n_u8(0x0f);
         let two = vdupq_n_u8(3);
         let offset = vdupq_n_s8(32);
+        let b = block::<BlockQ6K>(bytes);
         for half in 0..2 {
-            let ql = [
-                load32(&block[half * 64..]),
-                load32(&block[half * 64 + 32..]),
-            ];
-            let qh = load32(&block[128 + half * 32..]);
+            let ql = [load32(&b.ql[half * 64..]), load32(&b.ql[half * 64 + 32..])];
+            let qh = load32(&b.qh[half * 32..]);
             for t in 0..4 {
                 for h in 0..2 {
                     let l = ql[t % 2][h];

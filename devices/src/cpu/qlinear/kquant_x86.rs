@@ -7,9 +7,9 @@
 
 use std::arch::x86_64::*;
 
+use flm_core::blocks::{block, BlockQ4K, BlockQ5K, BlockQ6K};
 use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
-use half::f16;
 
 use super::x86::hsum256;
 use super::{Acts, QuantWeight};
@@ -92,33 +92,33 @@ unsafe fn tile<const SIX: bool>(
         let mut weights = [ones; RUNS];
         let mut p = [_mm256_setzero_si256(); RUNS];
         let (mut sc_u8, mut m_u8) = ([0u8; RUNS], [0u8; RUNS]);
-        for (s, block) in row.chunks_exact(kquant::block_bytes(dtype)).enumerate() {
+        for (s, bytes) in row.chunks_exact(kquant::block_bytes(dtype)).enumerate() {
             if SIX {
-                unpack_q6(block, &mut codes);
+                unpack_q6(bytes, &mut codes);
                 for (r, wv) in weights.iter_mut().enumerate() {
-                    let (sa, sb) = kquant::q6_scales(block, r);
+                    let (sa, sb) = kquant::q6_scales(bytes, r);
                     *wv = _mm256_set_m128i(_mm_set1_epi16(sb as i16), _mm_set1_epi16(sa as i16));
                 }
             } else {
-                unpack_q45(dtype, block, &mut codes);
+                unpack_q45(dtype, bytes, &mut codes);
             }
             let (fv, gv) = if SIX {
                 (
-                    _mm256_set1_ps(kquant::run_scales(dtype, block, 0).0),
+                    _mm256_set1_ps(kquant::run_scales(dtype, bytes, 0).0),
                     _mm256_setzero_ps(),
                 )
             } else {
+                // Q4_K and Q5_K start with the same head.
+                let head = &block::<BlockQ4K>(bytes).head;
                 for r in 0..RUNS {
-                    let (sc, m) = flm_core::ggml::scale_min_k4(&block[4..16], r);
-                    (sc_u8[r], m_u8[r]) = (sc, m);
+                    (sc_u8[r], m_u8[r]) = head.get(r);
                 }
                 let widen = |v: &[u8; RUNS]| {
                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
                         v.as_ptr() as *const __m128i
                     )))
                 };
-                let dd = f16::from_le_bytes([block[0], block[1]]).to_f32();
-                let dm = f16::from_le_bytes([block[2], block[3]]).to_f32();
+                let (dd, dm) = (head.d.to_f32(), head.dmin.to_f32());
                 (
                     _mm256_mul_ps(_mm256_set1_ps(dd), widen(&sc_u8)),
                     _mm256_mul_ps(_mm256_set1_ps(dm), widen(&m_u8)),
@@ -155,15 +155,15 @@ unsafe fn tile<const SIX: bool>(
 /// bytes of `qs` are runs `2p` and `2p + 1`; Q5_K adds bit `r` of each byte of `qh` as bit 4
 /// of run `r`.
 #[inline(always)]
-unsafe fn unpack_q45(dtype: DataType, block: &[u8], codes: &mut [__m256i; RUNS]) {
+unsafe fn unpack_q45(dtype: DataType, bytes: &[u8], codes: &mut [__m256i; RUNS]) {
     // SAFETY (whole body): AVX2, as the caller guarantees; loads through `load32`.
     unsafe {
         let nib = _mm256_set1_epi8(0x0f);
         let five = dtype == DataType::Q5K;
         let qs = if five {
-            &block[48..176]
+            &block::<BlockQ5K>(bytes).qs
         } else {
-            &block[16..144]
+            &block::<BlockQ4K>(bytes).qs
         };
         for p in 0..RUNS / 2 {
             let v = load32(&qs[p * 32..]);
@@ -171,7 +171,7 @@ unsafe fn unpack_q45(dtype: DataType, block: &[u8], codes: &mut [__m256i; RUNS])
             codes[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
         }
         if five {
-            let qh = load32(&block[16..48]);
+            let qh = load32(&block::<BlockQ5K>(bytes).qh);
             let bit = _mm256_set1_epi8(1);
             for (r, c) in codes.iter_mut().enumerate() {
                 // 16-bit shifts move bits across the bytes of a pair; the mask keeps bit r
@@ -188,17 +188,15 @@ unsafe fn unpack_q45(dtype: DataType, block: &[u8], codes: &mut [__m256i; RUNS])
 /// values, the low and high nibbles of two 32-byte rows of `ql` with 2 bits each of 32
 /// bytes of `qh`.
 #[inline(always)]
-unsafe fn unpack_q6(block: &[u8], codes: &mut [__m256i; RUNS]) {
+unsafe fn unpack_q6(bytes: &[u8], codes: &mut [__m256i; RUNS]) {
     // SAFETY (whole body): AVX2, as the caller guarantees; loads through `load32`.
     unsafe {
         let nib = _mm256_set1_epi8(0x0f);
         let two = _mm256_set1_epi8(3);
+        let b = block::<BlockQ6K>(bytes);
         for half in 0..2 {
-            let ql = [
-                load32(&block[half * 64..]),
-                load32(&block[half * 64 + 32..]),
-            ];
-            let qh = load32(&block[128 + half * 32..]);
+            let ql = [load32(&b.ql[half * 64..]), load32(&b.ql[half * 64 + 32..])];
+            let qh = load32(&b.qh[half * 32..]);
             let highs = [
                 qh,
                 _mm256_srli_epi16(qh, 2),

@@ -14,8 +14,8 @@
 //! to [`TILE_INPUTS`] input rows, and each output depends on its own row only (batch
 //! invariance).
 
-use flm_core::quant::{BLOCK, Q8_0_BLOCK_BYTES};
-use half::f16;
+use flm_core::blocks::{blocks, BlockQ8_0};
+use flm_core::quant::BLOCK;
 
 use super::{lane_sum8, Acts, QuantWeight};
 use crate::cpu::simd::fma;
@@ -37,12 +37,6 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
     }
 }
 
-/// The d scale of a Q8_0 block, as f32.
-#[inline(always)]
-fn block_scale(block: &[u8]) -> f32 {
-    f16::from_le_bytes([block[0], block[1]]).to_f32()
-}
-
 /// The portable twin, in the order of the module docs.
 fn portable(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
@@ -51,15 +45,15 @@ fn portable(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
         for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
             let i0 = t * TILE_INPUTS;
             let mut acc = [[0.0f32; 8]; TILE_INPUTS];
-            for (b, block) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
-                let d = block_scale(block);
-                let codes = &block[2..2 + BLOCK];
+            for (b, block) in blocks::<BlockQ8_0>(row).iter().enumerate() {
+                let d = block.d.to_f32();
+                let codes = &block.qs;
                 for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
                     let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
                     let s = d * acts.row_d(i0 + k)[b];
                     let c: [f32; 8] = std::array::from_fn(|l| {
                         let lane =
-                            (4 * l..4 * l + 4).map(|t| i32::from(codes[t] as i8) * i32::from(x[t]));
+                            (4 * l..4 * l + 4).map(|t| i32::from(codes[t]) * i32::from(x[t]));
                         lane.sum::<i32>() as f32
                     });
                     // Apart from the integer sums, so that the lanes' fused multiply-adds
@@ -81,7 +75,7 @@ mod neon {
     use std::arch::aarch64::*;
 
     use super::super::neon::dot4;
-    use super::{block_scale, Acts, QuantWeight, BLOCK, Q8_0_BLOCK_BYTES, TILE_INPUTS};
+    use super::{blocks, Acts, BlockQ8_0, QuantWeight, BLOCK, TILE_INPUTS};
     use crate::cpu::Isa;
 
     /// See [`super::rows`]; `isa` is [`Isa::Neon`] or [`Isa::NeonDot`], and the caller
@@ -114,9 +108,9 @@ mod neon {
                 for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
                     let i0 = t * TILE_INPUTS;
                     let mut acc = [[vdupq_n_f32(0.0); 2]; TILE_INPUTS];
-                    for (b, block) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
-                        let d = block_scale(block);
-                        let codes = &block[2..2 + BLOCK];
+                    for (b, block) in blocks::<BlockQ8_0>(row).iter().enumerate() {
+                        let d = block.d.to_f32();
+                        let codes = &block.qs;
                         let w0 = vld1q_s8(codes.as_ptr() as *const i8);
                         let w1 = vld1q_s8(codes.as_ptr().add(16) as *const i8);
                         for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
@@ -154,7 +148,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::x86::hsum256;
-    use super::{block_scale, Acts, QuantWeight, BLOCK, Q8_0_BLOCK_BYTES, TILE_INPUTS};
+    use super::{blocks, Acts, BlockQ8_0, QuantWeight, BLOCK, TILE_INPUTS};
 
     /// See [`super::rows`]: per input row one f32 vector holds the 8 lanes of the module
     /// docs.
@@ -170,10 +164,10 @@ mod avx2 {
             for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
                 let i0 = t * TILE_INPUTS;
                 let mut acc = [_mm256_setzero_ps(); TILE_INPUTS];
-                for (b, block) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
-                    let d = block_scale(block);
-                    let codes = &block[2..2 + BLOCK];
-                    // SAFETY: `codes` holds 32 bytes (sliced above).
+                for (b, block) in blocks::<BlockQ8_0>(row).iter().enumerate() {
+                    let d = block.d.to_f32();
+                    let codes = &block.qs;
+                    // SAFETY: `codes` holds 32 bytes.
                     let wq = unsafe { _mm256_loadu_si256(codes.as_ptr() as *const __m256i) };
                     let unsigned = _mm256_sign_epi8(wq, wq);
                     for (k, acc) in acc[..out.len()].iter_mut().enumerate() {

@@ -1,0 +1,629 @@
+//! ggml's quantisation blocks as typed structs: the block structs of llama.cpp's
+//! `ggml/src/ggml-common.h`, field for field, each `#[repr(C)]` and checked against
+//! ggml's `type_size` at compile time wherever it is viewed (as candle's `k_quants.rs` checks
+//! its blocks).
+//!
+//! Every field is a byte array, so a block has alignment 1 and no padding: a slice of
+//! whole blocks anywhere in a file or buffer is viewed as blocks in place ([`blocks`]),
+//! however it is aligned. f16 fields are little-endian binary16 ([`F16Le`]).
+//!
+//! [`Block::dequantize`] decodes a block as gguf-py's reference dequantisers do
+//! (`gguf/quants.py`, `dequantize_blocks` of each class), with the same f32 operations in
+//! the same order, so that every value agrees bit for bit (golden data in
+//! `tests/data/gguf/quants`, made by gguf-py). [`Quantize`] is implemented by the formats
+//! flm writes itself; [`quantize_row`] and [`dequantize_row`] apply a format to a row of
+//! any length, the last block padded with zeros.
+
+use bytemuck::{Pod, Zeroable};
+use half::f16;
+
+use crate::ggml::{GgmlType, QK_K};
+
+/// A little-endian IEEE binary16 as two bytes (alignment 1).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct F16Le(pub [u8; 2]);
+
+impl F16Le {
+    /// The value, exactly.
+    #[inline(always)]
+    pub fn to_f32(self) -> f32 {
+        f16::from_le_bytes(self.0).to_f32()
+    }
+
+    /// `v`, stored.
+    pub fn new(v: f16) -> F16Le {
+        F16Le(v.to_le_bytes())
+    }
+}
+
+/// A ggml quantisation block: [`Block::VALUES`] values in `size_of::<Self>()` bytes.
+pub trait Block: Pod {
+    /// The ggml type whose block this is.
+    const TYPE: GgmlType;
+    /// Values per block.
+    const VALUES: usize = Self::TYPE.block_len();
+
+    /// Decodes the block's values into `out` (`VALUES` values), as gguf-py does.
+    fn dequantize(&self, out: &mut [f32]);
+}
+
+/// A block format flm quantises f32 values to.
+pub trait Quantize: Block {
+    /// Codes `values` (`VALUES` values) into `self`, which starts zeroed.
+    fn quantize(&mut self, values: &[f32]);
+}
+
+/// The whole blocks of type `B` at the start of `bytes` (a partial block at the end is
+/// not part of the view).
+#[inline(always)]
+pub fn blocks<B: Block>(bytes: &[u8]) -> &[B] {
+    const { layout_checks::<B>() };
+    let whole = bytes.len() / size_of::<B>() * size_of::<B>();
+    bytemuck::cast_slice(&bytes[..whole])
+}
+
+/// The whole blocks of type `B` at the start of `bytes`, mutable.
+pub fn blocks_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
+    const { layout_checks::<B>() };
+    let whole = bytes.len() / size_of::<B>() * size_of::<B>();
+    bytemuck::cast_slice_mut(&mut bytes[..whole])
+}
+
+/// The block of type `B` that `bytes` starts with.
+///
+/// # Panics
+/// If `bytes` is shorter than one block.
+#[inline(always)]
+pub fn block<B: Block>(bytes: &[u8]) -> &B {
+    const { layout_checks::<B>() };
+    bytemuck::from_bytes(&bytes[..size_of::<B>()])
+}
+
+/// Compile-time checks of a block type, made where it is viewed: its struct is ggml's
+/// `type_size` bytes, and it holds no more values than a super-block (the scratch of the
+/// row functions).
+const fn layout_checks<B: Block>() {
+    assert!(size_of::<B>() == B::TYPE.block_bytes());
+    assert!(B::VALUES <= QK_K);
+}
+
+/// Decodes a row of `dst.len()` values from `src` (`dst.len().div_ceil(VALUES)` blocks of
+/// `B`): the values of its last block past `dst.len()` are dropped.
+///
+/// # Panics
+/// If `src` holds fewer blocks.
+pub fn dequantize_row<B: Block>(src: &[u8], dst: &mut [f32]) {
+    let src = blocks::<B>(src);
+    assert!(
+        src.len() * B::VALUES >= dst.len(),
+        "too few {} blocks",
+        B::TYPE.name()
+    );
+    let mut last = [0.0f32; QK_K];
+    for (b, out) in src.iter().zip(dst.chunks_mut(B::VALUES)) {
+        if out.len() == B::VALUES {
+            b.dequantize(out);
+        } else {
+            b.dequantize(&mut last[..B::VALUES]);
+            let n = out.len();
+            out.copy_from_slice(&last[..n]);
+        }
+    }
+}
+
+/// Codes a row of `src.len()` values into `dst` (`src.len().div_ceil(VALUES)` blocks of
+/// `B`, at least one), the last block padded with zeros.
+pub fn quantize_row<B: Quantize>(src: &[f32], dst: &mut [u8]) {
+    let mut x = [0.0f32; QK_K];
+    let x = &mut x[..B::VALUES];
+    for (i, block) in blocks_mut::<B>(dst).iter_mut().enumerate() {
+        let from = (i * B::VALUES).min(src.len());
+        let values = &src[from..(from + B::VALUES).min(src.len())];
+        x.fill(0.0);
+        x[..values.len()].copy_from_slice(values);
+        *block = B::zeroed();
+        block.quantize(x);
+    }
+}
+
+/// ggml's `kvalues_iq4nl`: the 16 levels of IQ4_NL and IQ4_XS.
+const IQ4_LEVELS: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// 32 values from 16 bytes of nibbles (value `i` low nibble of byte `i`, `i + 16` high).
+fn nibbles32(qs: &[u8; 16], out: &mut [f32], value: impl Fn(u8) -> f32) {
+    for (i, &q) in qs.iter().enumerate() {
+        out[i] = value(q & 0x0f);
+        out[i + 16] = value(q >> 4);
+    }
+}
+
+/// Q5_0/Q5_1 codes: nibbles as [`nibbles32`], bit 4 of value `i` in bit `i` of `qh`.
+fn five_bits(qh: [u8; 4], qs: &[u8; 16], out: &mut [f32], value: impl Fn(u8) -> f32) {
+    let qh = u32::from_le_bytes(qh);
+    let high = |i: usize| (((qh >> i) & 1) as u8) << 4;
+    for (i, &q) in qs.iter().enumerate() {
+        out[i] = value((q & 0x0f) | high(i));
+        out[i + 16] = value((q >> 4) | high(i + 16));
+    }
+}
+
+/// The 2-bit code of value `e` of a 256-value super-block: halves of 128 values, each
+/// four 32-value runs at bit shifts 0, 2, 4, 6 of the same 32 bytes (Q2_K, Q3_K, Q6_K).
+fn two_bits(qs: &[u8], e: usize) -> u8 {
+    let (half, run, l) = (e / 128, (e % 128) / 32, e % 32);
+    (qs[half * 32 + l] >> (2 * run)) & 3
+}
+
+/// `block_q4_0`: `d · (q − 8)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ4_0 {
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// 4-bit codes: value `i` in the low nibble of byte `i`, `i + 16` in its high one.
+    pub qs: [u8; 16],
+}
+
+/// `block_q4_1`: `d · q + m`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ4_1 {
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// The f16 minimum `m`.
+    pub m: F16Le,
+    /// 4-bit codes: value `i` in the low nibble of byte `i`, `i + 16` in its high one.
+    pub qs: [u8; 16],
+}
+
+/// `block_q5_0`: `d · (q − 16)`, bit 4 of value `i` in bit `i` of `qh`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ5_0 {
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// Bit 4 of value `i` in bit `i` (little-endian u32).
+    pub qh: [u8; 4],
+    /// 4-bit codes: value `i` in the low nibble of byte `i`, `i + 16` in its high one.
+    pub qs: [u8; 16],
+}
+
+/// `block_q5_1`: `d · q + m`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ5_1 {
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// The f16 minimum `m`.
+    pub m: F16Le,
+    /// Bit 4 of value `i` in bit `i` (little-endian u32).
+    pub qh: [u8; 4],
+    /// 4-bit codes: value `i` in the low nibble of byte `i`, `i + 16` in its high one.
+    pub qs: [u8; 16],
+}
+
+/// `block_q8_0`: `q · d`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ8_0 {
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// The 32 int8 codes.
+    pub qs: [i8; 32],
+}
+
+/// `block_q2_K`: per 16 values a 4-bit scale (low nibble) and minimum (high nibble).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ2K {
+    /// Per 16 values: the scale in the low nibble, the minimum in the high one.
+    pub scales: [u8; 16],
+    /// 2-bit codes: halves of 128 values, runs of 32 at bit shifts 0, 2, 4, 6.
+    pub qs: [u8; 64],
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// The f16 scale of the minimums.
+    pub dmin: F16Le,
+}
+
+/// `block_q3_K`: 2-bit codes, a high-bit mask (the offset 4 where clear) and 6-bit scales
+/// per 16 values.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ3K {
+    /// Bit `e / 32` of byte `e % 32` clear: the code of value `e` is offset by −4.
+    pub hmask: [u8; 32],
+    /// 2-bit codes: halves of 128 values, runs of 32 at bit shifts 0, 2, 4, 6.
+    pub qs: [u8; 64],
+    /// 6-bit scales (Q3_K: per 16 values, offset 32) or scales and minimums (Q4_K, Q5_K: per 32).
+    pub scales: [u8; 12],
+    /// The f16 scale `d`.
+    pub d: F16Le,
+}
+
+/// The head Q4_K and Q5_K share: the super-block's scale `d` and minimum scale `dmin`, and
+/// 6-bit scales `sc_j` and minimums `m_j` of its eight runs of 32, packed in 12 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct KScales {
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// The f16 scale of the minimums.
+    pub dmin: F16Le,
+    /// 6-bit scales (Q3_K: per 16 values, offset 32) or scales and minimums (Q4_K, Q5_K: per 32).
+    pub scales: [u8; 12],
+}
+
+impl KScales {
+    /// The 6-bit `(sc_j, m_j)` of run `j` (of 8): ggml's `get_scale_min_k4`.
+    #[inline(always)]
+    pub fn get(&self, j: usize) -> (u8, u8) {
+        let s = &self.scales;
+        if j < 4 {
+            (s[j] & 0x3f, s[j + 4] & 0x3f)
+        } else {
+            let sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
+            let m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+            (sc, m)
+        }
+    }
+
+    /// `(d · sc_j, dmin · m_j)` of run `j`: `ŵ = (d·sc_j)·q − dmin·m_j`.
+    #[inline(always)]
+    pub fn run(&self, j: usize) -> (f32, f32) {
+        let (sc, m) = self.get(j);
+        (self.d.to_f32() * sc as f32, self.dmin.to_f32() * m as f32)
+    }
+
+    /// Packs the 6-bit `sc` and `m` of the eight runs as [`KScales::get`] reads them: runs
+    /// 0..4 in bytes 0..8, runs 4..8 split into low nibbles (bytes 8..12) and top 2 bits
+    /// (bits 6, 7 of bytes 0..8).
+    fn pack(&mut self, sc: &[u8; 8], m: &[u8; 8]) {
+        let s = &mut self.scales;
+        for j in 0..4 {
+            s[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            s[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+            s[j + 8] = (sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4);
+        }
+    }
+}
+
+/// `block_q4_K`: eight runs of 32 4-bit codes, run `j` in the low (`j` even) or high
+/// nibbles of bytes `32 · (j / 2)..` of `qs`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ4K {
+    /// `d`, `dmin` and the runs' 6-bit scales and minimums.
+    pub head: KScales,
+    /// 4-bit codes (of Q5_K: their low 4 bits), two values to a byte.
+    pub qs: [u8; 128],
+}
+
+/// `block_q5_K`: as [`BlockQ4K`] with bit 4 of value `l` of run `j` in bit `j` of
+/// `qh[l]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ5K {
+    /// `d`, `dmin` and the runs' 6-bit scales and minimums.
+    pub head: KScales,
+    /// Bit 4 of value `l` of run `j` in bit `j` of byte `l`.
+    pub qh: [u8; 32],
+    /// 4-bit codes (of Q5_K: their low 4 bits), two values to a byte.
+    pub qs: [u8; 128],
+}
+
+/// `block_q6_K`: 6-bit codes (low nibbles in `ql`, 2 high bits in `qh`), an i8 scale per
+/// 16 values, `ŵ = (d·sc)·(q − 32)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ6K {
+    /// The low 4 bits of the codes.
+    pub ql: [u8; 128],
+    /// The high 2 bits of the codes.
+    pub qh: [u8; 64],
+    /// An i8 scale per 16 values.
+    pub scales: [i8; 16],
+    /// The f16 scale `d`.
+    pub d: F16Le,
+}
+
+/// `block_iq4_nl`: `d · K[q]` with ggml's non-linear levels `K`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockIQ4NL {
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// 4-bit codes: value `i` in the low nibble of byte `i`, `i + 16` in its high one.
+    pub qs: [u8; 16],
+}
+
+/// `block_iq4_xs`: `(d·(sc − 32)) · K[q]`, a 6-bit scale per 32 values (low nibbles in
+/// `scales_l`, 2 high bits in the little-endian u16 `scales_h`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockIQ4XS {
+    /// The f16 scale `d`.
+    pub d: F16Le,
+    /// The high 2 bits of the 6-bit run scales (little-endian u16).
+    pub scales_h: [u8; 2],
+    /// The low 4 bits of the 6-bit run scales.
+    pub scales_l: [u8; 4],
+    /// 4-bit codes (of Q5_K: their low 4 bits), two values to a byte.
+    pub qs: [u8; 128],
+}
+
+impl Block for BlockQ4_0 {
+    const TYPE: GgmlType = GgmlType::Q4_0;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        nibbles32(&self.qs, out, |q| d * (q as f32 - 8.0))
+    }
+}
+
+impl Block for BlockQ4_1 {
+    const TYPE: GgmlType = GgmlType::Q4_1;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let (d, m) = (self.d.to_f32(), self.m.to_f32());
+        nibbles32(&self.qs, out, |q| d * q as f32 + m)
+    }
+}
+
+impl Block for BlockQ5_0 {
+    const TYPE: GgmlType = GgmlType::Q5_0;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        five_bits(self.qh, &self.qs, out, |q| d * (q as f32 - 16.0))
+    }
+}
+
+impl Block for BlockQ5_1 {
+    const TYPE: GgmlType = GgmlType::Q5_1;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let (d, m) = (self.d.to_f32(), self.m.to_f32());
+        five_bits(self.qh, &self.qs, out, |q| d * q as f32 + m)
+    }
+}
+
+impl Block for BlockQ8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (o, &q) in out.iter_mut().zip(&self.qs) {
+            *o = q as f32 * d;
+        }
+    }
+}
+
+impl Quantize for BlockQ8_0 {
+    /// ggml's `quantize_row_q8_0_ref`: `d = max|w| / 127`, codes from the f32 scale, the
+    /// scale stored as f16.
+    fn quantize(&mut self, values: &[f32]) {
+        let d = values.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        self.d = F16Le::new(f16::from_f32(d));
+        for (q, &w) in self.qs.iter_mut().zip(values) {
+            *q = (w * inv).round() as i8;
+        }
+    }
+}
+
+impl Block for BlockQ2K {
+    const TYPE: GgmlType = GgmlType::Q2K;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let (d, dmin) = (self.d.to_f32(), self.dmin.to_f32());
+        for (e, o) in out.iter_mut().enumerate() {
+            let s = self.scales[e / 16];
+            let dl = d * (s & 0x0f) as f32;
+            let ml = dmin * (s >> 4) as f32;
+            *o = dl * two_bits(&self.qs, e) as f32 - ml;
+        }
+    }
+}
+
+impl Block for BlockQ3K {
+    const TYPE: GgmlType = GgmlType::Q3K;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let (sc, d) = (&self.scales, self.d.to_f32());
+        for (e, o) in out.iter_mut().enumerate() {
+            let i = e / 16;
+            let low = (sc[i % 8] >> (4 * (i / 8))) & 0x0f;
+            let high = (sc[8 + i % 4] >> (2 * (i / 4))) & 0x03;
+            let dl = d * (((low | (high << 4)) as i8) - 32) as f32;
+            // The offset 4 applies where the mask bit is clear.
+            let h = ((self.hmask[e % 32] >> (e / 32)) & 1) ^ 1;
+            *o = dl * (two_bits(&self.qs, e) as i8 - ((h << 2) as i8)) as f32;
+        }
+    }
+}
+
+/// Q4_K and Q5_K values: run `j` from `(d·sc_j)·q − dmin·m_j`, `code(j, l)` the code of
+/// value `l` of run `j`.
+fn dequantize_q45_k(head: &KScales, out: &mut [f32], code: impl Fn(usize, usize) -> u8) {
+    for (j, run) in out.chunks_exact_mut(32).enumerate() {
+        let (dl, ml) = head.run(j);
+        for (l, o) in run.iter_mut().enumerate() {
+            *o = dl * code(j, l) as f32 - ml;
+        }
+    }
+}
+
+/// `x / d` rounded to nearest and clamped to `[lo, hi]`, 0 where `d` is 0.
+fn level(x: f32, d: f32, lo: f32, hi: f32) -> f32 {
+    if d == 0.0 {
+        0.0
+    } else {
+        (x / d).round().clamp(lo, hi)
+    }
+}
+
+/// The min/max fit of Q4_K and Q5_K (codes in `[0, top]`): per run the scale
+/// `(max − min) / top` and minimum `−min`, both quantised to 6 bits against the f16
+/// super-block scales; `code(j, l, q)` stores code `q` of value `l` of run `j`.
+fn quantize_q45_k(head: &mut KScales, x: &[f32], top: f32, mut code: impl FnMut(usize, usize, u8)) {
+    let mut scale = [0.0f32; 8];
+    let mut neg_min = [0.0f32; 8];
+    for (j, run) in x.chunks_exact(32).enumerate() {
+        let lo = run.iter().copied().fold(0.0f32, f32::min);
+        let hi = run.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        scale[j] = (hi - lo) / top;
+        neg_min[j] = -lo;
+    }
+    let d = f16::from_f32(scale.iter().copied().fold(0.0, f32::max) / 63.0);
+    let dmin = f16::from_f32(neg_min.iter().copied().fold(0.0, f32::max) / 63.0);
+    head.d = F16Le::new(d);
+    head.dmin = F16Le::new(dmin);
+    let (d, dmin) = (d.to_f32(), dmin.to_f32());
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    for j in 0..8 {
+        sc[j] = level(scale[j], d, 0.0, 63.0) as u8;
+        m[j] = level(neg_min[j], dmin, 0.0, 63.0) as u8;
+    }
+    head.pack(&sc, &m);
+    for (j, run) in x.chunks_exact(32).enumerate() {
+        let (dl, ml) = (d * sc[j] as f32, dmin * m[j] as f32);
+        for (l, &v) in run.iter().enumerate() {
+            code(j, l, level(v + ml, dl, 0.0, top) as u8);
+        }
+    }
+}
+
+impl BlockQ4K {
+    /// The 4-bit code of value `l` of run `j`.
+    #[inline(always)]
+    pub fn code(&self, j: usize, l: usize) -> u8 {
+        (self.qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0f
+    }
+}
+
+impl Block for BlockQ4K {
+    const TYPE: GgmlType = GgmlType::Q4K;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        dequantize_q45_k(&self.head, out, |j, l| self.code(j, l))
+    }
+}
+
+impl Quantize for BlockQ4K {
+    fn quantize(&mut self, values: &[f32]) {
+        let qs = &mut self.qs;
+        quantize_q45_k(&mut self.head, values, 15.0, |j, l, q| {
+            qs[(j / 2) * 32 + l] |= q << (4 * (j % 2));
+        })
+    }
+}
+
+impl BlockQ5K {
+    /// The 5-bit code of value `l` of run `j`.
+    #[inline(always)]
+    pub fn code(&self, j: usize, l: usize) -> u8 {
+        let low = (self.qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0f;
+        low | (((self.qh[l] >> j) & 1) << 4)
+    }
+}
+
+impl Block for BlockQ5K {
+    const TYPE: GgmlType = GgmlType::Q5K;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        dequantize_q45_k(&self.head, out, |j, l| self.code(j, l))
+    }
+}
+
+impl Quantize for BlockQ5K {
+    fn quantize(&mut self, values: &[f32]) {
+        let (qs, qh) = (&mut self.qs, &mut self.qh);
+        quantize_q45_k(&mut self.head, values, 31.0, |j, l, q| {
+            qs[(j / 2) * 32 + l] |= (q & 0x0f) << (4 * (j % 2));
+            qh[l] |= (q >> 4) << j;
+        })
+    }
+}
+
+impl BlockQ6K {
+    /// The unsigned 6-bit code (offset 32 not subtracted) of value `e` (0..256).
+    #[inline(always)]
+    pub fn code(&self, e: usize) -> u8 {
+        let (half, j, l) = (e / 128, (e % 128) / 64, e % 64);
+        let low = (self.ql[half * 64 + l] >> (4 * j)) & 0x0f;
+        low | (two_bits(&self.qh, e) << 4)
+    }
+}
+
+impl Block for BlockQ6K {
+    const TYPE: GgmlType = GgmlType::Q6K;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (e, o) in out.iter_mut().enumerate() {
+            let q = self.code(e) as i8 - 32;
+            let dl = d * self.scales[e / 16] as f32;
+            *o = dl * q as f32;
+        }
+    }
+}
+
+impl Quantize for BlockQ6K {
+    /// Per 16 values the scale `w* / −32` of the value `w*` of largest magnitude, quantised
+    /// to an i8 against the f16 `d` (a 127th of the largest).
+    fn quantize(&mut self, values: &[f32]) {
+        let mut scale = [0.0f32; 16];
+        for (i, sub) in values.chunks_exact(16).enumerate() {
+            let extreme = sub
+                .iter()
+                .copied()
+                .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+            scale[i] = extreme / -32.0;
+        }
+        let d = f16::from_f32(scale.iter().fold(0.0f32, |a, s| a.max(s.abs())) / 127.0);
+        self.d = F16Le::new(d);
+        let d = d.to_f32();
+        for (i, sub) in values.chunks_exact(16).enumerate() {
+            let sc = level(scale[i], d, -128.0, 127.0) as i8;
+            self.scales[i] = sc;
+            let dl = d * sc as f32;
+            for (l16, &v) in sub.iter().enumerate() {
+                let q = (level(v, dl, -32.0, 31.0) + 32.0) as u8;
+                let e = i * 16 + l16;
+                let (half, t, l) = (e / 128, (e % 128) / 32, e % 32);
+                self.ql[half * 64 + (t % 2) * 32 + l] |= (q & 0x0f) << (4 * (t / 2));
+                self.qh[half * 32 + l] |= (q >> 4) << (2 * t);
+            }
+        }
+    }
+}
+
+impl Block for BlockIQ4NL {
+    const TYPE: GgmlType = GgmlType::IQ4NL;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        nibbles32(&self.qs, out, |q| d * IQ4_LEVELS[q as usize] as f32)
+    }
+}
+
+impl Block for BlockIQ4XS {
+    const TYPE: GgmlType = GgmlType::IQ4XS;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        let scales_h = u16::from_le_bytes(self.scales_h);
+        for (j, run) in out.chunks_exact_mut(32).enumerate() {
+            let low = (self.scales_l[j / 2] >> (4 * (j % 2))) & 0x0f;
+            let high = ((scales_h >> (2 * j)) & 0x03) as u8;
+            let dl = d * (((low | (high << 4)) as i8) - 32) as f32;
+            let qs = self.qs[j * 16..j * 16 + 16].try_into().expect("16 bytes");
+            nibbles32(qs, run, |q| dl * IQ4_LEVELS[q as usize] as f32);
+        }
+    }
+}
