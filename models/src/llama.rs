@@ -44,6 +44,9 @@
 //! [`LlamaBatch`] runs the same layers over the rows of many sequences at once, each with
 //! its own positions and block table in a paged KV cache (the serving engine's step); the
 //! layer loop and the final head are shared with [`Graph::forward`].
+//!
+//! This file is the forward pass; where the model's parts run ([`LlamaModel::place`],
+//! `placement.rs`) and the activations of each memory (`activations.rs`) are apart.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -57,9 +60,13 @@ pub use crate::graph::Logits;
 use crate::graph::{Graph, Head, SharedGraph};
 use crate::{Activation, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
+mod activations;
 mod batch;
+mod placement;
 mod step_graphs;
 mod weights;
+
+use activations::{host_output, output_state, placed_states, Activations, SharedScratch};
 
 pub use batch::{BatchSeq, LlamaBatch};
 use step_graphs::{StepGraphs, StepPlan};
@@ -70,159 +77,6 @@ pub use weights::{Ffn, LlamaLayer, LlamaWeights, SharedExpert};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
-
-/// Activations for up to a fixed number of rows (tokens), allocated once.
-struct Activations {
-    x: Data,
-    xb: Data,
-    xb2: Data,
-    q: Data,
-    k: Data,
-    v: Data,
-    att: Data,
-    /// The per-head norms' output (Qwen3), `[n · heads, head_dim]` of up to `q_dim` per row.
-    heads: Data,
-    gate: Data,
-    up: Data,
-    hidden: Data,
-    last: Data,
-    logits: Data,
-    /// The routed experts' input and output `[n, dim]` in their memory, when it is not this
-    /// one's ([`Placement::with_experts_on`]).
-    experts_io: Option<(Data, Data)>,
-    /// The shared expert's activations, in the routed experts' memory (Qwen2-MoE).
-    shared: Option<SharedScratch>,
-    /// i32 `[n]`: the token ids copied to a device's memory for the embedding, when the
-    /// activations are there.
-    ids: Option<Data>,
-}
-
-/// The activations of a shared expert ([`SharedExpert`]) for up to a fixed number of rows.
-struct SharedScratch {
-    /// `[n, shared_expert_dim]` each: the gate and up projections, and their SwiGLU.
-    gate: Data,
-    up: Data,
-    hidden: Data,
-    /// `[n, dim]`: the down projection.
-    out: Data,
-    /// `[n, 1]`: the gate's logit.
-    score: Data,
-}
-
-impl SharedScratch {
-    /// The scratch of `c`'s shared expert, if it has one, each made by `zeros`.
-    fn alloc(
-        c: &ModelConfig,
-        rows: usize,
-        zeros: &dyn Fn(&[usize]) -> flm_core::Result<Data>,
-    ) -> Result<Option<SharedScratch>> {
-        let Some(d) = c.moe.as_ref().and_then(|m| m.shared_expert_dim) else {
-            return Ok(None);
-        };
-        Ok(Some(SharedScratch {
-            gate: zeros(&[rows, d])?,
-            up: zeros(&[rows, d])?,
-            hidden: zeros(&[rows, d])?,
-            out: zeros(&[rows, c.dim])?,
-            score: zeros(&[rows, 1])?,
-        }))
-    }
-
-    /// Shapes the scratch for `n` rows.
-    fn set_rows(&mut self, n: usize) -> flm_core::Result<()> {
-        for d in [
-            &mut self.gate,
-            &mut self.up,
-            &mut self.hidden,
-            &mut self.out,
-        ] {
-            let cols = d.cols();
-            d.set_shape(&[n, cols])?;
-        }
-        self.score.set_shape(&[n, 1])
-    }
-}
-
-impl Activations {
-    /// Zeroed activations of `c`'s widths for `rows` rows in host memory.
-    fn new(c: &ModelConfig, rows: usize) -> Result<Activations> {
-        Activations::alloc(c, rows, &|shape| Data::zeros(DataType::F32, shape))
-    }
-
-    /// As [`Activations::new`], in the memory of `at`, allocated by `exec`, with the
-    /// experts' input and output in `experts` when the model has experts there.
-    fn on(
-        exec: &Executor,
-        (at, experts): (Location, Location),
-        c: &ModelConfig,
-        rows: usize,
-    ) -> Result<Activations> {
-        let mut s = Activations::alloc(c, rows, &|shape| exec.zeros(DataType::F32, shape, at))?;
-        if at != Location::Host {
-            s.ids = Some(exec.zeros(DataType::I32, &[rows], at)?);
-        }
-        if c.moe.is_some() && experts != at {
-            let z = |shape: &[usize]| exec.zeros(DataType::F32, shape, experts);
-            s.experts_io = Some((z(&[rows, c.dim])?, z(&[rows, c.dim])?));
-            s.shared = SharedScratch::alloc(c, rows, &z)?;
-        }
-        Ok(s)
-    }
-
-    /// The activations, each made by `zeros` from its shape.
-    fn alloc(
-        c: &ModelConfig,
-        rows: usize,
-        zeros: &dyn Fn(&[usize]) -> flm_core::Result<Data>,
-    ) -> Result<Activations> {
-        let (dim, hd, q_dim, kv_dim) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
-        let z = |cols: usize| zeros(&[rows, cols]);
-        Ok(Activations {
-            x: z(dim)?,
-            xb: z(dim)?,
-            xb2: z(dim)?,
-            q: z(q_dim)?,
-            k: z(kv_dim)?,
-            v: z(kv_dim)?,
-            att: z(q_dim)?,
-            heads: z(q_dim)?,
-            gate: z(hd)?,
-            up: z(hd)?,
-            hidden: z(hd)?,
-            last: z(dim)?,
-            logits: z(c.vocab_size.max(dim))?,
-            experts_io: None,
-            shared: SharedScratch::alloc(c, rows, zeros)?,
-            ids: None,
-        })
-    }
-
-    /// Shapes the per-token activations for `n` rows (at most the rows allocated).
-    fn set_rows(&mut self, c: &ModelConfig, n: usize) -> Result<()> {
-        for (data, cols) in [
-            (&mut self.x, c.dim),
-            (&mut self.xb, c.dim),
-            (&mut self.xb2, c.dim),
-            (&mut self.q, c.q_dim()),
-            (&mut self.k, c.kv_dim()),
-            (&mut self.v, c.kv_dim()),
-            (&mut self.att, c.q_dim()),
-            (&mut self.gate, c.hidden_dim),
-            (&mut self.up, c.hidden_dim),
-            (&mut self.hidden, c.hidden_dim),
-        ] {
-            data.set_shape(&[n, cols])?;
-        }
-        if let Some((x, y)) = &mut self.experts_io {
-            x.set_shape(&[n, c.dim])?;
-            y.set_shape(&[n, c.dim])?;
-        }
-        if let Some(shared) = &mut self.shared {
-            shared.set_rows(n)?;
-        }
-        Ok(())
-    }
-}
 
 /// The immutable part of a Llama model: configuration, weights, RoPE table and where each
 /// layer runs ([`Placement`]). It is `Send + Sync`; share it with an [`Arc`] between
@@ -356,95 +210,6 @@ impl LlamaModel {
             bidirectional: 0,
             sliding_window: c.layer_window(l),
         }
-    }
-
-    /// The model with its weights moved by `exec` to the memories of `placement` (recorded
-    /// as `"load: weights"`): each layer's to its layer's, the embedding table to the first
-    /// layer's, the final norm and the classifier to the last layer's (a tied classifier
-    /// gets a copy of the table there when the two differ).
-    ///
-    /// Errors: [`Error::Config`] for a placement of another number of layers, or a
-    /// p-tuning prefix on a device; the allocation and copy errors.
-    pub fn place(self, exec: &Executor, placement: Placement) -> Result<LlamaModel> {
-        placement.check(self.config.n_layers)?;
-        let move_to = |d: Data, at: Location| -> Result<Data> {
-            if d.location() == at {
-                Ok(d)
-            } else {
-                Ok(exec.to_device(&d, at, "load: weights")?)
-            }
-        };
-        let w = self.weights;
-        let (input, output) = (placement.input(), placement.output());
-        let classifier = match w.classifier {
-            Some(c) => Some(move_to(c, output)?),
-            None if input != output => {
-                Some(exec.to_device(&w.embedding, output, "load: weights")?)
-            }
-            None => None,
-        };
-        let layers = w
-            .layers
-            .into_iter()
-            .enumerate()
-            .map(|(l, lw)| {
-                lw.try_map(|d, routed| {
-                    let at = if routed {
-                        placement.experts(l)
-                    } else {
-                        placement.layer(l)
-                    };
-                    move_to(d, at)
-                })
-            })
-            .collect::<Result<_>>()?;
-        let weights = LlamaWeights {
-            embedding: move_to(w.embedding, input)?,
-            layers,
-            final_norm: move_to(w.final_norm, output)?,
-            classifier,
-            prefix_kv: w.prefix_kv,
-        };
-        Ok(LlamaModel {
-            weights,
-            placement,
-            ..self
-        })
-    }
-
-    /// Where each layer runs.
-    pub fn placement(&self) -> &Placement {
-        &self.placement
-    }
-
-    /// The bytes each part of the model needs in the memory it is placed in, for
-    /// [`Placement::fit`]: each layer's weights and KV cache (the whole context, of the
-    /// element type [`KvDtype::on_device`] gives, the memory being a device's), the
-    /// input side (the embedding table, and one set of activations for [`PREFILL_CHUNK`]
-    /// rows), and the head (the final norm and an untied classifier).
-    pub fn memory_bytes(&self) -> (Vec<u64>, u64, u64) {
-        let (c, w) = (&self.config, &self.weights);
-        let f32_bytes = |n: usize| (n as u64).saturating_mul(4);
-        let kv = ((c.pre_seq_len + c.max_seq_len).saturating_mul(c.kv_dim()) as u64)
-            .saturating_mul(2 * self.kv_dtype.on_device().size_of() as u64);
-        let layers = w
-            .layers
-            .iter()
-            .map(|lw| {
-                kv + lw
-                    .tensors()
-                    .iter()
-                    .map(|d| d.size_bytes() as u64)
-                    .sum::<u64>()
-            })
-            .collect();
-        let rows = PREFILL_CHUNK.min(c.max_seq_len);
-        let widths = 5 * c.dim + 3 * c.q_dim() + 2 * c.kv_dim() + 3 * c.hidden_dim;
-        let activations = f32_bytes(rows * (widths + c.vocab_size.max(c.dim)));
-        let input = w.embedding.size_bytes() as u64 + activations;
-        let head =
-            (w.final_norm.size_bytes() + w.classifier.as_ref().map_or(0, Data::size_bytes)) as u64;
-        (layers, input, head)
     }
 
     /// The weights.
@@ -756,63 +521,6 @@ pub(crate) fn cache_and_attend(
         params,
         output,
     })
-}
-
-/// The activations of the last layer's memory (`states` as [`Llama`] holds them).
-///
-/// Errors: [`Error::State`] before the first forward pass.
-fn output_state<'a>(model: &LlamaModel, states: &'a [Activations]) -> Result<&'a Activations> {
-    let output = model.placement.output();
-    let memory = model
-        .placement
-        .locations()
-        .iter()
-        .position(|&m| m == output);
-    memory
-        .and_then(|i| states.get(i))
-        .ok_or_else(|| Error::State("no forward pass has run".into()))
-}
-
-/// Activations for `rows` rows in each memory of `model`'s [`Placement::locations`], in
-/// that order, allocated there by `exec`.
-fn placed_states(exec: &Executor, model: &LlamaModel, rows: usize) -> Result<Vec<Activations>> {
-    let (c, p) = (&model.config, &model.placement);
-    p.locations()
-        .into_iter()
-        .map(|at| {
-            // Each memory's layers have their experts in one memory.
-            let experts = (0..c.n_layers)
-                .find(|&l| p.layer(l) == at)
-                .map_or(at, |l| p.experts(l));
-            Activations::on(exec, (at, experts), c, rows)
-        })
-        .collect()
-}
-
-/// The last chunk's logits (or hidden states) in host memory: those of the activations of
-/// the last layer's memory (`states` as [`Llama`] holds them), copied into `host_out` first
-/// when that memory is a device's.
-fn host_output<'a>(
-    model: &LlamaModel,
-    states: &'a [Activations],
-    host_out: &'a mut Option<Data>,
-    exec: &Executor,
-) -> Result<&'a [f32]> {
-    let out = &output_state(model, states)?.logits;
-    if out.location() == Location::Host {
-        return Ok(out.as_f32()?);
-    }
-    let mut host = match host_out.take() {
-        Some(h) => h,
-        None => Data::zeros(DataType::F32, out.shape())?,
-    };
-    // The buffer keeps its capacity: it grows only for a chunk longer than any before.
-    if host.set_shape(out.shape()).is_err() {
-        host = Data::zeros(DataType::F32, out.shape())?;
-    }
-    let host = host_out.insert(host);
-    exec.copy_into(out, host, "logits to host")?;
-    Ok(host.as_f32()?)
 }
 
 /// Runs `linear` as [`Op::Linear`].

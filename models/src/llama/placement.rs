@@ -1,0 +1,102 @@
+//! Where a Llama model's parts run: moving its weights to the memories of a
+//! [`Placement`], and the bytes each part needs there for [`Placement::fit`].
+
+use flm_core::{Data, Executor, Location};
+
+use super::{LlamaModel, LlamaWeights, PREFILL_CHUNK};
+#[cfg(doc)]
+use crate::Error;
+use crate::{Placement, Result};
+#[cfg(doc)]
+use flm_core::KvDtype;
+
+impl LlamaModel {
+    /// The model with its weights moved by `exec` to the memories of `placement` (recorded
+    /// as `"load: weights"`): each layer's to its layer's, the embedding table to the first
+    /// layer's, the final norm and the classifier to the last layer's (a tied classifier
+    /// gets a copy of the table there when the two differ).
+    ///
+    /// Errors: [`Error::Config`] for a placement of another number of layers, or a
+    /// p-tuning prefix on a device; the allocation and copy errors.
+    pub fn place(self, exec: &Executor, placement: Placement) -> Result<LlamaModel> {
+        placement.check(self.config.n_layers)?;
+        let move_to = |d: Data, at: Location| -> Result<Data> {
+            if d.location() == at {
+                Ok(d)
+            } else {
+                Ok(exec.to_device(&d, at, "load: weights")?)
+            }
+        };
+        let w = self.weights;
+        let (input, output) = (placement.input(), placement.output());
+        let classifier = match w.classifier {
+            Some(c) => Some(move_to(c, output)?),
+            None if input != output => {
+                Some(exec.to_device(&w.embedding, output, "load: weights")?)
+            }
+            None => None,
+        };
+        let layers = w
+            .layers
+            .into_iter()
+            .enumerate()
+            .map(|(l, lw)| {
+                lw.try_map(|d, routed| {
+                    let at = if routed {
+                        placement.experts(l)
+                    } else {
+                        placement.layer(l)
+                    };
+                    move_to(d, at)
+                })
+            })
+            .collect::<Result<_>>()?;
+        let weights = LlamaWeights {
+            embedding: move_to(w.embedding, input)?,
+            layers,
+            final_norm: move_to(w.final_norm, output)?,
+            classifier,
+            prefix_kv: w.prefix_kv,
+        };
+        Ok(LlamaModel {
+            weights,
+            placement,
+            ..self
+        })
+    }
+
+    /// Where each layer runs.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The bytes each part of the model needs in the memory it is placed in, for
+    /// [`Placement::fit`]: each layer's weights and KV cache (the whole context, of the
+    /// element type [`KvDtype::on_device`] gives, the memory being a device's), the
+    /// input side (the embedding table, and one set of activations for [`PREFILL_CHUNK`]
+    /// rows), and the head (the final norm and an untied classifier).
+    pub fn memory_bytes(&self) -> (Vec<u64>, u64, u64) {
+        let (c, w) = (&self.config, &self.weights);
+        let f32_bytes = |n: usize| (n as u64).saturating_mul(4);
+        let kv = ((c.pre_seq_len + c.max_seq_len).saturating_mul(c.kv_dim()) as u64)
+            .saturating_mul(2 * self.kv_dtype.on_device().size_of() as u64);
+        let layers = w
+            .layers
+            .iter()
+            .map(|lw| {
+                kv + lw
+                    .tensors()
+                    .iter()
+                    .map(|d| d.size_bytes() as u64)
+                    .sum::<u64>()
+            })
+            .collect();
+        let rows = PREFILL_CHUNK.min(c.max_seq_len);
+        let widths = 5 * c.dim + 3 * c.q_dim() + 2 * c.kv_dim() + 3 * c.hidden_dim;
+        let activations = f32_bytes(rows * (widths + c.vocab_size.max(c.dim)));
+        let input = w.embedding.size_bytes() as u64 + activations;
+        let head =
+            (w.final_norm.size_bytes() + w.classifier.as_ref().map_or(0, Data::size_bytes)) as u64;
+        (layers, input, head)
+    }
+}
