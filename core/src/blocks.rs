@@ -627,3 +627,32 @@ impl Block for BlockIQ4XS {
         }
     }
 }
+
+/// Dequantises whole blocks of `ty`: `src` holds `dst.len() / ty.block_len()` blocks.
+/// The math is gguf-py's (see the module docs), operation for operation.
+///
+/// # Panics
+/// If `dst.len()` is not a multiple of the block length or `src` is shorter than its
+/// blocks: callers size both from [`GgmlType::byte_len`].
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    assert_eq!(
+        dst.len() % ty.block_len(),
+        0,
+        "whole blocks of {}",
+        ty.name()
+    );
+    match ty {
+        GgmlType::Q4_0 => dequantize_row::<BlockQ4_0>(src, dst),
+        GgmlType::Q4_1 => dequantize_row::<BlockQ4_1>(src, dst),
+        GgmlType::Q5_0 => dequantize_row::<BlockQ5_0>(src, dst),
+        GgmlType::Q5_1 => dequantize_row::<BlockQ5_1>(src, dst),
+        GgmlType::Q8_0 => dequantize_row::<BlockQ8_0>(src, dst),
+        GgmlType::Q2K => dequantize_row::<BlockQ2K>(src, dst),
+        GgmlType::Q3K => dequantize_row::<BlockQ3K>(src, dst),
+        GgmlType::Q4K => dequantize_row::<BlockQ4K>(src, dst),
+        GgmlType::Q5K => dequantize_row::<BlockQ5K>(src, dst),
+        GgmlType::Q6K => dequantize_row::<BlockQ6K>(src, dst),
+        GgmlType::IQ4NL => dequantize_row::<BlockIQ4NL>(src, dst),
+        GgmlType::IQ4XS => dequantize_row::<BlockIQ4XS>(src, dst),
+    }
+}

@@ -1,6 +1,6 @@
 //! ggml's weight types (llama.cpp `ggml/src/ggml-common.h` block structs, typed in
-//! [`crate::blocks`]; `ggml.h` `ggml_type` numbers), decoded as gguf-py's reference
-//! dequantisers decode them
+//! [`crate::blocks`]; `ggml.h` `ggml_type` numbers), decoded ([`crate::blocks::dequantize`])
+//! as gguf-py's reference dequantisers decode them
 //! (`gguf/quants.py`, `dequantize_blocks` of each class), with the same f32 operations in
 //! the same order, so that every value agrees bit for bit (the golden test data in
 //! `tests/data/gguf/quants` is made by gguf-py: `tools/gguf/make_quant_tests.py`).
@@ -34,10 +34,6 @@
 //! [`DataType::I4G32`] with the scales moved out of the blocks:
 //! [`crate::quant::repack_ggml_row`] converts without changing any value.
 
-use crate::blocks::{
-    dequantize_row, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
-};
 use crate::DataType;
 
 /// Values per K-quant super-block (ggml's `QK_K`).
@@ -175,35 +171,5 @@ impl GgmlType {
         n.is_multiple_of(self.block_len())
             .then(|| (n / self.block_len()).checked_mul(self.block_bytes()))
             .flatten()
-    }
-}
-
-/// Dequantises whole blocks of `ty`: `src` holds `dst.len() / ty.block_len()` blocks.
-/// The math is gguf-py's (see the module docs), operation for operation
-/// ([`crate::blocks`]).
-///
-/// # Panics
-/// If `dst.len()` is not a multiple of the block length or `src` is shorter than its
-/// blocks: callers size both from [`GgmlType::byte_len`].
-pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
-    assert_eq!(
-        dst.len() % ty.block_len(),
-        0,
-        "whole blocks of {}",
-        ty.name()
-    );
-    match ty {
-        GgmlType::Q4_0 => dequantize_row::<BlockQ4_0>(src, dst),
-        GgmlType::Q4_1 => dequantize_row::<BlockQ4_1>(src, dst),
-        GgmlType::Q5_0 => dequantize_row::<BlockQ5_0>(src, dst),
-        GgmlType::Q5_1 => dequantize_row::<BlockQ5_1>(src, dst),
-        GgmlType::Q8_0 => dequantize_row::<BlockQ8_0>(src, dst),
-        GgmlType::Q2K => dequantize_row::<BlockQ2K>(src, dst),
-        GgmlType::Q3K => dequantize_row::<BlockQ3K>(src, dst),
-        GgmlType::Q4K => dequantize_row::<BlockQ4K>(src, dst),
-        GgmlType::Q5K => dequantize_row::<BlockQ5K>(src, dst),
-        GgmlType::Q6K => dequantize_row::<BlockQ6K>(src, dst),
-        GgmlType::IQ4NL => dequantize_row::<BlockIQ4NL>(src, dst),
-        GgmlType::IQ4XS => dequantize_row::<BlockIQ4XS>(src, dst),
     }
 }

@@ -115,7 +115,6 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ggml;
     use crate::quant::tests::values;
 
     /// Round trips stay within the fit's bound: half a step of each run plus the
@@ -141,7 +140,7 @@ mod tests {
         }
     }
 
-    /// `run_codes` and `run_scales` give back what `ggml::dequantize` decodes.
+    /// `run_codes` and `run_scales` give back what `blocks::dequantize` decodes.
     #[test]
     fn runs_decode_as_ggml_does() {
         for dtype in [DataType::Q4K, DataType::Q5K, DataType::Q6K] {
@@ -149,7 +148,7 @@ mod tests {
             let mut block = vec![0u8; block_bytes(dtype)];
             quantize_row(dtype, &w, &mut block);
             let mut want = [0.0f32; QK_K];
-            ggml::dequantize(ggml_type(dtype), &block, &mut want);
+            blocks::dequantize(ggml_type(dtype), &block, &mut want);
             let mut codes = [0u8; RUN];
             for r in 0..RUNS {
                 run_codes(dtype, &block, r, &mut codes);

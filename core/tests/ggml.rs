@@ -1,11 +1,12 @@
-//! ggml's weight types decoded by `flm_core::ggml` against gguf-py's reference
+//! ggml's weight types decoded by `flm_core::blocks` against gguf-py's reference
 //! dequantisers: the blocks and values of `tests/data/gguf/quants/` were written by
 //! `tools/gguf/make_quant_tests.py` with `gguf.quants` (tests/data/gguf/SOURCES.md).
 //! Every value must agree bit for bit.
 
 use std::path::PathBuf;
 
-use flm_core::ggml::{self, GgmlType};
+use flm_core::blocks;
+use flm_core::ggml::GgmlType;
 use flm_core::quant::{self, dequantize_row, row_bytes};
 
 const ROWS: usize = 8;
@@ -62,7 +63,7 @@ fn every_type_dequantises_as_gguf_py_bit_for_bit() {
         shifted[1..].copy_from_slice(&blocks);
         for src in [&blocks[..], &shifted[1..]] {
             let mut got = vec![f32::NAN; ROWS * COLS];
-            ggml::dequantize(ty, src, &mut got);
+            blocks::dequantize(ty, src, &mut got);
             failures.extend(first_difference(ty, &got, &want));
         }
     }

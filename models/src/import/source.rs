@@ -10,7 +10,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use flm_core::ggml::{self, GgmlType};
+use flm_core::blocks;
+use flm_core::ggml::GgmlType;
 use flm_core::{quant, Data, DataType};
 use memmap2::Mmap;
 use rand::{Rng, SeedableRng};
@@ -388,7 +389,7 @@ fn ggml_data(ty: GgmlType, bytes: &[u8], shape: &[usize]) -> Result<Data> {
             quant::repack_ggml_row(ty, src, dst);
             continue;
         }
-        ggml::dequantize(ty, src, &mut values);
+        blocks::dequantize(ty, src, &mut values);
         flm_core::quant::quantize_row(dtype, &values, dst);
     }
     Ok(data)
