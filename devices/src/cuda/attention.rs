@@ -11,10 +11,11 @@
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use flm_core::{alibi_slopes, AttentionParams, Data, Error, Result};
 
-use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::flash_attn::flash_attention;
 use super::graph::{Bound, StepWords};
 use super::kernels::{FlashHeadDim, Kernel, KvType, ATTN_CHUNK};
+use super::launch::{arg_or_null, dev_err, grid, int};
 use super::operand::Input;
 
 /// Query rows from which attention takes the flash (prefill) kernels: one warp's 16 rows

@@ -15,8 +15,9 @@
 use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use flm_core::{quant, DataType, Error, Result};
 
-use super::device::{dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::kernels::{int4_form_code, k_quant_code, Kernel};
+use super::launch::{dev_err, grid, int};
 use super::linear::{convert, gemm};
 use crate::gemv_layout::GemvLayout;
 

@@ -5,9 +5,10 @@
 use cudarc::driver::PushKernelArg;
 use flm_core::{Data, Error, Result};
 
-use super::device::{dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::graph::Bound;
 use super::kernels::{Kernel, KvType};
+use super::launch::{dev_err, grid, int};
 
 /// Threads of the one-thread-per-element kernels.
 const ELEM_THREADS: u32 = 256;

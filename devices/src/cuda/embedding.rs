@@ -7,9 +7,10 @@ use cudarc::driver::{CudaView, LaunchArgs, PushKernelArg};
 use flm_core::{Data, Error, Result, TokenIds};
 
 use super::dequant::QuantRows;
-use super::device::{dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::graph::Bound;
 use super::kernels::{FloatWeight, Kernel};
+use super::launch::{dev_err, grid, int};
 use super::operand::Input;
 use super::ROW_THREADS;
 use crate::gemv_layout::GemvLayout;

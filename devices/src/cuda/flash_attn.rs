@@ -6,8 +6,9 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use flm_core::Result;
 
 use super::attention::{Operands, Scalars};
-use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::kernels::{FlashHeadDim, Kernel, KvType, FLASH_ROWS, FLASH_THREADS};
+use super::launch::{arg_or_null, dev_err, grid, int};
 
 /// Writes `out[n, n_heads × head_dim]` (f32) for the `n` query rows of `ops.q` with the
 /// `flash_attn_<kv>_d<dim>` kernel of the cache's element type: a block per [`FLASH_ROWS`] rows and head.

@@ -25,7 +25,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaView};
 use flm_core::{CapturedStep, Error, Result, StepBounds, StepInputs};
 
-use super::device::{dev_err, CudaDevice};
+use super::device::CudaDevice;
+use super::launch::dev_err;
 
 /// The workaround every capture error names.
 const WORKAROUND: &str = "run with --cuda-graph off to decode without CUDA graphs";

@@ -31,11 +31,12 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use flm_core::{quant, Data, DataType, Error, Result};
 
 use super::dequant::quantized_gemm;
-use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::kernels::{
     int4_form_code, k_quant_code, GemvTile, GemvWeight, Kernel, GEMV_MAX_ROWS, GEMV_WARPS,
     QGEMV_ROWS,
 };
+use super::launch::{arg_or_null, dev_err, grid, int};
 use super::operand::Input;
 use crate::gemv_layout::{packed_in_gpu_memory, GemvLayout};
 

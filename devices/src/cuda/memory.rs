@@ -10,7 +10,8 @@ use std::fmt;
 use cudarc::driver::CudaSlice;
 use flm_core::{BaseDevice, DeviceBuffer, Error, Location, Result};
 
-use super::device::{dev_err, CudaDevice};
+use super::device::CudaDevice;
+use super::launch::dev_err;
 use crate::gemv_layout::GemvLayout;
 
 /// Bytes of GPU memory owned by a [`CudaDevice`], freed when dropped.

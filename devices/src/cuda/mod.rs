@@ -24,6 +24,7 @@ mod embedding;
 mod flash_attn;
 mod graph;
 pub mod kernels;
+mod launch;
 mod linear;
 mod memory;
 mod norm;

@@ -3,8 +3,9 @@
 use cudarc::driver::PushKernelArg;
 use flm_core::{Data, Error, Result};
 
-use super::device::{dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::kernels::{FloatWeight, Kernel};
+use super::launch::{dev_err, grid, int};
 use super::ROW_THREADS;
 
 /// [`flm_core::Op::RmsNorm`] (`bias` `None`) or [`flm_core::Op::LayerNorm`].

@@ -15,8 +15,9 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use flm_core::{alibi_slopes, Data, DataType, Error, Op, PagedSeq, Result};
 
 use super::attention::Partials;
-use super::device::{arg_or_null, dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::kernels::{Kernel, KvType, PAGED_CHUNK};
+use super::launch::{arg_or_null, dev_err, grid, int};
 
 /// Threads of a `paged_attn_partial` block (4 warps, one key per warp at a time).
 const THREADS: u32 = 128;

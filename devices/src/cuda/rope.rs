@@ -4,9 +4,10 @@
 use cudarc::driver::PushKernelArg;
 use flm_core::{Data, Error, Result, RopeStyle, RopeTable};
 
-use super::device::{dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::graph::{Bound, StepWords};
 use super::kernels::Kernel;
+use super::launch::{dev_err, grid, int};
 
 /// Rotates `x` `[n, n_heads · span]`, `span = table.head_dim() · parts.len()`: part `k`
 /// `(positions, offset)` is the `table.head_dim()` values at `offset` in each head, row `i`

@@ -4,8 +4,9 @@
 use cudarc::driver::PushKernelArg;
 use flm_core::{Data, Error, Result, SampleState, SamplerConfig};
 
-use super::device::{dev_err, grid, int, CudaDevice};
+use super::device::CudaDevice;
 use super::kernels::{Kernel, SAMPLE_THREADS};
+use super::launch::{dev_err, grid, int};
 use super::ROW_THREADS;
 
 /// [`flm_core::Op::Sample`]: `sample_row`, one block over the row of logits, with a

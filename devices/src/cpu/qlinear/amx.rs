@@ -33,7 +33,7 @@ use flm_core::panels::STEP;
 use flm_core::quant::BLOCK;
 use flm_core::DataType;
 
-use super::panels::Int4Params;
+use super::int4::Int4Params;
 use super::{Acts, QuantWeight};
 use crate::cpu::scratch;
 

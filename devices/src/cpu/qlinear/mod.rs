@@ -35,6 +35,7 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
+mod int4;
 mod kquant;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod kquant_neon;

@@ -24,7 +24,7 @@ use std::arch::asm;
 use flm_core::panels::{PANEL_ROWS, STEP};
 use flm_core::quant::BLOCK;
 
-use super::panels::Int4Params;
+use super::int4::Int4Params;
 use super::{Acts, QuantWeight};
 use crate::cpu::simd::neon::f16x4_to_f32;
 use crate::cpu::Isa;

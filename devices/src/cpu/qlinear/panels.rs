@@ -13,13 +13,12 @@
 //! from integer dot-product steps of 4 codes per lane, with no horizontal sum; integer
 //! sums are exact, so the steps may be split over several accumulators.
 
-use flm_core::panels::{Int4Panel, PANEL_ROWS, STEP};
-use flm_core::quant::{int4_mins, BLOCK};
-use flm_core::DataType;
-use half::f16;
+use flm_core::panels::{PANEL_ROWS, STEP};
+use flm_core::quant::BLOCK;
 
 use std::cell::Cell;
 
+use super::int4::Int4Params;
 use super::{Acts, QuantWeight};
 use crate::cpu::scratch;
 use crate::cpu::simd::fma;
@@ -34,47 +33,6 @@ impl<'a> QuantWeight<'a> {
         let r = (m - j).min(PANEL_ROWS);
         (&self.bytes[j * self.row_bytes..(j + r) * self.row_bytes], r)
     }
-}
-
-/// Where the parts of an int4 panel lie and how its minimums are formed.
-#[derive(Clone, Copy)]
-pub(super) struct Int4Params {
-    /// The panel's layout.
-    pub layout: Int4Panel,
-    /// Blocks per group.
-    per_group: usize,
-    /// Groups per row.
-    pub groups: usize,
-    /// `m_g = factor · stored`, times `d_g` where `times_scale`.
-    pub factor: f32,
-    pub times_scale: bool,
-}
-
-impl Int4Params {
-    /// The parameters of a panel of `r` rows of the int4 `dtype` with `kp` padded columns.
-    pub fn new(dtype: DataType, kp: usize, r: usize) -> Option<Int4Params> {
-        let layout = Int4Panel::new(dtype, r)?;
-        let mins = int4_mins(dtype, kp);
-        Some(Int4Params {
-            layout,
-            per_group: layout.group / BLOCK,
-            groups: kp / layout.group,
-            factor: mins.factor,
-            times_scale: mins.times_scale,
-        })
-    }
-
-    /// `d_g` and `m_g` of row `dr` of `panel`.
-    pub fn scale_and_min(&self, panel: &[u8], g: usize, dr: usize) -> (f32, f32) {
-        let d = f16_at(&panel[self.layout.scales(g)..], dr);
-        let m = self.factor * f16_at(&panel[self.layout.mins(g)..], dr);
-        (d, if self.times_scale { m * d } else { m })
-    }
-}
-
-/// The f16 number `i` of `bytes`, as f32.
-fn f16_at(bytes: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32()
 }
 
 /// The portable twin: `yt[(dj)·n + i]` for the rows of the panel at `j` and every input
