@@ -12,7 +12,7 @@ use std::path::Path;
 use flm_core::{DataType, PagedKvCache};
 use flm_models::engine::{Engine, EngineConfig};
 use flm_models::import;
-use flm_models::llama::{BatchSeq, Logits};
+use flm_models::{BatchSeq, Logits};
 use flm_models::{Error, SharedModel};
 use flm_tests::glm_data::{write_hf_dir, Family};
 use flm_tests::{cpu_executor, data, ids, HF_FAMILIES};

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use flm_core::{DataType, Executor, KvDtype, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
-use flm_models::llama::{BatchSeq, Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::BatchSeq;
 use flm_models::{import, Graph, SharedGraph, SharedModel};
 use flm_models::{GpuLayers, Placement};
 use flm_tests::{

@@ -42,9 +42,9 @@ use flm_core::{
     AttentionParams, Data, DataType, Executor, KvCache, KvDtype, Op, RopeStyle, RopeTable,
 };
 
-use crate::graph::{Graph, Head, SharedGraph};
+use crate::graph::{BatchedForward, Graph, Head, MemoryNeeds, SharedGraph};
 use crate::llama::{cache_and_attend, check_forward, load_prefix, Logits};
-use crate::{Arch, Error, Model, ModelConfig, Result, SharedModel};
+use crate::{Arch, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
 /// Activations, grown to the longest call seen.
 struct GlmActivations {
@@ -182,6 +182,28 @@ impl SharedGraph for ChatGlmModel {
     fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel> {
         let model = crate::graph::unshared(self)?;
         Ok(ChatGlmModel { kv_dtype, ..model }.into())
+    }
+
+    fn batch(self: Arc<Self>, _rows: usize) -> Result<Box<dyn BatchedForward>> {
+        Err(Error::Config(
+            "the serving engine runs the Llama graph; ChatGLM-6B (its prefix-LM mask needs \
+             the whole context in one pass) cannot be batched: use a Session"
+                .into(),
+        ))
+    }
+
+    fn memory_needs(&self) -> Option<MemoryNeeds> {
+        None
+    }
+
+    fn placement(&self) -> Option<&Placement> {
+        None
+    }
+
+    fn place(self: Arc<Self>, _exec: &Executor, _placement: Placement) -> Result<SharedModel> {
+        Err(Error::Config(
+            "ChatGLM-6B's graph runs in host memory only; leave out --gpu-layers".into(),
+        ))
     }
 
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {

@@ -11,9 +11,9 @@ use std::any::Any;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use flm_core::{Data, Executor, KvDtype, Location};
+use flm_core::{Data, Executor, KvDtype, Location, PagedKvCache};
 
-use crate::{Error, ModelConfig, Result};
+use crate::{Error, ModelConfig, Placement, Result};
 
 /// Which logits a forward pass computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +118,74 @@ pub trait Graph: Send {
     }
 }
 
+/// One sequence of a batched forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSeq<'a> {
+    /// Its tokens of this step, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`: keys and values of positions `< start_pos` are in its
+    /// blocks already.
+    pub start_pos: usize,
+    /// Its block table: the pool block of cache positions `k·block_size..(k+1)·block_size`
+    /// (the p-tuning prefix, if any, first: cache position = `pre_seq_len` + position).
+    pub blocks: &'a [u32],
+}
+
+/// A graph's batched forward pass over a paged KV cache: the step the serving engine runs
+/// (continuous batching: Yu et al. 2022, Orca; vLLM). Each row is computed as
+/// [`Graph::forward`] computes it, so that with batch-invariant kernels a sequence's logits
+/// do not depend on the others of its step.
+pub trait BatchedForward: Send {
+    /// The configuration.
+    fn config(&self) -> &ModelConfig;
+
+    /// A pool of `n_blocks` KV blocks of `block_size` positions for every layer, each
+    /// layer's in the memory it runs in.
+    ///
+    /// Errors: the allocation errors.
+    fn kv_pool(&self, exec: &Executor, n_blocks: usize, block_size: usize) -> Result<PagedKvCache>;
+
+    /// Writes the p-tuning prefix's keys and values (if the model has one) into the first
+    /// `pre_seq_len` positions of the block table `blocks` of `kv`.
+    ///
+    /// Errors: a block table too short for the prefix; device errors.
+    fn write_prefix(
+        &mut self,
+        exec: &Executor,
+        kv: &mut PagedKvCache,
+        blocks: &[u32],
+    ) -> Result<()>;
+
+    /// Runs one step of every sequence of `seqs`: stores the keys and values of their
+    /// tokens in their blocks of `kv` and returns the logits of each sequence's last token,
+    /// `[seqs.len() · vocab_size]` row-major, borrowed from a buffer reused by the next call.
+    ///
+    /// Errors (nothing is computed): no sequences, a sequence without tokens, a token id
+    /// outside the vocabulary, positions beyond the context length, a block table too short
+    /// for a sequence's positions or a block outside the pool; device errors.
+    fn forward(
+        &mut self,
+        exec: &Executor,
+        kv: &mut PagedKvCache,
+        seqs: &[BatchSeq<'_>],
+    ) -> Result<&[f32]>;
+}
+
+/// The bytes each part of a graph needs in the memory it is placed in, for
+/// [`Placement::fit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryNeeds {
+    /// Per layer: its weights and its KV cache for the whole context.
+    pub layers: Vec<u64>,
+    /// Per layer: the part of `layers` that its routed experts (router, experts, shared
+    /// expert) take; 0 for a dense layer ([`Placement::with_experts_on`]).
+    pub routed: Vec<u64>,
+    /// The input side: the embedding table and one set of activations.
+    pub input: u64,
+    /// The head: the final norm and an untied classifier.
+    pub head: u64,
+}
+
 /// The shared part of a model graph: configuration and weights, `Send + Sync`.
 pub trait SharedGraph: Send + Sync {
     /// The configuration.
@@ -137,8 +205,29 @@ pub trait SharedGraph: Send + Sync {
     /// Errors: [`Error::State`] when instances of it exist.
     fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel>;
 
-    /// The graph as `Any`, for what only one graph offers (the Llama graph's batching and
-    /// placement across devices, in `graphs`).
+    /// The batched forward pass for up to `rows` tokens a step.
+    ///
+    /// Errors: [`Error::Config`] for a graph that cannot be batched; buffer allocation
+    /// errors.
+    fn batch(self: Arc<Self>, rows: usize) -> Result<Box<dyn BatchedForward>>;
+
+    /// What each part needs in the memory it is placed in; `None` for a graph that runs
+    /// in host memory only.
+    fn memory_needs(&self) -> Option<MemoryNeeds>;
+
+    /// Where each layer runs; `None` for a graph that runs in host memory only.
+    fn placement(&self) -> Option<&Placement>;
+
+    /// The graph with its parts moved by `exec` to the memories of `placement`, before any
+    /// instance is made.
+    ///
+    /// Errors: [`Error::Config`] for a graph that runs in host memory only or a placement
+    /// of another number of layers; [`Error::State`] when instances of it exist; the
+    /// allocation and copy errors.
+    fn place(self: Arc<Self>, exec: &Executor, placement: Placement) -> Result<SharedModel>;
+
+    /// The graph as `Any`, for a tool that needs one graph's own parts (the benchmark's
+    /// weights and instances of the Llama graph).
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 

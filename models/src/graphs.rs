@@ -1,16 +1,17 @@
 //! The graphs flm has, behind [`SharedModel`] and [`Model`]: the one a checkpoint's
-//! architecture selects, and what only the Llama graph offers (the serving engine's batched
-//! forward pass, layer placement across devices). [`crate::graph`] names no concrete
-//! graph; this module is the one place that maps architectures to them.
+//! architecture selects, the serving engine's batched forward pass and the placement of
+//! layers across devices (each graph's own, through [`crate::SharedGraph`]). [`crate::graph`]
+//! names no concrete graph; this module is the one place that maps architectures to them.
 
 use std::sync::Arc;
 
 use flm_core::{Executor, Location};
 
 use crate::chatglm::{ChatGlmModel, ChatGlmWeights};
+use crate::graph::{BatchedForward, MemoryNeeds};
 use crate::import::Checkpoint;
-use crate::llama::{Ffn, LlamaBatch, LlamaLayer, LlamaModel, LlamaWeights};
-use crate::{Arch, Error, GpuLayers, Model, Placement, Result, SharedGraph, SharedModel};
+use crate::llama::{LlamaModel, LlamaWeights};
+use crate::{Arch, Error, GpuLayers, Model, ModelConfig, Placement, Result, SharedModel};
 
 impl SharedModel {
     /// Builds the shared model of `ckpt`'s architecture from its weights.
@@ -25,19 +26,12 @@ impl SharedModel {
     }
 
     /// The batched forward pass over a paged KV cache that the serving engine runs, for
-    /// up to `rows` tokens per step.
+    /// up to `rows` tokens per step ([`crate::SharedGraph::batch`]).
     ///
     /// Errors: [`Error::Config`] for a graph that cannot be batched (ChatGLM-6B, whose
     /// prefix-LM mask needs the whole context in one pass); buffer allocation errors.
-    pub fn batch(&self, rows: usize) -> Result<LlamaBatch> {
-        let Some(model) = self.llama() else {
-            return Err(Error::Config(
-                "the serving engine runs the Llama graph; ChatGLM-6B (its prefix-LM mask needs \
-                 the whole context in one pass) cannot be batched: use a Session"
-                    .into(),
-            ));
-        };
-        LlamaBatch::new(model, rows)
+    pub fn batch(&self, rows: usize) -> Result<Box<dyn BatchedForward>> {
+        Arc::clone(&self.0).batch(rows)
     }
 
     /// The Llama graph's shared model, if this is one.
@@ -45,35 +39,36 @@ impl SharedModel {
         Arc::clone(&self.0).as_any().downcast::<LlamaModel>().ok()
     }
 
+    /// Where each layer runs; `None` for a graph that runs in host memory only.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.0.placement()
+    }
+
     /// The model with its layers in the memories of the placement `plan` makes from the
-    /// model's [`LlamaModel::memory_bytes`] (see [`LlamaModel::place`]), before any
-    /// instance is made.
+    /// configuration and [`crate::SharedGraph::memory_needs`] (see [`crate::SharedGraph::place`]), before
+    /// any instance is made.
     ///
-    /// Errors: [`Error::Config`] for ChatGLM-6B's graph, whose layers run in host memory
-    /// only; [`Error::State`] when instances of the model exist; those of `plan` and of
-    /// [`LlamaModel::place`].
+    /// Errors: [`Error::Config`] for a graph whose layers run in host memory only
+    /// (ChatGLM-6B's); [`Error::State`] when instances of the model exist; those of `plan`
+    /// and of [`crate::SharedGraph::place`].
     pub fn place(
         self,
         exec: &Executor,
-        plan: impl FnOnce(&LlamaModel) -> Result<Placement>,
+        plan: impl FnOnce(&ModelConfig, &MemoryNeeds) -> Result<Placement>,
     ) -> Result<SharedModel> {
-        let Some(model) = self.llama() else {
+        let Some(needs) = self.0.memory_needs() else {
             return Err(Error::Config(
-                "ChatGLM-6B's graph runs in host memory only; leave out --gpu-layers".into(),
+                "this model's graph runs in host memory only; leave out --gpu-layers".into(),
             ));
         };
-        drop(self);
-        let model = Arc::try_unwrap(model).map_err(|_| {
-            Error::State("a model is placed before any instance of it is made".into())
-        })?;
-        let placement = plan(&model)?;
-        Ok(model.place(exec, placement)?.into())
+        let placement = plan(self.config(), &needs)?;
+        self.0.place(exec, placement)
     }
 
     /// The model with its first layers in the GPU memory `gpu` as `layers` says, the rest
     /// in host memory (llama.cpp's `--n-gpu-layers`): [`GpuLayers::Auto`] fits as many as
     /// the executor's free memory there holds after their KV caches ([`Placement::fit`]
-    /// over [`LlamaModel::memory_bytes`]). With `experts_on_host` a mixture's routed
+    /// over [`crate::SharedGraph::memory_needs`]). With `experts_on_host` a mixture's routed
     /// experts stay in host memory ([`Placement::with_experts_on`]) and do not count.
     ///
     /// Errors: [`Error::Config`] when `gpu` does not tell its free memory (auto); those of
@@ -85,23 +80,22 @@ impl SharedModel {
         layers: GpuLayers,
         experts_on_host: bool,
     ) -> Result<SharedModel> {
-        self.place(exec, |m| {
-            let n_layers = m.config().n_layers;
+        self.place(exec, |c, needs| {
             let placement = match layers {
-                GpuLayers::Count(n) => Placement::first_layers(n_layers, gpu, n),
+                GpuLayers::Count(n) => Placement::first_layers(c.n_layers, gpu, n),
                 GpuLayers::Auto => {
                     let free = exec.free_memory(gpu).ok_or_else(|| {
                         Error::Config(format!(
                             "--gpu-layers auto: {gpu} does not tell its free memory"
                         ))
                     })?;
-                    let (mut layers, input, head) = m.memory_bytes();
+                    let mut layers = needs.layers.clone();
                     if experts_on_host {
-                        for (bytes, lw) in layers.iter_mut().zip(&m.weights().layers) {
-                            *bytes = bytes.saturating_sub(routed_bytes(lw));
+                        for (bytes, routed) in layers.iter_mut().zip(&needs.routed) {
+                            *bytes = bytes.saturating_sub(*routed);
                         }
                     }
-                    Placement::fit(gpu, free, &layers, input, head)
+                    Placement::fit(gpu, free, &layers, needs.input, needs.head)
                 }
             };
             Ok(if experts_on_host {
@@ -110,26 +104,6 @@ impl SharedModel {
                 placement
             })
         })
-    }
-}
-
-/// Bytes of a layer's router and experts, the shared one included (0 for a dense
-/// feed-forward).
-fn routed_bytes(lw: &LlamaLayer) -> u64 {
-    match &lw.ffn {
-        Ffn::Moe {
-            router,
-            experts,
-            shared,
-        } => experts
-            .iter()
-            .chain(shared.iter().map(|s| &s.ffn))
-            .flat_map(|e| [&e.gate, &e.up, &e.down])
-            .chain([router])
-            .chain(shared.iter().map(|s| &s.gate))
-            .map(|d| d.size_bytes() as u64)
-            .sum(),
-        Ffn::Dense { .. } => 0,
     }
 }
 

@@ -37,5 +37,7 @@ pub mod tensor_names;
 pub use config::{Activation, Arch, ModelConfig, MoeConfig};
 pub use error::{Error, Result};
 pub use family::Family;
-pub use graph::{Graph, Head, Logits, Model, SharedGraph, SharedModel};
+pub use graph::{
+    BatchSeq, BatchedForward, Graph, Head, Logits, MemoryNeeds, Model, SharedGraph, SharedModel,
+};
 pub use placement::{GpuLayers, Placement};

@@ -57,7 +57,7 @@ use flm_core::{
 };
 
 pub use crate::graph::Logits;
-use crate::graph::{Graph, Head, SharedGraph};
+use crate::graph::{BatchedForward, Graph, Head, MemoryNeeds, SharedGraph};
 use crate::{Activation, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
 mod activations;
@@ -68,7 +68,7 @@ mod weights;
 
 use activations::{host_output, output_state, placed_states, Activations, SharedScratch};
 
-pub use batch::{BatchSeq, LlamaBatch};
+pub use batch::LlamaBatch;
 use step_graphs::{StepGraphs, StepPlan};
 
 pub(crate) use weights::check_all_shapes;
@@ -233,6 +233,25 @@ impl SharedGraph for LlamaModel {
 
     fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel> {
         Ok(crate::graph::unshared(self)?.with_kv_dtype(kv_dtype).into())
+    }
+
+    fn batch(self: Arc<Self>, rows: usize) -> Result<Box<dyn BatchedForward>> {
+        Ok(Box::new(LlamaBatch::new(self, rows)?))
+    }
+
+    fn memory_needs(&self) -> Option<MemoryNeeds> {
+        Some(LlamaModel::memory_needs(self))
+    }
+
+    fn placement(&self) -> Option<&Placement> {
+        Some(&self.placement)
+    }
+
+    fn place(self: Arc<Self>, exec: &Executor, placement: Placement) -> Result<SharedModel> {
+        let model = crate::graph::unshared(self).map_err(|_| {
+            Error::State("a model is placed before any instance of it is made".into())
+        })?;
+        Ok(LlamaModel::place(model, exec, placement)?.into())
     }
 
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {

@@ -5,8 +5,8 @@
 mod common;
 
 use flm_core::{DataType, PagedKvCache};
-use flm_models::llama::{BatchSeq, Logits};
 use flm_models::Model;
+use flm_models::{BatchSeq, Logits};
 
 use common::{exec, stories260k};
 

@@ -137,9 +137,7 @@ pub fn session_ids(exec: &Executor, at: Location, sampler: &SamplerConfig) -> Ve
     let path = data("stories260K/stories260K.bin");
     let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
     let model = model
-        .place(exec, |m| {
-            Ok(Placement::first_layers(m.config().n_layers, at, 99))
-        })
+        .place(exec, |c, _| Ok(Placement::first_layers(c.n_layers, at, 99)))
         .unwrap();
     let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
     let params = GenerateParams {

@@ -10,7 +10,7 @@ use flm_core::{log_softmax_top, Constraint, Executor, PagedKvCache, Sampler};
 
 use super::prefix::PrefixCache;
 use super::{EngineStats, Event, Finish, FinishReason, OnEvent};
-use crate::llama::{BatchSeq, LlamaBatch};
+use crate::{BatchSeq, BatchedForward};
 
 /// A request as the scheduler receives it (validated by [`super::Engine::submit`]).
 pub(super) struct Pending {
@@ -65,7 +65,7 @@ enum Outcome {
 }
 
 pub(super) struct Scheduler {
-    batch: LlamaBatch,
+    batch: Box<dyn BatchedForward>,
     exec: Executor,
     kv: PagedKvCache,
     prefill_budget: usize,
@@ -86,7 +86,7 @@ pub(super) struct Scheduler {
 
 impl Scheduler {
     pub(super) fn new(
-        batch: LlamaBatch,
+        batch: Box<dyn BatchedForward>,
         exec: Executor,
         kv: PagedKvCache,
         prefill_budget: usize,

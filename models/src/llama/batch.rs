@@ -25,20 +25,8 @@ use flm_core::{Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
 use super::{
     finish, host_output, placed_states, run_layers, Activations, Head, LlamaModel, Logits,
 };
+use crate::graph::{BatchSeq, BatchedForward};
 use crate::{Error, ModelConfig, Result};
-
-/// One sequence of a batched forward pass.
-#[derive(Debug, Clone, Copy)]
-pub struct BatchSeq<'a> {
-    /// Its tokens of this step, at positions `start_pos..start_pos + tokens.len()`.
-    pub tokens: &'a [u32],
-    /// Position of `tokens[0]`: keys and values of positions `< start_pos` are in its
-    /// blocks already.
-    pub start_pos: usize,
-    /// Its block table: the pool block of cache positions `k·block_size..(k+1)·block_size`
-    /// (the p-tuning prefix, if any, first: cache position = `pre_seq_len` + position).
-    pub blocks: &'a [u32],
-}
 
 /// Runs batches of sequences through a shared [`LlamaModel`] (see the module docs). Its
 /// activations grow to the largest batch seen.
@@ -93,18 +81,14 @@ impl LlamaBatch {
             prefix,
         })
     }
+}
 
-    /// A KV pool of `n_blocks` blocks of `block_size` positions for this model, each
-    /// layer's pools allocated by `exec` in the memory the layer runs in, of the element
-    /// type the model's [`flm_core::KvDtype`] chooses there.
-    ///
-    /// Errors: those of [`PagedKvCache::placed`].
-    pub fn kv_pool(
-        &self,
-        exec: &Executor,
-        n_blocks: usize,
-        block_size: usize,
-    ) -> Result<PagedKvCache> {
+impl BatchedForward for LlamaBatch {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn kv_pool(&self, exec: &Executor, n_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
         let c = &self.model.config;
         let layers = self.model.placement.layers();
         Ok(PagedKvCache::placed(
@@ -117,16 +101,7 @@ impl LlamaBatch {
         )?)
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &ModelConfig {
-        &self.model.config
-    }
-
-    /// Writes the p-tuning prefix (`pre_seq_len` positions of every layer) into the first
-    /// cache positions of the sequence with block table `blocks`; nothing without a prefix.
-    ///
-    /// Errors: a block table too short for the prefix, a block outside the pool.
-    pub fn write_prefix(
+    fn write_prefix(
         &mut self,
         exec: &Executor,
         kv: &mut PagedKvCache,
@@ -166,14 +141,7 @@ impl LlamaBatch {
         Ok(())
     }
 
-    /// Runs one step of every sequence of `seqs`: stores the keys and values of their
-    /// tokens in their blocks of `kv` and returns the logits of each sequence's last token,
-    /// `[seqs.len() · vocab_size]` row-major, borrowed from a buffer reused by the next call.
-    ///
-    /// Errors (nothing is computed): no sequences, a sequence without tokens, a token id
-    /// outside the vocabulary, positions beyond the context length, a block table too short
-    /// for a sequence's positions or a block outside the pool; device errors.
-    pub fn forward(
+    fn forward(
         &mut self,
         exec: &Executor,
         kv: &mut PagedKvCache,

@@ -3,7 +3,8 @@
 
 use flm_core::{Data, Executor, Location};
 
-use super::{LlamaModel, LlamaWeights, PREFILL_CHUNK};
+use super::{Ffn, LlamaLayer, LlamaModel, LlamaWeights, PREFILL_CHUNK};
+use crate::graph::MemoryNeeds;
 #[cfg(doc)]
 use crate::Error;
 use crate::{Placement, Result};
@@ -72,10 +73,11 @@ impl LlamaModel {
 
     /// The bytes each part of the model needs in the memory it is placed in, for
     /// [`Placement::fit`]: each layer's weights and KV cache (the whole context, of the
-    /// element type [`KvDtype::on_device`] gives, the memory being a device's), the
-    /// input side (the embedding table, and one set of activations for [`PREFILL_CHUNK`]
-    /// rows), and the head (the final norm and an untied classifier).
-    pub fn memory_bytes(&self) -> (Vec<u64>, u64, u64) {
+    /// element type [`KvDtype::on_device`] gives, the memory being a device's) and the
+    /// share of its routed experts, the input side (the embedding table, and one set of
+    /// activations for [`PREFILL_CHUNK`] rows), and the head (the final norm and an untied
+    /// classifier).
+    pub fn memory_needs(&self) -> MemoryNeeds {
         let (c, w) = (&self.config, &self.weights);
         let f32_bytes = |n: usize| (n as u64).saturating_mul(4);
         let kv = ((c.pre_seq_len + c.max_seq_len).saturating_mul(c.kv_dim()) as u64)
@@ -97,6 +99,31 @@ impl LlamaModel {
         let input = w.embedding.size_bytes() as u64 + activations;
         let head =
             (w.final_norm.size_bytes() + w.classifier.as_ref().map_or(0, Data::size_bytes)) as u64;
-        (layers, input, head)
+        MemoryNeeds {
+            layers,
+            routed: w.layers.iter().map(routed_bytes).collect(),
+            input,
+            head,
+        }
+    }
+}
+
+/// Bytes of a layer's router and experts, the shared one included (0 for a dense
+/// feed-forward).
+fn routed_bytes(lw: &LlamaLayer) -> u64 {
+    match &lw.ffn {
+        Ffn::Moe {
+            router,
+            experts,
+            shared,
+        } => experts
+            .iter()
+            .chain(shared.iter().map(|s| &s.ffn))
+            .flat_map(|e| [&e.gate, &e.up, &e.down])
+            .chain([router])
+            .chain(shared.iter().map(|s| &s.gate))
+            .map(|d| d.size_bytes() as u64)
+            .sum(),
+        Ffn::Dense { .. } => 0,
     }
 }

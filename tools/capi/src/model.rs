@@ -58,10 +58,9 @@ pub struct FlmModelOptions {
 /// workers. Dropping it (when the model and all its sessions are freed) joins the
 /// workers, so a host that frees everything leaves no flm thread behind.
 ///
-/// Cost: one hand-over to the pool per op, about 6 µs measured on a 2-core x86 machine:
-/// noise for real models, but it makes stories260K (ops of microseconds) decode about
-/// 5 times slower than `flm run` does on rayon's global pool. Entering the pool once per
-/// forward pass would remove it.
+/// Cost: one hand-over to the pool per op, some microseconds: noise for real models, but
+/// most of the time of a model whose ops take microseconds (stories260K). Entering the
+/// pool once per forward pass would remove it.
 struct PooledCpu {
     pool: rayon::ThreadPool,
     cpu: CpuDevice,

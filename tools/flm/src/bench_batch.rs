@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 use flm_core::Executor;
-use flm_models::llama::{BatchSeq, Llama, LlamaBatch};
+use flm_models::llama::{Llama, LlamaBatch};
 use flm_models::Graph;
+use flm_models::{BatchSeq, BatchedForward};
 
 /// Positions per KV block.
 const BLOCK_SIZE: usize = 16;
