@@ -350,7 +350,7 @@ fn gpu_layers_place_a_count_and_auto_asks_for_free_memory() {
         let placed = model()
             .place_gpu_layers(&exec, SIM, GpuLayers::Count(n), false)
             .unwrap();
-        let p = placed.llama().unwrap().placement().clone();
+        let p = placed.placement().unwrap().clone();
         assert_eq!(p, Placement::first_layers(5, SIM, n), "{n}");
     }
     let err = model()

@@ -164,7 +164,7 @@ fn place(
             format!("options->gpu_layers is {n}, and no GPU runs the model"),
         )),
         // A graph that runs in host memory only stays there under the default.
-        (Some(_), GpuLayers::Auto) if model.llama().is_none() => Ok(model),
+        (Some(_), GpuLayers::Auto) if model.placement().is_none() => Ok(model),
         (Some(gpu), layers) => Ok(model.place_gpu_layers(exec, gpu, layers, false)?),
     }
 }

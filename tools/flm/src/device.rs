@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use flm_core::{Executor, KvDtype, Location};
 use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
-use flm_models::{GpuLayers, SharedGraph, SharedModel};
+use flm_models::{GpuLayers, SharedModel};
 
 /// `--moe-device`: where the routed experts of a mixture-of-experts model run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -188,20 +188,19 @@ impl Chosen {
             Some(layers) => layers,
             // With a GPU the layers go where its memory holds them, unless the graph runs
             // in host memory only (ChatGLM-6B's).
-            None if model.llama().is_some() => GpuLayers::Auto,
+            None if model.placement().is_some() => GpuLayers::Auto,
             None => return Ok(model),
         };
         let experts_on_host = self.moe_device == Some(MoeDevice::Cpu);
         let model = model
             .place_gpu_layers(&self.exec, gpu, layers, experts_on_host)
             .context("cannot place the model's layers")?;
-        if let Some(m) = model.llama() {
-            let p = m.placement();
+        if let Some(p) = model.placement() {
             let on_gpu = (0..p.n_layers()).filter(|&l| p.layer(l) == gpu).count();
             eprintln!(
                 "--gpu-layers {layers}: {on_gpu} of {} layers on {gpu}{}",
                 p.n_layers(),
-                if experts_on_host && m.config().moe.is_some() {
+                if experts_on_host && model.config().moe.is_some() {
                     ", their experts in host memory"
                 } else {
                     ""

@@ -226,7 +226,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot load the model {}", path.display()))?;
     let model = chosen.place(model)?;
     // Embeddings run op by op from host memory: a model placed on a GPU serves none.
-    let placed = model.llama().is_some_and(|m| !m.placement().is_host());
+    let placed = model.placement().is_some_and(|p| !p.is_host());
     let embedder = if placed {
         None
     } else {
