@@ -628,19 +628,14 @@ impl Block for BlockIQ4XS {
     }
 }
 
-/// Dequantises whole blocks of `ty`: `src` holds `dst.len() / ty.block_len()` blocks.
-/// The math is gguf-py's (see the module docs), operation for operation.
+/// Decodes a row of `dst.len()` values of the ggml type `ty` from `src`
+/// (`dst.len().div_ceil(ty.block_len())` blocks; the values of the last block past
+/// `dst.len()` are dropped). The math is gguf-py's, operation for operation.
 ///
 /// # Panics
-/// If `dst.len()` is not a multiple of the block length or `src` is shorter than its
-/// blocks: callers size both from [`GgmlType::byte_len`].
+/// If `src` holds fewer blocks: callers size it from [`GgmlType::byte_len`] or
+/// [`crate::quant::row_bytes`].
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
-    assert_eq!(
-        dst.len() % ty.block_len(),
-        0,
-        "whole blocks of {}",
-        ty.name()
-    );
     match ty {
         GgmlType::Q4_0 => dequantize_row::<BlockQ4_0>(src, dst),
         GgmlType::Q4_1 => dequantize_row::<BlockQ4_1>(src, dst),
@@ -654,5 +649,22 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q6K => dequantize_row::<BlockQ6K>(src, dst),
         GgmlType::IQ4NL => dequantize_row::<BlockIQ4NL>(src, dst),
         GgmlType::IQ4XS => dequantize_row::<BlockIQ4XS>(src, dst),
+    }
+}
+
+/// Codes a row of `src.len()` values into blocks of the ggml type `ty` (`dst`, whole
+/// blocks, the last padded with zeros): Q8_0 as ggml's `quantize_row_q8_0_ref`, the
+/// K-quants with the min/max fit of [`crate::kquant`].
+///
+/// # Panics
+/// For a type flm reads but does not write (the [`crate::DataType::ggml_type`] of no
+/// dtype).
+pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    match ty {
+        GgmlType::Q8_0 => quantize_row::<BlockQ8_0>(src, dst),
+        GgmlType::Q4K => quantize_row::<BlockQ4K>(src, dst),
+        GgmlType::Q5K => quantize_row::<BlockQ5K>(src, dst),
+        GgmlType::Q6K => quantize_row::<BlockQ6K>(src, dst),
+        _ => panic!("flm does not write {} blocks", ty.name()),
     }
 }

@@ -72,6 +72,24 @@ pub enum Int4Form {
     ZeroPoint,
 }
 
+/// How the rows of a quantised dtype are laid out (layouts and math in [`crate::quant`]
+/// and [`crate::blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// int8 per output channel: an f32 scale, then the codes.
+    Int8,
+    /// int4 in groups of `group` values: the codes, then the f16 scales (and minimums or
+    /// zero points, as `form` says).
+    Int4 {
+        /// Values per group: 32, 64 or 128.
+        group: usize,
+        /// How each group's minimum is given.
+        form: Int4Form,
+    },
+    /// ggml's blocks of this type, byte for byte.
+    Ggml(crate::ggml::GgmlType),
+}
+
 impl DataType {
     /// Every dtype that holds values (a weight or an activation), in discriminant order:
     /// all but [`DataType::I32`].
@@ -106,26 +124,74 @@ impl DataType {
         all
     };
 
+    /// How rows of this dtype are laid out, if it is quantised: the one map from a dtype to
+    /// its format, which every other fact of a quantised dtype here, the row functions of
+    /// [`crate::quant`], the file readers and the kernels' dispatch are read from.
+    pub const fn format(self) -> Option<Format> {
+        use crate::ggml::GgmlType;
+        Some(match self {
+            DataType::F32 | DataType::F16 | DataType::BF16 | DataType::I32 => return None,
+            DataType::I8 => Format::Int8,
+            DataType::I4G32 => Format::Int4 {
+                group: 32,
+                form: Int4Form::Min,
+            },
+            DataType::I4G64 => Format::Int4 {
+                group: 64,
+                form: Int4Form::Min,
+            },
+            DataType::I4G128 => Format::Int4 {
+                group: 128,
+                form: Int4Form::Min,
+            },
+            DataType::I4SymG32 => Format::Int4 {
+                group: 32,
+                form: Int4Form::Symmetric,
+            },
+            DataType::I4SymG64 => Format::Int4 {
+                group: 64,
+                form: Int4Form::Symmetric,
+            },
+            DataType::I4SymG128 => Format::Int4 {
+                group: 128,
+                form: Int4Form::Symmetric,
+            },
+            DataType::I4ZpG32 => Format::Int4 {
+                group: 32,
+                form: Int4Form::ZeroPoint,
+            },
+            DataType::I4ZpG64 => Format::Int4 {
+                group: 64,
+                form: Int4Form::ZeroPoint,
+            },
+            DataType::I4ZpG128 => Format::Int4 {
+                group: 128,
+                form: Int4Form::ZeroPoint,
+            },
+            DataType::Q4K => Format::Ggml(GgmlType::Q4K),
+            DataType::Q5K => Format::Ggml(GgmlType::Q5K),
+            DataType::Q6K => Format::Ggml(GgmlType::Q6K),
+            DataType::Q8_0 => Format::Ggml(GgmlType::Q8_0),
+        })
+    }
+
     /// Whether this is a quantised (block) type.
     pub const fn is_quantized(self) -> bool {
-        matches!(self, DataType::I8 | DataType::Q8_0)
-            || self.group_size().is_some()
-            || self.is_k_quant()
+        self.format().is_some()
     }
 
     /// Whether this is one of ggml's K-quant types, kept in ggml's super-block layout.
     pub const fn is_k_quant(self) -> bool {
-        matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
+        match self.ggml_type() {
+            Some(t) => t.block_len() == crate::ggml::QK_K,
+            None => false,
+        }
     }
 
     /// The ggml type whose blocks a K-quant dtype or [`DataType::Q8_0`] holds as they are.
     pub const fn ggml_type(self) -> Option<crate::ggml::GgmlType> {
-        use crate::ggml::GgmlType;
-        match self {
-            DataType::Q8_0 => Some(GgmlType::Q8_0),
-            DataType::Q4K => Some(GgmlType::Q4K),
-            DataType::Q5K => Some(GgmlType::Q5K),
-            DataType::Q6K => Some(GgmlType::Q6K),
+        match self.format() {
+            Some(Format::Ggml(t)) => Some(t),
             _ => None,
         }
     }
@@ -141,22 +207,16 @@ impl DataType {
 
     /// Group size of an int4 type.
     pub const fn group_size(self) -> Option<usize> {
-        match self {
-            DataType::I4G32 | DataType::I4SymG32 | DataType::I4ZpG32 => Some(32),
-            DataType::I4G64 | DataType::I4SymG64 | DataType::I4ZpG64 => Some(64),
-            DataType::I4G128 | DataType::I4SymG128 | DataType::I4ZpG128 => Some(128),
+        match self.format() {
+            Some(Format::Int4 { group, .. }) => Some(group),
             _ => None,
         }
     }
 
     /// How an int4 dtype stores its minimums; `None` for other dtypes.
     pub const fn int4_form(self) -> Option<Int4Form> {
-        match self {
-            DataType::I4G32 | DataType::I4G64 | DataType::I4G128 => Some(Int4Form::Min),
-            DataType::I4SymG32 | DataType::I4SymG64 | DataType::I4SymG128 => {
-                Some(Int4Form::Symmetric)
-            }
-            DataType::I4ZpG32 | DataType::I4ZpG64 | DataType::I4ZpG128 => Some(Int4Form::ZeroPoint),
+        match self.format() {
+            Some(Format::Int4 { form, .. }) => Some(form),
             _ => None,
         }
     }
@@ -168,19 +228,9 @@ impl DataType {
 
     /// The int4 type of `form` with groups of `group` values (32, 64 or 128); `None` for
     /// other group sizes.
-    pub const fn int4(group: usize, form: Int4Form) -> Option<DataType> {
-        Some(match (group, form) {
-            (32, Int4Form::Min) => DataType::I4G32,
-            (64, Int4Form::Min) => DataType::I4G64,
-            (128, Int4Form::Min) => DataType::I4G128,
-            (32, Int4Form::Symmetric) => DataType::I4SymG32,
-            (64, Int4Form::Symmetric) => DataType::I4SymG64,
-            (128, Int4Form::Symmetric) => DataType::I4SymG128,
-            (32, Int4Form::ZeroPoint) => DataType::I4ZpG32,
-            (64, Int4Form::ZeroPoint) => DataType::I4ZpG64,
-            (128, Int4Form::ZeroPoint) => DataType::I4ZpG128,
-            _ => return None,
-        })
+    pub fn int4(group: usize, form: Int4Form) -> Option<DataType> {
+        let want = Some(Format::Int4 { group, form });
+        DataType::VALUES.into_iter().find(|d| d.format() == want)
     }
 
     /// Bytes a tensor of `shape` takes, or `None` on overflow.

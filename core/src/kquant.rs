@@ -18,12 +18,12 @@
 //! per 32 (the blocks every other flm kernel reads), which is finer, so its rounding error
 //! is no larger.
 //!
-//! [`quantize_row`] makes these blocks from f32 values with the min/max fit (per 32 values
+//! [`crate::blocks::quantize`] makes these blocks from f32 values with the min/max fit (per 32 values
 //! for Q4_K/Q5_K, per 16 for Q6_K, the sub-block scales then quantised against the
 //! super-block's f16 scale), not llama.cpp's weighted search (`make_qkx2_quants`): it
 //! serves `Data::to_dtype` and the tests; real K-quant weights come from GGUF files.
 
-use crate::blocks::{self, block, BlockQ4K, BlockQ5K, BlockQ6K};
+use crate::blocks::{block, BlockQ4K, BlockQ5K, BlockQ6K};
 use crate::ggml::{GgmlType, QK_K};
 use crate::DataType;
 
@@ -92,30 +92,19 @@ pub fn run_codes(dtype: DataType, bytes: &[u8], r: usize, out: &mut [u8; RUN]) {
     }
 }
 
-/// Dequantises one row of `dtype` (`src`, whole super-blocks) into `dst` (`cols` values):
-/// ggml's decoding, bit for bit as gguf-py's ([`crate::blocks`]).
-pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
-    match dtype {
-        DataType::Q4K => blocks::dequantize_row::<BlockQ4K>(src, dst),
-        DataType::Q5K => blocks::dequantize_row::<BlockQ5K>(src, dst),
-        _ => blocks::dequantize_row::<BlockQ6K>(src, dst),
-    }
-}
-
-/// Quantises one row (`src`, `cols` values, zero-padded to whole super-blocks) into `dst`
-/// (whole super-blocks of `dtype`) with the min/max fit of the module docs.
-pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
-    match dtype {
-        DataType::Q4K => blocks::quantize_row::<BlockQ4K>(src, dst),
-        DataType::Q5K => blocks::quantize_row::<BlockQ5K>(src, dst),
-        _ => blocks::quantize_row::<BlockQ6K>(src, dst),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocks;
     use crate::quant::tests::values;
+
+    fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
+        blocks::quantize(ggml_type(dtype), src, dst)
+    }
+
+    fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
+        blocks::dequantize(ggml_type(dtype), src, dst)
+    }
 
     /// Round trips stay within the fit's bound: half a step of each run plus the
     /// quantisation of the run's scale against `d` (and minimum against `dmin`), at most

@@ -46,7 +46,7 @@ pub use constraint::{
 pub use contract::CheckedOp;
 pub use data::Data;
 pub use device::BaseDevice;
-pub use dtype::{DataType, Int4Form};
+pub use dtype::{DataType, Format, Int4Form};
 pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::{KvCache, KvDtype};

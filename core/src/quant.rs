@@ -60,9 +60,9 @@
 
 use half::f16;
 
-use crate::blocks::{self, BlockQ8_0};
+use crate::blocks;
 use crate::ggml::GgmlType;
-use crate::{kquant, DataType, Int4Form};
+use crate::{DataType, Format, Int4Form};
 
 /// Values per activation block, and the unit int8 rows are padded to.
 pub const BLOCK: usize = 32;
@@ -74,13 +74,12 @@ pub fn padded_cols(dtype: DataType, cols: usize) -> usize {
     cols.div_ceil(unit).saturating_mul(unit)
 }
 
-/// The unit rows of `dtype` are padded to: the int4 group, the K-quant super-block, or
-/// [`BLOCK`].
+/// The unit rows of `dtype` are padded to: the int4 group, the ggml block, or [`BLOCK`].
 fn pad_unit(dtype: DataType) -> usize {
-    if dtype.is_k_quant() {
-        crate::ggml::QK_K
-    } else {
-        dtype.group_size().unwrap_or(BLOCK)
+    match dtype.format() {
+        Some(Format::Int4 { group, .. }) => group,
+        Some(Format::Ggml(ty)) => ty.block_len(),
+        _ => BLOCK,
     }
 }
 
@@ -89,11 +88,10 @@ fn pad_unit(dtype: DataType) -> usize {
 pub fn row_bytes(dtype: DataType, cols: usize) -> Option<usize> {
     let unit = pad_unit(dtype);
     let padded = cols.div_ceil(unit).checked_mul(unit)?;
-    match dtype {
-        DataType::I8 => padded.checked_add(4),
-        DataType::Q8_0 => (padded / BLOCK).checked_mul(size_of::<BlockQ8_0>()),
-        _ if dtype.is_k_quant() => (padded / unit).checked_mul(kquant::block_bytes(dtype)),
-        _ => (padded / dtype.group_size()?).checked_mul(group_bytes(dtype)?),
+    match dtype.format()? {
+        Format::Int8 => padded.checked_add(4),
+        Format::Ggml(ty) => ty.byte_len(padded),
+        Format::Int4 { group, .. } => (padded / group).checked_mul(group_bytes(dtype)?),
     }
 }
 
@@ -110,11 +108,8 @@ fn absmax(x: &[f32]) -> f32 {
 /// Quantises one row of `src` (its `cols` values) into `dst` (`row_bytes(dtype, cols)`
 /// bytes). Float dtypes are not handled here.
 pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
-    if dtype.is_k_quant() {
-        return kquant::quantize_row(dtype, src, dst);
-    }
-    if dtype == DataType::Q8_0 {
-        return blocks::quantize_row::<BlockQ8_0>(src, dst);
+    if let Some(ty) = dtype.ggml_type() {
+        return blocks::quantize(ty, src, dst);
     }
     match dtype.group_size() {
         None => {
@@ -374,11 +369,8 @@ pub fn nibble(i: usize) -> (usize, u32) {
 
 /// Dequantises one row (`row_bytes(dtype, dst.len())` bytes of `src`) into `dst`.
 pub fn dequantize_row(dtype: DataType, src: &[u8], dst: &mut [f32]) {
-    if dtype.is_k_quant() {
-        return kquant::dequantize_row(dtype, src, dst);
-    }
-    if dtype == DataType::Q8_0 {
-        return blocks::dequantize_row::<BlockQ8_0>(src, dst);
+    if let Some(ty) = dtype.ggml_type() {
+        return blocks::dequantize(ty, src, dst);
     }
     match dtype.group_size() {
         None => {
