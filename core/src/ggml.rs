@@ -155,15 +155,12 @@ impl GgmlType {
     }
 
     /// The flm dtype that holds this type's blocks byte for byte (Q4_K, Q5_K, Q6_K: see
-    /// [`crate::kquant`]; Q8_0), so that a tensor of it is used in place.
-    pub const fn native_dtype(self) -> Option<DataType> {
-        match self {
-            GgmlType::Q8_0 => Some(DataType::Q8_0),
-            GgmlType::Q4K => Some(DataType::Q4K),
-            GgmlType::Q5K => Some(DataType::Q5K),
-            GgmlType::Q6K => Some(DataType::Q6K),
-            _ => None,
-        }
+    /// [`crate::kquant`]; Q8_0), so that a tensor of it is used in place: the dtype whose
+    /// [`DataType::format`] is this type.
+    pub fn native_dtype(self) -> Option<DataType> {
+        DataType::VALUES
+            .into_iter()
+            .find(|d| d.ggml_type() == Some(self))
     }
 
     /// Bytes of `n` values (`None` if `n` is not a whole number of blocks or on overflow).
