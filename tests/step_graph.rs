@@ -7,12 +7,10 @@
 //! `--cuda-graph off`, never captures. That the replayed tokens equal the op-by-op ones is
 //! checked on a GPU (tests/cuda_graph.rs).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use flm_core::{
-    BaseDevice, CapturedStep, CheckedOp, DeviceBuffer, Executor, KvDtype, Location, Op, OpKind,
-    Result, StepInputs,
-};
+use flm_core::recording::{RecordLog, RecordingDevice};
+use flm_core::{BaseDevice, Executor, KvDtype, Location, OpKind};
 use flm_devices::{CpuDevice, SimDevice};
 use flm_models::llama::{Llama, Logits};
 use flm_models::Graph;
@@ -23,85 +21,10 @@ const SIM: Location = Location::Device {
     ordinal: 0,
 };
 
-/// What the stand-in saw.
-#[derive(Default)]
-struct Log {
-    /// The ops of the capture under way: kind, and whether it follows the step.
-    recording: Mutex<Option<Vec<(OpKind, bool)>>>,
-    /// Each capture's ops.
-    captures: Mutex<Vec<Vec<(OpKind, bool)>>>,
-    /// Each replay's inputs: tokens, RoPE position, cache row.
-    replays: Mutex<Vec<(Vec<u32>, usize, usize)>>,
-}
-
-/// [`SimDevice`] that captures a step as the list of its ops (without running them).
-struct Recorder {
-    sim: SimDevice,
-    log: Arc<Log>,
-}
-
-struct Recorded;
-impl CapturedStep for Recorded {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-impl BaseDevice for Recorder {
-    fn name(&self) -> &'static str {
-        "recorder"
-    }
-    fn supports(&self, op: &Op<'_>) -> bool {
-        self.sim.supports(op)
-    }
-    fn run(&self, op: CheckedOp<'_>) -> Result<()> {
-        if let Some(ops) = self.log.recording.lock().unwrap().as_mut() {
-            ops.push((op.op().kind(), op.follows_step()));
-            return Ok(());
-        }
-        self.sim.run(op)
-    }
-    fn require_batch_invariance(&self) {
-        self.sim.require_batch_invariance();
-    }
-    fn location(&self) -> Location {
-        self.sim.location()
-    }
-    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
-        self.sim.alloc(bytes)
-    }
-    fn upload(&self, src: &[u8], dst: &mut dyn DeviceBuffer) -> Result<()> {
-        self.sim.upload(src, dst)
-    }
-    fn download(&self, src: &dyn DeviceBuffer, dst: &mut [u8]) -> Result<()> {
-        self.sim.download(src, dst)
-    }
-    fn supports_capture(&self) -> bool {
-        true
-    }
-    fn begin_capture(&self, _: &StepInputs<'_>) -> Result<()> {
-        *self.log.recording.lock().unwrap() = Some(Vec::new());
-        Ok(())
-    }
-    fn end_capture(&self, keep: bool) -> Result<Option<Box<dyn CapturedStep>>> {
-        let ops = self.log.recording.lock().unwrap().take().unwrap();
-        self.log.captures.lock().unwrap().push(ops);
-        Ok(keep.then(|| Box::new(Recorded) as Box<dyn CapturedStep>))
-    }
-    fn replay(&self, _: &dyn CapturedStep, step: &StepInputs<'_>) -> Result<()> {
-        let inputs = (step.tokens.to_vec(), step.start_pos, step.cache_row);
-        self.log.replays.lock().unwrap().push(inputs);
-        Ok(())
-    }
-}
-
-/// The recorder first, then the CPU, with its log.
-fn executor() -> (Executor, Arc<Log>) {
-    let log = Arc::new(Log::default());
-    let recorder = Recorder {
-        sim: SimDevice::new(0).unwrap(),
-        log: Arc::clone(&log),
-    };
+/// The recorder ([`SimDevice`] capturing by recording) first, then the CPU, with its log.
+fn executor() -> (Executor, Arc<RecordLog>) {
+    let recorder = RecordingDevice::new(SimDevice::new(0).unwrap());
+    let log = recorder.log();
     let devices: Vec<Box<dyn BaseDevice>> =
         vec![Box::new(recorder), Box::new(CpuDevice::new().unwrap())];
     (Executor::with_profiling(devices, false), log)
@@ -129,12 +52,10 @@ fn the_second_decode_step_is_captured_and_replayed_with_each_steps_inputs() {
     decode(&exec, &mut llama);
     assert_eq!(llama.captured_steps(), [1]);
     // The step at position 4 is captured, then replayed with its own inputs; the later
-    // steps are replays.
-    let want: Vec<_> = (1..5)
-        .map(|i| (vec![20 + i as u32], 3 + i, 3 + i))
-        .collect();
-    assert_eq!(*log.replays.lock().unwrap(), want);
-    let captures = log.captures.lock().unwrap();
+    // steps are replays (each with its words: token, position, cache row).
+    let want: Vec<_> = (1..5u32).map(|i| vec![20 + i, 3 + i, 3 + i]).collect();
+    assert_eq!(log.replays(), want);
+    let captures = log.captures();
     assert_eq!(captures.len(), 1);
     let count = |kind: OpKind, follows: bool| {
         captures[0]
@@ -175,7 +96,7 @@ fn split_models_and_graphs_off_run_every_step_op_by_op() {
     decode(&exec, &mut whole);
     assert!(whole.captured_steps().is_empty());
     for log in [log, log_off] {
-        assert!(log.captures.lock().unwrap().is_empty());
-        assert!(log.replays.lock().unwrap().is_empty());
+        assert!(log.captures().is_empty());
+        assert!(log.replays().is_empty());
     }
 }

@@ -425,6 +425,7 @@ impl Drop for Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recording::{RecordLog, RecordedStep, RecordingDevice};
     use crate::{CheckedOp, LinearPart, OpKind};
     use std::time::Duration;
 
@@ -730,79 +731,14 @@ mod tests {
         assert!(matches!(err, Error::Unsupported(_)));
     }
 
-    /// A mock accelerator that captures: while capturing it records each op's kind and
-    /// whether it follows the step instead of running it, and a replay counts the step
-    /// words it was given.
-    #[derive(Default)]
-    struct Capturing(std::sync::Arc<CaptureLog>);
-
-    #[derive(Default)]
-    struct CaptureLog {
-        recording: Mutex<Option<Vec<(OpKind, bool)>>>,
-        ended: Mutex<Vec<bool>>,
-        replays: Mutex<Vec<Vec<u32>>>,
-    }
-
-    /// An executor over a [`Capturing`] device and the host's [`OnlyAdd`], with the
+    /// An executor over the mock accelerator capturing by recording
+    /// ([`crate::recording::RecordingDevice`]) and the host's [`OnlyAdd`], with the
     /// device's log.
-    fn capturing() -> (Executor, std::sync::Arc<CaptureLog>) {
-        let dev = Capturing::default();
-        let log = std::sync::Arc::clone(&dev.0);
+    fn capturing() -> (Executor, std::sync::Arc<RecordLog>) {
+        let dev = RecordingDevice::new(MockAccelerator);
+        let log = dev.log();
         let exec = Executor::with_profiling(vec![Box::new(dev), Box::new(OnlyAdd)], false);
         (exec, log)
-    }
-
-    struct MockStep(Vec<(OpKind, bool)>);
-    impl crate::CapturedStep for MockStep {
-        fn as_any(&self) -> &dyn std::any::Any {
-            self
-        }
-    }
-
-    impl BaseDevice for Capturing {
-        fn name(&self) -> &'static str {
-            "capturing"
-        }
-        fn supports(&self, op: &Op<'_>) -> bool {
-            MockAccelerator.supports(op)
-        }
-        fn require_batch_invariance(&self) {}
-        fn location(&self) -> Location {
-            MOCK
-        }
-        fn alloc(&self, bytes: usize) -> Result<Box<dyn crate::DeviceBuffer>> {
-            MockAccelerator.alloc(bytes)
-        }
-        fn upload(&self, src: &[u8], dst: &mut dyn crate::DeviceBuffer) -> Result<()> {
-            MockAccelerator.upload(src, dst)
-        }
-        fn download(&self, src: &dyn crate::DeviceBuffer, dst: &mut [u8]) -> Result<()> {
-            MockAccelerator.download(src, dst)
-        }
-        fn run(&self, op: CheckedOp<'_>) -> Result<()> {
-            if let Some(ops) = self.0.recording.lock().unwrap().as_mut() {
-                ops.push((op.op().kind(), op.follows_step()));
-                return Ok(());
-            }
-            MockAccelerator.run(op)
-        }
-        fn supports_capture(&self) -> bool {
-            true
-        }
-        fn begin_capture(&self, _: &StepInputs<'_>) -> Result<()> {
-            *self.0.recording.lock().unwrap() = Some(Vec::new());
-            Ok(())
-        }
-        fn end_capture(&self, keep: bool) -> Result<Option<Box<dyn crate::CapturedStep>>> {
-            self.0.ended.lock().unwrap().push(keep);
-            let ops = self.0.recording.lock().unwrap().take().unwrap_or_default();
-            Ok(keep.then(|| Box::new(MockStep(ops)) as Box<dyn crate::CapturedStep>))
-        }
-        fn replay(&self, captured: &dyn crate::CapturedStep, step: &StepInputs<'_>) -> Result<()> {
-            captured.as_any().downcast_ref::<MockStep>().unwrap();
-            self.0.replays.lock().unwrap().push(step.words()?);
-            Ok(())
-        }
     }
 
     fn two_adds(exec: &Executor, x: &mut Data, y: &Data) -> Result<()> {
@@ -828,13 +764,13 @@ mod tests {
         let recorded = &graph
             .captured()
             .as_any()
-            .downcast_ref::<MockStep>()
+            .downcast_ref::<RecordedStep>()
             .unwrap()
             .0;
         assert_eq!(recorded, &[(OpKind::Add, true), (OpKind::Add, false)]);
         exec.replay(&graph, &step(&[8], 4)).unwrap();
         // The capture replays once with its own step, then with the next one.
-        assert_eq!(*dev.replays.lock().unwrap(), [vec![5, 3, 4], vec![8, 4, 5]]);
+        assert_eq!(dev.replays(), [vec![5, 3, 4], vec![8, 4, 5]]);
         let err = exec
             .replay(
                 &graph,
@@ -848,7 +784,7 @@ mod tests {
         assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
         // Outside a capture the ops run again.
         two_adds(&exec, &mut x, &y).unwrap();
-        assert_eq!(*dev.ended.lock().unwrap(), [true]);
+        assert_eq!(dev.kept(), [true]);
     }
 
     #[test]
@@ -871,8 +807,8 @@ mod tests {
             .capture(MOCK, &step, || exec.copy_into(&yh, &mut xd, "test: up"))
             .unwrap_err();
         assert!(err.to_string().contains("a copy (test: up)"), "{err}");
-        assert_eq!(*dev.ended.lock().unwrap(), [false, false]);
-        assert!(dev.replays.lock().unwrap().is_empty());
+        assert_eq!(dev.kept(), [false, false]);
+        assert!(dev.replays().is_empty());
         // The failed captures left nothing behind: ops run and copy as before.
         exec.run(Op::Add { x: &mut xh, y: &yh }).unwrap();
         exec.copy_into(&yh, &mut xd, "test: up").unwrap();
@@ -906,15 +842,16 @@ mod tests {
             other.unwrap().join().unwrap().unwrap();
         });
         // The other thread's Add ran after the capture, on the device, and not in the graph.
-        assert_eq!(*dev.ended.lock().unwrap(), [true]);
-        assert_eq!(dev.replays.lock().unwrap().len(), 1);
+        assert_eq!(dev.kept(), [true]);
+        assert_eq!(dev.replays().len(), 1);
         let back = exec.to_host(&xd, "test").unwrap();
         assert_eq!(back.as_f32().unwrap(), &[1.0, 2.0]);
     }
 
     #[test]
     fn step_graphs_can_be_turned_off_and_devices_without_them_refuse() {
-        let exec = Executor::with_profiling(vec![Box::new(Capturing::default())], false);
+        let exec =
+            Executor::with_profiling(vec![Box::new(RecordingDevice::new(MockAccelerator))], false);
         exec.set_step_graphs(false);
         assert!(!exec.can_capture(MOCK));
         let step = StepInputs {

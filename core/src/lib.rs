@@ -34,6 +34,8 @@ pub mod panels;
 mod partial_file;
 mod profile;
 pub mod quant;
+#[cfg(any(test, feature = "testing"))]
+pub mod recording;
 mod rope;
 mod sampling;
 mod step_graph;

@@ -65,50 +65,14 @@ impl StepGraphs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flm_core::{
-        BaseDevice, CapturedStep, CheckedOp, Executor, Location, Op, Result, StepInputs,
-    };
+    use flm_core::recording::RecordingDevice;
+    use flm_core::{Executor, Location, StepInputs};
+    use flm_devices::SimDevice;
 
     const AT: Location = Location::Device {
-        name: "mock",
+        name: "sim",
         ordinal: 0,
     };
-
-    /// A device that captures nothing: enough to make graphs of each batch size.
-    struct Graphs;
-    struct Empty;
-    impl CapturedStep for Empty {
-        fn as_any(&self) -> &dyn std::any::Any {
-            self
-        }
-    }
-    impl BaseDevice for Graphs {
-        fn name(&self) -> &'static str {
-            "mock"
-        }
-        fn supports(&self, _: &Op<'_>) -> bool {
-            false
-        }
-        fn run(&self, _: CheckedOp<'_>) -> Result<()> {
-            Ok(())
-        }
-        fn require_batch_invariance(&self) {}
-        fn location(&self) -> Location {
-            AT
-        }
-        fn supports_capture(&self) -> bool {
-            true
-        }
-        fn begin_capture(&self, _: &StepInputs<'_>) -> Result<()> {
-            Ok(())
-        }
-        fn end_capture(&self, _: bool) -> Result<Option<Box<dyn CapturedStep>>> {
-            Ok(Some(Box::new(Empty)))
-        }
-        fn replay(&self, _: &dyn CapturedStep, _: &StepInputs<'_>) -> Result<()> {
-            Ok(())
-        }
-    }
 
     fn graph(exec: &Executor, tokens: &[u32]) -> StepGraph {
         let step = StepInputs {
@@ -122,7 +86,8 @@ mod tests {
 
     #[test]
     fn each_batch_size_warms_up_then_captures_then_replays() {
-        let exec = Executor::with_profiling(vec![Box::new(Graphs)], false);
+        let device = RecordingDevice::new(SimDevice::new(0).unwrap());
+        let exec = Executor::with_profiling(vec![Box::new(device)], false);
         let mut graphs = StepGraphs::default();
         assert!(matches!(graphs.plan(1), StepPlan::Eager));
         assert!(matches!(graphs.plan(1), StepPlan::Capture));
