@@ -13,7 +13,7 @@ use std::time::Instant;
 use flm_core::{DataType, Executor, KvDtype, Location};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
-use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::{import, Graph, Placement, SharedGraph};
 use flm_tests::{data, greedy_on, ids, stories_reference, weights_in};
 
@@ -51,7 +51,7 @@ fn on_gpu(exec: &Executor, path: &str, dtype: DataType) -> Llama {
             DataType::F32
         }
     });
-    let model = LlamaModel::new(ckpt.config.clone(), weights)
+    let model = SharedLlama::new(ckpt.config.clone(), weights)
         .unwrap()
         .with_kv_dtype(KvDtype::F32);
     let n_layers = model.config().n_layers;

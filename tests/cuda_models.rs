@@ -14,7 +14,7 @@ use std::sync::Arc;
 use flm_core::{DataType, Executor, KvDtype, Location, SamplerConfig};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
-use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::Placement;
 use flm_models::{import, Graph, ModelConfig, SharedGraph, SharedModel};
 use flm_tests::{
@@ -122,7 +122,7 @@ fn placed_int4_top1_agrees_with_the_cpu_in_prefill_and_decode() {
     // prefill of half the text, then one decode step per token.
     let (config, weights) = stories(dtype);
     let n_layers = config.n_layers;
-    let placed = LlamaModel::new(config, weights)
+    let placed = SharedLlama::new(config, weights)
         .unwrap()
         .with_kv_dtype(KvDtype::F32)
         .place(&gpu, Placement::first_layers(n_layers, CUDA0, n_layers))
@@ -165,7 +165,7 @@ fn placed_greedy(gpu: &Executor, on_gpu: usize) -> Vec<u32> {
 /// [`placed_greedy`] with KV caches of `kv_dtype`.
 fn placed_greedy_with(gpu: &Executor, on_gpu: usize, kv_dtype: KvDtype) -> Vec<u32> {
     let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
+    let model = SharedLlama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
         .unwrap()
         .with_kv_dtype(kv_dtype);
     let n_layers = model.config().n_layers;
@@ -281,7 +281,7 @@ fn the_engine_batches_on_the_gpu_with_each_sequence_as_alone() {
                 DataType::F32
             }
         });
-        let model = LlamaModel::new(ckpt.config.clone(), weights).unwrap();
+        let model = SharedLlama::new(ckpt.config.clone(), weights).unwrap();
         let n_layers = model.config().n_layers;
         model
             .place(exec, Placement::first_layers(n_layers, CUDA0, n_layers))

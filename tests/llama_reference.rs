@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use flm_core::KvDtype;
 use flm_models::import::{self, Format};
-use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::Graph;
 use flm_tests::{cpu_executor, data, greedy_on, ids, stories_logits, stories_reference};
 
@@ -71,7 +71,7 @@ fn greedy_from_bos_with_an_f16_kv_cache_matches_llama2c() {
     let reference = stories_reference();
     let expected = ids(&reference["greedy_from_bos"]["output_ids"]);
     let ckpt = import::load(&data(MODELS[0])).unwrap();
-    let shared = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
+    let shared = SharedLlama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
         .unwrap()
         .with_kv_dtype(KvDtype::F16);
     let mut model = Llama::with_model(Arc::new(shared)).unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use flm_core::{DataType, Executor, KvDtype, Location, Route, SamplerConfig};
 use flm_devices::{CpuDevice, SimDevice};
-use flm_models::llama::{Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::BatchSeq;
 use flm_models::{import, Graph, SharedGraph, SharedModel};
 use flm_models::{GpuLayers, Placement};
@@ -168,7 +168,7 @@ fn a_session_on_a_device_copies_one_id_in_and_one_id_out_per_step() {
 fn a_placement_of_the_wrong_length_is_refused() {
     let exec = executor();
     let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
+    let model = SharedLlama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
     let err = model
         .place(&exec, Placement::first_layers(4, SIM, 2))
         .err()
@@ -196,7 +196,7 @@ fn experts_in_host_memory(family: &str) {
     let routed = moe.n_experts * 3 + 1 + moe.shared_expert_dim.map_or(0, |_| 4);
     let per_layer = weights.layers[0].tensors().len();
     // Logits against transformers': an f32 KV cache, as transformers keeps it.
-    let model = LlamaModel::new(c.clone(), weights)
+    let model = SharedLlama::new(c.clone(), weights)
         .unwrap()
         .with_kv_dtype(KvDtype::F32);
     let exec = executor();
@@ -235,7 +235,7 @@ fn experts_in_host_memory(family: &str) {
 /// stories260K as a shared model with its first `on_device` layers on the device of `exec`.
 fn shared_on(exec: &Executor, on_device: usize) -> SharedModel {
     let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
+    let model = SharedLlama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
     let placement = Placement::first_layers(model.config().n_layers, SIM, on_device);
     SharedModel::from(model.place(exec, placement).unwrap())
 }
@@ -344,7 +344,7 @@ fn gpu_layers_place_a_count_and_auto_asks_for_free_memory() {
     let model = || {
         let ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
         let weights = LlamaWeights::load(&ckpt).unwrap();
-        SharedModel::from(LlamaModel::new(ckpt.config.clone(), weights).unwrap())
+        SharedModel::from(SharedLlama::new(ckpt.config.clone(), weights).unwrap())
     };
     for n in [0, 2, 5, 9] {
         let placed = model()

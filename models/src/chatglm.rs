@@ -27,7 +27,7 @@
 //!
 //! P-tuning v2 prefixes sit in the KV cache before the sequence, as in [`crate::llama`].
 //!
-//! As [`crate::llama`], the model is split in two: [`ChatGlmModel`] (configuration,
+//! As [`crate::llama`], the model is split in two: [`SharedChatGlm`] (configuration,
 //! weights, RoPE table) is shared through an [`Arc`] by any number of [`ChatGlm`]
 //! instances, each with its own KV cache, activations and sequence layout.
 
@@ -96,7 +96,7 @@ struct Layout {
 
 /// The immutable part of a ChatGLM-6B model: configuration, special tokens, weights and
 /// RoPE table. It is `Send + Sync`; share it with an [`Arc`] between [`ChatGlm`] instances.
-pub struct ChatGlmModel {
+pub struct SharedChatGlm {
     config: ModelConfig,
     marks: Marks,
     weights: ChatGlmWeights,
@@ -105,10 +105,10 @@ pub struct ChatGlmModel {
     kv_dtype: KvDtype,
 }
 
-/// A ChatGLM-6B model ready to run (see the module docs): the shared [`ChatGlmModel`] plus
+/// A ChatGLM-6B model ready to run (see the module docs): the shared [`SharedChatGlm`] plus
 /// its own KV cache, activations and the layout of the sequence in its cache.
 pub struct ChatGlm {
-    model: Arc<ChatGlmModel>,
+    model: Arc<SharedChatGlm>,
     kv: KvCache,
     state: GlmActivations,
     layout: Option<Layout>,
@@ -116,12 +116,12 @@ pub struct ChatGlm {
     block_positions: Vec<u32>,
 }
 
-impl ChatGlmModel {
+impl SharedChatGlm {
     /// Checks the configuration and the weights and builds the RoPE table.
     ///
     /// Errors: [`Error::Config`] if the configuration is not a valid ChatGLM-6B one or a
     /// weight's shape disagrees with it.
-    pub fn new(config: ModelConfig, weights: ChatGlmWeights) -> Result<ChatGlmModel> {
+    pub fn new(config: ModelConfig, weights: ChatGlmWeights) -> Result<SharedChatGlm> {
         config.validate()?;
         let Arch::ChatGlm {
             residual_alpha,
@@ -147,7 +147,7 @@ impl ChatGlmModel {
             config.rope_theta,
             config.max_seq_len,
         )?;
-        Ok(ChatGlmModel {
+        Ok(SharedChatGlm {
             marks: Marks {
                 residual_alpha,
                 mask: mask_token_id,
@@ -166,7 +166,7 @@ impl ChatGlmModel {
     }
 }
 
-impl SharedGraph for ChatGlmModel {
+impl SharedGraph for SharedChatGlm {
     fn config(&self) -> &ModelConfig {
         &self.config
     }
@@ -181,7 +181,7 @@ impl SharedGraph for ChatGlmModel {
 
     fn with_kv_dtype(self: Arc<Self>, kv_dtype: KvDtype) -> Result<SharedModel> {
         let model = crate::graph::unshared(self)?;
-        Ok(ChatGlmModel { kv_dtype, ..model }.into())
+        Ok(SharedChatGlm { kv_dtype, ..model }.into())
     }
 
     fn batch(self: Arc<Self>, _rows: usize) -> Result<Box<dyn BatchedForward>> {
@@ -212,18 +212,18 @@ impl SharedGraph for ChatGlmModel {
 }
 
 impl ChatGlm {
-    /// Builds the model (see [`ChatGlmModel::new`]) and one instance of it.
+    /// Builds the model (see [`SharedChatGlm::new`]) and one instance of it.
     ///
-    /// Errors: those of [`ChatGlmModel::new`] and [`ChatGlm::with_model`].
+    /// Errors: those of [`SharedChatGlm::new`] and [`ChatGlm::with_model`].
     pub fn new(config: ModelConfig, weights: ChatGlmWeights) -> Result<ChatGlm> {
-        ChatGlm::with_model(Arc::new(ChatGlmModel::new(config, weights)?))
+        ChatGlm::with_model(Arc::new(SharedChatGlm::new(config, weights)?))
     }
 
     /// A new instance of a shared model, with its own KV cache for `config.max_seq_len`
     /// positions (plus the p-tuning prefix, copied into it) and activations grown on demand.
     ///
     /// Errors: [`flm_core::Error::Shape`] (wrapped) if a buffer's size overflows.
-    pub fn with_model(model: Arc<ChatGlmModel>) -> Result<ChatGlm> {
+    pub fn with_model(model: Arc<SharedChatGlm>) -> Result<ChatGlm> {
         let c = &model.config;
         let (positions, dtype) = (c.pre_seq_len + c.max_seq_len, model.kv_dtype.on_host());
         let mut kv = KvCache::new(c.n_layers, positions, c.kv_dim(), dtype)?;
@@ -242,7 +242,7 @@ impl ChatGlm {
     }
 
     /// The shared model this instance runs.
-    pub fn model(&self) -> &Arc<ChatGlmModel> {
+    pub fn model(&self) -> &Arc<SharedChatGlm> {
         &self.model
     }
 

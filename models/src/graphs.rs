@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use flm_core::{Executor, Location};
 
-use crate::chatglm::{ChatGlmModel, ChatGlmWeights};
+use crate::chatglm::{ChatGlmWeights, SharedChatGlm};
 use crate::graph::{BatchedForward, MemoryNeeds};
 use crate::import::Checkpoint;
-use crate::llama::{LlamaModel, LlamaWeights};
+use crate::llama::{LlamaWeights, SharedLlama};
 use crate::{Arch, Error, GpuLayers, Model, ModelConfig, Placement, Result, SharedModel};
 
 impl SharedModel {
@@ -20,8 +20,8 @@ impl SharedModel {
     pub fn new(ckpt: &Checkpoint) -> Result<SharedModel> {
         let config = ckpt.config.clone();
         Ok(match ckpt.config.arch {
-            Arch::Llama => LlamaModel::new(config, LlamaWeights::load(ckpt)?)?.into(),
-            Arch::ChatGlm { .. } => ChatGlmModel::new(config, ChatGlmWeights::load(ckpt)?)?.into(),
+            Arch::Llama => SharedLlama::new(config, LlamaWeights::load(ckpt)?)?.into(),
+            Arch::ChatGlm { .. } => SharedChatGlm::new(config, ChatGlmWeights::load(ckpt)?)?.into(),
         })
     }
 
@@ -35,8 +35,8 @@ impl SharedModel {
     }
 
     /// The Llama graph's shared model, if this is one.
-    pub fn llama(&self) -> Option<Arc<LlamaModel>> {
-        Arc::clone(&self.0).as_any().downcast::<LlamaModel>().ok()
+    pub fn llama(&self) -> Option<Arc<SharedLlama>> {
+        Arc::clone(&self.0).as_any().downcast::<SharedLlama>().ok()
     }
 
     /// Where each layer runs; `None` for a graph that runs in host memory only.

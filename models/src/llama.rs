@@ -34,18 +34,18 @@
 //!   the KV cache before the sequence and are always attended; the tokens keep positions
 //!   from 0, so cache row = `pre_seq_len` + position.
 //!
-//! The model is split in two: [`LlamaModel`] holds what never changes (configuration,
+//! The model is split in two: [`SharedLlama`] holds what never changes (configuration,
 //! weights, RoPE table) and is shared through an [`Arc`]; [`Llama`] adds what a sequence
 //! being generated mutates (KV cache, with the p-tuning prefix
 //! copied in, and activations). Several [`Llama`] instances over one
-//! `Arc<LlamaModel>` generate independently, on different threads, with one copy of the
+//! `Arc<SharedLlama>` generate independently, on different threads, with one copy of the
 //! weights.
 //!
 //! [`LlamaBatch`] runs the same layers over the rows of many sequences at once, each with
 //! its own positions and block table in a paged KV cache (the serving engine's step); the
 //! layer loop and the final head are shared with [`Graph::forward`].
 //!
-//! This file is the forward pass; where the model's parts run ([`LlamaModel::place`],
+//! This file is the forward pass; where the model's parts run ([`SharedLlama::place`],
 //! `placement.rs`) and the activations of each memory (`activations.rs`) are apart.
 
 use std::any::Any;
@@ -81,7 +81,7 @@ pub const PREFILL_CHUNK: usize = 128;
 /// The immutable part of a Llama model: configuration, weights, RoPE table and where each
 /// layer runs ([`Placement`]). It is `Send + Sync`; share it with an [`Arc`] between
 /// [`Llama`] instances.
-pub struct LlamaModel {
+pub struct SharedLlama {
     config: ModelConfig,
     weights: LlamaWeights,
     rope: RopeTable,
@@ -92,11 +92,11 @@ pub struct LlamaModel {
     kv_dtype: KvDtype,
 }
 
-/// A Llama model ready to run: the shared [`LlamaModel`] plus its own KV cache (for
+/// A Llama model ready to run: the shared [`SharedLlama`] plus its own KV cache (for
 /// `config.max_seq_len` positions) and activations, in the memories of the model's
 /// [`Placement`].
 pub struct Llama {
-    model: Arc<LlamaModel>,
+    model: Arc<SharedLlama>,
     /// `None` until the first forward pass of a model placed on a device, which allocates
     /// it there.
     kv: Option<KvCache>,
@@ -136,12 +136,12 @@ pub(crate) fn check_forward(config: &ModelConfig, tokens: &[u32], start_pos: usi
     Ok(())
 }
 
-impl LlamaModel {
+impl SharedLlama {
     /// Checks the weights against the configuration and builds the RoPE table.
     ///
     /// Errors: [`Error::Config`] if the configuration is invalid or a weight's shape
     /// disagrees with it.
-    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<LlamaModel> {
+    pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<SharedLlama> {
         config.validate()?;
         weights.check_shapes(&config)?;
         let weights = if config.norm_unit_offset {
@@ -167,7 +167,7 @@ impl LlamaModel {
             })
             .transpose()?;
         let placement = Placement::host(config.n_layers);
-        Ok(LlamaModel {
+        Ok(SharedLlama {
             config,
             weights,
             rope,
@@ -179,8 +179,8 @@ impl LlamaModel {
 
     /// The model with its instances' KV caches of `kv_dtype` (in each layer's memory, see
     /// [`KvDtype::dtype_at`]); [`KvDtype::Auto`] until set.
-    pub fn with_kv_dtype(self, kv_dtype: KvDtype) -> LlamaModel {
-        LlamaModel { kv_dtype, ..self }
+    pub fn with_kv_dtype(self, kv_dtype: KvDtype) -> SharedLlama {
+        SharedLlama { kv_dtype, ..self }
     }
 
     /// The element type of its KV caches.
@@ -218,7 +218,7 @@ impl LlamaModel {
     }
 }
 
-impl SharedGraph for LlamaModel {
+impl SharedGraph for SharedLlama {
     fn config(&self) -> &ModelConfig {
         &self.config
     }
@@ -240,7 +240,7 @@ impl SharedGraph for LlamaModel {
     }
 
     fn memory_needs(&self) -> Option<MemoryNeeds> {
-        Some(LlamaModel::memory_needs(self))
+        Some(SharedLlama::memory_needs(self))
     }
 
     fn placement(&self) -> Option<&Placement> {
@@ -251,7 +251,7 @@ impl SharedGraph for LlamaModel {
         let model = crate::graph::unshared(self).map_err(|_| {
             Error::State("a model is placed before any instance of it is made".into())
         })?;
-        Ok(LlamaModel::place(model, exec, placement)?.into())
+        Ok(SharedLlama::place(model, exec, placement)?.into())
     }
 
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
@@ -260,11 +260,11 @@ impl SharedGraph for LlamaModel {
 }
 
 impl Llama {
-    /// Builds the model (see [`LlamaModel::new`]) and one instance of it.
+    /// Builds the model (see [`SharedLlama::new`]) and one instance of it.
     ///
-    /// Errors: those of [`LlamaModel::new`] and [`Llama::with_model`].
+    /// Errors: those of [`SharedLlama::new`] and [`Llama::with_model`].
     pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<Llama> {
-        Llama::with_model(Arc::new(LlamaModel::new(config, weights)?))
+        Llama::with_model(Arc::new(SharedLlama::new(config, weights)?))
     }
 
     /// A new instance of a shared model, with its own KV cache for `config.max_seq_len`
@@ -272,9 +272,9 @@ impl Llama {
     /// own activations (for [`PREFILL_CHUNK`] rows).
     ///
     /// Errors: [`flm_core::Error::Shape`] (wrapped) if a buffer's size overflows.
-    /// For a model placed on a device ([`LlamaModel::place`]) the KV cache and
+    /// For a model placed on a device ([`SharedLlama::place`]) the KV cache and
     /// activations are allocated by the executor of the first forward pass.
-    pub fn with_model(model: Arc<LlamaModel>) -> Result<Llama> {
+    pub fn with_model(model: Arc<SharedLlama>) -> Result<Llama> {
         let (mut kv, mut states) = (None, Vec::new());
         if model.placement.is_host() {
             kv = Some(host_kv(&model, model.kv_dtype.on_host())?);
@@ -320,7 +320,7 @@ impl Llama {
     }
 
     /// The shared model this instance runs.
-    pub fn model(&self) -> &Arc<LlamaModel> {
+    pub fn model(&self) -> &Arc<SharedLlama> {
         &self.model
     }
 
@@ -567,7 +567,7 @@ fn linear(
 /// copied across. Returns the last layer's state, whose `x` holds its output.
 fn run_layers<'s>(
     exec: &Executor,
-    model: &LlamaModel,
+    model: &SharedLlama,
     tokens: &[u32],
     states: &'s mut [Activations],
     mut attend: impl FnMut(usize, &mut Activations) -> flm_core::Result<()>,
@@ -831,7 +831,7 @@ fn pair_mut<T>(items: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
 }
 
 /// A host KV cache of `dtype` for `model`, with its p-tuning prefix copied in.
-fn host_kv(model: &LlamaModel, dtype: DataType) -> Result<KvCache> {
+fn host_kv(model: &SharedLlama, dtype: DataType) -> Result<KvCache> {
     let c = &model.config;
     let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim(), dtype)?;
     if let Some(prefix) = &model.weights.prefix_kv {
@@ -846,7 +846,7 @@ fn host_kv(model: &LlamaModel, dtype: DataType) -> Result<KvCache> {
 /// [`Logits::Last`].
 fn finish(
     exec: &Executor,
-    model: &LlamaModel,
+    model: &SharedLlama,
     s: &mut Activations,
     head: Head,
     last_rows: &[usize],

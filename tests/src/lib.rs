@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc};
 use flm_core::{Data, DataType, Executor, KvDtype, Location, SamplerConfig};
 use flm_devices::CpuDevice;
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
-use flm_models::llama::{Ffn, Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
 use flm_models::{import, Graph, Placement, SharedGraph, SharedModel};
@@ -108,7 +108,7 @@ pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usiz
 /// on the host.
 pub fn stories_placed(exec: &Executor, at: Location, on_device: usize, kv_dtype: KvDtype) -> Llama {
     let ckpt = import::load(&data("stories260K/stories260K.bin")).expect("stories260K");
-    let model = LlamaModel::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
+    let model = SharedLlama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap())
         .expect("stories260K builds")
         .with_kv_dtype(kv_dtype);
     let placement = Placement::first_layers(model.config().n_layers, at, on_device);

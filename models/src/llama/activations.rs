@@ -4,7 +4,7 @@
 
 use flm_core::{Data, DataType, Executor, Location};
 
-use super::LlamaModel;
+use super::SharedLlama;
 #[cfg(doc)]
 use super::{Llama, SharedExpert};
 #[cfg(doc)]
@@ -168,7 +168,7 @@ impl Activations {
 ///
 /// Errors: [`Error::State`] before the first forward pass.
 pub(super) fn output_state<'a>(
-    model: &LlamaModel,
+    model: &SharedLlama,
     states: &'a [Activations],
 ) -> Result<&'a Activations> {
     let output = model.placement.output();
@@ -186,7 +186,7 @@ pub(super) fn output_state<'a>(
 /// that order, allocated there by `exec`.
 pub(super) fn placed_states(
     exec: &Executor,
-    model: &LlamaModel,
+    model: &SharedLlama,
     rows: usize,
 ) -> Result<Vec<Activations>> {
     let (c, p) = (&model.config, &model.placement);
@@ -206,7 +206,7 @@ pub(super) fn placed_states(
 /// the last layer's memory (`states` as [`Llama`] holds them), copied into `host_out` first
 /// when that memory is a device's.
 pub(super) fn host_output<'a>(
-    model: &LlamaModel,
+    model: &SharedLlama,
     states: &'a [Activations],
     host_out: &'a mut Option<Data>,
     exec: &Executor,

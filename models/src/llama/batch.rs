@@ -23,15 +23,15 @@ use std::sync::Arc;
 use flm_core::{Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
 
 use super::{
-    finish, host_output, placed_states, run_layers, Activations, Head, LlamaModel, Logits,
+    finish, host_output, placed_states, run_layers, Activations, Head, Logits, SharedLlama,
 };
 use crate::graph::{BatchSeq, BatchedForward};
 use crate::{Error, ModelConfig, Result};
 
-/// Runs batches of sequences through a shared [`LlamaModel`] (see the module docs). Its
+/// Runs batches of sequences through a shared [`SharedLlama`] (see the module docs). Its
 /// activations grow to the largest batch seen.
 pub struct LlamaBatch {
-    model: Arc<LlamaModel>,
+    model: Arc<SharedLlama>,
     /// The activations of each memory of the model's placement, in its order; allocated
     /// by the first forward pass.
     states: Vec<Activations>,
@@ -51,7 +51,7 @@ impl LlamaBatch {
     /// A batch runner of `model`, with activations for `rows` rows to start with.
     ///
     /// Errors: a p-tuning prefix that cannot be read.
-    pub fn new(model: Arc<LlamaModel>, rows: usize) -> Result<LlamaBatch> {
+    pub fn new(model: Arc<SharedLlama>, rows: usize) -> Result<LlamaBatch> {
         let c = &model.config;
         let rows = rows.max(1);
         let mut prefix = Vec::new();

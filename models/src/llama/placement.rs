@@ -3,7 +3,7 @@
 
 use flm_core::{Data, Executor, Location};
 
-use super::{Ffn, LlamaLayer, LlamaModel, LlamaWeights, PREFILL_CHUNK};
+use super::{Ffn, LlamaLayer, LlamaWeights, SharedLlama, PREFILL_CHUNK};
 use crate::graph::MemoryNeeds;
 #[cfg(doc)]
 use crate::Error;
@@ -11,7 +11,7 @@ use crate::{Placement, Result};
 #[cfg(doc)]
 use flm_core::KvDtype;
 
-impl LlamaModel {
+impl SharedLlama {
     /// The model with its weights moved by `exec` to the memories of `placement` (recorded
     /// as `"load: weights"`): each layer's to its layer's, the embedding table to the first
     /// layer's, the final norm and the classifier to the last layer's (a tied classifier
@@ -19,7 +19,7 @@ impl LlamaModel {
     ///
     /// Errors: [`Error::Config`] for a placement of another number of layers, or a
     /// p-tuning prefix on a device; the allocation and copy errors.
-    pub fn place(self, exec: &Executor, placement: Placement) -> Result<LlamaModel> {
+    pub fn place(self, exec: &Executor, placement: Placement) -> Result<SharedLlama> {
         placement.check(self.config.n_layers)?;
         let move_to = |d: Data, at: Location| -> Result<Data> {
             if d.location() == at {
@@ -59,7 +59,7 @@ impl LlamaModel {
             classifier,
             prefix_kv: w.prefix_kv,
         };
-        Ok(LlamaModel {
+        Ok(SharedLlama {
             weights,
             placement,
             ..self

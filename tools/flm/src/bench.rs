@@ -17,7 +17,7 @@ use flm_devices::CpuDevice;
 use crate::convert::DtypeArg;
 use crate::device::{Chosen, DeviceArgs};
 use flm_models::import;
-use flm_models::llama::{Ffn, Llama, LlamaModel, LlamaWeights, Logits};
+use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::{Graph, ModelConfig, SharedModel};
 use half::f16;
 use rayon::prelude::*;
@@ -230,7 +230,7 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
         config.max_seq_len
     );
     config.max_seq_len = positions;
-    let model = LlamaModel::new(config, weights).context("cannot build the model")?;
+    let model = SharedLlama::new(config, weights).context("cannot build the model")?;
     let model = chosen
         .place(SharedModel::from(model))?
         .llama()
