@@ -551,12 +551,17 @@ impl Quantize for BlockQ5K {
 }
 
 impl BlockQ6K {
-    /// The unsigned 6-bit code (offset 32 not subtracted) of value `e` (0..256).
+    /// The 32 unsigned 6-bit codes (offset 32 not subtracted) of run `r` (0..8), values
+    /// `32r..32r + 32`: in halves of 128 values, run `t` of a half takes the low (`t < 2`)
+    /// or high nibbles of 32 bytes of `ql` and bits `2t, 2t + 1` of 32 bytes of `qh`.
     #[inline(always)]
-    pub fn code(&self, e: usize) -> u8 {
-        let (half, j, l) = (e / 128, (e % 128) / 64, e % 64);
-        let low = (self.ql[half * 64 + l] >> (4 * j)) & 0x0f;
-        low | (two_bits(&self.qh, e) << 4)
+    pub fn run_codes(&self, r: usize, out: &mut [u8; 32]) {
+        let (half, t) = (r / 4, r % 4);
+        let ql = &self.ql[half * 64 + (t % 2) * 32..][..32];
+        let qh = &self.qh[half * 32..][..32];
+        for ((o, &lo), &hi) in out.iter_mut().zip(ql).zip(qh) {
+            *o = ((lo >> (4 * (t / 2))) & 0x0f) | (((hi >> (2 * t)) & 3) << 4);
+        }
     }
 }
 
@@ -565,10 +570,13 @@ impl Block for BlockQ6K {
 
     fn dequantize(&self, out: &mut [f32]) {
         let d = self.d.to_f32();
-        for (e, o) in out.iter_mut().enumerate() {
-            let q = self.code(e) as i8 - 32;
-            let dl = d * self.scales[e / 16] as f32;
-            *o = dl * q as f32;
+        let mut codes = [0u8; 32];
+        for (r, run) in out.chunks_exact_mut(32).enumerate() {
+            self.run_codes(r, &mut codes);
+            for (l, (o, &q)) in run.iter_mut().zip(&codes).enumerate() {
+                let dl = d * self.scales[(32 * r + l) / 16] as f32;
+                *o = dl * (q as i8 - 32) as f32;
+            }
         }
     }
 }

@@ -71,18 +71,7 @@ pub fn q6_scales(bytes: &[u8], r: usize) -> (i32, i32) {
 #[inline(always)]
 pub fn run_codes(dtype: DataType, bytes: &[u8], r: usize, out: &mut [u8; RUN]) {
     match dtype {
-        DataType::Q6K => {
-            // Halves of 128 values; run t of a half: low nibbles (t < 2) or high ones of 32
-            // bytes of `ql`, and bits 2t, 2t + 1 of 32 bytes of `qh` (BlockQ6K::code, a run
-            // at a time so that it vectorises).
-            let b = block::<BlockQ6K>(bytes);
-            let (half, t) = (r / 4, r % 4);
-            let ql = &b.ql[half * 64 + (t % 2) * 32..][..RUN];
-            let qh = &b.qh[half * 32..][..RUN];
-            for ((o, &lo), &hi) in out.iter_mut().zip(ql).zip(qh) {
-                *o = ((lo >> (4 * (t / 2))) & 0x0f) | (((hi >> (2 * t)) & 3) << 4);
-            }
-        }
+        DataType::Q6K => block::<BlockQ6K>(bytes).run_codes(r, out),
         DataType::Q5K => {
             let b = block::<BlockQ5K>(bytes);
             for (l, o) in out.iter_mut().enumerate() {
