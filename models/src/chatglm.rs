@@ -166,6 +166,11 @@ impl SharedChatGlm {
     }
 }
 
+/// Why ChatGLM-6B's graph cannot be placed on a device.
+fn host_only() -> Error {
+    Error::Config("ChatGLM-6B's graph runs in host memory only; leave out --gpu-layers".into())
+}
+
 impl SharedGraph for SharedChatGlm {
     fn config(&self) -> &ModelConfig {
         &self.config
@@ -192,8 +197,8 @@ impl SharedGraph for SharedChatGlm {
         ))
     }
 
-    fn memory_needs(&self) -> Option<MemoryNeeds> {
-        None
+    fn memory_needs(&self) -> Result<MemoryNeeds> {
+        Err(host_only())
     }
 
     fn placement(&self) -> Option<&Placement> {
@@ -201,9 +206,7 @@ impl SharedGraph for SharedChatGlm {
     }
 
     fn place(self: Arc<Self>, _exec: &Executor, _placement: Placement) -> Result<SharedModel> {
-        Err(Error::Config(
-            "ChatGLM-6B's graph runs in host memory only; leave out --gpu-layers".into(),
-        ))
+        Err(host_only())
     }
 
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {

@@ -211,9 +211,10 @@ pub trait SharedGraph: Send + Sync {
     /// errors.
     fn batch(self: Arc<Self>, rows: usize) -> Result<Box<dyn BatchedForward>>;
 
-    /// What each part needs in the memory it is placed in; `None` for a graph that runs
-    /// in host memory only.
-    fn memory_needs(&self) -> Option<MemoryNeeds>;
+    /// What each part needs in the memory it is placed in.
+    ///
+    /// Errors: [`Error::Config`], saying why, for a graph that runs in host memory only.
+    fn memory_needs(&self) -> Result<MemoryNeeds>;
 
     /// Where each layer runs; `None` for a graph that runs in host memory only.
     fn placement(&self) -> Option<&Placement>;

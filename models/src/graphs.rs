@@ -45,8 +45,8 @@ impl SharedModel {
     }
 
     /// The model with its layers in the memories of the placement `plan` makes from the
-    /// configuration and [`crate::SharedGraph::memory_needs`] (see [`crate::SharedGraph::place`]), before
-    /// any instance is made.
+    /// configuration and [`crate::SharedGraph::memory_needs`] (see
+    /// [`crate::SharedGraph::place`]), before any instance is made.
     ///
     /// Errors: [`Error::Config`] for a graph whose layers run in host memory only
     /// (ChatGLM-6B's); [`Error::State`] when instances of the model exist; those of `plan`
@@ -56,11 +56,7 @@ impl SharedModel {
         exec: &Executor,
         plan: impl FnOnce(&ModelConfig, &MemoryNeeds) -> Result<Placement>,
     ) -> Result<SharedModel> {
-        let Some(needs) = self.0.memory_needs() else {
-            return Err(Error::Config(
-                "this model's graph runs in host memory only; leave out --gpu-layers".into(),
-            ));
-        };
+        let needs = self.0.memory_needs()?;
         let placement = plan(self.config(), &needs)?;
         self.0.place(exec, placement)
     }

@@ -239,8 +239,8 @@ impl SharedGraph for SharedLlama {
         Ok(Box::new(LlamaBatch::new(self, rows)?))
     }
 
-    fn memory_needs(&self) -> Option<MemoryNeeds> {
-        Some(SharedLlama::memory_needs(self))
+    fn memory_needs(&self) -> Result<MemoryNeeds> {
+        Ok(SharedLlama::memory_needs(self))
     }
 
     fn placement(&self) -> Option<&Placement> {
