@@ -50,8 +50,9 @@ mod x86;
 
 use std::cell::Cell;
 
+use flm_core::ggml::GgmlType;
 use flm_core::quant::{self, BLOCK};
-use flm_core::{DataType, Result};
+use flm_core::{DataType, Format, Result};
 use rayon::prelude::*;
 
 use super::schedule::{guided, MAX_PARTS};
@@ -415,14 +416,26 @@ const ROWS_PER_TASK: usize = 16;
 /// one at a time (see `amx`).
 pub(crate) const AMX_MIN_ROWS: usize = 8;
 
-/// Computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows `j0..j0 + yt.len() / n` of `w`.
-fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-    if w.dtype.is_k_quant() {
-        return kquant::rows(isa, w, acts, j0, yt);
-    }
-    if w.dtype == DataType::Q8_0 {
-        return q8_0::rows(isa, w, acts, j0, yt);
-    }
+/// A row kernel: computes `yt[(j − j0)·n + i] = Σ ŵ_j · x_i` for the rows
+/// `j0..j0 + yt.len() / n` of `w` against the `n` quantised input rows of `acts`, with code
+/// compiled for the level `isa`.
+type RowKernel = fn(Isa, &QuantWeight<'_>, &Acts, usize, &mut [f32]);
+
+/// The CPU row kernel of each quantised weight format: the one table a new format plugs
+/// its kernels into (each dispatches over the ISA levels itself). `None` for a format no
+/// dtype holds (ggml's other block types are converted when a file is read).
+fn row_kernel(format: Format) -> Option<RowKernel> {
+    Some(match format {
+        Format::Int8 | Format::Int4 { .. } => panel_rows,
+        Format::Ggml(GgmlType::Q8_0) => q8_0::rows,
+        Format::Ggml(GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) => kquant::rows,
+        Format::Ggml(_) => return None,
+    })
+}
+
+/// The [`RowKernel`] of the formats in panels: AMX tiles for prefill at that level, the
+/// panel kernels otherwise.
+fn panel_rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx && acts.n >= AMX_MIN_ROWS {
         return amx::rows(w, &acts.tiles, j0, yt);
@@ -451,6 +464,12 @@ pub(crate) fn linear(
         ));
     };
     let (dtype, kp) = (first.dtype, first.kp);
+    let Some(rows) = dtype.format().and_then(row_kernel) else {
+        return Err(shape_err(
+            "Linear",
+            format!("{dtype} weights have no CPU kernel"),
+        ));
+    };
     let group = dtype.group_size().unwrap_or(kp);
     for (w, out) in ws.iter().zip(outs.iter()) {
         let m = out.len() / n;
