@@ -100,15 +100,13 @@ fn embedding_shape_errors() {
     let table = zeros(&[10, 4]);
     for (out, n_tokens) in [([2, 4], 3), ([3, 5], 3), ([1, 4], 0)] {
         let tokens = vec![1; n_tokens];
-        let err = run(Op::Embedding {
-            table: &table,
-            tokens: TokenIds::Host(&tokens),
-            output: &mut zeros(&out),
-        })
-        .unwrap_err();
-        assert!(
-            matches!(err, Error::Shape { .. }),
-            "{out:?} {n_tokens}: {err}"
+        assert_shape_err(
+            Op::Embedding {
+                table: &table,
+                tokens: TokenIds::Host(&tokens),
+                output: &mut zeros(&out),
+            },
+            format!("{out:?} {n_tokens}"),
         );
     }
 }
@@ -164,15 +162,13 @@ fn silu_mul_shape_errors() {
         ([2, 3], [3, 2], [2, 3]),
     ];
     for (g, u, o) in cases {
-        let err = run(Op::SiluMul {
-            gate: &zeros(&g),
-            up: &zeros(&u),
-            output: &mut zeros(&o),
-        })
-        .unwrap_err();
-        assert!(
-            matches!(err, Error::Shape { .. }),
-            "{g:?} {u:?} {o:?}: {err}"
+        assert_shape_err(
+            Op::SiluMul {
+                gate: &zeros(&g),
+                up: &zeros(&u),
+                output: &mut zeros(&o),
+            },
+            format!("{g:?} {u:?} {o:?}"),
         );
     }
 }
@@ -199,12 +195,13 @@ fn add_matches_formula() {
 fn add_shape_errors() {
     for (xs, ys) in [([2, 3], [3, 2]), ([2, 3], [2, 4]), ([1, 3], [2, 3])] {
         let mut x = f32_data(&xs, &vec![1.0; xs[0] * xs[1]]);
-        let err = run(Op::Add {
-            x: &mut x,
-            y: &zeros(&ys),
-        })
-        .unwrap_err();
-        assert!(matches!(err, Error::Shape { .. }), "{xs:?} {ys:?}: {err}");
+        assert_shape_err(
+            Op::Add {
+                x: &mut x,
+                y: &zeros(&ys),
+            },
+            format!("{xs:?} {ys:?}"),
+        );
         assert!(x.as_f32().unwrap().iter().all(|&v| v == 1.0));
     }
 }
@@ -244,13 +241,14 @@ fn gated_add_matches_formula() {
 fn gated_add_shape_errors() {
     for (ys, gs) in [([2, 3], [2, 2]), ([2, 3], [3, 1]), ([2, 4], [2, 1])] {
         let mut x = f32_data(&[2, 3], &[1.0; 6]);
-        let err = run(Op::GatedAdd {
-            x: &mut x,
-            y: &zeros(&ys),
-            gate: &zeros(&gs),
-        })
-        .unwrap_err();
-        assert!(matches!(err, Error::Shape { .. }), "{ys:?} {gs:?}: {err}");
+        assert_shape_err(
+            Op::GatedAdd {
+                x: &mut x,
+                y: &zeros(&ys),
+                gate: &zeros(&gs),
+            },
+            format!("{ys:?} {gs:?}"),
+        );
         assert!(x.as_f32().unwrap().iter().all(|&v| v == 1.0));
     }
 }
@@ -307,14 +305,12 @@ fn argmax_ties_and_edges() {
 fn argmax_shape_errors() {
     for (shape, n_out) in [([2, 5], 1), ([2, 5], 3), ([2, 0], 2)] {
         let mut out = vec![0; n_out];
-        let err = run(Op::Argmax {
-            input: &zeros(&shape),
-            output: &mut out,
-        })
-        .unwrap_err();
-        assert!(
-            matches!(err, Error::Shape { .. }),
-            "{shape:?} {n_out}: {err}"
+        assert_shape_err(
+            Op::Argmax {
+                input: &zeros(&shape),
+                output: &mut out,
+            },
+            format!("{shape:?} {n_out}"),
         );
     }
 }

@@ -173,37 +173,39 @@ fn layer_norm_matches_formula() {
         }
     }
     let z = |shape: &[usize]| Data::zeros(DataType::F32, shape).unwrap();
-    let err = run(Op::LayerNorm {
-        input: &z(&[2, 4]),
-        weight: &z(&[4]),
-        bias: &z(&[3]),
-        eps: 1e-5,
-        output: &mut z(&[2, 4]),
-    })
-    .unwrap_err();
-    assert!(matches!(err, Error::Shape { .. }));
+    assert_shape_err(
+        Op::LayerNorm {
+            input: &z(&[2, 4]),
+            weight: &z(&[4]),
+            bias: &z(&[3]),
+            eps: 1e-5,
+            output: &mut z(&[2, 4]),
+        },
+        "a bias of 3 for 4 columns",
+    );
 }
 
 /// A prefix-LM mask wider than the filled cache rows is refused.
 #[test]
 fn attention_bidirectional_past_the_filled_rows_is_an_error() {
     let z = |shape: &[usize]| Data::zeros(DataType::F32, shape).unwrap();
-    let err = run(Op::Attention {
-        q: &z(&[2, 8]),
-        cache_k: &z(&[16, 8]),
-        cache_v: &z(&[16, 8]),
-        start_pos: 3,
-        params: AttentionParams {
-            n_heads: 2,
-            n_kv_heads: 2,
-            scale: 0.5,
-            alibi: false,
-            bidirectional: 6,
-            sliding_window: None,
-            softcap: None,
+    assert_shape_err(
+        Op::Attention {
+            q: &z(&[2, 8]),
+            cache_k: &z(&[16, 8]),
+            cache_v: &z(&[16, 8]),
+            start_pos: 3,
+            params: AttentionParams {
+                n_heads: 2,
+                n_kv_heads: 2,
+                scale: 0.5,
+                alibi: false,
+                bidirectional: 6,
+                sliding_window: None,
+                softcap: None,
+            },
+            output: &mut z(&[2, 8]),
         },
-        output: &mut z(&[2, 8]),
-    })
-    .unwrap_err();
-    assert!(matches!(err, Error::Shape { .. }), "{err}");
+        "a mask of 6 rows past 3 filled",
+    );
 }

@@ -183,16 +183,14 @@ fn rms_norm_shape_errors() {
         (&[2, 0], &[0], &[2, 0]), // empty rows
     ];
     for (x, g, out) in cases {
-        let err = run(Op::RmsNorm {
-            input: &zeros(x),
-            weight: &zeros(g),
-            eps: 1e-5,
-            output: &mut zeros(out),
-        })
-        .unwrap_err();
-        assert!(
-            matches!(err, Error::Shape { .. }),
-            "{x:?} {g:?} {out:?}: {err}"
+        assert_shape_err(
+            Op::RmsNorm {
+                input: &zeros(x),
+                weight: &zeros(g),
+                eps: 1e-5,
+                output: &mut zeros(out),
+            },
+            format!("{x:?} {g:?} {out:?}"),
         );
     }
 }

@@ -8,7 +8,7 @@
 
 #![allow(dead_code, unused_macros)]
 
-use flm_core::{Data, DataType, Executor, Op, Result};
+use flm_core::{Data, DataType, Error, Executor, Op, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -202,4 +202,13 @@ macro_rules! quant_dtype_tests {
             i4zg128: I4ZpG128
         ] $check);)*
     };
+}
+
+/// Runs `op` on the CPU ([`run`]) and asserts that it is refused with [`Error::Shape`];
+/// `what` names the case in the failure message.
+pub fn assert_shape_err(op: Op<'_>, what: impl std::fmt::Display) {
+    match run(op) {
+        Err(Error::Shape { .. }) => {}
+        other => panic!("{what}: {other:?}, not a shape error"),
+    }
 }
