@@ -2,9 +2,11 @@
 // block per row. The token ids are in device memory, so a captured CUDA graph reads the
 // ids of each step; an id >= vocab writes zeros and sets *bad (checked by the host).
 
-template <int W>
-__device__ void embedding_float(const void* table, const unsigned int* tokens, float* out,
-                                int dim, unsigned int vocab, int* bad) {
+// Row blockIdx.x of `out`: value(t, i) for each column i of token t, or zeros and *bad
+// for an id >= vocab.
+template <typename Value>
+__device__ void embedding_row(const unsigned int* tokens, float* out, int dim,
+                              unsigned int vocab, int* bad, Value value) {
     unsigned int t = tokens[blockIdx.x];
     float* o = out + (long)blockIdx.x * dim;
     if (t >= vocab) {
@@ -12,7 +14,14 @@ __device__ void embedding_float(const void* table, const unsigned int* tokens, f
         for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = 0.0f;
         return;
     }
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = load_w<W>(table, (long)t * dim + i);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = value((long)t, i);
+}
+
+template <int W>
+__device__ void embedding_float(const void* table, const unsigned int* tokens, float* out,
+                                int dim, unsigned int vocab, int* bad) {
+    embedding_row(tokens, out, dim, vocab, bad,
+                  [=](long t, int i) { return load_w<W>(table, t * dim + i); });
 }
 
 #define EMBED(SUFFIX, W)                                                                    \
@@ -34,13 +43,7 @@ extern "C" __global__ void embedding_quant(const unsigned char* table,
                                            unsigned int vocab, long row_bytes, int ld,
                                            int group, int form, int kq, long params,
                                            int* bad) {
-    unsigned int t = tokens[blockIdx.x];
-    float* o = out + (long)blockIdx.x * dim;
-    if (t >= vocab) {
-        if (threadIdx.x == 0) *bad = 1;
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = 0.0f;
-        return;
-    }
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        o[i] = dequant_value(table, (long)t, i, row_bytes, ld, group, form, kq, params);
+    embedding_row(tokens, out, dim, vocab, bad, [=](long t, int i) {
+        return dequant_value(table, t, i, row_bytes, ld, group, form, kq, params);
+    });
 }

@@ -36,28 +36,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-// `scratch` holds 32 floats of shared memory.
-__device__ float block_sum(float v, float* scratch) {
+// The maximum (MAX) or the sum over the block (blockDim.x a multiple of 32, at most 1024);
+// every thread gets it. `scratch` holds 32 floats of shared memory.
+template <bool MAX>
+__device__ float block_reduce(float v, float* scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < warps ? scratch[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < warps ? scratch[lane] : (MAX ? -INFINITY : 0.0f);
+    return MAX ? warp_max(v) : warp_sum(v);
 }
 
-// Maximum over the block, as block_sum.
-__device__ float block_max(float v, float* scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < warps ? scratch[lane] : -INFINITY;
-    return warp_max(v);
-}
+__device__ float block_sum(float v, float* scratch) { return block_reduce<false>(v, scratch); }
+
+__device__ float block_max(float v, float* scratch) { return block_reduce<true>(v, scratch); }
 
 // The flash-decoding chunks of attention.cu and paged_attention.cu (Dao et al. 2023): a
 // chunk the row sees nothing of writes m = -inf, l = 0 and a zero output, which the
