@@ -33,7 +33,6 @@
 
 mod weights;
 
-use std::any::Any;
 use std::sync::Arc;
 
 pub use weights::{ChatGlmLayer, ChatGlmWeights};
@@ -201,16 +200,8 @@ impl SharedGraph for SharedChatGlm {
         Err(host_only())
     }
 
-    fn placement(&self) -> Option<&Placement> {
-        None
-    }
-
     fn place(self: Arc<Self>, _exec: &Executor, _placement: Placement) -> Result<SharedModel> {
         Err(host_only())
-    }
-
-    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
-        self
     }
 }
 

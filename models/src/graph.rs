@@ -186,8 +186,21 @@ pub struct MemoryNeeds {
     pub head: u64,
 }
 
+/// A shared graph as `Any`, for a tool that needs one graph's own parts (the benchmark's
+/// weights and instances of the Llama graph); every `'static` graph has it.
+pub trait AsAny {
+    /// The graph as `Any`, to downcast.
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+}
+
+impl<T: Any + Send + Sync> AsAny for T {
+    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
 /// The shared part of a model graph: configuration and weights, `Send + Sync`.
-pub trait SharedGraph: Send + Sync {
+pub trait SharedGraph: AsAny + Send + Sync {
     /// The configuration.
     fn config(&self) -> &ModelConfig;
 
@@ -216,8 +229,11 @@ pub trait SharedGraph: Send + Sync {
     /// Errors: [`Error::Config`], saying why, for a graph that runs in host memory only.
     fn memory_needs(&self) -> Result<MemoryNeeds>;
 
-    /// Where each layer runs; `None` for a graph that runs in host memory only.
-    fn placement(&self) -> Option<&Placement>;
+    /// Where each layer runs; `None` (the default) for a graph that runs in host memory
+    /// only.
+    fn placement(&self) -> Option<&Placement> {
+        None
+    }
 
     /// The graph with its parts moved by `exec` to the memories of `placement`, before any
     /// instance is made.
@@ -226,10 +242,6 @@ pub trait SharedGraph: Send + Sync {
     /// of another number of layers; [`Error::State`] when instances of it exist; the
     /// allocation and copy errors.
     fn place(self: Arc<Self>, exec: &Executor, placement: Placement) -> Result<SharedModel>;
-
-    /// The graph as `Any`, for a tool that needs one graph's own parts (the benchmark's
-    /// weights and instances of the Llama graph).
-    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 
 /// The shared part of a model of any supported architecture: cheap to clone (an `Arc`),

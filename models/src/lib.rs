@@ -38,6 +38,7 @@ pub use config::{Activation, Arch, ModelConfig, MoeConfig};
 pub use error::{Error, Result};
 pub use family::Family;
 pub use graph::{
-    BatchSeq, BatchedForward, Graph, Head, Logits, MemoryNeeds, Model, SharedGraph, SharedModel,
+    AsAny, BatchSeq, BatchedForward, Graph, Head, Logits, MemoryNeeds, Model, SharedGraph,
+    SharedModel,
 };
 pub use placement::{GpuLayers, Placement};

@@ -48,7 +48,6 @@
 //! This file is the forward pass; where the model's parts run ([`SharedLlama::place`],
 //! `placement.rs`) and the activations of each memory (`activations.rs`) are apart.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use flm_core::{
@@ -252,10 +251,6 @@ impl SharedGraph for SharedLlama {
             Error::State("a model is placed before any instance of it is made".into())
         })?;
         Ok(SharedLlama::place(model, exec, placement)?.into())
-    }
-
-    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
-        self
     }
 }
 
