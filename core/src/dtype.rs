@@ -129,45 +129,22 @@ impl DataType {
     /// [`crate::quant`], the file readers and the kernels' dispatch are read from.
     pub const fn format(self) -> Option<Format> {
         use crate::ggml::GgmlType;
+        use Int4Form::{Min, Symmetric, ZeroPoint};
+        const fn int4(group: usize, form: Int4Form) -> Format {
+            Format::Int4 { group, form }
+        }
         Some(match self {
             DataType::F32 | DataType::F16 | DataType::BF16 | DataType::I32 => return None,
             DataType::I8 => Format::Int8,
-            DataType::I4G32 => Format::Int4 {
-                group: 32,
-                form: Int4Form::Min,
-            },
-            DataType::I4G64 => Format::Int4 {
-                group: 64,
-                form: Int4Form::Min,
-            },
-            DataType::I4G128 => Format::Int4 {
-                group: 128,
-                form: Int4Form::Min,
-            },
-            DataType::I4SymG32 => Format::Int4 {
-                group: 32,
-                form: Int4Form::Symmetric,
-            },
-            DataType::I4SymG64 => Format::Int4 {
-                group: 64,
-                form: Int4Form::Symmetric,
-            },
-            DataType::I4SymG128 => Format::Int4 {
-                group: 128,
-                form: Int4Form::Symmetric,
-            },
-            DataType::I4ZpG32 => Format::Int4 {
-                group: 32,
-                form: Int4Form::ZeroPoint,
-            },
-            DataType::I4ZpG64 => Format::Int4 {
-                group: 64,
-                form: Int4Form::ZeroPoint,
-            },
-            DataType::I4ZpG128 => Format::Int4 {
-                group: 128,
-                form: Int4Form::ZeroPoint,
-            },
+            DataType::I4G32 => int4(32, Min),
+            DataType::I4G64 => int4(64, Min),
+            DataType::I4G128 => int4(128, Min),
+            DataType::I4SymG32 => int4(32, Symmetric),
+            DataType::I4SymG64 => int4(64, Symmetric),
+            DataType::I4SymG128 => int4(128, Symmetric),
+            DataType::I4ZpG32 => int4(32, ZeroPoint),
+            DataType::I4ZpG64 => int4(64, ZeroPoint),
+            DataType::I4ZpG128 => int4(128, ZeroPoint),
             DataType::Q4K => Format::Ggml(GgmlType::Q4K),
             DataType::Q5K => Format::Ggml(GgmlType::Q5K),
             DataType::Q6K => Format::Ggml(GgmlType::Q6K),
