@@ -11,7 +11,7 @@ use flm_core::blocks::{block, BlockQ4K, BlockQ5K, BlockQ6K};
 use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
 
-use super::neon::sdot;
+use super::neon::{rows_with, sdot, DotKernel};
 use super::{lane_sum8, Acts, QuantWeight};
 use crate::cpu::simd::fma;
 use crate::cpu::Isa;
@@ -25,28 +25,23 @@ type Run = [int8x16_t; 2];
 /// See `kquant::rows`; `isa` is [`Isa::Neon`] or [`Isa::NeonDot`], and the caller
 /// guarantees that the CPU supports it.
 pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-    if isa == Isa::NeonDot {
-        // SAFETY: the caller guarantees FEAT_DotProd at this level.
-        unsafe { rows_dot(w, acts, j0, yt) }
-    } else {
-        each_tile::<false>(w, acts, j0, yt)
-    }
+    rows_with::<KQuant>(isa, w, acts, j0, yt)
 }
 
-#[target_feature(enable = "dotprod")]
-unsafe fn rows_dot(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-    each_tile::<true>(w, acts, j0, yt)
-}
+/// The K-quant kernel of both NEON levels.
+struct KQuant;
 
-#[inline(always)]
-fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-    let n = acts.n;
-    for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
-        let row = w.row(j0 + dj);
-        for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
-            match w.dtype {
-                DataType::Q6K => tile::<true, DOT>(w.dtype, row, acts, t * TILE_INPUTS, out),
-                dtype => tile::<false, DOT>(dtype, row, acts, t * TILE_INPUTS, out),
+impl DotKernel for KQuant {
+    #[inline(always)]
+    fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+        let n = acts.n;
+        for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
+            let row = w.row(j0 + dj);
+            for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
+                match w.dtype {
+                    DataType::Q6K => tile::<true, DOT>(w.dtype, row, acts, t * TILE_INPUTS, out),
+                    dtype => tile::<false, DOT>(dtype, row, acts, t * TILE_INPUTS, out),
+                }
             }
         }
     }

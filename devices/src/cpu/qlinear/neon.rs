@@ -32,6 +32,35 @@ use crate::cpu::Isa;
 /// Input rows per tile.
 const TILE_INPUTS: usize = 2;
 
+/// A row kernel (see `super::rows`) written once for both NEON levels: `DOT` says whether
+/// it may use `sdot`.
+pub(super) trait DotKernel {
+    fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]);
+}
+
+/// Runs `K` with `sdot` at [`Isa::NeonDot`] and without it at [`Isa::Neon`]; the caller
+/// guarantees that the CPU supports `isa`.
+pub(super) fn rows_with<K: DotKernel>(
+    isa: Isa,
+    w: &QuantWeight<'_>,
+    acts: &Acts,
+    j0: usize,
+    yt: &mut [f32],
+) {
+    if isa == Isa::NeonDot {
+        // SAFETY: the caller guarantees FEAT_DotProd at this level.
+        unsafe { rows_dot::<K>(w, acts, j0, yt) }
+    } else {
+        K::each_tile::<false>(w, acts, j0, yt)
+    }
+}
+
+/// `K` compiled with the dot-product extension (its `each_tile` is inlined here).
+#[target_feature(enable = "dotprod")]
+unsafe fn rows_dot<K: DotKernel>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    K::each_tile::<true>(w, acts, j0, yt)
+}
+
 /// Vectors of 4 rows in a panel.
 const QUADS: usize = PANEL_ROWS / 4;
 

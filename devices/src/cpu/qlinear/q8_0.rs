@@ -74,57 +74,52 @@ fn portable(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
 mod neon {
     use std::arch::aarch64::*;
 
-    use super::super::neon::dot4;
+    use super::super::neon::{dot4, rows_with, DotKernel};
     use super::{blocks, Acts, BlockQ8_0, QuantWeight, BLOCK, TILE_INPUTS};
     use crate::cpu::Isa;
 
     /// See [`super::rows`]; `isa` is [`Isa::Neon`] or [`Isa::NeonDot`], and the caller
     /// guarantees that the CPU supports it.
     pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-        if isa == Isa::NeonDot {
-            // SAFETY: the caller guarantees FEAT_DotProd at this level.
-            unsafe { rows_dot(w, acts, j0, yt) }
-        } else {
-            each_tile::<false>(w, acts, j0, yt)
-        }
+        rows_with::<Q8_0>(isa, w, acts, j0, yt)
     }
 
-    #[target_feature(enable = "dotprod")]
-    unsafe fn rows_dot(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-        each_tile::<true>(w, acts, j0, yt)
-    }
+    /// The Q8_0 kernel of both NEON levels.
+    struct Q8_0;
 
-    /// The 8 lanes of the module docs as two vectors of 4: `dot4` gives lane `l` of 16
-    /// bytes the sum of its 4 products, `vfmaq_f32` rounds once.
-    #[inline(always)]
-    fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-        let n = acts.n;
-        // SAFETY (whole body): NEON (every aarch64 target); `sdot` only when `DOT`, which
-        // only `rows_dot` passes; every load reads a slice of 32 bytes.
-        unsafe {
-            let zero = vdupq_n_s32(0);
-            for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
-                let row = w.row(j0 + dj);
-                for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
-                    let i0 = t * TILE_INPUTS;
-                    let mut acc = [[vdupq_n_f32(0.0); 2]; TILE_INPUTS];
-                    for (b, block) in blocks::<BlockQ8_0>(row).iter().enumerate() {
-                        let d = block.d.to_f32();
-                        let codes = &block.qs;
-                        let w0 = vld1q_s8(codes.as_ptr() as *const i8);
-                        let w1 = vld1q_s8(codes.as_ptr().add(16) as *const i8);
-                        for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
-                            let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
-                            let (x0, x1) = (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16)));
-                            let s = vdupq_n_f32(d * acts.row_d(i0 + k)[b]);
-                            let c0 = vcvtq_f32_s32(dot4::<DOT>(zero, w0, x0));
-                            let c1 = vcvtq_f32_s32(dot4::<DOT>(zero, w1, x1));
-                            acc[0] = vfmaq_f32(acc[0], c0, s);
-                            acc[1] = vfmaq_f32(acc[1], c1, s);
+    impl DotKernel for Q8_0 {
+        /// The 8 lanes of the module docs as two vectors of 4: `dot4` gives lane `l` of 16
+        /// bytes the sum of its 4 products, `vfmaq_f32` rounds once.
+        #[inline(always)]
+        fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+            let n = acts.n;
+            // SAFETY (whole body): NEON (every aarch64 target); `sdot` only when `DOT`, which
+            // only `rows_with` passes at `Isa::NeonDot`; every load reads a slice of 32 bytes.
+            unsafe {
+                let zero = vdupq_n_s32(0);
+                for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
+                    let row = w.row(j0 + dj);
+                    for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
+                        let i0 = t * TILE_INPUTS;
+                        let mut acc = [[vdupq_n_f32(0.0); 2]; TILE_INPUTS];
+                        for (b, block) in blocks::<BlockQ8_0>(row).iter().enumerate() {
+                            let d = block.d.to_f32();
+                            let codes = &block.qs;
+                            let w0 = vld1q_s8(codes.as_ptr() as *const i8);
+                            let w1 = vld1q_s8(codes.as_ptr().add(16) as *const i8);
+                            for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
+                                let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
+                                let (x0, x1) = (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16)));
+                                let s = vdupq_n_f32(d * acts.row_d(i0 + k)[b]);
+                                let c0 = vcvtq_f32_s32(dot4::<DOT>(zero, w0, x0));
+                                let c1 = vcvtq_f32_s32(dot4::<DOT>(zero, w1, x1));
+                                acc[0] = vfmaq_f32(acc[0], c0, s);
+                                acc[1] = vfmaq_f32(acc[1], c1, s);
+                            }
                         }
-                    }
-                    for (y, acc) in out.iter_mut().zip(acc) {
-                        *y = sum8(acc);
+                        for (y, acc) in out.iter_mut().zip(acc) {
+                            *y = sum8(acc);
+                        }
                     }
                 }
             }
