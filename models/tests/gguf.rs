@@ -9,7 +9,7 @@ mod bpe;
 #[path = "gguf/damaged.rs"]
 mod damaged;
 
-use flm_core::{argmax, Executor, RopeStyle};
+use flm_core::{argmax, Data, Executor, RopeStyle};
 use flm_devices::ActivationBits;
 use flm_models::import::{self, Checkpoint, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
@@ -28,6 +28,11 @@ const KQUANT: &str = "gguf/tiny-kquant.gguf";
 
 fn load(rel: &str) -> Checkpoint {
     import::load(&data(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The tensor `name` of `ckpt`, loaded.
+fn tensor(ckpt: &Checkpoint, name: &str) -> Data {
+    ckpt.tensor(name.parse().unwrap()).unwrap().load().unwrap()
 }
 
 fn model(rel: &str) -> Llama {
@@ -198,20 +203,9 @@ fn f32_decoded_error(ckpt: &Checkpoint, expected: &str) -> f32 {
 #[test]
 fn quantised_blocks_decode_to_the_original_weights() {
     let f32 = load(F32);
-    let want = f32
-        .tensor("layers.2.wq".parse().unwrap())
-        .unwrap()
-        .load()
-        .unwrap()
-        .to_f32_vec()
-        .unwrap();
+    let want = tensor(&f32, "layers.2.wq").to_f32_vec().unwrap();
     for (rel, levels, max_steps) in [(Q8_0, 127.0, 0.6), (Q4_0, 8.0, 1.01)] {
-        let got = load(rel)
-            .tensor("layers.2.wq".parse().unwrap())
-            .unwrap()
-            .load()
-            .unwrap();
-        let got = got.to_f32_vec().unwrap();
+        let got = tensor(&load(rel), "layers.2.wq").to_f32_vec().unwrap();
         for (block, (g, w)) in got.chunks(32).zip(want.chunks(32)).enumerate() {
             let d = w.iter().fold(0.0f32, |m, x| m.max(x.abs())) / levels;
             for (i, (g, w)) in g.iter().zip(w).enumerate() {
@@ -252,17 +246,9 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
         (Q8_0, DataType::Q8_0, true),
     ] {
         let ckpt = load(rel);
-        let wq = ckpt
-            .tensor("layers.0.wq".parse().unwrap())
-            .unwrap()
-            .load()
-            .unwrap();
+        let wq = tensor(&ckpt, "layers.0.wq");
         assert_eq!((wq.dtype(), wq.is_mapped()), (dtype, mapped), "{rel}");
-        let down = ckpt
-            .tensor("layers.0.w_down".parse().unwrap())
-            .unwrap()
-            .load()
-            .unwrap();
+        let down = tensor(&ckpt, "layers.0.w_down");
         assert_eq!(
             (down.dtype(), down.is_mapped()),
             (DataType::F16, true),
@@ -272,11 +258,7 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
         assert!(notes.is_empty(), "{rel}: nothing is lost: {notes:?}");
     }
     let q5_1 = load(Q5_1);
-    let wq = q5_1
-        .tensor("layers.0.wq".parse().unwrap())
-        .unwrap()
-        .load()
-        .unwrap();
+    let wq = tensor(&q5_1, "layers.0.wq");
     assert_eq!(wq.dtype(), DataType::I8);
     let notes = q5_1.load_notes();
     assert_eq!(notes.len(), 1, "{notes:?}");
