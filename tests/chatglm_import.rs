@@ -6,23 +6,8 @@ use flm_core::DataType;
 use flm_models::convert::{convert, Recipe};
 use flm_models::llama::Logits;
 use flm_models::{import, Error, Model};
-use flm_tests::glm_data::{write_hf_dir, Family, Steps};
+use flm_tests::glm_data::{run_steps, write_hf_dir, Family};
 use flm_tests::{cpu_executor, data};
-
-/// Largest absolute error of the three steps and largest expected magnitude.
-fn run_steps(model: &mut flm_models::Model, steps: &Steps) -> (f32, f32) {
-    let exec = cpu_executor();
-    let (mut err, mut mag, mut pos) = (0.0f32, 0.0f32, 0);
-    for (tokens, want) in steps {
-        let got = model.hidden_states(&exec, tokens, pos).expect("forward");
-        for (g, w) in got.iter().zip(want) {
-            err = err.max((g - w).abs());
-            mag = mag.max(w.abs());
-        }
-        pos += tokens.len();
-    }
-    (err, mag)
-}
 
 /// Every dtype of `flm convert`, loaded back from the .flm file, against the reference.
 ///

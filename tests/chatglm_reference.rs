@@ -11,50 +11,11 @@
 use flm_core::{Data, DataType, Op};
 use flm_models::convert::{convert, Recipe};
 use flm_models::{import, Model};
-use flm_tests::glm_data::{write_hf_dir, Family, Reader, Steps};
+use flm_tests::glm_data::{run_steps, write_hf_dir, Reader, MODELS};
 use flm_tests::{cpu_executor, data};
 
 /// chatglm.cpp `chatglm_test.cpp`'s absolute tolerance.
 const TOL: f32 = 5e-4;
-
-/// Every model file: name, family, whether it starts with a p-tuning v2 prefix.
-const MODELS: [(&str, Family, bool); 9] = [
-    ("glm_model.data", Family::Glm, false),
-    ("glm_ptuning_v2_model.data", Family::Glm, true),
-    ("glm2_model.data", Family::Glm2, false),
-    ("glm3_model.data", Family::Glm2, false),
-    ("glm3_ptuning_v2_model.data", Family::Glm2, true),
-    ("glm4_model.data", Family::Glm4, false),
-    (
-        "baichuan7b_model.data",
-        Family::Baichuan { alibi: false },
-        false,
-    ),
-    (
-        "baichuan13b_model.data",
-        Family::Baichuan { alibi: true },
-        false,
-    ),
-    ("internlm_model.data", Family::InternLm, false),
-];
-
-/// Runs the three steps on `model`; returns the largest absolute error and the largest
-/// expected magnitude.
-fn run_steps(model: &mut flm_models::Model, steps: &Steps) -> (f32, f32) {
-    let exec = cpu_executor();
-    let (mut err, mut mag) = (0.0f32, 0.0f32);
-    let mut pos = 0;
-    for (tokens, want) in steps {
-        let got = model.hidden_states(&exec, tokens, pos).expect("forward");
-        assert_eq!(got.len(), want.len());
-        for (g, w) in got.iter().zip(want) {
-            err = err.max((g - w).abs());
-            mag = mag.max(w.abs());
-        }
-        pos += tokens.len();
-    }
-    (err, mag)
-}
 
 #[test]
 fn models_match_chatglm_cpp() {
@@ -143,34 +104,33 @@ fn linear_op_matches() {
 #[test]
 fn norm_ops_match() {
     let exec = cpu_executor();
-    let mut r = Reader::open("layer_norm.data");
-    let w = Data::from_f32(&[64], &r.f32s(64)).unwrap();
-    let b = Data::from_f32(&[64], &r.f32s(64)).unwrap();
-    let x = Data::from_f32(&[3, 64], &r.f32s(3 * 64)).unwrap();
-    let mut y = Data::zeros(DataType::F32, &[3, 64]).unwrap();
-    exec.run(Op::LayerNorm {
-        input: &x,
-        weight: &w,
-        bias: &b,
-        eps: 1e-5,
-        output: &mut y,
-    })
-    .unwrap();
-    assert_close("layer_norm", y.as_f32().unwrap(), &r.f32s(3 * 64));
-    assert!(r.at_end());
-
-    let mut r = Reader::open("rms_norm.data");
-    let w = Data::from_f32(&[64], &r.f32s(64)).unwrap();
-    let x = Data::from_f32(&[3, 64], &r.f32s(3 * 64)).unwrap();
-    exec.run(Op::RmsNorm {
-        input: &x,
-        weight: &w,
-        eps: 1e-5,
-        output: &mut y,
-    })
-    .unwrap();
-    assert_close("rms_norm", y.as_f32().unwrap(), &r.f32s(3 * 64));
-    assert!(r.at_end());
+    // Each file: the weight, the bias (LayerNorm only), the input [3, 64], the output.
+    for (file, with_bias) in [("layer_norm.data", true), ("rms_norm.data", false)] {
+        let mut r = Reader::open(file);
+        let w = Data::from_f32(&[64], &r.f32s(64)).unwrap();
+        let b = with_bias.then(|| Data::from_f32(&[64], &r.f32s(64)).unwrap());
+        let x = Data::from_f32(&[3, 64], &r.f32s(3 * 64)).unwrap();
+        let mut y = Data::zeros(DataType::F32, &[3, 64]).unwrap();
+        let (input, weight, eps, output) = (&x, &w, 1e-5, &mut y);
+        exec.run(match &b {
+            Some(bias) => Op::LayerNorm {
+                input,
+                weight,
+                bias,
+                eps,
+                output,
+            },
+            None => Op::RmsNorm {
+                input,
+                weight,
+                eps,
+                output,
+            },
+        })
+        .unwrap();
+        assert_close(file, y.as_f32().unwrap(), &r.f32s(3 * 64));
+        assert!(r.at_end());
+    }
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {

@@ -60,6 +60,14 @@ fn prompt() -> Vec<u32> {
     ids(&stories_reference()["logits_file"]["input_ids"])
 }
 
+/// A text the model writes itself, to teacher-force: the prompt and the 300 greedy tokens
+/// of the f32 model on `cpu` after it.
+fn self_written_text(cpu: &Executor) -> Vec<u32> {
+    let mut text = prompt();
+    text.extend(greedy_on(cpu, &mut model(DataType::F32), &prompt(), 300));
+    text
+}
+
 #[test]
 fn greedy_tokens_equal_the_cpu_in_f32_and_f16() {
     let Some(gpu) = gpu_executor() else { return };
@@ -75,9 +83,7 @@ fn greedy_tokens_equal_the_cpu_in_f32_and_f16() {
 fn int8_and_int4_top1_agree_with_the_cpu_on_99_percent_of_positions() {
     let Some(gpu) = gpu_executor() else { return };
     let cpu = cpu_executor();
-    // A text the model writes itself (greedy, f32 on the CPU), then teacher-forced.
-    let mut text = prompt();
-    text.extend(greedy_on(&cpu, &mut model(DataType::F32), &prompt(), 300));
+    let text = self_written_text(&cpu);
     for dtype in [
         DataType::I8,
         DataType::I4G32,
@@ -109,8 +115,7 @@ fn int8_and_int4_top1_agree_with_the_cpu_on_99_percent_of_positions() {
 fn placed_int4_top1_agrees_with_the_cpu_in_prefill_and_decode() {
     let Some(gpu) = gpu_executor() else { return };
     let cpu = cpu_executor();
-    let mut text = prompt();
-    text.extend(greedy_on(&cpu, &mut model(DataType::F32), &prompt(), 300));
+    let text = self_written_text(&cpu);
     let dtype = DataType::I4G32;
     let mut cpu_model = model(dtype);
     let vocab = cpu_model.config().vocab_size;

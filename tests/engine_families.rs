@@ -12,17 +12,18 @@ use std::path::Path;
 use flm_core::{DataType, PagedKvCache};
 use flm_models::engine::{Engine, EngineConfig};
 use flm_models::import;
-use flm_models::{BatchSeq, Logits};
 use flm_models::{Error, SharedModel};
-use flm_tests::glm_data::{write_hf_dir, Family};
-use flm_tests::{cpu_executor, data, ids, HF_FAMILIES};
+use flm_tests::glm_data::{write_hf_dir, Family, MODELS};
+use flm_tests::{
+    assert_batched_equals_single, batch_invariant_executor, cpu_executor, data, ids, json,
+    HF_FAMILIES,
+};
 
 /// Runs two sequences through one batch in steps of the given chunk sizes (0: the sequence
 /// sits the step out), and each alone through `Model::forward`; the logits must be equal.
 fn batched_equals_single(model: &SharedModel, seqs: [(&[u32], &[usize]); 2], what: &str) {
     let c = model.config();
-    let exec = cpu_executor();
-    exec.require_batch_invariance();
+    let exec = batch_invariant_executor();
     let block_size = 3;
     let positions: usize = seqs.iter().map(|s| c.pre_seq_len + s.0.len()).sum();
     let mut kv =
@@ -37,59 +38,13 @@ fn batched_equals_single(model: &SharedModel, seqs: [(&[u32], &[usize]); 2], wha
         batch.write_prefix(&exec, &mut kv, &table).unwrap();
         tables.push(table);
     }
-    let mut singles = [model.instance().unwrap(), model.instance().unwrap()];
-    let mut done = [0, 0];
-    let steps = seqs[0].1.len();
-    for step in 0..steps {
-        let mut batch_seqs = Vec::new();
-        let mut who = Vec::new();
-        for (i, (tokens, chunks)) in seqs.iter().enumerate() {
-            let n = chunks[step];
-            if n > 0 {
-                batch_seqs.push(BatchSeq {
-                    tokens: &tokens[done[i]..done[i] + n],
-                    start_pos: done[i],
-                    blocks: &tables[i],
-                });
-                who.push(i);
-            }
-        }
-        let got = batch.forward(&exec, &mut kv, &batch_seqs).unwrap().to_vec();
-        for (row, (&i, seq)) in who.iter().zip(&batch_seqs).enumerate() {
-            let want = singles[i]
-                .forward(&exec, seq.tokens, seq.start_pos, Logits::Last)
-                .unwrap();
-            let got = &got[row * c.vocab_size..][..c.vocab_size];
-            assert!(
-                got.iter()
-                    .zip(want)
-                    .all(|(g, w)| g.to_bits() == w.to_bits()),
-                "{what}: step {step}, sequence {i}"
-            );
-            done[i] += seq.tokens.len();
-        }
-    }
+    assert_batched_equals_single(model, &exec, batch.as_mut(), &mut kv, &seqs, &tables, what);
 }
 
 #[test]
 fn chatglm_cpp_families_batch_exactly() {
-    let models = [
-        ("glm2_model.data", Family::Glm2, false),
-        ("glm3_model.data", Family::Glm2, false),
-        ("glm3_ptuning_v2_model.data", Family::Glm2, true),
-        ("glm4_model.data", Family::Glm4, false),
-        (
-            "baichuan7b_model.data",
-            Family::Baichuan { alibi: false },
-            false,
-        ),
-        (
-            "baichuan13b_model.data",
-            Family::Baichuan { alibi: true },
-            false,
-        ),
-        ("internlm_model.data", Family::InternLm, false),
-    ];
+    // ChatGLM-6B is refused by the engine (`chatglm_6b_is_refused_by_the_engine`).
+    let models = MODELS.into_iter().filter(|&(_, f, _)| f != Family::Glm);
     for (file, family, prefix) in models {
         let dir = tempfile::tempdir().unwrap();
         let steps = write_hf_dir(file, family, prefix, dir.path());
@@ -105,8 +60,7 @@ fn chatglm_cpp_families_batch_exactly() {
 
 #[test]
 fn hf_families_batch_exactly() {
-    let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
-    let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
+    let input = ids(&json("hf-families/reference.json")["input_ids"]);
     let other: Vec<u32> = input.iter().rev().copied().collect();
     for family in HF_FAMILIES {
         let path = data(&format!("hf-families/{family}"));
@@ -122,8 +76,7 @@ fn hf_families_batch_exactly() {
 #[test]
 fn act_order_gptq_batches_exactly() {
     // int4 weights with input permutations: each row of the batch is gathered alike.
-    let text = std::fs::read_to_string(data("gptq-awq/reference.json")).unwrap();
-    let input = ids(&serde_json::from_str::<serde_json::Value>(&text).unwrap()["input_ids"]);
+    let input = ids(&json("gptq-awq/reference.json")["input_ids"]);
     let other: Vec<u32> = input.iter().rev().copied().collect();
     let ckpt = import::load(Path::new(&data("gptq-awq/gptq-sym-g32-actorder"))).unwrap();
     let model = SharedModel::new(&ckpt).unwrap();

@@ -91,14 +91,19 @@ fn gguf_files() {
     model_target("gguf", &seeds, "model.gguf", &[], "model.gguf");
 }
 
+/// [`model_target`] for the checkpoint `file` of a Hugging Face directory, beside the
+/// `config.json` and `tokenizer.model` of `dir` (below `tests/data`), the directory loaded;
+/// its seeds are `seed_files` and the corpus of `name`.
+fn hf_dir_target(name: &str, seed_files: &[&str], file: &str, dir: &str) {
+    let beside = ["config.json", "tokenizer.model"].map(|f| format!("{dir}/{f}"));
+    let beside = beside.each_ref().map(String::as_str);
+    model_target(name, &seeds(name, seed_files), file, &beside, "");
+}
+
 #[test]
 fn safetensors_files() {
-    let seeds = seeds("safetensors", &["hf-stories260K/model.safetensors"]);
-    let beside = [
-        "hf-stories260K/config.json",
-        "hf-stories260K/tokenizer.model",
-    ];
-    model_target("safetensors", &seeds, "model.safetensors", &beside, "");
+    let files = ["hf-stories260K/model.safetensors"];
+    hf_dir_target("safetensors", &files, "model.safetensors", "hf-stories260K");
 }
 
 #[test]
@@ -109,12 +114,7 @@ fn pytorch_pickles() {
         "pytorch/compressed.bin",
         "pytorch/malicious/pytorch_model.bin",
     ];
-    let seeds = seeds("pickle", &files);
-    let beside = [
-        "pytorch/stories260K/config.json",
-        "pytorch/stories260K/tokenizer.model",
-    ];
-    model_target("pickle", &seeds, "pytorch_model.bin", &beside, "");
+    hf_dir_target("pickle", &files, "pytorch_model.bin", "pytorch/stories260K");
 }
 
 #[test]

@@ -12,7 +12,7 @@ use flm_models::import;
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::tensor_names::{LayerPart, TensorName};
 use flm_models::Graph;
-use flm_tests::{cpu_executor, data, greedy_on, ids, weights_in};
+use flm_tests::{cpu_executor, data, f32_file, greedy_on, ids, json, max_abs_diff, weights_in};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -55,8 +55,7 @@ const PROJECTIONS: [LayerPart; 7] = [
 ];
 
 fn reference() -> Value {
-    let text = std::fs::read_to_string(data("gptq-awq/reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    json("gptq-awq/reference.json")
 }
 
 fn dir(variant: &str) -> PathBuf {
@@ -147,17 +146,8 @@ fn logits_match_transformers_on_the_dequantised_weights() {
             .forward(&exec, &input, 0, Logits::All)
             .unwrap()
             .to_vec();
-        let bytes = std::fs::read(dir(variant).join("logits_f32le.bin")).unwrap();
-        let want: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        assert_eq!(got.len(), want.len());
-        let diff = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let want = f32_file(&dir(variant).join("logits_f32le.bin"));
+        let diff = max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{variant}: logits differ by {diff}");
     }
 }

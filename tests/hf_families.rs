@@ -12,7 +12,7 @@ use flm_core::{DataType, RopeScaling, RopeStyle};
 use flm_models::convert::{convert, Recipe};
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
 use flm_models::{import, Activation, Graph, ModelConfig, MoeConfig};
-use flm_tests::{cpu_executor, data, ids, HF_FAMILIES};
+use flm_tests::{cpu_executor, data, f32_file, ids, json, max_abs_diff, HF_FAMILIES};
 use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
@@ -20,8 +20,7 @@ use serde_json::Value;
 const TOLERANCE: f32 = 1e-4;
 
 fn reference() -> Value {
-    let text = std::fs::read_to_string(data("hf-families/reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    json("hf-families/reference.json")
 }
 
 fn input_ids() -> Vec<u32> {
@@ -30,24 +29,22 @@ fn input_ids() -> Vec<u32> {
 
 /// transformers' logits `[24, vocab]` of one prefill of the input ids.
 fn expected(family: &str) -> Vec<f32> {
-    let bytes = std::fs::read(data(&format!("hf-families/{family}/logits_f32le.bin"))).unwrap();
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    f32_file(&data(&format!("hf-families/{family}/logits_f32le.bin")))
+}
+
+/// The logits of the model at `path`, in one prefill and token by token, are within
+/// `tolerance` of `want`; `what` names the model in a failure.
+fn assert_prefill_and_decode_near(path: &Path, want: &[f32], tolerance: f32, what: &str) {
+    let [prefill, _, stepped] = logits_three_ways(path);
+    for (how, got) in [("prefill", prefill), ("decode", stepped)] {
+        let diff = max_abs_diff(&got, want);
+        assert!(diff <= tolerance, "{what} {how}: max |Δ| = {diff}");
+    }
 }
 
 fn load(path: &Path) -> Llama {
     let ckpt = import::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// The logits of every position: one prefill, two chunks (the second one starting at
@@ -196,7 +193,7 @@ fn logits_match_transformers_within_1e_4() {
             .iter()
             .zip(logits_three_ways(&path))
         {
-            let diff = max_diff(&got, &want);
+            let diff = max_abs_diff(&got, &want);
             assert!(diff <= TOLERANCE, "{family} {how}: max |Δ| = {diff}");
         }
     }
@@ -255,7 +252,7 @@ fn without_the_family_feature_the_logits_differ() {
         }
         let mut model = Llama::new(config, weights).unwrap();
         let got = model.forward(&exec, &input, 0, Logits::All).unwrap();
-        let diff = max_diff(got, &expected(family));
+        let diff = max_abs_diff(got, &expected(family));
         assert!(diff > 0.1, "{family}: only {diff} without its feature");
     }
 }
@@ -279,12 +276,8 @@ fn f32_flm_files_run_the_same() {
         )
         .unwrap();
         assert_eq!(import::load(&out).unwrap().config, ckpt.config, "{family}");
-        let [prefill, _, stepped] = logits_three_ways(&out);
-        let want = expected(family);
-        for (how, got) in [("prefill", prefill), ("decode", stepped)] {
-            let diff = max_diff(&got, &want);
-            assert!(diff <= TOLERANCE, "{family}.flm {how}: max |Δ| = {diff}");
-        }
+        let what = format!("{family}.flm");
+        assert_prefill_and_decode_near(&out, &expected(family), TOLERANCE, &what);
     }
 }
 
@@ -314,7 +307,7 @@ fn quantised_flm_files_stay_near_transformers() {
             let mut model = load(&out);
             let vocab = model.config().vocab_size;
             let got = model.forward(&exec, &input, 0, Logits::All).unwrap();
-            let diff = max_diff(got, &want);
+            let diff = max_abs_diff(got, &want);
             assert!(diff <= bound, "{family} {}: max |Δ| = {diff}", dtype.name());
             for (pos, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
                 let best = flm_core::argmax(w);
@@ -366,7 +359,7 @@ fn llama3_scaling_in_the_transformers_4_form() {
         .forward(&exec, &input_ids(), 0, Logits::All)
         .unwrap()
         .to_vec();
-    let diff = max_diff(&got, &expected("llama3"));
+    let diff = max_abs_diff(&got, &expected("llama3"));
     assert!(diff <= TOLERANCE, "max |Δ| = {diff}");
 }
 
@@ -503,12 +496,8 @@ fn qwen_gemma_phi3_and_glm4_gguf_files_run_as_transformers() {
         };
         assert_eq!(gemma(&gguf), gemma(&hf), "{family}");
         assert_eq!(gguf.attention_scale(), hf.attention_scale(), "{family}");
-        let [prefill, _, stepped] = logits_three_ways(&path);
-        let want = expected(family);
-        for (how, got) in [("prefill", prefill), ("decode", stepped)] {
-            let diff = max_diff(&got, &want);
-            assert!(diff <= TOLERANCE, "{family}.gguf {how}: max |Δ| = {diff}");
-        }
+        let what = format!("{family}.gguf");
+        assert_prefill_and_decode_near(&path, &expected(family), TOLERANCE, &what);
     }
 }
 
@@ -544,12 +533,8 @@ fn mixture_gguf_files_run_as_transformers() {
         convert(&gguf, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
         let want = expected(family);
         for file in [&path, &out] {
-            let [prefill, _, stepped] = logits_three_ways(file);
-            for (how, got) in [("prefill", prefill), ("decode", stepped)] {
-                let diff = max_diff(&got, &want);
-                let name = file.display();
-                assert!(diff <= TOLERANCE, "{name} {how}: max |Δ| = {diff}");
-            }
+            let what = file.display().to_string();
+            assert_prefill_and_decode_near(file, &want, TOLERANCE, &what);
         }
     }
 }
@@ -571,12 +556,9 @@ fn q8_0_gguf_files_slice_fused_and_stacked_blocks() {
         let ckpt = import::load(&path).unwrap();
         let t = ckpt.tensors.iter().find(|t| t.name == sliced).unwrap();
         assert_eq!(t.encoding, Encoding::Native(DataType::Q8_0), "{family}");
-        let bytes = std::fs::read(data(&format!("hf-families/{family}/q8_0_logits_f32le.bin")));
-        let want: Vec<f32> = bytes
-            .unwrap()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let want = f32_file(&data(&format!(
+            "hf-families/{family}/q8_0_logits_f32le.bin"
+        )));
         let decoded = LlamaWeights::from_tensors(&ckpt.config, |name, _| {
             Ok(ckpt.tensor(name).unwrap().load()?.to_dtype(DataType::F32)?)
         })
@@ -586,17 +568,13 @@ fn q8_0_gguf_files_slice_fused_and_stacked_blocks() {
             .forward(&cpu_executor(), &input_ids(), 0, Logits::All)
             .unwrap()
             .to_vec();
-        let diff = max_diff(&got, &want);
+        let diff = max_abs_diff(&got, &want);
         assert!(
             diff <= TOLERANCE,
             "{family}-q8_0 decoded to f32: max |Δ| = {diff}"
         );
-        let [prefill, _, stepped] = logits_three_ways(&path);
-        for (how, got) in [("prefill", prefill), ("decode", stepped)] {
-            let diff = max_diff(&got, &want);
-            // Measured: 0.084 (phi3) and 0.158 (qwen2_moe).
-            assert!(diff <= 0.25, "{family}-q8_0 {how}: max |Δ| = {diff}");
-        }
+        // Measured: 0.084 (phi3) and 0.158 (qwen2_moe).
+        assert_prefill_and_decode_near(&path, &want, 0.25, &format!("{family}-q8_0"));
     }
 }
 
@@ -623,7 +601,7 @@ fn unknown_tensors_are_listed_as_ignored() {
         .forward(&cpu_executor(), &input_ids(), 0, Logits::All)
         .unwrap()
         .to_vec();
-    let diff = max_diff(&got, &expected("qwen3"));
+    let diff = max_abs_diff(&got, &expected("qwen3"));
     assert!(diff <= TOLERANCE, "max |Δ| = {diff}");
 }
 

@@ -7,7 +7,9 @@ use flm_core::KvDtype;
 use flm_models::import::{self, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::Graph;
-use flm_tests::{cpu_executor, data, greedy_on, ids, stories_logits, stories_reference};
+use flm_tests::{
+    cpu_executor, data, greedy_on, ids, max_abs_diff, stories_logits, stories_reference,
+};
 
 fn load(rel: &str) -> Llama {
     let ckpt = import::load(&data(rel)).expect("checkpoint loads");
@@ -87,11 +89,7 @@ fn greedy_from_bos_with_an_f16_kv_cache_matches_llama2c() {
         .forward(&exec, &prompt, 0, Logits::Last)
         .unwrap()
         .to_vec();
-    let diff = half
-        .iter()
-        .zip(&full)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let diff = max_abs_diff(&half, &full);
     assert!(diff > 0.0 && diff < 0.05, "largest logit change {diff}");
 }
 
@@ -120,12 +118,7 @@ fn teacher_forced_logits_match_within_1e_4() {
             );
         }
         for got in [&all, &stepped] {
-            assert_eq!(got.len(), expected.len());
-            let max_err = got
-                .iter()
-                .zip(&expected)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let max_err = max_abs_diff(got, &expected);
             assert!(max_err < 1e-4, "{rel}: max abs error {max_err}");
         }
     }

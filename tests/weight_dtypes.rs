@@ -3,12 +3,24 @@
 //! llama2.c v1 (fp32) and v2 (Q8_0) files, laid out here from the legacy file exactly as
 //! llama2.c's `export.py` writes them, load and reproduce the reference.
 
+use std::path::Path;
+
 use byteorder::{LittleEndian, WriteBytesExt};
 use flm_core::DataType;
 use flm_models::import::{self, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::Graph;
-use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference, weights_in};
+use flm_tests::{
+    cpu_executor, data, ids, max_abs_diff, stories_logits, stories_reference, weights_in,
+};
+
+/// Writes `bytes` to `path` and loads the model there, whose format must read as `format`.
+fn write_and_load(path: &Path, bytes: &[u8], format: Format) -> Llama {
+    std::fs::write(path, bytes).unwrap();
+    let ckpt = import::load(path).unwrap();
+    assert_eq!(ckpt.format, format);
+    Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap()
+}
 
 /// Max abs error of the teacher-forced logits against the reference, and the number of
 /// positions whose argmax differs.
@@ -19,11 +31,7 @@ fn logits_error(model: &mut Llama) -> (f32, usize) {
     let got = model
         .forward(&cpu_executor(), &input, 0, Logits::All)
         .unwrap();
-    let max_err = got
-        .iter()
-        .zip(&expected)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let max_err = max_abs_diff(got, &expected);
     let flips = got
         .chunks(512)
         .zip(expected.chunks(512))
@@ -146,11 +154,7 @@ fn llama2c_v1_and_v2_exports_load() {
     {
         v1.extend(f32_bytes(x));
     }
-    let path = dir.path().join("v1.bin");
-    std::fs::write(&path, &v1).unwrap();
-    let ckpt = import::load(&path).unwrap();
-    assert_eq!(ckpt.format, Format::Llama2cV1);
-    let mut model = Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
+    let mut model = write_and_load(&dir.path().join("v1.bin"), &v1, Format::Llama2cV1);
     let (err, flips) = logits_error(&mut model);
     assert!(err < 1e-4 && flips == 0, "v1: {err}, {flips}");
 
@@ -169,10 +173,7 @@ fn llama2c_v1_and_v2_exports_load() {
         }
     }
     let path = dir.path().join("v2.bin");
-    std::fs::write(&path, &v2).unwrap();
-    let ckpt = import::load(&path).unwrap();
-    assert_eq!(ckpt.format, Format::Llama2cV2);
-    let mut model = Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap();
+    let mut model = write_and_load(&path, &v2, Format::Llama2cV2);
     let (err, flips) = logits_error(&mut model);
     // Q8_0 rounds each weight by at most scale/2 = absmax/254 per group (measured 0.29).
     assert!(

@@ -2,13 +2,9 @@
 //! `Llama::forward` on the shipped stories260K, bit for bit: sequences at different positions, mixing
 //! prefill chunks and decode rows in one batch, block tables scattered over the pool.
 
-mod common;
-
 use flm_core::{DataType, PagedKvCache};
-use flm_models::Model;
-use flm_models::{BatchSeq, Logits};
-
-use common::{exec, stories260k};
+use flm_models::BatchSeq;
+use flm_tests::{assert_batched_equals_single, batch_invariant_executor as exec, stories260k};
 
 /// A sequence of the test: its tokens and the chunks it runs in, step by step (`0`: it sits
 /// this step out).
@@ -66,40 +62,19 @@ fn batched_forward_equals_single_sequence_forward() {
         })
         .collect();
     let mut batch = model.batch(4).unwrap();
-    let mut singles: Vec<Model> = scripts.iter().map(|_| model.instance().unwrap()).collect();
-    let mut done = vec![0; scripts.len()];
-    for step in 0..4 {
-        let mut seqs = Vec::new();
-        let mut who = Vec::new();
-        for (i, s) in scripts.iter().enumerate() {
-            let n = s.chunks[step];
-            if n == 0 {
-                continue;
-            }
-            seqs.push(BatchSeq {
-                tokens: &s.tokens[done[i]..done[i] + n],
-                start_pos: done[i],
-                blocks: &tables[i],
-            });
-            who.push(i);
-        }
-        let got = batch.forward(&exec, &mut kv, &seqs).unwrap().to_vec();
-        assert_eq!(got.len(), seqs.len() * c.vocab_size);
-        for (row, (&i, seq)) in who.iter().zip(&seqs).enumerate() {
-            let want = singles[i]
-                .forward(&exec, seq.tokens, seq.start_pos, Logits::Last)
-                .unwrap();
-            let got = &got[row * c.vocab_size..][..c.vocab_size];
-            // Every kernel is batch invariant: a row's bits do not depend on its batch.
-            assert!(
-                got.iter()
-                    .zip(want)
-                    .all(|(g, w)| g.to_bits() == w.to_bits()),
-                "step {step}, sequence {i}: the batched logits differ from the single ones"
-            );
-            done[i] += seq.tokens.len();
-        }
-    }
+    let seqs: Vec<(&[u32], &[usize])> = scripts
+        .iter()
+        .map(|s| (&s.tokens[..], &s.chunks[..]))
+        .collect();
+    assert_batched_equals_single(
+        &model,
+        &exec,
+        batch.as_mut(),
+        &mut kv,
+        &seqs,
+        &tables,
+        "stories260K",
+    );
 }
 
 #[test]

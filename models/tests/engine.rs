@@ -3,8 +3,6 @@
 //! all of them makes them wait (and preempts) yet every one finishes; cancellation frees the
 //! blocks at once; bad requests are refused synchronously.
 
-mod common;
-
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
@@ -16,7 +14,7 @@ use flm_models::session::{GenerateParams, Session};
 use flm_models::{Error, SharedModel};
 use flm_tokenizer::Tokenizer;
 
-use common::{exec, stories260k};
+use flm_tests::{batch_invariant_executor as exec, stories260k, stories_logits};
 
 /// 32 different prompts: story openings with a name and a thing, after `preamble`.
 fn prompts(tokenizer: &Tokenizer, preamble: &str) -> Vec<Vec<u32>> {
@@ -277,11 +275,7 @@ fn a_finished_requests_prefix_is_reused_by_later_requests() {
 #[test]
 fn logprobs_equal_the_log_softmax_of_transformers_logits() {
     let (model, _) = stories260k(Some(256));
-    let bytes = std::fs::read(common::data("stories260K/stories260K_logits_f32le.bin")).unwrap();
-    let hf: Vec<f64> = bytes
-        .chunks_exact(4)
-        .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-        .collect();
+    let hf: Vec<f64> = stories_logits().into_iter().map(f64::from).collect();
     let last = &hf[7 * 512..8 * 512];
     let max = last.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let log_z = max + last.iter().map(|v| (v - max).exp()).sum::<f64>().ln();

@@ -9,15 +9,13 @@ mod bpe;
 #[path = "gguf/damaged.rs"]
 mod damaged;
 
-mod common;
-
-use common::data;
-use flm_core::{argmax, Executor, RopeStyle};
-use flm_devices::{ActivationBits, CpuDevice};
+use flm_core::{argmax, Data, Executor, RopeStyle};
+use flm_devices::ActivationBits;
 use flm_models::import::{self, Checkpoint, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::Graph;
-use serde_json::Value;
+use flm_tests::tokenizer::llama_cpp_cases;
+use flm_tests::{cpu_executor_with, data, f32_file, ids, stories_reference};
 
 const F32: &str = "gguf/stories260K-f32.gguf";
 const Q8_0: &str = "gguf/stories260K-q8_0.gguf";
@@ -32,29 +30,18 @@ fn load(rel: &str) -> Checkpoint {
     import::load(&data(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
+/// The tensor `name` of `ckpt`, loaded.
+fn tensor(ckpt: &Checkpoint, name: &str) -> Data {
+    ckpt.tensor(name.parse().unwrap()).unwrap().load().unwrap()
+}
+
 fn model(rel: &str) -> Llama {
     let ckpt = load(rel);
     Llama::new(ckpt.config.clone(), LlamaWeights::load(&ckpt).unwrap()).unwrap()
 }
 
-fn reference() -> Value {
-    let text = std::fs::read_to_string(data("stories260K/stories260K_reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    let list = v.as_array().unwrap();
-    list.iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
 fn exec() -> Executor {
-    exec_with(ActivationBits::Int8)
-}
-
-/// A CPU executor whose quantised Linears use `bits` activations.
-fn exec_with(bits: ActivationBits) -> Executor {
-    let cpu = CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has");
-    Executor::with_profiling(vec![Box::new(cpu.with_activation_bits(bits))], false)
+    cpu_executor_with(ActivationBits::Int8)
 }
 
 #[test]
@@ -96,7 +83,7 @@ fn config_and_tensors_match_the_llama2c_checkpoint() {
 
 #[test]
 fn f32_greedy_from_prompt_matches_transformers() {
-    let r = reference();
+    let r = stories_reference();
     let prompt = ids(&r["greedy_prompt"]["input_ids"]);
     let expected = ids(&r["greedy_prompt"]["output_ids"]);
     let (mut m, exec) = (model(F32), exec());
@@ -110,14 +97,6 @@ fn f32_greedy_from_prompt_matches_transformers() {
     assert_eq!(out, expected);
 }
 
-fn logits_file(rel: &str) -> Vec<f32> {
-    let bytes = std::fs::read(data(rel)).unwrap();
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
 /// Teacher-forced logits `[8, 512]` of `model_rel` against the logits file `expected`:
 /// the largest absolute error and whether every row keeps its argmax.
 fn logits_error(model_rel: &str, expected: &str) -> (f32, bool) {
@@ -126,10 +105,10 @@ fn logits_error(model_rel: &str, expected: &str) -> (f32, bool) {
 
 /// [`logits_error`] with `bits` activations.
 fn logits_error_with(bits: ActivationBits, model_rel: &str, expected: &str) -> (f32, bool) {
-    let input = ids(&reference()["logits_file"]["input_ids"]);
-    let expected = logits_file(expected);
+    let input = ids(&stories_reference()["logits_file"]["input_ids"]);
+    let expected = f32_file(&data(expected));
     let got = model(model_rel)
-        .forward(&exec_with(bits), &input, 0, Logits::All)
+        .forward(&cpu_executor_with(bits), &input, 0, Logits::All)
         .unwrap()
         .to_vec();
     assert_eq!(got.len(), expected.len());
@@ -205,14 +184,14 @@ fn f32_decoded_error(ckpt: &Checkpoint, expected: &str) -> f32 {
             .to_dtype(flm_core::DataType::F32)?)
     })
     .unwrap();
-    let input = ids(&reference()["logits_file"]["input_ids"]);
+    let input = ids(&stories_reference()["logits_file"]["input_ids"]);
     let got = Llama::new(ckpt.config.clone(), f32_weights)
         .unwrap()
         .forward(&exec(), &input, 0, Logits::All)
         .unwrap()
         .to_vec();
     got.iter()
-        .zip(logits_file(expected))
+        .zip(f32_file(&data(expected)))
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
 }
 
@@ -224,20 +203,9 @@ fn f32_decoded_error(ckpt: &Checkpoint, expected: &str) -> f32 {
 #[test]
 fn quantised_blocks_decode_to_the_original_weights() {
     let f32 = load(F32);
-    let want = f32
-        .tensor("layers.2.wq".parse().unwrap())
-        .unwrap()
-        .load()
-        .unwrap()
-        .to_f32_vec()
-        .unwrap();
+    let want = tensor(&f32, "layers.2.wq").to_f32_vec().unwrap();
     for (rel, levels, max_steps) in [(Q8_0, 127.0, 0.6), (Q4_0, 8.0, 1.01)] {
-        let got = load(rel)
-            .tensor("layers.2.wq".parse().unwrap())
-            .unwrap()
-            .load()
-            .unwrap();
-        let got = got.to_f32_vec().unwrap();
+        let got = tensor(&load(rel), "layers.2.wq").to_f32_vec().unwrap();
         for (block, (g, w)) in got.chunks(32).zip(want.chunks(32)).enumerate() {
             let d = w.iter().fold(0.0f32, |m, x| m.max(x.abs())) / levels;
             for (i, (g, w)) in g.iter().zip(w).enumerate() {
@@ -278,17 +246,9 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
         (Q8_0, DataType::Q8_0, true),
     ] {
         let ckpt = load(rel);
-        let wq = ckpt
-            .tensor("layers.0.wq".parse().unwrap())
-            .unwrap()
-            .load()
-            .unwrap();
+        let wq = tensor(&ckpt, "layers.0.wq");
         assert_eq!((wq.dtype(), wq.is_mapped()), (dtype, mapped), "{rel}");
-        let down = ckpt
-            .tensor("layers.0.w_down".parse().unwrap())
-            .unwrap()
-            .load()
-            .unwrap();
+        let down = tensor(&ckpt, "layers.0.w_down");
         assert_eq!(
             (down.dtype(), down.is_mapped()),
             (DataType::F16, true),
@@ -298,11 +258,7 @@ fn ggml_tensors_load_in_their_flm_dtypes() {
         assert!(notes.is_empty(), "{rel}: nothing is lost: {notes:?}");
     }
     let q5_1 = load(Q5_1);
-    let wq = q5_1
-        .tensor("layers.0.wq".parse().unwrap())
-        .unwrap()
-        .load()
-        .unwrap();
+    let wq = tensor(&q5_1, "layers.0.wq");
     assert_eq!(wq.dtype(), DataType::I8);
     let notes = q5_1.load_notes();
     assert_eq!(notes.len(), 1, "{notes:?}");
@@ -354,7 +310,7 @@ fn keeps_types_and_logits(mut ckpt: Checkpoint, rel: &str, types: &[(&str, flm_c
         let t = flm.tensor(name.parse().unwrap()).unwrap();
         assert_eq!(t.load().unwrap().dtype(), dtype, "{name}");
     }
-    let input = ids(&reference()["logits_file"]["input_ids"]);
+    let input = ids(&stories_reference()["logits_file"]["input_ids"]);
     let run = |c: &Checkpoint| {
         let mut m = Llama::new(c.config.clone(), LlamaWeights::load(c).unwrap()).unwrap();
         m.forward(&exec(), &input, 0, Logits::All).unwrap().to_vec()
@@ -408,30 +364,14 @@ fn embedded_tokenizer() {
         assert!(tok.add_bos());
         let template = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
         assert_eq!(tok.chat_template(), Some(template));
-        for (text, _) in reference()["tok512_encode_cases"].as_object().unwrap() {
+        for (text, _) in stories_reference()["tok512_encode_cases"]
+            .as_object()
+            .unwrap()
+        {
             let want = tok512.encode(text, false).unwrap();
             assert_eq!(tok.encode(text, false).unwrap(), want, "{rel}: {text:?}");
         }
     }
-}
-
-/// The 46 llama.cpp cases of `ggml-vocab-{vocab}.gguf` (tests/data/SOURCES.md): (text,
-/// ids without BOS).
-fn llama_cpp_cases(vocab: &str) -> Vec<(String, Vec<u32>)> {
-    let inp = std::fs::read(data(&format!("llama.cpp/ggml-vocab-{vocab}.gguf.inp"))).unwrap();
-    let inp = String::from_utf8(inp).unwrap();
-    let mut texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
-    assert_eq!(texts.pop(), Some(""));
-    let out = data(&format!("llama.cpp/ggml-vocab-{vocab}.gguf.out"));
-    let out = std::fs::read_to_string(out).unwrap();
-    let parse = |l: &str| l.split_whitespace().map(|x| x.parse().unwrap()).collect();
-    let cases: Vec<_> = texts
-        .iter()
-        .zip(out.split('\n'))
-        .map(|(t, l)| (t.to_string(), parse(l)))
-        .collect();
-    assert_eq!(cases.len(), 46);
-    cases
 }
 
 #[test]
@@ -439,7 +379,7 @@ fn llama_cpp_vocab_file_encodes_all_46_cases() {
     let tok = import::load_gguf_tokenizer(&data(VOCAB)).unwrap();
     let special = (tok.vocab_size(), tok.bos_id(), tok.eos_id());
     assert_eq!(special, (32000, Some(1), Some(2)));
-    for (i, (text, expected)) in llama_cpp_cases("llama-spm").into_iter().enumerate() {
+    for (i, (text, expected)) in llama_cpp_cases().into_iter().enumerate() {
         let got = tok.encode(&text, false).unwrap();
         assert_eq!(got, expected, "case {i}: {text:?}");
         assert_eq!(tok.decode(&got).unwrap(), text, "case {i} decodes back");

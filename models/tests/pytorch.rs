@@ -2,51 +2,25 @@
 //! the stories260K state dict loads and generates what transformers generates, and
 //! malicious, truncated or corrupted files are refused with an error, never a panic.
 
-mod common;
-
 use std::io::{Cursor, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-use common::data;
-use flm_core::Executor;
-use flm_devices::CpuDevice;
 use flm_models::import::{self, Checkpoint, Format};
-use flm_models::llama::{Llama, LlamaWeights, Logits};
-use flm_models::Graph;
+use flm_models::llama::{Llama, LlamaWeights};
+use flm_tests::{cpu_executor, data, greedy_on, ids, stories_reference};
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipArchive, ZipWriter};
 
 /// Prefills `prompt`, then decodes `steps` greedy tokens one at a time.
 fn greedy(ckpt: &Checkpoint, prompt: &[u32], steps: usize) -> Vec<u32> {
-    let exec = Executor::with_profiling(
-        vec![Box::new(
-            CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has"),
-        )],
-        false,
-    );
     let mut model = Llama::new(ckpt.config.clone(), LlamaWeights::load(ckpt).unwrap()).unwrap();
-    let mut logits = model.forward(&exec, prompt, 0, Logits::Last).unwrap();
-    let mut out = Vec::new();
-    for step in 0..steps {
-        let next = flm_core::argmax(logits);
-        out.push(next);
-        if step + 1 < steps {
-            let pos = prompt.len() + step;
-            logits = model.forward(&exec, &[next], pos, Logits::Last).unwrap();
-        }
-    }
-    out
+    greedy_on(&cpu_executor(), &mut model, prompt, steps)
 }
 
 /// `greedy_prompt` of stories260K_reference.json: its input and output ids.
 fn reference() -> (Vec<u32>, Vec<u32>) {
-    let text = std::fs::read_to_string(data("stories260K/stories260K_reference.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        let ids = v.as_array().unwrap().iter();
-        ids.map(|x| x.as_u64().unwrap() as u32).collect()
-    };
+    let json = stories_reference();
     let case = &json["greedy_prompt"];
     (ids(&case["input_ids"]), ids(&case["output_ids"]))
 }

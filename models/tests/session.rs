@@ -3,23 +3,14 @@
 //! stop reason (stop tokens included), KV-cache reuse across calls, and two instances over
 //! one shared model on two threads.
 
-mod common;
-
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use flm_core::SamplerConfig;
 use flm_models::session::{GenerateParams, Generation, Session, StopReason};
 use flm_models::{Error, SharedModel};
+use flm_tests::{batch_invariant_executor as exec, ids, stories260k, stories_reference};
 use flm_tokenizer::Tokenizer;
-use serde_json::Value;
-
-use common::{data, exec, stories260k};
-
-fn reference() -> Value {
-    let text = std::fs::read_to_string(data("stories260K/stories260K_reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
 
 fn new_session(model: &SharedModel, tokenizer: &Arc<Tokenizer>) -> Session {
     Session::new(model.instance().unwrap(), Arc::clone(tokenizer)).unwrap()
@@ -56,19 +47,11 @@ fn run(
     (ids, text, generation)
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn greedy_ids_and_text_match_llama2c() {
     let (model, tokenizer) = stories260k(None);
     let mut session = new_session(&model, &tokenizer);
-    let case = &reference()["greedy_prompt"];
+    let case = &stories_reference()["greedy_prompt"];
     let max = case["max_new_tokens"].as_u64().unwrap() as usize;
     let (got, text, generation) = run(
         &mut session,
@@ -165,15 +148,21 @@ fn run_tokens(
     (ids, generation)
 }
 
+/// A session over stories260K, the input ids of the reference's `greedy_prompt` and the
+/// tokens transformers generates after them.
+fn greedy_prompt_session() -> (Session, Vec<u32>, Vec<u32>) {
+    let (model, tokenizer) = stories260k(None);
+    let case = &stories_reference()["greedy_prompt"];
+    let expected = ids(&case["output_ids"]);
+    let new_tokens = case["max_new_tokens"].as_u64().unwrap() as usize;
+    let continuation = expected[expected.len() - new_tokens..].to_vec();
+    let input = ids(&case["input_ids"]);
+    (new_session(&model, &tokenizer), input, continuation)
+}
+
 #[test]
 fn a_prompt_extending_the_cached_sequence_prefills_only_its_new_tokens() {
-    let (model, tokenizer) = stories260k(None);
-    let mut session = new_session(&model, &tokenizer);
-    let case = &reference()["greedy_prompt"];
-    let input = ids(&case["input_ids"]);
-    let expected = ids(&case["output_ids"]);
-    let continuation =
-        &expected[expected.len() - case["max_new_tokens"].as_u64().unwrap() as usize..];
+    let (mut session, input, continuation) = greedy_prompt_session();
     let greedy = |max| params(max, SamplerConfig::default());
     let (first, generation) = run_tokens(&mut session, &input, &greedy(8));
     assert_eq!(first, continuation[..8]);
@@ -195,13 +184,7 @@ fn a_prompt_extending_the_cached_sequence_prefills_only_its_new_tokens() {
 
 #[test]
 fn a_stop_token_ends_generation_before_it_is_handed_out() {
-    let (model, tokenizer) = stories260k(None);
-    let mut session = new_session(&model, &tokenizer);
-    let case = &reference()["greedy_prompt"];
-    let input = ids(&case["input_ids"]);
-    let expected = ids(&case["output_ids"]);
-    let continuation =
-        &expected[expected.len() - case["max_new_tokens"].as_u64().unwrap() as usize..];
+    let (mut session, input, continuation) = greedy_prompt_session();
     let stop_at = 6;
     let stop = continuation[stop_at];
     let first = continuation.iter().position(|&t| t == stop).unwrap();

@@ -9,9 +9,9 @@
 
 use std::path::PathBuf;
 
-use flm_core::Executor;
-use flm_devices::{ActivationBits, CpuDevice};
+use flm_devices::ActivationBits;
 use flm_models::{eval, import, session};
+use flm_tests::{cpu_executor_with, ids, json};
 use flm_tokenizer::{Message, Tokenizer};
 use serde_json::Value;
 
@@ -33,23 +33,9 @@ fn gguf() -> Option<PathBuf> {
     }
 }
 
+/// `tests/data/smollm2/smollm2_reference.json`.
 fn reference() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/data/smollm2/smollm2_reference.json"
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    let list = v.as_array().unwrap();
-    list.iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-/// A CPU executor whose int4 kernels dot the weights against `bits` activations.
-fn exec(bits: ActivationBits) -> Executor {
-    let cpu = CpuDevice::new().unwrap().with_activation_bits(bits);
-    Executor::with_profiling(vec![Box::new(cpu)], false)
+    json("smollm2/smollm2_reference.json")
 }
 
 #[test]
@@ -75,20 +61,28 @@ fn tokenizer_and_chat_prompt_equal_transformers() {
 }
 
 /// Teacher-forced top-1 agreement with transformers and perplexity over the reference text,
-/// with `bits` activations.
-fn teacher_forced(path: &std::path::Path, bits: ActivationBits) -> (f64, f64) {
+/// with `bits` activations: the agreement must be at least `min_agreement` and the
+/// perplexity within `max_ppl_change` (relative) of transformers'. Skips without the file.
+fn assert_teacher_forced(bits: ActivationBits, min_agreement: f64, max_ppl_change: f64) {
+    let Some(path) = gguf() else { return };
     let r = reference();
     let text = &r["text"];
     let tokens = ids(&text["ids"]);
     let want_top1 = ids(&text["argmax"]);
-    let (model, _) = session::load_model(path, None, Some(tokens.len())).unwrap();
+    let (model, _) = session::load_model(&path, None, Some(tokens.len())).unwrap();
     let mut model = model.instance().unwrap();
     // One window of the whole text, as transformers ran it.
     let window = eval::Window {
         tokens,
         scored_from: 1,
     };
-    let got = eval::teacher_forced(&mut model, &exec(bits), &[window], |_, _, _| {}).unwrap();
+    let got = eval::teacher_forced(
+        &mut model,
+        &cpu_executor_with(bits),
+        &[window],
+        |_, _, _| {},
+    )
+    .unwrap();
     let agree = got
         .predictions
         .iter()
@@ -105,7 +99,11 @@ fn teacher_forced(path: &std::path::Path, bits: ActivationBits) -> (f64, f64) {
         100.0 * agreement,
         100.0 * ppl_change
     );
-    (agreement, ppl_change)
+    assert!(agreement >= min_agreement, "top-1 agreement {agreement}");
+    assert!(
+        ppl_change.abs() <= max_ppl_change,
+        "perplexity {ppl_change:+}"
+    );
 }
 
 // The weights are the file's values exactly (Q4_1 repacked as int4-g32, the Q8_0 embedding
@@ -114,23 +112,17 @@ fn teacher_forced(path: &std::path::Path, bits: ActivationBits) -> (f64, f64) {
 
 #[test]
 fn teacher_forced_top1_and_perplexity_match_transformers_with_16_bit_activations() {
-    let Some(path) = gguf() else { return };
-    let (agreement, ppl_change) = teacher_forced(&path, ActivationBits::Int16);
-    assert!(agreement >= 0.98, "top-1 agreement {agreement}");
-    assert!(ppl_change.abs() <= 0.02, "perplexity {ppl_change:+}");
+    assert_teacher_forced(ActivationBits::Int16, 0.98, 0.02);
 }
 
 #[test]
 fn teacher_forced_top1_with_int8_activations_on_a_par_with_llama_cpp() {
-    let Some(path) = gguf() else { return };
     // int8 blocks of 32, as ggml dots Q4_1 against Q8_1. The bound is a point below what
     // llama.cpp gives on the same file and text (tools/gguf/llamacpp_top1.cpp; figures in
     // docs/benchmarks.md): the instruction-set levels sum the quantised products in
     // different orders, and the text has many near ties between transformers' top two
     // tokens, which those orders break differently.
-    let (agreement, ppl_change) = teacher_forced(&path, ActivationBits::Int8);
-    assert!(agreement >= 0.955, "top-1 agreement {agreement}");
-    assert!(ppl_change.abs() <= 0.01, "perplexity {ppl_change:+}");
+    assert_teacher_forced(ActivationBits::Int8, 0.955, 0.01);
 }
 
 /// How many of the reference's chat prompts give transformers' 8 greedy tokens with `bits`
@@ -138,7 +130,7 @@ fn teacher_forced_top1_with_int8_activations_on_a_par_with_llama_cpp() {
 fn greedy_prompts_equal(path: &std::path::Path, bits: ActivationBits) -> usize {
     let r = reference();
     let (shared, _) = session::load_model(path, None, Some(256)).unwrap();
-    let exec = exec(bits);
+    let exec = cpu_executor_with(bits);
     let cases = r["greedy"].as_array().unwrap();
     let mut equal = 0;
     for case in cases {

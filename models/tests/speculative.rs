@@ -4,8 +4,6 @@
 //! in plain generation, the tokens of a round distributed as the target's (chi-square), a
 //! sampled run that is reproducible and leaves a consistent KV cache, and the refusals.
 
-mod common;
-
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,9 +14,8 @@ use flm_models::session::{self, GenerateParams, Generation, Session, StopReason}
 use flm_models::speculative::{check_same_vocabulary, Draft};
 use flm_models::{import, llama::Logits, Model, SharedModel};
 use flm_tokenizer::Tokenizer;
-use serde_json::Value;
 
-use common::{data, exec, stories260k};
+use flm_tests::{batch_invariant_executor as exec, data, emulated, stories260k, stories_reference};
 
 /// stories260K converted to `dtype` by `flm convert`'s code into `dir`, loaded back.
 fn converted(dtype: DataType, dir: &Path, context: Option<usize>) -> (SharedModel, Tokenizer) {
@@ -69,20 +66,11 @@ fn run(s: &mut Session, prompt: &str, params: &GenerateParams) -> (Vec<u32>, Str
     (ids, text, g)
 }
 
-/// Whether the tests run under an emulator (`FLM_TEST_RUNNER`, set by `.ci/run`'s aarch64
-/// section), where a step costs ~50 times a native one.
-fn emulated() -> bool {
-    std::env::var("FLM_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty())
-}
-
 #[test]
 fn greedy_output_is_plain_greedy_output() {
     let dir = tempfile::tempdir().unwrap();
     let (model, tokenizer) = stories260k(None);
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(data("stories260K/stories260K_reference.json")).unwrap(),
-    )
-    .unwrap();
+    let reference = stories_reference();
     let from_bos = reference["greedy_from_bos"]["output_text"]
         .as_str()
         .unwrap();

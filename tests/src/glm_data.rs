@@ -6,8 +6,11 @@
 
 use std::path::Path;
 
+use flm_models::Model;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
+
+use crate::cpu_executor;
 
 /// The models of chatglm.cpp's test data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +25,45 @@ pub enum Family {
     Baichuan { alibi: bool },
     /// InternLM.
     InternLm,
+}
+
+/// Every model file: name, family, whether it starts with a p-tuning v2 prefix.
+pub const MODELS: [(&str, Family, bool); 9] = [
+    ("glm_model.data", Family::Glm, false),
+    ("glm_ptuning_v2_model.data", Family::Glm, true),
+    ("glm2_model.data", Family::Glm2, false),
+    ("glm3_model.data", Family::Glm2, false),
+    ("glm3_ptuning_v2_model.data", Family::Glm2, true),
+    ("glm4_model.data", Family::Glm4, false),
+    (
+        "baichuan7b_model.data",
+        Family::Baichuan { alibi: false },
+        false,
+    ),
+    (
+        "baichuan13b_model.data",
+        Family::Baichuan { alibi: true },
+        false,
+    ),
+    ("internlm_model.data", Family::InternLm, false),
+];
+
+/// Runs the three steps of `steps` on `model`, one KV cache, on the CPU; returns the largest
+/// absolute error of the hidden states after the final norm and the largest expected
+/// magnitude.
+pub fn run_steps(model: &mut Model, steps: &Steps) -> (f32, f32) {
+    let exec = cpu_executor();
+    let (mut err, mut mag, mut pos) = (0.0f32, 0.0f32, 0);
+    for (tokens, want) in steps {
+        let got = model.hidden_states(&exec, tokens, pos).expect("forward");
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            err = err.max((g - w).abs());
+            mag = mag.max(w.abs());
+        }
+        pos += tokens.len();
+    }
+    (err, mag)
 }
 
 /// Reads the raw little-endian tensors of a `.data` file in order.

@@ -3,18 +3,22 @@
 
 pub mod fuzz;
 pub mod glm_data;
+pub mod tokenizer;
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
-use flm_core::{Data, DataType, Executor, KvDtype, Location, SamplerConfig};
-use flm_devices::CpuDevice;
+use flm_core::{Data, DataType, Executor, KvDtype, Location, PagedKvCache, SamplerConfig};
+use flm_devices::{ActivationBits, CpuDevice};
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
-use flm_models::{import, Graph, Placement, SharedGraph, SharedModel};
+use flm_models::{
+    import, BatchSeq, BatchedForward, Graph, Model, Placement, SharedGraph, SharedModel,
+};
+use flm_tokenizer::Tokenizer;
 use serde_json::Value;
 
 /// `tests/data` of the repository.
@@ -27,27 +31,55 @@ pub fn data(rel: &str) -> PathBuf {
     data_dir().join(rel)
 }
 
+/// The JSON file `rel` below `tests/data`, parsed; panics with the path when it cannot be
+/// read or parsed.
+pub fn json(rel: &str) -> Value {
+    let bytes = std::fs::read(data(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
 /// Whether the tests run under an emulator: `FLM_TEST_RUNNER` is set (`.ci/run`'s aarch64
 /// section sets it to `qemu-aarch64 -cpu ...`), where a step costs ~50 times a native one.
 pub fn emulated() -> bool {
     std::env::var("FLM_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty())
 }
 
+/// The CPU device at its best level, or the one `FLM_CPU_ISA` names.
+fn cpu() -> CpuDevice {
+    CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has")
+}
+
 /// An executor with the CPU device, profiling off.
 pub fn cpu_executor() -> Executor {
-    Executor::with_profiling(
-        vec![Box::new(
-            CpuDevice::new().expect("FLM_CPU_ISA names a level this CPU has"),
-        )],
-        false,
-    )
+    Executor::with_profiling(vec![Box::new(cpu())], false)
+}
+
+/// An executor with the CPU device whose quantised Linears dot their weights against
+/// `bits` activations, profiling off.
+pub fn cpu_executor_with(bits: ActivationBits) -> Executor {
+    Executor::with_profiling(vec![Box::new(cpu().with_activation_bits(bits))], false)
+}
+
+/// A batch-invariant executor on the CPU at its best level (or the one `FLM_CPU_ISA`
+/// names), as the engine and speculative decoding make theirs, so that a sequence run alone
+/// is comparable bit for bit with the same sequence batched.
+pub fn batch_invariant_executor() -> Executor {
+    let exec = cpu_executor();
+    exec.require_batch_invariance();
+    exec
+}
+
+/// llama2.c's stories260K (`stories260K/stories260K.bin`) with its tokenizer, its context
+/// cut to `context`, loaded as sessions load models.
+pub fn stories260k(context: Option<usize>) -> (SharedModel, Arc<Tokenizer>) {
+    let path = data("stories260K/stories260K.bin");
+    let (model, tokenizer) = session::load_model(&path, None, context).unwrap();
+    (model, Arc::new(tokenizer))
 }
 
 /// `stories260K_reference.json` (generated with HF transformers, see SOURCES.md).
 pub fn stories_reference() -> Value {
-    let text = std::fs::read_to_string(data("stories260K/stories260K_reference.json"))
-        .expect("reference json");
-    serde_json::from_str(&text).expect("reference json parses")
+    json("stories260K/stories260K_reference.json")
 }
 
 /// A JSON array of integers as token ids.
@@ -59,13 +91,27 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// The reference logits `[8, 512]` of `stories260K_logits_f32le.bin`.
-pub fn stories_logits() -> Vec<f32> {
-    let bytes = std::fs::read(data("stories260K/stories260K_logits_f32le.bin")).expect("logits");
+/// The little-endian f32 values of the file `path` (the logits files of `tests/data`).
+pub fn f32_file(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
+}
+
+/// The largest absolute difference between `a` and `b`, which must be as long.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The reference logits `[8, 512]` of `stories260K_logits_f32le.bin`.
+pub fn stories_logits() -> Vec<f32> {
+    f32_file(&data("stories260K/stories260K_logits_f32le.bin"))
 }
 
 /// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
@@ -134,12 +180,11 @@ pub fn every_sampling_option() -> SamplerConfig {
 /// `sampler` (end-of-sequence ignored), every layer in the memory of `at` (host memory:
 /// not placed).
 pub fn session_ids(exec: &Executor, at: Location, sampler: &SamplerConfig) -> Vec<u32> {
-    let path = data("stories260K/stories260K.bin");
-    let (model, tokenizer) = session::load_model(&path, None, None).unwrap();
+    let (model, tokenizer) = stories260k(None);
     let model = model
         .place(exec, |c, _| Ok(Placement::first_layers(c.n_layers, at, 99)))
         .unwrap();
-    let mut session = Session::new(model.instance().unwrap(), tokenizer.into()).unwrap();
+    let mut session = Session::new(model.instance().unwrap(), tokenizer).unwrap();
     let params = GenerateParams {
         sampler: sampler.clone(),
         max_tokens: 60,
@@ -217,6 +262,55 @@ pub fn weights_in(
         *dst = c(TensorName::Classifier, src);
     }
     out
+}
+
+/// Runs sequences step by step through `batch` over `kv`, and each alone through its own
+/// instance of `model`, asserting that every row of the batch's logits equals those of its
+/// sequence alone, bit for bit (every kernel is batch invariant on `exec`). Sequence `i` is
+/// `seqs[i]`, its tokens and how many of them it runs at each step (0: it sits the step
+/// out), in the KV blocks `tables[i]`; `what` names the case in a failure.
+pub fn assert_batched_equals_single(
+    model: &SharedModel,
+    exec: &Executor,
+    batch: &mut dyn BatchedForward,
+    kv: &mut PagedKvCache,
+    seqs: &[(&[u32], &[usize])],
+    tables: &[Vec<u32>],
+    what: &str,
+) {
+    let vocab = model.config().vocab_size;
+    let mut singles: Vec<Model> = seqs.iter().map(|_| model.instance().unwrap()).collect();
+    let mut done = vec![0; seqs.len()];
+    for step in 0..seqs[0].1.len() {
+        let mut batch_seqs = Vec::new();
+        let mut who = Vec::new();
+        for (i, (tokens, chunks)) in seqs.iter().enumerate() {
+            let n = chunks[step];
+            if n > 0 {
+                batch_seqs.push(BatchSeq {
+                    tokens: &tokens[done[i]..done[i] + n],
+                    start_pos: done[i],
+                    blocks: &tables[i],
+                });
+                who.push(i);
+            }
+        }
+        let got = batch.forward(exec, kv, &batch_seqs).unwrap().to_vec();
+        assert_eq!(got.len(), batch_seqs.len() * vocab, "{what}: step {step}");
+        for (row, (&i, seq)) in who.iter().zip(&batch_seqs).enumerate() {
+            let want = singles[i]
+                .forward(exec, seq.tokens, seq.start_pos, Logits::Last)
+                .unwrap();
+            let got = &got[row * vocab..][..vocab];
+            assert!(
+                got.iter()
+                    .zip(want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "{what}: step {step}, sequence {i}: the batched logits differ from the single ones"
+            );
+            done[i] += seq.tokens.len();
+        }
+    }
 }
 
 /// Runs every `(prompt, max_tokens)` at once, greedy, through an engine over `model` on

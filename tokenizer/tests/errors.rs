@@ -1,8 +1,7 @@
 //! Files that are not tokenizers, cut short, or of an unsupported kind give clear errors.
 
-mod common;
-
-use common::{data, load, Rng};
+use flm_tests::tokenizer::{load, Rng};
+use flm_tests::{data, json};
 use flm_tokenizer::{Error, Tokenizer};
 
 fn read(rel: &str) -> Vec<u8> {
@@ -23,7 +22,7 @@ fn not_a_tokenizer() {
     assert!(msg.contains("model.safetensors"), "{msg}");
 
     let mut rng = Rng::new(7);
-    let random: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
+    let random: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
     assert!(matches!(err(&random), Error::NotATokenizer(_)));
     assert!(matches!(err(b""), Error::NotATokenizer(_)));
     assert!(matches!(err(b"hello world\n"), Error::NotATokenizer(_)));
@@ -104,7 +103,7 @@ fn unsupported_sentencepiece_models() {
 
 #[test]
 fn unsupported_tokenizer_json() {
-    let base: serde_json::Value = common::json("hf-stories260K/tokenizer.json");
+    let base: serde_json::Value = json("hf-stories260K/tokenizer.json");
     let unsupported = |edit: &dyn Fn(&mut serde_json::Value)| {
         let mut v = base.clone();
         edit(&mut v);
@@ -127,7 +126,7 @@ fn unsupported_tokenizer_json() {
 
 #[test]
 fn no_bos_token() {
-    let mut v: serde_json::Value = common::json("hf-stories260K/tokenizer.json");
+    let mut v: serde_json::Value = json("hf-stories260K/tokenizer.json");
     v["added_tokens"] = serde_json::json!([]);
     let tok = Tokenizer::from_bytes(&serde_json::to_vec(&v).unwrap()).unwrap();
     assert_eq!(tok.bos_id(), None);

@@ -2,9 +2,8 @@
 //! random text and random ids never panic; the Llama 2 and GPT-2 tokenizers round-trip
 //! random text.
 
-mod common;
-
-use common::{data, Rng};
+use flm_tests::data;
+use flm_tests::tokenizer::{load, stream, Rng};
 use flm_tokenizer::Tokenizer;
 
 const FILES: [&str; 5] = [
@@ -64,7 +63,7 @@ fn exercise(tok: &Tokenizer, rng: &mut Rng) {
         let _ = tok.encode(&text, false);
     }
     let n = tok.vocab_size() as u64 + 2;
-    let ids: Vec<u32> = (0..16).map(|_| (rng.next() % n) as u32).collect();
+    let ids: Vec<u32> = (0..16).map(|_| (rng.next_u64() % n) as u32).collect();
     let _ = tok.decode(&ids);
     let mut stream = tok.stream_decoder(rng.below(2) == 0);
     for &id in &ids {
@@ -73,17 +72,31 @@ fn exercise(tok: &Tokenizer, rng: &mut Rng) {
     stream.finish();
 }
 
+/// The bytes of each file, and whether it is large (over 100 kB: the tests try fewer of
+/// its damaged versions).
+fn file_bytes() -> impl Iterator<Item = (Vec<u8>, bool)> {
+    FILES.into_iter().map(|rel| {
+        let bytes = std::fs::read(data(rel)).unwrap();
+        let large = bytes.len() > 100_000;
+        (bytes, large)
+    })
+}
+
+/// Exercises the tokenizer of damaged `bytes` if they load.
+fn exercise_if_it_loads(bytes: &[u8], rng: &mut Rng) {
+    if let Ok(tok) = Tokenizer::from_bytes(bytes) {
+        exercise(&tok, rng);
+    }
+}
+
 #[test]
 fn truncations_never_panic() {
     let mut rng = Rng::new(1);
-    for rel in FILES {
-        let bytes = std::fs::read(data(rel)).unwrap();
-        let step = if bytes.len() > 100_000 { 4999 } else { 7 };
+    for (bytes, large) in file_bytes() {
+        let step = if large { 4999 } else { 7 };
         let lens = (0..bytes.len().min(300)).chain((300..bytes.len()).step_by(step));
         for len in lens {
-            if let Ok(tok) = Tokenizer::from_bytes(&bytes[..len]) {
-                exercise(&tok, &mut rng);
-            }
+            exercise_if_it_loads(&bytes[..len], &mut rng);
         }
     }
 }
@@ -91,9 +104,8 @@ fn truncations_never_panic() {
 #[test]
 fn corruptions_never_panic() {
     let mut rng = Rng::new(2);
-    for rel in FILES {
-        let original = std::fs::read(data(rel)).unwrap();
-        let rounds = if original.len() > 100_000 { 60 } else { 600 };
+    for (original, large) in file_bytes() {
+        let rounds = if large { 60 } else { 600 };
         for _ in 0..rounds {
             let mut bytes = original.clone();
             match rng.below(3) {
@@ -101,7 +113,7 @@ fn corruptions_never_panic() {
                 0 => {
                     for _ in 0..1 + rng.below(8) {
                         let i = rng.below(bytes.len());
-                        bytes[i] = rng.next() as u8;
+                        bytes[i] = rng.next_u64() as u8;
                     }
                 }
                 // Flip one bit.
@@ -112,13 +124,11 @@ fn corruptions_never_panic() {
                 // Splice in a run of random bytes.
                 _ => {
                     let i = rng.below(bytes.len());
-                    let junk: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+                    let junk: Vec<u8> = (0..rng.below(64)).map(|_| rng.next_u64() as u8).collect();
                     bytes.splice(i..i, junk);
                 }
             }
-            if let Ok(tok) = Tokenizer::from_bytes(&bytes) {
-                exercise(&tok, &mut rng);
-            }
+            exercise_if_it_loads(&bytes, &mut rng);
         }
     }
 }
@@ -127,7 +137,7 @@ fn corruptions_never_panic() {
 fn random_text_and_ids() {
     let mut rng = Rng::new(3);
     for rel in FILES.into_iter().chain(["tokenizer/gpt2/tokenizer.json"]) {
-        let tok = common::load(rel);
+        let tok = load(rel);
         // Files without whitespace collapsing give back exactly what they were given
         // (tok512.model trims spaces; tokenizer.json's Metaspace does not double a
         // leading "▁"); byte-level BPE loses nothing.
@@ -141,7 +151,7 @@ fn random_text_and_ids() {
             if round_trips && !text.contains('\u{2581}') {
                 assert_eq!(decoded, text, "{rel}");
             }
-            assert_eq!(common::stream(&tok, &ids, true).concat(), decoded);
+            assert_eq!(stream(&tok, &ids, true).concat(), decoded);
             exercise(&tok, &mut rng);
         }
     }

@@ -4,9 +4,7 @@
 //! against the ids Hugging Face `tokenizers` gives
 //! (`tests/data/tokenizer/gemma-style/make_gemma_style.py`).
 
-mod common;
-
-use common::{data, ids, json};
+use flm_tests::{data, ids, json};
 use flm_tokenizer::Tokenizer;
 
 #[test]

@@ -5,9 +5,8 @@
 //! (with its NFC normalizer) and Mistral-Nemo swapped in
 //! (`tests/data/tokenizer/gpt2/make_gpt2_cases.py`).
 
-mod common;
-
-use common::{gpt2_variant, ids, json, Gpt2Variant};
+use flm_tests::tokenizer::{gpt2_variant, llama_cpp_cases_of, stream, Gpt2Variant};
+use flm_tests::{ids, json};
 use flm_tokenizer::Tokenizer;
 
 fn check(name: &str) {
@@ -32,7 +31,7 @@ fn gpt2_tokenizer_json_matches_tokenizers() {
     check("gpt2");
     // The first 46 are llama.cpp's cases, whose ids llama.cpp recorded independently.
     let tok = gpt2_variant("gpt2").tok;
-    for (text, expected) in common::llama_cpp_cases_of("gpt-2") {
+    for (text, expected) in llama_cpp_cases_of("gpt-2") {
         assert_eq!(tok.encode(&text, false).unwrap(), expected, "{text:?}");
     }
     assert_eq!((tok.bos_id(), tok.eos_id()), (None, Some(50256)));
@@ -75,11 +74,7 @@ fn invalid_utf8_decodes_as_tokenizers_does() {
     for case in cases["decode_cases"].as_array().unwrap() {
         let (ids, text) = (ids(&case["ids"]), case["text"].as_str().unwrap());
         assert_eq!(tok.decode(&ids).unwrap(), text, "{ids:?}");
-        assert_eq!(
-            common::stream(&tok, &ids, true).concat(),
-            text,
-            "{ids:?} streamed"
-        );
+        assert_eq!(stream(&tok, &ids, true).concat(), text, "{ids:?} streamed");
     }
 }
 

@@ -7,13 +7,11 @@
 //! ever or overflow the stack are refused before it compiles them, within a second and a
 //! few megabytes (measured by a per-thread count of the allocations).
 
-mod common;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use common::load;
+use flm_tests::tokenizer::load;
 use flm_tokenizer::{
     Message, TemplateArgs, Tokenizer, MAX_TAG_OPERATORS, MAX_TEMPLATE_ITEMS,
     MAX_TEMPLATE_OPERATORS, MAX_TEMPLATE_SOURCE, MAX_TEMPLATE_TEXT, TEMPLATE_FUEL,
@@ -96,22 +94,32 @@ fn plain() -> Tokenizer {
 /// Loading `template` as from GGUF metadata fails with an error that names the origin and
 /// contains `why`, within [`BOUND`].
 fn refused_at_load(template: &str, why: &str) {
+    let origin = "GGUF metadata `tokenizer.chat_template`";
+    refused_in_time(template, origin, why, "at load", || {
+        plain().with_chat_template(Some(template.into()), origin)
+    });
+}
+
+/// `attempt` fails within [`BOUND`] with an error that names the chat template from
+/// `origin` and contains `why`; `what` (the template or its hostile part) and `stage` (when
+/// it is refused) are for messages.
+fn refused_in_time<T>(
+    what: &str,
+    origin: &str,
+    why: &str,
+    stage: &str,
+    attempt: impl FnOnce() -> Result<T, flm_tokenizer::Error>,
+) {
     let start = Instant::now();
-    let err = match plain().with_chat_template(
-        Some(template.into()),
-        "GGUF metadata `tokenizer.chat_template`",
-    ) {
-        Ok(_) => panic!("{template} loaded"),
-        Err(e) => e.to_string(),
-    };
+    let result = attempt();
     let took = start.elapsed();
-    assert!(
-        err.contains("chat template (GGUF metadata `tokenizer.chat_template`)"),
-        "{err}"
-    );
-    assert!(err.contains(why), "{template}: {err}");
-    eprintln!("refused at load in {:.1} ms: {}", ms(took), short(template));
-    assert!(took < BOUND, "{template}: {took:?}");
+    let Err(err) = result.map_err(|e| e.to_string()) else {
+        panic!("{what}: not refused {stage}");
+    };
+    assert!(err.contains(&format!("chat template ({origin})")), "{err}");
+    assert!(err.contains(why), "{what}: {err}");
+    eprintln!("refused {stage} in {:.1} ms: {}", ms(took), short(what));
+    assert!(took < BOUND, "{what}: {took:?}");
 }
 
 /// Milliseconds of `d`.
@@ -133,28 +141,18 @@ fn short(template: &str) -> &str {
 /// hostile part is a constant, already when it is loaded.
 fn refused_on_request(body: &str, why: &str) {
     let template = format!("{{% if messages[-1].content == 'attack' %}}{body}{{% endif %}}ok");
-    let tok =
-        match plain().with_chat_template(Some(template), "tokenizer_config.json `chat_template`") {
-            Ok(tok) => tok,
-            // A constant operand is folded by the compiler, and checked when the template loads.
-            Err(e) => {
-                assert!(e.to_string().contains(why), "{body}: {e}");
-                return;
-            }
-        };
-    let start = Instant::now();
-    let err = match tok.encode_chat(&[Message::new("user", "attack")], true) {
-        Ok(p) => panic!("{body} rendered {} bytes", p.text.len()),
-        Err(e) => e.to_string(),
+    let origin = "tokenizer_config.json `chat_template`";
+    let tok = match plain().with_chat_template(Some(template), origin) {
+        Ok(tok) => tok,
+        // A constant operand is folded by the compiler, and checked when the template loads.
+        Err(e) => {
+            assert!(e.to_string().contains(why), "{body}: {e}");
+            return;
+        }
     };
-    let took = start.elapsed();
-    assert!(
-        err.contains("chat template (tokenizer_config.json `chat_template`)"),
-        "{err}"
-    );
-    assert!(err.contains(why), "{body}: {err}");
-    eprintln!("refused on request in {:.1} ms: {}", ms(took), short(body));
-    assert!(took < BOUND, "{body}: {took:?}");
+    refused_in_time(body, origin, why, "on request", || {
+        tok.encode_chat(&[Message::new("user", "attack")], true)
+    });
     assert_eq!(
         tok.encode_chat(&[Message::new("user", "hi")], true)
             .unwrap()

@@ -2,19 +2,22 @@
 //! `tokenizer.bin` export, against golden ids from llama.cpp and llama2.c's test.c
 //! (both produced by sentencepiece / HF, not by this crate).
 
-mod common;
-
-use common::{llama2_c_cases, llama_cpp_cases, load, stream};
+use flm_tests::data;
+use flm_tests::tokenizer::{llama2_c_cases, llama_cpp_cases, load, stream};
 use flm_tokenizer::{Error, Tokenizer};
 
 const FILES: [&str; 2] = ["tokenizer/tokenizer.model", "tokenizer/tokenizer.bin"];
+
+/// The tokenizer of each file, with the file's path.
+fn tokenizers() -> impl Iterator<Item = (&'static str, Tokenizer)> {
+    FILES.into_iter().map(|file| (file, load(file)))
+}
 
 #[test]
 fn llama_cpp_spm_cases() {
     // All 46 agree for both files: the .bin carries the same pieces and scores, and flm
     // encodes both with the SentencePiece algorithm.
-    for file in FILES {
-        let tok = load(file);
+    for (file, tok) in tokenizers() {
         for (i, (text, expected)) in llama_cpp_cases().iter().enumerate() {
             let got = tok.encode(text, false).unwrap();
             assert_eq!(&got, expected, "{file} case {i}: {text:?}");
@@ -24,8 +27,7 @@ fn llama_cpp_spm_cases() {
 
 #[test]
 fn llama2_c_test_cases_with_bos() {
-    for file in FILES {
-        let tok = load(file);
+    for (file, tok) in tokenizers() {
         for (text, expected) in llama2_c_cases() {
             assert_eq!(
                 tok.encode(&text, true).unwrap(),
@@ -38,8 +40,7 @@ fn llama2_c_test_cases_with_bos() {
 
 #[test]
 fn golden_ids_decode_to_their_text() {
-    for file in FILES {
-        let tok = load(file);
+    for (file, tok) in tokenizers() {
         for (text, ids) in llama_cpp_cases() {
             assert_eq!(tok.decode(&ids).unwrap(), text, "{file}");
             assert_eq!(stream(&tok, &ids, true).concat(), text, "{file} streamed");
@@ -57,8 +58,7 @@ fn golden_ids_decode_to_their_text() {
 
 #[test]
 fn round_trip() {
-    for file in FILES {
-        let tok = load(file);
+    for (file, tok) in tokenizers() {
         let texts = llama_cpp_cases().into_iter().chain(llama2_c_cases());
         for (text, _) in texts {
             let ids = tok.encode(&text, false).unwrap();
@@ -167,7 +167,7 @@ fn long_text_is_fast_and_exact() {
 
 #[test]
 fn from_bytes_matches_from_file() {
-    let bytes = std::fs::read(common::data(FILES[1])).unwrap();
+    let bytes = std::fs::read(data(FILES[1])).unwrap();
     let tok = Tokenizer::from_bytes(&bytes).unwrap();
     assert_eq!(tok.encode("Hello world", false).unwrap(), [15043, 3186]);
 }

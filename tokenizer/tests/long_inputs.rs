@@ -10,11 +10,10 @@
 //! longest token they make of the run as fit, with the same ids at both ends as a shorter
 //! run of the same length modulo that token's. Random text must decode back to itself.
 
-mod common;
-
 use std::sync::OnceLock;
 
-use common::{data, gguf_gpt2_variant, gpt2_variant, load};
+use flm_tests::data;
+use flm_tests::tokenizer::{gguf_gpt2_variant, gpt2_variant, load};
 use flm_tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
 use unicode_normalization::UnicodeNormalization;

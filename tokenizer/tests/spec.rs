@@ -2,9 +2,8 @@
 //! round trip of its description with identical encodings and decodings, and bad
 //! descriptions are refused with clear errors, never a panic.
 
-mod common;
-
-use common::{ids, json, llama2_c_cases, llama_cpp_cases, load, stream, Rng};
+use flm_tests::tokenizer::{llama2_c_cases, llama_cpp_cases, load, stream, Rng};
+use flm_tests::{ids, json};
 use flm_tokenizer::{Error, PieceType, Tokenizer, TokenizerKind, TokenizerSpec};
 
 const FILES: [&str; 5] = [

@@ -2,9 +2,8 @@
 //! llama2.c `tok512.bin`, HF `tokenizer.json`) against `stories260K_reference.json`
 //! (sentencepiece 0.2.3 encodings, and the text llama2.c prints for the greedy run).
 
-mod common;
-
-use common::{ids, json, load, stream};
+use flm_tests::tokenizer::{load, stream};
+use flm_tests::{ids, json};
 
 const FILES: [&str; 3] = [
     "stories260K/tok512.model",

@@ -3,9 +3,8 @@
 //! transformers' `apply_chat_template` renders them, keyword arguments included: the texts and exception messages of `tests/data/templates/references.json`,
 //! written by `tools/templates/render_references.py` with transformers.
 
-mod common;
-
-use common::{data, json, load};
+use flm_tests::tokenizer::load;
+use flm_tests::{data, json};
 use flm_tokenizer::{Message, TemplateArgs, Tokenizer};
 
 /// The Llama 2 tokenizer (`<s>`, `</s>`, as the references were rendered with) carrying

@@ -3,9 +3,11 @@
 //! with Hugging Face `tokenizers` (tests/data/SOURCES.md).
 
 use flm_models::import;
+use flm_tests::tokenizer::llama_cpp_cases_of;
+use flm_tests::{data, json};
 use flm_tokenizer::Tokenizer;
 
-use super::{data, llama_cpp_cases, GPT2};
+use super::GPT2;
 
 fn gpt2() -> Tokenizer {
     import::load_gguf_tokenizer(&data(GPT2)).unwrap()
@@ -16,7 +18,7 @@ fn gpt2_vocab_file_encodes_all_46_cases() {
     let tok = gpt2();
     let special = (tok.vocab_size(), tok.bos_id(), tok.eos_id(), tok.add_bos());
     assert_eq!(special, (50257, Some(50256), Some(50256), false));
-    for (i, (text, expected)) in llama_cpp_cases("gpt-2").into_iter().enumerate() {
+    for (i, (text, expected)) in llama_cpp_cases_of("gpt-2").into_iter().enumerate() {
         let got = tok.encode(&text, false).unwrap();
         assert_eq!(got, expected, "case {i}: {text:?}");
         // Byte-level BPE loses nothing: the ids decode back to the text, also streamed.
@@ -54,7 +56,7 @@ fn gpt2_round_trips_through_the_flm_spec() {
     let json = serde_json::to_string(&tok.spec()).unwrap();
     let back = Tokenizer::from_spec(serde_json::from_str(&json).unwrap()).unwrap();
     assert_eq!(back.spec(), tok.spec());
-    for (text, expected) in llama_cpp_cases("gpt-2") {
+    for (text, expected) in llama_cpp_cases_of("gpt-2") {
         assert_eq!(back.encode(&text, false).unwrap(), expected, "{text:?}");
         assert_eq!(back.decode(&expected).unwrap(), text);
     }
@@ -80,8 +82,7 @@ fn gguf_pre_tokenizer_names_select_each_familys_regex() {
     // The ids `tokenizers` gives with each family's Split regex on this vocabulary
     // (tests/data/tokenizer/gpt2/make_gpt2_cases.py); the 46 llama.cpp strings have no
     // added tokens, so they read the same from the GGUF file.
-    let text = std::fs::read_to_string(data("tokenizer/gpt2/gpt2_cases.json")).unwrap();
-    let cases: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = json("tokenizer/gpt2/gpt2_cases.json");
     for (pre, variant) in [
         ("llama-bpe", "llama3"),
         ("qwen2", "qwen2"),

@@ -3,10 +3,11 @@
 //! refused with a clear message, never a panic (the fixtures are edited in memory).
 
 use flm_models::import::{self, Checkpoint};
-use flm_models::Error;
-
-use super::{data, F32, GPT2, Q8_0, VOCAB};
 use flm_models::llama::LlamaWeights;
+use flm_models::Error;
+use flm_tests::data;
+
+use super::{F32, GPT2, Q8_0, VOCAB};
 
 fn read(rel: &str) -> Vec<u8> {
     std::fs::read(data(rel)).unwrap()
@@ -223,22 +224,31 @@ fn bad_factors_and_stacked_experts_are_refused() {
         b[at..at + new.len()].copy_from_slice(new);
         b
     };
-    let phi3 = read("hf-families/phi3.gguf");
-    assert!(try_load(&phi3).is_ok());
-    // rope_factors_long.weight's info: u32 n_dims, u64 ne, u32 type: F16 instead of F32.
-    let info = after(&phi3, "rope_factors_long.weight");
-    refused(
-        &edit(&phi3, info + 12, &1u32.to_le_bytes()),
-        "rope_factors_long.weight: not an F32 vector",
-    );
+    // A tensor's info after its name: u32 n_dims, a u64 ne per dimension, u32 type.
+    let cases: [(&str, &str, usize, &[u8], &str); 2] = [
+        // rope_factors_long.weight (1 dimension): type F16 instead of F32.
+        (
+            "hf-families/phi3.gguf",
+            "rope_factors_long.weight",
+            12,
+            &1u32.to_le_bytes(),
+            "rope_factors_long.weight: not an F32 vector",
+        ),
+        // blk.0.ffn_up_exps.weight: its third ne, 3 experts instead of 4.
+        (
+            "hf-families/qwen2_moe.gguf",
+            "blk.0.ffn_up_exps.weight",
+            20,
+            &3u64.to_le_bytes(),
+            "tensor blk.0.ffn_up_exps.weight of ne [64, 32, 3] does not hold",
+        ),
+    ];
+    for (file, tensor, offset, new, why) in cases {
+        let bytes = read(file);
+        assert!(try_load(&bytes).is_ok(), "{file}");
+        refused(&edit(&bytes, after(&bytes, tensor) + offset, new), why);
+    }
     let moe = read("hf-families/qwen2_moe.gguf");
-    assert!(try_load(&moe).is_ok());
-    // blk.0.ffn_up_exps.weight's info: u32 n_dims, 3 × u64 ne: 3 experts instead of 4.
-    let info = after(&moe, "blk.0.ffn_up_exps.weight");
-    refused(
-        &edit(&moe, info + 20, &3u64.to_le_bytes()),
-        "tensor blk.0.ffn_up_exps.weight of ne [64, 32, 3] does not hold",
-    );
     let at = after(&moe, "qwen2moe.expert_used_count") + 4;
     refused(&edit(&moe, at, &5u32.to_le_bytes()), "top_k = 5");
 }
