@@ -7,15 +7,13 @@
 //! `split.rs`), and GLM-4's tiktoken-style BPE. An input a tokenizer refuses is reported
 //! and skipped.
 //!
-//! The tokenizers are built as the tests build them (`tests/common`).
+//! The tokenizers are built as the tests build them (`flm_tests::tokenizer`).
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
-use common::{data, gguf_gpt2_variant, gpt2_variant};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
+use flm_tests::data;
+use flm_tests::tokenizer::{gguf_gpt2_variant, gpt2_variant};
 use flm_tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
 
