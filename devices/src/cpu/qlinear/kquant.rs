@@ -22,7 +22,7 @@ use super::{lane_sum8, Acts, QuantWeight};
 use crate::cpu::simd::fma;
 use crate::cpu::Isa;
 
-/// See [`super::rows`], for a K-quant `w` and [`Acts`] in natural order.
+/// See [`super::RowKernel`], for a K-quant `w` and [`Acts`] in natural order.
 pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     match isa {
         // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports, and every
@@ -32,13 +32,15 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
             super::kquant_x86::rows(w, acts, j0, yt)
         },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => super::kquant_neon::rows(isa, w, acts, j0, yt),
+        Isa::Neon | Isa::NeonDot => {
+            super::neon::rows_with::<super::kquant_neon::KQuant>(isa, w, acts, j0, yt)
+        }
         _ => each_output(w, acts, j0, yt, dot),
     }
 }
 
 /// Calls `dot(dtype, weight row, codes, block scales, block sums)` for each output of
-/// `yt` (see [`super::rows`]).
+/// `yt` (see [`super::RowKernel`]).
 #[inline(always)]
 pub(super) fn each_output(
     w: &QuantWeight<'_>,

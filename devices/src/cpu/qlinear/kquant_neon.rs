@@ -1,6 +1,6 @@
 //! aarch64 K-quant kernels (see `kquant`): a super-block's 8 runs of codes are unpacked
 //! once into 16 vectors of 16 bytes and dotted against up to [`TILE_INPUTS`] input rows,
-//! 16 values at a time (Q6_K has one scale per 16): with `sdot` at [`Isa::NeonDot`], else
+//! 16 values at a time (Q6_K has one scale per 16): with `sdot` at [`Isa::NeonDot`](crate::cpu::Isa::NeonDot), else
 //! `smull`/`smull2` and `sadalp` (every product fits i16: `|(q − 32) · x| ≤ 32 · 128`).
 //! The integer sum of a run is scaled by `f · a` and accumulated in its lane, in the order
 //! of `kquant`.
@@ -11,10 +11,9 @@ use flm_core::blocks::{block, BlockQ4K, BlockQ5K, BlockQ6K};
 use flm_core::kquant::{self, RUN, RUNS};
 use flm_core::DataType;
 
-use super::neon::{rows_with, sdot, DotKernel};
+use super::neon::{sdot, DotKernel};
 use super::{lane_sum8, Acts, QuantWeight};
 use crate::cpu::simd::fma;
-use crate::cpu::Isa;
 
 /// Input rows that share one unpacking of a super-block.
 const TILE_INPUTS: usize = 4;
@@ -22,14 +21,9 @@ const TILE_INPUTS: usize = 4;
 /// A run of 32 codes as two vectors of 16.
 type Run = [int8x16_t; 2];
 
-/// See `kquant::rows`; `isa` is [`Isa::Neon`] or [`Isa::NeonDot`], and the caller
-/// guarantees that the CPU supports it.
-pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-    rows_with::<KQuant>(isa, w, acts, j0, yt)
-}
-
-/// The K-quant kernel of both NEON levels.
-struct KQuant;
+/// The K-quant kernel of both NEON levels (see `kquant::rows`), run by
+/// [`super::neon::rows_with`].
+pub(super) struct KQuant;
 
 impl DotKernel for KQuant {
     #[inline(always)]

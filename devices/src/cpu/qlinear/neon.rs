@@ -32,7 +32,7 @@ use crate::cpu::Isa;
 /// Input rows per tile.
 const TILE_INPUTS: usize = 2;
 
-/// A row kernel (see `super::rows`) written once for both NEON levels: `DOT` says whether
+/// A row kernel (a [`super::RowKernel`]) written once for both NEON levels: `DOT` says whether
 /// it may use `sdot`.
 pub(super) trait DotKernel {
     fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]);

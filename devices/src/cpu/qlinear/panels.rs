@@ -134,7 +134,7 @@ fn scalar_into(
     }
 }
 
-/// See [`super::rows`] for int8 and int4 weights in panels (`j0` a multiple of
+/// See [`super::RowKernel`] for int8 and int4 weights in panels (`j0` a multiple of
 /// [`PANEL_ROWS`]). The full panels of the task go to one kernel call, so that dispatch
 /// and set-up are paid once per task rather than once per panel; a last panel of fewer
 /// rows to the portable twin.

@@ -24,7 +24,7 @@ use crate::cpu::Isa;
 /// Input rows that share one load of a weight block.
 const TILE_INPUTS: usize = 4;
 
-/// See [`super::rows`], for a Q8_0 `w` and [`Acts`] in natural order.
+/// See [`super::RowKernel`], for a Q8_0 `w` and [`Acts`] in natural order.
 pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     match isa {
         // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports, and every
@@ -32,7 +32,7 @@ pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &m
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 | Isa::Amx => unsafe { avx2::rows(w, acts, j0, yt) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        Isa::Neon | Isa::NeonDot => neon::rows(isa, w, acts, j0, yt),
+        Isa::Neon | Isa::NeonDot => super::neon::rows_with::<neon::Q8_0>(isa, w, acts, j0, yt),
         _ => portable(w, acts, j0, yt),
     }
 }
@@ -74,18 +74,11 @@ fn portable(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
 mod neon {
     use std::arch::aarch64::*;
 
-    use super::super::neon::{dot4, rows_with, DotKernel};
+    use super::super::neon::{dot4, DotKernel};
     use super::{blocks, Acts, BlockQ8_0, QuantWeight, BLOCK, TILE_INPUTS};
-    use crate::cpu::Isa;
-
-    /// See [`super::rows`]; `isa` is [`Isa::Neon`] or [`Isa::NeonDot`], and the caller
-    /// guarantees that the CPU supports it.
-    pub(super) fn rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-        rows_with::<Q8_0>(isa, w, acts, j0, yt)
-    }
-
-    /// The Q8_0 kernel of both NEON levels.
-    struct Q8_0;
+    /// The Q8_0 kernel of both NEON levels (see [`super::rows`]), run by
+    /// [`rows_with`](super::super::neon::rows_with).
+    pub(in super::super) struct Q8_0;
 
     impl DotKernel for Q8_0 {
         /// The 8 lanes of the module docs as two vectors of 4: `dot4` gives lane `l` of 16
