@@ -244,6 +244,7 @@ fn float_part(isa: Isa, x: &[f32], n: usize, k: usize, part: &mut LinearPart<'_>
 }
 
 /// The operands of a float Linear: `x` `[n, k]`, `w` `[m, k]`, `bias` `[m]`.
+#[derive(Clone, Copy)]
 struct Float<'a, E> {
     x: &'a [f32],
     w: &'a [E],
@@ -288,11 +289,11 @@ fn block<E: Elem>(
 ) {
     let k = f.k;
     let b = Block {
-        x: f.x,
-        w: &f.w[j0 * k..(j0 + rows) * k],
-        bias: f.bias.map(|b| &b[j0..j0 + rows]),
-        n: f.n,
-        k,
+        f: Float {
+            w: &f.w[j0 * k..(j0 + rows) * k],
+            bias: f.bias.map(|b| &b[j0..j0 + rows]),
+            ..*f
+        },
         out,
         js,
         is,
@@ -300,13 +301,10 @@ fn block<E: Elem>(
     simd::run(isa, b)
 }
 
-/// A block of weight rows `w` `[rows, k]` (and their biases) against `x` `[n, k]`.
+/// The Linear of a block of weight rows (`f.w` `[rows, k]`, with their biases), written
+/// at the strides `js`, `is`.
 struct Block<'a, E> {
-    x: &'a [f32],
-    w: &'a [E],
-    bias: Option<&'a [f32]>,
-    n: usize,
-    k: usize,
+    f: Float<'a, E>,
     out: &'a mut [f32],
     js: usize,
     is: usize,
@@ -326,14 +324,14 @@ impl<E: Elem> Block<'_, E> {
         cols: Range<usize>,
     ) {
         let first = cols.start == 0;
-        let (k, k0, kn) = (self.k, cols.start, cols.len());
-        let xs = std::array::from_fn(|t| &self.x[(i + t) * k + k0..][..kn]);
-        let ws = std::array::from_fn(|r| &self.w[(j + r * stride) * k + k0..][..kn]);
-        let ahead = if self.n == 1 { DECODE_AHEAD } else { 0 };
+        let (k, k0, kn) = (self.f.k, cols.start, cols.len());
+        let xs = std::array::from_fn(|t| &self.f.x[(i + t) * k + k0..][..kn]);
+        let ws = std::array::from_fn(|r| &self.f.w[(j + r * stride) * k + k0..][..kn]);
+        let ahead = if self.f.n == 1 { DECODE_AHEAD } else { 0 };
         let y = tile::<S, E, R, T>(s, xs, ws, ahead);
         for (r, y) in y.iter().enumerate() {
             let jr = j + r * stride;
-            let b = self.bias.map_or(0.0, |b| b[jr]);
+            let b = self.f.bias.map_or(0.0, |b| b[jr]);
             for (t, y) in y.iter().enumerate() {
                 let o = &mut self.out[jr * self.js + (i + t) * self.is];
                 *o = if first { y + b } else { *o + y };
@@ -374,8 +372,8 @@ impl<E: Elem> Kernel for Block<'_, E> {
     /// and add the panels in order: the bits of an output do not depend on the tile.
     #[inline(always)]
     fn run<S: Simd>(mut self, s: S) {
-        let (n, k) = (self.n, self.k);
-        let rows = self.w.len() / k;
+        let (n, k) = (self.f.n, self.f.k);
+        let rows = self.f.w.len() / k;
         if n == 1 {
             let stride = rows / DECODE_STREAMS;
             for j in 0..stride {
