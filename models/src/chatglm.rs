@@ -352,6 +352,12 @@ impl Graph for ChatGlm {
                 output,
             })
         };
+        // GLM's scaled residual: `into = α·b + into`, with `b` (the block's normed input)
+        // scaled in place.
+        let scaled_residual = |b: &mut Data, into: &mut Data| {
+            exec.run(Op::Scale { x: b, alpha })?;
+            exec.run(Op::Add { x: into, y: b })
+        };
 
         exec.run(Op::Embedding {
             table: &w.embedding,
@@ -392,27 +398,13 @@ impl Graph for ChatGlm {
                 &mut s.att,
             )?;
             linear(&s.att, &lw.wo, &lw.bo, &mut s.xb2)?;
-            exec.run(Op::Scale {
-                x: &mut s.xb,
-                alpha,
-            })?;
-            exec.run(Op::Add {
-                x: &mut s.xb2,
-                y: &s.xb,
-            })?;
+            scaled_residual(&mut s.xb, &mut s.xb2)?;
             // Feed-forward block: x = α·b + MLP(b), b = LayerNorm₂(xb2).
             layer_norm(&s.xb2, (&lw.ffn_norm, &lw.ffn_norm_bias), &mut s.xb)?;
             linear(&s.xb, &lw.w_up, &lw.b_up, &mut s.hidden)?;
             exec.run(Op::Gelu { x: &mut s.hidden })?;
             linear(&s.hidden, &lw.w_down, &lw.b_down, &mut s.x)?;
-            exec.run(Op::Scale {
-                x: &mut s.xb,
-                alpha,
-            })?;
-            exec.run(Op::Add {
-                x: &mut s.x,
-                y: &s.xb,
-            })?;
+            scaled_residual(&mut s.xb, &mut s.x)?;
         }
         let first = match head {
             Head::Logits(Logits::Last) => n - 1,

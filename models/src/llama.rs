@@ -607,12 +607,7 @@ fn run_layers<'s>(
         }
         let s = &mut states[here];
         // Attention block.
-        exec.run(Op::RmsNorm {
-            input: &s.x,
-            weight: &lw.attn_norm,
-            eps: c.norm_eps,
-            output: &mut s.xb,
-        })?;
+        pre_norm(exec, s, &lw.attn_norm, c.norm_eps)?;
         let [bq, bk, bv] = match &lw.qkv_bias {
             Some([q, k, v]) => [Some(q), Some(k), Some(v)],
             None => [None; 3],
@@ -639,12 +634,7 @@ fn run_layers<'s>(
             c.norm_eps,
         )?;
         // Feed-forward block.
-        exec.run(Op::RmsNorm {
-            input: &s.x,
-            weight: &lw.ffn_norm,
-            eps: c.norm_eps,
-            output: &mut s.xb,
-        })?;
+        pre_norm(exec, s, &lw.ffn_norm, c.norm_eps)?;
         feed_forward(exec, c, l, &lw.ffn, s)?;
         residual(
             exec,
@@ -749,6 +739,16 @@ fn shared_expert(
         x: output,
         y: &t.out,
         gate: &t.score,
+    })
+}
+
+/// A block's input norm: `xb = RMSNorm(x) · weight`.
+fn pre_norm(exec: &Executor, s: &mut Activations, weight: &Data, eps: f32) -> flm_core::Result<()> {
+    exec.run(Op::RmsNorm {
+        input: &s.x,
+        weight,
+        eps,
+        output: &mut s.xb,
     })
 }
 
