@@ -126,6 +126,13 @@ pub fn nan_output(shape: &[usize]) -> Data {
     f32_data(shape, &vec![f32::NAN; shape.iter().product()])
 }
 
+/// The values `run` writes into a NaN-filled f32 output of `shape` (see [`nan_output`]).
+pub fn output_of(shape: &[usize], run: impl FnOnce(&mut Data) -> Result<()>) -> Vec<f32> {
+    let mut out = nan_output(shape);
+    run(&mut out).expect("the op runs");
+    out.to_f32_vec().expect("a host tensor")
+}
+
 /// Asserts that `got` has the bits of `want` (so `-0.0 != 0.0`, and NaN fails).
 pub fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
