@@ -38,7 +38,6 @@ fn linear_at(isa: Isa, x: &Data, weight: &Data, bias: Option<&Data>) -> Vec<f32>
 /// order at every level (int8 and int4 in panels, packed per call or at load; the K-quants
 /// and Q8_0 in 8 lanes).
 fn linear_matches_scalar(dtype: DataType) {
-    let mut rng = rng(0x15a);
     let sizes = [
         (1, 1, 1),
         (1, 33, 5),
@@ -66,12 +65,24 @@ fn linear_matches_scalar(dtype: DataType) {
         // last chunk partial.
         (7, 4500, 9),
     ];
-    for (n, k, m) in sizes {
+    assert_linear_levels_same(0x15a, dtype, sizes);
+}
+
+/// Linear with a bias at each SIMD level against the scalar one, to the bit, on random
+/// operands of each `(n, k, m)` of `shapes` and `dtype` weights (int8 and int4 weights
+/// also in panels), from `rng(seed)`.
+fn assert_linear_levels_same(
+    seed: u64,
+    dtype: DataType,
+    shapes: impl IntoIterator<Item = (usize, usize, usize)>,
+) {
+    let mut rng = rng(seed);
+    for (n, k, m) in shapes {
         let (x, _) = random_f32(&mut rng, &[n, k], 1.0);
         let (w, _) = random_weight(&mut rng, &[m, k], dtype);
         let (b, _) = random_f32(&mut rng, &[m], 1.0);
         let want = linear_at(Isa::Scalar, &x, &w, Some(&b));
-        for isa in Isa::supported().into_iter().filter(|&i| i != Isa::Scalar) {
+        for isa in simd_levels() {
             let got = linear_at(isa, &x, &w, Some(&b));
             let what = format!("Linear {dtype} at {isa}, n={n} k={k} m={m}");
             assert_same_bits(&what, &got, &want);
@@ -153,6 +164,15 @@ fn simd_levels() -> Vec<Isa> {
         .collect()
 }
 
+/// Asserts that `at(isa)` is at every SIMD level what it is at the scalar one; `what` names
+/// the case.
+fn assert_levels_eq<T: PartialEq + std::fmt::Debug>(what: &str, at: impl Fn(Isa) -> T) {
+    let want = at(Isa::Scalar);
+    for isa in simd_levels() {
+        assert_eq!(at(isa), want, "{what}, at {isa}");
+    }
+}
+
 /// Vector lengths below, at and just past the 8 lanes of AVX2 and the 16 of AVX-512 and
 /// their multiples, so that every kernel runs its full vectors and its masked tails.
 const LENS: [usize; 13] = [1, 7, 8, 9, 15, 16, 17, 33, 63, 64, 65, 100, 257];
@@ -168,7 +188,6 @@ fn run_at(isa: Isa, op: Op<'_>) {
 /// `PARALLEL_MIN_WORK` (decode split over rows of the weight, prefill over blocks of rows
 /// with the transposed output).
 fn float_linear_matches_scalar(dtype: DataType) {
-    let mut rng = rng(0x15b);
     let mut shapes = Vec::new();
     for k in LENS {
         for (n, m) in [(1, 9), (1, 24), (2, 17), (5, 8), (7, 3)] {
@@ -184,17 +203,7 @@ fn float_linear_matches_scalar(dtype: DataType) {
         (9, 300, 65),
         (37, 172, 64),
     ]);
-    for (n, k, m) in shapes {
-        let (x, _) = random_f32(&mut rng, &[n, k], 1.0);
-        let (w, _) = random_weight(&mut rng, &[m, k], dtype);
-        let (b, _) = random_f32(&mut rng, &[m], 1.0);
-        let want = linear_at(Isa::Scalar, &x, &w, Some(&b));
-        for isa in simd_levels() {
-            let got = linear_at(isa, &x, &w, Some(&b));
-            let what = format!("float Linear {dtype} at {isa}, n={n} k={k} m={m}");
-            assert_same_bits(&what, &got, &want);
-        }
-    }
+    assert_linear_levels_same(0x15b, dtype, shapes);
 }
 
 dtype_tests!([f32: F32, f16: F16, bf16: BF16] float_linear_matches_scalar);
@@ -249,10 +258,7 @@ fn embedding_matches_scalar(dtype: DataType) {
             );
             out.to_f32_vec().unwrap()
         };
-        let want = embed(Isa::Scalar);
-        for isa in simd_levels() {
-            assert_eq!(embed(isa), want, "Embedding {dtype} at {isa}, dim={dim}");
-        }
+        assert_levels_eq(&format!("Embedding {dtype}, dim={dim}"), embed);
     }
 }
 
@@ -534,10 +540,7 @@ fn add_matches_scalar() {
             run_at(isa, Op::Add { x: &mut z, y: &y });
             z.to_f32_vec().unwrap()
         };
-        let want = add(Isa::Scalar);
-        for isa in simd_levels() {
-            assert_eq!(add(isa), want, "Add at {isa}, len={len}");
-        }
+        assert_levels_eq(&format!("Add, len={len}"), add);
     }
 }
 
@@ -576,10 +579,7 @@ fn argmax_matches_scalar() {
             );
             out[0]
         };
-        let want = argmax(Isa::Scalar);
-        for isa in simd_levels() {
-            assert_eq!(argmax(isa), want, "Argmax at {isa}, row {row:?}");
-        }
+        assert_levels_eq(&format!("Argmax, row {row:?}"), argmax);
     }
 }
 
