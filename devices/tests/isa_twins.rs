@@ -9,9 +9,7 @@
 mod common;
 
 use common::*;
-use flm_core::{
-    panels, AttentionParams, Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds,
-};
+use flm_core::{panels, Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds};
 use flm_devices::{CpuDevice, Isa};
 
 /// An executor holding only the CPU device at `isa`.
@@ -317,25 +315,12 @@ fn rope_matches_scalar() {
     }
 }
 
-/// One attention shape: `n` query rows from `start_pos`, `(n_heads, n_kv_heads)`.
-struct AttnCase {
-    n: usize,
-    start_pos: usize,
-    heads: (usize, usize),
-    head_dim: usize,
-}
-
 /// Attention at each level against the scalar one, bit for bit: head sizes of 8, 16, 64
 /// and 128 and odd ones, multi-head, grouped-query and multi-query heads, decode and prefill
 /// rows, and shapes above `PARALLEL_MIN_WORK`.
 #[test]
 fn attention_matches_scalar() {
-    let case = |n, start_pos, heads, head_dim| AttnCase {
-        n,
-        start_pos,
-        heads,
-        head_dim,
-    };
+    let case = AttentionCase::new;
     let mut cases = Vec::new();
     for head_dim in [8, 16, 64, 128, 1, 5, 33, 65] {
         cases.extend([
@@ -356,15 +341,12 @@ fn attention_matches_scalar() {
     let mut seed = 0x19f;
     for c in cases {
         seed += 1;
-        let (n_heads, n_kv_heads) = c.heads;
         let hd = c.head_dim;
-        let kv_dim = n_kv_heads * hd;
         let rows = c.start_pos + c.n;
         let mut rng = rng(seed);
-        let (k, _) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
-        let (v, _) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
-        let (q, _) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let (k, _) = random_f32(&mut rng, &[rows, c.kv_dim()], 1.0);
+        let (v, _) = random_f32(&mut rng, &[rows, c.kv_dim()], 1.0);
+        let (q, _) = random_f32(&mut rng, &[c.n, c.q_dim()], 1.0);
         // The f16 cache of `--kv-dtype f16`: the same values rounded.
         let (k16, v16) = (to_f16(&k), to_f16(&v));
         // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest),
@@ -380,8 +362,17 @@ fn attention_matches_scalar() {
             (true, 0, Some(7), None, true),
         ] {
             let (k, v) = if f16_cache { (&k16, &v16) } else { (&k, &v) };
+            let masked = AttentionCase {
+                mask: Mask {
+                    window,
+                    bidirectional,
+                    alibi,
+                    softcap,
+                },
+                ..c
+            };
             let attend = |isa| {
-                let mut out = nan_output(&[c.n, n_heads * hd]);
+                let mut out = nan_output(&[c.n, c.q_dim()]);
                 run_at(
                     isa,
                     Op::Attention {
@@ -389,15 +380,7 @@ fn attention_matches_scalar() {
                         cache_k: k,
                         cache_v: v,
                         start_pos: c.start_pos,
-                        params: AttentionParams {
-                            n_heads,
-                            n_kv_heads,
-                            scale,
-                            alibi,
-                            softcap,
-                            bidirectional,
-                            sliding_window: window,
-                        },
+                        params: masked.params(),
                         output: &mut out,
                     },
                 );
