@@ -6,14 +6,16 @@
 use std::path::PathBuf;
 
 use flm_core::flm_file::FlmFile;
-use flm_core::{Data, DataType};
-use flm_models::convert::{convert, Recipe};
-use flm_models::import;
+use flm_core::{Data, DataType, Executor};
+use flm_models::convert::Recipe;
+use flm_models::import::{self, Checkpoint};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::tensor_names::{LayerPart, TensorName};
 use flm_models::Graph;
-use flm_tests::{cpu_executor, data, f32_file, greedy_on, ids, json, max_abs_diff, weights_in};
-use flm_tokenizer::Tokenizer;
+use flm_tests::{
+    convert_with_tok512, cpu_executor, data, f32_file, greedy_on, ids, json, max_abs_diff,
+    weights_in,
+};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -58,6 +60,30 @@ fn reference() -> Value {
     json("gptq-awq/reference.json")
 }
 
+/// What the checks of loaded variants are given besides the checkpoint: the reference, its
+/// input ids and a CPU executor.
+struct Given {
+    reference: Value,
+    input: Vec<u32>,
+    exec: Executor,
+}
+
+/// Calls `check` on each of `variants` (name, dtype) with its checkpoint loaded.
+fn check_loaded(
+    variants: impl IntoIterator<Item = (&'static str, DataType)>,
+    mut check: impl FnMut(&Given, &str, DataType, Checkpoint),
+) {
+    let reference = reference();
+    let given = Given {
+        input: ids(&reference["input_ids"]),
+        reference,
+        exec: cpu_executor(),
+    };
+    for (variant, dtype) in variants {
+        check(&given, variant, dtype, import::load(&dir(variant)).unwrap());
+    }
+}
+
 fn dir(variant: &str) -> PathBuf {
     data(&format!("gptq-awq/{variant}"))
 }
@@ -98,11 +124,9 @@ fn f16_bytes(values: &[f32]) -> Vec<u8> {
 
 #[test]
 fn dequantised_weights_equal_the_references_bit_for_bit() {
-    let reference = reference();
-    for (variant, dtype) in VARIANTS {
-        let ckpt = import::load(&dir(variant)).unwrap();
-        let hashes = &reference["variants"][variant]["dequantised_sha256"];
-        let act_order = reference["variants"][variant]["desc_act"] == true;
+    check_loaded(VARIANTS, |given, variant, dtype, ckpt| {
+        let hashes = &given.reference["variants"][variant]["dequantised_sha256"];
+        let act_order = given.reference["variants"][variant]["desc_act"] == true;
         let mut permuted = 0;
         for l in 0..ckpt.config.n_layers {
             for part in PROJECTIONS {
@@ -127,44 +151,36 @@ fn dequantised_weights_equal_the_references_bit_for_bit() {
             }
         }
         assert_eq!(permuted > 0, act_order, "{variant}: {permuted} permuted");
-    }
+    });
 }
 
 #[test]
 fn logits_match_transformers_on_the_dequantised_weights() {
-    let reference = reference();
-    let input = ids(&reference["input_ids"]);
-    let exec = cpu_executor();
-    for (variant, _) in VARIANTS {
-        let ckpt = import::load(&dir(variant)).unwrap();
+    check_loaded(VARIANTS, |given, variant, _, ckpt| {
         // The weights rounded to f16, as the references dequantise them, then held in f32:
         // the values transformers runs, without flm's int8 activations.
         let f16 = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, _| DataType::F16);
         let weights = weights_in(&f16, |_, _| DataType::F32);
         let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
         let got = model
-            .forward(&exec, &input, 0, Logits::All)
+            .forward(&given.exec, &given.input, 0, Logits::All)
             .unwrap()
             .to_vec();
         let want = f32_file(&dir(variant).join("logits_f32le.bin"));
         let diff = max_abs_diff(&got, &want);
         assert!(diff < 1e-4, "{variant}: logits differ by {diff}");
-    }
+    });
 }
 
 #[test]
 fn greedy_ids_match_transformers_with_the_loaded_dtypes() {
-    let reference = reference();
-    let input = ids(&reference["input_ids"]);
-    let exec = cpu_executor();
-    for (variant, _) in VARIANTS {
-        let ckpt = import::load(&dir(variant)).unwrap();
+    check_loaded(VARIANTS, |given, variant, _, ckpt| {
         let weights = LlamaWeights::load(&ckpt).unwrap();
         let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
-        let want = ids(&reference["variants"][variant]["greedy_ids"]);
-        let got = greedy_on(&exec, &mut model, &input, want.len());
+        let want = ids(&given.reference["variants"][variant]["greedy_ids"]);
+        let got = greedy_on(&given.exec, &mut model, &given.input, want.len());
         assert_eq!(got, want, "{variant}");
-    }
+    });
 }
 
 #[test]
@@ -185,22 +201,17 @@ fn dequantised_tensors_are_noted_with_their_reason() {
 
 /// `variant` converted with [`Recipe::Keep`] to `tmp/<variant>.flm`.
 fn converted(tmp: &std::path::Path, variant: &str) -> PathBuf {
-    // The tiny checkpoints have no tokenizer; any one rides along in the file.
-    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
     let ckpt = import::load(&dir(variant)).unwrap();
     let out = tmp.join(format!("{variant}.flm"));
-    convert(&ckpt, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+    convert_with_tok512(&ckpt, &out, DataType::F32, Recipe::Keep);
     out
 }
 
 #[test]
 fn converted_files_keep_the_repacked_int4_and_its_permutation() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = reference();
-    let input = ids(&reference["input_ids"]);
-    let exec = cpu_executor();
-    for (variant, dtype) in VARIANTS.into_iter().filter(|&(_, d)| d != DataType::F16) {
-        let ckpt = import::load(&dir(variant)).unwrap();
+    let int4 = VARIANTS.into_iter().filter(|&(_, d)| d != DataType::F16);
+    check_loaded(int4, |given, variant, dtype, ckpt| {
         let out = converted(tmp.path(), variant);
         let file = FlmFile::open(&out).unwrap();
         for l in 0..ckpt.config.n_layers {
@@ -229,13 +240,13 @@ fn converted_files_keep_the_repacked_int4_and_its_permutation() {
         // Read back, the file decodes as transformers does.
         let flm = import::load(&out).unwrap();
         let mut model = Llama::new(flm.config.clone(), LlamaWeights::load(&flm).unwrap()).unwrap();
-        let want = ids(&reference["variants"][variant]["greedy_ids"]);
+        let want = ids(&given.reference["variants"][variant]["greedy_ids"]);
         assert_eq!(
-            greedy_on(&exec, &mut model, &input, want.len()),
+            greedy_on(&given.exec, &mut model, &given.input, want.len()),
             want,
             "{variant}"
         );
-    }
+    });
 }
 
 #[test]

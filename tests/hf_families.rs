@@ -9,11 +9,12 @@
 use std::path::Path;
 
 use flm_core::{DataType, RopeScaling, RopeStyle};
-use flm_models::convert::{convert, Recipe};
+use flm_models::convert::Recipe;
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
 use flm_models::{import, Activation, Graph, ModelConfig, MoeConfig};
-use flm_tests::{cpu_executor, data, f32_file, ids, json, max_abs_diff, HF_FAMILIES};
-use flm_tokenizer::Tokenizer;
+use flm_tests::{
+    convert_with_tok512, cpu_executor, data, f32_file, ids, json, max_abs_diff, HF_FAMILIES,
+};
 use serde_json::Value;
 
 /// The bound on the difference to transformers' logits.
@@ -40,6 +41,17 @@ fn assert_prefill_and_decode_near(path: &Path, want: &[f32], tolerance: f32, wha
         let diff = max_abs_diff(&got, want);
         assert!(diff <= tolerance, "{what} {how}: max |Δ| = {diff}");
     }
+}
+
+/// The logits of one prefill of the model at `path` are within [`TOLERANCE`] of
+/// transformers' for `family`.
+fn assert_prefill_matches(path: &Path, family: &str) {
+    let got = load(path)
+        .forward(&cpu_executor(), &input_ids(), 0, Logits::All)
+        .unwrap()
+        .to_vec();
+    let diff = max_abs_diff(&got, &expected(family));
+    assert!(diff <= TOLERANCE, "{family}: max |Δ| = {diff}");
 }
 
 fn load(path: &Path) -> Llama {
@@ -261,20 +273,10 @@ fn without_the_family_feature_the_logits_differ() {
 #[test]
 fn f32_flm_files_run_the_same() {
     let dir = tempfile::tempdir().unwrap();
-    // The tiny checkpoints have no tokenizer; any one rides along in the file.
-    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
     for family in HF_FAMILIES {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let out = dir.path().join(format!("{family}.flm"));
-        convert(
-            &ckpt,
-            &tokenizer,
-            &out,
-            DataType::F32,
-            Recipe::Mixed,
-            |_| {},
-        )
-        .unwrap();
+        convert_with_tok512(&ckpt, &out, DataType::F32, Recipe::Mixed);
         assert_eq!(import::load(&out).unwrap().config, ckpt.config, "{family}");
         let what = format!("{family}.flm");
         assert_prefill_and_decode_near(&out, &expected(family), TOLERANCE, &what);
@@ -288,7 +290,6 @@ fn f32_flm_files_run_the_same() {
 #[test]
 fn quantised_flm_files_stay_near_transformers() {
     let dir = tempfile::tempdir().unwrap();
-    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
     let exec = cpu_executor();
     let input = input_ids();
     // The mixtures have their own test (quantised_mixtures_stay_near_transformers): a
@@ -303,7 +304,7 @@ fn quantised_flm_files_stay_near_transformers() {
         // Gaussian weights of rows of 64 lose much to 16 levels.
         for (dtype, bound) in [(DataType::I8, 0.25), (DataType::I4G32, 2.5)] {
             let out = dir.path().join(format!("{family}-{}.flm", dtype.name()));
-            convert(&ckpt, &tokenizer, &out, dtype, Recipe::Pure, |_| {}).unwrap();
+            convert_with_tok512(&ckpt, &out, dtype, Recipe::Pure);
             let mut model = load(&out);
             let vocab = model.config().vocab_size;
             let got = model.forward(&exec, &input, 0, Logits::All).unwrap();
@@ -354,13 +355,7 @@ fn llama3_scaling_in_the_transformers_4_form() {
         c.insert("rope_theta".into(), theta);
         c.insert("rope_scaling".into(), scaling);
     });
-    let exec = cpu_executor();
-    let got = load(dir.path())
-        .forward(&exec, &input_ids(), 0, Logits::All)
-        .unwrap()
-        .to_vec();
-    let diff = max_abs_diff(&got, &expected("llama3"));
-    assert!(diff <= TOLERANCE, "max |Δ| = {diff}");
+    assert_prefill_matches(dir.path(), "llama3");
 }
 
 /// What the graph cannot run is refused with an error naming it.
@@ -510,7 +505,6 @@ fn qwen_gemma_phi3_and_glm4_gguf_files_run_as_transformers() {
 #[test]
 fn mixture_gguf_files_run_as_transformers() {
     let dir = tempfile::tempdir().unwrap();
-    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
     for (file, family) in [
         ("mixtral", "mixtral"),
         ("mixtral-per-expert", "mixtral"),
@@ -530,7 +524,7 @@ fn mixture_gguf_files_run_as_transformers() {
             "{family}"
         );
         let out = dir.path().join(format!("{file}.flm"));
-        convert(&gguf, &tokenizer, &out, DataType::F32, Recipe::Keep, |_| {}).unwrap();
+        convert_with_tok512(&gguf, &out, DataType::F32, Recipe::Keep);
         let want = expected(family);
         for file in [&path, &out] {
             let what = file.display().to_string();
@@ -597,12 +591,7 @@ fn unknown_tensors_are_listed_as_ignored() {
     assert_eq!(ckpt.ignored, [name]);
     let notes = ckpt.load_notes();
     assert!(notes.iter().any(|n| n.contains(name)), "{notes:?}");
-    let got = load(dir.path())
-        .forward(&cpu_executor(), &input_ids(), 0, Logits::All)
-        .unwrap()
-        .to_vec();
-    let diff = max_abs_diff(&got, &expected("qwen3"));
-    assert!(diff <= TOLERANCE, "max |Δ| = {diff}");
+    assert_prefill_matches(dir.path(), "qwen3");
 }
 
 /// The mixtures converted to int8 and int4 .flm files (the experts quantised like the
@@ -614,12 +603,11 @@ fn unknown_tensors_are_listed_as_ignored() {
 fn quantised_mixtures_stay_near_transformers() {
     use flm_models::tensor_names::{LayerPart, TensorName};
     let dir = tempfile::tempdir().unwrap();
-    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).unwrap();
     for family in ["mixtral", "qwen3_moe", "qwen2_moe"] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         for (dtype, bound) in [(DataType::I8, 0.2), (DataType::I4G32, 0.5)] {
             let out = dir.path().join(format!("{family}.{dtype}.flm"));
-            convert(&ckpt, &tokenizer, &out, dtype, Recipe::Mixed, |_| {}).unwrap();
+            convert_with_tok512(&ckpt, &out, dtype, Recipe::Mixed);
             let flm = import::load(&out).unwrap();
             let dtype_of = |name: TensorName| {
                 let t = flm

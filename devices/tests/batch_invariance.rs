@@ -30,17 +30,6 @@ fn first_row(n: usize) -> usize {
     (7 * n + 3) % (POOL - n + 1)
 }
 
-/// Asserts that `got` and `want` have the same bits (so `-0.0 != 0.0`, and NaN fails).
-fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    if let Some(c) = (0..got.len()).find(|&c| got[c].to_bits() != want[c].to_bits()) {
-        panic!(
-            "{what}: column {c}: {:e} in the batch, {:e} alone",
-            got[c], want[c]
-        );
-    }
-}
-
 /// Checks the op `batch(executor, first, n)`, which computes pool rows `first..first + n` in
 /// one call and returns their `[n, width]` outputs, at every level and thread count.
 fn check(what: &str, batch: impl Fn(&Executor, usize, usize) -> Vec<f32> + Sync) {
@@ -111,15 +100,14 @@ fn linear_is_batch_invariant_with(bits: ActivationBits, dtype: DataType) {
         let (bias, _) = random_f32(&mut rng, &[m], 1.0);
         let what = format!("Linear {dtype} k={k} m={m}, {bits}-bit activations");
         check_with(bits, &what, |exec, first, n| {
-            let mut out = nan_output(&[n, m]);
-            exec.run(Op::Linear {
-                input: &f32_data(&[n, k], &x[first * k..(first + n) * k]),
-                weight: &w,
-                bias: Some(&bias),
-                output: &mut out,
+            output_of(&[n, m], |output| {
+                exec.run(Op::Linear {
+                    input: &f32_data(&[n, k], &x[first * k..(first + n) * k]),
+                    weight: &w,
+                    bias: Some(&bias),
+                    output,
+                })
             })
-            .expect("linear");
-            out.to_f32_vec().expect("a host tensor")
         });
     }
 }
@@ -140,17 +128,16 @@ fn moe_ffn_is_batch_invariant(dtype: DataType) {
     let (router, _) = random_f32(&mut rng, &[n_experts, dim], 0.2);
     let experts = random_experts(&mut rng, n_experts, (dim, inner), dtype);
     check(&format!("MoeFfn {dtype}"), |exec, first, n| {
-        let mut out = nan_output(&[n, dim]);
-        exec.run(Op::MoeFfn {
-            input: &f32_data(&[n, dim], &x[first * dim..(first + n) * dim]),
-            router: &router,
-            experts: &experts,
-            top_k: 2,
-            renormalize: true,
-            output: &mut out,
+        output_of(&[n, dim], |output| {
+            exec.run(Op::MoeFfn {
+                input: &f32_data(&[n, dim], &x[first * dim..(first + n) * dim]),
+                router: &router,
+                experts: &experts,
+                top_k: 2,
+                renormalize: true,
+                output,
+            })
         })
-        .expect("moe");
-        out.to_f32_vec().expect("a host tensor")
     });
 }
 
@@ -170,40 +157,33 @@ fn row_ops_are_batch_invariant() {
         let rows =
             |v: &[f32], first: usize, n: usize| f32_data(&[n, dim], &v[first * dim..][..n * dim]);
         check(&format!("RmsNorm dim={dim}"), |exec, first, n| {
-            let mut out = nan_output(&[n, dim]);
             let (input, weight) = (&rows(&x, first, n), &gain);
-            exec.run(Op::RmsNorm {
-                input,
-                weight,
-                eps: 1e-5,
-                output: &mut out,
+            output_of(&[n, dim], |output| {
+                exec.run(Op::RmsNorm {
+                    input,
+                    weight,
+                    eps: 1e-5,
+                    output,
+                })
             })
-            .unwrap();
-            out.to_f32_vec().expect("a host tensor")
         });
         check(&format!("LayerNorm dim={dim}"), |exec, first, n| {
-            let mut out = nan_output(&[n, dim]);
             let (input, weight, bias) = (&rows(&x, first, n), &gain, &shift);
-            exec.run(Op::LayerNorm {
-                input,
-                weight,
-                bias,
-                eps: 1e-5,
-                output: &mut out,
+            output_of(&[n, dim], |output| {
+                exec.run(Op::LayerNorm {
+                    input,
+                    weight,
+                    bias,
+                    eps: 1e-5,
+                    output,
+                })
             })
-            .unwrap();
-            out.to_f32_vec().expect("a host tensor")
         });
         check(&format!("SiluMul dim={dim}"), |exec, first, n| {
-            let mut out = nan_output(&[n, dim]);
             let (gate, up) = (&rows(&x, first, n), &rows(&y, first, n));
-            exec.run(Op::SiluMul {
-                gate,
-                up,
-                output: &mut out,
+            output_of(&[n, dim], |output| {
+                exec.run(Op::SiluMul { gate, up, output })
             })
-            .unwrap();
-            out.to_f32_vec().expect("a host tensor")
         });
         check(&format!("Gelu, Add, Scale dim={dim}"), |exec, first, n| {
             let mut v = rows(&x, first, n);
@@ -252,15 +232,14 @@ fn embedding_is_batch_invariant() {
     for dtype in [DataType::F32, DataType::F16, DataType::BF16] {
         let (table, _) = random_weight(&mut rng, &[101, 45], dtype);
         check(&format!("Embedding {dtype}"), |exec, first, n| {
-            let mut out = nan_output(&[n, 45]);
             let tokens = &tokens[first..first + n];
-            exec.run(Op::Embedding {
-                table: &table,
-                tokens: tokens.into(),
-                output: &mut out,
+            output_of(&[n, 45], |output| {
+                exec.run(Op::Embedding {
+                    table: &table,
+                    tokens: tokens.into(),
+                    output,
+                })
             })
-            .unwrap();
-            out.to_f32_vec().expect("a host tensor")
         });
     }
 }
@@ -325,25 +304,24 @@ fn attention_is_batch_invariant() {
         let (cache_v, _) = random_f32(&mut rng, &[POOL, kv_dim], 1.0);
         let what = format!("Attention {n_heads}/{n_kv_heads} heads of {head_dim}, alibi {alibi}, window {sliding_window:?}");
         check(&what, |exec, first, n| {
-            let mut out = nan_output(&[n, dim]);
-            exec.run(Op::Attention {
-                q: &f32_data(&[n, dim], &q[first * dim..][..n * dim]),
-                cache_k: &cache_k,
-                cache_v: &cache_v,
-                start_pos: first,
-                params: AttentionParams {
-                    n_heads,
-                    n_kv_heads,
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    alibi,
-                    bidirectional: 0,
-                    sliding_window,
-                    softcap: None,
-                },
-                output: &mut out,
+            output_of(&[n, dim], |output| {
+                exec.run(Op::Attention {
+                    q: &f32_data(&[n, dim], &q[first * dim..][..n * dim]),
+                    cache_k: &cache_k,
+                    cache_v: &cache_v,
+                    start_pos: first,
+                    params: AttentionParams {
+                        n_heads,
+                        n_kv_heads,
+                        scale: 1.0 / (head_dim as f32).sqrt(),
+                        alibi,
+                        bidirectional: 0,
+                        sliding_window,
+                        softcap: None,
+                    },
+                    output,
+                })
             })
-            .unwrap();
-            out.to_f32_vec().expect("a host tensor")
         });
     }
 }

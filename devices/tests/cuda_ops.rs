@@ -13,50 +13,22 @@
 #![cfg(feature = "cuda")]
 
 use flm_core::{
-    sampler_state, AttentionParams, BaseDevice, Data, DataType, Executor, Location, Op, PagedSeq,
-    RopeStyle, RopeTable, SampleState, SamplerConfig, TokenIds,
+    sampler_state, AttentionParams, BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle,
+    RopeTable, SampleState, SamplerConfig, TokenIds,
 };
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
-fn gpu() -> Option<CudaDevice> {
-    match CudaDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(why) => {
-            eprintln!("skipped: no CUDA GPU ({why})");
-            None
-        }
-    }
-}
+mod common;
 
-fn rng(seed: u64) -> StdRng {
-    StdRng::seed_from_u64(seed)
-}
+use common::{gpu, nan_output, paged_seqs, rng, to_f16};
 
 fn random(rng: &mut StdRng, shape: &[usize], scale: f32) -> Data {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n).map(|_| rng.random_range(-scale..scale)).collect();
     Data::from_f32(shape, &v).unwrap()
-}
-
-/// `d`'s values rounded to f16 (as `half` rounds), as an f16 tensor: a KV cache of
-/// `--kv-dtype f16`.
-fn to_f16(d: &Data) -> Data {
-    let v: Vec<half::f16> = d
-        .to_f32_vec()
-        .unwrap()
-        .into_iter()
-        .map(half::f16::from_f32)
-        .collect();
-    let mut h = Data::zeros(DataType::F16, d.shape()).unwrap();
-    h.as_f16_mut().unwrap().copy_from_slice(&v);
-    h
-}
-
-fn nan(shape: &[usize]) -> Data {
-    Data::from_f32(shape, &vec![f32::NAN; shape.iter().product()]).unwrap()
 }
 
 /// Runs the op `$op` (an expression over the output `$o`, a fresh copy of `$out`) on the
@@ -155,15 +127,31 @@ type AttentionCase = (
     Option<f32>,
 );
 
+/// Attention of `heads` query heads over `kv` KV heads of `hd` values (scores scaled by
+/// `1/√hd`) with a sliding window, ALiBi, a bidirectional prefix and a soft cap.
+fn attention_params(
+    (heads, kv, hd): (usize, usize, usize),
+    (window, alibi, bidirectional, softcap): (Option<usize>, bool, usize, Option<f32>),
+) -> AttentionParams {
+    AttentionParams {
+        n_heads: heads,
+        n_kv_heads: kv,
+        scale: 1.0 / (hd as f32).sqrt(),
+        alibi,
+        softcap,
+        bidirectional,
+        sliding_window: window,
+    }
+}
+
 /// Compares Attention on random q and cache (one of `n + start + 5` rows) for each case,
-/// with values rounded to f16 when `f16_values`, the cache held as `cache` (f32, or the
-/// f16 of `--kv-dtype f16`).
+/// with values rounded to f16 when `f16_values`, the cache held as f32 and then as the f16
+/// of `--kv-dtype f16`.
 fn compare_attention(
     gpu: &CudaDevice,
     r: &mut StdRng,
     cases: &[AttentionCase],
     f16_values: bool,
-    cache: DataType,
     tol: f32,
 ) {
     let mut operand = |shape: &[usize]| {
@@ -177,30 +165,24 @@ fn compare_attention(
             x
         }
     };
-    for &(n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
-        let max_seq = start + n + 5;
-        let q = operand(&[n, heads * hd]);
-        let k = operand(&[max_seq, kv * hd]).to_dtype(cache).unwrap();
-        let v = operand(&[max_seq, kv * hd]).to_dtype(cache).unwrap();
-        let what = format!("Attention ({cache} cache) n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
-        compare!(&what, gpu, &nan(&[n, heads * hd]), tol, None, |o| {
-            Op::Attention {
-                q: &q,
-                cache_k: &k,
-                cache_v: &v,
-                start_pos: start,
-                params: AttentionParams {
-                    n_heads: heads,
-                    n_kv_heads: kv,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                    alibi,
-                    softcap,
-                    bidirectional: bidir,
-                    sliding_window: window,
-                },
-                output: o,
-            }
-        });
+    for cache in [DataType::F32, DataType::F16] {
+        for &(n, start, heads, kv, hd, window, alibi, bidir, softcap) in cases {
+            let max_seq = start + n + 5;
+            let q = operand(&[n, heads * hd]);
+            let k = operand(&[max_seq, kv * hd]).to_dtype(cache).unwrap();
+            let v = operand(&[max_seq, kv * hd]).to_dtype(cache).unwrap();
+            let what = format!("Attention ({cache} cache) n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
+            compare!(&what, gpu, &nan_output(&[n, heads * hd]), tol, None, |o| {
+                Op::Attention {
+                    q: &q,
+                    cache_k: &k,
+                    cache_v: &v,
+                    start_pos: start,
+                    params: attention_params((heads, kv, hd), (window, alibi, bidir, softcap)),
+                    output: o,
+                }
+            });
+        }
     }
 }
 
@@ -228,7 +210,7 @@ impl Sampling {
     /// memory.
     fn new(seen: &[u32], seed: u64) -> Sampling {
         Sampling {
-            logits: nan(&[1, seen.len()]),
+            logits: nan_output(&[1, seen.len()]),
             state: SampleState {
                 seen: words(seen),
                 counts: words(&vec![0; seen.len()]),
@@ -302,11 +284,11 @@ gpu_tests! {
                 let bias = random(&mut r, &[m], 1.0);
                 let scale = abs_dot_scale(&x, &w);
                 let what = format!("Linear {dtype} n={n} k={k} m={m}");
-                compare!(&what, &gpu, &nan(&[n, m]), linear_tol(dtype), Some(&scale), |o| Op::Linear {
+                compare!(&what, &gpu, &nan_output(&[n, m]), linear_tol(dtype), Some(&scale), |o| Op::Linear {
                     input: &x, weight: &w, bias: None, output: o,
                 });
                 let scale: Vec<f32> = scale.iter().map(|s| s + 1.0).collect();
-                compare!(&format!("{what} + bias"), &gpu, &nan(&[n, m]), linear_tol(dtype), Some(&scale), |o| {
+                compare!(&format!("{what} + bias"), &gpu, &nan_output(&[n, m]), linear_tol(dtype), Some(&scale), |o| {
                     Op::Linear { input: &x, weight: &w, bias: Some(&bias), output: o }
                 });
             }
@@ -320,7 +302,7 @@ gpu_tests! {
                 let x = random(&mut r, &[n, k], 1.0);
                 let (w, scale) = permuted_weight(&mut r, &x, m, dtype);
                 let what = format!("permuted Linear {dtype} n={n} k={k} m={m}");
-                compare!(&what, &gpu, &nan(&[n, m]), linear_tol(dtype), Some(&scale), |o| Op::Linear {
+                compare!(&what, &gpu, &nan_output(&[n, m]), linear_tol(dtype), Some(&scale), |o| Op::Linear {
                     input: &x, weight: &w, bias: None, output: o,
                 });
             }
@@ -334,10 +316,10 @@ gpu_tests! {
                 let x = random(&mut r, &[n, dim], 3.0);
                 let w = random(&mut r, &[dim], 1.0).to_dtype(dtype).unwrap();
                 let b = random(&mut r, &[dim], 1.0).to_dtype(dtype).unwrap();
-                compare!(&format!("RmsNorm {dtype} {n}x{dim}"), &gpu, &nan(&[n, dim]), 1e-5, None, |o| {
+                compare!(&format!("RmsNorm {dtype} {n}x{dim}"), &gpu, &nan_output(&[n, dim]), 1e-5, None, |o| {
                     Op::RmsNorm { input: &x, weight: &w, eps: 1e-5, output: o }
                 });
-                compare!(&format!("LayerNorm {dtype} {n}x{dim}"), &gpu, &nan(&[n, dim]), 1e-5, None, |o| {
+                compare!(&format!("LayerNorm {dtype} {n}x{dim}"), &gpu, &nan_output(&[n, dim]), 1e-5, None, |o| {
                     Op::LayerNorm { input: &x, weight: &w, bias: &b, eps: 1e-5, output: o }
                 });
             }
@@ -349,7 +331,7 @@ gpu_tests! {
         let tokens = [0u32, 17, 99, 17, 5];
         for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q8_0) {
             let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
-            compare!(&format!("Embedding {dtype}"), &gpu, &nan(&[5, 333]), 1e-6, None, |o| {
+            compare!(&format!("Embedding {dtype}"), &gpu, &nan_output(&[5, 333]), 1e-6, None, |o| {
                 Op::Embedding { table: &table, tokens: TokenIds::Host(&tokens), output: o }
             });
         }
@@ -384,7 +366,7 @@ gpu_tests! {
         let mut r = rng(5);
         let shape = [3, 1001];
         let (a, b) = (random(&mut r, &shape, 6.0), random(&mut r, &shape, 2.0));
-        compare!("SiluMul", &gpu, &nan(&shape), 1e-6, None, |o| Op::SiluMul { gate: &a, up: &b, output: o });
+        compare!("SiluMul", &gpu, &nan_output(&shape), 1e-6, None, |o| Op::SiluMul { gate: &a, up: &b, output: o });
         compare!("Gelu", &gpu, &a, 1e-6, None, |o| Op::Gelu { x: o });
         compare!("Add", &gpu, &a, 1e-7, None, |o| Op::Add { x: o, y: &b });
         compare!("Scale", &gpu, &a, 1e-7, None, |o| Op::Scale { x: o, alpha: 0.37 });
@@ -514,9 +496,7 @@ gpu_tests! {
             (5, 40, 4, 2, 64, Some(16), false, 0, Some(0.9)),
             (2, 90, 6, 3, 65, None, false, 0, None),
         ];
-        for cache in [DataType::F32, DataType::F16] {
-            compare_attention(&gpu, &mut r, &cases, false, cache, 1e-5);
-        }
+        compare_attention(&gpu, &mut r, &cases, false, 1e-5);
     }
 
     linear_quantized_prefill(gpu) {
@@ -531,7 +511,7 @@ gpu_tests! {
                 let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
                 let bias = random(&mut r, &[m], 1.0);
                 let scale: Vec<f32> = abs_dot_scale(&x, &w).iter().map(|s| s + 1.0).collect();
-                compare!(&format!("prefill Linear {dtype} n={n} k={k} m={m}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+                compare!(&format!("prefill Linear {dtype} n={n} k={k} m={m}"), &gpu, &nan_output(&[n, m]), 1e-2, Some(&scale), |o| {
                     Op::Linear { input: &x, weight: &w, bias: Some(&bias), output: o }
                 });
             }
@@ -542,14 +522,14 @@ gpu_tests! {
         let x = random(&mut r, &[n, k], 1.0);
         let w = random(&mut r, &[m, k], 1.0).to_dtype(DataType::I4G32).unwrap();
         let scale = abs_dot_scale(&x, &w);
-        compare!(&format!("prefill Linear I4G32 n={n} k={k} m={m}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+        compare!(&format!("prefill Linear I4G32 n={n} k={k} m={m}"), &gpu, &nan_output(&[n, m]), 1e-2, Some(&scale), |o| {
             Op::Linear { input: &x, weight: &w, bias: None, output: o }
         });
         for dtype in [DataType::I8, DataType::I4SymG32, DataType::I4ZpG128] {
             let (n, k, m) = (33, 1024, 129);
             let x = random(&mut r, &[n, k], 1.0);
             let (w, scale) = permuted_weight(&mut r, &x, m, dtype);
-            compare!(&format!("permuted prefill Linear {dtype} n={n}"), &gpu, &nan(&[n, m]), 1e-2, Some(&scale), |o| {
+            compare!(&format!("permuted prefill Linear {dtype} n={n}"), &gpu, &nan_output(&[n, m]), 1e-2, Some(&scale), |o| {
                 Op::Linear { input: &x, weight: &w, bias: None, output: o }
             });
         }
@@ -574,9 +554,7 @@ gpu_tests! {
             // No flash kernel for head_dim 96: the flash-decoding kernels.
             (130, 5, 4, 2, 96, None, false, 0, None),
         ];
-        for cache in [DataType::F32, DataType::F16] {
-            compare_attention(&gpu, &mut r, &cases, true, cache, 2e-3);
-        }
+        compare_attention(&gpu, &mut r, &cases, true, 2e-3);
     }
 
     paged_attention_and_scatter_rows(gpu) {
@@ -624,7 +602,7 @@ gpu_tests! {
             for (src, dst) in new.iter().zip(cache.iter_mut()) {
                 e.run(Op::CopyRows { src: &up(src), src_row: 0, n_rows: n, dst, dst_row: start }).unwrap();
             }
-            let mut out = up(&nan(&[n, heads * hd]));
+            let mut out = up(&nan_output(&[n, heads * hd]));
             e.run(Op::Attention {
                 q: &up(&q),
                 cache_k: &cache[0],
@@ -688,15 +666,10 @@ fn paged_case(
     // Sequence 3 shares sequence 1's first two blocks.
     let shared = tables[1][..2].to_vec();
     tables[3][..2].copy_from_slice(&shared);
-    let seqs: Vec<PagedSeq<'_>> = shapes
-        .iter()
-        .zip(&tables)
-        .map(|(&(n_rows, start_pos), blocks)| PagedSeq {
-            n_rows,
-            start_pos,
-            blocks,
-        })
-        .collect();
+    let seqs = paged_seqs(
+        shapes.map(|(n_rows, start_pos)| (start_pos, n_rows)),
+        &tables,
+    );
     let n: usize = shapes.iter().map(|s| s.0).sum();
     let cols = kv * hd;
     let pool_rows = n_blocks * bs;
@@ -749,23 +722,15 @@ fn paged_case(
             cache_v: v,
             block_size: bs,
             seqs: &seqs,
-            params: AttentionParams {
-                n_heads: heads,
-                n_kv_heads: kv,
-                scale: 1.0 / (hd as f32).sqrt(),
-                alibi,
-                softcap,
-                bidirectional: 0,
-                sliding_window: window,
-            },
+            params: attention_params((heads, kv, hd), (window, alibi, 0, softcap)),
             output,
         })
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     };
-    let mut want = nan(&[n, heads * hd]);
+    let mut want = nan_output(&[n, heads * hd]);
     run(&q, &pools, &mut want);
     let mut got = exec
-        .to_device(&nan(&[n, heads * hd]), at, "test: upload")
+        .to_device(&nan_output(&[n, heads * hd]), at, "test: upload")
         .unwrap();
     run(
         &exec.to_device(&q, at, "test: upload").unwrap(),

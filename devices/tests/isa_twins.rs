@@ -9,9 +9,7 @@
 mod common;
 
 use common::*;
-use flm_core::{
-    panels, AttentionParams, Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds,
-};
+use flm_core::{panels, Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds};
 use flm_devices::{CpuDevice, Isa};
 
 /// An executor holding only the CPU device at `isa`.
@@ -38,7 +36,6 @@ fn linear_at(isa: Isa, x: &Data, weight: &Data, bias: Option<&Data>) -> Vec<f32>
 /// order at every level (int8 and int4 in panels, packed per call or at load; the K-quants
 /// and Q8_0 in 8 lanes).
 fn linear_matches_scalar(dtype: DataType) {
-    let mut rng = rng(0x15a);
     let sizes = [
         (1, 1, 1),
         (1, 33, 5),
@@ -66,12 +63,24 @@ fn linear_matches_scalar(dtype: DataType) {
         // last chunk partial.
         (7, 4500, 9),
     ];
-    for (n, k, m) in sizes {
+    assert_linear_levels_same(0x15a, dtype, sizes);
+}
+
+/// Linear with a bias at each SIMD level against the scalar one, to the bit, on random
+/// operands of each `(n, k, m)` of `shapes` and `dtype` weights (int8 and int4 weights
+/// also in panels), from `rng(seed)`.
+fn assert_linear_levels_same(
+    seed: u64,
+    dtype: DataType,
+    shapes: impl IntoIterator<Item = (usize, usize, usize)>,
+) {
+    let mut rng = rng(seed);
+    for (n, k, m) in shapes {
         let (x, _) = random_f32(&mut rng, &[n, k], 1.0);
         let (w, _) = random_weight(&mut rng, &[m, k], dtype);
         let (b, _) = random_f32(&mut rng, &[m], 1.0);
         let want = linear_at(Isa::Scalar, &x, &w, Some(&b));
-        for isa in Isa::supported().into_iter().filter(|&i| i != Isa::Scalar) {
+        for isa in simd_levels() {
             let got = linear_at(isa, &x, &w, Some(&b));
             let what = format!("Linear {dtype} at {isa}, n={n} k={k} m={m}");
             assert_same_bits(&what, &got, &want);
@@ -153,6 +162,15 @@ fn simd_levels() -> Vec<Isa> {
         .collect()
 }
 
+/// Asserts that `at(isa)` is at every SIMD level what it is at the scalar one; `what` names
+/// the case.
+fn assert_levels_eq<T: PartialEq + std::fmt::Debug>(what: &str, at: impl Fn(Isa) -> T) {
+    let want = at(Isa::Scalar);
+    for isa in simd_levels() {
+        assert_eq!(at(isa), want, "{what}, at {isa}");
+    }
+}
+
 /// Vector lengths below, at and just past the 8 lanes of AVX2 and the 16 of AVX-512 and
 /// their multiples, so that every kernel runs its full vectors and its masked tails.
 const LENS: [usize; 13] = [1, 7, 8, 9, 15, 16, 17, 33, 63, 64, 65, 100, 257];
@@ -168,7 +186,6 @@ fn run_at(isa: Isa, op: Op<'_>) {
 /// `PARALLEL_MIN_WORK` (decode split over rows of the weight, prefill over blocks of rows
 /// with the transposed output).
 fn float_linear_matches_scalar(dtype: DataType) {
-    let mut rng = rng(0x15b);
     let mut shapes = Vec::new();
     for k in LENS {
         for (n, m) in [(1, 9), (1, 24), (2, 17), (5, 8), (7, 3)] {
@@ -184,17 +201,7 @@ fn float_linear_matches_scalar(dtype: DataType) {
         (9, 300, 65),
         (37, 172, 64),
     ]);
-    for (n, k, m) in shapes {
-        let (x, _) = random_f32(&mut rng, &[n, k], 1.0);
-        let (w, _) = random_weight(&mut rng, &[m, k], dtype);
-        let (b, _) = random_f32(&mut rng, &[m], 1.0);
-        let want = linear_at(Isa::Scalar, &x, &w, Some(&b));
-        for isa in simd_levels() {
-            let got = linear_at(isa, &x, &w, Some(&b));
-            let what = format!("float Linear {dtype} at {isa}, n={n} k={k} m={m}");
-            assert_same_bits(&what, &got, &want);
-        }
-    }
+    assert_linear_levels_same(0x15b, dtype, shapes);
 }
 
 dtype_tests!([f32: F32, f16: F16, bf16: BF16] float_linear_matches_scalar);
@@ -249,10 +256,7 @@ fn embedding_matches_scalar(dtype: DataType) {
             );
             out.to_f32_vec().unwrap()
         };
-        let want = embed(Isa::Scalar);
-        for isa in simd_levels() {
-            assert_eq!(embed(isa), want, "Embedding {dtype} at {isa}, dim={dim}");
-        }
+        assert_levels_eq(&format!("Embedding {dtype}, dim={dim}"), embed);
     }
 }
 
@@ -311,25 +315,12 @@ fn rope_matches_scalar() {
     }
 }
 
-/// One attention shape: `n` query rows from `start_pos`, `(n_heads, n_kv_heads)`.
-struct AttnCase {
-    n: usize,
-    start_pos: usize,
-    heads: (usize, usize),
-    head_dim: usize,
-}
-
 /// Attention at each level against the scalar one, bit for bit: head sizes of 8, 16, 64
 /// and 128 and odd ones, multi-head, grouped-query and multi-query heads, decode and prefill
 /// rows, and shapes above `PARALLEL_MIN_WORK`.
 #[test]
 fn attention_matches_scalar() {
-    let case = |n, start_pos, heads, head_dim| AttnCase {
-        n,
-        start_pos,
-        heads,
-        head_dim,
-    };
+    let case = AttentionCase::new;
     let mut cases = Vec::new();
     for head_dim in [8, 16, 64, 128, 1, 5, 33, 65] {
         cases.extend([
@@ -350,15 +341,12 @@ fn attention_matches_scalar() {
     let mut seed = 0x19f;
     for c in cases {
         seed += 1;
-        let (n_heads, n_kv_heads) = c.heads;
         let hd = c.head_dim;
-        let kv_dim = n_kv_heads * hd;
         let rows = c.start_pos + c.n;
         let mut rng = rng(seed);
-        let (k, _) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
-        let (v, _) = random_f32(&mut rng, &[rows, kv_dim], 1.0);
-        let (q, _) = random_f32(&mut rng, &[c.n, n_heads * hd], 1.0);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let (k, _) = random_f32(&mut rng, &[rows, c.kv_dim()], 1.0);
+        let (v, _) = random_f32(&mut rng, &[rows, c.kv_dim()], 1.0);
+        let (q, _) = random_f32(&mut rng, &[c.n, c.q_dim()], 1.0);
         // The f16 cache of `--kv-dtype f16`: the same values rounded.
         let (k16, v16) = (to_f16(&k), to_f16(&v));
         // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest),
@@ -374,8 +362,17 @@ fn attention_matches_scalar() {
             (true, 0, Some(7), None, true),
         ] {
             let (k, v) = if f16_cache { (&k16, &v16) } else { (&k, &v) };
+            let masked = AttentionCase {
+                mask: Mask {
+                    window,
+                    bidirectional,
+                    alibi,
+                    softcap,
+                },
+                ..c
+            };
             let attend = |isa| {
-                let mut out = nan_output(&[c.n, n_heads * hd]);
+                let mut out = nan_output(&[c.n, c.q_dim()]);
                 run_at(
                     isa,
                     Op::Attention {
@@ -383,15 +380,7 @@ fn attention_matches_scalar() {
                         cache_k: k,
                         cache_v: v,
                         start_pos: c.start_pos,
-                        params: AttentionParams {
-                            n_heads,
-                            n_kv_heads,
-                            scale,
-                            alibi,
-                            softcap,
-                            bidirectional,
-                            sliding_window: window,
-                        },
+                        params: masked.params(),
                         output: &mut out,
                     },
                 );
@@ -534,10 +523,7 @@ fn add_matches_scalar() {
             run_at(isa, Op::Add { x: &mut z, y: &y });
             z.to_f32_vec().unwrap()
         };
-        let want = add(Isa::Scalar);
-        for isa in simd_levels() {
-            assert_eq!(add(isa), want, "Add at {isa}, len={len}");
-        }
+        assert_levels_eq(&format!("Add, len={len}"), add);
     }
 }
 
@@ -576,10 +562,7 @@ fn argmax_matches_scalar() {
             );
             out[0]
         };
-        let want = argmax(Isa::Scalar);
-        for isa in simd_levels() {
-            assert_eq!(argmax(isa), want, "Argmax at {isa}, row {row:?}");
-        }
+        assert_levels_eq(&format!("Argmax, row {row:?}"), argmax);
     }
 }
 

@@ -10,6 +10,7 @@ mod common;
 
 use common::*;
 use flm_core::{Data, DataType, Error, Op, TokenIds};
+use rand::rngs::StdRng;
 
 fn zeros(shape: &[usize]) -> Data {
     Data::zeros(DataType::F32, shape).unwrap()
@@ -173,13 +174,18 @@ fn silu_mul_shape_errors() {
     }
 }
 
+/// Random `x` and `y` of `shape` in `[-4, 4)`, tensors and values: the operands of the
+/// residual adds.
+fn residual_operands(rng: &mut StdRng, shape: &[usize]) -> ((Data, Vec<f32>), (Data, Vec<f32>)) {
+    (random_f32(rng, shape, 4.0), random_f32(rng, shape, 4.0))
+}
+
 /// `x += y`: one f32 addition per element, which is the f64 sum rounded once to f32.
 #[test]
 fn add_matches_formula() {
     let mut rng = rng(0x72);
     for shape in [[1, 1], [1, 7], [3, 1023], [1, 4096]] {
-        let (mut x, xv) = random_f32(&mut rng, &shape, 4.0);
-        let (y, yv) = random_f32(&mut rng, &shape, 4.0);
+        let ((mut x, xv), (y, yv)) = residual_operands(&mut rng, &shape);
         run(Op::Add { x: &mut x, y: &y }).unwrap();
         let want: Vec<f32> = xv
             .iter()
@@ -212,8 +218,7 @@ fn add_shape_errors() {
 fn gated_add_matches_formula() {
     let mut rng = rng(0x75);
     for shape in [[1, 1], [1, 7], [3, 1023], [5, 64]] {
-        let (mut x, xv) = random_f32(&mut rng, &shape, 4.0);
-        let (y, yv) = random_f32(&mut rng, &shape, 4.0);
+        let ((mut x, xv), (y, yv)) = residual_operands(&mut rng, &shape);
         let (gate, gv) = random_f32(&mut rng, &[shape[0], 1], 8.0);
         run(Op::GatedAdd {
             x: &mut x,

@@ -8,25 +8,9 @@ use common::*;
 use flm_core::{AttentionParams, Data, DataType, Error, Op};
 use flm_devices::cpu::PARALLEL_MIN_WORK;
 
-#[derive(Debug, Clone, Copy)]
-struct Case {
-    n: usize,
-    start_pos: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    /// Multiplies the random queries: large values make the softmax peaked.
-    q_scale: f32,
-    /// Sliding window: positions each row sees at most.
-    window: Option<usize>,
-    /// Soft-capping of the scaled scores (Gemma 2).
-    softcap: Option<f32>,
-}
-
-impl Case {
-    fn work(&self) -> usize {
-        self.n * self.n_heads * (self.start_pos + self.n) * self.head_dim * 2
-    }
+/// The multiply-adds of a case, as the CPU device weighs them against `PARALLEL_MIN_WORK`.
+fn work(c: &AttentionCase) -> usize {
+    c.n * c.heads.0 * (c.start_pos + c.n) * c.head_dim * 2
 }
 
 /// Query head `h` reads KV head `h / (n_heads / n_kv_heads)`; row `i` (position
@@ -38,16 +22,23 @@ impl Case {
 /// Tolerance per element: each f32 score is off by about `DOT_REL·scale·Σ|q·k|` (see
 /// [`DOT_REL`]), which moves the output by at most twice that times `max|v|`; the f32
 /// weighted sum of `len` values adds about `u·√len·max|v|`.
-fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f64) -> (Vec<f64>, Vec<f64>) {
-    let (hd, kv_dim) = (c.head_dim, c.n_kv_heads * c.head_dim);
-    let group = c.n_heads / c.n_kv_heads;
-    let mut want = vec![0.0; c.n * c.n_heads * hd];
+fn reference(
+    c: &AttentionCase,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (hd, kv_dim) = (c.head_dim, c.kv_dim());
+    let (n_heads, n_kv_heads) = c.heads;
+    let group = n_heads / n_kv_heads;
+    let mut want = vec![0.0; c.n * c.q_dim()];
     let mut tol = vec![0.0; want.len()];
     for i in 0..c.n {
         let len = c.start_pos + i + 1;
-        let first = c.window.map_or(0, |w| len.saturating_sub(w));
-        for h in 0..c.n_heads {
-            let qh = &q[(i * c.n_heads + h) * hd..][..hd];
+        let first = c.mask.window.map_or(0, |w| len.saturating_sub(w));
+        for h in 0..n_heads {
+            let qh = &q[(i * n_heads + h) * hd..][..hd];
             let kv_off = (h / group) * hd;
             let (mut scores, mut max_mag) = (Vec::with_capacity(len), 0.0f64);
             for t in first..len {
@@ -59,7 +50,7 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f64) -> (Vec<f64>
                     .map(|(&a, &b)| (a as f64 * b as f64).abs())
                     .sum();
                 let s = dot * scale;
-                scores.push(match c.softcap {
+                scores.push(match c.mask.softcap {
                     Some(cap) => cap as f64 * (s / cap as f64).tanh(),
                     None => s,
                 });
@@ -69,7 +60,7 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f64) -> (Vec<f64>
             let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let total: f64 = weights.iter().sum();
             let mut vmax = 0.0f64;
-            let out = &mut want[(i * c.n_heads + h) * hd..][..hd];
+            let out = &mut want[(i * n_heads + h) * hd..][..hd];
             for (t, w) in (first..).zip(&weights) {
                 let vt = &v[t * kv_dim + kv_off..][..hd];
                 for (o, &x) in out.iter_mut().zip(vt) {
@@ -78,21 +69,31 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f64) -> (Vec<f64>
                 }
             }
             let t = vmax * (2.0 * (DOT_REL * max_mag + 4.0 * EPS) + EPS * (len as f64).sqrt());
-            tol[(i * c.n_heads + h) * hd..][..hd].fill(t);
+            tol[(i * n_heads + h) * hd..][..hd].fill(t);
         }
     }
     (want, tol)
 }
 
-fn check(c: Case, seed: u64) {
-    assert_eq!(c.n_heads % c.n_kv_heads, 0);
+/// Runs case `c` on random operands from `rng(seed)`, the queries times `q_scale` (large
+/// values make the softmax peaked), against [`reference`].
+fn check(c: AttentionCase, q_scale: f32, seed: u64) {
+    assert_eq!(c.heads.0 % c.heads.1, 0);
+    assert!(
+        !c.mask.alibi && c.mask.bidirectional == 0,
+        "the reference is causal without ALiBi"
+    );
     let mut rng = rng(seed);
-    let kv_dim = c.n_kv_heads * c.head_dim;
+    let kv_dim = c.kv_dim();
     // Three spare rows past `start_pos + n`, and the rows before the first row's window,
     // hold NaN: they must never be read.
     let max_seq = c.start_pos + c.n + 3;
     let filled = (c.start_pos + c.n) * kv_dim;
-    let unseen = c.window.map_or(0, |w| (c.start_pos + 1).saturating_sub(w)) * kv_dim;
+    let unseen = c
+        .mask
+        .window
+        .map_or(0, |w| (c.start_pos + 1).saturating_sub(w))
+        * kv_dim;
     let cache = |rng: &mut rand::rngs::StdRng| {
         let mut values = uniform(rng, max_seq * kv_dim, 1.0);
         values[filled..].fill(f32::NAN);
@@ -101,27 +102,19 @@ fn check(c: Case, seed: u64) {
     };
     let (k_data, k) = cache(&mut rng);
     let (v_data, v) = cache(&mut rng);
-    let (q_data, q) = random_f32(&mut rng, &[c.n, c.n_heads * c.head_dim], c.q_scale);
-    let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let mut out = nan_output(&[c.n, c.n_heads * c.head_dim]);
+    let (q_data, q) = random_f32(&mut rng, &[c.n, c.q_dim()], q_scale);
+    let params = c.params();
+    let mut out = nan_output(&[c.n, c.q_dim()]);
     run(Op::Attention {
         q: &q_data,
         cache_k: &k_data,
         cache_v: &v_data,
         start_pos: c.start_pos,
-        params: AttentionParams {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            scale,
-            alibi: false,
-            bidirectional: 0,
-            sliding_window: c.window,
-            softcap: c.softcap,
-        },
+        params,
         output: &mut out,
     })
     .unwrap();
-    let (want, tol) = reference(&c, &q, &k, &v, scale as f64);
+    let (want, tol) = reference(&c, &q, &k, &v, params.scale as f64);
     assert_close(
         &format!("Attention {c:?}"),
         out.as_f32().unwrap(),
@@ -130,34 +123,21 @@ fn check(c: Case, seed: u64) {
     );
 }
 
-const fn case(n: usize, start_pos: usize, heads: (usize, usize), head_dim: usize) -> Case {
-    Case {
-        n,
-        start_pos,
-        n_heads: heads.0,
-        n_kv_heads: heads.1,
-        head_dim,
-        q_scale: 1.0,
-        window: None,
-        softcap: None,
-    }
-}
-
 /// Multi-head (groups of 1), grouped-query and multi-query heads; odd head sizes; decode
 /// and prefill rows from position 0 and from later positions; all on one thread.
 #[test]
 fn attention_matches_formula() {
     let cases = [
-        case(1, 0, (4, 4), 8),   // one position: the output is v row 0
-        case(1, 37, (8, 2), 16), // decode, groups of 4
-        case(5, 0, (4, 1), 7),   // prefill from 0, multi-query
-        case(6, 11, (6, 3), 5),  // prefill after a first chunk, groups of 2
-        case(3, 4, (2, 2), 1),   // head_dim 1
-        case(9, 20, (3, 1), 33),
+        AttentionCase::new(1, 0, (4, 4), 8), // one position: the output is v row 0
+        AttentionCase::new(1, 37, (8, 2), 16), // decode, groups of 4
+        AttentionCase::new(5, 0, (4, 1), 7), // prefill from 0, multi-query
+        AttentionCase::new(6, 11, (6, 3), 5), // prefill after a first chunk, groups of 2
+        AttentionCase::new(3, 4, (2, 2), 1), // head_dim 1
+        AttentionCase::new(9, 20, (3, 1), 33),
     ];
     for (s, c) in cases.into_iter().enumerate() {
-        assert!(c.work() < PARALLEL_MIN_WORK, "{c:?}");
-        check(c, 0x30 + s as u64);
+        assert!(work(&c) < PARALLEL_MIN_WORK, "{c:?}");
+        check(c, 1.0, 0x30 + s as u64);
     }
 }
 
@@ -165,13 +145,13 @@ fn attention_matches_formula() {
 #[test]
 fn attention_parallel_matches_formula() {
     let cases = [
-        case(1, 300, (8, 2), 64),
-        case(17, 40, (4, 2), 32),
-        case(2, 70, (32, 8), 65),
+        AttentionCase::new(1, 300, (8, 2), 64),
+        AttentionCase::new(17, 40, (4, 2), 32),
+        AttentionCase::new(2, 70, (32, 8), 65),
     ];
     for (s, c) in cases.into_iter().enumerate() {
-        assert!(c.work() >= PARALLEL_MIN_WORK, "{c:?}");
-        check(c, 0x40 + s as u64);
+        assert!(work(&c) >= PARALLEL_MIN_WORK, "{c:?}");
+        check(c, 1.0, 0x40 + s as u64);
     }
 }
 
@@ -180,22 +160,25 @@ fn attention_parallel_matches_formula() {
 /// parallel.
 #[test]
 fn attention_sliding_window_matches_formula() {
-    let windowed = |c: Case, w| Case {
-        window: Some(w),
+    let windowed = |c: AttentionCase, w| AttentionCase {
+        mask: Mask {
+            window: Some(w),
+            ..c.mask
+        },
         ..c
     };
     let cases = [
-        windowed(case(1, 37, (8, 2), 16), 8),
-        windowed(case(1, 7, (8, 2), 16), 8),
-        windowed(case(1, 3, (4, 4), 8), 8),
-        windowed(case(9, 20, (3, 1), 33), 4),
-        windowed(case(24, 0, (4, 2), 16), 8),
-        windowed(case(5, 2, (4, 2), 7), 1),
-        windowed(case(1, 300, (8, 2), 64), 100),
-        windowed(case(17, 40, (4, 2), 32), 20),
+        windowed(AttentionCase::new(1, 37, (8, 2), 16), 8),
+        windowed(AttentionCase::new(1, 7, (8, 2), 16), 8),
+        windowed(AttentionCase::new(1, 3, (4, 4), 8), 8),
+        windowed(AttentionCase::new(9, 20, (3, 1), 33), 4),
+        windowed(AttentionCase::new(24, 0, (4, 2), 16), 8),
+        windowed(AttentionCase::new(5, 2, (4, 2), 7), 1),
+        windowed(AttentionCase::new(1, 300, (8, 2), 64), 100),
+        windowed(AttentionCase::new(17, 40, (4, 2), 32), 20),
     ];
     for (s, c) in cases.into_iter().enumerate() {
-        check(c, 0x70 + s as u64);
+        check(c, 1.0, 0x70 + s as u64);
     }
 }
 
@@ -203,19 +186,21 @@ fn attention_sliding_window_matches_formula() {
 /// cap bites, in decode and prefill, with a window, on one thread and in parallel.
 #[test]
 fn attention_soft_cap_matches_formula() {
-    let capped = |c: Case, cap, window| Case {
-        softcap: Some(cap),
-        q_scale: 8.0,
-        window,
+    let capped = |c: AttentionCase, cap, window| AttentionCase {
+        mask: Mask {
+            softcap: Some(cap),
+            window,
+            ..c.mask
+        },
         ..c
     };
     let cases = [
-        capped(case(1, 37, (8, 2), 16), 2.0, None),
-        capped(case(9, 20, (3, 1), 33), 0.5, Some(6)),
-        capped(case(17, 40, (4, 2), 32), 5.0, None),
+        capped(AttentionCase::new(1, 37, (8, 2), 16), 2.0, None),
+        capped(AttentionCase::new(9, 20, (3, 1), 33), 0.5, Some(6)),
+        capped(AttentionCase::new(17, 40, (4, 2), 32), 5.0, None),
     ];
     for (s, c) in cases.into_iter().enumerate() {
-        check(c, 0x90 + s as u64);
+        check(c, 8.0, 0x90 + s as u64);
     }
 }
 
@@ -223,11 +208,7 @@ fn attention_soft_cap_matches_formula() {
 #[test]
 fn attention_large_scores_stay_finite() {
     for (s, q_scale) in [(0, 40.0), (1, 400.0)] {
-        let c = Case {
-            q_scale,
-            ..case(4, 9, (4, 2), 16)
-        };
-        check(c, 0x50 + s);
+        check(AttentionCase::new(4, 9, (4, 2), 16), q_scale, 0x50 + s);
     }
 }
 

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use flm_core::{AttentionParams, Data, DataType, Executor, Op, PagedSeq};
+use flm_core::{AttentionParams, Data, DataType, Executor, Op};
 use flm_devices::{CpuDevice, Isa};
 use half::f16;
 
@@ -23,96 +23,44 @@ fn f16_and_rounded(shape: &[usize], values: &[f32]) -> (Data, Data) {
     (half, rounded)
 }
 
-/// One attention shape and mask.
-#[derive(Debug, Clone, Copy)]
-struct Case {
-    n: usize,
-    start_pos: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    alibi: bool,
-    window: Option<usize>,
-    softcap: Option<f32>,
-    bidirectional: usize,
-}
-
-fn cases() -> Vec<Case> {
-    let base = Case {
-        n: 1,
-        start_pos: 0,
-        n_heads: 4,
-        n_kv_heads: 4,
-        head_dim: 64,
-        alibi: false,
-        window: None,
-        softcap: None,
-        bidirectional: 0,
-    };
+fn cases() -> Vec<AttentionCase> {
+    let case = AttentionCase::new;
     vec![
-        base,
-        Case {
-            start_pos: 37,
-            n_heads: 8,
-            n_kv_heads: 2,
-            ..base
+        case(1, 0, (4, 4), 64),
+        case(1, 37, (8, 2), 64),
+        case(5, 11, (6, 1), 5),
+        AttentionCase {
+            mask: Mask {
+                window: Some(7),
+                alibi: true,
+                ..Mask::default()
+            },
+            ..case(3, 20, (4, 4), 33)
         },
-        Case {
-            n: 5,
-            start_pos: 11,
-            n_heads: 6,
-            n_kv_heads: 1,
-            head_dim: 5,
-            ..base
-        },
-        Case {
-            n: 3,
-            start_pos: 20,
-            head_dim: 33,
-            window: Some(7),
-            alibi: true,
-            ..base
-        },
-        Case {
-            n: 4,
-            start_pos: 2,
-            head_dim: 16,
-            bidirectional: 6,
-            softcap: Some(0.9),
-            ..base
+        AttentionCase {
+            mask: Mask {
+                bidirectional: 6,
+                softcap: Some(0.9),
+                ..Mask::default()
+            },
+            ..case(4, 2, (4, 4), 16)
         },
         // Above the parallel threshold, with 128-wide heads.
-        Case {
-            n: 9,
-            start_pos: 100,
-            n_heads: 32,
-            n_kv_heads: 8,
-            head_dim: 128,
-            ..base
-        },
+        case(9, 100, (32, 8), 128),
     ]
 }
 
-fn attend(exec: &Executor, c: Case, q: &Data, k: &Data, v: &Data) -> Vec<f32> {
-    let mut out = nan_output(&[c.n, c.n_heads * c.head_dim]);
-    exec.run(Op::Attention {
-        q,
-        cache_k: k,
-        cache_v: v,
-        start_pos: c.start_pos,
-        params: AttentionParams {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-            alibi: c.alibi,
-            softcap: c.softcap,
-            bidirectional: c.bidirectional,
-            sliding_window: c.window,
-        },
-        output: &mut out,
+fn attend(exec: &Executor, c: AttentionCase, q: &Data, k: &Data, v: &Data) -> Vec<f32> {
+    output_of(&[c.n, c.q_dim()], |output| {
+        exec.run(Op::Attention {
+            q,
+            cache_k: k,
+            cache_v: v,
+            start_pos: c.start_pos,
+            params: c.params(),
+            output,
+        })
     })
-    .unwrap();
-    out.to_f32_vec().unwrap()
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -125,8 +73,8 @@ fn attention_over_an_f16_cache_equals_an_f32_cache_of_the_rounded_values() {
     for (i, c) in cases().into_iter().enumerate() {
         let mut rng = rng(0xf16 + i as u64);
         let rows = c.start_pos + c.n + 3;
-        let kv_dim = c.n_kv_heads * c.head_dim;
-        let (q, _) = random_f32(&mut rng, &[c.n, c.n_heads * c.head_dim], 2.0);
+        let kv_dim = c.kv_dim();
+        let (q, _) = random_f32(&mut rng, &[c.n, c.q_dim()], 2.0);
         let (k16, k32) = f16_and_rounded(&[rows, kv_dim], &uniform(&mut rng, rows * kv_dim, 3.0));
         let (v16, v32) = f16_and_rounded(&[rows, kv_dim], &uniform(&mut rng, rows * kv_dim, 1.0));
         let twin: Vec<f64> = attend(&scalar, c, &q, &k16, &v16)
@@ -163,15 +111,7 @@ fn paged_attention_over_an_f16_pool_equals_an_f32_pool_of_the_rounded_values() {
     );
     // Disjoint, shuffled block tables.
     let tables: [Vec<u32>; 3] = [vec![9, 2, 14], vec![0, 11], vec![3, 7, 1, 12, 5, 8, 15]];
-    let seqs: Vec<PagedSeq<'_>> = seqs_at
-        .iter()
-        .zip(&tables)
-        .map(|(&(start_pos, n_rows), blocks)| PagedSeq {
-            n_rows,
-            start_pos,
-            blocks,
-        })
-        .collect();
+    let seqs = paged_seqs(seqs_at, &tables);
     let rows: usize = seqs_at.iter().map(|s| s.1).sum();
     let (q, _) = random_f32(&mut rng, &[rows, n_heads * head_dim], 2.0);
     for (alibi, window) in [(false, None), (true, Some(6))] {

@@ -95,16 +95,7 @@ fn batch(c: Case, seqs: &[(usize, usize)], seed: u64) -> Batch {
 }
 
 fn paged(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
-    let seqs: Vec<PagedSeq<'_>> = b
-        .seqs
-        .iter()
-        .zip(&b.tables)
-        .map(|(&(start_pos, n_rows), t)| PagedSeq {
-            n_rows,
-            start_pos,
-            blocks: t,
-        })
-        .collect();
+    let seqs = paged_seqs(b.seqs.iter().copied(), &b.tables);
     let mut out = nan_output(b.q.shape());
     exec.run(Op::PagedAttention {
         q: &b.q,

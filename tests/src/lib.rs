@@ -11,7 +11,9 @@ use std::sync::{mpsc, Arc};
 
 use flm_core::{Data, DataType, Executor, KvDtype, Location, PagedKvCache, SamplerConfig};
 use flm_devices::{ActivationBits, CpuDevice};
+use flm_models::convert::{convert, Recipe};
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
+use flm_models::import::Checkpoint;
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
@@ -130,6 +132,13 @@ pub const HF_FAMILIES: [&str; 12] = [
     "qwen2_moe",
     "glm4",
 ];
+
+/// Converts `ckpt` to the .flm file `out` with `dtype` and `recipe`, stories260K's tok512
+/// riding along as its tokenizer (the tiny test checkpoints have none).
+pub fn convert_with_tok512(ckpt: &Checkpoint, out: &Path, dtype: DataType, recipe: Recipe) {
+    let tokenizer = Tokenizer::from_file(&data("stories260K/tok512.model")).expect("tok512");
+    convert(ckpt, &tokenizer, out, dtype, recipe, |_| {}).expect("convert");
+}
 
 /// Prefills `prompt` on `exec`, then decodes `steps` greedy tokens one at a time.
 pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<u32> {

@@ -8,7 +8,7 @@
 
 #![allow(dead_code, unused_macros)]
 
-use flm_core::{Data, DataType, Error, Executor, Op, Result};
+use flm_core::{AttentionParams, Data, DataType, Error, Executor, Op, PagedSeq, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -126,6 +126,13 @@ pub fn nan_output(shape: &[usize]) -> Data {
     f32_data(shape, &vec![f32::NAN; shape.iter().product()])
 }
 
+/// The values `run` writes into a NaN-filled f32 output of `shape` (see [`nan_output`]).
+pub fn output_of(shape: &[usize], run: impl FnOnce(&mut Data) -> Result<()>) -> Vec<f32> {
+    let mut out = nan_output(shape);
+    run(&mut out).expect("the op runs");
+    out.to_f32_vec().expect("a host tensor")
+}
+
 /// Asserts that `got` has the bits of `want` (so `-0.0 != 0.0`, and NaN fails).
 pub fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -160,6 +167,82 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: impl Fn(usize) -
             tol(i)
         );
     }
+}
+
+/// One attention shape and mask.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionCase {
+    /// Query rows, the first at position `start_pos`.
+    pub n: usize,
+    pub start_pos: usize,
+    /// Query heads and KV heads.
+    pub heads: (usize, usize),
+    pub head_dim: usize,
+    pub mask: Mask,
+}
+
+/// Which cache rows each query row sees, and how its scores are biased and capped.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mask {
+    /// Sliding window: positions each row sees at most.
+    pub window: Option<usize>,
+    /// Rows of the prefix-LM mask's bidirectional prefix.
+    pub bidirectional: usize,
+    pub alibi: bool,
+    /// Soft-capping of the scaled scores (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+impl AttentionCase {
+    /// `n` rows from `start_pos`, `heads` (query heads, KV heads) of `head_dim`: causal, no
+    /// window, ALiBi or soft cap.
+    pub fn new(n: usize, start_pos: usize, heads: (usize, usize), head_dim: usize) -> Self {
+        AttentionCase {
+            n,
+            start_pos,
+            heads,
+            head_dim,
+            mask: Mask::default(),
+        }
+    }
+
+    /// The width of q and of the output: `n_heads · head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.heads.0 * self.head_dim
+    }
+
+    /// The width of the KV cache: `n_kv_heads · head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.heads.1 * self.head_dim
+    }
+
+    /// The case's attention, its scores scaled by `1/√head_dim`.
+    pub fn params(&self) -> AttentionParams {
+        AttentionParams {
+            n_heads: self.heads.0,
+            n_kv_heads: self.heads.1,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+            alibi: self.mask.alibi,
+            softcap: self.mask.softcap,
+            bidirectional: self.mask.bidirectional,
+            sliding_window: self.mask.window,
+        }
+    }
+}
+
+/// The `PagedSeq`s of sequences of `(start_pos, n_rows)` over the block tables `tables`.
+pub fn paged_seqs<'a>(
+    seqs: impl IntoIterator<Item = (usize, usize)>,
+    tables: &'a [Vec<u32>],
+) -> Vec<PagedSeq<'a>> {
+    seqs.into_iter()
+        .zip(tables)
+        .map(|((start_pos, n_rows), blocks)| PagedSeq {
+            n_rows,
+            start_pos,
+            blocks,
+        })
+        .collect()
 }
 
 /// Generates a module named after `check` with one `#[test]` per listed dtype calling

@@ -33,6 +33,13 @@ fn set_str(bytes: &mut Vec<u8>, key: &str, value: &str) {
     bytes.splice(at..at + 8 + len, new);
 }
 
+/// A copy of `bytes` with `new` written over it at `at`.
+fn edited(bytes: &[u8], at: usize, new: &[u8]) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    b[at..at + new.len()].copy_from_slice(new);
+    b
+}
+
 /// Loads `bytes` as a file: the checkpoint, or the error message.
 fn try_load(bytes: &[u8]) -> Result<Checkpoint, String> {
     let dir = tempfile::tempdir().unwrap();
@@ -82,11 +89,7 @@ fn truncated_files_are_refused() {
 #[test]
 fn bad_headers_are_refused() {
     let bytes = read(Q8_0);
-    let edit = |at: usize, new: &[u8]| {
-        let mut b = bytes.clone();
-        b[at..at + new.len()].copy_from_slice(new);
-        b
-    };
+    let edit = |at: usize, new: &[u8]| edited(&bytes, at, new);
     assert!(tokenizer_error(&edit(0, b"GGUX")).contains("magic \"GGUF\""));
     assert!(try_load(&edit(0, b"GGUX")).is_err(), "not read as GGUF");
     refused(
@@ -157,11 +160,7 @@ fn metadata_bombs_are_refused() {
 #[test]
 fn bad_metadata_and_tensor_infos_are_refused() {
     let bytes = read(Q8_0);
-    let edit = |at: usize, new: &[u8]| {
-        let mut b = bytes.clone();
-        b[at..at + new.len()].copy_from_slice(new);
-        b
-    };
+    let edit = |at: usize, new: &[u8]| edited(&bytes, at, new);
     // The token list: after the key, u32 array type, u32 element type, u64 length, then
     // the first token's u64 length.
     let tokens = after(&bytes, "tokenizer.ggml.tokens");
@@ -219,11 +218,6 @@ fn bad_metadata_and_tensor_infos_are_refused() {
 /// configuration are refused with the tensor's name.
 #[test]
 fn bad_factors_and_stacked_experts_are_refused() {
-    let edit = |bytes: &[u8], at: usize, new: &[u8]| {
-        let mut b = bytes.to_vec();
-        b[at..at + new.len()].copy_from_slice(new);
-        b
-    };
     // A tensor's info after its name: u32 n_dims, a u64 ne per dimension, u32 type.
     let cases: [(&str, &str, usize, &[u8], &str); 2] = [
         // rope_factors_long.weight (1 dimension): type F16 instead of F32.
@@ -246,11 +240,11 @@ fn bad_factors_and_stacked_experts_are_refused() {
     for (file, tensor, offset, new, why) in cases {
         let bytes = read(file);
         assert!(try_load(&bytes).is_ok(), "{file}");
-        refused(&edit(&bytes, after(&bytes, tensor) + offset, new), why);
+        refused(&edited(&bytes, after(&bytes, tensor) + offset, new), why);
     }
     let moe = read("hf-families/qwen2_moe.gguf");
     let at = after(&moe, "qwen2moe.expert_used_count") + 4;
-    refused(&edit(&moe, at, &5u32.to_le_bytes()), "top_k = 5");
+    refused(&edited(&moe, at, &5u32.to_le_bytes()), "top_k = 5");
 }
 
 /// `bytes` with u32 metadata `keys` added after the last key, and a string key of padding
@@ -285,20 +279,15 @@ fn with_u32_keys(bytes: &[u8], first_tensor: &str, keys: &[(&str, u32)]) -> Vec<
 /// loaded before with layers or experts silently dropped.
 #[test]
 fn block_and_expert_counts_must_match_the_tensors() {
-    let edit = |bytes: &[u8], at: usize, new: &[u8]| {
-        let mut b = bytes.to_vec();
-        b[at..at + new.len()].copy_from_slice(new);
-        b
-    };
     let stories = read(F32);
     assert!(try_load(&with_u32_keys(&stories, "token_embd.weight", &[])).is_ok());
     let at = after(&stories, "llama.block_count") + 4;
     refused(
-        &edit(&stories, at, &4u32.to_le_bytes()),
+        &edited(&stories, at, &4u32.to_le_bytes()),
         "tensor blk.4.attn_norm.weight is of layer 4, but llama.block_count is 4",
     );
     refused(
-        &edit(&stories, at, &6u32.to_le_bytes()),
+        &edited(&stories, at, &6u32.to_le_bytes()),
         "llama.block_count is 6, but the file has no tensor of layer 5 (blk.5.*)",
     );
     // A dense model that claims experts.
@@ -311,7 +300,7 @@ fn block_and_expert_counts_must_match_the_tensors() {
     let moe = read("hf-families/qwen2_moe.gguf");
     let at = after(&moe, "qwen2moe.expert_count") + 4;
     refused(
-        &edit(&moe, at, &0u32.to_le_bytes()),
+        &edited(&moe, at, &0u32.to_le_bytes()),
         "tensor blk.0.ffn_gate_inp.weight belongs to a mixture of experts, but \
          qwen2moe.expert_count is absent or 0",
     );
