@@ -7,7 +7,8 @@
 
 use crate::kv_cache::check_kv_dtype;
 use crate::{
-    AttentionParams, Data, DataType, Error, Location, Op, PagedSeq, Result, RopeTable, TokenIds,
+    AttentionOperands, AttentionParams, Data, DataType, Error, Location, Op, PagedSeq, Result,
+    RopeTable, TokenIds,
 };
 
 /// An [`Op`] whose operands passed [`Op::validate`].
@@ -482,16 +483,6 @@ fn argmax(input: &Data, output: &[u32]) -> Result<()> {
     Ok(())
 }
 
-/// The operands and [`AttentionParams`] of [`Op::Attention`] and [`Op::PagedAttention`].
-struct Heads<'a> {
-    op: &'static str,
-    q: &'a Data,
-    cache_k: &'a Data,
-    cache_v: &'a Data,
-    output: &'a Data,
-    params: AttentionParams,
-}
-
 /// Checks that a soft-capping value, if any, is positive and finite.
 fn positive_cap(op: &'static str, cap: Option<f32>) -> Result<()> {
     match cap {
@@ -502,88 +493,88 @@ fn positive_cap(op: &'static str, cap: Option<f32>) -> Result<()> {
     }
 }
 
-impl Heads<'_> {
-    fn check(&self) -> Result<()> {
-        let Heads {
+/// The rules of the [`AttentionOperands`] of `op` ([`Op::Attention`] or
+/// [`Op::PagedAttention`]): dtypes, head counts that divide, one head size, and a sliding
+/// window only without a bidirectional prefix.
+fn attention_operands(op: &'static str, operands: &AttentionOperands<'_>) -> Result<()> {
+    let AttentionOperands {
+        q,
+        cache_k,
+        cache_v,
+        ref output,
+        params,
+    } = *operands;
+    let AttentionParams {
+        n_heads,
+        n_kv_heads,
+        ..
+    } = params;
+    positive_cap(op, params.softcap)?;
+    all_f32(op, &[("q", q), ("output", output)])?;
+    check_kv_dtype(op, cache_k.dtype())?;
+    if cache_v.dtype() != cache_k.dtype() {
+        return Err(Error::DType {
             op,
-            q,
-            cache_k,
-            cache_v,
-            output,
-            params,
-        } = *self;
-        let AttentionParams {
-            n_heads,
-            n_kv_heads,
-            ..
-        } = params;
-        positive_cap(op, params.softcap)?;
-        all_f32(op, &[("q", q), ("output", output)])?;
-        check_kv_dtype(op, cache_k.dtype())?;
-        if cache_v.dtype() != cache_k.dtype() {
-            return Err(Error::DType {
-                op,
-                msg: format!(
-                    "cache_k is {} and cache_v {}: one KV cache dtype",
-                    cache_k.dtype(),
-                    cache_v.dtype()
-                ),
-            });
-        }
-        if n_heads == 0
-            || n_kv_heads == 0
-            || !n_heads.is_multiple_of(n_kv_heads)
-            || !q.cols().is_multiple_of(n_heads)
-        {
-            return Err(shape(
-                op,
-                format!(
-                    "{n_heads} query heads, {n_kv_heads} KV heads, q {:?}",
-                    q.shape()
-                ),
-            ));
-        }
-        let head_dim = q.cols() / n_heads;
-        if head_dim == 0
-            || cache_k.cols() != n_kv_heads * head_dim
-            || cache_v.shape() != cache_k.shape()
-            || output.shape() != q.shape()
-        {
-            return Err(shape(
-                op,
-                format!(
-                    "q {:?}, caches {:?} and {:?}, output {:?}, {n_heads} heads, {n_kv_heads} KV heads",
-                    q.shape(),
-                    cache_k.shape(),
-                    cache_v.shape(),
-                    output.shape()
-                ),
-            ));
-        }
-        match (params.sliding_window, params.bidirectional) {
-            (None, _) => Ok(()),
-            (Some(w), 0) if w > 0 => Ok(()),
-            (Some(w), b) => Err(shape(
-                op,
-                format!(
-                    "a sliding window of {w} positions (must be positive, and without a \
-                     bidirectional prefix; got {b} rows)"
-                ),
-            )),
-        }
+            msg: format!(
+                "cache_k is {} and cache_v {}: one KV cache dtype",
+                cache_k.dtype(),
+                cache_v.dtype()
+            ),
+        });
+    }
+    if n_heads == 0
+        || n_kv_heads == 0
+        || !n_heads.is_multiple_of(n_kv_heads)
+        || !q.cols().is_multiple_of(n_heads)
+    {
+        return Err(shape(
+            op,
+            format!(
+                "{n_heads} query heads, {n_kv_heads} KV heads, q {:?}",
+                q.shape()
+            ),
+        ));
+    }
+    let head_dim = q.cols() / n_heads;
+    if head_dim == 0
+        || cache_k.cols() != n_kv_heads * head_dim
+        || cache_v.shape() != cache_k.shape()
+        || output.shape() != q.shape()
+    {
+        return Err(shape(
+            op,
+            format!(
+                "q {:?}, caches {:?} and {:?}, output {:?}, {n_heads} heads, {n_kv_heads} KV heads",
+                q.shape(),
+                cache_k.shape(),
+                cache_v.shape(),
+                output.shape()
+            ),
+        ));
+    }
+    match (params.sliding_window, params.bidirectional) {
+        (None, _) => Ok(()),
+        (Some(w), 0) if w > 0 => Ok(()),
+        (Some(w), b) => Err(shape(
+            op,
+            format!(
+                "a sliding window of {w} positions (must be positive, and without a \
+                 bidirectional prefix; got {b} rows)"
+            ),
+        )),
     }
 }
 
-/// The rules of [`Op::Attention`]: its [`Heads`], then `q`'s rows from `start_pos` inside
-/// the cache and any bidirectional prefix inside the filled rows.
-fn attention(heads: Heads<'_>, start_pos: usize) -> Result<()> {
-    heads.check()?;
-    let Heads {
+/// The rules of [`Op::Attention`]: its [`attention_operands`], then `q`'s rows from
+/// `start_pos` inside the cache and any bidirectional prefix inside the filled rows.
+fn attention(operands: &AttentionOperands<'_>, start_pos: usize) -> Result<()> {
+    attention_operands("Attention", operands)?;
+    let AttentionOperands {
         q,
         cache_k,
         params: AttentionParams { bidirectional, .. },
         ..
-    } = heads;
+    } = *operands;
     // Saturating: an absurd `start_pos` is a context overflow, not a panic.
     let filled = start_pos.saturating_add(q.rows());
     if filled > cache_k.rows() {
@@ -603,20 +594,24 @@ fn attention(heads: Heads<'_>, start_pos: usize) -> Result<()> {
     Ok(())
 }
 
-/// The rules of [`Op::PagedAttention`]: its [`Heads`], then its blocks and sequences
-/// ([`paged_seqs`]).
-fn paged_attention(heads: Heads<'_>, block_size: usize, seqs: &[PagedSeq<'_>]) -> Result<()> {
-    heads.check()?;
-    if heads.params.bidirectional != 0 {
+/// The rules of [`Op::PagedAttention`]: its [`attention_operands`], then its blocks and
+/// sequences ([`paged_seqs`]).
+fn paged_attention(
+    operands: &AttentionOperands<'_>,
+    block_size: usize,
+    seqs: &[PagedSeq<'_>],
+) -> Result<()> {
+    attention_operands("PagedAttention", operands)?;
+    if operands.params.bidirectional != 0 {
         return Err(shape(
             "PagedAttention",
             format!(
                 "a bidirectional prefix of {} rows (paged attention is causal)",
-                heads.params.bidirectional
+                operands.params.bidirectional
             ),
         ));
     }
-    paged_seqs(heads.q, heads.cache_k.rows(), block_size, seqs)
+    paged_seqs(operands.q, operands.cache_k.rows(), block_size, seqs)
 }
 
 /// The rules of [`Op::PagedAttention`] beyond the heads': whole blocks, the sequences'
@@ -777,24 +772,11 @@ impl<'a> Op<'a> {
                 f("src", src);
                 f("dst", dst);
             }
-            Op::Attention {
-                q,
-                cache_k,
-                cache_v,
-                output,
-                ..
-            }
-            | Op::PagedAttention {
-                q,
-                cache_k,
-                cache_v,
-                output,
-                ..
-            } => {
-                f("q", q);
-                f("cache_k", cache_k);
-                f("cache_v", cache_v);
-                f("output", output);
+            Op::Attention { operands, .. } | Op::PagedAttention { operands, .. } => {
+                f("q", operands.q);
+                f("cache_k", operands.cache_k);
+                f("cache_v", operands.cache_v);
+                f("output", operands.output);
             }
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 f("gate", gate);
@@ -903,43 +885,14 @@ impl<'a> Op<'a> {
             } => copy_rows(src, *src_row, *n_rows, dst, *dst_row),
             Op::ScatterRows { src, rows, dst } => scatter_rows(src, rows, dst),
             Op::Attention {
-                q,
-                cache_k,
-                cache_v,
+                operands,
                 start_pos,
-                params,
-                output,
-            } => attention(
-                Heads {
-                    op: "Attention",
-                    q,
-                    cache_k,
-                    cache_v,
-                    output,
-                    params: *params,
-                },
-                *start_pos,
-            ),
+            } => attention(operands, *start_pos),
             Op::PagedAttention {
-                q,
-                cache_k,
-                cache_v,
+                operands,
                 block_size,
                 seqs,
-                params,
-                output,
-            } => paged_attention(
-                Heads {
-                    op: "PagedAttention",
-                    q,
-                    cache_k,
-                    cache_v,
-                    output,
-                    params: *params,
-                },
-                *block_size,
-                seqs,
-            ),
+            } => paged_attention(operands, *block_size, seqs),
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 silu_gelu_mul(self.kind().name(), gate, up, output)
             }
@@ -1099,16 +1052,18 @@ mod tests {
         let (q, cache) = (zeros(&[1, 8]), zeros(&[4, 4]));
         let attention = |start_pos, bidirectional, sliding_window| {
             Op::Attention {
-                q: &q,
-                cache_k: &cache,
-                cache_v: &cache,
-                start_pos,
-                params: AttentionParams {
-                    bidirectional,
-                    sliding_window,
-                    ..AttentionParams::causal(2, 1, 1.0)
+                operands: AttentionOperands {
+                    q: &q,
+                    cache_k: &cache,
+                    cache_v: &cache,
+                    params: AttentionParams {
+                        bidirectional,
+                        sliding_window,
+                        ..AttentionParams::causal(2, 1, 1.0)
+                    },
+                    output: &mut zeros(&[1, 8]),
                 },
-                output: &mut zeros(&[1, 8]),
+                start_pos,
             }
             .validate()
             .map(|_| ())
@@ -1125,20 +1080,22 @@ mod tests {
         let pool = zeros(&[8, 4]);
         let paged_with = |blocks: &[u32], n_rows, start_pos, bidirectional| {
             Op::PagedAttention {
-                q: &q,
-                cache_k: &pool,
-                cache_v: &pool,
+                operands: AttentionOperands {
+                    q: &q,
+                    cache_k: &pool,
+                    cache_v: &pool,
+                    params: AttentionParams {
+                        bidirectional,
+                        ..AttentionParams::causal(2, 1, 1.0)
+                    },
+                    output: &mut zeros(&[1, 8]),
+                },
                 block_size: 4,
                 seqs: &[PagedSeq {
                     n_rows,
                     start_pos,
                     blocks,
                 }],
-                params: AttentionParams {
-                    bidirectional,
-                    ..AttentionParams::causal(2, 1, 1.0)
-                },
-                output: &mut zeros(&[1, 8]),
             }
             .validate()
             .map(|_| ())
@@ -1164,12 +1121,14 @@ mod tests {
         let half = |shape: &[usize]| Data::zeros(DataType::F16, shape).unwrap();
         let attention = |k: &Data, v: &Data, q: &Data| {
             Op::Attention {
-                q,
-                cache_k: k,
-                cache_v: v,
+                operands: AttentionOperands {
+                    q,
+                    cache_k: k,
+                    cache_v: v,
+                    params: AttentionParams::causal(2, 1, 1.0),
+                    output: &mut zeros(&[1, 8]),
+                },
                 start_pos: 0,
-                params: AttentionParams::causal(2, 1, 1.0),
-                output: &mut zeros(&[1, 8]),
             }
             .validate()
             .map(|_| ())

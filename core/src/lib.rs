@@ -53,7 +53,10 @@ pub use error::{Error, Result};
 pub use executor::Executor;
 pub use kv_cache::{KvCache, KvDtype};
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
-pub use op::{AttentionParams, Expert, LinearPart, Op, OpKind, PagedSeq, SampleState, TokenIds};
+pub use op::{
+    AttentionOperands, AttentionParams, Expert, LinearPart, Op, OpKind, PagedSeq, SampleState,
+    TokenIds,
+};
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use panels::Layout;
 pub use partial_file::PartialFile;

@@ -49,6 +49,23 @@ impl AttentionParams {
     }
 }
 
+/// The operands of [`Op::Attention`] and [`Op::PagedAttention`]: the new rows' queries, the
+/// keys and values they attend to, how heads, scale, bias and mask combine, and the output.
+#[derive(Debug)]
+pub struct AttentionOperands<'a> {
+    /// f32 `[n, n_heads * head_dim]`.
+    pub q: &'a Data,
+    /// f32 or f16 `[rows, n_kv_heads * head_dim]`: the layer's key cache
+    /// ([`Op::Attention`]) or key pool ([`Op::PagedAttention`]).
+    pub cache_k: &'a Data,
+    /// The dtype and shape of `cache_k`: the values.
+    pub cache_v: &'a Data,
+    /// Heads, scale, bias and mask.
+    pub params: AttentionParams,
+    /// f32 `[n, n_heads * head_dim]`.
+    pub output: &'a mut Data,
+}
+
 /// One operation, borrowing its inputs and its output.
 #[derive(Debug)]
 pub enum Op<'a> {
@@ -147,19 +164,11 @@ pub enum Op<'a> {
     /// [`crate::alibi_slopes`]; the `−m_h · p` part of `m_h · (t − p)` is the same for the
     /// whole row and cancels in the softmax).
     Attention {
-        /// f32 `[n, n_heads * head_dim]`.
-        q: &'a Data,
-        /// f32 or f16 (one dtype for both caches) `[max_seq, n_kv_heads * head_dim]`, rows
-        /// `0..start_pos + n` filled.
-        cache_k: &'a Data,
-        /// The dtype and shape of `cache_k`.
-        cache_v: &'a Data,
+        /// The caches hold `[max_seq, n_kv_heads * head_dim]`, rows `0..start_pos + n`
+        /// filled.
+        operands: AttentionOperands<'a>,
         /// Position of row 0 of `q`.
         start_pos: usize,
-        /// Heads, scale, bias and mask.
-        params: AttentionParams,
-        /// f32 `[n, n_heads * head_dim]`.
-        output: &'a mut Data,
     },
     /// [`Op::Attention`] over a paged KV cache ([`crate::PagedKvCache`]; Kwon et al. 2023,
     /// vLLM's PagedAttention) for a batch of sequences at once. The rows of `q` are the
@@ -171,21 +180,14 @@ pub enum Op<'a> {
     /// row's result is computed exactly as [`Op::Attention`] computes it over a contiguous
     /// cache holding the same values.
     PagedAttention {
-        /// f32 `[Σ n_rows, n_heads * head_dim]`.
-        q: &'a Data,
-        /// f32 or f16 `[n_blocks * block_size, n_kv_heads * head_dim]`: the key pool of the
-        /// layer.
-        cache_k: &'a Data,
-        /// The dtype and shape of `cache_k`: the value pool.
-        cache_v: &'a Data,
+        /// `q` and `output` of `Σ n_rows` rows; the caches are the layer's pools,
+        /// `[n_blocks * block_size, n_kv_heads * head_dim]`; `params.bidirectional` must be
+        /// 0.
+        operands: AttentionOperands<'a>,
         /// Positions per block.
         block_size: usize,
         /// The sequences, in the order of their rows in `q`.
         seqs: &'a [PagedSeq<'a>],
-        /// Heads, scale, bias and mask, as [`Op::Attention`]'s; `bidirectional` must be 0.
-        params: AttentionParams,
-        /// f32 `[Σ n_rows, n_heads * head_dim]`.
-        output: &'a mut Data,
     },
     /// Scatters rows: `dst[rows[r], :] = src[r, :]` for every row `r` of `src` (vLLM's
     /// `reshape_and_cache`: new keys and values into their slots of a paged KV pool), rounded

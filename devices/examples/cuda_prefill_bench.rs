@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use flm_core::{AttentionParams, BaseDevice, Data, DataType, Executor, Op};
+use flm_core::{AttentionOperands, AttentionParams, BaseDevice, Data, DataType, Executor, Op};
 use flm_devices::cuda::CudaDevice;
 
 /// Times of each op: one warm-up, then this many, averaged.
@@ -86,12 +86,14 @@ fn main() -> Result<(), String> {
     let mut out = dev(&Data::zeros(DataType::F32, &[n, heads * head_dim]).unwrap());
     let s = time(&exec, &sync, || {
         exec.run(Op::Attention {
-            q: &q,
-            cache_k: &cache_k,
-            cache_v: &cache_v,
+            operands: AttentionOperands {
+                q: &q,
+                cache_k: &cache_k,
+                cache_v: &cache_v,
+                params: AttentionParams::causal(heads, kv_heads, 1.0 / (head_dim as f32).sqrt()),
+                output: &mut out,
+            },
             start_pos: 0,
-            params: AttentionParams::causal(heads, kv_heads, 1.0 / (head_dim as f32).sqrt()),
-            output: &mut out,
         })
     });
     // Causal: about half of the n × n scores, two products (QKᵀ and PV) of head_dim each.

@@ -16,7 +16,7 @@
 mod common;
 
 use common::*;
-use flm_core::{AttentionParams, DataType, Executor, Op, RopeStyle, RopeTable};
+use flm_core::{AttentionOperands, AttentionParams, DataType, Executor, Op, RopeStyle, RopeTable};
 use flm_devices::{ActivationBits, CpuDevice, Isa};
 
 /// Batch sizes: 1, odd sizes that leave partial tiles, the AMX threshold (8), above 128.
@@ -306,20 +306,22 @@ fn attention_is_batch_invariant() {
         check(&what, |exec, first, n| {
             output_of(&[n, dim], |output| {
                 exec.run(Op::Attention {
-                    q: &f32_data(&[n, dim], &q[first * dim..][..n * dim]),
-                    cache_k: &cache_k,
-                    cache_v: &cache_v,
-                    start_pos: first,
-                    params: AttentionParams {
-                        n_heads,
-                        n_kv_heads,
-                        scale: 1.0 / (head_dim as f32).sqrt(),
-                        alibi,
-                        bidirectional: 0,
-                        sliding_window,
-                        softcap: None,
+                    operands: AttentionOperands {
+                        q: &f32_data(&[n, dim], &q[first * dim..][..n * dim]),
+                        cache_k: &cache_k,
+                        cache_v: &cache_v,
+                        params: AttentionParams {
+                            n_heads,
+                            n_kv_heads,
+                            scale: 1.0 / (head_dim as f32).sqrt(),
+                            alibi,
+                            bidirectional: 0,
+                            sliding_window,
+                            softcap: None,
+                        },
+                        output,
                     },
-                    output,
+                    start_pos: first,
                 })
             })
         });

@@ -13,8 +13,8 @@
 #![cfg(feature = "cuda")]
 
 use flm_core::{
-    sampler_state, AttentionParams, BaseDevice, Data, DataType, Executor, Location, Op, RopeStyle,
-    RopeTable, SampleState, SamplerConfig, TokenIds,
+    sampler_state, AttentionOperands, AttentionParams, BaseDevice, Data, DataType, Executor,
+    Location, Op, RopeStyle, RopeTable, SampleState, SamplerConfig, TokenIds,
 };
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
@@ -174,12 +174,14 @@ fn compare_attention(
             let what = format!("Attention ({cache} cache) n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi} bidir={bidir} softcap={softcap:?}");
             compare!(&what, gpu, &nan_output(&[n, heads * hd]), tol, None, |o| {
                 Op::Attention {
-                    q: &q,
-                    cache_k: &k,
-                    cache_v: &v,
+                    operands: AttentionOperands {
+                        q: &q,
+                        cache_k: &k,
+                        cache_v: &v,
+                        params: attention_params((heads, kv, hd), (window, alibi, bidir, softcap)),
+                        output: o,
+                    },
                     start_pos: start,
-                    params: attention_params((heads, kv, hd), (window, alibi, bidir, softcap)),
-                    output: o,
                 }
             });
         }
@@ -604,13 +606,15 @@ gpu_tests! {
             }
             let mut out = up(&nan_output(&[n, heads * hd]));
             e.run(Op::Attention {
-                q: &up(&q),
-                cache_k: &cache[0],
-                cache_v: &cache[1],
-                start_pos: start,
-                params: AttentionParams::causal(heads, kv, 1.0 / (hd as f32).sqrt()),
-                output: &mut out,
-            }).unwrap();
+operands: AttentionOperands {
+q: &up(&q),
+cache_k: &cache[0],
+cache_v: &cache[1],
+params: AttentionParams::causal(heads, kv, 1.0 / (hd as f32).sqrt()),
+output: &mut out,
+},
+start_pos: start,
+}).unwrap();
             let down = |d: &Data| if at == Location::Host { d.clone() } else { e.to_host(d, "test: download").unwrap() };
             let bits = cache.iter().map(|c| down(c).as_f16().unwrap().iter().map(|h| h.to_bits()).collect()).collect();
             (down(&out).to_f32_vec().unwrap(), bits)
@@ -717,13 +721,15 @@ fn paged_case(
     }
     let run = |q: &Data, [k, v]: &[Data; 2], output: &mut Data| {
         exec.run(Op::PagedAttention {
-            q,
-            cache_k: k,
-            cache_v: v,
+            operands: AttentionOperands {
+                q,
+                cache_k: k,
+                cache_v: v,
+                params: attention_params((heads, kv, hd), (window, alibi, 0, softcap)),
+                output,
+            },
             block_size: bs,
             seqs: &seqs,
-            params: attention_params((heads, kv, hd), (window, alibi, 0, softcap)),
-            output,
         })
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     };

@@ -9,7 +9,9 @@
 mod common;
 
 use common::*;
-use flm_core::{panels, Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds};
+use flm_core::{
+    panels, AttentionOperands, Data, DataType, Executor, Op, RopeStyle, RopeTable, TokenIds,
+};
 use flm_devices::{CpuDevice, Isa};
 
 /// An executor holding only the CPU device at `isa`.
@@ -376,12 +378,14 @@ fn attention_matches_scalar() {
                 run_at(
                     isa,
                     Op::Attention {
-                        q: &q,
-                        cache_k: k,
-                        cache_v: v,
+                        operands: AttentionOperands {
+                            q: &q,
+                            cache_k: k,
+                            cache_v: v,
+                            params: masked.params(),
+                            output: &mut out,
+                        },
                         start_pos: c.start_pos,
-                        params: masked.params(),
-                        output: &mut out,
                     },
                 );
                 out.to_f32_vec().unwrap()

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use flm_core::{AttentionParams, Data, DataType, Error, Op};
+use flm_core::{AttentionOperands, AttentionParams, Data, DataType, Error, Op};
 use flm_devices::cpu::PARALLEL_MIN_WORK;
 
 /// The multiply-adds of a case, as the CPU device weighs them against `PARALLEL_MIN_WORK`.
@@ -106,12 +106,14 @@ fn check(c: AttentionCase, q_scale: f32, seed: u64) {
     let params = c.params();
     let mut out = nan_output(&[c.n, c.q_dim()]);
     run(Op::Attention {
-        q: &q_data,
-        cache_k: &k_data,
-        cache_v: &v_data,
+        operands: AttentionOperands {
+            q: &q_data,
+            cache_k: &k_data,
+            cache_v: &v_data,
+            params,
+            output: &mut out,
+        },
         start_pos: c.start_pos,
-        params,
-        output: &mut out,
     })
     .unwrap();
     let (want, tol) = reference(&c, &q, &k, &v, params.scale as f64);
@@ -226,20 +228,22 @@ struct Shapes {
 fn attention_err(s: Shapes) -> Error {
     let z = |shape: [usize; 2]| Data::zeros(DataType::F32, &shape).unwrap();
     run(Op::Attention {
-        q: &z(s.q),
-        cache_k: &z(s.cache_k),
-        cache_v: &z(s.cache_v),
-        start_pos: s.start_pos,
-        params: AttentionParams {
-            n_heads: s.heads.0,
-            n_kv_heads: s.heads.1,
-            scale: 0.25,
-            alibi: false,
-            softcap: None,
-            bidirectional: s.bidirectional,
-            sliding_window: s.window,
+        operands: AttentionOperands {
+            q: &z(s.q),
+            cache_k: &z(s.cache_k),
+            cache_v: &z(s.cache_v),
+            params: AttentionParams {
+                n_heads: s.heads.0,
+                n_kv_heads: s.heads.1,
+                scale: 0.25,
+                alibi: false,
+                softcap: None,
+                bidirectional: s.bidirectional,
+                sliding_window: s.window,
+            },
+            output: &mut z(s.out),
         },
-        output: &mut z(s.out),
+        start_pos: s.start_pos,
     })
     .unwrap_err()
 }

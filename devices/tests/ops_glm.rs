@@ -7,7 +7,9 @@
 mod common;
 
 use common::*;
-use flm_core::{AttentionParams, Data, DataType, Error, Executor, Op, RopeStyle, RopeTable};
+use flm_core::{
+    AttentionOperands, AttentionParams, Data, DataType, Error, Executor, Op, RopeStyle, RopeTable,
+};
 use flm_devices::{CpuDevice, Isa};
 
 /// An executor whose CPU kernels use `isa`, for each level this CPU supports.
@@ -191,20 +193,22 @@ fn attention_bidirectional_past_the_filled_rows_is_an_error() {
     let z = |shape: &[usize]| Data::zeros(DataType::F32, shape).unwrap();
     assert_shape_err(
         Op::Attention {
-            q: &z(&[2, 8]),
-            cache_k: &z(&[16, 8]),
-            cache_v: &z(&[16, 8]),
-            start_pos: 3,
-            params: AttentionParams {
-                n_heads: 2,
-                n_kv_heads: 2,
-                scale: 0.5,
-                alibi: false,
-                bidirectional: 6,
-                sliding_window: None,
-                softcap: None,
+            operands: AttentionOperands {
+                q: &z(&[2, 8]),
+                cache_k: &z(&[16, 8]),
+                cache_v: &z(&[16, 8]),
+                params: AttentionParams {
+                    n_heads: 2,
+                    n_kv_heads: 2,
+                    scale: 0.5,
+                    alibi: false,
+                    bidirectional: 6,
+                    sliding_window: None,
+                    softcap: None,
+                },
+                output: &mut z(&[2, 8]),
             },
-            output: &mut z(&[2, 8]),
+            start_pos: 3,
         },
         "a mask of 6 rows past 3 filled",
     );

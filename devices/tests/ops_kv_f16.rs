@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use flm_core::{AttentionParams, Data, DataType, Executor, Op};
+use flm_core::{AttentionOperands, AttentionParams, Data, DataType, Executor, Op};
 use flm_devices::{CpuDevice, Isa};
 use half::f16;
 
@@ -53,12 +53,14 @@ fn cases() -> Vec<AttentionCase> {
 fn attend(exec: &Executor, c: AttentionCase, q: &Data, k: &Data, v: &Data) -> Vec<f32> {
     output_of(&[c.n, c.q_dim()], |output| {
         exec.run(Op::Attention {
-            q,
-            cache_k: k,
-            cache_v: v,
+            operands: AttentionOperands {
+                q,
+                cache_k: k,
+                cache_v: v,
+                params: c.params(),
+                output,
+            },
             start_pos: c.start_pos,
-            params: c.params(),
-            output,
         })
     })
 }
@@ -118,21 +120,23 @@ fn paged_attention_over_an_f16_pool_equals_an_f32_pool_of_the_rounded_values() {
         let paged = |exec: &Executor, k: &Data, v: &Data| {
             let mut out = nan_output(q.shape());
             exec.run(Op::PagedAttention {
-                q: &q,
-                cache_k: k,
-                cache_v: v,
+                operands: AttentionOperands {
+                    q: &q,
+                    cache_k: k,
+                    cache_v: v,
+                    params: AttentionParams {
+                        n_heads,
+                        n_kv_heads,
+                        scale: 1.0 / (head_dim as f32).sqrt(),
+                        alibi,
+                        softcap: None,
+                        bidirectional: 0,
+                        sliding_window: window,
+                    },
+                    output: &mut out,
+                },
                 block_size,
                 seqs: &seqs,
-                params: AttentionParams {
-                    n_heads,
-                    n_kv_heads,
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    alibi,
-                    softcap: None,
-                    bidirectional: 0,
-                    sliding_window: window,
-                },
-                output: &mut out,
             })
             .unwrap();
             out.to_f32_vec().unwrap()

@@ -7,7 +7,9 @@
 mod common;
 
 use common::*;
-use flm_core::{AttentionParams, Data, Error, Executor, Op, PagedSeq, RopeStyle, RopeTable};
+use flm_core::{
+    AttentionOperands, AttentionParams, Data, Error, Executor, Op, PagedSeq, RopeStyle, RopeTable,
+};
 use flm_devices::{CpuDevice, Isa};
 use rand::seq::SliceRandom;
 
@@ -98,13 +100,15 @@ fn paged(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
     let seqs = paged_seqs(b.seqs.iter().copied(), &b.tables);
     let mut out = nan_output(b.q.shape());
     exec.run(Op::PagedAttention {
-        q: &b.q,
-        cache_k: &b.pool_k,
-        cache_v: &b.pool_v,
+        operands: AttentionOperands {
+            q: &b.q,
+            cache_k: &b.pool_k,
+            cache_v: &b.pool_v,
+            params: c.params(),
+            output: &mut out,
+        },
         block_size: c.block_size,
         seqs: &seqs,
-        params: c.params(),
-        output: &mut out,
     })
     .unwrap();
     out.as_f32().unwrap().to_vec()
@@ -122,12 +126,14 @@ fn contiguous(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
         let v = f32_data(&[start_pos + n, kv_dim], &b.values[s]);
         let mut out = nan_output(&[n, q_dim]);
         exec.run(Op::Attention {
-            q: &qs,
-            cache_k: &k,
-            cache_v: &v,
+            operands: AttentionOperands {
+                q: &qs,
+                cache_k: &k,
+                cache_v: &v,
+                params: c.params(),
+                output: &mut out,
+            },
             start_pos,
-            params: c.params(),
-            output: &mut out,
         })
         .unwrap();
         all.extend_from_slice(out.as_f32().unwrap());
@@ -213,13 +219,15 @@ fn paged_attention_rejects_bad_tables() {
         }];
         let mut out = nan_output(b.q.shape());
         run(Op::PagedAttention {
-            q: &b.q,
-            cache_k: &b.pool_k,
-            cache_v: &b.pool_v,
+            operands: AttentionOperands {
+                q: &b.q,
+                cache_k: &b.pool_k,
+                cache_v: &b.pool_v,
+                params: AttentionParams::causal(2, 1, 1.0),
+                output: &mut out,
+            },
             block_size,
             seqs: &seqs,
-            params: AttentionParams::causal(2, 1, 1.0),
-            output: &mut out,
         })
     };
     let table = b.tables[0].clone();

@@ -51,8 +51,8 @@
 use std::sync::Arc;
 
 use flm_core::{
-    AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart,
-    Location, Op, RopeTable, StepInputs, TokenIds,
+    AttentionOperands, AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache,
+    KvDtype, LinearPart, Location, Op, RopeTable, StepInputs, TokenIds,
 };
 
 pub use crate::graph::Logits;
@@ -528,12 +528,14 @@ pub(crate) fn cache_and_attend(
         })?;
     }
     exec.run_step(Op::Attention {
-        q,
-        cache_k,
-        cache_v,
+        operands: AttentionOperands {
+            q,
+            cache_k,
+            cache_v,
+            params,
+            output,
+        },
         start_pos: row,
-        params,
-        output,
     })
 }
 

@@ -40,7 +40,7 @@
 
 use std::cell::Cell;
 
-use flm_core::{AttentionParams, Data, DataType, Error, Result};
+use flm_core::{AttentionOperands, AttentionParams, DataType, Error, Result};
 use rayon::prelude::*;
 
 use super::scratch;
@@ -59,41 +59,24 @@ thread_local! {
 /// query head `h` reads KV head `h / (n_heads / n_kv_heads)`, and row `i` (position
 /// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, params.bidirectional)`, or with a
 /// sliding window `w` the rows `start_pos + i + 1 − w..start_pos + i + 1`.
-pub(crate) fn attention(
-    isa: Isa,
-    q: &Data,
-    cache_k: &Data,
-    cache_v: &Data,
-    start_pos: usize,
-    params: AttentionParams,
-    output: &mut Data,
-) -> Result<()> {
-    let rows = QueryRows::Contiguous { start_pos };
-    run(isa, q, cache_k, cache_v, rows, params, output)
+pub(crate) fn attention(isa: Isa, operands: AttentionOperands<'_>, start_pos: usize) -> Result<()> {
+    run(isa, operands, QueryRows::Contiguous { start_pos })
 }
 
 /// Runs the kernels over the rows of `q` (checked by the caller: shapes, one entry of
 /// `rows` per row of `q`, every row's cache rows inside the caches, a valid window).
 ///
 /// Errors: [`Error::DType`] for a cache neither f32 nor f16 (refused by the contract).
-pub(crate) fn run(
-    isa: Isa,
-    q: &Data,
-    cache_k: &Data,
-    cache_v: &Data,
-    rows: QueryRows<'_>,
-    params: AttentionParams,
-    output: &mut Data,
-) -> Result<()> {
-    let head_dim = q.cols() / params.n_heads;
-    let (q, out) = ((q.as_f32()?, head_dim), output.as_f32_mut()?);
-    match cache_k.dtype() {
+pub(crate) fn run(isa: Isa, o: AttentionOperands<'_>, rows: QueryRows<'_>) -> Result<()> {
+    let (params, head_dim) = (o.params, o.q.cols() / o.params.n_heads);
+    let (q, out) = ((o.q.as_f32()?, head_dim), o.output.as_f32_mut()?);
+    match o.cache_k.dtype() {
         DataType::F32 => {
-            let kv = (cache_k.as_f32()?, cache_v.as_f32()?);
+            let kv = (o.cache_k.as_f32()?, o.cache_v.as_f32()?);
             run_typed(isa, q, kv, rows, params, out);
         }
         DataType::F16 => {
-            let kv = (cache_k.as_f16()?, cache_v.as_f16()?);
+            let kv = (o.cache_k.as_f16()?, o.cache_v.as_f16()?);
             run_typed(isa, q, kv, rows, params, out);
         }
         other => {

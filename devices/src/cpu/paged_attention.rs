@@ -2,7 +2,7 @@
 //! the kernels of [`super::attention`], which read each row's keys and values through its
 //! sequence's block table.
 
-use flm_core::{AttentionParams, Data, PagedSeq, Result};
+use flm_core::{AttentionOperands, PagedSeq, Result};
 
 use super::attention::{self, QueryRow, QueryRows};
 use super::Isa;
@@ -12,14 +12,11 @@ use super::Isa;
 /// their sequences' positions inside the pool (checked by [`flm_core::Op::validate`]).
 pub(crate) fn paged_attention(
     isa: Isa,
-    q: &Data,
-    (cache_k, cache_v): (&Data, &Data),
+    operands: AttentionOperands<'_>,
     block_size: usize,
     seqs: &[PagedSeq<'_>],
-    params: AttentionParams,
-    output: &mut Data,
 ) -> Result<()> {
-    let total = q.rows();
+    let total = operands.q.rows();
     let mut rows = Vec::with_capacity(total);
     for s in seqs {
         let end = s.start_pos + s.n_rows;
@@ -32,5 +29,5 @@ pub(crate) fn paged_attention(
         rows: &rows,
         block_size,
     };
-    attention::run(isa, q, cache_k, cache_v, rows, params, output)
+    attention::run(isa, operands, rows)
 }

@@ -9,7 +9,7 @@
 //!   context gets more blocks: 4096 positions of 32 heads are 512 blocks for one row.
 
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
-use flm_core::{alibi_slopes, AttentionParams, Data, Error, Result};
+use flm_core::{alibi_slopes, AttentionOperands, Data, Error, Result};
 
 use super::device::CudaDevice;
 use super::flash_attn::flash_attention;
@@ -24,17 +24,6 @@ pub const FLASH_MIN_ROWS: usize = 16;
 
 /// Threads of an `attn_partial` block (4 warps, one key per warp at a time).
 const THREADS: u32 = 128;
-
-/// The operands of [`flm_core::Op::Attention`] but the output.
-pub(super) struct Args<'a> {
-    pub q: &'a Data,
-    pub cache_k: &'a Data,
-    pub cache_v: &'a Data,
-    pub start_pos: usize,
-    pub params: AttentionParams,
-    /// Whether `start_pos` is the step's cache row ([`flm_core::CheckedOp::follows_step`]).
-    pub follows_step: bool,
-}
 
 /// The device buffers both attention paths read: q (`n` rows of n_heads × head_dim f32),
 /// the K and V cache rows (n_kv_heads × head_dim f32 each), the start position (one u32)
@@ -74,28 +63,33 @@ fn shape(msg: String) -> Error {
 /// chunks past it exit at once).
 ///
 /// Errors: [`Error::Device`] when a launch fails.
-pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) -> Result<()> {
-    let n = a.q.rows();
-    let head_dim = a.q.cols() / a.params.n_heads;
-    let kv_cols = a.params.n_kv_heads * head_dim;
-    let filled = a.start_pos + n;
+pub(super) fn attention<'a>(
+    dev: &CudaDevice,
+    o: AttentionOperands<'a>,
+    start_pos: usize,
+    follows_step: bool,
+) -> Result<()> {
+    let n = o.q.rows();
+    let head_dim = o.q.cols() / o.params.n_heads;
+    let kv_cols = o.params.n_kv_heads * head_dim;
+    let filled = start_pos + n;
     if n == 0 {
         return Ok(());
     }
-    let step = dev.step_words("Attention", a.follows_step, |tokens, _, row| {
-        tokens.len() == n && row == a.start_pos
+    let step = dev.step_words("Attention", follows_step, |tokens, _, row| {
+        tokens.len() == n && row == start_pos
     })?;
     let rows = match step {
-        Some(_) => a.cache_k.rows(),
-        None => filled.max(a.params.bidirectional),
+        Some(_) => o.cache_k.rows(),
+        None => filled.max(o.params.bidirectional),
     };
-    dev.bound(Bound::CacheRows(a.cache_k.rows()))?;
-    let kv = KvType::of(a.cache_k.dtype()).ok_or_else(|| Error::DType {
+    dev.bound(Bound::CacheRows(o.cache_k.rows()))?;
+    let kv = KvType::of(o.cache_k.dtype()).ok_or_else(|| Error::DType {
         op: "Attention",
-        msg: format!("a {} KV cache on cuda", a.cache_k.dtype()),
+        msg: format!("a {} KV cache on cuda", o.cache_k.dtype()),
     })?;
     let elem = kv.bytes();
-    let q = dev.input(a.q)?;
+    let q = dev.input(o.q)?;
     // A host cache is copied up to the rows the op reads; one on this GPU is read in place.
     let cache = |c: &'a Data| -> Result<Input<'a>> {
         if c.device_buffer().is_some() {
@@ -106,24 +100,24 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
             ))
         }
     };
-    let (k, v) = (cache(a.cache_k)?, cache(a.cache_v)?);
-    let start_pos = u32::try_from(a.start_pos)
-        .map_err(|_| Error::InvalidArgument(format!("start_pos {}", a.start_pos)))?;
+    let (k, v) = (cache(o.cache_k)?, cache(o.cache_v)?);
+    let start_pos = u32::try_from(start_pos)
+        .map_err(|_| Error::InvalidArgument(format!("start_pos {start_pos}")))?;
     let start = dev.step_or_upload(step.as_ref(), StepWords::cache_row, &[start_pos])?;
     let start = start.view();
-    let slopes = a
+    let slopes = o
         .params
         .alibi
-        .then(|| dev.upload(&alibi_slopes(a.params.n_heads)))
+        .then(|| dev.upload(&alibi_slopes(o.params.n_heads)))
         .transpose()?;
     let scalars = Scalars {
-        n_heads: int(a.params.n_heads)?,
-        n_kv_heads: int(a.params.n_kv_heads)?,
-        scale: a.params.scale,
+        n_heads: int(o.params.n_heads)?,
+        n_kv_heads: int(o.params.n_kv_heads)?,
+        scale: o.params.scale,
         // 0 stands for no soft-capping (a cap is positive: Op::validate).
-        softcap: a.params.softcap.unwrap_or(0.0),
-        bidirectional: int(a.params.bidirectional)?,
-        window: int(a.params.sliding_window.unwrap_or(0))?,
+        softcap: o.params.softcap.unwrap_or(0.0),
+        bidirectional: int(o.params.bidirectional)?,
+        window: int(o.params.sliding_window.unwrap_or(0))?,
     };
     let operands = Operands {
         q: q.slice(),
@@ -135,13 +129,13 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     let flash =
         FlashHeadDim::of(head_dim).filter(|_| n >= FLASH_MIN_ROWS && !dev.batch_invariant());
     if let Some(dim) = flash {
-        let mut out = dev.output(output)?;
+        let mut out = dev.output(o.output)?;
         flash_attention(dev, (dim, kv), &operands, &scalars, n, out.slice())?;
         return out.finish(dev);
     }
     let mut parts = Partials::new(
         dev,
-        (n, a.params.n_heads, head_dim),
+        (n, o.params.n_heads, head_dim),
         rows.div_ceil(ATTN_CHUNK),
     )?;
     let hd = int(head_dim)?;
@@ -168,9 +162,9 @@ pub(super) fn attention<'a>(dev: &CudaDevice, a: Args<'a>, output: &mut Data) ->
     // `rows`), the slopes n_heads floats or null, the partial buffers one entry (and
     // head_dim values) per (row, head, chunk), and the dynamic shared memory is the
     // chunk's scores, the query and 32 floats of scratch.
-    unsafe { b.launch(grid((a.params.n_heads, n, parts.chunks), THREADS, smem)?) }
+    unsafe { b.launch(grid((o.params.n_heads, n, parts.chunks), THREADS, smem)?) }
         .map_err(dev_err)?;
-    parts.combine(dev, output)
+    parts.combine(dev, o.output)
 }
 
 /// The per-chunk partial results of a flash-decoding attention (`attn_partial`,

@@ -59,13 +59,12 @@ impl BaseDevice for CudaDevice {
                         .all(|p| self.supports_linear(p.weight, p.bias, p.output))
             }
             Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f32(x),
-            Op::Attention {
-                q,
-                cache_k,
-                cache_v,
-                output,
-                ..
-            } => f32(q) && kv_cache(cache_k) && cache_v.dtype() == cache_k.dtype() && f32(output),
+            Op::Attention { operands: o, .. } => {
+                f32(o.q)
+                    && kv_cache(o.cache_k)
+                    && o.cache_v.dtype() == o.cache_k.dtype()
+                    && f32(o.output)
+            }
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 f32(gate) && f32(up) && f32(output)
             }
@@ -77,9 +76,9 @@ impl BaseDevice for CudaDevice {
             // Host row copies are the CPU's, and so is a paged pool in host memory (this
             // GPU would copy it whole for every op).
             Op::CopyRows { src, dst, .. } => resident && f32(src) && kv_cache(dst),
-            Op::PagedAttention {
-                q, cache_k, output, ..
-            } => resident && f32(q) && KvType::of(cache_k.dtype()).is_some() && f32(output),
+            Op::PagedAttention { operands: o, .. } => {
+                resident && f32(o.q) && KvType::of(o.cache_k.dtype()).is_some() && f32(o.output)
+            }
             Op::ScatterRows { src, dst, .. } => {
                 resident && f32(src) && KvType::of(dst.dtype()).is_some()
             }
@@ -233,24 +232,9 @@ impl BaseDevice for CudaDevice {
                 )
             }
             Op::Attention {
-                q,
-                cache_k,
-                cache_v,
+                operands,
                 start_pos,
-                params,
-                output,
-            } => attention::attention(
-                self,
-                attention::Args {
-                    q,
-                    cache_k,
-                    cache_v,
-                    start_pos,
-                    params,
-                    follows_step: step,
-                },
-                output,
-            ),
+            } => attention::attention(self, operands, start_pos, step),
             Op::SiluMul { gate, up, output } => {
                 elementwise::gate_mul(self, elementwise::Gate::Silu, gate, up, output)
             }
@@ -275,7 +259,11 @@ impl BaseDevice for CudaDevice {
                 dst,
                 dst_row,
             } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, (dst_row, step)),
-            op @ Op::PagedAttention { .. } => paged::paged_attention(self, op),
+            Op::PagedAttention {
+                operands,
+                block_size,
+                seqs,
+            } => paged::paged_attention(self, operands, block_size, seqs),
             Op::ScatterRows { src, rows, dst } => paged::scatter_rows(self, src, rows, dst),
             op @ (Op::MoeFfn { .. } | Op::GatedAdd { .. }) => {
                 Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))

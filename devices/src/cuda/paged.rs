@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use flm_core::{alibi_slopes, Data, DataType, Error, Op, PagedSeq, Result};
+use flm_core::{alibi_slopes, AttentionOperands, Data, DataType, Error, PagedSeq, Result};
 
 use super::attention::Partials;
 use super::device::CudaDevice;
@@ -119,31 +119,22 @@ fn kv_type(op: &'static str, dtype: DataType) -> Result<KvType> {
 ///
 /// Errors: [`Error::DType`] for a pool type without kernels; [`Error::Device`] when a
 /// launch fails.
-pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
-    let Op::PagedAttention {
-        q,
-        cache_k,
-        cache_v,
-        block_size,
-        seqs,
-        params,
-        output,
-    } = op
-    else {
-        return Err(Error::Unsupported(format!(
-            "{:?} as paged attention",
-            op.kind()
-        )));
-    };
+pub(super) fn paged_attention(
+    dev: &CudaDevice,
+    o: AttentionOperands<'_>,
+    block_size: usize,
+    seqs: &[PagedSeq<'_>],
+) -> Result<()> {
+    let (q, params) = (o.q, o.params);
     let n = q.rows();
     if n == 0 {
         return Ok(());
     }
-    let kv = kv_type("PagedAttention", cache_k.dtype())?;
+    let kv = kv_type("PagedAttention", o.cache_k.dtype())?;
     let head_dim = q.cols() / params.n_heads;
     let map = RowMap::new(seqs)?;
     let qd = dev.input(q)?;
-    let (k, v) = (dev.input(cache_k)?, dev.input(cache_v)?);
+    let (k, v) = (dev.input(o.cache_k)?, dev.input(o.cache_v)?);
     let meta = upload_once(dev, |u| &mut u.row_map, &map.words)?;
     let r = map.n_rows;
     let (row_pos, row_table, tables) =
@@ -196,7 +187,7 @@ pub(super) fn paged_attention(dev: &CudaDevice, op: Op<'_>) -> Result<()> {
     // (row, head, chunk); the dynamic shared memory is as the kernel lays it out.
     unsafe { b.launch(grid((params.n_heads, n, parts.chunks), THREADS, smem)?) }
         .map_err(dev_err)?;
-    parts.combine(dev, output)
+    parts.combine(dev, o.output)
 }
 
 /// [`flm_core::Op::ScatterRows`] into a tensor in this GPU's memory: `dst[rows[r], :] =

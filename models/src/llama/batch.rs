@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use flm_core::{Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
+use flm_core::{AttentionOperands, Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
 
 use super::{
     finish, host_output, placed_states, run_layers, Activations, Head, Logits, SharedLlama,
@@ -213,13 +213,15 @@ impl BatchedForward for LlamaBatch {
                 dst: cache_v,
             })?;
             exec.run(Op::PagedAttention {
-                q: &s.q,
-                cache_k,
-                cache_v,
+                operands: AttentionOperands {
+                    q: &s.q,
+                    cache_k,
+                    cache_v,
+                    params,
+                    output: &mut s.att,
+                },
                 block_size,
                 seqs: &paged,
-                params,
-                output: &mut s.att,
             })
         })?;
         finish(exec, &model, s, Head::Logits(Logits::Last), &self.last_rows)?;
