@@ -256,35 +256,34 @@ pub unsafe extern "C" fn flm_model_load(
     options: *const FlmModelOptions,
     out_model: *mut *mut FlmModel,
 ) -> FlmStatus {
-    // SAFETY: `out_model` is NULL or writable (this function's contract).
-    unsafe {
-        new_handle(out_model, "out_model", || {
-            // SAFETY: `path` is NULL or NUL-terminated (this function's contract).
-            let path = unsafe { arg_c_str(path, "path") }?;
-            let defaults = FlmModelOptions {
-                threads: 0,
-                device: std::ptr::null(),
-                context: 0,
-                activation_bits: 0,
-                kv_dtype: std::ptr::null(),
-                gpu_layers: std::ptr::null(),
-            };
-            // SAFETY: `options` is NULL or valid (this function's contract).
-            let options = unsafe { options.as_ref() }.unwrap_or(&defaults);
-            let (exec, gpu) = executor(options)?;
-            let kv_dtype = kv_dtype(options)?;
-            let gpu_layers = gpu_layers(options)?;
-            let context = (options.context > 0).then_some(options.context);
-            let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
-            let (model, tokenizer) = session::load_model(path, None, context)?;
-            let model = place(model.with_kv_dtype(kv_dtype)?, (&exec, gpu), gpu_layers)?;
-            Ok(FlmModel {
-                model,
-                tokenizer: Arc::new(tokenizer),
-                exec: Arc::new(exec),
-            })
+    let load = || {
+        // SAFETY: `path` is NULL or NUL-terminated (this function's contract).
+        let path = unsafe { arg_c_str(path, "path") }?;
+        let defaults = FlmModelOptions {
+            threads: 0,
+            device: std::ptr::null(),
+            context: 0,
+            activation_bits: 0,
+            kv_dtype: std::ptr::null(),
+            gpu_layers: std::ptr::null(),
+        };
+        // SAFETY: `options` is NULL or valid (this function's contract).
+        let options = unsafe { options.as_ref() }.unwrap_or(&defaults);
+        let (exec, gpu) = executor(options)?;
+        let kv_dtype = kv_dtype(options)?;
+        let gpu_layers = gpu_layers(options)?;
+        let context = (options.context > 0).then_some(options.context);
+        let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+        let (model, tokenizer) = session::load_model(path, None, context)?;
+        let model = place(model.with_kv_dtype(kv_dtype)?, (&exec, gpu), gpu_layers)?;
+        Ok(FlmModel {
+            model,
+            tokenizer: Arc::new(tokenizer),
+            exec: Arc::new(exec),
         })
-    }
+    };
+    // SAFETY: `out_model` is NULL or writable (this function's contract).
+    unsafe { new_handle(out_model, "out_model", load) }
 }
 
 /// Frees a model handle. Sessions created from it stay usable (they keep what they need
