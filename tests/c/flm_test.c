@@ -177,6 +177,13 @@ static void tokenize_round_trip(const FlmModel *model) {
     free(ids);
 }
 
+/* Checks that the model at path loads with options, and frees it. */
+static void expect_loads(const char *path, const FlmModelOptions *options) {
+    FlmModel *model = NULL;
+    CHECK(flm_model_load(path, options, &model) == FLM_STATUS_OK);
+    flm_model_free(model);
+}
+
 static void bad_calls(const char *path, FlmModel *model) {
     FlmModel *none = (FlmModel *)&failures; /* a non-NULL value the calls must reset */
     FlmSession *session = NULL;
@@ -236,17 +243,13 @@ static void bad_calls(const char *path, FlmModel *model) {
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
                  "activation_bits is 12");
     options.activation_bits = 16;
-    FlmModel *sixteen = NULL;
-    CHECK(flm_model_load(path, &options, &sixteen) == FLM_STATUS_OK);
-    flm_model_free(sixteen);
+    expect_loads(path, &options);
     options.activation_bits = 0;
     options.kv_dtype = "bf16";
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
                  "options->kv_dtype is \"bf16\": f32, f16 or auto");
     options.kv_dtype = "f16";
-    FlmModel *half_cache = NULL;
-    CHECK(flm_model_load(path, &options, &half_cache) == FLM_STATUS_OK);
-    flm_model_free(half_cache);
+    expect_loads(path, &options);
     options.kv_dtype = NULL;
     options.device = "cpu";
     options.gpu_layers = "many";
@@ -256,9 +259,7 @@ static void bad_calls(const char *path, FlmModel *model) {
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
                  "options->gpu_layers is 2, and no GPU runs the model");
     options.gpu_layers = "0";
-    FlmModel *host_layers = NULL;
-    CHECK(flm_model_load(path, &options, &host_layers) == FLM_STATUS_OK);
-    flm_model_free(host_layers);
+    expect_loads(path, &options);
     options.gpu_layers = NULL;
     options.device = NULL;
     FlmSampling sampling = flm_sampling_default();
