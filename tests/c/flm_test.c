@@ -184,6 +184,20 @@ static void expect_loads(const char *path, const FlmModelOptions *options) {
     flm_model_free(model);
 }
 
+/* Checks that flm_model_load refuses the options with the string option *field set to
+ * `refused` (FLM_STATUS_INVALID_ARGUMENT, a message holding needle) and loads them with it
+ * set to `accepted`; leaves *field NULL (the default). */
+static void expect_string_option(const char *path, FlmModelOptions *options,
+                                 const char **field, const char *refused,
+                                 const char *needle, const char *accepted) {
+    FlmModel *none = NULL;
+    *field = refused;
+    EXPECT_ERROR(flm_model_load(path, options, &none), FLM_STATUS_INVALID_ARGUMENT, needle);
+    *field = accepted;
+    expect_loads(path, options);
+    *field = NULL;
+}
+
 static void bad_calls(const char *path, FlmModel *model) {
     FlmModel *none = (FlmModel *)&failures; /* a non-NULL value the calls must reset */
     FlmSession *session = NULL;
@@ -245,22 +259,14 @@ static void bad_calls(const char *path, FlmModel *model) {
     options.activation_bits = 16;
     expect_loads(path, &options);
     options.activation_bits = 0;
-    options.kv_dtype = "bf16";
-    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
-                 "options->kv_dtype is \"bf16\": f32, f16 or auto");
-    options.kv_dtype = "f16";
-    expect_loads(path, &options);
-    options.kv_dtype = NULL;
+    expect_string_option(path, &options, &options.kv_dtype, "bf16",
+                         "options->kv_dtype is \"bf16\": f32, f16 or auto", "f16");
     options.device = "cpu";
     options.gpu_layers = "many";
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
                  "options->gpu_layers: \"many\" is neither a layer count nor auto");
-    options.gpu_layers = "2";
-    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
-                 "options->gpu_layers is 2, and no GPU runs the model");
-    options.gpu_layers = "0";
-    expect_loads(path, &options);
-    options.gpu_layers = NULL;
+    expect_string_option(path, &options, &options.gpu_layers, "2",
+                         "options->gpu_layers is 2, and no GPU runs the model", "0");
     options.device = NULL;
     FlmSampling sampling = flm_sampling_default();
     sampling.top_p = 1.5f;
