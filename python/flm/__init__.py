@@ -25,7 +25,7 @@ import json
 import os
 import queue
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from ._lib import (
     PIECE_CALLBACK,
@@ -46,7 +46,46 @@ def version() -> str:
     return lib().flm_version().decode()
 
 
-class Model:
+def _sized(call: Callable[[Any, int, Any], int], element: Any) -> ctypes.Array[Any]:
+    """The counted result of `call(out, capacity, n)`, a libflm call that writes the size
+    to `n` and the elements to `out` when they fit: a size query first, then a buffer of
+    that many `element`s."""
+    needed = ctypes.c_size_t()
+    status = call(None, 0, ctypes.byref(needed))
+    if status != Status.BUFFER_TOO_SMALL:
+        check(status)
+    out = (element * needed.value)()
+    check(call(out, len(out), ctypes.byref(needed)))
+    return out
+
+
+_H = TypeVar("_H", bound="_Handle")
+
+
+class _Handle:
+    """An owned libflm handle, freed by `close()`, at the end of a `with` block, or when
+    the object is collected."""
+
+    _handle: ctypes.c_void_p | None = None
+    _free = ""  # the libflm function that frees the handle
+
+    def close(self) -> None:
+        """Frees the handle (a model's sessions stay usable)."""
+        if self._handle is not None:
+            getattr(lib(), self._free)(self._handle)
+            self._handle = None
+
+    def __enter__(self: _H) -> _H:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Model(_Handle):
     """A model loaded by flm_model_load(): a llama2.c .bin, .flm, GGUF file or Hugging Face
     directory, with the tokenizer inside or beside it.
 
@@ -63,6 +102,8 @@ class Model:
     raises FlmError with status INVALID_ARGUMENT).
     Raises FlmError (status IO for a missing file, FORMAT for a malformed one...).
     """
+
+    _free = "flm_model_free"
 
     def __init__(
         self,
@@ -91,29 +132,17 @@ class Model:
         """The token ids of `text`, with the begin-of-sequence id first if `add_bos`.
         Raises FlmError (TOKENIZER for a text the tokenizer cannot cut)."""
         data = text.encode()
-        needed = ctypes.c_size_t()
-        status = lib().flm_tokenize(self._live(), data, len(data), add_bos, None, 0,
-                                    ctypes.byref(needed))
-        if status != Status.BUFFER_TOO_SMALL:
-            check(status)
-        ids = (ctypes.c_uint32 * needed.value)()
-        check(lib().flm_tokenize(self._live(), data, len(data), add_bos, ids, len(ids),
-                                 ctypes.byref(needed)))
+        ids = _sized(lambda out, capacity, n: lib().flm_tokenize(
+            self._live(), data, len(data), add_bos, out, capacity, n), ctypes.c_uint32)
         return list(ids)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of `ids` (SentencePiece decoding). Raises FlmError with status
         TOKEN_OUT_OF_RANGE for an id outside the vocabulary."""
         array = (ctypes.c_uint32 * len(ids))(*ids)
-        needed = ctypes.c_size_t()
-        status = lib().flm_detokenize(self._live(), array, len(ids), None, 0,
-                                      ctypes.byref(needed))
-        if status != Status.BUFFER_TOO_SMALL:
-            check(status)
-        buffer = ctypes.create_string_buffer(needed.value)
-        check(lib().flm_detokenize(self._live(), array, len(ids), buffer, needed.value,
-                                   ctypes.byref(needed)))
-        return buffer.raw[: needed.value].decode()
+        text = _sized(lambda out, capacity, n: lib().flm_detokenize(
+            self._live(), array, len(ids), out, capacity, n), ctypes.c_char)
+        return text.raw.decode()
 
     def apply_chat_template(
         self,
@@ -178,42 +207,20 @@ class Model:
             *(ChatMessage(role, len(role), content, len(content)) for role, content in texts)
         )
         args = json.dumps(template_kwargs, allow_nan=False).encode() if template_kwargs else b""
-        needed = ctypes.c_size_t()
-
-        def call(out: Any, capacity: int) -> int:
-            return fn(self._live(), array, len(texts), add_generation_prompt, args, len(args),
-                      out, capacity, ctypes.byref(needed))
-
-        status = call(None, 0)
-        if status != Status.BUFFER_TOO_SMALL:
-            check(status)
-        out = (element * needed.value)()
-        check(call(out, len(out)))
-        return out
+        return _sized(lambda out, capacity, n: fn(
+            self._live(), array, len(texts), add_generation_prompt, args, len(args), out,
+            capacity, n), element)
 
     def session(self) -> Session:
         """A new session of this model, with its own KV cache."""
         return Session(self)
 
-    def close(self) -> None:
-        """Frees the model; its sessions stay usable."""
-        if self._handle is not None:
-            lib().flm_model_free(self._handle)
-            self._handle = None
 
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-
-class Session:
+class Session(_Handle):
     """A generation session (flm_session_new): its own KV cache over a model's weights.
     Use one session from one thread at a time."""
+
+    _free = "flm_session_free"
 
     def __init__(self, model: Model) -> None:
         self._handle: ctypes.c_void_p | None = None
@@ -299,18 +306,3 @@ class Session:
             stop.set()
             worker.join()
             self._busy.release()
-
-    def close(self) -> None:
-        """Frees the session."""
-        if self._handle is not None:
-            lib().flm_session_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()

@@ -111,40 +111,33 @@ def test_tokenize_round_trip(model: flm.Model) -> None:
 
 def test_errors_carry_the_library_message(model: flm.Model, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model.bin"
-    with pytest.raises(flm.FlmError) as err:
-        flm.Model(missing)
-    assert err.value.status == flm.Status.IO
-    assert str(missing) in err.value.message
-
-    with pytest.raises(flm.FlmError) as err:
-        model.detokenize([1, 100000])
-    assert err.value.status == flm.Status.TOKEN_OUT_OF_RANGE
-    assert "100000" in err.value.message
-
-    with pytest.raises(flm.FlmError) as err:
-        list(model.session().generate("Hi", top_p=1.5))
-    assert err.value.status == flm.Status.INVALID_ARGUMENT
-    assert "top-p" in err.value.message
-
-    with pytest.raises(flm.FlmError) as err:
-        flm.Model(MODEL, device="tpu")
-    assert err.value.status == flm.Status.INVALID_ARGUMENT
-    assert "tpu" in err.value.message
-
-    with pytest.raises(flm.FlmError) as err:
-        flm.Model(MODEL, activation_bits=12)
-    assert err.value.status == flm.Status.INVALID_ARGUMENT
-    assert "activation_bits is 12" in err.value.message
-
-    with pytest.raises(flm.FlmError) as err:
-        flm.Model(MODEL, kv_dtype="int8")
-    assert err.value.status == flm.Status.INVALID_ARGUMENT
-    assert "kv_dtype" in err.value.message
-
-    with pytest.raises(flm.FlmError) as err:
-        flm.Model(MODEL, device="cpu", gpu_layers=2)
-    assert err.value.status == flm.Status.INVALID_ARGUMENT
-    assert "gpu_layers is 2, and no GPU runs the model" in err.value.message
+    # Each call, the status it fails with, and what its message says.
+    cases = [
+        (lambda: flm.Model(missing), flm.Status.IO, str(missing)),
+        (lambda: model.detokenize([1, 100000]), flm.Status.TOKEN_OUT_OF_RANGE, "100000"),
+        (
+            lambda: list(model.session().generate("Hi", top_p=1.5)),
+            flm.Status.INVALID_ARGUMENT,
+            "top-p",
+        ),
+        (lambda: flm.Model(MODEL, device="tpu"), flm.Status.INVALID_ARGUMENT, "tpu"),
+        (
+            lambda: flm.Model(MODEL, activation_bits=12),
+            flm.Status.INVALID_ARGUMENT,
+            "activation_bits is 12",
+        ),
+        (lambda: flm.Model(MODEL, kv_dtype="int8"), flm.Status.INVALID_ARGUMENT, "kv_dtype"),
+        (
+            lambda: flm.Model(MODEL, device="cpu", gpu_layers=2),
+            flm.Status.INVALID_ARGUMENT,
+            "gpu_layers is 2, and no GPU runs the model",
+        ),
+    ]
+    for call, status, needle in cases:
+        with pytest.raises(flm.FlmError) as err:
+            call()
+        assert err.value.status == status, needle
+        assert needle in err.value.message
 
 
 def chat_model(dir: Path, template: str) -> Path:

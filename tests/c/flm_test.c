@@ -177,6 +177,27 @@ static void tokenize_round_trip(const FlmModel *model) {
     free(ids);
 }
 
+/* Checks that the model at path loads with options, and frees it. */
+static void expect_loads(const char *path, const FlmModelOptions *options) {
+    FlmModel *model = NULL;
+    CHECK(flm_model_load(path, options, &model) == FLM_STATUS_OK);
+    flm_model_free(model);
+}
+
+/* Checks that flm_model_load refuses the options with the string option *field set to
+ * `refused` (FLM_STATUS_INVALID_ARGUMENT, a message holding needle) and loads them with it
+ * set to `accepted`; leaves *field NULL (the default). */
+static void expect_string_option(const char *path, FlmModelOptions *options,
+                                 const char **field, const char *refused,
+                                 const char *needle, const char *accepted) {
+    FlmModel *none = NULL;
+    *field = refused;
+    EXPECT_ERROR(flm_model_load(path, options, &none), FLM_STATUS_INVALID_ARGUMENT, needle);
+    *field = accepted;
+    expect_loads(path, options);
+    *field = NULL;
+}
+
 static void bad_calls(const char *path, FlmModel *model) {
     FlmModel *none = (FlmModel *)&failures; /* a non-NULL value the calls must reset */
     FlmSession *session = NULL;
@@ -236,30 +257,16 @@ static void bad_calls(const char *path, FlmModel *model) {
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
                  "activation_bits is 12");
     options.activation_bits = 16;
-    FlmModel *sixteen = NULL;
-    CHECK(flm_model_load(path, &options, &sixteen) == FLM_STATUS_OK);
-    flm_model_free(sixteen);
+    expect_loads(path, &options);
     options.activation_bits = 0;
-    options.kv_dtype = "bf16";
-    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
-                 "options->kv_dtype is \"bf16\": f32, f16 or auto");
-    options.kv_dtype = "f16";
-    FlmModel *half_cache = NULL;
-    CHECK(flm_model_load(path, &options, &half_cache) == FLM_STATUS_OK);
-    flm_model_free(half_cache);
-    options.kv_dtype = NULL;
+    expect_string_option(path, &options, &options.kv_dtype, "bf16",
+                         "options->kv_dtype is \"bf16\": f32, f16 or auto", "f16");
     options.device = "cpu";
     options.gpu_layers = "many";
     EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
                  "options->gpu_layers: \"many\" is neither a layer count nor auto");
-    options.gpu_layers = "2";
-    EXPECT_ERROR(flm_model_load(path, &options, &none), FLM_STATUS_INVALID_ARGUMENT,
-                 "options->gpu_layers is 2, and no GPU runs the model");
-    options.gpu_layers = "0";
-    FlmModel *host_layers = NULL;
-    CHECK(flm_model_load(path, &options, &host_layers) == FLM_STATUS_OK);
-    flm_model_free(host_layers);
-    options.gpu_layers = NULL;
+    expect_string_option(path, &options, &options.gpu_layers, "2",
+                         "options->gpu_layers is 2, and no GPU runs the model", "0");
     options.device = NULL;
     FlmSampling sampling = flm_sampling_default();
     sampling.top_p = 1.5f;

@@ -23,10 +23,9 @@ use std::collections::BinaryHeap;
 use unicode_normalization::UnicodeNormalization;
 
 use crate::fast_hash::{pair_key, FastMap};
-use crate::hf_bpe::{AddedToken, AddedTokens};
+use crate::hf_bpe::{AddedTokens, AddedTokensBuilder};
 use crate::spec::ByteLevelBpeSpec;
 use crate::split::Splitter;
-use crate::trie::TrieBuilder;
 use crate::vocab::{PieceKind, VocabEntry};
 use crate::{Error, Result};
 
@@ -130,8 +129,7 @@ impl ByteBpe {
                 Some(map)
             }
         };
-        let mut raw = (TrieBuilder::new(), Vec::new());
-        let mut normalized = (TrieBuilder::new(), Vec::new());
+        let mut added = AddedTokensBuilder::new();
         for t in &spec.added_tokens {
             let p = pieces.get(t.id as usize).ok_or_else(|| {
                 Error::Invalid(format!(
@@ -145,27 +143,14 @@ impl ByteBpe {
                 .ok_or_else(|| {
                     Error::Invalid(format!("added token {} is not non-empty UTF-8", t.id))
                 })?;
-            let (set, pattern) = if t.normalized {
-                (&mut normalized, normalize(spec.nfc, content))
+            let pattern = if t.normalized {
+                normalize(spec.nfc, content)
             } else {
-                (&mut raw, Cow::Borrowed(content))
+                Cow::Borrowed(content)
             };
-            if set
-                .0
-                .insert(pattern.as_bytes(), set.1.len() as u32)
-                .is_none()
-            {
-                set.1.push(AddedToken {
-                    id: t.id,
-                    lstrip: t.lstrip,
-                    rstrip: t.rstrip,
-                });
-            }
+            added.add(t, &pattern);
         }
-        let set = |(trie, tokens): (TrieBuilder, Vec<AddedToken>)| AddedTokens {
-            trie: trie.build(),
-            tokens,
-        };
+        let (added_raw, added_normalized) = added.build();
         let byte_ids = Box::new(std::array::from_fn(|b| {
             ids.get(&[b as u8][..]).copied().unwrap_or(NO_ID)
         }));
@@ -174,8 +159,8 @@ impl ByteBpe {
             merges,
             byte_ids,
             regexes,
-            added_raw: set(raw),
-            added_normalized: set(normalized),
+            added_raw,
+            added_normalized,
             spec,
         })
     }

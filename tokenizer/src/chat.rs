@@ -13,6 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::jinja::{Chat, ChatTemplate};
 use crate::{Encoder, Error, Result, Tokenizer};
 
 /// One turn of a conversation.
@@ -110,16 +111,7 @@ impl Tokenizer {
                 self.role_tokens(messages, add_generation_prompt)
             }
             (None, Some(template)) => {
-                let text = crate::jinja::render(
-                    self,
-                    &template.text,
-                    messages,
-                    None,
-                    add_generation_prompt,
-                    args,
-                )?;
-                let ids = self.encode_with_specials(&text)?;
-                Ok(ChatPrompt { ids, text })
+                self.jinja_prompt(template, &Chat::new(messages, add_generation_prompt, args))
             }
             (None, None) => Err(Error::Template(
                 "the model has no chat template (no tokenizer_config.json chat_template, no \
@@ -149,14 +141,21 @@ impl Tokenizer {
                 "tools and tool messages need a Jinja chat template, and the model has none".into(),
             ));
         };
-        let text = crate::jinja::render(
-            self,
-            &template.text,
-            messages,
+        let chat = Chat {
             tools,
-            add_generation_prompt,
-            args,
-        )?;
+            ..Chat::new(messages, add_generation_prompt, args)
+        };
+        self.jinja_prompt(template, &chat)
+    }
+
+    /// The prompt the Jinja `template` renders for `chat`: its text, and the ids of the text
+    /// with the special tokens it spells out.
+    fn jinja_prompt<M: Serialize>(
+        &self,
+        template: &ChatTemplate,
+        chat: &Chat<'_, M>,
+    ) -> Result<ChatPrompt> {
+        let text = crate::jinja::render(self, &template.text, chat)?;
         let ids = self.encode_with_specials(&text)?;
         Ok(ChatPrompt { ids, text })
     }

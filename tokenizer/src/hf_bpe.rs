@@ -17,8 +17,8 @@ use std::collections::BinaryHeap;
 
 use crate::decode::DecodeOptions;
 use crate::fast_hash::FastMap;
-use crate::spec::SplitSpec;
-use crate::trie::Trie;
+use crate::spec::{AddedTokenSpec, SplitSpec};
+use crate::trie::{Trie, TrieBuilder};
 use crate::vocab::VocabEntry;
 use crate::{Encoder, Tokenizer};
 
@@ -59,6 +59,51 @@ pub(crate) struct AddedToken {
 pub(crate) struct AddedTokens {
     pub(crate) trie: Trie,
     pub(crate) tokens: Vec<AddedToken>,
+}
+
+/// The added tokens of a model while they are read: those matched in the raw text and
+/// those matched in the normalised text, each a trie of patterns and their tokens.
+pub(crate) struct AddedTokensBuilder {
+    raw: (TrieBuilder, Vec<AddedToken>),
+    normalized: (TrieBuilder, Vec<AddedToken>),
+}
+
+impl AddedTokensBuilder {
+    pub(crate) fn new() -> Self {
+        AddedTokensBuilder {
+            raw: (TrieBuilder::new(), Vec::new()),
+            normalized: (TrieBuilder::new(), Vec::new()),
+        }
+    }
+
+    /// Adds `t`, matched as `pattern` (its content, normalised when `t.normalized`). Of
+    /// two tokens with one pattern in a set, the first keeps it, as in `tokenizers`.
+    pub(crate) fn add(&mut self, t: &AddedTokenSpec, pattern: &str) {
+        let (trie, tokens) = if t.normalized {
+            &mut self.normalized
+        } else {
+            &mut self.raw
+        };
+        if trie
+            .insert(pattern.as_bytes(), tokens.len() as u32)
+            .is_none()
+        {
+            tokens.push(AddedToken {
+                id: t.id,
+                lstrip: t.lstrip,
+                rstrip: t.rstrip,
+            });
+        }
+    }
+
+    /// The raw and the normalised sets.
+    pub(crate) fn build(self) -> (AddedTokens, AddedTokens) {
+        let set = |(trie, tokens): (TrieBuilder, Vec<AddedToken>)| AddedTokens {
+            trie: trie.build(),
+            tokens,
+        };
+        (set(self.raw), set(self.normalized))
+    }
 }
 
 /// The encoder of a `tokenizer.json` BPE model.

@@ -12,7 +12,7 @@
 use serde_json::{Map, Value};
 
 use crate::gpt2::{build_spec, Token, GPT2_PATTERN};
-use crate::hf_vocab::{flag, Vocabulary};
+use crate::hf_vocab::{flag, unsupported_bpe_option, Vocabulary};
 use crate::spec::{ByteLevelBpeSpec, PieceType};
 use crate::{Error, Result, Tokenizer};
 
@@ -71,17 +71,8 @@ pub(crate) fn load(root: &Value, model: &Map<String, Value>) -> Result<Tokenizer
         n if n.get("type").and_then(Value::as_str) == Some("NFC") => true,
         n => return Err(unsupported(format!("normalizer {n}"))),
     };
-    if model.get("dropout").and_then(Value::as_f64).unwrap_or(0.0) != 0.0 {
-        return Err(unsupported("BPE dropout"));
-    }
-    for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
-        if model
-            .get(key)
-            .and_then(Value::as_str)
-            .is_some_and(|s| !s.is_empty())
-        {
-            return Err(unsupported(format!("BPE {key}")));
-        }
+    if let Some(option) = unsupported_bpe_option(model) {
+        return Err(unsupported(option));
     }
     let pattern = pattern(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
     let table = Vocabulary::read(root, model)?;

@@ -16,7 +16,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::hf_vocab::{flag, Vocabulary};
+use crate::hf_vocab::{flag, unsupported_bpe_option, Vocabulary};
 use crate::spec::{
     HfBpeSpec, MetaspaceSpec, NormalizerStep, PrependScheme, SplitBehavior, SplitSpec,
     TokenizerKind,
@@ -75,17 +75,8 @@ pub(crate) fn load(bytes: &[u8]) -> Result<Tokenizer> {
     {
         return crate::hf_byte_level::load(&root, model);
     }
-    if model.get("dropout").and_then(Value::as_f64).unwrap_or(0.0) != 0.0 {
-        return Err(unsupported("BPE dropout"));
-    }
-    for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
-        if model
-            .get(key)
-            .and_then(Value::as_str)
-            .is_some_and(|s| !s.is_empty())
-        {
-            return Err(unsupported(format!("BPE {key}")));
-        }
+    if let Some(option) = unsupported_bpe_option(model) {
+        return Err(unsupported(option));
     }
     let mut normalizer = Vec::new();
     parse_normalizer(

@@ -20,6 +20,23 @@ pub(crate) fn flag(o: &Value, key: &str, default: bool) -> bool {
     o.get(key).and_then(Value::as_bool).unwrap_or(default)
 }
 
+/// The first option of the BPE `model` that neither reader implements (dropout, a
+/// continuing-subword prefix, an end-of-word suffix), named for the reader's error.
+pub(crate) fn unsupported_bpe_option(model: &Map<String, Value>) -> Option<String> {
+    if model.get("dropout").and_then(Value::as_f64).unwrap_or(0.0) != 0.0 {
+        return Some("BPE dropout".into());
+    }
+    ["continuing_subword_prefix", "end_of_word_suffix"]
+        .into_iter()
+        .find(|key| {
+            model
+                .get(*key)
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        })
+        .map(|key| format!("BPE {key}"))
+}
+
 /// One id of the table.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Entry<'a> {

@@ -26,6 +26,34 @@ pub(crate) struct ChatTemplate {
     pub(crate) origin: &'static str,
 }
 
+/// What a chat template is rendered for, the arguments of transformers'
+/// `apply_chat_template(messages, tools=..., add_generation_prompt=..., **args)`: the
+/// conversation (a list of [`crate::Message`]s, or of JSON messages with more fields, such as
+/// `tool_calls`), the function list, whether the prompt ends where the assistant's reply
+/// starts, and the keyword arguments.
+pub(crate) struct Chat<'a, M> {
+    pub(crate) messages: &'a [M],
+    pub(crate) tools: Option<&'a serde_json::Value>,
+    pub(crate) add_generation_prompt: bool,
+    pub(crate) args: &'a TemplateArgs,
+}
+
+impl<'a, M> Chat<'a, M> {
+    /// `messages` without tools.
+    pub(crate) fn new(
+        messages: &'a [M],
+        add_generation_prompt: bool,
+        args: &'a TemplateArgs,
+    ) -> Self {
+        Chat {
+            messages,
+            tools: None,
+            add_generation_prompt,
+            args,
+        }
+    }
+}
+
 /// Renders `template` for two sample conversations (system, user, assistant, user; and
 /// user, assistant, user) with the generation prompt, under the budget of every request.
 ///
@@ -41,15 +69,9 @@ pub(crate) fn check(tok: &Tokenizer, template: &ChatTemplate) -> Result<()> {
         Message::new("assistant", "Hello! How can I help?"),
         Message::new("user", "Tell me a story."),
     ];
+    let none = TemplateArgs::new();
     for sample in [&turns[..], &turns[1..]] {
-        match run(
-            tok,
-            &template.text,
-            sample,
-            None,
-            true,
-            &TemplateArgs::new(),
-        ) {
+        match run(tok, &template.text, &Chat::new(sample, true, &none)) {
             Ok(_) | Err((_, Fatal(false))) => {}
             Err((e, Fatal(true))) => return Err(failure(template.origin, e)),
         }
@@ -107,10 +129,8 @@ pub fn check_template_args(args: &TemplateArgs) -> Result<()> {
     }
 }
 
-/// Renders `template` for `messages` (a list of [`crate::Message`]s, or of JSON messages with
-/// more fields, such as `tool_calls`), `tools` and the keyword arguments `args`, within the
-/// budget of `jinja_limits.rs` (fuel, and caps on the strings and sequences built and on
-/// the output).
+/// Renders `template` for `chat`, within the budget of `jinja_limits.rs` (fuel, and caps on
+/// the strings and sequences built and on the output).
 ///
 /// Errors: [`Error::Template`] naming the template's origin, for an argument named as a
 /// reserved variable ([`check_template_args`]), and with minijinja's message for a syntax
@@ -119,13 +139,10 @@ pub fn check_template_args(args: &TemplateArgs) -> Result<()> {
 pub(crate) fn render<M: serde::Serialize>(
     tok: &Tokenizer,
     template: &str,
-    messages: &[M],
-    tools: Option<&serde_json::Value>,
-    add_generation_prompt: bool,
-    args: &TemplateArgs,
+    chat: &Chat<'_, M>,
 ) -> Result<String> {
-    check_template_args(args)?;
-    run(tok, template, messages, tools, add_generation_prompt, args).map_err(|(e, _)| {
+    check_template_args(chat.args)?;
+    run(tok, template, chat).map_err(|(e, _)| {
         let origin = tok.chat_template.as_ref().map_or("given", |t| t.origin);
         failure(origin, e)
     })
@@ -136,10 +153,7 @@ pub(crate) fn render<M: serde::Serialize>(
 fn run<M: serde::Serialize>(
     tok: &Tokenizer,
     template: &str,
-    messages: &[M],
-    tools: Option<&serde_json::Value>,
-    add_generation_prompt: bool,
-    args: &TemplateArgs,
+    chat: &Chat<'_, M>,
 ) -> std::result::Result<String, (minijinja::Error, Fatal)> {
     let budget = Arc::new(Budget::default());
     let mut env = Environment::new();
@@ -165,11 +179,11 @@ fn run<M: serde::Serialize>(
             bos_token => token(tok.bos_id()),
             eos_token => token(tok.eos_id()),
         },
-        Value::from_serialize(args),
+        Value::from_serialize(chat.args),
         context! {
-            messages => messages,
-            tools => tools,
-            add_generation_prompt => add_generation_prompt,
+            messages => chat.messages,
+            tools => chat.tools,
+            add_generation_prompt => chat.add_generation_prompt,
         },
     ]);
     let fatal = |e| (e, Fatal(true));
@@ -278,34 +292,23 @@ mod tests {
             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]})];
         let tools = serde_json::json!([{"type": "function", "function": {"name": "g"}},
             {"type": "function", "function": {"name": "h"}}]);
-        let text = render(&t, template, &messages, Some(&tools), false, &none()).unwrap();
-        assert_eq!(text, "g;h;f");
-        assert_eq!(
-            render(&t, "{{ tools is none }}", &messages, None, false, &none()).unwrap(),
-            "True"
-        );
+        let none = none();
+        let without = Chat::new(&messages, false, &none);
+        let with = Chat {
+            tools: Some(&tools),
+            ..Chat::new(&messages, false, &none)
+        };
+        assert_eq!(render(&t, template, &with).unwrap(), "g;h;f");
+        assert_eq!(render(&t, "{{ tools is none }}", &without).unwrap(), "True");
         // As Python's json.dumps(..., ensure_ascii=False) writes it.
-        let text = render(
-            &t,
-            "{{ tools[0] | tojson }}",
-            &messages,
-            Some(&tools),
-            false,
-            &none(),
-        );
         assert_eq!(
-            text.unwrap(),
+            render(&t, "{{ tools[0] | tojson }}", &with).unwrap(),
             r#"{"function": {"name": "g"}, "type": "function"}"#
         );
-        let text = render(
-            &t,
-            "{{ ['é', 1.5, none] | tojson }}",
-            &messages,
-            None,
-            false,
-            &none(),
+        assert_eq!(
+            render(&t, "{{ ['é', 1.5, none] | tojson }}", &without).unwrap(),
+            r#"["é", 1.5, null]"#
         );
-        assert_eq!(text.unwrap(), r#"["é", 1.5, null]"#);
     }
 
     fn tok(template: &str) -> Tokenizer {
@@ -342,7 +345,11 @@ mod tests {
 
     fn render_one(template: &str, messages: &[Message], gen: bool) -> Result<String> {
         let t = tok(template);
-        render(&t, t.chat_template().unwrap(), messages, None, gen, &none())
+        render(
+            &t,
+            t.chat_template().unwrap(),
+            &Chat::new(messages, gen, &none()),
+        )
     }
 
     fn none() -> TemplateArgs {
@@ -364,11 +371,11 @@ mod tests {
             "opts": {"depth": 3}, "bos_token": "[BOS]"}),
         );
         assert_eq!(
-            render(&t, template, &msgs, None, true, &given).unwrap(),
+            render(&t, template, &Chat::new(&msgs, true, &given)).unwrap(),
             "[BOS]|False|3|a,b|3|hi|False"
         );
         assert_eq!(
-            render(&t, "{{ bos_token }}", &msgs, None, true, &none()).unwrap(),
+            render(&t, "{{ bos_token }}", &Chat::new(&msgs, true, &none())).unwrap(),
             "<s>"
         );
     }
@@ -379,7 +386,7 @@ mod tests {
         let msgs = [Message::new("user", "hi")];
         for name in RESERVED {
             let given = args(serde_json::json!({ name: [] }));
-            let err = render(&t, "{{ messages }}", &msgs, None, true, &given).unwrap_err();
+            let err = render(&t, "{{ messages }}", &Chat::new(&msgs, true, &given)).unwrap_err();
             assert!(err.to_string().contains(&format!("`{name}`")), "{err}");
         }
     }

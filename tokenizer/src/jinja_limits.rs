@@ -87,13 +87,14 @@ pub(crate) fn is_over_limit(e: &Error) -> bool {
     e.kind() == ErrorKind::OutOfFuel
 }
 
+/// Adds `n` to `counter` and says whether the total is past `max`.
+fn past(counter: &AtomicUsize, n: usize, max: usize) -> bool {
+    counter.fetch_add(n, Ordering::Relaxed).saturating_add(n) > max
+}
+
 impl Budget {
     fn charge(&self, bytes: usize) -> Result<(), Error> {
-        let total = self
-            .built
-            .fetch_add(bytes, Ordering::Relaxed)
-            .saturating_add(bytes);
-        if total > MAX_TEMPLATE_BUILT {
+        if past(&self.built, bytes, MAX_TEMPLATE_BUILT) {
             return Err(limit(format!(
                 "the template built more than the limit of {MAX_TEMPLATE_BUILT} bytes in one \
                  render"
@@ -124,11 +125,7 @@ impl Budget {
 
     /// `len` more bytes are about to be emitted.
     fn emit(&self, len: usize) -> Result<(), Error> {
-        let total = self
-            .emitted
-            .fetch_add(len, Ordering::Relaxed)
-            .saturating_add(len);
-        if total > MAX_TEMPLATE_TEXT {
+        if past(&self.emitted, len, MAX_TEMPLATE_TEXT) {
             return Err(limit(format!(
                 "the output is past the limit of {MAX_TEMPLATE_TEXT} bytes"
             )));

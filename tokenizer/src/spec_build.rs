@@ -10,7 +10,9 @@ use std::collections::HashSet;
 use crate::byte_bpe::ByteBpe;
 use crate::decode::DecodeOptions;
 use crate::fast_hash::FastMap;
-use crate::hf_bpe::{normalize, AddedToken, AddedTokens, HfModel, Metaspace, NormOp, Prepend};
+use crate::hf_bpe::{
+    normalize, AddedTokens, AddedTokensBuilder, HfModel, Metaspace, NormOp, Prepend,
+};
 use crate::sentencepiece::{sp_tokenizer, NormalizerOptions, SpModel};
 use crate::spec::{
     AddedTokenSpec, HfBpeSpec, MetaspaceSpec, NormalizerStep, PieceType, PrependScheme,
@@ -314,30 +316,19 @@ fn hf_model(
             NormalizerStep::Replace { pattern, content } => NormOp::Replace(pattern, content),
         });
     }
-    let mut raw = (TrieBuilder::new(), Vec::new());
-    let mut normalized = (TrieBuilder::new(), Vec::new());
+    let mut added = AddedTokensBuilder::new();
     for t in &hf.added_tokens {
         let content = pieces
             .get(t.id as usize)
             .and_then(|p| std::str::from_utf8(&p.bytes).ok())
             .ok_or_else(|| invalid(format!("added token {} is not a UTF-8 piece", t.id)))?;
-        let (set, pattern) = if t.normalized {
-            (&mut normalized, normalize(&normalizer, content))
+        if t.normalized {
+            added.add(t, &normalize(&normalizer, content));
         } else {
-            (&mut raw, content.to_owned())
-        };
-        if set
-            .0
-            .insert(pattern.as_bytes(), set.1.len() as u32)
-            .is_none()
-        {
-            set.1.push(AddedToken {
-                id: t.id,
-                lstrip: t.lstrip,
-                rstrip: t.rstrip,
-            });
+            added.add(t, content);
         }
     }
+    let (added_raw, added_normalized) = added.build();
     let byte_ids = byte_fallback.then(|| {
         Box::new(std::array::from_fn(|b| {
             vocab.get(byte_piece(b as u8).as_bytes())
@@ -350,14 +341,8 @@ fn hf_model(
         fuse_unk: hf.fuse_unk,
         byte_ids,
         ignore_merges: hf.ignore_merges,
-        added_raw: AddedTokens {
-            trie: raw.0.build(),
-            tokens: raw.1,
-        },
-        added_normalized: AddedTokens {
-            trie: normalized.0.build(),
-            tokens: normalized.1,
-        },
+        added_raw,
+        added_normalized,
         normalizer,
         metaspace: hf.metaspace.map(|m| Metaspace {
             replacement: '\u{2581}',

@@ -257,20 +257,19 @@ def main():
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--seed", type=int, default=0)
     sub = parser.add_subparsers(dest="mode", required=True)
-    p = sub.add_parser("prefix")
-    p.add_argument("--prefix", type=int, default=1000)
-    p.add_argument("--tail", type=int, default=8)
-    c = sub.add_parser("chunked")
-    c.add_argument("--streams", type=int, default=8)
-    c.add_argument("--long", type=int, default=2000)
-    c.add_argument("--warmup", type=int, default=16)
-    c.add_argument("--max-tokens", type=int, default=1000)
-    k = sub.add_parser("constrained")
-    k.add_argument("--requests", type=int, default=3)
-    k.add_argument("--max-tokens", type=int, default=120)
-    h = sub.add_parser("hostile")
-    h.add_argument("--streams", type=int, default=8)
-    h.add_argument("--max-tokens", type=int, default=64)
+    # Each mode's count options and their defaults.
+    counts = {
+        "prefix": {"--prefix": 1000, "--tail": 8},
+        "chunked": {"--streams": 8, "--long": 2000, "--warmup": 16, "--max-tokens": 1000},
+        "constrained": {"--requests": 3, "--max-tokens": 120},
+        "hostile": {"--streams": 8, "--max-tokens": 64},
+    }
+    modes = {}
+    for name, options in counts.items():
+        modes[name] = sub.add_parser(name)
+        for option, default in options.items():
+            modes[name].add_argument(option, type=int, default=default)
+    h = modes["hostile"]
     h.add_argument("--formats", default="0,1,2,3")
     h.add_argument("--repeat", action="store_true",
                    help="resend each hostile request until the streams end (a flood)")

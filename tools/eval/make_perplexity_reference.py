@@ -50,50 +50,51 @@ def nll_sum(window, labels):
 
 
 def llama_cpp():
-    total, count = 0.0, 0
+    """Chunks of CTX tokens, each starting with BOS, their second halves scored."""
     for start in range(0, len(ids) // CTX * CTX, CTX):
         window = [bos] + ids[start + 1 : start + CTX]
         labels = [-100] * (CTX // 2 + 1) + window[CTX // 2 + 1 :]
-        t, c = nll_sum(window, labels)
-        total, count = total + t, count + c
-    return total, count
+        yield window, labels
+
+
+def strided(length, width):
+    """The guide's windows [begin, end) of `width` of `length` tokens every STRIDE tokens,
+    up to the one that reaches the end, each with the end of the window before it."""
+    prev_end = 0
+    for begin in range(0, length, STRIDE):
+        end = min(begin + width, length)
+        yield begin, end, prev_end
+        prev_end = end
+        if end == length:
+            break
 
 
 def sliding():
     """Windows of BOS and CTX - 1 tokens of text, every STRIDE tokens of text."""
     text_ids = ids[1:]
-    total, count, prev_end = 0.0, 0, 0
-    for begin in range(0, len(text_ids), STRIDE):
-        end = min(begin + CTX - 1, len(text_ids))
+    for begin, end, prev_end in strided(len(text_ids), CTX - 1):
         window = [bos] + text_ids[begin:end]
         labels = [-100] * len(window)
         for j in range(max(prev_end, begin), end):
             labels[j - begin + 1] = text_ids[j]
-        t, c = nll_sum(window, labels)
-        total, count = total + t, count + c
-        prev_end = end
-        if end == len(text_ids):
-            break
-    return total, count
+        yield window, labels
 
 
 def guide_without_bos():
     """The guide's loop as written: windows of the ids (BOS only in the first)."""
-    total, count, prev_end = 0.0, 0, 0
-    for begin in range(0, len(ids), STRIDE):
-        end = min(begin + CTX, len(ids))
+    for begin, end, prev_end in strided(len(ids), CTX):
         window = ids[begin:end]
         trg_len = end - prev_end
         labels = [-100] * (len(window) - trg_len) + window[len(window) - trg_len :]
+        yield window, labels
+
+
+def entry(windows):
+    """The summed NLL, scored count and perplexity of the (window, labels) pairs."""
+    total, count = 0.0, 0
+    for window, labels in windows:
         t, c = nll_sum(window, labels)
         total, count = total + t, count + c
-        prev_end = end
-        if end == len(ids):
-            break
-    return total, count
-
-
-def entry(total, count):
     return {"nll": total, "scored": count, "perplexity": math.exp(total / count)}
 
 
@@ -103,9 +104,9 @@ out = {
     "ctx": CTX,
     "stride": STRIDE,
     "ids": ids,
-    "llama_cpp": entry(*llama_cpp()),
-    "sliding": entry(*sliding()),
-    "sliding_without_bos": entry(*guide_without_bos()),
+    "llama_cpp": entry(llama_cpp()),
+    "sliding": entry(sliding()),
+    "sliding_without_bos": entry(guide_without_bos()),
 }
 path = ROOT / "tests/data/stories260K/perplexity_reference.json"
 path.write_text(json.dumps(out, indent=1) + "\n")

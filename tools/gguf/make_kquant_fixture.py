@@ -66,18 +66,7 @@ def weights(rng):
 def main():
     path = DATA / "gguf" / "tiny-kquant.gguf"
     w = weights(np.random.default_rng(35))
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny-kquant")
-    writer.add_context_length(CFG["seq_len"])
-    writer.add_embedding_length(CFG["dim"])
-    writer.add_block_count(CFG["n_layers"])
-    writer.add_feed_forward_length(CFG["hidden"])
-    writer.add_rope_dimension_count(CFG["dim"] // CFG["n_heads"])
-    writer.add_head_count(CFG["n_heads"])
-    writer.add_head_count_kv(CFG["n_kv"])
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(CFG["vocab"])
+    writer = s260.llama_writer(path, "tiny-kquant", CFG)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     s260.add_tokenizer(writer, DATA / "stories260K" / "tok512.model")
@@ -88,11 +77,7 @@ def main():
             writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=got)
         else:
             writer.add_tensor(name, t)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    print(f"{path.name}: {path.stat().st_size} bytes")
+    s260.finish(writer, path)
 
     reader = gguf.GGUFReader(str(path))
     decoded = {

@@ -127,9 +127,11 @@ def add_tokenizer(writer, path):
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def write(name, qtype, cfg, w):
-    writer = gguf.GGUFWriter(str(HERE / name), "llama")
-    writer.add_name("stories260K")
+def llama_writer(path, name, cfg):
+    """A GGUFWriter of the Llama `name` to `path`, with the hyperparameters of `cfg` (dim,
+    hidden, n_layers, n_heads, n_kv, vocab, seq_len) written first."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(name)
     writer.add_context_length(cfg["seq_len"])
     writer.add_embedding_length(cfg["dim"])
     writer.add_block_count(cfg["n_layers"])
@@ -140,6 +142,20 @@ def write(name, qtype, cfg, w):
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(cfg["vocab"])
+    return writer
+
+
+def finish(writer, path):
+    """Writes out the file of `writer` at `path`, and prints its size."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    print(f"{path.name}: {path.stat().st_size} bytes")
+
+
+def write(name, qtype, cfg, w):
+    writer = llama_writer(HERE / name, "stories260K", cfg)
     file_type = {
         gguf.GGMLQuantizationType.F32: gguf.LlamaFileType.ALL_F32,
         gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
@@ -160,11 +176,7 @@ def write(name, qtype, cfg, w):
         else:
             q = gguf.quants.quantize(t, qtype)
             writer.add_tensor(tname, q, raw_shape=q.shape, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    print(f"{name}: {(HERE / name).stat().st_size} bytes")
+    finish(writer, HERE / name)
 
 
 def read_gguf(name):

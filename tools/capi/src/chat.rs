@@ -22,7 +22,7 @@ use std::ffi::c_char;
 use flm_tokenizer::{ChatPrompt, Error as TokenizerError, Message, TemplateArgs};
 
 use crate::model::{copy_out, FlmModel};
-use crate::status::{arg_ref, arg_slice, arg_str, guard, write_out, Failure, FlmStatus};
+use crate::status::{arg_ref, arg_slice, arg_str, guard, Failure, FlmStatus};
 
 /// One turn of a conversation, for flm_apply_chat_template() and flm_tokenize_chat():
 /// UTF-8 texts with their lengths in bytes (no terminating NUL needed), borrowed for the
@@ -189,14 +189,13 @@ pub unsafe extern "C" fn flm_apply_chat_template(
             )
         }?;
         // SAFETY: as above.
-        unsafe { write_out(text_len, prompt.text.len(), "text_len") }?;
-        // SAFETY: as above.
         unsafe {
             copy_out(
                 prompt.text.as_bytes(),
                 text.cast::<u8>(),
                 text_capacity,
-                "text",
+                text_len,
+                ("text", "text_len"),
             )
         }
     })
@@ -243,8 +242,6 @@ pub unsafe extern "C" fn flm_tokenize_chat(
             )
         }?;
         // SAFETY: as above.
-        unsafe { write_out(n_ids, prompt.ids.len(), "n_ids") }?;
-        // SAFETY: as above.
-        unsafe { copy_out(&prompt.ids, ids, ids_capacity, "ids") }
+        unsafe { copy_out(&prompt.ids, ids, ids_capacity, n_ids, ("ids", "n_ids")) }
     })
 }

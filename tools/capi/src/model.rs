@@ -11,7 +11,10 @@ use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
 use flm_models::{session, GpuLayers, SharedModel};
 use flm_tokenizer::Tokenizer;
 
-use crate::status::{arg_c_str, arg_ref, arg_slice, arg_str, guard, write_out, Failure, FlmStatus};
+use crate::status::{
+    arg_c_str, arg_ref, arg_slice, arg_str, free_handle, guard, new_handle, write_out, Failure,
+    FlmStatus,
+};
 
 /// Options of flm_model_load(). A zero-initialised struct (`FlmModelOptions o = {0};`)
 /// asks for the defaults.
@@ -253,9 +256,7 @@ pub unsafe extern "C" fn flm_model_load(
     options: *const FlmModelOptions,
     out_model: *mut *mut FlmModel,
 ) -> FlmStatus {
-    guard(|| {
-        // SAFETY: `out_model` is NULL or writable (this function's contract).
-        unsafe { write_out(out_model, std::ptr::null_mut(), "out_model") }?;
+    let load = || {
         // SAFETY: `path` is NULL or NUL-terminated (this function's contract).
         let path = unsafe { arg_c_str(path, "path") }?;
         let defaults = FlmModelOptions {
@@ -275,15 +276,14 @@ pub unsafe extern "C" fn flm_model_load(
         let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
         let (model, tokenizer) = session::load_model(path, None, context)?;
         let model = place(model.with_kv_dtype(kv_dtype)?, (&exec, gpu), gpu_layers)?;
-        let handle = Box::new(FlmModel {
+        Ok(FlmModel {
             model,
             tokenizer: Arc::new(tokenizer),
             exec: Arc::new(exec),
-        });
-        // SAFETY: as above; the caller now owns the box (freed by flm_model_free).
-        unsafe { write_out(out_model, Box::into_raw(handle), "out_model") }?;
-        Ok(FlmStatus::Ok)
-    })
+        })
+    };
+    // SAFETY: `out_model` is NULL or writable (this function's contract).
+    unsafe { new_handle(out_model, "out_model", load) }
 }
 
 /// Frees a model handle. Sessions created from it stay usable (they keep what they need
@@ -294,13 +294,8 @@ pub unsafe extern "C" fn flm_model_load(
 /// thread may be using it.
 #[no_mangle]
 pub unsafe extern "C" fn flm_model_free(model: *mut FlmModel) {
-    guard(|| {
-        if !model.is_null() {
-            // SAFETY: a live handle from Box::into_raw in flm_model_load, freed once.
-            drop(unsafe { Box::from_raw(model) });
-        }
-        Ok(FlmStatus::Ok)
-    });
+    // SAFETY: this function's contract.
+    unsafe { free_handle(model) }
 }
 
 /// Encodes `text_len` bytes of UTF-8 `text` into token ids, with the begin-of-sequence
@@ -333,9 +328,7 @@ pub unsafe extern "C" fn flm_tokenize(
         let text = unsafe { arg_str(text, text_len, "text") }?;
         let encoded = model.tokenizer.encode(text, add_bos)?;
         // SAFETY: as above.
-        unsafe { write_out(n_ids, encoded.len(), "n_ids") }?;
-        // SAFETY: as above.
-        unsafe { copy_out(&encoded, ids, ids_capacity, "ids") }
+        unsafe { copy_out(&encoded, ids, ids_capacity, n_ids, ("ids", "n_ids")) }
     })
 }
 
@@ -368,22 +361,34 @@ pub unsafe extern "C" fn flm_detokenize(
         let ids = unsafe { arg_slice(ids, n_ids, "ids") }?;
         let decoded = model.tokenizer.decode(ids)?;
         // SAFETY: as above.
-        unsafe { write_out(text_len, decoded.len(), "text_len") }?;
-        // SAFETY: as above.
-        unsafe { copy_out(decoded.as_bytes(), text.cast::<u8>(), text_capacity, "text") }
+        unsafe {
+            copy_out(
+                decoded.as_bytes(),
+                text.cast::<u8>(),
+                text_capacity,
+                text_len,
+                ("text", "text_len"),
+            )
+        }
     })
 }
 
-/// Copies `values` to the caller's buffer `out` of `capacity` elements if they fit.
+/// Writes the number of `values` to `*len`, then copies them to the caller's buffer `out`
+/// of `capacity` elements if they fit: the counted results of the entry points, whose
+/// callers may ask for the size first. `names` are those of `out` and `len` in messages.
 ///
 /// # Safety
-/// A non-null `out` must be valid for `capacity` writes of `T`, not overlapping `values`.
+/// `len` must be NULL or valid for a write; a non-null `out` must be valid for `capacity`
+/// writes of `T`, not overlapping `values`.
 pub(crate) unsafe fn copy_out<T: Copy>(
     values: &[T],
     out: *mut T,
     capacity: usize,
-    what: &str,
+    len: *mut usize,
+    (what, len_what): (&str, &str),
 ) -> Result<FlmStatus, Failure> {
+    // SAFETY: `len` is NULL or valid for a write (this function's contract).
+    unsafe { write_out(len, values.len(), len_what) }?;
     if values.len() > capacity {
         return Err(Failure::new(
             FlmStatus::BufferTooSmall,

@@ -8,7 +8,10 @@ use flm_core::{Executor, SamplerConfig};
 use flm_models::session::{GenerateParams, Session, StopReason};
 
 use crate::model::FlmModel;
-use crate::status::{arg_mut, arg_ref, arg_slice, arg_str, guard, write_out, Failure, FlmStatus};
+use crate::status::{
+    arg_mut, arg_ref, arg_slice, arg_str, free_handle, guard, new_handle, write_out, Failure,
+    FlmStatus,
+};
 
 /// Sampling parameters of flm_generate(); flm_sampling_default() gives a filled struct.
 /// The order of application is repetition penalty, temperature, top-k, top-p (as
@@ -77,20 +80,17 @@ pub unsafe extern "C" fn flm_session_new(
     model: *const FlmModel,
     out_session: *mut *mut FlmSession,
 ) -> FlmStatus {
-    guard(|| {
-        // SAFETY: `out_session` is NULL or writable (this function's contract).
-        unsafe { write_out(out_session, std::ptr::null_mut(), "out_session") }?;
+    let create = || {
         // SAFETY: `model` is NULL or a live handle (this function's contract).
         let model = unsafe { arg_ref(model, "model") }?;
         let instance = model.model.instance()?;
-        let handle = Box::new(FlmSession {
+        Ok(FlmSession {
             session: Session::new(instance, Arc::clone(&model.tokenizer))?,
             exec: Arc::clone(&model.exec),
-        });
-        // SAFETY: as above; the caller now owns the box (freed by flm_session_free).
-        unsafe { write_out(out_session, Box::into_raw(handle), "out_session") }?;
-        Ok(FlmStatus::Ok)
-    })
+        })
+    };
+    // SAFETY: `out_session` is NULL or writable (this function's contract).
+    unsafe { new_handle(out_session, "out_session", create) }
 }
 
 /// Frees a session handle. NULL is ignored.
@@ -100,13 +100,8 @@ pub unsafe extern "C" fn flm_session_new(
 /// other thread may be using it.
 #[no_mangle]
 pub unsafe extern "C" fn flm_session_free(session: *mut FlmSession) {
-    guard(|| {
-        if !session.is_null() {
-            // SAFETY: a live handle from Box::into_raw in flm_session_new, freed once.
-            drop(unsafe { Box::from_raw(session) });
-        }
-        Ok(FlmStatus::Ok)
-    });
+    // SAFETY: this function's contract.
+    unsafe { free_handle(session) }
 }
 
 /// Generates a continuation of the UTF-8 `prompt` (`prompt_len` bytes; the

@@ -260,6 +260,43 @@ pub(crate) unsafe fn write_out<T>(out: *mut T, value: T, what: &str) -> Result<(
     Ok(())
 }
 
+/// The body of a constructor entry point: `*out` (named `what`) is set to NULL first, so
+/// that a failure leaves NULL there, then to a new handle owning what `make` builds, which
+/// the caller frees with [`free_handle`].
+///
+/// # Safety
+/// `out` must be NULL or valid for writes; `make` reads its pointers under the entry
+/// point's contract.
+pub(crate) unsafe fn new_handle<T>(
+    out: *mut *mut T,
+    what: &str,
+    make: impl FnOnce() -> Result<T, Failure>,
+) -> FlmStatus {
+    guard(|| {
+        // SAFETY: `out` is NULL or writable (this function's contract).
+        unsafe { write_out(out, std::ptr::null_mut(), what) }?;
+        let handle = Box::new(make()?);
+        // SAFETY: as above; the caller now owns the box (freed by free_handle).
+        unsafe { write_out(out, Box::into_raw(handle), what) }?;
+        Ok(FlmStatus::Ok)
+    })
+}
+
+/// The body of a `_free` entry point: drops the handle from [`new_handle`]; NULL is ignored.
+///
+/// # Safety
+/// `handle` must be NULL or a handle from [`new_handle`] not freed before, and no other
+/// thread may be using it.
+pub(crate) unsafe fn free_handle<T>(handle: *mut T) {
+    guard(|| {
+        if !handle.is_null() {
+            // SAFETY: a live handle from Box::into_raw in new_handle, freed once.
+            drop(unsafe { Box::from_raw(handle) });
+        }
+        Ok(FlmStatus::Ok)
+    });
+}
+
 fn null(what: &str) -> Failure {
     Failure::new(FlmStatus::NullPointer, format!("{what} is NULL"))
 }

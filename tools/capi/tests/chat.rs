@@ -82,22 +82,11 @@ impl Model {
     /// the size second, then a buffer of the size: the text, or the status and message.
     fn apply(&self, turns: &[(&str, &str)], generation: bool, args: &str) -> Outcome<String> {
         let messages = messages(turns);
+        let chat = Chat::new(self.handle, &messages, generation, args);
         let call = |text: *mut c_char, capacity: usize, len: &mut usize| {
             // SAFETY: `messages` borrows `turns`, `args` and `text` are valid for their
             // lengths, `len` for a write.
-            unsafe {
-                flm_apply_chat_template(
-                    self.handle,
-                    messages.as_ptr(),
-                    messages.len(),
-                    generation,
-                    args.as_ptr().cast(),
-                    args.len(),
-                    text,
-                    capacity,
-                    len,
-                )
-            }
+            unsafe { chat.call(flm_apply_chat_template, text, capacity, len) }
         };
         let mut len = usize::MAX;
         match call(std::ptr::null_mut(), 0, &mut len) {
@@ -126,21 +115,10 @@ impl Model {
         args: &str,
     ) -> Outcome<Vec<u32>> {
         let messages = messages(turns);
+        let chat = Chat::new(self.handle, &messages, generation, args);
         let call = |ids: *mut u32, capacity: usize, n: &mut usize| {
             // SAFETY: as in `apply`, for `ids`.
-            unsafe {
-                flm_tokenize_chat(
-                    self.handle,
-                    messages.as_ptr(),
-                    messages.len(),
-                    generation,
-                    args.as_ptr().cast(),
-                    args.len(),
-                    ids,
-                    capacity,
-                    n,
-                )
-            }
+            unsafe { chat.call(flm_tokenize_chat, ids, capacity, n) }
         };
         let mut n = 0;
         match call(std::ptr::null_mut(), 0, &mut n) {
@@ -197,6 +175,79 @@ impl Drop for Model {
 }
 
 type Outcome<T> = Result<T, (FlmStatus, String)>;
+
+/// The signature of flm_apply_chat_template (`T = c_char`) and flm_tokenize_chat
+/// (`T = u32`), which differ in their output buffer only.
+type ChatCall<T> = unsafe extern "C" fn(
+    *const FlmModel,
+    *const FlmChatMessage,
+    usize,
+    bool,
+    *const c_char,
+    usize,
+    *mut T,
+    usize,
+    *mut usize,
+) -> FlmStatus;
+
+/// The arguments of a chat call but its output, as raw pointers, so that a case can set
+/// one of them to NULL.
+#[derive(Clone, Copy)]
+struct Chat {
+    model: *const FlmModel,
+    messages: *const FlmChatMessage,
+    n_messages: usize,
+    generation: bool,
+    args: *const c_char,
+    args_len: usize,
+}
+
+impl Chat {
+    /// The conversation `messages` for `model`, with the JSON text `args` ("" for none).
+    fn new(
+        model: *const FlmModel,
+        messages: &[FlmChatMessage],
+        generation: bool,
+        args: &str,
+    ) -> Chat {
+        Chat {
+            model,
+            messages: messages.as_ptr(),
+            n_messages: messages.len(),
+            generation,
+            args: args.as_ptr().cast(),
+            args_len: args.len(),
+        }
+    }
+
+    /// `call` with these arguments and the output `out` of `capacity` elements, its length
+    /// written to `len`.
+    ///
+    /// # Safety
+    /// The pointers satisfy the contract of `call` (those of `self` borrow live values).
+    unsafe fn call<T>(
+        self,
+        call: ChatCall<T>,
+        out: *mut T,
+        capacity: usize,
+        len: *mut usize,
+    ) -> FlmStatus {
+        // SAFETY: this function's contract.
+        unsafe {
+            call(
+                self.model,
+                self.messages,
+                self.n_messages,
+                self.generation,
+                self.args,
+                self.args_len,
+                out,
+                capacity,
+                len,
+            )
+        }
+    }
+}
 
 fn messages(turns: &[(&str, &str)]) -> Vec<FlmChatMessage> {
     turns
@@ -338,15 +389,19 @@ fn template_arguments_are_the_templates_variables() {
     let messages = messages(&turns);
     let mut text = vec![0u8; 256];
     let mut len = 0;
+    let chat = Chat {
+        args_len: 0,
+        ..Chat::new(
+            model.handle,
+            &messages,
+            true,
+            r#"{"enable_thinking": false}"#,
+        )
+    };
     // SAFETY: a non-NULL pointer with 0 bytes, valid buffers.
     let status = unsafe {
-        flm_apply_chat_template(
-            model.handle,
-            messages.as_ptr(),
-            1,
-            true,
-            c"{\"enable_thinking\": false}".as_ptr(),
-            0,
+        chat.call(
+            flm_apply_chat_template,
             text.as_mut_ptr().cast(),
             text.len(),
             &mut len,
@@ -442,15 +497,14 @@ fn failures_are_their_documented_statuses() {
     let mut len = 0;
     for (second, status, why) in cases {
         let pair = [messages(&turns)[0], second];
+        let chat = Chat {
+            args: std::ptr::null(),
+            ..Chat::new(gemma2.handle, &pair, true, "")
+        };
         // SAFETY: valid pointers but for the documented NULL.
         let got = unsafe {
-            flm_apply_chat_template(
-                gemma2.handle,
-                pair.as_ptr(),
-                2,
-                true,
-                std::ptr::null(),
-                0,
+            chat.call(
+                flm_apply_chat_template,
                 text.as_mut_ptr(),
                 text.len(),
                 &mut len,
@@ -459,94 +513,53 @@ fn failures_are_their_documented_statuses() {
         assert_eq!(got, status);
         assert!(last_error().contains(why), "{}", last_error());
     }
-    let one = messages(&turns);
-    type Call = Box<dyn Fn() -> FlmStatus>;
-    let handle = gemma2.handle;
-    let calls: [(Call, &str); 5] = [
-        // SAFETY (each): valid pointers but for the documented NULL.
+    let hi = messages(&turns);
+    let valid = Chat::new(gemma2.handle, &hi, true, "");
+    let mut len = 0;
+    let len: *mut usize = &mut len;
+    // The call (flm_tokenize_chat, else flm_apply_chat_template) with a NULL output of a
+    // capacity, its length written to a pointer, and the message.
+    let cases = [
         (
-            Box::new(move || unsafe {
-                flm_apply_chat_template(
-                    std::ptr::null(),
-                    one.as_ptr(),
-                    1,
-                    true,
-                    std::ptr::null(),
-                    0,
-                    std::ptr::null_mut(),
-                    0,
-                    &mut 0,
-                )
-            }),
+            false,
+            Chat {
+                model: std::ptr::null(),
+                ..valid
+            },
+            0,
+            len,
             "model is NULL",
         ),
         (
-            Box::new(move || unsafe {
-                flm_tokenize_chat(
-                    handle,
-                    std::ptr::null(),
-                    1,
-                    true,
-                    std::ptr::null(),
-                    0,
-                    std::ptr::null_mut(),
-                    0,
-                    &mut 0,
-                )
-            }),
+            true,
+            Chat {
+                messages: std::ptr::null(),
+                ..valid
+            },
+            0,
+            len,
             "messages is NULL",
         ),
+        (false, valid, 0, std::ptr::null_mut(), "text_len is NULL"),
+        (true, valid, 64, len, "ids is NULL"),
         (
-            Box::new(move || unsafe {
-                flm_apply_chat_template(
-                    handle,
-                    messages(&[("user", "Hi")]).as_ptr(),
-                    1,
-                    true,
-                    std::ptr::null(),
-                    0,
-                    std::ptr::null_mut(),
-                    0,
-                    std::ptr::null_mut(),
-                )
-            }),
-            "text_len is NULL",
-        ),
-        (
-            Box::new(move || unsafe {
-                flm_tokenize_chat(
-                    handle,
-                    messages(&[("user", "Hi")]).as_ptr(),
-                    1,
-                    true,
-                    std::ptr::null(),
-                    0,
-                    std::ptr::null_mut(),
-                    64,
-                    &mut 0,
-                )
-            }),
-            "ids is NULL",
-        ),
-        (
-            Box::new(move || unsafe {
-                flm_apply_chat_template(
-                    handle,
-                    messages(&[("user", "Hi")]).as_ptr(),
-                    1,
-                    true,
-                    c"{}".as_ptr(),
-                    2,
-                    std::ptr::null_mut(),
-                    64,
-                    &mut 0,
-                )
-            }),
+            false,
+            Chat::new(gemma2.handle, &hi, true, "{}"),
+            64,
+            len,
             "text is NULL",
         ),
     ];
-    for (call, why) in calls {
-        assert_eq!(call(), FlmStatus::NullPointer, "{why}");
+    for (tokenize, chat, capacity, len, why) in cases {
+        // SAFETY: valid pointers but for the documented NULL.
+        let status = unsafe {
+            if tokenize {
+                chat.call(flm_tokenize_chat, std::ptr::null_mut(), capacity, len)
+            } else {
+                chat.call(flm_apply_chat_template, std::ptr::null_mut(), capacity, len)
+            }
+        };
+        assert_eq!(status, FlmStatus::NullPointer, "{why}");
         assert_eq!(last_error(), why);
     }
 }

@@ -257,36 +257,27 @@ fn malformed_flm_files_are_format_errors() {
     );
     // The raw header: the data offset misaligned, a huge metadata length, JSON garbage,
     // non-zero padding after the metadata.
-    let mut raw = bytes.clone();
-    raw[24] ^= 1;
-    with_bytes(&path, &raw, |p| {
-        expect(p, FlmStatus::Format, "a misaligned data offset")
-    });
-    let mut raw = bytes.clone();
-    raw[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
-    with_bytes(&path, &raw, |p| {
-        expect(p, FlmStatus::Format, "a huge metadata length")
-    });
-    let mut raw = bytes.clone();
-    raw[32] = b'x';
-    with_bytes(&path, &raw, |p| {
-        expect(p, FlmStatus::Format, "metadata that is not JSON")
-    });
+    let raw_edited = |edit: &dyn Fn(&mut [u8]), what: &str| {
+        let mut raw = bytes.clone();
+        edit(&mut raw);
+        with_bytes(&path, &raw, |p| expect(p, FlmStatus::Format, what));
+    };
+    raw_edited(&|raw| raw[24] ^= 1, "a misaligned data offset");
+    raw_edited(
+        &|raw| raw[16..24].copy_from_slice(&u64::MAX.to_le_bytes()),
+        "a huge metadata length",
+    );
+    raw_edited(&|raw| raw[32] = b'x', "metadata that is not JSON");
     let flm = Flm::parse(&bytes);
     let meta_end = 32 + serde_json::to_vec(&flm.meta).unwrap().len();
     let data_offset = bytes.len() - flm.data.len();
     if meta_end < data_offset {
-        let mut raw = bytes.clone();
-        raw[data_offset - 1] = 7;
-        with_bytes(&path, &raw, |p| {
-            expect(p, FlmStatus::Format, "non-zero padding after the metadata")
-        });
+        raw_edited(
+            &|raw| raw[data_offset - 1] = 7,
+            "non-zero padding after the metadata",
+        );
     }
-    let mut raw = bytes.clone();
-    raw[1] = b'X';
-    with_bytes(&path, &raw, |p| {
-        expect(p, FlmStatus::Format, "a wrong magic")
-    });
+    raw_edited(&|raw| raw[1] = b'X', "a wrong magic");
     sweep(&path, &bytes, data_offset + 256, 61, 64);
 }
 

@@ -164,25 +164,22 @@ fn print_kld(base: &str, windows: usize, ctx: usize, s: &KlSummary) {
         "KL divergence from {base} ({} positions scored in {windows} chunks of {ctx} tokens, llama.cpp's method):",
         s.count
     );
-    println!(
-        "Mean PPL(Q)           : {:10.6} ± {:10.6}",
-        s.ppl.value, s.ppl.error
-    );
-    println!(
-        "Mean PPL(base)        : {:10.6} ± {:10.6}",
-        s.ppl_base.value, s.ppl_base.error
-    );
-    println!(
-        "Mean PPL(Q)/PPL(base) : {:10.6} ± {:10.6}",
-        s.ppl_ratio.value, s.ppl_ratio.error
-    );
-    println!(
-        "Mean    KLD           : {:10.6} ± {:10.6}",
-        s.kld.value, s.kld.error
-    );
-    println!("Median  KLD           : {:10.6}", s.kld_median);
-    println!("99.0%   KLD           : {:10.6}", s.kld_p99);
-    println!("Maximum KLD           : {:10.6}", s.kld_max);
+    // llama-perplexity's labels, padded to its column.
+    for (label, figure) in [
+        ("Mean PPL(Q)", &s.ppl),
+        ("Mean PPL(base)", &s.ppl_base),
+        ("Mean PPL(Q)/PPL(base)", &s.ppl_ratio),
+        ("Mean    KLD", &s.kld),
+    ] {
+        println!("{label:<22}: {:10.6} ± {:10.6}", figure.value, figure.error);
+    }
+    for (label, kld) in [
+        ("Median  KLD", s.kld_median),
+        ("99.0%   KLD", s.kld_p99),
+        ("Maximum KLD", s.kld_max),
+    ] {
+        println!("{label:<22}: {kld:10.6}");
+    }
     println!(
         "Same top p            : {:6.3} ± {:5.3} %",
         100.0 * s.same_top.value,

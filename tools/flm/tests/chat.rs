@@ -4,10 +4,11 @@
 #[path = "common/chat_model.rs"]
 mod chat_model;
 mod common;
+#[path = "common/piped.rs"]
+mod piped;
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Output, Stdio};
 
 use chat_model::data;
 use common::flm_command;
@@ -22,22 +23,6 @@ fn chat_model(dir: &Path, template: &str) -> String {
         .to_str()
         .unwrap()
         .to_owned()
-}
-
-fn flm(args: &[&str], stdin: &str) -> Output {
-    let mut child = flm_command()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("flm starts");
-    // flm may exit (on an error) before reading its input.
-    match child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        other => other.unwrap(),
-    }
-    child.wait_with_output().expect("flm runs")
 }
 
 fn chat(model: &str, stdin: &str) -> (String, String) {
@@ -57,7 +42,7 @@ fn chat_with(model: &str, extra: &[&str], stdin: &str) -> (String, String) {
         "--verbose",
     ];
     args.extend(extra);
-    let out = flm(&args, stdin);
+    let out = piped::run(&args, stdin);
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(out.status.success(), "flm chat failed: {stderr}");
     (String::from_utf8(out.stdout).unwrap(), stderr)
@@ -116,7 +101,7 @@ fn two_turns_keep_the_history_and_match_a_fresh_run() {
     assert_eq!(totals, lengths);
     assert_eq!(reused[0], 0);
     assert!(totals[1] - reused[1] < lengths[1] - lengths[0], "{stderr}");
-    let run = flm(
+    let run = piped::run(
         &[
             "run",
             "--model",
@@ -138,7 +123,7 @@ fn two_turns_keep_the_history_and_match_a_fresh_run() {
 fn reset_help_exit_and_a_system_prompt() {
     let dir = tempfile::tempdir().unwrap();
     let model = chat_model(dir.path(), TEMPLATE);
-    let out = flm(
+    let out = piped::run(
         &[
             "chat",
             "--model",
@@ -182,7 +167,7 @@ fn the_template_travels_in_the_flm_file() {
     let args = [
         "convert", "--input", &model, "--output", flm_file, "--dtype", "f32",
     ];
-    assert!(flm(&args, "").status.success());
+    assert!(piped::run(&args, "").status.success());
     let (from_dir, _) = chat(&model, "Once upon a time\n");
     let (from_flm, stderr) = chat(flm_file, "Once upon a time\n");
     assert_eq!(prompts(&stderr), ["<s>User: Once upon a time\nBot:"]);
@@ -192,7 +177,7 @@ fn the_template_travels_in_the_flm_file() {
 #[test]
 fn models_without_a_template_and_failing_templates() {
     let model = data("hf-stories260K");
-    let out = flm(&["chat", "--model", model.to_str().unwrap()], "Hi\n");
+    let out = piped::run(&["chat", "--model", model.to_str().unwrap()], "Hi\n");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("has no chat template"), "{stderr}");
@@ -200,7 +185,7 @@ fn models_without_a_template_and_failing_templates() {
     // Refused before the weights are read: a model path that does not exist is not opened.
     let tokenizer = model.join("tokenizer.json");
     let args = ["chat", "--model", "/nonexistent", "--tokenizer"];
-    let out = flm(
+    let out = piped::run(
         &[&args[..], &[tokenizer.to_str().unwrap()]].concat(),
         "Hi\n",
     );
@@ -227,7 +212,7 @@ fn models_without_a_template_and_failing_templates() {
         "12",
         "--verbose",
     ];
-    let out = flm(&args, "bad\nOnce upon a time\n");
+    let out = piped::run(&args, "bad\nOnce upon a time\n");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no bad words"), "{stderr}");
@@ -235,7 +220,7 @@ fn models_without_a_template_and_failing_templates() {
     assert_eq!(prompts(&stderr), ["<s>User: Once upon a time\nBot:"]);
     assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 1);
     // Every turn failing is a failure too; turns that all succeed exit 0 (`chat` checks).
-    let out = flm(&args, "bad\nbad\n");
+    let out = piped::run(&args, "bad\nbad\n");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8(out.stderr)
         .unwrap()
@@ -282,7 +267,7 @@ fn template_args_reach_the_template() {
         ("=1", "name is empty"),
         ("messages=[]", "`messages`"),
     ] {
-        let out = flm(&["chat", "--model", &model, "--template-arg", arg], "Hi\n");
+        let out = piped::run(&["chat", "--model", &model, "--template-arg", arg], "Hi\n");
         let stderr = String::from_utf8(out.stderr).unwrap();
         assert!(
             !out.status.success() && stderr.contains(why),
@@ -309,14 +294,14 @@ fn tokenize_with_a_chatglm_tokenizer_config() {
         "--text",
         "你好",
     ];
-    let out = flm(&args, "");
+    let out = piped::run(&args, "");
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
         "64790 64792 36474 54591\n"
     );
     std::fs::write(dir.path().join("tokenizer_config.json"), "{").unwrap();
-    let out = flm(&args, "");
+    let out = piped::run(&args, "");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("tokenizer_config.json"), "{stderr}");
@@ -325,14 +310,17 @@ fn tokenize_with_a_chatglm_tokenizer_config() {
 /// `flm chat` started greedy, with `--verbose` and no cap on the reply but the context,
 /// its three pipes open.
 fn spawn_chat(model: &str) -> std::process::Child {
-    flm_command()
-        .args(["chat", "--model", model, "--temperature", "0", "--verbose"])
-        .args(["--max-tokens", "100000", "--ignore-eos"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("flm starts")
+    piped::spawn(&[
+        "chat",
+        "--model",
+        model,
+        "--temperature",
+        "0",
+        "--verbose",
+        "--max-tokens",
+        "100000",
+        "--ignore-eos",
+    ])
 }
 
 fn interrupt(child: &std::process::Child) {
@@ -473,7 +461,7 @@ fn smollm2_answers_as_transformers_by_default() {
         let reply: Vec<u32> = ids.iter().copied().take_while(|&id| id != 2).collect();
         let want = tokenizer.decode(&reply).unwrap();
         let question = format!("{}\n", case["question"].as_str().unwrap());
-        let out = flm(
+        let out = piped::run(
             &["chat", "--model", model, "--temperature", "0", "-n", "8"],
             &question,
         );

@@ -3,10 +3,11 @@
 //! checked against chatglm.cpp in `tests/chatglm_reference.rs`).
 
 mod common;
+#[path = "common/piped.rs"]
+mod piped;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 use common::flm_command;
 use flm_tests::data;
@@ -145,20 +146,8 @@ fn chatglm_6b_chat_restarts_every_turn_and_matches_fresh_runs() {
     let model = convert_random_with(dir.path(), config, "f32", tokenizer.to_str().unwrap());
     let model = model.to_str().unwrap();
     let sampling = ["--temperature", "0", "--max-tokens", "6", "--ignore-eos"];
-    let mut chat = flm_command()
-        .args(["chat", "--model", model, "--verbose"])
-        .args(sampling)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("flm starts");
-    chat.stdin
-        .take()
-        .unwrap()
-        .write_all(b"Hello\nBye\n")
-        .unwrap();
-    let out = chat.wait_with_output().unwrap();
+    let args = [&["chat", "--model", model, "--verbose"][..], &sampling].concat();
+    let out = piped::run(&args, "Hello\nBye\n");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(out.status.success(), "{stderr}");
     let summaries: Vec<&str> = stderr

@@ -31,6 +31,26 @@ fn run_with(device: &str, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `flm run` on `device` with the options `extra`, which it must refuse with an error
+/// that says `why`.
+fn assert_refused(device: &str, extra: &[&str], why: &str) {
+    let out = run_with(device, extra);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(why), "{err}");
+}
+
+/// The tokens `flm run` writes on the CPU with the options `extra`, which it must accept.
+fn cpu_tokens(extra: &[&str]) -> Vec<u8> {
+    let out = run_with("cpu", extra);
+    assert!(
+        out.status.success(),
+        "{extra:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 const NOTICE: &str = "flm: no CUDA GPU (";
 
 /// What `--device cuda` says in a build without the `cuda` feature.
@@ -84,10 +104,7 @@ fn auto_falls_back_to_the_cpu_and_cuda_fails() {
 
 #[test]
 fn an_unknown_device_is_refused_by_name() {
-    let out = run("gpu");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cpu, cuda or auto"), "{err}");
+    assert_refused("gpu", &[], "cpu, cuda or auto");
 }
 
 #[test]
@@ -118,27 +135,23 @@ fn gpu_layers_write_the_cpu_tokens_or_are_refused_without_a_gpu() {
 
 #[test]
 fn a_gpu_layer_count_that_is_not_one_is_refused() {
-    let out = run_with("cpu", &["--gpu-layers", "most"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("neither a layer count nor auto"), "{err}");
+    assert_refused(
+        "cpu",
+        &["--gpu-layers", "most"],
+        "neither a layer count nor auto",
+    );
 }
 
 #[test]
 fn activation_bits_are_8_or_16() {
     let cpu = run("cpu");
     // stories260K's f32 weights are dotted in f32 whatever the activation bits.
-    let sixteen = run_with("cpu", &["--activation-bits", "16"]);
-    assert!(
-        sixteen.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sixteen.stderr)
+    assert_eq!(cpu_tokens(&["--activation-bits", "16"]), cpu.stdout);
+    assert_refused(
+        "cpu",
+        &["--activation-bits", "12"],
+        "\"12\" activation bits: 8 or 16",
     );
-    assert_eq!(sixteen.stdout, cpu.stdout);
-    let bad = run_with("cpu", &["--activation-bits", "12"]);
-    assert!(!bad.status.success());
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(err.contains("\"12\" activation bits: 8 or 16"), "{err}");
 }
 
 #[test]
@@ -146,19 +159,15 @@ fn kv_dtype_is_f32_f16_or_auto() {
     let cpu = run("cpu");
     // stories260K keeps its greedy tokens with an f16 cache (see tests/llama_reference.rs).
     for kv in ["f16", "f32", "auto"] {
-        let out = run_with("cpu", &["--kv-dtype", kv]);
-        assert!(
-            out.status.success(),
-            "{kv}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        assert_eq!(
+            cpu_tokens(&["--kv-dtype", kv]),
+            cpu.stdout,
+            "--kv-dtype {kv}"
         );
-        assert_eq!(out.stdout, cpu.stdout, "--kv-dtype {kv}");
     }
-    let bad = run_with("cpu", &["--kv-dtype", "bf16"]);
-    assert!(!bad.status.success());
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(
-        err.contains("KV cache dtype \"bf16\": f32, f16 or auto"),
-        "{err}"
+    assert_refused(
+        "cpu",
+        &["--kv-dtype", "bf16"],
+        "KV cache dtype \"bf16\": f32, f16 or auto",
     );
 }

@@ -65,8 +65,8 @@ pub struct Deadline(pub tokio::time::Instant);
 /// The router of every route, sharing `state`.
 pub fn router(state: Arc<State>) -> Router {
     let posts = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(generation::<ChatRequest>))
+        .route("/v1/completions", post(generation::<CompletionRequest>))
         .route("/v1/embeddings", post(embeddings))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), admit));
     Router::new()
@@ -192,67 +192,76 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
         .into_response()
 }
 
-async fn chat(
-    Shared(state): Shared<Arc<State>>,
-    Extension(deadline): Extension<Deadline>,
-    Extension(log): Extension<Arc<RequestLog>>,
-    body: Result<Json<ChatRequest>, JsonRejection>,
-) -> Response {
-    let arrived = Instant::now();
-    let result = match body {
-        Ok(Json(request)) => {
-            blocking(&state, move |state| {
-                let tools = tools::check(
-                    request.tools.as_ref(),
-                    request.tool_choice.as_ref(),
-                    state.tokenizer.chat_template(),
-                )?;
-                let args = prompt::template_args(request.chat_template_kwargs.as_ref())?;
-                let rendering = state
-                    .memory
-                    .reserve_waiting("rendering the chat template", memory::RENDER_BYTES)?;
-                let ids = prompt::chat(&state.tokenizer, &request.messages, tools.as_ref(), &args)?;
-                let parsed = Parsed {
-                    ids,
-                    sampling: request.sampling,
-                    echo: false,
-                    tools,
-                    rendering: Some(rendering),
-                };
-                prepare(state, Api::Chat, arrived, log, parsed)
-            })
-            .await
-        }
-        Err(rejection) => Err(rejection.into()),
-    };
-    answer(state, Api::Chat, deadline, result).await
+/// A generation request of the OpenAI API, served by [`generation`].
+trait GenerationRequest: serde::de::DeserializeOwned + Send + 'static {
+    /// The API of its endpoint.
+    const API: Api;
+
+    /// Its prompt and sampling, read on a blocking thread (rendering and tokenizing take
+    /// CPU time).
+    fn parse(self, state: &State) -> Result<Parsed, ApiError>;
 }
 
-async fn completions(
+impl GenerationRequest for ChatRequest {
+    const API: Api = Api::Chat;
+
+    fn parse(self, state: &State) -> Result<Parsed, ApiError> {
+        let tools = tools::check(
+            self.tools.as_ref(),
+            self.tool_choice.as_ref(),
+            state.tokenizer.chat_template(),
+        )?;
+        let args = prompt::template_args(self.chat_template_kwargs.as_ref())?;
+        let rendering = state
+            .memory
+            .reserve_waiting("rendering the chat template", memory::RENDER_BYTES)?;
+        let ids = prompt::chat(&state.tokenizer, &self.messages, tools.as_ref(), &args)?;
+        Ok(Parsed {
+            ids,
+            sampling: self.sampling,
+            echo: false,
+            tools,
+            rendering: Some(rendering),
+        })
+    }
+}
+
+impl GenerationRequest for CompletionRequest {
+    const API: Api = Api::Text;
+
+    fn parse(self, state: &State) -> Result<Parsed, ApiError> {
+        params::check_completion(&self)?;
+        Ok(Parsed {
+            ids: prompt::completion(&state.tokenizer, &self.prompt)?,
+            sampling: self.sampling,
+            echo: self.echo,
+            tools: None,
+            rendering: None,
+        })
+    }
+}
+
+/// `/v1/chat/completions` and `/v1/completions`: the request is parsed, [`prepare`] queues
+/// it and [`answer`] replies; a body that is not the request's JSON is answered as an
+/// error.
+async fn generation<R: GenerationRequest>(
     Shared(state): Shared<Arc<State>>,
     Extension(deadline): Extension<Deadline>,
     Extension(log): Extension<Arc<RequestLog>>,
-    body: Result<Json<CompletionRequest>, JsonRejection>,
+    body: Result<Json<R>, JsonRejection>,
 ) -> Response {
     let arrived = Instant::now();
     let result = match body {
         Ok(Json(request)) => {
             blocking(&state, move |state| {
-                params::check_completion(&request)?;
-                let parsed = Parsed {
-                    ids: prompt::completion(&state.tokenizer, &request.prompt)?,
-                    sampling: request.sampling,
-                    echo: request.echo,
-                    tools: None,
-                    rendering: None,
-                };
-                prepare(state, Api::Text, arrived, log, parsed)
+                let parsed = request.parse(state)?;
+                prepare(state, R::API, arrived, log, parsed)
             })
             .await
         }
         Err(rejection) => Err(rejection.into()),
     };
-    answer(state, Api::Text, deadline, result).await
+    answer(state, R::API, deadline, result).await
 }
 
 async fn embeddings(

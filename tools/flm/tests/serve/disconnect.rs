@@ -54,16 +54,7 @@ fn disconnect_mid_stream_frees_the_kv_blocks() {
         }
     }
     drop(reader);
-    eventually("the KV blocks are all free and no sequence runs", || {
-        server.metric("flm_kv_blocks_free") == total
-            && server.metric("flm_running_sequences") == 0.0
-    });
-    assert_eq!(server.metric("flm_cancelled_requests_total"), 1.0);
-    let generated = server.metric("flm_generated_tokens_total");
-    assert!(
-        generated < 511.0,
-        "{generated} tokens: the request was not cancelled"
-    );
+    assert_cancelled(&server, total);
 }
 
 /// A client waiting for a whole (not streamed) reply that closes its connection cancels
@@ -77,6 +68,12 @@ fn disconnect_before_a_whole_reply_cancels_it() {
         server.metric("flm_generated_tokens_total") > 0.0
     });
     drop(socket);
+    assert_cancelled(&server, total);
+}
+
+/// The server cancelled the one request it had, before its 511 tokens, and freed all of
+/// its `total` KV blocks.
+fn assert_cancelled(server: &Server, total: f64) {
     eventually("the KV blocks are all free and no sequence runs", || {
         server.metric("flm_kv_blocks_free") == total
             && server.metric("flm_running_sequences") == 0.0
