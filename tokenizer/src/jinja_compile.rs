@@ -30,11 +30,9 @@
 //!    as its items' `Value`s).
 //!
 //! A template that passes compiles in well under a second, with its constants taking at
-//! most [`MAX_TEMPLATE_TEXT`] bytes (the slowest ones, 128 tags at the operator limits
-//! plus small tags up to the source limit, took 0.26 s to load, which renders twice, and
-//! 0.11 s per request, in a release build on a busy 2-vCPU VM; Qwen3's template 1 and
-//! 2 ms; a hostile one is refused in about 1 ms); the errors are limits (`jinja_limits::is_over_limit`),
-//! so a template that fails is refused when it is loaded. The real templates flm has met
+//! most [`MAX_TEMPLATE_TEXT`] bytes (times in docs/benchmarks.md, "Hostile requests and
+//! templates"); the errors are limits (`jinja_limits::is_over_limit`), so a template that
+//! fails is refused when it is loaded. The real templates flm has met
 //! have a few kilobytes and at most a few dozen operators in a tag, and fold a few bytes.
 //! A template that minijinja cannot tokenise or parse is left to minijinja, whose error
 //! names the place.
