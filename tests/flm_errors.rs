@@ -6,27 +6,17 @@ use std::path::{Path, PathBuf};
 
 use flm_core::flm_file::FlmFile;
 use flm_core::DataType;
-use flm_models::convert::{convert, Recipe};
+use flm_models::convert::Recipe;
 use flm_models::import;
 use flm_models::llama::LlamaWeights;
-use flm_tests::data;
+use flm_tests::convert_stories260k;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 fn small_flm(dir: &Path) -> (PathBuf, Vec<u8>) {
-    let mut ckpt = import::load(&data("stories260K/stories260K.bin")).unwrap();
-    let tokenizer = ckpt.take_tokenizer(&data("stories260K")).unwrap();
     let path = dir.join("model.flm");
-    convert(
-        &ckpt,
-        &tokenizer,
-        &path,
-        DataType::I4G32,
-        Recipe::Mixed,
-        |_| {},
-    )
-    .unwrap();
+    convert_stories260k(&path, DataType::I4G32, Recipe::Mixed);
     let bytes = std::fs::read(&path).unwrap();
     (path, bytes)
 }

@@ -11,12 +11,11 @@
 use std::path::Path;
 
 use flm_core::DataType;
-use flm_models::convert::{convert, Recipe};
-use flm_models::import;
+use flm_models::convert::Recipe;
 use flm_models::llama::Logits;
 use flm_models::session::load_model;
 use flm_tests::fuzz::{corpus, fuzz};
-use flm_tests::{cpu_executor, data};
+use flm_tests::{convert_stories260k, cpu_executor, data};
 use flm_tokenizer::{Message, Tokenizer};
 
 /// Where failing inputs are written.
@@ -67,19 +66,8 @@ fn model_target(name: &str, seeds: &[Vec<u8>], file: &str, beside: &[&str], load
 #[test]
 fn flm_files() {
     let dir = tempfile::tempdir().unwrap();
-    let source = data("stories260K/stories260K.bin");
-    let mut ckpt = import::load(&source).unwrap();
-    let tokenizer = ckpt.take_tokenizer(&source).unwrap();
     let path = dir.path().join("seed.flm");
-    convert(
-        &ckpt,
-        &tokenizer,
-        &path,
-        DataType::I4SymG32,
-        Recipe::Mixed,
-        |_| {},
-    )
-    .unwrap();
+    convert_stories260k(&path, DataType::I4SymG32, Recipe::Mixed);
     let mut seeds = vec![std::fs::read(&path).unwrap()];
     seeds.extend(corpus("flm"));
     model_target("flm", &seeds, "model.flm", &[], "model.flm");

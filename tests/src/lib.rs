@@ -140,6 +140,15 @@ pub fn convert_with_tok512(ckpt: &Checkpoint, out: &Path, dtype: DataType, recip
     convert(ckpt, &tokenizer, out, dtype, recipe, |_| {}).expect("convert");
 }
 
+/// Converts stories260K, with its own tokenizer, to the .flm file `out` with `dtype` and
+/// `recipe`.
+pub fn convert_stories260k(out: &Path, dtype: DataType, recipe: Recipe) {
+    let source = data("stories260K/stories260K.bin");
+    let mut ckpt = import::load(&source).expect("stories260K");
+    let tokenizer = ckpt.take_tokenizer(&source).expect("its tokenizer");
+    convert(&ckpt, &tokenizer, out, dtype, recipe, |_| {}).expect("convert");
+}
+
 /// Prefills `prompt` on `exec`, then decodes `steps` greedy tokens one at a time.
 pub fn greedy_on(exec: &Executor, model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<u32> {
     let mut logits = model

@@ -16,9 +16,8 @@ use std::path::Path;
 
 use flm::{flm_last_error, flm_model_free, flm_model_load, FlmModel, FlmModelOptions, FlmStatus};
 use flm_core::DataType;
-use flm_models::convert::{convert, Recipe};
-use flm_models::import;
-use flm_tests::data;
+use flm_models::convert::Recipe;
+use flm_tests::{convert_stories260k, data};
 use serde_json::Value;
 
 /// The message of `flm_model_load` with a NULL path.
@@ -158,19 +157,8 @@ impl Flm {
 #[test]
 fn malformed_flm_files_are_format_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let source = data("stories260K/stories260K.bin");
-    let mut ckpt = import::load(&source).unwrap();
-    let tokenizer = ckpt.take_tokenizer(&source).unwrap();
     let good = dir.path().join("good.flm");
-    convert(
-        &ckpt,
-        &tokenizer,
-        &good,
-        DataType::F32,
-        Recipe::Pure,
-        |_| {},
-    )
-    .unwrap();
+    convert_stories260k(&good, DataType::F32, Recipe::Pure);
     assert_eq!(load(&good).0, FlmStatus::Ok);
     let bytes = std::fs::read(&good).unwrap();
     let path = dir.path().join("bad.flm");
