@@ -140,6 +140,22 @@ pub fn convert_with_tok512(ckpt: &Checkpoint, out: &Path, dtype: DataType, recip
     convert(ckpt, &tokenizer, out, dtype, recipe, |_| {}).expect("convert");
 }
 
+/// The arguments of `flm run` that generate `max_tokens` greedy tokens (temperature 0) from
+/// `model` after `prompt`.
+pub fn greedy_run_args<'a>(model: &'a str, prompt: &'a str, max_tokens: &'a str) -> Vec<&'a str> {
+    vec![
+        "run",
+        "--model",
+        model,
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        max_tokens,
+    ]
+}
+
 /// Converts stories260K, with its own tokenizer, to the .flm file `out` with `dtype` and
 /// `recipe`.
 pub fn convert_stories260k(out: &Path, dtype: DataType, recipe: Recipe) {

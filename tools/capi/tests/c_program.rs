@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
+use flm_tests::greedy_run_args;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -128,17 +130,9 @@ fn the_readme_example_prints_what_flm_run_prints() {
 /// What `flm run --temperature 0` prints for `prompt`, from the flm binary of this
 /// workspace.
 fn flm_run(prompt: &str, max_tokens: &str) -> String {
-    let out = run(Command::new(build().join("flm")).args([
-        "run",
-        "--model",
-        &model(),
-        "--prompt",
-        prompt,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        max_tokens,
-    ]));
+    let model = model();
+    let out =
+        run(Command::new(build().join("flm")).args(greedy_run_args(&model, prompt, max_tokens)));
     String::from_utf8(out.stdout).unwrap()
 }
 

@@ -10,7 +10,7 @@ use std::process::Output;
 use serde_json::Value;
 
 use common::flm_command;
-use flm_tests::data;
+use flm_tests::{data, greedy_run_args};
 
 fn flm(args: &[&str]) -> Output {
     flm_command().args(args).output().expect("flm runs")
@@ -42,17 +42,7 @@ fn id_list(v: &Value) -> String {
 
 /// `flm run` greedy on `model` with `prompt`, for `max_tokens`, plus `extra` arguments.
 fn greedy(model: &str, prompt: &str, max_tokens: &str, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "run",
-        "--model",
-        model,
-        "--prompt",
-        prompt,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        max_tokens,
-    ];
+    let mut args = greedy_run_args(model, prompt, max_tokens);
     args.extend_from_slice(extra);
     flm(&args)
 }
