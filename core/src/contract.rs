@@ -720,21 +720,18 @@ impl<'a> Op<'a> {
                 weight,
                 output,
                 ..
-            } => {
-                f("input", input);
-                f("weight", weight);
-                f("output", output);
             }
-            Op::LayerNorm {
+            | Op::LayerNorm {
                 input,
                 weight,
-                bias,
                 output,
                 ..
             } => {
                 f("input", input);
                 f("weight", weight);
-                f("bias", bias);
+                if let Op::LayerNorm { bias, .. } = self {
+                    f("bias", bias);
+                }
                 f("output", output);
             }
             Op::Linear {
