@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use flm_core::{DataType, RopeScaling, RopeStyle};
+use flm_core::{DataType, Llama3Scaling, RopeScaling, RopeStyle};
 use flm_models::convert::Recipe;
 use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
 use flm_models::{import, Activation, Graph, ModelConfig, MoeConfig};
@@ -93,12 +93,12 @@ fn configurations_are_read_per_family() {
     assert_eq!(llama3.rope_theta, 500000.0);
     assert_eq!(
         llama3.rope_scaling,
-        Some(RopeScaling::Llama3 {
+        Some(RopeScaling::Llama3(Llama3Scaling {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
             original_max_position_embeddings: 64,
-        })
+        }))
     );
     assert_eq!(llama3.sliding_window, None);
     let mistral = config("mistral");

@@ -14,25 +14,29 @@ pub enum RopeStyle {
     RotateHalf,
 }
 
+/// Llama 3.1's (Meta's `apply_scaling`; transformers `_compute_llama3_parameters`): with
+/// the wavelength `λ_j = 2π / f_j` and the pre-training context `L`, frequencies of
+/// `λ_j < L / high_freq_factor` stay, those of `λ_j > L / low_freq_factor` are divided by
+/// `factor`, and in between `f_j ← (1 − s)·f_j / factor + s·f_j` with
+/// `s = (L / λ_j − low_freq_factor) / (high_freq_factor − low_freq_factor)`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Llama3Scaling {
+    /// Division of the low frequencies (8 for Llama 3.1).
+    pub factor: f32,
+    /// Sets the low-frequency wavelength threshold `L / low_freq_factor` (1).
+    pub low_freq_factor: f32,
+    /// Sets the high-frequency wavelength threshold `L / high_freq_factor` (4).
+    pub high_freq_factor: f32,
+    /// `L`: the pre-training context length (8192).
+    pub original_max_position_embeddings: usize,
+}
+
 /// A rescaling of the RoPE frequencies for contexts longer than the pre-training one.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RopeScaling {
-    /// Llama 3.1's (Meta's `apply_scaling`; transformers `_compute_llama3_parameters`): with
-    /// the wavelength `λ_j = 2π / f_j` and the pre-training context `L`, frequencies of
-    /// `λ_j < L / high_freq_factor` stay, those of `λ_j > L / low_freq_factor` are divided by
-    /// `factor`, and in between `f_j ← (1 − s)·f_j / factor + s·f_j` with
-    /// `s = (L / λ_j − low_freq_factor) / (high_freq_factor − low_freq_factor)`.
-    Llama3 {
-        /// Division of the low frequencies (8 for Llama 3.1).
-        factor: f32,
-        /// Sets the low-frequency wavelength threshold `L / low_freq_factor` (1).
-        low_freq_factor: f32,
-        /// Sets the high-frequency wavelength threshold `L / high_freq_factor` (4).
-        high_freq_factor: f32,
-        /// `L`: the pre-training context length (8192).
-        original_max_position_embeddings: usize,
-    },
+    /// Llama 3.1's: see [`Llama3Scaling`].
+    Llama3(Llama3Scaling),
     /// Linear position interpolation (Chen et al. 2023; transformers
     /// `_compute_linear_scaling_rope_parameters`; Gemma 3's global layers): every frequency
     /// divided by `factor`.
@@ -58,6 +62,62 @@ pub enum RopeScaling {
         /// extension `s > 1` when the checkpoint does not give it.
         attention_factor: f32,
     },
+}
+
+impl Llama3Scaling {
+    /// Checks the parameters: positive finite factors, `high_freq_factor > low_freq_factor`
+    /// (the smoothing divides by their difference), `L > 0`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming the parameter.
+    fn validate(&self) -> Result<()> {
+        let Llama3Scaling {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } = *self;
+        let positive = [
+            ("factor", factor),
+            ("low_freq_factor", low_freq_factor),
+            ("high_freq_factor", high_freq_factor),
+        ];
+        if let Some((name, v)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
+            return Err(Error::InvalidArgument(format!(
+                "llama3 RoPE scaling: {name} must be positive, got {v}"
+            )));
+        }
+        if high_freq_factor <= low_freq_factor {
+            return Err(Error::InvalidArgument(format!(
+                "llama3 RoPE scaling: high_freq_factor ({high_freq_factor}) must exceed \
+                 low_freq_factor ({low_freq_factor})"
+            )));
+        }
+        if original_max_position_embeddings == 0 {
+            return Err(Error::InvalidArgument(
+                "llama3 RoPE scaling: original_max_position_embeddings must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The scaled frequency `f`, in the order of operations of transformers'
+    /// `_compute_llama3_parameters`.
+    fn frequency(&self, f: f32) -> f32 {
+        let (factor, low_freq_factor, high_freq_factor) =
+            (self.factor, self.low_freq_factor, self.high_freq_factor);
+        let old = self.original_max_position_embeddings as f32;
+        // torch evaluates `scalar / tensor` as `tensor.reciprocal() * scalar`.
+        let wavelen = f.recip() * (2.0 * std::f32::consts::PI);
+        if wavelen < old / high_freq_factor {
+            f
+        } else if wavelen > old / low_freq_factor {
+            f / factor
+        } else {
+            let s =
+                (wavelen.recip() * old - low_freq_factor) / (high_freq_factor - low_freq_factor);
+            (1.0 - s) * f / factor + s * f
+        }
+    }
 }
 
 impl RopeScaling {
@@ -101,37 +161,7 @@ impl RopeScaling {
                 }
                 Ok(())
             }
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                let positive = [
-                    ("factor", factor),
-                    ("low_freq_factor", low_freq_factor),
-                    ("high_freq_factor", high_freq_factor),
-                ];
-                if let Some((name, v)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0))
-                {
-                    return Err(Error::InvalidArgument(format!(
-                        "llama3 RoPE scaling: {name} must be positive, got {v}"
-                    )));
-                }
-                if high_freq_factor <= low_freq_factor {
-                    return Err(Error::InvalidArgument(format!(
-                        "llama3 RoPE scaling: high_freq_factor ({high_freq_factor}) must exceed \
-                         low_freq_factor ({low_freq_factor})"
-                    )));
-                }
-                if original_max_position_embeddings == 0 {
-                    return Err(Error::InvalidArgument(
-                        "llama3 RoPE scaling: original_max_position_embeddings must be positive"
-                            .into(),
-                    ));
-                }
-                Ok(())
-            }
+            RopeScaling::Llama3(llama3) => llama3.validate(),
         }
     }
 
@@ -141,25 +171,7 @@ impl RopeScaling {
         let power = theta.powf((2 * j) as f32 / (2 * half) as f32);
         match *self {
             RopeScaling::Linear { factor } => 1.0 / power / factor,
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                let (f, old) = (1.0 / power, original_max_position_embeddings as f32);
-                // torch evaluates `scalar / tensor` as `tensor.reciprocal() * scalar`.
-                let wavelen = f.recip() * (2.0 * std::f32::consts::PI);
-                if wavelen < old / high_freq_factor {
-                    f
-                } else if wavelen > old / low_freq_factor {
-                    f / factor
-                } else {
-                    let s = (wavelen.recip() * old - low_freq_factor)
-                        / (high_freq_factor - low_freq_factor);
-                    (1.0 - s) * f / factor + s * f
-                }
-            }
+            RopeScaling::Llama3(llama3) => llama3.frequency(1.0 / power),
             RopeScaling::LongRope {
                 ref short_factor,
                 ref long_factor,
@@ -182,7 +194,7 @@ impl RopeScaling {
             RopeScaling::LongRope {
                 attention_factor, ..
             } => *attention_factor,
-            RopeScaling::Llama3 { .. } | RopeScaling::Linear { .. } => 1.0,
+            RopeScaling::Llama3(_) | RopeScaling::Linear { .. } => 1.0,
         }
     }
 }
@@ -357,12 +369,12 @@ mod tests {
     /// by 8, and one in between follows the smoothing formula, evaluated here in f64.
     #[test]
     fn llama3_scaling_keeps_high_divides_low_and_smooths_between() {
-        let scaling = RopeScaling::Llama3 {
+        let scaling = RopeScaling::Llama3(Llama3Scaling {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,
-        };
+        });
         let t = RopeTable::scaled(RopeStyle::RotateHalf, 128, 128, 5e5, Some(&scaling), 2);
         let table = t.unwrap();
         // At position 1 the angle is the frequency itself; sin keeps it to f32 precision.
@@ -382,12 +394,12 @@ mod tests {
         assert!(wavelen > 2048.0 && wavelen < 8192.0);
         let s = (8192.0 / wavelen - 1.0) / 3.0;
         close(32, (1.0 - s) * f(32) / 8.0 + s * f(32));
-        let bad = RopeScaling::Llama3 {
+        let bad = RopeScaling::Llama3(Llama3Scaling {
             factor: 8.0,
             low_freq_factor: 4.0,
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,
-        };
+        });
         let err = RopeTable::scaled(RopeStyle::RotateHalf, 8, 8, 1e4, Some(&bad), 2).unwrap_err();
         assert!(err.to_string().contains("high_freq_factor"), "{err}");
     }

@@ -434,6 +434,7 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flm_core::Llama3Scaling;
 
     /// A configuration written before the ChatGLM fields existed reads as a plain Llama, and
     /// a ChatGLM-6B one round-trips through JSON as .flm files store it.
@@ -497,12 +498,12 @@ mod tests {
         );
         refused(
             |c| {
-                c.rope_scaling = Some(RopeScaling::Llama3 {
+                c.rope_scaling = Some(RopeScaling::Llama3(Llama3Scaling {
                     factor: 0.0,
                     low_freq_factor: 1.0,
                     high_freq_factor: 4.0,
                     original_max_position_embeddings: 64,
-                })
+                }))
             },
             "factor",
         );

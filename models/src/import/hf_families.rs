@@ -20,7 +20,7 @@
 //! both are read. RoPE scalings other than llama3, linear and longrope (dynamic NTK, YaRN)
 //! and Qwen2's per-layer windows are refused with an error naming them.
 
-use flm_core::RopeScaling;
+use flm_core::{Llama3Scaling, RopeScaling};
 
 use crate::{Family, MoeConfig};
 use serde::Deserialize;
@@ -209,12 +209,12 @@ pub(super) fn rope(
                 .map_err(|e| format!("invalid llama3 rope scaling: {e}"))?;
             Ok((
                 theta,
-                Some(RopeScaling::Llama3 {
+                Some(RopeScaling::Llama3(Llama3Scaling {
                     factor: p.factor,
                     low_freq_factor: p.low_freq_factor,
                     high_freq_factor: p.high_freq_factor,
                     original_max_position_embeddings: p.original_max_position_embeddings,
-                }),
+                })),
             ))
         }
         "longrope" => {
@@ -318,12 +318,12 @@ mod tests {
     /// transformers 5's `rope_parameters` give one scaling; other types are named in errors.
     #[test]
     fn llama3_scaling_in_both_forms_and_other_types_refused() {
-        let want = RopeScaling::Llama3 {
+        let want = RopeScaling::Llama3(Llama3Scaling {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,
-        };
+        });
         let v4 = r#"{"rope_theta": 500000.0, "rope_scaling": {"factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192, "rope_type": "llama3"}}"#;
