@@ -1,8 +1,6 @@
 //! The device interface.
 
-use crate::{
-    CapturedStep, CheckedOp, DataType, DeviceBuffer, Error, Location, Op, Result, StepInputs,
-};
+use crate::{CapturedStep, CheckedOp, Data, DeviceBuffer, Error, Location, Op, Result, StepInputs};
 
 /// A compute device (FastLLM's `BaseDevice`): it says which ops it can run and runs them,
 /// and manages the buffers of its own memory, if it has any (allocate, upload, download).
@@ -75,43 +73,29 @@ pub trait BaseDevice: Send + Sync {
         Err(Error::Unsupported(format!("download from {}", self.name())))
     }
 
-    /// Copies a tensor of `dtype` and `shape` whose host bytes are `src` (their .flm layout,
-    /// [`DataType::byte_len`] bytes) into `dst`, a buffer of this device, in the layout this
-    /// device keeps tensors of that dtype in; the [`crate::Executor`] moves every tensor
-    /// this way. The layout must have the size of the host bytes, so that a buffer of
-    /// [`DataType::byte_len`] bytes ([`crate::Executor::zeros`]) holds it. The default is
-    /// [`BaseDevice::upload`], the bytes as they are; the CUDA device repacks int8/int4
-    /// matrices into the layout of its decode kernels.
+    /// Copies `src`, a tensor in host memory, into `dst`, a buffer of this device, in the
+    /// layout this device keeps tensors of its dtype in; the [`crate::Executor`] moves every
+    /// tensor this way. The layout must have the size of the host bytes (their .flm
+    /// layout, [`crate::DataType::byte_len`] bytes), so that a buffer of that size
+    /// ([`crate::Executor::zeros`]) holds it. The default is [`BaseDevice::upload`], the
+    /// bytes as they are; the CUDA device repacks int8/int4 matrices into the layout of its
+    /// decode kernels.
     ///
-    /// Errors: those of [`BaseDevice::upload`]; [`Error::Shape`] when `src` has not the
-    /// tensor's size.
-    fn upload_tensor(
-        &self,
-        dtype: DataType,
-        shape: &[usize],
-        src: &[u8],
-        dst: &mut dyn DeviceBuffer,
-    ) -> Result<()> {
-        let _ = (dtype, shape);
-        self.upload(src, dst)
+    /// Errors: those of [`BaseDevice::upload`]; [`Error::Shape`] when `dst` has not the
+    /// tensor's size; [`Error::ReadOnly`] when `src` is not in host memory.
+    fn upload_tensor(&self, src: &Data, dst: &mut dyn DeviceBuffer) -> Result<()> {
+        self.upload(src.bytes()?, dst)
     }
 
-    /// Copies the tensor of `dtype` and `shape` held by `src`, a buffer of this device
-    /// written by [`BaseDevice::upload_tensor`] (or by this device's ops), into `dst` as its
-    /// host bytes: the inverse of [`BaseDevice::upload_tensor`]. The default is
-    /// [`BaseDevice::download`].
+    /// Copies the tensor held by `src`, a buffer of this device written by
+    /// [`BaseDevice::upload_tensor`] (or by this device's ops), into `dst`, a tensor of its
+    /// dtype and shape in host memory: the inverse of [`BaseDevice::upload_tensor`]. The
+    /// default is [`BaseDevice::download`].
     ///
-    /// Errors: those of [`BaseDevice::download`]; [`Error::Shape`] when `dst` has not the
-    /// tensor's size.
-    fn download_tensor(
-        &self,
-        dtype: DataType,
-        shape: &[usize],
-        src: &dyn DeviceBuffer,
-        dst: &mut [u8],
-    ) -> Result<()> {
-        let _ = (dtype, shape);
-        self.download(src, dst)
+    /// Errors: those of [`BaseDevice::download`]; [`Error::Shape`] when `src` has not the
+    /// tensor's size; [`Error::ReadOnly`] when `dst` is not writable host memory.
+    fn download_tensor(&self, src: &dyn DeviceBuffer, dst: &mut Data) -> Result<()> {
+        self.download(src, dst.bytes_mut()?)
     }
 
     /// Whether it can capture a step ([`BaseDevice::begin_capture`]); false by default, so

@@ -294,7 +294,6 @@ impl Executor {
             });
         }
         let (from, to) = (src.location(), dst.location());
-        let (dtype, shape) = (src.dtype(), src.shape());
         if from != to {
             self.escapes_capture(|| format!("a copy ({reason})"))?;
         }
@@ -306,24 +305,19 @@ impl Executor {
             }
             (Location::Host, device) => {
                 let device = self.device_at(device)?;
-                device.upload_tensor(dtype, shape, src.bytes()?, dst.device_buffer_mut()?)?;
+                device.upload_tensor(src, dst.device_buffer_mut()?)?;
             }
             (device, Location::Host) => {
                 let device = self.device_at(device)?;
                 let buffer = src.device_buffer().ok_or(Error::ReadOnly)?;
-                device.download_tensor(dtype, shape, buffer, dst.bytes_mut()?)?;
+                device.download_tensor(buffer, dst)?;
             }
             (a, b) => {
-                let mut staged = vec![0u8; src.size_bytes()];
+                let mut staged = Data::zeros(src.dtype(), src.shape())?;
                 let buffer = src.device_buffer().ok_or(Error::ReadOnly)?;
-                self.device_at(a)?
-                    .download_tensor(dtype, shape, buffer, &mut staged)?;
-                self.device_at(b)?.upload_tensor(
-                    dtype,
-                    shape,
-                    &staged,
-                    dst.device_buffer_mut()?,
-                )?;
+                self.device_at(a)?.download_tensor(buffer, &mut staged)?;
+                self.device_at(b)?
+                    .upload_tensor(&staged, dst.device_buffer_mut()?)?;
             }
         }
         self.record(reason, from, to, src.size_bytes());
@@ -520,28 +514,19 @@ mod tests {
             Ok(())
         }
         /// Keeps int8 tensors in a layout of its own: their bytes reversed.
-        fn upload_tensor(
-            &self,
-            dtype: DataType,
-            _: &[usize],
-            src: &[u8],
-            dst: &mut dyn crate::DeviceBuffer,
-        ) -> Result<()> {
-            match dtype {
-                DataType::I8 => self.upload(&src.iter().rev().copied().collect::<Vec<_>>(), dst),
-                _ => self.upload(src, dst),
+        fn upload_tensor(&self, src: &Data, dst: &mut dyn crate::DeviceBuffer) -> Result<()> {
+            let bytes = src.bytes()?;
+            match src.dtype() {
+                DataType::I8 => self.upload(&bytes.iter().rev().copied().collect::<Vec<_>>(), dst),
+                _ => self.upload(bytes, dst),
             }
         }
-        fn download_tensor(
-            &self,
-            dtype: DataType,
-            _: &[usize],
-            src: &dyn crate::DeviceBuffer,
-            dst: &mut [u8],
-        ) -> Result<()> {
-            self.download(src, dst)?;
-            if dtype == DataType::I8 {
-                dst.reverse();
+        fn download_tensor(&self, src: &dyn crate::DeviceBuffer, dst: &mut Data) -> Result<()> {
+            let int8 = dst.dtype() == DataType::I8;
+            let bytes = dst.bytes_mut()?;
+            self.download(src, bytes)?;
+            if int8 {
+                bytes.reverse();
             }
             Ok(())
         }

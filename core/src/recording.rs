@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{
-    BaseDevice, CapturedStep, CheckedOp, DataType, DeviceBuffer, Location, Op, OpKind, Result,
+    BaseDevice, CapturedStep, CheckedOp, Data, DeviceBuffer, Location, Op, OpKind, Result,
     StepInputs,
 };
 
@@ -114,23 +114,11 @@ impl<D: BaseDevice> BaseDevice for RecordingDevice<D> {
     fn download(&self, src: &dyn DeviceBuffer, dst: &mut [u8]) -> Result<()> {
         self.inner.download(src, dst)
     }
-    fn upload_tensor(
-        &self,
-        dtype: DataType,
-        shape: &[usize],
-        src: &[u8],
-        dst: &mut dyn DeviceBuffer,
-    ) -> Result<()> {
-        self.inner.upload_tensor(dtype, shape, src, dst)
+    fn upload_tensor(&self, src: &Data, dst: &mut dyn DeviceBuffer) -> Result<()> {
+        self.inner.upload_tensor(src, dst)
     }
-    fn download_tensor(
-        &self,
-        dtype: DataType,
-        shape: &[usize],
-        src: &dyn DeviceBuffer,
-        dst: &mut [u8],
-    ) -> Result<()> {
-        self.inner.download_tensor(dtype, shape, src, dst)
+    fn download_tensor(&self, src: &dyn DeviceBuffer, dst: &mut Data) -> Result<()> {
+        self.inner.download_tensor(src, dst)
     }
     fn supports_capture(&self) -> bool {
         true

@@ -36,8 +36,8 @@ const REPS: usize = 50;
 /// executor uploads (int8/int4 repacked into the GPU layout).
 fn on_gpu(gpu: &CudaDevice, dtype: DataType, shape: &[usize], bytes: &[u8]) -> Data {
     let mut buffer = gpu.alloc(bytes.len()).unwrap();
-    gpu.upload_tensor(dtype, shape, bytes, buffer.as_mut())
-        .unwrap();
+    let host = Data::from_bytes(dtype, shape, bytes).unwrap();
+    gpu.upload_tensor(&host, buffer.as_mut()).unwrap();
     Data::from_device(dtype, shape, buffer).unwrap()
 }
 

@@ -27,21 +27,16 @@ use flm_devices::CpuDevice;
 /// `w` copied into GPU memory, as the executor places a weight (`Executor::copy_into`).
 fn resident(gpu: &CudaDevice, w: &Data) -> Data {
     let mut buffer = gpu.alloc(w.size_bytes()).unwrap();
-    gpu.upload_tensor(w.dtype(), w.shape(), w.bytes().unwrap(), buffer.as_mut())
-        .unwrap();
+    gpu.upload_tensor(w, buffer.as_mut()).unwrap();
     Data::from_device(w.dtype(), w.shape(), buffer).unwrap()
 }
 
 /// The f32 values of `d`, a tensor in `gpu`'s memory.
 fn values_of(gpu: &CudaDevice, d: &Data) -> Vec<f32> {
-    let mut bytes = vec![0u8; d.size_bytes()];
-    let buffer = d.device_buffer().unwrap();
-    gpu.download_tensor(d.dtype(), d.shape(), buffer, &mut bytes)
+    let mut host = Data::zeros(d.dtype(), d.shape()).unwrap();
+    gpu.download_tensor(d.device_buffer().unwrap(), &mut host)
         .unwrap();
-    Data::from_bytes(d.dtype(), d.shape(), &bytes)
-        .unwrap()
-        .to_f32_vec()
-        .unwrap()
+    host.to_f32_vec().unwrap()
 }
 
 /// The Linear on `gpu` with every operand in its memory (an op's operands live in one
@@ -220,10 +215,14 @@ fn quantised_tensors_in_gpu_memory_round_trip_and_embed() {
                 layout.pack(host.bytes().unwrap()).unwrap(),
                 "{dtype} {shape:?}"
             );
-            let mut back = vec![0u8; host.size_bytes()];
-            gpu.download_tensor(dtype, shape, on_gpu.device_buffer().unwrap(), &mut back)
+            let mut back = Data::zeros(dtype, shape).unwrap();
+            gpu.download_tensor(on_gpu.device_buffer().unwrap(), &mut back)
                 .unwrap();
-            assert_eq!(back, host.bytes().unwrap(), "{dtype} {shape:?} round trip");
+            assert_eq!(
+                back.bytes().unwrap(),
+                host.bytes().unwrap(),
+                "{dtype} {shape:?} round trip"
+            );
             if shape.len() != 2 {
                 continue;
             }

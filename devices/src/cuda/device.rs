@@ -209,9 +209,9 @@ impl CudaDevice {
         self.cached(&self.packed, w, || match w.device_buffer() {
             None => Ok(Cow::Owned(layout.pack(w.bytes()?)?)),
             Some(buffer) => {
-                let mut bytes = vec![0u8; w.size_bytes()];
-                self.download_tensor(w.dtype(), w.shape(), buffer, &mut bytes)?;
-                Ok(Cow::Owned(layout.pack(&bytes)?))
+                let mut host = Data::zeros(w.dtype(), w.shape())?;
+                self.download_tensor(buffer, &mut host)?;
+                Ok(Cow::Owned(layout.pack(host.bytes()?)?))
             }
         })
     }

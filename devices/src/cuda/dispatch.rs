@@ -124,30 +124,18 @@ impl BaseDevice for CudaDevice {
 
     /// int8/int4 tensors repacked into the GPU GEMV layout ([`crate::gemv_layout`]), the
     /// layout every kernel reads them in; other dtypes as they are.
-    fn upload_tensor(
-        &self,
-        dtype: DataType,
-        shape: &[usize],
-        src: &[u8],
-        dst: &mut dyn DeviceBuffer,
-    ) -> Result<()> {
-        match GemvLayout::in_gpu_memory(dtype, shape)? {
-            Some(layout) => self.upload_bytes(&layout.pack(src)?, dst),
-            None => self.upload_bytes(src, dst),
+    fn upload_tensor(&self, src: &Data, dst: &mut dyn DeviceBuffer) -> Result<()> {
+        match GemvLayout::in_gpu_memory(src.dtype(), src.shape())? {
+            Some(layout) => self.upload_bytes(&layout.pack(src.bytes()?)?, dst),
+            None => self.upload_bytes(src.bytes()?, dst),
         }
     }
 
     /// The inverse of [`BaseDevice::upload_tensor`]: int8/int4 tensors unpacked.
-    fn download_tensor(
-        &self,
-        dtype: DataType,
-        shape: &[usize],
-        src: &dyn DeviceBuffer,
-        dst: &mut [u8],
-    ) -> Result<()> {
-        match GemvLayout::in_gpu_memory(dtype, shape)? {
-            Some(layout) => self.download_packed(&layout, src, dst),
-            None => self.download_bytes(src, dst),
+    fn download_tensor(&self, src: &dyn DeviceBuffer, dst: &mut Data) -> Result<()> {
+        match GemvLayout::in_gpu_memory(dst.dtype(), dst.shape())? {
+            Some(layout) => self.download_packed(&layout, src, dst.bytes_mut()?),
+            None => self.download_bytes(src, dst.bytes_mut()?),
         }
     }
 
