@@ -4,14 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
-use flm_core::DataType;
+use flm_core::flm_file::{FlmFile, FlmWriter};
+use flm_core::{Data, DataType};
 use flm_models::convert::{convert, Recipe};
 use flm_models::eval::{self, teacher_forced, Method, TeacherForced};
 use flm_models::import::{self, Format};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::{Graph, Model};
-use flm_tests::{cpu_executor, data, ids, stories_logits, stories_reference};
+use flm_tests::{cpu_executor, data, dir_names, ids, stories_logits, stories_reference};
 use flm_tokenizer::Tokenizer;
+use serde_json::Value;
 
 fn convert_with(dir: &Path, input: &str, dtype: DataType, recipe: Recipe) -> PathBuf {
     let mut ckpt = import::load(&data(input)).unwrap();
@@ -168,4 +170,36 @@ fn int8_and_int4_agree_with_f32_on_a_long_text() {
             "{dtype} {recipe:?}: perplexity {ppl_change:+}"
         );
     }
+}
+
+/// A writer replaces its file only when finished, and removes partial files that a killed
+/// conversion left in the directory.
+#[test]
+fn a_writer_replaces_a_file_and_removes_stale_partial_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.flm");
+    std::fs::write(&path, b"old").unwrap();
+    let stale = dir.path().join(".flm-partial-AbC123");
+    std::fs::write(&stale, b"left by a killed conversion").unwrap();
+    let plan = vec![("a".to_string(), DataType::F32, vec![1])];
+    let mut w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
+    assert_eq!(
+        dir_names(dir.path()),
+        ["m.flm"],
+        "the stale file is removed"
+    );
+    // A second writer in the same directory leaves the live one's file alone.
+    let other = dir.path().join("n.flm");
+    drop(FlmWriter::create(&other, Value::Null, None, &plan).unwrap());
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        b"old",
+        "untouched until finished"
+    );
+    w.write_tensor(&Data::from_f32(&[1], &[7.0]).unwrap())
+        .unwrap();
+    w.finish().unwrap();
+    let f = FlmFile::open(&path).unwrap();
+    assert_eq!(f.tensor("a").unwrap().as_f32().unwrap(), [7.0]);
+    assert_eq!(dir_names(dir.path()), ["m.flm"]);
 }

@@ -460,41 +460,6 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
-    fn names_in(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
-
-    #[test]
-    fn a_writer_replaces_a_file_and_removes_stale_partial_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.flm");
-        std::fs::write(&path, b"old").unwrap();
-        let stale = dir.path().join(".flm-partial-AbC123");
-        std::fs::write(&stale, b"left by a killed conversion").unwrap();
-        let plan = vec![("a".to_string(), DataType::F32, vec![1])];
-        let mut w = FlmWriter::create(&path, Value::Null, None, &plan).unwrap();
-        assert_eq!(names_in(dir.path()), ["m.flm"], "the stale file is removed");
-        // A second writer in the same directory leaves the live one's file alone.
-        let other = dir.path().join("n.flm");
-        drop(FlmWriter::create(&other, Value::Null, None, &plan).unwrap());
-        assert_eq!(
-            std::fs::read(&path).unwrap(),
-            b"old",
-            "untouched until finished"
-        );
-        w.write_tensor(&Data::from_f32(&[1], &[7.0]).unwrap())
-            .unwrap();
-        w.finish().unwrap();
-        let f = FlmFile::open(&path).unwrap();
-        assert_eq!(f.tensor("a").unwrap().as_f32().unwrap(), [7.0]);
-        assert_eq!(names_in(dir.path()), ["m.flm"]);
-    }
-
     #[test]
     fn padding_between_tensors_must_be_zero() {
         let dir = tempfile::tempdir().unwrap();

@@ -140,6 +140,21 @@ pub fn convert_with_tok512(ckpt: &Checkpoint, out: &Path, dtype: DataType, recip
     convert(ckpt, &tokenizer, out, dtype, recipe, |_| {}).expect("convert");
 }
 
+/// The sorted names of the entries of `dir`.
+pub fn dir_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("a readable directory")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// The arguments of `flm run` that generate `max_tokens` greedy tokens (temperature 0) from
 /// `model` after `prompt`.
 pub fn greedy_run_args<'a>(model: &'a str, prompt: &'a str, max_tokens: &'a str) -> Vec<&'a str> {

@@ -15,7 +15,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::flm_command;
-use flm_tests::data;
+use flm_tests::{data, dir_names};
 
 /// The Hugging Face config.json of the random model, written in `dir`.
 fn config(dir: &Path) -> PathBuf {
@@ -75,16 +75,6 @@ fn open_output_size(pid: u32, dir: &Path) -> Option<u64> {
     fds.flatten()
         .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target.starts_with(dir)))
         .find_map(|fd| std::fs::metadata(fd.path()).ok().map(|m| m.len()))
-}
-
-/// The sorted names in `dir`.
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 /// Converts into `output`, sends `signal` once the output being written holds `at` bytes,
@@ -152,7 +142,7 @@ fn an_interrupted_conversion_leaves_nothing() {
     // output, and nothing else.
     std::fs::write(out_dir.join(".flm-partial-Ab12Cd"), vec![7u8; 1 << 20]).unwrap();
     assert!(start(&config, &output).wait().unwrap().success());
-    assert_eq!(names(&out_dir), ["model.flm"]);
+    assert_eq!(dir_names(&out_dir), ["model.flm"]);
     let whole = std::fs::read(&output).unwrap();
     assert!(whole.starts_with(b"\x89FLM"));
     let size = whole.len() as u64;
@@ -166,9 +156,9 @@ fn an_interrupted_conversion_leaves_nothing() {
             std::fs::remove_file(&output).unwrap()
         });
         assert!(
-            names(&out_dir).is_empty(),
+            dir_names(&out_dir).is_empty(),
             "{signal} at {share}: {:?}",
-            names(&out_dir)
+            dir_names(&out_dir)
         );
     }
 
@@ -179,12 +169,12 @@ fn an_interrupted_conversion_leaves_nothing() {
         interrupt(&config, &output, signal, at, || {
             std::fs::write(&output, b"the previous model").unwrap()
         });
-        assert_eq!(names(&out_dir), ["model.flm"], "{signal} at {share}");
+        assert_eq!(dir_names(&out_dir), ["model.flm"], "{signal} at {share}");
         assert_eq!(std::fs::read(&output).unwrap(), b"the previous model");
     }
 
     // And replaced by a whole conversion.
     assert!(start(&config, &output).wait().unwrap().success());
-    assert_eq!(names(&out_dir), ["model.flm"]);
+    assert_eq!(dir_names(&out_dir), ["model.flm"]);
     assert_eq!(std::fs::metadata(&output).unwrap().len(), size);
 }
