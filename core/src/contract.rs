@@ -261,7 +261,11 @@ fn rope2d(
 
 /// The rules of [`Op::CopyRows`]: an f32 source, a KV cache dtype destination of its
 /// width, and both row ranges inside their tensors.
-fn copy_rows(src: &Data, src_row: usize, n_rows: usize, dst: &Data, dst_row: usize) -> Result<()> {
+fn copy_rows(
+    (src, src_row): (&Data, usize),
+    (dst, dst_row): (&Data, usize),
+    n_rows: usize,
+) -> Result<()> {
     all_f32("CopyRows", &[("src", src)])?;
     check_kv_dtype("CopyRows", dst.dtype())?;
     if dst.cols() != src.cols() {
@@ -765,7 +769,12 @@ impl<'a> Op<'a> {
             }
             Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f("x", x),
             Op::Gelu { x } | Op::Scale { x, .. } | Op::SoftCap { x, .. } => f("x", x),
-            Op::CopyRows { src, dst, .. } | Op::ScatterRows { src, dst, .. } => {
+            Op::CopyRows {
+                src: (src, _),
+                dst: (dst, _),
+                ..
+            }
+            | Op::ScatterRows { src, dst, .. } => {
                 f("src", src);
                 f("dst", dst);
             }
@@ -873,13 +882,7 @@ impl<'a> Op<'a> {
                 positions,
                 block_positions,
             } => rope2d(x, table, *n_heads, positions, block_positions),
-            Op::CopyRows {
-                src,
-                src_row,
-                n_rows,
-                dst,
-                dst_row,
-            } => copy_rows(src, *src_row, *n_rows, dst, *dst_row),
+            Op::CopyRows { src, dst, n_rows } => copy_rows(*src, (dst.0, dst.1), *n_rows),
             Op::ScatterRows { src, rows, dst } => scatter_rows(src, rows, dst),
             Op::Attention {
                 operands,
@@ -977,11 +980,9 @@ mod tests {
         assert!(matches!(err, Error::ContextOverflow { needed: 9, max: 8 }));
 
         let err = Op::CopyRows {
-            src: &zeros(&[2, 4]),
-            src_row: 1,
+            src: (&zeros(&[2, 4]), 1),
+            dst: (&mut zeros(&[8, 4]), 0),
             n_rows: 2,
-            dst: &mut zeros(&[8, 4]),
-            dst_row: 0,
         }
         .validate()
         .unwrap_err();
@@ -1152,11 +1153,9 @@ mod tests {
 
         let copy = |src: &Data, dst: &mut Data| {
             Op::CopyRows {
-                src,
-                src_row: 0,
+                src: (src, 0),
+                dst: (dst, 2),
                 n_rows: 1,
-                dst,
-                dst_row: 2,
             }
             .validate()
             .map(|_| ())

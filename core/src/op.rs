@@ -142,16 +142,12 @@ pub enum Op<'a> {
     /// f16 `dst` each value is rounded to the nearest f16, ties to even (`half`'s
     /// `f16::from_f32`, as llama.cpp's f16 cache).
     CopyRows {
-        /// f32 `[_, cols]`.
-        src: &'a Data,
-        /// First row read.
-        src_row: usize,
+        /// `(src, src_row)`: f32 `[_, cols]` and the first row read.
+        src: (&'a Data, usize),
+        /// `(dst, dst_row)`: f32 or f16 `[_, cols]` and the first row written.
+        dst: (&'a mut Data, usize),
         /// Rows copied.
         n_rows: usize,
-        /// f32 or f16 `[_, cols]`.
-        dst: &'a mut Data,
-        /// First row written.
-        dst_row: usize,
     },
     /// Causal scaled dot-product attention (Vaswani et al. 2017) with grouped-query
     /// attention (Ainslie et al. 2023): query head `h` reads KV head

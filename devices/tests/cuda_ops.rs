@@ -602,7 +602,7 @@ gpu_tests! {
             let up = |d: &Data| if at == Location::Host { d.clone() } else { e.to_device(d, at, "test: upload").unwrap() };
             let mut cache: Vec<Data> = caches.iter().map(up).collect();
             for (src, dst) in new.iter().zip(cache.iter_mut()) {
-                e.run(Op::CopyRows { src: &up(src), src_row: 0, n_rows: n, dst, dst_row: start }).unwrap();
+                e.run(Op::CopyRows { src: (&up(src), 0), dst: (dst, start), n_rows: n }).unwrap();
             }
             let mut out = up(&nan_output(&[n, heads * hd]));
             e.run(Op::Attention {

@@ -339,11 +339,9 @@ fn kv_store_copies_rows_exactly() {
         let (mut cache, before) = random_f32(&mut rng, &[max_seq, kv_dim], 1.0);
         let (k_data, k) = random_f32(&mut rng, &[n, kv_dim], 1.0);
         run(Op::CopyRows {
-            src: &k_data,
-            src_row: 0,
+            src: (&k_data, 0),
+            dst: (&mut cache, start_pos),
             n_rows: n,
-            dst: &mut cache,
-            dst_row: start_pos,
         })
         .unwrap();
         let mut want = before;
@@ -356,11 +354,9 @@ fn kv_store_copies_rows_exactly() {
 
         let mut last = nan_output(&[1, kv_dim]);
         run(Op::CopyRows {
-            src: &k_data,
-            src_row: n - 1,
+            src: (&k_data, n - 1),
+            dst: (&mut last, 0),
             n_rows: 1,
-            dst: &mut last,
-            dst_row: 0,
         })
         .unwrap();
         assert_eq!(last.as_f32().unwrap(), &k[(n - 1) * kv_dim..]);
@@ -375,11 +371,9 @@ fn kv_store_errors() {
     let z = |shape: &[usize]| Data::zeros(DataType::F32, shape).unwrap();
     let copy = |src: [usize; 2], src_row, n_rows, dst: [usize; 2], dst_row| {
         run(Op::CopyRows {
-            src: &z(&src),
-            src_row,
+            src: (&z(&src), src_row),
+            dst: (&mut z(&dst), dst_row),
             n_rows,
-            dst: &mut z(&dst),
-            dst_row,
         })
         .unwrap_err()
     };

@@ -195,11 +195,9 @@ fn copy_rows_and_scatter_rows_round_into_an_f16_cache_as_half_does() {
         let exec = executor_at(isa);
         let mut cache = Data::zeros(DataType::F16, &[6, cols]).unwrap();
         exec.run(Op::CopyRows {
-            src: &src,
-            src_row: 1,
+            src: (&src, 1),
+            dst: (&mut cache, 2),
             n_rows: 3,
-            dst: &mut cache,
-            dst_row: 2,
         })
         .unwrap();
         for r in 0..3 {

@@ -413,11 +413,9 @@ impl Graph for ChatGlm {
         let rows = n - first;
         s.xb2.set_shape(&[rows, c.dim])?;
         exec.run(Op::CopyRows {
-            src: &s.x,
-            src_row: first,
+            src: (&s.x, first),
+            dst: (&mut s.xb2, 0),
             n_rows: rows,
-            dst: &mut s.xb2,
-            dst_row: 0,
         })?;
         let normed = if head == Head::Hidden {
             &mut s.out

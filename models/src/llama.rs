@@ -520,11 +520,9 @@ pub(crate) fn cache_and_attend(
     let n_rows = k.shape()[0];
     for (src, dst) in [(k, &mut *cache_k), (v, &mut *cache_v)] {
         exec.run_step(Op::CopyRows {
-            src,
-            src_row: 0,
+            src: (src, 0),
+            dst: (dst, row),
             n_rows,
-            dst,
-            dst_row: row,
         })?;
     }
     exec.run_step(Op::Attention {
@@ -798,11 +796,9 @@ fn head_norm(
         output: scratch,
     })?;
     exec.run(Op::CopyRows {
-        src: scratch,
-        src_row: 0,
+        src: (scratch, 0),
+        dst: (x, 0),
         n_rows: heads,
-        dst: x,
-        dst_row: 0,
     })?;
     x.set_shape(&[n, cols])
 }
@@ -856,11 +852,9 @@ fn finish(
             s.last.set_shape(&[last_rows.len(), c.dim])?;
             for (dst_row, &src_row) in last_rows.iter().enumerate() {
                 exec.run(Op::CopyRows {
-                    src: &s.x,
-                    src_row,
+                    src: (&s.x, src_row),
+                    dst: (&mut s.last, dst_row),
                     n_rows: 1,
-                    dst: &mut s.last,
-                    dst_row,
                 })?;
             }
             &s.last

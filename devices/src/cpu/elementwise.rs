@@ -76,11 +76,9 @@ pub(crate) fn scatter_rows(src: &Data, rows: &[u32], dst: &mut Data) -> Result<(
 /// `dst[dst_row + r, :] = src[src_row + r, :]` for `r < n_rows`: one `memcpy`, or one
 /// conversion into an f16 `dst` ([`Data::write_f32`]).
 pub(crate) fn copy_rows(
-    src: &Data,
-    src_row: usize,
+    (src, src_row): (&Data, usize),
+    (dst, dst_row): (&mut Data, usize),
     n_rows: usize,
-    dst: &mut Data,
-    dst_row: usize,
 ) -> Result<()> {
     let cols = src.cols();
     let src = &src.as_f32()?[src_row * cols..(src_row + n_rows) * cols];

@@ -164,13 +164,7 @@ impl BaseDevice for CpuDevice {
                 start_pos,
                 ..
             } => rope::rope(self.isa.vector(), x, table, start_pos),
-            Op::CopyRows {
-                src,
-                src_row,
-                n_rows,
-                dst,
-                dst_row,
-            } => elementwise::copy_rows(src, src_row, n_rows, dst, dst_row),
+            Op::CopyRows { src, dst, n_rows } => elementwise::copy_rows(src, dst, n_rows),
             Op::Attention {
                 operands,
                 start_pos,

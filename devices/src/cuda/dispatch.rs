@@ -75,7 +75,11 @@ impl BaseDevice for CudaDevice {
             Op::Sample { .. } => resident,
             // Host row copies are the CPU's, and so is a paged pool in host memory (this
             // GPU would copy it whole for every op).
-            Op::CopyRows { src, dst, .. } => resident && f32(src) && kv_cache(dst),
+            Op::CopyRows {
+                src: (src, _),
+                dst: (dst, _),
+                ..
+            } => resident && f32(src) && kv_cache(dst),
             Op::PagedAttention { operands: o, .. } => {
                 resident && f32(o.q) && KvType::of(o.cache_k.dtype()).is_some() && f32(o.output)
             }
@@ -240,13 +244,9 @@ impl BaseDevice for CudaDevice {
                 output,
                 config,
             } => sample::sample(self, config, logits, state, output),
-            Op::CopyRows {
-                src,
-                src_row,
-                n_rows,
-                dst,
-                dst_row,
-            } => elementwise::copy_rows(self, src, (src_row, n_rows), dst, (dst_row, step)),
+            Op::CopyRows { src, dst, n_rows } => {
+                elementwise::copy_rows(self, src, dst, (n_rows, step))
+            }
             Op::PagedAttention {
                 operands,
                 block_size,

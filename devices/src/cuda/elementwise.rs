@@ -81,10 +81,9 @@ pub(super) fn add(dev: &CudaDevice, x: &mut Data, y: &Data) -> Result<()> {
 /// [`flm_core::Error::Device`] when the copy or the launch fails.
 pub(super) fn copy_rows(
     dev: &CudaDevice,
-    src: &Data,
-    (src_row, n_rows): (usize, usize),
-    dst: &mut Data,
-    (dst_row, follows_step): (usize, bool),
+    (src, src_row): (&Data, usize),
+    (dst, dst_row): (&mut Data, usize),
+    (n_rows, follows_step): (usize, bool),
 ) -> Result<()> {
     let cols = src.cols();
     let n = n_rows * cols;
