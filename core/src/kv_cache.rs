@@ -94,11 +94,38 @@ pub(crate) fn check_kv_dtype(op: &'static str, dtype: DataType) -> Result<()> {
     }
 }
 
+/// The keys and values of every layer, as the contiguous and the paged KV cache hold them:
+/// a `(keys, values)` pair of `[rows, kv_dim]` tensors per layer, each in its layer's memory.
+pub(crate) struct LayerPairs(pub(crate) Vec<(Data, Data)>);
+
+impl LayerPairs {
+    /// A pair of `[rows, kv_dim]` tensors per location, each made by `zeros(shape, location)`.
+    pub(crate) fn alloc(
+        locations: &[Location],
+        (rows, kv_dim): (usize, usize),
+        zeros: &dyn Fn(&[usize], Location) -> Result<Data>,
+    ) -> Result<LayerPairs> {
+        let shape = [rows, kv_dim];
+        let pairs = locations
+            .iter()
+            .map(|&at| Ok((zeros(&shape, at)?, zeros(&shape, at)?)))
+            .collect::<Result<_>>()?;
+        Ok(LayerPairs(pairs))
+    }
+
+    /// The `(keys, values)` of layer `layer`. Panics if `layer` is out of range, which is a
+    /// programming error of the model graph, not an input error.
+    pub(crate) fn layer_mut(&mut self, layer: usize) -> (&mut Data, &mut Data) {
+        let (k, v) = &mut self.0[layer];
+        (k, v)
+    }
+}
+
 /// Keys and values of every layer for positions `0..max_seq`, allocated once (llama2.c's
 /// `key_cache` / `value_cache`): f32 or f16 `[max_seq, kv_dim]` per layer and per K/V,
 /// where `kv_dim = n_kv_heads * head_dim`.
 pub struct KvCache {
-    layers: Vec<(Data, Data)>,
+    layers: LayerPairs,
     max_seq: usize,
 }
 
@@ -110,14 +137,10 @@ impl KvCache {
     /// unless `dtype` is f32 or f16.
     pub fn new(n_layers: usize, max_seq: usize, kv_dim: usize, dtype: DataType) -> Result<KvCache> {
         check_kv_dtype("KvCache::new", dtype)?;
-        let layers = (0..n_layers)
-            .map(|_| {
-                Ok((
-                    Data::zeros(dtype, &[max_seq, kv_dim])?,
-                    Data::zeros(dtype, &[max_seq, kv_dim])?,
-                ))
-            })
-            .collect::<Result<_>>()?;
+        let host = vec![Location::Host; n_layers];
+        let layers = LayerPairs::alloc(&host, (max_seq, kv_dim), &|shape, _| {
+            Data::zeros(dtype, shape)
+        })?;
         Ok(KvCache { layers, max_seq })
     }
 
@@ -132,16 +155,9 @@ impl KvCache {
         kv_dim: usize,
         dtype: KvDtype,
     ) -> Result<KvCache> {
-        let layers = locations
-            .iter()
-            .map(|&at| {
-                let dtype = dtype.dtype_at(at);
-                Ok((
-                    exec.zeros(dtype, &[max_seq, kv_dim], at)?,
-                    exec.zeros(dtype, &[max_seq, kv_dim], at)?,
-                ))
-            })
-            .collect::<Result<_>>()?;
+        let layers = LayerPairs::alloc(locations, (max_seq, kv_dim), &|shape, at| {
+            exec.zeros(dtype.dtype_at(at), shape, at)
+        })?;
         Ok(KvCache { layers, max_seq })
     }
 
@@ -156,18 +172,19 @@ impl KvCache {
         locations: &[Location],
         reason: &'static str,
     ) -> Result<KvCache> {
-        if locations.len() != self.layers.len() {
+        if locations.len() != self.layers.0.len() {
             return Err(crate::Error::Shape {
                 op: "KvCache::place",
                 msg: format!(
                     "{} locations for {} layers",
                     locations.len(),
-                    self.layers.len()
+                    self.layers.0.len()
                 ),
             });
         }
         let layers = self
             .layers
+            .0
             .into_iter()
             .zip(locations)
             .map(|((k, v), &at)| {
@@ -182,7 +199,7 @@ impl KvCache {
             })
             .collect::<Result<_>>()?;
         Ok(KvCache {
-            layers,
+            layers: LayerPairs(layers),
             max_seq: self.max_seq,
         })
     }
@@ -194,14 +211,13 @@ impl KvCache {
 
     /// The element type of each layer's keys and values, first layer to last.
     pub fn dtypes(&self) -> Vec<DataType> {
-        self.layers.iter().map(|(k, _)| k.dtype()).collect()
+        self.layers.0.iter().map(|(k, _)| k.dtype()).collect()
     }
 
     /// The `(keys, values)` of layer `layer`. Panics if `layer` is out of range, which is a
     /// programming error of the model graph, not an input error.
     pub fn layer_mut(&mut self, layer: usize) -> (&mut Data, &mut Data) {
-        let (k, v) = &mut self.layers[layer];
-        (k, v)
+        self.layers.layer_mut(layer)
     }
 }
 
@@ -233,7 +249,7 @@ mod tests {
         assert_eq!(KvDtype::F32.dtype_at(gpu), DataType::F32);
         assert_eq!(KvDtype::F16.dtype_at(Location::Host), DataType::F16);
         let kv = KvCache::new(2, 3, 4, DataType::F16).unwrap();
-        assert_eq!(kv.layers[1].0.dtype(), DataType::F16);
+        assert_eq!(kv.layers.0[1].0.dtype(), DataType::F16);
         assert!(KvCache::new(1, 3, 4, DataType::BF16).is_err());
     }
 }

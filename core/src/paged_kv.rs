@@ -11,7 +11,7 @@
 //! at once. Blocks carry a reference count, so that a block can be shared by several
 //! sequences (a common prompt prefix) and returns to the free list with its last owner.
 
-use crate::kv_cache::check_kv_dtype;
+use crate::kv_cache::{check_kv_dtype, LayerPairs};
 use crate::{Data, DataType, Error, Executor, KvDtype, Location, Result};
 
 /// Hands out the blocks `0..n_blocks` of a pool: a LIFO free list and a reference count
@@ -98,7 +98,7 @@ impl BlockAllocator {
 /// `[n_blocks · block_size, kv_dim]` tensors (keys, values), plus the allocator of its
 /// blocks.
 pub struct PagedKvCache {
-    layers: Vec<(Data, Data)>,
+    layers: LayerPairs,
     block_size: usize,
     allocator: BlockAllocator,
 }
@@ -160,10 +160,7 @@ impl PagedKvCache {
                 op: "PagedKvCache::new",
                 msg: format!("{n_blocks} blocks of {block_size} positions overflow"),
             })?;
-        let layers = locations
-            .iter()
-            .map(|&at| Ok((zeros(&[rows, kv_dim], at)?, zeros(&[rows, kv_dim], at)?)))
-            .collect::<Result<_>>()?;
+        let layers = LayerPairs::alloc(locations, (rows, kv_dim), zeros)?;
         Ok(PagedKvCache {
             layers,
             block_size,
@@ -216,8 +213,7 @@ impl PagedKvCache {
     /// The `(keys, values)` pool of layer `layer`. Panics if `layer` is out of range, which is
     /// a programming error of the model graph, not an input error.
     pub fn layer_mut(&mut self, layer: usize) -> (&mut Data, &mut Data) {
-        let (k, v) = &mut self.layers[layer];
-        (k, v)
+        self.layers.layer_mut(layer)
     }
 }
 
@@ -248,7 +244,7 @@ mod tests {
     #[test]
     fn slots_follow_the_block_table() {
         let kv = PagedKvCache::new(2, 4, 3, 5, DataType::F32).unwrap();
-        assert_eq!(kv.layers[0].0.shape(), &[12, 5]);
+        assert_eq!(kv.layers.0[0].0.shape(), &[12, 5]);
         let table = [2, 0];
         assert_eq!(kv.slot(&table, 0), Some(6));
         assert_eq!(kv.slot(&table, 2), Some(8));
@@ -263,6 +259,6 @@ mod tests {
             2 * 2 * 16 * 8 * 4
         );
         let half = PagedKvCache::new(1, 4, 3, 5, DataType::F16).unwrap();
-        assert_eq!(half.layers[0].1.dtype(), DataType::F16);
+        assert_eq!(half.layers.0[0].1.dtype(), DataType::F16);
     }
 }
