@@ -244,8 +244,7 @@ impl Engine {
             batch,
             exec,
             kv,
-            config.max_batch_prefill_tokens,
-            config.max_batch_tokens,
+            &config,
             Arc::clone(&stats),
             Arc::clone(&queued),
         );

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use flm_core::{log_softmax_top, Constraint, Executor, PagedKvCache, Sampler};
 
 use super::prefix::PrefixCache;
-use super::{EngineStats, Event, Finish, FinishReason, OnEvent};
+use super::{EngineConfig, EngineStats, Event, Finish, FinishReason, OnEvent};
 use crate::{BatchSeq, BatchedForward};
 
 /// A request as the scheduler receives it (validated by [`super::Engine::submit`]).
@@ -85,12 +85,13 @@ pub(super) struct Scheduler {
 }
 
 impl Scheduler {
+    /// The scheduler of an engine of `config` over `batch` and its KV pool `kv`, reporting
+    /// into `stats` and `queued`, which the engine shares.
     pub(super) fn new(
         batch: Box<dyn BatchedForward>,
         exec: Executor,
         kv: PagedKvCache,
-        prefill_budget: usize,
-        step_budget: Option<usize>,
+        config: &EngineConfig,
         stats: Arc<Mutex<EngineStats>>,
         queued: Arc<AtomicUsize>,
     ) -> Scheduler {
@@ -104,8 +105,8 @@ impl Scheduler {
             batch,
             exec,
             kv,
-            prefill_budget,
-            step_budget,
+            prefill_budget: config.max_batch_prefill_tokens,
+            step_budget: config.max_batch_tokens,
             stats,
             queued,
             waiting: VecDeque::new(),
