@@ -189,6 +189,35 @@ fn linears(input: &Data, parts: &[crate::LinearPart<'_>]) -> Result<()> {
         .try_for_each(|p| linear_part(input, p.weight, p.bias, p.output))
 }
 
+/// The rules of [`Op::HeadLinear`]: at least one head, f32 activations of `heads` equal
+/// blocks, and weights of one shape, each a valid Linear weight for its block.
+fn head_linear(input: &Data, weights: &[Data], output: &Data) -> Result<()> {
+    const OP: &str = "HeadLinear";
+    all_f32(OP, &[("input", input), ("output", output)])?;
+    let heads = weights.len();
+    let (out, k) = weights.first().map_or((0, 0), |w| (w.rows(), w.cols()));
+    if heads == 0
+        || k == 0
+        || weights
+            .iter()
+            .any(|w| w.shape() != [out, k] || w.dtype() == DataType::I32)
+        || input.cols() != heads * k
+        || output.cols() != heads * out
+        || output.rows() != input.rows()
+    {
+        return Err(shape(
+            OP,
+            format!(
+                "input {:?}, {heads} weights of {:?}, output {:?}",
+                input.shape(),
+                weights.first().map(|w| w.shape().to_vec()),
+                output.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The rules of [`Op::Rope`]: f32 `x` of `n_heads` heads of the table's width, its rows from
 /// `start_pos` inside the table.
 fn rope(x: &Data, table: &RopeTable, n_heads: usize, start_pos: usize) -> Result<()> {
@@ -498,13 +527,15 @@ fn positive_cap(op: &'static str, cap: Option<f32>) -> Result<()> {
 }
 
 /// The rules of the [`AttentionOperands`] of `op` ([`Op::Attention`] or
-/// [`Op::PagedAttention`]): dtypes, head counts that divide, one head size, and a sliding
+/// [`Op::PagedAttention`]): dtypes, head counts that divide, one key head size and one value
+/// head size (at most the key's), a decoupled RoPE part of the caches' rows, and a sliding
 /// window only without a bidirectional prefix.
 fn attention_operands(op: &'static str, operands: &AttentionOperands<'_>) -> Result<()> {
     let AttentionOperands {
         q,
         cache_k,
         cache_v,
+        rope,
         ref output,
         params,
     } = *operands;
@@ -516,13 +547,18 @@ fn attention_operands(op: &'static str, operands: &AttentionOperands<'_>) -> Res
     positive_cap(op, params.softcap)?;
     all_f32(op, &[("q", q), ("output", output)])?;
     check_kv_dtype(op, cache_k.dtype())?;
-    if cache_v.dtype() != cache_k.dtype() {
+    let caches = [Some(cache_v), rope.map(|r| r.cache)];
+    if let Some(other) = caches
+        .into_iter()
+        .flatten()
+        .find(|c| c.dtype() != cache_k.dtype())
+    {
         return Err(Error::DType {
             op,
             msg: format!(
-                "cache_k is {} and cache_v {}: one KV cache dtype",
+                "cache_k is {} and another cache {}: one KV cache dtype",
                 cache_k.dtype(),
-                cache_v.dtype()
+                other.dtype()
             ),
         });
     }
@@ -530,20 +566,24 @@ fn attention_operands(op: &'static str, operands: &AttentionOperands<'_>) -> Res
         || n_kv_heads == 0
         || !n_heads.is_multiple_of(n_kv_heads)
         || !q.cols().is_multiple_of(n_heads)
+        || !output.cols().is_multiple_of(n_heads)
     {
         return Err(shape(
             op,
             format!(
-                "{n_heads} query heads, {n_kv_heads} KV heads, q {:?}",
-                q.shape()
+                "{n_heads} query heads, {n_kv_heads} KV heads, q {:?}, output {:?}",
+                q.shape(),
+                output.shape()
             ),
         ));
     }
-    let head_dim = q.cols() / n_heads;
+    let (head_dim, v_head_dim) = (q.cols() / n_heads, output.cols() / n_heads);
     if head_dim == 0
+        || v_head_dim == 0
+        || v_head_dim > head_dim
         || cache_k.cols() != n_kv_heads * head_dim
-        || cache_v.shape() != cache_k.shape()
-        || output.shape() != q.shape()
+        || cache_v.shape() != [cache_k.rows(), n_kv_heads * v_head_dim]
+        || output.rows() != q.rows()
     {
         return Err(shape(
             op,
@@ -555,6 +595,25 @@ fn attention_operands(op: &'static str, operands: &AttentionOperands<'_>) -> Res
                 output.shape()
             ),
         ));
+    }
+    if let Some(r) = rope {
+        all_f32(op, &[("rope q", r.q)])?;
+        let rope_dim = r.q.cols() / n_heads;
+        if rope_dim == 0
+            || r.q.shape() != [q.rows(), n_heads * rope_dim]
+            || r.cache.shape() != [cache_k.rows(), n_kv_heads * rope_dim]
+        {
+            return Err(shape(
+                op,
+                format!(
+                    "a decoupled RoPE part of q {:?} and cache {:?} beside q {:?} and cache {:?}",
+                    r.q.shape(),
+                    r.cache.shape(),
+                    q.shape(),
+                    cache_k.shape()
+                ),
+            ));
+        }
     }
     match (params.sliding_window, params.bidirectional) {
         (None, _) => Ok(()),
@@ -782,7 +841,25 @@ impl<'a> Op<'a> {
                 f("q", operands.q);
                 f("cache_k", operands.cache_k);
                 f("cache_v", operands.cache_v);
+                if let Some(r) = &operands.rope {
+                    f("rope q", r.q);
+                    f("rope cache", r.cache);
+                }
                 f("output", operands.output);
+            }
+            Op::HeadLinear {
+                input,
+                weights,
+                output,
+            } => {
+                f("input", input);
+                for w in weights.iter() {
+                    f("weight", w);
+                    if let Some(p) = w.input_perm() {
+                        f("input permutation", p);
+                    }
+                }
+                f("output", output);
             }
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 f("gate", gate);
@@ -863,6 +940,11 @@ impl<'a> Op<'a> {
                 output,
             } => linear_part(input, weight, *bias, output),
             Op::Linears { input, parts } => linears(input, parts),
+            Op::HeadLinear {
+                input,
+                weights,
+                output,
+            } => head_linear(input, weights, output),
             Op::Rope {
                 x,
                 table,
@@ -1054,6 +1136,7 @@ mod tests {
                     q: &q,
                     cache_k: &cache,
                     cache_v: &cache,
+                    rope: None,
                     params: AttentionParams {
                         bidirectional,
                         sliding_window,
@@ -1082,6 +1165,7 @@ mod tests {
                     q: &q,
                     cache_k: &pool,
                     cache_v: &pool,
+                    rope: None,
                     params: AttentionParams {
                         bidirectional,
                         ..AttentionParams::causal(2, 1, 1.0)
@@ -1114,6 +1198,70 @@ mod tests {
     }
 
     #[test]
+    fn latent_attention_and_head_linears_are_checked() {
+        // One latent KV head of 4, values the latent itself, a RoPE part of 2: 2 query heads.
+        let (q, latent, q_rope, rope_cache) = (
+            zeros(&[1, 8]),
+            zeros(&[4, 4]),
+            zeros(&[1, 4]),
+            zeros(&[4, 2]),
+        );
+        let attention = |rope_cache: &Data, out_cols: usize| {
+            Op::Attention {
+                operands: AttentionOperands {
+                    q: &q,
+                    cache_k: &latent,
+                    cache_v: &latent,
+                    rope: Some(crate::DecoupledRope {
+                        q: &q_rope,
+                        cache: rope_cache,
+                    }),
+                    params: AttentionParams::causal(2, 1, 1.0),
+                    output: &mut zeros(&[1, out_cols]),
+                },
+                start_pos: 0,
+            }
+            .validate()
+            .map(|_| ())
+        };
+        assert!(attention(&rope_cache, 8).is_ok());
+        // The values are the cache's 4 columns: an output of 2 × 2 does not fit them.
+        assert!(matches!(
+            attention(&rope_cache, 4),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            attention(&zeros(&[4, 3]), 8),
+            Err(Error::Shape { .. })
+        ));
+        let half = Data::zeros(DataType::F16, &[4, 2]).unwrap();
+        assert!(matches!(attention(&half, 8), Err(Error::DType { .. })));
+
+        let weights = [zeros(&[3, 2]), zeros(&[3, 2])];
+        let head_linear = |input: &Data, weights: &[Data], out_cols: usize| {
+            Op::HeadLinear {
+                input,
+                weights,
+                output: &mut zeros(&[2, out_cols]),
+            }
+            .validate()
+            .map(|_| ())
+        };
+        let x = zeros(&[2, 4]);
+        assert!(head_linear(&x, &weights, 6).is_ok());
+        assert!(matches!(
+            head_linear(&x, &weights, 5),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(head_linear(&x, &[], 0), Err(Error::Shape { .. })));
+        let ragged = [zeros(&[3, 2]), zeros(&[2, 2])];
+        assert!(matches!(
+            head_linear(&x, &ragged, 6),
+            Err(Error::Shape { .. })
+        ));
+    }
+
+    #[test]
     fn kv_caches_are_f32_or_f16_and_activations_f32() {
         let q = zeros(&[1, 8]);
         let half = |shape: &[usize]| Data::zeros(DataType::F16, shape).unwrap();
@@ -1123,6 +1271,7 @@ mod tests {
                     q,
                     cache_k: k,
                     cache_v: v,
+                    rope: None,
                     params: AttentionParams::causal(2, 1, 1.0),
                     output: &mut zeros(&[1, 8]),
                 },

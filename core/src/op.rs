@@ -51,6 +51,11 @@ impl AttentionParams {
 
 /// The operands of [`Op::Attention`] and [`Op::PagedAttention`]: the new rows' queries, the
 /// keys and values they attend to, how heads, scale, bias and mask combine, and the output.
+///
+/// The values may be narrower than the keys (`v_head_dim ≤ head_dim`), and may be the keys
+/// themselves (`cache_v` the same tensor as `cache_k`): multi-head latent attention in its
+/// absorbed form (DeepSeek-V2, DeepSeek-AI 2024, §2.1) attends over one latent head that
+/// is both the key (with [`DecoupledRope`]) and the value.
 #[derive(Debug)]
 pub struct AttentionOperands<'a> {
     /// f32 `[n, n_heads * head_dim]`.
@@ -58,12 +63,26 @@ pub struct AttentionOperands<'a> {
     /// f32 or f16 `[rows, n_kv_heads * head_dim]`: the layer's key cache
     /// ([`Op::Attention`]) or key pool ([`Op::PagedAttention`]).
     pub cache_k: &'a Data,
-    /// The dtype and shape of `cache_k`: the values.
+    /// `cache_k`'s dtype, `[rows, n_kv_heads * v_head_dim]`: the values.
     pub cache_v: &'a Data,
+    /// A second part of every query and key head, added to the scores and with no values.
+    pub rope: Option<DecoupledRope<'a>>,
     /// Heads, scale, bias and mask.
     pub params: AttentionParams,
-    /// f32 `[n, n_heads * head_dim]`.
+    /// f32 `[n, n_heads * v_head_dim]`.
     pub output: &'a mut Data,
+}
+
+/// The decoupled RoPE part of multi-head latent attention (DeepSeek-V2, §2.1.3): each query
+/// head has `rope_dim` more values and each KV head a shared rotated key of `rope_dim`, and
+/// the score of query head `h` at cache row `t` is `(q_h · k_t + q_rope_h · k_rope_t) · scale`.
+#[derive(Debug, Clone, Copy)]
+pub struct DecoupledRope<'a> {
+    /// f32 `[n, n_heads * rope_dim]`, the rows of [`AttentionOperands::q`].
+    pub q: &'a Data,
+    /// `cache_k`'s dtype, `[rows, n_kv_heads * rope_dim]`: the rotated keys, in the rows of
+    /// the caches.
+    pub cache: &'a Data,
 }
 
 /// One operation, borrowing its inputs and its output.
@@ -123,6 +142,19 @@ pub enum Op<'a> {
         /// The layers: weights `[out_p, in]`, optional biases `[out_p]`, f32 outputs
         /// `[n, out_p]`.
         parts: &'a mut [LinearPart<'a>],
+    },
+    /// One [`Op::Linear`] per head (a matrix product batched over heads, `torch.bmm`): for
+    /// head `h`, `output[:, h·out..(h + 1)·out] = input[:, h·in..(h + 1)·in] · weights[h]ᵀ`,
+    /// each with the bits of [`Op::Linear`]. Multi-head latent attention applies its
+    /// absorbed projections so (DeepSeek-V2, §2.1.2): `W_UK` of each head folded into its
+    /// query, `W_UV` to its output.
+    HeadLinear {
+        /// f32 `[n, heads · in]`.
+        input: &'a Data,
+        /// One `[out, in]` weight per head, each of a weight dtype of [`Op::Linear`].
+        weights: &'a [Data],
+        /// f32 `[n, heads · out]`.
+        output: &'a mut Data,
     },
     /// Rotary position embedding (Su et al. 2021, RoFormer) applied in place to each head of
     /// each row; row `i` is at position `start_pos + i`. The table fixes the style (adjacent
@@ -498,11 +530,13 @@ pub enum OpKind {
     GatedAdd,
     /// [`Op::Sample`]
     Sample,
+    /// [`Op::HeadLinear`]
+    HeadLinear,
 }
 
 impl OpKind {
     /// Every kind, in declaration order (`ALL[k as usize] == k`).
-    pub const ALL: [OpKind; 22] = [
+    pub const ALL: [OpKind; 23] = [
         OpKind::Embedding,
         OpKind::RmsNorm,
         OpKind::Linear,
@@ -525,6 +559,7 @@ impl OpKind {
         OpKind::MoeFfn,
         OpKind::GatedAdd,
         OpKind::Sample,
+        OpKind::HeadLinear,
     ];
 
     /// The op's name as printed by the profiler.
@@ -552,6 +587,7 @@ impl OpKind {
             OpKind::MoeFfn => "MoeFfn",
             OpKind::GatedAdd => "GatedAdd",
             OpKind::Sample => "Sample",
+            OpKind::HeadLinear => "HeadLinear",
         }
     }
 }
@@ -582,6 +618,7 @@ impl Op<'_> {
             Op::MoeFfn { .. } => OpKind::MoeFfn,
             Op::GatedAdd { .. } => OpKind::GatedAdd,
             Op::Sample { .. } => OpKind::Sample,
+            Op::HeadLinear { .. } => OpKind::HeadLinear,
         }
     }
 }

@@ -90,6 +90,7 @@ fn main() -> Result<(), String> {
                 q: &q,
                 cache_k: &cache_k,
                 cache_v: &cache_v,
+                rope: None,
                 params: AttentionParams::causal(heads, kv_heads, 1.0 / (head_dim as f32).sqrt()),
                 output: &mut out,
             },

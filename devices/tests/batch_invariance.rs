@@ -310,6 +310,7 @@ fn attention_is_batch_invariant() {
                         q: &f32_data(&[n, dim], &q[first * dim..][..n * dim]),
                         cache_k: &cache_k,
                         cache_v: &cache_v,
+                        rope: None,
                         params: AttentionParams {
                             n_heads,
                             n_kv_heads,

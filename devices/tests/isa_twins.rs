@@ -382,6 +382,7 @@ fn attention_matches_scalar() {
                             q: &q,
                             cache_k: k,
                             cache_v: v,
+                            rope: None,
                             params: masked.params(),
                             output: &mut out,
                         },
@@ -673,4 +674,63 @@ fn linears_check_every_part_first() {
     let err = result.expect_err("a [16, 32] weight for a [1, 64] input");
     assert!(err.to_string().contains("weight [16, 32]"), "{err}");
     assert!(good_out.as_f32().expect("f32").iter().all(|v| v.is_nan()));
+}
+
+/// Latent attention (values the latent keys, a decoupled RoPE part) and the per-head
+/// products of multi-head latent attention at each level against the scalar one, bit for
+/// bit: decode past the parallel threshold and a prefill, f32 and f16 caches.
+#[test]
+fn latent_attention_and_head_linear_match_scalar() {
+    let mut rng = rng(0x1a7);
+    for (n, start_pos, heads, latent, rope) in [(1, 40, 16, 512, 64), (6, 3, 4, 33, 7)] {
+        let rows = start_pos + n;
+        let (q, _) = random_f32(&mut rng, &[n, heads * latent], 0.5);
+        let (q_rope, _) = random_f32(&mut rng, &[n, heads * rope], 0.5);
+        let (c, _) = random_f32(&mut rng, &[rows, latent], 1.0);
+        let (k_rope, _) = random_f32(&mut rng, &[rows, rope], 1.0);
+        for f16 in [false, true] {
+            let (c, k_rope) = if f16 {
+                (to_f16(&c), to_f16(&k_rope))
+            } else {
+                (c.clone(), k_rope.clone())
+            };
+            assert_levels_eq(&format!("latent attention n={n} f16={f16}"), |isa| {
+                let mut out = nan_output(&[n, heads * latent]);
+                run_at(
+                    isa,
+                    Op::Attention {
+                        operands: AttentionOperands {
+                            q: &q,
+                            cache_k: &c,
+                            cache_v: &c,
+                            rope: Some(flm_core::DecoupledRope {
+                                q: &q_rope,
+                                cache: &k_rope,
+                            }),
+                            params: flm_core::AttentionParams::causal(heads, 1, 0.1),
+                            output: &mut out,
+                        },
+                        start_pos,
+                    },
+                );
+                out.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            });
+        }
+        let weights: Vec<Data> = (0..heads)
+            .map(|_| random_weight(&mut rng, &[rope + 5, latent], DataType::I8).0)
+            .map(|w| w.to_panels().unwrap())
+            .collect();
+        assert_levels_eq(&format!("head linear n={n}"), |isa| {
+            let mut out = nan_output(&[n, heads * (rope + 5)]);
+            run_at(
+                isa,
+                Op::HeadLinear {
+                    input: &q,
+                    weights: &weights,
+                    output: &mut out,
+                },
+            );
+            out.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        });
+    }
 }

@@ -110,6 +110,7 @@ fn check(c: AttentionCase, q_scale: f32, seed: u64) {
             q: &q_data,
             cache_k: &k_data,
             cache_v: &v_data,
+            rope: None,
             params,
             output: &mut out,
         },
@@ -232,6 +233,7 @@ fn attention_err(s: Shapes) -> Error {
             q: &z(s.q),
             cache_k: &z(s.cache_k),
             cache_v: &z(s.cache_v),
+            rope: None,
             params: AttentionParams {
                 n_heads: s.heads.0,
                 n_kv_heads: s.heads.1,

@@ -197,6 +197,7 @@ fn attention_bidirectional_past_the_filled_rows_is_an_error() {
                 q: &z(&[2, 8]),
                 cache_k: &z(&[16, 8]),
                 cache_v: &z(&[16, 8]),
+                rope: None,
                 params: AttentionParams {
                     n_heads: 2,
                     n_kv_heads: 2,

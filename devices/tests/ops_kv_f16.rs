@@ -57,6 +57,7 @@ fn attend(exec: &Executor, c: AttentionCase, q: &Data, k: &Data, v: &Data) -> Ve
                 q,
                 cache_k: k,
                 cache_v: v,
+                rope: None,
                 params: c.params(),
                 output,
             },
@@ -124,6 +125,7 @@ fn paged_attention_over_an_f16_pool_equals_an_f32_pool_of_the_rounded_values() {
                     q: &q,
                     cache_k: k,
                     cache_v: v,
+                    rope: None,
                     params: AttentionParams {
                         n_heads,
                         n_kv_heads,

@@ -530,6 +530,7 @@ pub(crate) fn cache_and_attend(
             q,
             cache_k,
             cache_v,
+            rope: None,
             params,
             output,
         },

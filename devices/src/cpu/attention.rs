@@ -40,7 +40,7 @@
 
 use std::cell::Cell;
 
-use flm_core::{AttentionOperands, AttentionParams, DataType, Error, Result};
+use flm_core::{AttentionOperands, AttentionParams, Data, DataType, Error, Result};
 use rayon::prelude::*;
 
 use super::scratch;
@@ -50,12 +50,24 @@ use super::{Isa, PARALLEL_MIN_WORK};
 thread_local! {
     /// The scores (then probabilities) of the current head.
     static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    /// The offsets in the cache of the key/value rows the current row attends to.
-    static OFFSETS: Cell<Vec<usize>> = const { Cell::new(Vec::new()) };
+    /// The offsets in the caches of the rows the current row attends to.
+    static OFFSETS: Cell<Offsets> = Cell::new(Offsets::default());
+}
+
+/// The offsets of the cache rows one query row attends to, in each cache.
+#[derive(Default)]
+struct Offsets {
+    keys: Vec<usize>,
+    /// Filled only where a value head is narrower than a key head (else the keys' apply).
+    values: Vec<usize>,
+    /// Filled only with a decoupled RoPE part.
+    rope: Vec<usize>,
 }
 
 /// `output = softmax(q·Kᵀ·scale + bias)·V` per head, GQA (see [`flm_core::Op::Attention`]):
-/// `q`, `output` f32 `[n, n_heads·head_dim]`, caches f32 or f16 `[max_pos, n_kv_heads·head_dim]`;
+/// `q` f32 `[n, n_heads·head_dim]`, `output` f32 `[n, n_heads·v_head_dim]`, caches f32 or
+/// f16 `[max_pos, n_kv_heads·head_dim]` and `[max_pos, n_kv_heads·v_head_dim]`, with a
+/// decoupled RoPE part of the scores where the operands have one;
 /// query head `h` reads KV head `h / (n_heads / n_kv_heads)`, and row `i` (position
 /// `start_pos + i`) the cache rows `0..max(start_pos + i + 1, params.bidirectional)`, or with a
 /// sliding window `w` the rows `start_pos + i + 1 − w..start_pos + i + 1`.
@@ -68,16 +80,25 @@ pub(crate) fn attention(isa: Isa, operands: AttentionOperands<'_>, start_pos: us
 ///
 /// Errors: [`Error::DType`] for a cache neither f32 nor f16 (refused by the contract).
 pub(crate) fn run(isa: Isa, o: AttentionOperands<'_>, rows: QueryRows<'_>) -> Result<()> {
-    let (params, head_dim) = (o.params, o.q.cols() / o.params.n_heads);
-    let (q, out) = ((o.q.as_f32()?, head_dim), o.output.as_f32_mut()?);
+    let n_heads = o.params.n_heads;
+    let dims = Dims {
+        head: o.q.cols() / n_heads,
+        value: o.output.cols() / n_heads,
+        rope: o.rope.map_or(0, |r| r.q.cols() / n_heads),
+    };
+    let q = (o.q.as_f32()?, o.rope.map(|r| r.q.as_f32()).transpose()?);
+    let out = o.output.as_f32_mut()?;
+    let rope_cache = o.rope.map(|r| r.cache);
     match o.cache_k.dtype() {
         DataType::F32 => {
-            let kv = (o.cache_k.as_f32()?, o.cache_v.as_f32()?);
-            run_typed(isa, q, kv, rows, params, out);
+            let rope = rope_cache.map(Data::as_f32).transpose()?;
+            let kv = (o.cache_k.as_f32()?, o.cache_v.as_f32()?, rope);
+            run_typed(isa, q, kv, dims, rows, o.params, out);
         }
         DataType::F16 => {
-            let kv = (o.cache_k.as_f16()?, o.cache_v.as_f16()?);
-            run_typed(isa, q, kv, rows, params, out);
+            let rope = rope_cache.map(Data::as_f16).transpose()?;
+            let kv = (o.cache_k.as_f16()?, o.cache_v.as_f16()?, rope);
+            run_typed(isa, q, kv, dims, rows, o.params, out);
         }
         other => {
             return Err(Error::DType {
@@ -89,11 +110,22 @@ pub(crate) fn run(isa: Isa, o: AttentionOperands<'_>, rows: QueryRows<'_>) -> Re
     Ok(())
 }
 
-/// [`run`] over caches of elements `E`.
+/// The widths of one head: its query and key, its value, and its decoupled RoPE part (0
+/// without one).
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    head: usize,
+    value: usize,
+    rope: usize,
+}
+
+/// [`run`] over caches of elements `E`: the keys, the values and the rotated keys of a
+/// decoupled RoPE part, with the queries `q` and those of the RoPE part.
 fn run_typed<E: Elem>(
     isa: Isa,
-    (q, head_dim): (&[f32], usize),
-    (keys, values): (&[E], &[E]),
+    (q, q_rope): (&[f32], Option<&[f32]>),
+    (keys, values, rope_keys): (&[E], &[E], Option<&[E]>),
+    dims: Dims,
     rows: QueryRows<'_>,
     params: AttentionParams,
     out: &mut [f32],
@@ -109,16 +141,23 @@ fn run_typed<E: Elem>(
     } else {
         Vec::new()
     };
+    let head_dim = dims.head;
     let a = Attn {
         q,
         keys,
         values,
+        rope: q_rope.zip(rope_keys).map(|(q, keys)| RopePart {
+            q,
+            keys,
+            dim: dims.rope,
+        }),
         rows,
         n_heads,
         group: n_heads / n_kv_heads,
         task_heads: n_heads / n_kv_heads,
         head_dim,
-        kv_dim: n_kv_heads * head_dim,
+        v_dim: dims.value,
+        n_kv_heads,
         scale,
         slopes: &slopes,
         bidirectional: params.bidirectional,
@@ -127,7 +166,7 @@ fn run_typed<E: Elem>(
     };
     let n = q.len() / (n_heads * head_dim);
     let seen: usize = (0..n).map(|i| a.rows(i).1 - a.rows(i).0).sum();
-    let work = n_heads * seen * head_dim * 2;
+    let work = n_heads * seen * (head_dim + dims.value + dims.rope);
     if work >= PARALLEL_MIN_WORK {
         // One task per (row, KV head): the query heads of a group share its K/V reads. With
         // fewer tasks than twice the threads (decode with few KV heads), groups are split.
@@ -137,7 +176,7 @@ fn run_typed<E: Elem>(
             a.task_heads /= 2;
         }
         let task_heads = a.task_heads;
-        out.par_chunks_mut(task_heads * head_dim)
+        out.par_chunks_mut(task_heads * a.v_dim)
             .enumerate()
             .for_each(|(t, o)| run_heads(isa, &a, t * task_heads, o));
     } else {
@@ -165,18 +204,29 @@ pub(crate) struct QueryRow<'a> {
     pub blocks: &'a [u32],
 }
 
+/// The decoupled RoPE part of one call: the queries' part `[n, n_heads·dim]` and the
+/// rotated keys `[rows, n_kv_heads·dim]`.
+struct RopePart<'a, E> {
+    q: &'a [f32],
+    keys: &'a [E],
+    dim: usize,
+}
+
 /// The operands of one call, over a cache of elements `E`.
 struct Attn<'a, E> {
     q: &'a [f32],
     keys: &'a [E],
     values: &'a [E],
+    rope: Option<RopePart<'a, E>>,
     rows: QueryRows<'a>,
     n_heads: usize,
     group: usize,
     /// Query heads per SIMD task: the group or a divisor of it.
     task_heads: usize,
     head_dim: usize,
-    kv_dim: usize,
+    /// The width of a value head, at most `head_dim`.
+    v_dim: usize,
+    n_kv_heads: usize,
     scale: f32,
     /// ALiBi slope of each query head; empty without ALiBi.
     slopes: &'a [f32],
@@ -199,21 +249,21 @@ impl<E: Elem> Attn<'_, E> {
         (end.saturating_sub(self.window), end)
     }
 
-    /// Fills `offsets` with the offset in the caches of KV head `kv_head`'s part of each
-    /// position row `i` attends to, and returns the first of those positions.
-    fn offsets(&self, i: usize, kv_head: usize, offsets: &mut Vec<usize>) -> usize {
+    /// Fills `offsets` with the offset of KV head `kv_head`'s part of each position row
+    /// `i` attends to, in a cache of KV heads `width` wide, and returns the first of those
+    /// positions.
+    fn offsets(&self, i: usize, kv_head: usize, width: usize, offsets: &mut Vec<usize>) -> usize {
         let (first, end) = self.rows(i);
-        let head = kv_head * self.head_dim;
+        let (stride, head) = (self.n_kv_heads * width, kv_head * width);
         offsets.clear();
         match self.rows {
             QueryRows::Contiguous { .. } => {
-                offsets.extend((first..end).map(|t| t * self.kv_dim + head));
+                offsets.extend((first..end).map(|t| t * stride + head));
             }
             QueryRows::Paged { rows, block_size } => {
                 let (blocks, bs) = (rows[i].blocks, block_size);
                 offsets.extend(
-                    (first..end)
-                        .map(|t| (blocks[t / bs] as usize * bs + t % bs) * self.kv_dim + head),
+                    (first..end).map(|t| (blocks[t / bs] as usize * bs + t % bs) * stride + head),
                 );
             }
         }
@@ -238,7 +288,7 @@ impl<E: Elem> Attn<'_, E> {
     }
 }
 
-/// Query heads `first..` (head `h` of row `i` is `i·n_heads + h`), one per `head_dim` outputs
+/// Query heads `first..` (head `h` of row `i` is `i·n_heads + h`), one per `v_dim` outputs
 /// of `out`; `first` and the number of heads are multiples of `a.task_heads`.
 fn run_heads<E: Elem>(isa: Isa, a: &Attn<'_, E>, first: usize, out: &mut [f32]) {
     scratch::with(&SCORES, |scores| {
@@ -261,7 +311,7 @@ struct HeadRun<'a, 'b, E> {
     first: usize,
     out: &'b mut [f32],
     scores: &'b mut Vec<f32>,
-    offsets: &'b mut Vec<usize>,
+    offsets: &'b mut Offsets,
 }
 
 impl<E: Elem> Kernel for HeadRun<'_, '_, E> {
@@ -270,7 +320,7 @@ impl<E: Elem> Kernel for HeadRun<'_, '_, E> {
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
         let a = self.a;
-        let width = a.task_heads * a.head_dim;
+        let width = a.task_heads * a.v_dim;
         for (dt, out) in self.out.chunks_exact_mut(width).enumerate() {
             let first = self.first + dt * a.task_heads;
             group(s, a, first, self.scores, self.offsets, out);
@@ -293,22 +343,44 @@ fn group<S: Simd, E: Elem>(
     a: &Attn<'_, E>,
     first: usize,
     scores: &mut Vec<f32>,
-    offsets: &mut Vec<usize>,
+    offsets: &mut Offsets,
     out: &mut [f32],
 ) {
-    let (hd, l, heads) = (a.head_dim, S::LANES, a.task_heads);
-    let start = a.offsets(first / a.n_heads, first % a.n_heads / a.group, offsets);
-    let len = offsets.len();
+    let (hd, vd, l, heads) = (a.head_dim, a.v_dim, S::LANES, a.task_heads);
+    let (row, kv_head) = (first / a.n_heads, first % a.n_heads / a.group);
+    let start = a.offsets(row, kv_head, hd, &mut offsets.keys);
+    let key_rows = &offsets.keys;
+    let len = key_rows.len();
+    let value_rows = if vd == hd {
+        key_rows
+    } else {
+        a.offsets(row, kv_head, vd, &mut offsets.values);
+        &offsets.values
+    };
+    let rope = a.rope.as_ref().map(|r| {
+        a.offsets(row, kv_head, r.dim, &mut offsets.rope);
+        (r, &offsets.rope[..], &r.q[first * r.dim..][..heads * r.dim])
+    });
     let qs = &a.q[first * hd..][..heads * hd];
     let (keys, values) = (a.keys, a.values);
     // The key and value rows of positions `t0..t1` (clipped to `len`), prefetched ahead of
     // the score pass: in decode they were written one step earlier, and the weights read
     // since have pushed them out to memory.
     let prefetch_rows = |t0: usize, t1: usize| {
-        for &o in &offsets[t0.min(len)..t1.min(len)] {
+        let (t0, t1) = (t0.min(len), t1.min(len));
+        for (&k, &v) in key_rows[t0..t1].iter().zip(&value_rows[t0..t1]) {
             for c in (0..hd).step_by(16) {
-                simd::prefetch(keys.as_ptr().wrapping_add(o + c));
-                simd::prefetch(values.as_ptr().wrapping_add(o + c));
+                simd::prefetch(keys.as_ptr().wrapping_add(k + c));
+            }
+            for c in (0..vd).step_by(16) {
+                simd::prefetch(values.as_ptr().wrapping_add(v + c));
+            }
+        }
+        if let Some((r, rows, _)) = rope {
+            for &o in &rows[t0..t1] {
+                for c in (0..r.dim).step_by(16) {
+                    simd::prefetch(r.keys.as_ptr().wrapping_add(o + c));
+                }
             }
         }
     };
@@ -321,34 +393,26 @@ fn group<S: Simd, E: Elem>(
     let mut t = 0;
     while t + 8 <= len {
         prefetch_rows(t + PREFETCH_ROWS, t + PREFETCH_ROWS + 8);
-        let mut rows: [&[E]; 8] = [&[]; 8];
-        for (j, row) in rows.iter_mut().enumerate() {
-            *row = &keys[offsets[t + j]..][..hd];
-        }
+        let rows = block8(keys, &key_rows[t..], hd);
+        let rope_rows = rope.map(|(r, rows, q)| (block8(r.keys, &rows[t..], r.dim), q, r.dim));
         for (h, qh) in qs.chunks_exact(hd).enumerate() {
             let mut acc = [s.zero(); 8];
-            let mut c = 0;
-            while c + l <= hd {
-                let qv = s.load(&qh[c..]);
-                for (acc, row) in acc.iter_mut().zip(&rows) {
-                    *acc = s.fma(qv, E::load(s, &row[c..]), *acc);
-                }
-                c += l;
-            }
-            if c < hd {
-                let qv = s.load_part(&qh[c..]);
-                for (acc, row) in acc.iter_mut().zip(&rows) {
-                    *acc = s.fma(qv, E::load_part(s, &row[c..]), *acc);
-                }
+            dot8(s, qh, &rows, &mut acc);
+            if let Some((rows, q, dim)) = &rope_rows {
+                dot8(s, &q[h * dim..][..*dim], rows, &mut acc);
             }
             s.store_sums8(acc, a.scale, &mut scores[h * padded + t..]);
         }
         t += 8;
     }
     while t < len {
-        let row = &keys[offsets[t]..][..hd];
+        let row = &keys[key_rows[t]..][..hd];
         for (h, qh) in qs.chunks_exact(hd).enumerate() {
-            scores[h * padded + t] = s.sum(dot_lanes(s, qh, row)) * a.scale;
+            let mut acc = dot_lanes(s, s.zero(), qh, row);
+            if let Some((r, rows, q)) = rope {
+                acc = dot_lanes(s, acc, &q[h * r.dim..][..r.dim], &r.keys[rows[t]..]);
+            }
+            scores[h * padded + t] = s.sum(acc) * a.scale;
         }
         t += 1;
     }
@@ -370,16 +434,42 @@ fn group<S: Simd, E: Elem>(
     // `out_h = inv_h · Σ_t p_h[t]·v_t`, over blocks of value rows that stay in L1 (16 KiB)
     // while every head of the group reads them.
     out.fill(0.0);
-    let block = (256 / hd.div_ceil(16)).max(8);
+    let block = (256 / vd.div_ceil(16)).max(8);
     for t0 in (0..len).step_by(block) {
         let t1 = (t0 + block).min(len);
-        let rows = &offsets[t0..t1];
-        for (p, out) in scores.chunks_exact(padded).zip(out.chunks_exact_mut(hd)) {
+        let rows = &value_rows[t0..t1];
+        for (p, out) in scores.chunks_exact(padded).zip(out.chunks_exact_mut(vd)) {
             weighted(s, &p[t0..t1], values, rows, out);
         }
     }
-    for (out, &inv) in out.chunks_exact_mut(hd).zip(invs.iter()) {
+    for (out, &inv) in out.chunks_exact_mut(vd).zip(invs.iter()) {
         scale(s, out, inv);
+    }
+}
+
+/// The 8 rows of `width` of `cache` at the first 8 `offsets`.
+#[inline(always)]
+fn block8<'c, E>(cache: &'c [E], offsets: &[usize], width: usize) -> [&'c [E]; 8] {
+    std::array::from_fn(|j| &cache[offsets[j]..][..width])
+}
+
+/// `acc[j] += q · rows[j]` lane-wise, over the vectors of `q` (each row `q.len()` long).
+#[inline(always)]
+fn dot8<S: Simd, E: Elem>(s: S, q: &[f32], rows: &[&[E]; 8], acc: &mut [S::V; 8]) {
+    let (hd, l) = (q.len(), S::LANES);
+    let mut c = 0;
+    while c + l <= hd {
+        let qv = s.load(&q[c..]);
+        for (acc, row) in acc.iter_mut().zip(rows) {
+            *acc = s.fma(qv, E::load(s, &row[c..]), *acc);
+        }
+        c += l;
+    }
+    if c < hd {
+        let qv = s.load_part(&q[c..]);
+        for (acc, row) in acc.iter_mut().zip(rows) {
+            *acc = s.fma(qv, E::load_part(s, &row[c..]), *acc);
+        }
     }
 }
 
@@ -442,12 +532,12 @@ fn weighted<S: Simd, E: Elem>(s: S, p: &[f32], values: &[E], rows: &[usize], out
     }
 }
 
-/// The lane-wise products `a[c]·b[c]` summed over the vectors of `a` (`a.len() == b.len()`).
+/// `acc` plus the lane-wise products `a[c]·b[c]` summed over the vectors of `a`
+/// (`a.len() ≤ b.len()`).
 #[inline(always)]
-fn dot_lanes<S: Simd, E: Elem>(s: S, a: &[f32], b: &[E]) -> S::V {
+fn dot_lanes<S: Simd, E: Elem>(s: S, mut acc: S::V, a: &[f32], b: &[E]) -> S::V {
     let (n, l) = (a.len(), S::LANES);
     let b = &b[..n];
-    let mut acc = s.zero();
     let mut c = 0;
     while c + l <= n {
         acc = s.fma(s.load(&a[c..]), E::load(s, &b[c..]), acc);

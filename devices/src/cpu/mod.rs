@@ -9,6 +9,7 @@ mod activation;
 mod attention;
 mod elementwise;
 mod embedding;
+mod head_linear;
 mod isa;
 mod linear;
 mod moe;
@@ -158,6 +159,11 @@ impl BaseDevice for CpuDevice {
                 output,
             } => linear::linear(self.linear_level(), input, weight, bias, output),
             Op::Linears { input, parts } => linear::linears(self.linear_level(), input, parts),
+            Op::HeadLinear {
+                input,
+                weights,
+                output,
+            } => head_linear::head_linear(self.linear_level(), input, weights, output),
             Op::Rope {
                 x,
                 table,

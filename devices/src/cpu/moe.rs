@@ -57,7 +57,7 @@ thread_local! {
 
 /// The f32 tensor of `slot` reshaped to `shape`, allocated only when its storage is too
 /// small (its contents are left as they were).
-fn tensor<'a>(slot: &'a mut Option<Data>, shape: &[usize]) -> Result<&'a mut Data> {
+pub(crate) fn tensor<'a>(slot: &'a mut Option<Data>, shape: &[usize]) -> Result<&'a mut Data> {
     let mut kept = slot.take();
     let fits = kept.as_mut().is_some_and(|d| d.set_shape(shape).is_ok());
     let data = match kept {

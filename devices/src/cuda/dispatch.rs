@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering;
 
 use flm_core::{
-    BaseDevice, CapturedStep, CheckedOp, Data, DataType, DeviceBuffer, Error, Location, Op, Result,
-    StepInputs,
+    AttentionOperands, BaseDevice, CapturedStep, CheckedOp, Data, DataType, DeviceBuffer, Error,
+    Location, Op, Result, StepInputs,
 };
 
 use super::kernels::{has_quant_kernels, FloatWeight, KvType};
@@ -64,6 +64,7 @@ impl BaseDevice for CudaDevice {
                     && kv_cache(o.cache_k)
                     && o.cache_v.dtype() == o.cache_k.dtype()
                     && f32(o.output)
+                    && plain_heads(o)
             }
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 f32(gate) && f32(up) && f32(output)
@@ -81,13 +82,19 @@ impl BaseDevice for CudaDevice {
                 ..
             } => resident && f32(src) && kv_cache(dst),
             Op::PagedAttention { operands: o, .. } => {
-                resident && f32(o.q) && KvType::of(o.cache_k.dtype()).is_some() && f32(o.output)
+                resident
+                    && f32(o.q)
+                    && KvType::of(o.cache_k.dtype()).is_some()
+                    && f32(o.output)
+                    && plain_heads(o)
             }
             Op::ScatterRows { src, dst, .. } => {
                 resident && f32(src) && KvType::of(dst.dtype()).is_some()
             }
             // The experts run on the CPU, from host memory (`--moe-device cpu`).
             Op::MoeFfn { .. } => false,
+            // Multi-head latent attention's per-head products have no kernel here yet.
+            Op::HeadLinear { .. } => false,
             // Qwen2-MoE's shared expert runs beside the routed experts, on the CPU.
             Op::GatedAdd { .. } => false,
         }
@@ -253,9 +260,15 @@ impl BaseDevice for CudaDevice {
                 seqs,
             } => paged::paged_attention(self, operands, block_size, seqs),
             Op::ScatterRows { src, rows, dst } => paged::scatter_rows(self, src, rows, dst),
-            op @ (Op::MoeFfn { .. } | Op::GatedAdd { .. }) => {
+            op @ (Op::MoeFfn { .. } | Op::GatedAdd { .. } | Op::HeadLinear { .. }) => {
                 Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
             }
         }
     }
+}
+
+/// Whether the attention kernels here take `o`: value heads as wide as the key heads, and
+/// no decoupled RoPE part (multi-head latent attention runs on the CPU).
+fn plain_heads(o: &AttentionOperands<'_>) -> bool {
+    o.rope.is_none() && o.output.cols() == o.q.cols()
 }

@@ -217,6 +217,7 @@ impl BatchedForward for LlamaBatch {
                     q: &s.q,
                     cache_k,
                     cache_v,
+                    rope: None,
                     params,
                     output: &mut s.att,
                 },
