@@ -54,8 +54,8 @@ pub use executor::Executor;
 pub use kv_cache::{KvCache, KvDtype};
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{
-    AttentionOperands, AttentionParams, Expert, LinearPart, Op, OpKind, PagedSeq, SampleState,
-    TokenIds,
+    AttentionOperands, AttentionParams, Expert, ExpertGroups, GroupScore, LinearPart, MoeRouting,
+    Op, OpKind, PagedSeq, RouterScoring, SampleState, TokenIds,
 };
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use panels::Layout;

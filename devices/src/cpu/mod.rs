@@ -207,8 +207,7 @@ impl BaseDevice for CpuDevice {
                 input,
                 router,
                 experts,
-                top_k,
-                renormalize,
+                routing,
                 output,
             } => moe::moe_ffn(
                 self.linear_level(),
@@ -216,7 +215,7 @@ impl BaseDevice for CpuDevice {
                 input,
                 router,
                 experts,
-                (top_k, renormalize),
+                &routing,
                 output,
             ),
             Op::GeluMul { gate, up, output } => {
