@@ -7,8 +7,8 @@
 
 use crate::kv_cache::check_kv_dtype;
 use crate::{
-    AttentionOperands, AttentionParams, Data, DataType, Error, Location, Op, PagedSeq, Result,
-    RopeTable, TokenIds,
+    AttentionOperands, AttentionParams, Data, DataType, Error, GroupScore, Location, MoeRouting,
+    Op, PagedSeq, Result, RopeTable, TokenIds,
 };
 
 /// An [`Op`] whose operands passed [`Op::validate`].
@@ -391,13 +391,14 @@ fn gated_add(x: &Data, y: &Data, gate: &Data) -> Result<()> {
     Ok(())
 }
 
-/// The rules of [`Op::MoeFfn`]: a router row per expert, `top_k` of them at most, every
-/// expert a SwiGLU of one inner width from `input`'s columns back to them.
+/// The rules of [`Op::MoeFfn`]: a router row per expert, every expert a SwiGLU of one
+/// inner width from `input`'s columns back to them, and a routing that fits the experts
+/// ([`moe_routing`]).
 fn moe_ffn(
     input: &Data,
     router: &Data,
     experts: &[crate::Expert],
-    top_k: usize,
+    routing: &MoeRouting<'_>,
     output: &Data,
 ) -> Result<()> {
     const OP: &str = "MoeFfn";
@@ -409,22 +410,18 @@ fn moe_ffn(
             format!("input {:?}, output {:?}", input.shape(), output.shape()),
         ));
     }
-    if experts.is_empty()
-        || router.rows() != experts.len()
-        || router.cols() != dim
-        || top_k == 0
-        || top_k > experts.len()
-    {
+    if experts.is_empty() || router.rows() != experts.len() || router.cols() != dim {
         return Err(shape(
             OP,
             format!(
-                "router {:?} for {} experts of which top {top_k}, input {:?}",
+                "router {:?} for {} experts, input {:?}",
                 router.shape(),
                 experts.len(),
                 input.shape()
             ),
         ));
     }
+    moe_routing(routing, experts.len())?;
     let inner = experts[0].gate.rows();
     for (i, e) in experts.iter().enumerate() {
         let ok = |d: &Data, rows, cols| d.rows() == rows && d.cols() == cols;
@@ -443,6 +440,63 @@ fn moe_ffn(
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The rules of a [`MoeRouting`] over `n_experts` experts: groups that divide them into
+/// runs (of two experts at least for [`GroupScore::SumOfTop2`]), `1..=n_groups` of them
+/// chosen, `top_k` in `1..=` the experts they hold, an f32 choice bias of one value per
+/// expert, and a finite scale.
+fn moe_routing(routing: &MoeRouting<'_>, n_experts: usize) -> Result<()> {
+    const OP: &str = "MoeFfn";
+    let mut choosable = n_experts;
+    if let Some(g) = routing.groups {
+        let per_group = n_experts.checked_div(g.n_groups).unwrap_or(0);
+        let least = match g.score {
+            GroupScore::Max => 1,
+            GroupScore::SumOfTop2 => 2,
+        };
+        if g.n_groups == 0 || !n_experts.is_multiple_of(g.n_groups) || per_group < least {
+            return Err(shape(
+                OP,
+                format!(
+                    "{n_experts} experts in {} groups scored by {:?}",
+                    g.n_groups, g.score
+                ),
+            ));
+        }
+        if g.top_groups == 0 || g.top_groups > g.n_groups {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: top_groups = {} must be in 1..={} (the groups)",
+                g.top_groups, g.n_groups
+            )));
+        }
+        choosable = g.top_groups * per_group;
+    }
+    if routing.top_k == 0 || routing.top_k > choosable {
+        return Err(shape(
+            OP,
+            format!(
+                "top {} of {n_experts} experts, {choosable} of them in the chosen groups",
+                routing.top_k
+            ),
+        ));
+    }
+    if let Some(bias) = routing.choice_bias {
+        all_f32(OP, &[("choice_bias", bias)])?;
+        if bias.shape() != [n_experts] {
+            return Err(shape(
+                OP,
+                format!("choice_bias {:?} for {n_experts} experts", bias.shape()),
+            ));
+        }
+    }
+    if !routing.scale.is_finite() {
+        return Err(Error::InvalidArgument(format!(
+            "{OP}: the routing scale must be finite, got {}",
+            routing.scale
+        )));
     }
     Ok(())
 }
@@ -724,7 +778,8 @@ impl<'a> Op<'a> {
     /// that is not f32; [`Error::TokenOutOfRange`] for an embedding id `>= vocab`;
     /// [`Error::ContextOverflow`] for a position beyond a RoPE table or a KV cache (or a
     /// block table); [`Error::OutOfBounds`] for a row or block index outside its tensor;
-    /// [`Error::InvalidArgument`] for invalid sampling parameters.
+    /// [`Error::InvalidArgument`] for invalid sampling parameters, soft caps or MoE routing
+    /// parameters ([`MoeRouting`]).
     /// [`Error::Placement`] when its tensors are not all in one memory (host, or one
     /// device's).
     pub fn validate(self) -> Result<CheckedOp<'a>> {
@@ -892,13 +947,16 @@ impl<'a> Op<'a> {
                 input,
                 router,
                 experts,
+                routing,
                 output,
-                ..
             } => {
                 f("input", input);
                 f("router", router);
                 if let Some(p) = router.input_perm() {
                     f("input permutation", p);
+                }
+                if let Some(b) = routing.choice_bias {
+                    f("choice_bias", b);
                 }
                 for e in experts.iter() {
                     for (name, w) in [("gate", &e.gate), ("up", &e.up), ("down", &e.down)] {
@@ -986,10 +1044,9 @@ impl<'a> Op<'a> {
                 input,
                 router,
                 experts,
-                top_k,
+                routing,
                 output,
-                ..
-            } => moe_ffn(input, router, experts, *top_k, output),
+            } => moe_ffn(input, router, experts, routing, output),
             Op::SoftCap { x, cap } => soft_cap(x, *cap),
             Op::Sample {
                 logits,
@@ -1320,5 +1377,125 @@ mod tests {
             dst: &mut half(&[4, 4]),
         };
         assert!(scatter.validate().is_ok());
+    }
+
+    /// Device memory for a placement check: only its location matters.
+    #[derive(Debug)]
+    struct Elsewhere(usize);
+
+    impl crate::DeviceBuffer for Elsewhere {
+        fn location(&self) -> Location {
+            Location::Device {
+                name: "elsewhere",
+                ordinal: 0,
+            }
+        }
+        fn len(&self) -> usize {
+            self.0
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
+    }
+
+    #[test]
+    fn moe_routing_fits_the_experts() {
+        use crate::{Expert, ExpertGroups};
+        let experts = vec![
+            Expert {
+                gate: zeros(&[2, 4]),
+                up: zeros(&[2, 4]),
+                down: zeros(&[4, 2]),
+            };
+            8
+        ];
+        let (input, router) = (zeros(&[1, 4]), zeros(&[8, 4]));
+        let check = |routing: MoeRouting<'_>| {
+            Op::MoeFfn {
+                input: &input,
+                router: &router,
+                experts: &experts,
+                routing,
+                output: &mut zeros(&[1, 4]),
+            }
+            .validate()
+            .map(|_| ())
+        };
+        let grouped = |n_groups, top_groups, score, top_k| MoeRouting {
+            groups: Some(ExpertGroups {
+                n_groups,
+                top_groups,
+                score,
+            }),
+            ..MoeRouting::softmax(top_k, true)
+        };
+        let bias = zeros(&[8]);
+        let deepseek_v3 = MoeRouting {
+            scoring: crate::RouterScoring::Sigmoid,
+            choice_bias: Some(&bias),
+            scale: 2.5,
+            ..grouped(4, 2, GroupScore::SumOfTop2, 4)
+        };
+        assert!(check(deepseek_v3).is_ok());
+        assert!(check(grouped(8, 3, GroupScore::Max, 3)).is_ok());
+        let shape_err = |what: &str, r: Result<()>| {
+            assert!(
+                matches!(r, Err(Error::Shape { op: "MoeFfn", .. })),
+                "{what}: {r:?}"
+            );
+        };
+        shape_err("no groups", check(grouped(0, 0, GroupScore::Max, 1)));
+        shape_err("3 groups of 8", check(grouped(3, 1, GroupScore::Max, 1)));
+        shape_err("top 2 of 1", check(grouped(8, 1, GroupScore::SumOfTop2, 1)));
+        shape_err("top_k 5 of 4", check(grouped(4, 2, GroupScore::Max, 5)));
+        shape_err("top_k 0", check(MoeRouting::softmax(0, false)));
+        shape_err("top_k 9", check(MoeRouting::softmax(9, false)));
+        for (what, r) in [
+            ("top_groups 0", check(grouped(4, 0, GroupScore::Max, 1))),
+            ("top_groups 5", check(grouped(4, 5, GroupScore::Max, 1))),
+            (
+                "scale NaN",
+                check(MoeRouting {
+                    scale: f32::NAN,
+                    ..deepseek_v3
+                }),
+            ),
+            (
+                "scale inf",
+                check(MoeRouting {
+                    scale: f32::INFINITY,
+                    ..deepseek_v3
+                }),
+            ),
+        ] {
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
+        }
+        for shape in [&[7][..], &[1, 8]] {
+            let bias = zeros(shape);
+            let with = MoeRouting {
+                choice_bias: Some(&bias),
+                ..deepseek_v3
+            };
+            shape_err("a bias per expert", check(with));
+        }
+        let half = Data::zeros(DataType::F16, &[8]).unwrap();
+        let with = MoeRouting {
+            choice_bias: Some(&half),
+            ..deepseek_v3
+        };
+        assert!(matches!(check(with), Err(Error::DType { .. })));
+        let far = Data::from_device(DataType::F32, &[8], Box::new(Elsewhere(32))).unwrap();
+        let with = MoeRouting {
+            choice_bias: Some(&far),
+            ..deepseek_v3
+        };
+        let err = check(with).unwrap_err();
+        assert!(
+            matches!(&err, Error::Placement(m) if m.contains("choice_bias")),
+            "{err}"
+        );
     }
 }

@@ -54,13 +54,13 @@ pub use executor::Executor;
 pub use kv_cache::{KvCache, KvDtype};
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{
-    AttentionOperands, AttentionParams, DecoupledRope, Expert, LinearPart, Op, OpKind, PagedSeq,
-    SampleState, TokenIds,
+    AttentionOperands, AttentionParams, DecoupledRope, Expert, ExpertGroups, GroupScore,
+    LinearPart, MoeRouting, Op, OpKind, PagedSeq, RouterScoring, SampleState, TokenIds,
 };
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use panels::Layout;
 pub use partial_file::PartialFile;
-pub use rope::{Llama3Scaling, RopeScaling, RopeStyle, RopeTable};
+pub use rope::{yarn_mscale, Llama3Scaling, RopeScaling, RopeStyle, RopeTable, YarnScaling};
 pub use sampling::{
     argmax, chacha8_block, chacha8_key, chacha8_word, log_softmax_top, sample_tensors,
     sampler_state, unit_f32, DeviceSampler, Sampler, SamplerConfig, TokenLogprobs,

@@ -330,20 +330,30 @@ pub enum Op<'a> {
         gate: &'a Data,
     },
     /// A routed mixture-of-experts SwiGLU feed-forward (Shazeer et al. 2017; Mixtral, Jiang
-    /// et al. 2024; Qwen3-MoE), as transformers' `MixtralSparseMoeBlock` and
-    /// `Qwen3MoeSparseMoeBlock` compute it. For each row `x` of `input`:
+    /// et al. 2024; Qwen3-MoE; DeepSeek-V2/V3; GLM-4.5), as transformers 5's
+    /// `MixtralSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`, `DeepseekV2Moe`, `DeepseekV3MoE`
+    /// and `Glm4MoeMoE` compute their routed experts. For each row `x` of `input`, in f32,
+    /// with the parameters of `routing` ([`MoeRouting`]):
     ///
     /// ```text
-    /// p   = softmax(router · x)                      (over all experts, in f32)
-    /// E   = the top_k experts of largest p           (the lower index first on ties)
-    /// w_e = p_e / Σ_{e' ∈ E} p_e'  if renormalize,  else p_e
+    /// s   = softmax(router · x) over all experts,  or σ(router · x) per expert  (scoring)
+    /// c   = s + choice_bias                        (c = s without a bias)
+    /// G   = the top_groups groups of largest group score of c   (every expert without groups)
+    /// E   = the top_k experts of G of largest c    (the lower index first on ties)
+    /// w_e = scale · s_e / Σ_{e' ∈ E} s_e'          if renormalize,  else scale · s_e
     /// out = Σ_{e ∈ E, ascending e} w_e · down_e · (silu(gate_e · x) ⊙ (up_e · x))
     /// ```
     ///
+    /// Groups are `n_groups` runs of consecutive experts, scored by their largest `c`
+    /// ([`GroupScore::Max`]) or by the sum of their two largest ([`GroupScore::SumOfTop2`]),
+    /// the lower group first on ties. With sigmoid scores the renormalising sum is
+    /// `Σ s_e' + 1e-20`, as DeepSeek-V3 and GLM-4.5 write it.
+    ///
     /// Mixtral always renormalises (the same as a softmax over the top-k logits); Qwen3-MoE
-    /// does iff `norm_topk_prob`. A device computes each expert over the rows routed to it
-    /// at once (one matrix product per projection), so that a decode step reads only the
-    /// weights of its `top_k` experts. Each row's result does not depend on the other rows.
+    /// does iff `norm_topk_prob` ([`MoeRouting::softmax`]). A device computes each expert
+    /// over the rows routed to it at once (one matrix product per projection), so that a
+    /// decode step reads only the weights of its `top_k` experts. Each row's result does not
+    /// depend on the other rows.
     MoeFfn {
         /// f32 `[n, dim]`: the normed hidden states.
         input: &'a Data,
@@ -352,10 +362,8 @@ pub enum Op<'a> {
         router: &'a Data,
         /// The `n_experts` experts, each with the weights of a SwiGLU feed-forward.
         experts: &'a [Expert],
-        /// Experts per row, `1..=n_experts`.
-        top_k: usize,
-        /// Whether the top-k probabilities are divided by their sum.
-        renormalize: bool,
+        /// How the router's logits choose and weigh each row's experts.
+        routing: MoeRouting<'a>,
         /// f32 `[n, dim]`: overwritten with the weighted sum of the experts' outputs.
         output: &'a mut Data,
     },
@@ -446,6 +454,77 @@ pub struct PagedSeq<'a> {
     /// Its block table: the pool block of positions `k · block_size..(k + 1) · block_size`
     /// is `blocks[k]`.
     pub blocks: &'a [u32],
+}
+
+/// How [`Op::MoeFfn`]'s router turns a row's logits into its experts and their weights
+/// (see the op for the formula). The contract ([`Op::validate`]) checks it against the
+/// experts.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeRouting<'a> {
+    /// Experts per row, `1..=n_experts`, and at most the experts of the chosen groups.
+    pub top_k: usize,
+    /// How the logits become the scores `s`.
+    pub scoring: RouterScoring,
+    /// Group-limited choice (DeepSeek's `n_group` and `topk_group`); `None`: every expert
+    /// may be chosen.
+    pub groups: Option<ExpertGroups>,
+    /// f32 `[n_experts]` in the memory of the other operands, added to the scores only to
+    /// choose the groups and experts (DeepSeek-V3's and GLM-4.5's
+    /// `e_score_correction_bias`); the weights stay the unbiased scores.
+    pub choice_bias: Option<&'a Data>,
+    /// Whether the chosen scores are divided by their sum (`norm_topk_prob`).
+    pub renormalize: bool,
+    /// Multiplies the final weights (`routed_scaling_factor`; 1 for none); finite.
+    pub scale: f32,
+}
+
+impl MoeRouting<'_> {
+    /// Mixtral's and Qwen's routing: softmax scores, the `top_k` largest, divided by their
+    /// sum if `renormalize`; no groups, no bias, scale 1.
+    pub fn softmax(top_k: usize, renormalize: bool) -> MoeRouting<'static> {
+        MoeRouting {
+            top_k,
+            scoring: RouterScoring::Softmax,
+            groups: None,
+            choice_bias: None,
+            renormalize,
+            scale: 1.0,
+        }
+    }
+}
+
+/// How [`Op::MoeFfn`]'s router turns its logits into scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterScoring {
+    /// A softmax over all experts (Mixtral, Qwen-MoE, DeepSeek-V2).
+    #[default]
+    Softmax,
+    /// `σ(l) = 1 / (1 + e^-l)` per expert (DeepSeek-V3's and GLM-4.5's `sigmoid`).
+    Sigmoid,
+}
+
+/// Group-limited expert choice (DeepSeek-V2's `group_limited_greedy`, DeepSeek-V3,
+/// GLM-4.5): the experts are `n_groups` runs of `n_experts / n_groups` consecutive ones,
+/// and a row chooses its experts only in its `top_groups` best groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExpertGroups {
+    /// Groups (`n_group`); divides the experts.
+    pub n_groups: usize,
+    /// Groups a row chooses among (`topk_group`), `1..=n_groups`.
+    pub top_groups: usize,
+    /// How a group is scored.
+    pub score: GroupScore,
+}
+
+/// The score of a group of experts, from the (biased) scores of its experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupScore {
+    /// The largest (DeepSeek-V2's `group_limited_greedy`).
+    Max,
+    /// The sum of the two largest (DeepSeek-V3, GLM-4.5); groups of two experts at least.
+    SumOfTop2,
 }
 
 /// One expert of [`Op::MoeFfn`]: a SwiGLU feed-forward

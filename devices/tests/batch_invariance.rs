@@ -16,7 +16,9 @@
 mod common;
 
 use common::*;
-use flm_core::{AttentionOperands, AttentionParams, DataType, Executor, Op, RopeStyle, RopeTable};
+use flm_core::{
+    AttentionOperands, AttentionParams, DataType, Executor, MoeRouting, Op, RopeStyle, RopeTable,
+};
 use flm_devices::{ActivationBits, CpuDevice, Isa};
 
 /// Batch sizes: 1, odd sizes that leave partial tiles, the AMX threshold (8), above 128.
@@ -133,8 +135,7 @@ fn moe_ffn_is_batch_invariant(dtype: DataType) {
                 input: &f32_data(&[n, dim], &x[first * dim..(first + n) * dim]),
                 router: &router,
                 experts: &experts,
-                top_k: 2,
-                renormalize: true,
+                routing: MoeRouting::softmax(2, true),
                 output,
             })
         })

@@ -8,7 +8,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
-use flm_core::{BaseDevice, Data, DataType, Expert, Op};
+use flm_core::{
+    BaseDevice, Data, DataType, Expert, ExpertGroups, GroupScore, MoeRouting, Op, RouterScoring,
+};
 use flm_devices::CpuDevice;
 
 /// The system allocator, counting allocations and reallocations.
@@ -50,14 +52,14 @@ fn allocations(
     input: &Data,
     router: &Data,
     experts: &[Expert],
+    routing: MoeRouting<'_>,
     output: &mut Data,
 ) -> usize {
     let op = Op::MoeFfn {
         input,
         router,
         experts,
-        top_k: 4,
-        renormalize: true,
+        routing,
         output,
     }
     .validate()
@@ -68,9 +70,10 @@ fn allocations(
 }
 
 /// After one prefill (7 rows) and one decode step, 20 more decode steps with fresh inputs
-/// (so other experts are chosen) allocate nothing, for float and int4 experts; the first
-/// call does allocate (the counter sees the op's allocations). One thread of rayon, so that
-/// every kernel's per-thread scratch is the one warmed.
+/// (so other experts are chosen) allocate nothing, for float and int4 experts, with
+/// Mixtral's routing and with DeepSeek-V3's (sigmoid scores, a choice bias, groups); the
+/// first call does allocate (the counter sees the op's allocations). One thread of rayon,
+/// so that every kernel's per-thread scratch is the one warmed.
 #[test]
 fn decode_steps_allocate_nothing_once_warm() {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -79,14 +82,29 @@ fn decode_steps_allocate_nothing_once_warm() {
         .unwrap();
     pool.install(|| {
         let (n_experts, dim, inner) = (16, 256, 128);
-        for dtype in [DataType::F32, DataType::I4G32] {
+        let bias = f32_data(&[n_experts], &uniform(&mut rng(0x5b), n_experts, 0.2));
+        let deepseek_v3 = MoeRouting {
+            scoring: RouterScoring::Sigmoid,
+            groups: Some(ExpertGroups {
+                n_groups: 4,
+                top_groups: 2,
+                score: GroupScore::SumOfTop2,
+            }),
+            choice_bias: Some(&bias),
+            scale: 2.5,
+            ..MoeRouting::softmax(4, true)
+        };
+        let cases = [DataType::F32, DataType::I4G32]
+            .into_iter()
+            .flat_map(|d| [(d, MoeRouting::softmax(4, true)), (d, deepseek_v3)]);
+        for (dtype, routing) in cases {
             let mut rng = rng(0x5a);
             let (router, _) = random_f32(&mut rng, &[n_experts, dim], 0.2);
             let experts = random_experts(&mut rng, n_experts, (dim, inner), dtype);
             let device = CpuDevice::new().unwrap();
             let (prefill, _) = random_f32(&mut rng, &[7, dim], 1.0);
             let mut out = nan_output(&[7, dim]);
-            let first = allocations(&device, &prefill, &router, &experts, &mut out);
+            let first = allocations(&device, &prefill, &router, &experts, routing, &mut out);
             if dtype == DataType::F32 {
                 assert!(
                     first > 0,
@@ -97,10 +115,11 @@ fn decode_steps_allocate_nothing_once_warm() {
             let steps: Vec<Data> = (0..21)
                 .map(|_| random_f32(&mut rng, &[1, dim], 1.0).0)
                 .collect();
-            allocations(&device, &steps[0], &router, &experts, &mut out);
+            allocations(&device, &steps[0], &router, &experts, routing, &mut out);
             for (i, x) in steps[1..].iter().enumerate() {
-                let count = allocations(&device, x, &router, &experts, &mut out);
-                assert_eq!(count, 0, "{dtype}: decode step {i} allocated {count} times");
+                let count = allocations(&device, x, &router, &experts, routing, &mut out);
+                let what = format!("{dtype}, {:?}", routing.scoring);
+                assert_eq!(count, 0, "{what}: decode step {i} allocated {count} times");
                 assert!(out.as_f32().unwrap().iter().all(|v| v.is_finite()));
             }
         }

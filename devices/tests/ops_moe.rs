@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Error, Expert, Op};
+use flm_core::{Data, DataType, Error, Expert, MoeRouting, Op};
 
 /// The reference: per row, softmax of the router logits, the `top_k` largest, optionally
 /// renormalised, then the weighted sum of those experts' SwiGLUs, all in f64.
@@ -98,8 +98,7 @@ fn moe_ffn_matches_formula(dtype: DataType) {
                 input: &input,
                 router: &router,
                 experts: &list,
-                top_k,
-                renormalize,
+                routing: MoeRouting::softmax(top_k, renormalize),
                 output: &mut out,
             })
             .unwrap();
@@ -133,8 +132,7 @@ fn moe_ffn_contract_errors() {
             input: &input,
             router,
             experts,
-            top_k,
-            renormalize: true,
+            routing: MoeRouting::softmax(top_k, true),
             output: &mut nan_output(out),
         })
     };

@@ -52,7 +52,7 @@ use std::sync::Arc;
 
 use flm_core::{
     AttentionOperands, AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache,
-    KvDtype, LinearPart, Location, Op, RopeTable, StepInputs, TokenIds,
+    KvDtype, LinearPart, Location, MoeRouting, Op, RopeTable, StepInputs, TokenIds,
 };
 
 pub use crate::graph::Logits;
@@ -697,8 +697,7 @@ fn feed_forward(
                 input,
                 router,
                 experts,
-                top_k: m.top_k,
-                renormalize: m.renormalize,
+                routing: MoeRouting::softmax(m.top_k, m.renormalize),
                 output,
             })?;
             if let (Some(e), Some(scratch)) = (shared, &mut s.shared) {

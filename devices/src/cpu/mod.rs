@@ -213,8 +213,7 @@ impl BaseDevice for CpuDevice {
                 input,
                 router,
                 experts,
-                top_k,
-                renormalize,
+                routing,
                 output,
             } => moe::moe_ffn(
                 self.linear_level(),
@@ -222,7 +221,7 @@ impl BaseDevice for CpuDevice {
                 input,
                 router,
                 experts,
-                (top_k, renormalize),
+                &routing,
                 output,
             ),
             Op::GeluMul { gate, up, output } => {

@@ -1,9 +1,10 @@
 //! The routed mixture-of-experts feed-forward ([`flm_core::Op::MoeFfn`]).
 //!
-//! The router's logits come from the Linear kernels; the softmax, the top-k choice and the
-//! renormalisation run per row in f32 as transformers' `MixtralTopKRouter` and
-//! `Qwen3MoeTopKRouter` do. Then each expert that any row chose runs once, over the rows
-//! routed to it gathered into one matrix (a decode step touches only its `top_k` experts'
+//! The router's logits come from the Linear kernels; the scores, the choice of groups and
+//! experts, the renormalisation and the scale run per row in f32 as transformers' routers
+//! do (`MixtralTopKRouter`, `Qwen3MoeTopKRouter`, `DeepseekV2TopkRouter`,
+//! `DeepseekV3TopkRouter`, `Glm4MoeTopkRouter`). Then each expert that any row chose runs
+//! once, over the rows routed to it gathered into one matrix (a decode step touches only its `top_k` experts'
 //! weights, a prefill reads each expert's weights once for all its rows), through the
 //! Linear and SwiGLU kernels; its rows are scaled by their routing weights and added into
 //! the output, experts in ascending order. Each row's sum therefore runs in an order that
@@ -17,8 +18,7 @@
 
 use std::cell::Cell;
 
-use flm_core::Data;
-use flm_core::{DataType, Expert, LinearPart, Result};
+use flm_core::{Data, DataType, Expert, GroupScore, LinearPart, MoeRouting, Result, RouterScoring};
 
 use super::qlinear::LinearLevel;
 use super::{activation, linear, scratch, simd, Isa};
@@ -37,9 +37,8 @@ struct Scratch {
     logits: Option<Data>,
     /// The `top_k` routes of each row, row after row.
     routes: Vec<Route>,
-    /// One row's softmax numerators, and its experts in the order of choice.
-    exp: Vec<f32>,
-    order: Vec<usize>,
+    /// The router's working space for one row.
+    work: RouteWork,
     /// The rows routed to the current expert and their weights, in row order.
     chosen: Vec<(usize, f32)>,
     /// f32 `[m, dim]`, `[m, inner]` ×3 and `[m, dim]`: the current expert's gathered rows,
@@ -49,6 +48,20 @@ struct Scratch {
     up: Option<Data>,
     hidden: Option<Data>,
     y: Option<Data>,
+}
+
+/// The working space of [`route`], for one row.
+#[derive(Default)]
+struct RouteWork {
+    /// The scores: softmax numerators, or sigmoids.
+    scores: Vec<f32>,
+    /// The normalised scores plus the choice bias, when there is one.
+    biased: Vec<f32>,
+    /// The candidate experts, then in the order of choice.
+    order: Vec<usize>,
+    /// Each group's score, and the groups in the order of choice.
+    group_scores: Vec<f32>,
+    groups: Vec<usize>,
 }
 
 thread_local! {
@@ -76,22 +89,18 @@ pub(crate) fn moe_ffn(
     input: &Data,
     router: &Data,
     experts: &[Expert],
-    (top_k, renormalize): (usize, bool),
+    routing: &MoeRouting<'_>,
     output: &mut Data,
 ) -> Result<()> {
+    let bias = routing.choice_bias.map(Data::as_f32).transpose()?;
+    let top_k = routing.top_k;
     scratch::with(&SCRATCH, |s| {
         let (n, dim) = (input.rows(), input.cols());
         let logits = tensor(&mut s.logits, &[n, experts.len()])?;
         linear::linear(level, input, router, None, logits)?;
         s.routes.clear();
         for row in logits.as_f32()?.chunks_exact(experts.len()) {
-            route(
-                row,
-                top_k,
-                renormalize,
-                (&mut s.exp, &mut s.order),
-                &mut s.routes,
-            );
+            route(row, routing, bias, &mut s.work, &mut s.routes);
         }
         let x = input.as_f32()?;
         let out = output.as_f32_mut()?;
@@ -141,37 +150,117 @@ pub(crate) fn moe_ffn(
     })
 }
 
-/// Appends to `routes` the router's choice for one row of logits: softmax over all
-/// experts, the `top_k` largest probabilities (the lower index first on ties), divided by
-/// their sum if `renormalize`. `exp` and `order` are working space.
+/// Appends to `routes` the router's choice for one row of logits, as
+/// [`flm_core::Op::MoeFfn`] defines it: the scores, the `top_groups` best groups when there
+/// are groups, the `top_k` experts of largest biased score among theirs (the lower index
+/// first on ties), their unbiased scores renormalised on request and scaled. `bias` is the
+/// choice bias's values; `work` is working space.
 fn route(
     logits: &[f32],
-    top_k: usize,
-    renormalize: bool,
-    (exp, order): (&mut Vec<f32>, &mut Vec<usize>),
+    routing: &MoeRouting<'_>,
+    bias: Option<&[f32]>,
+    work: &mut RouteWork,
     routes: &mut Vec<Route>,
 ) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    exp.clear();
-    // The polynomial `exp` of the kernels: the same bits on every machine, where libm's
-    // `expf` may differ between architectures.
-    exp.extend(logits.iter().map(|&l| simd::exp(l - max)));
-    let sum: f32 = exp.iter().sum();
+    let RouteWork {
+        scores,
+        biased,
+        order,
+        group_scores,
+        groups,
+    } = work;
+    scores.clear();
+    // The scores are `scores[e] / norm`. The polynomial `exp` of the kernels gives the same
+    // bits on every machine, where libm's `expf` may differ between architectures.
+    let norm = match routing.scoring {
+        RouterScoring::Softmax => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            scores.extend(logits.iter().map(|&l| simd::exp(l - max)));
+            scores.iter().sum()
+        }
+        RouterScoring::Sigmoid => {
+            scores.extend(logits.iter().map(|&l| sigmoid(l)));
+            1.0
+        }
+    };
+    // Without a bias the softmax numerators choose: dividing them by their sum keeps their
+    // order, and Mixtral's and Qwen's choice then never rests on that division's rounding.
+    let choice: &[f32] = match bias {
+        Some(bias) => {
+            biased.clear();
+            biased.extend(scores.iter().zip(bias).map(|(&s, &b)| s / norm + b));
+            biased
+        }
+        None => scores,
+    };
     order.clear();
-    order.extend(0..logits.len());
-    // Unstable (it allocates nothing), with ties broken by the index: equal probabilities
-    // keep ascending expert order.
-    order.sort_unstable_by(|&a, &b| exp[b].total_cmp(&exp[a]).then(a.cmp(&b)));
+    match routing.groups {
+        None => order.extend(0..logits.len()),
+        Some(g) => {
+            let size = logits.len() / g.n_groups;
+            group_scores.clear();
+            group_scores.extend(choice.chunks_exact(size).map(|c| group_score(c, g.score)));
+            groups.clear();
+            groups.extend(0..g.n_groups);
+            groups.sort_unstable_by(|&a, &b| {
+                group_scores[b].total_cmp(&group_scores[a]).then(a.cmp(&b))
+            });
+            let chosen = &groups[..g.top_groups];
+            order.extend((0..logits.len()).filter(|e| chosen.contains(&(e / size))));
+        }
+    }
+    // Unstable (it allocates nothing), with ties broken by the index: equal scores keep
+    // ascending expert order.
+    order.sort_unstable_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
     let first = routes.len();
-    routes.extend(order[..top_k].iter().map(|&e| Route {
+    routes.extend(order[..routing.top_k].iter().map(|&e| Route {
         expert: e,
-        weight: exp[e] / sum,
+        weight: scores[e] / norm,
     }));
-    if renormalize {
-        let chosen = &mut routes[first..];
+    let chosen = &mut routes[first..];
+    if routing.renormalize {
         let total: f32 = chosen.iter().map(|r| r.weight).sum();
-        for r in chosen {
+        // DeepSeek-V3's and GLM-4.5's guard against a sum of underflowed sigmoids.
+        let total = match routing.scoring {
+            RouterScoring::Softmax => total,
+            RouterScoring::Sigmoid => total + 1e-20,
+        };
+        for r in chosen.iter_mut() {
             r.weight /= total;
+        }
+    }
+    for r in chosen {
+        r.weight *= routing.scale;
+    }
+}
+
+/// `σ(l) = 1 / (1 + e^-l)`, as `1 / (1 + e)` for `l >= 0` and `e / (1 + e)` below, with
+/// `e = e^-|l|` from the polynomial [`simd::exp`]: `e <= 1` never overflows (that `exp`
+/// is only defined up to 88), and each step rounds once or twice.
+fn sigmoid(l: f32) -> f32 {
+    let e = simd::exp(-l.abs());
+    if l >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    }
+}
+
+/// The score of one group of experts from their choice scores `c` (see [`GroupScore`]);
+/// NaNs are passed over.
+fn group_score(c: &[f32], score: GroupScore) -> f32 {
+    match score {
+        GroupScore::Max => c.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        GroupScore::SumOfTop2 => {
+            let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for &v in c {
+                if v > first {
+                    (first, second) = (v, first);
+                } else if v > second {
+                    second = v;
+                }
+            }
+            first + second
         }
     }
 }
@@ -179,29 +268,57 @@ fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flm_core::ExpertGroups;
 
-    fn routes(logits: &[f32], top_k: usize, renormalize: bool) -> Vec<Route> {
+    fn routes(logits: &[f32], routing: MoeRouting<'_>, bias: Option<&[f32]>) -> Vec<Route> {
         let mut routes = Vec::new();
-        let mut work = (Vec::new(), Vec::new());
         route(
             logits,
-            top_k,
-            renormalize,
-            (&mut work.0, &mut work.1),
+            &routing,
+            bias,
+            &mut RouteWork::default(),
             &mut routes,
         );
         routes
     }
 
+    fn experts(r: &[Route]) -> Vec<usize> {
+        r.iter().map(|r| r.expert).collect()
+    }
+
+    fn sigmoid_routing(top_k: usize, groups: Option<ExpertGroups>) -> MoeRouting<'static> {
+        MoeRouting {
+            scoring: RouterScoring::Sigmoid,
+            groups,
+            ..MoeRouting::softmax(top_k, false)
+        }
+    }
+
+    fn groups(n_groups: usize, top_groups: usize, score: GroupScore) -> Option<ExpertGroups> {
+        Some(ExpertGroups {
+            n_groups,
+            top_groups,
+            score,
+        })
+    }
+
+    fn close(got: f32, want: f64) -> bool {
+        (got as f64 - want).abs() <= 1e-6 * want.abs().max(1e-30)
+    }
+
+    fn sig(l: f64) -> f64 {
+        1.0 / (1.0 + (-l).exp())
+    }
+
     #[test]
     fn route_takes_the_largest_and_renormalises_on_request() {
         let logits = [0.0f32, 2.0, 1.0, 2.0];
-        let r = routes(&logits, 2, false);
-        assert_eq!([r[0].expert, r[1].expert], [1, 3]);
+        let r = routes(&logits, MoeRouting::softmax(2, false), None);
+        assert_eq!(experts(&r), [1, 3]);
         let e = |x: f32| x.exp();
         let sum = e(0.0) + e(2.0) + e(1.0) + e(2.0);
         assert!((r[0].weight - e(2.0) / sum).abs() < 1e-6);
-        let r = routes(&logits, 2, true);
+        let r = routes(&logits, MoeRouting::softmax(2, true), None);
         assert!((r[0].weight - 0.5).abs() < 1e-6 && (r[1].weight - 0.5).abs() < 1e-6);
     }
 
@@ -211,8 +328,129 @@ mod tests {
         let mut logits = [0.5f32; 64];
         logits[40] = 1.0;
         logits[7] = 1.0;
-        let r = routes(&logits, 5, false);
-        let chosen: Vec<usize> = r.iter().map(|r| r.expert).collect();
-        assert_eq!(chosen, [7, 40, 0, 1, 2]);
+        let r = routes(&logits, MoeRouting::softmax(5, false), None);
+        assert_eq!(experts(&r), [7, 40, 0, 1, 2]);
+        // Tied groups too: the lower ones are chosen.
+        let routing = sigmoid_routing(3, groups(4, 2, GroupScore::SumOfTop2));
+        assert_eq!(experts(&routes(&[0.25; 8], routing, None)), [0, 1, 2]);
+    }
+
+    /// Groups 0..4 of experts {0, 1}, {2, 3}, {4, 5}, {6, 7}.
+    const GROUPED: [f32; 8] = [3.0, -5.0, 2.0, 2.9, 2.5, 2.4, 0.0, 0.0];
+
+    #[test]
+    fn groups_scored_by_their_best_limit_the_choice() {
+        // Best scores per group 3.0, 2.9, 2.5, 0: groups 0 and 1, so expert 4 is passed over.
+        let routing = MoeRouting {
+            groups: groups(4, 2, GroupScore::Max),
+            ..MoeRouting::softmax(3, false)
+        };
+        let r = routes(&GROUPED, routing, None);
+        assert_eq!(experts(&r), [0, 3, 2]);
+        let sum: f64 = GROUPED.iter().map(|&l| (l as f64 - 3.0).exp()).sum();
+        for r in &r {
+            let want = (GROUPED[r.expert] as f64 - 3.0).exp() / sum;
+            assert!(close(r.weight, want), "{r:?}, want {want}");
+        }
+    }
+
+    #[test]
+    fn groups_scored_by_their_two_best_limit_the_choice() {
+        // σ sums per group 0.959, 1.829, 1.841, 1.0: groups 2 and 1, so expert 0 (the
+        // best) is passed over, where scoring by the best would keep it.
+        let top2 = routes(
+            &GROUPED,
+            sigmoid_routing(3, groups(4, 2, GroupScore::SumOfTop2)),
+            None,
+        );
+        assert_eq!(experts(&top2), [3, 4, 5]);
+        for r in &top2 {
+            assert!(close(r.weight, sig(GROUPED[r.expert] as f64)), "{r:?}");
+        }
+        let max = routes(
+            &GROUPED,
+            sigmoid_routing(3, groups(4, 2, GroupScore::Max)),
+            None,
+        );
+        assert_eq!(experts(&max), [0, 3, 2]);
+    }
+
+    #[test]
+    fn the_bias_chooses_but_does_not_weigh() {
+        let logits = [1.0f32, 0.0, 0.5, -1.0];
+        let bias = [0.0f32, 2.0, 0.0, 0.0];
+        let r = routes(&logits, sigmoid_routing(2, None), Some(&bias));
+        assert_eq!(experts(&r), [1, 0]);
+        assert!(
+            close(r[0].weight, 0.5) && close(r[1].weight, sig(1.0)),
+            "{r:?}"
+        );
+        // With softmax scores the bias is added to the probabilities.
+        let r = routes(
+            &logits,
+            MoeRouting::softmax(1, false),
+            Some(&[0.0, 0.0, 0.0, 0.9]),
+        );
+        assert_eq!(experts(&r), [3]);
+        let sum: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        assert!(close(r[0].weight, (-1.0f64).exp() / sum), "{r:?}");
+        // The bias also scores the groups: group 1 wins only through it.
+        let routing = sigmoid_routing(1, groups(2, 1, GroupScore::Max));
+        let r = routes(&logits, routing, Some(&[0.0, 0.0, 0.5, 0.0]));
+        assert_eq!(experts(&r), [2]);
+        assert!(close(r[0].weight, sig(0.5)), "{r:?}");
+    }
+
+    #[test]
+    fn the_scale_multiplies_the_final_weights() {
+        let logits = [0.0f32, 2.0, 1.0, 2.0];
+        for renormalize in [false, true] {
+            let plain = routes(&logits, MoeRouting::softmax(2, renormalize), None);
+            let routing = MoeRouting {
+                scale: 2.5,
+                ..MoeRouting::softmax(2, renormalize)
+            };
+            let scaled = routes(&logits, routing, None);
+            for (p, s) in plain.iter().zip(&scaled) {
+                assert_eq!(p.expert, s.expert);
+                assert_eq!(s.weight, p.weight * 2.5);
+            }
+        }
+    }
+
+    #[test]
+    fn sigmoid_weights_renormalise_without_dividing_by_zero() {
+        let logits = [0.3f32, -1.2, 2.0, 0.7];
+        let routing = MoeRouting {
+            renormalize: true,
+            scale: 2.5,
+            ..sigmoid_routing(3, None)
+        };
+        let r = routes(&logits, routing, None);
+        assert_eq!(experts(&r), [2, 3, 0]);
+        let sum: f64 = [2.0, 0.7, 0.3].iter().map(|&l| sig(l)).sum();
+        for r in &r {
+            let want = 2.5 * sig(logits[r.expert] as f64) / sum;
+            assert!(close(r.weight, want), "{r:?}, want {want}");
+        }
+        // Scores that underflow to 0 give weights of 0, where a bare sum would give NaN.
+        let r = routes(&[-200.0; 4], routing, None);
+        assert!(r.iter().all(|r| r.weight == 0.0), "{r:?}");
+    }
+
+    #[test]
+    fn sigmoid_is_close_to_its_f64_value_everywhere() {
+        for l in [
+            -300.0f32, -100.0, -88.0, -20.0, -1.0, -1e-3, 0.0, 1e-3, 0.5, 3.0, 20.0, 100.0,
+        ] {
+            let want = sig(l as f64);
+            // Below about 1e-38 the exp flushes to 0 (as the SiLU's does).
+            let ok = if want < 1e-37 {
+                sigmoid(l) < 1e-37
+            } else {
+                (sigmoid(l) as f64 - want).abs() <= 4.0 * f32::EPSILON as f64 * want
+            };
+            assert!(ok, "σ({l}) = {}, want {want}", sigmoid(l));
+        }
     }
 }
