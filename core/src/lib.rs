@@ -60,7 +60,7 @@ pub use op::{
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use panels::Layout;
 pub use partial_file::PartialFile;
-pub use rope::{Llama3Scaling, RopeScaling, RopeStyle, RopeTable};
+pub use rope::{yarn_mscale, Llama3Scaling, RopeScaling, RopeStyle, RopeTable, YarnScaling};
 pub use sampling::{
     argmax, chacha8_block, chacha8_key, chacha8_word, log_softmax_top, sample_tensors,
     sampler_state, unit_f32, DeviceSampler, Sampler, SamplerConfig, TokenLogprobs,
