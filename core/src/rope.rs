@@ -31,6 +31,54 @@ pub struct Llama3Scaling {
     pub original_max_position_embeddings: usize,
 }
 
+/// YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language
+/// Models"; transformers `_compute_yarn_parameters`; DeepSeek-V2/V3, Qwen2/Qwen3 long-context
+/// configs, gpt-oss). Over `d = rotary_dim` with `θ` and the pre-training context `L`, pair
+/// `j`'s frequency `f_j = θ^(-2j / d)` is blended from `f_j` (extrapolation) and
+/// `f_j / factor` (interpolation): with the correction dimensions
+/// `c(β) = d·ln(L / (2π·β)) / (2·ln θ)`, `low = max(⌊c(beta_fast)⌋, 0)` and
+/// `high = min(⌈c(beta_slow)⌉, d − 1)` (not rounded without `truncate`), the ramp
+/// `r_j = clamp((j − low) / (high − low), 0, 1)` and `e_j = 1 − r_j`, the frequency is
+/// `(f_j / factor)·(1 − e_j) + f_j·e_j`, so that fast-turning pairs (`j ≤ low`) keep their
+/// frequency and slow ones (`j ≥ high`) are divided by `factor`; cos and sin are multiplied
+/// by `attention_factor`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct YarnScaling {
+    /// The context extension: interpolated frequencies are divided by it (40 for
+    /// DeepSeek-V2; at least 1).
+    pub factor: f32,
+    /// `L`: the pre-training context length (4096 for DeepSeek-V2).
+    pub original_max_position_embeddings: usize,
+    /// Pairs that turn more than `beta_fast` times over `L` keep their frequency (32).
+    pub beta_fast: f32,
+    /// Pairs that turn fewer than `beta_slow` times over `L` are fully interpolated (1).
+    pub beta_slow: f32,
+    /// Multiplies cos and sin (transformers' `attention_scaling`): the config's
+    /// `attention_factor`, else [`YarnScaling::default_attention_factor`].
+    pub attention_factor: f32,
+    /// Rounds the correction range outwards to whole pairs (transformers' default; gpt-oss
+    /// turns it off).
+    pub truncate: bool,
+    /// DeepSeek's `mscale_all_dim`: MLA models also multiply their softmax scale by
+    /// [`YarnScaling::softmax_scale_factor`]; `None` where the config has none (or 0).
+    pub mscale_all_dim: Option<f32>,
+}
+
+/// YaRN's attention temperature (Peng et al. 2023, eq. 21; transformers' `yarn_get_mscale`):
+/// `0.1·mscale·ln(scale) + 1` for `scale > 1`, else 1; computed in f64 as Python does.
+pub fn yarn_mscale(scale: f32, mscale: f32) -> f32 {
+    mscale_f64(scale.into(), mscale.into()) as f32
+}
+
+/// [`yarn_mscale`] in f64.
+fn mscale_f64(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
 /// A rescaling of the RoPE frequencies for contexts longer than the pre-training one.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -62,6 +110,8 @@ pub enum RopeScaling {
         /// extension `s > 1` when the checkpoint does not give it.
         attention_factor: f32,
     },
+    /// YaRN's: see [`YarnScaling`].
+    Yarn(YarnScaling),
 }
 
 impl Llama3Scaling {
@@ -120,9 +170,120 @@ impl Llama3Scaling {
     }
 }
 
+impl YarnScaling {
+    /// The attention factor transformers' `_compute_yarn_parameters` derives when the config
+    /// gives none: `yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)` when
+    /// both are given and non-zero (DeepSeek), else `yarn_mscale(factor, 1)`; in f64.
+    pub fn default_attention_factor(
+        factor: f32,
+        mscale: Option<f32>,
+        mscale_all_dim: Option<f32>,
+    ) -> f32 {
+        let factor = f64::from(factor);
+        let non_zero = |m: Option<f32>| m.filter(|&m| m != 0.0).map(f64::from);
+        match (non_zero(mscale), non_zero(mscale_all_dim)) {
+            (Some(m), Some(all)) => (mscale_f64(factor, m) / mscale_f64(factor, all)) as f32,
+            _ => mscale_f64(factor, 1.0) as f32,
+        }
+    }
+
+    /// The factor MLA models (DeepSeek-V2/V3) multiply their softmax scale by:
+    /// `yarn_mscale(factor, mscale_all_dim)²`, 1 without `mscale_all_dim` (transformers'
+    /// `yarn_apply_mscale`, which folds into the scale the temperature the non-rotated
+    /// dimensions do not get from `attention_factor`); in f64.
+    pub fn softmax_scale_factor(&self) -> f32 {
+        match self.mscale_all_dim.filter(|&m| m != 0.0) {
+            Some(m) => {
+                let m = mscale_f64(self.factor.into(), m.into());
+                (m * m) as f32
+            }
+            None => 1.0,
+        }
+    }
+
+    /// Checks the parameters: a finite `factor >= 1`, `L > 0`,
+    /// `beta_fast > beta_slow > 0` (the ramp runs from the one to the other), a positive
+    /// finite attention factor and a finite `mscale_all_dim`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming the parameter.
+    fn validate(&self) -> Result<()> {
+        let YarnScaling {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            mscale_all_dim,
+            ..
+        } = *self;
+        let invalid =
+            |what: String| Err(Error::InvalidArgument(format!("yarn RoPE scaling: {what}")));
+        if !(factor.is_finite() && factor >= 1.0) {
+            return invalid(format!("factor must be at least 1, got {factor}"));
+        }
+        if original_max_position_embeddings == 0 {
+            return invalid("original_max_position_embeddings must be positive".into());
+        }
+        if !(beta_fast.is_finite() && beta_slow > 0.0 && beta_fast > beta_slow) {
+            return invalid(format!(
+                "beta_fast ({beta_fast}) must exceed beta_slow ({beta_slow}), which must be \
+                 positive"
+            ));
+        }
+        if !(attention_factor.is_finite() && attention_factor > 0.0) {
+            return invalid(format!(
+                "attention_factor must be positive, got {attention_factor}"
+            ));
+        }
+        if let Some(m) = mscale_all_dim.filter(|m| !m.is_finite()) {
+            return invalid(format!("mscale_all_dim must be finite, got {m}"));
+        }
+        Ok(())
+    }
+
+    /// The bounds `(low, high)` of the ramp over the `dim / 2` pairs for `theta`, in f64 as
+    /// transformers' `find_correction_range` computes them in Python floats.
+    fn correction_range(&self, dim: usize, theta: f32) -> (f64, f64) {
+        let (dim, base) = (dim as f64, f64::from(theta));
+        let original = self.original_max_position_embeddings as f64;
+        let correction_dim = |rotations: f32| {
+            let turns = f64::from(rotations) * 2.0 * std::f64::consts::PI;
+            dim * (original / turns).ln() / (2.0 * base.ln())
+        };
+        let (low, high) = (
+            correction_dim(self.beta_fast),
+            correction_dim(self.beta_slow),
+        );
+        let (low, high) = if self.truncate {
+            (low.floor(), high.ceil())
+        } else {
+            (low, high)
+        };
+        (low.max(0.0), high.min(dim - 1.0))
+    }
+
+    /// The frequency of pair `j` of `half` whose unscaled one is `1 / power`, in f32 and in
+    /// the order of operations of transformers' `_compute_yarn_parameters`.
+    fn frequency(&self, j: usize, half: usize, theta: f32, power: f32) -> f32 {
+        let (low, high) = self.correction_range(2 * half, theta);
+        // transformers' `linear_ramp_factor` widens an empty range to avoid dividing by 0.
+        let high = if low == high { high + 0.001 } else { high };
+        let ramp = ((j as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+        // transformers weighs by `1 − ramp` and then by `1 − (1 − ramp)`, which f32 may round
+        // differently from `ramp`.
+        let extrapolation_weight = 1.0 - ramp;
+        let interpolation = 1.0 / (self.factor * power);
+        let extrapolation = 1.0 / power;
+        interpolation * (1.0 - extrapolation_weight) + extrapolation * extrapolation_weight
+    }
+}
+
 impl RopeScaling {
-    /// Checks the parameters: positive finite factors, `high_freq_factor > low_freq_factor`
-    /// (the smoothing divides by their difference), `L > 0`.
+    /// Checks the parameters of each kind: for llama3, positive finite factors,
+    /// `high_freq_factor > low_freq_factor` (the smoothing divides by their difference) and
+    /// `L > 0`; for linear, a positive finite factor; for longrope, positive factors, as
+    /// many short as long; for yarn, a finite `factor >= 1`, `L > 0`,
+    /// `beta_fast > beta_slow > 0` and a positive attention factor.
     ///
     /// Errors: [`Error::InvalidArgument`] naming the parameter.
     pub fn validate(&self) -> Result<()> {
@@ -162,6 +323,7 @@ impl RopeScaling {
                 Ok(())
             }
             RopeScaling::Llama3(llama3) => llama3.validate(),
+            RopeScaling::Yarn(yarn) => yarn.validate(),
         }
     }
 
@@ -185,18 +347,39 @@ impl RopeScaling {
                 };
                 1.0 / (factors[j] * power)
             }
+            RopeScaling::Yarn(yarn) => yarn.frequency(j, half, theta, power),
         }
     }
 
-    /// What cos and sin are multiplied by: LongRoPE's attention factor, else 1.
+    /// What cos and sin are multiplied by: LongRoPE's and YaRN's attention factor, else 1.
     fn magnitude(&self) -> f32 {
         match self {
             RopeScaling::LongRope {
                 attention_factor, ..
-            } => *attention_factor,
+            }
+            | RopeScaling::Yarn(YarnScaling {
+                attention_factor, ..
+            }) => *attention_factor,
             RopeScaling::Llama3(_) | RopeScaling::Linear { .. } => 1.0,
         }
     }
+}
+
+/// The `rotary_dim / 2` frequencies `f_j` (radians per position) of a table of `max_pos`
+/// positions for `theta`, rescaled by `scaling`.
+fn frequencies(
+    scaling: Option<&RopeScaling>,
+    rotary_dim: usize,
+    theta: f32,
+    max_pos: usize,
+) -> Vec<f32> {
+    let half = rotary_dim / 2;
+    (0..half)
+        .map(|j| match scaling {
+            None => 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32),
+            Some(s) => s.frequency(j, half, theta, max_pos),
+        })
+        .collect()
 }
 
 /// The id of the next [`RopeTable`] built.
@@ -272,12 +455,7 @@ impl RopeTable {
                 }
             }
         }
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|j| match scaling {
-                None => 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32),
-                Some(s) => s.frequency(j, half, theta, max_pos),
-            })
-            .collect();
+        let inv_freq = frequencies(scaling, rotary_dim, theta, max_pos);
         let magnitude = scaling.map_or(1.0, RopeScaling::magnitude);
         let too_large =
             || Error::InvalidArgument(format!("a RoPE table of {max_pos} positions is too large"));
@@ -402,5 +580,175 @@ mod tests {
         });
         let err = RopeTable::scaled(RopeStyle::RotateHalf, 8, 8, 1e4, Some(&bad), 2).unwrap_err();
         assert!(err.to_string().contains("high_freq_factor"), "{err}");
+    }
+
+    fn deepseek_v2_lite() -> YarnScaling {
+        YarnScaling {
+            factor: 40.0,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.0,
+            truncate: true,
+            mscale_all_dim: Some(0.707),
+        }
+    }
+
+    /// .flm files store YaRN as `{"type": "yarn", ..}` beside the other kinds, whose JSON
+    /// forms stay as they were, and read every kind back unchanged.
+    #[test]
+    fn yarn_round_trips_beside_the_other_kinds() {
+        let yarn = RopeScaling::Yarn(deepseek_v2_lite());
+        let text = serde_json::to_string(&yarn).unwrap();
+        assert_eq!(
+            text,
+            r#"{"type":"yarn","factor":40.0,"original_max_position_embeddings":4096,"beta_fast":32.0,"beta_slow":1.0,"attention_factor":1.0,"truncate":true,"mscale_all_dim":0.707}"#
+        );
+        let llama3 = RopeScaling::Llama3(Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        });
+        let llama3_text = r#"{"type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}"#;
+        assert_eq!(serde_json::to_string(&llama3).unwrap(), llama3_text);
+        let linear = RopeScaling::Linear { factor: 8.0 };
+        assert_eq!(
+            serde_json::to_string(&linear).unwrap(),
+            r#"{"type":"linear","factor":8.0}"#
+        );
+        for scaling in [yarn, llama3, linear] {
+            let text = serde_json::to_string(&scaling).unwrap();
+            assert_eq!(serde_json::from_str::<RopeScaling>(&text).unwrap(), scaling);
+        }
+        let without_mscale = r#"{"type":"yarn","factor":4,"original_max_position_embeddings":32768,"beta_fast":32,"beta_slow":1,"attention_factor":1.1386,"truncate":true}"#;
+        let Ok(RopeScaling::Yarn(qwen)) = serde_json::from_str(without_mscale) else {
+            panic!("{without_mscale}");
+        };
+        assert_eq!((qwen.factor, qwen.mscale_all_dim), (4.0, None));
+        assert_eq!(qwen.softmax_scale_factor(), 1.0);
+    }
+
+    /// Each out-of-range YaRN parameter is refused, named in the error.
+    #[test]
+    fn yarn_parameters_are_checked() {
+        let refused = |edit: fn(&mut YarnScaling), needle: &str| {
+            let mut yarn = deepseek_v2_lite();
+            edit(&mut yarn);
+            let scaling = RopeScaling::Yarn(yarn);
+            let err = RopeTable::scaled(RopeStyle::RotateHalf, 8, 8, 1e4, Some(&scaling), 2)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{err}");
+        };
+        refused(|y| y.factor = 0.5, "factor");
+        refused(|y| y.factor = f32::INFINITY, "factor");
+        refused(|y| y.original_max_position_embeddings = 0, "original");
+        refused(|y| y.beta_slow = 32.0, "beta_fast");
+        refused(|y| y.beta_slow = 0.0, "beta_slow");
+        refused(|y| y.attention_factor = f32::NAN, "attention_factor");
+        refused(|y| y.mscale_all_dim = Some(f32::NAN), "mscale_all_dim");
+        assert_eq!(yarn_mscale(1.0, 0.707), 1.0);
+    }
+
+    /// Within 1e-6 relative and 1e-7 absolute of transformers' value, plus `slack`.
+    fn close(got: f32, want: f64, slack: f64) -> bool {
+        (f64::from(got) - want).abs() <= 1e-7 + 1e-6 * want.abs() + slack
+    }
+
+    /// YaRN against Hugging Face transformers 5.25: `tests/data/yarn/yarn.json` holds, for
+    /// six configurations (DeepSeek-V2-Lite's, mscales that differ, Qwen's factor 4, an
+    /// untruncated range as gpt-oss, an explicit attention factor, a factor from the
+    /// context lengths), the parameters in flm's form and transformers' frequencies,
+    /// attention and softmax scale factors, and cos and sin at four positions up to 100000,
+    /// written by `tests/data/yarn/make.py`. torch's vectorised `pow` (SLEEF, within 1 ulp)
+    /// gave, where the file was written, 3 of the 256 powers `θ^(2j/d)` one ulp from the
+    /// correctly rounded value flm's `powf` gives, so a frequency may differ by one ulp, and
+    /// its cos and sin by the angle that makes.
+    #[test]
+    fn yarn_matches_transformers() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/yarn/yarn.json");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let numbers = |v: &serde_json::Value| -> Vec<f64> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        let mut failures = Vec::new();
+        for case in json["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let scaling: RopeScaling = serde_json::from_value(case["flm"].clone()).unwrap();
+            let RopeScaling::Yarn(yarn) = scaling else {
+                panic!("{name}: {scaling:?}");
+            };
+            let config = &case["config"];
+            let rope = config
+                .get("rope_parameters")
+                .unwrap_or(&config["rope_scaling"]);
+            let attention_factor = case["attention_factor"].as_f64().unwrap();
+            let derived = match rope.get("attention_factor") {
+                Some(_) => yarn.attention_factor,
+                None => {
+                    let m = |key: &str| rope.get(key).and_then(|m| m.as_f64()).map(|m| m as f32);
+                    YarnScaling::default_attention_factor(
+                        yarn.factor,
+                        m("mscale"),
+                        m("mscale_all_dim"),
+                    )
+                }
+            };
+            let softmax = case["softmax_scale_factor"].as_f64().unwrap();
+            for (what, got, want) in [
+                ("attention factor", derived, attention_factor),
+                ("softmax scale factor", yarn.softmax_scale_factor(), softmax),
+            ] {
+                if !close(got, want, 0.0) {
+                    failures.push(format!("{name}: {what} {got}, transformers {want}"));
+                }
+            }
+            let theta = rope.get("rope_theta").unwrap_or(&config["rope_theta"]);
+            let theta = theta.as_f64().unwrap() as f32;
+            let dim = |key: &str| case[key].as_u64().unwrap() as usize;
+            let (head_dim, rotary_dim, half) =
+                (dim("head_dim"), dim("rotary_dim"), dim("rotary_dim") / 2);
+            let positions: Vec<usize> = numbers(&case["positions"])
+                .iter()
+                .map(|&p| p as usize)
+                .collect();
+            let max_pos = positions.iter().max().unwrap() + 1;
+            let ours = frequencies(Some(&scaling), rotary_dim, theta, max_pos);
+            let theirs: Vec<f32> = numbers(&case["inv_freq"])
+                .iter()
+                .map(|&f| f as f32)
+                .collect();
+            for (j, (f, t)) in ours.iter().zip(&theirs).enumerate() {
+                if f.to_bits().abs_diff(t.to_bits()) > 1 {
+                    failures.push(format!("{name}: frequency {j} {f}, transformers {t}"));
+                }
+            }
+            let style = RopeStyle::RotateHalf;
+            let table =
+                RopeTable::scaled(style, head_dim, rotary_dim, theta, Some(&scaling), max_pos);
+            let table = table.unwrap();
+            let (want_cos, want_sin) = (numbers(&case["cos"]), numbers(&case["sin"]));
+            for (i, &p) in positions.iter().enumerate() {
+                let (cos, sin) = table.at(p).unwrap();
+                for j in 0..half {
+                    let angle_gap = f64::from((p as f32 * ours[j] - p as f32 * theirs[j]).abs());
+                    let slack = angle_gap * attention_factor;
+                    let (wc, ws) = (want_cos[i * half + j], want_sin[i * half + j]);
+                    if !close(cos[j], wc, slack) || !close(sin[j], ws, slack) {
+                        failures.push(format!(
+                            "{name}: position {p}, pair {j}: ({}, {}), transformers ({wc}, {ws})",
+                            cos[j], sin[j]
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }

@@ -57,7 +57,8 @@ pub struct ModelConfig {
     /// KV cache; 0 without one.
     #[serde(default)]
     pub pre_seq_len: usize,
-    /// Rescaled RoPE frequencies (Llama 3.1's `rope_scaling`); `None`: plain RoPE.
+    /// Rescaled RoPE frequencies (`rope_scaling`: Llama 3.1's, linear, LongRoPE, YaRN);
+    /// `None`: plain RoPE.
     #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
     /// Sliding-window attention (Mistral): each token attends to at most this many

@@ -17,10 +17,13 @@
 //! transformers 5 writes the RoPE settings as one `rope_parameters` object
 //! (`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": ..}`), transformers 4 as
 //! `rope_theta` and `rope_scaling` (`{"rope_type" or "type": "llama3", "factor": ..}`);
-//! both are read. RoPE scalings other than llama3, linear and longrope (dynamic NTK, YaRN)
-//! and Qwen2's per-layer windows are refused with an error naming them.
+//! both are read. The RoPE scalings read are llama3, linear, longrope and yarn (DeepSeek,
+//! Qwen2/Qwen3 long-context configs; the Llama graph does not fold its
+//! [`flm_core::YarnScaling::softmax_scale_factor`] into the softmax scale, nor does
+//! transformers for these families); others (dynamic NTK) and Qwen2's per-layer windows
+//! are refused with an error naming them.
 
-use flm_core::{Llama3Scaling, RopeScaling};
+use flm_core::{Llama3Scaling, RopeScaling, YarnScaling};
 
 use crate::{Family, MoeConfig};
 use serde::Deserialize;
@@ -167,6 +170,57 @@ struct Llama3 {
     original_max_position_embeddings: usize,
 }
 
+/// The parameters of transformers' yarn RoPE type, each optional there.
+#[derive(Deserialize)]
+struct Yarn {
+    factor: Option<f32>,
+    original_max_position_embeddings: Option<usize>,
+    beta_fast: Option<f32>,
+    beta_slow: Option<f32>,
+    mscale: Option<f32>,
+    mscale_all_dim: Option<f32>,
+    attention_factor: Option<f32>,
+    truncate: Option<bool>,
+}
+
+/// YaRN's parameters with transformers' defaults (`standardize_rope_params`,
+/// `_compute_yarn_parameters`): the pre-training context from the config's top-level
+/// `original_max_position_embeddings`, else the block's, else `max_position_embeddings`;
+/// `factor` from `max_position_embeddings / original` when missing; `beta_fast` 32 and
+/// `beta_slow` 1 when missing or 0; `truncate` true; the attention factor from `factor`
+/// and the mscales ([`YarnScaling::default_attention_factor`]) when missing.
+///
+/// Errors: a message for a malformed block or no (or a zero) pre-training context.
+fn yarn(
+    fields: &RopeFields,
+    scaling: &Value,
+    max_position_embeddings: Option<usize>,
+) -> Result<YarnScaling, String> {
+    let p = Yarn::deserialize(scaling).map_err(|e| format!("invalid yarn rope scaling: {e}"))?;
+    let original = fields
+        .original_max_position_embeddings
+        .or(p.original_max_position_embeddings)
+        .or(max_position_embeddings)
+        .filter(|&o| o > 0)
+        .ok_or("yarn rope scaling without original_max_position_embeddings")?;
+    let factor = p.factor.unwrap_or_else(|| {
+        (max_position_embeddings.unwrap_or(original) as f64 / original as f64) as f32
+    });
+    // transformers reads the betas with `or`, so that 0 stands for the default too.
+    let or_default = |v: Option<f32>, default| v.filter(|&v| v != 0.0).unwrap_or(default);
+    Ok(YarnScaling {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast: or_default(p.beta_fast, 32.0),
+        beta_slow: or_default(p.beta_slow, 1.0),
+        attention_factor: p.attention_factor.unwrap_or_else(|| {
+            YarnScaling::default_attention_factor(factor, p.mscale, p.mscale_all_dim)
+        }),
+        truncate: p.truncate.unwrap_or(true),
+        mscale_all_dim: p.mscale_all_dim.filter(|&m| m != 0.0),
+    })
+}
+
 /// RoPE θ (default 10000, as transformers' `LlamaConfig`) and the frequency scaling.
 ///
 /// Errors: a message for an unknown or malformed scaling (the caller adds the file).
@@ -243,9 +297,17 @@ pub(super) fn rope(
                 }),
             ))
         }
+        "yarn" => Ok((
+            theta,
+            Some(RopeScaling::Yarn(yarn(
+                fields,
+                scaling,
+                max_position_embeddings,
+            )?)),
+        )),
         other => Err(format!(
-            "rope scaling of type \"{other}\" (only \"llama3\", \"linear\" and \"longrope\" are \
-             supported)"
+            "rope scaling of type \"{other}\" (only \"llama3\", \"linear\", \"longrope\" and \
+             \"yarn\" are supported)"
         )),
     }
 }
@@ -317,7 +379,7 @@ mod tests {
     /// Llama 3.1's published `config.json` fields (transformers 4 form) and the same in
     /// transformers 5's `rope_parameters` give one scaling; other types are named in errors.
     #[test]
-    fn llama3_scaling_in_both_forms_and_other_types_refused() {
+    fn llama3_scaling_in_both_forms_and_unsupported_types_refused() {
         let want = RopeScaling::Llama3(Llama3Scaling {
             factor: 8.0,
             low_freq_factor: 1.0,
@@ -335,8 +397,8 @@ mod tests {
         let plain = r#"{"rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}"#;
         assert_eq!(rope_of(plain).unwrap(), (1e6, None));
         assert_eq!(rope_of("{}").unwrap(), (10000.0, None));
-        let yarn = r#"{"rope_scaling": {"type": "yarn", "factor": 4.0}}"#;
-        assert!(rope_of(yarn).unwrap_err().contains("\"yarn\""));
+        let dynamic = r#"{"rope_scaling": {"type": "dynamic", "factor": 4.0}}"#;
+        assert!(rope_of(dynamic).unwrap_err().contains("\"dynamic\""));
         let partial = r#"{"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}"#;
         assert!(rope_of(partial).unwrap_err().contains("low_freq_factor"));
     }
@@ -371,6 +433,77 @@ mod tests {
         assert!(rope_of(missing)
             .unwrap_err()
             .contains("original_max_position_embeddings"));
+    }
+
+    /// DeepSeek-V2-Lite's `rope_scaling` (its published `config.json`), whose equal mscales
+    /// give an attention factor of 1 and a softmax scale factor of
+    /// `(0.1·0.707·ln 40 + 1)²`, and Qwen's documented long-context block, with the
+    /// defaults and an attention factor of `0.1·ln 4 + 1`.
+    #[test]
+    fn yarn_reads_deepseek_and_qwen_blocks() {
+        let deepseek = r#"{"rope_theta": 10000, "max_position_embeddings": 163840,
+            "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+            "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+            "type": "yarn"}}"#;
+        let want = YarnScaling {
+            factor: 40.0,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.0,
+            truncate: true,
+            mscale_all_dim: Some(0.707),
+        };
+        assert_eq!(
+            rope_of(deepseek).unwrap(),
+            (10000.0, Some(RopeScaling::Yarn(want)))
+        );
+        let m = 0.1 * 0.707 * 40f64.ln() + 1.0;
+        assert!((f64::from(want.softmax_scale_factor()) - m * m).abs() < 1e-6);
+        let qwen = r#"{"rope_theta": 1000000.0, "rope_scaling": {"type": "yarn",
+            "factor": 4.0, "original_max_position_embeddings": 32768}}"#;
+        let want = YarnScaling {
+            factor: 4.0,
+            original_max_position_embeddings: 32768,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: (0.1 * 4f64.ln() + 1.0) as f32,
+            truncate: true,
+            mscale_all_dim: None,
+        };
+        assert_eq!(rope_of(qwen).unwrap(), (1e6, Some(RopeScaling::Yarn(want))));
+    }
+
+    /// The configurations of `tests/data/yarn/yarn.json` (`make.py`) read as the parameters
+    /// transformers 5.25 resolves for them: its attention factor (to f32 rounding of the
+    /// f64 mscales) and the defaults it fills in for the rest, the factor from the context
+    /// lengths included.
+    #[test]
+    fn yarn_resolves_as_transformers() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/yarn/yarn.json");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let json: Value = serde_json::from_str(&text).unwrap();
+        for case in json["cases"].as_array().unwrap() {
+            let name = &case["name"];
+            let config = &case["config"];
+            let max_position_embeddings = config["max_position_embeddings"].as_u64();
+            let fields = RopeFields::deserialize(config).unwrap();
+            let got = rope(&fields, max_position_embeddings.map(|m| m as usize));
+            let Ok((_, Some(RopeScaling::Yarn(got)))) = got else {
+                panic!("{name}: {got:?}");
+            };
+            let Ok(RopeScaling::Yarn(want)) = RopeScaling::deserialize(&case["flm"]) else {
+                panic!("{name}: {}", case["flm"]);
+            };
+            let close = (got.attention_factor - want.attention_factor).abs()
+                <= 1e-6 * want.attention_factor;
+            assert!(close, "{name}: {got:?} vs {want:?}");
+            let got = YarnScaling {
+                attention_factor: want.attention_factor,
+                ..got
+            };
+            assert_eq!(got, want, "{name}");
+        }
     }
 
     #[test]
