@@ -2,9 +2,10 @@
 //! runs) against `Model::forward` of each sequence alone, bit for bit, for every family on
 //! the Llama graph: ChatGLM2/3 and GLM-4 (chatglm.cpp's test models, with and without a
 //! p-tuning v2 prefix), Baichuan-7B and Baichuan-13B (ALiBi), InternLM, Llama 3, Mistral
-//! (sliding window), Qwen2, Qwen3, Phi-3, Mixtral and Qwen3-MoE (routed experts; each
-//! expert runs over the rows of every sequence routed to it) (transformers' tiny
-//! checkpoints), and an act-order GPTQ checkpoint (int4 with input permutations).
+//! (sliding window), Qwen2, Qwen3, Phi-3, Mixtral, Qwen3-MoE and DeepSeek-V2/V3 (routed
+//! experts; each expert runs over the rows of every sequence routed to it; DeepSeek's
+//! latent attention over a paged cache of latents) (transformers' tiny checkpoints), and
+//! an act-order GPTQ checkpoint (int4 with input permutations).
 //! ChatGLM-6B is refused by the engine.
 
 use std::path::Path;
@@ -26,8 +27,14 @@ fn batched_equals_single(model: &SharedModel, seqs: [(&[u32], &[usize]); 2], wha
     let exec = batch_invariant_executor();
     let block_size = 3;
     let positions: usize = seqs.iter().map(|s| c.pre_seq_len + s.0.len()).sum();
-    let mut kv =
-        PagedKvCache::new(c.n_layers, positions, block_size, c.kv_dim(), DataType::F32).unwrap();
+    let mut kv = PagedKvCache::new(
+        c.n_layers,
+        positions,
+        block_size,
+        c.kv_widths(),
+        DataType::F32,
+    )
+    .unwrap();
     let mut batch = model.batch(1).unwrap();
     let mut tables = Vec::new();
     for (tokens, _) in &seqs {

@@ -58,7 +58,7 @@ fn f32_round_trip_gives_exactly_the_reference_tokens() {
         let ckpt = import::load(&path).unwrap();
         assert_eq!(ckpt.format, Format::Flm);
         assert!(
-            LlamaWeights::load(&ckpt).unwrap().layers[0].wq.is_mapped(),
+            LlamaWeights::load(&ckpt).unwrap().layers[0].wo.is_mapped(),
             "zero-copy"
         );
         let (mut model, tokenizer) = model_and_tokenizer(&path);
@@ -94,7 +94,7 @@ fn half_precision_files_stay_within_their_rounding() {
     for (dtype, tol) in [(DataType::F16, 0.05), (DataType::BF16, 0.3)] {
         let path = convert_to(dir.path(), "hf-stories260K", dtype);
         let (mut model, _) = model_and_tokenizer(&path);
-        assert_eq!(model.weights().layers[0].wq.dtype(), dtype);
+        assert_eq!(model.weights().layers[0].wo.dtype(), dtype);
         assert_eq!(model.weights().layers[0].attn_norm.dtype(), DataType::F32);
         let err = max_logit_error(&mut model);
         assert!(err < tol, "{dtype}: {err}");

@@ -8,10 +8,12 @@
 
 use std::path::Path;
 
-use flm_core::{DataType, Llama3Scaling, RopeScaling, RopeStyle};
+use flm_core::{
+    DataType, ExpertGroups, GroupScore, Llama3Scaling, RopeScaling, RopeStyle, RouterScoring,
+};
 use flm_models::convert::Recipe;
-use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits};
-use flm_models::{import, Activation, Graph, ModelConfig, MoeConfig};
+use flm_models::llama::{Attention, Ffn, Llama, LlamaWeights, Logits};
+use flm_models::{import, Activation, Graph, MlaConfig, ModelConfig, MoeConfig};
 use flm_tests::{
     convert_with_tok512, cpu_executor, data, f32_file, ids, json, max_abs_diff, HF_FAMILIES,
 };
@@ -156,28 +158,14 @@ fn configurations_are_read_per_family() {
         Some(RopeScaling::Linear { factor: 8.0 })
     );
     let mixtral = config("mixtral").moe.unwrap();
-    assert_eq!(
-        mixtral,
-        MoeConfig {
-            n_experts: 4,
-            top_k: 2,
-            expert_dim: 128,
-            renormalize: true,
-            dense_layers: Vec::new(),
-            shared_expert_dim: None,
-        }
-    );
+    assert_eq!(mixtral, MoeConfig::softmax_top_k(4, 2, 128, true));
     let qwen3_moe = config("qwen3_moe");
     assert!(qwen3_moe.qk_norm);
     assert_eq!(
         qwen3_moe.moe.unwrap(),
         MoeConfig {
-            n_experts: 4,
-            top_k: 2,
-            expert_dim: 32,
-            renormalize: true,
             dense_layers: vec![1],
-            shared_expert_dim: None,
+            ..MoeConfig::softmax_top_k(4, 2, 32, true)
         }
     );
     let qwen2_moe = config("qwen2_moe");
@@ -186,12 +174,66 @@ fn configurations_are_read_per_family() {
     assert_eq!(
         qwen2_moe.moe.unwrap(),
         MoeConfig {
-            n_experts: 4,
-            top_k: 2,
-            expert_dim: 32,
-            renormalize: false,
-            dense_layers: Vec::new(),
             shared_expert_dim: Some(48),
+            ..MoeConfig::softmax_top_k(4, 2, 32, false)
+        }
+    );
+    let v2 = config("deepseek_v2");
+    assert_eq!(
+        v2.mla,
+        Some(MlaConfig {
+            q_lora_rank: None,
+            kv_lora_rank: 32,
+            qk_nope_head_dim: 16,
+            qk_rope_head_dim: 8,
+        })
+    );
+    assert_eq!((v2.n_kv_heads, v2.head_dim, v2.rotary_dim()), (1, 16, 8));
+    assert_eq!(v2.rope_style, RopeStyle::AdjacentPairs);
+    // The cache holds the latent and the rotated key: 40 values a position, not the
+    // 4 × (24 + 16) of the expanded keys and values.
+    assert_eq!((v2.kv_widths(), v2.kv_values_per_position()), ((32, 8), 40));
+    let Some(RopeScaling::Yarn(yarn)) = &v2.rope_scaling else {
+        panic!("{:?}", v2.rope_scaling);
+    };
+    // transformers' `yarn_apply_mscale`: (0.1 · 0.707 · ln 4 + 1)² / √24.
+    let mscale = 0.1 * 0.707 * 4f64.ln() + 1.0;
+    let want = mscale * mscale / 24f64.sqrt();
+    assert!((v2.attention_scale() as f64 - want).abs() < 1e-6);
+    assert!((yarn.softmax_scale_factor() as f64 - mscale * mscale).abs() < 1e-6);
+    assert_eq!(
+        v2.moe.unwrap(),
+        MoeConfig {
+            dense_layers: vec![0],
+            shared_expert_dim: Some(32),
+            shared_expert_gated: false,
+            groups: Some(ExpertGroups {
+                n_groups: 4,
+                top_groups: 2,
+                score: GroupScore::Max,
+            }),
+            routed_scale: 2.0,
+            ..MoeConfig::softmax_top_k(16, 3, 32, false)
+        }
+    );
+    let v3 = config("deepseek_v3");
+    assert_eq!(v3.mla.as_ref().unwrap().q_lora_rank, Some(24));
+    assert_eq!(v3.attention_scale(), 24f32.powf(-0.5));
+    assert_eq!(
+        v3.moe.unwrap(),
+        MoeConfig {
+            dense_layers: vec![0],
+            shared_expert_dim: Some(32),
+            shared_expert_gated: false,
+            scoring: RouterScoring::Sigmoid,
+            groups: Some(ExpertGroups {
+                n_groups: 4,
+                top_groups: 2,
+                score: GroupScore::SumOfTop2,
+            }),
+            choice_bias: true,
+            routed_scale: 2.5,
+            ..MoeConfig::softmax_top_k(8, 2, 32, true)
         }
     );
 }
@@ -245,6 +287,37 @@ fn without_the_family_feature_the_logits_differ() {
         ("qwen2_moe", |c: &mut ModelConfig| {
             c.moe.as_mut().unwrap().shared_expert_dim = None
         }),
+        // DeepSeek's routing features, one at a time, and YaRN (its frequencies and its
+        // factor in the softmax scale).
+        ("deepseek_v2", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().groups = None
+        }),
+        ("deepseek_v2", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().routed_scale = 1.0
+        }),
+        ("deepseek_v2", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().shared_expert_dim = None
+        }),
+        ("deepseek_v2", |c: &mut ModelConfig| {
+            c.rope_scaling = None;
+            c.attention_scale = Some(24f32.powf(-0.5));
+        }),
+        ("deepseek_v3", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().groups = None
+        }),
+        // The bias that only chooses (its tensor is dropped below).
+        ("deepseek_v3", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().choice_bias = false
+        }),
+        ("deepseek_v3", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().renormalize = false
+        }),
+        ("deepseek_v3", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().routed_scale = 1.0
+        }),
+        ("deepseek_v3", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().shared_expert_dim = None
+        }),
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let mut config = ckpt.config.clone();
@@ -255,11 +328,15 @@ fn without_the_family_feature_the_logits_differ() {
             .as_ref()
             .is_some_and(|m| m.shared_expert_dim.is_none());
         for layer in &mut weights.layers {
-            if !config.qk_norm {
-                layer.qk_norm = None;
+            if let (false, Attention::Heads { qk_norm, .. }) = (config.qk_norm, &mut layer.attn) {
+                *qk_norm = None;
             }
             if let (true, Ffn::Moe { shared, .. }) = (no_shared, &mut layer.ffn) {
                 *shared = None;
+            }
+            let no_bias = config.moe.as_ref().is_some_and(|m| !m.choice_bias);
+            if let (true, Ffn::Moe { router_bias, .. }) = (no_bias, &mut layer.ffn) {
+                *router_bias = None;
             }
         }
         let mut model = Llama::new(config, weights).unwrap();
@@ -296,7 +373,7 @@ fn quantised_flm_files_stay_near_transformers() {
     // rounding can send a token to another expert, which no bound on rounding covers.
     let dense = HF_FAMILIES
         .into_iter()
-        .filter(|f| !["mixtral", "qwen3_moe", "qwen2_moe"].contains(f));
+        .filter(|f| !f.contains("moe") && !["mixtral", "deepseek_v2", "deepseek_v3"].contains(f));
     for family in dense {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let want = expected(family);
@@ -362,11 +439,11 @@ fn llama3_scaling_in_the_transformers_4_form() {
 #[test]
 fn unsupported_family_settings_are_clear_errors() {
     type Edit = fn(&mut Value);
-    let cases: [(&str, Edit, &str); 10] = [
+    let cases: [(&str, Edit, &str); 12] = [
         (
             "llama3",
-            |c| c["rope_parameters"]["rope_type"] = "yarn".into(),
-            "\"yarn\"",
+            |c| c["rope_parameters"]["rope_type"] = "dynamic".into(),
+            "\"dynamic\"",
         ),
         (
             "llama3",
@@ -414,6 +491,16 @@ fn unsupported_family_settings_are_clear_errors() {
             "qwen2_moe",
             |c| c["use_sliding_window"] = true.into(),
             "qwen2_moe's use_sliding_window",
+        ),
+        (
+            "deepseek_v2",
+            |c| c["topk_method"] = "noaux_tc".into(),
+            "topk_method Some(\"noaux_tc\")",
+        ),
+        (
+            "deepseek_v3",
+            |c| c["moe_layer_freq"] = 0.into(),
+            "moe_layer_freq",
         ),
     ];
     for (family, edit, needle) in cases {
@@ -603,8 +690,17 @@ fn unknown_tensors_are_listed_as_ignored() {
 fn quantised_mixtures_stay_near_transformers() {
     use flm_models::tensor_names::{LayerPart, TensorName};
     let dir = tempfile::tempdir().unwrap();
-    for family in ["mixtral", "qwen3_moe", "qwen2_moe"] {
+    let families = [
+        "mixtral",
+        "qwen3_moe",
+        "qwen2_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+    ];
+    for family in families {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
+        let c = &ckpt.config;
+        let l = (0..c.n_layers).find(|&l| c.moe_layer(l).is_some()).unwrap();
         for (dtype, bound) in [(DataType::I8, 0.2), (DataType::I4G32, 0.5)] {
             let out = dir.path().join(format!("{family}.{dtype}.flm"));
             convert_with_tok512(&ckpt, &out, dtype, Recipe::Mixed);
@@ -617,10 +713,10 @@ fn quantised_mixtures_stay_near_transformers() {
                     .unwrap();
                 t.encoding.load_dtype()
             };
-            assert_eq!(dtype_of(TensorName::Expert(0, 1, LayerPart::WUp)), dtype);
-            assert_eq!(dtype_of(TensorName::Expert(0, 3, LayerPart::WDown)), dtype);
+            assert_eq!(dtype_of(TensorName::Expert(l, 1, LayerPart::WUp)), dtype);
+            assert_eq!(dtype_of(TensorName::Expert(l, 3, LayerPart::WDown)), dtype);
             assert_eq!(
-                dtype_of(TensorName::Layer(0, LayerPart::Router)),
+                dtype_of(TensorName::Layer(l, LayerPart::Router)),
                 DataType::F32
             );
             let [prefill, _, _] = logits_three_ways(&out);

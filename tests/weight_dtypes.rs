@@ -49,7 +49,7 @@ fn half_precision_weights_stay_close_to_fp32() {
     // measured (f16 0.017, bf16 0.078).
     for (dtype, tol) in [(DataType::F16, 0.05), (DataType::BF16, 0.3)] {
         let weights = weights_in(&LlamaWeights::load(&ckpt).unwrap(), |_, _| dtype);
-        assert_eq!(weights.layers[0].wq.dtype(), dtype);
+        assert_eq!(weights.layers[0].wo.dtype(), dtype);
         let mut model = Llama::new(ckpt.config.clone(), weights).unwrap();
         let (err, flips) = logits_error(&mut model);
         assert!(err < tol, "{dtype}: max abs logit error {err}");

@@ -95,20 +95,21 @@ pub(crate) fn check_kv_dtype(op: &'static str, dtype: DataType) -> Result<()> {
 }
 
 /// The keys and values of every layer, as the contiguous and the paged KV cache hold them:
-/// a `(keys, values)` pair of `[rows, kv_dim]` tensors per layer, each in its layer's memory.
+/// a `(keys, values)` pair of `[rows, k_dim]` and `[rows, v_dim]` tensors per layer, each in
+/// its layer's memory.
 pub(crate) struct LayerPairs(pub(crate) Vec<(Data, Data)>);
 
 impl LayerPairs {
-    /// A pair of `[rows, kv_dim]` tensors per location, each made by `zeros(shape, location)`.
+    /// A pair of `[rows, k_dim]` and `[rows, v_dim]` tensors per location, each made by
+    /// `zeros(shape, location)`.
     pub(crate) fn alloc(
         locations: &[Location],
-        (rows, kv_dim): (usize, usize),
+        (rows, (k_dim, v_dim)): (usize, (usize, usize)),
         zeros: &dyn Fn(&[usize], Location) -> Result<Data>,
     ) -> Result<LayerPairs> {
-        let shape = [rows, kv_dim];
         let pairs = locations
             .iter()
-            .map(|&at| Ok((zeros(&shape, at)?, zeros(&shape, at)?)))
+            .map(|&at| Ok((zeros(&[rows, k_dim], at)?, zeros(&[rows, v_dim], at)?)))
             .collect::<Result<_>>()?;
         Ok(LayerPairs(pairs))
     }
@@ -122,23 +123,29 @@ impl LayerPairs {
 }
 
 /// Keys and values of every layer for positions `0..max_seq`, allocated once (llama2.c's
-/// `key_cache` / `value_cache`): f32 or f16 `[max_seq, kv_dim]` per layer and per K/V,
-/// where `kv_dim = n_kv_heads * head_dim`.
+/// `key_cache` / `value_cache`): f32 or f16 `[max_seq, k_dim]` and `[max_seq, v_dim]` per
+/// layer, where both are `n_kv_heads * head_dim` (with multi-head latent attention, the
+/// latent's and the rotated key's widths).
 pub struct KvCache {
     layers: LayerPairs,
     max_seq: usize,
 }
 
 impl KvCache {
-    /// Allocates `n_layers` pairs of zeroed `[max_seq, kv_dim]` tensors of `dtype` in host
-    /// memory.
+    /// Allocates `n_layers` pairs of zeroed `[max_seq, k_dim]` and `[max_seq, v_dim]`
+    /// tensors of `dtype` in host memory (`widths = (k_dim, v_dim)`).
     ///
     /// Errors: [`crate::Error::Shape`] if the size overflows; [`crate::Error::DType`]
     /// unless `dtype` is f32 or f16.
-    pub fn new(n_layers: usize, max_seq: usize, kv_dim: usize, dtype: DataType) -> Result<KvCache> {
+    pub fn new(
+        n_layers: usize,
+        max_seq: usize,
+        widths: (usize, usize),
+        dtype: DataType,
+    ) -> Result<KvCache> {
         check_kv_dtype("KvCache::new", dtype)?;
         let host = vec![Location::Host; n_layers];
-        let layers = LayerPairs::alloc(&host, (max_seq, kv_dim), &|shape, _| {
+        let layers = LayerPairs::alloc(&host, (max_seq, widths), &|shape, _| {
             Data::zeros(dtype, shape)
         })?;
         Ok(KvCache { layers, max_seq })
@@ -152,10 +159,10 @@ impl KvCache {
         exec: &Executor,
         locations: &[Location],
         max_seq: usize,
-        kv_dim: usize,
+        widths: (usize, usize),
         dtype: KvDtype,
     ) -> Result<KvCache> {
-        let layers = LayerPairs::alloc(locations, (max_seq, kv_dim), &|shape, at| {
+        let layers = LayerPairs::alloc(locations, (max_seq, widths), &|shape, at| {
             exec.zeros(dtype.dtype_at(at), shape, at)
         })?;
         Ok(KvCache { layers, max_seq })
@@ -248,8 +255,8 @@ mod tests {
         );
         assert_eq!(KvDtype::F32.dtype_at(gpu), DataType::F32);
         assert_eq!(KvDtype::F16.dtype_at(Location::Host), DataType::F16);
-        let kv = KvCache::new(2, 3, 4, DataType::F16).unwrap();
+        let kv = KvCache::new(2, 3, (4, 4), DataType::F16).unwrap();
         assert_eq!(kv.layers.0[1].0.dtype(), DataType::F16);
-        assert!(KvCache::new(1, 3, 4, DataType::BF16).is_err());
+        assert!(KvCache::new(1, 3, (4, 4), DataType::BF16).is_err());
     }
 }

@@ -95,8 +95,8 @@ impl BlockAllocator {
 }
 
 /// The block pool of every layer (see the module docs): per layer a pair of f32 or f16
-/// `[n_blocks · block_size, kv_dim]` tensors (keys, values), plus the allocator of its
-/// blocks.
+/// `[n_blocks · block_size, k_dim]` and `[n_blocks · block_size, v_dim]` tensors (keys,
+/// values), plus the allocator of its blocks.
 pub struct PagedKvCache {
     layers: LayerPairs,
     block_size: usize,
@@ -105,8 +105,8 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     /// Allocates `n_blocks` zeroed blocks of `block_size` positions for `n_layers` layers of
-    /// `kv_dim` values per position (`n_kv_heads · head_dim`) of `dtype`, all free, in host
-    /// memory.
+    /// `widths = (k_dim, v_dim)` keys and values per position (`n_kv_heads · head_dim` each)
+    /// of `dtype`, all free, in host memory.
     ///
     /// Errors: [`Error::InvalidArgument`] for a block size or block count of 0;
     /// [`Error::Shape`] if the size overflows; [`Error::DType`] unless `dtype` is f32 or f16.
@@ -114,12 +114,12 @@ impl PagedKvCache {
         n_layers: usize,
         n_blocks: usize,
         block_size: usize,
-        kv_dim: usize,
+        widths: (usize, usize),
         dtype: DataType,
     ) -> Result<PagedKvCache> {
         check_kv_dtype("PagedKvCache::new", dtype)?;
         let host = vec![Location::Host; n_layers];
-        PagedKvCache::alloc(&host, (n_blocks, block_size, kv_dim), &|shape, _| {
+        PagedKvCache::alloc(&host, (n_blocks, block_size, widths), &|shape, _| {
             Data::zeros(dtype, shape)
         })
     }
@@ -134,10 +134,10 @@ impl PagedKvCache {
         locations: &[Location],
         n_blocks: usize,
         block_size: usize,
-        kv_dim: usize,
+        widths: (usize, usize),
         dtype: KvDtype,
     ) -> Result<PagedKvCache> {
-        PagedKvCache::alloc(locations, (n_blocks, block_size, kv_dim), &|shape, at| {
+        PagedKvCache::alloc(locations, (n_blocks, block_size, widths), &|shape, at| {
             exec.zeros(dtype.dtype_at(at), shape, at)
         })
     }
@@ -145,7 +145,7 @@ impl PagedKvCache {
     /// The pools of a layer per location, each made by `zeros(shape, location)`.
     fn alloc(
         locations: &[Location],
-        (n_blocks, block_size, kv_dim): (usize, usize, usize),
+        (n_blocks, block_size, widths): (usize, usize, (usize, usize)),
         zeros: &dyn Fn(&[usize], Location) -> Result<Data>,
     ) -> Result<PagedKvCache> {
         if block_size == 0 || n_blocks == 0 {
@@ -160,7 +160,7 @@ impl PagedKvCache {
                 op: "PagedKvCache::new",
                 msg: format!("{n_blocks} blocks of {block_size} positions overflow"),
             })?;
-        let layers = LayerPairs::alloc(locations, (rows, kv_dim), zeros)?;
+        let layers = LayerPairs::alloc(locations, (rows, widths), zeros)?;
         Ok(PagedKvCache {
             layers,
             block_size,
@@ -168,18 +168,19 @@ impl PagedKvCache {
         })
     }
 
-    /// Bytes of one block over all layers, keys and values: `2 · n_layers · block_size ·
-    /// kv_dim` elements of `dtype`. Divide a memory budget by it for the number of blocks.
+    /// Bytes of one block over all layers, keys and values: `n_layers · block_size ·
+    /// (k_dim + v_dim)` elements of `dtype`. Divide a memory budget by it for the number of
+    /// blocks.
     pub fn block_bytes(
         n_layers: usize,
         block_size: usize,
-        kv_dim: usize,
+        (k_dim, v_dim): (usize, usize),
         dtype: DataType,
     ) -> usize {
-        2usize
+        k_dim
+            .saturating_add(v_dim)
             .saturating_mul(n_layers)
             .saturating_mul(block_size)
-            .saturating_mul(kv_dim)
             .saturating_mul(dtype.size_of())
     }
 
@@ -243,7 +244,7 @@ mod tests {
 
     #[test]
     fn slots_follow_the_block_table() {
-        let kv = PagedKvCache::new(2, 4, 3, 5, DataType::F32).unwrap();
+        let kv = PagedKvCache::new(2, 4, 3, (5, 5), DataType::F32).unwrap();
         assert_eq!(kv.layers.0[0].0.shape(), &[12, 5]);
         let table = [2, 0];
         assert_eq!(kv.slot(&table, 0), Some(6));
@@ -251,14 +252,14 @@ mod tests {
         assert_eq!(kv.slot(&table, 3), Some(0));
         assert_eq!(kv.slot(&table, 6), None);
         assert_eq!(kv.blocks_for(7), 3);
-        assert!(PagedKvCache::new(1, 0, 16, 4, DataType::F32).is_err());
-        assert!(PagedKvCache::new(1, 4, 0, 4, DataType::F32).is_err());
-        assert!(PagedKvCache::new(1, 4, 4, 4, DataType::Q8_0).is_err());
+        assert!(PagedKvCache::new(1, 0, 16, (4, 4), DataType::F32).is_err());
+        assert!(PagedKvCache::new(1, 4, 0, (4, 4), DataType::F32).is_err());
+        assert!(PagedKvCache::new(1, 4, 4, (4, 4), DataType::Q8_0).is_err());
         assert_eq!(
-            PagedKvCache::block_bytes(2, 16, 8, DataType::F32),
+            PagedKvCache::block_bytes(2, 16, (8, 8), DataType::F32),
             2 * 2 * 16 * 8 * 4
         );
-        let half = PagedKvCache::new(1, 4, 3, 5, DataType::F16).unwrap();
+        let half = PagedKvCache::new(1, 4, 3, (5, 5), DataType::F16).unwrap();
         assert_eq!(half.layers.0[0].1.dtype(), DataType::F16);
     }
 }

@@ -713,7 +713,11 @@ fn latent_attention_and_head_linear_match_scalar() {
                         start_pos,
                     },
                 );
-                out.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                out.to_f32_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
             });
         }
         let weights: Vec<Data> = (0..heads)
@@ -730,7 +734,11 @@ fn latent_attention_and_head_linear_match_scalar() {
                     output: &mut out,
                 },
             );
-            out.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            out.to_f32_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
         });
     }
 }

@@ -295,7 +295,11 @@ fn head_linear_equals_linear_per_head(dtype: DataType) {
                 .chunks_exact(heads * m)
                 .flat_map(|row| row[h * m..][..m].to_vec())
                 .collect();
-            assert_same_bits(&format!("{dtype} head {h} of {n}×{heads}×{k}→{m}"), &got, &want);
+            assert_same_bits(
+                &format!("{dtype} head {h} of {n}×{heads}×{k}→{m}"),
+                &got,
+                &want,
+            );
         }
     }
 }

@@ -42,7 +42,7 @@ use flm_core::{
 };
 
 use crate::graph::{BatchedForward, Graph, Head, MemoryNeeds, SharedGraph};
-use crate::llama::{cache_and_attend, check_forward, load_prefix, Logits};
+use crate::llama::{cache_and_attend, check_forward, load_prefix, AttentionIo, Logits};
 use crate::{Arch, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
 /// Activations, grown to the longest call seen.
@@ -220,7 +220,7 @@ impl ChatGlm {
     pub fn with_model(model: Arc<SharedChatGlm>) -> Result<ChatGlm> {
         let c = &model.config;
         let (positions, dtype) = (c.pre_seq_len + c.max_seq_len, model.kv_dtype.on_host());
-        let mut kv = KvCache::new(c.n_layers, positions, c.kv_dim(), dtype)?;
+        let mut kv = KvCache::new(c.n_layers, positions, c.kv_widths(), dtype)?;
         if let Some(prefix) = &model.weights.prefix_kv {
             load_prefix(&mut kv, prefix, c)?;
         }
@@ -388,15 +388,13 @@ impl Graph for ChatGlm {
                 bidirectional,
                 sliding_window: None,
             };
-            let new_rows = [&s.q, &s.k, &s.v];
-            cache_and_attend(
-                exec,
-                self.kv.layer_mut(l),
-                new_rows,
-                row,
-                params,
-                &mut s.att,
-            )?;
+            let io = AttentionIo {
+                new_rows: [&s.k, &s.v],
+                q: &s.q,
+                q_rope: None,
+                output: &mut s.att,
+            };
+            cache_and_attend(exec, self.kv.layer_mut(l), io, row, params)?;
             linear(&s.att, &lw.wo, &lw.bo, &mut s.xb2)?;
             scaled_residual(&mut s.xb, &mut s.xb2)?;
             // Feed-forward block: x = α·b + MLP(b), b = LayerNorm₂(xb2).

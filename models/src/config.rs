@@ -1,6 +1,6 @@
 //! Model hyper-parameters.
 
-use flm_core::{RopeScaling, RopeStyle};
+use flm_core::{ExpertGroups, RopeScaling, RopeStyle, RouterScoring};
 
 use crate::{Error, Result};
 
@@ -109,6 +109,43 @@ pub struct ModelConfig {
     /// Qwen3-MoE); `None`: every layer has the dense feed-forward of `hidden_dim`.
     #[serde(default)]
     pub moe: Option<MoeConfig>,
+    /// Multi-head latent attention (DeepSeek-V2/V3) in place of grouped-query attention;
+    /// `None`: the q, k and v projections. With it `n_kv_heads` is 1 (the latent head),
+    /// `head_dim` is the width of a value head (`v_head_dim`) and `rotary_dim` that of the
+    /// rotated part of a query or key head (`qk_rope_head_dim`).
+    #[serde(default)]
+    pub mla: Option<MlaConfig>,
+}
+
+/// Multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2", §2.1; transformers'
+/// `DeepseekV2Attention`). Each token's keys and values are compressed into one latent
+/// vector `c = RMSNorm(W_DKV · x)` of `kv_lora_rank`, beside one rotated key `k_rope` of
+/// `qk_rope_head_dim` shared by the heads; the KV cache holds only these two. Head `h`'s key
+/// is `[W_UK_h · c, k_rope]` and its value `W_UV_h · c` (`kv_b_proj`'s rows of the head);
+/// its query `[q_nope, q_rope]` comes from `q_proj`, or through a compressed query
+/// (`q_a_proj`, its RMSNorm, `q_b_proj`).
+///
+/// flm runs the absorbed form (§2.1.2, as llama.cpp's and FlashMLA's decode): `W_UK_h` is
+/// folded into the query (`q_lat = W_UK_hᵀ · q_nope`), attention runs over the cached
+/// latents, which are also the values, and `W_UV_h` maps each head's output back.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MlaConfig {
+    /// Rank of the compressed query (`q_lora_rank`); `None`: the plain `q_proj`
+    /// (DeepSeek-V2-Lite).
+    pub q_lora_rank: Option<usize>,
+    /// Width of the cached latent (`kv_lora_rank`, 512 in DeepSeek-V2 and V3).
+    pub kv_lora_rank: usize,
+    /// Width of the part of a query or key head without RoPE (`qk_nope_head_dim`).
+    pub qk_nope_head_dim: usize,
+    /// Width of the rotated part (`qk_rope_head_dim`), shared by the heads of a key.
+    pub qk_rope_head_dim: usize,
+}
+
+impl MlaConfig {
+    /// The width of a query or key head, `qk_nope_head_dim + qk_rope_head_dim`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
 }
 
 /// The activation of the feed-forward gate: `output = act(gate) · up`.
@@ -141,10 +178,65 @@ pub struct MoeConfig {
     #[serde(default)]
     pub dense_layers: Vec<usize>,
     /// Inner width of the shared expert that every token of a MoE layer also runs, its
-    /// output weighted by `σ(shared_expert_gate · x)` and added to the routed experts'
-    /// (Qwen2-MoE's `shared_expert_intermediate_size`); `None`: no shared expert.
+    /// output added to the routed experts' (Qwen2-MoE's `shared_expert_intermediate_size`,
+    /// DeepSeek's `moe_intermediate_size · n_shared_experts`); `None`: no shared expert.
     #[serde(default)]
     pub shared_expert_dim: Option<usize>,
+    /// Whether the shared expert's output is weighted by `σ(shared_expert_gate · x)`
+    /// (Qwen2-MoE) rather than added as it is (DeepSeek).
+    #[serde(default = "yes")]
+    pub shared_expert_gated: bool,
+    /// How the router scores the experts: a softmax (Mixtral, Qwen, DeepSeek-V2) or a
+    /// sigmoid per expert (DeepSeek-V3, GLM-4.5).
+    #[serde(default)]
+    pub scoring: RouterScoring,
+    /// The experts chosen only from the best groups (DeepSeek's `n_group` and
+    /// `topk_group`); `None`: from all of them.
+    #[serde(default)]
+    pub groups: Option<ExpertGroups>,
+    /// Whether each MoE layer's router has a bias added to the scores to choose the experts,
+    /// not to weigh them (DeepSeek-V3's `e_score_correction_bias`, `[n_experts]`).
+    #[serde(default)]
+    pub choice_bias: bool,
+    /// Multiplies the routing weights (DeepSeek's `routed_scaling_factor`).
+    #[serde(default = "one")]
+    pub routed_scale: f32,
+}
+
+/// `true`, the default of [`MoeConfig::shared_expert_gated`] in files written before it.
+fn yes() -> bool {
+    true
+}
+
+/// `1.0`, the default of [`MoeConfig::routed_scale`] in files written before it.
+fn one() -> f32 {
+    1.0
+}
+
+impl MoeConfig {
+    /// Top-k routing of `n_experts` experts of `expert_dim` as Mixtral and Qwen route: a
+    /// softmax, the probabilities renormalised or not, every layer routed, no shared expert,
+    /// groups, bias or scale.
+    pub fn softmax_top_k(
+        n_experts: usize,
+        top_k: usize,
+        expert_dim: usize,
+        renormalize: bool,
+    ) -> MoeConfig {
+        MoeConfig {
+            n_experts,
+            top_k,
+            expert_dim,
+            renormalize,
+            dense_layers: Vec::new(),
+            shared_expert_dim: None,
+            shared_expert_gated: true,
+            scoring: RouterScoring::Softmax,
+            groups: None,
+            choice_bias: false,
+            routed_scale: 1.0,
+        }
+    }
 }
 
 impl ModelConfig {
@@ -196,6 +288,7 @@ impl Default for ModelConfig {
             rope_local_theta: None,
             norm_unit_offset: false,
             moe: None,
+            mla: None,
         }
     }
 }
@@ -229,6 +322,32 @@ impl ModelConfig {
     /// `n_kv_heads * head_dim`: the width of a key or value row.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// The widths of a row of each layer's two KV cache tensors: the keys and the values
+    /// ([`ModelConfig::kv_dim`] each), or with multi-head latent attention the latent
+    /// (`kv_lora_rank`) and the rotated key (`qk_rope_head_dim`).
+    pub fn kv_widths(&self) -> (usize, usize) {
+        match &self.mla {
+            Some(m) => (m.kv_lora_rank, m.qk_rope_head_dim),
+            None => (self.kv_dim(), self.kv_dim()),
+        }
+    }
+
+    /// Values a layer's KV cache holds per position: the two widths of
+    /// [`ModelConfig::kv_widths`] together (`2 · kv_dim`, or 576 for DeepSeek-V2's latent
+    /// and rotated key against its 4096 expanded keys and values).
+    pub fn kv_values_per_position(&self) -> usize {
+        let (k, v) = self.kv_widths();
+        k + v
+    }
+
+    /// The width of the heads the RoPE table rotates: `head_dim`, or with multi-head latent
+    /// attention the rotated part alone (`qk_rope_head_dim`).
+    pub fn rope_head_dim(&self) -> usize {
+        self.mla
+            .as_ref()
+            .map_or(self.head_dim, |m| m.qk_rope_head_dim)
     }
 
     /// Rotated dimensions per head (`rotary_dim`, else `head_dim`).
@@ -298,11 +417,35 @@ impl ModelConfig {
             )));
         }
         let rot = self.rotary_dim();
-        if rot == 0 || !rot.is_multiple_of(2) || rot > self.head_dim {
+        if rot == 0 || !rot.is_multiple_of(2) || rot > self.rope_head_dim() {
             return Err(Error::Config(format!(
-                "rotary_dim ({rot}) must be even, positive and at most head_dim ({})",
-                self.head_dim
+                "rotary_dim ({rot}) must be even, positive and at most the rotated heads' \
+                 width ({})",
+                self.rope_head_dim()
             )));
+        }
+        if let Some(m) = &self.mla {
+            let sizes = [
+                m.q_lora_rank.unwrap_or(1),
+                m.kv_lora_rank,
+                m.qk_nope_head_dim,
+                m.qk_rope_head_dim,
+            ];
+            if sizes.iter().any(|&d| d == 0 || d > MAX_SIZE)
+                || self.n_kv_heads != 1
+                || rot != m.qk_rope_head_dim
+                || !matches!(self.arch, Arch::Llama)
+                || self.alibi
+                || self.qk_norm
+                || self.qkv_bias
+                || self.pre_seq_len > 0
+            {
+                return Err(Error::Config(format!(
+                    "multi-head latent attention {m:?} needs positive sizes, one KV head, \
+                     RoPE on the whole rotated part, the Llama graph, and no ALiBi, q/k norm, \
+                     q/k/v biases or p-tuning prefix"
+                )));
+            }
         }
         if self.pre_seq_len > MAX_SIZE {
             return Err(Error::Config(format!(
@@ -353,6 +496,26 @@ impl ModelConfig {
                     "top_k = {} must be in 1..={} (the experts)",
                     m.top_k, m.n_experts
                 )));
+            }
+            if !(m.routed_scale > 0.0 && m.routed_scale.is_finite()) {
+                return Err(Error::Config(format!(
+                    "routed_scale must be positive and finite, got {}",
+                    m.routed_scale
+                )));
+            }
+            if let Some(g) = m.groups {
+                let per_group = m.n_experts / g.n_groups.max(1);
+                if g.n_groups == 0
+                    || !m.n_experts.is_multiple_of(g.n_groups)
+                    || g.top_groups == 0
+                    || g.top_groups > g.n_groups
+                    || m.top_k > g.top_groups * per_group
+                {
+                    return Err(Error::Config(format!(
+                        "{} experts in {} groups, {} chosen, cannot route {} per token",
+                        m.n_experts, g.n_groups, g.top_groups, m.top_k
+                    )));
+                }
             }
             if !m.dense_layers.windows(2).all(|w| w[0] < w[1]) {
                 return Err(Error::Config("dense_layers must be ascending".into()));

@@ -49,11 +49,17 @@ pub enum Family {
     /// attention and the MLP too, a fused `gate_up_proj`, q/k/v biases, and RoPE in adjacent
     /// pairs on part of each head (`partial_rotary_factor`, 0.5 by default).
     Glm4,
+    /// DeepSeek-V2 and V2-Lite (`DeepseekV2ForCausalLM`): multi-head latent attention and
+    /// DeepSeek's experts with a softmax router (see `import::deepseek`).
+    DeepseekV2,
+    /// DeepSeek-V3 and R1 (`DeepseekV3ForCausalLM`): DeepSeek-V2's layers with a sigmoid
+    /// router whose bias only chooses.
+    DeepseekV3,
 }
 
 impl Family {
     /// Every family, in the order error messages list them.
-    pub const ALL: [Family; 15] = [
+    pub const ALL: [Family; 17] = [
         Family::Llama,
         Family::InternLm,
         Family::Mistral,
@@ -69,6 +75,8 @@ impl Family {
         Family::Gemma3,
         Family::ChatGlm,
         Family::Glm4,
+        Family::DeepseekV2,
+        Family::DeepseekV3,
     ];
 
     /// The `model_type` of its Hugging Face `config.json`.
@@ -89,6 +97,8 @@ impl Family {
             Family::Gemma3 => "gemma3_text",
             Family::ChatGlm => "chatglm",
             Family::Glm4 => "glm4",
+            Family::DeepseekV2 => "deepseek_v2",
+            Family::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -110,7 +120,9 @@ impl Family {
             | Family::Mistral
             | Family::Mixtral
             | Family::Baichuan
-            | Family::ChatGlm => return None,
+            | Family::ChatGlm
+            | Family::DeepseekV2
+            | Family::DeepseekV3 => return None,
         })
     }
 
@@ -134,6 +146,11 @@ impl Family {
             .iter()
             .filter_map(|f| f.gguf_architecture())
             .collect()
+    }
+
+    /// DeepSeek-V2 or V3: multi-head latent attention ([`crate::MlaConfig`]).
+    pub fn is_deepseek(self) -> bool {
+        matches!(self, Family::DeepseekV2 | Family::DeepseekV3)
     }
 
     /// Gemma 1, 2 or 3.
@@ -210,6 +227,15 @@ impl Family {
             }
             (Family::Glm4, LayerPart::PostAttnNorm) => Some("post_self_attn_layernorm.weight"),
             (Family::Glm4, LayerPart::PostFfnNorm) => Some("post_mlp_layernorm.weight"),
+            (Family::DeepseekV2 | Family::DeepseekV3, LayerPart::SharedWGate) => {
+                Some("mlp.shared_experts.gate_proj.weight")
+            }
+            (Family::DeepseekV2 | Family::DeepseekV3, LayerPart::SharedWUp) => {
+                Some("mlp.shared_experts.up_proj.weight")
+            }
+            (Family::DeepseekV2 | Family::DeepseekV3, LayerPart::SharedWDown) => {
+                Some("mlp.shared_experts.down_proj.weight")
+            }
             _ => None,
         }
     }

@@ -34,7 +34,7 @@ pub mod session;
 pub mod speculative;
 pub mod tensor_names;
 
-pub use config::{Activation, Arch, ModelConfig, MoeConfig};
+pub use config::{Activation, Arch, MlaConfig, ModelConfig, MoeConfig};
 pub use error::{Error, Result};
 pub use family::Family;
 pub use graph::{

@@ -51,8 +51,8 @@
 use std::sync::Arc;
 
 use flm_core::{
-    AttentionOperands, AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache,
-    KvDtype, LinearPart, Location, MoeRouting, Op, RopeTable, StepInputs, TokenIds,
+    AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart,
+    Location, MoeRouting, Op, RopeTable, StepInputs, TokenIds,
 };
 
 pub use crate::graph::Logits;
@@ -61,10 +61,12 @@ use crate::{Activation, Error, Model, ModelConfig, Placement, Result, SharedMode
 
 mod activations;
 mod batch;
+mod latent;
 mod placement;
 mod step_graphs;
 mod weights;
 
+pub(crate) use activations::AttentionIo;
 use activations::{host_output, output_state, placed_states, Activations, SharedScratch};
 
 pub use batch::LlamaBatch;
@@ -72,7 +74,7 @@ use step_graphs::{StepGraphs, StepPlan};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::{cpu_layout, Tensors};
-pub use weights::{Ffn, LlamaLayer, LlamaWeights, SharedExpert};
+pub use weights::{Attention, Ffn, LatentAttention, LlamaLayer, LlamaWeights, SharedExpert};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
@@ -152,7 +154,7 @@ impl SharedLlama {
         let c = &config;
         let rope = RopeTable::scaled(
             c.rope_style,
-            c.head_dim,
+            c.rope_head_dim(),
             c.rotary_dim(),
             c.rope_theta,
             c.rope_scaling.as_ref(),
@@ -161,7 +163,7 @@ impl SharedLlama {
         let rope_local = c
             .rope_local_theta
             .map(|theta| {
-                let (dim, rot) = (c.head_dim, c.rotary_dim());
+                let (dim, rot) = (c.rope_head_dim(), c.rotary_dim());
                 RopeTable::new(c.rope_style, dim, rot, theta, c.max_seq_len)
             })
             .transpose()?;
@@ -301,7 +303,7 @@ impl Llama {
                 .dtype_at(layers.first().copied().unwrap_or(Location::Host));
             host_kv(model, dtype)?.place(exec, layers, "load: p-tuning prefix")?
         } else {
-            KvCache::placed(exec, layers, max_seq, c.kv_dim(), model.kv_dtype)?
+            KvCache::placed(exec, layers, max_seq, c.kv_widths(), model.kv_dtype)?
         };
         self.states = placed_states(exec, model, PREFILL_CHUNK.min(c.max_seq_len))?;
         self.kv = Some(kv);
@@ -486,7 +488,7 @@ impl Llama {
             .ok_or_else(|| Error::State("the KV cache is not allocated".into()))?;
         let s = run_layers(exec, model, tokens, &mut self.states, |l, s| {
             if !c.alibi {
-                for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
+                for (x, n_heads) in s.rotated(c) {
                     exec.run_step(Op::Rope {
                         x,
                         table: model.rope_of(l),
@@ -496,29 +498,26 @@ impl Llama {
                 }
             }
             let params = model.attention_params(l);
-            let new_rows = [&s.q, &s.k, &s.v];
-            cache_and_attend(exec, kv.layer_mut(l), new_rows, row, params, &mut s.att)
+            cache_and_attend(exec, kv.layer_mut(l), s.attention_io(), row, params)
         })?;
         finish(exec, model, s, head, &[n - 1])
     }
 }
 
-/// Stores the new key and value rows `[q, k, v][1..]` (`[n, kv_dim]`) in a layer's cache
-/// `(cache_k, cache_v)` at `row`, then attends the queries `q` (`[n, q_dim]`, positions
-/// `row..row + n`) over the cache rows up to theirs as `params` says, into `output`
-/// (`[n, q_dim]`).
+/// Stores `io`'s new rows of the layer's two cache tensors (`cache`) at `row`, then attends
+/// its queries (positions `row..row + n`) over the cache rows up to theirs as `params`
+/// says, into its output.
 ///
 /// Errors: those of [`Op::CopyRows`] and [`Op::Attention`].
 pub(crate) fn cache_and_attend(
     exec: &Executor,
-    (cache_k, cache_v): (&mut Data, &mut Data),
-    [q, k, v]: [&Data; 3],
+    (first, second): (&mut Data, &mut Data),
+    mut io: AttentionIo<'_>,
     row: usize,
     params: AttentionParams,
-    output: &mut Data,
 ) -> std::result::Result<(), CoreError> {
-    let n_rows = k.shape()[0];
-    for (src, dst) in [(k, &mut *cache_k), (v, &mut *cache_v)] {
+    let n_rows = io.new_rows[0].rows();
+    for (src, dst) in io.new_rows.into_iter().zip([&mut *first, &mut *second]) {
         exec.run_step(Op::CopyRows {
             src: (src, 0),
             dst: (dst, row),
@@ -526,14 +525,7 @@ pub(crate) fn cache_and_attend(
         })?;
     }
     exec.run_step(Op::Attention {
-        operands: AttentionOperands {
-            q,
-            cache_k,
-            cache_v,
-            rope: None,
-            params,
-            output,
-        },
+        operands: io.operands((first, second), params),
         start_pos: row,
     })
 }
@@ -609,24 +601,39 @@ fn run_layers<'s>(
         let s = &mut states[here];
         // Attention block.
         pre_norm(exec, s, &lw.attn_norm, c.norm_eps)?;
-        let [bq, bk, bv] = match &lw.qkv_bias {
-            Some([q, k, v]) => [Some(q), Some(k), Some(v)],
-            None => [None; 3],
-        };
-        // Q, K and V (and below gate and up) as one op: one fork and join in decode.
-        exec.run(Op::Linears {
-            input: &s.xb,
-            parts: &mut [
-                LinearPart::new(&lw.wq, bq, &mut s.q),
-                LinearPart::new(&lw.wk, bk, &mut s.k),
-                LinearPart::new(&lw.wv, bv, &mut s.v),
-            ],
-        })?;
-        if let Some([q_norm, k_norm]) = &lw.qk_norm {
-            head_norm(exec, &mut s.q, q_norm, c, &mut s.heads)?;
-            head_norm(exec, &mut s.k, k_norm, c, &mut s.heads)?;
+        match &lw.attn {
+            Attention::Heads {
+                wq,
+                wk,
+                wv,
+                qkv_bias,
+                qk_norm,
+            } => {
+                let [bq, bk, bv] = match qkv_bias {
+                    Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+                    None => [None; 3],
+                };
+                // Q, K and V (and below gate and up) as one op: one fork and join in decode.
+                exec.run(Op::Linears {
+                    input: &s.xb,
+                    parts: &mut [
+                        LinearPart::new(wq, bq, &mut s.q),
+                        LinearPart::new(wk, bk, &mut s.k),
+                        LinearPart::new(wv, bv, &mut s.v),
+                    ],
+                })?;
+                if let Some([q_norm, k_norm]) = qk_norm {
+                    head_norm(exec, &mut s.q, q_norm, c, &mut s.heads)?;
+                    head_norm(exec, &mut s.k, k_norm, c, &mut s.heads)?;
+                }
+                attend(l, s)?;
+            }
+            Attention::Latent(a) => {
+                latent::project(exec, c, a, s)?;
+                attend(l, s)?;
+                latent::values(exec, a, s)?;
+            }
         }
-        attend(l, s)?;
         linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
         residual(
             exec,
@@ -680,6 +687,7 @@ fn feed_forward(
         }
         Ffn::Moe {
             router,
+            router_bias,
             experts,
             shared,
         } => {
@@ -697,7 +705,14 @@ fn feed_forward(
                 input,
                 router,
                 experts,
-                routing: MoeRouting::softmax(m.top_k, m.renormalize),
+                routing: MoeRouting {
+                    top_k: m.top_k,
+                    scoring: m.scoring,
+                    groups: m.groups,
+                    choice_bias: router_bias.as_ref(),
+                    renormalize: m.renormalize,
+                    scale: m.routed_scale,
+                },
                 output,
             })?;
             if let (Some(e), Some(scratch)) = (shared, &mut s.shared) {
@@ -721,25 +736,40 @@ fn shared_expert(
     output: &mut Data,
     t: &mut SharedScratch,
 ) -> flm_core::Result<()> {
-    exec.run(Op::Linears {
-        input,
-        parts: &mut [
-            LinearPart::new(&e.ffn.gate, None, &mut t.gate),
-            LinearPart::new(&e.ffn.up, None, &mut t.up),
-            LinearPart::new(&e.gate, None, &mut t.score),
-        ],
-    })?;
+    let mut up = [
+        LinearPart::new(&e.ffn.gate, None, &mut t.gate),
+        LinearPart::new(&e.ffn.up, None, &mut t.up),
+    ];
+    match &e.gate {
+        Some(gate) => {
+            let [g, u] = up;
+            exec.run(Op::Linears {
+                input,
+                parts: &mut [g, u, LinearPart::new(gate, None, &mut t.score)],
+            })?
+        }
+        None => exec.run(Op::Linears {
+            input,
+            parts: &mut up,
+        })?,
+    }
     exec.run(Op::SiluMul {
         gate: &t.gate,
         up: &t.up,
         output: &mut t.hidden,
     })?;
     linear(exec, &t.hidden, &e.ffn.down, None, &mut t.out)?;
-    exec.run(Op::GatedAdd {
-        x: output,
-        y: &t.out,
-        gate: &t.score,
-    })
+    match e.gate {
+        Some(_) => exec.run(Op::GatedAdd {
+            x: output,
+            y: &t.out,
+            gate: &t.score,
+        }),
+        None => exec.run(Op::Add {
+            x: output,
+            y: &t.out,
+        }),
+    }
 }
 
 /// A block's input norm: `xb = RMSNorm(x) · weight`.
@@ -826,7 +856,12 @@ fn pair_mut<T>(items: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
 /// A host KV cache of `dtype` for `model`, with its p-tuning prefix copied in.
 fn host_kv(model: &SharedLlama, dtype: DataType) -> Result<KvCache> {
     let c = &model.config;
-    let mut kv = KvCache::new(c.n_layers, c.pre_seq_len + c.max_seq_len, c.kv_dim(), dtype)?;
+    let mut kv = KvCache::new(
+        c.n_layers,
+        c.pre_seq_len + c.max_seq_len,
+        c.kv_widths(),
+        dtype,
+    )?;
     if let Some(prefix) = &model.weights.prefix_kv {
         load_prefix(&mut kv, prefix, c)?;
     }

@@ -69,6 +69,27 @@ pub enum LayerPart {
     /// The shared expert's gate `[1, dim]`: its output is weighted by `σ(gate · x)`
     /// (Qwen2-MoE's `shared_expert_gate`).
     SharedExpertGate,
+    /// Multi-head latent attention's compressed query projection `[q_lora_rank, dim]`.
+    QA,
+    /// Its RMSNorm gain `[q_lora_rank]`.
+    QANorm,
+    /// The queries' parts without RoPE `[n_heads·qk_nope_head_dim, q_in]` (rows of `q_proj`
+    /// or `q_b_proj`).
+    QNope,
+    /// The queries' rotated parts `[n_heads·qk_rope_head_dim, q_in]`.
+    QRope,
+    /// The latent's projection `[kv_lora_rank, dim]` (rows of `kv_a_proj_with_mqa`).
+    KvA,
+    /// The shared rotated key's projection `[qk_rope_head_dim, dim]` (its last rows).
+    KRope,
+    /// The latent's RMSNorm gain `[kv_lora_rank]`.
+    KvANorm,
+    /// The latent's up-projection to each head's key and value
+    /// `[n_heads·(qk_nope_head_dim + head_dim), kv_lora_rank]` (`kv_b_proj`).
+    KvB,
+    /// The router's bias `[n_experts]`, added to the scores to choose the experts only
+    /// (DeepSeek-V3's `e_score_correction_bias`).
+    RouterBias,
 }
 
 /// The names of one [`LayerPart`] in each file format.
@@ -100,7 +121,7 @@ const fn part(
 
 /// Every layer part and its names. ChatGLM's own HF names are mapped in the THUDM
 /// importer, which splits its fused tensors.
-pub const PARTS: [PartNames; 26] = {
+pub const PARTS: [PartNames; 35] = {
     use LayerPart::*;
     [
         part(
@@ -226,6 +247,41 @@ pub const PARTS: [PartNames; 26] = {
             Some("mlp.shared_expert_gate.weight"),
             Some("ffn_gate_inp_shexp.weight"),
         ),
+        part(
+            QA,
+            "q_a",
+            Some("self_attn.q_a_proj.weight"),
+            Some("attn_q_a.weight"),
+        ),
+        part(
+            QANorm,
+            "q_a_norm",
+            Some("self_attn.q_a_layernorm.weight"),
+            Some("attn_q_a_norm.weight"),
+        ),
+        // Rows of fused checkpoint tensors, split by the DeepSeek importer.
+        part(QNope, "wq_nope", None, None),
+        part(QRope, "wq_rope", None, None),
+        part(KvA, "kv_a", None, None),
+        part(KRope, "k_rope", None, None),
+        part(
+            KvANorm,
+            "kv_a_norm",
+            Some("self_attn.kv_a_layernorm.weight"),
+            Some("attn_kv_a_norm.weight"),
+        ),
+        part(
+            KvB,
+            "kv_b",
+            Some("self_attn.kv_b_proj.weight"),
+            Some("attn_kv_b.weight"),
+        ),
+        part(
+            RouterBias,
+            "router_bias",
+            Some("mlp.gate.e_score_correction_bias"),
+            Some("exp_probs_b.bias"),
+        ),
     ]
 };
 
@@ -323,7 +379,8 @@ impl TensorName {
     }
 
     /// Whether this is a matrix that quantisation is most sensitive in: the classifier,
-    /// the embedding table when tied to it, the K and V projections and the FFN down
+    /// the embedding table when tied to it, the K and V projections (with multi-head latent
+    /// attention, the latent's, the rotated key's and `kv_b_proj`) and the FFN down
     /// projection, the shared expert's too (llama.cpp's Q4_K_M keeps these at higher
     /// precision for the same reason), but not the routed experts' down projections.
     pub fn is_sensitive(self, tied: bool) -> bool {
@@ -333,7 +390,13 @@ impl TensorName {
             // The shared expert is a dense feed-forward every token runs.
             TensorName::Layer(_, p) => matches!(
                 p,
-                LayerPart::Wk | LayerPart::Wv | LayerPart::WDown | LayerPart::SharedWDown
+                LayerPart::Wk
+                    | LayerPart::Wv
+                    | LayerPart::WDown
+                    | LayerPart::SharedWDown
+                    | LayerPart::KvA
+                    | LayerPart::KRope
+                    | LayerPart::KvB
             ),
             // The experts are most of a mixture's bytes: int8 down projections would cost a
             // third more memory and decode time where the experts are the bottleneck.
@@ -432,16 +495,42 @@ fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
     let moe = c.moe_layer(l);
     let dense = moe.is_none();
     let shared = moe.and_then(|m| m.shared_expert_dim);
+    let heads = c.mla.is_none();
+    let mla = c.mla.as_ref();
+    let q_lora = mla.and_then(|m| m.q_lora_rank);
+    let q_in = q_lora.unwrap_or(dim);
     let mut out: Vec<(TensorName, Vec<usize>)> = [
         (AttnNorm, Some(vec![dim])),
-        (Wq, Some(vec![q_dim, dim])),
-        (Wk, Some(vec![kv_dim, dim])),
-        (Wv, Some(vec![kv_dim, dim])),
+        (Wq, heads.then(|| vec![q_dim, dim])),
+        (Wk, heads.then(|| vec![kv_dim, dim])),
+        (Wv, heads.then(|| vec![kv_dim, dim])),
         (Bq, c.qkv_bias.then(|| vec![q_dim])),
         (Bk, c.qkv_bias.then(|| vec![kv_dim])),
         (Bv, c.qkv_bias.then(|| vec![kv_dim])),
         (QNorm, c.qk_norm.then(|| vec![c.head_dim])),
         (KNorm, c.qk_norm.then(|| vec![c.head_dim])),
+        (QA, q_lora.map(|r| vec![r, dim])),
+        (QANorm, q_lora.map(|r| vec![r])),
+        (
+            QNope,
+            mla.map(|m| vec![c.n_heads * m.qk_nope_head_dim, q_in]),
+        ),
+        (
+            QRope,
+            mla.map(|m| vec![c.n_heads * m.qk_rope_head_dim, q_in]),
+        ),
+        (KvA, mla.map(|m| vec![m.kv_lora_rank, dim])),
+        (KRope, mla.map(|m| vec![m.qk_rope_head_dim, dim])),
+        (KvANorm, mla.map(|m| vec![m.kv_lora_rank])),
+        (
+            KvB,
+            mla.map(|m| {
+                vec![
+                    c.n_heads * (m.qk_nope_head_dim + c.head_dim),
+                    m.kv_lora_rank,
+                ]
+            }),
+        ),
         (Wo, Some(vec![dim, q_dim])),
         (Bo, c.o_bias.then(|| vec![dim])),
         (FfnNorm, Some(vec![dim])),
@@ -449,10 +538,19 @@ fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
         (WDown, dense.then(|| vec![dim, hd])),
         (WUp, dense.then(|| vec![hd, dim])),
         (Router, moe.map(|m| vec![m.n_experts, dim])),
+        (
+            RouterBias,
+            moe.filter(|m| m.choice_bias).map(|m| vec![m.n_experts]),
+        ),
         (SharedWGate, shared.map(|d| vec![d, dim])),
         (SharedWDown, shared.map(|d| vec![dim, d])),
         (SharedWUp, shared.map(|d| vec![d, dim])),
-        (SharedExpertGate, shared.map(|_| vec![1, dim])),
+        (
+            SharedExpertGate,
+            moe.filter(|m| m.shared_expert_gated)
+                .and(shared)
+                .map(|_| vec![1, dim]),
+        ),
         (PostAttnNorm, c.post_norms.then(|| vec![dim])),
         (PostFfnNorm, c.post_norms.then(|| vec![dim])),
     ]

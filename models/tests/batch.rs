@@ -50,7 +50,8 @@ fn batched_forward_equals_single_sequence_forward() {
         },
     ];
     let block_size = 5;
-    let mut kv = PagedKvCache::new(c.n_layers, 40, block_size, c.kv_dim(), DataType::F32).unwrap();
+    let mut kv =
+        PagedKvCache::new(c.n_layers, 40, block_size, c.kv_widths(), DataType::F32).unwrap();
     // Block tables taken in an interleaved order, so that no sequence's blocks are adjacent.
     let tables: Vec<Vec<u32>> = scripts
         .iter()
@@ -82,7 +83,7 @@ fn batched_forward_rejects_bad_batches() {
     let (model, _) = stories260k(Some(64));
     let c = model.config().clone();
     let exec = exec();
-    let mut kv = PagedKvCache::new(c.n_layers, 4, 16, c.kv_dim(), DataType::F32).unwrap();
+    let mut kv = PagedKvCache::new(c.n_layers, 4, 16, c.kv_widths(), DataType::F32).unwrap();
     let mut batch = model.batch(1).unwrap();
     let blocks = [0u32];
     let seq = |tokens: &'static [u32], start_pos: usize, blocks: &'static [u32]| BatchSeq {

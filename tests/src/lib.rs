@@ -14,7 +14,7 @@ use flm_devices::{ActivationBits, CpuDevice};
 use flm_models::convert::{convert, Recipe};
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
 use flm_models::import::Checkpoint;
-use flm_models::llama::{Ffn, Llama, LlamaWeights, Logits, SharedLlama};
+use flm_models::llama::{Attention, Ffn, Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::session::{self, GenerateParams, Session};
 use flm_models::tensor_names::{LayerPart, TensorName};
 use flm_models::{
@@ -117,8 +117,8 @@ pub fn stories_logits() -> Vec<f32> {
 }
 
 /// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
-/// `make_tiny.py`), by directory name.
-pub const HF_FAMILIES: [&str; 12] = [
+/// `make_tiny.py` and, for DeepSeek, `make_mla.py`), by directory name.
+pub const HF_FAMILIES: [&str; 14] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -131,6 +131,8 @@ pub const HF_FAMILIES: [&str; 12] = [
     "qwen3_moe",
     "qwen2_moe",
     "glm4",
+    "deepseek_v2",
+    "deepseek_v3",
 ];
 
 /// Converts `ckpt` to the .flm file `out` with `dtype` and `recipe`, stories260K's tok512
@@ -262,14 +264,16 @@ pub fn weights_in(
     out.embedding = c(TensorName::Embedding, &w.embedding);
     for (l, (dst, src)) in out.layers.iter_mut().zip(&w.layers).enumerate() {
         for (part, d, s) in [
-            (Wq, &mut dst.wq, &src.wq),
-            (Wk, &mut dst.wk, &src.wk),
-            (Wv, &mut dst.wv, &src.wv),
             (Wo, &mut dst.wo, &src.wo),
             (AttnNorm, &mut dst.attn_norm, &src.attn_norm),
             (FfnNorm, &mut dst.ffn_norm, &src.ffn_norm),
         ] {
             *d = c(TensorName::Layer(l, part), s);
+        }
+        if let Attention::Heads { wq, wk, wv, .. } = &mut dst.attn {
+            for (part, d) in [(Wq, wq), (Wk, wk), (Wv, wv)] {
+                *d = c(TensorName::Layer(l, part), d);
+            }
         }
         match &mut dst.ffn {
             Ffn::Dense {
@@ -285,15 +289,19 @@ pub fn weights_in(
                 router,
                 experts,
                 shared,
+                ..
             } => {
                 *router = c(TensorName::Layer(l, Router), router);
                 if let Some(s) = shared {
-                    for (part, d) in [
+                    let parts = [
                         (SharedWGate, &mut s.ffn.gate),
                         (SharedWDown, &mut s.ffn.down),
                         (SharedWUp, &mut s.ffn.up),
-                        (SharedExpertGate, &mut s.gate),
-                    ] {
+                    ];
+                    for (part, d) in parts
+                        .into_iter()
+                        .chain(s.gate.as_mut().map(|g| (SharedExpertGate, g)))
+                    {
                         *d = c(TensorName::Layer(l, part), d);
                     }
                 }

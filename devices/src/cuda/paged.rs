@@ -228,7 +228,7 @@ mod tests {
     #[test]
     fn the_row_map_finds_every_position_the_block_table_holds() {
         let bs = 16;
-        let kv = PagedKvCache::new(1, 12, bs, 4, flm_core::DataType::F32).unwrap();
+        let kv = PagedKvCache::new(1, 12, bs, (4, 4), flm_core::DataType::F32).unwrap();
         let (a, b, c) = (vec![3u32, 7], vec![3u32, 1, 0, 9], vec![11u32]);
         let seqs = [
             PagedSeq {

@@ -273,17 +273,15 @@ fn moe(m: &Meta, g: &Gguf, family: Family, c: &ModelConfig) -> Result<Option<Moe
         g.tensors.iter().any(|t| t.name == router)
     };
     let top_k = m.required(&key("expert_used_count"))?;
+    let expert_dim = match m.usize(&key("expert_feed_forward_length"))? {
+        Some(d) if d > 0 => d,
+        _ if family == Family::Llama => c.hidden_dim,
+        _ => c.hidden_dim / top_k.max(1),
+    };
+    let renormalize = m
+        .bool(&key("expert_weights_norm"))?
+        .unwrap_or(family != Family::Qwen2Moe);
     Ok(Some(MoeConfig {
-        n_experts,
-        top_k,
-        expert_dim: match m.usize(&key("expert_feed_forward_length"))? {
-            Some(d) if d > 0 => d,
-            _ if family == Family::Llama => c.hidden_dim,
-            _ => c.hidden_dim / top_k.max(1),
-        },
-        renormalize: m
-            .bool(&key("expert_weights_norm"))?
-            .unwrap_or(family != Family::Qwen2Moe),
         dense_layers: (0..c.n_layers).filter(|&l| !routed(l)).collect(),
         shared_expert_dim: match family {
             Family::Qwen2Moe => Some(
@@ -293,6 +291,7 @@ fn moe(m: &Meta, g: &Gguf, family: Family, c: &ModelConfig) -> Result<Option<Moe
             ),
             _ => None,
         },
+        ..MoeConfig::softmax_top_k(n_experts, top_k, expert_dim, renormalize)
     }))
 }
 

@@ -20,7 +20,9 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use super::hf_families::{self, MoeFields, RopeFields, WindowFields};
-use super::{map_file, packed, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor};
+use super::{
+    deepseek, map_file, packed, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor,
+};
 use crate::tensor_names::{canonical_tensors, TensorName};
 use crate::{Activation, Error, Family, ModelConfig, Result};
 
@@ -217,6 +219,8 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     };
     let config = if family.is_gemma() {
         gemma(config, &hf, family).map_err(unsupported)?
+    } else if family.is_deepseek() {
+        deepseek::configure(config, family, &text).map_err(unsupported)?
     } else {
         config
     };
@@ -443,9 +447,14 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         Family::Mixtral => rename_mixtral(&mut by_name),
         _ => {}
     }
+    let mut split = deepseek::split(&config, &mut by_name)?;
     let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, _)| {
+            if let Some(mut t) = split.remove(&canonical) {
+                t.name = canonical.to_string();
+                return Ok(t);
+            }
             let hf = hf_name(family, canonical).ok_or_else(|| {
                 Error::format(
                     dir,

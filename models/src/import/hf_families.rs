@@ -113,27 +113,20 @@ pub(super) fn moe(
             .ok_or_else(|| format!("{family} without num_local_experts"))
     };
     Ok(Some(match family {
-        Family::Mixtral => MoeConfig {
-            n_experts: n_experts()?,
-            top_k: top_k()?,
-            expert_dim: intermediate_size,
-            renormalize: true,
-            dense_layers: Vec::new(),
-            shared_expert_dim: None,
-        },
+        Family::Mixtral => {
+            MoeConfig::softmax_top_k(n_experts()?, top_k()?, intermediate_size, true)
+        }
         Family::Qwen3Moe | Family::Qwen2Moe => {
             let step = f.decoder_sparse_step.unwrap_or(1);
             if step == 0 {
                 return Err("decoder_sparse_step must be positive".into());
             }
             let only = f.mlp_only_layers.as_deref().unwrap_or_default();
+            let expert_dim = f
+                .moe_intermediate_size
+                .ok_or_else(|| format!("{family} without moe_intermediate_size"))?;
+            let renormalize = f.norm_topk_prob.unwrap_or(false);
             MoeConfig {
-                n_experts: n_experts()?,
-                top_k: top_k()?,
-                expert_dim: f
-                    .moe_intermediate_size
-                    .ok_or_else(|| format!("{family} without moe_intermediate_size"))?,
-                renormalize: f.norm_topk_prob.unwrap_or(false),
                 dense_layers: (0..n_layers)
                     .filter(|l| only.contains(l) || (l + 1) % step != 0)
                     .collect(),
@@ -144,6 +137,7 @@ pub(super) fn moe(
                     ),
                     _ => None,
                 },
+                ..MoeConfig::softmax_top_k(n_experts()?, top_k()?, expert_dim, renormalize)
             }
         }
         _ => return Ok(None),

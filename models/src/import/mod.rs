@@ -17,6 +17,7 @@
 //! types: [`Encoding::load_dtype`]).
 
 mod awq;
+mod deepseek;
 mod flm;
 mod gguf;
 mod gptq;

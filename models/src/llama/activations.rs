@@ -2,8 +2,11 @@
 //! model's layers are placed in ([`Placement::locations`]), allocated once for a number
 //! of rows and reshaped for each chunk.
 
-use flm_core::{Data, DataType, Executor, Location};
+use flm_core::{
+    AttentionOperands, AttentionParams, Data, DataType, DecoupledRope, Executor, Location,
+};
 
+use super::latent::LatentScratch;
 use super::SharedLlama;
 #[cfg(doc)]
 use super::{Llama, SharedExpert};
@@ -35,6 +38,43 @@ pub(super) struct Activations {
     /// i32 `[n]`: the token ids copied to a device's memory for the embedding, when the
     /// activations are there.
     pub(super) ids: Option<Data>,
+    /// Multi-head latent attention's activations, when the model has it.
+    pub(super) latent: Option<LatentScratch>,
+}
+
+/// What attention reads from and writes to a set of activations: the new rows of the
+/// layer's two cache tensors, the queries (and their decoupled RoPE part) and the output.
+pub(crate) struct AttentionIo<'a> {
+    /// The rows of the keys and values, or of the latents and rotated keys.
+    pub(crate) new_rows: [&'a Data; 2],
+    pub(crate) q: &'a Data,
+    /// With multi-head latent attention: the queries' rotated part, attending to the
+    /// second cache tensor, while the first is both the keys' other part and the values.
+    pub(crate) q_rope: Option<&'a Data>,
+    pub(crate) output: &'a mut Data,
+}
+
+impl AttentionIo<'_> {
+    /// The operands of attention over a layer's `cache`, its two tensors as
+    /// [`AttentionIo::new_rows`] fills them.
+    pub(super) fn operands<'a>(
+        &'a mut self,
+        (first, second): (&'a Data, &'a Data),
+        params: AttentionParams,
+    ) -> AttentionOperands<'a> {
+        let (cache_v, rope) = match self.q_rope {
+            Some(q) => (first, Some(DecoupledRope { q, cache: second })),
+            None => (second, None),
+        };
+        AttentionOperands {
+            q: self.q,
+            cache_k: first,
+            cache_v,
+            rope,
+            params,
+            output: self.output,
+        }
+    }
 }
 
 /// The activations of a shared expert ([`SharedExpert`]) for up to a fixed number of rows.
@@ -134,7 +174,35 @@ impl Activations {
             experts_io: None,
             shared: SharedScratch::alloc(c, rows, zeros)?,
             ids: None,
+            latent: LatentScratch::alloc(c, rows, zeros)?,
         })
+    }
+
+    /// The rows RoPE rotates and their heads: the queries and the keys, or with multi-head
+    /// latent attention their rotated parts.
+    pub(super) fn rotated(&mut self, c: &ModelConfig) -> [(&mut Data, usize); 2] {
+        match &mut self.latent {
+            Some(t) => [(&mut t.q_rope, c.n_heads), (&mut t.k_rope, 1)],
+            None => [(&mut self.q, c.n_heads), (&mut self.k, c.n_kv_heads)],
+        }
+    }
+
+    /// What the layer's attention reads and writes here.
+    pub(super) fn attention_io(&mut self) -> AttentionIo<'_> {
+        match &mut self.latent {
+            Some(t) => AttentionIo {
+                new_rows: [&t.latent, &t.k_rope],
+                q: &t.q_latent,
+                q_rope: Some(&t.q_rope),
+                output: &mut t.out_latent,
+            },
+            None => AttentionIo {
+                new_rows: [&self.k, &self.v],
+                q: &self.q,
+                q_rope: None,
+                output: &mut self.att,
+            },
+        }
     }
 
     /// Shapes the per-token activations for `n` rows (at most the rows allocated).
@@ -159,6 +227,9 @@ impl Activations {
         }
         if let Some(shared) = &mut self.shared {
             shared.set_rows(n)?;
+        }
+        if let Some(latent) = &mut self.latent {
+            latent.set_rows(n)?;
         }
         Ok(())
     }

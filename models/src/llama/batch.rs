@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use flm_core::{AttentionOperands, Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
+use flm_core::{Data, Error as CoreError, Executor, Op, PagedKvCache, PagedSeq};
 
 use super::{
     finish, host_output, placed_states, run_layers, Activations, Head, Logits, SharedLlama,
@@ -96,7 +96,7 @@ impl BatchedForward for LlamaBatch {
             layers,
             n_blocks,
             block_size,
-            c.kv_dim(),
+            c.kv_widths(),
             self.model.kv_dtype,
         )?)
     }
@@ -191,7 +191,7 @@ impl BatchedForward for LlamaBatch {
         let (positions, slots, block_size) = (&self.positions, &self.slots, kv.block_size());
         let s = run_layers(exec, &model, &self.tokens, &mut self.states, |l, s| {
             if !c.alibi {
-                for (x, n_heads) in [(&mut s.q, c.n_heads), (&mut s.k, c.n_kv_heads)] {
+                for (x, n_heads) in s.rotated(c) {
                     exec.run(Op::RopeRows {
                         x,
                         table: model.rope_of(l),
@@ -201,26 +201,17 @@ impl BatchedForward for LlamaBatch {
                 }
             }
             let params = model.attention_params(l);
-            let (cache_k, cache_v) = kv.layer_mut(l);
-            exec.run(Op::ScatterRows {
-                src: &s.k,
-                rows: slots,
-                dst: cache_k,
-            })?;
-            exec.run(Op::ScatterRows {
-                src: &s.v,
-                rows: slots,
-                dst: cache_v,
-            })?;
+            let (first, second) = kv.layer_mut(l);
+            let mut io = s.attention_io();
+            for (src, dst) in io.new_rows.into_iter().zip([&mut *first, &mut *second]) {
+                exec.run(Op::ScatterRows {
+                    src,
+                    rows: slots,
+                    dst,
+                })?;
+            }
             exec.run(Op::PagedAttention {
-                operands: AttentionOperands {
-                    q: &s.q,
-                    cache_k,
-                    cache_v,
-                    rope: None,
-                    params,
-                    output: &mut s.att,
-                },
+                operands: io.operands((first, second), params),
                 block_size,
                 seqs: &paged,
             })

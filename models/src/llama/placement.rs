@@ -80,8 +80,9 @@ impl SharedLlama {
     pub fn memory_needs(&self) -> MemoryNeeds {
         let (c, w) = (&self.config, &self.weights);
         let f32_bytes = |n: usize| (n as u64).saturating_mul(4);
-        let kv = ((c.pre_seq_len + c.max_seq_len).saturating_mul(c.kv_dim()) as u64)
-            .saturating_mul(2 * self.kv_dtype.on_device().size_of() as u64);
+        let kv = ((c.pre_seq_len + c.max_seq_len).saturating_mul(c.kv_values_per_position())
+            as u64)
+            .saturating_mul(self.kv_dtype.on_device().size_of() as u64);
         let layers = w
             .layers
             .iter()
@@ -114,6 +115,7 @@ fn routed_bytes(lw: &LlamaLayer) -> u64 {
     match &lw.ffn {
         Ffn::Moe {
             router,
+            router_bias,
             experts,
             shared,
         } => experts
@@ -121,7 +123,8 @@ fn routed_bytes(lw: &LlamaLayer) -> u64 {
             .chain(shared.iter().map(|s| &s.ffn))
             .flat_map(|e| [&e.gate, &e.up, &e.down])
             .chain([router])
-            .chain(shared.iter().map(|s| &s.gate))
+            .chain(router_bias)
+            .chain(shared.iter().filter_map(|s| s.gate.as_ref()))
             .map(|d| d.size_bytes() as u64)
             .sum(),
         Ffn::Dense { .. } => 0,

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use flm_core::{panels, Data, Expert, Location};
+use flm_core::{panels, Data, DataType, Expert, Location};
 
 use crate::import::Checkpoint;
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
@@ -57,19 +57,10 @@ impl Tensors {
 pub struct LlamaLayer {
     /// Attention RMSNorm gain `[dim]`.
     pub attn_norm: Data,
-    /// Query projection `[n_heads·head_dim, dim]`.
-    pub wq: Data,
-    /// Key projection `[n_kv_heads·head_dim, dim]`.
-    pub wk: Data,
-    /// Value projection `[n_kv_heads·head_dim, dim]`.
-    pub wv: Data,
+    /// The projections to the queries, keys and values.
+    pub attn: Attention,
     /// Output projection `[dim, n_heads·head_dim]`.
     pub wo: Data,
-    /// Query, key and value biases (`ModelConfig::qkv_bias`: ChatGLM2/3, GLM-4, InternLM).
-    pub qkv_bias: Option<[Data; 3]>,
-    /// RMSNorm gains `[head_dim]` applied to each query head and each key head before RoPE
-    /// (`ModelConfig::qk_norm`: Qwen3).
-    pub qk_norm: Option<[Data; 2]>,
     /// Output projection bias `[dim]` (`ModelConfig::o_bias`: InternLM).
     pub bo: Option<Data>,
     /// Feed-forward RMSNorm gain `[dim]`.
@@ -79,6 +70,152 @@ pub struct LlamaLayer {
     /// RMSNorm gains `[dim]` of the attention output and of the feed-forward output,
     /// before their residual adds (`ModelConfig::post_norms`: Gemma 2 and 3).
     pub post_norms: Option<[Data; 2]>,
+}
+
+/// The projections of a layer's attention.
+// The latent variant is boxed; the common one is read every step without an indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Attention {
+    /// Grouped-query attention: queries, keys and values each projected from the hidden
+    /// state.
+    Heads {
+        /// Query projection `[n_heads·head_dim, dim]`.
+        wq: Data,
+        /// Key projection `[n_kv_heads·head_dim, dim]`.
+        wk: Data,
+        /// Value projection `[n_kv_heads·head_dim, dim]`.
+        wv: Data,
+        /// Query, key and value biases (`ModelConfig::qkv_bias`: ChatGLM2/3, GLM-4,
+        /// InternLM).
+        qkv_bias: Option<[Data; 3]>,
+        /// RMSNorm gains `[head_dim]` applied to each query head and each key head before
+        /// RoPE (`ModelConfig::qk_norm`: Qwen3).
+        qk_norm: Option<[Data; 2]>,
+    },
+    /// Multi-head latent attention ([`crate::MlaConfig`]).
+    Latent(Box<LatentAttention>),
+}
+
+/// The weights of multi-head latent attention ([`crate::MlaConfig`]; transformers'
+/// `DeepseekV2Attention`), with `H` heads, `q_in` = `q_lora_rank` or `dim`.
+#[derive(Debug, Clone)]
+pub struct LatentAttention {
+    /// The compressed query's projection `[q_lora_rank, dim]` (`q_a_proj`) and RMSNorm gain
+    /// `[q_lora_rank]` (`q_a_layernorm`); `None`: the queries come from the hidden state.
+    pub q_a: Option<[Data; 2]>,
+    /// The queries' parts without RoPE `[H·qk_nope_head_dim, q_in]` and with it
+    /// `[H·qk_rope_head_dim, q_in]`: the rows of `q_proj` (or `q_b_proj`) of each part.
+    pub wq_nope: Data,
+    /// See `wq_nope`.
+    pub wq_rope: Data,
+    /// The latent's projection `[kv_lora_rank, dim]` and the rotated key's
+    /// `[qk_rope_head_dim, dim]`: the rows of `kv_a_proj_with_mqa`.
+    pub wkv_a: Data,
+    /// See `wkv_a`.
+    pub wk_rope: Data,
+    /// The latent's RMSNorm gain `[kv_lora_rank]` (`kv_a_layernorm`).
+    pub kv_a_norm: Data,
+    /// `kv_b_proj` `[H·(qk_nope_head_dim + head_dim), kv_lora_rank]`: each head's `W_UK_h`
+    /// rows, then its `W_UV_h` rows.
+    pub wkv_b: Data,
+    /// Per head, `W_UK_hᵀ` `[kv_lora_rank, qk_nope_head_dim]`: folds the head's key
+    /// up-projection into its query ([`flm_core::Op::HeadLinear`]). Derived from `wkv_b` at
+    /// load, in its dtype.
+    pub k_absorb: Vec<Data>,
+    /// Per head, `W_UV_h` `[head_dim, kv_lora_rank]`: maps the head's attention over the
+    /// latents to its value space. Derived from `wkv_b` at load.
+    pub v_absorb: Vec<Data>,
+}
+
+impl LatentAttention {
+    /// The weights, with `k_absorb` and `v_absorb` derived from `wkv_b` for `c`'s heads:
+    /// in `wkv_b`'s dtype where it converts to it ([`Data::to_dtype`]), else in f32.
+    ///
+    /// Errors: a `wkv_b` whose values cannot be read on the host, or of the wrong size.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        c: &ModelConfig,
+        q_a: Option<[Data; 2]>,
+        [wq_nope, wq_rope]: [Data; 2],
+        [wkv_a, wk_rope, kv_a_norm]: [Data; 3],
+        wkv_b: Data,
+    ) -> Result<LatentAttention> {
+        let m = c
+            .mla
+            .as_ref()
+            .ok_or_else(|| Error::Config("latent attention without an MLA configuration".into()))?;
+        let (rank, nope, v) = (m.kv_lora_rank, m.qk_nope_head_dim, c.head_dim);
+        let values = wkv_b.to_f32_vec()?;
+        if values.len() != c.n_heads * (nope + v) * rank {
+            return Err(Error::Config(format!(
+                "kv_b_proj of shape {:?} for {} heads",
+                wkv_b.shape(),
+                c.n_heads
+            )));
+        }
+        let dtype = wkv_b.dtype();
+        let keep = |shape: &[usize], values: &[f32]| -> Result<Data> {
+            let d = Data::from_f32(shape, values)?;
+            Ok(d.to_dtype(dtype).unwrap_or(d))
+        };
+        let (mut k_absorb, mut v_absorb) = (Vec::new(), Vec::new());
+        for head in values.chunks_exact((nope + v) * rank) {
+            let (uk, uv) = head.split_at(nope * rank);
+            // `uk` is `[nope, rank]`: its transpose `[rank, nope]`.
+            let t: Vec<f32> = (0..rank * nope)
+                .map(|i| uk[(i % nope) * rank + i / nope])
+                .collect();
+            k_absorb.push(keep(&[rank, nope], &t)?);
+            v_absorb.push(keep(&[v, rank], uv)?);
+        }
+        Ok(LatentAttention {
+            q_a,
+            wq_nope,
+            wq_rope,
+            wkv_a,
+            wk_rope,
+            kv_a_norm,
+            wkv_b,
+            k_absorb,
+            v_absorb,
+        })
+    }
+
+    /// The canonical tensors, in [`canonical_tensors`]' order (without the derived ones).
+    fn tensors(&self) -> Vec<&Data> {
+        let mut out: Vec<&Data> = self.q_a.iter().flatten().collect();
+        out.extend([
+            &self.wq_nope,
+            &self.wq_rope,
+            &self.wkv_a,
+            &self.wk_rope,
+            &self.kv_a_norm,
+            &self.wkv_b,
+        ]);
+        out
+    }
+
+    /// The weights with `f` applied to each tensor, the derived ones included.
+    fn try_map(self, f: &mut impl FnMut(Data) -> Result<Data>) -> Result<LatentAttention> {
+        let mut all = |v: Vec<Data>| v.into_iter().map(&mut *f).collect::<Result<Vec<_>>>();
+        let k_absorb = all(self.k_absorb)?;
+        let v_absorb = all(self.v_absorb)?;
+        Ok(LatentAttention {
+            q_a: match self.q_a {
+                Some([a, n]) => Some([f(a)?, f(n)?]),
+                None => None,
+            },
+            wq_nope: f(self.wq_nope)?,
+            wq_rope: f(self.wq_rope)?,
+            wkv_a: f(self.wkv_a)?,
+            wk_rope: f(self.wk_rope)?,
+            kv_a_norm: f(self.kv_a_norm)?,
+            wkv_b: f(self.wkv_b)?,
+            k_absorb,
+            v_absorb,
+        })
+    }
 }
 
 /// The feed-forward of a layer.
@@ -97,6 +234,8 @@ pub enum Ffn {
     Moe {
         /// Router `[n_experts, dim]`.
         router: Data,
+        /// f32 `[n_experts]`: added to the scores to choose the experts (DeepSeek-V3).
+        router_bias: Option<Data>,
         /// The experts, each a SwiGLU of `expert_dim`.
         experts: Vec<Expert>,
         /// The shared expert every token runs besides (Qwen2-MoE).
@@ -104,23 +243,36 @@ pub enum Ffn {
     },
 }
 
-/// Qwen2-MoE's shared expert (transformers' `Qwen2MoeSparseMoeBlock`): a SwiGLU of
-/// `shared_expert_dim` that every token runs, its output weighted by `σ(gate · x)` and
-/// added to the routed experts' ([`flm_core::Op::GatedAdd`]).
+/// A shared expert (transformers' `Qwen2MoeSparseMoeBlock`, DeepSeek's `shared_experts`): a
+/// SwiGLU of `shared_expert_dim` that every token runs, its output added to the routed
+/// experts', weighted by `σ(gate · x)` where it has a gate (Qwen2-MoE,
+/// [`flm_core::Op::GatedAdd`]).
 #[derive(Debug, Clone)]
 pub struct SharedExpert {
     /// The SwiGLU: gate and up `[shared_expert_dim, dim]`, down `[dim, shared_expert_dim]`.
     pub ffn: Expert,
-    /// The gate `[1, dim]` (`shared_expert_gate`).
-    pub gate: Data,
+    /// The gate `[1, dim]` (`shared_expert_gate`), if any.
+    pub gate: Option<Data>,
 }
 
 impl LlamaLayer {
     /// Every tensor of the layer, in canonical order ([`canonical_tensors`]).
     pub fn tensors(&self) -> Vec<&Data> {
-        let mut out = vec![&self.attn_norm, &self.wq, &self.wk, &self.wv];
-        out.extend(self.qkv_bias.iter().flatten());
-        out.extend(self.qk_norm.iter().flatten());
+        let mut out = vec![&self.attn_norm];
+        match &self.attn {
+            Attention::Heads {
+                wq,
+                wk,
+                wv,
+                qkv_bias,
+                qk_norm,
+            } => {
+                out.extend([wq, wk, wv]);
+                out.extend(qkv_bias.iter().flatten());
+                out.extend(qk_norm.iter().flatten());
+            }
+            Attention::Latent(a) => out.extend(a.tensors()),
+        }
         out.push(&self.wo);
         out.extend(&self.bo);
         out.push(&self.ffn_norm);
@@ -130,10 +282,17 @@ impl LlamaLayer {
                 w_down,
                 w_up,
             } => out.extend([w_gate, w_down, w_up]),
-            Ffn::Moe { router, shared, .. } => {
+            Ffn::Moe {
+                router,
+                router_bias,
+                shared,
+                ..
+            } => {
                 out.push(router);
+                out.extend(router_bias);
                 if let Some(s) = shared {
-                    out.extend([&s.ffn.gate, &s.ffn.down, &s.ffn.up, &s.gate]);
+                    out.extend([&s.ffn.gate, &s.ffn.down, &s.ffn.up]);
+                    out.extend(&s.gate);
                 }
             }
         }
@@ -154,18 +313,31 @@ impl LlamaLayer {
     pub fn try_map(self, mut f: impl FnMut(Data, bool) -> Result<Data>) -> Result<LlamaLayer> {
         Ok(LlamaLayer {
             attn_norm: f(self.attn_norm, false)?,
-            wq: f(self.wq, false)?,
-            wk: f(self.wk, false)?,
-            wv: f(self.wv, false)?,
+            attn: match self.attn {
+                Attention::Heads {
+                    wq,
+                    wk,
+                    wv,
+                    qkv_bias,
+                    qk_norm,
+                } => Attention::Heads {
+                    wq: f(wq, false)?,
+                    wk: f(wk, false)?,
+                    wv: f(wv, false)?,
+                    qkv_bias: match qkv_bias {
+                        Some([q, k, v]) => Some([f(q, false)?, f(k, false)?, f(v, false)?]),
+                        None => None,
+                    },
+                    qk_norm: match qk_norm {
+                        Some([q, k]) => Some([f(q, false)?, f(k, false)?]),
+                        None => None,
+                    },
+                },
+                Attention::Latent(a) => {
+                    Attention::Latent(Box::new(a.try_map(&mut |d| f(d, false))?))
+                }
+            },
             wo: f(self.wo, false)?,
-            qkv_bias: match self.qkv_bias {
-                Some([q, k, v]) => Some([f(q, false)?, f(k, false)?, f(v, false)?]),
-                None => None,
-            },
-            qk_norm: match self.qk_norm {
-                Some([q, k]) => Some([f(q, false)?, f(k, false)?]),
-                None => None,
-            },
             bo: self.bo.map(|b| f(b, false)).transpose()?,
             ffn_norm: f(self.ffn_norm, false)?,
             ffn: match self.ffn {
@@ -180,6 +352,7 @@ impl LlamaLayer {
                 },
                 Ffn::Moe {
                     router,
+                    router_bias,
                     experts,
                     shared,
                 } => {
@@ -200,12 +373,13 @@ impl LlamaLayer {
                                 let SharedExpert { ffn, gate } = *s;
                                 Some(Box::new(SharedExpert {
                                     ffn: expert(ffn)?,
-                                    gate: f(gate, true)?,
+                                    gate: gate.map(|g| f(g, true)).transpose()?,
                                 }))
                             }
                             None => None,
                         },
                         router: f(router, true)?,
+                        router_bias: router_bias.map(|b| f(b, true)).transpose()?,
                     }
                 }
             },
@@ -262,19 +436,33 @@ impl LlamaWeights {
                 .post_norms
                 .then(|| Ok::<_, Error>([part(PostAttnNorm)?, part(PostFfnNorm)?]))
                 .transpose()?;
+            let attn = match &c.mla {
+                Some(m) => Attention::Latent(Box::new(LatentAttention::new(
+                    c,
+                    m.q_lora_rank
+                        .map(|_| Ok::<_, Error>([part(QA)?, part(QANorm)?]))
+                        .transpose()?,
+                    [part(QNope)?, part(QRope)?],
+                    [part(KvA)?, part(KRope)?, part(KvANorm)?],
+                    part(KvB)?,
+                )?)),
+                None => Attention::Heads {
+                    wq: part(Wq)?,
+                    wk: part(Wk)?,
+                    wv: part(Wv)?,
+                    qkv_bias: c
+                        .qkv_bias
+                        .then(|| Ok::<_, Error>([part(Bq)?, part(Bk)?, part(Bv)?]))
+                        .transpose()?,
+                    qk_norm: c
+                        .qk_norm
+                        .then(|| Ok::<_, Error>([part(QNorm)?, part(KNorm)?]))
+                        .transpose()?,
+                },
+            };
             Ok(LlamaLayer {
                 attn_norm: part(AttnNorm)?,
-                wq: part(Wq)?,
-                wk: part(Wk)?,
-                wv: part(Wv)?,
-                qkv_bias: c
-                    .qkv_bias
-                    .then(|| Ok::<_, Error>([part(Bq)?, part(Bk)?, part(Bv)?]))
-                    .transpose()?,
-                qk_norm: c
-                    .qk_norm
-                    .then(|| Ok::<_, Error>([part(QNorm)?, part(KNorm)?]))
-                    .transpose()?,
+                attn,
                 wo: part(Wo)?,
                 bo: c.o_bias.then(|| part(Bo)).transpose()?,
                 ffn_norm: part(FfnNorm)?,
@@ -286,6 +474,11 @@ impl LlamaWeights {
                     },
                     Some(m) => Ffn::Moe {
                         router: part(Router)?,
+                        // The op reads the bias in f32, whatever the checkpoint's dtype.
+                        router_bias: m
+                            .choice_bias
+                            .then(|| Ok::<_, Error>(part(RouterBias)?.to_dtype(DataType::F32)?))
+                            .transpose()?,
                         shared: m
                             .shared_expert_dim
                             .map(|_| {
@@ -295,7 +488,10 @@ impl LlamaWeights {
                                         up: part(SharedWUp)?,
                                         down: part(SharedWDown)?,
                                     },
-                                    gate: part(SharedExpertGate)?,
+                                    gate: m
+                                        .shared_expert_gated
+                                        .then(|| part(SharedExpertGate))
+                                        .transpose()?,
                                 }))
                             })
                             .transpose()?,
@@ -354,7 +550,14 @@ impl LlamaWeights {
         for l in &mut self.layers {
             shift(&mut l.attn_norm)?;
             shift(&mut l.ffn_norm)?;
-            for d in l.qk_norm.iter_mut().chain(&mut l.post_norms).flatten() {
+            if let Attention::Heads {
+                qk_norm: Some(norms),
+                ..
+            } = &mut l.attn
+            {
+                norms.iter_mut().try_for_each(shift)?;
+            }
+            for d in l.post_norms.iter_mut().flatten() {
                 shift(d)?;
             }
         }
