@@ -220,7 +220,7 @@ fn configurations_are_read_per_family() {
     assert_eq!(v3.mla.as_ref().unwrap().q_lora_rank, Some(24));
     assert_eq!(v3.attention_scale(), 24f32.powf(-0.5));
     assert_eq!(
-        v3.moe.unwrap(),
+        v3.moe.clone().unwrap(),
         MoeConfig {
             dense_layers: vec![0],
             shared_expert_dim: Some(32),
@@ -236,6 +236,12 @@ fn configurations_are_read_per_family() {
             ..MoeConfig::softmax_top_k(8, 2, 32, true)
         }
     );
+    // GLM-4.5: DeepSeek-V3's experts behind grouped-query attention.
+    let glm = config("glm4_moe");
+    assert!(glm.qk_norm && glm.qkv_bias && !glm.o_bias && glm.mla.is_none());
+    assert_eq!((glm.n_kv_heads, glm.head_dim, glm.rotary_dim()), (2, 16, 8));
+    assert_eq!(glm.rope_style, RopeStyle::RotateHalf);
+    assert_eq!(glm.moe, v3.moe);
 }
 
 #[test]
@@ -317,6 +323,15 @@ fn without_the_family_feature_the_logits_differ() {
         }),
         ("deepseek_v3", |c: &mut ModelConfig| {
             c.moe.as_mut().unwrap().shared_expert_dim = None
+        }),
+        ("glm4_moe", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().groups = None
+        }),
+        ("glm4_moe", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().choice_bias = false
+        }),
+        ("glm4_moe", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().routed_scale = 1.0
         }),
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
@@ -696,6 +711,7 @@ fn quantised_mixtures_stay_near_transformers() {
         "qwen2_moe",
         "deepseek_v2",
         "deepseek_v3",
+        "glm4_moe",
     ];
     for family in families {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();

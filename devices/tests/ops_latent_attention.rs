@@ -114,20 +114,26 @@ impl Case {
     fn attend(&self, o: &Operands) -> Vec<f32> {
         output_of(&[self.n, self.heads * self.latent], |output| {
             run(Op::Attention {
-                operands: self.operands_of(o, output),
+                operands: self.operands_of(o, (&o.latent.0, &o.rope_keys.0), output),
                 start_pos: self.start_pos,
             })
         })
     }
 
-    fn operands_of<'a>(&self, o: &'a Operands, output: &'a mut Data) -> AttentionOperands<'a> {
+    /// The operands of the case's queries over the caches `(latent, rope_keys)`.
+    fn operands_of<'a>(
+        &self,
+        o: &'a Operands,
+        (latent, rope_keys): (&'a Data, &'a Data),
+        output: &'a mut Data,
+    ) -> AttentionOperands<'a> {
         AttentionOperands {
             q: &o.q.0,
-            cache_k: &o.latent.0,
-            cache_v: &o.latent.0,
+            cache_k: latent,
+            cache_v: latent,
             rope: Some(DecoupledRope {
                 q: &o.q_rope.0,
-                cache: &o.rope_keys.0,
+                cache: rope_keys,
             }),
             params: self.params(),
             output,
@@ -236,17 +242,7 @@ fn paged_latent_attention_equals_contiguous() {
     }];
     let got = output_of(&[c.n, c.heads * c.latent], |output| {
         run(Op::PagedAttention {
-            operands: AttentionOperands {
-                q: &o.q.0,
-                cache_k: &latent,
-                cache_v: &latent,
-                rope: Some(DecoupledRope {
-                    q: &o.q_rope.0,
-                    cache: &rope_keys,
-                }),
-                params: c.params(),
-                output,
-            },
+            operands: c.operands_of(&o, (&latent, &rope_keys), output),
             block_size,
             seqs: &seqs,
         })

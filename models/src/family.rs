@@ -55,11 +55,14 @@ pub enum Family {
     /// DeepSeek-V3 and R1 (`DeepseekV3ForCausalLM`): DeepSeek-V2's layers with a sigmoid
     /// router whose bias only chooses.
     DeepseekV3,
+    /// GLM-4.5, 4.6 and 4.5-Air (`Glm4MoeForCausalLM`): grouped-query attention with q/k/v
+    /// biases, optional q/k norms and RoPE on half of each head; DeepSeek-V3's experts.
+    Glm4Moe,
 }
 
 impl Family {
     /// Every family, in the order error messages list them.
-    pub const ALL: [Family; 17] = [
+    pub const ALL: [Family; 18] = [
         Family::Llama,
         Family::InternLm,
         Family::Mistral,
@@ -77,6 +80,7 @@ impl Family {
         Family::Glm4,
         Family::DeepseekV2,
         Family::DeepseekV3,
+        Family::Glm4Moe,
     ];
 
     /// The `model_type` of its Hugging Face `config.json`.
@@ -99,6 +103,7 @@ impl Family {
             Family::Glm4 => "glm4",
             Family::DeepseekV2 => "deepseek_v2",
             Family::DeepseekV3 => "deepseek_v3",
+            Family::Glm4Moe => "glm4_moe",
         }
     }
 
@@ -122,7 +127,8 @@ impl Family {
             | Family::Baichuan
             | Family::ChatGlm
             | Family::DeepseekV2
-            | Family::DeepseekV3 => return None,
+            | Family::DeepseekV3
+            | Family::Glm4Moe => return None,
         })
     }
 
@@ -148,9 +154,13 @@ impl Family {
             .collect()
     }
 
-    /// DeepSeek-V2 or V3: multi-head latent attention ([`crate::MlaConfig`]).
-    pub fn is_deepseek(self) -> bool {
-        matches!(self, Family::DeepseekV2 | Family::DeepseekV3)
+    /// DeepSeek-V2 or V3 (multi-head latent attention, [`crate::MlaConfig`]), or GLM-4.5:
+    /// DeepSeek's experts, configured by `import::deepseek`.
+    pub fn has_deepseek_experts(self) -> bool {
+        matches!(
+            self,
+            Family::DeepseekV2 | Family::DeepseekV3 | Family::Glm4Moe
+        )
     }
 
     /// Gemma 1, 2 or 3.
@@ -171,9 +181,9 @@ impl Family {
     }
 
     /// The share of each head that RoPE rotates when the config does not say
-    /// (`partial_rotary_factor`): GLM-4's 0.5, else all of it.
+    /// (`partial_rotary_factor`): GLM-4's and GLM-4.5's 0.5, else all of it.
     pub fn partial_rotary_factor(self) -> f32 {
-        if self == Family::Glm4 {
+        if matches!(self, Family::Glm4 | Family::Glm4Moe) {
             0.5
         } else {
             1.0
@@ -227,13 +237,13 @@ impl Family {
             }
             (Family::Glm4, LayerPart::PostAttnNorm) => Some("post_self_attn_layernorm.weight"),
             (Family::Glm4, LayerPart::PostFfnNorm) => Some("post_mlp_layernorm.weight"),
-            (Family::DeepseekV2 | Family::DeepseekV3, LayerPart::SharedWGate) => {
+            (f, LayerPart::SharedWGate) if f.has_deepseek_experts() => {
                 Some("mlp.shared_experts.gate_proj.weight")
             }
-            (Family::DeepseekV2 | Family::DeepseekV3, LayerPart::SharedWUp) => {
+            (f, LayerPart::SharedWUp) if f.has_deepseek_experts() => {
                 Some("mlp.shared_experts.up_proj.weight")
             }
-            (Family::DeepseekV2 | Family::DeepseekV3, LayerPart::SharedWDown) => {
+            (f, LayerPart::SharedWDown) if f.has_deepseek_experts() => {
                 Some("mlp.shared_experts.down_proj.weight")
             }
             _ => None,

@@ -117,8 +117,8 @@ pub fn stories_logits() -> Vec<f32> {
 }
 
 /// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
-/// `make_tiny.py` and, for DeepSeek, `make_mla.py`), by directory name.
-pub const HF_FAMILIES: [&str; 14] = [
+/// `make_tiny.py` and, for DeepSeek and GLM-4.5, `make_mla.py`), by directory name.
+pub const HF_FAMILIES: [&str; 15] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -133,6 +133,7 @@ pub const HF_FAMILIES: [&str; 14] = [
     "glm4",
     "deepseek_v2",
     "deepseek_v3",
+    "glm4_moe",
 ];
 
 /// Converts `ckpt` to the .flm file `out` with `dtype` and `recipe`, stories260K's tok512

@@ -1,6 +1,9 @@
 //! DeepSeek-V2 and DeepSeek-V3 checkpoints (transformers' `DeepseekV2ForCausalLM` and
 //! `DeepseekV3ForCausalLM`, DeepSeek-AI's `modeling_deepseek.py`): multi-head latent
-//! attention ([`MlaConfig`]) and DeepSeek's mixture of experts, through the Llama graph.
+//! attention ([`MlaConfig`]) and DeepSeek's mixture of experts, through the Llama graph; and
+//! GLM-4.5, 4.6 and 4.5-Air (`Glm4MoeForCausalLM`), whose experts are DeepSeek-V3's behind
+//! grouped-query attention with q/k/v biases, optional q/k norms (`use_qk_norm`) and RoPE
+//! on half of each head.
 //!
 //! What the config says beyond a Llama's:
 //! - MLA: `q_lora_rank` (null: a plain `q_proj`), `kv_lora_rank`, `qk_nope_head_dim`,
@@ -45,10 +48,11 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 struct Fields {
     #[serde(default, deserialize_with = "present")]
     q_lora_rank: Option<Option<usize>>,
-    kv_lora_rank: usize,
-    qk_nope_head_dim: usize,
-    qk_rope_head_dim: usize,
-    v_head_dim: usize,
+    kv_lora_rank: Option<usize>,
+    qk_nope_head_dim: Option<usize>,
+    qk_rope_head_dim: Option<usize>,
+    v_head_dim: Option<usize>,
+    use_qk_norm: Option<bool>,
     n_routed_experts: Option<usize>,
     n_shared_experts: Option<usize>,
     num_experts_per_tok: Option<usize>,
@@ -64,9 +68,9 @@ struct Fields {
     rope_interleave: Option<bool>,
 }
 
-/// `c` (read as a Llama's from the `config.json` text `text`) with what a `family` of
-/// DeepSeek configures: MLA, the experts and their router, RoPE's pairing and the score
-/// scale.
+/// `c` (read as a Llama's from the `config.json` text `text`) with what DeepSeek-V2, V3
+/// or GLM-4.5 (`family`) configure: the experts and their router, and for DeepSeek MLA,
+/// RoPE's pairing and the score scale, for GLM-4.5 the q/k norms.
 ///
 /// Errors: a message for a missing MLA size, an unknown `topk_method` or `scoring_func`,
 /// or a `moe_layer_freq` of 0.
@@ -76,13 +80,28 @@ pub(super) fn configure(
     text: &str,
 ) -> std::result::Result<ModelConfig, String> {
     let f: Fields = serde_json::from_str(text).map_err(|e| format!("{family}: {e}"))?;
-    let v3 = family == Family::DeepseekV3;
+    if family == Family::Glm4Moe {
+        c.qk_norm = f.use_qk_norm.unwrap_or(false);
+    } else {
+        c = latent(c, family, &f)?;
+    }
+    c.moe = moe(family, &f, c.n_layers)?;
+    Ok(c)
+}
+
+/// `c` with DeepSeek's multi-head latent attention as `f` describes it.
+fn latent(
+    mut c: ModelConfig,
+    family: Family,
+    f: &Fields,
+) -> std::result::Result<ModelConfig, String> {
+    let need = |v: Option<usize>, name: &str| v.ok_or_else(|| format!("{family} without {name}"));
     let mla = MlaConfig {
         // transformers' default when the config does not say.
         q_lora_rank: f.q_lora_rank.unwrap_or(Some(1536)),
-        kv_lora_rank: f.kv_lora_rank,
-        qk_nope_head_dim: f.qk_nope_head_dim,
-        qk_rope_head_dim: f.qk_rope_head_dim,
+        kv_lora_rank: need(f.kv_lora_rank, "kv_lora_rank")?,
+        qk_nope_head_dim: need(f.qk_nope_head_dim, "qk_nope_head_dim")?,
+        qk_rope_head_dim: need(f.qk_rope_head_dim, "qk_rope_head_dim")?,
     };
     let mscale = match &c.rope_scaling {
         Some(RopeScaling::Yarn(y)) => y.softmax_scale_factor(),
@@ -90,17 +109,29 @@ pub(super) fn configure(
     };
     c.attention_scale = Some((mla.qk_head_dim() as f64).powf(-0.5) as f32 * mscale);
     c.n_kv_heads = 1;
-    c.head_dim = f.v_head_dim;
+    c.head_dim = need(f.v_head_dim, "v_head_dim")?;
     c.rotary_dim = Some(mla.qk_rope_head_dim);
+    let v3 = family == Family::DeepseekV3;
     c.rope_style = if v3 && !f.rope_interleave.unwrap_or(true) {
         RopeStyle::RotateHalf
     } else {
         RopeStyle::AdjacentPairs
     };
     c.mla = Some(mla);
+    Ok(c)
+}
+
+/// The experts of DeepSeek-V2, V3 or GLM-4.5 (`family`) as `f` describes them, for
+/// `n_layers` layers; `None` without routed experts.
+fn moe(
+    family: Family,
+    f: &Fields,
+    n_layers: usize,
+) -> std::result::Result<Option<MoeConfig>, String> {
     let Some(n_experts) = f.n_routed_experts else {
-        return Ok(c);
+        return Ok(None);
     };
+    let v2 = family == Family::DeepseekV2;
     let need = |v: Option<usize>, name: &str| v.ok_or_else(|| format!("{family} without {name}"));
     let (top_k, expert_dim) = (
         need(f.num_experts_per_tok, "num_experts_per_tok")?,
@@ -120,20 +151,21 @@ pub(super) fn configure(
         })
     };
     let scale = f.routed_scaling_factor.unwrap_or(1.0);
-    let norm = f.norm_topk_prob.unwrap_or(false);
+    // GLM-4.5's `norm_topk_prob` defaults to true, DeepSeek's to false.
+    let norm = f.norm_topk_prob.unwrap_or(family == Family::Glm4Moe);
     let method = f.topk_method.as_deref();
     let scoring = f
         .scoring_func
         .as_deref()
-        .unwrap_or(if v3 { "sigmoid" } else { "softmax" });
+        .unwrap_or(if v2 { "softmax" } else { "sigmoid" });
     let base = MoeConfig::softmax_top_k(n_experts, top_k, expert_dim, false);
-    let routing = match (v3, scoring, method) {
-        (false, "softmax", None | Some("greedy")) => base,
-        (false, "softmax", Some("group_limited_greedy")) => MoeConfig {
+    let routing = match (v2, scoring, method) {
+        (true, "softmax", None | Some("greedy")) => base,
+        (true, "softmax", Some("group_limited_greedy")) => MoeConfig {
             groups: groups(GroupScore::Max),
             ..base
         },
-        (true, "sigmoid", None | Some("noaux_tc")) => MoeConfig {
+        (false, "sigmoid", None | Some("noaux_tc")) => MoeConfig {
             scoring: RouterScoring::Sigmoid,
             groups: groups(GroupScore::SumOfTop2),
             choice_bias: true,
@@ -145,24 +177,23 @@ pub(super) fn configure(
             ))
         }
     };
-    // DeepSeek-V2's own code renormalises instead of scaling; V3 does both.
-    let (renormalize, routed_scale) = match (v3, norm && top_k > 1) {
-        (false, true) => (true, 1.0),
-        (false, false) => (false, scale),
-        (true, _) => (norm, scale),
+    // DeepSeek-V2's own code renormalises instead of scaling; V3 and GLM-4.5 do both.
+    let (renormalize, routed_scale) = match (v2, norm && top_k > 1) {
+        (true, true) => (true, 1.0),
+        (true, false) => (false, scale),
+        (false, _) => (norm, scale),
     };
     let shared = f.n_shared_experts.filter(|&n| n > 0);
-    c.moe = Some(MoeConfig {
+    Ok(Some(MoeConfig {
         renormalize,
         routed_scale,
-        dense_layers: (0..c.n_layers)
+        dense_layers: (0..n_layers)
             .filter(|&l| l < first || l % freq != 0)
             .collect(),
         shared_expert_dim: shared.map(|n| n * expert_dim),
         shared_expert_gated: false,
         ..routing
-    });
-    Ok(c)
+    }))
 }
 
 /// The canonical tensors that DeepSeek checkpoints fuse, taken out of `by_name` (their

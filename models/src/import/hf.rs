@@ -162,6 +162,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
         Family::Qwen2 => (true, false),
         Family::Qwen2Moe => (hf.qkv_bias.unwrap_or(true), false),
         Family::Glm4 => (hf.attention_bias.unwrap_or(true), false),
+        Family::Glm4Moe => (hf.attention_bias.unwrap_or(false), false),
         _ => (
             hf.attention_bias.unwrap_or(false),
             hf.attention_bias.unwrap_or(false),
@@ -219,7 +220,7 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     };
     let config = if family.is_gemma() {
         gemma(config, &hf, family).map_err(unsupported)?
-    } else if family.is_deepseek() {
+    } else if family.has_deepseek_experts() {
         deepseek::configure(config, family, &text).map_err(unsupported)?
     } else {
         config

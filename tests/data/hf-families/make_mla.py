@@ -1,8 +1,8 @@
-"""Tiny random-weight DeepSeek-V2 and DeepSeek-V3 checkpoints (multi-head latent attention
-and DeepSeek's mixture of experts) and their logits, from Hugging Face transformers, for
-flm's tests/hf_families.rs.
+"""Tiny random-weight DeepSeek-V2, DeepSeek-V3 (multi-head latent attention and DeepSeek's
+mixture of experts) and GLM-4.5 (DeepSeek-V3's experts behind grouped-query attention)
+checkpoints and their logits, from Hugging Face transformers, for flm's tests/hf_families.rs.
 
-Run from this folder: `python make_mla.py [FAMILY ...]` (default: both). Writes, as
+Run from this folder: `python make_mla.py [FAMILY ...]` (default: all three). Writes, as
 make_tiny.py does (whose weights, input ids and shapes it shares), `<family>/config.json`,
 `<family>/model.safetensors` (float32) and `<family>/logits_f32le.bin`, and the family's
 entry in `reference.json`, with the largest change of the logits when each feature is
@@ -18,6 +18,11 @@ turned off (`max_diff_without`: a check that the test has teeth, not a reference
   (rope_interleave), the sigmoid router with a random e_score_correction_bias used only
   to choose, 4 groups chosen 2 by the sum of their two best scores, renormalised weights
   times 2.5, a shared expert, layer 0 dense. No multi-token-prediction layer.
+- glm4_moe: GQA (4 heads over 2 of 16) with q/k/v biases, q/k norms, rotate-half RoPE on
+  the first 8 of each head's 16 dimensions; DeepSeek-V3's router (sigmoid, random bias,
+  4 groups chosen 2, renormalised, times 2.5) over 8 experts of 32, 2 per token, a shared
+  expert, layer 0 dense; one multi-token-prediction layer in the config
+  (`num_nextn_predict_layers`), which transformers 5.25 neither builds nor saves.
 """
 
 import json
@@ -31,6 +36,8 @@ from transformers import (
     DeepseekV2ForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
 )
 
 from make_tiny import COMMON, HERE, SEQ_LEN, TOKEN_SEED, VOCAB, redraw
@@ -88,6 +95,29 @@ FAMILIES = {
         ),
         1012,
     ),
+    "glm4_moe": (
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
+        dict(
+            head_dim=16,
+            num_key_value_heads=2,
+            attention_bias=True,
+            use_qk_norm=True,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            num_mtp_layers=1,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+        ),
+        1014,
+    ),
 }
 # Each feature turned off: config changes, or a parameter or buffer name part zeroed.
 WITHOUT = {
@@ -104,11 +134,18 @@ WITHOUT = {
         "routed_scaling": dict(routed_scaling_factor=1.0),
         "shared_expert": "shared_experts.down_proj",
     },
+    "glm4_moe": {
+        "groups": dict(n_group=1, topk_group=1),
+        "score_bias": "e_score_correction_bias",
+        "renormalize": dict(norm_topk_prob=False),
+        "routed_scaling": dict(routed_scaling_factor=1.0),
+        "shared_expert": "shared_experts.down_proj",
+    },
 }
 
 
 def build(config_cls, model_cls, extra):
-    config = config_cls(**dict(COMMON, num_key_value_heads=4), **extra)
+    config = config_cls(**{**COMMON, "num_key_value_heads": 4, **extra})
     config._attn_implementation = "eager"
     return model_cls(config).eval()
 
