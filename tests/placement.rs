@@ -176,13 +176,20 @@ fn a_placement_of_the_wrong_length_is_refused() {
     assert!(err.to_string().contains("4 layers"), "{err}");
 }
 
-/// Tiny Mixtral and Qwen2-MoE with every layer on the device and its experts in host
-/// memory (`--moe-device cpu`): transformers' logits, the experts' weights (Qwen2-MoE's
-/// shared expert's too) never copied, and the experts' input and output crossing once
+/// Tiny Mixtral, Qwen2-MoE, DeepSeek-V2/V3 and GLM-4.5 with every layer on the device and
+/// its experts in host memory (`--moe-device cpu`): transformers' logits, the experts'
+/// weights (the shared expert's and the router's bias too) never copied, and the experts'
+/// input and output crossing once
 /// each per layer and step.
 #[test]
 fn experts_in_host_memory_beside_layers_on_a_device() {
-    for family in ["mixtral", "qwen2_moe"] {
+    for family in [
+        "mixtral",
+        "qwen2_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+        "glm4_moe",
+    ] {
         experts_in_host_memory(family);
     }
 }
@@ -191,10 +198,18 @@ fn experts_in_host_memory(family: &str) {
     let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
     let c = ckpt.config.clone();
     let weights = LlamaWeights::load(&ckpt).unwrap();
-    let moe = c.moe.as_ref().unwrap();
-    // The router, the experts' matrices, and the shared expert's three and its gate.
-    let routed = moe.n_experts * 3 + 1 + moe.shared_expert_dim.map_or(0, |_| 4);
-    let per_layer = weights.layers[0].tensors().len();
+    // Each layer's tensors that go to the device: all of them (with multi-head latent
+    // attention, its per-head absorbed matrices too) but the router and the experts.
+    let mut moved = 0;
+    for lw in &weights.layers {
+        let _ = lw.clone().try_map(|d, routed| {
+            moved += u64::from(!routed);
+            Ok(d)
+        });
+    }
+    let moe_layers = (0..c.n_layers)
+        .filter(|&l| c.moe_layer(l).is_some())
+        .count() as u64;
     // Logits against transformers': an f32 KV cache, as transformers keeps it.
     let model = SharedLlama::new(c.clone(), weights)
         .unwrap()
@@ -222,12 +237,13 @@ fn experts_in_host_memory(family: &str) {
         assert!(diff <= 1e-4, "{family} at {pos}: max |Δ| = {diff}");
         steps += 1;
     }
-    // The embedding table, the untied classifier and final norm, and every layer's tensors
-    // but the router and the experts.
-    let weights = 3 + c.n_layers as u64 * (per_layer - routed) as u64;
-    assert_eq!(copies(&exec, "load: weights", Location::Host, SIM), weights);
+    // The embedding table, the untied classifier and final norm, and the layers' tensors.
+    assert_eq!(
+        copies(&exec, "load: weights", Location::Host, SIM),
+        3 + moved
+    );
     let io = "experts: activations";
-    let per_step = c.n_layers as u64 * steps;
+    let per_step = moe_layers * steps;
     assert_eq!(copies(&exec, io, SIM, Location::Host), per_step);
     assert_eq!(copies(&exec, io, Location::Host, SIM), per_step);
 }
