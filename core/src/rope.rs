@@ -94,9 +94,9 @@ pub enum RopeScaling {
     },
     /// LongRoPE (Ding et al. 2024; Phi-3, Phi-4-mini; transformers
     /// `_compute_longrope_parameters`): frequency `j` is `1 / (e_j · θ^(2j / rotary_dim))`,
-    /// with `e` the long factors when the context exceeds the pre-training one and the short
-    /// factors otherwise (chosen once from the context length, as llama.cpp does;
-    /// transformers switches on the current sequence length), and cos and sin are
+    /// with `e` the long factors for a forward pass over a sequence longer than the
+    /// pre-training context and the short factors otherwise (transformers'
+    /// `longrope_frequency_update`: see [`RopeTable::offset`]), and cos and sin are
     /// multiplied by `attention_factor`.
     LongRope {
         /// Per-frequency divisors for contexts up to the pre-training length.
@@ -327,9 +327,9 @@ impl RopeScaling {
         }
     }
 
-    /// The frequency of pair `j` of `half` for `theta`, in a table of `max_pos` positions,
+    /// The frequency of pair `j` of `half` for `theta` (LongRoPE's long factors if `long`),
     /// in f32 and in the order of operations of transformers' `_compute_*_parameters`.
-    fn frequency(&self, j: usize, half: usize, theta: f32, max_pos: usize) -> f32 {
+    fn frequency(&self, j: usize, half: usize, theta: f32, long: bool) -> f32 {
         let power = theta.powf((2 * j) as f32 / (2 * half) as f32);
         match *self {
             RopeScaling::Linear { factor } => 1.0 / power / factor,
@@ -337,14 +337,9 @@ impl RopeScaling {
             RopeScaling::LongRope {
                 ref short_factor,
                 ref long_factor,
-                original_max_position_embeddings,
                 ..
             } => {
-                let factors = if max_pos > original_max_position_embeddings {
-                    long_factor
-                } else {
-                    short_factor
-                };
+                let factors = if long { long_factor } else { short_factor };
                 1.0 / (factors[j] * power)
             }
             RopeScaling::Yarn(yarn) => yarn.frequency(j, half, theta, power),
@@ -365,19 +360,19 @@ impl RopeScaling {
     }
 }
 
-/// The `rotary_dim / 2` frequencies `f_j` (radians per position) of a table of `max_pos`
-/// positions for `theta`, rescaled by `scaling`.
+/// The `rotary_dim / 2` frequencies `f_j` (radians per position) for `theta`, rescaled by
+/// `scaling` (with LongRoPE's long factors if `long`).
 fn frequencies(
     scaling: Option<&RopeScaling>,
     rotary_dim: usize,
     theta: f32,
-    max_pos: usize,
+    long: bool,
 ) -> Vec<f32> {
     let half = rotary_dim / 2;
     (0..half)
         .map(|j| match scaling {
             None => 1.0 / theta.powf((2 * j) as f32 / rotary_dim as f32),
-            Some(s) => s.frequency(j, half, theta, max_pos),
+            Some(s) => s.frequency(j, half, theta, long),
         })
         .collect()
 }
@@ -391,6 +386,11 @@ static NEXT_TABLE_ID: AtomicU64 = AtomicU64::new(1);
 ///
 /// Computed in f32 as llama2.c `run.c` and Hugging Face `LlamaRotaryEmbedding` do, so the
 /// rotated values match those references bit for bit in the angle.
+///
+/// With LongRoPE over a context longer than the pre-training one, the table holds both
+/// sets of frequencies: the short factors' rows for positions `0..positions`, then the long
+/// factors' for the same positions; a forward pass rotates at `position +`
+/// [`RopeTable::offset`] of its sequence length.
 #[derive(Debug, Clone)]
 pub struct RopeTable {
     /// Unique per table built, kept by clones (their values are the same): a device keys
@@ -400,6 +400,9 @@ pub struct RopeTable {
     head_dim: usize,
     rotary_dim: usize,
     max_pos: usize,
+    /// LongRoPE's switch: sequences longer than `.0` positions read the rows `.1` after
+    /// their positions (the long factors').
+    long: Option<(usize, usize)>,
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -455,19 +458,34 @@ impl RopeTable {
                 }
             }
         }
-        let inv_freq = frequencies(scaling, rotary_dim, theta, max_pos);
+        let long = match scaling {
+            Some(RopeScaling::LongRope {
+                original_max_position_embeddings: original,
+                ..
+            }) if max_pos > *original => Some((*original, max_pos)),
+            _ => None,
+        };
+        let sets: &[bool] = if long.is_some() {
+            &[false, true]
+        } else {
+            &[false]
+        };
         let magnitude = scaling.map_or(1.0, RopeScaling::magnitude);
+        let rows = max_pos * sets.len();
         let too_large =
             || Error::InvalidArgument(format!("a RoPE table of {max_pos} positions is too large"));
-        let len = max_pos.checked_mul(half).ok_or_else(too_large)?;
+        let len = rows.checked_mul(half).ok_or_else(too_large)?;
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         cos.try_reserve_exact(len).map_err(|_| too_large())?;
         sin.try_reserve_exact(len).map_err(|_| too_large())?;
-        for p in 0..max_pos {
-            for f in &inv_freq {
-                let angle = p as f32 * f;
-                cos.push(angle.cos() * magnitude);
-                sin.push(angle.sin() * magnitude);
+        for &set in sets {
+            let inv_freq = frequencies(scaling, rotary_dim, theta, set);
+            for p in 0..max_pos {
+                for f in &inv_freq {
+                    let angle = p as f32 * f;
+                    cos.push(angle.cos() * magnitude);
+                    sin.push(angle.sin() * magnitude);
+                }
             }
         }
         Ok(RopeTable {
@@ -475,7 +493,8 @@ impl RopeTable {
             style,
             head_dim,
             rotary_dim,
-            max_pos,
+            max_pos: rows,
+            long,
             cos,
             sin,
         })
@@ -512,9 +531,26 @@ impl RopeTable {
         &self.sin
     }
 
-    /// Number of positions in the table.
+    /// Number of rows in the table: the positions, twice over with LongRoPE's two sets.
     pub fn max_pos(&self) -> usize {
         self.max_pos
+    }
+
+    /// What a forward pass over a sequence of `seq_len` positions adds to each position to
+    /// read its rows: the number of positions when LongRoPE's long factors apply
+    /// (`seq_len` beyond the pre-training context; transformers'
+    /// `longrope_frequency_update`, which keeps the keys already cached as they were
+    /// rotated), else 0.
+    pub fn offset(&self, seq_len: usize) -> usize {
+        match self.long {
+            Some((original, offset)) if seq_len > original => offset,
+            _ => 0,
+        }
+    }
+
+    /// Whether [`RopeTable::offset`] depends on the sequence length.
+    pub fn switches(&self) -> bool {
+        self.long.is_some()
     }
 
     /// `(cos, sin)` for position `pos`, each `rotary_dim / 2` values; `None` past `max_pos`.
@@ -719,7 +755,7 @@ mod tests {
                 .map(|&p| p as usize)
                 .collect();
             let max_pos = positions.iter().max().unwrap() + 1;
-            let ours = frequencies(Some(&scaling), rotary_dim, theta, max_pos);
+            let ours = frequencies(Some(&scaling), rotary_dim, theta, false);
             let theirs: Vec<f32> = numbers(&case["inv_freq"])
                 .iter()
                 .map(|&f| f as f32)

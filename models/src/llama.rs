@@ -110,6 +110,10 @@ pub struct Llama {
     all_rows: Vec<f32>,
     /// The decode steps captured as step graphs (CUDA graphs), by batch size.
     graphs: StepGraphs,
+    /// What the current call adds to its positions to read its RoPE rows
+    /// ([`RopeTable::offset`]: LongRoPE's long factors once the sequence is longer than
+    /// the pre-training context).
+    rope_offset: usize,
 }
 
 /// Checks the arguments of a forward pass before anything is computed.
@@ -285,6 +289,7 @@ impl Llama {
             host_out: None,
             all_rows: Vec::new(),
             graphs: StepGraphs::default(),
+            rope_offset: 0,
         })
     }
 
@@ -343,8 +348,7 @@ impl Graph for Llama {
         start_pos: usize,
         head: Head,
     ) -> Result<&[f32]> {
-        check_forward(self.config(), tokens, start_pos)?;
-        self.allocate(exec)?;
+        self.begin(exec, tokens, start_pos)?;
         if let Some(at) = self.step_graph_memory(exec, tokens, head) {
             self.decode_step(exec, at, tokens, start_pos)?;
             return host_output(&self.model, &self.states, &mut self.host_out, exec);
@@ -379,8 +383,7 @@ impl Graph for Llama {
         tokens: &[u32],
         start_pos: usize,
     ) -> Result<&Data> {
-        check_forward(self.config(), tokens, start_pos)?;
-        self.allocate(exec)?;
+        self.begin(exec, tokens, start_pos)?;
         let last = Head::Logits(Logits::Last);
         if let Some(at) = self.step_graph_memory(exec, tokens, last) {
             self.decode_step(exec, at, tokens, start_pos)?;
@@ -395,10 +398,22 @@ impl Graph for Llama {
 }
 
 impl Llama {
+    /// Checks a call over `tokens` from `start_pos`, allocates what a placed model has not
+    /// yet, and chooses the call's RoPE rows from its sequence length (positions
+    /// `0..start_pos + tokens.len()`, as transformers chooses LongRoPE's per forward pass).
+    fn begin(&mut self, exec: &Executor, tokens: &[u32], start_pos: usize) -> Result<()> {
+        check_forward(self.config(), tokens, start_pos)?;
+        self.allocate(exec)?;
+        self.rope_offset = self.model.rope.offset(start_pos + tokens.len());
+        Ok(())
+    }
+
     /// The memory whose device runs this call as a step graph: a decode step (one token,
     /// the last logits) of a model whose every layer, KV cache and activations are in one
     /// device's memory, where that device captures ([`Executor::can_capture`]); `None`
-    /// otherwise (op by op). ALiBi models run op by op (their slopes are uploaded per op).
+    /// otherwise (op by op). ALiBi models run op by op (their slopes are uploaded per op),
+    /// and so do LongRoPE models whose RoPE rows switch with the sequence length (a
+    /// captured step reads its position from device memory, without the offset).
     fn step_graph_memory(&self, exec: &Executor, tokens: &[u32], head: Head) -> Option<Location> {
         let (c, p) = (&self.model.config, &self.model.placement);
         let [at] = p.locations()[..] else {
@@ -406,7 +421,9 @@ impl Llama {
         };
         let experts_here = (0..c.n_layers).all(|l| p.experts(l) == at);
         let decode = tokens.len() == 1 && head == Head::Logits(Logits::Last);
-        (decode && at != Location::Host && experts_here && !c.alibi && exec.can_capture(at))
+        let fixed_rope = !self.model.rope.switches();
+        let plain = !c.alibi && fixed_rope;
+        (decode && at != Location::Host && experts_here && plain && exec.can_capture(at))
             .then_some(at)
     }
 
@@ -481,7 +498,7 @@ impl Llama {
             s.set_rows(c, n)?;
         }
         // The p-tuning prefix fills the cache rows before position 0.
-        let row = c.pre_seq_len + pos;
+        let (row, rope_offset) = (c.pre_seq_len + pos, self.rope_offset);
         let kv = self
             .kv
             .as_mut()
@@ -493,7 +510,7 @@ impl Llama {
                         x,
                         table: model.rope_of(l),
                         n_heads,
-                        start_pos: pos,
+                        start_pos: pos + rope_offset,
                     })?;
                 }
             }

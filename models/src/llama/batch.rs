@@ -161,13 +161,16 @@ impl BatchedForward for LlamaBatch {
         for seq in seqs {
             super::check_forward(c, seq.tokens, seq.start_pos)?;
             self.tokens.extend_from_slice(seq.tokens);
-            for pos in seq.start_pos..seq.start_pos + seq.tokens.len() {
+            let end = seq.start_pos + seq.tokens.len();
+            // Each sequence's RoPE rows by its own length (LongRoPE, see `RopeTable::offset`).
+            let rope_offset = model.rope.offset(end);
+            for pos in seq.start_pos..end {
                 let row = c.pre_seq_len + pos;
                 let slot = kv.slot(seq.blocks, row).ok_or(CoreError::ContextOverflow {
                     needed: row + 1,
                     max: seq.blocks.len() * kv.block_size(),
                 })?;
-                self.positions.push(pos as u32);
+                self.positions.push((pos + rope_offset) as u32);
                 self.slots.push(slot);
             }
             self.last_rows.push(self.tokens.len() - 1);
