@@ -400,8 +400,8 @@ fn without_the_family_feature_the_logits_differ() {
             .as_ref()
             .is_some_and(|m| m.shared_expert_dim.is_none());
         for layer in &mut weights.layers {
-            if let (false, Attention::Heads { qk_norm, .. }) = (config.qk_norm, &mut layer.attn) {
-                *qk_norm = None;
+            if let (false, Attention::Heads(h)) = (config.qk_norm, &mut layer.attn) {
+                h.qk_norm = None;
             }
             if let (true, Ffn::Moe { shared, .. }) = (no_shared, &mut layer.ffn) {
                 *shared = None;

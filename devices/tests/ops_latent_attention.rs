@@ -31,6 +31,18 @@ struct Operands {
 }
 
 impl Case {
+    /// `n` rows from `start_pos`, `heads` query heads over one latent head.
+    fn one_latent(n: usize, start_pos: usize, heads: usize, latent: usize, rope: usize) -> Case {
+        Case {
+            n,
+            start_pos,
+            heads,
+            kv_heads: 1,
+            latent,
+            rope,
+        }
+    }
+
     fn operands(&self, seed: u64, f16: bool) -> Operands {
         let mut rng = rng(seed);
         let rows = self.start_pos + self.n + 2;
@@ -174,14 +186,7 @@ fn latent_attention_matches_formula() {
 /// A row's result has the same bits alone (decode) as among the rows of a prefill.
 #[test]
 fn latent_attention_rows_do_not_depend_on_the_batch() {
-    let prefill = Case {
-        n: 7,
-        start_pos: 2,
-        heads: 16,
-        kv_heads: 1,
-        latent: 64,
-        rope: 16,
-    };
+    let prefill = Case::one_latent(7, 2, 16, 64, 16);
     let o = prefill.operands(7, false);
     let all = prefill.attend(&o);
     let width = prefill.heads * prefill.latent;
@@ -213,14 +218,7 @@ fn latent_attention_rows_do_not_depend_on_the_batch() {
 /// bits.
 #[test]
 fn paged_latent_attention_equals_contiguous() {
-    let c = Case {
-        n: 5,
-        start_pos: 6,
-        heads: 8,
-        kv_heads: 1,
-        latent: 40,
-        rope: 8,
-    };
+    let c = Case::one_latent(5, 6, 8, 40, 8);
     let o = c.operands(11, false);
     let want = c.attend(&o);
     // Blocks of 4 positions, placed in reverse in a pool of 4 blocks.

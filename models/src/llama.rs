@@ -74,7 +74,9 @@ use step_graphs::{StepGraphs, StepPlan};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::{cpu_layout, Tensors};
-pub use weights::{Attention, Ffn, LatentAttention, LlamaLayer, LlamaWeights, SharedExpert};
+pub use weights::{
+    Attention, Ffn, LatentAttention, LlamaLayer, LlamaWeights, QkvProjections, SharedExpert,
+};
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
 pub const PREFILL_CHUNK: usize = 128;
@@ -619,14 +621,8 @@ fn run_layers<'s>(
         // Attention block.
         pre_norm(exec, s, &lw.attn_norm, c.norm_eps)?;
         match &lw.attn {
-            Attention::Heads {
-                wq,
-                wk,
-                wv,
-                qkv_bias,
-                qk_norm,
-            } => {
-                let [bq, bk, bv] = match qkv_bias {
+            Attention::Heads(h) => {
+                let [bq, bk, bv] = match &h.qkv_bias {
                     Some([q, k, v]) => [Some(q), Some(k), Some(v)],
                     None => [None; 3],
                 };
@@ -634,12 +630,12 @@ fn run_layers<'s>(
                 exec.run(Op::Linears {
                     input: &s.xb,
                     parts: &mut [
-                        LinearPart::new(wq, bq, &mut s.q),
-                        LinearPart::new(wk, bk, &mut s.k),
-                        LinearPart::new(wv, bv, &mut s.v),
+                        LinearPart::new(&h.wq, bq, &mut s.q),
+                        LinearPart::new(&h.wk, bk, &mut s.k),
+                        LinearPart::new(&h.wv, bv, &mut s.v),
                     ],
                 })?;
-                if let Some([q_norm, k_norm]) = qk_norm {
+                if let Some([q_norm, k_norm]) = &h.qk_norm {
                     head_norm(exec, &mut s.q, q_norm, c, &mut s.heads)?;
                     head_norm(exec, &mut s.k, k_norm, c, &mut s.heads)?;
                 }

@@ -271,8 +271,8 @@ pub fn weights_in(
         ] {
             *d = c(TensorName::Layer(l, part), s);
         }
-        if let Attention::Heads { wq, wk, wv, .. } = &mut dst.attn {
-            for (part, d) in [(Wq, wq), (Wk, wk), (Wv, wv)] {
+        if let Attention::Heads(h) = &mut dst.attn {
+            for (part, d) in [(Wq, &mut h.wq), (Wk, &mut h.wk), (Wv, &mut h.wv)] {
                 *d = c(TensorName::Layer(l, part), d);
             }
         }

@@ -439,33 +439,31 @@ mod tests {
             "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
             "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
             "type": "yarn"}}"#;
-        let want = YarnScaling {
-            factor: 40.0,
-            original_max_position_embeddings: 4096,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            attention_factor: 1.0,
-            truncate: true,
-            mscale_all_dim: Some(0.707),
+        // factor, pre-training context, betas, attention factor, truncation, mscale_all_dim.
+        let yarn = |text: &str| match rope_of(text).unwrap() {
+            (theta, Some(RopeScaling::Yarn(y))) => (
+                theta,
+                (y.factor, y.original_max_position_embeddings),
+                (y.beta_fast, y.beta_slow, y.attention_factor),
+                (y.truncate, y.mscale_all_dim, y.softmax_scale_factor()),
+            ),
+            other => panic!("{other:?}"),
         };
+        let (theta, sizes, betas, rest) = yarn(deepseek);
         assert_eq!(
-            rope_of(deepseek).unwrap(),
-            (10000.0, Some(RopeScaling::Yarn(want)))
+            (theta, sizes, betas),
+            (10000.0, (40.0, 4096), (32.0, 1.0, 1.0))
         );
         let m = 0.1 * 0.707 * 40f64.ln() + 1.0;
-        assert!((f64::from(want.softmax_scale_factor()) - m * m).abs() < 1e-6);
+        assert_eq!((rest.0, rest.1), (true, Some(0.707)));
+        assert!((f64::from(rest.2) - m * m).abs() < 1e-6);
         let qwen = r#"{"rope_theta": 1000000.0, "rope_scaling": {"type": "yarn",
             "factor": 4.0, "original_max_position_embeddings": 32768}}"#;
-        let want = YarnScaling {
-            factor: 4.0,
-            original_max_position_embeddings: 32768,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            attention_factor: (0.1 * 4f64.ln() + 1.0) as f32,
-            truncate: true,
-            mscale_all_dim: None,
-        };
-        assert_eq!(rope_of(qwen).unwrap(), (1e6, Some(RopeScaling::Yarn(want))));
+        let attention = (0.1 * 4f64.ln() + 1.0) as f32;
+        assert_eq!(
+            yarn(qwen),
+            (1e6, (4.0, 32768), (32.0, 1.0, attention), (true, None, 1.0))
+        );
     }
 
     /// The configurations of `tests/data/yarn/yarn.json` (`make.py`) read as the parameters

@@ -79,22 +79,25 @@ pub struct LlamaLayer {
 pub enum Attention {
     /// Grouped-query attention: queries, keys and values each projected from the hidden
     /// state.
-    Heads {
-        /// Query projection `[n_heads·head_dim, dim]`.
-        wq: Data,
-        /// Key projection `[n_kv_heads·head_dim, dim]`.
-        wk: Data,
-        /// Value projection `[n_kv_heads·head_dim, dim]`.
-        wv: Data,
-        /// Query, key and value biases (`ModelConfig::qkv_bias`: ChatGLM2/3, GLM-4,
-        /// InternLM).
-        qkv_bias: Option<[Data; 3]>,
-        /// RMSNorm gains `[head_dim]` applied to each query head and each key head before
-        /// RoPE (`ModelConfig::qk_norm`: Qwen3).
-        qk_norm: Option<[Data; 2]>,
-    },
+    Heads(QkvProjections),
     /// Multi-head latent attention ([`crate::MlaConfig`]).
     Latent(Box<LatentAttention>),
+}
+
+/// The projections of grouped-query attention.
+#[derive(Debug, Clone)]
+pub struct QkvProjections {
+    /// Query projection `[n_heads·head_dim, dim]`.
+    pub wq: Data,
+    /// Key projection `[n_kv_heads·head_dim, dim]`.
+    pub wk: Data,
+    /// Value projection `[n_kv_heads·head_dim, dim]`.
+    pub wv: Data,
+    /// Query, key and value biases (`ModelConfig::qkv_bias`: ChatGLM2/3, GLM-4, InternLM).
+    pub qkv_bias: Option<[Data; 3]>,
+    /// RMSNorm gains `[head_dim]` applied to each query head and each key head before RoPE
+    /// (`ModelConfig::qk_norm`: Qwen3).
+    pub qk_norm: Option<[Data; 2]>,
 }
 
 /// The weights of multi-head latent attention ([`crate::MlaConfig`]; transformers'
@@ -260,16 +263,10 @@ impl LlamaLayer {
     pub fn tensors(&self) -> Vec<&Data> {
         let mut out = vec![&self.attn_norm];
         match &self.attn {
-            Attention::Heads {
-                wq,
-                wk,
-                wv,
-                qkv_bias,
-                qk_norm,
-            } => {
-                out.extend([wq, wk, wv]);
-                out.extend(qkv_bias.iter().flatten());
-                out.extend(qk_norm.iter().flatten());
+            Attention::Heads(h) => {
+                out.extend([&h.wq, &h.wk, &h.wv]);
+                out.extend(h.qkv_bias.iter().flatten());
+                out.extend(h.qk_norm.iter().flatten());
             }
             Attention::Latent(a) => out.extend(a.tensors()),
         }
@@ -314,25 +311,19 @@ impl LlamaLayer {
         Ok(LlamaLayer {
             attn_norm: f(self.attn_norm, false)?,
             attn: match self.attn {
-                Attention::Heads {
-                    wq,
-                    wk,
-                    wv,
-                    qkv_bias,
-                    qk_norm,
-                } => Attention::Heads {
-                    wq: f(wq, false)?,
-                    wk: f(wk, false)?,
-                    wv: f(wv, false)?,
-                    qkv_bias: match qkv_bias {
+                Attention::Heads(h) => Attention::Heads(QkvProjections {
+                    wq: f(h.wq, false)?,
+                    wk: f(h.wk, false)?,
+                    wv: f(h.wv, false)?,
+                    qkv_bias: match h.qkv_bias {
                         Some([q, k, v]) => Some([f(q, false)?, f(k, false)?, f(v, false)?]),
                         None => None,
                     },
-                    qk_norm: match qk_norm {
+                    qk_norm: match h.qk_norm {
                         Some([q, k]) => Some([f(q, false)?, f(k, false)?]),
                         None => None,
                     },
-                },
+                }),
                 Attention::Latent(a) => {
                     Attention::Latent(Box::new(a.try_map(&mut |d| f(d, false))?))
                 }
@@ -446,7 +437,7 @@ impl LlamaWeights {
                     [part(KvA)?, part(KRope)?, part(KvANorm)?],
                     part(KvB)?,
                 )?)),
-                None => Attention::Heads {
+                None => Attention::Heads(QkvProjections {
                     wq: part(Wq)?,
                     wk: part(Wk)?,
                     wv: part(Wv)?,
@@ -458,7 +449,7 @@ impl LlamaWeights {
                         .qk_norm
                         .then(|| Ok::<_, Error>([part(QNorm)?, part(KNorm)?]))
                         .transpose()?,
-                },
+                }),
             };
             Ok(LlamaLayer {
                 attn_norm: part(AttnNorm)?,
@@ -550,10 +541,10 @@ impl LlamaWeights {
         for l in &mut self.layers {
             shift(&mut l.attn_norm)?;
             shift(&mut l.ffn_norm)?;
-            if let Attention::Heads {
+            if let Attention::Heads(QkvProjections {
                 qk_norm: Some(norms),
                 ..
-            } = &mut l.attn
+            }) = &mut l.attn
             {
                 norms.iter_mut().try_for_each(shift)?;
             }

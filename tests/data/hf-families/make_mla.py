@@ -42,11 +42,7 @@ from transformers import (
 
 from make_tiny import COMMON, HERE, SEQ_LEN, TOKEN_SEED, VOCAB, redraw
 
-MLA = dict(
-    kv_lora_rank=32,
-    qk_nope_head_dim=16,
-    qk_rope_head_dim=8,
-    v_head_dim=16,
+EXPERTS = dict(
     n_routed_experts=8,
     num_experts_per_tok=2,
     moe_intermediate_size=32,
@@ -55,6 +51,13 @@ MLA = dict(
     topk_group=2,
     first_k_dense_replace=1,
     tie_word_embeddings=False,
+)
+MLA = dict(
+    EXPERTS,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
 )
 FAMILIES = {
     "deepseek_v2": (
@@ -99,27 +102,27 @@ FAMILIES = {
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
         dict(
+            EXPERTS,
             head_dim=16,
             num_key_value_heads=2,
             attention_bias=True,
             use_qk_norm=True,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            n_shared_experts=1,
-            n_group=4,
-            topk_group=2,
-            first_k_dense_replace=1,
             norm_topk_prob=True,
             routed_scaling_factor=2.5,
             num_mtp_layers=1,
-            tie_word_embeddings=False,
             rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
         ),
         1014,
     ),
 }
 # Each feature turned off: config changes, or a parameter or buffer name part zeroed.
+V3_ROUTING = {
+    "groups": dict(n_group=1, topk_group=1),
+    "score_bias": "e_score_correction_bias",
+    "renormalize": dict(norm_topk_prob=False),
+    "routed_scaling": dict(routed_scaling_factor=1.0),
+    "shared_expert": "shared_experts.down_proj",
+}
 WITHOUT = {
     "deepseek_v2": {
         "group_limited": dict(topk_method="greedy"),
@@ -127,20 +130,8 @@ WITHOUT = {
         "yarn": dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
         "shared_expert": "shared_experts.down_proj",
     },
-    "deepseek_v3": {
-        "groups": dict(n_group=1, topk_group=1),
-        "score_bias": "e_score_correction_bias",
-        "renormalize": dict(norm_topk_prob=False),
-        "routed_scaling": dict(routed_scaling_factor=1.0),
-        "shared_expert": "shared_experts.down_proj",
-    },
-    "glm4_moe": {
-        "groups": dict(n_group=1, topk_group=1),
-        "score_bias": "e_score_correction_bias",
-        "renormalize": dict(norm_topk_prob=False),
-        "routed_scaling": dict(routed_scaling_factor=1.0),
-        "shared_expert": "shared_experts.down_proj",
-    },
+    "deepseek_v3": V3_ROUTING,
+    "glm4_moe": V3_ROUTING,
 }
 
 
