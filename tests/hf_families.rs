@@ -658,9 +658,11 @@ fn qwen_gemma_phi3_and_glm4_gguf_files_run_as_transformers() {
 /// The mixtures as llama.cpp writes them into GGUF files (tools/gguf/make_family_ggufs.py:
 /// each layer's experts stacked into `ffn_{gate,up,down}_exps`, Mixtral as architecture
 /// `llama` with q/k permuted, and again with each expert's tensors of its own as llama.cpp
-/// wrote Mixtral before stacking; Qwen2-MoE's shared expert as `*_shexp`): the experts the
-/// keys and tensors give are transformers', the logits too, in one prefill and token by
-/// token, and again from an f32 .flm file converted from the GGUF.
+/// wrote Mixtral before stacking; Qwen2-MoE's shared expert as `*_shexp`; GLM-4.5's
+/// sigmoid router, groups, bias and shared expert with its prediction layer counted in
+/// `block_count`): the experts the keys and tensors give are transformers', the logits too,
+/// in one prefill and token by token, and again from an f32 .flm file converted from the
+/// GGUF.
 #[test]
 fn mixture_gguf_files_run_as_transformers() {
     let dir = tempfile::tempdir().unwrap();
@@ -669,9 +671,11 @@ fn mixture_gguf_files_run_as_transformers() {
         ("mixtral-per-expert", "mixtral"),
         ("qwen3_moe", "qwen3_moe"),
         ("qwen2_moe", "qwen2_moe"),
+        ("glm4_moe", "glm4_moe"),
     ] {
         let path = data(&format!("hf-families/{file}.gguf"));
         let gguf = import::load(&path).unwrap();
+        assert_eq!(gguf.config.n_layers, 2, "{family}");
         let hf = import::load(&data(&format!("hf-families/{family}")))
             .unwrap()
             .config;

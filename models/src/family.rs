@@ -121,14 +121,14 @@ impl Family {
             Family::Gemma2 => "gemma2",
             Family::Gemma3 => "gemma3",
             Family::Glm4 => "glm4",
+            Family::Glm4Moe => "glm4moe",
             Family::InternLm
             | Family::Mistral
             | Family::Mixtral
             | Family::Baichuan
             | Family::ChatGlm
             | Family::DeepseekV2
-            | Family::DeepseekV3
-            | Family::Glm4Moe => return None,
+            | Family::DeepseekV3 => return None,
         })
     }
 

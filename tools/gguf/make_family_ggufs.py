@@ -28,6 +28,13 @@ vocabulary size is given as `<architecture>.vocab_size`.
   `post_mlp_layernorm` as `post_attention_norm` and `post_ffw_norm`,
   `rope.dimension_count` the rotated dimensions of a head (8 of 16: partial_rotary_factor
   0.5).
+- GLM-4.5 (`Glm4MoeModel`): `block_count` counts the multi-token-prediction layer too
+  (`nextn_predict_layers`; the tiny checkpoint has no weights for it), the routed
+  experts' count, width, groups (`expert_group_count`, `expert_group_used_count`: the base
+  class's `n_group` and `topk_group`), the sigmoid gating function, `expert_weights_scale`
+  and `expert_weights_norm`, `expert_shared_count` shared experts as `ffn_*_shexp`, the
+  router's bias as `exp_probs_b.bias`, `leading_dense_block_count`, and
+  `rope.dimension_count` the rotated half of each head.
 - The mixtures: each layer's experts stacked into one tensor per projection,
   `ffn_{gate,up,down}_exps` of shape `[n_expert, out, in]` (`torch.stack(.., dim=0)`),
   the router as `ffn_gate_inp`, `expert_count` and `expert_used_count`; Qwen's
@@ -92,6 +99,10 @@ LAYER_NAMES = {
     "mlp.gate_up_proj.weight": "ffn_up.weight",
     "post_self_attn_layernorm.weight": "post_attention_norm.weight",
     "post_mlp_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
 }
 # The experts' stacked tensors, by the name of one expert's projection.
 EXPERT_NAMES = {
@@ -111,6 +122,7 @@ ARCHITECTURES = {
     "qwen2_moe": "qwen2moe",
     "phi3": "phi3",
     "glm4": "glm4",
+    "glm4_moe": "glm4moe",
 }
 
 
@@ -244,7 +256,7 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
     writer.add_name(f"tiny-{family}")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_block_count(config["num_hidden_layers"] + config.get("num_nextn_predict_layers", 0))
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
@@ -255,8 +267,12 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
         writer.add_value_length(config["head_dim"])
     writer.add_vocab_size(config["vocab_size"])
     if "num_experts_per_tok" in config:
-        writer.add_expert_count(config.get("num_local_experts", config.get("num_experts")))
+        experts = [config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts")]
+        writer.add_expert_count(next(e for e in experts if e is not None))
         writer.add_expert_used_count(config["num_experts_per_tok"])
+    if "n_group" in config:
+        writer.add_expert_group_count(config["n_group"])
+        writer.add_expert_group_used_count(config["topk_group"])
     if "moe_intermediate_size" in config:
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if "shared_expert_intermediate_size" in config:
@@ -265,8 +281,15 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
         phi3(writer, config, rope)
     if arch == "llama":
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
-    if arch == "glm4":
+    if arch in ("glm4", "glm4moe"):
         writer.add_rope_dimension_count(int(config["head_dim"] * rope.get("partial_rotary_factor", 0.5)))
+    if arch == "glm4moe":
+        writer.add_expert_shared_count(config["n_shared_experts"])
+        writer.add_leading_dense_block_count(config["first_k_dense_replace"])
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        writer.add_expert_weights_scale(config["routed_scaling_factor"])
+        writer.add_expert_weights_norm(config["norm_topk_prob"])
+        writer.add_nextn_predict_layers(config["num_nextn_predict_layers"])
     if gemma:
         writer.add_sliding_window(config["sliding_window"])
         writer.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])

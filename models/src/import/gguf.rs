@@ -31,7 +31,10 @@
 //! fuses q/k/v (`attn_qkv`) and gate/up (`ffn_up`), read as row views, and keeps
 //! LongRoPE's factors as F32 tensors (`rope_factors_short`, `rope_factors_long`); GLM-4
 //! fuses gate/up as Phi-3 does and has Gemma 2's post-norms (`post_attention_norm`,
-//! `post_ffw_norm`).
+//! `post_ffw_norm`). GLM-4.5 (`glm4moe`) has DeepSeek-V3's experts (see [`moe`]), q/k/v
+//! biases and q/k norms where its tensors have them, and counts its multi-token-prediction
+//! layer (`nextn_predict_layers`) in `block_count`: flm runs the others and lists that
+//! layer's tensors as ignored.
 //! Tensors F32, F16, BF16
 //! (zero-copy) and the ggml block types of [`GgmlType`] are read, each into the dtype
 //! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss; Q4_K, Q5_K and
@@ -47,7 +50,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use flm_core::ggml::GgmlType;
-use flm_core::{DataType, RopeScaling};
+use flm_core::{DataType, ExpertGroups, GroupScore, RopeScaling, RouterScoring};
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
 use super::hf_families::longrope_attention_factor;
@@ -126,10 +129,21 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
     ];
     let mut eos_token_ids: Vec<u32> = eos.into_iter().flatten().collect();
     eos_token_ids.dedup();
+    let blocks = m.required(&key("block_count"))?;
+    let n_layers = match m.usize(&key("nextn_predict_layers"))? {
+        Some(extra) if extra >= blocks => {
+            let msg = format!("{extra} prediction layers of {blocks} blocks");
+            return Err(Error::format(m.path, msg));
+        }
+        extra => blocks - extra.unwrap_or(0),
+    };
+    // GLM-4.5's biases and norms are optional in its config: the tensors say.
+    let has = |name: &str| g.tensors.iter().any(|t| t.name == name);
+    let glm4_moe = family == Family::Glm4Moe;
     let config = ModelConfig {
         dim,
         hidden_dim: m.required(&key("feed_forward_length"))?,
-        n_layers: m.required(&key("block_count"))?,
+        n_layers,
         n_heads,
         n_kv_heads: m.usize(&key("attention.head_count_kv"))?.unwrap_or(n_heads),
         head_dim,
@@ -144,8 +158,8 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
         tie_embeddings: !g.tensors.iter().any(|t| t.name == "output.weight"),
         bos_token_id: m.id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
-        qkv_bias: family.qkv_bias(),
-        qk_norm: family.qk_norm(),
+        qkv_bias: family.qkv_bias() || (glm4_moe && has("blk.0.attn_q.bias")),
+        qk_norm: family.qk_norm() || (glm4_moe && has("blk.0.attn_q_norm.weight")),
         post_norms: family.post_norms(),
         rope_scaling,
         ..ModelConfig::default()
@@ -240,15 +254,20 @@ fn longrope(
 /// The experts of a file whose `{arch}.expert_count` is positive, as llama.cpp reads them
 /// (`src/models/*.cpp`): `expert_used_count` per token, experts of
 /// `expert_feed_forward_length` (default: `feed_forward_length` for Mixtral's `llama`,
-/// `feed_forward_length / expert_used_count` for Qwen's), the top-k
-/// weights renormalised by `expert_weights_norm`, else as llama.cpp's graphs fix it
-/// (`qwen2moe` not, `llama` and `qwen3moe` always); `qwen2moe`'s shared expert of
-/// `expert_shared_feed_forward_length` (default `feed_forward_length`). A layer without a
-/// router (`blk.{l}.ffn_gate_inp.weight`) is dense, as Qwen3-MoE's `mlp_only_layers`.
+/// `feed_forward_length / expert_used_count` for Qwen's), scored by a softmax or a sigmoid
+/// (`expert_gating_func` 1 or 2), chosen from the `expert_group_used_count` best of
+/// `expert_group_count` groups (by their best score after a softmax, by the sum of their
+/// two best after a sigmoid, as DeepSeek-V2 and V3 choose), with the router's bias
+/// `blk.{l}.exp_probs_b.bias` where the file has it, the top-k weights renormalised by
+/// `expert_weights_norm` (else as llama.cpp's graphs fix it: `qwen2moe` not, `llama`,
+/// `qwen3moe` and `glm4moe` always) and scaled by `expert_weights_scale`; `qwen2moe`'s
+/// gated shared expert of `expert_shared_feed_forward_length` (default
+/// `feed_forward_length`), `glm4moe`'s ungated `expert_shared_count` experts of the
+/// routed width. A layer without a router (`blk.{l}.ffn_gate_inp.weight`) is dense, as
+/// Qwen3-MoE's `mlp_only_layers` and GLM-4.5's leading dense layers.
 ///
-/// Errors: [`Error::Format`] for a missing `expert_used_count`, malformed values, or a
-/// gating function other than softmax or scaled expert weights (DeepSeek's), which the
-/// graph does not have.
+/// Errors: [`Error::Format`] for a missing `expert_used_count`, malformed values, or
+/// another gating function.
 fn moe(m: &Meta, g: &Gguf, family: Family, c: &ModelConfig) -> Result<Option<MoeConfig>> {
     let key = |k: &str| key(family, k);
     let n_experts = m.usize(&key("expert_count"))?.unwrap_or(0);
@@ -257,17 +276,34 @@ fn moe(m: &Meta, g: &Gguf, family: Family, c: &ModelConfig) -> Result<Option<Moe
     }
     let unsupported = |what: String| Error::format(m.path, format!("unsupported model: {what}"));
     // llama.cpp's gating functions: 1 softmax, 2 sigmoid, 3 softmax of the top-k.
-    if let Some(f) = m.usize(&key("expert_gating_func"))?.filter(|&f| f != 1) {
-        return Err(unsupported(format!(
-            "expert gating function {f} (only softmax, 1)"
-        )));
-    }
-    if let Some(w) = m
-        .f32(&key("expert_weights_scale"))?
-        .filter(|&w| w != 0.0 && w != 1.0)
-    {
-        return Err(unsupported(format!("expert weights scaled by {w}")));
-    }
+    let (scoring, group_score) = match m.usize(&key("expert_gating_func"))? {
+        None | Some(1) => (RouterScoring::Softmax, GroupScore::Max),
+        Some(2) => (RouterScoring::Sigmoid, GroupScore::SumOfTop2),
+        Some(f) => {
+            return Err(unsupported(format!(
+                "expert gating function {f} (softmax, 1, or sigmoid, 2)"
+            )))
+        }
+    };
+    // 0 is llama.cpp's "not set".
+    let routed_scale = match m.f32(&key("expert_weights_scale"))? {
+        Some(w) if w != 0.0 => w,
+        _ => 1.0,
+    };
+    let groups = match m.usize(&key("expert_group_count"))? {
+        Some(n_groups) if n_groups > 1 => Some(ExpertGroups {
+            n_groups,
+            top_groups: m
+                .usize(&key("expert_group_used_count"))?
+                .unwrap_or(n_groups),
+            score: group_score,
+        }),
+        _ => None,
+    };
+    let biased = |l: usize| {
+        let bias = format!("blk.{l}.exp_probs_b.bias");
+        g.tensors.iter().any(|t| t.name == bias)
+    };
     let routed = |l: usize| {
         let router = format!("blk.{l}.ffn_gate_inp.weight");
         g.tensors.iter().any(|t| t.name == router)
@@ -281,16 +317,24 @@ fn moe(m: &Meta, g: &Gguf, family: Family, c: &ModelConfig) -> Result<Option<Moe
     let renormalize = m
         .bool(&key("expert_weights_norm"))?
         .unwrap_or(family != Family::Qwen2Moe);
+    let dense_layers: Vec<usize> = (0..c.n_layers).filter(|&l| !routed(l)).collect();
+    let shared_count = m.usize(&key("expert_shared_count"))?.unwrap_or(0);
     Ok(Some(MoeConfig {
-        dense_layers: (0..c.n_layers).filter(|&l| !routed(l)).collect(),
         shared_expert_dim: match family {
             Family::Qwen2Moe => Some(
                 m.usize(&key("expert_shared_feed_forward_length"))?
                     .filter(|&d| d > 0)
                     .unwrap_or(c.hidden_dim),
             ),
-            _ => None,
+            _ => (shared_count > 0).then_some(shared_count * expert_dim),
         },
+        // Qwen2-MoE's shared expert is gated; the counted ones (GLM-4.5's) are not.
+        shared_expert_gated: shared_count == 0,
+        scoring,
+        groups,
+        choice_bias: (0..c.n_layers).any(|l| routed(l) && biased(l)),
+        routed_scale,
+        dense_layers,
         ..MoeConfig::softmax_top_k(n_experts, top_k, expert_dim, renormalize)
     }))
 }
