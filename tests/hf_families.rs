@@ -660,7 +660,11 @@ fn qwen_gemma_phi3_and_glm4_gguf_files_run_as_transformers() {
 /// `llama` with q/k permuted, and again with each expert's tensors of its own as llama.cpp
 /// wrote Mixtral before stacking; Qwen2-MoE's shared expert as `*_shexp`; GLM-4.5's
 /// sigmoid router, groups, bias and shared expert with its prediction layer counted in
-/// `block_count`): the experts the keys and tensors give are transformers', the logits too,
+/// `block_count`; DeepSeek-V2 and V3 as `deepseek2`, their multi-head latent attention
+/// with `kv_b_proj` split into `attn_k_b` and `attn_v_b` (or whole, as older files have
+/// it), YaRN through
+/// `yarn_log_multiplier`): the experts the keys and tensors give are transformers', the
+/// logits too,
 /// in one prefill and token by token, and again from an f32 .flm file converted from the
 /// GGUF.
 #[test]
@@ -672,6 +676,9 @@ fn mixture_gguf_files_run_as_transformers() {
         ("qwen3_moe", "qwen3_moe"),
         ("qwen2_moe", "qwen2_moe"),
         ("glm4_moe", "glm4_moe"),
+        ("deepseek_v2", "deepseek_v2"),
+        ("deepseek_v2-kv_b", "deepseek_v2"),
+        ("deepseek_v3", "deepseek_v3"),
     ] {
         let path = data(&format!("hf-families/{file}.gguf"));
         let gguf = import::load(&path).unwrap();
@@ -680,6 +687,14 @@ fn mixture_gguf_files_run_as_transformers() {
             .unwrap()
             .config;
         assert_eq!(gguf.config.moe, hf.moe, "{family}");
+        let c = &gguf.config;
+        assert_eq!(c.mla, hf.mla, "{family}");
+        if c.mla.is_some() {
+            assert_eq!(c.rope_style, hf.rope_style, "{family}");
+        }
+        // DeepSeek's YaRN factor through `yarn_log_multiplier`, an f32 of 0.1 · mscale_all_dim.
+        let scale = (c.attention_scale() - hf.attention_scale()).abs();
+        assert!(scale < 1e-6, "{family}: {scale}");
         assert!(gguf.ignored.is_empty(), "{family}: {:?}", gguf.ignored);
         assert_eq!(
             (gguf.config.qkv_bias, gguf.config.qk_norm),

@@ -50,7 +50,8 @@ pub enum Family {
     /// pairs on part of each head (`partial_rotary_factor`, 0.5 by default).
     Glm4,
     /// DeepSeek-V2 and V2-Lite (`DeepseekV2ForCausalLM`): multi-head latent attention and
-    /// DeepSeek's experts with a softmax router (see `import::deepseek`).
+    /// DeepSeek's experts with a softmax router (see `import::deepseek`); in GGUF files
+    /// (`deepseek2`) also DeepSeek-V3, whose keys give its sigmoid router.
     DeepseekV2,
     /// DeepSeek-V3 and R1 (`DeepseekV3ForCausalLM`): DeepSeek-V2's layers with a sigmoid
     /// router whose bias only chooses.
@@ -122,12 +123,12 @@ impl Family {
             Family::Gemma3 => "gemma3",
             Family::Glm4 => "glm4",
             Family::Glm4Moe => "glm4moe",
+            Family::DeepseekV2 => "deepseek2",
             Family::InternLm
             | Family::Mistral
             | Family::Mixtral
             | Family::Baichuan
             | Family::ChatGlm
-            | Family::DeepseekV2
             | Family::DeepseekV3 => return None,
         })
     }

@@ -35,6 +35,19 @@ vocabulary size is given as `<architecture>.vocab_size`.
   and `expert_weights_norm`, `expert_shared_count` shared experts as `ffn_*_shexp`, the
   router's bias as `exp_probs_b.bias`, `leading_dense_block_count`, and
   `rope.dimension_count` the rotated half of each head.
+- DeepSeek-V2 and V3 (`DeepseekV2Model`, architecture `deepseek2`): one KV head,
+  `attention.key_length` the latent plus the rotated key and `value_length` the latent,
+  `key_length_mla` and `value_length_mla` the heads' own widths, `q_lora_rank` where the
+  query is compressed, `kv_lora_rank`, `rope.dimension_count` the rotated part,
+  `leading_dense_block_count`, `expert_shared_count`, `expert_weights_scale`,
+  `expert_weights_norm` when true, the base class's groups and gating function (from
+  `n_group`, `topk_group`, `scoring_func`: V3's config has no `scoring_func` in
+  transformers 5, so the script gives its sigmoid as DeepSeek's own config does), YaRN
+  (`rope.scaling.*` and `yarn_log_multiplier` 0.1·mscale_all_dim), and `kv_b_proj` split
+  into `attn_k_b` `[n_head, kv_lora, nope]` (each head's rows transposed) and `attn_v_b`
+  `[n_head, v, kv_lora]`, as the converter's absorption split writes them;
+  `deepseek_v2-kv_b.gguf` as it wrote DeepSeek-V2 before that split, `kv_b_proj` whole as
+  `attn_kv_b` and `key_length`/`value_length` the heads' own widths.
 - The mixtures: each layer's experts stacked into one tensor per projection,
   `ffn_{gate,up,down}_exps` of shape `[n_expert, out, in]` (`torch.stack(.., dim=0)`),
   the router as `ffn_gate_inp`, `expert_count` and `expert_used_count`; Qwen's
@@ -103,6 +116,12 @@ LAYER_NAMES = {
     "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "self_attn.q_a_proj.weight": "attn_q_a.weight",
+    "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "attn_q_b.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+    "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
+    "self_attn.kv_b_proj.weight": "attn_kv_b.weight",
 }
 # The experts' stacked tensors, by the name of one expert's projection.
 EXPERT_NAMES = {
@@ -123,6 +142,8 @@ ARCHITECTURES = {
     "phi3": "phi3",
     "glm4": "glm4",
     "glm4_moe": "glm4moe",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek2",
 }
 
 
@@ -159,6 +180,41 @@ def stacked_experts(tensors: dict, per_expert: bool = False) -> dict:
         stacked = np.stack([by_expert[e] for e in range(len(by_expert))], axis=0)
         out[f"blk.{layer}.{EXPERT_NAMES[proj]}"] = stacked
     return out
+
+
+def deepseek2(writer: gguf.GGUFWriter, config: dict, rope: dict, family: str, legacy: bool) -> None:
+    """`DeepseekV2Model.set_gguf_parameters` and the base class's expert and YaRN keys; with
+    `legacy`, the MLA keys as the converter wrote them before llama.cpp absorbed `kv_b`
+    (`key_length` and `value_length` the heads' own widths, no `*_mla` keys)."""
+    if config.get("q_lora_rank") is not None:
+        writer.add_q_lora_rank(config["q_lora_rank"])
+    rank, rot = config["kv_lora_rank"], config["qk_rope_head_dim"]
+    writer.add_kv_lora_rank(rank)
+    if legacy:
+        writer.add_key_length(config["qk_nope_head_dim"] + rot)
+        writer.add_value_length(config["v_head_dim"])
+    else:
+        writer.add_key_length(rank + rot)
+        writer.add_value_length(rank)
+        writer.add_key_length_mla(config["qk_nope_head_dim"] + rot)
+        writer.add_value_length_mla(config["v_head_dim"])
+    writer.add_rope_dimension_count(rot)
+    writer.add_leading_dense_block_count(config["first_k_dense_replace"])
+    writer.add_expert_shared_count(config["n_shared_experts"])
+    writer.add_expert_weights_scale(config["routed_scaling_factor"])
+    if config.get("norm_topk_prob"):
+        writer.add_expert_weights_norm(True)
+    scoring = config.get("scoring_func", "sigmoid" if family == "deepseek_v3" else "softmax")
+    writer.add_expert_gating_func(
+        gguf.ExpertGatingFuncType.SIGMOID if scoring == "sigmoid" else gguf.ExpertGatingFuncType.SOFTMAX
+    )
+    if rope.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        writer.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
 def phi3(writer: gguf.GGUFWriter, config: dict, rope: dict) -> None:
@@ -236,7 +292,7 @@ def add(writer: gguf.GGUFWriter, name: str, tensor: np.ndarray, q8_0: bool) -> N
     writer.add_tensor(name, blocks, raw_dtype=Q8_0)
 
 
-def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
+def write(family: str, q8_0: bool = False, per_expert: bool = False, legacy: bool = False) -> None:
     """Writes `<family>.gguf`, or with `q8_0` `<family>-q8_0.gguf` (the quantisable
     matrices in Q8_0) and transformers' logits for the weights its blocks decode to, or with
     `per_expert` `<family>-per-expert.gguf` (each expert's matrices as tensors of their
@@ -251,7 +307,7 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
     gemma = family.startswith("gemma")
     rope = rope.get("full_attention", rope)
     arch = ARCHITECTURES[family]
-    suffix = "-q8_0" if q8_0 else "-per-expert" if per_expert else ""
+    suffix = "-q8_0" if q8_0 else "-per-expert" if per_expert else "-kv_b" if legacy else ""
     writer = gguf.GGUFWriter(ROOT / f"{family}{suffix}.gguf", arch)
     writer.add_name(f"tiny-{family}")
     writer.add_context_length(config["max_position_embeddings"])
@@ -259,10 +315,13 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
     writer.add_block_count(config["num_hidden_layers"] + config.get("num_nextn_predict_layers", 0))
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    # DeepSeek's MLA is written as one KV head of the latent (multi-query).
+    writer.add_head_count_kv(1 if arch == "deepseek2" else config["num_key_value_heads"])
     writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta")))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if config.get("head_dim") is not None:
+    # transformers 5 writes DeepSeek's `head_dim` (the rotated part) into config.json,
+    # DeepSeek's own configs have none: the MLA keys below stand for it.
+    if config.get("head_dim") is not None and arch != "deepseek2":
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
     writer.add_vocab_size(config["vocab_size"])
@@ -283,6 +342,8 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     if arch in ("glm4", "glm4moe"):
         writer.add_rope_dimension_count(int(config["head_dim"] * rope.get("partial_rotary_factor", 0.5)))
+    if arch == "deepseek2":
+        deepseek2(writer, config, rope, family, legacy)
     if arch == "glm4moe":
         writer.add_expert_shared_count(config["n_shared_experts"])
         writer.add_leading_dense_block_count(config["first_k_dense_replace"])
@@ -299,6 +360,13 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False) -> None:
     for name, tensor in stacked_experts(tensors, per_expert).items():
         if name.startswith("blk."):
             add(writer, name, tensor, q8_0)
+            continue
+        if name.endswith("kv_b_proj.weight") and not legacy:
+            layer = name.split(".")[2]
+            heads, nope, v = config["num_attention_heads"], config["qk_nope_head_dim"], config["v_head_dim"]
+            kv_b = tensor.reshape(heads, nope + v, tensor.shape[-1])
+            add(writer, f"blk.{layer}.attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)), q8_0)
+            add(writer, f"blk.{layer}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:]), q8_0)
             continue
         if arch == "llama" and name.endswith("q_proj.weight"):
             tensor = permute(tensor, config["num_attention_heads"])
@@ -325,5 +393,7 @@ if __name__ == "__main__":
         write(family)
         if family in QUANTISED:
             write(family, q8_0=True)
+        if family == "deepseek_v2":
+            write(family, legacy=True)
         if family == "mixtral":
             write(family, per_expert=True)

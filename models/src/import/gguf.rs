@@ -18,7 +18,9 @@
 //! a bad file gives [`Error::Format`], never a panic.
 //!
 //! `general.architecture` `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`,
-//! `gemma`, `gemma2`, `gemma3` and `glm4` ([`Family::gguf_architecture`]) map onto
+//! `gemma`, `gemma2`, `gemma3`, `glm4`, `glm4moe` and `deepseek2`
+//! ([`Family::gguf_architecture`]; DeepSeek's multi-head latent attention in `gguf/mla.rs`,
+//! its YaRN in [`yarn`]) map onto
 //! [`ModelConfig`] from the keys under the architecture's name. llama.cpp's converter
 //! stores a Llama's q/k in Meta's layout ([`flm_core::RopeStyle::AdjacentPairs`]) and the
 //! others' as transformers has them (GLM-4's adjacent pairs; the rest
@@ -45,18 +47,21 @@
 
 mod bpe;
 mod file;
+mod mla;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use flm_core::ggml::GgmlType;
-use flm_core::{DataType, ExpertGroups, GroupScore, RopeScaling, RouterScoring};
+use flm_core::{
+    DataType, ExpertGroups, GroupScore, RopeScaling, RopeStyle, RouterScoring, YarnScaling,
+};
 use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, TokenizerSpec};
 
 use super::hf_families::longrope_attention_factor;
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
-use crate::{Activation, Error, Family, ModelConfig, MoeConfig, Result};
+use crate::{Activation, Error, Family, MlaConfig, ModelConfig, MoeConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
 
 /// The hyper-parameters and family of a file of one of [`Family::gguf_architectures`]
@@ -86,6 +91,7 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
         Some("linear") => Some(RopeScaling::Linear {
             factor: m.f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
         }),
+        Some("yarn") => Some(yarn(m, family)?),
         Some(t) => return Err(unsupported(format!("RoPE scaling \"{t}\""))),
     };
     if g.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
@@ -101,11 +107,16 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
             format!("{} is 0", key("attention.head_count")),
         ));
     }
-    let head_dim = m
-        .usize(&key("attention.key_length"))?
-        .unwrap_or(dim / n_heads);
+    let mla = latent(m, family)?;
+    let head_dim = match &mla {
+        Some((_, v)) => *v,
+        None => m
+            .usize(&key("attention.key_length"))?
+            .unwrap_or(dim / n_heads),
+    };
     let value_key = key("attention.value_length");
-    if let Some(v) = m.usize(&value_key)?.filter(|&v| v != head_dim) {
+    let value_length = m.usize(&value_key)?.filter(|_| mla.is_none());
+    if let Some(v) = value_length.filter(|&v| v != head_dim) {
         return Err(unsupported(format!(
             "{value_key} {v} differs from head_dim {head_dim}"
         )));
@@ -180,10 +191,94 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
     } else {
         config
     };
+    let config = match mla {
+        Some((mla, _)) => with_latent(config, mla),
+        None => config,
+    };
     config
         .validate()
         .map_err(|e| Error::format(m.path, e.to_string()))?;
     Ok((config, family))
+}
+
+/// The multi-head latent attention of a file that has `attention.kv_lora_rank`, and the
+/// width of a value head (see `gguf/mla.rs`); `None` without it.
+///
+/// Errors: [`Error::Format`] for a missing or inconsistent width.
+fn latent(m: &Meta, family: Family) -> Result<Option<(MlaConfig, usize)>> {
+    let key = |k: &str| key(family, k);
+    let Some(kv_lora_rank) = m.usize(&key("attention.kv_lora_rank"))? else {
+        return Ok(None);
+    };
+    let rope = m.required(&key("rope.dimension_count"))?;
+    let (k, v) = match m.usize(&key("attention.key_length_mla"))? {
+        Some(k) => (k, m.required(&key("attention.value_length_mla"))?),
+        None => (
+            m.required(&key("attention.key_length"))?,
+            m.required(&key("attention.value_length"))?,
+        ),
+    };
+    let nope = k
+        .checked_sub(rope)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| Error::format(m.path, format!("key heads of {k} with {rope} rotated")))?;
+    let mla = MlaConfig {
+        q_lora_rank: m.usize(&key("attention.q_lora_rank"))?,
+        kv_lora_rank,
+        qk_nope_head_dim: nope,
+        qk_rope_head_dim: rope,
+    };
+    Ok(Some((mla, v)))
+}
+
+/// `c` with multi-head latent attention `mla`: one latent KV head, RoPE in adjacent pairs
+/// on the rotated part (llama.cpp's NORM type), the scores scaled by `qk_head_dim^-0.5`
+/// and YaRN's `mscale_all_dim` factor.
+fn with_latent(c: ModelConfig, mla: MlaConfig) -> ModelConfig {
+    let mscale = match &c.rope_scaling {
+        Some(RopeScaling::Yarn(y)) => y.softmax_scale_factor(),
+        _ => 1.0,
+    };
+    ModelConfig {
+        n_kv_heads: 1,
+        rotary_dim: Some(mla.qk_rope_head_dim),
+        rope_style: RopeStyle::AdjacentPairs,
+        attention_scale: Some((mla.qk_head_dim() as f64).powf(-0.5) as f32 * mscale),
+        mla: Some(mla),
+        ..c
+    }
+}
+
+/// YaRN as llama.cpp's converter writes it: `rope.scaling.factor`,
+/// `original_context_length`, `yarn_beta_fast` and `yarn_beta_slow` (defaults 32 and 1),
+/// `attn_factor`, and DeepSeek's `yarn_log_multiplier` (`0.1 · mscale_all_dim`). A file
+/// does not keep DeepSeek's `mscale`: with a log multiplier it is taken to equal
+/// `mscale_all_dim`, as in every DeepSeek release, which makes the attention factor 1.
+///
+/// Errors: [`Error::Format`] for a missing factor or original context length.
+fn yarn(m: &Meta, family: Family) -> Result<RopeScaling> {
+    let key = |k: &str| key(family, k);
+    let factor = m
+        .f32(&key("rope.scaling.factor"))?
+        .ok_or_else(|| Error::format(m.path, format!("missing {}", key("rope.scaling.factor"))))?;
+    let mscale_all_dim = m
+        .f32(&key("rope.scaling.yarn_log_multiplier"))?
+        .filter(|&l| l != 0.0)
+        .map(|l| l / 0.1);
+    let attention_factor = match m.f32(&key("rope.scaling.attn_factor"))? {
+        Some(a) => a,
+        None => YarnScaling::default_attention_factor(factor, mscale_all_dim, mscale_all_dim),
+    };
+    Ok(RopeScaling::Yarn(YarnScaling {
+        factor,
+        original_max_position_embeddings: m
+            .required(&key("rope.scaling.original_context_length"))?,
+        beta_fast: m.f32(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+        beta_slow: m.f32(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+        attention_factor,
+        truncate: true,
+        mscale_all_dim,
+    }))
 }
 
 /// `{arch}.{k}`: metadata key `k` under the architecture name of `family`, one that
@@ -316,7 +411,7 @@ fn moe(m: &Meta, g: &Gguf, family: Family, c: &ModelConfig) -> Result<Option<Moe
     };
     let renormalize = m
         .bool(&key("expert_weights_norm"))?
-        .unwrap_or(family != Family::Qwen2Moe);
+        .unwrap_or(!matches!(family, Family::Qwen2Moe | Family::DeepseekV2));
     let dense_layers: Vec<usize> = (0..c.n_layers).filter(|&l| !routed(l)).collect();
     let shared_count = m.usize(&key("expert_shared_count"))?.unwrap_or(0);
     Ok(Some(MoeConfig {
@@ -464,6 +559,36 @@ fn gemma(mut c: ModelConfig, m: &Meta, family: Family) -> Result<ModelConfig> {
     };
     c.sliding_layers = Some(flags);
     Ok(c)
+}
+
+/// The encoding of `t`, whose rows must fill its blocks.
+///
+/// Errors: [`Error::Format`] for a type flm does not read or rows that do not fill blocks.
+fn checked_encoding(t: &TensorInfo, path: &Path) -> Result<Encoding> {
+    let name = &t.name;
+    let (enc, block) =
+        encoding(t.ggml_type).map_err(|e| Error::format(path, format!("tensor {name}: {e}")))?;
+    if t.ne.first().is_some_and(|&row| row % block != 0) {
+        let msg = format!(
+            "tensor {name}: rows of {} values do not fill {block}-value blocks",
+            t.ne[0]
+        );
+        return Err(Error::format(path, msg));
+    }
+    Ok(enc)
+}
+
+/// File tensor `t` whole, under its own name, its shape `ne` reversed.
+///
+/// Errors: those of [`checked_encoding`] and [`SourceTensor::new`].
+fn whole_tensor(
+    t: &TensorInfo,
+    map: &std::sync::Arc<memmap2::Mmap>,
+    path: &Path,
+) -> Result<SourceTensor> {
+    let enc = checked_encoding(t, path)?;
+    let shape = t.ne.iter().rev().copied().collect();
+    SourceTensor::new(t.name.clone(), shape, enc, map, t.offset, path)
 }
 
 /// The encoding of a ggml tensor type, and its block length along `ne[0]`.
@@ -738,9 +863,24 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let mut used: HashSet<&str> = ["rope_factors_long.weight", "rope_factors_short.weight"]
         .into_iter()
         .collect();
+    let has = |name: &str| by_name.contains_key(name);
     let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, shape)| {
+            if let Some(source) = mla::source(canonical, &config, &has) {
+                let whole = source
+                    .files()
+                    .into_iter()
+                    .map(|name| {
+                        let t = by_name
+                            .get(name)
+                            .ok_or_else(|| Error::format(path, format!("missing tensor {name}")))?;
+                        used.insert(t.name.as_str());
+                        whole_tensor(t, &map, path)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                return source.build(canonical, shape, &config, whole);
+            }
             let no_tensor = || format!("GGUF files have no tensor {canonical}");
             let (name, rows) = place(canonical, &shape, family, &config, &by_name)
                 .ok_or_else(|| Error::format(path, no_tensor()))?;
@@ -748,15 +888,7 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
                 .get(name.as_str())
                 .ok_or_else(|| Error::format(path, format!("missing tensor {name}")))?;
             used.insert(t.name.as_str());
-            let (enc, block) = encoding(t.ggml_type)
-                .map_err(|e| Error::format(path, format!("tensor {name}: {e}")))?;
-            if t.ne.first().is_some_and(|&row| row % block != 0) {
-                let msg = format!(
-                    "tensor {name}: rows of {} values do not fill {block}-value blocks",
-                    t.ne[0]
-                );
-                return Err(Error::format(path, msg));
-            }
+            let enc = checked_encoding(t, path)?;
             let (shape, offset) = match rows {
                 None => (t.ne.iter().rev().copied().collect(), t.offset),
                 Some(rows) => {
@@ -824,8 +956,8 @@ mod tests {
         moe(&m, &g, family, &c)
     }
 
-    /// llama.cpp's defaults per architecture, and the routings the graph does not have
-    /// refused with their key's meaning.
+    /// llama.cpp's defaults per architecture, DeepSeek-V3's and GLM-4.5's routing keys, and
+    /// the routings the graph does not have refused with their key's meaning.
     #[test]
     fn experts_follow_llama_cpp_and_other_routings_are_refused() {
         let base = [
@@ -856,8 +988,29 @@ mod tests {
             let err = experts("qwen3moe", &kvs).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");
         };
-        refused(("expert_gating_func", Value::Int(2)), "gating function 2");
-        refused(("expert_weights_scale", Value::Float(2.5)), "scaled by 2.5");
+        // llama.cpp's softmax of the top-k (3) has no transformers counterpart here.
+        refused(("expert_gating_func", Value::Int(3)), "gating function 3");
+        // DeepSeek-V3's and GLM-4.5's: a sigmoid, groups by their two best, scaled.
+        let mut v3 = base.to_vec();
+        v3.extend([
+            ("expert_gating_func", Value::Int(2)),
+            ("expert_weights_scale", Value::Float(2.5)),
+            ("expert_group_count", Value::Int(2)),
+            ("expert_group_used_count", Value::Int(1)),
+        ]);
+        let v3 = experts("glm4moe", &v3).unwrap().unwrap();
+        assert_eq!(
+            (v3.scoring, v3.routed_scale, v3.groups),
+            (
+                RouterScoring::Sigmoid,
+                2.5,
+                Some(ExpertGroups {
+                    n_groups: 2,
+                    top_groups: 1,
+                    score: GroupScore::SumOfTop2
+                })
+            )
+        );
         let err = experts("qwen3moe", &base[..1]).unwrap_err().to_string();
         assert!(err.contains("expert_used_count"), "{err}");
     }
