@@ -400,9 +400,11 @@ pub struct RopeTable {
     head_dim: usize,
     rotary_dim: usize,
     max_pos: usize,
-    /// LongRoPE's switch: sequences longer than `.0` positions read the rows `.1` after
-    /// their positions (the long factors').
-    long: Option<(usize, usize)>,
+    /// LongRoPE's switch: sequences longer than `switch_after` positions read the rows
+    /// `long_offset` after their positions (the long factors'); `usize::MAX` and 0 without
+    /// one (plain integers, so that no comparison reads an absent variant's bytes).
+    switch_after: usize,
+    long_offset: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -458,18 +460,15 @@ impl RopeTable {
                 }
             }
         }
-        let long = match scaling {
+        let switch_after = match scaling {
             Some(RopeScaling::LongRope {
                 original_max_position_embeddings: original,
                 ..
-            }) if max_pos > *original => Some((*original, max_pos)),
-            _ => None,
+            }) if max_pos > *original => *original,
+            _ => usize::MAX,
         };
-        let sets: &[bool] = if long.is_some() {
-            &[false, true]
-        } else {
-            &[false]
-        };
+        let long = switch_after != usize::MAX;
+        let sets: &[bool] = if long { &[false, true] } else { &[false] };
         let magnitude = scaling.map_or(1.0, RopeScaling::magnitude);
         let rows = max_pos * sets.len();
         let too_large =
@@ -494,7 +493,8 @@ impl RopeTable {
             head_dim,
             rotary_dim,
             max_pos: rows,
-            long,
+            switch_after,
+            long_offset: if long { max_pos } else { 0 },
             cos,
             sin,
         })
@@ -542,15 +542,16 @@ impl RopeTable {
     /// `longrope_frequency_update`, which keeps the keys already cached as they were
     /// rotated), else 0.
     pub fn offset(&self, seq_len: usize) -> usize {
-        match self.long {
-            Some((original, offset)) if seq_len > original => offset,
-            _ => 0,
+        if seq_len > self.switch_after {
+            self.long_offset
+        } else {
+            0
         }
     }
 
     /// Whether [`RopeTable::offset`] depends on the sequence length.
     pub fn switches(&self) -> bool {
-        self.long.is_some()
+        self.switch_after != usize::MAX
     }
 
     /// `(cos, sin)` for position `pos`, each `rotary_dim / 2` values; `None` past `max_pos`.
