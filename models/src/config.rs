@@ -1,5 +1,7 @@
 //! Model hyper-parameters.
 
+use std::ops::Range;
+
 use flm_core::{ExpertGroups, RopeScaling, RopeStyle, RouterScoring};
 
 use crate::{Error, Result};
@@ -145,6 +147,36 @@ impl MlaConfig {
     /// The width of a query or key head, `qk_nope_head_dim + qk_rope_head_dim`.
     pub fn qk_head_dim(&self) -> usize {
         self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// What multiplies the scores: `qk_head_dim^-0.5`, times YaRN's `mscale_all_dim` factor
+    /// squared under a YaRN `rope_scaling` (transformers' `yarn_apply_mscale`).
+    pub fn attention_scale(&self, rope_scaling: Option<&RopeScaling>) -> f32 {
+        let mscale = match rope_scaling {
+            Some(RopeScaling::Yarn(y)) => y.softmax_scale_factor(),
+            _ => 1.0,
+        };
+        (self.qk_head_dim() as f64).powf(-0.5) as f32 * mscale
+    }
+
+    /// The rows of a fused query projection of `n_heads` heads (`q_proj` or `q_b_proj`,
+    /// each head's part without RoPE, then its rotated part) that hold the parts without
+    /// RoPE and the rotated parts, head by head.
+    pub fn query_rows(&self, n_heads: usize) -> [Vec<Range<usize>>; 2] {
+        let (nope, head) = (self.qk_nope_head_dim, self.qk_head_dim());
+        [
+            (0..n_heads).map(|h| h * head..h * head + nope).collect(),
+            (0..n_heads)
+                .map(|h| h * head + nope..(h + 1) * head)
+                .collect(),
+        ]
+    }
+
+    /// The rows of `kv_a_proj_with_mqa` that hold the latent's projection and the rotated
+    /// key's.
+    pub fn kv_a_rows(&self) -> [Range<usize>; 2] {
+        let rank = self.kv_lora_rank;
+        [0..rank, rank..rank + self.qk_rope_head_dim]
     }
 }
 

@@ -11,9 +11,9 @@ use std::cell::Cell;
 
 use flm_core::{Data, Result};
 
-use super::moe::tensor;
+use super::linear;
 use super::qlinear::LinearLevel;
-use super::{linear, scratch};
+use super::scratch::{self, tensor};
 
 /// The gathered input `[n, in]` and the product `[n, out]` of the current head.
 #[derive(Default)]

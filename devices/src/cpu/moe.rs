@@ -18,10 +18,11 @@
 
 use std::cell::Cell;
 
-use flm_core::{Data, DataType, Expert, GroupScore, LinearPart, MoeRouting, Result, RouterScoring};
+use flm_core::{Data, Expert, GroupScore, LinearPart, MoeRouting, Result, RouterScoring};
 
 use super::qlinear::LinearLevel;
-use super::{activation, linear, scratch, simd, Isa};
+use super::scratch::{self, tensor};
+use super::{activation, linear, simd, Isa};
 
 /// The choice of the router for one row: one of its `top_k` experts and its weight.
 #[derive(Debug, Clone, Copy)]
@@ -66,18 +67,6 @@ struct RouteWork {
 
 thread_local! {
     static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
-}
-
-/// The f32 tensor of `slot` reshaped to `shape`, allocated only when its storage is too
-/// small (its contents are left as they were).
-pub(crate) fn tensor<'a>(slot: &'a mut Option<Data>, shape: &[usize]) -> Result<&'a mut Data> {
-    let mut kept = slot.take();
-    let fits = kept.as_mut().is_some_and(|d| d.set_shape(shape).is_ok());
-    let data = match kept {
-        Some(data) if fits => data,
-        _ => Data::zeros(DataType::F32, shape)?,
-    };
-    Ok(slot.insert(data))
 }
 
 /// `output[n, dim] = Σ_e w_e · expert_e(input)` over each row's `top_k` experts (see

@@ -13,6 +13,8 @@
 use std::cell::Cell;
 use std::thread::LocalKey;
 
+use flm_core::{Data, DataType, Result};
+
 /// A thread-local slot holding one reusable scratch value.
 pub(crate) type Slot<T> = LocalKey<Cell<T>>;
 
@@ -23,6 +25,18 @@ pub(crate) fn with<T: Default, R>(slot: &'static Slot<T>, f: impl FnOnce(&mut T)
     let result = f(&mut scratch);
     slot.set(scratch);
     result
+}
+
+/// The f32 tensor of `slot` reshaped to `shape`, allocated only when its storage is too
+/// small (its contents are left as they were).
+pub(crate) fn tensor<'a>(slot: &'a mut Option<Data>, shape: &[usize]) -> Result<&'a mut Data> {
+    let mut kept = slot.take();
+    let fits = kept.as_mut().is_some_and(|d| d.set_shape(shape).is_ok());
+    let data = match kept {
+        Some(data) if fits => data,
+        _ => Data::zeros(DataType::F32, shape)?,
+    };
+    Ok(slot.insert(data))
 }
 
 #[cfg(test)]

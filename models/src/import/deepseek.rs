@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 
-use flm_core::{ExpertGroups, GroupScore, RopeScaling, RopeStyle, RouterScoring};
+use flm_core::{ExpertGroups, GroupScore, RopeStyle, RouterScoring};
 use serde::{Deserialize, Deserializer};
 
 use super::SourceTensor;
@@ -103,11 +103,7 @@ fn latent(
         qk_nope_head_dim: need(f.qk_nope_head_dim, "qk_nope_head_dim")?,
         qk_rope_head_dim: need(f.qk_rope_head_dim, "qk_rope_head_dim")?,
     };
-    let mscale = match &c.rope_scaling {
-        Some(RopeScaling::Yarn(y)) => y.softmax_scale_factor(),
-        _ => 1.0,
-    };
-    c.attention_scale = Some((mla.qk_head_dim() as f64).powf(-0.5) as f32 * mscale);
+    c.attention_scale = Some(mla.attention_scale(c.rope_scaling.as_ref()));
     c.n_kv_heads = 1;
     c.head_dim = need(f.v_head_dim, "v_head_dim")?;
     c.rotary_dim = Some(mla.qk_rope_head_dim);
@@ -210,7 +206,7 @@ pub(super) fn split(
     let Some(m) = &c.mla else {
         return Ok(out);
     };
-    let (nope, rope, head) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.qk_head_dim());
+    let ([nope, rope], [latent, rotated]) = (m.query_rows(c.n_heads), m.kv_a_rows());
     for l in 0..c.n_layers {
         let p = format!("model.layers.{l}.self_attn");
         let q = if m.q_lora_rank.is_some() {
@@ -219,28 +215,19 @@ pub(super) fn split(
             "q_proj"
         };
         let mut take = |name: String| by_name.remove(&name);
-        let (latent, rotated) = (0..m.kv_lora_rank, m.kv_lora_rank..m.kv_lora_rank + rope);
         let parts = [
             (
                 format!("{p}.{q}.weight"),
                 [
-                    (
-                        LayerPart::QNope,
-                        (0..c.n_heads).map(|h| h * head..h * head + nope).collect(),
-                    ),
-                    (
-                        LayerPart::QRope,
-                        (0..c.n_heads)
-                            .map(|h| h * head + nope..(h + 1) * head)
-                            .collect(),
-                    ),
+                    (LayerPart::QNope, nope.clone()),
+                    (LayerPart::QRope, rope.clone()),
                 ],
             ),
             (
                 format!("{p}.kv_a_proj_with_mqa.weight"),
                 [
-                    (LayerPart::KvA, vec![latent]),
-                    (LayerPart::KRope, vec![rotated]),
+                    (LayerPart::KvA, vec![latent.clone()]),
+                    (LayerPart::KRope, vec![rotated.clone()]),
                 ],
             ),
         ];

@@ -235,15 +235,11 @@ fn latent(m: &Meta, family: Family) -> Result<Option<(MlaConfig, usize)>> {
 /// on the rotated part (llama.cpp's NORM type), the scores scaled by `qk_head_dim^-0.5`
 /// and YaRN's `mscale_all_dim` factor.
 fn with_latent(c: ModelConfig, mla: MlaConfig) -> ModelConfig {
-    let mscale = match &c.rope_scaling {
-        Some(RopeScaling::Yarn(y)) => y.softmax_scale_factor(),
-        _ => 1.0,
-    };
     ModelConfig {
         n_kv_heads: 1,
         rotary_dim: Some(mla.qk_rope_head_dim),
         rope_style: RopeStyle::AdjacentPairs,
-        attention_scale: Some((mla.qk_head_dim() as f64).powf(-0.5) as f32 * mscale),
+        attention_scale: Some(mla.attention_scale(c.rope_scaling.as_ref())),
         mla: Some(mla),
         ..c
     }

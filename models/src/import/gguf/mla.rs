@@ -84,12 +84,6 @@ pub(super) fn source(
     let TensorName::Layer(l, part) = canonical else {
         return None;
     };
-    let (nope, rope, head) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.qk_head_dim());
-    let per_head = |offset: usize, width: usize| {
-        (0..c.n_heads)
-            .map(|h| h * head + offset..h * head + offset + width)
-            .collect()
-    };
     let q = if m.q_lora_rank.is_some() {
         "attn_q_b"
     } else {
@@ -99,11 +93,10 @@ pub(super) fn source(
         file: format!("blk.{l}.{file}.weight"),
         ranges,
     };
-    let rank = m.kv_lora_rank;
-    let (latent, rotated) = (0..rank, rank..rank + rope);
+    let ([nope, rope], [latent, rotated]) = (m.query_rows(c.n_heads), m.kv_a_rows());
     Some(match part {
-        LayerPart::QNope => rows(q, per_head(0, nope)),
-        LayerPart::QRope => rows(q, per_head(nope, rope)),
+        LayerPart::QNope => rows(q, nope),
+        LayerPart::QRope => rows(q, rope),
         LayerPart::KvA => rows("attn_kv_a_mqa", vec![latent]),
         LayerPart::KRope => rows("attn_kv_a_mqa", vec![rotated]),
         LayerPart::KvB if !has(&format!("blk.{l}.attn_kv_b.weight")) => Source::Split {
