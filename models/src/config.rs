@@ -117,6 +117,13 @@ pub struct ModelConfig {
     /// rotated part of a query or key head (`qk_rope_head_dim`).
     #[serde(default)]
     pub mla: Option<MlaConfig>,
+    /// Multi-token-prediction layers after the `n_layers` (DeepSeek-V3 and GLM-4.5's
+    /// `num_nextn_predict_layers`, whose weights the checkpoint holds): each a transformer
+    /// layer of the model's kind behind a projection of the token's embedding and the
+    /// previous hidden state, drafting the token after next for speculative decoding
+    /// ([`crate::speculative`]); 0 without.
+    #[serde(default)]
+    pub mtp_layers: usize,
 }
 
 /// Multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2", §2.1; transformers'
@@ -321,6 +328,7 @@ impl Default for ModelConfig {
             norm_unit_offset: false,
             moe: None,
             mla: None,
+            mtp_layers: 0,
         }
     }
 }
@@ -434,6 +442,12 @@ impl ModelConfig {
             return Err(Error::Config(format!(
                 "n_layers = {} exceeds {MAX_LAYERS}",
                 self.n_layers
+            )));
+        }
+        if self.mtp_layers > MAX_LAYERS - self.n_layers {
+            return Err(Error::Config(format!(
+                "n_layers = {} and mtp_layers = {} exceed {MAX_LAYERS}",
+                self.n_layers, self.mtp_layers
             )));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {

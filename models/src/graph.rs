@@ -33,6 +33,18 @@ pub enum Head {
     Hidden,
 }
 
+/// Which hidden states feed the rows of a multi-token-prediction call
+/// ([`Graph::mtp_forward`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MtpInput {
+    /// The model's own after its final norm, at the call's positions, as its passes
+    /// computed them (kept since [`Graph::keep_mtp_hidden`]).
+    Model,
+    /// The output of the previous call's last row, before its norm (vLLM's chaining of one
+    /// prediction layer for more than one draft token); the call has one row.
+    Previous,
+}
+
 /// One instance of a model graph: its KV cache and activations over shared weights.
 pub trait Graph: Send {
     /// The configuration.
@@ -89,6 +101,51 @@ pub trait Graph: Send {
         let _ = (exec, tokens, start_pos);
         Err(Error::Config(
             "this graph's logits are computed in host memory only".into(),
+        ))
+    }
+
+    /// The multi-token-prediction layers this graph runs ([`crate::MtpLayer`]); 0, the
+    /// default, for a graph without.
+    fn mtp_layers(&self) -> usize {
+        0
+    }
+
+    /// From now on, keeps the final-normed hidden state of every position its passes run,
+    /// for [`Graph::mtp_forward`], and allocates the prediction layers' KV cache.
+    ///
+    /// Errors: [`Error::Config`] for a graph without prediction layers (the default) or
+    /// one placed on a device.
+    fn keep_mtp_hidden(&mut self) -> Result<()> {
+        Err(Error::Config(
+            "this model has no multi-token-prediction layers".into(),
+        ))
+    }
+
+    /// Runs prediction layer `layer` over positions `start_pos..start_pos + tokens.len()`:
+    /// row `i` reads `tokens[i]`, the token at position `start_pos + i + 1`, and the hidden
+    /// state `input` names, and stores its keys and values in the layer's own KV cache.
+    /// Returns the last row's logits, `[vocab_size]` f32, which draft the token at position
+    /// `start_pos + tokens.len() + 1`. A call reads the kept hidden states it uses up;
+    /// leading positions whose states an earlier call read are skipped (their cache rows
+    /// keep what that call stored).
+    ///
+    /// Errors: [`Error::Config`] for a graph without prediction layers (the default);
+    /// [`Error::State`] before [`Graph::keep_mtp_hidden`], or when the model's hidden
+    /// states of those positions were not kept (or [`MtpInput::Previous`] with more than
+    /// one row or no previous call); [`Error::InvalidInput`] for a `layer` out of range; a
+    /// token out of the vocabulary, no tokens or positions beyond the context, as
+    /// [`Graph::run`].
+    fn mtp_forward(
+        &mut self,
+        exec: &Executor,
+        layer: usize,
+        tokens: &[u32],
+        start_pos: usize,
+        input: MtpInput,
+    ) -> Result<&[f32]> {
+        let _ = (exec, layer, tokens, start_pos, input);
+        Err(Error::Config(
+            "this model has no multi-token-prediction layers".into(),
         ))
     }
 

@@ -16,7 +16,8 @@
 //!   mapped files where the layout allows.
 //! - [`session`]: loading a model for generation, and [`session::Session`], the
 //!   generation loop (prefill, sampling, decode, stop conditions, streamed text).
-//! - [`speculative`]: speculative decoding with a draft model (Leviathan et al. 2023).
+//! - [`speculative`]: speculative decoding with a draft model (Leviathan et al. 2023) or
+//!   the model's own multi-token-prediction layers.
 
 pub mod chatglm;
 mod config;
@@ -38,7 +39,8 @@ pub use config::{Activation, Arch, MlaConfig, ModelConfig, MoeConfig};
 pub use error::{Error, Result};
 pub use family::Family;
 pub use graph::{
-    AsAny, BatchSeq, BatchedForward, Graph, Head, Logits, MemoryNeeds, Model, SharedGraph,
-    SharedModel,
+    AsAny, BatchSeq, BatchedForward, Graph, Head, Logits, MemoryNeeds, Model, MtpInput,
+    SharedGraph, SharedModel,
 };
+pub use llama::MtpLayer;
 pub use placement::{GpuLayers, Placement};

@@ -56,12 +56,13 @@ use flm_core::{
 };
 
 pub use crate::graph::Logits;
-use crate::graph::{BatchedForward, Graph, Head, MemoryNeeds, SharedGraph};
+use crate::graph::{BatchedForward, Graph, Head, MemoryNeeds, MtpInput, SharedGraph};
 use crate::{Activation, Error, Model, ModelConfig, Placement, Result, SharedModel};
 
 mod activations;
 mod batch;
 mod latent;
+mod mtp;
 mod placement;
 mod step_graphs;
 mod weights;
@@ -70,12 +71,14 @@ pub(crate) use activations::AttentionIo;
 use activations::{host_output, output_state, placed_states, Activations, SharedScratch};
 
 pub use batch::LlamaBatch;
+use mtp::MtpState;
 use step_graphs::{StepGraphs, StepPlan};
 
 pub(crate) use weights::check_all_shapes;
 pub(crate) use weights::{cpu_layout, Tensors};
 pub use weights::{
-    Attention, Ffn, LatentAttention, LlamaLayer, LlamaWeights, QkvProjections, SharedExpert,
+    Attention, Ffn, LatentAttention, LlamaLayer, LlamaWeights, MtpLayer, QkvProjections,
+    SharedExpert,
 };
 
 /// Tokens processed per forward pass during prefill; bounds the activation memory.
@@ -116,6 +119,9 @@ pub struct Llama {
     /// ([`RopeTable::offset`]: LongRoPE's long factors once the sequence is longer than
     /// the pre-training context).
     rope_offset: usize,
+    /// The prediction layers' KV cache and inputs, once [`Graph::keep_mtp_hidden`] asked
+    /// for them.
+    mtp: Option<MtpState>,
 }
 
 /// Checks the arguments of a forward pass before anything is computed.
@@ -292,6 +298,7 @@ impl Llama {
             all_rows: Vec::new(),
             graphs: StepGraphs::default(),
             rope_offset: 0,
+            mtp: None,
         })
     }
 
@@ -377,6 +384,39 @@ impl Graph for Llama {
 
     fn logits_location(&self) -> Location {
         self.model.placement.output()
+    }
+
+    fn mtp_layers(&self) -> usize {
+        self.model.weights.mtp.len()
+    }
+
+    fn keep_mtp_hidden(&mut self) -> Result<()> {
+        if self.mtp.is_none() {
+            self.mtp = Some(MtpState::new(&self.model)?);
+        }
+        Ok(())
+    }
+
+    fn mtp_forward(
+        &mut self,
+        exec: &Executor,
+        layer: usize,
+        tokens: &[u32],
+        start_pos: usize,
+        input: MtpInput,
+    ) -> Result<&[f32]> {
+        let mtp = self.mtp.as_mut().ok_or_else(|| {
+            Error::State("multi-token prediction before its hidden states were kept".into())
+        })?;
+        mtp.forward(
+            exec,
+            &self.model,
+            &mut self.states,
+            layer,
+            tokens,
+            start_pos,
+            input,
+        )
     }
 
     fn forward_resident(
@@ -506,21 +546,46 @@ impl Llama {
             .as_mut()
             .ok_or_else(|| Error::State("the KV cache is not allocated".into()))?;
         let s = run_layers(exec, model, tokens, &mut self.states, |l, s| {
-            if !c.alibi {
-                for (x, n_heads) in s.rotated(c) {
-                    exec.run_step(Op::Rope {
-                        x,
-                        table: model.rope_of(l),
-                        n_heads,
-                        start_pos: pos + rope_offset,
-                    })?;
-                }
-            }
-            let params = model.attention_params(l);
-            cache_and_attend(exec, kv.layer_mut(l), s.attention_io(), row, params)
+            rotate_and_attend(exec, model, l, s, kv.layer_mut(l), pos + rope_offset, row)
         })?;
-        finish(exec, model, s, head, &[n - 1])
+        finish(exec, model, s, head, &[n - 1], &model.weights.final_norm)?;
+        if let Some(mtp) = &mut self.mtp {
+            mtp.keep(exec, model, s, pos)?;
+        }
+        Ok(())
     }
+}
+
+/// Layer `l`'s RoPE on the rows of `s` (at positions from `rope_pos`, the table's offset
+/// included) and its attention through its `cache` at cache row `row`
+/// ([`cache_and_attend`]): what a single sequence's pass does between the projections.
+fn rotate_and_attend(
+    exec: &Executor,
+    model: &SharedLlama,
+    l: usize,
+    s: &mut Activations,
+    cache: (&mut Data, &mut Data),
+    rope_pos: usize,
+    row: usize,
+) -> flm_core::Result<()> {
+    let c = &model.config;
+    if !c.alibi {
+        for (x, n_heads) in s.rotated(c) {
+            exec.run_step(Op::Rope {
+                x,
+                table: model.rope_of(l),
+                n_heads,
+                start_pos: rope_pos,
+            })?;
+        }
+    }
+    cache_and_attend(
+        exec,
+        cache,
+        s.attention_io(),
+        row,
+        model.attention_params(l),
+    )
 }
 
 /// Stores `io`'s new rows of the layer's two cache tensors (`cache`) at `row`, then attends
@@ -617,55 +682,69 @@ fn run_layers<'s>(
             let (from, to) = pair_mut(states, before, here);
             exec.copy_into(&from.x, &mut to.x, "layer boundary: activations")?;
         }
-        let s = &mut states[here];
-        // Attention block.
-        pre_norm(exec, s, &lw.attn_norm, c.norm_eps)?;
-        match &lw.attn {
-            Attention::Heads(h) => {
-                let [bq, bk, bv] = match &h.qkv_bias {
-                    Some([q, k, v]) => [Some(q), Some(k), Some(v)],
-                    None => [None; 3],
-                };
-                // Q, K and V (and below gate and up) as one op: one fork and join in decode.
-                exec.run(Op::Linears {
-                    input: &s.xb,
-                    parts: &mut [
-                        LinearPart::new(&h.wq, bq, &mut s.q),
-                        LinearPart::new(&h.wk, bk, &mut s.k),
-                        LinearPart::new(&h.wv, bv, &mut s.v),
-                    ],
-                })?;
-                if let Some([q_norm, k_norm]) = &h.qk_norm {
-                    head_norm(exec, &mut s.q, q_norm, c, &mut s.heads)?;
-                    head_norm(exec, &mut s.k, k_norm, c, &mut s.heads)?;
-                }
-                attend(l, s)?;
-            }
-            Attention::Latent(a) => {
-                latent::project(exec, c, a, s)?;
-                attend(l, s)?;
-                latent::values(exec, a, s)?;
-            }
-        }
-        linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
-        residual(
-            exec,
-            s,
-            lw.post_norms.as_ref().map(|[attn, _]| attn),
-            c.norm_eps,
-        )?;
-        // Feed-forward block.
-        pre_norm(exec, s, &lw.ffn_norm, c.norm_eps)?;
-        feed_forward(exec, c, l, &lw.ffn, s)?;
-        residual(
-            exec,
-            s,
-            lw.post_norms.as_ref().map(|[_, ffn]| ffn),
-            c.norm_eps,
-        )?;
+        block(exec, c, l, lw, &mut states[here], &mut attend)?;
     }
     let last = memory(c.n_layers.saturating_sub(1));
     Ok(&mut states[last])
+}
+
+/// Transformer layer `l` (`lw`) over the rows of `s.x`, in place: the attention block, with
+/// `attend(l, s)` between the projections and the output projection, then the feed-forward
+/// block, each behind its norm and added to the residual stream.
+fn block(
+    exec: &Executor,
+    c: &ModelConfig,
+    l: usize,
+    lw: &LlamaLayer,
+    s: &mut Activations,
+    attend: &mut impl FnMut(usize, &mut Activations) -> flm_core::Result<()>,
+) -> Result<()> {
+    // Attention block.
+    pre_norm(exec, s, &lw.attn_norm, c.norm_eps)?;
+    match &lw.attn {
+        Attention::Heads(h) => {
+            let [bq, bk, bv] = match &h.qkv_bias {
+                Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+                None => [None; 3],
+            };
+            // Q, K and V (and below gate and up) as one op: one fork and join in decode.
+            exec.run(Op::Linears {
+                input: &s.xb,
+                parts: &mut [
+                    LinearPart::new(&h.wq, bq, &mut s.q),
+                    LinearPart::new(&h.wk, bk, &mut s.k),
+                    LinearPart::new(&h.wv, bv, &mut s.v),
+                ],
+            })?;
+            if let Some([q_norm, k_norm]) = &h.qk_norm {
+                head_norm(exec, &mut s.q, q_norm, c, &mut s.heads)?;
+                head_norm(exec, &mut s.k, k_norm, c, &mut s.heads)?;
+            }
+            attend(l, s)?;
+        }
+        Attention::Latent(a) => {
+            latent::project(exec, c, a, s)?;
+            attend(l, s)?;
+            latent::values(exec, a, s)?;
+        }
+    }
+    linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
+    residual(
+        exec,
+        s,
+        lw.post_norms.as_ref().map(|[attn, _]| attn),
+        c.norm_eps,
+    )?;
+    // Feed-forward block.
+    pre_norm(exec, s, &lw.ffn_norm, c.norm_eps)?;
+    feed_forward(exec, c, l, &lw.ffn, s)?;
+    residual(
+        exec,
+        s,
+        lw.post_norms.as_ref().map(|[_, ffn]| ffn),
+        c.norm_eps,
+    )?;
+    Ok(())
 }
 
 /// The feed-forward of layer `l` from `s.xb` into `s.xb2`: the gated
@@ -881,7 +960,8 @@ fn host_kv(model: &SharedLlama, dtype: DataType) -> Result<KvCache> {
     Ok(kv)
 }
 
-/// The final norm and the classifier (the embedding table when tied) into `s.logits`:
+/// The final norm (`norm`: the model's, or a prediction layer's) and the classifier (the
+/// embedding table when tied) into `s.logits`:
 /// over every row of `s.x` for [`Logits::All`] (`s.logits` then holds the normed hidden
 /// states for [`Head::Hidden`]), or over the rows `last_rows` of `s.x`, in that order, for
 /// [`Logits::Last`].
@@ -891,6 +971,7 @@ fn finish(
     s: &mut Activations,
     head: Head,
     last_rows: &[usize],
+    norm: &Data,
 ) -> Result<()> {
     let (c, w) = (&model.config, &model.weights);
     let classifier = w.classifier.as_ref().unwrap_or(&w.embedding);
@@ -917,7 +998,7 @@ fn finish(
     normed.set_shape(&[rows, c.dim])?;
     exec.run(Op::RmsNorm {
         input: final_input,
-        weight: &w.final_norm,
+        weight: norm,
         eps: c.norm_eps,
         output: normed,
     })?;

@@ -189,13 +189,16 @@ impl Session {
     }
 
     /// Decodes speculatively from now on, with `draft` proposing tokens that this session's
-    /// model verifies ([`crate::speculative`]); `draft_tokenizer` is the draft model's
-    /// tokenizer.
+    /// model verifies ([`crate::speculative`]): a draft model, with its tokenizer
+    /// `draft_tokenizer`, or the model's own multi-token-prediction layers ([`Draft::mtp`];
+    /// `draft_tokenizer` is `None`), whose hidden states the model keeps from now on.
     ///
-    /// Errors: [`Error::Config`] when the draft does not share the target's vocabulary and
-    /// tokenizer ([`check_same_vocabulary`]), or when the target is ChatGLM-6B (its passes
-    /// cannot continue a cached sequence).
-    pub fn set_draft(&mut self, draft: Draft, draft_tokenizer: &Tokenizer) -> Result<()> {
+    /// Errors: [`Error::Config`] when the draft model does not share the target's
+    /// vocabulary and tokenizer ([`check_same_vocabulary`]) or comes without its tokenizer,
+    /// when the target is ChatGLM-6B (its passes cannot continue a cached sequence), or for
+    /// prediction layers the model lacks or cannot run ([`crate::Graph::keep_mtp_hidden`]).
+    /// The cache is taken as empty after a prediction-layer draft is set.
+    pub fn set_draft(&mut self, draft: Draft, draft_tokenizer: Option<&Tokenizer>) -> Result<()> {
         if !self.model.continues_prefix() {
             return Err(Error::Config(
                 "speculative decoding cannot verify drafts with a ChatGLM-6B target: it \
@@ -203,7 +206,21 @@ impl Session {
                     .into(),
             ));
         }
-        check_same_vocabulary(&self.model, &self.tokenizer, draft.model(), draft_tokenizer)?;
+        match (draft.model(), draft_tokenizer) {
+            (Some(model), Some(tokenizer)) => {
+                check_same_vocabulary(&self.model, &self.tokenizer, model, tokenizer)?
+            }
+            (Some(_), None) => {
+                return Err(Error::Config(
+                    "a draft model needs its tokenizer, to check it against the model's".into(),
+                ))
+            }
+            (None, _) => {
+                self.model.keep_mtp_hidden()?;
+                // The hidden states of what is cached now were not kept.
+                self.cached.clear();
+            }
+        }
         self.draft = Some(draft);
         Ok(())
     }

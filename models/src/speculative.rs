@@ -31,12 +31,19 @@
 //! cache holds the tokens it has run ([`Draft`] remembers which), and a round first runs the
 //! draft over the tokens it has not seen (the target's correction, or the last accepted
 //! token and the bonus token).
+//!
+//! The draft may also be the target's own multi-token-prediction layers ([`Draft::mtp`];
+//! DeepSeek-V3, GLM-4.5), as vLLM and SGLang run them: a round first runs the prediction
+//! layer over the positions the target has computed since the last round, each with the
+//! target's hidden state there and the token after it, which drafts `x_1`; the layer then
+//! drafts `x_2..x_K` on its own output ([`crate::MtpInput::Previous`]). The acceptance
+//! rule is the same, so the output is the target's whatever the drafts.
 
 use flm_core::{Executor, Sampler, SamplerConfig};
 use flm_tokenizer::Tokenizer;
 
 use crate::llama::Logits;
-use crate::{Error, Model, Result};
+use crate::{Error, Model, MtpInput, Result};
 
 /// Draft tokens per round when none is asked for.
 pub const DEFAULT_DRAFT_TOKENS: usize = 4;
@@ -128,12 +135,21 @@ impl DraftStats {
     }
 }
 
-/// A draft model instance with its KV cache, proposing up to `K` tokens per round.
+/// What proposes the draft tokens.
+enum Proposer {
+    /// A draft model instance; `cached`: the tokens at positions `0..cached.len()` of its
+    /// KV cache.
+    Model { model: Model, cached: Vec<u32> },
+    /// The target's multi-token-prediction layers; `cached`: the sequence whose positions
+    /// `0..cached.len() - 1` the layer's KV cache holds from the target's hidden states.
+    Mtp { cached: Vec<u32> },
+}
+
+/// A draft, proposing up to `K` tokens per round: a draft model with its own KV cache
+/// ([`Draft::new`]) or the target's own multi-token-prediction layers ([`Draft::mtp`]).
 pub struct Draft {
-    model: Model,
+    proposer: Proposer,
     tokens: usize,
-    /// The tokens at positions `0..cached.len()` of the draft's KV cache.
-    cached: Vec<u32>,
     sampler: Sampler,
     stats: DraftStats,
     /// `q_1..q_K` of the current round, `[K][vocab]`.
@@ -152,11 +168,6 @@ impl Draft {
     /// Errors: [`Error::InvalidInput`] for `K = 0`; [`Error::Config`] for a ChatGLM-6B
     /// draft, whose passes cannot continue a cached prefix ([`crate::Graph::continues_prefix`]).
     pub fn new(model: Model, tokens: usize) -> Result<Draft> {
-        if tokens == 0 {
-            return Err(Error::InvalidInput(
-                "the draft must propose at least 1 token per round".into(),
-            ));
-        }
         if !model.continues_prefix() {
             return Err(Error::Config(
                 "a ChatGLM-6B model cannot be a draft model: it cannot continue a cached \
@@ -164,10 +175,29 @@ impl Draft {
                     .into(),
             ));
         }
+        let cached = Vec::new();
+        Draft::with(Proposer::Model { model, cached }, tokens)
+    }
+
+    /// A draft proposing `tokens` (`K`) tokens per round with the target's
+    /// multi-token-prediction layers: give it to a session of a model that has them
+    /// ([`crate::session::Session::set_draft`]).
+    ///
+    /// Errors: [`Error::InvalidInput`] for `K = 0`.
+    pub fn mtp(tokens: usize) -> Result<Draft> {
+        let cached = Vec::new();
+        Draft::with(Proposer::Mtp { cached }, tokens)
+    }
+
+    fn with(proposer: Proposer, tokens: usize) -> Result<Draft> {
+        if tokens == 0 {
+            return Err(Error::InvalidInput(
+                "the draft must propose at least 1 token per round".into(),
+            ));
+        }
         Ok(Draft {
-            model,
+            proposer,
             tokens,
-            cached: Vec::new(),
             sampler: Sampler::new(SamplerConfig::default())?,
             stats: DraftStats::default(),
             q: Vec::new(),
@@ -178,9 +208,12 @@ impl Draft {
         })
     }
 
-    /// The draft model instance.
-    pub fn model(&self) -> &Model {
-        &self.model
+    /// The draft model instance; `None` for the target's prediction layers.
+    pub fn model(&self) -> Option<&Model> {
+        match &self.proposer {
+            Proposer::Model { model, .. } => Some(model),
+            Proposer::Mtp { .. } => None,
+        }
     }
 
     /// Tokens proposed per round (`K`).
@@ -238,13 +271,18 @@ impl Draft {
             ));
         }
         let target_room = target.config().max_seq_len.saturating_sub(len);
-        let draft_room = (self.model.config().max_seq_len + 1).saturating_sub(len);
+        let draft_room = match &self.proposer {
+            Proposer::Model { model, .. } => (model.config().max_seq_len + 1).saturating_sub(len),
+            // The prediction layers read the hidden state of the position before the last.
+            Proposer::Mtp { .. } if len < 2 => 0,
+            Proposer::Mtp { .. } => target_room,
+        };
         let k = self
             .tokens
             .min(max_new - 1)
             .min(target_room)
             .min(draft_room);
-        self.propose(exec, tokens, prompt_len, k)?;
+        self.propose(exec, target, tokens, prompt_len, k)?;
         // The last token of the sequence and the drafts: `k + 1` rows of logits.
         let window = &self.sequence[len - 1..];
         let rows = target.forward(exec, window, len - 1, Logits::All)?;
@@ -278,35 +316,63 @@ impl Draft {
     fn propose(
         &mut self,
         exec: &Executor,
+        target: &mut Model,
         tokens: &[u32],
         prompt_len: usize,
         k: usize,
     ) -> Result<()> {
         let len = tokens.len();
-        self.sequence.clear();
-        self.sequence.extend_from_slice(tokens);
+        let Draft {
+            proposer,
+            sampler,
+            q,
+            sequence,
+            ..
+        } = self;
+        sequence.clear();
+        sequence.extend_from_slice(tokens);
         if k == 0 {
             return Ok(());
         }
-        let reused = common_prefix(&self.cached, tokens).min(len - 1);
+        q.resize_with(k, Vec::new);
         // Until the passes succeed, the cache holds an unknown sequence.
-        self.cached.clear();
-        self.q.resize_with(k, Vec::new);
-        let mut logits = self
-            .model
-            .forward(exec, &tokens[reused..], reused, Logits::Last)?;
+        let mut logits = match proposer {
+            Proposer::Model { model, cached } => {
+                let reused = common_prefix(cached, tokens).min(len - 1);
+                cached.clear();
+                model.forward(exec, &tokens[reused..], reused, Logits::Last)?
+            }
+            Proposer::Mtp { cached } => {
+                // Position `i` reads the token at `i + 1`: the last has none yet.
+                let done = common_prefix(cached, tokens).saturating_sub(1).min(len - 2);
+                cached.clear();
+                let next = &tokens[done + 1..];
+                target.mtp_forward(exec, 0, next, done, MtpInput::Model)?
+            }
+        };
         for i in 0..k {
-            let q = &mut self.q[i];
-            let output = &self.sequence[prompt_len..];
-            self.sampler
-                .probabilities(logits, &self.sequence, output, q)?;
-            let x = self.sampler.draw(q)?;
-            self.sequence.push(x);
+            let q = &mut q[i];
+            let output = &sequence[prompt_len..];
+            sampler.probabilities(logits, sequence, output, q)?;
+            let x = sampler.draw(q)?;
+            sequence.push(x);
             if i + 1 < k {
-                logits = self.model.forward(exec, &[x], len + i, Logits::Last)?;
+                logits = match proposer {
+                    Proposer::Model { model, .. } => {
+                        model.forward(exec, &[x], len + i, Logits::Last)?
+                    }
+                    // Drafting on from the draft at `L - 1 + i`: one layer, chained (the
+                    // models ship one).
+                    Proposer::Mtp { .. } => {
+                        target.mtp_forward(exec, 0, &[x], len - 1 + i, MtpInput::Previous)?
+                    }
+                };
             }
         }
-        self.cached.extend_from_slice(&self.sequence[..len + k - 1]);
+        match proposer {
+            Proposer::Model { cached, .. } => cached.extend_from_slice(&sequence[..len + k - 1]),
+            Proposer::Mtp { cached } => cached.extend_from_slice(tokens),
+        }
         Ok(())
     }
 }

@@ -90,6 +90,16 @@ pub enum LayerPart {
     /// The router's bias `[n_experts]`, added to the scores to choose the experts only
     /// (DeepSeek-V3's `e_score_correction_bias`).
     RouterBias,
+    /// A multi-token-prediction layer's RMSNorm gain `[dim]` of the token's embedding
+    /// (`enorm`).
+    MtpEmbedNorm,
+    /// Its RMSNorm gain `[dim]` of the previous hidden state (`hnorm`).
+    MtpHiddenNorm,
+    /// Its projection `[dim, 2·dim]` of the normed embedding and hidden state, concatenated
+    /// in that order (`eh_proj`).
+    MtpProjection,
+    /// Its RMSNorm gain `[dim]` before the classifier (`shared_head.norm`).
+    MtpHeadNorm,
 }
 
 /// The names of one [`LayerPart`] in each file format.
@@ -121,7 +131,7 @@ const fn part(
 
 /// Every layer part and its names. ChatGLM's own HF names are mapped in the THUDM
 /// importer, which splits its fused tensors.
-pub const PARTS: [PartNames; 35] = {
+pub const PARTS: [PartNames; 39] = {
     use LayerPart::*;
     [
         part(
@@ -281,6 +291,32 @@ pub const PARTS: [PartNames; 35] = {
             "router_bias",
             Some("mlp.gate.e_score_correction_bias"),
             Some("exp_probs_b.bias"),
+        ),
+        // The prediction layers' own tensors (DeepSeek-V3's `model.layers.61.`, llama.cpp's
+        // `blk.{l}.nextn.`); their embedding and head copies are the model's own.
+        part(
+            MtpEmbedNorm,
+            "mtp_embed_norm",
+            Some("enorm.weight"),
+            Some("nextn.enorm.weight"),
+        ),
+        part(
+            MtpHiddenNorm,
+            "mtp_hidden_norm",
+            Some("hnorm.weight"),
+            Some("nextn.hnorm.weight"),
+        ),
+        part(
+            MtpProjection,
+            "mtp_projection",
+            Some("eh_proj.weight"),
+            Some("nextn.eh_proj.weight"),
+        ),
+        part(
+            MtpHeadNorm,
+            "mtp_head_norm",
+            Some("shared_head.norm.weight"),
+            Some("nextn.shared_head_norm.weight"),
         ),
     ]
 };
@@ -455,7 +491,9 @@ impl FromStr for TensorName {
 
 /// The tensors of `c`'s graph and their shapes, in canonical order (the order .flm files
 /// store them): `prefix_kv` when `pre_seq_len > 0`, `embedding`, each layer's parts that
-/// the configuration has, the final norm, then `classifier` unless the embeddings are tied.
+/// the configuration has, each multi-token-prediction layer's own parts and then its
+/// transformer layer's (numbered after the others, as in the checkpoints), the final norm,
+/// then `classifier` unless the embeddings are tied.
 pub fn canonical_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<usize>)> {
     let mut out = Vec::new();
     if c.pre_seq_len > 0 {
@@ -472,6 +510,17 @@ pub fn canonical_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<usize>)> {
                     .map(|(p, shape)| (TensorName::Layer(l, p), shape)),
             ),
         }
+    }
+    for l in c.n_layers..c.n_layers + c.mtp_layers {
+        use LayerPart::*;
+        let own = [
+            (MtpEmbedNorm, vec![c.dim]),
+            (MtpHiddenNorm, vec![c.dim]),
+            (MtpProjection, vec![c.dim, 2 * c.dim]),
+            (MtpHeadNorm, vec![c.dim]),
+        ];
+        out.extend(own.map(|(p, shape)| (TensorName::Layer(l, p), shape)));
+        out.extend(llama_layer(c, l));
     }
     out.push((TensorName::FinalNorm, vec![c.dim]));
     if matches!(c.arch, Arch::ChatGlm { .. }) {

@@ -49,7 +49,7 @@ fn session(
     let mut s = Session::new(model.instance().unwrap(), Arc::clone(tokenizer)).unwrap();
     if let Some((draft, draft_tokenizer, k)) = draft {
         let draft = Draft::new(draft.instance().unwrap(), k).unwrap();
-        s.set_draft(draft, draft_tokenizer).unwrap();
+        s.set_draft(draft, Some(draft_tokenizer)).unwrap();
     }
     s
 }

@@ -23,6 +23,9 @@
 //!   groups (by the sum of their two best) and the experts, the unbiased scores weighing
 //!   them, renormalised when `norm_topk_prob`, times `routed_scaling_factor`.
 //!
+//! - Multi-token prediction (V3, GLM-4.5): `num_nextn_predict_layers` layers after the
+//!   others, under `model.layers.{num_hidden_layers + j}.` ([`crate::MtpLayer`]).
+//!
 //! The checkpoints fuse what flm's graph reads apart: the rows of each head's query are
 //! split into the parts without and with RoPE, and `kv_a_proj_with_mqa` into the latent's
 //! and the rotated key's rows ([`split`]).
@@ -66,6 +69,7 @@ struct Fields {
     moe_layer_freq: Option<usize>,
     norm_topk_prob: Option<bool>,
     rope_interleave: Option<bool>,
+    num_nextn_predict_layers: Option<usize>,
 }
 
 /// `c` (read as a Llama's from the `config.json` text `text`) with what DeepSeek-V2, V3
@@ -86,6 +90,11 @@ pub(super) fn configure(
         c = latent(c, family, &f)?;
     }
     c.moe = moe(family, &f, c.n_layers)?;
+    // DeepSeek-V3 and GLM-4.5 ship them; the importer drops them when their weights are
+    // not in the checkpoint (transformers saves none).
+    if family != Family::DeepseekV2 {
+        c.mtp_layers = f.num_nextn_predict_layers.unwrap_or(0);
+    }
     Ok(c)
 }
 
@@ -193,7 +202,8 @@ fn moe(
 }
 
 /// The canonical tensors that DeepSeek checkpoints fuse, taken out of `by_name` (their
-/// Hugging Face names) as rows of the fused tensors: per layer, the query's parts without
+/// Hugging Face names) as rows of the fused tensors: per layer (the prediction layers
+/// included), the query's parts without
 /// and with RoPE (of `q_proj`, or `q_b_proj` with a compressed query) and the latent's and
 /// the rotated key's projections (of `kv_a_proj_with_mqa`).
 ///
@@ -207,7 +217,7 @@ pub(super) fn split(
         return Ok(out);
     };
     let ([nope, rope], [latent, rotated]) = (m.query_rows(c.n_heads), m.kv_a_rows());
-    for l in 0..c.n_layers {
+    for l in 0..c.n_layers + c.mtp_layers {
         let p = format!("model.layers.{l}.self_attn");
         let q = if m.q_lora_rank.is_some() {
             "q_b_proj"

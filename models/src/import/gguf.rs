@@ -35,8 +35,9 @@
 //! fuses gate/up as Phi-3 does and has Gemma 2's post-norms (`post_attention_norm`,
 //! `post_ffw_norm`). GLM-4.5 (`glm4moe`) has DeepSeek-V3's experts (see [`moe`]), q/k/v
 //! biases and q/k norms where its tensors have them, and counts its multi-token-prediction
-//! layer (`nextn_predict_layers`) in `block_count`: flm runs the others and lists that
-//! layer's tensors as ignored.
+//! layer (`nextn_predict_layers`) in `block_count`: its tensors (`blk.{l}.nextn.*` beside
+//! the layer's own) load as [`crate::MtpLayer`]s; where a converter counted it without
+//! writing them, flm runs the others.
 //! Tensors F32, F16, BF16
 //! (zero-copy) and the ggml block types of [`GgmlType`] are read, each into the dtype
 //! [`Encoding::load_dtype`] names (Q4_0 and Q4_1 repacked without loss; Q4_K, Q5_K and
@@ -140,21 +141,27 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
     ];
     let mut eos_token_ids: Vec<u32> = eos.into_iter().flatten().collect();
     eos_token_ids.dedup();
+    let has = |name: &str| g.tensors.iter().any(|t| t.name == name);
     let blocks = m.required(&key("block_count"))?;
-    let n_layers = match m.usize(&key("nextn_predict_layers"))? {
+    let (n_layers, mtp_layers) = match m.usize(&key("nextn_predict_layers"))? {
         Some(extra) if extra >= blocks => {
             let msg = format!("{extra} prediction layers of {blocks} blocks");
             return Err(Error::format(m.path, msg));
         }
-        extra => blocks - extra.unwrap_or(0),
+        extra => {
+            let (extra, n) = (extra.unwrap_or(0), blocks - extra.unwrap_or(0));
+            // Some converters count the layers without writing their weights.
+            let written = (n..blocks).all(|l| has(&format!("blk.{l}.nextn.eh_proj.weight")));
+            (n, if written { extra } else { 0 })
+        }
     };
     // GLM-4.5's biases and norms are optional in its config: the tensors say.
-    let has = |name: &str| g.tensors.iter().any(|t| t.name == name);
     let glm4_moe = family == Family::Glm4Moe;
     let config = ModelConfig {
         dim,
         hidden_dim: m.required(&key("feed_forward_length"))?,
         n_layers,
+        mtp_layers,
         n_heads,
         n_kv_heads: m.usize(&key("attention.head_count_kv"))?.unwrap_or(n_heads),
         head_dim,
@@ -781,7 +788,8 @@ fn check_layers_and_experts(
     arch: &str,
 ) -> std::result::Result<(), String> {
     let n_experts = c.moe.as_ref().map_or(0, |m| m.n_experts);
-    let mut has_tensors = vec![false; c.n_layers];
+    let blocks = c.n_layers + c.mtp_layers;
+    let mut has_tensors = vec![false; blocks];
     let mut expert_tensors = 0usize;
     for t in &g.tensors {
         let Some((l, part)) = layer_of(&t.name) else {
@@ -791,8 +799,8 @@ fn check_layers_and_experts(
             Some(seen) => *seen = true,
             None => {
                 return Err(format!(
-                    "tensor {} is of layer {l}, but {arch}.block_count is {}",
-                    t.name, c.n_layers
+                    "tensor {} is of layer {l}, but {arch}.block_count is {blocks}",
+                    t.name
                 ))
             }
         }
@@ -816,8 +824,7 @@ fn check_layers_and_experts(
     }
     if let Some(l) = has_tensors.iter().position(|&seen| !seen) {
         return Err(format!(
-            "{arch}.block_count is {}, but the file has no tensor of layer {l} (blk.{l}.*)",
-            c.n_layers
+            "{arch}.block_count is {blocks}, but the file has no tensor of layer {l} (blk.{l}.*)"
         ));
     }
     if n_experts > 0 && expert_tensors == 0 {

@@ -411,7 +411,7 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
              or a safetensors file beside its config.json)",
         ));
     }
-    let (config, family) = parse_config(&config_path)?;
+    let (mut config, family) = parse_config(&config_path)?;
     let files = match file {
         Some(f) => vec![f.to_path_buf()],
         None => weight_files(dir)?,
@@ -423,6 +423,11 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
     })?;
     for t in packed.into_iter().flat_map(|p| p.tensors) {
         by_name.insert(t.name.clone(), t);
+    }
+    // A checkpoint saved by transformers has no prediction layers' weights.
+    let mtp = format!("model.layers.{}.eh_proj.weight", config.n_layers);
+    if config.mtp_layers > 0 && !by_name.contains_key(&mtp) {
+        config.mtp_layers = 0;
     }
     // ChatGLM-6B names its SentencePiece model `ice_text.model`.
     let candidates: Vec<PathBuf> = ["tokenizer.model", "ice_text.model", "tokenizer.json"]

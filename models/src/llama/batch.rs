@@ -219,7 +219,15 @@ impl BatchedForward for LlamaBatch {
                 seqs: &paged,
             })
         })?;
-        finish(exec, &model, s, Head::Logits(Logits::Last), &self.last_rows)?;
+        let norm = &model.weights.final_norm;
+        finish(
+            exec,
+            &model,
+            s,
+            Head::Logits(Logits::Last),
+            &self.last_rows,
+            norm,
+        )?;
         host_output(&model, &self.states, &mut self.host_out, exec)
     }
 }

@@ -58,6 +58,8 @@ impl SharedLlama {
             final_norm: move_to(w.final_norm, output)?,
             classifier,
             prefix_kv: w.prefix_kv,
+            // The prediction layers draft in host memory ([`crate::speculative`]).
+            mtp: w.mtp,
         };
         Ok(SharedLlama {
             weights,

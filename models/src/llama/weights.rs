@@ -398,6 +398,58 @@ pub struct LlamaWeights {
     /// layout of THUDM's `prefix_encoder.embedding.weight`); keys are stored as attended,
     /// without RoPE. `None` when `pre_seq_len` is 0.
     pub prefix_kv: Option<Data>,
+    /// The multi-token-prediction layers ([`ModelConfig::mtp_layers`]), first to last.
+    pub mtp: Vec<MtpLayer>,
+}
+
+/// A multi-token-prediction layer (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §2.2;
+/// vLLM's `DeepSeekMultiTokenPredictorLayer`). With `h_i` the hidden state at position `i`
+/// (the model's after its final norm, or this layer's own output when it drafts on from its
+/// last draft) and `t_{i+1}` the token after position `i`, it computes
+/// `x = projection · [RMSNorm(E t_{i+1}) · embed_norm ; RMSNorm(h_i) · hidden_norm]`, runs
+/// `layer` over `x` at position `i` with a KV cache of its own, and draws `t_{i+2}` from
+/// the model's classifier over `RMSNorm(output) · head_norm`. The embedding table and the
+/// classifier are the model's (the checkpoints' copies are equal to them).
+#[derive(Debug, Clone)]
+pub struct MtpLayer {
+    /// `enorm` `[dim]`.
+    pub embed_norm: Data,
+    /// `hnorm` `[dim]`.
+    pub hidden_norm: Data,
+    /// `eh_proj` `[dim, 2·dim]`.
+    pub projection: Data,
+    /// `shared_head.norm` `[dim]`.
+    pub head_norm: Data,
+    /// The transformer layer (`mtp_block`), of the model's kind.
+    pub layer: LlamaLayer,
+}
+
+impl MtpLayer {
+    /// Every tensor, in canonical order ([`canonical_tensors`]).
+    pub fn tensors(&self) -> Vec<&Data> {
+        let mut out = vec![
+            &self.embed_norm,
+            &self.hidden_norm,
+            &self.projection,
+            &self.head_norm,
+        ];
+        out.extend(self.layer.tensors());
+        out
+    }
+
+    /// The layer with `f(tensor, routed)` applied to each tensor (see
+    /// [`LlamaLayer::try_map`]).
+    ///
+    /// Errors: the first error of `f`.
+    pub fn try_map(self, mut f: impl FnMut(Data, bool) -> Result<Data>) -> Result<MtpLayer> {
+        Ok(MtpLayer {
+            embed_norm: f(self.embed_norm, false)?,
+            hidden_norm: f(self.hidden_norm, false)?,
+            projection: f(self.projection, false)?,
+            head_norm: f(self.head_norm, false)?,
+            layer: self.layer.try_map(f)?,
+        })
+    }
 }
 
 impl LlamaWeights {
@@ -421,92 +473,26 @@ impl LlamaWeights {
         let mut tensors = Tensors::load(c, load)?;
         let prefix_kv = tensors.take_optional(TensorName::PrefixKv);
         let embedding = tensors.take(TensorName::Embedding)?;
-        let layers = tensors.layers(c.n_layers, |l, t| {
-            let mut part = |p| t.take(TensorName::Layer(l, p));
-            let post_norms = c
-                .post_norms
-                .then(|| Ok::<_, Error>([part(PostAttnNorm)?, part(PostFfnNorm)?]))
-                .transpose()?;
-            let attn = match &c.mla {
-                Some(m) => Attention::Latent(Box::new(LatentAttention::new(
-                    c,
-                    m.q_lora_rank
-                        .map(|_| Ok::<_, Error>([part(QA)?, part(QANorm)?]))
-                        .transpose()?,
-                    [part(QNope)?, part(QRope)?],
-                    [part(KvA)?, part(KRope)?, part(KvANorm)?],
-                    part(KvB)?,
-                )?)),
-                None => Attention::Heads(QkvProjections {
-                    wq: part(Wq)?,
-                    wk: part(Wk)?,
-                    wv: part(Wv)?,
-                    qkv_bias: c
-                        .qkv_bias
-                        .then(|| Ok::<_, Error>([part(Bq)?, part(Bk)?, part(Bv)?]))
-                        .transpose()?,
-                    qk_norm: c
-                        .qk_norm
-                        .then(|| Ok::<_, Error>([part(QNorm)?, part(KNorm)?]))
-                        .transpose()?,
-                }),
-            };
-            Ok(LlamaLayer {
-                attn_norm: part(AttnNorm)?,
-                attn,
-                wo: part(Wo)?,
-                bo: c.o_bias.then(|| part(Bo)).transpose()?,
-                ffn_norm: part(FfnNorm)?,
-                ffn: match c.moe_layer(l) {
-                    None => Ffn::Dense {
-                        w_gate: part(WGate)?,
-                        w_down: part(WDown)?,
-                        w_up: part(WUp)?,
-                    },
-                    Some(m) => Ffn::Moe {
-                        router: part(Router)?,
-                        // The op reads the bias in f32, whatever the checkpoint's dtype.
-                        router_bias: m
-                            .choice_bias
-                            .then(|| Ok::<_, Error>(part(RouterBias)?.to_dtype(DataType::F32)?))
-                            .transpose()?,
-                        shared: m
-                            .shared_expert_dim
-                            .map(|_| {
-                                Ok::<_, Error>(Box::new(SharedExpert {
-                                    ffn: Expert {
-                                        gate: part(SharedWGate)?,
-                                        up: part(SharedWUp)?,
-                                        down: part(SharedWDown)?,
-                                    },
-                                    gate: m
-                                        .shared_expert_gated
-                                        .then(|| part(SharedExpertGate))
-                                        .transpose()?,
-                                }))
-                            })
-                            .transpose()?,
-                        experts: (0..m.n_experts)
-                            .map(|e| {
-                                let mut part = |p| t.take(TensorName::Expert(l, e, p));
-                                Ok(Expert {
-                                    gate: part(WGate)?,
-                                    up: part(WUp)?,
-                                    down: part(WDown)?,
-                                })
-                            })
-                            .collect::<Result<_>>()?,
-                    },
-                },
-                post_norms,
+        let layers = tensors.layers(c.n_layers, |l, t| layer(c, l, t))?;
+        let mtp = (c.n_layers..c.n_layers + c.mtp_layers)
+            .map(|l| {
+                let mut own = |p| tensors.take(TensorName::Layer(l, p));
+                Ok(MtpLayer {
+                    embed_norm: own(MtpEmbedNorm)?,
+                    hidden_norm: own(MtpHiddenNorm)?,
+                    projection: own(MtpProjection)?,
+                    head_norm: own(MtpHeadNorm)?,
+                    layer: layer(c, l, &mut tensors)?,
+                })
             })
-        })?;
+            .collect::<Result<_>>()?;
         Ok(LlamaWeights {
             embedding,
             layers,
             final_norm: tensors.take(TensorName::FinalNorm)?,
             classifier: tensors.take_optional(TensorName::Classifier),
             prefix_kv,
+            mtp,
         })
     }
 
@@ -529,6 +515,11 @@ impl LlamaWeights {
             final_norm: self.final_norm,
             classifier: self.classifier.map(cpu_layout).transpose()?,
             prefix_kv: self.prefix_kv,
+            mtp: self
+                .mtp
+                .into_iter()
+                .map(|m| m.try_map(|d, _| cpu_layout(d)))
+                .collect::<Result<_>>()?,
         })
     }
 
@@ -570,13 +561,108 @@ impl LlamaWeights {
                 c.n_layers
             )));
         }
+        if self.mtp.len() != c.mtp_layers {
+            return Err(Error::Config(format!(
+                "{} prediction layers of weights for mtp_layers = {}",
+                self.mtp.len(),
+                c.mtp_layers
+            )));
+        }
         for w in &self.layers {
             present.extend(w.tensors());
+        }
+        for m in &self.mtp {
+            present.extend(m.tensors());
         }
         present.push(&self.final_norm);
         present.extend(&self.classifier);
         check_all_shapes(present, canonical_tensors(c))
     }
+}
+
+/// Layer `l` of the Llama graph, its tensors taken out of `t`.
+///
+/// Errors: a tensor missing from `t`; a `kv_b_proj` of the wrong size.
+fn layer(c: &ModelConfig, l: usize, t: &mut Tensors) -> Result<LlamaLayer> {
+    use LayerPart::*;
+    let mut part = |p| t.take(TensorName::Layer(l, p));
+    let post_norms = c
+        .post_norms
+        .then(|| Ok::<_, Error>([part(PostAttnNorm)?, part(PostFfnNorm)?]))
+        .transpose()?;
+    let attn = match &c.mla {
+        Some(m) => Attention::Latent(Box::new(LatentAttention::new(
+            c,
+            m.q_lora_rank
+                .map(|_| Ok::<_, Error>([part(QA)?, part(QANorm)?]))
+                .transpose()?,
+            [part(QNope)?, part(QRope)?],
+            [part(KvA)?, part(KRope)?, part(KvANorm)?],
+            part(KvB)?,
+        )?)),
+        None => Attention::Heads(QkvProjections {
+            wq: part(Wq)?,
+            wk: part(Wk)?,
+            wv: part(Wv)?,
+            qkv_bias: c
+                .qkv_bias
+                .then(|| Ok::<_, Error>([part(Bq)?, part(Bk)?, part(Bv)?]))
+                .transpose()?,
+            qk_norm: c
+                .qk_norm
+                .then(|| Ok::<_, Error>([part(QNorm)?, part(KNorm)?]))
+                .transpose()?,
+        }),
+    };
+    Ok(LlamaLayer {
+        attn_norm: part(AttnNorm)?,
+        attn,
+        wo: part(Wo)?,
+        bo: c.o_bias.then(|| part(Bo)).transpose()?,
+        ffn_norm: part(FfnNorm)?,
+        ffn: match c.moe_layer(l) {
+            None => Ffn::Dense {
+                w_gate: part(WGate)?,
+                w_down: part(WDown)?,
+                w_up: part(WUp)?,
+            },
+            Some(m) => Ffn::Moe {
+                router: part(Router)?,
+                // The op reads the bias in f32, whatever the checkpoint's dtype.
+                router_bias: m
+                    .choice_bias
+                    .then(|| Ok::<_, Error>(part(RouterBias)?.to_dtype(DataType::F32)?))
+                    .transpose()?,
+                shared: m
+                    .shared_expert_dim
+                    .map(|_| {
+                        Ok::<_, Error>(Box::new(SharedExpert {
+                            ffn: Expert {
+                                gate: part(SharedWGate)?,
+                                up: part(SharedWUp)?,
+                                down: part(SharedWDown)?,
+                            },
+                            gate: m
+                                .shared_expert_gated
+                                .then(|| part(SharedExpertGate))
+                                .transpose()?,
+                        }))
+                    })
+                    .transpose()?,
+                experts: (0..m.n_experts)
+                    .map(|e| {
+                        let mut part = |p| t.take(TensorName::Expert(l, e, p));
+                        Ok(Expert {
+                            gate: part(WGate)?,
+                            up: part(WUp)?,
+                            down: part(WDown)?,
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+            },
+        },
+        post_norms,
+    })
 }
 
 /// Checks that the tensors `present` have the canonical `expected` shapes, in order.

@@ -66,6 +66,11 @@ pub struct BenchArgs {
     /// prompt); tokens/s are their aggregate. A list (`--batch 1,8,32`) measures each.
     #[arg(long, value_delimiter = ',')]
     batch: Vec<usize>,
+    /// Also measure a round of speculative decoding with this many drafts from the model's
+    /// multi-token-prediction layer (DeepSeek-V3, GLM-4.5): its parts' costs and the
+    /// speed-up they give at given acceptance rates.
+    #[arg(long, conflicts_with = "batch")]
+    mtp_drafts: Option<usize>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -444,6 +449,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             measured.push((batch.unwrap_or(1), [pp, pp_sd, tg, tg_sd]));
         }
         bar.finish_and_clear();
+        let rounds = args
+            .mtp_drafts
+            .map(|k| crate::bench_mtp::costs(exec, &mut model, &prompt, k, args.reps))
+            .transpose()?;
         // Whether the single-sequence decode steps ran as a CUDA graph (`--cuda-graph`).
         let step_graph = model.captured_steps().contains(&1);
         drop(model);
@@ -514,6 +523,32 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     bytes as f64 / 1e9,
                     100.0 * decode_gb_s / stream,
                     stream * 1e9 / bytes as f64 * batch as f64
+                );
+            }
+        }
+        if let Some(r) = rounds {
+            // Random weights draft at random (0); DeepSeek-V3 reports 85–90% for its layer.
+            let alphas = [0.0, 0.5, 0.85];
+            if args.json {
+                let line = serde_json::json!({
+                    "mtp_drafts": r.drafts,
+                    "verify_ms": r.verify * 1e3,
+                    "drafts_ms": r.draft * 1e3,
+                    "decode_ms": r.decode * 1e3,
+                    "speed_up_at": alphas.map(|a| [a, r.speed_up(a)]),
+                });
+                println!("{line}");
+            } else {
+                println!(
+                    "speculative round, {} drafts from the multi-token-prediction layer: \
+                     verification of {} rows {:.2} ms, drafts {:.2} ms, against a decode \
+                     step of {:.2} ms; speed-up at acceptance {}",
+                    r.drafts,
+                    r.drafts + 1,
+                    r.verify * 1e3,
+                    r.draft * 1e3,
+                    r.decode * 1e3,
+                    alphas.map(|a| format!("{a}: {:.2}×", r.speed_up(a))).join(", ")
                 );
             }
         }

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_batch;
+mod bench_mtp;
 mod chat;
 mod convert;
 mod device;
@@ -100,12 +101,23 @@ struct RunArgs {
     /// Speculative decoding: a smaller model with the same tokenizer (a quantised copy of
     /// the model, say) drafts tokens that the model verifies in one pass; the output is
     /// distributed as without it (greedy: the same tokens).
-    #[arg(long)]
+    #[arg(long, group = "drafter")]
     draft_model: Option<PathBuf>,
-    /// Tokens the draft model proposes per verification pass.
+    /// Speculative decoding with the model's own drafter: `mtp`, its multi-token-prediction
+    /// layer (DeepSeek-V3, GLM-4.5; in the checkpoint's weights), on the CPU.
+    #[arg(long, value_enum, group = "drafter")]
+    draft: Option<DraftKind>,
+    /// Tokens the draft proposes per verification pass.
     #[arg(long, default_value_t = flm_models::speculative::DEFAULT_DRAFT_TOKENS,
-          requires = "draft_model")]
+          requires = "drafter")]
     draft_tokens: usize,
+}
+
+/// A drafter that comes with the model.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DraftKind {
+    /// The multi-token-prediction layers.
+    Mtp,
 }
 
 /// How tokens are chosen, and when generation stops.
@@ -218,11 +230,20 @@ fn run(args: RunArgs) -> Result<()> {
         let (draft, draft_tokenizer) = load::model_and_tokenizer(&draft_args, &chosen)?;
         let draft = Draft::new(draft, args.draft_tokens)?;
         session
-            .set_draft(draft, &draft_tokenizer)
+            .set_draft(draft, Some(&draft_tokenizer))
             .with_context(|| format!("cannot use {} as the draft model", path.display()))?;
         eprintln!(
             "draft model {}, {} tokens per round",
             path.display(),
+            args.draft_tokens
+        );
+    }
+    if let Some(DraftKind::Mtp) = args.draft {
+        session
+            .set_draft(Draft::mtp(args.draft_tokens)?, None)
+            .context("cannot draft with the model's multi-token-prediction layers")?;
+        eprintln!(
+            "draft: the model's multi-token-prediction layer, {} tokens per round",
             args.draft_tokens
         );
     }

@@ -1,5 +1,5 @@
 //! `flm run --draft-model`: speculative decoding end to end on the shipped stories260K, with
-//! an int4 draft written by `flm convert` at test time. Greedy output is llama2.c's
+//! an int4 draft written by `flm convert` at test time, and `--draft mtp`'s refusals. Greedy output is llama2.c's
 //! (tests/data/stories260K/stories260K_reference.json), the summary line reports the
 //! acceptance rate, sampled runs are reproducible, and bad arguments get a clear error.
 
@@ -125,7 +125,17 @@ fn bad_draft_arguments_are_refused_clearly() {
     let out = run(&["--draft-model", &missing]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-draft.bin"));
-    // --draft-tokens without a draft model is a usage error.
+    // --draft-tokens without a draft, or two drafts, are usage errors.
     let out = run(&["--draft-tokens", "3"]);
     assert_eq!(out.status.code(), Some(2));
+    let out = run(&["--draft-model", &model, "--draft", "mtp"]);
+    assert_eq!(out.status.code(), Some(2));
+    // A model without multi-token-prediction layers cannot draft with them.
+    let out = run(&["--draft", "mtp"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no multi-token-prediction layers"),
+        "{stderr}"
+    );
 }
