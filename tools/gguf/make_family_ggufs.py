@@ -29,13 +29,15 @@ vocabulary size is given as `<architecture>.vocab_size`.
   `rope.dimension_count` the rotated dimensions of a head (8 of 16: partial_rotary_factor
   0.5).
 - GLM-4.5 (`Glm4MoeModel`): `block_count` counts the multi-token-prediction layer too
-  (`nextn_predict_layers`; the tiny checkpoint has no weights for it), the routed
+  (`nextn_predict_layers`), written as the block after the others with its own tensors
+  as `nextn.eh_proj`, `nextn.enorm`, `nextn.hnorm` and `nextn.shared_head_norm`, the routed
   experts' count, width, groups (`expert_group_count`, `expert_group_used_count`: the base
   class's `n_group` and `topk_group`), the sigmoid gating function, `expert_weights_scale`
   and `expert_weights_norm`, `expert_shared_count` shared experts as `ffn_*_shexp`, the
   router's bias as `exp_probs_b.bias`, `leading_dense_block_count`, and
   `rope.dimension_count` the rotated half of each head.
-- DeepSeek-V2 and V3 (`DeepseekV2Model`, architecture `deepseek2`): one KV head,
+- DeepSeek-V2 and V3 (`DeepseekV2Model`, architecture `deepseek2`; V3's
+  multi-token-prediction layer dropped, as `skip_mtp` does): one KV head,
   `attention.key_length` the latent plus the rotated key and `value_length` the latent,
   `key_length_mla` and `value_length_mla` the heads' own widths, `q_lora_rank` where the
   query is compressed, `kv_lora_rank`, `rope.dimension_count` the rotated part,
@@ -116,6 +118,11 @@ LAYER_NAMES = {
     "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+    # GLM-4.5's multi-token-prediction layer (Glm4MoeModel's `blk.{n}.nextn.*`).
+    "eh_proj.weight": "nextn.eh_proj.weight",
+    "enorm.weight": "nextn.enorm.weight",
+    "hnorm.weight": "nextn.hnorm.weight",
+    "shared_head.norm.weight": "nextn.shared_head_norm.weight",
     "self_attn.q_a_proj.weight": "attn_q_a.weight",
     "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
     "self_attn.q_b_proj.weight": "attn_q_b.weight",
@@ -312,7 +319,10 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False, legacy: boo
     writer.add_name(f"tiny-{family}")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"] + config.get("num_nextn_predict_layers", 0))
+    # DeepseekV2Model drops the multi-token-prediction layers (`skip_mtp`); Glm4MoeModel
+    # writes them as blocks after the others.
+    mtp = config.get("num_nextn_predict_layers", 0) if arch == "glm4moe" else 0
+    writer.add_block_count(config["num_hidden_layers"] + mtp)
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     # DeepSeek's MLA is written as one KV head of the latent (multi-query).
@@ -358,6 +368,10 @@ def write(family: str, q8_0: bool = False, per_expert: bool = False, legacy: boo
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(rope["factor"])
     for name, tensor in stacked_experts(tensors, per_expert).items():
+        parts = name.split(".")
+        layer = parts[2] if name.startswith("model.layers.") else parts[1] if parts[0] == "blk" else None
+        if layer is not None and int(layer) >= config["num_hidden_layers"] + mtp:
+            continue
         if name.startswith("blk."):
             add(writer, name, tensor, q8_0)
             continue
