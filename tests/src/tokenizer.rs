@@ -1,6 +1,8 @@
 //! Helpers of the tokenizer tests: tokenizers from `tests/data` and parsers for their golden
 //! files (their provenance is in `tests/data/SOURCES.md`).
 
+use std::path::{Path, PathBuf};
+
 use flm_tokenizer::{gguf_gpt2_spec, PieceType, Tokenizer};
 use serde_json::Value;
 
@@ -54,24 +56,117 @@ pub fn gpt2_variant(name: &str) -> Gpt2Variant {
     }
 }
 
-/// GPT-2's vocabulary and merges as a GGUF `gpt2` tokenizer with the pre-tokenizer `pre`
-/// (`tokenizer.ggml.pre`).
+/// GPT-2's vocabulary and merges (without the added tokens) as a GGUF `gpt2` tokenizer
+/// with the pre-tokenizer `pre` (`tokenizer.ggml.pre`).
 pub fn gguf_gpt2_variant(pre: &str) -> Tokenizer {
-    let file = json("tokenizer/gpt2/tokenizer.json");
+    let mut file = json("tokenizer/gpt2/tokenizer.json");
+    file["added_tokens"] = Value::Array(Vec::new());
+    gguf_of_tokenizer_json(&file, pre)
+}
+
+/// The GGUF `gpt2` tokenizer llama.cpp's converter writes for a byte-level `tokenizer.json`
+/// (`file`), with the pre-tokenizer `pre`: its tokens by id (those of the model's `vocab`
+/// NORMAL; added tokens CONTROL when `special`, else USER_DEFINED; ids no token has
+/// `[PAD{id}]`, UNUSED) and its merges as "left right".
+pub fn gguf_of_tokenizer_json(file: &Value, pre: &str) -> Tokenizer {
     let vocab = file["model"]["vocab"].as_object().unwrap();
-    let mut tokens = vec![String::new(); vocab.len()];
+    let added = file["added_tokens"].as_array().unwrap();
+    let ids = vocab.values().chain(added.iter().map(|a| &a["id"]));
+    let n = ids
+        .map(|id| id.as_u64().unwrap() as usize + 1)
+        .max()
+        .unwrap();
+    let mut tokens: Vec<String> = (0..n).map(|i| format!("[PAD{i}]")).collect();
+    let mut types = vec![PieceType::Unused; n];
     for (token, id) in vocab {
-        tokens[id.as_u64().unwrap() as usize] = token.clone();
+        let id = id.as_u64().unwrap() as usize;
+        tokens[id] = token.clone();
+        types[id] = PieceType::Normal;
+    }
+    for a in added {
+        let id = a["id"].as_u64().unwrap() as usize;
+        tokens[id] = a["content"].as_str().unwrap().to_owned();
+        types[id] = match a["special"].as_bool() {
+            Some(true) => PieceType::Control,
+            _ => PieceType::UserDefined,
+        };
     }
     let merges: Vec<String> = file["model"]["merges"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap()))
+        .map(|m| match m {
+            Value::String(s) => s.clone(),
+            m => format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap()),
+        })
         .collect();
-    let types = vec![PieceType::Normal; tokens.len()];
     let spec = gguf_gpt2_spec(&tokens, &types, &merges, pre).unwrap();
     Tokenizer::from_spec(spec).unwrap()
+}
+
+/// The bytes of the xz-compressed file `rel` below `tests/data`, decompressed.
+pub fn xz(rel: &str) -> Vec<u8> {
+    let file = std::fs::File::open(data(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    let mut out = Vec::new();
+    lzma_rs::xz_decompress(&mut std::io::BufReader::new(file), &mut out)
+        .unwrap_or_else(|e| panic!("{rel}: {e:?}"));
+    out
+}
+
+/// The `tokenizer.json` of model `name` of `tokenizer/deepseek-glm` (SOURCES.md there),
+/// parsed: the stored `tokenizer.json.xz`, or for DeepSeek-R1 DeepSeek-V3's with R1's two
+/// changed added tokens (`added_tokens.json`), which `make_refs.py` checked is R1's file.
+pub fn deepseek_glm_tokenizer_json(name: &str) -> Value {
+    let dir = format!("tokenizer/deepseek-glm/{name}");
+    if name != "deepseek-r1" {
+        return serde_json::from_slice(&xz(&format!("{dir}/tokenizer.json.xz"))).unwrap();
+    }
+    let mut file = deepseek_glm_tokenizer_json("deepseek-v3");
+    let changed = json(&format!("{dir}/added_tokens.json"));
+    for token in file["added_tokens"].as_array_mut().unwrap() {
+        if let Some(c) = changed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == token["id"])
+        {
+            *token = c.clone();
+        }
+    }
+    file
+}
+
+/// Model `name` of `tokenizer/deepseek-glm` as a Hugging Face directory below `into`:
+/// its `tokenizer.json` ([`deepseek_glm_tokenizer_json`]; for a directory that holds only
+/// a template, DeepSeek-V3.1's config and GLM-4.6's `chat_template.jinja`, the one of
+/// its family: DeepSeek-V3's, GLM-4.5's) beside its `tokenizer_config.json` and
+/// `chat_template.jinja` (GLM-4.6's beside GLM-4.5's config). Returns the path of the
+/// `tokenizer.json`. Each file is written whole under another name and renamed, so that
+/// tests running at once may make the same directory.
+pub fn deepseek_glm_hf_dir(name: &str, into: &Path) -> PathBuf {
+    let dir = into.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let put = |file: &str, bytes: &[u8]| {
+        let tmp = dir.join(format!("{file}.{:?}.tmp", std::thread::current().id()));
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, dir.join(file)).unwrap();
+    };
+    let family = match name {
+        "deepseek-v3.1" => "deepseek-v3",
+        "glm-4.6" => "glm-4.5v",
+        n => n,
+    };
+    let file = deepseek_glm_tokenizer_json(family);
+    put("tokenizer.json", &serde_json::to_vec(&file).unwrap());
+    for source in [family, name] {
+        for f in ["tokenizer_config.json", "chat_template.jinja"] {
+            let path = data(&format!("tokenizer/deepseek-glm/{source}/{f}"));
+            if let Ok(bytes) = std::fs::read(path) {
+                put(f, &bytes);
+            }
+        }
+    }
+    dir.join("tokenizer.json")
 }
 
 /// The 46 llama.cpp `ggml-vocab-llama-spm` cases: (text, ids without BOS). Format in

@@ -1,5 +1,6 @@
 //! What a Hugging Face `tokenizer_config.json` says about prompts: the Jinja
-//! `chat_template`, and for THUDM's `ChatGLMTokenizer` the ChatGLM2/3 special tokens and
+//! `chat_template` (or the `chat_template.jinja` beside it, which newer checkpoints such as
+//! GLM-4.5's ship instead), and for THUDM's `ChatGLMTokenizer` the ChatGLM2/3 special tokens and
 //! prompt format (the tokenizer itself is Python code in the checkpoint,
 //! `tokenization_chatglm.py`; ChatGLM3's is told from ChatGLM2's by its role tokens, as
 //! chatglm.cpp's converter does), and for byte-level BPE the BOS and EOS tokens.
@@ -9,25 +10,52 @@ use std::path::Path;
 use crate::vocab::PieceKind;
 use crate::{ChatFormat, Encoder, Error, Result, Tokenizer};
 
+/// The file in which transformers keeps a tokenizer's chat template beside
+/// `tokenizer_config.json` (its `CHAT_TEMPLATE_FILE`).
+const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
 impl Tokenizer {
-    /// [`Tokenizer::from_file`], then [`Tokenizer::with_hf_config`] with the
-    /// `tokenizer_config.json` (and `tokenization_chatglm.py`) beside the file, if there is
-    /// one: how a tokenizer file of a Hugging Face directory is read.
+    /// [`Tokenizer::from_file`], then what the Hugging Face files beside it say, as
+    /// transformers' `from_pretrained` reads a directory: the `tokenizer_config.json` (and
+    /// `tokenization_chatglm.py`), if there is one ([`Tokenizer::with_hf_config`]), and the
+    /// chat template of a `chat_template.jinja`, if there is one, which takes the place of
+    /// the config's `chat_template` (transformers 4.43 and later save the template there;
+    /// GLM-4.5's files have it only there).
     ///
-    /// Errors: those of both, and [`Error::Io`] if the config exists but cannot be read.
+    /// Errors: those of both, a `chat_template.jinja` that is not UTF-8 or fails the
+    /// checks of [`Tokenizer::with_chat_template`], and [`Error::Io`] if a file exists but
+    /// cannot be read.
     pub fn from_file_with_hf_config(path: &Path) -> Result<Tokenizer> {
         let tok = Tokenizer::from_file(path)?;
-        let config = path.with_file_name("tokenizer_config.json");
-        if !config.is_file() {
-            return Ok(tok);
+        let read = |name: &str| -> Result<Option<(std::path::PathBuf, Vec<u8>)>> {
+            let file = path.with_file_name(name);
+            if !file.is_file() {
+                return Ok(None);
+            }
+            match std::fs::read(&file) {
+                Ok(bytes) => Ok(Some((file, bytes))),
+                Err(source) => Err(Error::Io { path: file, source }),
+            }
+        };
+        let template = match read(CHAT_TEMPLATE_FILE)? {
+            None => None,
+            Some((file, bytes)) => Some(
+                String::from_utf8(bytes)
+                    .map_err(|e| Error::Invalid(format!("{}: not UTF-8 ({e})", file.display())))?,
+            ),
+        };
+        let tok = match read("tokenizer_config.json")? {
+            None => tok,
+            Some((config, bytes)) => {
+                let code = std::fs::read(path.with_file_name("tokenization_chatglm.py")).ok();
+                tok.apply_hf_config(&bytes, code.as_deref(), template.is_some())
+                    .map_err(|e| Error::Invalid(format!("{}: {e}", config.display())))?
+            }
+        };
+        match template {
+            None => Ok(tok),
+            Some(text) => tok.with_chat_template(Some(text), "`chat_template.jinja`"),
         }
-        let bytes = std::fs::read(&config).map_err(|source| Error::Io {
-            path: config.clone(),
-            source,
-        })?;
-        let code = std::fs::read(path.with_file_name("tokenization_chatglm.py")).ok();
-        tok.with_hf_config(&bytes, code.as_deref())
-            .map_err(|e| Error::Invalid(format!("{}: {e}", config.display())))
     }
 
     /// Applies a `tokenizer_config.json` (`config`) to this tokenizer, read from the same
@@ -45,7 +73,22 @@ impl Tokenizer {
         config: &[u8],
         tokenization_py: Option<&[u8]>,
     ) -> Result<Tokenizer> {
-        let template = chat_template_from_hf_config(config)?;
+        self.apply_hf_config(config, tokenization_py, false)
+    }
+
+    /// [`Tokenizer::with_hf_config`]; with `template_elsewhere` (a `chat_template.jinja`
+    /// replaces it), the config's `chat_template` is left unread.
+    fn apply_hf_config(
+        self,
+        config: &[u8],
+        tokenization_py: Option<&[u8]>,
+        template_elsewhere: bool,
+    ) -> Result<Tokenizer> {
+        let template = if template_elsewhere {
+            None
+        } else {
+            chat_template_from_hf_config(config)?
+        };
         let value: serde_json::Value = serde_json::from_slice(config)
             .map_err(|e| Error::Invalid(format!("tokenizer_config.json: {e}")))?;
         let chatglm = value["tokenizer_class"] == "ChatGLMTokenizer"

@@ -3,14 +3,17 @@
 //! environment has `trim_blocks` and `lstrip_blocks` on, the template sees `messages`,
 //! `add_generation_prompt`, `bos_token`, `eos_token` and `tools` (none unless given), and may call
 //! `raise_exception(message)` and the filter `tojson` (Python's `json.dumps` with its default
-//! separators `", "` and `": "` and `ensure_ascii=False`, as transformers defines it; keys in
-//! the order they come, which serde_json sorts); Python string methods (`.strip()`, `.startswith()`...)
-//! work through minijinja-contrib's `pycompat`.
+//! separators `", "` and `": "` and `ensure_ascii=False`, as transformers defines it, and its
+//! keyword arguments `ensure_ascii`, `indent`, `separators` and `sort_keys`); Python string
+//! methods (`.strip()`, `.startswith()`...) work through minijinja-contrib's `pycompat`.
+//! JSON objects (tool schemas, tool-call arguments) keep their keys in the order they were
+//! written, as Python dicts do (serde_json's and minijinja's `preserve_order`): a template
+//! that prints a tool with `tojson` writes it as transformers does.
 
 use std::sync::Arc;
 
 use minijinja::machinery::{self, Vm};
-use minijinja::value::merge_maps;
+use minijinja::value::{merge_maps, Kwargs};
 use minijinja::{context, AutoEscape, Environment, ErrorKind, Value};
 
 use crate::jinja_compile;
@@ -167,7 +170,9 @@ fn run<M: serde::Serialize>(
     );
     jinja_limits::install(&mut env, &budget);
     let json_budget = Arc::clone(&budget);
-    env.add_filter("tojson", move |value: Value| tojson(&json_budget, value));
+    env.add_filter("tojson", move |value: Value, kwargs: Kwargs| {
+        tojson(&json_budget, value, kwargs)
+    });
     let token = |id: Option<u32>| {
         id.and_then(|id| tok.piece(id))
             .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -213,20 +218,96 @@ fn run<M: serde::Serialize>(
     Ok(text)
 }
 
-/// Python's `json.dumps` separators: `", "` between items, `": "` after keys.
-struct PythonFormatter;
+/// How transformers' `tojson` filter writes JSON: Python's `json.dumps` with the filter's
+/// keyword arguments (`ensure_ascii`, `indent`, `separators`, `sort_keys`).
+struct PythonFormatter {
+    /// Between items: `", "`, or `","` when indenting.
+    item_separator: String,
+    /// After keys: `": "`.
+    key_separator: String,
+    /// The indentation of one level (`indent`: that many spaces, or the string given);
+    /// `None`: all on one line.
+    indent: Option<String>,
+    /// How deep the value being written is.
+    depth: usize,
+    /// Whether the container being closed had items (an empty one stays `[]`, `{}`).
+    has_items: bool,
+    /// Characters outside ASCII as `\uXXXX` escapes (UTF-16 surrogate pairs above the
+    /// Basic Multilingual Plane).
+    ensure_ascii: bool,
+}
+
+impl PythonFormatter {
+    /// A new line and the indentation of the current depth, when indenting.
+    fn line<W: ?Sized + std::io::Write>(&self, writer: &mut W) -> std::io::Result<()> {
+        match &self.indent {
+            Some(unit) => {
+                writer.write_all(b"\n")?;
+                (0..self.depth).try_for_each(|_| writer.write_all(unit.as_bytes()))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn open<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        c: &[u8],
+    ) -> std::io::Result<()> {
+        self.depth += 1;
+        self.has_items = false;
+        writer.write_all(c)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        c: &[u8],
+    ) -> std::io::Result<()> {
+        self.depth -= 1;
+        if self.has_items {
+            self.line(writer)?;
+        }
+        self.has_items = true;
+        writer.write_all(c)
+    }
+
+    fn item<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if !first {
+            writer.write_all(self.item_separator.as_bytes())?;
+        }
+        self.has_items = true;
+        self.line(writer)
+    }
+}
 
 impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.open(writer, b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.close(writer, b"]")
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.open(writer, b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.close(writer, b"}")
+    }
+
     fn begin_array_value<W: ?Sized + std::io::Write>(
         &mut self,
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        self.item(writer, first)
     }
 
     fn begin_object_key<W: ?Sized + std::io::Write>(
@@ -234,14 +315,35 @@ impl serde_json::ser::Formatter for PythonFormatter {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        self.begin_array_value(writer, first)
+        self.item(writer, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(
         &mut self,
         writer: &mut W,
     ) -> std::io::Result<()> {
-        writer.write_all(b": ")
+        writer.write_all(self.key_separator.as_bytes())
+    }
+
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        if !self.ensure_ascii {
+            return writer.write_all(fragment.as_bytes());
+        }
+        for c in fragment.chars() {
+            if c.is_ascii() {
+                writer.write_all(&[c as u8])?;
+            } else {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    write!(writer, "\\u{unit:04x}")?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -266,16 +368,81 @@ impl std::io::Write for CappedWriter {
     }
 }
 
-/// transformers' `tojson` filter (see the module docs), within the render's budget.
-fn tojson(budget: &Budget, value: Value) -> std::result::Result<Value, minijinja::Error> {
+/// transformers' `tojson` filter (see the module docs), within the render's budget:
+/// `tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)` as
+/// keyword arguments (GLM-4.5's template writes `tool | tojson(ensure_ascii=False)`).
+/// Keys come in the order the value has them (see the module docs), or sorted with
+/// `sort_keys`.
+fn tojson(
+    budget: &Budget,
+    value: Value,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
+    let bad =
+        |why: String| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {why}"));
+    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    let indent = match kwargs.get::<Option<Value>>("indent")? {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => match (v.as_str(), i64::try_from(v.clone())) {
+            (Some(s), _) => Some(s.to_owned()),
+            (None, Ok(n)) => Some(" ".repeat(usize::try_from(n).unwrap_or(0).min(64))),
+            _ => return Err(bad(format!("indent {v} is not a number or a string"))),
+        },
+    };
+    let (item_separator, key_separator) = match kwargs.get::<Option<Value>>("separators")? {
+        Some(v) if !v.is_none() => {
+            let pair: Vec<String> = v
+                .try_iter()
+                .map_err(|_| bad(format!("separators {v} is not a pair of strings")))?
+                .map(|s| s.as_str().map(str::to_owned))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad(format!("separators {v} is not a pair of strings")))?;
+            match <[String; 2]>::try_from(pair) {
+                Ok([item, key]) => (item, key),
+                Err(_) => return Err(bad(format!("separators {v} is not a pair of strings"))),
+            }
+        }
+        // Python's defaults: ", " between items, or "," when indenting; ": " after keys.
+        _ if indent.is_some() => (",".to_owned(), ": ".to_owned()),
+        _ => (", ".to_owned(), ": ".to_owned()),
+    };
+    kwargs.assert_all_used()?;
+    let formatter = PythonFormatter {
+        item_separator,
+        key_separator,
+        indent,
+        depth: 0,
+        has_items: false,
+        ensure_ascii,
+    };
     let mut out = CappedWriter(Vec::new());
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
-    serde::Serialize::serialize(&value, &mut ser)
-        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+    if sort_keys {
+        let mut json = serde_json::to_value(&value).map_err(|e| bad(e.to_string()))?;
+        sort_keys_of(&mut json);
+        serde::Serialize::serialize(&json, &mut ser)
+    } else {
+        serde::Serialize::serialize(&value, &mut ser)
+    }
+    .map_err(|e| bad(e.to_string()))?;
     budget.text(out.0.len())?;
     let text = String::from_utf8(out.0)
         .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     Ok(Value::from_safe_string(text))
+}
+
+/// Sorts the keys of every object in `value`, as `json.dumps(sort_keys=True)` does.
+fn sort_keys_of(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.sort_keys();
+            map.values_mut().for_each(sort_keys_of);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(sort_keys_of),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -300,15 +467,35 @@ mod tests {
         };
         assert_eq!(render(&t, template, &with).unwrap(), "g;h;f");
         assert_eq!(render(&t, "{{ tools is none }}", &without).unwrap(), "True");
-        // As Python's json.dumps(..., ensure_ascii=False) writes it.
+        // As Python's json.dumps(..., ensure_ascii=False) writes it, keys in their order.
         assert_eq!(
             render(&t, "{{ tools[0] | tojson }}", &with).unwrap(),
-            r#"{"function": {"name": "g"}, "type": "function"}"#
+            r#"{"type": "function", "function": {"name": "g"}}"#
         );
         assert_eq!(
             render(&t, "{{ ['é', 1.5, none] | tojson }}", &without).unwrap(),
             r#"["é", 1.5, null]"#
         );
+    }
+
+    /// transformers' `tojson` keyword arguments; the expected text is what its Jinja
+    /// environment renders (transformers 5.25, jinja2 3.1.6) for the same template.
+    #[test]
+    fn tojson_takes_pythons_keyword_arguments() {
+        let t = tok("");
+        let template = "{% set v = {'b': [1, 'é😀', {}], 'a': {'x': none, 'y': []}, 'c': 'q\"\\n'} %}{{ v | tojson }}|{{ v | tojson(ensure_ascii=True) }}|{{ v | tojson(indent=2) }}|{{ v | tojson(separators=(',', ':')) }}|{{ v | tojson(sort_keys=True, indent='\t') }}";
+        let expected = "{\"b\": [1, \"é😀\", {}], \"a\": {\"x\": null, \"y\": []}, \"c\": \"q\\\"\\n\"}|{\"b\": [1, \"\\u00e9\\ud83d\\ude00\", {}], \"a\": {\"x\": null, \"y\": []}, \"c\": \"q\\\"\\n\"}|{\n  \"b\": [\n    1,\n    \"é😀\",\n    {}\n  ],\n  \"a\": {\n    \"x\": null,\n    \"y\": []\n  },\n  \"c\": \"q\\\"\\n\"\n}|{\"b\":[1,\"é😀\",{}],\"a\":{\"x\":null,\"y\":[]},\"c\":\"q\\\"\\n\"}|{\n\t\"a\": {\n\t\t\"x\": null,\n\t\t\"y\": []\n\t},\n\t\"b\": [\n\t\t1,\n\t\t\"é😀\",\n\t\t{}\n\t],\n\t\"c\": \"q\\\"\\n\"\n}";
+        let msgs = [Message::new("user", "hi")];
+        assert_eq!(
+            render(&t, template, &Chat::new(&msgs, false, &none())).unwrap(),
+            expected
+        );
+        let err = render(
+            &t,
+            "{{ 1 | tojson(colour=1) }}",
+            &Chat::new(&msgs, false, &none()),
+        );
+        assert!(err.is_err());
     }
 
     fn tok(template: &str) -> Tokenizer {

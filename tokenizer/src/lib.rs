@@ -6,7 +6,7 @@
 //! - a Hugging Face `tokenizer.json` of the SentencePiece-BPE kind (`hf_json.rs`,
 //!   encoded as `tokenizers` does in `hf_bpe.rs`), or of GPT-2's byte-level BPE kind
 //!   (`hf_byte_level.rs`, with GPT-2's byte spelling and the families' regexes in
-//!   `gpt2.rs`; encoded by `byte_bpe.rs`). GGUF's `gpt2` tokenizer metadata becomes the same
+//!   `gpt2.rs`, several in turn for DeepSeek's; encoded by `byte_bpe.rs`). GGUF's `gpt2` tokenizer metadata becomes the same
 //!   tokenizer through [`gguf_gpt2_spec`].
 //!
 //! The format is recognised from the bytes, never from the file name. Vocabulary
@@ -29,7 +29,8 @@
 //! What is not implemented is refused with [`Error::Unsupported`] rather than tokenised
 //! differently from the reference: Unigram models, precompiled normalisation rules
 //! (NFKC), other `tokenizer.json` normalisers than `Prepend`/`Replace` (SentencePiece kind)
-//! and `NFC` (byte-level kind), llama.cpp's multi-regex pre-tokenisers, WordPiece.
+//! and `NFC` (byte-level kind), pre-tokenizers other than regex `Split`s, `Digits` and
+//! `ByteLevel`, WordPiece.
 //!
 //! ```no_run
 //! # fn main() -> flm_tokenizer::Result<()> {

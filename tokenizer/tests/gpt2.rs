@@ -2,8 +2,8 @@
 //! llama.cpp's `ggml-vocab-gpt-2.gguf`) built into a tokenizer by the `tokenizers` package,
 //! with added tokens, against the ids `tokenizers` gives for llama.cpp's 46 test strings and
 //! eleven more, with GPT-2's pre-tokenizer and with the `Split` regexes of Llama 3, Qwen2
-//! (with its NFC normalizer) and Mistral-Nemo swapped in
-//! (`tests/data/tokenizer/gpt2/make_gpt2_cases.py`).
+//! (with its NFC normalizer) and Mistral-Nemo swapped in, and the pre-tokenizer Sequences
+//! of SmolLM, DeepSeek-LLM and more (`tests/data/tokenizer/gpt2/make_gpt2_cases.py`).
 
 use flm_tests::tokenizer::{gpt2_variant, llama_cpp_cases_of, stream, Gpt2Variant};
 use flm_tests::{ids, json};
@@ -51,6 +51,26 @@ fn qwen2_regex_and_nfc_match_tokenizers() {
 #[test]
 fn tekken_regex_matches_tokenizers() {
     check("tekken");
+}
+
+/// `tokenizer.json` pre-tokenizers that are Sequences of several members, read from the
+/// file itself: SmolLM's `Digits` then `ByteLevel` with GPT-2's regex, and the `Split`
+/// sequences of DeepSeek-LLM (with `\s+$`), Qwen3.5, Jais-2, EXAONE-MoE, Spark 2.5,
+/// MiniCPM 5 and ufakzeka.
+#[test]
+fn pre_tokenizer_sequences_match_tokenizers() {
+    for name in [
+        "smollm",
+        "deepseek-llm",
+        "qwen35",
+        "jais-2",
+        "exaone-moe",
+        "spark2_5",
+        "minicpm5",
+        "ufakzeka",
+    ] {
+        check(name);
+    }
 }
 
 #[test]
