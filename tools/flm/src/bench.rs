@@ -355,7 +355,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .context("cannot start the thread pool")?;
     // `None`: one sequence through the single-sequence forward pass.
     let (positions, batches): (usize, Vec<Option<usize>>) = if args.batch.is_empty() {
-        let positions = args.depth + args.prompt_tokens.max(args.gen_tokens);
+        // A speculative round verifies K + 1 rows after the prompt.
+        let round = args.mtp_drafts.map_or(0, |k| args.prompt_tokens + k + 1);
+        let positions = (args.depth + args.prompt_tokens.max(args.gen_tokens)).max(round);
         (positions, vec![None])
     } else {
         let sizes = args.batch.iter().copied().map(Some).collect();
