@@ -28,8 +28,11 @@ pub(super) struct MtpState {
     /// row-major.
     hidden: Vec<f32>,
     hidden_start: usize,
-    /// The output `[dim]` of the last row of the latest call, before its norm.
-    previous: Option<Vec<f32>>,
+    /// The output `[dim]` of the last row of the latest call, before its norm; empty
+    /// before a call.
+    previous: Vec<f32>,
+    /// Where a call writes that output, swapped into `previous` when it succeeds.
+    output: Vec<f32>,
     /// f32 `[PREFILL_CHUNK, dim]`: the hidden states a call reads.
     input: Data,
     /// f32 `[PREFILL_CHUNK, 2·dim]`: the normed embeddings and hidden states side by side.
@@ -67,7 +70,8 @@ impl MtpState {
             )?,
             hidden: Vec::new(),
             hidden_start: 0,
-            previous: None,
+            previous: Vec::new(),
+            output: Vec::new(),
             input: Data::zeros(DataType::F32, &[rows, c.dim])?,
             both: Data::zeros(DataType::F32, &[rows, 2 * c.dim])?,
         })
@@ -137,13 +141,14 @@ impl MtpState {
             _ => (tokens, start_pos),
         };
         let n = tokens.len();
-        let hidden = match input {
+        // The rows read are taken out of `self` for the call, and put back or reused after
+        // it, so that a warm call allocates nothing.
+        let (source, first) = match input {
             MtpInput::Model => {
-                let first = start_pos.checked_sub(self.hidden_start);
                 let rows = self.hidden.len() / dim;
-                match first.filter(|&f| f + n <= rows) {
-                    Some(f) => self.hidden[f * dim..(f + n) * dim].to_vec(),
-                    None => {
+                match start_pos.checked_sub(self.hidden_start) {
+                    Some(f) if f + n <= rows => (std::mem::take(&mut self.hidden), f),
+                    _ => {
                         return Err(Error::State(format!(
                             "the model's hidden states of positions {start_pos}..{} are not \
                              kept (positions {}..{} are)",
@@ -154,32 +159,44 @@ impl MtpState {
                     }
                 }
             }
-            MtpInput::Previous => match (&self.previous, n) {
-                (Some(h), 1) => h.clone(),
-                _ => {
-                    return Err(Error::State(
-                        "chaining a prediction layer takes one row, after a call".into(),
-                    ))
-                }
-            },
+            MtpInput::Previous if n == 1 && !self.previous.is_empty() => {
+                (std::mem::take(&mut self.previous), 0)
+            }
+            MtpInput::Previous => {
+                return Err(Error::State(
+                    "chaining a prediction layer takes one row, after a call".into(),
+                ))
+            }
         };
         let chunk = self.input.rows();
-        for (k, part) in tokens.chunks(chunk).enumerate() {
-            let rows = &hidden[k * chunk * dim..(k * chunk + part.len()) * dim];
-            self.chunk(exec, model, s, layer, part, start_pos + k * chunk, rows)?;
+        let result = tokens.chunks(chunk).enumerate().try_for_each(|(k, part)| {
+            let at = (first + k * chunk) * dim;
+            let rows = &source[at..at + part.len() * dim];
+            self.chunk(exec, model, s, layer, part, start_pos + k * chunk, rows)
+        });
+        match (input, result.is_ok()) {
+            (MtpInput::Model, ok) => {
+                self.hidden = source;
+                if ok {
+                    // The positions read are no longer needed: later calls start after them.
+                    self.hidden
+                        .drain(..(start_pos + n - self.hidden_start) * dim);
+                    self.hidden_start = start_pos + n;
+                    std::mem::swap(&mut self.previous, &mut self.output);
+                }
+            }
+            (MtpInput::Previous, true) => {
+                self.previous = std::mem::replace(&mut self.output, source);
+            }
+            (MtpInput::Previous, false) => self.previous = source,
         }
-        // The positions read are no longer needed: later calls start after them.
-        if input == MtpInput::Model {
-            let used = (start_pos + n - self.hidden_start) * dim;
-            self.hidden.drain(..used);
-            self.hidden_start = start_pos + n;
-        }
+        result?;
         Ok(s.logits.as_f32()?)
     }
 
     /// One chunk of [`MtpState::forward`]: `tokens` at positions `pos..` with the hidden
     /// states `hidden` `[tokens.len() · dim]`; leaves the last row's logits in `s.logits`
-    /// and its output in `self.previous`.
+    /// and its output in `self.output`.
     #[allow(clippy::too_many_arguments)]
     fn chunk(
         &mut self,
@@ -237,7 +254,8 @@ impl MtpState {
             rotate_and_attend(exec, model, l, s, kv.layer_mut(layer), rope_pos, pos)
         })?;
         let out = s.x.as_f32()?;
-        self.previous = Some(out[(n - 1) * dim..n * dim].to_vec());
+        self.output.clear();
+        self.output.extend_from_slice(&out[(n - 1) * dim..n * dim]);
         finish(
             exec,
             model,

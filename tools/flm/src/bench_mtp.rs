@@ -49,6 +49,11 @@ pub fn costs(
         "--mtp-drafts measures the model's multi-token-prediction layer; this model has none"
     );
     ensure!(drafts > 0, "--mtp-drafts must be at least 1");
+    // The layer reads the model's hidden state of the position before the token it gets.
+    ensure!(
+        prompt.len() >= 2,
+        "--mtp-drafts needs --prompt-tokens of at least 2"
+    );
     model.keep_mtp_hidden()?;
     let at = prompt.len();
     model.forward(exec, prompt, 0, Logits::Last)?;
