@@ -5,21 +5,23 @@
 //! and the executor records only the copies the placement implies; with int4 weights placed
 //! there (in the GPU layout), the top-1 tokens of a prefill and of decode steps agree with
 //! the CPU's at >= 99% of positions; a session on the GPU samples there and copies one id
-//! in and one id out per step; the serving engine batches on the GPU. Skipped with a
-//! message where no CUDA GPU is usable.
+//! in and one id out per step; the serving engine batches on the GPU. DeepSeek-V2/V3
+//! (multi-head latent attention) and GLM-4.5 run their layers on the GPU beside their
+//! experts on the CPU with transformers' logits. Skipped with a message where no CUDA GPU
+//! is usable.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
 
-use flm_core::{DataType, Executor, KvDtype, Location, SamplerConfig};
+use flm_core::{Data, DataType, Executor, KvDtype, Location, SamplerConfig};
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
 use flm_models::llama::{Llama, LlamaWeights, Logits, SharedLlama};
 use flm_models::Placement;
 use flm_models::{import, Graph, ModelConfig, SharedGraph, SharedModel};
 use flm_tests::{
-    cpu_executor, data, every_sampling_option, greedy_on, ids, serve_greedy, session_ids,
-    stories_reference, weights_in,
+    cpu_executor, data, every_sampling_option, f32_file, greedy_on, ids, json, max_abs_diff,
+    serve_greedy, session_ids, stories_reference, weights_in,
 };
 
 /// The CUDA device first, the CPU for the ops it leaves (as `--device cuda` runs).
@@ -308,4 +310,92 @@ fn the_engine_batches_on_the_gpu_with_each_sequence_as_alone() {
     let Some(exec) = gpu_executor() else { return };
     let got = serve_greedy(SharedModel::from(f16_on_gpu(&exec)), exec, &requests);
     assert_eq!(got, alone);
+}
+
+/// The tiny DeepSeek-V2 (multi-head latent attention without query compression),
+/// DeepSeek-V3 (with it, and the grouped sigmoid router) and GLM-4.5 checkpoints with every
+/// layer on the GPU and the routed experts in host memory, as `--device cuda --gpu-layers
+/// 99 --moe-device cpu` runs them: with f32 weights and an f32 KV cache, transformers'
+/// logits within 1e-4 token by token and in one prefill; with f16 matrices, the paged
+/// engine's greedy tokens for concurrent requests are those of each request alone.
+#[test]
+fn deepseek_and_glm4_moe_layers_on_the_gpu_beside_their_experts() {
+    let Some(gpu) = gpu_executor() else { return };
+    let input = ids(&json("hf-families/reference.json")["input_ids"]);
+    for family in ["deepseek_v2", "deepseek_v3", "glm4_moe"] {
+        let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
+        let c = ckpt.config.clone();
+        let placed = |exec: &Executor, weights: LlamaWeights| {
+            let model = SharedLlama::new(c.clone(), weights)
+                .unwrap()
+                .with_kv_dtype(KvDtype::F32);
+            let placement = Placement::first_layers(c.n_layers, CUDA0, c.n_layers)
+                .with_experts_on(Location::Host);
+            model.place(exec, placement).unwrap()
+        };
+        let f32_weights = LlamaWeights::load(&ckpt).unwrap();
+        let shared = Arc::new(placed(&gpu, f32_weights.clone()));
+        let want = f32_file(&data(&format!("hf-families/{family}/logits_f32le.bin")));
+        let vocab = c.vocab_size;
+        let mut llama = Llama::with_model(Arc::clone(&shared)).unwrap();
+        let mut steps = 0f32;
+        for (pos, &token) in input.iter().enumerate() {
+            let got = llama.forward(&gpu, &[token], pos, Logits::Last).unwrap();
+            steps = steps.max(max_abs_diff(got, &want[pos * vocab..][..vocab]));
+        }
+        let mut llama = Llama::with_model(shared).unwrap();
+        let got = llama.forward(&gpu, &input, 0, Logits::All).unwrap();
+        let prefill = max_abs_diff(got, &want[..input.len() * vocab]);
+        eprintln!("{family}: max |Δ| against transformers {steps:e} token by token, {prefill:e} in one prefill");
+        assert!(
+            steps <= 1e-4 && prefill <= 1e-4,
+            "{family}: {steps} / {prefill}"
+        );
+
+        // The batch-invariant GPU kernels take 16-bit matrices (cuBLAS's f32 GEMM is not).
+        let f16 = f16_matrices(f32_weights);
+        let requests: [(Vec<u32>, usize); 3] = [
+            (input.clone(), 12),
+            (vec![1, 5, 9], 20),
+            (input[..4].to_vec(), 16),
+        ];
+        let Some(alone_exec) = gpu_executor() else {
+            return;
+        };
+        alone_exec.require_batch_invariance();
+        let alone_model = Arc::new(placed(&alone_exec, f16.clone()));
+        let alone: Vec<Vec<u32>> = requests
+            .iter()
+            .map(|(p, n)| {
+                let mut llama = Llama::with_model(Arc::clone(&alone_model)).unwrap();
+                greedy_on(&alone_exec, &mut llama, p, *n)
+            })
+            .collect();
+        let Some(exec) = gpu_executor() else { return };
+        exec.require_batch_invariance();
+        let model = SharedModel::from(placed(&exec, f16));
+        assert_eq!(serve_greedy(model, exec, &requests), alone, "{family}");
+    }
+}
+
+/// `w` with every matrix but the routed experts' (and the router's) in f16.
+fn f16_matrices(mut w: LlamaWeights) -> LlamaWeights {
+    let half = |d: Data| {
+        if d.shape().len() == 2 {
+            d.to_dtype(DataType::F16)
+        } else {
+            Ok(d)
+        }
+    };
+    w.embedding = half(w.embedding).unwrap();
+    w.classifier = w.classifier.map(|d| half(d).unwrap());
+    w.layers = w
+        .layers
+        .into_iter()
+        .map(|l| {
+            l.try_map(|d, routed| if routed { Ok(d) } else { Ok(half(d)?) })
+                .unwrap()
+        })
+        .collect();
+    w
 }

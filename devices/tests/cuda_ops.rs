@@ -13,8 +13,8 @@
 #![cfg(feature = "cuda")]
 
 use flm_core::{
-    sampler_state, AttentionOperands, AttentionParams, BaseDevice, Data, DataType, Executor,
-    Location, Op, RopeStyle, RopeTable, SampleState, SamplerConfig, TokenIds,
+    sampler_state, AttentionOperands, AttentionParams, BaseDevice, Data, DataType, DecoupledRope,
+    Executor, Location, Op, RopeStyle, RopeTable, SampleState, SamplerConfig, TokenIds,
 };
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
@@ -312,6 +312,106 @@ gpu_tests! {
         }
     }
 
+    head_linear_every_weight_dtype(gpu) {
+        let mut r = rng(12);
+        // (rows, heads, in, out): decode and prefill rows; DeepSeek-V2's absorbed shapes
+        // (W_UK: 128 -> 512, W_UV: 512 -> 128) with 16 heads.
+        let shapes = [(1, 16, 128, 512), (1, 16, 512, 128), (5, 3, 256, 96), (20, 2, 256, 64)];
+        for dtype in [
+            DataType::F32,
+            DataType::F16,
+            DataType::BF16,
+            DataType::I8,
+            DataType::I4SymG32,
+            DataType::Q4K,
+        ] {
+            // ggml's K-quants take rows of whole 256-value super-blocks.
+            for (n, heads, k, m) in shapes.into_iter().filter(|s| dtype != DataType::Q4K || s.2 % 256 == 0) {
+                let x = random(&mut r, &[n, heads * k], 1.0);
+                let weights: Vec<Data> = (0..heads)
+                    .map(|_| random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap())
+                    .collect();
+                // Each output element's Σ|x·w| over its own head's columns.
+                let xv = x.to_f32_vec().unwrap();
+                let mut scale = vec![0f32; n * heads * m];
+                for (h, w) in weights.iter().enumerate() {
+                    let xh: Vec<f32> = xv
+                        .chunks(heads * k)
+                        .flat_map(|row| row[h * k..][..k].to_vec())
+                        .collect();
+                    let s = abs_dot_scale(&Data::from_f32(&[n, k], &xh).unwrap(), w);
+                    for (row, sr) in s.chunks(m).enumerate() {
+                        scale[(row * heads + h) * m..][..m].copy_from_slice(sr);
+                    }
+                }
+                let what = format!("HeadLinear {dtype} n={n} {heads}x({k} -> {m})");
+                compare!(&what, &gpu, &nan_output(&[n, heads * m]), linear_tol(dtype), Some(&scale), |o| {
+                    Op::HeadLinear { input: &x, weights: &weights, output: o }
+                });
+            }
+        }
+    }
+
+    latent_attention_and_narrow_values(gpu) {
+        let mut r = rng(13);
+        // (rows, start, heads, kv heads, key width, RoPE width): multi-head latent
+        // attention's absorbed form (one latent head read by every query head, values the
+        // latents), DeepSeek-V2's widths (latent 512, RoPE 64) in decode and prefill, and
+        // odd widths.
+        let cases = [
+            (1, 0, 16, 1, 512, 64),
+            (1, 300, 16, 1, 512, 64),
+            (20, 7, 16, 1, 512, 64),
+            (5, 0, 4, 1, 33, 7),
+            (6, 11, 6, 2, 24, 5),
+        ];
+        for cache in [DataType::F32, DataType::F16] {
+            for (n, start, heads, kv, hd, rope) in cases {
+                let rows = start + n + 5;
+                let q = random(&mut r, &[n, heads * hd], 1.0);
+                let q_rope = random(&mut r, &[n, heads * rope], 1.0);
+                let latent = random(&mut r, &[rows, kv * hd], 1.0).to_dtype(cache).unwrap();
+                let keys = random(&mut r, &[rows, kv * rope], 1.0).to_dtype(cache).unwrap();
+                let params = AttentionParams {
+                    scale: 1.0 / ((hd + rope) as f32).sqrt(),
+                    ..attention_params((heads, kv, hd), (None, false, 0, None))
+                };
+                let what = format!("latent Attention ({cache} cache) n={n} start={start} {heads}/{kv}x({hd}+{rope})");
+                compare!(&what, &gpu, &nan_output(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
+                    operands: AttentionOperands {
+                        q: &q,
+                        cache_k: &latent,
+                        cache_v: &latent,
+                        rope: Some(DecoupledRope { q: &q_rope, cache: &keys }),
+                        params,
+                        output: o,
+                    },
+                    start_pos: start,
+                });
+            }
+            // Values narrower than the keys (DeepSeek's expanded form: 192 against 128).
+            for (n, start) in [(1, 40), (17, 3)] {
+                let (heads, kv, hd, vd) = (4, 2, 48, 32);
+                let rows = start + n + 5;
+                let q = random(&mut r, &[n, heads * hd], 1.0);
+                let k = random(&mut r, &[rows, kv * hd], 1.0).to_dtype(cache).unwrap();
+                let v = random(&mut r, &[rows, kv * vd], 1.0).to_dtype(cache).unwrap();
+                let what = format!("narrow-value Attention ({cache} cache) n={n} start={start}");
+                compare!(&what, &gpu, &nan_output(&[n, heads * vd]), 1e-5, None, |o| Op::Attention {
+                    operands: AttentionOperands {
+                        q: &q,
+                        cache_k: &k,
+                        cache_v: &v,
+                        rope: None,
+                        params: attention_params((heads, kv, hd), (None, false, 0, None)),
+                        output: o,
+                    },
+                    start_pos: start,
+                });
+            }
+        }
+    }
+
     rms_norm_and_layer_norm(gpu) {
         let mut r = rng(2);
         for dtype in [DataType::F32, DataType::F16, DataType::BF16] {
@@ -568,16 +668,20 @@ gpu_tests! {
         assert!(!gpu.supports(&declined), "a pool in host memory stays on the CPU");
         let at = gpu.location();
         let exec = Executor::with_profiling(vec![Box::new(gpu), Box::new(CpuDevice::new().unwrap())], false);
-        // (block_size, heads, kv heads, head_dim, window, alibi, softcap)
+        // (block_size, heads, kv heads, head_dim, RoPE width, window, alibi, softcap); a
+        // RoPE width is multi-head latent attention's absorbed form (DeepSeek-V2's widths
+        // last).
         let cases = [
-            (16, 4, 4, 64, None, false, None),
-            (32, 8, 2, 128, None, false, None),
-            (16, 6, 3, 48, Some(37), false, None),
-            (32, 5, 5, 64, None, true, Some(0.8)),
-            (16, 32, 8, 128, Some(300), false, None),
+            (16, 4, 4, 64, 0, None, false, None),
+            (32, 8, 2, 128, 0, None, false, None),
+            (16, 6, 3, 48, 0, Some(37), false, None),
+            (32, 5, 5, 64, 0, None, true, Some(0.8)),
+            (16, 32, 8, 128, 0, Some(300), false, None),
+            (16, 4, 1, 40, 9, None, false, None),
+            (16, 16, 1, 512, 64, None, false, None),
         ];
-        for (bs, heads, kv, hd, window, alibi, softcap) in cases {
-            paged_case(&exec, at, &mut r, (bs, heads, kv, hd), (window, alibi, softcap));
+        for (bs, heads, kv, hd, rope, window, alibi, softcap) in cases {
+            paged_case(&exec, at, &mut r, (bs, heads, kv, hd, rope), (window, alibi, softcap));
         }
     }
 
@@ -652,12 +756,14 @@ start_pos: start,
 /// row, prefill chunks, one past a 256-position chunk of the kernel) whose block tables
 /// are scattered over the pool, two of them sharing their first blocks (a common prefix);
 /// ScatterRows writes new rows into the pools, then PagedAttention reads them, on the GPU
-/// (pools in its memory) and on the CPU (in host memory).
+/// (pools in its memory) and on the CPU (in host memory). With a RoPE width `rope > 0` the
+/// two pools are multi-head latent attention's: the latents (keys and values) and the
+/// rotated keys, which the queries' second part reads.
 fn paged_case(
     exec: &Executor,
     at: Location,
     r: &mut StdRng,
-    (bs, heads, kv, hd): (usize, usize, usize, usize),
+    (bs, heads, kv, hd, rope): (usize, usize, usize, usize, usize),
     (window, alibi, softcap): (Option<usize>, bool, Option<f32>),
 ) {
     // (rows this step, start position) of each sequence.
@@ -677,12 +783,9 @@ fn paged_case(
         &tables,
     );
     let n: usize = shapes.iter().map(|s| s.0).sum();
-    let cols = kv * hd;
+    let cols = [kv * hd, kv * if rope > 0 { rope } else { hd }];
     let pool_rows = n_blocks * bs;
-    let mut pools = [
-        random(r, &[pool_rows, cols], 1.0),
-        random(r, &[pool_rows, cols], 1.0),
-    ];
+    let mut pools = cols.map(|c| random(r, &[pool_rows, c], 1.0));
     // The new rows' slots: each row's own position in its sequence's table.
     let mut slots = Vec::new();
     for s in &seqs {
@@ -690,10 +793,12 @@ fn paged_case(
             slots.push(s.blocks[p / bs] * bs as u32 + (p % bs) as u32);
         }
     }
-    let new = [random(r, &[n, cols], 1.0), random(r, &[n, cols], 1.0)];
+    let new = cols.map(|c| random(r, &[n, c], 1.0));
     let q = random(r, &[n, heads * hd], 1.0);
-    let what =
-        format!("PagedAttention bs={bs} {heads}/{kv}x{hd} {window:?} alibi={alibi} {softcap:?}");
+    let q_rope = random(r, &[n, heads * rope], 1.0);
+    let what = format!(
+        "PagedAttention bs={bs} {heads}/{kv}x({hd}+{rope}) {window:?} alibi={alibi} {softcap:?}"
+    );
     let mut gpu_pools = pools
         .clone()
         .map(|p| exec.to_device(&p, at, "test: upload").unwrap());
@@ -721,13 +826,22 @@ fn paged_case(
             "ScatterRows {what}"
         );
     }
-    let run = |q: &Data, [k, v]: &[Data; 2], output: &mut Data| {
+    let run = |(q, q_rope): (&Data, &Data), [k, second]: &[Data; 2], output: &mut Data| {
+        let (cache_v, rope) = if rope > 0 {
+            let rope = DecoupledRope {
+                q: q_rope,
+                cache: second,
+            };
+            (k, Some(rope))
+        } else {
+            (second, None)
+        };
         exec.run(Op::PagedAttention {
             operands: AttentionOperands {
                 q,
                 cache_k: k,
-                cache_v: v,
-                rope: None,
+                cache_v,
+                rope,
                 params: attention_params((heads, kv, hd), (window, alibi, 0, softcap)),
                 output,
             },
@@ -737,15 +851,12 @@ fn paged_case(
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     };
     let mut want = nan_output(&[n, heads * hd]);
-    run(&q, &pools, &mut want);
+    run((&q, &q_rope), &pools, &mut want);
     let mut got = exec
         .to_device(&nan_output(&[n, heads * hd]), at, "test: upload")
         .unwrap();
-    run(
-        &exec.to_device(&q, at, "test: upload").unwrap(),
-        &gpu_pools,
-        &mut got,
-    );
+    let up = |d: &Data| exec.to_device(d, at, "test: upload").unwrap();
+    run((&up(&q), &up(&q_rope)), &gpu_pools, &mut got);
     let got = exec.to_host(&got, "test: download").unwrap();
     check(
         &what,

@@ -3,10 +3,12 @@
 //! - prefill ([`FLASH_MIN_ROWS`] query rows or more, head dimension 64 or 128, batch
 //!   invariance not asked for): [`super::flash_attn`], the FlashAttention-2 kernels of
 //!   `kernels/flash_attn.cu`, tensor-core products on f16-rounded q, k, v;
-//! - anything else (decode, other head dimensions): the flash-decoding kernels of
-//!   `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache positions,
-//!   then an exact combine), in f32 over an f32 or f16 KV cache. The split is by a fixed chunk size, so a longer
-//!   context gets more blocks: 4096 positions of 32 heads are 512 blocks for one row.
+//! - anything else (decode, other head dimensions, multi-head latent attention's decoupled
+//!   RoPE part and value heads narrower or wider than the key heads): the flash-decoding
+//!   kernels of `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache
+//!   positions, then an exact combine), in f32 over an f32 or f16 KV cache. The split is by
+//!   a fixed chunk size, so a longer context gets more blocks: 4096 positions of 32 heads
+//!   are 512 blocks for one row.
 
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use flm_core::{alibi_slopes, AttentionOperands, Data, Error, Result};
@@ -36,6 +38,48 @@ pub(super) struct Operands<'a> {
     pub slopes: Option<&'a CudaSlice<f32>>,
 }
 
+/// The widths of each head's parts in an attention op: its keys and queries (`head`),
+/// the decoupled RoPE part of multi-head latent attention (`rope`, 0 without one) and its
+/// values (`value`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Widths {
+    pub head: usize,
+    pub rope: usize,
+    pub value: usize,
+}
+
+impl Widths {
+    /// The widths of `o`'s heads (its shapes checked by the contract).
+    pub(super) fn of(o: &AttentionOperands<'_>) -> Widths {
+        let heads = o.params.n_heads;
+        Widths {
+            head: o.q.cols() / heads,
+            rope: o.rope.map_or(0, |r| r.q.cols() / heads),
+            value: o.output.cols() / heads,
+        }
+    }
+
+    /// Whether the heads are plain ones (no RoPE part, values as wide as keys), as the
+    /// flash kernels take them.
+    pub(super) fn plain(self) -> bool {
+        self.rope == 0 && self.value == self.head
+    }
+
+    /// `head`, `rope` and `value` as the kernels' `int` arguments.
+    pub(super) fn ints(self) -> Result<[i32; 3]> {
+        Ok([int(self.head)?, int(self.rope)?, int(self.value)?])
+    }
+
+    /// Bytes of dynamic shared memory of a partial kernel whose chunk takes `chunk` bytes:
+    /// the chunk, the query's two parts and 32 floats of scratch.
+    pub(super) fn partial_smem(self, op: &'static str, chunk: usize) -> Result<u32> {
+        u32::try_from(chunk + (self.head + self.rope + 32) * 4).map_err(|_| Error::Shape {
+            op,
+            msg: format!("heads of {self:?}"),
+        })
+    }
+}
+
 /// The scalar kernel arguments of both attention paths: the `int`s of the op's fields,
 /// `softcap` 0 for none and `window` 0 for none.
 pub(super) struct Scalars {
@@ -45,13 +89,6 @@ pub(super) struct Scalars {
     pub softcap: f32,
     pub bidirectional: i32,
     pub window: i32,
-}
-
-fn shape(msg: String) -> Error {
-    Error::Shape {
-        op: "Attention",
-        msg,
-    }
 }
 
 /// [`flm_core::Op::Attention`]: the cache rows the rows of `q` see are copied to the GPU
@@ -70,8 +107,8 @@ pub(super) fn attention<'a>(
     follows_step: bool,
 ) -> Result<()> {
     let n = o.q.rows();
-    let head_dim = o.q.cols() / o.params.n_heads;
-    let kv_cols = o.params.n_kv_heads * head_dim;
+    let widths = Widths::of(&o);
+    let n_kv = o.params.n_kv_heads;
     let filled = start_pos + n;
     if n == 0 {
         return Ok(());
@@ -91,16 +128,23 @@ pub(super) fn attention<'a>(
     let elem = kv.bytes();
     let q = dev.input(o.q)?;
     // A host cache is copied up to the rows the op reads; one on this GPU is read in place.
-    let cache = |c: &'a Data| -> Result<Input<'a>> {
+    let cache = |c: &'a Data, width: usize| -> Result<Input<'a>> {
         if c.device_buffer().is_some() {
             dev.input(c)
         } else {
             Ok(Input::Staged(
-                dev.upload(&c.bytes()?[..rows * kv_cols * elem])?,
+                dev.upload(&c.bytes()?[..rows * n_kv * width * elem])?,
             ))
         }
     };
-    let (k, v) = (cache(o.cache_k)?, cache(o.cache_v)?);
+    let (k, v) = (
+        cache(o.cache_k, widths.head)?,
+        cache(o.cache_v, widths.value)?,
+    );
+    let rope = match o.rope {
+        Some(r) => Some((dev.input(r.q)?, cache(r.cache, widths.rope)?)),
+        None => None,
+    };
     let start_pos = u32::try_from(start_pos)
         .map_err(|_| Error::InvalidArgument(format!("start_pos {start_pos}")))?;
     let start = dev.step_or_upload(step.as_ref(), StepWords::cache_row, &[start_pos])?;
@@ -126,8 +170,8 @@ pub(super) fn attention<'a>(
         start: &start,
         slopes: slopes.as_ref(),
     };
-    let flash =
-        FlashHeadDim::of(head_dim).filter(|_| n >= FLASH_MIN_ROWS && !dev.batch_invariant());
+    let flash = FlashHeadDim::of(widths.head)
+        .filter(|_| widths.plain() && n >= FLASH_MIN_ROWS && !dev.batch_invariant());
     if let Some(dim) = flash {
         let mut out = dev.output(o.output)?;
         flash_attention(dev, (dim, kv), &operands, &scalars, n, out.slice())?;
@@ -135,33 +179,36 @@ pub(super) fn attention<'a>(
     }
     let mut parts = Partials::new(
         dev,
-        (n, o.params.n_heads, head_dim),
+        (n, o.params.n_heads, widths.value),
         rows.div_ceil(ATTN_CHUNK),
     )?;
-    let hd = int(head_dim)?;
-    let smem = u32::try_from((ATTN_CHUNK + head_dim + 32) * 4)
-        .map_err(|_| shape(format!("head_dim {head_dim}")))?;
+    let [hd, rd, vd] = widths.ints()?;
+    let smem = widths.partial_smem("Attention", ATTN_CHUNK * 4)?;
     let f = dev.function(Kernel::AttnPartial(kv))?;
     let mut b = dev.stream.launch_builder(f);
     let sc = &scalars;
-    b.arg(operands.q)
-        .arg(operands.k)
-        .arg(operands.v)
-        .arg(operands.start)
+    b.arg(operands.q).arg(operands.k).arg(operands.v);
+    arg_or_null(&mut b, rope.as_ref().map(|(q, _)| q.slice()));
+    arg_or_null(&mut b, rope.as_ref().map(|(_, k)| k.slice()));
+    b.arg(operands.start)
         .arg(&sc.n_heads)
         .arg(&sc.n_kv_heads)
         .arg(&hd)
+        .arg(&rd)
+        .arg(&vd)
         .arg(&sc.scale)
         .arg(&sc.softcap);
     arg_or_null(&mut b, operands.slopes);
     b.arg(&sc.bidirectional).arg(&sc.window);
     b.arg(&mut parts.m).arg(&mut parts.l).arg(&mut parts.o);
     // SAFETY: arguments as `attn_partial` / `attn_partial_f16`; q holds n × n_heads ×
-    // head_dim floats, k and v `rows` cache rows of n_kv_heads × head_dim elements of the
-    // kernel's type (supports: f32 or f16, one for both; every position a row sees is below
-    // `rows`), the slopes n_heads floats or null, the partial buffers one entry (and
-    // head_dim values) per (row, head, chunk), and the dynamic shared memory is the
-    // chunk's scores, the query and 32 floats of scratch.
+    // head_dim floats, k and v `rows` cache rows of n_kv_heads × head_dim (keys) and
+    // n_kv_heads × v_dim (values) elements of the kernel's type (supports: f32 or f16, one
+    // for all; every position a row sees is below `rows`), the RoPE part n × n_heads ×
+    // rope_dim floats and `rows` rows of n_kv_heads × rope_dim elements, or two nulls with
+    // rope_dim 0, the slopes n_heads floats or null, the partial buffers one entry (and
+    // v_dim values) per (row, head, chunk), and the dynamic shared memory is the chunk's
+    // scores, the query's two parts and 32 floats of scratch.
     unsafe { b.launch(grid((o.params.n_heads, n, parts.chunks), THREADS, smem)?) }
         .map_err(dev_err)?;
     parts.combine(dev, o.output)
@@ -169,7 +216,7 @@ pub(super) fn attention<'a>(
 
 /// The per-chunk partial results of a flash-decoding attention (`attn_partial`,
 /// `paged_attn_partial`): the maximum `m`, the sum `l` and the unnormalised output `o`
-/// (`head_dim` values) of each (row, head, chunk), in that order.
+/// (`width` values, the value heads' width) of each (row, head, chunk), in that order.
 pub(super) struct Partials {
     pub m: CudaSlice<f32>,
     pub l: CudaSlice<f32>,
@@ -180,29 +227,29 @@ pub(super) struct Partials {
 }
 
 impl Partials {
-    /// Zeroed partials of `(rows, n_heads, head_dim)` over `chunks` chunks.
+    /// Zeroed partials of `(rows, n_heads, width)` over `chunks` chunks.
     pub(super) fn new(
         dev: &CudaDevice,
-        (rows, n_heads, head_dim): (usize, usize, usize),
+        (rows, n_heads, width): (usize, usize, usize),
         chunks: usize,
     ) -> Result<Partials> {
         let parts = rows * n_heads * chunks;
         Ok(Partials {
             m: dev.zeros::<f32>(parts)?,
             l: dev.zeros::<f32>(parts)?,
-            o: dev.zeros::<f32>(parts * head_dim)?,
+            o: dev.zeros::<f32>(parts * width)?,
             chunks,
-            shape: (rows, n_heads, head_dim),
+            shape: (rows, n_heads, width),
         })
     }
 
-    /// Merges the chunks into `output` `[rows, n_heads · head_dim]` (`attn_combine`).
+    /// Merges the chunks into `output` `[rows, n_heads · width]` (`attn_combine`).
     ///
     /// Errors: [`Error::Device`] when the launch fails.
     pub(super) fn combine(self, dev: &CudaDevice, output: &mut Data) -> Result<()> {
-        let (rows, n_heads, head_dim) = self.shape;
+        let (rows, n_heads, width) = self.shape;
         let mut out = dev.output(output)?;
-        let (nh, hd, chunks) = (int(n_heads)?, int(head_dim)?, int(self.chunks)?);
+        let (nh, hd, chunks) = (int(n_heads)?, int(width)?, int(self.chunks)?);
         let f = dev.function(Kernel::AttnCombine)?;
         let mut b = dev.stream.launch_builder(f);
         b.arg(&self.m)
@@ -213,7 +260,7 @@ impl Partials {
             .arg(&chunks)
             .arg(out.slice());
         // SAFETY: the partial buffers as allocated by `new` and written by a partial
-        // kernel, out rows × n_heads × head_dim floats, as `attn_combine` reads and
+        // kernel, out rows × n_heads × width floats, as `attn_combine` reads and
         // writes them.
         unsafe { b.launch(grid((n_heads, rows, 1), THREADS, 0)?) }.map_err(dev_err)?;
         out.finish(dev)

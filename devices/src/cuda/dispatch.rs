@@ -1,6 +1,7 @@
 //! [`CudaDevice`] as a [`BaseDevice`]: which ops it runs, on which operands, and the one
 //! place each op is handed to its module (one per kernel file: `norm`, `elementwise`,
-//! `embedding`, `linear`, `rope`, `attention`, `paged`, `sample`).
+//! `embedding`, `linear`, `rope`, `attention`, `paged`, `sample`; `head_linear` runs
+//! `linear`'s kernels per head).
 
 use std::sync::atomic::Ordering;
 
@@ -10,7 +11,9 @@ use flm_core::{
 };
 
 use super::kernels::{has_quant_kernels, FloatWeight, KvType};
-use super::{attention, elementwise, embedding, linear, norm, paged, rope, sample, CudaDevice};
+use super::{
+    attention, elementwise, embedding, head_linear, linear, norm, paged, rope, sample, CudaDevice,
+};
 use crate::gemv_layout::GemvLayout;
 
 impl BaseDevice for CudaDevice {
@@ -64,7 +67,7 @@ impl BaseDevice for CudaDevice {
                     && kv_cache(o.cache_k)
                     && o.cache_v.dtype() == o.cache_k.dtype()
                     && f32(o.output)
-                    && plain_heads(o)
+                    && rope_part(o)
             }
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 f32(gate) && f32(up) && f32(output)
@@ -86,15 +89,23 @@ impl BaseDevice for CudaDevice {
                     && f32(o.q)
                     && KvType::of(o.cache_k.dtype()).is_some()
                     && f32(o.output)
-                    && plain_heads(o)
+                    && rope_part(o)
             }
             Op::ScatterRows { src, dst, .. } => {
                 resident && f32(src) && KvType::of(dst.dtype()).is_some()
             }
             // The experts run on the CPU, from host memory (`--moe-device cpu`).
             Op::MoeFfn { .. } => false,
-            // Multi-head latent attention's per-head products have no kernel here yet.
-            Op::HeadLinear { .. } => false,
+            Op::HeadLinear {
+                input,
+                weights,
+                output,
+            } => {
+                f32(input)
+                    && weights
+                        .iter()
+                        .all(|w| self.supports_linear(w, None, output))
+            }
             // Qwen2-MoE's shared expert runs beside the routed experts, on the CPU.
             Op::GatedAdd { .. } => false,
         }
@@ -260,15 +271,21 @@ impl BaseDevice for CudaDevice {
                 seqs,
             } => paged::paged_attention(self, operands, block_size, seqs),
             Op::ScatterRows { src, rows, dst } => paged::scatter_rows(self, src, rows, dst),
-            op @ (Op::MoeFfn { .. } | Op::GatedAdd { .. } | Op::HeadLinear { .. }) => {
+            Op::HeadLinear {
+                input,
+                weights,
+                output,
+            } => head_linear::head_linear(self, input, weights, output),
+            op @ (Op::MoeFfn { .. } | Op::GatedAdd { .. }) => {
                 Err(Error::Unsupported(format!("{:?} on cuda", op.kind())))
             }
         }
     }
 }
 
-/// Whether the attention kernels here take `o`: value heads as wide as the key heads, and
-/// no decoupled RoPE part (multi-head latent attention runs on the CPU).
-fn plain_heads(o: &AttentionOperands<'_>) -> bool {
-    o.rope.is_none() && o.output.cols() == o.q.cols()
+/// Whether the decoupled RoPE part of `o`, if any, is of the types the kernels read: f32
+/// queries and rotated keys of the cache's type.
+fn rope_part(o: &AttentionOperands<'_>) -> bool {
+    o.rope
+        .is_none_or(|r| r.q.dtype() == DataType::F32 && r.cache.dtype() == o.cache_k.dtype())
 }

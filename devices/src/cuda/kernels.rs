@@ -144,6 +144,8 @@ pub enum Kernel {
     F32ToBf16Rows,
     /// `gather_cols` (elementwise.cu).
     GatherCols,
+    /// `copy_cols` (elementwise.cu).
+    CopyCols,
     /// `copy_rows_at` (f32 destination) or `copy_rows_at_f16` (elementwise.cu).
     CopyRowsAt(KvType),
     /// `embedding_<W>` (embedding.cu).
@@ -204,6 +206,7 @@ impl Kernel {
             Kernel::F32ToF16Rows => "f32_to_f16_rows",
             Kernel::F32ToBf16Rows => "f32_to_bf16_rows",
             Kernel::GatherCols => "gather_cols",
+            Kernel::CopyCols => "copy_cols",
             Kernel::CopyRowsAt(KvType::F32) => "copy_rows_at",
             Kernel::CopyRowsAt(KvType::F16) => "copy_rows_at_f16",
             Kernel::Embedding(W::F32) => "embedding_f32",
@@ -267,6 +270,7 @@ pub const MODULES: &[Module] = &[
             Kernel::F32ToF16Rows,
             Kernel::F32ToBf16Rows,
             Kernel::GatherCols,
+            Kernel::CopyCols,
             Kernel::CopyRowsAt(KvType::F32),
             Kernel::CopyRowsAt(KvType::F16),
         ],

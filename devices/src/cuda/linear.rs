@@ -50,30 +50,45 @@ pub(super) fn linear(
     bias: Option<&Data>,
     output: &mut Data,
 ) -> Result<()> {
-    let (n, k, m) = (input.rows(), input.cols(), weight.rows());
-    if n == 0 || m == 0 {
+    if input.rows() == 0 || weight.rows() == 0 {
         return Ok(());
     }
     let x = dev.input(input)?;
+    let bias_d = bias.map(|b| dev.weight(b)).transpose()?;
+    let mut out = dev.output(output)?;
+    product(
+        dev,
+        x.slice(),
+        weight,
+        bias_d.as_ref().map(Input::slice),
+        out.slice(),
+        input.rows(),
+    )?;
+    out.finish(dev)
+}
+
+/// `y[n, m] = x[n, k] · weight[m, k]ᵀ (+ bias[m])` on f32 buffers in this GPU's memory, by
+/// the kernels the module docs list for the weight's dtype and `n`.
+///
+/// Errors: as [`linear`].
+pub(super) fn product(
+    dev: &CudaDevice,
+    x: &CudaSlice<u8>,
+    weight: &Data,
+    bias: Option<&CudaSlice<u8>>,
+    y: &mut CudaSlice<u8>,
+    n: usize,
+) -> Result<()> {
+    let (k, m) = (weight.cols(), weight.rows());
     let gathered = match weight.input_perm() {
-        Some(perm) => Some(gather_cols(
-            dev,
-            x.slice(),
-            dev.weight(perm)?.slice(),
-            (n, k),
-        )?),
+        Some(perm) => Some(gather_cols(dev, x, dev.weight(perm)?.slice(), (n, k))?),
         None => None,
     };
-    let bias_d = bias.map(|b| dev.weight(b)).transpose()?;
-    let bias_s = bias_d.as_ref().map(|b| b.slice());
-    let mut out = dev.output(output)?;
-    let x = gathered.as_ref().unwrap_or(x.slice());
+    let x = gathered.as_ref().unwrap_or(x);
     if let Some((w, layout)) = gemv_weight(dev, weight, n)? {
         if n <= GEMV_MAX_ROWS || dev.batch_invariant() {
-            gemv(dev, x, w.slice(), &layout, bias_s, out.slice(), n)?;
-            return out.finish(dev);
+            return gemv(dev, x, w.slice(), &layout, bias, y, n);
         }
-        let y = out.slice();
         quantized_gemm(
             dev,
             x,
@@ -82,11 +97,10 @@ pub(super) fn linear(
             y,
             (n, k, m),
         )?;
-        add_bias(dev, y, bias_s, (n, m))?;
-        return out.finish(dev);
+        return add_bias(dev, y, bias, (n, m));
     }
     let w = dev.weight(weight)?;
-    let (w, y) = (w.slice(), out.slice());
+    let w = w.slice();
     match weight.dtype() {
         DataType::F32 => gemm(dev, x, w, cudaDataType::CUDA_R_32F, y, (n, k, m), (0, m))?,
         DataType::F16 => {
@@ -100,10 +114,7 @@ pub(super) fn linear(
         dtype if dtype.is_k_quant() && n > GEMV_MAX_ROWS && !dev.batch_invariant() => {
             quantized_gemm(dev, x, w, (dtype, None), y, (n, k, m))?;
         }
-        dtype if dtype.is_k_quant() => {
-            qgemv_k(dev, x, w, dtype, bias_s, y, (n, k, m))?;
-            return out.finish(dev);
-        }
+        dtype if dtype.is_k_quant() => return qgemv_k(dev, x, w, dtype, bias, y, (n, k, m)),
         dtype => {
             return Err(Error::DType {
                 op: "Linear",
@@ -111,8 +122,7 @@ pub(super) fn linear(
             })
         }
     }
-    add_bias(dev, y, bias_s, (n, m))?;
-    out.finish(dev)
+    add_bias(dev, y, bias, (n, m))
 }
 
 /// `y[r, o] += bias[o]` for the `n × m` output of a cuBLAS product, when there is a bias.

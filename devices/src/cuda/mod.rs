@@ -23,6 +23,7 @@ mod elementwise;
 mod embedding;
 mod flash_attn;
 mod graph;
+mod head_linear;
 pub mod kernels;
 mod launch;
 mod linear;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use flm_core::{alibi_slopes, AttentionOperands, Data, DataType, Error, PagedSeq, Result};
 
-use super::attention::Partials;
+use super::attention::{Partials, Widths};
 use super::device::CudaDevice;
 use super::kernels::{Kernel, KvType, PAGED_CHUNK};
 use super::launch::{arg_or_null, dev_err, grid, int};
@@ -131,10 +131,14 @@ pub(super) fn paged_attention(
         return Ok(());
     }
     let kv = kv_type("PagedAttention", o.cache_k.dtype())?;
-    let head_dim = q.cols() / params.n_heads;
+    let widths = Widths::of(&o);
     let map = RowMap::new(seqs)?;
     let qd = dev.input(q)?;
     let (k, v) = (dev.input(o.cache_k)?, dev.input(o.cache_v)?);
+    let rope = match o.rope {
+        Some(r) => Some((dev.input(r.q)?, dev.input(r.cache)?)),
+        None => None,
+    };
     let meta = upload_once(dev, |u| &mut u.row_map, &map.words)?;
     let r = map.n_rows;
     let (row_pos, row_table, tables) =
@@ -145,46 +149,44 @@ pub(super) fn paged_attention(
         .transpose()?;
     let mut parts = Partials::new(
         dev,
-        (n, params.n_heads, head_dim),
+        (n, params.n_heads, widths.value),
         map.context.div_ceil(PAGED_CHUNK),
     )?;
-    let (nh, nkv, hd) = (
-        int(params.n_heads)?,
-        int(params.n_kv_heads)?,
-        int(head_dim)?,
-    );
+    let (nh, nkv) = (int(params.n_heads)?, int(params.n_kv_heads)?);
+    let [hd, rd, vd] = widths.ints()?;
     let (bs, window) = (int(block_size)?, int(params.sliding_window.unwrap_or(0))?);
     // 0 stands for no soft-capping (a cap is positive: Op::validate).
     let softcap = params.softcap.unwrap_or(0.0);
-    // Scores and pool rows of a chunk, the query, 32 floats of scratch.
-    let smem =
-        u32::try_from(PAGED_CHUNK * (4 + 8) + (head_dim + 32) * 4).map_err(|_| Error::Shape {
-            op: "PagedAttention",
-            msg: format!("head_dim {head_dim}"),
-        })?;
+    // Scores and pool rows of a chunk.
+    let smem = widths.partial_smem("PagedAttention", PAGED_CHUNK * (4 + 8))?;
     let f = dev.function(Kernel::PagedAttnPartial(kv))?;
     let mut b = dev.stream.launch_builder(f);
-    b.arg(qd.slice())
-        .arg(k.slice())
-        .arg(v.slice())
-        .arg(&row_pos)
+    b.arg(qd.slice()).arg(k.slice()).arg(v.slice());
+    arg_or_null(&mut b, rope.as_ref().map(|(q, _)| q.slice()));
+    arg_or_null(&mut b, rope.as_ref().map(|(_, k)| k.slice()));
+    b.arg(&row_pos)
         .arg(&row_table)
         .arg(&tables)
         .arg(&bs)
         .arg(&nh)
         .arg(&nkv)
         .arg(&hd)
+        .arg(&rd)
+        .arg(&vd)
         .arg(&params.scale)
         .arg(&softcap);
     arg_or_null(&mut b, slopes.as_ref());
     b.arg(&window);
     b.arg(&mut parts.m).arg(&mut parts.l).arg(&mut parts.o);
     // SAFETY: arguments as `paged_attn_partial_<KV>`: q holds n × n_heads × head_dim
-    // floats, the pools n_blocks · block_size rows of n_kv_heads × head_dim values, the
-    // row map n positions, n table offsets and the tables, whose every entry a row reads
-    // (positions below its own + 1) is a block of the pool (Op::validate), the slopes
-    // n_heads floats or null, the partial buffers one entry (and head_dim values) per
-    // (row, head, chunk); the dynamic shared memory is as the kernel lays it out.
+    // floats, the pools n_blocks · block_size rows of n_kv_heads × head_dim (keys) and
+    // n_kv_heads × v_dim (values) values, the RoPE part n × n_heads × rope_dim floats and a
+    // pool of n_kv_heads × rope_dim values per row, or two nulls with rope_dim 0 (the
+    // contract checks the shapes), the row map n positions, n table offsets and the
+    // tables, whose every entry a row reads (positions below its own + 1) is a block of the
+    // pool (Op::validate), the slopes n_heads floats or null, the partial buffers one entry
+    // (and v_dim values) per (row, head, chunk); the dynamic shared memory is as the kernel
+    // lays it out.
     unsafe { b.launch(grid((params.n_heads, n, parts.chunks), THREADS, smem)?) }
         .map_err(dev_err)?;
     parts.combine(dev, o.output)

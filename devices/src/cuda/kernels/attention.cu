@@ -13,24 +13,32 @@
 // when window > 0, else 0. The grid covers every chunk of the cache; chunks outside
 // [lo, hi) write m_c = -inf, l_c = 0 and cost one early exit.
 //
+// Multi-head latent attention (flm_core::DecoupledRope; DeepSeek-V2, section 2.1.3) adds a
+// second part to every query head (q_rope, rope_dim values) and KV head (cache_rope): the
+// score is (q . k_t + q_rope . k_rope_t) * scale. Values are v_dim wide, which may differ
+// from head_dim. rope_dim is 0 (and q_rope, cache_rope null) for plain attention.
+//
 // The cache holds f32 (attn_partial) or f16 (attn_partial_f16, flm_core::KvDtype::F16)
 // keys and values, widened exactly to f32 as they are read (load_w); everything else is f32.
 //
-// Shared memory: ATTN_CHUNK scores + head_dim query values + 32 floats of scratch.
+// Shared memory: ATTN_CHUNK scores + head_dim + rope_dim query values + 32 floats of
+// scratch.
 
 #define ATTN_CHUNK 256
 
 // The body of attn_partial over a cache of element type W (0: f32, 1: f16; see load_w).
 template <int W>
 __device__ void attn_partial_w(const float* q, const void* cache_k, const void* cache_v,
+                               const float* q_rope, const void* cache_rope,
                                const unsigned int* start_pos, int n_heads, int n_kv_heads,
-                               int head_dim, float scale, float softcap,
-                               const float* alibi_slopes, int bidirectional, int window,
-                               float* part_m, float* part_l, float* part_o) {
+                               int head_dim, int rope_dim, int v_dim, float scale,
+                               float softcap, const float* alibi_slopes, int bidirectional,
+                               int window, float* part_m, float* part_l, float* part_o) {
     extern __shared__ float smem[];
     float* scores = smem;
     float* qs = smem + ATTN_CHUNK;
-    float* scratch = qs + head_dim;
+    float* qrs = qs + head_dim;
+    float* scratch = qrs + rope_dim;
     int h = blockIdx.x, row = blockIdx.y, chunk = blockIdx.z, chunks = gridDim.z;
     int kvh = h / (n_heads / n_kv_heads);
     long p = (long)start_pos[0] + row;
@@ -40,21 +48,27 @@ __device__ void attn_partial_w(const float* q, const void* cache_k, const void* 
     long a = t0 > lo ? t0 : lo;
     long b = t0 + ATTN_CHUNK < hi ? t0 + ATTN_CHUNK : hi;
     long part = ((long)row * n_heads + h) * chunks + chunk;
-    float* o = part_o + part * head_dim;
+    float* o = part_o + part * v_dim;
     if (a >= b) {
-        flash_empty_part(part_m, part_l, o, part, head_dim);
+        flash_empty_part(part_m, part_l, o, part, v_dim);
         return;
     }
     const float* qr = q + ((long)row * n_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = qr[d];
+    const float* qrr = q_rope + ((long)row * n_heads + h) * rope_dim;
+    for (int d = threadIdx.x; d < rope_dim; d += blockDim.x) qrs[d] = qrr[d];
     __syncthreads();
     long kv_cols = (long)n_kv_heads * head_dim;
+    long rope_cols = (long)n_kv_heads * rope_dim;
+    long v_cols = (long)n_kv_heads * v_dim;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     float slope = alibi_slopes ? alibi_slopes[h] : 0.0f;
     for (long t = a + warp; t < b; t += warps) {
         long k = t * kv_cols + (long)kvh * head_dim;
         float s = 0.0f;
         for (int d = lane; d < head_dim; d += 32) s += qs[d] * load_w<W>(cache_k, k + d);
+        long kr = t * rope_cols + (long)kvh * rope_dim;
+        for (int d = lane; d < rope_dim; d += 32) s += qrs[d] * load_w<W>(cache_rope, kr + d);
         s = warp_sum(s);
         if (lane == 0) {
             float sc = s * scale;
@@ -66,10 +80,10 @@ __device__ void attn_partial_w(const float* q, const void* cache_k, const void* 
     float l;
     float mx = flash_chunk_softmax(scores + (a - t0), b - a, scratch, &l);
     __syncthreads();
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        long v = (long)kvh * head_dim + d;
+    for (int d = threadIdx.x; d < v_dim; d += blockDim.x) {
+        long v = (long)kvh * v_dim + d;
         float acc = 0.0f;
-        for (long t = a; t < b; t++) acc += scores[t - t0] * load_w<W>(cache_v, v + t * kv_cols);
+        for (long t = a; t < b; t++) acc += scores[t - t0] * load_w<W>(cache_v, v + t * v_cols);
         o[d] = acc;
     }
     if (threadIdx.x == 0) {
@@ -82,19 +96,21 @@ __device__ void attn_partial_w(const float* q, const void* cache_k, const void* 
 // attn_partial_f16 (f16).
 #define ATTN_PARTIAL(NAME, W)                                                              \
     extern "C" __global__ void NAME(const float* q, const void* cache_k, const void* cache_v, \
+                                    const float* q_rope, const void* cache_rope,           \
                                     const unsigned int* start_pos, int n_heads,            \
-                                    int n_kv_heads, int head_dim, float scale,             \
-                                    float softcap, const float* alibi_slopes,              \
+                                    int n_kv_heads, int head_dim, int rope_dim, int v_dim, \
+                                    float scale, float softcap, const float* alibi_slopes, \
                                     int bidirectional, int window, float* part_m,          \
                                     float* part_l, float* part_o) {                        \
-        attn_partial_w<W>(q, cache_k, cache_v, start_pos, n_heads, n_kv_heads, head_dim,   \
-                          scale, softcap, alibi_slopes, bidirectional, window, part_m,     \
-                          part_l, part_o);                                                 \
+        attn_partial_w<W>(q, cache_k, cache_v, q_rope, cache_rope, start_pos, n_heads,     \
+                          n_kv_heads, head_dim, rope_dim, v_dim, scale, softcap,           \
+                          alibi_slopes, bidirectional, window, part_m, part_l, part_o);    \
     }
 ATTN_PARTIAL(attn_partial, 0)
 ATTN_PARTIAL(attn_partial_f16, 1)
 
-// One block per (head, row): merges the chunks of attn_partial into out[row, h, :].
+// One block per (head, row): merges the chunks of attn_partial into out[row, h, :], head_dim
+// being the value width.
 extern "C" __global__ void attn_combine(const float* part_m, const float* part_l,
                                         const float* part_o, int n_heads, int head_dim,
                                         int chunks, float* out) {

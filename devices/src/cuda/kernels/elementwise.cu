@@ -79,6 +79,20 @@ extern "C" __global__ void gather_cols(const float* x, const int* perm, float* o
     }
 }
 
+// dst[r, dst_col0 + c] = src[r, src_col0 + c] for the n rows and `cols` columns of a block
+// of two f32 matrices with rows of src_ld and dst_ld values (total = n * cols): one head's
+// columns gathered out of, or written back into, a row of all heads
+// (flm_core::Op::HeadLinear).
+extern "C" __global__ void copy_cols(const float* src, int src_ld, int src_col0, float* dst,
+                                     int dst_ld, int dst_col0, int cols, long total) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) {
+        long r = i / cols;
+        int c = (int)(i - r * cols);
+        dst[r * dst_ld + dst_col0 + c] = src[r * src_ld + src_col0 + c];
+    }
+}
+
 // dst[row0 + r, :] = src[r, :] for r < n_rows, rows of `cols` values, with row0 = *dst_row
 // read from device memory (flm_core::Op::CopyRows of a step's keys and values into the KV
 // cache: a captured decode graph writes each step at its own row). The host checks the row

@@ -20,30 +20,35 @@
 //
 // Scores: s_t = q . k_t * scale, soft-capped as cap * tanh(s_t / cap) when softcap > 0,
 // + slope_h * t with ALiBi; query head h reads KV head h / (n_heads / n_kv_heads) (GQA).
+// With multi-head latent attention's decoupled RoPE part (rope_dim > 0, as in
+// attention.cu), s_t = (q . k_t + q_rope . k_rope_t) * scale, k_rope_t in pool_rope; values
+// are v_dim wide.
 //
 // The pool's element type is the template parameter KV (kv_to_f32 / kv_from_f32): each
 // instantiation is one extern "C" pair below, f32 and f16 (rounded to nearest even as it
 // is stored, widened exactly as it is read).
 //
 // Shared memory of paged_attn_partial: PAGED_CHUNK scores, PAGED_CHUNK pool rows (the
-// table lookups of the key pass, reused by the value pass), head_dim query values and 32
-// floats of scratch.
+// table lookups of the key pass, reused by the value pass), head_dim + rope_dim query
+// values and 32 floats of scratch.
 
 #define PAGED_CHUNK 256
 
 template <typename KV>
 __device__ void paged_attn_partial(const float* q, const KV* pool_k, const KV* pool_v,
+                                   const float* q_rope, const KV* pool_rope,
                                    const unsigned int* row_pos,
                                    const unsigned int* row_table,
                                    const unsigned int* tables, int block_size, int n_heads,
-                                   int n_kv_heads, int head_dim, float scale, float softcap,
-                                   const float* alibi_slopes, int window, float* part_m,
-                                   float* part_l, float* part_o) {
+                                   int n_kv_heads, int head_dim, int rope_dim, int v_dim,
+                                   float scale, float softcap, const float* alibi_slopes,
+                                   int window, float* part_m, float* part_l, float* part_o) {
     extern __shared__ float smem[];
     float* scores = smem;
     long* slots = (long*)(smem + PAGED_CHUNK);
     float* qs = (float*)(slots + PAGED_CHUNK);
-    float* scratch = qs + head_dim;
+    float* qrs = qs + head_dim;
+    float* scratch = qrs + rope_dim;
     int h = blockIdx.x, row = blockIdx.y, chunk = blockIdx.z, chunks = gridDim.z;
     int kvh = h / (n_heads / n_kv_heads);
     long p = (long)row_pos[row];
@@ -53,24 +58,29 @@ __device__ void paged_attn_partial(const float* q, const KV* pool_k, const KV* p
     long a = t0 > lo ? t0 : lo;
     long b = t0 + PAGED_CHUNK < hi ? t0 + PAGED_CHUNK : hi;
     long part = ((long)row * n_heads + h) * chunks + chunk;
-    float* o = part_o + part * head_dim;
+    float* o = part_o + part * v_dim;
     if (a >= b) {
-        flash_empty_part(part_m, part_l, o, part, head_dim);
+        flash_empty_part(part_m, part_l, o, part, v_dim);
         return;
     }
     const unsigned int* table = tables + row_table[row];
     const float* qr = q + ((long)row * n_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = qr[d];
+    const float* qrr = q_rope + ((long)row * n_heads + h) * rope_dim;
+    for (int d = threadIdx.x; d < rope_dim; d += blockDim.x) qrs[d] = qrr[d];
     __syncthreads();
     long kv_cols = (long)n_kv_heads * head_dim;
-    long head_off = (long)kvh * head_dim;
+    long rope_cols = (long)n_kv_heads * rope_dim;
+    long v_cols = (long)n_kv_heads * v_dim;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     float slope = alibi_slopes ? alibi_slopes[h] : 0.0f;
     for (long t = a + warp; t < b; t += warps) {
         long slot = (long)table[t / block_size] * block_size + t % block_size;
-        const KV* k = pool_k + slot * kv_cols + head_off;
+        const KV* k = pool_k + slot * kv_cols + (long)kvh * head_dim;
         float s = 0.0f;
         for (int d = lane; d < head_dim; d += 32) s += qs[d] * kv_to_f32(k[d]);
+        const KV* kr = pool_rope + slot * rope_cols + (long)kvh * rope_dim;
+        for (int d = lane; d < rope_dim; d += 32) s += qrs[d] * kv_to_f32(kr[d]);
         s = warp_sum(s);
         if (lane == 0) {
             float sc = s * scale;
@@ -83,10 +93,10 @@ __device__ void paged_attn_partial(const float* q, const KV* pool_k, const KV* p
     float l;
     float mx = flash_chunk_softmax(scores + (a - t0), b - a, scratch, &l);
     __syncthreads();
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        const KV* v = pool_v + head_off + d;
+    for (int d = threadIdx.x; d < v_dim; d += blockDim.x) {
+        const KV* v = pool_v + (long)kvh * v_dim + d;
         float acc = 0.0f;
-        for (long t = a; t < b; t++) acc += scores[t - t0] * kv_to_f32(v[slots[t - t0] * kv_cols]);
+        for (long t = a; t < b; t++) acc += scores[t - t0] * kv_to_f32(v[slots[t - t0] * v_cols]);
         o[d] = acc;
     }
     if (threadIdx.x == 0) {
@@ -106,14 +116,16 @@ __device__ void scatter_rows(const float* src, const unsigned int* rows, KV* dst
 
 #define PAGED(SUFFIX, KV)                                                                  \
     extern "C" __global__ void paged_attn_partial_##SUFFIX(                                \
-        const float* q, const KV* pool_k, const KV* pool_v, const unsigned int* row_pos,   \
-        const unsigned int* row_table, const unsigned int* tables, int block_size,         \
-        int n_heads, int n_kv_heads, int head_dim, float scale, float softcap,             \
+        const float* q, const KV* pool_k, const KV* pool_v, const float* q_rope,           \
+        const KV* pool_rope, const unsigned int* row_pos, const unsigned int* row_table,   \
+        const unsigned int* tables, int block_size, int n_heads, int n_kv_heads,           \
+        int head_dim, int rope_dim, int v_dim, float scale, float softcap,                 \
         const float* alibi_slopes, int window, float* part_m, float* part_l,               \
         float* part_o) {                                                                   \
-        paged_attn_partial<KV>(q, pool_k, pool_v, row_pos, row_table, tables, block_size,  \
-                               n_heads, n_kv_heads, head_dim, scale, softcap,              \
-                               alibi_slopes, window, part_m, part_l, part_o);              \
+        paged_attn_partial<KV>(q, pool_k, pool_v, q_rope, pool_rope, row_pos, row_table,   \
+                               tables, block_size, n_heads, n_kv_heads, head_dim,          \
+                               rope_dim, v_dim, scale, softcap, alibi_slopes, window,      \
+                               part_m, part_l, part_o);                                    \
     }                                                                                      \
     extern "C" __global__ void scatter_rows_##SUFFIX(const float* src,                     \
                                                      const unsigned int* rows, KV* dst,    \
