@@ -28,6 +28,7 @@ pub mod eval;
 mod family;
 mod graph;
 mod graphs;
+pub mod imatrix;
 pub mod import;
 pub mod llama;
 mod placement;

@@ -61,6 +61,7 @@ use flm_tokenizer::{PieceType, SentencePieceSpec, Tokenizer, TokenizerKind, Toke
 
 use super::hf_families::longrope_attention_factor;
 use super::{map_file, Checkpoint, Encoding, Format, SourceTensor};
+use crate::imatrix::{ImatrixEntry, ImportanceMatrix};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Activation, Error, Family, MlaConfig, ModelConfig, MoeConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
@@ -738,6 +739,74 @@ fn with_chat_template(
         .and_then(|t| t.with_chat_template(template, "GGUF metadata `tokenizer.chat_template`"))
         .map(Ok)
         .map_err(|e| Error::format(m.path, e.to_string()))
+}
+
+/// An importance matrix in llama.cpp's GGUF form ([`crate::imatrix`]): the `in_sum2` and
+/// `counts` f32 tensors of each entry, and the `imatrix.*` metadata (as llama.cpp's
+/// `common_imatrix_load`).
+///
+/// Errors: [`Error::Format`] for a malformed file, an entry without its sums or counts,
+/// tensors that are not f32, or counts that do not divide the sums.
+pub(crate) fn read_imatrix(bytes: &[u8], path: &Path) -> Result<ImportanceMatrix> {
+    let gguf = parse(bytes, path)?;
+    let meta = Meta {
+        kv: &gguf.meta,
+        path,
+    };
+    let bad = |msg: String| Error::format(path, msg);
+    let mut m = ImportanceMatrix {
+        chunk_count: meta.id("imatrix.chunk_count")?.unwrap_or(0),
+        chunk_size: meta.id("imatrix.chunk_size")?.unwrap_or(0),
+        ..ImportanceMatrix::default()
+    };
+    for v in meta.array("imatrix.datasets")?.unwrap_or(&[]) {
+        if let Value::Str(s) = v {
+            m.datasets.push(String::from_utf8_lossy(s).into_owned());
+        }
+    }
+    let mut parts: HashMap<&str, [Option<Vec<f32>>; 2]> = HashMap::new();
+    for t in &gguf.tensors {
+        let (base, which) = match (
+            t.name.strip_suffix(".in_sum2"),
+            t.name.strip_suffix(".counts"),
+        ) {
+            (Some(base), _) => (base, 0),
+            (_, Some(base)) => (base, 1),
+            _ => continue,
+        };
+        if t.ggml_type != 0 {
+            return Err(bad(format!("{} is not an f32 tensor", t.name)));
+        }
+        let n: usize = t.ne.iter().product();
+        let values = bytes
+            .get(t.offset..)
+            .and_then(|b| b.get(..n.checked_mul(4)?))
+            .ok_or_else(|| bad(format!("{} runs past the end of the file", t.name)))?
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        parts.entry(base).or_default()[which] = Some(values);
+    }
+    for (name, [sums, counts]) in parts {
+        let (Some(sums), Some(counts)) = (sums, counts) else {
+            return Err(bad(format!(
+                "{name} has its sums without its counts, or the reverse"
+            )));
+        };
+        if counts.is_empty() || sums.is_empty() || sums.len() % counts.len() != 0 {
+            return Err(bad(format!(
+                "{name} has {} sums for {} counts",
+                sums.len(),
+                counts.len()
+            )));
+        }
+        m.entries
+            .insert(name.to_owned(), ImatrixEntry { sums, counts });
+    }
+    if m.entries.is_empty() {
+        return Err(bad("an importance matrix with no entry".into()));
+    }
+    Ok(m)
 }
 
 /// Reads only the tokenizer of a GGUF file (it may have no tensors: llama.cpp's

@@ -33,6 +33,7 @@ mod thudm;
 
 pub(crate) use flm::PERM_SUFFIX;
 pub use gguf::load_tokenizer as load_gguf_tokenizer;
+pub(crate) use gguf::read_imatrix as read_gguf_imatrix;
 pub use source::{Encoding, SourceTensor};
 
 use std::collections::HashMap;

@@ -551,6 +551,31 @@ impl LlamaWeights {
     ///
     /// Errors: [`Error::Config`] naming the first tensor whose shape disagrees.
     pub fn check_shapes(&self, c: &ModelConfig) -> Result<()> {
+        check_all_shapes(self.present(c)?, canonical_tensors(c))
+    }
+
+    /// Every tensor with its canonical name ([`canonical_tensors`]), the derived ones (the
+    /// absorbed matrices of multi-head latent attention) left out.
+    ///
+    /// Errors: [`Error::Config`] when the weights do not have `c`'s tensors.
+    pub fn named_tensors(&self, c: &ModelConfig) -> Result<Vec<(TensorName, &Data)>> {
+        let present = self.present(c)?;
+        let names = canonical_tensors(c);
+        if present.len() != names.len() {
+            return Err(Error::Config(format!(
+                "{} weight tensors for a configuration of {}",
+                present.len(),
+                names.len()
+            )));
+        }
+        Ok(names.into_iter().map(|(n, _)| n).zip(present).collect())
+    }
+
+    /// The tensors in [`canonical_tensors`]' order.
+    ///
+    /// Errors: [`Error::Config`] for another number of layers or prediction layers than
+    /// `c`'s.
+    fn present(&self, c: &ModelConfig) -> Result<Vec<&Data>> {
         let mut present: Vec<&Data> = Vec::new();
         present.extend(&self.prefix_kv);
         present.push(&self.embedding);
@@ -576,7 +601,7 @@ impl LlamaWeights {
         }
         present.push(&self.final_norm);
         present.extend(&self.classifier);
-        check_all_shapes(present, canonical_tensors(c))
+        Ok(present)
     }
 }
 

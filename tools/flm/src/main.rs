@@ -10,6 +10,7 @@ mod chat;
 mod convert;
 mod device;
 mod generate;
+mod imatrix;
 mod load;
 mod perplexity;
 mod progress;
@@ -47,6 +48,9 @@ enum Command {
     /// Perplexity of a text file under the model, or its KL divergence from a base model's
     /// saved log-probabilities (llama-perplexity's methods and files).
     Perplexity(perplexity::PerplexityArgs),
+    /// Gather an importance matrix over a calibration text (llama-imatrix's statistics and
+    /// files), for `flm convert --imatrix`.
+    Imatrix(imatrix::ImatrixArgs),
     /// Measures prefill and decode tokens/s (and decode bandwidth), like llama-bench.
     Bench(bench::BenchArgs),
     /// Serve the model over HTTP: OpenAI-compatible API and a chat page.
@@ -277,6 +281,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize(args),
         Command::Convert(args) => convert::run(args),
         Command::Perplexity(args) => perplexity::run(args),
+        Command::Imatrix(args) => imatrix::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(args),
     };

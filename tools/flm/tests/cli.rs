@@ -869,3 +869,50 @@ fn bench_rejects_bad_requests() {
         expect_error(&args, needle);
     }
 }
+
+/// `flm imatrix` writes llama.cpp's GGUF form by default and its legacy form for a `.dat`
+/// name, both holding the matrix of every layer's Linear weights over the chunks of the
+/// text; a text shorter than two chunks is refused with a message.
+#[test]
+fn imatrix_writes_both_of_llama_cpps_forms() {
+    use flm_models::imatrix::ImportanceMatrix;
+    let text = data("text/tinystories_style.txt").display().to_string();
+    let gguf = data("gguf/stories260K-f32.gguf").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let mut read = Vec::new();
+    for name in ["m.gguf", "m.dat"] {
+        let out = dir.path().join(name).display().to_string();
+        let line = stdout(&flm(&[
+            "imatrix", "--model", &gguf, "--file", &text, "--ctx", "128", "-o", &out,
+        ]));
+        assert!(line.starts_with("35 entries over 33 chunks"), "{line}");
+        read.push(ImportanceMatrix::read(Path::new(&out)).unwrap());
+    }
+    assert!(std::fs::read(dir.path().join("m.gguf"))
+        .unwrap()
+        .starts_with(b"GGUF"));
+    let (g, d) = (&read[0], &read[1]);
+    assert_eq!(
+        g.entries.keys().collect::<Vec<_>>(),
+        d.entries.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        (d.chunk_count, d.datasets.clone()),
+        (33, vec![text.clone()])
+    );
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "Once upon a time").unwrap();
+    let out = flm(&[
+        "imatrix",
+        "--model",
+        &gguf,
+        "--file",
+        &short.display().to_string(),
+        "-o",
+        &dir.path().join("x.gguf").display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs at least"), "{err}");
+    assert!(!dir.path().join("x.gguf").exists());
+}
