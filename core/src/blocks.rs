@@ -18,6 +18,7 @@ use bytemuck::{Pod, Zeroable};
 use half::f16;
 
 use crate::ggml::{GgmlType, QK_K};
+use crate::quant::importance_weights;
 
 /// A little-endian IEEE binary16 as two bytes (alignment 1).
 #[repr(transparent)]
@@ -52,6 +53,15 @@ pub trait Block: Pod {
 pub trait Quantize: Block {
     /// Codes `values` (`VALUES` values) into `self`, which starts zeroed.
     fn quantize(&mut self, values: &[f32]);
+
+    /// Codes `values` into `self` (which starts zeroed) minimising their squared error
+    /// weighted by `importance` (one non-negative weight per value, see
+    /// [`crate::quant::quantize_row_weighted`]). By default importance is ignored, as
+    /// ggml does for Q8_0.
+    fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
+        let _ = importance;
+        self.quantize(values)
+    }
 }
 
 /// The whole blocks of type `B` at the start of `bytes` (a partial block at the end is
@@ -115,16 +125,65 @@ pub fn dequantize_row<B: Block>(src: &[u8], dst: &mut [f32]) {
 /// Codes a row of `src.len()` values into `dst` (`src.len().div_ceil(VALUES)` blocks of
 /// `B`, at least one), the last block padded with zeros.
 pub fn quantize_row<B: Quantize>(src: &[f32], dst: &mut [u8]) {
+    quantize_row_weighted::<B>(src, None, dst)
+}
+
+/// As [`quantize_row`], with [`Quantize::quantize_weighted`] where `importance` (one weight
+/// per value of `src`) is given; padding values have importance 0.
+///
+/// # Panics
+/// If `importance` is not of `src.len()` values.
+pub fn quantize_row_weighted<B: Quantize>(src: &[f32], importance: Option<&[f32]>, dst: &mut [u8]) {
+    if let Some(imp) = importance {
+        assert_eq!(imp.len(), src.len(), "one importance per value");
+    }
     let mut x = [0.0f32; QK_K];
-    let x = &mut x[..B::VALUES];
+    let mut w = [0.0f32; QK_K];
+    let (x, w) = (&mut x[..B::VALUES], &mut w[..B::VALUES]);
     for (i, block) in blocks_mut::<B>(dst).iter_mut().enumerate() {
         let from = (i * B::VALUES).min(src.len());
-        let values = &src[from..(from + B::VALUES).min(src.len())];
+        let to = (from + B::VALUES).min(src.len());
         x.fill(0.0);
-        x[..values.len()].copy_from_slice(values);
+        x[..to - from].copy_from_slice(&src[from..to]);
         *block = B::zeroed();
-        block.quantize(x);
+        match importance {
+            Some(imp) => {
+                w.fill(0.0);
+                w[..to - from].copy_from_slice(&imp[from..to]);
+                block.quantize_weighted(x, w);
+            }
+            None => block.quantize(x),
+        }
     }
+}
+
+/// Keeps in `block` the better of its weighted fit and `fallback` (the fit without
+/// importance) by the importance-weighted squared error `Σ importance · (x − x̂)²`, the
+/// measure the imatrix stands for: llama.cpp's block weights steer the search, and this
+/// choice makes sure importance never makes a block worse by that measure (and that a
+/// block whose importance is all zero keeps the plain fit).
+fn keep_better<B: Block>(block: &mut B, fallback: B, values: &[f32], importance: &[f32]) {
+    let error = |b: &B| -> f32 {
+        let mut out = [0.0f32; QK_K];
+        b.dequantize(&mut out[..B::VALUES]);
+        values
+            .iter()
+            .zip(importance)
+            .zip(&out)
+            .map(|((&x, &imp), &y)| imp * (y - x) * (y - x))
+            .sum()
+    };
+    let better = error(block) < error(&fallback);
+    if !better {
+        *block = fallback;
+    }
+}
+
+/// The plain fit of `values` as a block of its own (the fallback of [`keep_better`]).
+fn plain_fit<B: Quantize>(values: &[f32]) -> B {
+    let mut b = B::zeroed();
+    b.quantize(values);
+    b
 }
 
 /// ggml's `kvalues_iq4nl`: the 16 levels of IQ4_NL and IQ4_XS.
@@ -469,7 +528,7 @@ fn level(x: f32, d: f32, lo: f32, hi: f32) -> f32 {
 /// The min/max fit of Q4_K and Q5_K (codes in `[0, top]`): per run the scale
 /// `(max − min) / top` and minimum `−min`, both quantised to 6 bits against the f16
 /// super-block scales; `code(j, l, q)` stores code `q` of value `l` of run `j`.
-fn quantize_q45_k(head: &mut KScales, x: &[f32], top: f32, mut code: impl FnMut(usize, usize, u8)) {
+fn quantize_q45_k(head: &mut KScales, x: &[f32], top: f32, code: impl FnMut(usize, usize, u8)) {
     let mut scale = [0.0f32; 8];
     let mut neg_min = [0.0f32; 8];
     for (j, run) in x.chunks_exact(32).enumerate() {
@@ -480,16 +539,30 @@ fn quantize_q45_k(head: &mut KScales, x: &[f32], top: f32, mut code: impl FnMut(
     }
     let d = f16::from_f32(scale.iter().copied().fold(0.0, f32::max) / 63.0);
     let dmin = f16::from_f32(neg_min.iter().copied().fold(0.0, f32::max) / 63.0);
-    head.d = F16Le::new(d);
-    head.dmin = F16Le::new(dmin);
-    let (d, dmin) = (d.to_f32(), dmin.to_f32());
+    let (df, dminf) = (d.to_f32(), dmin.to_f32());
     let mut sc = [0u8; 8];
     let mut m = [0u8; 8];
     for j in 0..8 {
-        sc[j] = level(scale[j], d, 0.0, 63.0) as u8;
-        m[j] = level(neg_min[j], dmin, 0.0, 63.0) as u8;
+        sc[j] = level(scale[j], df, 0.0, 63.0) as u8;
+        m[j] = level(neg_min[j], dminf, 0.0, 63.0) as u8;
     }
-    head.pack(&sc, &m);
+    store_q45_k(head, x, top, (d, dmin), (&sc, &m), code);
+}
+
+/// Stores the super-block scales `(d, dmin)` and the runs' 6-bit `(sc, m)` of a Q4_K or
+/// Q5_K block, and the codes of `x` they give (`code` as in [`quantize_q45_k`]).
+fn store_q45_k(
+    head: &mut KScales,
+    x: &[f32],
+    top: f32,
+    (d, dmin): (f16, f16),
+    (sc, m): (&[u8; 8], &[u8; 8]),
+    mut code: impl FnMut(usize, usize, u8),
+) {
+    head.d = F16Le::new(d);
+    head.dmin = F16Le::new(dmin);
+    head.pack(sc, m);
+    let (d, dmin) = (d.to_f32(), dmin.to_f32());
     for (j, run) in x.chunks_exact(32).enumerate() {
         let (dl, ml) = (d * sc[j] as f32, dmin * m[j] as f32);
         for (l, &v) in run.iter().enumerate() {
@@ -498,12 +571,198 @@ fn quantize_q45_k(head: &mut KScales, x: &[f32], top: f32, mut code: impl FnMut(
     }
 }
 
+/// The weighted fit of Q4_K and Q5_K, llama.cpp's `quantize_row_q4_K_impl` and
+/// `quantize_row_q5_K_impl`: each run's scale and minimum from [`fit_run`] with the weights
+/// `w`, then the eight scales and the eight minimums each quantised to 6 bits against an
+/// f16 super-block scale by [`fit_sub_scales`], weighted by the runs' total weights.
+fn quantize_q45_k_weighted(
+    head: &mut KScales,
+    x: &[f32],
+    w: &[f32],
+    top: f32,
+    code: impl FnMut(usize, usize, u8),
+) {
+    let mut scale = [0.0f32; 8];
+    let mut neg_min = [0.0f32; 8];
+    let mut run_weight = [0.0f32; 8];
+    for (j, (run, rw)) in x.chunks_exact(32).zip(w.chunks_exact(32)).enumerate() {
+        run_weight[j] = rw.iter().sum();
+        (scale[j], neg_min[j]) = fit_run(run, rw, top);
+    }
+    let (d, sc) = fit_sub_scales(&scale, &run_weight);
+    let (dmin, m) = fit_sub_scales(&neg_min, &run_weight);
+    let (d, dmin) = (f16::from_f32(d), f16::from_f32(dmin));
+    store_q45_k(head, x, top, (d, dmin), (&sc, &m), code);
+}
+
+/// Below this magnitude a group is all zeros (ggml's `GROUP_MAX_EPS`).
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// Codes `round(x · iscale)` clamped to `[lo, hi]`.
+fn codes_of(x: &[f32], iscale: f32, lo: f32, hi: f32) -> impl Iterator<Item = f32> + '_ {
+    x.iter().map(move |&v| (v * iscale).round().clamp(lo, hi))
+}
+
+/// Scale `d ≥ 0` and negated minimum `−m ≥ 0` of a run coded `ŵ = d · q + m`,
+/// `q ∈ [0, top]`, minimising `Σ w (x − ŵ)²` (llama.cpp's `make_qkx3_quants` with its
+/// grid: `rmin = −0.9`, `rdelta = 0.05`, 36 steps): the min/max fit with the minimum
+/// clamped to at most 0, then for each candidate inverse scale `(top + r) / (max − min)`
+/// the codes are fixed and `(d, m)` refitted by weighted least squares (with `m = 0` where
+/// the fit would make it positive), keeping the best.
+fn fit_run(x: &[f32], w: &[f32], top: f32) -> (f32, f32) {
+    let lo = x.iter().copied().fold(0.0f32, f32::min);
+    let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if hi <= lo {
+        return (0.0, -lo);
+    }
+    let (sw, sx) = w
+        .iter()
+        .zip(x)
+        .fold((0.0f32, 0.0f32), |(a, b), (&wt, &v)| (a + wt, b + wt * v));
+    // The codes of inverse scale `iscale`, counted from `lo`.
+    let codes = |iscale: f32| {
+        x.iter()
+            .map(move |&v| ((v - lo) * iscale).round().clamp(0.0, top))
+    };
+    let error = |d: f32, m: f32, iscale: f32| -> f32 {
+        codes(iscale)
+            .zip(x.iter().zip(w))
+            .map(|(q, (&v, &wt))| {
+                let e = d * q + m - v;
+                wt * e * e
+            })
+            .sum()
+    };
+    let mut best = ((hi - lo) / top, lo);
+    let mut best_err = error(best.0, best.1, top / (hi - lo));
+    for step in 0..=36 {
+        let iscale = (top - 0.9 + 0.05 * step as f32) / (hi - lo);
+        let (mut sl, mut sl2, mut sxl) = (0.0f32, 0.0f32, 0.0f32);
+        for ((q, &v), &wt) in codes(iscale).zip(x).zip(w) {
+            sl += wt * q;
+            sl2 += wt * q * q;
+            sxl += wt * q * v;
+        }
+        let det = sw * sl2 - sl * sl;
+        if det <= 0.0 {
+            continue;
+        }
+        let (mut d, mut m) = ((sw * sxl - sx * sl) / det, (sl2 * sx - sl * sxl) / det);
+        if m > 0.0 {
+            (d, m) = (sxl / sl2, 0.0);
+        }
+        let err = error(d, m, iscale);
+        if d > 0.0 && err < best_err {
+            (best, best_err) = ((d, m), err);
+        }
+    }
+    (best.0, -best.1)
+}
+
+/// The f16-stored scale `d` and 6-bit levels `l_j` of non-negative sub-block scales `x_j`
+/// (`x_j ≈ d · l_j`), minimising `Σ w_j (x_j − d l_j)²` (llama.cpp's `make_qp_quants` with
+/// `nmax = 63`): the best inverse scale of `(63 + 0.1 k) / max x` for `k ∈ [−4, 4]`, then
+/// rounds of coordinate descent on the levels while the least-squares fit improves.
+fn fit_sub_scales(x: &[f32; 8], w: &[f32; 8]) -> (f32, [u8; 8]) {
+    const NMAX: f32 = 63.0;
+    let max = x.iter().copied().fold(0.0f32, f32::max);
+    let mut levels = [0u8; 8];
+    if max < GROUP_MAX_EPS {
+        return (0.0, levels);
+    }
+    let mse = |iscale: f32| -> f32 {
+        codes_of(x, iscale, f32::NEG_INFINITY, NMAX)
+            .zip(x.iter().zip(w))
+            .map(|(l, (&v, &wt))| {
+                let e = v - l / iscale;
+                wt * e * e
+            })
+            .sum()
+    };
+    let mut iscale = NMAX / max;
+    let mut best = mse(iscale);
+    for k in [-4, -3, -2, -1, 1, 2, 3, 4] {
+        let candidate = (NMAX + 0.1 * k as f32) / max;
+        let err = mse(candidate);
+        if err < best {
+            (iscale, best) = (candidate, err);
+        }
+    }
+    let (mut slx, mut sl2) = (0.0f32, 0.0f32);
+    for ((lv, l), (&v, &wt)) in levels
+        .iter_mut()
+        .zip(codes_of(x, iscale, 0.0, NMAX))
+        .zip(x.iter().zip(w))
+    {
+        *lv = l as u8;
+        slx += wt * v * l;
+        sl2 += wt * l * l;
+    }
+    for _ in 0..5 {
+        let mut changed = false;
+        for (lv, (&v, &wt)) in levels.iter_mut().zip(x.iter().zip(w)) {
+            let l = f32::from(*lv);
+            let (rest_lx, rest_l2) = (slx - wt * v * l, sl2 - wt * l * l);
+            if rest_lx <= 0.0 || rest_l2 <= 0.0 {
+                continue;
+            }
+            let new = (v * rest_l2 / rest_lx).round().min(NMAX);
+            if new == l {
+                continue;
+            }
+            let (new_lx, new_l2) = (rest_lx + wt * v * new, rest_l2 + wt * new * new);
+            // The fit's error is Σ w x² − slx² / sl2: keep the level if that ratio grows.
+            if new_lx * new_lx * sl2 > slx * slx * new_l2 {
+                (*lv, slx, sl2, changed) = (new as u8, new_lx, new_l2, true);
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    (if sl2 > 0.0 { slx / sl2 } else { 0.0 }, levels)
+}
+
+/// Scale of a group coded `ŵ = d · l`, `l ∈ [−nmax, nmax − 1]`, minimising
+/// `Σ w (x − ŵ)²` (llama.cpp's `make_qx_quants` with weights): for each candidate inverse
+/// scale `−(nmax + 0.1 k) / x*`, `k ∈ [−9, 9]` (`x*` the value of largest magnitude), the
+/// weighted least-squares scale of its codes, keeping the one of least error.
+fn fit_symmetric(x: &[f32], w: &[f32], nmax: f32) -> f32 {
+    let extreme = x
+        .iter()
+        .copied()
+        .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+    if extreme.abs() < GROUP_MAX_EPS {
+        return 0.0;
+    }
+    let (mut scale, mut best) = (0.0f32, 0.0f32);
+    for k in -9..=9 {
+        let iscale = -(nmax + 0.1 * k as f32) / extreme;
+        let (mut slx, mut sl2) = (0.0f32, 0.0f32);
+        for (l, (&v, &wt)) in codes_of(x, iscale, -nmax, nmax - 1.0).zip(x.iter().zip(w)) {
+            slx += wt * v * l;
+            sl2 += wt * l * l;
+        }
+        // The least-squares error is Σ w x² − slx² / sl2: the largest ratio wins.
+        if sl2 > 0.0 && slx * slx > best * sl2 {
+            scale = slx / sl2;
+            best = scale * slx;
+        }
+    }
+    scale
+}
+
 impl BlockQ4K {
     /// The 4-bit code of value `l` of run `j`.
     #[inline(always)]
     pub fn code(&self, j: usize, l: usize) -> u8 {
         (self.qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0f
     }
+}
+
+/// Stores 4-bit code `q` of value `l` of run `j` in the `qs` of Q4_K (and Q5_K).
+fn put_nibble(qs: &mut [u8; 128], j: usize, l: usize, q: u8) {
+    qs[(j / 2) * 32 + l] |= (q & 0x0f) << (4 * (j % 2));
 }
 
 impl Block for BlockQ4K {
@@ -518,8 +777,20 @@ impl Quantize for BlockQ4K {
     fn quantize(&mut self, values: &[f32]) {
         let qs = &mut self.qs;
         quantize_q45_k(&mut self.head, values, 15.0, |j, l, q| {
-            qs[(j / 2) * 32 + l] |= q << (4 * (j % 2));
+            put_nibble(qs, j, l, q)
         })
+    }
+
+    /// llama.cpp's `quantize_row_q4_K_impl` ([`quantize_q45_k_weighted`]), with the
+    /// weights `importance · sqrt(σ² + x²)` over the super-block.
+    fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
+        let w = importance_weights(values, importance);
+        let fallback = plain_fit::<Self>(values);
+        let qs = &mut self.qs;
+        quantize_q45_k_weighted(&mut self.head, values, &w, 15.0, |j, l, q| {
+            put_nibble(qs, j, l, q)
+        });
+        keep_better(self, fallback, values, importance);
     }
 }
 
@@ -544,9 +815,22 @@ impl Quantize for BlockQ5K {
     fn quantize(&mut self, values: &[f32]) {
         let (qs, qh) = (&mut self.qs, &mut self.qh);
         quantize_q45_k(&mut self.head, values, 31.0, |j, l, q| {
-            qs[(j / 2) * 32 + l] |= (q & 0x0f) << (4 * (j % 2));
+            put_nibble(qs, j, l, q);
             qh[l] |= (q >> 4) << j;
         })
+    }
+
+    /// llama.cpp's `quantize_row_q5_K_impl` ([`quantize_q45_k_weighted`]), with the
+    /// weights `importance · sqrt(σ² + x²)` over the super-block.
+    fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
+        let w = importance_weights(values, importance);
+        let fallback = plain_fit::<Self>(values);
+        let (qs, qh) = (&mut self.qs, &mut self.qh);
+        quantize_q45_k_weighted(&mut self.head, values, &w, 31.0, |j, l, q| {
+            put_nibble(qs, j, l, q);
+            qh[l] |= (q >> 4) << j;
+        });
+        keep_better(self, fallback, values, importance);
     }
 }
 
@@ -594,12 +878,45 @@ impl Quantize for BlockQ6K {
             scale[i] = extreme / -32.0;
         }
         let d = f16::from_f32(scale.iter().fold(0.0f32, |a, s| a.max(s.abs())) / 127.0);
+        let df = d.to_f32();
+        let sc = scale.map(|s| level(s, df, -128.0, 127.0) as i8);
+        self.store(values, d, sc);
+    }
+
+    /// llama.cpp's `quantize_row_q6_K_impl`: per 16 values the scale of [`fit_symmetric`]
+    /// weighted by `importance` alone (as llama.cpp, without the `sqrt(σ² + x²)` factor),
+    /// then the 16 scales quantised to i8 against the f16 `d` that gives the largest −128.
+    fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
+        let fallback = plain_fit::<Self>(values);
+        let mut scale = [0.0f32; 16];
+        for (s, (sub, w)) in scale
+            .iter_mut()
+            .zip(values.chunks_exact(16).zip(importance.chunks_exact(16)))
+        {
+            *s = fit_symmetric(sub, w, 32.0);
+        }
+        let extreme = scale
+            .iter()
+            .copied()
+            .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+        if extreme.abs() >= GROUP_MAX_EPS {
+            let iscale = -128.0 / extreme;
+            let sc = scale.map(|s| (iscale * s).round().clamp(-128.0, 127.0) as i8);
+            self.store(values, f16::from_f32(1.0 / iscale), sc);
+        }
+        keep_better(self, fallback, values, importance);
+    }
+}
+
+impl BlockQ6K {
+    /// Stores `d`, the i8 scales `sc` (one per 16 values) and the codes of `values` they
+    /// give.
+    fn store(&mut self, values: &[f32], d: f16, sc: [i8; 16]) {
         self.d = F16Le::new(d);
+        self.scales = sc;
         let d = d.to_f32();
         for (i, sub) in values.chunks_exact(16).enumerate() {
-            let sc = level(scale[i], d, -128.0, 127.0) as i8;
-            self.scales[i] = sc;
-            let dl = d * sc as f32;
+            let dl = d * sc[i] as f32;
             for (l16, &v) in sub.iter().enumerate() {
                 let q = (level(v, dl, -32.0, 31.0) + 32.0) as u8;
                 let e = i * 16 + l16;
@@ -668,11 +985,25 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
 /// For a type flm reads but does not write (the [`crate::DataType::ggml_type`] of no
 /// dtype).
 pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    quantize_weighted(ty, src, None, dst)
+}
+
+/// As [`quantize`], each block fitted to minimise its squared error weighted by
+/// `importance` where given (one non-negative weight per value of `src`; see
+/// [`Quantize::quantize_weighted`] of each block, and
+/// [`crate::quant::quantize_row_weighted`] for the math): Q4_K, Q5_K and Q6_K as
+/// llama.cpp's `quantize_row_q4_K_impl`, `quantize_row_q5_K_impl` and
+/// `quantize_row_q6_K_impl`, each block kept only if it beats the plain fit's
+/// importance-weighted error; Q8_0 ignores importance. `None` gives [`quantize`]'s bytes.
+///
+/// # Panics
+/// As [`quantize`], and if `importance` is not of `src.len()` values.
+pub fn quantize_weighted(ty: GgmlType, src: &[f32], importance: Option<&[f32]>, dst: &mut [u8]) {
     match ty {
-        GgmlType::Q8_0 => quantize_row::<BlockQ8_0>(src, dst),
-        GgmlType::Q4K => quantize_row::<BlockQ4K>(src, dst),
-        GgmlType::Q5K => quantize_row::<BlockQ5K>(src, dst),
-        GgmlType::Q6K => quantize_row::<BlockQ6K>(src, dst),
+        GgmlType::Q8_0 => quantize_row_weighted::<BlockQ8_0>(src, importance, dst),
+        GgmlType::Q4K => quantize_row_weighted::<BlockQ4K>(src, importance, dst),
+        GgmlType::Q5K => quantize_row_weighted::<BlockQ5K>(src, importance, dst),
+        GgmlType::Q6K => quantize_row_weighted::<BlockQ6K>(src, importance, dst),
         _ => panic!("flm does not write {} blocks", ty.name()),
     }
 }

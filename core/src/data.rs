@@ -722,6 +722,66 @@ impl Data {
             )?;
         Ok(out)
     }
+
+    /// A new owned matrix `[rows, cols]` of `dtype` (a quantised dtype) from this 2-D tensor
+    /// of any dtype that holds values, as [`Data::to_dtype`] makes it, with each quantised
+    /// block fitted to minimise the squared error weighted by `importance` (llama.cpp's
+    /// imatrix: one non-negative weight per input column, the mean of `x_j²` over
+    /// calibration activations, applied to every row), per
+    /// [`quant::quantize_row_weighted`] (the block weights and searches of llama.cpp's
+    /// `ggml-quants.c`: `quantize_row_q4_K_impl`, `quantize_row_q5_K_impl`,
+    /// `quantize_row_q6_K_impl`, `make_qkx3_quants`, `make_qx_quants`, `make_qp_quants`).
+    /// Q8_0 and the float dtypes ignore importance, so for them this is [`Data::to_dtype`].
+    ///
+    /// Errors: [`Error::Shape`] if the tensor is not 2-D; [`Error::InvalidArgument`] if
+    /// `importance` is not of `cols` values or holds a negative or non-finite one;
+    /// [`Error::DType`] for i32 (as [`Data::to_dtype`]).
+    pub fn to_dtype_weighted(&self, dtype: DataType, importance: &[f32]) -> Result<Data> {
+        const OP: &str = "Data::to_dtype_weighted";
+        if self.shape.len() != 2 {
+            return Err(Error::Shape {
+                op: OP,
+                msg: format!("a 2-D tensor, not {:?}", self.shape),
+            });
+        }
+        let cols = self.cols();
+        if importance.len() != cols {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: {} importance values for {cols} columns",
+                importance.len()
+            )));
+        }
+        if let Some((j, v)) = importance
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: importance {v} of column {j} is not a finite non-negative number"
+            )));
+        }
+        if !dtype.is_quantized() {
+            return self.to_dtype(dtype);
+        }
+        let mut out = Data::zeros(dtype, &self.shape)?;
+        out.input_perm = self.input_perm.clone();
+        let out_row = dtype.byte_len(&[cols]).unwrap_or(0);
+        if cols == 0 || out_row == 0 {
+            return Ok(out);
+        }
+        out.bytes_mut()?
+            .par_chunks_mut(out_row)
+            .enumerate()
+            .try_for_each_init(
+                || vec![0.0f32; cols],
+                |row, (r, dst)| {
+                    self.row_to_f32(r, row)?;
+                    quant::quantize_row_weighted(dtype, row, Some(importance), dst);
+                    Ok(())
+                },
+            )?;
+        Ok(out)
+    }
 }
 
 impl std::fmt::Debug for Data {

@@ -21,7 +21,10 @@
 //! [`crate::blocks::quantize`] makes these blocks from f32 values with the min/max fit (per 32 values
 //! for Q4_K/Q5_K, per 16 for Q6_K, the sub-block scales then quantised against the
 //! super-block's f16 scale), not llama.cpp's weighted search (`make_qkx2_quants`): it
-//! serves `Data::to_dtype` and the tests; real K-quant weights come from GGUF files.
+//! serves `Data::to_dtype` and the tests; real K-quant weights come from GGUF files. With
+//! an importance matrix, [`crate::blocks::quantize_weighted`] runs llama.cpp's imatrix
+//! searches instead (`quantize_row_q4_K_impl`, `quantize_row_q5_K_impl`,
+//! `quantize_row_q6_K_impl`), for `Data::to_dtype_weighted`.
 
 use crate::blocks::{block, BlockQ4K, BlockQ5K, BlockQ6K};
 use crate::ggml::{GgmlType, QK_K};

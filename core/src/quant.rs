@@ -53,6 +53,11 @@
 //! with `ε ≤ 2⁻¹¹ · 15 d` for the f16 rounding of `d`, plus up to `d / 2` at the far end
 //! of the range from rounding `z`.
 //!
+//! **Importance** ([`quantize_row_weighted`]): given llama.cpp's importance matrix (one
+//! weight per input column), every fit above minimises the importance-weighted squared
+//! error instead, with llama.cpp's block weights and wider searches; without it the bytes
+//! are those of [`quantize_row`].
+//!
 //! The CPU kernels dot these rows against activations quantised to int8 in blocks of
 //! [`BLOCK`] values (scale `a`, codes `q_x`), so that
 //! `Σ ŵ·x ≈ Σ_blocks a · (d · Σ q_w q_x + m · Σ q_x)` (int4) or `s · Σ_blocks a · Σ q_w q_x`
@@ -108,17 +113,60 @@ fn absmax(x: &[f32]) -> f32 {
 /// Quantises one row of `src` (its `cols` values) into `dst` (`row_bytes(dtype, cols)`
 /// bytes). Float dtypes are not handled here.
 pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
-    if let Some(ty) = dtype.ggml_type() {
-        return blocks::quantize(ty, src, dst);
+    quantize_row_weighted(dtype, src, None, dst)
+}
+
+/// Quantises one row as [`quantize_row`] does, choosing each block's parameters (scale, and
+/// minimum or zero point) to minimise the importance-weighted squared error
+/// `Σ_j w_j (x_j − x̂_j)²` where `importance` is given: one non-negative weight per value
+/// of `src` (llama.cpp's imatrix `quant_weights`, the mean of `x_j²` over calibration
+/// activations for input column `j`). `None` gives [`quantize_row`]'s bytes exactly.
+///
+/// The block weights are llama.cpp's (`ggml-quants.c`): `w_j = importance_j ·
+/// sqrt(σ² + x_j²)` with `σ² = 2 Σ x² / n` over the row for int8 and the int4 forms
+/// ([`importance_weights`]), over each super-block for Q4_K and Q5_K
+/// (`quantize_row_q4_K_impl`, `quantize_row_q5_K_impl`), and `w_j = importance_j` for
+/// Q6_K (`quantize_row_q6_K_impl`). Q8_0 ignores importance, as ggml does. The searches:
+/// int8 tries scales around `max|x| / 127` with a least-squares refit of each; the int4
+/// forms widen their searches to `make_qkx3_quants`' grid (asymmetric, zero point) or
+/// `make_qx_quants`' (symmetric) with weighted least-squares refits; the K-quants are
+/// [`crate::blocks::quantize_weighted`]'s. The block weights steer the search; each
+/// group (the int8 row, each int4 group, each K-quant super-block) then keeps the better
+/// of that fit and the fit without importance by the importance-weighted error
+/// `Σ importance_j (x_j − x̂_j)²` (the first-order output error the imatrix stands for), so
+/// importance never makes a group worse by that measure and uniform importance never does
+/// worse than none.
+///
+/// # Panics
+/// If `importance` is not of `src.len()` values.
+pub fn quantize_row_weighted(
+    dtype: DataType,
+    src: &[f32],
+    importance: Option<&[f32]>,
+    dst: &mut [u8],
+) {
+    if let Some(imp) = importance {
+        assert_eq!(imp.len(), src.len(), "one importance per value");
     }
+    if let Some(ty) = dtype.ggml_type() {
+        return blocks::quantize_weighted(ty, src, importance, dst);
+    }
+    let weights = importance.map(|imp| importance_weights(src, imp));
+    let weights = weights.as_deref();
     match dtype.group_size() {
         None => {
-            let scale = absmax(src) / 127.0;
+            let mut scale = fit_int8(src, None);
+            if let (Some(imp), Some(w)) = (importance, weights) {
+                let weighted = fit_int8(src, Some(w).filter(|w| has_weight(w)));
+                if int8_error(src, imp, weighted) < int8_error(src, imp, scale) {
+                    scale = weighted;
+                }
+            }
             let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
             dst[..4].copy_from_slice(&scale.to_le_bytes());
             let (q, pad) = dst[4..].split_at_mut(src.len());
             for (q, &w) in q.iter_mut().zip(src) {
-                *q = (w * inv).round().clamp(-127.0, 127.0) as i8 as u8;
+                *q = int8_code(w, inv);
             }
             pad.fill(0);
         }
@@ -131,32 +179,148 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
             codes.fill(0);
             let form = dtype.int4_form().expect("an int4 dtype");
             for (gi, values) in chunks_padded(src, g).enumerate() {
-                let (d, m) = match form {
-                    Int4Form::Symmetric => {
-                        let d = fit_int4_symmetric(values);
-                        (d, -8.0 * d.to_f32())
+                let from = (gi * g).min(src.len());
+                let group = from..from + values.len();
+                let mut fit = fit_group(form, values, None);
+                if let (Some(imp), Some(w)) = (importance, weights) {
+                    let w = &w[group.clone()];
+                    if has_weight(w) {
+                        let weighted = fit_group(form, values, Some(w));
+                        let imp = Some(&imp[group]);
+                        if int4_error(values, imp, weighted.d.to_f32(), weighted.m)
+                            < int4_error(values, imp, fit.d.to_f32(), fit.m)
+                        {
+                            fit = weighted;
+                        }
                     }
-                    Int4Form::Min => {
-                        let (d, m) = fit_int4(values);
-                        ms[2 * gi..2 * gi + 2].copy_from_slice(&m.to_le_bytes());
-                        (d, m.to_f32())
-                    }
-                    Int4Form::ZeroPoint => {
-                        let (d, z) = fit_int4_zero_point(values);
-                        let z = f16::from_f32(f32::from(z));
-                        ms[2 * gi..2 * gi + 2].copy_from_slice(&z.to_le_bytes());
-                        (d, zero_point_min(d, z))
-                    }
-                };
-                ds[2 * gi..2 * gi + 2].copy_from_slice(&d.to_le_bytes());
-                let inv = inverse(d.to_f32());
+                }
+                ds[2 * gi..2 * gi + 2].copy_from_slice(&fit.d.to_le_bytes());
+                if let Some(stored) = fit.stored_min {
+                    ms[2 * gi..2 * gi + 2].copy_from_slice(&stored.to_le_bytes());
+                }
+                let inv = inverse(fit.d.to_f32());
                 for (i, &w) in values.iter().enumerate() {
                     let (byte, shift) = nibble(gi * g + i);
-                    codes[byte] |= code(w, inv, m) << shift;
+                    codes[byte] |= code(w, inv, fit.m) << shift;
                 }
             }
         }
     }
+}
+
+/// The fit of one int4 group: its f16 scale, what the row stores as its minimum (none for
+/// the symmetric form), and the minimum `m` that gives.
+#[derive(Clone, Copy)]
+struct GroupFit {
+    d: f16,
+    stored_min: Option<f16>,
+    m: f32,
+}
+
+/// The fit of `values` as an int4 group of `form`, weighted by `w` where given.
+fn fit_group(form: Int4Form, values: &[f32], w: Option<&[f32]>) -> GroupFit {
+    match form {
+        Int4Form::Symmetric => {
+            let d = fit_int4_symmetric(values, w);
+            GroupFit {
+                d,
+                stored_min: None,
+                m: -8.0 * d.to_f32(),
+            }
+        }
+        Int4Form::Min => {
+            let (d, m) = fit_int4(values, w);
+            GroupFit {
+                d,
+                stored_min: Some(m),
+                m: m.to_f32(),
+            }
+        }
+        Int4Form::ZeroPoint => {
+            let (d, z) = fit_int4_zero_point(values, w);
+            let z = f16::from_f32(f32::from(z));
+            GroupFit {
+                d,
+                stored_min: Some(z),
+                m: zero_point_min(d, z),
+            }
+        }
+    }
+}
+
+/// llama.cpp's block weights for importance `importance` (one per value of `x`):
+/// `importance_j · sqrt(σ² + x_j²)` with `σ² = 2 Σ x² / n` (`quantize_row_q4_K_impl`), so
+/// that large values, which dominate a block's output, count more than their importance
+/// alone says.
+pub(crate) fn importance_weights(x: &[f32], importance: &[f32]) -> Vec<f32> {
+    let sigma2 = 2.0 * x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32;
+    x.iter()
+        .zip(importance)
+        .map(|(&v, &imp)| imp * (sigma2 + v * v).sqrt())
+        .collect()
+}
+
+/// Whether some weight is positive: a group without is fitted as without importance.
+fn has_weight(w: &[f32]) -> bool {
+    w.iter().any(|&w| w > 0.0)
+}
+
+/// The weight of value `i`: 1 without weights.
+#[inline(always)]
+fn weight(w: Option<&[f32]>, i: usize) -> f32 {
+    w.map_or(1.0, |w| w[i])
+}
+
+/// The int8 code of `w` for inverse scale `inv` (0 when the scale is 0).
+fn int8_code(w: f32, inv: f32) -> u8 {
+    (w * inv).round().clamp(-127.0, 127.0) as i8 as u8
+}
+
+/// Squared error of an int8 row coded with scale `s`, weighted by `w`.
+fn int8_error(src: &[f32], w: &[f32], s: f32) -> f32 {
+    let inv = inverse(s);
+    src.iter()
+        .zip(w)
+        .map(|(&x, &wt)| {
+            let e = s * f32::from(int8_code(x, inv) as i8) - x;
+            wt * e * e
+        })
+        .sum()
+}
+
+/// The scale of an int8 row: `max|x| / 127`, and with weights the best of that and, for
+/// candidate scales from a little above it down to 0.6 of it (clipping the largest values
+/// where they weigh little), their codes' weighted least-squares scale `Σ w q x / Σ w q²`,
+/// by weighted squared error.
+fn fit_int8(src: &[f32], w: Option<&[f32]>) -> f32 {
+    const SEARCH: std::ops::RangeInclusive<i32> = -4..=28;
+    const SEARCH_DELTA: f32 = 0.025;
+    let amax = absmax(src);
+    let base = amax / 127.0;
+    let Some(w) = w else { return base };
+    if amax == 0.0 {
+        return base;
+    }
+    let error = |s: f32| int8_error(src, w, s);
+    let (mut best, mut best_err) = (base, error(base));
+    for step in SEARCH {
+        let s0 = base / (1.0 + step as f32 * SEARCH_DELTA);
+        let inv = inverse(s0);
+        let (mut sqq, mut sqx) = (0.0f32, 0.0f32);
+        for (&x, &wt) in src.iter().zip(w) {
+            let q = f32::from(int8_code(x, inv) as i8);
+            sqq += wt * q * q;
+            sqx += wt * q * x;
+        }
+        let refit = if sqq > 0.0 { sqx / sqq } else { s0 };
+        for s in [s0, refit] {
+            let err = error(s);
+            if s > 0.0 && err < best_err {
+                (best, best_err) = (s, err);
+            }
+        }
+    }
+    best
 }
 
 /// The 4-bit code of `w` for inverse scale `inv_d` (0 when the scale is 0) and minimum `m`.
@@ -173,27 +337,39 @@ fn inverse(d: f32) -> f32 {
     }
 }
 
-/// Squared error of a group coded with `(d, m)`.
-fn int4_error(values: &[f32], d: f32, m: f32) -> f32 {
+/// Squared error of a group coded with `(d, m)`, weighted by `w` where given.
+fn int4_error(values: &[f32], w: Option<&[f32]>, d: f32, m: f32) -> f32 {
     let inv = inverse(d);
     values
         .iter()
-        .map(|&w| {
-            let e = d * code(w, inv, m) as f32 + m - w;
-            e * e
+        .enumerate()
+        .map(|(i, &x)| {
+            let e = d * code(x, inv, m) as f32 + m - x;
+            weight(w, i) * e * e
         })
         .sum()
 }
 
-/// Scale and minimum of an int4 group, chosen to minimise the squared error: the min/max
-/// fit `((max − min)/15, min)`, then for each of a few candidate scales around it the codes
-/// are fixed and `(d, m)` refitted by least squares, keeping the best (the search of
-/// llama.cpp's `make_qkx2_quants`, without its weights). Both are rounded to f16 before
-/// they are scored, since that is what is stored.
-fn fit_int4(values: &[f32]) -> (f16, f16) {
-    const SEARCH_STEPS: i32 = 3;
-    const SEARCH_DELTA: f32 = 0.3;
+/// The candidate grid of an int4 search: without weights `(3, 0.3)`, the few steps flm
+/// always used; with weights `(18, 0.05)`, `make_qkx3_quants`' finer grid over the same
+/// span (`nmax ± 0.9`).
+fn asymmetric_grid(w: Option<&[f32]>) -> (i32, f32) {
+    if w.is_some() {
+        (18, 0.05)
+    } else {
+        (3, 0.3)
+    }
+}
+
+/// Scale and minimum of an int4 group, chosen to minimise the squared error (weighted by
+/// `w` where given): the min/max fit `((max − min)/15, min)`, then for each of a few
+/// candidate scales around it ([`asymmetric_grid`]) the codes are fixed and `(d, m)`
+/// refitted by (weighted) least squares, keeping the best (the search of llama.cpp's
+/// `make_qkx2_quants` and `make_qkx3_quants`). Both are rounded to f16 before they are
+/// scored, since that is what is stored.
+fn fit_int4(values: &[f32], w: Option<&[f32]>) -> (f16, f16) {
     const LLOYD_ROUNDS: usize = 2;
+    let (search_steps, search_delta) = asymmetric_grid(w);
     let min = values.iter().copied().fold(f32::INFINITY, f32::min);
     let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if values.is_empty() || max <= min {
@@ -203,27 +379,27 @@ fn fit_int4(values: &[f32]) -> (f16, f16) {
         );
     }
     let round = |d: f32, m: f32| (f16::from_f32(d), f16::from_f32(m));
-    let n = values.len() as f32;
+    let sw: f32 = (0..values.len()).map(|i| weight(w, i)).sum();
     // Least-squares (d, m) for the codes that scale `d0` and minimum `m0` give.
     let refit = |d0: f32, m0: f32| -> Option<(f32, f32)> {
-        let (mut sq, mut sqq, mut sw, mut sqw) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
+        let (mut sq, mut sqq, mut sx, mut sqx) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
         let inv = inverse(d0);
-        for &w in values {
-            let q = code(w, inv, m0) as f32;
-            sq += q;
-            sqq += q * q;
-            sw += w;
-            sqw += q * w;
+        for (i, &x) in values.iter().enumerate() {
+            let (q, wt) = (code(x, inv, m0) as f32, weight(w, i));
+            sq += wt * q;
+            sqq += wt * q * q;
+            sx += wt * x;
+            sqx += wt * q * x;
         }
-        let det = n * sqq - sq * sq;
-        let d = (n * sqw - sq * sw) / det;
-        (det > 0.0 && d > 0.0).then(|| (d, (sw - d * sq) / n))
+        let det = sw * sqq - sq * sq;
+        let d = (sw * sqx - sq * sx) / det;
+        (det > 0.0 && d > 0.0).then(|| (d, (sx - d * sq) / sw))
     };
     let mut best = round((max - min) / 15.0, min);
-    let mut best_err = int4_error(values, best.0.to_f32(), best.1.to_f32());
+    let mut best_err = int4_error(values, w, best.0.to_f32(), best.1.to_f32());
     let mut consider = |d: f32, m: f32| {
         let candidate = round(d, m);
-        let err = int4_error(values, candidate.0.to_f32(), candidate.1.to_f32());
+        let err = int4_error(values, w, candidate.0.to_f32(), candidate.1.to_f32());
         if err < best_err {
             best = candidate;
             best_err = err;
@@ -232,8 +408,8 @@ fn fit_int4(values: &[f32]) -> (f16, f16) {
             false
         }
     };
-    for step in -SEARCH_STEPS..=SEARCH_STEPS {
-        let d0 = (max - min) / (15.0 + step as f32 * SEARCH_DELTA);
+    for step in -search_steps..=search_steps {
+        let d0 = (max - min) / (15.0 + step as f32 * search_delta);
         let mut fit = refit(d0, min);
         // Alternate codes and least-squares fits while the error drops (Lloyd-Max style).
         for _ in 0..LLOYD_ROUNDS {
@@ -247,20 +423,22 @@ fn fit_int4(values: &[f32]) -> (f16, f16) {
     best
 }
 
-/// Squared error of a symmetric group coded with scale `d` (`ŵ = d · (q − 8)`).
-fn int4_symmetric_error(values: &[f32], d: f32) -> f32 {
-    int4_error(values, d, -8.0 * d)
+/// Squared error of a symmetric group coded with scale `d` (`ŵ = d · (q − 8)`), weighted
+/// by `w` where given.
+fn int4_symmetric_error(values: &[f32], w: Option<&[f32]>, d: f32) -> f32 {
+    int4_error(values, w, d, -8.0 * d)
 }
 
-/// Scale of a symmetric int4 group, chosen to minimise the squared error: ggml's
-/// `quantize_row_q4_0` fit `w* / −8` (`w*` the value of largest magnitude), then for each of
-/// a few candidate scales around it the codes are fixed and `d` refitted by least squares,
-/// `d = Σ (q − 8) w / Σ (q − 8)²`, keeping the best (the search of llama.cpp's
-/// `make_qx_quants`, without its weights). Scales are rounded to f16 before they are
-/// scored, since that is what is stored.
-fn fit_int4_symmetric(values: &[f32]) -> f16 {
-    const SEARCH_STEPS: i32 = 4;
+/// Scale of a symmetric int4 group, chosen to minimise the squared error (weighted by `w`
+/// where given): ggml's `quantize_row_q4_0` fit `w* / −8` (`w*` the value of largest
+/// magnitude), then for each of a few candidate scales around it the codes are fixed and
+/// `d` refitted by (weighted) least squares, `d = Σ w (q − 8) x / Σ w (q − 8)²`, keeping
+/// the best (the search of llama.cpp's `make_qx_quants`: ±4 steps of 0.1 without weights,
+/// its ±9 with). Scales are rounded to f16 before they are scored, since that is what is
+/// stored.
+fn fit_int4_symmetric(values: &[f32], w: Option<&[f32]>) -> f16 {
     const SEARCH_DELTA: f32 = 0.1;
+    let search_steps = if w.is_some() { 9 } else { 4 };
     let extreme = values
         .iter()
         .copied()
@@ -269,19 +447,19 @@ fn fit_int4_symmetric(values: &[f32]) -> f16 {
         return f16::ZERO;
     }
     let mut best = f16::from_f32(extreme / -8.0);
-    let mut best_err = int4_symmetric_error(values, best.to_f32());
-    for step in -SEARCH_STEPS..=SEARCH_STEPS {
+    let mut best_err = int4_symmetric_error(values, w, best.to_f32());
+    for step in -search_steps..=search_steps {
         let d0 = extreme / (-8.0 + step as f32 * SEARCH_DELTA);
         let inv = inverse(d0);
-        let (mut sqq, mut sqw) = (0.0f32, 0.0f32);
-        for &w in values {
-            let q = code(w, inv, -8.0 * d0) as f32 - 8.0;
-            sqq += q * q;
-            sqw += q * w;
+        let (mut sqq, mut sqx) = (0.0f32, 0.0f32);
+        for (i, &x) in values.iter().enumerate() {
+            let (q, wt) = (code(x, inv, -8.0 * d0) as f32 - 8.0, weight(w, i));
+            sqq += wt * q * q;
+            sqx += wt * q * x;
         }
         if sqq > 0.0 {
-            let candidate = f16::from_f32(sqw / sqq);
-            let err = int4_symmetric_error(values, candidate.to_f32());
+            let candidate = f16::from_f32(sqx / sqq);
+            let err = int4_symmetric_error(values, w, candidate.to_f32());
             if err < best_err {
                 best = candidate;
                 best_err = err;
@@ -302,16 +480,16 @@ fn zero_point(min: f32, d: f32) -> u8 {
     (-min * inverse(d)).round().clamp(0.0, 15.0) as u8
 }
 
-/// Scale and zero point of a zero-point int4 group, chosen to minimise the squared error:
-/// GPTQ's fit (`Quantizer.find_params`: the range widened to hold 0, `d = (max − min) /
-/// 15`, `z = round(−min / d)`), then for each of a few candidate scales around it the zero
-/// point and codes are fixed and `d` refitted by least squares, `d = Σ (q − z) w /
-/// Σ (q − z)²`, keeping the best. Scales are rounded to f16 before they are scored. A
-/// constant group `c` also tries `d = |c| / 8` and `q − z = ±8`, exact whenever `c` is an
-/// f16 (as int4 and int4-sym reproduce constants).
-fn fit_int4_zero_point(values: &[f32]) -> (f16, u8) {
-    const SEARCH_STEPS: i32 = 3;
-    const SEARCH_DELTA: f32 = 0.3;
+/// Scale and zero point of a zero-point int4 group, chosen to minimise the squared error
+/// (weighted by `w` where given): GPTQ's fit (`Quantizer.find_params`: the range widened
+/// to hold 0, `d = (max − min) / 15`, `z = round(−min / d)`), then for each of a few
+/// candidate scales around it ([`asymmetric_grid`]) the zero point and codes are fixed and
+/// `d` refitted by (weighted) least squares, `d = Σ w (q − z) x / Σ w (q − z)²`, keeping
+/// the best. Scales are rounded to f16 before they are scored. A constant group `c` also
+/// tries `d = |c| / 8` and `q − z = ±8`, exact whenever `c` is an f16 (as int4 and
+/// int4-sym reproduce constants).
+fn fit_int4_zero_point(values: &[f32], w: Option<&[f32]>) -> (f16, u8) {
+    let (search_steps, search_delta) = asymmetric_grid(w);
     let min = values.iter().copied().fold(0.0f32, f32::min);
     let max = values.iter().copied().fold(0.0f32, f32::max);
     if max <= min {
@@ -319,7 +497,7 @@ fn fit_int4_zero_point(values: &[f32]) -> (f16, u8) {
     }
     let error = |d: f16, z: u8| {
         let d = d.to_f32();
-        int4_error(values, d, -(d * f32::from(z)))
+        int4_error(values, w, d, -(d * f32::from(z)))
     };
     let d = f16::from_f32((max - min) / 15.0);
     let mut best = (d, zero_point(min, d.to_f32()));
@@ -332,18 +510,18 @@ fn fit_int4_zero_point(values: &[f32]) -> (f16, u8) {
             (best, best_err) = (constant, err);
         }
     }
-    for step in -SEARCH_STEPS..=SEARCH_STEPS {
-        let d0 = (max - min) / (15.0 + step as f32 * SEARCH_DELTA);
+    for step in -search_steps..=search_steps {
+        let d0 = (max - min) / (15.0 + step as f32 * search_delta);
         let z = zero_point(min, d0);
         let (inv, m0) = (inverse(d0), -(d0 * f32::from(z)));
-        let (mut sqq, mut sqw) = (0.0f32, 0.0f32);
-        for &w in values {
-            let q = code(w, inv, m0) as f32 - f32::from(z);
-            sqq += q * q;
-            sqw += q * w;
+        let (mut sqq, mut sqx) = (0.0f32, 0.0f32);
+        for (i, &x) in values.iter().enumerate() {
+            let (q, wt) = (code(x, inv, m0) as f32 - f32::from(z), weight(w, i));
+            sqq += wt * q * q;
+            sqx += wt * q * x;
         }
-        if sqq > 0.0 && sqw > 0.0 {
-            let candidate = f16::from_f32(sqw / sqq);
+        if sqq > 0.0 && sqx > 0.0 {
+            let candidate = f16::from_f32(sqx / sqq);
             let err = error(candidate, z);
             if err < best_err {
                 best = (candidate, z);
