@@ -1,15 +1,18 @@
 //! Importance matrices (`flm_models::imatrix`) against llama.cpp's `llama-imatrix`: the
 //! files it wrote for stories260K over a text (`tests/data/llama.cpp/imatrix`, see SOURCES
 //! there) are read in both forms, written back byte for byte, and flm's own statistics of
-//! the same model, text and chunks agree with them.
+//! the same model, text and chunks agree with them; `flm convert --imatrix` rounds with
+//! them.
 
-use flm_core::KvDtype;
+use flm_core::{DataType, KvDtype};
 use flm_devices::CpuDevice;
-use flm_models::eval::{self, Method};
+use flm_models::convert::{convert_with_imatrix, Recipe};
+use flm_models::eval::{self, LogProbReader, Method};
 use flm_models::imatrix::{self, ImatrixFormat, ImportanceMatrix};
-use flm_models::session;
-use flm_models::Error;
-use flm_tests::data;
+use flm_models::llama::LlamaWeights;
+use flm_models::tensor_names::TensorName;
+use flm_models::{import, session, Error, SharedGraph, SharedModel};
+use flm_tests::{cpu_executor, data};
 
 /// llama.cpp's matrix of stories260K in `form` ("gguf" or "dat").
 fn llama_cpp(form: &str) -> ImportanceMatrix {
@@ -148,4 +151,102 @@ fn malformed_files_are_refused() {
         Err(Error::Config(_))
     ));
     assert_eq!(m.importance("blk.9.attn_q.weight", 0, 64).unwrap(), None);
+}
+
+/// stories260K converted to `dtype` (every matrix), with `imatrix` or without, as a model.
+fn converted(
+    dir: &std::path::Path,
+    dtype: DataType,
+    imatrix: Option<&ImportanceMatrix>,
+) -> (SharedModel, Vec<bool>) {
+    let mut ckpt = import::load(&data("gguf/stories260K-f32.gguf")).unwrap();
+    let tokenizer = ckpt
+        .take_tokenizer(&data("gguf/stories260K-f32.gguf"))
+        .unwrap();
+    let out = dir.join(format!("{dtype}-{}.flm", imatrix.is_some()));
+    let mut weighted = Vec::new();
+    convert_with_imatrix(
+        &ckpt,
+        &tokenizer,
+        &out,
+        (dtype, Recipe::Pure),
+        imatrix,
+        |p| weighted.push(p.weighted),
+    )
+    .unwrap();
+    let (model, _) = session::load_model(&out, None, None).unwrap();
+    (model, weighted)
+}
+
+/// `flm convert --imatrix` with llama.cpp's matrix: each of the 35 matrices it has an
+/// entry for is rounded with its importance, and no other tensor; each has a lower
+/// importance-weighted squared error against the f32 weights than without the matrix (or
+/// the same); and the int4 model's KL divergence from the f32 model (llama-perplexity's
+/// saved log-probabilities) is lower.
+#[test]
+fn convert_rounds_with_the_importance_matrix() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = llama_cpp("gguf");
+    let f32_model = import::load(&data("gguf/stories260K-f32.gguf")).unwrap();
+    let f32_weights = LlamaWeights::load(&f32_model).unwrap();
+    let exact: Vec<(TensorName, Vec<f32>)> = f32_weights
+        .named_tensors(&f32_model.config)
+        .unwrap()
+        .into_iter()
+        .map(|(n, d)| (n, d.to_f32_vec().unwrap()))
+        .collect();
+    let mut kld = Vec::new();
+    for with in [false, true] {
+        let (model, weighted) = converted(dir.path(), DataType::I4G32, with.then_some(&m));
+        assert_eq!(
+            weighted.iter().filter(|&&w| w).count(),
+            if with { 35 } else { 0 }
+        );
+        let llama = model.llama().unwrap();
+        let errors: Vec<f64> = llama
+            .weights()
+            .named_tensors(llama.config())
+            .unwrap()
+            .into_iter()
+            .zip(&exact)
+            .filter_map(|((name, d), (_, want))| {
+                let imp = m.importance(&name.gguf()?, 0, d.cols()).unwrap()?;
+                let got = d.to_f32_vec().unwrap();
+                let err = got
+                    .iter()
+                    .zip(want)
+                    .enumerate()
+                    .map(|(i, (g, w))| f64::from(imp[i % imp.len()] * (g - w) * (g - w)))
+                    .sum();
+                Some(err)
+            })
+            .collect();
+        kld.push((errors, {
+            let mut base =
+                LogProbReader::open(&data("llama.cpp/perplexity/stories260K-f32-c128.kld"))
+                    .unwrap();
+            let mut instance = model.instance().unwrap();
+            // 1: stories260K's BOS, which starts each of llama-perplexity's chunks.
+            eval::kl_divergence(
+                &mut instance,
+                &cpu_executor(),
+                &mut base,
+                Some(1),
+                |_, _| {},
+            )
+            .unwrap()
+            .kld
+            .value
+        }));
+    }
+    let ((plain_err, plain_kld), (weighted_err, weighted_kld)) = (&kld[0], &kld[1]);
+    assert_eq!(plain_err.len(), 35);
+    for (p, w) in plain_err.iter().zip(weighted_err) {
+        assert!(w <= &(p * (1.0 + 1e-9)), "weighted error {w} above {p}");
+    }
+    eprintln!("int4-g32: mean KLD {plain_kld} without the matrix, {weighted_kld} with it");
+    assert!(
+        weighted_kld < &(plain_kld * 0.95),
+        "{weighted_kld} against {plain_kld}"
+    );
 }

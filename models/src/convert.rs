@@ -16,6 +16,13 @@
 //! [`flm_core::flm_file::FlmWriter`]). A weight with an input permutation (act-order GPTQ,
 //! [`flm_core::Data::input_perm`]) keeps its column order in any dtype, and the
 //! permutation is written after it as `<name>.perm` (i32).
+//!
+//! With an importance matrix ([`convert_with_imatrix`], llama.cpp's `llama-quantize
+//! --imatrix`), every quantised matrix that has an entry (by its GGUF name; an expert of a
+//! stacked expert tensor by its index) is rounded to minimise the importance-weighted
+//! squared error ([`flm_core::Data::to_dtype_weighted`]); the others, and every tensor
+//! without the matrix, as before. A weight with an input permutation is not weighted: its
+//! columns are not in the order the matrix was gathered in.
 
 use std::path::Path;
 
@@ -23,6 +30,7 @@ use flm_core::flm_file::FlmWriter;
 use flm_core::DataType;
 use flm_tokenizer::Tokenizer;
 
+use crate::imatrix::ImportanceMatrix;
 use crate::import::{Checkpoint, PERM_SUFFIX};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Error, Result};
@@ -40,6 +48,8 @@ pub struct Progress<'a> {
     pub bytes_done: u64,
     /// Output bytes in all.
     pub bytes_total: u64,
+    /// Whether the tensor was rounded with its importance ([`convert_with_imatrix`]).
+    pub weighted: bool,
 }
 
 /// Which matrices of an int4 conversion stay int8.
@@ -94,6 +104,22 @@ pub fn convert(
     output: &Path,
     dtype: DataType,
     recipe: Recipe,
+    progress: impl FnMut(&Progress<'_>),
+) -> Result<()> {
+    convert_with_imatrix(ckpt, tokenizer, output, (dtype, recipe), None, progress)
+}
+
+/// [`convert`], with the quantised matrices that `imatrix` has an entry for rounded with
+/// their importance (see the module docs).
+///
+/// Errors: those of [`convert`], and [`Error::Config`] for an entry whose columns are not
+/// its weight's.
+pub fn convert_with_imatrix(
+    ckpt: &Checkpoint,
+    tokenizer: &Tokenizer,
+    output: &Path,
+    (dtype, recipe): (DataType, Recipe),
+    imatrix: Option<&ImportanceMatrix>,
     mut progress: impl FnMut(&Progress<'_>),
 ) -> Result<()> {
     let canonical = canonical_tensors(&ckpt.config);
@@ -133,11 +159,19 @@ pub fn convert(
         .sum();
     let mut bytes_done = 0;
     let mut planned = plan.iter().enumerate();
-    for source in sources {
+    for (source, &(canonical_name, _)) in sources.into_iter().zip(&canonical) {
         let data = source.load()?;
         let mismatch = || Error::Config("the tensors loaded disagree with the plan".into());
         let (i, (name, dt, shape)) = planned.next().ok_or_else(mismatch)?;
-        if data.dtype() == *dt {
+        let importance = match imatrix {
+            Some(m) if dt.is_quantized() && data.input_perm().is_none() => {
+                importance_of(m, canonical_name, data.cols())?
+            }
+            _ => None,
+        };
+        if let Some(importance) = &importance {
+            writer.write_tensor(&data.to_dtype_weighted(*dt, importance)?)?;
+        } else if data.dtype() == *dt {
             writer.write_tensor(&data)?;
         } else {
             writer.write_tensor(&data.to_dtype(*dt)?)?;
@@ -158,8 +192,28 @@ pub fn convert(
             tensors_total: plan.len(),
             bytes_done,
             bytes_total,
+            weighted: importance.is_some(),
         });
     }
     writer.finish()?;
     Ok(())
+}
+
+/// The importance of the input columns of the weight `name` in `m`: its entry by GGUF name,
+/// or an expert's matrix of its stacked expert tensor's entry.
+///
+/// Errors: [`Error::Config`] for an entry of another column count.
+fn importance_of(m: &ImportanceMatrix, name: TensorName, cols: usize) -> Result<Option<Vec<f32>>> {
+    if let Some(v) = name
+        .gguf()
+        .map(|g| m.importance(&g, 0, cols))
+        .transpose()?
+        .flatten()
+    {
+        return Ok(Some(v));
+    }
+    match name.gguf_stacked() {
+        Some((stacked, expert)) => m.importance(&stacked, expert, cols),
+        None => Ok(None),
+    }
 }

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use flm_core::{DataType, Int4Form};
-use flm_models::convert::{convert, Recipe};
+use flm_models::convert::{convert_with_imatrix, Recipe};
+use flm_models::imatrix::ImportanceMatrix;
 use flm_models::import;
 
 use crate::load;
@@ -28,6 +29,15 @@ pub enum DtypeArg {
     /// int4 with an f16 scale and an integer zero point per group (GPTQ's and AWQ's
     /// asymmetric scheme).
     Int4Zp,
+    /// ggml's Q4_K: super-blocks of 256 values, 4.5 bits per weight.
+    #[value(name = "q4_k")]
+    Q4K,
+    /// ggml's Q5_K: super-blocks of 256 values, 5.5 bits per weight.
+    #[value(name = "q5_k")]
+    Q5K,
+    /// ggml's Q6_K: super-blocks of 256 values, 6.56 bits per weight.
+    #[value(name = "q6_k")]
+    Q6K,
 }
 
 impl DtypeArg {
@@ -42,6 +52,9 @@ impl DtypeArg {
             DtypeArg::F16 => return Ok(DataType::F16),
             DtypeArg::Bf16 => return Ok(DataType::BF16),
             DtypeArg::Int8 => return Ok(DataType::I8),
+            DtypeArg::Q4K => return Ok(DataType::Q4K),
+            DtypeArg::Q5K => return Ok(DataType::Q5K),
+            DtypeArg::Q6K => return Ok(DataType::Q6K),
             DtypeArg::Int4 => Int4Form::Min,
             DtypeArg::Int4Sym => Int4Form::Symmetric,
             DtypeArg::Int4Zp => Int4Form::ZeroPoint,
@@ -79,6 +92,11 @@ pub struct ConvertArgs {
     /// Tokenizer file to embed (default: the one inside or beside the input).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// An importance matrix (`flm imatrix`, or llama-imatrix's GGUF or .dat file): each
+    /// quantised matrix it has an entry for is rounded to minimise the error weighted by
+    /// its input columns' importance, as llama-quantize --imatrix does.
+    #[arg(long, value_name = "FILE", requires = "dtype")]
+    imatrix: Option<PathBuf>,
 }
 
 /// The requested dtype; `None` when none is (each matrix keeps its own).
@@ -122,22 +140,45 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         (Some(_), false) => Recipe::Mixed,
     };
     let target = dtype.unwrap_or(DataType::F32);
-    convert(&ckpt, &tokenizer, &args.output, target, recipe, |p| {
-        bar.set_length(p.tensors_total as u64);
-        bar.set_position(p.tensors_done as u64);
-        bar.set_message(format!(
-            "{} / {} ({})",
-            indicatif::HumanBytes(p.bytes_done),
-            indicatif::HumanBytes(p.bytes_total),
-            p.name
-        ));
-    })
+    let imatrix = args
+        .imatrix
+        .as_deref()
+        .map(|path| {
+            ImportanceMatrix::read(path)
+                .with_context(|| format!("cannot read the importance matrix {}", path.display()))
+        })
+        .transpose()?;
+    let mut weighted = 0;
+    convert_with_imatrix(
+        &ckpt,
+        &tokenizer,
+        &args.output,
+        (target, recipe),
+        imatrix.as_ref(),
+        |p| {
+            weighted += usize::from(p.weighted);
+            bar.set_length(p.tensors_total as u64);
+            bar.set_position(p.tensors_done as u64);
+            bar.set_message(format!(
+                "{} / {} ({})",
+                indicatif::HumanBytes(p.bytes_done),
+                indicatif::HumanBytes(p.bytes_total),
+                p.name
+            ));
+        },
+    )
     .with_context(|| format!("cannot convert {}", args.input.display()))?;
     bar.finish();
     let size = std::fs::metadata(&args.output)
         .map(|m| m.len())
         .unwrap_or(0);
     let types = dtype.map_or("each matrix's own type".into(), |d| d.to_string());
+    if let Some(m) = &imatrix {
+        eprintln!(
+            "{weighted} matrices rounded with their importance ({} entries in the matrix)",
+            m.entries.len()
+        );
+    }
     eprintln!(
         "wrote {} ({types}, {})",
         args.output.display(),

@@ -916,3 +916,61 @@ fn imatrix_writes_both_of_llama_cpps_forms() {
     assert!(err.contains("needs at least"), "{err}");
     assert!(!dir.path().join("x.gguf").exists());
 }
+
+/// `flm convert --imatrix` rounds the matrices the importance matrix names (llama.cpp's,
+/// in either form) and says how many; it needs a quantised `--dtype`, and a missing matrix
+/// file is an error that writes nothing.
+#[test]
+fn convert_takes_an_importance_matrix() {
+    let gguf = data("gguf/stories260K-f32.gguf").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.flm").display().to_string();
+    for (form, dtype) in [("gguf", "q4_k"), ("dat", "int4-sym")] {
+        let matrix = data(&format!("llama.cpp/imatrix/stories260K.imatrix.{form}"))
+            .display()
+            .to_string();
+        let args = [
+            "convert",
+            "--input",
+            &gguf,
+            "--output",
+            &out,
+            "--dtype",
+            dtype,
+            "--imatrix",
+            &matrix,
+        ];
+        let run = flm(&args);
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            err.contains("matrices rounded with their importance (35 entries"),
+            "{err}"
+        );
+    }
+    let missing = dir.path().join("none.gguf").display().to_string();
+    let other = dir.path().join("other.flm");
+    let other_s = other.display().to_string();
+    let usage = [
+        "convert",
+        "--input",
+        &gguf,
+        "--output",
+        &other_s,
+        "--imatrix",
+        &missing,
+    ];
+    // clap's status for a usage error.
+    assert_eq!(flm(&usage).status.code(), Some(2));
+    let mut unreadable = usage.to_vec();
+    unreadable.extend(["--dtype", "int4"]);
+    let run = flm(&unreadable);
+    assert_eq!(run.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("cannot read the importance matrix"), "{err}");
+    assert!(!other.exists());
+}
