@@ -7,8 +7,8 @@
 
 use crate::kv_cache::check_kv_dtype;
 use crate::{
-    AttentionOperands, AttentionParams, Data, DataType, Error, GroupScore, Location, MoeRouting,
-    Op, PagedSeq, Result, RopeTable, TokenIds,
+    AttentionOperands, AttentionParams, Data, DataType, Error, ExpertActivation, GroupScore,
+    Location, MoeRouting, Op, PagedSeq, Result, RopeTable, TokenIds,
 };
 
 /// An [`Op`] whose operands passed [`Op::validate`].
@@ -398,7 +398,7 @@ fn moe_ffn(
     input: &Data,
     router: &Data,
     experts: &[crate::Expert],
-    routing: &MoeRouting<'_>,
+    (routing, activation): (&MoeRouting<'_>, ExpertActivation),
     output: &Data,
 ) -> Result<()> {
     const OP: &str = "MoeFfn";
@@ -439,6 +439,28 @@ fn moe_ffn(
                     e.down.shape()
                 ),
             ));
+        }
+        if let Some(biases) = &e.biases {
+            let [g, u, d] = biases;
+            all_f32(OP, &[("gate bias", g), ("up bias", u), ("down bias", d)])?;
+            if g.shape() != [inner] || u.shape() != [inner] || d.shape() != [dim] {
+                return Err(shape(
+                    OP,
+                    format!(
+                        "expert {i}: biases {:?}, {:?}, {:?} for inner width {inner} and dim {dim}",
+                        g.shape(),
+                        u.shape(),
+                        d.shape()
+                    ),
+                ));
+            }
+        }
+    }
+    if let ExpertActivation::ClampedSwiGlu { alpha, limit } = activation {
+        if !(alpha.is_finite() && limit.is_finite() && limit > 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: clamped SwiGLU with alpha {alpha} and limit {limit} (finite; the limit positive)"
+            )));
         }
     }
     Ok(())
@@ -483,12 +505,16 @@ fn moe_routing(routing: &MoeRouting<'_>, n_experts: usize) -> Result<()> {
             ),
         ));
     }
-    if let Some(bias) = routing.choice_bias {
-        all_f32(OP, &[("choice_bias", bias)])?;
+    for (name, bias) in [
+        ("choice_bias", routing.choice_bias),
+        ("logit_bias", routing.logit_bias),
+    ] {
+        let Some(bias) = bias else { continue };
+        all_f32(OP, &[(name, bias)])?;
         if bias.shape() != [n_experts] {
             return Err(shape(
                 OP,
-                format!("choice_bias {:?} for {n_experts} experts", bias.shape()),
+                format!("{name} {:?} for {n_experts} experts", bias.shape()),
             ));
         }
     }
@@ -949,6 +975,7 @@ impl<'a> Op<'a> {
                 experts,
                 routing,
                 output,
+                ..
             } => {
                 f("input", input);
                 f("router", router);
@@ -958,12 +985,18 @@ impl<'a> Op<'a> {
                 if let Some(b) = routing.choice_bias {
                     f("choice_bias", b);
                 }
+                if let Some(b) = routing.logit_bias {
+                    f("logit_bias", b);
+                }
                 for e in experts.iter() {
                     for (name, w) in [("gate", &e.gate), ("up", &e.up), ("down", &e.down)] {
                         f(name, w);
                         if let Some(p) = w.input_perm() {
                             f("input permutation", p);
                         }
+                    }
+                    for b in e.biases.iter().flatten() {
+                        f("expert bias", b);
                     }
                 }
                 f("output", output);
@@ -1045,8 +1078,9 @@ impl<'a> Op<'a> {
                 router,
                 experts,
                 routing,
+                activation,
                 output,
-            } => moe_ffn(input, router, experts, routing, output),
+            } => moe_ffn(input, router, experts, (routing, *activation), output),
             Op::SoftCap { x, cap } => soft_cap(x, *cap),
             Op::Sample {
                 logits,
@@ -1409,21 +1443,29 @@ mod tests {
                 gate: zeros(&[2, 4]),
                 up: zeros(&[2, 4]),
                 down: zeros(&[4, 2]),
+                biases: None,
             };
             8
         ];
-        let (input, router) = (zeros(&[1, 4]), zeros(&[8, 4]));
-        let check = |routing: MoeRouting<'_>| {
+        fn check_with(
+            experts: &[Expert],
+            routing: MoeRouting<'_>,
+            activation: ExpertActivation,
+        ) -> Result<()> {
+            let (input, router) = (zeros(&[1, 4]), zeros(&[8, 4]));
             Op::MoeFfn {
                 input: &input,
                 router: &router,
-                experts: &experts,
+                experts,
                 routing,
+                activation,
                 output: &mut zeros(&[1, 4]),
             }
             .validate()
             .map(|_| ())
-        };
+        }
+        let check =
+            |routing: MoeRouting<'_>| check_with(&experts, routing, ExpertActivation::SwiGlu);
         let grouped = |n_groups, top_groups, score, top_k| MoeRouting {
             groups: Some(ExpertGroups {
                 n_groups,
@@ -1497,5 +1539,53 @@ mod tests {
             matches!(&err, Error::Placement(m) if m.contains("choice_bias")),
             "{err}"
         );
+        // gpt-oss: a logit bias, expert biases and the clamped SwiGLU.
+        let clamped = ExpertActivation::ClampedSwiGlu {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let with_biases = |shapes: [&[usize]; 3]| -> Vec<Expert> {
+            let mut e = experts.clone();
+            for x in &mut e {
+                x.biases = Some(shapes.map(zeros));
+            }
+            e
+        };
+        let gpt_oss = MoeRouting {
+            logit_bias: Some(&bias),
+            ..MoeRouting::softmax(2, true)
+        };
+        let good = with_biases([&[2], &[2], &[4]]);
+        assert!(check_with(&good, gpt_oss, clamped).is_ok());
+        let seven = zeros(&[7]);
+        shape_err(
+            "a logit bias per expert",
+            check(MoeRouting {
+                logit_bias: Some(&seven),
+                ..gpt_oss
+            }),
+        );
+        assert!(matches!(
+            check(MoeRouting {
+                logit_bias: Some(&half),
+                ..gpt_oss
+            }),
+            Err(Error::DType { .. })
+        ));
+        shape_err(
+            "expert biases of the expert's widths",
+            check_with(&with_biases([&[2], &[2], &[2]]), gpt_oss, clamped),
+        );
+        for (alpha, limit) in [(f32::NAN, 7.0), (1.702, 0.0), (1.702, f32::INFINITY)] {
+            let r = check_with(
+                &good,
+                gpt_oss,
+                ExpertActivation::ClampedSwiGlu { alpha, limit },
+            );
+            assert!(
+                matches!(r, Err(Error::InvalidArgument(_))),
+                "{alpha} {limit}: {r:?}"
+            );
+        }
     }
 }

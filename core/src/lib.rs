@@ -54,8 +54,8 @@ pub use executor::Executor;
 pub use kv_cache::{KvCache, KvDtype};
 pub use memory::{DeviceBuffer, Location, Route, TransferRecord, Transfers};
 pub use op::{
-    AttentionOperands, AttentionParams, DecoupledRope, Expert, ExpertGroups, GroupScore,
-    LinearPart, MoeRouting, Op, OpKind, PagedSeq, RouterScoring, SampleState, TokenIds,
+    AttentionOperands, AttentionParams, DecoupledRope, Expert, ExpertActivation, ExpertGroups,
+    GroupScore, LinearPart, MoeRouting, Op, OpKind, PagedSeq, RouterScoring, SampleState, TokenIds,
 };
 pub use paged_kv::{BlockAllocator, PagedKvCache};
 pub use panels::Layout;

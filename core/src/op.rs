@@ -336,20 +336,25 @@ pub enum Op<'a> {
     /// with the parameters of `routing` ([`MoeRouting`]):
     ///
     /// ```text
-    /// s   = softmax(router · x) over all experts,  or σ(router · x) per expert  (scoring)
+    /// l   = router · x (+ logit_bias)
+    /// s   = softmax(l) over all experts,  or σ(l) per expert  (scoring)
     /// c   = s + choice_bias                        (c = s without a bias)
     /// G   = the top_groups groups of largest group score of c   (every expert without groups)
     /// E   = the top_k experts of G of largest c    (the lower index first on ties)
     /// w_e = scale · s_e / Σ_{e' ∈ E} s_e'          if renormalize,  else scale · s_e
-    /// out = Σ_{e ∈ E, ascending e} w_e · down_e · (silu(gate_e · x) ⊙ (up_e · x))
+    /// out = Σ_{e ∈ E, ascending e} w_e · (down_e · act(gate_e · x + b_gate, up_e · x + b_up) + b_down)
     /// ```
+    ///
+    /// with the expert biases where the experts have them (gpt-oss) and `act` the
+    /// [`ExpertActivation`].
     ///
     /// Groups are `n_groups` runs of consecutive experts, scored by their largest `c`
     /// ([`GroupScore::Max`]) or by the sum of their two largest ([`GroupScore::SumOfTop2`]),
     /// the lower group first on ties. With sigmoid scores the renormalising sum is
     /// `Σ s_e' + 1e-20`, as DeepSeek-V3 and GLM-4.5 write it.
     ///
-    /// Mixtral always renormalises (the same as a softmax over the top-k logits); Qwen3-MoE
+    /// Mixtral and gpt-oss always renormalise (the same as a softmax over the top-k logits,
+    /// transformers' `GptOssTopKRouter`); Qwen3-MoE
     /// does iff `norm_topk_prob` ([`MoeRouting::softmax`]). A device computes each expert
     /// over the rows routed to it at once (one matrix product per projection), so that a
     /// decode step reads only the weights of its `top_k` experts. Each row's result does not
@@ -364,6 +369,8 @@ pub enum Op<'a> {
         experts: &'a [Expert],
         /// How the router's logits choose and weigh each row's experts.
         routing: MoeRouting<'a>,
+        /// How each expert gates its up projection.
+        activation: ExpertActivation,
         /// f32 `[n, dim]`: overwritten with the weighted sum of the experts' outputs.
         output: &'a mut Data,
     },
@@ -472,6 +479,9 @@ pub struct MoeRouting<'a> {
     /// choose the groups and experts (DeepSeek-V3's and GLM-4.5's
     /// `e_score_correction_bias`); the weights stay the unbiased scores.
     pub choice_bias: Option<&'a Data>,
+    /// f32 `[n_experts]` in the memory of the other operands, added to the router's logits
+    /// (gpt-oss's `router.bias`): it chooses and weighs.
+    pub logit_bias: Option<&'a Data>,
     /// Whether the chosen scores are divided by their sum (`norm_topk_prob`).
     pub renormalize: bool,
     /// Multiplies the final weights (`routed_scaling_factor`; 1 for none); finite.
@@ -487,6 +497,7 @@ impl MoeRouting<'_> {
             scoring: RouterScoring::Softmax,
             groups: None,
             choice_bias: None,
+            logit_bias: None,
             renormalize,
             scale: 1.0,
         }
@@ -527,9 +538,9 @@ pub enum GroupScore {
     SumOfTop2,
 }
 
-/// One expert of [`Op::MoeFfn`]: a SwiGLU feed-forward
-/// `down · (silu(gate · x) ⊙ (up · x))`, each matrix `[out, in]` of any weight dtype of
-/// [`Op::Linear`].
+/// One expert of [`Op::MoeFfn`]: a gated feed-forward
+/// `down · act(gate · x + b_gate, up · x + b_up) + b_down`, each matrix `[out, in]` of any
+/// weight dtype of [`Op::Linear`].
 #[derive(Debug, Clone)]
 pub struct Expert {
     /// Gate projection `[expert_dim, dim]` (Mixtral's `w1`).
@@ -538,6 +549,27 @@ pub struct Expert {
     pub up: Data,
     /// Down projection `[dim, expert_dim]` (Mixtral's `w2`).
     pub down: Data,
+    /// f32 biases of the gate, up and down projections `[expert_dim]`, `[expert_dim]`,
+    /// `[dim]` (gpt-oss's `gate_up_proj_bias` and `down_proj_bias`); `None`: none.
+    pub biases: Option<[Data; 3]>,
+}
+
+/// How an expert of [`Op::MoeFfn`] gates its up projection `u` with its gate projection
+/// `g`, per value.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertActivation {
+    /// SwiGLU (Shazeer 2020): `silu(g) · u`, `silu(g) = g · σ(g)`.
+    #[default]
+    SwiGlu,
+    /// gpt-oss's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`):
+    /// `g' = min(g, limit)`, `u' = clamp(u, −limit, limit)`, `g' · σ(alpha · g') · (u' + 1)`.
+    ClampedSwiGlu {
+        /// The sigmoid's slope (`swiglu_alpha`, 1.702); finite.
+        alpha: f32,
+        /// The clamp (`swiglu_limit`, 7); positive and finite.
+        limit: f32,
+    },
 }
 
 /// One layer of [`Op::Linears`]: the operands of an [`Op::Linear`] but its input.

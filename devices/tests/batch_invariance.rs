@@ -136,6 +136,7 @@ fn moe_ffn_is_batch_invariant(dtype: DataType) {
                 router: &router,
                 experts: &experts,
                 routing: MoeRouting::softmax(2, true),
+                activation: flm_core::ExpertActivation::SwiGlu,
                 output,
             })
         })

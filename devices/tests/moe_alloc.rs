@@ -60,6 +60,7 @@ fn allocations(
         router,
         experts,
         routing,
+        activation: flm_core::ExpertActivation::SwiGlu,
         output,
     }
     .validate()

@@ -1,12 +1,12 @@
 //! `Op::MoeFfn` on the CPU device against its formula (transformers'
-//! `MixtralSparseMoeBlock` / `Qwen3MoeSparseMoeBlock`), computed here in f64 one row at a
-//! time, and its contract's errors.
+//! `MixtralSparseMoeBlock` / `Qwen3MoeSparseMoeBlock`, and `GptOssMLP`'s biased router and
+//! clamped experts), computed here in f64 one row at a time, and its contract's errors.
 
 #[macro_use]
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Error, Expert, MoeRouting, Op};
+use flm_core::{Data, DataType, Error, Expert, ExpertActivation, MoeRouting, Op};
 
 /// The reference: per row, softmax of the router logits, the `top_k` largest, optionally
 /// renormalised, then the weighted sum of those experts' SwiGLUs, all in f64.
@@ -71,7 +71,12 @@ fn experts(
         let (gate, g) = random_weight(&mut rng, &[inner, dim], dtype);
         let (up, u) = random_weight(&mut rng, &[inner, dim], dtype);
         let (down, d) = random_weight(&mut rng, &[dim, inner], dtype);
-        list.push(Expert { gate, up, down });
+        list.push(Expert {
+            gate,
+            up,
+            down,
+            biases: None,
+        });
         values.push([g, u, d]);
     }
     let reference = Reference {
@@ -99,6 +104,7 @@ fn moe_ffn_matches_formula(dtype: DataType) {
                 router: &router,
                 experts: &list,
                 routing: MoeRouting::softmax(top_k, renormalize),
+                activation: ExpertActivation::SwiGlu,
                 output: &mut out,
             })
             .unwrap();
@@ -123,6 +129,96 @@ fn moe_ffn_matches_formula(dtype: DataType) {
 dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4sg32: I4SymG32]
     moe_ffn_matches_formula);
 
+/// gpt-oss's experts (transformers' `GptOssMLP`): the router's biased logits, a softmax over
+/// the `top_k` largest, and per expert `down · ((u' + 1) · g' · σ(α g')) + b_down` with
+/// `g = gate · x + b_gate` clamped above at the limit, `u = up · x + b_up` clamped to
+/// `±limit`, in f64 here; f32 weights, a limit that cuts some of the values.
+#[test]
+fn gpt_oss_experts_match_formula() {
+    let (n_experts, dim, inner, top_k) = (6, 24, 10, 2);
+    let (alpha, limit) = (1.702f64, 0.8f64);
+    let (router, mut list, reference) = experts(0x40, n_experts, dim, inner, DataType::F32);
+    let mut rng = rng(0x41);
+    let (logit_bias, lb) = random_f32(&mut rng, &[n_experts], 1.0);
+    let mut biases = Vec::new();
+    for e in &mut list {
+        let (g, gv) = random_f32(&mut rng, &[inner], 1.0);
+        let (u, uv) = random_f32(&mut rng, &[inner], 1.0);
+        let (d, dv) = random_f32(&mut rng, &[dim], 1.0);
+        e.biases = Some([g, u, d]);
+        biases.push([gv, uv, dv]);
+    }
+    let dot = |w: &[f32], v: &[f64]| -> f64 { w.iter().zip(v).map(|(&a, &b)| a as f64 * b).sum() };
+    let (mut clamped, mut values) = (0, 0);
+    let mut row = |x: &[f32]| -> Vec<f64> {
+        let x: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let logits: Vec<f64> = reference
+            .router
+            .chunks(dim)
+            .zip(&lb)
+            .map(|(r, &b)| dot(r, &x) + b as f64)
+            .collect();
+        let mut order: Vec<usize> = (0..n_experts).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let chosen = &order[..top_k];
+        let max = logits[chosen[0]];
+        let total: f64 = chosen.iter().map(|&e| (logits[e] - max).exp()).sum();
+        let mut out = vec![0.0; dim];
+        for &e in chosen {
+            let w = (logits[e] - max).exp() / total;
+            let [gate, up, down] = &reference.experts[e];
+            let [bg, bu, bd] = &biases[e];
+            let h: Vec<f64> = (0..inner)
+                .map(|j| {
+                    let g = dot(&gate[j * dim..(j + 1) * dim], &x) + bg[j] as f64;
+                    let u = dot(&up[j * dim..(j + 1) * dim], &x) + bu[j] as f64;
+                    values += 2;
+                    clamped += usize::from(g > limit) + usize::from(u.abs() > limit);
+                    let g = g.min(limit);
+                    let u = u.clamp(-limit, limit);
+                    (u + 1.0) * g / (1.0 + (-alpha * g).exp())
+                })
+                .collect();
+            for (i, o) in out.iter_mut().enumerate() {
+                *o += w * (dot(&down[i * inner..(i + 1) * inner], &h) + bd[i] as f64);
+            }
+        }
+        out
+    };
+    for n in [1, 3, 37] {
+        let (input, x) = random_f32(&mut rng, &[n, dim], 1.0);
+        let mut out = nan_output(&[n, dim]);
+        run(Op::MoeFfn {
+            input: &input,
+            router: &router,
+            experts: &list,
+            routing: MoeRouting {
+                logit_bias: Some(&logit_bias),
+                ..MoeRouting::softmax(top_k, true)
+            },
+            activation: ExpertActivation::ClampedSwiGlu {
+                alpha: alpha as f32,
+                limit: limit as f32,
+            },
+            output: &mut out,
+        })
+        .unwrap();
+        let want: Vec<f64> = x.chunks(dim).flat_map(&mut row).collect();
+        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert_close(
+            &format!("gpt-oss n={n}"),
+            out.as_f32().unwrap(),
+            &want,
+            |_| 1e-5 * scale,
+        );
+    }
+    // The clamp decides part of the values, so the test sees it.
+    assert!(
+        clamped * 10 > values,
+        "{clamped} of {values} values clamped"
+    );
+}
+
 #[test]
 fn moe_ffn_contract_errors() {
     let (router, list, _) = experts(1, 3, 8, 4, DataType::F32);
@@ -133,6 +229,7 @@ fn moe_ffn_contract_errors() {
             router,
             experts,
             routing: MoeRouting::softmax(top_k, true),
+            activation: ExpertActivation::SwiGlu,
             output: &mut nan_output(out),
         })
     };

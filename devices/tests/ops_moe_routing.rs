@@ -12,7 +12,7 @@
 mod common;
 
 use common::*;
-use flm_core::{Data, DataType, Executor, Expert, MoeRouting, Op};
+use flm_core::{Data, DataType, Executor, Expert, ExpertActivation, MoeRouting, Op};
 use flm_devices::{CpuDevice, Isa};
 use serde_json::Value;
 
@@ -40,6 +40,7 @@ fn revealing_experts(n_experts: usize, dim: usize) -> Vec<Expert> {
                 gate: constant(32.0),
                 up: constant(1.0 / 32.0),
                 down: f32_data(&[dim, 1], &down),
+                biases: None,
             }
         })
         .collect()
@@ -75,6 +76,7 @@ fn routing_matches_transformers_routers() {
             scoring: serde_json::from_value(r["scoring"].clone()).expect("a scoring"),
             groups: serde_json::from_value(r["groups"].clone()).expect("groups or null"),
             choice_bias: None,
+            logit_bias: None,
             renormalize: r["renormalize"].as_bool().expect("a flag"),
             scale: r["scale"].as_f64().expect("a scale") as f32,
         };
@@ -113,6 +115,7 @@ fn routing_matches_transformers_routers() {
                     router: &router,
                     experts: &experts,
                     routing,
+                    activation: ExpertActivation::SwiGlu,
                     output,
                 })
             });
@@ -163,6 +166,7 @@ fn routing_is_checked_before_the_op_runs() {
         router: &router,
         experts: &experts,
         routing,
+        activation: ExpertActivation::SwiGlu,
         output: &mut output,
     })
     .unwrap_err();

@@ -51,8 +51,8 @@
 use std::sync::Arc;
 
 use flm_core::{
-    AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart,
-    Location, MoeRouting, Op, RopeTable, StepInputs, TokenIds,
+    AttentionParams, Data, DataType, Error as CoreError, Executor, ExpertActivation, KvCache,
+    KvDtype, LinearPart, Location, MoeRouting, Op, RopeTable, StepInputs, TokenIds,
 };
 
 pub use crate::graph::Logits;
@@ -802,9 +802,11 @@ fn feed_forward(
                     scoring: m.scoring,
                     groups: m.groups,
                     choice_bias: router_bias.as_ref(),
+                    logit_bias: None,
                     renormalize: m.renormalize,
                     scale: m.routed_scale,
                 },
+                activation: ExpertActivation::SwiGlu,
                 output,
             })?;
             if let (Some(e), Some(scratch)) = (shared, &mut s.shared) {

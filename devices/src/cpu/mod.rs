@@ -214,14 +214,14 @@ impl BaseDevice for CpuDevice {
                 router,
                 experts,
                 routing,
+                activation,
                 output,
             } => moe::moe_ffn(
                 self.linear_level(),
                 self.isa.vector(),
                 input,
-                router,
-                experts,
-                &routing,
+                (router, experts),
+                (&routing, activation),
                 output,
             ),
             Op::GeluMul { gate, up, output } => {

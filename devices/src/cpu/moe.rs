@@ -18,7 +18,9 @@
 
 use std::cell::Cell;
 
-use flm_core::{Data, Expert, GroupScore, LinearPart, MoeRouting, Result, RouterScoring};
+use flm_core::{
+    Data, Expert, ExpertActivation, GroupScore, LinearPart, MoeRouting, Result, RouterScoring,
+};
 
 use super::qlinear::LinearLevel;
 use super::scratch::{self, tensor};
@@ -76,9 +78,8 @@ pub(crate) fn moe_ffn(
     level: LinearLevel,
     vector: Isa,
     input: &Data,
-    router: &Data,
-    experts: &[Expert],
-    routing: &MoeRouting<'_>,
+    (router, experts): (&Data, &[Expert]),
+    (routing, activation): (&MoeRouting<'_>, ExpertActivation),
     output: &mut Data,
 ) -> Result<()> {
     let bias = routing.choice_bias.map(Data::as_f32).transpose()?;
@@ -86,7 +87,7 @@ pub(crate) fn moe_ffn(
     scratch::with(&SCRATCH, |s| {
         let (n, dim) = (input.rows(), input.cols());
         let logits = tensor(&mut s.logits, &[n, experts.len()])?;
-        linear::linear(level, input, router, None, logits)?;
+        linear::linear(level, input, router, routing.logit_bias, logits)?;
         s.routes.clear();
         for row in logits.as_f32()?.chunks_exact(experts.len()) {
             route(row, routing, bias, &mut s.work, &mut s.routes);
@@ -117,18 +118,29 @@ pub(crate) fn moe_ffn(
             let inner = expert.gate.rows();
             let gate = tensor(&mut s.gate, &[m, inner])?;
             let up = tensor(&mut s.up, &[m, inner])?;
+            let [b_gate, b_up, b_down] = match &expert.biases {
+                Some([g, u, d]) => [Some(g), Some(u), Some(d)],
+                None => [None; 3],
+            };
             linear::linears(
                 level,
                 rows,
                 &mut [
-                    LinearPart::new(&expert.gate, None, gate),
-                    LinearPart::new(&expert.up, None, up),
+                    LinearPart::new(&expert.gate, b_gate, gate),
+                    LinearPart::new(&expert.up, b_up, up),
                 ],
             )?;
             let hidden = tensor(&mut s.hidden, &[m, inner])?;
-            activation::gate_mul::<activation::Silu>(vector, gate, up, hidden)?;
+            match activation {
+                ExpertActivation::SwiGlu => {
+                    activation::gate_mul::<activation::Silu>(vector, gate, up, hidden)?
+                }
+                ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+                    clamped_swiglu((gate, up), (alpha, limit), hidden)?
+                }
+            }
             let y = tensor(&mut s.y, &[m, dim])?;
-            linear::linear(level, hidden, &expert.down, None, y)?;
+            linear::linear(level, hidden, &expert.down, b_down, y)?;
             for (&(i, w), y) in s.chosen.iter().zip(y.as_f32()?.chunks_exact(dim)) {
                 for (o, &v) in out[i * dim..(i + 1) * dim].iter_mut().zip(y) {
                     *o += w * v;
@@ -221,6 +233,26 @@ fn route(
     for r in chosen {
         r.weight *= routing.scale;
     }
+}
+
+/// gpt-oss's clamped SwiGLU ([`ExpertActivation::ClampedSwiGlu`]), element by element in
+/// scalar f32, so that every level computes the same bits.
+fn clamped_swiglu(
+    (gate, up): (&Data, &Data),
+    (alpha, limit): (f32, f32),
+    hidden: &mut Data,
+) -> Result<()> {
+    for ((h, &g), &u) in hidden
+        .as_f32_mut()?
+        .iter_mut()
+        .zip(gate.as_f32()?)
+        .zip(up.as_f32()?)
+    {
+        let g = g.min(limit);
+        let u = u.clamp(-limit, limit);
+        *h = (u + 1.0) * (g * sigmoid(alpha * g));
+    }
+    Ok(())
 }
 
 /// `σ(l) = 1 / (1 + e^-l)`, as `1 / (1 + e)` for `l >= 0` and `e / (1 + e)` below, with

@@ -116,6 +116,7 @@ pub fn random_experts(
                 gate: weight(&[inner, dim]),
                 up: weight(&[inner, dim]),
                 down: weight(&[dim, inner]),
+                biases: None,
             }
         })
         .collect()

@@ -352,6 +352,12 @@ impl LlamaLayer {
                             gate: f(e.gate, true)?,
                             up: f(e.up, true)?,
                             down: f(e.down, true)?,
+                            biases: e
+                                .biases
+                                .map(|[g, u, d]| {
+                                    Ok::<_, Error>([f(g, true)?, f(u, true)?, f(d, true)?])
+                                })
+                                .transpose()?,
                         })
                     };
                     Ffn::Moe {
@@ -666,6 +672,7 @@ fn layer(c: &ModelConfig, l: usize, t: &mut Tensors) -> Result<LlamaLayer> {
                                 gate: part(SharedWGate)?,
                                 up: part(SharedWUp)?,
                                 down: part(SharedWDown)?,
+                                biases: None,
                             },
                             gate: m
                                 .shared_expert_gated
@@ -681,6 +688,7 @@ fn layer(c: &ModelConfig, l: usize, t: &mut Tensors) -> Result<LlamaLayer> {
                             gate: part(WGate)?,
                             up: part(WUp)?,
                             down: part(WDown)?,
+                            biases: None,
                         })
                     })
                     .collect::<Result<_>>()?,
