@@ -62,14 +62,12 @@ impl BaseDevice for CudaDevice {
                         .all(|p| self.supports_linear(p.weight, p.bias, p.output))
             }
             Op::Rope { x, .. } | Op::RopeRows { x, .. } | Op::Rope2d { x, .. } => f32(x),
-            // Attention sinks (gpt-oss) have no kernel here: those layers run on the CPU.
             Op::Attention { operands: o, .. } => {
                 f32(o.q)
                     && kv_cache(o.cache_k)
                     && o.cache_v.dtype() == o.cache_k.dtype()
                     && f32(o.output)
                     && rope_part(o)
-                    && o.sinks.is_none()
             }
             Op::SiluMul { gate, up, output } | Op::GeluMul { gate, up, output } => {
                 f32(gate) && f32(up) && f32(output)
@@ -92,7 +90,6 @@ impl BaseDevice for CudaDevice {
                     && KvType::of(o.cache_k.dtype()).is_some()
                     && f32(o.output)
                     && rope_part(o)
-                    && o.sinks.is_none()
             }
             Op::ScatterRows { src, dst, .. } => {
                 resident && f32(src) && KvType::of(dst.dtype()).is_some()
