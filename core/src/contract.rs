@@ -616,6 +616,7 @@ fn attention_operands(op: &'static str, operands: &AttentionOperands<'_>) -> Res
         cache_k,
         cache_v,
         rope,
+        sinks,
         ref output,
         params,
     } = *operands;
@@ -691,6 +692,23 @@ fn attention_operands(op: &'static str, operands: &AttentionOperands<'_>) -> Res
                     r.cache.shape(),
                     q.shape(),
                     cache_k.shape()
+                ),
+            ));
+        }
+    }
+    if let Some(sinks) = sinks {
+        if sinks.dtype() != DataType::F32 {
+            return Err(Error::DType {
+                op,
+                msg: format!("sinks must be f32, found {}", sinks.dtype()),
+            });
+        }
+        if sinks.numel() != n_heads {
+            return Err(shape(
+                op,
+                format!(
+                    "sinks {:?}: one per query head, {n_heads} values",
+                    sinks.shape()
                 ),
             ));
         }
@@ -925,6 +943,9 @@ impl<'a> Op<'a> {
                 if let Some(r) = &operands.rope {
                     f("rope q", r.q);
                     f("rope cache", r.cache);
+                }
+                if let Some(s) = operands.sinks {
+                    f("sinks", s);
                 }
                 f("output", operands.output);
             }
@@ -1233,6 +1254,7 @@ mod tests {
                         sliding_window,
                         ..AttentionParams::causal(2, 1, 1.0)
                     },
+                    sinks: None,
                     output: &mut zeros(&[1, 8]),
                 },
                 start_pos,
@@ -1261,6 +1283,7 @@ mod tests {
                         bidirectional,
                         ..AttentionParams::causal(2, 1, 1.0)
                     },
+                    sinks: None,
                     output: &mut zeros(&[1, 8]),
                 },
                 block_size: 4,
@@ -1308,6 +1331,7 @@ mod tests {
                         cache: rope_cache,
                     }),
                     params: AttentionParams::causal(2, 1, 1.0),
+                    sinks: None,
                     output: &mut zeros(&[1, out_cols]),
                 },
                 start_pos: 0,
@@ -1364,6 +1388,7 @@ mod tests {
                     cache_v: v,
                     rope: None,
                     params: AttentionParams::causal(2, 1, 1.0),
+                    sinks: None,
                     output: &mut zeros(&[1, 8]),
                 },
                 start_pos: 0,

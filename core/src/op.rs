@@ -69,6 +69,15 @@ pub struct AttentionOperands<'a> {
     pub rope: Option<DecoupledRope<'a>>,
     /// Heads, scale, bias and mask.
     pub params: AttentionParams,
+    /// Attention sinks (gpt-oss): f32 `[n_heads]`, in the memory of `q`, one learned logit
+    /// per query head that joins the softmax's denominator and has no value. For query head
+    /// `h` with scores `s_t` over the positions it sees (after the scale, soft-capping, the
+    /// ALiBi bias and the mask), `p_t = e^(s_t − M) / (e^(sink_h − M) + Σ_t e^(s_t − M))`
+    /// with `M = max(sink_h, max_t s_t)`, and `output = Σ_t p_t·v_t` (transformers'
+    /// `modeling_gpt_oss.py`, `eager_attention_forward`: the sinks are a last column of the
+    /// logits, dropped after the softmax). Each value finite or −∞ (no sink, as `None`).
+    /// `None`: no sinks.
+    pub sinks: Option<&'a Data>,
     /// f32 `[n, n_heads * v_head_dim]`.
     pub output: &'a mut Data,
 }

@@ -92,6 +92,7 @@ fn main() -> Result<(), String> {
                 cache_v: &cache_v,
                 rope: None,
                 params: AttentionParams::causal(heads, kv_heads, 1.0 / (head_dim as f32).sqrt()),
+                sinks: None,
                 output: &mut out,
             },
             start_pos: 0,

@@ -286,17 +286,20 @@ fn rope_is_batch_invariant() {
 }
 
 /// Attention over a filled KV cache, pool row `r` being the query at position `r`: GQA and
-/// multi-head, head sizes below and above one vector, ALiBi and a sliding window.
+/// multi-head, head sizes below and above one vector, ALiBi, a sliding window and
+/// attention sinks (gpt-oss).
 #[test]
 fn attention_is_batch_invariant() {
     let cases = [
-        // (n_heads, n_kv_heads, head_dim, alibi, sliding_window)
-        (4, 2, 64, false, None),
-        (6, 6, 13, false, None),
-        (8, 1, 40, true, None),
-        (4, 4, 32, false, Some(20)),
+        // (n_heads, n_kv_heads, head_dim, alibi, sliding_window, sinks)
+        (4, 2, 64, false, None, false),
+        (6, 6, 13, false, None, false),
+        (8, 1, 40, true, None, false),
+        (4, 4, 32, false, Some(20), false),
+        (8, 2, 64, false, Some(20), true),
+        (6, 3, 13, true, None, true),
     ];
-    for (seed, (n_heads, n_kv_heads, head_dim, alibi, sliding_window)) in
+    for (seed, (n_heads, n_kv_heads, head_dim, alibi, sliding_window, sinks)) in
         cases.into_iter().enumerate()
     {
         let mut rng = rng(seed as u64 + 100);
@@ -304,7 +307,12 @@ fn attention_is_batch_invariant() {
         let (_, q) = random_f32(&mut rng, &[POOL, dim], 1.0);
         let (cache_k, _) = random_f32(&mut rng, &[POOL, kv_dim], 1.0);
         let (cache_v, _) = random_f32(&mut rng, &[POOL, kv_dim], 1.0);
-        let what = format!("Attention {n_heads}/{n_kv_heads} heads of {head_dim}, alibi {alibi}, window {sliding_window:?}");
+        let sinks = sinks.then(|| random_f32(&mut rng, &[n_heads], 3.0).0);
+        let what = format!(
+            "Attention {n_heads}/{n_kv_heads} heads of {head_dim}, alibi {alibi}, \
+             window {sliding_window:?}, sinks {}",
+            sinks.is_some()
+        );
         check(&what, |exec, first, n| {
             output_of(&[n, dim], |output| {
                 exec.run(Op::Attention {
@@ -322,6 +330,7 @@ fn attention_is_batch_invariant() {
                             sliding_window,
                             softcap: None,
                         },
+                        sinks: sinks.as_ref(),
                         output,
                     },
                     start_pos: first,

@@ -180,6 +180,7 @@ fn compare_attention(
                         cache_v: &v,
                         rope: None,
                         params: attention_params((heads, kv, hd), (window, alibi, bidir, softcap)),
+                        sinks: None,
                         output: o,
                     },
                     start_pos: start,
@@ -384,6 +385,7 @@ gpu_tests! {
                         cache_v: &latent,
                         rope: Some(DecoupledRope { q: &q_rope, cache: &keys }),
                         params,
+                        sinks: None,
                         output: o,
                     },
                     start_pos: start,
@@ -404,6 +406,41 @@ gpu_tests! {
                         cache_v: &v,
                         rope: None,
                         params: attention_params((heads, kv, hd), (None, false, 0, None)),
+                        sinks: None,
+                        output: o,
+                    },
+                    start_pos: start,
+                });
+            }
+        }
+    }
+
+    attention_with_sinks(gpu) {
+        // gpt-oss's sinks through the partial kernels' combine, decode and a prefill long
+        // enough for the flash kernel (which sinks bypass); a sliding window, ALiBi, GQA.
+        let mut r = rng(51);
+        for cache in [DataType::F32, DataType::F16] {
+            for (n, start, heads, kv, hd, window, alibi) in [
+                (1, 700, 8, 2, 64, None, false),
+                (1, 300, 6, 3, 48, Some(128), true),
+                (80, 40, 8, 2, 64, Some(64), false),
+            ] {
+                let rows = start + n + 5;
+                let q = random(&mut r, &[n, heads * hd], 1.0);
+                let k = random(&mut r, &[rows, kv * hd], 1.0).to_dtype(cache).unwrap();
+                let v = random(&mut r, &[rows, kv * hd], 1.0).to_dtype(cache).unwrap();
+                let mut sink_values = random(&mut r, &[heads], 3.0).to_f32_vec().unwrap();
+                sink_values[0] = 30.0;
+                let sinks = Data::from_f32(&[heads], &sink_values).unwrap();
+                let what = format!("Attention with sinks ({cache} cache) n={n} start={start} {heads}/{kv}x{hd} {window:?} alibi={alibi}");
+                compare!(&what, &gpu, &nan_output(&[n, heads * hd]), 1e-5, None, |o| Op::Attention {
+                    operands: AttentionOperands {
+                        q: &q,
+                        cache_k: &k,
+                        cache_v: &v,
+                        rope: None,
+                        params: attention_params((heads, kv, hd), (window, alibi, 0, None)),
+                        sinks: Some(&sinks),
                         output: o,
                     },
                     start_pos: start,
@@ -717,6 +754,7 @@ cache_k: &cache[0],
 cache_v: &cache[1],
 rope: None,
 params: AttentionParams::causal(heads, kv, 1.0 / (hd as f32).sqrt()),
+sinks: None,
 output: &mut out,
 },
 start_pos: start,
@@ -843,6 +881,7 @@ fn paged_case(
                 cache_v,
                 rope,
                 params: attention_params((heads, kv, hd), (window, alibi, 0, softcap)),
+                sinks: None,
                 output,
             },
             block_size: bs,

@@ -319,7 +319,8 @@ fn rope_matches_scalar() {
 
 /// Attention at each level against the scalar one, bit for bit: head sizes of 8, 16, 64
 /// and 128 and odd ones, multi-head, grouped-query and multi-query heads, decode and prefill
-/// rows, and shapes above `PARALLEL_MIN_WORK`.
+/// rows, and shapes above `PARALLEL_MIN_WORK`; masks, biases, soft caps, f16 caches and
+/// attention sinks.
 #[test]
 fn attention_matches_scalar() {
     let case = AttentionCase::new;
@@ -351,17 +352,29 @@ fn attention_matches_scalar() {
         let (q, _) = random_f32(&mut rng, &[c.n, c.q_dim()], 1.0);
         // The f16 cache of `--kv-dtype f16`: the same values rounded.
         let (k16, v16) = (to_f16(&k), to_f16(&v));
+        // Attention sinks (gpt-oss): logits around the scores', one far above them and one
+        // of −∞ (no sink).
+        let mut sink_values = uniform(&mut rng, c.heads.0, 3.0);
+        sink_values[0] = f32::NEG_INFINITY;
+        if c.heads.0 > 1 {
+            sink_values[1] = 40.0;
+        }
+        let sinks = f32_data(&[c.heads.0], &sink_values);
         // Causal, then ALiBi with every filled row visible (the prefix-LM mask at its widest),
         // then ALiBi in a sliding window of 7 positions (ALiBi's `t` stays the cache row),
         // then soft-capped scores (Gemma 2), whose tanh does not widen the error; then
-        // causal and windowed over the f16 cache.
-        for (alibi, bidirectional, window, softcap, f16_cache) in [
-            (false, 0, None, None, false),
-            (true, rows, None, None, false),
-            (true, 0, Some(7), None, false),
-            (false, 0, Some(9), Some(0.9), false),
-            (false, 0, None, None, true),
-            (true, 0, Some(7), None, true),
+        // causal and windowed over the f16 cache; then each with sinks.
+        for (alibi, bidirectional, window, softcap, f16_cache, with_sinks) in [
+            (false, 0, None, None, false, false),
+            (true, rows, None, None, false, false),
+            (true, 0, Some(7), None, false, false),
+            (false, 0, Some(9), Some(0.9), false, false),
+            (false, 0, None, None, true, false),
+            (true, 0, Some(7), None, true, false),
+            (false, 0, None, None, false, true),
+            (true, 0, Some(7), None, false, true),
+            (false, 0, Some(9), Some(0.9), false, true),
+            (false, 0, None, None, true, true),
         ] {
             let (k, v) = if f16_cache { (&k16, &v16) } else { (&k, &v) };
             let masked = AttentionCase {
@@ -384,6 +397,7 @@ fn attention_matches_scalar() {
                             cache_v: v,
                             rope: None,
                             params: masked.params(),
+                            sinks: with_sinks.then_some(&sinks),
                             output: &mut out,
                         },
                         start_pos: c.start_pos,
@@ -396,7 +410,7 @@ fn attention_matches_scalar() {
                 let what = format!(
                     "Attention at {isa}, n={} start={} heads={:?} head_dim={hd} alibi={alibi} \
                      bidirectional={bidirectional} window={window:?} softcap={softcap:?} \
-                     f16 cache={f16_cache}",
+                     f16 cache={f16_cache} sinks={with_sinks}",
                     c.n, c.start_pos, c.heads
                 );
                 assert_same_bits(&what, &attend(isa), &want);
@@ -708,6 +722,7 @@ fn latent_attention_and_head_linear_match_scalar() {
                                 cache: &k_rope,
                             }),
                             params: flm_core::AttentionParams::causal(heads, 1, 0.1),
+                            sinks: None,
                             output: &mut out,
                         },
                         start_pos,

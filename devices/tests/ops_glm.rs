@@ -207,6 +207,7 @@ fn attention_bidirectional_past_the_filled_rows_is_an_error() {
                     sliding_window: None,
                     softcap: None,
                 },
+                sinks: None,
                 output: &mut z(&[2, 8]),
             },
             start_pos: 3,

@@ -148,6 +148,7 @@ impl Case {
                 cache: rope_keys,
             }),
             params: self.params(),
+            sinks: None,
             output,
         }
     }

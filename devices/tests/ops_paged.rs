@@ -2,7 +2,8 @@
 //! `Op::PagedAttention` (vLLM's PagedAttention, Kwon et al. 2023) against `Op::Attention`
 //! over a contiguous cache holding the same keys and values, sequence by sequence — the same
 //! bits at every instruction-set level, and each level against the portable twin; odd block
-//! sizes, GQA, sliding windows and ALiBi; `Op::ScatterRows` and `Op::RopeRows`.
+//! sizes, GQA, sliding windows, ALiBi and attention sinks; `Op::ScatterRows` and
+//! `Op::RopeRows`.
 
 mod common;
 
@@ -25,6 +26,8 @@ struct Case {
     head_dim: usize,
     window: Option<usize>,
     alibi: bool,
+    /// Attention sinks (gpt-oss), one random logit per query head.
+    sinks: bool,
 }
 
 impl Case {
@@ -51,6 +54,7 @@ struct Batch {
     pool_k: Data,
     pool_v: Data,
     tables: Vec<Vec<u32>>,
+    sinks: Option<Data>,
 }
 
 fn batch(c: Case, seqs: &[(usize, usize)], seed: u64) -> Batch {
@@ -85,6 +89,7 @@ fn batch(c: Case, seqs: &[(usize, usize)], seed: u64) -> Batch {
     }
     let rows: usize = seqs.iter().map(|s| s.1).sum();
     let (q, _) = random_f32(&mut rng, &[rows, c.n_heads * c.head_dim], 2.0);
+    let sinks = c.sinks.then(|| random_f32(&mut rng, &[c.n_heads], 3.0).0);
     Batch {
         seqs: seqs.to_vec(),
         q,
@@ -93,6 +98,7 @@ fn batch(c: Case, seqs: &[(usize, usize)], seed: u64) -> Batch {
         pool_k: f32_data(&[pool_rows, kv_dim], &pool_k),
         pool_v: f32_data(&[pool_rows, kv_dim], &pool_v),
         tables,
+        sinks,
     }
 }
 
@@ -106,6 +112,7 @@ fn paged(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
             cache_v: &b.pool_v,
             rope: None,
             params: c.params(),
+            sinks: b.sinks.as_ref(),
             output: &mut out,
         },
         block_size: c.block_size,
@@ -133,6 +140,7 @@ fn contiguous(exec: &Executor, c: Case, b: &Batch) -> Vec<f32> {
                 cache_v: &v,
                 rope: None,
                 params: c.params(),
+                sinks: b.sinks.as_ref(),
                 output: &mut out,
             },
             start_pos,
@@ -152,17 +160,26 @@ fn cases() -> Vec<(Case, Vec<(usize, usize)>)> {
         head_dim,
         window,
         alibi,
+        sinks: false,
     };
+    let sinks = |c| Case { sinks: true, ..c };
     let mixed = vec![(0, 5), (9, 1), (20, 3), (2, 1), (0, 1)];
     vec![
         (case(1, 4, 4, 8, None, false), mixed.clone()),
         (case(3, 6, 2, 17, None, false), mixed.clone()),
         (case(5, 8, 1, 64, Some(4), false), mixed.clone()),
         (case(16, 4, 2, 48, None, true), mixed.clone()),
-        (case(7, 6, 3, 33, Some(9), true), mixed),
+        (case(7, 6, 3, 33, Some(9), true), mixed.clone()),
         // Above the parallel threshold: a long prefill chunk beside decode rows.
         (
             case(16, 8, 2, 64, None, false),
+            vec![(100, 40), (300, 1), (7, 1)],
+        ),
+        // Attention sinks (gpt-oss), with and without ALiBi and a window.
+        (sinks(case(3, 6, 2, 17, None, false)), mixed.clone()),
+        (sinks(case(5, 8, 1, 64, Some(4), true)), mixed),
+        (
+            sinks(case(16, 8, 2, 64, Some(50), false)),
             vec![(100, 40), (300, 1), (7, 1)],
         ),
     ]
@@ -211,6 +228,7 @@ fn paged_attention_rejects_bad_tables() {
         head_dim: 8,
         window: None,
         alibi: false,
+        sinks: false,
     };
     let b = batch(c, &[(3, 2)], 1);
     let run_with = |blocks: &[u32], n_rows: usize, block_size: usize| {
@@ -227,6 +245,7 @@ fn paged_attention_rejects_bad_tables() {
                 cache_v: &b.pool_v,
                 rope: None,
                 params: AttentionParams::causal(2, 1, 1.0),
+                sinks: None,
                 output: &mut out,
             },
             block_size,

@@ -19,6 +19,12 @@
 //! Scores live in a thread-local buffer, so a warm call allocates nothing. Soft-capping
 //! uses [`simd::tanh`], so every level (see `simd`) computes the same bits.
 //!
+//! Attention sinks (gpt-oss, [`AttentionOperands::sinks`]) join the softmax after the
+//! scores: the maximum is `max(sink, max_t s_t)` and the sink's term `e^(sink − M)`, from
+//! the scalar [`simd::exp`] (one lane of [`simd::exp_simd`]), is added to the lanes' sum
+//! last, so every level and every batch gives the same bits; without sinks nothing of
+//! this runs.
+//!
 //! The cache holds f32 or f16 keys and values ([`flm_core::KvDtype`]): the kernels are
 //! generic over the element ([`Elem`]), and an f16 row is widened exactly as it is loaded
 //! (F16C's `vcvtph2ps` on x86, `fcvtl` on NEON, `half` at the portable level), so an f16 cache gives
@@ -87,18 +93,19 @@ pub(crate) fn run(isa: Isa, o: AttentionOperands<'_>, rows: QueryRows<'_>) -> Re
         rope: o.rope.map_or(0, |r| r.q.cols() / n_heads),
     };
     let q = (o.q.as_f32()?, o.rope.map(|r| r.q.as_f32()).transpose()?);
+    let sinks = o.sinks.map(Data::as_f32).transpose()?;
     let out = o.output.as_f32_mut()?;
     let rope_cache = o.rope.map(|r| r.cache);
     match o.cache_k.dtype() {
         DataType::F32 => {
             let rope = rope_cache.map(Data::as_f32).transpose()?;
             let kv = (o.cache_k.as_f32()?, o.cache_v.as_f32()?, rope);
-            run_typed(isa, q, kv, dims, rows, o.params, out);
+            run_typed(isa, q, kv, dims, rows, (o.params, sinks), out);
         }
         DataType::F16 => {
             let rope = rope_cache.map(Data::as_f16).transpose()?;
             let kv = (o.cache_k.as_f16()?, o.cache_v.as_f16()?, rope);
-            run_typed(isa, q, kv, dims, rows, o.params, out);
+            run_typed(isa, q, kv, dims, rows, (o.params, sinks), out);
         }
         other => {
             return Err(Error::DType {
@@ -120,14 +127,15 @@ struct Dims {
 }
 
 /// [`run`] over caches of elements `E`: the keys, the values and the rotated keys of a
-/// decoupled RoPE part, with the queries `q` and those of the RoPE part.
+/// decoupled RoPE part, with the queries `q` and those of the RoPE part, and the sink of
+/// each query head if any.
 fn run_typed<E: Elem>(
     isa: Isa,
     (q, q_rope): (&[f32], Option<&[f32]>),
     (keys, values, rope_keys): (&[E], &[E], Option<&[E]>),
     dims: Dims,
     rows: QueryRows<'_>,
-    params: AttentionParams,
+    (params, sinks): (AttentionParams, Option<&[f32]>),
     out: &mut [f32],
 ) {
     let AttentionParams {
@@ -160,6 +168,7 @@ fn run_typed<E: Elem>(
         n_kv_heads,
         scale,
         slopes: &slopes,
+        sinks,
         bidirectional: params.bidirectional,
         window: params.sliding_window.unwrap_or(usize::MAX),
         softcap: params.softcap,
@@ -230,6 +239,8 @@ struct Attn<'a, E> {
     scale: f32,
     /// ALiBi slope of each query head; empty without ALiBi.
     slopes: &'a [f32],
+    /// The sink logit of each query head, if any.
+    sinks: Option<&'a [f32]>,
     /// Cache rows every query row sees.
     bidirectional: usize,
     /// Positions each row sees at most; `usize::MAX` without a sliding window.
@@ -427,8 +438,13 @@ fn group<S: Simd, E: Elem>(
 
     // Softmax numerators; the inverse sums go after the scores.
     let (scores, invs) = scores.split_at_mut(heads * padded);
-    for (scores, inv) in scores.chunks_exact_mut(padded).zip(invs.iter_mut()) {
-        *inv = softmax(s, scores);
+    for (h, (scores, inv)) in scores
+        .chunks_exact_mut(padded)
+        .zip(invs.iter_mut())
+        .enumerate()
+    {
+        let sink = a.sinks.map(|sinks| sinks[first % a.n_heads + h]);
+        *inv = softmax(s, scores, sink);
     }
 
     // `out_h = inv_h · Σ_t p_h[t]·v_t`, over blocks of value rows that stay in L1 (16 KiB)
@@ -487,9 +503,10 @@ fn scale<S: Simd>(s: S, out: &mut [f32], k: f32) {
 }
 
 /// `scores[t] = e^(scores[t] − max)` in place (`scores.len()` a multiple of `LANES`); returns
-/// `1 / Σ scores`. Two maximum accumulators halve the dependency chain.
+/// `1 / Σ scores`. Two maximum accumulators halve the dependency chain. With a `sink`
+/// logit, `max` also covers it and its `e^(sink − max)` is added to the sum last.
 #[inline(always)]
-fn softmax<S: Simd>(s: S, scores: &mut [f32]) -> f32 {
+fn softmax<S: Simd>(s: S, scores: &mut [f32], sink: Option<f32>) -> f32 {
     let l = S::LANES;
     let (mut m0, mut m1) = (s.splat(f32::NEG_INFINITY), s.splat(f32::NEG_INFINITY));
     let mut pairs = scores.chunks_exact(2 * l);
@@ -500,14 +517,16 @@ fn softmax<S: Simd>(s: S, scores: &mut [f32]) -> f32 {
     if !pairs.remainder().is_empty() {
         m0 = s.max(s.load(pairs.remainder()), m0);
     }
-    let max = s.splat(s.max_lane(s.max(m0, m1)));
+    let max = s.max_lane(s.max(m0, m1));
+    let max = sink.map_or(max, |sink| max.max(sink));
     let mut sum = s.zero();
     for v in scores.chunks_exact_mut(l) {
-        let e = simd::exp_simd(s, s.sub(s.load(v), max));
+        let e = simd::exp_simd(s, s.sub(s.load(v), s.splat(max)));
         s.store(v, e);
         sum = s.add(sum, e);
     }
-    1.0 / s.sum(sum)
+    let sum = s.sum(sum);
+    1.0 / sink.map_or(sum, |sink| sum + simd::exp(sink - max))
 }
 
 /// `out += Σ_t p[t]·values[rows[t]..][..out.len()]`, in blocks of output vectors.

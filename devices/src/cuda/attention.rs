@@ -8,7 +8,8 @@
 //!   kernels of `kernels/attention.cu` (partial softmax per chunk of [`ATTN_CHUNK`] cache
 //!   positions, then an exact combine), in f32 over an f32 or f16 KV cache. The split is by
 //!   a fixed chunk size, so a longer context gets more blocks: 4096 positions of 32 heads
-//!   are 512 blocks for one row.
+//!   are 512 blocks for one row. Attention sinks (gpt-oss) always take this path: the
+//!   combine adds each head's `e^(sink − M)` to the denominator.
 
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use flm_core::{alibi_slopes, AttentionOperands, Data, Error, Result};
@@ -170,8 +171,11 @@ pub(super) fn attention<'a>(
         start: &start,
         slopes: slopes.as_ref(),
     };
-    let flash = FlashHeadDim::of(widths.head)
-        .filter(|_| widths.plain() && n >= FLASH_MIN_ROWS && !dev.batch_invariant());
+    let sinks = o.sinks.map(|s| dev.input(s)).transpose()?;
+    // The flash kernel has no sink term; the partial kernels' combine has.
+    let flash = FlashHeadDim::of(widths.head).filter(|_| {
+        widths.plain() && n >= FLASH_MIN_ROWS && !dev.batch_invariant() && sinks.is_none()
+    });
     if let Some(dim) = flash {
         let mut out = dev.output(o.output)?;
         flash_attention(dev, (dim, kv), &operands, &scalars, n, out.slice())?;
@@ -211,7 +215,7 @@ pub(super) fn attention<'a>(
     // scores, the query's two parts and 32 floats of scratch.
     unsafe { b.launch(grid((o.params.n_heads, n, parts.chunks), THREADS, smem)?) }
         .map_err(dev_err)?;
-    parts.combine(dev, o.output)
+    parts.combine(dev, sinks.as_ref().map(Input::slice), o.output)
 }
 
 /// The per-chunk partial results of a flash-decoding attention (`attn_partial`,
@@ -243,25 +247,27 @@ impl Partials {
         })
     }
 
-    /// Merges the chunks into `output` `[rows, n_heads · width]` (`attn_combine`).
+    /// Merges the chunks into `output` `[rows, n_heads · width]` (`attn_combine`), with the
+    /// attention sinks `sinks` (f32 `[n_heads]`) in the denominators if given.
     ///
     /// Errors: [`Error::Device`] when the launch fails.
-    pub(super) fn combine(self, dev: &CudaDevice, output: &mut Data) -> Result<()> {
+    pub(super) fn combine(
+        self,
+        dev: &CudaDevice,
+        sinks: Option<&CudaSlice<u8>>,
+        output: &mut Data,
+    ) -> Result<()> {
         let (rows, n_heads, width) = self.shape;
         let mut out = dev.output(output)?;
         let (nh, hd, chunks) = (int(n_heads)?, int(width)?, int(self.chunks)?);
         let f = dev.function(Kernel::AttnCombine)?;
         let mut b = dev.stream.launch_builder(f);
-        b.arg(&self.m)
-            .arg(&self.l)
-            .arg(&self.o)
-            .arg(&nh)
-            .arg(&hd)
-            .arg(&chunks)
-            .arg(out.slice());
+        b.arg(&self.m).arg(&self.l).arg(&self.o);
+        arg_or_null(&mut b, sinks);
+        b.arg(&nh).arg(&hd).arg(&chunks).arg(out.slice());
         // SAFETY: the partial buffers as allocated by `new` and written by a partial
-        // kernel, out rows × n_heads × width floats, as `attn_combine` reads and
-        // writes them.
+        // kernel, the sinks n_heads floats (Op::validate) or null, out rows × n_heads ×
+        // width floats, as `attn_combine` reads and writes them.
         unsafe { b.launch(grid((n_heads, rows, 1), THREADS, 0)?) }.map_err(dev_err)?;
         out.finish(dev)
     }

@@ -18,6 +18,7 @@ use super::attention::{Partials, Widths};
 use super::device::CudaDevice;
 use super::kernels::{Kernel, KvType, PAGED_CHUNK};
 use super::launch::{arg_or_null, dev_err, grid, int};
+use super::operand::Input;
 
 /// Threads of a `paged_attn_partial` block (4 warps, one key per warp at a time).
 const THREADS: u32 = 128;
@@ -189,7 +190,8 @@ pub(super) fn paged_attention(
     // lays it out.
     unsafe { b.launch(grid((params.n_heads, n, parts.chunks), THREADS, smem)?) }
         .map_err(dev_err)?;
-    parts.combine(dev, o.output)
+    let sinks = o.sinks.map(|s| dev.input(s)).transpose()?;
+    parts.combine(dev, sinks.as_ref().map(Input::slice), o.output)
 }
 
 /// [`flm_core::Op::ScatterRows`] into a tensor in this GPU's memory: `dst[rows[r], :] =

@@ -72,6 +72,7 @@ impl AttentionIo<'_> {
             cache_v,
             rope,
             params,
+            sinks: None,
             output: self.output,
         }
     }

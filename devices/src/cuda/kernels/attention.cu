@@ -3,7 +3,9 @@
 // (head, row, chunk) computes, for the cache positions of its chunk that the row sees, the
 // chunk's score maximum m_c, the sum l_c = sum_t e^(s_t - m_c) and the unnormalised output
 // o_c = sum_t e^(s_t - m_c) v_t; attn_combine then merges the chunks exactly:
-// out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c with M = max_c m_c.
+// out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c with M = max_c m_c. With attention
+// sinks (gpt-oss, flm_core::AttentionOperands::sinks) M also covers the head's sink, and
+// e^(sink - M) joins the denominator.
 //
 // Scores s_t = q . k_t * scale, soft-capped as cap * tanh(s_t / cap) when softcap > 0
 // (Gemma 2), (+ slope_h * t with ALiBi); query head h reads KV head
@@ -110,15 +112,15 @@ ATTN_PARTIAL(attn_partial, 0)
 ATTN_PARTIAL(attn_partial_f16, 1)
 
 // One block per (head, row): merges the chunks of attn_partial into out[row, h, :], head_dim
-// being the value width.
+// being the value width; sinks is n_heads floats, or null without sinks.
 extern "C" __global__ void attn_combine(const float* part_m, const float* part_l,
-                                        const float* part_o, int n_heads, int head_dim,
-                                        int chunks, float* out) {
+                                        const float* part_o, const float* sinks, int n_heads,
+                                        int head_dim, int chunks, float* out) {
     int h = blockIdx.x, row = blockIdx.y;
     long base = ((long)row * n_heads + h) * chunks;
-    float mx = -INFINITY;
+    float mx = sinks ? sinks[h] : -INFINITY;
     for (int c = 0; c < chunks; c++) mx = fmaxf(mx, part_m[base + c]);
-    float l = 0.0f;
+    float l = sinks ? expf(sinks[h] - mx) : 0.0f;
     for (int c = 0; c < chunks; c++) {
         float m = part_m[base + c];
         if (m > -INFINITY) l += expf(m - mx) * part_l[base + c];

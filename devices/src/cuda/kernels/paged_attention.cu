@@ -14,7 +14,8 @@
 // the positions [lo, hi) of its chunk that the row sees (hi = p + 1, lo = p + 1 - window
 // with a sliding window, else 0), the chunk's score maximum m_c, the sum
 // l_c = sum_t e^(s_t - m_c) and the unnormalised output o_c = sum_t e^(s_t - m_c) v_t; the
-// chunks are then merged exactly by attention.cu's attn_combine (same partial layout). The
+// chunks are then merged exactly by attention.cu's attn_combine (same partial layout), which
+// also adds the attention sinks, if any. The
 // grid covers the longest row's chunks; a shorter row's chunks beyond its position write
 // m_c = -inf, l_c = 0 and exit.
 //
