@@ -2,14 +2,17 @@
 //! biases), Qwen3 (an RMSNorm over each query and key head), Phi-3 (fused projections,
 //! LongRoPE on part of each head), Gemma (GeGLU, `1 + w` gains, scaled embeddings), Gemma 2
 //! (post-norms, soft-capping, alternating sliding and global layers), Gemma 3 (q/k norms
-//! and a local RoPE besides), Mixtral, Qwen3-MoE and Qwen2-MoE (routed experts; Qwen2-MoE's shared expert) through the Llama
-//! graph, against the logits of Hugging Face transformers for tiny random-weight
-//! checkpoints (tests/data/hf-families, made by its `make_tiny.py`; see its SOURCES.md).
+//! and a local RoPE besides), Mixtral, Qwen3-MoE and Qwen2-MoE (routed experts; Qwen2-MoE's shared expert),
+//! DeepSeek-V2/V3, GLM-4.5 and gpt-oss (attention sinks, biased router and experts, a
+//! clamped SwiGLU) through the Llama graph, against the logits of Hugging Face transformers
+//! for tiny random-weight checkpoints (tests/data/hf-families, made by its `make_*.py`; see
+//! its SOURCES.md).
 
 use std::path::Path;
 
 use flm_core::{
-    DataType, ExpertGroups, GroupScore, Llama3Scaling, RopeScaling, RopeStyle, RouterScoring,
+    DataType, ExpertActivation, ExpertGroups, GroupScore, Llama3Scaling, RopeScaling, RopeStyle,
+    RouterScoring,
 };
 use flm_models::convert::Recipe;
 use flm_models::llama::{Attention, Ffn, Llama, LlamaWeights, Logits};
@@ -269,6 +272,25 @@ fn configurations_are_read_per_family() {
     assert_eq!((glm.n_kv_heads, glm.head_dim, glm.rotary_dim()), (2, 16, 8));
     assert_eq!(glm.rope_style, RopeStyle::RotateHalf);
     assert_eq!(glm.moe, v3.moe);
+    // gpt-oss: sinks, q/k/v/o biases, windows on the layers `layer_types` says, YaRN, and
+    // experts with biases and the clamped SwiGLU behind a biased, renormalised router.
+    let oss = config("gpt_oss");
+    assert!(oss.attn_sinks && oss.qkv_bias && oss.o_bias);
+    assert_eq!(oss.sliding_window, Some(4));
+    assert_eq!(oss.sliding_layers, Some(vec![true, false, true, false]));
+    assert!(matches!(oss.rope_scaling, Some(RopeScaling::Yarn(y)) if !y.truncate));
+    assert_eq!(
+        oss.moe,
+        Some(MoeConfig {
+            logit_bias: true,
+            expert_biases: true,
+            activation: ExpertActivation::ClampedSwiGlu {
+                alpha: 1.702,
+                limit: 1.0,
+            },
+            ..MoeConfig::softmax_top_k(8, 2, 32, true)
+        })
+    );
 }
 
 #[test]
@@ -390,6 +412,22 @@ fn without_the_family_feature_the_logits_differ() {
         ("glm4_moe", |c: &mut ModelConfig| {
             c.moe.as_mut().unwrap().routed_scale = 1.0
         }),
+        // gpt-oss's features, one at a time (the tensors they drop, below).
+        ("gpt_oss", |c: &mut ModelConfig| c.attn_sinks = false),
+        ("gpt_oss", |c: &mut ModelConfig| c.sliding_window = None),
+        ("gpt_oss", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().activation = ExpertActivation::ClampedSwiGlu {
+                alpha: 1.702,
+                limit: f32::MAX,
+            }
+        }),
+        ("gpt_oss", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().logit_bias = false
+        }),
+        ("gpt_oss", |c: &mut ModelConfig| {
+            c.moe.as_mut().unwrap().expert_biases = false
+        }),
+        ("gpt_oss", |c: &mut ModelConfig| c.rope_scaling = None),
     ] {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let mut config = ckpt.config.clone();
@@ -411,6 +449,25 @@ fn without_the_family_feature_the_logits_differ() {
             let no_bias = config.moe.as_ref().is_some_and(|m| !m.choice_bias);
             if let (true, Ffn::Moe { router_bias, .. }) = (no_bias, &mut layer.ffn) {
                 *router_bias = None;
+            }
+            if let (false, Attention::Heads(h)) = (config.attn_sinks, &mut layer.attn) {
+                h.sinks = None;
+            }
+            if let (
+                Some(m),
+                Ffn::Moe {
+                    router_logit_bias,
+                    experts,
+                    ..
+                },
+            ) = (&config.moe, &mut layer.ffn)
+            {
+                if !m.logit_bias {
+                    *router_logit_bias = None;
+                }
+                if !m.expert_biases {
+                    experts.iter_mut().for_each(|e| e.biases = None);
+                }
             }
         }
         let mut model = Llama::new(config, weights).unwrap();
@@ -445,9 +502,9 @@ fn quantised_flm_files_stay_near_transformers() {
     let input = input_ids();
     // The mixtures have their own test (quantised_mixtures_stay_near_transformers): a
     // rounding can send a token to another expert, which no bound on rounding covers.
-    let dense = HF_FAMILIES
-        .into_iter()
-        .filter(|f| !f.contains("moe") && !["mixtral", "deepseek_v2", "deepseek_v3"].contains(f));
+    let dense = HF_FAMILIES.into_iter().filter(|f| {
+        !f.contains("moe") && !["mixtral", "deepseek_v2", "deepseek_v3", "gpt_oss"].contains(f)
+    });
     for family in dense {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let want = expected(family);
@@ -782,8 +839,8 @@ fn unknown_tensors_are_listed_as_ignored() {
 /// The mixtures converted to int8 and int4 .flm files (the experts quantised like the
 /// other matrices, the router kept f32) run near transformers' logits: the RMS of the
 /// logits' error relative to the logits' RMS stays under about twice what was measured
-/// (int8: 0.027 Mixtral, 0.106 Qwen3-MoE, 0.030 Qwen2-MoE; int4 g32: 0.29, 0.24, 0.18;
-/// groups of 32 over rows of 64 random values, and a few routing choices flip).
+/// (int8: 0.027 Mixtral, 0.106 Qwen3-MoE, 0.030 Qwen2-MoE, 0.26 gpt-oss; int4 g32: 0.29,
+/// 0.24, 0.18; groups of 32 over rows of 64 random values, and a few routing choices flip).
 #[test]
 fn quantised_mixtures_stay_near_transformers() {
     use flm_models::tensor_names::{LayerPart, TensorName};
@@ -795,12 +852,16 @@ fn quantised_mixtures_stay_near_transformers() {
         "deepseek_v2",
         "deepseek_v3",
         "glm4_moe",
+        "gpt_oss",
     ];
     for family in families {
         let ckpt = import::load(&data(&format!("hf-families/{family}"))).unwrap();
         let c = &ckpt.config;
         let l = (0..c.n_layers).find(|&l| c.moe_layer(l).is_some()).unwrap();
-        for (dtype, bound) in [(DataType::I8, 0.2), (DataType::I4G32, 0.5)] {
+        // gpt-oss's int8 rounding flips one routing choice at position 9 (its error there
+        // is 3.5 with 8- and 16-bit activations alike), which later positions attend to.
+        let int8 = if family == "gpt_oss" { 0.35 } else { 0.2 };
+        for (dtype, bound) in [(DataType::I8, int8), (DataType::I4G32, 0.5)] {
             let out = dir.path().join(format!("{family}.{dtype}.flm"));
             convert_with_tok512(&ckpt, &out, dtype, Recipe::Mixed);
             let flm = import::load(&out).unwrap();
@@ -833,4 +894,15 @@ fn quantised_mixtures_stay_near_transformers() {
             );
         }
     }
+}
+
+/// gpt-oss decoding greedily with its KV cache (sinks, alternating windows, its experts)
+/// writes the 20 tokens transformers' full-prefill argmax gives after the input ids
+/// (`make_gpt_oss.py`'s `greedy_ids`, whose best logit leads the next by 0.04 or more).
+#[test]
+fn gpt_oss_greedy_continuation_is_transformers() {
+    let want = ids(&reference()["families"]["gpt_oss"]["greedy_ids"]);
+    let mut model = load(&data("hf-families/gpt_oss"));
+    let got = flm_tests::greedy_on(&cpu_executor(), &mut model, &input_ids(), want.len());
+    assert_eq!(got, want);
 }

@@ -392,6 +392,7 @@ impl Graph for ChatGlm {
                 new_rows: [&s.k, &s.v],
                 q: &s.q,
                 q_rope: None,
+                sinks: None,
                 output: &mut s.att,
             };
             cache_and_attend(exec, self.kv.layer_mut(l), io, row, params)?;

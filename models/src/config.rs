@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use flm_core::{ExpertGroups, RopeScaling, RopeStyle, RouterScoring};
+use flm_core::{ExpertActivation, ExpertGroups, RopeScaling, RopeStyle, RouterScoring};
 
 use crate::{Error, Result};
 
@@ -124,6 +124,10 @@ pub struct ModelConfig {
     /// ([`crate::speculative`]); 0 without.
     #[serde(default)]
     pub mtp_layers: usize,
+    /// One learned attention-sink logit per query head joins each softmax's denominator
+    /// (gpt-oss's `self_attn.sinks`, [`flm_core::AttentionOperands::sinks`]).
+    #[serde(default)]
+    pub attn_sinks: bool,
 }
 
 /// Multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2", §2.1; transformers'
@@ -240,6 +244,16 @@ pub struct MoeConfig {
     /// Multiplies the routing weights (DeepSeek's `routed_scaling_factor`).
     #[serde(default = "one")]
     pub routed_scale: f32,
+    /// Whether each MoE layer's router has a bias added to its logits, choosing and weighing
+    /// (gpt-oss's `router.bias`, `[n_experts]`).
+    #[serde(default)]
+    pub logit_bias: bool,
+    /// Whether each expert's gate, up and down projections have biases (gpt-oss).
+    #[serde(default)]
+    pub expert_biases: bool,
+    /// How the experts gate their up projections: SwiGLU, or gpt-oss's clamped SwiGLU.
+    #[serde(default)]
+    pub activation: ExpertActivation,
 }
 
 /// `true`, the default of [`MoeConfig::shared_expert_gated`] in files written before it.
@@ -274,6 +288,9 @@ impl MoeConfig {
             groups: None,
             choice_bias: false,
             routed_scale: 1.0,
+            logit_bias: false,
+            expert_biases: false,
+            activation: ExpertActivation::SwiGlu,
         }
     }
 }
@@ -329,6 +346,7 @@ impl Default for ModelConfig {
             moe: None,
             mla: None,
             mtp_layers: 0,
+            attn_sinks: false,
         }
     }
 }

@@ -59,11 +59,16 @@ pub enum Family {
     /// GLM-4.5, 4.6 and 4.5-Air (`Glm4MoeForCausalLM`): grouped-query attention with q/k/v
     /// biases, optional q/k norms and RoPE on half of each head; DeepSeek-V3's experts.
     Glm4Moe,
+    /// OpenAI's gpt-oss (`GptOssForCausalLM`): grouped-query attention with q/k/v/o biases,
+    /// attention sinks, sliding-window and full layers alternating, YaRN; experts with
+    /// biases and a clamped SwiGLU behind a biased router (see `import::gpt_oss`). Hugging
+    /// Face directories with unquantised experts.
+    GptOss,
 }
 
 impl Family {
     /// Every family, in the order error messages list them.
-    pub const ALL: [Family; 18] = [
+    pub const ALL: [Family; 19] = [
         Family::Llama,
         Family::InternLm,
         Family::Mistral,
@@ -82,6 +87,7 @@ impl Family {
         Family::DeepseekV2,
         Family::DeepseekV3,
         Family::Glm4Moe,
+        Family::GptOss,
     ];
 
     /// The `model_type` of its Hugging Face `config.json`.
@@ -105,6 +111,7 @@ impl Family {
             Family::DeepseekV2 => "deepseek_v2",
             Family::DeepseekV3 => "deepseek_v3",
             Family::Glm4Moe => "glm4_moe",
+            Family::GptOss => "gpt_oss",
         }
     }
 
@@ -129,7 +136,8 @@ impl Family {
             | Family::Mixtral
             | Family::Baichuan
             | Family::ChatGlm
-            | Family::DeepseekV3 => return None,
+            | Family::DeepseekV3
+            | Family::GptOss => return None,
         })
     }
 
@@ -247,6 +255,7 @@ impl Family {
             (f, LayerPart::SharedWDown) if f.has_deepseek_experts() => {
                 Some("mlp.shared_experts.down_proj.weight")
             }
+            (Family::GptOss, LayerPart::Router) => Some("mlp.router.weight"),
             _ => None,
         }
     }
@@ -257,7 +266,12 @@ impl Family {
     pub fn reads_sliding_window(self) -> bool {
         matches!(
             self,
-            Family::Mistral | Family::Mixtral | Family::Phi3 | Family::Gemma2 | Family::Gemma3
+            Family::Mistral
+                | Family::Mixtral
+                | Family::Phi3
+                | Family::Gemma2
+                | Family::Gemma3
+                | Family::GptOss
         )
     }
 

@@ -51,8 +51,8 @@
 use std::sync::Arc;
 
 use flm_core::{
-    AttentionParams, Data, DataType, Error as CoreError, Executor, ExpertActivation, KvCache,
-    KvDtype, LinearPart, Location, MoeRouting, Op, RopeTable, StepInputs, TokenIds,
+    AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart,
+    Location, MoeRouting, Op, RopeTable, StepInputs, TokenIds,
 };
 
 pub use crate::graph::Logits;
@@ -222,6 +222,14 @@ impl SharedLlama {
             softcap: c.attn_softcap,
             bidirectional: 0,
             sliding_window: c.layer_window(l),
+        }
+    }
+
+    /// Layer `l`'s attention-sink logits, if it has them (gpt-oss).
+    fn sinks(&self, l: usize) -> Option<&Data> {
+        match &self.weights.layers.get(l)?.attn {
+            Attention::Heads(h) => h.sinks.as_ref(),
+            Attention::Latent(_) => None,
         }
     }
 
@@ -579,13 +587,9 @@ fn rotate_and_attend(
             })?;
         }
     }
-    cache_and_attend(
-        exec,
-        cache,
-        s.attention_io(),
-        row,
-        model.attention_params(l),
-    )
+    let mut io = s.attention_io();
+    io.sinks = model.sinks(l);
+    cache_and_attend(exec, cache, io, row, model.attention_params(l))
 }
 
 /// Stores `io`'s new rows of the layer's two cache tensors (`cache`) at `row`, then attends
@@ -780,6 +784,7 @@ fn feed_forward(
         Ffn::Moe {
             router,
             router_bias,
+            router_logit_bias,
             experts,
             shared,
         } => {
@@ -802,11 +807,11 @@ fn feed_forward(
                     scoring: m.scoring,
                     groups: m.groups,
                     choice_bias: router_bias.as_ref(),
-                    logit_bias: None,
+                    logit_bias: router_logit_bias.as_ref(),
                     renormalize: m.renormalize,
                     scale: m.routed_scale,
                 },
-                activation: ExpertActivation::SwiGlu,
+                activation: m.activation,
                 output,
             })?;
             if let (Some(e), Some(scratch)) = (shared, &mut s.shared) {

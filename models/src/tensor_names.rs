@@ -100,6 +100,12 @@ pub enum LayerPart {
     MtpProjection,
     /// Its RMSNorm gain `[dim]` before the classifier (`shared_head.norm`).
     MtpHeadNorm,
+    /// One attention-sink logit per query head `[n_heads]` (gpt-oss's `self_attn.sinks`).
+    Sinks,
+    /// The router's bias `[n_experts]`, added to its logits (gpt-oss's `mlp.router.bias`).
+    RouterLogitBias,
+    /// Gate projection bias `[hidden_dim]` (an expert's, gpt-oss).
+    BGate,
 }
 
 /// The names of one [`LayerPart`] in each file format.
@@ -131,7 +137,7 @@ const fn part(
 
 /// Every layer part and its names. ChatGLM's own HF names are mapped in the THUDM
 /// importer, which splits its fused tensors.
-pub const PARTS: [PartNames; 39] = {
+pub const PARTS: [PartNames; 42] = {
     use LayerPart::*;
     [
         part(
@@ -318,6 +324,20 @@ pub const PARTS: [PartNames; 39] = {
             Some("shared_head.norm.weight"),
             Some("nextn.shared_head_norm.weight"),
         ),
+        part(
+            Sinks,
+            "sinks",
+            Some("self_attn.sinks"),
+            Some("attn_sinks.weight"),
+        ),
+        part(
+            RouterLogitBias,
+            "router_logit_bias",
+            Some("mlp.router.bias"),
+            Some("ffn_gate_inp.bias"),
+        ),
+        // Expert biases, split out of stacked tensors by the gpt-oss importer.
+        part(BGate, "b_gate", None, None),
     ]
 };
 
@@ -478,7 +498,9 @@ impl FromStr for TensorName {
                     match p.strip_prefix("experts.") {
                         Some(rest) => {
                             let (e, p) = rest.split_once('.')?;
-                            let p = part(p).filter(|p| EXPERT_PARTS.contains(p))?;
+                            let p = part(p).filter(|p| {
+                                EXPERT_PARTS.contains(p) || EXPERT_BIASES.contains(p)
+                            })?;
                             Some(TensorName::Expert(layer, e.parse().ok()?, p))
                         }
                         None => Some(TensorName::Layer(layer, part(p)?)),
@@ -535,6 +557,9 @@ pub fn canonical_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<usize>)> {
 /// The parts of an expert, in the order .flm files store them.
 const EXPERT_PARTS: [LayerPart; 3] = [LayerPart::WGate, LayerPart::WDown, LayerPart::WUp];
 
+/// The biases of an expert's matrices, in [`EXPERT_PARTS`]' order (gpt-oss).
+const EXPERT_BIASES: [LayerPart; 3] = [LayerPart::BGate, LayerPart::BDown, LayerPart::BUp];
+
 /// The tensors of Llama-graph layer `l` and their shapes: the biases and the q/k norms only
 /// where the configuration has them; in a mixture-of-experts layer the router, the shared
 /// expert if any, and each expert's matrices in place of the dense feed-forward's.
@@ -558,6 +583,7 @@ fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
         (Bv, c.qkv_bias.then(|| vec![kv_dim])),
         (QNorm, c.qk_norm.then(|| vec![c.head_dim])),
         (KNorm, c.qk_norm.then(|| vec![c.head_dim])),
+        (Sinks, c.attn_sinks.then(|| vec![c.n_heads])),
         (QA, q_lora.map(|r| vec![r, dim])),
         (QANorm, q_lora.map(|r| vec![r])),
         (
@@ -591,6 +617,10 @@ fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
             RouterBias,
             moe.filter(|m| m.choice_bias).map(|m| vec![m.n_experts]),
         ),
+        (
+            RouterLogitBias,
+            moe.filter(|m| m.logit_bias).map(|m| vec![m.n_experts]),
+        ),
         (SharedWGate, shared.map(|d| vec![d, dim])),
         (SharedWDown, shared.map(|d| vec![dim, d])),
         (SharedWUp, shared.map(|d| vec![d, dim])),
@@ -614,6 +644,12 @@ fn llama_layer(c: &ModelConfig, l: usize) -> Vec<(TensorName, Vec<usize>)> {
                     _ => vec![m.expert_dim, dim],
                 };
                 out.push((TensorName::Expert(l, e, p), shape));
+            }
+            if m.expert_biases {
+                for p in EXPERT_BIASES {
+                    let len = if p == BDown { dim } else { m.expert_dim };
+                    out.push((TensorName::Expert(l, e, p), vec![len]));
+                }
             }
         }
     }

@@ -117,8 +117,9 @@ pub fn stories_logits() -> Vec<f32> {
 }
 
 /// The tiny transformers checkpoints of `tests/data/hf-families` (made by its
-/// `make_tiny.py` and, for DeepSeek and GLM-4.5, `make_mla.py`), by directory name.
-pub const HF_FAMILIES: [&str; 15] = [
+/// `make_tiny.py`; for DeepSeek and GLM-4.5, `make_mla.py`; for gpt-oss, `make_gpt_oss.py`),
+/// by directory name.
+pub const HF_FAMILIES: [&str; 16] = [
     "llama3",
     "mistral",
     "qwen2",
@@ -134,6 +135,7 @@ pub const HF_FAMILIES: [&str; 15] = [
     "deepseek_v2",
     "deepseek_v3",
     "glm4_moe",
+    "gpt_oss",
 ];
 
 /// Converts `ckpt` to the .flm file `out` with `dtype` and `recipe`, stories260K's tok512

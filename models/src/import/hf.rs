@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use super::hf_families::{self, MoeFields, RopeFields, WindowFields};
 use super::{
-    deepseek, map_file, packed, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor,
+    deepseek, gpt_oss, map_file, packed, pytorch, thudm, Checkpoint, Encoding, Format, SourceTensor,
 };
 use crate::tensor_names::{canonical_tensors, TensorName};
 use crate::{Activation, Error, Family, ModelConfig, Result};
@@ -82,7 +82,8 @@ struct HfConfig {
     attn_logit_softcapping: Option<f32>,
     /// Gemma 2: soft-capping of the logits.
     final_logit_softcapping: Option<f32>,
-    /// Gemma 2 and 3 (transformers 5): `sliding_attention` or `full_attention` per layer.
+    /// Gemma 2 and 3 (transformers 5), gpt-oss: `sliding_attention` or `full_attention` per
+    /// layer.
     layer_types: Option<Vec<String>>,
     /// Gemma 3 (transformers 4): every this-many-th layer is global.
     sliding_window_pattern: Option<usize>,
@@ -220,6 +221,8 @@ fn parse_config(path: &Path) -> Result<(ModelConfig, Family)> {
     };
     let config = if family.is_gemma() {
         gemma(config, &hf, family).map_err(unsupported)?
+    } else if family == Family::GptOss {
+        gpt_oss(config, &hf).map_err(unsupported)?
     } else if family.has_deepseek_experts() {
         deepseek::configure(config, family, &text).map_err(unsupported)?
     } else {
@@ -253,21 +256,45 @@ fn gemma(
     c.attention_scale = hf.query_pre_attn_scalar.map(|q| q.powf(-0.5) as f32);
     c.attn_softcap = hf.attn_logit_softcapping;
     c.final_softcap = hf.final_logit_softcapping;
-    let sliding: Vec<bool> = match &hf.layer_types {
-        Some(types) => types
-            .iter()
-            .map(|t| match t.as_str() {
-                "sliding_attention" => Ok(true),
-                "full_attention" => Ok(false),
-                other => Err(format!("layer type \"{other}\"")),
-            })
-            .collect::<std::result::Result<_, _>>()?,
+    let sliding: Vec<bool> = match layer_types(hf)? {
+        Some(sliding) => sliding,
         None if family == Family::Gemma2 => (0..c.n_layers).map(|l| l % 2 == 0).collect(),
         None => {
             let pattern = hf.sliding_window_pattern.unwrap_or(6).max(1);
             (0..c.n_layers).map(|l| (l + 1) % pattern != 0).collect()
         }
     };
+    c.sliding_layers = Some(sliding);
+    Ok(c)
+}
+
+/// Which layers `layer_types` makes sliding-window ones; `None` without the field.
+///
+/// Errors: a message naming an unknown type.
+fn layer_types(hf: &HfConfig) -> std::result::Result<Option<Vec<bool>>, String> {
+    hf.layer_types
+        .as_ref()
+        .map(|types| {
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(format!("layer type \"{other}\"")),
+                })
+                .collect()
+        })
+        .transpose()
+}
+
+/// What gpt-oss changes in the Llama graph (transformers' `GptOssModel`): attention sinks,
+/// and sliding-window layers where `layer_types` says (transformers' default: the even
+/// layers).
+///
+/// Errors: a message for an unknown layer type.
+fn gpt_oss(mut c: ModelConfig, hf: &HfConfig) -> std::result::Result<ModelConfig, String> {
+    c.attn_sinks = true;
+    let sliding = layer_types(hf)?.unwrap_or_else(|| (0..c.n_layers).map(|l| l % 2 == 0).collect());
     c.sliding_layers = Some(sliding);
     Ok(c)
 }
@@ -454,6 +481,7 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         _ => {}
     }
     let mut split = deepseek::split(&config, &mut by_name)?;
+    split.extend(gpt_oss::split(&config, &mut by_name)?);
     let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, _)| {

@@ -13,6 +13,7 @@
 //! | `qwen3_moe` | routed experts, dense layers, q/k norms as Qwen3 | `num_experts` (or `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`, `mlp_only_layers` |
 //! | `qwen2_moe` | as `qwen3_moe` without q/k norms, plus q/k/v biases and a sigmoid-gated shared expert | the same, `shared_expert_intermediate_size`, `qkv_bias` |
 //! | `glm4` (GLM-4-0414) | post-attention and post-MLP norms, fused gate/up, q/k/v biases, RoPE in adjacent pairs on half of each head | `attention_bias`, `partial_rotary_factor` (default 0.5) |
+//! | `gpt_oss` | attention sinks, q/k/v/o biases, sliding and full layers, YaRN; routed experts with biases and a clamped SwiGLU behind a biased router | `layer_types`, `sliding_window`, `num_local_experts`, `num_experts_per_tok`, `swiglu_alpha`, `swiglu_limit` |
 //!
 //! transformers 5 writes the RoPE settings as one `rope_parameters` object
 //! (`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": ..}`), transformers 4 as
@@ -23,7 +24,7 @@
 //! transformers for these families); others (dynamic NTK) and Qwen2's per-layer windows
 //! are refused with an error naming them.
 
-use flm_core::{Llama3Scaling, RopeScaling, YarnScaling};
+use flm_core::{ExpertActivation, Llama3Scaling, RopeScaling, YarnScaling};
 
 use crate::{Family, MoeConfig};
 use serde::Deserialize;
@@ -82,6 +83,9 @@ pub(super) struct MoeFields {
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
     shared_expert_intermediate_size: Option<usize>,
+    /// gpt-oss: the clamped SwiGLU's sigmoid slope and clamp.
+    swiglu_alpha: Option<f32>,
+    swiglu_limit: Option<f32>,
 }
 
 /// The experts of a `family` of `n_layers` layers whose dense feed-forward is
@@ -116,6 +120,17 @@ pub(super) fn moe(
         Family::Mixtral => {
             MoeConfig::softmax_top_k(n_experts()?, top_k()?, intermediate_size, true)
         }
+        // `GptOssTopKRouter`: a softmax over the top k biased logits, which is a softmax
+        // over all of them renormalised over the top k.
+        Family::GptOss => MoeConfig {
+            logit_bias: true,
+            expert_biases: true,
+            activation: ExpertActivation::ClampedSwiGlu {
+                alpha: f.swiglu_alpha.unwrap_or(1.702),
+                limit: f.swiglu_limit.unwrap_or(7.0),
+            },
+            ..MoeConfig::softmax_top_k(n_experts()?, top_k()?, intermediate_size, true)
+        },
         Family::Qwen3Moe | Family::Qwen2Moe => {
             let step = f.decoder_sparse_step.unwrap_or(1);
             if step == 0 {

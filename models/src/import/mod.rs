@@ -20,6 +20,7 @@ mod awq;
 mod deepseek;
 mod flm;
 mod gguf;
+mod gpt_oss;
 mod gptq;
 mod hf;
 mod hf_families;

@@ -51,6 +51,9 @@ pub(crate) struct AttentionIo<'a> {
     /// With multi-head latent attention: the queries' rotated part, attending to the
     /// second cache tensor, while the first is both the keys' other part and the values.
     pub(crate) q_rope: Option<&'a Data>,
+    /// Each query head's attention-sink logit (gpt-oss), set by the caller that has the
+    /// layer's weights.
+    pub(crate) sinks: Option<&'a Data>,
     pub(crate) output: &'a mut Data,
 }
 
@@ -72,7 +75,7 @@ impl AttentionIo<'_> {
             cache_v,
             rope,
             params,
-            sinks: None,
+            sinks: self.sinks,
             output: self.output,
         }
     }
@@ -195,12 +198,14 @@ impl Activations {
                 new_rows: [&t.latent, &t.k_rope],
                 q: &t.q_latent,
                 q_rope: Some(&t.q_rope),
+                sinks: None,
                 output: &mut t.out_latent,
             },
             None => AttentionIo {
                 new_rows: [&self.k, &self.v],
                 q: &self.q,
                 q_rope: None,
+                sinks: None,
                 output: &mut self.att,
             },
         }

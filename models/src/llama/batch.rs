@@ -206,6 +206,7 @@ impl BatchedForward for LlamaBatch {
             let params = model.attention_params(l);
             let (first, second) = kv.layer_mut(l);
             let mut io = s.attention_io();
+            io.sinks = model.sinks(l);
             for (src, dst) in io.new_rows.into_iter().zip([&mut *first, &mut *second]) {
                 exec.run(Op::ScatterRows {
                     src,

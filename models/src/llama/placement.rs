@@ -118,14 +118,20 @@ fn routed_bytes(lw: &LlamaLayer) -> u64 {
         Ffn::Moe {
             router,
             router_bias,
+            router_logit_bias,
             experts,
             shared,
         } => experts
             .iter()
             .chain(shared.iter().map(|s| &s.ffn))
-            .flat_map(|e| [&e.gate, &e.up, &e.down])
+            .flat_map(|e| {
+                [&e.gate, &e.up, &e.down]
+                    .into_iter()
+                    .chain(e.biases.iter().flatten())
+            })
             .chain([router])
             .chain(router_bias)
+            .chain(router_logit_bias)
             .chain(shared.iter().filter_map(|s| s.gate.as_ref()))
             .map(|d| d.size_bytes() as u64)
             .sum(),

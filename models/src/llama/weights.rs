@@ -98,6 +98,9 @@ pub struct QkvProjections {
     /// RMSNorm gains `[head_dim]` applied to each query head and each key head before RoPE
     /// (`ModelConfig::qk_norm`: Qwen3).
     pub qk_norm: Option<[Data; 2]>,
+    /// f32 `[n_heads]`: each query head's attention-sink logit (`ModelConfig::attn_sinks`:
+    /// gpt-oss).
+    pub sinks: Option<Data>,
 }
 
 /// The weights of multi-head latent attention ([`crate::MlaConfig`]; transformers'
@@ -239,6 +242,8 @@ pub enum Ffn {
         router: Data,
         /// f32 `[n_experts]`: added to the scores to choose the experts (DeepSeek-V3).
         router_bias: Option<Data>,
+        /// f32 `[n_experts]`: added to the router's logits (gpt-oss).
+        router_logit_bias: Option<Data>,
         /// The experts, each a SwiGLU of `expert_dim`.
         experts: Vec<Expert>,
         /// The shared expert every token runs besides (Qwen2-MoE).
@@ -267,6 +272,7 @@ impl LlamaLayer {
                 out.extend([&h.wq, &h.wk, &h.wv]);
                 out.extend(h.qkv_bias.iter().flatten());
                 out.extend(h.qk_norm.iter().flatten());
+                out.extend(&h.sinks);
             }
             Attention::Latent(a) => out.extend(a.tensors()),
         }
@@ -282,11 +288,13 @@ impl LlamaLayer {
             Ffn::Moe {
                 router,
                 router_bias,
+                router_logit_bias,
                 shared,
                 ..
             } => {
                 out.push(router);
                 out.extend(router_bias);
+                out.extend(router_logit_bias);
                 if let Some(s) = shared {
                     out.extend([&s.ffn.gate, &s.ffn.down, &s.ffn.up]);
                     out.extend(&s.gate);
@@ -297,6 +305,9 @@ impl LlamaLayer {
         if let Ffn::Moe { experts, .. } = &self.ffn {
             for e in experts {
                 out.extend([&e.gate, &e.down, &e.up]);
+                if let Some([b_gate, b_up, b_down]) = &e.biases {
+                    out.extend([b_gate, b_down, b_up]);
+                }
             }
         }
         out
@@ -323,6 +334,7 @@ impl LlamaLayer {
                         Some([q, k]) => Some([f(q, false)?, f(k, false)?]),
                         None => None,
                     },
+                    sinks: h.sinks.map(|s| f(s, false)).transpose()?,
                 }),
                 Attention::Latent(a) => {
                     Attention::Latent(Box::new(a.try_map(&mut |d| f(d, false))?))
@@ -344,6 +356,7 @@ impl LlamaLayer {
                 Ffn::Moe {
                     router,
                     router_bias,
+                    router_logit_bias,
                     experts,
                     shared,
                 } => {
@@ -377,6 +390,7 @@ impl LlamaLayer {
                         },
                         router: f(router, true)?,
                         router_bias: router_bias.map(|b| f(b, true)).transpose()?,
+                        router_logit_bias: router_logit_bias.map(|b| f(b, true)).transpose()?,
                     }
                 }
             },
@@ -643,6 +657,11 @@ fn layer(c: &ModelConfig, l: usize, t: &mut Tensors) -> Result<LlamaLayer> {
                 .qk_norm
                 .then(|| Ok::<_, Error>([part(QNorm)?, part(KNorm)?]))
                 .transpose()?,
+            // The attention op reads the sinks in f32, whatever the checkpoint's dtype.
+            sinks: c
+                .attn_sinks
+                .then(|| Ok::<_, Error>(part(Sinks)?.to_dtype(DataType::F32)?))
+                .transpose()?,
         }),
     };
     Ok(LlamaLayer {
@@ -664,6 +683,10 @@ fn layer(c: &ModelConfig, l: usize, t: &mut Tensors) -> Result<LlamaLayer> {
                     .choice_bias
                     .then(|| Ok::<_, Error>(part(RouterBias)?.to_dtype(DataType::F32)?))
                     .transpose()?,
+                router_logit_bias: m
+                    .logit_bias
+                    .then(|| Ok::<_, Error>(part(RouterLogitBias)?.to_dtype(DataType::F32)?))
+                    .transpose()?,
                 shared: m
                     .shared_expert_dim
                     .map(|_| {
@@ -684,11 +707,17 @@ fn layer(c: &ModelConfig, l: usize, t: &mut Tensors) -> Result<LlamaLayer> {
                 experts: (0..m.n_experts)
                     .map(|e| {
                         let mut part = |p| t.take(TensorName::Expert(l, e, p));
+                        let (gate, down, up) = (part(WGate)?, part(WDown)?, part(WUp)?);
+                        let mut bias = |p| Ok::<_, Error>(part(p)?.to_dtype(DataType::F32)?);
+                        let biases = m
+                            .expert_biases
+                            .then(|| Ok::<_, Error>([bias(BGate)?, bias(BUp)?, bias(BDown)?]))
+                            .transpose()?;
                         Ok(Expert {
-                            gate: part(WGate)?,
-                            up: part(WUp)?,
-                            down: part(WDown)?,
-                            biases: None,
+                            gate,
+                            up,
+                            down,
+                            biases,
                         })
                     })
                     .collect::<Result<_>>()?,
