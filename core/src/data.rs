@@ -687,6 +687,12 @@ impl Data {
                 msg: format!("{} to i32", self.dtype),
             });
         }
+        self.convert(dtype, None)
+    }
+
+    /// [`Data::to_dtype`]'s conversion, its quantised rows fitted with `importance` where
+    /// given ([`quant::quantize_row_weighted`]).
+    fn convert(&self, dtype: DataType, importance: Option<&[f32]>) -> Result<Data> {
         let mut out = Data::zeros(dtype, &self.shape)?;
         out.input_perm = self.input_perm.clone();
         let cols = self.cols();
@@ -715,7 +721,7 @@ impl Data {
                                 .zip(row.iter())
                                 .for_each(|(d, v)| *d = bf16::from_f32(*v));
                         }
-                        dtype => quant::quantize_row(dtype, row, dst),
+                        dtype => quant::quantize_row_weighted(dtype, row, importance, dst),
                     }
                     Ok(())
                 },
@@ -760,27 +766,10 @@ impl Data {
                 "{OP}: importance {v} of column {j} is not a finite non-negative number"
             )));
         }
-        if !dtype.is_quantized() {
+        if dtype == DataType::I32 {
             return self.to_dtype(dtype);
         }
-        let mut out = Data::zeros(dtype, &self.shape)?;
-        out.input_perm = self.input_perm.clone();
-        let out_row = dtype.byte_len(&[cols]).unwrap_or(0);
-        if cols == 0 || out_row == 0 {
-            return Ok(out);
-        }
-        out.bytes_mut()?
-            .par_chunks_mut(out_row)
-            .enumerate()
-            .try_for_each_init(
-                || vec![0.0f32; cols],
-                |row, (r, dst)| {
-                    self.row_to_f32(r, row)?;
-                    quant::quantize_row_weighted(dtype, row, Some(importance), dst);
-                    Ok(())
-                },
-            )?;
-        Ok(out)
+        self.convert(dtype, Some(importance))
     }
 }
 
