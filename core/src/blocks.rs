@@ -781,7 +781,7 @@ impl Quantize for BlockQ4K {
         })
     }
 
-    /// llama.cpp's `quantize_row_q4_K_impl` ([`quantize_q45_k_weighted`]), with the
+    /// llama.cpp's `quantize_row_q4_K_impl` (`quantize_q45_k_weighted`), with the
     /// weights `importance · sqrt(σ² + x²)` over the super-block.
     fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
         let w = importance_weights(values, importance);
@@ -820,7 +820,7 @@ impl Quantize for BlockQ5K {
         })
     }
 
-    /// llama.cpp's `quantize_row_q5_K_impl` ([`quantize_q45_k_weighted`]), with the
+    /// llama.cpp's `quantize_row_q5_K_impl` (`quantize_q45_k_weighted`), with the
     /// weights `importance · sqrt(σ² + x²)` over the super-block.
     fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
         let w = importance_weights(values, importance);
@@ -883,7 +883,7 @@ impl Quantize for BlockQ6K {
         self.store(values, d, sc);
     }
 
-    /// llama.cpp's `quantize_row_q6_K_impl`: per 16 values the scale of [`fit_symmetric`]
+    /// llama.cpp's `quantize_row_q6_K_impl`: per 16 values the scale of `fit_symmetric`
     /// weighted by `importance` alone (as llama.cpp, without the `sqrt(σ² + x²)` factor),
     /// then the 16 scales quantised to i8 against the f16 `d` that gives the largest −128.
     fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {

@@ -124,7 +124,7 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
 ///
 /// The block weights are llama.cpp's (`ggml-quants.c`): `w_j = importance_j ·
 /// sqrt(σ² + x_j²)` with `σ² = 2 Σ x² / n` over the row for int8 and the int4 forms
-/// ([`importance_weights`]), over each super-block for Q4_K and Q5_K
+/// (`importance_weights`), over each super-block for Q4_K and Q5_K
 /// (`quantize_row_q4_K_impl`, `quantize_row_q5_K_impl`), and `w_j = importance_j` for
 /// Q6_K (`quantize_row_q6_K_impl`). Q8_0 ignores importance, as ggml does. The searches:
 /// int8 tries scales around `max|x| / 127` with a least-squares refit of each; the int4
