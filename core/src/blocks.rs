@@ -187,7 +187,7 @@ fn plain_fit<B: Quantize>(values: &[f32]) -> B {
 }
 
 /// ggml's `kvalues_iq4nl`: the 16 levels of IQ4_NL and IQ4_XS.
-const IQ4_LEVELS: [i8; 16] = [
+pub const IQ4_LEVELS: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
@@ -412,6 +412,32 @@ pub struct BlockIQ4XS {
     pub scales_l: [u8; 4],
     /// 4-bit codes (of Q5_K: their low 4 bits), two values to a byte.
     pub qs: [u8; 128],
+}
+
+/// `block_mxfp4`: `2^(e − 128) · E[q]`, `E` the E2M1 values doubled.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockMXFP4 {
+    /// The E8M0 exponent: the block's scale is `2^(e − 127)`.
+    pub e: u8,
+    /// 4-bit E2M1 codes: value `i` in the low nibble of byte `i`, `i + 16` in its high one.
+    pub qs: [u8; 16],
+}
+
+/// ggml's `kvalues_mxfp4`: the 16 E2M1 values (sign, 2-bit exponent, 1-bit mantissa),
+/// doubled to integers.
+pub const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// ggml's `ggml_e8m0_to_fp32_half`: `2^(e − 128)`, the scale of [`MXFP4_LEVELS`] (half the
+/// E8M0 value, subnormal for `e < 2`), exactly.
+#[inline(always)]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
 }
 
 impl Block for BlockQ4_0 {
@@ -953,6 +979,40 @@ impl Block for BlockIQ4XS {
     }
 }
 
+impl Block for BlockMXFP4 {
+    const TYPE: GgmlType = GgmlType::MXFP4;
+
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = e8m0_half(self.e);
+        nibbles32(&self.qs, out, |q| d * MXFP4_LEVELS[q as usize] as f32)
+    }
+}
+
+impl Quantize for BlockMXFP4 {
+    /// ggml's `quantize_row_mxfp4_ref` (and gguf-py's `MXFP4.quantize_blocks`): the
+    /// exponent `⌊log2 max|w|⌋ − 2 + 127` (0 for an all-zero block; the largest E2M1 value
+    /// is 6 = 1.5·2²), then each value's nearest level, the first of equals. Importance is
+    /// ignored, as llama.cpp does.
+    fn quantize(&mut self, values: &[f32]) {
+        let amax = values
+            .iter()
+            .fold(0.0f32, |m, v| if m < v.abs() { v.abs() } else { m });
+        self.e = if amax > 0.0 {
+            (amax.log2().floor() - 2.0 + 127.0) as u8
+        } else {
+            0
+        };
+        let d = e8m0_half(self.e);
+        let nearest = |x: f32| {
+            let err = |i: usize| (MXFP4_LEVELS[i] as f32 * d - x).abs();
+            (1..16).fold(0, |best, i| if err(i) < err(best) { i } else { best }) as u8
+        };
+        for (j, q) in self.qs.iter_mut().enumerate() {
+            *q = nearest(values[j]) | (nearest(values[j + 16]) << 4);
+        }
+    }
+}
+
 /// Decodes a row of `dst.len()` values of the ggml type `ty` from `src`
 /// (`dst.len().div_ceil(ty.block_len())` blocks; the values of the last block past
 /// `dst.len()` are dropped). The math is gguf-py's, operation for operation.
@@ -974,6 +1034,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q6K => dequantize_row::<BlockQ6K>(src, dst),
         GgmlType::IQ4NL => dequantize_row::<BlockIQ4NL>(src, dst),
         GgmlType::IQ4XS => dequantize_row::<BlockIQ4XS>(src, dst),
+        GgmlType::MXFP4 => dequantize_row::<BlockMXFP4>(src, dst),
     }
 }
 
@@ -1004,6 +1065,7 @@ pub fn quantize_weighted(ty: GgmlType, src: &[f32], importance: Option<&[f32]>, 
         GgmlType::Q4K => quantize_row_weighted::<BlockQ4K>(src, importance, dst),
         GgmlType::Q5K => quantize_row_weighted::<BlockQ5K>(src, importance, dst),
         GgmlType::Q6K => quantize_row_weighted::<BlockQ6K>(src, importance, dst),
+        GgmlType::MXFP4 => quantize_row_weighted::<BlockMXFP4>(src, importance, dst),
         _ => panic!("flm does not write {} blocks", ty.name()),
     }
 }

@@ -58,6 +58,18 @@ pub enum DataType {
     /// Signed 32-bit integers: indices, not weights (the input permutation of an
     /// act-order GPTQ weight, [`crate::Data::input_perm`]); no op takes it as a weight.
     I32 = 17,
+    /// ggml's IQ4_NL, its bytes as they are: blocks of 32 values (18 bytes: an f16 scale
+    /// `d`, 4-bit codes into ggml's 16 non-linear levels `K`; `w = d·K[q]`), 4.5 bits per
+    /// weight (layout in [`crate::ggml`]).
+    IQ4NL = 18,
+    /// ggml's IQ4_XS: super-blocks of 256 values (136 bytes: an f16 `d`, a 6-bit scale per
+    /// 32 values, 4-bit codes into IQ4_NL's levels; `w = d·(sc − 32)·K[q]`), 4.25 bits per
+    /// weight.
+    IQ4XS = 19,
+    /// MXFP4 (OCP Microscaling), as ggml stores it: blocks of 32 values (17 bytes: an E8M0
+    /// exponent `e`, 4-bit E2M1 codes; `w = 2^(e − 127) · E2M1[q]`), 4.25 bits per weight
+    /// (gpt-oss's experts).
+    MXFP4 = 20,
 }
 
 /// How an int4 dtype gives each group's minimum `m` in `ŵ = d · q + m` (layouts in
@@ -91,9 +103,9 @@ pub enum Format {
 }
 
 impl DataType {
-    /// Every dtype that holds values (a weight or an activation), in discriminant order:
-    /// all but [`DataType::I32`].
-    pub const VALUES: [DataType; 17] = [
+    /// Every dtype that holds values (a weight or an activation), in discriminant order
+    /// (but [`DataType::I32`], which is not one of them).
+    pub const VALUES: [DataType; 20] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -111,14 +123,18 @@ impl DataType {
         DataType::I4ZpG32,
         DataType::I4ZpG64,
         DataType::I4ZpG128,
+        DataType::IQ4NL,
+        DataType::IQ4XS,
+        DataType::MXFP4,
     ];
 
     /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 18] = {
-        let mut all = [DataType::I32; 18];
+    pub const ALL: [DataType; 21] = {
+        let mut all = [DataType::I32; 21];
         let mut i = 0;
         while i < DataType::VALUES.len() {
-            all[i] = DataType::VALUES[i];
+            let d = DataType::VALUES[i];
+            all[d as usize] = d;
             i += 1;
         }
         all
@@ -149,6 +165,9 @@ impl DataType {
             DataType::Q5K => Format::Ggml(GgmlType::Q5K),
             DataType::Q6K => Format::Ggml(GgmlType::Q6K),
             DataType::Q8_0 => Format::Ggml(GgmlType::Q8_0),
+            DataType::IQ4NL => Format::Ggml(GgmlType::IQ4NL),
+            DataType::IQ4XS => Format::Ggml(GgmlType::IQ4XS),
+            DataType::MXFP4 => Format::Ggml(GgmlType::MXFP4),
         })
     }
 
@@ -157,15 +176,14 @@ impl DataType {
         self.format().is_some()
     }
 
-    /// Whether this is one of ggml's K-quant types, kept in ggml's super-block layout.
+    /// Whether this is one of ggml's K-quant types (Q4_K, Q5_K, Q6_K), kept in ggml's
+    /// super-block layout.
     pub const fn is_k_quant(self) -> bool {
-        match self.ggml_type() {
-            Some(t) => t.block_len() == crate::ggml::QK_K,
-            None => false,
-        }
+        matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
     }
 
-    /// The ggml type whose blocks a K-quant dtype or [`DataType::Q8_0`] holds as they are.
+    /// The ggml type whose blocks a dtype holds as they are (the K-quants, Q8_0, the IQ4
+    /// types and MXFP4).
     pub const fn ggml_type(self) -> Option<crate::ggml::GgmlType> {
         match self.format() {
             Some(Format::Ggml(t)) => Some(t),
@@ -242,6 +260,9 @@ impl DataType {
             DataType::I4ZpG64 => "int4-zp-g64",
             DataType::I4ZpG128 => "int4-zp-g128",
             DataType::I32 => "i32",
+            DataType::IQ4NL => "iq4_nl",
+            DataType::IQ4XS => "iq4_xs",
+            DataType::MXFP4 => "mxfp4",
         }
     }
 }

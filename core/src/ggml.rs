@@ -25,8 +25,11 @@
 //! | Q6_K | 256, 210 | 128 B low nibbles, 64 B 2-bit highs, 16 × i8 `sc`, `d` | `(d·sc) · (q − 32)` |
 //! | IQ4_NL | 32, 18 | `d`, 16 B nibbles | `d · K[q]` |
 //! | IQ4_XS | 256, 136 | `d`, u16 high scale bits, 4 B low scale nibbles, 128 B nibbles | `(d·(sc − 32)) · K[q]` |
+//! | MXFP4 | 32, 17 | E8M0 exponent `e`, 16 B nibbles | `2^(e − 128) · E[q]` |
 //!
-//! `K` is ggml's non-linear 4-bit codebook `kvalues_iq4nl`. Within a 32-value run of
+//! `K` is ggml's non-linear 4-bit codebook `kvalues_iq4nl`; `E` is `kvalues_mxfp4`, the
+//! E2M1 values doubled (so that they are integers, hence `e − 128`: OCP Microscaling
+//! Formats v1.0, with `2^(e − 127)` the shared scale). Within a 32-value run of
 //! nibbles, byte `i` holds value `i` in its low nibble and value `i + 16` in its high one
 //! (the order flm's int4 rows use too: [`crate::quant::nibble`]).
 //!
@@ -66,11 +69,13 @@ pub enum GgmlType {
     IQ4NL = 20,
     /// 4-bit non-linear codebook, 6-bit scales per 32 values in super-blocks of 256.
     IQ4XS = 23,
+    /// OCP Microscaling FP4: 32 E2M1 values sharing one E8M0 power-of-two scale.
+    MXFP4 = 39,
 }
 
 impl GgmlType {
     /// Every type, in `ggml_type` order.
-    pub const ALL: [GgmlType; 12] = [
+    pub const ALL: [GgmlType; 13] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
@@ -83,6 +88,7 @@ impl GgmlType {
         GgmlType::Q6K,
         GgmlType::IQ4NL,
         GgmlType::IQ4XS,
+        GgmlType::MXFP4,
     ];
 
     /// The type of `ggml_type` number `id`, if flm reads it.
@@ -105,6 +111,7 @@ impl GgmlType {
             GgmlType::Q6K => "Q6_K",
             GgmlType::IQ4NL => "IQ4_NL",
             GgmlType::IQ4XS => "IQ4_XS",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 
@@ -116,7 +123,8 @@ impl GgmlType {
             | GgmlType::Q5_0
             | GgmlType::Q5_1
             | GgmlType::Q8_0
-            | GgmlType::IQ4NL => 32,
+            | GgmlType::IQ4NL
+            | GgmlType::MXFP4 => 32,
             _ => QK_K,
         }
     }
@@ -135,6 +143,7 @@ impl GgmlType {
             GgmlType::Q5K => 176,
             GgmlType::Q6K => 210,
             GgmlType::IQ4XS => 136,
+            GgmlType::MXFP4 => 17,
         }
     }
 

@@ -104,11 +104,20 @@ fn q4_0_and_q4_1_repack_into_flm_int4_without_changing_a_bit() {
     }
 }
 
-/// Q4_K, Q5_K and Q6_K are flm dtypes of the same bytes: their rows dequantise as gguf-py's
-/// bit for bit, the rows themselves unchanged.
+/// The K-quants, Q8_0, the IQ4 types and MXFP4 are flm dtypes of the same bytes: their rows
+/// dequantise as gguf-py's bit for bit, the rows themselves unchanged.
 #[test]
-fn k_quants_are_flm_dtypes_of_the_same_bytes() {
-    for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+fn native_types_are_flm_dtypes_of_the_same_bytes() {
+    let native: Vec<GgmlType> = GgmlType::ALL
+        .into_iter()
+        .filter(|t| t.native_dtype().is_some())
+        .collect();
+    let names: Vec<&str> = native.iter().map(|t| t.name()).collect();
+    assert_eq!(
+        names,
+        ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
+    );
+    for ty in native {
         let dtype = ty.native_dtype().unwrap();
         assert_eq!(dtype.ggml_type(), Some(ty));
         let (blocks, want) = case(ty);
@@ -125,6 +134,24 @@ fn k_quants_are_flm_dtypes_of_the_same_bytes() {
         let bits: Vec<u32> = short.iter().map(|v| v.to_bits()).collect();
         assert_eq!(bits, want[..COLS - 100], "{dtype}: short row");
     }
+}
+
+/// flm's MXFP4 quantiser writes the blocks gguf-py's `MXFP4.quantize_blocks` (ggml's
+/// `quantize_row_mxfp4_ref`) wrote from the same weights, byte for byte.
+#[test]
+fn mxfp4_quantises_as_gguf_py() {
+    let weights: Vec<f32> = read("weights.f32")
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (want, _) = case(GgmlType::MXFP4);
+    let mut got = vec![0u8; want.len()];
+    let row = want.len() / ROWS;
+    for (w, out) in weights.chunks_exact(COLS).zip(got.chunks_exact_mut(row)) {
+        blocks::quantize(GgmlType::MXFP4, w, out);
+    }
+    let first = got.iter().zip(&want).position(|(g, w)| g != w);
+    assert_eq!(first, None, "first differing byte of {} bytes", want.len());
 }
 
 #[test]
@@ -149,6 +176,7 @@ fn type_numbers_and_sizes_are_ggmls() {
             (14, "Q6_K", 256, 210),
             (20, "IQ4_NL", 32, 18),
             (23, "IQ4_XS", 256, 136),
+            (39, "MXFP4", 32, 17),
         ]
     );
     assert_eq!(GgmlType::from_id(1), None);

@@ -3,9 +3,10 @@
 (llama.cpp's own Python package, `pip install gguf`): for each type, `<TYPE>.bin` holds
 ROWS x COLS values as ggml blocks and `<TYPE>.f32` the values `gguf.quants.dequantize`
 decodes them to (f32 little-endian, row-major). flm's decoders must give the same bits
-(core/tests/ggml.rs).
+(core/tests/ggml.rs). `weights.f32` holds the weights the quantised types were made from,
+so that flm's MXFP4 quantiser is checked against gguf-py's blocks.
 
-The blocks: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are quantised by `gguf.quants.quantize` from
+The blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 are quantised by `gguf.quants.quantize` from
 seeded random weights (normal, with a few rows scaled, an all-zero row and outliers).
 gguf-py has no quantiser for the K-quants and IQ4 types, so their blocks are random bytes
 (every bit pattern of a code or scale byte is a valid block) with the f16 scale fields
@@ -24,7 +25,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 ROWS, COLS = 8, 512
-QUANTISED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+QUANTISED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4]
 RANDOM = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 # Byte offsets of the f16 fields in each block (ggml-common.h).
 F16_FIELDS = {
@@ -71,6 +72,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(35)
     w = weights(rng)
+    # The weights the quantised types were made from, for the tests of flm's quantisers.
+    (out / "weights.f32").write_bytes(w.astype("<f4").tobytes())
     for qtype in QUANTISED + RANDOM:
         if qtype in QUANTISED:
             blocks = quants.quantize(w, qtype)
