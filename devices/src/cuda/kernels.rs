@@ -3,7 +3,10 @@
 //! reductions) followed by one source file; every kernel is `extern "C"`, so its name in
 //! the PTX is [`Kernel::name`] of the handles in [`Module::kernels`].
 
+use flm_core::ggml::GgmlType;
 use flm_core::{DataType, Int4Form};
+
+use crate::gemv_layout::packed_in_gpu_memory;
 
 /// One compilation unit and the kernels the device loads from it.
 #[derive(Debug, Clone, Copy)]
@@ -69,21 +72,27 @@ impl KvType {
     }
 }
 
-/// Whether the quantised-weight kernels read `dtype`: int8, int4 and the K-quants, not
-/// yet ggml's Q8_0 (whose ops then run on the CPU, from host memory).
+/// Whether the quantised-weight kernels read `dtype`: int8 and int4 (in the GPU GEMV layout,
+/// [`packed_in_gpu_memory`]) and every dtype holding ggml's blocks ([`ggml_code`]).
 pub fn has_quant_kernels(dtype: DataType) -> bool {
-    dtype.is_quantized() && dtype != DataType::Q8_0
+    packed_in_gpu_memory(dtype) || ggml_code(dtype).is_some()
 }
 
-/// The `kq` argument of the kernels that read K-quant rows (`dequant_k` in prelude.cuh):
-/// 1, 2, 3 for Q4_K, Q5_K, Q6_K; 0 for any other dtype.
-pub fn k_quant_code(dtype: DataType) -> i32 {
-    match dtype {
-        DataType::Q4K => 1,
-        DataType::Q5K => 2,
-        DataType::Q6K => 3,
-        _ => 0,
-    }
+/// The `gq` argument of the kernels that read weights in rows of ggml's blocks as they are
+/// (`gq_*` and `dequant_ggml` in prelude.cuh, `GQ_*` there): 1-3 Q4_K, Q5_K, Q6_K, 4 Q8_0,
+/// 5 IQ4_NL, 6 IQ4_XS, 7 MXFP4; `None` for a dtype that does not hold ggml blocks, or whose
+/// blocks the kernels do not read.
+pub fn ggml_code(dtype: DataType) -> Option<i32> {
+    Some(match dtype.ggml_type()? {
+        GgmlType::Q4K => 1,
+        GgmlType::Q5K => 2,
+        GgmlType::Q6K => 3,
+        GgmlType::Q8_0 => 4,
+        GgmlType::IQ4NL => 5,
+        GgmlType::IQ4XS => 6,
+        GgmlType::MXFP4 => 7,
+        _ => return None,
+    })
 }
 
 /// The `form` argument of the kernels that read int4 weights (`dequant_packed` in
@@ -152,8 +161,8 @@ pub enum Kernel {
     Embedding(FloatWeight),
     /// `embedding_quant` (embedding.cu).
     EmbeddingQuant,
-    /// `qgemv_k` (qgemv.cu).
-    QgemvK,
+    /// `qgemv_ggml` (qgemv.cu).
+    QgemvGgml,
     /// `add_bias` (qgemv.cu).
     AddBias,
     /// `gemv_<weight>_<rows>` (gemv.cu): `gemv_f16_1`, ..., `gemv_q4_8`.
@@ -213,7 +222,7 @@ impl Kernel {
             Kernel::Embedding(W::F16) => "embedding_f16",
             Kernel::Embedding(W::Bf16) => "embedding_bf16",
             Kernel::EmbeddingQuant => "embedding_quant",
-            Kernel::QgemvK => "qgemv_k",
+            Kernel::QgemvGgml => "qgemv_ggml",
             Kernel::Gemv(weight, tile) => GEMV_NAMES[weight as usize][tile as usize],
             Kernel::QuantizeQ8Rows => "quantize_q8_rows",
             Kernel::PadColsF32 => "pad_cols_f32",
@@ -240,7 +249,7 @@ impl Kernel {
 }
 
 /// Shared by every module: f16/bf16 conversions, warp and block reductions, the quantised
-/// layouts (int8/int4 in the GPU GEMV layout, ggml's K-quant rows).
+/// layouts (int8/int4 in the GPU GEMV layout, rows of ggml's blocks).
 pub const PRELUDE: &str = include_str!("kernels/prelude.cuh");
 
 /// Every module of the device.
@@ -288,7 +297,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "qgemv",
         source: include_str!("kernels/qgemv.cu"),
-        kernels: &[Kernel::QgemvK, Kernel::AddBias],
+        kernels: &[Kernel::QgemvGgml, Kernel::AddBias],
     },
     Module {
         name: "gemv",
@@ -376,7 +385,8 @@ pub const SAMPLE_THREADS: u32 = 1024;
 /// Positions one paged-attention block covers (`PAGED_CHUNK` in `paged_attention.cu`).
 pub const PAGED_CHUNK: usize = 256;
 
-/// Output rows per block of the K-quant dequantise-GEMV kernel (`QGEMV_ROWS` in `qgemv.cu`).
+/// Output rows per block of the dequantise-GEMV kernel of ggml's blocks (`QGEMV_ROWS` in
+/// `qgemv.cu`).
 pub const QGEMV_ROWS: usize = 4;
 
 /// Output rows per block (one warp each) of the decode GEMV kernels (`GEMV_WARPS` in
@@ -463,6 +473,42 @@ mod tests {
             let want = n.min(GEMV_MAX_ROWS);
             let smallest = tiles.iter().find(|t| t.rows() >= want).copied();
             assert_eq!(Some(tile), smallest, "{n} rows");
+        }
+    }
+
+    /// The prelude's hand-written tables of ggml's blocks (`GQ_*`, `gq_block`, the packed
+    /// levels) agree with flm_core's, and every dtype holding ggml blocks has a code.
+    #[test]
+    fn prelude_ggml_tables_match_flm_core() {
+        for dtype in DataType::VALUES {
+            let Some(ty) = dtype.ggml_type() else {
+                continue;
+            };
+            let code = ggml_code(dtype).unwrap_or_else(|| panic!("{dtype} has no gq code"));
+            let name = ty.name();
+            let define = format!("#define GQ_{name} {code}\n");
+            assert!(PRELUDE.contains(&define), "prelude lacks `{define}`");
+            let case = format!(
+                "case GQ_{name}: return make_int2({}, {});",
+                ty.block_len(),
+                ty.block_bytes()
+            );
+            assert!(PRELUDE.contains(&case), "prelude lacks `{case}`");
+        }
+        let words = |levels: [i8; 16]| {
+            let bytes = levels.map(|v| v as u8);
+            let w: Vec<String> = bytes
+                .chunks_exact(4)
+                .map(|c| format!("{:#010x}u", u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect();
+            w.join(", ")
+        };
+        for (name, levels) in [
+            ("IQ4_LEVEL_WORDS", flm_core::blocks::IQ4_LEVELS),
+            ("MXFP4_LEVEL_WORDS", flm_core::blocks::MXFP4_LEVELS),
+        ] {
+            let define = format!("#define {name} {}\n", words(levels));
+            assert!(PRELUDE.contains(&define), "prelude lacks `{define}`");
         }
     }
 }
