@@ -349,7 +349,7 @@ gpu_tests! {
 
     linear_ggml_blocks_against_dequantised_weights(gpu) {
         // Weights of ggml's blocks held tighter than linear_every_dtype holds them: in
-        // decode (up to 8 rows, the kernel qgemv_ggml) both devices multiply the same f32
+        // decode (up to 8 rows, the kernels qgemv_<type>) both devices multiply the same f32
         // values in f32, only the order of the sums and the GPU's factoring of each run's
         // scale differing; rows that end mid-run, mid-block and within the first block.
         // Then prefill rows (dequantised to f16 for cuBLAS), and, with batch invariance

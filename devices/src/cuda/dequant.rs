@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use flm_core::{quant, DataType, Error, Result};
 
 use super::device::CudaDevice;
-use super::kernels::{ggml_code, int4_form_code, Kernel};
+use super::kernels::{int4_form_code, GgmlBlocks, Kernel};
 use super::launch::{dev_err, grid, int};
 use super::linear::{convert, gemm};
 use crate::gemv_layout::GemvLayout;
@@ -49,7 +49,7 @@ pub(super) struct QuantRows {
     group: i32,
     /// The int4 form ([`int4_form_code`]).
     form: i32,
-    /// The ggml block type ([`ggml_code`]); 0 for int8/int4.
+    /// The ggml block type ([`GgmlBlocks::code`]); 0 for int8/int4.
     gq: i32,
     /// Byte offset of the int8 scales or int4 group parameters ([`GemvLayout::params_offset`]).
     params: i64,
@@ -74,7 +74,7 @@ impl QuantRows {
                 params: bytes(l.params_offset)?,
             }),
             None => {
-                let gq = ggml_code(dtype).ok_or_else(|| Error::DType {
+                let blocks = GgmlBlocks::of(dtype).ok_or_else(|| Error::DType {
                     op: "Linear",
                     msg: format!("{dtype} weights have no f16 dequantisation on cuda"),
                 })?;
@@ -86,7 +86,7 @@ impl QuantRows {
                     ld: int(quant::padded_cols(dtype, cols))?,
                     group: 0,
                     form: 0,
-                    gq,
+                    gq: blocks.code(),
                     params: 0,
                 })
             }

@@ -73,27 +73,65 @@ impl KvType {
 }
 
 /// Whether the quantised-weight kernels read `dtype`: int8 and int4 (in the GPU GEMV layout,
-/// [`packed_in_gpu_memory`]) and every dtype holding ggml's blocks ([`ggml_code`]).
+/// [`packed_in_gpu_memory`]) and every dtype holding ggml's blocks ([`GgmlBlocks`]).
 pub fn has_quant_kernels(dtype: DataType) -> bool {
-    packed_in_gpu_memory(dtype) || ggml_code(dtype).is_some()
+    packed_in_gpu_memory(dtype) || GgmlBlocks::of(dtype).is_some()
 }
 
-/// The `gq` argument of the kernels that read weights in rows of ggml's blocks as they are
-/// (`gq_*` and `dequant_ggml` in prelude.cuh, `GQ_*` there): 1-3 Q4_K, Q5_K, Q6_K, 4 Q8_0,
-/// 5 IQ4_NL, 6 IQ4_XS, 7 MXFP4; `None` for a dtype that does not hold ggml blocks, or whose
-/// blocks the kernels do not read.
-pub fn ggml_code(dtype: DataType) -> Option<i32> {
-    Some(match dtype.ggml_type()? {
-        GgmlType::Q4K => 1,
-        GgmlType::Q5K => 2,
-        GgmlType::Q6K => 3,
-        GgmlType::Q8_0 => 4,
-        GgmlType::IQ4NL => 5,
-        GgmlType::IQ4XS => 6,
-        GgmlType::MXFP4 => 7,
-        _ => return None,
-    })
+/// A type of ggml's blocks that the kernels read as they are, in rows of whole blocks
+/// (`gq_*` and `dequant_ggml` in prelude.cuh): each discriminant is its `gq` code there
+/// (`GQ_*`), the argument of the kernels that read any of them, and each type has its own
+/// decode kernel, `qgemv_<type>` (qgemv.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgmlBlocks {
+    /// Q4_K.
+    Q4K = 1,
+    /// Q5_K.
+    Q5K = 2,
+    /// Q6_K.
+    Q6K = 3,
+    /// Q8_0.
+    Q8_0 = 4,
+    /// IQ4_NL.
+    IQ4NL = 5,
+    /// IQ4_XS.
+    IQ4XS = 6,
+    /// MXFP4.
+    MXFP4 = 7,
 }
+
+impl GgmlBlocks {
+    /// The blocks a weight of `dtype` holds; `None` for a dtype that does not hold ggml
+    /// blocks, or whose blocks the kernels do not read.
+    pub fn of(dtype: DataType) -> Option<GgmlBlocks> {
+        Some(match dtype.ggml_type()? {
+            GgmlType::Q4K => GgmlBlocks::Q4K,
+            GgmlType::Q5K => GgmlBlocks::Q5K,
+            GgmlType::Q6K => GgmlBlocks::Q6K,
+            GgmlType::Q8_0 => GgmlBlocks::Q8_0,
+            GgmlType::IQ4NL => GgmlBlocks::IQ4NL,
+            GgmlType::IQ4XS => GgmlBlocks::IQ4XS,
+            GgmlType::MXFP4 => GgmlBlocks::MXFP4,
+            _ => return None,
+        })
+    }
+
+    /// Its `gq` code.
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// `qgemv.cu`'s decode kernel names by [`GgmlBlocks`] code − 1.
+const QGEMV_NAMES: [&str; 7] = [
+    "qgemv_q4_k",
+    "qgemv_q5_k",
+    "qgemv_q6_k",
+    "qgemv_q8_0",
+    "qgemv_iq4_nl",
+    "qgemv_iq4_xs",
+    "qgemv_mxfp4",
+];
 
 /// The `form` argument of the kernels that read int4 weights (`dequant_packed` in
 /// prelude.cuh): how a group's minimum is stored, 0 an f16 minimum (int4), 1 none
@@ -161,8 +199,8 @@ pub enum Kernel {
     Embedding(FloatWeight),
     /// `embedding_quant` (embedding.cu).
     EmbeddingQuant,
-    /// `qgemv_ggml` (qgemv.cu).
-    QgemvGgml,
+    /// `qgemv_<type>` (qgemv.cu): `qgemv_q4_k`, ..., `qgemv_mxfp4`.
+    QgemvGgml(GgmlBlocks),
     /// `add_bias` (qgemv.cu).
     AddBias,
     /// `gemv_<weight>_<rows>` (gemv.cu): `gemv_f16_1`, ..., `gemv_q4_8`.
@@ -222,7 +260,7 @@ impl Kernel {
             Kernel::Embedding(W::F16) => "embedding_f16",
             Kernel::Embedding(W::Bf16) => "embedding_bf16",
             Kernel::EmbeddingQuant => "embedding_quant",
-            Kernel::QgemvGgml => "qgemv_ggml",
+            Kernel::QgemvGgml(blocks) => QGEMV_NAMES[blocks as usize - 1],
             Kernel::Gemv(weight, tile) => GEMV_NAMES[weight as usize][tile as usize],
             Kernel::QuantizeQ8Rows => "quantize_q8_rows",
             Kernel::PadColsF32 => "pad_cols_f32",
@@ -297,7 +335,16 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "qgemv",
         source: include_str!("kernels/qgemv.cu"),
-        kernels: &[Kernel::QgemvGgml, Kernel::AddBias],
+        kernels: &[
+            Kernel::QgemvGgml(GgmlBlocks::Q4K),
+            Kernel::QgemvGgml(GgmlBlocks::Q5K),
+            Kernel::QgemvGgml(GgmlBlocks::Q6K),
+            Kernel::QgemvGgml(GgmlBlocks::Q8_0),
+            Kernel::QgemvGgml(GgmlBlocks::IQ4NL),
+            Kernel::QgemvGgml(GgmlBlocks::IQ4XS),
+            Kernel::QgemvGgml(GgmlBlocks::MXFP4),
+            Kernel::AddBias,
+        ],
     },
     Module {
         name: "gemv",
@@ -477,15 +524,27 @@ mod tests {
     }
 
     /// The prelude's hand-written tables of ggml's blocks (`GQ_*`, `gq_block`, the packed
-    /// levels) agree with flm_core's, and every dtype holding ggml blocks has a code.
+    /// levels) agree with flm_core's, and every dtype holding ggml blocks has a code and a
+    /// decode kernel instantiated for it.
     #[test]
     fn prelude_ggml_tables_match_flm_core() {
         for dtype in DataType::VALUES {
             let Some(ty) = dtype.ggml_type() else {
                 continue;
             };
-            let code = ggml_code(dtype).unwrap_or_else(|| panic!("{dtype} has no gq code"));
-            let name = ty.name();
+            let blocks = GgmlBlocks::of(dtype).unwrap_or_else(|| panic!("{dtype} has no gq code"));
+            let (code, name) = (blocks.code(), ty.name());
+            let kernel = Kernel::QgemvGgml(blocks);
+            assert!(
+                MODULES.iter().any(|m| m.kernels.contains(&kernel)),
+                "{} is in no module",
+                kernel.name()
+            );
+            let instance = format!("QGEMV({}, GQ_{name})", &kernel.name()["qgemv_".len()..]);
+            assert!(
+                MODULES.iter().any(|m| m.source.contains(&instance)),
+                "no `{instance}`"
+            );
             let define = format!("#define GQ_{name} {code}\n");
             assert!(PRELUDE.contains(&define), "prelude lacks `{define}`");
             let case = format!(

@@ -132,7 +132,7 @@ __device__ __forceinline__ float dequant_packed(const unsigned char* w, long r, 
 }
 
 // ggml's blocks as flm keeps them (the dtypes of flm_core::Format::Ggml; layouts in
-// flm_core::ggml and flm_core::blocks), `gq` the code kernels.rs's ggml_code gives. Every
+// flm_core::ggml and flm_core::blocks), `gq` the code of kernels.rs's GgmlBlocks. Every
 // type is runs of 32 values, one or eight to a block; value l of run r of a block is
 // s.x * gq_code(r, l) - s.y, s = gq_run_scales(r): the K-quants' (flm_core::kquant), Q8_0's
 // d q, and the 4-bit lookup types' scale times one of 16 int8 levels (IQ4_NL d K[q], IQ4_XS
@@ -157,7 +157,7 @@ __device__ __forceinline__ int2 gq_block(int gq) {
     case GQ_IQ4_XS: return make_int2(256, 136);
     case GQ_MXFP4: return make_int2(32, 17);
     }
-    // The host passes only the codes above (kernels.rs's ggml_code).
+    // The host passes only the codes above (kernels.rs's GgmlBlocks).
     __builtin_unreachable();
 }
 
