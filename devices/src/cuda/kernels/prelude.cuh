@@ -182,7 +182,7 @@ __device__ __forceinline__ int nibble32(const unsigned char* qs, int l) {
     return l < 16 ? (qs[l] & 15) : (qs[l - 16] >> 4);
 }
 
-// An f16 at any byte address (blocks of 17 or 18 bytes leave their fields unaligned).
+// An f16 read a byte at a time, which assumes no alignment of the block it sits in.
 __device__ __forceinline__ float f16_at(const unsigned char* p) {
     return f16_to_f32((f16_bits)(p[0] | (p[1] << 8)));
 }
@@ -208,6 +208,7 @@ __device__ __forceinline__ float2 gq_run_scales(const unsigned char* b, int gq, 
     }
     case GQ_MXFP4: return make_float2(e8m0_half(b[0]), 0.0f);
     }
+    // Q4_K and Q5_K.
     const unsigned char* s = b + 4;
     int sc, m;
     if (r < 4) {
@@ -236,6 +237,7 @@ __device__ __forceinline__ float gq_code(const unsigned char* b, int gq, int r, 
     case GQ_IQ4_XS: return (float)lut16(IQ4_LEVEL_WORDS, nibble32(b + 8 + 16 * r, l));
     case GQ_MXFP4: return (float)lut16(MXFP4_LEVEL_WORDS, nibble32(b + 1, l));
     }
+    // Q4_K and Q5_K.
     const unsigned char* qs = b + (gq == GQ_Q5_K ? 48 : 16);
     int q = (qs[(r >> 1) * 32 + l] >> (4 * (r & 1))) & 15;
     if (gq == GQ_Q5_K) q |= ((b[16 + l] >> r) & 1) << 4;
