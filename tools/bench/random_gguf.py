@@ -2,7 +2,10 @@
 """Writes a GGUF of random weights at the shapes of a Hugging Face config.json.
 
 For speed comparisons with llama.cpp (tools/bench/rounds_vs_llamacpp.sh), of a Llama
-(`llama`) or a DeepSeek-V2 (model_type `deepseek_v2`, written as llama.cpp's `deepseek2`):
+(`llama`), a DeepSeek-V2 (model_type `deepseek_v2`, written as llama.cpp's `deepseek2`) or
+a gpt-oss (`gpt_oss`, as llama.cpp's `gpt-oss`, type `mxfp4` only: the routed experts in
+MXFP4 and the other matrices in BF16, as the released checkpoints hold them, the biases and
+sinks f32):
 every matrix, token embedding and output head included, is stored in one type (Q4_0, Q4_1
 or Q8_0), as `llama-quantize --pure` would; norms and the MoE routers (`ffn_gate_inp`,
 which llama-quantize never quantises) are f32. The blocks are random and written
@@ -24,7 +27,7 @@ query as `attn_q` (or `attn_q_a` and `attn_q_b` where q_lora_rank is set),
 layers, then each layer's routed experts stacked as `ffn_{gate,up,down}_exps`
 `[n_expert, out, in]` and the shared experts as `ffn_{gate,up,down}_shexp`.
 
-Usage: random_gguf.py CONFIG.json {q4_0,q4_1,q8_0} OUT.gguf [--seed N]
+Usage: random_gguf.py CONFIG.json {q4_0,q4_1,q8_0,mxfp4} OUT.gguf [--seed N]
 Needs numpy and gguf (gguf-py 0.19 was used); for DeepSeek-V2 also what
 tools/gguf/make_family_ggufs.py imports (safetensors).
 """
@@ -44,6 +47,8 @@ TYPES = {
     "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0, 1, 16),
     "q4_1": (gguf.GGMLQuantizationType.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1, 2, 16),
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0, 1, 256),
+    # gpt-oss as it ships: MXFP4 experts (their E8M0 exponent drawn per block), BF16 else.
+    "mxfp4": (gguf.GGMLQuantizationType.MXFP4, gguf.LlamaFileType.MOSTLY_MXFP4_MOE, 0, 0),
 }
 
 
@@ -135,7 +140,48 @@ def deepseek2(w: gguf.GGUFWriter, cfg: dict) -> list[tuple[str, tuple[int, ...]]
     return tensors
 
 
-ARCHITECTURES = {"llama": llama, "deepseek_v2": deepseek2}
+def gpt_oss(w: gguf.GGUFWriter, cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Adds gpt-oss's own keys as llama.cpp's converter does (`GptOssModel`: YaRN, the
+    sliding window on every other layer from the first, `expert_feed_forward_length`);
+    returns its tensors' names and shapes (outer first), biases and sinks included."""
+    d, heads, head_dim = cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"]
+    kv_heads, experts, ff = cfg["num_key_value_heads"], cfg["num_local_experts"], cfg["intermediate_size"]
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_expert_count(experts)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(ff)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    tensors = []
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"blk.{i}."
+        for name, out, inp in [("attn_q", heads * head_dim, d), ("attn_k", kv_heads * head_dim, d),
+                               ("attn_v", kv_heads * head_dim, d), ("attn_output", d, heads * head_dim)]:
+            tensors += [(p + name + ".weight", (out, inp)), (p + name + ".bias", (out,))]
+        tensors += [
+            (p + "attn_norm.weight", (d,)),
+            (p + "attn_sinks.weight", (heads,)),
+            (p + "post_attention_norm.weight", (d,)),
+            (p + "ffn_gate_inp.weight", (experts, d)),
+            (p + "ffn_gate_inp.bias", (experts,)),
+            (p + "ffn_gate_exps.weight", (experts, ff, d)),
+            (p + "ffn_gate_exps.bias", (experts, ff)),
+            (p + "ffn_up_exps.weight", (experts, ff, d)),
+            (p + "ffn_up_exps.bias", (experts, ff)),
+            (p + "ffn_down_exps.weight", (experts, d, ff)),
+            (p + "ffn_down_exps.bias", (experts, d)),
+        ]
+    return tensors
+
+
+ARCHITECTURES = {"llama": llama, "deepseek_v2": deepseek2, "gpt_oss": gpt_oss}
+GGUF_ARCH = {"llama": "llama", "deepseek_v2": "deepseek2", "gpt_oss": "gpt-oss"}
 
 
 def main() -> None:
@@ -152,9 +198,11 @@ def main() -> None:
     family = cfg.get("model_type", "llama")
     if family not in ARCHITECTURES:
         sys.exit(f"{args.config}: model_type {family!r} is not one of {list(ARCHITECTURES)}")
+    if (family == "gpt_oss") != (args.qtype == "mxfp4"):
+        sys.exit("gpt-oss is written with --qtype mxfp4, and mxfp4 only for gpt-oss")
     d, vocab = cfg["hidden_size"], cfg["vocab_size"]
 
-    w = gguf.GGUFWriter(args.out, "deepseek2" if family == "deepseek_v2" else "llama")
+    w = gguf.GGUFWriter(args.out, GGUF_ARCH[family])
     w.add_name("random " + args.config)
     w.add_context_length(cfg.get("max_position_embeddings", 2048))
     w.add_embedding_length(d)
@@ -183,9 +231,15 @@ def main() -> None:
     tensors += [("output_norm.weight", (d,)), ("output.weight", (vocab, d))]
 
     def f32(name: str) -> bool:
-        return name.endswith(("norm.weight", "ffn_gate_inp.weight"))
+        return name.endswith(("norm.weight", "ffn_gate_inp.weight", ".bias", "attn_sinks.weight"))
 
-    def byte_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    def type_of(name: str) -> gguf.GGMLQuantizationType:
+        if qtype == gguf.GGMLQuantizationType.MXFP4 and "_exps." not in name:
+            return gguf.GGMLQuantizationType.BF16
+        return qtype
+
+    def byte_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        block, block_bytes = gguf.GGML_QUANT_SIZES[type_of(name)]
         assert shape[-1] % block == 0, shape
         return (*shape[:-1], shape[-1] // block * block_bytes)
 
@@ -194,8 +248,8 @@ def main() -> None:
         if f32(name):
             w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * math.prod(shape))
         else:
-            w.add_tensor_info(name, byte_shape(shape), np.dtype(np.uint8),
-                              math.prod(byte_shape(shape)), raw_dtype=qtype)
+            w.add_tensor_info(name, byte_shape(name, shape), np.dtype(np.uint8),
+                              math.prod(byte_shape(name, shape)), raw_dtype=type_of(name))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -206,7 +260,18 @@ def main() -> None:
         if f32(name):
             w.write_tensor_data(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
             continue
+        if type_of(name) == gguf.GGMLQuantizationType.BF16:
+            values = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+            bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
+            w.write_tensor_data(bf16.view(np.uint8).reshape(byte_shape(name, shape)))
+            continue
         n = math.prod(shape) // block
+        if qtype == gguf.GGMLQuantizationType.MXFP4:
+            # Steps 2^(e - 128) of 2^-10 to 2^-8: the largest level (12) about 0.01 to 0.05.
+            blocks = np.frombuffer(bytearray(rng.bytes(n * block_bytes)), np.uint8).reshape(n, block_bytes)
+            blocks[:, 0] = rng.integers(118, 121, n, dtype=np.uint8)
+            w.write_tensor_data(blocks.reshape(byte_shape(name, shape)))
+            continue
         blocks = np.frombuffer(bytearray(rng.bytes(n * block_bytes)), np.uint8).reshape(n, block_bytes)
         step = (rng.uniform(0.04, 0.08, n) / levels).astype(np.float16)
         blocks[:, 0:2] = step.view(np.uint8).reshape(n, 2)

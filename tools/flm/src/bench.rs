@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// Weight dtype of --random.
     #[arg(long, value_enum)]
     dtype: Option<DtypeArg>,
+    /// Weight dtype of --random's routed experts (default: --dtype), e.g. mxfp4 experts
+    /// beside bf16 attention as gpt-oss ships them.
+    #[arg(long, value_enum, requires = "random")]
+    expert_dtype: Option<DtypeArg>,
     /// int4, int4-sym and int4-zp group size of --random: 32, 64 or 128.
     #[arg(long, default_value_t = 32)]
     group_size: usize,
@@ -225,6 +229,10 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
                     bail!("--random needs --dtype");
                 };
                 let dtype = dtype.with_group(args.group_size)?;
+                let expert_dtype = match args.expert_dtype {
+                    Some(d) => d.with_group(args.group_size)?,
+                    None => dtype,
+                };
                 let ckpt = import::random(config, 0)
                     .with_context(|| format!("cannot read {}", config.display()))?;
                 llama_graph(&ckpt.config)?;
@@ -234,6 +242,10 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
                     seed += 1;
                     bar.set_position(seed);
                     bar.set_message(name.hf().unwrap_or_default());
+                    let dtype = match name {
+                        flm_models::tensor_names::TensorName::Expert(..) => expert_dtype,
+                        _ => dtype,
+                    };
                     random_tensor(dtype, shape, seed).map_err(|e| {
                         flm_models::Error::Config(format!("cannot build random weights: {e:#}"))
                     })
@@ -243,7 +255,11 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
                     ckpt.config,
                     weights,
                     config.display().to_string(),
-                    dtype.name().to_string(),
+                    if expert_dtype == dtype {
+                        dtype.name().to_string()
+                    } else {
+                        format!("{dtype}, experts {expert_dtype}")
+                    },
                 )
             }
             (None, None) => bail!("pass --model or --random"),
