@@ -1,17 +1,18 @@
 //! gpt-oss with its experts in MXFP4, as the released checkpoints store them
 //! (`tests/data/hf-families/gpt_oss_mxfp4`, made by `make_gpt_oss_mxfp4.py`; see its
-//! SOURCES.md): the experts repacked into ggml's blocks decode to exactly the weights
-//! transformers dequantises them to, and the model gives transformers' logits.
+//! SOURCES.md), and its GGUF file by llama.cpp's converter: the experts repacked into
+//! ggml's blocks decode to exactly the weights transformers dequantises them to, are the
+//! bytes llama.cpp's converter writes, and the model gives transformers' logits.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use flm_core::DataType;
+use flm_core::{DataType, ExpertActivation, RopeScaling, YarnScaling};
 use flm_models::convert::Recipe;
 use flm_models::import::{self, Checkpoint};
 use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::tensor_names::{LayerPart, TensorName};
-use flm_models::Graph;
+use flm_models::{Graph, MoeConfig};
 use flm_tests::{convert_with_tok512, cpu_executor, data, f32_file, ids, json, max_abs_diff};
 use half::bf16;
 use safetensors::tensor::TensorView;
@@ -110,10 +111,14 @@ fn mxfp4_experts_decode_to_transformers_weights_exactly() {
 }
 
 /// transformers' logits of the input ids, loading the checkpoint with
-/// `Mxfp4Config(dequantize=True)`.
-fn transformers_logits() -> Vec<f32> {
-    f32_file(&data(&format!("{FAMILY}/logits_f32le.bin")))
+/// `Mxfp4Config(dequantize=True)`: as it is (`logits`), or with `swiglu_limit` 7.0, the
+/// model its GGUF file describes (`limit7_logits`).
+fn transformers_logits(which: &str) -> Vec<f32> {
+    f32_file(&data(&format!("{FAMILY}/{which}_f32le.bin")))
 }
+
+/// llama.cpp's `convert_hf_to_gguf.py` of the checkpoint (`make_gpt_oss_gguf.py`).
+const GGUF: &str = "hf-families/gpt_oss_mxfp4.gguf";
 
 /// Converted to an f32 .flm file (the experts decoded from their blocks), the model gives
 /// transformers' logits too: the repacked blocks decode to its weights (the test above),
@@ -128,13 +133,14 @@ fn mxfp4_converted_to_f32_matches_transformers() {
     let down = TensorName::Expert(3, 7, LayerPart::WDown).to_string();
     let t = flm.tensors.iter().find(|t| t.name == down).unwrap();
     assert_eq!(t.encoding.load_dtype(), DataType::F32);
-    assert_three_ways_near(&out, "f32 .flm");
+    assert_three_ways_near(&out, "logits", "f32 .flm");
 }
 
 /// The logits of the model at `path` in one prefill, two chunks (10 ids, then 14) and token
-/// by token are within [`TOLERANCE`] of transformers'; `what` names it in messages.
-fn assert_three_ways_near(path: &Path, what: &str) {
-    let want = transformers_logits();
+/// by token are within [`TOLERANCE`] of transformers' `which` ([`transformers_logits`]);
+/// `what` names it in messages.
+fn assert_three_ways_near(path: &Path, which: &str, what: &str) {
+    let want = transformers_logits(which);
     let exec = cpu_executor();
     let input = input_ids();
     let prefill = load(path)
@@ -258,4 +264,93 @@ fn broken_mxfp4_experts_are_clear_errors() {
         let err = load_error(dir.path());
         assert!(err.contains(want), "{err}");
     }
+}
+
+/// The GGUF file describes the checkpoint's model as llama.cpp runs gpt-oss: sinks, q/k/v/o
+/// biases, windows on the even layers, YaRN unrounded, the biased router and the expert
+/// biases, but llama.cpp's SwiGLU limit of 7 (the file has no key for it).
+#[test]
+fn gguf_configuration_is_the_checkpoints_with_llama_cpps_limit() {
+    let hf = checkpoint(&data(FAMILY)).config;
+    let gguf = checkpoint(&data(GGUF)).config;
+    assert!(gguf.attn_sinks && gguf.qkv_bias && gguf.o_bias);
+    assert_eq!(
+        (
+            gguf.n_layers,
+            gguf.dim,
+            gguf.n_heads,
+            gguf.n_kv_heads,
+            gguf.head_dim
+        ),
+        (hf.n_layers, hf.dim, hf.n_heads, hf.n_kv_heads, hf.head_dim)
+    );
+    assert_eq!(gguf.rope_style, hf.rope_style);
+    assert_eq!(gguf.rope_theta, hf.rope_theta);
+    assert_eq!(
+        (gguf.sliding_window, &gguf.sliding_layers),
+        (hf.sliding_window, &hf.sliding_layers)
+    );
+    let (Some(RopeScaling::Yarn(g)), Some(RopeScaling::Yarn(h))) =
+        (&gguf.rope_scaling, &hf.rope_scaling)
+    else {
+        panic!("{:?} {:?}", gguf.rope_scaling, hf.rope_scaling);
+    };
+    assert!((g.attention_factor - h.attention_factor).abs() < 1e-6);
+    assert_eq!(
+        YarnScaling {
+            attention_factor: h.attention_factor,
+            ..*g
+        },
+        *h
+    );
+    let want = MoeConfig {
+        activation: ExpertActivation::ClampedSwiGlu {
+            alpha: 1.702,
+            limit: 7.0,
+        },
+        ..hf.moe.clone().unwrap()
+    };
+    assert_eq!(gguf.moe, Some(want));
+}
+
+/// Every tensor of the GGUF file is read, and each expert's MXFP4 matrix is, byte for byte,
+/// the one flm repacks from the checkpoint's blocks and scales: llama.cpp's converter
+/// (`GptOssModel.repack_mxfp4`) and flm's importer move the same nibbles to the same
+/// places. Its biases and the other tensors hold the checkpoint's values.
+#[test]
+fn gguf_experts_are_the_checkpoints_repacked_blocks() {
+    let hf = checkpoint(&data(FAMILY));
+    let gguf = checkpoint(&data(GGUF));
+    assert!(gguf.ignored.is_empty(), "{:?}", gguf.ignored);
+    assert_eq!(gguf.tensors.len(), hf.tensors.len());
+    let mut mxfp4 = 0;
+    for t in &hf.tensors {
+        let g = gguf.tensors.iter().find(|g| g.name == t.name).unwrap();
+        assert_eq!(g.shape, t.shape, "{}", t.name);
+        let (want, got) = (t.load().unwrap(), g.load().unwrap());
+        assert_eq!(got.dtype(), want.dtype(), "{}", t.name);
+        if want.dtype() == DataType::MXFP4 {
+            assert_eq!(got.bytes().unwrap(), want.bytes().unwrap(), "{}", t.name);
+            mxfp4 += 1;
+        } else {
+            assert_eq!(
+                got.to_f32_vec().unwrap(),
+                want.to_f32_vec().unwrap(),
+                "{}",
+                t.name
+            );
+        }
+    }
+    let c = &hf.config;
+    assert_eq!(mxfp4, c.n_layers * c.moe.as_ref().unwrap().n_experts * 3);
+}
+
+/// Converted to an f32 .flm file, the GGUF file gives transformers' logits of the model it
+/// describes (the checkpoint with `swiglu_limit` 7).
+#[test]
+fn gguf_converted_to_f32_matches_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gpt_oss_mxfp4-gguf.f32.flm");
+    convert_with_tok512(&checkpoint(&data(GGUF)), &out, DataType::F32, Recipe::Pure);
+    assert_three_ways_near(&out, "limit7_logits", "GGUF as f32 .flm");
 }

@@ -112,6 +112,7 @@ def main():
     out_dir.mkdir(exist_ok=True)
     model.config.save_pretrained(out_dir)
     config = json.loads((out_dir / "config.json").read_text())
+    config["architectures"] = [GptOssForCausalLM.__name__]
     config["quantization_config"] = QUANTIZATION_CONFIG
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
