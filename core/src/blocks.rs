@@ -11,8 +11,11 @@
 //! (`gguf/quants.py`, `dequantize_blocks` of each class), with the same f32 operations in
 //! the same order, so that every value agrees bit for bit (golden data in
 //! `tests/data/gguf/quants`, made by gguf-py). [`Quantize`] is implemented by the formats
-//! flm writes itself; [`quantize_row`] and [`dequantize_row`] apply a format to a row of
-//! any length, the last block padded with zeros.
+//! flm writes itself: Q8_0, MXFP4, IQ4_NL and IQ4_XS byte for byte as ggml writes them
+//! (golden data in `tests/data/gguf/quants` and `tests/data/gguf/iq4`, made by gguf-py and
+//! by ggml's C), the K-quants with flm's fits ([`quantize_weighted`]); [`quantize_row`] and
+//! [`dequantize_row`] apply a format to a row of any length, the last block padded with
+//! zeros.
 
 use bytemuck::{Pod, Zeroable};
 use half::f16;
@@ -979,6 +982,189 @@ impl Block for BlockIQ4XS {
     }
 }
 
+/// Trials of the IQ4 scale search either side of `−max / K[0]`: the `ntry` that
+/// llama.cpp's `quantize_iq4_nl` and `quantize_iq4_xs` pass to `quantize_row_iq4_nl_impl`.
+const IQ4_NTRY: i32 = 7;
+
+/// ggml's `best_index_int8` over [`IQ4_LEVELS`]: the index of the level nearest `x`, the
+/// upper of two equally near ones, found by ggml's bisection so that ties and NaN land
+/// where ggml's do.
+fn nearest_iq4(x: f32) -> u8 {
+    let level = |i: usize| f32::from(IQ4_LEVELS[i]);
+    if x <= level(0) {
+        return 0;
+    }
+    if x >= level(15) {
+        return 15;
+    }
+    let (mut lo, mut hi) = (0, 15);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if x < level(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    if x - level(hi - 1) < level(hi) - x {
+        (hi - 1) as u8
+    } else {
+        hi as u8
+    }
+}
+
+/// The scale `d` of a run of 32 values coded `d · K[q]` (`K` = [`IQ4_LEVELS`]),
+/// minimising `Σ w (x − d·K[q])²` as the per-block loop of llama.cpp's
+/// `quantize_row_iq4_nl_impl` with `ntry = 7` finds it: the weighted least-squares scale
+/// of the codes of `d = max / 127` (`max` the value of largest magnitude, the first of
+/// equals), then of the codes of each inverse scale `(k − 127) / max`, `k ∈ [−7, 7]`,
+/// keeping the one of least error. 0 for a run below ggml's `GROUP_MAX_EPS`.
+fn fit_iq4_run(x: &[f32], w: &[f32]) -> f32 {
+    let (amax, max) = x.iter().fold((0.0f32, 0.0f32), |(a, m), &v| {
+        if v.abs() > a {
+            (v.abs(), v)
+        } else {
+            (a, m)
+        }
+    });
+    if amax < GROUP_MAX_EPS {
+        return 0.0;
+    }
+    let k0 = f32::from(IQ4_LEVELS[0]);
+    // `(Σ w·q·x, Σ w·q²)` of the codes of inverse scale `id`, summed in ggml's order.
+    let sums = |id: f32| {
+        x.iter()
+            .zip(w)
+            .fold((0.0f32, 0.0f32), |(sqx, sq2), (&v, &wt)| {
+                let q = f32::from(IQ4_LEVELS[usize::from(nearest_iq4(id * v))]);
+                (sqx + wt * q * v, sq2 + wt * q * q)
+            })
+    };
+    let (sumqx, sumq2) = sums(1.0 / (-max / k0));
+    let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    let mut best = d * sumqx;
+    for k in -IQ4_NTRY..=IQ4_NTRY {
+        let (sumqx, sumq2) = sums((k + i32::from(IQ4_LEVELS[0])) as f32 / max);
+        // The least-squares error is Σ w x² − sumqx² / sumq2: the largest ratio wins.
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    d
+}
+
+/// Stores the codes `nearest_iq4(id · x)` of 32 values `x` in `qs` (16 bytes) in
+/// [`nibbles32`]'s order.
+fn put_iq4_codes(x: &[f32], id: f32, qs: &mut [u8]) {
+    let (lo, hi) = x.split_at(16);
+    for (q, (&a, &b)) in qs.iter_mut().zip(lo.iter().zip(hi)) {
+        *q = nearest_iq4(id * a) | (nearest_iq4(id * b) << 4);
+    }
+}
+
+/// `1 / d`, 0 where `d` is 0 (ggml's `d ? 1/d : 0`).
+fn inverse(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+/// The weights of llama.cpp's IQ4 fits without an imatrix: `x²`.
+fn squares(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|v| v * v).collect()
+}
+
+impl BlockIQ4NL {
+    /// llama.cpp's `quantize_row_iq4_nl_impl` for one block of 32 (`super_block_size =
+    /// block_size = 32`, `ntry = 7`) with block weights `w`: the scale of [`fit_iq4_run`]
+    /// stored as f16, the codes from its f32 inverse.
+    fn fit(&mut self, values: &[f32], w: &[f32]) {
+        let d = fit_iq4_run(values, w);
+        self.d = F16Le::new(f16::from_f32(d));
+        put_iq4_codes(values, inverse(d), &mut self.qs);
+    }
+}
+
+impl Quantize for BlockIQ4NL {
+    /// ggml's `quantize_iq4_nl` without an imatrix, as llama-quantize and
+    /// `ggml_quantize_chunk` write IQ4_NL: `BlockIQ4NL::fit` with weights `x²` (not
+    /// `quantize_row_iq4_nl_ref`, which skips the trial scales). Byte for byte ggml's
+    /// (`core/tests/iq4_quant.rs`).
+    fn quantize(&mut self, values: &[f32]) {
+        self.fit(values, &squares(values));
+    }
+
+    /// ggml's `quantize_iq4_nl` with `quant_weights = importance`: `BlockIQ4NL::fit`
+    /// with weights `importance · sqrt(σ² + x²)`, `σ² = 2 Σ x² / 32` over the block.
+    /// llama.cpp's own result is kept (not `keep_better`'s choice against the plain
+    /// fit), so that the bytes are ggml's.
+    fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
+        self.fit(values, &importance_weights(values, importance));
+    }
+}
+
+impl BlockIQ4XS {
+    /// llama.cpp's `quantize_row_iq4_nl_impl` for one super-block of 256 (`block_size =
+    /// 32`, `ntry = 7`) with block weights `w`: each run's scale from [`fit_iq4_run`], then
+    /// `d = −s* / 32` (`s*` the run scale of largest magnitude, the first of equals; so an
+    /// all-zero super-block stores `d = −0`), each run's 6-bit level
+    /// `clamp(round(s / d), −32, 31)` (ggml's `nearest_int`, ties to even) stored offset by
+    /// 32, and the codes from the f32 run scale `d · level`.
+    fn fit(&mut self, values: &[f32], w: &[f32]) {
+        let mut scales = [0.0f32; 8];
+        for (s, (run, rw)) in scales
+            .iter_mut()
+            .zip(values.chunks_exact(32).zip(w.chunks_exact(32)))
+        {
+            *s = fit_iq4_run(run, rw);
+        }
+        let (_, max_scale) = scales.iter().fold((0.0f32, 0.0f32), |(a, m), &s| {
+            if s.abs() > a {
+                (s.abs(), s)
+            } else {
+                (a, m)
+            }
+        });
+        let d = -max_scale / 32.0;
+        self.d = F16Le::new(f16::from_f32(d));
+        let id = inverse(d);
+        let mut scales_h = 0u16;
+        self.scales_l = [0; 4];
+        for (j, (&s, run)) in scales.iter().zip(values.chunks_exact(32)).enumerate() {
+            let l = ((id * s).round_ties_even() as i32).clamp(-32, 31);
+            put_iq4_codes(
+                run,
+                inverse(d * l as f32),
+                &mut self.qs[16 * j..16 * j + 16],
+            );
+            let sc = (l + 32) as u8;
+            self.scales_l[j / 2] |= (sc & 0x0f) << (4 * (j % 2));
+            scales_h |= u16::from(sc >> 4) << (2 * j);
+        }
+        self.scales_h = scales_h.to_le_bytes();
+    }
+}
+
+impl Quantize for BlockIQ4XS {
+    /// ggml's `quantize_iq4_xs` without an imatrix (also its `quantize_row_iq4_xs_ref`):
+    /// `BlockIQ4XS::fit` with weights `x²`. Byte for byte ggml's
+    /// (`core/tests/iq4_quant.rs`).
+    fn quantize(&mut self, values: &[f32]) {
+        self.fit(values, &squares(values));
+    }
+
+    /// ggml's `quantize_iq4_xs` with `quant_weights = importance`: `BlockIQ4XS::fit`
+    /// with weights `importance · sqrt(σ² + x²)`, `σ² = 2 Σ x² / 256` over the
+    /// super-block. llama.cpp's own result is kept (not `keep_better`'s choice against
+    /// the plain fit), so that the bytes are ggml's.
+    fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
+        self.fit(values, &importance_weights(values, importance));
+    }
+}
+
 impl Block for BlockMXFP4 {
     const TYPE: GgmlType = GgmlType::MXFP4;
 
@@ -1039,8 +1225,10 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
 }
 
 /// Codes a row of `src.len()` values into blocks of the ggml type `ty` (`dst`, whole
-/// blocks, the last padded with zeros): Q8_0 as ggml's `quantize_row_q8_0_ref`, the
-/// K-quants with the min/max fit of [`crate::kquant`].
+/// blocks, the last padded with zeros): Q8_0 as ggml's `quantize_row_q8_0_ref`, MXFP4 as
+/// its `quantize_row_mxfp4_ref`, IQ4_NL and IQ4_XS as its `quantize_iq4_nl` and
+/// `quantize_iq4_xs` without an imatrix (what llama-quantize writes), the K-quants with the
+/// min/max fit of [`crate::kquant`].
 ///
 /// # Panics
 /// For a type flm reads but does not write (the [`crate::DataType::ggml_type`] of no
@@ -1055,7 +1243,10 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
 /// [`crate::quant::quantize_row_weighted`] for the math): Q4_K, Q5_K and Q6_K as
 /// llama.cpp's `quantize_row_q4_K_impl`, `quantize_row_q5_K_impl` and
 /// `quantize_row_q6_K_impl`, each block kept only if it beats the plain fit's
-/// importance-weighted error; Q8_0 ignores importance. `None` gives [`quantize`]'s bytes.
+/// importance-weighted error; IQ4_NL and IQ4_XS as ggml's `quantize_iq4_nl` and
+/// `quantize_iq4_xs` with `quant_weights = importance`, byte for byte (llama.cpp's result
+/// kept, not compared with the plain fit); Q8_0 and MXFP4 ignore importance, as ggml does.
+/// `None` gives [`quantize`]'s bytes.
 ///
 /// # Panics
 /// As [`quantize`], and if `importance` is not of `src.len()` values.
@@ -1065,7 +1256,30 @@ pub fn quantize_weighted(ty: GgmlType, src: &[f32], importance: Option<&[f32]>, 
         GgmlType::Q4K => quantize_row_weighted::<BlockQ4K>(src, importance, dst),
         GgmlType::Q5K => quantize_row_weighted::<BlockQ5K>(src, importance, dst),
         GgmlType::Q6K => quantize_row_weighted::<BlockQ6K>(src, importance, dst),
+        GgmlType::IQ4NL => quantize_row_weighted::<BlockIQ4NL>(src, importance, dst),
+        GgmlType::IQ4XS => quantize_row_weighted::<BlockIQ4XS>(src, importance, dst),
         GgmlType::MXFP4 => quantize_row_weighted::<BlockMXFP4>(src, importance, dst),
         _ => panic!("flm does not write {} blocks", ty.name()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml's `best_index_int8`: clamped at the ends, the upper of two equally near levels,
+    /// NaN to the last.
+    #[test]
+    fn nearest_iq4_is_ggmls_best_index_int8() {
+        for (i, &k) in IQ4_LEVELS.iter().enumerate() {
+            assert_eq!(usize::from(nearest_iq4(f32::from(k))), i);
+        }
+        assert_eq!(nearest_iq4(-1000.0), 0);
+        assert_eq!(nearest_iq4(f32::INFINITY), 15);
+        assert_eq!(nearest_iq4(f32::NAN), 15);
+        // Halfway between −10 and 1, and between 1 and 13.
+        assert_eq!(nearest_iq4(-4.5), 8);
+        assert_eq!(nearest_iq4(7.0), 9);
+        assert_eq!(nearest_iq4(6.99), 8);
     }
 }

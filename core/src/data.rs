@@ -676,7 +676,7 @@ impl Data {
     /// A new owned tensor with the same shape and values converted to `dtype`, row by row
     /// on the rayon pool (so converting a mapped tensor needs one row of f32 scratch per
     /// thread): round-to-nearest-even when narrowing floats (as `half` does), quantisation
-    /// per [`crate::quant`] for int8/int4 (rows are the last dimension). The columns keep
+    /// per [`crate::quant`] for the quantised dtypes (rows are the last dimension). The columns keep
     /// their order, and so the tensor keeps its [`Data::input_perm`].
     ///
     /// Errors: [`Error::DType`] for i32 (indices, not values).
@@ -736,8 +736,9 @@ impl Data {
     /// calibration activations, applied to every row), per
     /// [`quant::quantize_row_weighted`] (the block weights and searches of llama.cpp's
     /// `ggml-quants.c`: `quantize_row_q4_K_impl`, `quantize_row_q5_K_impl`,
-    /// `quantize_row_q6_K_impl`, `make_qkx3_quants`, `make_qx_quants`, `make_qp_quants`).
-    /// Q8_0 and the float dtypes ignore importance, so for them this is [`Data::to_dtype`].
+    /// `quantize_row_q6_K_impl`, `make_qkx3_quants`, `make_qx_quants`, `make_qp_quants`,
+    /// `quantize_row_iq4_nl_impl`). Q8_0, MXFP4 and the float dtypes ignore importance, so
+    /// for them this is [`Data::to_dtype`].
     ///
     /// Errors: [`Error::Shape`] if the tensor is not 2-D; [`Error::InvalidArgument`] if
     /// `importance` is not of `cols` values or holds a negative or non-finite one;

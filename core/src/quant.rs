@@ -125,17 +125,19 @@ pub fn quantize_row(dtype: DataType, src: &[f32], dst: &mut [u8]) {
 /// The block weights are llama.cpp's (`ggml-quants.c`): `w_j = importance_j ·
 /// sqrt(σ² + x_j²)` with `σ² = 2 Σ x² / n` over the row for int8 and the int4 forms
 /// (`importance_weights`), over each super-block for Q4_K and Q5_K
-/// (`quantize_row_q4_K_impl`, `quantize_row_q5_K_impl`), and `w_j = importance_j` for
-/// Q6_K (`quantize_row_q6_K_impl`). Q8_0 ignores importance, as ggml does. The searches:
-/// int8 tries scales around `max|x| / 127` with a least-squares refit of each; the int4
-/// forms widen their searches to `make_qkx3_quants`' grid (asymmetric, zero point) or
-/// `make_qx_quants`' (symmetric) with weighted least-squares refits; the K-quants are
-/// [`crate::blocks::quantize_weighted`]'s. The block weights steer the search; each
-/// group (the int8 row, each int4 group, each K-quant super-block) then keeps the better
-/// of that fit and the fit without importance by the importance-weighted error
-/// `Σ importance_j (x_j − x̂_j)²` (the first-order output error the imatrix stands for), so
-/// importance never makes a group worse by that measure and uniform importance never does
-/// worse than none.
+/// (`quantize_row_q4_K_impl`, `quantize_row_q5_K_impl`) and IQ4_XS (`quantize_iq4_xs`),
+/// over each block of 32 for IQ4_NL (`quantize_iq4_nl`), and `w_j = importance_j` for
+/// Q6_K (`quantize_row_q6_K_impl`). Q8_0 and MXFP4 ignore importance, as ggml does. The
+/// searches: int8 tries scales around `max|x| / 127` with a least-squares refit of each;
+/// the int4 forms widen their searches to `make_qkx3_quants`' grid (asymmetric, zero
+/// point) or `make_qx_quants`' (symmetric) with weighted least-squares refits; the
+/// K-quants and IQ4 types are [`crate::blocks::quantize_weighted`]'s. The block weights
+/// steer the search; each group (the int8 row, each int4 group, each K-quant
+/// super-block) then keeps the better of that fit and the fit without importance by the
+/// importance-weighted error `Σ importance_j (x_j − x̂_j)²` (the first-order output error
+/// the imatrix stands for), so importance never makes a group worse by that measure and
+/// uniform importance never does worse than none. IQ4_NL and IQ4_XS are the exception:
+/// they keep llama.cpp's weighted fit as it is, so that their bytes are ggml's.
 ///
 /// # Panics
 /// If `importance` is not of `src.len()` values.

@@ -44,6 +44,9 @@ fn linear(c: &mut Criterion) {
         DataType::Q8_0,
         DataType::Q4K,
         DataType::Q6K,
+        DataType::IQ4NL,
+        DataType::IQ4XS,
+        DataType::MXFP4,
     ] {
         for (n, m, k) in shapes {
             let w = weight(m, k, dtype);

@@ -46,7 +46,7 @@ pub struct GemvLayout {
 }
 
 /// Whether the GEMV kernels have a packed layout for `dtype`: f16, bf16, int8 and int4 (not
-/// f32, ggml's Q8_0 or the K-quants).
+/// f32 or ggml's blocks).
 pub fn has_layout(dtype: DataType) -> bool {
     matches!(dtype, DataType::F16 | DataType::BF16 | DataType::I8) || dtype.group_size().is_some()
 }

@@ -7,14 +7,18 @@
 //! row's magnitude for norms): f32 kernels agree with the CPU to a few f32 roundings; the
 //! prefill products (cuBLAS, on f16/bf16 weights or quantised ones dequantised to f16)
 //! round the activations to 16 bits on the GPU (the CPU keeps them f32), and the GPU keeps
-//! f32 activations against K-quant weights and int8/int4 ones in GPU memory where the CPU
-//! quantises them to int8, which the looser tolerances of those cases cover (`cuda_gemv`
-//! holds the decode GEMV kernels to tighter ones).
+//! f32 activations against int8/int4 ones in GPU memory where the CPU quantises them to
+//! int8, which the looser tolerances of those cases cover (`cuda_gemv` holds the decode
+//! GEMV kernels to tighter ones). Weights of ggml's blocks (K-quants, Q8_0, IQ4_NL, IQ4_XS,
+//! MXFP4), against which the GPU keeps f32 activations, are checked against the CPU's f32
+//! product with the weight dequantised ([`cpu_weight`]).
 #![cfg(feature = "cuda")]
 
+use flm_core::ggml::GgmlType;
 use flm_core::{
-    sampler_state, AttentionOperands, AttentionParams, BaseDevice, Data, DataType, DecoupledRope,
-    Executor, Location, Op, RopeStyle, RopeTable, SampleState, SamplerConfig, TokenIds,
+    quant, sampler_state, AttentionOperands, AttentionParams, BaseDevice, Data, DataType,
+    DecoupledRope, Executor, Location, Op, RopeStyle, RopeTable, SampleState, SamplerConfig,
+    TokenIds,
 };
 use flm_devices::cuda::CudaDevice;
 use flm_devices::CpuDevice;
@@ -31,13 +35,57 @@ fn random(rng: &mut StdRng, shape: &[usize], scale: f32) -> Data {
     Data::from_f32(shape, &v).unwrap()
 }
 
-/// Runs the op `$op` (an expression over the output `$o`, a fresh copy of `$out`) on the
-/// GPU and on the CPU, then [`check`]s the two outputs.
+/// A random `[m, k]` weight of `dtype`: uniform values in `[-1, 1)` quantised where flm
+/// writes the dtype; for IQ4_NL and IQ4_XS, which it reads but does not write, and MXFP4,
+/// random blocks (every code and run scale) whose scales keep the values within a few
+/// units.
+fn random_weight(r: &mut StdRng, (m, k): (usize, usize), dtype: DataType) -> Data {
+    let ty = match dtype.ggml_type() {
+        Some(ty @ (GgmlType::IQ4NL | GgmlType::IQ4XS | GgmlType::MXFP4)) => ty,
+        _ => return random(r, &[m, k], 1.0).to_dtype(dtype).unwrap(),
+    };
+    let len = m * quant::row_bytes(dtype, k).unwrap();
+    let mut bytes: Vec<u8> = (0..len).map(|_| r.random()).collect();
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        match ty {
+            // 2^(e − 128) · E[q], |E[q]| <= 12.
+            GgmlType::MXFP4 => block[0] = r.random_range(118..=126),
+            // A signed f16 d of 2^-9 to 2^-8 (IQ4_NL, |K[q]| <= 127) or 2^-12 to 2^-11
+            // (IQ4_XS, whose 6-bit run scales multiply it by up to 32 more).
+            _ => {
+                let exponent: u16 = if ty == GgmlType::IQ4NL { 6 } else { 3 };
+                let d = (r.random::<u16>() & 0x83ff) | exponent << 10;
+                block[..2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+    }
+    Data::from_bytes(dtype, &[m, k], &bytes).unwrap()
+}
+
+/// The weight the CPU multiplies in place of the GPU's `w`: ggml's blocks dequantised to
+/// f32 (the GPU keeps f32 activations against them, so the f32 product is their exact
+/// reference; the CPU has no IQ4_NL, IQ4_XS or MXFP4 kernels), other weights as they are.
+fn cpu_weight(w: &Data) -> Data {
+    match w.dtype().ggml_type() {
+        Some(_) => w.to_dtype(DataType::F32).unwrap(),
+        None => w.clone(),
+    }
+}
+
+/// Runs the op `$op` (an expression over the output `$o`, a fresh copy of `$out`, and
+/// optionally `$on_gpu`, true for the GPU's run) on the GPU and on the CPU, then
+/// [`check`]s the two outputs.
 macro_rules! compare {
-    ($what:expr, $gpu:expr, $out:expr, $tol:expr, $scale:expr, |$o:ident| $op:expr) => {{
+    ($what:expr, $gpu:expr, $out:expr, $tol:expr, $scale:expr, |$o:ident| $op:expr) => {
+        compare!($what, $gpu, $out, $tol, $scale, |$o, _on_gpu| $op)
+    };
+    ($what:expr, $gpu:expr, $out:expr, $tol:expr, $scale:expr, |$o:ident, $on_gpu:ident| $op:expr) => {{
         let cpu = CpuDevice::new().unwrap();
         let mut results = Vec::new();
-        for dev in [$gpu as &dyn BaseDevice, &cpu as &dyn BaseDevice] {
+        for ($on_gpu, dev) in [
+            (true, $gpu as &dyn BaseDevice),
+            (false, &cpu as &dyn BaseDevice),
+        ] {
             let mut out = $out.clone();
             {
                 let $o = &mut out;
@@ -280,21 +328,81 @@ fn linear_tol(dtype: DataType) -> f32 {
 gpu_tests! {
     linear_every_dtype_decode_and_prefill(gpu) {
         let mut r = rng(1);
-        // ggml's Q8_0 has no CUDA kernel yet: its ops run on the CPU.
-        for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q8_0) {
+        for dtype in DataType::VALUES {
             for (n, k, m) in [(1, 4096, 300), (1, 333, 77), (5, 1000, 129), (17, 64, 3)] {
                 let x = random(&mut r, &[n, k], 1.0);
-                let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
+                let w = random_weight(&mut r, (m, k), dtype);
+                let w_cpu = cpu_weight(&w);
                 let bias = random(&mut r, &[m], 1.0);
                 let scale = abs_dot_scale(&x, &w);
                 let what = format!("Linear {dtype} n={n} k={k} m={m}");
-                compare!(&what, &gpu, &nan_output(&[n, m]), linear_tol(dtype), Some(&scale), |o| Op::Linear {
-                    input: &x, weight: &w, bias: None, output: o,
+                compare!(&what, &gpu, &nan_output(&[n, m]), linear_tol(dtype), Some(&scale), |o, on_gpu| Op::Linear {
+                    input: &x, weight: if on_gpu { &w } else { &w_cpu }, bias: None, output: o,
                 });
                 let scale: Vec<f32> = scale.iter().map(|s| s + 1.0).collect();
-                compare!(&format!("{what} + bias"), &gpu, &nan_output(&[n, m]), linear_tol(dtype), Some(&scale), |o| {
-                    Op::Linear { input: &x, weight: &w, bias: Some(&bias), output: o }
+                compare!(&format!("{what} + bias"), &gpu, &nan_output(&[n, m]), linear_tol(dtype), Some(&scale), |o, on_gpu| {
+                    Op::Linear { input: &x, weight: if on_gpu { &w } else { &w_cpu }, bias: Some(&bias), output: o }
                 });
+            }
+        }
+    }
+
+    linear_ggml_blocks_against_dequantised_weights(gpu) {
+        // Weights of ggml's blocks held tighter than linear_every_dtype holds them: in
+        // decode (up to 8 rows, the kernels qgemv_<type>) both devices multiply the same f32
+        // values in f32, only the order of the sums and the GPU's factoring of each run's
+        // scale differing; rows that end mid-run, mid-block and within the first block.
+        // Then prefill rows (dequantised to f16 for cuBLAS), and, with batch invariance
+        // asked for, 17 rows through the decode kernel, each bit-identical to itself alone.
+        let mut r = rng(14);
+        let ggml: Vec<DataType> =
+            DataType::VALUES.into_iter().filter(|d| d.ggml_type().is_some()).collect();
+        let cases = [
+            (1, 4096, 300, 1e-4),
+            (3, 333, 77, 1e-4),
+            (8, 96, 5, 1e-4),
+            (2, 31, 3, 1e-4),
+            (9, 333, 77, 1e-2),
+            (40, 1000, 129, 1e-2),
+        ];
+        for &dtype in &ggml {
+            for (n, k, m, tol) in cases {
+                let x = random(&mut r, &[n, k], 1.0);
+                let w = random_weight(&mut r, (m, k), dtype);
+                let w_cpu = cpu_weight(&w);
+                let scale = abs_dot_scale(&x, &w);
+                let what = format!("Linear {dtype} n={n} k={k} m={m}");
+                compare!(&what, &gpu, &nan_output(&[n, m]), tol, Some(&scale), |o, on_gpu| Op::Linear {
+                    input: &x, weight: if on_gpu { &w } else { &w_cpu }, bias: None, output: o,
+                });
+            }
+        }
+        gpu.require_batch_invariance();
+        for dtype in ggml {
+            let (n, k, m) = (17, 1000, 129);
+            let x = random(&mut r, &[n, k], 1.0);
+            let w = random_weight(&mut r, (m, k), dtype);
+            let w_cpu = cpu_weight(&w);
+            let scale = abs_dot_scale(&x, &w);
+            let what = format!("batch-invariant Linear {dtype} n={n}");
+            compare!(&what, &gpu, &nan_output(&[n, m]), 1e-4, Some(&scale), |o, on_gpu| Op::Linear {
+                input: &x, weight: if on_gpu { &w } else { &w_cpu }, bias: None, output: o,
+            });
+            let run_gpu = |x: &Data| {
+                let mut out = nan_output(&[x.rows(), m]);
+                let op = Op::Linear { input: x, weight: &w, bias: None, output: &mut out };
+                gpu.run(op.validate().unwrap()).unwrap();
+                out.to_f32_vec().unwrap()
+            };
+            let all = run_gpu(&x);
+            let xv = x.to_f32_vec().unwrap();
+            for row in [0, 8, 16] {
+                let alone = run_gpu(&Data::from_f32(&[1, k], &xv[row * k..][..k]).unwrap());
+                let same = alone
+                    .iter()
+                    .zip(&all[row * m..][..m])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{what}: row {row} differs from the row alone");
             }
         }
     }
@@ -469,8 +577,8 @@ gpu_tests! {
     embedding_every_dtype(gpu) {
         let mut r = rng(3);
         let tokens = [0u32, 17, 99, 17, 5];
-        for dtype in DataType::VALUES.into_iter().filter(|&d| d != DataType::Q8_0) {
-            let table = random(&mut r, &[100, 333], 1.0).to_dtype(dtype).unwrap();
+        for dtype in DataType::VALUES {
+            let table = random_weight(&mut r, (100, 333), dtype);
             compare!(&format!("Embedding {dtype}"), &gpu, &nan_output(&[5, 333]), 1e-6, None, |o| {
                 Op::Embedding { table: &table, tokens: TokenIds::Host(&tokens), output: o }
             });
@@ -645,14 +753,15 @@ gpu_tests! {
         // half a step of 1/127 of a block's maximum per value); with the GPU's f16
         // roundings (2^-11 relative) that stays below 1% of Σ|x·w|.
         let mut r = rng(12);
-        for dtype in DataType::VALUES.into_iter().filter(|&d| d.is_quantized() && d != DataType::Q8_0) {
+        for dtype in DataType::VALUES.into_iter().filter(|&d| d.is_quantized()) {
             for (n, k, m) in [(9, 333, 77), (33, 1000, 129), (100, 288, 65)] {
                 let x = random(&mut r, &[n, k], 1.0);
-                let w = random(&mut r, &[m, k], 1.0).to_dtype(dtype).unwrap();
+                let w = random_weight(&mut r, (m, k), dtype);
+                let w_cpu = cpu_weight(&w);
                 let bias = random(&mut r, &[m], 1.0);
                 let scale: Vec<f32> = abs_dot_scale(&x, &w).iter().map(|s| s + 1.0).collect();
-                compare!(&format!("prefill Linear {dtype} n={n} k={k} m={m}"), &gpu, &nan_output(&[n, m]), 1e-2, Some(&scale), |o| {
-                    Op::Linear { input: &x, weight: &w, bias: Some(&bias), output: o }
+                compare!(&format!("prefill Linear {dtype} n={n} k={k} m={m}"), &gpu, &nan_output(&[n, m]), 1e-2, Some(&scale), |o, on_gpu| {
+                    Op::Linear { input: &x, weight: if on_gpu { &w } else { &w_cpu }, bias: Some(&bias), output: o }
                 });
             }
         }

@@ -35,8 +35,8 @@ fn linear_at(isa: Isa, x: &Data, weight: &Data, bias: Option<&Data>) -> Vec<f32>
 }
 
 /// Each level's Linear against the scalar one, to the bit: every quantised dtype sums in one
-/// order at every level (int8 and int4 in panels, packed per call or at load; the K-quants
-/// and Q8_0 in 8 lanes).
+/// order at every level (int8 and int4 in panels, packed per call or at load; the K-quants,
+/// Q8_0, the IQ4 types and MXFP4 in 8 lanes).
 fn linear_matches_scalar(dtype: DataType) {
     let sizes = [
         (1, 1, 1),
@@ -108,7 +108,10 @@ dtype_tests!([
     q4_k: Q4K,
     q5_k: Q5K,
     q6_k: Q6K,
-    q8_0: Q8_0
+    q8_0: Q8_0,
+    iq4_nl: IQ4NL,
+    iq4_xs: IQ4XS,
+    mxfp4: MXFP4
 ] linear_matches_scalar);
 
 /// An input row holding a NaN or an infinity makes that row's outputs NaN at every level,
@@ -153,7 +156,9 @@ dtype_tests!([
     q4_k: Q4K,
     q5_k: Q5K,
     q6_k: Q6K,
-    q8_0: Q8_0
+    q8_0: Q8_0,
+    iq4_xs: IQ4XS,
+    mxfp4: MXFP4
 ] non_finite_inputs_give_nan_rows);
 
 /// Every SIMD level this CPU has, without the portable one they are compared with.
@@ -606,6 +611,7 @@ fn linears_match_each_linear() {
         [I4ZpG32, I4ZpG128, I4ZpG32],
         [Q4K, Q6K, Q5K],
         [Q8_0, Q8_0, I8],
+        [IQ4NL, MXFP4, IQ4XS],
     ];
     let sizes = [
         (1, 96, [40, 8, 8]),

@@ -126,8 +126,8 @@ fn moe_ffn_matches_formula(dtype: DataType) {
     }
 }
 
-dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4sg32: I4SymG32]
-    moe_ffn_matches_formula);
+dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4sg32: I4SymG32,
+    mxfp4: MXFP4] moe_ffn_matches_formula);
 
 /// gpt-oss's experts (transformers' `GptOssMLP`): the router's biased logits, a softmax over
 /// the `top_k` largest, and per expert `down · ((u' + 1) · g' · σ(α g')) + b_down` with

@@ -5,7 +5,8 @@
 //! them. For int4, the [`Recipe::Mixed`] default keeps the tensors that 4 bits hurt most in
 //! int8, as llama.cpp's Q4_K_M does with more bits (its `use_more_bits` for `attn_v` and
 //! `ffn_down`, and Q6_K for the output layer): the classifier (the embedding table when
-//! tied), the key and value projections, and the feed-forward down projection. With
+//! tied), the key and value projections, and the feed-forward down projection (the same
+//! for IQ4_NL, IQ4_XS and MXFP4). With
 //! grouped-query attention the K/V projections are small, so the cost is mostly the down
 //! projection: about a third of a Llama's matrix weights. [`Recipe::Pure`] puts every
 //! matrix in int4, and [`Recipe::Keep`] leaves each in the dtype it loads as (a GGUF's
@@ -52,7 +53,7 @@ pub struct Progress<'a> {
     pub weighted: bool,
 }
 
-/// Which matrices of an int4 conversion stay int8.
+/// Which matrices of a 4-bit conversion (int4, IQ4_NL, IQ4_XS, MXFP4) stay int8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recipe {
     /// Classifier (or tied embedding), K/V projections and FFN down projection in int8.
@@ -86,15 +87,22 @@ pub fn target_dtype(
     ) {
         return DataType::F32;
     }
-    if dtype.group_size().is_some() && recipe == Recipe::Mixed && name.is_sensitive(tied) {
+    if is_four_bit(dtype) && recipe == Recipe::Mixed && name.is_sensitive(tied) {
         DataType::I8
     } else {
         dtype
     }
 }
 
+/// Whether [`Recipe::Mixed`] keeps the sensitive matrices of a conversion to `dtype` in
+/// int8: the int4 dtypes, IQ4_NL, IQ4_XS and MXFP4.
+fn is_four_bit(dtype: DataType) -> bool {
+    dtype.group_size().is_some()
+        || matches!(dtype, DataType::IQ4NL | DataType::IQ4XS | DataType::MXFP4)
+}
+
 /// Writes `ckpt` with its `tokenizer` to `output` as a .flm file, matrices in `dtype`
-/// (int4 following `recipe`; with [`Recipe::Keep`], each in the dtype it loads as). `progress` is called after each tensor.
+/// (4-bit dtypes following `recipe`; with [`Recipe::Keep`], each in the dtype it loads as). `progress` is called after each tensor.
 ///
 /// Errors: a tensor missing from the checkpoint or of the wrong shape, a read or write
 /// error (the destination is then untouched).

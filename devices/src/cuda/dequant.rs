@@ -3,12 +3,14 @@
 //! chunk of output rows at a time, into a scratch buffer the device owns, and each chunk
 //! is one cuBLAS f16 × f16 → f32 GEMM on tensor cores against the activations rounded to
 //! f16 (as the f16 weights' prefill rounds them). Every quantised byte is read once per op,
-//! not once per input row as the K-quant decode kernel of `kernels/qgemv.cu` reads them.
+//! not once per input row as the decode kernel of ggml's blocks (`kernels/qgemv.cu`) reads
+//! them.
 //!
 //! The kernel `dequant_f16_rows` (`kernels/dequant.cu`) reads an int8/int4 weight in the
 //! GPU GEMV layout ([`crate::gemv_layout`]) that such weights have in GPU memory and that
-//! the decode kernels read, so that the weight is uploaded once; a K-quant weight in ggml's
-//! rows, `quant::row_bytes` bytes each, as [`super::CudaDevice::weight`] hands it over.
+//! the decode kernels read, so that the weight is uploaded once; a weight of ggml's blocks
+//! (K-quants, Q8_0, IQ4_NL, IQ4_XS, MXFP4) in its rows of `quant::row_bytes` bytes, as
+//! [`super::CudaDevice::weight`] hands it over.
 //! A dequantised value beyond f16's range (±65504) would become infinite; weights are far
 //! inside it.
 
@@ -16,7 +18,7 @@ use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use flm_core::{quant, DataType, Error, Result};
 
 use super::device::CudaDevice;
-use super::kernels::{int4_form_code, k_quant_code, Kernel};
+use super::kernels::{int4_form_code, GgmlBlocks, Kernel};
 use super::launch::{dev_err, grid, int};
 use super::linear::{convert, gemm};
 use crate::gemv_layout::GemvLayout;
@@ -37,25 +39,25 @@ fn chunk_rows(m: usize, k: usize) -> usize {
 
 /// Where the kernels that read a quantised weight value by value (`dequant_value` in
 /// `prelude.cuh`: `dequant_f16_rows`, `embedding_quant`) find its values: the arguments
-/// `row_bytes, ld, group, form, kq, params` they take in that order.
+/// `row_bytes, ld, group, form, gq, params` they take in that order.
 pub(super) struct QuantRows {
-    /// Bytes of a K-quant row (unused for int8/int4).
+    /// Bytes of a row of ggml blocks (unused for int8/int4).
     row_bytes: i64,
     /// Codes per int8/int4 row of the GPU layout ([`GemvLayout::ld`]).
     ld: i32,
-    /// The int4 group size; 0 for int8 and the K-quants.
+    /// The int4 group size; 0 for int8 and ggml blocks.
     group: i32,
     /// The int4 form ([`int4_form_code`]).
     form: i32,
-    /// The K-quant ([`k_quant_code`]); 0 for int8/int4.
-    kq: i32,
+    /// The ggml block type ([`GgmlBlocks::code`]); 0 for int8/int4.
+    gq: i32,
     /// Byte offset of the int8 scales or int4 group parameters ([`GemvLayout::params_offset`]).
     params: i64,
 }
 
 impl QuantRows {
     /// The arguments for a weight of `dtype` with rows of `cols` values: an int8/int4 one in
-    /// its GPU GEMV `layout`, a K-quant one (`layout` `None`) in ggml's rows.
+    /// its GPU GEMV `layout`, one of ggml's blocks (`layout` `None`) in its rows as they are.
     ///
     /// Errors: [`Error::DType`] for another dtype, or an int8/int4 one without its layout;
     /// [`Error::InvalidArgument`] for sizes beyond the kernels' integers.
@@ -68,10 +70,14 @@ impl QuantRows {
                 ld: int(l.ld)?,
                 group: int(dtype.group_size().unwrap_or(0))?,
                 form: int4_form_code(dtype),
-                kq: 0,
+                gq: 0,
                 params: bytes(l.params_offset)?,
             }),
-            None if dtype.is_k_quant() => {
+            None => {
+                let blocks = GgmlBlocks::of(dtype).ok_or_else(|| Error::DType {
+                    op: "Linear",
+                    msg: format!("{dtype} weights have no f16 dequantisation on cuda"),
+                })?;
                 let row_bytes = quant::row_bytes(dtype, cols).ok_or_else(|| {
                     Error::InvalidArgument(format!("{dtype} rows of {cols} values"))
                 })?;
@@ -80,33 +86,29 @@ impl QuantRows {
                     ld: int(quant::padded_cols(dtype, cols))?,
                     group: 0,
                     form: 0,
-                    kq: k_quant_code(dtype),
+                    gq: blocks.code(),
                     params: 0,
                 })
             }
-            None => Err(Error::DType {
-                op: "Linear",
-                msg: format!("{dtype} weights have no f16 dequantisation on cuda"),
-            }),
         }
     }
 
-    /// Pushes `row_bytes, ld, group, form, kq, params`.
+    /// Pushes `row_bytes, ld, group, form, gq, params`.
     pub(super) fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
         b.arg(&self.row_bytes)
             .arg(&self.ld)
             .arg(&self.group)
             .arg(&self.form)
-            .arg(&self.kq)
+            .arg(&self.gq)
             .arg(&self.params);
     }
 }
 
 /// `y[n, m] = x[n, k] · ŵ[m, k]ᵀ`, `ŵ` the quantised weight `w` of `dtype` dequantised to
-/// f16 chunk by chunk (see the module docs): int8/int4 in their GPU GEMV `layout`, K-quants
-/// (`layout` `None`) in ggml's rows; `x` and `y` f32, `x` rounded to f16 first.
+/// f16 chunk by chunk (see the module docs): int8/int4 in their GPU GEMV `layout`, ggml's
+/// blocks (`layout` `None`) in their rows; `x` and `y` f32, `x` rounded to f16 first.
 ///
-/// Errors: [`Error::DType`] for a dtype without a dequantisation kernel (Q8_0);
+/// Errors: [`Error::DType`] for a dtype without a dequantisation kernel;
 /// [`Error::Device`] when a launch or cuBLAS fails.
 pub(super) fn quantized_gemm(
     dev: &CudaDevice,
@@ -133,7 +135,7 @@ pub(super) fn quantized_gemm(
             .arg(&chunk_i);
         rows_args.push(&mut b);
         // SAFETY: w holds the m × k weight as `rows_args` describes it (int8/int4 in the GPU
-        // GEMV layout of `layout`, K-quants in m rows of row_bytes bytes; the kernel reads
+        // GEMV layout of `layout`, ggml blocks in m rows of row_bytes bytes; the kernel reads
         // rows row0..row0 + chunk, below m), the scratch at least chunk × k f16 values, as
         // `dequant_f16_rows(const unsigned char*, f16_bits*, int, int, int, long, int, int,
         // int, int, long)` uses them; the grid-stride loop covers any chunk with at most

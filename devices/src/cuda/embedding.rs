@@ -1,7 +1,7 @@
 //! [`flm_core::Op::Embedding`] on [`super::CudaDevice`] (`kernels/embedding.cu`): float
 //! tables as they are, int8/int4 ones in the GPU GEMV layout ([`crate::gemv_layout`]) they
 //! have in GPU memory (a host table packed once, the copy a tied classifier reads too),
-//! K-quant ones in ggml's rows.
+//! ones of ggml's blocks (K-quants, Q8_0, IQ4_NL, IQ4_XS, MXFP4) in their rows as they are.
 
 use cudarc::driver::{CudaView, LaunchArgs, PushKernelArg};
 use flm_core::{Data, Error, Result, TokenIds};
@@ -77,7 +77,7 @@ pub(super) fn embedding(
         }
         None => {
             // int8/int4 tables in the GPU GEMV layout (shared with a tied classifier's
-            // Linear), K-quant ones in ggml's rows.
+            // Linear), ggml's blocks in their rows.
             let layout = GemvLayout::in_gpu_memory(dtype, table.shape())?;
             let w = match &layout {
                 Some(l) => dev.weight_in_layout(table, l)?,
@@ -97,7 +97,7 @@ pub(super) fn embedding(
             // SAFETY: arguments as `embedding_quant(const unsigned char*, const unsigned*,
             // float*, int, unsigned, long, int, int, int, int, long, int*)`; the table is
             // vocab rows of dim values as `rows` describes them (int8/int4 in the GPU GEMV
-            // layout, K-quants in ggml's rows), and ids >= vocab are not read.
+            // layout, ggml blocks in rows of row_bytes bytes), and ids >= vocab are not read.
             unsafe { b.launch(cfg) }
         }
     };

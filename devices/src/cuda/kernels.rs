@@ -3,7 +3,10 @@
 //! reductions) followed by one source file; every kernel is `extern "C"`, so its name in
 //! the PTX is [`Kernel::name`] of the handles in [`Module::kernels`].
 
+use flm_core::ggml::GgmlType;
 use flm_core::{DataType, Int4Form};
+
+use crate::gemv_layout::packed_in_gpu_memory;
 
 /// One compilation unit and the kernels the device loads from it.
 #[derive(Debug, Clone, Copy)]
@@ -69,22 +72,66 @@ impl KvType {
     }
 }
 
-/// Whether the quantised-weight kernels read `dtype`: int8, int4 and the K-quants, not
-/// yet ggml's Q8_0 (whose ops then run on the CPU, from host memory).
+/// Whether the quantised-weight kernels read `dtype`: int8 and int4 (in the GPU GEMV layout,
+/// [`packed_in_gpu_memory`]) and every dtype holding ggml's blocks ([`GgmlBlocks`]).
 pub fn has_quant_kernels(dtype: DataType) -> bool {
-    dtype.is_quantized() && dtype != DataType::Q8_0
+    packed_in_gpu_memory(dtype) || GgmlBlocks::of(dtype).is_some()
 }
 
-/// The `kq` argument of the kernels that read K-quant rows (`dequant_k` in prelude.cuh):
-/// 1, 2, 3 for Q4_K, Q5_K, Q6_K; 0 for any other dtype.
-pub fn k_quant_code(dtype: DataType) -> i32 {
-    match dtype {
-        DataType::Q4K => 1,
-        DataType::Q5K => 2,
-        DataType::Q6K => 3,
-        _ => 0,
+/// A type of ggml's blocks that the kernels read as they are, in rows of whole blocks
+/// (`gq_*` and `dequant_ggml` in prelude.cuh): each discriminant is its `gq` code there
+/// (`GQ_*`), the argument of the kernels that read any of them, and each type has its own
+/// decode kernel, `qgemv_<type>` (qgemv.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgmlBlocks {
+    /// Q4_K.
+    Q4K = 1,
+    /// Q5_K.
+    Q5K = 2,
+    /// Q6_K.
+    Q6K = 3,
+    /// Q8_0.
+    Q8_0 = 4,
+    /// IQ4_NL.
+    IQ4NL = 5,
+    /// IQ4_XS.
+    IQ4XS = 6,
+    /// MXFP4.
+    MXFP4 = 7,
+}
+
+impl GgmlBlocks {
+    /// The blocks a weight of `dtype` holds; `None` for a dtype that does not hold ggml
+    /// blocks, or whose blocks the kernels do not read.
+    pub fn of(dtype: DataType) -> Option<GgmlBlocks> {
+        Some(match dtype.ggml_type()? {
+            GgmlType::Q4K => GgmlBlocks::Q4K,
+            GgmlType::Q5K => GgmlBlocks::Q5K,
+            GgmlType::Q6K => GgmlBlocks::Q6K,
+            GgmlType::Q8_0 => GgmlBlocks::Q8_0,
+            GgmlType::IQ4NL => GgmlBlocks::IQ4NL,
+            GgmlType::IQ4XS => GgmlBlocks::IQ4XS,
+            GgmlType::MXFP4 => GgmlBlocks::MXFP4,
+            _ => return None,
+        })
+    }
+
+    /// Its `gq` code.
+    pub fn code(self) -> i32 {
+        self as i32
     }
 }
+
+/// `qgemv.cu`'s decode kernel names by [`GgmlBlocks`] code − 1.
+const QGEMV_NAMES: [&str; 7] = [
+    "qgemv_q4_k",
+    "qgemv_q5_k",
+    "qgemv_q6_k",
+    "qgemv_q8_0",
+    "qgemv_iq4_nl",
+    "qgemv_iq4_xs",
+    "qgemv_mxfp4",
+];
 
 /// The `form` argument of the kernels that read int4 weights (`dequant_packed` in
 /// prelude.cuh): how a group's minimum is stored, 0 an f16 minimum (int4), 1 none
@@ -152,8 +199,8 @@ pub enum Kernel {
     Embedding(FloatWeight),
     /// `embedding_quant` (embedding.cu).
     EmbeddingQuant,
-    /// `qgemv_k` (qgemv.cu).
-    QgemvK,
+    /// `qgemv_<type>` (qgemv.cu): `qgemv_q4_k`, ..., `qgemv_mxfp4`.
+    QgemvGgml(GgmlBlocks),
     /// `add_bias` (qgemv.cu).
     AddBias,
     /// `gemv_<weight>_<rows>` (gemv.cu): `gemv_f16_1`, ..., `gemv_q4_8`.
@@ -213,7 +260,7 @@ impl Kernel {
             Kernel::Embedding(W::F16) => "embedding_f16",
             Kernel::Embedding(W::Bf16) => "embedding_bf16",
             Kernel::EmbeddingQuant => "embedding_quant",
-            Kernel::QgemvK => "qgemv_k",
+            Kernel::QgemvGgml(blocks) => QGEMV_NAMES[blocks as usize - 1],
             Kernel::Gemv(weight, tile) => GEMV_NAMES[weight as usize][tile as usize],
             Kernel::QuantizeQ8Rows => "quantize_q8_rows",
             Kernel::PadColsF32 => "pad_cols_f32",
@@ -240,7 +287,7 @@ impl Kernel {
 }
 
 /// Shared by every module: f16/bf16 conversions, warp and block reductions, the quantised
-/// layouts (int8/int4 in the GPU GEMV layout, ggml's K-quant rows).
+/// layouts (int8/int4 in the GPU GEMV layout, rows of ggml's blocks).
 pub const PRELUDE: &str = include_str!("kernels/prelude.cuh");
 
 /// Every module of the device.
@@ -288,7 +335,16 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "qgemv",
         source: include_str!("kernels/qgemv.cu"),
-        kernels: &[Kernel::QgemvK, Kernel::AddBias],
+        kernels: &[
+            Kernel::QgemvGgml(GgmlBlocks::Q4K),
+            Kernel::QgemvGgml(GgmlBlocks::Q5K),
+            Kernel::QgemvGgml(GgmlBlocks::Q6K),
+            Kernel::QgemvGgml(GgmlBlocks::Q8_0),
+            Kernel::QgemvGgml(GgmlBlocks::IQ4NL),
+            Kernel::QgemvGgml(GgmlBlocks::IQ4XS),
+            Kernel::QgemvGgml(GgmlBlocks::MXFP4),
+            Kernel::AddBias,
+        ],
     },
     Module {
         name: "gemv",
@@ -376,7 +432,8 @@ pub const SAMPLE_THREADS: u32 = 1024;
 /// Positions one paged-attention block covers (`PAGED_CHUNK` in `paged_attention.cu`).
 pub const PAGED_CHUNK: usize = 256;
 
-/// Output rows per block of the K-quant dequantise-GEMV kernel (`QGEMV_ROWS` in `qgemv.cu`).
+/// Output rows per block of the dequantise-GEMV kernel of ggml's blocks (`QGEMV_ROWS` in
+/// `qgemv.cu`).
 pub const QGEMV_ROWS: usize = 4;
 
 /// Output rows per block (one warp each) of the decode GEMV kernels (`GEMV_WARPS` in
@@ -463,6 +520,54 @@ mod tests {
             let want = n.min(GEMV_MAX_ROWS);
             let smallest = tiles.iter().find(|t| t.rows() >= want).copied();
             assert_eq!(Some(tile), smallest, "{n} rows");
+        }
+    }
+
+    /// The prelude's hand-written tables of ggml's blocks (`GQ_*`, `gq_block`, the packed
+    /// levels) agree with flm_core's, and every dtype holding ggml blocks has a code and a
+    /// decode kernel instantiated for it.
+    #[test]
+    fn prelude_ggml_tables_match_flm_core() {
+        for dtype in DataType::VALUES {
+            let Some(ty) = dtype.ggml_type() else {
+                continue;
+            };
+            let blocks = GgmlBlocks::of(dtype).unwrap_or_else(|| panic!("{dtype} has no gq code"));
+            let (code, name) = (blocks.code(), ty.name());
+            let kernel = Kernel::QgemvGgml(blocks);
+            assert!(
+                MODULES.iter().any(|m| m.kernels.contains(&kernel)),
+                "{} is in no module",
+                kernel.name()
+            );
+            let instance = format!("QGEMV({}, GQ_{name})", &kernel.name()["qgemv_".len()..]);
+            assert!(
+                MODULES.iter().any(|m| m.source.contains(&instance)),
+                "no `{instance}`"
+            );
+            let define = format!("#define GQ_{name} {code}\n");
+            assert!(PRELUDE.contains(&define), "prelude lacks `{define}`");
+            let case = format!(
+                "case GQ_{name}: return make_int2({}, {});",
+                ty.block_len(),
+                ty.block_bytes()
+            );
+            assert!(PRELUDE.contains(&case), "prelude lacks `{case}`");
+        }
+        let words = |levels: [i8; 16]| {
+            let bytes = levels.map(|v| v as u8);
+            let w: Vec<String> = bytes
+                .chunks_exact(4)
+                .map(|c| format!("{:#010x}u", u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect();
+            w.join(", ")
+        };
+        for (name, levels) in [
+            ("IQ4_LEVEL_WORDS", flm_core::blocks::IQ4_LEVELS),
+            ("MXFP4_LEVEL_WORDS", flm_core::blocks::MXFP4_LEVELS),
+        ] {
+            let define = format!("#define {name} {}\n", words(levels));
+            assert!(PRELUDE.contains(&define), "prelude lacks `{define}`");
         }
     }
 }

@@ -13,13 +13,14 @@
 //!   (f16/bf16 operands after the activations are rounded to the weight's type, as
 //!   transformers' f16 models round them; f32 accumulation and output,
 //!   `CUBLAS_COMPUTE_32F`, so no TF32).
-//! - int8, int4 and K-quant weights with more than [`GEMV_MAX_ROWS`] rows (prefill), unless
-//!   batch invariance was asked for: [`super::dequant`], the weight (int8/int4 in the GPU
-//!   layout the decode kernels read, K-quants in ggml's) dequantised to f16 a chunk of
-//!   rows at a time and multiplied by cuBLAS as the f16 weights are.
-//! - K-quant weights with at most [`GEMV_MAX_ROWS`] rows or batch invariance asked for:
-//!   the dequantise-GEMV kernel `qgemv_k` of `kernels/qgemv.cu`, reading ggml's row layout,
-//!   f32 activations, one weight read per input row.
+//! - int8, int4 and ggml-block weights with more than [`GEMV_MAX_ROWS`] rows (prefill),
+//!   unless batch invariance was asked for: [`super::dequant`], the weight (int8/int4 in the
+//!   GPU layout the decode kernels read, ggml's blocks in their rows) dequantised to f16 a
+//!   chunk of rows at a time and multiplied by cuBLAS as the f16 weights are.
+//! - Weights of ggml's blocks (the K-quants, Q8_0, IQ4_NL, IQ4_XS, MXFP4) with at most
+//!   [`GEMV_MAX_ROWS`] rows or batch invariance asked for: the dequantise-GEMV kernels
+//!   `qgemv_<type>` of `kernels/qgemv.cu`, reading ggml's rows as they are, f32 activations,
+//!   one weight read per input row, each output row computed alone.
 //! - A weight with an input permutation ([`flm_core::Data::input_perm`], act-order GPTQ):
 //!   the `gather_cols` kernel first writes the gathered input into a buffer of the op, the
 //!   permutation itself uploaded once like a weight.
@@ -33,8 +34,7 @@ use flm_core::{quant, Data, DataType, Error, Result};
 use super::dequant::quantized_gemm;
 use super::device::CudaDevice;
 use super::kernels::{
-    int4_form_code, k_quant_code, GemvTile, GemvWeight, Kernel, GEMV_MAX_ROWS, GEMV_WARPS,
-    QGEMV_ROWS,
+    int4_form_code, GemvTile, GemvWeight, GgmlBlocks, Kernel, GEMV_MAX_ROWS, GEMV_WARPS, QGEMV_ROWS,
 };
 use super::launch::{arg_or_null, dev_err, grid, int};
 use super::operand::Input;
@@ -111,16 +111,18 @@ pub(super) fn product(
             let xh = convert(dev, x, n * k, Kernel::F32ToBf16Rows)?;
             gemm(dev, &xh, w, cudaDataType::CUDA_R_16BF, y, (n, k, m), (0, m))?;
         }
-        dtype if dtype.is_k_quant() && n > GEMV_MAX_ROWS && !dev.batch_invariant() => {
-            quantized_gemm(dev, x, w, (dtype, None), y, (n, k, m))?;
-        }
-        dtype if dtype.is_k_quant() => return qgemv_k(dev, x, w, dtype, bias, y, (n, k, m)),
-        dtype => {
-            return Err(Error::DType {
-                op: "Linear",
-                msg: format!("{dtype} weights on cuda"),
-            })
-        }
+        dtype => match GgmlBlocks::of(dtype) {
+            Some(blocks) if n <= GEMV_MAX_ROWS || dev.batch_invariant() => {
+                return qgemv_ggml(dev, x, w, (dtype, blocks), bias, y, (n, k, m));
+            }
+            Some(_) => quantized_gemm(dev, x, w, (dtype, None), y, (n, k, m))?,
+            None => {
+                return Err(Error::DType {
+                    op: "Linear",
+                    msg: format!("{dtype} weights on cuda"),
+                })
+            }
+        },
     }
     add_bias(dev, y, bias, (n, m))
 }
@@ -361,31 +363,36 @@ fn pad_cols(
     Ok(out)
 }
 
-/// The K-quant dequantise-GEMV kernel `qgemv_k`: one warp per output row, [`QGEMV_ROWS`]
-/// rows per block, one grid row per input row.
-fn qgemv_k(
+/// The dequantise-GEMV kernel `qgemv_<type>` for a weight `w` of `dtype`, in rows of ggml's
+/// `blocks` (`y[n, m] = x[n, k] · ŵ[m, k]ᵀ (+ bias)`, all f32): one warp per output row,
+/// [`QGEMV_ROWS`] rows per block, one grid row per input row.
+///
+/// Errors: [`Error::InvalidArgument`] for sizes beyond the kernel's integers;
+/// [`Error::Device`] when the launch fails.
+fn qgemv_ggml(
     dev: &CudaDevice,
     x: &CudaSlice<u8>,
     w: &CudaSlice<u8>,
-    dtype: DataType,
+    (dtype, blocks): (DataType, GgmlBlocks),
     bias: Option<&CudaSlice<u8>>,
     y: &mut CudaSlice<u8>,
     (n, k, m): (usize, usize, usize),
 ) -> Result<()> {
     let (k_i, m_i) = (int(k)?, int(m)?);
-    let (blocks, kq) = (
-        int(quant::padded_cols(dtype, k) / 256)?,
-        k_quant_code(dtype),
-    );
+    let row_bytes = quant::row_bytes(dtype, k)
+        .and_then(|b| i64::try_from(b).ok())
+        .ok_or_else(|| Error::InvalidArgument(format!("{dtype} rows of {k} values")))?;
     let cfg = grid((m.div_ceil(QGEMV_ROWS), n, 1), 32 * QGEMV_ROWS as u32, 0)?;
-    let f = dev.function(Kernel::QgemvK)?;
+    let f = dev.function(Kernel::QgemvGgml(blocks))?;
     let mut b = dev.stream.launch_builder(f);
     b.arg(w).arg(x);
     arg_or_null(&mut b, bias);
-    b.arg(y).arg(&k_i).arg(&m_i).arg(&blocks).arg(&kq);
-    // SAFETY: w is m rows of `blocks` super-blocks of the K-quant `dtype` (ggml's bytes,
-    // flm_core::kquant), x n × k floats, y n × m floats, the bias m floats or null, as
-    // `qgemv_k` reads them.
+    b.arg(y).arg(&k_i).arg(&m_i).arg(&row_bytes);
+    // SAFETY: w is m rows of row_bytes bytes, each the ggml blocks of `dtype` for k values
+    // padded to whole blocks (the kernel reads only the blocks of runs that start below k,
+    // and activations below k), x n × k floats, y
+    // n × m floats, the bias m floats or null, as `qgemv_<type>(const unsigned char*,
+    // const float*, const float*, float*, int, int, long)` reads them.
     unsafe { b.launch(cfg) }.map_err(dev_err)?;
     Ok(())
 }

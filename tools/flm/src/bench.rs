@@ -97,9 +97,10 @@ fn random_tensor(dtype: DataType, shape: &[usize], seed: u64) -> Result<Data> {
     if shape.len() < 2 {
         return Ok(Data::from_f32(shape, &vec![1.0; shape.iter().product()])?);
     }
-    // K-quant super-blocks hold scales of scales: quantising small values keeps them finite.
-    if dtype.is_k_quant() {
-        return Ok(random_tensor(DataType::F32, shape, seed)?.to_dtype(dtype)?);
+    // ggml's blocks hold scales (K-quants: scales of scales) that random bytes would make
+    // huge or non-finite: a few rows of small values are quantised and repeated.
+    if dtype.ggml_type().is_some() {
+        return repeated_rows(dtype, shape, seed);
     }
     let mut data = Data::zeros(dtype, shape)?;
     let cols = data.cols();
@@ -148,6 +149,22 @@ fn random_tensor(dtype: DataType, shape: &[usize], seed: u64) -> Result<Data> {
             });
         }
     }
+    Ok(data)
+}
+
+/// A tensor of `dtype` (a ggml block type) whose rows repeat those of a few rows of small
+/// random values quantised.
+fn repeated_rows(dtype: DataType, shape: &[usize], seed: u64) -> Result<Data> {
+    let cols = shape[shape.len() - 1];
+    let rows = shape.iter().product::<usize>() / cols.max(1);
+    let pattern = random_tensor(DataType::F32, &[rows.min(16), cols], seed)?.to_dtype(dtype)?;
+    let pattern = pattern.bytes()?;
+    let mut data = Data::zeros(dtype, shape)?;
+    let bytes = data.bytes_mut()?;
+    let chunk = pattern.len();
+    bytes
+        .par_chunks_mut(chunk.max(1))
+        .for_each(|c| c.copy_from_slice(&pattern[..c.len()]));
     Ok(data)
 }
 

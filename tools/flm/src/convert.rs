@@ -38,6 +38,16 @@ pub enum DtypeArg {
     /// ggml's Q6_K: super-blocks of 256 values, 6.56 bits per weight.
     #[value(name = "q6_k")]
     Q6K,
+    /// ggml's IQ4_NL: blocks of 32 values, 16 non-linear levels, 4.5 bits per weight.
+    #[value(name = "iq4_nl")]
+    Iq4Nl,
+    /// ggml's IQ4_XS: IQ4_NL's levels with 6-bit scales per 32 values in super-blocks of
+    /// 256, 4.25 bits per weight.
+    #[value(name = "iq4_xs")]
+    Iq4Xs,
+    /// MXFP4 (OCP Microscaling): 32 FP4 (E2M1) values under one power-of-two scale, 4.25
+    /// bits per weight, rounded as ggml does (gpt-oss's experts).
+    Mxfp4,
 }
 
 impl DtypeArg {
@@ -55,6 +65,9 @@ impl DtypeArg {
             DtypeArg::Q4K => return Ok(DataType::Q4K),
             DtypeArg::Q5K => return Ok(DataType::Q5K),
             DtypeArg::Q6K => return Ok(DataType::Q6K),
+            DtypeArg::Iq4Nl => return Ok(DataType::IQ4NL),
+            DtypeArg::Iq4Xs => return Ok(DataType::IQ4XS),
+            DtypeArg::Mxfp4 => return Ok(DataType::MXFP4),
             DtypeArg::Int4 => Int4Form::Min,
             DtypeArg::Int4Sym => Int4Form::Symmetric,
             DtypeArg::Int4Zp => Int4Form::ZeroPoint,
@@ -85,8 +98,9 @@ pub struct ConvertArgs {
     /// Values per int4 group: 32, 64 or 128.
     #[arg(long)]
     group_size: Option<usize>,
-    /// int4: put every matrix in int4 (by default the classifier, the K/V projections and
-    /// the FFN down projection stay int8, as llama.cpp's Q4_K_M keeps them at more bits).
+    /// int4, int4-sym, int4-zp, iq4_nl, iq4_xs and mxfp4: put every matrix in that dtype
+    /// (by default the classifier, the K/V projections and the FFN down projection stay
+    /// int8, as llama.cpp's Q4_K_M keeps them at more bits).
     #[arg(long)]
     pure: bool,
     /// Tokenizer file to embed (default: the one inside or beside the input).

@@ -22,7 +22,8 @@
 //!   prefill of at least [`AMX_MIN_ROWS`] input rows, in the same order; below that
 //!   (decode), the AVX-512 panel kernels;
 //! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
-//! - `q8_0`: ggml's Q8_0 blocks, see there.
+//! - `runs`: ggml's Q8_0, IQ4_NL, IQ4_XS and MXFP4 blocks, runs of 32 int8 codes (4-bit
+//!   ones through a table) under one scale each, see there.
 //!
 //! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",
 //! 2025): at one instruction-set level, an output `y[i, j]` has the same bits whatever the
@@ -44,7 +45,7 @@ mod kquant_x86;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon;
 mod panels;
-mod q8_0;
+mod runs;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -189,7 +190,7 @@ impl Acts {
     }
 }
 
-/// The sum of 8 f32 lanes in the tree of the K-quant and Q8_0 kernels at every level (x86's
+/// The sum of 8 f32 lanes in the tree of the K-quant and `runs` kernels at every level (x86's
 /// `hsum256`): lane `l` plus lane `l + 4`, then `l + 2`, then `l + 1`.
 #[inline(always)]
 fn lane_sum8(v: [f32; 8]) -> f32 {
@@ -427,9 +428,8 @@ type RowKernel = fn(Isa, &QuantWeight<'_>, &Acts, usize, &mut [f32]);
 fn row_kernel(format: Format) -> Option<RowKernel> {
     Some(match format {
         Format::Int8 | Format::Int4 { .. } => panel_rows,
-        Format::Ggml(GgmlType::Q8_0) => q8_0::rows,
         Format::Ggml(GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) => kquant::rows,
-        Format::Ggml(_) => return None,
+        Format::Ggml(ty) => return runs::kernel(ty),
     })
 }
 

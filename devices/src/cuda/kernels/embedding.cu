@@ -36,14 +36,14 @@ EMBED(f16, 1)
 EMBED(bf16, 2)
 
 // Quantised tables, as dequant_value in prelude.cuh reads them: int8/int4 in the GPU GEMV
-// layout (`kq` 0; `group` 0 for int8, else the int4 group size, `form` its minimum), ggml's
-// K-quant rows of `row_bytes` bytes (`kq` 1, 2, 3 for Q4_K, Q5_K, Q6_K).
+// layout (`gq` 0; `group` 0 for int8, else the int4 group size, `form` its minimum), rows
+// of ggml's blocks of `row_bytes` bytes (`gq` 1-7, gq_* in prelude.cuh).
 extern "C" __global__ void embedding_quant(const unsigned char* table,
                                            const unsigned int* tokens, float* out, int dim,
                                            unsigned int vocab, long row_bytes, int ld,
-                                           int group, int form, int kq, long params,
+                                           int group, int form, int gq, long params,
                                            int* bad) {
     embedding_row(tokens, out, dim, vocab, bad, [=](long t, int i) {
-        return dequant_value(table, t, i, row_bytes, ld, group, form, kq, params);
+        return dequant_value(table, t, i, row_bytes, ld, group, form, gq, params);
     });
 }

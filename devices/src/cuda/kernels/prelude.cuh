@@ -131,17 +131,84 @@ __device__ __forceinline__ float dequant_packed(const unsigned char* w, long r, 
     return dm.x * (float)q + dm.y;
 }
 
-// ggml's K-quant super-blocks of 256 values (flm_core::kquant, block layouts in
-// flm_core::ggml), `kq` 1: Q4_K (144 bytes), 2: Q5_K (176), 3: Q6_K (210). Value `e` of
-// run `r = e / 32`, `l = e % 32`: Q4_K/Q5_K (d sc_r) q - dmin m_r, Q6_K (d sc_{e/16}) (q - 32).
-__device__ __forceinline__ int kq_block_bytes(int kq) {
-    return kq == 1 ? 144 : (kq == 2 ? 176 : 210);
+// ggml's blocks as flm keeps them (the dtypes of flm_core::Format::Ggml; layouts in
+// flm_core::ggml and flm_core::blocks), `gq` the code of kernels.rs's GgmlBlocks. Every
+// type is runs of 32 values, one or eight to a block; value l of run r of a block is
+// s.x * gq_code(r, l) - s.y, s = gq_run_scales(r): the K-quants' (flm_core::kquant), Q8_0's
+// d q, and the 4-bit lookup types' scale times one of 16 int8 levels (IQ4_NL d K[q], IQ4_XS
+// d (sc_r - 32) K[q], MXFP4 2^(e - 128) E[q] with the E2M1 values doubled, as ggml's
+// ggml_e8m0_to_fp32_half and kvalues_mxfp4 give them).
+#define GQ_Q4_K 1
+#define GQ_Q5_K 2
+#define GQ_Q6_K 3
+#define GQ_Q8_0 4
+#define GQ_IQ4_NL 5
+#define GQ_IQ4_XS 6
+#define GQ_MXFP4 7
+
+// (values, bytes) of a block of type gq (flm_core::ggml::GgmlType::block_len, block_bytes).
+__device__ __forceinline__ int2 gq_block(int gq) {
+    switch (gq) {
+    case GQ_Q4_K: return make_int2(256, 144);
+    case GQ_Q5_K: return make_int2(256, 176);
+    case GQ_Q6_K: return make_int2(256, 210);
+    case GQ_Q8_0: return make_int2(32, 34);
+    case GQ_IQ4_NL: return make_int2(32, 18);
+    case GQ_IQ4_XS: return make_int2(256, 136);
+    case GQ_MXFP4: return make_int2(32, 17);
+    }
+    // The host passes only the codes above (kernels.rs's GgmlBlocks).
+    __builtin_unreachable();
 }
 
-// The multiplier and subtrahend of run r: (d sc_r, dmin m_r) for Q4_K/Q5_K (ggml's
-// get_scale_min_k4), (d, 0) for Q6_K (whose scale is per 16 values: kq_code folds it in).
-__device__ __forceinline__ float2 kq_run_scales(const unsigned char* b, int kq, int r) {
-    if (kq == 3) return make_float2(f16_to_f32(*(const f16_bits*)(b + 208)), 0.0f);
+// ggml's 16 int8 levels of IQ4_NL and IQ4_XS (kvalues_iq4nl, flm_core::blocks::IQ4_LEVELS)
+// and of MXFP4 (kvalues_mxfp4, flm_core::blocks::MXFP4_LEVELS), packed little-endian into
+// four words each.
+#define IQ4_LEVEL_WORDS 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u
+#define MXFP4_LEVEL_WORDS 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu
+
+// Entry q (0-15) of a 16-entry int8 table packed into t0-t3, picked in registers by byte
+// permutes (as ggml's CUDA get_int_from_table_16): a table in memory would serialise the
+// lanes of a warp, whose codes differ.
+__device__ __forceinline__ int lut16(unsigned int t0, unsigned int t1, unsigned int t2,
+                                     unsigned int t3, int q) {
+    unsigned int lo = __byte_perm(t0, t1, q & 7), hi = __byte_perm(t2, t3, q & 7);
+    return (int)(signed char)((q < 8 ? lo : hi) & 0xffu);
+}
+
+// Code l of 32 stored as nibbles in 16 bytes: value l in the low nibble of byte l, value
+// l + 16 in the high one (ggml's IQ4_NL, IQ4_XS and MXFP4 runs).
+__device__ __forceinline__ int nibble32(const unsigned char* qs, int l) {
+    return l < 16 ? (qs[l] & 15) : (qs[l - 16] >> 4);
+}
+
+// An f16 read a byte at a time, which assumes no alignment of the block it sits in.
+__device__ __forceinline__ float f16_at(const unsigned char* p) {
+    return f16_to_f32((f16_bits)(p[0] | (p[1] << 8)));
+}
+
+// 2^(e - 128), exactly (subnormal for e < 2): ggml's ggml_e8m0_to_fp32_half, half the E8M0
+// scale, which MXFP4's doubled levels make whole again (flm_core::blocks::e8m0_half).
+__device__ __forceinline__ float e8m0_half(unsigned int e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+// The multiplier and subtrahend of run r of block b: (d sc_r, dmin m_r) for Q4_K/Q5_K
+// (ggml's get_scale_min_k4), (d, 0) for Q6_K (whose scale is per 16 values: gq_code folds
+// it in), the run's scale and 0 for the others.
+__device__ __forceinline__ float2 gq_run_scales(const unsigned char* b, int gq, int r) {
+    switch (gq) {
+    case GQ_Q6_K: return make_float2(f16_at(b + 208), 0.0f);
+    case GQ_Q8_0:
+    case GQ_IQ4_NL: return make_float2(f16_at(b), 0.0f);
+    case GQ_IQ4_XS: {
+        int low = (b[4 + r / 2] >> (4 * (r & 1))) & 15;
+        int high = ((b[2] | (b[3] << 8)) >> (2 * r)) & 3;
+        return make_float2(f16_at(b) * (float)((low | (high << 4)) - 32), 0.0f);
+    }
+    case GQ_MXFP4: return make_float2(e8m0_half(b[0]), 0.0f);
+    }
+    // Q4_K and Q5_K.
     const unsigned char* s = b + 4;
     int sc, m;
     if (r < 4) {
@@ -151,39 +218,56 @@ __device__ __forceinline__ float2 kq_run_scales(const unsigned char* b, int kq, 
         sc = (s[r + 4] & 15) | ((s[r - 4] >> 6) << 4);
         m = (s[r + 4] >> 4) | ((s[r] >> 6) << 4);
     }
-    const f16_bits* h = (const f16_bits*)b;
-    return make_float2(f16_to_f32(h[0]) * (float)sc, f16_to_f32(h[1]) * (float)m);
+    return make_float2(f16_at(b) * (float)sc, f16_at(b + 2) * (float)m);
 }
 
-// Code l of run r: q for Q4_K/Q5_K; sc (q - 32) for Q6_K, an exact integer.
-__device__ __forceinline__ float kq_code(const unsigned char* b, int kq, int r, int l) {
-    if (kq == 3) {
+// Code l of run r of block b, an exact integer: q for Q4_K/Q5_K, sc (q - 32) for Q6_K, the
+// int8 q for Q8_0, the level of q for the 4-bit lookup types.
+__device__ __forceinline__ float gq_code(const unsigned char* b, int gq, int r, int l) {
+    switch (gq) {
+    case GQ_Q6_K: {
         int half = r >> 2, t = r & 3;
         int low = (b[half * 64 + (t & 1) * 32 + l] >> (4 * (t >> 1))) & 15;
         int high = (b[128 + half * 32 + l] >> (2 * t)) & 3;
         int sc = (signed char)b[192 + (r * 32 + l) / 16];
         return (float)(sc * ((low | (high << 4)) - 32));
     }
-    const unsigned char* qs = b + (kq == 2 ? 48 : 16);
+    case GQ_Q8_0: return (float)(signed char)b[2 + l];
+    case GQ_IQ4_NL: return (float)lut16(IQ4_LEVEL_WORDS, nibble32(b + 2, l));
+    case GQ_IQ4_XS: return (float)lut16(IQ4_LEVEL_WORDS, nibble32(b + 8 + 16 * r, l));
+    case GQ_MXFP4: return (float)lut16(MXFP4_LEVEL_WORDS, nibble32(b + 1, l));
+    }
+    // Q4_K and Q5_K.
+    const unsigned char* qs = b + (gq == GQ_Q5_K ? 48 : 16);
     int q = (qs[(r >> 1) * 32 + l] >> (4 * (r & 1))) & 15;
-    if (kq == 2) q |= ((b[16 + l] >> r) & 1) << 4;
+    if (gq == GQ_Q5_K) q |= ((b[16 + l] >> r) & 1) << 4;
     return (float)q;
 }
 
-// Value i of a K-quant row.
-__device__ __forceinline__ float dequant_k(const unsigned char* row, int i, int kq) {
-    const unsigned char* b = row + (long)(i / 256) * kq_block_bytes(kq);
-    int r = (i % 256) / 32;
-    float2 s = kq_run_scales(b, kq, r);
-    return s.x * kq_code(b, kq, r, i % 32) - s.y;
+// The block holding run j (counted from the row's start) of a row of ggml blocks, and the
+// run's index r in it.
+__device__ __forceinline__ const unsigned char* gq_run_block(const unsigned char* row, int gq,
+                                                             int j, int* r) {
+    int2 blk = gq_block(gq);
+    int runs = blk.x / 32;
+    *r = j % runs;
+    return row + (long)(j / runs) * blk.y;
 }
 
-// Value c of row r of a quantised weight as the prefill and the embedding read it: ggml's
-// K-quant rows of `row_bytes` bytes (`kq` 1-3, dequant_k), or an int8/int4 weight in the GPU
-// GEMV layout (`kq` 0, dequant_packed).
+// Value i of a row of ggml blocks.
+__device__ __forceinline__ float dequant_ggml(const unsigned char* row, int i, int gq) {
+    int r;
+    const unsigned char* b = gq_run_block(row, gq, i / 32, &r);
+    float2 s = gq_run_scales(b, gq, r);
+    return s.x * gq_code(b, gq, r, i % 32) - s.y;
+}
+
+// Value c of row r of a quantised weight as the prefill and the embedding read it: rows of
+// ggml blocks of `row_bytes` bytes (`gq` 1-7, dequant_ggml), or an int8/int4 weight in the
+// GPU GEMV layout (`gq` 0, dequant_packed).
 __device__ __forceinline__ float dequant_value(const unsigned char* w, long r, int c,
                                               long row_bytes, int ld, int group, int form,
-                                              int kq, long params) {
-    return kq ? dequant_k(w + r * row_bytes, c, kq)
+                                              int gq, long params) {
+    return gq ? dequant_ggml(w + r * row_bytes, c, gq)
               : dequant_packed(w, r, c, ld, params, group, form);
 }

@@ -1,0 +1,407 @@
+//! Linear layers with weights in runs of 32 values that are each a scale times 32 int8
+//! codes, used as GGUF files store them: ggml's Q8_0 (the codes as stored), IQ4_NL and
+//! IQ4_XS (4-bit indices into ggml's 16 non-linear levels) and MXFP4 (4-bit E2M1 codes, as
+//! integers doubled, under a power-of-two scale). Each run's 32 codes are dotted against the
+//! int8 activation block of the same 32 columns in exact integers, then scaled by `s · a`
+//! (ggml's `ggml_vec_dot_q8_0_q8_0`, `ggml_vec_dot_iq4_nl_q8_0`, `ggml_vec_dot_iq4_xs_q8_K`
+//! and `ggml_vec_dot_mxfp4_q8_0`, which look the 4-bit codes up in the same tables).
+//!
+//! **One order at every level.** An output keeps 8 f32 lanes. For run `b` (weight scale
+//! `s_b`, activation scale `a_b`), lane `l` takes the exact integer
+//! `c_{b,l} = Σ_{t<4} q_w[4l+t]·q_x[4l+t]` as `acc_l = fma(c_{b,l}, s_b·a_b, acc_l)`; after
+//! the last run the lanes are summed by [`super::lane_sum8`]'s tree. That is what AVX2's
+//! `vpmaddubsw` + `vpmaddwd`, VNNI's `vpdpbusd` and NEON's `sdot` (or `smull` and pairwise
+//! adds) give lane by lane, so the portable twin here, AVX2, the VNNI levels (AVX-VNNI,
+//! AVX-512 VNNI, AMX: `vpdpbusd` sums the same 4 products without the 16-bit step) and NEON
+//! compute the same bits. On x86 the weight codes are made unsigned by `vpsignb`, as ggml
+//! does (a pair of products is at most `2 · 128 · 127 < 2¹⁵`); a 4-bit code becomes its
+//! level by `vpshufb` (`tbl` on NEON) from the 16-byte table. Each run is decoded once for
+//! up to [`TILE_INPUTS`] input rows, and each output depends on its own row only (batch
+//! invariance).
+
+use flm_core::blocks::{
+    blocks, e8m0_half, Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ8_0, IQ4_LEVELS,
+    MXFP4_LEVELS,
+};
+use flm_core::ggml::GgmlType;
+use flm_core::quant::BLOCK;
+
+use super::{lane_sum8, Acts, QuantWeight, RowKernel};
+use crate::cpu::simd::fma;
+use crate::cpu::Isa;
+
+/// Input rows that share one decoding of a weight run.
+const TILE_INPUTS: usize = 4;
+
+/// The 32 int8 codes of a run, as its block stores them.
+#[derive(Clone, Copy)]
+pub(super) enum Codes<'a> {
+    /// The codes themselves (Q8_0).
+    Bytes(&'a [i8; 32]),
+    /// 16 bytes of 4-bit indices (value `i` in the low nibble of byte `i`, `i + 16` in the
+    /// high one) into a table of 16 levels.
+    Nibbles(&'a [u8; 16], &'static [i8; 16]),
+}
+
+impl Codes<'_> {
+    /// The 32 codes (the portable twin's decoding).
+    #[inline(always)]
+    fn get(self) -> [i8; 32] {
+        match self {
+            Codes::Bytes(q) => *q,
+            Codes::Nibbles(qs, table) => std::array::from_fn(|t| {
+                let byte = qs[t % 16];
+                table[usize::from(if t < 16 { byte & 0x0f } else { byte >> 4 })]
+            }),
+        }
+    }
+}
+
+/// A ggml block of [`Runs::RUNS`] runs of 32 values, each a scale times 32 int8 codes.
+pub(super) trait Runs: Block {
+    /// Runs per block.
+    const RUNS: usize = Self::VALUES / 32;
+
+    /// The scale and the codes of run `r`: value `t` of the run is `scale · codes[t]`,
+    /// exactly as [`Block::dequantize`] decodes it.
+    fn run(&self, r: usize) -> (f32, Codes<'_>);
+}
+
+impl Runs for BlockQ8_0 {
+    #[inline(always)]
+    fn run(&self, _: usize) -> (f32, Codes<'_>) {
+        (self.d.to_f32(), Codes::Bytes(&self.qs))
+    }
+}
+
+impl Runs for BlockIQ4NL {
+    #[inline(always)]
+    fn run(&self, _: usize) -> (f32, Codes<'_>) {
+        (self.d.to_f32(), Codes::Nibbles(&self.qs, &IQ4_LEVELS))
+    }
+}
+
+impl Runs for BlockMXFP4 {
+    #[inline(always)]
+    fn run(&self, _: usize) -> (f32, Codes<'_>) {
+        (e8m0_half(self.e), Codes::Nibbles(&self.qs, &MXFP4_LEVELS))
+    }
+}
+
+impl Runs for BlockIQ4XS {
+    /// `d · (sc_r − 32)`: an f16 times a 6-bit integer, exact in f32, as gguf-py computes it.
+    #[inline(always)]
+    fn run(&self, r: usize) -> (f32, Codes<'_>) {
+        let low = (self.scales_l[r / 2] >> (4 * (r % 2))) & 0x0f;
+        let high = ((u16::from_le_bytes(self.scales_h) >> (2 * r)) & 0x03) as u8;
+        let scale = self.d.to_f32() * f32::from(((low | (high << 4)) as i8) - 32);
+        let qs = self.qs[16 * r..16 * r + 16].try_into().expect("16 bytes");
+        (scale, Codes::Nibbles(qs, &IQ4_LEVELS))
+    }
+}
+
+/// The row kernel of a format of runs, `None` for the other ggml types.
+pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
+    Some(match ty {
+        GgmlType::Q8_0 => rows::<BlockQ8_0>,
+        GgmlType::IQ4NL => rows::<BlockIQ4NL>,
+        GgmlType::IQ4XS => rows::<BlockIQ4XS>,
+        GgmlType::MXFP4 => rows::<BlockMXFP4>,
+        _ => return None,
+    })
+}
+
+/// See [`super::RowKernel`], for weights of blocks `B` and [`Acts`] in natural order.
+fn rows<B: Runs>(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    match isa {
+        // SAFETY (each arm): `CpuDevice::with_isa` only accepts levels this CPU supports;
+        // every x86 level above the portable one has AVX2, the VNNI ones `vpdpbusd`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::rows_avx2::<B>(w, acts, j0, yt) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::AvxVnni => unsafe { x86::rows_avxvnni::<B>(w, acts, j0, yt) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Amx => unsafe { x86::rows_avx512::<B>(w, acts, j0, yt) },
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon | Isa::NeonDot => {
+            super::neon::rows_with::<neon::RunsKernel<B>>(isa, w, acts, j0, yt)
+        }
+        _ => portable::<B>(w, acts, j0, yt),
+    }
+}
+
+/// The portable twin, in the order of the module docs.
+fn portable<B: Runs>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    let n = acts.n;
+    for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
+        let row = w.row(j0 + dj);
+        for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
+            let i0 = t * TILE_INPUTS;
+            let mut acc = [[0.0f32; 8]; TILE_INPUTS];
+            for (i, block) in blocks::<B>(row).iter().enumerate() {
+                for r in 0..B::RUNS {
+                    let b = i * B::RUNS + r;
+                    let (d, codes) = block.run(r);
+                    let codes = codes.get();
+                    for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
+                        let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
+                        let s = d * acts.row_d(i0 + k)[b];
+                        let c: [f32; 8] = std::array::from_fn(|l| {
+                            let lane =
+                                (4 * l..4 * l + 4).map(|t| i32::from(codes[t]) * i32::from(x[t]));
+                            lane.sum::<i32>() as f32
+                        });
+                        // Apart from the integer sums, so that the lanes' fused
+                        // multiply-adds vectorise.
+                        for (acc, c) in acc.iter_mut().zip(c) {
+                            *acc = fma(c, s, *acc);
+                        }
+                    }
+                }
+            }
+            for (y, acc) in out.iter_mut().zip(acc) {
+                *y = lane_sum8(acc);
+            }
+        }
+    }
+}
+
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+mod neon {
+    use std::arch::aarch64::*;
+    use std::marker::PhantomData;
+
+    use super::super::neon::{dot4, DotKernel};
+    use super::{blocks, Acts, Codes, QuantWeight, Runs, BLOCK, TILE_INPUTS};
+
+    /// The kernel of both NEON levels for blocks `B` (see [`super::rows`]), run by
+    /// [`rows_with`](super::super::neon::rows_with).
+    pub(in super::super) struct RunsKernel<B>(PhantomData<B>);
+
+    /// The 32 codes of a run as two vectors of 16 (values 0..16, 16..32).
+    #[inline(always)]
+    fn load(codes: Codes<'_>) -> [int8x16_t; 2] {
+        // SAFETY: NEON (every aarch64 target); each load reads 16 bytes of a 32- or
+        // 16-byte array.
+        unsafe {
+            match codes {
+                Codes::Bytes(q) => [vld1q_s8(q.as_ptr()), vld1q_s8(q.as_ptr().add(16))],
+                Codes::Nibbles(qs, table) => {
+                    let q = vld1q_u8(qs.as_ptr());
+                    let table = vld1q_s8(table.as_ptr());
+                    let lo = vandq_u8(q, vdupq_n_u8(0x0f));
+                    let hi = vshrq_n_u8::<4>(q);
+                    [vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi)]
+                }
+            }
+        }
+    }
+
+    impl<B: Runs> DotKernel for RunsKernel<B> {
+        /// The 8 lanes of the module docs as two vectors of 4: `dot4` gives lane `l` of 16
+        /// bytes the sum of its 4 products, `vfmaq_f32` rounds once.
+        #[inline(always)]
+        fn each_tile<const DOT: bool>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+            let n = acts.n;
+            // SAFETY (whole body): NEON (every aarch64 target); `sdot` only when `DOT`, which
+            // only `rows_with` passes at `Isa::NeonDot`; every load reads a slice of 32 bytes.
+            unsafe {
+                let zero = vdupq_n_s32(0);
+                for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
+                    let row = w.row(j0 + dj);
+                    for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
+                        let i0 = t * TILE_INPUTS;
+                        let mut acc = [[vdupq_n_f32(0.0); 2]; TILE_INPUTS];
+                        for (i, block) in blocks::<B>(row).iter().enumerate() {
+                            for r in 0..B::RUNS {
+                                let b = i * B::RUNS + r;
+                                let (d, codes) = block.run(r);
+                                let [w0, w1] = load(codes);
+                                for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
+                                    let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
+                                    let x0 = vld1q_s8(x.as_ptr());
+                                    let x1 = vld1q_s8(x.as_ptr().add(16));
+                                    let s = vdupq_n_f32(d * acts.row_d(i0 + k)[b]);
+                                    let c0 = vcvtq_f32_s32(dot4::<DOT>(zero, w0, x0));
+                                    let c1 = vcvtq_f32_s32(dot4::<DOT>(zero, w1, x1));
+                                    acc[0] = vfmaq_f32(acc[0], c0, s);
+                                    acc[1] = vfmaq_f32(acc[1], c1, s);
+                                }
+                            }
+                        }
+                        for (y, acc) in out.iter_mut().zip(acc) {
+                            *y = sum8(acc);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`super::lane_sum8`] of the lanes `v[0]` (0..4) and `v[1]` (4..8).
+    #[inline(always)]
+    fn sum8(v: [float32x4_t; 2]) -> f32 {
+        // SAFETY: NEON; registers only.
+        unsafe {
+            let s = vaddq_f32(v[0], v[1]);
+            let t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+            vget_lane_f32::<0>(t) + vget_lane_f32::<1>(t)
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::x86::hsum256;
+    use super::{blocks, Acts, Codes, QuantWeight, Runs, BLOCK, TILE_INPUTS};
+
+    /// The 32 codes of a run in one vector.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[inline(always)]
+    unsafe fn load(codes: Codes<'_>) -> __m256i {
+        // SAFETY (whole body): AVX2 (the caller's); the loads read the 32 or 16 bytes of
+        // the arrays.
+        unsafe {
+            match codes {
+                Codes::Bytes(q) => _mm256_loadu_si256(q.as_ptr() as *const __m256i),
+                Codes::Nibbles(qs, table) => {
+                    let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+                    let mask = _mm_set1_epi8(0x0f);
+                    let lo = _mm_and_si128(q, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+                    let table = _mm_loadu_si128(table.as_ptr() as *const __m128i);
+                    let table = _mm256_broadcastsi128_si256(table);
+                    _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo))
+                }
+            }
+        }
+    }
+
+    /// The exact sums of 4 neighbouring products of `unsigned · x` into 8 i32 lanes.
+    trait Dot4 {
+        /// # Safety
+        /// The CPU must have the instructions of the implementation.
+        unsafe fn dot4(unsigned: __m256i, x: __m256i) -> __m256i;
+    }
+
+    /// `vpmaddubsw` into pairs (no pair saturates, see the module docs), then `vpmaddwd`.
+    struct Avx2;
+    /// AVX-VNNI's `vpdpbusd`.
+    struct AvxVnni;
+    /// AVX-512 VNNI's `vpdpbusd` on 256-bit vectors.
+    struct Avx512Vnni;
+
+    impl Dot4 for Avx2 {
+        #[inline(always)]
+        unsafe fn dot4(unsigned: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: AVX2 (the caller's); registers only.
+            unsafe {
+                let pairs = _mm256_maddubs_epi16(unsigned, x);
+                _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+            }
+        }
+    }
+
+    impl Dot4 for AvxVnni {
+        #[inline(always)]
+        unsafe fn dot4(unsigned: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: AVX-VNNI (the caller's); registers only.
+            unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), unsigned, x) }
+        }
+    }
+
+    impl Dot4 for Avx512Vnni {
+        #[inline(always)]
+        unsafe fn dot4(unsigned: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: AVX-512 VNNI and VL (the caller's); registers only.
+            unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned, x) }
+        }
+    }
+
+    /// See [`super::rows`]: per input row one f32 vector holds the 8 lanes of the module
+    /// docs.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and the instructions of `D`.
+    #[inline(always)]
+    unsafe fn rows_with<B: Runs, D: Dot4>(
+        w: &QuantWeight<'_>,
+        acts: &Acts,
+        j0: usize,
+        yt: &mut [f32],
+    ) {
+        let n = acts.n;
+        // SAFETY (whole body): the caller's instructions; every load reads a slice of 32
+        // bytes.
+        unsafe {
+            for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
+                let row = w.row(j0 + dj);
+                for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
+                    let i0 = t * TILE_INPUTS;
+                    let mut acc = [_mm256_setzero_ps(); TILE_INPUTS];
+                    for (i, block) in blocks::<B>(row).iter().enumerate() {
+                        for r in 0..B::RUNS {
+                            let b = i * B::RUNS + r;
+                            let (d, codes) = block.run(r);
+                            let wq = load(codes);
+                            let unsigned = _mm256_sign_epi8(wq, wq);
+                            for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
+                                let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
+                                let xq = _mm256_loadu_si256(x.as_ptr() as *const __m256i);
+                                let sums = D::dot4(unsigned, _mm256_sign_epi8(xq, wq));
+                                let scale = _mm256_set1_ps(d * acts.row_d(i0 + k)[b]);
+                                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, *acc);
+                            }
+                        }
+                    }
+                    for (y, acc) in out.iter_mut().zip(acc) {
+                        *y = hsum256(acc);
+                    }
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows_avx2<B: Runs>(
+        w: &QuantWeight<'_>,
+        acts: &Acts,
+        j0: usize,
+        yt: &mut [f32],
+    ) {
+        // SAFETY: this function's features.
+        unsafe { rows_with::<B, Avx2>(w, acts, j0, yt) }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-VNNI, AVX2 and FMA.
+    #[target_feature(enable = "avxvnni,avx2,fma")]
+    pub(super) unsafe fn rows_avxvnni<B: Runs>(
+        w: &QuantWeight<'_>,
+        acts: &Acts,
+        j0: usize,
+        yt: &mut [f32],
+    ) {
+        // SAFETY: this function's features.
+        unsafe { rows_with::<B, AvxVnni>(w, acts, j0, yt) }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512 F, VL and VNNI, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn rows_avx512<B: Runs>(
+        w: &QuantWeight<'_>,
+        acts: &Acts,
+        j0: usize,
+        yt: &mut [f32],
+    ) {
+        // SAFETY: this function's features.
+        unsafe { rows_with::<B, Avx512Vnni>(w, acts, j0, yt) }
+    }
+}
