@@ -147,6 +147,22 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
     eos_token_ids.dedup();
     let has = |name: &str| g.tensors.iter().any(|t| t.name == name);
     let blocks = m.required(&key("block_count"))?;
+    if g.tensors.is_empty() {
+        return Err(Error::format(
+            m.path,
+            "a vocabulary-only GGUF file (no tensors) is not a model",
+        ));
+    }
+    // Bound the layer count by the tensors present before anything is sized or searched by
+    // it (a Phi-3 layer has the fewest: two norms, fused qkv, output, fused gate/up, down).
+    let needed = blocks.saturating_mul(6).saturating_add(2);
+    if needed > g.tensors.len() {
+        let msg = format!(
+            "block_count {blocks} implies at least {needed} tensors, the file has {}",
+            g.tensors.len()
+        );
+        return Err(Error::format(m.path, msg));
+    }
     let (n_layers, mtp_layers) = match m.usize(&key("nextn_predict_layers"))? {
         Some(extra) if extra >= blocks => {
             let msg = format!("{extra} prediction layers of {blocks} blocks");
@@ -940,23 +956,6 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let g = parse(&map, path)?;
     let m = Meta { kv: &g.meta, path };
     let (config, family) = config(&m, &g, &map)?;
-    if g.tensors.is_empty() {
-        return Err(Error::format(
-            path,
-            "a vocabulary-only GGUF file (no tensors) is not a model",
-        ));
-    }
-    // Bound the layer count by the tensors present before listing the tensors it implies
-    // (a Phi-3 layer has the fewest: two norms, fused qkv, output, fused gate/up, down).
-    let needed = config.n_layers.saturating_mul(6).saturating_add(2);
-    if needed > g.tensors.len() {
-        let msg = format!(
-            "block_count {} implies at least {needed} tensors, the file has {}",
-            config.n_layers,
-            g.tensors.len()
-        );
-        return Err(Error::format(path, msg));
-    }
     let arch = family.gguf_architecture().unwrap_or_default();
     check_layers_and_experts(&g, &config, arch).map_err(|why| Error::format(path, why))?;
     let by_name: HashMap<&str, &TensorInfo> =

@@ -119,7 +119,7 @@ const BLOCK: usize = 32;
 
 /// A U8 tensor of a safetensors file (an MXFP4 `_blocks` or `_scales`), not yet read.
 #[derive(Debug)]
-struct Bytes {
+struct U8Tensor {
     name: String,
     shape: Vec<usize>,
     map: Arc<Mmap>,
@@ -128,7 +128,7 @@ struct Bytes {
     file: PathBuf,
 }
 
-impl Bytes {
+impl U8Tensor {
     /// `len` bytes from `start` of the tensor's bytes, or an error when they lie past its end.
     fn range(&self, start: usize, len: usize) -> Result<&[u8]> {
         let numel: usize = self.shape.iter().product();
@@ -168,7 +168,7 @@ impl Bytes {
 /// checkpoint with unquantised experts.
 #[derive(Debug, Default)]
 pub(super) struct Mxfp4Parts {
-    parts: HashMap<String, Arc<Bytes>>,
+    parts: HashMap<String, Arc<U8Tensor>>,
 }
 
 impl Mxfp4Parts {
@@ -194,19 +194,21 @@ impl Mxfp4Parts {
                 }
                 let (start, end) = info.data_offsets;
                 let numel = info.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-                let offset = 8 + header_len + start;
-                if end < start
-                    || numel != Some(end - start)
-                    || offset
-                        .checked_add(end - start)
-                        .is_none_or(|e| e > map.len())
-                {
-                    return Err(Error::format(
-                        file,
-                        format!("tensor {name}: its byte range does not fit its shape or the file"),
-                    ));
-                }
-                let bytes = Bytes {
+                let offset = (8 + header_len)
+                    .checked_add(start)
+                    .filter(|&o| match end.checked_sub(start) {
+                        Some(len) => {
+                            numel == Some(len) && o.checked_add(len).is_some_and(|e| e <= map.len())
+                        }
+                        None => false,
+                    })
+                    .ok_or_else(|| {
+                        let msg = format!(
+                            "tensor {name}: its byte range does not fit its shape or the file"
+                        );
+                        Error::format(file, msg)
+                    })?;
+                let bytes = U8Tensor {
                     name: name.clone(),
                     shape: info.shape.clone(),
                     map: Arc::clone(&map),
@@ -237,8 +239,8 @@ impl Mxfp4Parts {
 /// `first + step`, ... of `out`, as ggml's `block_mxfp4` rows ([`DataType::MXFP4`]).
 #[derive(Debug)]
 struct Mxfp4Expert {
-    blocks: Arc<Bytes>,
-    scales: Arc<Bytes>,
+    blocks: Arc<U8Tensor>,
+    scales: Arc<U8Tensor>,
     expert: usize,
     first: usize,
     step: usize,
@@ -457,7 +459,7 @@ fn mxfp4_parts(
     mxfp4: &mut Mxfp4Parts,
     name: &str,
     [n, rows, cols]: [usize; 3],
-) -> Result<(Arc<Bytes>, Arc<Bytes>)> {
+) -> Result<(Arc<U8Tensor>, Arc<U8Tensor>)> {
     let (blocks_name, scales_name) = (format!("{name}_blocks"), format!("{name}_scales"));
     let (blocks, scales) = match (
         mxfp4.parts.remove(&blocks_name),
