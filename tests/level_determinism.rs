@@ -8,7 +8,8 @@
 //! agree on the tokens and the digest. The cases cover every weight dtype the CPU computes
 //! with: stories260K in every float dtype (f32, f16, bf16), in int8 and in the three int4
 //! forms; its GGUFs (tests/data/gguf, written by gguf-py) in Q8_0, Q4_0, Q4_1 and Q5_1; a
-//! one-layer Llama in Q4_K, Q5_K and Q6_K (tests/data/gguf/tiny-kquant.gguf); a tiny
+//! one-layer Llama in Q4_K, Q5_K and Q6_K (tests/data/gguf/tiny-kquant.gguf) and one in
+//! IQ4_NL, IQ4_XS and MXFP4 (tiny-lut4.gguf); a tiny
 //! Qwen3-MoE checkpoint (tests/data/hf-families, made with transformers' own class) as its
 //! GGUF; and, where `FLM_SMOLLM2_GGUF` names it, SmolLM2-135M-Instruct in Q4_1 with its
 //! Q8_0 embedding as the classifier (the file .ci/run downloads).
@@ -113,6 +114,9 @@ fn every_level_computes_the_same_logits() {
         DataType::I4G32,
         DataType::I4SymG64,
         DataType::I4ZpG128,
+        DataType::IQ4NL,
+        DataType::IQ4XS,
+        DataType::MXFP4,
     ] {
         let path = dir.path().join(format!("{dtype}.flm"));
         convert(&ckpt, &tokenizer, &path, dtype, Recipe::Pure, |_| {}).expect("convert");
@@ -138,6 +142,9 @@ fn every_level_computes_the_same_logits() {
     let kquant = import::load(&data("gguf/tiny-kquant.gguf")).expect("the K-quant Llama");
     let model = SharedModel::new(&kquant).expect("its graph");
     check("tiny-kquant GGUF".into(), &model, &prompt, &mut digests);
+    let lut4 = import::load(&data("gguf/tiny-lut4.gguf")).expect("the IQ4/MXFP4 Llama");
+    let model = SharedModel::new(&lut4).expect("its graph");
+    check("tiny-lut4 GGUF".into(), &model, &prompt, &mut digests);
     // The tiny MoE carries no tokenizer: a prompt of token ids.
     let moe = import::load(&data("hf-families/qwen3_moe.gguf")).expect("the tiny Qwen3-MoE");
     let model = SharedModel::new(&moe).expect("its graph");

@@ -25,6 +25,7 @@ const Q5_1: &str = "gguf/stories260K-q5_1.gguf";
 const VOCAB: &str = "gguf/ggml-vocab-llama-spm.gguf";
 const GPT2: &str = "gguf/ggml-vocab-gpt-2.gguf";
 const KQUANT: &str = "gguf/tiny-kquant.gguf";
+const LUT4: &str = "gguf/tiny-lut4.gguf";
 
 fn load(rel: &str) -> Checkpoint {
     import::load(&data(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
@@ -318,17 +319,37 @@ fn keeps_types_and_logits(mut ckpt: Checkpoint, rel: &str, types: &[(&str, flm_c
     assert_eq!(run(&flm), run(&ckpt));
 }
 
-/// The K-quant fixture (tools/gguf/make_kquant_fixture.py: one random Llama layer in Q4_K,
-/// Q5_K and Q6_K, whole super-blocks): its matrices are used in place from the file as flm's
-/// K-quant dtypes; dotted against int8 activations its logits stay within 0.35 of NumPy's
-/// on gguf-py's decoding of the same weights (|x| up to 28: measured 0.23, as Q4_0's 0.17
-/// on logits up to 19 above) with every argmax, and decoded to f32 first they are NumPy's;
+/// A one-layer fixture of ggml block types (`file`, with NumPy's logits `expected` on
+/// gguf-py's decoding of the same weights): its matrices are used in place from the file
+/// as the flm dtypes of `types`; dotted against int8 activations its logits stay within
+/// `bound` of NumPy's with every argmax, and decoded to f32 first they are NumPy's;
 /// `flm convert` keeps each type, so the .flm model computes the same bits.
+fn loads_in_place_and_matches_numpy(
+    file: &str,
+    expected: &str,
+    types: &[(&str, flm_core::DataType)],
+    bound: f32,
+) {
+    let ckpt = load(file);
+    for &(name, dtype) in types {
+        let t = ckpt.tensor(name.parse().unwrap()).unwrap().load().unwrap();
+        assert_eq!((t.dtype(), t.is_mapped()), (dtype, true), "{name}");
+    }
+    assert!(ckpt.load_notes().is_empty(), "{:?}", ckpt.load_notes());
+    let (err, same_argmax) = logits_error(file, expected);
+    assert!(err < bound && same_argmax, "{file} against NumPy: {err}");
+    let err = f32_decoded_error(&ckpt, expected);
+    assert!(err < 1e-4, "{file} decoded to f32 against NumPy: {err}");
+
+    keeps_types_and_logits(ckpt, file, types);
+}
+
+/// The K-quant fixture (tools/gguf/make_kquant_fixture.py: one random Llama layer in Q4_K,
+/// Q5_K and Q6_K, whole super-blocks), within 0.35 of NumPy (|x| up to 28: measured 0.23,
+/// as Q4_0's 0.17 on logits up to 19 above).
 #[test]
 fn k_quants_load_in_place_and_match_numpy() {
     use flm_core::DataType;
-    let expected = "gguf/tiny-kquant_logits_f32le.bin";
-    let ckpt = load(KQUANT);
     let types = [
         ("embedding", DataType::Q6K),
         ("layers.0.wq", DataType::Q4K),
@@ -339,17 +360,26 @@ fn k_quants_load_in_place_and_match_numpy() {
         ("layers.0.w_up", DataType::Q5K),
         ("layers.0.w_down", DataType::Q6K),
     ];
-    for (name, dtype) in types {
-        let t = ckpt.tensor(name.parse().unwrap()).unwrap().load().unwrap();
-        assert_eq!((t.dtype(), t.is_mapped()), (dtype, true), "{name}");
-    }
-    assert!(ckpt.load_notes().is_empty(), "{:?}", ckpt.load_notes());
-    let (err, same_argmax) = logits_error(KQUANT, expected);
-    assert!(err < 0.35 && same_argmax, "K-quants against NumPy: {err}");
-    let err = f32_decoded_error(&ckpt, expected);
-    assert!(err < 1e-4, "K-quants decoded to f32 against NumPy: {err}");
+    loads_in_place_and_matches_numpy(KQUANT, "gguf/tiny-kquant_logits_f32le.bin", &types, 0.35);
+}
 
-    keeps_types_and_logits(ckpt, KQUANT, &types);
+/// The 4-bit lookup fixture (tools/gguf/make_lut4_fixture.py: the same layer's shapes in
+/// IQ4_NL, IQ4_XS and MXFP4), within 0.35 of NumPy as the K-quants (|x| up to 27: measured
+/// 0.25).
+#[test]
+fn iq4_and_mxfp4_load_in_place_and_match_numpy() {
+    use flm_core::DataType;
+    let types = [
+        ("embedding", DataType::IQ4XS),
+        ("layers.0.wq", DataType::IQ4NL),
+        ("layers.0.wk", DataType::MXFP4),
+        ("layers.0.wv", DataType::IQ4XS),
+        ("layers.0.wo", DataType::IQ4NL),
+        ("layers.0.w_gate", DataType::IQ4NL),
+        ("layers.0.w_up", DataType::MXFP4),
+        ("layers.0.w_down", DataType::IQ4XS),
+    ];
+    loads_in_place_and_matches_numpy(LUT4, "gguf/tiny-lut4_logits_f32le.bin", &types, 0.35);
 }
 
 #[test]

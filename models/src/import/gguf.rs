@@ -644,7 +644,8 @@ fn encoding(ggml_type: u32) -> std::result::Result<(Encoding, usize), String> {
         1 => (Encoding::Native(DataType::F16), 1),
         30 => (Encoding::Native(DataType::BF16), 1),
         t => match GgmlType::from_id(t) {
-            // Q4_K, Q5_K and Q6_K rows are flm rows of the same bytes: used in place.
+            // Q8_0, the K-quants, the IQ4 types and MXFP4 rows are flm rows of the same
+            // bytes: used in place.
             Some(ty) => match ty.native_dtype() {
                 Some(dtype) => (Encoding::Native(dtype), ty.block_len()),
                 None => (Encoding::Ggml(ty), ty.block_len()),
