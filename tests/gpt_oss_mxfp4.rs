@@ -177,13 +177,13 @@ fn mxfp4_kept_in_a_flm_file_runs_the_same() {
 
 /// Greedy decoding with the cache writes the 20 ids of transformers' full-prefill argmax:
 /// `reference.json`'s `gpt_oss_mxfp4.greedy_ids` for the checkpoint (best logit ahead by
-/// 0.05 or more) and its `gguf.greedy_ids` for the GGUF file (0.018 or more).
+/// 0.05 or more) and its `gguf_file.greedy_ids` for the GGUF file (0.018 or more).
 #[test]
 fn mxfp4_greedy_continuations_are_transformers() {
     let reference = &json("hf-families/reference.json")["families"]["gpt_oss_mxfp4"];
     for (path, want) in [
         (FAMILY, &reference["greedy_ids"]),
-        (GGUF, &reference["gguf"]["greedy_ids"]),
+        (GGUF, &reference["gguf_file"]["greedy_ids"]),
     ] {
         let want = ids(want);
         let mut model = load(&data(path));

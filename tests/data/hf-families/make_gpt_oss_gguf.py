@@ -20,7 +20,7 @@ whose `gguf-py` is used). Writes:
   eager) with `swiglu_limit` 7.0. llama.cpp's graph (`LLM_FFN_SWIGLU_OAI_MOE`) fixes
   alpha 1.702 and limit 7.0, the released models' values, and a GGUF file has no key for
   them, so the file describes that model rather than the checkpoint's limit of 1.0.
-- the `gguf` object of reference.json's `gpt_oss_mxfp4` entry: the converter's gguf-py
+- the `gguf_file` object of reference.json's `gpt_oss_mxfp4` entry: the converter's gguf-py
   version, `max_diff_limit7_from_limit1` (how far the two limits' logits are apart) and the
   `greedy_ids` / `greedy_min_margin` of the limit-7 model.
 """
@@ -85,7 +85,7 @@ def main():
         margin = min(margin, float(top.values[0] - top.values[1]))
         ids.append(int(top.indices[0]))
 
-    described["families"][FAMILY]["gguf"] = dict(
+    described["families"][FAMILY]["gguf_file"] = dict(
         converter="llama.cpp convert_hf_to_gguf.py (GptOssModel), --outtype f32",
         gguf_py=gguf_version,
         swiglu_limit=LIMIT,
@@ -94,7 +94,7 @@ def main():
         greedy_min_margin=margin,
     )
     reference.write_text(json.dumps(described, indent=1) + "\n")
-    print(json.dumps(described["families"][FAMILY]["gguf"], indent=1))
+    print(json.dumps(described["families"][FAMILY]["gguf_file"], indent=1))
 
 
 if __name__ == "__main__":

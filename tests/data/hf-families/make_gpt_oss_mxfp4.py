@@ -178,7 +178,7 @@ def main():
         transformers=transformers.__version__,
         torch=torch.__version__,
         safetensors=safetensors.__version__,
-        gguf=importlib.metadata.version("gguf"),
+        gguf_py=importlib.metadata.version("gguf"),
         generator="make_gpt_oss_mxfp4.py",
         model_class=GptOssForCausalLM.__name__,
         weight_seed=SEED,
