@@ -24,6 +24,8 @@ use safetensors::{Dtype, SafeTensors};
 /// The bound on the difference to transformers' logits.
 const TOLERANCE: f32 = 1e-4;
 const FAMILY: &str = "hf-families/gpt_oss_mxfp4";
+/// llama.cpp's `convert_hf_to_gguf.py` of the checkpoint (`make_gpt_oss_gguf.py`).
+const GGUF: &str = "hf-families/gpt_oss_mxfp4.gguf";
 
 fn checkpoint(path: &Path) -> Checkpoint {
     import::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -120,9 +122,6 @@ fn transformers_logits(which: &str) -> Vec<f32> {
     f32_file(&data(&format!("{FAMILY}/{which}_f32le.bin")))
 }
 
-/// llama.cpp's `convert_hf_to_gguf.py` of the checkpoint (`make_gpt_oss_gguf.py`).
-const GGUF: &str = "hf-families/gpt_oss_mxfp4.gguf";
-
 /// In place, the MXFP4 experts dotted against int8 (or int16) activations as ggml dots
 /// them, the checkpoint and the GGUF file give transformers' logits within the activations'
 /// rounding, the same in the three ways. Measured: int8 0.048 (checkpoint) and 0.081 (GGUF
@@ -193,8 +192,9 @@ fn mxfp4_greedy_continuations_are_transformers() {
 }
 
 /// Converted to an f32 .flm file (the experts decoded from their blocks), the model gives
-/// transformers' logits too: the repacked blocks decode to its weights (the test above),
-/// and the rest of the graph is the unquantised gpt-oss one.
+/// transformers' logits too: the repacked blocks decode to its weights
+/// (`mxfp4_experts_decode_to_transformers_weights_exactly`), and the rest of the graph is
+/// the unquantised gpt-oss one.
 #[test]
 fn mxfp4_converted_to_f32_matches_transformers() {
     let dir = tempfile::tempdir().unwrap();
