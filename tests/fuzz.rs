@@ -12,8 +12,9 @@ use std::path::Path;
 
 use flm_core::DataType;
 use flm_models::convert::Recipe;
-use flm_models::llama::Logits;
+use flm_models::llama::{Llama, LlamaWeights, Logits};
 use flm_models::session::load_model;
+use flm_models::{import, Graph, ModelConfig};
 use flm_tests::fuzz::{corpus, fuzz};
 use flm_tests::{convert_stories260k, cpu_executor, data};
 use flm_tokenizer::{Message, Tokenizer};
@@ -103,6 +104,45 @@ fn pytorch_pickles() {
         "pytorch/malicious/pytorch_model.bin",
     ];
     hf_dir_target("pickle", &files, "pytorch_model.bin", "pytorch/stories260K");
+}
+
+/// gpt-oss's MXFP4 experts: the tiny checkpoint's safetensors file (U8 blocks and scales
+/// beside its `config.json`) and its GGUF file (stacked MXFP4 experts and their biases),
+/// mutated, loaded and run for one token. They have no tokenizer, so they are loaded as
+/// checkpoints rather than through `load_model`, with a context of 8 positions.
+#[test]
+fn gpt_oss_mxfp4_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = data("hf-families/gpt_oss_mxfp4/config.json");
+    std::fs::copy(config, dir.path().join("config.json")).unwrap();
+    let files = [
+        "hf-families/gpt_oss_mxfp4/model.safetensors",
+        "hf-families/gpt_oss_mxfp4.gguf",
+    ];
+    let seeds = seeds("gpt_oss_mxfp4", &files);
+    fuzz("gpt_oss_mxfp4", &seeds, findings(), |input| {
+        let (file, load) = match input.starts_with(b"GGUF") {
+            true => (dir.path().join("model.gguf"), dir.path().join("model.gguf")),
+            false => (
+                dir.path().join("model.safetensors"),
+                dir.path().to_path_buf(),
+            ),
+        };
+        std::fs::write(&file, input).unwrap();
+        let Ok(ckpt) = import::load(&load) else {
+            return;
+        };
+        let Ok(weights) = LlamaWeights::load(&ckpt) else {
+            return;
+        };
+        let config = ModelConfig {
+            max_seq_len: 8,
+            ..ckpt.config.clone()
+        };
+        if let Ok(mut model) = Llama::new(config, weights) {
+            let _ = model.forward(&cpu_executor(), &[3], 0, Logits::Last);
+        }
+    });
 }
 
 #[test]

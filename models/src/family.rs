@@ -131,13 +131,13 @@ impl Family {
             Family::Glm4 => "glm4",
             Family::Glm4Moe => "glm4moe",
             Family::DeepseekV2 => "deepseek2",
+            Family::GptOss => "gpt-oss",
             Family::InternLm
             | Family::Mistral
             | Family::Mixtral
             | Family::Baichuan
             | Family::ChatGlm
-            | Family::DeepseekV3
-            | Family::GptOss => return None,
+            | Family::DeepseekV3 => return None,
         })
     }
 
@@ -256,6 +256,17 @@ impl Family {
                 Some("mlp.shared_experts.down_proj.weight")
             }
             (Family::GptOss, LayerPart::Router) => Some("mlp.router.weight"),
+            _ => None,
+        }
+    }
+
+    /// The GGUF name of layer part `part` (after `blk.{l}.`) where this family's differs
+    /// from [`TensorName::gguf`]'s: llama.cpp's gpt-oss calls its feed-forward norm
+    /// (transformers' `post_attention_layernorm`) `post_attention_norm`, Gemma 2's name
+    /// for the attention's post-norm.
+    pub fn gguf_layer_name(self, part: LayerPart) -> Option<&'static str> {
+        match (self, part) {
+            (Family::GptOss, LayerPart::FfnNorm) => Some("post_attention_norm.weight"),
             _ => None,
         }
     }

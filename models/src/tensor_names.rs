@@ -397,13 +397,20 @@ impl TensorName {
 
     /// For an expert's matrix, the GGUF tensor that stacks this matrix of every expert of
     /// its layer, `[n_experts, out, in]` (llama.cpp's `ffn_gate_exps`, `ffn_up_exps`,
-    /// `ffn_down_exps`), and the expert's index in it; `None` for other tensors.
+    /// `ffn_down_exps`), and the expert's index in it; for an expert's bias (gpt-oss), the
+    /// `[n_experts, out]` one beside it (`ffn_gate_exps.bias`...); `None` for other tensors.
     pub fn gguf_stacked(self) -> Option<(String, usize)> {
         let TensorName::Expert(l, e, p) = self else {
             return None;
         };
-        let name = p.names().gguf?.strip_suffix(".weight")?;
-        Some((format!("blk.{l}.{name}_exps.weight"), e))
+        let (matrix, kind) = match p {
+            LayerPart::BGate => (LayerPart::WGate, "bias"),
+            LayerPart::BUp => (LayerPart::WUp, "bias"),
+            LayerPart::BDown => (LayerPart::WDown, "bias"),
+            p => (p, "weight"),
+        };
+        let name = matrix.names().gguf?.strip_suffix(".weight")?;
+        Some((format!("blk.{l}.{name}_exps.{kind}"), e))
     }
 
     /// For an expert's matrix, its own GGUF tensor in the files llama.cpp wrote before it

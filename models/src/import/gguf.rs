@@ -18,9 +18,10 @@
 //! a bad file gives [`Error::Format`], never a panic.
 //!
 //! `general.architecture` `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`,
-//! `gemma`, `gemma2`, `gemma3`, `glm4`, `glm4moe` and `deepseek2`
+//! `gemma`, `gemma2`, `gemma3`, `glm4`, `glm4moe`, `deepseek2` and `gpt-oss`
 //! ([`Family::gguf_architecture`]; DeepSeek's multi-head latent attention in `gguf/mla.rs`,
-//! its YaRN in [`yarn`]) map onto
+//! its YaRN in [`yarn`]; gpt-oss's sinks, windows, expert biases and MXFP4 experts in
+//! `gguf/gpt_oss.rs`) map onto
 //! [`ModelConfig`] from the keys under the architecture's name. llama.cpp's converter
 //! stores a Llama's q/k in Meta's layout ([`flm_core::RopeStyle::AdjacentPairs`]) and the
 //! others' as transformers has them (GLM-4's adjacent pairs; the rest
@@ -48,6 +49,7 @@
 
 mod bpe;
 mod file;
+mod gpt_oss;
 mod mla;
 
 use std::collections::{HashMap, HashSet};
@@ -65,6 +67,7 @@ use crate::imatrix::{ImatrixEntry, ImportanceMatrix};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
 use crate::{Activation, Error, Family, MlaConfig, ModelConfig, MoeConfig, Result};
 use file::{parse, Gguf, Meta, TensorInfo, Value};
+use gpt_oss::gpt_oss;
 
 /// The hyper-parameters and family of a file of one of [`Family::gguf_architectures`]
 /// (llama.cpp `llm_load_hparams` keys, under the architecture's name).
@@ -144,6 +147,22 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
     eos_token_ids.dedup();
     let has = |name: &str| g.tensors.iter().any(|t| t.name == name);
     let blocks = m.required(&key("block_count"))?;
+    if g.tensors.is_empty() {
+        return Err(Error::format(
+            m.path,
+            "a vocabulary-only GGUF file (no tensors) is not a model",
+        ));
+    }
+    // Bound the layer count by the tensors present before anything is sized or searched by
+    // it (a Phi-3 layer has the fewest: two norms, fused qkv, output, fused gate/up, down).
+    let needed = blocks.saturating_mul(6).saturating_add(2);
+    if needed > g.tensors.len() {
+        let msg = format!(
+            "block_count {blocks} implies at least {needed} tensors, the file has {}",
+            g.tensors.len()
+        );
+        return Err(Error::format(m.path, msg));
+    }
     let (n_layers, mtp_layers) = match m.usize(&key("nextn_predict_layers"))? {
         Some(extra) if extra >= blocks => {
             let msg = format!("{extra} prediction layers of {blocks} blocks");
@@ -196,6 +215,8 @@ fn config(m: &Meta, g: &Gguf, map: &[u8]) -> Result<(ModelConfig, Family)> {
     };
     let config = if family.is_gemma() {
         gemma(config, m, family)?
+    } else if family == Family::GptOss {
+        gpt_oss(config, m, &has)?
     } else {
         config
     };
@@ -439,10 +460,12 @@ fn moe(m: &Meta, g: &Gguf, family: Family, c: &ModelConfig) -> Result<Option<Moe
 }
 
 /// Where canonical tensor `canonical` (of `shape`) is in a GGUF file of `family` whose tensors
-/// are `by_name`: the name of the file's tensor, and `None` when it is that whole tensor, or
+/// are `by_name`: the name of the file's tensor ([`Family::gguf_layer_name`] where the family
+/// renames it), and `None` when it is that whole tensor, or
 /// `Some((first, total))` when it is the rows `first..first + shape[0]` of a tensor of
-/// `total` rows (its dimensions past the row flattened): an expert of the layer's stacked
-/// `ffn_*_exps` `[n_experts, out, in]` (or, in files without them, its own
+/// `total` rows (its dimensions past the row flattened; a vector is one row): an expert of
+/// the layer's stacked `ffn_*_exps` `[n_experts, out, in]` (gpt-oss's expert biases of
+/// `ffn_*_exps.bias` `[n_experts, out]`; or, in files without them, its own
 /// `ffn_*.{e}` tensor, as llama.cpp wrote Mixtral before stacking), Phi-3's q, k and v of `attn_qkv` and its gate and
 /// up of `ffn_up` (gate rows first, as transformers' `chunk(2)`), or the shared expert's
 /// gate, which converters before 2025 squeezed from `[1, dim]` to `[dim]`.
@@ -454,11 +477,19 @@ fn place(
     by_name: &HashMap<&str, &TensorInfo>,
 ) -> Option<(String, Option<(usize, usize)>)> {
     use LayerPart::*;
-    let rows = shape.first().copied().unwrap_or(0);
+    // A vector is one row of its stacked tensor (gpt-oss's expert biases).
+    let rows = match shape {
+        [_] => 1,
+        _ => shape.first().copied().unwrap_or(0),
+    };
     if let Some((stacked, e)) = canonical.gguf_stacked() {
-        let own = canonical.gguf_per_expert()?;
-        if !by_name.contains_key(stacked.as_str()) && by_name.contains_key(own.as_str()) {
-            return Some((own, None));
+        if !by_name.contains_key(stacked.as_str()) {
+            if let Some(own) = canonical
+                .gguf_per_expert()
+                .filter(|own| by_name.contains_key(own.as_str()))
+            {
+                return Some((own, None));
+            }
         }
         let n = c.moe.as_ref().map_or(0, |m| m.n_experts);
         return Some((stacked, Some((e * rows, n * rows))));
@@ -466,6 +497,9 @@ fn place(
     let TensorName::Layer(l, part) = canonical else {
         return Some((canonical.gguf()?, None));
     };
+    if let Some(renamed) = family.gguf_layer_name(part) {
+        return Some((format!("blk.{l}.{renamed}"), None));
+    }
     let (q, kv, ff) = (c.q_dim(), c.kv_dim(), c.hidden_dim);
     let qkv = format!("blk.{l}.attn_qkv.weight");
     let fused = match part {
@@ -543,8 +577,19 @@ fn gemma(mut c: ModelConfig, m: &Meta, family: Family) -> Result<ModelConfig> {
     } else {
         c.rope_local_theta = Some(m.f32(&key("rope.freq_base_swa"))?.unwrap_or(10000.0));
     }
-    let pattern_key = key("attention.sliding_window_pattern");
-    let flags = match m.array(&pattern_key)? {
+    let default = if family == Family::Gemma2 { 2 } else { 6 };
+    c.sliding_layers = Some(sliding_layers(m, family, c.n_layers, default)?);
+    Ok(c)
+}
+
+/// Which layers slide, as llama.cpp's `load_swa_pattern` reads
+/// `attention.sliding_window_pattern`: an array of flags, or a period `n` (default
+/// `default`) whose layers `l % n < n − 1` slide (every layer for 0).
+///
+/// Errors: [`Error::Format`] for a malformed pattern.
+fn sliding_layers(m: &Meta, family: Family, n_layers: usize, default: usize) -> Result<Vec<bool>> {
+    let pattern_key = key(family, "attention.sliding_window_pattern");
+    match m.array(&pattern_key)? {
         Some(values) => values
             .iter()
             .map(|v| match v {
@@ -554,15 +599,12 @@ fn gemma(mut c: ModelConfig, m: &Meta, family: Family) -> Result<ModelConfig> {
                     format!("{pattern_key} holds {}", other.describe()),
                 )),
             })
-            .collect::<Result<Vec<bool>>>()?,
+            .collect::<Result<Vec<bool>>>(),
         None => {
-            let default = if family == Family::Gemma2 { 2 } else { 6 };
             let n = m.usize(&pattern_key)?.unwrap_or(default);
-            (0..c.n_layers).map(|l| n == 0 || l % n < n - 1).collect()
+            Ok((0..n_layers).map(|l| n == 0 || l % n < n - 1).collect())
         }
-    };
-    c.sliding_layers = Some(flags);
-    Ok(c)
+    }
 }
 
 /// The encoding of `t`, whose rows must fill its blocks.
@@ -834,7 +876,10 @@ fn layer_of(name: &str) -> Option<(usize, &str)> {
 /// stacked experts (`ffn_*_exps`), the shared expert (`*_shexp`), or one expert's own
 /// matrix (`ffn_gate.{e}`, as llama.cpp wrote Mixtral before stacking), with `e`.
 fn expert_part(part: &str) -> Option<Option<usize>> {
-    let stem = part.strip_suffix(".weight").unwrap_or(part);
+    let stem = part
+        .strip_suffix(".weight")
+        .or_else(|| part.strip_suffix(".bias"))
+        .unwrap_or(part);
     if stem.starts_with("ffn_gate_inp") || stem.ends_with("_exps") || stem.contains("_shexp") {
         return Some(None);
     }
@@ -912,23 +957,6 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
     let g = parse(&map, path)?;
     let m = Meta { kv: &g.meta, path };
     let (config, family) = config(&m, &g, &map)?;
-    if g.tensors.is_empty() {
-        return Err(Error::format(
-            path,
-            "a vocabulary-only GGUF file (no tensors) is not a model",
-        ));
-    }
-    // Bound the layer count by the tensors present before listing the tensors it implies
-    // (a Phi-3 layer has the fewest: two norms, fused qkv, output, fused gate/up, down).
-    let needed = config.n_layers.saturating_mul(6).saturating_add(2);
-    if needed > g.tensors.len() {
-        let msg = format!(
-            "block_count {} implies at least {needed} tensors, the file has {}",
-            config.n_layers,
-            g.tensors.len()
-        );
-        return Err(Error::format(path, msg));
-    }
     let arch = family.gguf_architecture().unwrap_or_default();
     check_layers_and_experts(&g, &config, arch).map_err(|why| Error::format(path, why))?;
     let by_name: HashMap<&str, &TensorInfo> =
@@ -965,7 +993,11 @@ pub(super) fn load(path: &Path) -> Result<Checkpoint> {
             let (shape, offset) = match rows {
                 None => (t.ne.iter().rev().copied().collect(), t.offset),
                 Some(rows) => {
-                    let offset = row_offset(t, rows, &shape, enc).ok_or_else(|| {
+                    let matrix = match shape[..] {
+                        [len] => vec![1, len],
+                        _ => shape.clone(),
+                    };
+                    let offset = row_offset(t, rows, &matrix, enc).ok_or_else(|| {
                         let ne = &t.ne;
                         let msg = format!(
                             "tensor {name} of ne {ne:?} does not hold {canonical} {shape:?} \

@@ -445,8 +445,13 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
     };
     // GPTQ/AWQ linears: their packed parts become one `<prefix>.weight` each.
     let packed = packed::read(dir, &config_path, &files)?;
+    // gpt-oss's MXFP4 experts: U8 blocks and scales, repacked by `gpt_oss::split`.
+    let mut mxfp4 = match family {
+        Family::GptOss => gpt_oss::Mxfp4Parts::read(&files)?,
+        _ => gpt_oss::Mxfp4Parts::default(),
+    };
     let mut by_name = read_tensors(&files, |name| {
-        packed.as_ref().is_some_and(|p| p.consumes(name))
+        packed.as_ref().is_some_and(|p| p.consumes(name)) || mxfp4.consumes(name)
     })?;
     for t in packed.into_iter().flat_map(|p| p.tensors) {
         by_name.insert(t.name.clone(), t);
@@ -481,7 +486,7 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
         _ => {}
     }
     let mut split = deepseek::split(&config, &mut by_name)?;
-    split.extend(gpt_oss::split(&config, &mut by_name)?);
+    split.extend(gpt_oss::split(&config, &mut by_name, &mut mxfp4)?);
     let tensors = canonical_tensors(&config)
         .into_iter()
         .map(|(canonical, _)| {
@@ -507,7 +512,10 @@ pub(super) fn load_dir(dir: &Path, file: Option<&Path>) -> Result<Checkpoint> {
             Ok(t)
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(checkpoint(tensors, ignored(by_name)))
+    let mut unused = ignored(by_name);
+    unused.extend(mxfp4.unused());
+    unused.sort();
+    Ok(checkpoint(tensors, unused))
 }
 
 /// Replaces each layer's Baichuan `self_attn.W_pack.weight` `[3·dim, dim]` (q, k, v rows)

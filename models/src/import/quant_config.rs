@@ -53,7 +53,7 @@ struct QuantConfig {
 }
 
 /// The scheme of the checkpoint in `dir` (`config` is its `config.json`), or `None` if it is
-/// not quantised.
+/// not quantised (or quantised as gpt-oss's MXFP4, which is no GPTQ/AWQ scheme).
 ///
 /// Errors: [`Error::Format`] for a quantisation method or option flm does not read.
 pub(super) fn scheme(dir: &Path, config: &Path) -> Result<Option<Scheme>> {
@@ -121,6 +121,8 @@ pub(super) fn scheme(dir: &Path, config: &Path) -> Result<Option<Scheme>> {
             }
             Method::Awq
         }
+        // gpt-oss's MXFP4 experts are read by `super::gpt_oss`, not packed here.
+        "mxfp4" => return Ok(None),
         other => return Err(unsupported(format!("quant_method \"{other}\""))),
     };
     let bits = q.bits.unwrap_or(4);

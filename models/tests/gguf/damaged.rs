@@ -210,8 +210,12 @@ fn bad_metadata_and_tensor_infos_are_refused() {
         &edit(at, &e),
         "block_count 60000 implies at least 360002 tensors",
     );
+    // Refused by the tensors present before any list is sized by the count.
     let e = 1_000_000u32.to_le_bytes();
-    refused(&edit(at, &e), "n_layers = 1000000 exceeds 65536");
+    refused(
+        &edit(at, &e),
+        "block_count 1000000 implies at least 6000002 tensors",
+    );
 }
 
 /// Phi-3's LongRoPE factors and a mixture's stacked experts that do not fit the
