@@ -16,8 +16,9 @@
 //! compute the same bits. On x86 the weight codes are made unsigned by `vpsignb`, as ggml
 //! does (a pair of products is at most `2 · 128 · 127 < 2¹⁵`); a 4-bit code becomes its
 //! level by `vpshufb` (`tbl` on NEON) from the 16-byte table. Each run is decoded once for
-//! up to [`TILE_INPUTS`] input rows, and each output depends on its own row only (batch
-//! invariance).
+//! up to [`TILE_INPUTS`] input rows; on x86 a tile also spans several weight rows (4 for
+//! decode), so that the chains of independent outputs interleave. Each output depends on
+//! its own rows only, in the same order whatever the tile (batch invariance).
 
 use flm_core::blocks::{
     blocks, e8m0_half, Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ8_0, IQ4_LEVELS,
@@ -57,6 +58,27 @@ impl Codes<'_> {
     }
 }
 
+/// The scale of a run as its block stores it.
+#[derive(Clone, Copy)]
+pub(super) enum Scale {
+    /// An f32 (MXFP4's power of two).
+    F32(f32),
+    /// An f16 (little-endian bits) times a small integer (1, or IQ4_XS's `sc − 32`): the
+    /// product is exact in f32.
+    F16(u16, i8),
+}
+
+impl Scale {
+    /// The value (the portable conversion of the f16; every level converts exactly).
+    #[inline(always)]
+    fn get(self) -> f32 {
+        match self {
+            Scale::F32(s) => s,
+            Scale::F16(bits, k) => half::f16::from_bits(bits).to_f32() * f32::from(k),
+        }
+    }
+}
+
 /// A ggml block of [`Runs::RUNS`] runs of 32 values, each a scale times 32 int8 codes.
 pub(super) trait Runs: Block {
     /// Runs per block.
@@ -64,37 +86,47 @@ pub(super) trait Runs: Block {
 
     /// The scale and the codes of run `r`: value `t` of the run is `scale · codes[t]`,
     /// exactly as [`Block::dequantize`] decodes it.
-    fn run(&self, r: usize) -> (f32, Codes<'_>);
+    fn run(&self, r: usize) -> (Scale, Codes<'_>);
 }
 
 impl Runs for BlockQ8_0 {
     #[inline(always)]
-    fn run(&self, _: usize) -> (f32, Codes<'_>) {
-        (self.d.to_f32(), Codes::Bytes(&self.qs))
+    fn run(&self, _: usize) -> (Scale, Codes<'_>) {
+        (
+            Scale::F16(u16::from_le_bytes(self.d.0), 1),
+            Codes::Bytes(&self.qs),
+        )
     }
 }
 
 impl Runs for BlockIQ4NL {
     #[inline(always)]
-    fn run(&self, _: usize) -> (f32, Codes<'_>) {
-        (self.d.to_f32(), Codes::Nibbles(&self.qs, &IQ4_LEVELS))
+    fn run(&self, _: usize) -> (Scale, Codes<'_>) {
+        let d = u16::from_le_bytes(self.d.0);
+        (Scale::F16(d, 1), Codes::Nibbles(&self.qs, &IQ4_LEVELS))
     }
 }
 
 impl Runs for BlockMXFP4 {
     #[inline(always)]
-    fn run(&self, _: usize) -> (f32, Codes<'_>) {
-        (e8m0_half(self.e), Codes::Nibbles(&self.qs, &MXFP4_LEVELS))
+    fn run(&self, _: usize) -> (Scale, Codes<'_>) {
+        (
+            Scale::F32(e8m0_half(self.e)),
+            Codes::Nibbles(&self.qs, &MXFP4_LEVELS),
+        )
     }
 }
 
 impl Runs for BlockIQ4XS {
     /// `d · (sc_r − 32)`: an f16 times a 6-bit integer, exact in f32, as gguf-py computes it.
     #[inline(always)]
-    fn run(&self, r: usize) -> (f32, Codes<'_>) {
+    fn run(&self, r: usize) -> (Scale, Codes<'_>) {
         let low = (self.scales_l[r / 2] >> (4 * (r % 2))) & 0x0f;
         let high = ((u16::from_le_bytes(self.scales_h) >> (2 * r)) & 0x03) as u8;
-        let scale = self.d.to_f32() * f32::from(((low | (high << 4)) as i8) - 32);
+        let scale = Scale::F16(
+            u16::from_le_bytes(self.d.0),
+            ((low | (high << 4)) as i8) - 32,
+        );
         let qs = self.qs[16 * r..16 * r + 16].try_into().expect("16 bytes");
         (scale, Codes::Nibbles(qs, &IQ4_LEVELS))
     }
@@ -115,7 +147,8 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
 fn rows<B: Runs>(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     match isa {
         // SAFETY (each arm): `CpuDevice::with_isa` only accepts levels this CPU supports;
-        // every x86 level above the portable one has AVX2, the VNNI ones `vpdpbusd`.
+        // every x86 level above the portable one has AVX2, FMA and F16C, the VNNI ones
+        // `vpdpbusd`.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { x86::rows_avx2::<B>(w, acts, j0, yt) },
         #[cfg(target_arch = "x86_64")]
@@ -142,7 +175,7 @@ fn portable<B: Runs>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]
                 for r in 0..B::RUNS {
                     let b = i * B::RUNS + r;
                     let (d, codes) = block.run(r);
-                    let codes = codes.get();
+                    let (d, codes) = (d.get(), codes.get());
                     for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
                         let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
                         let s = d * acts.row_d(i0 + k)[b];
@@ -216,6 +249,7 @@ mod neon {
                             for r in 0..B::RUNS {
                                 let b = i * B::RUNS + r;
                                 let (d, codes) = block.run(r);
+                                let d = d.get();
                                 let [w0, w1] = load(codes);
                                 for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
                                     let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
@@ -255,7 +289,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::x86::hsum256;
-    use super::{blocks, Acts, Codes, QuantWeight, Runs, BLOCK, TILE_INPUTS};
+    use super::{blocks, Acts, Codes, QuantWeight, Runs, Scale, BLOCK, TILE_INPUTS};
 
     /// The 32 codes of a run in one vector.
     ///
@@ -322,11 +356,83 @@ mod x86 {
         }
     }
 
-    /// See [`super::rows`]: per input row one f32 vector holds the 8 lanes of the module
-    /// docs.
+    /// The value of a run's scale: an f16 converted by F16C (exactly, as the portable
+    /// conversion), times its integer.
     ///
     /// # Safety
-    /// The CPU must have AVX2, FMA and the instructions of `D`.
+    /// The CPU must have F16C.
+    #[inline(always)]
+    unsafe fn scale(s: Scale) -> f32 {
+        match s {
+            Scale::F32(v) => v,
+            // SAFETY: F16C (the caller's); registers only.
+            Scale::F16(bits, k) => unsafe {
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) * f32::from(k)
+            },
+        }
+    }
+
+    /// See [`super::rows`]: tiles of `R` weight rows × up to `T` input rows, one f32
+    /// vector per output holding the 8 lanes of the module docs. Several rows at once
+    /// give the fused multiply-adds of independent outputs to interleave: an output's own
+    /// chain is sequential over its runs, by the order of the module docs.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA, F16C and the instructions of `D`.
+    #[inline(always)]
+    unsafe fn tile<B: Runs, D: Dot4, const R: usize, const T: usize>(
+        w: &QuantWeight<'_>,
+        acts: &Acts,
+        (j, i0, t): (usize, usize, usize),
+        out: &mut [[f32; T]; R],
+    ) {
+        // SAFETY (whole body): the caller's instructions; every load reads a slice of 32
+        // bytes.
+        unsafe {
+            let rows: [&[B]; R] = std::array::from_fn(|r| blocks::<B>(w.row(j + r)));
+            let mut acc = [[_mm256_setzero_ps(); T]; R];
+            for i in 0..rows[0].len() {
+                for run in 0..B::RUNS {
+                    let b = i * B::RUNS + run;
+                    // A loop, not `array::from_fn`: its closure would not inline into
+                    // this function's target features.
+                    let mut xs = [(_mm256_setzero_si256(), 0.0f32); T];
+                    for (k, x) in xs.iter_mut().enumerate() {
+                        let k = (i0 + k).min(i0 + t - 1);
+                        let q = &acts.row_qs(k)[b * BLOCK..(b + 1) * BLOCK];
+                        *x = (
+                            _mm256_loadu_si256(q.as_ptr() as *const __m256i),
+                            acts.row_d(k)[b],
+                        );
+                    }
+                    for (row, acc) in rows.iter().zip(acc.iter_mut()) {
+                        let (d, codes) = row[i].run(run);
+                        let d = scale(d);
+                        let wq = load(codes);
+                        let unsigned = _mm256_sign_epi8(wq, wq);
+                        // All T lanes (a short tile repeats its last row) so that the
+                        // loop unrolls into registers.
+                        for (acc, &(xq, a)) in acc.iter_mut().zip(&xs) {
+                            let sums = D::dot4(unsigned, _mm256_sign_epi8(xq, wq));
+                            let s = _mm256_set1_ps(d * a);
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), s, *acc);
+                        }
+                    }
+                }
+            }
+            for (out, acc) in out.iter_mut().zip(acc) {
+                for (y, acc) in out.iter_mut().zip(acc) {
+                    *y = hsum256(acc);
+                }
+            }
+        }
+    }
+
+    /// See [`super::rows`]: decode (one input row) in tiles of 4 weight rows, two input
+    /// rows in tiles of 2, more in tiles of one weight row × 4 input rows.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA, F16C and the instructions of `D`.
     #[inline(always)]
     unsafe fn rows_with<B: Runs, D: Dot4>(
         w: &QuantWeight<'_>,
@@ -335,40 +441,58 @@ mod x86 {
         yt: &mut [f32],
     ) {
         let n = acts.n;
-        // SAFETY (whole body): the caller's instructions; every load reads a slice of 32
-        // bytes.
+        let m = yt.len() / n;
+        // SAFETY (whole body): the caller's instructions.
         unsafe {
-            for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
-                let row = w.row(j0 + dj);
-                for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
-                    let i0 = t * TILE_INPUTS;
-                    let mut acc = [_mm256_setzero_ps(); TILE_INPUTS];
-                    for (i, block) in blocks::<B>(row).iter().enumerate() {
-                        for r in 0..B::RUNS {
-                            let b = i * B::RUNS + r;
-                            let (d, codes) = block.run(r);
-                            let wq = load(codes);
-                            let unsigned = _mm256_sign_epi8(wq, wq);
-                            for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
-                                let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
-                                let xq = _mm256_loadu_si256(x.as_ptr() as *const __m256i);
-                                let sums = D::dot4(unsigned, _mm256_sign_epi8(xq, wq));
-                                let scale = _mm256_set1_ps(d * acts.row_d(i0 + k)[b]);
-                                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, *acc);
+            let mut j = 0;
+            match n {
+                1 => {
+                    while j + 4 <= m {
+                        let mut out = [[0.0f32; 1]; 4];
+                        tile::<B, D, 4, 1>(w, acts, (j0 + j, 0, 1), &mut out);
+                        for (y, o) in yt[j..j + 4].iter_mut().zip(out) {
+                            *y = o[0];
+                        }
+                        j += 4;
+                    }
+                }
+                2 => {
+                    while j + 2 <= m {
+                        let mut out = [[0.0f32; 2]; 2];
+                        tile::<B, D, 2, 2>(w, acts, (j0 + j, 0, 2), &mut out);
+                        yt[2 * j..2 * j + 4].copy_from_slice(out.as_flattened());
+                        j += 2;
+                    }
+                }
+                _ => {
+                    while j + 2 <= m {
+                        for i0 in (0..n).step_by(TILE_INPUTS) {
+                            let t = (n - i0).min(TILE_INPUTS);
+                            let mut out = [[0.0f32; TILE_INPUTS]; 2];
+                            tile::<B, D, 2, TILE_INPUTS>(w, acts, (j0 + j, i0, t), &mut out);
+                            for (r, out) in out.iter().enumerate() {
+                                let y = (j + r) * n + i0;
+                                yt[y..y + t].copy_from_slice(&out[..t]);
                             }
                         }
+                        j += 2;
                     }
-                    for (y, acc) in out.iter_mut().zip(acc) {
-                        *y = hsum256(acc);
-                    }
+                }
+            }
+            for j in j..m {
+                for i0 in (0..n).step_by(TILE_INPUTS) {
+                    let t = (n - i0).min(TILE_INPUTS);
+                    let mut out = [[0.0f32; TILE_INPUTS]; 1];
+                    tile::<B, D, 1, TILE_INPUTS>(w, acts, (j0 + j, i0, t), &mut out);
+                    yt[j * n + i0..j * n + i0 + t].copy_from_slice(&out[0][..t]);
                 }
             }
         }
     }
 
     /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn rows_avx2<B: Runs>(
         w: &QuantWeight<'_>,
         acts: &Acts,
@@ -380,8 +504,8 @@ mod x86 {
     }
 
     /// # Safety
-    /// The CPU must have AVX-VNNI, AVX2 and FMA.
-    #[target_feature(enable = "avxvnni,avx2,fma")]
+    /// The CPU must have AVX-VNNI, AVX2, FMA and F16C.
+    #[target_feature(enable = "avxvnni,avx2,fma,f16c")]
     pub(super) unsafe fn rows_avxvnni<B: Runs>(
         w: &QuantWeight<'_>,
         acts: &Acts,
@@ -393,8 +517,8 @@ mod x86 {
     }
 
     /// # Safety
-    /// The CPU must have AVX-512 F, VL and VNNI, AVX2 and FMA.
-    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
+    /// The CPU must have AVX-512 F, VL and VNNI, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn rows_avx512<B: Runs>(
         w: &QuantWeight<'_>,
         acts: &Acts,
