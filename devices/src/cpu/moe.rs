@@ -136,7 +136,7 @@ pub(crate) fn moe_ffn(
                     activation::gate_mul::<activation::Silu>(vector, gate, up, hidden)?
                 }
                 ExpertActivation::ClampedSwiGlu { alpha, limit } => {
-                    clamped_swiglu((gate, up), (alpha, limit), hidden)?
+                    activation::clamped_swiglu(vector, (gate, up), (alpha, limit), hidden)?
                 }
             }
             let y = tensor(&mut s.y, &[m, dim])?;
@@ -235,30 +235,10 @@ fn route(
     }
 }
 
-/// gpt-oss's clamped SwiGLU ([`ExpertActivation::ClampedSwiGlu`]), element by element in
-/// scalar f32, so that every level computes the same bits.
-fn clamped_swiglu(
-    (gate, up): (&Data, &Data),
-    (alpha, limit): (f32, f32),
-    hidden: &mut Data,
-) -> Result<()> {
-    for ((h, &g), &u) in hidden
-        .as_f32_mut()?
-        .iter_mut()
-        .zip(gate.as_f32()?)
-        .zip(up.as_f32()?)
-    {
-        let g = g.min(limit);
-        let u = u.clamp(-limit, limit);
-        *h = (u + 1.0) * (g * sigmoid(alpha * g));
-    }
-    Ok(())
-}
-
 /// `σ(l) = 1 / (1 + e^-l)`, as `1 / (1 + e)` for `l >= 0` and `e / (1 + e)` below, with
 /// `e = e^-|l|` from the polynomial [`simd::exp`]: `e <= 1` never overflows (that `exp`
 /// is only defined up to 88), and each step rounds once or twice.
-fn sigmoid(l: f32) -> f32 {
+pub(super) fn sigmoid(l: f32) -> f32 {
     let e = simd::exp(-l.abs());
     if l >= 0.0 {
         1.0 / (1.0 + e)

@@ -289,6 +289,10 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::x86::hsum256;
+    use crate::cpu::simd::prefetch;
+
+    /// Bytes a decode tile's weight rows are prefetched ahead of its loads.
+    const AHEAD: usize = 2048;
     use super::{blocks, Acts, Codes, QuantWeight, Runs, Scale, BLOCK, TILE_INPUTS};
 
     /// The 32 codes of a run in one vector.
@@ -406,6 +410,10 @@ mod x86 {
                         );
                     }
                     for (row, acc) in rows.iter().zip(acc.iter_mut()) {
+                        if T == 1 && run == 0 {
+                            // Decode streams each row once: fetch ahead of the loads.
+                            prefetch(std::ptr::from_ref(&row[i]).wrapping_byte_add(AHEAD));
+                        }
                         let (d, codes) = row[i].run(run);
                         let d = scale(d);
                         let wq = load(codes);
