@@ -3,7 +3,7 @@ transformers' TikTokenConverter from OpenAI's o200k_base.tiktoken, and records t
 Hugging Face `tokenizers` and `tiktoken` give for test texts (they must agree); also writes a
 vocabulary-only GGUF of its first RANKS ranks with `gguf-py` (`tokenizer.ggml.pre =
 "gpt-4o"`), with the ids `tokenizers` and `tiktoken` give on the same cut, to which
-`make_llama_cpp_refs.sh` adds llama.cpp's `llama-tokenize` ids.
+`llama_cpp_refs.py` adds llama.cpp's `llama-tokenize` ids.
 
 The vocabulary: o200k_base.tiktoken as the `tiktoken-rs` crate 0.12.1 ships it
 (`assets/o200k_base.tiktoken`, sha256 446a9538... = tiktoken's `expected_hash` for
