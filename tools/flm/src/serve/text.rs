@@ -82,7 +82,7 @@ enum Decode<'a> {
     Plain(StreamDecoder<'a>),
     /// gpt-oss's harmony channels, split into reasoning and content (chat requests to a
     /// model whose vocabulary has the harmony tokens); `None` once finished.
-    Harmony(Option<HarmonySplitter<'a>>),
+    Harmony(Option<Box<HarmonySplitter<'a>>>),
 }
 
 /// Ids in, visible text out: a stream decoder (or for harmony replies, the splitter of
@@ -104,7 +104,9 @@ impl<'a> Detokenizer<'a> {
         harmony: Option<HarmonyTokens>,
     ) -> Self {
         let decode = match harmony {
-            Some(tokens) => Decode::Harmony(Some(HarmonySplitter::new(tokenizer, tokens))),
+            Some(tokens) => {
+                Decode::Harmony(Some(Box::new(HarmonySplitter::new(tokenizer, tokens))))
+            }
             None => Decode::Plain(tokenizer.stream_decoder(at_start)),
         };
         Detokenizer {
