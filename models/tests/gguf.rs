@@ -2,12 +2,15 @@
 //! `ggml-vocab-llama-spm.gguf` from llama.cpp (byte-level BPE's `ggml-vocab-gpt-2.gguf`:
 //! `gguf/bpe.rs`), and stories260K written with the `gguf`
 //! Python package (`tests/data/gguf/make_stories260k_gguf.py`, SOURCES.md), checked
-//! against the transformers references of stories260K. Damaged files: `gguf/damaged.rs`.
+//! against the transformers references of stories260K. Damaged files: `gguf/damaged.rs`;
+//! gpt-oss's o200k_harmony with the `gpt-4o` pre-tokenizer: `gguf/o200k.rs`.
 
 #[path = "gguf/bpe.rs"]
 mod bpe;
 #[path = "gguf/damaged.rs"]
 mod damaged;
+#[path = "gguf/o200k.rs"]
+mod o200k;
 
 use flm_core::{argmax, Data, Executor, RopeStyle};
 use flm_devices::ActivationBits;

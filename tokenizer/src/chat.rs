@@ -160,9 +160,11 @@ impl Tokenizer {
         Ok(ChatPrompt { ids, text })
     }
 
-    /// The tokens that end an assistant turn: EOS, and for ChatGLM3 and GLM-4 also
-    /// `<|user|>` and `<|observation|>`, with which the model starts the next turn (their
-    /// `generation_config.json` `eos_token_id`).
+    /// The tokens that end an assistant turn: EOS, for ChatGLM3 and GLM-4 also `<|user|>`
+    /// and `<|observation|>`, with which the model starts the next turn, and for gpt-oss's
+    /// harmony vocabulary ([`Tokenizer::harmony_tokens`]) `<|return|>`, `<|call|>` and
+    /// `<|endoftext|>` (their `generation_config.json` `eos_token_id`; harmony's `<|end|>`
+    /// only ends one message of the reply).
     pub fn chat_stop_ids(&self) -> Vec<u32> {
         let mut stop: Vec<u32> = self.eos.into_iter().collect();
         if matches!(
@@ -171,6 +173,17 @@ impl Tokenizer {
         ) {
             stop.extend(self.special_id("<|user|>"));
             stop.extend(self.special_id("<|observation|>"));
+        }
+        if let Some(h) = self.harmony_tokens() {
+            for id in [
+                Some(h.return_),
+                Some(h.call),
+                self.special_id("<|endoftext|>"),
+            ] {
+                if let Some(id) = id.filter(|id| !stop.contains(id)) {
+                    stop.push(id);
+                }
+            }
         }
         stop
     }

@@ -213,6 +213,7 @@ impl HfModel {
             chat_template: None,
             prefix: None,
             chat_format: None,
+            template_time: None,
         }
     }
 

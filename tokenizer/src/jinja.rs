@@ -2,7 +2,8 @@
 //! `PreTrainedTokenizerBase.apply_chat_template` (`utils/chat_template_utils.py`): the
 //! environment has `trim_blocks` and `lstrip_blocks` on, the template sees `messages`,
 //! `add_generation_prompt`, `bos_token`, `eos_token` and `tools` (none unless given), and may call
-//! `raise_exception(message)` and the filter `tojson` (Python's `json.dumps` with its default
+//! `raise_exception(message)`, `strftime_now(format)` (the date and time in UTC, or the time
+//! fixed by [`Tokenizer::set_template_time`]; `strftime.rs`) and the filter `tojson` (Python's `json.dumps` with its default
 //! separators `", "` and `": "` and `ensure_ascii=False`, as transformers defines it, and its
 //! keyword arguments `ensure_ascii`, `indent`, `separators` and `sort_keys`); Python string
 //! methods (`.strip()`, `.startswith()`...) work through minijinja-contrib's `pycompat`.
@@ -168,6 +169,13 @@ fn run<M: serde::Serialize>(
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
         },
     );
+    let now = tok.template_time.unwrap_or_else(|| {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    });
+    env.add_function("strftime_now", move |format: String| {
+        crate::strftime::strftime(&format, now)
+    });
     jinja_limits::install(&mut env, &budget);
     let json_budget = Arc::clone(&budget);
     env.add_filter("tojson", move |value: Value, kwargs: Kwargs| {
@@ -178,6 +186,12 @@ fn run<M: serde::Serialize>(
             .map(|p| String::from_utf8_lossy(p).into_owned())
             .unwrap_or_default()
     };
+    let messages = serde_json::to_value(chat.messages)
+        .map(alias_reasoning_fields)
+        .map_err(|e| {
+            let e = minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string());
+            (e, Fatal(false))
+        })?;
     // The last map that holds a name gives its value.
     let ctx = merge_maps([
         context! {
@@ -186,7 +200,7 @@ fn run<M: serde::Serialize>(
         },
         Value::from_serialize(chat.args),
         context! {
-            messages => chat.messages,
+            messages => messages,
             tools => chat.tools,
             add_generation_prompt => chat.add_generation_prompt,
         },
@@ -216,6 +230,37 @@ fn run<M: serde::Serialize>(
             (e, Fatal(over))
         })?;
     Ok(text)
+}
+
+/// The names of a message's reasoning, as transformers reads them (`_REASONING_FIELDS`).
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// transformers' `_alias_reasoning_fields`: a message with reasoning under any of
+/// [`REASONING_FIELDS`] (the first that is not null) gets it as `thinking` (which gpt-oss's
+/// template reads; placed first unless the message has that key) and as
+/// `reasoning_content`, so that OpenAI-style `reasoning_content` reaches every template.
+fn alias_reasoning_fields(mut messages: serde_json::Value) -> serde_json::Value {
+    let Some(list) = messages.as_array_mut() else {
+        return messages;
+    };
+    for message in list {
+        let Some(map) = message.as_object_mut() else {
+            continue;
+        };
+        let reasoning = REASONING_FIELDS
+            .iter()
+            .find_map(|k| map.get(*k).filter(|v| !v.is_null()))
+            .cloned();
+        if let Some(reasoning) = reasoning {
+            // {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            let mut aliased = serde_json::Map::new();
+            aliased.insert("thinking".into(), reasoning.clone());
+            aliased.extend(std::mem::take(map));
+            aliased.insert("reasoning_content".into(), reasoning);
+            *map = aliased;
+        }
+    }
+    messages
 }
 
 /// How transformers' `tojson` filter writes JSON: Python's `json.dumps` with the filter's

@@ -24,7 +24,8 @@
 //! is read as GLM-4's byte-level BPE (`byte_bpe.rs`, `chatglm.rs`);
 //! [`Tokenizer::into_chatglm`] turns a ChatGLM2/3 SentencePiece model into the ChatGLM
 //! tokenizer. Chat prompts, built-in (ChatGLM) or from a Jinja template, are built by
-//! [`Tokenizer::encode_chat`] (`chat.rs`, `jinja.rs`).
+//! [`Tokenizer::encode_chat`] (`chat.rs`, `jinja.rs`); gpt-oss's harmony replies are split
+//! into reasoning and answer by [`HarmonySplitter`] (`harmony.rs`).
 //!
 //! What is not implemented is refused with [`Error::Unsupported`] rather than tokenised
 //! differently from the reference: Unigram models, precompiled normalisation rules
@@ -49,6 +50,7 @@ mod digit_groups;
 mod error;
 mod fast_hash;
 mod gpt2;
+mod harmony;
 mod hf_bpe;
 mod hf_byte_level;
 mod hf_config;
@@ -63,6 +65,7 @@ mod sp_proto;
 mod spec;
 mod spec_build;
 mod split;
+mod strftime;
 mod tiktoken;
 mod trie;
 mod vocab;
@@ -73,6 +76,7 @@ pub use chat::{ChatFormat, ChatPrompt, Message, TemplateArgs};
 pub use decode::StreamDecoder;
 pub use error::{Error, Result};
 pub use gpt2::gguf_gpt2_spec;
+pub use harmony::{HarmonyCall, HarmonySplitter, HarmonyText, HarmonyTokens};
 pub use hf_config::chat_template_from_hf_config;
 pub use jinja::{check_template_args, template_reads};
 pub use jinja_compile::{MAX_TAG_OPERATORS, MAX_TEMPLATE_OPERATORS, MAX_TEMPLATE_SOURCE};
@@ -104,6 +108,9 @@ pub struct Tokenizer {
     prefix: Option<Vec<u32>>,
     /// The built-in prompt format.
     chat_format: Option<ChatFormat>,
+    /// The time chat templates' `strftime_now` formats, in Unix seconds; `None`: the
+    /// system clock at each render ([`Tokenizer::set_template_time`]).
+    template_time: Option<i64>,
 }
 
 /// The encoding algorithm of the file the tokenizer came from.
@@ -274,6 +281,14 @@ impl Tokenizer {
             }
         }
         Ok(self)
+    }
+
+    /// Fixes the time that chat templates' `strftime_now(format)` formats (gpt-oss's writes
+    /// `Current date: %Y-%m-%d` into its system message; Llama 3.1's too) to `unix_seconds`
+    /// (seconds since 1970-01-01 00:00 UTC, read as UTC), so that prompts are reproducible;
+    /// `None` (the default) reads the system clock at each render.
+    pub fn set_template_time(&mut self, unix_seconds: Option<i64>) {
+        self.template_time = unix_seconds;
     }
 
     /// The tokens `encode(.., true)` starts with: `[BOS]`, ChatGLM's `[gMASK] sop`, or

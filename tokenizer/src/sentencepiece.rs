@@ -277,6 +277,7 @@ pub(crate) fn sp_tokenizer(
         chat_template: None,
         prefix: None,
         chat_format: None,
+        template_time: None,
     }
 }
 

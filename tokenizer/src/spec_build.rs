@@ -182,6 +182,7 @@ pub(crate) fn build(
                 chat_template: None,
                 prefix: None,
                 chat_format: None,
+                template_time: None,
             }
         }
     })

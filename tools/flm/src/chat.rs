@@ -20,20 +20,27 @@
 //! prompt line is edited with rustyline (arrow keys, Emacs bindings, Up and Down through
 //! this chat's earlier lines); from a pipe, lines are read as they come.
 //!
+//! gpt-oss (a vocabulary with the harmony tokens) answers in channels: only its final
+//! answer is printed and kept in the history; its analysis channel (reasoning) is hidden,
+//! or with `--verbose` printed to stderr between `[analysis]` and `[/analysis]` lines.
+//! `--template-arg reasoning_effort=high` (or `low`) sets its reasoning effort.
+//!
 //! Commands: `/reset` forgets the conversation, `/exit` or `/quit` (or end of input)
 //! ends the session, `/help` (or `/?`) lists them; any other line of one word starting
 //! with `/` is answered as an unknown command rather than sent to the model, as Ollama
 //! does. A model without any chat template is refused with an error that points to
 //! `flm run`.
 
-use std::io::{BufRead, IsTerminal};
+use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use flm_models::session::Session;
-use flm_tokenizer::{Message, TemplateArgs, Tokenizer};
+use flm_tokenizer::{
+    HarmonySplitter, HarmonyText, HarmonyTokens, Message, TemplateArgs, Tokenizer,
+};
 
 use crate::generate::{self, Prompt};
 use crate::{load, set_threads, ModelArgs, SamplingArgs};
@@ -48,7 +55,8 @@ pub struct ChatArgs {
     /// A system prompt: the first message of every conversation.
     #[arg(long)]
     system: Option<String>,
-    /// Print each rendered prompt and the timings of each reply to stderr.
+    /// Print each rendered prompt and the timings of each reply to stderr, and a reasoning
+    /// model's hidden reasoning (gpt-oss's analysis channel), marked apart.
     #[arg(long)]
     verbose: bool,
     /// A keyword argument of the chat template, NAME=VALUE (repeatable), as transformers'
@@ -199,6 +207,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let mut session = Session::new(model, Arc::new(tokenizer))?;
     let tokenizer = Arc::clone(session.tokenizer());
     let exec = chosen.exec;
+    let harmony = tokenizer.harmony_tokens();
     let start: Vec<Message> = args
         .system
         .iter()
@@ -254,34 +263,116 @@ pub fn run(args: ChatArgs) -> Result<()> {
         };
         INTERRUPTED.store(false, Ordering::SeqCst);
         REPLYING.store(true, Ordering::SeqCst);
-        let result = generate::generate(
-            &mut session,
-            &exec,
-            prompt,
-            &params,
-            false,
-            Some(&INTERRUPTED),
-        );
+        let result = match harmony {
+            Some(tokens) => {
+                harmony_reply(&mut session, &exec, prompt, &params, tokens, args.verbose)
+            }
+            None => generate::generate(
+                &mut session,
+                &exec,
+                prompt,
+                &params,
+                false,
+                Some(&INTERRUPTED),
+            )
+            .and_then(|(generation, reply)| {
+                let text = tokenizer
+                    .decode(&reply)
+                    .context("cannot decode the reply")?;
+                Ok((generation, tokenizer.chat_reply_content(&text).to_owned()))
+            }),
+        };
         REPLYING.store(false, Ordering::SeqCst);
-        let (generation, reply) = result?;
+        let (generation, content) = result?;
         if INTERRUPTED.load(Ordering::SeqCst) {
             eprintln!("(reply interrupted)");
         }
         if args.verbose {
             eprintln!("{}", generate::Summary(generation));
         }
-        let text = tokenizer
-            .decode(&reply)
-            .context("cannot decode the reply")?;
-        messages.push(Message::new(
-            "assistant",
-            tokenizer.chat_reply_content(&text),
-        ));
+        messages.push(Message::new("assistant", content));
     }
     if failed > 0 {
         bail!("{failed} chat turn(s) failed (their errors are above)");
     }
     Ok(())
+}
+
+/// Generates a harmony reply (gpt-oss): its final answer (and any text outside a channel)
+/// streamed to stdout, its analysis channel hidden, or with `verbose` streamed to stderr
+/// between `[analysis]` and `[/analysis]` lines, so that stdout holds the answer alone.
+/// Returns the counts and the answer, which the history keeps (the harmony template drops
+/// earlier turns' analysis anyway). A tool call the model makes is not answered: it ends
+/// the reply, and with `verbose` is shown on stderr.
+///
+/// Errors: those of [`Session::generate_tokens`], an id outside the vocabulary, a closed
+/// stdout.
+fn harmony_reply(
+    session: &mut Session,
+    exec: &flm_core::Executor,
+    prompt: generate::Prompt<'_>,
+    params: &flm_models::session::GenerateParams,
+    tokens: HarmonyTokens,
+    verbose: bool,
+) -> Result<(flm_models::session::Generation, String)> {
+    let generate::Prompt::Tokens { ids, at_start } = prompt else {
+        bail!("a harmony chat prompt is made of token ids");
+    };
+    let tokenizer = Arc::clone(session.tokenizer());
+    let mut splitter = HarmonySplitter::new(&tokenizer, tokens);
+    let mut out = std::io::stdout().lock();
+    let (mut content, mut in_analysis) = (String::new(), false);
+    let mut failed: Result<()> = Ok(());
+    let mut show = |text: HarmonyText, out: &mut std::io::StdoutLock<'_>| -> Result<()> {
+        if verbose && !text.reasoning.is_empty() {
+            if !in_analysis {
+                eprintln!("[analysis]");
+                in_analysis = true;
+            }
+            eprint!("{}", text.reasoning);
+        }
+        if !text.content.is_empty() {
+            if in_analysis {
+                eprintln!("\n[/analysis]");
+                in_analysis = false;
+            }
+            out.write_all(text.content.as_bytes())?;
+            out.flush()?;
+            content += &text.content;
+        }
+        Ok(())
+    };
+    let generation = session.generate_tokens(exec, ids, at_start, params, |piece| {
+        let step = piece
+            .id
+            .map(|id| splitter.push(id).map_err(anyhow::Error::from))
+            .transpose()
+            .and_then(|text| text.map_or(Ok(()), |text| show(text, &mut out)));
+        if let Err(e) = step {
+            failed = Err(e);
+        }
+        if failed.is_ok() && !INTERRUPTED.load(Ordering::Relaxed) {
+            std::ops::ControlFlow::Continue(())
+        } else {
+            std::ops::ControlFlow::Break(())
+        }
+    })?;
+    failed?;
+    let (rest, calls) = splitter.finish();
+    show(rest, &mut out)?;
+    if in_analysis {
+        eprintln!("\n[/analysis]");
+    }
+    writeln!(out)?;
+    if verbose {
+        for call in calls {
+            eprintln!(
+                "[call {} ({})] {}",
+                call.recipient, call.constrain, call.arguments
+            );
+        }
+    }
+    Ok((generation, content))
 }
 
 /// The prompt for `messages` with the template's keyword arguments `args`, if it leaves

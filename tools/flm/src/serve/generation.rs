@@ -17,14 +17,14 @@ use std::time::Instant;
 
 use flm_core::{Constraint, TokenLogprobs};
 use flm_models::engine::{Event, FinishReason, Request};
-use flm_tokenizer::Tokenizer;
+use flm_tokenizer::{HarmonyTokens, Tokenizer};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::error::ApiError;
 use super::log::RequestLog;
 use super::openai::Usage;
 use super::params::Params;
-use super::text::Detokenizer;
+use super::text::{Detokenizer, Shown};
 use super::State;
 
 /// A checked request, ready for the engine (one per choice).
@@ -46,6 +46,9 @@ pub struct Job {
     pub constraint: Option<Constraint>,
     /// The request's log line, shared by its choices.
     pub log: Arc<RequestLog>,
+    /// Split the reply into reasoning and content by gpt-oss's harmony channels (a chat
+    /// request to a model whose vocabulary has them); `None`: plain text.
+    pub harmony: Option<HarmonyTokens>,
 }
 
 /// One generated token's log-probability and its most likely alternatives', each token
@@ -80,8 +83,12 @@ impl TokenLogprob {
 /// the previous piece: those tokens produced this text, or text still held back.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Piece {
-    /// The visible text; empty when only log-probabilities are due.
+    /// The visible text (for gpt-oss, the final answer's); empty when only
+    /// log-probabilities or reasoning are due.
     pub text: String,
+    /// Reasoning text (gpt-oss's analysis channel), OpenAI's `reasoning_content`; always
+    /// empty for other models.
+    pub reasoning: String,
     /// One per token.
     pub logprobs: Vec<TokenLogprob>,
 }
@@ -111,6 +118,7 @@ pub struct Submitted {
     prompt_tokens: usize,
     at_start: bool,
     stop: Vec<String>,
+    harmony: Option<HarmonyTokens>,
     arrived: Instant,
     log: Arc<RequestLog>,
     events: UnboundedReceiver<Event>,
@@ -158,6 +166,7 @@ pub fn submit(state: &State, job: Job) -> Result<Submitted, ApiError> {
         prompt_tokens,
         at_start: job.at_start,
         stop: job.params.stop,
+        harmony: job.harmony,
         arrived: job.arrived,
         log: job.log,
         events,
@@ -204,19 +213,21 @@ async fn events(
         prompt_tokens,
         at_start,
         stop,
+        harmony,
         arrived,
         log,
         mut events,
         _cancel,
     } = submitted;
-    let mut text = Detokenizer::new(&state.tokenizer, at_start, stop);
+    let mut text = Detokenizer::new(&state.tokenizer, at_start, stop, harmony);
     let mut last = arrived;
     let mut generated = 0;
     let mut logprobs = Vec::new();
-    let mut deliver = |text: String, logprobs: &mut Vec<TokenLogprob>| {
-        (text.is_empty() && logprobs.is_empty())
+    let mut deliver = |shown: Shown, logprobs: &mut Vec<TokenLogprob>| {
+        (shown.content.is_empty() && shown.reasoning.is_empty() && logprobs.is_empty())
             || emit(Piece {
-                text,
+                text: shown.content,
+                reasoning: shown.reasoning,
                 logprobs: std::mem::take(logprobs),
             })
     };
@@ -237,11 +248,12 @@ async fn events(
                 log.token();
                 last = now;
                 generated += 1;
-                let (piece, stopped) = match text.push(id) {
+                let shown = match text.push(id) {
                     Ok(step) => step,
                     Err(e) => return Outcome::Failed(ApiError::internal(e.to_string())),
                 };
-                if !deliver(piece, &mut logprobs) {
+                let stopped = shown.stopped;
+                if !deliver(shown, &mut logprobs) {
                     return Outcome::ClientGone;
                 }
                 if stopped {

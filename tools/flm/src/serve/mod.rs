@@ -159,6 +159,9 @@ struct Limits {
 pub struct State {
     engine: Engine,
     tokenizer: Arc<Tokenizer>,
+    /// gpt-oss's harmony tokens, if the vocabulary has them: chat replies are then split
+    /// into `reasoning_content` and `content` by their channels.
+    harmony: Option<flm_tokenizer::HarmonyTokens>,
     metrics: Metrics,
     /// `None` with `--gpu-layers`, whose placed weights a second executor cannot use.
     embedder: Option<Embedder>,
@@ -250,6 +253,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let state = Arc::new(State {
         engine,
         vocabulary: Arc::new(vocabulary(&tokenizer)),
+        harmony: tokenizer.harmony_tokens(),
         tokenizer: Arc::new(tokenizer),
         metrics: Metrics::new(),
         embedder,

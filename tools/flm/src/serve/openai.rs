@@ -179,9 +179,14 @@ pub struct Delta {
     /// `assistant` in the first chunk and in a whole response.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
-    /// The text.
+    /// The text (for a reasoning model whose reasoning is told apart, gpt-oss, the final
+    /// answer only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The model's reasoning, told apart from the answer (gpt-oss's analysis channel), as
+    /// OpenAI's and vLLM's `reasoning_content`; absent for other models.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The tools called (OpenAI's `tool_calls`; in a chunk, each with its `index`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,

@@ -3,7 +3,8 @@
 //!
 //! A stream is a sequence of `data: {chunk}` events, the chunks being
 //! `chat.completion.chunk` objects (the first of each choice with `delta.role`, then
-//! `delta.content` pieces, the last with an empty delta and `finish_reason`) or
+//! `delta.content` pieces, and for gpt-oss `delta.reasoning_content` pieces of its analysis
+//! channel, the last with an empty delta and `finish_reason`) or
 //! `text_completion` objects (`text` pieces, then `finish_reason`), each naming its choice
 //! by `index`, optionally a usage chunk with no choices (`stream_options.include_usage`),
 //! and `data: [DONE]` (OpenAI API reference, "Streaming"). The `n` choices of a request are
@@ -80,6 +81,8 @@ struct Part<'a> {
     index: usize,
     role: bool,
     text: Option<String>,
+    /// Reasoning (gpt-oss's analysis channel): chat only, `None` when there is none.
+    reasoning: Option<String>,
     tool_calls: Option<Vec<Value>>,
     logprobs: &'a [TokenLogprob],
     offset: usize,
@@ -99,6 +102,7 @@ impl<'a> Part<'a> {
             index,
             role: false,
             text,
+            reasoning: None,
             tool_calls: None,
             logprobs,
             offset,
@@ -175,6 +179,7 @@ impl Header {
                         let delta = Delta {
                             role: p.role.then_some("assistant"),
                             content: p.text,
+                            reasoning_content: p.reasoning,
                             tool_calls: p.tool_calls,
                         };
                         ChatChoice {
@@ -273,38 +278,41 @@ pub async fn whole(
     for (index, submitted) in submitted.into_iter().enumerate() {
         let state = Arc::clone(&state);
         tasks.spawn(async move {
-            let (mut text, mut logprobs) = (String::new(), Vec::new());
+            let (mut text, mut reasoning, mut logprobs) =
+                (String::new(), String::new(), Vec::new());
             let outcome = drive(&state, submitted, |piece| {
                 text.push_str(&piece.text);
+                reasoning.push_str(&piece.reasoning);
                 logprobs.extend(piece.logprobs);
                 true
             })
             .await;
-            (index, text, logprobs, outcome)
+            (index, text, reasoning, logprobs, outcome)
         });
     }
     let mut choices = Vec::new();
     while let Some(joined) = tasks.join_next().await {
-        let (index, text, logprobs, outcome) =
+        let (index, text, reasoning, logprobs, outcome) =
             joined.map_err(|e| ApiError::internal(format!("a choice's task failed: {e}")))?;
         match outcome {
-            Outcome::Done(done) => choices.push((index, text, logprobs, done)),
+            Outcome::Done(done) => choices.push((index, text, reasoning, logprobs, done)),
             // `emit` above never refuses text.
             Outcome::ClientGone => return Err(ApiError::internal("the reply was dropped")),
             Outcome::Failed(e) => return Err(e),
         }
     }
     choices.sort_by_key(|c| c.0);
-    let usage = total_usage(choices.iter().map(|c| &c.3));
+    let usage = total_usage(choices.iter().map(|c| &c.4));
     let echo_chars = header.echo.chars().count();
     let parts = choices
         .iter()
-        .map(|(index, text, logprobs, done)| {
+        .map(|(index, text, reasoning, logprobs, done)| {
             let (text, tool_calls, finish) = header.calls(text, *index, done.finish_reason);
             Part {
                 index: *index,
                 role: true,
                 text: Some(format!("{}{}", header.echo, text.unwrap_or_default())),
+                reasoning: (!reasoning.is_empty()).then(|| reasoning.clone()),
                 tool_calls,
                 logprobs,
                 offset: echo_chars,
@@ -350,14 +358,20 @@ pub fn stream(
                 }
                 let mut offset = header.echo.chars().count();
                 // With tools, the reply is held until its end, where its calls are known.
-                let mut held = (String::new(), Vec::new());
+                let mut held = (String::new(), Vec::new(), String::new());
                 let outcome = drive(&state, submitted, |piece: Piece| {
                     if header.tools.is_some() {
                         held.0.push_str(&piece.text);
                         held.1.extend(piece.logprobs);
+                        held.2.push_str(&piece.reasoning);
                         return true;
                     }
-                    let part = Part::chunk(index, Some(piece.text), &piece.logprobs, offset, None);
+                    // A piece of reasoning alone (gpt-oss) carries no `content`.
+                    let reasoning = (!piece.reasoning.is_empty()).then_some(piece.reasoning);
+                    let text =
+                        (reasoning.is_none() || !piece.text.is_empty()).then_some(piece.text);
+                    let mut part = Part::chunk(index, text, &piece.logprobs, offset, None);
+                    part.reasoning = reasoning;
                     let chunk = header.chunk(part);
                     offset += piece
                         .logprobs
@@ -373,6 +387,7 @@ pub fn stream(
                         let (text, calls, reason) = header.calls(&held.0, index, finish);
                         finish = reason;
                         let mut part = Part::chunk(index, text, &held.1, offset, None);
+                        part.reasoning = (!held.2.is_empty()).then(|| std::mem::take(&mut held.2));
                         part.tool_calls = calls.map(|calls| {
                             (0..)
                                 .zip(calls)
@@ -429,4 +444,63 @@ async fn choices(tasks: &mut JoinSet<Outcome>) -> Result<Vec<Done>, Option<ApiEr
         }
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(api: Api) -> Header {
+        Header {
+            api,
+            id: "chatcmpl-1".into(),
+            created: 0,
+            model: "m".into(),
+            echo: String::new(),
+            logprobs: false,
+            tools: None,
+        }
+    }
+
+    fn part(
+        text: Option<&str>,
+        reasoning: Option<&str>,
+        finish: Option<&'static str>,
+    ) -> Part<'static> {
+        Part {
+            index: 0,
+            role: false,
+            text: text.map(str::to_owned),
+            reasoning: reasoning.map(str::to_owned),
+            tool_calls: None,
+            logprobs: &[],
+            offset: 0,
+            finish,
+        }
+    }
+
+    /// OpenAI's (and vLLM's) shape: `reasoning_content` beside `content` in a response's
+    /// `message` and in a chunk's `delta`; absent when a model has no reasoning.
+    #[test]
+    fn reasoning_goes_out_as_reasoning_content() {
+        let h = header(Api::Chat);
+        let whole = h.with_parts(
+            true,
+            vec![part(Some("Hi!"), Some("Greet."), Some("stop"))],
+            None,
+        );
+        assert_eq!(whole["object"], "chat.completion");
+        let message = &whole["choices"][0]["message"];
+        assert_eq!(message["content"], "Hi!");
+        assert_eq!(message["reasoning_content"], "Greet.");
+        let chunk: Value = serde_json::from_str(&h.chunk(part(None, Some("Gre"), None))).unwrap();
+        let delta = &chunk["choices"][0]["delta"];
+        assert_eq!(delta["reasoning_content"], "Gre");
+        assert!(delta.get("content").is_none(), "{chunk}");
+        // Other models: exactly the fields of before.
+        let plain = h.with_parts(true, vec![part(Some("Hi!"), None, Some("stop"))], None);
+        assert_eq!(plain["choices"][0]["message"], json!({"content": "Hi!"}),);
+        let chunk: Value = serde_json::from_str(&h.chunk(part(Some("Hi"), None, None))).unwrap();
+        assert_eq!(chunk["choices"][0]["delta"], json!({"content": "Hi"}));
+    }
 }

@@ -422,6 +422,10 @@ fn prepare(
         arrived,
         constraint,
         log,
+        harmony: match api {
+            Api::Chat => state.harmony,
+            Api::Text => None,
+        },
     };
     Ok(Prepared {
         job,

@@ -6,8 +6,13 @@
 //! `finish_reason: "stop"`) or can no longer do so (it is released). This is what vLLM's
 //! and llama.cpp's servers do; the streamed pieces concatenate to the text of the whole
 //! response.
+//!
+//! A chat reply of gpt-oss (a vocabulary with the harmony tokens) is split by its channels
+//! first ([`HarmonySplitter`]): the analysis channel becomes the reasoning, sent apart as
+//! OpenAI's `reasoning_content`, and only the final answer is content, to which the stop
+//! sequences apply.
 
-use flm_tokenizer::{StreamDecoder, Tokenizer};
+use flm_tokenizer::{HarmonySplitter, HarmonyTokens, StreamDecoder, Tokenizer};
 
 /// Holds back text that may begin a stop sequence.
 #[derive(Debug, Clone, Default)]
@@ -59,36 +64,97 @@ impl StopText {
     }
 }
 
-/// Ids in, visible text out: a stream decoder followed by [`StopText`].
+/// What one generated id (or the end) shows: reasoning (gpt-oss's analysis channel; empty
+/// for every other model), content, and whether a stop sequence ended the reply.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shown {
+    /// Reasoning text, sent as OpenAI's `reasoning_content`.
+    pub reasoning: String,
+    /// The answer's text, sent as `content`.
+    pub content: String,
+    /// A stop sequence was completed in the content.
+    pub stopped: bool,
+}
+
+/// How the ids become text.
+enum Decode<'a> {
+    /// One stream of text (every model but gpt-oss, and every completion request).
+    Plain(StreamDecoder<'a>),
+    /// gpt-oss's harmony channels, split into reasoning and content (chat requests to a
+    /// model whose vocabulary has the harmony tokens); `None` once finished.
+    Harmony(Option<Box<HarmonySplitter<'a>>>),
+}
+
+/// Ids in, visible text out: a stream decoder (or for harmony replies, the splitter of
+/// their channels) followed by [`StopText`] on the content; the reasoning is not cut by
+/// stop sequences.
 pub struct Detokenizer<'a> {
-    decoder: StreamDecoder<'a>,
+    decode: Decode<'a>,
     stop: StopText,
 }
 
 impl<'a> Detokenizer<'a> {
     /// Decodes with `tokenizer` (`at_start`: only the prefix tokens precede, see
-    /// [`Tokenizer::stream_decoder`]), ending at the first of `stops`.
-    pub fn new(tokenizer: &'a Tokenizer, at_start: bool, stops: Vec<String>) -> Self {
+    /// [`Tokenizer::stream_decoder`]), ending at the first of `stops`; with `harmony`, the
+    /// reply is split into reasoning and content by its channels ([`HarmonySplitter`]).
+    pub fn new(
+        tokenizer: &'a Tokenizer,
+        at_start: bool,
+        stops: Vec<String>,
+        harmony: Option<HarmonyTokens>,
+    ) -> Self {
+        let decode = match harmony {
+            Some(tokens) => {
+                Decode::Harmony(Some(Box::new(HarmonySplitter::new(tokenizer, tokens))))
+            }
+            None => Decode::Plain(tokenizer.stream_decoder(at_start)),
+        };
         Detokenizer {
-            decoder: tokenizer.stream_decoder(at_start),
+            decode,
             stop: StopText::new(stops),
         }
     }
 
     /// Feeds one generated id: the text that can be shown now, and whether a stop sequence
     /// ended the reply. Errors on an id outside the vocabulary.
-    pub fn push(&mut self, id: u32) -> flm_tokenizer::Result<(String, bool)> {
-        let text = self.decoder.push(id)?;
-        Ok(self.stop.push(&text))
+    pub fn push(&mut self, id: u32) -> flm_tokenizer::Result<Shown> {
+        let (reasoning, content) = match &mut self.decode {
+            Decode::Plain(decoder) => (String::new(), decoder.push(id)?),
+            Decode::Harmony(Some(splitter)) => {
+                let text = splitter.push(id)?;
+                (text.reasoning, text.content)
+            }
+            Decode::Harmony(None) => (String::new(), String::new()),
+        };
+        let (content, stopped) = self.stop.push(&content);
+        Ok(Shown {
+            reasoning,
+            content,
+            stopped,
+        })
     }
 
     /// The rest of the text once generation has ended (incomplete characters flushed).
-    pub fn finish(&mut self) -> String {
-        let (mut text, stopped) = self.stop.push(&self.decoder.finish());
+    pub fn finish(&mut self) -> Shown {
+        let (reasoning, content) = match &mut self.decode {
+            Decode::Plain(decoder) => (String::new(), decoder.finish()),
+            Decode::Harmony(splitter) => match splitter.take() {
+                Some(s) => {
+                    let (text, _calls) = s.finish();
+                    (text.reasoning, text.content)
+                }
+                None => (String::new(), String::new()),
+            },
+        };
+        let (mut content, stopped) = self.stop.push(&content);
         if !stopped {
-            text.push_str(&self.stop.finish());
+            content.push_str(&self.stop.finish());
         }
-        text
+        Shown {
+            reasoning,
+            content,
+            stopped,
+        }
     }
 }
 
@@ -139,6 +205,79 @@ mod tests {
         assert_eq!((shown, at), (vec!["a".to_string()], Some(0)));
         let (shown, _) = run(&["xyz", "yz!"], &["a xy", "z!"]);
         assert_eq!(shown, ["a ", ""]);
+    }
+
+    /// o200k_harmony (tests/data/tokenizer/o200k-harmony), loaded once.
+    fn o200k_harmony() -> &'static Tokenizer {
+        static TOK: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+        TOK.get_or_init(|| {
+            let bytes = flm_tests::tokenizer::xz("tokenizer/o200k-harmony/tokenizer.json.xz");
+            Tokenizer::from_bytes(&bytes).unwrap()
+        })
+    }
+
+    /// A gpt-oss reply (special tokens spelled out) through the chat path's detokenizer,
+    /// id by id: every step's output, then the end's.
+    fn harmony_steps(reply: &str, stops: &[&str], harmony: bool) -> Vec<Shown> {
+        let tok = o200k_harmony();
+        let ids = tok.encode_with_specials(reply).unwrap();
+        let stops = stops.iter().map(|s| s.to_string()).collect();
+        let tokens = harmony.then(|| tok.harmony_tokens().unwrap());
+        let mut d = Detokenizer::new(tok, true, stops, tokens);
+        let mut steps = Vec::new();
+        for id in ids {
+            let shown = d.push(id).unwrap();
+            let stopped = shown.stopped;
+            steps.push(shown);
+            if stopped {
+                return steps;
+            }
+        }
+        steps.push(d.finish());
+        steps
+    }
+
+    fn joined(steps: &[Shown]) -> (String, String) {
+        steps
+            .iter()
+            .fold((String::new(), String::new()), |(r, c), s| {
+                (r + &s.reasoning, c + &s.content)
+            })
+    }
+
+    const REPLY: &str = "<|channel|>analysis<|message|>The user wants a greeting. END of thought.<|end|>\
+                         <|start|>assistant<|channel|>final<|message|>Hello, world! END here<|return|>";
+
+    #[test]
+    fn harmony_replies_split_into_reasoning_and_content() {
+        let steps = harmony_steps(REPLY, &[], true);
+        assert_eq!(
+            joined(&steps),
+            (
+                "The user wants a greeting. END of thought.".to_owned(),
+                "Hello, world! END here".to_owned()
+            )
+        );
+        assert!(steps.iter().all(|s| !s.stopped));
+        // The same ids without the splitter (a completion request): the plain text, the
+        // special tokens dropped, as before.
+        let plain = harmony_steps(REPLY, &[], false);
+        let (reasoning, content) = joined(&plain);
+        assert_eq!(reasoning, "");
+        assert_eq!(
+            content,
+            "analysisThe user wants a greeting. END of thought.assistantfinalHello, world! END here"
+        );
+    }
+
+    /// Stop sequences cut the answer only: the reasoning may contain them.
+    #[test]
+    fn harmony_stop_sequences_apply_to_the_content() {
+        let steps = harmony_steps(REPLY, &["END"], true);
+        let (reasoning, content) = joined(&steps);
+        assert_eq!(reasoning, "The user wants a greeting. END of thought.");
+        assert_eq!(content, "Hello, world! ");
+        assert!(steps.last().unwrap().stopped);
     }
 
     #[test]
