@@ -289,11 +289,11 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::x86::hsum256;
+    use super::{blocks, Acts, Codes, QuantWeight, Runs, Scale, BLOCK, TILE_INPUTS};
     use crate::cpu::simd::prefetch;
 
     /// Bytes a decode tile's weight rows are prefetched ahead of its loads.
     const AHEAD: usize = 2048;
-    use super::{blocks, Acts, Codes, QuantWeight, Runs, Scale, BLOCK, TILE_INPUTS};
 
     /// The 32 codes of a run in one vector.
     ///
