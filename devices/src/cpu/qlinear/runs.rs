@@ -291,9 +291,8 @@ mod x86 {
     use super::super::x86::hsum256;
     use super::{blocks, Acts, Codes, QuantWeight, Runs, Scale, BLOCK, TILE_INPUTS};
 
-    /// Bytes a decode tile's weight rows are prefetched ahead of its loads, non-temporally
-    /// (the int panels' distance; 2 KiB into every cache level decoded gpt-oss-20b 20%
-    /// slower, 16 KiB no faster).
+    /// Bytes a decode tile's weight rows are prefetched ahead of its loads, non-temporally:
+    /// the int panels' distance, also the fastest here (docs/benchmarks.md, gpt-oss-20b).
     const AHEAD: usize = 8192;
 
     /// The 32 codes of a run in one vector.
