@@ -74,6 +74,15 @@ pub enum Error {
     /// an error, or a kernel reported bad input it was given.
     #[error("device error: {0}")]
     Device(String),
+    /// A collective of a tensor-parallel group ([`crate::comm`]) could not complete: a rank
+    /// failed or left, or the ranks disagree.
+    #[error("rank {rank}: {msg}")]
+    Collective {
+        /// The rank that failed (or, for a disagreement, the rank that found it).
+        rank: usize,
+        /// What happened.
+        msg: String,
+    },
 }
 
 /// Result type of flm-core.

@@ -14,6 +14,7 @@
 
 mod alibi;
 pub mod blocks;
+pub mod comm;
 mod constraint;
 mod contract;
 mod data;
