@@ -20,6 +20,8 @@ use crate::pages::{HugeBuffer, HUGE_PAGE_BYTES};
 use crate::panels::{self, Layout};
 use crate::{quant, DataType, DeviceBuffer, Error, Location, Result};
 
+mod slice;
+
 /// One 64-byte aligned chunk of an owned buffer: the alignment lets SIMD kernels use aligned
 /// loads and keeps rows on cache-line boundaries.
 #[repr(C, align(64))]

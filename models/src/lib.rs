@@ -35,6 +35,7 @@ mod placement;
 pub mod session;
 pub mod speculative;
 pub mod tensor_names;
+pub mod tensor_parallel;
 
 pub use config::{Activation, Arch, MlaConfig, ModelConfig, MoeConfig};
 pub use error::{Error, Result};

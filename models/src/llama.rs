@@ -50,6 +50,7 @@
 
 use std::sync::Arc;
 
+use flm_core::comm::{all_reduce_data, Communicator};
 use flm_core::{
     AttentionParams, Data, DataType, Error as CoreError, Executor, KvCache, KvDtype, LinearPart,
     Location, MoeRouting, Op, RopeTable, StepInputs, TokenIds,
@@ -64,6 +65,7 @@ mod batch;
 mod latent;
 mod mtp;
 mod placement;
+mod shard;
 mod step_graphs;
 mod weights;
 
@@ -72,6 +74,7 @@ use activations::{host_output, output_state, placed_states, Activations, SharedS
 
 pub use batch::LlamaBatch;
 use mtp::MtpState;
+use shard::TpShard;
 use step_graphs::{StepGraphs, StepPlan};
 
 pub(crate) use weights::check_all_shapes;
@@ -96,6 +99,8 @@ pub struct SharedLlama {
     placement: Placement,
     /// The element type of its instances' KV caches.
     kv_dtype: KvDtype,
+    /// This rank's part of a tensor-parallel group; `None` for a whole model.
+    tp: Option<TpShard>,
 }
 
 /// A Llama model ready to run: the shared [`SharedLlama`] plus its own KV cache (for
@@ -155,6 +160,44 @@ impl SharedLlama {
     /// Errors: [`Error::Config`] if the configuration is invalid or a weight's shape
     /// disagrees with it.
     pub fn new(config: ModelConfig, weights: LlamaWeights) -> Result<SharedLlama> {
+        SharedLlama::build(config, weights, None)
+    }
+
+    /// Rank `comm.rank()`'s part of the model split among `comm.world_size()` ranks by
+    /// tensor parallelism (see `shard.rs`): its heads, feed-forward rows and classifier
+    /// rows, with the all-reduces and the logits' gather that join the ranks' parts. Every
+    /// rank of the group builds its part from the same configuration and weights.
+    ///
+    /// Errors: those of [`SharedLlama::new`]; [`Error::Config`] for a model the split does
+    /// not cover (multi-head latent attention, ALiBi, a p-tuning prefix, prediction layers)
+    /// or whose heads, widths, vocabulary or quantised blocks do not divide among the ranks.
+    pub fn shard(
+        config: &ModelConfig,
+        weights: &LlamaWeights,
+        comm: Arc<dyn flm_core::comm::Communicator>,
+    ) -> Result<SharedLlama> {
+        config.validate()?;
+        weights.check_shapes(config)?;
+        let (r, n) = (comm.rank(), comm.world_size());
+        let split = shard::Split::new(config, weights, r, n)?;
+        let local = shard::local_config(config, &split)?;
+        let (weights, head) = shard::weights(weights, config, &split, r)?;
+        let tp = TpShard {
+            comm,
+            head: weights::cpu_layout(head)?,
+            vocab: config.vocab_size,
+            gather: Default::default(),
+        };
+        SharedLlama::build(local, weights, Some(tp))
+    }
+
+    /// The model from checked weights: norms shifted where the configuration says, the
+    /// CPU's layout, the RoPE tables.
+    fn build(
+        config: ModelConfig,
+        weights: LlamaWeights,
+        tp: Option<TpShard>,
+    ) -> Result<SharedLlama> {
         config.validate()?;
         weights.check_shapes(&config)?;
         let weights = if config.norm_unit_offset {
@@ -187,6 +230,7 @@ impl SharedLlama {
             rope_local,
             placement,
             kv_dtype: KvDtype::Auto,
+            tp,
         })
     }
 
@@ -686,7 +730,8 @@ fn run_layers<'s>(
             let (from, to) = pair_mut(states, before, here);
             exec.copy_into(&from.x, &mut to.x, "layer boundary: activations")?;
         }
-        block(exec, c, l, lw, &mut states[here], &mut attend)?;
+        let comm = model.tp.as_ref().map(|tp| &*tp.comm);
+        block(exec, c, l, lw, comm, &mut states[here], &mut attend)?;
     }
     let last = memory(c.n_layers.saturating_sub(1));
     Ok(&mut states[last])
@@ -694,12 +739,14 @@ fn run_layers<'s>(
 
 /// Transformer layer `l` (`lw`) over the rows of `s.x`, in place: the attention block, with
 /// `attend(l, s)` between the projections and the output projection, then the feed-forward
-/// block, each behind its norm and added to the residual stream.
+/// block, each behind its norm and added to the residual stream. A tensor-parallel rank
+/// (`comm`) sums the ranks' parts of each block's output before its residual add.
 fn block(
     exec: &Executor,
     c: &ModelConfig,
     l: usize,
     lw: &LlamaLayer,
+    comm: Option<&dyn Communicator>,
     s: &mut Activations,
     attend: &mut impl FnMut(usize, &mut Activations) -> flm_core::Result<()>,
 ) -> Result<()> {
@@ -733,6 +780,9 @@ fn block(
         }
     }
     linear(exec, &s.att, &lw.wo, lw.bo.as_ref(), &mut s.xb2)?;
+    if let Some(comm) = comm {
+        all_reduce_data(comm, &mut s.xb2)?;
+    }
     residual(
         exec,
         s,
@@ -742,6 +792,9 @@ fn block(
     // Feed-forward block.
     pre_norm(exec, s, &lw.ffn_norm, c.norm_eps)?;
     feed_forward(exec, c, l, &lw.ffn, s)?;
+    if let Some(comm) = comm {
+        all_reduce_data(comm, &mut s.xb2)?;
+    }
     residual(
         exec,
         s,
@@ -981,7 +1034,10 @@ fn finish(
     norm: &Data,
 ) -> Result<()> {
     let (c, w) = (&model.config, &model.weights);
-    let classifier = w.classifier.as_ref().unwrap_or(&w.embedding);
+    let classifier = match &model.tp {
+        Some(tp) => &tp.head,
+        None => w.classifier.as_ref().unwrap_or(&w.embedding),
+    };
     let final_input = match head {
         Head::Logits(Logits::All) | Head::Hidden => &s.x,
         Head::Logits(Logits::Last) => {
@@ -1012,13 +1068,47 @@ fn finish(
     if head == Head::Hidden {
         return Ok(());
     }
-    s.logits.set_shape(&[rows, c.vocab_size])?;
+    s.logits.set_shape(&[rows, classifier.rows()])?;
     linear(exec, &s.xb, classifier, None, &mut s.logits)?;
+    if let Some(tp) = &model.tp {
+        gather_logits(tp, &mut s.logits, rows)?;
+    }
     if let Some(cap) = c.final_softcap {
         exec.run(Op::SoftCap {
             x: &mut s.logits,
             cap,
         })?;
+    }
+    Ok(())
+}
+
+/// Joins the ranks' logits (this rank's `[rows, V_r]` in `logits`, `V_r` at most
+/// `P = ⌈V/N⌉`) into every rank's `logits` `[rows, V]`: row `i` is rank 0's row `i`, then
+/// rank 1's, and so on.
+fn gather_logits(tp: &TpShard, logits: &mut Data, rows: usize) -> Result<()> {
+    let n = tp.comm.world_size();
+    let (mine, p) = (logits.cols(), tp.vocab.div_ceil(n));
+    let mut buffers = tp
+        .gather
+        .lock()
+        .map_err(|_| Error::State("a rank's logits buffers are poisoned".into()))?;
+    let (padded, gathered) = &mut *buffers;
+    padded.resize(rows * p, 0.0);
+    for (dst, src) in padded
+        .chunks_exact_mut(p)
+        .zip(logits.as_f32()?.chunks_exact(mine))
+    {
+        dst[..mine].copy_from_slice(src);
+    }
+    gathered.resize(n * rows * p, 0.0);
+    tp.comm.all_gather(padded, gathered)?;
+    logits.set_shape(&[rows, tp.vocab])?;
+    let out = logits.as_f32_mut()?;
+    for (r, rank) in gathered.chunks_exact(rows * p).enumerate() {
+        let width = p.min(tp.vocab.saturating_sub(r * p));
+        for (i, row) in rank.chunks_exact(p).enumerate() {
+            out[i * tp.vocab + r * p..][..width].copy_from_slice(&row[..width]);
+        }
     }
     Ok(())
 }

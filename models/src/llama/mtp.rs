@@ -250,7 +250,7 @@ impl MtpState {
         let l = c.n_layers + layer;
         let rope_pos = pos + model.rope.offset(pos + n);
         let kv = &mut self.kv;
-        block(exec, c, l, &p.layer, s, &mut |l, s| {
+        block(exec, c, l, &p.layer, None, s, &mut |l, s| {
             rotate_and_attend(exec, model, l, s, kv.layer_mut(layer), rope_pos, pos)
         })?;
         let out = s.x.as_f32()?;

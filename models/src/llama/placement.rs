@@ -5,9 +5,7 @@ use flm_core::{Data, Executor, Location};
 
 use super::{Ffn, LlamaLayer, LlamaWeights, SharedLlama, PREFILL_CHUNK};
 use crate::graph::MemoryNeeds;
-#[cfg(doc)]
-use crate::Error;
-use crate::{Placement, Result};
+use crate::{Error, Placement, Result};
 #[cfg(doc)]
 use flm_core::KvDtype;
 
@@ -17,10 +15,17 @@ impl SharedLlama {
     /// layer's, the final norm and the classifier to the last layer's (a tied classifier
     /// gets a copy of the table there when the two differ).
     ///
-    /// Errors: [`Error::Config`] for a placement of another number of layers, or a
-    /// p-tuning prefix on a device; the allocation and copy errors.
+    /// Errors: [`Error::Config`] for a placement of another number of layers, a p-tuning
+    /// prefix on a device, or a tensor-parallel rank on one; the allocation and copy
+    /// errors.
     pub fn place(self, exec: &Executor, placement: Placement) -> Result<SharedLlama> {
         placement.check(self.config.n_layers)?;
+        if self.tp.is_some() && !placement.is_host() {
+            return Err(Error::Config(
+                "a tensor-parallel rank runs in host memory (NCCL placement is not built yet)"
+                    .into(),
+            ));
+        }
         let move_to = |d: Data, at: Location| -> Result<Data> {
             if d.location() == at {
                 Ok(d)
