@@ -6,7 +6,7 @@
 //! the same collectives in the same order with buffers of the same length; a collective
 //! returns on every rank with the same bits. Backends:
 //! - [`LocalGroup`]: the ranks are threads of one process (`--tp N`, and the tests);
-//! - MPI (cargo feature `mpi`): ranks are the processes `mpirun` starts
+//! - `MpiGroup` (cargo feature `mpi`): the ranks are the processes `mpirun` starts
 //!   ([`launched_by_mpirun`] tells, without MPI, whether this process is one of them).
 //!
 //! A rank that fails calls [`Communicator::abort`]: every rank waiting in a collective, or
@@ -14,10 +14,14 @@
 //! whole group instead of leaving the others waiting.
 
 mod local;
+#[cfg(feature = "mpi")]
+mod mpi;
 
 use std::time::Duration;
 
 pub use local::LocalGroup;
+#[cfg(feature = "mpi")]
+pub use mpi::MpiGroup;
 
 use crate::{Data, Error, Result};
 
