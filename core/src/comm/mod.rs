@@ -6,17 +6,22 @@
 //! the same collectives in the same order with buffers of the same length; a collective
 //! returns on every rank with the same bits. Backends:
 //! - [`LocalGroup`]: the ranks are threads of one process (`--tp N`, and the tests);
-//! - MPI (cargo feature `mpi`): ranks are the processes `mpirun` starts.
+//! - `MpiGroup` (cargo feature `mpi`): the ranks are the processes `mpirun` starts
+//!   ([`launched_by_mpirun`] tells, without MPI, whether this process is one of them).
 //!
 //! A rank that fails calls [`Communicator::abort`]: every rank waiting in a collective, or
 //! entering one later, returns [`Error::Collective`] naming it, so that a failure ends the
 //! whole group instead of leaving the others waiting.
 
 mod local;
+#[cfg(feature = "mpi")]
+mod mpi;
 
 use std::time::Duration;
 
 pub use local::LocalGroup;
+#[cfg(feature = "mpi")]
+pub use mpi::MpiGroup;
 
 use crate::{Data, Error, Result};
 
@@ -72,5 +77,57 @@ pub(crate) fn failed(rank: usize, msg: impl Into<String>) -> Error {
     Error::Collective {
         rank,
         msg: msg.into(),
+    }
+}
+
+/// Whether this process is one rank of an MPI job of more than one rank, as its launcher's
+/// environment says; MPI is not initialised, so this works without the `mpi` feature too.
+///
+/// Open MPI's `mpirun` sets `OMPI_COMM_WORLD_SIZE`; MPICH's Hydra, Intel MPI and Slurm's
+/// PMI set `PMI_SIZE`. A PMIx launcher that sets only `PMIX_RANK` gives no world size:
+/// there only the ranks other than 0 are known to have company.
+pub fn launched_by_mpirun() -> bool {
+    launch_from(|name| std::env::var(name).ok()).is_some_and(|(rank, size)| match size {
+        Some(size) => size > 1,
+        None => rank > 0,
+    })
+}
+
+/// This process's rank and, where the launcher gives it, the world size, from the
+/// environment variables `get` reads; `None` when no MPI launcher set them.
+pub(crate) fn launch_from(get: impl Fn(&str) -> Option<String>) -> Option<(usize, Option<usize>)> {
+    let number = |name: &str| get(name).and_then(|v| v.trim().parse::<usize>().ok());
+    [
+        ("OMPI_COMM_WORLD_RANK", Some("OMPI_COMM_WORLD_SIZE")),
+        ("PMI_RANK", Some("PMI_SIZE")),
+        ("PMIX_RANK", None),
+    ]
+    .into_iter()
+    .find_map(|(rank, size)| Some((number(rank)?, size.and_then(number))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::launch_from;
+
+    fn launch(vars: &[(&str, &str)]) -> Option<(usize, Option<usize>)> {
+        launch_from(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn the_launchers_environment_gives_rank_and_size() {
+        assert_eq!(launch(&[]), None);
+        let ompi = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "3")];
+        assert_eq!(launch(&ompi), Some((1, Some(3))));
+        assert_eq!(
+            launch(&[("PMI_RANK", "0"), ("PMI_SIZE", "2")]),
+            Some((0, Some(2)))
+        );
+        assert_eq!(launch(&[("PMIX_RANK", "2")]), Some((2, None)));
+        assert_eq!(launch(&[("PMI_RANK", "x")]), None);
     }
 }
