@@ -39,6 +39,11 @@ impl SharedModel {
         Arc::clone(&self.0).as_any().downcast::<SharedLlama>().ok()
     }
 
+    /// The tensor-parallel model's rank 0, if this is one.
+    pub fn tensor_parallel(&self) -> Option<Arc<crate::tensor_parallel::TensorParallel>> {
+        Arc::clone(&self.0).as_any().downcast().ok()
+    }
+
     /// Where each layer runs; `None` for a graph that runs in host memory only.
     pub fn placement(&self) -> Option<&Placement> {
         self.0.placement()

@@ -79,6 +79,20 @@ pub fn load_model(
     tokenizer: Option<&Path>,
     context: Option<usize>,
 ) -> Result<(SharedModel, Tokenizer)> {
+    let (ckpt, tokenizer) = load_checkpoint(path, tokenizer, context)?;
+    let model = SharedModel::new(&ckpt).map_err(|e| e.in_file(path))?;
+    Ok((model, tokenizer))
+}
+
+/// [`load_model`]'s checkpoint, its context capped, before a graph is built from it (for a
+/// caller that builds its own, such as a tensor-parallel split).
+///
+/// Errors: as [`load_model`].
+pub fn load_checkpoint(
+    path: &Path,
+    tokenizer: Option<&Path>,
+    context: Option<usize>,
+) -> Result<(import::Checkpoint, Tokenizer)> {
     let positions = context.unwrap_or(DEFAULT_CONTEXT);
     if positions == 0 {
         return Err(Error::InvalidInput(
@@ -95,8 +109,7 @@ pub fn load_model(
         eprintln!("note: {note}");
     }
     ckpt.config.max_seq_len = ckpt.config.max_seq_len.min(positions);
-    let model = SharedModel::new(&ckpt).map_err(|e| e.in_file(path))?;
-    Ok((model, tokenizer))
+    Ok((ckpt, tokenizer))
 }
 
 /// What to generate.

@@ -3,6 +3,7 @@
 
 pub mod fuzz;
 pub mod glm_data;
+pub mod tensor_parallel;
 pub mod tokenizer;
 
 use std::ops::ControlFlow;

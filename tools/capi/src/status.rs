@@ -92,9 +92,9 @@ fn tokenizer_status(e: &TokenizerError) -> FlmStatus {
 /// The status of an error of flm-core, every kind named (as in [`tokenizer_status`]). The
 /// kinds with no status of their own (a shape or dtype mismatch between an op's tensors, a
 /// read-only tensor written to, an op no device supports, operands in two memories, a
-/// device failure) are never caused by a caller's arguments or files: a file
-/// whose tensors do not fit its model is reported as a [`ModelError::Format`] by the
-/// loader.
+/// device failure, a tensor-parallel rank's, which the C ABI does not start) are never
+/// caused by a caller's arguments or files: a file whose tensors do not fit its model is
+/// reported as a [`ModelError::Format`] by the loader.
 fn core_status(e: &CoreError) -> FlmStatus {
     match e {
         CoreError::TokenOutOfRange { .. } => FlmStatus::TokenOutOfRange,
@@ -108,7 +108,8 @@ fn core_status(e: &CoreError) -> FlmStatus {
         | CoreError::Unsupported(_)
         | CoreError::ReadOnly
         | CoreError::Placement(_)
-        | CoreError::Device(_) => FlmStatus::Internal,
+        | CoreError::Device(_)
+        | CoreError::Collective { .. } => FlmStatus::Internal,
     }
 }
 

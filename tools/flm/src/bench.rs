@@ -44,11 +44,11 @@ pub struct BenchArgs {
     group_size: usize,
     /// Prompt tokens prefilled in one call: the prefill test (llama-bench's ppN).
     #[arg(short, long, default_value_t = 128)]
-    prompt_tokens: usize,
+    pub(crate) prompt_tokens: usize,
     /// Tokens decoded one at a time: the decode test (llama-bench's tgN), which starts
     /// after the `--depth` tokens, not after the prompt.
     #[arg(short = 'n', long, default_value_t = 64)]
-    gen_tokens: usize,
+    pub(crate) gen_tokens: usize,
     /// Tokens already in the KV cache when each test starts (llama-bench's -d): 0, the
     /// default, runs both tests from an empty context, as llama-bench -p and -n do.
     #[arg(short, long, default_value_t = 0, conflicts_with = "batch")]
@@ -58,13 +58,13 @@ pub struct BenchArgs {
     threads: Option<usize>,
     /// Measured repetitions (after one warm-up run).
     #[arg(short, long, default_value_t = 5)]
-    reps: usize,
+    pub(crate) reps: usize,
     /// Buffer size of the streaming bandwidth measurement, MiB.
     #[arg(long, default_value_t = 1024)]
     stream_mib: usize,
     /// One JSON object per line instead of the table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Decode this many sequences together, as the serving engine batches them (one
     /// forward of N rows per step over a paged KV cache, each sequence decoding after its
     /// prompt); tokens/s are their aggregate. A list (`--batch 1,8,32`) measures each.
@@ -75,6 +75,10 @@ pub struct BenchArgs {
     /// speed-up they give at given acceptance rates.
     #[arg(long, conflicts_with = "batch")]
     mtp_drafts: Option<usize>,
+    /// Split the model among this many tensor-parallel ranks of this process, the threads
+    /// shared equally among them, and report the share of time in their collectives.
+    #[arg(long, default_value_t = 1, conflicts_with_all = ["batch", "mtp_drafts", "depth"])]
+    pub(crate) tp: usize,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -214,6 +218,22 @@ fn weights_label(ckpt: &import::Checkpoint) -> String {
 /// The model to measure, a name for it and what its weights are (a dtype, or
 /// [`weights_label`]'s mix for a file).
 fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, String, String)> {
+    let (config, weights, name, dtype) = source(args, positions)?;
+    let model = SharedLlama::new(config, weights).context("cannot build the model")?;
+    let model = chosen
+        .place(SharedModel::from(model))?
+        .llama()
+        .context("the bench runs the Llama graph")?;
+    let model = Llama::with_model(model).context("cannot build the model")?;
+    Ok((model, name, dtype))
+}
+
+/// The configuration (its context `positions`) and weights of the model to measure, a name
+/// for it and what its weights are.
+pub(crate) fn source(
+    args: &BenchArgs,
+    positions: usize,
+) -> Result<(ModelConfig, LlamaWeights, String, String)> {
     let (mut config, weights, name, dtype): (ModelConfig, _, _, _) =
         match (&args.model, &args.random) {
             (Some(path), _) => {
@@ -272,13 +292,7 @@ fn build(args: &BenchArgs, positions: usize, chosen: &Chosen) -> Result<(Llama, 
         config.max_seq_len
     );
     config.max_seq_len = positions;
-    let model = SharedLlama::new(config, weights).context("cannot build the model")?;
-    let model = chosen
-        .place(SharedModel::from(model))?
-        .llama()
-        .context("the bench runs the Llama graph")?;
-    let model = Llama::with_model(model).context("cannot build the model")?;
-    Ok((model, name, dtype))
+    Ok((config, weights, name, dtype))
 }
 
 /// Bytes of weights one decode step reads: every layer tensor (of a mixture-of-experts
@@ -408,6 +422,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .parameter_count()),
         (None, None) => bail!("pass --model or --random"),
     })?;
+    if crate::split::wanted(args.tp)? {
+        return crate::bench_tp::run(&args, positions, &chosen, threads);
+    }
     let exec: &Executor = &chosen.exec;
     if !args.batch.is_empty() {
         // As the serving engine runs it.

@@ -195,7 +195,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
     }
     set_threads(args.model.threads)?;
     let chosen = args.model.executor()?;
-    let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
+    let Some((model, tokenizer)) = load::model_and_tokenizer(&args.model, &chosen)? else {
+        return Ok(());
+    };
     let context = model.config().max_seq_len;
     ctrlc::set_handler(on_interrupt).context("cannot handle Ctrl-C")?;
     eprintln!(

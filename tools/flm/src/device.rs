@@ -1,11 +1,15 @@
 //! `--device`, `--gpu-layers`, `--moe-device` and `--cuda-graph`, shared by every command
 //! that computes.
 
-use anyhow::{bail, Context, Result};
+use std::sync::Arc;
+
+use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use flm_core::{Executor, KvDtype, Location};
 use flm_devices::{ActivationBits, CpuDevice, DeviceChoice};
-use flm_models::{GpuLayers, SharedModel};
+use flm_models::llama::LlamaWeights;
+use flm_models::tensor_parallel::{ExecutorFactory, TensorParallel};
+use flm_models::{Arch, GpuLayers, ModelConfig, SharedModel};
 
 /// `--moe-device`: where the routed experts of a mixture-of-experts model run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -137,6 +141,8 @@ pub struct Chosen {
     moe_device: Option<MoeDevice>,
     /// `--kv-dtype`.
     kv_dtype: KvDtype,
+    /// The CPU's activation precision (`--activation-bits`, resolved).
+    bits: ActivationBits,
 }
 
 impl DeviceArgs {
@@ -168,11 +174,58 @@ impl DeviceArgs {
             gpu_layers: self.gpu_layers,
             moe_device: self.moe_device,
             kv_dtype: self.kv_dtype,
+            bits,
         })
     }
 }
 
 impl Chosen {
+    /// The KV cache dtype of `--kv-dtype`.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    /// Checks that the model runs on the CPU, as a tensor-parallel rank does.
+    ///
+    /// Errors: a GPU chosen (`--device`, `--gpu-layers`).
+    pub fn check_cpu(&self) -> Result<()> {
+        if self.gpu.is_some() || self.gpu_layers.is_some() {
+            bail!("tensor parallelism runs on the CPU (NCCL is not built yet): add --device cpu");
+        }
+        Ok(())
+    }
+
+    /// The model `config` with `weights` split among `ranks` ranks of this process
+    /// ([`TensorParallel::local`]) of `threads / ranks` threads each (at least one), each
+    /// with its own CPU executor like this one's, its KV caches of `--kv-dtype`.
+    ///
+    /// Errors: a GPU chosen, a graph other than Llama's, and those of the split.
+    pub fn split(
+        &self,
+        config: &ModelConfig,
+        weights: &LlamaWeights,
+        ranks: usize,
+        threads: usize,
+    ) -> Result<SharedModel> {
+        self.check_cpu()?;
+        ensure!(
+            config.arch == Arch::Llama,
+            "--tp splits Llama-graph models, and this is ChatGLM-6B"
+        );
+        let bits = self.bits;
+        let executor: ExecutorFactory = Arc::new(move || {
+            let cpu = CpuDevice::new().map_err(|e| flm_models::Error::Config(e.to_string()))?;
+            Ok(Executor::new(vec![Box::new(
+                cpu.with_activation_bits(bits),
+            )]))
+        });
+        let per_rank = (threads / ranks).max(1);
+        let kv = self.kv_dtype;
+        Ok(TensorParallel::local(
+            config, weights, ranks, per_rank, kv, executor,
+        )?)
+    }
+
     /// `model` with its KV caches of `--kv-dtype` and its layers where `--gpu-layers` puts
     /// them (as it is without the flag), saying in one line on stderr how many went to the
     /// GPU.

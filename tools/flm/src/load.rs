@@ -2,11 +2,13 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use flm_models::{import, session, Model};
+use anyhow::{ensure, Context, Result};
+use flm_models::llama::LlamaWeights;
+use flm_models::{import, session, Arch, Model, SharedModel};
 use flm_tokenizer::Tokenizer;
 
 use crate::device::Chosen;
+use crate::split::{self, Part};
 use crate::ModelArgs;
 
 /// Reads a tokenizer file of any supported kind (with the `tokenizer_config.json` beside
@@ -31,10 +33,36 @@ pub fn weights(model: &Path) -> Result<u64> {
 }
 
 /// Loads the model (one instance, with its KV cache) and its tokenizer, checking that they
-/// agree ([`session::load_model`]), with its layers where `--gpu-layers` puts them.
-pub fn model_and_tokenizer(args: &ModelArgs, chosen: &Chosen) -> Result<(Model, Tokenizer)> {
+/// agree ([`session::load_model`]), with its layers where `--gpu-layers` puts them, or split
+/// among `--tp` ranks or the ranks of an MPI job ([`split::split`]). `None` on a rank other
+/// than 0 of an MPI job, once it has served every call of rank 0.
+pub fn model_and_tokenizer(
+    args: &ModelArgs,
+    chosen: &Chosen,
+) -> Result<Option<(Model, Tokenizer)>> {
+    if split::wanted(args.tp)? {
+        let (ckpt, tokenizer) =
+            session::load_checkpoint(&args.model, args.tokenizer.as_deref(), args.context)
+                .with_context(|| format!("cannot load the model {}", args.model.display()))?;
+        ensure!(
+            ckpt.config.arch == Arch::Llama,
+            "tensor parallelism splits Llama-graph models, and this is ChatGLM-6B"
+        );
+        let weights = LlamaWeights::load(&ckpt)?;
+        let threads = args.threads.unwrap_or_else(rayon::current_num_threads);
+        return Ok(
+            match split::split(&ckpt.config, &weights, args.tp, threads, chosen)? {
+                Part::Rank0(model) => Some((model.instance()?, tokenizer)),
+                Part::Served => None,
+                Part::Whole => Some((
+                    chosen.place(SharedModel::new(&ckpt)?)?.instance()?,
+                    tokenizer,
+                )),
+            },
+        );
+    }
     let (model, tokenizer) =
         session::load_model(&args.model, args.tokenizer.as_deref(), args.context)
             .with_context(|| format!("cannot load the model {}", args.model.display()))?;
-    Ok((chosen.place(model)?.instance()?, tokenizer))
+    Ok(Some((chosen.place(model)?.instance()?, tokenizer)))
 }

@@ -6,6 +6,7 @@
 mod bench;
 mod bench_batch;
 mod bench_mtp;
+mod bench_tp;
 mod chat;
 mod convert;
 mod device;
@@ -15,6 +16,7 @@ mod load;
 mod perplexity;
 mod progress;
 mod serve;
+mod split;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -68,13 +70,18 @@ struct ModelArgs {
     /// a GGUF file's metadata); by default the one inside or beside the model.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Worker threads (default: one per core).
+    /// Worker threads (default: one per core); with --tp, shared equally by the ranks.
     #[arg(short, long)]
     threads: Option<usize>,
     /// Context length: positions the KV cache holds (default: the model's, at most 4096;
     /// never more than the model's).
     #[arg(short, long)]
     context: Option<usize>,
+    /// Tensor parallelism on this machine: the model's heads and feed-forward rows split
+    /// among N ranks, each a group of the threads with its own slice of the weights
+    /// (docs/distributed.md). Llama-graph models, on the CPU.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
     #[command(flatten)]
     device: device::DeviceArgs,
 }
@@ -216,7 +223,15 @@ fn run(args: RunArgs) -> Result<()> {
     set_threads(args.model.threads)?;
     let chosen = args.model.executor()?;
     let start = std::time::Instant::now();
-    let (model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
+    if args.draft_model.is_some() || args.draft.is_some() {
+        anyhow::ensure!(
+            !split::wanted(args.model.tp)?,
+            "speculative decoding does not run on a tensor-parallel model yet"
+        );
+    }
+    let Some((model, tokenizer)) = load::model_and_tokenizer(&args.model, &chosen)? else {
+        return Ok(());
+    };
     let rss =
         generate::resident_mib().map_or(String::new(), |m| format!(", resident memory {m:.0} MiB"));
     eprintln!(
@@ -231,7 +246,8 @@ fn run(args: RunArgs) -> Result<()> {
             model: path.clone(),
             ..args.model.clone()
         };
-        let (draft, draft_tokenizer) = load::model_and_tokenizer(&draft_args, &chosen)?;
+        let (draft, draft_tokenizer) =
+            load::model_and_tokenizer(&draft_args, &chosen)?.context("the draft model is whole")?;
         let draft = Draft::new(draft, args.draft_tokens)?;
         session
             .set_draft(draft, Some(&draft_tokenizer))

@@ -57,7 +57,9 @@ pub struct PerplexityArgs {
 pub fn run(args: PerplexityArgs) -> Result<()> {
     set_threads(args.model.threads)?;
     let chosen = args.model.executor()?;
-    let (mut model, tokenizer) = load::model_and_tokenizer(&args.model, &chosen)?;
+    let Some((mut model, tokenizer)) = load::model_and_tokenizer(&args.model, &chosen)? else {
+        return Ok(());
+    };
     let bos = tokenizer.add_bos().then(|| tokenizer.bos_id()).flatten();
     let exec = chosen.exec;
     let vocab = model.config().vocab_size;
