@@ -2,7 +2,8 @@
 //! [`flm_tests::tensor_parallel::checkpoints`] split among threads of this process (the
 //! in-process backend) gives the whole model's logits within 1e-4 (the ranks' parts of each
 //! block's output are added in another order) and its greedy tokens: at 2 ranks every case,
-//! at 4 the float ones whose blocks allow it.
+//! at 4 the float ones whose blocks allow it; and the serving engine's batched steps over a
+//! split model give each sequence's logits alone.
 
 use std::sync::Arc;
 
@@ -10,9 +11,9 @@ use flm_core::KvDtype;
 use flm_models::import::Checkpoint;
 use flm_models::llama::LlamaWeights;
 use flm_models::tensor_parallel::TensorParallel;
-use flm_models::SharedModel;
-use flm_tests::cpu_executor;
+use flm_models::{BatchSeq, Logits, SharedModel};
 use flm_tests::tensor_parallel::{checkpoints, mismatch, prompt, run};
+use flm_tests::{batch_invariant_executor, cpu_executor};
 
 /// `ckpt` split among `ranks` threads of one thread each.
 fn split(ckpt: &Checkpoint, ranks: usize) -> flm_models::Result<SharedModel> {
@@ -60,4 +61,52 @@ fn a_quantised_width_that_does_not_divide_is_refused_clearly() {
         e.contains("the attention heads (8) does not divide among 3"),
         "{e}"
     );
+}
+
+#[test]
+fn the_serving_engines_batched_steps_match_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = batch_invariant_executor();
+    for (name, ckpt) in checkpoints(dir.path()) {
+        if !matches!(name.as_str(), "stories260K int8" | "llama3" | "qwen3_moe") {
+            continue;
+        }
+        let whole = SharedModel::new(&ckpt).unwrap();
+        let model = split(&ckpt, 2).unwrap();
+        let mut batch = model.batch(16).unwrap();
+        let kv_blocks = 8;
+        let mut kv = batch.kv_pool(&exec, kv_blocks, 4).unwrap();
+        let vocab = ckpt.config.vocab_size;
+        let a = prompt(vocab);
+        let b: Vec<u32> = a.iter().rev().copied().collect();
+        let tables = [vec![0u32, 1, 2, 3], vec![4u32, 5, 6, 7]];
+        // A prefills 7 tokens beside B's 5, then both decode their next prompt token.
+        let steps: [[(usize, usize); 2]; 2] = [[(0, 7), (0, 5)], [(7, 8), (5, 6)]];
+        let mut singles: Vec<_> = (0..2).map(|_| whole.instance().unwrap()).collect();
+        for step in steps {
+            let seqs: Vec<BatchSeq<'_>> = [&a, &b]
+                .iter()
+                .zip(step)
+                .zip(&tables)
+                .map(|((t, (lo, hi)), blocks)| BatchSeq {
+                    tokens: &t[lo..hi],
+                    start_pos: lo,
+                    blocks,
+                })
+                .collect();
+            let got = batch.forward(&exec, &mut kv, &seqs).unwrap().to_vec();
+            for (s, seq) in seqs.iter().enumerate() {
+                let want = singles[s]
+                    .forward(&exec, seq.tokens, seq.start_pos, Logits::Last)
+                    .unwrap();
+                let row = &got[s * vocab..(s + 1) * vocab];
+                let d = want
+                    .iter()
+                    .zip(row)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0, f32::max);
+                assert!(d <= 1e-4, "{name}, sequence {s}: {d}");
+            }
+        }
+    }
 }

@@ -32,14 +32,22 @@ pub fn weights(model: &Path) -> Result<u64> {
     Ok(ckpt.parameter_count())
 }
 
-/// Loads the model (one instance, with its KV cache) and its tokenizer, checking that they
-/// agree ([`session::load_model`]), with its layers where `--gpu-layers` puts them, or split
-/// among `--tp` ranks or the ranks of an MPI job ([`split::split`]). `None` on a rank other
-/// than 0 of an MPI job, once it has served every call of rank 0.
+/// Loads the model (one instance, with its KV cache) and its tokenizer ([`shared_model`]).
+/// `None` on a rank other than 0 of an MPI job, once it has served every call of rank 0.
 pub fn model_and_tokenizer(
     args: &ModelArgs,
     chosen: &Chosen,
 ) -> Result<Option<(Model, Tokenizer)>> {
+    shared_model(args, chosen)?
+        .map(|(model, tokenizer)| Ok((model.instance()?, tokenizer)))
+        .transpose()
+}
+
+/// Loads the model and its tokenizer, checking that they agree ([`session::load_model`]),
+/// with its layers where `--gpu-layers` puts them, or split among `--tp` ranks or the
+/// ranks of an MPI job ([`split::split`]). `None` on a rank other than 0 of an MPI job,
+/// once it has served every call of rank 0.
+pub fn shared_model(args: &ModelArgs, chosen: &Chosen) -> Result<Option<(SharedModel, Tokenizer)>> {
     if split::wanted(args.tp)? {
         let (ckpt, tokenizer) =
             session::load_checkpoint(&args.model, args.tokenizer.as_deref(), args.context)
@@ -52,17 +60,14 @@ pub fn model_and_tokenizer(
         let threads = args.threads.unwrap_or_else(rayon::current_num_threads);
         return Ok(
             match split::split(&ckpt.config, &weights, args.tp, threads, chosen)? {
-                Part::Rank0(model) => Some((model.instance()?, tokenizer)),
+                Part::Rank0(model) => Some((model, tokenizer)),
                 Part::Served => None,
-                Part::Whole => Some((
-                    chosen.place(SharedModel::new(&ckpt)?)?.instance()?,
-                    tokenizer,
-                )),
+                Part::Whole => Some((chosen.place(SharedModel::new(&ckpt)?)?, tokenizer)),
             },
         );
     }
     let (model, tokenizer) =
         session::load_model(&args.model, args.tokenizer.as_deref(), args.context)
             .with_context(|| format!("cannot load the model {}", args.model.display()))?;
-    Ok(Some((chosen.place(model)?.instance()?, tokenizer)))
+    Ok(Some((chosen.place(model)?, tokenizer)))
 }

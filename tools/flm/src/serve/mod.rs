@@ -50,7 +50,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use flm_core::Vocabulary;
 use flm_models::engine::{Engine, EngineConfig};
-use flm_models::session;
 use flm_tokenizer::Tokenizer;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -224,10 +223,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     set_threads(args.model.threads)?;
     let path = &args.model.model;
     let chosen = args.model.executor()?;
-    let (model, tokenizer) =
-        session::load_model(path, args.model.tokenizer.as_deref(), args.model.context)
-            .with_context(|| format!("cannot load the model {}", path.display()))?;
-    let model = chosen.place(model)?;
+    let Some((model, tokenizer)) = crate::load::shared_model(&args.model, &chosen)? else {
+        // A rank of an MPI job other than 0 has served rank 0's engine to its end.
+        return Ok(());
+    };
     // Embeddings run op by op from host memory: a model placed on a GPU serves none.
     let placed = model.placement().is_some_and(|p| !p.is_host());
     let embedder = if placed {

@@ -18,121 +18,20 @@ use std::thread::JoinHandle;
 use flm_core::comm::{Communicator, LocalGroup};
 use flm_core::{Executor, KvDtype};
 
-use crate::graph::{BatchedForward, Graph, Head, Logits, MemoryNeeds, SharedGraph};
+use flm_core::PagedKvCache;
+
+use crate::graph::{BatchSeq, BatchedForward, Graph, Head, MemoryNeeds, SharedGraph};
 use crate::llama::{check_forward, Llama, LlamaWeights, SharedLlama};
 use crate::{Error, Model, ModelConfig, Placement, Result, SharedModel};
+
+mod command;
+
+use command::{receive, send};
+pub use command::{Command, Seq};
 
 /// Makes a rank's executor (each rank of [`TensorParallel::local`] runs its ops on its own
 /// thread pool, through its own executor).
 pub type ExecutorFactory = Arc<dyn Fn() -> Result<Executor> + Send + Sync>;
-
-/// What rank 0 asks every other rank to do.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Command {
-    /// Make instance `id` of the model (its own KV cache).
-    Instance(u64),
-    /// Free instance `id`.
-    Drop(u64),
-    /// Run instance `id` over `tokens` from `start_pos` ([`Graph::run`]).
-    Run {
-        /// The instance.
-        id: u64,
-        /// Position of the first token.
-        start_pos: usize,
-        /// What the pass returns.
-        head: Head,
-        /// The token ids.
-        tokens: Vec<u32>,
-    },
-    /// Leave the loop of [`serve_rank`].
-    Stop,
-}
-
-impl Command {
-    /// Little-endian words: the kind, the instance, the position, the head, the tokens.
-    fn encode(&self) -> Vec<u8> {
-        let (kind, id, pos, head, tokens): (u64, u64, u64, u64, &[u32]) = match self {
-            Command::Instance(id) => (0, *id, 0, 0, &[]),
-            Command::Drop(id) => (1, *id, 0, 0, &[]),
-            Command::Run {
-                id,
-                start_pos,
-                head,
-                tokens,
-            } => {
-                let head = match head {
-                    Head::Logits(Logits::Last) => 0,
-                    Head::Logits(Logits::All) => 1,
-                    Head::Hidden => 2,
-                };
-                (2, *id, *start_pos as u64, head, tokens)
-            }
-            Command::Stop => (3, 0, 0, 0, &[]),
-        };
-        let mut out: Vec<u8> = [kind, id, pos, head]
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
-        out.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
-        out
-    }
-
-    /// The command of [`Command::encode`]'s bytes.
-    ///
-    /// Errors: [`Error::InvalidInput`] for bytes that are not one.
-    fn decode(bytes: &[u8]) -> Result<Command> {
-        let bad =
-            || Error::InvalidInput(format!("a command of {} bytes is malformed", bytes.len()));
-        if bytes.len() < 32 || !(bytes.len() - 32).is_multiple_of(4) {
-            return Err(bad());
-        }
-        let word = |i: usize| {
-            let b: [u8; 8] = bytes[8 * i..8 * i + 8].try_into().unwrap_or_default();
-            u64::from_le_bytes(b)
-        };
-        let (id, pos) = (word(1), usize::try_from(word(2)).map_err(|_| bad())?);
-        Ok(match word(0) {
-            0 => Command::Instance(id),
-            1 => Command::Drop(id),
-            2 => Command::Run {
-                id,
-                start_pos: pos,
-                head: match word(3) {
-                    0 => Head::Logits(Logits::Last),
-                    1 => Head::Logits(Logits::All),
-                    2 => Head::Hidden,
-                    _ => return Err(bad()),
-                },
-                tokens: bytes[32..]
-                    .chunks_exact(4)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-            },
-            3 => Command::Stop,
-            _ => return Err(bad()),
-        })
-    }
-}
-
-/// Broadcasts `cmd` from rank 0: its length, then its bytes.
-fn send(comm: &dyn Communicator, cmd: &Command) -> Result<()> {
-    let mut bytes = cmd.encode();
-    let mut len = (bytes.len() as u64).to_le_bytes();
-    comm.broadcast(&mut len, 0)?;
-    comm.broadcast(&mut bytes, 0)?;
-    Ok(())
-}
-
-/// Receives the next command of rank 0 ([`send`]).
-fn receive(comm: &dyn Communicator) -> Result<Command> {
-    let mut len = [0u8; 8];
-    comm.broadcast(&mut len, 0)?;
-    let len = usize::try_from(u64::from_le_bytes(len))
-        .map_err(|_| Error::InvalidInput("a command longer than memory".into()))?;
-    let mut bytes = vec![0u8; len];
-    comm.broadcast(&mut bytes, 0)?;
-    Command::decode(&bytes)
-}
 
 /// The loop of a rank other than 0: runs its part (`model`, built by
 /// [`SharedLlama::shard`]) of each command rank 0 sends, with `exec`, until
@@ -141,29 +40,10 @@ fn receive(comm: &dyn Communicator) -> Result<Command> {
 ///
 /// Errors: the first failure, after ending the group.
 pub fn serve_rank(model: Arc<SharedLlama>, comm: &dyn Communicator, exec: &Executor) -> Result<()> {
-    let mut instances: Vec<(u64, Llama)> = Vec::new();
-    let mut step = || -> Result<bool> {
-        match receive(comm)? {
-            Command::Instance(id) => instances.push((id, Llama::with_model(Arc::clone(&model))?)),
-            Command::Drop(id) => instances.retain(|(i, _)| *i != id),
-            Command::Run {
-                id,
-                start_pos,
-                head,
-                tokens,
-            } => {
-                let (_, llama) = instances
-                    .iter_mut()
-                    .find(|(i, _)| *i == id)
-                    .ok_or_else(|| Error::State(format!("no instance {id} on this rank")))?;
-                llama.run(exec, &tokens, start_pos, head)?;
-            }
-            Command::Stop => return Ok(false),
-        }
-        Ok(true)
-    };
+    let mut ranks = Served::default();
     loop {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut step)) {
+        let step = std::panic::AssertUnwindSafe(|| ranks.serve(&model, comm, exec));
+        match std::panic::catch_unwind(step) {
             Ok(Ok(true)) => {}
             Ok(Ok(false)) => return Ok(()),
             Ok(Err(e)) => {
@@ -175,6 +55,82 @@ pub fn serve_rank(model: Arc<SharedLlama>, comm: &dyn Communicator, exec: &Execu
                 return Err(Error::State(format!("rank {} panicked", comm.rank())));
             }
         }
+    }
+}
+
+/// What a rank other than 0 holds for rank 0: instances, and batched forward passes with
+/// their KV pools, by id.
+#[derive(Default)]
+struct Served {
+    instances: Vec<(u64, Llama)>,
+    batches: Vec<(u64, Box<dyn BatchedForward>, Option<PagedKvCache>)>,
+}
+
+impl Served {
+    /// Runs the next command; false after [`Command::Stop`].
+    fn serve(
+        &mut self,
+        model: &Arc<SharedLlama>,
+        comm: &dyn Communicator,
+        exec: &Executor,
+    ) -> Result<bool> {
+        let missing = |id: u64| Error::State(format!("nothing of id {id} on rank {}", comm.rank()));
+        match receive(comm)? {
+            Command::Instance(id) => self
+                .instances
+                .push((id, Llama::with_model(Arc::clone(model))?)),
+            Command::Run {
+                id,
+                start_pos,
+                head,
+                tokens,
+            } => {
+                let (_, llama) = self
+                    .instances
+                    .iter_mut()
+                    .find(|(i, _)| *i == id)
+                    .ok_or_else(|| missing(id))?;
+                llama.run(exec, &tokens, start_pos, head)?;
+            }
+            Command::Batch { id, rows } => {
+                // As rank 0's engine requires of its own executor.
+                exec.require_batch_invariance();
+                self.batches
+                    .push((id, Arc::clone(model).batch(rows)?, None));
+            }
+            Command::Pool {
+                id,
+                n_blocks,
+                block_size,
+            } => {
+                let (_, batch, kv) = self.batch(id).ok_or_else(|| missing(id))?;
+                *kv = Some(batch.kv_pool(exec, n_blocks, block_size)?);
+            }
+            Command::Prefix { id, blocks } => {
+                let (_, batch, kv) = self.batch(id).ok_or_else(|| missing(id))?;
+                let kv = kv.as_mut().ok_or_else(|| missing(id))?;
+                batch.write_prefix(exec, kv, &blocks)?;
+            }
+            Command::Step { id, seqs } => {
+                let (_, batch, kv) = self.batch(id).ok_or_else(|| missing(id))?;
+                let kv = kv.as_mut().ok_or_else(|| missing(id))?;
+                let seqs: Vec<BatchSeq<'_>> = seqs.iter().map(Seq::as_batch).collect();
+                batch.forward(exec, kv, &seqs)?;
+            }
+            Command::Drop(id) => {
+                self.instances.retain(|(i, _)| *i != id);
+                self.batches.retain(|(i, ..)| *i != id);
+            }
+            Command::Stop => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn batch(
+        &mut self,
+        id: u64,
+    ) -> Option<&mut (u64, Box<dyn BatchedForward>, Option<PagedKvCache>)> {
+        self.batches.iter_mut().find(|(i, ..)| *i == id)
     }
 }
 
@@ -286,6 +242,33 @@ impl TensorParallel {
     fn turn(&self) -> MutexGuard<'_, u64> {
         self.turn.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Broadcasts `cmd`, then runs `part` (rank 0's part of it) on rank 0's pool, under
+    /// one turn; a failure of rank 0's part ends the group.
+    fn call<R: Send>(&self, cmd: &Command, part: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+        let _turn = self.turn();
+        send(&*self.comm, cmd)?;
+        self.pool
+            .install(part)
+            .inspect_err(|e| self.comm.abort(&e.to_string()))
+    }
+
+    /// A new id, and the command that makes it.
+    fn make<R: Send>(
+        &self,
+        cmd: impl FnOnce(u64) -> Command,
+        part: impl FnOnce() -> Result<R> + Send,
+    ) -> Result<(u64, R)> {
+        let mut turn = self.turn();
+        let id = *turn;
+        *turn += 1;
+        send(&*self.comm, &cmd(id))?;
+        let made = self
+            .pool
+            .install(part)
+            .inspect_err(|e| self.comm.abort(&e.to_string()))?;
+        Ok((id, made))
+    }
 }
 
 impl Drop for TensorParallel {
@@ -313,12 +296,8 @@ impl SharedGraph for TensorParallel {
     }
 
     fn instance(self: Arc<Self>) -> Result<Model> {
-        let mut turn = self.turn();
-        let id = *turn;
-        *turn += 1;
-        send(&*self.comm, &Command::Instance(id))?;
-        let inner = Llama::with_model(Arc::clone(&self.rank0))?;
-        drop(turn);
+        let rank0 = Arc::clone(&self.rank0);
+        let (id, inner) = self.make(Command::Instance, || Llama::with_model(rank0))?;
         Ok(Model::from_graph(TpInstance {
             model: self,
             id,
@@ -337,8 +316,14 @@ impl SharedGraph for TensorParallel {
         Err(unsupported("change its KV cache dtype after the split"))
     }
 
-    fn batch(self: Arc<Self>, _rows: usize) -> Result<Box<dyn BatchedForward>> {
-        Err(unsupported("run the serving engine's batches"))
+    fn batch(self: Arc<Self>, rows: usize) -> Result<Box<dyn BatchedForward>> {
+        let rank0 = Arc::clone(&self.rank0);
+        let (id, inner) = self.make(|id| Command::Batch { id, rows }, || rank0.batch(rows))?;
+        Ok(Box::new(TpBatch {
+            model: self,
+            id,
+            inner,
+        }))
     }
 
     fn memory_needs(&self) -> Result<MemoryNeeds> {
@@ -376,20 +361,15 @@ impl Graph for TpInstance {
     ) -> Result<&[f32]> {
         // Refused here, before any rank is asked, so that no rank fails alone.
         check_forward(&self.model.config, tokens, start_pos)?;
-        let model = &*self.model;
-        let _turn = model.turn();
         let cmd = Command::Run {
             id: self.id,
             start_pos,
             head,
             tokens: tokens.to_vec(),
         };
-        send(&*model.comm, &cmd)?;
         let inner = &mut self.inner;
-        model
-            .pool
-            .install(|| inner.run(exec, tokens, start_pos, head))
-            .inspect_err(|e| model.comm.abort(&e.to_string()))
+        self.model
+            .call(&cmd, || inner.run(exec, tokens, start_pos, head))
     }
 }
 
@@ -400,33 +380,74 @@ impl Drop for TpInstance {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A batched forward pass of a [`TensorParallel`] model (the serving engine's): rank 0's,
+/// and the id of the other ranks' passes and KV pools, which follow its block tables.
+struct TpBatch {
+    model: Arc<TensorParallel>,
+    id: u64,
+    inner: Box<dyn BatchedForward>,
+}
 
-    #[test]
-    fn commands_survive_their_bytes() {
-        let cmds = [
-            Command::Instance(7),
-            Command::Drop(u64::MAX),
-            Command::Run {
-                id: 3,
-                start_pos: 12,
-                head: Head::Logits(Logits::All),
-                tokens: vec![1, 2, 99_999],
-            },
-            Command::Run {
-                id: 0,
-                start_pos: 0,
-                head: Head::Hidden,
-                tokens: vec![],
-            },
-            Command::Stop,
-        ];
-        for cmd in cmds {
-            assert_eq!(Command::decode(&cmd.encode()).unwrap(), cmd);
-        }
-        assert!(Command::decode(&[0; 31]).is_err());
-        assert!(Command::decode(&[9; 32]).is_err());
+impl BatchedForward for TpBatch {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn kv_pool(&self, exec: &Executor, n_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
+        let cmd = Command::Pool {
+            id: self.id,
+            n_blocks,
+            block_size,
+        };
+        // An allocation, on this thread: the pass is not `Sync`, so cannot go to the pool.
+        let model = &*self.model;
+        let _turn = model.turn();
+        send(&*model.comm, &cmd)?;
+        (self.inner.kv_pool(exec, n_blocks, block_size))
+            .inspect_err(|e| model.comm.abort(&e.to_string()))
+    }
+
+    fn write_prefix(
+        &mut self,
+        exec: &Executor,
+        kv: &mut PagedKvCache,
+        blocks: &[u32],
+    ) -> Result<()> {
+        let cmd = Command::Prefix {
+            id: self.id,
+            blocks: blocks.to_vec(),
+        };
+        let inner = &mut self.inner;
+        self.model
+            .call(&cmd, || inner.write_prefix(exec, kv, blocks))
+    }
+
+    fn forward(
+        &mut self,
+        exec: &Executor,
+        kv: &mut PagedKvCache,
+        seqs: &[BatchSeq<'_>],
+    ) -> Result<&[f32]> {
+        let owned = seqs
+            .iter()
+            .map(|s| Seq {
+                tokens: s.tokens.to_vec(),
+                start_pos: s.start_pos,
+                blocks: s.blocks.to_vec(),
+            })
+            .collect();
+        let cmd = Command::Step {
+            id: self.id,
+            seqs: owned,
+        };
+        let inner = &mut self.inner;
+        self.model.call(&cmd, || inner.forward(exec, kv, seqs))
+    }
+}
+
+impl Drop for TpBatch {
+    fn drop(&mut self) {
+        let _turn = self.model.turn();
+        let _ = send(&*self.model.comm, &Command::Drop(self.id));
     }
 }
