@@ -277,7 +277,7 @@ def main() -> None:
         blocks[:, 0:2] = step.view(np.uint8).reshape(n, 2)
         if fields == 2:
             blocks[:, 2:4] = (-8 * step).view(np.uint8).reshape(n, 2)
-        w.write_tensor_data(blocks.reshape(byte_shape(shape)))
+        w.write_tensor_data(blocks.reshape(byte_shape(name, shape)))
     w.close()
 
 
