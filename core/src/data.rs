@@ -564,7 +564,9 @@ impl Data {
     /// An owned copy with the rows of each trailing matrix `[m, cols]` in the CPU kernels'
     /// panels ([`crate::panels`]): the same dtype, shape, size and values, and the same
     /// [`Data::input_perm`]. Packed on the rayon pool, one matrix per task. A tensor in
-    /// panels already is cloned.
+    /// panels already is cloned. The pages of a mapped tensor are released after it
+    /// ([`Data::release_mapped_pages`]), so that the file's copy does not stay resident
+    /// beside the packed one.
     ///
     /// Errors: [`Error::DType`] for a dtype without panels ([`panels::has_panels`]);
     /// [`Error::Shape`] for fewer than two dimensions; [`Error::Placement`] for a tensor in
@@ -592,7 +594,27 @@ impl Data {
             panels::pack(self.dtype, src, m, cols, out.bytes_mut()?)?;
         }
         out.layout = Layout::Panels;
+        // The packed copy is what the kernels read from now on.
+        self.release_mapped_pages();
         Ok(out)
+    }
+
+    /// Tells the OS that this process no longer needs the pages of a tensor mapped from a
+    /// file (`madvise(MADV_DONTNEED)`), once an owned copy of it has been made: they leave
+    /// the process's resident memory, and a later read of the mapping (another view of the
+    /// same bytes) faults them back in from the page cache, unchanged. Nothing for other
+    /// storage, or on targets without `madvise`.
+    pub(crate) fn release_mapped_pages(&self) {
+        #[cfg(unix)]
+        if let Storage::Mapped { map, offset, len } = &self.storage {
+            // SAFETY: the files flm maps are shared read-only mappings (`Mmap::map`), so
+            // MADV_DONTNEED only drops this process's page-table entries: every reference
+            // into the mapping still reads the file's bytes, refaulted on access. Failure
+            // changes nothing but the resident memory, so it is ignored.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, *len)
+            };
+        }
     }
 
     /// An owned copy in [`Layout::Rows`]: the inverse of [`Data::to_panels`]; a tensor in

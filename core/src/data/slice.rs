@@ -64,7 +64,8 @@ impl Data {
     }
 
     /// Columns `c0..c1` of every row of the matrix `[rows, cols]`, shape `[rows, c1 − c0]`,
-    /// a copy. A quantised row is cut between its blocks (int4 groups, ggml blocks, int8's
+    /// a copy (the pages of a mapped tensor are released after it,
+    /// [`Data::release_mapped_pages`]). A quantised row is cut between its blocks (int4 groups, ggml blocks, int8's
     /// runs of [`quant::BLOCK`]) and keeps their bytes, so the values are unchanged; an int8
     /// row keeps its scale.
     ///
@@ -110,6 +111,8 @@ impl Data {
         for (s, d) in src.chunks_exact(src_row).zip(dst.chunks_exact_mut(dst_row)) {
             cut_row(self.dtype, s, cols, (c0, c1), d);
         }
+        // Reading every row's range touched the whole matrix's pages; the copy is kept.
+        self.release_mapped_pages();
         Ok(out)
     }
 }
