@@ -110,3 +110,20 @@ fn the_serving_engines_batched_steps_match_one_process() {
         }
     }
 }
+
+#[test]
+fn a_rank_that_fails_ends_the_group_with_its_name() {
+    let ckpt = flm_models::import::load(&flm_tests::data("stories260K/stories260K.bin")).unwrap();
+    let weights = LlamaWeights::load(&ckpt).unwrap();
+    // Rank 1's executor cannot be made: it ends the group before any call.
+    let executor = Arc::new(|| Err(flm_models::Error::Config("no CPU for this rank".into())));
+    let model =
+        TensorParallel::local(&ckpt.config, &weights, 2, 1, KvDtype::Auto, executor).unwrap();
+    let e = model
+        .instance()
+        .err()
+        .expect("the group has ended")
+        .to_string();
+    assert!(e.contains("rank 1"), "{e}");
+    assert!(e.contains("no CPU for this rank"), "{e}");
+}

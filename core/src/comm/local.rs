@@ -121,6 +121,13 @@ impl LocalGroup {
     /// Writes `operand` to this rank's slot, waits for every rank, and returns `read` of
     /// all the slots in rank order.
     fn exchange<R>(&self, operand: &[u8], read: impl FnOnce(&[&[u8]]) -> R) -> Result<R> {
+        let entered = self.deposit(operand)?;
+        Ok(self.collect(entered, read))
+    }
+
+    /// The first half of [`LocalGroup::exchange`]: writes `operand` to this rank's slot and
+    /// waits for every rank; returns when it started and the slots' parity.
+    fn deposit(&self, operand: &[u8]) -> Result<(Instant, usize)> {
         let start = Instant::now();
         let s = &*self.shared;
         if s.failed.load(Ordering::Acquire) {
@@ -135,7 +142,12 @@ impl LocalGroup {
             slot.extend_from_slice(operand);
         }
         s.wait()?;
-        let guards: Vec<_> = s.slots[parity]
+        Ok((start, parity))
+    }
+
+    /// The second half of [`LocalGroup::exchange`]: `read` of the slots `deposit` filled.
+    fn collect<R>(&self, (start, parity): (Instant, usize), read: impl FnOnce(&[&[u8]]) -> R) -> R {
+        let guards: Vec<_> = self.shared.slots[parity]
             .iter()
             .map(|slot| slot.read().unwrap_or_else(PoisonError::into_inner))
             .collect();
@@ -143,7 +155,7 @@ impl LocalGroup {
         let out = read(&views);
         let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.waited.fetch_add(nanos, Ordering::Relaxed);
-        Ok(out)
+        out
     }
 
     /// The error of a collective whose ranks passed operands of different lengths.
@@ -173,22 +185,22 @@ impl Communicator for LocalGroup {
     }
 
     fn all_reduce_sum(&self, x: &mut [f32]) -> Result<()> {
-        let bytes: &[u8] = bytemuck::cast_slice(x);
-        let len = bytes.len();
-        let sums = self.exchange(bytes, |slots| {
+        let len = std::mem::size_of_val(x);
+        let entered = self.deposit(bytemuck::cast_slice(x))?;
+        self.collect(entered, |slots| {
             if slots.iter().any(|s| s.len() != len) {
                 return Err(self.mismatch("all-reduce", slots.iter().map(|s| s.len())));
             }
-            let mut acc: Vec<f32> = floats(slots[0]).collect();
+            for (a, v) in x.iter_mut().zip(floats(slots[0])) {
+                *a = v;
+            }
             for slot in &slots[1..] {
-                for (a, v) in acc.iter_mut().zip(floats(slot)) {
+                for (a, v) in x.iter_mut().zip(floats(slot)) {
                     *a += v;
                 }
             }
-            Ok(acc)
-        })??;
-        x.copy_from_slice(&sums);
-        Ok(())
+            Ok(())
+        })
     }
 
     fn all_gather(&self, local: &[f32], out: &mut [f32]) -> Result<()> {
