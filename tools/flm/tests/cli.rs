@@ -974,3 +974,31 @@ fn convert_takes_an_importance_matrix() {
     assert!(err.contains("cannot read the importance matrix"), "{err}");
     assert!(!other.exists());
 }
+
+/// `--tp` splits the model among ranks of the process: the same greedy text as one rank;
+/// a split that does not divide, or none, is a clear error.
+#[test]
+fn tensor_parallel_ranks_give_the_same_text() {
+    let model = bin_model();
+    let whole = greedy(&model, "Once upon a time", "60", &[]);
+    for tp in ["2", "4"] {
+        let split = greedy(
+            &model,
+            "Once upon a time",
+            "60",
+            &["--tp", tp, "--threads", "2"],
+        );
+        assert!(
+            split.status.success(),
+            "{}",
+            String::from_utf8_lossy(&split.stderr)
+        );
+        assert_eq!(stdout(&split), stdout(&whole), "--tp {tp}");
+    }
+    let mut args = greedy_run_args(&model, "Once", "4");
+    args.extend(["--tp", "3"]);
+    expect_error(&args, "the attention heads (8) does not divide among 3");
+    let mut args = greedy_run_args(&model, "Once", "4");
+    args.extend(["--tp", "0"]);
+    expect_error(&args, "--tp must be at least 1");
+}
