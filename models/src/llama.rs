@@ -855,6 +855,7 @@ fn feed_forward(
                 input,
                 router,
                 experts,
+                first_expert: 0,
                 routing: MoeRouting {
                     top_k: m.top_k,
                     scoring: m.scoring,
