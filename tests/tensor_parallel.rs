@@ -2,24 +2,50 @@
 //! [`flm_tests::tensor_parallel::checkpoints`] split among threads of this process (the
 //! in-process backend) gives the whole model's logits within 1e-4 (the ranks' parts of each
 //! block's output are added in another order) and its greedy tokens: at 2 ranks every case,
-//! at 4 the float ones whose blocks allow it; and the serving engine's batched steps over a
-//! split model give each sequence's logits alone.
+//! at 4 the float ones whose blocks allow it. Qwen3-MoE's 4 experts split whole among the
+//! ranks (expert parallelism); cut to 3, each is split by its width. The serving engine's
+//! batched steps over a split model give each sequence's logits alone.
 
 use std::sync::Arc;
 
 use flm_core::KvDtype;
 use flm_models::import::Checkpoint;
-use flm_models::llama::LlamaWeights;
+use flm_models::llama::{Ffn, LlamaWeights, SharedLlama};
 use flm_models::tensor_parallel::TensorParallel;
-use flm_models::{BatchSeq, Logits, SharedModel};
+use flm_models::{BatchSeq, Logits, ModelConfig, SharedModel};
 use flm_tests::tensor_parallel::{checkpoints, mismatch, prompt, run};
 use flm_tests::{batch_invariant_executor, cpu_executor};
 
 /// `ckpt` split among `ranks` threads of one thread each.
 fn split(ckpt: &Checkpoint, ranks: usize) -> flm_models::Result<SharedModel> {
-    let weights = LlamaWeights::load(ckpt)?;
+    split_weights(&ckpt.config, &LlamaWeights::load(ckpt)?, ranks)
+}
+
+/// The model `config` with `weights` split among `ranks` threads of one thread each.
+fn split_weights(
+    config: &ModelConfig,
+    weights: &LlamaWeights,
+    ranks: usize,
+) -> flm_models::Result<SharedModel> {
     let executor = Arc::new(|| Ok(cpu_executor()));
-    TensorParallel::local(&ckpt.config, &weights, ranks, 1, KvDtype::Auto, executor)
+    TensorParallel::local(config, weights, ranks, 1, KvDtype::Auto, executor)
+}
+
+/// `ckpt`'s Qwen3-MoE with its first 3 experts only (and their rows of the router).
+fn three_experts(ckpt: &Checkpoint) -> (ModelConfig, LlamaWeights) {
+    let mut config = ckpt.config.clone();
+    config.moe.as_mut().expect("experts").n_experts = 3;
+    let mut weights = LlamaWeights::load(ckpt).unwrap();
+    for layer in &mut weights.layers {
+        if let Ffn::Moe {
+            router, experts, ..
+        } = &mut layer.ffn
+        {
+            *router = router.row_range(0, 3).unwrap();
+            experts.truncate(3);
+        }
+    }
+    (config, weights)
 }
 
 #[test]
@@ -30,6 +56,7 @@ fn every_case_matches_one_process_at_2_ranks_and_the_float_ones_at_4() {
         let whole = run(&SharedModel::new(&ckpt).unwrap(), &tokens);
         // ChatGLM2's 5-token vocabulary leaves a fourth rank no classifier rows; the
         // quantised files' 64 columns of the output projection are 2 blocks of 32.
+        // Qwen3-MoE runs one whole expert per rank at 4 and two at 2.
         let ranks: &[usize] = match name.as_str() {
             "stories260K f32" | "llama3" | "qwen3_moe" => &[2, 4],
             _ => &[2],
@@ -126,4 +153,40 @@ fn a_rank_that_fails_ends_the_group_with_its_name() {
         .to_string();
     assert!(e.contains("rank 1"), "{e}");
     assert!(e.contains("no CPU for this rank"), "{e}");
+}
+
+#[test]
+fn experts_that_do_not_divide_among_the_ranks_are_split_by_their_width() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = checkpoints(dir.path());
+    let ckpt = |name: &str| &cases.iter().find(|(n, _)| n == name).unwrap().1;
+    let (config, weights) = three_experts(ckpt("qwen3_moe"));
+    // Under the configuration of 4, a whole model's layer is missing one.
+    let e = weights.check_shapes(&ckpt("qwen3_moe").config).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("layer 0 holds experts 0..0+3 of its 4"),
+        "{e}"
+    );
+    let tokens = prompt(config.vocab_size);
+    let whole = SharedLlama::new(config.clone(), weights.clone()).unwrap();
+    let whole = run(&whole.into(), &tokens);
+    for n in [2, 4] {
+        let model = split_weights(&config, &weights, n)
+            .unwrap_or_else(|e| panic!("3 experts, {n} ranks: {e}"));
+        if let Some(why) = mismatch(&whole, &run(&model, &tokens)) {
+            panic!("3 experts, {n} ranks: {why}");
+        }
+    }
+    // Whole, the int8 experts split among 2 ranks (`qwen3_moe int8`); by width, their one
+    // block of 32 cannot be cut.
+    let (config, weights) = three_experts(ckpt("qwen3_moe int8"));
+    let e = split_weights(&config, &weights, 2)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("the experts' width (32, in blocks of 32) does not divide among 2"),
+        "{e}"
+    );
 }

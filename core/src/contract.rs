@@ -391,13 +391,13 @@ fn gated_add(x: &Data, y: &Data, gate: &Data) -> Result<()> {
     Ok(())
 }
 
-/// The rules of [`Op::MoeFfn`]: a router row per expert, every expert a SwiGLU of one
-/// inner width from `input`'s columns back to them, and a routing that fits the experts
-/// ([`moe_routing`]).
+/// The rules of [`Op::MoeFfn`]: a router row per expert of the router, the experts a
+/// nonempty run `first..first + experts.len()` of its rows, every expert a SwiGLU of one
+/// inner width from `input`'s columns back to them, and a routing that fits the router's
+/// experts ([`moe_routing`]).
 fn moe_ffn(
     input: &Data,
-    router: &Data,
-    experts: &[crate::Expert],
+    (router, experts, first): (&Data, &[crate::Expert], usize),
     (routing, activation): (&MoeRouting<'_>, ExpertActivation),
     output: &Data,
 ) -> Result<()> {
@@ -410,20 +410,28 @@ fn moe_ffn(
             format!("input {:?}, output {:?}", input.shape(), output.shape()),
         ));
     }
-    if experts.is_empty() || router.rows() != experts.len() || router.cols() != dim {
+    let n_experts = router.rows();
+    if n_experts == 0 || router.cols() != dim {
+        return Err(shape(
+            OP,
+            format!("router {:?}, input {:?}", router.shape(), input.shape()),
+        ));
+    }
+    let end = first.checked_add(experts.len());
+    if experts.is_empty() || end.is_none_or(|end| end > n_experts) {
         return Err(shape(
             OP,
             format!(
-                "router {:?} for {} experts, input {:?}",
-                router.shape(),
-                experts.len(),
-                input.shape()
+                "experts {first}..{first}+{} of a router of {n_experts} experts (a nonempty \
+                 run of its rows)",
+                experts.len()
             ),
         ));
     }
-    moe_routing(routing, experts.len())?;
+    moe_routing(routing, n_experts)?;
     let inner = experts[0].gate.rows();
-    for (i, e) in experts.iter().enumerate() {
+    // The errors name an expert by its router index.
+    for (i, e) in (first..).zip(experts) {
         let ok = |d: &Data, rows, cols| d.rows() == rows && d.cols() == cols;
         if inner == 0
             || !ok(&e.gate, inner, dim)
@@ -1098,10 +1106,16 @@ impl<'a> Op<'a> {
                 input,
                 router,
                 experts,
+                first_expert,
                 routing,
                 activation,
                 output,
-            } => moe_ffn(input, router, experts, (routing, *activation), output),
+            } => moe_ffn(
+                input,
+                (router, experts, *first_expert),
+                (routing, *activation),
+                output,
+            ),
             Op::SoftCap { x, cap } => soft_cap(x, *cap),
             Op::Sample {
                 logits,
@@ -1460,6 +1474,74 @@ mod tests {
         }
     }
 
+    /// Validates an `Op::MoeFfn` of `experts` from `first` on, with a router of 8 experts
+    /// of dim 4, over one row.
+    fn check_part(
+        experts: &[crate::Expert],
+        first_expert: usize,
+        routing: MoeRouting<'_>,
+        activation: ExpertActivation,
+    ) -> Result<()> {
+        let (input, router) = (zeros(&[1, 4]), zeros(&[8, 4]));
+        Op::MoeFfn {
+            input: &input,
+            router: &router,
+            experts,
+            first_expert,
+            routing,
+            activation,
+            output: &mut zeros(&[1, 4]),
+        }
+        .validate()
+        .map(|_| ())
+    }
+
+    #[test]
+    fn moe_experts_are_a_run_of_the_routers() {
+        use crate::Expert;
+        let expert = Expert {
+            gate: zeros(&[2, 4]),
+            up: zeros(&[2, 4]),
+            down: zeros(&[4, 2]),
+            biases: None,
+        };
+        let experts = vec![expert; 8];
+        let bias = zeros(&[8]);
+        // The routing is the router's: top 5 of 8 and a bias per router row, whatever the run.
+        let routing = MoeRouting {
+            choice_bias: Some(&bias),
+            ..MoeRouting::softmax(5, true)
+        };
+        let check = |first: usize, len: usize, routing| {
+            check_part(&experts[..len], first, routing, ExpertActivation::SwiGlu)
+        };
+        for (first, len) in [(0, 8), (0, 1), (2, 3), (6, 2), (7, 1)] {
+            assert!(check(first, len, routing).is_ok(), "{first}..+{len}");
+        }
+        for (first, len) in [(7, 2), (8, 1), (3, 0), (usize::MAX, 1)] {
+            let r = check(first, len, routing);
+            assert!(
+                matches!(&r, Err(Error::Shape { op: "MoeFfn", msg })
+                    if msg.contains(&format!("experts {first}..{first}+{len} of a router of 8"))),
+                "{first}..+{len}: {r:?}"
+            );
+        }
+        let two = zeros(&[2]);
+        let local_bias = MoeRouting {
+            choice_bias: Some(&two),
+            ..MoeRouting::softmax(1, true)
+        };
+        assert!(
+            check(2, 2, local_bias).is_err(),
+            "a bias of the run's experts"
+        );
+        // An expert's error names its router index.
+        let mut odd = experts[..3].to_vec();
+        odd[1].down = zeros(&[4, 3]);
+        let err = check_part(&odd, 3, routing, ExpertActivation::SwiGlu).unwrap_err();
+        assert!(err.to_string().contains("expert 4:"), "{err}");
+    }
+
     #[test]
     fn moe_routing_fits_the_experts() {
         use crate::{Expert, ExpertGroups};
@@ -1477,17 +1559,7 @@ mod tests {
             routing: MoeRouting<'_>,
             activation: ExpertActivation,
         ) -> Result<()> {
-            let (input, router) = (zeros(&[1, 4]), zeros(&[8, 4]));
-            Op::MoeFfn {
-                input: &input,
-                router: &router,
-                experts,
-                routing,
-                activation,
-                output: &mut zeros(&[1, 4]),
-            }
-            .validate()
-            .map(|_| ())
+            check_part(experts, 0, routing, activation)
         }
         let check =
             |routing: MoeRouting<'_>| check_with(&experts, routing, ExpertActivation::SwiGlu);

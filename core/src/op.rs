@@ -368,14 +368,26 @@ pub enum Op<'a> {
     /// over the rows routed to it at once (one matrix product per projection), so that a
     /// decode step reads only the weights of its `top_k` experts. Each row's result does not
     /// depend on the other rows.
+    ///
+    /// `experts` may be a contiguous run of the router's experts, `first_expert..first_expert
+    /// + experts.len()` (expert parallelism: each rank of a split model holds some of them,
+    /// DeepSpeed-MoE, Rajbhandari et al. 2022; GShard, Lepikhin et al. 2020): the routing
+    /// above still runs over all `n_experts` of the router, and `out` sums only the terms of
+    /// the chosen experts in the run, so that the outputs of runs that cover the experts add
+    /// up to the whole op's. With `first_expert = 0` and every expert, it is the op above.
     MoeFfn {
         /// f32 `[n, dim]`: the normed hidden states.
         input: &'a Data,
         /// The router (transformers' `gate`) `[n_experts, dim]`, any weight dtype of
         /// [`Op::Linear`].
         router: &'a Data,
-        /// The `n_experts` experts, each with the weights of a SwiGLU feed-forward.
+        /// The experts `first_expert..first_expert + experts.len()` of the router's
+        /// `n_experts` (all of them, usually), each with the weights of a SwiGLU
+        /// feed-forward.
         experts: &'a [Expert],
+        /// The router's index of `experts[0]`: 0 unless the experts are a part of the
+        /// router's.
+        first_expert: usize,
         /// How the router's logits choose and weigh each row's experts.
         routing: MoeRouting<'a>,
         /// How each expert gates its up projection.
@@ -474,7 +486,7 @@ pub struct PagedSeq<'a> {
 
 /// How [`Op::MoeFfn`]'s router turns a row's logits into its experts and their weights
 /// (see the op for the formula). The contract ([`Op::validate`]) checks it against the
-/// experts.
+/// router's `n_experts` experts.
 #[derive(Debug, Clone, Copy)]
 pub struct MoeRouting<'a> {
     /// Experts per row, `1..=n_experts`, and at most the experts of the chosen groups.

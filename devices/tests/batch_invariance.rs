@@ -135,6 +135,7 @@ fn moe_ffn_is_batch_invariant(dtype: DataType) {
                 input: &f32_data(&[n, dim], &x[first * dim..(first + n) * dim]),
                 router: &router,
                 experts: &experts,
+                first_expert: 0,
                 routing: MoeRouting::softmax(2, true),
                 activation: flm_core::ExpertActivation::SwiGlu,
                 output,

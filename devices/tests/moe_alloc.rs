@@ -59,6 +59,7 @@ fn allocations(
         input,
         router,
         experts,
+        first_expert: 0,
         routing,
         activation: flm_core::ExpertActivation::SwiGlu,
         output,

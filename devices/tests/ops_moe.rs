@@ -1,12 +1,18 @@
 //! `Op::MoeFfn` on the CPU device against its formula (transformers'
 //! `MixtralSparseMoeBlock` / `Qwen3MoeSparseMoeBlock`, and `GptOssMLP`'s biased router and
-//! clamped experts), computed here in f64 one row at a time, and its contract's errors.
+//! clamped experts), computed here in f64 one row at a time, its runs of the router's
+//! experts (expert parallelism) against the whole op, and its contract's errors.
 
 #[macro_use]
 mod common;
 
+use std::ops::Range;
+
 use common::*;
-use flm_core::{Data, DataType, Error, Expert, ExpertActivation, MoeRouting, Op};
+use flm_core::{
+    Data, DataType, Error, Expert, ExpertActivation, ExpertGroups, GroupScore, MoeRouting, Op,
+    RouterScoring,
+};
 
 /// The reference: per row, softmax of the router logits, the `top_k` largest, optionally
 /// renormalised, then the weighted sum of those experts' SwiGLUs, all in f64.
@@ -20,6 +26,12 @@ struct Reference {
 
 impl Reference {
     fn row(&self, x: &[f32], top_k: usize, renormalize: bool) -> Vec<f64> {
+        self.part(x, top_k, renormalize, 0..self.experts.len())
+    }
+
+    /// [`Reference::row`] with only the terms of the chosen experts in `held` (the routing
+    /// still over all of them): what an op holding the experts `held` gives.
+    fn part(&self, x: &[f32], top_k: usize, renormalize: bool, held: Range<usize>) -> Vec<f64> {
         let (dim, inner) = (self.dim, self.inner);
         let dot =
             |w: &[f32], v: &[f64]| -> f64 { w.iter().zip(v).map(|(&a, &b)| a as f64 * b).sum() };
@@ -33,7 +45,7 @@ impl Reference {
         let chosen = &order[..top_k];
         let kept: f64 = chosen.iter().map(|&e| p[e] / sum).sum();
         let mut out = vec![0.0; dim];
-        for &e in chosen {
+        for &e in chosen.iter().filter(|e| held.contains(e)) {
             let mut w = p[e] / sum;
             if renormalize {
                 w /= kept;
@@ -103,6 +115,7 @@ fn moe_ffn_matches_formula(dtype: DataType) {
                 input: &input,
                 router: &router,
                 experts: &list,
+                first_expert: 0,
                 routing: MoeRouting::softmax(top_k, renormalize),
                 activation: ExpertActivation::SwiGlu,
                 output: &mut out,
@@ -192,6 +205,7 @@ fn gpt_oss_experts_match_formula() {
             input: &input,
             router: &router,
             experts: &list,
+            first_expert: 0,
             routing: MoeRouting {
                 logit_bias: Some(&logit_bias),
                 ..MoeRouting::softmax(top_k, true)
@@ -219,35 +233,217 @@ fn gpt_oss_experts_match_formula() {
     );
 }
 
+/// Splits of 8 experts into 2 and 4 runs, even and uneven, by their bounds.
+const SPLITS: [&[usize]; 4] = [&[0, 4, 8], &[0, 3, 8], &[0, 2, 4, 6, 8], &[0, 1, 4, 5, 8]];
+
+/// One routing of [`expert_runs_add_up_to_the_whole_op`]: its name, experts, routing and
+/// activation, and for plain softmax routings the `(top_k, renormalize)` of [`Reference`].
+type RunCase<'a> = (
+    &'static str,
+    &'a [Expert],
+    MoeRouting<'a>,
+    ExpertActivation,
+    Option<(usize, bool)>,
+);
+
+/// Expert parallelism: for random inputs and routings of 8 experts (softmax top-1 to all,
+/// DeepSeek-V2's groups by their best with a scale, DeepSeek-V3's sigmoid groups with a
+/// choice bias, gpt-oss's logit bias and biased clamped experts), each run of the experts
+/// `lo..hi` of the splits into 2 and 4 runs gives the terms of its chosen experts: bit for
+/// bit the single experts' outputs added in ascending order (as the whole op adds them),
+/// and within rounding of [`Reference::part`] for the softmax routings; the runs' outputs
+/// add up to the whole op's within the rounding of summing the terms in another order,
+/// `(2·top_k + runs)·u·Σ|terms|`.
+fn expert_runs_add_up_to_the_whole_op(dtype: DataType) {
+    let (n_experts, dim, inner) = (8, 33, 19);
+    let (router, list, reference) = experts(0x50, n_experts, dim, inner, dtype);
+    let mut rng = rng(0x51);
+    let (choice_bias, _) = random_f32(&mut rng, &[n_experts], 0.3);
+    let (logit_bias, _) = random_f32(&mut rng, &[n_experts], 1.0);
+    let mut biased = list.clone();
+    for e in &mut biased {
+        let [g, u, d] = [inner, inner, dim].map(|len| random_f32(&mut rng, &[len], 1.0).0);
+        e.biases = Some([g, u, d]);
+    }
+    let groups = |top_groups, score| {
+        Some(ExpertGroups {
+            n_groups: 4,
+            top_groups,
+            score,
+        })
+    };
+    let swiglu = ExpertActivation::SwiGlu;
+    let mut cases: Vec<RunCase<'_>> = [(1, false), (2, true), (3, false), (8, true)]
+        .map(|(k, r)| {
+            (
+                "softmax",
+                &list[..],
+                MoeRouting::softmax(k, r),
+                swiglu,
+                Some((k, r)),
+            )
+        })
+        .to_vec();
+    cases.extend([
+        (
+            "DeepSeek-V2",
+            &list[..],
+            MoeRouting {
+                groups: groups(2, GroupScore::Max),
+                scale: 1.5,
+                ..MoeRouting::softmax(3, false)
+            },
+            swiglu,
+            None,
+        ),
+        (
+            "DeepSeek-V3",
+            &list[..],
+            MoeRouting {
+                scoring: RouterScoring::Sigmoid,
+                groups: groups(2, GroupScore::SumOfTop2),
+                choice_bias: Some(&choice_bias),
+                scale: 2.5,
+                ..MoeRouting::softmax(3, true)
+            },
+            swiglu,
+            None,
+        ),
+        (
+            "gpt-oss",
+            &biased[..],
+            MoeRouting {
+                logit_bias: Some(&logit_bias),
+                ..MoeRouting::softmax(2, true)
+            },
+            ExpertActivation::ClampedSwiGlu {
+                alpha: 1.702,
+                limit: 0.8,
+            },
+            None,
+        ),
+    ]);
+    let exec = executor();
+    for n in [1, 5, 37] {
+        let (input, x) = random_f32(&mut rng, &[n, dim], 1.0);
+        for &(name, experts, routing, activation, softmax) in &cases {
+            let what = format!("{dtype} {name} top_k={} n={n}", routing.top_k);
+            let run_of = |lo: usize, hi: usize| {
+                output_of(&[n, dim], |output| {
+                    exec.run(Op::MoeFfn {
+                        input: &input,
+                        router: &router,
+                        experts: &experts[lo..hi],
+                        first_expert: lo,
+                        routing,
+                        activation,
+                        output,
+                    })
+                })
+            };
+            let whole = run_of(0, n_experts);
+            let singles: Vec<Vec<f32>> = (0..n_experts).map(|e| run_of(e, e + 1)).collect();
+            let ascending = |lo: usize, hi: usize| {
+                let mut sum = vec![0.0f32; n * dim];
+                for single in &singles[lo..hi] {
+                    sum.iter_mut().zip(single).for_each(|(s, &t)| *s += t);
+                }
+                sum
+            };
+            assert_same_bits(
+                &format!("{what}: the singles"),
+                &whole,
+                &ascending(0, n_experts),
+            );
+            let terms: Vec<f64> = (0..n * dim)
+                .map(|i| singles.iter().map(|s| s[i].abs() as f64).sum())
+                .collect();
+            let scale = whole.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64));
+            for bounds in SPLITS {
+                let mut sum = vec![0.0f32; n * dim];
+                for run in bounds.windows(2) {
+                    let (lo, hi) = (run[0], run[1]);
+                    let part = run_of(lo, hi);
+                    let what = format!("{what}, experts {lo}..{hi}");
+                    assert_same_bits(&what, &part, &ascending(lo, hi));
+                    if let Some((top_k, renormalize)) = softmax {
+                        let want: Vec<f64> = x
+                            .chunks(dim)
+                            .flat_map(|row| reference.part(row, top_k, renormalize, lo..hi))
+                            .collect();
+                        // As in `moe_ffn_matches_formula`, of the whole output's size.
+                        let tol = if dtype.is_quantized() { 0.02 } else { 1e-5 } * scale;
+                        assert_close(&what, &part, &want, |_| tol);
+                    }
+                    sum.iter_mut().zip(&part).for_each(|(s, &p)| *s += p);
+                }
+                let whole: Vec<f64> = whole.iter().map(|&v| v as f64).collect();
+                let adds = (2 * routing.top_k + bounds.len() - 1) as f64;
+                assert_close(&format!("{what}, runs {bounds:?}"), &sum, &whole, |i| {
+                    adds * EPS / 2.0 * terms[i]
+                });
+            }
+        }
+    }
+}
+
+dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4sg32: I4SymG32,
+    mxfp4: MXFP4] expert_runs_add_up_to_the_whole_op);
+
 #[test]
 fn moe_ffn_contract_errors() {
     let (router, list, _) = experts(1, 3, 8, 4, DataType::F32);
     let input = f32_data(&[2, 8], &[0.5; 16]);
-    let run_with = |router: &Data, experts: &[Expert], top_k: usize, out: &[usize]| {
+    let run_part = |router: &Data, (experts, first): (&[Expert], usize), top_k, out: &[usize]| {
         run(Op::MoeFfn {
             input: &input,
             router,
             experts,
+            first_expert: first,
             routing: MoeRouting::softmax(top_k, true),
             activation: ExpertActivation::SwiGlu,
             output: &mut nan_output(out),
         })
     };
+    let run_with = |router: &Data, experts: &[Expert], top_k: usize, out: &[usize]| {
+        run_part(router, (experts, 0), top_k, out)
+    };
     assert!(run_with(&router, &list, 2, &[2, 8]).is_ok());
+    // A run of the router's experts routes over all three: top 3 of 3 with one held.
+    assert!(run_part(&router, (&list[..1], 2), 3, &[2, 8]).is_ok());
     for (what, result) in [
         ("top_k 0", run_with(&router, &list, 0, &[2, 8])),
         ("top_k > experts", run_with(&router, &list, 4, &[2, 8])),
         ("output shape", run_with(&router, &list, 1, &[2, 7])),
-        ("router rows", run_with(&router, &list[..2], 1, &[2, 8])),
+        (
+            "router columns",
+            run_with(&f32_data(&[3, 7], &[0.0; 21]), &list, 1, &[2, 8]),
+        ),
         ("no experts", run_with(&router, &[], 1, &[2, 8])),
+        (
+            "more experts than the router's",
+            run_with(&router, &[list.clone(), list.clone()].concat(), 1, &[2, 8]),
+        ),
     ] {
         assert!(
             matches!(result, Err(Error::Shape { op: "MoeFfn", .. })),
             "{what}: {result:?}"
         );
     }
+    // A run past the router's experts, or one whose end overflows, is refused, naming both.
+    for (first, len) in [(2, 2), (3, 1), (usize::MAX, 1)] {
+        let err = run_part(&router, (&list[..len], first), 1, &[2, 8]).unwrap_err();
+        let want = format!("experts {first}..{first}+{len} of a router of 3 experts");
+        assert!(
+            matches!(&err, Error::Shape { op: "MoeFfn", msg } if msg.contains(&want)),
+            "{err}"
+        );
+    }
     let mut odd = list.clone();
     odd[1].down = f32_data(&[8, 5], &[0.0; 40]);
     let err = run_with(&router, &odd, 1, &[2, 8]).unwrap_err();
     assert!(err.to_string().contains("expert 1"), "{err}");
+    // An expert is named by its index in the router.
+    let err = run_part(&router, (&odd[..2], 1), 1, &[2, 8]).unwrap_err();
+    assert!(err.to_string().contains("expert 2:"), "{err}");
 }

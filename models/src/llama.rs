@@ -165,8 +165,10 @@ impl SharedLlama {
 
     /// Rank `comm.rank()`'s part of the model split among `comm.world_size()` ranks by
     /// tensor parallelism (see `shard.rs`): its heads, feed-forward rows and classifier
-    /// rows, with the all-reduces and the logits' gather that join the ranks' parts. Every
-    /// rank of the group builds its part from the same configuration and weights.
+    /// rows, and its whole routed experts where their number divides among the ranks
+    /// (expert parallelism), else its rows of each, with the all-reduces and the logits'
+    /// gather that join the ranks' parts. Every rank of the group builds its part from the
+    /// same configuration and weights.
     ///
     /// Errors: those of [`SharedLlama::new`]; [`Error::Config`] for a model the split does
     /// not cover (multi-head latent attention, ALiBi, a p-tuning prefix, prediction layers)
@@ -199,7 +201,11 @@ impl SharedLlama {
         tp: Option<TpShard>,
     ) -> Result<SharedLlama> {
         config.validate()?;
-        weights.check_shapes(&config)?;
+        match tp {
+            None => weights.check_shapes(&config)?,
+            // A rank of an expert-parallel model holds a part of each layer's experts.
+            Some(_) => weights.check_part_shapes(&config)?,
+        }
         let weights = if config.norm_unit_offset {
             weights.with_unit_offset_norms()?
         } else {
@@ -839,6 +845,7 @@ fn feed_forward(
             router_bias,
             router_logit_bias,
             experts,
+            first_expert,
             shared,
         } => {
             let m = c.moe_layer(l).ok_or_else(|| {
@@ -855,6 +862,7 @@ fn feed_forward(
                 input,
                 router,
                 experts,
+                first_expert: *first_expert,
                 routing: MoeRouting {
                     top_k: m.top_k,
                     scoring: m.scoring,

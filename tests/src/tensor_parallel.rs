@@ -10,11 +10,12 @@ use flm_models::import::{self, Checkpoint};
 use flm_models::{Logits, SharedModel};
 
 use crate::glm_data::{write_hf_dir, Family};
-use crate::{convert_stories260k, cpu_executor, data};
+use crate::{convert_stories260k, convert_with_tok512, cpu_executor, data};
 
 /// The split's checkpoints, each with its name, made in `dir` where they are converted:
 /// llama2.c's stories260K (f32, int8, int4 with a minimum and int4-sym, groups of 32),
-/// transformers' tiny Llama 3 (GQA, untied classifier) and Qwen3-MoE (routed experts), and
+/// transformers' tiny Llama 3 (GQA, untied classifier) and Qwen3-MoE (4 routed experts,
+/// which split whole among 2 or 4 ranks; in f32, and in int8 as `qwen3_moe int8`), and
 /// chatglm.cpp's ChatGLM2 (multi-query attention, q/k/v biases).
 pub fn checkpoints(dir: &Path) -> Vec<(String, Checkpoint)> {
     let mut out = vec![(
@@ -33,6 +34,14 @@ pub fn checkpoints(dir: &Path) -> Vec<(String, Checkpoint)> {
         let path = data(&format!("hf-families/{family}"));
         out.push((family.to_string(), import::load(&path).expect(family)));
     }
+    // Each expert's int8 width of 32 is one block, which only whole experts keep uncut.
+    let path = dir.join("qwen3_moe-int8.flm");
+    let (_, moe) = out.last().expect("qwen3_moe");
+    convert_with_tok512(moe, &path, DataType::I8, Recipe::Pure);
+    out.push((
+        "qwen3_moe int8".to_string(),
+        import::load(&path).expect("converted"),
+    ));
     let glm = dir.join("glm2");
     std::fs::create_dir_all(&glm).expect("a directory for ChatGLM2");
     write_hf_dir("glm2_model.data", Family::Glm2, false, &glm);

@@ -9,7 +9,8 @@
 //! Linear and SwiGLU kernels; its rows are scaled by their routing weights and added into
 //! the output, experts in ascending order. Each row's sum therefore runs in an order that
 //! the other rows do not change, and the kernels it goes through are batch invariant, so
-//! the op is too.
+//! the op is too. When the op holds a run of the router's experts (expert parallelism),
+//! the routing is the same and only the run's experts are computed and added.
 //!
 //! The logits, the routes and the per-expert matrices live in a per-thread [`Scratch`]
 //! (taken with [`scratch::with`]) that only grows, so that a decode step allocates nothing
@@ -71,31 +72,33 @@ thread_local! {
     static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
 }
 
-/// `output[n, dim] = Σ_e w_e · expert_e(input)` over each row's `top_k` experts (see
+/// `output[n, dim] = Σ_e w_e · expert_e(input)` over each row's `top_k` experts that are
+/// among `experts`, the router's experts `first..first + experts.len()` (see
 /// [`flm_core::Op::MoeFfn`]). `level` says how the Linears run, `vector` is the level of
 /// the element-wise kernels.
 pub(crate) fn moe_ffn(
     level: LinearLevel,
     vector: Isa,
     input: &Data,
-    (router, experts): (&Data, &[Expert]),
+    (router, experts, first): (&Data, &[Expert], usize),
     (routing, activation): (&MoeRouting<'_>, ExpertActivation),
     output: &mut Data,
 ) -> Result<()> {
     let bias = routing.choice_bias.map(Data::as_f32).transpose()?;
     let top_k = routing.top_k;
+    let n_experts = router.rows();
     scratch::with(&SCRATCH, |s| {
         let (n, dim) = (input.rows(), input.cols());
-        let logits = tensor(&mut s.logits, &[n, experts.len()])?;
+        let logits = tensor(&mut s.logits, &[n, n_experts])?;
         linear::linear(level, input, router, routing.logit_bias, logits)?;
         s.routes.clear();
-        for row in logits.as_f32()?.chunks_exact(experts.len()) {
+        for row in logits.as_f32()?.chunks_exact(n_experts) {
             route(row, routing, bias, &mut s.work, &mut s.routes);
         }
         let x = input.as_f32()?;
         let out = output.as_f32_mut()?;
         out.fill(0.0);
-        for (e, expert) in experts.iter().enumerate() {
+        for (e, expert) in (first..).zip(experts) {
             s.chosen.clear();
             s.chosen.extend(
                 s.routes

@@ -126,6 +126,7 @@ fn routed_bytes(lw: &LlamaLayer) -> u64 {
             router_logit_bias,
             experts,
             shared,
+            ..
         } => experts
             .iter()
             .chain(shared.iter().map(|s| &s.ffn))

@@ -4,11 +4,19 @@
 //! Rank `r` of `N` holds:
 //! - **column-parallel** (rows of `[out, in]`): its query heads of `wq`, its key and value
 //!   heads of `wk`/`wv` (with their biases and attention sinks), its rows of the
-//!   feed-forward's gate and up projections, and of every expert's;
+//!   feed-forward's gate and up projections, of the shared expert's, and of every routed
+//!   expert's when the experts are split tensor-parallel (below);
 //! - **row-parallel** (columns): the same heads' columns of `wo` and rows' columns of the
 //!   down projections; each is followed by an all-reduce of its `[n, dim]` output, and a
 //!   bias after it is kept by rank 0 alone (zeros elsewhere);
-//! - **replicated:** the norms, the embedding table and the router;
+//! - **expert-parallel** (DeepSpeed-MoE, Rajbhandari et al. 2022; vLLM's and SGLang's
+//!   `--enable-expert-parallel`): when the routed experts `E` of a layer divide among the
+//!   ranks, whole experts `r·E/N..(r+1)·E/N`, none of them cut (so a quantised expert's
+//!   width need not divide into blocks); every rank routes each token over all `E` experts
+//!   with its copy of the router, computes the chosen ones it holds
+//!   ([`flm_core::Op::MoeFfn`]'s `first_expert`), and the layer's all-reduce adds the
+//!   ranks' parts. When they do not divide, each expert is split tensor-parallel as above;
+//! - **replicated:** the norms, the embedding table and the router with its biases;
 //! - **vocab-parallel head:** rows `r·V/N..(r+1)·V/N` of the classifier, the logits
 //!   gathered after it.
 //!
@@ -93,13 +101,21 @@ struct Heads {
     kv: (usize, usize),
 }
 
+/// How a rank holds the routed experts.
+enum Experts {
+    /// Expert parallelism: the whole experts `lo..hi`.
+    Whole((usize, usize)),
+    /// Tensor parallelism: the range `lo..hi` of each expert's width.
+    Width((usize, usize)),
+}
+
 /// Rank `r` of `n`'s ranges of the model's widths.
 pub(crate) struct Split {
     heads: Heads,
     /// Of the dense feed-forward width.
     ffn: (usize, usize),
-    /// Of each routed expert's width.
-    expert: (usize, usize),
+    /// Of the routed experts.
+    experts: Experts,
     /// Of the shared expert's width.
     shared: (usize, usize),
     /// Of the vocabulary.
@@ -108,6 +124,7 @@ pub(crate) struct Split {
 
 impl Split {
     /// The ranges of rank `r` of `n` for the model `c` with weights `w`: heads evenly, the
+    /// routed experts evenly when their number divides (else their width), the
     /// feed-forward widths as evenly as the blocks of their down projections allow.
     ///
     /// Errors: [`Error::Config`] for what does not divide.
@@ -134,14 +151,20 @@ impl Split {
             0 => Ok((0, 0)),
             d => aligned_part(d, r, n, unit, what),
         };
+        let experts = match moe {
+            Some(m) if m.n_experts.is_multiple_of(n) => {
+                Experts::Whole(part(m.n_experts, r, n, "the experts")?)
+            }
+            m => Experts::Width(width(
+                m.map_or(0, |m| m.expert_dim),
+                routed,
+                "the experts' width",
+            )?),
+        };
         Ok(Split {
             heads: heads(c, r, n)?,
             ffn: width(c.hidden_dim, dense, "the feed-forward width")?,
-            expert: width(
-                moe.map_or(0, |m| m.expert_dim),
-                routed,
-                "the experts' width",
-            )?,
+            experts,
             shared: width(
                 moe.and_then(|m| m.shared_expert_dim).unwrap_or(0),
                 shared,
@@ -196,7 +219,10 @@ pub(crate) fn local_config(c: &ModelConfig, split: &Split) -> Result<ModelConfig
     // The rank's classifier rows are apart ([`TpShard::head`]).
     local.tie_embeddings = true;
     if let Some(m) = &mut local.moe {
-        m.expert_dim = width(split.expert);
+        // The router still scores all `n_experts`; a rank of whole experts keeps their width.
+        if let Experts::Width(w) = split.experts {
+            m.expert_dim = width(w);
+        }
         if let Some(d) = &mut m.shared_expert_dim {
             *d = width(split.shared);
         }
@@ -278,7 +304,9 @@ fn layer(c: &ModelConfig, lw: &LlamaLayer, split: &Split, r: usize) -> Result<Ll
             router_logit_bias,
             experts,
             shared,
+            ..
         } => {
+            // Split by width even beside whole experts: every rank runs an equal share of it.
             let shared = match shared {
                 Some(s) => Some(Box::new(SharedExpert {
                     ffn: expert(&s.ffn, split.shared, r)?,
@@ -286,14 +314,31 @@ fn layer(c: &ModelConfig, lw: &LlamaLayer, split: &Split, r: usize) -> Result<Ll
                 })),
                 None => None,
             };
+            // The layer holds all its experts ([`super::SharedLlama::shard`] checks it).
+            let (experts, first_expert) = match split.experts {
+                Experts::Whole((lo, hi)) => {
+                    let held = experts.get(lo..hi).ok_or_else(|| {
+                        Error::Config(format!(
+                            "experts {lo}..{hi} of a layer of {}",
+                            experts.len()
+                        ))
+                    })?;
+                    (held.to_vec(), lo)
+                }
+                Experts::Width(f) => (
+                    experts
+                        .iter()
+                        .map(|e| expert(e, f, r))
+                        .collect::<Result<_>>()?,
+                    0,
+                ),
+            };
             Ffn::Moe {
                 router: router.clone(),
                 router_bias: router_bias.clone(),
                 router_logit_bias: router_logit_bias.clone(),
-                experts: experts
-                    .iter()
-                    .map(|e| expert(e, split.expert, r))
-                    .collect::<Result<_>>()?,
+                experts,
+                first_expert,
                 shared,
             }
         }

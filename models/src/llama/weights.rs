@@ -244,8 +244,12 @@ pub enum Ffn {
         router_bias: Option<Data>,
         /// f32 `[n_experts]`: added to the router's logits (gpt-oss).
         router_logit_bias: Option<Data>,
-        /// The experts, each a SwiGLU of `expert_dim`.
+        /// The experts `first_expert..first_expert + experts.len()` of the router's, each a
+        /// SwiGLU of `expert_dim`: all of them, but in a rank's part of an expert-parallel
+        /// model.
         experts: Vec<Expert>,
+        /// The router's index of `experts[0]` ([`flm_core::Op::MoeFfn`]'s `first_expert`).
+        first_expert: usize,
         /// The shared expert every token runs besides (Qwen2-MoE).
         shared: Option<Box<SharedExpert>>,
     },
@@ -358,6 +362,7 @@ impl LlamaLayer {
                     router_bias,
                     router_logit_bias,
                     experts,
+                    first_expert,
                     shared,
                 } => {
                     let mut expert = |e: Expert| {
@@ -378,6 +383,7 @@ impl LlamaLayer {
                             .into_iter()
                             .map(&mut expert)
                             .collect::<Result<_>>()?,
+                        first_expert,
                         shared: match shared {
                             Some(s) => {
                                 let SharedExpert { ffn, gate } = *s;
@@ -567,11 +573,72 @@ impl LlamaWeights {
         Ok(self)
     }
 
-    /// Checks every tensor's shape against `c`'s canonical shapes.
+    /// Checks every tensor's shape against `c`'s canonical shapes, each mixture-of-experts
+    /// layer holding all its experts.
     ///
-    /// Errors: [`Error::Config`] naming the first tensor whose shape disagrees.
+    /// Errors: [`Error::Config`] naming the first tensor whose shape disagrees, or a layer
+    /// that holds a part of its experts.
     pub fn check_shapes(&self, c: &ModelConfig) -> Result<()> {
+        self.check_expert_runs(c, true)?;
         check_all_shapes(self.present(c)?, canonical_tensors(c))
+    }
+
+    /// [`LlamaWeights::check_shapes`] for a rank's part of an expert-parallel model: each
+    /// mixture-of-experts layer may hold a nonempty run of its experts (`first_expert..`),
+    /// whose tensors are checked.
+    ///
+    /// Errors: [`Error::Config`] naming the first tensor whose shape disagrees, or a run
+    /// outside the layer's experts.
+    pub(crate) fn check_part_shapes(&self, c: &ModelConfig) -> Result<()> {
+        self.check_expert_runs(c, false)?;
+        let held = |l: usize, e: usize| match self.layers.get(l).map(|lw| &lw.ffn) {
+            Some(Ffn::Moe {
+                experts,
+                first_expert,
+                ..
+            }) => (*first_expert..first_expert.saturating_add(experts.len())).contains(&e),
+            _ => true,
+        };
+        let expected = canonical_tensors(c)
+            .into_iter()
+            .filter(|(name, _)| match *name {
+                TensorName::Expert(l, e, _) => held(l, e),
+                _ => true,
+            })
+            .collect();
+        check_all_shapes(self.present(c)?, expected)
+    }
+
+    /// Checks that each mixture-of-experts layer holds a nonempty run of the experts of
+    /// `c`, all of them if `whole`.
+    ///
+    /// Errors: [`Error::Config`] naming the first layer that does not.
+    fn check_expert_runs(&self, c: &ModelConfig, whole: bool) -> Result<()> {
+        for (l, lw) in self.layers.iter().enumerate() {
+            let (
+                Ffn::Moe {
+                    experts,
+                    first_expert,
+                    ..
+                },
+                Some(m),
+            ) = (&lw.ffn, c.moe_layer(l))
+            else {
+                continue;
+            };
+            let (first, len) = (*first_expert, experts.len());
+            let fits = match whole {
+                true => first == 0 && len == m.n_experts,
+                false => len > 0 && first.checked_add(len).is_some_and(|end| end <= m.n_experts),
+            };
+            if !fits {
+                return Err(Error::Config(format!(
+                    "layer {l} holds experts {first}..{first}+{len} of its {}",
+                    m.n_experts
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Every tensor with its canonical name ([`canonical_tensors`]), the derived ones (the
@@ -721,6 +788,7 @@ fn layer(c: &ModelConfig, l: usize, t: &mut Tensors) -> Result<LlamaLayer> {
                         })
                     })
                     .collect::<Result<_>>()?,
+                first_expert: 0,
             },
         },
         post_norms,
