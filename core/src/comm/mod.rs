@@ -9,10 +9,14 @@
 //! - `MpiGroup` (cargo feature `mpi`): the ranks are the processes `mpirun` starts
 //!   ([`launched_by_mpirun`] tells, without MPI, whether this process is one of them).
 //!
+//! The backends whose ranks do not share memory open every collective with the exchange of
+//! [`header`], so that ranks that disagree all return the same error instead of waiting.
+//!
 //! A rank that fails calls [`Communicator::abort`]: every rank waiting in a collective, or
 //! entering one later, returns [`Error::Collective`] naming it, so that a failure ends the
 //! whole group instead of leaving the others waiting.
 
+pub mod header;
 mod local;
 #[cfg(feature = "mpi")]
 mod mpi;
