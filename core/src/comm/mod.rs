@@ -7,12 +7,18 @@
 //! returns on every rank with the same bits. Backends:
 //! - [`LocalGroup`]: the ranks are threads of one process (`--tp N`, and the tests);
 //! - `MpiGroup` (cargo feature `mpi`): the ranks are the processes `mpirun` starts
-//!   ([`launched_by_mpirun`] tells, without MPI, whether this process is one of them).
+//!   ([`launched_by_mpirun`] tells, without MPI, whether this process is one of them);
+//! - `flm_devices::cuda::NcclGroup` (cargo feature `cuda` of flm-devices): one GPU per
+//!   rank, over NCCL, started through another group (MPI or local).
+//!
+//! The backends whose ranks do not share memory open every collective with the exchange of
+//! [`header`], so that ranks that disagree all return the same error instead of waiting.
 //!
 //! A rank that fails calls [`Communicator::abort`]: every rank waiting in a collective, or
 //! entering one later, returns [`Error::Collective`] naming it, so that a failure ends the
 //! whole group instead of leaving the others waiting.
 
+pub mod header;
 mod local;
 #[cfg(feature = "mpi")]
 mod mpi;

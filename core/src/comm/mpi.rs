@@ -1,14 +1,13 @@
 //! The MPI backend: the ranks are the processes of `mpirun -np N`, over `MPI_COMM_WORLD`
 //! (the `mpi` crate, rsmpi).
 //!
-//! Every collective starts with the same exchange: each rank all-gathers a header (which
-//! collective, its length, its root, whether its own arguments are valid), and every rank
-//! checks the same headers, so every rank takes the same decision: all go on to move the
-//! data, or all return the same [`Error::Collective`](crate::Error::Collective). A mismatch
-//! thus never reaches MPI, which would truncate, read past a buffer or wait forever. The
-//! sum of an all-reduce is an all-gather then a sum in rank order on every rank, since
-//! `MPI_Allreduce` leaves its order of operations to the implementation and the bits must
-//! be those of [`LocalGroup`](super::LocalGroup).
+//! Every collective starts with the exchange of [`super::header`]: each rank all-gathers
+//! a header, and every rank checks the same headers, so that a mismatch is the same
+//! [`Error::Collective`](crate::Error::Collective) on every rank and never reaches MPI,
+//! which would truncate, read past a buffer or wait forever. The sum of an all-reduce is
+//! an all-gather then a sum in rank order on every rank, since `MPI_Allreduce` leaves its
+//! order of operations to the implementation and the bits must be those of
+//! [`LocalGroup`](super::LocalGroup).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -18,74 +17,22 @@ use mpi::environment::{Threading, Universe};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 
+use super::header::{agree, name, Header, ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST};
 use super::{failed, launch_from, Communicator};
 use crate::Result;
 
-/// The collectives, as their headers name them.
-const ALL_REDUCE: u64 = 1;
-const ALL_GATHER: u64 = 2;
-const BROADCAST: u64 = 3;
-const BARRIER: u64 = 4;
-
-/// A header: the collective, the length of the operand (elements), the root, and 1 when
-/// this rank's own arguments are invalid.
-type Header = [u64; 4];
-
-/// The name of a collective in an error.
-fn name(kind: u64) -> &'static str {
-    match kind {
-        ALL_REDUCE => "all-reduce",
-        ALL_GATHER => "all-gather",
-        BROADCAST => "broadcast",
-        BARRIER => "barrier",
-        _ => "an unknown collective",
+/// [`agree`], then MPI's own limit: its counts are C ints, and an all-gather receives
+/// world_size of them at once.
+fn agree_mpi(headers: &[Header], me: usize) -> Result<usize> {
+    let len = agree(headers, me)?;
+    if (len as u64).saturating_mul(headers.len() as u64) <= i32::MAX as u64 {
+        return Ok(len);
     }
-}
-
-/// What every rank decides from the headers of all ranks (`headers[r]` is rank `r`'s),
-/// found at rank `me`: the common length, or the error every rank returns.
-fn agree(headers: &[Header], me: usize) -> Result<usize> {
-    let [kind, len, root, _] = headers[me];
-    let what = name(kind);
-    if let Some(other) = headers.iter().position(|h| h[0] != kind) {
-        return Err(failed(
-            me,
-            format!(
-                "the ranks called different collectives: rank {me} {what}, rank {other} {}",
-                name(headers[other][0])
-            ),
-        ));
-    }
-    if let Some(bad) = headers.iter().position(|h| h[3] != 0) {
-        let why = match kind {
-            ALL_GATHER => "its output is not world_size times its input",
-            _ => "its root is not a rank",
-        };
-        return Err(failed(bad, format!("{what}: {why}")));
-    }
-    if headers.iter().any(|h| h[2] != root) {
-        let roots: Vec<u64> = headers.iter().map(|h| h[2]).collect();
-        return Err(failed(
-            me,
-            format!("{what}: the ranks named roots {roots:?}, not one"),
-        ));
-    }
-    if headers.iter().any(|h| h[1] != len) {
-        let lens: Vec<u64> = headers.iter().map(|h| h[1]).collect();
-        return Err(failed(
-            me,
-            format!("{what}: the ranks passed {lens:?} elements, not one length"),
-        ));
-    }
-    // MPI counts are C ints, and an all-gather receives world_size of them at once.
-    let total = len.saturating_mul(headers.len() as u64);
-    match usize::try_from(len) {
-        Ok(len) if total <= i32::MAX as u64 => Ok(len),
-        _ => Err(failed(
-            me,
-            format!("{what}: {len} elements per rank is more than one MPI call moves"),
-        )),
-    }
+    let what = name(headers[me][0]);
+    Err(failed(
+        me,
+        format!("{what}: {len} elements per rank is more than one MPI call moves"),
+    ))
 }
 
 /// What the collectives reuse from one call to the next.
@@ -154,7 +101,7 @@ impl MpiGroup {
     }
 
     /// Runs collective `kind` under the lock: all-gathers the headers, agrees on the length
-    /// (see [`agree`]), then `body(world, len, scratch)` moves the data.
+    /// (see [`agree_mpi`]), then `body(world, len, scratch)` moves the data.
     fn collective<R>(
         &self,
         kind: u64,
@@ -169,7 +116,8 @@ impl MpiGroup {
         let header: Header = [kind, len as u64, root as u64, u64::from(invalid)];
         scratch.headers.resize(self.n, [0; 4]);
         world.all_gather_into(&header[..], scratch.headers.as_flattened_mut());
-        let agreed = agree(&scratch.headers, self.rank).map(|len| body(&world, len, &mut scratch));
+        let agreed =
+            agree_mpi(&scratch.headers, self.rank).map(|len| body(&world, len, &mut scratch));
         drop(scratch);
         let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.waited.fetch_add(nanos, Ordering::Relaxed);
@@ -242,35 +190,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn agreeing_headers_give_the_length() {
-        let h = [[ALL_REDUCE, 7, 0, 0]; 3];
-        assert_eq!(agree(&h, 1).unwrap(), 7);
-    }
-
-    #[test]
-    fn every_disagreement_is_an_error() {
-        let err = |h: &[Header], me| agree(h, me).unwrap_err().to_string();
-        let kinds = [[ALL_REDUCE, 4, 0, 0], [BARRIER, 0, 0, 0]];
+    fn more_than_one_mpi_call_moves_is_an_error() {
+        assert_eq!(agree_mpi(&[[BROADCAST, 7, 0, 0]; 3], 1).unwrap(), 7);
+        let huge = [[BROADCAST, 1 << 30, 0, 0]; 2];
         assert_eq!(
-            err(&kinds, 0),
-            "rank 0: the ranks called different collectives: rank 0 all-reduce, rank 1 barrier"
+            agree_mpi(&huge, 0).unwrap_err().to_string(),
+            "rank 0: broadcast: 1073741824 elements per rank is more than one MPI call moves"
         );
-        let lens = [[ALL_REDUCE, 3, 0, 0], [ALL_REDUCE, 4, 0, 0]];
-        assert_eq!(
-            err(&lens, 1),
-            "rank 1: all-reduce: the ranks passed [3, 4] elements, not one length"
-        );
-        let gather = [[ALL_GATHER, 2, 0, 0], [ALL_GATHER, 2, 0, 1]];
-        assert_eq!(
-            err(&gather, 0),
-            "rank 1: all-gather: its output is not world_size times its input"
-        );
-        let roots = [[BROADCAST, 2, 0, 0], [BROADCAST, 2, 1, 0]];
-        assert_eq!(
-            err(&roots, 0),
-            "rank 0: broadcast: the ranks named roots [0, 1], not one"
-        );
-        let huge = [[BROADCAST, 1 << 31, 0, 0]];
-        assert!(err(&huge, 0).contains("more than one MPI call moves"));
     }
 }

@@ -1,10 +1,10 @@
 //! The CUDA device (cargo feature `cuda`).
 //!
-//! cudarc loads `libcuda`, `libnvrtc` and `libcublas` at run time (its `dynamic-loading`
-//! feature), so a binary built with this feature starts on machines without them; cudarc
-//! panics when a library it calls into is absent, so [`probe`] checks that the driver
-//! library loads and that device 0 answers before anything else touches CUDA, and
-//! [`mod@crate::select`] falls back to the CPU with one line saying why.
+//! cudarc loads `libcuda`, `libnvrtc`, `libcublas` and `libnccl` at run time (its
+//! `dynamic-loading` feature), so a binary built with this feature starts on machines
+//! without them; cudarc panics when a library it calls into is absent, so [`probe`] checks
+//! that the driver library loads and that device 0 answers before anything else touches
+//! CUDA, and [`mod@crate::select`] falls back to the CPU with one line saying why.
 //!
 //! - [`CudaDevice`]: the [`flm_core::BaseDevice`] (which ops it runs and how its
 //!   operands move is in its module docs).
@@ -14,6 +14,8 @@
 //! - [`nvrtc`]: compiles them with NVRTC for the GPU's compute capability at start-up.
 //! - [`ptx_cache`]: keeps the PTX on disk, keyed by a hash of source, options and
 //!   architecture, so later starts skip the compiler.
+//! - [`NcclGroup`]: a tensor-parallel [`flm_core::comm::Communicator`] of one GPU per
+//!   rank over NCCL (`libnccl`, loaded at run time like the others).
 
 mod attention;
 mod dequant;
@@ -28,6 +30,7 @@ pub mod kernels;
 mod launch;
 mod linear;
 mod memory;
+pub mod nccl;
 mod norm;
 pub mod nvrtc;
 mod operand;
@@ -38,6 +41,7 @@ mod sample;
 
 pub use device::CudaDevice;
 pub use memory::CudaBuffer;
+pub use nccl::NcclGroup;
 
 use std::sync::Arc;
 
