@@ -565,7 +565,7 @@ impl Data {
     /// panels ([`crate::panels`]): the same dtype, shape, size and values, and the same
     /// [`Data::input_perm`]. Packed on the rayon pool, one matrix per task. A tensor in
     /// panels already is cloned. The pages of a mapped tensor are released after it
-    /// ([`Data::release_mapped_pages`]), so that the file's copy does not stay resident
+    /// (`Data::release_mapped_pages`), so that the file's copy does not stay resident
     /// beside the packed one.
     ///
     /// Errors: [`Error::DType`] for a dtype without panels ([`panels::has_panels`]);

@@ -15,8 +15,8 @@ use crate::{convert_stories260k, convert_with_tok512, cpu_executor, data};
 /// The split's checkpoints, each with its name, made in `dir` where they are converted:
 /// llama2.c's stories260K (f32, int8, int4 with a minimum and int4-sym, groups of 32),
 /// transformers' tiny Llama 3 (GQA, untied classifier) and Qwen3-MoE (4 routed experts,
-/// which split whole among 2 or 4 ranks; in f32, and in int8 as `qwen3_moe int8`), and
-/// chatglm.cpp's ChatGLM2 (multi-query attention, q/k/v biases).
+/// which split whole among 2 or 4 ranks; in f32, and in int8 as `qwen3_moe int8`), Qwen3
+/// in int8 and int4 (whose widths keep whole blocks at 4 ranks), and chatglm.cpp's ChatGLM2 (multi-query attention, q/k/v biases).
 pub fn checkpoints(dir: &Path) -> Vec<(String, Checkpoint)> {
     let mut out = vec![(
         "stories260K f32".to_string(),
@@ -42,6 +42,17 @@ pub fn checkpoints(dir: &Path) -> Vec<(String, Checkpoint)> {
         "qwen3_moe int8".to_string(),
         import::load(&path).expect("converted"),
     ));
+    // Qwen3's attention width (4 heads of 32) and FFN width (128) keep whole blocks of 32
+    // at 4 ranks.
+    let qwen3 = import::load(&data("hf-families/qwen3")).expect("qwen3");
+    for dtype in [DataType::I8, DataType::I4G32] {
+        let path = dir.join(format!("qwen3-{dtype}.flm"));
+        convert_with_tok512(&qwen3, &path, dtype, Recipe::Pure);
+        out.push((
+            format!("qwen3 {dtype}"),
+            import::load(&path).expect("converted"),
+        ));
+    }
     let glm = dir.join("glm2");
     std::fs::create_dir_all(&glm).expect("a directory for ChatGLM2");
     write_hf_dir("glm2_model.data", Family::Glm2, false, &glm);

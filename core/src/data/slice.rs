@@ -65,7 +65,7 @@ impl Data {
 
     /// Columns `c0..c1` of every row of the matrix `[rows, cols]`, shape `[rows, c1 − c0]`,
     /// a copy (the pages of a mapped tensor are released after it,
-    /// [`Data::release_mapped_pages`]). A quantised row is cut between its blocks (int4 groups, ggml blocks, int8's
+    /// `Data::release_mapped_pages`). A quantised row is cut between its blocks (int4 groups, ggml blocks, int8's
     /// runs of [`quant::BLOCK`]) and keeps their bytes, so the values are unchanged; an int8
     /// row keeps its scale.
     ///
