@@ -33,7 +33,6 @@ fn greedy_tokens_are_the_same_at_every_level() {
         .copied()
         .collect();
     let weights = LlamaWeights::load(&ckpt).unwrap();
-    let tied = ckpt.config.tie_embeddings;
     for dtype in [
         DataType::F32,
         DataType::I8,
@@ -46,7 +45,7 @@ fn greedy_tokens_are_the_same_at_every_level() {
     ] {
         // As `flm convert --dtype` writes them (int4 with its default mixed recipe).
         let w = weights_in(&weights, |name, shape| {
-            target_dtype(dtype, Recipe::Mixed, tied, name, shape)
+            target_dtype(dtype, Recipe::Mixed, &ckpt.config, name, shape)
         });
         let run = |isa: Isa| {
             let mut model = Llama::new(ckpt.config.clone(), w.clone()).unwrap();

@@ -86,7 +86,7 @@ fn damaged_headers_are_named() {
         "{err}"
     );
     let mut minor = bytes.clone();
-    minor[10..12].copy_from_slice(&7u16.to_le_bytes());
+    minor[10..12].copy_from_slice(&(flm_core::flm_file::FORMAT_MINOR + 1).to_le_bytes());
     assert_eq!(
         load_error(dir.path(), &minor),
         "",

@@ -7,7 +7,7 @@
 //! of the prompt's last position and of each step, little-endian f32): the levels must
 //! agree on the tokens and the digest. The cases cover every weight dtype the CPU computes
 //! with: stories260K in every float dtype (f32, f16, bf16), in int8 and in the three int4
-//! forms; its GGUFs (tests/data/gguf, written by gguf-py) in Q8_0, Q4_0, Q4_1 and Q5_1; a
+//! forms; its GGUFs (tests/data/gguf, written by gguf-py) in Q8_0, Q4_0, Q4_1, Q5_1 and Q5_0; a
 //! one-layer Llama in Q4_K, Q5_K and Q6_K (tests/data/gguf/tiny-kquant.gguf) and one in
 //! IQ4_NL, IQ4_XS and MXFP4 (tiny-lut4.gguf); a tiny
 //! Qwen3-MoE checkpoint (tests/data/hf-families, made with transformers' own class) as its
@@ -129,7 +129,7 @@ fn every_level_computes_the_same_logits() {
         );
     }
     // The GGUFs of stories260K share its vocabulary, and so does the K-quant Llama.
-    for name in ["q8_0", "q4_0", "q4_1", "q5_1"] {
+    for name in ["q8_0", "q4_0", "q4_1", "q5_1", "q5_0"] {
         let path = data(&format!("gguf/stories260K-{name}.gguf"));
         let model = SharedModel::new(&import::load(&path).expect(name)).expect("its graph");
         check(

@@ -11,9 +11,10 @@
 //! (`gguf/quants.py`, `dequantize_blocks` of each class), with the same f32 operations in
 //! the same order, so that every value agrees bit for bit (golden data in
 //! `tests/data/gguf/quants`, made by gguf-py). [`Quantize`] is implemented by the formats
-//! flm writes itself: Q8_0, MXFP4, IQ4_NL and IQ4_XS byte for byte as ggml writes them
-//! (golden data in `tests/data/gguf/quants` and `tests/data/gguf/iq4`, made by gguf-py and
-//! by ggml's C), the K-quants with flm's fits ([`quantize_weighted`]); [`quantize_row`] and
+//! flm writes itself: Q5_0, Q8_0, MXFP4, IQ4_NL and IQ4_XS byte for byte as ggml writes
+//! them (golden data in `tests/data/gguf/quants` and `tests/data/gguf/iq4`, made by gguf-py
+//! and by ggml's C), the K-quants (and Q5_0 with importance) with flm's fits
+//! ([`quantize_weighted`]); [`quantize_row`] and
 //! [`dequantize_row`] apply a format to a row of any length, the last block padded with
 //! zeros.
 
@@ -467,6 +468,95 @@ impl Block for BlockQ5_0 {
     fn dequantize(&self, out: &mut [f32]) {
         let d = self.d.to_f32();
         five_bits(self.qh, &self.qs, out, |q| d * (q as f32 - 16.0))
+    }
+}
+
+impl BlockQ5_0 {
+    /// Stores the f16 scale `d` and the 5-bit codes `q[i]` (value `i` in the low nibble of
+    /// byte `i % 16`, high for `i ≥ 16`; bit 4 in bit `i` of `qh`).
+    fn store(&mut self, d: f16, q: &[u8; 32]) {
+        self.d = F16Le::new(d);
+        let mut qh = 0u32;
+        for (i, &c) in q.iter().enumerate() {
+            self.qs[i % 16] |= (c & 0x0f) << (4 * (i / 16));
+            qh |= u32::from(c >> 4) << i;
+        }
+        self.qh = qh.to_le_bytes();
+    }
+
+    /// The codes of `values` for the stored scale `d`: each value's nearest level.
+    fn nearest_codes(values: &[f32], d: f32) -> [u8; 32] {
+        std::array::from_fn(|i| (level(values[i], d, -16.0, 15.0) + 16.0) as u8)
+    }
+
+    /// Squared error of `values` coded with scale `d`, weighted by `w`.
+    fn error(values: &[f32], w: &[f32], d: f32) -> f32 {
+        let q = Self::nearest_codes(values, d);
+        values
+            .iter()
+            .zip(w)
+            .zip(q)
+            .map(|((&x, &wt), q)| {
+                let e = x - d * (f32::from(q) - 16.0);
+                wt * e * e
+            })
+            .sum()
+    }
+}
+
+impl Quantize for BlockQ5_0 {
+    /// ggml's `quantize_row_q5_0_ref`: `d = x* / −16` (`x*` the value of largest
+    /// magnitude, the first of equals), codes `min(31, trunc(x / d + 16.5))` from the f32
+    /// inverse, the scale stored as f16. Byte for byte gguf-py's (`core/tests/ggml.rs`).
+    fn quantize(&mut self, values: &[f32]) {
+        let extreme = values
+            .iter()
+            .copied()
+            .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+        let d = extreme / -16.0;
+        let id = inverse(d);
+        let q = std::array::from_fn(|i| ((values[i] * id + 16.5) as i8).min(31) as u8);
+        self.store(f16::from_f32(d), &q);
+    }
+
+    /// A search like llama.cpp's `quantize_row_q5_0_impl` (`make_qx_quants` with 16 levels
+    /// each side), finer and scored as stored: for each candidate inverse scale
+    /// `−(16 + 0.05 k) / x*`, `k ∈ [−30, 30]` (`x*` the value of largest magnitude), the
+    /// codes are fixed and the scale refitted by least squares weighted by `importance`;
+    /// each candidate's f16 scale, with the codes nearest for it, is scored by
+    /// `Σ importance · (x − x̂)²`, and the block keeps the plain fit where that is better.
+    /// Unlike the K-quants' fits, the weights are the importance alone, without llama.cpp's
+    /// `sqrt(σ² + x²)` factor: on SmolLM2 that lowers the mean KLD of a Q4_K_M-style file
+    /// (docs/benchmarks.md, "Importance matrices").
+    fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
+        const STEPS: i32 = 30;
+        let fallback = plain_fit::<Self>(values);
+        let extreme = values
+            .iter()
+            .copied()
+            .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+        if extreme.abs() >= GROUP_MAX_EPS {
+            let mut best = (f32::INFINITY, f16::ZERO);
+            for k in -STEPS..=STEPS {
+                let iscale = -(16.0 + 0.05 * k as f32) / extreme;
+                let (mut slx, mut sl2) = (0.0f32, 0.0f32);
+                let codes = codes_of(values, iscale, -16.0, 15.0);
+                for (l, (&v, &wt)) in codes.zip(values.iter().zip(importance)) {
+                    slx += wt * v * l;
+                    sl2 += wt * l * l;
+                }
+                if sl2 > 0.0 {
+                    let d = f16::from_f32(slx / sl2);
+                    let err = Self::error(values, importance, d.to_f32());
+                    if err < best.0 {
+                        best = (err, d);
+                    }
+                }
+            }
+            let d = best.1;
+            self.store(d, &Self::nearest_codes(values, d.to_f32()));
+        }
+        keep_better(self, fallback, values, importance);
     }
 }
 
@@ -1225,7 +1315,8 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
 }
 
 /// Codes a row of `src.len()` values into blocks of the ggml type `ty` (`dst`, whole
-/// blocks, the last padded with zeros): Q8_0 as ggml's `quantize_row_q8_0_ref`, MXFP4 as
+/// blocks, the last padded with zeros): Q5_0 and Q8_0 as ggml's `quantize_row_q5_0_ref` and
+/// `quantize_row_q8_0_ref`, MXFP4 as
 /// its `quantize_row_mxfp4_ref`, IQ4_NL and IQ4_XS as its `quantize_iq4_nl` and
 /// `quantize_iq4_xs` without an imatrix (what llama-quantize writes), the K-quants with the
 /// min/max fit of [`crate::kquant`].
@@ -1242,8 +1333,8 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
 /// [`Quantize::quantize_weighted`] of each block, and
 /// [`crate::quant::quantize_row_weighted`] for the math): Q4_K, Q5_K and Q6_K as
 /// llama.cpp's `quantize_row_q4_K_impl`, `quantize_row_q5_K_impl` and
-/// `quantize_row_q6_K_impl`, each block kept only if it beats the plain fit's
-/// importance-weighted error; IQ4_NL and IQ4_XS as ggml's `quantize_iq4_nl` and
+/// `quantize_row_q6_K_impl` and Q5_0 with a finer `quantize_row_q5_0_impl` search, each
+/// block kept only if it beats the plain fit's importance-weighted error; IQ4_NL and IQ4_XS as ggml's `quantize_iq4_nl` and
 /// `quantize_iq4_xs` with `quant_weights = importance`, byte for byte (llama.cpp's result
 /// kept, not compared with the plain fit); Q8_0 and MXFP4 ignore importance, as ggml does.
 /// `None` gives [`quantize`]'s bytes.
@@ -1252,6 +1343,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
 /// As [`quantize`], and if `importance` is not of `src.len()` values.
 pub fn quantize_weighted(ty: GgmlType, src: &[f32], importance: Option<&[f32]>, dst: &mut [u8]) {
     match ty {
+        GgmlType::Q5_0 => quantize_row_weighted::<BlockQ5_0>(src, importance, dst),
         GgmlType::Q8_0 => quantize_row_weighted::<BlockQ8_0>(src, importance, dst),
         GgmlType::Q4K => quantize_row_weighted::<BlockQ4K>(src, importance, dst),
         GgmlType::Q5K => quantize_row_weighted::<BlockQ5K>(src, importance, dst),

@@ -70,6 +70,11 @@ pub enum DataType {
     /// exponent `e`, 4-bit E2M1 codes; `w = 2^(e − 127) · E2M1[q]`), 4.25 bits per weight
     /// (gpt-oss's experts).
     MXFP4 = 20,
+    /// ggml's Q5_0, its bytes as they are: blocks of 32 values (22 bytes: an f16 scale `d`,
+    /// the codes' fifth bits in a u32, their low nibbles; `w = d·(q − 16)`), 5.5 bits per
+    /// weight (layout in [`crate::ggml`]): what llama.cpp's K-quant files hold where a row
+    /// is not a whole number of 256-value super-blocks.
+    Q5_0 = 21,
 }
 
 /// How an int4 dtype gives each group's minimum `m` in `ŵ = d · q + m` (layouts in
@@ -105,7 +110,7 @@ pub enum Format {
 impl DataType {
     /// Every dtype that holds values (a weight or an activation), in discriminant order
     /// (but [`DataType::I32`], which is not one of them).
-    pub const VALUES: [DataType; 20] = [
+    pub const VALUES: [DataType; 21] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
@@ -126,11 +131,12 @@ impl DataType {
         DataType::IQ4NL,
         DataType::IQ4XS,
         DataType::MXFP4,
+        DataType::Q5_0,
     ];
 
     /// Every dtype, in discriminant order.
-    pub const ALL: [DataType; 21] = {
-        let mut all = [DataType::I32; 21];
+    pub const ALL: [DataType; 22] = {
+        let mut all = [DataType::I32; 22];
         let mut i = 0;
         while i < DataType::VALUES.len() {
             let d = DataType::VALUES[i];
@@ -168,6 +174,7 @@ impl DataType {
             DataType::IQ4NL => Format::Ggml(GgmlType::IQ4NL),
             DataType::IQ4XS => Format::Ggml(GgmlType::IQ4XS),
             DataType::MXFP4 => Format::Ggml(GgmlType::MXFP4),
+            DataType::Q5_0 => Format::Ggml(GgmlType::Q5_0),
         })
     }
 
@@ -182,8 +189,8 @@ impl DataType {
         matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
     }
 
-    /// The ggml type whose blocks a dtype holds as they are (the K-quants, Q8_0, the IQ4
-    /// types and MXFP4).
+    /// The ggml type whose blocks a dtype holds as they are (the K-quants, Q5_0, Q8_0, the
+    /// IQ4 types and MXFP4).
     pub const fn ggml_type(self) -> Option<crate::ggml::GgmlType> {
         match self.format() {
             Some(Format::Ggml(t)) => Some(t),
@@ -263,6 +270,7 @@ impl DataType {
             DataType::IQ4NL => "iq4_nl",
             DataType::IQ4XS => "iq4_xs",
             DataType::MXFP4 => "mxfp4",
+            DataType::Q5_0 => "q5_0",
         }
     }
 }

@@ -38,7 +38,7 @@ pub const MAGIC: [u8; 8] = *b"\x89FLM\r\n\x1a\n";
 /// The major format version this build writes and reads.
 pub const FORMAT_MAJOR: u16 = 2;
 /// The minor format version this build writes.
-pub const FORMAT_MINOR: u16 = 6;
+pub const FORMAT_MINOR: u16 = 7;
 /// Alignment of the data section and of every tensor, in bytes.
 pub const ALIGN: u64 = 64;
 const HEADER_LEN: u64 = 32;

@@ -104,7 +104,7 @@ fn q4_0_and_q4_1_repack_into_flm_int4_without_changing_a_bit() {
     }
 }
 
-/// The K-quants, Q8_0, the IQ4 types and MXFP4 are flm dtypes of the same bytes: their rows
+/// The K-quants, Q5_0, Q8_0, the IQ4 types and MXFP4 are flm dtypes of the same bytes: their rows
 /// dequantise as gguf-py's bit for bit, the rows themselves unchanged.
 #[test]
 fn native_types_are_flm_dtypes_of_the_same_bytes() {
@@ -115,7 +115,7 @@ fn native_types_are_flm_dtypes_of_the_same_bytes() {
     let names: Vec<&str> = native.iter().map(|t| t.name()).collect();
     assert_eq!(
         names,
-        ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
+        ["Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
     );
     for ty in native {
         let dtype = ty.native_dtype().unwrap();
@@ -136,22 +136,31 @@ fn native_types_are_flm_dtypes_of_the_same_bytes() {
     }
 }
 
-/// flm's MXFP4 quantiser writes the blocks gguf-py's `MXFP4.quantize_blocks` (ggml's
-/// `quantize_row_mxfp4_ref`) wrote from the same weights, byte for byte.
+/// flm's MXFP4 and Q5_0 quantisers write the blocks gguf-py's `quantize_blocks` (ggml's
+/// `quantize_row_mxfp4_ref` and `quantize_row_q5_0_ref`) wrote from the same weights, byte
+/// for byte.
 #[test]
-fn mxfp4_quantises_as_gguf_py() {
+fn mxfp4_and_q5_0_quantise_as_gguf_py() {
     let weights: Vec<f32> = read("weights.f32")
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    let (want, _) = case(GgmlType::MXFP4);
-    let mut got = vec![0u8; want.len()];
-    let row = want.len() / ROWS;
-    for (w, out) in weights.chunks_exact(COLS).zip(got.chunks_exact_mut(row)) {
-        blocks::quantize(GgmlType::MXFP4, w, out);
+    for ty in [GgmlType::MXFP4, GgmlType::Q5_0] {
+        let (want, _) = case(ty);
+        let mut got = vec![0u8; want.len()];
+        let row = want.len() / ROWS;
+        for (w, out) in weights.chunks_exact(COLS).zip(got.chunks_exact_mut(row)) {
+            blocks::quantize(ty, w, out);
+        }
+        let first = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert_eq!(
+            first,
+            None,
+            "{}: first differing byte of {}",
+            ty.name(),
+            want.len()
+        );
     }
-    let first = got.iter().zip(&want).position(|(g, w)| g != w);
-    assert_eq!(first, None, "first differing byte of {} bytes", want.len());
 }
 
 #[test]

@@ -79,9 +79,9 @@ fn hashes(quantize: impl Fn(DataType, &[f32], &mut [u8])) -> Vec<(DataType, u64)
 }
 
 /// [`hashes`] of `quantize_row` as it was before importance existed (commit 66319a6); for
-/// IQ4_NL, IQ4_XS and MXFP4, written since, their bytes as first written (ggml's and
+/// IQ4_NL, IQ4_XS, MXFP4 and Q5_0, written since, their bytes as first written (ggml's and
 /// gguf-py's, checked in `iq4_quant.rs` and `ggml.rs`).
-const GOLDEN: [(DataType, u64); 17] = [
+const GOLDEN: [(DataType, u64); 18] = [
     (DataType::I8, 0x22a4162fe4cd139c),
     (DataType::I4G32, 0x523d3322cd1c02a4),
     (DataType::I4G64, 0xce4e10c94ec7e589),
@@ -99,6 +99,7 @@ const GOLDEN: [(DataType, u64); 17] = [
     (DataType::IQ4NL, 0x0519c8550b84da33),
     (DataType::IQ4XS, 0x6674b1311300df54),
     (DataType::MXFP4, 0x57e29358e277960a),
+    (DataType::Q5_0, 0x7bce1949d26b732c),
 ];
 
 #[test]

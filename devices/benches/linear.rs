@@ -42,6 +42,7 @@ fn linear(c: &mut Criterion) {
         DataType::I4G32,
         DataType::I4SymG32,
         DataType::Q8_0,
+        DataType::Q5_0,
         DataType::Q4K,
         DataType::Q6K,
         DataType::IQ4NL,

@@ -117,7 +117,7 @@ fn linear_is_batch_invariant_with(bits: ActivationBits, dtype: DataType) {
 // Q5_K differs from Q4_K only in unpacking its codes (isa_twins covers it): left out to
 // keep the emulated aarch64 runs of CI short.
 dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4g128: I4G128, i4sg32: I4SymG32,
-    i4zg32: I4ZpG32, q4_k: Q4K, q6_k: Q6K, q8_0: Q8_0, iq4_xs: IQ4XS, mxfp4: MXFP4]
+    i4zg32: I4ZpG32, q4_k: Q4K, q6_k: Q6K, q5_0: Q5_0, q8_0: Q8_0, iq4_xs: IQ4XS, mxfp4: MXFP4]
     linear_is_batch_invariant);
 dtype_tests!([i8: I8, i4g32: I4G32, q4_k: Q4K] linear_is_batch_invariant_with_16_bit_activations);
 

@@ -9,7 +9,7 @@
 //! round the activations to 16 bits on the GPU (the CPU keeps them f32), and the GPU keeps
 //! f32 activations against int8/int4 ones in GPU memory where the CPU quantises them to
 //! int8, which the looser tolerances of those cases cover (`cuda_gemv` holds the decode
-//! GEMV kernels to tighter ones). Weights of ggml's blocks (K-quants, Q8_0, IQ4_NL, IQ4_XS,
+//! GEMV kernels to tighter ones). Weights of ggml's blocks (K-quants, Q5_0, Q8_0, IQ4_NL, IQ4_XS,
 //! MXFP4), against which the GPU keeps f32 activations, are checked against the CPU's f32
 //! product with the weight dequantised ([`cpu_weight`]).
 #![cfg(feature = "cuda")]

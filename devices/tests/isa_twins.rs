@@ -36,7 +36,7 @@ fn linear_at(isa: Isa, x: &Data, weight: &Data, bias: Option<&Data>) -> Vec<f32>
 
 /// Each level's Linear against the scalar one, to the bit: every quantised dtype sums in one
 /// order at every level (int8 and int4 in panels, packed per call or at load; the K-quants,
-/// Q8_0, the IQ4 types and MXFP4 in 8 lanes).
+/// Q5_0, Q8_0, the IQ4 types and MXFP4 in 8 lanes).
 fn linear_matches_scalar(dtype: DataType) {
     let sizes = [
         (1, 1, 1),
@@ -109,6 +109,7 @@ dtype_tests!([
     q5_k: Q5K,
     q6_k: Q6K,
     q8_0: Q8_0,
+    q5_0: Q5_0,
     iq4_nl: IQ4NL,
     iq4_xs: IQ4XS,
     mxfp4: MXFP4
@@ -157,6 +158,7 @@ dtype_tests!([
     q5_k: Q5K,
     q6_k: Q6K,
     q8_0: Q8_0,
+    q5_0: Q5_0,
     iq4_xs: IQ4XS,
     mxfp4: MXFP4
 ] non_finite_inputs_give_nan_rows);
@@ -610,7 +612,7 @@ fn linears_match_each_linear() {
         [I4SymG32, I4SymG32, I4SymG128],
         [I4ZpG32, I4ZpG128, I4ZpG32],
         [Q4K, Q6K, Q5K],
-        [Q8_0, Q8_0, I8],
+        [Q8_0, Q5_0, I8],
         [IQ4NL, MXFP4, IQ4XS],
     ];
     let sizes = [

@@ -328,7 +328,7 @@ quant_dtype_tests!(
     constant_rows_are_reproduced,
 );
 
-/// ggml's K-quants, Q8_0, IQ4_NL, IQ4_XS and MXFP4 (their weights dequantised as gguf-py
+/// ggml's K-quants, Q5_0, Q8_0, IQ4_NL, IQ4_XS and MXFP4 (their weights dequantised as gguf-py
 /// decodes them):
 /// the kernels dot runs of 32 weights against the same int8 input blocks, so the same
 /// scheme, in parallel too, and exact zeros.
@@ -339,5 +339,5 @@ fn k_quant_linear_matches_quantised_scheme(dtype: DataType) {
     sixteen_bit_activations_match_the_dequantised_product(dtype);
 }
 
-dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K, q8_0: Q8_0, iq4_nl: IQ4NL, iq4_xs: IQ4XS,
-    mxfp4: MXFP4] k_quant_linear_matches_quantised_scheme);
+dtype_tests!([q4_k: Q4K, q5_k: Q5K, q6_k: Q6K, q5_0: Q5_0, q8_0: Q8_0, iq4_nl: IQ4NL,
+    iq4_xs: IQ4XS, mxfp4: MXFP4] k_quant_linear_matches_quantised_scheme);

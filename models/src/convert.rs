@@ -8,8 +8,11 @@
 //! tied), the key and value projections, and the feed-forward down projection (the same
 //! for IQ4_NL, IQ4_XS and MXFP4). With
 //! grouped-query attention the K/V projections are small, so the cost is mostly the down
-//! projection: about a third of a Llama's matrix weights. [`Recipe::Pure`] puts every
-//! matrix in int4, and [`Recipe::Keep`] leaves each in the dtype it loads as (a GGUF's
+//! projection: about a third of a Llama's matrix weights. For the K-quants it is
+//! llama.cpp's own `Q4_K_M`/`Q5_K_M` choice, with its fallback to Q5_0 (Q8_0 from Q6_K)
+//! for rows that are not whole 256-value super-blocks, such as SmolLM2's 576 columns.
+//! [`Recipe::Pure`] puts every matrix in the requested dtype (K-quant rows padded to whole
+//! super-blocks), and [`Recipe::Keep`] leaves each in the dtype it loads as (a GGUF's
 //! Q4_0/Q4_1 in the int4 dtypes they are repacked to). Tensors are loaded, converted and
 //! written one at a time, so the memory held is one converted tensor plus one row of
 //! scratch, whatever the model's size. The file gets its name only when complete, so an
@@ -34,7 +37,7 @@ use flm_tokenizer::Tokenizer;
 use crate::imatrix::ImportanceMatrix;
 use crate::import::{Checkpoint, PERM_SUFFIX};
 use crate::tensor_names::{canonical_tensors, LayerPart, TensorName};
-use crate::{Error, Result};
+use crate::{Error, ModelConfig, Result};
 
 /// How far a conversion has come, reported after each tensor.
 #[derive(Debug, Clone)]
@@ -56,7 +59,11 @@ pub struct Progress<'a> {
 /// Which matrices of a 4-bit conversion (int4, IQ4_NL, IQ4_XS, MXFP4) stay int8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recipe {
-    /// Classifier (or tied embedding), K/V projections and FFN down projection in int8.
+    /// For the int4 dtypes, IQ4_NL, IQ4_XS and MXFP4: the classifier (or tied embedding),
+    /// K/V projections and FFN down projection in int8. For the K-quants: llama.cpp's
+    /// `Q4_K_M`/`Q5_K_M` choice (Q6_K for the classifier and some value and down
+    /// projections), each matrix whose rows are not whole super-blocks in Q5_0 (Q8_0 for
+    /// Q6_K).
     Mixed,
     /// Every matrix in the requested dtype.
     Pure,
@@ -66,11 +73,12 @@ pub enum Recipe {
     Keep,
 }
 
-/// The dtype tensor `name` of `shape` takes when the model is converted to `dtype`.
+/// The dtype tensor `name` of `shape` takes when a model of `config` is converted to
+/// `dtype`.
 pub fn target_dtype(
     dtype: DataType,
     recipe: Recipe,
-    tied: bool,
+    config: &ModelConfig,
     name: TensorName,
     shape: &[usize],
 ) -> DataType {
@@ -87,10 +95,53 @@ pub fn target_dtype(
     ) {
         return DataType::F32;
     }
-    if is_four_bit(dtype) && recipe == Recipe::Mixed && name.is_sensitive(tied) {
+    if recipe != Recipe::Mixed {
+        return dtype;
+    }
+    if dtype.is_k_quant() {
+        let cols = shape.last().copied().unwrap_or(0);
+        return k_quant_fallback(k_quant_mix(dtype, config, name), cols);
+    }
+    if is_four_bit(dtype) && name.is_sensitive(config.tie_embeddings) {
         DataType::I8
     } else {
         dtype
+    }
+}
+
+/// llama.cpp's choice for its `Q4_K_M` and `Q5_K_M` files (`llama_tensor_get_type`): Q6_K
+/// for the classifier (the embedding table when tied), and for the value and feed-forward
+/// down projections of the layers `use_more_bits` picks (the first and last eighth, and
+/// every third between); `dtype` elsewhere. A Q6_K conversion is Q6_K throughout.
+fn k_quant_mix(dtype: DataType, config: &ModelConfig, name: TensorName) -> DataType {
+    let more_bits = |i: usize| {
+        let n = config.n_layers;
+        i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+    };
+    let sensitive = match name {
+        TensorName::Classifier => true,
+        TensorName::Embedding => config.tie_embeddings,
+        TensorName::Layer(i, LayerPart::Wv | LayerPart::WDown) => more_bits(i),
+        _ => false,
+    };
+    if sensitive {
+        DataType::Q6K
+    } else {
+        dtype
+    }
+}
+
+/// The dtype a K-quant choice takes for rows of `cols` values: itself where they are whole
+/// 256-value super-blocks, else llama.cpp's fallback at about the same bits (Q4_K and Q5_K
+/// to Q5_0, Q6_K to Q8_0) instead of padding every row to the next super-block (576
+/// columns would cost 768). llama.cpp falls back from Q5_K to Q5_1, which flm does not hold.
+fn k_quant_fallback(dtype: DataType, cols: usize) -> DataType {
+    if cols.is_multiple_of(flm_core::ggml::QK_K) {
+        return dtype;
+    }
+    match dtype {
+        DataType::Q6K => DataType::Q8_0,
+        _ => DataType::Q5_0,
     }
 }
 
@@ -138,16 +189,15 @@ pub fn convert_with_imatrix(
         .collect::<Result<Vec<_>>>()?;
     let mut plan: Vec<(String, DataType, Vec<usize>)> = Vec::with_capacity(canonical.len());
     for (&(name, ref shape), source) in canonical.iter().zip(&sources) {
-        let tied = ckpt.config.tie_embeddings;
         let dt = match recipe {
             Recipe::Keep => target_dtype(
                 source.encoding.load_dtype(),
                 Recipe::Pure,
-                tied,
+                &ckpt.config,
                 name,
                 shape,
             ),
-            _ => target_dtype(dtype, recipe, tied, name, shape),
+            _ => target_dtype(dtype, recipe, &ckpt.config, name, shape),
         };
         plan.push((name.to_string(), dt, shape.clone()));
         // The permutation follows its weight, as the reader expects (`<name>.perm`).

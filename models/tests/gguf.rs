@@ -25,6 +25,7 @@ const Q8_0: &str = "gguf/stories260K-q8_0.gguf";
 const Q4_0: &str = "gguf/stories260K-q4_0.gguf";
 const Q4_1: &str = "gguf/stories260K-q4_1.gguf";
 const Q5_1: &str = "gguf/stories260K-q5_1.gguf";
+const Q5_0: &str = "gguf/stories260K-q5_0.gguf";
 const VOCAB: &str = "gguf/ggml-vocab-llama-spm.gguf";
 const GPT2: &str = "gguf/ggml-vocab-gpt-2.gguf";
 const KQUANT: &str = "gguf/tiny-kquant.gguf";
@@ -175,6 +176,28 @@ fn q4_0_logits_match_numpy_on_the_same_weights() {
     );
     let err = f32_decoded_error(&load(Q4_0), expected);
     assert!(err < 1e-4, "Q4_0 decoded to f32 against NumPy: {err}");
+}
+
+/// Q5_0 tensors are q5_0 views of the file, dotted in place against int8 activations (as
+/// ggml dots Q5_0 against Q8_0): against NumPy's logits on the weights as gguf-py decodes
+/// them, within 0.3 with every argmax kept; decoded to f32 first, within 1e-4.
+#[test]
+fn q5_0_loads_in_place_and_matches_numpy() {
+    let ckpt = load(Q5_0);
+    let wq = tensor(&ckpt, "layers.0.wq");
+    assert_eq!(
+        (wq.dtype(), wq.is_mapped()),
+        (flm_core::DataType::Q5_0, true)
+    );
+    assert!(ckpt.load_notes().is_empty(), "{:?}", ckpt.load_notes());
+    let expected = "gguf/stories260K-q5_0_logits_f32le.bin";
+    let (err, same_argmax) = logits_error(Q5_0, expected);
+    assert!(
+        err < 0.3 && same_argmax,
+        "Q5_0 in place against NumPy: {err}"
+    );
+    let err = f32_decoded_error(&ckpt, expected);
+    assert!(err < 1e-4, "Q5_0 decoded to f32 against NumPy: {err}");
 }
 
 /// The largest absolute error of the teacher-forced logits of `ckpt` with every weight

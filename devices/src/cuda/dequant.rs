@@ -9,7 +9,7 @@
 //! The kernel `dequant_f16_rows` (`kernels/dequant.cu`) reads an int8/int4 weight in the
 //! GPU GEMV layout ([`crate::gemv_layout`]) that such weights have in GPU memory and that
 //! the decode kernels read, so that the weight is uploaded once; a weight of ggml's blocks
-//! (K-quants, Q8_0, IQ4_NL, IQ4_XS, MXFP4) in its rows of `quant::row_bytes` bytes, as
+//! (K-quants, Q5_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4) in its rows of `quant::row_bytes` bytes, as
 //! [`super::CudaDevice::weight`] hands it over.
 //! A dequantised value beyond f16's range (±65504) would become infinite; weights are far
 //! inside it.

@@ -1,7 +1,7 @@
 //! [`flm_core::Op::Embedding`] on [`super::CudaDevice`] (`kernels/embedding.cu`): float
 //! tables as they are, int8/int4 ones in the GPU GEMV layout ([`crate::gemv_layout`]) they
 //! have in GPU memory (a host table packed once, the copy a tied classifier reads too),
-//! ones of ggml's blocks (K-quants, Q8_0, IQ4_NL, IQ4_XS, MXFP4) in their rows as they are.
+//! ones of ggml's blocks (K-quants, Q5_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4) in their rows as they are.
 
 use cudarc::driver::{CudaView, LaunchArgs, PushKernelArg};
 use flm_core::{Data, Error, Result, TokenIds};

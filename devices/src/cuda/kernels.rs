@@ -98,6 +98,8 @@ pub enum GgmlBlocks {
     IQ4XS = 6,
     /// MXFP4.
     MXFP4 = 7,
+    /// Q5_0.
+    Q5_0 = 8,
 }
 
 impl GgmlBlocks {
@@ -112,6 +114,7 @@ impl GgmlBlocks {
             GgmlType::IQ4NL => GgmlBlocks::IQ4NL,
             GgmlType::IQ4XS => GgmlBlocks::IQ4XS,
             GgmlType::MXFP4 => GgmlBlocks::MXFP4,
+            GgmlType::Q5_0 => GgmlBlocks::Q5_0,
             _ => return None,
         })
     }
@@ -123,7 +126,7 @@ impl GgmlBlocks {
 }
 
 /// `qgemv.cu`'s decode kernel names by [`GgmlBlocks`] code − 1.
-const QGEMV_NAMES: [&str; 7] = [
+const QGEMV_NAMES: [&str; 8] = [
     "qgemv_q4_k",
     "qgemv_q5_k",
     "qgemv_q6_k",
@@ -131,6 +134,7 @@ const QGEMV_NAMES: [&str; 7] = [
     "qgemv_iq4_nl",
     "qgemv_iq4_xs",
     "qgemv_mxfp4",
+    "qgemv_q5_0",
 ];
 
 /// The `form` argument of the kernels that read int4 weights (`dequant_packed` in
@@ -343,6 +347,7 @@ pub const MODULES: &[Module] = &[
             Kernel::QgemvGgml(GgmlBlocks::IQ4NL),
             Kernel::QgemvGgml(GgmlBlocks::IQ4XS),
             Kernel::QgemvGgml(GgmlBlocks::MXFP4),
+            Kernel::QgemvGgml(GgmlBlocks::Q5_0),
             Kernel::AddBias,
         ],
     },

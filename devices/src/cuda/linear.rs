@@ -17,7 +17,7 @@
 //!   unless batch invariance was asked for: [`super::dequant`], the weight (int8/int4 in the
 //!   GPU layout the decode kernels read, ggml's blocks in their rows) dequantised to f16 a
 //!   chunk of rows at a time and multiplied by cuBLAS as the f16 weights are.
-//! - Weights of ggml's blocks (the K-quants, Q8_0, IQ4_NL, IQ4_XS, MXFP4) with at most
+//! - Weights of ggml's blocks (the K-quants, Q5_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4) with at most
 //!   [`GEMV_MAX_ROWS`] rows or batch invariance asked for: the dequantise-GEMV kernels
 //!   `qgemv_<type>` of `kernels/qgemv.cu`, reading ggml's rows as they are, f32 activations,
 //!   one weight read per input row, each output row computed alone.

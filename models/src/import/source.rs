@@ -55,10 +55,10 @@ impl Encoding {
     }
 
     /// The dtype a tensor of this encoding has once loaded: its own for
-    /// [`Encoding::Native`] (Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4 tensors are
-    /// native flm dtypes); for the other ggml types the lossless repacking (Q4_0 as
+    /// [`Encoding::Native`] (Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4 tensors
+    /// are native flm dtypes); for the other ggml types the lossless repacking (Q4_0 as
     /// int4-sym-g32, Q4_1 as int4-g32), and int8 per row for the types no flm dtype holds
-    /// (Q5_0, Q5_1, Q2_K, Q3_K): fast integer kernels at 8.1 bits per weight, at the cost of
+    /// (Q5_1, Q2_K, Q3_K): fast integer kernels at 8.1 bits per weight, at the cost of
     /// the int8 rounding (at most `max|w| / 254` per row, [`flm_core::quant`]) on top of
     /// the file's own; f32 for llama2.c's Q8_0.
     pub fn load_dtype(self) -> DataType {

@@ -13,6 +13,7 @@ Outputs, written with the `gguf` package's GGUFWriter (llama.cpp's own writer):
 - stories260K-q4_0.gguf  2-D matrices Q4_0, norms F32
 - stories260K-q4_1.gguf  2-D matrices Q4_1, norms F32
 - stories260K-q5_1.gguf  2-D matrices Q5_1, norms F32
+- stories260K-q5_0.gguf  2-D matrices Q5_0, norms F32
 
 In the quantised files the five `blk.N.ffn_down.weight` matrices ([64, 172]: rows of 172
 values, not a multiple of the 32-value ggml block) are stored as F16, as llama.cpp's
@@ -21,7 +22,7 @@ quantizer falls back for rows it cannot quantise.
 It also writes the teacher-forced logits [8, 512] (f32 little-endian) of the quantised files
 for the token ids of `stories260K_reference.json` "logits_file", computed by a float64 NumPy
 Llama forward pass on the weights as `gguf.quants.dequantize` decodes them (independent of
-flm): stories260K-{q8_0,q4_0,q4_1,q5_1}_logits_f32le.bin. The NumPy
+flm): stories260K-{q8_0,q4_0,q4_1,q5_1,q5_0}_logits_f32le.bin. The NumPy
 pass is first checked against transformers' fp32 logits on the F32 file (< 1e-4).
 
 Usage: python3 -m venv /tmp/gguf-venv && /tmp/gguf-venv/bin/pip install gguf numpy \
@@ -162,6 +163,7 @@ def write(name, qtype, cfg, w):
         gguf.GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
         gguf.GGMLQuantizationType.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
         gguf.GGMLQuantizationType.Q5_1: gguf.LlamaFileType.MOSTLY_Q5_1,
+        gguf.GGMLQuantizationType.Q5_0: gguf.LlamaFileType.MOSTLY_Q5_0,
     }[qtype]
     writer.add_file_type(file_type)
     if qtype != gguf.GGMLQuantizationType.F32:
@@ -236,6 +238,7 @@ def main():
     write("stories260K-q4_0.gguf", gguf.GGMLQuantizationType.Q4_0, cfg, w)
     write("stories260K-q4_1.gguf", gguf.GGMLQuantizationType.Q4_1, cfg, w)
     write("stories260K-q5_1.gguf", gguf.GGMLQuantizationType.Q5_1, cfg, w)
+    write("stories260K-q5_0.gguf", gguf.GGMLQuantizationType.Q5_0, cfg, w)
     # Reference logits of the quantised files: the gguf package's dequantisation, then the
     # NumPy forward pass, which first has to reproduce transformers' fp32 logits.
     ref = json.loads((DATA / "stories260K" / "stories260K_reference.json").read_text())
@@ -243,7 +246,7 @@ def main():
     hf = np.fromfile(DATA / "stories260K" / "stories260K_logits_f32le.bin", "<f4")
     err = np.abs(forward(cfg, read_gguf("stories260K-f32.gguf"), tokens).ravel() - hf).max()
     assert err < 1e-4, f"the NumPy forward pass disagrees with transformers: {err}"
-    for kind in ["q8_0", "q4_0", "q4_1", "q5_1"]:
+    for kind in ["q8_0", "q4_0", "q4_1", "q5_1", "q5_0"]:
         logits = forward(cfg, read_gguf(f"stories260K-{kind}.gguf"), tokens).astype("<f4")
         logits.tofile(HERE / f"stories260K-{kind}_logits_f32le.bin")
         print(f"{kind}: max abs logit change vs fp32 {np.abs(logits.ravel() - hf).max():.4f}")

@@ -188,7 +188,7 @@ fn llama_graph(config: &ModelConfig) -> Result<()> {
 
 /// What the matrices of `ckpt` hold, by their share of its weights, most first: the dtype
 /// flm runs each as, with the file's ggml type where flm repacks or requantises it
-/// (`q4_k 70%, int8 (Q5_0) 27%, q6_k 3%`); the dtype alone when it is the only one.
+/// (`q4_k 70%, int8 (Q5_1) 27%, q6_k 3%`); the dtype alone when it is the only one.
 fn weights_label(ckpt: &import::Checkpoint) -> String {
     let mut shares: Vec<(String, usize)> = Vec::new();
     for t in ckpt.tensors.iter().filter(|t| t.shape.len() == 2) {

@@ -38,6 +38,9 @@ pub enum DtypeArg {
     /// ggml's Q6_K: super-blocks of 256 values, 6.56 bits per weight.
     #[value(name = "q6_k")]
     Q6K,
+    /// ggml's Q5_0: blocks of 32 values, 5-bit codes and an f16 scale, 5.5 bits per weight.
+    #[value(name = "q5_0")]
+    Q5_0,
     /// ggml's IQ4_NL: blocks of 32 values, 16 non-linear levels, 4.5 bits per weight.
     #[value(name = "iq4_nl")]
     Iq4Nl,
@@ -65,6 +68,7 @@ impl DtypeArg {
             DtypeArg::Q4K => return Ok(DataType::Q4K),
             DtypeArg::Q5K => return Ok(DataType::Q5K),
             DtypeArg::Q6K => return Ok(DataType::Q6K),
+            DtypeArg::Q5_0 => return Ok(DataType::Q5_0),
             DtypeArg::Iq4Nl => return Ok(DataType::IQ4NL),
             DtypeArg::Iq4Xs => return Ok(DataType::IQ4XS),
             DtypeArg::Mxfp4 => return Ok(DataType::MXFP4),
@@ -98,9 +102,11 @@ pub struct ConvertArgs {
     /// Values per int4 group: 32, 64 or 128.
     #[arg(long)]
     group_size: Option<usize>,
-    /// int4, int4-sym, int4-zp, iq4_nl, iq4_xs and mxfp4: put every matrix in that dtype
-    /// (by default the classifier, the K/V projections and the FFN down projection stay
-    /// int8, as llama.cpp's Q4_K_M keeps them at more bits).
+    /// Put every matrix in the --dtype. By default, for int4, int4-sym, int4-zp, iq4_nl,
+    /// iq4_xs and mxfp4 the classifier, the K/V projections and the FFN down projection
+    /// stay int8; for q4_k and q5_k the classifier and some value and down projections are
+    /// q6_k (llama.cpp's Q4_K_M/Q5_K_M choice), and the K-quants put rows that are not
+    /// whole 256-value super-blocks in q5_0 (q8_0 for q6_k) where --pure pads them.
     #[arg(long)]
     pure: bool,
     /// Tokenizer file to embed (default: the one inside or beside the input).

@@ -22,7 +22,7 @@
 //!   prefill of at least [`AMX_MIN_ROWS`] input rows, in the same order; below that
 //!   (decode), the AVX-512 panel kernels;
 //! - `kquant` (with `kquant_x86`, `kquant_neon`): ggml's K-quants, see there;
-//! - `runs`: ggml's Q8_0, IQ4_NL, IQ4_XS and MXFP4 blocks, runs of 32 int8 codes (4-bit
+//! - `runs`: ggml's Q5_0, Q8_0, IQ4_NL, IQ4_XS and MXFP4 blocks, runs of 32 int8 codes (4-bit
 //!   ones through a table) under one scale each, see there.
 //!
 //! Batch invariance (Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference",

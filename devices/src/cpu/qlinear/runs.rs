@@ -1,10 +1,11 @@
 //! Linear layers with weights in runs of 32 values that are each a scale times 32 int8
-//! codes, used as GGUF files store them: ggml's Q8_0 (the codes as stored), IQ4_NL and
-//! IQ4_XS (4-bit indices into ggml's 16 non-linear levels) and MXFP4 (4-bit E2M1 codes, as
-//! integers doubled, under a power-of-two scale). Each run's 32 codes are dotted against the
-//! int8 activation block of the same 32 columns in exact integers, then scaled by `s · a`
-//! (ggml's `ggml_vec_dot_q8_0_q8_0`, `ggml_vec_dot_iq4_nl_q8_0`, `ggml_vec_dot_iq4_xs_q8_K`
-//! and `ggml_vec_dot_mxfp4_q8_0`, which look the 4-bit codes up in the same tables).
+//! codes, used as GGUF files store them: ggml's Q8_0 (the codes as stored), Q5_0 (5-bit
+//! codes `q − 16`), IQ4_NL and IQ4_XS (4-bit indices into ggml's 16 non-linear levels) and
+//! MXFP4 (4-bit E2M1 codes, as integers doubled, under a power-of-two scale). Each run's 32
+//! codes are dotted against the int8 activation block of the same 32 columns in exact
+//! integers, then scaled by `s · a` (ggml's `ggml_vec_dot_q8_0_q8_0`,
+//! `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_iq4_nl_q8_0`, `ggml_vec_dot_iq4_xs_q8_K` and
+//! `ggml_vec_dot_mxfp4_q8_0`, which look the 4-bit codes up in the same tables).
 //!
 //! **One order at every level.** An output keeps 8 f32 lanes. For run `b` (weight scale
 //! `s_b`, activation scale `a_b`), lane `l` takes the exact integer
@@ -15,13 +16,14 @@
 //! AVX-512 VNNI, AMX: `vpdpbusd` sums the same 4 products without the 16-bit step) and NEON
 //! compute the same bits. On x86 the weight codes are made unsigned by `vpsignb`, as ggml
 //! does (a pair of products is at most `2 · 128 · 127 < 2¹⁵`); a 4-bit code becomes its
-//! level by `vpshufb` (`tbl` on NEON) from the 16-byte table. Each run is decoded once for
+//! level by `vpshufb` (`tbl` on NEON) from the 16-byte table; a 5-bit code is its nibble
+//! with `0xf0` (−16) where its fifth bit is clear. Each run is decoded once for
 //! up to [`TILE_INPUTS`] input rows; on x86 a tile also spans several weight rows (4 for
 //! decode), so that the chains of independent outputs interleave. Each output depends on
 //! its own rows only, in the same order whatever the tile (batch invariance).
 
 use flm_core::blocks::{
-    blocks, e8m0_half, Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ8_0, IQ4_LEVELS,
+    blocks, e8m0_half, Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ5_0, BlockQ8_0, IQ4_LEVELS,
     MXFP4_LEVELS,
 };
 use flm_core::ggml::GgmlType;
@@ -42,6 +44,9 @@ pub(super) enum Codes<'a> {
     /// 16 bytes of 4-bit indices (value `i` in the low nibble of byte `i`, `i + 16` in the
     /// high one) into a table of 16 levels.
     Nibbles(&'a [u8; 16], &'static [i8; 16]),
+    /// Q5_0's 5-bit codes less 16: their low 4 bits as 16 bytes of nibbles (in the order
+    /// of [`Codes::Nibbles`]), bit 4 of value `i` in bit `i` of the u32.
+    FiveBits(&'a [u8; 16], u32),
 }
 
 impl Codes<'_> {
@@ -53,6 +58,12 @@ impl Codes<'_> {
             Codes::Nibbles(qs, table) => std::array::from_fn(|t| {
                 let byte = qs[t % 16];
                 table[usize::from(if t < 16 { byte & 0x0f } else { byte >> 4 })]
+            }),
+            Codes::FiveBits(qs, qh) => std::array::from_fn(|t| {
+                let byte = qs[t % 16];
+                let low = if t < 16 { byte & 0x0f } else { byte >> 4 };
+                let high = ((qh >> t) & 1) as u8;
+                (low | (high << 4)) as i8 - 16
             }),
         }
     }
@@ -99,6 +110,16 @@ impl Runs for BlockQ8_0 {
     }
 }
 
+impl Runs for BlockQ5_0 {
+    #[inline(always)]
+    fn run(&self, _: usize) -> (Scale, Codes<'_>) {
+        (
+            Scale::F16(u16::from_le_bytes(self.d.0), 1),
+            Codes::FiveBits(&self.qs, u32::from_le_bytes(self.qh)),
+        )
+    }
+}
+
 impl Runs for BlockIQ4NL {
     #[inline(always)]
     fn run(&self, _: usize) -> (Scale, Codes<'_>) {
@@ -136,6 +157,7 @@ impl Runs for BlockIQ4XS {
 pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
     Some(match ty {
         GgmlType::Q8_0 => rows::<BlockQ8_0>,
+        GgmlType::Q5_0 => rows::<BlockQ5_0>,
         GgmlType::IQ4NL => rows::<BlockIQ4NL>,
         GgmlType::IQ4XS => rows::<BlockIQ4XS>,
         GgmlType::MXFP4 => rows::<BlockMXFP4>,
@@ -226,6 +248,27 @@ mod neon {
                     let hi = vshrq_n_u8::<4>(q);
                     [vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi)]
                 }
+                Codes::FiveBits(qs, qh) => {
+                    let q = vld1q_u8(qs.as_ptr());
+                    let lo = vandq_u8(q, vdupq_n_u8(0x0f));
+                    let hi = vshrq_n_u8::<4>(q);
+                    // Byte t of `spread(which)` is byte `which[t]` of `qh`; `vtst` against
+                    // `1 << (t % 8)` marks the values whose fifth bit is set.
+                    const FIRST: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+                    const SECOND: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
+                    const BITS: [u8; 16] =
+                        [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+                    let bytes = vreinterpretq_u8_u32(vdupq_n_u32(qh));
+                    let bits = vld1q_u8(BITS.as_ptr());
+                    let set = |which: &[u8; 16]| {
+                        vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(which.as_ptr())), bits)
+                    };
+                    let minus16 = vdupq_n_u8(0xf0);
+                    [
+                        vreinterpretq_s8_u8(vorrq_u8(lo, vbicq_u8(minus16, set(&FIRST)))),
+                        vreinterpretq_s8_u8(vorrq_u8(hi, vbicq_u8(minus16, set(&SECOND)))),
+                    ]
+                }
             }
         }
     }
@@ -314,6 +357,28 @@ mod x86 {
                     let table = _mm_loadu_si128(table.as_ptr() as *const __m128i);
                     let table = _mm256_broadcastsi128_si256(table);
                     _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo))
+                }
+                Codes::FiveBits(qs, qh) => {
+                    let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+                    let mask = _mm_set1_epi8(0x0f);
+                    let lo = _mm_and_si128(q, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+                    // Byte t of `spread` is byte t / 8 of `qh` (`vpshufb` indexes within
+                    // each 128-bit lane, and each lane holds `qh` in its first 4 bytes);
+                    // against `1 << (t % 8)` it marks the values whose fifth bit is set.
+                    let spread = _mm256_shuffle_epi8(
+                        _mm256_set1_epi32(qh as i32),
+                        _mm256_set_epi64x(
+                            0x0303_0303_0303_0303,
+                            0x0202_0202_0202_0202,
+                            0x0101_0101_0101_0101,
+                            0,
+                        ),
+                    );
+                    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+                    let minus16 = _mm256_set1_epi8(0xf0u8 as i8);
+                    _mm256_or_si256(_mm256_set_m128i(hi, lo), _mm256_andnot_si256(set, minus16))
                 }
             }
         }

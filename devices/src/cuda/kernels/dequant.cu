@@ -2,7 +2,7 @@
 // with more than GEMV_MAX_ROWS input rows): the rows [row0, row0 + rows) of an int8 or int4
 // weight in the GPU GEMV layout of flm_devices::gemv_layout (the layout they have in GPU
 // memory), or of a weight in rows of ggml's blocks of `row_bytes` bytes (the K-quants,
-// Q8_0, IQ4_NL, IQ4_XS, MXFP4; dequant_value in prelude.cuh), become `rows` f16 rows of
+// Q5_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4; dequant_value in prelude.cuh), become `rows` f16 rows of
 // `in` values, which cuBLAS then multiplies on tensor cores. Each weight is read once per
 // op this way, not once per input row as in qgemv.cu. One thread per output value,
 // consecutive threads along a row, so the f16 writes coalesce; a value is rounded to f16

@@ -37,7 +37,7 @@ EMBED(bf16, 2)
 
 // Quantised tables, as dequant_value in prelude.cuh reads them: int8/int4 in the GPU GEMV
 // layout (`gq` 0; `group` 0 for int8, else the int4 group size, `form` its minimum), rows
-// of ggml's blocks of `row_bytes` bytes (`gq` 1-7, gq_* in prelude.cuh).
+// of ggml's blocks of `row_bytes` bytes (`gq` 1-8, gq_* in prelude.cuh).
 extern "C" __global__ void embedding_quant(const unsigned char* table,
                                            const unsigned int* tokens, float* out, int dim,
                                            unsigned int vocab, long row_bytes, int ld,

@@ -135,7 +135,7 @@ __device__ __forceinline__ float dequant_packed(const unsigned char* w, long r, 
 // flm_core::ggml and flm_core::blocks), `gq` the code of kernels.rs's GgmlBlocks. Every
 // type is runs of 32 values, one or eight to a block; value l of run r of a block is
 // s.x * gq_code(r, l) - s.y, s = gq_run_scales(r): the K-quants' (flm_core::kquant), Q8_0's
-// d q, and the 4-bit lookup types' scale times one of 16 int8 levels (IQ4_NL d K[q], IQ4_XS
+// d q, Q5_0's d (q - 16), and the 4-bit lookup types' scale times one of 16 int8 levels (IQ4_NL d K[q], IQ4_XS
 // d (sc_r - 32) K[q], MXFP4 2^(e - 128) E[q] with the E2M1 values doubled, as ggml's
 // ggml_e8m0_to_fp32_half and kvalues_mxfp4 give them).
 #define GQ_Q4_K 1
@@ -145,6 +145,7 @@ __device__ __forceinline__ float dequant_packed(const unsigned char* w, long r, 
 #define GQ_IQ4_NL 5
 #define GQ_IQ4_XS 6
 #define GQ_MXFP4 7
+#define GQ_Q5_0 8
 
 // (values, bytes) of a block of type gq (flm_core::ggml::GgmlType::block_len, block_bytes).
 __device__ __forceinline__ int2 gq_block(int gq) {
@@ -156,6 +157,7 @@ __device__ __forceinline__ int2 gq_block(int gq) {
     case GQ_IQ4_NL: return make_int2(32, 18);
     case GQ_IQ4_XS: return make_int2(256, 136);
     case GQ_MXFP4: return make_int2(32, 17);
+    case GQ_Q5_0: return make_int2(32, 22);
     }
     // The host passes only the codes above (kernels.rs's GgmlBlocks).
     __builtin_unreachable();
@@ -200,6 +202,7 @@ __device__ __forceinline__ float2 gq_run_scales(const unsigned char* b, int gq, 
     switch (gq) {
     case GQ_Q6_K: return make_float2(f16_at(b + 208), 0.0f);
     case GQ_Q8_0:
+    case GQ_Q5_0:
     case GQ_IQ4_NL: return make_float2(f16_at(b), 0.0f);
     case GQ_IQ4_XS: {
         int low = (b[4 + r / 2] >> (4 * (r & 1))) & 15;
@@ -222,7 +225,8 @@ __device__ __forceinline__ float2 gq_run_scales(const unsigned char* b, int gq, 
 }
 
 // Code l of run r of block b, an exact integer: q for Q4_K/Q5_K, sc (q - 32) for Q6_K, the
-// int8 q for Q8_0, the level of q for the 4-bit lookup types.
+// int8 q for Q8_0, q - 16 for Q5_0 (bit 4 of code l in bit l of the u32 at byte 2, read a
+// byte at a time), the level of q for the 4-bit lookup types.
 __device__ __forceinline__ float gq_code(const unsigned char* b, int gq, int r, int l) {
     switch (gq) {
     case GQ_Q6_K: {
@@ -233,6 +237,7 @@ __device__ __forceinline__ float gq_code(const unsigned char* b, int gq, int r, 
         return (float)(sc * ((low | (high << 4)) - 32));
     }
     case GQ_Q8_0: return (float)(signed char)b[2 + l];
+    case GQ_Q5_0: return (float)((nibble32(b + 6, l) | (((b[2 + l / 8] >> (l % 8)) & 1) << 4)) - 16);
     case GQ_IQ4_NL: return (float)lut16(IQ4_LEVEL_WORDS, nibble32(b + 2, l));
     case GQ_IQ4_XS: return (float)lut16(IQ4_LEVEL_WORDS, nibble32(b + 8 + 16 * r, l));
     case GQ_MXFP4: return (float)lut16(MXFP4_LEVEL_WORDS, nibble32(b + 1, l));
@@ -263,7 +268,7 @@ __device__ __forceinline__ float dequant_ggml(const unsigned char* row, int i, i
 }
 
 // Value c of row r of a quantised weight as the prefill and the embedding read it: rows of
-// ggml blocks of `row_bytes` bytes (`gq` 1-7, dequant_ggml), or an int8/int4 weight in the
+// ggml blocks of `row_bytes` bytes (`gq` 1-8, dequant_ggml), or an int8/int4 weight in the
 // GPU GEMV layout (`gq` 0, dequant_packed).
 __device__ __forceinline__ float dequant_value(const unsigned char* w, long r, int c,
                                               long row_bytes, int ld, int group, int form,

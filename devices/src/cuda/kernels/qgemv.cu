@@ -1,4 +1,4 @@
-// Dequantise-GEMV for weights in rows of ggml's blocks (the K-quants, Q8_0, IQ4_NL, IQ4_XS,
+// Dequantise-GEMV for weights in rows of ggml's blocks (the K-quants, Q5_0, Q8_0, IQ4_NL, IQ4_XS,
 // MXFP4; gq_* in prelude.cuh): out[n, o] = sum_i x[n, i] * w_hat[o, i] (+ bias[o]), the
 // decode product of flm_core::Op::Linear for them (int8/int4 weights take gemv.cu, over the
 // GPU GEMV layout). One warp per output row, QGEMV_ROWS rows per block; grid.y walks the
@@ -61,6 +61,7 @@ QGEMV(q8_0, GQ_Q8_0)
 QGEMV(iq4_nl, GQ_IQ4_NL)
 QGEMV(iq4_xs, GQ_IQ4_XS)
 QGEMV(mxfp4, GQ_MXFP4)
+QGEMV(q5_0, GQ_Q5_0)
 
 // out[r, o] += bias[o]: the bias of a cuBLAS product.
 extern "C" __global__ void add_bias(float* out, const float* bias, int out_features, long n) {
