@@ -2,7 +2,7 @@
 //! [`flm_tests::tensor_parallel::checkpoints`] split among threads of this process (the
 //! in-process backend) gives the whole model's logits within 1e-4 (the ranks' parts of each
 //! block's output are added in another order) and its greedy tokens: at 2 ranks every case,
-//! at 4 those whose widths allow it (the float ones, and Qwen3 in int8 and int4). Qwen3-MoE's 4 experts split whole among the
+//! at 4 those whose widths allow it (the float ones, ChatGLM2, and Qwen3 in int8 and int4). Qwen3-MoE's 4 experts split whole among the
 //! ranks (expert parallelism); cut to 3, each is split by its width. The serving engine's
 //! batched steps over a split model give each sequence's logits alone.
 
@@ -54,11 +54,12 @@ fn every_case_matches_one_process_at_2_ranks_and_those_whose_widths_divide_at_4(
     for (name, ckpt) in checkpoints(dir.path()) {
         let tokens = prompt(ckpt.config.vocab_size);
         let whole = run(&SharedModel::new(&ckpt).unwrap(), &tokens);
-        // ChatGLM2's 5-token vocabulary leaves a fourth rank no classifier rows; the
-        // quantised stories260K's 64 columns of the output projection are 2 blocks of 32.
-        // Qwen3-MoE runs one whole expert per rank at 4 and two at 2.
+        // The quantised stories260K's 64 columns of the output projection are 2 blocks of
+        // 32. Qwen3-MoE runs one whole expert per rank at 4 and two at 2; ChatGLM2's
+        // 5-token vocabulary leaves the fourth rank 2 classifier rows and the others 1.
         let ranks: &[usize] = match name.as_str() {
-            "stories260K f32" | "llama3" | "qwen3_moe" | "qwen3 int8" | "qwen3 int4-g32" => &[2, 4],
+            "stories260K f32" | "llama3" | "qwen3_moe" | "qwen3 int8" | "qwen3 int4-g32"
+            | "ChatGLM2" => &[2, 4],
             _ => &[2],
         };
         for &n in ranks {

@@ -1090,9 +1090,9 @@ fn finish(
     Ok(())
 }
 
-/// Joins the ranks' logits (this rank's `[rows, V_r]` in `logits`, `V_r` at most
-/// `P = ⌈V/N⌉`) into every rank's `logits` `[rows, V]`: row `i` is rank 0's row `i`, then
-/// rank 1's, and so on.
+/// Joins the ranks' logits (this rank's `[rows, V_r]` in `logits`, its rows of the
+/// vocabulary by [`shard::vocab_part`], `V_r` at most `P = ⌈V/N⌉`) into every rank's
+/// `logits` `[rows, V]`: row `i` is rank 0's row `i`, then rank 1's, and so on.
 fn gather_logits(tp: &TpShard, logits: &mut Data, rows: usize) -> Result<()> {
     let n = tp.comm.world_size();
     let (mine, p) = (logits.cols(), tp.vocab.div_ceil(n));
@@ -1113,9 +1113,9 @@ fn gather_logits(tp: &TpShard, logits: &mut Data, rows: usize) -> Result<()> {
     logits.set_shape(&[rows, tp.vocab])?;
     let out = logits.as_f32_mut()?;
     for (r, rank) in gathered.chunks_exact(rows * p).enumerate() {
-        let width = p.min(tp.vocab.saturating_sub(r * p));
+        let (lo, hi) = shard::vocab_part(tp.vocab, r, n)?;
         for (i, row) in rank.chunks_exact(p).enumerate() {
-            out[i * tp.vocab + r * p..][..width].copy_from_slice(&row[..width]);
+            out[i * tp.vocab + lo..][..hi - lo].copy_from_slice(&row[..hi - lo]);
         }
     }
     Ok(())

@@ -17,7 +17,7 @@
 //!   ([`flm_core::Op::MoeFfn`]'s `first_expert`), and the layer's all-reduce adds the
 //!   ranks' parts. When they do not divide, each expert is split tensor-parallel as above;
 //! - **replicated:** the norms, the embedding table and the router with its biases;
-//! - **vocab-parallel head:** rows `r·V/N..(r+1)·V/N` of the classifier, the logits
+//! - **vocab-parallel head:** rows `⌊r·V/N⌋..⌊(r+1)·V/N⌋` of the classifier, the logits
 //!   gathered after it.
 //!
 //! With fewer KV heads than ranks, `N / n_kv_heads` ranks share each KV head, each holding
@@ -36,7 +36,7 @@ use crate::{Error, ModelConfig, Result};
 /// communicator, its rows of the classifier and the buffers its logits are gathered in.
 pub(crate) struct TpShard {
     pub(crate) comm: Arc<dyn Communicator>,
-    /// Rows `r·P..min((r+1)·P, V)` of the classifier, `P = ⌈V/N⌉`, in the CPU's layout.
+    /// Rows [`vocab_part`] gives this rank of the classifier, in the CPU's layout.
     pub(crate) head: Data,
     /// The vocabulary, `V`.
     pub(crate) vocab: usize,
@@ -54,13 +54,12 @@ fn part(len: usize, r: usize, n: usize, what: &str) -> Result<(usize, usize)> {
     Ok((r * len / n, (r + 1) * len / n))
 }
 
-/// Rows `r·P..min((r+1)·P, V)` of the vocabulary `V`, `P = ⌈V/N⌉`: parts of one length but
-/// the last, so that the ranks' logits gather as equal parts.
+/// Rows `⌊r·V/N⌋..⌊(r+1)·V/N⌋` of the vocabulary `V`: parts that differ by at most one row,
+/// each at most `P = ⌈V/N⌉`, the length the ranks' logits are padded to for their gather.
 ///
-/// Errors: [`Error::Config`] when a rank would get no rows.
-fn vocab_part(vocab: usize, r: usize, n: usize) -> Result<(usize, usize)> {
-    let p = vocab.div_ceil(n);
-    let (lo, hi) = ((r * p).min(vocab), ((r + 1) * p).min(vocab));
+/// Errors: [`Error::Config`] when a rank would get no rows (a vocabulary smaller than `N`).
+pub(crate) fn vocab_part(vocab: usize, r: usize, n: usize) -> Result<(usize, usize)> {
+    let (lo, hi) = (r * vocab / n, (r + 1) * vocab / n);
     if lo >= hi {
         return Err(Error::Config(format!(
             "the vocabulary ({vocab}) leaves a rank of {n} without rows of the classifier"
