@@ -509,10 +509,7 @@ impl Quantize for BlockQ5_0 {
     /// magnitude, the first of equals), codes `min(31, trunc(x / d + 16.5))` from the f32
     /// inverse, the scale stored as f16. Byte for byte gguf-py's (`core/tests/ggml.rs`).
     fn quantize(&mut self, values: &[f32]) {
-        let extreme = values
-            .iter()
-            .copied()
-            .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+        let extreme = signed_extreme(values);
         let d = extreme / -16.0;
         let id = inverse(d);
         let q = std::array::from_fn(|i| ((values[i] * id + 16.5) as i8).min(31) as u8);
@@ -531,10 +528,7 @@ impl Quantize for BlockQ5_0 {
     fn quantize_weighted(&mut self, values: &[f32], importance: &[f32]) {
         const STEPS: i32 = 30;
         let fallback = plain_fit::<Self>(values);
-        let extreme = values
-            .iter()
-            .copied()
-            .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+        let extreme = signed_extreme(values);
         if extreme.abs() >= GROUP_MAX_EPS {
             let mut best = (f32::INFINITY, f16::ZERO);
             for k in -STEPS..=STEPS {
@@ -633,6 +627,14 @@ fn dequantize_q45_k(head: &KScales, out: &mut [f32], code: impl Fn(usize, usize)
             *o = dl * code(j, l) as f32 - ml;
         }
     }
+}
+
+/// The value of largest magnitude in `x`, the first of equals (0 for none): the `max` that
+/// ggml's quantisers scale by, its sign kept.
+pub(crate) fn signed_extreme(x: &[f32]) -> f32 {
+    x.iter()
+        .copied()
+        .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e })
 }
 
 /// `x / d` rounded to nearest and clamped to `[lo, hi]`, 0 where `d` is 0.
@@ -847,10 +849,7 @@ fn fit_sub_scales(x: &[f32; 8], w: &[f32; 8]) -> (f32, [u8; 8]) {
 /// scale `−(nmax + 0.1 k) / x*`, `k ∈ [−9, 9]` (`x*` the value of largest magnitude), the
 /// weighted least-squares scale of its codes, keeping the one of least error.
 fn fit_symmetric(x: &[f32], w: &[f32], nmax: f32) -> f32 {
-    let extreme = x
-        .iter()
-        .copied()
-        .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+    let extreme = signed_extreme(x);
     if extreme.abs() < GROUP_MAX_EPS {
         return 0.0;
     }
@@ -990,10 +989,7 @@ impl Quantize for BlockQ6K {
     fn quantize(&mut self, values: &[f32]) {
         let mut scale = [0.0f32; 16];
         for (i, sub) in values.chunks_exact(16).enumerate() {
-            let extreme = sub
-                .iter()
-                .copied()
-                .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+            let extreme = signed_extreme(sub);
             scale[i] = extreme / -32.0;
         }
         let d = f16::from_f32(scale.iter().fold(0.0f32, |a, s| a.max(s.abs())) / 127.0);
@@ -1014,10 +1010,7 @@ impl Quantize for BlockQ6K {
         {
             *s = fit_symmetric(sub, w, 32.0);
         }
-        let extreme = scale
-            .iter()
-            .copied()
-            .fold(0.0f32, |e, v| if v.abs() > e.abs() { v } else { e });
+        let extreme = signed_extreme(&scale);
         if extreme.abs() >= GROUP_MAX_EPS {
             let iscale = -128.0 / extreme;
             let sc = scale.map(|s| (iscale * s).round().clamp(-128.0, 127.0) as i8);
@@ -1334,8 +1327,8 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
 /// [`crate::quant::quantize_row_weighted`] for the math): Q4_K, Q5_K and Q6_K as
 /// llama.cpp's `quantize_row_q4_K_impl`, `quantize_row_q5_K_impl` and
 /// `quantize_row_q6_K_impl` and Q5_0 with a finer `quantize_row_q5_0_impl` search, each
-/// block kept only if it beats the plain fit's importance-weighted error; IQ4_NL and IQ4_XS as ggml's `quantize_iq4_nl` and
-/// `quantize_iq4_xs` with `quant_weights = importance`, byte for byte (llama.cpp's result
+/// block kept only if it beats the plain fit's importance-weighted error; IQ4_NL and
+/// IQ4_XS as ggml's `quantize_iq4_nl` and `quantize_iq4_xs` with `quant_weights = importance`, byte for byte (llama.cpp's result
 /// kept, not compared with the plain fit); Q8_0 and MXFP4 ignore importance, as ggml does.
 /// `None` gives [`quantize`]'s bytes.
 ///

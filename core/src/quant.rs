@@ -441,10 +441,7 @@ fn int4_symmetric_error(values: &[f32], w: Option<&[f32]>, d: f32) -> f32 {
 fn fit_int4_symmetric(values: &[f32], w: Option<&[f32]>) -> f16 {
     const SEARCH_DELTA: f32 = 0.1;
     let search_steps = if w.is_some() { 9 } else { 4 };
-    let extreme = values
-        .iter()
-        .copied()
-        .fold(0.0f32, |e, w| if w.abs() > e.abs() { w } else { e });
+    let extreme = blocks::signed_extreme(values);
     if extreme == 0.0 {
         return f16::ZERO;
     }

@@ -56,7 +56,7 @@ pub struct Progress<'a> {
     pub weighted: bool,
 }
 
-/// Which matrices of a 4-bit conversion (int4, IQ4_NL, IQ4_XS, MXFP4) stay int8.
+/// Which matrices of a quantised conversion keep more bits than the requested dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recipe {
     /// For the int4 dtypes, IQ4_NL, IQ4_XS and MXFP4: the classifier (or tied embedding),

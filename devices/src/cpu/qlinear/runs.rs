@@ -252,8 +252,8 @@ mod neon {
                     let q = vld1q_u8(qs.as_ptr());
                     let lo = vandq_u8(q, vdupq_n_u8(0x0f));
                     let hi = vshrq_n_u8::<4>(q);
-                    // Byte t of `spread(which)` is byte `which[t]` of `qh`; `vtst` against
-                    // `1 << (t % 8)` marks the values whose fifth bit is set.
+                    // `set(which)`: byte t of `qh`'s byte `which[t]`, tested (`vtst`) against
+                    // `1 << (t % 8)`, marks the values whose fifth bit is set.
                     const FIRST: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
                     const SECOND: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
                     const BITS: [u8; 16] =

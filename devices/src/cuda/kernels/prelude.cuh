@@ -135,9 +135,9 @@ __device__ __forceinline__ float dequant_packed(const unsigned char* w, long r, 
 // flm_core::ggml and flm_core::blocks), `gq` the code of kernels.rs's GgmlBlocks. Every
 // type is runs of 32 values, one or eight to a block; value l of run r of a block is
 // s.x * gq_code(r, l) - s.y, s = gq_run_scales(r): the K-quants' (flm_core::kquant), Q8_0's
-// d q, Q5_0's d (q - 16), and the 4-bit lookup types' scale times one of 16 int8 levels (IQ4_NL d K[q], IQ4_XS
-// d (sc_r - 32) K[q], MXFP4 2^(e - 128) E[q] with the E2M1 values doubled, as ggml's
-// ggml_e8m0_to_fp32_half and kvalues_mxfp4 give them).
+// d q, Q5_0's d (q - 16), and the 4-bit lookup types' scale times one of 16 int8 levels
+// (IQ4_NL d K[q], IQ4_XS d (sc_r - 32) K[q], MXFP4 2^(e - 128) E[q] with the E2M1 values
+// doubled, as ggml's ggml_e8m0_to_fp32_half and kvalues_mxfp4 give them).
 #define GQ_Q4_K 1
 #define GQ_Q5_K 2
 #define GQ_Q6_K 3
@@ -237,7 +237,10 @@ __device__ __forceinline__ float gq_code(const unsigned char* b, int gq, int r, 
         return (float)(sc * ((low | (high << 4)) - 32));
     }
     case GQ_Q8_0: return (float)(signed char)b[2 + l];
-    case GQ_Q5_0: return (float)((nibble32(b + 6, l) | (((b[2 + l / 8] >> (l % 8)) & 1) << 4)) - 16);
+    case GQ_Q5_0: {
+        int high = (b[2 + l / 8] >> (l % 8)) & 1;
+        return (float)((nibble32(b + 6, l) | (high << 4)) - 16);
+    }
     case GQ_IQ4_NL: return (float)lut16(IQ4_LEVEL_WORDS, nibble32(b + 2, l));
     case GQ_IQ4_XS: return (float)lut16(IQ4_LEVEL_WORDS, nibble32(b + 8 + 16 * r, l));
     case GQ_MXFP4: return (float)lut16(MXFP4_LEVEL_WORDS, nibble32(b + 1, l));

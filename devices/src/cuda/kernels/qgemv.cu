@@ -1,5 +1,5 @@
-// Dequantise-GEMV for weights in rows of ggml's blocks (the K-quants, Q5_0, Q8_0, IQ4_NL, IQ4_XS,
-// MXFP4; gq_* in prelude.cuh): out[n, o] = sum_i x[n, i] * w_hat[o, i] (+ bias[o]), the
+// Dequantise-GEMV for weights in rows of ggml's blocks (the K-quants, Q5_0, Q8_0, IQ4_NL,
+// IQ4_XS, MXFP4; gq_* in prelude.cuh): out[n, o] = sum_i x[n, i] * w_hat[o, i] (+ bias[o]), the
 // decode product of flm_core::Op::Linear for them (int8/int4 weights take gemv.cu, over the
 // GPU GEMV layout). One warp per output row, QGEMV_ROWS rows per block; grid.y walks the
 // input rows, which re-reads the weights once per row: the decode product (prefill
