@@ -11,6 +11,8 @@ Rules, each printed where it applies:
   before this script.
 - A block that builds with ``--features cuda`` runs only where ``nvidia-smi -L`` lists a
   GPU.
+- ``mpirun`` runs as CI's user, root, which Open MPI refuses unless told
+  (``OMPI_ALLOW_RUN_AS_ROOT``); a user's shell needs no such variable.
 - ``path/to/NAME`` stands for a checkpoint the reader downloads; PLACEHOLDERS maps each to
   a small checkpoint of the same kind in tests/data. A placeholder without an entry fails.
 
@@ -97,6 +99,8 @@ def main():
     bin_dir = Path(tempfile.mkdtemp(prefix="flm-readme-"))
     (bin_dir / "flm").symlink_to(ROOT / "target" / "release" / "flm")
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     gpu = has_gpu()
     ran, skipped, failed = 0, 0, []
     try:
