@@ -79,6 +79,17 @@ pub struct HarmonyCall {
     pub arguments: String,
 }
 
+impl HarmonyCall {
+    /// The header of a call to `recipient` (`functions.get_weather`) with JSON arguments,
+    /// as gpt-oss writes it after the prompt's `<|start|>assistant` (OpenAI's harmony
+    /// guide, "Function calling"): `<|channel|>commentary to=RECIPIENT <|constrain|>json<|message|>`.
+    /// A prompt that ends with it makes the reply that call's arguments
+    /// ([`HarmonySplitter::in_call`]).
+    pub fn json_header(recipient: &str) -> String {
+        format!("<|channel|>commentary to={recipient} <|constrain|>json<|message|>")
+    }
+}
+
 /// Text a step of [`HarmonySplitter`] produced, by destination.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HarmonyText {
@@ -154,6 +165,21 @@ impl<'a> HarmonySplitter<'a> {
             body: tokenizer.stream_decoder(false),
             call: None,
             calls: Vec::new(),
+        }
+    }
+
+    /// A splitter for a reply whose prompt ends with [`HarmonyCall::json_header`] of
+    /// `recipient`: the reply starts in that call's arguments, which end at `<|call|>`.
+    pub fn in_call(tokenizer: &'a Tokenizer, tokens: HarmonyTokens, recipient: &str) -> Self {
+        HarmonySplitter {
+            state: State::Body(Target::Call),
+            call: Some(HarmonyCall {
+                recipient: recipient.to_owned(),
+                channel: "commentary".into(),
+                constrain: "json".into(),
+                arguments: String::new(),
+            }),
+            ..HarmonySplitter::new(tokenizer, tokens)
         }
     }
 

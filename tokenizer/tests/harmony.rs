@@ -189,3 +189,27 @@ fn id_by_id_equals_the_whole() {
         });
     assert_eq!(joined, ("x²+1 — 🦙".to_owned(), "Done: 𝔘!".to_owned()));
 }
+
+/// A prompt that ends with a call's header (a forced tool call): the reply is that call's
+/// arguments, read as when the model writes the header itself, and the header's ids are
+/// the ones gpt-oss writes (`<|channel|>`, `<|constrain|>`, `<|message|>` as single ids).
+#[test]
+fn a_call_opened_by_the_prompt_is_the_reply() {
+    let tok = o200k_harmony();
+    let tokens = tok.harmony_tokens().unwrap();
+    let header = HarmonyCall::json_header("functions.get_weather");
+    let ids = tok.encode_with_specials(&header).unwrap();
+    assert_eq!(ids[0], tokens.channel);
+    assert!(ids.contains(&tokens.constrain.unwrap()));
+    assert_eq!(ids.last(), Some(&tokens.message));
+    let reply = "{\"city\": \"Paris\"}<|call|>";
+    let mut splitter = HarmonySplitter::in_call(tok, tokens, "functions.get_weather");
+    for id in tok.encode_with_specials(reply).unwrap() {
+        assert!(splitter.push(id).unwrap().is_empty());
+    }
+    let (rest, calls) = splitter.finish();
+    assert!(rest.is_empty());
+    let written = whole(tok, &format!("{header}{reply}")).2;
+    assert_eq!(calls, written);
+    assert_eq!(calls[0].arguments, "{\"city\": \"Paris\"}");
+}

@@ -17,14 +17,14 @@ use std::time::Instant;
 
 use flm_core::{Constraint, TokenLogprobs};
 use flm_models::engine::{Event, FinishReason, Request};
-use flm_tokenizer::{HarmonyTokens, Tokenizer};
+use flm_tokenizer::{HarmonyCall, Tokenizer};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::error::ApiError;
 use super::log::RequestLog;
 use super::openai::Usage;
 use super::params::Params;
-use super::text::{Detokenizer, Shown};
+use super::text::{Detokenizer, Harmony, Shown};
 use super::State;
 
 /// A checked request, ready for the engine (one per choice).
@@ -46,9 +46,9 @@ pub struct Job {
     pub constraint: Option<Constraint>,
     /// The request's log line, shared by its choices.
     pub log: Arc<RequestLog>,
-    /// Split the reply into reasoning and content by gpt-oss's harmony channels (a chat
-    /// request to a model whose vocabulary has them); `None`: plain text.
-    pub harmony: Option<HarmonyTokens>,
+    /// Split the reply into reasoning, content and tool calls by gpt-oss's harmony
+    /// channels (a chat request to a model whose vocabulary has them); `None`: plain text.
+    pub harmony: Option<Harmony>,
 }
 
 /// One generated token's log-probability and its most likely alternatives', each token
@@ -94,12 +94,14 @@ pub struct Piece {
 }
 
 /// How a reply ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Done {
     /// OpenAI's `finish_reason`: `stop` (an end token or a stop sequence) or `length`.
     pub finish_reason: &'static str,
     /// Token counts.
     pub usage: Usage,
+    /// The tool calls of a harmony reply (gpt-oss), in order; empty for other models.
+    pub calls: Vec<HarmonyCall>,
 }
 
 /// The end of [`drive`]: the reply is complete, the client left first, or it failed.
@@ -118,7 +120,7 @@ pub struct Submitted {
     prompt_tokens: usize,
     at_start: bool,
     stop: Vec<String>,
-    harmony: Option<HarmonyTokens>,
+    harmony: Option<Harmony>,
     arrived: Instant,
     log: Arc<RequestLog>,
     events: UnboundedReceiver<Event>,
@@ -231,10 +233,11 @@ async fn events(
                 logprobs: std::mem::take(logprobs),
             })
     };
-    let done = |finish_reason, generated| {
+    let done = |finish_reason, generated, calls| {
         Outcome::Done(Done {
             finish_reason,
             usage: Usage::new(prompt_tokens, generated),
+            calls,
         })
     };
     while let Some(event) = events.recv().await {
@@ -257,7 +260,7 @@ async fn events(
                     return Outcome::ClientGone;
                 }
                 if stopped {
-                    return done("stop", generated);
+                    return done("stop", generated, Vec::new());
                 }
             }
             Event::Finished(finish) => {
@@ -277,10 +280,11 @@ async fn events(
                         ))
                     }
                 };
-                if !deliver(text.finish(), &mut logprobs) {
+                let (shown, calls) = text.finish();
+                if !deliver(shown, &mut logprobs) {
                     return Outcome::ClientGone;
                 }
-                return done(reason, finish.completion_tokens);
+                return done(reason, finish.completion_tokens, calls);
             }
         }
     }

@@ -77,8 +77,8 @@ pub fn template_args(kwargs: Option<&serde_json::Value>) -> Result<TemplateArgs,
 /// (a SentencePiece dummy-prefix space before its first word dropped), as `flm chat` does.
 ///
 /// With `tools`, or messages that call tools or answer calls, the messages go to the
-/// template as JSON objects (`role`, `content`, `tool_calls`, `tool_call_id`) with the
-/// tool list ([`Tokenizer::encode_chat_with_tools`]).
+/// template as JSON objects (`role`, `content`, `tool_calls`, `tool_call_id`; a missing or
+/// null content as `""`) with the tool list ([`Tokenizer::encode_chat_with_tools`]).
 ///
 /// Errors (400): no messages, a non-text content part, a model without a chat template
 /// (or, for tools, without a Jinja one), a role or conversation the template refuses.
@@ -110,10 +110,13 @@ pub fn chat(
         let messages = messages
             .iter()
             .map(|m| {
+                // No content (beside tool calls) is an empty text: templates look into it,
+                // as gpt-oss's does (`"…" in message.content`, an error on null).
                 let content = m.content.as_ref().map(|_| text_of(m)).transpose()?;
+                let content = content.unwrap_or_default();
                 let mut json = serde_json::json!({"role": m.role, "content": content});
                 if let Some(calls) = &m.tool_calls {
-                    json["tool_calls"] = calls.clone();
+                    json["tool_calls"] = template_calls(calls);
                 }
                 if let Some(id) = &m.tool_call_id {
                     json["tool_call_id"] = id.as_str().into();
@@ -138,6 +141,27 @@ pub fn chat(
         ids: prompt.ids,
         at_start: true,
     })
+}
+
+/// A message's `tool_calls` as templates read them: OpenAI sends each call's `arguments`
+/// as a JSON text, templates write them with `tojson` (gpt-oss's, Qwen2.5's), so a text
+/// that is a JSON object goes in as that object, as vLLM and llama.cpp pass it; any other
+/// stays as sent.
+fn template_calls(calls: &serde_json::Value) -> serde_json::Value {
+    let mut calls = calls.clone();
+    for call in calls.as_array_mut().into_iter().flatten() {
+        let Some(arguments) = call.pointer_mut("/function/arguments") else {
+            continue;
+        };
+        if let Some(object) = arguments
+            .as_str()
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            .filter(serde_json::Value::is_object)
+        {
+            *arguments = object;
+        }
+    }
+    calls
 }
 
 /// The prompt of a completion request.
@@ -172,4 +196,27 @@ pub fn completion(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Ids, ApiErro
         .encode(text, tokenizer.add_bos() && !tokenizer.prefix().is_empty())
         .map_err(|e| invalid(format!("cannot encode the prompt: {e}")))?;
     Ok(Ids::new(tokenizer, ids))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::template_calls;
+    use serde_json::json;
+
+    /// Arguments that are a JSON object's text become the object; anything else, of any
+    /// shape, stays as sent.
+    #[test]
+    fn call_arguments_reach_templates_as_objects() {
+        let calls = json!([
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+            {"id": "b", "type": "function", "function": {"name": "g", "arguments": "not json"}},
+            {"id": "c", "type": "function", "function": {"name": "h", "arguments": "[1]"}},
+            "a call that is a text",
+            {"id": "d", "function": 3},
+        ]);
+        let out = template_calls(&calls);
+        assert_eq!(out[0]["function"]["arguments"], json!({"x": 1}));
+        assert_eq!(out.as_array().unwrap()[1..], calls.as_array().unwrap()[1..]);
+        assert_eq!(template_calls(&json!("x")), json!("x"));
+    }
 }

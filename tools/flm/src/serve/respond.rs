@@ -35,6 +35,7 @@ use super::memory::Held;
 use super::openai::{ChatBody, ChatChoice, Completion, Delta, TextChoice, Usage};
 use super::tools::Tools;
 use super::State;
+use flm_tokenizer::HarmonyCall;
 
 /// Which API a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +73,9 @@ pub struct Header {
     pub logprobs: bool,
     /// Chat with tools whose calls are parsed from the reply (not `tool_choice: none`).
     pub tools: Option<Tools>,
+    /// A gpt-oss chat: the reply's calls are its harmony messages to `functions.NAME`,
+    /// apart from its text, which therefore streams as it comes even with tools.
+    pub harmony: bool,
 }
 
 /// One choice's part of an object: its index, its text (of a chunk, or all of it), the
@@ -217,17 +221,25 @@ impl Header {
     }
 
     /// Choice `index`'s reply `text` as content and tool calls, and its finish reason
-    /// (`tool_calls` when it called any), when the request has tools.
+    /// (`tool_calls` when it called any), when the request has tools: a harmony reply's
+    /// calls are `harmony_calls`, other replies' are parsed from `text`.
     fn calls(
         &self,
         text: &str,
+        harmony_calls: &[HarmonyCall],
         index: usize,
         finish: &'static str,
     ) -> (Option<String>, Option<Vec<Value>>, &'static str) {
         match &self.tools {
             None => (Some(text.to_owned()), None, finish),
             Some(tools) => {
-                let (content, calls) = tools.parse(text, &format!("call-{}-{index}", self.id));
+                let id = format!("call-{}-{index}", self.id);
+                let (content, calls) = if self.harmony {
+                    let content = (!text.is_empty()).then(|| text.to_owned());
+                    (content, tools.harmony_calls(harmony_calls, &id))
+                } else {
+                    tools.parse(text, &id)
+                };
                 if calls.is_empty() {
                     (content, None, finish)
                 } else {
@@ -307,11 +319,13 @@ pub async fn whole(
     let parts = choices
         .iter()
         .map(|(index, text, reasoning, logprobs, done)| {
-            let (text, tool_calls, finish) = header.calls(text, *index, done.finish_reason);
+            let (text, tool_calls, finish) =
+                header.calls(text, &done.calls, *index, done.finish_reason);
             Part {
                 index: *index,
                 role: true,
-                text: Some(format!("{}{}", header.echo, text.unwrap_or_default())),
+                // OpenAI's `content` is null beside tool calls.
+                text: text.map(|text| format!("{}{text}", header.echo)),
                 reasoning: (!reasoning.is_empty()).then(|| reasoning.clone()),
                 tool_calls,
                 logprobs,
@@ -357,10 +371,12 @@ pub fn stream(
                     return Outcome::ClientGone;
                 }
                 let mut offset = header.echo.chars().count();
-                // With tools, the reply is held until its end, where its calls are known.
+                // With tools, the reply is held until its end, where its calls are known
+                // (a harmony reply's calls are apart from its text, which need not wait).
+                let hold = header.tools.is_some() && !header.harmony;
                 let mut held = (String::new(), Vec::new(), String::new());
                 let outcome = drive(&state, submitted, |piece: Piece| {
-                    if header.tools.is_some() {
+                    if hold {
                         held.0.push_str(&piece.text);
                         held.1.extend(piece.logprobs);
                         held.2.push_str(&piece.reasoning);
@@ -384,8 +400,11 @@ pub fn stream(
                 if let Outcome::Done(done) = &outcome {
                     let mut finish = done.finish_reason;
                     if header.tools.is_some() {
-                        let (text, calls, reason) = header.calls(&held.0, index, finish);
+                        let (text, calls, reason) =
+                            header.calls(&held.0, &done.calls, index, finish);
                         finish = reason;
+                        // A streamed harmony reply has sent its text: only calls are due.
+                        let due = hold || calls.is_some();
                         let mut part = Part::chunk(index, text, &held.1, offset, None);
                         part.reasoning = (!held.2.is_empty()).then(|| std::mem::take(&mut held.2));
                         part.tool_calls = calls.map(|calls| {
@@ -397,7 +416,7 @@ pub fn stream(
                                 })
                                 .collect()
                         });
-                        if !send(header.chunk(part)) {
+                        if due && !send(header.chunk(part)) {
                             return Outcome::ClientGone;
                         }
                     }
@@ -459,6 +478,7 @@ mod tests {
             echo: String::new(),
             logprobs: false,
             tools: None,
+            harmony: false,
         }
     }
 

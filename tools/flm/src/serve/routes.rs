@@ -47,8 +47,10 @@ use super::log::RequestLog;
 use super::memory::{self, Held};
 use super::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Sampling};
 use super::respond::{self, Api, Header};
+use super::text::Harmony;
 use super::{page, params, prompt, schema, tools, State};
 use flm_core::{Constraint, Grammar, MAX_COMPILE_BYTES, MAX_COMPILE_TIME};
+use flm_tokenizer::HarmonyCall;
 
 /// The largest request body, in bytes (axum's default limit, made explicit because the
 /// memory budget counts it).
@@ -336,12 +338,30 @@ fn prepare(
     parsed: Parsed,
 ) -> Result<Prepared, ApiError> {
     let Parsed {
-        ids,
+        mut ids,
         mut sampling,
         echo,
         tools,
         rendering,
     } = parsed;
+    // gpt-oss: a call forced to one function is opened by the prompt (see `tools`).
+    let harmony = match (api, state.harmony) {
+        (Api::Chat, Some(tokens)) => {
+            let open_call = tools
+                .as_ref()
+                .and_then(tools::Tools::forced)
+                .map(|name| format!("functions.{name}"));
+            if let Some(recipient) = &open_call {
+                let header = state
+                    .tokenizer
+                    .encode_with_specials(&HarmonyCall::json_header(recipient))
+                    .map_err(|e| ApiError::internal(format!("cannot open the call: {e}")))?;
+                ids.ids.extend(header);
+            }
+            Some(Harmony { tokens, open_call })
+        }
+        _ => None,
+    };
     let params = params::check(&sampling, &state.model_name, crate::generate::clock_seed())?;
     let (param, default_max, stop_tokens) = match api {
         // OpenAI: a chat reply may fill the context, a completion stops after 16 tokens.
@@ -362,11 +382,15 @@ fn prepare(
     let bytes = memory::generation_bytes(params.n, ids.ids.len(), max_tokens, params.logprobs);
     let held = state.memory.reserve_from(rendering, GENERATION, bytes)?;
     let format = schema::response_format(sampling.response_format.take().as_ref())?;
-    let call = tools
-        .as_ref()
-        .map(tools::Tools::pattern)
-        .transpose()?
-        .flatten();
+    let call = match (&tools, harmony.as_ref().and_then(|h| h.open_call.as_ref())) {
+        // The prompt wrote the call's header: the reply is its arguments.
+        (Some(tools), Some(_)) => tools.forced().map(|n| tools.arguments(n)).transpose()?,
+        _ => tools
+            .as_ref()
+            .map(tools::Tools::pattern)
+            .transpose()?
+            .flatten(),
+    };
     if format.is_some() && call.is_some() {
         return Err(ApiError::invalid(
             Some("response_format"),
@@ -422,10 +446,7 @@ fn prepare(
         arrived,
         constraint,
         log,
-        harmony: match api {
-            Api::Chat => state.harmony,
-            Api::Text => None,
-        },
+        harmony,
     };
     Ok(Prepared {
         job,
@@ -452,6 +473,9 @@ async fn generate(
     } = prepared;
     let params = &job.params;
     let (stream, include_usage, n) = (params.stream, params.include_usage, params.n);
+    // A gpt-oss reply's calls are its harmony messages, unless forced as text.
+    let harmony_calls =
+        job.harmony.is_some() && !tools.as_ref().is_some_and(|t| t.required_among_several());
     let logprobs = params.logprobs.is_some();
     // Each choice is a request of its own, with the next seed (seeds are bit patterns: the
     // sum wraps, as OpenAI's signed seeds do in two's complement); a refused one cancels
@@ -477,6 +501,7 @@ async fn generate(
         echo,
         logprobs,
         tools: tools.filter(|t| t.choice != tools::Choice::None),
+        harmony: harmony_calls,
     };
     if stream {
         Ok(respond::stream(

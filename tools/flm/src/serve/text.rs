@@ -10,9 +10,10 @@
 //! A chat reply of gpt-oss (a vocabulary with the harmony tokens) is split by its channels
 //! first ([`HarmonySplitter`]): the analysis channel becomes the reasoning, sent apart as
 //! OpenAI's `reasoning_content`, and only the final answer is content, to which the stop
-//! sequences apply.
+//! sequences apply. Its tool calls (messages addressed to `functions.NAME`) are kept whole,
+//! apart from both, and returned at the end.
 
-use flm_tokenizer::{HarmonySplitter, HarmonyTokens, StreamDecoder, Tokenizer};
+use flm_tokenizer::{HarmonyCall, HarmonySplitter, HarmonyTokens, StreamDecoder, Tokenizer};
 
 /// Holds back text that may begin a stop sequence.
 #[derive(Debug, Clone, Default)]
@@ -76,6 +77,16 @@ pub struct Shown {
     pub stopped: bool,
 }
 
+/// How a gpt-oss chat reply is read: the vocabulary's harmony tokens, and the recipient of
+/// the call the prompt opened ([`HarmonyCall::json_header`], a forced tool call), if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Harmony {
+    /// The harmony special tokens.
+    pub tokens: HarmonyTokens,
+    /// The prompt ends in this recipient's call header: the reply is its arguments.
+    pub open_call: Option<String>,
+}
+
 /// How the ids become text.
 enum Decode<'a> {
     /// One stream of text (every model but gpt-oss, and every completion request).
@@ -101,11 +112,15 @@ impl<'a> Detokenizer<'a> {
         tokenizer: &'a Tokenizer,
         at_start: bool,
         stops: Vec<String>,
-        harmony: Option<HarmonyTokens>,
+        harmony: Option<Harmony>,
     ) -> Self {
         let decode = match harmony {
-            Some(tokens) => {
-                Decode::Harmony(Some(Box::new(HarmonySplitter::new(tokenizer, tokens))))
+            Some(Harmony { tokens, open_call }) => {
+                let splitter = match open_call {
+                    Some(recipient) => HarmonySplitter::in_call(tokenizer, tokens, &recipient),
+                    None => HarmonySplitter::new(tokenizer, tokens),
+                };
+                Decode::Harmony(Some(Box::new(splitter)))
             }
             None => Decode::Plain(tokenizer.stream_decoder(at_start)),
         };
@@ -134,27 +149,29 @@ impl<'a> Detokenizer<'a> {
         })
     }
 
-    /// The rest of the text once generation has ended (incomplete characters flushed).
-    pub fn finish(&mut self) -> Shown {
-        let (reasoning, content) = match &mut self.decode {
-            Decode::Plain(decoder) => (String::new(), decoder.finish()),
+    /// The rest of the text once generation has ended (incomplete characters flushed), and
+    /// the tool calls of a harmony reply, in order (none for other replies).
+    pub fn finish(&mut self) -> (Shown, Vec<HarmonyCall>) {
+        let (reasoning, content, calls) = match &mut self.decode {
+            Decode::Plain(decoder) => (String::new(), decoder.finish(), Vec::new()),
             Decode::Harmony(splitter) => match splitter.take() {
                 Some(s) => {
-                    let (text, _calls) = s.finish();
-                    (text.reasoning, text.content)
+                    let (text, calls) = s.finish();
+                    (text.reasoning, text.content, calls)
                 }
-                None => (String::new(), String::new()),
+                None => (String::new(), String::new(), Vec::new()),
             },
         };
         let (mut content, stopped) = self.stop.push(&content);
         if !stopped {
             content.push_str(&self.stop.finish());
         }
-        Shown {
+        let shown = Shown {
             reasoning,
             content,
             stopped,
-        }
+        };
+        (shown, calls)
     }
 }
 
@@ -222,8 +239,11 @@ mod tests {
         let tok = o200k_harmony();
         let ids = tok.encode_with_specials(reply).unwrap();
         let stops = stops.iter().map(|s| s.to_string()).collect();
-        let tokens = harmony.then(|| tok.harmony_tokens().unwrap());
-        let mut d = Detokenizer::new(tok, true, stops, tokens);
+        let harmony = harmony.then(|| Harmony {
+            tokens: tok.harmony_tokens().unwrap(),
+            open_call: None,
+        });
+        let mut d = Detokenizer::new(tok, true, stops, harmony);
         let mut steps = Vec::new();
         for id in ids {
             let shown = d.push(id).unwrap();
@@ -233,7 +253,7 @@ mod tests {
                 return steps;
             }
         }
-        steps.push(d.finish());
+        steps.push(d.finish().0);
         steps
     }
 

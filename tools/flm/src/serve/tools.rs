@@ -13,8 +13,17 @@
 //! schemas, so the call always parses and validates. A stream with tools parsed sends the
 //! reply's text and calls in one delta at the end, since a call is known only when its
 //! closing tag arrives.
+//!
+//! gpt-oss (a harmony vocabulary) calls a tool by a message of its own, addressed to
+//! `functions.NAME` ([`flm_tokenizer::HarmonySplitter`] keeps it apart from the text), so
+//! its reasoning and answer stream as they come and its calls follow in the last delta. A
+//! call forced to one function (named, or `required` with one tool) is opened by the
+//! prompt, which ends with the call's header ([`flm_tokenizer::HarmonyCall::json_header`]),
+//! and the reply is constrained to the arguments alone; `required` among several tools is
+//! forced in Llama 3.1's JSON, as for other templates without `<tool_call>`.
 
 use flm_core::Pattern;
+use flm_tokenizer::HarmonyCall;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -153,10 +162,42 @@ pub fn check(
 }
 
 impl Tools {
+    /// The one function a call is forced to: the named tool, or the only tool with
+    /// `required`; `None` for `auto`, `none` and `required` among several tools.
+    pub fn forced(&self) -> Option<&str> {
+        match &self.choice {
+            Choice::Named(name) => Some(name),
+            Choice::Required if self.functions.len() == 1 => Some(&self.functions[0].0),
+            _ => None,
+        }
+    }
+
+    /// Whether a call is forced among several tools (`required`): harmony cannot open it
+    /// in the prompt, so it is written as text (Llama 3.1's JSON) and parsed from it.
+    pub fn required_among_several(&self) -> bool {
+        self.choice == Choice::Required && self.functions.len() > 1
+    }
+
+    /// The language of function `name`'s arguments, its `parameters` schema's.
+    ///
+    /// Errors: 400 about `tools` for `parameters` that [`super::schema`] does not support.
+    pub fn arguments(&self, name: &str) -> Result<Pattern, ApiError> {
+        let parameters = self
+            .functions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(&Value::Null, |(_, p)| p);
+        schema::pattern(parameters).map_err(|mut e| {
+            e.param = Some("tools");
+            e.message = format!("the parameters of {name}: {}", e.message);
+            e
+        })
+    }
+
     /// The language of the reply for `required` or a named tool: one call in the Hermes
     /// format; `None` otherwise.
     ///
-    /// Errors: 400 about `tools` for `parameters` that [`super::schema`] does not support.
+    /// Errors: those of [`Tools::arguments`].
     pub fn pattern(&self) -> Result<Option<Pattern>, ApiError> {
         let chosen: Vec<&(String, Value)> = match &self.choice {
             Choice::None | Choice::Auto => return Ok(None),
@@ -165,12 +206,8 @@ impl Tools {
         };
         let calls = chosen
             .into_iter()
-            .map(|(name, parameters)| {
-                let arguments = schema::pattern(parameters).map_err(|mut e| {
-                    e.param = Some("tools");
-                    e.message = format!("the parameters of {name}: {}", e.message);
-                    e
-                })?;
+            .map(|(name, _)| {
+                let arguments = self.arguments(name)?;
                 let (head, tail) = if self.hermes {
                     let head = format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", json!(name));
                     (head, "}\n</tool_call>")
@@ -227,6 +264,29 @@ impl Tools {
             }
         }
         ((!content.is_empty()).then(|| content.to_owned()), calls)
+    }
+
+    /// OpenAI's `tool_calls` objects (ids `{id}-{i}`) of a harmony reply's `calls`: those
+    /// addressed to `functions.NAME` for one of the request's tools, their arguments as the
+    /// model wrote them; none with `tool_choice: none`. A call to anything else (gpt-oss's
+    /// built-in `browser` and `python` tools, which the server does not offer) is dropped.
+    pub fn harmony_calls(&self, calls: &[HarmonyCall], id: &str) -> Vec<Value> {
+        if self.choice == Choice::None {
+            return Vec::new();
+        }
+        calls
+            .iter()
+            .filter_map(|c| Some((c.recipient.strip_prefix("functions.")?, c)))
+            .filter(|(name, _)| self.functions.iter().any(|(n, _)| n == name))
+            .enumerate()
+            .map(|(i, (name, c))| {
+                json!({
+                    "id": format!("{id}-{i}"),
+                    "type": "function",
+                    "function": {"name": name, "arguments": c.arguments.trim()},
+                })
+            })
+            .collect()
     }
 }
 
@@ -314,6 +374,58 @@ mod tests {
         };
         assert!(matches!(&calls[0], Pattern::Seq(p)
             if p[0] == Pattern::Literal("{\"name\": \"get_weather\", \"parameters\": ".into())));
+    }
+
+    /// gpt-oss's calls: those to `functions.NAME` of a requested tool, numbered in order;
+    /// calls to its built-in tools, or to tools not requested, are not OpenAI calls.
+    #[test]
+    fn harmony_calls_are_the_requested_functions() {
+        let call = |recipient: &str, arguments: &str| HarmonyCall {
+            recipient: recipient.into(),
+            channel: "commentary".into(),
+            constrain: "json".into(),
+            arguments: arguments.into(),
+        };
+        let calls = [
+            call("browser.search", "{\"query\": \"x\"}"),
+            call("functions.get_weather", " {\"city\": \"Paris\"}\n"),
+            call("functions.get_news", "{}"),
+            call("functions.get_weather", "{\"city\": \"Oslo\"}"),
+        ];
+        let auto = check(Some(&weather()), None, Some("{{ tools }}"))
+            .unwrap()
+            .unwrap();
+        let out = auto.harmony_calls(&calls, "c");
+        assert_eq!(
+            out,
+            [
+                json!({"id": "c-0", "type": "function", "function":
+                    {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}),
+                json!({"id": "c-1", "type": "function", "function":
+                    {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}),
+            ]
+        );
+        let none = check(Some(&weather()), Some(&json!("none")), None);
+        assert!(none.unwrap().unwrap().harmony_calls(&calls, "c").is_empty());
+    }
+
+    /// A call is forced to one function when named, or `required` with one tool; among
+    /// several it is written as text.
+    #[test]
+    fn the_forced_function() {
+        let two = json!([weather()[0], {"type": "function", "function": {"name": "get_time"}}]);
+        let named = json!({"type": "function", "function": {"name": "get_time"}});
+        let forced = |tools: &Value, choice: Value| {
+            let t = check(Some(tools), Some(&choice), None).unwrap().unwrap();
+            (t.forced().map(str::to_owned), t.required_among_several())
+        };
+        assert_eq!(forced(&two, named), (Some("get_time".into()), false));
+        assert_eq!(forced(&two, json!("required")), (None, true));
+        assert_eq!(
+            forced(&weather(), json!("required")),
+            (Some("get_weather".into()), false)
+        );
+        assert_eq!(forced(&two, json!("auto")), (None, false));
     }
 
     /// 5,000 tools, one call required, once stalled the server. The

@@ -13,6 +13,7 @@ mod common;
 mod api;
 mod batching;
 mod disconnect;
+mod harmony_tools;
 mod hostile;
 mod limits;
 mod server;
