@@ -221,8 +221,9 @@ impl Header {
     }
 
     /// Choice `index`'s reply `text` as content and tool calls, and its finish reason
-    /// (`tool_calls` when it called any), when the request has tools: a harmony reply's
-    /// calls are `harmony_calls`, other replies' are parsed from `text`.
+    /// (`tool_calls` when it called any, unless it was cut at `length`), when the request
+    /// has tools: a harmony reply's calls are `harmony_calls`, other replies' are parsed
+    /// from `text`.
     fn calls(
         &self,
         text: &str,
@@ -240,10 +241,11 @@ impl Header {
                 } else {
                     tools.parse(text, &id)
                 };
-                if calls.is_empty() {
-                    (content, None, finish)
-                } else {
-                    (content, Some(calls), "tool_calls")
+                match finish {
+                    _ if calls.is_empty() => (content, None, finish),
+                    // A reply cut by `max_tokens` says so, whatever calls it had begun.
+                    "length" => (content, Some(calls), finish),
+                    _ => (content, Some(calls), "tool_calls"),
                 }
             }
         }
@@ -497,6 +499,37 @@ mod tests {
             offset: 0,
             finish,
         }
+    }
+
+    /// A harmony reply's calls are its call messages, not its text; a reply cut by
+    /// `max_tokens` keeps `length` as its finish reason.
+    #[test]
+    fn harmony_calls_and_their_finish_reason() {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+        let h = Header {
+            tools: super::super::tools::check(Some(&tools), None, None).unwrap(),
+            harmony: true,
+            ..header(Api::Chat)
+        };
+        let call = HarmonyCall {
+            recipient: "functions.get_weather".into(),
+            channel: "commentary".into(),
+            constrain: "json".into(),
+            arguments: "{\"city\": \"Oslo\"}".into(),
+        };
+        let text = "{\"name\": \"get_weather\", \"parameters\": {}}";
+        let (content, calls, finish) = h.calls(text, std::slice::from_ref(&call), 0, "stop");
+        assert_eq!((content.as_deref(), finish), (Some(text), "tool_calls"));
+        let calls = calls.unwrap();
+        assert_eq!(calls[0]["function"]["arguments"], "{\"city\": \"Oslo\"}");
+        assert_eq!(calls[0]["id"], "call-chatcmpl-1-0-0");
+        let (_, calls, finish) = h.calls("", &[call], 0, "length");
+        assert_eq!((calls.map(|c| c.len()), finish), (Some(1), "length"));
+        let (content, calls, finish) = h.calls("Sunny.", &[], 0, "stop");
+        assert_eq!(
+            (content.as_deref(), calls, finish),
+            (Some("Sunny."), None, "stop")
+        );
     }
 
     /// OpenAI's (and vLLM's) shape: `reasoning_content` beside `content` in a response's

@@ -114,6 +114,23 @@ fn gpt_oss_tool_calls_come_back_as_tool_calls() {
     );
     let zone = arguments(&calls[0], "zone", 6);
 
+    // Cut by `max_tokens` inside the arguments: `length`, the call as far as it went.
+    let mut short = request(named.clone(), false);
+    short["max_tokens"] = json!(2);
+    let (status, cut) = server.post("/v1/chat/completions", &short);
+    assert_eq!(status, 200, "{cut}");
+    assert_eq!(cut["choices"][0]["finish_reason"], "length", "{cut}");
+    let partial = cut["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .unwrap();
+    assert!(
+        calls[0]["function"]["arguments"]
+            .as_str()
+            .unwrap()
+            .starts_with(partial),
+        "{cut}"
+    );
+
     // Streamed: no text, the call in the last delta, with its index; the same call.
     let chunks = server.stream("/v1/chat/completions", &request(named, true));
     let content: String = chunks
