@@ -187,11 +187,7 @@ impl Tools {
             .iter()
             .find(|(n, _)| n == name)
             .map_or(&Value::Null, |(_, p)| p);
-        schema::pattern(parameters).map_err(|mut e| {
-            e.param = Some("tools");
-            e.message = format!("the parameters of {name}: {}", e.message);
-            e
-        })
+        arguments(name, parameters)
     }
 
     /// The language of the reply for `required` or a named tool: one call in the Hermes
@@ -206,8 +202,8 @@ impl Tools {
         };
         let calls = chosen
             .into_iter()
-            .map(|(name, _)| {
-                let arguments = self.arguments(name)?;
+            .map(|(name, parameters)| {
+                let arguments = arguments(name, parameters)?;
                 let (head, tail) = if self.hermes {
                     let head = format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", json!(name));
                     (head, "}\n</tool_call>")
@@ -288,6 +284,17 @@ impl Tools {
             })
             .collect()
     }
+}
+
+/// The language of the arguments of function `name`, whose `parameters` schema it is.
+///
+/// Errors: 400 about `tools` for `parameters` that [`super::schema`] does not support.
+fn arguments(name: &str, parameters: &Value) -> Result<Pattern, ApiError> {
+    schema::pattern(parameters).map_err(|mut e| {
+        e.param = Some("tools");
+        e.message = format!("the parameters of {name}: {}", e.message);
+        e
+    })
 }
 
 /// The `tool_calls` object `id` of `text`, a JSON object with a `name` that `accept`s and
