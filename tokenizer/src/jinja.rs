@@ -2,8 +2,8 @@
 //! `PreTrainedTokenizerBase.apply_chat_template` (`utils/chat_template_utils.py`): the
 //! environment has `trim_blocks` and `lstrip_blocks` on, the template sees `messages`,
 //! `add_generation_prompt`, `bos_token`, `eos_token` and `tools` (none unless given), and may call
-//! `raise_exception(message)`, `strftime_now(format)` (the date and time in UTC, or the time
-//! fixed by [`Tokenizer::set_template_time`]; `strftime.rs`) and the filter `tojson` (Python's `json.dumps` with its default
+//! `raise_exception(message)`, `strftime_now(format)` (the host's local date and time, as
+//! Python's, or the time fixed by [`Tokenizer::set_template_time`]; `strftime.rs`) and the filter `tojson` (Python's `json.dumps` with its default
 //! separators `", "` and `": "` and `ensure_ascii=False`, as transformers defines it, and its
 //! keyword arguments `ensure_ascii`, `indent`, `separators` and `sort_keys`); Python string
 //! methods (`.strip()`, `.startswith()`...) work through minijinja-contrib's `pycompat`.
@@ -171,7 +171,8 @@ fn run<M: serde::Serialize>(
     );
     let now = tok.template_time.unwrap_or_else(|| {
         let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        since.map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        let utc = since.map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        utc.saturating_add(crate::strftime::local_offset(utc))
     });
     env.add_function("strftime_now", move |format: String| {
         crate::strftime::strftime(&format, now)

@@ -1,6 +1,6 @@
 //! `strftime_now(format)` of chat templates: transformers' `datetime.now().strftime(format)`
-//! (`utils/chat_template_utils.py`), here of a time in UTC (a server's local time zone is
-//! not the user's either; Python's naive `now()` is the host's, UTC in most containers).
+//! (`utils/chat_template_utils.py`), in the host's local time as Python's naive `now()` is
+//! ([`local_offset`]; UTC in most containers).
 //!
 //! The directives are those of C89's `strftime` that Python documents, in the C locale
 //! (English names): `%a %A %w %d %b %B %m %y %Y %H %I %p %M %S %f %j %e %u %%`; `%z` and
@@ -48,6 +48,29 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 fn is_leap(year: i64) -> bool {
     year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
+}
+
+/// The host's offset from UTC at `unix_seconds`, in seconds east (`tm_gmtoff` of libc's
+/// `localtime_r`, which reads `TZ` and `/etc/localtime` as Python's `datetime.now()` does,
+/// daylight saving included); 0 where libc cannot tell or off Unix.
+pub(crate) fn local_offset(unix_seconds: i64) -> i64 {
+    #[cfg(unix)]
+    {
+        // `time_t` and `c_long` are i64 on the 64-bit targets flm builds for.
+        let t = unix_seconds as libc::time_t;
+        // SAFETY: `tm` is plain data that localtime_r fills; both pointers are to locals
+        // that outlive the call. localtime_r is thread-safe (no static buffer).
+        let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+        if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+            return 0;
+        }
+        tm.tm_gmtoff as i64
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = unix_seconds;
+        0
+    }
 }
 
 /// `format` with its directives replaced by the fields of `unix_seconds` (seconds since
