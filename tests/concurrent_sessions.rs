@@ -2,9 +2,11 @@
 //! × 8 greedy generations each over one [`SharedModel`], for every weight dtype, with the
 //! forward passes on a shared rayon pool of 1, 2 and 4 workers. Every text must equal the
 //! text of the same prompt generated alone, and no call may fail. Under emulation (the
-//! aarch64 runs of `.ci/run`), where every emulated thread costs a host core, 4 threads × 2
-//! generations on pools of 1 and 2 workers: a tenth of the work, every dtype still. The C ABI's twin is the
-//! `stress` mode of tests/c/flm_test.c, driven by tools/capi/tests/c_program.rs.
+//! aarch64 runs of `.ci/run`), where every emulated thread costs a host core, and at the
+//! portable level (its kernels take ten times as long; [`flm_tests::slow_kernels`]), 4
+//! threads × 2 generations on pools of 1 and 2 workers: a tenth of the work, every dtype
+//! still. The C ABI's twin is the `stress` mode of tests/c/flm_test.c, driven by
+//! tools/capi/tests/c_program.rs.
 //!
 //! Each host thread runs its generations inside the pool (`pool.install`), as a host that
 //! keeps flm's work on a pool of its own does, and as the C ABI runs each op: a worker that
@@ -33,7 +35,7 @@ use flm_models::convert::{convert, Recipe};
 use flm_models::import;
 use flm_models::session::{load_model, GenerateParams, Session};
 use flm_models::SharedModel;
-use flm_tests::{cpu_executor, data, emulated};
+use flm_tests::{cpu_executor, data, slow_kernels};
 use flm_tokenizer::Tokenizer;
 
 /// Prompts of 1 to about 20 tokens: the longer ones make the prefill's Linears of
@@ -86,7 +88,7 @@ fn model_in(dtype: DataType, dir: &Path) -> (SharedModel, Arc<Tokenizer>) {
 fn sessions_on_many_threads_generate_their_lone_text() {
     let dir = tempfile::tempdir().unwrap();
     let exec = Arc::new(cpu_executor());
-    let (host_threads, generations, pools): (usize, usize, &[usize]) = if emulated() {
+    let (host_threads, generations, pools): (usize, usize, &[usize]) = if slow_kernels() {
         (4, 2, &[1, 2])
     } else {
         (8, 8, &[1, 2, 4])

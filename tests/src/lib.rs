@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
 use flm_core::{Data, DataType, Executor, KvDtype, Location, PagedKvCache, SamplerConfig};
-use flm_devices::{ActivationBits, CpuDevice};
+use flm_devices::{ActivationBits, CpuDevice, Isa};
 use flm_models::convert::{convert, Recipe};
 use flm_models::engine::{Engine, EngineConfig, Event, FinishReason, Request};
 use flm_models::import::Checkpoint;
@@ -45,6 +45,13 @@ pub fn json(rel: &str) -> Value {
 /// section sets it to `qemu-aarch64 -cpu ...`), where a step costs ~50 times a native one.
 pub fn emulated() -> bool {
     std::env::var("FLM_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty())
+}
+
+/// Whether every kernel step is slow here: under an emulator, or at the portable level
+/// (`FLM_CPU_ISA=scalar`, about ten times the vector levels' time in `.ci/run`'s rerun).
+/// Tests that repeat the same work many times take a lighter load then.
+pub fn slow_kernels() -> bool {
+    emulated() || Isa::from_env().is_ok_and(|isa| isa == Isa::Scalar)
 }
 
 /// The CPU device at its best level, or the one `FLM_CPU_ISA` names.
