@@ -22,6 +22,14 @@
 //! and code `8s + 4 + q` in its high one; then the `r` f16 scales; then, except for the
 //! symmetric form (whose minimums are its scales), the `r` f16 minimums or zero points.
 //!
+//! **ggml's blocks of runs** ([`RunPanel`]: Q8_0, IQ4_NL, IQ4_XS and MXFP4, whose blocks
+//! are a header of scales and then codes of one byte or one nibble per value): panel `p`
+//! (same rows and start) holds its `kp / V` blocks of `V` values one after the other, each
+//! as the `r` rows' headers, row after row, and then, for each 4 bytes of the blocks' codes
+//! (a step), the `r × 4` bytes of that step of every row. A step of Q8_0 is 4 codes of a
+//! row; a step of the 4-bit types is 8 (its low nibbles are 4 values, its high nibbles the
+//! 4 values 16 further on, as the blocks store them).
+//!
 //! A panel has the bytes of its rows, so a tensor keeps its size ([`DataType::byte_len`]).
 //! A tensor of more dimensions (`[experts, m, k]`) is a sequence of such matrices.
 
@@ -91,9 +99,53 @@ pub const PANEL_ROWS: usize = 16;
 /// Codes per row and step of a panel: the bytes one lane of `vpdpbusd` or `sdot` sums.
 pub const STEP: usize = 4;
 
-/// Whether `dtype` has a panel layout: int8 and int4.
+/// Where the parts of ggml's block of runs lie in a row (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunPanel {
+    /// Bytes of a block's header (its scales), at the block's start.
+    pub header: usize,
+    /// Bytes of a block.
+    pub block: usize,
+    /// Values of a block.
+    pub values: usize,
+}
+
+impl RunPanel {
+    /// The layout of `dtype`'s blocks, for the ggml types of runs of 32 that the x86 kernels
+    /// read in panels; `None` for other dtypes.
+    pub fn new(dtype: DataType) -> Option<RunPanel> {
+        let ty = dtype.ggml_type()?;
+        let codes = match dtype {
+            DataType::Q8_0 => ty.block_len(),
+            DataType::IQ4NL | DataType::IQ4XS | DataType::MXFP4 => ty.block_len() / 2,
+            _ => return None,
+        };
+        Some(RunPanel {
+            header: ty.block_bytes() - codes,
+            block: ty.block_bytes(),
+            values: ty.block_len(),
+        })
+    }
+
+    /// Steps of a block's codes.
+    pub fn steps(&self) -> usize {
+        (self.block - self.header) / STEP
+    }
+}
+
+/// Whether `dtype` has a panel layout ([`pack`] and [`row`] take it): int8, int4 and the
+/// types of [`RunPanel`].
+fn packable(dtype: DataType) -> bool {
+    dtype == DataType::I8 || dtype.int4_form().is_some() || RunPanel::new(dtype).is_some()
+}
+
+/// Whether the CPU kernels of this build read `dtype` in panels, so that the loaders pack
+/// it: int8 and int4; on x86-64 also the ggml types of [`RunPanel`], whose kernels take the
+/// 16 rows of a panel in the lanes of a vector (aarch64's NEON kernels read those in rows).
 pub fn has_panels(dtype: DataType) -> bool {
-    dtype == DataType::I8 || dtype.int4_form().is_some()
+    dtype == DataType::I8
+        || dtype.int4_form().is_some()
+        || (cfg!(target_arch = "x86_64") && RunPanel::new(dtype).is_some())
 }
 
 /// The byte range of one matrix's panel `p` and its row count, for `m` rows of
@@ -113,7 +165,7 @@ fn unsupported(dtype: DataType) -> Error {
 /// Checks that `len` bytes hold whole matrices of `m` rows of `row_bytes`, and returns
 /// `row_bytes`.
 fn matrix_bytes(dtype: DataType, len: usize, m: usize, cols: usize) -> Result<usize> {
-    if !has_panels(dtype) {
+    if !packable(dtype) {
         return Err(unsupported(dtype));
     }
     let row_bytes = quant::row_bytes(dtype, cols).unwrap_or(0);
@@ -151,9 +203,9 @@ pub fn pack(dtype: DataType, rows: &[u8], m: usize, cols: usize, out: &mut [u8])
                 &mut dst[at..at + r * row_bytes],
             );
             for (i, row) in src.chunks_exact(row_bytes).enumerate() {
-                for (from, to, len) in moves(dtype, cols, r, i) {
+                for_each_move(dtype, cols, r, i, |from, to, len| {
                     dst[to..to + len].copy_from_slice(&row[from..from + len]);
-                }
+                });
                 if let Some(layout) = Int4Panel::new(dtype, r) {
                     for s in 0..quant::padded_cols(dtype, cols) / 8 {
                         let codes: [u8; 8] = std::array::from_fn(|c| int4_code(row, 8 * s + c));
@@ -174,16 +226,29 @@ fn int4_code(row: &[u8], c: usize) -> u8 {
     row[byte] >> shift & 0x0f
 }
 
-/// The byte runs that row `i` of a panel of `r` rows keeps as they are between its
-/// row-major bytes and the panel, as `(offset in the row, offset in the panel, length)`:
-/// int8's scale and codes, int4's scales and minimums (int4 codes are reordered apart).
-fn moves(
+/// Calls `f(offset in the row, offset in the panel, length)` for each byte run that row `i`
+/// of a panel of `r` rows keeps as it is between its row-major bytes and the panel: int8's
+/// scale and codes, int4's scales and minimums (int4 codes are reordered apart), the
+/// headers and steps of ggml's blocks of runs.
+fn for_each_move(
     dtype: DataType,
     cols: usize,
     r: usize,
     i: usize,
-) -> impl Iterator<Item = (usize, usize, usize)> {
+    mut f: impl FnMut(usize, usize, usize),
+) {
     let kp = quant::padded_cols(dtype, cols);
+    if let Some(l) = RunPanel::new(dtype) {
+        for b in 0..kp / l.values {
+            let (row, panel) = (b * l.block, b * r * l.block);
+            f(row, panel + i * l.header, l.header);
+            for s in 0..l.steps() {
+                let to = panel + r * l.header + s * STEP * r + STEP * i;
+                f(row + l.header + STEP * s, to, STEP);
+            }
+        }
+        return;
+    }
     let int4 = Int4Panel::new(dtype, r);
     let groups = int4.map_or(0, |l| kp / l.group);
     let runs = match int4 {
@@ -191,18 +256,20 @@ fn moves(
         None => 1 + kp / STEP,
         Some(l) => groups * if l.symmetric { 1 } else { 2 },
     };
-    (0..runs).map(move |v| match (int4, v) {
-        (None, 0) => (0, 4 * i, 4),
-        (None, v) => {
-            let s = v - 1;
-            (4 + STEP * s, 4 * r + s * STEP * r + STEP * i, STEP)
+    for v in 0..runs {
+        match (int4, v) {
+            (None, 0) => f(0, 4 * i, 4),
+            (None, v) => {
+                let s = v - 1;
+                f(4 + STEP * s, 4 * r + s * STEP * r + STEP * i, STEP)
+            }
+            (Some(l), v) => {
+                let g = v % groups;
+                let at = if v < groups { l.scales(g) } else { l.mins(g) };
+                f(kp / 2 + 2 * v, at + 2 * i, 2)
+            }
         }
-        (Some(l), v) => {
-            let g = v % groups;
-            let at = if v < groups { l.scales(g) } else { l.mins(g) };
-            (kp / 2 + 2 * v, at + 2 * i, 2)
-        }
-    })
+    }
 }
 
 /// Dequantises row `j` of the panel-laid matrices `panels` (see [`row`]) into `out`
@@ -248,9 +315,9 @@ pub fn row(
     let j = j % m;
     let (at, r) = panel_span(m, row_bytes, j / PANEL_ROWS);
     let (panel, i) = (&matrix[at..at + r * row_bytes], j % PANEL_ROWS);
-    for (from, to, len) in moves(dtype, cols, r, i) {
+    for_each_move(dtype, cols, r, i, |from, to, len| {
         out[from..from + len].copy_from_slice(&panel[to..to + len]);
-    }
+    });
     if let Some(layout) = Int4Panel::new(dtype, r) {
         let kp = quant::padded_cols(dtype, cols);
         out[..kp / 2].fill(0);
@@ -272,10 +339,13 @@ mod tests {
     fn rows_come_back_from_panels_of_every_size() {
         use DataType::*;
         let dtypes = [
-            I8, I4G32, I4G64, I4G128, I4SymG32, I4SymG128, I4ZpG32, I4ZpG64,
+            I8, I4G32, I4G64, I4G128, I4SymG32, I4SymG128, I4ZpG32, I4ZpG64, Q8_0, IQ4NL, IQ4XS,
+            MXFP4,
         ];
         for dtype in dtypes {
-            for (m, cols) in [(1, 5), (16, 32), (17, 40), (35, 64), (48, 300)] {
+            let unit = RunPanel::new(dtype).map_or(1, |l| l.values);
+            for (m, cols) in [(1, 5usize), (16, 32), (17, 40), (35, 64), (48, 300)] {
+                let cols = cols.next_multiple_of(unit);
                 let values: Vec<f32> = (0..2 * m * cols)
                     .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
                     .collect();
@@ -335,6 +405,28 @@ mod tests {
         assert_eq!(&panels[4 * 5..4 * 6], &5.0f32.to_le_bytes());
         // Step 1, row 2: codes 4..8 of row 2.
         assert_eq!(&panels[64 + 64 + 8..64 + 64 + 12], &[6, 7, 8, 9]);
-        assert!(pack(DataType::Q8_0, &rows, 16, 32, &mut panels).is_err());
+        assert!(pack(DataType::Q5_0, &rows, 16, 32, &mut panels).is_err());
+    }
+
+    #[test]
+    fn a_run_panel_keeps_headers_then_interleaves_steps() {
+        // 2 rows of 2 MXFP4 blocks (17 bytes: an exponent, 16 bytes of nibbles), byte t of
+        // block b of row i = 100·i + 20·b + t.
+        let mut rows = vec![0u8; 2 * 34];
+        for (i, row) in rows.chunks_exact_mut(34).enumerate() {
+            for (at, q) in row.iter_mut().enumerate() {
+                *q = (100 * i + 20 * (at / 17) + at % 17) as u8;
+            }
+        }
+        let mut panels = vec![0u8; rows.len()];
+        pack(DataType::MXFP4, &rows, 2, 64, &mut panels).unwrap();
+        // Block 0: the two exponents, then step 0 of rows 0 and 1, step 1...
+        assert_eq!(&panels[..2], &[0, 100]);
+        assert_eq!(&panels[2..10], &[1, 2, 3, 4, 101, 102, 103, 104]);
+        assert_eq!(&panels[10..14], &[5, 6, 7, 8]);
+        // Block 1 starts after the 2 × 17 bytes of block 0.
+        assert_eq!(&panels[34..36], &[20, 120]);
+        assert_eq!(RunPanel::new(DataType::IQ4XS).unwrap().header, 8);
+        assert_eq!(RunPanel::new(DataType::Q8_0).unwrap().steps(), 8);
     }
 }

@@ -820,8 +820,9 @@ pub(crate) fn check_all_shapes(
     Ok(())
 }
 
-/// `d` in the layout the CPU kernels read, packed once at load rather than per call: int8
-/// matrices in host memory in panels ([`flm_core::panels`]); every other tensor as it is.
+/// `d` in the layout the CPU kernels read, packed once at load rather than per call: the
+/// matrices in host memory of the dtypes this build reads in panels
+/// ([`flm_core::panels::has_panels`]); every other tensor as it is.
 /// Moving a packed tensor to a device unpacks it ([`flm_core::Executor::to_device`]).
 ///
 /// Errors: an allocation failure.

@@ -133,7 +133,8 @@ impl Acts {
         kp: usize,
         group: usize,
     ) {
-        // Only the AMX tiles of int8 and int4 weights depend on the dtype.
+        // Only the AMX tiles of int8 and int4 weights (panels of other types run `vpdpbusd`)
+        // depend on the dtype.
         #[cfg(not(target_arch = "x86_64"))]
         let _ = dtype;
         let blocks = kp / BLOCK;
@@ -161,7 +162,8 @@ impl Acts {
             _ => rows.run(self),
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Amx && n >= AMX_MIN_ROWS && flm_core::panels::has_panels(dtype) {
+        let tiled = matches!(dtype.format(), Some(Format::Int8 | Format::Int4 { .. }));
+        if isa == Isa::Amx && n >= AMX_MIN_ROWS && tiled {
             let mut tiles = std::mem::take(&mut self.tiles);
             tiles.pack(self);
             self.tiles = tiles;

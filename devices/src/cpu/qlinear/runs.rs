@@ -21,17 +21,27 @@
 //! up to [`TILE_INPUTS`] input rows; on x86 a tile also spans several weight rows (4 for
 //! decode), so that the chains of independent outputs interleave. Each output depends on
 //! its own rows only, in the same order whatever the tile (batch invariance).
+//!
+//! **Panels on x86-64.** There Q8_0, IQ4_NL, IQ4_XS and MXFP4 are packed at load into
+//! panels of 16 rows ([`flm_core::panels::RunPanel`]), as llama.cpp repacks IQ4_NL into
+//! interleaved rows (`ggml-cpu/repack.cpp`): the rows lie in the lanes of a vector, so one
+//! `vpdpbusd` gives lane `l` of 16 (or 8) rows at once and each run's scales are one
+//! vector (`x86_panels`), in the order above. The portable twin reads a panel row by row;
+//! Q5_0 and the NEON kernels read rows.
+
+use std::cell::Cell;
 
 use flm_core::blocks::{
     blocks, e8m0_half, Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ5_0, BlockQ8_0, IQ4_LEVELS,
     MXFP4_LEVELS,
 };
 use flm_core::ggml::GgmlType;
+use flm_core::panels::{has_panels, RunPanel, PANEL_ROWS};
 use flm_core::quant::BLOCK;
 
 use super::{lane_sum8, Acts, QuantWeight, RowKernel};
 use crate::cpu::simd::fma;
-use crate::cpu::Isa;
+use crate::cpu::{scratch, Isa};
 
 /// Input rows that share one decoding of a weight run.
 const TILE_INPUTS: usize = 4;
@@ -90,10 +100,26 @@ impl Scale {
     }
 }
 
+/// How a panel kernel reads the scales of a type's runs from the headers of a panel
+/// ([`flm_core::panels::RunPanel`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum PanelScale {
+    /// An f16 at the header's start: the 16 rows' scales are 16 adjacent f16.
+    F16,
+    /// MXFP4's E8M0 byte: 16 adjacent bytes.
+    E8M0,
+    /// IQ4_XS's header of 8 bytes, read row by row ([`BlockIQ4XS`]'s [`Runs::run`]).
+    Iq4Xs,
+}
+
 /// A ggml block of [`Runs::RUNS`] runs of 32 values, each a scale times 32 int8 codes.
 pub(super) trait Runs: Block {
     /// Runs per block.
     const RUNS: usize = Self::VALUES / 32;
+    /// The 16 levels of 4-bit codes; `None`: a code per byte.
+    const TABLE: Option<&'static [i8; 16]> = None;
+    /// How the panel kernels read the scales.
+    const SCALE: PanelScale = PanelScale::F16;
 
     /// The scale and the codes of run `r`: value `t` of the run is `scale · codes[t]`,
     /// exactly as [`Block::dequantize`] decodes it.
@@ -121,6 +147,7 @@ impl Runs for BlockQ5_0 {
 }
 
 impl Runs for BlockIQ4NL {
+    const TABLE: Option<&'static [i8; 16]> = Some(&IQ4_LEVELS);
     #[inline(always)]
     fn run(&self, _: usize) -> (Scale, Codes<'_>) {
         let d = u16::from_le_bytes(self.d.0);
@@ -129,6 +156,8 @@ impl Runs for BlockIQ4NL {
 }
 
 impl Runs for BlockMXFP4 {
+    const TABLE: Option<&'static [i8; 16]> = Some(&MXFP4_LEVELS);
+    const SCALE: PanelScale = PanelScale::E8M0;
     #[inline(always)]
     fn run(&self, _: usize) -> (Scale, Codes<'_>) {
         (
@@ -139,18 +168,23 @@ impl Runs for BlockMXFP4 {
 }
 
 impl Runs for BlockIQ4XS {
-    /// `d · (sc_r − 32)`: an f16 times a 6-bit integer, exact in f32, as gguf-py computes it.
+    const TABLE: Option<&'static [i8; 16]> = Some(&IQ4_LEVELS);
+    const SCALE: PanelScale = PanelScale::Iq4Xs;
     #[inline(always)]
     fn run(&self, r: usize) -> (Scale, Codes<'_>) {
-        let low = (self.scales_l[r / 2] >> (4 * (r % 2))) & 0x0f;
-        let high = ((u16::from_le_bytes(self.scales_h) >> (2 * r)) & 0x03) as u8;
-        let scale = Scale::F16(
-            u16::from_le_bytes(self.d.0),
-            ((low | (high << 4)) as i8) - 32,
-        );
+        let scale = iq4xs_scale(self.d.0, self.scales_h, self.scales_l, r);
         let qs = self.qs[16 * r..16 * r + 16].try_into().expect("16 bytes");
         (scale, Codes::Nibbles(qs, &IQ4_LEVELS))
     }
+}
+
+/// The scale of run `r` of an IQ4_XS block from its header: `d · (sc_r − 32)`, an f16 times
+/// a 6-bit integer, exact in f32, as gguf-py computes it.
+#[inline(always)]
+fn iq4xs_scale(d: [u8; 2], scales_h: [u8; 2], scales_l: [u8; 4], r: usize) -> Scale {
+    let low = (scales_l[r / 2] >> (4 * (r % 2))) & 0x0f;
+    let high = ((u16::from_le_bytes(scales_h) >> (2 * r)) & 0x03) as u8;
+    Scale::F16(u16::from_le_bytes(d), ((low | (high << 4)) as i8) - 32)
 }
 
 /// The row kernel of a format of runs, `None` for the other ggml types.
@@ -165,8 +199,13 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
     })
 }
 
-/// See [`super::RowKernel`], for weights of blocks `B` and [`Acts`] in natural order.
+/// See [`super::RowKernel`], for weights of blocks `B` and [`Acts`] in natural order, in
+/// panels where this build reads `B` so ([`flm_core::panels::has_panels`]), in rows
+/// otherwise.
 fn rows<B: Runs>(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    if has_panels(w.dtype) {
+        return panel_rows::<B>(isa, w, acts, j0, yt);
+    }
     match isa {
         // SAFETY (each arm): `CpuDevice::with_isa` only accepts levels this CPU supports;
         // every x86 level above the portable one has AVX2, FMA and F16C, the VNNI ones
@@ -185,38 +224,74 @@ fn rows<B: Runs>(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut
     }
 }
 
+/// See [`rows`], for weights in panels (`j0` a multiple of [`PANEL_ROWS`]): the full
+/// panels to the x86 panel kernels, a last panel of fewer rows (and every panel at the
+/// portable level) to the portable twin, row by row.
+fn panel_rows<B: Runs>(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
+    let n = acts.n;
+    let full = yt.len() / n / PANEL_ROWS;
+    let done = match (isa, RunPanel::new(w.dtype)) {
+        // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports; every x86
+        // level above the portable one has AVX2, FMA and F16C, the VNNI ones `vpdpbusd`.
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 | Isa::Amx, Some(layout)) => {
+            let (head, _) = yt.split_at_mut(full * PANEL_ROWS * n);
+            unsafe { x86_panels::panels::<B>(isa, layout, w, acts, j0, head) };
+            full * PANEL_ROWS
+        }
+        _ => 0,
+    };
+    let (m, cols) = (w.bytes.len() / w.row_bytes, w.kp);
+    scratch::with(&ROW, |row| {
+        row.resize(w.row_bytes, 0);
+        for (dj, ys) in yt.chunks_exact_mut(n).enumerate().skip(done) {
+            flm_core::panels::row(w.dtype, w.bytes, m, cols, j0 + dj, row)
+                .expect("linear checked the weight's shape");
+            portable_row::<B>(row, acts, ys);
+        }
+    })
+}
+
+thread_local! {
+    /// The row-major bytes of one row of a panel, for the portable twin (see `scratch`).
+    static ROW: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
 /// The portable twin, in the order of the module docs.
 fn portable<B: Runs>(w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
-    let n = acts.n;
-    for (dj, ys) in yt.chunks_exact_mut(n).enumerate() {
-        let row = w.row(j0 + dj);
-        for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
-            let i0 = t * TILE_INPUTS;
-            let mut acc = [[0.0f32; 8]; TILE_INPUTS];
-            for (i, block) in blocks::<B>(row).iter().enumerate() {
-                for r in 0..B::RUNS {
-                    let b = i * B::RUNS + r;
-                    let (d, codes) = block.run(r);
-                    let (d, codes) = (d.get(), codes.get());
-                    for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
-                        let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
-                        let s = d * acts.row_d(i0 + k)[b];
-                        let c: [f32; 8] = std::array::from_fn(|l| {
-                            let lane =
-                                (4 * l..4 * l + 4).map(|t| i32::from(codes[t]) * i32::from(x[t]));
-                            lane.sum::<i32>() as f32
-                        });
-                        // Apart from the integer sums, so that the lanes' fused
-                        // multiply-adds vectorise.
-                        for (acc, c) in acc.iter_mut().zip(c) {
-                            *acc = fma(c, s, *acc);
-                        }
+    for (dj, ys) in yt.chunks_exact_mut(acts.n).enumerate() {
+        portable_row::<B>(w.row(j0 + dj), acts, ys);
+    }
+}
+
+/// [`portable`] for one weight row (its row-major bytes) × every input row, into `ys`.
+fn portable_row<B: Runs>(row: &[u8], acts: &Acts, ys: &mut [f32]) {
+    for (t, out) in ys.chunks_mut(TILE_INPUTS).enumerate() {
+        let i0 = t * TILE_INPUTS;
+        let mut acc = [[0.0f32; 8]; TILE_INPUTS];
+        for (i, block) in blocks::<B>(row).iter().enumerate() {
+            for r in 0..B::RUNS {
+                let b = i * B::RUNS + r;
+                let (d, codes) = block.run(r);
+                let (d, codes) = (d.get(), codes.get());
+                for (k, acc) in acc[..out.len()].iter_mut().enumerate() {
+                    let x = &acts.row_qs(i0 + k)[b * BLOCK..(b + 1) * BLOCK];
+                    let s = d * acts.row_d(i0 + k)[b];
+                    let c: [f32; 8] = std::array::from_fn(|l| {
+                        let lane =
+                            (4 * l..4 * l + 4).map(|t| i32::from(codes[t]) * i32::from(x[t]));
+                        lane.sum::<i32>() as f32
+                    });
+                    // Apart from the integer sums, so that the lanes' fused
+                    // multiply-adds vectorise.
+                    for (acc, c) in acc.iter_mut().zip(c) {
+                        *acc = fma(c, s, *acc);
                     }
                 }
             }
-            for (y, acc) in out.iter_mut().zip(acc) {
-                *y = lane_sum8(acc);
-            }
+        }
+        for (y, acc) in out.iter_mut().zip(acc) {
+            *y = lane_sum8(acc);
         }
     }
 }
@@ -601,5 +676,444 @@ mod x86 {
     ) {
         // SAFETY: this function's features.
         unsafe { rows_with::<B, Avx512Vnni>(w, acts, j0, yt) }
+    }
+}
+
+/// The x86 kernels of the types of runs in panels ([`flm_core::panels::RunPanel`]): the rows
+/// of a panel lie in the lanes of a vector (16 in a zmm; 8 in a ymm, in two passes over the
+/// panel), so that one integer dot-product step gives lane `l` of the module docs' order
+/// for every row at once, with no horizontal sum: the same bits as the portable twin.
+/// `vpdpbusd` multiplies unsigned by signed bytes: the VNNI levels look the codes up `+128`
+/// (Q8_0's by flipping their sign bit) and subtract `128 · Σ q_x` of the lane's 4
+/// activation codes, exactly; AVX2 multiplies `|q_w|` by `q_x` with the sign of `q_w`
+/// (ggml's `mul_sum_i8_pairs`; a pair is at most `2 · 128 · 127 < 2¹⁵`).
+#[cfg(target_arch = "x86_64")]
+mod x86_panels {
+    use std::arch::x86_64::*;
+    use std::cell::Cell;
+
+    use flm_core::panels::{RunPanel, PANEL_ROWS, STEP};
+
+    use super::{iq4xs_scale, Acts, PanelScale, QuantWeight, Runs, BLOCK};
+    use crate::cpu::{scratch, Isa};
+
+    /// Bytes a decode stream is prefetched ahead of its loads, non-temporally (the int
+    /// panels' distance).
+    const AHEAD: usize = 8192;
+
+    /// The lanes of one pass over a panel: [`PanelLanes::ROWS`] of its rows.
+    trait PanelLanes {
+        /// Rows in a vector.
+        const ROWS: usize;
+        /// Subtracted from a lane's sum, times the sum of its 4 activation codes.
+        const OFFSET: i32;
+        /// `ROWS × 4` codes.
+        type W: Copy;
+        /// `ROWS` int32 lanes.
+        type I: Copy;
+        /// `ROWS` f32 lanes.
+        type F: Copy;
+        unsafe fn zero() -> Self::F;
+        /// The `ROWS × 4` int8 codes at `p`, as [`PanelLanes::dot`] takes them.
+        unsafe fn codes(p: *const u8) -> Self::W;
+        /// The 16 levels of 4-bit codes, as [`PanelLanes::dot`] takes them.
+        unsafe fn table(levels: &[i8; 16]) -> Self::W;
+        /// The `ROWS × 4` bytes of nibbles at `p`, their low and their high nibbles looked
+        /// up in `table`.
+        unsafe fn lookup(p: *const u8, table: Self::W) -> (Self::W, Self::W);
+        /// The exact sum of 4 products per lane: the lane's codes by the 4 codes of `x`.
+        unsafe fn dot(w: Self::W, x: i32) -> Self::I;
+        /// `fma(c − off, s, acc)`.
+        unsafe fn fma(acc: Self::F, c: Self::I, off: i32, s: Self::F) -> Self::F;
+        /// `ROWS` f16 at `p`, exactly.
+        unsafe fn half(p: *const u8) -> Self::F;
+        /// `ROWS` E8M0 bytes at `p` as [`flm_core::blocks::e8m0_half`] decodes them.
+        unsafe fn e8m0(p: *const u8) -> Self::F;
+        unsafe fn load(p: *const f32) -> Self::F;
+        unsafe fn mul(v: Self::F, s: f32) -> Self::F;
+        unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
+        unsafe fn store(v: Self::F, p: *mut f32);
+    }
+
+    /// AVX-512 VNNI: 16 rows in a zmm.
+    struct Avx512;
+
+    impl PanelLanes for Avx512 {
+        const ROWS: usize = 16;
+        const OFFSET: i32 = 128;
+        type W = __m512i;
+        type I = __m512i;
+        type F = __m512;
+        #[inline(always)]
+        unsafe fn zero() -> __m512 {
+            _mm512_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn codes(p: *const u8) -> __m512i {
+            _mm512_xor_si512(_mm512_loadu_si512(p as *const _), _mm512_set1_epi8(-128))
+        }
+        #[inline(always)]
+        unsafe fn table(levels: &[i8; 16]) -> __m512i {
+            let t = _mm512_broadcast_i32x4(_mm_loadu_si128(levels.as_ptr() as *const _));
+            _mm512_xor_si512(t, _mm512_set1_epi8(-128))
+        }
+        #[inline(always)]
+        unsafe fn lookup(p: *const u8, table: __m512i) -> (__m512i, __m512i) {
+            let v = _mm512_loadu_si512(p as *const _);
+            let mask = _mm512_set1_epi8(0x0f);
+            let lo = _mm512_and_si512(v, mask);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+            (
+                _mm512_shuffle_epi8(table, lo),
+                _mm512_shuffle_epi8(table, hi),
+            )
+        }
+        #[inline(always)]
+        unsafe fn dot(w: __m512i, x: i32) -> __m512i {
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_set1_epi32(x))
+        }
+        #[inline(always)]
+        unsafe fn fma(acc: __m512, c: __m512i, off: i32, s: __m512) -> __m512 {
+            let c = _mm512_sub_epi32(c, _mm512_set1_epi32(off));
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), s, acc)
+        }
+        #[inline(always)]
+        unsafe fn half(p: *const u8) -> __m512 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p as *const _))
+        }
+        #[inline(always)]
+        unsafe fn e8m0(p: *const u8) -> __m512 {
+            let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const _));
+            let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+            let subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+            let is_normal = _mm512_cmpge_epu32_mask(e, _mm512_set1_epi32(2));
+            _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_normal, subnormal, normal))
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            _mm512_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn mul(v: __m512, s: f32) -> __m512 {
+            _mm512_mul_ps(v, _mm512_set1_ps(s))
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            _mm512_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn store(v: __m512, p: *mut f32) {
+            _mm512_storeu_ps(p, v)
+        }
+    }
+
+    /// AVX2, with AVX-VNNI (`VNNI`) or without: 8 rows in a ymm.
+    struct Avx2<const VNNI: bool>;
+
+    impl<const VNNI: bool> PanelLanes for Avx2<VNNI> {
+        const ROWS: usize = 8;
+        const OFFSET: i32 = if VNNI { 128 } else { 0 };
+        type W = __m256i;
+        type I = __m256i;
+        type F = __m256;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn codes(p: *const u8) -> __m256i {
+            let w = _mm256_loadu_si256(p as *const _);
+            if VNNI {
+                _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+            } else {
+                w
+            }
+        }
+        #[inline(always)]
+        unsafe fn table(levels: &[i8; 16]) -> __m256i {
+            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(levels.as_ptr() as *const _));
+            if VNNI {
+                _mm256_xor_si256(t, _mm256_set1_epi8(-128))
+            } else {
+                t
+            }
+        }
+        #[inline(always)]
+        unsafe fn lookup(p: *const u8, table: __m256i) -> (__m256i, __m256i) {
+            let v = _mm256_loadu_si256(p as *const _);
+            let mask = _mm256_set1_epi8(0x0f);
+            let lo = _mm256_and_si256(v, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+            (
+                _mm256_shuffle_epi8(table, lo),
+                _mm256_shuffle_epi8(table, hi),
+            )
+        }
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, x: i32) -> __m256i {
+            let x = _mm256_set1_epi32(x);
+            if VNNI {
+                _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x)
+            } else {
+                let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+            }
+        }
+        #[inline(always)]
+        unsafe fn fma(acc: __m256, c: __m256i, off: i32, s: __m256) -> __m256 {
+            let c = if VNNI {
+                _mm256_sub_epi32(c, _mm256_set1_epi32(off))
+            } else {
+                c
+            };
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), s, acc)
+        }
+        #[inline(always)]
+        unsafe fn half(p: *const u8) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const _))
+        }
+        #[inline(always)]
+        unsafe fn e8m0(p: *const u8) -> __m256 {
+            let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const _));
+            let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+            let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+            let is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+            _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, is_normal))
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn mul(v: __m256, s: f32) -> __m256 {
+            _mm256_mul_ps(v, _mm256_set1_ps(s))
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn store(v: __m256, p: *mut f32) {
+            _mm256_storeu_ps(p, v)
+        }
+    }
+
+    thread_local! {
+        /// Each input row's `OFFSET · Σ` of every 4 activation codes (see `scratch`).
+        static OFFSETS: Cell<Vec<i32>> = const { Cell::new(Vec::new()) };
+    }
+
+    /// See [`super::panel_rows`]: the full panels from row `j0` on × every input row, into
+    /// `yt[(dj)·n + i]`.
+    ///
+    /// # Safety
+    /// The CPU must support `isa`; `yt` must hold whole panels and `acts` be in natural
+    /// order; `w` must be in panels of `B`'s blocks, laid out as `layout`.
+    pub(super) unsafe fn panels<B: Runs>(
+        isa: Isa,
+        layout: RunPanel,
+        w: &QuantWeight<'_>,
+        acts: &Acts,
+        j0: usize,
+        yt: &mut [f32],
+    ) {
+        // SAFETY (each arm): the caller's.
+        unsafe {
+            match isa {
+                Isa::Avx512 | Isa::Amx => avx512::<B>(layout, w, acts, j0, yt),
+                Isa::AvxVnni => avxvnni::<B>(layout, w, acts, j0, yt),
+                _ => avx2::<B>(layout, w, acts, j0, yt),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn avx512<B: Runs>(
+        l: RunPanel,
+        w: &QuantWeight<'_>,
+        a: &Acts,
+        j0: usize,
+        y: &mut [f32],
+    ) {
+        // SAFETY: this function's features.
+        unsafe { each_panel::<B, Avx512>(l, w, a, j0, y) }
+    }
+
+    #[target_feature(enable = "avxvnni,avx2,fma,f16c")]
+    unsafe fn avxvnni<B: Runs>(
+        l: RunPanel,
+        w: &QuantWeight<'_>,
+        a: &Acts,
+        j0: usize,
+        y: &mut [f32],
+    ) {
+        // SAFETY: this function's features.
+        unsafe { each_panel::<B, Avx2<true>>(l, w, a, j0, y) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2<B: Runs>(l: RunPanel, w: &QuantWeight<'_>, a: &Acts, j0: usize, y: &mut [f32]) {
+        // SAFETY: this function's features.
+        unsafe { each_panel::<B, Avx2<false>>(l, w, a, j0, y) }
+    }
+
+    /// Every panel × every input row: two inputs at once where the 16 accumulators per
+    /// input fit the registers twice (AVX-512), one otherwise.
+    #[inline(always)]
+    unsafe fn each_panel<B: Runs, L: PanelLanes>(
+        layout: RunPanel,
+        w: &QuantWeight<'_>,
+        acts: &Acts,
+        j0: usize,
+        yt: &mut [f32],
+    ) {
+        let n = acts.n;
+        scratch::with(&OFFSETS, |offsets| {
+            offsets.clear();
+            if L::OFFSET != 0 {
+                for i in 0..n {
+                    let qs = acts.row_qs(i);
+                    offsets.extend(
+                        qs.chunks_exact(STEP)
+                            .map(|x| L::OFFSET * x.iter().map(|&q| i32::from(q)).sum::<i32>()),
+                    );
+                }
+            }
+            for (p, out) in yt.chunks_exact_mut(PANEL_ROWS * n).enumerate() {
+                let (panel, _) = w.panel(j0 + p * PANEL_ROWS);
+                for h in 0..PANEL_ROWS / L::ROWS {
+                    let mut i = 0;
+                    while i < n {
+                        // SAFETY: the caller's.
+                        unsafe {
+                            if L::ROWS == PANEL_ROWS && n - i >= 2 {
+                                tile::<B, L, 2>(panel, layout, h, acts, offsets, i, out);
+                                i += 2;
+                            } else {
+                                tile::<B, L, 1>(panel, layout, h, acts, offsets, i, out);
+                                i += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// Pass `h` over a panel (its rows `h·ROWS..(h + 1)·ROWS`) × input rows `i..i + T`, into
+    /// `yt[dr·n + i + t]`: the 8 lanes of each output in 8 vectors, summed as
+    /// [`super::lane_sum8`] does.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<B: Runs, L: PanelLanes, const T: usize>(
+        panel: &[u8],
+        layout: RunPanel,
+        h: usize,
+        acts: &Acts,
+        offsets: &[i32],
+        i: usize,
+        yt: &mut [f32],
+    ) {
+        // SAFETY (whole body): the caller's instructions; every read lies in the panel
+        // (whole blocks of 16 rows) or in the activations' rows.
+        unsafe {
+            let n = acts.n;
+            let lanes = acts.blocks * BLOCK / STEP;
+            let mut qs = [std::ptr::null::<u8>(); T];
+            let mut d = [&[] as &[f32]; T];
+            let mut off = [&[] as &[i32]; T];
+            for t in 0..T {
+                qs[t] = acts.row_qs(i + t).as_ptr() as *const u8;
+                d[t] = acts.row_d(i + t);
+                if L::OFFSET != 0 {
+                    off[t] = &offsets[(i + t) * lanes..(i + t + 1) * lanes];
+                }
+            }
+            let table = B::TABLE.map(|levels| L::table(levels));
+            let steps = layout.steps() / B::RUNS;
+            let step_bytes = STEP * PANEL_ROWS;
+            let mut acc = [[L::zero(); 8]; T];
+            let mut xs_scales = [[0.0f32; PANEL_ROWS]; 8];
+            for blk in 0..acts.blocks / B::RUNS {
+                let base = panel.as_ptr().add(blk * PANEL_ROWS * layout.block);
+                let header = base.add(h * L::ROWS * layout.header);
+                let codes = base.add(PANEL_ROWS * layout.header + h * L::ROWS * STEP);
+                if B::SCALE == PanelScale::Iq4Xs {
+                    for (dr, hd) in std::slice::from_raw_parts(header, L::ROWS * 8)
+                        .chunks_exact(8)
+                        .enumerate()
+                    {
+                        for (run, scales) in xs_scales.iter_mut().enumerate() {
+                            let (dh, sh, sl) =
+                                ([hd[0], hd[1]], [hd[2], hd[3]], [hd[4], hd[5], hd[6], hd[7]]);
+                            scales[dr] = iq4xs_scale(dh, sh, sl, run).get();
+                        }
+                    }
+                }
+                for (run, xs) in xs_scales.iter().enumerate().take(B::RUNS) {
+                    let b = blk * B::RUNS + run;
+                    let sw = match B::SCALE {
+                        PanelScale::F16 => L::half(header),
+                        PanelScale::E8M0 => L::e8m0(header),
+                        PanelScale::Iq4Xs => L::load(xs.as_ptr()),
+                    };
+                    let mut s = [L::zero(); T];
+                    for t in 0..T {
+                        s[t] = L::mul(sw, *d[t].get_unchecked(b));
+                    }
+                    let x = |t: usize, lane: usize| {
+                        (qs[t].add(b * BLOCK + STEP * lane) as *const i32).read_unaligned()
+                    };
+                    let o = |t: usize, lane: usize| {
+                        if L::OFFSET == 0 {
+                            0
+                        } else {
+                            *off[t].get_unchecked(b * 8 + lane)
+                        }
+                    };
+                    for q in 0..steps {
+                        let step = codes.add((run * steps + q) * step_bytes);
+                        if T == 1 && n == 1 && h == 0 {
+                            // Decode streams each panel once: fetch ahead of the loads.
+                            _mm_prefetch::<_MM_HINT_NTA>(step.wrapping_add(AHEAD) as *const i8);
+                        }
+                        match table {
+                            None => {
+                                let wv = L::codes(step);
+                                for t in 0..T {
+                                    let c = L::dot(wv, x(t, q));
+                                    acc[t][q] = L::fma(acc[t][q], c, o(t, q), s[t]);
+                                }
+                            }
+                            Some(table) => {
+                                let (lo, hi) = L::lookup(step, table);
+                                for t in 0..T {
+                                    let c = L::dot(lo, x(t, q));
+                                    acc[t][q] = L::fma(acc[t][q], c, o(t, q), s[t]);
+                                    let c = L::dot(hi, x(t, q + 4));
+                                    acc[t][q + 4] = L::fma(acc[t][q + 4], c, o(t, q + 4), s[t]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let mut out = [0.0f32; PANEL_ROWS];
+            for (t, a) in acc.iter().enumerate() {
+                let s: [L::F; 4] = [
+                    L::add(a[0], a[4]),
+                    L::add(a[1], a[5]),
+                    L::add(a[2], a[6]),
+                    L::add(a[3], a[7]),
+                ];
+                L::store(
+                    L::add(L::add(s[0], s[2]), L::add(s[1], s[3])),
+                    out.as_mut_ptr(),
+                );
+                for (dr, &v) in out[..L::ROWS].iter().enumerate() {
+                    *yt.get_unchecked_mut((h * L::ROWS + dr) * n + i + t) = v;
+                }
+            }
+        }
     }
 }
