@@ -25,7 +25,9 @@
 //! **ggml's blocks of runs** ([`RunPanel`]: Q8_0, IQ4_NL, IQ4_XS and MXFP4, whose blocks
 //! are a header of scales and then codes of one byte or one nibble per value): panel `p`
 //! (same rows and start) holds its `kp / V` blocks of `V` values one after the other, each
-//! as the `r` rows' headers, row after row, and then, for each 4 bytes of the blocks' codes
+//! as the `r` rows' headers, field by field (each field of the `r` rows, row after row:
+//! IQ4_XS's `d`, then its `scales_h`, then its `scales_l`), and then, for each 4 bytes of
+//! the blocks' codes
 //! (a step), the `r × 4` bytes of that step of every row. A step of Q8_0 is 4 codes of a
 //! row; a step of the 4-bit types is 8 (its low nibbles are 4 values, its high nibbles the
 //! 4 values 16 further on, as the blocks store them).
@@ -104,6 +106,8 @@ pub const STEP: usize = 4;
 pub struct RunPanel {
     /// Bytes of a block's header (its scales), at the block's start.
     pub header: usize,
+    /// The header's fields, in bytes, in their order (their sum is `header`).
+    pub fields: &'static [usize],
     /// Bytes of a block.
     pub block: usize,
     /// Values of a block.
@@ -115,13 +119,16 @@ impl RunPanel {
     /// read in panels; `None` for other dtypes.
     pub fn new(dtype: DataType) -> Option<RunPanel> {
         let ty = dtype.ggml_type()?;
-        let codes = match dtype {
-            DataType::Q8_0 => ty.block_len(),
-            DataType::IQ4NL | DataType::IQ4XS | DataType::MXFP4 => ty.block_len() / 2,
+        let (codes, fields): (usize, &[usize]) = match dtype {
+            DataType::Q8_0 => (ty.block_len(), &[2]),
+            DataType::IQ4NL => (ty.block_len() / 2, &[2]),
+            DataType::MXFP4 => (ty.block_len() / 2, &[1]),
+            DataType::IQ4XS => (ty.block_len() / 2, &[2, 2, 4]),
             _ => return None,
         };
         Some(RunPanel {
             header: ty.block_bytes() - codes,
+            fields,
             block: ty.block_bytes(),
             values: ty.block_len(),
         })
@@ -241,7 +248,11 @@ fn for_each_move(
     if let Some(l) = RunPanel::new(dtype) {
         for b in 0..kp / l.values {
             let (row, panel) = (b * l.block, b * r * l.block);
-            f(row, panel + i * l.header, l.header);
+            let mut at = 0;
+            for &len in l.fields {
+                f(row + at, panel + r * at + i * len, len);
+                at += len;
+            }
             for s in 0..l.steps() {
                 let to = panel + r * l.header + s * STEP * r + STEP * i;
                 f(row + l.header + STEP * s, to, STEP);
@@ -426,7 +437,8 @@ mod tests {
         assert_eq!(&panels[10..14], &[5, 6, 7, 8]);
         // Block 1 starts after the 2 × 17 bytes of block 0.
         assert_eq!(&panels[34..36], &[20, 120]);
-        assert_eq!(RunPanel::new(DataType::IQ4XS).unwrap().header, 8);
+        let xs = RunPanel::new(DataType::IQ4XS).unwrap();
+        assert_eq!((xs.header, xs.fields.iter().sum::<usize>()), (8, 8));
         assert_eq!(RunPanel::new(DataType::Q8_0).unwrap().steps(), 8);
     }
 }

@@ -113,6 +113,11 @@ pub(crate) struct Acts {
     gsum: Lines<f32>,
     /// `n × blocks`: `Σ q_x` of each block, exact.
     bsum: Lines<i32>,
+    /// `n × blocks × 8`: `−128 · Σ q_x` of each 4 codes, the bias that `vpdpbusd` starts
+    /// from for weight codes stored `+ 128` (x86's panels of `runs`; empty for other
+    /// dtypes).
+    #[cfg(target_arch = "x86_64")]
+    step_bias: Lines<i32>,
     /// The same inputs as AMX tiles ([`Isa::Amx`] only).
     #[cfg(target_arch = "x86_64")]
     pub tiles: amx::TileActs,
@@ -162,11 +167,20 @@ impl Acts {
             _ => rows.run(self),
         }
         #[cfg(target_arch = "x86_64")]
-        let tiled = matches!(dtype.format(), Some(Format::Int8 | Format::Int4 { .. }));
-        if isa == Isa::Amx && n >= AMX_MIN_ROWS && tiled {
-            let mut tiles = std::mem::take(&mut self.tiles);
-            tiles.pack(self);
-            self.tiles = tiles;
+        {
+            let tiled = matches!(dtype.format(), Some(Format::Int8 | Format::Int4 { .. }));
+            if flm_core::panels::has_panels(dtype) && !tiled {
+                let (qs, bias) = (self.qs.as_slice(), &mut self.step_bias);
+                bias.reset(qs.len() / 4);
+                for (b, x) in bias.as_mut_slice().iter_mut().zip(qs.chunks_exact(4)) {
+                    *b = -128 * x.iter().map(|&q| i32::from(q)).sum::<i32>();
+                }
+            }
+            if isa == Isa::Amx && n >= AMX_MIN_ROWS && tiled {
+                let mut tiles = std::mem::take(&mut self.tiles);
+                tiles.pack(self);
+                self.tiles = tiles;
+            }
         }
     }
 
@@ -189,6 +203,14 @@ impl Acts {
     /// kernels).
     pub fn row_bsum(&self, i: usize) -> &[i32] {
         &self.bsum.as_slice()[i * self.blocks..(i + 1) * self.blocks]
+    }
+
+    /// The biases of row `i`'s steps of 4 codes (`−128 · Σ q_x`; filled for the dtypes of
+    /// x86's run panels only).
+    #[cfg(target_arch = "x86_64")]
+    pub fn row_step_bias(&self, i: usize) -> &[i32] {
+        let steps = self.blocks * BLOCK / 4;
+        &self.step_bias.as_slice()[i * steps..(i + 1) * steps]
     }
 }
 

@@ -689,13 +689,11 @@ mod x86 {
 /// (ggml's `mul_sum_i8_pairs`; a pair is at most `2 · 128 · 127 < 2¹⁵`).
 #[cfg(target_arch = "x86_64")]
 mod x86_panels {
-    use std::arch::x86_64::*;
-    use std::cell::Cell;
-
     use flm_core::panels::{RunPanel, PANEL_ROWS, STEP};
+    use std::arch::x86_64::*;
 
-    use super::{iq4xs_scale, Acts, PanelScale, QuantWeight, Runs, BLOCK};
-    use crate::cpu::{scratch, Isa};
+    use super::{Acts, PanelScale, QuantWeight, Runs, BLOCK};
+    use crate::cpu::Isa;
 
     /// Bytes a decode stream is prefetched ahead of its loads, non-temporally (the int
     /// panels' distance).
@@ -705,8 +703,9 @@ mod x86_panels {
     trait PanelLanes {
         /// Rows in a vector.
         const ROWS: usize;
-        /// Subtracted from a lane's sum, times the sum of its 4 activation codes.
-        const OFFSET: i32;
+        /// Whether weight codes are stored `+ 128` (for `vpdpbusd`), their sums then starting
+        /// from the activations' step bias ([`Acts::row_step_bias`]).
+        const BIASED: bool;
         /// `ROWS × 4` codes.
         type W: Copy;
         /// `ROWS` int32 lanes.
@@ -714,6 +713,7 @@ mod x86_panels {
         /// `ROWS` f32 lanes.
         type F: Copy;
         unsafe fn zero() -> Self::F;
+        unsafe fn zero_i() -> Self::I;
         /// The `ROWS × 4` int8 codes at `p`, as [`PanelLanes::dot`] takes them.
         unsafe fn codes(p: *const u8) -> Self::W;
         /// The 16 levels of 4-bit codes, as [`PanelLanes::dot`] takes them.
@@ -721,15 +721,22 @@ mod x86_panels {
         /// The `ROWS × 4` bytes of nibbles at `p`, their low and their high nibbles looked
         /// up in `table`.
         unsafe fn lookup(p: *const u8, table: Self::W) -> (Self::W, Self::W);
-        /// The exact sum of 4 products per lane: the lane's codes by the 4 codes of `x`.
-        unsafe fn dot(w: Self::W, x: i32) -> Self::I;
-        /// `fma(c − off, s, acc)`.
-        unsafe fn fma(acc: Self::F, c: Self::I, off: i32, s: Self::F) -> Self::F;
+        /// The exact sum of 4 products per lane: the lane's codes by the 4 codes of `x`,
+        /// whose step bias is `bias`.
+        unsafe fn dot(w: Self::W, x: i32, bias: i32) -> Self::I;
+        /// `fma(c, s, acc)`.
+        unsafe fn fma(acc: Self::F, c: Self::I, s: Self::F) -> Self::F;
         /// `ROWS` f16 at `p`, exactly.
         unsafe fn half(p: *const u8) -> Self::F;
         /// `ROWS` E8M0 bytes at `p` as [`flm_core::blocks::e8m0_half`] decodes them.
         unsafe fn e8m0(p: *const u8) -> Self::F;
-        unsafe fn load(p: *const f32) -> Self::F;
+        /// `ROWS` u16 at `p`, widened.
+        unsafe fn u16s(p: *const u8) -> Self::I;
+        /// `ROWS` u32 at `p`.
+        unsafe fn u32s(p: *const u8) -> Self::I;
+        /// IQ4_XS's scale of run `run` (see [`super::iq4xs_scale`]) of `ROWS` rows from
+        /// their `d`, `scales_h` and `scales_l`: `d · (sc − 32)`, exact.
+        unsafe fn iq4xs(d: Self::F, scales_h: Self::I, scales_l: Self::I, run: usize) -> Self::F;
         unsafe fn mul(v: Self::F, s: f32) -> Self::F;
         unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
         unsafe fn store(v: Self::F, p: *mut f32);
@@ -740,13 +747,17 @@ mod x86_panels {
 
     impl PanelLanes for Avx512 {
         const ROWS: usize = 16;
-        const OFFSET: i32 = 128;
+        const BIASED: bool = true;
         type W = __m512i;
         type I = __m512i;
         type F = __m512;
         #[inline(always)]
         unsafe fn zero() -> __m512 {
             _mm512_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn zero_i() -> __m512i {
+            _mm512_setzero_si512()
         }
         #[inline(always)]
         unsafe fn codes(p: *const u8) -> __m512i {
@@ -769,12 +780,11 @@ mod x86_panels {
             )
         }
         #[inline(always)]
-        unsafe fn dot(w: __m512i, x: i32) -> __m512i {
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_set1_epi32(x))
+        unsafe fn dot(w: __m512i, x: i32, bias: i32) -> __m512i {
+            _mm512_dpbusd_epi32(_mm512_set1_epi32(bias), w, _mm512_set1_epi32(x))
         }
         #[inline(always)]
-        unsafe fn fma(acc: __m512, c: __m512i, off: i32, s: __m512) -> __m512 {
-            let c = _mm512_sub_epi32(c, _mm512_set1_epi32(off));
+        unsafe fn fma(acc: __m512, c: __m512i, s: __m512) -> __m512 {
             _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), s, acc)
         }
         #[inline(always)]
@@ -790,8 +800,24 @@ mod x86_panels {
             _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_normal, subnormal, normal))
         }
         #[inline(always)]
-        unsafe fn load(p: *const f32) -> __m512 {
-            _mm512_loadu_ps(p)
+        unsafe fn u16s(p: *const u8) -> __m512i {
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const _))
+        }
+        #[inline(always)]
+        unsafe fn u32s(p: *const u8) -> __m512i {
+            _mm512_loadu_si512(p as *const _)
+        }
+        #[inline(always)]
+        unsafe fn iq4xs(d: __m512, scales_h: __m512i, scales_l: __m512i, run: usize) -> __m512 {
+            let (lo, hi) = (
+                _mm_cvtsi32_si128(4 * run as i32),
+                _mm_cvtsi32_si128(2 * run as i32),
+            );
+            let low = _mm512_and_si512(_mm512_srl_epi32(scales_l, lo), _mm512_set1_epi32(0x0f));
+            let high = _mm512_and_si512(_mm512_srl_epi32(scales_h, hi), _mm512_set1_epi32(0x03));
+            let sc = _mm512_or_si512(low, _mm512_slli_epi32::<4>(high));
+            let k = _mm512_cvtepi32_ps(_mm512_sub_epi32(sc, _mm512_set1_epi32(32)));
+            _mm512_mul_ps(d, k)
         }
         #[inline(always)]
         unsafe fn mul(v: __m512, s: f32) -> __m512 {
@@ -812,13 +838,17 @@ mod x86_panels {
 
     impl<const VNNI: bool> PanelLanes for Avx2<VNNI> {
         const ROWS: usize = 8;
-        const OFFSET: i32 = if VNNI { 128 } else { 0 };
+        const BIASED: bool = VNNI;
         type W = __m256i;
         type I = __m256i;
         type F = __m256;
         #[inline(always)]
         unsafe fn zero() -> __m256 {
             _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn zero_i() -> __m256i {
+            _mm256_setzero_si256()
         }
         #[inline(always)]
         unsafe fn codes(p: *const u8) -> __m256i {
@@ -850,22 +880,17 @@ mod x86_panels {
             )
         }
         #[inline(always)]
-        unsafe fn dot(w: __m256i, x: i32) -> __m256i {
+        unsafe fn dot(w: __m256i, x: i32, bias: i32) -> __m256i {
             let x = _mm256_set1_epi32(x);
             if VNNI {
-                _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x)
+                _mm256_dpbusd_avx_epi32(_mm256_set1_epi32(bias), w, x)
             } else {
                 let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
                 _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
             }
         }
         #[inline(always)]
-        unsafe fn fma(acc: __m256, c: __m256i, off: i32, s: __m256) -> __m256 {
-            let c = if VNNI {
-                _mm256_sub_epi32(c, _mm256_set1_epi32(off))
-            } else {
-                c
-            };
+        unsafe fn fma(acc: __m256, c: __m256i, s: __m256) -> __m256 {
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), s, acc)
         }
         #[inline(always)]
@@ -881,8 +906,24 @@ mod x86_panels {
             _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, is_normal))
         }
         #[inline(always)]
-        unsafe fn load(p: *const f32) -> __m256 {
-            _mm256_loadu_ps(p)
+        unsafe fn u16s(p: *const u8) -> __m256i {
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const _))
+        }
+        #[inline(always)]
+        unsafe fn u32s(p: *const u8) -> __m256i {
+            _mm256_loadu_si256(p as *const _)
+        }
+        #[inline(always)]
+        unsafe fn iq4xs(d: __m256, scales_h: __m256i, scales_l: __m256i, run: usize) -> __m256 {
+            let (lo, hi) = (
+                _mm_cvtsi32_si128(4 * run as i32),
+                _mm_cvtsi32_si128(2 * run as i32),
+            );
+            let low = _mm256_and_si256(_mm256_srl_epi32(scales_l, lo), _mm256_set1_epi32(0x0f));
+            let high = _mm256_and_si256(_mm256_srl_epi32(scales_h, hi), _mm256_set1_epi32(0x03));
+            let sc = _mm256_or_si256(low, _mm256_slli_epi32::<4>(high));
+            let k = _mm256_cvtepi32_ps(_mm256_sub_epi32(sc, _mm256_set1_epi32(32)));
+            _mm256_mul_ps(d, k)
         }
         #[inline(always)]
         unsafe fn mul(v: __m256, s: f32) -> __m256 {
@@ -896,11 +937,6 @@ mod x86_panels {
         unsafe fn store(v: __m256, p: *mut f32) {
             _mm256_storeu_ps(p, v)
         }
-    }
-
-    thread_local! {
-        /// Each input row's `OFFSET · Σ` of every 4 activation codes (see `scratch`).
-        static OFFSETS: Cell<Vec<i32>> = const { Cell::new(Vec::new()) };
     }
 
     /// See [`super::panel_rows`]: the full panels from row `j0` on × every input row, into
@@ -917,87 +953,96 @@ mod x86_panels {
         j0: usize,
         yt: &mut [f32],
     ) {
+        let run = (layout, w, acts, j0);
         // SAFETY (each arm): the caller's.
         unsafe {
             match isa {
-                Isa::Avx512 | Isa::Amx => avx512::<B>(layout, w, acts, j0, yt),
-                Isa::AvxVnni => avxvnni::<B>(layout, w, acts, j0, yt),
-                _ => avx2::<B>(layout, w, acts, j0, yt),
+                Isa::Avx512 | Isa::Amx => avx512::<B>(run, yt),
+                Isa::AvxVnni => avxvnni::<B>(run, yt),
+                _ => avx2::<B>(run, yt),
             }
         }
     }
 
+    /// The arguments of [`panels`] that the levels' kernels share.
+    type Run<'a, 'w> = (RunPanel, &'a QuantWeight<'w>, &'a Acts, usize);
+
+    // The kernels below are inlined into these functions, whose target features they need:
+    // no closure may come between (a closure's body does not inherit them), as one did for
+    // a scratch buffer and made them 30 times slower.
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn avx512<B: Runs>(
-        l: RunPanel,
-        w: &QuantWeight<'_>,
-        a: &Acts,
-        j0: usize,
-        y: &mut [f32],
-    ) {
+    unsafe fn avx512<B: Runs>(run: Run<'_, '_>, yt: &mut [f32]) {
         // SAFETY: this function's features.
-        unsafe { each_panel::<B, Avx512>(l, w, a, j0, y) }
+        unsafe { each_panel::<B, Avx512>(run, yt) }
     }
 
     #[target_feature(enable = "avxvnni,avx2,fma,f16c")]
-    unsafe fn avxvnni<B: Runs>(
-        l: RunPanel,
-        w: &QuantWeight<'_>,
-        a: &Acts,
-        j0: usize,
-        y: &mut [f32],
-    ) {
+    unsafe fn avxvnni<B: Runs>(run: Run<'_, '_>, yt: &mut [f32]) {
         // SAFETY: this function's features.
-        unsafe { each_panel::<B, Avx2<true>>(l, w, a, j0, y) }
+        unsafe { each_panel::<B, Avx2<true>>(run, yt) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn avx2<B: Runs>(l: RunPanel, w: &QuantWeight<'_>, a: &Acts, j0: usize, y: &mut [f32]) {
+    unsafe fn avx2<B: Runs>(run: Run<'_, '_>, yt: &mut [f32]) {
         // SAFETY: this function's features.
-        unsafe { each_panel::<B, Avx2<false>>(l, w, a, j0, y) }
+        unsafe { each_panel::<B, Avx2<false>>(run, yt) }
     }
 
-    /// Every panel × every input row: two inputs at once where the 16 accumulators per
-    /// input fit the registers twice (AVX-512), one otherwise.
+    /// Every panel × every input row, two inputs at once (the 16 accumulators per input fit
+    /// AVX-512's registers twice; on AVX2 the spills cost less than decoding the codes for
+    /// each input alone).
     #[inline(always)]
     unsafe fn each_panel<B: Runs, L: PanelLanes>(
-        layout: RunPanel,
-        w: &QuantWeight<'_>,
-        acts: &Acts,
-        j0: usize,
+        (layout, w, acts, j0): Run<'_, '_>,
         yt: &mut [f32],
     ) {
         let n = acts.n;
-        scratch::with(&OFFSETS, |offsets| {
-            offsets.clear();
-            if L::OFFSET != 0 {
-                for i in 0..n {
-                    let qs = acts.row_qs(i);
-                    offsets.extend(
-                        qs.chunks_exact(STEP)
-                            .map(|x| L::OFFSET * x.iter().map(|&q| i32::from(q)).sum::<i32>()),
-                    );
-                }
-            }
-            for (p, out) in yt.chunks_exact_mut(PANEL_ROWS * n).enumerate() {
-                let (panel, _) = w.panel(j0 + p * PANEL_ROWS);
-                for h in 0..PANEL_ROWS / L::ROWS {
-                    let mut i = 0;
-                    while i < n {
-                        // SAFETY: the caller's.
-                        unsafe {
-                            if L::ROWS == PANEL_ROWS && n - i >= 2 {
-                                tile::<B, L, 2>(panel, layout, h, acts, offsets, i, out);
-                                i += 2;
-                            } else {
-                                tile::<B, L, 1>(panel, layout, h, acts, offsets, i, out);
-                                i += 1;
-                            }
+        for (p, out) in yt.chunks_exact_mut(PANEL_ROWS * n).enumerate() {
+            let (panel, _) = w.panel(j0 + p * PANEL_ROWS);
+            for h in 0..PANEL_ROWS / L::ROWS {
+                let mut i = 0;
+                while i < n {
+                    // SAFETY: the caller's.
+                    unsafe {
+                        if n - i >= 2 {
+                            tile::<B, L, 2>(panel, layout, h, acts, i, out);
+                            i += 2;
+                        } else {
+                            tile::<B, L, 1>(panel, layout, h, acts, i, out);
+                            i += 1;
                         }
                     }
                 }
             }
-        })
+        }
+    }
+
+    /// The activations of `T` input rows at block `b`.
+    struct ActsAt<'a, const T: usize> {
+        qs: [*const u8; T],
+        bias: [&'a [i32]; T],
+        b: usize,
+    }
+
+    impl<const T: usize> ActsAt<'_, T> {
+        /// The 4 codes of lane `lane` of input `t`, as one i32.
+        #[inline(always)]
+        unsafe fn codes(&self, t: usize, lane: usize) -> i32 {
+            // SAFETY: the tile's rows hold whole blocks of codes.
+            unsafe { (self.qs[t].add(self.b * BLOCK + STEP * lane) as *const i32).read_unaligned() }
+        }
+
+        /// `−128 · Σ` of those codes, where `L` stores weight codes `+ 128`.
+        #[inline(always)]
+        unsafe fn bias<L: PanelLanes>(&self, t: usize, lane: usize) -> i32 {
+            if L::BIASED {
+                // SAFETY: `bias[t]` has 8 entries a block.
+                unsafe { *self.bias[t].get_unchecked(self.b * 8 + lane) }
+            } else {
+                0
+            }
+        }
     }
 
     /// Pass `h` over a panel (its rows `h·ROWS..(h + 1)·ROWS`) × input rows `i..i + T`, into
@@ -1010,7 +1055,6 @@ mod x86_panels {
         layout: RunPanel,
         h: usize,
         acts: &Acts,
-        offsets: &[i32],
         i: usize,
         yt: &mut [f32],
     ) {
@@ -1018,81 +1062,69 @@ mod x86_panels {
         // (whole blocks of 16 rows) or in the activations' rows.
         unsafe {
             let n = acts.n;
-            let lanes = acts.blocks * BLOCK / STEP;
             let mut qs = [std::ptr::null::<u8>(); T];
             let mut d = [&[] as &[f32]; T];
-            let mut off = [&[] as &[i32]; T];
+            let mut bias = [&[] as &[i32]; T];
             for t in 0..T {
                 qs[t] = acts.row_qs(i + t).as_ptr() as *const u8;
                 d[t] = acts.row_d(i + t);
-                if L::OFFSET != 0 {
-                    off[t] = &offsets[(i + t) * lanes..(i + t + 1) * lanes];
-                }
+                bias[t] = acts.row_step_bias(i + t);
             }
-            let table = B::TABLE.map(|levels| L::table(levels));
+            // (Unused for a code per byte.)
+            let table = L::table(B::TABLE.unwrap_or(&[0; 16]));
             let steps = layout.steps() / B::RUNS;
             let step_bytes = STEP * PANEL_ROWS;
             let mut acc = [[L::zero(); 8]; T];
-            let mut xs_scales = [[0.0f32; PANEL_ROWS]; 8];
             for blk in 0..acts.blocks / B::RUNS {
                 let base = panel.as_ptr().add(blk * PANEL_ROWS * layout.block);
-                let header = base.add(h * L::ROWS * layout.header);
                 let codes = base.add(PANEL_ROWS * layout.header + h * L::ROWS * STEP);
-                if B::SCALE == PanelScale::Iq4Xs {
-                    for (dr, hd) in std::slice::from_raw_parts(header, L::ROWS * 8)
-                        .chunks_exact(8)
-                        .enumerate()
-                    {
-                        for (run, scales) in xs_scales.iter_mut().enumerate() {
-                            let (dh, sh, sl) =
-                                ([hd[0], hd[1]], [hd[2], hd[3]], [hd[4], hd[5], hd[6], hd[7]]);
-                            scales[dr] = iq4xs_scale(dh, sh, sl, run).get();
-                        }
-                    }
-                }
-                for (run, xs) in xs_scales.iter().enumerate().take(B::RUNS) {
+                // The header fields of the pass's rows (each field holds all 16 rows': IQ4_XS's
+                // `d` of 2 bytes, `scales_h` of 2 after 2 · 16, `scales_l` of 4 after 4 · 16).
+                let rows = h * L::ROWS;
+                let first = match B::SCALE {
+                    PanelScale::F16 => L::half(base.add(2 * rows)),
+                    PanelScale::E8M0 => L::e8m0(base.add(rows)),
+                    PanelScale::Iq4Xs => L::half(base.add(2 * rows)),
+                };
+                let (scales_h, scales_l) = if B::SCALE == PanelScale::Iq4Xs {
+                    (
+                        L::u16s(base.add(PANEL_ROWS * 2 + 2 * rows)),
+                        L::u32s(base.add(PANEL_ROWS * 4 + 4 * rows)),
+                    )
+                } else {
+                    (L::zero_i(), L::zero_i())
+                };
+                for run in 0..B::RUNS {
                     let b = blk * B::RUNS + run;
-                    let sw = match B::SCALE {
-                        PanelScale::F16 => L::half(header),
-                        PanelScale::E8M0 => L::e8m0(header),
-                        PanelScale::Iq4Xs => L::load(xs.as_ptr()),
+                    let sw = if B::SCALE == PanelScale::Iq4Xs {
+                        L::iq4xs(first, scales_h, scales_l, run)
+                    } else {
+                        first
                     };
                     let mut s = [L::zero(); T];
                     for t in 0..T {
                         s[t] = L::mul(sw, *d[t].get_unchecked(b));
                     }
-                    let x = |t: usize, lane: usize| {
-                        (qs[t].add(b * BLOCK + STEP * lane) as *const i32).read_unaligned()
-                    };
-                    let o = |t: usize, lane: usize| {
-                        if L::OFFSET == 0 {
-                            0
-                        } else {
-                            *off[t].get_unchecked(b * 8 + lane)
-                        }
-                    };
+                    let x = ActsAt { qs, bias, b };
                     for q in 0..steps {
                         let step = codes.add((run * steps + q) * step_bytes);
                         if T == 1 && n == 1 && h == 0 {
                             // Decode streams each panel once: fetch ahead of the loads.
                             _mm_prefetch::<_MM_HINT_NTA>(step.wrapping_add(AHEAD) as *const i8);
                         }
-                        match table {
-                            None => {
-                                let wv = L::codes(step);
-                                for t in 0..T {
-                                    let c = L::dot(wv, x(t, q));
-                                    acc[t][q] = L::fma(acc[t][q], c, o(t, q), s[t]);
-                                }
+                        if B::TABLE.is_none() {
+                            let wv = L::codes(step);
+                            for t in 0..T {
+                                let c = L::dot(wv, x.codes(t, q), x.bias::<L>(t, q));
+                                acc[t][q] = L::fma(acc[t][q], c, s[t]);
                             }
-                            Some(table) => {
-                                let (lo, hi) = L::lookup(step, table);
-                                for t in 0..T {
-                                    let c = L::dot(lo, x(t, q));
-                                    acc[t][q] = L::fma(acc[t][q], c, o(t, q), s[t]);
-                                    let c = L::dot(hi, x(t, q + 4));
-                                    acc[t][q + 4] = L::fma(acc[t][q + 4], c, o(t, q + 4), s[t]);
-                                }
+                        } else {
+                            let (lo, hi) = L::lookup(step, table);
+                            for t in 0..T {
+                                let c = L::dot(lo, x.codes(t, q), x.bias::<L>(t, q));
+                                acc[t][q] = L::fma(acc[t][q], c, s[t]);
+                                let c = L::dot(hi, x.codes(t, q + 4), x.bias::<L>(t, q + 4));
+                                acc[t][q + 4] = L::fma(acc[t][q + 4], c, s[t]);
                             }
                         }
                     }
