@@ -36,7 +36,7 @@ use flm_core::blocks::{
     MXFP4_LEVELS,
 };
 use flm_core::ggml::GgmlType;
-use flm_core::panels::{has_panels, RunPanel, PANEL_ROWS};
+use flm_core::panels::{has_panels, RunPanel};
 use flm_core::quant::BLOCK;
 
 use super::{lane_sum8, Acts, QuantWeight, RowKernel};
@@ -102,6 +102,7 @@ impl Scale {
 
 /// How a panel kernel reads the scales of a type's runs from the headers of a panel
 /// ([`flm_core::panels::RunPanel`]).
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum PanelScale {
     /// An f16 at the header's start: the 16 rows' scales are 16 adjacent f16.
@@ -117,8 +118,10 @@ pub(super) trait Runs: Block {
     /// Runs per block.
     const RUNS: usize = Self::VALUES / 32;
     /// The 16 levels of 4-bit codes; `None`: a code per byte.
+    #[cfg(target_arch = "x86_64")]
     const TABLE: Option<&'static [i8; 16]> = None;
     /// How the panel kernels read the scales.
+    #[cfg(target_arch = "x86_64")]
     const SCALE: PanelScale = PanelScale::F16;
 
     /// The scale and the codes of run `r`: value `t` of the run is `scale · codes[t]`,
@@ -147,6 +150,7 @@ impl Runs for BlockQ5_0 {
 }
 
 impl Runs for BlockIQ4NL {
+    #[cfg(target_arch = "x86_64")]
     const TABLE: Option<&'static [i8; 16]> = Some(&IQ4_LEVELS);
     #[inline(always)]
     fn run(&self, _: usize) -> (Scale, Codes<'_>) {
@@ -156,7 +160,9 @@ impl Runs for BlockIQ4NL {
 }
 
 impl Runs for BlockMXFP4 {
+    #[cfg(target_arch = "x86_64")]
     const TABLE: Option<&'static [i8; 16]> = Some(&MXFP4_LEVELS);
+    #[cfg(target_arch = "x86_64")]
     const SCALE: PanelScale = PanelScale::E8M0;
     #[inline(always)]
     fn run(&self, _: usize) -> (Scale, Codes<'_>) {
@@ -168,7 +174,9 @@ impl Runs for BlockMXFP4 {
 }
 
 impl Runs for BlockIQ4XS {
+    #[cfg(target_arch = "x86_64")]
     const TABLE: Option<&'static [i8; 16]> = Some(&IQ4_LEVELS);
+    #[cfg(target_arch = "x86_64")]
     const SCALE: PanelScale = PanelScale::Iq4Xs;
     #[inline(always)]
     fn run(&self, r: usize) -> (Scale, Codes<'_>) {
@@ -224,20 +232,21 @@ fn rows<B: Runs>(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut
     }
 }
 
-/// See [`rows`], for weights in panels (`j0` a multiple of [`PANEL_ROWS`]): the full
-/// panels to the x86 panel kernels, a last panel of fewer rows (and every panel at the
-/// portable level) to the portable twin, row by row.
+/// See [`rows`], for weights in panels (`j0` a multiple of
+/// [`flm_core::panels::PANEL_ROWS`]): the full panels to the x86 panel kernels, a last panel
+/// of fewer rows (and every panel at the portable level) to the portable twin, row by row.
 fn panel_rows<B: Runs>(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f32]) {
     let n = acts.n;
-    let full = yt.len() / n / PANEL_ROWS;
     let done = match (isa, RunPanel::new(w.dtype)) {
         // SAFETY: `CpuDevice::with_isa` only accepts levels this CPU supports; every x86
         // level above the portable one has AVX2, FMA and F16C, the VNNI ones `vpdpbusd`.
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 | Isa::Amx, Some(layout)) => {
-            let (head, _) = yt.split_at_mut(full * PANEL_ROWS * n);
+            let rows = flm_core::panels::PANEL_ROWS;
+            let full = yt.len() / n / rows * rows;
+            let (head, _) = yt.split_at_mut(full * n);
             unsafe { x86_panels::panels::<B>(isa, layout, w, acts, j0, head) };
-            full * PANEL_ROWS
+            full
         }
         _ => 0,
     };
