@@ -232,7 +232,10 @@ pub fn pack(dtype: DataType, rows: &[u8], m: usize, cols: usize, out: &mut [u8])
 /// experts take 14 s).
 #[inline(always)]
 fn copy(dst: &mut [u8], src: &[u8]) {
-    match (<&mut [u8; STEP]>::try_from(&mut *dst), <&[u8; STEP]>::try_from(src)) {
+    match (
+        <&mut [u8; STEP]>::try_from(&mut *dst),
+        <&[u8; STEP]>::try_from(src),
+    ) {
         (Ok(d), Ok(s)) => *d = *s,
         _ => dst.copy_from_slice(src),
     }
