@@ -27,8 +27,7 @@
 //! (same rows and start) holds its `kp / V` blocks of `V` values one after the other, each
 //! as the `r` rows' headers, field by field (each field of the `r` rows, row after row:
 //! IQ4_XS's `d`, then its `scales_h`, then its `scales_l`), and then, for each 4 bytes of
-//! the blocks' codes
-//! (a step), the `r × 4` bytes of that step of every row. A step of Q8_0 is 4 codes of a
+//! the blocks' codes (a step), the `r × 4` bytes of that step of every row. A step of Q8_0 is 4 codes of a
 //! row; a step of the 4-bit types is 8 (its low nibbles are 4 values, its high nibbles the
 //! 4 values 16 further on, as the blocks store them).
 //!
@@ -104,9 +103,8 @@ pub const STEP: usize = 4;
 /// Where the parts of ggml's block of runs lie in a row (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunPanel {
-    /// Bytes of a block's header (its scales), at the block's start.
-    pub header: usize,
-    /// The header's fields, in bytes, in their order (their sum is `header`).
+    /// The fields of a block's header (its scales, at the block's start), in bytes, in
+    /// their order.
     pub fields: &'static [usize],
     /// Bytes of a block.
     pub block: usize,
@@ -119,24 +117,33 @@ impl RunPanel {
     /// read in panels; `None` for other dtypes.
     pub fn new(dtype: DataType) -> Option<RunPanel> {
         let ty = dtype.ggml_type()?;
-        let (codes, fields): (usize, &[usize]) = match dtype {
-            DataType::Q8_0 => (ty.block_len(), &[2]),
-            DataType::IQ4NL => (ty.block_len() / 2, &[2]),
-            DataType::MXFP4 => (ty.block_len() / 2, &[1]),
-            DataType::IQ4XS => (ty.block_len() / 2, &[2, 2, 4]),
+        let fields: &[usize] = match dtype {
+            DataType::Q8_0 | DataType::IQ4NL => &[2],
+            DataType::MXFP4 => &[1],
+            DataType::IQ4XS => &[2, 2, 4],
             _ => return None,
         };
         Some(RunPanel {
-            header: ty.block_bytes() - codes,
             fields,
             block: ty.block_bytes(),
             values: ty.block_len(),
         })
     }
 
+    /// Bytes of a row's header in a block, before field `f` (`f = fields.len()`: the whole
+    /// header).
+    pub fn field_start(&self, f: usize) -> usize {
+        self.fields[..f].iter().sum()
+    }
+
+    /// Bytes of a block's header.
+    pub fn header(&self) -> usize {
+        self.field_start(self.fields.len())
+    }
+
     /// Steps of a block's codes.
     pub fn steps(&self) -> usize {
-        (self.block - self.header) / STEP
+        (self.block - self.header()) / STEP
     }
 }
 
@@ -262,14 +269,13 @@ fn for_each_move(
     if let Some(l) = RunPanel::new(dtype) {
         for b in 0..kp / l.values {
             let (row, panel) = (b * l.block, b * r * l.block);
-            let mut at = 0;
-            for &len in l.fields {
+            for (k, &len) in l.fields.iter().enumerate() {
+                let at = l.field_start(k);
                 f(row + at, panel + r * at + i * len, len);
-                at += len;
             }
             for s in 0..l.steps() {
-                let to = panel + r * l.header + s * STEP * r + STEP * i;
-                f(row + l.header + STEP * s, to, STEP);
+                let to = panel + r * l.header() + s * STEP * r + STEP * i;
+                f(row + l.header() + STEP * s, to, STEP);
             }
         }
         return;
@@ -452,7 +458,7 @@ mod tests {
         // Block 1 starts after the 2 × 17 bytes of block 0.
         assert_eq!(&panels[34..36], &[20, 120]);
         let xs = RunPanel::new(DataType::IQ4XS).unwrap();
-        assert_eq!((xs.header, xs.fields.iter().sum::<usize>()), (8, 8));
+        assert_eq!(xs.header(), 8);
         assert_eq!(RunPanel::new(DataType::Q8_0).unwrap().steps(), 8);
     }
 }

@@ -169,7 +169,9 @@ impl Acts {
         #[cfg(target_arch = "x86_64")]
         {
             let tiled = matches!(dtype.format(), Some(Format::Int8 | Format::Int4 { .. }));
-            if flm_core::panels::has_panels(dtype) && !tiled {
+            // Only the VNNI levels' run panels read the step biases.
+            let vnni = matches!(isa, Isa::AvxVnni | Isa::Avx512 | Isa::Amx);
+            if vnni && flm_core::panels::has_panels(dtype) && !tiled {
                 let (qs, bias) = (self.qs.as_slice(), &mut self.step_bias);
                 bias.reset(qs.len() / 4);
                 for (b, x) in bias.as_mut_slice().iter_mut().zip(qs.chunks_exact(4)) {
@@ -206,7 +208,7 @@ impl Acts {
     }
 
     /// The biases of row `i`'s steps of 4 codes (`−128 · Σ q_x`; filled for the dtypes of
-    /// x86's run panels only).
+    /// x86's run panels at the VNNI levels only).
     #[cfg(target_arch = "x86_64")]
     pub fn row_step_bias(&self, i: usize) -> &[i32] {
         let steps = self.blocks * BLOCK / 4;

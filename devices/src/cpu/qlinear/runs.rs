@@ -1077,18 +1077,30 @@ mod x86_panels {
             for t in 0..T {
                 qs[t] = acts.row_qs(i + t).as_ptr() as *const u8;
                 d[t] = acts.row_d(i + t);
-                bias[t] = acts.row_step_bias(i + t);
+                if L::BIASED {
+                    bias[t] = acts.row_step_bias(i + t);
+                }
             }
             // (Unused for a code per byte.)
             let table = L::table(B::TABLE.unwrap_or(&[0; 16]));
             let steps = layout.steps() / B::RUNS;
             let step_bytes = STEP * PANEL_ROWS;
             let mut acc = [[L::zero(); 8]; T];
+            // IQ4_XS's `scales_h` and `scales_l` (the panel's 16 rows of each field after the
+            // earlier fields of all 16), and where the codes start.
+            let (scales_h_at, scales_l_at) = if B::SCALE == PanelScale::Iq4Xs {
+                (
+                    PANEL_ROWS * layout.field_start(1),
+                    PANEL_ROWS * layout.field_start(2),
+                )
+            } else {
+                (0, 0)
+            };
+            let codes_at = PANEL_ROWS * layout.header() + h * L::ROWS * STEP;
             for blk in 0..acts.blocks / B::RUNS {
                 let base = panel.as_ptr().add(blk * PANEL_ROWS * layout.block);
-                let codes = base.add(PANEL_ROWS * layout.header + h * L::ROWS * STEP);
-                // The header fields of the pass's rows (each field holds all 16 rows': IQ4_XS's
-                // `d` of 2 bytes, `scales_h` of 2 after 2 · 16, `scales_l` of 4 after 4 · 16).
+                let codes = base.add(codes_at);
+                // The pass's rows within each header field (a field holds all 16 rows').
                 let rows = h * L::ROWS;
                 let first = match B::SCALE {
                     PanelScale::F16 => L::half(base.add(2 * rows)),
@@ -1097,8 +1109,8 @@ mod x86_panels {
                 };
                 let (scales_h, scales_l) = if B::SCALE == PanelScale::Iq4Xs {
                     (
-                        L::u16s(base.add(PANEL_ROWS * 2 + 2 * rows)),
-                        L::u32s(base.add(PANEL_ROWS * 4 + 4 * rows)),
+                        L::u16s(base.add(scales_h_at + 2 * rows)),
+                        L::u32s(base.add(scales_l_at + 4 * rows)),
                     )
                 } else {
                     (L::zero_i(), L::zero_i())
