@@ -1,6 +1,8 @@
 //! Every SIMD level this CPU supports against the portable twin ([`Isa::Scalar`]) on the
 //! same random operands, odd sizes included: tiles of weight rows and input rows that do not
 //! divide the sizes, partial blocks and groups, and sizes above the parallel threshold.
+//! `FLM_CPU_ISA` narrows the check to the level it names ([`Isa::to_check`]): the emulated
+//! aarch64 CPUs of `.ci/aarch64` each check their own best level.
 //!
 //! The formula tests of the other files run with the level `FLM_CPU_ISA` selects (the best
 //! one by default); `.ci/run` also runs them with each lower level forced.
@@ -130,7 +132,7 @@ fn non_finite_inputs_give_nan_rows(dtype: DataType) {
         values[(n / 2) * k + 40] = f32::INFINITY;
         values[(n - 1) * k + k - 1] = f32::NEG_INFINITY;
         let x = Data::from_f32(&[n, k], &values).unwrap();
-        for isa in Isa::supported() {
+        for isa in levels() {
             let want = linear_at(isa, &clean, &w, None);
             let got = linear_at(isa, &x, &w, None);
             for i in 0..n {
@@ -163,12 +165,14 @@ dtype_tests!([
     mxfp4: MXFP4
 ] non_finite_inputs_give_nan_rows);
 
-/// Every SIMD level this CPU has, without the portable one they are compared with.
+/// The levels to check: every level this CPU has, or the one `FLM_CPU_ISA` names.
+fn levels() -> Vec<Isa> {
+    Isa::to_check().expect("FLM_CPU_ISA names a level this CPU has")
+}
+
+/// [`levels`] without the portable one they are compared with.
 fn simd_levels() -> Vec<Isa> {
-    Isa::supported()
-        .into_iter()
-        .filter(|&i| i != Isa::Scalar)
-        .collect()
+    levels().into_iter().filter(|&i| i != Isa::Scalar).collect()
 }
 
 /// Asserts that `at(isa)` is at every SIMD level what it is at the scalar one; `what` names
@@ -631,7 +635,7 @@ fn linears_match_each_linear() {
                 .map(|(&m, dtype)| random_weight(&mut rng, &[m, k], dtype).0)
                 .collect();
             let biases = [Some(random_f32(&mut rng, &[ms[0]], 1.0).0), None, None];
-            for isa in Isa::supported() {
+            for isa in levels() {
                 let want: Vec<Vec<f32>> = weights
                     .iter()
                     .zip(&biases)
