@@ -27,9 +27,9 @@
 //! (same rows and start) holds its `kp / V` blocks of `V` values one after the other, each
 //! as the `r` rows' headers, field by field (each field of the `r` rows, row after row:
 //! IQ4_XS's `d`, then its `scales_h`, then its `scales_l`), and then, for each 4 bytes of
-//! the blocks' codes (a step), the `r × 4` bytes of that step of every row. A step of Q8_0 is 4 codes of a
-//! row; a step of the 4-bit types is 8 (its low nibbles are 4 values, its high nibbles the
-//! 4 values 16 further on, as the blocks store them).
+//! the blocks' codes (a step), the `r × 4` bytes of that step of every row. A step of Q8_0
+//! is 4 codes of a row; a step of the 4-bit types is 8 (its low nibbles are 4 values, its
+//! high nibbles the 4 values 16 further on, as the blocks store them).
 //!
 //! A panel has the bytes of its rows, so a tensor keeps its size ([`DataType::byte_len`]).
 //! A tensor of more dimensions (`[experts, m, k]`) is a sequence of such matrices.
@@ -267,15 +267,20 @@ fn for_each_move(
 ) {
     let kp = quant::padded_cols(dtype, cols);
     if let Some(l) = RunPanel::new(dtype) {
+        // Once per call: each is a sum over the header's fields.
+        let (header, steps) = (l.header(), l.steps());
         for b in 0..kp / l.values {
             let (row, panel) = (b * l.block, b * r * l.block);
             for (k, &len) in l.fields.iter().enumerate() {
                 let at = l.field_start(k);
                 f(row + at, panel + r * at + i * len, len);
             }
-            for s in 0..l.steps() {
-                let to = panel + r * l.header() + s * STEP * r + STEP * i;
-                f(row + l.header() + STEP * s, to, STEP);
+            for s in 0..steps {
+                f(
+                    row + header + STEP * s,
+                    panel + r * header + s * STEP * r + STEP * i,
+                    STEP,
+                );
             }
         }
         return;

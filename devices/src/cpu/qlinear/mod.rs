@@ -169,9 +169,7 @@ impl Acts {
         #[cfg(target_arch = "x86_64")]
         {
             let tiled = matches!(dtype.format(), Some(Format::Int8 | Format::Int4 { .. }));
-            // Only the VNNI levels' run panels read the step biases.
-            let vnni = matches!(isa, Isa::AvxVnni | Isa::Avx512 | Isa::Amx);
-            if vnni && flm_core::panels::has_panels(dtype) && !tiled {
+            if runs::reads_step_biases(isa) && flm_core::panels::has_panels(dtype) && !tiled {
                 let (qs, bias) = (self.qs.as_slice(), &mut self.step_bias);
                 bias.reset(qs.len() / 4);
                 for (b, x) in bias.as_mut_slice().iter_mut().zip(qs.chunks_exact(4)) {

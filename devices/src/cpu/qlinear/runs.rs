@@ -697,6 +697,9 @@ mod x86 {
 /// activation codes, exactly; AVX2 multiplies `|q_w|` by `q_x` with the sign of `q_w`
 /// (ggml's `mul_sum_i8_pairs`; a pair is at most `2 · 128 · 127 < 2¹⁵`).
 #[cfg(target_arch = "x86_64")]
+pub(super) use x86_panels::reads_step_biases;
+
+#[cfg(target_arch = "x86_64")]
 mod x86_panels {
     use flm_core::panels::{RunPanel, PANEL_ROWS, STEP};
     use std::arch::x86_64::*;
@@ -971,6 +974,12 @@ mod x86_panels {
                 _ => avx2::<B>(run, yt),
             }
         }
+    }
+
+    /// Whether [`panels`] at `isa` reads the activations' step biases
+    /// ([`Acts::row_step_bias`]): the levels whose lanes are [`PanelLanes::BIASED`].
+    pub(in crate::cpu::qlinear) fn reads_step_biases(isa: Isa) -> bool {
+        matches!(isa, Isa::Avx512 | Isa::Amx | Isa::AvxVnni)
     }
 
     /// The arguments of [`panels`] that the levels' kernels share.
