@@ -121,27 +121,35 @@ dtype_tests!([f32: F32, f16: F16, bf16: BF16, i8: I8, i4g32: I4G32, i4g128: I4G1
     linear_is_batch_invariant);
 dtype_tests!([i8: I8, i4g32: I4G32, q4_k: Q4K] linear_is_batch_invariant_with_16_bit_activations);
 
-/// The routed experts with every weight dtype: each expert runs over the rows routed to it
-/// in the call, so a row's experts see other rows beside it in a batch and none alone.
+/// The routed experts with every weight dtype, without and with biases (gpt-oss's): each
+/// expert runs over the rows routed to it in the call, so a row's experts see other rows
+/// beside it in a batch and none alone; a row alone (decode) runs all its experts'
+/// projections together.
 fn moe_ffn_is_batch_invariant(dtype: DataType) {
     let (n_experts, dim, inner) = (6, 70, 40);
     let mut rng = rng(0x3e0);
     let (_, x) = random_f32(&mut rng, &[POOL, dim], 1.0);
     let (router, _) = random_f32(&mut rng, &[n_experts, dim], 0.2);
     let experts = random_experts(&mut rng, n_experts, (dim, inner), dtype);
-    check(&format!("MoeFfn {dtype}"), |exec, first, n| {
-        output_of(&[n, dim], |output| {
-            exec.run(Op::MoeFfn {
-                input: &f32_data(&[n, dim], &x[first * dim..(first + n) * dim]),
-                router: &router,
-                experts: &experts,
-                first_expert: 0,
-                routing: MoeRouting::softmax(2, true),
-                activation: flm_core::ExpertActivation::SwiGlu,
-                output,
+    let mut biased = experts.clone();
+    for e in &mut biased {
+        e.biases = Some([inner, inner, dim].map(|len| random_f32(&mut rng, &[len], 1.0).0));
+    }
+    for (what, experts) in [("", &experts), (" with biases", &biased)] {
+        check(&format!("MoeFfn {dtype}{what}"), |exec, first, n| {
+            output_of(&[n, dim], |output| {
+                exec.run(Op::MoeFfn {
+                    input: &f32_data(&[n, dim], &x[first * dim..(first + n) * dim]),
+                    router: &router,
+                    experts,
+                    first_expert: 0,
+                    routing: MoeRouting::softmax(3, true),
+                    activation: flm_core::ExpertActivation::SwiGlu,
+                    output,
+                })
             })
-        })
-    });
+        });
+    }
 }
 
 dtype_tests!([f32: F32, bf16: BF16, i8: I8, i4g32: I4G32, i4sg32: I4SymG32, mxfp4: MXFP4]

@@ -170,8 +170,8 @@ fn bias_f32(bias: Option<&Data>) -> Result<Option<Cow<'_, [f32]>>> {
     .transpose()
 }
 
-/// Up to [`schedule::MAX_PARTS`] parts with quantised weights of one dtype, in one call of
-/// [`qlinear::linear`].
+/// Up to [`schedule::MAX_PARTS`] parts with quantised weights of one dtype over one input,
+/// in one call of [`qlinear::linear`].
 fn quant_group(
     level: LinearLevel,
     x: &[f32],
@@ -180,28 +180,69 @@ fn quant_group(
     group: &mut [LinearPart<'_>],
 ) -> Result<()> {
     const P: usize = schedule::MAX_PARTS;
+    let Some(first) = group.first() else {
+        return Ok(());
+    };
+    let p = group.len();
+    let mut weights = [first.weight; P];
+    let mut biases: [Option<&Data>; P] = [None; P];
+    let mut outs: [&mut [f32]; P] = Default::default();
+    for (((w, b), o), part) in weights
+        .iter_mut()
+        .zip(&mut biases)
+        .zip(&mut outs)
+        .zip(group.iter_mut())
+    {
+        (*w, *b, *o) = (part.weight, part.bias, part.output.as_f32_mut()?);
+    }
+    quant_parts(
+        level,
+        (&[x], n, k),
+        (&weights[..p], &biases[..p]),
+        &mut outs[..p],
+    )
+}
+
+/// `outs[p] = x_p · weights[p]ᵀ + biases[p]` for up to [`schedule::MAX_PARTS`] quantised
+/// weights of one dtype, in one call of [`qlinear::linear`]: `x_p` is `xs[0]` for every
+/// part, or `xs[p]` with one input per part (each `[n, k]`, its columns in the order the
+/// weights take them). Weights in rows are packed into panels for the call.
+///
+/// Errors: a float weight among them, and [`qlinear::linear`]'s.
+fn quant_parts(
+    level: LinearLevel,
+    (xs, n, k): (&[&[f32]], usize, usize),
+    (weights, biases): (&[&Data], &[Option<&Data>]),
+    outs: &mut [&mut [f32]],
+) -> Result<()> {
+    const P: usize = schedule::MAX_PARTS;
     let mut ws = [QuantWeight::EMPTY; P];
     let mut owned: [Option<Cow<'_, [f32]>>; P] = Default::default();
     // The kernels read int8 and int4 in panels, which the model graphs pack at load; weights
     // in rows are packed here, per call.
     let mut packed: [Option<Data>; P] = Default::default();
-    for (p, part) in packed.iter_mut().zip(group.iter()) {
-        let w = part.weight;
+    for (p, &w) in packed.iter_mut().zip(weights) {
         if panels::has_panels(w.dtype()) && w.layout() == Layout::Rows {
             *p = Some(w.to_panels()?);
         }
     }
-    for (((w, b), part), p) in ws.iter_mut().zip(&mut owned).zip(group.iter()).zip(&packed) {
+    for ((((w, b), &weight), &bias), p) in ws
+        .iter_mut()
+        .zip(&mut owned)
+        .zip(weights)
+        .zip(biases)
+        .zip(&packed)
+    {
         let WeightRows::Quant {
             dtype,
             bytes,
             row_bytes,
             ..
-        } = WeightRows::new(p.as_ref().unwrap_or(part.weight))?
+        } = WeightRows::new(p.as_ref().unwrap_or(weight))?
         else {
             return Err(shape_err(
                 "Linear",
-                format!("{} weight among quantised ones", part.weight.dtype()),
+                format!("{} weight among quantised ones", weight.dtype()),
             ));
         };
         *w = QuantWeight {
@@ -210,18 +251,89 @@ fn quant_group(
             row_bytes,
             kp: quant::padded_cols(dtype, k),
         };
-        *b = bias_f32(part.bias)?;
+        *b = bias_f32(bias)?;
     }
-    let mut biases: [Option<&[f32]>; P] = Default::default();
-    for (b, o) in biases.iter_mut().zip(&owned) {
+    let mut bias_values: [Option<&[f32]>; P] = Default::default();
+    for (b, o) in bias_values.iter_mut().zip(&owned) {
         *b = o.as_deref();
     }
-    let p = group.len();
-    let mut outs: [&mut [f32]; P] = Default::default();
-    for (o, part) in outs.iter_mut().zip(group.iter_mut()) {
-        *o = part.output.as_f32_mut()?;
+    let p = weights.len();
+    qlinear::linear(level, xs, n, k, &ws[..p], &bias_values[..p], outs)
+}
+
+/// `outputs[p] = x_p · weights[p]ᵀ + biases[p]`, where `x_p` is `inputs[0]` for every part
+/// or `inputs[p]` with one input per part, all `[n, k]` (see [`flm_core::Op::Linear`]).
+/// When every weight is quantised, of one dtype and without an input permutation, the parts
+/// are multiplied [`schedule::MAX_PARTS`] at a time, their rows split over the threads
+/// together (a decode step's routed experts, whose projections are too small to keep the
+/// threads streaming apiece); otherwise one at a time. Either way each output has the bits
+/// of its own [`linear`].
+///
+/// Errors: counts of inputs, biases and outputs that do not match the weights', inputs of
+/// different shapes, and those of [`linear`].
+pub(crate) fn linears_each(
+    level: LinearLevel,
+    inputs: &[&Data],
+    (weights, biases): (&[&Data], &[Option<&Data>]),
+    outputs: &mut [Data],
+) -> Result<()> {
+    const P: usize = schedule::MAX_PARTS;
+    let (Some(first), Some(weight)) = (inputs.first(), weights.first()) else {
+        return Ok(());
+    };
+    let (n, k) = (first.rows(), first.cols());
+    let count = weights.len();
+    if !(inputs.len() == 1 || inputs.len() == count)
+        || biases.len() != count
+        || outputs.len() != count
+        || inputs.iter().any(|x| x.shape() != first.shape())
+    {
+        return Err(shape_err(
+            "Linear",
+            format!(
+                "{} inputs, {} biases and {} outputs for {count} weights",
+                inputs.len(),
+                biases.len(),
+                outputs.len()
+            ),
+        ));
     }
-    qlinear::linear(level, x, n, k, &ws[..p], &biases[..p], &mut outs[..p])
+    let input = |p: usize| inputs[if inputs.len() == 1 { 0 } else { p }];
+    let dtype = weight.dtype();
+    let together = dtype.is_quantized()
+        && weights
+            .iter()
+            .all(|w| w.dtype() == dtype && w.input_perm().is_none());
+    if !together || n == 0 {
+        for (p, ((w, b), out)) in weights.iter().zip(biases).zip(outputs).enumerate() {
+            linear(level, input(p), w, *b, out)?;
+        }
+        return Ok(());
+    }
+    for (c, outputs) in outputs.chunks_mut(P).enumerate() {
+        let len = outputs.len();
+        let parts = c * P..c * P + len;
+        let mut xs: [&[f32]; P] = [&[]; P];
+        for (x, p) in xs.iter_mut().zip(parts.clone()) {
+            *x = input(p).as_f32()?;
+        }
+        let xs = if inputs.len() == 1 {
+            &xs[..1]
+        } else {
+            &xs[..len]
+        };
+        let mut outs: [&mut [f32]; P] = Default::default();
+        for (o, out) in outs.iter_mut().zip(outputs.iter_mut()) {
+            *o = out.as_f32_mut()?;
+        }
+        quant_parts(
+            level,
+            (xs, n, k),
+            (&weights[parts.clone()], &biases[parts]),
+            &mut outs[..len],
+        )?;
+    }
+    Ok(())
 }
 
 /// One part with float weights.

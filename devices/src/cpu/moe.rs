@@ -9,7 +9,11 @@
 //! Linear and SwiGLU kernels; its rows are scaled by their routing weights and added into
 //! the output, experts in ascending order. Each row's sum therefore runs in an order that
 //! the other rows do not change, and the kernels it goes through are batch invariant, so
-//! the op is too. When the op holds a run of the router's experts (expert parallelism),
+//! the op is too. A single row (a decode step) runs the gate and up projections of all its
+//! experts in one call of the Linear kernels and their down projections in another, so
+//! that the threads split the step's expert weights twice rather than twice per expert
+//! (with the same bits and the same order of the sum). When the op holds a run of the
+//! router's experts (expert parallelism),
 //! the routing is the same and only the run's experts are computed and added.
 //!
 //! The logits, the routes and the per-expert matrices live in a per-thread [`Scratch`]
@@ -24,7 +28,7 @@ use flm_core::{
 };
 
 use super::qlinear::LinearLevel;
-use super::scratch::{self, tensor};
+use super::scratch::{self, tensor, tensors};
 use super::{activation, linear, simd, Isa};
 
 /// The choice of the router for one row: one of its `top_k` experts and its weight.
@@ -52,6 +56,15 @@ struct Scratch {
     up: Option<Data>,
     hidden: Option<Data>,
     y: Option<Data>,
+    /// A decode step's experts ([`one_row`]): their indices among the op's experts and
+    /// their weights, in ascending order.
+    picked: Vec<(usize, f32)>,
+    /// f32 `[1, inner]` each: their gate projections, then their up projections.
+    gate_up: Vec<Data>,
+    /// f32 `[1, inner]` each: their SwiGLU values.
+    hiddens: Vec<Data>,
+    /// f32 `[1, dim]` each: their outputs.
+    ys: Vec<Data>,
 }
 
 /// The working space of [`route`], for one row.
@@ -94,6 +107,17 @@ pub(crate) fn moe_ffn(
         s.routes.clear();
         for row in logits.as_f32()?.chunks_exact(n_experts) {
             route(row, routing, bias, &mut s.work, &mut s.routes);
+        }
+        if n == 1 {
+            return one_row(
+                level,
+                vector,
+                input,
+                (experts, first),
+                activation,
+                s,
+                output,
+            );
         }
         let x = input.as_f32()?;
         let out = output.as_f32_mut()?;
@@ -152,6 +176,83 @@ pub(crate) fn moe_ffn(
         }
         Ok(())
     })
+}
+
+/// [`moe_ffn`] of one row routed to `s.routes`: the projections of all its experts among
+/// `experts` (the router's `first..`) in two calls of the Linear kernels, every gate and up
+/// in one and every down in the other, so that the threads split a decode step's expert
+/// weights once each instead of twice per expert. Each expert's output has the bits the
+/// per-expert loop gives it, and they are added in the same order (experts ascending).
+fn one_row(
+    level: LinearLevel,
+    vector: Isa,
+    input: &Data,
+    (experts, first): (&[Expert], usize),
+    activation: ExpertActivation,
+    s: &mut Scratch,
+    output: &mut Data,
+) -> Result<()> {
+    const P: usize = super::schedule::MAX_PARTS;
+    let out = output.as_f32_mut()?;
+    out.fill(0.0);
+    let Some(expert) = experts.first() else {
+        return Ok(());
+    };
+    s.picked.clear();
+    s.picked.extend(
+        s.routes
+            .iter()
+            .filter(|r| (first..first + experts.len()).contains(&r.expert))
+            .map(|r| (r.expert - first, r.weight)),
+    );
+    s.picked.sort_unstable_by_key(|&(e, _)| e);
+    let (dim, inner) = (input.cols(), expert.gate.rows());
+    for chosen in s.picked.chunks(P / 2) {
+        let c = chosen.len();
+        let mut weights = [&expert.gate; P];
+        let mut biases: [Option<&Data>; P] = [None; P];
+        for (i, &(e, _)) in chosen.iter().enumerate() {
+            let expert = &experts[e];
+            weights[i] = &expert.gate;
+            weights[c + i] = &expert.up;
+            if let Some([g, u, _]) = &expert.biases {
+                (biases[i], biases[c + i]) = (Some(g), Some(u));
+            }
+        }
+        let gate_up = tensors(&mut s.gate_up, 2 * c, &[1, inner])?;
+        linear::linears_each(
+            level,
+            &[input],
+            (&weights[..2 * c], &biases[..2 * c]),
+            gate_up,
+        )?;
+        let (gates, ups) = gate_up.split_at(c);
+        let hiddens = tensors(&mut s.hiddens, c, &[1, inner])?;
+        for ((gate, up), hidden) in gates.iter().zip(ups).zip(hiddens.iter_mut()) {
+            match activation {
+                ExpertActivation::SwiGlu => {
+                    activation::gate_mul::<activation::Silu>(vector, gate, up, hidden)?
+                }
+                ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+                    activation::clamped_swiglu(vector, (gate, up), (alpha, limit), hidden)?
+                }
+            }
+        }
+        let mut inputs = [input; P];
+        for (i, (x, &(e, _))) in inputs.iter_mut().zip(chosen).enumerate() {
+            *x = &hiddens[i];
+            weights[i] = &experts[e].down;
+            biases[i] = experts[e].biases.as_ref().map(|[_, _, d]| d);
+        }
+        let ys = tensors(&mut s.ys, c, &[1, dim])?;
+        linear::linears_each(level, &inputs[..c], (&weights[..c], &biases[..c]), ys)?;
+        for (y, &(_, w)) in ys.iter().zip(chosen) {
+            for (o, &v) in out.iter_mut().zip(y.as_f32()?) {
+                *o += w * v;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Appends to `routes` the router's choice for one row of logits, as

@@ -4,9 +4,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
-/// Most parts (weight matrices sharing one input, such as Q, K and V) one Linear call
-/// multiplies at once.
-pub(crate) const MAX_PARTS: usize = 4;
+/// Most parts (weight matrices sharing one input, such as Q, K and V, or the gate and up
+/// projections of a decode step's routed experts, 8 of each at most in the models flm
+/// runs) one Linear call multiplies at once.
+pub(crate) const MAX_PARTS: usize = 16;
 
 /// Runs `f(p, j0, rows)` over the rows of every `outs[p]` (`n` values each; `rows` is
 /// rows `j0..` of `outs[p]`) on every thread of the pool, by guided self-scheduling

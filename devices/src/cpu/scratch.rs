@@ -39,6 +39,24 @@ pub(crate) fn tensor<'a>(slot: &'a mut Option<Data>, shape: &[usize]) -> Result<
     Ok(slot.insert(data))
 }
 
+/// The first `count` f32 tensors of `slots`, each reshaped to `shape` as [`tensor`] does;
+/// the vector only grows.
+pub(crate) fn tensors<'a>(
+    slots: &'a mut Vec<Data>,
+    count: usize,
+    shape: &[usize],
+) -> Result<&'a mut [Data]> {
+    for slot in slots.iter_mut().take(count) {
+        if slot.set_shape(shape).is_err() {
+            *slot = Data::zeros(DataType::F32, shape)?;
+        }
+    }
+    while slots.len() < count {
+        slots.push(Data::zeros(DataType::F32, shape)?);
+    }
+    Ok(&mut slots[..count])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

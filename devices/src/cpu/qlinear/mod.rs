@@ -407,10 +407,11 @@ pub(crate) struct LinearLevel {
 }
 
 thread_local! {
-    /// Quantised inputs, the transposed prefill output and the rows with their residuals,
-    /// reused across calls so that decode allocates nothing once warm (see `scratch`).
-    static SCRATCH: Cell<(Acts, Vec<f32>, Vec<f32>)> =
-        Cell::new((Acts::default(), Vec::new(), Vec::new()));
+    /// Quantised inputs (one per input of a call), the transposed prefill output and the
+    /// rows with their residuals, reused across calls so that decode allocates nothing once
+    /// warm (see `scratch`).
+    static SCRATCH: Cell<(Vec<Acts>, Vec<f32>, Vec<f32>)> =
+        const { Cell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// Writes each row of `x` (rows of `k`) followed by its residual after int8 block
@@ -467,14 +468,16 @@ fn panel_rows(isa: Isa, w: &QuantWeight<'_>, acts: &Acts, j0: usize, yt: &mut [f
     panels::rows(isa, w, acts, j0, yt)
 }
 
-/// `outs[p][n, m_p] = x[n, k] · ŵ_p[m_p, k]ᵀ + biases[p][m_p]` for the quantised weights
-/// `ws[p]`, all of one dtype (see [`flm_core::Op::Linear`] and [`flm_core::Op::Linears`]).
-/// The input is quantised once, to `level.activations`; in decode the rows of all parts
-/// are split over the threads at once. `ws`, `biases` and `outs` have one entry per part,
-/// 1 to [`MAX_PARTS`] parts.
+/// `outs[p][n, m_p] = x_p[n, k] · ŵ_p[m_p, k]ᵀ + biases[p][m_p]` for the quantised weights
+/// `ws[p]`, all of one dtype (see [`flm_core::Op::Linear`] and [`flm_core::Op::Linears`]),
+/// where `x_p` is `xs[0]` when `xs` holds one input (every part reads it) or `xs[p]` when
+/// it holds one per part (a decode step's routed experts' down projections). Each input is
+/// quantised once, to `level.activations`; in decode the rows of all parts are split over
+/// the threads at once. `ws`, `biases` and `outs` have one entry per part, 1 to
+/// [`MAX_PARTS`] parts.
 pub(crate) fn linear(
     level: LinearLevel,
-    x: &[f32],
+    xs: &[&[f32]],
     n: usize,
     k: usize,
     ws: &[QuantWeight<'_>],
@@ -487,6 +490,18 @@ pub(crate) fn linear(
             format!("{} parts in one call", ws.len()),
         ));
     };
+    if !(xs.len() == 1 || xs.len() == ws.len()) || xs.iter().any(|x| x.len() != n * k) {
+        return Err(shape_err(
+            "Linear",
+            format!(
+                "{} inputs for {} parts of [{n}, {k}] inputs",
+                xs.len(),
+                ws.len()
+            ),
+        ));
+    }
+    // The quantised input of part `p`.
+    let input = |p: usize| if xs.len() == 1 { 0 } else { p };
     let (dtype, kp) = (first.dtype, first.kp);
     let Some(rows) = dtype.format().and_then(row_kernel) else {
         return Err(shape_err(
@@ -518,22 +533,26 @@ pub(crate) fn linear(
     let rows_in = if residual { 2 * n } else { n };
     let parallel = rows_in * total * k >= PARALLEL_MIN_WORK;
     scratch::with(&SCRATCH, |(acts, yt, xr)| {
-        let x = if residual {
-            with_residuals(x, k, xr);
-            &xr[..]
-        } else {
-            x
-        };
-        acts.quantize(isa, dtype, x, rows_in, k, kp, group);
-        let acts = &*acts;
+        acts.resize_with(acts.len().max(xs.len()), Acts::default);
+        for (x, acts) in xs.iter().zip(acts.iter_mut()) {
+            let x = if residual {
+                with_residuals(x, k, xr);
+                &xr[..]
+            } else {
+                x
+            };
+            acts.quantize(isa, dtype, x, rows_in, k, kp, group);
+        }
+        let acts = &acts[..];
         let run = |targets: &mut [&mut [f32]]| {
             if parallel && rows_in < AMX_MIN_ROWS {
                 guided(targets, rows_in, ROWS_PER_TASK, |p, j0, part| {
-                    rows(isa, &ws[p], acts, j0, part)
+                    rows(isa, &ws[p], &acts[input(p)], j0, part)
                 });
                 return;
             }
-            for (w, target) in ws.iter().zip(targets.iter_mut()) {
+            for (p, (w, target)) in ws.iter().zip(targets.iter_mut()).enumerate() {
+                let acts = &acts[input(p)];
                 if parallel {
                     target
                         .par_chunks_mut(ROWS_PER_TASK * rows_in)
