@@ -6,31 +6,12 @@
 //! with and without an input permutation (act-order GPTQ: the gather before the product),
 //! at the best level.
 
+mod common;
+
+use common::{operands, weight};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use flm_core::{panels, Data, DataType, Executor, Op};
+use flm_core::{Data, DataType, Executor, Op};
 use flm_devices::{CpuDevice, Isa};
-
-/// A weight in the layout the model graphs give the CPU (int8 in panels, packed at load).
-fn weight(m: usize, k: usize, dtype: DataType) -> Data {
-    let values: Vec<f32> = (0..m * k)
-        .map(|i| ((i as u64 * 2_654_435_761) % 2001) as f32 / 1000.0 - 1.0)
-        .collect();
-    let w = Data::from_f32(&[m, k], &values)
-        .and_then(|w| w.to_dtype(dtype))
-        .expect("weight");
-    if panels::has_panels(dtype) {
-        w.to_panels().expect("panels")
-    } else {
-        w
-    }
-}
-
-/// The input `[n, k]` and the output `[n, m]` of a Linear.
-fn operands(n: usize, m: usize, k: usize) -> (Data, Data) {
-    let values: Vec<f32> = (0..n * k).map(|i| (i % 17) as f32 - 8.0).collect();
-    let x = Data::from_f32(&[n, k], &values).expect("input");
-    (x, Data::zeros(DataType::F32, &[n, m]).expect("output"))
-}
 
 fn linear(c: &mut Criterion) {
     let shapes = [(1, 2048, 2048), (1, 5632, 2048), (128, 2048, 2048)];
