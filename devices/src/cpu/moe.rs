@@ -158,14 +158,7 @@ pub(crate) fn moe_ffn(
                 ],
             )?;
             let hidden = tensor(&mut s.hidden, &[m, inner])?;
-            match activation {
-                ExpertActivation::SwiGlu => {
-                    activation::gate_mul::<activation::Silu>(vector, gate, up, hidden)?
-                }
-                ExpertActivation::ClampedSwiGlu { alpha, limit } => {
-                    activation::clamped_swiglu(vector, (gate, up), (alpha, limit), hidden)?
-                }
-            }
+            expert_activation(vector, activation, (gate, up), hidden)?;
             let y = tensor(&mut s.y, &[m, dim])?;
             linear::linear(level, hidden, &expert.down, b_down, y)?;
             for (&(i, w), y) in s.chosen.iter().zip(y.as_f32()?.chunks_exact(dim)) {
@@ -229,14 +222,7 @@ fn one_row(
         let (gates, ups) = gate_up.split_at(c);
         let hiddens = tensors(&mut s.hiddens, c, &[1, inner])?;
         for ((gate, up), hidden) in gates.iter().zip(ups).zip(hiddens.iter_mut()) {
-            match activation {
-                ExpertActivation::SwiGlu => {
-                    activation::gate_mul::<activation::Silu>(vector, gate, up, hidden)?
-                }
-                ExpertActivation::ClampedSwiGlu { alpha, limit } => {
-                    activation::clamped_swiglu(vector, (gate, up), (alpha, limit), hidden)?
-                }
-            }
+            expert_activation(vector, activation, (gate, up), hidden)?;
         }
         let mut inputs = [input; P];
         for (i, (x, &(e, _))) in inputs.iter_mut().zip(chosen).enumerate() {
@@ -253,6 +239,24 @@ fn one_row(
         }
     }
     Ok(())
+}
+
+/// `hidden = act(gate) · up`, the experts' activation of `activation`, element-wise over
+/// f32 tensors of one shape.
+fn expert_activation(
+    vector: Isa,
+    activation: ExpertActivation,
+    (gate, up): (&Data, &Data),
+    hidden: &mut Data,
+) -> Result<()> {
+    match activation {
+        ExpertActivation::SwiGlu => {
+            activation::gate_mul::<activation::Silu>(vector, gate, up, hidden)
+        }
+        ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+            activation::clamped_swiglu(vector, (gate, up), (alpha, limit), hidden)
+        }
+    }
 }
 
 /// Appends to `routes` the router's choice for one row of logits, as
